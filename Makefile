@@ -1,0 +1,36 @@
+# sandgate: `make build` installs nothing outside ./bin; `make test` runs every suite.
+GO      ?= go
+BIN     := bin/sandgate
+PYTHON  ?= python3
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: build test test-go test-python check vet fmt-check bench bench-check clean
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
+
+# The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
+test: build test-go test-python
+
+test-go: build
+	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
+
+test-python: build
+	@if [ -d sdk-python/tests ]; then \
+		SANDGATE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q sdk-python/tests; \
+	fi
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+check: vet fmt-check test-go
+
+bench: build
+	@if [ -x bench/run ]; then bench/run; else echo "bench/ not built yet"; fi
+
+clean:
+	rm -rf bin

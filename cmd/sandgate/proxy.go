@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+
+	"github.com/sandgate/sandgate/tunnel"
+)
+
+const defaultAPIURL = "http://127.0.0.1:8080"
+
+// clientFlags are the flags every client subcommand shares.
+type clientFlags struct {
+	apiURL   string
+	token    string
+	insecure bool
+}
+
+func (c *clientFlags) register(fs *flag.FlagSet) {
+	def := os.Getenv("SANDBOX_API_URL")
+	if def == "" {
+		def = defaultAPIURL
+	}
+	fs.StringVar(&c.apiURL, "api-url", def, "gateway URL, may end in /v1 (env SANDBOX_API_URL)")
+	fs.StringVar(&c.token, "token", os.Getenv("SANDBOX_API_TOKEN"), "bearer token (env SANDBOX_API_TOKEN)")
+	fs.BoolVar(&c.insecure, "insecure", false, "skip TLS certificate verification (testing only)")
+}
+
+func (c *clientFlags) dialer() *tunnel.Dialer {
+	d := &tunnel.Dialer{APIURL: c.apiURL, Token: c.token}
+	if c.insecure {
+		d.TLSConfig = &tls.Config{InsecureSkipVerify: true}
+	}
+	return d
+}
+
+// parseInterspersed parses flags that may come before or after the
+// positional arguments and returns the positionals.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// proxyMain is `sandgate proxy SESSION_ID`: it opens a tunnel to the
+// session and copies stdin/stdout through it, for use as an OpenSSH ProxyCommand.
+func proxyMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf clientFlags
+	cf.register(fs)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return 2
+	}
+	if len(pos) != 1 {
+		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] SESSION_ID")
+		return 2
+	}
+	id := pos[0]
+	conn, err := cf.dialer().Dial(context.Background(), id)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate proxy:", describeDialError(err, id))
+		return 1
+	}
+	defer conn.Close()
+	if err := splice(conn, stdin, stdout); err != nil {
+		fmt.Fprintln(stderr, "sandgate proxy:", err)
+		return 1
+	}
+	return 0
+}
+
+func describeDialError(err error, id string) string {
+	var se *tunnel.StatusError
+	if errors.As(err, &se) {
+		switch se.StatusCode {
+		case http.StatusUnauthorized:
+			return "unauthorized (401): the token was missing or rejected; set SANDBOX_API_TOKEN or --token"
+		case http.StatusNotFound:
+			return fmt.Sprintf("session %q not found (404): it does not exist, has ended, or belongs to another tenant", id)
+		}
+	}
+	return err.Error()
+}
+
+// splice copies stdin to conn and conn to stdout. It returns when the
+// gateway closes the connection; EOF on stdin half-closes it.
+func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
+	go func() {
+		_, _ = io.Copy(conn, stdin)
+		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+	}()
+	_, err := io.Copy(stdout, conn)
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sshd"
+	"github.com/sandgate/sandgate/tunnel"
+)
+
+type serveConfig struct {
+	listen            string
+	dataDir           string
+	apiKeys           listFlag
+	jwtSecretFile     string
+	jwtPublicKeyFile  string
+	jwtIssuer         string
+	jwtAudience       string
+	maxSessions       int
+	maxPerTenant      int
+	idleTimeout       time.Duration
+	rateLimit         int
+	sshAuth           listFlag
+	sshEnvAllow       listFlag
+	sandboxDriver     string
+	tlsCert, tlsKey   string
+	shutdownTimeout   time.Duration
+	handshakeTimeout  time.Duration
+	readHeaderTimeout time.Duration
+	logFormat         string
+	logLevel          string
+}
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "sandgate")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "state", "sandgate")
+	}
+	return filepath.Join(os.TempDir(), "sandgate")
+}
+
+func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
+	c := &serveConfig{}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address for the REST API and CONNECT tunnels")
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir(), "directory for host keys, the API key and session workdirs")
+	fs.Var(&c.apiKeys, "api-key", "API key, `tenant:key` or a bare key for tenant default (repeatable)")
+	fs.StringVar(&c.jwtSecretFile, "jwt-secret-file", "", "file holding the HS256 secret for JWT bearer tokens")
+	fs.StringVar(&c.jwtPublicKeyFile, "jwt-public-key-file", "", "PEM public key (RSA for RS256, Ed25519 for EdDSA) for JWT bearer tokens")
+	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT iss")
+	fs.StringVar(&c.jwtAudience, "jwt-audience", "", "required JWT aud")
+	fs.IntVar(&c.maxSessions, "max-sessions", 1000, "live sessions on this gateway")
+	fs.IntVar(&c.maxPerTenant, "max-sessions-per-tenant", 100, "live sessions per tenant")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 30*time.Minute, "expire sessions idle for this long (0 disables)")
+	fs.IntVar(&c.rateLimit, "rate-limit", 600, "requests per minute per principal (0 disables)")
+	fs.Var(&c.sshAuth, "ssh-auth", "SSH auth methods accepted on an authorised tunnel (default none,password,publickey)")
+	fs.Var(&c.sshEnvAllow, "ssh-env-allow", "extra environment names SSH clients may set (repeatable; NAME or PREFIX*)")
+	fs.StringVar(&c.sandboxDriver, "sandbox", "auto", "sandbox driver: auto or workdir")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "TLS certificate file (serve HTTPS)")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "TLS key file")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for running commands")
+	fs.DurationVar(&c.handshakeTimeout, "ssh-handshake-timeout", 30*time.Second, "SSH handshake and auth deadline")
+	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP request header deadline")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := applyEnv(fs); err != nil {
+		return nil, err
+	}
+	if len(c.sshAuth) == 0 {
+		c.sshAuth = listFlag{sshd.AuthNone, sshd.AuthPassword, sshd.AuthPublicKey}
+	}
+	if (c.tlsCert == "") != (c.tlsKey == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	return c, nil
+}
+
+func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, got %q", format)
+}
+
+func serveMain(args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseServe(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "sandgate serve:", err)
+		return 2
+	}
+	log, err := newLogger(cfg.logFormat, cfg.logLevel, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate serve:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, log, stdout); err != nil {
+		log.Error("serve_failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// authConfig builds token verification from the flags, generating and
+// storing an API key when nothing else is configured.
+func authConfig(cfg *serveConfig, stdout io.Writer, log *slog.Logger) (gateway.AuthConfig, error) {
+	ac := gateway.AuthConfig{APIKeys: map[string]string{}, JWTIssuer: cfg.jwtIssuer, JWTAudience: cfg.jwtAudience}
+	for _, k := range cfg.apiKeys {
+		tenant, key, ok := strings.Cut(k, ":")
+		if !ok {
+			tenant, key = "default", k
+		}
+		if tenant == "" || key == "" {
+			return ac, errors.New("--api-key must be tenant:key or a bare key")
+		}
+		ac.APIKeys[key] = tenant
+	}
+	if cfg.jwtSecretFile != "" {
+		b, err := os.ReadFile(cfg.jwtSecretFile)
+		if err != nil {
+			return ac, fmt.Errorf("--jwt-secret-file: %w", err)
+		}
+		ac.JWTSecret = []byte(strings.TrimSpace(string(b)))
+		if len(ac.JWTSecret) < 32 {
+			return ac, errors.New("--jwt-secret-file: the secret must be at least 32 bytes")
+		}
+	}
+	if cfg.jwtPublicKeyFile != "" {
+		b, err := os.ReadFile(cfg.jwtPublicKeyFile)
+		if err != nil {
+			return ac, fmt.Errorf("--jwt-public-key-file: %w", err)
+		}
+		if ac.JWTPublicKey, err = gateway.ParsePublicKeyPEM(b); err != nil {
+			return ac, fmt.Errorf("--jwt-public-key-file: %w", err)
+		}
+	}
+	if len(ac.APIKeys) > 0 || ac.JWTSecret != nil || ac.JWTPublicKey != nil {
+		return ac, nil
+	}
+	path := filepath.Join(cfg.dataDir, "api-key")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		log.Info("using the API key stored in the data dir", "path", path)
+	case errors.Is(err, fs.ErrNotExist):
+		raw := make([]byte, 32)
+		_, _ = rand.Read(raw)
+		b = []byte("sg_" + base64.RawURLEncoding.EncodeToString(raw))
+		if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
+			return ac, fmt.Errorf("store generated API key: %w", err)
+		}
+		fmt.Fprintf(stdout, "# sandgate generated an API key (stored in %s); it is printed only this once:\nexport SANDBOX_API_TOKEN=%s\n", path, b)
+	default:
+		return ac, fmt.Errorf("read API key: %w", err)
+	}
+	ac.APIKeys[strings.TrimSpace(string(b))] = "default"
+	return ac, nil
+}
+
+func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Writer) error {
+	if err := os.MkdirAll(cfg.dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	ac, err := authConfig(cfg, stdout, log)
+	if err != nil {
+		return err
+	}
+	verifier, err := gateway.NewVerifier(ac)
+	if err != nil {
+		return err
+	}
+	signers, err := sshd.LoadOrCreateHostKeys(cfg.dataDir)
+	if err != nil {
+		return err
+	}
+	driver, err := sandbox.Open(cfg.sandboxDriver, sandbox.Config{DataDir: cfg.dataDir, Log: log})
+	if err != nil {
+		return err
+	}
+	var report map[string]any
+	if r, ok := driver.(sandbox.Reporter); ok {
+		report = r.Report()
+		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
+	}
+	mgr := gateway.NewManager(gateway.Config{
+		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
+		IdleTimeout: idleOrDisabled(cfg.idleTimeout),
+	}, driver, log)
+	ssh, err := sshd.New(sshd.Config{
+		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
+		HandshakeTimeout: cfg.handshakeTimeout, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	tun := tunnel.NewServer(mgr, ssh.ServeConn, rest.WriteGatewayError, log)
+	handler := rest.New(rest.Config{
+		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
+		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun,
+		Ready: func() (map[string]any, error) {
+			return map[string]any{"sandbox": driver.Name(), "limits": report}, nil
+		},
+	})
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: cfg.readHeaderTimeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	reapCtx, stopReaper := context.WithCancel(context.Background())
+	reaped := make(chan struct{})
+	go func() {
+		defer close(reaped)
+		mgr.Run(reapCtx)
+	}()
+	served := make(chan error, 1)
+	go func() {
+		if cfg.tlsCert != "" {
+			served <- srv.ServeTLS(ln, cfg.tlsCert, cfg.tlsKey)
+		} else {
+			served <- srv.Serve(ln)
+		}
+	}()
+	scheme := "http"
+	if cfg.tlsCert != "" {
+		scheme = "https"
+	}
+	log.Info("listening", "url", scheme+"://"+ln.Addr().String(), "data_dir", cfg.dataDir, "sandbox", driver.Name())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting_down", "timeout", cfg.shutdownTimeout)
+	case serveErr = <-served:
+	}
+	drain, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
+	defer cancel()
+	_ = srv.Shutdown(drain) // stop accepting; REST requests in flight finish
+	ssh.Shutdown(drain)     // tell shells, let commands finish, then close
+	tun.Shutdown(drain)     // close tunnels still open
+	stopReaper()
+	<-reaped
+	mgr.Shutdown(context.Background())
+	log.Info("stopped")
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return serveErr
+	}
+	return nil
+}
+
+func idleOrDisabled(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
+}

@@ -1,0 +1,174 @@
+package gateway
+
+import (
+	"context"
+	"crypto"
+	"crypto/ed25519"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Principal is an authenticated caller. Tenant owns the sessions it creates.
+type Principal struct {
+	Tenant string
+	// Method is "api_key" or "jwt".
+	Method string
+}
+
+type principalKey struct{}
+
+// WithPrincipal returns ctx carrying p.
+func WithPrincipal(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// PrincipalFrom returns the principal in ctx.
+func PrincipalFrom(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(Principal)
+	return p, ok
+}
+
+// ErrUnauthorized is returned for every token that does not verify; the
+// reason is deliberately not told to the client.
+var ErrUnauthorized = &Error{Kind: KindUnauthorized, Code: "unauthorized", Message: "missing or invalid bearer token"}
+
+// MaxTokenLen bounds the bearer tokens we look at.
+const MaxTokenLen = 8192
+
+// AuthConfig configures token verification.
+type AuthConfig struct {
+	// APIKeys maps key to tenant.
+	APIKeys map[string]string
+	// JWTSecret enables HS256 tokens.
+	JWTSecret []byte
+	// JWTPublicKey enables RS256 (RSA key) or EdDSA (Ed25519 key) tokens.
+	JWTPublicKey crypto.PublicKey
+	JWTIssuer    string
+	JWTAudience  string
+}
+
+type apiKey struct {
+	hash   [32]byte
+	tenant string
+}
+
+// Verifier turns bearer tokens into principals.
+type Verifier struct {
+	keys   []apiKey
+	parser *jwt.Parser
+	cfg    AuthConfig
+}
+
+// NewVerifier returns a Verifier for cfg.
+func NewVerifier(cfg AuthConfig) (*Verifier, error) {
+	v := &Verifier{cfg: cfg}
+	for k, t := range cfg.APIKeys {
+		if k == "" || t == "" {
+			return nil, errors.New("api key and tenant must not be empty")
+		}
+		v.keys = append(v.keys, apiKey{hash: sha256.Sum256([]byte(k)), tenant: t})
+	}
+	var methods []string
+	if len(cfg.JWTSecret) > 0 {
+		methods = append(methods, jwt.SigningMethodHS256.Alg())
+	}
+	switch cfg.JWTPublicKey.(type) {
+	case nil:
+	case *rsa.PublicKey:
+		methods = append(methods, jwt.SigningMethodRS256.Alg())
+	case ed25519.PublicKey:
+		methods = append(methods, jwt.SigningMethodEdDSA.Alg())
+	default:
+		return nil, fmt.Errorf("unsupported JWT public key type %T (want RSA or Ed25519)", cfg.JWTPublicKey)
+	}
+	if len(methods) > 0 {
+		opts := []jwt.ParserOption{jwt.WithValidMethods(methods), jwt.WithExpirationRequired(), jwt.WithLeeway(0)}
+		if cfg.JWTIssuer != "" {
+			opts = append(opts, jwt.WithIssuer(cfg.JWTIssuer))
+		}
+		if cfg.JWTAudience != "" {
+			opts = append(opts, jwt.WithAudience(cfg.JWTAudience))
+		}
+		v.parser = jwt.NewParser(opts...)
+	}
+	return v, nil
+}
+
+// Verify returns the principal for token, or ErrUnauthorized.
+func (v *Verifier) Verify(token string) (Principal, error) {
+	if token == "" || len(token) > MaxTokenLen {
+		return Principal{}, ErrUnauthorized
+	}
+	h := sha256.Sum256([]byte(token))
+	tenant := ""
+	for _, k := range v.keys { // compare all keys: no early exit
+		if subtle.ConstantTimeCompare(h[:], k.hash[:]) == 1 {
+			tenant = k.tenant
+		}
+	}
+	if tenant != "" {
+		return Principal{Tenant: tenant, Method: "api_key"}, nil
+	}
+	if v.parser == nil || strings.Count(token, ".") != 2 {
+		return Principal{}, ErrUnauthorized
+	}
+	var claims jwt.RegisteredClaims
+	if _, err := v.parser.ParseWithClaims(token, &claims, v.key); err != nil {
+		return Principal{}, ErrUnauthorized
+	}
+	if claims.Subject == "" {
+		return Principal{}, ErrUnauthorized
+	}
+	return Principal{Tenant: claims.Subject, Method: "jwt"}, nil
+}
+
+// key returns the verification key for t's algorithm: the HMAC secret only
+// for HS256 and the public key only for its own algorithm, so a token
+// signed with HS256 over the public key cannot verify.
+func (v *Verifier) key(t *jwt.Token) (any, error) {
+	switch t.Method.(type) {
+	case *jwt.SigningMethodHMAC:
+		if len(v.cfg.JWTSecret) > 0 {
+			return v.cfg.JWTSecret, nil
+		}
+	case *jwt.SigningMethodRSA:
+		if k, ok := v.cfg.JWTPublicKey.(*rsa.PublicKey); ok {
+			return k, nil
+		}
+	case *jwt.SigningMethodEd25519:
+		if k, ok := v.cfg.JWTPublicKey.(ed25519.PublicKey); ok {
+			return k, nil
+		}
+	}
+	return nil, errors.New("no key for algorithm")
+}
+
+// ParsePublicKeyPEM parses a PKIX ("PUBLIC KEY") or PKCS#1 ("RSA PUBLIC
+// KEY") PEM block, or a certificate.
+func ParsePublicKeyPEM(data []byte) (crypto.PublicKey, error) {
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return nil, errors.New("no PEM block found")
+	}
+	switch block.Type {
+	case "PUBLIC KEY":
+		return x509.ParsePKIXPublicKey(block.Bytes)
+	case "RSA PUBLIC KEY":
+		return x509.ParsePKCS1PublicKey(block.Bytes)
+	case "CERTIFICATE":
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		return c.PublicKey, nil
+	}
+	return nil, fmt.Errorf("unsupported PEM block %q", block.Type)
+}

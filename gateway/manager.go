@@ -1,0 +1,304 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// Driver creates sandboxes; sandbox.Driver satisfies it.
+type Driver interface {
+	Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error)
+}
+
+// Config bounds the Manager. Zero values get the defaults noted.
+type Config struct {
+	// MaxSessions caps live sessions on the gateway (default 1000).
+	MaxSessions int
+	// MaxSessionsPerTenant caps live sessions per tenant (default 100).
+	MaxSessionsPerTenant int
+	// IdleTimeout expires a session with no REST or SSH activity for this
+	// long (default 30m; negative disables).
+	IdleTimeout time.Duration
+	// ReapInterval is how often the reaper looks for expired sessions (default 1s).
+	ReapInterval time.Duration
+	// Images are the image names accepted at create (default ["default"]).
+	Images []string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Manager owns every live session.
+type Manager struct {
+	cfg    Config
+	driver Driver
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	sessions map[string]*Session
+	pending  map[string]int // creates in progress per tenant
+}
+
+// NewManager returns a Manager that creates sandboxes with driver.
+func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
+	if cfg.MaxSessions <= 0 {
+		cfg.MaxSessions = 1000
+	}
+	if cfg.MaxSessionsPerTenant <= 0 {
+		cfg.MaxSessionsPerTenant = 100
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 30 * time.Minute
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = time.Second
+	}
+	if len(cfg.Images) == 0 {
+		cfg.Images = []string{"default"}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}}
+}
+
+// CreateParams are the caller's choices for a new session.
+type CreateParams struct {
+	// TTL in seconds; 0 means DefaultTTL.
+	TTL          int
+	Image        string
+	Metadata     map[string]any
+	SSHPublicKey string
+}
+
+// Create makes a session and its sandbox for p. It returns the session and
+// its SSH password, which is not kept and cannot be read again.
+func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
+	if cp.TTL == 0 {
+		cp.TTL = DefaultTTL
+	}
+	if cp.TTL < MinTTL || cp.TTL > MaxTTL {
+		return nil, "", Invalid("invalid_ttl", fmt.Sprintf("ttl must be between %d and %d seconds, got %d", MinTTL, MaxTTL, cp.TTL))
+	}
+	image, err := m.image(cp.Image)
+	if err != nil {
+		return nil, "", err
+	}
+	if cp.SSHPublicKey != "" {
+		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(cp.SSHPublicKey)); err != nil {
+			return nil, "", Invalid("invalid_ssh_public_key", "sshPublicKey is not an authorized_keys line")
+		}
+	}
+	if cp.Metadata == nil {
+		cp.Metadata = map[string]any{}
+	}
+
+	if err := m.reserve(p.Tenant); err != nil {
+		return nil, "", err
+	}
+	defer m.release(p.Tenant)
+
+	now := m.cfg.Now().UTC()
+	pw := newPassword()
+	s := &Session{
+		ID: newID(), Tenant: p.Tenant, Image: image, Metadata: cp.Metadata,
+		CreatedAt: now, ExpiresAt: now.Add(time.Duration(cp.TTL) * time.Second), TTL: cp.TTL,
+		SSHPublicKey: strings.TrimSpace(cp.SSHPublicKey),
+		passwordHash: sha256.Sum256([]byte(pw)),
+		status:       StatusRunning,
+		conns:        map[*connEntry]struct{}{},
+	}
+	s.lastActivity.Store(now.UnixNano())
+	sb, err := m.driver.Create(ctx, sandbox.Spec{ID: s.ID})
+	if err != nil {
+		m.log.Error("sandbox_create_failed", "session", s.ID, "tenant", p.Tenant, "err", err)
+		return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
+	}
+	s.sandbox = sb
+	m.mu.Lock()
+	m.sessions[s.ID] = s
+	m.mu.Unlock()
+	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "ttl", cp.TTL, "image", image)
+	return s, pw, nil
+}
+
+func (m *Manager) image(name string) (string, error) {
+	if name == "" {
+		return m.cfg.Images[0], nil
+	}
+	for _, im := range m.cfg.Images {
+		if im == name {
+			return name, nil
+		}
+	}
+	return "", Invalid("unknown_image", fmt.Sprintf("unknown image %q; available images: %s", name, strings.Join(m.cfg.Images, ", ")))
+}
+
+// reserve takes a quota slot for tenant, counting creates still in progress.
+func (m *Manager) reserve(tenant string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	total, mine := 0, m.pending[tenant]
+	for _, p := range m.pending {
+		total += p
+	}
+	for _, s := range m.sessions {
+		total++
+		if s.Tenant == tenant {
+			mine++
+		}
+	}
+	if total >= m.cfg.MaxSessions {
+		return &Error{Kind: KindQuota, Code: "quota_exceeded", Message: fmt.Sprintf("gateway session limit reached (max-sessions=%d)", m.cfg.MaxSessions)}
+	}
+	if mine >= m.cfg.MaxSessionsPerTenant {
+		return &Error{Kind: KindQuota, Code: "quota_exceeded", Message: fmt.Sprintf("tenant session limit reached (max-sessions-per-tenant=%d)", m.cfg.MaxSessionsPerTenant)}
+	}
+	m.pending[tenant]++
+	return nil
+}
+
+func (m *Manager) release(tenant string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pending[tenant]--; m.pending[tenant] <= 0 {
+		delete(m.pending, tenant)
+	}
+}
+
+// Get returns p's session id. Another tenant's session is ErrNotFound.
+func (m *Manager) Get(ctx context.Context, p Principal, id string) (*Session, error) {
+	m.mu.Lock()
+	s, ok := m.sessions[id]
+	m.mu.Unlock()
+	if !ok || s.Tenant != p.Tenant || !s.Live() {
+		return nil, ErrNotFound
+	}
+	return s, nil
+}
+
+// List returns p's sessions, oldest first, and how many there are in all.
+func (m *Manager) List(ctx context.Context, p Principal, limit, offset int) ([]*Session, int) {
+	m.mu.Lock()
+	var mine []*Session
+	for _, s := range m.sessions {
+		if s.Tenant == p.Tenant {
+			mine = append(mine, s)
+		}
+	}
+	m.mu.Unlock()
+	sort.Slice(mine, func(i, j int) bool {
+		if !mine[i].CreatedAt.Equal(mine[j].CreatedAt) {
+			return mine[i].CreatedAt.Before(mine[j].CreatedAt)
+		}
+		return mine[i].ID < mine[j].ID
+	})
+	total := len(mine)
+	if offset >= total {
+		return []*Session{}, total
+	}
+	end := min(offset+limit, total)
+	return mine[offset:end], total
+}
+
+// Delete ends p's session id and destroys its sandbox.
+func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
+	m.mu.Lock()
+	s, ok := m.sessions[id]
+	if !ok || s.Tenant != p.Tenant {
+		m.mu.Unlock()
+		return ErrNotFound
+	}
+	delete(m.sessions, id)
+	m.mu.Unlock()
+	if err := m.end(ctx, s, StatusDeleted); err != nil {
+		return err
+	}
+	m.log.Info("session_deleted", "session", id, "tenant", p.Tenant)
+	return nil
+}
+
+// end closes s's connections and destroys its sandbox. s must already be
+// out of the sessions map.
+func (m *Manager) end(ctx context.Context, s *Session, status string) error {
+	if !s.end(status) {
+		return nil
+	}
+	if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
+		m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
+		return &Error{Kind: KindInternal, Code: "sandbox_failed", Message: "could not destroy the sandbox", Err: err}
+	}
+	return nil
+}
+
+// Run expires sessions past their TTL or idle limit until ctx is done.
+func (m *Manager) Run(ctx context.Context) {
+	t := time.NewTicker(m.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			m.Reap(ctx)
+		}
+	}
+}
+
+// Reap expires every session past its TTL or idle limit now.
+func (m *Manager) Reap(ctx context.Context) {
+	now := m.cfg.Now()
+	type victim struct {
+		s      *Session
+		reason string
+	}
+	var victims []victim
+	m.mu.Lock()
+	for id, s := range m.sessions {
+		reason := ""
+		switch {
+		case !now.Before(s.ExpiresAt):
+			reason = "ttl"
+		case m.cfg.IdleTimeout > 0 && now.Sub(s.LastActivity()) >= m.cfg.IdleTimeout:
+			reason = "idle"
+		default:
+			continue
+		}
+		delete(m.sessions, id)
+		victims = append(victims, victim{s, reason})
+	}
+	m.mu.Unlock()
+	for _, v := range victims {
+		_ = m.end(ctx, v.s, StatusExpired)
+		m.log.Info("session_expired", "session", v.s.ID, "tenant", v.s.Tenant, "reason", v.reason)
+	}
+}
+
+// Shutdown ends every session and destroys its sandbox.
+func (m *Manager) Shutdown(ctx context.Context) {
+	m.mu.Lock()
+	all := m.sessions
+	m.sessions = map[string]*Session{}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, s := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = m.end(ctx, s, StatusDeleted)
+		}()
+	}
+	wg.Wait()
+}
+
+// IdleTimeout is the configured idle limit (0 or negative: none).
+func (m *Manager) IdleTimeout() time.Duration { return m.cfg.IdleTimeout }

@@ -1,0 +1,212 @@
+// Package gateway holds sessions: the Manager that creates, finds, lists,
+// deletes and expires them, the principals that own them, and the
+// verification of the bearer tokens that name those principals.
+package gateway
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base32"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// Session status values.
+const (
+	StatusRunning = "running"
+	StatusDeleted = "deleted"
+	StatusExpired = "expired"
+	StatusFailed  = "failed"
+)
+
+// TTL bounds in seconds.
+const (
+	MinTTL     = 60
+	MaxTTL     = 28800
+	DefaultTTL = 3600
+)
+
+// Session is one session and its sandbox. Its exported fields never change
+// after creation; activity and status are read through methods.
+type Session struct {
+	ID        string
+	Tenant    string
+	Image     string
+	Metadata  map[string]any
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	TTL       int
+	// SSHPublicKey is the authorized_keys line the creator supplied, if any.
+	SSHPublicKey string
+
+	passwordHash [32]byte
+	sandbox      sandbox.Sandbox
+	lastActivity atomic.Int64 // unix nanoseconds
+
+	mu     sync.Mutex
+	status string
+	conns  map[*connEntry]struct{}
+}
+
+type connEntry struct{ close func() }
+
+// Snapshot is a point-in-time copy of a session for rendering.
+type Snapshot struct {
+	ID             string
+	Tenant         string
+	Status         string
+	Image          string
+	Metadata       map[string]any
+	CreatedAt      time.Time
+	ExpiresAt      time.Time
+	LastActivityAt time.Time
+	TTL            int
+}
+
+// Snapshot returns the session's current state.
+func (s *Session) Snapshot() Snapshot {
+	s.mu.Lock()
+	status := s.status
+	s.mu.Unlock()
+	return Snapshot{
+		ID: s.ID, Tenant: s.Tenant, Status: status, Image: s.Image, Metadata: s.Metadata,
+		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
+	}
+}
+
+// Sandbox is the session's sandbox.
+func (s *Session) Sandbox() sandbox.Sandbox { return s.sandbox }
+
+// LastActivity is when the session was last used over REST or SSH.
+func (s *Session) LastActivity() time.Time {
+	return time.Unix(0, s.lastActivity.Load()).UTC()
+}
+
+// Touch records activity at now. It is cheap enough to call per SSH packet.
+func (s *Session) Touch(now time.Time) {
+	n := now.UnixNano()
+	for {
+		old := s.lastActivity.Load()
+		if n <= old || s.lastActivity.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// Live reports whether the session still accepts connections.
+func (s *Session) Live() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status == StatusRunning
+}
+
+// CheckPassword reports whether pw is the session's SSH password, in
+// constant time.
+func (s *Session) CheckPassword(pw string) bool {
+	h := sha256.Sum256([]byte(pw))
+	return subtle.ConstantTimeCompare(h[:], s.passwordHash[:]) == 1
+}
+
+// AddConn registers a connection to close when the session ends. It returns
+// a function that unregisters it, and false when the session has already ended.
+func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.status != StatusRunning {
+		return func() {}, false
+	}
+	e := &connEntry{close: closeFn}
+	s.conns[e] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		delete(s.conns, e)
+		s.mu.Unlock()
+	}, true
+}
+
+// end marks the session ended with status and closes its connections. It
+// reports false if the session had already ended.
+func (s *Session) end(status string) bool {
+	s.mu.Lock()
+	if s.status != StatusRunning {
+		s.mu.Unlock()
+		return false
+	}
+	s.status = status
+	conns := s.conns
+	s.conns = nil
+	s.mu.Unlock()
+	for e := range conns {
+		e.close()
+	}
+	return true
+}
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newID returns a session id: "sbx-" and 20 base32 characters (100 random
+// bits), valid as a hostname label.
+func newID() string {
+	b := make([]byte, 13)
+	_, _ = rand.Read(b)
+	return "sbx-" + idEncoding.EncodeToString(b)[:20]
+}
+
+// newPassword returns a random SSH password.
+func newPassword() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return strings.TrimRight(base32.StdEncoding.EncodeToString(b), "=")
+}
+
+// Error is a gateway error with a stable code for API clients.
+type Error struct {
+	Kind    Kind
+	Code    string
+	Message string
+	Err     error
+}
+
+// Kind classifies errors so transports can pick a status code.
+type Kind int
+
+// Error kinds.
+const (
+	KindInvalid Kind = iota + 1
+	KindNotFound
+	KindQuota
+	KindUnavailable
+	KindInternal
+	KindUnauthorized
+)
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return e.Message + ": " + e.Err.Error()
+	}
+	return e.Message
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// ErrNotFound is returned for missing sessions and for sessions of another
+// tenant alike.
+var ErrNotFound = &Error{Kind: KindNotFound, Code: "not_found", Message: "session not found"}
+
+// Invalid returns a KindInvalid error with the given code and message.
+func Invalid(code, msg string) error {
+	return &Error{Kind: KindInvalid, Code: code, Message: msg}
+}
+
+// AsError extracts a *Error from err.
+func AsError(err error) (*Error, bool) {
+	var e *Error
+	ok := errors.As(err, &e)
+	return e, ok
+}

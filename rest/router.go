@@ -1,0 +1,177 @@
+package rest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/httprate"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// Sessions is what the API needs from the session manager.
+type Sessions interface {
+	Create(ctx context.Context, p gateway.Principal, cp gateway.CreateParams) (*gateway.Session, string, error)
+	Get(ctx context.Context, p gateway.Principal, id string) (*gateway.Session, error)
+	List(ctx context.Context, p gateway.Principal, limit, offset int) ([]*gateway.Session, int)
+	Delete(ctx context.Context, p gateway.Principal, id string) error
+}
+
+// Verifier turns a bearer token into a principal.
+type Verifier interface {
+	Verify(token string) (gateway.Principal, error)
+}
+
+// Config wires the API.
+type Config struct {
+	Sessions Sessions
+	Verifier Verifier
+	Log      *slog.Logger
+	// RateLimit is requests per minute per principal; 0 disables it.
+	RateLimit int
+	// SSHUsername is the username advertised to clients ("sandbox").
+	SSHUsername string
+	// HostKeys are the gateway's SSH host keys, authorized_keys format.
+	HostKeys []string
+	// Connect serves CONNECT /v1/sessions/{id} and /sessions/{id}, already
+	// authenticated (the principal is in the request context).
+	Connect http.Handler
+	// Ready reports whether the gateway can serve, with details for
+	// operators; nil means always ready.
+	Ready func() (map[string]any, error)
+}
+
+// MaxBodyBytes bounds request bodies.
+const MaxBodyBytes = 64 << 10
+
+// New returns the HTTP handler of the whole API.
+func New(cfg Config) http.Handler {
+	a := &api{cfg: cfg}
+	r := chi.NewRouter()
+	r.Use(a.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		WriteError(w, http.StatusNotFound, "not_found", "no such endpoint")
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed here", r.Method))
+	})
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", a.readyz)
+
+	authed := r.With(a.authenticate, a.rateLimit())
+	authed.Route("/v1", func(r chi.Router) {
+		r.Post("/sessions", a.create)
+		r.Get("/sessions", a.list)
+		r.Get("/sessions/{id}", a.get)
+		r.Delete("/sessions/{id}", a.delete)
+		r.Get("/host-keys", a.hostKeys)
+		if cfg.Connect != nil {
+			r.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
+		}
+	})
+	if cfg.Connect != nil {
+		authed.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
+	}
+	return r
+}
+
+type api struct {
+	cfg Config
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	out := map[string]any{}
+	if a.cfg.Ready != nil {
+		details, err := a.cfg.Ready()
+		if err != nil {
+			WriteError(w, http.StatusServiceUnavailable, "not_ready", err.Error())
+			return
+		}
+		for k, v := range details {
+			out[k] = v
+		}
+	}
+	out["status"] = "ready"
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (a *api) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				a.cfg.Log.Error("handler_panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
+				WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bearer extracts a bearer token from header value h.
+func bearer(h string) string {
+	const prefix = "bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return ""
+	}
+	return strings.TrimSpace(h[len(prefix):])
+}
+
+// authenticate puts the request's principal in its context or answers 401.
+// CONNECT requests may carry the token in Proxy-Authorization.
+func (a *api) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token := ""
+		if r.Method == http.MethodConnect {
+			token = bearer(r.Header.Get("Proxy-Authorization"))
+		}
+		if token == "" {
+			token = bearer(r.Header.Get("Authorization"))
+		}
+		p, err := a.cfg.Verifier.Verify(token)
+		if err != nil {
+			if r.Method == http.MethodConnect {
+				w.Header().Set("Proxy-Authenticate", `Bearer realm="sandgate"`)
+			}
+			WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or invalid bearer token")
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(r.Context(), p)))
+	})
+}
+
+func (a *api) rateLimit() func(http.Handler) http.Handler {
+	if a.cfg.RateLimit <= 0 {
+		return func(next http.Handler) http.Handler { return next }
+	}
+	return httprate.Limit(a.cfg.RateLimit, time.Minute,
+		httprate.WithKeyFuncs(func(r *http.Request) (string, error) {
+			p, _ := gateway.PrincipalFrom(r.Context())
+			return p.Tenant, nil
+		}),
+		httprate.WithLimitHandler(func(w http.ResponseWriter, r *http.Request) {
+			WriteError(w, http.StatusTooManyRequests, "rate_limited",
+				fmt.Sprintf("rate limit of %d requests per minute exceeded", a.cfg.RateLimit))
+		}),
+	)
+}
+
+func principal(r *http.Request) gateway.Principal {
+	p, _ := gateway.PrincipalFrom(r.Context())
+	return p
+}
+
+// hostKeys serves the gateway's SSH host keys so clients can pin them
+// before they have a session (sandgate ssh-config uses it).
+func (a *api) hostKeys(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"hostKeys": a.cfg.HostKeys})
+}

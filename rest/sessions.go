@@ -1,0 +1,204 @@
+package rest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+type createRequest struct {
+	TTL          *int           `json:"ttl"`
+	Image        *string        `json:"image"`
+	Metadata     map[string]any `json:"metadata"`
+	SSHPublicKey *string        `json:"sshPublicKey"`
+}
+
+type sessionJSON struct {
+	SessionID      string         `json:"sessionId"`
+	Status         string         `json:"status"`
+	Image          string         `json:"image"`
+	Metadata       map[string]any `json:"metadata"`
+	CreatedAt      time.Time      `json:"createdAt"`
+	ExpiresAt      time.Time      `json:"expiresAt"`
+	LastActivityAt time.Time      `json:"lastActivityAt"`
+	TTL            int            `json:"ttl"`
+	SSH            sshJSON        `json:"ssh"`
+}
+
+type sshJSON struct {
+	Username       string   `json:"username"`
+	Password       string   `json:"password,omitempty"`
+	HostKeys       []string `json:"hostKeys"`
+	KnownHostsLine string   `json:"knownHostsLine"`
+	ConnectPath    string   `json:"connectPath"`
+}
+
+type listJSON struct {
+	Sessions []sessionJSON `json:"sessions"`
+	Total    int           `json:"total"`
+	Limit    int           `json:"limit"`
+	Offset   int           `json:"offset"`
+}
+
+func (a *api) render(s *gateway.Session, password string) sessionJSON {
+	snap := s.Snapshot()
+	known := ""
+	if len(a.cfg.HostKeys) > 0 {
+		known = "* " + a.cfg.HostKeys[0]
+	}
+	return sessionJSON{
+		SessionID: snap.ID, Status: snap.Status, Image: snap.Image, Metadata: snap.Metadata,
+		CreatedAt: snap.CreatedAt, ExpiresAt: snap.ExpiresAt, LastActivityAt: snap.LastActivityAt, TTL: snap.TTL,
+		SSH: sshJSON{
+			Username: a.cfg.SSHUsername, Password: password,
+			HostKeys: a.cfg.HostKeys, KnownHostsLine: known,
+			ConnectPath: "/v1/sessions/" + snap.ID,
+		},
+	}
+}
+
+func (a *api) create(w http.ResponseWriter, r *http.Request) {
+	var req createRequest
+	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	var cp gateway.CreateParams
+	if req.TTL != nil {
+		if *req.TTL < gateway.MinTTL || *req.TTL > gateway.MaxTTL {
+			WriteError(w, http.StatusBadRequest, "invalid_ttl",
+				fmt.Sprintf("ttl must be between %d and %d seconds, got %d", gateway.MinTTL, gateway.MaxTTL, *req.TTL))
+			return
+		}
+		cp.TTL = *req.TTL
+	}
+	if req.Image != nil {
+		cp.Image = *req.Image
+	}
+	if req.SSHPublicKey != nil {
+		cp.SSHPublicKey = *req.SSHPublicKey
+	}
+	cp.Metadata = req.Metadata
+	s, pw, err := a.cfg.Sessions.Create(r.Context(), principal(r), cp)
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/sessions/"+s.ID)
+	writeJSON(w, http.StatusCreated, a.render(s, pw))
+}
+
+// decodeJSON reads a bounded JSON object body into v, rejecting unknown
+// fields and trailing data. The body is JSON whatever Content-Type says
+// (curl -d sends a form type). It returns a status, code and message on error.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) (int, string, string) {
+	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if errors.Is(err, io.EOF) {
+		return 0, "", "" // an empty body means all defaults
+	}
+	if err == nil {
+		if dec.More() {
+			return http.StatusBadRequest, "invalid_json", "body must hold a single JSON object"
+		}
+		if _, err := dec.Token(); err != io.EOF {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)
+			}
+			return http.StatusBadRequest, "invalid_json", "body must hold a single JSON object"
+		}
+		return 0, "", ""
+	}
+	var mbe *http.MaxBytesError
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &mbe):
+		return http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			return http.StatusBadRequest, "invalid_json", "body must be a JSON object"
+		}
+		return http.StatusBadRequest, "invalid_field", fmt.Sprintf("field %q must be %s", field, jsonKind(te.Type.Kind().String()))
+	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF):
+		return http.StatusBadRequest, "invalid_json", "body is not valid JSON"
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		return http.StatusBadRequest, "unknown_field", "unknown field " + field
+	}
+	return http.StatusBadRequest, "invalid_json", "body is not valid JSON"
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "int", "int64":
+		return "an integer"
+	case "string":
+		return "a string"
+	case "map":
+		return "an object"
+	}
+	return "of another type"
+}
+
+func (a *api) list(w http.ResponseWriter, r *http.Request) {
+	limit, err := queryInt(r, "limit", 50, 1, 100)
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_limit", err.Error())
+		return
+	}
+	offset, err := queryInt(r, "offset", 0, 0, 1<<31-1)
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_offset", err.Error())
+		return
+	}
+	ss, total := a.cfg.Sessions.List(r.Context(), principal(r), limit, offset)
+	out := listJSON{Sessions: make([]sessionJSON, 0, len(ss)), Total: total, Limit: limit, Offset: offset}
+	for _, s := range ss {
+		out.Sessions = append(out.Sessions, a.render(s, ""))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func queryInt(r *http.Request, name string, def, lo, hi int) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s must be an integer between %d and %d", name, lo, hi)
+	}
+	return n, nil
+}
+
+func (a *api) get(w http.ResponseWriter, r *http.Request) {
+	s, err := a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	s.Touch(time.Now())
+	writeJSON(w, http.StatusOK, a.render(s, ""))
+}
+
+func (a *api) delete(w http.ResponseWriter, r *http.Request) {
+	if err := a.cfg.Sessions.Delete(r.Context(), principal(r), chi.URLParam(r, "id")); err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

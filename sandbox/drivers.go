@@ -1,0 +1,33 @@
+package sandbox
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+)
+
+// Config is what every driver may need from the gateway.
+type Config struct {
+	// DataDir is the gateway's data dir; drivers keep their state under it.
+	DataDir string
+	// SelfExe is the sandgate binary (default: os.Executable).
+	SelfExe string
+	Log     *slog.Logger
+}
+
+// Open returns the driver called name: "workdir", or "auto" for the best
+// driver this host supports.
+func Open(name string, cfg Config) (Driver, error) {
+	switch name {
+	case "auto", "workdir":
+		cfg.Log.Warn("sandbox driver workdir: sessions are plain directories and processes run as the gateway's user; this does NOT isolate sessions from the host or from each other")
+		return NewWorkdir(WorkdirConfig{Root: filepath.Join(cfg.DataDir, "sessions"), SelfExe: cfg.SelfExe})
+	}
+	return nil, fmt.Errorf("unknown sandbox driver %q (want auto or workdir)", name)
+}
+
+// Reporter is implemented by drivers that can tell which limits they enforce
+// on this host; /readyz and start-up logs show it.
+type Reporter interface {
+	Report() map[string]any
+}

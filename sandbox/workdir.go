@@ -1,0 +1,214 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// SessionEnvVar tags every process a workdir sandbox starts, so that Destroy
+// can find processes that left their process group (setsid, double fork).
+const SessionEnvVar = "SANDGATE_SESSION"
+
+// WorkdirConfig configures the portable workdir driver.
+type WorkdirConfig struct {
+	// Root is the host directory under which each session gets a workdir.
+	Root string
+	// SelfExe is the sandgate binary, run as `sftp-server` for SFTP.
+	SelfExe string
+}
+
+// Workdir is the portable driver: a plain directory per session, processes in
+// their own process groups, killed as groups. It does not isolate processes
+// from the host or from each other.
+type Workdir struct {
+	cfg   WorkdirConfig
+	shell string
+}
+
+// NewWorkdir returns a workdir driver. It creates cfg.Root if needed.
+func NewWorkdir(cfg WorkdirConfig) (*Workdir, error) {
+	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("workdir root: %w", err)
+	}
+	if cfg.SelfExe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable: %w", err)
+		}
+		cfg.SelfExe = exe
+	}
+	return &Workdir{cfg: cfg, shell: findShell()}, nil
+}
+
+func findShell() string {
+	for _, s := range []string{"/bin/bash", "/usr/bin/bash", "/bin/sh"} {
+		if _, err := os.Stat(s); err == nil {
+			return s
+		}
+	}
+	return "/bin/sh"
+}
+
+// Name implements Driver.
+func (d *Workdir) Name() string { return "workdir" }
+
+// Create implements Driver.
+func (d *Workdir) Create(ctx context.Context, spec Spec) (Sandbox, error) {
+	if !validID(spec.ID) {
+		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
+	}
+	dir := filepath.Join(d.cfg.Root, spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create workdir: %w", err)
+	}
+	return &workdirSandbox{d: d, id: spec.ID, dir: dir, procs: map[*hostProcess]struct{}{}}, nil
+}
+
+// validID accepts the ids the gateway generates: lowercase letters, digits, '-'.
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+type workdirSandbox struct {
+	d   *Workdir
+	id  string
+	dir string
+
+	mu     sync.Mutex
+	closed bool
+	procs  map[*hostProcess]struct{}
+}
+
+func (s *workdirSandbox) Workdir() string { return s.dir }
+
+// BaseEnv is the clean environment every sandbox process starts from.
+func BaseEnv(home, shell string) []string {
+	return []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=" + home,
+		"USER=sandbox",
+		"LOGNAME=sandbox",
+		"SHELL=" + shell,
+		"LANG=C.UTF-8",
+	}
+}
+
+func (s *workdirSandbox) Start(ctx context.Context, cmd Cmd) (Process, error) {
+	var argv []string
+	switch {
+	case cmd.Subsystem == "sftp":
+		argv = []string{s.d.cfg.SelfExe, "sftp-server", "--root", s.dir}
+	case cmd.Subsystem != "":
+		return nil, fmt.Errorf("unknown subsystem %q", cmd.Subsystem)
+	case cmd.Command == "":
+		argv = []string{s.d.shell, "-l"}
+	default:
+		argv = []string{s.d.shell, "-c", cmd.Command}
+	}
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Dir = s.dir
+	c.Env = append(BaseEnv(s.dir, s.d.shell), cmd.Env...)
+	if cmd.PTY != nil && cmd.PTY.Term != "" {
+		c.Env = append(c.Env, "TERM="+cmd.PTY.Term)
+	}
+	c.Env = append(c.Env, SessionEnvVar+"="+s.id)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	p, err := startHost(c, cmd.PTY)
+	if err != nil {
+		return nil, err
+	}
+	s.procs[p] = struct{}{}
+	go func() {
+		<-p.done
+		s.mu.Lock()
+		delete(s.procs, p)
+		s.mu.Unlock()
+	}()
+	return p, nil
+}
+
+// Destroy kills every process of the sandbox, including ones that left their
+// process group but kept the session tag in their environment, then removes
+// the workdir.
+func (s *workdirSandbox) Destroy(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	procs := make([]*hostProcess, 0, len(s.procs))
+	for p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+
+	for _, p := range procs {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	// Processes may fork while we scan; repeat until none is found.
+	for i := 0; i < 20; i++ {
+		if killTagged(SessionEnvVar+"="+s.id) == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("remove workdir: %w", err)
+	}
+	return nil
+}
+
+// killTagged sends SIGKILL to every process whose environment holds tag and
+// returns how many it found.
+func killTagged(tag string) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	want := []byte(tag)
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if bytes.Equal(kv, want) {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					n++
+				}
+				break
+			}
+		}
+	}
+	return n
+}

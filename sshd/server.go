@@ -1,0 +1,265 @@
+// Package sshd is the embedded SSH server. It serves connections that the
+// tunnel has already bound to a session: identity comes from that binding,
+// and SSH authentication only ever narrows access.
+package sshd
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	gliderssh "github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// Auth method names accepted by Config.AuthMethods.
+const (
+	AuthNone      = "none"
+	AuthPassword  = "password"
+	AuthPublicKey = "publickey"
+)
+
+// Config configures the SSH server. Zero values get defaults.
+type Config struct {
+	HostSigners []gossh.Signer
+	// AuthMethods are the SSH methods accepted on an authorised tunnel
+	// (default none, password, publickey).
+	AuthMethods []string
+	// EnvAllow are extra environment names clients may set, beyond TERM,
+	// LANG and LC_*; a trailing '*' matches a prefix.
+	EnvAllow []string
+	// HandshakeTimeout bounds the SSH handshake and authentication (default 30s).
+	HandshakeTimeout time.Duration
+	// MaxAuthTries caps authentication attempts per connection (default 6).
+	MaxAuthTries int
+	// OutputGrace is how long output is still forwarded after the command
+	// exits while something else holds its stdout open (default 500ms).
+	OutputGrace time.Duration
+	Log         *slog.Logger
+}
+
+// Server serves SSH on tunnelled connections.
+type Server struct {
+	cfg Config
+	gs  *gliderssh.Server
+
+	mu      sync.Mutex
+	closing bool
+	chans   map[*channel]struct{}
+	idle    chan struct{} // closed and replaced when chans becomes empty
+}
+
+type ctxKey int
+
+const (
+	keySession ctxKey = iota
+	keyConn
+)
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.HostSigners) == 0 {
+		return nil, fmt.Errorf("no host keys")
+	}
+	if len(cfg.AuthMethods) == 0 {
+		cfg.AuthMethods = []string{AuthNone, AuthPassword, AuthPublicKey}
+	}
+	for _, m := range cfg.AuthMethods {
+		if m != AuthNone && m != AuthPassword && m != AuthPublicKey {
+			return nil, fmt.Errorf("unknown ssh auth method %q (want none, password or publickey)", m)
+		}
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 30 * time.Second
+	}
+	if cfg.MaxAuthTries <= 0 {
+		cfg.MaxAuthTries = 6
+	}
+	if cfg.OutputGrace <= 0 {
+		cfg.OutputGrace = 500 * time.Millisecond
+	}
+	s := &Server{cfg: cfg, chans: map[*channel]struct{}{}}
+	signers := make([]gliderssh.Signer, len(cfg.HostSigners))
+	for i, k := range cfg.HostSigners {
+		signers[i] = k
+	}
+	gs := &gliderssh.Server{
+		HostSigners:          signers,
+		Version:              "sandgate",
+		ChannelHandlers:      map[string]gliderssh.ChannelHandler{"session": s.handleSession},
+		RequestHandlers:      map[string]gliderssh.RequestHandler{},
+		SubsystemHandlers:    map[string]gliderssh.SubsystemHandler{},
+		ConnCallback:         s.bind,
+		ServerConfigCallback: s.serverConfig,
+	}
+	if slices.Contains(cfg.AuthMethods, AuthPassword) {
+		gs.PasswordHandler = s.checkPassword
+	}
+	if slices.Contains(cfg.AuthMethods, AuthPublicKey) {
+		gs.PublicKeyHandler = s.checkPublicKey
+	}
+	s.gs = gs
+	return s, nil
+}
+
+// boundConn is a tunnelled connection and the session it was authorised for.
+type boundConn struct {
+	net.Conn
+	sess *gateway.Session
+}
+
+// CloseWrite half-closes the tunnel when the transport can.
+func (c *boundConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// ServeConn runs SSH on conn, which the tunnel authorised for sess. It
+// returns when the connection ends.
+func (s *Server) ServeConn(conn net.Conn, sess *gateway.Session) {
+	bc := &boundConn{Conn: conn, sess: sess}
+	_ = bc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	s.gs.HandleConn(bc)
+}
+
+func (s *Server) bind(ctx gliderssh.Context, conn net.Conn) net.Conn {
+	bc, ok := conn.(*boundConn)
+	if !ok || bc.sess == nil {
+		conn.Close()
+		return nil
+	}
+	ctx.SetValue(keySession, bc.sess)
+	ctx.SetValue(keyConn, bc)
+	return conn
+}
+
+func sessionOf(ctx context.Context) *gateway.Session {
+	s, _ := ctx.Value(keySession).(*gateway.Session)
+	return s
+}
+
+// authenticated ends the handshake deadline and logs the method.
+func (s *Server) authenticated(ctx gliderssh.Context, user, method string, ok bool) bool {
+	sess := sessionOf(ctx)
+	if sess == nil || !sess.Live() {
+		ok = false
+	}
+	if ok {
+		if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
+			_ = bc.SetDeadline(time.Time{})
+		}
+	}
+	id := ""
+	if sess != nil {
+		id = sess.ID
+	}
+	s.cfg.Log.Info("ssh_auth", "session", id, "method", method, "user", user, "ok", ok)
+	return ok
+}
+
+func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
+	cfg := &gossh.ServerConfig{MaxAuthTries: s.cfg.MaxAuthTries}
+	if slices.Contains(s.cfg.AuthMethods, AuthNone) {
+		cfg.NoClientAuth = true
+		cfg.NoClientAuthCallback = func(md gossh.ConnMetadata) (*gossh.Permissions, error) {
+			if !s.authenticated(ctx, md.User(), AuthNone, true) {
+				return nil, fmt.Errorf("session is gone")
+			}
+			return nil, nil
+		}
+	}
+	return cfg
+}
+
+func (s *Server) checkPassword(ctx gliderssh.Context, pw string) bool {
+	sess := sessionOf(ctx)
+	return s.authenticated(ctx, ctx.User(), AuthPassword, sess != nil && sess.CheckPassword(pw))
+}
+
+// checkPublicKey accepts only the session's own key. x/crypto verifies the
+// signature afterwards; identity is still the tunnel's session.
+func (s *Server) checkPublicKey(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
+	sess := sessionOf(ctx)
+	if sess == nil || sess.SSHPublicKey == "" {
+		return s.authenticated(ctx, ctx.User(), AuthPublicKey, false)
+	}
+	want, _, _, _, err := gossh.ParseAuthorizedKey([]byte(sess.SSHPublicKey))
+	ok := err == nil && bytes.Equal(want.Marshal(), key.Marshal())
+	return s.authenticated(ctx, ctx.User(), AuthPublicKey, ok)
+}
+
+// envAllowed reports whether a client may set name.
+func (s *Server) envAllowed(name string) bool {
+	if name == "TERM" || name == "LANG" || strings.HasPrefix(name, "LC_") {
+		return true
+	}
+	for _, a := range s.cfg.EnvAllow {
+		if p, ok := strings.CutSuffix(a, "*"); ok {
+			if strings.HasPrefix(name, p) {
+				return true
+			}
+		} else if a == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) addChan(c *channel) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.chans[c] = struct{}{}
+	return true
+}
+
+func (s *Server) removeChan(c *channel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.chans, c)
+	if len(s.chans) == 0 && s.idle != nil {
+		close(s.idle)
+		s.idle = nil
+	}
+}
+
+// Shutdown refuses new channels, tells interactive users, and waits for
+// running commands until ctx is done; then it kills what still runs, closes
+// every connection and returns.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.mu.Lock()
+	s.closing = true
+	var idle chan struct{}
+	if len(s.chans) > 0 {
+		s.idle = make(chan struct{})
+		idle = s.idle
+	}
+	for c := range s.chans {
+		c.notify("\r\nsandgate: the gateway is shutting down\r\n")
+	}
+	s.mu.Unlock()
+	if idle != nil {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+		}
+	}
+	s.mu.Lock()
+	for c := range s.chans {
+		c.abort()
+	}
+	s.mu.Unlock()
+	_ = s.gs.Close()
+}

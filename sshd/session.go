@@ -1,0 +1,319 @@
+package sshd
+
+import (
+	"context"
+	"io"
+	"sync"
+	"time"
+
+	gliderssh "github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// Bounds on what a client may send before starting a command.
+const (
+	maxEnvVars  = 64
+	maxEnvBytes = 4096
+)
+
+// channel is one SSH session channel: at most one process, its requests,
+// and the copying between the two.
+type channel struct {
+	srv  *Server
+	sess *gateway.Session
+	ch   gossh.Channel
+
+	env     []string
+	pty     *sandbox.PTY
+	started bool
+
+	mu     sync.Mutex
+	proc   sandbox.Process
+	exited bool
+}
+
+func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx gliderssh.Context) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.cfg.Log.Error("ssh_channel_panic", "panic", v)
+		}
+	}()
+	sess := sessionOf(ctx)
+	if sess == nil || !sess.Live() {
+		_ = nc.Reject(gossh.Prohibited, "session is gone")
+		return
+	}
+	c := &channel{srv: s, sess: sess}
+	if !s.addChan(c) {
+		_ = nc.Reject(gossh.ResourceShortage, "gateway is shutting down")
+		return
+	}
+	defer s.removeChan(c)
+	ch, reqs, err := nc.Accept()
+	if err != nil {
+		return
+	}
+	c.ch = ch
+	c.serve(reqs)
+}
+
+// serve answers the channel's requests until the client closes it.
+func (c *channel) serve(reqs <-chan *gossh.Request) {
+	var runDone chan struct{}
+	for req := range reqs {
+		ok := false
+		var launch func()
+		switch req.Type {
+		case "env":
+			ok = c.setEnv(req.Payload)
+		case "pty-req":
+			ok = c.setPTY(req.Payload)
+		case "window-change":
+			ok = c.resize(req.Payload)
+		case "exec", "shell", "subsystem":
+			launch, ok = c.start(req.Type, req.Payload)
+		case "signal":
+			ok = c.signal(req.Payload)
+		default:
+			// auth-agent-req, x11-req and anything else: refused.
+		}
+		if req.WantReply {
+			_ = req.Reply(ok, nil)
+		}
+		if launch != nil {
+			runDone = make(chan struct{})
+			go func() {
+				defer close(runDone)
+				launch()
+			}()
+		}
+	}
+	// The client closed the channel: a command still running is killed.
+	c.abort()
+	if runDone != nil {
+		<-runDone
+	}
+	_ = c.ch.Close()
+}
+
+func (c *channel) setEnv(payload []byte) bool {
+	var kv struct{ Name, Value string }
+	if c.started || gossh.Unmarshal(payload, &kv) != nil {
+		return false
+	}
+	if len(c.env) >= maxEnvVars || len(kv.Name)+len(kv.Value) > maxEnvBytes || !c.srv.envAllowed(kv.Name) {
+		return false
+	}
+	c.env = append(c.env, kv.Name+"="+kv.Value)
+	return true
+}
+
+func (c *channel) setPTY(payload []byte) bool {
+	var p struct {
+		Term                         string
+		Columns, Rows, Width, Height uint32
+		Modes                        string
+	}
+	if c.started || c.pty != nil || gossh.Unmarshal(payload, &p) != nil || len(p.Term) > 256 {
+		return false
+	}
+	c.pty = &sandbox.PTY{Term: p.Term, Window: window(p.Columns, p.Rows)}
+	return true
+}
+
+func window(cols, rows uint32) sandbox.Window {
+	return sandbox.Window{Cols: uint16(min(cols, 0xffff)), Rows: uint16(min(rows, 0xffff))}
+}
+
+func (c *channel) resize(payload []byte) bool {
+	var w struct{ Columns, Rows, Width, Height uint32 }
+	if c.pty == nil || gossh.Unmarshal(payload, &w) != nil {
+		return false
+	}
+	c.pty.Window = window(w.Columns, w.Rows)
+	c.mu.Lock()
+	p := c.proc
+	c.mu.Unlock()
+	if p != nil {
+		return p.Resize(c.pty.Window) == nil
+	}
+	return true
+}
+
+func (c *channel) signal(payload []byte) bool {
+	var s struct{ Signal string }
+	if gossh.Unmarshal(payload, &s) != nil {
+		return false
+	}
+	sig, ok := sandbox.ParseSignal(s.Signal)
+	if !ok {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc == nil || c.exited {
+		return false
+	}
+	return c.proc.Signal(sig) == nil
+}
+
+// start starts the process for an exec, shell or subsystem request and
+// returns the function that runs it to the end, to be called after the reply.
+func (c *channel) start(kind string, payload []byte) (func(), bool) {
+	if c.started {
+		return nil, false
+	}
+	cmd := sandbox.Cmd{Env: c.env, PTY: c.pty}
+	switch kind {
+	case "exec":
+		var p struct{ Command string }
+		if gossh.Unmarshal(payload, &p) != nil {
+			return nil, false
+		}
+		if p.Command == "" {
+			// Like OpenSSH, an empty command means a shell.
+			kind = "shell"
+		}
+		cmd.Command = p.Command
+	case "subsystem":
+		var p struct{ Name string }
+		if gossh.Unmarshal(payload, &p) != nil || p.Name != "sftp" {
+			return nil, false
+		}
+		cmd.Subsystem = p.Name
+		cmd.PTY = nil
+	}
+	c.started = true
+	proc, err := c.sess.Sandbox().Start(context.Background(), cmd)
+	if err != nil {
+		c.srv.cfg.Log.Warn("exec_start_failed", "session", c.sess.ID, "kind", kind, "err", err)
+		return nil, false
+	}
+	c.mu.Lock()
+	c.proc = proc
+	c.mu.Unlock()
+	c.sess.Touch(time.Now())
+	c.srv.cfg.Log.Info("exec_started", "session", c.sess.ID, "kind", kind, "pty", cmd.PTY != nil)
+	return func() { c.run(kind, proc) }, true
+}
+
+// run copies between the channel and proc until proc exits and its output
+// is drained, then sends the exit status, EOF and close, in that order.
+func (c *channel) run(kind string, proc sandbox.Process) {
+	began := time.Now()
+	a := &activity{sess: c.sess}
+	var out sync.WaitGroup
+	copyOut := func(dst io.Writer, src io.Reader) {
+		out.Add(1)
+		go func() {
+			defer out.Done()
+			_, _ = io.Copy(a.writer(dst), src)
+		}()
+	}
+	copyOut(c.ch, proc.Stdout())
+	if e := proc.Stderr(); e != nil {
+		copyOut(c.ch.Stderr(), e)
+	}
+	// The stdin copier is not waited for: the client may never send EOF.
+	go func() {
+		_, _ = io.Copy(proc.Stdin(), a.reader(c.ch))
+		_ = proc.Stdin().Close()
+	}()
+
+	exit, err := proc.Wait()
+	c.mu.Lock()
+	c.exited = true
+	c.mu.Unlock()
+
+	drained := make(chan struct{})
+	go func() {
+		out.Wait()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(c.srv.cfg.OutputGrace):
+		// A background process holds the output open; stop forwarding it.
+		_ = proc.Stdout().Close()
+		if e := proc.Stderr(); e != nil {
+			_ = e.Close()
+		}
+		<-drained
+	}
+	_ = proc.Stdout().Close()
+	if e := proc.Stderr(); e != nil {
+		_ = e.Close()
+	}
+
+	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", time.Since(began).Milliseconds()}
+	switch {
+	case err != nil:
+		c.srv.cfg.Log.Error("exec_finished", append(attrs, "err", err)...)
+		exit.Code = 255
+		fallthrough
+	case exit.Signal == "":
+		c.srv.cfg.Log.Info("exec_finished", append(attrs, "exit_code", exit.Code)...)
+		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{uint32(exit.Code)}))
+	default:
+		c.srv.cfg.Log.Info("exec_finished", append(attrs, "signal", exit.Signal)...)
+		_, _ = c.ch.SendRequest("exit-signal", false, gossh.Marshal(struct {
+			Signal     string
+			CoreDumped bool
+			Message    string
+			Lang       string
+		}{exit.Signal, exit.CoreDumped, "", ""}))
+	}
+	_ = c.ch.CloseWrite()
+	_ = c.ch.Close()
+}
+
+// abort kills the channel's process if it is still running.
+func (c *channel) abort() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc != nil && !c.exited {
+		c.proc.Kill()
+	}
+}
+
+// notify writes msg to an interactive user's terminal.
+func (c *channel) notify(msg string) {
+	if c.pty != nil && c.ch != nil {
+		go func() { _, _ = io.WriteString(c.ch.Stderr(), msg) }()
+	}
+}
+
+// activity marks the session active whenever data moves.
+type activity struct {
+	sess *gateway.Session
+}
+
+func (a *activity) writer(w io.Writer) io.Writer { return activityWriter{a, w} }
+func (a *activity) reader(r io.Reader) io.Reader { return activityReader{a, r} }
+
+type activityWriter struct {
+	a *activity
+	w io.Writer
+}
+
+func (w activityWriter) Write(p []byte) (int, error) {
+	w.a.sess.Touch(time.Now())
+	return w.w.Write(p)
+}
+
+type activityReader struct {
+	a *activity
+	r io.Reader
+}
+
+func (r activityReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.a.sess.Touch(time.Now())
+	}
+	return n, err
+}
+

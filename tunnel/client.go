@@ -1,0 +1,132 @@
+package tunnel
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// StatusError is a CONNECT refused by the server.
+type StatusError struct {
+	StatusCode int
+	Code       string
+	Message    string
+}
+
+func (e *StatusError) Error() string {
+	msg := e.Message
+	if msg == "" {
+		msg = http.StatusText(e.StatusCode)
+	}
+	return fmt.Sprintf("gateway refused the tunnel: %d %s", e.StatusCode, msg)
+}
+
+// Dialer opens tunnels to sessions.
+type Dialer struct {
+	// APIURL is the gateway URL, e.g. http://127.0.0.1:8080 or https://host/v1.
+	APIURL string
+	// Token is the bearer token.
+	Token string
+	// TLSConfig is used for https URLs (nil: system roots).
+	TLSConfig *tls.Config
+	// Timeout bounds connecting and the CONNECT exchange (default 30s).
+	Timeout time.Duration
+}
+
+// ConnectPath returns the CONNECT path for id under the API URL's path: a
+// URL ending in /v1 gets /sessions/{id} appended, any other /v1/sessions/{id}.
+func ConnectPath(apiPath, id string) string {
+	p := strings.TrimRight(apiPath, "/")
+	if !strings.HasSuffix(p, "/v1") {
+		p += "/v1"
+	}
+	return p + "/sessions/" + url.PathEscape(id)
+}
+
+// Dial opens a tunnel to session id and returns the raw byte stream.
+func (d *Dialer) Dial(ctx context.Context, id string) (net.Conn, error) {
+	u, err := url.Parse(d.APIURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("invalid API URL %q: want http(s)://host[:port][/v1]", d.APIURL)
+	}
+	timeout := d.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	host := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			host = net.JoinHostPort(u.Hostname(), "443")
+		} else {
+			host = net.JoinHostPort(u.Hostname(), "80")
+		}
+	}
+	nd := net.Dialer{Timeout: timeout}
+	conn, err := nd.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, fmt.Errorf("connect to gateway: %w", err)
+	}
+	if u.Scheme == "https" {
+		cfg := d.TLSConfig.Clone()
+		if cfg == nil {
+			cfg = &tls.Config{}
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = u.Hostname()
+		}
+		tc := tls.Client(conn, cfg)
+		tc.SetDeadline(time.Now().Add(timeout))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("tls handshake with gateway: %w", err)
+		}
+		conn = tc
+	}
+	c, err := connect(conn, u.Host, ConnectPath(u.Path, id), d.Token, timeout)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func connect(conn net.Conn, host, path, token string, timeout time.Duration) (net.Conn, error) {
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	req := "CONNECT " + path + " HTTP/1.1\r\nHost: " + host + "\r\n"
+	if token != "" {
+		req += "Proxy-Authorization: Bearer " + token + "\r\n"
+	}
+	req += "\r\n"
+	if _, err := io.WriteString(conn, req); err != nil {
+		return nil, fmt.Errorf("send CONNECT: %w", err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		return nil, fmt.Errorf("read CONNECT response: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		se := &StatusError{StatusCode: resp.StatusCode}
+		var body struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil {
+			se.Code, se.Message = body.Error.Code, body.Error.Message
+		}
+		return nil, se
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if br.Buffered() > 0 {
+		return &prefixConn{Conn: conn, r: br}, nil
+	}
+	return conn, nil
+}

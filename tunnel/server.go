@@ -1,0 +1,162 @@
+// Package tunnel carries SSH inside HTTP CONNECT: the server side
+// authorises a CONNECT for one session, hijacks the connection and hands it
+// on; the client side dials such a tunnel.
+package tunnel
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// Lookup finds a principal's session.
+type Lookup interface {
+	Get(ctx context.Context, p gateway.Principal, id string) (*gateway.Session, error)
+}
+
+// ConnHandler serves one tunnelled connection bound to its session. It owns
+// conn and returns when the connection is over.
+type ConnHandler func(conn net.Conn, s *gateway.Session)
+
+// Server is the CONNECT endpoint. It expects the request's principal in its
+// context (the REST authentication middleware puts it there).
+type Server struct {
+	lookup     Lookup
+	handle     ConnHandler
+	writeError func(http.ResponseWriter, error)
+	log        *slog.Logger
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewServer returns a CONNECT server that finds sessions with lookup,
+// answers failures with writeError and hands established tunnels to handle.
+func NewServer(lookup Lookup, handle ConnHandler, writeError func(http.ResponseWriter, error), log *slog.Logger) *Server {
+	return &Server{lookup: lookup, handle: handle, writeError: writeError, log: log, conns: map[net.Conn]struct{}{}}
+}
+
+// ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}.
+func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect {
+		http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
+		return
+	}
+	p, ok := gateway.PrincipalFrom(r.Context())
+	if !ok {
+		t.writeError(w, gateway.ErrUnauthorized)
+		return
+	}
+	id := path.Base(r.URL.Path)
+	s, err := t.lookup.Get(r.Context(), p, id)
+	if err != nil {
+		t.writeError(w, err)
+		return
+	}
+	if !t.track(nil) {
+		t.writeError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "gateway is shutting down"})
+		return
+	}
+	defer t.wg.Done()
+
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		t.log.Error("tunnel_hijack_failed", "session", s.ID, "err", err)
+		t.writeError(w, err)
+		return
+	}
+	// Bytes the client sent with the request (often its SSH version line)
+	// sit in the server's buffer; they must come first.
+	if n := brw.Reader.Buffered(); n > 0 {
+		buf, _ := brw.Reader.Peek(n)
+		conn = &prefixConn{Conn: conn, r: io.MultiReader(bytes.NewReader(bytes.Clone(buf)), conn)}
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+		conn.Close()
+		return
+	}
+	t.track(conn)
+	defer t.untrack(conn)
+	remove, live := s.AddConn(func() { conn.Close() })
+	defer remove()
+	if !live {
+		conn.Close()
+		return
+	}
+	s.Touch(time.Now())
+	t.log.Info("tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr)
+	t.handle(conn, s)
+}
+
+// track registers conn (nil: only reserves a place in the wait group) and
+// reports false once the server is shutting down.
+func (t *Server) track(conn net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if conn == nil {
+		if t.closed {
+			return false
+		}
+		t.wg.Add(1)
+		return true
+	}
+	t.conns[conn] = struct{}{}
+	return true
+}
+
+func (t *Server) untrack(conn net.Conn) {
+	conn.Close()
+	t.mu.Lock()
+	delete(t.conns, conn)
+	t.mu.Unlock()
+}
+
+// Shutdown refuses new tunnels and waits for open ones to end until ctx is
+// done, then closes those still open and waits for their handlers.
+func (t *Server) Shutdown(ctx context.Context) {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
+	t.mu.Lock()
+	for c := range t.conns {
+		c.Close()
+	}
+	t.mu.Unlock()
+	<-done
+}
+
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite half-closes the underlying connection when it can.
+func (c *prefixConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}

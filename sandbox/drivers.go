@@ -13,6 +13,17 @@ type Config struct {
 	// SelfExe is the sandgate binary (default: os.Executable).
 	SelfExe string
 	Log     *slog.Logger
+	// Limits are per-sandbox resource limits, for drivers that enforce them.
+	Limits Limits
+}
+
+// Limits bound one sandbox. Zero values get each driver's defaults.
+type Limits struct {
+	MemoryBytes    int64   // memory cgroup limit (default 512 MiB)
+	Pids           int64   // pids cgroup limit (default 256)
+	CPUs           float64 // CPU quota in cores (default 1)
+	TmpBytes       int64   // size of the private /tmp
+	WorkspaceBytes int64   // size of the workspace filesystem
 }
 
 // Open returns the driver called name: "workdir", or "auto" for the best

@@ -41,6 +41,7 @@ type serveConfig struct {
 	sshAuth           listFlag
 	sshEnvAllow       listFlag
 	sandboxDriver     string
+	limits            *sandbox.Limits
 	tlsCert, tlsKey   string
 	shutdownTimeout   time.Duration
 	handshakeTimeout  time.Duration
@@ -76,7 +77,8 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.IntVar(&c.rateLimit, "rate-limit", 600, "requests per minute per principal (0 disables)")
 	fs.Var(&c.sshAuth, "ssh-auth", "SSH auth methods accepted on an authorised tunnel (default none,password,publickey)")
 	fs.Var(&c.sshEnvAllow, "ssh-env-allow", "extra environment names SSH clients may set (repeatable; NAME or PREFIX*)")
-	fs.StringVar(&c.sandboxDriver, "sandbox", "auto", "sandbox driver: auto or workdir")
+	fs.StringVar(&c.sandboxDriver, "sandbox", "auto", "sandbox driver: linux, workdir, or auto (linux where namespaces work)")
+	c.limits = registerSandboxFlags(fs)
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "TLS certificate file (serve HTTPS)")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "TLS key file")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for running commands")
@@ -212,7 +214,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
-	driver, err := sandbox.Open(cfg.sandboxDriver, sandbox.Config{DataDir: cfg.dataDir, Log: log})
+	driver, err := sandbox.Open(cfg.sandboxDriver, sandbox.Config{DataDir: cfg.dataDir, Log: log, Limits: *cfg.limits})
 	if err != nil {
 		return err
 	}

@@ -32,5 +32,9 @@ check: vet fmt-check test-go
 bench: build
 	@if [ -x bench/run ]; then bench/run; else echo "bench/ not built yet"; fi
 
+# CI only checks that the benchmark harness builds and its dry run starts.
+bench-check: build
+	@if [ -x bench/run ]; then bench/run --quick --dry-run; else echo "bench/ not built yet"; fi
+
 clean:
 	rm -rf bin

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 )
 
 // killGrace is how long Kill waits after SIGHUP before SIGKILL.
@@ -31,7 +32,7 @@ type hostProcess struct {
 
 // startHost starts c in a new process group, or a new session with c's
 // controlling terminal set to a new PTY when p is non-nil. c must not have
-// Stdin, Stdout or Stderr set. extraFiles are closed in the parent after start.
+// Stdin, Stdout or Stderr set.
 func startHost(c *exec.Cmd, p *PTY) (*hostProcess, error) {
 	hp := &hostProcess{cmd: c, done: make(chan struct{})}
 	if p != nil {
@@ -83,6 +84,27 @@ func startHost(c *exec.Cmd, p *PTY) (*hostProcess, error) {
 	return hp, nil
 }
 
+// setWinsize resizes the terminal f. It goes through SyscallConn so that a
+// concurrent Close of f is safe.
+func setWinsize(f *os.File, w Window) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("resize pty: %w", err)
+	}
+	ws := winsize(w)
+	var ioctlErr error
+	err = rc.Control(func(fd uintptr) {
+		ioctlErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: ws.Rows, Col: ws.Cols})
+	})
+	if err == nil {
+		err = ioctlErr
+	}
+	if err != nil {
+		return fmt.Errorf("resize pty: %w", err)
+	}
+	return nil
+}
+
 func winsize(w Window) *pty.Winsize {
 	if w.Cols == 0 || w.Rows == 0 {
 		w = Window{Cols: 80, Rows: 24}
@@ -107,10 +129,7 @@ func (p *hostProcess) Resize(w Window) error {
 	if p.pty == nil {
 		return errors.New("no pty")
 	}
-	if err := pty.Setsize(p.pty, winsize(w)); err != nil {
-		return fmt.Errorf("resize pty: %w", err)
-	}
-	return nil
+	return setWinsize(p.pty, w)
 }
 
 func (p *hostProcess) Signal(sig syscall.Signal) error {

@@ -316,4 +316,3 @@ func (r activityReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gliderssh "github.com/gliderlabs/ssh"
@@ -113,8 +114,16 @@ func New(cfg Config) (*Server, error) {
 // boundConn is a tunnelled connection and the session it was authorised for.
 type boundConn struct {
 	net.Conn
-	sess *gateway.Session
+	sess   *gateway.Session
+	authed atomic.Bool
 }
+
+// SetDeadline and friends are no-ops: gliderlabs/ssh resets the deadline on
+// every read and write (to zero, without an idle timeout), which would undo
+// the handshake bound; that bound is a timer instead (see ServeConn).
+func (c *boundConn) SetDeadline(time.Time) error      { return nil }
+func (c *boundConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *boundConn) SetWriteDeadline(time.Time) error { return nil }
 
 // CloseWrite half-closes the tunnel when the transport can.
 func (c *boundConn) CloseWrite() error {
@@ -128,7 +137,15 @@ func (c *boundConn) CloseWrite() error {
 // returns when the connection ends.
 func (s *Server) ServeConn(conn net.Conn, sess *gateway.Session) {
 	bc := &boundConn{Conn: conn, sess: sess}
-	_ = bc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
+	// x/crypto/ssh has no timeouts of its own: a connection that has not
+	// authenticated when the handshake timeout fires is closed.
+	timer := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
+		if !bc.authed.Load() {
+			s.cfg.Log.Info("ssh_handshake_timeout", "session", sess.ID)
+			bc.Conn.Close()
+		}
+	})
+	defer timer.Stop()
 	s.gs.HandleConn(bc)
 }
 
@@ -148,7 +165,7 @@ func sessionOf(ctx context.Context) *gateway.Session {
 	return s
 }
 
-// authenticated ends the handshake deadline and logs the method.
+// authenticated stops the handshake timer on success and logs the attempt.
 func (s *Server) authenticated(ctx gliderssh.Context, user, method string, ok bool) bool {
 	sess := sessionOf(ctx)
 	if sess == nil || !sess.Live() {
@@ -156,7 +173,7 @@ func (s *Server) authenticated(ctx gliderssh.Context, user, method string, ok bo
 	}
 	if ok {
 		if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
-			_ = bc.SetDeadline(time.Time{})
+			bc.authed.Store(true)
 		}
 	}
 	id := ""

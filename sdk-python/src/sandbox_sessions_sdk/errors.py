@@ -1,0 +1,159 @@
+"""Exceptions raised by the SDK.
+
+Every failure of an SDK call is a :class:`SandboxAPIError` (bad arguments
+raise the usual :class:`ValueError` / :class:`TypeError` before anything is
+sent)::
+
+    SandboxAPIError
+    +-- SandboxConnectionError      network, TLS, tunnel (non-200 CONNECT), SSH handshake
+    |   +-- HostKeyMismatchError    the server's SSH host key is not the pinned one
+    +-- UnauthorizedError           HTTP 401 (REST or CONNECT)
+    +-- SessionNotFoundError        HTTP 404 for a session (REST or CONNECT)
+    +-- RateLimitError              HTTP 429 (REST or CONNECT)
+    +-- SandboxOperationError       other 4xx/5xx, SSH auth/exec/SFTP failures, use before connect
+        +-- CommandTimeoutError     run_command() passed its timeout; the command was killed
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+__all__ = [
+    "SandboxAPIError",
+    "SandboxConnectionError",
+    "HostKeyMismatchError",
+    "UnauthorizedError",
+    "SessionNotFoundError",
+    "RateLimitError",
+    "SandboxOperationError",
+    "CommandTimeoutError",
+]
+
+
+class SandboxAPIError(Exception):
+    """Base class of every error the SDK raises.
+
+    Attributes:
+        message: A human-readable description.
+        status_code: The HTTP status of the answer that caused the error, if any.
+        code: The server's machine-readable error code (``error.code`` of the
+            JSON error envelope), if the answer carried one.
+        status_line: The HTTP status line (``"HTTP/1.1 404 Not Found"``) when
+            the error comes from a CONNECT answer, else ``None``.
+        body: The (possibly truncated) raw body of the answer, if any.
+        headers: The answer's headers, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: Optional[int] = None,
+        code: Optional[str] = None,
+        status_line: Optional[str] = None,
+        body: Optional[str] = None,
+        headers: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message: str = message
+        self.status_code: Optional[int] = status_code
+        self.code: Optional[str] = code
+        self.status_line: Optional[str] = status_line
+        self.body: Optional[str] = body
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class SandboxConnectionError(SandboxAPIError):
+    """The gateway could not be reached or the connection broke.
+
+    Raised for DNS/TCP/TLS failures and timeouts of REST requests, for a
+    CONNECT answered with anything but 200 (other than 401, 404 and 429,
+    which raise their own classes), and when the SSH handshake fails.
+    ``status_line`` holds the CONNECT answer's status line when there was one.
+    """
+
+
+class HostKeyMismatchError(SandboxConnectionError):
+    """The SSH server presented a host key that is not the pinned one.
+
+    Attributes:
+        presented: The key the server presented, as an authorized_keys line.
+        expected: The pinned keys, as authorized_keys lines.
+    """
+
+    def __init__(self, message: str, *, presented: str, expected: list[str]) -> None:
+        super().__init__(message)
+        self.presented: str = presented
+        self.expected: list[str] = list(expected)
+
+
+class UnauthorizedError(SandboxAPIError):
+    """The bearer token was missing or rejected (HTTP 401)."""
+
+
+class SessionNotFoundError(SandboxAPIError):
+    """The session does not exist, was deleted, expired, or belongs to another tenant (HTTP 404)."""
+
+
+class RateLimitError(SandboxAPIError):
+    """The gateway refused the request with HTTP 429.
+
+    This covers both the per-principal request rate limit and session quotas
+    (see :attr:`code`: ``"rate_limited"`` or ``"quota_exceeded"``).
+
+    Attributes:
+        limit: ``X-RateLimit-Limit``: requests allowed per window.
+        remaining: ``X-RateLimit-Remaining``: requests left in the window.
+        reset: ``X-RateLimit-Reset``: when the window resets, in Unix seconds.
+        retry_after: ``Retry-After``: seconds to wait before retrying.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: Optional[int] = None,
+        remaining: Optional[int] = None,
+        reset: Optional[int] = None,
+        retry_after: Optional[float] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.limit: Optional[int] = limit
+        self.remaining: Optional[int] = remaining
+        self.reset: Optional[int] = reset
+        self.retry_after: Optional[float] = retry_after
+
+
+class SandboxOperationError(SandboxAPIError):
+    """An operation failed.
+
+    Raised for HTTP errors other than 401/404/429 (400, 413, 5xx, ...), for
+    answers that cannot be understood, for refused SSH authentication, for
+    failed exec and SFTP operations, and when an SSH client is used before
+    :meth:`~sandbox_sessions_sdk.SessionSSHClient.connect`.
+    """
+
+
+class CommandTimeoutError(SandboxOperationError):
+    """``run_command`` did not finish within its timeout.
+
+    The remote command was sent SIGKILL (SSH ``signal`` request) and its
+    channel closed, which makes the gateway kill the command's process group.
+
+    Attributes:
+        command: The command that timed out.
+        timeout: The timeout in seconds.
+        stdout: The standard output received before the timeout.
+        stderr: The standard error received before the timeout.
+    """
+
+    def __init__(self, message: str, *, command: str, timeout: float, stdout: str, stderr: str) -> None:
+        super().__init__(message)
+        self.command: str = command
+        self.timeout: float = timeout
+        self.stdout: str = stdout
+        self.stderr: str = stderr

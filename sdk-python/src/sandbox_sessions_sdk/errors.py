@@ -60,7 +60,7 @@ class SandboxAPIError(Exception):
         self.code: Optional[str] = code
         self.status_line: Optional[str] = status_line
         self.body: Optional[str] = body
-        self.headers: dict[str, str] = dict(headers or {})
+        self.headers: Mapping[str, str] = headers if headers is not None else {}
 
     def __str__(self) -> str:
         return self.message

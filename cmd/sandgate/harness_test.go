@@ -1,0 +1,308 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// sandgateBin is the binary under test: $SANDGATE_BIN, or one built for
+// this test run.
+var sandgateBin string
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if b := os.Getenv("SANDGATE_BIN"); b != "" {
+			sandgateBin = b
+		} else {
+			dir, err := os.MkdirTemp("", "sandgate-bin-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
+			sandgateBin = filepath.Join(dir, "sandgate")
+			out, err := exec.Command("go", "build", "-o", sandgateBin, ".").CombinedOutput()
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "build sandgate: %v\n%s", err, out)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// requireTool skips when tool is missing locally, and fails under CI=true.
+func requireTool(t *testing.T, tool string) string {
+	t.Helper()
+	p, err := exec.LookPath(tool)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is required in CI (install openssh-client)", tool)
+		}
+		t.Skipf("%s not installed", tool)
+	}
+	return p
+}
+
+// gatewayProc is a `sandgate serve` process.
+type gatewayProc struct {
+	URL     string
+	Token   string
+	DataDir string
+	cmd     *exec.Cmd
+	stdout  *lockedBuffer
+	stderr  *lockedBuffer
+	done    chan struct{}
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var listeningRE = regexp.MustCompile(`msg=listening url=(\S+)`)
+
+// startGateway runs `sandgate serve` on a free loopback port with a fresh
+// data dir and API key "test-token" (unless args set their own).
+func startGateway(t *testing.T, args ...string) *gatewayProc {
+	t.Helper()
+	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token", stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir"}, args...)
+	hasKey := false
+	for _, a := range args {
+		if a == "--api-key" || strings.HasPrefix(a, "--api-key=") {
+			hasKey = true
+		}
+	}
+	if !hasKey {
+		full = append(full, "--api-key", g.Token)
+	}
+	g.start(t, full)
+	return g
+}
+
+func (g *gatewayProc) start(t *testing.T, args []string) {
+	t.Helper()
+	g.cmd = exec.Command(sandgateBin, args...)
+	g.cmd.Env = cleanEnv()
+	pr, pw := io.Pipe()
+	g.cmd.Stdout = g.stdout
+	g.cmd.Stderr = io.MultiWriter(g.stderr, pw)
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = g.cmd.Wait()
+		pw.Close()
+		close(g.done)
+	}()
+	t.Cleanup(func() { g.stop(t) })
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if m := listeningRE.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m[1]:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case g.URL = <-found:
+	case <-g.done:
+		t.Fatalf("sandgate serve exited: %s", g.stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("sandgate serve did not start: %s", g.stderr.String())
+	}
+}
+
+// cleanEnv is the environment for child processes: the test's own, minus
+// anything that would point clients elsewhere.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "SANDBOX_") || strings.HasPrefix(kv, "SANDGATE_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (g *gatewayProc) stop(t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.done:
+		return
+	default:
+	}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-g.done:
+	case <-time.After(30 * time.Second):
+		_ = g.cmd.Process.Kill()
+		<-g.done
+		t.Errorf("sandgate serve ignored SIGTERM for 30s")
+	}
+	if code := g.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("sandgate serve exited %d: %s", code, g.stderr.String())
+	}
+	assertNoLeftovers(t, g.DataDir)
+}
+
+// assertNoLeftovers checks that no process of any session of the gatewayProc
+// runs and that no session workdir is left.
+func assertNoLeftovers(t *testing.T, dataDir string) {
+	t.Helper()
+	entries, _ := os.ReadDir(filepath.Join(dataDir, "sessions"))
+	for _, e := range entries {
+		t.Errorf("session workdir left behind: %s", e.Name())
+	}
+	if pids := sessionProcesses(); len(pids) > 0 {
+		t.Errorf("session processes left behind: %v", pids)
+	}
+}
+
+// sessionProcesses lists processes tagged as a workdir sandbox's.
+func sessionProcesses() []string {
+	var out []string
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		env, err := os.ReadFile(filepath.Join("/proc", p.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		if bytes.Contains(env, []byte("\x00SANDGATE_SESSION=sbx-")) || bytes.HasPrefix(env, []byte("SANDGATE_SESSION=sbx-")) {
+			cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+			out = append(out, p.Name()+":"+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
+}
+
+// api sends a REST request and decodes the JSON answer into out.
+func (g *gatewayProc) api(t *testing.T, method, path string, body any, out any) int {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, g.URL+path, rd)
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("decode %q: %v", data, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+type sessionJSON struct {
+	SessionID string `json:"sessionId"`
+	SSH       struct {
+		Password       string   `json:"password"`
+		HostKeys       []string `json:"hostKeys"`
+		KnownHostsLine string   `json:"knownHostsLine"`
+	} `json:"ssh"`
+}
+
+func (g *gatewayProc) createSession(t *testing.T) sessionJSON {
+	t.Helper()
+	var s sessionJSON
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{}, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	return s
+}
+
+// sshOpts are OpenSSH options for a session: sandgate proxy as
+// ProxyCommand, and the host key pinned from the REST answer with
+// StrictHostKeyChecking yes.
+func (g *gatewayProc) sshOpts(t *testing.T, s sessionJSON) []string {
+	t.Helper()
+	kh := filepath.Join(t.TempDir(), "known_hosts")
+	if err := os.WriteFile(kh, []byte(s.SSH.KnownHostsLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{
+		"-F", "/dev/null",
+		"-o", "ProxyCommand=" + sandgateBin + " proxy %h",
+		"-o", "UserKnownHostsFile=" + kh,
+		"-o", "GlobalKnownHostsFile=/dev/null",
+		"-o", "StrictHostKeyChecking=yes",
+		"-o", "BatchMode=yes",
+		"-o", "IdentityFile=/dev/null",
+		"-o", "User=sandbox",
+	}
+}
+
+// clientEnv is the environment of client commands: the API URL and token
+// come from SANDBOX_API_URL and SANDBOX_API_TOKEN, never argv.
+func (g *gatewayProc) clientEnv() []string {
+	return append(cleanEnv(), "SANDBOX_API_URL="+g.URL, "SANDBOX_API_TOKEN="+g.Token)
+}
+
+// run runs a client command with env and a timeout, and returns stdout,
+// stderr and the exit code.
+func runClient(t *testing.T, env []string, stdin io.Reader, name string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	var out, errb bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	timer := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
+	defer timer.Stop()
+	err := cmd.Wait()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func newCmd(env []string, name string, args ...string) *exec.Cmd {
+	c := exec.Command(name, args...)
+	c.Env = env
+	return c
+}

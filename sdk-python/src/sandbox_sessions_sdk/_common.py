@@ -1,0 +1,206 @@
+"""Helpers shared by the REST client, the tunnel and the SSH client."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from typing import Any, Mapping, Optional, Tuple, Union
+from urllib.parse import urlsplit
+
+from .errors import (
+    RateLimitError,
+    SandboxAPIError,
+    SandboxOperationError,
+    SessionNotFoundError,
+    UnauthorizedError,
+)
+
+ENV_API_URL = "SANDBOX_API_URL"
+ENV_API_TOKEN = "SANDBOX_API_TOKEN"
+
+#: What ``verify_ssl`` accepts: a bool, or the path of a CA bundle (like requests' ``verify``).
+VerifySSL = Union[bool, str]
+
+# Bound on how much of an error body is kept in exceptions.
+_MAX_ERROR_BODY = 4096
+
+
+def resolve_settings(api_url: Optional[str], bearer_token: Optional[str]) -> Tuple[str, str]:
+    """Return (api_url, bearer_token), taking omitted ones from the environment.
+
+    Raises ValueError when either is still missing, or when api_url is not an
+    http(s) URL.
+    """
+    url = api_url if api_url else os.environ.get(ENV_API_URL, "")
+    token = bearer_token if bearer_token else os.environ.get(ENV_API_TOKEN, "")
+    if not url:
+        raise ValueError(f"api_url is required (pass it or set {ENV_API_URL})")
+    if not token:
+        raise ValueError(f"bearer_token is required (pass it or set {ENV_API_TOKEN})")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"api_url must be an http:// or https:// URL, got {url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError("api_url must not carry a query or fragment")
+    return url.rstrip("/"), token
+
+
+def rest_base(api_url: str) -> str:
+    """The REST base URL: api_url itself when its path ends in /v1, else api_url + '/v1'."""
+    url = api_url.rstrip("/")
+    if urlsplit(url).path.rstrip("/").endswith("/v1"):
+        return url
+    return url + "/v1"
+
+
+def check_int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+    """Return value if it is an int within [lo, hi]; raise TypeError/ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if hi is None:
+            raise ValueError(f"{name} must be >= {lo}, got {value}")
+        raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def check_timeout(name: str, value: Any, allow_none: bool = True) -> Optional[float]:
+    """Return value as a positive float (or None when allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return float(value)
+
+
+def ssl_context(verify_ssl: VerifySSL) -> ssl.SSLContext:
+    """An SSL context that verifies like requests does for the same ``verify`` value.
+
+    ``True`` trusts ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` when set, else
+    certifi's bundle (what requests uses), else the system store; a string
+    is a CA bundle file or directory; ``False`` verifies nothing.
+    """
+    if verify_ssl is False:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    if isinstance(verify_ssl, str):
+        if os.path.isdir(verify_ssl):
+            return ssl.create_default_context(capath=verify_ssl)
+        return ssl.create_default_context(cafile=verify_ssl)
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if not bundle:
+        try:
+            import certifi  # requests depends on it
+
+            bundle = certifi.where()
+        except ImportError:  # pragma: no cover - requests always brings certifi
+            bundle = None
+    if bundle and os.path.isdir(bundle):
+        return ssl.create_default_context(capath=bundle)
+    return ssl.create_default_context(cafile=bundle)
+
+
+def _int_header(headers: Mapping[str, str], name: str) -> Optional[int]:
+    try:
+        return int(str(headers.get(name, "")).strip())
+    except ValueError:
+        return None
+
+
+def _float_header(headers: Mapping[str, str], name: str) -> Optional[float]:
+    try:
+        return float(str(headers.get(name, "")).strip())
+    except ValueError:
+        return None
+
+
+def parse_error_body(body: bytes, content_type: str = "") -> Tuple[Optional[str], Optional[str], str]:
+    """Return (code, message, text) from an error body, JSON envelope or not."""
+    text = body[:_MAX_ERROR_BODY].decode("utf-8", errors="replace")
+    code: Optional[str] = None
+    message: Optional[str] = None
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            c, m = err.get("code"), err.get("message")
+            code = c if isinstance(c, str) else None
+            message = m if isinstance(m, str) else None
+        elif isinstance(err, str):
+            message = err
+        elif isinstance(data.get("message"), str):
+            message = data["message"]
+    if message is None:
+        stripped = " ".join(text.split())
+        if stripped and "<" not in stripped[:1]:
+            message = stripped[:200]
+    return code, message, text
+
+
+def error_for_status(
+    status: int,
+    reason: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    what: str,
+    session_scoped: bool,
+    status_line: Optional[str] = None,
+    fallback: type = SandboxOperationError,
+) -> SandboxAPIError:
+    """Build the exception for an HTTP error answer.
+
+    401 -> UnauthorizedError, 404 -> SessionNotFoundError when the request
+    named a session (*session_scoped*), 429 -> RateLimitError, anything else
+    -> *fallback* (SandboxOperationError for REST, SandboxConnectionError for CONNECT).
+    """
+    code, message, text = parse_error_body(body, headers.get("Content-Type", ""))
+    detail = message or reason or "no details"
+    msg = f"{what}: HTTP {status}"
+    if code:
+        msg += f" {code}"
+    msg += f": {detail}"
+    kwargs: dict = dict(status_code=status, code=code, status_line=status_line, body=text, headers=headers)
+    if status == 401:
+        return UnauthorizedError(msg, **kwargs)
+    if status == 404 and session_scoped:
+        return SessionNotFoundError(msg, **kwargs)
+    if status == 429:
+        return RateLimitError(
+            msg,
+            limit=_int_header(headers, "X-RateLimit-Limit"),
+            remaining=_int_header(headers, "X-RateLimit-Remaining"),
+            reset=_int_header(headers, "X-RateLimit-Reset"),
+            retry_after=_float_header(headers, "Retry-After"),
+            **kwargs,
+        )
+    return fallback(msg, **kwargs)
+
+
+class CaseInsensitiveHeaders(dict):
+    """A minimal case-insensitive header mapping for CONNECT answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lower: dict = {}
+
+    def __setitem__(self, key: str, value: str) -> None:
+        super().__setitem__(key, value)
+        self._lower[key.lower()] = value
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self._lower.get(key.lower(), default)
+
+    def __getitem__(self, key: str) -> str:
+        return self._lower[key.lower()]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._lower

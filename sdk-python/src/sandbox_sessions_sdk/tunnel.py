@@ -1,0 +1,275 @@
+"""HTTPConnectTunnel: a raw byte stream to a session's SSH server via HTTP CONNECT."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from types import TracebackType
+from typing import Mapping, Optional, Type
+from urllib.parse import quote, urlsplit
+
+from ._common import (
+    CaseInsensitiveHeaders,
+    VerifySSL,
+    check_timeout,
+    error_for_status,
+    resolve_settings,
+    ssl_context,
+)
+from ._version import __version__
+from .errors import SandboxConnectionError
+
+__all__ = ["HTTPConnectTunnel"]
+
+DEFAULT_CONNECT_PATH = "/sessions/{sessionId}"
+
+# Bounds on the CONNECT answer we are willing to read.
+_MAX_HEAD = 64 * 1024
+_MAX_BODY = 64 * 1024
+
+
+class HTTPConnectTunnel:
+    """Opens ``CONNECT <path> HTTP/1.1`` to the gateway and returns the socket.
+
+    After ``HTTP/1.1 200`` the socket carries the session's raw SSH stream.
+    The answer's head is read one byte at a time, so not a single byte the
+    server sends after the blank line (its SSH version line) is consumed:
+    the socket returned by :meth:`open` starts exactly at the SSH stream.
+
+    Args:
+        api_url: The gateway URL (``http://`` or ``https://``). Defaults to
+            ``$SANDBOX_API_URL``. Its path is joined with the template:
+            ``https://gw/v1`` gives ``CONNECT /v1/sessions/<id>``,
+            ``http://gw:8080`` gives ``CONNECT /sessions/<id>``.
+        bearer_token: Sent as both ``Proxy-Authorization: Bearer`` and
+            ``Authorization: Bearer``. Defaults to ``$SANDBOX_API_TOKEN``.
+        session_id: The session to connect to.
+        connect_path_template: Path template, ``{sessionId}`` is replaced by
+            the URL-escaped session id.
+        timeout: Seconds allowed for TCP connect, TLS handshake and the
+            CONNECT answer together. The returned socket is blocking.
+        verify_ssl: ``True``, ``False`` or a CA bundle path, like requests.
+        extra_headers: More headers to send with the CONNECT request.
+
+    Errors raised by :meth:`open`:
+        UnauthorizedError (401), SessionNotFoundError (404), RateLimitError
+        (429), and SandboxConnectionError for everything else (network, TLS,
+        timeouts, any other non-200 answer); every one of them carries the
+        answer's ``status_line`` and ``status_code`` when there was an answer.
+    """
+
+    def __init__(
+        self,
+        api_url: Optional[str] = None,
+        bearer_token: Optional[str] = None,
+        session_id: Optional[str] = None,
+        connect_path_template: str = DEFAULT_CONNECT_PATH,
+        timeout: float = 10,
+        verify_ssl: VerifySSL = True,
+        extra_headers: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        self.api_url, self._token = resolve_settings(api_url, bearer_token)
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError("session_id must be a non-empty string")
+        if "{sessionId}" not in connect_path_template:
+            raise ValueError("connect_path_template must contain {sessionId}")
+        self.session_id: str = session_id
+        self.timeout: Optional[float] = check_timeout("timeout", timeout)
+        self.verify_ssl: VerifySSL = verify_ssl
+        self.extra_headers: dict = dict(extra_headers or {})
+        for k, v in self.extra_headers.items():
+            if any(c in str(k) + str(v) for c in "\r\n\0"):
+                raise ValueError("extra_headers must not contain CR, LF or NUL")
+        parts = urlsplit(self.api_url)
+        self._tls = parts.scheme == "https"
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if self._tls else 80)
+        self._netloc = parts.netloc.rsplit("@", 1)[-1]
+        template_path = connect_path_template.replace("{sessionId}", quote(session_id, safe=""))
+        self.path: str = parts.path.rstrip("/") + "/" + template_path.lstrip("/")
+        self._sock: Optional[socket.socket] = None
+
+    def __repr__(self) -> str:
+        return f"HTTPConnectTunnel(api_url={self.api_url!r}, session_id={self.session_id!r})"
+
+    @property
+    def sock(self) -> Optional[socket.socket]:
+        """The open socket, or None before :meth:`open` and after :meth:`close`."""
+        return self._sock
+
+    def __enter__(self) -> socket.socket:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+    def open(self) -> socket.socket:
+        """Connect, send CONNECT and return the socket once the gateway answers 200.
+
+        The socket (an ``ssl.SSLSocket`` for https) is in blocking mode and
+        positioned at the first byte after the answer's head.
+        """
+        if self._sock is not None:
+            raise SandboxConnectionError("tunnel is already open")
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        sock = self._dial(deadline)
+        try:
+            self._handshake(sock, deadline)
+        except BaseException:
+            _close_quietly(sock)
+            raise
+        sock.settimeout(None)
+        self._sock = sock
+        return sock
+
+    def close(self) -> None:
+        """Close the socket. Safe to call at any time, and twice."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            _close_quietly(sock)
+
+    # -- internals ---------------------------------------------------------
+
+    def _dial(self, deadline: Optional[float]) -> socket.socket:
+        where = f"{self._host}:{self._port}"
+        try:
+            raw = socket.create_connection((self._host, self._port), timeout=_remaining(deadline))
+        except socket.timeout as e:
+            raise SandboxConnectionError(f"tunnel: timed out connecting to {where}") from e
+        except OSError as e:
+            raise SandboxConnectionError(f"tunnel: cannot connect to {where}: {e}") from e
+        try:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        if not self._tls:
+            return raw
+        try:
+            ctx = ssl_context(self.verify_ssl)
+            raw.settimeout(_remaining(deadline))
+            return ctx.wrap_socket(raw, server_hostname=self._host)
+        except ssl.SSLError as e:
+            _close_quietly(raw)
+            raise SandboxConnectionError(f"tunnel: TLS handshake with {where} failed: {e}") from e
+        except socket.timeout as e:
+            _close_quietly(raw)
+            raise SandboxConnectionError(f"tunnel: TLS handshake with {where} timed out") from e
+        except OSError as e:
+            _close_quietly(raw)
+            raise SandboxConnectionError(f"tunnel: TLS handshake with {where} failed: {e}") from e
+
+    def _handshake(self, sock: socket.socket, deadline: Optional[float]) -> None:
+        lines = [
+            f"CONNECT {self.path} HTTP/1.1",
+            f"Host: {self._netloc}",
+            f"Proxy-Authorization: Bearer {self._token}",
+            f"Authorization: Bearer {self._token}",
+            f"User-Agent: sandbox-sessions-sdk-python/{__version__}",
+        ]
+        lines += [f"{k}: {v}" for k, v in self.extra_headers.items()]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            sock.settimeout(_remaining(deadline))
+            sock.sendall(request)
+            head = _read_head(sock, deadline)
+        except socket.timeout as e:
+            raise SandboxConnectionError(f"tunnel: no answer to CONNECT {self.path} within {self.timeout}s") from e
+        except OSError as e:
+            raise SandboxConnectionError(f"tunnel: CONNECT {self.path} failed: {e}") from e
+
+        status_line, status, reason, headers = _parse_head(head)
+        if status == 200:
+            return
+        body = b""
+        try:
+            body = _read_body(sock, headers, deadline)
+        except OSError:
+            pass
+        raise error_for_status(
+            status,
+            reason,
+            headers,
+            body,
+            what=f"tunnel: CONNECT {self.path} answered {status_line!r}",
+            session_scoped=True,
+            status_line=status_line,
+            fallback=SandboxConnectionError,
+        )
+
+
+def _remaining(deadline: Optional[float]) -> Optional[float]:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("timed out")
+    return left
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def _read_head(sock: socket.socket, deadline: Optional[float]) -> bytes:
+    """Read the answer's head up to and including the blank line, one byte at a time."""
+    buf = bytearray()
+    while not buf.endswith(b"\r\n\r\n") and not buf.endswith(b"\n\n"):
+        if len(buf) >= _MAX_HEAD:
+            raise SandboxConnectionError("tunnel: CONNECT answer head is too large")
+        sock.settimeout(_remaining(deadline))
+        b = sock.recv(1)
+        if not b:
+            if not buf:
+                raise SandboxConnectionError("tunnel: the gateway closed the connection without answering CONNECT")
+            raise SandboxConnectionError(
+                "tunnel: the gateway closed the connection in the middle of its CONNECT answer: "
+                + bytes(buf[:200]).decode("latin-1", errors="replace")
+            )
+        buf += b
+    return bytes(buf)
+
+
+def _parse_head(head: bytes) -> "tuple[str, int, str, CaseInsensitiveHeaders]":
+    text = head.decode("latin-1")
+    lines = text.replace("\r\n", "\n").split("\n")
+    status_line = lines[0].strip()
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise SandboxConnectionError(
+            f"tunnel: the gateway's answer to CONNECT is not HTTP: {status_line[:200]!r}",
+            status_line=status_line[:200],
+        )
+    status = int(parts[1])
+    reason = parts[2] if len(parts) > 2 else ""
+    headers = CaseInsensitiveHeaders()
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip()] = v.strip()
+    return status_line, status, reason, headers
+
+
+def _read_body(sock: socket.socket, headers: CaseInsensitiveHeaders, deadline: Optional[float]) -> bytes:
+    """Read an error answer's body when its length is known and small."""
+    try:
+        length = int(headers.get("Content-Length", ""))
+    except ValueError:
+        return b""
+    length = max(0, min(length, _MAX_BODY))
+    body = bytearray()
+    while len(body) < length:
+        sock.settimeout(_remaining(deadline))
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body)

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -158,8 +159,25 @@ func Start(t testing.TB, o Options) *Stack {
 		cancel()
 		<-reaped
 		mgr.Shutdown(context.Background())
+		s.checkNothingLeft(t)
 	})
 	return s
+}
+
+var createdRE = regexp.MustCompile(`msg=session_created session=(\S+)`)
+
+// checkNothingLeft fails the test if any session of the stack left a
+// process or a workdir behind.
+func (s *Stack) checkNothingLeft(t testing.TB) {
+	for _, m := range createdRE.FindAllStringSubmatch(s.Log.String(), -1) {
+		if pids := TaggedProcesses(m[1]); len(pids) > 0 {
+			t.Errorf("session %s left processes %v", m[1], pids)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(s.DataDir, "sessions"))
+	for _, e := range entries {
+		t.Errorf("session workdir left behind: %s", e.Name())
+	}
 }
 
 // Do sends a REST request with token and decodes a JSON answer into out

@@ -1,0 +1,565 @@
+package rest_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
+)
+
+const specPath = "../api-spec/sandbox-api-spec.yaml"
+
+// coverage records which (operation, status) pairs the tests saw.
+type coverage struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func newCoverage() *coverage { return &coverage{seen: map[string]bool{}} }
+
+func (c *coverage) add(op string, status int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen[op+" "+strconv.Itoa(status)] = true
+}
+
+func (c *coverage) has(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.seen[key]
+}
+
+// specChecker validates requests and responses against the OpenAPI spec.
+type specChecker struct {
+	doc      *openapi3.T
+	router   routers.Router
+	fallback *routers.Route            // paths or methods the spec does not list
+	connect  map[string]*routers.Route // x-connect, by path template
+	opts     *openapi3filter.Options
+	cov      *coverage
+}
+
+func loadSpec(t testing.TB) *openapi3.T {
+	t.Helper()
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromFile(specPath)
+	if err != nil {
+		t.Fatalf("load %s: %v", specPath, err)
+	}
+	if err := doc.Validate(loader.Context); err != nil {
+		t.Fatalf("%s does not validate: %v", specPath, err)
+	}
+	return doc
+}
+
+func newSpecChecker(t testing.TB, baseURL string, cov *coverage) *specChecker {
+	t.Helper()
+	doc := loadSpec(t)
+	doc.Servers = openapi3.Servers{{URL: baseURL}}
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cov == nil {
+		cov = newCoverage()
+	}
+	s := &specChecker{
+		doc: doc, router: router, cov: cov, connect: map[string]*routers.Route{},
+		opts: &openapi3filter.Options{
+			IncludeResponseStatus:   true,
+			AuthenticationFunc:      openapi3filter.NoopAuthenticationFunc,
+			SchemaValidationOptions: []openapi3.SchemaValidationOption{openapi3.EnableFormatValidation()},
+		},
+	}
+	s.fallback = s.syntheticRoute(t, "(unlisted)", map[int]string{
+		401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
+		429: "TooManyRequests", 500: "InternalError",
+	})
+	for path, item := range doc.Paths.Map() {
+		raw, ok := item.Extensions["x-connect"]
+		if !ok {
+			continue
+		}
+		xc, ok := raw.(map[string]any)
+		if !ok {
+			t.Fatalf("%s: x-connect is %T, want an object", path, raw)
+		}
+		resps, _ := xc["responses"].(map[string]any)
+		byStatus := map[int]string{}
+		for code, v := range resps {
+			status, err := strconv.Atoi(code)
+			if err != nil {
+				t.Fatalf("%s: x-connect response %q is not a status", path, code)
+			}
+			if status == http.StatusOK {
+				continue
+			}
+			m, _ := v.(map[string]any)
+			name, _ := m["response"].(string)
+			if name == "" {
+				t.Fatalf("%s: x-connect response %d names no components/responses entry", path, status)
+			}
+			byStatus[status] = name
+		}
+		r := s.syntheticRoute(t, "CONNECT "+path, byStatus)
+		r.Path = path
+		s.connect[path] = r
+	}
+	return s
+}
+
+// syntheticRoute is a route whose operation answers with the named
+// components/responses entries.
+func (s *specChecker) syntheticRoute(t testing.TB, id string, byStatus map[int]string) *routers.Route {
+	t.Helper()
+	resps := openapi3.NewResponses()
+	for status, name := range byStatus {
+		ref, ok := s.doc.Components.Responses[name]
+		if !ok || ref.Value == nil {
+			t.Fatalf("%s: components/responses/%s does not exist", id, name)
+		}
+		resps.Set(strconv.Itoa(status), ref)
+	}
+	resps.Delete("default")
+	op := openapi3.NewOperation()
+	op.OperationID = id
+	op.Responses = resps
+	return &routers.Route{Spec: s.doc, Operation: op}
+}
+
+// check validates one exchange. A 2xx answer means the server accepted the
+// request, so the request must be valid per the spec too.
+func (s *specChecker) check(t testing.TB, req *http.Request, reqBody []byte, r result) {
+	t.Helper()
+	ctx := context.Background()
+	route, params, err := s.router.FindRoute(req)
+	if err != nil {
+		route, params = s.fallback, nil
+	}
+	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: s.opts}
+	if r.status/100 == 2 && route != s.fallback {
+		if err := openapi3filter.ValidateRequest(ctx, in); err != nil {
+			t.Errorf("spec: %s %s (body %.200q) was accepted with %d but the spec rejects it: %v",
+				req.Method, req.URL.RequestURI(), reqBody, r.status, err)
+		}
+	}
+	s.validateResponse(t, req.Method+" "+req.URL.RequestURI(), in, r)
+}
+
+// checkConnect validates the answer to a CONNECT against x-connect.
+func (s *specChecker) checkConnect(t testing.TB, path string, r result) {
+	t.Helper()
+	tmpl := ""
+	for p := range s.connect {
+		prefix := strings.TrimSuffix(p, "{id}")
+		if strings.HasPrefix(path, prefix) && !strings.Contains(path[len(prefix):], "/") {
+			tmpl = p
+		}
+	}
+	route := s.connect[tmpl]
+	if route == nil {
+		route = s.fallback
+	}
+	if r.status == http.StatusOK && route != s.fallback {
+		s.cov.add(route.Operation.OperationID, r.status)
+		return
+	}
+	req, _ := http.NewRequest(http.MethodConnect, "http://gateway"+path, nil)
+	in := &openapi3filter.RequestValidationInput{Request: req, Route: route, Options: s.opts}
+	s.validateResponse(t, "CONNECT "+path, in, r)
+}
+
+func (s *specChecker) validateResponse(t testing.TB, what string, in *openapi3filter.RequestValidationInput, r result) {
+	t.Helper()
+	s.cov.add(in.Route.Operation.OperationID, r.status)
+	rin := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: in, Status: r.status, Header: r.header, Options: s.opts,
+	}
+	rin.SetBodyBytes(r.body)
+	if err := openapi3filter.ValidateResponse(context.Background(), rin); err != nil {
+		t.Errorf("spec: %s -> %d %.300q does not match the spec: %v", what, r.status, r.body, err)
+	}
+	if r.status == http.StatusNoContent && len(r.body) != 0 {
+		t.Errorf("spec: %s -> 204 with a body %q", what, r.body)
+	}
+}
+
+func TestSpecIsValid(t *testing.T) {
+	doc := loadSpec(t)
+	if doc.OpenAPI != "3.0.3" {
+		t.Errorf("openapi = %q, want 3.0.3", doc.OpenAPI)
+	}
+	if _, ok := doc.Components.SecuritySchemes["bearerAuth"]; !ok {
+		t.Error("no bearerAuth security scheme")
+	}
+	want := map[string][]string{
+		"/healthz":          {http.MethodGet},
+		"/readyz":           {http.MethodGet},
+		"/v1/sessions":      {http.MethodGet, http.MethodPost},
+		"/v1/sessions/{id}": {http.MethodDelete, http.MethodGet},
+		"/v1/host-keys":     {http.MethodGet},
+		"/sessions/{id}":    nil,
+	}
+	for path, methods := range want {
+		item := doc.Paths.Value(path)
+		if item == nil {
+			t.Errorf("spec lacks %s", path)
+			continue
+		}
+		var got []string
+		for m := range item.Operations() {
+			got = append(got, m)
+		}
+		sort.Strings(got)
+		if !slices.Equal(got, methods) {
+			t.Errorf("%s methods = %v, want %v", path, got, methods)
+		}
+		for m, op := range item.Operations() {
+			if op.OperationID == "" {
+				t.Errorf("%s %s has no operationId", m, path)
+			}
+			public := path == "/healthz" || path == "/readyz"
+			if open := op.Security != nil && len(*op.Security) == 0; open != public {
+				t.Errorf("%s %s: no-auth = %v, want %v", m, path, open, public)
+			}
+		}
+	}
+	for _, path := range []string{"/v1/sessions/{id}", "/sessions/{id}"} {
+		if _, ok := doc.Paths.Value(path).Extensions["x-connect"]; !ok {
+			t.Errorf("%s has no x-connect", path)
+		}
+	}
+	if len(doc.Paths.Map()) != len(want) {
+		t.Errorf("spec has %d paths, want %d", len(doc.Paths.Map()), len(want))
+	}
+	req := doc.Components.Schemas["CreateSessionRequest"].Value
+	if req.AdditionalProperties.Has == nil || *req.AdditionalProperties.Has {
+		t.Error("CreateSessionRequest must set additionalProperties: false")
+	}
+	ttl := req.Properties["ttl"].Value
+	if *ttl.Min != gateway.MinTTL || *ttl.Max != gateway.MaxTTL || ttl.Default != float64(gateway.DefaultTTL) {
+		t.Errorf("ttl bounds %v..%v default %v, want %d..%d default %d", *ttl.Min, *ttl.Max, ttl.Default, gateway.MinTTL, gateway.MaxTTL, gateway.DefaultTTL)
+	}
+	status := doc.Components.Schemas["Session"].Value.Properties["status"].Value
+	for _, s := range []string{gateway.StatusRunning, gateway.StatusDeleted, gateway.StatusExpired, gateway.StatusFailed} {
+		if !slices.Contains(status.Enum, any(s)) {
+			t.Errorf("Session.status enum lacks %q", s)
+		}
+	}
+}
+
+// panicSessions stands in for a manager with a bug: every call panics.
+type panicSessions struct{}
+
+func (panicSessions) Create(context.Context, gateway.Principal, gateway.CreateParams) (*gateway.Session, string, error) {
+	panic("boom: internal detail")
+}
+
+func (panicSessions) Get(context.Context, gateway.Principal, string) (*gateway.Session, error) {
+	panic("boom: internal detail")
+}
+
+func (panicSessions) List(context.Context, gateway.Principal, int, int) ([]*gateway.Session, int) {
+	panic("boom: internal detail")
+}
+
+func (panicSessions) Delete(context.Context, gateway.Principal, string) error {
+	panic("boom: internal detail")
+}
+
+// TestContract drives every path, method and reachable status of the real
+// server; every answer is validated against the spec as it arrives, and at
+// the end every response the spec documents must have been seen.
+func TestContract(t *testing.T) {
+	cov := newCoverage()
+	var notReady atomic.Bool
+	g := newGateway(t, gwOptions{
+		gateway: gateway.Config{MaxSessionsPerTenant: 2, MaxSessions: 3, Images: []string{"default", "python"}},
+		// High enough never to trigger here, so the X-RateLimit-* headers
+		// are on every authenticated answer.
+		rateLimit: 1000,
+		ready: func() (map[string]any, error) {
+			if notReady.Load() {
+				return nil, fmt.Errorf("sandbox driver is not usable")
+			}
+			return map[string]any{"sandbox": "workdir", "limits": map[string]any{"pids": false}}, nil
+		},
+		cov: cov,
+	})
+	pubKey := g.hostKeys[0] // any authorized_keys line will do
+
+	t.Run("health", func(t *testing.T) {
+		expect(t, g.do(t, http.MethodGet, "/healthz", "", nil), 200, "")
+		expect(t, g.do(t, http.MethodGet, "/readyz", "", nil), 200, "")
+		notReady.Store(true)
+		expect(t, g.do(t, http.MethodGet, "/readyz", "", nil), 503, "not_ready")
+		notReady.Store(false)
+		expect(t, g.do(t, http.MethodPost, "/healthz", "", nil), 405, "method_not_allowed")
+		expect(t, g.do(t, http.MethodGet, "/nope", "", nil), 404, "not_found")
+		expect(t, g.do(t, http.MethodGet, "/v1/nope", "", nil), 401, "unauthorized")
+		expect(t, g.do(t, http.MethodGet, "/v1/nope", aliceKey, nil), 404, "not_found")
+	})
+
+	var a1, a2 sessionOut
+	t.Run("create", func(t *testing.T) {
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions", "", nil), 401, "unauthorized")
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions", "garbage", []byte(`{}`)), 401, "unauthorized")
+
+		r := g.do(t, http.MethodPost, "/v1/sessions", aliceKey, nil)
+		expect(t, r, 201, "")
+		a1 = r.session(t)
+		if got := r.header.Get("Location"); got != "/v1/sessions/"+a1.SessionID {
+			t.Errorf("Location = %q", got)
+		}
+		if a1.TTL != gateway.DefaultTTL || a1.Image != "default" || a1.Status != "running" || len(a1.Metadata) != 0 {
+			t.Errorf("defaults: %+v", a1)
+		}
+		if a1.SSH.Password == "" || a1.SSH.Username != "sandbox" || a1.SSH.ConnectPath != "/v1/sessions/"+a1.SessionID {
+			t.Errorf("ssh: %+v", a1.SSH)
+		}
+		if !slices.Equal(a1.SSH.HostKeys, g.hostKeys) || a1.SSH.KnownHostsLine != "* "+g.hostKeys[0] {
+			t.Errorf("host keys: %+v", a1.SSH)
+		}
+		if !a1.ExpiresAt.Equal(a1.CreatedAt.Add(time.Duration(a1.TTL) * time.Second)) {
+			t.Errorf("expiresAt %v != createdAt %v + ttl", a1.ExpiresAt, a1.CreatedAt)
+		}
+
+		r = g.do(t, http.MethodPost, "/v1/sessions", aliceKey,
+			[]byte(`{"ttl": 7200, "image": "python", "metadata": {"job": 7, "tags": ["a"]}, "sshPublicKey": "`+pubKey+`"}`))
+		expect(t, r, 201, "")
+		a2 = r.session(t)
+		if a2.TTL != 7200 || a2.Image != "python" || a2.Metadata["job"] != float64(7) {
+			t.Errorf("chosen values: %+v", a2)
+		}
+
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{}`)), 429, "quota_exceeded")
+		b1 := g.create(t, bobKey, `{"ttl": null, "image": null, "metadata": null, "sshPublicKey": null}`)
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions", carolKey, nil), 429, "quota_exceeded")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+b1.SessionID, bobKey, nil), 204, "")
+
+		for _, c := range []struct{ body, code string }{
+			{`[]`, "invalid_json"},
+			{`{`, "invalid_json"},
+			{`{} {}`, "invalid_json"},
+			{`{"ttl": "long"}`, "invalid_field"},
+			{`{"extra": 1}`, "unknown_field"},
+			{`{"ttl": 59}`, "invalid_ttl"},
+			{`{"image": "nope"}`, "unknown_image"},
+			{`{"sshPublicKey": "ssh-ed25519 not-base64"}`, "invalid_ssh_public_key"},
+		} {
+			expect(t, g.do(t, http.MethodPost, "/v1/sessions", carolKey, []byte(c.body)), 400, c.code)
+		}
+		big := `{"metadata": {"x": "` + strings.Repeat("a", rest.MaxBodyBytes) + `"}}`
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions", carolKey, []byte(big)), 413, "body_too_large")
+	})
+
+	t.Run("read", func(t *testing.T) {
+		r := g.do(t, http.MethodGet, "/v1/sessions", aliceKey, nil)
+		expect(t, r, 200, "")
+		for _, q := range []string{"?limit=1", "?limit=1&offset=1", "?limit=100&offset=5", "?offset=0"} {
+			expect(t, g.do(t, http.MethodGet, "/v1/sessions"+q, aliceKey, nil), 200, "")
+		}
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions?limit=0", aliceKey, nil), 400, "invalid_limit")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions?offset=-1", aliceKey, nil), 400, "invalid_offset")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions", "", nil), 401, "unauthorized")
+
+		r = g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, aliceKey, nil)
+		expect(t, r, 200, "")
+		if s := r.session(t); s.SSH.Password != "" || s.SessionID != a1.SessionID {
+			t.Errorf("get: %+v", s)
+		}
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, bobKey, nil), 404, "not_found")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/sbx-missing", aliceKey, nil), 404, "not_found")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, "", nil), 401, "unauthorized")
+
+		r = g.do(t, http.MethodGet, "/v1/host-keys", aliceKey, nil)
+		expect(t, r, 200, "")
+		expect(t, g.do(t, http.MethodGet, "/v1/host-keys", "", nil), 401, "unauthorized")
+	})
+
+	t.Run("methods", func(t *testing.T) {
+		expect(t, g.do(t, http.MethodPut, "/v1/sessions", aliceKey, nil), 405, "method_not_allowed")
+		expect(t, g.do(t, http.MethodPatch, "/v1/sessions/"+a1.SessionID, aliceKey, []byte(`{}`)), 405, "method_not_allowed")
+		expect(t, g.do(t, http.MethodGet, "/sessions/"+a1.SessionID, aliceKey, nil), 405, "method_not_allowed")
+		expect(t, g.do(t, http.MethodDelete, "/v1/host-keys", aliceKey, nil), 405, "method_not_allowed")
+	})
+
+	t.Run("connect", func(t *testing.T) {
+		for _, c := range []struct {
+			path string
+			hdr  []string
+		}{
+			{"/v1/sessions/" + a1.SessionID, []string{"Proxy-Authorization", "Bearer " + aliceKey}},
+			{"/sessions/" + a1.SessionID, []string{"Authorization", "Bearer " + aliceKey}},
+		} {
+			r, _, br := g.rawConnect(t, c.path, c.hdr...)
+			expect(t, r, 200, "")
+			line, err := br.ReadString('\n')
+			if err != nil || line != sshBanner {
+				t.Errorf("CONNECT %s: after 200 got %q, %v; want the SSH banner", c.path, line, err)
+			}
+		}
+		r, _, _ := g.rawConnect(t, "/v1/sessions/"+a1.SessionID)
+		expect(t, r, 401, "unauthorized")
+		if !strings.HasPrefix(r.header.Get("Proxy-Authenticate"), "Bearer") {
+			t.Errorf("CONNECT 401 Proxy-Authenticate = %q", r.header.Get("Proxy-Authenticate"))
+		}
+		r, _, _ = g.rawConnect(t, "/sessions/"+a1.SessionID, "Proxy-Authorization", "Bearer wrong")
+		expect(t, r, 401, "unauthorized")
+		r, _, _ = g.rawConnect(t, "/v1/sessions/"+a1.SessionID, "Proxy-Authorization", "Bearer "+bobKey)
+		expect(t, r, 404, "not_found")
+		r, _, _ = g.rawConnect(t, "/sessions/sbx-missing", "Proxy-Authorization", "Bearer "+aliceKey)
+		expect(t, r, 404, "not_found")
+	})
+
+	t.Run("delete", func(t *testing.T) {
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, bobKey, nil), 404, "not_found")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, "", nil), 401, "unauthorized")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, aliceKey, nil), 204, "")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, aliceKey, nil), 404, "not_found")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, aliceKey, nil), 404, "not_found")
+		r, _, _ := g.rawConnect(t, "/v1/sessions/"+a1.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
+		expect(t, r, 404, "not_found")
+	})
+
+	t.Run("rate-limited", func(t *testing.T) {
+		rl := newGateway(t, gwOptions{rateLimit: 2, cov: cov})
+		s := rl.create(t, aliceKey, "")
+		expect(t, rl.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID, aliceKey, nil), 200, "")
+		for _, c := range []struct{ method, path string }{
+			{http.MethodPost, "/v1/sessions"},
+			{http.MethodGet, "/v1/sessions"},
+			{http.MethodGet, "/v1/sessions/" + s.SessionID},
+			{http.MethodDelete, "/v1/sessions/" + s.SessionID},
+			{http.MethodGet, "/v1/host-keys"},
+			{http.MethodGet, "/v1/nope"},
+		} {
+			r := rl.do(t, c.method, c.path, aliceKey, nil)
+			expect(t, r, 429, "rate_limited")
+			checkRateLimited(t, r, 2)
+		}
+		for _, p := range []string{"/v1/sessions/", "/sessions/"} {
+			r, _, _ := rl.rawConnect(t, p+s.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
+			expect(t, r, 429, "rate_limited")
+		}
+	})
+
+	t.Run("sandbox-failure", func(t *testing.T) {
+		bad := newGateway(t, gwOptions{breakDriver: true, cov: cov})
+		expect(t, bad.do(t, http.MethodPost, "/v1/sessions", aliceKey, nil), 503, "sandbox_failed")
+		if l := bad.list(t, aliceKey); l.Total != 0 {
+			t.Errorf("a failed create left %d sessions", l.Total)
+		}
+	})
+
+	t.Run("internal-error", func(t *testing.T) {
+		pg := newGateway(t, gwOptions{wrap: func(rest.Sessions) rest.Sessions { return panicSessions{} }, cov: cov})
+		for _, c := range []struct{ method, path string }{
+			{http.MethodPost, "/v1/sessions"},
+			{http.MethodGet, "/v1/sessions"},
+			{http.MethodGet, "/v1/sessions/sbx-any"},
+			{http.MethodDelete, "/v1/sessions/sbx-any"},
+		} {
+			r := pg.do(t, c.method, c.path, aliceKey, nil)
+			expect(t, r, 500, "internal")
+			if strings.Contains(string(r.body), "boom") {
+				t.Errorf("%s %s: panic detail reached the client: %s", c.method, c.path, r.body)
+			}
+		}
+		if !strings.Contains(pg.logs.String(), "handler_panic") {
+			t.Error("panics were not logged")
+		}
+	})
+
+	t.Run("shutting-down", func(t *testing.T) {
+		sd := newGateway(t, gwOptions{cov: cov})
+		s := sd.create(t, aliceKey, "")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		sd.tun.Shutdown(ctx)
+		for _, p := range []string{"/v1/sessions/", "/sessions/"} {
+			r, _, _ := sd.rawConnect(t, p+s.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
+			expect(t, r, 503, "shutting_down")
+		}
+	})
+
+	// Every response the spec documents was produced by the real server.
+	unreachable := map[string]string{
+		"getHostKeys 500": "the handler has no failure path; documented because every handler sits behind the panic recoverer",
+	}
+	doc := loadSpec(t)
+	var missing []string
+	for path, item := range doc.Paths.Map() {
+		for _, op := range item.Operations() {
+			for code := range op.Responses.Map() {
+				key := op.OperationID + " " + code
+				if !cov.has(key) && unreachable[key] == "" {
+					missing = append(missing, key)
+				}
+			}
+		}
+		if xc, ok := item.Extensions["x-connect"].(map[string]any); ok {
+			resps, _ := xc["responses"].(map[string]any)
+			for code := range resps {
+				if key := "CONNECT " + path + " " + code; !cov.has(key) {
+					missing = append(missing, key)
+				}
+			}
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("documented responses never seen from the server: %v", missing)
+	}
+}
+
+// expect checks a status and, for errors, the envelope's code.
+func expect(t testing.TB, r result, status int, code string) {
+	t.Helper()
+	if r.status != status {
+		t.Errorf("status %d, want %d (body %.300s)", r.status, status, r.body)
+		return
+	}
+	if code != "" && r.errorCode() != code {
+		t.Errorf("code %q, want %q (body %.300s)", r.errorCode(), code, r.body)
+	}
+	if status >= 400 && r.errorMessage() == "" {
+		t.Errorf("%d without an error message: %s", status, r.body)
+	}
+	if status == http.StatusUnauthorized && !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
+		t.Errorf("401 WWW-Authenticate = %q, want Bearer", r.header.Get("WWW-Authenticate"))
+	}
+}
+
+// checkRateLimited checks the headers of a rate-limited answer.
+func checkRateLimited(t testing.TB, r result, limit int) {
+	t.Helper()
+	if got := r.header.Get("X-RateLimit-Limit"); got != strconv.Itoa(limit) {
+		t.Errorf("X-RateLimit-Limit = %q, want %d", got, limit)
+	}
+	if got := r.header.Get("X-RateLimit-Remaining"); got != "0" {
+		t.Errorf("X-RateLimit-Remaining = %q, want 0", got)
+	}
+	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
+	if now := time.Now().Unix(); err != nil || reset < now || reset > now+61 {
+		t.Errorf("X-RateLimit-Reset = %q, want a unix time within the next minute", r.header.Get("X-RateLimit-Reset"))
+	}
+	if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra <= 0 || ra > 60 {
+		t.Errorf("Retry-After = %q", r.header.Get("Retry-After"))
+	}
+}

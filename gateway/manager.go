@@ -20,6 +20,17 @@ type Driver interface {
 	Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error)
 }
 
+// Reattacher is implemented by drivers whose sandboxes can outlive the
+// gateway process, so that a restarted gateway finds them again.
+type Reattacher interface {
+	// List returns the ids of the sandboxes present on the host.
+	List(ctx context.Context) ([]string, error)
+	// Adopt re-attaches the live sandbox id; an error means it is gone or broken.
+	Adopt(ctx context.Context, id string) (sandbox.Sandbox, error)
+	// Remove destroys whatever is left of sandbox id.
+	Remove(ctx context.Context, id string) error
+}
+
 // Config bounds the Manager. Zero values get the defaults noted.
 type Config struct {
 	// MaxSessions caps live sessions on the gateway (default 1000).
@@ -35,6 +46,8 @@ type Config struct {
 	Images []string
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Store keeps sessions across restarts (default: in memory only).
+	Store Store
 }
 
 // Manager owns every live session.
@@ -67,6 +80,9 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Store == nil {
+		cfg.Store = NewMemStore()
 	}
 	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}}
 }
@@ -124,6 +140,15 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
 	}
 	s.sandbox = sb
+	// The record is durable before the client hears of the session; a crash
+	// before this point leaves only a sandbox without a record, which the
+	// next start removes.
+	if err := m.cfg.Store.Put(s.record()); err != nil {
+		_ = sb.Destroy(context.WithoutCancel(ctx))
+		m.log.Error("store_failed", "session", s.ID, "err", err)
+		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
+	}
+	s.savedActivity.Store(now.UnixNano())
 	m.mu.Lock()
 	m.sessions[s.ID] = s
 	m.mu.Unlock()
@@ -152,6 +177,9 @@ func (m *Manager) reserve(tenant string) error {
 		total += p
 	}
 	for _, s := range m.sessions {
+		if !s.Live() {
+			continue // failed sessions hold no sandbox
+		}
 		total++
 		if s.Tenant == tenant {
 			mine++
@@ -175,12 +203,13 @@ func (m *Manager) release(tenant string) {
 	}
 }
 
-// Get returns p's session id. Another tenant's session is ErrNotFound.
+// Get returns p's session id, running or failed. Another tenant's session
+// is ErrNotFound.
 func (m *Manager) Get(ctx context.Context, p Principal, id string) (*Session, error) {
 	m.mu.Lock()
 	s, ok := m.sessions[id]
 	m.mu.Unlock()
-	if !ok || s.Tenant != p.Tenant || !s.Live() {
+	if !ok || s.Tenant != p.Tenant {
 		return nil, ErrNotFound
 	}
 	return s, nil
@@ -220,17 +249,22 @@ func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
 	}
 	delete(m.sessions, id)
 	m.mu.Unlock()
-	if err := m.end(ctx, s, StatusDeleted); err != nil {
+	if err := m.end(ctx, s, StatusDeleted, ""); err != nil {
 		return err
 	}
 	m.log.Info("session_deleted", "session", id, "tenant", p.Tenant)
 	return nil
 }
 
-// end closes s's connections and destroys its sandbox. s must already be
-// out of the sessions map.
-func (m *Manager) end(ctx context.Context, s *Session, status string) error {
-	if !s.end(status) {
+// end forgets s, closes its connections and destroys its sandbox. s must
+// already be out of the sessions map. The record goes first: a crash
+// half-way through leaves a sandbox without a record, which the next start
+// removes.
+func (m *Manager) end(ctx context.Context, s *Session, status, reason string) error {
+	if err := m.cfg.Store.Delete(s.ID); err != nil {
+		m.log.Error("store_failed", "session", s.ID, "err", err)
+	}
+	if !s.end(status, reason) || s.sandbox == nil {
 		return nil
 	}
 	if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
@@ -250,6 +284,7 @@ func (m *Manager) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			m.Reap(ctx)
+			m.saveActivity()
 		}
 	}
 }
@@ -278,13 +313,104 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, v := range victims {
-		_ = m.end(ctx, v.s, StatusExpired)
+		_ = m.end(ctx, v.s, StatusExpired, v.reason)
 		m.log.Info("session_expired", "session", v.s.ID, "tenant", v.s.Tenant, "reason", v.reason)
 	}
 }
 
-// Shutdown ends every session and destroys its sandbox.
-func (m *Manager) Shutdown(ctx context.Context) {
+// saveActivity writes the activity times that moved since the last write,
+// in one transaction, so idle clocks continue from them after a restart.
+func (m *Manager) saveActivity() {
+	var recs []Record
+	var moved []*Session
+	m.mu.Lock()
+	for _, s := range m.sessions {
+		if s.lastActivity.Load() != s.savedActivity.Load() && s.Live() {
+			recs = append(recs, s.record())
+			moved = append(moved, s)
+		}
+	}
+	m.mu.Unlock()
+	if len(recs) == 0 {
+		return
+	}
+	if err := m.cfg.Store.Put(recs...); err != nil {
+		m.log.Error("store_failed", "err", err)
+		return
+	}
+	for i, s := range moved {
+		s.savedActivity.Store(recs[i].LastActivityAt.UnixNano())
+	}
+}
+
+// Restore loads the stored sessions after a restart: each live one whose
+// sandbox still runs is re-attached; one whose sandbox is gone is marked
+// failed with a reason; every sandbox without a live session is removed.
+func (m *Manager) Restore(ctx context.Context) error {
+	recs, err := m.cfg.Store.All()
+	if err != nil {
+		return fmt.Errorf("load sessions: %w", err)
+	}
+	ra, _ := m.driver.(Reattacher)
+	var present []string
+	if ra != nil {
+		if present, err = ra.List(ctx); err != nil {
+			return fmt.Errorf("list sandboxes: %w", err)
+		}
+	}
+	keep := map[string]bool{}
+	var changed []Record
+	restored, failed := 0, 0
+	for _, r := range recs {
+		s := sessionFromRecord(r)
+		if r.Status == StatusRunning {
+			reason := "the sandbox driver cannot re-attach sandboxes after a restart"
+			if ra != nil {
+				sb, err := ra.Adopt(ctx, r.ID)
+				if err == nil {
+					s.sandbox = sb
+					keep[r.ID] = true
+					restored++
+				} else {
+					reason = "sandbox lost across the gateway restart: " + err.Error()
+				}
+			}
+			if s.sandbox == nil {
+				s.status, s.statusReason = StatusFailed, reason
+				changed = append(changed, s.record())
+				failed++
+				m.log.Warn("session_failed", "session", r.ID, "tenant", r.Tenant, "reason", reason)
+			}
+		}
+		m.mu.Lock()
+		m.sessions[s.ID] = s
+		m.mu.Unlock()
+	}
+	if err := m.cfg.Store.Put(changed...); err != nil {
+		return fmt.Errorf("record failed sessions: %w", err)
+	}
+	removed := 0
+	for _, id := range present {
+		if keep[id] {
+			continue
+		}
+		if err := ra.Remove(ctx, id); err != nil {
+			m.log.Error("sandbox_remove_failed", "sandbox", id, "err", err)
+			continue
+		}
+		removed++
+	}
+	m.log.Info("sessions_restored", "restored", restored, "failed", failed, "orphans_removed", removed)
+	return nil
+}
+
+// Shutdown is called when the gateway stops. With keep, sandboxes and
+// records stay for the next process (activity times are saved first);
+// otherwise every session ends and its sandbox is destroyed.
+func (m *Manager) Shutdown(ctx context.Context, keep bool) {
+	if keep {
+		m.saveActivity()
+	}
 	m.mu.Lock()
 	all := m.sessions
 	m.sessions = map[string]*Session{}
@@ -294,7 +420,15 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = m.end(ctx, s, StatusDeleted)
+			if !keep {
+				_ = m.end(ctx, s, StatusDeleted, "gateway shut down")
+				return
+			}
+			if d, ok := s.sandbox.(sandbox.Detacher); ok {
+				if err := d.Detach(ctx); err != nil {
+					m.log.Error("sandbox_detach_failed", "session", s.ID, "err", err)
+				}
+			}
 		}()
 	}
 	wg.Wait()

@@ -45,13 +45,41 @@ type Session struct {
 	// SSHPublicKey is the authorized_keys line the creator supplied, if any.
 	SSHPublicKey string
 
-	passwordHash [32]byte
-	sandbox      sandbox.Sandbox
-	lastActivity atomic.Int64 // unix nanoseconds
+	passwordHash  [32]byte
+	sandbox       sandbox.Sandbox
+	lastActivity  atomic.Int64 // unix nanoseconds
+	savedActivity atomic.Int64 // lastActivity as last written to the store
 
-	mu     sync.Mutex
-	status string
-	conns  map[*connEntry]struct{}
+	mu           sync.Mutex
+	status       string
+	statusReason string
+	conns        map[*connEntry]struct{}
+}
+
+// record returns the session as the store keeps it.
+func (s *Session) record() Record {
+	s.mu.Lock()
+	status, reason := s.status, s.statusReason
+	s.mu.Unlock()
+	return Record{
+		ID: s.ID, Tenant: s.Tenant, Image: s.Image, Metadata: s.Metadata,
+		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
+		SSHPublicKey: s.SSHPublicKey, PasswordHash: s.passwordHash[:], Status: status, StatusReason: reason,
+	}
+}
+
+// sessionFromRecord rebuilds a session from the store; its sandbox is set
+// by the caller.
+func sessionFromRecord(r Record) *Session {
+	s := &Session{
+		ID: r.ID, Tenant: r.Tenant, Image: r.Image, Metadata: r.Metadata,
+		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, TTL: r.TTL, SSHPublicKey: r.SSHPublicKey,
+		status: r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
+	}
+	copy(s.passwordHash[:], r.PasswordHash)
+	s.lastActivity.Store(r.LastActivityAt.UnixNano())
+	s.savedActivity.Store(r.LastActivityAt.UnixNano())
+	return s
 }
 
 type connEntry struct{ close func() }
@@ -67,16 +95,19 @@ type Snapshot struct {
 	ExpiresAt      time.Time
 	LastActivityAt time.Time
 	TTL            int
+	// StatusReason says why a failed session failed.
+	StatusReason string
 }
 
 // Snapshot returns the session's current state.
 func (s *Session) Snapshot() Snapshot {
 	s.mu.Lock()
-	status := s.status
+	status, reason := s.status, s.statusReason
 	s.mu.Unlock()
 	return Snapshot{
 		ID: s.ID, Tenant: s.Tenant, Status: status, Image: s.Image, Metadata: s.Metadata,
 		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
+		StatusReason: reason,
 	}
 }
 
@@ -132,13 +163,13 @@ func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
 
 // end marks the session ended with status and closes its connections. It
 // reports false if the session had already ended.
-func (s *Session) end(status string) bool {
+func (s *Session) end(status, reason string) bool {
 	s.mu.Lock()
 	if s.status != StatusRunning {
 		s.mu.Unlock()
 		return false
 	}
-	s.status = status
+	s.status, s.statusReason = status, reason
 	conns := s.conns
 	s.conns = nil
 	s.mu.Unlock()
@@ -184,6 +215,7 @@ const (
 	KindUnavailable
 	KindInternal
 	KindUnauthorized
+	KindConflict
 )
 
 func (e *Error) Error() string {

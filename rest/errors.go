@@ -47,6 +47,8 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 		status = http.StatusServiceUnavailable
 	case gateway.KindUnauthorized:
 		status = http.StatusUnauthorized
+	case gateway.KindConflict:
+		status = http.StatusConflict
 	}
 	WriteError(w, status, ge.Code, ge.Message)
 }

@@ -31,6 +31,7 @@ type sessionJSON struct {
 	ExpiresAt      time.Time      `json:"expiresAt"`
 	LastActivityAt time.Time      `json:"lastActivityAt"`
 	TTL            int            `json:"ttl"`
+	StatusReason   string         `json:"statusReason,omitempty"`
 	SSH            sshJSON        `json:"ssh"`
 }
 
@@ -58,6 +59,7 @@ func (a *api) render(s *gateway.Session, password string) sessionJSON {
 	return sessionJSON{
 		SessionID: snap.ID, Status: snap.Status, Image: snap.Image, Metadata: snap.Metadata,
 		CreatedAt: snap.CreatedAt, ExpiresAt: snap.ExpiresAt, LastActivityAt: snap.LastActivityAt, TTL: snap.TTL,
+		StatusReason: snap.StatusReason,
 		SSH: sshJSON{
 			Username: a.cfg.SSHUsername, Password: password,
 			HostKeys: a.cfg.HostKeys, KnownHostsLine: known,

@@ -152,6 +152,15 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd Cmd) (Process, error) {
 // process group but kept the session tag in their environment, then removes
 // the workdir.
 func (s *workdirSandbox) Destroy(ctx context.Context) error {
+	s.kill(ctx)
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("remove workdir: %w", err)
+	}
+	return nil
+}
+
+// kill closes the sandbox to new processes and kills every process it has.
+func (s *workdirSandbox) kill(ctx context.Context) {
 	s.mu.Lock()
 	s.closed = true
 	procs := make([]*hostProcess, 0, len(s.procs))
@@ -163,13 +172,7 @@ func (s *workdirSandbox) Destroy(ctx context.Context) error {
 	for _, p := range procs {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	}
-	// Processes may fork while we scan; repeat until none is found.
-	for i := 0; i < 20; i++ {
-		if killTagged(SessionEnvVar+"="+s.id) == 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	killAllTagged(SessionEnvVar + "=" + s.id)
 	for _, p := range procs {
 		select {
 		case <-p.done:
@@ -177,10 +180,6 @@ func (s *workdirSandbox) Destroy(ctx context.Context) error {
 		case <-time.After(5 * time.Second):
 		}
 	}
-	if err := os.RemoveAll(s.dir); err != nil {
-		return fmt.Errorf("remove workdir: %w", err)
-	}
-	return nil
 }
 
 // killTagged sends SIGKILL to every process whose environment holds tag and

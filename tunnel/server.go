@@ -63,6 +63,11 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t.writeError(w, err)
 		return
 	}
+	if !s.Live() {
+		t.writeError(w, &gateway.Error{Kind: gateway.KindConflict, Code: "session_not_running",
+			Message: "session " + s.ID + " is " + s.Snapshot().Status + ": " + s.Snapshot().StatusReason})
+		return
+	}
 	if !t.track(nil) {
 		t.writeError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "gateway is shutting down"})
 		return

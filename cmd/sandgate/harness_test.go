@@ -93,7 +93,7 @@ var listeningRE = regexp.MustCompile(`msg=listening url=(\S+)`)
 func startGateway(t *testing.T, args ...string) *gatewayProc {
 	t.Helper()
 	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token", stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
-	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir"}, args...)
+	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"}, args...)
 	hasKey := false
 	for _, a := range args {
 		if a == "--api-key" || strings.HasPrefix(a, "--api-key=") {

@@ -182,7 +182,7 @@ func TestSSHConfigPinsHostKey(t *testing.T) {
 func TestGeneratedAPIKeyPrintedOnce(t *testing.T) {
 	dataDir := t.TempDir()
 	g := &gatewayProc{DataDir: dataDir, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
-	g.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--sandbox", "workdir"})
+	g.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"})
 	out := g.stdout.String()
 	_, token, ok := strings.Cut(strings.TrimSpace(out), "export SANDBOX_API_TOKEN=")
 	if !ok || token == "" {
@@ -193,7 +193,7 @@ func TestGeneratedAPIKeyPrintedOnce(t *testing.T) {
 	g.stop(t)
 
 	g2 := &gatewayProc{DataDir: dataDir, Token: token, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
-	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--sandbox", "workdir"})
+	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"})
 	if strings.Contains(g2.stdout.String(), token) || strings.Contains(g2.stderr.String(), token) {
 		t.Fatal("the API key was printed again, or logged")
 	}

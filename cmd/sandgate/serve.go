@@ -44,6 +44,7 @@ type serveConfig struct {
 	limits            *sandbox.Limits
 	tlsCert, tlsKey   string
 	shutdownTimeout   time.Duration
+	keepSandboxes     bool
 	handshakeTimeout  time.Duration
 	readHeaderTimeout time.Duration
 	logFormat         string
@@ -82,6 +83,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "TLS certificate file (serve HTTPS)")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "TLS key file")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for running commands")
+	fs.BoolVar(&c.keepSandboxes, "keep-sandboxes-on-exit", true, "on shutdown keep sessions for the next start (linux: sandboxes keep running; workdir: files are kept, processes end); false tears everything down")
 	fs.DurationVar(&c.handshakeTimeout, "ssh-handshake-timeout", 30*time.Second, "SSH handshake and auth deadline")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP request header deadline")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
@@ -223,10 +225,18 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		report = r.Report()
 		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
 	}
+	store, err := gateway.OpenBoltStore(filepath.Join(cfg.dataDir, "sessions.db"))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
 	mgr := gateway.NewManager(gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
-		IdleTimeout: idleOrDisabled(cfg.idleTimeout),
+		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store,
 	}, driver, log)
+	if err := mgr.Restore(ctx); err != nil {
+		return err
+	}
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, Log: log,
@@ -286,7 +296,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	tun.Shutdown(drain)     // close tunnels still open
 	stopReaper()
 	<-reaped
-	mgr.Shutdown(context.Background())
+	mgr.Shutdown(context.Background(), cfg.keepSandboxes)
 	log.Info("stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr

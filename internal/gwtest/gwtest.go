@@ -158,7 +158,7 @@ func Start(t testing.TB, o Options) *Stack {
 		tun.Shutdown(drain)
 		cancel()
 		<-reaped
-		mgr.Shutdown(context.Background())
+		mgr.Shutdown(context.Background(), false)
 		s.checkNothingLeft(t)
 	})
 	return s

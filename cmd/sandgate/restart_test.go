@@ -1,0 +1,155 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type fullSession struct {
+	SessionID    string    `json:"sessionId"`
+	Status       string    `json:"status"`
+	StatusReason string    `json:"statusReason"`
+	ExpiresAt    time.Time `json:"expiresAt"`
+}
+
+// restartWith stops g with sig (SIGKILL: a crash) and starts a new gateway
+// on the same data dir.
+func restartWith(t *testing.T, g *gatewayProc, sig syscall.Signal) *gatewayProc {
+	t.Helper()
+	_ = g.cmd.Process.Signal(sig)
+	<-g.done
+	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir",
+		"--api-key", g.Token, "--keep-sandboxes-on-exit=false"})
+	return g2
+}
+
+func TestRestartKeepsSessions(t *testing.T) {
+	ssh := requireTool(t, "ssh")
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			g := startGateway(t, "--keep-sandboxes-on-exit=true")
+			const n = 6
+			var acked []fullSession
+			for i := 0; i < n; i++ {
+				var s fullSession
+				if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"ttl": 600}, &s); code != http.StatusCreated {
+					t.Fatalf("create: %d", code)
+				}
+				acked = append(acked, s)
+				js := sessionJSON{SessionID: s.SessionID}
+				var raw sessionJSON
+				g.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &raw)
+				js.SSH = raw.SSH
+				if _, e, code := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, js), s.SessionID,
+					fmt.Sprintf("echo data-%d > file.txt; nohup sleep 1000 >/dev/null 2>&1 &", i))...); code != 0 {
+					t.Fatalf("ssh: %d %s", code, e)
+				}
+			}
+			// Load in flight when the gateway stops: creates and execs.
+			var wg sync.WaitGroup
+			stopLoad := make(chan struct{})
+			for w := 0; w < 3; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stopLoad:
+							return
+						default:
+						}
+						req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions", strings.NewReader("{}"))
+						req.Header.Set("Authorization", "Bearer "+g.Token)
+						if resp, err := http.DefaultClient.Do(req); err == nil {
+							resp.Body.Close()
+						} else {
+							return
+						}
+					}
+				}()
+			}
+			time.Sleep(300 * time.Millisecond)
+			g2 := restartWith(t, g, sig)
+			close(stopLoad)
+			wg.Wait()
+
+			for i, s := range acked {
+				var got fullSession
+				if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &got); code != http.StatusOK {
+					t.Fatalf("session %s after restart: %d", s.SessionID, code)
+				}
+				if got.Status != "running" || !got.ExpiresAt.Equal(s.ExpiresAt) {
+					t.Fatalf("after restart: %+v, want running with expiresAt %v", got, s.ExpiresAt)
+				}
+				var raw sessionJSON
+				g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &raw)
+				out, e, code := runClient(t, g2.clientEnv(), nil, ssh, append(g2.sshOpts(t, raw), s.SessionID, "cat file.txt")...)
+				if code != 0 || out != fmt.Sprintf("data-%d\n", i) {
+					t.Fatalf("files after restart: %d %q %s", code, out, e)
+				}
+			}
+			// Every session the new gateway lists works, and every workdir
+			// belongs to a listed session: nothing is half-created.
+			var list struct {
+				Sessions []fullSession
+				Total    int
+			}
+			g2.api(t, http.MethodGet, "/v1/sessions?limit=100", nil, &list)
+			listed := map[string]bool{}
+			for _, s := range list.Sessions {
+				if s.Status != "running" {
+					t.Errorf("session %s is %s after restart: %s", s.SessionID, s.Status, s.StatusReason)
+				}
+				listed[s.SessionID] = true
+			}
+			entries, _ := os.ReadDir(filepath.Join(g.DataDir, "sessions"))
+			for _, e := range entries {
+				if !listed[e.Name()] {
+					t.Errorf("workdir %s has no session", e.Name())
+				}
+			}
+			// The workdir driver keeps files, not processes: none of the old run is left.
+			if pids := sessionProcesses(); len(pids) > 0 {
+				t.Errorf("processes of the old run left: %v", pids)
+			}
+		})
+	}
+}
+
+func TestRestartMarksLostSandboxFailed(t *testing.T) {
+	g := startGateway(t, "--keep-sandboxes-on-exit=true")
+	var s fullSession
+	g.api(t, http.MethodPost, "/v1/sessions", map[string]any{}, &s)
+	_ = g.cmd.Process.Signal(syscall.SIGKILL)
+	<-g.done
+	if err := os.RemoveAll(filepath.Join(g.DataDir, "sessions", s.SessionID)); err != nil {
+		t.Fatal(err)
+	}
+	g2 := restartWith(t, g, syscall.SIGKILL)
+	var got fullSession
+	if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &got); code != http.StatusOK {
+		t.Fatalf("get: %d", code)
+	}
+	if got.Status != "failed" || got.StatusReason == "" {
+		t.Fatalf("lost sandbox: %+v, want failed with a reason", got)
+	}
+	// A failed session refuses tunnels with a clear status, and can be deleted.
+	out, errOut, code := runClient(t, g2.clientEnv(), strings.NewReader(""), sandgateBin, "proxy", s.SessionID)
+	if code == 0 || out != "" || !strings.Contains(errOut, "409") || !strings.Contains(errOut, "failed") {
+		t.Fatalf("proxy to a failed session: %d %q %q", code, out, errOut)
+	}
+	if code := g2.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete failed session: %d", code)
+	}
+	if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNotFound {
+		t.Fatalf("get after delete: %d", code)
+	}
+}

@@ -142,28 +142,54 @@ func (s *specChecker) syntheticRoute(t testing.TB, id string, byStatus map[int]s
 	return &routers.Route{Spec: s.doc, Operation: op}
 }
 
-// check validates one exchange. A 2xx answer means the server accepted the
-// request, so the request must be valid per the spec too.
+// check validates one exchange and reports every mismatch on t.
 func (s *specChecker) check(t testing.TB, req *http.Request, reqBody []byte, r result) {
 	t.Helper()
-	ctx := context.Background()
+	for _, err := range s.validate(req, reqBody, r) {
+		t.Errorf("spec: %v", err)
+	}
+}
+
+// checkResponse validates only the response of an exchange.
+func (s *specChecker) checkResponse(t testing.TB, req *http.Request, r result) {
+	t.Helper()
 	route, params, err := s.router.FindRoute(req)
 	if err != nil {
 		route, params = s.fallback, nil
 	}
 	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: s.opts}
+	for _, err := range s.validateResponse(req.Method+" "+req.URL.RequestURI(), in, r) {
+		t.Errorf("spec: %v", err)
+	}
+}
+
+// validate checks one exchange. A 2xx answer means the server accepted the
+// request, so the request must be valid per the spec too.
+func (s *specChecker) validate(req *http.Request, reqBody []byte, r result) []error {
+	route, params, err := s.router.FindRoute(req)
+	if err != nil {
+		route, params = s.fallback, nil
+	}
+	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: s.opts}
+	var errs []error
 	if r.status/100 == 2 && route != s.fallback {
-		if err := openapi3filter.ValidateRequest(ctx, in); err != nil {
-			t.Errorf("spec: %s %s (body %.200q) was accepted with %d but the spec rejects it: %v",
-				req.Method, req.URL.RequestURI(), reqBody, r.status, err)
+		if err := openapi3filter.ValidateRequest(context.Background(), in); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s (body %.200q) was accepted with %d but the spec rejects it: %w",
+				req.Method, req.URL.RequestURI(), reqBody, r.status, err))
 		}
 	}
-	s.validateResponse(t, req.Method+" "+req.URL.RequestURI(), in, r)
+	return append(errs, s.validateResponse(req.Method+" "+req.URL.RequestURI(), in, r)...)
 }
 
 // checkConnect validates the answer to a CONNECT against x-connect.
 func (s *specChecker) checkConnect(t testing.TB, path string, r result) {
 	t.Helper()
+	for _, err := range s.validateConnect(path, r) {
+		t.Errorf("spec: %v", err)
+	}
+}
+
+func (s *specChecker) validateConnect(path string, r result) []error {
 	tmpl := ""
 	for p := range s.connect {
 		prefix := strings.TrimSuffix(p, "{id}")
@@ -177,25 +203,79 @@ func (s *specChecker) checkConnect(t testing.TB, path string, r result) {
 	}
 	if r.status == http.StatusOK && route != s.fallback {
 		s.cov.add(route.Operation.OperationID, r.status)
-		return
+		return nil
 	}
 	req, _ := http.NewRequest(http.MethodConnect, "http://gateway"+path, nil)
 	in := &openapi3filter.RequestValidationInput{Request: req, Route: route, Options: s.opts}
-	s.validateResponse(t, "CONNECT "+path, in, r)
+	return s.validateResponse("CONNECT "+path, in, r)
 }
 
-func (s *specChecker) validateResponse(t testing.TB, what string, in *openapi3filter.RequestValidationInput, r result) {
-	t.Helper()
+func (s *specChecker) validateResponse(what string, in *openapi3filter.RequestValidationInput, r result) []error {
 	s.cov.add(in.Route.Operation.OperationID, r.status)
 	rin := &openapi3filter.ResponseValidationInput{
 		RequestValidationInput: in, Status: r.status, Header: r.header, Options: s.opts,
 	}
 	rin.SetBodyBytes(r.body)
+	var errs []error
 	if err := openapi3filter.ValidateResponse(context.Background(), rin); err != nil {
-		t.Errorf("spec: %s -> %d %.300q does not match the spec: %v", what, r.status, r.body, err)
+		errs = append(errs, fmt.Errorf("%s -> %d %.300q does not match the spec: %w", what, r.status, r.body, err))
 	}
 	if r.status == http.StatusNoContent && len(r.body) != 0 {
-		t.Errorf("spec: %s -> 204 with a body %q", what, r.body)
+		errs = append(errs, fmt.Errorf("%s -> 204 with a body %q", what, r.body))
+	}
+	return errs
+}
+
+// TestSpecCheckerRejectsDrift makes sure the checker used by every test is
+// not vacuous: answers that drift from the spec must be reported.
+func TestSpecCheckerRejectsDrift(t *testing.T) {
+	s := newSpecChecker(t, "http://127.0.0.1:9", nil)
+	id := "sbx-abcdefghijklmnopqrst"
+	session := `{"sessionId":"` + id + `","status":"running","image":"default","metadata":{},` +
+		`"createdAt":"2024-01-02T03:04:05Z","expiresAt":"2024-01-02T04:04:05Z","lastActivityAt":"2024-01-02T03:04:05Z",` +
+		`"ttl":3600,"ssh":{"username":"sandbox","hostKeys":["ssh-ed25519 AAAA"],"knownHostsLine":"* ssh-ed25519 AAAA","connectPath":"/v1/sessions/` + id + `"}}`
+	jsonHdr := http.Header{"Content-Type": {"application/json"}, "Cache-Control": {"no-store"}}
+	errBody := func(code string) []byte { return []byte(`{"error":{"code":"` + code + `","message":"m"}}`) }
+	cases := []struct {
+		name, method, path string
+		r                  result
+		ok                 bool
+	}{
+		{"good session", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(session)}, true},
+		{"extra field", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `"ttl"`, `"tenant":"x","ttl"`, 1))}, false},
+		{"bad status enum", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `"running"`, `"paused"`, 1))}, false},
+		{"bad date-time", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `2024-01-02T03:04:05Z`, `yesterday`, 1))}, false},
+		{"missing ssh", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `"ssh":`, `"sh":`, 1))}, false},
+		{"undocumented status", "GET", "/v1/sessions/" + id, result{409, jsonHdr, errBody("not_found")}, false},
+		{"unknown error code", "GET", "/v1/sessions/" + id, result{404, jsonHdr, errBody("gone")}, false},
+		{"401 without WWW-Authenticate", "GET", "/v1/sessions", result{401, jsonHdr, errBody("unauthorized")}, false},
+		{"401 with WWW-Authenticate", "GET", "/v1/sessions", result{401, http.Header{"Content-Type": {"application/json"}, "Www-Authenticate": {`Bearer realm="x"`}}, errBody("unauthorized")}, true},
+		{"text error", "GET", "/v1/sessions", result{400, http.Header{"Content-Type": {"text/plain"}}, []byte("bad")}, false},
+		{"201 without Location", "POST", "/v1/sessions", result{201, jsonHdr, []byte(session)}, false},
+		{"unlisted path 404", "GET", "/nope", result{404, jsonHdr, errBody("not_found")}, true},
+		{"unlisted path 200", "GET", "/nope", result{200, jsonHdr, []byte(`{}`)}, false},
+		{"204 with body", "DELETE", "/v1/sessions/" + id, result{204, http.Header{}, []byte("x")}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req, err := http.NewRequest(c.method, "http://127.0.0.1:9"+c.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			errs := s.validate(req, nil, c.r)
+			if c.ok && len(errs) > 0 {
+				t.Errorf("valid exchange reported: %v", errs)
+			}
+			if !c.ok && len(errs) == 0 {
+				t.Error("drift not reported")
+			}
+		})
+	}
+	if errs := s.validateConnect("/sessions/"+id, result{418, jsonHdr, errBody("not_found")}); len(errs) == 0 {
+		t.Error("CONNECT with an undocumented status not reported")
+	}
+	if errs := s.validateConnect("/v1/sessions/"+id, result{404, jsonHdr, errBody("not_found")}); len(errs) > 0 {
+		t.Errorf("CONNECT 404 reported: %v", errs)
 	}
 }
 

@@ -164,8 +164,11 @@ func authConfig(cfg *serveConfig, stdout io.Writer, log *slog.Logger) (gateway.A
 			return ac, fmt.Errorf("--jwt-secret-file: %w", err)
 		}
 		ac.JWTSecret = []byte(strings.TrimSpace(string(b)))
+		if len(ac.JWTSecret) == 0 {
+			return ac, errors.New("--jwt-secret-file: the file is empty")
+		}
 		if len(ac.JWTSecret) < 32 {
-			return ac, errors.New("--jwt-secret-file: the secret must be at least 32 bytes")
+			log.Warn("the HS256 secret is shorter than 32 bytes; tokens signed with it are easier to forge", "bytes", len(ac.JWTSecret))
 		}
 	}
 	if cfg.jwtPublicKeyFile != "" {

@@ -22,6 +22,7 @@ try:  # Python >= 3.8
 except ImportError:  # pragma: no cover
     from typing_extensions import TypedDict  # type: ignore
 
+from . import _sftp
 from ._common import VerifySSL, check_timeout, resolve_settings
 from .client import SessionsClient
 from .errors import (
@@ -44,7 +45,7 @@ WINDOW_SIZE = 16 * 1024 * 1024
 #: Largest SSH packet payload we accept (32 KiB is what every server supports
 #: and what SFTP's 32 KiB reads and writes fit in).
 MAX_PACKET_SIZE = 32 * 1024
-#: Concurrent SFTP read requests for downloads.
+#: SFTP read requests kept in flight by download_file.
 _PREFETCH_REQUESTS = 64
 _RECV_CHUNK = 256 * 1024
 
@@ -591,8 +592,8 @@ class SessionSSHClient:
     def download_file(self, remote_path: str, local_path: PathLike) -> None:
         """Download *remote_path* from the sandbox to the local file *local_path*.
 
-        Reads are prefetched (many requests in flight). If the download
-        fails, a local file it created is removed.
+        Reads are pipelined (64 requests of 32 KiB in flight), and the size
+        is checked. If the download fails, a local file it created is removed.
 
         Raises:
             SandboxOperationError: the remote file cannot be read, or the
@@ -602,7 +603,11 @@ class SessionSSHClient:
         sftp = self.open_sftp()
         existed = os.path.exists(local)
         try:
-            sftp.get(remote_path, local, prefetch=True, max_concurrent_prefetch_requests=_PREFETCH_REQUESTS)
+            if _sftp.supported(sftp):
+                with open(local, "wb") as f:
+                    _sftp.download(sftp, remote_path, f, in_flight=_PREFETCH_REQUESTS)
+            else:  # pragma: no cover - every Paramiko >= 3.4 is supported
+                sftp.get(remote_path, local)
         except Exception as e:
             if not existed:
                 try:

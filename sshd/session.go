@@ -30,9 +30,10 @@ type channel struct {
 	pty     *sandbox.PTY
 	started bool
 
-	mu     sync.Mutex
-	proc   sandbox.Process
-	exited bool
+	mu          sync.Mutex
+	proc        sandbox.Process
+	exited      bool
+	interactive bool // the process runs on a pty
 }
 
 func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx gliderssh.Context) {
@@ -194,6 +195,7 @@ func (c *channel) start(kind string, payload []byte) (func(), bool) {
 	}
 	c.mu.Lock()
 	c.proc = proc
+	c.interactive = cmd.PTY != nil
 	c.mu.Unlock()
 	c.sess.Touch(time.Now())
 	c.srv.cfg.Log.Info("exec_started", "session", c.sess.ID, "kind", kind, "pty", cmd.PTY != nil)
@@ -281,7 +283,9 @@ func (c *channel) abort() {
 
 // notify writes msg to an interactive user's terminal.
 func (c *channel) notify(msg string) {
-	if c.pty != nil && c.ch != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.interactive && !c.exited {
 		go func() { _, _ = io.WriteString(c.ch.Stderr(), msg) }()
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,6 +21,7 @@ const defaultAPIURL = "http://127.0.0.1:8080"
 type clientFlags struct {
 	apiURL   string
 	token    string
+	caFile   string
 	insecure bool
 }
 
@@ -30,15 +32,35 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 	}
 	fs.StringVar(&c.apiURL, "api-url", def, "gateway URL, may end in /v1 (env SANDBOX_API_URL)")
 	fs.StringVar(&c.token, "token", os.Getenv("SANDBOX_API_TOKEN"), "bearer token (env SANDBOX_API_TOKEN)")
+	fs.StringVar(&c.caFile, "cacert", os.Getenv("SANDBOX_CA_FILE"), "PEM CA bundle to verify the gateway's certificate (env SANDBOX_CA_FILE)")
 	fs.BoolVar(&c.insecure, "insecure", false, "skip TLS certificate verification (testing only)")
 }
 
-func (c *clientFlags) dialer() *tunnel.Dialer {
-	d := &tunnel.Dialer{APIURL: c.apiURL, Token: c.token}
+// tlsConfig returns the TLS settings for https gateways (nil: system roots).
+func (c *clientFlags) tlsConfig() (*tls.Config, error) {
 	if c.insecure {
-		d.TLSConfig = &tls.Config{InsecureSkipVerify: true}
+		return &tls.Config{InsecureSkipVerify: true}, nil
 	}
-	return d
+	if c.caFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(c.caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--cacert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--cacert: no certificate found in %s", c.caFile)
+	}
+	return &tls.Config{RootCAs: pool}, nil
+}
+
+func (c *clientFlags) dialer() (*tunnel.Dialer, error) {
+	tc, err := c.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	return &tunnel.Dialer{APIURL: c.apiURL, Token: c.token, TLSConfig: tc}, nil
 }
 
 // parseInterspersed parses flags that may come before or after the
@@ -74,7 +96,12 @@ func proxyMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	id := pos[0]
-	conn, err := cf.dialer().Dial(context.Background(), id)
+	d, err := cf.dialer()
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate proxy:", err)
+		return 2
+	}
+	conn, err := d.Dial(context.Background(), id)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate proxy:", describeDialError(err, id))
 		return 1

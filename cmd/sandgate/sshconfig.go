@@ -52,13 +52,13 @@ func sshConfigMain(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, `# sandgate sessions: ssh %s-id, sftp, scp; the token comes from SANDBOX_API_TOKEN.
 Host %s
     User sandbox
-    ProxyCommand %s proxy --api-url %s %%h
+    ProxyCommand %s proxy --api-url %s%s %%h
     UserKnownHostsFile %s
     StrictHostKeyChecking yes
     ForwardAgent no
     ForwardX11 no
     ServerAliveInterval 30
-`, strings.TrimSuffix(*hostPattern, "*"), *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), quoteSSH(*knownHosts))
+`, strings.TrimSuffix(*hostPattern, "*"), *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), quoteSSH(*knownHosts))
 	return 0
 }
 
@@ -83,7 +83,11 @@ func fetchHostKeys(cf clientFlags) ([]string, error) {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+cf.token)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: cf.dialer().TLSConfig}}
+	tc, err := cf.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("fetch host keys: %w", err)
@@ -102,4 +106,16 @@ func fetchHostKeys(cf clientFlags) ([]string, error) {
 		return nil, fmt.Errorf("the gateway returned no host keys")
 	}
 	return body.HostKeys, nil
+}
+
+// caArg passes the client's CA bundle on to the ProxyCommand.
+func caArg(cf clientFlags) string {
+	if cf.caFile == "" {
+		return ""
+	}
+	abs, err := filepath.Abs(cf.caFile)
+	if err != nil {
+		abs = cf.caFile
+	}
+	return " --cacert " + quoteSSH(abs)
 }

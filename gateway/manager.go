@@ -121,7 +121,12 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if err := m.reserve(p.Tenant); err != nil {
 		return nil, "", err
 	}
-	defer m.release(p.Tenant)
+	reserved := true
+	defer func() {
+		if reserved {
+			m.release(p.Tenant)
+		}
+	}()
 
 	now := m.cfg.Now().UTC()
 	pw := newPassword()
@@ -151,6 +156,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	s.savedActivity.Store(now.UnixNano())
 	m.mu.Lock()
 	m.sessions[s.ID] = s
+	m.releaseLocked(p.Tenant) // from here on the session itself counts
+	reserved = false
 	m.mu.Unlock()
 	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "ttl", cp.TTL, "image", image)
 	return s, pw, nil
@@ -198,6 +205,10 @@ func (m *Manager) reserve(tenant string) error {
 func (m *Manager) release(tenant string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.releaseLocked(tenant)
+}
+
+func (m *Manager) releaseLocked(tenant string) {
 	if m.pending[tenant]--; m.pending[tenant] <= 0 {
 		delete(m.pending, tenant)
 	}
@@ -372,7 +383,8 @@ func (m *Manager) Restore(ctx context.Context) error {
 					keep[r.ID] = true
 					restored++
 				} else {
-					reason = "sandbox lost across the gateway restart: " + err.Error()
+					reason = "sandbox lost across the gateway restart"
+					m.log.Warn("sandbox_adopt_failed", "session", r.ID, "err", err)
 				}
 			}
 			if s.sandbox == nil {

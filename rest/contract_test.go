@@ -2,6 +2,8 @@ package rest_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -343,6 +345,28 @@ func TestSpecIsValid(t *testing.T) {
 	}
 }
 
+// failingStore is a store whose writes fail.
+type failingStore struct{ *gateway.MemStore }
+
+func (failingStore) Put(...gateway.Record) error { return errors.New("disk full") }
+
+// putLostSession stores a running session of tenant whose sandbox does not
+// exist, as after a restart that lost it, and returns its id.
+func putLostSession(t testing.TB, store gateway.Store, tenant string) string {
+	t.Helper()
+	id := "sbx-lostlostlostlostlost"
+	now := time.Now().UTC()
+	err := store.Put(gateway.Record{
+		ID: id, Tenant: tenant, Image: "default", Metadata: map[string]any{"k": "v"},
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now, TTL: 3600,
+		PasswordHash: make([]byte, 32), Status: gateway.StatusRunning,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 // panicSessions stands in for a manager with a bug: every call panics.
 type panicSessions struct{}
 
@@ -545,6 +569,40 @@ func TestContract(t *testing.T) {
 		if l := bad.list(t, aliceKey); l.Total != 0 {
 			t.Errorf("a failed create left %d sessions", l.Total)
 		}
+	})
+
+	t.Run("store-failure", func(t *testing.T) {
+		sf := newGateway(t, gwOptions{store: failingStore{gateway.NewMemStore()}, cov: cov})
+		expect(t, sf.do(t, http.MethodPost, "/v1/sessions", aliceKey, nil), 503, "store_failed")
+		if n := sf.sandboxDirs(t); n != 0 {
+			t.Errorf("a create that could not be recorded left %d sandboxes", n)
+		}
+	})
+
+	t.Run("failed-session", func(t *testing.T) {
+		store := gateway.NewMemStore()
+		id := putLostSession(t, store, "alice")
+		fg := newGateway(t, gwOptions{store: store, restore: true, cov: cov})
+		r := fg.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil)
+		expect(t, r, 200, "")
+		var got struct {
+			Status       string `json:"status"`
+			StatusReason string `json:"statusReason"`
+		}
+		_ = json.Unmarshal(r.body, &got)
+		if got.Status != gateway.StatusFailed || got.StatusReason == "" {
+			t.Errorf("restored session without its sandbox: status %q reason %q", got.Status, got.StatusReason)
+		}
+		if l := fg.list(t, aliceKey); l.Total != 1 || l.Sessions[0].Status != gateway.StatusFailed {
+			t.Errorf("list: %+v", l)
+		}
+		for _, p := range []string{"/v1/sessions/", "/sessions/"} {
+			r, _, _ := fg.rawConnect(t, p+id, "Proxy-Authorization", "Bearer "+aliceKey)
+			expect(t, r, 409, "session_not_running")
+		}
+		fg.create(t, aliceKey, "") // a failed session holds no quota slot
+		expect(t, fg.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), 204, "")
+		expect(t, fg.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil), 404, "not_found")
 	})
 
 	t.Run("internal-error", func(t *testing.T) {

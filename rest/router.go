@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/go-chi/httprate"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -51,14 +52,20 @@ const MaxBodyBytes = 64 << 10
 
 // New returns the HTTP handler of the whole API.
 func New(cfg Config) http.Handler {
-	a := &api{cfg: cfg}
+	if cfg.HostKeys == nil {
+		cfg.HostKeys = []string{}
+	}
+	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit)}
 	r := chi.NewRouter()
-	r.Use(a.recoverer)
+	r.Use(a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusNotFound, "not_found", "no such endpoint")
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed here", r.Method))
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		if allow := allowedMethods(r, req.URL.Path); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed here", req.Method))
 	})
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -82,8 +89,31 @@ func New(cfg Config) http.Handler {
 	return r
 }
 
+// allowedMethods lists the methods routes serve at path, for the Allow
+// header a 405 must carry (RFC 9110 section 15.5.6).
+func allowedMethods(routes chi.Routes, path string) string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodHead, http.MethodTrace} {
+		if routes.Match(chi.NewRouteContext(), m, path) {
+			allow = append(allow, m)
+		}
+	}
+	return strings.Join(allow, ", ")
+}
+
 type api struct {
-	cfg Config
+	cfg          Config
+	authFailures *httprate.RateLimiter // nil: unlimited
+}
+
+// newFailureLimiter bounds failed authentications per client IP, so token
+// guessing is limited like authenticated use is.
+func newFailureLimiter(perMinute int) *httprate.RateLimiter {
+	if perMinute <= 0 {
+		return nil
+	}
+	return httprate.NewRateLimiter(perMinute, time.Minute, httprate.WithKeyFuncs(httprate.KeyByIP))
 }
 
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
@@ -139,6 +169,12 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		}
 		p, err := a.cfg.Verifier.Verify(token)
 		if err != nil {
+			if a.authFailures != nil {
+				if ip, kerr := httprate.KeyByIP(r); kerr == nil && a.authFailures.OnLimit(w, r, ip) {
+					WriteError(w, http.StatusTooManyRequests, "rate_limited", "too many failed authentications from this address")
+					return
+				}
+			}
 			if r.Method == http.MethodConnect {
 				w.Header().Set("Proxy-Authenticate", `Bearer realm="sandgate"`)
 			}

@@ -1,11 +1,15 @@
 package rest
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -103,8 +107,9 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 // fields and trailing data. The body is JSON whatever Content-Type says
 // (curl -d sends a form type). It returns a status, code and message on error.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) (int, string, string) {
+	var raw bytes.Buffer // at most MaxBodyBytes+1: the reader below stops there
 	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	dec := json.NewDecoder(body)
+	dec := json.NewDecoder(io.TeeReader(body, &raw))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if errors.Is(err, io.EOF) {
@@ -120,6 +125,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) (int, string, str
 				return http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)
 			}
 			return http.StatusBadRequest, "invalid_json", "body must hold a single JSON object"
+		}
+		if bytes.Equal(bytes.TrimSpace(raw.Bytes()), []byte("null")) {
+			return http.StatusBadRequest, "invalid_json", "body must be a JSON object"
+		}
+		if k := inexactKey(raw.Bytes(), v); k != "" {
+			return http.StatusBadRequest, "unknown_field", "unknown field " + strconv.Quote(k)
 		}
 		return 0, "", ""
 	}
@@ -142,6 +153,28 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) (int, string, str
 		return http.StatusBadRequest, "unknown_field", "unknown field " + field
 	}
 	return http.StatusBadRequest, "invalid_json", "body is not valid JSON"
+}
+
+// inexactKey returns the first top-level key of the JSON object data that
+// is not exactly one of the json names of v's struct fields, or "".
+// encoding/json matches names without regard to case; the API does not.
+func inexactKey(data []byte, v any) string {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(data, &obj) != nil {
+		return ""
+	}
+	t := reflect.TypeOf(v).Elem()
+	names := map[string]bool{}
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		names[name] = true
+	}
+	for _, k := range slices.Sorted(maps.Keys(obj)) {
+		if !names[k] {
+			return k
+		}
+	}
+	return ""
 }
 
 func jsonKind(goKind string) string {

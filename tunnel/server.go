@@ -63,9 +63,13 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t.writeError(w, err)
 		return
 	}
-	if !s.Live() {
+	if snap := s.Snapshot(); snap.Status != gateway.StatusRunning {
+		if snap.Status != gateway.StatusFailed { // ended since the lookup
+			t.writeError(w, gateway.ErrNotFound)
+			return
+		}
 		t.writeError(w, &gateway.Error{Kind: gateway.KindConflict, Code: "session_not_running",
-			Message: "session " + s.ID + " is " + s.Snapshot().Status + ": " + s.Snapshot().StatusReason})
+			Message: "session " + s.ID + " has failed: " + snap.StatusReason})
 		return
 	}
 	if !t.track(nil) {

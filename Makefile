@@ -15,10 +15,11 @@ test: build test-go test-python
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
 
+# Installs the SDK's test dependencies (pinned) when they are missing.
 test-python: build
-	@if [ -d sdk-python/tests ]; then \
-		SANDGATE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q sdk-python/tests; \
-	fi
+	@$(PYTHON) -c "import requests, paramiko, pytest" 2>/dev/null || \
+		$(PYTHON) -m pip install -q --disable-pip-version-check -r sdk-python/requirements-test.txt
+	SANDGATE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q sdk-python/tests
 
 vet:
 	$(GO) vet ./...

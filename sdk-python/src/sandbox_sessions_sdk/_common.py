@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 from urllib.parse import urlsplit
 
 from .errors import (
@@ -62,7 +62,7 @@ def check_int(name: str, value: Any, lo: Optional[int] = None, hi: Optional[int]
         if hi is None:
             raise ValueError(f"{name} must be >= {lo}, got {value}")
         raise ValueError(f"{name} must be between {lo} and {hi}, got {value}")
-    return value
+    return int(value)
 
 
 def check_timeout(name: str, value: Any, allow_none: bool = True) -> Optional[float]:
@@ -154,7 +154,7 @@ def error_for_status(
     what: str,
     session_scoped: bool,
     status_line: Optional[str] = None,
-    fallback: type = SandboxOperationError,
+    fallback: Type[SandboxAPIError] = SandboxOperationError,
 ) -> SandboxAPIError:
     """Build the exception for an HTTP error answer.
 
@@ -168,7 +168,7 @@ def error_for_status(
     if code:
         msg += f" {code}"
     msg += f": {detail}"
-    kwargs: dict = dict(status_code=status, code=code, status_line=status_line, body=text, headers=headers)
+    kwargs: Dict[str, Any] = dict(status_code=status, code=code, status_line=status_line, body=text, headers=headers)
     if status == 401:
         return UnauthorizedError(msg, **kwargs)
     if status == 404 and session_scoped:
@@ -185,18 +185,18 @@ def error_for_status(
     return fallback(msg, **kwargs)
 
 
-class CaseInsensitiveHeaders(dict):
+class CaseInsensitiveHeaders(Dict[str, str]):
     """A minimal case-insensitive header mapping for CONNECT answers."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._lower: dict = {}
+        self._lower: Dict[str, str] = {}
 
     def __setitem__(self, key: str, value: str) -> None:
         super().__setitem__(key, value)
         self._lower[key.lower()] = value
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override,unused-ignore]
         return self._lower.get(key.lower(), default)
 
     def __getitem__(self, key: str) -> str:

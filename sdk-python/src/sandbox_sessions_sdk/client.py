@@ -64,7 +64,6 @@ class SessionsClient:
                 "User-Agent": f"sandbox-sessions-sdk-python/{__version__}",
             }
         )
-        self._http.verify = verify_ssl
 
     def __repr__(self) -> str:
         return f"SessionsClient(api_url={self.api_url!r})"
@@ -141,9 +140,7 @@ class SessionsClient:
         """
         check_int("limit", limit, 1, 100)
         check_int("offset", offset, 0)
-        data = self._request(
-            "GET", "/sessions", what="list sessions", params={"limit": limit, "offset": offset}
-        )
+        data = self._request("GET", "/sessions", what="list sessions", params={"limit": limit, "offset": offset})
         items = data.get("sessions")
         if not isinstance(items, list):
             raise SandboxOperationError("list sessions: answer has no 'sessions' list", body=str(data)[:4096])
@@ -199,7 +196,9 @@ class SessionsClient:
     ) -> Dict[str, Any]:
         url = self._base + path
         try:
-            resp = self._http.request(method, url, timeout=self.timeout, **kwargs)
+            # verify is passed per request: requests lets REQUESTS_CA_BUNDLE
+            # override a Session-level verify (psf/requests#3829).
+            resp = self._http.request(method, url, timeout=self.timeout, verify=self.verify_ssl, **kwargs)
         except requests.exceptions.SSLError as e:
             raise SandboxConnectionError(f"{what}: TLS error talking to {self.api_url}: {e}") from e
         except requests.exceptions.Timeout as e:

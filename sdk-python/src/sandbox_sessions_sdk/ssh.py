@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import base64
 import codecs
+import hashlib
 import os
 import select
 import signal as _signal
-import socket
 import time
 from types import TracebackType
-from typing import Any, Callable, List, Optional, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Type, TypedDict, Union
 
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, NoneAuth
-from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST
+from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST, cMSG_CHANNEL_SUCCESS
 from paramiko.message import Message
-
-try:  # Python >= 3.8
-    from typing import TypedDict
-except ImportError:  # pragma: no cover
-    from typing_extensions import TypedDict  # type: ignore
 
 from . import _sftp
 from ._common import VerifySSL, check_timeout, resolve_settings
@@ -48,6 +43,7 @@ MAX_PACKET_SIZE = 32 * 1024
 #: SFTP read requests kept in flight by download_file.
 _PREFETCH_REQUESTS = 64
 _RECV_CHUNK = 256 * 1024
+_DRAIN_ROUNDS = 16
 
 
 class CommandResult(TypedDict):
@@ -79,20 +75,25 @@ def _handle_channel_request(chan: paramiko.Channel, m: Message) -> None:
         pos = packet.tell()
         try:
             if m.get_text() == "exit-signal":
-                m.get_boolean()  # want-reply: always false for exit-signal
+                want_reply = m.get_boolean()  # RFC 4254 says false; answer anyway if asked
                 chan._sandbox_exit_signal = m.get_text()  # type: ignore[attr-defined]
                 chan.status_event.set()
+                if want_reply and chan.transport is not None:
+                    reply = Message()
+                    reply.add_byte(cMSG_CHANNEL_SUCCESS)
+                    reply.add_int(chan.remote_chanid)
+                    chan.transport._send_user_message(reply)  # type: ignore[attr-defined]
                 return
         except Exception:  # malformed: let Paramiko deal with it
             pass
         packet.seek(pos)
-    paramiko.Channel._handle_request(chan, m)
+    paramiko.Channel._handle_request(chan, m)  # type: ignore[attr-defined]
 
 
 class _Transport(paramiko.Transport):
     """A Paramiko Transport that also records ``exit-signal`` requests."""
 
-    _channel_handler_table = dict(paramiko.Transport._channel_handler_table)
+    _channel_handler_table = dict(paramiko.Transport._channel_handler_table)  # type: ignore[attr-defined]
     _channel_handler_table[MSG_CHANNEL_REQUEST] = _handle_channel_request
 
 
@@ -113,7 +114,7 @@ class _NoneAuthStrategy(AuthStrategy):
         super().__init__(ssh_config=paramiko.SSHConfig())
         self.username = username
 
-    def get_sources(self):  # type: ignore[no-untyped-def]
+    def get_sources(self) -> Iterator[NoneAuth]:
         yield NoneAuth(self.username)
 
 
@@ -147,6 +148,11 @@ def parse_host_key(line: str) -> paramiko.PKey:
 
 def _key_line(key: paramiko.PKey) -> str:
     return f"{key.get_name()} {key.get_base64()}"
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH-style SHA256 fingerprint."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
 def _exit_code_for_signal(name: str) -> int:
@@ -294,7 +300,9 @@ class SessionSSHClient:
         pinned: List[paramiko.PKey] = []
         policy = self.host_key_policy
         if policy is None:
-            with SessionsClient(self.api_url, self._token, timeout=self.timeout or 30, verify_ssl=self.verify_ssl) as api:
+            with SessionsClient(
+                self.api_url, self._token, timeout=self.timeout or 30, verify_ssl=self.verify_ssl
+            ) as api:
                 session = api.get_session(self.session_id)
             for line in session.host_keys:
                 try:
@@ -322,9 +330,10 @@ class SessionSSHClient:
                 client.get_host_keys().add(host_name, key.get_name(), key)
             client.set_missing_host_key_policy(paramiko.RejectPolicy())
         else:
+            assert policy is not None
             client.set_missing_host_key_policy(policy)
 
-        kwargs: dict = dict(
+        kwargs: Dict[str, Any] = dict(
             hostname=host_name,
             port=22,
             username=self.username,
@@ -345,9 +354,12 @@ class SessionSSHClient:
         try:
             client.connect(**kwargs)
         except BaseException as e:
+            err = self._connect_error(e, client)
             client.close()
             tunnel.close()
-            raise self._connect_error(e, client) from e
+            if err is e:
+                raise
+            raise err from e
         self._client, self._tunnel = client, tunnel
         return self
 
@@ -358,20 +370,22 @@ class SessionSSHClient:
             presented, expected = _key_line(e.key), self.pinned_host_keys
             return HostKeyMismatchError(
                 f"SSH host key mismatch for session {self.session_id}: server presented "
-                f"{e.key.get_name()} {e.key.get_fingerprint().hex()}, which is not one of the "
+                f"{e.key.get_name()} {_fingerprint(e.key)}, which is not one of the "
                 f"{len(expected)} pinned key(s)",
                 presented=presented,
                 expected=expected,
             )
         if isinstance(e, paramiko.AuthenticationException):
-            how = "none" if self._password is None and self._pkey is None else (
-                "publickey" if self._pkey is not None and self._password is None else
-                "password" if self._pkey is None else "publickey/password")
-            return SandboxOperationError(f"SSH authentication ({how}) refused for session {self.session_id}: {e}")
+            tried = [m for m, v in (("publickey", self._pkey), ("password", self._password)) if v is not None]
+            how = "/".join(tried) or "none"
+            detail = " ".join(str(e).split()) or type(e).__name__
+            return SandboxOperationError(f"SSH authentication ({how}) refused for session {self.session_id}: {detail}")
         if isinstance(e, paramiko.SSHException) and "not found in known_hosts" in str(e):
+            t = client.get_transport()
+            key = t.get_remote_server_key() if t is not None else None
             return HostKeyMismatchError(
                 f"SSH host key of session {self.session_id} rejected by the host key policy: {e}",
-                presented="",
+                presented=_key_line(key) if key is not None else "",
                 expected=[],
             )
         return SandboxConnectionError(f"SSH handshake with session {self.session_id} failed: {e or type(e).__name__}")
@@ -481,7 +495,9 @@ class SessionSSHClient:
                     cb(text)
 
         def drain() -> None:
-            while True:
+            # Bounded, so that a command that never stops writing still
+            # lets the loop below check the deadline.
+            for _ in range(_DRAIN_ROUNDS):
                 moved = False
                 if chan.recv_ready():
                     feed(chan.recv(_RECV_CHUNK), out_dec, out, on_stdout)

@@ -6,7 +6,7 @@ import socket
 import ssl
 import time
 from types import TracebackType
-from typing import Mapping, Optional, Type
+from typing import Dict, Mapping, Optional, Type
 from urllib.parse import quote, urlsplit
 
 from ._common import (
@@ -77,7 +77,7 @@ class HTTPConnectTunnel:
         self.session_id: str = session_id
         self.timeout: Optional[float] = check_timeout("timeout", timeout)
         self.verify_ssl: VerifySSL = verify_ssl
-        self.extra_headers: dict = dict(extra_headers or {})
+        self.extra_headers: Dict[str, str] = dict(extra_headers or {})
         for k, v in self.extra_headers.items():
             if any(c in str(k) + str(v) for c in "\r\n\0"):
                 raise ValueError("extra_headers must not contain CR, LF or NUL")

@@ -254,7 +254,7 @@ func TestSpecCheckerRejectsDrift(t *testing.T) {
 		{"401 with WWW-Authenticate", "GET", "/v1/sessions", result{401, http.Header{"Content-Type": {"application/json"}, "Www-Authenticate": {`Bearer realm="x"`}}, errBody("unauthorized")}, true},
 		{"text error", "GET", "/v1/sessions", result{400, http.Header{"Content-Type": {"text/plain"}}, []byte("bad")}, false},
 		{"201 without Location", "POST", "/v1/sessions", result{201, jsonHdr, []byte(session)}, false},
-		{"unlisted path 404", "GET", "/nope", result{404, jsonHdr, errBody("not_found")}, true},
+		{"unlisted path 404", "GET", "/nope", result{404, jsonHdr, errBody("unknown_endpoint")}, true},
 		{"unlisted path 200", "GET", "/nope", result{200, jsonHdr, []byte(`{}`)}, false},
 		{"204 with body", "DELETE", "/v1/sessions/" + id, result{204, http.Header{}, []byte("x")}, false},
 	}
@@ -414,9 +414,9 @@ func TestContract(t *testing.T) {
 		expect(t, g.do(t, http.MethodGet, "/readyz", "", nil), 503, "not_ready")
 		notReady.Store(false)
 		expect(t, g.do(t, http.MethodPost, "/healthz", "", nil), 405, "method_not_allowed")
-		expect(t, g.do(t, http.MethodGet, "/nope", "", nil), 404, "not_found")
+		expect(t, g.do(t, http.MethodGet, "/nope", "", nil), 404, "unknown_endpoint")
 		expect(t, g.do(t, http.MethodGet, "/v1/nope", "", nil), 401, "unauthorized")
-		expect(t, g.do(t, http.MethodGet, "/v1/nope", aliceKey, nil), 404, "not_found")
+		expect(t, g.do(t, http.MethodGet, "/v1/nope", aliceKey, nil), 404, "unknown_endpoint")
 	})
 
 	var a1, a2 sessionOut

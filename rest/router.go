@@ -59,7 +59,7 @@ func New(cfg Config) http.Handler {
 	r := chi.NewRouter()
 	r.Use(a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		WriteError(w, http.StatusNotFound, "not_found", "no such endpoint")
+		WriteError(w, http.StatusNotFound, "unknown_endpoint", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		if allow := allowedMethods(r, req.URL.Path); allow != "" {

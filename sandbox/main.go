@@ -8,15 +8,17 @@ import (
 )
 
 // SFTPServerMain is `sandgate sftp-server`: it serves SFTP on stdin/stdout,
-// confined to --root. Drivers start it inside the sandbox.
+// confined to --root, which clients see as "/"; relative paths start at
+// --start. Drivers start it inside the sandbox.
 func SFTPServerMain(args []string) int {
 	fs := flag.NewFlagSet("sftp-server", flag.ContinueOnError)
 	root := fs.String("root", ".", "directory to serve")
+	start := fs.String("start", "/", "start directory of the client, as it sees paths")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	rw := stdio{Reader: os.Stdin, WriteCloser: os.Stdout}
-	if err := ServeSFTP(*root, rw); err != nil {
+	if err := ServeSFTP(*root, rw, SFTPStartDir(*start)); err != nil {
 		fmt.Fprintln(os.Stderr, "sftp-server:", err)
 		return 1
 	}

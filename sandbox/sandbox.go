@@ -104,6 +104,11 @@ func exitFromState(st *os.ProcessState) Exit {
 	if !ok {
 		return Exit{Code: st.ExitCode()}
 	}
+	return exitFromWaitStatus(ws)
+}
+
+// exitFromWaitStatus converts a wait status into an Exit.
+func exitFromWaitStatus(ws syscall.WaitStatus) Exit {
 	if ws.Signaled() {
 		if name := SignalName(ws.Signal()); name != "" {
 			return Exit{Signal: name, CoreDumped: ws.CoreDump()}

@@ -12,21 +12,54 @@ import (
 	"time"
 
 	"github.com/pkg/sftp"
-	"golang.org/x/sys/unix"
 )
+
+// SFTPOption tunes ServeSFTP.
+type SFTPOption func(*sftpOptions)
+
+type sftpOptions struct {
+	start string
+}
+
+// SFTPStartDir sets the directory, as the client sees paths, that relative
+// paths start from and that `realpath .` answers (default "/").
+func SFTPStartDir(dir string) SFTPOption {
+	return func(o *sftpOptions) { o.start = path.Clean("/" + dir) }
+}
 
 // ServeSFTP serves the SFTP protocol on rw with every path resolved inside
 // dir through os.Root: "..", absolute symlinks and symlinked directories that
 // point outside dir are refused by the kernel-backed resolver, not by text checks.
-// It returns when the client goes away.
-func ServeSFTP(dir string, rw io.ReadWriteCloser) error {
+// Clients see dir as "/". It returns when the client goes away.
+//
+// A dir of "/" means the process's whole filesystem, which only makes sense
+// where the kernel confines the process (a linux sandbox: its own mount
+// namespace, the sandbox user): then the plain server of pkg/sftp serves it,
+// like OpenSSH's sftp-server, so absolute symlinks inside it work.
+func ServeSFTP(dir string, rw io.ReadWriteCloser, opts ...SFTPOption) error {
+	o := sftpOptions{start: "/"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if dir == "/" {
+		srv, err := sftp.NewServer(rw, sftp.WithServerWorkingDirectory(o.start))
+		if err != nil {
+			return fmt.Errorf("sftp: %w", err)
+		}
+		defer srv.Close()
+		if err := srv.Serve(); err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("sftp: %w", err)
+		}
+		return nil
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return fmt.Errorf("open sftp root: %w", err)
 	}
 	defer root.Close()
-	h := &rootHandler{root: root}
-	srv := sftp.NewRequestServer(rw, sftp.Handlers{FileGet: h, FilePut: h, FileCmd: h, FileList: h})
+	h := &rootHandler{root: root, start: o.start}
+	srv := sftp.NewRequestServer(rw, sftp.Handlers{FileGet: h, FilePut: h, FileCmd: h, FileList: h},
+		sftp.WithStartDirectory(o.start))
 	defer srv.Close()
 	if err := srv.Serve(); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("sftp: %w", err)
@@ -36,7 +69,8 @@ func ServeSFTP(dir string, rw io.ReadWriteCloser) error {
 
 // rootHandler implements pkg/sftp's request handlers over an os.Root.
 type rootHandler struct {
-	root *os.Root
+	root  *os.Root
+	start string // where relative paths start, as the client sees paths
 }
 
 // rel maps an SFTP path ("/a/b", "a/../b") to a path relative to the root.
@@ -217,29 +251,12 @@ func (h *rootHandler) Lstat(r *sftp.Request) (sftp.ListerAt, error) {
 }
 
 // RealPath implements sftp.RealPathFileLister: paths are shown relative to
-// the root, which clients see as "/".
+// the root, which clients see as "/"; relative ones start at the start dir.
 func (h *rootHandler) RealPath(p string) (string, error) {
+	if !path.IsAbs(p) {
+		p = path.Join(h.start, p)
+	}
 	return path.Clean("/" + p), nil
-}
-
-// StatVFS implements sftp.StatVFSFileCmder (OpenSSH's `df`).
-func (h *rootHandler) StatVFS(r *sftp.Request) (*sftp.StatVFS, error) {
-	f, err := h.root.Open(rel(r.Filepath))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
-		return nil, err
-	}
-	return &sftp.StatVFS{
-		Bsize: uint64(st.Bsize), Frsize: uint64(st.Frsize),
-		Blocks: st.Blocks, Bfree: st.Bfree, Bavail: st.Bavail,
-		Files: st.Files, Ffree: st.Ffree, Favail: st.Ffree,
-		Fsid: uint64(uint32(st.Fsid.Val[0])) | uint64(uint32(st.Fsid.Val[1]))<<32,
-		Flag: uint64(st.Flags), Namemax: uint64(st.Namelen),
-	}, nil
 }
 
 type listerAt []os.FileInfo

@@ -1,0 +1,343 @@
+// Command sgbench benchmarks sandgate against a private OpenSSH sshd on the
+// same machine: the same workloads, the same clients, alternating runs. It
+// prints a Markdown table and writes it, with a JSON twin, to bench/results.
+//
+// bench/run builds and runs it; see bench/README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	quick, dryRun, keep bool
+	hold                bool
+	repo                string
+	sandgateBin         string
+	driver              string
+	drivers             []string
+	rows                map[string]bool
+	size                int64
+	reps                int
+	newConnN            int
+	execN               int
+	createN             int
+	sessions            int
+	latN                int
+	pyN                 int
+	tmpBase             string
+	outDir              string
+	python              string
+	self                string
+	// refSandgate, when set, replaces sshd by a second sandgate binary in
+	// rows 1-4, for A/B tests of a change.
+	refSandgate string
+	// fdpass: "auto" uses `sandgate proxy --fdpass` with ProxyUseFdpass when
+	// the binary has it, "yes" requires it, "no" never uses it.
+	fdpass string
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "nc" {
+		os.Exit(ncMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "sftpcpu" {
+		os.Exit(sftpCPUMain(os.Args[2:]))
+	}
+	os.Exit(run(os.Args[1:]))
+}
+
+// ncMain is `sgbench nc HOST PORT`: a plain TCP ProxyCommand written in Go,
+// so that the cost of a Go proxy process (which `sandgate proxy` also is)
+// can be told apart from the cost of the CONNECT hop.
+func ncMain(args []string) int {
+	if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: sgbench nc HOST PORT")
+		return 2
+	}
+	c, err := net.Dial("tcp", net.JoinHostPort(args[0], args[1]))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sgbench nc:", err)
+		return 1
+	}
+	go func() {
+		_, _ = io.Copy(c, os.Stdin)
+		_ = c.(*net.TCPConn).CloseWrite()
+	}()
+	_, _ = io.Copy(os.Stdout, c)
+	return 0
+}
+
+func parseFlags(args []string) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("sgbench", flag.ContinueOnError)
+	fs.BoolVar(&c.quick, "quick", false, "small sizes and counts (under 2 minutes)")
+	fs.BoolVar(&c.dryRun, "dry-run", false, "check tools, start both servers once, print the plan; run no workload")
+	fs.BoolVar(&c.keep, "keep", false, "keep the scratch dir (logs, configs)")
+	fs.BoolVar(&c.hold, "hold", false, "start both servers, print how to reach them, and wait for Ctrl-C (for profiling by hand)")
+	fs.StringVar(&c.repo, "repo", ".", "sandgate repository root")
+	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
+	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7: auto, workdir or linux")
+	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
+	rows := fs.String("rows", "1,2,3,4,5,6,7", "rows to run")
+	size := fs.String("size", "", "bytes per transfer in rows 3-4 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
+	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer (default 3)")
+	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 (default 30, quick 10)")
+	fs.IntVar(&c.execN, "exec", 0, "execs per side in row 2 (default 200, quick 40)")
+	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5 (default 100, quick 20)")
+	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
+	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 200, quick 40)")
+	fs.IntVar(&c.pyN, "paramiko", 0, "run_command calls per side in row 7 (default 100, quick 20)")
+	fs.StringVar(&c.tmpBase, "tmpdir", "", "scratch dir parent (default /dev/shm when it has room, else $TMPDIR)")
+	fs.StringVar(&c.outDir, "out", "", "results dir (default <repo>/bench/results)")
+	fs.StringVar(&c.python, "python", "python3", "Python for row 7")
+	fs.StringVar(&c.fdpass, "fdpass", "auto", "use `sandgate proxy --fdpass` + ProxyUseFdpass: auto (when the binary supports it), yes, no")
+	fs.StringVar(&c.refSandgate, "ref-sandgate", "", "compare against this sandgate binary instead of sshd (rows 1-4 only; for A/B tests of a change)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if c.repo, err = filepath.Abs(c.repo); err != nil {
+		return nil, err
+	}
+	if c.sandgateBin == "" {
+		c.sandgateBin = filepath.Join(c.repo, "bin", "sandgate")
+	}
+	if c.outDir == "" {
+		c.outDir = filepath.Join(c.repo, "bench", "results")
+	}
+	c.drivers = splitList(*drivers)
+	c.rows = map[string]bool{}
+	for _, r := range splitList(*rows) {
+		c.rows[r] = true
+	}
+	def := func(p *int, full, quick int) {
+		if *p <= 0 {
+			*p = full
+			if c.quick {
+				*p = quick
+			}
+		}
+	}
+	def(&c.reps, 3, 3)
+	def(&c.newConnN, 30, 10)
+	def(&c.execN, 200, 40)
+	def(&c.createN, 100, 20)
+	def(&c.sessions, 1000, 100)
+	def(&c.latN, 200, 40)
+	def(&c.pyN, 100, 20)
+	c.size = 1 << 30
+	if c.quick {
+		c.size = 64 << 20
+	}
+	if *size != "" {
+		if c.size, err = parseSize(*size); err != nil {
+			return nil, err
+		}
+	}
+	if c.self, err = os.Executable(); err != nil {
+		return nil, err
+	}
+	if c.refSandgate != "" {
+		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
+			return nil, err
+		}
+		for _, r := range []string{"5", "6", "7"} {
+			delete(c.rows, r)
+		}
+	}
+	return c, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if v, ok := strings.CutSuffix(s, u.suf); ok {
+			s, mult = v, u.m
+			break
+		}
+	}
+	var n int64
+	if _, err := fmt.Sscanf(s, "%d", &n); err != nil || n <= 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return n * mult, nil
+}
+
+// tool is something the harness runs.
+type tool struct {
+	name     string
+	path     string
+	required bool
+	why      string
+}
+
+// checkTools finds the tools; missing required ones are an error naming the package.
+func checkTools(c *config) ([]tool, error) {
+	tools := []tool{
+		{name: "ssh", required: true, why: "OpenSSH client (Debian: openssh-client)"},
+		{name: "sftp", required: true, why: "OpenSSH sftp (Debian: openssh-client)"},
+		{name: "scp", required: true, why: "OpenSSH scp (Debian: openssh-client)"},
+		{name: "ssh-keygen", required: true, why: "key generation (Debian: openssh-client)"},
+		{name: sshdPath, required: true, why: "OpenSSH server (Debian: openssh-server)"},
+		{name: c.sandgateBin, required: true, why: "the gateway (make build)"},
+		{name: "nc", why: "plain TCP ProxyCommand for row 1 (Debian: netcat-openbsd); the Go one is used either way"},
+		{name: c.python, why: "row 7 (Paramiko)"},
+	}
+	var missing []string
+	for i := range tools {
+		p, err := exec.LookPath(tools[i].name)
+		if err != nil {
+			if tools[i].required {
+				missing = append(missing, fmt.Sprintf("%s: %s", tools[i].name, tools[i].why))
+			}
+			continue
+		}
+		tools[i].path = p
+	}
+	if len(missing) > 0 {
+		return tools, fmt.Errorf("missing required tools:\n  %s", strings.Join(missing, "\n  "))
+	}
+	return tools, nil
+}
+
+func chooseTmp(c *config) string {
+	if c.tmpBase != "" {
+		return c.tmpBase
+	}
+	var st syscall.Statfs_t
+	need := uint64(4*c.size + 1<<30)
+	if syscall.Statfs("/dev/shm", &st) == nil && st.Bavail*uint64(st.Bsize) > need && !c.dryRun {
+		return "/dev/shm"
+	}
+	return os.TempDir()
+}
+
+func run(args []string) int {
+	c, err := parseFlags(args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, "sgbench:", err)
+		return 2
+	}
+	start := time.Now()
+	tools, err := checkTools(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sgbench:", err)
+		return 1
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "sgbench: must run as root: the private sshd needs /run/sshd and privilege separation, and logs in as root with its own key")
+		return 1
+	}
+	b := &bench{cfg: c, tools: map[string]string{}}
+	for _, t := range tools {
+		if t.path != "" {
+			b.tools[t.name] = t.path
+		}
+	}
+	printPlan(c, b)
+
+	tmp, err := os.MkdirTemp(chooseTmp(c), "sgbench-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sgbench:", err)
+		return 1
+	}
+	b.tmp = tmp
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	b.ctx = ctx
+	code := 0
+	if err := b.setup(); err != nil {
+		fmt.Fprintln(os.Stderr, "sgbench: setup:", err)
+		code = 1
+	} else if c.hold {
+		b.holdOpen()
+	} else if c.dryRun {
+		if err := b.smoke(); err != nil {
+			fmt.Fprintln(os.Stderr, "sgbench: smoke test:", err)
+			code = 1
+		} else {
+			fmt.Printf("dry run OK in %.1fs: tools found, driver built, sandgate (%s) and sshd started, one ssh exec through each; no workload run.\n",
+				time.Since(start).Seconds(), b.sg.driver)
+		}
+	} else {
+		code = b.runAll(start)
+	}
+	b.teardown()
+	if p, m := cleanupLeftovers(tmp); p+m > 0 {
+		fmt.Fprintf(os.Stderr, "sgbench: cleaned up %d leftover sandbox processes and %d mounts\n", p, m)
+	}
+	if !c.keep || c.dryRun {
+		os.RemoveAll(tmp)
+	} else {
+		fmt.Println("scratch dir kept:", tmp)
+	}
+	return code
+}
+
+func printPlan(c *config, b *bench) {
+	mode := "full"
+	if c.quick {
+		mode = "quick"
+	}
+	fmt.Printf("sgbench plan (%s): sandgate %s --sandbox %s vs %s, same clients, A/B alternating\n", mode, c.sandgateBin, c.driver, sshdPath)
+	var rows []string
+	for r := range c.rows {
+		rows = append(rows, r)
+	}
+	sort.Strings(rows)
+	size := fmt.Sprintf("%d MiB", c.size>>20)
+	desc := map[string]string{
+		"1": fmt.Sprintf("new connection + `true` with ssh, %d runs per variant (sandgate proxy; sshd direct, via nc, via Go proxy; default KEX)", c.newConnN),
+		"2": fmt.Sprintf("exec `true` over a ControlMaster connection, %d per side", c.execN),
+		"3": fmt.Sprintf("sftp put/get and scp up/down of %s, %d runs per side", size, c.reps),
+		"4": fmt.Sprintf("%s through `cat > /dev/null` and `cat file` over exec, %d runs per side", size, c.reps),
+		"5": fmt.Sprintf("session create -> first command done (Go client), %d per driver in %v; sshd: new connection + exec", c.createN, c.drivers),
+		"6": fmt.Sprintf("%d concurrent sessions with an SSH connection each: gateway RSS per session; %d execs p50/p99 while open", c.sessions, c.latN),
+		"7": fmt.Sprintf("Paramiko run_command(`true`), %d per side (SDK SessionSSHClient vs plain paramiko)", c.pyN),
+	}
+	for _, r := range rows {
+		fmt.Printf("  row %s: %s\n", r, desc[r])
+	}
+	var found []string
+	for _, k := range []string{"ssh", "sftp", "scp", "nc", c.python} {
+		if p := b.tools[k]; p != "" {
+			found = append(found, p)
+		} else {
+			found = append(found, k+" (missing)")
+		}
+	}
+	fmt.Printf("  tools: %s\n", strings.Join(found, ", "))
+}

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -126,7 +125,7 @@ func TestPTYShellAndWindowChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	stdin, _ := sess.StdinPipe()
-	var out syncBuffer
+	var out gwtest.Buffer
 	sess.Stdout = &out
 	if err := sess.Shell(); err != nil {
 		t.Fatal(err)
@@ -159,7 +158,7 @@ func TestSignalRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	var out syncBuffer
+	var out gwtest.Buffer
 	sess.Stdout = &out
 	if err := sess.Start("echo started; sleep 30"); err != nil {
 		t.Fatal(err)
@@ -189,7 +188,7 @@ func TestChannelCloseKillsCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out gwtest.Buffer
 	sess.Stdout = &out
 	if err := sess.Start("echo $$; exec sleep 300"); err != nil {
 		t.Fatal(err)
@@ -401,24 +400,7 @@ func TestSFTPOperationsAndConfinement(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func waitFor(t *testing.T, b *syncBuffer, want string) {
+func waitFor(t *testing.T, b *gwtest.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(b.String(), want) {

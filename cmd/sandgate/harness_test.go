@@ -12,10 +12,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 // sandgateBin is the binary under test: $SANDGATE_BIN, or one built for
@@ -64,26 +65,9 @@ type gatewayProc struct {
 	Token   string
 	DataDir string
 	cmd     *exec.Cmd
-	stdout  *lockedBuffer
-	stderr  *lockedBuffer
+	stdout  *gwtest.Buffer
+	stderr  *gwtest.Buffer
 	done    chan struct{}
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 var listeningRE = regexp.MustCompile(`msg=listening url=(\S+)`)
@@ -92,7 +76,7 @@ var listeningRE = regexp.MustCompile(`msg=listening url=(\S+)`)
 // data dir and API key "test-token" (unless args set their own).
 func startGateway(t *testing.T, args ...string) *gatewayProc {
 	t.Helper()
-	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token", stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token", stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"}, args...)
 	hasKey := false
 	for _, a := range args {

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 func TestOpenSSHExec(t *testing.T) {
@@ -181,7 +183,7 @@ func TestSSHConfigPinsHostKey(t *testing.T) {
 
 func TestGeneratedAPIKeyPrintedOnce(t *testing.T) {
 	dataDir := t.TempDir()
-	g := &gatewayProc{DataDir: dataDir, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	g := &gatewayProc{DataDir: dataDir, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
 	g.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"})
 	out := g.stdout.String()
 	_, token, ok := strings.Cut(strings.TrimSpace(out), "export SANDBOX_API_TOKEN=")
@@ -192,7 +194,7 @@ func TestGeneratedAPIKeyPrintedOnce(t *testing.T) {
 	g.createSession(t)
 	g.stop(t)
 
-	g2 := &gatewayProc{DataDir: dataDir, Token: token, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	g2 := &gatewayProc{DataDir: dataDir, Token: token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
 	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"})
 	if strings.Contains(g2.stdout.String(), token) || strings.Contains(g2.stderr.String(), token) {
 		t.Fatal("the API key was printed again, or logged")
@@ -241,7 +243,7 @@ func TestGracefulShutdownTellsShellUsers(t *testing.T) {
 	defer pw.Close()
 	cmd := newCmd(g.clientEnv(), ssh, append(g.sshOpts(t, s), "-tt", s.SessionID)...)
 	cmd.Stdin = pr
-	var out lockedBuffer
+	var out gwtest.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 type fullSession struct {
@@ -25,7 +27,7 @@ func restartWith(t *testing.T, g *gatewayProc, sig syscall.Signal) *gatewayProc 
 	t.Helper()
 	_ = g.cmd.Process.Signal(sig)
 	<-g.done
-	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
 	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir",
 		"--api-key", g.Token, "--keep-sandboxes-on-exit=false"})
 	return g2

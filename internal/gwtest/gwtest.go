@@ -65,27 +65,28 @@ type Stack struct {
 	DataDir string
 	Manager *gateway.Manager
 	Signers []gossh.Signer
-	Log     *LogBuffer
+	Log     *Buffer
 
 	srv *http.Server
 	ssh *sshd.Server
 	tun *tunnel.Server
 }
 
-// LogBuffer collects the stack's logs so tests can assert on them.
-type LogBuffer struct {
+// Buffer is a bytes.Buffer safe for concurrent writers and readers: the
+// stack's logs, and the output of clients tests watch.
+type Buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (l *LogBuffer) Write(p []byte) (int, error) {
+func (l *Buffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.Write(p)
 }
 
-// String returns everything logged so far.
-func (l *LogBuffer) String() string {
+// String returns everything written so far.
+func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()
@@ -104,7 +105,7 @@ func Start(t testing.TB, o Options) *Stack {
 		o.ReadHeaderTimeout = 2 * time.Second
 	}
 	dataDir := t.TempDir()
-	logs := &LogBuffer{}
+	logs := &Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ver, err := gateway.NewVerifier(gateway.AuthConfig{APIKeys: o.Tokens})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -160,34 +161,41 @@ func (g *gatewayProc) stop(t *testing.T) {
 	if code := g.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("sandgate serve exited %d: %s", code, g.stderr.String())
 	}
-	assertNoLeftovers(t, g.DataDir)
+	g.assertNoLeftovers(t)
 }
 
-// assertNoLeftovers checks that no process of any session of the gatewayProc
-// runs and that no session workdir is left.
-func assertNoLeftovers(t *testing.T, dataDir string) {
+// assertNoLeftovers checks that no process of any session the gateway
+// created runs, and that no session workdir is left.
+func (g *gatewayProc) assertNoLeftovers(t *testing.T) {
 	t.Helper()
-	entries, _ := os.ReadDir(filepath.Join(dataDir, "sessions"))
+	entries, _ := os.ReadDir(filepath.Join(g.DataDir, "sessions"))
 	for _, e := range entries {
 		t.Errorf("session workdir left behind: %s", e.Name())
 	}
-	if pids := sessionProcesses(); len(pids) > 0 {
+	if pids := sessionProcesses(g.sessionIDs()); len(pids) > 0 {
 		t.Errorf("session processes left behind: %v", pids)
 	}
 }
 
-// sessionProcesses lists processes tagged as a workdir sandbox's.
-func sessionProcesses() []string {
+var createdRE = regexp.MustCompile(`msg=session_created session=(\S+)`)
+
+// sessionIDs are the sessions the gateway logged as created.
+func (g *gatewayProc) sessionIDs() []string {
+	var ids []string
+	for _, m := range createdRE.FindAllStringSubmatch(g.stderr.String(), -1) {
+		ids = append(ids, m[1])
+	}
+	return ids
+}
+
+// sessionProcesses lists the live processes tagged as belonging to one of
+// the workdir sandboxes ids.
+func sessionProcesses(ids []string) []string {
 	var out []string
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		env, err := os.ReadFile(filepath.Join("/proc", p.Name(), "environ"))
-		if err != nil {
-			continue
-		}
-		if bytes.Contains(env, []byte("\x00SANDGATE_SESSION=sbx-")) || bytes.HasPrefix(env, []byte("SANDGATE_SESSION=sbx-")) {
-			cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-			out = append(out, p.Name()+":"+strings.ReplaceAll(string(cmdline), "\x00", " "))
+	for _, id := range ids {
+		for _, pid := range gwtest.TaggedProcesses(id) {
+			cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+			out = append(out, fmt.Sprintf("%d:%s", pid, bytes.ReplaceAll(cmdline, []byte{0}, []byte(" "))))
 		}
 	}
 	return out

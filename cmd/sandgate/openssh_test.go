@@ -229,7 +229,7 @@ func TestIdleExpiryLeavesNothing(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	time.Sleep(200 * time.Millisecond)
-	assertNoLeftovers(t, g.DataDir)
+	g.assertNoLeftovers(t)
 	if !strings.Contains(g.stderr.String(), "session_expired") {
 		t.Fatal("no session_expired log")
 	}

@@ -119,7 +119,7 @@ func TestRestartKeepsSessions(t *testing.T) {
 				}
 			}
 			// The workdir driver keeps files, not processes: none of the old run is left.
-			if pids := sessionProcesses(); len(pids) > 0 {
+			if pids := sessionProcesses(g.sessionIDs()); len(pids) > 0 {
 				t.Errorf("processes of the old run left: %v", pids)
 			}
 		})

@@ -16,13 +16,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/tunnel"
 )
 
@@ -45,16 +45,11 @@ func sandgateBinary(t *testing.T) string {
 type gatewayProc struct {
 	cmd    *exec.Cmd
 	url    string
-	mu     sync.Mutex
-	stderr bytes.Buffer
+	stderr gwtest.Buffer
 	done   chan struct{}
 }
 
-func (g *gatewayProc) log() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.stderr.String()
-}
+func (g *gatewayProc) log() string { return g.stderr.String() }
 
 func startGateway(t *testing.T, bin, dataDir, apiKey string, args ...string) *gatewayProc {
 	t.Helper()
@@ -74,9 +69,7 @@ func startGateway(t *testing.T, bin, dataDir, apiKey string, args ...string) *ga
 		sc := bufio.NewScanner(stderr)
 		re := regexp.MustCompile(`msg=listening url=(\S+)`)
 		for sc.Scan() {
-			g.mu.Lock()
-			g.stderr.WriteString(sc.Text() + "\n")
-			g.mu.Unlock()
+			_, _ = g.stderr.Write([]byte(sc.Text() + "\n"))
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				urls <- m[1]
 			}

@@ -285,25 +285,6 @@ func waitFor(d time.Duration, cond func() bool) bool {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while an SSH session writes it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// alive says whether pid is a running (not zombie) process.
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func alive(pid int) bool {

@@ -487,7 +487,7 @@ func TestLinuxSignals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	var out syncBuffer
+	var out gwtest.Buffer
 	sess.Stdout = &out
 	if err := sess.Start("echo started; exec sleep 60"); err != nil {
 		t.Fatal(err)

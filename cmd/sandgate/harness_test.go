@@ -168,9 +168,16 @@ func (g *gatewayProc) stop(t *testing.T) {
 // created runs, and that no session workdir is left.
 func (g *gatewayProc) assertNoLeftovers(t *testing.T) {
 	t.Helper()
-	entries, _ := os.ReadDir(filepath.Join(g.DataDir, "sessions"))
-	for _, e := range entries {
-		t.Errorf("session workdir left behind: %s", e.Name())
+	for _, sub := range []string{"sessions", "sandboxes"} { // workdir, linux
+		entries, _ := os.ReadDir(filepath.Join(g.DataDir, sub))
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), ".") { // .*: driver caches, not sessions
+				t.Errorf("session %s left behind in %s", e.Name(), sub)
+			}
+		}
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && bytes.Contains(mi, []byte(g.DataDir)) {
+		t.Errorf("mounts under %s left behind", g.DataDir)
 	}
 	if pids := sessionProcesses(g.sessionIDs()); len(pids) > 0 {
 		t.Errorf("session processes left behind: %v", pids)

@@ -22,24 +22,51 @@ type fullSession struct {
 }
 
 // restartWith stops g with sig (SIGKILL: a crash) and starts a new gateway
-// on the same data dir.
-func restartWith(t *testing.T, g *gatewayProc, sig syscall.Signal) *gatewayProc {
+// with driver on the same data dir.
+func restartWith(t *testing.T, g *gatewayProc, sig syscall.Signal, driver string) *gatewayProc {
 	t.Helper()
 	_ = g.cmd.Process.Signal(sig)
 	<-g.done
 	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
-	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir",
+	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", driver,
 		"--api-key", g.Token, "--keep-sandboxes-on-exit=false"})
 	return g2
 }
 
+// requireLinuxDriver skips where the linux driver cannot run (not root, no
+// user namespaces) and fails under CI=true, where it must.
+func requireLinuxDriver(t *testing.T) {
+	t.Helper()
+	_, err := os.Stat("/proc/self/ns/user")
+	if os.Geteuid() == 0 && err == nil {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("the linux driver needs root and user namespaces in CI")
+	}
+	t.Skip("the linux driver needs root and user namespaces")
+}
+
 func TestRestartKeepsSessions(t *testing.T) {
 	ssh := requireTool(t, "ssh")
-	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
-		t.Run(sig.String(), func(t *testing.T) {
-			g := startGateway(t, "--keep-sandboxes-on-exit=true")
-			const n = 6
+	for _, tc := range []struct {
+		driver string
+		sig    syscall.Signal
+		n      int
+	}{
+		{"workdir", syscall.SIGKILL, 6},
+		{"workdir", syscall.SIGTERM, 6},
+		{"linux", syscall.SIGKILL, 20},
+		{"linux", syscall.SIGTERM, 20},
+	} {
+		t.Run(tc.driver+"/"+tc.sig.String(), func(t *testing.T) {
+			if tc.driver == "linux" {
+				requireLinuxDriver(t)
+			}
+			g := startGateway(t, "--keep-sandboxes-on-exit=true", "--sandbox", tc.driver)
+			n := tc.n
 			var acked []fullSession
+			bgPIDs := map[string]string{}
 			for i := 0; i < n; i++ {
 				var s fullSession
 				if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"ttl": 600}, &s); code != http.StatusCreated {
@@ -50,10 +77,12 @@ func TestRestartKeepsSessions(t *testing.T) {
 				var raw sessionJSON
 				g.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &raw)
 				js.SSH = raw.SSH
-				if _, e, code := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, js), s.SessionID,
-					fmt.Sprintf("echo data-%d > file.txt; nohup sleep 1000 >/dev/null 2>&1 &", i))...); code != 0 {
+				out, e, code := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, js), s.SessionID,
+					fmt.Sprintf("echo data-%d > file.txt; nohup sleep 1000 >/dev/null 2>&1 & echo $!", i))...)
+				if code != 0 {
 					t.Fatalf("ssh: %d %s", code, e)
 				}
+				bgPIDs[s.SessionID] = strings.TrimSpace(out)
 			}
 			// Load in flight when the gateway stops: creates and execs.
 			var wg sync.WaitGroup
@@ -79,7 +108,7 @@ func TestRestartKeepsSessions(t *testing.T) {
 				}()
 			}
 			time.Sleep(300 * time.Millisecond)
-			g2 := restartWith(t, g, sig)
+			g2 := restartWith(t, g, tc.sig, tc.driver)
 			close(stopLoad)
 			wg.Wait()
 
@@ -97,6 +126,12 @@ func TestRestartKeepsSessions(t *testing.T) {
 				if code != 0 || out != fmt.Sprintf("data-%d\n", i) {
 					t.Fatalf("files after restart: %d %q %s", code, out, e)
 				}
+				if tc.driver == "linux" { // the linux driver keeps processes too
+					out, _, _ := runClient(t, g2.clientEnv(), nil, ssh, append(g2.sshOpts(t, raw), s.SessionID, "kill -0 "+bgPIDs[s.SessionID]+" && echo alive")...)
+					if out != "alive\n" {
+						t.Fatalf("background process of %s gone after restart: %q", s.SessionID, out)
+					}
+				}
 			}
 			// Every session the new gateway lists works, and every workdir
 			// belongs to a listed session: nothing is half-created.
@@ -112,10 +147,12 @@ func TestRestartKeepsSessions(t *testing.T) {
 				}
 				listed[s.SessionID] = true
 			}
-			entries, _ := os.ReadDir(filepath.Join(g.DataDir, "sessions"))
-			for _, e := range entries {
-				if !listed[e.Name()] {
-					t.Errorf("workdir %s has no session", e.Name())
+			for _, sub := range []string{"sessions", "sandboxes"} {
+				entries, _ := os.ReadDir(filepath.Join(g.DataDir, sub))
+				for _, e := range entries {
+					if !listed[e.Name()] && !strings.HasPrefix(e.Name(), ".") { // .*: driver caches
+						t.Errorf("%s/%s has no session", sub, e.Name())
+					}
 				}
 			}
 			// The workdir driver keeps files, not processes: none of the old run is left.
@@ -135,7 +172,7 @@ func TestRestartMarksLostSandboxFailed(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(g.DataDir, "sessions", s.SessionID)); err != nil {
 		t.Fatal(err)
 	}
-	g2 := restartWith(t, g, syscall.SIGKILL)
+	g2 := restartWith(t, g, syscall.SIGKILL, "workdir")
 	var got fullSession
 	if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &got); code != http.StatusOK {
 		t.Fatalf("get: %d", code)

@@ -56,14 +56,14 @@ func (b *bench) setup() error {
 	if err := b.sd.start(); err != nil {
 		return err
 	}
-	if b.sg, err = startSandgate(c.sandgateBin, filepath.Join(b.tmp, "sandgate"), c.driver, nil); err != nil {
+	if b.sg, err = startSandgate(c.sandgateBin, filepath.Join(b.tmp, "sandgate"), c.driver, c.serveArgs); err != nil {
 		return err
 	}
 	if b.sess, err = b.sg.create(b.ctx); err != nil {
 		return err
 	}
 	if c.refSandgate != "" {
-		if b.ref, err = startSandgate(c.refSandgate, filepath.Join(b.tmp, "sandgate-ref"), c.driver, nil); err != nil {
+		if b.ref, err = startSandgate(c.refSandgate, filepath.Join(b.tmp, "sandgate-ref"), c.driver, c.serveArgs); err != nil {
 			return err
 		}
 		if b.refSess, err = b.ref.create(b.ctx); err != nil {
@@ -284,6 +284,9 @@ func (b *bench) runAll(start time.Time) int {
 		mode = "quick"
 	}
 	b.report = &Report{Started: start, Mode: mode, Driver: b.sg.driver, RefLabel: "sshd"}
+	if len(c.serveArgs) > 0 {
+		b.report.note("extra `sandgate serve` flags: %s", strings.Join(c.serveArgs, " "))
+	}
 	if b.ref != nil {
 		b.report.RefLabel = "ref sandgate"
 		b.report.note("--ref-sandgate %s: the sshd column is that second sandgate (A/B test of a change), not OpenSSH", c.refSandgate)
@@ -323,7 +326,6 @@ func (b *bench) runAll(start time.Time) int {
 		}
 		fmt.Printf(" done in %.1fs\n", time.Since(t0).Seconds())
 	}
-	sortRows(r.Rows)
 	r.Machine.LoadEnd = loadavg()
 	r.Duration = time.Since(start).Round(time.Second).String()
 	r.finish()
@@ -341,9 +343,4 @@ func (b *bench) runAll(start time.Time) int {
 	}
 	fmt.Printf("wrote %s and %s\n", mdPath, jsPath)
 	return 0
-}
-
-func sortRows(rows []*Row) {
-	// Rows are added in order; failures of a whole row keep their place.
-	_ = rows
 }

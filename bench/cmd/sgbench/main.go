@@ -48,6 +48,8 @@ type config struct {
 	// fdpass: "auto" uses `sandgate proxy --fdpass` with ProxyUseFdpass when
 	// the binary has it, "yes" requires it, "no" never uses it.
 	fdpass string
+	// serveArgs are extra `sandgate serve` flags for every instance.
+	serveArgs []string
 }
 
 func main() {
@@ -104,6 +106,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.tmpBase, "tmpdir", "", "scratch dir parent (default /dev/shm when it has room, else $TMPDIR)")
 	fs.StringVar(&c.outDir, "out", "", "results dir (default <repo>/bench/results)")
 	fs.StringVar(&c.python, "python", "python3", "Python for row 7")
+	fs.Func("serve-arg", "extra `sandgate serve` flag for every instance (repeatable), e.g. --serve-arg=--sandbox-memory=4294967296", func(v string) error {
+		c.serveArgs = append(c.serveArgs, v)
+		return nil
+	})
 	fs.StringVar(&c.fdpass, "fdpass", "auto", "use `sandgate proxy --fdpass` + ProxyUseFdpass: auto (when the binary supports it), yes, no")
 	fs.StringVar(&c.refSandgate, "ref-sandgate", "", "compare against this sandgate binary instead of sshd (rows 1-4 only; for A/B tests of a change)")
 	if err := fs.Parse(args); err != nil {

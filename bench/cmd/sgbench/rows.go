@@ -440,7 +440,7 @@ func (b *bench) instance(driver string) (*sandgate, error) {
 			return g, nil
 		}
 	}
-	g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-"+driver), driver, nil)
+	g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-"+driver), driver, b.cfg.serveArgs)
 	if err != nil {
 		return nil, err
 	}
@@ -542,7 +542,7 @@ func parallel(n, par int, f func(i int) error) error {
 
 func (b *bench) rowMany() error {
 	n := b.cfg.sessions
-	g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-many"), b.sg.driver, nil)
+	g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-many"), b.sg.driver, b.cfg.serveArgs)
 	if err != nil {
 		return err
 	}
@@ -578,7 +578,6 @@ func (b *bench) rowMany() error {
 	rss2 := rssBytes(g.pid())
 	_, childPSS := treeMemory(descendants(g.pid()))
 
-	listenerRSS := rssBytes(b.sd.pid())
 	sdClients := make([]*ssh.Client, n)
 	defer func() {
 		for _, c := range sdClients {
@@ -633,7 +632,6 @@ func (b *bench) rowMany() error {
 		&Row{ID: "6a", Name: "… gateway RSS per session, no connection", Stat: "value", Unit: "B", SG: one(per(rss1 - rss0))},
 		&Row{ID: "6a", Name: "… gateway RSS per SSH connection on top", Stat: "value", Unit: "B", SG: one(per(rss2 - rss1))},
 	)
-	_ = listenerRSS
 	return nil
 }
 

@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -653,8 +652,6 @@ func treeMemory(pids []int) (rss, pss int64) {
 	wg.Wait()
 	return
 }
-
-var errSkip = errors.New("skipped")
 
 // listFlag is a repeatable string flag.
 type listFlag []string

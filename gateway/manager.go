@@ -59,6 +59,37 @@ type Manager struct {
 	mu       sync.Mutex
 	sessions map[string]*Session
 	pending  map[string]int // creates in progress per tenant
+	stopping bool           // Shutdown has begun: sandboxes end on purpose
+}
+
+// doner is implemented by sandboxes that can end on their own (the linux
+// driver's init may die): Done is closed when that happens.
+type doner interface {
+	Done() <-chan struct{}
+}
+
+// watch marks s failed if its sandbox ends while the session still runs.
+func (m *Manager) watch(s *Session) {
+	d, ok := s.sandbox.(doner)
+	if !ok {
+		return
+	}
+	go func() {
+		<-d.Done()
+		m.mu.Lock()
+		stopping := m.stopping
+		m.mu.Unlock()
+		if stopping || !s.end(StatusFailed, "the sandbox exited unexpectedly") {
+			return
+		}
+		m.log.Error("session_failed", "session", s.ID, "tenant", s.Tenant, "reason", "sandbox exited")
+		if err := m.cfg.Store.Put(s.record()); err != nil {
+			m.log.Error("store_failed", "session", s.ID, "err", err)
+		}
+		if err := s.sandbox.Destroy(context.Background()); err != nil {
+			m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
+		}
+	}()
 }
 
 // NewManager returns a Manager that creates sandboxes with driver.
@@ -159,6 +190,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	m.releaseLocked(p.Tenant) // from here on the session itself counts
 	reserved = false
 	m.mu.Unlock()
+	m.watch(s)
 	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "ttl", cp.TTL, "image", image)
 	return s, pw, nil
 }
@@ -382,6 +414,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 					s.sandbox = sb
 					keep[r.ID] = true
 					restored++
+					m.watch(s)
 				} else {
 					reason = "sandbox lost across the gateway restart"
 					m.log.Warn("sandbox_adopt_failed", "session", r.ID, "err", err)
@@ -424,6 +457,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 		m.saveActivity()
 	}
 	m.mu.Lock()
+	m.stopping = true
 	all := m.sessions
 	m.sessions = map[string]*Session{}
 	m.mu.Unlock()

@@ -71,6 +71,9 @@ func (s *linuxSandbox) watch() {
 	}
 }
 
+// Done is closed once the init has exited, or the sandbox was detached.
+func (s *linuxSandbox) Done() <-chan struct{} { return s.initDone }
+
 // signalInit sends sig to the init through its pidfd.
 func (s *linuxSandbox) signalInit(sig unix.Signal) {
 	if rc, err := s.pidfd.SyscallConn(); err == nil {

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
@@ -42,7 +44,14 @@ func TestMain(m *testing.M) {
 				return 1
 			}
 		}
-		return m.Run()
+		code := m.Run()
+		if code == 0 {
+			if err := goleak.Find(); err != nil {
+				fmt.Fprintln(os.Stderr, "goleak:", err)
+				return 1
+			}
+		}
+		return code
 	}()
 	os.Exit(code)
 }

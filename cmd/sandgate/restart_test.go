@@ -107,6 +107,27 @@ func TestRestartKeepsSessions(t *testing.T) {
 					}
 				}()
 			}
+			// SSH execs in flight too, on the acknowledged sessions.
+			for w := 0; w < 2; w++ {
+				var raw sessionJSON
+				g.api(t, http.MethodGet, "/v1/sessions/"+acked[w].SessionID, nil, &raw)
+				opts := append(g.sshOpts(t, raw), acked[w].SessionID, "echo busy >> busy.log; sleep 0.05")
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						select {
+						case <-stopLoad:
+							return
+						default:
+						}
+						c := newCmd(g.clientEnv(), ssh, opts...)
+						if c.Run() != nil {
+							return // the gateway went away mid-exec
+						}
+					}
+				}()
+			}
 			time.Sleep(300 * time.Millisecond)
 			g2 := restartWith(t, g, tc.sig, tc.driver)
 			close(stopLoad)

@@ -31,8 +31,11 @@ type Row struct {
 	// Ratio is sandgate/sshd of the shown statistic: lower is better.
 	Ratio   float64  `json:"-"`
 	RatioJS *float64 `json:"ratio"`
-	Note    string   `json:"note,omitempty"`
-	Skipped string   `json:"skipped,omitempty"`
+	// CPU holds median CPU seconds per run for transfer rows:
+	// sandgateServer, sandgateClient, sshdServer, sshdClient.
+	CPU     map[string]float64 `json:"cpuSeconds,omitempty"`
+	Note    string             `json:"note,omitempty"`
+	Skipped string             `json:"skipped,omitempty"`
 }
 
 // Machine describes where the benchmark ran.

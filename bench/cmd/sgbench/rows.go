@@ -310,7 +310,9 @@ func (b *bench) transfers(ts []transfer) error {
 		}
 		med := func(xs []float64) float64 { return NewStats(xs).Median }
 		b.report.add(&Row{ID: t.id, Name: t.name, Stat: "median", Unit: "s", SG: NewStats(sa), Ref: NewStats(sb), Bytes: b.cfg.size,
-			Note: fmt.Sprintf("CPU s per run, server / client side: sandgate %.2f / %.2f, sshd %.2f / %.2f",
+			CPU: map[string]float64{"sandgateServer": med(cpu["sg"][0]), "sandgateClient": med(cpu["sg"][1]),
+				"sshdServer": med(cpu["sshd"][0]), "sshdClient": med(cpu["sshd"][1])},
+			Note: fmt.Sprintf("CPU s per run, server / client side (client incl. ProxyCommand): sandgate %.2f / %.2f, sshd %.2f / %.2f",
 				med(cpu["sg"][0]), med(cpu["sg"][1]), med(cpu["sshd"][0]), med(cpu["sshd"][1]))})
 	}
 	return nil

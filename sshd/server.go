@@ -184,8 +184,18 @@ func (s *Server) authenticated(ctx gliderssh.Context, user, method string, ok bo
 	return ok
 }
 
+// Ciphers offered to clients. chacha20-poly1305@openssh.com is left out on
+// purpose: OpenSSH clients prefer it, and x/crypto's chacha20 has no amd64
+// assembly (about 0.6 GB/s per core here, against 5.5 GB/s for AES-GCM with
+// AES-NI), so it alone made bulk transfers CPU-bound in the gateway. Without
+// it OpenSSH (6.2+), Paramiko (3.3+) and x/crypto clients settle on
+// aes128-gcm. The aes-ctr modes are left out too, or OpenSSH would pick
+// aes128-ctr + HMAC (1.4 GB/s) ahead of GCM.
+var serverCiphers = []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com"}
+
 func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
 	cfg := &gossh.ServerConfig{MaxAuthTries: s.cfg.MaxAuthTries}
+	cfg.Ciphers = serverCiphers
 	if slices.Contains(s.cfg.AuthMethods, AuthNone) {
 		cfg.NoClientAuth = true
 		cfg.NoClientAuthCallback = func(md gossh.ConnMetadata) (*gossh.Permissions, error) {

@@ -87,12 +87,13 @@ func proxyMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
+	fdpass := fs.Bool("fdpass", false, "hand the tunnelled socket to ssh and exit (needs `ProxyUseFdpass yes`; http:// gateways only)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return 2
 	}
 	if len(pos) != 1 {
-		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] SESSION_ID")
+		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] [--fdpass] SESSION_ID")
 		return 2
 	}
 	id := pos[0]
@@ -100,6 +101,20 @@ func proxyMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate proxy:", err)
 		return 2
+	}
+	if *fdpass {
+		// OpenSSH's ProxyUseFdpass: ssh gets the socket itself, so no
+		// process stays behind copying every byte of the session.
+		out, ok := stdout.(*os.File)
+		if !ok {
+			fmt.Fprintln(stderr, "sandgate proxy: --fdpass needs stdout to be ssh's socket")
+			return 2
+		}
+		if err := proxyFdpass(context.Background(), d, id, out); err != nil {
+			fmt.Fprintln(stderr, "sandgate proxy:", describeDialError(err, id))
+			return 1
+		}
+		return 0
 	}
 	conn, err := d.Dial(context.Background(), id)
 	if err != nil {

@@ -49,16 +49,22 @@ func sshConfigMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		exe = "sandgate"
 	}
+	// Over plain http the proxy hands ssh the socket and exits; over https
+	// it must stay and carry the TLS session.
+	fdpass := ""
+	if u, err := url.Parse(cf.apiURL); err == nil && u.Scheme == "http" {
+		fdpass = " --fdpass"
+	}
 	fmt.Fprintf(stdout, `# sandgate sessions: ssh %s-id, sftp, scp; the token comes from SANDBOX_API_TOKEN.
 Host %s
     User sandbox
-    ProxyCommand %s proxy --api-url %s%s %%h
-    UserKnownHostsFile %s
+    ProxyCommand %s proxy --api-url %s%s%s %%h
+%s    UserKnownHostsFile %s
     StrictHostKeyChecking yes
     ForwardAgent no
     ForwardX11 no
     ServerAliveInterval 30
-`, strings.TrimSuffix(*hostPattern, "*"), *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), quoteSSH(*knownHosts))
+`, strings.TrimSuffix(*hostPattern, "*"), *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), fdpass, useFdpass(fdpass), quoteSSH(*knownHosts))
 	return 0
 }
 
@@ -118,4 +124,11 @@ func caArg(cf clientFlags) string {
 		abs = cf.caFile
 	}
 	return " --cacert " + quoteSSH(abs)
+}
+
+func useFdpass(flag string) string {
+	if flag == "" {
+		return ""
+	}
+	return "    ProxyUseFdpass yes\n"
 }

@@ -58,8 +58,10 @@ func ServeSFTP(dir string, rw io.ReadWriteCloser, opts ...SFTPOption) error {
 	}
 	defer root.Close()
 	h := &rootHandler{root: root, start: o.start}
+	// The allocator reuses packet buffers instead of allocating 32 KiB per
+	// read or write request, which kept the garbage collector busy.
 	srv := sftp.NewRequestServer(rw, sftp.Handlers{FileGet: h, FilePut: h, FileCmd: h, FileList: h},
-		sftp.WithStartDirectory(o.start))
+		sftp.WithStartDirectory(o.start), sftp.WithRSAllocator())
 	defer srv.Close()
 	if err := srv.Serve(); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("sftp: %w", err)

@@ -209,6 +209,9 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd Cmd) (*initProc
 				closeFiles(parent[:])
 				return nil, fmt.Errorf("pipe: %w", err)
 			}
+			if i < 2 {
+				growPipe(r)
+			}
 			if i == 0 {
 				child[i], parent[i] = r, w
 			} else {

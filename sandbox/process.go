@@ -67,6 +67,9 @@ func startHost(c *exec.Cmd, p *PTY) (*hostProcess, error) {
 			closeAll(childEnds)
 			return nil, fmt.Errorf("pipe: %w", err)
 		}
+		if i < 2 {
+			growPipe(r)
+		}
 		if i == 0 {
 			childEnds, parentEnds = append(childEnds, r), append(parentEnds, w)
 		} else {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -134,6 +135,13 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate serve:", err)
 		return 2
+	}
+	// x/crypto/ssh copies every packet it receives into a fresh buffer, so
+	// an upload makes 32 KiB of garbage per packet. A less eager collector
+	// saves 10-20% of the gateway's CPU on uploads (bench/ rows 3a, 3c, 4a)
+	// and leaves memory per idle session unchanged. GOGC, when set, wins.
+	if _, ok := os.LookupEnv("GOGC"); !ok {
+		debug.SetGCPercent(400)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -100,33 +100,49 @@ func (d *Dialer) Dial(ctx context.Context, id string) (net.Conn, error) {
 
 func connect(conn net.Conn, host, path, token string, timeout time.Duration) (net.Conn, error) {
 	_ = conn.SetDeadline(time.Now().Add(timeout))
-	req := "CONNECT " + path + " HTTP/1.1\r\nHost: " + host + "\r\n"
-	if token != "" {
-		req += "Proxy-Authorization: Bearer " + token + "\r\n"
-	}
-	req += "\r\n"
-	if _, err := io.WriteString(conn, req); err != nil {
-		return nil, fmt.Errorf("send CONNECT: %w", err)
+	if err := WriteConnect(conn, host, path, token); err != nil {
+		return nil, err
 	}
 	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil {
-		return nil, fmt.Errorf("read CONNECT response: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		se := &StatusError{StatusCode: resp.StatusCode}
-		var body struct {
-			Error struct{ Code, Message string } `json:"error"`
-		}
-		if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil {
-			se.Code, se.Message = body.Error.Code, body.Error.Message
-		}
-		return nil, se
+	if err := ReadConnectResponse(br); err != nil {
+		return nil, err
 	}
 	_ = conn.SetDeadline(time.Time{})
 	if br.Buffered() > 0 {
 		return &prefixConn{Conn: conn, r: br}, nil
 	}
 	return conn, nil
+}
+
+// WriteConnect sends the CONNECT request for path with the bearer token.
+func WriteConnect(w io.Writer, host, path, token string) error {
+	req := "CONNECT " + path + " HTTP/1.1\r\nHost: " + host + "\r\n"
+	if token != "" {
+		req += "Proxy-Authorization: Bearer " + token + "\r\n"
+	}
+	if _, err := io.WriteString(w, req+"\r\n"); err != nil {
+		return fmt.Errorf("send CONNECT: %w", err)
+	}
+	return nil
+}
+
+// ReadConnectResponse reads the answer to a CONNECT from r: nil for 200,
+// a *StatusError (with the gateway's error code and message) otherwise.
+func ReadConnectResponse(r *bufio.Reader) error {
+	resp, err := http.ReadResponse(r, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		return fmt.Errorf("read CONNECT response: %w", err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		return nil
+	}
+	defer resp.Body.Close()
+	se := &StatusError{StatusCode: resp.StatusCode}
+	var body struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil {
+		se.Code, se.Message = body.Error.Code, body.Error.Message
+	}
+	return se
 }

@@ -6,12 +6,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"time"
@@ -52,12 +50,8 @@ func proxyFdpass(ctx context.Context, d *tunnel.Dialer, id string, out *os.File)
 	conn := nc.(*net.TCPConn)
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(timeout))
-	req := "CONNECT " + tunnel.ConnectPath(u.Path, id) + " HTTP/1.1\r\nHost: " + u.Host + "\r\n"
-	if d.Token != "" {
-		req += "Proxy-Authorization: Bearer " + d.Token + "\r\n"
-	}
-	if _, err := io.WriteString(conn, req+"\r\n"); err != nil {
-		return fmt.Errorf("send CONNECT: %w", err)
+	if err := tunnel.WriteConnect(conn, u.Host, tunnel.ConnectPath(u.Path, id), d.Token); err != nil {
+		return err
 	}
 	// The gateway's SSH banner follows the answer at once: read the head a
 	// byte at a time so that it stays in the socket for ssh.
@@ -72,19 +66,8 @@ func proxyFdpass(ctx context.Context, d *tunnel.Dialer, id string, out *os.File)
 		}
 		head = append(head, one[0])
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(io.MultiReader(bytes.NewReader(head), conn)), &http.Request{Method: http.MethodConnect})
-	if err != nil {
-		return fmt.Errorf("read CONNECT response: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		se := &tunnel.StatusError{StatusCode: resp.StatusCode}
-		var body struct {
-			Error struct{ Code, Message string } `json:"error"`
-		}
-		if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil {
-			se.Code, se.Message = body.Error.Code, body.Error.Message
-		}
-		return se
+	if err := tunnel.ReadConnectResponse(bufio.NewReader(io.MultiReader(bytes.NewReader(head), conn))); err != nil {
+		return err
 	}
 	_ = conn.SetDeadline(time.Time{})
 	raw, err := conn.SyscallConn()

@@ -77,9 +77,11 @@ func (m *Manager) watch(s *Session) {
 	go func() {
 		<-d.Done()
 		m.mu.Lock()
-		stopping := m.stopping
+		stopping, managed := m.stopping, m.sessions[s.ID] == s
 		m.mu.Unlock()
-		if stopping || !s.end(StatusFailed, "the sandbox exited unexpectedly") {
+		// An unmanaged session is being deleted or reaped: that path owns
+		// its record, which must not be written back.
+		if stopping || !managed || !s.end(StatusFailed, "the sandbox exited unexpectedly") {
 			return
 		}
 		m.log.Error("session_failed", "session", s.ID, "tenant", s.Tenant, "reason", "sandbox exited")
@@ -186,6 +188,12 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	}
 	s.savedActivity.Store(now.UnixNano())
 	m.mu.Lock()
+	if m.stopping { // Shutdown already took the sessions it will end or keep
+		m.mu.Unlock()
+		_ = m.cfg.Store.Delete(s.ID)
+		_ = sb.Destroy(context.WithoutCancel(ctx))
+		return nil, "", &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
+	}
 	m.sessions[s.ID] = s
 	m.releaseLocked(p.Tenant) // from here on the session itself counts
 	reserved = false
@@ -211,6 +219,9 @@ func (m *Manager) image(name string) (string, error) {
 func (m *Manager) reserve(tenant string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.stopping {
+		return &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
+	}
 	total, mine := 0, m.pending[tenant]
 	for _, p := range m.pending {
 		total += p

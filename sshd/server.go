@@ -116,7 +116,12 @@ type boundConn struct {
 	net.Conn
 	sess   *gateway.Session
 	authed atomic.Bool
+	chans  atomic.Int32 // open session channels
 }
+
+// MaxChannelsPerConn bounds the session channels open at once on one
+// connection (OpenSSH's MaxSessions is 10): each may buffer a 2 MiB window.
+const MaxChannelsPerConn = 32
 
 // SetDeadline and friends are no-ops: gliderlabs/ssh resets the deadline on
 // every read and write (to zero, without an idle timeout), which would undo
@@ -165,23 +170,28 @@ func sessionOf(ctx context.Context) *gateway.Session {
 	return s
 }
 
-// authenticated stops the handshake timer on success and logs the attempt.
-func (s *Server) authenticated(ctx gliderssh.Context, user, method string, ok bool) bool {
+// authenticated reports whether an auth attempt for the connection's
+// session may succeed. The handshake timer stops, and the attempt is
+// logged, only in AuthLogCallback: x/crypto also asks the public key
+// callback for unsigned queries, which prove nothing.
+func (s *Server) authenticated(ctx gliderssh.Context, ok bool) bool {
 	sess := sessionOf(ctx)
-	if sess == nil || !sess.Live() {
-		ok = false
-	}
-	if ok {
+	return ok && sess != nil && sess.Live()
+}
+
+// logAuth records a finished authentication attempt and, on success, ends
+// the handshake bound.
+func (s *Server) logAuth(ctx gliderssh.Context, md gossh.ConnMetadata, method string, err error) {
+	if err == nil {
 		if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
 			bc.authed.Store(true)
 		}
 	}
 	id := ""
-	if sess != nil {
+	if sess := sessionOf(ctx); sess != nil {
 		id = sess.ID
 	}
-	s.cfg.Log.Info("ssh_auth", "session", id, "method", method, "user", user, "ok", ok)
-	return ok
+	s.cfg.Log.Info("ssh_auth", "session", id, "method", method, "user", md.User(), "ok", err == nil)
 }
 
 // Ciphers offered to clients. chacha20-poly1305@openssh.com is left out on
@@ -196,10 +206,11 @@ var serverCiphers = []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com"}
 func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
 	cfg := &gossh.ServerConfig{MaxAuthTries: s.cfg.MaxAuthTries}
 	cfg.Ciphers = serverCiphers
+	cfg.AuthLogCallback = func(md gossh.ConnMetadata, method string, err error) { s.logAuth(ctx, md, method, err) }
 	if slices.Contains(s.cfg.AuthMethods, AuthNone) {
 		cfg.NoClientAuth = true
-		cfg.NoClientAuthCallback = func(md gossh.ConnMetadata) (*gossh.Permissions, error) {
-			if !s.authenticated(ctx, md.User(), AuthNone, true) {
+		cfg.NoClientAuthCallback = func(gossh.ConnMetadata) (*gossh.Permissions, error) {
+			if !s.authenticated(ctx, true) {
 				return nil, fmt.Errorf("session is gone")
 			}
 			return nil, nil
@@ -210,7 +221,7 @@ func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
 
 func (s *Server) checkPassword(ctx gliderssh.Context, pw string) bool {
 	sess := sessionOf(ctx)
-	return s.authenticated(ctx, ctx.User(), AuthPassword, sess != nil && sess.CheckPassword(pw))
+	return s.authenticated(ctx, sess != nil && sess.CheckPassword(pw))
 }
 
 // checkPublicKey accepts only the session's own key. x/crypto verifies the
@@ -218,11 +229,11 @@ func (s *Server) checkPassword(ctx gliderssh.Context, pw string) bool {
 func (s *Server) checkPublicKey(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
 	sess := sessionOf(ctx)
 	if sess == nil || sess.SSHPublicKey == "" {
-		return s.authenticated(ctx, ctx.User(), AuthPublicKey, false)
+		return s.authenticated(ctx, false)
 	}
 	want, _, _, _, err := gossh.ParseAuthorizedKey([]byte(sess.SSHPublicKey))
 	ok := err == nil && bytes.Equal(want.Marshal(), key.Marshal())
-	return s.authenticated(ctx, ctx.User(), AuthPublicKey, ok)
+	return s.authenticated(ctx, ok)
 }
 
 // envAllowed reports whether a client may set name.

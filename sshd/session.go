@@ -2,6 +2,7 @@ package sshd
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -46,6 +47,14 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 	if sess == nil || !sess.Live() {
 		_ = nc.Reject(gossh.Prohibited, "session is gone")
 		return
+	}
+	if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
+		if bc.chans.Add(1) > MaxChannelsPerConn {
+			bc.chans.Add(-1)
+			_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("too many open channels on this connection (max %d)", MaxChannelsPerConn))
+			return
+		}
+		defer bc.chans.Add(-1)
 	}
 	c := &channel{srv: s, sess: sess}
 	if !s.addChan(c) {
@@ -253,9 +262,8 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", time.Since(began).Milliseconds()}
 	switch {
 	case err != nil:
-		c.srv.cfg.Log.Error("exec_finished", append(attrs, "err", err)...)
-		exit.Code = 255
-		fallthrough
+		c.srv.cfg.Log.Error("exec_finished", append(attrs, "exit_code", 255, "err", err)...)
+		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{255}))
 	case exit.Signal == "":
 		c.srv.cfg.Log.Info("exec_finished", append(attrs, "exit_code", exit.Code)...)
 		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{uint32(exit.Code)}))

@@ -410,3 +410,38 @@ func waitFor(t *testing.T, b *gwtest.Buffer, want string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestChannelsPerConnectionCapped(t *testing.T) {
+	s := gwtest.Start(t, gwtest.Options{})
+	c := s.SSH(t, s.CreateSession(t, nil).SessionID)
+	var open []*gossh.Session
+	defer func() {
+		for _, o := range open {
+			o.Close()
+		}
+	}()
+	for i := 0; i < sshd.MaxChannelsPerConn; i++ {
+		sess, err := c.NewSession()
+		if err != nil {
+			t.Fatalf("channel %d: %v", i, err)
+		}
+		open = append(open, sess)
+	}
+	if _, err := c.NewSession(); err == nil || !strings.Contains(err.Error(), "too many") {
+		t.Fatalf("channel past the cap: %v, want refused", err)
+	}
+	open[0].Close()
+	open = open[1:]
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sess, err := c.NewSession()
+		if err == nil {
+			open = append(open, sess)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no channel after one closed: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

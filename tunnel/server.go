@@ -90,13 +90,17 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		buf, _ := brw.Reader.Peek(n)
 		conn = &prefixConn{Conn: conn, r: io.MultiReader(bytes.NewReader(bytes.Clone(buf)), conn)}
 	}
-	_ = conn.SetDeadline(time.Time{})
-	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+	// Tracked from the hijack on, so Shutdown can always close it; a tunnel
+	// that arrives while the server shuts down is closed at once.
+	if !t.track(conn) {
 		conn.Close()
 		return
 	}
-	t.track(conn)
 	defer t.untrack(conn)
+	_ = conn.SetDeadline(time.Time{})
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+		return
+	}
 	remove, live := s.AddConn(func() { conn.Close() })
 	defer remove()
 	if !live {
@@ -109,7 +113,7 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // track registers conn (nil: only reserves a place in the wait group) and
-// reports false once the server is shutting down.
+// reports false, registering nothing, once the server is shutting down.
 func (t *Server) track(conn net.Conn) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -119,6 +123,9 @@ func (t *Server) track(conn net.Conn) bool {
 		}
 		t.wg.Add(1)
 		return true
+	}
+	if t.closed {
+		return false
 	}
 	t.conns[conn] = struct{}{}
 	return true

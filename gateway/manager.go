@@ -60,6 +60,9 @@ type Manager struct {
 	sessions map[string]*Session
 	pending  map[string]int // creates in progress per tenant
 	stopping bool           // Shutdown has begun: sandboxes end on purpose
+	// undestroyed are ended sessions whose sandbox Destroy failed; Run
+	// retries them so nothing of a deleted session survives.
+	undestroyed []*Session
 }
 
 // doner is implemented by sandboxes that can end on their own (the linux
@@ -323,9 +326,29 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 	}
 	if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
-		return &Error{Kind: KindInternal, Code: "sandbox_failed", Message: "could not destroy the sandbox", Err: err}
+		m.mu.Lock()
+		m.undestroyed = append(m.undestroyed, s)
+		m.mu.Unlock()
+		return &Error{Kind: KindInternal, Code: "sandbox_failed", Message: "could not destroy the sandbox; it will be retried", Err: err}
 	}
 	return nil
+}
+
+// retryDestroy tries again to destroy the sandboxes whose Destroy failed.
+func (m *Manager) retryDestroy(ctx context.Context) {
+	m.mu.Lock()
+	todo := m.undestroyed
+	m.undestroyed = nil
+	m.mu.Unlock()
+	for _, s := range todo {
+		if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
+			m.mu.Lock()
+			m.undestroyed = append(m.undestroyed, s)
+			m.mu.Unlock()
+			continue
+		}
+		m.log.Info("sandbox_destroyed_on_retry", "session", s.ID)
+	}
 }
 
 // Run expires sessions past their TTL or idle limit until ctx is done.
@@ -338,6 +361,7 @@ func (m *Manager) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			m.Reap(ctx)
+			m.retryDestroy(ctx)
 			m.saveActivity()
 		}
 	}
@@ -489,6 +513,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 		}()
 	}
 	wg.Wait()
+	m.retryDestroy(ctx) // deleted sessions end for good, whatever keep says
 }
 
 // IdleTimeout is the configured idle limit (0 or negative: none).

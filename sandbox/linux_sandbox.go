@@ -289,23 +289,7 @@ func (p *initProcess) Resize(w Window) error {
 	if p.pty == nil {
 		return errors.New("no pty")
 	}
-	if w.Cols == 0 || w.Rows == 0 {
-		w = Window{Cols: 80, Rows: 24}
-	}
-	rc, err := p.pty.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ioErr error
-	if err := rc.Control(func(fd uintptr) {
-		ioErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: w.Rows, Col: w.Cols})
-	}); err != nil {
-		return err
-	}
-	if ioErr != nil {
-		return fmt.Errorf("resize pty: %w", ioErr)
-	}
-	return nil
+	return setWinsize(p.pty, w)
 }
 
 func (p *initProcess) send(m ctlRequest) error {

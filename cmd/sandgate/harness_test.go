@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -220,25 +219,7 @@ func sessionProcesses(ids []string) []string {
 // api sends a REST request and decodes the JSON answer into out.
 func (g *gatewayProc) api(t *testing.T, method, path string, body any, out any) int {
 	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, g.URL+path, rd)
-	req.Header.Set("Authorization", "Bearer "+g.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if out != nil && len(data) > 0 {
-		if err := json.Unmarshal(data, out); err != nil {
-			t.Fatalf("decode %q: %v", data, err)
-		}
-	}
-	return resp.StatusCode
+	return gwtest.DoJSON(t, g.URL, g.Token, method, path, body, out)
 }
 
 type sessionJSON struct {

@@ -185,6 +185,13 @@ func (s *Stack) checkNothingLeft(t testing.TB) {
 // (when non-nil). It returns the status code.
 func (s *Stack) Do(t testing.TB, token, method, path string, body any, out any) int {
 	t.Helper()
+	return DoJSON(t, s.URL, token, method, path, body, out)
+}
+
+// DoJSON sends a REST request to the gateway at baseURL with token, and
+// decodes a JSON answer into out (when non-nil). It returns the status code.
+func DoJSON(t testing.TB, baseURL, token, method, path string, body any, out any) int {
+	t.Helper()
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -193,7 +200,7 @@ func (s *Stack) Do(t testing.TB, token, method, path string, body any, out any) 
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, s.URL+path, rd)
+	req, err := http.NewRequest(method, baseURL+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,3 +76,47 @@ func quantile(d []time.Duration, q float64) time.Duration {
 	slices.Sort(s)
 	return s[int(q*float64(len(s)-1)+0.5)].Round(10 * time.Microsecond)
 }
+
+// TestExecLatency measures Start `true` → Wait on a running sandbox, 300
+// times per driver: the driver's share of an exec on an open connection.
+// It only runs when SANDGATE_MEASURE=1.
+func TestExecLatency(t *testing.T) {
+	if os.Getenv("SANDGATE_MEASURE") != "1" {
+		t.Skip("set SANDGATE_MEASURE=1 to measure")
+	}
+	const n = 300
+	for _, driver := range []string{"workdir", "linux"} {
+		t.Run(driver, func(t *testing.T) {
+			if driver == "linux" {
+				requireLinux(t)
+			}
+			d, err := sandbox.Open(driver, sandbox.Config{DataDir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-exec-latency"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Destroy(context.Background())
+			var started, done []time.Duration
+			for range n {
+				begin := time.Now()
+				p, err := sb.Start(context.Background(), sandbox.Cmd{Command: "true"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				started = append(started, time.Since(begin))
+				p.Stdin().Close()
+				if e, err := p.Wait(); err != nil || e.Code != 0 {
+					t.Fatalf("true: %+v %v", e, err)
+				}
+				done = append(done, time.Since(begin))
+				p.Stdout().Close()
+				p.Stderr().Close()
+			}
+			t.Logf("%s: exec `true` on a running sandbox, %d runs: started p50 %v, done p50 %v p99 %v",
+				driver, n, quantile(started, 0.5), quantile(done, 0.5), quantile(done, 0.99))
+		})
+	}
+}

@@ -1,0 +1,610 @@
+// Package sftpd is the SFTP server that `sandgate sftp-server` runs inside
+// a sandbox: protocol version 3 (draft-ietf-secsh-filexfer-02) with the
+// OpenSSH extensions its clients use, limits@openssh.com among them, so
+// that OpenSSH's sftp and scp move 255 KiB per request instead of 32 KiB.
+//
+// It serves one client on a reader and a writer, one request at a time in
+// arrival order, like OpenSSH's sftp-server; replies are batched while more
+// requests are already waiting, and file data goes between the file and
+// the packet buffers with no copy in between.
+package sftpd
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Limits, reported by limits@openssh.com. They are OpenSSH's sftp-server's.
+const (
+	maxPacket  = 256 << 10        // longest request accepted
+	maxData    = maxPacket - 1024 // longest READ answered, longest WRITE taken
+	maxHandles = 512              // open files and directories per client
+	readdirMax = 100              // names per READDIR reply
+
+	flushAt = 512 << 10 // replies are written out once this much waits
+)
+
+// extensions are announced in VERSION, with their revisions.
+var extensions = [][2]string{
+	{"posix-rename@openssh.com", "1"},
+	{"statvfs@openssh.com", "2"},
+	{"fstatvfs@openssh.com", "2"},
+	{"hardlink@openssh.com", "1"},
+	{"fsync@openssh.com", "1"},
+	{"lsetstat@openssh.com", "1"},
+	{"limits@openssh.com", "1"},
+	{"expand-path@openssh.com", "1"},
+}
+
+// Options configures Serve.
+type Options struct {
+	// Root confines every path: clients see it as "/". Nil serves the
+	// process's own filesystem, for a process the kernel confines.
+	Root *os.Root
+	// StartDir is where relative paths start, as clients see paths; it is
+	// also what "." and "~" expand to. Default "/".
+	StartDir string
+}
+
+// Serve serves SFTP to one client, reading requests from r and writing
+// replies to w, until the client closes its end (nil) or the stream breaks
+// (the error). Every handle still open is closed on return.
+func Serve(r io.Reader, w io.Writer, opts Options) error {
+	start := "/"
+	if opts.StartDir != "" {
+		start = path.Clean("/" + opts.StartDir)
+	}
+	s := &server{
+		fs:      fsys{root: opts.Root},
+		start:   start,
+		in:      bufio.NewReaderSize(r, maxPacket+4096),
+		w:       w,
+		out:     make(encoder, 0, 64<<10),
+		handles: map[string]*handle{},
+		names:   newNameCache(),
+	}
+	defer s.closeAll()
+	err := s.serve()
+	if errors.Is(err, syscall.EPIPE) {
+		return nil
+	}
+	return err
+}
+
+type server struct {
+	fs    fsys
+	start string
+	in    *bufio.Reader
+	w     io.Writer
+	out   encoder
+
+	inited  bool
+	handles map[string]*handle
+	nextID  uint64
+	names   *nameCache
+}
+
+// handle is an open file or directory.
+type handle struct {
+	f      *os.File
+	name   string // the client's path
+	dir    bool
+	append bool
+}
+
+func (s *server) serve() error {
+	for {
+		if len(s.out) > 0 && !s.packetBuffered() {
+			if err := s.flush(); err != nil {
+				return err
+			}
+		}
+		hdr, err := s.in.Peek(4)
+		if err != nil {
+			return endOfStream(err)
+		}
+		n := binary.BigEndian.Uint32(hdr)
+		if n < 1 || n > maxPacket {
+			// OpenSSH's sftp-server ends the session too: the stream
+			// cannot be resynchronised.
+			return fmt.Errorf("sftp: packet of %d bytes (limit %d)", n, maxPacket)
+		}
+		pkt, err := s.in.Peek(4 + int(n))
+		if err != nil {
+			return endOfStream(err)
+		}
+		if err := s.dispatch(pkt[4], pkt[5:]); err != nil {
+			return err
+		}
+		if _, err := s.in.Discard(4 + int(n)); err != nil {
+			return err
+		}
+		if len(s.out) >= flushAt {
+			if err := s.flush(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func endOfStream(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil
+	}
+	return err
+}
+
+// packetBuffered reports whether a whole request is already read in, so
+// that its reply can join the pending ones.
+func (s *server) packetBuffered() bool {
+	b := s.in.Buffered()
+	if b < 4 {
+		return false
+	}
+	hdr, _ := s.in.Peek(4)
+	return uint64(binary.BigEndian.Uint32(hdr))+4 <= uint64(b)
+}
+
+func (s *server) flush() error {
+	_, err := s.w.Write(s.out)
+	s.out = s.out[:0]
+	if err != nil {
+		return fmt.Errorf("sftp: write reply: %w", err)
+	}
+	return nil
+}
+
+func (s *server) closeAll() {
+	for k, h := range s.handles {
+		h.f.Close()
+		delete(s.handles, k)
+	}
+}
+
+// begin starts a reply packet and returns where it starts, for end.
+func (s *server) begin(typ byte, id uint32) int {
+	at := len(s.out)
+	s.out = s.out.uint32(0).byte(typ).uint32(id)
+	return at
+}
+
+// end fills in the length of the reply begun at at.
+func (s *server) end(at int) {
+	binary.BigEndian.PutUint32(s.out[at:], uint32(len(s.out)-at-4))
+}
+
+func (s *server) status(id uint32, code uint32, msg string) {
+	at := s.begin(fxpStatus, id)
+	s.out = s.out.uint32(code).string(msg).string("")
+	s.end(at)
+}
+
+func (s *server) ok(id uint32) { s.status(id, fxOK, "Success") }
+
+// result answers a request that returns only a status.
+func (s *server) result(id uint32, err error) {
+	if err != nil {
+		s.fail(id, err)
+		return
+	}
+	s.ok(id)
+}
+
+// fail answers a request with the status err maps to. Messages name the
+// failure, never a host path.
+func (s *server) fail(id uint32, err error) {
+	var errno syscall.Errno
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		s.status(id, fxNoSuchFile, "No such file")
+	case errors.Is(err, fs.ErrPermission):
+		s.status(id, fxPermissionDenied, "Permission denied")
+	case escaped(err):
+		s.status(id, fxPermissionDenied, "Permission denied: the path leaves the session's root")
+	case errors.As(err, &errno):
+		s.status(id, fxFailure, "Failure: "+errno.Error())
+	case errors.Is(err, errIsDir), errors.Is(err, errNotDir), errors.Is(err, errBadHandle),
+		errors.Is(err, errTooManyHandles), errors.Is(err, errLsetstatSize):
+		s.status(id, fxFailure, "Failure: "+err.Error())
+	default:
+		s.status(id, fxFailure, "Failure")
+	}
+}
+
+var (
+	errNotDir         = errors.New("not a directory")
+	errBadHandle      = errors.New("invalid handle")
+	errTooManyHandles = fmt.Errorf("too many open handles (limit %d)", maxHandles)
+	errLsetstatSize   = errors.New("lsetstat cannot set a size")
+)
+
+// path resolves a client path: relative ones start at the start dir.
+func (s *server) path(p string) string {
+	if !strings.HasPrefix(p, "/") {
+		p = s.start + "/" + p
+	}
+	return path.Clean(p)
+}
+
+func (s *server) handle(b []byte, dir bool) (*handle, error) {
+	h, ok := s.handles[string(b)]
+	if !ok || h.dir != dir {
+		return nil, errBadHandle
+	}
+	return h, nil
+}
+
+func (s *server) newHandle(h *handle) string {
+	s.nextID++
+	k := strconv.FormatUint(s.nextID, 10)
+	s.handles[k] = h
+	return k
+}
+
+func (s *server) replyHandle(id uint32, k string) {
+	at := s.begin(fxpHandle, id)
+	s.out = s.out.string(k)
+	s.end(at)
+}
+
+func (s *server) replyAttrs(id uint32, fi fs.FileInfo) {
+	at := s.begin(fxpAttrs, id)
+	s.out = s.out.attrs(fileAttrs(fi))
+	s.end(at)
+}
+
+// replyName answers REALPATH, READLINK and expand-path: one name, no attrs.
+func (s *server) replyName(id uint32, name string) {
+	at := s.begin(fxpName, id)
+	s.out = s.out.uint32(1).string(name).string(name).uint32(0)
+	s.end(at)
+}
+
+// dispatch answers one request. An error ends the session: only a broken
+// stream or a request without an id does.
+func (s *server) dispatch(typ byte, body []byte) error {
+	d := &decoder{b: body}
+	if typ == fxpInit {
+		if s.inited {
+			return errors.New("sftp: second INIT")
+		}
+		s.inited = true
+		at := s.begin(fxpVersion, 3) // the "id" field is the version here
+		for _, e := range extensions {
+			s.out = s.out.string(e[0]).string(e[1])
+		}
+		s.end(at)
+		return nil
+	}
+	if !s.inited {
+		return fmt.Errorf("sftp: request type %d before INIT", typ)
+	}
+	id := d.uint32()
+	if d.err != nil {
+		return fmt.Errorf("sftp: request type %d without an id", typ)
+	}
+	switch typ {
+	case fxpRead:
+		s.read(id, d)
+	case fxpWrite:
+		s.write(id, d)
+	case fxpOpen:
+		s.open(id, d)
+	case fxpClose:
+		s.close(id, d)
+	case fxpLstat, fxpStat:
+		name := s.path(d.string())
+		if d.err != nil {
+			break
+		}
+		var fi fs.FileInfo
+		var err error
+		if typ == fxpStat {
+			fi, err = s.fs.Stat(name)
+		} else {
+			fi, err = s.fs.Lstat(name)
+		}
+		if err != nil {
+			s.fail(id, err)
+		} else {
+			s.replyAttrs(id, fi)
+		}
+	case fxpFstat:
+		h, err := s.anyHandle(d.bytes())
+		if d.err != nil {
+			break
+		}
+		var fi fs.FileInfo
+		if err == nil {
+			fi, err = h.f.Stat()
+		}
+		if err != nil {
+			s.fail(id, err)
+		} else {
+			s.replyAttrs(id, fi)
+		}
+	case fxpSetstat:
+		name := s.path(d.string())
+		a := d.attrs()
+		if d.err == nil {
+			s.result(id, s.setstat(name, nil, a, true))
+		}
+	case fxpFsetstat:
+		h, err := s.anyHandle(d.bytes())
+		a := d.attrs()
+		if d.err == nil {
+			if err == nil {
+				err = s.setstat(h.name, h.f, a, true)
+			}
+			s.result(id, err)
+		}
+	case fxpOpendir:
+		s.opendir(id, d)
+	case fxpReaddir:
+		s.readdir(id, d)
+	case fxpRemove:
+		name := s.path(d.string())
+		if d.err == nil {
+			s.result(id, s.fs.Remove(name, false))
+		}
+	case fxpMkdir:
+		name := s.path(d.string())
+		a := d.attrs()
+		if d.err == nil {
+			perm := fs.FileMode(0o777)
+			if a.flags&attrPermissions != 0 {
+				perm = unixToMode(a.perm)
+			}
+			s.result(id, s.fs.Mkdir(name, perm))
+		}
+	case fxpRmdir:
+		name := s.path(d.string())
+		if d.err == nil {
+			s.result(id, s.fs.Remove(name, true))
+		}
+	case fxpRealpath:
+		p := d.string()
+		if d.err == nil {
+			s.replyName(id, s.path(p))
+		}
+	case fxpRename:
+		oldname, newname := s.path(d.string()), s.path(d.string())
+		if d.err == nil {
+			s.result(id, s.fs.Rename(oldname, newname, false))
+		}
+	case fxpReadlink:
+		name := s.path(d.string())
+		if d.err != nil {
+			break
+		}
+		if t, err := s.fs.Readlink(name); err != nil {
+			s.fail(id, err)
+		} else {
+			s.replyName(id, t)
+		}
+	case fxpSymlink:
+		// OpenSSH's order, which every client follows: the target first,
+		// then the new link. The target is stored as given.
+		target, name := d.string(), s.path(d.string())
+		if d.err == nil {
+			s.result(id, s.fs.Symlink(target, name))
+		}
+	case fxpExtended:
+		s.extended(id, d)
+	default:
+		s.status(id, fxOpUnsupported, fmt.Sprintf("Operation unsupported: request type %d", typ))
+		return nil
+	}
+	if d.err != nil {
+		s.status(id, fxBadMessage, "Bad message: the request is truncated")
+	}
+	return nil
+}
+
+// anyHandle finds an open file or directory.
+func (s *server) anyHandle(b []byte) (*handle, error) {
+	if h, ok := s.handles[string(b)]; ok {
+		return h, nil
+	}
+	return nil, errBadHandle
+}
+
+func (s *server) open(id uint32, d *decoder) {
+	name := s.path(d.string())
+	pflags := d.uint32()
+	a := d.attrs()
+	if d.err != nil {
+		return
+	}
+	if len(s.handles) >= maxHandles {
+		s.fail(id, errTooManyHandles)
+		return
+	}
+	var flags int
+	switch {
+	case pflags&fxfRead != 0 && pflags&fxfWrite != 0:
+		flags = os.O_RDWR
+	case pflags&fxfWrite != 0:
+		flags = os.O_WRONLY
+	default:
+		flags = os.O_RDONLY
+	}
+	if pflags&fxfAppend != 0 {
+		flags |= os.O_APPEND
+	}
+	if pflags&fxfCreat != 0 {
+		flags |= os.O_CREATE
+	}
+	if pflags&fxfTrunc != 0 {
+		flags |= os.O_TRUNC
+	}
+	if pflags&fxfExcl != 0 {
+		flags |= os.O_EXCL
+	}
+	perm := fs.FileMode(0o666)
+	if a.flags&attrPermissions != 0 {
+		perm = unixToMode(a.perm)
+	}
+	f, err := s.fs.OpenFile(name, flags|syscall.O_NOCTTY, perm)
+	if err != nil {
+		s.fail(id, err)
+		return
+	}
+	if fi, err := f.Stat(); err != nil || fi.IsDir() {
+		f.Close()
+		if err == nil {
+			err = errIsDir
+		}
+		s.fail(id, err)
+		return
+	}
+	s.replyHandle(id, s.newHandle(&handle{f: f, name: name, append: flags&os.O_APPEND != 0}))
+}
+
+func (s *server) close(id uint32, d *decoder) {
+	k := d.bytes()
+	if d.err != nil {
+		return
+	}
+	h, err := s.anyHandle(k)
+	if err != nil {
+		s.fail(id, err)
+		return
+	}
+	delete(s.handles, string(k))
+	s.result(id, h.f.Close())
+}
+
+// read answers READ with the file's bytes read straight into the reply.
+func (s *server) read(id uint32, d *decoder) {
+	h, herr := s.handle(d.bytes(), false)
+	off := d.uint64()
+	n := d.uint32()
+	if d.err != nil {
+		return
+	}
+	if herr != nil {
+		s.fail(id, herr)
+		return
+	}
+	if n > maxData {
+		n = maxData
+	}
+	if off > 1<<63-1 {
+		s.status(id, fxEOF, "End of file")
+		return
+	}
+	at := s.begin(fxpData, id)
+	s.out = s.out.uint32(0)
+	data := len(s.out)
+	if cap(s.out)-data < int(n) {
+		grown := make(encoder, data, max(2*cap(s.out), data+int(n)))
+		copy(grown, s.out)
+		s.out = grown
+	}
+	got, err := h.f.ReadAt(s.out[data:data+int(n)], int64(off))
+	if got == 0 {
+		s.out = s.out[:at]
+		// Nothing read, a zero length included: OpenSSH answers EOF too.
+		if err == nil || errors.Is(err, io.EOF) {
+			s.status(id, fxEOF, "End of file")
+		} else {
+			s.fail(id, err)
+		}
+		return
+	}
+	s.out = s.out[:data+got]
+	binary.BigEndian.PutUint32(s.out[data-4:], uint32(got))
+	s.end(at)
+}
+
+// write answers WRITE from the request's buffer. Handles opened to append
+// write at the end whatever the offset, as OpenSSH's server does.
+func (s *server) write(id uint32, d *decoder) {
+	h, herr := s.handle(d.bytes(), false)
+	off := d.uint64()
+	data := d.bytes()
+	if d.err != nil {
+		return
+	}
+	if herr != nil {
+		s.fail(id, herr)
+		return
+	}
+	var err error
+	switch {
+	case h.append:
+		_, err = h.f.Write(data)
+	case off > 1<<63-1:
+		err = syscall.EFBIG
+	default:
+		_, err = h.f.WriteAt(data, int64(off))
+	}
+	s.result(id, err)
+}
+
+func (s *server) opendir(id uint32, d *decoder) {
+	name := s.path(d.string())
+	if d.err != nil {
+		return
+	}
+	if len(s.handles) >= maxHandles {
+		s.fail(id, errTooManyHandles)
+		return
+	}
+	f, err := s.fs.OpenFile(name, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ENOTDIR) {
+			err = errNotDir
+		}
+		s.fail(id, err)
+		return
+	}
+	s.replyHandle(id, s.newHandle(&handle{f: f, name: name, dir: true}))
+}
+
+func (s *server) readdir(id uint32, d *decoder) {
+	h, err := s.handle(d.bytes(), true)
+	if d.err != nil {
+		return
+	}
+	if err != nil {
+		s.fail(id, err)
+		return
+	}
+	ents, err := h.f.ReadDir(readdirMax)
+	if len(ents) == 0 {
+		if err == nil || errors.Is(err, io.EOF) {
+			s.status(id, fxEOF, "End of file")
+		} else {
+			s.fail(id, err)
+		}
+		return
+	}
+	at := s.begin(fxpName, id)
+	countAt := len(s.out)
+	s.out = s.out.uint32(0)
+	var count uint32
+	now := time.Now()
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed since it was listed
+		}
+		a := fileAttrs(fi)
+		s.out = s.out.string(e.Name()).string(s.longname(e.Name(), fi, a, now)).attrs(a)
+		count++
+	}
+	binary.BigEndian.PutUint32(s.out[countAt:], count)
+	s.end(at)
+}

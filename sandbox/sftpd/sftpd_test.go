@@ -1,0 +1,152 @@
+package sftpd
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func packet(typ byte, fields ...any) []byte {
+	e := encoder{}.byte(typ)
+	for _, f := range fields {
+		switch v := f.(type) {
+		case uint32:
+			e = e.uint32(v)
+		case uint64:
+			e = e.uint64(v)
+		case string:
+			e = e.string(v)
+		case []byte:
+			e = append(e, v...)
+		}
+	}
+	return append(encoder{}.uint32(uint32(len(e))), e...)
+}
+
+// serveBytes runs Serve on in, confined to a fresh root, and returns what
+// it wrote.
+func serveBytes(t testing.TB, in []byte) ([]byte, error) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "f"), bytes.Repeat([]byte("x"), 100), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() { done <- Serve(bytes.NewReader(in), &out, Options{Root: root}) }()
+	select {
+	case err := <-done:
+		return out.Bytes(), err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return at the end of its input")
+		return nil, nil
+	}
+}
+
+// replies splits a reply stream into packets.
+func replies(t testing.TB, b []byte) [][]byte {
+	t.Helper()
+	var ps [][]byte
+	for len(b) > 0 {
+		if len(b) < 4 {
+			t.Fatalf("trailing %d bytes", len(b))
+		}
+		n := binary.BigEndian.Uint32(b)
+		if uint64(n)+4 > uint64(len(b)) {
+			t.Fatalf("reply of %d bytes, %d left", n, len(b)-4)
+		}
+		ps = append(ps, b[4:4+n])
+		b = b[4+n:]
+	}
+	return ps
+}
+
+func TestRequestsAnsweredInOrderAndBatched(t *testing.T) {
+	in := packet(fxpInit, uint32(3))
+	in = append(in, packet(fxpOpen, uint32(1), "/f", uint32(fxfRead), uint32(0))...)
+	in = append(in, packet(fxpRead, uint32(2), "1", uint64(90), uint32(100))...)
+	in = append(in, packet(fxpRead, uint32(3), "1", uint64(100), uint32(100))...)
+	in = append(in, packet(fxpRead, uint32(4), "nope", uint64(0), uint32(1))...)
+	in = append(in, packet(99, uint32(5))...)
+	in = append(in, packet(fxpExtended, uint32(6), "limits@openssh.com")...)
+	in = append(in, packet(fxpOpen, uint32(7), "/../../etc/passwd", uint32(fxfRead), uint32(0))...)
+	in = append(in, packet(fxpOpen, uint32(8))...) // truncated
+	out, err := serveBytes(t, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := replies(t, out)
+	if len(ps) != 9 {
+		t.Fatalf("%d replies, want 9", len(ps))
+	}
+	want := []struct {
+		typ  byte
+		code uint32 // status code, for status replies
+	}{{fxpVersion, 0}, {fxpHandle, 0}, {fxpData, 0}, {fxpStatus, fxEOF}, {fxpStatus, fxFailure},
+		{fxpStatus, fxOpUnsupported}, {fxpExtendedReply, 0}, {fxpStatus, fxNoSuchFile}, {fxpStatus, fxBadMessage}}
+	for i, w := range want {
+		p := ps[i]
+		if p[0] != w.typ {
+			t.Fatalf("reply %d: type %d, want %d", i, p[0], w.typ)
+		}
+		if i > 0 && binary.BigEndian.Uint32(p[1:]) != uint32(i) {
+			t.Fatalf("reply %d: id %d", i, binary.BigEndian.Uint32(p[1:]))
+		}
+		if w.typ == fxpStatus && binary.BigEndian.Uint32(p[5:]) != w.code {
+			t.Fatalf("reply %d: status %d, want %d", i, binary.BigEndian.Uint32(p[5:]), w.code)
+		}
+	}
+	if n := binary.BigEndian.Uint32(ps[2][5:]); n != 10 {
+		t.Fatalf("short read at the end: %d bytes, want 10", n)
+	}
+	d := &decoder{b: ps[6][5:]}
+	if pk, rd, wr, h := d.uint64(), d.uint64(), d.uint64(), d.uint64(); pk != maxPacket || rd != maxData || wr != maxData || h != maxHandles {
+		t.Fatalf("limits %d %d %d %d", pk, rd, wr, h)
+	}
+}
+
+func TestOversizedPacketEndsTheSession(t *testing.T) {
+	in := packet(fxpInit, uint32(3))
+	in = append(in, encoder{}.uint32(maxPacket+1).byte(fxpWrite)...)
+	if _, err := serveBytes(t, in); err == nil {
+		t.Fatal("Serve accepted a packet over the limit")
+	}
+}
+
+func TestModeString(t *testing.T) {
+	for v, want := range map[uint32]string{
+		sIFREG | 0o644:  "-rw-r--r--",
+		sIFDIR | 0o755:  "drwxr-xr-x",
+		sIFLNK | 0o777:  "lrwxrwxrwx",
+		sIFREG | 0o4755: "-rwsr-xr-x",
+		sIFDIR | 0o1777: "drwxrwxrwt",
+		sIFREG | 0o2640: "-rw-r-S---",
+	} {
+		if got := modeString(v); got != want {
+			t.Errorf("modeString(%o) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+// FuzzServe feeds arbitrary requests after INIT: the server must neither
+// panic nor hang, and what it writes must be well-formed packets.
+func FuzzServe(f *testing.F) {
+	f.Add(packet(fxpOpen, uint32(1), "/f", uint32(fxfRead), uint32(0)))
+	f.Add(packet(fxpExtended, uint32(1), "posix-rename@openssh.com", "/f", "/g"))
+	f.Add(packet(fxpSetstat, uint32(1), "/f", uint32(attrSize|attrExtended), uint64(5), uint32(1), "a", "b"))
+	f.Add(packet(fxpOpendir, uint32(1), "/"))
+	f.Fuzz(func(t *testing.T, req []byte) {
+		in := append(packet(fxpInit, uint32(3)), req...)
+		out, _ := serveBytes(t, in)
+		replies(t, out)
+	})
+}
+

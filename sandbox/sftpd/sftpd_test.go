@@ -149,4 +149,3 @@ func FuzzServe(f *testing.F) {
 		replies(t, out)
 	})
 }
-

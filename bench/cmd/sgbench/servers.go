@@ -374,7 +374,7 @@ MaxStartups 10000
 MaxSessions 100
 LoginGraceTime 120
 Subsystem sftp internal-sftp
-SetEnv HOME=%s
+SetEnv HOME=%s LANG=C.UTF-8
 `, d.port, hostKeyFile, filepath.Join(dir, "sshd.pid"), filepath.Join(dir, "authorized_keys"), d.home)
 	d.configPath = filepath.Join(dir, "sshd_config")
 	if err := os.WriteFile(d.configPath, []byte(cfg), 0o600); err != nil {

@@ -200,20 +200,26 @@ func (s *server) result(id uint32, err error) {
 	s.ok(id)
 }
 
-// fail answers a request with the status err maps to. Messages name the
-// failure, never a host path.
+// fail answers a request with the status err maps to; the errno mapping
+// is OpenSSH's. Messages name the failure, never a host path.
 func (s *server) fail(id uint32, err error) {
 	var errno syscall.Errno
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR),
+		errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EBADF):
 		s.status(id, fxNoSuchFile, "No such file")
 	case errors.Is(err, fs.ErrPermission):
 		s.status(id, fxPermissionDenied, "Permission denied")
 	case escaped(err):
 		s.status(id, fxPermissionDenied, "Permission denied: the path leaves the session's root")
+	case errors.Is(err, errors.ErrUnsupported), errors.Is(err, syscall.ENOSYS):
+		s.status(id, fxOpUnsupported, "Operation unsupported")
+	case errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.ENAMETOOLONG):
+		errors.As(err, &errno)
+		s.status(id, fxBadMessage, "Bad message: "+errno.Error())
 	case errors.As(err, &errno):
 		s.status(id, fxFailure, "Failure: "+errno.Error())
-	case errors.Is(err, errIsDir), errors.Is(err, errNotDir), errors.Is(err, errBadHandle),
+	case errors.Is(err, errIsDir), errors.Is(err, errBadHandle),
 		errors.Is(err, errTooManyHandles), errors.Is(err, errLsetstatSize):
 		s.status(id, fxFailure, "Failure: "+err.Error())
 	default:
@@ -222,7 +228,6 @@ func (s *server) fail(id uint32, err error) {
 }
 
 var (
-	errNotDir         = errors.New("not a directory")
 	errBadHandle      = errors.New("invalid handle")
 	errTooManyHandles = fmt.Errorf("too many open handles (limit %d)", maxHandles)
 	errLsetstatSize   = errors.New("lsetstat cannot set a size")
@@ -564,9 +569,6 @@ func (s *server) opendir(id uint32, d *decoder) {
 	}
 	f, err := s.fs.OpenFile(name, os.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
-		if errors.Is(err, syscall.ENOTDIR) {
-			err = errNotDir
-		}
 		s.fail(id, err)
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,11 +31,13 @@ func rel(name string) string {
 	return r
 }
 
+// OpenFile opens name. Under a root the mode of a new file keeps only its
+// permission bits: os.Root refuses setuid, setgid and sticky on create.
 func (f fsys) OpenFile(name string, flag int, perm fs.FileMode) (*os.File, error) {
 	if f.root == nil {
 		return os.OpenFile(name, flag, perm)
 	}
-	return f.root.OpenFile(rel(name), flag, perm)
+	return f.root.OpenFile(rel(name), flag, perm.Perm())
 }
 
 func (f fsys) Stat(name string) (fs.FileInfo, error) {
@@ -51,11 +54,23 @@ func (f fsys) Lstat(name string) (fs.FileInfo, error) {
 	return f.root.Lstat(rel(name))
 }
 
+// Mkdir makes a directory. os.Root takes permission bits only, so under a
+// root the setgid and sticky bits asked for are set once it exists.
 func (f fsys) Mkdir(name string, perm fs.FileMode) error {
 	if f.root == nil {
 		return os.Mkdir(name, perm)
 	}
-	return f.root.Mkdir(rel(name), perm)
+	if err := f.root.Mkdir(rel(name), perm.Perm()); err != nil {
+		return err
+	}
+	if special := perm & (fs.ModeSetgid | fs.ModeSticky); special != 0 {
+		fi, err := f.root.Lstat(rel(name))
+		if err != nil {
+			return err
+		}
+		return f.root.Chmod(rel(name), fi.Mode().Perm()|special)
+	}
+	return nil
 }
 
 func (f fsys) Readlink(name string) (string, error) {
@@ -122,7 +137,9 @@ func (f fsys) at(name string) (dirfd int, base string, release func(), err error
 		// The root itself has no parent inside the root.
 		return -1, "", nil, fs.ErrPermission
 	}
-	d, err := f.root.Open(path.Dir(r))
+	// A path-only descriptor: no read permission is needed, and a FIFO in
+	// the parent's place fails at once instead of blocking the open.
+	d, err := f.root.OpenFile(path.Dir(r), dirFlags, 0)
 	if err != nil {
 		return -1, "", nil, err
 	}
@@ -163,6 +180,23 @@ func (f fsys) Rename(oldname, newname string, replace bool) error {
 	return pathErr("rename", oldname, renameNoReplace(ofd, obase, nfd, nbase))
 }
 
+// Truncate truncates the regular file name. It is opened without
+// blocking, so a FIFO cannot stall the server; other files are refused,
+// as truncate(2) refuses them.
+func (f fsys) Truncate(name string, size int64) error {
+	t, err := f.OpenFile(name, os.O_WRONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if fi, err := t.Stat(); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() {
+		return pathErr("truncate", name, syscall.EINVAL)
+	}
+	return t.Truncate(size)
+}
+
 // LChtimes sets a symlink's own times (lsetstat).
 func (f fsys) LChtimes(name string, atime, mtime time.Time) error {
 	fd, base, release, err := f.at(name)
@@ -172,6 +206,21 @@ func (f fsys) LChtimes(name string, atime, mtime time.Time) error {
 	defer release()
 	ts := []unix.Timespec{unix.NsecToTimespec(atime.UnixNano()), unix.NsecToTimespec(mtime.UnixNano())}
 	return pathErr("lchtimes", name, unix.UtimesNanoAt(fd, base, ts, unix.AT_SYMLINK_NOFOLLOW))
+}
+
+// futimes sets an open file's times.
+func futimes(f *os.File, atime, mtime int64) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.Futimes(int(fd), []unix.Timeval{{Sec: atime}, {Sec: mtime}})
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 func pathErr(op, name string, err error) error {

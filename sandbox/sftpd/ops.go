@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -29,7 +30,7 @@ func (s *server) extended(id uint32, d *decoder) {
 		if d.err != nil {
 			return
 		}
-		f, err := s.fs.OpenFile(p, os.O_RDONLY, 0)
+		f, err := s.fs.OpenFile(p, pathFlags, 0)
 		if err != nil {
 			s.fail(id, err)
 			return
@@ -100,8 +101,9 @@ func (s *server) statvfs(id uint32, f *os.File) {
 }
 
 // setstat applies a's attributes to name, or to f when it is an open
-// handle, in OpenSSH's order: size, permissions, times, owner. follow is
-// false for lsetstat, which changes a symlink itself.
+// handle (then through the descriptor, whatever the name has become), in
+// OpenSSH's order: size, permissions, times, owner. follow is false for
+// lsetstat, which changes a symlink itself.
 func (s *server) setstat(name string, f *os.File, a attrs, follow bool) error {
 	link := false
 	if !follow {
@@ -112,36 +114,33 @@ func (s *server) setstat(name string, f *os.File, a attrs, follow bool) error {
 		link = fi.Mode()&fs.ModeSymlink != 0
 	}
 	if a.flags&attrSize != 0 {
-		switch {
-		case link:
-			return errLsetstatSize
-		case a.size > 1<<63-1:
-			return errors.New("size out of range")
-		case f != nil:
-			if err := f.Truncate(int64(a.size)); err != nil {
-				return err
-			}
-		default:
-			t, err := s.fs.OpenFile(name, os.O_WRONLY, 0)
-			if err != nil {
-				return err
-			}
-			err = t.Truncate(int64(a.size))
-			t.Close()
-			if err != nil {
-				return err
-			}
-		}
-	}
-	if a.flags&attrPermissions != 0 {
 		var err error
 		switch {
 		case link:
+			err = errLsetstatSize
+		case a.size > 1<<63-1:
+			err = syscall.EFBIG
+		case f != nil:
+			err = f.Truncate(int64(a.size))
+		default:
+			err = s.fs.Truncate(name, int64(a.size))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if a.flags&attrPermissions != 0 {
+		mode := unixToMode(a.perm)
+		var err error
+		switch {
+		case s.privileged && mode&(fs.ModeSetuid|fs.ModeSetgid) != 0:
+			err = errSetID
+		case link:
 			err = errors.ErrUnsupported // Linux has no mode on a symlink
 		case f != nil:
-			err = f.Chmod(unixToMode(a.perm))
+			err = f.Chmod(mode)
 		default:
-			err = s.fs.Chmod(name, unixToMode(a.perm))
+			err = s.fs.Chmod(name, mode)
 		}
 		if err != nil {
 			return err
@@ -150,9 +149,12 @@ func (s *server) setstat(name string, f *os.File, a attrs, follow bool) error {
 	if a.flags&attrACModTime != 0 {
 		at, mt := time.Unix(int64(a.atime), 0), time.Unix(int64(a.mtime), 0)
 		var err error
-		if link {
+		switch {
+		case link:
 			err = s.fs.LChtimes(name, at, mt)
-		} else {
+		case f != nil:
+			err = futimes(f, int64(a.atime), int64(a.mtime))
+		default:
 			err = s.fs.Chtimes(name, at, mt)
 		}
 		if err != nil {
@@ -160,40 +162,43 @@ func (s *server) setstat(name string, f *os.File, a attrs, follow bool) error {
 		}
 	}
 	if a.flags&attrUIDGID != 0 {
-		if err := s.chown(name, f, int(a.uid), int(a.gid), link); err != nil {
+		if err := s.chown(name, f, a.uid, a.gid, link); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// chown changes the owner. A confined server running as root (the workdir
-// driver under a root gateway) would hand files to any host user, so it
-// only takes a change to its own ids or the file's current ones; elsewhere
-// the kernel decides.
-func (s *server) chown(name string, f *os.File, uid, gid int, link bool) error {
-	if s.fs.root != nil && os.Geteuid() == 0 && (uid != os.Getuid() || gid != os.Getgid()) {
+// chown changes the owner. A privileged server (root, confined by a root:
+// the workdir driver under a root gateway) would hand files to any host
+// user, so it changes nothing and only accepts the file's current owner;
+// elsewhere the kernel decides.
+func (s *server) chown(name string, f *os.File, uid, gid uint32, link bool) error {
+	if s.privileged {
 		var fi fs.FileInfo
 		var err error
-		if link {
+		switch {
+		case f != nil:
+			fi, err = f.Stat()
+		case link:
 			fi, err = s.fs.Lstat(name)
-		} else {
+		default:
 			fi, err = s.fs.Stat(name)
 		}
 		if err != nil {
 			return err
 		}
-		a := fileAttrs(fi)
-		if a.flags&attrUIDGID == 0 || int(a.uid) != uid || int(a.gid) != gid {
+		if a := fileAttrs(fi); a.flags&attrUIDGID == 0 || a.uid != uid || a.gid != gid {
 			return fs.ErrPermission
 		}
+		return nil
 	}
 	switch {
 	case link:
-		return s.fs.Lchown(name, uid, gid)
+		return s.fs.Lchown(name, int(uid), int(gid))
 	case f != nil:
-		return f.Chown(uid, gid)
+		return f.Chown(int(uid), int(gid))
 	default:
-		return s.fs.Chown(name, uid, gid)
+		return s.fs.Chown(name, int(uid), int(gid))
 	}
 }

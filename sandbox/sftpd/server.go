@@ -65,16 +65,21 @@ func Serve(r io.Reader, w io.Writer, opts Options) error {
 		start = path.Clean("/" + opts.StartDir)
 	}
 	s := &server{
-		fs:      fsys{root: opts.Root},
-		start:   start,
-		in:      bufio.NewReaderSize(r, maxPacket+4096),
-		w:       w,
-		out:     make(encoder, 0, 64<<10),
-		handles: map[string]*handle{},
-		names:   newNameCache(),
+		fs:         fsys{root: opts.Root},
+		privileged: opts.Root != nil && os.Geteuid() == 0,
+		start:      start,
+		in:         bufio.NewReaderSize(r, maxPacket+4096),
+		w:          w,
+		out:        make(encoder, 0, 64<<10),
+		handles:    map[string]*handle{},
+		names:      newNameCache(),
 	}
 	defer s.closeAll()
 	err := s.serve()
+	if err != nil && len(s.out) > 0 {
+		// Replies already made still reach the client before the end.
+		_ = s.flush()
+	}
 	if errors.Is(err, syscall.EPIPE) {
 		return nil
 	}
@@ -82,11 +87,14 @@ func Serve(r io.Reader, w io.Writer, opts Options) error {
 }
 
 type server struct {
-	fs    fsys
-	start string
-	in    *bufio.Reader
-	w     io.Writer
-	out   encoder
+	fs fsys
+	// privileged: confined by a root while running as root, so setuid or
+	// setgid bits and owner changes would reach host users.
+	privileged bool
+	start      string
+	in         *bufio.Reader
+	w          io.Writer
+	out        encoder
 
 	inited  bool
 	handles map[string]*handle
@@ -219,7 +227,9 @@ func (s *server) fail(id uint32, err error) {
 		s.status(id, fxBadMessage, "Bad message: "+errno.Error())
 	case errors.As(err, &errno):
 		s.status(id, fxFailure, "Failure: "+errno.Error())
-	case errors.Is(err, errIsDir), errors.Is(err, errBadHandle),
+	case errors.Is(err, errSetID):
+		s.status(id, fxPermissionDenied, "Permission denied: "+err.Error())
+	case errors.Is(err, errIsDir), errors.Is(err, errNotFile), errors.Is(err, errBadHandle),
 		errors.Is(err, errTooManyHandles), errors.Is(err, errLsetstatSize):
 		s.status(id, fxFailure, "Failure: "+err.Error())
 	default:
@@ -228,6 +238,8 @@ func (s *server) fail(id uint32, err error) {
 }
 
 var (
+	errNotFile        = errors.New("not a regular file or device")
+	errSetID          = errors.New("setuid and setgid bits are not granted by a server running as root")
 	errBadHandle      = errors.New("invalid handle")
 	errTooManyHandles = fmt.Errorf("too many open handles (limit %d)", maxHandles)
 	errLsetstatSize   = errors.New("lsetstat cannot set a size")
@@ -460,15 +472,21 @@ func (s *server) open(id uint32, d *decoder) {
 	if a.flags&attrPermissions != 0 {
 		perm = unixToMode(a.perm)
 	}
-	f, err := s.fs.OpenFile(name, flags|syscall.O_NOCTTY, perm)
+	// O_NONBLOCK: opening a FIFO must not stall the server (reads and
+	// writes go by offset, which regular files and devices ignore it for).
+	f, err := s.fs.OpenFile(name, flags|syscall.O_NOCTTY|syscall.O_NONBLOCK, perm)
 	if err != nil {
 		s.fail(id, err)
 		return
 	}
-	if fi, err := f.Stat(); err != nil || fi.IsDir() {
+	if fi, err := f.Stat(); err != nil || fi.IsDir() || fi.Mode()&(fs.ModeNamedPipe|fs.ModeSocket) != 0 {
 		f.Close()
-		if err == nil {
+		switch {
+		case err != nil:
+		case fi.IsDir():
 			err = errIsDir
+		default:
+			err = errNotFile
 		}
 		s.fail(id, err)
 		return

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -34,6 +35,12 @@ func serveBytes(t testing.TB, in []byte) ([]byte, error) {
 	if err := os.WriteFile(filepath.Join(dir, "f"), bytes.Repeat([]byte("x"), 100), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return serveIn(t, dir, in)
+}
+
+// serveIn runs Serve on in, confined to dir, and returns what it wrote.
+func serveIn(t testing.TB, dir string, in []byte) ([]byte, error) {
+	t.Helper()
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -148,4 +155,125 @@ func FuzzServe(f *testing.F) {
 		out, _ := serveBytes(t, in)
 		replies(t, out)
 	})
+}
+
+// statusOf returns the status code of a STATUS reply (or 255 for another type).
+func statusOf(p []byte) uint32 {
+	if p[0] != fxpStatus {
+		return 255
+	}
+	return binary.BigEndian.Uint32(p[5:])
+}
+
+// TestFIFODoesNotStall: requests that touch a FIFO fail or succeed at once;
+// none may block the single-threaded server (review finding).
+func TestFIFODoesNotStall(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(dir, "p"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := packet(fxpInit, uint32(3))
+	in = append(in, packet(fxpExtended, uint32(1), "statvfs@openssh.com", "/p")...)
+	in = append(in, packet(fxpSetstat, uint32(2), "/p", uint32(attrSize), uint64(0))...)
+	in = append(in, packet(fxpRemove, uint32(3), "/p/x")...)
+	in = append(in, packet(fxpOpen, uint32(4), "/p", uint32(fxfRead), uint32(0))...)
+	in = append(in, packet(fxpOpen, uint32(5), "/p", uint32(fxfWrite), uint32(0))...)
+	out, err := serveIn(t, dir, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := replies(t, out)
+	if len(ps) != 6 {
+		t.Fatalf("%d replies, want 6", len(ps))
+	}
+	if ps[1][0] != fxpExtendedReply {
+		t.Errorf("statvfs on a FIFO: reply type %d", ps[1][0])
+	}
+	for i, want := range map[int]uint32{2: fxFailure, 3: fxNoSuchFile, 4: fxFailure, 5: fxFailure} {
+		if got := statusOf(ps[i]); got != want {
+			t.Errorf("reply %d: status %d, want %d", i, got, want)
+		}
+	}
+}
+
+// TestFsetstatActsOnTheHandle: FSETSTAT changes the open file, not
+// whatever now has its name (review finding).
+func TestFsetstatActsOnTheHandle(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := packet(fxpInit, uint32(3))
+	in = append(in, packet(fxpOpen, uint32(1), "/a", uint32(fxfRead|fxfWrite), uint32(0))...)
+	in = append(in, packet(fxpRename, uint32(2), "/a", "/b")...)
+	in = append(in, packet(fxpOpen, uint32(3), "/a", uint32(fxfWrite|fxfCreat), uint32(0))...)
+	in = append(in, packet(fxpFsetstat, uint32(4), "1", uint32(attrACModTime|attrPermissions), uint32(0o600), uint32(1000), uint32(1000))...)
+	out, err := serveIn(t, dir, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := replies(t, out)
+	if got := statusOf(ps[4]); got != fxOK {
+		t.Fatalf("fsetstat: status %d", got)
+	}
+	b, _ := os.Stat(filepath.Join(dir, "b"))
+	a, _ := os.Stat(filepath.Join(dir, "a"))
+	if b.ModTime().Unix() != 1000 || b.Mode().Perm() != 0o600 {
+		t.Errorf("the handle's file: mtime %d mode %v", b.ModTime().Unix(), b.Mode())
+	}
+	if a.ModTime().Unix() == 1000 || a.Mode().Perm() == 0o600 {
+		t.Errorf("the new file under the old name was changed: mtime %d mode %v", a.ModTime().Unix(), a.Mode())
+	}
+}
+
+// TestPrivilegedServerGrantsNoOwnersOrSetID: confined and running as root,
+// the server refuses setuid/setgid and any real owner change, through a
+// handle too (review finding), and keeps sticky directories working.
+func TestPrivilegedServerGrantsNoOwnersOrSetID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the policy only applies to a server running as root")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "mine"), []byte("m"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := packet(fxpInit, uint32(3))
+	in = append(in, packet(fxpOpen, uint32(1), "/mine", uint32(fxfRead), uint32(0))...)
+	in = append(in, packet(fxpFsetstat, uint32(2), "1", uint32(attrUIDGID), uint32(4242), uint32(4242))...)
+	in = append(in, packet(fxpSetstat, uint32(3), "/mine", uint32(attrUIDGID), uint32(4242), uint32(4242))...)
+	in = append(in, packet(fxpSetstat, uint32(4), "/mine", uint32(attrPermissions), uint32(0o4755))...)
+	in = append(in, packet(fxpSetstat, uint32(5), "/mine", uint32(attrUIDGID), uint32(0), uint32(0))...)
+	in = append(in, packet(fxpMkdir, uint32(6), "/sticky", uint32(attrPermissions), uint32(0o1777))...)
+	out, err := serveIn(t, dir, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := replies(t, out)
+	for i, want := range map[int]uint32{2: fxPermissionDenied, 3: fxPermissionDenied, 4: fxPermissionDenied, 5: fxOK, 6: fxOK} {
+		if got := statusOf(ps[i]); got != want {
+			t.Errorf("reply %d: status %d, want %d", i, got, want)
+		}
+	}
+	st, _ := os.Stat(filepath.Join(dir, "mine"))
+	if st.Mode()&os.ModeSetuid != 0 || st.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("mine: mode %v uid %d", st.Mode(), st.Sys().(*syscall.Stat_t).Uid)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "sticky")); err != nil || st.Mode()&os.ModeSticky == 0 {
+		t.Errorf("sticky dir: %v %v", st, err)
+	}
+}
+
+// TestRepliesFlushedBeforeAProtocolError: replies made before a broken
+// request still reach the client (review finding).
+func TestRepliesFlushedBeforeAProtocolError(t *testing.T) {
+	in := packet(fxpInit, uint32(3))
+	in = append(in, packet(fxpOpen, uint32(1), "/f", uint32(fxfRead), uint32(0))...)
+	in = append(in, 0, 0, 0, 2, fxpOpen, 0) // no id
+	out, err := serveBytes(t, in)
+	if err == nil {
+		t.Fatal("Serve accepted a request without an id")
+	}
+	if ps := replies(t, out); len(ps) != 2 || ps[1][0] != fxpHandle {
+		t.Fatalf("%d replies before the error, want VERSION and HANDLE", len(ps))
+	}
 }

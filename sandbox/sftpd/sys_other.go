@@ -10,6 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+const (
+	dirFlags  = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NONBLOCK
+	pathFlags = unix.O_RDONLY | unix.O_NONBLOCK
+)
+
 func renameNoReplace(ofd int, obase string, nfd int, nbase string) error {
 	var st unix.Stat_t
 	if unix.Fstatat(nfd, nbase, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {

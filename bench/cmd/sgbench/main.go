@@ -101,7 +101,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.execN, "exec", 0, "execs per side in row 2 (default 200, quick 40)")
 	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5 (default 100, quick 20)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
-	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 200, quick 40)")
+	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
 	fs.IntVar(&c.pyN, "paramiko", 0, "run_command calls per side in row 7 (default 100, quick 20)")
 	fs.StringVar(&c.tmpBase, "tmpdir", "", "scratch dir parent (default /dev/shm when it has room, else $TMPDIR)")
 	fs.StringVar(&c.outDir, "out", "", "results dir (default <repo>/bench/results)")
@@ -146,7 +146,7 @@ func parseFlags(args []string) (*config, error) {
 	def(&c.execN, 200, 40)
 	def(&c.createN, 100, 20)
 	def(&c.sessions, 1000, 100)
-	def(&c.latN, 200, 40)
+	def(&c.latN, 1000, 40)
 	def(&c.pyN, 100, 20)
 	c.size = 1 << 30
 	if c.quick {

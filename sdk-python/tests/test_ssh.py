@@ -421,3 +421,18 @@ def test_50mb_upload_download(ssh: SessionSSHClient, local_dir: Path, record_pro
     record_property("upload_s", round(up, 3))  # type: ignore[operator]
     record_property("download_s", round(down, 3))  # type: ignore[operator]
     assert up < 30 and down < 30
+
+
+def test_download_uses_the_servers_read_size(ssh: SessionSSHClient, local_dir: Path) -> None:
+    from sandbox_sessions_sdk import _sftp
+
+    sftp = ssh.open_sftp()
+    # sandgate's SFTP server answers limits@openssh.com as OpenSSH's does.
+    assert _sftp.limits(sftp) == (261120, 261120)
+    for size in (0, 7, 261120, 3 * 261120 + 7):
+        data = os.urandom(size)
+        with sftp.open(f"sized-{size}.bin", "wb") as f:
+            f.write(data)
+        dst = local_dir / f"sized-{size}.copy"
+        ssh.download_file(f"sized-{size}.bin", dst)
+        assert dst.read_bytes() == data, size

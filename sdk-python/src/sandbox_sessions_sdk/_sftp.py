@@ -1,4 +1,4 @@
-"""Pipelined SFTP download.
+"""Pipelined SFTP transfers.
 
 Paramiko's ``get`` prefetches from a helper thread. With a bound on
 concurrent requests (``max_concurrent_prefetch_requests``) its bookkeeping
@@ -12,6 +12,13 @@ thread instead: no helper thread, bounded memory, each byte read once.
 
 It uses ``SFTPClient._async_request`` / ``_read_response``, the primitives
 Paramiko's own ``SFTPFile`` is built on (unchanged since Paramiko 1.x).
+
+Read sizes follow the server's ``limits@openssh.com`` answer when it gives
+one, as OpenSSH's sftp does: sandgate's server answers 255 KiB reads,
+which costs Python an eighth of the per-request work of the 32 KiB every
+server answers (200 MB download: 1.5 s -> 0.8 s on loopback). Uploads stay
+with Paramiko's ``put``: its 32 KiB writes measured faster than larger ones
+through ``SFTPFile``'s buffering.
 """
 
 from __future__ import annotations
@@ -19,10 +26,39 @@ from __future__ import annotations
 from typing import BinaryIO, Dict, List, Tuple
 
 import paramiko
-from paramiko.sftp import CMD_DATA, CMD_READ, CMD_STATUS, SFTPError, int64
+from paramiko.sftp import CMD_DATA, CMD_EXTENDED, CMD_EXTENDED_REPLY, CMD_READ, CMD_STATUS, SFTPError, int64
 
 # 32 KiB is the largest read every SFTP server answers in full.
 CHUNK = 32 * 1024
+# The largest request size taken from a server's limits (OpenSSH's own).
+MAX_CHUNK = 256 * 1024 - 1024
+
+_LIMITS_ATTR = "_sandbox_sessions_sdk_limits"
+
+
+def limits(sftp: paramiko.SFTPClient) -> Tuple[int, int]:
+    """The (read, write) request sizes the server takes.
+
+    Asks ``limits@openssh.com`` once per SFTP session; a server without it
+    (or any error) gets 32 KiB both ways.
+    """
+    cached = getattr(sftp, _LIMITS_ATTR, None)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    result = (CHUNK, CHUNK)
+    try:
+        t, msg = sftp._request(CMD_EXTENDED, "limits@openssh.com")  # type: ignore[attr-defined]
+        if t == CMD_EXTENDED_REPLY:
+            msg.get_int64()  # packet length
+            read_len, write_len = msg.get_int64(), msg.get_int64()
+            result = (
+                max(CHUNK, min(read_len or CHUNK, MAX_CHUNK)),
+                max(CHUNK, min(write_len or CHUNK, MAX_CHUNK)),
+            )
+    except (IOError, SFTPError, EOFError):
+        pass
+    setattr(sftp, _LIMITS_ATTR, result)
+    return result
 
 
 class _Collector:
@@ -57,9 +93,11 @@ def supported(sftp: paramiko.SFTPClient) -> bool:
 def download(sftp: paramiko.SFTPClient, remote_path: str, out: BinaryIO, in_flight: int = 64) -> int:
     """Copy *remote_path* into the binary file *out*; return the bytes written.
 
-    Keeps up to *in_flight* 32 KiB reads outstanding. Reads the file's size
-    at open; raises IOError if the file turns out shorter.
+    Keeps up to *in_flight* reads outstanding, of the server's read size.
+    Reads the file's size at open; raises IOError if the file turns out
+    shorter.
     """
+    chunk = limits(sftp)[0]
     with sftp.open(remote_path, "rb") as fr:
         size = fr.stat().st_size or 0
         handle = fr.handle
@@ -74,7 +112,7 @@ def download(sftp: paramiko.SFTPClient, remote_path: str, out: BinaryIO, in_flig
                 if todo:
                     offset, length = todo.pop()
                 else:
-                    offset, length = next_offset, min(CHUNK, size - next_offset)
+                    offset, length = next_offset, min(chunk, size - next_offset)
                     next_offset += length
                 num = sftp._async_request(  # type: ignore[attr-defined]
                     collector, CMD_READ, handle, int64(offset), int(length)
@@ -97,3 +135,4 @@ def download(sftp: paramiko.SFTPClient, remote_path: str, out: BinaryIO, in_flig
                 out.write(data)
                 written += len(data)
         return written
+

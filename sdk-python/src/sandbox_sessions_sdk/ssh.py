@@ -608,8 +608,9 @@ class SessionSSHClient:
     def download_file(self, remote_path: str, local_path: PathLike) -> None:
         """Download *remote_path* from the sandbox to the local file *local_path*.
 
-        Reads are pipelined (64 requests of 32 KiB in flight), and the size
-        is checked. If the download fails, a local file it created is removed.
+        Reads are pipelined (64 requests in flight, of 255 KiB when the
+        server's limits@openssh.com allows, else 32 KiB), and the size is
+        checked. If the download fails, a local file it created is removed.
 
         Raises:
             SandboxOperationError: the remote file cannot be read, or the

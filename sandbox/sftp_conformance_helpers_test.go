@@ -958,19 +958,6 @@ func scClient(t *testing.T, e *scEnv, opts ...sftp.ClientOption) *sftp.Client {
 // ---------------------------------------------------------------------------
 // OpenSSH's sftp and the sandgate binary.
 
-// scRequireTool skips when tool is missing locally, and fails under CI=true.
-func scRequireTool(t *testing.T, tool string) string {
-	t.Helper()
-	p, err := exec.LookPath(tool)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is required in CI (install openssh-client)", tool)
-		}
-		t.Skipf("%s not installed", tool)
-	}
-	return p
-}
-
 // scSandgateBinary returns $SANDGATE_BIN, or builds cmd/sandgate for t.
 func scSandgateBinary(t *testing.T) string {
 	t.Helper()

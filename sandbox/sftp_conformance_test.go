@@ -39,6 +39,8 @@ import (
 
 	"github.com/pkg/sftp"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 func TestSFTPConformanceVersion(t *testing.T) {
@@ -1616,7 +1618,7 @@ func TestSFTPConformanceClient(t *testing.T) {
 }
 
 func TestSFTPConformanceOpenSSH(t *testing.T) {
-	sftpPath := scRequireTool(t, "sftp")
+	sftpPath := gwtest.RequireTool(t, "sftp")
 	bin := scSandgateBinary(t)
 	for _, mode := range scModes {
 		t.Run(mode, func(t *testing.T) {

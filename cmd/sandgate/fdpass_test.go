@@ -6,12 +6,14 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 // With ProxyUseFdpass the proxy hands ssh the tunnelled socket and exits;
 // the SSH banner that follows the CONNECT answer must stay in the socket.
 func TestOpenSSHFdpass(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t)
 	s := g.createSession(t)
 	// ssh keeps the first value of an option: these go before sshOpts.

@@ -55,19 +55,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// requireTool skips when tool is missing locally, and fails under CI=true.
-func requireTool(t *testing.T, tool string) string {
-	t.Helper()
-	p, err := exec.LookPath(tool)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is required in CI (install openssh-client)", tool)
-		}
-		t.Skipf("%s not installed", tool)
-	}
-	return p
-}
-
 // gatewayProc is a `sandgate serve` process.
 type gatewayProc struct {
 	URL     string

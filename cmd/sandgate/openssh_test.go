@@ -15,7 +15,7 @@ import (
 )
 
 func TestOpenSSHExec(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t)
 	s := g.createSession(t)
 	opts := append(g.sshOpts(t, s), s.SessionID)
@@ -42,7 +42,7 @@ func TestOpenSSHExec(t *testing.T) {
 }
 
 func TestOpenSSHPTYShell(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t)
 	s := g.createSession(t)
 	opts := append(g.sshOpts(t, s), "-tt", s.SessionID)
@@ -53,8 +53,8 @@ func TestOpenSSHPTYShell(t *testing.T) {
 }
 
 func TestOpenSSHSFTPBatch(t *testing.T) {
-	sftp := requireTool(t, "sftp")
-	ssh := requireTool(t, "ssh")
+	sftp := gwtest.RequireTool(t, "sftp")
+	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t)
 	s := g.createSession(t)
 	dir := t.TempDir()
@@ -107,7 +107,7 @@ func TestOpenSSHSFTPBatch(t *testing.T) {
 }
 
 func TestOpenSSHSCP(t *testing.T) {
-	scp := requireTool(t, "scp")
+	scp := gwtest.RequireTool(t, "scp")
 	g := startGateway(t)
 	s := g.createSession(t)
 	dir := t.TempDir()
@@ -156,7 +156,7 @@ func TestProxyErrors(t *testing.T) {
 }
 
 func TestSSHConfigPinsHostKey(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t)
 	s := g.createSession(t)
 	dir := t.TempDir()
@@ -203,7 +203,7 @@ func TestGeneratedAPIKeyPrintedOnce(t *testing.T) {
 }
 
 func TestIdleExpiryLeavesNothing(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t, "--idle-timeout", "2s")
 	s := g.createSession(t)
 	opts := append(g.sshOpts(t, s), s.SessionID)
@@ -236,7 +236,7 @@ func TestIdleExpiryLeavesNothing(t *testing.T) {
 }
 
 func TestGracefulShutdownTellsShellUsers(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t, "--shutdown-timeout", "1s")
 	s := g.createSession(t)
 	pr, pw, _ := os.Pipe()

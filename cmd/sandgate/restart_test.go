@@ -48,7 +48,7 @@ func requireLinuxDriver(t *testing.T) {
 }
 
 func TestRestartKeepsSessions(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	for _, tc := range []struct {
 		driver string
 		sig    syscall.Signal

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 // writeSelfSigned writes a certificate for 127.0.0.1 and its key.
@@ -44,7 +46,7 @@ func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string) {
 }
 
 func TestHTTPSTunnel(t *testing.T) {
-	ssh := requireTool(t, "ssh")
+	ssh := gwtest.RequireTool(t, "ssh")
 	cert, key := writeSelfSigned(t, t.TempDir())
 	g := startGateway(t, "--tls-cert", cert, "--tls-key", key)
 	if !strings.HasPrefix(g.URL, "https://") {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -354,4 +355,19 @@ func TaggedProcesses(id string) []int {
 		}
 	}
 	return pids
+}
+
+// RequireTool returns the path of an external tool the test needs. It
+// skips the test when the tool is missing locally, and fails it under
+// CI=true, where .ci/run installs every tool.
+func RequireTool(t testing.TB, tool string) string {
+	t.Helper()
+	p, err := exec.LookPath(tool)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is required in CI (.ci/run installs it)", tool)
+		}
+		t.Skipf("%s not installed", tool)
+	}
+	return p
 }

@@ -152,25 +152,34 @@ func newNameCache() *nameCache {
 }
 
 func (c *nameCache) user(uid uint32) string {
-	if n, ok := c.users[uid]; ok {
-		return n
-	}
-	n := strconv.FormatUint(uint64(uid), 10)
-	if u, err := user.LookupId(n); err == nil {
-		n = u.Username
-	}
-	c.users[uid] = n
-	return n
+	return cachedName(c.users, uid, func(id string) (string, error) {
+		u, err := user.LookupId(id)
+		if err != nil {
+			return "", err
+		}
+		return u.Username, nil
+	})
 }
 
 func (c *nameCache) group(gid uint32) string {
-	if n, ok := c.groups[gid]; ok {
+	return cachedName(c.groups, gid, func(id string) (string, error) {
+		g, err := user.LookupGroupId(id)
+		if err != nil {
+			return "", err
+		}
+		return g.Name, nil
+	})
+}
+
+// cachedName looks id up once; a failed lookup caches the number itself.
+func cachedName(cache map[uint32]string, id uint32, lookup func(string) (string, error)) string {
+	if n, ok := cache[id]; ok {
 		return n
 	}
-	n := strconv.FormatUint(uint64(gid), 10)
-	if g, err := user.LookupGroupId(n); err == nil {
-		n = g.Name
+	n := strconv.FormatUint(uint64(id), 10)
+	if name, err := lookup(n); err == nil {
+		n = name
 	}
-	c.groups[gid] = n
+	cache[id] = n
 	return n
 }

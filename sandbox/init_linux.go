@@ -134,7 +134,7 @@ func buildSandbox(spec *initSpec, fds []int) (*initd, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &initd{sp: sp, shell: findShell(), waiters: map[int]*child{}, forked: make(chan struct{}, 1), sockFile: -1,
+	in := &initd{sp: sp, shell: findShell(), waiters: map[int]*child{}, sockFile: -1,
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
 	if sockFile >= 0 {
 		if in.sockFile, err = unix.FcntlInt(uintptr(sockFile), unix.F_DUPFD_CLOEXEC, 3); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
@@ -17,10 +18,6 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-// requestTimeout bounds reading a control connection's request and
-// writing the reply, which the accept loop does itself.
-const requestTimeout = 5 * time.Second
 
 // initd is the running init: it starts commands for the gateway, reports
 // how they end, and reaps every process of the sandbox (it is pid 1).
@@ -34,11 +31,9 @@ type initd struct {
 	sockCheck time.Duration
 
 	// mu orders fork against reap, so that a child that exits at once is
-	// never looked up before it is registered in waiters.
+	// never reaped before it is registered in waiters.
 	mu      sync.Mutex
 	waiters map[int]*child
-	// forked wakes the reaper after a fork when it found no children.
-	forked chan struct{}
 }
 
 // child is a command started for one control connection.
@@ -63,19 +58,19 @@ func (c *child) end() {
 	})
 }
 
-// serve accepts control connections until the listener fails. The
-// accept loop runs on the spawner thread, which starts each command
-// itself: an exec costs the gateway one thread wake-up in the init, not
-// a hop through a goroutine and back.
+// serve accepts control connections until the listener fails.
 func (in *initd) serve() {
 	if in.sockFile >= 0 {
 		go in.watchSocketFile()
 	}
-	go in.reap()
-	in.sp.run(in.acceptLoop)
-}
-
-func (in *initd) acceptLoop() {
+	sigc := make(chan os.Signal, 1)
+	signal.Notify(sigc, syscall.SIGCHLD)
+	go func() {
+		for {
+			in.reap()
+			<-sigc
+		}
+	}()
 	for {
 		c, err := in.ln.AcceptUnix()
 		if err != nil {
@@ -88,7 +83,7 @@ func (in *initd) acceptLoop() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		in.begin(c)
+		go in.handle(c)
 	}
 }
 
@@ -106,60 +101,44 @@ func (in *initd) watchSocketFile() {
 	}
 }
 
-// reap collects every exited child, the commands and the orphans that the
-// kernel hands to the namespace's pid 1, as they exit: wait4 blocks in a
-// thread of its own, so a command's end reaches its connection without a
-// signal's trip through the runtime.
+// reap collects every exited child: the commands, and the orphans that the
+// kernel hands to the namespace's pid 1.
 func (in *initd) reap() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	for {
 		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, unix.WALL, nil)
-		switch {
-		case err == syscall.EINTR:
-			continue
-		case err == syscall.ECHILD:
-			// No process left but the init: only a fork makes one.
-			<-in.forked
-			continue
-		case err != nil || pid <= 0:
-			fmt.Fprintln(os.Stderr, "sandbox-init: wait4:", err)
-			time.Sleep(10 * time.Millisecond)
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG|unix.WALL, nil)
+		if err == syscall.EINTR {
 			continue
 		}
-		// start holds mu from fork to registration.
-		in.mu.Lock()
-		c, ok := in.waiters[pid]
-		delete(in.waiters, pid)
-		in.mu.Unlock()
-		if ok {
+		if err != nil || pid <= 0 {
+			return
+		}
+		if c, ok := in.waiters[pid]; ok {
+			delete(in.waiters, pid)
 			c.exited.Store(true)
 			c.status <- ws
 		}
 	}
 }
 
-// begin reads a control connection's request and starts its command, on
-// the spawner thread; supervise then follows the command to its end. The
-// gateway writes its request as it connects, so the read does not wait;
-// a deadline bounds it all the same.
-func (in *initd) begin(conn *net.UnixConn) {
-	_ = conn.SetDeadline(time.Now().Add(requestTimeout))
+// handle serves one control connection: one command, start to exit.
+func (in *initd) handle(conn *net.UnixConn) {
+	defer conn.Close()
 	var req ctlRequest
 	fds, err := readFrame(conn, &req)
 	if err != nil {
-		conn.Close()
 		return
 	}
 	if req.Op != "exec" {
 		closeFDs(fds)
 		_ = writeFrame(conn, ctlReply{Op: "error", Error: fmt.Sprintf("unexpected %q before exec", req.Op)})
-		conn.Close()
 		return
 	}
 	c, master, err := in.start(&req, fds)
 	if err != nil {
 		_ = writeFrame(conn, ctlReply{Op: "error", Error: err.Error()})
-		conn.Close()
 		return
 	}
 	if master >= 0 {
@@ -168,17 +147,9 @@ func (in *initd) begin(conn *net.UnixConn) {
 	} else {
 		err = writeFrame(conn, ctlReply{Op: "started", Pid: c.pid})
 	}
-	_ = conn.SetDeadline(time.Time{})
 	if err != nil {
 		c.end()
 	}
-	go in.supervise(conn, c)
-}
-
-// supervise relays signals and kills to c until it exits, then reports
-// its end on conn.
-func (in *initd) supervise(conn *net.UnixConn, c *child) {
-	defer conn.Close()
 	go func() {
 		for {
 			var m ctlRequest
@@ -207,7 +178,6 @@ func (in *initd) supervise(conn *net.UnixConn, c *child) {
 
 // start starts req's command as the sandbox user and returns it with the
 // PTY master to hand to the gateway (-1 without a PTY). It consumes fds.
-// It runs on the spawner thread, whose cgroup and limits the command gets.
 func (in *initd) start(req *ctlRequest, fds []int) (*child, int, error) {
 	defer closeFDs(fds)
 	var path string
@@ -251,18 +221,14 @@ func (in *initd) start(req *ctlRequest, fds []int) (*child, int, error) {
 	attr := &syscall.ProcAttr{Dir: workspaceDir, Env: env, Files: files, Sys: sys}
 	c := &child{status: make(chan syscall.WaitStatus, 1)}
 	var err error
-	in.mu.Lock()
-	c.pid, err = syscall.ForkExec(path, argv, attr)
-	if err == nil {
-		in.waiters[c.pid] = c
-	}
-	in.mu.Unlock()
-	if err == nil {
-		select {
-		case in.forked <- struct{}{}:
-		default:
+	in.sp.run(func() {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		c.pid, err = syscall.ForkExec(path, argv, attr)
+		if err == nil {
+			in.waiters[c.pid] = c
 		}
-	}
+	})
 	if err != nil {
 		if master >= 0 {
 			unix.Close(master)

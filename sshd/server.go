@@ -56,6 +56,8 @@ type Server struct {
 	closing bool
 	chans   map[*channel]struct{}
 	idle    chan struct{} // closed and replaced when chans becomes empty
+
+	bufs bufPool // large copy buffers, shared by the channels' copies
 }
 
 type ctxKey int

@@ -221,7 +221,7 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		out.Add(1)
 		go func() {
 			defer out.Done()
-			_, _ = copyStream(a.writer(dst), src)
+			_, _ = copyStream(a.writer(dst), src, &c.srv.bufs)
 		}()
 	}
 	copyOut(c.ch, proc.Stdout())
@@ -230,7 +230,7 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	}
 	// The stdin copier is not waited for: the client may never send EOF.
 	go func() {
-		_, _ = copyStream(proc.Stdin(), a.reader(c.ch))
+		_, _ = copyStream(proc.Stdin(), a.reader(c.ch), &c.srv.bufs)
 		_ = proc.Stdin().Close()
 	}()
 

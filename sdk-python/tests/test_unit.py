@@ -469,3 +469,40 @@ def test_ssh_client_argument_checks() -> None:
         SessionSSHClient("http://h", "t", "s", host_key_policy="auto")  # type: ignore[arg-type]
     c = SessionSSHClient("http://h", "t", "s", host_key_policy=paramiko.AutoAddPolicy)  # a class is accepted
     assert isinstance(c.host_key_policy, paramiko.AutoAddPolicy)
+
+
+def test_sftp_limits_fall_back_to_32k_without_the_extension() -> None:
+    """Against Paramiko's own SFTP server, which lacks limits@openssh.com,
+    the SDK keeps to 32 KiB requests."""
+    import socket as socket_mod
+
+    import paramiko
+
+    from sandbox_sessions_sdk import _sftp
+
+    class Server(paramiko.ServerInterface):
+        def get_allowed_auths(self, username: str) -> str:
+            return "none"
+
+        def check_auth_none(self, username: str) -> int:
+            return paramiko.AUTH_SUCCESSFUL
+
+        def check_channel_request(self, kind: str, chanid: int) -> int:
+            return paramiko.OPEN_SUCCEEDED
+
+    a, b = socket_mod.socketpair()
+    server = paramiko.Transport(b)
+    client = paramiko.Transport(a)
+    try:
+        server.add_server_key(paramiko.ECDSAKey.generate())
+        server.set_subsystem_handler("sftp", paramiko.SFTPServer, paramiko.SFTPServerInterface)
+        server.start_server(event=threading.Event(), server=Server())
+        client.start_client(timeout=10)
+        client.auth_none("sandbox")
+        sftp = paramiko.SFTPClient.from_transport(client)
+        assert sftp is not None
+        assert _sftp.limits(sftp) == (32768, 32768)
+        sftp.close()
+    finally:
+        client.close()
+        server.close()

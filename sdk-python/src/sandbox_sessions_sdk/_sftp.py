@@ -23,6 +23,7 @@ through ``SFTPFile``'s buffering.
 
 from __future__ import annotations
 
+import socket
 from typing import BinaryIO, Dict, List, Tuple
 
 import paramiko
@@ -34,29 +35,41 @@ CHUNK = 32 * 1024
 MAX_CHUNK = 256 * 1024 - 1024
 
 _LIMITS_ATTR = "_sandbox_sessions_sdk_limits"
+# How long a server may take to answer the limits query.
+_LIMITS_TIMEOUT = 10.0
 
 
 def limits(sftp: paramiko.SFTPClient) -> Tuple[int, int]:
     """The (read, write) request sizes the server takes.
 
-    Asks ``limits@openssh.com`` once per SFTP session; a server without it
-    (or any error) gets 32 KiB both ways.
+    Asks ``limits@openssh.com`` once per SFTP session, and takes the
+    server's sizes up to 255 KiB; a server without it (or any error, or no
+    answer within 10 s) gets 32 KiB both ways.
     """
     cached = getattr(sftp, _LIMITS_ATTR, None)
     if cached is not None:
         return cached  # type: ignore[no-any-return]
     result = (CHUNK, CHUNK)
+    # Paramiko drops the server's extension list, so the request goes out
+    # unannounced: a server that never answers must not hang the caller.
+    channel = sftp.get_channel()
+    timeout = channel.gettimeout() if channel is not None else None
     try:
+        if channel is not None:
+            channel.settimeout(_LIMITS_TIMEOUT)
         t, msg = sftp._request(CMD_EXTENDED, "limits@openssh.com")  # type: ignore[attr-defined]
         if t == CMD_EXTENDED_REPLY:
             msg.get_int64()  # packet length
             read_len, write_len = msg.get_int64(), msg.get_int64()
             result = (
-                max(CHUNK, min(read_len or CHUNK, MAX_CHUNK)),
-                max(CHUNK, min(write_len or CHUNK, MAX_CHUNK)),
+                min(read_len, MAX_CHUNK) if read_len > 0 else CHUNK,
+                min(write_len, MAX_CHUNK) if write_len > 0 else CHUNK,
             )
-    except (IOError, SFTPError, EOFError):
+    except (IOError, SFTPError, EOFError, socket.timeout):
         pass
+    finally:
+        if channel is not None:
+            channel.settimeout(timeout)
     setattr(sftp, _LIMITS_ATTR, result)
     return result
 

@@ -87,6 +87,12 @@ func InitMain(args []string) int {
 	return 1
 }
 
+// ptyMax caps the terminals open at once in one sandbox (its devpts's
+// max=): they come out of the host's kernel.pty.max, shared by every
+// sandbox, which one sandbox opening /dev/ptmx in a loop would otherwise
+// exhaust for the others.
+const ptyMax = 64
+
 // buildSandbox turns the init's fresh namespaces into the sandbox and
 // returns the server of its control socket. It closes fds.
 func buildSandbox(spec *initSpec, fds []int) (*initd, error) {
@@ -424,7 +430,7 @@ func buildDev(r string, shmBytes int64) error {
 		}
 	}
 	if err := mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
-		fmt.Sprintf("newinstance,ptmxmode=0666,mode=0620,gid=%d", ttyGID)); err != nil {
+		fmt.Sprintf("newinstance,ptmxmode=0666,mode=0620,gid=%d,max=%d", ttyGID, ptyMax)); err != nil {
 		return err
 	}
 	if err := mount("tmpfs", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,

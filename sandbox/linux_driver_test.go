@@ -357,3 +357,29 @@ func TestLinuxCgroupV2Plumbing(t *testing.T) {
 		t.Errorf("v2 cgroup left: %v", err)
 	}
 }
+
+// One sandbox cannot take every terminal of the host: its devpts stops at
+// 64, and what it holds is released with it.
+func TestLinuxTerminalsCapped(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-ptys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	const script = `python3 -c '
+import errno, os
+fds = []
+try:
+    while True:
+        fds.append(os.openpty())
+except OSError as e:
+    print(len(fds), errno.errorcode[e.errno])
+'`
+	out, stderr, exit := runIn(t, sb, script)
+	if exit.Code != 0 || strings.TrimSpace(out) != "64 ENOSPC" {
+		t.Fatalf("opening terminals until refused: %q %q %+v", out, stderr, exit)
+	}
+}

@@ -64,7 +64,9 @@ func TestLinuxSandboxBasics(t *testing.T) {
 		if r.Code != 0 {
 			t.Fatalf("exec: %+v", r)
 		}
-		r2 := gwtest.Exec(t, c, "ps -eo args | grep -c '^sleep 100007'; cat /tmp/kept /workspace/ws; readlink /proc/self/ns/pid /proc/self/ns/mnt /proc/self/ns/net")
+		// The job may still be between its fork and its exec of sleep.
+		r2 := gwtest.Exec(t, c, "for i in $(seq 50); do n=$(ps -eo args | grep -c '^sleep 100007'); [ $n = 1 ] && break; sleep 0.1; done; echo $n; "+
+			"cat /tmp/kept /workspace/ws; readlink /proc/self/ns/pid /proc/self/ns/mnt /proc/self/ns/net")
 		want := "1\nkept\nws\n" + r.Stdout
 		if r2.Stdout != want {
 			t.Fatalf("second exec saw %q, want %q", r2.Stdout, want)

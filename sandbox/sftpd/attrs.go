@@ -98,7 +98,7 @@ func (s *server) longname(name string, fi fs.FileInfo, a attrs, now time.Time) s
 		layout = "Jan _2  2006"
 	}
 	return fmt.Sprintf("%s %3d %-8s %-8s %8d %s %s", modeString(a.perm), nlink,
-		s.names.user(a.uid), s.names.group(a.gid), a.size, mt.Format(layout), name)
+		orNumber(s.names.user(a.uid), a.uid), orNumber(s.names.group(a.gid), a.gid), a.size, mt.Format(layout), name)
 }
 
 // modeString is ls's ten-character mode: type, then rwx with s/S and t/T.
@@ -141,8 +141,8 @@ func modeString(v uint32) string {
 	return string(b)
 }
 
-// nameCache maps uids and gids to names for longname, numbers when the
-// system has no name for them.
+// nameCache maps uids and gids to the system's names for them, "" where
+// it has none; longname shows the number then.
 type nameCache struct {
 	users, groups map[uint32]string
 }
@@ -171,15 +171,23 @@ func (c *nameCache) group(gid uint32) string {
 	})
 }
 
-// cachedName looks id up once; a failed lookup caches the number itself.
+// cachedName looks id up once; a failed lookup caches "".
 func cachedName(cache map[uint32]string, id uint32, lookup func(string) (string, error)) string {
 	if n, ok := cache[id]; ok {
 		return n
 	}
-	n := strconv.FormatUint(uint64(id), 10)
-	if name, err := lookup(n); err == nil {
-		n = name
+	n, err := lookup(strconv.FormatUint(uint64(id), 10))
+	if err != nil {
+		n = ""
 	}
 	cache[id] = n
 	return n
+}
+
+// orNumber is name, or id when the system has no name for it.
+func orNumber(name string, id uint32) string {
+	if name == "" {
+		return strconv.FormatUint(uint64(id), 10)
+	}
+	return name
 }

@@ -2,6 +2,7 @@ package sftpd
 
 import (
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"strings"
@@ -82,9 +83,86 @@ func (s *server) extended(id uint32, d *decoder) {
 			return
 		}
 		s.replyName(id, s.path(p))
+	case "home-directory":
+		u := d.string()
+		if d.err != nil {
+			return
+		}
+		// The sandbox has one user; its home is the start dir.
+		if u != "" && u != s.names.user(uint32(os.Getuid())) {
+			s.status(id, fxNoSuchFile, "No such user")
+			return
+		}
+		s.replyName(id, s.start)
+	case "users-groups-by-id@openssh.com":
+		s.usersGroups(id, d)
+	case "copy-data":
+		s.copyData(id, d)
 	default:
 		s.status(id, fxOpUnsupported, "Operation unsupported: "+name)
 	}
+}
+
+// usersGroups answers users-groups-by-id@openssh.com: the names of lists
+// of uids and gids, "" for those the system does not know.
+func (s *server) usersGroups(id uint32, d *decoder) {
+	uids, gids := &decoder{b: d.bytes()}, &decoder{b: d.bytes()}
+	if d.err != nil {
+		return
+	}
+	var users, groups encoder
+	for len(uids.b) > 0 && uids.err == nil {
+		users = users.string(s.names.user(uids.uint32()))
+	}
+	for len(gids.b) > 0 && gids.err == nil {
+		groups = groups.string(s.names.group(gids.uint32()))
+	}
+	if uids.err != nil || gids.err != nil {
+		d.err = errShort
+		return
+	}
+	at := s.begin(fxpExtendedReply, id)
+	s.out = s.out.string(string(users)).string(string(groups))
+	s.end(at)
+}
+
+// copyData answers copy-data: length bytes (0: to the end) from one open
+// file to another, at their offsets, without the data crossing the wire.
+func (s *server) copyData(id uint32, d *decoder) {
+	rh, rerr := s.handle(d.bytes(), false)
+	roff, length := d.uint64(), d.uint64()
+	wh, werr := s.handle(d.bytes(), false)
+	woff := d.uint64()
+	if d.err != nil {
+		return
+	}
+	switch {
+	case rerr != nil:
+		s.fail(id, rerr)
+		return
+	case werr != nil:
+		s.fail(id, werr)
+		return
+	case roff > 1<<63-1 || woff > 1<<63-1:
+		s.fail(id, syscall.EINVAL)
+		return
+	}
+	n := uint64(1<<63-1) - roff // to the end
+	if length != 0 && length < n {
+		n = length
+	}
+	// Overlapping ranges of one file would read bytes already overwritten.
+	if rh == wh && roff < satAdd(woff, n) && woff < satAdd(roff, n) {
+		s.fail(id, errOverlap)
+		return
+	}
+	var dst io.Writer = io.NewOffsetWriter(wh.f, int64(woff))
+	if wh.append {
+		dst = wh.f
+	}
+	buf := make([]byte, maxData)
+	_, err := io.CopyBuffer(struct{ io.Writer }{dst}, io.NewSectionReader(rh.f, int64(roff), int64(n)), buf)
+	s.result(id, err)
 }
 
 func (s *server) statvfs(id uint32, f *os.File) {
@@ -201,4 +279,12 @@ func (s *server) chown(name string, f *os.File, uid, gid uint32, link bool) erro
 	default:
 		return s.fs.Chown(name, int(uid), int(gid))
 	}
+}
+
+// satAdd is a+b, or the largest uint64 where that overflows.
+func satAdd(a, b uint64) uint64 {
+	if a+b < a {
+		return 1<<64 - 1
+	}
+	return a + b
 }

@@ -44,6 +44,9 @@ var extensions = [][2]string{
 	{"lsetstat@openssh.com", "1"},
 	{"limits@openssh.com", "1"},
 	{"expand-path@openssh.com", "1"},
+	{"copy-data", "1"},
+	{"home-directory", "1"},
+	{"users-groups-by-id@openssh.com", "1"},
 }
 
 // Options configures Serve.
@@ -229,7 +232,7 @@ func (s *server) fail(id uint32, err error) {
 		s.status(id, fxFailure, "Failure: "+errno.Error())
 	case errors.Is(err, errSetID):
 		s.status(id, fxPermissionDenied, "Permission denied: "+err.Error())
-	case errors.Is(err, errIsDir), errors.Is(err, errNotFile), errors.Is(err, errBadHandle),
+	case errors.Is(err, errIsDir), errors.Is(err, errNotFile), errors.Is(err, errBadHandle), errors.Is(err, errOverlap),
 		errors.Is(err, errTooManyHandles), errors.Is(err, errLsetstatSize):
 		s.status(id, fxFailure, "Failure: "+err.Error())
 	default:
@@ -239,6 +242,7 @@ func (s *server) fail(id uint32, err error) {
 
 var (
 	errNotFile        = errors.New("not a regular file or device")
+	errOverlap        = errors.New("the copy's source and destination overlap")
 	errSetID          = errors.New("setuid and setgid bits are not granted by a server running as root")
 	errBadHandle      = errors.New("invalid handle")
 	errTooManyHandles = fmt.Errorf("too many open handles (limit %d)", maxHandles)

@@ -277,3 +277,49 @@ func TestRepliesFlushedBeforeAProtocolError(t *testing.T) {
 		t.Fatalf("%d replies before the error, want VERSION and HANDLE", len(ps))
 	}
 }
+
+// TestOpenSSHExtensions: users-groups-by-id, home-directory and copy-data,
+// which OpenSSH's sftp uses for `ls -l` of one file, `cd ~` and `cp`.
+func TestOpenSSHExtensions(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "src"), []byte("0123456789"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ids := encoder{}.uint32(uint32(os.Getuid())).uint32(4000000000)
+	gids := encoder{}.uint32(uint32(os.Getgid()))
+	in := packet(fxpInit, uint32(3))
+	in = append(in, packet(fxpExtended, uint32(1), "users-groups-by-id@openssh.com", string(ids), string(gids))...)
+	in = append(in, packet(fxpExtended, uint32(2), "home-directory", "")...)
+	in = append(in, packet(fxpExtended, uint32(3), "home-directory", "nosuchuser-xyz")...)
+	in = append(in, packet(fxpOpen, uint32(4), "/src", uint32(fxfRead|fxfWrite), uint32(0))...)
+	in = append(in, packet(fxpOpen, uint32(5), "/dst", uint32(fxfWrite|fxfCreat), uint32(0))...)
+	// bytes 2..7 of src to dst at offset 1; then the rest of src from 8 on.
+	in = append(in, packet(fxpExtended, uint32(6), "copy-data", "1", uint64(2), uint64(6), "2", uint64(1))...)
+	in = append(in, packet(fxpExtended, uint32(7), "copy-data", "1", uint64(8), uint64(0), "2", uint64(7))...)
+	// Overlapping ranges of one file are refused.
+	in = append(in, packet(fxpExtended, uint32(8), "copy-data", "1", uint64(0), uint64(5), "1", uint64(3))...)
+	out, err := serveIn(t, dir, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := replies(t, out)
+	if len(ps) != 9 {
+		t.Fatalf("%d replies, want 9", len(ps))
+	}
+	d := &decoder{b: ps[1][5:]}
+	users, groups := &decoder{b: d.bytes()}, &decoder{b: d.bytes()}
+	if u1, u2, g1 := users.string(), users.string(), groups.string(); u1 == "" || u2 != "" || g1 == "" || users.err != nil || groups.err != nil {
+		t.Errorf("users-groups-by-id: %q %q %q", u1, u2, g1)
+	}
+	if ps[2][0] != fxpName || statusOf(ps[3]) != fxNoSuchFile {
+		t.Errorf("home-directory: reply types %d %d", ps[2][0], ps[3][0])
+	}
+	for i, want := range map[int]uint32{6: fxOK, 7: fxOK, 8: fxFailure} {
+		if got := statusOf(ps[i]); got != want {
+			t.Errorf("copy-data %d: status %d, want %d", i, got, want)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "dst")); string(b) != "\x00234567"+"89" {
+		t.Errorf("dst = %q", b)
+	}
+}

@@ -15,20 +15,10 @@ import (
 	"github.com/sandgate/sandgate/sandbox"
 )
 
-// Driver creates sandboxes; sandbox.Driver satisfies it.
+// Driver is the part of sandbox.Driver the Manager uses: tests hand it
+// drivers that wrap a real one.
 type Driver interface {
 	Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error)
-}
-
-// Reattacher is implemented by drivers whose sandboxes can outlive the
-// gateway process, so that a restarted gateway finds them again.
-type Reattacher interface {
-	// List returns the ids of the sandboxes present on the host.
-	List(ctx context.Context) ([]string, error)
-	// Adopt re-attaches the live sandbox id; an error means it is gone or broken.
-	Adopt(ctx context.Context, id string) (sandbox.Sandbox, error)
-	// Remove destroys whatever is left of sandbox id.
-	Remove(ctx context.Context, id string) error
 }
 
 // Config bounds the Manager. Zero values get the defaults noted.
@@ -65,15 +55,9 @@ type Manager struct {
 	undestroyed []*Session
 }
 
-// doner is implemented by sandboxes that can end on their own (the linux
-// driver's init may die): Done is closed when that happens.
-type doner interface {
-	Done() <-chan struct{}
-}
-
 // watch marks s failed if its sandbox ends while the session still runs.
 func (m *Manager) watch(s *Session) {
-	d, ok := s.sandbox.(doner)
+	d, ok := s.sandbox.(sandbox.Ender)
 	if !ok {
 		return
 	}
@@ -429,7 +413,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load sessions: %w", err)
 	}
-	ra, _ := m.driver.(Reattacher)
+	ra, _ := m.driver.(sandbox.Reattacher)
 	var present []string
 	if ra != nil {
 		if present, err = ra.List(ctx); err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/workdir"
 )
 
 var (
@@ -62,7 +63,7 @@ func newManager(t testing.TB, cfg gateway.Config) (*gateway.Manager, string) {
 func newManagerLog(t testing.TB, cfg gateway.Config, log *slog.Logger) (*gateway.Manager, string) {
 	t.Helper()
 	root := t.TempDir()
-	driver, err := sandbox.NewWorkdir(sandbox.WorkdirConfig{Root: root})
+	driver, err := workdir.New(workdir.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +528,7 @@ func TestManagerQuotaNotDoubleCounted(t *testing.T) {
 
 // flakyDriver fails the creates it is told to and passes the others on.
 type flakyDriver struct {
-	inner *sandbox.Workdir
+	inner *workdir.Driver
 	fail  atomic.Bool
 }
 
@@ -540,7 +541,7 @@ func (d *flakyDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sa
 
 func TestManagerSandboxFailureReleasesQuota(t *testing.T) {
 	root := t.TempDir()
-	wd, err := sandbox.NewWorkdir(sandbox.WorkdirConfig{Root: root})
+	wd, err := workdir.New(workdir.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}

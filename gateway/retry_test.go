@@ -9,12 +9,13 @@ import (
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/workdir"
 )
 
 // stuckDriver hands out real workdir sandboxes whose first Destroy fails,
 // as a busy cgroup or mount would.
 type stuckDriver struct {
-	inner *sandbox.Workdir
+	inner *workdir.Driver
 }
 
 func (d stuckDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
@@ -39,7 +40,7 @@ func (s *stuckSandbox) Destroy(ctx context.Context) error {
 
 func TestManagerRetriesFailedDestroy(t *testing.T) {
 	root := t.TempDir()
-	wd, err := sandbox.NewWorkdir(sandbox.WorkdirConfig{Root: root})
+	wd, err := workdir.New(workdir.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}

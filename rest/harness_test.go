@@ -22,7 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
-	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/workdir"
 	"github.com/sandgate/sandgate/tunnel"
 )
 
@@ -105,7 +105,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	root := t.TempDir()
-	driver, err := sandbox.NewWorkdir(sandbox.WorkdirConfig{Root: root})
+	driver, err := workdir.New(workdir.Config{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,20 +1,30 @@
-// Package sandbox isolates a session's processes and files.
+// Package sandbox is the API between the gateway and the drivers that
+// isolate a session's processes and files. It holds no driver: those are
+// sandbox/workdir and sandbox/linuxns, and cmd/sandgate picks one.
 //
 // A Driver creates one Sandbox per session. Every process of the session
 // (exec, shell, sftp-server) is started through Sandbox.Start, so callers never
 // learn which driver they run on: adding a driver changes no caller.
+//
+// Optional behaviour is a small interface below (Reporter, Reattacher,
+// Detacher, Ender); each says who implements it and who uses it.
+// docs/architecture.md has the package map.
 package sandbox
 
 import (
 	"context"
-	"errors"
 	"io"
-	"os"
 	"syscall"
 )
 
+// Error is a sentinel error of this package: a constant, so that no
+// importer can change it.
+type Error string
+
+func (e Error) Error() string { return string(e) }
+
 // ErrClosed is returned by Start once the sandbox has been destroyed.
-var ErrClosed = errors.New("sandbox is closed")
+const ErrClosed = Error("sandbox is closed")
 
 // Spec describes the sandbox to create for one session.
 type Spec struct {
@@ -45,6 +55,14 @@ type Sandbox interface {
 // Window is a terminal size in character cells.
 type Window struct {
 	Cols, Rows uint16
+}
+
+// OrDefault is w, or 80x24 when a side is zero.
+func (w Window) OrDefault() Window {
+	if w.Cols == 0 || w.Rows == 0 {
+		return Window{Cols: 80, Rows: 24}
+	}
+	return w
 }
 
 // PTY asks for a pseudo-terminal.
@@ -98,22 +116,36 @@ type Process interface {
 	Kill()
 }
 
-// exitFromState converts an os.ProcessState into an Exit.
-func exitFromState(st *os.ProcessState) Exit {
-	ws, ok := st.Sys().(syscall.WaitStatus)
-	if !ok {
-		return Exit{Code: st.ExitCode()}
-	}
-	return exitFromWaitStatus(ws)
+// Reporter is implemented by drivers that can tell which limits they enforce
+// on this host (linuxns). cmd/sandgate logs it at start; /readyz shows it.
+type Reporter interface {
+	Report() map[string]any
 }
 
-// exitFromWaitStatus converts a wait status into an Exit.
-func exitFromWaitStatus(ws syscall.WaitStatus) Exit {
-	if ws.Signaled() {
-		if name := SignalName(ws.Signal()); name != "" {
-			return Exit{Signal: name, CoreDumped: ws.CoreDump()}
-		}
-		return Exit{Code: 128 + int(ws.Signal())}
-	}
-	return Exit{Code: ws.ExitStatus()}
+// Reattacher is implemented by drivers whose sandboxes can outlive the
+// gateway process (linuxns, workdir), so that a restarted gateway finds
+// them again. gateway.Manager uses it at restore.
+type Reattacher interface {
+	// List returns the ids of the sandboxes present on the host.
+	List(ctx context.Context) ([]string, error)
+	// Adopt re-attaches the live sandbox id; an error means it is gone or broken.
+	Adopt(ctx context.Context, id string) (Sandbox, error)
+	// Remove destroys whatever is left of sandbox id.
+	Remove(ctx context.Context, id string) error
+}
+
+// Detacher is implemented by sandboxes that can be left behind when the
+// gateway stops with --keep-sandboxes-on-exit, to be adopted by the next
+// gateway process (linuxns, workdir). gateway.Manager uses it at shutdown.
+type Detacher interface {
+	// Detach releases the gateway's hold on the sandbox without destroying
+	// what the next process adopts.
+	Detach(ctx context.Context) error
+}
+
+// Ender is implemented by sandboxes that can end on their own (linuxns:
+// its init may die). gateway.Manager watches it to fail the session.
+type Ender interface {
+	// Done is closed when the sandbox has ended.
+	Done() <-chan struct{}
 }

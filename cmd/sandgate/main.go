@@ -8,7 +8,8 @@ import (
 	"io"
 	"os"
 
-	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns/initd"
+	"github.com/sandgate/sandgate/sftpd"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -44,9 +45,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "sandgate", version)
 		return 0
 	case "sftp-server":
-		return sandbox.SFTPServerMain(rest)
+		return sftpd.Main(rest)
 	case "sandbox-init":
-		return sandbox.InitMain(rest)
+		return initd.Main(rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

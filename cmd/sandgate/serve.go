@@ -227,7 +227,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
-	driver, err := sandbox.Open(cfg.sandboxDriver, sandbox.Config{
+	driver, err := openDriver(cfg.sandboxDriver, sandbox.Config{
 		DataDir: cfg.dataDir, Log: log, Limits: *cfg.limits,
 		// Restore below re-attaches what the store knows and removes the rest.
 		KeepOrphans: true,

@@ -27,6 +27,10 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
+	"github.com/sandgate/sandgate/sandbox/linuxns/initd"
+	"github.com/sandgate/sandgate/sandbox/workdir"
+	"github.com/sandgate/sandgate/sftpd"
 	"github.com/sandgate/sandgate/sshd"
 	"github.com/sandgate/sandgate/tunnel"
 )
@@ -40,9 +44,9 @@ func Dispatch() {
 	}
 	switch os.Args[1] {
 	case "sftp-server":
-		os.Exit(sandbox.SFTPServerMain(os.Args[2:]))
+		os.Exit(sftpd.Main(os.Args[2:]))
 	case "sandbox-init":
-		os.Exit(sandbox.InitMain(os.Args[2:]))
+		os.Exit(initd.Main(os.Args[2:]))
 	}
 }
 
@@ -53,7 +57,7 @@ type Options struct {
 	Manager   gateway.Config
 	SSH       sshd.Config
 	RateLimit int
-	// Driver is the sandbox driver name for sandbox.Open (default "workdir").
+	// Driver is the sandbox driver: "workdir" (the default) or "linux".
 	Driver string
 	// ReadHeaderTimeout for the HTTP server (default 2s).
 	ReadHeaderTimeout time.Duration
@@ -116,7 +120,15 @@ func Start(t testing.TB, o Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	drv, err := sandbox.Open(o.Driver, sandbox.Config{DataDir: dataDir, Log: log})
+	var drv sandbox.Driver
+	switch o.Driver {
+	case "workdir":
+		drv, err = workdir.New(workdir.Config{Root: filepath.Join(dataDir, "sessions")})
+	case "linux":
+		drv, err = linuxns.New(sandbox.Config{DataDir: dataDir, Log: log})
+	default:
+		err = fmt.Errorf("gwtest: unknown driver %q", o.Driver)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,11 +345,11 @@ func Exec(t testing.TB, c *gossh.Client, cmd string) Result {
 }
 
 // TaggedProcesses lists pids of live processes whose environment holds
-// sandbox.SessionEnvVar=id (workdir sandboxes tag their processes so).
+// workdir.SessionEnvVar=id (workdir sandboxes tag their processes so).
 func TaggedProcesses(id string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
-	want := sandbox.SessionEnvVar + "=" + id
+	want := workdir.SessionEnvVar + "=" + id
 	for _, e := range entries {
 		var pid int
 		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {

@@ -1,0 +1,29 @@
+package procio
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// bulkPipeSize is the capacity given to a process's stdin and stdout pipes
+// instead of the kernel's 64 KiB (two 32 KiB SFTP packets): the process
+// and the gateway then wake each other far less often on bulk transfers
+// (sftp-server CPU -13%, gateway+sftp-server CPU -15 to -25% per GiB in
+// bench/). Pages are only allocated while data waits in the pipe.
+const bulkPipeSize = 1 << 20
+
+// GrowPipe raises the capacity of the pipe f belongs to. Only a privileged
+// gateway does it: an unprivileged user's pipes count against
+// fs.pipe-user-pages-soft, past which new pipes shrink to two pages.
+// Failure keeps the default.
+func GrowPipe(f *os.File) {
+	if os.Geteuid() != 0 {
+		return
+	}
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, bulkPipeSize)
+		})
+	}
+}

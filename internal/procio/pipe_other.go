@@ -1,0 +1,8 @@
+//go:build !linux
+
+package procio
+
+import "os"
+
+// GrowPipe is a no-op where pipes cannot be resized.
+func GrowPipe(*os.File) {}

@@ -1,0 +1,57 @@
+package sandbox
+
+import "log/slog"
+
+// Config is what every driver may need from the gateway.
+type Config struct {
+	// DataDir is the gateway's data dir; drivers keep their state under it.
+	DataDir string
+	// SelfExe is the sandgate binary (default: os.Executable).
+	SelfExe string
+	Log     *slog.Logger
+	// Limits are per-sandbox resource limits, for drivers that enforce them.
+	Limits Limits
+	// KeepOrphans, for the linuxns driver, leaves the sandboxes of a
+	// previous run of the gateway alone at start so that they can be
+	// re-adopted (Reattacher). By default the driver reaps them: it kills
+	// their init, removes their cgroups, mounts and directories.
+	KeepOrphans bool
+}
+
+// Limits bound one sandbox. Zero values get each driver's defaults.
+type Limits struct {
+	MemoryBytes    int64   // memory cgroup limit (default 512 MiB)
+	Pids           int64   // pids cgroup limit (default 256)
+	CPUs           float64 // CPU quota in cores (default 1)
+	TmpBytes       int64   // size of the private /tmp (default 256 MiB)
+	WorkspaceBytes int64   // size of the workspace filesystem (default 1 GiB)
+}
+
+// Default limits, used for every zero field of Limits.
+const (
+	DefaultMemoryBytes    = 512 << 20
+	DefaultPids           = 256
+	DefaultCPUs           = 1.0
+	DefaultTmpBytes       = 256 << 20
+	DefaultWorkspaceBytes = 1 << 30
+)
+
+// WithDefaults fills the zero fields of l with the defaults.
+func (l Limits) WithDefaults() Limits {
+	if l.MemoryBytes <= 0 {
+		l.MemoryBytes = DefaultMemoryBytes
+	}
+	if l.Pids <= 0 {
+		l.Pids = DefaultPids
+	}
+	if l.CPUs <= 0 {
+		l.CPUs = DefaultCPUs
+	}
+	if l.TmpBytes <= 0 {
+		l.TmpBytes = DefaultTmpBytes
+	}
+	if l.WorkspaceBytes <= 0 {
+		l.WorkspaceBytes = DefaultWorkspaceBytes
+	}
+	return l
+}

@@ -1,0 +1,198 @@
+//go:build linux
+
+// Package ctl is the wire protocol between the linuxns driver, in the
+// gateway, and a sandbox's init (linuxns/initd), in the sandbox: both sides
+// import it, and nothing else is shared between the two processes.
+// docs/architecture.md ("The init protocol") walks through it.
+package ctl
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/procio"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// The gateway and a sandbox's init talk over unix stream sockets in frames:
+// a 4-byte big-endian length, then that many bytes of JSON. File
+// descriptors ride as SCM_RIGHTS on the sendmsg that carries a frame's
+// header, so the reader receives them with the header's first byte.
+//
+// Set-up (the socketpair the init is started with, fd 3 in the init):
+//
+//	gateway -> init  Spec + fds named by Spec.FDs
+//	init -> gateway  Ready
+//
+// One command (a new connection to the init's control socket per command):
+//
+//	gateway -> init  Request{Op: "exec"} + stdin, stdout, stderr (pipes; none with a PTY)
+//	init -> gateway  Reply{Op: "started"} (+ the PTY master) or {Op: "error"}
+//	gateway -> init  Request{Op: "signal"} / {Op: "kill"}, any number of times
+//	init -> gateway  Reply{Op: "exit"} once the command's process has exited
+//
+// The gateway closing the connection before the exit reply means the
+// command's client is gone: the init ends the command's process group
+// (SIGHUP, then SIGKILL after a grace), as Process.Kill does.
+
+// The sandbox's user and layout, as both sides see them.
+const (
+	// SandboxUID and SandboxGID are the sandbox user inside the sandbox.
+	SandboxUID = 1000
+	SandboxGID = 1000
+	// WorkspaceDir is where the session's workspace is mounted.
+	WorkspaceDir = "/workspace"
+	// SpecFD is the init's end of the set-up socketpair.
+	SpecFD = 3
+)
+
+const (
+	maxFrame    = 4 << 20
+	maxFrameFDs = 16
+	// Protocol versions the messages below; it is kept in each
+	// sandbox's state. Change it only with a way to talk to older inits.
+	Protocol = 1
+)
+
+// Spec tells a new init how to build its sandbox.
+type Spec struct {
+	ID       string `json:"id"`
+	Hostname string `json:"hostname"`
+	TmpBytes int64  `json:"tmpBytes"`
+	ShmBytes int64  `json:"shmBytes"`
+	// SocketCheckMillis is how often the init checks that its control
+	// socket's file still exists (see "socket-file").
+	SocketCheckMillis int64 `json:"socketCheckMillis"`
+	// Probe builds the sandbox, reports and exits: Open uses it to learn
+	// whether this host can run the linux driver.
+	Probe bool `json:"probe,omitempty"`
+	// FDs names the descriptors sent with the spec, in order:
+	// "listener" (the control socket, listening), "workspace" (a detached
+	// mount to attach at /workspace), "tasks" (the open cgroup v1 tasks
+	// files of the cgroups the commands run in), "socket-file" (an O_PATH descriptor of the control
+	// socket's file: once it is unlinked, no gateway can reach the init,
+	// which then ends the sandbox).
+	FDs []string `json:"fds"`
+}
+
+// Ready is the init's answer to Spec.
+type Ready struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// Request is a message from the gateway on a control connection.
+type Request struct {
+	Op        string       `json:"op"` // exec, signal, kill
+	Command   string       `json:"command,omitempty"`
+	Subsystem string       `json:"subsystem,omitempty"`
+	Env       []string     `json:"env,omitempty"`
+	PTY       *sandbox.PTY `json:"pty,omitempty"`
+	Signal    int          `json:"signal,omitempty"`
+}
+
+// Reply is a message from the init on a control connection.
+type Reply struct {
+	Op    string        `json:"op"` // started, error, exit
+	Pid   int           `json:"pid,omitempty"`
+	Error string        `json:"error,omitempty"`
+	Exit  *sandbox.Exit `json:"exit,omitempty"`
+}
+
+// WriteFrame sends v as one frame with fds attached.
+func WriteFrame(c *net.UnixConn, v any, fds ...int) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(body) > maxFrame {
+		return fmt.Errorf("frame of %d bytes is too large", len(body))
+	}
+	msg := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(msg, uint32(len(body)))
+	copy(msg[4:], body)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	n, _, err := c.WriteMsgUnix(msg, oob, nil)
+	if err != nil {
+		return err
+	}
+	// A stream socket may take a large frame in several writes; the
+	// descriptors went with the first.
+	if n < len(msg) {
+		_, err = c.Write(msg[n:])
+	}
+	return err
+}
+
+// ReadFrame reads one frame into v and returns the descriptors that came
+// with it (close-on-exec). On error, no descriptor is left open.
+func ReadFrame(c *net.UnixConn, v any) (fds []int, err error) {
+	defer func() {
+		if err != nil {
+			procio.CloseFDs(fds)
+			fds = nil
+		}
+	}()
+	var hdr [4]byte
+	oob := make([]byte, unix.CmsgSpace(4*maxFrameFDs))
+	for got := 0; got < len(hdr); {
+		n, oobn, _, _, err := c.ReadMsgUnix(hdr[got:], oob)
+		if oobn > 0 {
+			more, perr := parseRights(oob[:oobn])
+			fds = append(fds, more...)
+			if perr != nil {
+				return fds, perr
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && got > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return fds, err
+		}
+		if n == 0 {
+			return fds, io.EOF
+		}
+		got += n
+	}
+	size := binary.BigEndian.Uint32(hdr[:])
+	if size > maxFrame {
+		return fds, fmt.Errorf("frame of %d bytes is too large", size)
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return fds, err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fds, fmt.Errorf("decode frame: %w", err)
+	}
+	return fds, nil
+}
+
+func parseRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	for _, m := range msgs {
+		if m.Header.Level != unix.SOL_SOCKET || m.Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		got, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			return fds, err
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}

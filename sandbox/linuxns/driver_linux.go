@@ -1,0 +1,653 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/cgroup"
+	"github.com/sandgate/sandgate/internal/mountinfo"
+	"github.com/sandgate/sandgate/internal/procio"
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
+)
+
+// Host uids and gids of sandboxes: sandbox n maps its ids 0..65535 to
+// hostIDBase + n*idRange onwards, so its user (1000 inside) is a host uid
+// far above any account's and no two sandboxes share one. Slot 0 is the
+// start-up probe's.
+const (
+	hostIDBase = 1 << 30
+	idRange    = 1 << 16
+	maxSlots   = (1<<31 - hostIDBase) / idRange
+)
+
+const (
+	initFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID |
+		syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
+	// initTimeout bounds building a sandbox when the caller's context has
+	// no deadline.
+	initTimeout = 30 * time.Second
+)
+
+// socketCheck is how often an init checks that its control socket is still
+// on the host.
+const socketCheck = 10 * time.Second
+
+// Driver is the linux driver (docs/architecture.md, "The linuxns driver"). Each sandbox is a per-session
+// init, `sandgate sandbox-init`: one clone of the gateway's own binary in
+// new user, mount, pid, net, ipc and uts namespaces (and a cgroup namespace
+// for what it starts), which builds a root of read-only host directories, a
+// fresh /proc, a minimal /dev, a private /tmp and the workspace, then serves
+// a unix control socket at <DataDir>/sandboxes/<id>/control.sock.
+//
+// Every command of the session (exec, shell, sftp-server) is started by
+// that init, so all of them share one sandbox: the gateway connects to the
+// control socket, passes the command's stdio pipes (SCM_RIGHTS), and the
+// init forks it as the sandbox user; with a sandbox.PTY the init opens the terminal
+// in the sandbox's devpts and hands the master back. Output never passes
+// through the init.
+//
+// Sandboxes outlive the gateway process: an init has its own session and
+// no parent-death signal, and its state is kept in <DataDir>/sandboxes/<id>.
+// At Open the driver reaps every sandbox a previous run left (kills its
+// init, removes its cgroups, mounts and files), unless Config.KeepOrphans
+// keeps them for List, Adopt and Remove (sandbox.Reattacher). An init whose
+// control socket is deleted from the host ends itself.
+type Driver struct {
+	cfg    sandbox.Config
+	limits sandbox.Limits
+	root   string // <DataDir>/sandboxes
+	exe    string
+	log    *slog.Logger
+	cg     *cgroup.Plan
+	ws     *workspaces
+	report map[string]any
+	// sockCheck is socketCheck, shortened by tests.
+	sockCheck time.Duration
+
+	mu    sync.Mutex
+	slots map[int]string // slot -> sandbox id
+}
+
+// New returns the linux driver after checking that this host can run
+// it (a probe sandbox is built and torn down).
+func New(cfg sandbox.Config) (*Driver, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the linux driver needs root (it maps sandbox users, mounts workspaces and makes cgroups)")
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("the linux driver needs a data dir")
+	}
+	root, err := filepath.Abs(filepath.Join(cfg.DataDir, "sandboxes"))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("sandboxes dir: %w", err)
+	}
+	exe := cfg.SelfExe
+	if exe == "" {
+		exe = "/proc/self/exe"
+	}
+	d := &Driver{
+		cfg: cfg, limits: cfg.Limits.WithDefaults(), root: root, exe: exe, log: cfg.Log,
+		slots: map[int]string{0: ""}, sockCheck: socketCheck,
+	}
+	if err := d.probe(); err != nil {
+		return nil, err
+	}
+	d.cg = cgroup.Detect()
+	d.removeTemplates()
+	if cfg.KeepOrphans {
+		d.reserveExisting()
+	} else {
+		d.reapAll()
+	}
+	d.ws = prepareWorkspaces(root, d.limits.WorkspaceBytes)
+	d.report = d.buildReport()
+	return d, nil
+}
+
+// Name implements Driver.
+func (d *Driver) Name() string { return "linux" }
+
+// Report implements Reporter: what this host enforces, and what it cannot.
+func (d *Driver) Report() map[string]any { return d.report }
+
+func (d *Driver) buildReport() map[string]any {
+	l := d.limits
+	unenforced := []string{}
+	limit := func(name string, value any, unit, via, missing string) map[string]any {
+		m := map[string]any{unit: value, "enforced": missing == ""}
+		if missing == "" {
+			m["via"] = via
+		} else {
+			m["reason"] = missing
+			unenforced = append(unenforced, name)
+			d.log.Warn("sandbox limit not enforced on this host", "limit", name, "reason", missing)
+		}
+		return m
+	}
+	limits := map[string]any{
+		"memory":    limit("memory", l.MemoryBytes, "bytes", d.cg.Via("memory"), d.cg.Missing("memory")),
+		"pids":      limit("pids", l.Pids, "max", d.cg.Via("pids"), d.cg.Missing("pids")),
+		"cpu":       limit("cpu", l.CPUs, "cores", d.cg.Via("cpu"), d.cg.Missing("cpu")),
+		"tmp":       limit("tmp", l.TmpBytes, "bytes", "tmpfs size", ""),
+		"workspace": limit("workspace", l.WorkspaceBytes, "bytes", d.ws.via(), ""),
+	}
+	if d.ws.reason != "" {
+		d.log.Warn("sandbox workspaces are tmpfs, sharing the memory limit", "reason", d.ws.reason)
+		limits["workspace"].(map[string]any)["note"] = d.ws.reason
+	}
+	return map[string]any{
+		"driver":     "linux",
+		"namespaces": "user,mount,pid,net,ipc,uts,cgroup",
+		"user":       fmt.Sprintf("uid %d in the sandbox (host uids from %d), no_new_privs, no capabilities", ctl.SandboxUID, hostIDBase),
+		"network":    "none (loopback only)",
+		"limits":     limits,
+		"unenforced": unenforced,
+	}
+}
+
+func (d *Driver) dir(id string) string { return filepath.Join(d.root, id) }
+
+// allocSlot reserves the lowest free uid range for id.
+func (d *Driver) allocSlot(id string) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for s := 1; s < maxSlots; s++ {
+		if _, used := d.slots[s]; !used {
+			d.slots[s] = id
+			return s, nil
+		}
+	}
+	return 0, errors.New("no free sandbox uid range")
+}
+
+func (d *Driver) freeSlot(slot int, id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if slot > 0 && d.slots[slot] == id {
+		delete(d.slots, slot)
+	}
+}
+
+// Create implements Driver.
+func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if !sandbox.ValidID(spec.ID) {
+		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, initTimeout)
+		defer cancel()
+	}
+	slot, err := d.allocSlot(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	dir := d.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		d.freeSlot(slot, spec.ID)
+		return nil, fmt.Errorf("sandbox dir: %w", err)
+	}
+	st := &sandboxState{
+		ID: spec.ID, Slot: slot, UIDBase: hostIDBase + slot*idRange,
+		Workspace: filepath.Join(dir, "workspace"), Socket: filepath.Join(dir, "control.sock"),
+		Cgroups: d.cg.DirsFor(spec.ID), Created: time.Now().UTC(), Protocol: ctl.Protocol,
+	}
+	if d.ws.template != "" {
+		st.Image = filepath.Join(dir, "workspace.img")
+	}
+	sb := newLinuxSandbox(d, st)
+	ok := false
+	defer func() {
+		if !ok {
+			_ = sb.teardown()
+		}
+	}()
+	// Written before anything exists, so that a crash from here on leaves
+	// enough behind for the next start to clean up.
+	if err := st.save(dir); err != nil {
+		return nil, err
+	}
+	// The workspace is made while the init starts (the init waits for
+	// its spec before it does anything).
+	wsDone := make(chan error, 1)
+	go func() {
+		wsDone <- d.ws.create(st.Workspace, st.Image, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
+	}()
+	if err := d.bootInit(ctx, sb, wsDone); err != nil {
+		return nil, err
+	}
+	ok = true
+	return sb, nil
+}
+
+// bootInit starts sb's init in its cgroups, then, once the workspace is
+// ready (wsDone), hands it everything it needs and waits until the sandbox
+// is built. It returns only after wsDone has answered.
+func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, wsDone <-chan error) (err error) {
+	st := sb.st
+	var fds []int
+	var names []string
+	waited := false
+	defer func() {
+		procio.CloseFDs(fds)
+		if !waited {
+			<-wsDone
+		}
+	}()
+	// The init is born in its cgroups: CLONE_INTO_CGROUP for v2; for v1,
+	// it is forked from a thread that joined them.
+	cgs, err := d.cg.Create(st.ID, cgroup.Limits{MemoryBytes: d.limits.MemoryBytes, Pids: d.limits.Pids, CPUs: d.limits.CPUs})
+	if err != nil {
+		return err
+	}
+	cgfd, err := cgs.OpenV2()
+	if err != nil {
+		return err
+	}
+	initTasks, procsTasks, err := cgs.TaskFiles()
+	if err != nil {
+		if cgfd >= 0 {
+			unix.Close(cgfd)
+		}
+		return err
+	}
+	fds, names = procsTasks, slices.Repeat([]string{"tasks"}, len(procsTasks))
+	cmd, conn, err := d.startInit(st.UIDBase, filepath.Join(d.dir(st.ID), "init.log"), cgfd, initTasks)
+	procio.CloseFDs(initTasks)
+	if cgfd >= 0 {
+		unix.Close(cgfd)
+	}
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sb.cmd = cmd
+	st.Pid = cmd.Process.Pid
+	// An unreaped child: the pid cannot have been reused.
+	pidfd, err := unix.PidfdOpen(st.Pid, unix.O_NONBLOCK)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("pidfd of sandbox init: %w", err)
+	}
+	sb.pidfd = os.NewFile(uintptr(pidfd), "init")
+	go sb.watch()
+	if _, st.StartTime, err = procStat(st.Pid); err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
+	if err := st.save(d.dir(st.ID)); err != nil {
+		return err
+	}
+	ln, err := listenUnix(st.Socket)
+	if err != nil {
+		return err
+	}
+	fds, names = append(fds, ln), append(names, "listener")
+	sf, err := unix.Open(st.Socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	fds, names = append(fds, sf), append(names, "socket-file")
+	is := ctl.Spec{
+		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: d.limits.TmpBytes,
+		ShmBytes: min(d.limits.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
+	}
+	waited = true
+	if err := <-wsDone; err != nil {
+		return err
+	}
+	ws, err := unix.OpenTree(unix.AT_FDCWD, st.Workspace, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("workspace mount: %w", err)
+	}
+	fds, names = append(fds, ws), append(names, "workspace")
+	is.FDs = names
+	return d.handshake(ctx, conn, is, fds)
+}
+
+// handshake sends the init its spec and waits until the sandbox is built.
+func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, fds []int) error {
+	dl, _ := ctx.Deadline()
+	_ = conn.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	if err := ctl.WriteFrame(conn, spec, fds...); err != nil {
+		return fmt.Errorf("send sandbox spec: %w", err)
+	}
+	var ready ctl.Ready
+	got, err := ctl.ReadFrame(conn, &ready)
+	procio.CloseFDs(got)
+	if err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
+	if !ready.OK {
+		return fmt.Errorf("sandbox init: %s", ready.Error)
+	}
+	return nil
+}
+
+// startInit starts a sandbox init whose ids 0..65535 map to uidBase
+// onwards, and returns it with the gateway's end of its set-up socket.
+// The init waits on that socket for its spec; closing the socket first
+// makes it exit.
+func (d *Driver) startInit(uidBase int, logPath string, cgroupFD int, cgroupTasks []int) (*exec.Cmd, *net.UnixConn, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	ours, theirs := os.NewFile(uintptr(pair[0]), "init"), os.NewFile(uintptr(pair[1]), "init")
+	defer theirs.Close()
+	defer ours.Close()
+	cmd := &exec.Cmd{
+		Path:       d.exe,
+		Args:       []string{"sandgate", "sandbox-init"},
+		Env:        []string{"GOMAXPROCS=1"},
+		Dir:        "/",
+		ExtraFiles: []*os.File{theirs}, // fd 3
+	}
+	if logPath != "" {
+		logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer logf.Close()
+		cmd.Stderr = logf
+	} else {
+		cmd.Stderr = &bytes.Buffer{}
+	}
+	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: uidBase, Size: idRange}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:                 initFlags,
+		UidMappings:                ids,
+		GidMappings:                ids,
+		GidMappingsEnableSetgroups: true,
+		// Root of its user namespace, so that it keeps its capabilities
+		// there across exec.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
+		// Its own session: no signal for the gateway's terminal or process
+		// group reaches it, and it outlives the gateway (no Pdeathsig).
+		Setsid: true,
+	}
+	if cgroupFD >= 0 {
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, cgroupFD
+	}
+	if err := d.cg.StartJoined(cmd, cgroupTasks); err != nil {
+		return nil, nil, fmt.Errorf("start sandbox init: %w", err)
+	}
+	fc, err := net.FileConn(ours)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, nil, err
+	}
+	return cmd, fc.(*net.UnixConn), nil
+}
+
+// probe builds a throwaway sandbox (without cgroups or control socket) to
+// learn whether this host supports the driver.
+func (d *Driver) probe() error {
+	ws, err := unix.OpenTree(unix.AT_FDCWD, d.root, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree: %w", err)
+	}
+	defer unix.Close(ws)
+	cmd, conn, err := d.startInit(hostIDBase, "", -1, nil)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// Sandboxes are watched through pidfds (Driver 5.3).
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, unix.O_NONBLOCK)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("pidfd_open: %w", err)
+	}
+	unix.Close(pidfd)
+	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
+	defer cancel()
+	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"}}
+	herr := d.handshake(ctx, conn, spec, []int{ws})
+	if herr != nil {
+		_ = cmd.Process.Kill()
+	}
+	werr := cmd.Wait()
+	if herr != nil {
+		if out := strings.TrimSpace(cmd.Stderr.(*bytes.Buffer).String()); out != "" && !strings.Contains(herr.Error(), out) {
+			return fmt.Errorf("%w (%s)", herr, out)
+		}
+		return herr
+	}
+	if werr != nil {
+		return fmt.Errorf("probe sandbox: %w", werr)
+	}
+	return nil
+}
+
+// listenUnix makes the control socket at path, listening, and returns its
+// descriptor for the init.
+func listenUnix(path string) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	addr, done, err := unixAddr(path)
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	defer done()
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: addr}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("bind control socket: %w", err)
+	}
+	if err := unix.Listen(fd, 128); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("listen on control socket: %w", err)
+	}
+	return fd, nil
+}
+
+// unixAddr returns an address for the socket at path that fits in
+// sun_path, going through /proc/self/fd when path is too long; done
+// releases it.
+func unixAddr(path string) (addr string, done func(), err error) {
+	if len(path) < 100 {
+		return path, func() {}, nil
+	}
+	dfd, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	return "/proc/self/fd/" + strconv.Itoa(dfd) + "/" + filepath.Base(path), func() { unix.Close(dfd) }, nil
+}
+
+// List returns the ids of the sandboxes present on disk, running or not:
+// those of a previous run, when Config.KeepOrphans kept them for Adopt or
+// Remove (sandbox.Reattacher).
+func (d *Driver) List(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(d.root)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && sandbox.ValidID(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Adopt returns the running sandbox id of a previous run of the gateway,
+// found by its state on disk, usable again as if this driver had created
+// it: its files, /tmp and background processes are as they were. It fails
+// with an error wrapping os.ErrNotExist when there is no such sandbox or
+// its init is gone (Remove then cleans up after it).
+func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	if !sandbox.ValidID(id) {
+		return nil, fmt.Errorf("invalid sandbox id %q", id)
+	}
+	st, err := loadState(d.dir(id))
+	if err != nil {
+		return nil, fmt.Errorf("adopt %s: %w", id, err)
+	}
+	if st.Protocol != ctl.Protocol {
+		return nil, fmt.Errorf("adopt %s: its init speaks control protocol %d, not %d", id, st.Protocol, ctl.Protocol)
+	}
+	pidfd, err := openInit(st, unix.O_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("adopt %s: %w: %w", id, os.ErrNotExist, err)
+	}
+	d.mu.Lock()
+	if owner, used := d.slots[st.Slot]; used && owner != id || st.Slot <= 0 || st.Slot >= maxSlots {
+		d.mu.Unlock()
+		unix.Close(pidfd)
+		return nil, fmt.Errorf("adopt %s: uid range %d is taken", id, st.Slot)
+	}
+	d.slots[st.Slot] = id
+	d.mu.Unlock()
+	sb := newLinuxSandbox(d, st)
+	sb.pidfd = os.NewFile(uintptr(pidfd), "init")
+	go sb.watch()
+	c, err := sb.dial(ctx)
+	if err != nil {
+		_ = sb.Detach(ctx)
+		d.freeSlot(st.Slot, id)
+		return nil, fmt.Errorf("adopt %s: %w", id, err)
+	}
+	c.Close()
+	return sb, nil
+}
+
+// Remove kills sandbox id of a previous run, if its init still runs, and
+// removes everything it owns on the host (sandbox.Reattacher).
+func (d *Driver) Remove(ctx context.Context, id string) error {
+	if !sandbox.ValidID(id) {
+		return fmt.Errorf("invalid sandbox id %q", id)
+	}
+	return d.reap(id)
+}
+
+// reserveExisting marks the uid ranges of sandboxes on disk as taken.
+func (d *Driver) reserveExisting() {
+	entries, _ := os.ReadDir(d.root)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, e := range entries {
+		if st, err := loadState(d.dir(e.Name())); err == nil && st.Slot > 0 {
+			d.slots[st.Slot] = st.ID
+		}
+	}
+}
+
+// removeTemplates removes the workspace templates of earlier runs (Open
+// makes a new one), and any half made.
+func (d *Driver) removeTemplates() {
+	entries, _ := os.ReadDir(d.root)
+	for _, e := range entries {
+		if p := filepath.Join(d.root, e.Name()); strings.HasPrefix(e.Name(), ".workspace-") {
+			_ = unmountUnder(p)
+			_ = os.RemoveAll(p)
+		}
+	}
+}
+
+// reapAll reaps every sandbox a previous run left behind.
+func (d *Driver) reapAll() {
+	entries, err := os.ReadDir(d.root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !sandbox.ValidID(e.Name()) {
+			continue
+		}
+		if err := d.reap(e.Name()); err != nil {
+			d.log.Error("sandbox_reap_failed", "sandbox", e.Name(), "err", err)
+			continue
+		}
+		d.log.Warn("sandbox_reaped", "sandbox", e.Name(), "reason", "left by a previous run of the gateway")
+	}
+}
+
+// reap kills the init of sandbox id if it still runs and removes its
+// cgroups, mounts and directory.
+func (d *Driver) reap(id string) error {
+	dir := d.dir(id)
+	st, err := loadState(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("sandbox %s: %w", id, os.ErrNotExist)
+		}
+	}
+	if err != nil || st == nil {
+		st = &sandboxState{ID: id, Workspace: filepath.Join(dir, "workspace")}
+	}
+	var errs []error
+	if fd, err := openInit(st, 0); err == nil {
+		errs = append(errs, killPidfd(fd, 10*time.Second))
+		unix.Close(fd)
+	}
+	cgs := st.Cgroups
+	for _, c := range d.cg.DirsFor(id) {
+		if !slices.Contains(cgs, c) {
+			cgs = append(cgs, c)
+		}
+	}
+	// Without a state file (or with one that no longer names its init),
+	// the sandbox's cgroups still hold whatever of it runs.
+	cgroup.KillProcs(cgs)
+	errs = append(errs, cgroup.Remove(cgs), unmountUnder(dir), os.RemoveAll(dir))
+	d.freeSlot(st.Slot, id)
+	return errors.Join(errs...)
+}
+
+// unmountUnder unmounts every mount at or below dir, deepest first.
+func unmountUnder(dir string) error {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if m, ok := mountinfo.Parse(sc.Text()); ok && (m.Point == dir || strings.HasPrefix(m.Point, dir+"/")) {
+			points = append(points, m.Point)
+		}
+	}
+	f.Close()
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	var errs []error
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,26 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"time"
+
+	"github.com/sandgate/sandgate/internal/cgroup"
+)
+
+// SetSocketCheck shortens how often d's new inits check their control socket.
+func (d *Driver) SetSocketCheck(every time.Duration) { d.sockCheck = every }
+
+// UseTmpfsWorkspaces makes d's new sandboxes use the tmpfs workspace of
+// hosts without mkfs.ext4 or loop devices.
+func (d *Driver) UseTmpfsWorkspaces() {
+	d.ws = &workspaces{size: d.ws.size, reason: "test"}
+}
+
+// UseCgroupV2 makes d put its new sandboxes in cgroup v2 at mount (with no
+// controllers: this tests the plumbing, not the limits).
+func (d *Driver) UseCgroupV2(mount string) error {
+	p, err := cgroup.NewV2Plan(mount)
+	d.cg = p
+	return err
+}

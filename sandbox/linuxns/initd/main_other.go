@@ -1,0 +1,16 @@
+//go:build !linux
+
+// Package initd is what runs as a linux sandbox's pid 1, which this
+// platform does not have.
+package initd
+
+import (
+	"fmt"
+	"os"
+)
+
+// Main is `sandgate sandbox-init`, which needs Linux.
+func Main(args []string) int {
+	fmt.Fprintln(os.Stderr, "sandbox-init: the linux sandbox driver needs Linux")
+	return 2
+}

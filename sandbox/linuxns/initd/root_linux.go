@@ -1,0 +1,475 @@
+//go:build linux
+
+// Package initd is what runs as a linux sandbox's pid 1 (`sandgate
+// sandbox-init`), in the sandbox's namespaces, apart from the gateway: it
+// builds the sandbox's root (root_linux.go), then starts every command of the
+// session on the gateway's behalf (initd_linux.go). It talks to the gateway
+// only through package ctl.
+package initd
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/procio"
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
+)
+
+// Inside every linux sandbox.
+const (
+	ttyGID        = 5
+	hostBindPerms = unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV
+)
+
+// Main is `sandgate sandbox-init`, the per-session init of the linux
+// driver. The gateway starts it in new user, mount, pid, net, ipc and uts
+// namespaces with a socketpair on fd 3, sends it an ctl.Spec there, and the
+// init builds the sandbox's root filesystem, pivots into it, answers, and
+// then serves its control socket: every command of the session is started
+// by the init, inside the sandbox, until the gateway kills it.
+func Main(args []string) int {
+	// Nothing in the sandbox runs as the init's user, so no one there can
+	// signal it; the init has no terminal either. Still, a stray signal
+	// must not end it: catch and drop them. Caught (not ignored), so that
+	// commands start with the default dispositions, as exec resets
+	// handlers but keeps SIG_IGN (the gateway may run under nohup).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
+		syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2,
+		syscall.SIGALRM, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGVTALRM, syscall.SIGPROF)
+	if len(args) > 0 {
+		fmt.Fprintln(os.Stderr, "sandbox-init: takes no arguments; the gateway starts it")
+		return 2
+	}
+	closeInherited(ctl.SpecFD)
+	f := os.NewFile(ctl.SpecFD, "gateway")
+	if f == nil {
+		fmt.Fprintln(os.Stderr, "sandbox-init: no gateway connection on fd 3")
+		return 2
+	}
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-init: gateway connection:", err)
+		return 2
+	}
+	c, ok := fc.(*net.UnixConn)
+	if !ok {
+		fmt.Fprintln(os.Stderr, "sandbox-init: fd 3 is not a unix socket")
+		return 2
+	}
+	var spec ctl.Spec
+	fds, err := ctl.ReadFrame(c, &spec)
+	if err != nil {
+		// The gateway went away before the sandbox was built.
+		fmt.Fprintln(os.Stderr, "sandbox-init: read spec:", err)
+		return 2
+	}
+	in, err := buildSandbox(&spec, fds)
+	if err != nil {
+		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error()})
+		fmt.Fprintln(os.Stderr, "sandbox-init:", err)
+		return 1
+	}
+	if err := ctl.WriteFrame(c, ctl.Ready{OK: true}); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-init: report ready:", err)
+		return 1
+	}
+	c.Close()
+	if spec.Probe {
+		return 0
+	}
+	in.serve()
+	return 1
+}
+
+// ptyMax caps the terminals open at once in one sandbox (its devpts's
+// max=): they come out of the host's kernel.pty.max, shared by every
+// sandbox, which one sandbox opening /dev/ptmx in a loop would otherwise
+// exhaust for the others.
+const ptyMax = 64
+
+// buildSandbox turns the init's fresh namespaces into the sandbox and
+// returns the server of its control socket. It closes fds.
+func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
+	defer procio.CloseFDs(fds)
+	if len(fds) != len(spec.FDs) {
+		return nil, fmt.Errorf("got %d descriptors for %d names", len(fds), len(spec.FDs))
+	}
+	var listener *os.File
+	workspace, sockFile := -1, -1
+	var tasks []int
+	for i, name := range spec.FDs {
+		switch name {
+		case "listener":
+			// An *os.File owns its descriptor from here on.
+			listener, fds[i] = os.NewFile(uintptr(fds[i]), "control.sock"), -1
+			defer listener.Close()
+		case "workspace":
+			workspace = fds[i]
+		case "socket-file":
+			sockFile = fds[i]
+		case "tasks":
+			tasks = append(tasks, fds[i])
+		default:
+			return nil, fmt.Errorf("unknown descriptor %q", name)
+		}
+	}
+	if listener == nil && !spec.Probe {
+		return nil, fmt.Errorf("no control socket")
+	}
+	if err := buildRoot(spec, workspace); err != nil {
+		return nil, err
+	}
+	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
+		return nil, fmt.Errorf("set hostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return nil, err
+	}
+	// Nested user namespaces would hand sandbox processes a fresh set of
+	// capabilities over new namespaces: a large kernel surface for no need.
+	if err := os.WriteFile("/proc/sys/user/max_user_namespaces", []byte("0\n"), 0); err != nil {
+		return nil, fmt.Errorf("forbid nested user namespaces: %w", err)
+	}
+	sp, err := startSpawner(tasks)
+	if err != nil {
+		return nil, err
+	}
+	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, sockFile: -1,
+		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
+	if sockFile >= 0 {
+		if in.sockFile, err = unix.FcntlInt(uintptr(sockFile), unix.F_DUPFD_CLOEXEC, 3); err != nil {
+			return nil, err
+		}
+	}
+	if listener != nil {
+		ln, err := net.FileListener(listener) // a duplicate
+
+		if err != nil {
+			return nil, fmt.Errorf("control socket: %w", err)
+		}
+		ul, ok := ln.(*net.UnixListener)
+		if !ok {
+			ln.Close()
+			return nil, fmt.Errorf("control socket is not a unix socket")
+		}
+		in.ln = ul
+	}
+	return in, nil
+}
+
+// closeInherited closes the descriptors this process inherited without
+// close-on-exec (other than stdio and keep): whatever the gateway's own
+// parent left open must not reach the sandbox.
+func closeInherited(keep int) {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd <= 2 || fd == keep {
+			continue
+		}
+		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// buildRoot assembles the sandbox's root filesystem on a tmpfs and
+// pivot_roots into it. wsFD, when >= 0, is a detached mount (open_tree)
+// of the session's workspace; it is attached at /workspace.
+func buildRoot(spec *ctl.Spec, wsFD int) error {
+	// Nothing mounted here may propagate back to the host.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	r := "/tmp"
+	if fi, err := os.Lstat(r); err != nil || !fi.IsDir() {
+		r = "/mnt"
+	}
+	if err := mount("tmpfs", r, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
+		return err
+	}
+	for _, d := range []string{"usr", "etc", "proc", "dev", "tmp", "workspace"} {
+		if err := os.Mkdir(filepath.Join(r, d), 0o755); err != nil {
+			return fmt.Errorf("new root: %w", err)
+		}
+	}
+	// /bin, /lib and friends are symlinks into /usr on merged-/usr hosts,
+	// directories elsewhere.
+	for _, name := range []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"} {
+		host := "/" + name
+		fi, err := os.Lstat(host)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(host)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", host, err)
+			}
+			if err := os.Symlink(target, filepath.Join(r, name)); err != nil {
+				return fmt.Errorf("new root: %w", err)
+			}
+		case fi.IsDir():
+			if err := os.Mkdir(filepath.Join(r, name), 0o755); err != nil {
+				return fmt.Errorf("new root: %w", err)
+			}
+			if err := roBind(host, filepath.Join(r, name)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, d := range []string{"/usr", "/etc"} {
+		if err := roBind(d, filepath.Join(r, d)); err != nil {
+			return err
+		}
+	}
+	if err := filterEtc(r, spec.Hostname); err != nil {
+		return err
+	}
+	if err := buildDev(r, spec.ShmBytes); err != nil {
+		return err
+	}
+	if err := mount("proc", filepath.Join(r, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return err
+	}
+	if err := mount("tmpfs", filepath.Join(r, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
+		fmt.Sprintf("mode=1777,size=%d", spec.TmpBytes)); err != nil {
+		return err
+	}
+	if wsFD >= 0 {
+		if err := unix.MoveMount(wsFD, "", unix.AT_FDCWD, filepath.Join(r, "workspace"), unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("attach workspace: %w", err)
+		}
+	}
+	if err := unix.Chdir(r); err != nil {
+		return fmt.Errorf("chdir new root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	// The old root is stacked on the new one: detach it.
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	for _, p := range []string{"/", "/dev"} {
+		if err := setReadOnly(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func mount(src, dst, fstype string, flags uintptr, data string) error {
+	if err := unix.Mount(src, dst, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// roBind binds the host's src at dst, recursively, read-only, nosuid and nodev.
+func roBind(src, dst string) error {
+	if err := mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	attr := &unix.MountAttr{Attr_set: hostBindPerms}
+	if err := unix.MountSetattr(unix.AT_FDCWD, dst, unix.AT_RECURSIVE, attr); err != nil {
+		// Kernels before 5.12: remount the top mount, keeping the flags
+		// a user namespace may not change.
+		flags := lockedFlags(dst) | unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV
+		if err := unix.Mount("", dst, "", flags, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", dst, err)
+		}
+	}
+	return nil
+}
+
+// setReadOnly makes the mount at p read-only (not its submounts).
+func setReadOnly(p string) error {
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if err := unix.MountSetattr(unix.AT_FDCWD, p, 0, attr); err != nil {
+		flags := lockedFlags(p) | unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY
+		if err := unix.Mount("", p, "", flags, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// lockedFlags returns the mount flags of p that a remount must repeat.
+func lockedFlags(p string) uintptr {
+	var st unix.Statfs_t
+	if unix.Statfs(p, &st) != nil {
+		return 0
+	}
+	var f uintptr
+	for _, m := range []struct{ st, ms int64 }{
+		{unix.ST_NOSUID, unix.MS_NOSUID}, {unix.ST_NODEV, unix.MS_NODEV}, {unix.ST_NOEXEC, unix.MS_NOEXEC},
+		{unix.ST_NOATIME, unix.MS_NOATIME}, {unix.ST_NODIRATIME, unix.MS_NODIRATIME}, {unix.ST_RELATIME, unix.MS_RELATIME},
+	} {
+		if st.Flags&m.st != 0 {
+			f |= uintptr(m.ms)
+		}
+	}
+	return f
+}
+
+// etcSecrets are host /etc entries the sandbox must not read, even where
+// their permissions would already stop it.
+var etcSecrets = []string{
+	"shadow", "shadow-", "gshadow", "gshadow-", "security/opasswd",
+	"ssl/private", "sandgate", "ssh/ssh_host_*key",
+}
+
+// filterEtc covers the secrets of the read-only /etc under r and gives the
+// sandbox its own passwd, group, hostname and hosts.
+func filterEtc(r, hostname string) error {
+	// The replacement files live on a small staging tmpfs that is detached
+	// again once they are bound: nothing of it stays reachable by path.
+	stage := filepath.Join(r, "tmp")
+	if err := mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=64k"); err != nil {
+		return err
+	}
+	files := map[string]string{
+		"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
+			fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/bash\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir) +
+			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"group":    "root:x:0:\ntty:x:5:\n" + fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID) + "nogroup:x:65534:\n",
+		"hostname": hostname + "\n",
+		"hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	}
+	for name, content := range files {
+		if fi, err := os.Lstat("/etc/" + name); err != nil || !fi.Mode().IsRegular() {
+			continue // nothing to cover; the read-only /etc cannot grow one
+		}
+		src := filepath.Join(stage, name)
+		if err := os.WriteFile(src, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("stage /etc/%s: %w", name, err)
+		}
+		if err := roBind(src, filepath.Join(r, "etc", name)); err != nil {
+			return err
+		}
+	}
+	maskFile, maskDir := filepath.Join(stage, "mask"), filepath.Join(stage, "maskdir")
+	if err := os.WriteFile(maskFile, nil, 0); err != nil {
+		return err
+	}
+	if err := os.Mkdir(maskDir, 0); err != nil {
+		return err
+	}
+	for _, pattern := range etcSecrets {
+		matches, _ := filepath.Glob("/etc/" + pattern)
+		for _, host := range matches {
+			if err := maskPath(r, host, maskFile, maskDir); err != nil {
+				return err
+			}
+		}
+	}
+	if err := unix.Unmount(stage, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach staging tmpfs: %w", err)
+	}
+	return nil
+}
+
+// maskPath covers the host path host (as seen under r) with an empty,
+// unreadable file or directory. A symlink is followed when it stays in the
+// trees the sandbox sees.
+func maskPath(r, host, maskFile, maskDir string) error {
+	fi, err := os.Lstat(host)
+	if err != nil {
+		return nil
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		resolved, err := filepath.EvalSymlinks(host)
+		if err != nil || !(strings.HasPrefix(resolved, "/etc/") || strings.HasPrefix(resolved, "/usr/")) {
+			return nil
+		}
+		if fi, err = os.Stat(resolved); err != nil {
+			return nil
+		}
+		host = resolved
+	}
+	src := maskFile
+	if fi.IsDir() {
+		src = maskDir
+	}
+	return roBind(src, filepath.Join(r, host))
+}
+
+// buildDev makes a minimal /dev under r: the harmless character devices of
+// the host bound in (a user namespace cannot mknod), a private devpts
+// instance, and a size-limited /dev/shm.
+func buildDev(r string, shmBytes int64) error {
+	dev := filepath.Join(r, "dev")
+	if err := mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=64k"); err != nil {
+		return err
+	}
+	for _, name := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		p := filepath.Join(dev, name)
+		if err := os.WriteFile(p, nil, 0o666); err != nil {
+			return fmt.Errorf("/dev/%s: %w", name, err)
+		}
+		if err := mount("/dev/"+name, p, "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"pts", "shm"} {
+		if err := os.Mkdir(filepath.Join(dev, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := mount("devpts", filepath.Join(dev, "pts"), "devpts", unix.MS_NOSUID|unix.MS_NOEXEC,
+		fmt.Sprintf("newinstance,ptmxmode=0666,mode=0620,gid=%d,max=%d", ttyGID, ptyMax)); err != nil {
+		return err
+	}
+	if err := mount("tmpfs", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
+		fmt.Sprintf("mode=1777,size=%d", shmBytes)); err != nil {
+		return err
+	}
+	for name, target := range map[string]string{
+		"ptmx": "pts/ptmx", "fd": "/proc/self/fd",
+		"stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	} {
+		if err := os.Symlink(target, filepath.Join(dev, name)); err != nil {
+			return fmt.Errorf("/dev/%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// loopbackUp brings up lo, the sandbox's only network interface.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback up: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,339 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/cgroup"
+	"github.com/sandgate/sandgate/internal/procio"
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
+)
+
+// linuxSandbox is the gateway's handle on one sandbox: its init, reached
+// through the control socket, and what it owns on the host.
+type linuxSandbox struct {
+	d  *Driver
+	st *sandboxState
+
+	// The init is the gateway's child (cmd, reaped here) when this run
+	// created it; an adopted one is a child of the host's init. Either way
+	// a pidfd watches it, through the runtime's poller: no thread waits.
+	cmd      *exec.Cmd
+	pidfd    *os.File
+	initDone chan struct{} // closed once the init has exited (or is detached)
+
+	mu     sync.Mutex
+	closed bool
+	end    sync.Once
+	err    error
+}
+
+func newLinuxSandbox(d *Driver, st *sandboxState) *linuxSandbox {
+	return &linuxSandbox{d: d, st: st, initDone: make(chan struct{})}
+}
+
+// Workdir implements Sandbox: the host mount of the workspace.
+func (s *linuxSandbox) Workdir() string { return s.st.Workspace }
+
+// InitPID is the host pid of the sandbox's init, the pid 1 of its pid
+// namespace.
+func (s *linuxSandbox) InitPID() int { return s.st.Pid }
+
+// HostUID is the host uid the sandbox user (uid 1000 inside) maps to.
+func (s *linuxSandbox) HostUID() int { return s.st.UIDBase + ctl.SandboxUID }
+
+// watch waits for the init to exit (its pidfd becomes readable), reaps it
+// when it is the gateway's child, and closes initDone. Closing the pidfd
+// (Detach) ends the watch early.
+func (s *linuxSandbox) watch() {
+	defer close(s.initDone)
+	rc, err := s.pidfd.SyscallConn()
+	if err != nil {
+		return
+	}
+	exited := false
+	err = rc.Read(func(fd uintptr) bool {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(p, 0)
+		exited = n > 0
+		return exited
+	})
+	if err == nil && exited && s.cmd != nil {
+		_ = s.cmd.Wait()
+	}
+}
+
+// Done is closed once the init has exited, or the sandbox was detached.
+func (s *linuxSandbox) Done() <-chan struct{} { return s.initDone }
+
+// signalInit sends sig to the init through its pidfd.
+func (s *linuxSandbox) signalInit(sig unix.Signal) {
+	if rc, err := s.pidfd.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { _ = unix.PidfdSendSignal(int(fd), sig, nil, 0) })
+	}
+}
+
+func (s *linuxSandbox) dial(ctx context.Context) (*net.UnixConn, error) {
+	addr, done, err := unixAddr(s.st.Socket)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var dl net.Dialer
+	c, err := dl.DialContext(ctx, "unix", addr)
+	if err != nil {
+		select {
+		case <-s.initDone:
+			return nil, errInitGone
+		default:
+		}
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	return c.(*net.UnixConn), nil
+}
+
+// Start implements Sandbox: the init starts the command inside the
+// sandbox; its stdio are pipes made here, or a terminal the init opens in
+// the sandbox's devpts and hands back.
+func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
+	if cmd.Subsystem != "" && cmd.Subsystem != "sftp" {
+		return nil, fmt.Errorf("unknown subsystem %q", cmd.Subsystem)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, sandbox.ErrClosed
+	}
+	conn, err := s.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := startInSandbox(ctx, conn, cmd)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Destroy implements Sandbox: it kills the init, which takes every
+// process of the sandbox with it, then removes the cgroups, the workspace
+// mount and image, and the sandbox's directory.
+func (s *linuxSandbox) Destroy(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.end.Do(func() { s.err = s.teardown() })
+	return s.err
+}
+
+// Detach implements Detacher: the gateway lets go of the sandbox, which
+// keeps running, with its state on disk, for the next gateway process to
+// adopt. Commands still running lose their client (their connections to
+// the init close with the gateway) and end as Kill ends them.
+func (s *linuxSandbox) Detach(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.end.Do(func() {
+		if s.pidfd != nil {
+			s.pidfd.Close()
+			<-s.initDone
+		}
+	})
+	return nil
+}
+
+func (s *linuxSandbox) teardown() error {
+	var errs []error
+	if s.pidfd != nil {
+		s.signalInit(unix.SIGKILL)
+		select {
+		case <-s.initDone:
+		case <-time.After(10 * time.Second):
+			errs = append(errs, errors.New("sandbox init did not exit after SIGKILL"))
+		}
+		s.pidfd.Close()
+	}
+	dir := s.d.dir(s.st.ID)
+	errs = append(errs,
+		cgroup.Remove(s.st.Cgroups),
+		removeWorkspace(s.st.Workspace, s.st.Image),
+		unmountUnder(dir),
+		os.RemoveAll(dir))
+	s.d.freeSlot(s.st.Slot, s.st.ID)
+	return errors.Join(errs...)
+}
+
+// initProcess is a command running in a linux sandbox, seen from the
+// gateway: its stdio, and its control connection to the init.
+type initProcess struct {
+	conn   *net.UnixConn
+	stdin  io.WriteCloser
+	stdout io.ReadCloser
+	stderr io.ReadCloser
+	pty    *os.File
+
+	wmu  sync.Mutex
+	kill sync.Once
+}
+
+func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*initProcess, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(initTimeout)
+	}
+	_ = conn.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+
+	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY}
+	p := &initProcess{conn: conn}
+	if cmd.PTY == nil || cmd.Subsystem != "" {
+		req.PTY = nil
+		var child [3]*os.File
+		var parent [3]*os.File
+		for i := range 3 {
+			r, w, err := os.Pipe()
+			if err != nil {
+				closeFiles(child[:])
+				closeFiles(parent[:])
+				return nil, fmt.Errorf("pipe: %w", err)
+			}
+			if i < 2 {
+				procio.GrowPipe(r)
+			}
+			if i == 0 {
+				child[i], parent[i] = r, w
+			} else {
+				child[i], parent[i] = w, r
+			}
+		}
+		// Fd puts the child's ends in blocking mode, as a command expects.
+		err := ctl.WriteFrame(conn, req, int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd()))
+		closeFiles(child[:])
+		if err != nil {
+			closeFiles(parent[:])
+			return nil, fmt.Errorf("send command: %w", err)
+		}
+		p.stdin, p.stdout, p.stderr = parent[0], parent[1], parent[2]
+	} else if err := ctl.WriteFrame(conn, req); err != nil {
+		return nil, fmt.Errorf("send command: %w", err)
+	}
+	var rep ctl.Reply
+	fds, err := ctl.ReadFrame(conn, &rep)
+	if err == nil && rep.Op != "started" {
+		err = errors.New(rep.Error)
+		if rep.Op != "error" {
+			err = fmt.Errorf("unexpected reply %q", rep.Op)
+		}
+	}
+	if err == nil && cmd.PTY != nil && req.PTY != nil && len(fds) != 1 {
+		err = fmt.Errorf("want the terminal, got %d descriptors", len(fds))
+	}
+	if err != nil {
+		procio.CloseFDs(fds)
+		p.closeStdio()
+		return nil, fmt.Errorf("start in sandbox: %w", err)
+	}
+	if req.PTY != nil {
+		// Non-blocking, so that the runtime polls it and Close ends reads.
+		if err := unix.SetNonblock(fds[0], true); err != nil {
+			procio.CloseFDs(fds)
+			return nil, err
+		}
+		p.pty = os.NewFile(uintptr(fds[0]), "ptmx")
+		p.stdin, p.stdout = procio.NopWriteCloser{Writer: p.pty}, p.pty
+	} else {
+		procio.CloseFDs(fds)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return p, nil
+}
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func (p *initProcess) closeStdio() {
+	for _, c := range []io.Closer{p.stdin, p.stdout, p.stderr} {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+func (p *initProcess) Stdin() io.WriteCloser { return p.stdin }
+func (p *initProcess) Stdout() io.ReadCloser { return p.stdout }
+func (p *initProcess) Stderr() io.ReadCloser {
+	if p.stderr == nil {
+		return nil
+	}
+	return p.stderr
+}
+
+func (p *initProcess) Resize(w sandbox.Window) error {
+	if p.pty == nil {
+		return errors.New("no pty")
+	}
+	return procio.SetWinsize(p.pty, w)
+}
+
+func (p *initProcess) send(m ctl.Request) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	return ctl.WriteFrame(p.conn, m)
+}
+
+func (p *initProcess) Signal(sig syscall.Signal) error {
+	if err := p.send(ctl.Request{Op: "signal", Signal: int(sig)}); err != nil {
+		return fmt.Errorf("signal process group: %w", err)
+	}
+	return nil
+}
+
+// Kill asks the init to end the command's process group: SIGHUP, then
+// SIGKILL after a grace.
+func (p *initProcess) Kill() {
+	p.kill.Do(func() { _ = p.send(ctl.Request{Op: "kill"}) })
+}
+
+// Wait waits for the init to report the command's end. When the sandbox
+// goes away first (Destroy), the command died with it: SIGKILL.
+func (p *initProcess) Wait() (sandbox.Exit, error) {
+	defer func() {
+		p.conn.Close()
+		if p.pty == nil && p.stdin != nil {
+			p.stdin.Close()
+		}
+	}()
+	for {
+		var rep ctl.Reply
+		fds, err := ctl.ReadFrame(p.conn, &rep)
+		procio.CloseFDs(fds)
+		if err != nil {
+			return sandbox.Exit{Signal: "KILL"}, nil
+		}
+		if rep.Op == "exit" && rep.Exit != nil {
+			return *rep.Exit, nil
+		}
+	}
+}

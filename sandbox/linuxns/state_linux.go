@@ -1,0 +1,143 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// sandboxState is what the gateway keeps on disk about a sandbox, in
+// <DataDir>/sandboxes/<id>/state.json: enough to find its init again after
+// a gateway restart (to re-adopt or reap it) and to remove everything it
+// owns on the host.
+type sandboxState struct {
+	ID string `json:"id"`
+	// Slot numbers the host uid/gid range: UIDBase = hostIDBase + Slot*idRange.
+	Slot    int `json:"slot"`
+	UIDBase int `json:"uidBase"`
+	// Pid and StartTime (clock ticks after boot, /proc/<pid>/stat field 22)
+	// identify the init; a pid alone may have been reused.
+	Pid       int    `json:"pid,omitempty"`
+	StartTime uint64 `json:"startTime,omitempty"`
+	// Cgroups lists the sandbox's cgroup directories, children first.
+	Cgroups   []string  `json:"cgroups,omitempty"`
+	Workspace string    `json:"workspace"`
+	Image     string    `json:"image,omitempty"`
+	Socket    string    `json:"socket"`
+	Created   time.Time `json:"created"`
+	// Protocol is the version of the control protocol the init speaks: an
+	// upgraded gateway may adopt an init started by an older binary.
+	Protocol int `json:"protocol"`
+}
+
+const stateFile = "state.json"
+
+func (st *sandboxState) save(dir string) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, stateFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("save sandbox state: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, stateFile)); err != nil {
+		return fmt.Errorf("save sandbox state: %w", err)
+	}
+	return nil
+}
+
+func loadState(dir string) (*sandboxState, error) {
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil {
+		return nil, err
+	}
+	var st sandboxState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("sandbox state %s: %w", dir, err)
+	}
+	if st.ID != filepath.Base(dir) {
+		return nil, fmt.Errorf("sandbox state %s names %q", dir, st.ID)
+	}
+	return &st, nil
+}
+
+// procStat returns the state letter and start time of pid.
+func procStat(pid int) (state byte, start uint64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// The command name (field 2) may hold spaces and parentheses: the
+	// fields after it start after the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, 0, errors.New("malformed stat")
+	}
+	start, err = strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, 0, err
+	}
+	return f[0][0], start, nil
+}
+
+// errInitGone says a sandbox's init is no longer running.
+var errInitGone = errors.New("sandbox init is not running")
+
+// openInit returns a pidfd for st's init if that very process still runs.
+func openInit(st *sandboxState, flags int) (int, error) {
+	if st.Pid <= 0 {
+		return -1, errInitGone
+	}
+	fd, err := unix.PidfdOpen(st.Pid, flags)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return -1, errInitGone
+		}
+		return -1, fmt.Errorf("pidfd_open: %w", err)
+	}
+	// The pidfd pins the process: if it is the one started, it stays so.
+	state, start, err := procStat(st.Pid)
+	if err != nil || start != st.StartTime || state == 'Z' || state == 'X' {
+		unix.Close(fd)
+		return -1, errInitGone
+	}
+	return fd, nil
+}
+
+// killPidfd sends SIGKILL through pidfd and waits up to timeout for the
+// process to be gone. A dead pid namespace init takes every process of its
+// namespace with it before it counts as exited.
+func killPidfd(fd int, timeout time.Duration) error {
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill init: %w", err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return errors.New("init did not exit after SIGKILL")
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, int(min(left, time.Second)/time.Millisecond)+1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("wait for init: %w", err)
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+}

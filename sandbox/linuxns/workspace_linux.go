@@ -1,0 +1,263 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// workspaces makes each sandbox's /workspace: a filesystem of its own, so
+// that its size is a real limit (ENOSPC, fallocate included), not an
+// rlimit. The preferred backend is an ext4 image on a loop device, copied
+// (sparse) from a template that Open formats once, so no mkfs runs on the
+// create path; the image lives under the data dir and stays mounted on the
+// host at <dir>/workspace, so a gateway restart finds its files again.
+// Where that fails (no mkfs.ext4, no loop devices), a size-limited tmpfs
+// stands in, whose pages count against the sandbox's memory limit.
+type workspaces struct {
+	size     int64
+	template string // empty: tmpfs
+	reason   string // why not ext4, when tmpfs
+}
+
+func prepareWorkspaces(root string, size int64) *workspaces {
+	w := &workspaces{size: size}
+	tpl := filepath.Join(root, ".workspace-"+strconv.FormatInt(size, 10)+".img")
+	if err := makeTemplate(tpl, size); err != nil {
+		w.reason = err.Error()
+		return w
+	}
+	w.template = tpl
+	return w
+}
+
+func (w *workspaces) via() string {
+	if w.template != "" {
+		return "ext4 image on a loop device"
+	}
+	return "tmpfs (shares the memory limit)"
+}
+
+func findMkfs() (string, error) {
+	if p, err := exec.LookPath("mkfs.ext4"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("mkfs.ext4 not found")
+}
+
+// makeTemplate formats an empty ext4 image of size bytes at tpl and checks
+// that this host can mount it.
+func makeTemplate(tpl string, size int64) error {
+	mkfs, err := findMkfs()
+	if err != nil {
+		return err
+	}
+	tmp := tpl + ".tmp"
+	_ = os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("workspace template: %w", err)
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("workspace template: %w", err)
+	}
+	// No journal: a workspace does not outlive its host, and mounts faster.
+	out, err := exec.Command(mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
+		"-E", "root_owner=0:0", "-L", "workspace", tmp).CombinedOutput()
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("mkfs.ext4: %v: %s", err, out)
+	}
+	// Mount it once: to know this host can, and to leave the root empty.
+	mnt := tmp + ".mnt"
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	defer os.Remove(mnt)
+	if err := mountImage(tmp, mnt); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	err = errors.Join(os.Remove(filepath.Join(mnt, "lost+found")), os.Chmod(mnt, 0o755))
+	if uerr := unix.Unmount(mnt, 0); uerr != nil {
+		_ = unix.Unmount(mnt, unix.MNT_DETACH)
+		err = errors.Join(err, uerr)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("workspace template: %w", err)
+	}
+	return os.Rename(tmp, tpl)
+}
+
+// create makes the workspace of one sandbox: image (ext4 only) and the
+// host mount at mnt, owned by the sandbox user (host uid:gid).
+func (w *workspaces) create(mnt, image string, uid, gid int) error {
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	if w.template == "" {
+		data := fmt.Sprintf("size=%d,mode=0755,uid=%d,gid=%d", w.size, uid, gid)
+		if err := unix.Mount("tmpfs", mnt, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+			return fmt.Errorf("mount workspace tmpfs: %w", err)
+		}
+		return nil
+	}
+	if err := copySparse(w.template, image); err != nil {
+		return fmt.Errorf("workspace image: %w", err)
+	}
+	if err := mountImage(image, mnt); err != nil {
+		return err
+	}
+	if err := os.Chown(mnt, uid, gid); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// removeWorkspace unmounts the workspace at mnt (the loop device goes with
+// its last mount) and deletes its image.
+func removeWorkspace(mnt, image string) error {
+	var errs []error
+	if err := unix.Unmount(mnt, 0); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmount workspace: %w", err))
+		}
+	}
+	if image != "" {
+		if err := os.Remove(image); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountImage attaches image to a free loop device (cleared automatically
+// when its last mount goes) and mounts it at mnt.
+func mountImage(image, mnt string) error {
+	dev, lfd, err := attachLoop(image)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(lfd)
+	if err := unix.Mount(dev, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOATIME, ""); err != nil {
+		return fmt.Errorf("mount workspace image: %w", err)
+	}
+	return nil
+}
+
+func attachLoop(image string) (string, int, error) {
+	img, err := unix.Open(image, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", -1, fmt.Errorf("open workspace image: %w", err)
+	}
+	defer unix.Close(img)
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", -1, fmt.Errorf("loop devices: %w", err)
+	}
+	defer unix.Close(ctl)
+	for range 32 {
+		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return "", -1, fmt.Errorf("find a free loop device: %w", err)
+		}
+		dev := "/dev/loop" + strconv.Itoa(n)
+		lfd, err := unix.Open(dev, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", -1, fmt.Errorf("open %s: %w", dev, err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(img)}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], image)
+		err = unix.IoctlLoopConfigure(lfd, &cfg)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
+			err = loopSetFD(lfd, img, &cfg.Info) // kernels before 5.8
+		}
+		if err == nil {
+			return dev, lfd, nil
+		}
+		unix.Close(lfd)
+		if !errors.Is(err, unix.EBUSY) {
+			return "", -1, fmt.Errorf("attach %s: %w", dev, err)
+		}
+		// Another attach took this device between GET_FREE and ours.
+	}
+	return "", -1, errors.New("attach loop device: every free device was taken")
+}
+
+func loopSetFD(lfd, img int, info *unix.LoopInfo64) error {
+	if err := unix.IoctlSetInt(lfd, unix.LOOP_SET_FD, img); err != nil {
+		return err
+	}
+	if err := unix.IoctlLoopSetStatus64(lfd, info); err != nil {
+		_ = unix.IoctlSetInt(lfd, unix.LOOP_CLR_FD, 0)
+		return err
+	}
+	return nil
+}
+
+// copySparse copies src to a new file dst, keeping holes: only the few
+// hundred KiB of a fresh filesystem's metadata are written.
+func copySparse(src, dst string) error {
+	in, err := unix.Open(src, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(in)
+	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(out)
+	if unix.IoctlFileClone(out, in) == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil {
+		return err
+	}
+	if err := unix.Ftruncate(out, st.Size); err != nil {
+		return err
+	}
+	for off := int64(0); off < st.Size; {
+		data, err := unix.Seek(in, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return err
+		}
+		hole, err := unix.Seek(in, data, unix.SEEK_HOLE)
+		if err != nil {
+			return err
+		}
+		for rd, wr := data, data; rd < hole; {
+			n, err := unix.CopyFileRange(in, &rd, out, &wr, int(hole-rd), 0)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("copy %s: short copy at %d", src, rd)
+			}
+		}
+		off = hole
+	}
+	return nil
+}

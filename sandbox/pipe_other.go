@@ -1,8 +1,0 @@
-//go:build !linux
-
-package sandbox
-
-import "os"
-
-// growPipe is a no-op where pipes cannot be resized.
-func growPipe(*os.File) {}

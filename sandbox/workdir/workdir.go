@@ -1,0 +1,185 @@
+// Package workdir is the portable sandbox driver, in the gateway process: a
+// plain directory per session and processes started from the gateway in
+// their own process groups. It does not isolate sessions from the host or
+// from each other; cmd/sandgate warns when it is used.
+package workdir
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// SessionEnvVar tags every process a workdir sandbox starts, so that Destroy
+// can find processes that left their process group (setsid, double fork).
+const SessionEnvVar = "SANDGATE_SESSION"
+
+// Config configures the portable workdir driver.
+type Config struct {
+	// Root is the host directory under which each session gets a workdir.
+	Root string
+	// SelfExe is the sandgate binary, run as `sftp-server` for SFTP.
+	SelfExe string
+}
+
+// Driver is the portable driver: a plain directory per session, processes in
+// their own process groups, killed as groups. It does not isolate processes
+// from the host or from each other.
+type Driver struct {
+	cfg   Config
+	shell string
+}
+
+// New returns a workdir driver. It creates cfg.Root if needed.
+func New(cfg Config) (*Driver, error) {
+	if err := os.MkdirAll(cfg.Root, 0o700); err != nil {
+		return nil, fmt.Errorf("workdir root: %w", err)
+	}
+	if cfg.SelfExe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable: %w", err)
+		}
+		cfg.SelfExe = exe
+	}
+	return &Driver{cfg: cfg, shell: sandbox.FindShell()}, nil
+}
+
+// Name implements sandbox.Driver.
+func (d *Driver) Name() string { return "workdir" }
+
+// Create implements sandbox.Driver.
+func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if !sandbox.ValidID(spec.ID) {
+		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
+	}
+	dir := filepath.Join(d.cfg.Root, spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create workdir: %w", err)
+	}
+	return &workdirSandbox{d: d, id: spec.ID, dir: dir, procs: map[*hostProcess]struct{}{}}, nil
+}
+
+type workdirSandbox struct {
+	d   *Driver
+	id  string
+	dir string
+
+	mu     sync.Mutex
+	closed bool
+	procs  map[*hostProcess]struct{}
+}
+
+func (s *workdirSandbox) Workdir() string { return s.dir }
+
+func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
+	var argv []string
+	switch {
+	case cmd.Subsystem == "sftp":
+		argv = []string{s.d.cfg.SelfExe, "sftp-server", "--root", s.dir}
+	case cmd.Subsystem != "":
+		return nil, fmt.Errorf("unknown subsystem %q", cmd.Subsystem)
+	case cmd.Command == "":
+		argv = []string{s.d.shell, "-l"}
+	default:
+		argv = []string{s.d.shell, "-c", cmd.Command}
+	}
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Dir = s.dir
+	c.Env = append(sandbox.BaseEnv(s.dir, s.d.shell), cmd.Env...)
+	if cmd.PTY != nil && cmd.PTY.Term != "" {
+		c.Env = append(c.Env, "TERM="+cmd.PTY.Term)
+	}
+	c.Env = append(c.Env, SessionEnvVar+"="+s.id)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, sandbox.ErrClosed
+	}
+	p, err := startHost(c, cmd.PTY)
+	if err != nil {
+		return nil, err
+	}
+	s.procs[p] = struct{}{}
+	go func() {
+		<-p.done
+		s.mu.Lock()
+		delete(s.procs, p)
+		s.mu.Unlock()
+	}()
+	return p, nil
+}
+
+// Destroy kills every process of the sandbox, including ones that left their
+// process group but kept the session tag in their environment, then removes
+// the workdir.
+func (s *workdirSandbox) Destroy(ctx context.Context) error {
+	s.kill(ctx)
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("remove workdir: %w", err)
+	}
+	return nil
+}
+
+// kill closes the sandbox to new processes and kills every process it has.
+func (s *workdirSandbox) kill(ctx context.Context) {
+	s.mu.Lock()
+	s.closed = true
+	procs := make([]*hostProcess, 0, len(s.procs))
+	for p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+
+	for _, p := range procs {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	killAllTagged(SessionEnvVar + "=" + s.id)
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// killTagged sends SIGKILL to every process whose environment holds tag and
+// returns how many it found.
+func killTagged(tag string) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	want := []byte(tag)
+	n := 0
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if bytes.Equal(kv, want) {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					n++
+				}
+				break
+			}
+		}
+	}
+	return n
+}

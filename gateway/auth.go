@@ -36,10 +36,6 @@ func PrincipalFrom(ctx context.Context) (Principal, bool) {
 	return p, ok
 }
 
-// ErrUnauthorized is returned for every token that does not verify; the
-// reason is deliberately not told to the client.
-var ErrUnauthorized = &Error{Kind: KindUnauthorized, Code: "unauthorized", Message: "missing or invalid bearer token"}
-
 // MaxTokenLen bounds the bearer tokens we look at.
 const MaxTokenLen = 8192
 

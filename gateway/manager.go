@@ -72,7 +72,7 @@ func (m *Manager) watch(s *Session) {
 			return
 		}
 		m.log.Error("session_failed", "session", s.ID, "tenant", s.Tenant, "reason", "sandbox exited")
-		if err := m.cfg.Store.Put(s.record()); err != nil {
+		if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
 			m.log.Error("store_failed", "session", s.ID, "err", err)
 		}
 		if err := s.sandbox.Destroy(context.Background()); err != nil {
@@ -168,7 +168,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	// The record is durable before the client hears of the session; a crash
 	// before this point leaves only a sandbox without a record, which the
 	// next start removes.
-	if err := m.cfg.Store.Put(s.record()); err != nil {
+	if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
 		_ = sb.Destroy(context.WithoutCancel(ctx))
 		m.log.Error("store_failed", "session", s.ID, "err", err)
 		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
@@ -388,7 +388,7 @@ func (m *Manager) saveActivity() {
 	m.mu.Lock()
 	for _, s := range m.sessions {
 		if s.lastActivity.Load() != s.savedActivity.Load() && s.Live() {
-			recs = append(recs, s.record())
+			recs = append(recs, s.Snapshot())
 			moved = append(moved, s)
 		}
 	}
@@ -403,101 +403,6 @@ func (m *Manager) saveActivity() {
 	for i, s := range moved {
 		s.savedActivity.Store(recs[i].LastActivityAt.UnixNano())
 	}
-}
-
-// Restore loads the stored sessions after a restart: each live one whose
-// sandbox still runs is re-attached; one whose sandbox is gone is marked
-// failed with a reason; every sandbox without a live session is removed.
-func (m *Manager) Restore(ctx context.Context) error {
-	recs, err := m.cfg.Store.All()
-	if err != nil {
-		return fmt.Errorf("load sessions: %w", err)
-	}
-	ra, _ := m.driver.(sandbox.Reattacher)
-	var present []string
-	if ra != nil {
-		if present, err = ra.List(ctx); err != nil {
-			return fmt.Errorf("list sandboxes: %w", err)
-		}
-	}
-	keep := map[string]bool{}
-	var changed []Record
-	restored, failed := 0, 0
-	for _, r := range recs {
-		s := sessionFromRecord(r)
-		if r.Status == StatusRunning {
-			reason := "the sandbox driver cannot re-attach sandboxes after a restart"
-			if ra != nil {
-				sb, err := ra.Adopt(ctx, r.ID)
-				if err == nil {
-					s.sandbox = sb
-					keep[r.ID] = true
-					restored++
-					m.watch(s)
-				} else {
-					reason = "sandbox lost across the gateway restart"
-					m.log.Warn("sandbox_adopt_failed", "session", r.ID, "err", err)
-				}
-			}
-			if s.sandbox == nil {
-				s.status, s.statusReason = StatusFailed, reason
-				changed = append(changed, s.record())
-				failed++
-				m.log.Warn("session_failed", "session", r.ID, "tenant", r.Tenant, "reason", reason)
-			}
-		}
-		m.mu.Lock()
-		m.sessions[s.ID] = s
-		m.mu.Unlock()
-	}
-	if err := m.cfg.Store.Put(changed...); err != nil {
-		return fmt.Errorf("record failed sessions: %w", err)
-	}
-	removed := 0
-	for _, id := range present {
-		if keep[id] {
-			continue
-		}
-		if err := ra.Remove(ctx, id); err != nil {
-			m.log.Error("sandbox_remove_failed", "sandbox", id, "err", err)
-			continue
-		}
-		removed++
-	}
-	m.log.Info("sessions_restored", "restored", restored, "failed", failed, "orphans_removed", removed)
-	return nil
-}
-
-// Shutdown is called when the gateway stops. With keep, sandboxes and
-// records stay for the next process (activity times are saved first);
-// otherwise every session ends and its sandbox is destroyed.
-func (m *Manager) Shutdown(ctx context.Context, keep bool) {
-	if keep {
-		m.saveActivity()
-	}
-	m.mu.Lock()
-	m.stopping = true
-	all := m.sessions
-	m.sessions = map[string]*Session{}
-	m.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, s := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if !keep {
-				_ = m.end(ctx, s, StatusDeleted, "gateway shut down")
-				return
-			}
-			if d, ok := s.sandbox.(sandbox.Detacher); ok {
-				if err := d.Detach(ctx); err != nil {
-					m.log.Error("sandbox_detach_failed", "session", s.ID, "err", err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	m.retryDestroy(ctx) // deleted sessions end for good, whatever keep says
 }
 
 // IdleTimeout is the configured idle limit (0 or negative: none).

@@ -4,12 +4,9 @@
 package gateway
 
 import (
-	"crypto/rand"
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base32"
-	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,15 +53,33 @@ type Session struct {
 	conns        map[*connEntry]struct{}
 }
 
-// record returns the session as the store keeps it.
-func (s *Session) record() Record {
+// Record is a session at one moment: what Snapshot returns for rendering
+// and what the Store keeps. Its JSON is the store's on-disk format.
+type Record struct {
+	ID             string         `json:"id"`
+	Tenant         string         `json:"tenant"`
+	Image          string         `json:"image"`
+	Metadata       map[string]any `json:"metadata"`
+	CreatedAt      time.Time      `json:"createdAt"`
+	ExpiresAt      time.Time      `json:"expiresAt"`
+	LastActivityAt time.Time      `json:"lastActivityAt"`
+	TTL            int            `json:"ttl"`
+	SSHPublicKey   string         `json:"sshPublicKey,omitempty"`
+	PasswordHash   []byte         `json:"passwordHash"` // SHA-256 of the SSH password
+	Status         string         `json:"status"`
+	StatusReason   string         `json:"statusReason,omitempty"` // why a failed session failed
+}
+
+// Snapshot returns the session's current state.
+func (s *Session) Snapshot() Record {
 	s.mu.Lock()
 	status, reason := s.status, s.statusReason
 	s.mu.Unlock()
 	return Record{
 		ID: s.ID, Tenant: s.Tenant, Image: s.Image, Metadata: s.Metadata,
 		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
-		SSHPublicKey: s.SSHPublicKey, PasswordHash: s.passwordHash[:], Status: status, StatusReason: reason,
+		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
+		Status: status, StatusReason: reason,
 	}
 }
 
@@ -83,33 +98,6 @@ func sessionFromRecord(r Record) *Session {
 }
 
 type connEntry struct{ close func() }
-
-// Snapshot is a point-in-time copy of a session for rendering.
-type Snapshot struct {
-	ID             string
-	Tenant         string
-	Status         string
-	Image          string
-	Metadata       map[string]any
-	CreatedAt      time.Time
-	ExpiresAt      time.Time
-	LastActivityAt time.Time
-	TTL            int
-	// StatusReason says why a failed session failed.
-	StatusReason string
-}
-
-// Snapshot returns the session's current state.
-func (s *Session) Snapshot() Snapshot {
-	s.mu.Lock()
-	status, reason := s.status, s.statusReason
-	s.mu.Unlock()
-	return Snapshot{
-		ID: s.ID, Tenant: s.Tenant, Status: status, Image: s.Image, Metadata: s.Metadata,
-		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
-		StatusReason: reason,
-	}
-}
 
 // Sandbox is the session's sandbox.
 func (s *Session) Sandbox() sandbox.Sandbox { return s.sandbox }
@@ -177,68 +165,4 @@ func (s *Session) end(status, reason string) bool {
 		e.close()
 	}
 	return true
-}
-
-var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
-
-// newID returns a session id: "sbx-" and 20 base32 characters (100 random
-// bits), valid as a hostname label.
-func newID() string {
-	b := make([]byte, 13)
-	_, _ = rand.Read(b)
-	return "sbx-" + idEncoding.EncodeToString(b)[:20]
-}
-
-// newPassword returns a random SSH password.
-func newPassword() string {
-	b := make([]byte, 24)
-	_, _ = rand.Read(b)
-	return strings.TrimRight(base32.StdEncoding.EncodeToString(b), "=")
-}
-
-// Error is a gateway error with a stable code for API clients.
-type Error struct {
-	Kind    Kind
-	Code    string
-	Message string
-	Err     error
-}
-
-// Kind classifies errors so transports can pick a status code.
-type Kind int
-
-// Error kinds.
-const (
-	KindInvalid Kind = iota + 1
-	KindNotFound
-	KindQuota
-	KindUnavailable
-	KindInternal
-	KindUnauthorized
-	KindConflict
-)
-
-func (e *Error) Error() string {
-	if e.Err != nil {
-		return e.Message + ": " + e.Err.Error()
-	}
-	return e.Message
-}
-
-func (e *Error) Unwrap() error { return e.Err }
-
-// ErrNotFound is returned for missing sessions and for sessions of another
-// tenant alike.
-var ErrNotFound = &Error{Kind: KindNotFound, Code: "not_found", Message: "session not found"}
-
-// Invalid returns a KindInvalid error with the given code and message.
-func Invalid(code, msg string) error {
-	return &Error{Kind: KindInvalid, Code: code, Message: msg}
-}
-
-// AsError extracts a *Error from err.
-func AsError(err error) (*Error, bool) {
-	var e *Error
-	ok := errors.As(err, &e)
-	return e, ok
 }

@@ -11,22 +11,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Record is a session as the store keeps it.
-type Record struct {
-	ID             string         `json:"id"`
-	Tenant         string         `json:"tenant"`
-	Image          string         `json:"image"`
-	Metadata       map[string]any `json:"metadata"`
-	CreatedAt      time.Time      `json:"createdAt"`
-	ExpiresAt      time.Time      `json:"expiresAt"`
-	LastActivityAt time.Time      `json:"lastActivityAt"`
-	TTL            int            `json:"ttl"`
-	SSHPublicKey   string         `json:"sshPublicKey,omitempty"`
-	PasswordHash   []byte         `json:"passwordHash"`
-	Status         string         `json:"status"`
-	StatusReason   string         `json:"statusReason,omitempty"`
-}
-
 // Store keeps session records. Put and Delete are durable when they return.
 type Store interface {
 	Put(recs ...Record) error

@@ -27,8 +27,9 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
 }
 
-// WriteGatewayError maps err (usually a *gateway.Error) to a status code
-// and writes the envelope. Internal details never reach the client.
+// WriteGatewayError maps err (usually a *gateway.Error, or a
+// gateway.Sentinel, which errors.As turns into one) to a status code and
+// writes the envelope. Internal details never reach the client.
 func WriteGatewayError(w http.ResponseWriter, err error) {
 	var ge *gateway.Error
 	if !errors.As(err, &ge) {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -197,9 +195,7 @@ func authConfig(cfg *serveConfig, stdout io.Writer, log *slog.Logger) (gateway.A
 	case err == nil:
 		log.Info("using the API key stored in the data dir", "path", path)
 	case errors.Is(err, fs.ErrNotExist):
-		raw := make([]byte, 32)
-		_, _ = rand.Read(raw)
-		b = []byte("sg_" + base64.RawURLEncoding.EncodeToString(raw))
+		b = []byte(gateway.NewAPIKey())
 		if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
 			return ac, fmt.Errorf("store generated API key: %w", err)
 		}

@@ -51,8 +51,8 @@ const (
 // on the host.
 const socketCheck = 10 * time.Second
 
-// Driver is the linux driver (docs/architecture.md, "The linuxns driver"). Each sandbox is a per-session
-// init, `sandgate sandbox-init`: one clone of the gateway's own binary in
+// Driver is the linux driver (docs/architecture.md, "The linuxns driver").
+// Each sandbox is a per-session init, `sandgate sandbox-init`: one clone of the gateway's own binary in
 // new user, mount, pid, net, ipc and uts namespaces (and a cgroup namespace
 // for what it starts), which builds a root of read-only host directories, a
 // fresh /proc, a minimal /dev, a private /tmp and the workspace, then serves
@@ -61,13 +61,13 @@ const socketCheck = 10 * time.Second
 // Every command of the session (exec, shell, sftp-server) is started by
 // that init, so all of them share one sandbox: the gateway connects to the
 // control socket, passes the command's stdio pipes (SCM_RIGHTS), and the
-// init forks it as the sandbox user; with a sandbox.PTY the init opens the terminal
+// init forks it as the sandbox user; with a PTY the init opens the terminal
 // in the sandbox's devpts and hands the master back. Output never passes
 // through the init.
 //
 // Sandboxes outlive the gateway process: an init has its own session and
 // no parent-death signal, and its state is kept in <DataDir>/sandboxes/<id>.
-// At Open the driver reaps every sandbox a previous run left (kills its
+// At New the driver reaps every sandbox a previous run left (kills its
 // init, removes its cgroups, mounts and files), unless Config.KeepOrphans
 // keeps them for List, Adopt and Remove (sandbox.Reattacher). An init whose
 // control socket is deleted from the host ends itself.

@@ -20,7 +20,7 @@ import (
 // tunnel, SSH handshake, exec `true`) and at the driver alone (Create,
 // Start `true`, Wait). It only runs when SANDGATE_MEASURE=1:
 //
-//	SANDGATE_MEASURE=1 go test -count=1 -run TestCreateToFirstExecLatency -v ./sandbox/
+//	SANDGATE_MEASURE=1 go test -count=1 -run TestCreateToFirstExecLatency -v ./sandbox/linuxns/
 func TestCreateToFirstExecLatency(t *testing.T) {
 	if os.Getenv("SANDGATE_MEASURE") != "1" {
 		t.Skip("set SANDGATE_MEASURE=1 to measure")

@@ -181,7 +181,7 @@ func (in *initd) handle(conn *net.UnixConn) {
 }
 
 // start starts req's command as the sandbox user and returns it with the
-// sandbox.PTY master to hand to the gateway (-1 without a sandbox.PTY). It consumes fds.
+// PTY master to hand to the gateway (-1 without a PTY). It consumes fds.
 func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	defer procio.CloseFDs(fds)
 	var path string

@@ -1,0 +1,89 @@
+// Package layers holds no code: its test checks the import graph that
+// docs/architecture.md ("Import graph") describes.
+package layers
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/sandgate/sandgate/"
+
+// forbidden maps a package (and the packages below it) to what none of
+// them may import, directly or not: "X" is X and every package below it,
+// "X/" only the packages below X, "=X" X alone.
+var forbidden = map[string][]string{
+	"sandbox":               {"gateway", "rest", "tunnel", "sshd", "cmd", "sftpd"},
+	"sandbox/linuxns/initd": {"=sandbox/linuxns", "sandbox/workdir", "internal/cgroup"},
+	"sandbox/linuxns/ctl":   {"=sandbox/linuxns", "sandbox/linuxns/initd", "sandbox/workdir", "internal/cgroup"},
+	"sandbox/workdir":       {"sandbox/linuxns"},
+	"gateway":               {"rest", "tunnel", "sshd", "cmd", "sandbox/"},
+	"rest":                  {"tunnel", "sshd", "cmd", "sandbox/"},
+	"tunnel":                {"rest", "sshd", "cmd", "sandbox/"},
+	"sshd":                  {"rest", "tunnel", "cmd", "sandbox/"},
+	"sftpd":                 {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal"},
+	"internal/cgroup":       {"sandbox/", "gateway", "rest", "tunnel", "sshd", "cmd"},
+	"internal/procio":       {"sandbox/", "gateway", "rest", "tunnel", "sshd", "cmd"},
+	"internal/mountinfo":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+}
+
+// allowedSelf lists what a package under a forbidden prefix may still
+// import: itself and its own children.
+func allowedSelf(pkg, dep string) bool {
+	return dep == pkg || strings.HasPrefix(dep, pkg+"/")
+}
+
+// banned reports whether package d matches ban (see forbidden).
+func banned(d, ban string) bool {
+	if exact, ok := strings.CutPrefix(ban, "="); ok {
+		return d == exact
+	}
+	if parent, ok := strings.CutSuffix(ban, "/"); ok {
+		return strings.HasPrefix(d, parent+"/")
+	}
+	return d == ban || strings.HasPrefix(d, ban+"/")
+}
+
+func TestImportGraph(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps=false", "-json", module+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	checked := 0
+	for {
+		var p struct {
+			ImportPath string
+			Deps       []string
+		}
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkg := strings.TrimPrefix(p.ImportPath, module)
+		for prefix, bans := range forbidden {
+			if pkg != prefix && !strings.HasPrefix(pkg, prefix+"/") {
+				continue
+			}
+			checked++
+			for _, dep := range p.Deps {
+				d, ok := strings.CutPrefix(dep, module)
+				if !ok || allowedSelf(pkg, d) {
+					continue
+				}
+				for _, ban := range bans {
+					if banned(d, ban) {
+						t.Errorf("%s imports %s (directly or not): docs/architecture.md forbids %s -> %s", pkg, d, prefix, ban)
+					}
+				}
+			}
+		}
+	}
+	if checked < len(forbidden) {
+		t.Fatalf("checked %d packages, want at least %d: did the layout change?", checked, len(forbidden))
+	}
+}

@@ -53,21 +53,27 @@ type Session struct {
 	conns        map[*connEntry]struct{}
 }
 
-// Record is a session at one moment: what Snapshot returns for rendering
-// and what the Store keeps. Its JSON is the store's on-disk format.
-type Record struct {
-	ID             string         `json:"id"`
-	Tenant         string         `json:"tenant"`
+// View is what a tenant sees of a session. The REST API renders it as it
+// is, and Record embeds it, so the two share these fields and JSON names.
+type View struct {
+	Status         string         `json:"status"`
 	Image          string         `json:"image"`
 	Metadata       map[string]any `json:"metadata"`
 	CreatedAt      time.Time      `json:"createdAt"`
 	ExpiresAt      time.Time      `json:"expiresAt"`
 	LastActivityAt time.Time      `json:"lastActivityAt"`
 	TTL            int            `json:"ttl"`
-	SSHPublicKey   string         `json:"sshPublicKey,omitempty"`
-	PasswordHash   []byte         `json:"passwordHash"` // SHA-256 of the SSH password
-	Status         string         `json:"status"`
 	StatusReason   string         `json:"statusReason,omitempty"` // why a failed session failed
+}
+
+// Record is a session at one moment: what Snapshot returns for rendering
+// and what the Store keeps. Its JSON is the store's on-disk format.
+type Record struct {
+	ID     string `json:"id"`
+	Tenant string `json:"tenant"`
+	View
+	SSHPublicKey string `json:"sshPublicKey,omitempty"`
+	PasswordHash []byte `json:"passwordHash"` // SHA-256 of the SSH password
 }
 
 // Snapshot returns the session's current state.
@@ -76,10 +82,13 @@ func (s *Session) Snapshot() Record {
 	status, reason := s.status, s.statusReason
 	s.mu.Unlock()
 	return Record{
-		ID: s.ID, Tenant: s.Tenant, Image: s.Image, Metadata: s.Metadata,
-		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
+		ID: s.ID, Tenant: s.Tenant,
+		View: View{
+			Status: status, Image: s.Image, Metadata: s.Metadata,
+			CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
+			StatusReason: reason,
+		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
-		Status: status, StatusReason: reason,
 	}
 }
 

@@ -18,8 +18,8 @@ func TestBoltStoreRoundTripAndReopen(t *testing.T) {
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	recs := []Record{
-		{ID: "sbx-a", Tenant: "t1", Image: "default", Metadata: map[string]any{"k": "v"}, CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now, TTL: 3600, PasswordHash: make([]byte, 32), Status: StatusRunning},
-		{ID: "sbx-b", Tenant: "t2", Image: "default", CreatedAt: now, ExpiresAt: now.Add(time.Minute), LastActivityAt: now, TTL: 60, PasswordHash: make([]byte, 32), Status: StatusFailed, StatusReason: "lost"},
+		{ID: "sbx-a", Tenant: "t1", PasswordHash: make([]byte, 32), View: View{Image: "default", Metadata: map[string]any{"k": "v"}, CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now, TTL: 3600, Status: StatusRunning}},
+		{ID: "sbx-b", Tenant: "t2", PasswordHash: make([]byte, 32), View: View{Image: "default", CreatedAt: now, ExpiresAt: now.Add(time.Minute), LastActivityAt: now, TTL: 60, Status: StatusFailed, StatusReason: "lost"}},
 	}
 	if err := st.Put(recs...); err != nil {
 		t.Fatal(err)

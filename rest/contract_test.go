@@ -357,9 +357,11 @@ func putLostSession(t testing.TB, store gateway.Store, tenant string) string {
 	id := "sbx-lostlostlostlostlost"
 	now := time.Now().UTC()
 	err := store.Put(gateway.Record{
-		ID: id, Tenant: tenant, Image: "default", Metadata: map[string]any{"k": "v"},
-		CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now, TTL: 3600,
-		PasswordHash: make([]byte, 32), Status: gateway.StatusRunning,
+		ID: id, Tenant: tenant, PasswordHash: make([]byte, 32),
+		View: gateway.View{
+			Image: "default", Metadata: map[string]any{"k": "v"}, Status: gateway.StatusRunning,
+			CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now, TTL: 3600,
+		},
 	})
 	if err != nil {
 		t.Fatal(err)

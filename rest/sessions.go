@@ -27,16 +27,9 @@ type createRequest struct {
 }
 
 type sessionJSON struct {
-	SessionID      string         `json:"sessionId"`
-	Status         string         `json:"status"`
-	Image          string         `json:"image"`
-	Metadata       map[string]any `json:"metadata"`
-	CreatedAt      time.Time      `json:"createdAt"`
-	ExpiresAt      time.Time      `json:"expiresAt"`
-	LastActivityAt time.Time      `json:"lastActivityAt"`
-	TTL            int            `json:"ttl"`
-	StatusReason   string         `json:"statusReason,omitempty"`
-	SSH            sshJSON        `json:"ssh"`
+	SessionID string `json:"sessionId"`
+	gateway.View
+	SSH sshJSON `json:"ssh"`
 }
 
 type sshJSON struct {
@@ -61,9 +54,7 @@ func (a *api) render(s *gateway.Session, password string) sessionJSON {
 		known = "* " + a.cfg.HostKeys[0]
 	}
 	return sessionJSON{
-		SessionID: snap.ID, Status: snap.Status, Image: snap.Image, Metadata: snap.Metadata,
-		CreatedAt: snap.CreatedAt, ExpiresAt: snap.ExpiresAt, LastActivityAt: snap.LastActivityAt, TTL: snap.TTL,
-		StatusReason: snap.StatusReason,
+		SessionID: snap.ID, View: snap.View,
 		SSH: sshJSON{
 			Username: a.cfg.SSHUsername, Password: password,
 			HostKeys: a.cfg.HostKeys, KnownHostsLine: known,

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"syscall"
@@ -45,6 +46,22 @@ func ValidID(id string) bool {
 		}
 	}
 	return true
+}
+
+// ListIDs returns the names of the directories in dir that are valid
+// sandbox ids: where a driver keeps one directory per sandbox.
+func ListIDs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && ValidID(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
 }
 
 // ShortID is the short form of a session id: its hostname in a sandbox.

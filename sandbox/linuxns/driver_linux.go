@@ -491,17 +491,7 @@ func unixAddr(path string) (addr string, done func(), err error) {
 // those of a previous run, when Config.KeepOrphans kept them for Adopt or
 // Remove (sandbox.Reattacher).
 func (d *Driver) List(ctx context.Context) ([]string, error) {
-	entries, err := os.ReadDir(d.root)
-	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
-	}
-	var ids []string
-	for _, e := range entries {
-		if e.IsDir() && sandbox.ValidID(e.Name()) {
-			ids = append(ids, e.Name())
-		}
-	}
-	return ids, nil
+	return sandbox.ListIDs(d.root)
 }
 
 // Adopt returns the running sandbox id of a previous run of the gateway,

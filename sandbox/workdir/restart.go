@@ -12,17 +12,7 @@ import (
 
 // List returns the ids of the workdirs present (sandbox.Reattacher).
 func (d *Driver) List(ctx context.Context) ([]string, error) {
-	entries, err := os.ReadDir(d.cfg.Root)
-	if err != nil {
-		return nil, fmt.Errorf("list workdirs: %w", err)
-	}
-	var ids []string
-	for _, e := range entries {
-		if e.IsDir() && sandbox.ValidID(e.Name()) {
-			ids = append(ids, e.Name())
-		}
-	}
-	return ids, nil
+	return sandbox.ListIDs(d.cfg.Root)
 }
 
 // Adopt re-attaches the workdir of session id after a restart. The workdir

@@ -36,20 +36,16 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 		return
 	}
-	status := http.StatusInternalServerError
-	switch ge.Kind {
-	case gateway.KindInvalid:
-		status = http.StatusBadRequest
-	case gateway.KindNotFound:
-		status = http.StatusNotFound
-	case gateway.KindQuota:
-		status = http.StatusTooManyRequests
-	case gateway.KindUnavailable:
-		status = http.StatusServiceUnavailable
-	case gateway.KindUnauthorized:
-		status = http.StatusUnauthorized
-	case gateway.KindConflict:
-		status = http.StatusConflict
+	status, ok := map[gateway.Kind]int{
+		gateway.KindInvalid:      http.StatusBadRequest,
+		gateway.KindNotFound:     http.StatusNotFound,
+		gateway.KindQuota:        http.StatusTooManyRequests,
+		gateway.KindUnavailable:  http.StatusServiceUnavailable,
+		gateway.KindUnauthorized: http.StatusUnauthorized,
+		gateway.KindConflict:     http.StatusConflict,
+	}[ge.Kind]
+	if !ok {
+		status = http.StatusInternalServerError
 	}
 	WriteError(w, status, ge.Code, ge.Message)
 }

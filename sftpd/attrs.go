@@ -103,23 +103,11 @@ func (s *server) longname(name string, fi fs.FileInfo, a attrs, now time.Time) s
 
 // modeString is ls's ten-character mode: type, then rwx with s/S and t/T.
 func modeString(v uint32) string {
+	// The type's letter, indexed by the S_IFMT bits: 1 FIFO, 2 char device,
+	// 4 dir, 6 block device, 8 regular, 10 symlink, 12 socket.
+	const types = "?pc?d?b?-?l?s???"
 	b := []byte("?rwxrwxrwx")
-	switch v & sIFMT {
-	case sIFREG:
-		b[0] = '-'
-	case sIFDIR:
-		b[0] = 'd'
-	case sIFLNK:
-		b[0] = 'l'
-	case sIFCHR:
-		b[0] = 'c'
-	case sIFBLK:
-		b[0] = 'b'
-	case sIFIFO:
-		b[0] = 'p'
-	case sIFSOCK:
-		b[0] = 's'
-	}
+	b[0] = types[(v&sIFMT)>>12]
 	for i := 0; i < 9; i++ {
 		if v&(1<<(8-i)) == 0 {
 			b[1+i] = '-'

@@ -34,6 +34,8 @@ type Spec struct {
 }
 
 // Driver creates sandboxes. Implementations must be safe for concurrent use.
+// Implemented by workdir.Driver and linuxns.Driver; cmd/sandgate picks one,
+// and gateway.Manager creates a sandbox per session with it.
 type Driver interface {
 	// Name is the driver's name as given to `serve --sandbox`.
 	Name() string
@@ -41,7 +43,9 @@ type Driver interface {
 	Create(ctx context.Context, spec Spec) (Sandbox, error)
 }
 
-// Sandbox is one session's isolated environment.
+// Sandbox is one session's isolated environment. Implemented by each
+// driver's sandbox; gateway.Manager owns it (Destroy), and sshd starts every
+// process of the session in it (Start).
 type Sandbox interface {
 	// Workdir is the host path of the session's workspace directory.
 	Workdir() string
@@ -97,7 +101,8 @@ type Exit struct {
 	CoreDumped bool
 }
 
-// Process is a running process inside a sandbox.
+// Process is a running process inside a sandbox, as Sandbox.Start returns
+// it; sshd copies its streams to an SSH channel.
 type Process interface {
 	// Stdin is the process's standard input. Closing it sends EOF
 	// (no-op with a PTY).

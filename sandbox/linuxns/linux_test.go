@@ -4,6 +4,7 @@ package linuxns_test
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -525,4 +526,67 @@ func TestLinuxReport(t *testing.T) {
 		}
 	}
 	t.Logf("report: %v", rep)
+}
+
+// TestLinuxEtcSurvivesHostRenames: the host replacing its /etc files by
+// rename (as useradd, passwd, vipw and package installs do) while a
+// sandbox runs must not show the sandbox a file it hid or replaced. The
+// host files are renamed over with copies of themselves (same content,
+// owner and mode), so the host is unchanged but for the inodes.
+func TestLinuxEtcSurvivesHostRenames(t *testing.T) {
+	s := linuxStack(t)
+	c := s.SSH(t, s.CreateSession(t, nil).SessionID)
+	want := gwtest.Exec(t, c, "cat /etc/passwd /etc/group").Stdout
+	if strings.Contains(want, "daemon:") || !strings.Contains(want, "sandbox:x:1000:") {
+		t.Fatalf("the sandbox's passwd and group before any rename:\n%s", want)
+	}
+	secrets := []string{"/etc/shadow", "/etc/gshadow", "/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_rsa_key"}
+	var renamed []string
+	for _, p := range append([]string{"/etc/passwd", "/etc/group"}, secrets...) {
+		if _, err := os.Stat(p); err == nil {
+			renameOverItself(t, p)
+			renamed = append(renamed, p)
+		}
+	}
+	if len(renamed) < 4 {
+		t.Fatalf("renamed only %v on the host: the test needs passwd, group, shadow and an SSH host key (openssh-server)", renamed)
+	}
+	if got := gwtest.Exec(t, c, "cat /etc/passwd /etc/group").Stdout; got != want {
+		t.Errorf("after the host renamed over its passwd and group, the sandbox sees:\n%s\nwant:\n%s", got, want)
+	}
+	if r := gwtest.Exec(t, c, "id -un; id -gn"); r.Stdout != "sandbox\nsandbox\n" {
+		t.Errorf("id after the renames: %+v", r)
+	}
+	for _, p := range secrets {
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		r := gwtest.Exec(t, c, "stat -c '%s %a' "+p+"; cat "+p)
+		if r.Code == 0 || !strings.HasPrefix(r.Stdout, "0 0\n") || !strings.Contains(r.Stderr, "Permission denied") {
+			t.Errorf("%s after the host renamed over it: %+v; want an empty, unreadable entry", p, r)
+		}
+	}
+}
+
+// renameOverItself replaces the host file p by a copy of itself, by
+// rename, keeping content, owner and mode.
+func renameOverItself(t *testing.T, p string) {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(filepath.Dir(p), ".sandgate-test-"+filepath.Base(p))
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if err := errors.Join(os.Chown(tmp, int(st.Uid), int(st.Gid)), os.Chmod(tmp, fi.Mode().Perm()), os.Rename(tmp, p)); err != nil {
+		os.Remove(tmp)
+		t.Fatalf("rename over %s: %v", p, err)
+	}
 }

@@ -8,11 +8,15 @@
 package initd
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -232,12 +236,10 @@ func buildRoot(spec *ctl.Spec, wsFD int) error {
 			}
 		}
 	}
-	for _, d := range []string{"/usr", "/etc"} {
-		if err := roBind(d, filepath.Join(r, d)); err != nil {
-			return err
-		}
+	if err := roBind("/usr", filepath.Join(r, "usr")); err != nil {
+		return err
 	}
-	if err := filterEtc(r, spec.Hostname); err != nil {
+	if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname); err != nil {
 		return err
 	}
 	if err := buildDev(r, spec.ShmBytes); err != nil {
@@ -330,23 +332,36 @@ func lockedFlags(p string) uintptr {
 	return f
 }
 
-// etcSecrets are host /etc entries the sandbox must not read, even where
-// their permissions would already stop it.
+// etcSecrets are host /etc entries (patterns of paths below /etc) the
+// sandbox must not read, even where their permissions would already stop
+// it. In the sandbox's /etc each is an empty entry of mode 0.
 var etcSecrets = []string{
-	"shadow", "shadow-", "gshadow", "gshadow-", "security/opasswd",
+	"shadow", "shadow-", "gshadow", "gshadow-", "passwd-", "group-", "security/opasswd",
 	"ssl/private", "sandgate", "ssh/ssh_host_*key",
 }
 
-// filterEtc covers the secrets of the read-only /etc under r and gives the
-// sandbox its own passwd, group, hostname and hosts.
-func filterEtc(r, hostname string) error {
-	// The replacement files live on a small staging tmpfs that is detached
-	// again once they are bound: nothing of it stays reachable by path.
-	stage := filepath.Join(r, "tmp")
-	if err := mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=64k"); err != nil {
+// etcOwn are the /etc files the sandbox gets its own version of.
+var etcOwn = []string{"passwd", "group", "hostname", "hosts"}
+
+// etcCopyMax is the size up to which a host /etc file is copied into the
+// sandbox's /etc; larger ones are bound.
+const etcCopyMax = 64 << 10
+
+// buildEtc makes the sandbox's /etc at dst: a tmpfs of the sandbox's own,
+// never the host's directory. Small host files are copied, directories and
+// large files are bound read-only one by one, secrets are empty entries of
+// mode 0, and passwd, group, hostname and hosts are the sandbox's. So no
+// host-side change (a rename over /etc/passwd, new host keys) can ever
+// show a hidden file: a bind follows the inode it was made on, and nothing
+// is mounted over a host dentry that the host could replace.
+func buildEtc(dst, hostname string) error {
+	if err := mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=4m"); err != nil {
 		return err
 	}
-	files := map[string]string{
+	if err := copyEtcDir("/etc", dst, ""); err != nil {
+		return err
+	}
+	own := map[string]string{
 		"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
 			fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/bash\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir) +
 			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -354,62 +369,136 @@ func filterEtc(r, hostname string) error {
 		"hostname": hostname + "\n",
 		"hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 	}
-	for name, content := range files {
-		if fi, err := os.Lstat("/etc/" + name); err != nil || !fi.Mode().IsRegular() {
-			continue // nothing to cover; the read-only /etc cannot grow one
-		}
-		src := filepath.Join(stage, name)
-		if err := os.WriteFile(src, []byte(content), 0o644); err != nil {
-			return fmt.Errorf("stage /etc/%s: %w", name, err)
-		}
-		if err := roBind(src, filepath.Join(r, "etc", name)); err != nil {
-			return err
+	for name, content := range own {
+		if err := os.WriteFile(filepath.Join(dst, name), []byte(content), 0o644); err != nil {
+			return fmt.Errorf("write /etc/%s: %w", name, err)
 		}
 	}
-	maskFile, maskDir := filepath.Join(stage, "mask"), filepath.Join(stage, "maskdir")
-	if err := os.WriteFile(maskFile, nil, 0); err != nil {
-		return err
+	return setReadOnly(dst)
+}
+
+// copyEtcDir fills dst, a directory of the sandbox's /etc, from the host
+// directory host, which is /etc/rel. Entries that vanish meanwhile are
+// skipped; devices, FIFOs and sockets are never carried over.
+func copyEtcDir(host, dst, rel string) error {
+	entries, err := os.ReadDir(host)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", host, err)
 	}
-	if err := os.Mkdir(maskDir, 0); err != nil {
-		return err
-	}
-	for _, pattern := range etcSecrets {
-		matches, _ := filepath.Glob("/etc/" + pattern)
-		for _, host := range matches {
-			if err := maskPath(r, host, maskFile, maskDir); err != nil {
+	for _, e := range entries {
+		name := path.Join(rel, e.Name())
+		h, d := filepath.Join(host, e.Name()), filepath.Join(dst, e.Name())
+		if rel == "" && slices.Contains(etcOwn, name) {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		if etcSecret(name) {
+			if err := maskEntry(d, fi.IsDir()); err != nil {
+				return err
+			}
+			continue
+		}
+		switch {
+		case fi.Mode()&os.ModeSymlink != 0:
+			target, err := os.Readlink(h)
+			if err != nil {
+				continue
+			}
+			if err := os.Symlink(target, d); err != nil {
+				return fmt.Errorf("etc: %w", err)
+			}
+		case fi.IsDir() && etcSecretBelow(name):
+			if err := os.Mkdir(d, fi.Mode().Perm()); err != nil {
+				return fmt.Errorf("etc: %w", err)
+			}
+			if err := copyEtcDir(h, d, name); err != nil {
+				return err
+			}
+		case fi.IsDir():
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return fmt.Errorf("etc: %w", err)
+			}
+			if err := bindEtc(h, d); err != nil {
+				return err
+			}
+		case fi.Mode().IsRegular() && fi.Size() <= etcCopyMax:
+			if err := copyEtcFile(h, d, fi.Mode().Perm()); err != nil {
+				return err
+			}
+		case fi.Mode().IsRegular():
+			if err := os.WriteFile(d, nil, 0o644); err != nil {
+				return fmt.Errorf("etc: %w", err)
+			}
+			if err := bindEtc(h, d); err != nil {
 				return err
 			}
 		}
 	}
-	if err := unix.Unmount(stage, unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach staging tmpfs: %w", err)
+	return nil
+}
+
+// bindEtc binds the host's h at d, read-only. An entry the host removed
+// meanwhile is left empty.
+func bindEtc(h, d string) error {
+	if err := roBind(h, d); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
 	}
 	return nil
 }
 
-// maskPath covers the host path host (as seen under r) with an empty,
-// unreadable file or directory. A symlink is followed when it stays in the
-// trees the sandbox sees.
-func maskPath(r, host, maskFile, maskDir string) error {
-	fi, err := os.Lstat(host)
+// copyEtcFile copies the host file h to d with mode perm. A file the
+// sandbox's init may not read (host root's, mode 0600) becomes an empty
+// entry of mode 0: unreadable in the sandbox too.
+func copyEtcFile(h, d string, perm os.FileMode) error {
+	b, err := os.ReadFile(h)
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		return maskEntry(d, false)
+	case err != nil:
+		return nil // gone meanwhile
+	}
+	if err := os.WriteFile(d, b, perm); err != nil {
+		return fmt.Errorf("etc: %w", err)
+	}
+	// WriteFile's mode goes through the umask.
+	return os.Chmod(d, perm)
+}
+
+// maskEntry makes d an empty file or directory of mode 0.
+func maskEntry(d string, dir bool) error {
+	var err error
+	if dir {
+		err = os.Mkdir(d, 0)
+	} else {
+		err = os.WriteFile(d, nil, 0)
+	}
 	if err != nil {
-		return nil
+		return fmt.Errorf("etc: %w", err)
 	}
-	if fi.Mode()&os.ModeSymlink != 0 {
-		resolved, err := filepath.EvalSymlinks(host)
-		if err != nil || !(strings.HasPrefix(resolved, "/etc/") || strings.HasPrefix(resolved, "/usr/")) {
-			return nil
+	return nil
+}
+
+// etcSecret reports whether name, a path below /etc, is one of etcSecrets.
+func etcSecret(name string) bool {
+	for _, p := range etcSecrets {
+		if ok, _ := path.Match(p, name); ok {
+			return true
 		}
-		if fi, err = os.Stat(resolved); err != nil {
-			return nil
+	}
+	return false
+}
+
+// etcSecretBelow reports whether a secret lies below the directory name.
+func etcSecretBelow(name string) bool {
+	for _, p := range etcSecrets {
+		if strings.HasPrefix(p, name+"/") {
+			return true
 		}
-		host = resolved
 	}
-	src := maskFile
-	if fi.IsDir() {
-		src = maskDir
-	}
-	return roBind(src, filepath.Join(r, host))
+	return false
 }
 
 // buildDev makes a minimal /dev under r: the harmless character devices of

@@ -1,10 +1,11 @@
 # sandgate: `make build` installs nothing outside ./bin; `make test` runs every suite.
 GO      ?= go
 BIN     := bin/sandgate
+# The Python that creates the virtualenvs the SDK tests run in (.venv/, .venv-oldest/).
 PYTHON  ?= python3
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test test-go test-python check vet fmt-check bench bench-check clean
+.PHONY: build test test-go test-python test-python-oldest venv check vet fmt-check bench bench-check clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
@@ -15,12 +16,35 @@ test: build test-go test-python
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
 
-# Installs the SDK's test dependencies (pinned) when they are missing.
-test-python: build
-	@$(PYTHON) -c "import requests, paramiko, pytest" 2>/dev/null || \
-		$(PYTHON) -m pip install -q --disable-pip-version-check -r sdk-python/requirements-test.txt
-	SANDGATE_BIN=$(CURDIR)/$(BIN) $(PYTHON) -m pytest -q sdk-python/tests
+# The SDK tests run in a virtualenv (a stock Debian python3 refuses pip
+# installs, PEP 668): .venv/ holds the pinned test dependencies with the newest
+# Paramiko the SDK allows, .venv-oldest/ the same with the oldest. Each is
+# (re)filled when its requirements file changes.
+venv: .venv/.installed
 
+define fill-venv
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+		echo "$(PYTHON) cannot create a virtualenv: install Debian's python3-venv (apt-get install python3-venv)" >&2; exit 1; }
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/python -m pip install -q --disable-pip-version-check -r $<
+	@touch $@
+endef
+
+.venv/.installed: sdk-python/requirements-test.txt
+	$(fill-venv)
+
+.venv-oldest/.installed: sdk-python/requirements-oldest.txt
+	$(fill-venv)
+
+test-python: build .venv/.installed
+	@.venv/bin/python -c 'import paramiko, sys; print("SDK tests: Python", sys.version.split()[0], "Paramiko", paramiko.__version__)'
+	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv/bin/python -m pytest -q sdk-python/tests
+
+test-python-oldest: build .venv-oldest/.installed
+	@.venv-oldest/bin/python -c 'import paramiko, sys; print("SDK tests: Python", sys.version.split()[0], "Paramiko", paramiko.__version__)'
+	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv-oldest/bin/python -m pytest -q sdk-python/tests
+
+# The product module only; bench/ is its own module (make bench-check vets it).
 vet:
 	$(GO) vet ./...
 
@@ -31,11 +55,13 @@ fmt-check:
 check: vet fmt-check test-go
 
 bench: build
-	@if [ -x bench/run ]; then bench/run; else echo "bench/ not built yet"; fi
+	bench/run
 
-# CI only checks that the benchmark harness builds and its dry run starts.
+# CI checks the benchmark module (vet, unit tests), that the harness builds
+# and that its dry run starts both servers.
 bench-check: build
-	@if [ -x bench/run ]; then bench/run --quick --dry-run; else echo "bench/ not built yet"; fi
+	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
+	bench/run --quick --dry-run
 
 clean:
-	rm -rf bin
+	rm -rf bin bench/.bin

@@ -20,9 +20,10 @@ from .errors import (
     SandboxOperationError,
     SessionNotFoundError,
     UnauthorizedError,
+    UnsupportedParamikoError,
 )
-from .models import Session
-from .ssh import CommandResult, SessionSSHClient
+from .models import CommandResult, Session
+from .ssh import SessionSSHClient
 from .tunnel import HTTPConnectTunnel
 
 __all__ = [
@@ -40,4 +41,5 @@ __all__ = [
     "RateLimitError",
     "SandboxOperationError",
     "CommandTimeoutError",
+    "UnsupportedParamikoError",
 ]

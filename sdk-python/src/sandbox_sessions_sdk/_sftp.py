@@ -10,8 +10,10 @@ for a 50 MB file). Without a bound it sends every request of the file at
 once. This module keeps a fixed number of reads in flight from the calling
 thread instead: no helper thread, bounded memory, each byte read once.
 
-It uses ``SFTPClient._async_request`` / ``_read_response``, the primitives
-Paramiko's own ``SFTPFile`` is built on (unchanged since Paramiko 1.x).
+It sends reads with ``SFTPClient._async_request`` and collects them with
+``_read_response``, the primitives Paramiko's own ``SFTPFile`` is built on,
+through :class:`._paramiko_compat.ReadPipeline`, which holds every private
+Paramiko call the SDK makes.
 
 Read sizes follow the server's ``limits@openssh.com`` answer when it gives
 one, as OpenSSH's sftp does: sandgate's server answers 255 KiB reads,
@@ -27,7 +29,9 @@ import socket
 from typing import BinaryIO, Dict, List, Tuple
 
 import paramiko
-from paramiko.sftp import CMD_DATA, CMD_EXTENDED, CMD_EXTENDED_REPLY, CMD_READ, CMD_STATUS, SFTPError, int64
+from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, SFTPError
+
+from ._paramiko_compat import ReadPipeline, sftp_request
 
 # 32 KiB is the largest read every SFTP server answers in full.
 CHUNK = 32 * 1024
@@ -57,7 +61,7 @@ def limits(sftp: paramiko.SFTPClient) -> Tuple[int, int]:
     try:
         if channel is not None:
             channel.settimeout(_LIMITS_TIMEOUT)
-        t, msg = sftp._request(CMD_EXTENDED, "limits@openssh.com")  # type: ignore[attr-defined]
+        t, msg = sftp_request(sftp, CMD_EXTENDED, "limits@openssh.com")
         if t == CMD_EXTENDED_REPLY:
             msg.get_int64()  # packet length
             read_len, write_len = msg.get_int64(), msg.get_int64()
@@ -74,35 +78,6 @@ def limits(sftp: paramiko.SFTPClient) -> Tuple[int, int]:
     return result
 
 
-class _Collector:
-    """Receives the async responses Paramiko dispatches for our requests."""
-
-    def __init__(self, sftp: paramiko.SFTPClient) -> None:
-        self.sftp = sftp
-        self.done: List[Tuple[int, object]] = []
-
-    def _async_response(self, t: int, msg: paramiko.Message, num: int) -> None:
-        if t == CMD_DATA:
-            self.done.append((num, msg.get_string()))
-        elif t == CMD_STATUS:
-            try:
-                self.sftp._convert_status(msg)  # type: ignore[attr-defined]
-            except EOFError:
-                self.done.append((num, b""))
-                return
-            except Exception as e:
-                self.done.append((num, e))
-                return
-            self.done.append((num, SFTPError("unexpected OK status to a read")))
-        else:
-            self.done.append((num, SFTPError(f"unexpected SFTP response type {t} to a read")))
-
-
-def supported(sftp: paramiko.SFTPClient) -> bool:
-    """Whether this Paramiko has the primitives the pipelined reader needs."""
-    return hasattr(sftp, "_async_request") and hasattr(sftp, "_read_response") and hasattr(sftp, "_convert_status")
-
-
 def download(sftp: paramiko.SFTPClient, remote_path: str, out: BinaryIO, in_flight: int = 64) -> int:
     """Copy *remote_path* into the binary file *out*; return the bytes written.
 
@@ -114,7 +89,7 @@ def download(sftp: paramiko.SFTPClient, remote_path: str, out: BinaryIO, in_flig
     with sftp.open(remote_path, "rb") as fr:
         size = fr.stat().st_size or 0
         handle = fr.handle
-        collector = _Collector(sftp)
+        reads = ReadPipeline(sftp)
         pending: Dict[int, Tuple[int, int]] = {}  # request number -> (offset, length)
         todo: List[Tuple[int, int]] = []  # re-requests after short reads
         ready: Dict[int, bytes] = {}  # offset -> data not yet written
@@ -127,25 +102,18 @@ def download(sftp: paramiko.SFTPClient, remote_path: str, out: BinaryIO, in_flig
                 else:
                     offset, length = next_offset, min(chunk, size - next_offset)
                     next_offset += length
-                num = sftp._async_request(  # type: ignore[attr-defined]
-                    collector, CMD_READ, handle, int64(offset), int(length)
-                )
-                pending[num] = (offset, length)
-            sftp._read_response()  # type: ignore[attr-defined]
-            for num, result in collector.done:
+                pending[reads.send(handle, offset, length)] = (offset, length)
+            for num, result in reads.receive():
                 offset, length = pending.pop(num)
                 if isinstance(result, BaseException):
                     raise result
-                data: bytes = result  # type: ignore[assignment]
-                if not data:
+                if not result:
                     raise IOError(f"{remote_path}: file ended at {offset} bytes, expected {size}")
-                ready[offset] = data
-                if len(data) < length:
-                    todo.append((offset + len(data), length - len(data)))
-            collector.done.clear()
+                ready[offset] = result
+                if len(result) < length:
+                    todo.append((offset + len(result), length - len(result)))
             while written in ready:
                 data = ready.pop(written)
                 out.write(data)
                 written += len(data)
         return written
-

@@ -12,6 +12,8 @@ sent)::
     +-- RateLimitError              HTTP 429 (REST or CONNECT)
     +-- SandboxOperationError       other 4xx/5xx, SSH auth/exec/SFTP failures, use before connect
         +-- CommandTimeoutError     run_command() passed its timeout; the command was killed
+    +-- UnsupportedParamikoError    the installed Paramiko is outside the supported range
+                                    (also a RuntimeError); raised by SessionSSHClient.connect()
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "RateLimitError",
     "SandboxOperationError",
     "CommandTimeoutError",
+    "UnsupportedParamikoError",
 ]
 
 
@@ -157,3 +160,23 @@ class CommandTimeoutError(SandboxOperationError):
         self.timeout: float = timeout
         self.stdout: str = stdout
         self.stderr: str = stderr
+
+
+class UnsupportedParamikoError(SandboxAPIError, RuntimeError):
+    """The installed Paramiko is not one the SDK supports.
+
+    The SDK reaches into a few Paramiko internals (``exit-signal``, the SSH
+    ``signal`` request, pipelined SFTP reads) that are checked only against
+    the supported range. :meth:`~sandbox_sessions_sdk.SessionSSHClient.connect`
+    raises this before it opens anything; the REST client works with any
+    Paramiko.
+
+    Attributes:
+        found: The installed Paramiko's ``__version__``.
+        supported: The supported range, as a pip specifier (``">=3.5,<6"``).
+    """
+
+    def __init__(self, message: str, *, found: str, supported: str) -> None:
+        super().__init__(message)
+        self.found: str = found
+        self.supported: str = supported

@@ -1,13 +1,13 @@
-"""Data types returned by the REST API."""
+"""Data types the SDK returns: sessions (REST) and command results (SSH)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Tuple, Union, overload
 
-__all__ = ["Session"]
+__all__ = ["Session", "CommandResult"]
 
 _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
@@ -104,3 +104,64 @@ class Session:
             connect_path=ssh.get("connectPath") or None,
             raw=dict(data),
         )
+
+
+@dataclass(frozen=True)
+class CommandResult(Mapping[str, Any]):
+    """What :meth:`SessionSSHClient.run_command` returns.
+
+    ``stdout`` and ``stderr`` are decoded as UTF-8 (invalid bytes become
+    U+FFFD). ``exit_code`` is the command's own exit status; when the command
+    was killed by a signal it is ``128 + signal number`` (what a shell's ``$?``
+    shows) and ``exit_signal`` names the signal (``"KILL"``, ``"TERM"``...),
+    which is otherwise ``None``. ``exit_code`` is -1 if the server closed the
+    channel without reporting either.
+
+    Read it as attributes (``res.stdout``) or, as a read-only mapping with
+    exactly these four keys, the way earlier versions returned a dict:
+    ``res["stdout"]``, ``res.get("exit_signal")``, ``dict(res)``, and
+    ``res == {"stdout": ..., ...}`` all work. ``dataclasses.asdict(res)`` gives
+    a plain dict (for ``json.dumps``).
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    exit_signal: Optional[str] = None
+
+    @overload
+    def __getitem__(self, key: Literal["stdout", "stderr"]) -> str: ...
+    @overload
+    def __getitem__(self, key: Literal["exit_code"]) -> int: ...
+    @overload
+    def __getitem__(self, key: Literal["exit_signal"]) -> Optional[str]: ...
+    @overload
+    def __getitem__(self, key: str) -> Union[str, int, None]: ...
+
+    def __getitem__(self, key: str) -> Union[str, int, None]:
+        if key not in _COMMAND_RESULT_KEYS:
+            raise KeyError(key)
+        value: Union[str, int, None] = getattr(self, key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_COMMAND_RESULT_KEYS)
+
+    def __len__(self) -> int:
+        return len(_COMMAND_RESULT_KEYS)
+
+    def _astuple(self) -> Tuple[str, str, int, Optional[str]]:
+        return (self.stdout, self.stderr, self.exit_code, self.exit_signal)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CommandResult):
+            return self._astuple() == other._astuple()
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._astuple())
+
+
+_COMMAND_RESULT_KEYS: Tuple[str, ...] = tuple(f.name for f in fields(CommandResult))

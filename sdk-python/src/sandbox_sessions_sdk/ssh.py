@@ -10,14 +10,12 @@ import select
 import signal as _signal
 import time
 from types import TracebackType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Type, TypedDict, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Type, Union
 
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, NoneAuth
-from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST, cMSG_CHANNEL_SUCCESS
-from paramiko.message import Message
 
-from . import _sftp
+from . import _paramiko_compat, _sftp
 from ._common import VerifySSL, check_timeout, resolve_settings
 from .client import SessionsClient
 from .errors import (
@@ -27,6 +25,7 @@ from .errors import (
     SandboxConnectionError,
     SandboxOperationError,
 )
+from .models import CommandResult
 from .tunnel import DEFAULT_CONNECT_PATH, HTTPConnectTunnel
 
 __all__ = ["SessionSSHClient", "CommandResult"]
@@ -46,59 +45,14 @@ _RECV_CHUNK = 256 * 1024
 _DRAIN_ROUNDS = 16
 
 
-class CommandResult(TypedDict):
-    """What :meth:`SessionSSHClient.run_command` returns.
-
-    ``stdout`` and ``stderr`` are decoded as UTF-8 (invalid bytes become
-    U+FFFD). ``exit_code`` is the command's own exit status; when the command
-    was killed by a signal it is ``128 + signal number`` (what a shell's ``$?``
-    shows) and ``exit_signal`` names the signal (``"KILL"``, ``"TERM"``...),
-    which is otherwise ``None``. ``exit_code`` is -1 if the server closed the
-    channel without reporting either.
-    """
-
-    stdout: str
-    stderr: str
-    exit_code: int
-    exit_signal: Optional[str]
-
-
 # --------------------------------------------------------------------------
 # Paramiko plumbing
 # --------------------------------------------------------------------------
 
 
-def _handle_channel_request(chan: paramiko.Channel, m: Message) -> None:
-    """Paramiko ignores ``exit-signal``; record it, then defer to Paramiko."""
-    packet = getattr(m, "packet", None)
-    if packet is not None:
-        pos = packet.tell()
-        try:
-            if m.get_text() == "exit-signal":
-                want_reply = m.get_boolean()  # RFC 4254 says false; answer anyway if asked
-                chan._sandbox_exit_signal = m.get_text()  # type: ignore[attr-defined]
-                chan.status_event.set()
-                if want_reply and chan.transport is not None:
-                    reply = Message()
-                    reply.add_byte(cMSG_CHANNEL_SUCCESS)
-                    reply.add_int(chan.remote_chanid)
-                    chan.transport._send_user_message(reply)  # type: ignore[attr-defined]
-                return
-        except Exception:  # malformed: let Paramiko deal with it
-            pass
-        packet.seek(pos)
-    paramiko.Channel._handle_request(chan, m)  # type: ignore[attr-defined]
-
-
-class _Transport(paramiko.Transport):
-    """A Paramiko Transport that also records ``exit-signal`` requests."""
-
-    _channel_handler_table = dict(paramiko.Transport._channel_handler_table)  # type: ignore[attr-defined]
-    _channel_handler_table[MSG_CHANNEL_REQUEST] = _handle_channel_request
-
-
 def _transport_factory(sock: Any, **kwargs: Any) -> paramiko.Transport:
-    t = _Transport(sock, default_window_size=WINDOW_SIZE, default_max_packet_size=MAX_PACKET_SIZE, **kwargs)
+    cls = _paramiko_compat.transport_class()  # records exit-signal
+    t = cls(sock, default_window_size=WINDOW_SIZE, default_max_packet_size=MAX_PACKET_SIZE, **kwargs)
     opts = t.get_security_options()
     # AES-GCM needs one pass over the data where CTR+HMAC needs two:
     # prefer it when the server offers it (sandgate does).
@@ -116,17 +70,6 @@ class _NoneAuthStrategy(AuthStrategy):
 
     def get_sources(self) -> Iterator[NoneAuth]:
         yield NoneAuth(self.username)
-
-
-def _send_signal(chan: paramiko.Channel, name: str) -> None:
-    """Send the SSH ``signal`` channel request (RFC 4254 6.9), without waiting for a reply."""
-    m = Message()
-    m.add_byte(cMSG_CHANNEL_REQUEST)
-    m.add_int(chan.remote_chanid)
-    m.add_string("signal")
-    m.add_boolean(False)
-    m.add_string(name)
-    chan.transport._send_user_message(m)  # type: ignore[union-attr]
 
 
 def parse_host_key(line: str) -> paramiko.PKey:
@@ -291,11 +234,14 @@ class SessionSSHClient:
             HostKeyMismatchError: the server's host key is not the pinned one.
             SandboxConnectionError: network, TLS, other CONNECT answers, SSH handshake.
             SandboxOperationError: SSH authentication was refused.
+            UnsupportedParamikoError: the installed Paramiko is outside the
+                supported range; raised before anything is opened.
         """
         if self._client is not None:
             if self.connected:
                 return self
             self.close()
+        _paramiko_compat.check()
 
         pinned: List[paramiko.PKey] = []
         policy = self.host_key_policy
@@ -441,8 +387,9 @@ class SessionSSHClient:
             on_stderr: Called with each chunk of standard error.
 
         Returns:
-            ``{"stdout": str, "stderr": str, "exit_code": int, "exit_signal": str | None}``;
-            see :class:`CommandResult`. A non-zero exit code is not an error.
+            A :class:`CommandResult` (``stdout``, ``stderr``, ``exit_code``,
+            ``exit_signal``; ``res["stdout"]`` works too). A non-zero exit
+            code is not an error.
 
         Raises:
             CommandTimeoutError: the timeout passed (carries partial output).
@@ -510,7 +457,7 @@ class SessionSSHClient:
 
         def timed_out() -> CommandTimeoutError:
             try:
-                _send_signal(chan, "KILL")
+                _paramiko_compat.send_signal(chan, "KILL")
             except Exception:
                 pass
             chan.close()  # the gateway kills the process group of a closed channel
@@ -550,7 +497,7 @@ class SessionSSHClient:
         except BaseException:
             if not chan.closed:
                 try:
-                    _send_signal(chan, "KILL")
+                    _paramiko_compat.send_signal(chan, "KILL")
                 except Exception:
                     pass
                 chan.close()
@@ -558,16 +505,16 @@ class SessionSSHClient:
 
         stdout = "".join(out) + out_dec.decode(b"", final=True)
         stderr = "".join(err) + err_dec.decode(b"", final=True)
-        sig = getattr(chan, "_sandbox_exit_signal", None)
+        sig = _paramiko_compat.exit_signal(chan)
         if sig:
-            return {"stdout": stdout, "stderr": stderr, "exit_code": _exit_code_for_signal(sig), "exit_signal": sig}
+            return CommandResult(stdout, stderr, _exit_code_for_signal(sig), sig)
         code = chan.exit_status
         if code == -1 and not t.is_active():
             raise SandboxOperationError(
                 f"the SSH connection to session {self.session_id} broke while the command ran "
                 f"(was the session deleted?)"
             )
-        return {"stdout": stdout, "stderr": stderr, "exit_code": code, "exit_signal": None}
+        return CommandResult(stdout, stderr, code, None)
 
     # -- SFTP --------------------------------------------------------------
 
@@ -620,11 +567,8 @@ class SessionSSHClient:
         sftp = self.open_sftp()
         existed = os.path.exists(local)
         try:
-            if _sftp.supported(sftp):
-                with open(local, "wb") as f:
-                    _sftp.download(sftp, remote_path, f, in_flight=_PREFETCH_REQUESTS)
-            else:  # pragma: no cover - every Paramiko >= 3.4 is supported
-                sftp.get(remote_path, local)
+            with open(local, "wb") as f:
+                _sftp.download(sftp, remote_path, f, in_flight=_PREFETCH_REQUESTS)
         except Exception as e:
             if not existed:
                 try:

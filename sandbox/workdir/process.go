@@ -25,8 +25,11 @@ type hostProcess struct {
 	stdout io.ReadCloser
 	stderr io.ReadCloser
 	pty    *os.File
-	done   chan struct{}
-	once   sync.Once
+	// tag is in the environment of every process of the command's tree,
+	// unless one clears its own: how Kill finds the ones that left the group.
+	tag  string
+	done chan struct{}
+	once sync.Once
 }
 
 // startHost starts c in a new process group, or a new session with c's
@@ -124,6 +127,13 @@ func (p *hostProcess) Wait() (sandbox.Exit, error) {
 
 func (p *hostProcess) Kill() {
 	p.once.Do(func() {
+		select {
+		case <-p.done:
+			// It ended on its own: what it left running was detached
+			// on purpose (nohup job &) and stays.
+			return
+		default:
+		}
 		pgid := p.cmd.Process.Pid
 		_ = syscall.Kill(-pgid, syscall.SIGHUP)
 		_ = syscall.Kill(-pgid, syscall.SIGCONT)
@@ -132,6 +142,9 @@ func (p *hostProcess) Kill() {
 			case <-p.done:
 			default:
 				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			}
+			if p.tag != "" {
+				killAllTagged(p.tag)
 			}
 		})
 	})

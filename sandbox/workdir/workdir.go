@@ -23,6 +23,10 @@ import (
 // can find processes that left their process group (setsid, double fork).
 const SessionEnvVar = "SANDGATE_SESSION"
 
+// CommandEnvVar tags every process of one command's tree likewise, so that
+// Process.Kill can find them.
+const CommandEnvVar = "SANDGATE_COMMAND"
+
 // Config configures the portable workdir driver.
 type Config struct {
 	// Root is the host directory under which each session gets a workdir.
@@ -74,9 +78,10 @@ type workdirSandbox struct {
 	id  string
 	dir string
 
-	mu     sync.Mutex
-	closed bool
-	procs  map[*hostProcess]struct{}
+	mu      sync.Mutex
+	closed  bool
+	procs   map[*hostProcess]struct{}
+	started int // commands started, for their tags
 }
 
 func (s *workdirSandbox) Workdir() string { return s.dir }
@@ -99,17 +104,19 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 	if cmd.PTY != nil && cmd.PTY.Term != "" {
 		c.Env = append(c.Env, "TERM="+cmd.PTY.Term)
 	}
-	c.Env = append(c.Env, SessionEnvVar+"="+s.id)
-
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil, sandbox.ErrClosed
 	}
+	s.started++
+	tag := fmt.Sprintf("%s=%s.%d", CommandEnvVar, s.id, s.started)
+	c.Env = append(c.Env, SessionEnvVar+"="+s.id, tag)
 	p, err := startHost(c, cmd.PTY)
 	if err != nil {
 		return nil, err
 	}
+	p.tag = tag
 	s.procs[p] = struct{}{}
 	go func() {
 		<-p.done

@@ -43,23 +43,67 @@ type initd struct {
 // child is a command started for one control connection.
 type child struct {
 	pid    int
+	uts    nsID                    // the command's own UTS namespace: its tree
 	status chan syscall.WaitStatus // receives the exit status, once
 	exited atomic.Bool
 	kill   sync.Once
 }
 
-// end is Process.Kill inside the sandbox: SIGHUP (and SIGCONT, so stopped
-// jobs see it) to the command's process group, SIGKILL after a grace.
+// end is Process.Kill inside the sandbox. While the command's first
+// process still runs, its process group gets SIGHUP (and SIGCONT, so
+// stopped jobs see it), and after a grace every process of its tree gets
+// SIGKILL, whatever it did to leave the group (setsid, double fork,
+// ignoring SIGHUP). Once that process has ended on its own, what it left
+// running was detached on purpose (nohup job &) and stays: end does nothing.
 func (c *child) end() {
 	c.kill.Do(func() {
+		if c.exited.Load() {
+			return
+		}
 		_ = unix.Kill(-c.pid, unix.SIGHUP)
 		_ = unix.Kill(-c.pid, unix.SIGCONT)
-		time.AfterFunc(sandbox.KillGrace, func() {
-			if !c.exited.Load() {
-				_ = unix.Kill(-c.pid, unix.SIGKILL)
-			}
-		})
+		time.AfterFunc(sandbox.KillGrace, func() { killTree(c.uts) })
 	})
+}
+
+// nsID names a namespace: the device and inode of its nsfs file.
+type nsID struct{ dev, ino uint64 }
+
+func nsOf(p string) (nsID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return nsID{}, err
+	}
+	return nsID{dev: st.Dev, ino: st.Ino}, nil
+}
+
+// killTree sends SIGKILL to every process of the sandbox in the UTS
+// namespace uts: one command's tree. Each command gets a namespace of its
+// own at start, which its processes inherit and cannot leave (no
+// capabilities, no nested user namespaces). It repeats while it finds
+// some, as a process may fork while the tree is killed.
+func killTree(uts nsID) {
+	for range 100 {
+		entries, err := os.ReadDir("/proc")
+		if err != nil {
+			return
+		}
+		found := false
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == 1 {
+				continue
+			}
+			if ns, err := nsOf("/proc/" + e.Name() + "/ns/uts"); err == nil && ns == uts {
+				_ = unix.Kill(pid, unix.SIGKILL)
+				found = true
+			}
+		}
+		if !found {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // serve accepts control connections until the listener fails.
@@ -226,6 +270,16 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	c := &child{status: make(chan syscall.WaitStatus, 1)}
 	var err error
 	in.sp.run(func() {
+		// A new UTS namespace for the spawner thread, which the command
+		// inherits: it names the command's tree (see killTree). Same
+		// hostname; nobody in the sandbox may change it.
+		if err = unix.Unshare(unix.CLONE_NEWUTS); err != nil {
+			err = fmt.Errorf("command namespace: %w", err)
+			return
+		}
+		if c.uts, err = nsOf("/proc/thread-self/ns/uts"); err != nil {
+			return
+		}
 		in.mu.Lock()
 		defer in.mu.Unlock()
 		c.pid, err = syscall.ForkExec(path, argv, attr)

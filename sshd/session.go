@@ -2,8 +2,12 @@ package sshd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os/exec"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -20,12 +24,27 @@ const (
 	maxEnvBytes = 4096
 )
 
+// Exit statuses for a command that did not start, as the client sees them.
+// 127 is the shell's "command not found", which a missing shell resembles;
+// 255 is what OpenSSH's client reports for its own failures.
+const (
+	exitNotStarted = 255
+	exitNoShell    = 127
+)
+
+// errChannelClosed is the cause of a channel context cancelled because the
+// client closed the channel.
+var errChannelClosed = errors.New("ssh channel closed")
+
 // channel is one SSH session channel: at most one process, its requests,
 // and the copying between the two.
 type channel struct {
 	srv  *Server
 	sess *gateway.Session
 	ch   gossh.Channel
+	// ctx lives as long as the channel: it is cancelled when the client
+	// closes the channel or the connection ends. Sandbox.Start gets it.
+	ctx context.Context
 
 	env     []string
 	pty     *sandbox.PTY
@@ -56,7 +75,9 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 		}
 		defer bc.chans.Add(-1)
 	}
-	c := &channel{srv: s, sess: sess}
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(errChannelClosed)
+	c := &channel{srv: s, sess: sess, ctx: cctx}
 	if !s.addChan(c) {
 		_ = nc.Reject(gossh.ResourceShortage, "gateway is shutting down")
 		return
@@ -67,11 +88,12 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 		return
 	}
 	c.ch = ch
-	c.serve(reqs)
+	c.serve(reqs, cancel)
 }
 
-// serve answers the channel's requests until the client closes it.
-func (c *channel) serve(reqs <-chan *gossh.Request) {
+// serve answers the channel's requests until the client closes it, then
+// cancels the channel's context.
+func (c *channel) serve(reqs <-chan *gossh.Request, cancel context.CancelCauseFunc) {
 	var runDone chan struct{}
 	for req := range reqs {
 		ok := false
@@ -97,11 +119,16 @@ func (c *channel) serve(reqs <-chan *gossh.Request) {
 			runDone = make(chan struct{})
 			go func() {
 				defer close(runDone)
+				defer c.recoverPanic("run", func() {
+					c.abort()
+					_ = c.ch.Close()
+				})
 				launch()
 			}()
 		}
 	}
 	// The client closed the channel: a command still running is killed.
+	cancel(errChannelClosed)
 	c.abort()
 	if runDone != nil {
 		<-runDone
@@ -172,6 +199,9 @@ func (c *channel) signal(payload []byte) bool {
 
 // start starts the process for an exec, shell or subsystem request and
 // returns the function that runs it to the end, to be called after the reply.
+// A request that is well formed is accepted even when the process cannot
+// start: the function then reports why on the channel, as a shell would,
+// because a refused request tells the client nothing.
 func (c *channel) start(kind string, payload []byte) (func(), bool) {
 	if c.started {
 		return nil, false
@@ -197,10 +227,12 @@ func (c *channel) start(kind string, payload []byte) (func(), bool) {
 		cmd.PTY = nil
 	}
 	c.started = true
-	proc, err := c.sess.Sandbox().Start(context.Background(), cmd)
+	// The context ends with the channel; the drivers use it for the start
+	// only, and the process ends through abort.
+	proc, err := c.sess.Sandbox().Start(c.ctx, cmd)
 	if err != nil {
 		c.srv.cfg.Log.Warn("exec_start_failed", "session", c.sess.ID, "kind", kind, "err", err)
-		return nil, false
+		return func() { c.reportStartFailure(kind, cmd.PTY != nil, err) }, true
 	}
 	c.mu.Lock()
 	c.proc = proc
@@ -211,27 +243,58 @@ func (c *channel) start(kind string, payload []byte) (func(), bool) {
 	return func() { c.run(kind, proc) }, true
 }
 
+// startFailureStatus is the exit status reported for a start error: 127
+// when the shell (or the sftp server) does not exist, 255 otherwise.
+func startFailureStatus(err error) uint32 {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, exec.ErrNotFound) {
+		return exitNoShell
+	}
+	return exitNotStarted
+}
+
+// reportStartFailure tells the client why its command did not start: one
+// line on stderr (on the terminal for a pty), then the exit status, EOF
+// and close, the order run keeps.
+func (c *channel) reportStartFailure(kind string, pty bool, err error) {
+	c.mu.Lock()
+	c.exited = true
+	c.mu.Unlock()
+	msg := "sandgate: cannot start command: " + err.Error()
+	if pty {
+		_, _ = io.WriteString(c.ch, msg+"\r\n")
+	} else {
+		_, _ = io.WriteString(c.ch.Stderr(), msg+"\n")
+	}
+	status := startFailureStatus(err)
+	c.srv.cfg.Log.Info("exec_finished", "session", c.sess.ID, "kind", kind, "exit_code", status, "started", false)
+	_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{status}))
+	_ = c.ch.CloseWrite()
+	_ = c.ch.Close()
+}
+
 // run copies between the channel and proc until proc exits and its output
 // is drained, then sends the exit status, EOF and close, in that order.
 func (c *channel) run(kind string, proc sandbox.Process) {
 	began := time.Now()
 	a := &activity{sess: c.sess}
 	var out sync.WaitGroup
-	copyOut := func(dst io.Writer, src io.Reader) {
+	copyOut := func(name string, dst io.Writer, src io.Reader) {
 		out.Add(1)
 		go func() {
 			defer out.Done()
+			defer c.recoverPanic(name, c.abort)
 			_, _ = copyStream(a.writer(dst), src, &c.srv.bufs)
 		}()
 	}
-	copyOut(c.ch, proc.Stdout())
+	copyOut("stdout", c.ch, proc.Stdout())
 	if e := proc.Stderr(); e != nil {
-		copyOut(c.ch.Stderr(), e)
+		copyOut("stderr", c.ch.Stderr(), e)
 	}
 	// The stdin copier is not waited for: the client may never send EOF.
 	go func() {
+		defer c.recoverPanic("stdin", c.abort)
+		defer func() { _ = proc.Stdin().Close() }()
 		_, _ = copyStream(proc.Stdin(), a.reader(c.ch), &c.srv.bufs)
-		_ = proc.Stdin().Close()
 	}()
 
 	exit, err := proc.Wait()
@@ -280,6 +343,21 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	_ = c.ch.Close()
 }
 
+// recoverPanic, deferred in each helper goroutine of the channel, stops a
+// panic there from taking the gateway down: it logs the panic, then calls
+// end (when non-nil), which makes sure the channel still ends: a copier
+// kills the command, whose end run reports as usual.
+func (c *channel) recoverPanic(what string, end func()) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	c.srv.cfg.Log.Error("ssh_channel_panic", "session", c.sess.ID, "in", what, "panic", v, "stack", string(debug.Stack()))
+	if end != nil {
+		end()
+	}
+}
+
 // abort kills the channel's process if it is still running.
 func (c *channel) abort() {
 	c.mu.Lock()
@@ -294,7 +372,10 @@ func (c *channel) notify(msg string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.interactive && !c.exited {
-		go func() { _, _ = io.WriteString(c.ch.Stderr(), msg) }()
+		go func() {
+			defer c.recoverPanic("notify", nil)
+			_, _ = io.WriteString(c.ch.Stderr(), msg)
+		}()
 	}
 }
 

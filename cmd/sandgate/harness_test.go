@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -63,16 +62,14 @@ type gatewayProc struct {
 	cmd     *exec.Cmd
 	stdout  *gwtest.Buffer
 	stderr  *gwtest.Buffer
-	done    chan struct{}
+	done    <-chan struct{}
 }
-
-var listeningRE = regexp.MustCompile(`msg=listening url=(\S+)`)
 
 // startGateway runs `sandgate serve` on a free loopback port with a fresh
 // data dir and API key "test-token" (unless args set their own).
 func startGateway(t *testing.T, args ...string) *gatewayProc {
 	t.Helper()
-	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token", stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
+	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token"}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"}, args...)
 	hasKey := false
 	for _, a := range args {
@@ -87,55 +84,18 @@ func startGateway(t *testing.T, args ...string) *gatewayProc {
 	return g
 }
 
+// start runs sandgate with args (the serve subcommand and its flags) and
+// stops it cleanly when the test ends.
 func (g *gatewayProc) start(t *testing.T, args []string) {
 	t.Helper()
-	g.cmd = exec.Command(sandgateBin, args...)
-	g.cmd.Env = cleanEnv()
-	pr, pw := io.Pipe()
-	g.cmd.Stdout = g.stdout
-	g.cmd.Stderr = io.MultiWriter(g.stderr, pw)
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = g.cmd.Wait()
-		pw.Close()
-		close(g.done)
-	}()
+	b := gwtest.StartBinary(t, sandgateBin, args...)
+	g.URL, g.cmd, g.stdout, g.stderr, g.done = b.URL, b.Cmd, b.Stdout, b.Stderr, b.Done
 	t.Cleanup(func() { g.stop(t) })
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			if m := listeningRE.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case found <- m[1]:
-				default:
-				}
-			}
-		}
-	}()
-	select {
-	case g.URL = <-found:
-	case <-g.done:
-		t.Fatalf("sandgate serve exited: %s", g.stderr.String())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("sandgate serve did not start: %s", g.stderr.String())
-	}
 }
 
 // cleanEnv is the environment for child processes: the test's own, minus
 // anything that would point clients elsewhere.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "SANDBOX_") || strings.HasPrefix(kv, "SANDGATE_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
+func cleanEnv() []string { return gwtest.CleanEnv() }
 
 // stop sends SIGTERM and waits for a clean exit.
 func (g *gatewayProc) stop(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/readyfile"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sshd"
@@ -48,6 +49,7 @@ type serveConfig struct {
 	readHeaderTimeout time.Duration
 	logFormat         string
 	logLevel          string
+	readyFile         string
 }
 
 func defaultDataDir() string {
@@ -87,6 +89,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP request header deadline")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -274,6 +277,18 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	scheme := "http"
+	if cfg.tlsCert != "" {
+		scheme = "https"
+	}
+	url := scheme + "://" + ln.Addr().String()
+	if cfg.readyFile != "" {
+		if err := readyfile.Write(cfg.readyFile, url); err != nil {
+			ln.Close()
+			return fmt.Errorf("--ready-file: %w", err)
+		}
+		defer os.Remove(cfg.readyFile)
+	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
 	reaped := make(chan struct{})
 	go func() {
@@ -288,11 +303,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 			served <- srv.Serve(ln)
 		}
 	}()
-	scheme := "http"
-	if cfg.tlsCert != "" {
-		scheme = "https"
-	}
-	log.Info("listening", "url", scheme+"://"+ln.Addr().String(), "data_dir", cfg.dataDir, "sandbox", driver.Name())
+	log.Info("listening", "url", url, "data_dir", cfg.dataDir, "sandbox", driver.Name())
 
 	var serveErr error
 	select {

@@ -3,7 +3,6 @@
 package linuxns_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,51 +41,17 @@ func sandgateBinary(t *testing.T) string {
 
 // gatewayProc is a `sandgate serve` run as a separate process.
 type gatewayProc struct {
-	cmd    *exec.Cmd
-	url    string
-	stderr gwtest.Buffer
-	done   chan struct{}
+	*gwtest.Binary
+	url string
 }
 
-func (g *gatewayProc) log() string { return g.stderr.String() }
+func (g *gatewayProc) log() string { return g.Stderr.String() }
 
 func startGateway(t *testing.T, bin, dataDir, apiKey string, args ...string) *gatewayProc {
 	t.Helper()
-	g := &gatewayProc{done: make(chan struct{})}
-	g.cmd = exec.Command(bin, append([]string{"serve", "--sandbox", "linux", "--listen", "127.0.0.1:0",
+	b := gwtest.StartBinary(t, bin, append([]string{"serve", "--sandbox", "linux", "--listen", "127.0.0.1:0",
 		"--data-dir", dataDir, "--api-key", apiKey, "--log-level", "debug"}, args...)...)
-	stderr, err := g.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	urls := make(chan string, 1)
-	go func() {
-		defer close(g.done)
-		sc := bufio.NewScanner(stderr)
-		re := regexp.MustCompile(`msg=listening url=(\S+)`)
-		for sc.Scan() {
-			_, _ = g.stderr.Write([]byte(sc.Text() + "\n"))
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				urls <- m[1]
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = g.cmd.Process.Kill()
-		_ = g.cmd.Wait()
-		<-g.done
-	})
-	select {
-	case g.url = <-urls:
-	case <-g.done:
-		t.Fatalf("gateway exited before listening:\n%s", g.log())
-	case <-time.After(60 * time.Second):
-		t.Fatalf("gateway did not listen:\n%s", g.log())
-	}
-	return g
+	return &gatewayProc{Binary: b, url: b.URL}
 }
 
 // 11. kill -9 of the gateway with live sessions, then a restart. The
@@ -144,11 +108,10 @@ func TestLinuxGatewayCrashThenRestart(t *testing.T) {
 		sandboxes = append(sandboxes, hostFromState(t, dataDir, sess.SessionID))
 	}
 
-	if err := g.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := g.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-g.done
-	_ = g.cmd.Wait()
+	<-g.Done
 	for _, h := range sandboxes {
 		if len(h.survivors()) < 3 {
 			t.Fatalf("sandbox %s died with the gateway: %+v", h.id, h.survivors())
@@ -199,14 +162,14 @@ func TestLinuxGatewayCrashThenRestart(t *testing.T) {
 // stopGateway stops g with SIGTERM and waits for it to exit cleanly.
 func stopGateway(t *testing.T, g *gatewayProc) {
 	t.Helper()
-	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	_ = g.Cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-g.done:
+	case <-g.Done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("gateway did not stop on SIGTERM")
 	}
-	if err := g.cmd.Wait(); err != nil {
-		t.Errorf("gateway exit: %v\n%s", err, g.log())
+	if !g.Cmd.ProcessState.Success() {
+		t.Errorf("gateway exit: %v\n%s", g.Cmd.ProcessState, g.log())
 	}
 }
 

@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
-import requests
 
 from sandbox_sessions_sdk import Session, SessionNotFoundError, SessionsClient, SessionSSHClient
 
@@ -43,12 +41,6 @@ def fail_or_skip(msg: str) -> None:
     if in_ci():
         pytest.fail(msg, pytrace=False)
     pytest.skip(msg)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -217,46 +209,45 @@ def sandgate_bin(scratch: Path) -> str:
 def start_gateway(
     binary: str, base: Path, *extra: str, keys: Optional[List[str]] = None, scheme: str = "http"
 ) -> Gateway:
-    """Start sandgate serve on a free loopback port and wait for /healthz.
+    """Start sandgate serve on a free loopback port and wait until it listens.
 
+    The kernel picks the port (``--listen 127.0.0.1:0``) and the gateway
+    writes its URL to ``--ready-file`` once the listener is bound.
     *keys* are ``--api-key`` values (``key`` or ``tenant:key``); use
     ``scheme="https"`` together with ``--tls-cert``/``--tls-key`` in *extra*.
     """
     keys = keys or [secrets.token_hex(16)]
-    last_log = ""
-    for _attempt in range(3):
-        port = free_port()
-        data_dir = tempfile.mkdtemp(prefix="gw-", dir=base)
-        log_path = os.path.join(data_dir, "sandgate.log")
-        args = [binary, "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(data_dir, "data")]
-        for k in keys:
-            args += ["--api-key", k]
-        if "-keep-sandboxes-on-exit" in serve_help(binary):
-            # Its default keeps linux sandboxes running for the next start.
-            args.append("--keep-sandboxes-on-exit=false")
-        args += list(extra)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        url = f"{scheme}://127.0.0.1:{port}"
-        gw = Gateway(url=url, token=keys[0].split(":", 1)[-1], proc=proc, data_dir=data_dir, log_path=log_path)
-        gw.tokens = [k.split(":", 1)[-1] for k in keys]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            try:
-                if requests.get(url + "/healthz", timeout=1, verify=False).status_code == 200:
-                    return gw
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        last_log = gw.log()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        if "address already in use" not in last_log:
-            break
-    raise RuntimeError(f"sandgate did not become healthy; log:\n{last_log[-4000:]}")
+    data_dir = tempfile.mkdtemp(prefix="gw-", dir=base)
+    log_path = os.path.join(data_dir, "sandgate.log")
+    ready_path = os.path.join(data_dir, "ready")
+    args = [binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", os.path.join(data_dir, "data")]
+    args += ["--ready-file", ready_path]
+    for k in keys:
+        args += ["--api-key", k]
+    if "-keep-sandboxes-on-exit" in serve_help(binary):
+        # Its default keeps linux sandboxes running for the next start.
+        args.append("--keep-sandboxes-on-exit=false")
+    args += list(extra)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    gw = Gateway(url="", token=keys[0].split(":", 1)[-1], proc=proc, data_dir=data_dir, log_path=log_path)
+    gw.tokens = [k.split(":", 1)[-1] for k in keys]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            # Written whole (temp file, then rename): present means complete.
+            gw.url = Path(ready_path).read_text().strip()
+        except FileNotFoundError:
+            time.sleep(0.02)
+            continue
+        if not gw.url.startswith(scheme + "://"):
+            gw.stop()
+            raise RuntimeError(f"sandgate serves {gw.url}, expected {scheme}://")
+        return gw
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
+    raise RuntimeError(f"sandgate did not get ready; log:\n{gw.log()[-4000:]}")
 
 
 @pytest.fixture(scope="session")

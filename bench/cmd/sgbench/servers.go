@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/internal/readyfile"
 )
 
 const sshdPath = "/usr/sbin/sshd"
@@ -38,8 +39,6 @@ type sandgate struct {
 	http    *http.Client
 }
 
-var listeningRE = regexp.MustCompile(`listening.*url=(http://\S+)`)
-
 // startSandgate runs `sandgate serve` with a fresh data dir under dir.
 func startSandgate(bin, dir, driver string, extra []string) (*sandgate, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -49,7 +48,8 @@ func startSandgate(bin, dir, driver string, extra []string) (*sandgate, error) {
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
 		"--api-key", g.token, "--sandbox", driver, "--rate-limit", "0",
 		"--max-sessions", "5000", "--max-sessions-per-tenant", "5000", "--idle-timeout", "0",
-		"--sandbox-workspace-size", strconv.FormatInt(16<<30, 10)}
+		"--sandbox-workspace-size", strconv.FormatInt(16<<30, 10),
+		"--ready-file", filepath.Join(dir, "ready")}
 	if help, _ := exec.Command(bin, "serve", "-h").CombinedOutput(); bytes.Contains(help, []byte("-keep-sandboxes-on-exit")) {
 		// Sandboxes must not outlive the benchmark (the default keeps them
 		// running for the next start).
@@ -62,9 +62,7 @@ func startSandgate(bin, dir, driver string, extra []string) (*sandgate, error) {
 	}
 	g.cmd = exec.Command(bin, args...)
 	g.cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + dir, "LANG=C.UTF-8"}
-	g.cmd.Stdout = logf
-	pr, pw := io.Pipe()
-	g.cmd.Stderr = io.MultiWriter(logf, pw)
+	g.cmd.Stdout, g.cmd.Stderr = logf, logf
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := g.cmd.Start(); err != nil {
 		logf.Close()
@@ -72,30 +70,15 @@ func startSandgate(bin, dir, driver string, extra []string) (*sandgate, error) {
 	}
 	go func() {
 		_ = g.cmd.Wait()
-		pw.Close()
 		logf.Close()
 		close(g.done)
 	}()
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		for sc.Scan() {
-			if m := listeningRE.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case found <- m[1]:
-				default:
-				}
-			}
-		}
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	select {
-	case g.url = <-found:
-	case <-g.done:
-		return nil, fmt.Errorf("sandgate serve --sandbox %s exited at start: %s", driver, tailFile(g.logPath, 3))
-	case <-time.After(20 * time.Second):
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	g.url, err = readyfile.Wait(ctx, filepath.Join(dir, "ready"), g.done)
+	if err != nil {
 		g.stop()
-		return nil, fmt.Errorf("sandgate serve did not report listening within 20s: %s", tailFile(g.logPath, 3))
+		return nil, fmt.Errorf("sandgate serve --sandbox %s did not get ready: %w: %s", driver, err, tailFile(g.logPath, 3))
 	}
 	g.http = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	// /readyz names the driver in use (auto resolves to one).

@@ -237,7 +237,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	var rep ctl.Reply
 	fds, err := ctl.ReadFrame(conn, &rep)
 	if err == nil && rep.Op != "started" {
-		err = errors.New(rep.Error)
+		err = rep.Err()
 		if rep.Op != "error" {
 			err = fmt.Errorf("unexpected reply %q", rep.Op)
 		}

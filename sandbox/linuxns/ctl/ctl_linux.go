@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -99,11 +100,40 @@ type Request struct {
 
 // Reply is a message from the init on a control connection.
 type Reply struct {
-	Op    string        `json:"op"` // started, error, exit
-	Pid   int           `json:"pid,omitempty"`
-	Error string        `json:"error,omitempty"`
+	Op    string `json:"op"` // started, error, exit
+	Pid   int    `json:"pid,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Errno is the system error behind Error, when there is one (ENOENT
+	// for a missing shell), so that the gateway can tell errors apart.
+	Errno int           `json:"errno,omitempty"`
 	Exit  *sandbox.Exit `json:"exit,omitempty"`
 }
+
+// ErrorReply is the reply for err, with its errno when it has one.
+func ErrorReply(err error) Reply {
+	r := Reply{Op: "error", Error: err.Error()}
+	if errno, ok := errors.AsType[syscall.Errno](err); ok {
+		r.Errno = int(errno)
+	}
+	return r
+}
+
+// Err is the error an "error" reply stands for: its text, wrapping its
+// errno when it has one (errors.Is(err, fs.ErrNotExist) holds for ENOENT).
+func (r Reply) Err() error {
+	if r.Errno != 0 {
+		return &replyError{msg: r.Error, errno: syscall.Errno(r.Errno)}
+	}
+	return errors.New(r.Error)
+}
+
+type replyError struct {
+	msg   string
+	errno syscall.Errno
+}
+
+func (e *replyError) Error() string { return e.msg }
+func (e *replyError) Unwrap() error { return e.errno }
 
 // WriteFrame sends v as one frame with fds attached.
 func WriteFrame(c *net.UnixConn, v any, fds ...int) error {

@@ -186,7 +186,7 @@ func (in *initd) handle(conn *net.UnixConn) {
 	}
 	c, master, err := in.start(&req, fds)
 	if err != nil {
-		_ = ctl.WriteFrame(conn, ctl.Reply{Op: "error", Error: err.Error()})
+		_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
 		return
 	}
 	if master >= 0 {

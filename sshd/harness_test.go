@@ -40,15 +40,19 @@ func newHarness(t *testing.T, cfg sshd.Config, sb *fakeSandbox) *harness {
 	t.Helper()
 	h := &harness{sb: sb, log: &gwtest.Buffer{}}
 	log := slog.New(slog.NewTextHandler(h.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	_, key, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+	if len(cfg.HostSigners) == 0 {
+		_, key, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signer, err := gossh.NewSignerFromKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.HostSigners = []gossh.Signer{signer}
 	}
-	signer, err := gossh.NewSignerFromKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.HostSigners, cfg.Log = []gossh.Signer{signer}, log
+	cfg.Log = log
+	var err error
 	if h.srv, err = sshd.New(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +77,17 @@ func newHarness(t *testing.T, cfg sshd.Config, sb *fakeSandbox) *harness {
 // ends.
 func (h *harness) dial(t *testing.T) *gossh.Client {
 	t.Helper()
+	c, err := h.dialWith(t, &gossh.ClientConfig{User: "sandbox", HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("ssh handshake: %v", err)
+	}
+	return c
+}
+
+// dialWith is dial with the client configuration cfg; it returns the
+// handshake's error.
+func (h *harness) dialWith(t *testing.T, cfg *gossh.ClientConfig) (*gossh.Client, error) {
+	t.Helper()
 	srvEnd, cliEnd := net.Pipe()
 	served := make(chan struct{})
 	go func() {
@@ -80,19 +95,18 @@ func (h *harness) dial(t *testing.T) *gossh.Client {
 		h.srv.ServeConn(srvEnd, h.sess)
 	}()
 	conn := newAsyncWriteConn(cliEnd)
-	cfg := &gossh.ClientConfig{User: "sandbox", HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second}
 	cc, chans, reqs, err := gossh.NewClientConn(conn, "pipe", cfg)
 	if err != nil {
 		conn.Close()
 		<-served
-		t.Fatalf("ssh handshake: %v", err)
+		return nil, err
 	}
 	c := gossh.NewClient(cc, chans, reqs)
 	t.Cleanup(func() {
 		c.Close()
 		<-served
 	})
-	return c
+	return c, nil
 }
 
 // asyncWriteConn queues writes and sends them from a goroutine. Both SSH

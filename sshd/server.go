@@ -92,7 +92,11 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, chans: map[*channel]struct{}{}}
 	signers := make([]gliderssh.Signer, len(cfg.HostSigners))
 	for i, k := range cfg.HostSigners {
-		signers[i] = k
+		sg, err := sha2Only(k)
+		if err != nil {
+			return nil, err
+		}
+		signers[i] = sg
 	}
 	gs := &gliderssh.Server{
 		HostSigners:          signers,
@@ -200,14 +204,51 @@ func (s *Server) logAuth(ctx gliderssh.Context, md gossh.ConnMetadata, method st
 // purpose: OpenSSH clients prefer it, and x/crypto's chacha20 has no amd64
 // assembly (about 0.6 GB/s per core here, against 5.5 GB/s for AES-GCM with
 // AES-NI), so it alone made bulk transfers CPU-bound in the gateway. Without
-// it OpenSSH (6.2+), Paramiko (3.3+) and x/crypto clients settle on
+// it OpenSSH (6.2+), Paramiko (3.5+) and x/crypto clients settle on
 // aes128-gcm. The aes-ctr modes are left out too, or OpenSSH would pick
 // aes128-ctr + HMAC (1.4 GB/s) ahead of GCM.
 var serverCiphers = []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com"}
 
+// Key exchanges offered: OpenSSH 9.x's default set as far as x/crypto has
+// it (no sntrup761), SHA-2 only. x/crypto adds strict KEX
+// (kex-strict-s-v00@openssh.com) on its own.
+var serverKeyExchanges = []string{
+	gossh.KeyExchangeMLKEM768X25519, gossh.KeyExchangeCurve25519, "curve25519-sha256@libssh.org",
+	gossh.KeyExchangeECDHP256, gossh.KeyExchangeECDHP384, gossh.KeyExchangeECDHP521,
+	gossh.KeyExchangeDHGEXSHA256, gossh.KeyExchangeDH16SHA512, gossh.KeyExchangeDH14SHA256,
+}
+
+// MACs offered (used with no cipher above, which are all AEAD, but
+// explicit): SHA-2 only.
+var serverMACs = []string{gossh.HMACSHA256ETM, gossh.HMACSHA512ETM, gossh.HMACSHA256, gossh.HMACSHA512}
+
+// Client public key signature algorithms accepted: no SHA-1 ssh-rsa.
+var serverPublicKeyAlgorithms = []string{
+	gossh.KeyAlgoED25519, gossh.KeyAlgoSKED25519,
+	gossh.KeyAlgoECDSA256, gossh.KeyAlgoECDSA384, gossh.KeyAlgoECDSA521, gossh.KeyAlgoSKECDSA256,
+	gossh.KeyAlgoRSASHA512, gossh.KeyAlgoRSASHA256,
+}
+
+// sha2Only restricts an RSA host key to SHA-2 signatures (rsa-sha2-512,
+// rsa-sha2-256): the server then offers no SHA-1 ssh-rsa host key
+// algorithm. Other keys are returned as they are.
+func sha2Only(k gossh.Signer) (gossh.Signer, error) {
+	if k.PublicKey().Type() != gossh.KeyAlgoRSA {
+		return k, nil
+	}
+	as, ok := k.(gossh.AlgorithmSigner)
+	if !ok {
+		return nil, fmt.Errorf("RSA host key cannot sign with SHA-2")
+	}
+	return gossh.NewSignerWithAlgorithms(as, []string{gossh.KeyAlgoRSASHA512, gossh.KeyAlgoRSASHA256})
+}
+
 func (s *Server) serverConfig(ctx gliderssh.Context) *gossh.ServerConfig {
 	cfg := &gossh.ServerConfig{MaxAuthTries: s.cfg.MaxAuthTries}
 	cfg.Ciphers = serverCiphers
+	cfg.KeyExchanges = serverKeyExchanges
+	cfg.MACs = serverMACs
+	cfg.PublicKeyAuthAlgorithms = serverPublicKeyAlgorithms
 	cfg.AuthLogCallback = func(md gossh.ConnMetadata, method string, err error) { s.logAuth(ctx, md, method, err) }
 	if slices.Contains(s.cfg.AuthMethods, AuthNone) {
 		cfg.NoClientAuth = true

@@ -1,0 +1,73 @@
+package sshd_test
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/sshd"
+)
+
+// TestOnlySHA2Algorithms: the server offers OpenSSH 9.x's default key
+// exchanges, MACs and host key signatures, SHA-2 only: a client that
+// insists on a SHA-1 one fails the handshake, and one with the defaults
+// gets in.
+func TestOnlySHA2Algorithms(t *testing.T) {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := gossh.NewSignerFromKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, sshd.Config{HostSigners: []gossh.Signer{signer}}, newFakeSandbox())
+	base := func() *gossh.ClientConfig {
+		return &gossh.ClientConfig{User: "sandbox", HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second}
+	}
+	for _, c := range []struct {
+		name string
+		set  func(*gossh.ClientConfig)
+	}{
+		{"diffie-hellman-group14-sha1", func(c *gossh.ClientConfig) { c.KeyExchanges = []string{gossh.InsecureKeyExchangeDH14SHA1} }},
+		{"diffie-hellman-group1-sha1", func(c *gossh.ClientConfig) { c.KeyExchanges = []string{gossh.InsecureKeyExchangeDH1SHA1} }},
+		{"diffie-hellman-group-exchange-sha1", func(c *gossh.ClientConfig) { c.KeyExchanges = []string{gossh.InsecureKeyExchangeDHGEXSHA1} }},
+		{"ssh-rsa host key (SHA-1)", func(c *gossh.ClientConfig) { c.HostKeyAlgorithms = []string{gossh.KeyAlgoRSA} }},
+		{"hmac-sha1 with aes128-ctr", func(c *gossh.ClientConfig) {
+			c.Ciphers, c.MACs = []string{"aes128-ctr"}, []string{gossh.HMACSHA1}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := base()
+			c.set(cfg)
+			if cl, err := h.dialWith(t, cfg); err == nil {
+				cl.Close()
+				t.Fatalf("the handshake succeeded with only %s", c.name)
+			}
+		})
+	}
+	for _, c := range []struct {
+		name string
+		set  func(*gossh.ClientConfig)
+	}{
+		{"defaults", func(*gossh.ClientConfig) {}},
+		{"rsa-sha2-512 host key", func(c *gossh.ClientConfig) { c.HostKeyAlgorithms = []string{gossh.KeyAlgoRSASHA512} }},
+		{"rsa-sha2-256 host key", func(c *gossh.ClientConfig) { c.HostKeyAlgorithms = []string{gossh.KeyAlgoRSASHA256} }},
+		{"curve25519-sha256", func(c *gossh.ClientConfig) { c.KeyExchanges = []string{gossh.KeyExchangeCurve25519} }},
+		{"diffie-hellman-group16-sha512", func(c *gossh.ClientConfig) { c.KeyExchanges = []string{gossh.KeyExchangeDH16SHA512} }},
+		{"diffie-hellman-group-exchange-sha256", func(c *gossh.ClientConfig) { c.KeyExchanges = []string{gossh.KeyExchangeDHGEXSHA256} }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := base()
+			c.set(cfg)
+			cl, err := h.dialWith(t, cfg)
+			if err != nil {
+				t.Fatalf("handshake with %s: %v", c.name, err)
+			}
+			cl.Close()
+		})
+	}
+}

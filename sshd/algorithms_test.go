@@ -3,6 +3,8 @@ package sshd_test
 import (
 	"crypto/rand"
 	"crypto/rsa"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +71,38 @@ func TestOnlySHA2Algorithms(t *testing.T) {
 			}
 			cl.Close()
 		})
+	}
+}
+
+// TestMaxStartupsBoundsTunnelsInAuth: past the bound, a new tunnel is
+// dropped before any SSH byte; once the one in authentication goes, a
+// new one gets in.
+func TestMaxStartupsBoundsTunnelsInAuth(t *testing.T) {
+	h := newHarness(t, sshd.Config{MaxStartups: sshd.Startups{Start: 1, Rate: 100, Full: 1}}, newFakeSandbox())
+	silent, peer := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		h.srv.ServeConn(peer, h.sess)
+	}()
+	// The silent tunnel's server side writes its version line first.
+	buf := make([]byte, 64)
+	if _, err := silent.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &gossh.ClientConfig{User: "sandbox", HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 5 * time.Second}
+	if c, err := h.dialWith(t, cfg); err == nil {
+		c.Close()
+		t.Fatal("a second tunnel got in while one was in authentication, with MaxStartups 1")
+	}
+	silent.Close()
+	<-served
+	c, err := h.dialWith(t, cfg)
+	if err != nil {
+		t.Fatalf("after the first tunnel went: %v", err)
+	}
+	c.Close()
+	if !strings.Contains(h.log.String(), "ssh_max_startups") {
+		t.Errorf("no warning logged:\n%s", h.log.String())
 	}
 }

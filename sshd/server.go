@@ -44,6 +44,9 @@ type Config struct {
 	// OutputGrace is how long output is still forwarded after the command
 	// exits while something else holds its stdout open (default 500ms).
 	OutputGrace time.Duration
+	// MaxStartups bounds the tunnels in SSH authentication at once
+	// (default DefaultStartups).
+	MaxStartups Startups
 	Log         *slog.Logger
 }
 
@@ -58,6 +61,8 @@ type Server struct {
 	idle    chan struct{} // closed and replaced when chans becomes empty
 
 	bufs bufPool // large copy buffers, shared by the channels' copies
+
+	startups startups
 }
 
 type ctxKey int
@@ -89,7 +94,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.OutputGrace <= 0 {
 		cfg.OutputGrace = 500 * time.Millisecond
 	}
-	s := &Server{cfg: cfg, chans: map[*channel]struct{}{}}
+	if cfg.MaxStartups == (Startups{}) {
+		cfg.MaxStartups = DefaultStartups
+	}
+	s := &Server{cfg: cfg, chans: map[*channel]struct{}{}, startups: startups{limit: cfg.MaxStartups}}
 	signers := make([]gliderssh.Signer, len(cfg.HostSigners))
 	for i, k := range cfg.HostSigners {
 		sg, err := sha2Only(k)
@@ -123,7 +131,14 @@ type boundConn struct {
 	sess   *gateway.Session
 	authed atomic.Bool
 	chans  atomic.Int32 // open session channels
+
+	startups *startups
+	left     sync.Once
 }
+
+// leaveAuth uncounts the connection from those in authentication, once:
+// when it authenticates, or ends.
+func (c *boundConn) leaveAuth() { c.left.Do(c.startups.release) }
 
 // MaxChannelsPerConn bounds the session channels open at once on one
 // connection (OpenSSH's MaxSessions is 10): each may buffer a 2 MiB window.
@@ -147,7 +162,17 @@ func (c *boundConn) CloseWrite() error {
 // ServeConn runs SSH on conn, which the tunnel authorised for sess. It
 // returns when the connection ends.
 func (s *Server) ServeConn(conn net.Conn, sess *gateway.Session) {
-	bc := &boundConn{Conn: conn, sess: sess}
+	ok, warn := s.startups.admit()
+	if warn > 0 {
+		s.cfg.Log.Warn("ssh_max_startups", "dropped", warn, "in_auth", s.startups.inAuth(),
+			"max_startups", s.cfg.MaxStartups.String(), "reason", "too many tunnels in SSH authentication")
+	}
+	if !ok {
+		conn.Close()
+		return
+	}
+	bc := &boundConn{Conn: conn, sess: sess, startups: &s.startups}
+	defer bc.leaveAuth()
 	// x/crypto/ssh has no timeouts of its own: a connection that has not
 	// authenticated when the handshake timeout fires is closed.
 	timer := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
@@ -191,6 +216,7 @@ func (s *Server) logAuth(ctx gliderssh.Context, md gossh.ConnMetadata, method st
 	if err == nil {
 		if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
 			bc.authed.Store(true)
+			bc.leaveAuth()
 		}
 	}
 	id := ""

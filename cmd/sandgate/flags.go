@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/sandgate/sandgate/sshd"
 )
 
 // listFlag is a repeatable flag; each value may also hold comma-separated items.
@@ -43,4 +45,18 @@ func applyEnv(fs *flag.FlagSet) error {
 		}
 	})
 	return err
+}
+
+// startupsFlag is --ssh-max-startups: start:rate:full.
+type startupsFlag sshd.Startups
+
+func (f *startupsFlag) String() string { return sshd.Startups(*f).String() }
+
+func (f *startupsFlag) Set(v string) error {
+	m, err := sshd.ParseStartups(v)
+	if err != nil {
+		return err
+	}
+	*f = startupsFlag(m)
+	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/connlimit"
 	"github.com/sandgate/sandgate/internal/readyfile"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
@@ -50,6 +51,9 @@ type serveConfig struct {
 	logFormat         string
 	logLevel          string
 	readyFile         string
+	maxWaiting        int
+	maxWaitingPerIP   int
+	sshMaxStartups    startupsFlag
 }
 
 func defaultDataDir() string {
@@ -89,6 +93,10 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP request header deadline")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.IntVar(&c.maxWaiting, "max-waiting-conns", 1024, "connections that have not sent a whole HTTP request, in total; past it the oldest are closed")
+	fs.IntVar(&c.maxWaitingPerIP, "max-waiting-conns-per-ip", 128, "connections that have not sent a whole HTTP request, per source IP; past it that source's oldest are closed")
+	c.sshMaxStartups = startupsFlag(sshd.DefaultStartups)
+	fs.Var(&c.sshMaxStartups, "ssh-max-startups", "tunnels in SSH authentication at once, `start:rate:full` as OpenSSH's MaxStartups: from start on, rate% of new ones are dropped, rising to 100% at full")
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -211,6 +219,7 @@ func authConfig(cfg *serveConfig, stdout io.Writer, log *slog.Logger) (gateway.A
 }
 
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Writer) error {
+	raiseNofile(log)
 	if err := os.MkdirAll(cfg.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
@@ -253,7 +262,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
-		HandshakeTimeout: cfg.handshakeTimeout, Log: log,
+		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,
 	})
 	if err != nil {
 		return err
@@ -273,6 +282,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+	connlimit.New(connlimit.Config{MaxWaiting: cfg.maxWaiting, MaxWaitingPerIP: cfg.maxWaitingPerIP, Log: log}).Install(srv)
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

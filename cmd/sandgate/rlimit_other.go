@@ -1,0 +1,7 @@
+//go:build !unix
+
+package main
+
+import "log/slog"
+
+func raiseNofile(*slog.Logger) {}

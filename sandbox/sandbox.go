@@ -31,6 +31,30 @@ type Spec struct {
 	// ID is the session id; it names the workdir and, where supported, the
 	// hostname (its short form) and the cgroup.
 	ID string
+	// Image, when set, is the sandbox's root filesystem. Nil is the
+	// default root that each driver builds (linuxns: from the host's /usr
+	// and /etc). A driver that cannot run images refuses a non-nil Image.
+	Image *Image
+}
+
+// Image is an OCI image unpacked into layers, as the image store
+// (package images) hands it to a driver.
+type Image struct {
+	// Name is the normalised reference ("docker.io/library/python:3.12-slim").
+	Name string
+	// Digest is the manifest digest ("sha256:...").
+	Digest string
+	// Layers are the unpacked layer directories, bottom first, in
+	// overlayfs form (whiteouts are 0:0 character devices, opaque
+	// directories carry trusted.overlay.opaque). Files keep the image's
+	// own uids and gids, which the driver maps into the sandbox.
+	Layers []string
+	// Env is the image config's environment (PATH included): it applies
+	// to every process of the sandbox.
+	Env []string
+	// WorkingDir is the image config's working directory: where commands
+	// and SFTP start ("" for the workspace).
+	WorkingDir string
 }
 
 // Driver creates sandboxes. Implementations must be safe for concurrent use.

@@ -198,6 +198,13 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	if !sandbox.ValidID(spec.ID) {
 		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
 	}
+	if img := spec.Image; img != nil {
+		for _, l := range img.Layers {
+			if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
+				return nil, fmt.Errorf("image %s: layer %s is missing", img.Name, l)
+			}
+		}
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, initTimeout)
@@ -238,7 +245,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	go func() {
 		wsDone <- d.ws.create(st.Workspace, st.Image, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
 	}()
-	if err := d.bootInit(ctx, sb, wsDone); err != nil {
+	if err := d.bootInit(ctx, sb, spec.Image, wsDone); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -248,7 +255,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 // bootInit starts sb's init in its cgroups, then, once the workspace is
 // ready (wsDone), hands it everything it needs and waits until the sandbox
 // is built. It returns only after wsDone has answered.
-func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, wsDone <-chan error) (err error) {
+func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Image, wsDone <-chan error) (err error) {
 	st := sb.st
 	var fds []int
 	var names []string
@@ -321,7 +328,25 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, wsDone <-chan e
 	if err := <-wsDone; err != nil {
 		return err
 	}
-	ws, err := unix.OpenTree(unix.AT_FDCWD, st.Workspace, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	home := st.Workspace
+	if img != nil {
+		if err := prepareImageWorkspace(st.Workspace, st.UIDBase); err != nil {
+			return err
+		}
+		home = filepath.Join(st.Workspace, imageHome)
+		userns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", st.Pid))
+		if err != nil {
+			return fmt.Errorf("sandbox user namespace: %w", err)
+		}
+		rootfs, err := imageRoot(d.dir(st.ID), st.Workspace, img, int(userns.Fd()))
+		userns.Close()
+		if err != nil {
+			return err
+		}
+		fds, names = append(fds, rootfs), append(names, "rootfs")
+		is.Env, is.WorkingDir = img.Env, img.WorkingDir
+	}
+	ws, err := unix.OpenTree(unix.AT_FDCWD, home, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("workspace mount: %w", err)
 	}

@@ -73,12 +73,19 @@ type Spec struct {
 	// Probe builds the sandbox, reports and exits: Open uses it to learn
 	// whether this host can run the linux driver.
 	Probe bool `json:"probe,omitempty"`
+	// Env and WorkingDir come from the sandbox's image (sandbox.Image):
+	// the environment every command starts from, on top of the sandbox's
+	// own, and where commands and SFTP start ("": the workspace).
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"workingDir,omitempty"`
 	// FDs names the descriptors sent with the spec, in order:
 	// "listener" (the control socket, listening), "workspace" (a detached
 	// mount to attach at /workspace), "tasks" (the open cgroup v1 tasks
-	// files of the cgroups the commands run in), "socket-file" (an O_PATH descriptor of the control
-	// socket's file: once it is unlinked, no gateway can reach the init,
-	// which then ends the sandbox).
+	// files of the cgroups the commands run in), "socket-file" (an O_PATH
+	// descriptor of the control socket's file: once it is unlinked, no
+	// gateway can reach the init, which then ends the sandbox), "rootfs" (a
+	// detached mount of an image's root: the sandbox's / instead of the
+	// host-derived one).
 	FDs []string `json:"fds"`
 }
 

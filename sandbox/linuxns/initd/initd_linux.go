@@ -29,6 +29,11 @@ type initd struct {
 	ln    *net.UnixListener
 	sp    *spawner
 	shell string
+	// env and workDir come from the sandbox's image: the environment
+	// commands start from (over the sandbox's own) and where they start
+	// ("": the workspace).
+	env     []string
+	workDir string
 	// sockFile is an O_PATH descriptor of the control socket's file on
 	// the host (-1: none), checked every sockCheck.
 	sockFile  int
@@ -233,7 +238,7 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	switch {
 	case req.Subsystem == "sftp":
 		path = "/proc/self/exe"
-		argv = []string{"sandgate", "sftp-server", "--root", "/", "--start", ctl.WorkspaceDir}
+		argv = []string{"sandgate", "sftp-server", "--root", "/", "--start", in.dir()}
 	case req.Subsystem != "":
 		return nil, -1, fmt.Errorf("unknown subsystem %q", req.Subsystem)
 	case req.Command == "":
@@ -241,7 +246,7 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	default:
 		path, argv = in.shell, []string{in.shell, "-c", req.Command}
 	}
-	env := append(sandbox.BaseEnv(ctl.WorkspaceDir, in.shell), req.Env...)
+	env := mergeEnv(sandbox.BaseEnv(ctl.WorkspaceDir, in.shell), in.env, req.Env)
 	sys := &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: ctl.SandboxUID, Gid: ctl.SandboxGID, Groups: []uint32{}},
 	}
@@ -266,7 +271,7 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 		files = []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])}
 		sys.Setpgid = true
 	}
-	attr := &syscall.ProcAttr{Dir: ctl.WorkspaceDir, Env: env, Files: files, Sys: sys}
+	attr := &syscall.ProcAttr{Dir: in.dir(), Env: env, Files: files, Sys: sys}
 	c := &child{status: make(chan syscall.WaitStatus, 1)}
 	var err error
 	in.sp.run(func() {
@@ -294,6 +299,34 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 		return nil, -1, fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	return c, master, nil
+}
+
+// dir is where commands start: the image's working directory, or the
+// workspace.
+func (in *initd) dir() string {
+	if in.workDir != "" {
+		return in.workDir
+	}
+	return ctl.WorkspaceDir
+}
+
+// mergeEnv is the environment of a command: each list's KEY=VALUE entries
+// override the earlier lists' of the same key, each key once.
+func mergeEnv(lists ...[]string) []string {
+	var out []string
+	at := map[string]int{}
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := at[k]; ok {
+				out[i] = kv
+				continue
+			}
+			at[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // openPTY opens a new terminal in the sandbox's devpts: the master for the

@@ -110,7 +110,7 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 		return nil, fmt.Errorf("got %d descriptors for %d names", len(fds), len(spec.FDs))
 	}
 	var listener *os.File
-	workspace, sockFile := -1, -1
+	workspace, sockFile, rootfs := -1, -1, -1
 	var tasks []int
 	for i, name := range spec.FDs {
 		switch name {
@@ -122,6 +122,8 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 			workspace = fds[i]
 		case "socket-file":
 			sockFile = fds[i]
+		case "rootfs":
+			rootfs = fds[i]
 		case "tasks":
 			tasks = append(tasks, fds[i])
 		default:
@@ -131,7 +133,7 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	if listener == nil && !spec.Probe {
 		return nil, fmt.Errorf("no control socket")
 	}
-	if err := buildRoot(spec, workspace); err != nil {
+	if err := buildRoot(spec, workspace, rootfs); err != nil {
 		return nil, err
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
@@ -150,6 +152,7 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 		return nil, err
 	}
 	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, sockFile: -1,
+		env: spec.Env, workDir: spec.WorkingDir,
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
 	if sockFile >= 0 {
 		if in.sockFile, err = unix.FcntlInt(uintptr(sockFile), unix.F_DUPFD_CLOEXEC, 3); err != nil {
@@ -191,10 +194,12 @@ func closeInherited(keep int) {
 	}
 }
 
-// buildRoot assembles the sandbox's root filesystem on a tmpfs and
-// pivot_roots into it. wsFD, when >= 0, is a detached mount (open_tree)
-// of the session's workspace; it is attached at /workspace.
-func buildRoot(spec *ctl.Spec, wsFD int) error {
+// buildRoot assembles the sandbox's root filesystem and pivot_roots into
+// it: a tmpfs with the host's /usr and the sandbox's own /etc, or, when
+// rootFD >= 0, the image root the gateway built (a detached overlay
+// mount). wsFD, when >= 0, is a detached mount (open_tree) of the
+// session's workspace; it is attached at /workspace.
+func buildRoot(spec *ctl.Spec, wsFD, rootFD int) error {
 	// Nothing mounted here may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -203,6 +208,20 @@ func buildRoot(spec *ctl.Spec, wsFD int) error {
 	if fi, err := os.Lstat(r); err != nil || !fi.IsDir() {
 		r = "/mnt"
 	}
+	if rootFD >= 0 {
+		if err := imageRootAt(r, rootFD, spec.Hostname); err != nil {
+			return err
+		}
+	} else if err := hostRootAt(r, spec.Hostname); err != nil {
+		return err
+	}
+	return finishRoot(r, spec, wsFD, rootFD >= 0)
+}
+
+// hostRootAt builds the default root at r: a tmpfs with read-only binds of
+// the host's /usr (and /bin, /lib... where they are directories) and the
+// sandbox's own /etc.
+func hostRootAt(r, hostname string) error {
 	if err := mount("tmpfs", r, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
 		return err
 	}
@@ -239,9 +258,13 @@ func buildRoot(spec *ctl.Spec, wsFD int) error {
 	if err := roBind("/usr", filepath.Join(r, "usr")); err != nil {
 		return err
 	}
-	if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname); err != nil {
-		return err
-	}
+	return buildEtc(filepath.Join(r, "etc"), hostname)
+}
+
+// finishRoot adds /dev, /proc, /tmp and the workspace to the root at r,
+// pivots into it and makes what must be read-only so (the whole root but
+// for an image's, whose writable layer is the session's).
+func finishRoot(r string, spec *ctl.Spec, wsFD int, image bool) error {
 	if err := buildDev(r, spec.ShmBytes); err != nil {
 		return err
 	}
@@ -270,7 +293,14 @@ func buildRoot(spec *ctl.Spec, wsFD int) error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
-	for _, p := range []string{"/", "/dev"} {
+	readOnly := []string{"/", "/dev"}
+	if image {
+		readOnly = readOnly[1:]
+		if _, err := os.Stat("/bin/sh"); err != nil {
+			return fmt.Errorf("the image has no /bin/sh (%w): a session needs a shell", err)
+		}
+	}
+	for _, p := range readOnly {
 		if err := setReadOnly(p); err != nil {
 			return err
 		}
@@ -559,6 +589,86 @@ func loopbackUp() error {
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
 		return fmt.Errorf("loopback up: %w", err)
+	}
+	return nil
+}
+
+// imageRootAt attaches the image root rootFD at r and gives it what every
+// sandbox has: the mount points, the sandbox user in /etc/passwd and
+// /etc/group (added when absent), and the sandbox's hostname. These writes
+// land in the session's writable layer, never in the image.
+func imageRootAt(r string, rootFD int, hostname string) error {
+	if err := unix.MoveMount(rootFD, "", unix.AT_FDCWD, r, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the image root: %w", err)
+	}
+	for _, d := range []string{"proc", "dev", "tmp", "workspace", "etc"} {
+		p := filepath.Join(r, d)
+		if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("image root: %w", err)
+		}
+		if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
+			return fmt.Errorf("image root: /%s is not a directory", d)
+		}
+	}
+	user := fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/sh\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir)
+	group := fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID)
+	for _, f := range []struct{ name, root, add string }{
+		{"passwd", "root:x:0:0:root:/root:/bin/sh\n", user},
+		{"group", "root:x:0:\n", group},
+	} {
+		if err := addEntry(filepath.Join(r, "etc", f.name), f.root, f.add); err != nil {
+			return err
+		}
+	}
+	for name, content := range map[string]string{
+		"hostname": hostname + "\n",
+		"hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	} {
+		p := filepath.Join(r, "etc", name)
+		if fi, err := os.Lstat(p); err == nil && !fi.Mode().IsRegular() {
+			if err := os.Remove(p); err != nil {
+				return fmt.Errorf("image /etc/%s: %w", name, err)
+			}
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("image /etc/%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// addEntry appends line to the passwd or group file p unless an entry of
+// the same name is there; a missing file starts with root's entry. A file
+// that is a symlink is replaced, never followed.
+func addEntry(p, root, line string) error {
+	name, _, _ := strings.Cut(line, ":")
+	fi, err := os.Lstat(p)
+	var old []byte
+	switch {
+	case err == nil && fi.Mode().IsRegular():
+		if old, err = os.ReadFile(p); err != nil {
+			return fmt.Errorf("image %s: %w", p, err)
+		}
+	case err == nil:
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("image %s: %w", p, err)
+		}
+		old = []byte(root)
+	case errors.Is(err, fs.ErrNotExist):
+		old = []byte(root)
+	default:
+		return fmt.Errorf("image %s: %w", p, err)
+	}
+	for _, l := range strings.Split(string(old), "\n") {
+		if n, _, _ := strings.Cut(l, ":"); n == name {
+			return nil
+		}
+	}
+	if len(old) > 0 && old[len(old)-1] != '\n' {
+		old = append(old, '\n')
+	}
+	if err := os.WriteFile(p, append(old, line...), 0o644); err != nil {
+		return fmt.Errorf("image %s: %w", p, err)
 	}
 	return nil
 }

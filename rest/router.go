@@ -15,7 +15,10 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 )
 
-// Sessions is what the API needs from the session manager.
+// Sessions is what the API needs from the session manager. Create returns
+// an empty password when it replays an earlier create with the same
+// Idempotency-Key (see gateway.Manager.Create); Delete also rolls back a
+// create whose answer could not be delivered.
 type Sessions interface {
 	Create(ctx context.Context, p gateway.Principal, cp gateway.CreateParams) (*gateway.Session, string, error)
 	Get(ctx context.Context, p gateway.Principal, id string) (*gateway.Session, error)

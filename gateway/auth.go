@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -49,7 +50,21 @@ type AuthConfig struct {
 	JWTPublicKey crypto.PublicKey
 	JWTIssuer    string
 	JWTAudience  string
+	// JWTTenantClaim names the claim, a non-empty string, that holds a JWT
+	// principal's tenant (default "sub").
+	JWTTenantClaim string
+	// JWTTenantPrefix is put before that claim's value to make the tenant,
+	// so that JWT subjects and API-key tenants cannot name the same tenant
+	// by accident. nil means DefaultJWTTenantPrefix; point it at "" to let
+	// a JWT subject and an API key share a tenant on purpose.
+	JWTTenantPrefix *string
 }
+
+// Defaults of the JWT tenant mapping.
+const (
+	DefaultJWTTenantClaim  = "sub"
+	DefaultJWTTenantPrefix = "jwt:"
+)
 
 type apiKey struct {
 	hash   [32]byte
@@ -61,11 +76,19 @@ type Verifier struct {
 	keys   []apiKey
 	parser *jwt.Parser
 	cfg    AuthConfig
+	claim  string // the tenant claim
+	prefix string // before the tenant claim's value
 }
 
 // NewVerifier returns a Verifier for cfg.
 func NewVerifier(cfg AuthConfig) (*Verifier, error) {
-	v := &Verifier{cfg: cfg}
+	v := &Verifier{cfg: cfg, claim: cfg.JWTTenantClaim, prefix: DefaultJWTTenantPrefix}
+	if v.claim == "" {
+		v.claim = DefaultJWTTenantClaim
+	}
+	if cfg.JWTTenantPrefix != nil {
+		v.prefix = *cfg.JWTTenantPrefix
+	}
 	for k, t := range cfg.APIKeys {
 		if k == "" || t == "" {
 			return nil, errors.New("api key and tenant must not be empty")
@@ -116,14 +139,29 @@ func (v *Verifier) Verify(token string) (Principal, error) {
 	if v.parser == nil || strings.Count(token, ".") != 2 {
 		return Principal{}, ErrUnauthorized
 	}
-	var claims jwt.RegisteredClaims
+	var claims tenantClaims
 	if _, err := v.parser.ParseWithClaims(token, &claims, v.key); err != nil {
 		return Principal{}, ErrUnauthorized
 	}
-	if claims.Subject == "" {
-		return Principal{}, ErrUnauthorized
+	var name string
+	if raw, ok := claims.all[v.claim]; !ok || json.Unmarshal(raw, &name) != nil || name == "" {
+		return Principal{}, ErrUnauthorized // missing, empty or not a string
 	}
-	return Principal{Tenant: claims.Subject, Method: "jwt"}, nil
+	return Principal{Tenant: v.prefix + name, Method: "jwt"}, nil
+}
+
+// tenantClaims are the registered claims the parser validates, plus every
+// claim as raw JSON, from which Verify takes the tenant claim.
+type tenantClaims struct {
+	jwt.RegisteredClaims
+	all map[string]json.RawMessage
+}
+
+func (c *tenantClaims) UnmarshalJSON(data []byte) error {
+	if err := json.Unmarshal(data, &c.RegisteredClaims); err != nil {
+		return err
+	}
+	return json.Unmarshal(data, &c.all)
 }
 
 // key returns the verification key for t's algorithm: the HMAC secret only

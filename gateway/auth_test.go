@@ -130,12 +130,12 @@ func TestVerify(t *testing.T) {
 		method string
 	}{
 		{"api key", full, apiKey, "keyed", "api_key"},
-		{"HS256", full, hs(goodClaims()), subject, "jwt"},
-		{"HS256 aud list", full, hs(goodClaims("aud", []string{"x", audience})), subject, "jwt"},
-		{"RS256", rsaOnly, rs(goodClaims()), subject, "jwt"},
-		{"EdDSA", edOnly, signed(t, jwt.SigningMethodEdDSA, edKey(), goodClaims()), subject, "jwt"},
-		{"no iss/aud configured, any given", open, hs(goodClaims("iss", "x", "aud", "y")), subject, "jwt"},
-		{"no iss/aud configured, none given", open, hs(goodClaims("iss", nil, "aud", nil)), subject, "jwt"},
+		{"HS256", full, hs(goodClaims()), "jwt:" + subject, "jwt"},
+		{"HS256 aud list", full, hs(goodClaims("aud", []string{"x", audience})), "jwt:" + subject, "jwt"},
+		{"RS256", rsaOnly, rs(goodClaims()), "jwt:" + subject, "jwt"},
+		{"EdDSA", edOnly, signed(t, jwt.SigningMethodEdDSA, edKey(), goodClaims()), "jwt:" + subject, "jwt"},
+		{"no iss/aud configured, any given", open, hs(goodClaims("iss", "x", "aud", "y")), "jwt:" + subject, "jwt"},
+		{"no iss/aud configured, none given", open, hs(goodClaims("iss", nil, "aud", nil)), "jwt:" + subject, "jwt"},
 
 		{"empty", full, "", "", ""},
 		{"garbage", full, "garbage", "", ""},
@@ -275,4 +275,52 @@ func FuzzVerify(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestJWTTenantMapping: a JWT's tenant is the configured claim (default
+// sub) behind a prefix (default "jwt:"), so a JWT with sub "default" is not
+// the tenant of the bare API key unless the operator maps them together on
+// purpose; a missing, empty or non-string claim does not verify.
+func TestJWTTenantMapping(t *testing.T) {
+	hs := func(c jwt.MapClaims) string { return signed(t, jwt.SigningMethodHS256, []byte(hsSecret), c) }
+	prefix := func(s string) *string { return &s }
+	base := gateway.AuthConfig{APIKeys: map[string]string{apiKey: "default"}, JWTSecret: []byte(hsSecret)}
+	with := func(claim string, pfx *string) gateway.AuthConfig {
+		c := base
+		c.JWTTenantClaim, c.JWTTenantPrefix = claim, pfx
+		return c
+	}
+	cases := []struct {
+		name   string
+		cfg    gateway.AuthConfig
+		token  string
+		tenant string // "": must not verify
+	}{
+		{"api key", base, apiKey, "default"},
+		{"sub default is not the api key's tenant", base, hs(goodClaims("sub", "default")), "jwt:default"},
+		{"prefix off on purpose", with("", prefix("")), hs(goodClaims("sub", "default")), "default"},
+		{"own prefix", with("", prefix("idp/")), hs(goodClaims("sub", "default")), "idp/default"},
+		{"other claim", with("org", nil), hs(goodClaims("org", "acme")), "jwt:acme"},
+		{"other claim missing, sub present", with("org", nil), hs(goodClaims()), ""},
+		{"other claim empty", with("org", nil), hs(goodClaims("org", "")), ""},
+		{"other claim a number", with("org", nil), hs(goodClaims("org", 42)), ""},
+		{"other claim a list", with("org", nil), hs(goodClaims("org", []string{"acme"})), ""},
+		{"other claim an object", with("org", nil), hs(goodClaims("org", map[string]any{"id": "acme"})), ""},
+		{"other claim null", with("org", nil), hs(goodClaims("org", nil)), ""},
+		{"sub a number", base, hs(goodClaims("sub", 7)), ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := newVerifier(t, c.cfg).Verify(c.token)
+			if c.tenant == "" {
+				if !errors.Is(err, gateway.ErrUnauthorized) || p != (gateway.Principal{}) {
+					t.Errorf("verified as %+v, %v", p, err)
+				}
+				return
+			}
+			if err != nil || p.Tenant != c.tenant {
+				t.Errorf("tenant %q (%v), want %q", p.Tenant, err, c.tenant)
+			}
+		})
+	}
 }

@@ -1,13 +1,19 @@
 package gateway
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // Error is a gateway error with a stable code for API clients.
 type Error struct {
 	Kind    Kind
 	Code    string
 	Message string
-	Err     error
+	// RetryAfter, when positive, is how long the client should wait
+	// before it tries again (transports send it as Retry-After).
+	RetryAfter time.Duration
+	Err        error
 }
 
 // Kind classifies errors so transports can pick a status code.
@@ -22,6 +28,9 @@ const (
 	KindInternal
 	KindUnauthorized
 	KindConflict
+	// KindUnprocessable is a well-formed request that contradicts an
+	// earlier one (an idempotency key reused with another payload).
+	KindUnprocessable
 )
 
 func (e *Error) Error() string {

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -48,8 +46,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
-	pending  map[string]int // creates in progress per tenant
-	stopping bool           // Shutdown has begun: sandboxes end on purpose
+	pending  map[string]int       // creates in progress per tenant
+	inflight map[idemKey][32]byte // idempotency keys of creates in progress, to their payload's fingerprint
+	stopping bool                 // Shutdown has begun: sandboxes end on purpose
 	// undestroyed are ended sessions whose sandbox Destroy failed; Run
 	// retries them so nothing of a deleted session survives.
 	undestroyed []*Session
@@ -104,20 +103,30 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 	if cfg.Store == nil {
 		cfg.Store = NewMemStore()
 	}
-	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}}
+	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{}}
 }
 
 // CreateParams are the caller's choices for a new session.
 type CreateParams struct {
 	// TTL in seconds; 0 means DefaultTTL.
-	TTL          int
-	Image        string
-	Metadata     map[string]any
+	TTL      int
+	Image    string
+	Metadata map[string]any
+	// SSHPublicKey is one authorized_keys line without options, or "".
 	SSHPublicKey string
+	// IdempotencyKey, when set, makes the create idempotent for the
+	// tenant (see IdempotencyWindow).
+	IdempotencyKey string
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
 // its SSH password, which is not kept and cannot be read again.
+//
+// With an IdempotencyKey the tenant used before for a session that still
+// exists, Create makes nothing: it returns that session and an empty
+// password (a replay), or an error if the key came with another payload
+// (idempotency_key_reused) or its first create is still running
+// (idempotency_key_in_progress).
 func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
 	if cp.TTL == 0 {
 		cp.TTL = DefaultTTL
@@ -129,22 +138,34 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if err != nil {
 		return nil, "", err
 	}
-	if cp.SSHPublicKey != "" {
-		if _, _, _, _, err := ssh.ParseAuthorizedKey([]byte(cp.SSHPublicKey)); err != nil {
-			return nil, "", Invalid("invalid_ssh_public_key", "sshPublicKey is not an authorized_keys line")
-		}
+	if err := checkIdempotencyKey(cp.IdempotencyKey); err != nil {
+		return nil, "", err
+	}
+	sshKey, err := checkSSHPublicKey(cp.SSHPublicKey)
+	if err != nil {
+		return nil, "", err
 	}
 	if cp.Metadata == nil {
 		cp.Metadata = map[string]any{}
 	}
-
-	if err := m.reserve(p.Tenant); err != nil {
+	if err := checkMetadata(cp.Metadata); err != nil {
 		return nil, "", err
+	}
+	key := idemKey{p.Tenant, cp.IdempotencyKey}
+	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey)
+
+	prior, err := m.reserve(key, fp)
+	if err != nil {
+		return nil, "", err
+	}
+	if prior != nil {
+		m.log.Info("session_create_replayed", "session", prior.ID, "tenant", p.Tenant)
+		return prior, "", nil
 	}
 	reserved := true
 	defer func() {
 		if reserved {
-			m.release(p.Tenant)
+			m.release(key)
 		}
 	}()
 
@@ -153,10 +174,13 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	s := &Session{
 		ID: newID(), Tenant: p.Tenant, Image: image, Metadata: cp.Metadata,
 		CreatedAt: now, ExpiresAt: now.Add(time.Duration(cp.TTL) * time.Second), TTL: cp.TTL,
-		SSHPublicKey: strings.TrimSpace(cp.SSHPublicKey),
+		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey,
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
 		conns:        map[*connEntry]struct{}{},
+	}
+	if cp.IdempotencyKey != "" {
+		s.requestHash = fp
 	}
 	s.lastActivity.Store(now.UnixNano())
 	sb, err := m.driver.Create(ctx, sandbox.Spec{ID: s.ID})
@@ -182,7 +206,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
 	}
 	m.sessions[s.ID] = s
-	m.releaseLocked(p.Tenant) // from here on the session itself counts
+	m.releaseLocked(key) // from here on the session itself counts
 	reserved = false
 	m.mu.Unlock()
 	m.watch(s)
@@ -202,14 +226,34 @@ func (m *Manager) image(name string) (string, error) {
 	return "", Invalid("unknown_image", fmt.Sprintf("unknown image %q; available images: %s", name, strings.Join(m.cfg.Images, ", ")))
 }
 
-// reserve takes a quota slot for tenant, counting creates still in progress.
-func (m *Manager) reserve(tenant string) error {
+// capacityRetry is the Retry-After of a create refused because the gateway is full.
+const capacityRetry = 30 * time.Second
+
+// reserve takes a quota slot for k's tenant, counting creates still in
+// progress, and marks k's idempotency key (if any) as in progress. When
+// the key already made a session with the payload fp, it returns that
+// session and takes nothing.
+func (m *Manager) reserve(k idemKey, fp [32]byte) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
-		return &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
+		return nil, &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
 	}
-	total, mine := 0, m.pending[tenant]
+	if k.key != "" {
+		if s := m.replayLocked(k, m.cfg.Now()); s != nil {
+			if s.requestHash != fp {
+				return nil, errKeyReused()
+			}
+			return s, nil
+		}
+		if h, ok := m.inflight[k]; ok {
+			if h != fp {
+				return nil, errKeyReused()
+			}
+			return nil, errKeyInProgress()
+		}
+	}
+	total, mine := 0, m.pending[k.tenant]
 	for _, p := range m.pending {
 		total += p
 	}
@@ -218,29 +262,37 @@ func (m *Manager) reserve(tenant string) error {
 			continue // failed sessions hold no sandbox
 		}
 		total++
-		if s.Tenant == tenant {
+		if s.Tenant == k.tenant {
 			mine++
 		}
 	}
-	if total >= m.cfg.MaxSessions {
-		return &Error{Kind: KindQuota, Code: "quota_exceeded", Message: fmt.Sprintf("gateway session limit reached (max-sessions=%d)", m.cfg.MaxSessions)}
-	}
+	// The tenant's own limit first: it may name it. The gateway's limit is
+	// not named, as it would tell a tenant how many sessions others hold.
 	if mine >= m.cfg.MaxSessionsPerTenant {
-		return &Error{Kind: KindQuota, Code: "quota_exceeded", Message: fmt.Sprintf("tenant session limit reached (max-sessions-per-tenant=%d)", m.cfg.MaxSessionsPerTenant)}
+		return nil, &Error{Kind: KindQuota, Code: "quota_exceeded", Message: fmt.Sprintf("tenant session limit reached (max-sessions-per-tenant=%d)", m.cfg.MaxSessionsPerTenant)}
 	}
-	m.pending[tenant]++
-	return nil
+	if total >= m.cfg.MaxSessions {
+		return nil, &Error{Kind: KindUnavailable, Code: "capacity", Message: "the gateway cannot take more sessions now; retry later", RetryAfter: capacityRetry}
+	}
+	m.pending[k.tenant]++
+	if k.key != "" {
+		m.inflight[k] = fp
+	}
+	return nil, nil
 }
 
-func (m *Manager) release(tenant string) {
+func (m *Manager) release(k idemKey) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.releaseLocked(tenant)
+	m.releaseLocked(k)
 }
 
-func (m *Manager) releaseLocked(tenant string) {
-	if m.pending[tenant]--; m.pending[tenant] <= 0 {
-		delete(m.pending, tenant)
+func (m *Manager) releaseLocked(k idemKey) {
+	if m.pending[k.tenant]--; m.pending[k.tenant] <= 0 {
+		delete(m.pending, k.tenant)
+	}
+	if k.key != "" {
+		delete(m.inflight, k)
 	}
 }
 

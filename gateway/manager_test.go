@@ -439,9 +439,11 @@ func TestManagerQuotaConcurrent(t *testing.T) {
 		cfg              gateway.Config
 		tenants, perEach int
 		want             int
+		kind             gateway.Kind // of the refusals
+		code             string
 	}{
-		{"per tenant", gateway.Config{MaxSessionsPerTenant: 10}, 1, 50, 10},
-		{"gateway total", gateway.Config{MaxSessions: 10}, 5, 10, 10},
+		{"per tenant", gateway.Config{MaxSessionsPerTenant: 10}, 1, 50, 10, gateway.KindQuota, "quota_exceeded"},
+		{"gateway total", gateway.Config{MaxSessions: 10}, 5, 10, 10, gateway.KindUnavailable, "capacity"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -458,7 +460,7 @@ func TestManagerQuotaConcurrent(t *testing.T) {
 						ok.Add(1)
 						return
 					}
-					if ge, _ := gateway.AsError(err); ge != nil && ge.Kind == gateway.KindQuota && ge.Code == "quota_exceeded" {
+					if ge, _ := gateway.AsError(err); ge != nil && ge.Kind == c.kind && ge.Code == c.code {
 						quota.Add(1)
 						return
 					}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
 	"reflect"
@@ -18,7 +19,8 @@ func TestRecordJSONIsTheStoreFormat(t *testing.T) {
 		{"failed, every field", `{"id":"sbx-a","tenant":"t","image":"default","metadata":{"k":"v"},` +
 			`"createdAt":"2025-01-02T03:04:05.000000006Z","expiresAt":"2025-01-02T04:04:05Z",` +
 			`"lastActivityAt":"2025-01-02T03:05:00Z","ttl":3600,"sshPublicKey":"ssh-ed25519 AAAA",` +
-			`"passwordHash":"AQID","status":"failed","statusReason":"lost"}`},
+			`"passwordHash":"AQID","status":"failed","statusReason":"lost",` +
+			`"idempotencyKey":"order-1","requestHash":"BAUG"}`},
 		{"running, optional fields empty", `{"id":"sbx-b","tenant":"t","image":"default","metadata":{},` +
 			`"createdAt":"2025-01-02T03:04:05Z","expiresAt":"2025-01-02T03:05:05Z",` +
 			`"lastActivityAt":"2025-01-02T03:04:05Z","ttl":60,"passwordHash":"AQID","status":"running"}`},
@@ -58,6 +60,7 @@ func TestSnapshotRoundTripsThroughRecord(t *testing.T) {
 			Status: StatusFailed, StatusReason: "lost",
 		},
 		SSHPublicKey: "ssh-ed25519 AAAA", PasswordHash: sha256.New().Sum(nil),
+		IdempotencyKey: "order-1", RequestHash: bytes.Repeat([]byte{7}, 32),
 	}
 	s := sessionFromRecord(r)
 	snap := s.Snapshot()

@@ -41,7 +41,10 @@ type Session struct {
 	TTL       int
 	// SSHPublicKey is the authorized_keys line the creator supplied, if any.
 	SSHPublicKey string
+	// IdempotencyKey is the creator's Idempotency-Key, if any.
+	IdempotencyKey string
 
+	requestHash   [32]byte // fingerprint of the create's payload, with IdempotencyKey
 	passwordHash  [32]byte
 	sandbox       sandbox.Sandbox
 	lastActivity  atomic.Int64 // unix nanoseconds
@@ -74,6 +77,10 @@ type Record struct {
 	View
 	SSHPublicKey string `json:"sshPublicKey,omitempty"`
 	PasswordHash []byte `json:"passwordHash"` // SHA-256 of the SSH password
+	// IdempotencyKey and RequestHash (the fingerprint of the create's
+	// payload) let a repeated create find this session after a restart.
+	IdempotencyKey string `json:"idempotencyKey,omitempty"`
+	RequestHash    []byte `json:"requestHash,omitempty"`
 }
 
 // Snapshot returns the session's current state.
@@ -81,7 +88,7 @@ func (s *Session) Snapshot() Record {
 	s.mu.Lock()
 	status, reason := s.status, s.statusReason
 	s.mu.Unlock()
-	return Record{
+	r := Record{
 		ID: s.ID, Tenant: s.Tenant,
 		View: View{
 			Status: status, Image: s.Image, Metadata: s.Metadata,
@@ -90,6 +97,10 @@ func (s *Session) Snapshot() Record {
 		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
 	}
+	if s.IdempotencyKey != "" {
+		r.IdempotencyKey, r.RequestHash = s.IdempotencyKey, bytes.Clone(s.requestHash[:])
+	}
+	return r
 }
 
 // sessionFromRecord rebuilds a session from the store; its sandbox is set
@@ -98,9 +109,11 @@ func sessionFromRecord(r Record) *Session {
 	s := &Session{
 		ID: r.ID, Tenant: r.Tenant, Image: r.Image, Metadata: r.Metadata,
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, TTL: r.TTL, SSHPublicKey: r.SSHPublicKey,
-		status: r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
+		IdempotencyKey: r.IdempotencyKey,
+		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
 	}
 	copy(s.passwordHash[:], r.PasswordHash)
+	copy(s.requestHash[:], r.RequestHash)
 	s.lastActivity.Store(r.LastActivityAt.UnixNano())
 	s.savedActivity.Store(r.LastActivityAt.UnixNano())
 	return s

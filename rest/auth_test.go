@@ -252,7 +252,8 @@ func mustDER(t testing.TB) []byte {
 }
 
 // TestValidJWTs checks that good tokens of every algorithm verify and that
-// the tenant is the token's sub, shared with API keys of the same tenant.
+// the tenant is the token's sub behind the prefix "jwt:", so that a JWT
+// with sub alice is not the API key's tenant alice.
 func TestValidJWTs(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -283,17 +284,57 @@ func TestValidJWTs(t *testing.T) {
 
 			s := g.create(t, aliceJWT, `{}`)
 			mine := g.create(t, otherJWT, `{}`)
-			// The API key of tenant alice sees the session the JWT with sub
-			// alice made, and not mallory's.
-			l := g.list(t, aliceKey)
-			if l.Total != 1 || l.Sessions[0].SessionID != s.SessionID {
-				t.Errorf("alice's API key lists %+v, want only %s", l, s.SessionID)
+			// The API key of tenant alice does not see the session the JWT
+			// with sub alice made (tenant jwt:alice); that JWT does.
+			if l := g.list(t, aliceKey); l.Total != 0 {
+				t.Errorf("alice's API key lists %+v, want none", l)
 			}
+			if l := g.list(t, aliceJWT); l.Total != 1 || l.Sessions[0].SessionID != s.SessionID {
+				t.Errorf("alice's JWT lists %+v, want only %s", l, s.SessionID)
+			}
+			expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID, aliceKey, nil), 404, "not_found")
 			expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+mine.SessionID, aliceJWT, nil), 404, "not_found")
 			expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+mine.SessionID, otherJWT, nil), 200, "")
-			expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, aliceKey, nil), 204, "")
+			expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, aliceJWT, nil), 204, "")
 		})
 	}
+}
+
+// TestJWTTenantMapping: --jwt-tenant-claim and --jwt-tenant-prefix. With
+// the prefix set to "" on purpose a JWT sub and an API key share a tenant;
+// another claim names the tenant; a token without it is a 401.
+func TestJWTTenantMapping(t *testing.T) {
+	hs := func(c jwt.MapClaims) string { return sign(t, jwt.SigningMethodHS256, []byte(jwtSecret), c) }
+	none := ""
+	t.Run("shared on purpose", func(t *testing.T) {
+		g := newGateway(t, gwOptions{auth: &gateway.AuthConfig{
+			APIKeys: map[string]string{aliceKey: "alice"}, JWTSecret: []byte(jwtSecret), JWTTenantPrefix: &none,
+		}})
+		s := g.create(t, hs(claims("alice")), `{}`)
+		if l := g.list(t, aliceKey); l.Total != 1 || l.Sessions[0].SessionID != s.SessionID {
+			t.Errorf("alice's API key lists %+v, want %s", l, s.SessionID)
+		}
+	})
+	t.Run("other claim", func(t *testing.T) {
+		g := newGateway(t, gwOptions{auth: &gateway.AuthConfig{
+			APIKeys: map[string]string{aliceKey: "jwt:acme"}, JWTSecret: []byte(jwtSecret), JWTTenantClaim: "org",
+		}})
+		s := g.create(t, hs(claims("someone", "org", "acme")), `{}`)
+		if l := g.list(t, aliceKey); l.Total != 1 || l.Sessions[0].SessionID != s.SessionID {
+			t.Errorf("tenant jwt:acme lists %+v, want %s", l, s.SessionID)
+		}
+		for name, tok := range map[string]string{
+			"missing":    hs(claims("someone")),
+			"empty":      hs(claims("someone", "org", "")),
+			"not string": hs(claims("someone", "org", 7)),
+		} {
+			r := g.do(t, http.MethodPost, "/v1/sessions", tok, nil)
+			expect(t, r, http.StatusUnauthorized, "unauthorized")
+			if t.Failed() {
+				t.Logf("claim %s", name)
+			}
+		}
+	})
 }
 
 // TestHugeAuthorizationHeader sends a 1 MB header to a server built like

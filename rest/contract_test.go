@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 const specPath = "../api-spec/sandbox-api-spec.yaml"
@@ -316,7 +317,9 @@ func TestSpecIsValid(t *testing.T) {
 				t.Errorf("%s %s has no operationId", m, path)
 			}
 			public := path == "/healthz" || path == "/readyz"
-			if open := op.Security != nil && len(*op.Security) == 0; open != public {
+			open := op.Security != nil && (len(*op.Security) == 0 || slices.ContainsFunc(*op.Security,
+				func(r openapi3.SecurityRequirement) bool { return len(r) == 0 }))
+			if open != public {
 				t.Errorf("%s %s: no-auth = %v, want %v", m, path, open, public)
 			}
 		}
@@ -415,6 +418,8 @@ func TestContract(t *testing.T) {
 		notReady.Store(true)
 		expect(t, g.do(t, http.MethodGet, "/readyz", "", nil), 503, "not_ready")
 		notReady.Store(false)
+		expect(t, g.do(t, http.MethodGet, "/readyz", aliceKey, nil), 200, "")
+		expect(t, g.do(t, http.MethodGet, "/readyz", "wrong", nil), 401, "unauthorized")
 		expect(t, g.do(t, http.MethodPost, "/healthz", "", nil), 405, "method_not_allowed")
 		expect(t, g.do(t, http.MethodGet, "/nope", "", nil), 404, "unknown_endpoint")
 		expect(t, g.do(t, http.MethodGet, "/v1/nope", "", nil), 401, "unauthorized")
@@ -455,8 +460,26 @@ func TestContract(t *testing.T) {
 
 		expect(t, g.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{}`)), 429, "quota_exceeded")
 		b1 := g.create(t, bobKey, `{"ttl": null, "image": null, "metadata": null, "sshPublicKey": null}`)
-		expect(t, g.do(t, http.MethodPost, "/v1/sessions", carolKey, nil), 429, "quota_exceeded")
+		r = g.do(t, http.MethodPost, "/v1/sessions", carolKey, nil)
+		expect(t, r, 503, "capacity") // the gateway's limit, not carol's
+		if r.header.Get("Retry-After") == "" {
+			t.Error("503 capacity without Retry-After")
+		}
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+b1.SessionID, bobKey, nil), 204, "")
+
+		// Idempotency-Key: a replay, a reused key, one in progress (below).
+		ik := []string{"Idempotency-Key", "contract-1"}
+		r = g.do(t, http.MethodPost, "/v1/sessions", bobKey, []byte(`{"ttl": 600}`), ik...)
+		expect(t, r, 201, "")
+		b2 := r.session(t)
+		r = g.do(t, http.MethodPost, "/v1/sessions", bobKey, []byte(`{"ttl": 600}`), ik...)
+		expect(t, r, 200, "")
+		if s := r.session(t); s.SessionID != b2.SessionID || s.SSH.Password != "" || r.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("replay: %s %+v", r.header, s)
+		}
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions", bobKey, []byte(`{"ttl": 601}`), ik...), 422, "idempotency_key_reused")
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions", bobKey, nil, "Idempotency-Key", strings.Repeat("k", 256)), 400, "invalid_idempotency_key")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+b2.SessionID, bobKey, nil), 204, "")
 
 		for _, c := range []struct{ body, code string }{
 			{`[]`, "invalid_json"},
@@ -467,6 +490,10 @@ func TestContract(t *testing.T) {
 			{`{"ttl": 59}`, "invalid_ttl"},
 			{`{"image": "nope"}`, "unknown_image"},
 			{`{"sshPublicKey": "ssh-ed25519 not-base64"}`, "invalid_ssh_public_key"},
+			{`{"sshPublicKey": "command=\"true\" ` + pubKey + `"}`, "invalid_ssh_public_key"},
+			{`{"metadata": {"a": [[[[[[[[1]]]]]]]]}}`, "metadata_too_deep"},
+			{`{"metadata": {"a": {` + manyKeys(64) + `}}}`, "metadata_too_many_keys"},
+			{`{"metadata": {"a": "` + strings.Repeat("x", 16384) + `"}}`, "metadata_too_large"},
 		} {
 			expect(t, g.do(t, http.MethodPost, "/v1/sessions", carolKey, []byte(c.body)), 400, c.code)
 		}
@@ -482,6 +509,7 @@ func TestContract(t *testing.T) {
 		}
 		expect(t, g.do(t, http.MethodGet, "/v1/sessions?limit=0", aliceKey, nil), 400, "invalid_limit")
 		expect(t, g.do(t, http.MethodGet, "/v1/sessions?offset=-1", aliceKey, nil), 400, "invalid_offset")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions?offset=", aliceKey, nil), 400, "invalid_offset")
 		expect(t, g.do(t, http.MethodGet, "/v1/sessions", "", nil), 401, "unauthorized")
 
 		r = g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, aliceKey, nil)
@@ -563,6 +591,11 @@ func TestContract(t *testing.T) {
 			r, _, _ := rl.rawConnect(t, p+s.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
 			expect(t, r, 429, "rate_limited")
 		}
+		// Failed authentications are limited per address, on /readyz too.
+		for range 2 {
+			expect(t, rl.do(t, http.MethodGet, "/readyz", "wrong", nil), 401, "unauthorized")
+		}
+		expect(t, rl.do(t, http.MethodGet, "/readyz", "wrong", nil), 429, "rate_limited")
 	})
 
 	t.Run("sandbox-failure", func(t *testing.T) {
@@ -624,6 +657,22 @@ func TestContract(t *testing.T) {
 		if !strings.Contains(pg.logs.String(), "handler_panic") {
 			t.Error("panics were not logged")
 		}
+	})
+
+	t.Run("idempotency-in-progress", func(t *testing.T) {
+		gate := &gatedDriver{entered: make(chan struct{}, 1), release: make(chan struct{})}
+		ig := newGateway(t, gwOptions{wrapDriver: gate.wrap, cov: cov})
+		ik := []string{"Idempotency-Key", "slow-1"}
+		first := make(chan result, 1)
+		go func() { first <- ig.do(t, http.MethodPost, "/v1/sessions", aliceKey, nil, ik...) }()
+		<-gate.entered
+		r := ig.do(t, http.MethodPost, "/v1/sessions", aliceKey, nil, ik...)
+		expect(t, r, 409, "idempotency_key_in_progress")
+		if r.header.Get("Retry-After") == "" {
+			t.Error("409 idempotency_key_in_progress without Retry-After")
+		}
+		close(gate.release)
+		expect(t, <-first, 201, "")
 	})
 
 	t.Run("shutting-down", func(t *testing.T) {
@@ -702,4 +751,40 @@ func checkRateLimited(t testing.TB, r result, limit int) {
 	if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra <= 0 || ra > 60 {
 		t.Errorf("Retry-After = %q", r.header.Get("Retry-After"))
 	}
+}
+
+// manyKeys returns n JSON object members "k0": 0, "k1": 1, ...
+func manyKeys(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, `"k%d": %d`, i, i)
+	}
+	return b.String()
+}
+
+// gatedDriver holds the first sandbox Create until release is closed, to
+// observe a create in progress.
+type gatedDriver struct {
+	gateway.Driver
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedDriver) wrap(d gateway.Driver) gateway.Driver {
+	g.Driver = d
+	return g
+}
+
+func (g *gatedDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	return g.Driver.Create(ctx, spec)
 }

@@ -3,9 +3,13 @@
 package rest
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/sandgate/sandgate/gateway"
 )
@@ -24,7 +28,7 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandgate"`)
 	}
-	writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
+	_ = writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
 }
 
 // WriteGatewayError maps err (usually a *gateway.Error, or a
@@ -37,22 +41,50 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 		return
 	}
 	status, ok := map[gateway.Kind]int{
-		gateway.KindInvalid:      http.StatusBadRequest,
-		gateway.KindNotFound:     http.StatusNotFound,
-		gateway.KindQuota:        http.StatusTooManyRequests,
-		gateway.KindUnavailable:  http.StatusServiceUnavailable,
-		gateway.KindUnauthorized: http.StatusUnauthorized,
-		gateway.KindConflict:     http.StatusConflict,
+		gateway.KindInvalid:       http.StatusBadRequest,
+		gateway.KindNotFound:      http.StatusNotFound,
+		gateway.KindQuota:         http.StatusTooManyRequests,
+		gateway.KindUnavailable:   http.StatusServiceUnavailable,
+		gateway.KindUnauthorized:  http.StatusUnauthorized,
+		gateway.KindConflict:      http.StatusConflict,
+		gateway.KindUnprocessable: http.StatusUnprocessableEntity,
 	}[ge.Kind]
 	if !ok {
 		status = http.StatusInternalServerError
 	}
+	if ge.RetryAfter > 0 {
+		secs := (ge.RetryAfter + time.Second - 1) / time.Second
+		w.Header().Set("Retry-After", strconv.Itoa(int(secs)))
+	}
 	WriteError(w, status, ge.Code, ge.Message)
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// writeJSON writes v as the JSON answer with status. It returns the error
+// of the write, which only tells that the client is gone when the answer
+// did not fit net/http's buffer; see flushJSON.
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+		return fmt.Errorf("encode answer: %w", err)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	if _, err := w.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("write answer: %w", err)
+	}
+	return nil
+}
+
+// flushJSON is writeJSON followed by a flush to the connection, so that a
+// client that is gone shows as an error here rather than after the handler.
+func flushJSON(w http.ResponseWriter, status int, v any) error {
+	if err := writeJSON(w, status, v); err != nil {
+		return err
+	}
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		return fmt.Errorf("flush answer: %w", err)
+	}
+	return nil
 }

@@ -47,6 +47,9 @@ type gwOptions struct {
 	ready     func() (map[string]any, error)
 	// wrap, when set, wraps the manager the API sees.
 	wrap func(rest.Sessions) rest.Sessions
+	// wrapDriver, when set, wraps the sandbox driver the manager uses
+	// (the wrapper has only Create: no restore).
+	wrapDriver func(gateway.Driver) gateway.Driver
 	// breakDriver replaces the workdir root by a file after the driver is
 	// made, so every sandbox creation fails.
 	breakDriver bool
@@ -72,6 +75,7 @@ type testGateway struct {
 	logs     *syncBuffer
 	hostKeys []string
 	spec     *specChecker
+	handler  http.Handler // the API, for tests that call it without a connection
 }
 
 // newHTTPServer builds the http.Server with the settings of
@@ -121,7 +125,11 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	if o.store != nil {
 		gcfg.Store = o.store
 	}
-	mgr := gateway.NewManager(gcfg, driver, log)
+	var mdriver gateway.Driver = driver
+	if o.wrapDriver != nil {
+		mdriver = o.wrapDriver(driver)
+	}
+	mgr := gateway.NewManager(gcfg, mdriver, log)
 	if o.restore {
 		if err := mgr.Restore(context.Background()); err != nil {
 			t.Fatal(err)
@@ -190,6 +198,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	g := &testGateway{
 		url: "http://" + ln.Addr().String(), addr: ln.Addr().String(),
 		mgr: mgr, tun: tun, root: root, client: client, logs: logs, hostKeys: hostKeys,
+		handler: handler,
 	}
 	g.spec = newSpecChecker(t, g.url, o.cov)
 	return g

@@ -72,9 +72,9 @@ func TestCreateRejectsBadBodies(t *testing.T) {
 // byte more is 413.
 func TestCreateBodyLimitBoundary(t *testing.T) {
 	g := newGateway(t, gwOptions{})
-	body := func(n int) []byte {
-		pre, post := `{"metadata": {"x": "`, `"}}`
-		return []byte(pre + strings.Repeat("a", n-len(pre)-len(post)) + post)
+	body := func(n int) []byte { // metadata is bounded far below: pad with space
+		pre, post := `{"metadata": {"x": "a"}`, `}`
+		return []byte(pre + strings.Repeat(" ", n-len(pre)-len(post)) + post)
 	}
 	r := g.do(t, http.MethodPost, "/v1/sessions", aliceKey, body(rest.MaxBodyBytes))
 	expect(t, r, http.StatusCreated, "")
@@ -291,7 +291,16 @@ func TestSessionQuotas(t *testing.T) {
 		g.create(t, bobKey, "")
 		g.create(t, carolKey, "")
 		for _, key := range []string{aliceKey, bobKey, carolKey} {
-			expect(t, g.do(t, http.MethodPost, "/v1/sessions", key, nil), http.StatusTooManyRequests, "quota_exceeded")
+			// The gateway's limit is a generic "capacity", not a quota that
+			// names it: that would tell a tenant what the others hold.
+			r := g.do(t, http.MethodPost, "/v1/sessions", key, nil)
+			expect(t, r, http.StatusServiceUnavailable, "capacity")
+			if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra <= 0 {
+				t.Errorf("Retry-After = %q", r.header.Get("Retry-After"))
+			}
+			if strings.Contains(r.errorMessage(), "3") || strings.Contains(r.errorMessage(), "max-sessions") {
+				t.Errorf("capacity message %q names the gateway's limit", r.errorMessage())
+			}
 		}
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a.SessionID, aliceKey, nil), http.StatusNoContent, "")
 		g.create(t, carolKey, "")
@@ -311,7 +320,7 @@ func TestMethodNotAllowedListsAllow(t *testing.T) {
 	}{
 		{http.MethodPost, "/healthz", "", []string{"GET"}},
 		{http.MethodPut, "/v1/sessions", aliceKey, []string{"GET", "POST"}},
-		{http.MethodPatch, "/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa", aliceKey, []string{"CONNECT", "DELETE", "GET"}},
+		{http.MethodPatch, "/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa", aliceKey, []string{"DELETE", "GET"}},
 		{http.MethodGet, "/sessions/sbx-aaaaaaaaaaaaaaaaaaaa", aliceKey, []string{"CONNECT"}},
 	}
 	for _, c := range cases {

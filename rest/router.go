@@ -15,7 +15,10 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 )
 
-// Sessions is what the API needs from the session manager.
+// Sessions is what the API needs from the session manager. Create returns
+// an empty password when it replays an earlier create with the same
+// Idempotency-Key (see gateway.Manager.Create); Delete also rolls back a
+// create whose answer could not be delivered.
 type Sessions interface {
 	Create(ctx context.Context, p gateway.Principal, cp gateway.CreateParams) (*gateway.Session, string, error)
 	Get(ctx context.Context, p gateway.Principal, id string) (*gateway.Session, error)
@@ -43,7 +46,7 @@ type Config struct {
 	// authenticated (the principal is in the request context).
 	Connect http.Handler
 	// Ready reports whether the gateway can serve, with details for
-	// operators; nil means always ready.
+	// operators (shown only to authenticated callers); nil means always ready.
 	Ready func() (map[string]any, error)
 }
 
@@ -68,7 +71,7 @@ func New(cfg Config) http.Handler {
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed here", req.Method))
 	})
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		_ = writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.readyz)
 
@@ -90,14 +93,20 @@ func New(cfg Config) http.Handler {
 }
 
 // allowedMethods lists the methods routes serve at path, for the Allow
-// header a 405 must carry (RFC 9110 section 15.5.6).
+// header a 405 must carry (RFC 9110 section 15.5.6). It lists what the
+// OpenAPI spec documents as the path's operations; CONNECT, which OpenAPI
+// 3.0 cannot describe as one, is listed only on a path that has nothing
+// else (the /sessions/{id} alias), so that Allow is never empty.
 func allowedMethods(routes chi.Routes, path string) string {
 	var allow []string
 	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch,
-		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodHead, http.MethodTrace} {
+		http.MethodDelete, http.MethodOptions, http.MethodHead, http.MethodTrace} {
 		if routes.Match(chi.NewRouteContext(), m, path) {
 			allow = append(allow, m)
 		}
+	}
+	if len(allow) == 0 && routes.Match(chi.NewRouteContext(), http.MethodConnect, path) {
+		allow = append(allow, http.MethodConnect)
 	}
 	return strings.Join(allow, ", ")
 }
@@ -116,20 +125,38 @@ func newFailureLimiter(perMinute int) *httprate.RateLimiter {
 	return httprate.NewRateLimiter(perMinute, time.Minute, httprate.WithKeyFuncs(httprate.KeyByIP))
 }
 
+// readyz answers ready or not ready to anyone, and the details (the
+// sandbox driver, the limits it enforces, the reason it is not ready) only
+// to an authenticated caller: they describe the host. A token that does
+// not verify is a 401, as everywhere, so /readyz is no oracle for guessing
+// tokens beyond the failed-authentication limit.
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	authed := false
+	if r.Header.Get("Authorization") != "" {
+		if _, ok := a.verify(w, r); !ok {
+			return
+		}
+		authed = true
+	}
 	out := map[string]any{}
 	if a.cfg.Ready != nil {
 		details, err := a.cfg.Ready()
 		if err != nil {
-			WriteError(w, http.StatusServiceUnavailable, "not_ready", err.Error())
+			msg := "the gateway is not ready"
+			if authed {
+				msg += ": " + err.Error()
+			}
+			WriteError(w, http.StatusServiceUnavailable, "not_ready", msg)
 			return
 		}
-		for k, v := range details {
-			out[k] = v
+		if authed {
+			for k, v := range details {
+				out[k] = v
+			}
 		}
 	}
 	out["status"] = "ready"
-	writeJSON(w, http.StatusOK, out)
+	_ = writeJSON(w, http.StatusOK, out)
 }
 
 func (a *api) recoverer(next http.Handler) http.Handler {
@@ -157,32 +184,42 @@ func bearer(h string) string {
 }
 
 // authenticate puts the request's principal in its context or answers 401.
-// CONNECT requests may carry the token in Proxy-Authorization.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token := ""
-		if r.Method == http.MethodConnect {
-			token = bearer(r.Header.Get("Proxy-Authorization"))
-		}
-		if token == "" {
-			token = bearer(r.Header.Get("Authorization"))
-		}
-		p, err := a.cfg.Verifier.Verify(token)
-		if err != nil {
-			if a.authFailures != nil {
-				if ip, kerr := httprate.KeyByIP(r); kerr == nil && a.authFailures.OnLimit(w, r, ip) {
-					WriteError(w, http.StatusTooManyRequests, "rate_limited", "too many failed authentications from this address")
-					return
-				}
-			}
-			if r.Method == http.MethodConnect {
-				w.Header().Set("Proxy-Authenticate", `Bearer realm="sandgate"`)
-			}
-			WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or invalid bearer token")
+		p, ok := a.verify(w, r)
+		if !ok {
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(r.Context(), p)))
 	})
+}
+
+// verify returns the principal of r's bearer token, or answers 401 (429
+// past the failed-authentication limit) and returns false. CONNECT
+// requests may carry the token in Proxy-Authorization.
+func (a *api) verify(w http.ResponseWriter, r *http.Request) (gateway.Principal, bool) {
+	token := ""
+	if r.Method == http.MethodConnect {
+		token = bearer(r.Header.Get("Proxy-Authorization"))
+	}
+	if token == "" {
+		token = bearer(r.Header.Get("Authorization"))
+	}
+	p, err := a.cfg.Verifier.Verify(token)
+	if err == nil {
+		return p, true
+	}
+	if a.authFailures != nil {
+		if ip, kerr := httprate.KeyByIP(r); kerr == nil && a.authFailures.OnLimit(w, r, ip) {
+			WriteError(w, http.StatusTooManyRequests, "rate_limited", "too many failed authentications from this address")
+			return gateway.Principal{}, false
+		}
+	}
+	if r.Method == http.MethodConnect {
+		w.Header().Set("Proxy-Authenticate", `Bearer realm="sandgate"`)
+	}
+	WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or invalid bearer token")
+	return gateway.Principal{}, false
 }
 
 func (a *api) rateLimit() func(http.Handler) http.Handler {
@@ -209,5 +246,5 @@ func principal(r *http.Request) gateway.Principal {
 // hostKeys serves the gateway's SSH host keys so clients can pin them
 // before they have a session (sandgate ssh-config uses it).
 func (a *api) hostKeys(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"hostKeys": a.cfg.HostKeys})
+	_ = writeJSON(w, http.StatusOK, map[string]any{"hostKeys": a.cfg.HostKeys})
 }

@@ -2,6 +2,7 @@ package rest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,13 +86,53 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		cp.SSHPublicKey = *req.SSHPublicKey
 	}
 	cp.Metadata = req.Metadata
-	s, pw, err := a.cfg.Sessions.Create(r.Context(), principal(r), cp)
+	if keys, ok := r.Header[idempotencyKeyHeader]; ok {
+		if len(keys) != 1 || keys[0] == "" {
+			WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", "send one non-empty Idempotency-Key header")
+			return
+		}
+		cp.IdempotencyKey = keys[0]
+	}
+	p := principal(r)
+	if r.Context().Err() != nil { // the client is gone: make nothing nobody will hear of
+		a.cfg.Log.Info("session_create_abandoned", "tenant", p.Tenant)
+		return
+	}
+	s, pw, err := a.cfg.Sessions.Create(r.Context(), p, cp)
 	if err != nil {
 		WriteGatewayError(w, err)
 		return
 	}
 	w.Header().Set("Location", "/v1/sessions/"+s.ID)
-	writeJSON(w, http.StatusCreated, a.render(s, pw))
+	if pw == "" { // an earlier create with this Idempotency-Key made it
+		s.Touch(time.Now())
+		w.Header().Set("Idempotent-Replayed", "true")
+		_ = writeJSON(w, http.StatusOK, a.render(s, ""))
+		return
+	}
+	// Nobody else can learn this session's password: if the answer cannot
+	// be delivered, the session would hold a quota slot for nothing.
+	err = r.Context().Err()
+	if err == nil {
+		err = flushJSON(w, http.StatusCreated, a.render(s, pw))
+	}
+	if err != nil {
+		a.rollback(r, p, s.ID, err)
+	}
+}
+
+// idempotencyKeyHeader is the canonical name of the Idempotency-Key header.
+const idempotencyKeyHeader = "Idempotency-Key"
+
+// rollback deletes the session id that create made for p but could not
+// tell the client about.
+func (a *api) rollback(r *http.Request, p gateway.Principal, id string, cause error) {
+	ctx := context.WithoutCancel(r.Context())
+	if err := a.cfg.Sessions.Delete(ctx, p, id); err != nil && !errors.Is(err, gateway.ErrNotFound) {
+		a.cfg.Log.Error("session_create_rollback_failed", "session", id, "tenant", p.Tenant, "cause", cause, "err", err)
+		return
+	}
+	a.cfg.Log.Warn("session_create_rolled_back", "session", id, "tenant", p.Tenant, "cause", cause)
 }
 
 // decodeJSON reads a bounded JSON object body into v, rejecting unknown
@@ -196,15 +237,20 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	for _, s := range ss {
 		out.Sessions = append(out.Sessions, a.render(s, ""))
 	}
-	writeJSON(w, http.StatusOK, out)
+	_ = writeJSON(w, http.StatusOK, out)
 }
 
+// queryInt reads the integer query parameter name, def when it is absent.
+// A parameter given empty (?offset=) or more than once is an error.
 func queryInt(r *http.Request, name string, def, lo, hi int) (int, error) {
-	v := r.URL.Query().Get(name)
-	if v == "" {
+	vs, ok := r.URL.Query()[name]
+	if !ok {
 		return def, nil
 	}
-	n, err := strconv.Atoi(v)
+	if len(vs) != 1 {
+		return 0, fmt.Errorf("%s must be given once", name)
+	}
+	n, err := strconv.Atoi(vs[0])
 	if err != nil || n < lo || n > hi {
 		return 0, fmt.Errorf("%s must be an integer between %d and %d", name, lo, hi)
 	}
@@ -218,7 +264,7 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Touch(time.Now())
-	writeJSON(w, http.StatusOK, a.render(s, ""))
+	_ = writeJSON(w, http.StatusOK, a.render(s, ""))
 }
 
 func (a *api) delete(w http.ResponseWriter, r *http.Request) {

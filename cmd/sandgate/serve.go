@@ -35,6 +35,8 @@ type serveConfig struct {
 	jwtPublicKeyFile  string
 	jwtIssuer         string
 	jwtAudience       string
+	jwtTenantClaim    string
+	jwtTenantPrefix   string
 	maxSessions       int
 	maxPerTenant      int
 	idleTimeout       time.Duration
@@ -77,6 +79,8 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.jwtPublicKeyFile, "jwt-public-key-file", "", "PEM public key (RSA for RS256, Ed25519 for EdDSA) for JWT bearer tokens")
 	fs.StringVar(&c.jwtIssuer, "jwt-issuer", "", "required JWT iss")
 	fs.StringVar(&c.jwtAudience, "jwt-audience", "", "required JWT aud")
+	fs.StringVar(&c.jwtTenantClaim, "jwt-tenant-claim", gateway.DefaultJWTTenantClaim, "JWT claim (a string) that names the tenant")
+	fs.StringVar(&c.jwtTenantPrefix, "jwt-tenant-prefix", gateway.DefaultJWTTenantPrefix, "prefix of JWT tenants, so they cannot collide with API-key tenants (\"\" shares the namespace on purpose)")
 	fs.IntVar(&c.maxSessions, "max-sessions", 1000, "live sessions on this gateway")
 	fs.IntVar(&c.maxPerTenant, "max-sessions-per-tenant", 100, "live sessions per tenant")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 30*time.Minute, "expire sessions idle for this long (0 disables)")
@@ -164,7 +168,10 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 // authConfig builds token verification from the flags, generating and
 // storing an API key when nothing else is configured.
 func authConfig(cfg *serveConfig, stdout io.Writer, log *slog.Logger) (gateway.AuthConfig, error) {
-	ac := gateway.AuthConfig{APIKeys: map[string]string{}, JWTIssuer: cfg.jwtIssuer, JWTAudience: cfg.jwtAudience}
+	ac := gateway.AuthConfig{
+		APIKeys: map[string]string{}, JWTIssuer: cfg.jwtIssuer, JWTAudience: cfg.jwtAudience,
+		JWTTenantClaim: cfg.jwtTenantClaim, JWTTenantPrefix: &cfg.jwtTenantPrefix,
+	}
 	for _, k := range cfg.apiKeys {
 		tenant, key, ok := strings.Cut(k, ":")
 		if !ok {

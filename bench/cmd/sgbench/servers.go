@@ -81,11 +81,18 @@ func startSandgate(bin, dir, driver string, extra []string) (*sandgate, error) {
 		return nil, fmt.Errorf("sandgate serve --sandbox %s did not get ready: %w: %s", driver, err, tailFile(g.logPath, 3))
 	}
 	g.http = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	// /readyz names the driver in use (auto resolves to one).
+	// /readyz names the driver in use (auto resolves to one) to a caller
+	// with a token.
 	var ready struct {
 		Sandbox string `json:"sandbox"`
 	}
-	resp, err := g.http.Get(g.url + "/readyz")
+	req, err := http.NewRequest(http.MethodGet, g.url+"/readyz", nil)
+	if err != nil {
+		g.stop()
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+g.token)
+	resp, err := g.http.Do(req)
 	if err == nil {
 		_ = json.NewDecoder(resp.Body).Decode(&ready)
 		resp.Body.Close()

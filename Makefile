@@ -5,13 +5,13 @@ BIN     := bin/sandgate
 PYTHON  ?= python3
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test test-go test-python test-python-oldest venv check vet fmt-check bench bench-check clean
+.PHONY: build test test-go test-python test-python-oldest test-schema venv check vet fmt-check bench bench-check clean
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
 
 # The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
-test: build test-go test-python
+test: build test-go test-python test-schema
 
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
@@ -36,6 +36,9 @@ endef
 .venv-oldest/.installed: sdk-python/requirements-oldest.txt
 	$(fill-venv)
 
+.venv-schema/.installed: api-spec/requirements-schemathesis.txt
+	$(fill-venv)
+
 test-python: build .venv/.installed
 	@.venv/bin/python -c 'import paramiko, sys; print("SDK tests: Python", sys.version.split()[0], "Paramiko", paramiko.__version__)'
 	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv/bin/python -m pytest -q sdk-python/tests
@@ -43,6 +46,11 @@ test-python: build .venv/.installed
 test-python-oldest: build .venv-oldest/.installed
 	@.venv-oldest/bin/python -c 'import paramiko, sys; print("SDK tests: Python", sys.version.split()[0], "Paramiko", paramiko.__version__)'
 	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv-oldest/bin/python -m pytest -q sdk-python/tests
+
+# schemathesis over the built binary and the OpenAPI spec: a short run with a
+# fixed seed; any 5xx, spec mismatch or logged error fails it.
+test-schema: build .venv-schema/.installed
+	api-spec/run-schemathesis $(CURDIR)/$(BIN) $(CURDIR)/.venv-schema/bin/schemathesis
 
 # The product module only; bench/ is its own module (make bench-check vets it).
 vet:

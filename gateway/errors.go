@@ -31,6 +31,9 @@ const (
 	// KindUnprocessable is a well-formed request that contradicts an
 	// earlier one (an idempotency key reused with another payload).
 	KindUnprocessable
+	// KindUpstream is a failure of a server the gateway depends on (an
+	// image registry).
+	KindUpstream
 )
 
 func (e *Error) Error() string {

@@ -3,8 +3,10 @@ package gateway
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -30,8 +32,11 @@ type Config struct {
 	IdleTimeout time.Duration
 	// ReapInterval is how often the reaper looks for expired sessions (default 1s).
 	ReapInterval time.Duration
-	// Images are the image names accepted at create (default ["default"]).
+	// Images are the names of the default root, accepted at create
+	// (default ["default"]); the first is what an omitted image means.
 	Images []string
+	// ImageSource resolves every other image name (nil: none exists).
+	ImageSource ImageSource
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Store keeps sessions across restarts (default: in memory only).
@@ -183,9 +188,27 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		s.requestHash = fp
 	}
 	s.lastActivity.Store(now.UnixNano())
-	sb, err := m.driver.Create(ctx, sandbox.Spec{ID: s.ID})
+	spec := sandbox.Spec{ID: s.ID}
+	if !slices.Contains(m.cfg.Images, image) {
+		img, err := m.cfg.ImageSource.Resolve(ctx, image)
+		if err != nil {
+			return nil, "", err
+		}
+		if err := m.cfg.ImageSource.Hold(s.ID, img.Digest); err != nil {
+			return nil, "", &Error{Kind: KindUnavailable, Code: "image_failed", Message: "could not hold the image for the session", Err: err}
+		}
+		spec.Image, s.ImageDigest = img, img.Digest
+	}
+	sb, err := m.driver.Create(ctx, spec)
 	if err != nil {
+		m.releaseImage(s)
 		m.log.Error("sandbox_create_failed", "session", s.ID, "tenant", p.Tenant, "err", err)
+		if bad, ok := errors.AsType[*sandbox.BadImageError](err); ok {
+			return nil, "", Invalid("unusable_image", bad.Error())
+		}
+		if errors.Is(err, sandbox.ErrNoImages) {
+			return nil, "", Invalid("images_unsupported", sandbox.ErrNoImages.Error())
+		}
 		return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
 	}
 	s.sandbox = sb
@@ -193,7 +216,9 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	// before this point leaves only a sandbox without a record, which the
 	// next start removes.
 	if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
-		_ = sb.Destroy(context.WithoutCancel(ctx))
+		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
+			m.releaseImage(s)
+		}
 		m.log.Error("store_failed", "session", s.ID, "err", err)
 		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
 	}
@@ -202,7 +227,9 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if m.stopping { // Shutdown already took the sessions it will end or keep
 		m.mu.Unlock()
 		_ = m.cfg.Store.Delete(s.ID)
-		_ = sb.Destroy(context.WithoutCancel(ctx))
+		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
+			m.releaseImage(s)
+		}
 		return nil, "", &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
 	}
 	m.sessions[s.ID] = s
@@ -214,16 +241,31 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	return s, pw, nil
 }
 
+// image is the image name a create asked for, "" meaning the default
+// root: a name of the default root, or one the image source knows (it is
+// resolved, and pulled if need be, later).
 func (m *Manager) image(name string) (string, error) {
 	if name == "" {
 		return m.cfg.Images[0], nil
 	}
-	for _, im := range m.cfg.Images {
-		if im == name {
-			return name, nil
+	if slices.Contains(m.cfg.Images, name) {
+		return name, nil
+	}
+	if m.cfg.ImageSource != nil {
+		if err := m.cfg.ImageSource.Check(name); err != nil {
+			return "", err
 		}
+		return name, nil
 	}
 	return "", Invalid("unknown_image", fmt.Sprintf("unknown image %q; available images: %s", name, strings.Join(m.cfg.Images, ", ")))
+}
+
+// releaseImage lets go of the image s's sandbox used, once the sandbox is
+// gone.
+func (m *Manager) releaseImage(s *Session) {
+	if s.ImageDigest != "" && m.cfg.ImageSource != nil {
+		m.cfg.ImageSource.Release(s.ID)
+	}
 }
 
 // capacityRetry is the Retry-After of a create refused because the gateway is full.
@@ -367,6 +409,7 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 		m.mu.Unlock()
 		return &Error{Kind: KindInternal, Code: "sandbox_failed", Message: "could not destroy the sandbox; it will be retried", Err: err}
 	}
+	m.releaseImage(s)
 	return nil
 }
 
@@ -383,6 +426,7 @@ func (m *Manager) retryDestroy(ctx context.Context) {
 			m.mu.Unlock()
 			continue
 		}
+		m.releaseImage(s)
 		m.log.Info("sandbox_destroyed_on_retry", "session", s.ID)
 	}
 }

@@ -43,6 +43,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 				}
 			}
 			if s.sandbox == nil {
+				m.releaseImage(s)
 				s.status, s.statusReason = StatusFailed, reason
 				changed = append(changed, s.Snapshot())
 				failed++
@@ -64,6 +65,9 @@ func (m *Manager) Restore(ctx context.Context) error {
 		if err := ra.Remove(ctx, id); err != nil {
 			m.log.Error("sandbox_remove_failed", "sandbox", id, "err", err)
 			continue
+		}
+		if m.cfg.ImageSource != nil {
+			m.cfg.ImageSource.Release(id)
 		}
 		removed++
 	}

@@ -35,6 +35,9 @@ type Session struct {
 	ID        string
 	Tenant    string
 	Image     string
+	// ImageDigest is the manifest digest of the image the sandbox runs
+	// ("" for the default root).
+	ImageDigest string
 	Metadata  map[string]any
 	CreatedAt time.Time
 	ExpiresAt time.Time
@@ -61,6 +64,7 @@ type Session struct {
 type View struct {
 	Status         string         `json:"status"`
 	Image          string         `json:"image"`
+	ImageDigest    string         `json:"imageDigest,omitempty"`
 	Metadata       map[string]any `json:"metadata"`
 	CreatedAt      time.Time      `json:"createdAt"`
 	ExpiresAt      time.Time      `json:"expiresAt"`
@@ -91,7 +95,7 @@ func (s *Session) Snapshot() Record {
 	r := Record{
 		ID: s.ID, Tenant: s.Tenant,
 		View: View{
-			Status: status, Image: s.Image, Metadata: s.Metadata,
+			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata,
 			CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
 			StatusReason: reason,
 		},
@@ -107,7 +111,7 @@ func (s *Session) Snapshot() Record {
 // by the caller.
 func sessionFromRecord(r Record) *Session {
 	s := &Session{
-		ID: r.ID, Tenant: r.Tenant, Image: r.Image, Metadata: r.Metadata,
+		ID: r.ID, Tenant: r.Tenant, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata,
 		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, TTL: r.TTL, SSHPublicKey: r.SSHPublicKey,
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},

@@ -47,6 +47,7 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 		gateway.KindUnavailable:   http.StatusServiceUnavailable,
 		gateway.KindUnauthorized:  http.StatusUnauthorized,
 		gateway.KindConflict:      http.StatusConflict,
+		gateway.KindUpstream:      http.StatusBadGateway,
 		gateway.KindUnprocessable: http.StatusUnprocessableEntity,
 	}[ge.Kind]
 	if !ok {

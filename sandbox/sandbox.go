@@ -23,6 +23,22 @@ type Error string
 
 func (e Error) Error() string { return string(e) }
 
+// BadImageError is a Create failure caused by the image itself (no shell,
+// /workspace not a directory...): the caller may show Reason to whoever
+// chose the image.
+type BadImageError struct {
+	Image, Reason string
+}
+
+func (e *BadImageError) Error() string {
+	return "image " + e.Image + " cannot run as a sandbox: " + e.Reason
+}
+
+// ErrNoImages is Create's answer to a Spec with an image from a driver
+// that cannot run images (workdir: it runs commands on the host's own
+// root).
+const ErrNoImages = Error("this sandbox driver cannot run images; the linux driver can")
+
 // ErrClosed is returned by Start once the sandbox has been destroyed.
 const ErrClosed = Error("sandbox is closed")
 

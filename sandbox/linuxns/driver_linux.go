@@ -352,11 +352,15 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	fds, names = append(fds, ws), append(names, "workspace")
 	is.FDs = names
-	return d.handshake(ctx, conn, is, fds)
+	name := ""
+	if img != nil {
+		name = img.Name
+	}
+	return d.handshake(ctx, conn, is, name, fds)
 }
 
 // handshake sends the init its spec and waits until the sandbox is built.
-func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, fds []int) error {
+func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int) error {
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
@@ -369,6 +373,9 @@ func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spe
 	procio.CloseFDs(got)
 	if err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
+	}
+	if !ready.OK && ready.BadImage {
+		return &sandbox.BadImageError{Image: image, Reason: ready.Error}
 	}
 	if !ready.OK {
 		return fmt.Errorf("sandbox init: %s", ready.Error)
@@ -457,7 +464,7 @@ func (d *Driver) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
 	defer cancel()
 	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"}}
-	herr := d.handshake(ctx, conn, spec, []int{ws})
+	herr := d.handshake(ctx, conn, spec, "", []int{ws})
 	if herr != nil {
 		_ = cmd.Process.Kill()
 	}

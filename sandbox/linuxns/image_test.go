@@ -4,6 +4,7 @@ package linuxns_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,8 +131,8 @@ func TestLinuxImageWithoutShell(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-noshell", Image: &sandbox.Image{Name: "test/empty", Layers: []string{empty}}})
-	if err == nil || !strings.Contains(err.Error(), "/bin/sh") {
-		t.Fatalf("create on an image without /bin/sh: %v, want an error naming /bin/sh", err)
+	if bad, ok := errors.AsType[*sandbox.BadImageError](err); !ok || !strings.Contains(bad.Reason, "/bin/sh") {
+		t.Fatalf("create on an image without /bin/sh: %v, want a BadImageError naming /bin/sh", err)
 	}
 }
 
@@ -141,7 +142,7 @@ func TestWorkdirRefusesImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = d.Create(context.Background(), sandbox.Spec{ID: "sbx-wd-image", Image: &sandbox.Image{Name: "x", Layers: []string{t.TempDir()}}})
-	if err == nil || !strings.Contains(err.Error(), "cannot run images") {
+	if !errors.Is(err, sandbox.ErrNoImages) {
 		t.Fatalf("workdir create with an image: %v", err)
 	}
 }

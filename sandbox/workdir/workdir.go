@@ -23,10 +23,6 @@ import (
 // can find processes that left their process group (setsid, double fork).
 const SessionEnvVar = "SANDGATE_SESSION"
 
-// ErrNoImages is Create's answer to a Spec with an image: a workdir
-// sandbox runs on the host's own root and cannot isolate another.
-const ErrNoImages = sandbox.Error("the workdir sandbox driver cannot run images: it runs commands on the host's own root (use the linux driver)")
-
 // CommandEnvVar tags every process of one command's tree likewise, so that
 // Process.Kill can find them.
 const CommandEnvVar = "SANDGATE_COMMAND"
@@ -71,7 +67,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
 	}
 	if spec.Image != nil {
-		return nil, ErrNoImages
+		return nil, sandbox.ErrNoImages
 	}
 	dir := filepath.Join(d.cfg.Root, spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {

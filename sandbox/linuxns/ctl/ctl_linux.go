@@ -93,6 +93,9 @@ type Spec struct {
 type Ready struct {
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
+	// BadImage says that Error is the image's fault, and may be shown to
+	// whoever chose it.
+	BadImage bool `json:"badImage,omitempty"`
 }
 
 // Request is a message from the gateway on a control connection.
@@ -115,6 +118,12 @@ type Reply struct {
 	Errno int           `json:"errno,omitempty"`
 	Exit  *sandbox.Exit `json:"exit,omitempty"`
 }
+
+// ImageError marks a build failure that is the image's fault (see
+// Ready.BadImage).
+type ImageError struct{ Reason string }
+
+func (e *ImageError) Error() string { return e.Reason }
 
 // ErrorReply is the reply for err, with its errno when it has one.
 func ErrorReply(err error) Reply {

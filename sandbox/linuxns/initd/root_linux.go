@@ -80,7 +80,8 @@ func Main(args []string) int {
 	}
 	in, err := buildSandbox(&spec, fds)
 	if err != nil {
-		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error()})
+		_, bad := errors.AsType[*ctl.ImageError](err)
+		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error(), BadImage: bad})
 		fmt.Fprintln(os.Stderr, "sandbox-init:", err)
 		return 1
 	}
@@ -297,7 +298,7 @@ func finishRoot(r string, spec *ctl.Spec, wsFD int, image bool) error {
 	if image {
 		readOnly = readOnly[1:]
 		if _, err := os.Stat("/bin/sh"); err != nil {
-			return fmt.Errorf("the image has no /bin/sh (%w): a session needs a shell", err)
+			return &ctl.ImageError{Reason: "it has no /bin/sh: a session needs a shell"}
 		}
 	}
 	for _, p := range readOnly {
@@ -607,7 +608,7 @@ func imageRootAt(r string, rootFD int, hostname string) error {
 			return fmt.Errorf("image root: %w", err)
 		}
 		if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
-			return fmt.Errorf("image root: /%s is not a directory", d)
+			return &ctl.ImageError{Reason: "/" + d + " is not a directory"}
 		}
 	}
 	user := fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/sh\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir)

@@ -127,12 +127,20 @@ def test_command_result() -> None:
     assert r["stdout"] == "out\n" and r["exit_code"] == 7 and r["exit_signal"] is None
     assert r.get("stderr") == "err\n" and r.get("nope") is None and r.get("nope", 1) == 1
     assert "stdout" in r and "nope" not in r
-    assert list(r) == list(r.keys()) == ["stdout", "stderr", "exit_code", "exit_signal"]
-    assert len(r) == 4
-    d: Dict[str, object] = {"stdout": "out\n", "stderr": "err\n", "exit_code": 7, "exit_signal": None}
+    assert list(r) == list(r.keys()) == ["stdout", "stderr", "exit_code", "exit_signal", "truncated"]
+    assert len(r) == 5 and r["truncated"] is False and r.truncated is False
+    d: Dict[str, object] = {
+        "stdout": "out\n",
+        "stderr": "err\n",
+        "exit_code": 7,
+        "exit_signal": None,
+        "truncated": False,
+    }
     assert dict(r) == d and dict(r.items()) == d
     assert r == d and d == r and r != {**d, "exit_code": 0} and r != {**d, "extra": 1}
+    assert r != {k: v for k, v in d.items() if k != "truncated"}  # a dict compares all five keys
     assert r == CommandResult("out\n", "err\n", 7, None) and r != CommandResult("out\n", "err\n", 7, "KILL")
+    assert r != CommandResult("out\n", "err\n", 7, None, truncated=True)
     assert hash(r) == hash(CommandResult("out\n", "err\n", 7))
     assert json.loads(json.dumps(dataclasses.asdict(r))) == d
     with pytest.raises(KeyError):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timezone
+from typing import List, Tuple
 
 import pytest
 from conftest import Gateway
@@ -12,6 +14,7 @@ from sandbox_sessions_sdk import (
     Session,
     SessionNotFoundError,
     SessionsClient,
+    SessionSSHClient,
     UnauthorizedError,
 )
 
@@ -129,3 +132,47 @@ def test_unknown_session_id(client: SessionsClient) -> None:
         client.get_session("sbx-aaaaaaaaaaaaaaaaaaaa")
     with pytest.raises(SessionNotFoundError):
         client.get_session("../../etc/passwd")
+
+
+def test_idempotency_key_replays_the_same_session(gateway: Gateway, client: SessionsClient) -> None:
+    """The gateway's contract for Idempotency-Key on POST /v1/sessions: the same
+    key from the same tenant returns the session the first request created
+    (200, Idempotent-Replayed: true, no ssh.password) instead of a second one."""
+    key = f"sdk-test-{uuid.uuid4()}"
+    meta = {"idempotency": key}
+    created: List[Tuple[SessionsClient, Session]] = []  # deleted at the end
+    assert gateway.other_token is not None
+    other = SessionsClient(api_url=gateway.url, bearer_token=gateway.other_token)
+    try:
+        first = client.create_session(ttl=600, metadata=meta, idempotency_key=key)
+        created.append((client, first))
+        assert not first.replayed and first.password
+
+        again = client.create_session(ttl=600, metadata=meta, idempotency_key=key)
+        created.append((client, again))
+        assert again.session_id == first.session_id, "the same key made a second session"
+        assert again.replayed and again.password is None
+        assert again.metadata == meta and again.host_keys == first.host_keys
+        mine = [x for x in client.list_sessions(limit=100)["sessions"] if x.metadata == meta]
+        assert [x.session_id for x in mine] == [first.session_id]
+
+        # The replayed session is usable without the password (SSH none auth over the tunnel).
+        with SessionSSHClient(
+            api_url=gateway.url, bearer_token=gateway.token, session_id=again.session_id, password=again.password
+        ) as ssh:
+            assert ssh.run_command("echo same")["stdout"] == "same\n"
+
+        # Another key, or the same key from another tenant, creates anew.
+        fresh = client.create_session(ttl=600, metadata=meta)
+        created.append((client, fresh))
+        assert fresh.session_id != first.session_id and not fresh.replayed and fresh.password
+        theirs = other.create_session(ttl=600, metadata=meta, idempotency_key=key)
+        created.append((other, theirs))
+        assert theirs.session_id != first.session_id and not theirs.replayed and theirs.password
+    finally:
+        for c, s in created:
+            try:
+                c.delete_session(s.session_id)
+            except SessionNotFoundError:
+                pass  # the same session twice
+        other.close()

@@ -224,7 +224,7 @@ def test_session_deleted_while_connected(gateway: Gateway, client: SessionsClien
 
 def test_exit_codes_and_stderr_apart(ssh: SessionSSHClient) -> None:
     r = ssh.run_command("echo out; echo err >&2; exit 7")
-    assert r == {"stdout": "out\n", "stderr": "err\n", "exit_code": 7, "exit_signal": None}
+    assert r == {"stdout": "out\n", "stderr": "err\n", "exit_code": 7, "exit_signal": None, "truncated": False}
     assert ssh.run_command("true")["exit_code"] == 0
     assert ssh.run_command("false")["exit_code"] == 1
     r = ssh.run_command("definitely-not-a-command-xyz")
@@ -253,11 +253,90 @@ def test_killed_by_signal(ssh: SessionSSHClient, sig: str, num: int) -> None:
 
 
 def test_large_output_and_unicode(ssh: SessionSSHClient) -> None:
-    r = ssh.run_command("head -c 20000000 /dev/zero | tr '\\0' 'a'; printf 'h\\303\\251\\n' >&2")
-    assert len(r["stdout"]) == 20_000_000 and set(r["stdout"]) == {"a"}
+    r = ssh.run_command("head -c 20000000 /dev/zero | tr '\\0' 'a'; printf 'h\\303\\251\\n' >&2", max_output_bytes=None)
+    assert len(r["stdout"]) == 20_000_000 and set(r["stdout"]) == {"a"} and not r.truncated
     assert r["stderr"] == "hé\n"
     r = ssh.run_command("printf '\\377\\n'")
     assert r["stdout"] == "\ufffd\n"
+
+
+# 20,000,000 bytes of "a" between a distinct head and tail, on stdout; 3,000,000 of "b" on stderr.
+BIG_OUTPUT = (
+    "printf HEAD-MARK; head -c 20000000 /dev/zero | tr '\\0' a; printf TAIL-MARK; "
+    "{ printf ERR-HEAD; head -c 3000000 /dev/zero | tr '\\0' b; printf ERR-TAIL; } >&2"
+)
+BIG_STDOUT = 9 + 20_000_000 + 9
+BIG_STDERR = 8 + 3_000_000 + 8
+
+
+def test_output_cap_keeps_head_and_tail(ssh: SessionSSHClient) -> None:
+    cap = 64 * 1024
+    seen = {"out": 0, "err": 0}
+    ends = {"first": "", "last": ""}  # the first and the last 9 characters of stdout
+
+    def on_out(s: str) -> None:
+        if seen["out"] < 9:
+            ends["first"] = (ends["first"] + s)[:9]
+        ends["last"] = (ends["last"] + s)[-9:]
+        seen["out"] += len(s)
+
+    def on_err(s: str) -> None:
+        seen["err"] += len(s)
+
+    r = ssh.run_command(BIG_OUTPUT, max_output_bytes=cap, on_stdout=on_out, on_stderr=on_err)
+    assert r.exit_code == 0 and r.truncated and r["truncated"] is True
+    # The callbacks saw every byte.
+    assert seen == {"out": BIG_STDOUT, "err": BIG_STDERR}
+    assert ends == {"first": "HEAD-MARK", "last": "TAIL-MARK"}
+    # The result: the first and the last half of the budget, the marker between.
+    for text, total, head, tail, fill in (
+        (r.stdout, BIG_STDOUT, "HEAD-MARK", "TAIL-MARK", "a"),
+        (r.stderr, BIG_STDERR, "ERR-HEAD", "ERR-TAIL", "b"),
+    ):
+        marker = f"\n[... {total - cap} bytes dropped ...]\n"
+        assert len(text) == cap + len(marker) and text.count(marker) == 1
+        kept_head, kept_tail = text.split(marker)
+        assert len(kept_head) == len(kept_tail) == cap // 2
+        assert kept_head == head + fill * (cap // 2 - len(head))
+        assert kept_tail == fill * (cap // 2 - len(tail)) + tail
+
+
+def test_output_cap_default_and_small_output(ssh: SessionSSHClient) -> None:
+    r = ssh.run_command(BIG_OUTPUT)  # the default: 10 MiB per stream
+    mib10 = 10 * 1024 * 1024
+    assert r.truncated and r.stdout.startswith("HEAD-MARK") and r.stdout.endswith("TAIL-MARK")
+    assert len(r.stdout) == mib10 + len(f"\n[... {BIG_STDOUT - mib10} bytes dropped ...]\n")
+    assert r.stderr.startswith("ERR-HEAD") and r.stderr.endswith("ERR-TAIL") and len(r.stderr) == BIG_STDERR
+    # Under the cap (exactly at it, too) nothing is dropped.
+    r = ssh.run_command("printf 0123456789; printf err >&2", max_output_bytes=10)
+    assert r == {"stdout": "0123456789", "stderr": "err", "exit_code": 0, "exit_signal": None, "truncated": False}
+    r = ssh.run_command("printf 0123456789A", max_output_bytes=10)
+    assert r.truncated and r.stdout == "01234\n[... 1 bytes dropped ...]\n6789A"
+    # Only stderr too long still sets truncated.
+    r = ssh.run_command("echo ok; printf 0123456789A >&2", max_output_bytes=10)
+    assert r.truncated and r.stdout == "ok\n" and r.stderr == "01234\n[... 1 bytes dropped ...]\n6789A"
+
+
+def test_output_cap_does_not_split_characters(ssh: SessionSSHClient) -> None:
+    # 1000 two-byte characters; a 101-byte cap keeps 50 + 51 bytes: the
+    # tail's first byte is half of a character and is dropped with the gap.
+    r = ssh.run_command("for i in $(seq 1000); do printf '\\303\\251'; done", max_output_bytes=101)
+    assert r.truncated and "\ufffd" not in r.stdout
+    assert r.stdout == "é" * 25 + "\n[... 1900 bytes dropped ...]\n" + "é" * 25
+
+
+def test_output_cap_on_timeout(ssh: SessionSSHClient) -> None:
+    marker = f"29.{uuid.uuid4().int % 10**6:06d}"
+    with pytest.raises(CommandTimeoutError) as ei:
+        ssh.run_command(
+            f"printf START; head -c 1000000 /dev/zero | tr '\\0' a; printf END; exec sleep {marker}",
+            timeout=2,
+            max_output_bytes=100,
+        )
+    e = ei.value
+    assert e.truncated and e.stdout == "START" + "a" * 45 + "\n[... 999908 bytes dropped ...]\n" + "a" * 47 + "END"
+    assert e.stderr == ""
+    assert wait_gone(f"sleep {marker}") == []
 
 
 def test_streaming_callbacks(ssh: SessionSSHClient) -> None:

@@ -5,12 +5,14 @@ bytes glued to the CONNECT answer, silent servers)."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 import threading
 import time
+import uuid
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import paramiko
 import pytest
@@ -28,7 +30,9 @@ from sandbox_sessions_sdk import (
     SessionSSHClient,
     UnauthorizedError,
 )
+from sandbox_sessions_sdk import client as client_module
 from sandbox_sessions_sdk._common import rest_base
+from sandbox_sessions_sdk._output import OutputBuffer
 from sandbox_sessions_sdk.models import parse_timestamp
 from sandbox_sessions_sdk.ssh import parse_host_key
 
@@ -100,6 +104,8 @@ class FakeAPI:
 
     def __init__(self) -> None:
         self.answer: Tuple[int, dict, bytes] = (200, {}, b"{}")
+        #: Answers given first, one per request, before falling back to *answer*.
+        self.queue: List[Tuple[int, Dict[str, str], bytes]] = []
         self.calls: List[Tuple[str, str, dict, bytes]] = []
         api = self
 
@@ -108,7 +114,7 @@ class FakeAPI:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
                 api.calls.append((self.command, self.path, dict(self.headers), body))
-                status, headers, out = api.answer
+                status, headers, out = api.queue.pop(0) if api.queue else api.answer
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -239,6 +245,12 @@ def test_missing_settings_raise_value_error(monkeypatch: pytest.MonkeyPatch) -> 
         lambda c: c.create_session(ttl=True),
         lambda c: c.create_session(ttl="600"),
         lambda c: c.create_session(metadata=["not", "a", "dict"]),
+        lambda c: c.create_session(idempotency_key=""),
+        lambda c: c.create_session(idempotency_key="a b"),
+        lambda c: c.create_session(idempotency_key="k\r\nX-Injected: 1"),
+        lambda c: c.create_session(idempotency_key="é"),
+        lambda c: c.create_session(idempotency_key="k" * 256),
+        lambda c: c.create_session(idempotency_key=123),
         lambda c: c.list_sessions(limit=0),
         lambda c: c.list_sessions(limit=101),
         lambda c: c.list_sessions(offset=-1),
@@ -506,3 +518,175 @@ def test_sftp_limits_fall_back_to_32k_without_the_extension() -> None:
     finally:
         client.close()
         server.close()
+
+
+# -- Idempotency-Key on create ----------------------------------------------------
+
+
+def _key_of(call: Tuple[str, str, Dict[str, str], bytes]) -> str:
+    keys = [v for k, v in call[2].items() if k.lower() == "idempotency-key"]
+    assert len(keys) == 1, call[2]
+    return str(keys[0])
+
+
+@pytest.fixture
+def no_retry_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "_CREATE_RETRY_DELAYS", (0.0, 0.0))
+
+
+def test_create_sends_an_idempotency_key(fake_api: FakeAPI) -> None:
+    fake_api.answer = (201, {}, json.dumps(SESSION_JSON).encode())
+    with SessionsClient(fake_api.url, "t") as c:
+        s1 = c.create_session()
+        c.create_session()
+        c.create_session(idempotency_key="job-42:create~1")
+        c.get_session("sbx-abc")
+    k1, k2, k3 = (_key_of(call) for call in fake_api.calls[:3])
+    assert uuid.UUID(k1).version == 4 and uuid.UUID(k2).version == 4 and k1 != k2  # a fresh one per call
+    assert k3 == "job-42:create~1"
+    assert not any(k.lower() == "idempotency-key" for k in fake_api.calls[3][2])  # create only
+    assert s1.password == "SECRET" and s1.replayed is False
+
+
+def test_create_replayed_answer_has_no_password(fake_api: FakeAPI) -> None:
+    replay = {**SESSION_JSON, "ssh": {k: v for k, v in SESSION_JSON["ssh"].items() if k != "password"}}  # type: ignore[attr-defined]
+    fake_api.answer = (200, {"Idempotent-Replayed": "true"}, json.dumps(replay).encode())
+    with SessionsClient(fake_api.url, "t") as c:
+        s = c.create_session(idempotency_key="k1")
+    assert s.replayed is True and s.password is None and s.session_id == "sbx-abc"
+    assert s == Session.from_dict(replay)  # replayed is not part of equality
+    assert "replayed=True" in repr(s)
+
+
+def test_create_retries_with_the_same_key(fake_api: FakeAPI, no_retry_pause: None) -> None:
+    fake_api.queue = [(503, {}, b"unavailable"), (502, {}, b"<html>bad gateway</html>")]
+    fake_api.answer = (201, {}, json.dumps(SESSION_JSON).encode())
+    with SessionsClient(fake_api.url, "t") as c:
+        s = c.create_session(metadata={"a": 1})
+    assert s.session_id == "sbx-abc" and s.password == "SECRET"
+    assert [call[0] for call in fake_api.calls] == ["POST"] * 3
+    assert len({_key_of(call) for call in fake_api.calls}) == 1
+    assert len({call[3] for call in fake_api.calls}) == 1  # the same body each time
+
+    # Three failures: the last one is raised.
+    fake_api.calls.clear()
+    fake_api.answer = (500, {}, b'{"error": {"code": "internal", "message": "boom"}}')
+    with SessionsClient(fake_api.url, "t") as c:
+        with pytest.raises(SandboxOperationError, match="boom") as ei:
+            c.create_session(idempotency_key="mine")
+    assert ei.value.status_code == 500
+    assert [_key_of(call) for call in fake_api.calls] == ["mine"] * 3
+
+
+@pytest.mark.parametrize("status", [400, 401, 409, 413, 422, 429, 501])
+def test_create_does_not_retry_other_answers(fake_api: FakeAPI, no_retry_pause: None, status: int) -> None:
+    fake_api.answer = (status, {}, b'{"error": {"code": "x", "message": "no"}}')
+    with SessionsClient(fake_api.url, "t") as c:
+        with pytest.raises(SandboxAPIError) as ei:
+            c.create_session()
+    assert ei.value.status_code == status and len(fake_api.calls) == 1
+
+
+def test_create_retries_after_a_lost_answer(raw_server: Callable[..., RawServer], no_retry_pause: None) -> None:
+    """The first create reaches the gateway but its answer is lost (the
+    connection drops): the retry carries the same key and gets the replay."""
+    replay = {**SESSION_JSON, "ssh": {"username": "sandbox"}}
+    body = json.dumps(replay).encode()
+
+    def handler(conn: socket.socket, req: bytes) -> None:
+        if len(srv.requests) == 1:
+            conn.close()  # the answer is lost
+            return
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nIdempotent-Replayed: true\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+
+    srv = raw_server(handler)
+    with SessionsClient(f"http://127.0.0.1:{srv.port}", "t", timeout=5) as c:
+        s = c.create_session()
+    assert s.replayed and s.password is None and s.session_id == "sbx-abc"
+    keys = [
+        line.split(b":", 1)[1].strip()
+        for req in srv.requests
+        for line in req.split(b"\r\n")
+        if line.lower().startswith(b"idempotency-key:")
+    ]
+    assert len(srv.requests) == 2 and len(keys) == 2 and keys[0] == keys[1]
+
+
+def test_create_retry_rules() -> None:
+    import requests
+
+    tls = SandboxConnectionError("tls")
+    tls.__cause__ = requests.exceptions.SSLError("certificate verify failed")
+    reset = SandboxConnectionError("reset")
+    reset.__cause__ = requests.exceptions.ConnectionError("reset")
+    assert not client_module._create_retryable(tls)
+    assert client_module._create_retryable(reset)
+    assert client_module._create_retryable(SandboxOperationError("x", status_code=504))
+    assert not client_module._create_retryable(RateLimitError("x", status_code=429))
+
+
+# -- bounded command output ------------------------------------------------------
+
+
+def _plain_cut(data: bytes, limit: int) -> str:
+    if len(data) <= limit:
+        return data.decode()
+    head, tail = data[: limit // 2], data[len(data) - (limit - limit // 2) :]
+    return head.decode() + f"\n[... {len(data) - limit} bytes dropped ...]\n" + tail.decode()
+
+
+def test_output_buffer_keeps_head_and_tail_in_bounded_memory() -> None:
+    rng = random.Random(4)
+    for _ in range(300):
+        data = bytes(rng.choice(b"abcdefgh\n") for _ in range(rng.randint(0, 3000)))
+        limit = rng.randint(1, 1200)
+        buf = OutputBuffer(limit)
+        i = 0
+        while i < len(data):
+            n = rng.choice([1, 2, 7, 64, 500, 5000])
+            buf.feed(data[i : i + n])
+            i += n
+            assert len(buf._head) + sum(len(c) for c in buf._tail) <= limit  # never more than the budget
+            assert buf._tail_len == sum(len(c) for c in buf._tail)
+        assert buf.total == len(data) and buf.truncated == (len(data) > limit)
+        assert buf.text() == _plain_cut(data, limit), (len(data), limit)
+    unbounded = OutputBuffer(None)
+    for _ in range(100):
+        unbounded.feed(b"x" * 1000)
+    assert unbounded.text() == "x" * 100_000 and not unbounded.truncated
+
+
+def test_output_buffer_cuts_between_characters() -> None:
+    text = "aé€😀" * 300  # characters of 1, 2, 3 and 4 bytes
+    data = text.encode()
+    for limit in range(1, 60):
+        buf = OutputBuffer(limit)
+        buf.feed(data)
+        out = buf.text()
+        head, rest = out.split("\n[... ", 1)
+        dropped, tail = rest.split(" bytes dropped ...]\n", 1)
+        assert "\ufffd" not in out
+        assert text.startswith(head) and text.endswith(tail)
+        assert len(head.encode()) + len(tail.encode()) + int(dropped) == len(data)
+        assert limit // 2 - 3 <= len(head.encode()) <= limit // 2
+        assert limit - limit // 2 - 3 <= len(tail.encode()) <= limit - limit // 2
+    # Invalid bytes inside the kept parts still become U+FFFD.
+    buf = OutputBuffer(4)
+    buf.feed(b"\xff\xfe" + b"x" * 10 + b"\xff\xfe")
+    assert buf.text() == "\ufffd\ufffd\n[... 10 bytes dropped ...]\n\ufffd\ufffd"
+
+
+@pytest.mark.parametrize(
+    "bad,exc", [(0, ValueError), (-1, ValueError), (True, TypeError), ("10", TypeError), (1.5, TypeError)]
+)
+def test_max_output_bytes_checked(bad: object, exc: type) -> None:
+    c = SessionSSHClient("http://127.0.0.1:1", "t", "sbx-1", "sandbox")
+    with pytest.raises(exc, match="max_output_bytes"):
+        c.run_command("true", max_output_bytes=bad)  # type: ignore[arg-type]
+    with pytest.raises(SandboxOperationError, match="connect"):  # None and ints > 0 pass the check
+        c.run_command("true", max_output_bytes=None)
+    with pytest.raises(SandboxOperationError, match="connect"):
+        c.run_command("true", max_output_bytes=1)

@@ -9,19 +9,10 @@
 ``$SANDBOX_API_TOKEN``. Every error is a :class:`SandboxAPIError`.
 """
 
+from . import errors
 from ._version import __version__
 from .client import SessionsClient
-from .errors import (
-    CommandTimeoutError,
-    HostKeyMismatchError,
-    RateLimitError,
-    SandboxAPIError,
-    SandboxConnectionError,
-    SandboxOperationError,
-    SessionNotFoundError,
-    UnauthorizedError,
-    UnsupportedParamikoError,
-)
+from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
 from .models import CommandResult, Session
 from .ssh import SessionSSHClient
 from .tunnel import HTTPConnectTunnel
@@ -33,13 +24,6 @@ __all__ = [
     "HTTPConnectTunnel",
     "SessionSSHClient",
     "CommandResult",
-    "SandboxAPIError",
-    "SandboxConnectionError",
-    "HostKeyMismatchError",
-    "UnauthorizedError",
-    "SessionNotFoundError",
-    "RateLimitError",
-    "SandboxOperationError",
-    "CommandTimeoutError",
-    "UnsupportedParamikoError",
 ]
+# Every exception class, as errors.py lists them.
+__all__ += errors.__all__

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+from types import TracebackType
 from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 from urllib.parse import urlsplit
 
@@ -24,6 +25,25 @@ VerifySSL = Union[bool, str]
 
 # Bound on how much of an error body is kept in exceptions.
 _MAX_ERROR_BODY = 4096
+
+
+class ClosesOnExit:
+    """Base of the SDK's context managers: ``__exit__`` calls ``close()``.
+
+    Each subclass has its own ``__enter__`` (the REST client returns itself,
+    the SSH client connects first, the tunnel returns its socket).
+    """
+
+    def close(self) -> None:  # pragma: no cover - every subclass overrides it
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
 
 
 def resolve_settings(api_url: Optional[str], bearer_token: Optional[str]) -> Tuple[str, str]:

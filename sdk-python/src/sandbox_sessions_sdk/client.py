@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Any, Dict, Mapping, Optional, Type
+import time
+import uuid
+from typing import Any, Dict, Mapping, Optional, Tuple
 from urllib.parse import quote
 
 import requests
 
 from ._common import (
+    ClosesOnExit,
     VerifySSL,
     check_int,
     check_timeout,
@@ -17,7 +19,7 @@ from ._common import (
     rest_base,
 )
 from ._version import __version__
-from .errors import SandboxConnectionError, SandboxOperationError
+from .errors import SandboxAPIError, SandboxConnectionError, SandboxOperationError
 from .models import Session
 
 __all__ = ["SessionsClient"]
@@ -25,8 +27,28 @@ __all__ = ["SessionsClient"]
 MIN_TTL = 60
 MAX_TTL = 28800
 
+#: Pauses before create_session's retries (so two retries at most).
+_CREATE_RETRY_DELAYS: Tuple[float, ...] = (0.5, 1.0)
+#: Answers after which a create is retried (with the same Idempotency-Key).
+_CREATE_RETRY_STATUSES = frozenset({500, 502, 503, 504})
 
-class SessionsClient:
+
+def _check_idempotency_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"idempotency_key must be a string, got {type(key).__name__}")
+    if not 1 <= len(key) <= 255 or not all("!" <= c <= "~" for c in key):
+        raise ValueError("idempotency_key must be 1 to 255 printable ASCII characters without spaces")
+    return key
+
+
+def _create_retryable(e: SandboxAPIError) -> bool:
+    """A failed create worth sending again: the outcome is unknown or the failure transient."""
+    if isinstance(e, SandboxConnectionError):
+        return not isinstance(e.__cause__, requests.exceptions.SSLError)
+    return e.status_code in _CREATE_RETRY_STATUSES
+
+
+class SessionsClient(ClosesOnExit):
     """Client of the sandgate REST API. Use it as a context manager::
 
         with SessionsClient(api_url="https://gw.example.com", bearer_token=TOKEN) as sessions:
@@ -73,14 +95,6 @@ class SessionsClient:
     def __enter__(self) -> "SessionsClient":
         return self
 
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        self.close()
-
     def close(self) -> None:
         """Close the underlying HTTP connections. Safe to call twice."""
         self._http.close()
@@ -93,6 +107,7 @@ class SessionsClient:
         image: Optional[str] = None,
         metadata: Optional[Mapping[str, Any]] = None,
         ssh_public_key: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
     ) -> Session:
         """Create a session and its sandbox (``POST /v1/sessions``).
 
@@ -102,10 +117,27 @@ class SessionsClient:
             metadata: A JSON-serialisable dict stored with the session.
             ssh_public_key: An authorized_keys line; the matching private key
                 then authenticates over SSH (``SessionSSHClient(pkey=...)``).
+            idempotency_key: Sent as the ``Idempotency-Key`` header: the
+                gateway answers a repeated key (same tenant, within 24 h)
+                with the session the first request created instead of
+                creating another. None (the default) sends a fresh random
+                UUID. 1 to 255 printable ASCII characters, no spaces. Pass
+                your own key to make retries across calls (or processes) safe.
+
+        Retries: when the gateway cannot be reached, the connection breaks,
+        the request times out, or it answers 500, 502, 503 or 504, the create
+        is sent again, up to twice more (after 0.5 s, then 1 s), with the
+        same key, so a retry never makes a second session. TLS errors and
+        other answers (4xx, 429 included) are raised at once.
 
         Returns:
-            The new Session. Its ``password`` is set only here: keep it if
-            you want SSH password authentication later.
+            The Session. Its ``password`` is set only in the answer that
+            created it: keep it if you want SSH password authentication
+            later. When the gateway replayed an earlier create of the same
+            key (``Idempotent-Replayed: true``, e.g. the first answer was
+            lost on the way), the Session has ``replayed=True`` and
+            ``password`` None; SessionSSHClient then authenticates with the
+            bearer token (SSH ``none``) or a key given as ``ssh_public_key``.
 
         Raises:
             ValueError, TypeError: bad arguments (nothing is sent).
@@ -125,8 +157,20 @@ class SessionsClient:
             if not isinstance(ssh_public_key, str) or not ssh_public_key.strip():
                 raise ValueError("ssh_public_key must be an authorized_keys line")
             body["sshPublicKey"] = ssh_public_key.strip()
-        data = self._request("POST", "/sessions", what="create session", json=body)
-        return self._session(data, "create session")
+        key = _check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
+        for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
+            try:
+                data, headers = self._call(
+                    "POST", "/sessions", what="create session", json=body, headers={"Idempotency-Key": key}
+                )
+                break
+            except SandboxAPIError as e:
+                if attempt == len(_CREATE_RETRY_DELAYS) or not _create_retryable(e):
+                    raise
+                time.sleep(_CREATE_RETRY_DELAYS[attempt])
+        session = self._session(data, "create session")
+        session.replayed = str(headers.get("Idempotent-Replayed", "")).strip().lower() == "true"
+        return session
 
     def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
         """List this tenant's sessions (``GET /v1/sessions``).
@@ -194,6 +238,18 @@ class SessionsClient:
         session_scoped: bool = False,
         **kwargs: Any,
     ) -> Dict[str, Any]:
+        return self._call(method, path, what=what, session_scoped=session_scoped, **kwargs)[0]
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        session_scoped: bool = False,
+        **kwargs: Any,
+    ) -> Tuple[Dict[str, Any], Mapping[str, str]]:
+        """Send one request; return the answer's JSON object and its headers."""
         url = self._base + path
         try:
             # verify is passed per request: requests lets REQUESTS_CA_BUNDLE
@@ -216,7 +272,7 @@ class SessionsClient:
                     session_scoped=session_scoped,
                 )
             if resp.status_code == 204 or not resp.content:
-                return {}
+                return {}, resp.headers
             try:
                 data = resp.json()
             except ValueError:
@@ -232,4 +288,4 @@ class SessionsClient:
                     status_code=resp.status_code,
                     body=resp.text[:4096],
                 )
-            return data
+            return data, resp.headers

@@ -152,14 +152,19 @@ class CommandTimeoutError(SandboxOperationError):
         timeout: The timeout in seconds.
         stdout: The standard output received before the timeout.
         stderr: The standard error received before the timeout.
+        truncated: True when ``stdout`` or ``stderr`` passed ``max_output_bytes``
+            and holds only its head and tail (as in :class:`CommandResult`).
     """
 
-    def __init__(self, message: str, *, command: str, timeout: float, stdout: str, stderr: str) -> None:
+    def __init__(
+        self, message: str, *, command: str, timeout: float, stdout: str, stderr: str, truncated: bool = False
+    ) -> None:
         super().__init__(message)
         self.command: str = command
         self.timeout: float = timeout
         self.stdout: str = stdout
         self.stderr: str = stderr
+        self.truncated: bool = truncated
 
 
 class UnsupportedParamikoError(SandboxAPIError, RuntimeError):

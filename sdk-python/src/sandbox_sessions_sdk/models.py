@@ -61,6 +61,10 @@ class Session:
         known_hosts_line: A ready ``known_hosts`` line for OpenSSH.
         connect_path: The path to CONNECT to for this session's tunnel.
         raw: The JSON object the server sent, unchanged.
+        replayed: True on a Session that ``create_session`` got back from
+            the gateway's replay of an earlier create with the same
+            ``Idempotency-Key`` (``Idempotent-Replayed: true``): the session
+            that create made, without its ``password``. False otherwise.
     """
 
     session_id: str
@@ -77,6 +81,7 @@ class Session:
     known_hosts_line: Optional[str] = None
     connect_path: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    replayed: bool = field(default=False, compare=False)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Session":
@@ -117,10 +122,16 @@ class CommandResult(Mapping[str, Any]):
     which is otherwise ``None``. ``exit_code`` is -1 if the server closed the
     channel without reporting either.
 
-    Read it as attributes (``res.stdout``) or, as a read-only mapping with
-    exactly these four keys, the way earlier versions returned a dict:
-    ``res["stdout"]``, ``res.get("exit_signal")``, ``dict(res)``, and
-    ``res == {"stdout": ..., ...}`` all work. ``dataclasses.asdict(res)`` gives
+    ``truncated`` is True when a stream was longer than ``run_command``'s
+    ``max_output_bytes``: that stream then holds only its first and last
+    bytes with ``"\n[... N bytes dropped ...]\n"`` between them (see
+    :meth:`SessionSSHClient.run_command`).
+
+    Read it as attributes (``res.stdout``) or as a read-only mapping with
+    exactly these five keys, the way earlier versions returned a dict:
+    ``res["stdout"]``, ``res.get("exit_signal")``, ``res["truncated"]``,
+    ``dict(res)``, and ``res == {"stdout": ..., ...}`` all work (a dict
+    compared with it needs all five keys). ``dataclasses.asdict(res)`` gives
     a plain dict (for ``json.dumps``).
     """
 
@@ -128,6 +139,7 @@ class CommandResult(Mapping[str, Any]):
     stderr: str
     exit_code: int
     exit_signal: Optional[str] = None
+    truncated: bool = False
 
     @overload
     def __getitem__(self, key: Literal["stdout", "stderr"]) -> str: ...
@@ -135,6 +147,8 @@ class CommandResult(Mapping[str, Any]):
     def __getitem__(self, key: Literal["exit_code"]) -> int: ...
     @overload
     def __getitem__(self, key: Literal["exit_signal"]) -> Optional[str]: ...
+    @overload
+    def __getitem__(self, key: Literal["truncated"]) -> bool: ...
     @overload
     def __getitem__(self, key: str) -> Union[str, int, None]: ...
 
@@ -150,8 +164,8 @@ class CommandResult(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(_COMMAND_RESULT_KEYS)
 
-    def _astuple(self) -> Tuple[str, str, int, Optional[str]]:
-        return (self.stdout, self.stderr, self.exit_code, self.exit_signal)
+    def _astuple(self) -> Tuple[str, str, int, Optional[str], bool]:
+        return (self.stdout, self.stderr, self.exit_code, self.exit_signal, self.truncated)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, CommandResult):

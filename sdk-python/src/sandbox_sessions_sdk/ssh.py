@@ -9,14 +9,14 @@ import os
 import select
 import signal as _signal
 import time
-from types import TracebackType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Type, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import paramiko
 from paramiko.auth_strategy import AuthStrategy, NoneAuth
 
 from . import _paramiko_compat, _sftp
-from ._common import VerifySSL, check_timeout, resolve_settings
+from ._common import ClosesOnExit, VerifySSL, check_int, check_timeout, resolve_settings
+from ._output import DEFAULT_MAX_OUTPUT_BYTES, OutputBuffer
 from .client import SessionsClient
 from .errors import (
     CommandTimeoutError,
@@ -28,7 +28,7 @@ from .errors import (
 from .models import CommandResult
 from .tunnel import DEFAULT_CONNECT_PATH, HTTPConnectTunnel
 
-__all__ = ["SessionSSHClient", "CommandResult"]
+__all__ = ["SessionSSHClient", "CommandResult", "DEFAULT_MAX_OUTPUT_BYTES"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 OutputCallback = Callable[[str], Any]
@@ -105,12 +105,35 @@ def _exit_code_for_signal(name: str) -> int:
         return 255
 
 
+class _Stream:
+    """One output stream of a command: a bounded buffer, and the callback that sees it all."""
+
+    def __init__(self, max_bytes: Optional[int], callback: Optional[OutputCallback]) -> None:
+        self.buf = OutputBuffer(max_bytes)
+        self._callback = callback
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> None:
+        self.buf.feed(data)
+        if self._callback is not None:
+            text = self._decoder.decode(data)
+            if text:
+                self._callback(text)
+
+    def flush(self) -> None:
+        """At EOF: hand the callback what the decoder still holds (an incomplete character, as U+FFFD)."""
+        if self._callback is not None:
+            text = self._decoder.decode(b"", final=True)
+            if text:
+                self._callback(text)
+
+
 # --------------------------------------------------------------------------
 # The client
 # --------------------------------------------------------------------------
 
 
-class SessionSSHClient:
+class SessionSSHClient(ClosesOnExit):
     """SSH and SFTP into one session, through the gateway's CONNECT tunnel.
 
     Use it as a context manager (``__enter__`` connects)::
@@ -201,14 +224,6 @@ class SessionSSHClient:
     def __enter__(self) -> "SessionSSHClient":
         self.connect()
         return self
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        self.close()
 
     # -- connecting --------------------------------------------------------
 
@@ -370,6 +385,7 @@ class SessionSSHClient:
         timeout: Optional[float] = 60,
         on_stdout: Optional[OutputCallback] = None,
         on_stderr: Optional[OutputCallback] = None,
+        max_output_bytes: Optional[int] = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> CommandResult:
         """Run *command* in the sandbox (through its shell) and wait for it.
 
@@ -385,13 +401,23 @@ class SessionSSHClient:
                 whole process group, and CommandTimeoutError is raised.
             on_stdout: Called with each chunk of standard output.
             on_stderr: Called with each chunk of standard error.
+            max_output_bytes: How much of each stream (stdout, stderr) the
+                result keeps, in bytes; default 10 MiB, None keeps all.
+                Of a longer stream the first ``max_output_bytes // 2`` bytes
+                and the last ``max_output_bytes - max_output_bytes // 2``
+                are kept, joined by the line ``"\n[... N bytes dropped ...]\n"``
+                (N counts every byte left out), and ``truncated`` is set.
+                A UTF-8 character cut at either edge is dropped whole. The
+                middle is discarded as it arrives, so memory stays bounded.
+                The callbacks still get every byte.
 
         Returns:
             A :class:`CommandResult` (``stdout``, ``stderr``, ``exit_code``,
-            ``exit_signal``; ``res["stdout"]`` works too). A non-zero exit
-            code is not an error.
+            ``exit_signal``, ``truncated``; ``res["stdout"]`` works too). A
+            non-zero exit code is not an error.
 
         Raises:
+            ValueError, TypeError: max_output_bytes is not None or an int > 0.
             CommandTimeoutError: the timeout passed (carries partial output).
             SandboxOperationError: not connected, the channel or exec was
                 refused, or the connection broke while the command ran.
@@ -400,6 +426,8 @@ class SessionSSHClient:
         if not isinstance(command, str):
             raise TypeError("command must be a string")
         limit = check_timeout("timeout", timeout)
+        if max_output_bytes is not None:
+            check_int("max_output_bytes", max_output_bytes, 1)
         t = self._require_transport()
         started = time.monotonic()
         deadline = None if limit is None else started + limit
@@ -415,7 +443,9 @@ class SessionSSHClient:
                 chan.shutdown_write()
             except Exception as e:
                 raise SandboxOperationError(f"the server refused to run the command: {e}") from e
-            return self._collect(chan, t, command, limit, deadline, on_stdout, on_stderr)
+            out = _Stream(max_output_bytes, on_stdout)
+            err = _Stream(max_output_bytes, on_stderr)
+            return self._collect(chan, t, command, limit, deadline, out, err)
         finally:
             chan.close()
 
@@ -426,31 +456,19 @@ class SessionSSHClient:
         command: str,
         limit: Optional[float],
         deadline: Optional[float],
-        on_stdout: Optional[OutputCallback],
-        on_stderr: Optional[OutputCallback],
+        out: "_Stream",
+        err: "_Stream",
     ) -> CommandResult:
-        out_dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        err_dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        out: List[str] = []
-        err: List[str] = []
-
-        def feed(data: bytes, dec: Any, acc: List[str], cb: Optional[OutputCallback]) -> None:
-            text = dec.decode(data)
-            if text:
-                acc.append(text)
-                if cb is not None:
-                    cb(text)
-
         def drain() -> None:
             # Bounded, so that a command that never stops writing still
             # lets the loop below check the deadline.
             for _ in range(_DRAIN_ROUNDS):
                 moved = False
                 if chan.recv_ready():
-                    feed(chan.recv(_RECV_CHUNK), out_dec, out, on_stdout)
+                    out.feed(chan.recv(_RECV_CHUNK))
                     moved = True
                 if chan.recv_stderr_ready():
-                    feed(chan.recv_stderr(_RECV_CHUNK), err_dec, err, on_stderr)
+                    err.feed(chan.recv_stderr(_RECV_CHUNK))
                     moved = True
                 if not moved:
                     return
@@ -465,9 +483,19 @@ class SessionSSHClient:
                 f"command did not finish within {limit:g}s and was killed: {command[:200]!r}",
                 command=command,
                 timeout=float(limit or 0),
-                stdout="".join(out) + out_dec.decode(b"", final=True),
-                stderr="".join(err) + err_dec.decode(b"", final=True),
+                stdout=out.buf.text(),
+                stderr=err.buf.text(),
+                truncated=out.buf.truncated or err.buf.truncated,
             )
+
+        def next_wait() -> float:
+            # Half a second at most between checks; past the deadline, kill.
+            if deadline is None:
+                return 0.5
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise timed_out()
+            return min(0.5, left)
 
         fd = chan.fileno()  # readable whenever data, EOF or close arrived
         try:
@@ -478,22 +506,12 @@ class SessionSSHClient:
                 drain()
                 if finished:
                     break
-                wait = 0.5
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise timed_out()
-                    wait = min(wait, left)
-                select.select([fd], [], [], wait)
+                select.select([fd], [], [], next_wait())
+            out.flush()
+            err.flush()
             # exit-status / exit-signal come before or right after EOF.
             while not chan.status_event.is_set():
-                wait = 0.5
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise timed_out()
-                    wait = min(wait, left)
-                chan.status_event.wait(wait)
+                chan.status_event.wait(next_wait())
         except BaseException:
             if not chan.closed:
                 try:
@@ -503,18 +521,18 @@ class SessionSSHClient:
                 chan.close()
             raise
 
-        stdout = "".join(out) + out_dec.decode(b"", final=True)
-        stderr = "".join(err) + err_dec.decode(b"", final=True)
+        stdout, stderr = out.buf.text(), err.buf.text()
+        truncated = out.buf.truncated or err.buf.truncated
         sig = _paramiko_compat.exit_signal(chan)
         if sig:
-            return CommandResult(stdout, stderr, _exit_code_for_signal(sig), sig)
+            return CommandResult(stdout, stderr, _exit_code_for_signal(sig), sig, truncated)
         code = chan.exit_status
         if code == -1 and not t.is_active():
             raise SandboxOperationError(
                 f"the SSH connection to session {self.session_id} broke while the command ran "
                 f"(was the session deleted?)"
             )
-        return CommandResult(stdout, stderr, code, None)
+        return CommandResult(stdout, stderr, code, None, truncated)
 
     # -- SFTP --------------------------------------------------------------
 

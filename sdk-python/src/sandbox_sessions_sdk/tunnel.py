@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 import ssl
 import time
-from types import TracebackType
-from typing import Dict, Mapping, Optional, Type
+from typing import Dict, Mapping, Optional
 from urllib.parse import quote, urlsplit
 
 from ._common import (
     CaseInsensitiveHeaders,
+    ClosesOnExit,
     VerifySSL,
     check_timeout,
     error_for_status,
@@ -29,7 +29,7 @@ _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024
 
 
-class HTTPConnectTunnel:
+class HTTPConnectTunnel(ClosesOnExit):
     """Opens ``CONNECT <path> HTTP/1.1`` to the gateway and returns the socket.
 
     After ``HTTP/1.1 200`` the socket carries the session's raw SSH stream.
@@ -100,14 +100,6 @@ class HTTPConnectTunnel:
 
     def __enter__(self) -> socket.socket:
         return self.open()
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        tb: Optional[TracebackType],
-    ) -> None:
-        self.close()
 
     def open(self) -> socket.socket:
         """Connect, send CONNECT and return the socket once the gateway answers 200.

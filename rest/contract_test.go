@@ -296,6 +296,7 @@ func TestSpecIsValid(t *testing.T) {
 		"/v1/sessions":      {http.MethodGet, http.MethodPost},
 		"/v1/sessions/{id}": {http.MethodDelete, http.MethodGet},
 		"/v1/host-keys":     {http.MethodGet},
+		"/v1/images":        {http.MethodGet},
 		"/sessions/{id}":    nil,
 	}
 	for path, methods := range want {
@@ -571,6 +572,35 @@ func TestContract(t *testing.T) {
 		expect(t, r, 404, "not_found")
 	})
 
+	t.Run("images", func(t *testing.T) {
+		imgs := &testImages{list: []rest.ImageInfo{{Name: "docker.io/library/busybox:1", Digest: "sha256:" + strings.Repeat("ab", 32),
+			SizeBytes: 2 << 20, PulledAt: time.Now().UTC()}}, allow: []string{"docker.io/library/*"}}
+		ig := newGateway(t, gwOptions{cov: cov, images: imgs, gateway: gateway.Config{ImageSource: imgs}})
+		r := ig.do(t, http.MethodGet, "/v1/images", aliceKey, nil)
+		expect(t, r, 200, "")
+		var got struct {
+			Images []rest.ImageInfo `json:"images"`
+			Allow  []string         `json:"allow"`
+		}
+		if err := json.Unmarshal(r.body, &got); err != nil || len(got.Images) != 1 || got.Images[0].Name != imgs.list[0].Name || !slices.Equal(got.Allow, imgs.allow) {
+			t.Errorf("images: %s (%v)", r.body, err)
+		}
+		expect(t, ig.do(t, http.MethodGet, "/v1/images", "", nil), 401, "unauthorized")
+		expect(t, ig.do(t, http.MethodGet, "/v1/images", aliceKey, nil), 200, "")
+		// A pull that fails: 502 with the registry's reason, nothing created.
+		r = ig.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"image": "docker.io/library/unpullable:1"}`))
+		expect(t, r, 502, "image_pull_failed")
+		if !strings.Contains(string(r.body), "manifest unknown") {
+			t.Errorf("pull failure without the registry's reason: %s", r.body)
+		}
+		expect(t, ig.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"image": "ghcr.io/other/x:1"}`)), 400, "unknown_image")
+		imgs.fail = true
+		expect(t, ig.do(t, http.MethodGet, "/v1/images", aliceKey, nil), 500, "internal")
+		if n := ig.list(t, aliceKey).Total; n != 0 {
+			t.Errorf("%d sessions after failed creates", n)
+		}
+	})
+
 	t.Run("rate-limited", func(t *testing.T) {
 		rl := newGateway(t, gwOptions{rateLimit: 2, cov: cov})
 		s := rl.create(t, aliceKey, "")
@@ -581,6 +611,7 @@ func TestContract(t *testing.T) {
 			{http.MethodGet, "/v1/sessions/" + s.SessionID},
 			{http.MethodDelete, "/v1/sessions/" + s.SessionID},
 			{http.MethodGet, "/v1/host-keys"},
+			{http.MethodGet, "/v1/images"},
 			{http.MethodGet, "/v1/nope"},
 		} {
 			r := rl.do(t, c.method, c.path, aliceKey, nil)
@@ -788,3 +819,35 @@ func (g *gatedDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sa
 	}
 	return g.Driver.Create(ctx, spec)
 }
+
+// testImages stands in for the image store at the API's boundary: it lists
+// fixed images, allows one pattern and answers every pull with a
+// registry's refusal. (The store itself is tested with a real registry in
+// package images and end to end in cmd/sandgate.)
+type testImages struct {
+	list  []rest.ImageInfo
+	allow []string
+	fail  bool
+}
+
+func (t *testImages) ListImages(context.Context) ([]rest.ImageInfo, []string, error) {
+	if t.fail {
+		return nil, nil, errors.New("index unreadable")
+	}
+	return t.list, t.allow, nil
+}
+
+func (t *testImages) Check(name string) error {
+	if strings.HasPrefix(name, "docker.io/library/") {
+		return nil
+	}
+	return gateway.Invalid("unknown_image", "unknown image "+name+"; allowed: docker.io/library/*")
+}
+
+func (t *testImages) Resolve(_ context.Context, name string) (*sandbox.Image, error) {
+	return nil, &gateway.Error{Kind: gateway.KindUpstream, Code: "image_pull_failed",
+		Message: "pull " + name + ": MANIFEST_UNKNOWN: manifest unknown"}
+}
+
+func (t *testImages) Hold(string, string) error { return nil }
+func (t *testImages) Release(string)            {}

@@ -59,6 +59,8 @@ type gwOptions struct {
 	restore bool
 	// cov collects the (operation, status) pairs seen; nil: a private one.
 	cov *coverage
+	// images lists images for GET /v1/images (nil: none).
+	images rest.Images
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -171,7 +173,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	hostKeys := testHostKeys(t)
 	handler := rest.New(rest.Config{
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
-		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready,
+		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
 	})
 
 	srv := newHTTPServer(handler, log)

@@ -45,6 +45,8 @@ type Config struct {
 	// Connect serves CONNECT /v1/sessions/{id} and /sessions/{id}, already
 	// authenticated (the principal is in the request context).
 	Connect http.Handler
+	// Images lists the images sessions may use (nil: the default root only).
+	Images Images
 	// Ready reports whether the gateway can serve, with details for
 	// operators (shown only to authenticated callers); nil means always ready.
 	Ready func() (map[string]any, error)
@@ -82,6 +84,7 @@ func New(cfg Config) http.Handler {
 		r.Get("/sessions/{id}", a.get)
 		r.Delete("/sessions/{id}", a.delete)
 		r.Get("/host-keys", a.hostKeys)
+		r.Get("/images", a.listImages)
 		if cfg.Connect != nil {
 			r.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
 		}

@@ -32,16 +32,16 @@ const (
 // Session is one session and its sandbox. Its exported fields never change
 // after creation; activity and status are read through methods.
 type Session struct {
-	ID        string
-	Tenant    string
-	Image     string
+	ID     string
+	Tenant string
+	Image  string
 	// ImageDigest is the manifest digest of the image the sandbox runs
 	// ("" for the default root).
 	ImageDigest string
-	Metadata  map[string]any
-	CreatedAt time.Time
-	ExpiresAt time.Time
-	TTL       int
+	Metadata    map[string]any
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+	TTL         int
 	// SSHPublicKey is the authorized_keys line the creator supplied, if any.
 	SSHPublicKey string
 	// IdempotencyKey is the creator's Idempotency-Key, if any.

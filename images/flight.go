@@ -8,7 +8,8 @@ import (
 // flights shares one run of a function among concurrent callers with the
 // same key, like singleflight, except for cancellation: the run has a
 // context of its own that is cancelled only when every caller waiting for
-// it has given up, so one impatient caller does not fail the others.
+// it has given up, so one impatient caller does not fail the others. The
+// last caller to give up waits for the cancelled run to return.
 type flights[T any] struct {
 	mu sync.Mutex
 	m  map[string]*flight[T]
@@ -39,7 +40,9 @@ func (g *flights[T]) do(ctx context.Context, key string, fn func(context.Context
 			val, err := fn(runCtx)
 			g.mu.Lock()
 			f.val, f.err = val, err
-			delete(g.m, key)
+			if g.m[key] == f {
+				delete(g.m, key)
+			}
 			g.mu.Unlock()
 			close(f.done)
 		}()
@@ -56,10 +59,23 @@ func (g *flights[T]) do(ctx context.Context, key string, fn func(context.Context
 	case <-ctx.Done():
 		g.mu.Lock()
 		f.waiters--
-		if f.waiters == 0 {
+		last := f.waiters == 0
+		if last {
+			// Nobody wants the result: stop the run, let a new caller
+			// start afresh, and wait for the run to clean up, so the
+			// caller returns with nothing of it left behind.
 			f.cancel()
+			if g.m[key] == f {
+				delete(g.m, key)
+			}
 		}
 		g.mu.Unlock()
+		if last {
+			<-f.done
+			if f.err == nil {
+				return f.val, nil, shared // it finished all the same
+			}
+		}
 		var zero T
 		return zero, context.Cause(ctx), shared
 	}

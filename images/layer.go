@@ -193,6 +193,9 @@ func (s *Store) fetchAndUnpack(ctx context.Context, src layerSource, rootDir str
 		return layerMeta{}, fmt.Errorf("fetching layer %s: %w", layerName(src), err)
 	}
 	defer rc.Close()
+	// Cancelling ctx also ends a read blocked on the network.
+	stop := context.AfterFunc(ctx, func() { rc.Close() })
+	defer stop()
 	var r io.Reader = ctxReader{ctx, rc}
 	if src.size >= 0 {
 		r = &limitReader{r: r, n: src.size, what: "layer blob " + src.digest}

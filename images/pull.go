@@ -42,7 +42,7 @@ type RegistryError struct {
 }
 
 func (e *RegistryError) Error() string {
-	return fmt.Sprintf("registry answered %d %s for %s: %v", e.StatusCode, http.StatusText(e.StatusCode), e.Ref, e.Err)
+	return fmt.Sprintf("registry answered %d %s: %v", e.StatusCode, http.StatusText(e.StatusCode), e.Err)
 }
 
 func (e *RegistryError) Unwrap() error { return e.Err }

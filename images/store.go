@@ -195,18 +195,18 @@ func (s *Store) clearTmp() {
 
 // Image is a stored image, ready to be a sandbox's root.
 type Image struct {
-	Name       string    // normalised reference, e.g. docker.io/library/python:3.12-slim
-	Digest     string    // manifest digest, "sha256:…" (see the package doc for imports)
-	SizeBytes  int64     // bytes of regular files in its unpacked layers
-	PulledAt   time.Time // when it was last pulled or imported
-	Source     string    // "pull" or "import"
-	Env        []string  // the image config's Env
-	WorkingDir string    // the image config's WorkingDir
-	User       string    // the image config's User (kept, unused)
-	Entrypoint []string  // the image config's Entrypoint (kept, unused)
-	Cmd        []string  // the image config's Cmd (kept, unused)
-	DiffIDs    []string  // its layers' diffIDs, bottom first
-	LayerDirs  []string  // absolute overlayfs lower dirs, bottom first (one per DiffIDs entry)
+	Name       string    `json:"name"`       // normalised reference, e.g. docker.io/library/python:3.12-slim
+	Digest     string    `json:"digest"`     // manifest digest, "sha256:…" (see the package doc for imports)
+	SizeBytes  int64     `json:"sizeBytes"`  // bytes of regular files in its unpacked layers
+	PulledAt   time.Time `json:"pulledAt"`   // when it was last pulled or imported
+	Source     string    `json:"source"`     // "pull" or "import"
+	Env        []string  `json:"env"`        // the image config's Env
+	WorkingDir string    `json:"workingDir"` // the image config's WorkingDir
+	User       string    `json:"user"`       // the image config's User (kept, unused)
+	Entrypoint []string  `json:"entrypoint"` // the image config's Entrypoint (kept, unused)
+	Cmd        []string  `json:"cmd"`        // the image config's Cmd (kept, unused)
+	DiffIDs    []string  `json:"diffIDs"`    // its layers' diffIDs, bottom first
+	LayerDirs  []string  `json:"layerDirs"`  // absolute overlayfs lower dirs, bottom first (one per DiffIDs entry)
 }
 
 // record is an image as index.json stores it.

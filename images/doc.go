@@ -107,7 +107,7 @@
 // written (they resolve inside the sandbox). Device nodes and FIFOs are
 // skipped; setuid and setgid are stripped from files (setgid on
 // directories is kept: it only sets the group of new files); only user.*
-// xattrs are kept (no security.capability, no trusted.overlay.* from the
-// image, no ACLs). A layer past Limits (uncompressed bytes, entries) or an
+// xattrs are kept (no security.capability, no trusted.overlay.* or
+// user.overlay.* from the image, no ACLs). A layer past Limits (uncompressed bytes, entries) or an
 // image past its layer count is refused.
 package images

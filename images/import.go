@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strings"
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -23,6 +24,9 @@ func (s *Store) Import(ctx context.Context, name, path string) (Image, error) {
 	n, err := Normalize(name)
 	if err != nil {
 		return Image{}, err
+	}
+	if strings.Contains(n, "@") {
+		return Image{}, fmt.Errorf("import as %s: the name must be a tag, not a digest", n)
 	}
 	img, err := s.importImage(ctx, n, path)
 	if err != nil {

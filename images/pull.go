@@ -51,7 +51,8 @@ func (e *RegistryError) Unwrap() error { return e.Err }
 // store lacks, and records the image under ref's normalised name (a later
 // pull of a moved tag replaces the record). Concurrent pulls of one
 // reference in this process share one pull; a caller whose ctx ends gets
-// ctx's error and the pull goes on for the others. Credentials come from
+// ctx's error and the pull goes on for the others (the last caller to give
+// up cancels it and waits for its cleanup). Credentials come from
 // the store's keychain. A failed pull leaves the index as it was and no
 // temporary files; the layers it completed are removed unless another pull
 // is running, in which case Prune removes them.

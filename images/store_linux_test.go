@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,11 +16,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/compression"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/images/imagestest"
@@ -644,5 +648,34 @@ func TestOpenClearsStaleTmp(t *testing.T) {
 	openStore(t, data)
 	if _, err := os.Stat(stale); err == nil {
 		t.Error("Open left a crashed pull's temporary dir")
+	}
+}
+
+func TestPullZstdAndUncompressedLayers(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	zl, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(imagestest.Tar(t, imagestest.Entry{Name: "z", Body: strings.Repeat("zstd", 1000)}))), nil
+	}, tarball.WithCompression(compression.ZStd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := static.NewLayer(imagestest.Tar(t, imagestest.Entry{Name: "p", Body: "plain"}), types.OCIUncompressedLayer)
+	ref := reg.Push(t, "test/mixed:1", imagestest.Image(t, v1.Config{}, zl, plain))
+	s, _ := newStore(t)
+	got, err := s.Pull(context.Background(), ref, PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range map[int]string{0: "z", 1: "p"} {
+		if _, err := os.Stat(filepath.Join(got.LayerDirs[i], want)); err != nil {
+			t.Errorf("layer %d: %v", i, err)
+		}
+	}
+}
+
+func TestImportRefusesDigestName(t *testing.T) {
+	s, _ := newStore(t)
+	if _, err := s.Import(context.Background(), "x@sha256:"+strings.Repeat("0", 64), t.TempDir()); err == nil || !strings.Contains(err.Error(), "must be a tag") {
+		t.Errorf("import under a digest name: %v", err)
 	}
 }

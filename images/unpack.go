@@ -22,6 +22,7 @@ const (
 	maxImageID     = 65535 // the sandbox maps ids 0..65535
 	xattrPAXPrefix = "SCHILY.xattr."
 	keptXattrNS    = "user."
+	overlayUserNS  = "user.overlay." // overlayfs's metadata when mounted with userxattr
 )
 
 // unpacker writes one layer's tar into a directory. Every file operation
@@ -68,7 +69,9 @@ func unpack(r io.Reader, dir string, lim Limits) (layerMeta, error) {
 		if u.meta.Entries > lim.MaxLayerEntries {
 			return u.meta, fmt.Errorf("more than %d entries in the layer", lim.MaxLayerEntries)
 		}
-		if hdr.Size > lim.MaxLayerBytes {
+		// Sparse files write more than the stream carries: bound what is
+		// written, not only what is read.
+		if hdr.Size > lim.MaxLayerBytes-u.meta.Size {
 			return u.meta, fmt.Errorf("entry %q: %d bytes is larger than the limit", hdr.Name, hdr.Size)
 		}
 		if err := u.entry(hdr, tr); err != nil {
@@ -339,14 +342,16 @@ func (u *unpacker) xattrs(name string, hdr *tar.Header) error {
 	return setXattrs(d, x)
 }
 
-// userXattrs is the entry's user.* xattrs. Everything else is dropped:
-// security.capability and security.* labels, trusted.* (overlayfs's own
-// metadata: redirects, opacity), system.posix_acl_* (host ids).
+// userXattrs is the entry's user.* xattrs but user.overlay.*. Everything
+// else is dropped: security.capability and security.* labels, trusted.*
+// and user.overlay.* (overlayfs's own metadata: redirects, opacity,
+// whiteouts, metacopy, in its normal and its userxattr mounts),
+// system.posix_acl_* (host ids).
 func userXattrs(hdr *tar.Header) map[string]string {
 	var out map[string]string
 	for k, v := range hdr.PAXRecords {
 		name, ok := strings.CutPrefix(k, xattrPAXPrefix)
-		if !ok || !strings.HasPrefix(name, keptXattrNS) {
+		if !ok || !strings.HasPrefix(name, keptXattrNS) || strings.HasPrefix(name, overlayUserNS) {
 			continue
 		}
 		if out == nil {

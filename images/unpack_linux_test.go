@@ -381,6 +381,8 @@ func TestUnpackHostileLayers_Root(t *testing.T) {
 						"SCHILY.xattr.trusted.overlay.xwhiteout":   "x",
 						"SCHILY.xattr.trusted.overlay.xwhiteouts":  "x",
 						"SCHILY.xattr.trusted.overlay.opaque.more": "x",
+						"SCHILY.xattr.user.overlay.redirect":       "/etc",
+						"SCHILY.xattr.user.overlay.opaque":         "y",
 					}},
 					{Name: "d/", Type: tar.TypeDir, PAX: map[string]string{
 						"SCHILY.xattr.user.dir":               "yes",
@@ -487,6 +489,11 @@ func TestUnpackBounds(t *testing.T) {
 	_, _, err = unpackTar(t, Limits{MaxLayerBytes: 1000, MaxLayerEntries: 10}, imagestest.Entry{Name: "big", Body: strings.Repeat("x", 2000)})
 	if err == nil || !strings.Contains(err.Error(), "larger than the limit") {
 		t.Errorf("a 2000-byte file with a limit of 1000: %v", err)
+	}
+	_, _, err = unpackTar(t, Limits{MaxLayerBytes: 1000, MaxLayerEntries: 10},
+		imagestest.Entry{Name: "a", Body: strings.Repeat("x", 600)}, imagestest.Entry{Name: "b", Body: strings.Repeat("x", 600)})
+	if err == nil || !strings.Contains(err.Error(), "larger than the limit") {
+		t.Errorf("two 600-byte files with a limit of 1000: %v", err)
 	}
 }
 

@@ -28,20 +28,25 @@ func (s *Store) Import(ctx context.Context, name, path string) (Image, error) {
 	if strings.Contains(n, "@") {
 		return Image{}, fmt.Errorf("import as %s: the name must be a tag, not a digest", n)
 	}
-	img, err := s.importImage(ctx, n, path)
+	gc, err := s.lockGC()
+	if err != nil {
+		return Image{}, err
+	}
+	defer gc.unlock()
+	img, err := s.importImage(ctx, gc, n, path)
 	if err != nil {
 		return Image{}, fmt.Errorf("import %s as %s: %w", path, n, err)
 	}
 	return img, nil
 }
 
-func (s *Store) importImage(ctx context.Context, name, p string) (Image, error) {
+func (s *Store) importImage(ctx context.Context, gc *fileLock, name, p string) (Image, error) {
 	fi, err := os.Stat(p)
 	if err != nil {
 		return Image{}, err
 	}
 	if fi.IsDir() {
-		return s.importLayout(ctx, name, p)
+		return s.importLayout(ctx, gc, name, p)
 	}
 	kind, err := archiveKind(p)
 	if err != nil {
@@ -59,13 +64,13 @@ func (s *Store) importImage(ctx context.Context, name, p string) (Image, error) 
 		if err := extractLayout(p, dir); err != nil {
 			return Image{}, fmt.Errorf("reading oci-archive: %w", err)
 		}
-		return s.importLayout(ctx, name, dir)
+		return s.importLayout(ctx, gc, name, dir)
 	case "docker":
 		img, err := tarball.Image(func() (io.ReadCloser, error) { return os.Open(p) }, nil)
 		if err != nil {
 			return Image{}, fmt.Errorf("reading docker save archive: %w", err)
 		}
-		rec, err := s.store(ctx, name, "import", img, uncompressedDigest)
+		rec, err := s.store(ctx, gc, name, "import", img, uncompressedDigest)
 		if err != nil {
 			return Image{}, err
 		}
@@ -74,7 +79,7 @@ func (s *Store) importImage(ctx context.Context, name, p string) (Image, error) 
 	return Image{}, errors.New("not an OCI image layout, oci-archive or docker save tar (no oci-layout or manifest.json)")
 }
 
-func (s *Store) importLayout(ctx context.Context, name, dir string) (Image, error) {
+func (s *Store) importLayout(ctx context.Context, gc *fileLock, name, dir string) (Image, error) {
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
 		return Image{}, fmt.Errorf("reading OCI layout: %w", err)
@@ -83,7 +88,7 @@ func (s *Store) importLayout(ctx context.Context, name, dir string) (Image, erro
 	if err != nil {
 		return Image{}, err
 	}
-	rec, err := s.store(ctx, name, "import", img, nil)
+	rec, err := s.store(ctx, gc, name, "import", img, nil)
 	if err != nil {
 		return Image{}, err
 	}

@@ -42,8 +42,10 @@ func lockFile(path string, exclusive, wait bool) (*fileLock, error) {
 	return &fileLock{f: f}, nil
 }
 
+// unlock releases the lock; a second unlock does nothing.
 func (l *fileLock) unlock() {
-	if l != nil {
+	if l != nil && l.f != nil {
 		l.f.Close() // closing the last descriptor releases the lock
+		l.f = nil
 	}
 }

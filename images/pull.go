@@ -101,6 +101,11 @@ func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, i
 		remote.WithPlatform(s.platform),
 		remote.WithUserAgent("sandgate"),
 	}
+	gc, err := s.lockGC()
+	if err != nil {
+		return Image{}, err
+	}
+	defer gc.unlock()
 	desc, err := remote.Get(r, ropts...)
 	if err != nil {
 		return Image{}, registryErr(normalized, err)
@@ -119,7 +124,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, i
 			return Image{}, registryErr(normalized, err)
 		}
 	}
-	rec, err := s.store(ctx, normalized, "pull", img, nil)
+	rec, err := s.store(ctx, gc, normalized, "pull", img, nil)
 	if err != nil {
 		return Image{}, registryErr(normalized, err)
 	}
@@ -172,16 +177,17 @@ func (s *Store) child(idx v1.ImageIndex, d v1.Descriptor, depth int) (v1.Image, 
 	return idx.Image(d.Digest)
 }
 
+// lockGC takes gc.lock shared, as every pull and import does for as long
+// as it uses tmp/ or may rely on a layer being kept.
+func (s *Store) lockGC() (*fileLock, error) {
+	return lockFile(s.gcLockPath(), false, true)
+}
+
 // store checks img, makes sure its layers are unpacked, and records it as
 // name. digestFn, if set, gives the image's digest once its layers are
 // known (imports of docker save archives); otherwise it is img.Digest().
-func (s *Store) store(ctx context.Context, name, source string, img v1.Image, digestFn func(cfgRaw []byte, metas []layerMeta) (string, error)) (record, error) {
-	gc, err := lockFile(s.gcLockPath(), false, true)
-	if err != nil {
-		return record{}, err
-	}
-	defer gc.unlock()
-
+// The caller holds gc shared; store releases it early when it fails.
+func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, img v1.Image, digestFn func(cfgRaw []byte, metas []layerMeta) (string, error)) (record, error) {
 	cfgRaw, err := img.RawConfigFile()
 	if err != nil {
 		return record{}, fmt.Errorf("image config: %w", err)

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/compression"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -677,5 +678,56 @@ func TestImportRefusesDigestName(t *testing.T) {
 	s, _ := newStore(t)
 	if _, err := s.Import(context.Background(), "x@sha256:"+strings.Repeat("0", 64), t.TempDir()); err == nil || !strings.Contains(err.Error(), "must be a tag") {
 		t.Errorf("import under a digest name: %v", err)
+	}
+}
+
+// Prune waits for a pull in progress (in another store on the data dir, as
+// in another process) and then keeps its layers; Open meanwhile leaves the
+// pull's temporary dir alone.
+func TestPruneWaitsForPullInProgress(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	slow := imagestest.TarLayer(t, imagestest.Entry{Name: "slow", Body: strings.Repeat("s", 1<<16)})
+	ref := reg.Push(t, "test/slow:1", imagestest.Image(t, v1.Config{},
+		imagestest.TarLayer(t, imagestest.Entry{Name: "fast", Body: "f"}), slow))
+	started, release := reg.Hold(digestOf(t, slow))
+	defer release()
+	s, data := newStore(t)
+
+	pullDone := make(chan error, 1)
+	go func() {
+		_, err := s.Pull(context.Background(), ref, PullOptions{})
+		pullDone <- err
+	}()
+	<-started
+	openStore(t, data) // must not clear tmp/ under the pull
+	other := openStore(t, data)
+	pruneDone := make(chan PruneResult, 1)
+	go func() {
+		res, err := other.Prune()
+		if err != nil {
+			t.Error(err)
+		}
+		pruneDone <- res
+	}()
+	select {
+	case <-pruneDone:
+		t.Fatal("prune ran during a pull")
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	if err := <-pullDone; err != nil {
+		t.Fatalf("pull: %v", err)
+	}
+	if res := <-pruneDone; len(res.Layers) != 0 {
+		t.Errorf("prune removed %v, the layers of the image just pulled", res.Layers)
+	}
+	img, err := s.Get(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range img.LayerDirs {
+		if _, err := os.Stat(d); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -43,13 +43,19 @@ type Registry struct {
 	blobGets  map[string]int // digest -> GETs
 	corrupt   map[string]bool
 	user, pwd string
-	missing   map[string]bool // repository paths answered 404
+	holds     map[string]*hold
+}
+
+type hold struct {
+	started chan struct{}
+	release chan struct{}
+	once    sync.Once
 }
 
 // NewRegistry starts a registry that is closed at the end of t.
 func NewRegistry(t testing.TB) *Registry {
 	t.Helper()
-	r := &Registry{blobGets: map[string]int{}, corrupt: map[string]bool{}, missing: map[string]bool{}}
+	r := &Registry{blobGets: map[string]int{}, corrupt: map[string]bool{}, holds: map[string]*hold{}}
 	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	r.srv = httptest.NewServer(r.wrap(h))
 	r.Host = strings.TrimPrefix(r.srv.URL, "http://")
@@ -79,6 +85,18 @@ func (r *Registry) Corrupt(d v1.Hash) {
 	r.corrupt[d.String()] = true
 }
 
+// Hold makes GETs of the blob d wait, before they are answered, until
+// release is called (or the client gives up). started is closed when the
+// first such GET arrives.
+func (r *Registry) Hold(d v1.Hash) (started <-chan struct{}, release func()) {
+	h := &hold{started: make(chan struct{}), release: make(chan struct{})}
+	r.mu.Lock()
+	r.holds[d.String()] = h
+	r.mu.Unlock()
+	rel := func() { h.once.Do(func() { close(h.release) }) }
+	return h.started, rel
+}
+
 // BlobGets is how many GETs of the blob d the registry answered.
 func (r *Registry) BlobGets(d v1.Hash) int {
 	r.mu.Lock()
@@ -106,7 +124,21 @@ func (r *Registry) wrap(h http.Handler) http.Handler {
 			r.mu.Lock()
 			r.blobGets[d]++
 			bad := r.corrupt[d]
+			hd := r.holds[d]
+			if hd != nil {
+				select {
+				case <-hd.started:
+				default:
+					close(hd.started)
+				}
+			}
 			r.mu.Unlock()
+			if hd != nil {
+				select {
+				case <-hd.release:
+				case <-req.Context().Done():
+				}
+			}
 			if bad {
 				h.ServeHTTP(&flipWriter{ResponseWriter: w}, req)
 				return

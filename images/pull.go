@@ -85,14 +85,7 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, 
 func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, insecure bool) (Image, error) {
 	rt := s.rt
 	if insecure {
-		if t, ok := rt.(*http.Transport); ok {
-			t = t.Clone()
-			if t.TLSClientConfig == nil {
-				t.TLSClientConfig = &tls.Config{}
-			}
-			t.TLSClientConfig.InsecureSkipVerify = true
-			rt = t
-		}
+		rt = s.insecureTransport()
 	}
 	ropts := []remote.Option{
 		remote.WithContext(ctx),
@@ -129,6 +122,23 @@ func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, i
 		return Image{}, registryErr(normalized, err)
 	}
 	return s.image(rec), nil
+}
+
+// insecureTransport is the store's transport without certificate checks,
+// made once.
+func (s *Store) insecureTransport() http.RoundTripper {
+	s.insecureOnce.Do(func() {
+		s.insecureRT = s.rt
+		if t, ok := s.rt.(*http.Transport); ok {
+			t = t.Clone()
+			if t.TLSClientConfig == nil {
+				t.TLSClientConfig = &tls.Config{}
+			}
+			t.TLSClientConfig.InsecureSkipVerify = true
+			s.insecureRT = t
+		}
+	})
+	return s.insecureRT
 }
 
 func registryErr(ref string, err error) error {
@@ -188,6 +198,16 @@ func (s *Store) lockGC() (*fileLock, error) {
 // known (imports of docker save archives); otherwise it is img.Digest().
 // The caller holds gc shared; store releases it early when it fails.
 func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, img v1.Image, digestFn func(cfgRaw []byte, metas []layerMeta) (string, error)) (record, error) {
+	if digestFn == nil {
+		// The config is read whole: bound it before reading it.
+		m, err := img.Manifest()
+		if err != nil {
+			return record{}, fmt.Errorf("image manifest: %w", err)
+		}
+		if m.Config.Size > maxConfigBytes {
+			return record{}, fmt.Errorf("image config of %d bytes is larger than the limit (%d)", m.Config.Size, maxConfigBytes)
+		}
+	}
 	cfgRaw, err := img.RawConfigFile()
 	if err != nil {
 		return record{}, fmt.Errorf("image config: %w", err)

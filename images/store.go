@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -40,6 +41,7 @@ const (
 	DefaultMaxLayerEntries = 1 << 20  // tar entries of one layer
 	DefaultMaxLayers       = 128      // layers of one image
 	defaultParallelLayers  = 3        // layers fetched at once by one pull
+	maxConfigBytes         = 8 << 20  // an image config (JSON), read whole
 	indexVersion           = 1
 )
 
@@ -63,6 +65,9 @@ type Store struct {
 
 	pulls  flights[Image]
 	layers flights[layerMeta]
+
+	insecureOnce sync.Once
+	insecureRT   http.RoundTripper
 }
 
 // Option configures a Store in Open.

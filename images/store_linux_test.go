@@ -175,6 +175,29 @@ func TestPullInsecureRegistry_Root(t *testing.T) {
 	}
 }
 
+// A registry on 127.0.0.2 is not one go-containerregistry speaks plain
+// HTTP to by itself: only Insecure or InsecureRegistries make it.
+func TestPullPlainHTTPNeedsInsecure(t *testing.T) {
+	reg := imagestest.NewRegistryAt(t, "127.0.0.2:0")
+	ref := reg.Push(t, "test/plain:1", imagestest.Image(t, v1.Config{}, imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})))
+	s, _ := newStore(t)
+	before := snap(t, s)
+	_, err := s.Pull(context.Background(), ref, PullOptions{})
+	if err == nil || !strings.Contains(err.Error(), "https://"+reg.Host) {
+		t.Fatalf("pull over HTTPS from a plain HTTP registry: %v", err)
+	}
+	t.Logf("without --insecure: %v", err)
+	assertUnchanged(t, s, before)
+	if _, err := s.Pull(context.Background(), ref, PullOptions{InsecureRegistries: []string{"other:5000"}}); err == nil {
+		t.Error("another registry's insecure entry allowed plain HTTP")
+	}
+	for _, opts := range []PullOptions{{Insecure: true}, {InsecureRegistries: []string{"other:5000", reg.Host}}} {
+		if _, err := s.Pull(context.Background(), ref, opts); err != nil {
+			t.Errorf("pull with %+v: %v", opts, err)
+		}
+	}
+}
+
 func TestPullMultiArchPicksHostPlatform_Root(t *testing.T) {
 	requireRoot(t)
 	reg := imagestest.NewRegistry(t)

@@ -48,7 +48,8 @@ func TestImageCommands_Root(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test needs root (layers keep image owners and whiteouts); run the suite as root")
 	}
-	reg := imagestest.NewRegistry(t)
+	// On 127.0.0.2, plain HTTP needs --insecure.
+	reg := imagestest.NewRegistryAt(t, "127.0.0.2:0")
 	img := imagestest.Image(t, v1.Config{Env: []string{"PATH=/bin"}, WorkingDir: "/"},
 		imagestest.BusyboxLayer(t),
 		imagestest.TarLayer(t, imagestest.Entry{Name: "etc/.wh.os-release"}, imagestest.Entry{Name: "app/", Type: tar.TypeDir}))
@@ -69,7 +70,7 @@ func TestImageCommands_Root(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, inProcErr = store.Pull(context.Background(), ref, images.PullOptions{})
+		_, inProcErr = store.Pull(context.Background(), ref, images.PullOptions{InsecureRegistries: []string{reg.Host}})
 	}()
 	out, stderr, code := runImage(t, data, "pull", "--insecure", ref)
 	wg.Wait()
@@ -146,11 +147,15 @@ func TestImageCommands_Root(t *testing.T) {
 	}
 
 	// Failures: a clear reason, exit 1.
-	_, stderr, code = runImage(t, data, "pull", reg.Ref("tools/missing:1"))
+	_, stderr, code = runImage(t, data, "pull", reg.Ref("tools/missing:1"), "--insecure")
 	if code != 1 || !strings.Contains(stderr, "404 Not Found") {
 		t.Errorf("pull of a missing image: exit %d, %q", code, stderr)
 	}
 	t.Logf("404: %s", stderr)
+	_, stderr, code = runImage(t, data, "pull", ref)
+	if code != 1 || !strings.Contains(stderr, "server gave HTTP response to HTTPS client") {
+		t.Errorf("pull from a plain HTTP registry without --insecure: exit %d, %q", code, stderr)
+	}
 	if _, stderr, code := runImage(t, data, "frobnicate"); code != 2 || !strings.Contains(stderr, "unknown command") {
 		t.Errorf("unknown command: exit %d, %q", code, stderr)
 	}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -52,12 +53,29 @@ type hold struct {
 	once    sync.Once
 }
 
-// NewRegistry starts a registry that is closed at the end of t.
+// NewRegistry starts a registry on 127.0.0.1 that is closed at the end of
+// t. go-containerregistry speaks plain HTTP to 127.0.0.1 without being
+// told (as Docker does to localhost).
 func NewRegistry(t testing.TB) *Registry {
+	t.Helper()
+	return NewRegistryAt(t, "127.0.0.1:0")
+}
+
+// NewRegistryAt starts a registry listening on addr, a loopback address:
+// on 127.0.0.2 a client must be told the registry is insecure to use
+// plain HTTP.
+func NewRegistryAt(t testing.TB, addr string) *Registry {
 	t.Helper()
 	r := &Registry{blobGets: map[string]int{}, corrupt: map[string]bool{}, holds: map[string]*hold{}}
 	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	r.srv = httptest.NewServer(r.wrap(h))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("registry listener: %v", err)
+	}
+	r.srv = httptest.NewUnstartedServer(r.wrap(h))
+	r.srv.Listener.Close()
+	r.srv.Listener = ln
+	r.srv.Start()
 	r.Host = strings.TrimPrefix(r.srv.URL, "http://")
 	r.tr = http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(func() {
@@ -169,7 +187,7 @@ func (f *flipWriter) Write(p []byte) (int, error) {
 func (r *Registry) Push(t testing.TB, repoAndTag string, img v1.Image) string {
 	t.Helper()
 	ref := r.Ref(repoAndTag)
-	n, err := name.ParseReference(ref)
+	n, err := name.ParseReference(ref, name.Insecure)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +201,7 @@ func (r *Registry) Push(t testing.TB, repoAndTag string, img v1.Image) string {
 func (r *Registry) PushIndex(t testing.TB, repoAndTag string, idx v1.ImageIndex) string {
 	t.Helper()
 	ref := r.Ref(repoAndTag)
-	n, err := name.ParseReference(ref)
+	n, err := name.ParseReference(ref, name.Insecure)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ Usage:
   sandgate serve [flags]             run the gateway (sandgate serve -h for flags)
   sandgate proxy [flags] SESSION_ID  ProxyCommand for ssh/sftp/scp into a session
   sandgate ssh-config [flags]        print a ~/.ssh/config block for sessions
+  sandgate image COMMAND [flags]     pull, import, ls, rm, prune sandbox images (sandgate image -h)
   sandgate version                   print the version
 `
 
@@ -41,6 +42,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return proxyMain(rest, stdin, stdout, stderr)
 	case "ssh-config":
 		return sshConfigMain(rest, stdout, stderr)
+	case "image":
+		return imageMain(rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "sandgate", version)
 		return 0

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandgate/sandgate/images"
+)
+
+const imageUsage = `Usage: sandgate image COMMAND [flags] ARGS
+
+Manage the container images sandboxes start from, in the gateway's data dir.
+Safe to run while sandgate serve uses the same data dir.
+
+Commands:
+  pull [--insecure] REF         pull REF (python:3.12-slim, ghcr.io/acme/tool@sha256:...) from its
+                                registry; credentials from ~/.docker/config.json
+  import --name NAME PATH       import an OCI image layout dir, an oci-archive or a docker save tar
+  ls [--json]                   list stored images
+  rm [--force] NAME...          remove images (refused while a session uses one, unless --force);
+                                their layers stay until prune
+  prune                         delete layers no stored image and no session uses
+
+Every command takes --data-dir (default: serve's, $XDG_STATE_HOME/sandgate or ~/.local/state/sandgate).
+`
+
+// imageMain runs `sandgate image ...`.
+func imageMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, imageUsage)
+		return 2
+	}
+	switch args[0] {
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, imageUsage)
+		return 0
+	case "pull", "import", "ls", "list", "rm", "remove", "prune":
+	default:
+		fmt.Fprintf(stderr, "sandgate image: unknown command %q\n\n%s", args[0], imageUsage)
+		return 2
+	}
+	cmd := args[0]
+	fs := flag.NewFlagSet("image "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dataDir := fs.String("data-dir", defaultDataDir(), "the gateway's data dir")
+	insecure, force, asJSON := new(bool), new(bool), new(bool)
+	nameFlag := new(string)
+	nargs := "none"
+	switch cmd {
+	case "pull":
+		fs.BoolVar(insecure, "insecure", false, "allow plain HTTP (or HTTPS without certificate checks) for this registry")
+		nargs = "one"
+	case "import":
+		fs.StringVar(nameFlag, "name", "", "the name to store the image under (required)")
+		nargs = "one"
+	case "ls", "list":
+		fs.BoolVar(asJSON, "json", false, "print JSON")
+	case "rm", "remove":
+		fs.BoolVar(force, "force", false, "remove even while sessions use the image")
+		nargs = "some"
+	}
+	pos, err := parseInterspersed(fs, args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	switch {
+	case nargs == "none" && len(pos) != 0, nargs == "one" && len(pos) != 1, nargs == "some" && len(pos) == 0:
+		fmt.Fprintf(stderr, "sandgate image %s: wrong number of arguments\n\n%s", cmd, imageUsage)
+		return 2
+	}
+	if cmd == "import" && *nameFlag == "" {
+		fmt.Fprintf(stderr, "sandgate image import: --name is required\n")
+		return 2
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "sandgate image %s: %v\n", cmd, err)
+		return 1
+	}
+	store, err := images.Open(*dataDir)
+	if err != nil {
+		return fail(err)
+	}
+	// An interrupted pull or import cleans up before exiting.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	switch cmd {
+	case "pull":
+		start := time.Now()
+		img, err := store.Pull(ctx, pos[0], images.PullOptions{Insecure: *insecure})
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "pulled %s (%s, %d layers, %s) in %s\n", img.Name, img.Digest, len(img.LayerDirs),
+			humanSize(img.SizeBytes), time.Since(start).Round(10*time.Millisecond))
+	case "import":
+		img, err := store.Import(ctx, *nameFlag, pos[0])
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "imported %s (%s, %d layers, %s)\n", img.Name, img.Digest, len(img.LayerDirs), humanSize(img.SizeBytes))
+	case "ls", "list":
+		return imageList(store, *asJSON, stdout, stderr)
+	case "rm", "remove":
+		code := 0
+		for _, n := range pos {
+			img, err := store.Remove(n, *force)
+			if errors.Is(err, images.ErrInUse) {
+				fmt.Fprintf(stderr, "sandgate image rm: %v (--force removes it anyway)\n", err)
+				code = 1
+				continue
+			}
+			if err != nil {
+				fmt.Fprintf(stderr, "sandgate image rm: %v\n", err)
+				code = 1
+				continue
+			}
+			fmt.Fprintf(stdout, "removed %s (%s)\n", img.Name, img.Digest)
+		}
+		if code == 0 {
+			fmt.Fprintln(stdout, "run `sandgate image prune` to delete layers no image uses")
+		}
+		return code
+	case "prune":
+		res, err := store.Prune()
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "pruned %d layers, freed %s\n", len(res.Layers), humanSize(res.Bytes))
+	}
+	return 0
+}
+
+func imageList(store *images.Store, asJSON bool, stdout, stderr io.Writer) int {
+	imgs, err := store.List()
+	if err != nil {
+		fmt.Fprintf(stderr, "sandgate image ls: %v\n", err)
+		return 1
+	}
+	refs, err := store.Refs()
+	if err != nil {
+		fmt.Fprintf(stderr, "sandgate image ls: %v\n", err)
+		return 1
+	}
+	users := map[string]int{}
+	for _, r := range refs {
+		users[r.Digest]++
+	}
+	if asJSON {
+		type entry struct {
+			images.Image
+			Sessions int `json:"sessions"`
+		}
+		out := make([]entry, 0, len(imgs))
+		for _, img := range imgs {
+			out = append(out, entry{img, users[img.Digest]})
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return 1
+		}
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tDIGEST\tLAYERS\tSIZE\tPULLED\tSESSIONS")
+	for _, img := range imgs {
+		d := img.Digest
+		if len(d) > len("sha256:")+12 {
+			d = d[:len("sha256:")+12]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\n", img.Name, d, len(img.LayerDirs), humanSize(img.SizeBytes),
+			img.PulledAt.Local().Format("2006-01-02 15:04"), users[img.Digest])
+	}
+	tw.Flush()
+	return 0
+}
+
+// humanSize is n in decimal units, as docker shows sizes.
+func humanSize(n int64) string {
+	units := []string{"B", "kB", "MB", "GB", "TB"}
+	f := float64(n)
+	i := 0
+	for f >= 1000 && i < len(units)-1 {
+		f /= 1000
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(fmt.Sprintf("%.1f", f), "0"), ".") + " " + units[i]
+}

@@ -43,6 +43,8 @@ MAX_PACKET_SIZE = 32 * 1024
 _PREFETCH_REQUESTS = 64
 _RECV_CHUNK = 256 * 1024
 _DRAIN_ROUNDS = 16
+# How long a killed command's channel may take to close on the gateway's side.
+_KILL_WAIT = 2.0
 
 
 # --------------------------------------------------------------------------
@@ -473,12 +475,25 @@ class SessionSSHClient(ClosesOnExit):
                 if not moved:
                     return
 
-        def timed_out() -> CommandTimeoutError:
+        def kill() -> None:
+            # SIGKILL, then wait (briefly, draining) for the gateway to close
+            # the channel before closing it here: Paramiko closes the
+            # channel's pipe (fileno) on close while its transport thread may
+            # still be signalling that pipe about data in flight, and an
+            # EBADF there ends the whole connection. Closing the channel
+            # also makes the gateway kill the command's tree.
             try:
                 _paramiko_compat.send_signal(chan, "KILL")
             except Exception:
                 pass
-            chan.close()  # the gateway kills the process group of a closed channel
+            end = time.monotonic() + _KILL_WAIT
+            while not chan.closed and time.monotonic() < end:
+                select.select([fd], [], [], 0.05)
+                drain()
+            chan.close()
+
+        def timed_out() -> CommandTimeoutError:
+            kill()
             return CommandTimeoutError(
                 f"command did not finish within {limit:g}s and was killed: {command[:200]!r}",
                 command=command,
@@ -514,11 +529,7 @@ class SessionSSHClient(ClosesOnExit):
                 chan.status_event.wait(next_wait())
         except BaseException:
             if not chan.closed:
-                try:
-                    _paramiko_compat.send_signal(chan, "KILL")
-                except Exception:
-                    pass
-                chan.close()
+                kill()
             raise
 
         stdout, stderr = out.buf.text(), err.buf.text()

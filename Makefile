@@ -7,8 +7,10 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: build test test-go test-python test-python-oldest test-schema venv check vet fmt-check bench bench-check clean
 
+# Static (no cgo): the binary also runs as sftp-server inside image
+# sandboxes, whose root has no host C library.
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
+	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
 
 # The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
 test: build test-go test-python test-schema

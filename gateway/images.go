@@ -17,9 +17,9 @@ type ImageSource interface {
 	// missing and may be pulled. Its errors are *Error values
 	// (unknown_image, image_pull_failed).
 	Resolve(ctx context.Context, name string) (*sandbox.Image, error)
-	// Hold records that session id's sandbox uses the image digest, so
+	// Hold records that session id's sandbox uses img, so
 	// that it is not removed; it survives a restart of the gateway.
-	Hold(id, digest string) error
+	Hold(id string, img *sandbox.Image) error
 	// Release forgets session id's hold.
 	Release(id string)
 }

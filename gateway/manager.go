@@ -194,7 +194,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		if err != nil {
 			return nil, "", err
 		}
-		if err := m.cfg.ImageSource.Hold(s.ID, img.Digest); err != nil {
+		if err := m.cfg.ImageSource.Hold(s.ID, img); err != nil {
 			return nil, "", &Error{Kind: KindUnavailable, Code: "image_failed", Message: "could not hold the image for the session", Err: err}
 		}
 		spec.Image, s.ImageDigest = img, img.Digest
@@ -372,6 +372,15 @@ func (m *Manager) List(ctx context.Context, p Principal, limit, offset int) ([]*
 	}
 	end := min(offset+limit, total)
 	return mine[offset:end], total
+}
+
+// Known reports whether the manager holds session id, of any tenant and
+// in any state (running or failed).
+func (m *Manager) Known(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.sessions[id]
+	return ok
 }
 
 // Delete ends p's session id and destroys its sandbox.

@@ -849,5 +849,5 @@ func (t *testImages) Resolve(_ context.Context, name string) (*sandbox.Image, er
 		Message: "pull " + name + ": MANIFEST_UNKNOWN: manifest unknown"}
 }
 
-func (t *testImages) Hold(string, string) error { return nil }
-func (t *testImages) Release(string)            {}
+func (t *testImages) Hold(string, *sandbox.Image) error { return nil }
+func (t *testImages) Release(string)                    {}

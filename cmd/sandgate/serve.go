@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/connlimit"
 	"github.com/sandgate/sandgate/internal/readyfile"
 	"github.com/sandgate/sandgate/rest"
@@ -56,6 +57,9 @@ type serveConfig struct {
 	maxWaiting        int
 	maxWaitingPerIP   int
 	sshMaxStartups    startupsFlag
+	imageAllow        listFlag
+	imagePull         string
+	insecureRegistry  listFlag
 }
 
 func defaultDataDir() string {
@@ -101,6 +105,9 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.IntVar(&c.maxWaitingPerIP, "max-waiting-conns-per-ip", 128, "connections that have not sent a whole HTTP request, per source IP; past it that source's oldest are closed")
 	c.sshMaxStartups = startupsFlag(sshd.DefaultStartups)
 	fs.Var(&c.sshMaxStartups, "ssh-max-startups", "tunnels in SSH authentication at once, `start:rate:full` as OpenSSH's MaxStartups: from start on, rate% of new ones are dropped, rising to 100% at full")
+	fs.Var(&c.imageAllow, "image-allow", "images a create may pull on demand: an exact reference or a prefix ending in * (docker.io/library/*, ghcr.io/acme/*); repeatable")
+	fs.StringVar(&c.imagePull, "image-pull", "missing", "on-demand pulls: missing (pull an allowed image a create asks for) or never")
+	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -260,13 +267,27 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	defer store.Close()
-	mgr := gateway.NewManager(gateway.Config{
+	if cfg.imagePull != "missing" && cfg.imagePull != "never" {
+		return fmt.Errorf("--image-pull %q: want missing or never", cfg.imagePull)
+	}
+	istore, err := images.Open(cfg.dataDir)
+	if err != nil {
+		return err
+	}
+	isrc, err := newImageSource(istore, cfg.imageAllow, cfg.imagePull == "missing", cfg.insecureRegistry, log)
+	if err != nil {
+		return err
+	}
+	isrc.noImages = driver.Name() != "linux"
+	mcfg := gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
-		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store,
-	}, driver, log)
+		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
+	}
+	mgr := gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {
 		return err
 	}
+	releaseStaleImageRefs(istore, mgr, log)
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,
@@ -277,7 +298,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	tun := tunnel.NewServer(mgr, ssh.ServeConn, rest.WriteGatewayError, log)
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
-		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun,
+		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
 		Ready: func() (map[string]any, error) {
 			return map[string]any{"sandbox": driver.Name(), "limits": report}, nil
 		},

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/images"
+	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// pullTimeout bounds an on-demand pull that a create waits for.
+const pullTimeout = 10 * time.Minute
+
+// imageSource is the image store as the session manager
+// (gateway.ImageSource) and the API (rest.Images) see it: images present,
+// and those --image-allow lets a create pull on demand.
+type imageSource struct {
+	store    *images.Store
+	allow    []string // normalised patterns
+	pull     bool     // --image-pull=missing
+	insecure []string
+	log      *slog.Logger
+	// noImages is set when the sandbox driver cannot run images (workdir):
+	// every image is refused before anything is pulled.
+	noImages bool
+}
+
+func newImageSource(store *images.Store, allow []string, pull bool, insecure []string, log *slog.Logger) (*imageSource, error) {
+	for _, p := range allow {
+		if err := images.CheckPattern(p); err != nil {
+			return nil, fmt.Errorf("--image-allow %q: %w", p, err)
+		}
+	}
+	return &imageSource{store: store, allow: allow, pull: pull, insecure: insecure, log: log}, nil
+}
+
+func (s *imageSource) unknown(name, why string) error {
+	allowed := "none: the operator pulls or imports images with `sandgate image`"
+	if s.pull && len(s.allow) > 0 {
+		allowed = strings.Join(s.allow, ", ")
+	}
+	return gateway.Invalid("unknown_image", fmt.Sprintf("image %q %s; images that may be pulled on demand: %s (GET /v1/images lists those present)", name, why, allowed))
+}
+
+// Check implements gateway.ImageSource.
+func (s *imageSource) Check(name string) error {
+	if s.noImages {
+		return gateway.Invalid("images_unsupported", sandbox.ErrNoImages.Error())
+	}
+	n, err := images.Normalize(name)
+	if err != nil {
+		return gateway.Invalid("unknown_image", fmt.Sprintf("image %q is not a valid reference: %v", name, err))
+	}
+	if _, err := s.store.Get(n); err == nil {
+		return nil
+	} else if !errors.Is(err, images.ErrNotFound) {
+		return &gateway.Error{Kind: gateway.KindInternal, Code: "internal", Message: "internal error", Err: err}
+	}
+	if s.pull && images.Allowed(n, s.allow) {
+		return nil
+	}
+	return s.unknown(name, "is not on this gateway and may not be pulled")
+}
+
+// Resolve implements gateway.ImageSource: the image, pulled first when it
+// is missing and allowed. The pull outlives the create that asked for it
+// (other creates may share it), up to pullTimeout.
+func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image, error) {
+	n, err := images.Normalize(name)
+	if err != nil {
+		return nil, gateway.Invalid("unknown_image", fmt.Sprintf("image %q is not a valid reference: %v", name, err))
+	}
+	img, err := s.store.Get(n)
+	if errors.Is(err, images.ErrNotFound) {
+		if !s.pull || !images.Allowed(n, s.allow) {
+			return nil, s.unknown(name, "is not on this gateway and may not be pulled")
+		}
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
+		defer cancel()
+		start := time.Now()
+		img, err = s.store.Pull(pctx, n, images.PullOptions{InsecureRegistries: s.insecure})
+		if err != nil {
+			s.log.Warn("image_pull_failed", "image", n, "err", err)
+			return nil, &gateway.Error{Kind: gateway.KindUpstream, Code: "image_pull_failed",
+				Message: fmt.Sprintf("could not pull %s: %v", n, err), Err: err}
+		}
+		s.log.Info("image_pulled", "image", n, "digest", img.Digest, "bytes", img.SizeBytes, "duration", time.Since(start))
+	} else if err != nil {
+		return nil, &gateway.Error{Kind: gateway.KindInternal, Code: "internal", Message: "internal error", Err: err}
+	}
+	return &sandbox.Image{Name: img.Name, Digest: img.Digest, Layers: img.LayerDirs, Env: img.Env, WorkingDir: img.WorkingDir}, nil
+}
+
+// Hold implements gateway.ImageSource.
+func (s *imageSource) Hold(id string, img *sandbox.Image) error {
+	_, err := s.store.Acquire(id, img.Name)
+	return err
+}
+
+// Release implements gateway.ImageSource.
+func (s *imageSource) Release(id string) {
+	if err := s.store.Release(id); err != nil {
+		s.log.Warn("image_release_failed", "session", id, "err", err)
+	}
+}
+
+// ListImages implements rest.Images.
+func (s *imageSource) ListImages(context.Context) ([]rest.ImageInfo, []string, error) {
+	list, err := s.store.List()
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]rest.ImageInfo, 0, len(list))
+	for _, img := range list {
+		out = append(out, rest.ImageInfo{Name: img.Name, Digest: img.Digest, SizeBytes: img.SizeBytes, PulledAt: img.PulledAt})
+	}
+	allow := []string{}
+	if s.pull {
+		allow = append(allow, s.allow...)
+	}
+	return out, allow, nil
+}
+
+// releaseStaleImageRefs drops the image holds of sessions the manager does
+// not know after Restore (a crash between a sandbox's end and its release),
+// so that `image rm` and prune are not blocked forever.
+func releaseStaleImageRefs(store *images.Store, mgr *gateway.Manager, log *slog.Logger) {
+	refs, err := store.Refs()
+	if err != nil {
+		log.Warn("image_refs_unreadable", "err", err)
+		return
+	}
+	for _, r := range refs {
+		if !mgr.Known(r.SessionID) {
+			if err := store.Release(r.SessionID); err != nil {
+				log.Warn("image_release_failed", "session", r.SessionID, "err", err)
+				continue
+			}
+			log.Info("image_ref_released", "session", r.SessionID, "image", r.Name, "reason", "no such session")
+		}
+	}
+}

@@ -20,14 +20,15 @@ var forbidden = map[string][]string{
 	"sandbox/linuxns/initd": {"=sandbox/linuxns", "sandbox/workdir", "internal/cgroup"},
 	"sandbox/linuxns/ctl":   {"=sandbox/linuxns", "sandbox/linuxns/initd", "sandbox/workdir", "internal/cgroup"},
 	"sandbox/workdir":       {"sandbox/linuxns"},
-	"gateway":               {"rest", "tunnel", "sshd", "cmd", "sandbox/"},
-	"rest":                  {"tunnel", "sshd", "cmd", "sandbox/"},
+	"gateway":               {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images"},
+	"rest":                  {"tunnel", "sshd", "cmd", "sandbox/", "images"},
 	"tunnel":                {"rest", "sshd", "cmd", "sandbox/"},
 	"sshd":                  {"rest", "tunnel", "cmd", "sandbox/"},
 	"sftpd":                 {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal"},
 	"internal/cgroup":       {"sandbox/", "gateway", "rest", "tunnel", "sshd", "cmd"},
 	"internal/procio":       {"sandbox/", "gateway", "rest", "tunnel", "sshd", "cmd"},
 	"internal/mountinfo":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"images":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd"},
 }
 
 // allowedSelf lists what a package under a forbidden prefix may still

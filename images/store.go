@@ -280,18 +280,16 @@ func (s *Store) readIndex() (*indexFile, error) {
 // updateIndex runs fn on the index under index.lock and writes the result
 // if fn returns nil. The lock is held only for this read-modify-write.
 func (s *Store) updateIndex(fn func(*indexFile) error) error {
-	l, err := lockFile(s.indexLockPath(), true, true)
-	if err != nil {
-		return err
-	}
-	defer l.unlock()
-	idx, err := s.readIndex()
-	if err != nil {
-		return err
-	}
-	if err := fn(idx); err != nil {
-		return err
-	}
+	return s.withIndexLock(func(idx *indexFile) error {
+		if err := fn(idx); err != nil {
+			return err
+		}
+		return s.writeIndex(idx)
+	})
+}
+
+// writeIndex writes idx, sorted by name, over the index file.
+func (s *Store) writeIndex(idx *indexFile) error {
 	slices.SortFunc(idx.Images, func(a, b record) int { return strings.Compare(a.Name, b.Name) })
 	b, err := json.MarshalIndent(idx, "", "  ")
 	if err != nil {

@@ -314,9 +314,10 @@ func (b *bench) runAll(start time.Time) int {
 		{"5", b.rowCreate},
 		{"6", b.rowMany},
 		{"7", b.rowParamiko},
+		{"8", b.rowImages},
 	}
 	for _, row := range rows {
-		if !c.rows[row.id] {
+		if !c.wantRow(row.id) {
 			continue
 		}
 		if b.ctx.Err() != nil {

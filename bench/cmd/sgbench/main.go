@@ -38,6 +38,9 @@ type config struct {
 	sessions            int
 	latN                int
 	pyN                 int
+	pullReps            int   // row 8b: first pulls per way
+	pullSize            int64 // row 8b: bytes of the random layer
+	imageSessions       int   // row 8c: sessions on one image
 	tmpBase             string
 	outDir              string
 	python              string
@@ -94,7 +97,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "1,2,3,4,5,6,7", "rows to run")
+	rows := fs.String("rows", "1,2,3,4,5,6,7,8", "rows to run; row 8's parts also one by one (8a,8b,8c)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 (default 30, quick 10)")
@@ -103,6 +106,9 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
 	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
 	fs.IntVar(&c.pyN, "paramiko", 0, "run_command calls per side in row 7 (default 100, quick 20)")
+	fs.IntVar(&c.pullReps, "pull-reps", 0, "first pulls per way in row 8b (default 3, quick 1)")
+	pullSize := fs.String("pull-size", "50MB", "size of row 8b's random layer; suffixes MB (10^6) KiB MiB GiB")
+	fs.IntVar(&c.imageSessions, "image-sessions", 0, "sessions on one image in row 8c (default 100, quick 20)")
 	fs.StringVar(&c.tmpBase, "tmpdir", "", "scratch dir parent (default /dev/shm when it has room, else $TMPDIR)")
 	fs.StringVar(&c.outDir, "out", "", "results dir (default <repo>/bench/results)")
 	fs.StringVar(&c.python, "python", "python3", "Python for row 7")
@@ -148,6 +154,11 @@ func parseFlags(args []string) (*config, error) {
 	def(&c.sessions, 1000, 100)
 	def(&c.latN, 1000, 40)
 	def(&c.pyN, 100, 20)
+	def(&c.pullReps, 3, 1)
+	def(&c.imageSessions, 100, 20)
+	if c.pullSize, err = parseSize(*pullSize); err != nil {
+		return nil, err
+	}
 	c.size = 1 << 30
 	if c.quick {
 		c.size = 64 << 20
@@ -164,11 +175,25 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"5", "6", "7"} {
+		for _, r := range []string{"5", "6", "7", "8", "8a", "8b", "8c"} {
 			delete(c.rows, r)
 		}
 	}
 	return c, nil
+}
+
+// wantRow says whether row id runs: asked for by itself, or one of its
+// parts (8a for 8), or its whole row (8 for 8a).
+func (c *config) wantRow(id string) bool {
+	if c.rows[id] || c.rows[strings.TrimRight(id, "abcdefghijklmnopqrstuvwxyz")] {
+		return true
+	}
+	for r := range c.rows {
+		if p, ok := strings.CutPrefix(r, id); ok && p != "" && strings.Trim(p, "abcdefghijklmnopqrstuvwxyz") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 func splitList(s string) []string {
@@ -186,7 +211,7 @@ func parseSize(s string) (int64, error) {
 	for _, u := range []struct {
 		suf string
 		m   int64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
 		if v, ok := strings.CutSuffix(s, u.suf); ok {
 			s, mult = v, u.m
 			break
@@ -326,14 +351,18 @@ func printPlan(c *config, b *bench) {
 	sort.Strings(rows)
 	size := fmt.Sprintf("%d MiB", c.size>>20)
 	desc := map[string]string{
-		"1": fmt.Sprintf("new connection + `true` with ssh, %d runs per variant (sandgate proxy; sshd direct, via nc, via Go proxy; default KEX)", c.newConnN),
-		"2": fmt.Sprintf("exec `true` over a ControlMaster connection, %d per side", c.execN),
-		"3": fmt.Sprintf("sftp put/get and scp up/down of %s, %d runs per side", size, c.reps),
-		"4": fmt.Sprintf("%s through `cat > /dev/null` and `cat file` over exec, %d runs per side", size, c.reps),
-		"5": fmt.Sprintf("session create -> first command done (Go client), %d per driver in %v; sshd: new connection + exec", c.createN, c.drivers),
-		"6": fmt.Sprintf("%d concurrent sessions with an SSH connection each: gateway RSS per session; %d execs p50/p99 while open", c.sessions, c.latN),
-		"7": fmt.Sprintf("Paramiko run_command(`true`), %d per side (SDK SessionSSHClient vs plain paramiko)", c.pyN),
+		"1":  fmt.Sprintf("new connection + `true` with ssh, %d runs per variant (sandgate proxy; sshd direct, via nc, via Go proxy; default KEX)", c.newConnN),
+		"2":  fmt.Sprintf("exec `true` over a ControlMaster connection, %d per side", c.execN),
+		"3":  fmt.Sprintf("sftp put/get and scp up/down of %s, %d runs per side", size, c.reps),
+		"4":  fmt.Sprintf("%s through `cat > /dev/null` and `cat file` over exec, %d runs per side", size, c.reps),
+		"5":  fmt.Sprintf("session create -> first command done (Go client), %d per driver in %v; sshd: new connection + exec", c.createN, c.drivers),
+		"6":  fmt.Sprintf("%d concurrent sessions with an SSH connection each: gateway RSS per session; %d execs p50/p99 while open", c.sessions, c.latN),
+		"7":  fmt.Sprintf("Paramiko run_command(`true`), %d per side (SDK SessionSSHClient vs plain paramiko)", c.pyN),
+		"8a": fmt.Sprintf("sandgate only: create -> first command on a cached busybox image vs `default`, %d each, alternating (linux driver)", c.createN),
+		"8b": fmt.Sprintf("sandgate only: first pull of busybox + a %s random layer from a loopback registry, %d per way (create waiting for the on-demand pull; `sandgate image pull`)", sizeLabel(c.pullSize), c.pullReps),
+		"8c": fmt.Sprintf("sandgate only: disk per session, %d sessions on one image (du -x of <data>/sandboxes + images/refs)", c.imageSessions),
 	}
+	desc["8"] = "(8a) " + desc["8a"] + "\n  row 8b: " + desc["8b"] + "\n  row 8c: " + desc["8c"]
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])
 	}

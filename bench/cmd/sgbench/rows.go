@@ -397,10 +397,13 @@ func (b *bench) rowCat() error {
 type phases struct{ create, connect, exec, total float64 }
 
 // createFirst times POST /v1/sessions, CONNECT + SSH handshake, and exec true.
-func (b *bench) createFirst(g *sandgate) (phases, error) {
+func (b *bench) createFirst(g *sandgate) (phases, error) { return b.createFirstOn(g, "") }
+
+// createFirstOn is createFirst for a session on image ("" is the default).
+func (b *bench) createFirstOn(g *sandgate, image string) (phases, error) {
 	var p phases
 	t0 := time.Now()
-	s, err := g.create(b.ctx)
+	s, err := g.createOn(b.ctx, image)
 	if err != nil {
 		return p, err
 	}

@@ -127,8 +127,16 @@ type session struct {
 }
 
 // create makes a session: POST /v1/sessions.
-func (g *sandgate) create(ctx context.Context) (*session, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions", strings.NewReader("{}"))
+func (g *sandgate) create(ctx context.Context) (*session, error) { return g.createOn(ctx, "") }
+
+// createOn makes a session on image ref ("" is the gateway's default).
+func (g *sandgate) createOn(ctx context.Context, image string) (*session, error) {
+	reqBody := "{}"
+	if image != "" {
+		b, _ := json.Marshal(map[string]string{"image": image})
+		reqBody = string(b)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions", strings.NewReader(reqBody))
 	req.Header.Set("Authorization", "Bearer "+g.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := g.http.Do(req)

@@ -116,6 +116,8 @@ func formatValue(v float64, unit string) string {
 		}
 	case "B":
 		switch {
+		case v < 10<<10:
+			return fmt.Sprintf("%.1f KiB", v/1024)
 		case v < 10<<20:
 			return fmt.Sprintf("%.0f KiB", v/1024)
 		default:

@@ -30,7 +30,8 @@ const (
 )
 
 // Session is one session and its sandbox. Its exported fields never change
-// after creation; activity and status are read through methods.
+// after creation; activity, status, expiry and ttl (which a PATCH moves) are
+// read through methods or Snapshot.
 type Session struct {
 	ID     string
 	Tenant string
@@ -40,8 +41,6 @@ type Session struct {
 	ImageDigest string
 	Metadata    map[string]any
 	CreatedAt   time.Time
-	ExpiresAt   time.Time
-	TTL         int
 	// SSHPublicKey is the authorized_keys line the creator supplied, if any.
 	SSHPublicKey string
 	// IdempotencyKey is the creator's Idempotency-Key, if any.
@@ -56,6 +55,8 @@ type Session struct {
 	mu           sync.Mutex
 	status       string
 	statusReason string
+	expiresAt    time.Time
+	ttl          int // seconds, as last set (by create or an update)
 	conns        map[*connEntry]struct{}
 }
 
@@ -69,8 +70,10 @@ type View struct {
 	CreatedAt      time.Time      `json:"createdAt"`
 	ExpiresAt      time.Time      `json:"expiresAt"`
 	LastActivityAt time.Time      `json:"lastActivityAt"`
-	TTL            int            `json:"ttl"`
-	StatusReason   string         `json:"statusReason,omitempty"` // why a failed session failed
+	// TTL is the lifetime in seconds as last set, by the create or by an
+	// update (PATCH): ExpiresAt is the moment it was set plus TTL.
+	TTL          int    `json:"ttl"`
+	StatusReason string `json:"statusReason,omitempty"` // why a failed session failed
 }
 
 // Record is a session at one moment: what Snapshot returns for rendering
@@ -90,13 +93,13 @@ type Record struct {
 // Snapshot returns the session's current state.
 func (s *Session) Snapshot() Record {
 	s.mu.Lock()
-	status, reason := s.status, s.statusReason
+	status, reason, expires, ttl := s.status, s.statusReason, s.expiresAt, s.ttl
 	s.mu.Unlock()
 	r := Record{
 		ID: s.ID, Tenant: s.Tenant,
 		View: View{
 			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata,
-			CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
+			CreatedAt: s.CreatedAt, ExpiresAt: expires, LastActivityAt: s.LastActivity(), TTL: ttl,
 			StatusReason: reason,
 		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
@@ -112,7 +115,7 @@ func (s *Session) Snapshot() Record {
 func sessionFromRecord(r Record) *Session {
 	s := &Session{
 		ID: r.ID, Tenant: r.Tenant, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata,
-		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, TTL: r.TTL, SSHPublicKey: r.SSHPublicKey,
+		CreatedAt: r.CreatedAt, expiresAt: r.ExpiresAt, ttl: r.TTL, SSHPublicKey: r.SSHPublicKey,
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
 	}
@@ -142,6 +145,23 @@ func (s *Session) Touch(now time.Time) {
 			return
 		}
 	}
+}
+
+// ExpiresAt is when the session's TTL runs out.
+func (s *Session) ExpiresAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expiresAt
+}
+
+// setExpiry sets the session's ttl and expiry; it returns the previous
+// values, so a caller that cannot record the change can put them back.
+func (s *Session) setExpiry(ttl int, at time.Time) (oldTTL int, oldAt time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	oldTTL, oldAt = s.ttl, s.expiresAt
+	s.ttl, s.expiresAt = ttl, at
+	return oldTTL, oldAt
 }
 
 // Live reports whether the session still accepts connections.

@@ -267,6 +267,27 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	_ = writeJSON(w, http.StatusOK, a.render(s, ""))
 }
 
+type updateRequest struct {
+	TTL *int `json:"ttl"`
+}
+
+// update applies a PATCH: {"ttl": N} makes the session expire N seconds
+// from now. It counts as activity, like a GET.
+func (a *api) update(w http.ResponseWriter, r *http.Request) {
+	var req updateRequest
+	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	s, err := a.cfg.Sessions.Update(r.Context(), principal(r), chi.URLParam(r, "id"), gateway.UpdateParams{TTL: req.TTL})
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	s.Touch(time.Now())
+	_ = writeJSON(w, http.StatusOK, a.render(s, ""))
+}
+
 func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 	if err := a.cfg.Sessions.Delete(r.Context(), principal(r), chi.URLParam(r, "id")); err != nil {
 		WriteGatewayError(w, err)

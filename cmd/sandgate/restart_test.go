@@ -213,3 +213,41 @@ func TestRestartMarksLostSandboxFailed(t *testing.T) {
 		t.Fatalf("get after delete: %d", code)
 	}
 }
+
+// TestRestartKeepsTTLExtension: a PATCH that moved a session's expiry is
+// what the next gateway enforces, after a crash (SIGKILL) too.
+func TestRestartKeepsTTLExtension(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			g := startGateway(t, "--keep-sandboxes-on-exit=true")
+			var s struct {
+				fullSession
+				TTL int `json:"ttl"`
+			}
+			if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"ttl": 120}, &s); code != http.StatusCreated {
+				t.Fatalf("create: %d", code)
+			}
+			var ext struct {
+				fullSession
+				TTL int `json:"ttl"`
+			}
+			if code := g.api(t, http.MethodPatch, "/v1/sessions/"+s.SessionID, map[string]any{"ttl": 7200}, &ext); code != http.StatusOK {
+				t.Fatalf("patch: %d", code)
+			}
+			if ext.TTL != 7200 || !ext.ExpiresAt.After(s.ExpiresAt.Add(7000*time.Second)) {
+				t.Fatalf("after PATCH: ttl %d expiresAt %v (was %v)", ext.TTL, ext.ExpiresAt, s.ExpiresAt)
+			}
+			g2 := restartWith(t, g, sig, "workdir")
+			var got struct {
+				fullSession
+				TTL int `json:"ttl"`
+			}
+			if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &got); code != http.StatusOK {
+				t.Fatalf("get after restart: %d", code)
+			}
+			if got.Status != "running" || got.TTL != 7200 || !got.ExpiresAt.Equal(ext.ExpiresAt) {
+				t.Fatalf("after restart: %+v ttl %d, want running, ttl 7200, expiresAt %v", got.fullSession, got.TTL, ext.ExpiresAt)
+			}
+		})
+	}
+}

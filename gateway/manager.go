@@ -41,6 +41,8 @@ type Config struct {
 	Now func() time.Time
 	// Store keeps sessions across restarts (default: in memory only).
 	Store Store
+	// Resources are the defaults and caps of session resources.
+	Resources ResourceBounds
 }
 
 // Manager owns every live session.
@@ -111,6 +113,7 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 	if cfg.Store == nil {
 		cfg.Store = NewMemStore()
 	}
+	cfg.Resources = cfg.Resources.withDefaults()
 	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{}}
 }
 
@@ -125,6 +128,9 @@ type CreateParams struct {
 	// IdempotencyKey, when set, makes the create idempotent for the
 	// tenant (see IdempotencyWindow).
 	IdempotencyKey string
+	// Resources, when set, are the sandbox's limits; nil fields get the
+	// gateway's defaults (Config.Resources).
+	Resources *ResourceRequest
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -159,8 +165,16 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if err := checkMetadata(cp.Metadata); err != nil {
 		return nil, "", err
 	}
+	res, err := m.cfg.Resources.resolve(cp.Resources)
+	if err != nil {
+		return nil, "", err
+	}
 	key := idemKey{p.Tenant, cp.IdempotencyKey}
-	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey)
+	var fpRes *Resources // the defaults fingerprint as before resources existed
+	if res != m.cfg.Resources.Default {
+		fpRes = &res
+	}
+	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes)
 
 	prior, err := m.reserve(key, fp)
 	if err != nil {
@@ -182,7 +196,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	s := &Session{
 		ID: newID(), Tenant: p.Tenant, Image: image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
-		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey,
+		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
 		conns:        map[*connEntry]struct{}{},
@@ -191,7 +205,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		s.requestHash = fp
 	}
 	s.lastActivity.Store(now.UnixNano())
-	spec := sandbox.Spec{ID: s.ID}
+	spec := sandbox.Spec{ID: s.ID, Limits: res.limits()}
 	if !slices.Contains(m.cfg.Images, image) {
 		img, err := m.cfg.ImageSource.Resolve(ctx, image)
 		if err != nil {

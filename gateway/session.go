@@ -45,6 +45,9 @@ type Session struct {
 	SSHPublicKey string
 	// IdempotencyKey is the creator's Idempotency-Key, if any.
 	IdempotencyKey string
+	// Resources are the sandbox's limits in force (nil for a session
+	// recorded before sessions had their own).
+	Resources *Resources
 
 	requestHash   [32]byte // fingerprint of the create's payload, with IdempotencyKey
 	passwordHash  [32]byte
@@ -67,6 +70,7 @@ type View struct {
 	Image          string         `json:"image"`
 	ImageDigest    string         `json:"imageDigest,omitempty"`
 	Metadata       map[string]any `json:"metadata"`
+	Resources      *Resources     `json:"resources,omitempty"`
 	CreatedAt      time.Time      `json:"createdAt"`
 	ExpiresAt      time.Time      `json:"expiresAt"`
 	LastActivityAt time.Time      `json:"lastActivityAt"`
@@ -98,7 +102,7 @@ func (s *Session) Snapshot() Record {
 	r := Record{
 		ID: s.ID, Tenant: s.Tenant,
 		View: View{
-			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata,
+			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata, Resources: s.Resources,
 			CreatedAt: s.CreatedAt, ExpiresAt: expires, LastActivityAt: s.LastActivity(), TTL: ttl,
 			StatusReason: reason,
 		},
@@ -114,7 +118,7 @@ func (s *Session) Snapshot() Record {
 // by the caller.
 func sessionFromRecord(r Record) *Session {
 	s := &Session{
-		ID: r.ID, Tenant: r.Tenant, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata,
+		ID: r.ID, Tenant: r.Tenant, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata, Resources: r.Resources,
 		CreatedAt: r.CreatedAt, expiresAt: r.ExpiresAt, ttl: r.TTL, SSHPublicKey: r.SSHPublicKey,
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},

@@ -21,10 +21,13 @@ import (
 )
 
 type createRequest struct {
-	TTL          *int           `json:"ttl"`
-	Image        *string        `json:"image"`
-	Metadata     map[string]any `json:"metadata"`
-	SSHPublicKey *string        `json:"sshPublicKey"`
+	TTL      *int           `json:"ttl"`
+	Image    *string        `json:"image"`
+	Metadata map[string]any `json:"metadata"`
+	// Labels is another name for Metadata (the name seed 002 used).
+	Labels       map[string]any           `json:"labels"`
+	SSHPublicKey *string                  `json:"sshPublicKey"`
+	Resources    *gateway.ResourceRequest `json:"resources"`
 }
 
 type sessionJSON struct {
@@ -86,6 +89,14 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		cp.SSHPublicKey = *req.SSHPublicKey
 	}
 	cp.Metadata = req.Metadata
+	if req.Labels != nil {
+		if req.Metadata != nil {
+			WriteError(w, http.StatusBadRequest, "invalid_field", `give "metadata" or "labels", not both: labels is another name for metadata`)
+			return
+		}
+		cp.Metadata = req.Labels
+	}
+	cp.Resources = req.Resources
 	if keys, ok := r.Header[idempotencyKeyHeader]; ok {
 		if len(keys) != 1 || keys[0] == "" {
 			WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", "send one non-empty Idempotency-Key header")
@@ -215,6 +226,8 @@ func jsonKind(goKind string) string {
 		return "an integer"
 	case "string":
 		return "a string"
+	case "float64":
+		return "a number"
 	case "map":
 		return "an object"
 	}

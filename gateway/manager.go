@@ -205,7 +205,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		s.requestHash = fp
 	}
 	s.lastActivity.Store(now.UnixNano())
-	spec := sandbox.Spec{ID: s.ID, Limits: res.limits()}
+	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
 	if !slices.Contains(m.cfg.Images, image) {
 		img, err := m.cfg.ImageSource.Resolve(ctx, image)
 		if err != nil {

@@ -132,7 +132,25 @@ func (b ResourceBounds) resolve(req *ResourceRequest) (Resources, error) {
 	return r, nil
 }
 
-// limits are r as a driver's per-sandbox limits.
-func (r Resources) limits() sandbox.Limits {
-	return sandbox.Limits{MemoryBytes: r.MemoryMiB * mib, CPUs: r.CPUs, Pids: r.Pids, WorkspaceBytes: r.DiskMiB * mib}
+// limits are the fields req sets as a driver's per-sandbox limits; the
+// fields it leaves out are zero, which a driver fills with its own
+// defaults (those the gateway's defaults describe).
+func (b ResourceBounds) limits(req *ResourceRequest) sandbox.Limits {
+	var l sandbox.Limits
+	if req == nil {
+		return l
+	}
+	if req.MemoryMiB != nil {
+		l.MemoryBytes = *req.MemoryMiB * mib
+	}
+	if req.CPUs != nil {
+		l.CPUs = *req.CPUs
+	}
+	if req.Pids != nil {
+		l.Pids = *req.Pids
+	}
+	if req.DiskMiB != nil && !b.DiskFixed {
+		l.WorkspaceBytes = *req.DiskMiB * mib
+	}
+	return l
 }

@@ -476,14 +476,30 @@ func TestContract(t *testing.T) {
 			t.Errorf("chosen values: %+v", a2)
 		}
 
+		if a1.Resources == nil || *a1.Resources != (gateway.Resources{MemoryMiB: 512, CPUs: 1, Pids: 256, DiskMiB: 1024}) {
+			t.Errorf("default resources: %+v", a1.Resources)
+		}
 		expect(t, g.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{}`)), 429, "quota_exceeded")
-		b1 := g.create(t, bobKey, `{"ttl": null, "image": null, "metadata": null, "sshPublicKey": null}`)
+		b1 := g.create(t, bobKey, `{"ttl": null, "image": null, "metadata": null, "labels": null, "resources": null, "sshPublicKey": null}`)
 		r = g.do(t, http.MethodPost, "/v1/sessions", carolKey, nil)
 		expect(t, r, 503, "capacity") // the gateway's limit, not carol's
 		if r.header.Get("Retry-After") == "" {
 			t.Error("503 capacity without Retry-After")
 		}
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+b1.SessionID, bobKey, nil), 204, "")
+		// Resources asked for (omitted fields: the defaults) and labels.
+		r = g.do(t, http.MethodPost, "/v1/sessions", bobKey,
+			[]byte(`{"labels": {"team": "x"}, "resources": {"memoryMiB": 2048, "cpus": 0.5, "pids": null}}`))
+		expect(t, r, 201, "")
+		b3 := r.session(t)
+		if b3.Metadata["team"] != "x" || b3.Resources == nil ||
+			*b3.Resources != (gateway.Resources{MemoryMiB: 2048, CPUs: 0.5, Pids: 256, DiskMiB: 1024}) {
+			t.Errorf("labels and resources: %+v %+v", b3.Metadata, b3.Resources)
+		}
+		if got := g.do(t, http.MethodGet, "/v1/sessions/"+b3.SessionID, bobKey, nil).session(t); got.Resources == nil || *got.Resources != *b3.Resources {
+			t.Errorf("GET resources %+v, want %+v", got.Resources, b3.Resources)
+		}
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+b3.SessionID, bobKey, nil), 204, "")
 
 		// Idempotency-Key: a replay, a reused key, one in progress (below).
 		ik := []string{"Idempotency-Key", "contract-1"}
@@ -512,6 +528,19 @@ func TestContract(t *testing.T) {
 			{`{"metadata": {"a": [[[[[[[[1]]]]]]]]}}`, "metadata_too_deep"},
 			{`{"metadata": {"a": {` + manyKeys(64) + `}}}`, "metadata_too_many_keys"},
 			{`{"metadata": {"a": "` + strings.Repeat("x", 16384) + `"}}`, "metadata_too_large"},
+			{`{"labels": {"a": [[[[[[[[1]]]]]]]]}}`, "metadata_too_deep"},
+			{`{"metadata": {"a": 1}, "labels": {"b": 2}}`, "invalid_field"},
+			{`{"metadata": {}, "labels": {}}`, "invalid_field"},
+			{`{"resources": {"memoryMiB": 4096}}`, "resources_exceeded"},
+			{`{"resources": {"cpus": 4.5}}`, "resources_exceeded"},
+			{`{"resources": {"pids": 1025}}`, "resources_exceeded"},
+			{`{"resources": {"diskMiB": 8192}}`, "resources_exceeded"},
+			{`{"resources": {"memoryMiB": 1}}`, "invalid_resources"},
+			{`{"resources": {"cpus": 0}}`, "invalid_resources"},
+			{`{"resources": {"memoryMiB": "1G"}}`, "invalid_field"},
+			{`{"resources": {"pids": 1.5}}`, "invalid_field"},
+			{`{"resources": {"swapMiB": 1}}`, "unknown_field"},
+			{`{"resources": []}`, "invalid_field"},
 		} {
 			expect(t, g.do(t, http.MethodPost, "/v1/sessions", carolKey, []byte(c.body)), 400, c.code)
 		}

@@ -215,7 +215,8 @@ func TestRestartMarksLostSandboxFailed(t *testing.T) {
 }
 
 // TestRestartKeepsTTLExtension: a PATCH that moved a session's expiry is
-// what the next gateway enforces, after a crash (SIGKILL) too.
+// what the next gateway enforces, after a crash (SIGKILL) too; the
+// session's resources stay as created.
 func TestRestartKeepsTTLExtension(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
@@ -224,7 +225,8 @@ func TestRestartKeepsTTLExtension(t *testing.T) {
 				fullSession
 				TTL int `json:"ttl"`
 			}
-			if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"ttl": 120}, &s); code != http.StatusCreated {
+			res := map[string]any{"memoryMiB": 1024, "pids": 300}
+			if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"ttl": 120, "resources": res}, &s); code != http.StatusCreated {
 				t.Fatalf("create: %d", code)
 			}
 			var ext struct {
@@ -240,7 +242,8 @@ func TestRestartKeepsTTLExtension(t *testing.T) {
 			g2 := restartWith(t, g, sig, "workdir")
 			var got struct {
 				fullSession
-				TTL int `json:"ttl"`
+				TTL       int            `json:"ttl"`
+				Resources map[string]any `json:"resources"`
 			}
 			if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &got); code != http.StatusOK {
 				t.Fatalf("get after restart: %d", code)
@@ -248,6 +251,50 @@ func TestRestartKeepsTTLExtension(t *testing.T) {
 			if got.Status != "running" || got.TTL != 7200 || !got.ExpiresAt.Equal(ext.ExpiresAt) {
 				t.Fatalf("after restart: %+v ttl %d, want running, ttl 7200, expiresAt %v", got.fullSession, got.TTL, ext.ExpiresAt)
 			}
+			if got.Resources["memoryMiB"] != 1024.0 || got.Resources["pids"] != 300.0 || got.Resources["cpus"] != 1.0 {
+				t.Errorf("resources after restart: %v", got.Resources)
+			}
 		})
+	}
+}
+
+// TestLinuxSessionResources: resources asked for at create are the
+// sandbox's cgroup limits under the real binary, and a request above a cap
+// names the limit.
+func TestLinuxSessionResources(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--sandbox-max-memory", "1GiB")
+	var s struct {
+		SessionID string         `json:"sessionId"`
+		Resources map[string]any `json:"resources"`
+	}
+	body := map[string]any{"resources": map[string]any{"memoryMiB": 256, "pids": 100, "cpus": 0.5}}
+	if code := g.api(t, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	if s.Resources["memoryMiB"] != 256.0 || s.Resources["pids"] != 100.0 || s.Resources["cpus"] != 0.5 {
+		t.Errorf("resources: %v", s.Resources)
+	}
+	for file, want := range map[string]string{
+		"memory/sandgate/" + s.SessionID + "/procs/memory.limit_in_bytes": "268435456",
+		"pids/sandgate/" + s.SessionID + "/procs/pids.max":                "100",
+		"cpu/sandgate/" + s.SessionID + "/procs/cpu.cfs_quota_us":         "50000",
+	} {
+		b, err := os.ReadFile("/sys/fs/cgroup/" + file)
+		if err != nil {
+			t.Logf("%s: %v (not cgroup v1 here)", file, err)
+			continue
+		}
+		if got := strings.TrimSpace(string(b)); got != want {
+			t.Errorf("%s = %s, want %s", file, got, want)
+		}
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	body = map[string]any{"resources": map[string]any{"memoryMiB": 2048}}
+	if code := g.api(t, http.MethodPost, "/v1/sessions", body, &e); code != http.StatusBadRequest ||
+		e.Error.Code != "resources_exceeded" || !strings.Contains(e.Error.Message, "1024") {
+		t.Errorf("above the cap: %d %+v", code, e)
 	}
 }

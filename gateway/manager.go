@@ -41,6 +41,8 @@ type Config struct {
 	Now func() time.Time
 	// Store keeps sessions across restarts (default: in memory only).
 	Store Store
+	// Resources are the defaults and caps of session resources.
+	Resources ResourceBounds
 }
 
 // Manager owns every live session.
@@ -54,6 +56,9 @@ type Manager struct {
 	pending  map[string]int       // creates in progress per tenant
 	inflight map[idemKey][32]byte // idempotency keys of creates in progress, to their payload's fingerprint
 	stopping bool                 // Shutdown has begun: sandboxes end on purpose
+	// writeMu orders the writes of records that Update and saveActivity
+	// make from snapshots, so an older snapshot never overwrites a newer one.
+	writeMu sync.Mutex
 	// undestroyed are ended sessions whose sandbox Destroy failed; Run
 	// retries them so nothing of a deleted session survives.
 	undestroyed []*Session
@@ -108,6 +113,7 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 	if cfg.Store == nil {
 		cfg.Store = NewMemStore()
 	}
+	cfg.Resources = cfg.Resources.withDefaults()
 	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{}}
 }
 
@@ -122,6 +128,9 @@ type CreateParams struct {
 	// IdempotencyKey, when set, makes the create idempotent for the
 	// tenant (see IdempotencyWindow).
 	IdempotencyKey string
+	// Resources, when set, are the sandbox's limits; nil fields get the
+	// gateway's defaults (Config.Resources).
+	Resources *ResourceRequest
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -156,8 +165,16 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if err := checkMetadata(cp.Metadata); err != nil {
 		return nil, "", err
 	}
+	res, err := m.cfg.Resources.resolve(cp.Resources)
+	if err != nil {
+		return nil, "", err
+	}
 	key := idemKey{p.Tenant, cp.IdempotencyKey}
-	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey)
+	var fpRes *Resources // the defaults fingerprint as before resources existed
+	if res != m.cfg.Resources.Default {
+		fpRes = &res
+	}
+	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes)
 
 	prior, err := m.reserve(key, fp)
 	if err != nil {
@@ -178,8 +195,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	pw := newPassword()
 	s := &Session{
 		ID: newID(), Tenant: p.Tenant, Image: image, Metadata: cp.Metadata,
-		CreatedAt: now, ExpiresAt: now.Add(time.Duration(cp.TTL) * time.Second), TTL: cp.TTL,
-		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey,
+		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
+		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
 		conns:        map[*connEntry]struct{}{},
@@ -188,7 +205,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		s.requestHash = fp
 	}
 	s.lastActivity.Store(now.UnixNano())
-	spec := sandbox.Spec{ID: s.ID}
+	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
 	if !slices.Contains(m.cfg.Images, image) {
 		img, err := m.cfg.ImageSource.Resolve(ctx, image)
 		if err != nil {
@@ -374,6 +391,53 @@ func (m *Manager) List(ctx context.Context, p Principal, limit, offset int) ([]*
 	return mine[offset:end], total
 }
 
+// UpdateParams are the changes an update makes to a session; nil fields
+// stay as they are.
+type UpdateParams struct {
+	// TTL, when set, makes the session expire TTL seconds from now
+	// (MinTTL..MaxTTL), and becomes the session's ttl.
+	TTL *int
+}
+
+// Update changes p's session id as up says and records the change in the
+// store before it answers. Another tenant's session is ErrNotFound; a
+// session that is not running (failed) is session_not_running.
+func (m *Manager) Update(ctx context.Context, p Principal, id string, up UpdateParams) (*Session, error) {
+	if up.TTL != nil && (*up.TTL < MinTTL || *up.TTL > MaxTTL) {
+		return nil, Invalid("invalid_ttl", fmt.Sprintf("ttl must be between %d and %d seconds, got %d", MinTTL, MaxTTL, *up.TTL))
+	}
+	s, err := m.Get(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	if !s.Live() {
+		return nil, &Error{Kind: KindConflict, Code: "session_not_running", Message: "the session is not running; delete it"}
+	}
+	if up.TTL == nil {
+		return s, nil
+	}
+	// Writes of this session's record are ordered: no activity save may
+	// put back the old expiry (writeMu), and a Delete or the reaper, which
+	// take the session out of the map before they delete its record,
+	// either did so already or wait until this write is done (m.mu).
+	m.writeMu.Lock()
+	defer m.writeMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sessions[s.ID] != s || !s.Live() {
+		return nil, ErrNotFound
+	}
+	now := m.cfg.Now().UTC()
+	oldTTL, oldAt := s.setExpiry(*up.TTL, now.Add(time.Duration(*up.TTL)*time.Second))
+	if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
+		s.setExpiry(oldTTL, oldAt)
+		m.log.Error("store_failed", "session", s.ID, "err", err)
+		return nil, &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the change", Err: err}
+	}
+	m.log.Info("session_updated", "session", s.ID, "tenant", p.Tenant, "ttl", *up.TTL)
+	return s, nil
+}
+
 // Known reports whether the manager holds session id, of any tenant and
 // in any state (running or failed).
 func (m *Manager) Known(id string) bool {
@@ -468,7 +532,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	for id, s := range m.sessions {
 		reason := ""
 		switch {
-		case !now.Before(s.ExpiresAt):
+		case !now.Before(s.ExpiresAt()):
 			reason = "ttl"
 		case m.cfg.IdleTimeout > 0 && now.Sub(s.LastActivity()) >= m.cfg.IdleTimeout:
 			reason = "idle"
@@ -488,6 +552,8 @@ func (m *Manager) Reap(ctx context.Context) {
 // saveActivity writes the activity times that moved since the last write,
 // in one transaction, so idle clocks continue from them after a restart.
 func (m *Manager) saveActivity() {
+	m.writeMu.Lock()
+	defer m.writeMu.Unlock()
 	var recs []Record
 	var moved []*Session
 	m.mu.Lock()

@@ -258,12 +258,12 @@ func TestManagerCreateRejectsBadParams(t *testing.T) {
 		t.Errorf("bad params created %d sessions, %d sandboxes", total, dirCount(t, root))
 	}
 	s, _ := mustCreate(t, m, alice, gateway.CreateParams{})
-	if s.TTL != gateway.DefaultTTL || s.Image != "default" || s.Metadata == nil {
-		t.Errorf("defaults: ttl %d image %q metadata %v", s.TTL, s.Image, s.Metadata)
+	if snap := s.Snapshot(); snap.TTL != gateway.DefaultTTL || s.Image != "default" || s.Metadata == nil {
+		t.Errorf("defaults: ttl %d image %q metadata %v", snap.TTL, s.Image, s.Metadata)
 	}
 	for _, ttl := range []int{gateway.MinTTL, gateway.MaxTTL} {
-		if s, _ := mustCreate(t, m, alice, gateway.CreateParams{TTL: ttl}); s.TTL != ttl {
-			t.Errorf("ttl %d became %d", ttl, s.TTL)
+		if s, _ := mustCreate(t, m, alice, gateway.CreateParams{TTL: ttl}); s.Snapshot().TTL != ttl {
+			t.Errorf("ttl %d became %d", ttl, s.Snapshot().TTL)
 		}
 	}
 }
@@ -365,6 +365,88 @@ func TestManagerReapTTL(t *testing.T) {
 	if recs := mustAll(t, store); len(recs) != 0 {
 		t.Errorf("store keeps %d expired sessions", len(recs))
 	}
+}
+
+func TestManagerUpdateTTL(t *testing.T) {
+	clock := newClock()
+	store := gateway.NewMemStore()
+	m, _ := newManager(t, gateway.Config{Now: clock.Now, IdleTimeout: -1, Store: store})
+	ctx := context.Background()
+	s, _ := mustCreate(t, m, alice, gateway.CreateParams{TTL: 60})
+	ttl := func(n int) gateway.UpdateParams { return gateway.UpdateParams{TTL: &n} }
+
+	clock.Advance(50 * time.Second)
+	got, err := m.Update(ctx, alice, s.ID, ttl(120))
+	if err != nil || got != s {
+		t.Fatalf("Update: %v, %v", got, err)
+	}
+	want := clock.Now().Add(120 * time.Second)
+	if snap := s.Snapshot(); snap.TTL != 120 || !snap.ExpiresAt.Equal(want) || !s.ExpiresAt().Equal(want) {
+		t.Errorf("after the update: ttl %d expiresAt %v, want 120 and %v", snap.TTL, snap.ExpiresAt, want)
+	}
+	if recs := mustAll(t, store); len(recs) != 1 || recs[0].TTL != 120 || !recs[0].ExpiresAt.Equal(want) {
+		t.Errorf("store after the update: %+v", recs)
+	}
+	// Past the old expiry, before the new one: still running.
+	clock.Advance(119 * time.Second)
+	m.Reap(ctx)
+	if !s.Live() {
+		t.Fatal("reaped at the old expiry")
+	}
+	// A shorter ttl brings the expiry closer.
+	if _, err := m.Update(ctx, alice, s.ID, ttl(gateway.MinTTL)); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(gateway.MinTTL * time.Second)
+	m.Reap(ctx)
+	if s.Live() {
+		t.Error("not reaped at the new, shorter expiry")
+	}
+
+	s2, _ := mustCreate(t, m, alice, gateway.CreateParams{})
+	for _, n := range []int{0, gateway.MinTTL - 1, gateway.MaxTTL + 1, -5} {
+		_, err := m.Update(ctx, alice, s2.ID, ttl(n))
+		wantCode(t, err, gateway.KindInvalid, "invalid_ttl")
+	}
+	for _, id := range []string{s.ID, "sbx-missing"} {
+		if _, err := m.Update(ctx, alice, id, ttl(600)); !errors.Is(err, gateway.ErrNotFound) {
+			t.Errorf("Update of %s: %v, want not found", id, err)
+		}
+	}
+	if _, err := m.Update(ctx, bob, s2.ID, ttl(600)); !errors.Is(err, gateway.ErrNotFound) {
+		t.Errorf("another tenant's update: %v, want not found", err)
+	}
+	before := s2.Snapshot()
+	if got, err := m.Update(ctx, alice, s2.ID, gateway.UpdateParams{}); err != nil || got.Snapshot().ExpiresAt != before.ExpiresAt {
+		t.Errorf("an empty update: %v, expiry %v -> %v", err, before.ExpiresAt, got.Snapshot().ExpiresAt)
+	}
+}
+
+func TestManagerUpdateStoreFailureKeepsExpiry(t *testing.T) {
+	store := &switchStore{MemStore: gateway.NewMemStore()}
+	m, _ := newManager(t, gateway.Config{Store: store})
+	s, _ := mustCreate(t, m, alice, gateway.CreateParams{TTL: 600})
+	before := s.Snapshot()
+	store.fail.Store(true)
+	n := 7200
+	_, err := m.Update(context.Background(), alice, s.ID, gateway.UpdateParams{TTL: &n})
+	wantCode(t, err, gateway.KindUnavailable, "store_failed")
+	if after := s.Snapshot(); after.TTL != before.TTL || !after.ExpiresAt.Equal(before.ExpiresAt) {
+		t.Errorf("a change that was not recorded took effect: %+v", after)
+	}
+}
+
+// switchStore fails its writes while fail is set.
+type switchStore struct {
+	*gateway.MemStore
+	fail atomic.Bool
+}
+
+func (s *switchStore) Put(recs ...gateway.Record) error {
+	if s.fail.Load() {
+		return errors.New("disk full")
+	}
+	return s.MemStore.Put(recs...)
 }
 
 func TestManagerReapIdle(t *testing.T) {

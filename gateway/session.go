@@ -30,7 +30,8 @@ const (
 )
 
 // Session is one session and its sandbox. Its exported fields never change
-// after creation; activity and status are read through methods.
+// after creation; activity, status, expiry and ttl (which a PATCH moves) are
+// read through methods or Snapshot.
 type Session struct {
 	ID     string
 	Tenant string
@@ -40,12 +41,13 @@ type Session struct {
 	ImageDigest string
 	Metadata    map[string]any
 	CreatedAt   time.Time
-	ExpiresAt   time.Time
-	TTL         int
 	// SSHPublicKey is the authorized_keys line the creator supplied, if any.
 	SSHPublicKey string
 	// IdempotencyKey is the creator's Idempotency-Key, if any.
 	IdempotencyKey string
+	// Resources are the sandbox's limits in force (nil for a session
+	// recorded before sessions had their own).
+	Resources *Resources
 
 	requestHash   [32]byte // fingerprint of the create's payload, with IdempotencyKey
 	passwordHash  [32]byte
@@ -56,6 +58,8 @@ type Session struct {
 	mu           sync.Mutex
 	status       string
 	statusReason string
+	expiresAt    time.Time
+	ttl          int // seconds, as last set (by create or an update)
 	conns        map[*connEntry]struct{}
 }
 
@@ -66,11 +70,14 @@ type View struct {
 	Image          string         `json:"image"`
 	ImageDigest    string         `json:"imageDigest,omitempty"`
 	Metadata       map[string]any `json:"metadata"`
+	Resources      *Resources     `json:"resources,omitempty"`
 	CreatedAt      time.Time      `json:"createdAt"`
 	ExpiresAt      time.Time      `json:"expiresAt"`
 	LastActivityAt time.Time      `json:"lastActivityAt"`
-	TTL            int            `json:"ttl"`
-	StatusReason   string         `json:"statusReason,omitempty"` // why a failed session failed
+	// TTL is the lifetime in seconds as last set, by the create or by an
+	// update (PATCH): ExpiresAt is the moment it was set plus TTL.
+	TTL          int    `json:"ttl"`
+	StatusReason string `json:"statusReason,omitempty"` // why a failed session failed
 }
 
 // Record is a session at one moment: what Snapshot returns for rendering
@@ -90,13 +97,13 @@ type Record struct {
 // Snapshot returns the session's current state.
 func (s *Session) Snapshot() Record {
 	s.mu.Lock()
-	status, reason := s.status, s.statusReason
+	status, reason, expires, ttl := s.status, s.statusReason, s.expiresAt, s.ttl
 	s.mu.Unlock()
 	r := Record{
 		ID: s.ID, Tenant: s.Tenant,
 		View: View{
-			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata,
-			CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivity(), TTL: s.TTL,
+			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata, Resources: s.Resources,
+			CreatedAt: s.CreatedAt, ExpiresAt: expires, LastActivityAt: s.LastActivity(), TTL: ttl,
 			StatusReason: reason,
 		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
@@ -111,8 +118,8 @@ func (s *Session) Snapshot() Record {
 // by the caller.
 func sessionFromRecord(r Record) *Session {
 	s := &Session{
-		ID: r.ID, Tenant: r.Tenant, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata,
-		CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt, TTL: r.TTL, SSHPublicKey: r.SSHPublicKey,
+		ID: r.ID, Tenant: r.Tenant, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata, Resources: r.Resources,
+		CreatedAt: r.CreatedAt, expiresAt: r.ExpiresAt, ttl: r.TTL, SSHPublicKey: r.SSHPublicKey,
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
 	}
@@ -142,6 +149,23 @@ func (s *Session) Touch(now time.Time) {
 			return
 		}
 	}
+}
+
+// ExpiresAt is when the session's TTL runs out.
+func (s *Session) ExpiresAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expiresAt
+}
+
+// setExpiry sets the session's ttl and expiry; it returns the previous
+// values, so a caller that cannot record the change can put them back.
+func (s *Session) setExpiry(ttl int, at time.Time) (oldTTL int, oldAt time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	oldTTL, oldAt = s.ttl, s.expiresAt
+	s.ttl, s.expiresAt = ttl, at
+	return oldTTL, oldAt
 }
 
 // Live reports whether the session still accepts connections.

@@ -294,7 +294,7 @@ func TestSpecIsValid(t *testing.T) {
 		"/healthz":          {http.MethodGet},
 		"/readyz":           {http.MethodGet},
 		"/v1/sessions":      {http.MethodGet, http.MethodPost},
-		"/v1/sessions/{id}": {http.MethodDelete, http.MethodGet},
+		"/v1/sessions/{id}": {http.MethodDelete, http.MethodGet, http.MethodPatch},
 		"/v1/host-keys":     {http.MethodGet},
 		"/v1/images":        {http.MethodGet},
 		"/sessions/{id}":    nil,
@@ -354,6 +354,19 @@ type failingStore struct{ *gateway.MemStore }
 
 func (failingStore) Put(...gateway.Record) error { return errors.New("disk full") }
 
+// switchStore is a store whose writes fail while fail is set.
+type switchStore struct {
+	*gateway.MemStore
+	fail atomic.Bool
+}
+
+func (s *switchStore) Put(recs ...gateway.Record) error {
+	if s.fail.Load() {
+		return errors.New("disk full")
+	}
+	return s.MemStore.Put(recs...)
+}
+
 // putLostSession stores a running session of tenant whose sandbox does not
 // exist, as after a restart that lost it, and returns its id.
 func putLostSession(t testing.TB, store gateway.Store, tenant string) string {
@@ -389,6 +402,10 @@ func (panicSessions) List(context.Context, gateway.Principal, int, int) ([]*gate
 }
 
 func (panicSessions) Delete(context.Context, gateway.Principal, string) error {
+	panic("boom: internal detail")
+}
+
+func (panicSessions) Update(context.Context, gateway.Principal, string, gateway.UpdateParams) (*gateway.Session, error) {
 	panic("boom: internal detail")
 }
 
@@ -459,14 +476,30 @@ func TestContract(t *testing.T) {
 			t.Errorf("chosen values: %+v", a2)
 		}
 
+		if a1.Resources == nil || *a1.Resources != (gateway.Resources{MemoryMiB: 512, CPUs: 1, Pids: 256, DiskMiB: 1024}) {
+			t.Errorf("default resources: %+v", a1.Resources)
+		}
 		expect(t, g.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{}`)), 429, "quota_exceeded")
-		b1 := g.create(t, bobKey, `{"ttl": null, "image": null, "metadata": null, "sshPublicKey": null}`)
+		b1 := g.create(t, bobKey, `{"ttl": null, "image": null, "metadata": null, "labels": null, "resources": null, "sshPublicKey": null}`)
 		r = g.do(t, http.MethodPost, "/v1/sessions", carolKey, nil)
 		expect(t, r, 503, "capacity") // the gateway's limit, not carol's
 		if r.header.Get("Retry-After") == "" {
 			t.Error("503 capacity without Retry-After")
 		}
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+b1.SessionID, bobKey, nil), 204, "")
+		// Resources asked for (omitted fields: the defaults) and labels.
+		r = g.do(t, http.MethodPost, "/v1/sessions", bobKey,
+			[]byte(`{"labels": {"team": "x"}, "resources": {"memoryMiB": 2048, "cpus": 0.5, "pids": null}}`))
+		expect(t, r, 201, "")
+		b3 := r.session(t)
+		if b3.Metadata["team"] != "x" || b3.Resources == nil ||
+			*b3.Resources != (gateway.Resources{MemoryMiB: 2048, CPUs: 0.5, Pids: 256, DiskMiB: 1024}) {
+			t.Errorf("labels and resources: %+v %+v", b3.Metadata, b3.Resources)
+		}
+		if got := g.do(t, http.MethodGet, "/v1/sessions/"+b3.SessionID, bobKey, nil).session(t); got.Resources == nil || *got.Resources != *b3.Resources {
+			t.Errorf("GET resources %+v, want %+v", got.Resources, b3.Resources)
+		}
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+b3.SessionID, bobKey, nil), 204, "")
 
 		// Idempotency-Key: a replay, a reused key, one in progress (below).
 		ik := []string{"Idempotency-Key", "contract-1"}
@@ -495,6 +528,19 @@ func TestContract(t *testing.T) {
 			{`{"metadata": {"a": [[[[[[[[1]]]]]]]]}}`, "metadata_too_deep"},
 			{`{"metadata": {"a": {` + manyKeys(64) + `}}}`, "metadata_too_many_keys"},
 			{`{"metadata": {"a": "` + strings.Repeat("x", 16384) + `"}}`, "metadata_too_large"},
+			{`{"labels": {"a": [[[[[[[[1]]]]]]]]}}`, "metadata_too_deep"},
+			{`{"metadata": {"a": 1}, "labels": {"b": 2}}`, "invalid_field"},
+			{`{"metadata": {}, "labels": {}}`, "invalid_field"},
+			{`{"resources": {"memoryMiB": 4096}}`, "resources_exceeded"},
+			{`{"resources": {"cpus": 4.5}}`, "resources_exceeded"},
+			{`{"resources": {"pids": 1025}}`, "resources_exceeded"},
+			{`{"resources": {"diskMiB": 8192}}`, "resources_exceeded"},
+			{`{"resources": {"memoryMiB": 1}}`, "invalid_resources"},
+			{`{"resources": {"cpus": 0}}`, "invalid_resources"},
+			{`{"resources": {"memoryMiB": "1G"}}`, "invalid_field"},
+			{`{"resources": {"pids": 1.5}}`, "invalid_field"},
+			{`{"resources": {"swapMiB": 1}}`, "unknown_field"},
+			{`{"resources": []}`, "invalid_field"},
 		} {
 			expect(t, g.do(t, http.MethodPost, "/v1/sessions", carolKey, []byte(c.body)), 400, c.code)
 		}
@@ -527,9 +573,59 @@ func TestContract(t *testing.T) {
 		expect(t, g.do(t, http.MethodGet, "/v1/host-keys", "", nil), 401, "unauthorized")
 	})
 
+	t.Run("update", func(t *testing.T) {
+		path := "/v1/sessions/" + a1.SessionID
+		before := g.do(t, http.MethodGet, path, aliceKey, nil).session(t)
+		start := time.Now().UTC().Truncate(time.Second)
+		r := g.do(t, http.MethodPatch, path, aliceKey, []byte(`{"ttl": 7200}`))
+		expect(t, r, 200, "")
+		s := r.session(t)
+		if s.TTL != 7200 || s.SSH.Password != "" || s.SessionID != a1.SessionID {
+			t.Errorf("after PATCH: %+v", s)
+		}
+		if s.ExpiresAt.Before(start.Add(7200*time.Second)) || s.ExpiresAt.After(time.Now().Add(7201*time.Second)) {
+			t.Errorf("expiresAt %v, want about now + 7200s", s.ExpiresAt)
+		}
+		if got := g.do(t, http.MethodGet, path, aliceKey, nil).session(t); !got.ExpiresAt.Equal(s.ExpiresAt) || got.TTL != 7200 {
+			t.Errorf("GET after PATCH: ttl %d expiresAt %v", got.TTL, got.ExpiresAt)
+		}
+		// No change: an empty body, {}, nulls.
+		for _, body := range []string{"", `{}`, `{"ttl": null}`} {
+			r := g.do(t, http.MethodPatch, path, aliceKey, []byte(body))
+			expect(t, r, 200, "")
+			if got := r.session(t); !got.ExpiresAt.Equal(s.ExpiresAt) {
+				t.Errorf("PATCH %q moved expiresAt", body)
+			}
+		}
+		expect(t, g.do(t, http.MethodPatch, path, aliceKey, []byte(`{"ttl": 60}`)), 200, "")
+		if got := g.do(t, http.MethodGet, path, aliceKey, nil).session(t); !got.ExpiresAt.Before(before.ExpiresAt) {
+			t.Errorf("a shorter ttl kept expiresAt at %v", got.ExpiresAt)
+		}
+		expect(t, g.do(t, http.MethodPatch, path, aliceKey, []byte(`{"ttl": 3600}`)), 200, "")
+		for _, c := range []struct{ body, code string }{
+			{`{"ttl": 59}`, "invalid_ttl"},
+			{`{"ttl": 28801}`, "invalid_ttl"},
+			{`{"ttl": "long"}`, "invalid_field"},
+			{`{"image": "python"}`, "unknown_field"},
+			{`{"TTL": 600}`, "unknown_field"},
+			{`[]`, "invalid_json"},
+		} {
+			expect(t, g.do(t, http.MethodPatch, path, aliceKey, []byte(c.body)), 400, c.code)
+		}
+		big := `{"ttl": 600, "x": "` + strings.Repeat("a", rest.MaxBodyBytes) + `"}`
+		expect(t, g.do(t, http.MethodPatch, path, aliceKey, []byte(big)), 413, "body_too_large")
+		expect(t, g.do(t, http.MethodPatch, path, bobKey, []byte(`{"ttl": 600}`)), 404, "not_found")
+		expect(t, g.do(t, http.MethodPatch, "/v1/sessions/sbx-missing", aliceKey, []byte(`{"ttl": 600}`)), 404, "not_found")
+		expect(t, g.do(t, http.MethodPatch, path, "", []byte(`{"ttl": 600}`)), 401, "unauthorized")
+		if got := g.do(t, http.MethodGet, path, aliceKey, nil).session(t); got.TTL != 3600 {
+			t.Errorf("refused PATCHes changed ttl to %d", got.TTL)
+		}
+	})
+
 	t.Run("methods", func(t *testing.T) {
 		expect(t, g.do(t, http.MethodPut, "/v1/sessions", aliceKey, nil), 405, "method_not_allowed")
-		expect(t, g.do(t, http.MethodPatch, "/v1/sessions/"+a1.SessionID, aliceKey, []byte(`{}`)), 405, "method_not_allowed")
+		expect(t, g.do(t, http.MethodPut, "/v1/sessions/"+a1.SessionID, aliceKey, []byte(`{}`)), 405, "method_not_allowed")
+		expect(t, g.do(t, http.MethodPatch, "/sessions/"+a1.SessionID, aliceKey, []byte(`{"ttl": 600}`)), 405, "method_not_allowed")
 		expect(t, g.do(t, http.MethodGet, "/sessions/"+a1.SessionID, aliceKey, nil), 405, "method_not_allowed")
 		expect(t, g.do(t, http.MethodDelete, "/v1/host-keys", aliceKey, nil), 405, "method_not_allowed")
 	})
@@ -609,6 +705,7 @@ func TestContract(t *testing.T) {
 			{http.MethodPost, "/v1/sessions"},
 			{http.MethodGet, "/v1/sessions"},
 			{http.MethodGet, "/v1/sessions/" + s.SessionID},
+			{http.MethodPatch, "/v1/sessions/" + s.SessionID},
 			{http.MethodDelete, "/v1/sessions/" + s.SessionID},
 			{http.MethodGet, "/v1/host-keys"},
 			{http.MethodGet, "/v1/images"},
@@ -643,6 +740,16 @@ func TestContract(t *testing.T) {
 		if n := sf.sandboxDirs(t); n != 0 {
 			t.Errorf("a create that could not be recorded left %d sandboxes", n)
 		}
+		// A PATCH that cannot be recorded changes nothing.
+		store := &switchStore{MemStore: gateway.NewMemStore()}
+		uf := newGateway(t, gwOptions{store: store, cov: cov})
+		s := uf.create(t, aliceKey, `{"ttl": 600}`)
+		store.fail.Store(true)
+		expect(t, uf.do(t, http.MethodPatch, "/v1/sessions/"+s.SessionID, aliceKey, []byte(`{"ttl": 7200}`)), 503, "store_failed")
+		store.fail.Store(false)
+		if got := uf.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID, aliceKey, nil).session(t); got.TTL != 600 || !got.ExpiresAt.Equal(s.ExpiresAt) {
+			t.Errorf("an unrecorded PATCH took effect: ttl %d expiresAt %v", got.TTL, got.ExpiresAt)
+		}
 	})
 
 	t.Run("failed-session", func(t *testing.T) {
@@ -666,6 +773,7 @@ func TestContract(t *testing.T) {
 			r, _, _ := fg.rawConnect(t, p+id, "Proxy-Authorization", "Bearer "+aliceKey)
 			expect(t, r, 409, "session_not_running")
 		}
+		expect(t, fg.do(t, http.MethodPatch, "/v1/sessions/"+id, aliceKey, []byte(`{"ttl": 600}`)), 409, "session_not_running")
 		fg.create(t, aliceKey, "") // a failed session holds no quota slot
 		expect(t, fg.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), 204, "")
 		expect(t, fg.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil), 404, "not_found")
@@ -677,6 +785,7 @@ func TestContract(t *testing.T) {
 			{http.MethodPost, "/v1/sessions"},
 			{http.MethodGet, "/v1/sessions"},
 			{http.MethodGet, "/v1/sessions/sbx-any"},
+			{http.MethodPatch, "/v1/sessions/sbx-any"},
 			{http.MethodDelete, "/v1/sessions/sbx-any"},
 		} {
 			r := pg.do(t, c.method, c.path, aliceKey, nil)

@@ -239,14 +239,15 @@ func (r result) session(t testing.TB) sessionOut {
 }
 
 type sessionOut struct {
-	SessionID      string         `json:"sessionId"`
-	Status         string         `json:"status"`
-	Image          string         `json:"image"`
-	Metadata       map[string]any `json:"metadata"`
-	CreatedAt      time.Time      `json:"createdAt"`
-	ExpiresAt      time.Time      `json:"expiresAt"`
-	LastActivityAt time.Time      `json:"lastActivityAt"`
-	TTL            int            `json:"ttl"`
+	SessionID      string             `json:"sessionId"`
+	Status         string             `json:"status"`
+	Image          string             `json:"image"`
+	Metadata       map[string]any     `json:"metadata"`
+	CreatedAt      time.Time          `json:"createdAt"`
+	ExpiresAt      time.Time          `json:"expiresAt"`
+	LastActivityAt time.Time          `json:"lastActivityAt"`
+	TTL            int                `json:"ttl"`
+	Resources      *gateway.Resources `json:"resources"`
 	SSH            struct {
 		Username       string   `json:"username"`
 		Password       string   `json:"password"`

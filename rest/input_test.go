@@ -320,7 +320,7 @@ func TestMethodNotAllowedListsAllow(t *testing.T) {
 	}{
 		{http.MethodPost, "/healthz", "", []string{"GET"}},
 		{http.MethodPut, "/v1/sessions", aliceKey, []string{"GET", "POST"}},
-		{http.MethodPatch, "/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa", aliceKey, []string{"DELETE", "GET"}},
+		{http.MethodPut, "/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa", aliceKey, []string{"DELETE", "GET", "PATCH"}},
 		{http.MethodGet, "/sessions/sbx-aaaaaaaaaaaaaaaaaaaa", aliceKey, []string{"CONNECT"}},
 	}
 	for _, c := range cases {

@@ -24,6 +24,7 @@ type Sessions interface {
 	Get(ctx context.Context, p gateway.Principal, id string) (*gateway.Session, error)
 	List(ctx context.Context, p gateway.Principal, limit, offset int) ([]*gateway.Session, int)
 	Delete(ctx context.Context, p gateway.Principal, id string) error
+	Update(ctx context.Context, p gateway.Principal, id string, up gateway.UpdateParams) (*gateway.Session, error)
 }
 
 // Verifier turns a bearer token into a principal.
@@ -82,6 +83,7 @@ func New(cfg Config) http.Handler {
 		r.Post("/sessions", a.create)
 		r.Get("/sessions", a.list)
 		r.Get("/sessions/{id}", a.get)
+		r.Patch("/sessions/{id}", a.update)
 		r.Delete("/sessions/{id}", a.delete)
 		r.Get("/host-keys", a.hostKeys)
 		r.Get("/images", a.listImages)

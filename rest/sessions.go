@@ -21,10 +21,13 @@ import (
 )
 
 type createRequest struct {
-	TTL          *int           `json:"ttl"`
-	Image        *string        `json:"image"`
-	Metadata     map[string]any `json:"metadata"`
-	SSHPublicKey *string        `json:"sshPublicKey"`
+	TTL      *int           `json:"ttl"`
+	Image    *string        `json:"image"`
+	Metadata map[string]any `json:"metadata"`
+	// Labels is another name for Metadata (the name seed 002 used).
+	Labels       map[string]any           `json:"labels"`
+	SSHPublicKey *string                  `json:"sshPublicKey"`
+	Resources    *gateway.ResourceRequest `json:"resources"`
 }
 
 type sessionJSON struct {
@@ -86,6 +89,14 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		cp.SSHPublicKey = *req.SSHPublicKey
 	}
 	cp.Metadata = req.Metadata
+	if req.Labels != nil {
+		if req.Metadata != nil {
+			WriteError(w, http.StatusBadRequest, "invalid_field", `give "metadata" or "labels", not both: labels is another name for metadata`)
+			return
+		}
+		cp.Metadata = req.Labels
+	}
+	cp.Resources = req.Resources
 	if keys, ok := r.Header[idempotencyKeyHeader]; ok {
 		if len(keys) != 1 || keys[0] == "" {
 			WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", "send one non-empty Idempotency-Key header")
@@ -215,6 +226,8 @@ func jsonKind(goKind string) string {
 		return "an integer"
 	case "string":
 		return "a string"
+	case "float64":
+		return "a number"
 	case "map":
 		return "an object"
 	}
@@ -259,6 +272,27 @@ func queryInt(r *http.Request, name string, def, lo, hi int) (int, error) {
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	s, err := a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	s.Touch(time.Now())
+	_ = writeJSON(w, http.StatusOK, a.render(s, ""))
+}
+
+type updateRequest struct {
+	TTL *int `json:"ttl"`
+}
+
+// update applies a PATCH: {"ttl": N} makes the session expire N seconds
+// from now. It counts as activity, like a GET.
+func (a *api) update(w http.ResponseWriter, r *http.Request) {
+	var req updateRequest
+	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	s, err := a.cfg.Sessions.Update(r.Context(), principal(r), chi.URLParam(r, "id"), gateway.UpdateParams{TTL: req.TTL})
 	if err != nil {
 		WriteGatewayError(w, err)
 		return

@@ -55,3 +55,24 @@ func (l Limits) WithDefaults() Limits {
 	}
 	return l
 }
+
+// Or returns l with each zero field taken from def: a session's own limits
+// over the driver's.
+func (l Limits) Or(def Limits) Limits {
+	if l.MemoryBytes <= 0 {
+		l.MemoryBytes = def.MemoryBytes
+	}
+	if l.Pids <= 0 {
+		l.Pids = def.Pids
+	}
+	if l.CPUs <= 0 {
+		l.CPUs = def.CPUs
+	}
+	if l.TmpBytes <= 0 {
+		l.TmpBytes = def.TmpBytes
+	}
+	if l.WorkspaceBytes <= 0 {
+		l.WorkspaceBytes = def.WorkspaceBytes
+	}
+	return l
+}

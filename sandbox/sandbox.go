@@ -51,6 +51,12 @@ type Spec struct {
 	// default root that each driver builds (linuxns: from the host's /usr
 	// and /etc). A driver that cannot run images refuses a non-nil Image.
 	Image *Image
+	// Limits are this sandbox's own limits; each zero field is the
+	// driver's (Config.Limits). A driver enforces what it can, as it does
+	// its defaults: the linuxns driver enforces memory, pids and CPUs per
+	// sandbox, while every workspace keeps the driver's size (the
+	// workspace is a copy of one template image); workdir enforces none.
+	Limits Limits
 }
 
 // Image is an OCI image unpacked into layers, as the image store

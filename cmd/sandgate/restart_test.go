@@ -213,3 +213,88 @@ func TestRestartMarksLostSandboxFailed(t *testing.T) {
 		t.Fatalf("get after delete: %d", code)
 	}
 }
+
+// TestRestartKeepsTTLExtension: a PATCH that moved a session's expiry is
+// what the next gateway enforces, after a crash (SIGKILL) too; the
+// session's resources stay as created.
+func TestRestartKeepsTTLExtension(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			g := startGateway(t, "--keep-sandboxes-on-exit=true")
+			var s struct {
+				fullSession
+				TTL int `json:"ttl"`
+			}
+			res := map[string]any{"memoryMiB": 1024, "pids": 300}
+			if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"ttl": 120, "resources": res}, &s); code != http.StatusCreated {
+				t.Fatalf("create: %d", code)
+			}
+			var ext struct {
+				fullSession
+				TTL int `json:"ttl"`
+			}
+			if code := g.api(t, http.MethodPatch, "/v1/sessions/"+s.SessionID, map[string]any{"ttl": 7200}, &ext); code != http.StatusOK {
+				t.Fatalf("patch: %d", code)
+			}
+			if ext.TTL != 7200 || !ext.ExpiresAt.After(s.ExpiresAt.Add(7000*time.Second)) {
+				t.Fatalf("after PATCH: ttl %d expiresAt %v (was %v)", ext.TTL, ext.ExpiresAt, s.ExpiresAt)
+			}
+			g2 := restartWith(t, g, sig, "workdir")
+			var got struct {
+				fullSession
+				TTL       int            `json:"ttl"`
+				Resources map[string]any `json:"resources"`
+			}
+			if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &got); code != http.StatusOK {
+				t.Fatalf("get after restart: %d", code)
+			}
+			if got.Status != "running" || got.TTL != 7200 || !got.ExpiresAt.Equal(ext.ExpiresAt) {
+				t.Fatalf("after restart: %+v ttl %d, want running, ttl 7200, expiresAt %v", got.fullSession, got.TTL, ext.ExpiresAt)
+			}
+			if got.Resources["memoryMiB"] != 1024.0 || got.Resources["pids"] != 300.0 || got.Resources["cpus"] != 1.0 {
+				t.Errorf("resources after restart: %v", got.Resources)
+			}
+		})
+	}
+}
+
+// TestLinuxSessionResources: resources asked for at create are the
+// sandbox's cgroup limits under the real binary, and a request above a cap
+// names the limit.
+func TestLinuxSessionResources(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--sandbox-max-memory", "1GiB")
+	var s struct {
+		SessionID string         `json:"sessionId"`
+		Resources map[string]any `json:"resources"`
+	}
+	body := map[string]any{"resources": map[string]any{"memoryMiB": 256, "pids": 100, "cpus": 0.5}}
+	if code := g.api(t, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	if s.Resources["memoryMiB"] != 256.0 || s.Resources["pids"] != 100.0 || s.Resources["cpus"] != 0.5 {
+		t.Errorf("resources: %v", s.Resources)
+	}
+	for file, want := range map[string]string{
+		"memory/sandgate/" + s.SessionID + "/procs/memory.limit_in_bytes": "268435456",
+		"pids/sandgate/" + s.SessionID + "/procs/pids.max":                "100",
+		"cpu/sandgate/" + s.SessionID + "/procs/cpu.cfs_quota_us":         "50000",
+	} {
+		b, err := os.ReadFile("/sys/fs/cgroup/" + file)
+		if err != nil {
+			t.Logf("%s: %v (not cgroup v1 here)", file, err)
+			continue
+		}
+		if got := strings.TrimSpace(string(b)); got != want {
+			t.Errorf("%s = %s, want %s", file, got, want)
+		}
+	}
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	body = map[string]any{"resources": map[string]any{"memoryMiB": 2048}}
+	if code := g.api(t, http.MethodPost, "/v1/sessions", body, &e); code != http.StatusBadRequest ||
+		e.Error.Code != "resources_exceeded" || !strings.Contains(e.Error.Message, "1024") {
+		t.Errorf("above the cap: %d %+v", code, e)
+	}
+}

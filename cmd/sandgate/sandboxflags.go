@@ -1,21 +1,137 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
 
+	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
-// registerSandboxFlags adds the per-sandbox limit flags to fs and returns
-// the limits they fill in. The linux driver enforces them (and reports at
-// start-up and in /readyz any it cannot enforce on the host); the workdir
-// driver does not.
-func registerSandboxFlags(fs *flag.FlagSet) *sandbox.Limits {
-	l := &sandbox.Limits{}
-	fs.Int64Var(&l.MemoryBytes, "sandbox-memory", sandbox.DefaultMemoryBytes, "memory limit per sandbox, bytes (cgroup)")
-	fs.Int64Var(&l.Pids, "sandbox-pids", sandbox.DefaultPids, "process and thread limit per sandbox (cgroup)")
-	fs.Float64Var(&l.CPUs, "sandbox-cpus", sandbox.DefaultCPUs, "CPU limit per sandbox, cores (cgroup)")
-	fs.Int64Var(&l.TmpBytes, "sandbox-tmp-size", sandbox.DefaultTmpBytes, "size of each sandbox's /tmp, bytes (tmpfs, counts as memory)")
-	fs.Int64Var(&l.WorkspaceBytes, "sandbox-workspace-size", sandbox.DefaultWorkspaceBytes, "size of each sandbox's /workspace filesystem, bytes")
-	return l
+// sandboxFlags are the per-sandbox limits (the defaults of every session)
+// and the caps on what a create may ask for.
+type sandboxFlags struct {
+	limits sandbox.Limits
+	// max caps a session's resources; zero fields are 4 times the default.
+	max sandbox.Limits
+}
+
+// registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
+// driver enforces the limits (and reports at start-up and in /readyz any it
+// cannot enforce on the host); the workdir driver does not.
+func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
+	f := &sandboxFlags{limits: sandbox.Limits{
+		MemoryBytes: sandbox.DefaultMemoryBytes, Pids: sandbox.DefaultPids, CPUs: sandbox.DefaultCPUs,
+		TmpBytes: sandbox.DefaultTmpBytes, WorkspaceBytes: sandbox.DefaultWorkspaceBytes,
+	}}
+	l, m := &f.limits, &f.max
+	fs.Var((*sizeFlag)(&l.MemoryBytes), "sandbox-memory", "default memory limit per sandbox (cgroup): bytes or a size such as 512MiB, 4GiB")
+	fs.Int64Var(&l.Pids, "sandbox-pids", sandbox.DefaultPids, "default process and thread limit per sandbox (cgroup)")
+	fs.Float64Var(&l.CPUs, "sandbox-cpus", sandbox.DefaultCPUs, "default CPU limit per sandbox, cores (cgroup)")
+	fs.Var((*sizeFlag)(&l.TmpBytes), "sandbox-tmp-size", "size of each sandbox's /tmp (tmpfs, counts as memory): bytes or a size such as 256MiB")
+	fs.Var((*sizeFlag)(&l.WorkspaceBytes), "sandbox-workspace-size", "size of each sandbox's /workspace filesystem: bytes or a size such as 1GiB")
+	fs.Var((*sizeFlag)(&m.MemoryBytes), "sandbox-max-memory", "largest resources.memoryMiB a create may ask for: bytes or a size such as 2GiB (default 4 x --sandbox-memory)")
+	fs.Int64Var(&m.Pids, "sandbox-max-pids", 0, "largest resources.pids a create may ask for (default 4 x --sandbox-pids)")
+	fs.Float64Var(&m.CPUs, "sandbox-max-cpus", 0, "largest resources.cpus a create may ask for (default 4 x --sandbox-cpus)")
+	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
+	return f
+}
+
+// bounds are the flags as the gateway's resource defaults and caps, in
+// MiB (sizes round down); a cap below its default is an error.
+func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
+	l, m := f.limits, f.max
+	const mib = 1 << 20
+	b := gateway.ResourceBounds{
+		Default: gateway.Resources{MemoryMiB: l.MemoryBytes / mib, CPUs: l.CPUs, Pids: l.Pids, DiskMiB: l.WorkspaceBytes / mib},
+		Max:     gateway.Resources{MemoryMiB: m.MemoryBytes / mib, CPUs: m.CPUs, Pids: m.Pids, DiskMiB: m.WorkspaceBytes / mib},
+		// Every workspace is a copy of one template of the default size.
+		DiskFixed: true,
+	}
+	for _, c := range []struct {
+		name      string
+		def, max  float64
+		given     bool
+		defFlag   string
+		minOfFlag float64
+	}{
+		{"--sandbox-max-memory", float64(l.MemoryBytes), float64(m.MemoryBytes), m.MemoryBytes != 0, "--sandbox-memory", gateway.MinMemoryMiB * mib},
+		{"--sandbox-max-cpus", l.CPUs, m.CPUs, m.CPUs != 0, "--sandbox-cpus", gateway.MinCPUs},
+		{"--sandbox-max-pids", float64(l.Pids), float64(m.Pids), m.Pids != 0, "--sandbox-pids", gateway.MinPids},
+		{"--sandbox-max-disk", float64(l.WorkspaceBytes), float64(m.WorkspaceBytes), m.WorkspaceBytes != 0, "--sandbox-workspace-size", gateway.MinDiskMiB * mib},
+	} {
+		if c.def < c.minOfFlag {
+			return b, fmt.Errorf("%s is below the smallest a session may have (%v)", c.defFlag, c.minOfFlag)
+		}
+		if c.given && c.max < c.def {
+			return b, fmt.Errorf("%s is below %s", c.name, c.defFlag)
+		}
+	}
+	return b, nil
+}
+
+// sizeFlag is a size in bytes, given as a number of bytes or with a
+// binary unit suffix: B, KiB, MiB, GiB, TiB (case-insensitive).
+type sizeFlag int64
+
+func (s *sizeFlag) String() string {
+	if s == nil {
+		return "0"
+	}
+	return formatSize(int64(*s))
+}
+
+func (s *sizeFlag) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = sizeFlag(n)
+	return nil
+}
+
+var sizeUnits = []struct {
+	suffix string
+	shift  uint
+}{{"tib", 40}, {"gib", 30}, {"mib", 20}, {"kib", 10}, {"b", 0}}
+
+// parseSize reads "4294967296", "4GiB", "512 MiB", "1.5GiB".
+func parseSize(v string) (int64, error) {
+	s := strings.ToLower(strings.TrimSpace(v))
+	shift := uint(0)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			s, shift = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.shift
+			break
+		}
+	}
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < 0 || (shift > 0 && n > math.MaxInt64>>shift) {
+			return 0, fmt.Errorf("size %q out of range", v)
+		}
+		return n << shift, nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || shift == 0 || math.IsNaN(f) {
+		return 0, errors.New("want bytes or a size such as 512MiB or 4GiB (units B, KiB, MiB, GiB, TiB)")
+	}
+	b := f * float64(uint64(1)<<shift)
+	if b < 0 || b >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q out of range", v)
+	}
+	return int64(b), nil
+}
+
+// formatSize is n with the largest binary unit that divides it.
+func formatSize(n int64) string {
+	for _, u := range sizeUnits[:4] {
+		if n != 0 && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + map[uint]string{40: "TiB", 30: "GiB", 20: "MiB", 10: "KiB"}[u.shift]
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }

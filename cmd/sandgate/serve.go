@@ -45,7 +45,8 @@ type serveConfig struct {
 	sshAuth           listFlag
 	sshEnvAllow       listFlag
 	sandboxDriver     string
-	limits            *sandbox.Limits
+	sandbox           *sandboxFlags
+	resources         gateway.ResourceBounds
 	tlsCert, tlsKey   string
 	shutdownTimeout   time.Duration
 	keepSandboxes     bool
@@ -92,7 +93,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.Var(&c.sshAuth, "ssh-auth", "SSH auth methods accepted on an authorised tunnel (default none,password,publickey)")
 	fs.Var(&c.sshEnvAllow, "ssh-env-allow", "extra environment names SSH clients may set (repeatable; NAME or PREFIX*)")
 	fs.StringVar(&c.sandboxDriver, "sandbox", "auto", "sandbox driver: linux, workdir, or auto (linux where namespaces work)")
-	c.limits = registerSandboxFlags(fs)
+	c.sandbox = registerSandboxFlags(fs)
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "TLS certificate file (serve HTTPS)")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "TLS key file")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for running commands")
@@ -124,6 +125,11 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
 	}
+	res, err := c.sandbox.bounds()
+	if err != nil {
+		return nil, err
+	}
+	c.resources = res
 	return c, nil
 }
 
@@ -250,7 +256,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	driver, err := openDriver(cfg.sandboxDriver, sandbox.Config{
-		DataDir: cfg.dataDir, Log: log, Limits: *cfg.limits,
+		DataDir: cfg.dataDir, Log: log, Limits: cfg.sandbox.limits,
 		// Restore below re-attaches what the store knows and removes the rest.
 		KeepOrphans: true,
 	})
@@ -282,6 +288,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	mcfg := gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
+		Resources: cfg.resources,
 	}
 	mgr := gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {

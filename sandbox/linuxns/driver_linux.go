@@ -245,7 +245,11 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	go func() {
 		wsDone <- d.ws.create(st.Workspace, st.Image, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
 	}()
-	if err := d.bootInit(ctx, sb, spec.Image, wsDone); err != nil {
+	// The session's own limits over the driver's; the workspace keeps the
+	// driver's size, as every workspace is a copy of one template.
+	lim := spec.Limits.Or(d.limits)
+	lim.WorkspaceBytes = d.limits.WorkspaceBytes
+	if err := d.bootInit(ctx, sb, spec.Image, lim, wsDone); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -255,7 +259,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 // bootInit starts sb's init in its cgroups, then, once the workspace is
 // ready (wsDone), hands it everything it needs and waits until the sandbox
 // is built. It returns only after wsDone has answered.
-func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Image, wsDone <-chan error) (err error) {
+func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Image, lim sandbox.Limits, wsDone <-chan error) (err error) {
 	st := sb.st
 	var fds []int
 	var names []string
@@ -268,7 +272,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}()
 	// The init is born in its cgroups: CLONE_INTO_CGROUP for v2; for v1,
 	// it is forked from a thread that joined them.
-	cgs, err := d.cg.Create(st.ID, cgroup.Limits{MemoryBytes: d.limits.MemoryBytes, Pids: d.limits.Pids, CPUs: d.limits.CPUs})
+	cgs, err := d.cg.Create(st.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs})
 	if err != nil {
 		return err
 	}
@@ -321,8 +325,8 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	fds, names = append(fds, sf), append(names, "socket-file")
 	is := ctl.Spec{
-		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: d.limits.TmpBytes,
-		ShmBytes: min(d.limits.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
+		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
+		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 	}
 	waited = true
 	if err := <-wsDone; err != nil {

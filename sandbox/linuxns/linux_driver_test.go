@@ -383,3 +383,59 @@ except OSError as e:
 		t.Fatalf("opening terminals until refused: %q %q %+v", out, stderr, exit)
 	}
 }
+
+// A session's own limits (Spec.Limits) replace the driver's: a 256 MiB
+// sandbox cannot hold 400 MiB, a 1024 MiB one can; pids and CPUs follow
+// the spec too, and what the spec leaves zero is the driver's.
+func TestLinuxPerSessionLimits(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir, Limits: sandbox.Limits{MemoryBytes: 512 << 20, Pids: 64}})
+	// tail keeps the one 400 MiB line in memory.
+	const alloc = "head -c 400m /dev/zero | tail | wc -c"
+	for _, tc := range []struct {
+		id       string
+		limits   sandbox.Limits
+		killed   bool
+		cgroupV1 map[string]string
+	}{
+		{"sbx-mem256", sandbox.Limits{MemoryBytes: 256 << 20, Pids: 100, CPUs: 2}, true, map[string]string{
+			"memory.limit_in_bytes": "268435456", "pids.max": "100", "cpu.cfs_quota_us": "200000",
+		}},
+		{"sbx-mem1024", sandbox.Limits{MemoryBytes: 1024 << 20}, false, map[string]string{
+			"memory.limit_in_bytes": "1073741824", "pids.max": "64", "cpu.cfs_quota_us": "100000",
+		}},
+	} {
+		t.Run(tc.id, func(t *testing.T) {
+			sb, err := d.Create(context.Background(), sandbox.Spec{ID: tc.id, Limits: tc.limits})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Destroy(context.Background())
+			for file, want := range tc.cgroupV1 {
+				ctrl, _, _ := strings.Cut(file, ".")
+				b, err := os.ReadFile("/sys/fs/cgroup/" + ctrl + "/sandgate/" + tc.id + "/procs/" + file)
+				if err != nil {
+					t.Logf("%s: %v (not cgroup v1 here)", file, err)
+					continue
+				}
+				if got := strings.TrimSpace(string(b)); got != want {
+					t.Errorf("%s = %s, want %s", file, got, want)
+				}
+			}
+			stdout, stderr, exit := runIn(t, sb, alloc)
+			if tc.killed {
+				if exit.Code == 0 && strings.TrimSpace(stdout) == strconv.Itoa(400<<20) {
+					t.Fatalf("400 MiB fit in a 256 MiB sandbox: %q", stdout)
+				}
+				if out, _, _ := runIn(t, sb, "echo alive"); out != "alive\n" {
+					t.Fatalf("sandbox after the OOM kill: %q", out)
+				}
+				return
+			}
+			if exit.Code != 0 || strings.TrimSpace(stdout) != strconv.Itoa(400<<20) {
+				t.Fatalf("400 MiB in a 1024 MiB sandbox: exit %+v stdout %q stderr %q", exit, stdout, stderr)
+			}
+		})
+	}
+}

@@ -10,7 +10,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 from urllib.parse import urlsplit
 
 from .errors import (
+    InvalidResourcesError,
     RateLimitError,
+    ResourcesExceededError,
     SandboxAPIError,
     SandboxOperationError,
     SessionNotFoundError,
@@ -202,6 +204,10 @@ def error_for_status(
             retry_after=_float_header(headers, "Retry-After"),
             **kwargs,
         )
+    if status == 400 and fallback is SandboxOperationError:
+        typed = {"resources_exceeded": ResourcesExceededError, "invalid_resources": InvalidResourcesError}.get(code or "")
+        if typed is not None:
+            return typed(msg, **kwargs)
     return fallback(msg, **kwargs)
 
 

@@ -41,6 +41,29 @@ def _check_idempotency_key(key: Any) -> str:
     return key
 
 
+_RESOURCE_KEYS = {"memoryMiB": int, "cpus": float, "pids": int, "diskMiB": int}
+
+
+def _check_resources(resources: Any) -> Dict[str, Any]:
+    """Check create_session's resources locally: known keys, numbers > 0."""
+    if not isinstance(resources, Mapping):
+        raise TypeError("resources must be a dict")
+    out: Dict[str, Any] = {}
+    for key, value in resources.items():
+        kind = _RESOURCE_KEYS.get(key)
+        if kind is None:
+            raise ValueError(f"unknown resource {key!r}; known: {', '.join(_RESOURCE_KEYS)}")
+        if value is None:
+            continue
+        ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
+        if not ok or isinstance(value, bool):
+            raise TypeError(f"resources[{key!r}] must be {'a number' if kind is float else 'an int'}")
+        if value <= 0:
+            raise ValueError(f"resources[{key!r}] must be positive")
+        out[key] = value
+    return out
+
+
 def _create_retryable(e: SandboxAPIError) -> bool:
     """A failed create worth sending again: the outcome is unknown or the failure transient."""
     if isinstance(e, SandboxConnectionError):
@@ -108,6 +131,8 @@ class SessionsClient(ClosesOnExit):
         metadata: Optional[Mapping[str, Any]] = None,
         ssh_public_key: Optional[str] = None,
         idempotency_key: Optional[str] = None,
+        resources: Optional[Mapping[str, Any]] = None,
+        labels: Optional[Mapping[str, Any]] = None,
     ) -> Session:
         """Create a session and its sandbox (``POST /v1/sessions``).
 
@@ -123,6 +148,13 @@ class SessionsClient(ClosesOnExit):
                 creating another. None (the default) sends a fresh random
                 UUID. 1 to 255 printable ASCII characters, no spaces. Pass
                 your own key to make retries across calls (or processes) safe.
+            resources: The sandbox's limits, with the API's names:
+                ``{"memoryMiB": 1024, "cpus": 2, "pids": 512, "diskMiB": 4096}``;
+                any key may be left out (the gateway's default). Above the
+                gateway's cap: :class:`ResourcesExceededError`; below the
+                minimum: :class:`InvalidResourcesError`. The Session's
+                ``resources`` show what is in force.
+            labels: Another name for ``metadata`` (give one of the two).
 
         Retries: when the gateway cannot be reached, the connection breaks,
         the request times out, or it answers 500, 502, 503 or 504, the create
@@ -149,10 +181,15 @@ class SessionsClient(ClosesOnExit):
             if not isinstance(image, str) or not image:
                 raise ValueError("image must be a non-empty string")
             body["image"] = image
-        if metadata is not None:
-            if not isinstance(metadata, Mapping):
-                raise TypeError("metadata must be a dict")
-            body["metadata"] = dict(metadata)
+        if metadata is not None and labels is not None:
+            raise ValueError("give metadata or labels, not both: labels is another name for metadata")
+        for name, value in (("metadata", metadata), ("labels", labels)):
+            if value is not None:
+                if not isinstance(value, Mapping):
+                    raise TypeError(f"{name} must be a dict")
+                body[name] = dict(value)
+        if resources is not None:
+            body["resources"] = _check_resources(resources)
         if ssh_public_key is not None:
             if not isinstance(ssh_public_key, str) or not ssh_public_key.strip():
                 raise ValueError("ssh_public_key must be an authorized_keys line")
@@ -203,6 +240,33 @@ class SessionsClient(ClosesOnExit):
         """
         data = self._request("GET", self._session_path(session_id), what="get session", session_scoped=True)
         return self._session(data, "get session")
+
+    def update_session(self, session_id: str, ttl: Optional[int] = None) -> Session:
+        """Change a session (``PATCH /v1/sessions/{id}``).
+
+        Args:
+            ttl: When given, the session expires ``ttl`` seconds from now
+                (60..28800) and that becomes its ``ttl``; call it again
+                before ``expires_at`` to keep a long task's session alive.
+                The change survives a gateway restart. None changes nothing.
+
+        Returns:
+            The session after the change.
+
+        Raises:
+            ValueError, TypeError: bad arguments (nothing is sent).
+            SessionNotFoundError: no such session for this token's tenant.
+            SandboxOperationError: the session is not running (``.code``
+                ``session_not_running``), or the gateway could not record
+                the change (503 ``store_failed``; nothing changed).
+        """
+        body: Dict[str, Any] = {}
+        if ttl is not None:
+            body["ttl"] = check_int("ttl", ttl, MIN_TTL, MAX_TTL)
+        data = self._request(
+            "PATCH", self._session_path(session_id), what="update session", session_scoped=True, json=body
+        )
+        return self._session(data, "update session")
 
     def delete_session(self, session_id: str) -> None:
         """Delete a session and everything in its sandbox (``DELETE /v1/sessions/{id}``).

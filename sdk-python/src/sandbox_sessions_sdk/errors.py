@@ -12,12 +12,15 @@ sent)::
     +-- RateLimitError              HTTP 429 (REST or CONNECT)
     +-- SandboxOperationError       other 4xx/5xx, SSH auth/exec/SFTP failures, use before connect
         +-- CommandTimeoutError     run_command() passed its timeout; the command was killed
+        +-- ResourcesExceededError  400 resources_exceeded: a resource above the gateway's cap
+        +-- InvalidResourcesError   400 invalid_resources: a resource below its minimum
     +-- UnsupportedParamikoError    the installed Paramiko is outside the supported range
                                     (also a RuntimeError); raised by SessionSSHClient.connect()
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping, Optional
 
 __all__ = [
@@ -29,6 +32,8 @@ __all__ = [
     "RateLimitError",
     "SandboxOperationError",
     "CommandTimeoutError",
+    "ResourcesExceededError",
+    "InvalidResourcesError",
     "UnsupportedParamikoError",
 ]
 
@@ -165,6 +170,28 @@ class CommandTimeoutError(SandboxOperationError):
         self.stdout: str = stdout
         self.stderr: str = stderr
         self.truncated: bool = truncated
+
+
+class _ResourceError(SandboxOperationError):
+    """Shared by the two resource errors: :attr:`resource` names the field."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        m = re.search(r"resources\.(\w+)", message)
+        #: The resource the gateway refused (``"memoryMiB"``, ``"cpus"``,
+        #: ``"pids"``, ``"diskMiB"``), or None if the message names none.
+        self.resource: Optional[str] = m.group(1) if m else None
+
+
+class ResourcesExceededError(_ResourceError):
+    """``create_session`` asked for more than the gateway allows (HTTP 400
+    ``resources_exceeded``): :attr:`resource` names the field, and the message
+    the gateway's limit (``--sandbox-max-memory`` and its siblings)."""
+
+
+class InvalidResourcesError(_ResourceError):
+    """``create_session`` asked for a resource below its minimum (HTTP 400
+    ``invalid_resources``): :attr:`resource` names the field."""
 
 
 class UnsupportedParamikoError(SandboxAPIError, RuntimeError):

@@ -51,7 +51,12 @@ class Session:
         created_at: When the session was created (aware datetime, UTC).
         expires_at: When the session's TTL runs out.
         last_activity_at: When the session was last used over REST or SSH.
-        ttl: The session's time to live in seconds.
+        ttl: The session's time to live in seconds, as last set (by the
+            create, or by ``update_session``): ``expires_at`` is the time
+            it was set plus ``ttl``.
+        resources: The sandbox's limits in force, as the API names them:
+            ``{"memoryMiB": int, "cpus": float, "pids": int, "diskMiB":
+            int}``; None from a gateway that does not report them.
         username: The SSH username to use (``sandbox``).
         password: The per-session SSH password. Only the create response
             carries it; it is ``None`` on sessions read later. Hidden from repr.
@@ -75,6 +80,7 @@ class Session:
     expires_at: Optional[datetime]
     last_activity_at: Optional[datetime] = None
     ttl: Optional[int] = None
+    resources: Optional[Dict[str, Any]] = None
     username: Optional[str] = None
     password: Optional[str] = field(default=None, repr=False)
     host_keys: List[str] = field(default_factory=list)
@@ -93,6 +99,7 @@ class Session:
             ssh = {}
         ttl = data.get("ttl")
         host_keys = ssh.get("hostKeys") or []
+        resources = data.get("resources")
         return cls(
             session_id=data["sessionId"],
             status=str(data.get("status") or ""),
@@ -102,6 +109,7 @@ class Session:
             expires_at=parse_timestamp(data.get("expiresAt")),
             last_activity_at=parse_timestamp(data.get("lastActivityAt")),
             ttl=ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None,
+            resources=dict(resources) if isinstance(resources, Mapping) else None,
             username=ssh.get("username") or None,
             password=ssh.get("password") or None,
             host_keys=[k for k in host_keys if isinstance(k, str) and k.strip()],

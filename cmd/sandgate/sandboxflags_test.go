@@ -1,0 +1,91 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+func TestParseSize(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"536870912", 512 << 20, true},
+		{"512MiB", 512 << 20, true},
+		{"512mib", 512 << 20, true},
+		{"4GiB", 4 << 30, true},
+		{"4 GiB", 4 << 30, true},
+		{"1.5GiB", 3 << 29, true},
+		{"64KiB", 64 << 10, true},
+		{"1TiB", 1 << 40, true},
+		{"100B", 100, true},
+		{"0", 0, true},
+		{"", 0, false},
+		{"4G", 0, false},
+		{"4GB", 0, false},
+		{"-1", 0, false},
+		{"-1MiB", 0, false},
+		{"1.5", 0, false},
+		{"MiB", 0, false},
+		{"99999999999TiB", 0, false},
+		{"NaNGiB", 0, false},
+	} {
+		got, err := parseSize(c.in)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d (ok %v)", c.in, got, err, c.want, c.ok)
+		}
+	}
+	if s := formatSize(512 << 20); s != "512MiB" {
+		t.Errorf("formatSize: %q", s)
+	}
+}
+
+func TestServeResourceFlags(t *testing.T) {
+	c, err := parseServe(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := gateway.ResourceBounds{
+		Default:   gateway.Resources{MemoryMiB: 512, CPUs: 1, Pids: 256, DiskMiB: 1024},
+		DiskFixed: true,
+	}
+	if c.resources != want {
+		t.Errorf("default bounds %+v, want %+v (caps left to the gateway: 4 x the defaults)", c.resources, want)
+	}
+	c, err = parseServe([]string{"--sandbox-memory", "1GiB", "--sandbox-max-memory=8GiB", "--sandbox-max-cpus", "8",
+		"--sandbox-max-pids", "4096", "--sandbox-workspace-size", "2GiB", "--sandbox-max-disk", "16GiB"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.sandbox.limits.MemoryBytes != 1<<30 || c.sandbox.limits.WorkspaceBytes != 2<<30 {
+		t.Errorf("driver limits %+v", c.sandbox.limits)
+	}
+	want = gateway.ResourceBounds{
+		Default:   gateway.Resources{MemoryMiB: 1024, CPUs: 1, Pids: 256, DiskMiB: 2048},
+		Max:       gateway.Resources{MemoryMiB: 8192, CPUs: 8, Pids: 4096, DiskMiB: 16384},
+		DiskFixed: true,
+	}
+	if c.resources != want {
+		t.Errorf("bounds %+v, want %+v", c.resources, want)
+	}
+	t.Setenv("SANDGATE_SANDBOX_MAX_MEMORY", "2GiB")
+	if c, err := parseServe(nil, io.Discard); err != nil || c.resources.Max.MemoryMiB != 2048 {
+		t.Errorf("from the environment: %v %+v", err, c)
+	}
+	for _, args := range [][]string{
+		{"--sandbox-memory", "1GiB", "--sandbox-max-memory", "512MiB"},
+		{"--sandbox-max-cpus", "0.5"},
+		{"--sandbox-max-pids", "100"},
+		{"--sandbox-max-disk", "100MiB"},
+		{"--sandbox-memory", "4G"},
+		{"--sandbox-memory", "1MiB"},
+	} {
+		if _, err := parseServe(args, io.Discard); err == nil {
+			t.Errorf("%s: accepted", strings.Join(args, " "))
+		}
+	}
+}

@@ -250,6 +250,15 @@ type Entry struct {
 // Tar is the uncompressed tar of entries.
 func Tar(t testing.TB, entries ...Entry) []byte {
 	t.Helper()
+	b, err := BuildTar(entries...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// BuildTar is Tar for callers without a testing.TB (the benchmarks).
+func BuildTar(entries ...Entry) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, e := range entries {
@@ -271,16 +280,18 @@ func Tar(t testing.TB, entries ...Entry) []byte {
 			}
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
-			t.Fatalf("tar entry %q: %v", e.Name, err)
+			return nil, fmt.Errorf("tar entry %q: %w", e.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeReg {
-			io.WriteString(tw, e.Body)
+			if _, err := io.WriteString(tw, e.Body); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := tw.Close(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return buf.Bytes()
+	return buf.Bytes(), nil
 }
 
 // Layer is a gzip layer of the tar bytes.

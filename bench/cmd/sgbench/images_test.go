@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/sandgate/sandgate/images/imagestest"
 )
 
 func TestWantRow(t *testing.T) {
@@ -70,7 +71,7 @@ func TestDiskUsageSparse(t *testing.T) {
 func TestLoopRegistry(t *testing.T) {
 	reg := newLoopRegistry()
 	defer reg.close()
-	l, err := tarLayer(tarEntry{name: "etc/", typ: '5'}, tarEntry{name: "etc/hello", body: "hi\n"})
+	l, err := tarLayer(imagestest.Entry{Name: "etc/", Type: '5'}, imagestest.Entry{Name: "etc/hello", Body: "hi\n"})
 	if err != nil {
 		t.Fatal(err)
 	}

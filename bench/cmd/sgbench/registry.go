@@ -16,7 +16,6 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -25,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/sandgate/sandgate/images/imagestest"
 )
 
 // loopRegistry is go-containerregistry's in-memory registry on an httptest
@@ -64,44 +64,12 @@ func (r *loopRegistry) push(repoAndTag string, img v1.Image) (string, error) {
 	return ref, nil
 }
 
-type tarEntry struct {
-	name, body, link string
-	typ              byte
-	mode             int64
-}
-
 // tarLayer is a gzip (fastest level) layer of entries.
-func tarLayer(entries ...tarEntry) (v1.Layer, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		h := &tar.Header{Name: e.name, Typeflag: e.typ, Linkname: e.link, Mode: e.mode,
-			ModTime: time.Unix(1700000000, 0), Format: tar.FormatPAX}
-		if h.Typeflag == 0 {
-			h.Typeflag = tar.TypeReg
-		}
-		if h.Typeflag == tar.TypeReg {
-			h.Size = int64(len(e.body))
-		}
-		if h.Mode == 0 {
-			h.Mode = 0o644
-			if h.Typeflag == tar.TypeDir {
-				h.Mode = 0o755
-			}
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, err
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := io.WriteString(tw, e.body); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
+func tarLayer(entries ...imagestest.Entry) (v1.Layer, error) {
+	b, err := imagestest.BuildTar(entries...)
+	if err != nil {
 		return nil, err
 	}
-	b := buf.Bytes()
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(b)), nil
 	}, tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithCompressedCaching)
@@ -120,12 +88,12 @@ func busyboxLayer() (v1.Layer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("busybox for the image's base layer: %w (Debian: apt-get install busybox-static)", err)
 	}
-	es := []tarEntry{{name: "bin/", typ: tar.TypeDir}, {name: "bin/busybox", body: string(b), mode: 0o755}}
+	es := []imagestest.Entry{{Name: "bin/", Type: tar.TypeDir}, {Name: "bin/busybox", Body: string(b), Mode: 0o755}}
 	for _, a := range busyboxApplets {
-		es = append(es, tarEntry{name: "bin/" + a, typ: tar.TypeSymlink, link: "busybox"})
+		es = append(es, imagestest.Entry{Name: "bin/" + a, Type: tar.TypeSymlink, Linkname: "busybox"})
 	}
-	es = append(es, tarEntry{name: "etc/", typ: tar.TypeDir}, tarEntry{name: "etc/os-release", body: "ID=sgbench\n"},
-		tarEntry{name: "tmp/", typ: tar.TypeDir, mode: 0o1777}, tarEntry{name: "workspace/", typ: tar.TypeDir})
+	es = append(es, imagestest.Entry{Name: "etc/", Type: tar.TypeDir}, imagestest.Entry{Name: "etc/os-release", Body: "ID=sgbench\n"},
+		imagestest.Entry{Name: "tmp/", Type: tar.TypeDir, Mode: 0o1777}, imagestest.Entry{Name: "workspace/", Type: tar.TypeDir})
 	return tarLayer(es...)
 }
 
@@ -139,7 +107,7 @@ func randomLayer(path string, size int, seed uint64) (v1.Layer, error) {
 			data[i+j] = byte(v >> (8 * j))
 		}
 	}
-	return tarLayer(tarEntry{name: path, body: string(data)})
+	return tarLayer(imagestest.Entry{Name: path, Body: string(data)})
 }
 
 // benchImage is an image for linux/GOARCH of layers, bottom first.

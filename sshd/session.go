@@ -54,6 +54,9 @@ type channel struct {
 	proc        sandbox.Process
 	exited      bool
 	interactive bool // the process runs on a pty
+	// notices are notify's writes in flight: run waits for them before
+	// CloseWrite, as x/crypto's channel must not write and close at once.
+	notices sync.WaitGroup
 }
 
 func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx gliderssh.Context) {
@@ -339,6 +342,7 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 			Lang       string
 		}{exit.Signal, exit.CoreDumped, "", ""}))
 	}
+	c.notices.Wait() // exited is set: no new notice starts
 	_ = c.ch.CloseWrite()
 	_ = c.ch.Close()
 }
@@ -372,7 +376,9 @@ func (c *channel) notify(msg string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.interactive && !c.exited {
+		c.notices.Add(1)
 		go func() {
+			defer c.notices.Done()
 			defer c.recoverPanic("notify", nil)
 			_, _ = io.WriteString(c.ch.Stderr(), msg)
 		}()

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"os/signal"
@@ -374,6 +375,14 @@ var etcSecrets = []string{
 // etcOwn are the /etc files the sandbox gets its own version of.
 var etcOwn = []string{"passwd", "group", "hostname", "hosts"}
 
+// nameFiles are the /etc files that name the sandbox: hostname and hosts.
+func nameFiles(hostname string) map[string]string {
+	return map[string]string{
+		"hostname": hostname + "\n",
+		"hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+	}
+}
+
 // etcCopyMax is the size up to which a host /etc file is copied into the
 // sandbox's /etc; larger ones are bound.
 const etcCopyMax = 64 << 10
@@ -396,10 +405,9 @@ func buildEtc(dst, hostname string) error {
 		"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
 			fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/bash\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir) +
 			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		"group":    "root:x:0:\ntty:x:5:\n" + fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID) + "nogroup:x:65534:\n",
-		"hostname": hostname + "\n",
-		"hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"group": "root:x:0:\ntty:x:5:\n" + fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID) + "nogroup:x:65534:\n",
 	}
+	maps.Copy(own, nameFiles(hostname))
 	for name, content := range own {
 		if err := os.WriteFile(filepath.Join(dst, name), []byte(content), 0o644); err != nil {
 			return fmt.Errorf("write /etc/%s: %w", name, err)
@@ -621,10 +629,7 @@ func imageRootAt(r string, rootFD int, hostname string) error {
 			return err
 		}
 	}
-	for name, content := range map[string]string{
-		"hostname": hostname + "\n",
-		"hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-	} {
+	for name, content := range nameFiles(hostname) {
 		p := filepath.Join(r, "etc", name)
 		if fi, err := os.Lstat(p); err == nil && !fi.Mode().IsRegular() {
 			if err := os.Remove(p); err != nil {

@@ -24,6 +24,37 @@ func BaseEnv(home, shell string) []string {
 	}
 }
 
+// CommandEnv is the environment of a sandbox command: BaseEnv, then the
+// image's (nil for none), then the client's (already filtered), then TERM
+// for a terminal; a later KEY=VALUE overrides an earlier one of the same
+// key, and each key appears once.
+func CommandEnv(home, shell string, image, client []string, pty *PTY) []string {
+	var term []string
+	if pty != nil && pty.Term != "" {
+		term = []string{"TERM=" + pty.Term}
+	}
+	return mergeEnv(BaseEnv(home, shell), image, client, term)
+}
+
+// mergeEnv joins environment lists: each list's KEY=VALUE entries
+// override the earlier lists' of the same key, each key once.
+func mergeEnv(lists ...[]string) []string {
+	var out []string
+	at := map[string]int{}
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if i, ok := at[k]; ok {
+				out[i] = kv
+				continue
+			}
+			at[k] = len(out)
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
 // FindShell returns the shell of sandbox processes in the current root:
 // bash where there is one, else /bin/sh.
 func FindShell() string {

@@ -103,10 +103,7 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 	}
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Dir = s.dir
-	c.Env = append(sandbox.BaseEnv(s.dir, s.d.shell), cmd.Env...)
-	if cmd.PTY != nil && cmd.PTY.Term != "" {
-		c.Env = append(c.Env, "TERM="+cmd.PTY.Term)
-	}
+	c.Env = sandbox.CommandEnv(s.dir, s.d.shell, nil, cmd.Env, cmd.PTY)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

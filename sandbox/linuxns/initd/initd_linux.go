@@ -246,16 +246,13 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	default:
 		path, argv = in.shell, []string{in.shell, "-c", req.Command}
 	}
-	env := mergeEnv(sandbox.BaseEnv(ctl.WorkspaceDir, in.shell), in.env, req.Env)
+	env := sandbox.CommandEnv(ctl.WorkspaceDir, in.shell, in.env, req.Env, req.PTY)
 	sys := &syscall.SysProcAttr{
 		Credential: &syscall.Credential{Uid: ctl.SandboxUID, Gid: ctl.SandboxGID, Groups: []uint32{}},
 	}
 	var files []uintptr
 	master := -1
 	if req.PTY != nil {
-		if req.PTY.Term != "" {
-			env = append(env, "TERM="+req.PTY.Term)
-		}
 		m, s, err := openPTY(req.PTY.Window)
 		if err != nil {
 			return nil, -1, err
@@ -308,25 +305,6 @@ func (in *initd) dir() string {
 		return in.workDir
 	}
 	return ctl.WorkspaceDir
-}
-
-// mergeEnv is the environment of a command: each list's KEY=VALUE entries
-// override the earlier lists' of the same key, each key once.
-func mergeEnv(lists ...[]string) []string {
-	var out []string
-	at := map[string]int{}
-	for _, l := range lists {
-		for _, kv := range l {
-			k, _, _ := strings.Cut(kv, "=")
-			if i, ok := at[k]; ok {
-				out[i] = kv
-				continue
-			}
-			at[k] = len(out)
-			out = append(out, kv)
-		}
-	}
-	return out
 }
 
 // openPTY opens a new terminal in the sandbox's devpts: the master for the

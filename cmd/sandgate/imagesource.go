@@ -48,14 +48,23 @@ func (s *imageSource) unknown(name, why string) error {
 	return gateway.Invalid("unknown_image", fmt.Sprintf("image %q %s; images that may be pulled on demand: %s (GET /v1/images lists those present)", name, why, allowed))
 }
 
+// normalize is images.Normalize with its error as the API's.
+func normalize(name string) (string, error) {
+	n, err := images.Normalize(name)
+	if err != nil {
+		return "", gateway.Invalid("unknown_image", fmt.Sprintf("image %q is not a valid reference: %v", name, err))
+	}
+	return n, nil
+}
+
 // Check implements gateway.ImageSource.
 func (s *imageSource) Check(name string) error {
 	if s.noImages {
 		return gateway.Invalid("images_unsupported", sandbox.ErrNoImages.Error())
 	}
-	n, err := images.Normalize(name)
+	n, err := normalize(name)
 	if err != nil {
-		return gateway.Invalid("unknown_image", fmt.Sprintf("image %q is not a valid reference: %v", name, err))
+		return err
 	}
 	if _, err := s.store.Get(n); err == nil {
 		return nil
@@ -72,9 +81,9 @@ func (s *imageSource) Check(name string) error {
 // is missing and allowed. The pull outlives the create that asked for it
 // (other creates may share it), up to pullTimeout.
 func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image, error) {
-	n, err := images.Normalize(name)
+	n, err := normalize(name)
 	if err != nil {
-		return nil, gateway.Invalid("unknown_image", fmt.Sprintf("image %q is not a valid reference: %v", name, err))
+		return nil, err
 	}
 	img, err := s.store.Get(n)
 	if errors.Is(err, images.ErrNotFound) {

@@ -14,6 +14,7 @@ package sandbox
 import (
 	"context"
 	"io"
+	"net"
 	"syscall"
 )
 
@@ -39,6 +40,15 @@ func (e *BadImageError) Error() string {
 // root).
 const ErrNoImages = Error("this sandbox driver cannot run images; the linux driver can")
 
+// ErrNoTrust is Create's answer to a Spec with TrustPEM from a driver
+// that cannot add a certificate to its sandboxes' trust store (workdir).
+const ErrNoTrust = Error("this sandbox driver cannot add a certificate authority to a sandbox's trust store; the linux driver can")
+
+// TrustBundle is where, inside a sandbox created with TrustPEM, the trust
+// store with TrustPEM added lives: the gateway points SSL_CERT_FILE and
+// friends at it.
+const TrustBundle = "/etc/sandgate-ca-certificates.crt"
+
 // ErrClosed is returned by Start once the sandbox has been destroyed.
 const ErrClosed = Error("sandbox is closed")
 
@@ -57,6 +67,11 @@ type Spec struct {
 	// sandbox, while every workspace keeps the driver's size (the
 	// workspace is a copy of one template image); workdir enforces none.
 	Limits Limits
+	// TrustPEM, when set, holds PEM certificates that the sandbox's
+	// processes must trust (the session's egress CA): the driver adds them
+	// to the root's trust store and writes the whole store to TrustBundle.
+	// A driver that cannot refuses it with ErrNoTrust.
+	TrustPEM []byte
 }
 
 // Image is an OCI image unpacked into layers, as the image store
@@ -171,6 +186,17 @@ type Process interface {
 // on this host (linuxns). cmd/sandgate logs it at start; /readyz shows it.
 type Reporter interface {
 	Report() map[string]any
+}
+
+// ProxyListener is implemented by sandboxes whose processes can reach a
+// TCP listener that the gateway opens for them (linuxns: on loopback
+// inside the sandbox's network namespace, its only network; workdir: on
+// the host's loopback). gateway.Manager serves the session's egress proxy
+// on it.
+type ProxyListener interface {
+	// ListenProxy opens the listener; addr is how the sandbox's processes
+	// reach it ("127.0.0.1:3128"). The caller closes ln.
+	ListenProxy(ctx context.Context) (ln net.Listener, addr string, err error)
 }
 
 // Reattacher is implemented by drivers whose sandboxes can outlive the

@@ -228,6 +228,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 		st.Image = filepath.Join(dir, "workspace.img")
 	}
 	sb := newLinuxSandbox(d, st)
+	sb.trustPEM = spec.TrustPEM
 	ok := false
 	defer func() {
 		if !ok {
@@ -327,6 +328,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	is := ctl.Spec{
 		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
+		TrustPEM: string(sb.trustPEM),
 	}
 	waited = true
 	if err := <-wsDone; err != nil {

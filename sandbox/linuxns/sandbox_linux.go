@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -27,6 +28,8 @@ import (
 type linuxSandbox struct {
 	d  *Driver
 	st *sandboxState
+	// trustPEM is what Create was asked to add to the trust store.
+	trustPEM []byte
 
 	// The init is the gateway's child (cmd, reaped here) when this run
 	// created it; an adopted one is a child of the host's init. Either way
@@ -336,4 +339,73 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 			return *rep.Exit, nil
 		}
 	}
+}
+
+// ProxyAddr is where a sandbox's processes reach the egress proxy: on the
+// loopback of its network namespace, its only interface.
+const ProxyAddr = "127.0.0.1:3128"
+
+// ListenProxy implements sandbox.ProxyListener: a listener on ProxyAddr
+// inside the sandbox's network namespace, held by the gateway. Only the
+// sandbox's own processes can connect to it.
+func (s *linuxSandbox) ListenProxy(ctx context.Context) (net.Listener, string, error) {
+	select {
+	case <-s.initDone:
+		return nil, "", sandbox.ErrClosed
+	default:
+	}
+	// The init is alive and watched through its pidfd, so its pid names it.
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.st.Pid))
+	if err != nil {
+		return nil, "", fmt.Errorf("sandbox network namespace: %w", err)
+	}
+	defer ns.Close()
+	ln, err := listenIn(ctx, ns, ProxyAddr)
+	if err != nil {
+		return nil, "", err
+	}
+	return ln, ProxyAddr, nil
+}
+
+// listenIn opens a TCP listener on addr inside the network namespace ns.
+// It switches one locked OS thread into ns for the socket's creation and
+// back; a thread that cannot switch back is never reused (it stays locked
+// and ends with its goroutine).
+func listenIn(ctx context.Context, ns *os.File, addr string) (net.Listener, error) {
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: fmt.Errorf("gateway network namespace: %w", err)}
+			return
+		}
+		defer home.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- result{err: fmt.Errorf("enter sandbox network namespace: %w", err)}
+			return
+		}
+		var lc net.ListenConfig
+		ln, lerr := lc.Listen(ctx, "tcp", addr)
+		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
+			if ln != nil {
+				ln.Close()
+			}
+			done <- result{err: fmt.Errorf("leave sandbox network namespace: %w", err)}
+			return // the thread stays locked, and exits with this goroutine
+		}
+		runtime.UnlockOSThread()
+		if lerr != nil {
+			lerr = fmt.Errorf("egress proxy listener in the sandbox: %w", lerr)
+		}
+		done <- result{ln, lerr}
+	}()
+	r := <-done
+	return r.ln, r.err
 }

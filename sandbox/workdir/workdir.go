@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,6 +70,9 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	if spec.Image != nil {
 		return nil, sandbox.ErrNoImages
 	}
+	if len(spec.TrustPEM) > 0 {
+		return nil, sandbox.ErrNoTrust
+	}
 	dir := filepath.Join(d.cfg.Root, spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create workdir: %w", err)
@@ -88,6 +92,19 @@ type workdirSandbox struct {
 }
 
 func (s *workdirSandbox) Workdir() string { return s.dir }
+
+// ListenProxy implements sandbox.ProxyListener with a port on the host's
+// loopback: workdir processes share the host's network, so the proxy is
+// a convenience there (the tools that honour HTTP_PROXY get the session's
+// policy), never a boundary.
+func (s *workdirSandbox) ListenProxy(ctx context.Context) (net.Listener, string, error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", fmt.Errorf("egress proxy listener: %w", err)
+	}
+	return ln, ln.Addr().String(), nil
+}
 
 func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
 	var argv []string

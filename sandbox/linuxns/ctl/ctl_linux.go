@@ -78,6 +78,9 @@ type Spec struct {
 	// own, and where commands and SFTP start ("": the workspace).
 	Env        []string `json:"env,omitempty"`
 	WorkingDir string   `json:"workingDir,omitempty"`
+	// TrustPEM holds certificates to add to the sandbox's trust store
+	// (sandbox.Spec.TrustPEM).
+	TrustPEM string `json:"trustPEM,omitempty"`
 	// FDs names the descriptors sent with the spec, in order:
 	// "listener" (the control socket, listening), "workspace" (a detached
 	// mount to attach at /workspace), "tasks" (the open cgroup v1 tasks

@@ -214,7 +214,7 @@ func buildRoot(spec *ctl.Spec, wsFD, rootFD int) error {
 		if err := imageRootAt(r, rootFD, spec.Hostname); err != nil {
 			return err
 		}
-	} else if err := hostRootAt(r, spec.Hostname); err != nil {
+	} else if err := hostRootAt(r, spec.Hostname, spec.TrustPEM); err != nil {
 		return err
 	}
 	return finishRoot(r, spec, wsFD, rootFD >= 0)
@@ -223,7 +223,7 @@ func buildRoot(spec *ctl.Spec, wsFD, rootFD int) error {
 // hostRootAt builds the default root at r: a tmpfs with read-only binds of
 // the host's /usr (and /bin, /lib... where they are directories) and the
 // sandbox's own /etc.
-func hostRootAt(r, hostname string) error {
+func hostRootAt(r, hostname, trustPEM string) error {
 	if err := mount("tmpfs", r, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
 		return err
 	}
@@ -260,7 +260,7 @@ func hostRootAt(r, hostname string) error {
 	if err := roBind("/usr", filepath.Join(r, "usr")); err != nil {
 		return err
 	}
-	return buildEtc(filepath.Join(r, "etc"), hostname)
+	return buildEtc(filepath.Join(r, "etc"), hostname, trustPEM)
 }
 
 // finishRoot adds /dev, /proc, /tmp and the workspace to the root at r,
@@ -300,6 +300,11 @@ func finishRoot(r string, spec *ctl.Spec, wsFD int, image bool) error {
 		readOnly = readOnly[1:]
 		if _, err := os.Stat("/bin/sh"); err != nil {
 			return &ctl.ImageError{Reason: "it has no /bin/sh: a session needs a shell"}
+		}
+		if spec.TrustPEM != "" {
+			if err := imageTrust(spec.TrustPEM); err != nil {
+				return err
+			}
 		}
 	}
 	for _, p := range readOnly {
@@ -373,7 +378,7 @@ var etcSecrets = []string{
 }
 
 // etcOwn are the /etc files the sandbox gets its own version of.
-var etcOwn = []string{"passwd", "group", "hostname", "hosts"}
+var etcOwn = []string{"passwd", "group", "hostname", "hosts", bundleName}
 
 // nameFiles are the /etc files that name the sandbox: hostname and hosts.
 func nameFiles(hostname string) map[string]string {
@@ -394,7 +399,7 @@ const etcCopyMax = 64 << 10
 // host-side change (a rename over /etc/passwd, new host keys) can ever
 // show a hidden file: a bind follows the inode it was made on, and nothing
 // is mounted over a host dentry that the host could replace.
-func buildEtc(dst, hostname string) error {
+func buildEtc(dst, hostname, trustPEM string) error {
 	if err := mount("tmpfs", dst, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=4m"); err != nil {
 		return err
 	}
@@ -411,6 +416,11 @@ func buildEtc(dst, hostname string) error {
 	for name, content := range own {
 		if err := os.WriteFile(filepath.Join(dst, name), []byte(content), 0o644); err != nil {
 			return fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
+	if trustPEM != "" {
+		if err := hostTrust(dst, trustPEM); err != nil {
+			return err
 		}
 	}
 	return setReadOnly(dst)

@@ -49,7 +49,9 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 	b := gateway.ResourceBounds{
 		Default: gateway.Resources{MemoryMiB: l.MemoryBytes / mib, CPUs: l.CPUs, Pids: l.Pids, DiskMiB: l.WorkspaceBytes / mib},
 		Max:     gateway.Resources{MemoryMiB: m.MemoryBytes / mib, CPUs: m.CPUs, Pids: m.Pids, DiskMiB: m.WorkspaceBytes / mib},
-		// Every workspace is a copy of one template of the default size.
+		// Until the driver is known (--sandbox auto may fall back to
+		// workdir), a workspace is taken to have the default size:
+		// forDriver says whether the driver sizes each session's.
 		DiskFixed: true,
 	}
 	for _, c := range []struct {
@@ -72,6 +74,20 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 		}
 	}
 	return b, nil
+}
+
+// workspaceSizer is a driver that gives each sandbox the workspace size
+// its Spec.Limits asks (the linux driver; the workdir driver has no
+// workspace size at all).
+type workspaceSizer interface{ SizesWorkspaces() bool }
+
+// forDriver returns b for driver d: a requested diskMiB is the session's
+// workspace size where d sizes workspaces (DiskFixed false), and only
+// checked against the cap where it does not.
+func forDriver(b gateway.ResourceBounds, d sandbox.Driver) gateway.ResourceBounds {
+	ws, ok := d.(workspaceSizer)
+	b.DiskFixed = !ok || !ws.SizesWorkspaces()
+	return b
 }
 
 // sizeFlag is a size in bytes, given as a number of bytes or with a

@@ -2,10 +2,15 @@ package main
 
 import (
 	"io"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
+	"github.com/sandgate/sandgate/sandbox/workdir"
 )
 
 func TestParseSize(t *testing.T) {
@@ -86,6 +91,32 @@ func TestServeResourceFlags(t *testing.T) {
 	} {
 		if _, err := parseServe(args, io.Discard); err == nil {
 			t.Errorf("%s: accepted", strings.Join(args, " "))
+		}
+	}
+}
+
+// A requested diskMiB is the workspace's size on the linux driver, which
+// sizes each sandbox's; on the workdir driver, which cannot, every session
+// shows the default.
+func TestServeDiskFixedPerDriver(t *testing.T) {
+	c, err := parseServe([]string{"--sandbox-workspace-size", "256MiB"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, err := workdir.New(workdir.Config{Root: filepath.Join(t.TempDir(), "sessions")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := forDriver(c.resources, wd); !b.DiskFixed || b.Default.DiskMiB != 256 {
+		t.Errorf("workdir: %+v, want DiskFixed", b)
+	}
+	var linux sandbox.Driver = (*linuxns.Driver)(nil)
+	if _, ok := linux.(workspaceSizer); !ok && runtime.GOOS == "linux" {
+		t.Fatal("the linux driver does not size workspaces")
+	}
+	if runtime.GOOS == "linux" {
+		if b := forDriver(c.resources, linux); b.DiskFixed || b.Default.DiskMiB != 256 {
+			t.Errorf("linux: %+v, want DiskFixed false", b)
 		}
 	}
 }

@@ -288,7 +288,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	mcfg := gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
-		Resources: cfg.resources,
+		Resources: forDriver(cfg.resources, driver),
 	}
 	mgr := gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {

@@ -240,16 +240,15 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	if err := st.save(dir); err != nil {
 		return nil, err
 	}
+	// The session's own limits over the driver's, the workspace's size
+	// included.
+	lim := spec.Limits.Or(d.limits)
 	// The workspace is made while the init starts (the init waits for
 	// its spec before it does anything).
 	wsDone := make(chan error, 1)
 	go func() {
-		wsDone <- d.ws.create(st.Workspace, st.Image, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
+		wsDone <- d.ws.create(st.Workspace, st.Image, lim.WorkspaceBytes, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
 	}()
-	// The session's own limits over the driver's; the workspace keeps the
-	// driver's size, as every workspace is a copy of one template.
-	lim := spec.Limits.Or(d.limits)
-	lim.WorkspaceBytes = d.limits.WorkspaceBytes
 	if err := d.bootInit(ctx, sb, spec.Image, lim, wsDone); err != nil {
 		return nil, err
 	}

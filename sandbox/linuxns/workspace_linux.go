@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,21 +22,133 @@ import (
 // host at <dir>/workspace, so a gateway restart finds its files again.
 // Where that fails (no mkfs.ext4, no loop devices), a size-limited tmpfs
 // stands in, whose pages count against the sandbox's memory limit.
+//
+// A session may ask for another size than the default: the first create
+// of a size formats a template for it (as Open does for the default,
+// ~10 ms), later ones copy it. At most maxSizedTemplates such templates
+// are kept, the least recently used go first, so that a stream of
+// distinct sizes cannot fill the data dir.
 type workspaces struct {
-	size     int64
-	template string // empty: tmpfs
+	root     string
+	size     int64  // the default
+	template string // of the default size; empty: tmpfs
 	reason   string // why not ext4, when tmpfs
+
+	mu    sync.Mutex
+	sized map[int64]*sizedTemplate
+	tick  uint64
+}
+
+// maxSizedTemplates bounds the templates kept for sizes other than the
+// default. Each is a sparse file of a fresh filesystem's metadata (a few
+// hundred KiB to a few MiB).
+const maxSizedTemplates = 8
+
+// sizedTemplate is the template of one non-default size.
+type sizedTemplate struct {
+	path string
+	made chan struct{} // closed once made, or failed
+	fd   int           // the template, open while cached (-1 until made)
+	err  error
+	refs int    // creates using it (the one making it included)
+	used uint64 // when last asked for, in w.tick
 }
 
 func prepareWorkspaces(root string, size int64) *workspaces {
-	w := &workspaces{size: size}
-	tpl := filepath.Join(root, ".workspace-"+strconv.FormatInt(size, 10)+".img")
+	w := &workspaces{root: root, size: size, sized: map[int64]*sizedTemplate{}}
+	tpl := w.templatePath(size)
 	if err := makeTemplate(tpl, size); err != nil {
 		w.reason = err.Error()
 		return w
 	}
 	w.template = tpl
 	return w
+}
+
+// templatePath is where the template of size lives; the driver removes
+// every .workspace-* of an earlier run when it starts.
+func (w *workspaces) templatePath(size int64) string {
+	return filepath.Join(w.root, ".workspace-"+strconv.FormatInt(size, 10)+".img")
+}
+
+// openTemplate returns an open descriptor of the template of size bytes,
+// made on first use, and a release that the caller calls once done with
+// it. Concurrent calls for one new size make its template once.
+func (w *workspaces) openTemplate(size int64) (int, func(), error) {
+	if size == w.size {
+		fd, err := unix.Open(w.template, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, nil, err
+		}
+		return fd, func() { unix.Close(fd) }, nil
+	}
+	w.mu.Lock()
+	t := w.sized[size]
+	mine := t == nil
+	if mine {
+		t = &sizedTemplate{path: w.templatePath(size), made: make(chan struct{}), fd: -1}
+		w.sized[size] = t
+	}
+	w.tick++
+	t.used = w.tick
+	t.refs++
+	w.mu.Unlock()
+	release := func() {
+		w.mu.Lock()
+		t.refs--
+		w.evictLocked()
+		w.mu.Unlock()
+	}
+	if mine {
+		err := makeTemplate(t.path, size)
+		fd := -1
+		if err == nil {
+			if fd, err = unix.Open(t.path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+				_ = os.Remove(t.path)
+			}
+		}
+		w.mu.Lock()
+		t.fd, t.err = fd, err
+		if err != nil && w.sized[size] == t {
+			delete(w.sized, size) // the next create tries again
+		}
+		close(t.made)
+		w.mu.Unlock()
+	} else {
+		<-t.made
+	}
+	if t.err != nil {
+		release()
+		return -1, nil, t.err
+	}
+	return t.fd, release, nil
+}
+
+// evictLocked removes the least recently used templates no create is
+// using until at most maxSizedTemplates are left. Callers hold w.mu.
+func (w *workspaces) evictLocked() {
+	for len(w.sized) > maxSizedTemplates {
+		var old *sizedTemplate
+		var oldSize int64
+		for s, t := range w.sized {
+			if t.refs == 0 && (old == nil || t.used < old.used) {
+				old, oldSize = t, s
+			}
+		}
+		if old == nil {
+			return // all in use: the last release evicts
+		}
+		delete(w.sized, oldSize)
+		unix.Close(old.fd)
+		_ = os.Remove(old.path)
+	}
+}
+
+// templates is how many non-default templates are kept (for tests).
+func (w *workspaces) templates() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.sized)
 }
 
 func (w *workspaces) via() string {
@@ -106,20 +219,35 @@ func makeTemplate(tpl string, size int64) error {
 	return os.Rename(tmp, tpl)
 }
 
-// create makes the workspace of one sandbox: image (ext4 only) and the
-// host mount at mnt, owned by the sandbox user (host uid:gid).
-func (w *workspaces) create(mnt, image string, uid, gid int) error {
+// create makes the workspace of one sandbox, of size bytes (zero: the
+// default): image (ext4 only) and the host mount at mnt, owned by the
+// sandbox user (host uid:gid). On failure it leaves none of them.
+func (w *workspaces) create(mnt, image string, size int64, uid, gid int) (err error) {
+	if size <= 0 {
+		size = w.size
+	}
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, removeWorkspace(mnt, image), os.Remove(mnt))
+		}
+	}()
 	if w.template == "" {
-		data := fmt.Sprintf("size=%d,mode=0755,uid=%d,gid=%d", w.size, uid, gid)
+		data := fmt.Sprintf("size=%d,mode=0755,uid=%d,gid=%d", size, uid, gid)
 		if err := unix.Mount("tmpfs", mnt, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
 			return fmt.Errorf("mount workspace tmpfs: %w", err)
 		}
 		return nil
 	}
-	if err := copySparse(w.template, image); err != nil {
+	tpl, release, err := w.openTemplate(size)
+	if err != nil {
+		return fmt.Errorf("workspace template of %d bytes: %w", size, err)
+	}
+	err = copySparse(tpl, image)
+	release()
+	if err != nil {
 		return fmt.Errorf("workspace image: %w", err)
 	}
 	if err := mountImage(image, mnt); err != nil {
@@ -213,14 +341,12 @@ func loopSetFD(lfd, img int, info *unix.LoopInfo64) error {
 	return nil
 }
 
-// copySparse copies src to a new file dst, keeping holes: only the few
-// hundred KiB of a fresh filesystem's metadata are written.
-func copySparse(src, dst string) error {
-	in, err := unix.Open(src, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(in)
+// copySparse copies the file open at in to a new file dst, keeping holes:
+// only the few hundred KiB of a fresh filesystem's metadata are written.
+// It reads in at explicit offsets (SEEK_DATA and SEEK_HOLE answer from
+// the offset given, whatever the shared file position), so that copies
+// from one descriptor may run at once.
+func copySparse(in int, dst string) error {
 	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -254,10 +380,14 @@ func copySparse(src, dst string) error {
 				return err
 			}
 			if n == 0 {
-				return fmt.Errorf("copy %s: short copy at %d", src, rd)
+				return fmt.Errorf("copy to %s: short copy at %d", dst, rd)
 			}
 		}
 		off = hole
 	}
 	return nil
 }
+
+// SizesWorkspaces says that each sandbox's workspace has the size its
+// Spec.Limits.WorkspaceBytes asks (zero: the driver's), ext4 or tmpfs.
+func (d *Driver) SizesWorkspaces() bool { return true }

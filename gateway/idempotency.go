@@ -44,14 +44,16 @@ func checkIdempotencyKey(key string) error {
 
 // fingerprint identifies a create's payload after defaults are applied, so
 // that {} and {"ttl": 3600} are the same request.
-func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, res *Resources) [32]byte {
+func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, res *Resources, egress []string, secrets []SecretRef) [32]byte {
 	data, _ := json.Marshal(struct { // map keys marshal sorted: deterministic
 		TTL          int            `json:"ttl"`
 		Image        string         `json:"image"`
 		Metadata     map[string]any `json:"metadata"`
 		SSHPublicKey string         `json:"sshPublicKey"`
 		Resources    *Resources     `json:"resources,omitempty"` // nil: the defaults
-	}{ttl, image, metadata, sshKey, res})
+		Egress       []string       `json:"egress,omitempty"`
+		Secrets      []SecretRef    `json:"secrets,omitempty"`
+	}{ttl, image, metadata, sshKey, res, egress, secrets})
 	return sha256.Sum256(data)
 }
 

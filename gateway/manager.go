@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -43,6 +44,11 @@ type Config struct {
 	Store Store
 	// Resources are the defaults and caps of session resources.
 	Resources ResourceBounds
+	// Egress lets sessions out through an egress proxy (nil: sessions
+	// have no network, and asking for egress is egress_unavailable).
+	Egress *EgressConfig
+	// Secrets resolves the secrets sessions ask for (nil: none exists).
+	Secrets SecretSource
 }
 
 // Manager owns every live session.
@@ -131,6 +137,11 @@ type CreateParams struct {
 	// Resources, when set, are the sandbox's limits; nil fields get the
 	// gateway's defaults (Config.Resources).
 	Resources *ResourceRequest
+	// Egress is the allow-list of destinations the session may reach
+	// through its egress proxy; empty means no network.
+	Egress []string
+	// Secrets are the operator's secrets (by name) the session gets.
+	Secrets []SecretRef
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -169,12 +180,20 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if err != nil {
 		return nil, "", err
 	}
+	allow, err := m.checkEgress(cp.Egress)
+	if err != nil {
+		return nil, "", err
+	}
+	secrets, err := m.checkSecrets(p.Tenant, cp.Secrets, allow)
+	if err != nil {
+		return nil, "", err
+	}
 	key := idemKey{p.Tenant, cp.IdempotencyKey}
 	var fpRes *Resources // the defaults fingerprint as before resources existed
 	if res != m.cfg.Resources.Default {
 		fpRes = &res
 	}
-	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes)
+	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes, allow.Entries(), secrets)
 
 	prior, err := m.reserve(key, fp)
 	if err != nil {
@@ -197,6 +216,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		ID: newID(), Tenant: p.Tenant, Image: image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
 		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
+		Secrets: secrets, secrets: m.cfg.Secrets, egressAllow: allow.Entries(),
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
 		conns:        map[*connEntry]struct{}{},
@@ -206,6 +226,12 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	}
 	s.lastActivity.Store(now.UnixNano())
 	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
+	if slices.ContainsFunc(secrets, SecretRef.Bound) {
+		if err := s.newEgressCA(); err != nil {
+			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
+		}
+		spec.TrustPEM = s.egressCAPEM
+	}
 	if !slices.Contains(m.cfg.Images, image) {
 		img, err := m.cfg.ImageSource.Resolve(ctx, image)
 		if err != nil {
@@ -226,9 +252,21 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		if errors.Is(err, sandbox.ErrNoImages) {
 			return nil, "", Invalid("images_unsupported", sandbox.ErrNoImages.Error())
 		}
+		if errors.Is(err, sandbox.ErrNoTrust) {
+			return nil, "", Invalid("egress_unsupported", "secrets bound to hosts need the linux sandbox driver: "+sandbox.ErrNoTrust.Error())
+		}
 		return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
 	}
 	s.sandbox = sb
+	if s.needsProxy() {
+		if err := m.openProxy(ctx, s); err != nil {
+			if sb.Destroy(context.WithoutCancel(ctx)) == nil {
+				m.releaseImage(s)
+			}
+			m.log.Error("egress_proxy_failed", "session", s.ID, "err", err)
+			return nil, "", err
+		}
+	}
 	// The record is durable before the client hears of the session; a crash
 	// before this point leaves only a sandbox without a record, which the
 	// next start removes.
@@ -236,6 +274,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
 			m.releaseImage(s)
 		}
+		s.closeProxy()
 		m.log.Error("store_failed", "session", s.ID, "err", err)
 		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
 	}
@@ -244,6 +283,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if m.stopping { // Shutdown already took the sessions it will end or keep
 		m.mu.Unlock()
 		_ = m.cfg.Store.Delete(s.ID)
+		s.closeProxy()
 		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
 			m.releaseImage(s)
 		}
@@ -254,7 +294,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	reserved = false
 	m.mu.Unlock()
 	m.watch(s)
-	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "ttl", cp.TTL, "image", image)
+	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "ttl", cp.TTL, "image", image,
+		"egress", len(s.egressAllow), "secrets", len(secrets))
 	return s, pw, nil
 }
 
@@ -397,6 +438,9 @@ type UpdateParams struct {
 	// TTL, when set, makes the session expire TTL seconds from now
 	// (MinTTL..MaxTTL), and becomes the session's ttl.
 	TTL *int
+	// Egress, when set, replaces the session's egress allow-list; new
+	// connections through its proxy follow it at once.
+	Egress *[]string
 }
 
 // Update changes p's session id as up says and records the change in the
@@ -406,6 +450,13 @@ func (m *Manager) Update(ctx context.Context, p Principal, id string, up UpdateP
 	if up.TTL != nil && (*up.TTL < MinTTL || *up.TTL > MaxTTL) {
 		return nil, Invalid("invalid_ttl", fmt.Sprintf("ttl must be between %d and %d seconds, got %d", MinTTL, MaxTTL, *up.TTL))
 	}
+	var allow egress.List
+	if up.Egress != nil {
+		var err error
+		if allow, err = m.checkEgress(*up.Egress); err != nil {
+			return nil, err
+		}
+	}
 	s, err := m.Get(ctx, p, id)
 	if err != nil {
 		return nil, err
@@ -413,7 +464,7 @@ func (m *Manager) Update(ctx context.Context, p Principal, id string, up UpdateP
 	if !s.Live() {
 		return nil, &Error{Kind: KindConflict, Code: "session_not_running", Message: "the session is not running; delete it"}
 	}
-	if up.TTL == nil {
+	if up.TTL == nil && up.Egress == nil {
 		return s, nil
 	}
 	// Writes of this session's record are ordered: no activity save may
@@ -427,14 +478,43 @@ func (m *Manager) Update(ctx context.Context, p Principal, id string, up UpdateP
 	if m.sessions[s.ID] != s || !s.Live() {
 		return nil, ErrNotFound
 	}
-	now := m.cfg.Now().UTC()
-	oldTTL, oldAt := s.setExpiry(*up.TTL, now.Add(time.Duration(*up.TTL)*time.Second))
+	var undo []func()
+	if up.TTL != nil {
+		now := m.cfg.Now().UTC()
+		oldTTL, oldAt := s.setExpiry(*up.TTL, now.Add(time.Duration(*up.TTL)*time.Second))
+		undo = append(undo, func() { s.setExpiry(oldTTL, oldAt) })
+	}
+	if up.Egress != nil {
+		old := s.setEgressAllow(allow.Entries())
+		undo = append(undo, func() { s.setEgressAllow(old) })
+		if ps := s.egressProxy(); ps != nil {
+			ps.SetPolicy(m.policy(s))
+			undo = append(undo, func() { ps.SetPolicy(m.policy(s)) })
+		} else if !allow.Empty() {
+			if err := m.openProxy(ctx, s); err != nil {
+				s.setEgressAllow(old)
+				if up.TTL != nil {
+					undo[0]()
+				}
+				return nil, err
+			}
+		}
+	}
 	if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
-		s.setExpiry(oldTTL, oldAt)
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
 		m.log.Error("store_failed", "session", s.ID, "err", err)
 		return nil, &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the change", Err: err}
 	}
-	m.log.Info("session_updated", "session", s.ID, "tenant", p.Tenant, "ttl", *up.TTL)
+	args := []any{"session", s.ID, "tenant", p.Tenant}
+	if up.TTL != nil {
+		args = append(args, "ttl", *up.TTL)
+	}
+	if up.Egress != nil {
+		args = append(args, "egress", allow.Entries())
+	}
+	m.log.Info("session_updated", args...)
 	return s, nil
 }
 

@@ -58,9 +58,11 @@ func TestSnapshotRoundTripsThroughRecord(t *testing.T) {
 			Image: "default", Metadata: map[string]any{"k": "v"},
 			CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now.Add(time.Minute), TTL: 3600,
 			Status: StatusFailed, StatusReason: "lost",
+			Egress: &EgressView{Allow: []string{"pypi.org"}, BytesIn: 5, BytesOut: 7}, Secrets: []SecretRef{{Name: "A"}},
 		},
 		SSHPublicKey: "ssh-ed25519 AAAA", PasswordHash: sha256.New().Sum(nil),
 		IdempotencyKey: "order-1", RequestHash: bytes.Repeat([]byte{7}, 32),
+		EgressCA: []byte("ca"), EgressCAKey: []byte("key"),
 	}
 	s := sessionFromRecord(r)
 	snap := s.Snapshot()

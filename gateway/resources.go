@@ -31,7 +31,7 @@ type ResourceBounds struct {
 	// Max caps requests (zero fields: 4 times the default).
 	Max Resources
 	// DiskFixed says every workspace has the default size whatever a
-	// create asks (the linux driver today): a requested diskMiB is still
+	// create asks (the workdir driver): a requested diskMiB is still
 	// checked against the cap, and the session shows the size in force.
 	DiskFixed bool
 }

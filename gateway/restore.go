@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -28,6 +29,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 	restored, failed := 0, 0
 	for _, r := range recs {
 		s := sessionFromRecord(r)
+		s.secrets = m.cfg.Secrets
 		if r.Status == StatusRunning {
 			reason := "the sandbox driver cannot re-attach sandboxes after a restart"
 			if ra != nil {
@@ -36,6 +38,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 					s.sandbox = sb
 					keep[r.ID] = true
 					restored++
+					m.restoreEgress(ctx, s)
 					m.watch(s)
 				} else {
 					reason = "sandbox lost across the gateway restart"
@@ -96,6 +99,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 				_ = m.end(ctx, s, StatusDeleted, "gateway shut down")
 				return
 			}
+			s.closeProxy()
 			if d, ok := s.sandbox.(sandbox.Detacher); ok {
 				if err := d.Detach(ctx); err != nil {
 					m.log.Error("sandbox_detach_failed", "session", s.ID, "err", err)
@@ -105,4 +109,24 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 	}
 	wg.Wait()
 	m.retryDestroy(ctx) // deleted sessions end for good, whatever keep says
+}
+
+// restoreEgress gives a re-attached session its egress CA and proxy back.
+// A failure leaves the session without egress (new connections through
+// the old address are refused by the sandbox's kernel) and is logged.
+func (m *Manager) restoreEgress(ctx context.Context, s *Session) {
+	if len(s.egressCAPEM) > 0 {
+		ca, err := egress.ParseCA(s.egressCAPEM, s.egressCAKey)
+		if err != nil {
+			m.log.Error("egress_restore_failed", "session", s.ID, "err", err)
+			return
+		}
+		s.egressCA = ca
+	}
+	if !s.needsProxy() {
+		return
+	}
+	if err := m.openProxy(ctx, s); err != nil {
+		m.log.Error("egress_restore_failed", "session", s.ID, "err", err)
+	}
 }

@@ -5,12 +5,15 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -48,6 +51,15 @@ type Session struct {
 	// Resources are the sandbox's limits in force (nil for a session
 	// recorded before sessions had their own).
 	Resources *Resources
+	// Secrets are the secrets the session asked for, by name (values are
+	// looked up in secrets when a process starts).
+	Secrets []SecretRef
+
+	secrets SecretSource
+	// egressCA signs the certificates the egress proxy shows for hosts
+	// with a bound secret; the sandbox trusts it (nil: no bound secret).
+	egressCA                 *egress.CA
+	egressCAPEM, egressCAKey []byte
 
 	requestHash   [32]byte // fingerprint of the create's payload, with IdempotencyKey
 	passwordHash  [32]byte
@@ -61,6 +73,11 @@ type Session struct {
 	expiresAt    time.Time
 	ttl          int // seconds, as last set (by create or an update)
 	conns        map[*connEntry]struct{}
+	egressAllow  []string        // the allow-list in force, canonical
+	proxy        *egress.Session // nil until the session needs one
+	proxyAddr    string          // where the sandbox reaches proxy
+	savedIn      int64           // egress bytes as last recorded, for a restart
+	savedOut     int64
 }
 
 // View is what a tenant sees of a session. The REST API renders it as it
@@ -71,6 +88,8 @@ type View struct {
 	ImageDigest    string         `json:"imageDigest,omitempty"`
 	Metadata       map[string]any `json:"metadata"`
 	Resources      *Resources     `json:"resources,omitempty"`
+	Egress         *EgressView    `json:"egress,omitempty"`
+	Secrets        []SecretRef    `json:"secrets,omitempty"`
 	CreatedAt      time.Time      `json:"createdAt"`
 	ExpiresAt      time.Time      `json:"expiresAt"`
 	LastActivityAt time.Time      `json:"lastActivityAt"`
@@ -92,21 +111,34 @@ type Record struct {
 	// payload) let a repeated create find this session after a restart.
 	IdempotencyKey string `json:"idempotencyKey,omitempty"`
 	RequestHash    []byte `json:"requestHash,omitempty"`
+	// EgressCA and EgressCAKey are the session's egress CA (PEM), which
+	// its sandbox trusts, kept so a restarted gateway signs with it again.
+	EgressCA    []byte `json:"egressCA,omitempty"`
+	EgressCAKey []byte `json:"egressCAKey,omitempty"`
 }
 
 // Snapshot returns the session's current state.
 func (s *Session) Snapshot() Record {
 	s.mu.Lock()
 	status, reason, expires, ttl := s.status, s.statusReason, s.expiresAt, s.ttl
+	ev := &EgressView{Allow: slices.Clone(s.egressAllow), BytesIn: s.savedIn, BytesOut: s.savedOut}
+	if s.proxy != nil {
+		ev.BytesIn, ev.BytesOut = s.proxy.Bytes()
+	}
 	s.mu.Unlock()
+	if ev.Allow == nil {
+		ev.Allow = []string{}
+	}
 	r := Record{
 		ID: s.ID, Tenant: s.Tenant,
 		View: View{
 			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata, Resources: s.Resources,
+			Egress: ev, Secrets: s.Secrets,
 			CreatedAt: s.CreatedAt, ExpiresAt: expires, LastActivityAt: s.LastActivity(), TTL: ttl,
 			StatusReason: reason,
 		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
+		EgressCA: s.egressCAPEM, EgressCAKey: s.egressCAKey,
 	}
 	if s.IdempotencyKey != "" {
 		r.IdempotencyKey, r.RequestHash = s.IdempotencyKey, bytes.Clone(s.requestHash[:])
@@ -122,6 +154,10 @@ func sessionFromRecord(r Record) *Session {
 		CreatedAt: r.CreatedAt, expiresAt: r.ExpiresAt, ttl: r.TTL, SSHPublicKey: r.SSHPublicKey,
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
+		Secrets: r.Secrets, egressCAPEM: r.EgressCA, egressCAKey: r.EgressCAKey,
+	}
+	if r.Egress != nil {
+		s.egressAllow, s.savedIn, s.savedOut = r.Egress.Allow, r.Egress.BytesIn, r.Egress.BytesOut
 	}
 	copy(s.passwordHash[:], r.PasswordHash)
 	copy(s.requestHash[:], r.RequestHash)
@@ -132,8 +168,115 @@ func sessionFromRecord(r Record) *Session {
 
 type connEntry struct{ close func() }
 
-// Sandbox is the session's sandbox.
-func (s *Session) Sandbox() sandbox.Sandbox { return s.sandbox }
+// Sandbox is the session's sandbox, as the session's processes must be
+// started in it: with the session's environment (its secrets, its egress
+// proxy and trust store) added to every command's.
+func (s *Session) Sandbox() sandbox.Sandbox {
+	if len(s.Secrets) == 0 && s.egressCA == nil && s.ProxyAddr() == "" {
+		return s.sandbox
+	}
+	return sessionSandbox{s.sandbox, s}
+}
+
+// sessionSandbox adds a session's environment to the commands it starts.
+type sessionSandbox struct {
+	sandbox.Sandbox
+	s *Session
+}
+
+func (sb sessionSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
+	cmd.Env = append(slices.Clip(cmd.Env), sb.s.env()...) // the session's win
+	return sb.Sandbox.Start(ctx, cmd)
+}
+
+// env is what the session adds to every process's environment, as of now:
+// each environment secret's value (looked up now, so a reloaded secrets
+// file applies), each bound secret's placeholder, the proxy variables and
+// the trust store's.
+func (s *Session) env() []string {
+	var env []string
+	for _, r := range s.Secrets {
+		if r.Bound() {
+			env = append(env, r.Name+"="+egress.Placeholder(r.Name))
+			continue
+		}
+		if s.secrets == nil {
+			continue
+		}
+		if v, ok := s.secrets.Lookup(s.Tenant, r.Name); ok {
+			env = append(env, r.Name+"="+v)
+		}
+	}
+	if addr := s.ProxyAddr(); addr != "" {
+		u := "http://" + addr
+		env = append(env, "HTTP_PROXY="+u, "HTTPS_PROXY="+u, "http_proxy="+u, "https_proxy="+u,
+			"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
+	}
+	if s.egressCA != nil {
+		for _, k := range caEnv {
+			env = append(env, k+"="+sandbox.TrustBundle)
+		}
+	}
+	return env
+}
+
+// EgressAllow is the session's egress allow-list in force.
+func (s *Session) EgressAllow() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.egressAllow)
+}
+
+// setEgressAllow sets the allow-list; it returns the previous one.
+func (s *Session) setEgressAllow(allow []string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.egressAllow
+	s.egressAllow = allow
+	return old
+}
+
+// ProxyAddr is where the session's processes reach its egress proxy, ""
+// when it has none.
+func (s *Session) ProxyAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proxyAddr
+}
+
+// egressProxy is the session's proxy, nil when it has none.
+func (s *Session) egressProxy() *egress.Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.proxy
+}
+
+func (s *Session) setProxy(p *egress.Session, addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.proxy, s.proxyAddr = p, addr
+}
+
+// savedEgressBytes are the egress byte totals as last recorded.
+func (s *Session) savedEgressBytes() (in, out int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.savedIn, s.savedOut
+}
+
+// closeProxy stops the session's egress proxy, keeping its byte totals.
+func (s *Session) closeProxy() {
+	s.mu.Lock()
+	p := s.proxy
+	s.proxy = nil
+	if p != nil {
+		s.savedIn, s.savedOut = p.Bytes()
+	}
+	s.mu.Unlock()
+	if p != nil {
+		_ = p.Close()
+	}
+}
 
 // LastActivity is when the session was last used over REST or SSH.
 func (s *Session) LastActivity() time.Time {
@@ -214,5 +357,6 @@ func (s *Session) end(status, reason string) bool {
 	for e := range conns {
 		e.close()
 	}
+	s.closeProxy()
 	return true
 }

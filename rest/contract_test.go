@@ -236,7 +236,7 @@ func TestSpecCheckerRejectsDrift(t *testing.T) {
 	id := "sbx-abcdefghijklmnopqrst"
 	session := `{"sessionId":"` + id + `","status":"running","image":"default","metadata":{},` +
 		`"createdAt":"2024-01-02T03:04:05Z","expiresAt":"2024-01-02T04:04:05Z","lastActivityAt":"2024-01-02T03:04:05Z",` +
-		`"ttl":3600,"ssh":{"username":"sandbox","hostKeys":["ssh-ed25519 AAAA"],"knownHostsLine":"* ssh-ed25519 AAAA","connectPath":"/v1/sessions/` + id + `"}}`
+		`"ttl":3600,"egress":{"allow":[],"bytesIn":0,"bytesOut":0},"ssh":{"username":"sandbox","hostKeys":["ssh-ed25519 AAAA"],"knownHostsLine":"* ssh-ed25519 AAAA","connectPath":"/v1/sessions/` + id + `"}}`
 	jsonHdr := http.Header{"Content-Type": {"application/json"}, "Cache-Control": {"no-store"}}
 	errBody := func(code string) []byte { return []byte(`{"error":{"code":"` + code + `","message":"m"}}`) }
 	cases := []struct {

@@ -28,6 +28,12 @@ type createRequest struct {
 	Labels       map[string]any           `json:"labels"`
 	SSHPublicKey *string                  `json:"sshPublicKey"`
 	Resources    *gateway.ResourceRequest `json:"resources"`
+	// Egress is the allow-list of destinations (empty: no network).
+	Egress []string `json:"egress"`
+	// Secrets name operator secrets: "NAME" for the environment, or
+	// {"name", "hosts", "header", "format"} for a header the egress proxy
+	// sets on requests to those hosts.
+	Secrets []gateway.SecretRef `json:"secrets"`
 }
 
 type sessionJSON struct {
@@ -97,6 +103,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		cp.Metadata = req.Labels
 	}
 	cp.Resources = req.Resources
+	cp.Egress, cp.Secrets = req.Egress, req.Secrets
 	if keys, ok := r.Header[idempotencyKeyHeader]; ok {
 		if len(keys) != 1 || keys[0] == "" {
 			WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", "send one non-empty Idempotency-Key header")
@@ -281,18 +288,20 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 }
 
 type updateRequest struct {
-	TTL *int `json:"ttl"`
+	TTL    *int      `json:"ttl"`
+	Egress *[]string `json:"egress"`
 }
 
 // update applies a PATCH: {"ttl": N} makes the session expire N seconds
-// from now. It counts as activity, like a GET.
+// from now; {"egress": [...]} replaces its egress allow-list. It counts as
+// activity, like a GET.
 func (a *api) update(w http.ResponseWriter, r *http.Request) {
 	var req updateRequest
 	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
-	s, err := a.cfg.Sessions.Update(r.Context(), principal(r), chi.URLParam(r, "id"), gateway.UpdateParams{TTL: req.TTL})
+	s, err := a.cfg.Sessions.Update(r.Context(), principal(r), chi.URLParam(r, "id"), gateway.UpdateParams{TTL: req.TTL, Egress: req.Egress})
 	if err != nil {
 		WriteGatewayError(w, err)
 		return

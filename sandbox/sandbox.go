@@ -63,9 +63,8 @@ type Spec struct {
 	Image *Image
 	// Limits are this sandbox's own limits; each zero field is the
 	// driver's (Config.Limits). A driver enforces what it can, as it does
-	// its defaults: the linuxns driver enforces memory, pids and CPUs per
-	// sandbox, while every workspace keeps the driver's size (the
-	// workspace is a copy of one template image); workdir enforces none.
+	// its defaults: the linuxns driver enforces memory, pids, CPUs and
+	// the workspace's size per sandbox; workdir enforces none.
 	Limits Limits
 	// TrustPEM, when set, holds PEM certificates that the sandbox's
 	// processes must trust (the session's egress CA): the driver adds them

@@ -36,7 +36,11 @@ func TestMain(m *testing.M) {
 			}
 			defer os.RemoveAll(dir)
 			sandgateBin = filepath.Join(dir, "sandgate")
-			out, err := exec.Command("go", "build", "-o", sandgateBin, ".").CombinedOutput()
+			// Static, as the Makefile builds it: an image sandbox runs the
+			// binary (its SFTP server) on a root with no host libraries.
+			build := exec.Command("go", "build", "-o", sandgateBin, ".")
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			out, err := build.CombinedOutput()
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "build sandgate: %v\n%s", err, out)
 				return 1

@@ -61,6 +61,7 @@ type serveConfig struct {
 	imageAllow        listFlag
 	imagePull         string
 	insecureRegistry  listFlag
+	egress            egressFlags
 }
 
 func defaultDataDir() string {
@@ -110,6 +111,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.imagePull, "image-pull", "missing", "on-demand pulls: missing (pull an allowed image a create asks for) or never")
 	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
+	c.egress.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -285,10 +287,18 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	isrc.noImages = driver.Name() != "linux"
+	egressCfg, err := cfg.egress.config(log)
+	if err != nil {
+		return err
+	}
+	secrets, err := cfg.egress.secrets(ctx, log)
+	if err != nil {
+		return err
+	}
 	mcfg := gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
-		Resources: forDriver(cfg.resources, driver),
+		Resources: forDriver(cfg.resources, driver), Egress: egressCfg, Secrets: secrets,
 	}
 	mgr := gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {

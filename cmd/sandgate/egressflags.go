@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// egressFlags are serve's flags for letting sessions out and for secrets.
+type egressFlags struct {
+	allow       listFlag
+	allowCIDR   listFlag
+	resolve     listFlag
+	upstreamCA  string
+	secretsFile string
+}
+
+func (e *egressFlags) register(fs *flag.FlagSet) {
+	fs.Var(&e.allow, "egress-allow", "the most any session's egress list may allow: `*` (any public host), *.suffix, a hostname or an IP, each with an optional :port (none: any port); repeatable (default *)")
+	fs.Var(&e.allowCIDR, "egress-allow-cidr", "a non-public `CIDR` (10.0.0.0/8, 127.0.0.1/32) that egress may reach all the same, for on-prem services; repeatable")
+	fs.Var(&e.resolve, "egress-resolve", "a static `NAME=IP` entry the egress proxy uses before DNS (as curl --resolve); the address is checked as any other; repeatable")
+	fs.StringVar(&e.upstreamCA, "egress-upstream-ca", "", "PEM `file` of extra CAs that the egress proxy trusts, besides the system's, when it verifies a destination whose requests carry a bound secret")
+	fs.StringVar(&e.secretsFile, "secrets-file", "", "`file` of secrets sessions may ask for by name: NAME=value or tenant/NAME=value lines; re-read on SIGHUP")
+}
+
+// config builds the egress proxy and its bounds.
+func (e *egressFlags) config(log *slog.Logger) (*gateway.EgressConfig, error) {
+	allow := e.allow
+	if len(allow) == 0 {
+		allow = listFlag{"*"}
+	}
+	bounds, err := egress.ParseBounds(allow)
+	if err != nil {
+		return nil, fmt.Errorf("--egress-allow: %w", err)
+	}
+	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}}
+	for _, c := range e.allowCIDR {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-allow-cidr: %w", err)
+		}
+		cfg.AllowCIDRs = append(cfg.AllowCIDRs, p.Masked())
+	}
+	for _, r := range e.resolve {
+		name, ip, ok := strings.Cut(r, "=")
+		addr, err := netip.ParseAddr(ip)
+		if !ok || name == "" || err != nil {
+			return nil, fmt.Errorf("--egress-resolve %q: want NAME=IP", r)
+		}
+		name = strings.ToLower(strings.TrimSuffix(name, "."))
+		cfg.Hosts[name] = append(cfg.Hosts[name], addr.Unmap())
+	}
+	if e.upstreamCA != "" {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		b, err := os.ReadFile(e.upstreamCA)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-upstream-ca: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, errors.New("--egress-upstream-ca: no PEM certificate in the file")
+		}
+		cfg.UpstreamRoots = pool
+	}
+	p, err := egress.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &gateway.EgressConfig{Proxy: p, Bounds: bounds}, nil
+}
+
+// secrets opens the secrets file, if any, and re-reads it on SIGHUP until
+// ctx is done. A reload that fails keeps the previous secrets.
+func (e *egressFlags) secrets(ctx context.Context, log *slog.Logger) (gateway.SecretSource, error) {
+	if e.secretsFile == "" {
+		return nil, nil
+	}
+	f, err := gateway.OpenSecrets(e.secretsFile)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(e.secretsFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("the secrets file can be read by other users", "path", e.secretsFile, "mode", fi.Mode().Perm().String())
+	}
+	log.Info("secrets_loaded", "path", e.secretsFile, "count", f.Count())
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(hup)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				if err := f.Reload(); err != nil {
+					log.Error("secrets_reload_failed", "err", err)
+					continue
+				}
+				log.Info("secrets_reloaded", "path", e.secretsFile, "count", f.Count())
+			}
+		}
+	}()
+	return f, nil
+}

@@ -1,0 +1,314 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/textproto"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// EgressConfig is how the gateway lets sessions out: the proxy that
+// enforces each session's allow-list, and the operator's ceiling on what
+// a session may ask for (serve --egress-allow).
+type EgressConfig struct {
+	Proxy  *egress.Proxy
+	Bounds egress.Bounds
+}
+
+// Bounds of the egress and secrets fields.
+const (
+	MaxEgressEntries = 256
+	MaxSecrets       = 64
+	// DefaultSecretHeader and DefaultSecretFormat are what a secret bound
+	// to hosts sets when it names no header or format.
+	DefaultSecretHeader = "Authorization"
+	DefaultSecretFormat = "Bearer {value}"
+)
+
+// SecretRef is a secret a session asked for, by name. Without Hosts it is
+// injected into every process of the session as the environment variable
+// Name. With Hosts it never enters the sandbox: $Name holds a placeholder,
+// and the egress proxy sets Header to Format (with {value} replaced) on
+// HTTPS requests to those hosts only. Its JSON is the name alone for the
+// first kind, an object for the second, as the create request gives them.
+type SecretRef struct {
+	Name   string   `json:"name"`
+	Hosts  []string `json:"hosts,omitempty"`
+	Header string   `json:"header,omitempty"`
+	Format string   `json:"format,omitempty"`
+}
+
+// Bound reports whether the secret is bound to hosts.
+func (r SecretRef) Bound() bool { return len(r.Hosts) > 0 }
+
+// MarshalJSON renders an environment secret as its name.
+func (r SecretRef) MarshalJSON() ([]byte, error) {
+	if !r.Bound() {
+		return json.Marshal(r.Name)
+	}
+	type plain SecretRef
+	return json.Marshal(plain(r))
+}
+
+// UnmarshalJSON accepts a name or an object with no unknown fields.
+func (r *SecretRef) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		*r = SecretRef{}
+		return json.Unmarshal(b, &r.Name)
+	}
+	type plain SecretRef
+	var p plain
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&p); err != nil {
+		return err
+	}
+	*r = SecretRef(p)
+	return nil
+}
+
+// EgressView is a session's egress as the API shows it: the allow-list in
+// force and the bytes its connections carried each way.
+type EgressView struct {
+	Allow    []string `json:"allow"`
+	BytesIn  int64    `json:"bytesIn"`
+	BytesOut int64    `json:"bytesOut"`
+}
+
+// checkEgress parses a requested allow-list and holds it to the
+// operator's bounds.
+func (m *Manager) checkEgress(entries []string) (egress.List, error) {
+	if len(entries) > MaxEgressEntries {
+		return egress.List{}, Invalid("invalid_egress", fmt.Sprintf("egress has %d entries; at most %d", len(entries), MaxEgressEntries))
+	}
+	list, err := egress.ParseList(entries)
+	if err != nil {
+		if le, ok := errors.AsType[*egress.ListError](err); ok {
+			return egress.List{}, Invalid("invalid_egress", le.Error())
+		}
+		return egress.List{}, Invalid("invalid_egress", err.Error())
+	}
+	if list.Empty() {
+		return list, nil
+	}
+	if m.cfg.Egress == nil {
+		return egress.List{}, Invalid("egress_unavailable", "this gateway has no egress proxy: sessions have no network")
+	}
+	if out := m.cfg.Egress.Bounds.Outside(list); len(out) > 0 {
+		return egress.List{}, Invalid("egress_not_allowed", fmt.Sprintf(
+			"egress entries outside what this gateway allows (serve --egress-allow): %s", quoteAll(out)))
+	}
+	return list, nil
+}
+
+// checkSecrets checks a create's secrets for tenant: valid, distinct,
+// defined for the tenant (unknown_secret names every one that is not),
+// and, for secrets bound to hosts, with hosts the allow-list covers.
+func (m *Manager) checkSecrets(tenant string, refs []SecretRef, allow egress.List) ([]SecretRef, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	if len(refs) > MaxSecrets {
+		return nil, Invalid("invalid_secret", fmt.Sprintf("secrets has %d entries; at most %d", len(refs), MaxSecrets))
+	}
+	out := make([]SecretRef, 0, len(refs))
+	seen := map[string]bool{}
+	var unknown []string
+	for _, r := range refs {
+		if !validEnvName(r.Name) {
+			return nil, Invalid("invalid_secret", fmt.Sprintf("secret name %q is not a valid environment variable name", r.Name))
+		}
+		if seen[r.Name] {
+			return nil, Invalid("invalid_secret", fmt.Sprintf("secret %s is listed twice", r.Name))
+		}
+		seen[r.Name] = true
+		if m.cfg.Secrets == nil {
+			unknown = append(unknown, r.Name)
+			continue
+		}
+		if _, ok := m.cfg.Secrets.Lookup(tenant, r.Name); !ok {
+			unknown = append(unknown, r.Name)
+			continue
+		}
+		if !r.Bound() {
+			if r.Header != "" || r.Format != "" {
+				return nil, Invalid("invalid_secret", fmt.Sprintf("secret %s has a header or format but no hosts", r.Name))
+			}
+			out = append(out, SecretRef{Name: r.Name})
+			continue
+		}
+		b, err := m.checkBinding(r, allow)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	if len(unknown) > 0 {
+		return nil, Invalid("unknown_secret", "unknown secrets: "+strings.Join(unknown, ", "))
+	}
+	return out, nil
+}
+
+// checkBinding checks a secret bound to hosts and fills its defaults.
+func (m *Manager) checkBinding(r SecretRef, allow egress.List) (SecretRef, error) {
+	if r.Header == "" {
+		r.Header = DefaultSecretHeader
+	}
+	if r.Format == "" {
+		r.Format = DefaultSecretFormat
+	}
+	if !validHeaderName(r.Header) || hopHeader(r.Header) {
+		return r, Invalid("invalid_secret", fmt.Sprintf("secret %s: %q cannot be set as a request header", r.Name, r.Header))
+	}
+	r.Header = textproto.CanonicalMIMEHeaderKey(r.Header)
+	if !strings.Contains(r.Format, "{value}") || strings.ContainsAny(r.Format, "\r\n\x00") || len(r.Format) > 256 {
+		return r, Invalid("invalid_secret", fmt.Sprintf("secret %s: format must contain {value} on one line", r.Name))
+	}
+	hosts, err := m.checkEgress(r.Hosts)
+	if err != nil {
+		e, _ := AsError(err)
+		return r, Invalid(e.Code, fmt.Sprintf("secret %s hosts: %s", r.Name, e.Message))
+	}
+	if out := coverage(allow).Outside(hosts); len(out) > 0 {
+		return r, Invalid("egress_not_allowed", fmt.Sprintf("secret %s is bound to hosts not in the session's egress list: %s", r.Name, quoteAll(out)))
+	}
+	r.Hosts = hosts.Entries()
+	return r, nil
+}
+
+// coverage turns a session's allow-list into bounds with explicit ports
+// (an entry with no port allows 80 and 443), to ask whether another list
+// stays within it.
+func coverage(l egress.List) egress.Bounds {
+	var pats []string
+	for _, e := range l.Entries() {
+		if hasPort(e) {
+			pats = append(pats, e)
+			continue
+		}
+		pats = append(pats, e+":80", e+":443")
+	}
+	b, _ := egress.ParseBounds(pats)
+	return b
+}
+
+// hasPort reports whether a canonical entry ends with :port.
+func hasPort(e string) bool {
+	i := strings.LastIndexByte(e, ':')
+	if i < 0 || strings.HasSuffix(e, "]") {
+		return false
+	}
+	if strings.Count(e, ":") > 1 && !strings.HasPrefix(e, "[") { // a bare IPv6 literal
+		return false
+	}
+	_, err := strconv.ParseUint(e[i+1:], 10, 16)
+	return err == nil
+}
+
+func quoteAll(s []string) string {
+	q := make([]string, len(s))
+	for i, x := range s {
+		q[i] = strconv.Quote(x)
+	}
+	return strings.Join(q, ", ")
+}
+
+func validHeaderName(h string) bool {
+	if h == "" || len(h) > 64 {
+		return false
+	}
+	for _, c := range h {
+		if !(c == '-' || c >= '0' && c <= '9' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z') {
+			return false
+		}
+	}
+	return true
+}
+
+// hopHeader reports headers a secret may not set: hop-by-hop ones and
+// those that frame the request.
+func hopHeader(h string) bool {
+	return slices.Contains([]string{"Connection", "Content-Length", "Host", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"},
+		textproto.CanonicalMIMEHeaderKey(h))
+}
+
+// caEnv are the variables that point tools at a trust store.
+var caEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "PIP_CERT"}
+
+// policy is the egress policy of s as it stands.
+func (m *Manager) policy(s *Session) egress.Policy {
+	allow, _ := egress.ParseList(s.EgressAllow())
+	pol := egress.Policy{Allow: allow}
+	for _, r := range s.Secrets {
+		if !r.Bound() {
+			continue
+		}
+		hosts, _ := egress.ParseList(r.Hosts)
+		tenant, name := s.Tenant, r.Name
+		pol.Secrets = append(pol.Secrets, egress.Secret{
+			Name: r.Name, Hosts: hosts, Header: r.Header, Format: r.Format, Placeholder: egress.Placeholder(r.Name),
+			Value: func() (string, bool) {
+				if m.cfg.Secrets == nil {
+					return "", false
+				}
+				return m.cfg.Secrets.Lookup(tenant, name)
+			},
+		})
+	}
+	return pol
+}
+
+// openProxy starts s's egress proxy on a listener its sandbox reaches.
+func (m *Manager) openProxy(ctx context.Context, s *Session) error {
+	if m.cfg.Egress == nil {
+		return Invalid("egress_unavailable", "this gateway has no egress proxy: sessions have no network")
+	}
+	pl, ok := s.sandbox.(sandbox.ProxyListener)
+	if !ok {
+		return Invalid("egress_unsupported", "this sandbox driver cannot give sessions an egress proxy")
+	}
+	ln, addr, err := pl.ListenProxy(ctx)
+	if err != nil {
+		return &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's egress proxy", Err: err}
+	}
+	ps := m.cfg.Egress.Proxy.NewSession(s.ID, m.policy(s), s.egressCA)
+	if in, out := s.savedEgressBytes(); in > 0 || out > 0 {
+		ps.AddBytes(in, out)
+	}
+	go func() {
+		if err := ps.Serve(ln); err != nil {
+			m.log.Error("egress_proxy_failed", "session", s.ID, "err", err)
+		}
+	}()
+	s.setProxy(ps, addr)
+	return nil
+}
+
+// needsProxy reports whether s needs an egress proxy: it has an
+// allow-list or a secret bound to hosts.
+func (s *Session) needsProxy() bool {
+	return len(s.EgressAllow()) > 0 || slices.ContainsFunc(s.Secrets, SecretRef.Bound)
+}
+
+// newEgressCA makes s's egress CA.
+func (s *Session) newEgressCA() error {
+	ca, err := egress.NewCA(s.ID)
+	if err != nil {
+		return err
+	}
+	certPEM, keyPEM, err := ca.MarshalPEM()
+	if err != nil {
+		return err
+	}
+	s.egressCA, s.egressCAPEM, s.egressCAKey = ca, certPEM, keyPEM
+	return nil
+}

@@ -1,0 +1,130 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+)
+
+// SecretSource resolves the operator's secrets by name for a tenant. A
+// session stores only the names; values are looked up when a process
+// starts (or a request is sent upstream), so a reload applies at once.
+type SecretSource interface {
+	Lookup(tenant, name string) (value string, ok bool)
+}
+
+// SecretsFile is a SecretSource read from a file (serve --secrets-file):
+// one NAME=value per line, visible to every tenant, or tenant/NAME=value,
+// visible to that tenant only, where it wins over a NAME=value. Blank
+// lines and lines starting with # are skipped; the value is the rest of
+// the line, as it is. Reload re-reads it; a file that does not parse
+// keeps the previous definitions.
+type SecretsFile struct {
+	path string
+
+	mu      sync.RWMutex
+	global  map[string]string
+	tenants map[string]map[string]string
+}
+
+// maxSecretsFile bounds the file read.
+const maxSecretsFile = 4 << 20
+
+// OpenSecrets reads the secrets file at path.
+func OpenSecrets(path string) (*SecretsFile, error) {
+	f := &SecretsFile{path: path}
+	if err := f.Reload(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Reload re-reads the file. Its errors name lines, never values.
+func (f *SecretsFile) Reload() error {
+	b, err := os.ReadFile(f.path)
+	if err != nil {
+		return fmt.Errorf("secrets file: %w", err)
+	}
+	if len(b) > maxSecretsFile {
+		return fmt.Errorf("secrets file %s: larger than %d bytes", f.path, maxSecretsFile)
+	}
+	global, tenants := map[string]string{}, map[string]map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 64<<10), maxSecretsFile)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSuffix(sc.Text(), "\r")
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok {
+			return fmt.Errorf("secrets file %s line %d: want NAME=value or tenant/NAME=value", f.path, n)
+		}
+		tenant, name, scoped := strings.Cut(key, "/")
+		if !scoped {
+			tenant, name = "", key
+		}
+		if !validEnvName(name) || (scoped && tenant == "") {
+			return fmt.Errorf("secrets file %s line %d: %q is not a valid secret name (letters, digits and _, not starting with a digit)", f.path, n, key)
+		}
+		m := global
+		if scoped {
+			if m = tenants[tenant]; m == nil {
+				m = map[string]string{}
+				tenants[tenant] = m
+			}
+		}
+		if _, dup := m[name]; dup {
+			return fmt.Errorf("secrets file %s line %d: %s is defined twice", f.path, n, key)
+		}
+		m[name] = value
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("secrets file %s: %w", f.path, err)
+	}
+	f.mu.Lock()
+	f.global, f.tenants = global, tenants
+	f.mu.Unlock()
+	return nil
+}
+
+// Lookup implements SecretSource.
+func (f *SecretsFile) Lookup(tenant, name string) (string, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if v, ok := f.tenants[tenant][name]; ok {
+		return v, true
+	}
+	v, ok := f.global[name]
+	return v, ok
+}
+
+// Count is how many secrets the file defines, for the start-up log.
+func (f *SecretsFile) Count() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n := len(f.global)
+	for _, m := range f.tenants {
+		n += len(m)
+	}
+	return n
+}
+
+// validEnvName reports whether s can name an environment variable.
+func validEnvName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case c == '_', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

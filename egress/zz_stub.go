@@ -24,7 +24,7 @@ func (l List) Allows(host string, port uint16) bool { return false }
 type Bounds struct{}
 
 func ParseBounds(patterns []string) (Bounds, error) { return Bounds{}, nil }
-func (b Bounds) Outside(l List) []string           { return nil }
+func (b Bounds) Outside(l List) []string            { return nil }
 
 type Secret struct {
 	Name        string
@@ -65,8 +65,8 @@ func (s *Session) Close() error                                    { return nil 
 
 type CA struct{}
 
-func NewCA(sessionID string) (*CA, error)                  { return &CA{}, nil }
-func (c *CA) CertPEM() []byte                              { return nil }
+func NewCA(sessionID string) (*CA, error)                     { return &CA{}, nil }
+func (c *CA) CertPEM() []byte                                 { return nil }
 func (c *CA) MarshalPEM() (certPEM, keyPEM []byte, err error) { return nil, nil, nil }
-func ParseCA(certPEM, keyPEM []byte) (*CA, error)          { return &CA{}, nil }
-func Placeholder(name string) string                       { return "sandgate-placeholder-" + name }
+func ParseCA(certPEM, keyPEM []byte) (*CA, error)             { return &CA{}, nil }
+func Placeholder(name string) string                          { return "sandgate-placeholder-" + name }

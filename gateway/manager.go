@@ -638,7 +638,7 @@ func (m *Manager) saveActivity() {
 	var moved []*Session
 	m.mu.Lock()
 	for _, s := range m.sessions {
-		if s.lastActivity.Load() != s.savedActivity.Load() && s.Live() {
+		if (s.lastActivity.Load() != s.savedActivity.Load() || s.egressUnsaved()) && s.Live() {
 			recs = append(recs, s.Snapshot())
 			moved = append(moved, s)
 		}
@@ -653,6 +653,7 @@ func (m *Manager) saveActivity() {
 	}
 	for i, s := range moved {
 		s.savedActivity.Store(recs[i].LastActivityAt.UnixNano())
+		s.egressSaved(recs[i].Egress)
 	}
 }
 

@@ -76,8 +76,10 @@ type Session struct {
 	egressAllow  []string        // the allow-list in force, canonical
 	proxy        *egress.Session // nil until the session needs one
 	proxyAddr    string          // where the sandbox reaches proxy
-	savedIn      int64           // egress bytes as last recorded, for a restart
+	savedIn      int64           // egress bytes when the proxy last closed, or as restored
 	savedOut     int64
+	recIn        int64 // egress bytes as last written to the store
+	recOut       int64
 }
 
 // View is what a tenant sees of a session. The REST API renders it as it
@@ -255,6 +257,28 @@ func (s *Session) setProxy(p *egress.Session, addr string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.proxy, s.proxyAddr = p, addr
+}
+
+// egressUnsaved reports whether the proxy carried bytes since the record
+// was last written.
+func (s *Session) egressUnsaved() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proxy == nil {
+		return false
+	}
+	in, out := s.proxy.Bytes()
+	return in != s.recIn || out != s.recOut
+}
+
+// egressSaved notes the byte totals a written record holds.
+func (s *Session) egressSaved(v *EgressView) {
+	if v == nil {
+		return
+	}
+	s.mu.Lock()
+	s.recIn, s.recOut = v.BytesIn, v.BytesOut
+	s.mu.Unlock()
 }
 
 // savedEgressBytes are the egress byte totals as last recorded.

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,6 +114,32 @@ func upstream(t *testing.T, cert *tls.Certificate) (*httptest.Server, string) {
 	return srv, port
 }
 
+// egressFixture is what the egress tests run against: loopback HTTP and
+// HTTPS servers, a secrets file, and the serve flags that open them.
+type egressFixture struct {
+	pki               testPKI
+	httpPort, tlsPort string
+	args              []string
+}
+
+func newEgressFixture(t *testing.T) egressFixture {
+	t.Helper()
+	f := egressFixture{pki: newTestPKI(t, "pypi.test", "secret.test", "other.test", "a.wild.test")}
+	_, f.httpPort = upstream(t, nil)
+	_, f.tlsPort = upstream(t, &f.pki.server)
+	secrets := filepath.Join(t.TempDir(), "secrets")
+	if err := os.WriteFile(secrets, []byte("# test secrets\nCANARY_TOKEN="+canary+"\nGH_TOKEN="+canary+"\nother/ONLY_OTHER=x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.args = []string{"--sandbox", "linux", "--egress-allow-cidr", "127.0.0.1/32", "--secrets-file", secrets,
+		"--egress-upstream-ca", f.pki.caFile}
+	for _, n := range []string{"pypi.test", "secret.test", "other.test", "a.wild.test", "wild.test"} {
+		f.args = append(f.args, "--egress-resolve", n+"=127.0.0.1")
+	}
+	f.args = append(f.args, "--egress-resolve", "internal.test=127.0.0.2")
+	return f
+}
+
 type egressSession struct {
 	sessionJSON
 	Egress struct {
@@ -134,20 +161,9 @@ func TestLinuxEgress(t *testing.T) {
 	requireLinuxDriver(t)
 	ssh := gwtest.RequireTool(t, "ssh")
 	gwtest.RequireTool(t, "curl")
-	pki := newTestPKI(t, "pypi.test", "secret.test", "other.test", "a.wild.test")
-	_, httpPort := upstream(t, nil)
-	_, tlsPort := upstream(t, &pki.server)
-	secrets := filepath.Join(t.TempDir(), "secrets")
-	if err := os.WriteFile(secrets, []byte("# test secrets\nCANARY_TOKEN="+canary+"\nGH_TOKEN="+canary+"\nother/ONLY_OTHER=x\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"--sandbox", "linux", "--egress-allow-cidr", "127.0.0.1/32", "--secrets-file", secrets,
-		"--egress-upstream-ca", pki.caFile}
-	for _, n := range []string{"pypi.test", "secret.test", "other.test", "a.wild.test", "wild.test"} {
-		args = append(args, "--egress-resolve", n+"=127.0.0.1")
-	}
-	args = append(args, "--egress-resolve", "internal.test=127.0.0.2")
-	g := startGateway(t, args...)
+	f := newEgressFixture(t)
+	pki, httpPort, tlsPort := f.pki, f.httpPort, f.tlsPort
+	g := startGateway(t, f.args...)
 
 	create := func(body map[string]any) egressSession {
 		t.Helper()
@@ -312,5 +328,48 @@ func TestEgressBounds(t *testing.T) {
 	body = map[string]any{"egress": []string{"api.example.com", "pypi.org:443"}}
 	if code := g.api(t, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated || len(s.Egress.Allow) != 2 {
 		t.Errorf("within the bounds: %d %+v", code, s.Egress)
+	}
+}
+
+// TestLinuxEgressSurvivesRestart: after a gateway crash the next process
+// gives a kept session its proxy back, with its policy, bound secret and
+// byte counts.
+func TestLinuxEgressSurvivesRestart(t *testing.T) {
+	requireLinuxDriver(t)
+	ssh := gwtest.RequireTool(t, "ssh")
+	gwtest.RequireTool(t, "curl")
+	f := newEgressFixture(t)
+	g := startGateway(t, append(f.args, "--keep-sandboxes-on-exit=true")...)
+	var s egressSession
+	body := map[string]any{
+		"egress":  []string{"pypi.test:" + f.httpPort, "secret.test:" + f.tlsPort},
+		"secrets": []any{map[string]any{"name": "GH_TOKEN", "hosts": []string{"secret.test:" + f.tlsPort}}},
+	}
+	if code := g.api(t, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	fetch := func(g *gatewayProc) string {
+		out, errOut, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID,
+			"curl -sS --max-time 20 http://pypi.test:"+f.httpPort+"/hello https://secret.test:"+f.tlsPort+"/auth")...)
+		return out + errOut
+	}
+	want := "hello from pypi.test:" + f.httpPort + "\nauthorized\n"
+	if got := fetch(g); got != want {
+		t.Fatalf("before the restart: %q", got)
+	}
+	var before egressSession
+	g.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &before)
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	<-g.done
+	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token}
+	g2.start(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--api-key", g.Token,
+		"--keep-sandboxes-on-exit=false"}, f.args...))
+	if got := fetch(g2); got != want {
+		t.Errorf("after the restart: %q", got)
+	}
+	var after egressSession
+	g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &after)
+	if after.Egress.BytesIn <= before.Egress.BytesIn || len(after.Egress.Allow) != 2 {
+		t.Errorf("egress after the restart: %+v (before %+v)", after.Egress, before.Egress)
 	}
 }

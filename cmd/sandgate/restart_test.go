@@ -289,6 +289,27 @@ func TestLinuxSessionResources(t *testing.T) {
 			t.Errorf("%s = %s, want %s", file, got, want)
 		}
 	}
+	// The memory limit is enforced: 400 MiB written into memory is killed
+	// at 256 MiB and runs at 1024 MiB.
+	ssh := gwtest.RequireTool(t, "ssh")
+	alloc := `python3 -c "b = b'x' * (400 << 20); print(len(b) >> 20)"; echo exit=$?`
+	for _, c := range []struct {
+		mib  int
+		want string
+	}{{256, "exit=137\n"}, {1024, "400\nexit=0\n"}} {
+		var sess struct {
+			sessionJSON
+			SessionID string `json:"sessionId"`
+		}
+		if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"resources": map[string]any{"memoryMiB": c.mib}}, &sess); code != http.StatusCreated {
+			t.Fatalf("create %d MiB: %d", c.mib, code)
+		}
+		sess.sessionJSON.SessionID = sess.SessionID
+		out, errOut, code := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, sess.sessionJSON), sess.SessionID, alloc)...)
+		if out != c.want || code != 0 {
+			t.Errorf("400 MiB at memoryMiB %d: %q (stderr %q, exit %d), want %q", c.mib, out, errOut, code, c.want)
+		}
+	}
 	var e struct {
 		Error struct{ Code, Message string }
 	}

@@ -16,7 +16,7 @@ const module = "github.com/sandgate/sandgate/"
 // them may import, directly or not: "X" is X and every package below it,
 // "X/" only the packages below X, "=X" X alone.
 var forbidden = map[string][]string{
-	"sandbox":               {"gateway", "rest", "tunnel", "sshd", "cmd", "sftpd"},
+	"sandbox":               {"gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress"},
 	"sandbox/linuxns/initd": {"=sandbox/linuxns", "sandbox/workdir", "internal/cgroup"},
 	"sandbox/linuxns/ctl":   {"=sandbox/linuxns", "sandbox/linuxns/initd", "sandbox/workdir", "internal/cgroup"},
 	"sandbox/workdir":       {"sandbox/linuxns"},
@@ -29,6 +29,7 @@ var forbidden = map[string][]string{
 	"internal/procio":       {"sandbox/", "gateway", "rest", "tunnel", "sshd", "cmd"},
 	"internal/mountinfo":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"images":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd"},
+	"egress":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal"},
 }
 
 // allowedSelf lists what a package under a forbidden prefix may still

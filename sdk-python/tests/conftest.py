@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 import pytest
 
@@ -207,7 +207,13 @@ def sandgate_bin(scratch: Path) -> str:
 
 
 def start_gateway(
-    binary: str, base: Path, *extra: str, keys: Optional[List[str]] = None, scheme: str = "http"
+    binary: str,
+    base: Path,
+    *extra: str,
+    keys: Optional[List[str]] = None,
+    scheme: str = "http",
+    secrets_file: Optional[Mapping[str, str]] = None,
+    egress_allow: Sequence[str] = (),
 ) -> Gateway:
     """Start sandgate serve on a free loopback port and wait until it listens.
 
@@ -215,6 +221,10 @@ def start_gateway(
     writes its URL to ``--ready-file`` once the listener is bound.
     *keys* are ``--api-key`` values (``key`` or ``tenant:key``); use
     ``scheme="https"`` together with ``--tls-cert``/``--tls-key`` in *extra*.
+    *secrets_file* maps ``NAME`` (or ``tenant/NAME``) to a value: they are
+    written to a file (mode 0600) passed as ``--secrets-file``.
+    *egress_allow* are ``--egress-allow`` patterns (none: the gateway's
+    default, any public host).
     """
     keys = keys or [secrets.token_hex(16)]
     data_dir = tempfile.mkdtemp(prefix="gw-", dir=base)
@@ -224,6 +234,14 @@ def start_gateway(
     args += ["--ready-file", ready_path]
     for k in keys:
         args += ["--api-key", k]
+    if secrets_file is not None:
+        path = os.path.join(data_dir, "secrets")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"{name}={value}\n" for name, value in secrets_file.items())
+        args += ["--secrets-file", path]
+    for pattern in egress_allow:
+        args += ["--egress-allow", pattern]
     if "-keep-sandboxes-on-exit" in serve_help(binary):
         # Its default keeps linux sandboxes running for the next start.
         args.append("--keep-sandboxes-on-exit=false")

@@ -122,7 +122,7 @@ class FakeAPI:
                 self.end_headers()
                 self.wfile.write(out)
 
-            do_GET = do_POST = do_DELETE = _any
+            do_GET = do_POST = do_PATCH = do_DELETE = _any
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -10,13 +10,17 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 from urllib.parse import urlsplit
 
 from .errors import (
+    EgressNotAllowedError,
+    InvalidEgressError,
     InvalidResourcesError,
+    InvalidSecretError,
     RateLimitError,
     ResourcesExceededError,
     SandboxAPIError,
     SandboxOperationError,
     SessionNotFoundError,
     UnauthorizedError,
+    UnknownSecretError,
 )
 
 ENV_API_URL = "SANDBOX_API_URL"
@@ -27,6 +31,16 @@ VerifySSL = Union[bool, str]
 
 # Bound on how much of an error body is kept in exceptions.
 _MAX_ERROR_BODY = 4096
+
+#: REST 400 error codes with a class of their own (all SandboxOperationError).
+_TYPED_400: Dict[str, Type[SandboxOperationError]] = {
+    "resources_exceeded": ResourcesExceededError,
+    "invalid_resources": InvalidResourcesError,
+    "invalid_egress": InvalidEgressError,
+    "egress_not_allowed": EgressNotAllowedError,
+    "unknown_secret": UnknownSecretError,
+    "invalid_secret": InvalidSecretError,
+}
 
 
 class ClosesOnExit:
@@ -181,8 +195,9 @@ def error_for_status(
     """Build the exception for an HTTP error answer.
 
     401 -> UnauthorizedError, 404 -> SessionNotFoundError when the request
-    named a session (*session_scoped*), 429 -> RateLimitError, anything else
-    -> *fallback* (SandboxOperationError for REST, SandboxConnectionError for CONNECT).
+    named a session (*session_scoped*), 429 -> RateLimitError, a REST 400
+    whose code is in ``_TYPED_400`` -> that class, anything else -> *fallback*
+    (SandboxOperationError for REST, SandboxConnectionError for CONNECT).
     """
     code, message, text = parse_error_body(body, headers.get("Content-Type", ""))
     detail = message or reason or "no details"
@@ -205,7 +220,7 @@ def error_for_status(
             **kwargs,
         )
     if status == 400 and fallback is SandboxOperationError:
-        typed = {"resources_exceeded": ResourcesExceededError, "invalid_resources": InvalidResourcesError}.get(code or "")
+        typed = _TYPED_400.get(code or "")
         if typed is not None:
             return typed(msg, **kwargs)
     return fallback(msg, **kwargs)

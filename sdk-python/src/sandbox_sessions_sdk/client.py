@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import quote
 
 import requests
@@ -61,6 +61,60 @@ def _check_resources(resources: Any) -> Dict[str, Any]:
         if value <= 0:
             raise ValueError(f"resources[{key!r}] must be positive")
         out[key] = value
+    return out
+
+
+def _check_hosts(name: str, value: Any) -> List[str]:
+    """Check a list of egress entries (or a secret's hosts) locally: a
+    sequence of non-empty strings, not a bare string. The gateway parses them."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of strings (e.g. ['pypi.org']), got {type(value).__name__}")
+    out: List[str] = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, str):
+            raise TypeError(f"{name}[{i}] must be a string, got {type(entry).__name__}")
+        if not entry.strip():
+            raise ValueError(f"{name}[{i}] must be a non-empty string")
+        out.append(entry)
+    return out
+
+
+_SECRET_KEYS = ("name", "hosts", "header", "format")
+
+
+def _check_secrets(secrets: Any) -> List[Any]:
+    """Check create_session's secrets locally: names, or dicts with a name
+    and optional hosts/header/format. The gateway checks the rest."""
+    if isinstance(secrets, (str, bytes)) or not isinstance(secrets, Sequence):
+        raise TypeError(f"secrets must be a list of names or dicts, got {type(secrets).__name__}")
+    out: List[Any] = []
+    for i, ref in enumerate(secrets):
+        if isinstance(ref, str):
+            if not ref:
+                raise ValueError(f"secrets[{i}] must be a non-empty name")
+            out.append(ref)
+            continue
+        if not isinstance(ref, Mapping):
+            raise TypeError(f"secrets[{i}] must be a name or a dict, got {type(ref).__name__}")
+        unknown = [k for k in ref if k not in _SECRET_KEYS]
+        if unknown:
+            raise ValueError(f"secrets[{i}]: unknown key {unknown[0]!r}; known: {', '.join(_SECRET_KEYS)}")
+        item: Dict[str, Any] = {}
+        for key in _SECRET_KEYS:
+            value = ref.get(key)
+            if value is None:
+                continue
+            if key == "hosts":
+                item[key] = _check_hosts(f"secrets[{i}]['hosts']", value)
+                continue
+            if not isinstance(value, str):
+                raise TypeError(f"secrets[{i}][{key!r}] must be a string, got {type(value).__name__}")
+            if not value:
+                raise ValueError(f"secrets[{i}][{key!r}] must be a non-empty string")
+            item[key] = value
+        if "name" not in item:
+            raise ValueError(f"secrets[{i}] needs a 'name'")
+        out.append(item)
     return out
 
 
@@ -133,6 +187,8 @@ class SessionsClient(ClosesOnExit):
         idempotency_key: Optional[str] = None,
         resources: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, Any]] = None,
+        egress: Optional[Sequence[str]] = None,
+        secrets: Optional[Sequence[Any]] = None,
     ) -> Session:
         """Create a session and its sandbox (``POST /v1/sessions``).
 
@@ -155,6 +211,30 @@ class SessionsClient(ClosesOnExit):
                 minimum: :class:`InvalidResourcesError`. The Session's
                 ``resources`` show what is in force.
             labels: Another name for ``metadata`` (give one of the two).
+            egress: The hosts the sandbox may reach, through the gateway's
+                egress proxy: hostnames (``"pypi.org"``), wildcards
+                (``"*.pythonhosted.org"``: any subdomain, not the apex), IP
+                literals (``"10.0.0.5"``, ``"[2001:db8::1]"``), each with an
+                optional ``:port`` (none: ports 80 and 443). None or ``[]``:
+                no network. The Session's ``egress_allow`` shows the list in
+                canonical form. An entry that does not parse:
+                :class:`InvalidEgressError`; outside what the gateway's
+                operator allows: :class:`EgressNotAllowedError`.
+            secrets: Operator-defined secrets (``serve --secrets-file``) to
+                give the session, by name. A name (``"PYPI_TOKEN"``) sets
+                the environment variable of that name to the secret's value
+                in every command, shell and SFTP process. A dict
+                ``{"name": "GITHUB_TOKEN", "hosts": ["api.github.com"],
+                "header": "Authorization", "format": "Bearer {value}"}``
+                keeps the value out of the sandbox: the variable holds a
+                placeholder and the egress proxy sets ``header`` (default
+                ``Authorization``) to ``format`` (default ``Bearer
+                {value}``) on HTTPS requests to ``hosts``, which ``egress``
+                must cover. Names the gateway does not define:
+                :class:`UnknownSecretError`; a malformed reference:
+                :class:`InvalidSecretError`; hosts outside ``egress``:
+                :class:`EgressNotAllowedError`. Values never appear in the
+                Session.
 
         Retries: when the gateway cannot be reached, the connection breaks,
         the request times out, or it answers 500, 502, 503 or 504, the create
@@ -190,6 +270,10 @@ class SessionsClient(ClosesOnExit):
                 body[name] = dict(value)
         if resources is not None:
             body["resources"] = _check_resources(resources)
+        if egress is not None:
+            body["egress"] = _check_hosts("egress", egress)
+        if secrets is not None:
+            body["secrets"] = _check_secrets(secrets)
         if ssh_public_key is not None:
             if not isinstance(ssh_public_key, str) or not ssh_public_key.strip():
                 raise ValueError("ssh_public_key must be an authorized_keys line")
@@ -241,14 +325,23 @@ class SessionsClient(ClosesOnExit):
         data = self._request("GET", self._session_path(session_id), what="get session", session_scoped=True)
         return self._session(data, "get session")
 
-    def update_session(self, session_id: str, ttl: Optional[int] = None) -> Session:
+    def update_session(
+        self, session_id: str, ttl: Optional[int] = None, egress: Optional[Sequence[str]] = None
+    ) -> Session:
         """Change a session (``PATCH /v1/sessions/{id}``).
+
+        With neither argument, nothing changes (an empty PATCH, which still
+        counts as activity and returns the session).
 
         Args:
             ttl: When given, the session expires ``ttl`` seconds from now
                 (60..28800) and that becomes its ``ttl``; call it again
                 before ``expires_at`` to keep a long task's session alive.
                 The change survives a gateway restart. None changes nothing.
+            egress: When given, replaces the running session's egress
+                allow-list (entries as for :meth:`create_session`); new
+                connections follow it at once. ``[]`` takes the network
+                away. None changes nothing.
 
         Returns:
             The session after the change.
@@ -256,6 +349,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             ValueError, TypeError: bad arguments (nothing is sent).
             SessionNotFoundError: no such session for this token's tenant.
+            InvalidEgressError, EgressNotAllowedError: as for create_session.
             SandboxOperationError: the session is not running (``.code``
                 ``session_not_running``), or the gateway could not record
                 the change (503 ``store_failed``; nothing changed).
@@ -263,6 +357,8 @@ class SessionsClient(ClosesOnExit):
         body: Dict[str, Any] = {}
         if ttl is not None:
             body["ttl"] = check_int("ttl", ttl, MIN_TTL, MAX_TTL)
+        if egress is not None:
+            body["egress"] = _check_hosts("egress", egress)
         data = self._request(
             "PATCH", self._session_path(session_id), what="update session", session_scoped=True, json=body
         )

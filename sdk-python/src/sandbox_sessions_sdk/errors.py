@@ -14,6 +14,10 @@ sent)::
         +-- CommandTimeoutError     run_command() passed its timeout; the command was killed
         +-- ResourcesExceededError  400 resources_exceeded: a resource above the gateway's cap
         +-- InvalidResourcesError   400 invalid_resources: a resource below its minimum
+        +-- InvalidEgressError      400 invalid_egress: an egress entry that does not parse
+        +-- EgressNotAllowedError   400 egress_not_allowed: egress (or a secret's hosts) outside what is allowed
+        +-- UnknownSecretError      400 unknown_secret: secrets the gateway does not define
+        +-- InvalidSecretError      400 invalid_secret: a malformed secret reference
     +-- UnsupportedParamikoError    the installed Paramiko is outside the supported range
                                     (also a RuntimeError); raised by SessionSSHClient.connect()
 """
@@ -21,7 +25,7 @@ sent)::
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 __all__ = [
     "SandboxAPIError",
@@ -34,6 +38,10 @@ __all__ = [
     "CommandTimeoutError",
     "ResourcesExceededError",
     "InvalidResourcesError",
+    "InvalidEgressError",
+    "EgressNotAllowedError",
+    "UnknownSecretError",
+    "InvalidSecretError",
     "UnsupportedParamikoError",
 ]
 
@@ -192,6 +200,54 @@ class ResourcesExceededError(_ResourceError):
 class InvalidResourcesError(_ResourceError):
     """``create_session`` asked for a resource below its minimum (HTTP 400
     ``invalid_resources``): :attr:`resource` names the field."""
+
+
+class InvalidEgressError(SandboxOperationError):
+    """An egress entry does not parse (HTTP 400 ``invalid_egress``): a URL
+    instead of a host, a bad port, a ``*`` that is not a whole first label...
+    The message names every bad entry and why."""
+
+
+def _quoted(text: str) -> List[str]:
+    """The double-quoted strings (Go ``%q``) in *text*, unescaped."""
+    return [re.sub(r"\\(.)", r"\1", q) for q in re.findall(r'"((?:[^"\\]|\\.)*)"', text)]
+
+
+class EgressNotAllowedError(SandboxOperationError):
+    """Egress the gateway refuses (HTTP 400 ``egress_not_allowed``): entries
+    outside what its operator allows (``serve --egress-allow``), or a secret
+    bound to hosts that the session's own egress list does not cover.
+
+    Attributes:
+        entries: The refused entries (or hosts) the message names, as the
+            gateway wrote them; empty if it names none.
+    """
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        # The gateway ends its message with the refused entries, quoted.
+        self.entries: List[str] = _quoted(message.rsplit(": ", 1)[-1])
+
+
+class UnknownSecretError(SandboxOperationError):
+    """``create_session`` named secrets the gateway does not define for this
+    tenant (HTTP 400 ``unknown_secret``; ``serve --secrets-file``).
+
+    Attributes:
+        names: Every unknown name, in the order given.
+    """
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        m = re.search(r"unknown secrets?: (.*)$", message)
+        self.names: List[str] = [n.strip() for n in m.group(1).split(",") if n.strip()] if m else []
+
+
+class InvalidSecretError(SandboxOperationError):
+    """A secret reference the gateway rejects (HTTP 400 ``invalid_secret``):
+    a name that is not an environment variable name, a name listed twice, a
+    header or format without hosts, a header that cannot be set, a format
+    without ``{value}``."""
 
 
 class UnsupportedParamikoError(SandboxAPIError, RuntimeError):

@@ -70,6 +70,15 @@ class Session:
             the gateway's replay of an earlier create with the same
             ``Idempotency-Key`` (``Idempotent-Replayed: true``): the session
             that create made, without its ``password``. False otherwise.
+        egress: The session's egress as the API shows it: ``{"allow":
+            [...], "bytesIn": int, "bytesOut": int}``, the allow-list in
+            force (canonical entries; empty: no network) and the bytes its
+            connections carried each way; None from a gateway without
+            egress. See also :attr:`egress_allow`, :attr:`egress_bytes_in`,
+            :attr:`egress_bytes_out`.
+        secrets: The secrets given at creation, as the API shows them:
+            names (environment secrets) and dicts with ``name``, ``hosts``,
+            ``header``, ``format`` (secrets bound to hosts). Never values.
     """
 
     session_id: str
@@ -88,6 +97,31 @@ class Session:
     connect_path: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     replayed: bool = field(default=False, compare=False)
+    egress: Optional[Dict[str, Any]] = None
+    secrets: List[Any] = field(default_factory=list)
+
+    @property
+    def egress_allow(self) -> List[str]:
+        """The egress allow-list in force (``egress["allow"]``); ``[]`` when
+        the session has no network or the gateway reports no egress."""
+        allow = (self.egress or {}).get("allow")
+        return [e for e in allow if isinstance(e, str)] if isinstance(allow, list) else []
+
+    @property
+    def egress_bytes_in(self) -> Optional[int]:
+        """Bytes the session's egress connections received (``egress["bytesIn"]``), or None if not reported."""
+        return _count((self.egress or {}).get("bytesIn"))
+
+    @property
+    def egress_bytes_out(self) -> Optional[int]:
+        """Bytes the session's egress connections sent (``egress["bytesOut"]``), or None if not reported."""
+        return _count((self.egress or {}).get("bytesOut"))
+
+    @property
+    def secret_names(self) -> List[str]:
+        """The names of :attr:`secrets`, environment and bound alike."""
+        names = (s if isinstance(s, str) else s.get("name") if isinstance(s, Mapping) else None for s in self.secrets)
+        return [n for n in names if isinstance(n, str)]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Session":
@@ -100,6 +134,8 @@ class Session:
         ttl = data.get("ttl")
         host_keys = ssh.get("hostKeys") or []
         resources = data.get("resources")
+        egress = data.get("egress")
+        secrets = data.get("secrets")
         return cls(
             session_id=data["sessionId"],
             status=str(data.get("status") or ""),
@@ -116,7 +152,17 @@ class Session:
             known_hosts_line=ssh.get("knownHostsLine") or None,
             connect_path=ssh.get("connectPath") or None,
             raw=dict(data),
+            egress=dict(egress) if isinstance(egress, Mapping) else None,
+            secrets=[
+                s if isinstance(s, str) else dict(s)
+                for s in (secrets if isinstance(secrets, list) else [])
+                if isinstance(s, (str, Mapping))
+            ],
         )
+
+
+def _count(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,6 @@ func writeLine(w http.ResponseWriter, status int, msg string) {
 	h := w.Header()
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Connection", "close")
 	body := "sandgate egress: " + oneLine(msg) + "\n"
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
@@ -182,6 +181,7 @@ func denyMsg(target string, d *denial) string {
 func (s *Session) handleConnect(w http.ResponseWriter, r *http.Request) {
 	rec := newRecord("connect")
 	defer s.logRecord(rec)
+	w.Header().Set("Connection", "close") // a refused CONNECT ends its connection
 	host, port, err := splitHostPort(r.Host)
 	if err != nil {
 		rec.setTarget(r.Host, 0)

@@ -151,7 +151,9 @@ func proxyClient(t *testing.T, proxy *url.URL, roots *x509.CertPool) *http.Clien
 
 func serverPool(ts *httptest.Server) *x509.CertPool {
 	pool := x509.NewCertPool()
-	pool.AddCert(ts.Certificate())
+	if c := ts.Certificate(); c != nil {
+		pool.AddCert(c)
+	}
 	return pool
 }
 

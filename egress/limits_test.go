@@ -364,4 +364,3 @@ func TestMeasureTunnel(t *testing.T) {
 	tunneled := read(tc, br)
 	t.Logf("direct %.0f MB/s, tunnel %.0f MB/s, ratio %.2f", direct, tunneled, tunneled/direct)
 }
-

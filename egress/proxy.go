@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -207,7 +208,6 @@ type Session struct {
 
 	mu     sync.Mutex
 	closed bool
-	lns    map[net.Listener]bool
 	conns  map[io.Closer]bool // every open client and upstream connection
 	wg     sync.WaitGroup     // every goroutine the session started itself
 }
@@ -220,10 +220,9 @@ func (p *Proxy) NewSession(id string, pol Policy, ca *CA) *Session {
 		id:    id,
 		ca:    ca,
 		log:   p.log.With("session", id),
-		lns:   make(map[net.Listener]bool),
 		conns: make(map[io.Closer]bool),
 	}
-	s.pol.Store(&pol)
+	s.SetPolicy(pol)
 	s.plain = &http.Transport{
 		Proxy:                 nil,
 		DialContext:           s.transportDial,
@@ -244,7 +243,10 @@ func (p *Proxy) NewSession(id string, pol Policy, ca *CA) *Session {
 
 // SetPolicy replaces the policy; new connections and new requests use it at
 // once.
-func (s *Session) SetPolicy(pol Policy) { s.pol.Store(&pol) }
+func (s *Session) SetPolicy(pol Policy) {
+	pol.Secrets = slices.Clone(pol.Secrets)
+	s.pol.Store(&pol)
+}
 
 // Policy returns the current policy.
 func (s *Session) Policy() Policy { return *s.pol.Load() }
@@ -268,13 +270,7 @@ func (s *Session) Serve(ln net.Listener) error {
 		ln.Close()
 		return nil
 	}
-	s.lns[ln] = true
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.lns, ln)
-		s.mu.Unlock()
-	}()
 	err := s.srv.Serve(&limitListener{Listener: ln, s: s})
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return nil
@@ -297,14 +293,16 @@ func (s *Session) Close() error {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
-	err := s.srv.Close() // listeners and the server's own connections
+	// The listeners (one closed by its owner already is fine) and the
+	// server's own connections; then the hijacked ones and upstreams.
+	s.srv.Close()
 	for _, c := range conns {
 		c.Close()
 	}
 	s.plain.CloseIdleConnections()
 	s.wg.Wait()
 	s.plain.CloseIdleConnections()
-	return err
+	return nil
 }
 
 // track registers c to be closed by Close; false (and c closed) when the

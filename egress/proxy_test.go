@@ -156,6 +156,10 @@ func TestAddressRule(t *testing.T) {
 			if resp.StatusCode != tt.code || !strings.Contains(body, tt.body) || strings.Count(body, "\n") != 1 {
 				t.Errorf("got %d %q, want %d with %q", resp.StatusCode, body, tt.code, tt.body)
 			}
+			code, body := get(t, proxyClient(t, proxy, nil), "http://"+tt.target+"/")
+			if code != tt.code || !strings.Contains(body, tt.body) || strings.Count(body, "\n") != 1 {
+				t.Errorf("GET: got %d %q, want %d with %q", code, body, tt.code, tt.body)
+			}
 		})
 	}
 	logs.waitFor(t, `host=169.254.169.254`, `allowed=false`, `reason="private address 169.254.169.254"`)
@@ -338,4 +342,45 @@ func TestSlowHeadersClosed(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("closed after %v, want about the header timeout", d)
 	}
+}
+
+// A ClientHello that starts but never ends is cut off after HeaderTimeout:
+// a slow client does not get past the SNI check.
+func TestSlowClientHelloClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan int, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		n, _ := io.Copy(io.Discard, c)
+		got <- int(n)
+	}()
+	port := fmt.Sprint(portOf(t, ln.Addr().String()))
+	p, logs := newTestProxy(t, Config{AllowCIDRs: loopback, HeaderTimeout: 300 * time.Millisecond, Hosts: hostsFor("a.test")})
+	_, proxy := startSession(t, p, "s1", Policy{Allow: mustList(t, "a.test:"+port)}, nil)
+	resp, body, c, _ := rawConnect(t, proxy, "a.test:"+port)
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %d %q", resp.StatusCode, body)
+	}
+	time.Sleep(500 * time.Millisecond) // idle before the first byte is fine
+	start := time.Now()
+	c.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00}) // a record header, then nothing
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("not closed: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("closed after %v", d)
+	}
+	if n := <-got; n != 0 {
+		t.Errorf("upstream got %d bytes of the unchecked ClientHello", n)
+	}
+	logs.waitFor(t, "allowed=false", "incomplete TLS ClientHello")
 }

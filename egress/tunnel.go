@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,7 +56,7 @@ func (t *tunnel) checkSNI(sni string) string {
 	if !ok {
 		return fmt.Sprintf("SNI %q is not a valid hostname", sni)
 	}
-	if t.ip.IsValid() && t.host == t.ip.String() {
+	if _, err := netip.ParseAddr(t.host); err == nil {
 		// CONNECT to an IP literal: the name the client asks for must be
 		// allowed too.
 		if !t.pol.Allow.Allows(name, t.port) {
@@ -158,27 +157,27 @@ type hello struct {
 
 var errPeeked = errors.New("peeked")
 
-// peekHello reads the client's first bytes (buffered first) within
-// timeout. A TLS ClientHello is parsed by crypto/tls on a read-only
-// recording connection; anything else, or nothing within timeout, passes
-// through. Starting like TLS but not parsing is an error.
+// peekHello reads the client's first bytes (buffered ones first). The
+// first byte may take as long as the client likes (an idle tunnel; the
+// server's bytes flow meanwhile); from it on, a TLS ClientHello must be
+// complete within timeout, so a slow client cannot slip past the SNI check.
+// The ClientHello is parsed by crypto/tls on a read-only recording
+// connection. Anything that is not TLS passes through; starting like TLS
+// but not parsing is an error.
 func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error) {
-	c.SetReadDeadline(time.Now().Add(timeout))
-	defer c.SetReadDeadline(time.Time{})
 	rec := &recorder{r: io.MultiReader(bytes.NewReader(buffered), c)}
 	var first [1]byte
 	if _, err := io.ReadFull(rec, first[:]); err != nil {
-		switch {
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			return hello{}, nil // the client waits for the server: pass through
-		case errors.Is(err, io.EOF):
+		if errors.Is(err, io.EOF) {
 			return hello{eof: true}, nil
 		}
-		return hello{}, fmt.Errorf("reading the client's first bytes: %w", err)
+		return hello{}, fmt.Errorf("reading the client's first bytes: %w", unwrapOpError(err))
 	}
 	if first[0] != 0x16 { // not a TLS handshake record
 		return hello{replay: rec.buf.Bytes()}, nil
 	}
+	c.SetReadDeadline(time.Now().Add(timeout))
+	defer c.SetReadDeadline(time.Time{})
 	var sni string
 	var got bool
 	tc := tls.Server(&readOnlyConn{Conn: c, r: io.MultiReader(bytes.NewReader(first[:]), rec)}, &tls.Config{
@@ -189,7 +188,7 @@ func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error
 	})
 	err := tc.Handshake()
 	if !got {
-		return hello{}, fmt.Errorf("malformed or incomplete TLS ClientHello: %v", err)
+		return hello{}, fmt.Errorf("malformed or incomplete TLS ClientHello: %v", unwrapOpError(err))
 	}
 	return hello{tls: true, sni: sni, replay: rec.buf.Bytes()}, nil
 }

@@ -206,6 +206,9 @@ type Session struct {
 	plain  *http.Transport // absolute-URI http:// requests
 	active atomic.Int64    // accepted connections counted against MaxConns
 
+	rejected      atomic.Int64 // connections refused for MaxConns, for the log
+	lastRejectLog atomic.Int64 // unix nanoseconds: at most one warning a second
+
 	mu     sync.Mutex
 	closed bool
 	conns  map[io.Closer]bool // every open client and upstream connection
@@ -236,7 +239,7 @@ func (p *Proxy) NewSession(id string, pol Policy, ca *CA) *Session {
 		ReadHeaderTimeout: p.cfg.HeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	return s
 }
@@ -390,7 +393,11 @@ func (l *limitListener) Accept() (net.Conn, error) {
 
 // reject answers an over-limit connection with a one-line 503.
 func (s *Session) reject(c net.Conn) {
-	s.log.Warn("egress: too many connections", "max", s.p.cfg.MaxConns, "remote", c.RemoteAddr().String())
+	s.rejected.Add(1)
+	if now := time.Now().UnixNano(); now-s.lastRejectLog.Load() > int64(time.Second) {
+		s.lastRejectLog.Store(now)
+		s.log.Warn("egress: too many connections", "max", s.p.cfg.MaxConns, "refusedSoFar", s.rejected.Load())
+	}
 	if !s.track(c) {
 		return
 	}

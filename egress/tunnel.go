@@ -262,7 +262,8 @@ func (s *Session) intercept(t *tunnel) {
 
 	var (
 		mu     sync.Mutex
-		preUp  = t.up // the CONNECT's checked dial serves the first request
+		preUp  = t.up // the CONNECT's checked dial serves the first request, if soon
+		dialed = t.rec.start
 		target = hostPort(t.host, t.port)
 	)
 	tr := &http.Transport{
@@ -273,7 +274,10 @@ func (s *Session) intercept(t *tunnel) {
 			preUp = nil
 			mu.Unlock()
 			if c != nil {
-				return c, nil
+				if time.Since(dialed) < s.p.cfg.HeaderTimeout {
+					return c, nil
+				}
+				c.Close() // the upstream may have given up on it: dial afresh
 			}
 			c, _, err := s.dialCounted(ctx, t.host, t.port)
 			return c, err

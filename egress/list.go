@@ -12,7 +12,9 @@
 //     operator with AllowCIDRs), and exactly a checked address is dialed;
 //   - secrets: credentials bound to destinations are injected only into
 //     HTTPS requests to those destinations, intercepted with the session's
-//     CA; their placeholders are stripped from everything else.
+//     CA; headers carrying a placeholder are stripped from every request the
+//     proxy sees in clear (tunnels to other hosts pass through untouched:
+//     placeholders are not secret).
 package egress
 
 import (

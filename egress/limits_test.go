@@ -134,7 +134,7 @@ func TestMaxConns(t *testing.T) {
 	_, proxyA := startSession(t, p, "a", pol, nil)
 	_, proxyB := startSession(t, p, "b", pol, nil)
 
-	const total, max = 300, 256
+	const total, max = 1000, 256
 	conns := make([]net.Conn, 0, total)
 	t.Cleanup(func() {
 		for _, c := range conns {

@@ -381,3 +381,52 @@ func TestLinuxEgressSurvivesRestart(t *testing.T) {
 		t.Errorf("egress after the restart: %+v (before %+v)", after.Egress, before.Egress)
 	}
 }
+
+// TestSecretsReloadOnSIGHUP: the secrets file is re-read on SIGHUP, and
+// the next process of a live session sees the new value; a file that no
+// longer parses keeps the old secrets and says so without the value.
+func TestSecretsReloadOnSIGHUP(t *testing.T) {
+	ssh := gwtest.RequireTool(t, "ssh")
+	path := filepath.Join(t.TempDir(), "secrets")
+	if err := os.WriteFile(path, []byte("TOKEN=first-"+canary+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, "--secrets-file", path)
+	var s egressSession
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"secrets": []string{"TOKEN"}}, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	printenv := func() string {
+		out, _, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID, "printenv TOKEN")...)
+		return out
+	}
+	if got := printenv(); got != "first-"+canary+"\n" {
+		t.Fatalf("before the reload: %q", got)
+	}
+	reload := func(content, logLine string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		before := strings.Count(g.stderr.String(), logLine)
+		_ = g.cmd.Process.Signal(syscall.SIGHUP)
+		deadline := time.Now().Add(10 * time.Second)
+		for strings.Count(g.stderr.String(), logLine) == before {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s after SIGHUP", logLine)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	reload("TOKEN=second-"+canary+"\n", "msg=secrets_reloaded")
+	if got := printenv(); got != "second-"+canary+"\n" {
+		t.Errorf("after the reload: %q", got)
+	}
+	reload("TOKEN=second-"+canary+"\nbroken line "+canary+"\n", "msg=secrets_reload_failed")
+	if got := printenv(); got != "second-"+canary+"\n" {
+		t.Errorf("after a failed reload: %q", got)
+	}
+	if strings.Contains(g.stderr.String(), canary) {
+		t.Error("a secret's value reached the log")
+	}
+}

@@ -56,6 +56,7 @@ type Session struct {
 	Secrets []SecretRef
 
 	secrets SecretSource
+	hist    history
 	// egressCA signs the certificates the egress proxy shows for hosts
 	// with a bound secret; the sandbox trusts it (nil: no bound secret).
 	egressCA                 *egress.CA
@@ -172,11 +173,9 @@ type connEntry struct{ close func() }
 
 // Sandbox is the session's sandbox, as the session's processes must be
 // started in it: with the session's environment (its secrets, its egress
-// proxy and trust store) added to every command's.
+// proxy and trust store) added to every command's, and each exec recorded
+// in the session's history.
 func (s *Session) Sandbox() sandbox.Sandbox {
-	if len(s.Secrets) == 0 && s.egressCA == nil && s.ProxyAddr() == "" {
-		return s.sandbox
-	}
 	return sessionSandbox{s.sandbox, s}
 }
 
@@ -187,8 +186,14 @@ type sessionSandbox struct {
 }
 
 func (sb sessionSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
-	cmd.Env = append(slices.Clip(cmd.Env), sb.s.env()...) // the session's win
-	return sb.Sandbox.Start(ctx, cmd)
+	if env := sb.s.env(); len(env) > 0 {
+		cmd.Env = append(slices.Clip(cmd.Env), env...) // the session's win
+	}
+	p, err := sb.Sandbox.Start(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	return sb.s.record(ctx, cmd, p), nil
 }
 
 // env is what the session adds to every process's environment, as of now:

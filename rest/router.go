@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/go-chi/httprate"
 
+	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 )
 
@@ -51,6 +52,8 @@ type Config struct {
 	// Ready reports whether the gateway can serve, with details for
 	// operators (shown only to authenticated callers); nil means always ready.
 	Ready func() (map[string]any, error)
+	// DataPlane bounds commands, files and processes over REST.
+	DataPlane DataPlane
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -61,7 +64,8 @@ func New(cfg Config) http.Handler {
 	if cfg.HostKeys == nil {
 		cfg.HostKeys = []string{}
 	}
-	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit)}
+	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
+		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
 	r := chi.NewRouter()
 	r.Use(a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -85,6 +89,20 @@ func New(cfg Config) http.Handler {
 		r.Get("/sessions/{id}", a.get)
 		r.Patch("/sessions/{id}", a.update)
 		r.Delete("/sessions/{id}", a.delete)
+		// The data plane (dataplane.go): commands, files, processes.
+		r.Post("/sessions/{id}/commands", a.runCommand)
+		r.Get("/sessions/{id}/commands", a.listCommands)
+		r.Delete("/sessions/{id}/shells/{name}", a.deleteShell)
+		r.Get("/sessions/{id}/files", a.getFile)
+		r.Put("/sessions/{id}/files", a.putFile)
+		r.Delete("/sessions/{id}/files", a.deleteFile)
+		r.Post("/sessions/{id}/files/fetch", a.fetchFiles)
+		r.Post("/sessions/{id}/processes", a.startProcess)
+		r.Get("/sessions/{id}/processes", a.listProcesses)
+		r.Get("/sessions/{id}/processes/{pid}", a.getProcess)
+		r.Get("/sessions/{id}/processes/{pid}/output", a.processOutput)
+		r.Post("/sessions/{id}/processes/{pid}/stdin", a.processStdin)
+		r.Post("/sessions/{id}/processes/{pid}/signal", a.processSignal)
 		r.Get("/host-keys", a.hostKeys)
 		r.Get("/images", a.listImages)
 		if cfg.Connect != nil {
@@ -119,6 +137,7 @@ func allowedMethods(routes chi.Routes, path string) string {
 type api struct {
 	cfg          Config
 	authFailures *httprate.RateLimiter // nil: unlimited
+	dp           *dataPlane
 }
 
 // newFailureLimiter bounds failed authentications per client IP, so token

@@ -1,0 +1,134 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// MaxHistory is how many commands a session remembers.
+const MaxHistory = 1000
+
+// CommandRecord is one command a session ran, over SSH exec or REST, as
+// GET /v1/sessions/{id}/commands lists it.
+type CommandRecord struct {
+	Command    string    `json:"command"`
+	Source     string    `json:"source"` // "ssh" or "rest"
+	Shell      string    `json:"shell,omitempty"`
+	StartedAt  time.Time `json:"startedAt"`
+	DurationMs int64     `json:"durationMs"`
+	// ExitCode is the exit status; nil while the command runs or when a
+	// signal ended it (ExitSignal).
+	ExitCode   *int   `json:"exitCode"`
+	ExitSignal string `json:"exitSignal,omitempty"`
+	TimedOut   bool   `json:"timedOut,omitempty"`
+	BytesOut   int64  `json:"bytesOut"` // stdout and stderr together
+}
+
+// history is a session's ring of recent commands.
+type history struct {
+	mu   sync.Mutex
+	recs []CommandRecord // oldest first, at most MaxHistory
+}
+
+func (h *history) add(r CommandRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.recs) == MaxHistory {
+		copy(h.recs, h.recs[1:])
+		h.recs = h.recs[:MaxHistory-1]
+	}
+	h.recs = append(h.recs, r)
+}
+
+// History returns the session's recent commands, oldest first.
+func (s *Session) History() []CommandRecord {
+	s.hist.mu.Lock()
+	defer s.hist.mu.Unlock()
+	return append([]CommandRecord(nil), s.hist.recs...)
+}
+
+// RecordCommand adds r to the session's history: for commands the
+// session's Sandbox() does not see one by one (a persistent shell's).
+func (s *Session) RecordCommand(r CommandRecord) { s.hist.add(r) }
+
+type sourceKey struct{}
+
+// WithCommandSource marks ctx's commands as coming from source ("rest"),
+// for the history; unmarked commands are "ssh".
+func WithCommandSource(ctx context.Context, source string) context.Context {
+	return context.WithValue(ctx, sourceKey{}, source)
+}
+
+// NoHistory marks ctx's commands as ones the history must not list on
+// their own (a persistent shell's process: its commands are recorded one
+// by one with RecordCommand).
+func NoHistory(ctx context.Context) context.Context {
+	return context.WithValue(ctx, sourceKey{}, "")
+}
+
+// recorded wraps a started exec so that its end is recorded.
+type recorded struct {
+	sandbox.Process
+	s      *Session
+	rec    CommandRecord
+	out    atomic.Int64
+	stdout io.ReadCloser
+	stderr io.ReadCloser
+	once   sync.Once
+}
+
+// record returns p wrapped to record cmd in s's history when it ends, or
+// p as it is for what the history does not list (shells, subsystems).
+func (s *Session) record(ctx context.Context, cmd sandbox.Cmd, p sandbox.Process) sandbox.Process {
+	source, marked := ctx.Value(sourceKey{}).(string)
+	if !marked {
+		source = "ssh"
+	}
+	if cmd.Command == "" || cmd.Subsystem != "" || source == "" {
+		return p
+	}
+	r := &recorded{Process: p, s: s, rec: CommandRecord{Command: cmd.Command, Source: source, StartedAt: time.Now().UTC()}}
+	r.stdout = countReader{p.Stdout(), &r.out}
+	if e := p.Stderr(); e != nil {
+		r.stderr = countReader{e, &r.out}
+	}
+	return r
+}
+
+func (r *recorded) Stdout() io.ReadCloser { return r.stdout }
+func (r *recorded) Stderr() io.ReadCloser { return r.stderr }
+
+func (r *recorded) Wait() (sandbox.Exit, error) {
+	exit, err := r.Process.Wait()
+	r.once.Do(func() {
+		rec := r.rec
+		rec.DurationMs = time.Since(rec.StartedAt).Milliseconds()
+		rec.BytesOut = r.out.Load()
+		if err == nil {
+			if exit.Signal != "" {
+				rec.ExitSignal = exit.Signal
+			} else {
+				code := exit.Code
+				rec.ExitCode = &code
+			}
+		}
+		r.s.hist.add(rec)
+	})
+	return exit, err
+}
+
+type countReader struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c countReader) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}

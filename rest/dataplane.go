@@ -1,0 +1,66 @@
+package rest
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandgate/sandgate/dataplane"
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// DataPlane bounds the REST data plane: commands, files and processes run
+// in a session's sandbox over plain HTTP. Zero values get the defaults.
+type DataPlane struct {
+	// MaxTimeout caps a command's timeout (default 1h; the default
+	// timeout is 60 s).
+	MaxTimeout time.Duration
+	// MaxOutputBytes caps a command's maxOutputBytes per stream (default
+	// 16 MiB; the default is 1 MiB).
+	MaxOutputBytes int64
+	// MaxFetchBytes caps each download of files/fetch (default 50 MiB).
+	MaxFetchBytes int64
+	// DialPublic dials for files/fetch, refusing what is not public
+	// (the egress proxy's address rule); nil: fetch is unavailable.
+	DialPublic func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+func (d DataPlane) withDefaults() DataPlane {
+	if d.MaxTimeout <= 0 {
+		d.MaxTimeout = time.Hour
+	}
+	if d.MaxOutputBytes <= 0 {
+		d.MaxOutputBytes = 16 << 20
+	}
+	if d.MaxFetchBytes <= 0 {
+		d.MaxFetchBytes = 50 << 20
+	}
+	return d
+}
+
+// dataPlane is the API's data-plane state, shared by every session.
+type dataPlane struct {
+	cfg    DataPlane
+	shells *dataplane.Shells
+	procs  *dataplane.Processes
+}
+
+// dataSession finds the running session of the request's {id} for a
+// data-plane call, answering 404 (not the caller's) or 409 (not running)
+// itself; the call counts as activity.
+func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Session, bool) {
+	s, err := a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
+	if err != nil {
+		WriteGatewayError(w, err)
+		return nil, false
+	}
+	if !s.Live() {
+		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
+		return nil, false
+	}
+	s.Touch(time.Now())
+	return s, true
+}

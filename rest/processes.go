@@ -10,7 +10,3 @@ func (a *api) getProcess(w http.ResponseWriter, r *http.Request)    { notYet(w) 
 func (a *api) processOutput(w http.ResponseWriter, r *http.Request) { notYet(w) }
 func (a *api) processStdin(w http.ResponseWriter, r *http.Request)  { notYet(w) }
 func (a *api) processSignal(w http.ResponseWriter, r *http.Request) { notYet(w) }
-
-func notYet(w http.ResponseWriter) {
-	WriteError(w, http.StatusNotImplemented, "not_implemented", "not implemented yet")
-}

@@ -23,9 +23,19 @@ type DataPlane struct {
 	MaxOutputBytes int64
 	// MaxFetchBytes caps each download of files/fetch (default 50 MiB).
 	MaxFetchBytes int64
+	// MaxFileBytes caps a file written with PUT (0: the workspace's free
+	// space is the only bound).
+	MaxFileBytes int64
 	// DialPublic dials for files/fetch, refusing what is not public
 	// (the egress proxy's address rule); nil: fetch is unavailable.
 	DialPublic func(ctx context.Context, network, addr string) (net.Conn, error)
+	// EnvAllow are the environment names a client may set besides TERM,
+	// LANG and LC_* (NAME or PREFIX*), as serve --ssh-env-allow says for
+	// SSH.
+	EnvAllow []string
+	// StateDir is a gateway-owned directory for the data plane's files
+	// (background processes' output); "" keeps nothing on disk.
+	StateDir string
 }
 
 func (d DataPlane) withDefaults() DataPlane {

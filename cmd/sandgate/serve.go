@@ -62,6 +62,7 @@ type serveConfig struct {
 	imagePull         string
 	insecureRegistry  listFlag
 	egress            egressFlags
+	dataPlane         dataPlaneFlags
 }
 
 func defaultDataDir() string {
@@ -112,6 +113,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
 	c.egress.register(fs)
+	c.dataPlane.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -319,6 +321,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Ready: func() (map[string]any, error) {
 			return map[string]any{"sandbox": driver.Name(), "limits": report}, nil
 		},
+		DataPlane: cfg.dataPlane.config(cfg, nil),
 	})
 	srv := &http.Server{
 		Handler:           handler,

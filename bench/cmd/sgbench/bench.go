@@ -315,6 +315,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"6", b.rowMany},
 		{"7", b.rowParamiko},
 		{"8", b.rowImages},
+		{"9", b.rowEgress},
 	}
 	for _, row := range rows {
 		if !c.wantRow(row.id) {

@@ -19,6 +19,7 @@ func TestWantRow(t *testing.T) {
 		{[]string{"8"}, "8", true}, {[]string{"8"}, "8b", true}, {[]string{"8b"}, "8", true},
 		{[]string{"8b"}, "8b", true}, {[]string{"8b"}, "8a", false}, {[]string{"1"}, "8", false},
 		{[]string{"10"}, "1", false}, {[]string{"1", "2"}, "8c", false},
+		{[]string{"9d"}, "9", true}, {[]string{"9"}, "9c", true}, {[]string{"9a", "9c"}, "9b", false},
 	} {
 		c := &config{rows: map[string]bool{}}
 		for _, r := range tc.rows {

@@ -59,6 +59,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "nc" {
 		os.Exit(ncMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "relay" {
+		os.Exit(relayMain(os.Args[2:]))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "sftpcpu" {
 		os.Exit(sftpCPUMain(os.Args[2:]))
 	}
@@ -97,12 +100,12 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "1,2,3,4,5,6,7,8", "rows to run; row 8's parts also one by one (8a,8b,8c)")
-	size := fs.String("size", "", "bytes per transfer in rows 3-4 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
-	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer (default 3)")
+	rows := fs.String("rows", "1,2,3,4,5,6,7,8,9", "rows to run; rows 8's and 9's parts also one by one (8a,8b,8c; 9a,9b,9c,9d)")
+	size := fs.String("size", "", "bytes per transfer in rows 3-4 and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
+	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4 and 9a-c (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 (default 30, quick 10)")
 	fs.IntVar(&c.execN, "exec", 0, "execs per side in row 2 (default 200, quick 40)")
-	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5 (default 100, quick 20)")
+	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5, per way in rows 8a and 9d (default 100, quick 20)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
 	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
 	fs.IntVar(&c.pyN, "paramiko", 0, "run_command calls per side in row 7 (default 100, quick 20)")
@@ -175,7 +178,7 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"5", "6", "7", "8", "8a", "8b", "8c"} {
+		for _, r := range []string{"5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d"} {
 			delete(c.rows, r)
 		}
 	}
@@ -363,6 +366,11 @@ func printPlan(c *config, b *bench) {
 		"8c": fmt.Sprintf("sandgate only: disk per session, %d sessions on one image (du -x of <data>/sandboxes + images/refs)", c.imageSessions),
 	}
 	desc["8"] = "(8a) " + desc["8a"] + "\n  row 8b: " + desc["8b"] + "\n  row 8c: " + desc["8c"]
+	desc["9a"] = fmt.Sprintf("sandgate only: %s over HTTP from a loopback server, curl in a session through its egress proxy (-p: CONNECT) vs curl on the host, %d runs each, rotating (linux driver)", size, c.reps)
+	desc["9b"] = fmt.Sprintf("sandgate only: the same two at `curl --limit-rate %s`, %d runs each, alternating", limitRate, c.reps)
+	desc["9c"] = fmt.Sprintf("sandgate only: reference, curl on the host through a minimal Go io.Copy relay, %d runs (rotating with 9a)", c.reps)
+	desc["9d"] = fmt.Sprintf("sandgate only: create -> first command with egress + a secret vs plain `{}`, %d each, alternating (linux driver)", c.createN)
+	desc["9"] = "(9a) " + desc["9a"] + "\n  row 9b: " + desc["9b"] + "\n  row 9c: " + desc["9c"] + "\n  row 9d: " + desc["9d"]
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])
 	}

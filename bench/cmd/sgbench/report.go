@@ -26,6 +26,9 @@ type Row struct {
 	Ref     *Stats `json:"sshd,omitempty"`
 	SGName  string `json:"sandgateVia,omitempty"`
 	RefName string `json:"sshdVia,omitempty"`
+	// RefKind names what the reference column holds when it is not sshd
+	// (row 9: "host", no sandbox); it labels RefName.
+	RefKind string `json:"referenceKind,omitempty"`
 	// Bytes moved per run, for throughput rows.
 	Bytes int64 `json:"bytes,omitempty"`
 	// Ratio is sandgate/sshd of the shown statistic: lower is better.
@@ -149,7 +152,11 @@ func table(rows []*Row, ref string) string {
 		sg, sgs, ref, refs, rat := row.cells()
 		name := row.Name
 		if row.SGName != "" || row.RefName != "" {
-			name += fmt.Sprintf(" <br><sub>sandgate: %s; sshd: %s</sub>", dash(row.SGName), dash(row.RefName))
+			kind := "sshd"
+			if row.RefKind != "" {
+				kind = row.RefKind
+			}
+			name += fmt.Sprintf(" <br><sub>sandgate: %s; %s: %s</sub>", dash(row.SGName), kind, dash(row.RefName))
 		}
 		cnt := fmt.Sprintf("%d/%d", n(row.SG), n(row.Ref))
 		if row.Skipped != "" {

@@ -401,9 +401,18 @@ func (b *bench) createFirst(g *sandgate) (phases, error) { return b.createFirstO
 
 // createFirstOn is createFirst for a session on image ("" is the default).
 func (b *bench) createFirstOn(g *sandgate, image string) (phases, error) {
+	var req map[string]any
+	if image != "" {
+		req = map[string]any{"image": image}
+	}
+	return b.createFirstWith(g, req)
+}
+
+// createFirstWith is createFirst with request body req (nil: `{}`).
+func (b *bench) createFirstWith(g *sandgate, req map[string]any) (phases, error) {
 	var p phases
 	t0 := time.Now()
-	s, err := g.createOn(b.ctx, image)
+	s, err := g.createWith(b.ctx, req)
 	if err != nil {
 		return p, err
 	}

@@ -131,15 +131,27 @@ func (g *sandgate) create(ctx context.Context) (*session, error) { return g.crea
 
 // createOn makes a session on image ref ("" is the gateway's default).
 func (g *sandgate) createOn(ctx context.Context, image string) (*session, error) {
-	reqBody := "{}"
+	var req map[string]any
 	if image != "" {
-		b, _ := json.Marshal(map[string]string{"image": image})
+		req = map[string]any{"image": image}
+	}
+	return g.createWith(ctx, req)
+}
+
+// createWith makes a session with request body req (nil: `{}`).
+func (g *sandgate) createWith(ctx context.Context, req map[string]any) (*session, error) {
+	reqBody := "{}"
+	if len(req) > 0 {
+		b, err := json.Marshal(req)
+		if err != nil {
+			return nil, err
+		}
 		reqBody = string(b)
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions", strings.NewReader(reqBody))
-	req.Header.Set("Authorization", "Bearer "+g.token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := g.http.Do(req)
+	hreq, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions", strings.NewReader(reqBody))
+	hreq.Header.Set("Authorization", "Bearer "+g.token)
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := g.http.Do(hreq)
 	if err != nil {
 		return nil, err
 	}

@@ -176,6 +176,9 @@ type connEntry struct{ close func() }
 // proxy and trust store) added to every command's, and each exec recorded
 // in the session's history.
 func (s *Session) Sandbox() sandbox.Sandbox {
+	if s.sandbox == nil { // a session restored as failed
+		return nil
+	}
 	return sessionSandbox{s.sandbox, s}
 }
 

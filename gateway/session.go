@@ -188,6 +188,10 @@ type sessionSandbox struct {
 	s *Session
 }
 
+// Unwrap is the driver's sandbox, for tests and tools that look at what
+// the driver made (its init's pid).
+func (sb sessionSandbox) Unwrap() sandbox.Sandbox { return sb.Sandbox }
+
 func (sb sessionSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
 	if env := sb.s.env(); len(env) > 0 {
 		cmd.Env = append(slices.Clip(cmd.Env), env...) // the session's win

@@ -83,6 +83,14 @@ func linuxStack(t *testing.T) *gwtest.Stack {
 	return s
 }
 
+// unwrap is the driver's sandbox under a session's wrapper.
+func unwrap(sb sandbox.Sandbox) sandbox.Sandbox {
+	if u, ok := sb.(interface{ Unwrap() sandbox.Sandbox }); ok {
+		return u.Unwrap()
+	}
+	return sb
+}
+
 // inspect returns the host's view of session id's sandbox.
 func inspect(t *testing.T, s *gwtest.Stack, id string) hostSandbox {
 	t.Helper()
@@ -90,7 +98,7 @@ func inspect(t *testing.T, s *gwtest.Stack, id string) hostSandbox {
 	if err != nil {
 		t.Fatalf("session %s: %v", id, err)
 	}
-	sb, ok := sess.Sandbox().(interface {
+	sb, ok := unwrap(sess.Sandbox()).(interface {
 		InitPID() int
 		HostUID() int
 		Workdir() string

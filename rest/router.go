@@ -81,6 +81,10 @@ func New(cfg Config) http.Handler {
 		_ = writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.readyz)
+	docs := &apiDocs{}
+	r.Get("/openapi.yaml", docs.yaml)
+	r.Get("/openapi.json", docs.jsonSpec)
+	r.Get("/docs", docs.page)
 
 	authed := r.With(a.authenticate, a.rateLimit())
 	authed.Route("/v1", func(r chi.Router) {

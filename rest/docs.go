@@ -1,0 +1,219 @@
+package rest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/getkin/kin-openapi/openapi3"
+
+	apispec "github.com/sandgate/sandgate/api-spec"
+)
+
+// apiDocs serves the embedded OpenAPI document as YAML and JSON, and a
+// readable reference rendered from it on the server (no scripts, no
+// assets from elsewhere). The JSON and HTML are built once, on first use.
+type apiDocs struct {
+	once      sync.Once
+	json, web []byte
+	err       error
+}
+
+func (d *apiDocs) build() {
+	d.once.Do(func() {
+		doc, err := openapi3.NewLoader().LoadFromData(apispec.YAML)
+		if err != nil {
+			d.err = fmt.Errorf("load the embedded spec: %w", err)
+			return
+		}
+		if d.json, err = json.MarshalIndent(doc, "", "  "); err != nil {
+			d.err = fmt.Errorf("encode the spec: %w", err)
+			return
+		}
+		var buf bytes.Buffer
+		if err := docsPage.Execute(&buf, newDocsView(doc)); err != nil {
+			d.err = fmt.Errorf("render the reference: %w", err)
+			return
+		}
+		d.web = buf.Bytes()
+	})
+}
+
+func (d *apiDocs) serve(w http.ResponseWriter, contentType string, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	_, _ = w.Write(body)
+}
+
+func (d *apiDocs) yaml(w http.ResponseWriter, r *http.Request) {
+	d.serve(w, "application/yaml", apispec.YAML)
+}
+
+func (d *apiDocs) jsonSpec(w http.ResponseWriter, r *http.Request) {
+	if d.build(); d.err != nil {
+		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+		return
+	}
+	d.serve(w, "application/json", d.json)
+}
+
+func (d *apiDocs) page(w http.ResponseWriter, r *http.Request) {
+	if d.build(); d.err != nil {
+		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+		return
+	}
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	d.serve(w, "text/html; charset=utf-8", d.web)
+}
+
+// docsView is what the reference page shows.
+type docsView struct {
+	Title, Version, Description string
+	Operations                  []docsOperation
+	Schemas                     []docsSchema
+}
+
+type docsOperation struct {
+	Method, Path, ID, Summary, Description string
+	Public                                 bool
+	Params                                 []docsField
+	Body                                   string
+	Responses                              []docsField
+}
+
+type docsField struct {
+	Name, Type, Description string
+	Required                bool
+}
+
+type docsSchema struct {
+	Name, Description string
+	Fields            []docsField
+}
+
+func newDocsView(doc *openapi3.T) docsView {
+	v := docsView{Title: doc.Info.Title, Version: doc.Info.Version, Description: doc.Info.Description}
+	paths := doc.Paths.InMatchingOrder()
+	slices.Sort(paths)
+	for _, p := range paths {
+		item := doc.Paths.Value(p)
+		for _, method := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
+			op := item.GetOperation(method)
+			if op == nil {
+				continue
+			}
+			o := docsOperation{Method: method, Path: p, ID: op.OperationID, Summary: op.Summary, Description: op.Description,
+				Public: op.Security != nil && len(*op.Security) == 0}
+			for _, pr := range append(item.Parameters, op.Parameters...) {
+				if pr.Value == nil {
+					continue
+				}
+				o.Params = append(o.Params, docsField{Name: pr.Value.Name + " (" + pr.Value.In + ")",
+					Type: schemaType(pr.Value.Schema), Description: pr.Value.Description, Required: pr.Value.Required})
+			}
+			if op.RequestBody != nil && op.RequestBody.Value != nil {
+				for ct, mt := range op.RequestBody.Value.Content {
+					o.Body = ct + ": " + schemaType(mt.Schema)
+				}
+			}
+			codes := op.Responses.Map()
+			keys := make([]string, 0, len(codes))
+			for k := range codes {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				r := codes[k]
+				desc := ""
+				if r.Value != nil && r.Value.Description != nil {
+					desc = *r.Value.Description
+				}
+				o.Responses = append(o.Responses, docsField{Name: k, Description: desc, Type: refName(r.Ref)})
+			}
+			v.Operations = append(v.Operations, o)
+		}
+	}
+	names := make([]string, 0, len(doc.Components.Schemas))
+	for n := range doc.Components.Schemas {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		s := doc.Components.Schemas[n].Value
+		ds := docsSchema{Name: n, Description: s.Description}
+		props := make([]string, 0, len(s.Properties))
+		for p := range s.Properties {
+			props = append(props, p)
+		}
+		slices.Sort(props)
+		for _, p := range props {
+			ps := s.Properties[p]
+			desc := ""
+			if ps.Value != nil {
+				desc = ps.Value.Description
+			}
+			ds.Fields = append(ds.Fields, docsField{Name: p, Type: schemaType(ps), Description: desc, Required: slices.Contains(s.Required, p)})
+		}
+		v.Schemas = append(v.Schemas, ds)
+	}
+	return v
+}
+
+// schemaType names a schema for people: its reference, or its type.
+func schemaType(s *openapi3.SchemaRef) string {
+	if s == nil {
+		return ""
+	}
+	if s.Ref != "" {
+		return refName(s.Ref)
+	}
+	if s.Value == nil || s.Value.Type == nil {
+		return "any"
+	}
+	t := strings.Join(s.Value.Type.Slice(), "|")
+	if t == "array" && s.Value.Items != nil {
+		return "array of " + schemaType(s.Value.Items)
+	}
+	return t
+}
+
+func refName(ref string) string { return ref[strings.LastIndexByte(ref, '/')+1:] }
+
+var docsPage = template.Must(template.New("docs").Funcs(template.FuncMap{"lower": strings.ToLower}).Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{{.Title}}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:15px/1.5 system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem;color:#222}
+pre,code{font:13px/1.4 ui-monospace,monospace;white-space:pre-wrap}
+.op{border:1px solid #ddd;border-radius:6px;margin:1rem 0;padding:.5rem 1rem}
+.m{display:inline-block;min-width:4.5rem;font-weight:bold}
+.get{color:#0a6}.post{color:#06c}.put{color:#a60}.patch{color:#a0a}.delete{color:#c22}
+table{border-collapse:collapse;width:100%;margin:.5rem 0}td,th{border-bottom:1px solid #eee;text-align:left;padding:.2rem .5rem;vertical-align:top}
+nav a{display:block;font:13px ui-monospace,monospace}
+</style></head><body>
+<h1>{{.Title}} <small>{{.Version}}</small></h1>
+<p>The machine-readable spec: <a href="openapi.yaml">openapi.yaml</a>, <a href="openapi.json">openapi.json</a>.</p>
+<pre>{{.Description}}</pre>
+<h2>Operations</h2>
+<nav>{{range .Operations}}<a href="#{{.ID}}">{{.Method}} {{.Path}}</a>{{end}}</nav>
+{{range .Operations}}<div class="op" id="{{.ID}}">
+<h3><span class="m {{lower .Method}}">{{.Method}}</span> <code>{{.Path}}</code></h3>
+<p><b>{{.Summary}}</b>{{if .Public}} (no token){{end}}</p>{{if .Description}}<pre>{{.Description}}</pre>{{end}}
+{{if .Params}}<table><tr><th>parameter</th><th>type</th><th>required</th><th></th></tr>{{range .Params}}<tr><td><code>{{.Name}}</code></td><td>{{.Type}}</td><td>{{if .Required}}yes{{end}}</td><td><pre>{{.Description}}</pre></td></tr>{{end}}</table>{{end}}
+{{if .Body}}<p>Request body: <code>{{.Body}}</code></p>{{end}}
+<table><tr><th>status</th><th></th></tr>{{range .Responses}}<tr><td><code>{{.Name}}</code></td><td>{{if .Type}}<a href="#{{.Type}}">{{.Type}}</a>: {{end}}<pre>{{.Description}}</pre></td></tr>{{end}}</table>
+</div>{{end}}
+<h2>Schemas</h2>
+{{range .Schemas}}<div class="op" id="{{.Name}}"><h3><code>{{.Name}}</code></h3>{{if .Description}}<pre>{{.Description}}</pre>{{end}}
+{{if .Fields}}<table><tr><th>field</th><th>type</th><th>required</th><th></th></tr>{{range .Fields}}<tr><td><code>{{.Name}}</code></td><td>{{.Type}}</td><td>{{if .Required}}yes{{end}}</td><td><pre>{{.Description}}</pre></td></tr>{{end}}</table>{{end}}
+</div>{{end}}
+</body></html>
+`))

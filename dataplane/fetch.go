@@ -232,7 +232,8 @@ func fileName(disposition string, u *url.URL) string {
 		}
 	}
 	if u != nil {
-		if s := sanitizeName(path.Base(u.Path)); s != "" {
+		last := u.Path[strings.LastIndex(u.Path, "/")+1:] // "" for "/dir/"
+		if s := sanitizeName(last); s != "" {
 			return s
 		}
 	}

@@ -320,7 +320,10 @@ func testFileErrors(t *testing.T, s *filesSandbox, f *dataplane.FS) {
 		{"read dir", func() error { _, err := readAll(t, f, "errs/dir"); return err }, dataplane.KindIsDir},
 		{"read fifo", func() error { _, err := readAll(t, f, "errs/fifo"); return err }, dataplane.KindNotRegular},
 		{"read under a file", func() error { _, err := readAll(t, f, "errs/file/x"); return err }, dataplane.KindNotFound},
-		{"write over dir", func() error { _, _, err := f.Write("errs/dir", strings.NewReader("x"), dataplane.WriteOptions{}); return err }, dataplane.KindIsDir},
+		{"write over dir", func() error {
+			_, _, err := f.Write("errs/dir", strings.NewReader("x"), dataplane.WriteOptions{})
+			return err
+		}, dataplane.KindIsDir},
 		{"write no parent", func() error {
 			_, _, err := f.Write("errs/none/x", strings.NewReader("x"), dataplane.WriteOptions{})
 			return err

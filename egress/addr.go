@@ -159,3 +159,25 @@ func unwrapOpError(err error) error {
 func hostPort(host string, port uint16) string {
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
+
+// DialPublic dials addr ("host:port", TCP) for the gateway itself (the
+// REST data plane's files/fetch): the host is normalized, resolved once,
+// and dialled only at an address the address rule allows (public, or
+// inside AllowCIDRs). No session allow-list applies. A refusal's error
+// says why ("private address 127.0.0.1", "cannot resolve").
+func (p *Proxy) DialPublic(ctx context.Context, network, addr string) (net.Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("dial %s %s: network not supported", network, addr)
+	}
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	c, _, err := p.dialChecked(ctx, host, port)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", hostPort(host, port), err)
+	}
+	return c, nil
+}

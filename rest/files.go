@@ -1,10 +1,267 @@
 package rest
 
-import "net/http"
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"strconv"
 
-// Placeholder handlers: the files work replaces this file.
+	"github.com/sandgate/sandgate/dataplane"
+	"github.com/sandgate/sandgate/gateway"
+)
 
-func (a *api) getFile(w http.ResponseWriter, r *http.Request)    { notYet(w) }
-func (a *api) putFile(w http.ResponseWriter, r *http.Request)    { notYet(w) }
-func (a *api) deleteFile(w http.ResponseWriter, r *http.Request) { notYet(w) }
-func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) { notYet(w) }
+// The files part of the data plane: every operation goes through an SFTP
+// server started in the session's sandbox for the request (see
+// dataplane/files.go), so paths resolve as the sandbox sees them.
+
+// fileStatus maps a dataplane.ErrKind to its status and code.
+func fileStatus(k dataplane.ErrKind) (int, string, bool) {
+	switch k {
+	case dataplane.KindInvalid:
+		return http.StatusBadRequest, "invalid_path", true
+	case dataplane.KindNotFound:
+		return http.StatusNotFound, "file_not_found", true
+	case dataplane.KindNotDir:
+		return http.StatusConflict, "not_a_directory", true
+	case dataplane.KindIsDir:
+		return http.StatusConflict, "is_a_directory", true
+	case dataplane.KindNotRegular:
+		return http.StatusConflict, "not_a_regular_file", true
+	case dataplane.KindNotEmpty:
+		return http.StatusConflict, "directory_not_empty", true
+	case dataplane.KindPermission:
+		return http.StatusForbidden, "permission_denied", true
+	case dataplane.KindTooLarge:
+		return http.StatusRequestEntityTooLarge, "file_too_large", true
+	case dataplane.KindDiskFull:
+		return http.StatusInsufficientStorage, "disk_full", true
+	case dataplane.KindAborted:
+		return http.StatusBadRequest, "upload_incomplete", true
+	case dataplane.KindUnavailable:
+		return http.StatusServiceUnavailable, "files_unavailable", true
+	}
+	return 0, "", false
+}
+
+// writeFileError answers a file operation's failure.
+func (a *api) writeFileError(w http.ResponseWriter, r *http.Request, err error) {
+	var fe *dataplane.Error
+	if errors.As(err, &fe) {
+		if status, code, ok := fileStatus(fe.Kind); ok {
+			if fe.Kind == dataplane.KindUnavailable {
+				a.cfg.Log.Warn("files_unavailable", "path", r.URL.Path, "err", err)
+			}
+			WriteError(w, status, code, fe.Msg)
+			return
+		}
+	}
+	a.cfg.Log.Error("file_operation_failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+}
+
+// boolParam reads an optional boolean query parameter.
+func boolParam(w http.ResponseWriter, r *http.Request, name string) (bool, bool) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, true
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("%s must be true or false, got %q", name, v))
+		return false, false
+	}
+	return b, true
+}
+
+// pathParam reads the required path query parameter.
+func (a *api) pathParam(w http.ResponseWriter, r *http.Request) (string, bool) {
+	p, err := dataplane.CheckPath(r.URL.Query().Get("path"))
+	if err != nil {
+		a.writeFileError(w, r, err)
+		return "", false
+	}
+	return p, true
+}
+
+// openFS starts the session's SFTP server for one request, outside the
+// command history.
+func (a *api) openFS(w http.ResponseWriter, r *http.Request, s *gateway.Session) (*dataplane.FS, bool) {
+	fsys, err := dataplane.OpenFS(gateway.NoHistory(r.Context()), s.Sandbox())
+	if err != nil {
+		a.writeFileError(w, r, err)
+		return nil, false
+	}
+	return fsys, true
+}
+
+// getFile serves GET /v1/sessions/{id}/files?path=P: the file's bytes
+// (Range, If-Modified-Since...), or with list=true the directory's entries.
+func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	p, ok := a.pathParam(w, r)
+	if !ok {
+		return
+	}
+	list, ok := boolParam(w, r, "list")
+	if !ok {
+		return
+	}
+	recursive, ok := boolParam(w, r, "recursive")
+	if !ok {
+		return
+	}
+	fsys, ok := a.openFS(w, r, s)
+	if !ok {
+		return
+	}
+	defer fsys.Close()
+	if list {
+		entries, truncated, err := fsys.List(p, recursive, 0)
+		if err != nil {
+			a.writeFileError(w, r, err)
+			return
+		}
+		_ = writeJSON(w, http.StatusOK, map[string]any{"entries": entries, "truncated": truncated})
+		return
+	}
+	f, e, err := fsys.Open(p)
+	if err != nil {
+		a.writeFileError(w, r, err)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	http.ServeContent(w, r, "", e.Mtime, f)
+}
+
+// putFile serves PUT /v1/sessions/{id}/files?path=P: the body becomes the
+// file, atomically.
+func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	p, ok := a.pathParam(w, r)
+	if !ok {
+		return
+	}
+	mkdirs, ok := boolParam(w, r, "mkdirs")
+	if !ok {
+		return
+	}
+	opts := dataplane.WriteOptions{Mkdirs: mkdirs, MaxBytes: a.dp.cfg.MaxFileBytes}
+	if v := r.URL.Query().Get("mode"); v != "" {
+		m, err := strconv.ParseUint(v, 8, 32)
+		if err != nil || m > 0o777 {
+			WriteError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("mode must be octal permission bits from 0000 to 0777, got %q", v))
+			return
+		}
+		mode := fs.FileMode(m)
+		opts.Mode = &mode
+	}
+	if max := a.dp.cfg.MaxFileBytes; max > 0 && r.ContentLength > max {
+		WriteError(w, http.StatusRequestEntityTooLarge, "file_too_large",
+			fmt.Sprintf("%s: %d bytes is over the limit of %d bytes", p, r.ContentLength, max))
+		return
+	}
+	fsys, ok := a.openFS(w, r, s)
+	if !ok {
+		return
+	}
+	defer fsys.Close()
+	e, created, err := fsys.Write(p, r.Body, opts)
+	if err != nil {
+		a.writeFileError(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	_ = writeJSON(w, status, e)
+}
+
+// deleteFile serves DELETE /v1/sessions/{id}/files?path=P.
+func (a *api) deleteFile(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	p, ok := a.pathParam(w, r)
+	if !ok {
+		return
+	}
+	recursive, ok := boolParam(w, r, "recursive")
+	if !ok {
+		return
+	}
+	fsys, ok := a.openFS(w, r, s)
+	if !ok {
+		return
+	}
+	defer fsys.Close()
+	if err := fsys.Remove(p, recursive); err != nil {
+		a.writeFileError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// fetchRequest is the body of POST /v1/sessions/{id}/files/fetch.
+type fetchRequest struct {
+	URLs    []string `json:"urls"`
+	DestDir *string  `json:"destDir"`
+}
+
+// fetchFiles serves POST /v1/sessions/{id}/files/fetch: the gateway
+// downloads each URL (public addresses only) into the sandbox.
+func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	if a.dp.cfg.DialPublic == nil {
+		WriteError(w, http.StatusServiceUnavailable, "fetch_unavailable", "this gateway does not fetch URLs (it has no egress proxy)")
+		return
+	}
+	var req fetchRequest
+	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	if err := dataplane.CheckFetch(req.URLs); err != nil {
+		var fe *dataplane.Error
+		if errors.As(err, &fe) {
+			WriteError(w, http.StatusBadRequest, "invalid_url", fe.Msg)
+			return
+		}
+		a.writeFileError(w, r, err)
+		return
+	}
+	dest := "."
+	if req.DestDir != nil && *req.DestDir != "" {
+		d, err := dataplane.CheckPath(*req.DestDir)
+		if err != nil {
+			a.writeFileError(w, r, err)
+			return
+		}
+		dest = d
+	}
+	fsys, ok := a.openFS(w, r, s)
+	if !ok {
+		return
+	}
+	defer fsys.Close()
+	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes}
+	res, err := fe.Fetch(r.Context(), fsys, req.URLs, dest)
+	if err != nil {
+		a.writeFileError(w, r, err)
+		return
+	}
+	_ = writeJSON(w, http.StatusOK, res)
+}

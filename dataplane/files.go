@@ -1,0 +1,628 @@
+package dataplane
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pkg/sftp"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// Every file operation of the REST data plane goes through an SFTP server
+// started inside the session's sandbox (linux: as the sandbox user in its
+// mount namespace; workdir: confined to the workdir with os.Root), exactly
+// as an SSH client's SFTP does. The gateway never resolves a sandbox path
+// on the host, so "..", symlinks, and a symlink swapped in mid-request
+// resolve inside the sandbox or not at all.
+
+const (
+	// sftpPacket is the data carried by one READ or WRITE: the SFTP
+	// server (package sftpd) answers up to 255 KiB, and it is always ours.
+	sftpPacket = 255 << 10
+	// sftpConcurrency is how many READs or WRITEs one transfer keeps in
+	// flight: 64 x 255 KiB bounds a transfer's buffers to ~16 MiB.
+	sftpConcurrency = 64
+	// MaxPathBytes bounds a path given to the file operations.
+	MaxPathBytes = 4096
+	// MaxListEntries caps a listing; a longer one is marked truncated.
+	MaxListEntries = 10000
+	// tempPrefix starts the name of an upload's temporary file, written
+	// next to its destination and renamed over it when complete.
+	tempPrefix = ".sandgate-upload-"
+)
+
+// ErrKind classifies a file operation's failure.
+type ErrKind int
+
+// The kinds of file errors; package rest maps each to a status and code.
+const (
+	KindInternal    ErrKind = iota // anything else
+	KindInvalid                    // a bad path or parameter
+	KindNotFound                   // the path (or the parent) does not exist
+	KindNotDir                     // a directory was wanted
+	KindIsDir                      // a file was wanted
+	KindNotRegular                 // a regular file was wanted (device, fifo, socket)
+	KindNotEmpty                   // a non-recursive delete of a directory with entries
+	KindPermission                 // the sandbox's user may not, or the path leaves the root
+	KindTooLarge                   // over the size cap
+	KindDiskFull                   // the sandbox's filesystem is full
+	KindAborted                    // the upload's body ended early (the client went away)
+	KindUnavailable                // the sandbox's SFTP server could not be started
+)
+
+// Error is a file operation's failure: Msg is for the client (it names the
+// path as the client gave it, never a host path), Err is the cause.
+type Error struct {
+	Kind ErrKind
+	Msg  string
+	Err  error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func fileErr(kind ErrKind, err error, format string, args ...any) *Error {
+	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
+// Entry describes one file, directory or link, as the API shows it.
+type Entry struct {
+	Name      string    `json:"name"`
+	Path      string    `json:"path"`
+	Type      string    `json:"type"` // file, dir, symlink or other
+	SizeBytes int64     `json:"sizeBytes"`
+	Mode      string    `json:"mode"` // octal permission bits, "0644"
+	Mtime     time.Time `json:"mtime"`
+}
+
+func entryOf(p string, fi fs.FileInfo) Entry {
+	typ := "other"
+	switch m := fi.Mode(); {
+	case m.IsRegular():
+		typ = "file"
+	case m.IsDir():
+		typ = "dir"
+	case m&fs.ModeSymlink != 0:
+		typ = "symlink"
+	}
+	perm := uint32(fi.Mode().Perm())
+	if fi.Mode()&fs.ModeSetuid != 0 {
+		perm |= 0o4000
+	}
+	if fi.Mode()&fs.ModeSetgid != 0 {
+		perm |= 0o2000
+	}
+	if fi.Mode()&fs.ModeSticky != 0 {
+		perm |= 0o1000
+	}
+	return Entry{
+		Name: path.Base(p), Path: p, Type: typ, SizeBytes: fi.Size(),
+		Mode: fmt.Sprintf("%04o", perm), Mtime: fi.ModTime().UTC(),
+	}
+}
+
+// CheckPath validates a path given by a client: relative paths start at
+// the sandbox's workspace (where its SFTP server starts), absolute ones at
+// the sandbox's root. It returns the cleaned path.
+func CheckPath(p string) (string, error) {
+	switch {
+	case p == "":
+		return "", fileErr(KindInvalid, nil, "path is required")
+	case strings.IndexByte(p, 0) >= 0:
+		return "", fileErr(KindInvalid, nil, "path contains a NUL byte")
+	case len(p) > MaxPathBytes:
+		return "", fileErr(KindInvalid, nil, "path is longer than %d bytes", MaxPathBytes)
+	}
+	return path.Clean(p), nil
+}
+
+// FS is one connection to an SFTP server running in a sandbox. It is safe
+// for concurrent use; Close ends the server.
+type FS struct {
+	c      *sftp.Client
+	proc   sandbox.Process
+	stderr sync.WaitGroup
+	once   sync.Once
+}
+
+// OpenFS starts the sandbox's SFTP server (ctx is for the start only) and
+// connects to it.
+func OpenFS(ctx context.Context, sb sandbox.Sandbox) (*FS, error) {
+	p, err := sb.Start(ctx, sandbox.Cmd{Subsystem: "sftp"})
+	if err != nil {
+		return nil, fileErr(KindUnavailable, err, "cannot start the sandbox's file server")
+	}
+	f := &FS{proc: p}
+	if se := p.Stderr(); se != nil {
+		f.stderr.Add(1)
+		go func() {
+			defer f.stderr.Done()
+			_, _ = io.Copy(io.Discard, se)
+		}()
+	}
+	c, err := sftp.NewClientPipe(p.Stdout(), p.Stdin(),
+		sftp.MaxPacketUnchecked(sftpPacket),
+		sftp.MaxConcurrentRequestsPerFile(sftpConcurrency),
+		sftp.UseConcurrentWrites(true),
+		sftp.UseFstat(true),
+	)
+	if err != nil {
+		p.Kill()
+		_, _ = p.Wait()
+		f.stderr.Wait()
+		return nil, fileErr(KindUnavailable, err, "cannot talk to the sandbox's file server")
+	}
+	f.c = c
+	return f, nil
+}
+
+// Close ends the connection and waits for the server to exit (it exits on
+// end of input; it is killed if it does not within a few seconds).
+func (f *FS) Close() error {
+	var err error
+	f.once.Do(func() {
+		_ = f.c.Close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, err = f.proc.Wait()
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			f.proc.Kill()
+			<-done
+		}
+		f.stderr.Wait()
+	})
+	return err
+}
+
+// classify turns an SFTP error about p into an *Error. The server's
+// status messages name the errno ("Failure: no space left on device").
+func classify(err error, p string) *Error {
+	var fe *Error
+	if errors.As(err, &fe) {
+		return fe
+	}
+	msg := err.Error()
+	var se *sftp.StatusError
+	code := uint32(0)
+	if errors.As(err, &se) {
+		code = se.Code
+	}
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || code == 2:
+		return fileErr(KindNotFound, nil, "%s: no such file or directory", p)
+	case strings.Contains(msg, "leaves the session's root"):
+		return fileErr(KindPermission, nil, "%s: the path leaves the sandbox", p)
+	case errors.Is(err, fs.ErrPermission) || code == 3:
+		return fileErr(KindPermission, nil, "%s: permission denied", p)
+	case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
+		strings.Contains(msg, "no space left on device") || strings.Contains(msg, "quota exceeded"):
+		return fileErr(KindDiskFull, nil, "%s: the sandbox's disk is full", p)
+	case errors.Is(err, syscall.ENOTEMPTY) || strings.Contains(msg, "directory not empty"):
+		return fileErr(KindNotEmpty, nil, "%s: directory not empty (recursive=true deletes it with its contents)", p)
+	case errors.Is(err, syscall.ENOTDIR) || strings.Contains(msg, "not a directory"):
+		return fileErr(KindNotDir, nil, "%s: a path component is not a directory", p)
+	case errors.Is(err, syscall.EISDIR) || strings.Contains(msg, "is a directory"):
+		return fileErr(KindIsDir, nil, "%s: is a directory", p)
+	case strings.Contains(msg, "file name too long"):
+		return fileErr(KindInvalid, nil, "%s: file name too long", p)
+	}
+	return fileErr(KindInternal, err, "%s: file operation failed", p)
+}
+
+// Stat describes p, following a final symlink.
+func (f *FS) Stat(p string) (Entry, error) {
+	fi, err := f.c.Stat(p)
+	if err != nil {
+		return Entry{}, classify(err, p)
+	}
+	return entryOf(p, fi), nil
+}
+
+// Lstat describes p itself.
+func (f *FS) Lstat(p string) (Entry, error) {
+	fi, err := f.c.Lstat(p)
+	if err != nil {
+		return Entry{}, classify(err, p)
+	}
+	return entryOf(p, fi), nil
+}
+
+// Open opens the regular file p (a final symlink followed) for reading.
+// The ReadSeekCloser reads ahead with concurrent requests.
+func (f *FS) Open(p string) (io.ReadSeekCloser, Entry, error) {
+	fi, err := f.c.Stat(p)
+	if err != nil {
+		return nil, Entry{}, classify(err, p)
+	}
+	switch {
+	case fi.IsDir():
+		return nil, Entry{}, fileErr(KindIsDir, nil, "%s: is a directory (list=true lists it)", p)
+	case !fi.Mode().IsRegular():
+		return nil, Entry{}, fileErr(KindNotRegular, nil, "%s: not a regular file", p)
+	}
+	fh, err := f.c.Open(p)
+	if err != nil {
+		return nil, Entry{}, classify(err, p)
+	}
+	// The file may have changed between Stat and Open: describe what is open.
+	if st, err := fh.Stat(); err == nil {
+		if !st.Mode().IsRegular() {
+			_ = fh.Close()
+			return nil, Entry{}, fileErr(KindNotRegular, nil, "%s: not a regular file", p)
+		}
+		fi = st
+	}
+	return &streamFile{f: fh, size: fi.Size()}, entryOf(p, fi), nil
+}
+
+// streamFile is an io.ReadSeeker over an SFTP file whose reads come from
+// File.WriteTo (many READs in flight) through a pipe; a Seek restarts it.
+// http.ServeContent reads it in 32 KiB pieces, which as single READs
+// would cost a round trip each.
+type streamFile struct {
+	f    *sftp.File
+	size int64
+	off  int64
+	pr   *io.PipeReader
+	done chan struct{}
+}
+
+func (s *streamFile) stop() {
+	if s.pr == nil {
+		return
+	}
+	_ = s.pr.Close()
+	<-s.done
+	s.pr, s.done = nil, nil
+}
+
+func (s *streamFile) Read(b []byte) (int, error) {
+	if s.pr == nil {
+		if s.off >= s.size {
+			return 0, io.EOF
+		}
+		if _, err := s.f.Seek(s.off, io.SeekStart); err != nil {
+			return 0, err
+		}
+		pr, pw := io.Pipe()
+		s.pr, s.done = pr, make(chan struct{})
+		go func(done chan struct{}) {
+			defer close(done)
+			_, err := s.f.WriteTo(pw)
+			pw.CloseWithError(err)
+		}(s.done)
+	}
+	n, err := s.pr.Read(b)
+	s.off += int64(n)
+	return n, err
+}
+
+func (s *streamFile) Seek(offset int64, whence int) (int64, error) {
+	var abs int64
+	switch whence {
+	case io.SeekStart:
+		abs = offset
+	case io.SeekCurrent:
+		abs = s.off + offset
+	case io.SeekEnd:
+		abs = s.size + offset
+	default:
+		return 0, errors.New("seek: invalid whence")
+	}
+	if abs < 0 {
+		return 0, errors.New("seek: negative position")
+	}
+	if abs != s.off {
+		s.stop()
+		s.off = abs
+	}
+	return abs, nil
+}
+
+func (s *streamFile) Close() error {
+	s.stop()
+	return s.f.Close()
+}
+
+// List lists the directory p (a final symlink followed); recursive walks
+// its subdirectories too, never through a symlink. At most max entries
+// (MaxListEntries when max <= 0) are returned; truncated says there were
+// more. Entries' paths are p joined with their names.
+func (f *FS) List(p string, recursive bool, max int) (entries []Entry, truncated bool, err error) {
+	if max <= 0 {
+		max = MaxListEntries
+	}
+	fi, err := f.c.Stat(p)
+	if err != nil {
+		return nil, false, classify(err, p)
+	}
+	if !fi.IsDir() {
+		return nil, false, fileErr(KindNotDir, nil, "%s: not a directory", p)
+	}
+	entries = []Entry{}
+	queue := []string{p}
+	for len(queue) > 0 {
+		dir := queue[0]
+		queue = queue[1:]
+		fis, err := f.c.ReadDir(dir)
+		if err != nil {
+			if dir == p {
+				return nil, false, classify(err, p)
+			}
+			continue // a subdirectory the sandbox's user cannot read, or gone
+		}
+		sort.Slice(fis, func(i, j int) bool { return fis[i].Name() < fis[j].Name() })
+		for _, fi := range fis {
+			if fi.Name() == "." || fi.Name() == ".." {
+				continue
+			}
+			if len(entries) == max {
+				return entries, true, nil
+			}
+			e := entryOf(path.Join(dir, fi.Name()), fi)
+			entries = append(entries, e)
+			if recursive && e.Type == "dir" {
+				queue = append(queue, e.Path)
+			}
+		}
+	}
+	return entries, false, nil
+}
+
+// WriteOptions tune Write.
+type WriteOptions struct {
+	// Mkdirs creates the missing parent directories.
+	Mkdirs bool
+	// Mode is the file's permission bits; nil keeps those of the file it
+	// replaces, or 0644 for a new file.
+	Mode *fs.FileMode
+	// MaxBytes caps the size (0: no cap but the disk's).
+	MaxBytes int64
+}
+
+// errTooLarge ends an upload over its cap.
+var errTooLarge = errors.New("over the size cap")
+
+// bodyError marks a failure to read the upload itself, not to write it.
+type bodyError struct{ err error }
+
+func (e *bodyError) Error() string { return "read upload: " + e.err.Error() }
+func (e *bodyError) Unwrap() error { return e.err }
+
+// capReader reads r, failing with errTooLarge past max bytes (0: no cap)
+// and marking r's own errors as *bodyError.
+type capReader struct {
+	r    io.Reader
+	max  int64
+	n    int64
+	over bool
+}
+
+func (c *capReader) Read(b []byte) (int, error) {
+	if c.max > 0 && int64(len(b)) > c.max-c.n+1 {
+		b = b[:c.max-c.n+1]
+	}
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	if c.max > 0 && c.n > c.max {
+		c.over = true
+		return n, errTooLarge
+	}
+	if err != nil && err != io.EOF {
+		err = &bodyError{err}
+	}
+	return n, err
+}
+
+// Write writes r's bytes to p atomically: into a temporary file in p's
+// directory, renamed over p (posix-rename) once complete. On any failure
+// the temporary file is removed and p is untouched. A symlink at p is
+// replaced, not followed. created says p did not exist before.
+func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool, err error) {
+	base := path.Base(p)
+	if base == "/" || base == "." || base == ".." {
+		return Entry{}, false, fileErr(KindInvalid, nil, "%s: not a file name", p)
+	}
+	dir := path.Dir(p)
+	mode := fs.FileMode(0o644)
+	switch fi, err := f.c.Lstat(p); {
+	case err == nil && fi.IsDir():
+		return Entry{}, false, fileErr(KindIsDir, nil, "%s: is a directory", p)
+	case err == nil:
+		if fi.Mode().IsRegular() {
+			mode = fi.Mode().Perm()
+		}
+	default:
+		ce := classify(err, p)
+		if ce.Kind != KindNotFound {
+			return Entry{}, false, ce
+		}
+		created = true
+	}
+	if o.Mode != nil {
+		mode = *o.Mode
+	}
+	if err := f.parent(dir, o.Mkdirs); err != nil {
+		return Entry{}, false, err
+	}
+
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	tmp := path.Join(dir, tempPrefix+hex.EncodeToString(rnd[:])+".tmp")
+	fh, err := f.c.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL)
+	if err != nil {
+		return Entry{}, false, classify(err, p)
+	}
+	renamed := false
+	defer func() {
+		if !renamed {
+			_ = fh.Close()
+			_ = f.c.Remove(tmp)
+		}
+	}()
+	if err := fh.Chmod(mode); err != nil {
+		return Entry{}, false, classify(err, p)
+	}
+	cr := &capReader{r: r, max: o.MaxBytes}
+	if _, err := fh.ReadFromWithConcurrency(cr, sftpConcurrency); err != nil {
+		var be *bodyError
+		switch {
+		case cr.over || errors.Is(err, errTooLarge):
+			return Entry{}, false, fileErr(KindTooLarge, nil, "%s: larger than the limit of %d bytes", p, o.MaxBytes)
+		case errors.As(err, &be):
+			return Entry{}, false, fileErr(KindAborted, be.err, "%s: the upload ended early", p)
+		}
+		return Entry{}, false, f.writeFailure(err, dir, p)
+	}
+	if err := fh.Close(); err != nil {
+		return Entry{}, false, f.writeFailure(err, dir, p)
+	}
+	if err := f.c.PosixRename(tmp, p); err != nil {
+		return Entry{}, false, classify(err, p)
+	}
+	renamed = true
+	fi, err := f.c.Lstat(p)
+	if err != nil {
+		return Entry{}, false, classify(err, p)
+	}
+	return entryOf(p, fi), created, nil
+}
+
+// writeFailure classifies a failed WRITE or CLOSE: a bare SSH_FX_FAILURE
+// on a filesystem with no free block is a full disk.
+func (f *FS) writeFailure(err error, dir, p string) *Error {
+	ce := classify(err, p)
+	if ce.Kind != KindInternal {
+		return ce
+	}
+	if st, serr := f.c.StatVFS(dir); serr == nil && st.Blocks > 0 && st.Bavail == 0 {
+		return fileErr(KindDiskFull, nil, "%s: the sandbox's disk is full", p)
+	}
+	return ce
+}
+
+// parent checks that dir is a directory, creating it (and its parents)
+// with mkdirs.
+func (f *FS) parent(dir string, mkdirs bool) error {
+	fi, err := f.c.Stat(dir)
+	switch {
+	case err == nil && fi.IsDir():
+		return nil
+	case err == nil:
+		return fileErr(KindNotDir, nil, "%s: not a directory", dir)
+	}
+	if ce := classify(err, dir); ce.Kind != KindNotFound {
+		return ce
+	}
+	if !mkdirs {
+		return fileErr(KindNotFound, nil, "%s: the parent directory does not exist (mkdirs=true creates it)", dir)
+	}
+	if err := f.c.MkdirAll(dir); err != nil {
+		return classify(err, dir)
+	}
+	return nil
+}
+
+// Mkdirs creates the directory dir and its missing parents.
+func (f *FS) Mkdirs(dir string) error { return f.parent(dir, true) }
+
+// Remove removes p: a file, a symlink (not what it points to) or an empty
+// directory; recursive removes a directory with everything in it, never
+// following a symlink. The sandbox's root and its workspace (the start
+// directory) cannot be removed.
+func (f *FS) Remove(p string, recursive bool) error {
+	if p == "." || p == "/" {
+		return fileErr(KindInvalid, nil, "%s: refusing to delete the sandbox's root or workspace", p)
+	}
+	fi, err := f.c.Lstat(p)
+	if err != nil {
+		return classify(err, p)
+	}
+	if !fi.IsDir() {
+		if err := f.c.Remove(p); err != nil {
+			return classify(err, p)
+		}
+		return nil
+	}
+	// "a/..", "/workspace", a link's target: compare where they resolve.
+	if real, err := f.c.RealPath(p); err == nil {
+		if real == "/" {
+			return fileErr(KindInvalid, nil, "%s: refusing to delete the sandbox's root or workspace", p)
+		}
+		if home, err := f.c.RealPath("."); err == nil && home == real {
+			return fileErr(KindInvalid, nil, "%s: refusing to delete the sandbox's root or workspace", p)
+		}
+	}
+	if recursive {
+		return f.removeTree(p, 0)
+	}
+	if err := f.c.RemoveDirectory(p); err != nil {
+		return classify(err, p)
+	}
+	return nil
+}
+
+// maxDepth bounds removeTree's recursion.
+const maxDepth = 256
+
+func (f *FS) removeTree(dir string, depth int) error {
+	if depth > maxDepth {
+		return fileErr(KindInvalid, nil, "%s: deeper than %d levels", dir, maxDepth)
+	}
+	for attempt := 1; ; attempt++ {
+		fis, err := f.c.ReadDir(dir)
+		if err != nil {
+			return classify(err, dir)
+		}
+		n := 0
+		for _, fi := range fis {
+			if fi.Name() == "." || fi.Name() == ".." {
+				continue
+			}
+			n++
+			p := path.Join(dir, fi.Name())
+			if fi.IsDir() {
+				err = f.removeTree(p, depth+1)
+			} else {
+				err = f.c.Remove(p)
+			}
+			if err != nil {
+				if ce := classify(err, p); ce.Kind != KindNotFound {
+					return ce
+				}
+			}
+		}
+		err = f.c.RemoveDirectory(dir)
+		if err == nil {
+			return nil
+		}
+		ce := classify(err, dir)
+		// Something was added meanwhile: go round again, a few times.
+		if ce.Kind != KindNotEmpty || n == 0 || attempt == 3 {
+			return ce
+		}
+	}
+}

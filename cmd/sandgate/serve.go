@@ -321,7 +321,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Ready: func() (map[string]any, error) {
 			return map[string]any{"sandbox": driver.Name(), "limits": report}, nil
 		},
-		DataPlane: cfg.dataPlane.config(cfg, nil),
+		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
 	})
 	srv := &http.Server{
 		Handler:           handler,

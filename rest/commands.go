@@ -306,13 +306,33 @@ func (n *ndjsonWriter) write(v any) {
 	_ = n.rc.Flush()
 }
 
-// output sends one chunk of stream ("stdout" or "stderr").
+// output sends one chunk of stream ("stdout" or "stderr"): its UTF-8
+// text as text, and each run of bytes that are not as base64.
 func (n *ndjsonWriter) output(stream string, data []byte) {
-	if utf8.Valid(data) {
-		n.write(map[string]string{stream: string(data)})
-		return
+	for len(data) > 0 {
+		i := 0 // the length of the valid text at the start of data
+		for i < len(data) {
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size <= 1 {
+				break
+			}
+			i += size
+		}
+		if i > 0 {
+			n.write(map[string]string{stream: string(data[:i])})
+			data = data[i:]
+			continue
+		}
+		j := 1 // the length of the invalid bytes at the start of data
+		for j < len(data) {
+			if r, size := utf8.DecodeRune(data[j:]); r != utf8.RuneError || size > 1 {
+				break
+			}
+			j++
+		}
+		n.write(map[string]string{stream + "Base64": base64.StdEncoding.EncodeToString(data[:j])})
+		data = data[j:]
 	}
-	n.write(map[string]string{stream + "Base64": base64.StdEncoding.EncodeToString(data)})
 }
 
 // final sends the last line and ends the stream.

@@ -159,7 +159,6 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		stop := context.AfterFunc(r.Context(), cancel)
 		defer stop()
 	}
-	defer cancel()
 
 	var stream *ndjsonWriter
 	if wantsNDJSON(r) {
@@ -172,6 +171,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
+		defer cancel() // released when the command ends, not the request
 		var o outcome
 		if cr.Shell != "" {
 			o.res, o.err = a.dp.shells.Run(ctx, s.ID, s, cr.Shell, req)

@@ -113,7 +113,9 @@ func TestRESTCommands(t *testing.T) {
 				if !strings.HasPrefix(a.out(), `$HOME "q" 'r' *|lc|in put|/`) || !strings.HasSuffix(a.Cwd, "/a dir") {
 					t.Errorf("got %q cwd %q", a.out(), a.Cwd)
 				}
-				var e struct{ Error struct{ Code, Message string } }
+				var e struct {
+					Error struct{ Code, Message string }
+				}
 				if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"command": "env", "env": map[string]string{"PATH": "/x"}}, &e); code != 400 || e.Error.Code != "env_not_allowed" {
 					t.Errorf("PATH: %d %+v", code, e)
 				}

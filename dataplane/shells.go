@@ -1,5 +1,451 @@
 package dataplane
 
-// Shells holds every session's persistent named shells. (Placeholder:
-// commands.go and shells.go replace it.)
-type Shells struct{}
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// Shell limits.
+const (
+	// MaxShells caps a session's persistent shells.
+	MaxShells = 16
+	// MaxShellQueue caps the requests waiting for one shell.
+	MaxShellQueue = 32
+)
+
+// Shell errors.
+var (
+	ErrTooManyShells = errors.New("too many shells in this session")
+	ErrShellBusy     = errors.New("too many commands wait for this shell")
+	ErrNoShell       = errors.New("no such shell")
+	ErrShellClosed   = errors.New("the shell was closed")
+	ErrSessionEnded  = errors.New("the session has ended")
+)
+
+var shellNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// ValidShellName reports whether name may name a shell.
+func ValidShellName(name string) bool { return shellNameRE.MatchString(name) }
+
+// Shells holds every session's persistent named shells. Its zero value is
+// ready to use.
+type Shells struct {
+	mu sync.Mutex
+	m  map[string]map[string]*shell // session id, then shell name
+}
+
+// Run runs req in the session's shell name, starting the shell if it has
+// none of that name yet. Commands of one shell run one at a time, in the
+// order they came; a request waits at most until ctx ends.
+func (sh *Shells) Run(ctx context.Context, id string, s Session, name string, req Request) (Result, error) {
+	x, err := sh.get(id, s, name)
+	if err != nil {
+		return Result{}, err
+	}
+	return x.run(ctx, req)
+}
+
+// Delete ends the session's shell name, killing a command it runs.
+func (sh *Shells) Delete(id, name string) error {
+	sh.mu.Lock()
+	x := sh.m[id][name]
+	if x != nil {
+		sh.removeLocked(id, name, x)
+	}
+	sh.mu.Unlock()
+	if x == nil {
+		return ErrNoShell
+	}
+	x.close()
+	return nil
+}
+
+// get returns the session's shell name, making it if needed.
+func (sh *Shells) get(id string, s Session, name string) (*shell, error) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if x := sh.m[id][name]; x != nil {
+		return x, nil
+	}
+	if len(sh.m[id]) >= MaxShells {
+		return nil, ErrTooManyShells
+	}
+	x := &shell{name: name, s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
+		state: "/tmp/.sandgate-shell-" + newToken()[len("__sandgate_"):]}
+	remove, ok := s.AddConn(func() {
+		sh.mu.Lock()
+		sh.removeLocked(id, name, x)
+		sh.mu.Unlock()
+		go x.close() // not holding up the session's end
+	})
+	if !ok {
+		return nil, ErrSessionEnded
+	}
+	x.unregister = remove
+	if sh.m == nil {
+		sh.m = map[string]map[string]*shell{}
+	}
+	if sh.m[id] == nil {
+		sh.m[id] = map[string]*shell{}
+	}
+	sh.m[id][name] = x
+	return x, nil
+}
+
+func (sh *Shells) removeLocked(id, name string, x *shell) {
+	if sh.m[id][name] != x {
+		return
+	}
+	delete(sh.m[id], name)
+	if len(sh.m[id]) == 0 {
+		delete(sh.m, id)
+	}
+}
+
+// shell is one persistent shell: a long-lived bash (or sh) that reads
+// commands on its stdin. After each command it saves its state (exported
+// variables, functions, aliases, directory) to a file in the sandbox's
+// /tmp, so that a shell killed with a command that timed out is replaced
+// by one that starts from that state.
+type shell struct {
+	name       string
+	s          Session
+	state      string        // the state file, inside the sandbox
+	turn       chan struct{} // held by the running command
+	closed     chan struct{}
+	closeOnce  sync.Once
+	unregister func()
+
+	mu      sync.Mutex // guards waiting
+	waiting int
+
+	// Owned by the command holding turn.
+	proc     sandbox.Process
+	out, err *markerReader
+	cwd      string
+	started  bool
+}
+
+func (x *shell) close() {
+	x.closeOnce.Do(func() {
+		close(x.closed)
+		if x.unregister != nil {
+			x.unregister()
+		}
+		// Wait for the running command to see closed and kill the shell.
+		x.turn <- struct{}{}
+		if x.proc != nil {
+			x.stop()
+		}
+		if !x.started {
+			return
+		}
+		// Remove the state files; the sandbox may be going away.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		q := Quote(x.state)
+		rm := fmt.Sprintf("rm -f -- %[1]s %[1]s.new %[1]s.cwd %[1]s.in", q)
+		if p, err := x.s.Sandbox().Start(gateway.NoHistory(ctx), sandbox.Cmd{Command: rm}); err == nil {
+			_ = p.Stdin().Close()
+			go func() { _, _ = io.Copy(io.Discard, p.Stdout()) }()
+			go func() { _, _ = io.Copy(io.Discard, p.Stderr()) }()
+			_, _ = p.Wait()
+		}
+	})
+}
+
+// stop kills the shell's process tree and forgets it.
+func (x *shell) stop() {
+	x.proc.Kill()
+	_ = x.proc.Stdin().Close()
+	_, _ = x.proc.Wait()
+	_ = x.proc.Stdout().Close()
+	_ = x.proc.Stderr().Close()
+	x.proc, x.out, x.err = nil, nil, nil
+}
+
+// acquire waits for the shell's turn.
+func (x *shell) acquire(ctx context.Context) error {
+	x.mu.Lock()
+	if x.waiting >= MaxShellQueue {
+		x.mu.Unlock()
+		return ErrShellBusy
+	}
+	x.waiting++
+	x.mu.Unlock()
+	defer func() {
+		x.mu.Lock()
+		x.waiting--
+		x.mu.Unlock()
+	}()
+	select {
+	case x.turn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-x.closed:
+		return ErrShellClosed
+	}
+	select {
+	case <-x.closed:
+		<-x.turn
+		return ErrShellClosed
+	default:
+		return nil
+	}
+}
+
+// shellInit is what a new shell runs first: settings, the function that
+// ends each command (the exit status and directory on stdout between
+// markers, a marker on stderr, the state saved), then the saved state.
+const shellInit = `
+if [ -n "$BASH_VERSION" ]; then
+  shopt -s expand_aliases
+  __sandgate_save() { { declare -px; declare -f; alias -p; } > "$1.new" 2>/dev/null && mv -f -- "$1.new" "$1"; printf '%s\n' "$PWD" > "$1.cwd"; }
+else
+  __sandgate_save() { { export -p; alias; } > "$1.new" 2>/dev/null && mv -f -- "$1.new" "$1"; printf '%s\n' "$PWD" > "$1.cwd"; }
+fi
+__sandgate_done() {
+  __sandgate_save "$3"
+  printf '%s:%s:%s:%s\n' "$1" "$2" "$PWD" "$1"
+  printf '%s::%s\n' "$1" "$1" >&2
+}
+umask 077
+`
+
+// shellRestore is what a new shell runs after shellInit: the state its
+// predecessor saved, if any (%[1]s is the state file).
+const shellRestore = `[ -f %[1]s ] && . %[1]s >/dev/null 2>&1
+[ -f %[1]s.cwd ] && IFS= read -r __sandgate_d < %[1]s.cwd && cd -- "$__sandgate_d" 2>/dev/null
+unset __sandgate_d
+`
+
+// start starts the shell, from the saved state if there is one.
+func (x *shell) start() error {
+	p, err := x.s.Sandbox().Start(gateway.NoHistory(context.Background()), sandbox.Cmd{
+		Command: "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc; fi; exec sh",
+	})
+	if err != nil {
+		return fmt.Errorf("start shell: %w", err)
+	}
+	x.proc, x.out, x.err = p, &markerReader{src: p.Stdout()}, &markerReader{src: p.Stderr()}
+	x.started = true
+	init := shellInit + fmt.Sprintf(shellRestore, Quote(x.state))
+	if _, err := io.WriteString(p.Stdin(), init); err != nil {
+		x.stop()
+		return fmt.Errorf("start shell: %w", err)
+	}
+	return nil
+}
+
+// run runs req in the shell once it is req's turn.
+func (x *shell) run(ctx context.Context, req Request) (Result, error) {
+	if err := x.acquire(ctx); err != nil {
+		return Result{}, err
+	}
+	defer func() { <-x.turn }()
+	if x.proc == nil {
+		if err := x.start(); err != nil {
+			return Result{}, err
+		}
+	}
+	tok := newToken()
+	var line strings.Builder
+	if len(req.Stdin) > 0 {
+		fmt.Fprintf(&line, "printf %s > %s.in\n", Quote(printfEscape(req.Stdin)), Quote(x.state))
+	}
+	line.WriteString("{ ")
+	if req.Cwd != "" {
+		line.WriteString(cdScript(req.Cwd) + " && ")
+	}
+	for _, kv := range envList(req.Env) {
+		k, v, _ := strings.Cut(kv, "=")
+		line.WriteString(k + "=" + Quote(v) + " ")
+	}
+	line.WriteString("eval " + Quote(req.script(false)) + "\n} < ")
+	if len(req.Stdin) > 0 {
+		line.WriteString(Quote(x.state + ".in"))
+	} else {
+		line.WriteString("/dev/null")
+	}
+	fmt.Fprintf(&line, "; __sandgate_done %s \"$?\" %s\n", tok, Quote(x.state))
+	if len(req.Stdin) > 0 {
+		fmt.Fprintf(&line, "rm -f -- %s.in\n", Quote(x.state))
+	}
+
+	began := time.Now()
+	if _, err := io.WriteString(x.proc.Stdin(), line.String()); err != nil {
+		// The shell is gone (exit): start another and try once more.
+		x.stop()
+		if err := x.start(); err != nil {
+			return Result{}, err
+		}
+		began = time.Now()
+		if _, err := io.WriteString(x.proc.Stdin(), line.String()); err != nil {
+			x.stop()
+			return Result{}, fmt.Errorf("write to shell: %w", err)
+		}
+	}
+	stdout := newStreamReader("stdout", req, nil)
+	stderr := newStreamReader("stderr", req, nil)
+	var status string
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go func() {
+		defer readers.Done()
+		status, _ = x.out.until(tok, stdout)
+		stdout.flush()
+	}()
+	go func() {
+		defer readers.Done()
+		_, _ = x.err.until(tok, stderr)
+		stderr.flush()
+	}()
+	ended := make(chan struct{})
+	go func() {
+		readers.Wait()
+		close(ended)
+	}()
+	timer := time.NewTimer(req.Timeout)
+	defer timer.Stop()
+	timedOut, killed := false, false
+	select {
+	case <-ended:
+	case <-timer.C:
+		timedOut = true
+	case <-ctx.Done():
+		killed = true
+	case <-x.closed:
+		killed = true
+	}
+	res := Result{TimedOut: timedOut}
+	var exit sandbox.Exit
+	var waitErr error
+	if timedOut || killed {
+		// Kill the shell's whole tree; the next command starts a new
+		// shell from the state saved after the last one.
+		p := x.proc
+		p.Kill()
+		_ = p.Stdin().Close()
+		exit, waitErr = p.Wait()
+		drain(&readers, OutputGrace, p.Stdout(), p.Stderr())
+		x.proc, x.out, x.err = nil, nil, nil
+	}
+	res.Duration = time.Since(began)
+	code, cwd, ok := parseStatus(status)
+	switch {
+	case timedOut:
+		c := TimeoutExitCode
+		res.ExitCode = &c
+	case ok:
+		res.ExitCode = &code
+		x.cwd = cwd
+	default:
+		// The shell ended (exit, or killed): its status is the command's.
+		if !killed {
+			p := x.proc
+			_ = p.Stdin().Close()
+			exit, waitErr = p.Wait()
+			_ = p.Stdout().Close()
+			_ = p.Stderr().Close()
+			x.proc, x.out, x.err = nil, nil, nil
+		}
+		if waitErr != nil {
+			c := 255
+			res.ExitCode = &c
+		} else if exit.Signal != "" {
+			res.ExitSignal = exit.Signal
+		} else {
+			c := exit.Code
+			res.ExitCode = &c
+		}
+	}
+	res.Cwd = x.cwd
+	res.Stdout, res.Stderr = stdout.cap.output(), stderr.cap.output()
+	x.s.RecordCommand(gateway.CommandRecord{Command: req.text(), Source: "rest", Shell: x.name,
+		StartedAt: began.UTC(), DurationMs: res.Duration.Milliseconds(), ExitCode: res.ExitCode,
+		ExitSignal: res.ExitSignal, TimedOut: timedOut, BytesOut: stdout.cap.total + stderr.cap.total})
+	return res, nil
+}
+
+// parseStatus reads "exit-status:directory" as the shell printed it.
+func parseStatus(s string) (code int, cwd string, ok bool) {
+	c, d, found := strings.Cut(s, ":")
+	if !found {
+		return 0, "", false
+	}
+	n, err := strconv.Atoi(c)
+	if err != nil {
+		return 0, "", false
+	}
+	return n, d, true
+}
+
+// printfEscape writes b as a printf(1) format that prints b exactly.
+func printfEscape(b []byte) string {
+	var sb strings.Builder
+	for _, c := range b {
+		switch {
+		case c == '%':
+			sb.WriteString("%%")
+		case c == '\\':
+			sb.WriteString(`\\`)
+		case c >= 0x20 && c < 0x7f:
+			sb.WriteByte(c)
+		default:
+			fmt.Fprintf(&sb, `\%03o`, c)
+		}
+	}
+	return sb.String()
+}
+
+// markerReader reads a shell's stream across its commands.
+type markerReader struct {
+	src  io.Reader
+	left []byte // read past the last command's end marker
+}
+
+// until copies the stream into w until tok + ":" ... ":" + tok + "\n",
+// returning what is between. It holds back what may be the start of the
+// marker until it knows. At the end of the stream it returns ok=false.
+func (m *markerReader) until(tok string, w *streamReader) (string, bool) {
+	start := []byte(tok + ":")
+	end := []byte(":" + tok + "\n")
+	buf := m.left
+	m.left = nil
+	chunk := make([]byte, 32<<10)
+	for {
+		if i := bytes.Index(buf, start); i >= 0 {
+			if i > 0 {
+				w.write(buf[:i])
+				buf = buf[i:]
+			}
+			if j := bytes.Index(buf[len(start):], end); j >= 0 {
+				status := string(buf[len(start) : len(start)+j])
+				m.left = append([]byte(nil), buf[len(start)+j+len(end):]...)
+				return status, true
+			}
+		} else if keep := len(start) - 1; len(buf) > keep {
+			w.write(buf[:len(buf)-keep])
+			buf = append([]byte(nil), buf[len(buf)-keep:]...)
+		}
+		n, err := m.src.Read(chunk)
+		buf = append(buf, chunk[:n]...)
+		if err != nil && n == 0 {
+			if len(buf) > 0 {
+				w.write(buf)
+			}
+			return "", false
+		}
+	}
+}

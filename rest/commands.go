@@ -1,9 +1,382 @@
 package rest
 
-import "net/http"
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
 
-// Placeholder handlers: the commands work replaces this file.
+	"github.com/go-chi/chi/v5"
 
-func (a *api) runCommand(w http.ResponseWriter, r *http.Request)   { notYet(w) }
-func (a *api) listCommands(w http.ResponseWriter, r *http.Request) { notYet(w) }
-func (a *api) deleteShell(w http.ResponseWriter, r *http.Request)  { notYet(w) }
+	"github.com/sandgate/sandgate/dataplane"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// Command defaults.
+const (
+	defaultCommandTimeout = 60 * time.Second
+	defaultCommandOutput  = 1 << 20
+	ndjsonType            = "application/x-ndjson"
+)
+
+// commandRequest is the body of POST /v1/sessions/{id}/commands.
+type commandRequest struct {
+	Command        *string           `json:"command"`
+	Argv           []string          `json:"argv"`
+	Stdin          *string           `json:"stdin"`
+	StdinBase64    *string           `json:"stdinBase64"`
+	Env            map[string]string `json:"env"`
+	Cwd            string            `json:"cwd"`
+	Timeout        *float64          `json:"timeout"`
+	MaxOutputBytes *int64            `json:"maxOutputBytes"`
+	Shell          string            `json:"shell"`
+	Background     bool              `json:"background"`
+}
+
+// commandResult is the answer of a command (the last line of a stream).
+type commandResult struct {
+	ExitCode     *int    `json:"exitCode"`
+	ExitSignal   *string `json:"exitSignal"`
+	Stdout       *string `json:"stdout,omitempty"`
+	Stderr       *string `json:"stderr,omitempty"`
+	StdoutBase64 *string `json:"stdoutBase64,omitempty"`
+	StderrBase64 *string `json:"stderrBase64,omitempty"`
+	Truncated    bool    `json:"truncated"`
+	TimedOut     bool    `json:"timedOut"`
+	DurationMs   int64   `json:"durationMs"`
+	Cwd          string  `json:"cwd"`
+}
+
+// parse checks the request and turns it into a dataplane.Request; it
+// returns a status, code and message for a bad one.
+func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, string) {
+	var req dataplane.Request
+	bad := func(code, msg string) (dataplane.Request, int, string, string) {
+		return req, http.StatusBadRequest, code, msg
+	}
+	switch {
+	case cr.Command != nil && cr.Argv != nil:
+		return bad("invalid_command", "give either command or argv, not both")
+	case cr.Command == nil && cr.Argv == nil:
+		return bad("invalid_command", "give command (shell text) or argv (an array of words)")
+	case cr.Command != nil && strings.TrimSpace(*cr.Command) == "":
+		return bad("invalid_command", "command is empty")
+	case cr.Argv != nil && (len(cr.Argv) == 0 || cr.Argv[0] == ""):
+		return bad("invalid_command", "argv must hold at least a program name")
+	}
+	for _, s := range append([]string{deref(cr.Command), cr.Cwd}, cr.Argv...) {
+		if strings.ContainsRune(s, 0) {
+			return bad("invalid_command", "command, argv and cwd may not hold NUL characters")
+		}
+	}
+	if cr.Command != nil {
+		req.Command = *cr.Command
+	}
+	req.Argv = cr.Argv
+	switch {
+	case cr.Stdin != nil && cr.StdinBase64 != nil:
+		return bad("invalid_stdin", "give either stdin or stdinBase64, not both")
+	case cr.Stdin != nil:
+		req.Stdin = []byte(*cr.Stdin)
+	case cr.StdinBase64 != nil:
+		b, err := base64.StdEncoding.DecodeString(*cr.StdinBase64)
+		if err != nil {
+			return bad("invalid_stdin", "stdinBase64 is not valid base64")
+		}
+		req.Stdin = b
+	}
+	var refused []string
+	for k, v := range cr.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) || !gateway.EnvAllowed(k, cfg.EnvAllow) {
+			refused = append(refused, strconv.Quote(k))
+		}
+	}
+	if len(refused) > 0 {
+		sort.Strings(refused)
+		return bad("env_not_allowed", "these environment variables may not be set: "+strings.Join(refused, ", ")+
+			" (allowed: TERM, LANG, LC_* and the gateway's allow-list)")
+	}
+	req.Env = cr.Env
+	req.Cwd = cr.Cwd
+	req.Timeout = defaultCommandTimeout
+	if cr.Timeout != nil {
+		t := time.Duration(*cr.Timeout * float64(time.Second))
+		if *cr.Timeout <= 0 || t > cfg.MaxTimeout {
+			return bad("invalid_timeout", fmt.Sprintf("timeout must be above 0 and at most %g seconds", cfg.MaxTimeout.Seconds()))
+		}
+		req.Timeout = t
+	}
+	req.MaxOutputBytes = min(defaultCommandOutput, cfg.MaxOutputBytes)
+	if cr.MaxOutputBytes != nil {
+		if *cr.MaxOutputBytes < 0 {
+			return bad("invalid_max_output", "maxOutputBytes must not be negative")
+		}
+		req.MaxOutputBytes = min(*cr.MaxOutputBytes, cfg.MaxOutputBytes)
+	}
+	if cr.Shell != "" && !dataplane.ValidShellName(cr.Shell) {
+		return bad("invalid_shell_name", "a shell name is 1 to 64 letters, digits, '_', '.' or '-'")
+	}
+	return req, 0, "", ""
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// runCommand serves POST /v1/sessions/{id}/commands.
+func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	var cr commandRequest
+	if status, code, msg := decodeJSON(w, r, &cr); status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	req, status, code, msg := cr.parse(a.dp.cfg)
+	if status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	// The command runs on a context of its own: a client that leaves
+	// kills it (cancel below), unless it runs in the background.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	if !cr.Background {
+		stop := context.AfterFunc(r.Context(), cancel)
+		defer stop()
+	}
+
+	var stream *ndjsonWriter
+	if wantsNDJSON(r) {
+		stream = &ndjsonWriter{w: w, rc: http.NewResponseController(w)}
+		req.Stream = stream.output
+	}
+	type outcome struct {
+		res dataplane.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		defer cancel() // released when the command ends, not the request
+		var o outcome
+		if cr.Shell != "" {
+			o.res, o.err = a.dp.shells.Run(ctx, s.ID, s, cr.Shell, req)
+		} else {
+			o.res, o.err = dataplane.Run(ctx, s, req)
+		}
+		if o.err != nil && !errors.Is(o.err, context.Canceled) {
+			a.cfg.Log.Warn("command_failed", "session", s.ID, "shell", cr.Shell, "err", o.err)
+		}
+		done <- o
+	}()
+	var o outcome
+	select {
+	case o = <-done:
+	case <-r.Context().Done():
+		// Gone: a background command carries on alone, its end in the
+		// history.
+		if stream != nil {
+			stream.stop()
+		}
+		return
+	}
+	if o.err != nil {
+		if stream != nil && stream.started() {
+			stream.final(map[string]any{"error": errorDetail{Code: "internal", Message: "the command could not run"}})
+			return
+		}
+		writeCommandError(w, o.err)
+		return
+	}
+	out := resultBody(o.res, stream == nil)
+	if stream != nil {
+		stream.final(out)
+		return
+	}
+	_ = writeJSON(w, http.StatusOK, out)
+}
+
+// writeCommandError answers a command that could not run.
+func writeCommandError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, dataplane.ErrTooManyShells):
+		WriteError(w, http.StatusTooManyRequests, "too_many_shells",
+			fmt.Sprintf("a session may have at most %d shells; delete one", dataplane.MaxShells))
+	case errors.Is(err, dataplane.ErrShellBusy):
+		WriteError(w, http.StatusTooManyRequests, "shell_busy",
+			fmt.Sprintf("%d commands already wait for this shell", dataplane.MaxShellQueue))
+	case errors.Is(err, dataplane.ErrShellClosed):
+		WriteError(w, http.StatusConflict, "shell_closed", "the shell was deleted while the command waited for it")
+	case errors.Is(err, dataplane.ErrSessionEnded), errors.Is(err, sandbox.ErrClosed):
+		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
+	default:
+		WriteError(w, http.StatusInternalServerError, "internal", "the command could not be started")
+	}
+}
+
+// resultBody renders r; withOutput false leaves the output out (it was
+// streamed).
+func resultBody(r dataplane.Result, withOutput bool) commandResult {
+	out := commandResult{ExitCode: r.ExitCode, Truncated: r.Truncated(), TimedOut: r.TimedOut,
+		DurationMs: r.Duration.Milliseconds(), Cwd: r.Cwd}
+	if r.ExitSignal != "" {
+		out.ExitSignal = &r.ExitSignal
+	}
+	if withOutput {
+		out.Stdout, out.StdoutBase64 = outputFields(r.Stdout)
+		out.Stderr, out.StderrBase64 = outputFields(r.Stderr)
+	}
+	return out
+}
+
+func outputFields(o dataplane.Output) (text, b64 *string) {
+	if o.IsBase64 {
+		return nil, &o.Base64
+	}
+	return &o.Text, nil
+}
+
+// wantsNDJSON reports whether the client asked for a stream.
+func wantsNDJSON(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+		if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil && mt == ndjsonType {
+			return true
+		}
+	}
+	return false
+}
+
+// ndjsonWriter streams a command's output as JSON lines, one object per
+// chunk, flushed at once.
+type ndjsonWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	mu      sync.Mutex
+	began   bool
+	stopped bool
+}
+
+func (n *ndjsonWriter) started() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.began
+}
+
+// stop makes later writes no-ops (the handler has returned).
+func (n *ndjsonWriter) stop() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stopped = true
+}
+
+func (n *ndjsonWriter) write(v any) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		return
+	}
+	if !n.began {
+		n.began = true
+		n.w.Header().Set("Content-Type", ndjsonType)
+		n.w.Header().Set("Cache-Control", "no-store")
+		n.w.Header().Set("X-Content-Type-Options", "nosniff")
+		n.w.WriteHeader(http.StatusOK)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	if _, err := n.w.Write(append(b, '\n')); err != nil {
+		return
+	}
+	_ = n.rc.Flush()
+}
+
+// output sends one chunk of stream ("stdout" or "stderr"): its UTF-8
+// text as text, and each run of bytes that are not as base64.
+func (n *ndjsonWriter) output(stream string, data []byte) {
+	for len(data) > 0 {
+		i := 0 // the length of the valid text at the start of data
+		for i < len(data) {
+			r, size := utf8.DecodeRune(data[i:])
+			if r == utf8.RuneError && size <= 1 {
+				break
+			}
+			i += size
+		}
+		if i > 0 {
+			n.write(map[string]string{stream: string(data[:i])})
+			data = data[i:]
+			continue
+		}
+		j := 1 // the length of the invalid bytes at the start of data
+		for j < len(data) {
+			if r, size := utf8.DecodeRune(data[j:]); r != utf8.RuneError || size > 1 {
+				break
+			}
+			j++
+		}
+		n.write(map[string]string{stream + "Base64": base64.StdEncoding.EncodeToString(data[:j])})
+		data = data[j:]
+	}
+}
+
+// final sends the last line and ends the stream.
+func (n *ndjsonWriter) final(v any) {
+	n.write(v)
+	n.stop()
+}
+
+// listCommands serves GET /v1/sessions/{id}/commands: the session's
+// history, most recent last.
+func (a *api) listCommands(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	limit := gateway.MaxHistory
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > gateway.MaxHistory {
+			WriteError(w, http.StatusBadRequest, "invalid_limit", fmt.Sprintf("limit must be an integer between 1 and %d", gateway.MaxHistory))
+			return
+		}
+		limit = n
+	}
+	h := s.History()
+	if len(h) > limit {
+		h = h[len(h)-limit:]
+	}
+	if h == nil {
+		h = []gateway.CommandRecord{}
+	}
+	_ = writeJSON(w, http.StatusOK, map[string]any{"commands": h})
+}
+
+// deleteShell serves DELETE /v1/sessions/{id}/shells/{name}.
+func (a *api) deleteShell(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	name := chi.URLParam(r, "name")
+	if err := a.dp.shells.Delete(s.ID, name); err != nil {
+		WriteError(w, http.StatusNotFound, "shell_not_found", "the session has no shell of that name")
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

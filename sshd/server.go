@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -307,19 +306,7 @@ func (s *Server) checkPublicKey(ctx gliderssh.Context, key gliderssh.PublicKey) 
 
 // envAllowed reports whether a client may set name.
 func (s *Server) envAllowed(name string) bool {
-	if name == "TERM" || name == "LANG" || strings.HasPrefix(name, "LC_") {
-		return true
-	}
-	for _, a := range s.cfg.EnvAllow {
-		if p, ok := strings.CutSuffix(a, "*"); ok {
-			if strings.HasPrefix(name, p) {
-				return true
-			}
-		} else if a == name {
-			return true
-		}
-	}
-	return false
+	return gateway.EnvAllowed(name, s.cfg.EnvAllow)
 }
 
 func (s *Server) addChan(c *channel) bool {

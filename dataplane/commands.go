@@ -1,0 +1,489 @@
+package dataplane
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// TimeoutExitCode is a timed-out command's exit code, as timeout(1) gives.
+const TimeoutExitCode = 124
+
+// OutputGrace is how long output is still read after a command's first
+// process has ended: what a background process keeps writing after that
+// is not waited for (as over SSH).
+const OutputGrace = 500 * time.Millisecond
+
+// Session is what commands need of a gateway session; *gateway.Session
+// is one.
+type Session interface {
+	// Sandbox starts processes as the session's (its environment, its
+	// history).
+	Sandbox() sandbox.Sandbox
+	// RecordCommand adds a command to the session's history.
+	RecordCommand(r gateway.CommandRecord)
+	// AddConn registers a function to call when the session ends.
+	AddConn(closeFn func()) (remove func(), ok bool)
+}
+
+// Request is one command to run.
+type Request struct {
+	// Command is shell text; Argv, when set instead, is run without any
+	// shell parsing.
+	Command string
+	Argv    []string
+	// Stdin is the command's whole standard input (nil: empty).
+	Stdin []byte
+	// Env are variables for the command, already filtered.
+	Env map[string]string
+	// Cwd is where the command runs: relative to the workspace, or
+	// absolute; "" is the sandbox's start directory (or, in a shell, the
+	// shell's).
+	Cwd string
+	// Timeout bounds the command's run (queueing for a shell not counted).
+	Timeout time.Duration
+	// MaxOutputBytes bounds each stream's kept output.
+	MaxOutputBytes int64
+	// Stream, when set, receives output as it arrives, never cutting a
+	// UTF-8 character in two; calls may come from several goroutines,
+	// in order for each stream. It gets at most MaxOutputBytes per stream.
+	Stream func(stream string, data []byte)
+}
+
+// Result is how a command ended and what it wrote.
+type Result struct {
+	// ExitCode is nil when a signal ended the command (ExitSignal).
+	ExitCode   *int
+	ExitSignal string
+	Stdout     Output
+	Stderr     Output
+	TimedOut   bool
+	Duration   time.Duration
+	// Cwd is the directory the command ran in (in a shell: the shell's
+	// directory after it).
+	Cwd string
+}
+
+// Truncated reports whether either stream was cut.
+func (r Result) Truncated() bool { return r.Stdout.Truncated || r.Stderr.Truncated }
+
+// ErrInvalid marks an error in the request itself.
+var ErrInvalid = errors.New("invalid command")
+
+// text is the command as the history shows it.
+func (req Request) text() string {
+	if req.Argv != nil {
+		return shellJoin(req.Argv, false)
+	}
+	return req.Command
+}
+
+// script is the shell text that runs req's command itself.
+func (req Request) script(exec bool) string {
+	if req.Argv != nil {
+		return shellJoin(req.Argv, exec)
+	}
+	return req.Command
+}
+
+// shellJoin quotes argv into shell words, prefixed with exec when asked.
+func shellJoin(argv []string, exec bool) string {
+	var b strings.Builder
+	if exec {
+		b.WriteString("exec")
+	}
+	for i, a := range argv {
+		if exec || i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(Quote(a))
+	}
+	return b.String()
+}
+
+// Quote single-quotes s for a POSIX shell: no character inside is special.
+func Quote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// cdScript is the shell text that changes to cwd, relative paths being
+// relative to the workspace ($HOME).
+func cdScript(cwd string) string {
+	if strings.HasPrefix(cwd, "/") {
+		return "cd -- " + Quote(cwd)
+	}
+	return `cd -- "$HOME"/` + Quote(cwd)
+}
+
+// envList turns env into sorted KEY=VALUE pairs.
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// newToken returns a random marker no command output holds by chance.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return "__sandgate_" + hex.EncodeToString(b[:])
+}
+
+// Run runs req as a fresh process of s's sandbox, as an SSH exec does,
+// and records it in the session's history when it ends. When ctx ends
+// first the command is killed (the caller passes a context that does not
+// end for a command that must outlive its client). On timeout, or when
+// ctx ends, the command's whole process tree is killed; a command whose
+// first process ended on its own has ended, and what it left running in
+// the background was detached on purpose and stays (as over SSH).
+func Run(ctx context.Context, s Session, req Request) (Result, error) {
+	tok := newToken()
+	// The first line of stderr is the token and the directory the command
+	// runs in: nothing else has written there yet.
+	var script strings.Builder
+	if req.Cwd != "" {
+		script.WriteString(cdScript(req.Cwd) + " || exit 1\n")
+	}
+	fmt.Fprintf(&script, "printf '%%s%%s\\n' %s \"$PWD\" >&2\n", tok)
+	script.WriteString(req.script(true))
+	began := time.Now()
+	proc, err := s.Sandbox().Start(gateway.NoHistory(context.WithoutCancel(ctx)),
+		sandbox.Cmd{Command: script.String(), Env: envList(req.Env)})
+	if err != nil {
+		return Result{}, fmt.Errorf("start command: %w", err)
+	}
+	go func() {
+		if len(req.Stdin) > 0 {
+			_, _ = proc.Stdin().Write(req.Stdin)
+		}
+		_ = proc.Stdin().Close()
+	}()
+
+	stdout := newStreamReader("stdout", req, nil)
+	stderr := newStreamReader("stderr", req, []byte(tok))
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go func() { defer readers.Done(); stdout.copyFrom(proc.Stdout()) }()
+	go func() { defer readers.Done(); stderr.copyFrom(proc.Stderr()) }()
+
+	type waited struct {
+		exit sandbox.Exit
+		err  error
+	}
+	done := make(chan waited, 1)
+	go func() {
+		exit, err := proc.Wait()
+		done <- waited{exit, err}
+	}()
+	timer := time.NewTimer(req.Timeout)
+	defer timer.Stop()
+	var w waited
+	timedOut := false
+	select {
+	case w = <-done:
+	case <-timer.C:
+		timedOut = true
+		proc.Kill()
+		w = <-done
+	case <-ctx.Done():
+		proc.Kill()
+		w = <-done
+	}
+	drain(&readers, OutputGrace, proc.Stdout(), proc.Stderr())
+
+	res := Result{TimedOut: timedOut, Duration: time.Since(began), Cwd: stderr.prefix}
+	res.Stdout, res.Stderr = stdout.cap.output(), stderr.cap.output()
+	rec := gateway.CommandRecord{Command: req.text(), Source: "rest", StartedAt: began.UTC(),
+		DurationMs: res.Duration.Milliseconds(), TimedOut: timedOut, BytesOut: stdout.cap.total + stderr.cap.total}
+	switch {
+	case timedOut:
+		code := TimeoutExitCode
+		res.ExitCode = &code
+	case w.err != nil:
+		code := 255
+		res.ExitCode = &code
+	case w.exit.Signal != "":
+		res.ExitSignal = w.exit.Signal
+	default:
+		code := w.exit.Code
+		res.ExitCode = &code
+	}
+	rec.ExitCode, rec.ExitSignal = res.ExitCode, res.ExitSignal
+	s.RecordCommand(rec)
+	return res, nil
+}
+
+// drain waits for the readers to reach the end of their streams, for at
+// most grace, then closes the streams and waits for them.
+func drain(readers *sync.WaitGroup, grace time.Duration, streams ...io.Closer) {
+	ended := make(chan struct{})
+	go func() {
+		readers.Wait()
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-time.After(grace):
+		// A background process holds the output open.
+		for _, c := range streams {
+			_ = c.Close()
+		}
+		<-ended
+	}
+	for _, c := range streams {
+		_ = c.Close()
+	}
+}
+
+// streamReader copies one stream of a command into its capture and its
+// client, taking a first line that starts with prefixTok (the token, then
+// a value) out of it first.
+type streamReader struct {
+	name      string
+	cap       *capture
+	send      func(stream string, data []byte)
+	sent      int64
+	limit     int64
+	chunk     runeChunker
+	prefixTok []byte
+	prefix    string // the value after the token, once read
+}
+
+func newStreamReader(name string, req Request, prefixTok []byte) *streamReader {
+	return &streamReader{name: name, cap: newCapture(req.MaxOutputBytes), send: req.Stream,
+		limit: req.MaxOutputBytes, prefixTok: prefixTok}
+}
+
+func (r *streamReader) copyFrom(src io.Reader) {
+	buf := make([]byte, 32<<10)
+	var pending []byte // the start of the stream, while the prefix line is looked for
+	looking := r.prefixTok != nil
+	for {
+		n, err := src.Read(buf)
+		p := buf[:n]
+		if looking && n > 0 {
+			pending = append(pending, p...)
+			p = nil
+			switch {
+			case len(pending) < len(r.prefixTok) && bytes.HasPrefix(r.prefixTok, pending):
+				// Not enough yet.
+			case !bytes.HasPrefix(pending, r.prefixTok):
+				looking, p, pending = false, pending, nil
+			default:
+				if i := bytes.IndexByte(pending, '\n'); i >= 0 {
+					r.prefix = string(pending[len(r.prefixTok):i])
+					looking, p, pending = false, pending[i+1:], nil
+				}
+			}
+		}
+		if len(p) > 0 {
+			r.write(p)
+		}
+		if err != nil {
+			if len(pending) > 0 {
+				r.write(pending)
+			}
+			r.flush()
+			return
+		}
+	}
+}
+
+// write takes p into the capture and sends it to the client.
+func (r *streamReader) write(p []byte) {
+	r.cap.Write(p)
+	if r.send == nil {
+		return
+	}
+	if room := r.limit - r.sent; int64(len(p)) > room {
+		p = p[:max(room, 0)]
+	}
+	r.sent += int64(len(p))
+	if c := r.chunk.next(p); len(c) > 0 {
+		r.send(r.name, c)
+	}
+}
+
+func (r *streamReader) flush() {
+	if r.send == nil {
+		return
+	}
+	if c := r.chunk.flush(); len(c) > 0 {
+		r.send(r.name, c)
+	}
+}
+
+// capture keeps at most limit bytes of one output stream: its first
+// ceil(limit/2) bytes (the head) and its last floor(limit/2) (the tail),
+// dropping what lies between.
+type capture struct {
+	limit int64
+	total int64
+	head  []byte
+	tail  []byte // a ring of the last len(tail) bytes, from tailAt
+	ring  int    // capacity of the tail
+	at    int    // where the next tail byte goes
+	full  bool   // the ring has wrapped
+}
+
+func newCapture(limit int64) *capture {
+	if limit < 0 {
+		limit = 0
+	}
+	return &capture{limit: limit, ring: int(limit / 2)}
+}
+
+func (c *capture) Write(p []byte) {
+	c.total += int64(len(p))
+	headCap := int(c.limit - int64(c.ring))
+	if n := headCap - len(c.head); n > 0 {
+		if n > len(p) {
+			n = len(p)
+		}
+		c.head = append(c.head, p[:n]...)
+		p = p[n:]
+	}
+	if c.ring == 0 || len(p) == 0 {
+		return
+	}
+	if c.tail == nil {
+		c.tail = make([]byte, c.ring)
+	}
+	if len(p) >= c.ring {
+		copy(c.tail, p[len(p)-c.ring:])
+		c.at, c.full = 0, true
+		return
+	}
+	for len(p) > 0 {
+		n := copy(c.tail[c.at:], p)
+		p = p[n:]
+		c.at += n
+		if c.at == c.ring {
+			c.at, c.full = 0, true
+		}
+	}
+}
+
+// truncated reports whether bytes were dropped.
+func (c *capture) truncated() bool { return c.total > c.limit }
+
+// bytes returns the kept output: the head then the tail, nothing between.
+func (c *capture) bytes() []byte {
+	out := append([]byte(nil), c.head...)
+	if c.full {
+		out = append(out, c.tail[c.at:]...)
+	}
+	return append(out, c.tail[:c.at]...)
+}
+
+// text returns the kept output as text, or ok=false when it is not valid
+// UTF-8. A character cut in two by the truncation, at the end of the head
+// or the start of the tail, is dropped, so that truncated text stays text.
+func (c *capture) text() (string, bool) {
+	if !c.truncated() {
+		b := c.bytes()
+		return string(b), utf8.Valid(b)
+	}
+	head := trimCutEnd(c.head)
+	tail := c.bytes()[len(c.head):]
+	tail = trimCutStart(tail)
+	b := append(append([]byte(nil), head...), tail...)
+	return string(b), utf8.Valid(b)
+}
+
+// trimCutEnd drops an incomplete UTF-8 character at the end of b.
+func trimCutEnd(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			return b
+		}
+	}
+	return b
+}
+
+// trimCutStart drops the continuation bytes of a character cut at the
+// start of b.
+func trimCutStart(b []byte) []byte {
+	for i := 0; i < len(b) && i < utf8.UTFMax; i++ {
+		if utf8.RuneStart(b[i]) {
+			return b[i:]
+		}
+	}
+	return b
+}
+
+// Output is one stream's output in an answer: Text when it is valid UTF-8,
+// else Base64.
+type Output struct {
+	Text      string
+	Base64    string
+	IsBase64  bool
+	Truncated bool
+}
+
+func (c *capture) output() Output {
+	if s, ok := c.text(); ok {
+		return Output{Text: s, Truncated: c.truncated()}
+	}
+	return Output{Base64: base64.StdEncoding.EncodeToString(c.bytes()), IsBase64: true, Truncated: c.truncated()}
+}
+
+// runeChunker cuts a stream into chunks that never split a UTF-8
+// character: an incomplete character at the end of a chunk is held back
+// for the next.
+type runeChunker struct {
+	carry []byte
+}
+
+// next returns what of p (after what was held back) can be sent now.
+func (r *runeChunker) next(p []byte) []byte {
+	b := append(r.carry, p...)
+	r.carry = nil
+	cut := trimCutEnd(b)
+	if len(cut) < len(b) && validPrefix(b[len(cut):]) {
+		r.carry = append([]byte(nil), b[len(cut):]...)
+		return cut
+	}
+	return b
+}
+
+// flush returns what is held back, at the stream's end.
+func (r *runeChunker) flush() []byte {
+	b := r.carry
+	r.carry = nil
+	return b
+}
+
+// validPrefix reports whether b could start a valid UTF-8 character.
+func validPrefix(b []byte) bool {
+	if len(b) == 0 || len(b) >= utf8.UTFMax {
+		return false
+	}
+	// Complete b with continuation bytes: valid if some completion is.
+	for _, c := range []byte{0x80, 0x90, 0xA0, 0xBF} {
+		full := append(append([]byte(nil), b...), c, c, c)
+		if r, n := utf8.DecodeRune(full); r != utf8.RuneError || n > 1 {
+			return true
+		}
+	}
+	return false
+}

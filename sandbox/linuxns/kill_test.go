@@ -127,3 +127,40 @@ func sleepers(mark string) []string {
 	}
 	return out
 }
+
+// TestKillSparesTheNextCommand: the SIGKILL that follows a kill after the
+// grace finds the killed command's tree by its namespace; commands started
+// meanwhile, once the killed tree is gone, must not be taken for it (a
+// freed namespace's inode can name the next one's).
+func TestKillSparesTheNextCommand(t *testing.T) {
+	sb := killTestSandbox(t, "linux")
+	ctx := context.Background()
+	var next []sandbox.Process
+	for range 5 {
+		p, err := sb.Start(ctx, sandbox.Cmd{Command: "exec sleep 100"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Stdin().Close()
+		p.Kill() // SIGHUP ends sleep at once; the SIGKILL sweep comes after the grace
+		if _, err := p.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		// The init's spawner thread leaves the killed command's namespace
+		// for this one's, which frees it for the command after.
+		runIn(t, sb, "true")
+		q, err := sb.Start(ctx, sandbox.Cmd{Command: fmt.Sprintf("sleep %.1f; echo alive", (sandbox.KillGrace + time.Second).Seconds())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q.Stdin().Close()
+		next = append(next, q)
+	}
+	for i, q := range next {
+		out, _ := io.ReadAll(q.Stdout())
+		exit, err := q.Wait()
+		if err != nil || exit.Signal != "" || strings.TrimSpace(string(out)) != "alive" {
+			t.Errorf("command %d started after a kill: %q, %+v, %v", i, out, exit, err)
+		}
+	}
+}

@@ -47,8 +47,12 @@ type initd struct {
 
 // child is a command started for one control connection.
 type child struct {
-	pid    int
-	uts    nsID                    // the command's own UTS namespace: its tree
+	pid int
+	uts nsID // the command's own UTS namespace: its tree
+	// utsFD holds that namespace open until the command is done with, so
+	// that its inode (uts) cannot name the next command's namespace while
+	// a delayed killTree may still look for it.
+	utsFD  int
 	status chan syscall.WaitStatus // receives the exit status, once
 	exited atomic.Bool
 	kill   sync.Once
@@ -60,14 +64,21 @@ type child struct {
 // SIGKILL, whatever it did to leave the group (setsid, double fork,
 // ignoring SIGHUP). Once that process has ended on its own, what it left
 // running was detached on purpose (nohup job &) and stays: end does nothing.
+//
+// end is called at least once for every command (when its control
+// connection ends, if not before), and releases the namespace's fd.
 func (c *child) end() {
 	c.kill.Do(func() {
 		if c.exited.Load() {
+			unix.Close(c.utsFD)
 			return
 		}
 		_ = unix.Kill(-c.pid, unix.SIGHUP)
 		_ = unix.Kill(-c.pid, unix.SIGCONT)
-		time.AfterFunc(sandbox.KillGrace, func() { killTree(c.uts) })
+		time.AfterFunc(sandbox.KillGrace, func() {
+			killTree(c.uts)
+			unix.Close(c.utsFD)
+		})
 	})
 }
 
@@ -80,6 +91,20 @@ func nsOf(p string) (nsID, error) {
 		return nsID{}, err
 	}
 	return nsID{dev: st.Dev, ino: st.Ino}, nil
+}
+
+// openNS opens the namespace file p and names it.
+func openNS(p string) (int, nsID, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, nsID{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, nsID{}, err
+	}
+	return fd, nsID{dev: st.Dev, ino: st.Ino}, nil
 }
 
 // killTree sends SIGKILL to every process of the sandbox in the UTS
@@ -209,10 +234,10 @@ func (in *initd) handle(conn *net.UnixConn) {
 			fds, err := ctl.ReadFrame(conn, &m)
 			procio.CloseFDs(fds)
 			if err != nil {
-				// The gateway let go of the command before it ended.
-				if !c.exited.Load() {
-					c.end()
-				}
+				// The connection is over: if the command still runs, the
+				// gateway let go of it before it ended, and end kills it;
+				// either way end releases the command's namespace.
+				c.end()
 				return
 			}
 			switch m.Op {
@@ -279,7 +304,7 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 			err = fmt.Errorf("command namespace: %w", err)
 			return
 		}
-		if c.uts, err = nsOf("/proc/thread-self/ns/uts"); err != nil {
+		if c.utsFD, c.uts, err = openNS("/proc/thread-self/ns/uts"); err != nil {
 			return
 		}
 		in.mu.Lock()
@@ -287,6 +312,8 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 		c.pid, err = syscall.ForkExec(path, argv, attr)
 		if err == nil {
 			in.waiters[c.pid] = c
+		} else {
+			unix.Close(c.utsFD)
 		}
 	})
 	if err != nil {

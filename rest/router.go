@@ -107,6 +107,9 @@ func New(cfg Config) http.Handler {
 		r.Get("/sessions/{id}/processes/{pid}/output", a.processOutput)
 		r.Post("/sessions/{id}/processes/{pid}/stdin", a.processStdin)
 		r.Post("/sessions/{id}/processes/{pid}/signal", a.processSignal)
+		// The persistent Python kernel (python.go).
+		r.Post("/sessions/{id}/python", a.runPython)
+		r.Post("/sessions/{id}/python/reset", a.resetPython)
 		r.Get("/host-keys", a.hostKeys)
 		r.Get("/images", a.listImages)
 		if cfg.Connect != nil {
@@ -116,6 +119,8 @@ func New(cfg Config) http.Handler {
 	if cfg.Connect != nil {
 		authed.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
 	}
+	// The seeds' own APIs (compat.go).
+	a.mountCompat(r)
 	return r
 }
 

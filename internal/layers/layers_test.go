@@ -29,6 +29,7 @@ var forbidden = map[string][]string{
 	"internal/procio":       {"sandbox/", "gateway", "rest", "tunnel", "sshd", "cmd"},
 	"internal/mountinfo":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"images":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd"},
+	"dataplane":             {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images"},
 	"egress":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal"},
 }
 

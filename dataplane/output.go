@@ -101,10 +101,7 @@ func NewOutput(dir string, capBytes int64) (*Output, error) {
 			return nil, fmt.Errorf("output directory: %w", err)
 		}
 	}
-	segMax := max(capBytes/16, 4*(maxFrame+frameHeader))
-	if segMax > capBytes {
-		segMax = capBytes
-	}
+	segMax := max(capBytes/16, 1)
 	return &Output{dir: dir, cap: capBytes, segMax: segMax, changed: make(chan struct{})}, nil
 }
 

@@ -51,8 +51,9 @@ var ErrOutputGone = errors.New("output removed")
 // The log is a list of segments, each a run of frames (a stream tag, a
 // length, the data) in a file of dir (or in memory when dir is ""). A
 // segment is closed at a sixteenth of the cap, and whole segments are
-// dropped, oldest first, while the log holds more than the cap: what is
-// kept is at least the cap minus one segment. Readers never hold the lock
+// dropped, oldest first, while the log holds more than the cap of data
+// (or twice the cap with the frames' headers): what is kept is at least
+// the cap minus about one segment. Readers never hold the lock
 // while they read a file: a segment is only appended to while it is the
 // last, and a dropped segment reads as an error (a closed file), which a
 // reader takes as "dropped" and skips.
@@ -157,7 +158,9 @@ func (o *Output) appendFrame(stream Stream, data []byte) error {
 	seg.last = stream
 	o.stored += int64(len(buf))
 	o.end += int64(len(data))
-	for o.stored > o.cap && len(o.segs) > 1 {
+	// The cap counts data bytes; stored bytes (with the frames' headers,
+	// which tiny writes inflate) are bounded at twice it.
+	for len(o.segs) > 1 && (o.end-o.segs[0].base > o.cap || o.stored > 2*o.cap) {
 		old := o.segs[0]
 		o.segs = o.segs[1:]
 		o.stored -= old.stored

@@ -170,8 +170,8 @@ func TestOutputCapDropsOldest(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if len(entries) > 17+1 {
-						t.Errorf("%d segment files for a cap of 16 segments", len(entries))
+					if len(entries) > 2*16+1 {
+						t.Errorf("%d segment files for a cap of 16 segments of data, 32 stored", len(entries))
 					}
 				}
 			})

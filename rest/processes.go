@@ -234,6 +234,9 @@ func (a *api) processOutput(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil { // a follower learns at once that it is attached
+		return
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	flush := func() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"go.uber.org/goleak"
 	"io"
 	"log/slog"
 	"os"
@@ -24,7 +25,7 @@ import (
 func TestMain(m *testing.M) {
 	// The test binary stands in for sandgate (sandbox-init, sftp-server).
 	gwtest.Dispatch()
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // drivers are the sandbox drivers the tests run on.

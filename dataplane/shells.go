@@ -30,7 +30,8 @@ var (
 	ErrShellBusy     = errors.New("too many commands wait for this shell")
 	ErrNoShell       = errors.New("no such shell")
 	ErrShellClosed   = errors.New("the shell was closed")
-	ErrSessionEnded  = errors.New("the session has ended")
+	// ErrSessionEnded: the session ended (shells and processes alike).
+	ErrSessionEnded = errors.New("the session has ended")
 )
 
 var shellNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)

@@ -100,6 +100,15 @@ func (s *Session) record(ctx context.Context, cmd sandbox.Cmd, p sandbox.Process
 	return r
 }
 
+// PID passes the wrapped process's pid through (sandbox.PIDer): the
+// embedded interface does not carry the method; 0 when it has none.
+func (r *recorded) PID() int {
+	if p, ok := r.Process.(sandbox.PIDer); ok {
+		return p.PID()
+	}
+	return 0
+}
+
 func (r *recorded) Stdout() io.ReadCloser { return r.stdout }
 func (r *recorded) Stderr() io.ReadCloser { return r.stderr }
 

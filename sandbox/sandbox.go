@@ -7,7 +7,7 @@
 // learn which driver they run on: adding a driver changes no caller.
 //
 // Optional behaviour is a small interface below (Reporter, Reattacher,
-// Detacher, Ender); each says who implements it and who uses it.
+// Detacher, Ender, PIDer); each says who implements it and who uses it.
 // docs/architecture.md has the package map.
 package sandbox
 
@@ -224,4 +224,13 @@ type Detacher interface {
 type Ender interface {
 	// Done is closed when the sandbox has ended.
 	Done() <-chan struct{}
+}
+
+// PIDer is implemented by processes that know their pid as the sandbox's
+// processes see it (linuxns: the pid in the sandbox's pid namespace, as
+// the init reports it; workdir: the host pid), and by the gateway's
+// wrappers of them. The REST data plane shows it for background
+// processes; 0 means unknown.
+type PIDer interface {
+	PID() int
 }

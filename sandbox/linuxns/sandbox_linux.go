@@ -190,6 +190,9 @@ type initProcess struct {
 	stdout io.ReadCloser
 	stderr io.ReadCloser
 	pty    *os.File
+	// pid is the command's pid in the sandbox's pid namespace, as the
+	// init's "started" reply says (0: not told).
+	pid int
 
 	wmu  sync.Mutex
 	kill sync.Once
@@ -264,6 +267,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	} else {
 		procio.CloseFDs(fds)
 	}
+	p.pid = rep.Pid
 	_ = conn.SetDeadline(time.Time{})
 	return p, nil
 }
@@ -283,6 +287,10 @@ func (p *initProcess) closeStdio() {
 		}
 	}
 }
+
+// PID is the command's pid inside the sandbox (sandbox.PIDer); 0 when
+// the init did not say.
+func (p *initProcess) PID() int { return p.pid }
 
 func (p *initProcess) Stdin() io.WriteCloser { return p.stdin }
 func (p *initProcess) Stdout() io.ReadCloser { return p.stdout }

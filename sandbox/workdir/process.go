@@ -90,6 +90,10 @@ func startHost(c *exec.Cmd, p *sandbox.PTY) (*hostProcess, error) {
 	return hp, nil
 }
 
+// PID is the process's host pid, which is how the workdir sandbox's
+// processes see it (sandbox.PIDer).
+func (p *hostProcess) PID() int { return p.cmd.Process.Pid }
+
 func (p *hostProcess) Stdin() io.WriteCloser { return p.stdin }
 func (p *hostProcess) Stdout() io.ReadCloser { return p.stdout }
 func (p *hostProcess) Stderr() io.ReadCloser {

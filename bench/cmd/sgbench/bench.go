@@ -222,7 +222,8 @@ func (b *bench) ssh(host string, args ...string) (time.Duration, error) {
 	return b.runClient("", "", "ssh", append([]string{"-F", b.sshCfg, host}, args...)...)
 }
 
-// smoke is the dry run's check that both servers answer the real clients.
+// smoke is the dry run's check that both servers answer the real clients
+// (and, for row 10, that sandgate's REST data plane runs a command).
 func (b *bench) smoke() error {
 	for _, h := range []string{"sg", "sshd"} {
 		if _, err := b.ssh(h, "true"); err != nil {
@@ -242,7 +243,15 @@ func (b *bench) smoke() error {
 		return fmt.Errorf("go ssh client to sshd: %w", err)
 	}
 	defer d.Close()
-	return execTrue(d)
+	if err := execTrue(d); err != nil {
+		return err
+	}
+	if b.cfg.wantRow("10") {
+		if err := b.restSmoke(); err != nil {
+			return fmt.Errorf("REST command: %w", err)
+		}
+	}
+	return nil
 }
 
 func (b *bench) proxyDesc() string {
@@ -304,7 +313,7 @@ func (b *bench) runAll(start time.Time) int {
 		"clients: the same OpenSSH `ssh`/`sftp`/`scp` with one `-F` config for both; both hosts are named (sandgate by its session id, sshd as `localhost`, IPv4), as the client does extra work for a named host at every start; `KexAlgorithms curve25519-sha256` pinned on both sides except in row 1d; ciphers are the client's defaults",
 		fmt.Sprintf("negotiated: sandgate `%s`; sshd `%s`; default KEX: sandgate `%s`, sshd `%s`",
 			b.negotiated("sg"), b.negotiated("sshd"), b.negotiated("sg-defkex"), b.negotiated("sshd-defkex")),
-		"Go client rows (5, 6): golang.org/x/crypto/ssh with curve25519-sha256, auth none on sandgate's tunnel and an ed25519 key on sshd",
+		"Go client rows (5, 6, 10a): golang.org/x/crypto/ssh with curve25519-sha256, auth none on sandgate's tunnel and an ed25519 key on sshd",
 	)
 	rows := []rowFunc{
 		{"1", b.rowNewConn},
@@ -316,6 +325,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"7", b.rowParamiko},
 		{"8", b.rowImages},
 		{"9", b.rowEgress},
+		{"10", b.rowREST},
 	}
 	for _, row := range rows {
 		if !c.wantRow(row.id) {

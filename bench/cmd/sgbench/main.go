@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -98,13 +99,13 @@ func parseFlags(args []string) (*config, error) {
 	fs.BoolVar(&c.hold, "hold", false, "start both servers, print how to reach them, and wait for Ctrl-C (for profiling by hand)")
 	fs.StringVar(&c.repo, "repo", ".", "sandgate repository root")
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
-	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7: auto, workdir or linux")
+	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "1,2,3,4,5,6,7,8,9", "rows to run; rows 8's and 9's parts also one by one (8a,8b,8c; 9a,9b,9c,9d)")
-	size := fs.String("size", "", "bytes per transfer in rows 3-4 and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
-	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4 and 9a-c (default 3)")
-	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 (default 30, quick 10)")
-	fs.IntVar(&c.execN, "exec", 0, "execs per side in row 2 (default 200, quick 40)")
+	rows := fs.String("rows", "1,2,3,4,5,6,7,8,9,10", "rows to run; rows 8's, 9's and 10's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b)")
+	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
+	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
+	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
+	fs.IntVar(&c.execN, "exec", 0, "execs per side in rows 2 and 10a (default 200, quick 40)")
 	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5, per way in rows 8a and 9d (default 100, quick 20)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
 	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
@@ -178,7 +179,7 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d"} {
+		for _, r := range []string{"5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b"} {
 			delete(c.rows, r)
 		}
 	}
@@ -197,6 +198,16 @@ func (c *config) wantRow(id string) bool {
 		}
 	}
 	return false
+}
+
+// rowLess orders row ids by number, then by part: 9d before 10.
+func rowLess(a, b string) bool {
+	na, _ := strconv.Atoi(strings.TrimRight(a, "abcdefghijklmnopqrstuvwxyz"))
+	nb, _ := strconv.Atoi(strings.TrimRight(b, "abcdefghijklmnopqrstuvwxyz"))
+	if na != nb {
+		return na < nb
+	}
+	return a < b
 }
 
 func splitList(s string) []string {
@@ -323,8 +334,12 @@ func run(args []string) int {
 			fmt.Fprintln(os.Stderr, "sgbench: smoke test:", err)
 			code = 1
 		} else {
-			fmt.Printf("dry run OK in %.1fs: tools found, driver built, sandgate (%s) and sshd started, one ssh exec through each; no workload run.\n",
-				time.Since(start).Seconds(), b.sg.driver)
+			rest := ""
+			if c.wantRow("10") {
+				rest = " and one REST command on sandgate"
+			}
+			fmt.Printf("dry run OK in %.1fs: tools found, driver built, sandgate (%s) and sshd started, one ssh exec through each%s; no workload run.\n",
+				time.Since(start).Seconds(), b.sg.driver, rest)
 		}
 	} else {
 		code = b.runAll(start)
@@ -351,7 +366,7 @@ func printPlan(c *config, b *bench) {
 	for r := range c.rows {
 		rows = append(rows, r)
 	}
-	sort.Strings(rows)
+	sort.Slice(rows, func(i, j int) bool { return rowLess(rows[i], rows[j]) })
 	size := fmt.Sprintf("%d MiB", c.size>>20)
 	desc := map[string]string{
 		"1":  fmt.Sprintf("new connection + `true` with ssh, %d runs per variant (sandgate proxy; sshd direct, via nc, via Go proxy; default KEX)", c.newConnN),
@@ -371,6 +386,9 @@ func printPlan(c *config, b *bench) {
 	desc["9c"] = fmt.Sprintf("sandgate only: reference, curl on the host through a minimal Go io.Copy relay, %d runs (rotating with 9a)", c.reps)
 	desc["9d"] = fmt.Sprintf("sandgate only: create -> first command with egress + a secret vs plain `{}`, %d each, alternating (linux driver)", c.createN)
 	desc["9"] = "(9a) " + desc["9a"] + "\n  row 9b: " + desc["9b"] + "\n  row 9c: " + desc["9c"] + "\n  row 9d: " + desc["9d"]
+	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
+	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
+	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])
 	}

@@ -27,7 +27,8 @@ type Row struct {
 	SGName  string `json:"sandgateVia,omitempty"`
 	RefName string `json:"sshdVia,omitempty"`
 	// RefKind names what the reference column holds when it is not sshd
-	// (row 9: "host", no sandbox); it labels RefName.
+	// (row 9: "host", no sandbox; row 10: sandgate's own "SSH" or "SFTP");
+	// it labels RefName.
 	RefKind string `json:"referenceKind,omitempty"`
 	// Bytes moved per run, for throughput rows.
 	Bytes int64 `json:"bytes,omitempty"`
@@ -179,7 +180,7 @@ func dash(s string) string {
 func (r *Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# sandgate vs OpenSSH sshd (%s run)\n\n", r.Mode)
-	fmt.Fprintf(&b, "Started %s, took %s. Sandbox driver for rows 1–4, 6, 7: `%s`.\n\n", r.Started.UTC().Format(time.RFC3339), r.Duration, r.Driver)
+	fmt.Fprintf(&b, "Started %s, took %s. Sandbox driver for rows 1–4, 6, 7, 10: `%s`.\n\n", r.Started.UTC().Format(time.RFC3339), r.Duration, r.Driver)
 	m := r.Machine
 	b.WriteString("## Machine\n\n")
 	fmt.Fprintf(&b, "- CPU: %s, %d cores, %s RAM\n", m.CPU, m.Cores, m.MemTotal)

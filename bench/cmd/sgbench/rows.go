@@ -325,19 +325,22 @@ func (b *bench) sizeName() string {
 	return fmt.Sprintf("%d MiB", b.cfg.size>>20)
 }
 
+// sftpBatch runs OpenSSH's sftp to host with the one batch command line.
+func (b *bench) sftpBatch(host, line string) (time.Duration, error) {
+	bf := filepath.Join(b.client, "batch-"+host)
+	if err := os.WriteFile(bf, []byte(line+"\n"), 0o600); err != nil {
+		return 0, err
+	}
+	return b.runClient("", "", "sftp", "-F", b.sshCfg, "-b", bf, host)
+}
+
 func (b *bench) rowSFTP() error {
 	local, err := b.makeBigFile()
 	if err != nil {
 		return err
 	}
 	down := filepath.Join(b.client, "down.bin")
-	batch := func(host, line string) (time.Duration, error) {
-		bf := filepath.Join(b.client, "batch-"+host)
-		if err := os.WriteFile(bf, []byte(line+"\n"), 0o600); err != nil {
-			return 0, err
-		}
-		return b.runClient("", "", "sftp", "-F", b.sshCfg, "-b", bf, host)
-	}
+	batch := b.sftpBatch
 	size := b.sizeName()
 	return b.transfers([]transfer{
 		{id: "3a", name: "sftp upload " + size, run: func(h string) (time.Duration, error) {

@@ -60,9 +60,9 @@ _TYPED_CODES: Dict[str, Type[SandboxOperationError]] = {
     "process_exited": ProcessExitedError,
 }
 
-#: 404 codes that name something other than the session (a file, a shell, a
-#: process, an endpoint an older gateway lacks): never SessionNotFoundError.
-_NOT_SESSION_404 = frozenset({"file_not_found", "shell_not_found", "process_not_found", "unknown_endpoint"})
+#: 404 codes that name something inside a session that exists (a file, a
+#: shell, a process): never SessionNotFoundError.
+_NOT_SESSION_404 = frozenset({"file_not_found", "shell_not_found", "process_not_found"})
 
 #: 429 codes with a class of their own (a RateLimitError, as every 429).
 _TYPED_429: Dict[str, Type[RateLimitError]] = {"shell_busy": ShellBusyError}

@@ -653,15 +653,15 @@ class SessionsClient(ClosesOnExit):
             broke off (fewer bytes than announced).
         """
         path = check_path("path", path)
-        is_path = isinstance(dest, (str, os.PathLike))
-        if not is_path and not callable(getattr(dest, "write", None)):
+        local: Optional[str] = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else None
+        if local is None and not callable(getattr(dest, "write", None)):
             raise TypeError(f"dest must be a path or a writable binary file object, got {type(dest).__name__}")
         what = f"read file {path!r}"
         resp = self._send_file(
             "GET", session_id, path, what, stream=True, headers={"Accept": "application/octet-stream"}
         )
         with resp:
-            f: Any = open(dest, "wb") if is_path else dest
+            f: Any = open(local, "wb") if local is not None else dest
             written = 0
             ok = False
             try:
@@ -675,11 +675,11 @@ class SessionsClient(ClosesOnExit):
             except requests.exceptions.RequestException as e:
                 raise connection_error(what, self.api_url, e) from e
             finally:
-                if is_path:
+                if local is not None:
                     f.close()
                     if not ok:
                         try:
-                            os.remove(dest)
+                            os.remove(local)
                         except OSError:
                             pass
         return written

@@ -4,6 +4,7 @@ bytes glued to the CONNECT answer, silent servers)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import socket
@@ -690,3 +691,127 @@ def test_max_output_bytes_checked(bad: object, exc: type) -> None:
         c.run_command("true", max_output_bytes=None)
     with pytest.raises(SandboxOperationError, match="connect"):
         c.run_command("true", max_output_bytes=1)
+
+
+# -- data plane: error mapping and streams (fake gateway) ----------------------
+
+
+def _err(code: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": "m"}}).encode()
+
+
+@pytest.mark.parametrize(
+    "status,code,cls",
+    [
+        (404, "file_not_found", sdk.FileNotFoundInSandboxError),
+        (403, "permission_denied", sdk.SandboxPermissionError),
+        (413, "file_too_large", sdk.FileTooLargeError),
+        (507, "disk_full", sdk.DiskFullError),
+        (409, "is_a_directory", SandboxOperationError),
+        (404, "not_found", SessionNotFoundError),
+        (501, "not_implemented", SandboxOperationError),
+    ],
+)
+def test_file_error_codes(fake_api: FakeAPI, status: int, code: str, cls: type) -> None:
+    fake_api.answer = (status, {"Content-Type": "application/json"}, _err(code))
+    with SessionsClient(fake_api.url, "t") as c:
+        with pytest.raises(cls) as ei:
+            c.read_file("sbx-abc", "dir/x.txt")
+    assert type(ei.value) is cls and ei.value.code == code and ei.value.status_code == status
+    if code in ("file_not_found", "permission_denied"):
+        assert isinstance(ei.value, OSError) and getattr(ei.value, "filename", None) == "dir/x.txt"
+    assert fake_api.calls[-1][1] == "/v1/sessions/sbx-abc/files?path=dir%2Fx.txt"
+
+
+def test_process_and_shell_error_codes(fake_api: FakeAPI) -> None:
+    fake_api.queue = [
+        (404, {}, _err("process_not_found")),
+        (409, {}, _err("process_exited")),
+        (429, {"Retry-After": "2"}, _err("shell_busy")),
+        (429, {}, _err("too_many_shells")),
+        (404, {}, _err("shell_not_found")),
+    ]
+    with SessionsClient(fake_api.url, "t") as c:
+        with pytest.raises(sdk.ProcessNotFoundError):
+            c.get_process("sbx-abc", "p1")
+        with pytest.raises(sdk.ProcessExitedError):
+            c.signal_process("sbx-abc", "p1", "SIGTERM")
+        with pytest.raises(sdk.ShellBusyError) as ei:
+            c.run("sbx-abc", "true", shell="s")
+        assert isinstance(ei.value, RateLimitError) and ei.value.retry_after == 2
+        with pytest.raises(RateLimitError) as ei2:
+            c.run("sbx-abc", "true", shell="s")
+        assert type(ei2.value) is RateLimitError and ei2.value.code == "too_many_shells"
+        assert c.delete_shell("sbx-abc", "s") is False
+    assert json.loads(fake_api.calls[1][3]) == {"signal": "TERM"}
+    assert json.loads(fake_api.calls[2][3]) == {"command": "true", "shell": "s"}
+
+
+def test_run_request_body_and_result(fake_api: FakeAPI) -> None:
+    answer = {
+        "exitCode": None,
+        "exitSignal": "KILL",
+        "stdoutBase64": "/w==",
+        "stderr": "e",
+        "truncated": True,
+        "timedOut": False,
+        "durationMs": 12,
+        "cwd": "/workspace",
+    }
+    fake_api.answer = (200, {"Content-Type": "application/json"}, json.dumps(answer).encode())
+    with SessionsClient(fake_api.url, "t") as c:
+        res = c.run(
+            "sbx-abc", argv=["a", ""], stdin=b"\x00", env={"LANG": "C"}, cwd="d", timeout=2.5, max_output_bytes=0
+        )
+    assert (res.stdout, res.stderr, res.exit_code, res.exit_signal) == ("\ufffd", "e", 137, "KILL")
+    assert (res.truncated, res.timed_out, res.duration_ms, res.cwd) == (True, False, 12, "/workspace")
+    method, path, headers, body = fake_api.calls[-1]
+    assert (method, path) == ("POST", "/v1/sessions/sbx-abc/commands")
+    assert json.loads(body) == {
+        "argv": ["a", ""],
+        "stdinBase64": "AA==",
+        "env": {"LANG": "C"},
+        "cwd": "d",
+        "timeout": 2.5,
+        "maxOutputBytes": 0,
+    }
+
+
+def _ndjson(*lines: dict) -> bytes:
+    return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def test_streamed_run_edge_cases(fake_api: FakeAPI) -> None:
+    nd = {"Content-Type": "application/x-ndjson"}
+    fake_api.queue = [
+        (200, nd, _ndjson({"stdout": "a"}, {"error": {"code": "internal", "message": "the command could not run"}})),
+        (200, nd, _ndjson({"stdout": "a"})),
+        (200, {"Content-Type": "application/json"}, json.dumps({"exitCode": 0, "stdout": "whole"}).encode()),
+    ]
+    seen: List[object] = []
+    with SessionsClient(fake_api.url, "t") as c:
+        with pytest.raises(SandboxOperationError) as ei:
+            c.run("sbx-abc", "x", on_stdout=seen.append)
+        assert ei.value.code == "internal"
+        with pytest.raises(sdk.SandboxConnectionError):
+            c.run("sbx-abc", "x", on_stdout=seen.append)
+        # A gateway that does not stream: the callback gets the whole output once.
+        assert c.run("sbx-abc", "x", on_stdout=seen.append).stdout == "whole"
+    assert seen == ["a", "a", "whole"]
+    assert fake_api.calls[0][2].get("Accept") == "application/x-ndjson"
+
+
+def test_send_process_input_splits_large_data(fake_api: FakeAPI) -> None:
+    fake_api.answer = (204, {}, b"")
+    with SessionsClient(fake_api.url, "t") as c:
+        c.send_process_input("sbx-abc", "p1", "small")
+        c.send_process_input("sbx-abc", "p1", b"x" * (100 * 1024), eof=True)
+        c.send_process_input("sbx-abc", "p1", "", eof=True)
+        c.send_process_input("sbx-abc", "p1", "")  # nothing to send
+    bodies = [json.loads(b) for _, _, _, b in fake_api.calls]
+    assert bodies[0] == {"data": "small"}
+    big = bodies[1:4]
+    assert all(len(json.dumps(b)) < 64 * 1024 for b in big)
+    assert [b.get("eof") for b in big] == [None, None, True]
+    assert sum(len(base64.b64decode(b["dataBase64"])) for b in big) == 100 * 1024
+    assert bodies[4:] == [{"eof": True}]

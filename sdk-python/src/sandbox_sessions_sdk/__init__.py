@@ -1,6 +1,8 @@
 """Python SDK for sandgate sandbox sessions.
 
-- :class:`SessionsClient`: the REST API (create, list, get, delete sessions).
+- :class:`SessionsClient`: the REST API: sessions (create, list, get,
+  update, delete) and their data plane: commands (:meth:`~SessionsClient.run`,
+  persistent shells: :class:`Shell`), files and background processes.
 - :class:`SessionSSHClient`: SSH commands and SFTP in a session, with Paramiko,
   through the gateway's HTTP CONNECT tunnel; host keys pinned from the API.
 - :class:`HTTPConnectTunnel`: the raw tunnel socket, for your own SSH client.
@@ -10,8 +12,9 @@
 """
 
 from . import errors
+from ._dataplane import FileList
 from ._version import __version__
-from .client import SessionsClient
+from .client import SessionsClient, Shell
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
 from .models import CommandResult, Session
 from .ssh import SessionSSHClient
@@ -20,6 +23,8 @@ from .tunnel import HTTPConnectTunnel
 __all__ = [
     "__version__",
     "SessionsClient",
+    "Shell",
+    "FileList",
     "Session",
     "HTTPConnectTunnel",
     "SessionSSHClient",

@@ -10,15 +10,22 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
 from urllib.parse import urlsplit
 
 from .errors import (
+    DiskFullError,
     EgressNotAllowedError,
+    FileNotFoundInSandboxError,
+    FileTooLargeError,
     InvalidEgressError,
     InvalidResourcesError,
     InvalidSecretError,
+    ProcessExitedError,
+    ProcessNotFoundError,
     RateLimitError,
     ResourcesExceededError,
     SandboxAPIError,
     SandboxOperationError,
+    SandboxPermissionError,
     SessionNotFoundError,
+    ShellBusyError,
     UnauthorizedError,
     UnknownSecretError,
 )
@@ -41,6 +48,24 @@ _TYPED_400: Dict[str, Type[SandboxOperationError]] = {
     "unknown_secret": UnknownSecretError,
     "invalid_secret": InvalidSecretError,
 }
+
+#: Data plane error codes with a class of their own (all SandboxOperationError),
+#: whatever the status (404, 403, 409, 413, 507).
+_TYPED_CODES: Dict[str, Type[SandboxOperationError]] = {
+    "file_not_found": FileNotFoundInSandboxError,
+    "permission_denied": SandboxPermissionError,
+    "file_too_large": FileTooLargeError,
+    "disk_full": DiskFullError,
+    "process_not_found": ProcessNotFoundError,
+    "process_exited": ProcessExitedError,
+}
+
+#: 404 codes that name something inside a session that exists (a file, a
+#: shell, a process): never SessionNotFoundError.
+_NOT_SESSION_404 = frozenset({"file_not_found", "shell_not_found", "process_not_found"})
+
+#: 429 codes with a class of their own (a RateLimitError, as every 429).
+_TYPED_429: Dict[str, Type[RateLimitError]] = {"shell_busy": ShellBusyError}
 
 
 class ClosesOnExit:
@@ -195,9 +220,12 @@ def error_for_status(
     """Build the exception for an HTTP error answer.
 
     401 -> UnauthorizedError, 404 -> SessionNotFoundError when the request
-    named a session (*session_scoped*), 429 -> RateLimitError, a REST 400
-    whose code is in ``_TYPED_400`` -> that class, anything else -> *fallback*
-    (SandboxOperationError for REST, SandboxConnectionError for CONNECT).
+    named a session (*session_scoped*) and the code does not name something
+    else (``_NOT_SESSION_404``), 429 -> RateLimitError (or its subclass in
+    ``_TYPED_429``), a REST 400 whose code is in ``_TYPED_400`` or a REST
+    answer whose code is in ``_TYPED_CODES`` -> that class, anything else ->
+    *fallback* (SandboxOperationError for REST, SandboxConnectionError for
+    CONNECT).
     """
     code, message, text = parse_error_body(body, headers.get("Content-Type", ""))
     detail = message or reason or "no details"
@@ -208,10 +236,10 @@ def error_for_status(
     kwargs: Dict[str, Any] = dict(status_code=status, code=code, status_line=status_line, body=text, headers=headers)
     if status == 401:
         return UnauthorizedError(msg, **kwargs)
-    if status == 404 and session_scoped:
+    if status == 404 and session_scoped and code not in _NOT_SESSION_404:
         return SessionNotFoundError(msg, **kwargs)
     if status == 429:
-        return RateLimitError(
+        return _TYPED_429.get(code or "", RateLimitError)(
             msg,
             limit=_int_header(headers, "X-RateLimit-Limit"),
             remaining=_int_header(headers, "X-RateLimit-Remaining"),
@@ -221,6 +249,10 @@ def error_for_status(
         )
     if status == 400 and fallback is SandboxOperationError:
         typed = _TYPED_400.get(code or "")
+        if typed is not None:
+            return typed(msg, **kwargs)
+    if fallback is SandboxOperationError:
+        typed = _TYPED_CODES.get(code or "")
         if typed is not None:
             return typed(msg, **kwargs)
     return fallback(msg, **kwargs)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import os
+import signal as _signal_mod
 import time
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 import requests
@@ -18,11 +21,41 @@ from ._common import (
     resolve_settings,
     rest_base,
 )
+from ._dataplane import (
+    CHUNK_BYTES,
+    SIGNALS,
+    STDIN_CHUNK,
+    ChunkCallback,
+    FileList,
+    NDJSONStream,
+    OutputCollector,
+    check_bool,
+    check_callback,
+    check_env,
+    check_mode,
+    check_path,
+    check_shell_name,
+    check_text,
+    command_body,
+    command_fields,
+    command_result,
+    connection_error,
+    ndjson_lines,
+    stream_chunk,
+    stream_error,
+    upload_body,
+)
 from ._version import __version__
-from .errors import SandboxAPIError, SandboxConnectionError, SandboxOperationError
-from .models import Session
+from .errors import (
+    FileNotFoundInSandboxError,
+    SandboxAPIError,
+    SandboxConnectionError,
+    SandboxOperationError,
+    SandboxPermissionError,
+)
+from .models import CommandResult, Session
 
-__all__ = ["SessionsClient"]
+__all__ = ["SessionsClient", "Shell", "FileList"]
 
 MIN_TTL = 60
 MAX_TTL = 28800
@@ -31,6 +64,11 @@ MAX_TTL = 28800
 _CREATE_RETRY_DELAYS: Tuple[float, ...] = (0.5, 1.0)
 #: Answers after which a create is retried (with the same Idempotency-Key).
 _CREATE_RETRY_STATUSES = frozenset({500, 502, 503, 504})
+
+#: The gateway's command timeout when a request gives none.
+_DEFAULT_COMMAND_TIMEOUT = 60.0
+
+_DEFAULT: Any = object()
 
 
 def _check_idempotency_key(key: Any) -> str:
@@ -374,7 +412,597 @@ class SessionsClient(ClosesOnExit):
         """
         self._request("DELETE", self._session_path(session_id), what="delete session", session_scoped=True)
 
+    # -- data plane: commands ----------------------------------------------
+
+    def run(
+        self,
+        session_id: str,
+        command: Optional[str] = None,
+        *,
+        argv: Optional[Sequence[str]] = None,
+        stdin: Union[str, bytes, None] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        timeout: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+        shell: Optional[str] = None,
+        background: bool = False,
+        on_stdout: Optional[ChunkCallback] = None,
+        on_stderr: Optional[ChunkCallback] = None,
+    ) -> CommandResult:
+        """Run a command in the session's sandbox over REST (``POST /v1/sessions/{id}/commands``).
+
+        Args:
+            command: Shell text, run by the sandbox's shell (``sh -c``, bash
+                where present). Give exactly one of ``command`` and ``argv``.
+            argv: Program and arguments, run with no shell parsing at all.
+            stdin: The command's whole standard input (str, or bytes sent
+                base64); it then gets EOF. None: empty input.
+            env: Environment variables for this command; only ``TERM``,
+                ``LANG``, ``LC_*`` and the gateway's allow-list
+                (``serve --ssh-env-allow``), else ``SandboxOperationError``
+                ``env_not_allowed``.
+            cwd: Where it runs: relative to the workspace, or absolute in
+                the sandbox (a directory that does not exist makes the
+                command fail with exit status 1).
+            timeout: Seconds (the gateway's default is 60, its maximum 3600
+                unless configured otherwise). When it passes, the command's
+                whole process tree is killed and the result has
+                ``exit_code`` 124 and ``timed_out`` True: a timeout is a
+                result, not an exception (unlike ``SessionSSHClient.run_command``).
+            max_output_bytes: Bytes kept per stream (gateway default 1 MiB,
+                capped by the gateway). Beyond it ``truncated`` is True and
+                the stream holds its first half and last half, nothing in
+                between (no marker); when streaming, its head only.
+            shell: Run in the session's persistent shell of this name
+                (``cd``, ``export``... carry over); see :meth:`shell`.
+            background: Keep the command running if this client goes away
+                (its result then lands in :meth:`list_commands`).
+            on_stdout, on_stderr: Called with each chunk of output as it
+                arrives (``str``, or ``bytes`` for a chunk that is not UTF-8
+                text), on the calling thread. Giving either makes the request
+                use the streaming mode (``Accept: application/x-ndjson``). If
+                a callback raises, the request is dropped (which kills the
+                command unless ``background``) and the exception propagates.
+
+        Returns:
+            A :class:`CommandResult`: ``stdout``, ``stderr`` (decoded as
+            UTF-8, invalid bytes as U+FFFD; the callbacks get exact bytes),
+            ``exit_code`` (the command's status; ``128 + signum`` with
+            ``exit_signal`` set when a signal ended it), ``truncated``,
+            ``timed_out``, ``cwd`` and ``duration_ms``. A non-zero exit code
+            is not an error.
+
+        Raises:
+            ValueError, TypeError: bad arguments (nothing is sent).
+            SessionNotFoundError: no such session for this token's tenant.
+            ShellBusyError: 32 commands already wait for that shell.
+            RateLimitError: ``.code`` ``too_many_shells`` (16 shells), or
+                the request rate limit.
+            SandboxOperationError: the gateway refused the command
+                (``.code``: ``env_not_allowed``, ``invalid_timeout``,
+                ``session_not_running``, ``shell_closed``...).
+            SandboxConnectionError: the gateway could not be reached, or the
+                connection broke during the command.
+        """
+        path = self._session_path(session_id) + "/commands"
+        body = command_body(
+            command,
+            argv,
+            stdin=stdin,
+            env=env,
+            cwd=cwd,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+            shell=shell,
+            background=background,
+        )
+        check_callback("on_stdout", on_stdout)
+        check_callback("on_stderr", on_stderr)
+        what = "run command"
+        # The answer comes when the command ends: wait its timeout, plus ours.
+        cmd_timeout = body.get("timeout", _DEFAULT_COMMAND_TIMEOUT)
+        http_timeout = None if self.timeout is None else (self.timeout, cmd_timeout + self.timeout)
+        if on_stdout is None and on_stderr is None:
+            data = self._request("POST", path, what=what, session_scoped=True, json=body, timeout=http_timeout)
+            return command_result(data)
+        resp = self._send(
+            "POST",
+            path,
+            what=what,
+            session_scoped=True,
+            json=body,
+            timeout=http_timeout,
+            stream=True,
+            headers={"Accept": "application/x-ndjson"},
+        )
+        with resp:
+            if not resp.headers.get("Content-Type", "").startswith("application/x-ndjson"):
+                # A gateway that does not stream answers with the whole result.
+                res = command_result(self._json(resp, what))
+                if res.stdout and on_stdout is not None:
+                    on_stdout(res.stdout)
+                if res.stderr and on_stderr is not None:
+                    on_stderr(res.stderr)
+                return res
+            stdout, stderr = OutputCollector(on_stdout), OutputCollector(on_stderr)
+            try:
+                for line in ndjson_lines(resp.iter_content(chunk_size=None), what):
+                    out_chunk = stream_chunk(line, "stdout", what)
+                    err_chunk = stream_chunk(line, "stderr", what)
+                    if out_chunk is not None:
+                        stdout.add(out_chunk)
+                    if err_chunk is not None:
+                        stderr.add(err_chunk)
+                    if out_chunk is not None or err_chunk is not None:
+                        continue
+                    failed = stream_error(line, what)
+                    if failed is not None:
+                        raise failed
+                    if "exitCode" in line or "timedOut" in line:
+                        return command_result(line, stdout.text(), stderr.text())
+            except requests.exceptions.RequestException as e:
+                raise connection_error(what, self.api_url, e) from e
+        raise SandboxConnectionError(f"{what}: the stream ended before the command's result")
+
+    def shell(self, session_id: str, name: str = "default") -> "Shell":
+        """A handle on the session's persistent shell *name* (nothing is sent yet).
+
+        The shell is created by its first command: see :class:`Shell`.
+        Names are 1 to 64 of ``[A-Za-z0-9_.-]`` (``ValueError`` otherwise).
+        """
+        self._session_path(session_id)
+        return Shell(self, session_id, check_shell_name(name))
+
+    def delete_shell(self, session_id: str, name: str) -> bool:
+        """End the persistent shell *name* (``DELETE /v1/sessions/{id}/shells/{name}``).
+
+        Kills it with its whole process tree and forgets its saved state;
+        commands waiting for it fail with ``.code`` ``shell_closed``.
+
+        Returns:
+            True if the shell existed, False if the session had no shell of that name.
+        """
+        path = self._session_path(session_id) + "/shells/" + quote(check_shell_name(name), safe="")
+        try:
+            self._request("DELETE", path, what="delete shell", session_scoped=True)
+        except SandboxOperationError as e:
+            if e.status_code == 404 and e.code == "shell_not_found":
+                return False
+            raise
+        return True
+
+    def list_commands(self, session_id: str, limit: Optional[int] = None) -> List[Dict[str, Any]]:
+        """The session's recent commands (``GET /v1/sessions/{id}/commands``).
+
+        REST and SSH commands alike (a persistent shell's one by one), oldest
+        first, each once it has ended, as the API's dicts: ``command``,
+        ``source`` (``"rest"`` or ``"ssh"``), ``shell``, ``startedAt``,
+        ``durationMs``, ``exitCode``, ``exitSignal``, ``timedOut``,
+        ``bytesOut``. The gateway keeps the last 1,000.
+
+        Args:
+            limit: Only the most recent *limit* (1..1000); None: all kept.
+        """
+        params = {}
+        if limit is not None:
+            params["limit"] = check_int("limit", limit, 1, 1000)
+        path = self._session_path(session_id) + "/commands"
+        data = self._request("GET", path, what="list commands", session_scoped=True, params=params)
+        items = data.get("commands")
+        if not isinstance(items, list):
+            raise SandboxOperationError("list commands: answer has no 'commands' list", body=str(data)[:4096])
+        return [dict(item) for item in items if isinstance(item, Mapping)]
+
+    # -- data plane: files -------------------------------------------------
+
+    def read_file(self, session_id: str, path: str, *, max_bytes: Optional[int] = None) -> bytes:
+        """The bytes of the sandbox file *path* (``GET /v1/sessions/{id}/files``).
+
+        Relative paths start at the workspace, absolute ones at the sandbox's
+        root. The whole file is held in memory: use :meth:`read_file_to` for
+        large ones.
+
+        Args:
+            max_bytes: Read at most the first *max_bytes* bytes (a ``Range``
+                request); >= 1.
+
+        Raises:
+            FileNotFoundInSandboxError: nothing at *path*.
+            SandboxPermissionError: the sandbox's user may not read it.
+            SandboxOperationError: ``.code`` ``is_a_directory``,
+                ``not_a_regular_file``...
+        """
+        path = check_path("path", path)
+        headers = {"Accept": "application/octet-stream"}
+        if max_bytes is not None:
+            headers["Range"] = f"bytes=0-{check_int('max_bytes', max_bytes, 1) - 1}"
+        what = f"read file {path!r}"
+        try:
+            resp = self._send_file("GET", session_id, path, what, stream=True, headers=headers)
+        except SandboxOperationError as e:
+            if e.status_code == 416:  # the range starts at 0: the file is empty
+                return b""
+            raise
+        with resp:
+            parts: List[bytes] = []
+            got = 0
+            try:
+                for chunk in resp.iter_content(chunk_size=CHUNK_BYTES):
+                    if max_bytes is not None and got + len(chunk) >= max_bytes:
+                        parts.append(chunk[: max_bytes - got])
+                        break
+                    parts.append(chunk)
+                    got += len(chunk)
+            except requests.exceptions.RequestException as e:
+                raise connection_error(what, self.api_url, e) from e
+        return b"".join(parts)
+
+    def read_file_to(self, session_id: str, path: str, dest: Union[str, "os.PathLike[str]", BinaryIO]) -> int:
+        """Stream the sandbox file *path* into *dest*, 1 MiB at a time.
+
+        Args:
+            dest: A local path (created or replaced; removed again if the
+                download fails) or a binary file object to write to.
+
+        Returns:
+            The number of bytes written.
+
+        Raises:
+            as :meth:`read_file`; SandboxConnectionError when the download
+            broke off (fewer bytes than announced).
+        """
+        path = check_path("path", path)
+        local: Optional[str] = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else None
+        if local is None and not callable(getattr(dest, "write", None)):
+            raise TypeError(f"dest must be a path or a writable binary file object, got {type(dest).__name__}")
+        what = f"read file {path!r}"
+        resp = self._send_file(
+            "GET", session_id, path, what, stream=True, headers={"Accept": "application/octet-stream"}
+        )
+        with resp:
+            f: Any = open(local, "wb") if local is not None else dest
+            written = 0
+            ok = False
+            try:
+                for chunk in resp.iter_content(chunk_size=CHUNK_BYTES):
+                    f.write(chunk)
+                    written += len(chunk)
+                expected = resp.headers.get("Content-Length")
+                if expected is not None and expected.isdigit() and int(expected) != written:
+                    raise SandboxConnectionError(f"{what}: got {written} of {expected} bytes")
+                ok = True
+            except requests.exceptions.RequestException as e:
+                raise connection_error(what, self.api_url, e) from e
+            finally:
+                if local is not None:
+                    f.close()
+                    if not ok:
+                        try:
+                            os.remove(local)
+                        except OSError:
+                            pass
+        return written
+
+    def write_file(
+        self,
+        session_id: str,
+        path: str,
+        data: Union[bytes, str, BinaryIO],
+        *,
+        mode: Union[int, str, None] = None,
+        mkdirs: bool = True,
+    ) -> Dict[str, Any]:
+        """Write the sandbox file *path* (``PUT /v1/sessions/{id}/files``).
+
+        The gateway writes a temporary file and renames it over *path* when
+        complete: readers see the old or the new file, and a failed upload
+        leaves nothing.
+
+        Args:
+            data: ``bytes``, ``str`` (written as UTF-8), or a readable file
+                object, streamed 1 MiB at a time and never read whole (with a
+                ``Content-Length`` when its size can be known: a regular or
+                seekable file; otherwise chunked).
+            mode: Permission bits, ``0o755`` or ``"755"``; None: those of the
+                file replaced, else 0644.
+            mkdirs: Create missing parent directories (default True).
+
+        Returns:
+            The written file's entry: ``name``, ``path``, ``type``,
+            ``sizeBytes``, ``mode``, ``mtime``.
+
+        Raises:
+            FileNotFoundInSandboxError: the parent directory is missing (``mkdirs=False``).
+            SandboxPermissionError: the sandbox's user may not write there.
+            FileTooLargeError: over the gateway's ``--max-file-bytes``.
+            DiskFullError: the sandbox's filesystem is full.
+            SandboxOperationError: ``.code`` ``is_a_directory``, ``not_a_directory``...
+        """
+        path = check_path("path", path)
+        params = {"mkdirs": "true" if check_bool("mkdirs", mkdirs) else "false"}
+        if mode is not None:
+            params["mode"] = check_mode(mode)
+        what = f"write file {path!r}"
+        body = upload_body(data, what)
+        headers = {"Content-Type": "application/octet-stream"}
+        resp = self._send_file("PUT", session_id, path, what, params=params, data=body, headers=headers)
+        with resp:
+            return self._json(resp, what)
+
+    def list_files(self, session_id: str, path: str = ".", recursive: bool = False) -> FileList:
+        """List the sandbox directory *path* (``GET .../files?list=true``).
+
+        Args:
+            path: The directory (default the workspace).
+            recursive: Walk its subdirectories too, breadth first, never
+                through a symlink, up to the gateway's 10,000 entries.
+
+        Returns:
+            A :class:`FileList`: a list of entry dicts (``name``, ``path``,
+            ``type`` ``file``/``dir``/``symlink``/``other``, ``sizeBytes``,
+            ``mode`` ``"0644"``, ``mtime``) whose ``.truncated`` is True when
+            the listing stopped at 10,000 entries.
+
+        Raises:
+            FileNotFoundInSandboxError: nothing at *path*.
+            SandboxOperationError: ``.code`` ``not_a_directory``...
+        """
+        path = check_path("path", path)
+        params = {"list": "true"}
+        if check_bool("recursive", recursive):
+            params["recursive"] = "true"
+        what = f"list files {path!r}"
+        resp = self._send_file("GET", session_id, path, what, params=params)
+        with resp:
+            data = self._json(resp, what)
+        entries = data.get("entries")
+        if not isinstance(entries, list):
+            raise SandboxOperationError(f"{what}: answer has no 'entries' list", body=str(data)[:4096])
+        return FileList([dict(e) for e in entries if isinstance(e, Mapping)], data.get("truncated") is True)
+
+    def delete_file(self, session_id: str, path: str, recursive: bool = False) -> None:
+        """Delete a sandbox file, symlink or empty directory (``DELETE .../files``).
+
+        Args:
+            recursive: Remove a directory with everything in it (never
+                following a symlink).
+
+        Raises:
+            FileNotFoundInSandboxError: nothing at *path*.
+            SandboxOperationError: ``.code`` ``directory_not_empty`` (without
+                ``recursive``), ``invalid_path`` (the root or the workspace)...
+        """
+        path = check_path("path", path)
+        params = {"recursive": "true"} if check_bool("recursive", recursive) else {}
+        what = f"delete file {path!r}"
+        self._send_file("DELETE", session_id, path, what, params=params).close()
+
+    def fetch_urls(self, session_id: str, urls: Sequence[str], dest_dir: str = ".") -> Dict[str, Any]:
+        """Have the gateway download *urls* into the sandbox (``POST .../files/fetch``).
+
+        The gateway fetches them (4 at a time, public addresses only unless
+        its ``--egress-allow-cidr`` allows others, at most
+        ``--max-fetch-bytes`` each) and writes each into *dest_dir* (created
+        if missing), named after its ``Content-Disposition`` or URL.
+
+        Args:
+            urls: 1 to 200 absolute http(s) URLs.
+            dest_dir: The sandbox directory (default the workspace).
+
+        Returns:
+            ``{"status": "success" | "partial_success" | "failure",
+            "fetched": [paths written, in the order of urls],
+            "errors": [{"url": ..., "error": ...}]}``: one URL's failure
+            is reported there, not raised.
+
+        Raises:
+            ValueError, TypeError: bad arguments (nothing is sent).
+            SandboxOperationError: ``.code`` ``invalid_url``, ``not_a_directory``,
+                ``fetch_unavailable``...
+        """
+        if isinstance(urls, (str, bytes)) or not isinstance(urls, Sequence):
+            raise TypeError(f"urls must be a list of strings, got {type(urls).__name__}")
+        checked = [check_text(f"urls[{i}]", u) for i, u in enumerate(urls)]
+        if not 1 <= len(checked) <= 200:
+            raise ValueError(f"urls must hold 1 to 200 URLs, got {len(checked)}")
+        body = {"urls": checked, "destDir": check_path("dest_dir", dest_dir)}
+        path = self._session_path(session_id) + "/files/fetch"
+        # Downloads take time: wait for them beyond the usual read timeout.
+        http_timeout = None if self.timeout is None else (self.timeout, max(self.timeout, 600.0))
+        return self._request("POST", path, what="fetch urls", session_scoped=True, json=body, timeout=http_timeout)
+
+    # -- data plane: background processes -----------------------------------
+
+    def start_process(
+        self,
+        session_id: str,
+        command: Optional[str] = None,
+        *,
+        argv: Optional[Sequence[str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        name: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Start a background process (``POST /v1/sessions/{id}/processes``).
+
+        It runs detached from any request until it exits, is signalled, or
+        the session ends; the gateway keeps the last 16 MiB of its output.
+
+        Args:
+            command: Shell text (``sh -c``); or ``argv``, a list of words run
+                as they are. Exactly one of the two.
+            env: Variables to set (at most 64); names the gateway does not
+                allow are ignored and listed in the answer's ``envIgnored``.
+            cwd: Where it starts (relative to the workspace when relative).
+            name: A label of your own (at most 64 characters).
+
+        Returns:
+            The process, as the API's dict: ``processId`` (``"p1"``, what the
+            other process methods take), ``pid``, ``name``, ``command``,
+            ``status`` (``running``, ``exited``, ``killed``), ``exitCode``,
+            ``exitSignal``, ``startedAt``, ``outputBytes``, ``envIgnored``...
+
+        Raises:
+            RateLimitError: ``.code`` ``too_many_processes`` (64 running).
+        """
+        body = command_fields(command, argv)
+        if env is not None:
+            body["env"] = check_env(env)
+            if len(body["env"]) > 64:
+                raise ValueError("env may hold at most 64 variables")
+        if cwd is not None:
+            body["cwd"] = check_text("cwd", cwd)
+        if name is not None:
+            body["name"] = check_text("name", name, allow_empty=True)
+            if len(name) > 64:
+                raise ValueError("name must be at most 64 characters")
+        path = self._session_path(session_id) + "/processes"
+        return self._request("POST", path, what="start process", session_scoped=True, json=body)
+
+    def list_processes(self, session_id: str) -> List[Dict[str, Any]]:
+        """The session's background processes: the running ones and the 100
+        that finished last, in the order they started (dicts as :meth:`start_process`)."""
+        path = self._session_path(session_id) + "/processes"
+        data = self._request("GET", path, what="list processes", session_scoped=True)
+        items = data.get("processes")
+        if not isinstance(items, list):
+            raise SandboxOperationError("list processes: answer has no 'processes' list", body=str(data)[:4096])
+        return [dict(p) for p in items if isinstance(p, Mapping)]
+
+    def get_process(self, session_id: str, process_id: str) -> Dict[str, Any]:
+        """One background process (dict as :meth:`start_process`).
+
+        Raises:
+            ProcessNotFoundError: no such process (or finished long ago and forgotten).
+        """
+        return self._request("GET", self._process_path(session_id, process_id), what="get process", session_scoped=True)
+
+    def process_output(self, session_id: str, process_id: str, offset: int = 0, follow: bool = True) -> NDJSONStream:
+        """Read (and follow) a background process's output (``GET .../processes/{pid}/output``).
+
+        The request is sent at once (errors raise here); the answer is read
+        as you iterate.
+
+        Args:
+            offset: The first byte (both streams counted together, from the
+                process's start); negative: that many bytes before the end.
+            follow: Go on as the process writes, until it has ended. False:
+                stop at the output's current end.
+
+        Returns:
+            An iterator of the API's lines, as dicts: ``{"offset", "stdout"}``
+            (or ``stderr``, ``stdoutBase64``, ``stderrBase64``),
+            ``{"droppedBytes", "offset"}`` when the asked bytes are no longer
+            kept, and last ``{"done": True, "exitCode" or "exitSignal",
+            "nextOffset"}`` (``{"done": False, "nextOffset"}`` when it is
+            still running without ``follow``, or the session ended). Use it
+            in a ``with`` block, or call ``.close()``, to drop the
+            connection early (the process is not affected).
+
+        Raises:
+            ProcessNotFoundError: no such process.
+        """
+        check_int("offset", offset)
+        params = {"offset": offset, "follow": "true" if check_bool("follow", follow) else "false"}
+        path = self._process_path(session_id, process_id) + "/output"
+        what = "process output"
+        # Following waits as long as the process is silent.
+        http_timeout = (self.timeout, None) if follow else self.timeout
+        resp = self._send(
+            "GET",
+            path,
+            what=what,
+            session_scoped=True,
+            params=params,
+            stream=True,
+            timeout=http_timeout,
+            headers={"Accept": "application/x-ndjson"},
+        )
+        return NDJSONStream(resp, what, lambda e: connection_error(what, self.api_url, e))
+
+    def send_process_input(self, session_id: str, process_id: str, data: Union[str, bytes], eof: bool = False) -> None:
+        """Write *data* to a background process's standard input (``POST .../stdin``).
+
+        Args:
+            data: Text or bytes; large data is sent in several requests
+                (the gateway takes 64 KiB a request), in order.
+            eof: Close the process's standard input afterwards.
+
+        Raises:
+            ProcessExitedError: the process has ended.
+            SandboxOperationError: ``.code`` ``stdin_closed`` (an earlier
+                ``eof``), ``stdin_blocked`` (the process did not read its
+                input for 10 seconds).
+        """
+        if isinstance(data, str):
+            raw = data.encode("utf-8")
+            small_text = len(raw) <= STDIN_CHUNK
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            raw, small_text = bytes(data), False
+        else:
+            raise TypeError(f"data must be str or bytes, got {type(data).__name__}")
+        check_bool("eof", eof)
+        path = self._process_path(session_id, process_id) + "/stdin"
+        bodies: List[Dict[str, Any]] = []
+        if small_text and raw:
+            bodies.append({"data": data})
+        else:
+            for i in range(0, len(raw), STDIN_CHUNK):
+                bodies.append({"dataBase64": base64.b64encode(raw[i : i + STDIN_CHUNK]).decode("ascii")})
+        if eof:
+            if bodies:
+                bodies[-1]["eof"] = True
+            else:
+                bodies.append({"eof": True})
+        for body in bodies:
+            self._request("POST", path, what="process input", session_scoped=True, json=body)
+
+    def signal_process(self, session_id: str, process_id: str, signal: Union[str, int] = "TERM") -> None:
+        """Send *signal* to a background process's group (``POST .../signal``).
+
+        Args:
+            signal: A name with or without ``SIG`` (``"TERM"``, ``"SIGKILL"``,
+                ``"int"``), or a :class:`signal.Signals` member; one of ABRT,
+                ALRM, FPE, HUP, ILL, INT, KILL, PIPE, QUIT, SEGV, TERM, USR1, USR2.
+
+        Raises:
+            ProcessExitedError: the process has already ended.
+        """
+        if isinstance(signal, _signal_mod.Signals):
+            signal = signal.name
+        if not isinstance(signal, str):
+            raise TypeError(f"signal must be a signal name, got {type(signal).__name__}")
+        sig = signal.upper()
+        sig = sig[3:] if sig.startswith("SIG") else sig
+        if sig not in SIGNALS:
+            raise ValueError(f"unknown signal {signal!r}; known: {', '.join(sorted(SIGNALS))}")
+        path = self._process_path(session_id, process_id) + "/signal"
+        self._request("POST", path, what="signal process", session_scoped=True, json={"signal": sig})
+
     # -- internals ---------------------------------------------------------
+
+    def _process_path(self, session_id: str, process_id: str) -> str:
+        if not isinstance(process_id, str) or not process_id:
+            raise ValueError("process_id must be a non-empty string")
+        return self._session_path(session_id) + "/processes/" + quote(process_id, safe="")
+
+    def _send_file(self, method: str, session_id: str, path: str, what: str, **kwargs: Any) -> requests.Response:
+        """A request on ``.../files?path=...``; sandbox-path errors carry *path* as ``.filename``."""
+        params = dict(kwargs.pop("params", None) or {})
+        params["path"] = path
+        try:
+            return self._send(
+                method,
+                self._session_path(session_id) + "/files",
+                what=what,
+                session_scoped=True,
+                params=params,
+                **kwargs,
+            )
+        except (FileNotFoundInSandboxError, SandboxPermissionError) as e:
+            e.filename = path
+            raise
 
     @staticmethod
     def _session_path(session_id: str) -> str:
@@ -410,42 +1038,121 @@ class SessionsClient(ClosesOnExit):
         **kwargs: Any,
     ) -> Tuple[Dict[str, Any], Mapping[str, str]]:
         """Send one request; return the answer's JSON object and its headers."""
+        resp = self._send(method, path, what=what, session_scoped=session_scoped, **kwargs)
+        with resp:
+            return self._json(resp, what), resp.headers
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        session_scoped: bool = False,
+        timeout: Any = _DEFAULT,
+        **kwargs: Any,
+    ) -> requests.Response:
+        """Send one request; return the answer (its body unread when
+        ``stream=True``), or raise the error an answer >= 400 means."""
         url = self._base + path
+        if timeout is _DEFAULT:
+            timeout = self.timeout
         try:
             # verify is passed per request: requests lets REQUESTS_CA_BUNDLE
             # override a Session-level verify (psf/requests#3829).
-            resp = self._http.request(method, url, timeout=self.timeout, verify=self.verify_ssl, **kwargs)
+            resp = self._http.request(method, url, timeout=timeout, verify=self.verify_ssl, **kwargs)
         except requests.exceptions.SSLError as e:
             raise SandboxConnectionError(f"{what}: TLS error talking to {self.api_url}: {e}") from e
         except requests.exceptions.Timeout as e:
-            raise SandboxConnectionError(f"{what}: timed out after {self.timeout}s talking to {self.api_url}") from e
+            raise SandboxConnectionError(f"{what}: timed out after {timeout}s talking to {self.api_url}") from e
         except requests.exceptions.RequestException as e:
             raise SandboxConnectionError(f"{what}: cannot reach {self.api_url}: {e}") from e
-        with resp:
-            if resp.status_code >= 400:
+        if resp.status_code >= 400:
+            with resp:
+                try:
+                    content = resp.content
+                except requests.exceptions.RequestException:
+                    content = b""
                 raise error_for_status(
                     resp.status_code,
                     resp.reason or "",
                     resp.headers,
-                    resp.content,
+                    content,
                     what=what,
                     session_scoped=session_scoped,
                 )
-            if resp.status_code == 204 or not resp.content:
-                return {}, resp.headers
-            try:
-                data = resp.json()
-            except ValueError:
-                raise SandboxOperationError(
-                    f"{what}: HTTP {resp.status_code} answer is not JSON",
-                    status_code=resp.status_code,
-                    body=resp.text[:4096],
-                    headers=resp.headers,
-                ) from None
-            if not isinstance(data, dict):
-                raise SandboxOperationError(
-                    f"{what}: HTTP {resp.status_code} answer is not a JSON object",
-                    status_code=resp.status_code,
-                    body=resp.text[:4096],
-                )
-            return data, resp.headers
+        return resp
+
+    @staticmethod
+    def _json(resp: requests.Response, what: str) -> Dict[str, Any]:
+        """The JSON object of a successful answer ({} for an empty one)."""
+        if resp.status_code == 204 or not resp.content:
+            return {}
+        try:
+            data = resp.json()
+        except ValueError:
+            raise SandboxOperationError(
+                f"{what}: HTTP {resp.status_code} answer is not JSON",
+                status_code=resp.status_code,
+                body=resp.text[:4096],
+                headers=resp.headers,
+            ) from None
+        if not isinstance(data, dict):
+            raise SandboxOperationError(
+                f"{what}: HTTP {resp.status_code} answer is not a JSON object",
+                status_code=resp.status_code,
+                body=resp.text[:4096],
+            )
+        return data
+
+
+class Shell(ClosesOnExit):
+    """A session's persistent shell, from :meth:`SessionsClient.shell`.
+
+    Its commands run one at a time in one shell process (bash if the
+    sandbox has it, else sh), so ``cd``, ``export``, functions, aliases and
+    variables carry over from one :meth:`run` to the next. A command that
+    times out is killed with the shell; the next command gets a new shell
+    that restores the exported variables, functions, aliases and directory
+    saved after the last command that finished (plain unexported variables
+    are lost). Use it as a context manager: ``__exit__`` calls :meth:`close`::
+
+        with sessions.shell(session_id) as sh:
+            sh.run("cd /tmp && export A=1")
+            print(sh.run("pwd; echo $A").stdout)   # /tmp, 1
+
+    Attributes:
+        session_id: The session.
+        name: The shell's name.
+    """
+
+    def __init__(self, client: SessionsClient, session_id: str, name: str) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Shell(session_id={self.session_id!r}, name={self.name!r})"
+
+    def __enter__(self) -> "Shell":
+        return self
+
+    def run(self, command: Optional[str] = None, **options: Any) -> CommandResult:
+        """Run *command* in this shell: :meth:`SessionsClient.run` with ``shell=name``.
+
+        Takes the same keyword options (``argv``, ``stdin``, ``env``,
+        ``cwd``, ``timeout``, ``max_output_bytes``, ``background``,
+        ``on_stdout``, ``on_stderr``) except ``shell``. The result's ``cwd``
+        is the shell's directory after the command.
+        """
+        if "shell" in options:
+            raise TypeError("Shell.run() takes no 'shell' option: the shell is this one")
+        return self.client.run(self.session_id, command, shell=self.name, **options)
+
+    def close(self) -> None:
+        """End the shell with its whole process tree (``DELETE .../shells/{name}``).
+
+        Safe to call twice, and on a shell that never ran a command. A later
+        :meth:`run` starts a new shell of the same name.
+        """
+        self.client.delete_shell(self.session_id, self.name)

@@ -10,6 +10,7 @@ sent)::
     +-- UnauthorizedError           HTTP 401 (REST or CONNECT)
     +-- SessionNotFoundError        HTTP 404 for a session (REST or CONNECT)
     +-- RateLimitError              HTTP 429 (REST or CONNECT)
+    |   +-- ShellBusyError          429 shell_busy: 32 commands already wait for that persistent shell
     +-- SandboxOperationError       other 4xx/5xx, SSH auth/exec/SFTP failures, use before connect
         +-- CommandTimeoutError     run_command() passed its timeout; the command was killed
         +-- ResourcesExceededError  400 resources_exceeded: a resource above the gateway's cap
@@ -18,6 +19,12 @@ sent)::
         +-- EgressNotAllowedError   400 egress_not_allowed: egress (or a secret's hosts) outside what is allowed
         +-- UnknownSecretError      400 unknown_secret: secrets the gateway does not define
         +-- InvalidSecretError      400 invalid_secret: a malformed secret reference
+        +-- FileNotFoundInSandboxError   404 file_not_found (also a FileNotFoundError)
+        +-- SandboxPermissionError  403 permission_denied: the sandbox's user may not (also a PermissionError)
+        +-- FileTooLargeError       413 file_too_large: a write over the gateway's --max-file-bytes
+        +-- DiskFullError           507 disk_full: the sandbox's filesystem is full; nothing was written
+        +-- ProcessNotFoundError    404 process_not_found: no such background process
+        +-- ProcessExitedError      409 process_exited: the background process has ended
     +-- UnsupportedParamikoError    the installed Paramiko is outside the supported range
                                     (also a RuntimeError); raised by SessionSSHClient.connect()
 """
@@ -42,6 +49,13 @@ __all__ = [
     "EgressNotAllowedError",
     "UnknownSecretError",
     "InvalidSecretError",
+    "FileNotFoundInSandboxError",
+    "SandboxPermissionError",
+    "FileTooLargeError",
+    "DiskFullError",
+    "ShellBusyError",
+    "ProcessNotFoundError",
+    "ProcessExitedError",
     "UnsupportedParamikoError",
 ]
 
@@ -248,6 +262,48 @@ class InvalidSecretError(SandboxOperationError):
     a name that is not an environment variable name, a name listed twice, a
     header or format without hosts, a header that cannot be set, a format
     without ``{value}``."""
+
+
+class FileNotFoundInSandboxError(SandboxOperationError, FileNotFoundError):
+    """Nothing at the sandbox path (HTTP 404 ``file_not_found``): a file to
+    read, list or delete, or the parent directory of a file to write (see
+    ``mkdirs``). Also a :class:`FileNotFoundError`, so ``except
+    FileNotFoundError`` catches it; :attr:`filename` is the sandbox path when
+    the SDK knows it."""
+
+
+class SandboxPermissionError(SandboxOperationError, PermissionError):
+    """The sandbox's user may not read, write or delete there, or the path
+    leads out of the sandbox (HTTP 403 ``permission_denied``). Also a
+    :class:`PermissionError`; :attr:`filename` is the sandbox path when the
+    SDK knows it."""
+
+
+class FileTooLargeError(SandboxOperationError):
+    """``write_file`` sent more than the gateway's ``--max-file-bytes``
+    (HTTP 413 ``file_too_large``); nothing was written."""
+
+
+class DiskFullError(SandboxOperationError):
+    """The sandbox's filesystem is full (HTTP 507 ``disk_full``, its
+    ``resources.diskMiB`` on the linux driver); nothing was written and the
+    old file, if any, is intact."""
+
+
+class ShellBusyError(RateLimitError):
+    """32 commands already wait for this persistent shell (HTTP 429
+    ``shell_busy``): wait for some to finish, or use another shell. A
+    :class:`RateLimitError`, as every 429 is."""
+
+
+class ProcessNotFoundError(SandboxOperationError):
+    """No such background process in the session (HTTP 404
+    ``process_not_found``), or it finished long enough ago to be forgotten."""
+
+
+class ProcessExitedError(SandboxOperationError):
+    """The background process has ended (HTTP 409 ``process_exited``): it
+    takes no more input or signals."""
 
 
 class UnsupportedParamikoError(SandboxAPIError, RuntimeError):

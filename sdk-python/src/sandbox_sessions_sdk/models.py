@@ -167,7 +167,7 @@ def _count(value: Any) -> Optional[int]:
 
 @dataclass(frozen=True)
 class CommandResult(Mapping[str, Any]):
-    """What :meth:`SessionSSHClient.run_command` returns.
+    """What :meth:`SessionSSHClient.run_command` and :meth:`SessionsClient.run` return.
 
     ``stdout`` and ``stderr`` are decoded as UTF-8 (invalid bytes become
     U+FFFD). ``exit_code`` is the command's own exit status; when the command
@@ -181,12 +181,21 @@ class CommandResult(Mapping[str, Any]):
     bytes with ``"\n[... N bytes dropped ...]\n"`` between them (see
     :meth:`SessionSSHClient.run_command`).
 
+    The REST API (:meth:`SessionsClient.run`) also reports ``timed_out``
+    (the command passed its timeout and was killed: ``exit_code`` is then
+    124), ``cwd`` (the directory it ran in; for a persistent shell, the
+    shell's directory after it) and ``duration_ms``. Over SSH they are
+    ``False``, ``None`` and ``None``.
+
     Read it as attributes (``res.stdout``) or as a read-only mapping with
-    exactly these five keys, the way earlier versions returned a dict:
-    ``res["stdout"]``, ``res.get("exit_signal")``, ``res["truncated"]``,
+    exactly the five keys ``stdout``, ``stderr``, ``exit_code``,
+    ``exit_signal`` and ``truncated``, the way earlier versions returned a
+    dict: ``res["stdout"]``, ``res.get("exit_signal")``, ``res["truncated"]``,
     ``dict(res)``, and ``res == {"stdout": ..., ...}`` all work (a dict
-    compared with it needs all five keys). ``dataclasses.asdict(res)`` gives
-    a plain dict (for ``json.dumps``).
+    compared with it needs all five keys). ``timed_out``, ``cwd`` and
+    ``duration_ms`` are attributes only, and neither ``==`` nor ``hash``
+    looks at them. ``dataclasses.asdict(res)`` gives a plain dict of every
+    field (for ``json.dumps``).
     """
 
     stdout: str
@@ -194,6 +203,9 @@ class CommandResult(Mapping[str, Any]):
     exit_code: int
     exit_signal: Optional[str] = None
     truncated: bool = False
+    timed_out: bool = field(default=False, compare=False)
+    cwd: Optional[str] = field(default=None, compare=False)
+    duration_ms: Optional[int] = field(default=None, compare=False)
 
     @overload
     def __getitem__(self, key: Literal["stdout", "stderr"]) -> str: ...
@@ -232,4 +244,5 @@ class CommandResult(Mapping[str, Any]):
         return hash(self._astuple())
 
 
-_COMMAND_RESULT_KEYS: Tuple[str, ...] = tuple(f.name for f in fields(CommandResult))
+#: The mapping view's keys: the five of the dict earlier versions returned.
+_COMMAND_RESULT_KEYS: Tuple[str, ...] = tuple(f.name for f in fields(CommandResult))[:5]

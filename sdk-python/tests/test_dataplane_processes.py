@@ -1,9 +1,6 @@
 """REST background processes against the real gateway: start_process,
 list_processes, get_process, process_output, send_process_input,
 signal_process.
-
-A gateway built before the processes API answers ``501 not_implemented`` on
-these routes: the tests then skip, saying so.
 """
 
 from __future__ import annotations
@@ -26,13 +23,7 @@ from sandbox_sessions_sdk import (
 
 
 @pytest.fixture
-def sid(client: SessionsClient, session: Session) -> str:
-    try:
-        client.list_processes(session.session_id)
-    except SandboxOperationError as e:
-        if e.status_code == 501 and e.code == "not_implemented":
-            pytest.skip("this gateway does not implement background processes yet (501 not_implemented)")
-        raise
+def sid(session: Session) -> str:
     return session.session_id
 
 

@@ -225,8 +225,11 @@ func parseSBSStep(w http.ResponseWriter, r *http.Request) (sbsStep, int, any) {
 	if err := dec.Decode(&body); err != nil || dec.More() {
 		pos := dec.InputOffset()
 		var se *json.SyntaxError
-		if errors.As(err, &se) {
+		switch {
+		case errors.As(err, &se):
 			pos = se.Offset
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			pos = int64(len(raw))
 		}
 		msg := "trailing data"
 		if err != nil {

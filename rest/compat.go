@@ -2,7 +2,11 @@ package rest
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
@@ -77,4 +81,22 @@ func signalNumber(name string) int {
 		return int(sig)
 	}
 	return 0
+}
+
+// writeBareJSON writes v as the JSON answer with status, without the
+// newline writeJSON ends it with: as FastAPI answers (the seed's curl line
+// adds its own echo).
+func writeBareJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode answer: %w", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	if _, err := w.Write(b); err != nil {
+		return fmt.Errorf("write answer: %w", err)
+	}
+	return nil
 }

@@ -84,7 +84,7 @@ type validationIssue struct {
 
 // writeDetail writes FastAPI's error shape {"detail": detail}.
 func writeDetail(w http.ResponseWriter, status int, detail any) {
-	_ = writeJSON(w, status, map[string]any{"detail": detail})
+	_ = writeBareJSON(w, status, map[string]any{"detail": detail})
 }
 
 // writeGatewayDetail answers a session manager's error: not_found as the
@@ -114,7 +114,12 @@ func (x *sbsAPI) create(w http.ResponseWriter, r *http.Request) {
 	x.a.cfg.Log.Info("compat_session_created", "api", "sbs", "session", s.ID, "tenant", p.Tenant)
 	err = r.Context().Err()
 	if err == nil {
-		err = flushJSON(w, http.StatusOK, sbsCreated{SessionID: s.ID})
+		err = writeBareJSON(w, http.StatusOK, sbsCreated{SessionID: s.ID})
+	}
+	if err == nil {
+		if ferr := http.NewResponseController(w).Flush(); ferr != nil {
+			err = fmt.Errorf("flush answer: %w", ferr)
+		}
 	}
 	if err != nil {
 		x.a.rollback(r, p, s.ID, err)
@@ -173,7 +178,7 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusInternalServerError, "the step could not be started")
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, sbsResult(res, timeout))
+	_ = writeBareJSON(w, http.StatusOK, sbsResult(res, timeout))
 }
 
 // sbsResult renders a step's result: stdout as output, stderr as error;

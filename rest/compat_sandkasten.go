@@ -241,9 +241,11 @@ func (x *sandkastenAPI) forget(id string) {
 }
 
 // extendLease makes the session expire its ttl from now, as the seed's
-// exec, read and write do.
-func (x *sandkastenAPI) extendLease(ctx context.Context, r *http.Request, s *gateway.Session) {
+// exec, read and write do; it does so even when the client has gone, the
+// operation having run.
+func (x *sandkastenAPI) extendLease(r *http.Request, s *gateway.Session) {
 	ttl := s.Snapshot().TTL
+	ctx := context.WithoutCancel(r.Context())
 	if _, err := x.a.cfg.Sessions.Update(ctx, principal(r), s.ID, gateway.UpdateParams{TTL: &ttl}); err != nil {
 		x.a.cfg.Log.Warn("compat_lease_not_extended", "api", "sandkasten", "session", s.ID, "err", err)
 	}
@@ -294,7 +296,7 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 		writeCommandError(w, err)
 		return
 	}
-	x.extendLease(r.Context(), r, s)
+	x.extendLease(r, s)
 	if res.Cwd != "" {
 		x.setCwd(s, res.Cwd)
 	}
@@ -367,7 +369,7 @@ func (x *sandkastenAPI) write(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	_, _, err = fsys.Write(p, bytes.NewReader(data), dataplane.WriteOptions{Mkdirs: true, MaxBytes: x.a.dp.cfg.MaxFileBytes})
-	x.extendLease(r.Context(), r, s)
+	x.extendLease(r, s)
 	if err != nil {
 		x.a.writeFileError(w, r, err)
 		return
@@ -404,7 +406,7 @@ func (x *sandkastenAPI) read(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	data, truncated, err := readHead(fsys, p, maxBytes)
-	x.extendLease(r.Context(), r, s)
+	x.extendLease(r, s)
 	if err != nil {
 		x.a.writeFileError(w, r, err)
 		return

@@ -36,6 +36,8 @@ type DataPlane struct {
 	// StateDir is a gateway-owned directory for the data plane's files
 	// (background processes' output); "" keeps nothing on disk.
 	StateDir string
+	// StepTimeout bounds a /compat/sbs step (default 30 s, the seed's).
+	StepTimeout time.Duration
 }
 
 func (d DataPlane) withDefaults() DataPlane {
@@ -47,6 +49,9 @@ func (d DataPlane) withDefaults() DataPlane {
 	}
 	if d.MaxFetchBytes <= 0 {
 		d.MaxFetchBytes = 50 << 20
+	}
+	if d.StepTimeout <= 0 {
+		d.StepTimeout = 30 * time.Second
 	}
 	return d
 }

@@ -47,7 +47,7 @@ func (a *api) compatAPIs() []compatAPI {
 // the same authentication (a sandgate bearer token) and rate limit as /v1.
 // A failed authentication answers with the native error envelope.
 func (a *api) mountCompat(r chi.Router) {
-	authed := r.With(a.authenticate, a.rateLimit())
+	authed := r.With(a.authenticate, a.limit)
 	for _, c := range a.compatAPIs() {
 		authed.Route(c.prefix, c.mount)
 	}

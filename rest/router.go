@@ -86,7 +86,8 @@ func New(cfg Config) http.Handler {
 	r.Get("/openapi.json", docs.jsonSpec)
 	r.Get("/docs", docs.page)
 
-	authed := r.With(a.authenticate, a.rateLimit())
+	a.limit = a.rateLimit() // one budget per tenant, /v1 and /compat together
+	authed := r.With(a.authenticate, a.limit)
 	authed.Route("/v1", func(r chi.Router) {
 		r.Post("/sessions", a.create)
 		r.Get("/sessions", a.list)
@@ -147,6 +148,7 @@ type api struct {
 	cfg          Config
 	authFailures *httprate.RateLimiter // nil: unlimited
 	dp           *dataPlane
+	limit        func(http.Handler) http.Handler // the per-tenant rate limit
 }
 
 // newFailureLimiter bounds failed authentications per client IP, so token

@@ -77,18 +77,6 @@ func TestCompatDocMatchesSeed(t *testing.T) {
 	}
 }
 
-// stepTimeoutArgs returns serve's --step-timeout flag for a short sbs
-// step timeout, and the timeout, when serve has that flag; else the
-// seed's default of 30 s.
-func stepTimeoutArgs(t *testing.T) ([]string, time.Duration) {
-	t.Helper()
-	out, _ := exec.Command(sandgateBin, "serve", "--help").CombinedOutput()
-	if bytes.Contains(out, []byte("-step-timeout")) {
-		return []string{"--step-timeout", "2s"}, 2 * time.Second
-	}
-	return nil, 30 * time.Second
-}
-
 func TestCompat(t *testing.T) {
 	for _, driver := range []string{"workdir", "linux"} {
 		t.Run(driver, func(t *testing.T) {
@@ -96,7 +84,8 @@ func TestCompat(t *testing.T) {
 				requireLinuxDriver(t)
 			}
 			t.Parallel()
-			args, stepTimeout := stepTimeoutArgs(t)
+			const stepTimeout = 2 * time.Second
+			args := []string{"--step-timeout", stepTimeout.String()}
 			g := startGateway(t, append([]string{"--sandbox", driver}, args...)...)
 			compat := func(method, path string, body any, out any) int {
 				t.Helper()

@@ -16,6 +16,7 @@ type dataPlaneFlags struct {
 	maxOutputBytes int64
 	maxFetchBytes  int64
 	maxFileBytes   int64
+	stepTimeout    time.Duration
 }
 
 func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
@@ -23,6 +24,7 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&d.maxTimeout, "max-command-timeout", time.Hour, "largest timeout a REST command may ask for")
 	fs.Var((*sizeFlag)(&d.maxOutputBytes), "max-output-bytes", "largest maxOutputBytes (per stream) a REST command may ask for: bytes or a size such as 16MiB")
 	fs.Var((*sizeFlag)(&d.maxFetchBytes), "max-fetch-bytes", "largest download of files/fetch; a larger one fails and is removed: bytes or a size such as 50MiB")
+	fs.DurationVar(&d.stepTimeout, "step-timeout", 30*time.Second, "timeout of a step of the session-based-sandbox API (/compat/sbs); a step past it ends with exit code 124")
 	fs.Var((*sizeFlag)(&d.maxFileBytes), "max-file-bytes", "largest file a REST PUT may write (0: the workspace's free space): bytes or a size such as 1GiB")
 }
 
@@ -30,7 +32,7 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.DataPlane {
 	dp := rest.DataPlane{
 		MaxTimeout: d.maxTimeout, MaxOutputBytes: d.maxOutputBytes, MaxFetchBytes: d.maxFetchBytes,
-		MaxFileBytes: d.maxFileBytes, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
+		MaxFileBytes: d.maxFileBytes, StepTimeout: d.stepTimeout, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
 	}
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic

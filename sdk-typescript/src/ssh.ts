@@ -408,10 +408,17 @@ export class SessionSSH {
     opts: RunOptions,
     sink?: (c: OutputChunk) => void,
   ): { done: Promise<CommandResult>; kill: () => void } {
-    if (typeof command !== "string") throw new TypeError("command must be a string");
-    const limit = opts.timeoutMs === undefined ? undefined : checkTimeout("timeoutMs", opts.timeoutMs);
-    const max = checkInt("maxOutputBytes", opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES, 0);
-    this.#requireOpen();
+    let limit: number | undefined;
+    let max: number;
+    try {
+      if (typeof command !== "string") throw new TypeError("command must be a string");
+      limit = opts.timeoutMs === undefined ? undefined : checkTimeout("timeoutMs", opts.timeoutMs);
+      max = checkInt("maxOutputBytes", opts.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES, 0);
+      this.#requireOpen();
+    } catch (e) {
+      // Errors, argument errors included, arrive as a rejected promise.
+      return { done: Promise.reject(e), kill: () => {} };
+    }
     const out = new Collector(max, opts.onStdout);
     const err = new Collector(max, opts.onStderr);
     let channel: ClientChannel | undefined;
@@ -524,7 +531,11 @@ export class SessionSSH {
 
   /** The connection's SFTP client (ssh2's SFTPWrapper), opened on first use and closed by close(). */
   sftp(): Promise<SFTPWrapper> {
-    this.#requireOpen();
+    try {
+      this.#requireOpen();
+    } catch (e) {
+      return Promise.reject(e);
+    }
     if (!this.#sftp) {
       this.#sftp = new Promise<SFTPWrapper>((resolve, reject) => {
         this.client.sftp((e, sftp) => {

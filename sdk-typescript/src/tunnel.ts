@@ -52,7 +52,8 @@ export function connectPath(baseUrl: string, sessionId: string, template = DEFAU
  * once it answers 200. The socket then carries the session's raw SSH stream:
  * any bytes the gateway sent right after the answer's head (its SSH version
  * line) are put back (`unshift`), so the socket starts exactly at the SSH
- * stream. It is paused; attach a reader (ssh2 does) or call `resume()`.
+ * stream. It is in paused mode: nothing is lost before a reader attaches
+ * (a 'data' listener, `pipe`, ssh2's `sock` option).
  *
  * The token goes in both `Proxy-Authorization: Bearer` and `Authorization:
  * Bearer`. Errors: UnauthorizedError (401), SessionNotFoundError (404),
@@ -104,7 +105,7 @@ export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> 
       if (done) return;
       done = true;
       clearTimeout(timer);
-      sock.removeListener("data", onData);
+      sock.removeListener("readable", onReadable);
       sock.removeListener("error", onError);
       sock.removeListener("close", onClose);
       sock.removeListener(useTLS ? "secureConnect" : "connect", onConnected);
@@ -160,7 +161,8 @@ export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> 
       if (parsed.status === 200) {
         finish(null);
         sock.setTimeout(0);
-        sock.pause();
+        // Paused mode (never flowing), so nothing is emitted before the
+        // caller reads; attaching a 'data' listener starts the flow.
         if (rest.length > 0) sock.unshift(rest);
         resolve(sock);
         return;
@@ -169,6 +171,11 @@ export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> 
       answer = { ...parsed, want: Number.isFinite(len) ? Math.max(0, Math.min(len, MAX_BODY)) : 0 };
       body = Buffer.from(rest);
       if (body.length >= answer.want) failAnswer();
+    };
+
+    const onReadable = () => {
+      let chunk: Buffer | null;
+      while (!done && (chunk = sock.read() as Buffer | null) !== null) onData(chunk);
     };
 
     const onError = (err: Error) => {
@@ -245,7 +252,7 @@ export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> 
       }
     });
     sock.on(useTLS ? "secureConnect" : "connect", onConnected);
-    sock.on("data", onData);
+    sock.on("readable", onReadable);
     sock.on("error", onError);
     sock.on("close", onClose);
   });

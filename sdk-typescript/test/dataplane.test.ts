@@ -41,6 +41,8 @@ describe("data plane (needs /commands and /files)", { skip: SKIP }, () => {
     const again = await session.exec('pwd; echo "$GREETING"');
     assert.match(again.stdout, /\/sub\/dir\nhi\n$/);
     assert.match(again.cwd, /\/sub\/dir$/);
+    // Back to the workspace, where the files API's relative paths start.
+    assert.equal((await session.exec("cd ../..")).exitCode, 0);
   });
 
   it("exec: a timeout gives exit code 124", { timeout: 30_000 }, async () => {

@@ -3,9 +3,12 @@ GO      ?= go
 BIN     := bin/sandgate
 # The Python that creates the virtualenvs the SDK tests run in (.venv/, .venv-oldest/).
 PYTHON  ?= python3
+# npm for the TypeScript SDK (sdk-typescript/; Node.js >= 20).
+NPM     ?= npm
+TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test test-go test-python test-python-oldest test-schema venv check vet fmt-check bench bench-check clean
+.PHONY: build test test-go test-python test-python-oldest test-schema test-ts ts-deps venv check vet fmt-check bench bench-check clean
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -13,7 +16,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
 
 # The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
-test: build test-go test-python test-schema
+test: build test-go test-python test-schema test-ts
 
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
@@ -48,6 +51,23 @@ test-python: build .venv/.installed
 test-python-oldest: build .venv-oldest/.installed
 	@.venv-oldest/bin/python -c 'import paramiko, sys; print("SDK tests: Python", sys.version.split()[0], "Paramiko", paramiko.__version__)'
 	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv-oldest/bin/python -m pytest -q sdk-python/tests
+
+# The TypeScript SDK: its dependencies come from the committed lockfile (npm
+# ci, install scripts off: ssh2 runs without its optional native parts) into
+# sdk-typescript/node_modules/, refilled when package.json or the lockfile
+# changes; then it is built (tsc) and its tests run against the real binary.
+ts-deps: $(TS_SDK)/node_modules/.installed
+
+$(TS_SDK)/node_modules/.installed: $(TS_SDK)/package-lock.json $(TS_SDK)/package.json
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' 2>/dev/null || { \
+		echo "the TypeScript SDK needs Node.js 20 or newer (found: $$(node --version 2>&1))" >&2; exit 1; }
+	cd $(TS_SDK) && $(NPM) ci --ignore-scripts --no-audit --no-fund
+	@touch $@
+
+test-ts: build $(TS_SDK)/node_modules/.installed
+	@echo "SDK tests: Node $$(node --version)"
+	cd $(TS_SDK) && $(NPM) run build
+	cd $(TS_SDK) && SANDGATE_BIN=$(CURDIR)/$(BIN) $(NPM) test
 
 # schemathesis over the built binary and the OpenAPI spec: a short run with a
 # fixed seed; any 5xx, spec mismatch or logged error fails it.

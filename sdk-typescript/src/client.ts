@@ -1,0 +1,646 @@
+// SandboxClient: the REST API (/v1/sessions) and a session's REST data plane.
+
+import { randomUUID } from "node:crypto";
+
+import {
+  USER_AGENT,
+  checkInt,
+  checkTimeout,
+  errorForStatus,
+  headersObject,
+  resolveSettings,
+  restBase,
+  sleep,
+} from "./common.js";
+import { SandboxAPIError, SandboxConnectionError, SandboxOperationError } from "./errors.js";
+import { SessionSSH, type SSHOptions } from "./ssh.js";
+import { type TLSOptions, type TunnelSocket, openTunnel } from "./tunnel.js";
+
+export const MIN_TTL = 60;
+export const MAX_TTL = 28800;
+
+/** Pauses before createSession's retries (so two retries at most), as the Python SDK. */
+const CREATE_RETRY_DELAYS_MS = [500, 1000];
+/** Answers after which a create is retried (with the same Idempotency-Key). */
+const CREATE_RETRY_STATUSES = new Set([500, 502, 503, 504]);
+
+export interface SandboxClientOptions {
+  /** The gateway's base URL (`https://gw.example.com`, `/v1` at the end is fine); default `$SANDBOX_API_URL`. */
+  baseUrl?: string;
+  /** The API key or JWT; default `$SANDBOX_API_TOKEN`. */
+  apiKey?: string;
+  /** How long each REST request may take, in ms (default 30000). */
+  timeoutMs?: number;
+  /**
+   * TLS options for the tunnel and SSH (node:tls). REST requests use the
+   * global fetch, which trusts the system roots plus `NODE_EXTRA_CA_CERTS`;
+   * pass `fetch` for anything else (e.g. undici's fetch with a dispatcher).
+   */
+  tls?: TLSOptions;
+  /** The fetch implementation for REST (default: the global fetch). */
+  fetch?: typeof fetch;
+}
+
+/** The SSH access details of a session, as the API sends them (`ssh`). */
+export interface SSHAccess {
+  username: string;
+  /** Only on the session createSession returns (and not on a replay). */
+  password?: string;
+  /** The gateway's SSH host keys as authorized_keys lines, ed25519 first. */
+  hostKeys: string[];
+  knownHostsLine: string;
+  connectPath: string;
+}
+
+export interface Resources {
+  memoryMiB?: number;
+  cpus?: number;
+  pids?: number;
+  diskMiB?: number;
+}
+
+export interface Egress {
+  allow: string[];
+  bytesIn?: number;
+  bytesOut?: number;
+}
+
+/** A secret given to a session: a name, or a secret bound to hosts. */
+export type SecretRef = string | { name: string; hosts?: string[]; header?: string; format?: string };
+
+export interface CreateSessionOptions {
+  /** Sandbox image; the gateway's default when omitted. */
+  image?: string;
+  /** Lifetime in seconds, 60..28800 (default 3600); sent as `ttl`. */
+  ttlSeconds?: number;
+  /** A JSON object stored with the session. */
+  metadata?: Record<string, unknown>;
+  /** Hosts the sandbox may reach through the gateway's egress proxy. */
+  egress?: string[];
+  /** Operator-defined secrets to give the session, by name. */
+  secrets?: SecretRef[];
+  /** The sandbox's limits, with the API's names; omitted ones: the gateway's defaults. */
+  resources?: Resources;
+  /** An authorized_keys line whose private key may then authenticate over SSH. */
+  sshPublicKey?: string;
+  /** Sent as `Idempotency-Key`; default a fresh random UUID. */
+  idempotencyKey?: string;
+}
+
+export interface ExecOptions {
+  /** How long the command may run, in ms; sent as `timeout` in whole seconds (rounded up). */
+  timeoutMs?: number;
+}
+
+/** What `Session.exec` returns. */
+export interface ExecResult {
+  /** The exit status; 124 when the command timed out. */
+  exitCode: number;
+  /** The signal that ended the command, if one did (`KILL`, ...). */
+  exitSignal?: string;
+  /** The shell's working directory after the command. */
+  cwd: string;
+  /** stdout followed by stderr. */
+  output: string;
+  stdout: string;
+  stderr: string;
+  /** The raw bytes of stdout and stderr (non-UTF-8 output arrives base64-encoded and is decoded). */
+  stdoutBytes: Uint8Array;
+  stderrBytes: Uint8Array;
+  /** The gateway cut the output at its bound. */
+  truncated: boolean;
+  /** The command passed its timeout and was killed. */
+  timedOut: boolean;
+  durationMs: number;
+}
+
+export interface ReadOptions {
+  /** Read at most this many bytes from the start of the file (a `Range` request). */
+  maxBytes?: number;
+}
+
+export interface SessionList {
+  sessions: Session[];
+  total: number;
+  limit: number;
+  offset: number;
+}
+
+interface Answer {
+  status: number;
+  headers: Record<string, string>;
+  body: Uint8Array;
+}
+
+interface RequestOptions {
+  what: string;
+  sessionScoped?: boolean;
+  json?: unknown;
+  body?: Uint8Array;
+  headers?: Record<string, string>;
+  timeoutMs?: number;
+  /** Statuses that are not errors besides 2xx. */
+  accept?: number[];
+}
+
+/** A sandbox session, as the REST API describes it, with its data plane. */
+export class Session {
+  /** The session's id (`sbx-...`); the same as `sessionId`. */
+  readonly id: string;
+  readonly sessionId: string;
+  readonly status: string;
+  readonly statusReason: string | undefined;
+  readonly image: string;
+  readonly imageDigest: string | undefined;
+  readonly metadata: Record<string, unknown>;
+  readonly resources: Resources | undefined;
+  readonly egress: Egress | undefined;
+  readonly secrets: SecretRef[] | undefined;
+  /** RFC 3339 timestamps, as sent. */
+  readonly createdAt: string;
+  readonly expiresAt: string;
+  readonly lastActivityAt: string;
+  readonly ttl: number;
+  /**
+   * The API's `ssh` object (username, password, hostKeys, knownHostsLine,
+   * connectPath). Named `sshInfo` because `ssh()` connects.
+   */
+  readonly sshInfo: SSHAccess;
+  /** The JSON object the gateway sent, unchanged. */
+  readonly raw: Record<string, unknown>;
+  /** True when createSession got a replay of an earlier create with the same Idempotency-Key. */
+  readonly replayed: boolean;
+
+  readonly #client: SandboxClient;
+
+  /** @internal Built by SandboxClient from an API answer. */
+  constructor(client: SandboxClient, data: Record<string, unknown>, replayed = false) {
+    this.#client = client;
+    const str = (k: string): string => {
+      const v = data[k];
+      if (typeof v !== "string") throw new TypeError(`field ${k} is not a string`);
+      return v;
+    };
+    const optStr = (k: string): string | undefined => (typeof data[k] === "string" ? (data[k] as string) : undefined);
+    this.sessionId = str("sessionId");
+    this.id = this.sessionId;
+    this.status = str("status");
+    this.statusReason = optStr("statusReason");
+    this.image = optStr("image") ?? "";
+    this.imageDigest = optStr("imageDigest");
+    this.metadata = isObject(data["metadata"]) ? (data["metadata"] as Record<string, unknown>) : {};
+    this.resources = isObject(data["resources"]) ? (data["resources"] as Resources) : undefined;
+    this.egress = isObject(data["egress"]) ? (data["egress"] as unknown as Egress) : undefined;
+    this.secrets = Array.isArray(data["secrets"]) ? (data["secrets"] as SecretRef[]) : undefined;
+    this.createdAt = optStr("createdAt") ?? "";
+    this.expiresAt = optStr("expiresAt") ?? "";
+    this.lastActivityAt = optStr("lastActivityAt") ?? "";
+    this.ttl = typeof data["ttl"] === "number" ? data["ttl"] : 0;
+    const ssh = isObject(data["ssh"]) ? (data["ssh"] as Record<string, unknown>) : {};
+    this.sshInfo = {
+      username: typeof ssh["username"] === "string" ? ssh["username"] : "sandbox",
+      password: typeof ssh["password"] === "string" ? ssh["password"] : undefined,
+      hostKeys: Array.isArray(ssh["hostKeys"]) ? ssh["hostKeys"].filter((k): k is string => typeof k === "string") : [],
+      knownHostsLine: typeof ssh["knownHostsLine"] === "string" ? ssh["knownHostsLine"] : "",
+      connectPath: typeof ssh["connectPath"] === "string" ? ssh["connectPath"] : "",
+    };
+    this.raw = data;
+    this.replayed = replayed;
+  }
+
+  /** The client this session came from. */
+  get client(): SandboxClient {
+    return this.#client;
+  }
+
+  /** Keeps the password out of console.log / util.inspect. */
+  [Symbol.for("nodejs.util.inspect.custom")](): string {
+    return `Session { id: '${this.id}', status: '${this.status}', image: '${this.image}', expiresAt: '${this.expiresAt}' }`;
+  }
+
+  toJSON(): Record<string, unknown> {
+    const { ssh, ...rest } = this.raw as { ssh?: Record<string, unknown> };
+    if (!ssh) return { ...rest };
+    const { password: _password, ...sshRest } = ssh;
+    return { ...rest, ssh: sshRest };
+  }
+
+  /** A fresh copy of this session from the gateway (`GET /v1/sessions/{id}`). */
+  refresh(): Promise<Session> {
+    return this.#client.getSession(this.id);
+  }
+
+  /**
+   * Runs `cmd` in the session's persistent shell (`POST
+   * /v1/sessions/{id}/commands`, shell `default`): `cd` and `export` persist
+   * from one call to the next. A timeout is not an error: the result has
+   * `timedOut` and exit code 124.
+   */
+  async exec(cmd: string, opts: ExecOptions = {}): Promise<ExecResult> {
+    if (typeof cmd !== "string") throw new TypeError("cmd must be a string");
+    const body: Record<string, unknown> = { command: cmd, shell: "default" };
+    let waitMs = 60_000;
+    if (opts.timeoutMs !== undefined) {
+      checkTimeout("timeoutMs", opts.timeoutMs);
+      body["timeout"] = Math.ceil(opts.timeoutMs / 1000);
+      waitMs = (body["timeout"] as number) * 1000;
+    }
+    const ans = await this.#client._request("POST", `${sessionPath(this.id)}/commands`, {
+      what: "exec",
+      sessionScoped: true,
+      json: body,
+      timeoutMs: waitMs + this.#client.timeoutMs,
+    });
+    const data = parseJSONObject(ans, "exec");
+    const stdoutBytes = streamBytes(data, "stdout");
+    const stderrBytes = streamBytes(data, "stderr");
+    const dec = (b: Uint8Array) => new TextDecoder().decode(b);
+    const stdout = dec(stdoutBytes);
+    const stderr = dec(stderrBytes);
+    const timedOut = data["timedOut"] === true;
+    const exitSignal = typeof data["exitSignal"] === "string" && data["exitSignal"] ? data["exitSignal"] : undefined;
+    return {
+      exitCode: timedOut ? 124 : typeof data["exitCode"] === "number" ? data["exitCode"] : -1,
+      exitSignal,
+      cwd: typeof data["cwd"] === "string" ? data["cwd"] : "",
+      output: stdout + stderr,
+      stdout,
+      stderr,
+      stdoutBytes,
+      stderrBytes,
+      truncated: data["truncated"] === true,
+      timedOut,
+      durationMs: typeof data["durationMs"] === "number" ? data["durationMs"] : 0,
+    };
+  }
+
+  /** Writes a file (`PUT /v1/sessions/{id}/files?path=P&mkdirs=true`, the raw bytes as the body). */
+  async write(path: string, content: string | Uint8Array): Promise<void> {
+    checkPath(path);
+    const body = typeof content === "string" ? new TextEncoder().encode(content) : content;
+    if (!(body instanceof Uint8Array)) throw new TypeError("content must be a string or a Uint8Array");
+    await this.#client._request("PUT", `${sessionPath(this.id)}/files?${new URLSearchParams({ path, mkdirs: "true" })}`, {
+      what: "write file",
+      sessionScoped: true,
+      body,
+      headers: { "Content-Type": "application/octet-stream" },
+    });
+  }
+
+  /** Reads a file (`GET /v1/sessions/{id}/files?path=P`); with maxBytes, at most that many bytes from its start. */
+  async read(path: string, opts: ReadOptions = {}): Promise<Uint8Array> {
+    checkPath(path);
+    const headers: Record<string, string> = {};
+    if (opts.maxBytes !== undefined) {
+      checkInt("maxBytes", opts.maxBytes, 0);
+      if (opts.maxBytes === 0) return new Uint8Array(0);
+      headers["Range"] = `bytes=0-${opts.maxBytes - 1}`;
+    }
+    const ans = await this.#client._request("GET", `${sessionPath(this.id)}/files?${new URLSearchParams({ path })}`, {
+      what: "read file",
+      sessionScoped: true,
+      headers,
+      // An empty file has no byte 0: a range request of it is 416.
+      accept: opts.maxBytes !== undefined ? [416] : [],
+    });
+    if (ans.status === 416) return new Uint8Array(0);
+    return opts.maxBytes !== undefined && ans.body.length > opts.maxBytes ? ans.body.slice(0, opts.maxBytes) : ans.body;
+  }
+
+  /** Deletes the session and everything in its sandbox. */
+  destroy(): Promise<void> {
+    return this.#client.deleteSession(this.id);
+  }
+
+  /** Opens the CONNECT tunnel to this session's SSH server (see openTunnel). */
+  openTunnel(opts: { timeoutMs?: number } = {}): Promise<TunnelSocket> {
+    return this.#client.openTunnel(this.id, opts);
+  }
+
+  /**
+   * Connects over SSH (ssh2) through the tunnel: host keys pinned from
+   * `sshInfo.hostKeys`, the session's password when this object has it,
+   * else SSH `none` authentication (the tunnel carried the bearer token).
+   */
+  ssh(opts: SSHOptions = {}): Promise<SessionSSH> {
+    return this.#client._connectSSH(this.id, this.sshInfo, opts);
+  }
+}
+
+/** Client of the sandgate REST API. */
+export class SandboxClient {
+  readonly baseUrl: string;
+  readonly timeoutMs: number;
+  readonly tls: TLSOptions;
+  readonly #apiKey: string;
+  readonly #base: string;
+  readonly #fetch: typeof fetch;
+
+  constructor(options: SandboxClientOptions = {}) {
+    const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
+    this.baseUrl = baseUrl;
+    this.#apiKey = apiKey;
+    this.#base = restBase(baseUrl);
+    this.timeoutMs = checkTimeout("timeoutMs", options.timeoutMs ?? 30_000);
+    this.tls = { ...(options.tls ?? {}) };
+    this.#fetch = options.fetch ?? globalThis.fetch;
+  }
+
+  [Symbol.for("nodejs.util.inspect.custom")](): string {
+    return `SandboxClient { baseUrl: '${this.baseUrl}' }`;
+  }
+
+  /**
+   * Creates a session (`POST /v1/sessions`) with an `Idempotency-Key`. When
+   * the gateway cannot be reached, the connection breaks, the request times
+   * out, or it answers 500/502/503/504, the create is sent again with the
+   * same key, up to twice more (after 0.5 s, then 1 s): a create whose
+   * answer was lost never makes a second session. TLS errors and other
+   * answers (4xx, 429 included) are thrown at once.
+   */
+  async createSession(opts: CreateSessionOptions = {}): Promise<Session> {
+    const body: Record<string, unknown> = { ttl: checkInt("ttlSeconds", opts.ttlSeconds ?? 3600, MIN_TTL, MAX_TTL) };
+    if (opts.image !== undefined) {
+      if (typeof opts.image !== "string" || !opts.image) throw new TypeError("image must be a non-empty string");
+      body["image"] = opts.image;
+    }
+    if (opts.metadata !== undefined) {
+      if (!isObject(opts.metadata)) throw new TypeError("metadata must be an object");
+      body["metadata"] = opts.metadata;
+    }
+    if (opts.resources !== undefined) body["resources"] = checkResources(opts.resources);
+    if (opts.egress !== undefined) body["egress"] = checkHosts("egress", opts.egress);
+    if (opts.secrets !== undefined) body["secrets"] = checkSecrets(opts.secrets);
+    if (opts.sshPublicKey !== undefined) {
+      if (typeof opts.sshPublicKey !== "string" || !opts.sshPublicKey.trim()) {
+        throw new TypeError("sshPublicKey must be an authorized_keys line");
+      }
+      body["sshPublicKey"] = opts.sshPublicKey.trim();
+    }
+    let key = opts.idempotencyKey;
+    if (key !== undefined) {
+      if (typeof key !== "string" || !/^[!-~]{1,255}$/.test(key)) {
+        throw new TypeError("idempotencyKey must be 1 to 255 printable ASCII characters without spaces");
+      }
+    } else {
+      key = randomUUID();
+    }
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const ans = await this._request("POST", "/sessions", {
+          what: "create session",
+          json: body,
+          headers: { "Idempotency-Key": key },
+        });
+        const replayed = (ans.headers["idempotent-replayed"] ?? "").trim().toLowerCase() === "true";
+        return this.#session(parseJSONObject(ans, "create session"), "create session", replayed);
+      } catch (e) {
+        if (attempt >= CREATE_RETRY_DELAYS_MS.length || !createRetryable(e)) throw e;
+        await sleep(CREATE_RETRY_DELAYS_MS[attempt] ?? 1000);
+      }
+    }
+  }
+
+  /** Fetches one session (`GET /v1/sessions/{id}`). */
+  async getSession(id: string): Promise<Session> {
+    const ans = await this._request("GET", sessionPath(id), { what: "get session", sessionScoped: true });
+    return this.#session(parseJSONObject(ans, "get session"), "get session");
+  }
+
+  /** Lists this tenant's sessions, oldest first (`GET /v1/sessions`). */
+  async listSessions(opts: { limit?: number; offset?: number } = {}): Promise<SessionList> {
+    const limit = checkInt("limit", opts.limit ?? 50, 1, 100);
+    const offset = checkInt("offset", opts.offset ?? 0, 0);
+    const ans = await this._request("GET", `/sessions?limit=${limit}&offset=${offset}`, { what: "list sessions" });
+    const data = parseJSONObject(ans, "list sessions");
+    const items = data["sessions"];
+    if (!Array.isArray(items)) {
+      throw new SandboxOperationError("list sessions: answer has no 'sessions' list", { body: JSON.stringify(data).slice(0, 4096) });
+    }
+    return {
+      sessions: items.map((it) => this.#session(it, "list sessions")),
+      total: typeof data["total"] === "number" ? data["total"] : items.length,
+      limit: typeof data["limit"] === "number" ? data["limit"] : limit,
+      offset: typeof data["offset"] === "number" ? data["offset"] : offset,
+    };
+  }
+
+  /** Changes a running session (`PATCH /v1/sessions/{id}`): a new ttl from now and/or a new egress list. */
+  async updateSession(id: string, opts: { ttlSeconds?: number; egress?: string[] }): Promise<Session> {
+    const body: Record<string, unknown> = {};
+    if (opts.ttlSeconds !== undefined) body["ttl"] = checkInt("ttlSeconds", opts.ttlSeconds, MIN_TTL, MAX_TTL);
+    if (opts.egress !== undefined) body["egress"] = checkHosts("egress", opts.egress);
+    const ans = await this._request("PATCH", sessionPath(id), { what: "update session", sessionScoped: true, json: body });
+    return this.#session(parseJSONObject(ans, "update session"), "update session");
+  }
+
+  /** Deletes a session (`DELETE /v1/sessions/{id}`); 200 and 204 both succeed. */
+  async deleteSession(id: string): Promise<void> {
+    await this._request("DELETE", sessionPath(id), { what: "delete session", sessionScoped: true });
+  }
+
+  /** Opens `CONNECT /v1/sessions/{id}` (see the module function openTunnel). */
+  openTunnel(sessionId: string, opts: { timeoutMs?: number } = {}): Promise<TunnelSocket> {
+    return openTunnel({ ...this.tls, baseUrl: this.baseUrl, apiKey: this.#apiKey, sessionId, timeoutMs: opts.timeoutMs });
+  }
+
+  /** Connects over SSH to a session by id, pinning the host keys its REST answer lists. */
+  async ssh(sessionId: string, opts: SSHOptions = {}): Promise<SessionSSH> {
+    const s = await this.getSession(sessionId);
+    return this._connectSSH(sessionId, s.sshInfo, opts);
+  }
+
+  /** @internal */
+  _connectSSH(sessionId: string, info: SSHAccess, opts: SSHOptions): Promise<SessionSSH> {
+    return SessionSSH.connect({
+      ...this.tls,
+      baseUrl: this.baseUrl,
+      apiKey: this.#apiKey,
+      sessionId,
+      password: info.password,
+      ...opts,
+      hostKeys: opts.hostKeys ?? info.hostKeys,
+    });
+  }
+
+  #session(data: unknown, what: string, replayed = false): Session {
+    if (!isObject(data)) throw new SandboxOperationError(`${what}: unexpected answer: not a JSON object`);
+    try {
+      return new Session(this, data as Record<string, unknown>, replayed);
+    } catch (e) {
+      throw new SandboxOperationError(`${what}: unexpected answer: ${(e as Error).message}`, {
+        body: JSON.stringify(data).slice(0, 4096),
+      });
+    }
+  }
+
+  /** @internal Sends one request; returns the answer, or throws the mapped error. */
+  async _request(method: string, path: string, opts: RequestOptions): Promise<Answer> {
+    const headers: Record<string, string> = {
+      Authorization: `Bearer ${this.#apiKey}`,
+      Accept: "application/json",
+      "User-Agent": USER_AGENT,
+      ...(opts.headers ?? {}),
+    };
+    let body: Uint8Array | string | undefined = opts.body;
+    if (opts.json !== undefined) {
+      body = JSON.stringify(opts.json);
+      headers["Content-Type"] = "application/json";
+    }
+    const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
+    let resp: Response;
+    let bytes: Uint8Array;
+    try {
+      resp = await this.#fetch(this.#base + path, {
+        method,
+        headers,
+        body,
+        signal: AbortSignal.timeout(timeoutMs),
+        redirect: "manual",
+      });
+      bytes = new Uint8Array(await resp.arrayBuffer());
+    } catch (e) {
+      throw fetchError(e, opts.what, this.baseUrl, timeoutMs);
+    }
+    const h = headersObject(resp.headers);
+    if (resp.status >= 400 && !(opts.accept ?? []).includes(resp.status)) {
+      throw errorForStatus(resp.status, resp.statusText, h, bytes, { what: opts.what, sessionScoped: opts.sessionScoped ?? false });
+    }
+    if (resp.status >= 300 && resp.status < 400) {
+      throw new SandboxOperationError(`${opts.what}: unexpected HTTP ${resp.status} answer`, { status: resp.status, headers: h });
+    }
+    return { status: resp.status, headers: h, body: bytes };
+  }
+}
+
+// -- helpers -------------------------------------------------------------------
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return v !== null && typeof v === "object" && !Array.isArray(v);
+}
+
+function sessionPath(id: string): string {
+  if (typeof id !== "string" || !id) throw new TypeError("session id must be a non-empty string");
+  return "/sessions/" + encodeURIComponent(id);
+}
+
+function checkPath(path: string): void {
+  if (typeof path !== "string" || !path) throw new TypeError("path must be a non-empty string");
+}
+
+function parseJSONObject(ans: Answer, what: string): Record<string, unknown> {
+  if (ans.status === 204 || ans.body.length === 0) return {};
+  let data: unknown;
+  try {
+    data = JSON.parse(new TextDecoder().decode(ans.body));
+  } catch {
+    throw new SandboxOperationError(`${what}: HTTP ${ans.status} answer is not JSON`, {
+      status: ans.status,
+      body: new TextDecoder().decode(ans.body.subarray(0, 4096)),
+      headers: ans.headers,
+    });
+  }
+  if (!isObject(data)) {
+    throw new SandboxOperationError(`${what}: HTTP ${ans.status} answer is not a JSON object`, {
+      status: ans.status,
+      body: new TextDecoder().decode(ans.body.subarray(0, 4096)),
+    });
+  }
+  return data;
+}
+
+/** A stream of a command answer: `stdout`, or `stdoutBase64` for output that is not UTF-8. */
+function streamBytes(data: Record<string, unknown>, name: "stdout" | "stderr"): Uint8Array {
+  const b64 = data[`${name}Base64`];
+  if (typeof b64 === "string") return new Uint8Array(Buffer.from(b64, "base64"));
+  const text = data[name];
+  return new TextEncoder().encode(typeof text === "string" ? text : "");
+}
+
+function errorChain(e: unknown): unknown[] {
+  const out: unknown[] = [];
+  for (let cur: unknown = e; cur && out.length < 5; cur = (cur as { cause?: unknown }).cause) out.push(cur);
+  return out;
+}
+
+function isTLSError(e: unknown): boolean {
+  return errorChain(e).some((c) => {
+    const code = String((c as { code?: unknown }).code ?? "");
+    return /^(ERR_TLS_|ERR_SSL_|CERT_|UNABLE_TO_|DEPTH_ZERO_|SELF_SIGNED_|HOSTNAME_MISMATCH)/.test(code);
+  });
+}
+
+function fetchError(e: unknown, what: string, baseUrl: string, timeoutMs: number): SandboxAPIError {
+  if (e instanceof SandboxAPIError) return e;
+  const name = (e as { name?: string })?.name;
+  if (name === "TimeoutError" || name === "AbortError") {
+    return new SandboxConnectionError(`${what}: timed out after ${timeoutMs} ms talking to ${baseUrl}`, { cause: e });
+  }
+  const chain = errorChain(e);
+  const detail = chain.map((c) => (c as Error)?.message).filter(Boolean).join(": ");
+  if (isTLSError(e)) {
+    return new SandboxConnectionError(`${what}: TLS error talking to ${baseUrl}: ${detail}`, { cause: e });
+  }
+  return new SandboxConnectionError(`${what}: cannot reach ${baseUrl}: ${detail}`, { cause: e });
+}
+
+function createRetryable(e: unknown): boolean {
+  if (e instanceof SandboxConnectionError) return !isTLSError(e.cause);
+  return e instanceof SandboxAPIError && e.status !== undefined && CREATE_RETRY_STATUSES.has(e.status);
+}
+
+const RESOURCE_KEYS: Record<string, "int" | "number"> = { memoryMiB: "int", cpus: "number", pids: "int", diskMiB: "int" };
+
+function checkResources(resources: Resources): Resources {
+  if (!isObject(resources)) throw new TypeError("resources must be an object");
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(resources)) {
+    const kind = RESOURCE_KEYS[k];
+    if (!kind) throw new RangeError(`unknown resource ${JSON.stringify(k)}; known: ${Object.keys(RESOURCE_KEYS).join(", ")}`);
+    if (v === undefined || v === null) continue;
+    if (typeof v !== "number" || (kind === "int" && !Number.isInteger(v))) {
+      throw new TypeError(`resources.${k} must be ${kind === "int" ? "an integer" : "a number"}`);
+    }
+    if (v <= 0) throw new RangeError(`resources.${k} must be positive`);
+    out[k] = v;
+  }
+  return out;
+}
+
+function checkHosts(name: string, value: unknown): string[] {
+  if (!Array.isArray(value)) throw new TypeError(`${name} must be an array of strings (e.g. ["pypi.org"])`);
+  return value.map((entry, i) => {
+    if (typeof entry !== "string") throw new TypeError(`${name}[${i}] must be a string`);
+    if (!entry.trim()) throw new RangeError(`${name}[${i}] must be a non-empty string`);
+    return entry;
+  });
+}
+
+const SECRET_KEYS = ["name", "hosts", "header", "format"];
+
+function checkSecrets(secrets: unknown): SecretRef[] {
+  if (!Array.isArray(secrets)) throw new TypeError("secrets must be an array of names or objects");
+  return secrets.map((ref, i) => {
+    if (typeof ref === "string") {
+      if (!ref) throw new RangeError(`secrets[${i}] must be a non-empty name`);
+      return ref;
+    }
+    if (!isObject(ref)) throw new TypeError(`secrets[${i}] must be a name or an object`);
+    const unknown = Object.keys(ref).filter((k) => !SECRET_KEYS.includes(k));
+    if (unknown.length) throw new RangeError(`secrets[${i}]: unknown key ${JSON.stringify(unknown[0])}; known: ${SECRET_KEYS.join(", ")}`);
+    const item: Record<string, unknown> = {};
+    for (const k of SECRET_KEYS) {
+      const v = ref[k];
+      if (v === undefined || v === null) continue;
+      if (k === "hosts") {
+        item[k] = checkHosts(`secrets[${i}].hosts`, v);
+        continue;
+      }
+      if (typeof v !== "string") throw new TypeError(`secrets[${i}].${k} must be a string`);
+      if (!v) throw new RangeError(`secrets[${i}].${k} must be a non-empty string`);
+      item[k] = v;
+    }
+    if (!("name" in item)) throw new RangeError(`secrets[${i}] needs a name`);
+    return item as SecretRef;
+  });
+}

@@ -1,0 +1,277 @@
+// openTunnel: a raw byte stream to a session's SSH server via HTTP CONNECT.
+
+import * as net from "node:net";
+import * as tls from "node:tls";
+
+import { USER_AGENT, bareHost, checkTimeout, errorForStatus, resolveSettings } from "./common.js";
+import { SandboxAPIError, SandboxConnectionError } from "./errors.js";
+
+export const DEFAULT_CONNECT_PATH = "/sessions/{sessionId}";
+
+/** Bounds on the CONNECT answer the client is willing to read. */
+const MAX_HEAD = 64 * 1024;
+const MAX_BODY = 64 * 1024;
+
+/** TLS verification for https gateways (the tunnel and SSH; REST uses fetch, see the README). */
+export interface TLSOptions {
+  /** Extra trusted CA certificates (PEM), replacing the default roots, as node:tls's `ca`. */
+  ca?: string | Buffer | Array<string | Buffer>;
+  /** Verify the gateway's certificate (default true). false verifies nothing. */
+  rejectUnauthorized?: boolean;
+  /** The TLS server name (SNI and certificate check); default: the URL's host. */
+  servername?: string;
+}
+
+export interface TunnelOptions extends TLSOptions {
+  /** The gateway URL (`http://` or `https://`); default `$SANDBOX_API_URL`. */
+  baseUrl?: string;
+  /** The API key or JWT; default `$SANDBOX_API_TOKEN`. */
+  apiKey?: string;
+  /** The session to connect to. */
+  sessionId: string;
+  /** Time allowed for TCP connect, TLS handshake and the CONNECT answer together (default 10000). */
+  timeoutMs?: number;
+  /** Path template joined to the URL's path; `{sessionId}` is replaced (default `/sessions/{sessionId}`). */
+  connectPathTemplate?: string;
+  /** More headers to send with the CONNECT request. */
+  extraHeaders?: Record<string, string>;
+}
+
+/** The socket a tunnel returns: a net.Socket, or a tls.TLSSocket for https. */
+export type TunnelSocket = net.Socket | tls.TLSSocket;
+
+/** The CONNECT path for a base URL and session: the URL's path joined with the template. */
+export function connectPath(baseUrl: string, sessionId: string, template = DEFAULT_CONNECT_PATH): string {
+  const u = new URL(baseUrl);
+  const p = template.replace("{sessionId}", encodeURIComponent(sessionId));
+  return u.pathname.replace(/\/+$/, "") + "/" + p.replace(/^\/+/, "");
+}
+
+/**
+ * Sends `CONNECT <path> HTTP/1.1` to the gateway and resolves to the socket
+ * once it answers 200. The socket then carries the session's raw SSH stream:
+ * any bytes the gateway sent right after the answer's head (its SSH version
+ * line) are put back (`unshift`), so the socket starts exactly at the SSH
+ * stream. It is in paused mode: nothing is lost before a reader attaches
+ * (a 'data' listener, `pipe`, ssh2's `sock` option).
+ *
+ * The token goes in both `Proxy-Authorization: Bearer` and `Authorization:
+ * Bearer`. Errors: UnauthorizedError (401), SessionNotFoundError (404),
+ * RateLimitError (429), SandboxConnectionError for everything else (network,
+ * TLS, timeout, any other answer); each carries the answer's `statusLine`
+ * and `status` when there was an answer.
+ */
+export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> {
+  const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
+  const sessionId = options.sessionId;
+  if (typeof sessionId !== "string" || !sessionId) throw new TypeError("sessionId must be a non-empty string");
+  const template = options.connectPathTemplate ?? DEFAULT_CONNECT_PATH;
+  if (!template.includes("{sessionId}")) throw new TypeError("connectPathTemplate must contain {sessionId}");
+  const timeoutMs = checkTimeout("timeoutMs", options.timeoutMs ?? 10_000);
+  const extra = options.extraHeaders ?? {};
+  for (const [k, v] of Object.entries(extra)) {
+    if (/[\r\n\0]/.test(k + v)) throw new TypeError("extraHeaders must not contain CR, LF or NUL");
+  }
+
+  const url = new URL(baseUrl);
+  const useTLS = url.protocol === "https:";
+  const host = bareHost(url.hostname);
+  const port = url.port ? Number(url.port) : useTLS ? 443 : 80;
+  const where = `${host}:${port}`;
+  const path = connectPath(baseUrl, sessionId, template);
+
+  const lines = [
+    `CONNECT ${path} HTTP/1.1`,
+    `Host: ${url.host}`,
+    `Proxy-Authorization: Bearer ${apiKey}`,
+    `Authorization: Bearer ${apiKey}`,
+    `User-Agent: ${USER_AGENT}`,
+    ...Object.entries(extra).map(([k, v]) => `${k}: ${v}`),
+  ];
+  const request = Buffer.from(lines.join("\r\n") + "\r\n\r\n", "latin1");
+
+  return new Promise<TunnelSocket>((resolve, reject) => {
+    let tcpUp = false;
+    let secured = false;
+    let done = false;
+    let sock: TunnelSocket;
+    let head = Buffer.alloc(0);
+    // After a non-200 head: the answer and how much body to wait for.
+    let answer: { statusLine: string; status: number; reason: string; headers: Record<string, string>; want: number } | null =
+      null;
+    let body = Buffer.alloc(0);
+
+    const finish = (err: SandboxAPIError | null) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      sock.removeListener("readable", onReadable);
+      sock.removeListener("error", onError);
+      sock.removeListener("close", onClose);
+      sock.removeListener(useTLS ? "secureConnect" : "connect", onConnected);
+      if (err) {
+        sock.destroy();
+        reject(err);
+      }
+    };
+
+    const failAnswer = () => {
+      if (!answer) return;
+      finish(
+        errorForStatus(answer.status, answer.reason, answer.headers, body.subarray(0, answer.want), {
+          what: `tunnel: CONNECT ${path} answered ${JSON.stringify(answer.statusLine)}`,
+          sessionScoped: true,
+          statusLine: answer.statusLine,
+          fallback: "connection",
+        }),
+      );
+    };
+
+    const onData = (chunk: Buffer) => {
+      if (done) return;
+      if (answer) {
+        body = Buffer.concat([body, chunk]);
+        if (body.length >= answer.want) failAnswer();
+        return;
+      }
+      head = Buffer.concat([head, chunk]);
+      let end = head.indexOf("\r\n\r\n");
+      let sep = 4;
+      const lf = head.indexOf("\n\n");
+      if (lf >= 0 && (end < 0 || lf < end)) {
+        end = lf;
+        sep = 2;
+      }
+      if (end < 0) {
+        if (head.length >= MAX_HEAD) finish(new SandboxConnectionError("tunnel: CONNECT answer head is too large"));
+        return;
+      }
+      if (end + sep > MAX_HEAD) {
+        finish(new SandboxConnectionError("tunnel: CONNECT answer head is too large"));
+        return;
+      }
+      const rest = head.subarray(end + sep);
+      let parsed;
+      try {
+        parsed = parseHead(head.subarray(0, end).toString("latin1"));
+      } catch (e) {
+        finish(e as SandboxAPIError);
+        return;
+      }
+      if (parsed.status === 200) {
+        finish(null);
+        sock.setTimeout(0);
+        // Paused mode (never flowing), so nothing is emitted before the
+        // caller reads; attaching a 'data' listener starts the flow.
+        if (rest.length > 0) sock.unshift(rest);
+        resolve(sock);
+        return;
+      }
+      const len = Number.parseInt(parsed.headers["content-length"] ?? "", 10);
+      answer = { ...parsed, want: Number.isFinite(len) ? Math.max(0, Math.min(len, MAX_BODY)) : 0 };
+      body = Buffer.from(rest);
+      if (body.length >= answer.want) failAnswer();
+    };
+
+    const onReadable = () => {
+      let chunk: Buffer | null;
+      while (!done && (chunk = sock.read() as Buffer | null) !== null) onData(chunk);
+    };
+
+    const onError = (err: Error) => {
+      if (done) return;
+      if (answer) {
+        failAnswer();
+        return;
+      }
+      let msg: string;
+      if (!tcpUp) msg = `tunnel: cannot connect to ${where}: ${err.message}`;
+      else if (useTLS && !secured) msg = `tunnel: TLS handshake with ${where} failed: ${err.message}`;
+      else msg = `tunnel: CONNECT ${path} failed: ${err.message}`;
+      finish(new SandboxConnectionError(msg, { cause: err }));
+    };
+
+    const onClose = () => {
+      if (done) return;
+      if (answer) {
+        failAnswer();
+        return;
+      }
+      if (head.length === 0) {
+        finish(new SandboxConnectionError("tunnel: the gateway closed the connection without answering CONNECT"));
+      } else {
+        finish(
+          new SandboxConnectionError(
+            "tunnel: the gateway closed the connection in the middle of its CONNECT answer: " +
+              head.subarray(0, 200).toString("latin1"),
+          ),
+        );
+      }
+    };
+
+    const onConnected = () => {
+      secured = useTLS;
+      if (done) return;
+      sock.write(request);
+    };
+
+    const timer = setTimeout(() => {
+      if (done) return;
+      if (answer) {
+        failAnswer();
+        return;
+      }
+      const step = !tcpUp ? "connecting to" : useTLS && !secured ? "TLS handshake with" : "";
+      finish(
+        new SandboxConnectionError(
+          step
+            ? `tunnel: timed out ${step} ${where} after ${timeoutMs} ms`
+            : `tunnel: no answer to CONNECT ${path} within ${timeoutMs} ms`,
+        ),
+      );
+    }, timeoutMs);
+
+    if (useTLS) {
+      sock = tls.connect({
+        host,
+        port,
+        servername: options.servername ?? (net.isIP(host) ? undefined : host),
+        ca: options.ca,
+        rejectUnauthorized: options.rejectUnauthorized ?? true,
+        ALPNProtocols: ["http/1.1"],
+      });
+    } else {
+      sock = net.connect({ host, port });
+    }
+    sock.once("connect", () => {
+      tcpUp = true;
+      try {
+        sock.setNoDelay(true);
+      } catch {
+        // not fatal
+      }
+    });
+    sock.on(useTLS ? "secureConnect" : "connect", onConnected);
+    sock.on("readable", onReadable);
+    sock.on("error", onError);
+    sock.on("close", onClose);
+  });
+}
+
+function parseHead(text: string): { statusLine: string; status: number; reason: string; headers: Record<string, string> } {
+  const lines = text.replace(/\r\n/g, "\n").split("\n");
+  const statusLine = (lines[0] ?? "").trim();
+  const m = /^(HTTP\/\S+) (\d{3})(?: (.*))?$/.exec(statusLine);
+  if (!m) {
+    throw new SandboxConnectionError(
+      `tunnel: the gateway's answer to CONNECT is not HTTP: ${JSON.stringify(statusLine.slice(0, 200))}`,
+      { statusLine: statusLine.slice(0, 200) },
+    );
+  }
+  const headers: Record<string, string> = {};
+  for (const line of lines.slice(1)) {
+    const i = line.indexOf(":");
+    if (i > 0) headers[line.slice(0, i).trim().toLowerCase()] = line.slice(i + 1).trim();
+  }
+  return { statusLine, status: Number(m[2]), reason: m[3] ?? "", headers };
+}

@@ -311,7 +311,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	reserved = false
 	m.mu.Unlock()
 	m.watch(s)
-	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "ttl", cp.TTL, "image", image,
+	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", image,
 		"egress", len(s.egressAllow), "secrets", len(secrets))
 	return s, pw, nil
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -215,5 +216,32 @@ func TestLinks(t *testing.T) {
 				t.Errorf("link of a deleted session: %d %s", status, body)
 			}
 		})
+	}
+}
+
+// TestLinkSurvivesRestart: the signing key is in the data dir, so a link
+// made before a restart still works after it (on the new address), and the
+// session's name still finds it.
+func TestLinkSurvivesRestart(t *testing.T) {
+	g := startGateway(t, "--keep-sandboxes-on-exit=true")
+	id := createFilesSession(t, g, map[string]any{"name": "keeper"})
+	res, body := restFile(t, g, http.MethodPut, "/v1/sessions/"+id+"/files?path=kept.txt", strings.NewReader("kept"))
+	wantStatus(t, "put", res, body, 201, "")
+	link := makeLink(t, g, id, "kept.txt", 0)
+	g2 := restartWith(t, g, syscall.SIGTERM, "workdir")
+	moved := g2.URL + strings.TrimPrefix(link, g.URL)
+	if status, body := curlGet(t, moved); status != 200 || string(body) != "kept" {
+		t.Errorf("link after a restart: %d %q", status, body)
+	}
+	var list struct {
+		Sessions []struct {
+			SessionID string `json:"sessionId"`
+		} `json:"sessions"`
+	}
+	if code := g2.api(t, http.MethodGet, "/v1/sessions?name=keeper", nil, &list); code != 200 || len(list.Sessions) != 1 || list.Sessions[0].SessionID != id {
+		t.Errorf("?name=keeper after a restart: %d %+v", code, list)
+	}
+	if code := g2.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+		t.Errorf("delete: %d", code)
 	}
 }

@@ -44,7 +44,9 @@ func checkIdempotencyKey(key string) error {
 
 // fingerprint identifies a create's payload after defaults are applied, so
 // that {} and {"ttl": 3600} are the same request.
-func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, res *Resources, egress []string, secrets []SecretRef) [32]byte {
+// The name counts only when given, so fingerprints made before sessions
+// had names stay the same.
+func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, res *Resources, egress []string, secrets []SecretRef, name string) [32]byte {
 	data, _ := json.Marshal(struct { // map keys marshal sorted: deterministic
 		TTL          int            `json:"ttl"`
 		Image        string         `json:"image"`
@@ -53,7 +55,8 @@ func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, 
 		Resources    *Resources     `json:"resources,omitempty"` // nil: the defaults
 		Egress       []string       `json:"egress,omitempty"`
 		Secrets      []SecretRef    `json:"secrets,omitempty"`
-	}{ttl, image, metadata, sshKey, res, egress, secrets})
+		Name         string         `json:"name,omitempty"`
+	}{ttl, image, metadata, sshKey, res, egress, secrets, name})
 	return sha256.Sum256(data)
 }
 

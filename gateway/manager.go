@@ -61,6 +61,7 @@ type Manager struct {
 	sessions map[string]*Session
 	pending  map[string]int       // creates in progress per tenant
 	inflight map[idemKey][32]byte // idempotency keys of creates in progress, to their payload's fingerprint
+	naming   map[nameKey]struct{} // names of creates in progress (names.go)
 	stopping bool                 // Shutdown has begun: sandboxes end on purpose
 	// writeMu orders the writes of records that Update and saveActivity
 	// make from snapshots, so an older snapshot never overwrites a newer one.
@@ -142,6 +143,9 @@ type CreateParams struct {
 	Egress []string
 	// Secrets are the operator's secrets (by name) the session gets.
 	Secrets []SecretRef
+	// Name, when set, names the session: unique among the tenant's live
+	// sessions (see checkName).
+	Name string
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -164,6 +168,9 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", err
 	}
 	if err := checkIdempotencyKey(cp.IdempotencyKey); err != nil {
+		return nil, "", err
+	}
+	if err := checkName(cp.Name); err != nil {
 		return nil, "", err
 	}
 	sshKey, err := checkSSHPublicKey(cp.SSHPublicKey)
@@ -193,7 +200,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if res != m.cfg.Resources.Default {
 		fpRes = &res
 	}
-	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes, allow.Entries(), secrets)
+	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes, allow.Entries(), secrets, cp.Name)
 
 	prior, err := m.reserve(key, fp)
 	if err != nil {
@@ -209,11 +216,20 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			m.release(key)
 		}
 	}()
+	name := nameKey{p.Tenant, cp.Name}
+	if err := m.claimName(name); err != nil {
+		return nil, "", err
+	}
+	defer func() {
+		if reserved {
+			m.unclaimName(name)
+		}
+	}()
 
 	now := m.cfg.Now().UTC()
 	pw := newPassword()
 	s := &Session{
-		ID: newID(), Tenant: p.Tenant, Image: image, Metadata: cp.Metadata,
+		ID: newID(), Tenant: p.Tenant, Name: cp.Name, Image: image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
 		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
 		Secrets: secrets, secrets: m.cfg.Secrets, egressAllow: allow.Entries(),
@@ -291,10 +307,11 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	}
 	m.sessions[s.ID] = s
 	m.releaseLocked(key) // from here on the session itself counts
+	m.unclaimNameLocked(name)
 	reserved = false
 	m.mu.Unlock()
 	m.watch(s)
-	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "ttl", cp.TTL, "image", image,
+	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", image,
 		"egress", len(s.egressAllow), "secrets", len(secrets))
 	return s, pw, nil
 }

@@ -38,7 +38,10 @@ const (
 type Session struct {
 	ID     string
 	Tenant string
-	Image  string
+	// Name is the creator's name for the session ("" for none), unique
+	// among the tenant's live sessions.
+	Name  string
+	Image string
 	// ImageDigest is the manifest digest of the image the sandbox runs
 	// ("" for the default root).
 	ImageDigest string
@@ -86,6 +89,7 @@ type Session struct {
 // View is what a tenant sees of a session. The REST API renders it as it
 // is, and Record embeds it, so the two share these fields and JSON names.
 type View struct {
+	Name           string         `json:"name,omitempty"`
 	Status         string         `json:"status"`
 	Image          string         `json:"image"`
 	ImageDigest    string         `json:"imageDigest,omitempty"`
@@ -135,7 +139,7 @@ func (s *Session) Snapshot() Record {
 	r := Record{
 		ID: s.ID, Tenant: s.Tenant,
 		View: View{
-			Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata, Resources: s.Resources,
+			Name: s.Name, Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata, Resources: s.Resources,
 			Egress: ev, Secrets: s.Secrets,
 			CreatedAt: s.CreatedAt, ExpiresAt: expires, LastActivityAt: s.LastActivity(), TTL: ttl,
 			StatusReason: reason,
@@ -153,7 +157,7 @@ func (s *Session) Snapshot() Record {
 // by the caller.
 func sessionFromRecord(r Record) *Session {
 	s := &Session{
-		ID: r.ID, Tenant: r.Tenant, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata, Resources: r.Resources,
+		ID: r.ID, Tenant: r.Tenant, Name: r.Name, Image: r.Image, ImageDigest: r.ImageDigest, Metadata: r.Metadata, Resources: r.Resources,
 		CreatedAt: r.CreatedAt, expiresAt: r.ExpiresAt, ttl: r.TTL, SSHPublicKey: r.SSHPublicKey,
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},

@@ -128,6 +128,12 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
 		_ = writeJSON(w, http.StatusOK, map[string]any{"entries": entries, "truncated": truncated})
 		return
 	}
+	a.serveFile(w, r, fsys, p)
+}
+
+// serveFile streams the regular file p of fsys (Range, If-Modified-Since...):
+// GET /files and presigned links (links.go) alike.
+func (a *api) serveFile(w http.ResponseWriter, r *http.Request, fsys *dataplane.FS, p string) {
 	f, e, err := fsys.Open(p)
 	if err != nil {
 		a.writeFileError(w, r, err)

@@ -54,6 +54,9 @@ type Config struct {
 	Ready func() (map[string]any, error)
 	// DataPlane bounds commands, files and processes over REST.
 	DataPlane DataPlane
+	// LinkKey signs presigned file links (links.go); nil: a random key,
+	// so links die with the process.
+	LinkKey []byte
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -63,6 +66,9 @@ const MaxBodyBytes = 64 << 10
 func New(cfg Config) http.Handler {
 	if cfg.HostKeys == nil {
 		cfg.HostKeys = []string{}
+	}
+	if len(cfg.LinkKey) == 0 {
+		cfg.LinkKey = NewLinkKey()
 	}
 	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
@@ -81,6 +87,8 @@ func New(cfg Config) http.Handler {
 		_ = writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.readyz)
+	// Presigned links (links.go) carry their own authorization.
+	r.Get("/links/{token}", a.fetchLink)
 	docs := &apiDocs{}
 	r.Get("/openapi.yaml", docs.yaml)
 	r.Get("/openapi.json", docs.jsonSpec)
@@ -102,6 +110,8 @@ func New(cfg Config) http.Handler {
 		r.Put("/sessions/{id}/files", a.putFile)
 		r.Delete("/sessions/{id}/files", a.deleteFile)
 		r.Post("/sessions/{id}/files/fetch", a.fetchFiles)
+		r.Post("/sessions/{id}/files/link", a.createLink)
+		r.Get("/sessions/{id}/logs", a.sessionLogs)
 		r.Post("/sessions/{id}/processes", a.startProcess)
 		r.Get("/sessions/{id}/processes", a.listProcesses)
 		r.Get("/sessions/{id}/processes/{pid}", a.getProcess)

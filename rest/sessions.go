@@ -21,6 +21,8 @@ import (
 )
 
 type createRequest struct {
+	// Name names the session, unique among the tenant's live sessions.
+	Name     *string        `json:"name"`
 	TTL      *int           `json:"ttl"`
 	Image    *string        `json:"image"`
 	Metadata map[string]any `json:"metadata"`
@@ -90,6 +92,13 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Image != nil {
 		cp.Image = *req.Image
+	}
+	if req.Name != nil {
+		if *req.Name == "" {
+			WriteError(w, http.StatusBadRequest, "invalid_name", "name must not be empty; leave it out for no name")
+			return
+		}
+		cp.Name = *req.Name
 	}
 	if req.SSHPublicKey != nil {
 		cp.SSHPublicKey = *req.SSHPublicKey
@@ -252,12 +261,42 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_offset", err.Error())
 		return
 	}
-	ss, total := a.cfg.Sessions.List(r.Context(), principal(r), limit, offset)
+	name, named := r.URL.Query()["name"]
+	if named && (len(name) != 1 || name[0] == "") {
+		WriteError(w, http.StatusBadRequest, "invalid_name", "name must be given once, not empty")
+		return
+	}
+	var ss []*gateway.Session
+	var total int
+	if named {
+		ss, total = a.listNamed(r.Context(), principal(r), name[0], limit, offset)
+	} else {
+		ss, total = a.cfg.Sessions.List(r.Context(), principal(r), limit, offset)
+	}
 	out := listJSON{Sessions: make([]sessionJSON, 0, len(ss)), Total: total, Limit: limit, Offset: offset}
 	for _, s := range ss {
 		out.Sessions = append(out.Sessions, a.render(s, ""))
 	}
 	_ = writeJSON(w, http.StatusOK, out)
+}
+
+// filteredSessions is a Sessions that filters its listings itself
+// (gateway.Manager).
+type filteredSessions interface {
+	ListFiltered(ctx context.Context, p gateway.Principal, f gateway.ListFilter, limit, offset int) ([]*gateway.Session, int)
+}
+
+// listNamed lists p's session called name: 0 or 1 of them.
+func (a *api) listNamed(ctx context.Context, p gateway.Principal, name string, limit, offset int) ([]*gateway.Session, int) {
+	if fs, ok := a.cfg.Sessions.(filteredSessions); ok {
+		return fs.ListFiltered(ctx, p, gateway.ListFilter{Name: name}, limit, offset)
+	}
+	all, _ := a.cfg.Sessions.List(ctx, p, 1<<31-1, 0)
+	named := gateway.SelectNamed(all, name)
+	if offset >= len(named) {
+		return []*gateway.Session{}, len(named)
+	}
+	return named[offset:min(offset+limit, len(named))], len(named)
 }
 
 // queryInt reads the integer query parameter name, def when it is absent.

@@ -242,6 +242,38 @@ func authConfig(cfg *serveConfig, stdout io.Writer, log *slog.Logger) (gateway.A
 	return ac, nil
 }
 
+// loadOrCreateLinkKey returns the key that signs presigned file links,
+// kept in <data-dir>/link-key (mode 0600) so links survive a restart;
+// removing the file revokes every link at the next start.
+func loadOrCreateLinkKey(dataDir string, log *slog.Logger) ([]byte, error) {
+	path := filepath.Join(dataDir, "link-key")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if len(b) != rest.LinkKeyBytes {
+			return nil, fmt.Errorf("link key %s: %d bytes, want %d (remove it to make a new one)", path, len(b), rest.LinkKeyBytes)
+		}
+		return b, nil
+	case errors.Is(err, fs.ErrNotExist):
+		b = rest.NewLinkKey()
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("store link key: %w", err)
+		}
+		if _, err := f.Write(b); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("store link key: %w", err)
+		}
+		if err := f.Close(); err != nil {
+			return nil, fmt.Errorf("store link key: %w", err)
+		}
+		log.Info("generated the link signing key", "path", path)
+		return b, nil
+	default:
+		return nil, fmt.Errorf("read link key: %w", err)
+	}
+}
+
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Writer) error {
 	raiseNofile(log)
 	if err := os.MkdirAll(cfg.dataDir, 0o700); err != nil {
@@ -256,6 +288,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	signers, err := sshd.LoadOrCreateHostKeys(cfg.dataDir)
+	if err != nil {
+		return err
+	}
+	linkKey, err := loadOrCreateLinkKey(cfg.dataDir, log)
 	if err != nil {
 		return err
 	}
@@ -322,6 +358,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 			return map[string]any{"sandbox": driver.Name(), "limits": report}, nil
 		},
 		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
+		LinkKey:   linkKey,
 	})
 	srv := &http.Server{
 		Handler:           handler,

@@ -1,0 +1,261 @@
+package rest
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/go-chi/httprate"
+
+	"github.com/sandgate/sandgate/dataplane"
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// Presigned links: POST /v1/sessions/{id}/files/link signs a URL,
+// /links/{token}, that anyone holding it may GET, without a bearer token,
+// until it expires or its session ends. The token is
+//
+//	base64url(payload) "." base64url(HMAC-SHA256(key, linkDomain 0 tenant 0 base64url(payload)))
+//
+// where payload is the JSON object {"v":1,"s":session,"p":path,"e":expiry
+// (Unix seconds)}. The tenant is signed but not carried: it is the
+// session's owner, looked up by id. A fetch reads the file through the
+// same SFTP server in the sandbox as GET /files, so the link is bound to
+// its path as the sandbox resolves it and never leaves the sandbox.
+
+// Link expiry bounds, in seconds.
+const (
+	DefaultLinkExpiry = 3600
+	MaxLinkExpiry     = 7 * 24 * 3600
+)
+
+// linkDomain separates link signatures from any other use of the key.
+const linkDomain = "sandgate-link-v1"
+
+// LinkKeyBytes is the size of a generated link signing key.
+const LinkKeyBytes = 32
+
+// NewLinkKey returns a random link signing key.
+func NewLinkKey() []byte {
+	k := make([]byte, LinkKeyBytes)
+	_, _ = rand.Read(k) // never fails (crypto/rand)
+	return k
+}
+
+// linkPayload is what a link carries, signed.
+type linkPayload struct {
+	V       int    `json:"v"`
+	Session string `json:"s"`
+	Path    string `json:"p"`
+	Expires int64  `json:"e"`
+}
+
+// linkMAC is the signature of the encoded payload for tenant.
+func linkMAC(key []byte, tenant, payload string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(linkDomain))
+	h.Write([]byte{0})
+	h.Write([]byte(tenant))
+	h.Write([]byte{0})
+	h.Write([]byte(payload))
+	return h.Sum(nil)
+}
+
+// signLink returns the token of a link to path of tenant's session until
+// expires.
+func signLink(key []byte, tenant, session, path string, expires time.Time) string {
+	data, _ := json.Marshal(linkPayload{V: 1, Session: session, Path: path, Expires: expires.Unix()})
+	payload := base64.RawURLEncoding.EncodeToString(data)
+	return payload + "." + base64.RawURLEncoding.EncodeToString(linkMAC(key, tenant, payload))
+}
+
+// parseLink decodes a token without verifying it: the payload's encoded
+// form, the payload and the signature.
+func parseLink(token string) (string, linkPayload, []byte, bool) {
+	enc, sigEnc, ok := strings.Cut(token, ".")
+	if !ok || enc == "" || sigEnc == "" {
+		return "", linkPayload{}, nil, false
+	}
+	data, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return "", linkPayload{}, nil, false
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(sigEnc)
+	if err != nil || len(sig) != sha256.Size {
+		return "", linkPayload{}, nil, false
+	}
+	var lp linkPayload
+	if err := json.Unmarshal(data, &lp); err != nil || lp.V != 1 || lp.Session == "" || lp.Path == "" {
+		return "", linkPayload{}, nil, false
+	}
+	return enc, lp, sig, true
+}
+
+// sessionOwners finds a session's tenant without a principal
+// (gateway.Manager.Owner).
+type sessionOwners interface {
+	Owner(id string) (string, bool)
+}
+
+// linkRequest is the body of POST /v1/sessions/{id}/files/link.
+type linkRequest struct {
+	Path      *string `json:"path"`
+	ExpiresIn *int    `json:"expiresIn"`
+}
+
+type linkJSON struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expiresAt"`
+}
+
+// createLink serves POST /v1/sessions/{id}/files/link: a presigned URL
+// for the regular file at path.
+func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
+	var req linkRequest
+	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	expiresIn := DefaultLinkExpiry
+	if req.ExpiresIn != nil {
+		expiresIn = *req.ExpiresIn
+		if expiresIn < 1 || expiresIn > MaxLinkExpiry {
+			WriteError(w, http.StatusBadRequest, "invalid_expires_in",
+				fmt.Sprintf("expiresIn must be between 1 and %d seconds (7 days), got %d", MaxLinkExpiry, expiresIn))
+			return
+		}
+	}
+	raw := ""
+	if req.Path != nil {
+		raw = *req.Path
+	}
+	p, err := dataplane.CheckPath(raw)
+	if err != nil {
+		a.writeFileError(w, r, err)
+		return
+	}
+	if _, ok := a.cfg.Sessions.(sessionOwners); !ok {
+		WriteError(w, http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
+		return
+	}
+	s, ok := a.dataSession(w, r)
+	if !ok {
+		return
+	}
+	fsys, ok := a.openFS(w, r, s)
+	if !ok {
+		return
+	}
+	e, err := fsys.Stat(p)
+	fsys.Close()
+	if err != nil {
+		a.writeFileError(w, r, err)
+		return
+	}
+	if e.Type != "file" {
+		code, what := "not_a_regular_file", "not a regular file"
+		if e.Type == "dir" {
+			code, what = "is_a_directory", "a directory"
+		}
+		WriteError(w, http.StatusConflict, code, fmt.Sprintf("%s is %s; links are to regular files", p, what))
+		return
+	}
+	expires := time.Now().Add(time.Duration(expiresIn) * time.Second).Truncate(time.Second).UTC()
+	token := signLink(a.cfg.LinkKey, s.Tenant, s.ID, p, expires)
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	a.cfg.Log.Info("link_created", "session", s.ID, "tenant", s.Tenant, "path", p, "expires_at", expires)
+	_ = writeJSON(w, http.StatusOK, linkJSON{URL: scheme + "://" + r.Host + "/links/" + token, ExpiresAt: expires})
+}
+
+// fetchLink serves GET /links/{token}, without authentication: the file
+// the link names, if the link verifies, has not expired and its session
+// still runs. Every fetch is logged (never the signature).
+func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
+	ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+	var lp linkPayload
+	code := ""
+	defer func() {
+		status := ww.Status()
+		if status == 0 {
+			status = http.StatusOK
+		}
+		args := []any{"session", lp.Session, "path", lp.Path, "remote", r.RemoteAddr, "status", status, "bytes", ww.BytesWritten()}
+		if code != "" {
+			args = append(args, "code", code)
+		}
+		a.cfg.Log.Info("link_fetch", args...)
+	}()
+	fail := func(status int, c, msg string) {
+		code = c
+		WriteError(ww, status, c, msg)
+	}
+	enc, lp, sig, ok := parseLink(chi.URLParam(r, "token"))
+	if !ok {
+		a.badLink(ww, r, fail)
+		return
+	}
+	owners, ok := a.cfg.Sessions.(sessionOwners)
+	if !ok {
+		fail(http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
+		return
+	}
+	tenant, known := owners.Owner(lp.Session)
+	if !known {
+		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted or expired), so the link is dead")
+		return
+	}
+	if !hmac.Equal(sig, linkMAC(a.cfg.LinkKey, tenant, enc)) {
+		a.badLink(ww, r, fail)
+		return
+	}
+	if exp := time.Unix(lp.Expires, 0).UTC(); !time.Now().Before(exp) {
+		fail(http.StatusForbidden, "link_expired", "the link expired at "+exp.Format(time.RFC3339)+"; ask for a new one")
+		return
+	}
+	s, err := a.cfg.Sessions.Get(r.Context(), gateway.Principal{Tenant: tenant}, lp.Session)
+	if errors.Is(err, gateway.ErrNotFound) || (err == nil && !s.Live()) {
+		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted, expired or failed), so the link is dead")
+		return
+	}
+	if err != nil {
+		code = "internal"
+		WriteGatewayError(ww, err)
+		return
+	}
+	p, err := dataplane.CheckPath(lp.Path)
+	if err != nil {
+		a.badLink(ww, r, fail)
+		return
+	}
+	fsys, ok := a.openFS(ww, r, s)
+	if !ok {
+		return
+	}
+	defer fsys.Close()
+	a.serveFile(ww, r, fsys, p)
+}
+
+// badLink answers a link that does not verify: 403 link_invalid, or 429
+// past the failed-authentication limit per address (a link is a
+// credential: guessing is bounded like guessing tokens).
+func (a *api) badLink(w http.ResponseWriter, r *http.Request, fail func(int, string, string)) {
+	if a.authFailures != nil {
+		if ip, err := httprate.KeyByIP(r); err == nil && a.authFailures.OnLimit(w, r, ip) {
+			fail(http.StatusTooManyRequests, "rate_limited", "too many invalid links from this address")
+			return
+		}
+	}
+	fail(http.StatusForbidden, "link_invalid", "the link is invalid: its signature does not match (tampered with, or signed by another key)")
+}

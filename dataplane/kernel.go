@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -33,9 +35,11 @@ const (
 	KernelInterruptGrace = 2 * time.Second
 	// KernelStartTimeout bounds a kernel's start, up to its ready frame.
 	KernelStartTimeout = 30 * time.Second
-	// maxKernelFrame bounds one frame from a kernel (output comes in
-	// 64 KiB chunks; a done frame holds at most a few capped strings).
-	maxKernelFrame = 64 << 20
+	// minKernelFrame bounds one frame from a kernel (output comes in
+	// 64 KiB chunks; a done frame holds two strings of at most 256 KiB,
+	// JSON-escaped); a result frame may be as long as the call's
+	// MaxOutputBytes.
+	minKernelFrame = 4 << 20
 	// kernelExitWait is how long a kernel whose channel ended has to
 	// exit before it is killed.
 	kernelExitWait = time.Second
@@ -251,7 +255,6 @@ type kernelMessage struct {
 	Op              string       `json:"op"`
 	ID              uint64       `json:"id"`
 	Python          string       `json:"python"`
-	Result          *string      `json:"result"`
 	ResultTruncated bool         `json:"resultTruncated"`
 	Error           *PythonError `json:"error"`
 }
@@ -265,7 +268,7 @@ type kernelRequest struct {
 }
 
 // kernelFrame is one frame from the driver: kind 'O' (stdout bytes), 'E'
-// (stderr bytes) or 'J' (a JSON message).
+// (stderr bytes), 'R' (the result, UTF-8) or 'J' (a JSON message).
 type kernelFrame struct {
 	kind byte
 	data []byte
@@ -273,12 +276,13 @@ type kernelFrame struct {
 
 // kernelProc is one running interpreter.
 type kernelProc struct {
-	p      sandbox.Process
-	frames chan kernelFrame // closed when the channel ends (EOF, a bad frame)
-	gone   chan struct{}    // closed by stop: the frame reader gives up
-	stderr *capture         // the real stderr's tail: the driver's own failures
-	errMu  sync.Mutex       // guards stderr
-	errEnd chan struct{}    // closed when stderr is at EOF
+	p        sandbox.Process
+	maxFrame atomic.Int64     // the largest frame the current cell may send
+	frames   chan kernelFrame // closed when the channel ends (EOF, a bad frame)
+	gone     chan struct{}    // closed by stop: the frame reader gives up
+	stderr   *capture         // the real stderr's tail: the driver's own failures
+	errMu    sync.Mutex       // guards stderr
+	errEnd   chan struct{}    // closed when stderr is at EOF
 
 	stopOnce sync.Once
 	exit     sandbox.Exit
@@ -336,7 +340,7 @@ func (kp *kernelProc) readFrames() {
 			return
 		}
 		n := binary.BigEndian.Uint32(hdr[1:])
-		if n > maxKernelFrame || (hdr[0] != 'O' && hdr[0] != 'E' && hdr[0] != 'J') {
+		if int64(n) > max(kp.maxFrame.Load(), minKernelFrame) || !strings.ContainsRune("OERJ", rune(hdr[0])) {
 			return // not the driver speaking: the channel is broken
 		}
 		data := make([]byte, n)
@@ -483,6 +487,7 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 		return res
 	}
 	kp := x.proc
+	kp.maxFrame.Store(req.MaxOutputBytes)
 	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: req.Code, MaxBytes: max(req.MaxOutputBytes, 1)}); err != nil {
 		x.lost(&res, "")
 		return finish(), nil
@@ -510,6 +515,9 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 				stdout.Write(f.data)
 			case 'E':
 				stderr.Write(f.data)
+			case 'R':
+				result := string(f.data)
+				res.Result = &result
 			case 'J':
 				var m kernelMessage
 				if err := json.Unmarshal(f.data, &m); err != nil || m.Op != "done" {
@@ -517,9 +525,10 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 					return finish(), nil
 				}
 				if m.ID != id {
+					res.Result = nil
 					continue // a late answer to an older cell
 				}
-				res.Result, res.ResultTruncated, res.Error = m.Result, m.ResultTruncated, m.Error
+				res.ResultTruncated, res.Error = m.ResultTruncated, m.Error
 				res.Interrupted = grace != nil
 				return finish(), nil
 			}

@@ -18,10 +18,14 @@
 # Frames (kernel -> gateway, on the private stdout): one kind byte, a
 # 4-byte big-endian length, then the payload:
 #   b"O" / b"E"  raw bytes the cell wrote to fd 1 / fd 2
+#   b"R"         the cell's result (the repr of its last expression), UTF-8,
+#                at most maxBytes
 #   b"J"         JSON: {"op": "ready", "python": "3.12.1"} once at start;
-#                {"op": "done", "id": N, "result": ..., "resultTruncated":
-#                 ..., "error": {"name", "value", "traceback"} or null}
-#                after each cell, after all its output frames.
+#                {"op": "done", "id": N, "resultTruncated": ..., "error":
+#                 {"name", "value", "traceback"} or null} after each cell,
+#                after all its output frames and its result frame; the
+#                error's value and traceback hold at most min(maxBytes,
+#                256 KiB) bytes each.
 # EOF on the private stdin ends the kernel.
 import os
 import sys
@@ -165,10 +169,11 @@ def _sandgate_kernel():
                 pass
 
     def cut(s, limit):
-        b = s.encode("utf-8", "surrogatepass")
+        # s as UTF-8 (lone surrogates escaped), at most limit bytes of it.
+        b = s.encode("utf-8", "backslashreplace")
         if len(b) <= limit:
-            return s, False
-        return b[:limit].decode("utf-8", "ignore"), True
+            return b, False
+        return b[:limit].decode("utf-8", "ignore").encode("utf-8"), True
 
     def describe(e, limit):
         tb = e.__traceback__
@@ -183,8 +188,9 @@ def _sandgate_kernel():
         except BaseException:
             text = "%s: %s\n" % (type(e).__name__, value)
         sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
-        return {"name": type(e).__name__, "value": cut(value, limit)[0],
-                "traceback": cut(text, limit)[0]}
+        limit = min(limit, 256 << 10)
+        return {"name": type(e).__name__, "value": cut(value, limit)[0].decode("utf-8"),
+                "traceback": cut(text, limit)[0].decode("utf-8")}
 
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
@@ -241,9 +247,9 @@ def _sandgate_kernel():
         os.close(wake_w)
         truncated = False
         if result is not None:
-            result, truncated = cut(result, limit)
-        send_json({"op": "done", "id": msg.get("id"), "result": result,
-                   "resultTruncated": truncated, "error": error})
+            data, truncated = cut(result, limit)
+            send(b"R", data)
+        send_json({"op": "done", "id": msg.get("id"), "resultTruncated": truncated, "error": error})
 
     threading.Thread(target=control, daemon=True).start()
     send_json({"op": "ready", "python": "%d.%d.%d" % sys.version_info[:3]})

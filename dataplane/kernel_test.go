@@ -326,6 +326,16 @@ func TestKernelHostileOutput(t *testing.T) {
 						t.Errorf("result %s stdout %q", resultText(r), r.Stdout.Text)
 					}
 				}},
+				{"surrogates in an error", "raise ValueError('bad \\ud800')", func(t *testing.T, r dataplane.PythonResult) {
+					if errName(r) != "ValueError" || r.Error.Value != `bad \ud800` {
+						t.Errorf("error %+v", r.Error)
+					}
+				}},
+				{"custom repr with surrogates", "class C:\n    def __repr__(self): return 'c\\udcff'\nC()", func(t *testing.T, r dataplane.PythonResult) {
+					if resultText(r) != `c\udcff` {
+						t.Errorf("result %q", resultText(r))
+					}
+				}},
 				{"surrogates", "'\\ud800'", func(t *testing.T, r dataplane.PythonResult) {
 					if resultText(r) != `'\ud800'` {
 						t.Errorf("result %s", resultText(r))
@@ -368,6 +378,13 @@ func TestKernelOutputCap(t *testing.T) {
 			}
 			if !res.ResultTruncated || resultText(res) != "'"+strings.Repeat("x", 3999) || !res.Truncated() {
 				t.Errorf("result: truncated %v, %d bytes", res.ResultTruncated, len(resultText(res)))
+			}
+			// A result past the frame bound of errors and output chunks.
+			r = py("'\\x01' * (3 << 20)")
+			r.MaxOutputBytes = 10 << 20
+			res = kernelCall(t, k, s, "default", r)
+			if !res.ResultTruncated || len(resultText(res)) != 10<<20 || !strings.HasPrefix(resultText(res), `'\x01\x01`) {
+				t.Errorf("long result: truncated %v, %d bytes, error %+v", res.ResultTruncated, len(resultText(res)), res.Error)
 			}
 		})
 	}

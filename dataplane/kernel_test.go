@@ -326,6 +326,16 @@ func TestKernelHostileOutput(t *testing.T) {
 						t.Errorf("result %s stdout %q", resultText(r), r.Stdout.Text)
 					}
 				}},
+				{"multiprocessing pool", "import multiprocessing as mp\nwith mp.get_context('fork').Pool(2) as p:\n    r = p.map(abs, [-1, -2])\nr", func(t *testing.T, r dataplane.PythonResult) {
+					if resultText(r) != "[1, 2]" {
+						t.Errorf("result %s error %+v", resultText(r), r.Error)
+					}
+				}},
+				{"threads print", "import threading\nth = threading.Thread(target=print, args=('from a thread',))\nth.start(); th.join()", func(t *testing.T, r dataplane.PythonResult) {
+					if r.Stdout.Text != "from a thread\n" {
+						t.Errorf("stdout %q", r.Stdout.Text)
+					}
+				}},
 				{"surrogates in an error", "raise ValueError('bad \\ud800')", func(t *testing.T, r dataplane.PythonResult) {
 					if errName(r) != "ValueError" || r.Error.Value != `bad \ud800` {
 						t.Errorf("error %+v", r.Error)

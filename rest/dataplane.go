@@ -61,6 +61,9 @@ type dataPlane struct {
 	cfg    DataPlane
 	shells *dataplane.Shells
 	procs  *dataplane.Processes
+	// kernels are the sessions' Python kernels (python.go); a value, as
+	// its zero value is ready to use and New need not make it.
+	kernels dataplane.Kernels
 }
 
 // dataSession finds the running session of the request's {id} for a

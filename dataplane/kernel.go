@@ -1,0 +1,578 @@
+package dataplane
+
+import (
+	"context"
+	_ "embed" // the kernel's driver script
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// kernelDriver is the Python side of a kernel: it runs as
+// `python3 -u -c <script>` in the sandbox and speaks the framing that its
+// header describes.
+//
+//go:embed kernel.py
+var kernelDriver string
+
+// Kernel limits.
+const (
+	// MaxKernels caps a session's Python kernels.
+	MaxKernels = 8
+	// MaxKernelQueue caps the calls waiting for one kernel.
+	MaxKernelQueue = 32
+	// KernelInterruptGrace is how long a timed-out cell has, after its
+	// SIGINT, to come back before the kernel is killed and restarted.
+	KernelInterruptGrace = 2 * time.Second
+	// KernelStartTimeout bounds a kernel's start, up to its ready frame.
+	KernelStartTimeout = 30 * time.Second
+	// minKernelFrame bounds one frame from a kernel (output comes in
+	// 64 KiB chunks; a done frame holds two strings of at most 256 KiB,
+	// JSON-escaped); a result frame may be as long as the call's
+	// MaxOutputBytes.
+	minKernelFrame = 4 << 20
+	// kernelExitWait is how long a kernel whose channel ended has to
+	// exit before it is killed.
+	kernelExitWait = time.Second
+)
+
+// Kernel errors.
+var (
+	ErrTooManyKernels = errors.New("too many Python kernels in this session")
+	ErrKernelBusy     = errors.New("too many calls wait for this kernel")
+	ErrKernelClosed   = errors.New("the kernel was reset while the call waited for it")
+	// ErrPythonUnavailable: the sandbox has no python3 on its PATH.
+	ErrPythonUnavailable = errors.New("python3 is not available in this sandbox")
+)
+
+// KernelStartError is a python3 that is there but could not run the
+// kernel (too old, broken); Reason is for people.
+type KernelStartError struct {
+	Reason string
+}
+
+func (e *KernelStartError) Error() string { return "the Python kernel could not start: " + e.Reason }
+
+// Unwrap makes a KernelStartError an ErrPythonUnavailable too.
+func (e *KernelStartError) Unwrap() error { return ErrPythonUnavailable }
+
+// ValidKernelName reports whether name may name a kernel (as a shell).
+func ValidKernelName(name string) bool { return shellNameRE.MatchString(name) }
+
+// PythonRequest is one piece of code for a kernel.
+type PythonRequest struct {
+	Code string
+	// Timeout bounds the code's run (queueing for the kernel not counted).
+	Timeout time.Duration
+	// MaxOutputBytes bounds each of stdout and stderr (head and tail
+	// kept, as for commands), and the result, the error's value and its
+	// traceback (head kept).
+	MaxOutputBytes int64
+}
+
+// PythonError is an exception the code did not catch, or the kernel's
+// death (Name "KernelDied") or reset ("KernelReset") under it.
+type PythonError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// PythonResult is what a piece of code did.
+type PythonResult struct {
+	Stdout, Stderr Output
+	// Result is the repr of the code's last expression statement, nil
+	// when it ends with another statement or the value is None.
+	Result          *string
+	ResultTruncated bool
+	Error           *PythonError
+	Duration        time.Duration
+	// TimedOut: the timeout expired. Interrupted: the code then stopped
+	// on its SIGINT (KeyboardInterrupt) and the state is intact.
+	TimedOut, Interrupted bool
+	// Restarted: this call started a new interpreter in place of one
+	// that was killed (a timeout the code did not stop for) or had died
+	// (an earlier call's crash). StateLost: the variables of earlier calls
+	// are gone from the kernel this answer leaves.
+	Restarted, StateLost bool
+}
+
+// Truncated reports whether an output stream or the result was cut.
+func (r PythonResult) Truncated() bool {
+	return r.Stdout.Truncated || r.Stderr.Truncated || r.ResultTruncated
+}
+
+// Kernels holds every session's persistent Python kernels. Its zero value
+// is ready to use.
+type Kernels struct {
+	mu sync.Mutex
+	m  map[string]map[string]*kernel // session id, then kernel name
+}
+
+// Run runs req in the session's kernel name, starting the kernel if
+// needed. Calls to one kernel run one at a time, in the order they came;
+// a call waits at most until ctx ends. When ctx ends while the code runs,
+// the code is interrupted as on a timeout.
+func (k *Kernels) Run(ctx context.Context, id string, s Session, name string, req PythonRequest) (PythonResult, error) {
+	x, err := k.get(id, s, name)
+	if err != nil {
+		return PythonResult{}, err
+	}
+	return x.run(ctx, req)
+}
+
+// Reset ends the session's kernel name, if it has one, killing code it
+// runs: the next call starts a fresh interpreter. Files are untouched.
+// It reports whether there was a kernel.
+func (k *Kernels) Reset(id, name string) bool {
+	k.mu.Lock()
+	x := k.m[id][name]
+	if x != nil {
+		k.removeLocked(id, name, x)
+	}
+	k.mu.Unlock()
+	if x == nil {
+		return false
+	}
+	x.close()
+	return true
+}
+
+func (k *Kernels) get(id string, s Session, name string) (*kernel, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if x := k.m[id][name]; x != nil {
+		return x, nil
+	}
+	if len(k.m[id]) >= MaxKernels {
+		return nil, ErrTooManyKernels
+	}
+	x := &kernel{s: s, turn: make(chan struct{}, 1), closed: make(chan struct{})}
+	remove, ok := s.AddConn(func() {
+		k.mu.Lock()
+		k.removeLocked(id, name, x)
+		k.mu.Unlock()
+		go x.close() // not holding up the session's end
+	})
+	if !ok {
+		return nil, ErrSessionEnded
+	}
+	x.unregister = remove
+	if k.m == nil {
+		k.m = map[string]map[string]*kernel{}
+	}
+	if k.m[id] == nil {
+		k.m[id] = map[string]*kernel{}
+	}
+	k.m[id][name] = x
+	return x, nil
+}
+
+func (k *Kernels) removeLocked(id, name string, x *kernel) {
+	if k.m[id][name] != x {
+		return
+	}
+	delete(k.m[id], name)
+	if len(k.m[id]) == 0 {
+		delete(k.m, id)
+	}
+}
+
+// kernel is one named kernel of a session: its current interpreter, if
+// any, and the queue of calls for it.
+type kernel struct {
+	s          Session
+	turn       chan struct{} // held by the running call
+	closed     chan struct{}
+	closeOnce  sync.Once
+	unregister func()
+
+	mu      sync.Mutex // guards waiting
+	waiting int
+
+	// Owned by the call holding turn.
+	proc *kernelProc
+	died bool   // the last interpreter died on its own; not yet said by a restart
+	seq  uint64 // the last cell's id
+}
+
+func (x *kernel) close() {
+	x.closeOnce.Do(func() {
+		close(x.closed)
+		if x.unregister != nil {
+			x.unregister()
+		}
+		// Wait for the running call to see closed and kill its kernel.
+		x.turn <- struct{}{}
+		if x.proc != nil {
+			x.proc.kill() // with what the code left running in its group
+			x.proc = nil
+		}
+	})
+}
+
+// acquire waits for the kernel's turn.
+func (x *kernel) acquire(ctx context.Context) error {
+	x.mu.Lock()
+	if x.waiting >= MaxKernelQueue {
+		x.mu.Unlock()
+		return ErrKernelBusy
+	}
+	x.waiting++
+	x.mu.Unlock()
+	defer func() {
+		x.mu.Lock()
+		x.waiting--
+		x.mu.Unlock()
+	}()
+	select {
+	case x.turn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-x.closed:
+		return ErrKernelClosed
+	}
+	select {
+	case <-x.closed:
+		<-x.turn
+		return ErrKernelClosed
+	default:
+		return nil
+	}
+}
+
+// kernelMessage is a JSON frame from the driver.
+type kernelMessage struct {
+	Op              string       `json:"op"`
+	ID              uint64       `json:"id"`
+	Python          string       `json:"python"`
+	ResultTruncated bool         `json:"resultTruncated"`
+	Error           *PythonError `json:"error"`
+}
+
+// kernelRequest is a request to the driver.
+type kernelRequest struct {
+	Op       string `json:"op"`
+	ID       uint64 `json:"id"`
+	Code     string `json:"code,omitempty"`
+	MaxBytes int64  `json:"maxBytes,omitempty"`
+}
+
+// kernelFrame is one frame from the driver: kind 'O' (stdout bytes), 'E'
+// (stderr bytes), 'R' (the result, UTF-8) or 'J' (a JSON message).
+type kernelFrame struct {
+	kind byte
+	data []byte
+}
+
+// kernelProc is one running interpreter.
+type kernelProc struct {
+	p        sandbox.Process
+	maxFrame atomic.Int64     // the largest frame the current cell may send
+	frames   chan kernelFrame // closed when the channel ends (EOF, a bad frame)
+	gone     chan struct{}    // closed by stop: the frame reader gives up
+	stderr   *capture         // the real stderr's tail: the driver's own failures
+	errMu    sync.Mutex       // guards stderr
+	errEnd   chan struct{}    // closed when stderr is at EOF
+
+	stopOnce sync.Once
+	exit     sandbox.Exit
+	waitErr  error
+}
+
+// kernelCommand is the shell text that starts a kernel: exit status 127
+// says there is no python3.
+func kernelCommand() string {
+	return "command -v python3 >/dev/null 2>&1 || exit 127\nexec python3 -u -c " + Quote(kernelDriver)
+}
+
+// startKernel starts an interpreter in s's sandbox and waits for it to be
+// ready.
+func startKernel(ctx context.Context, s Session) (*kernelProc, error) {
+	p, err := s.Sandbox().Start(gateway.NoHistory(context.Background()), sandbox.Cmd{Command: kernelCommand()})
+	if err != nil {
+		return nil, fmt.Errorf("start kernel: %w", err)
+	}
+	kp := &kernelProc{p: p, frames: make(chan kernelFrame, 16), gone: make(chan struct{}),
+		stderr: newCapture(4 << 10), errEnd: make(chan struct{})}
+	go kp.readFrames()
+	go kp.readStderr()
+	timer := time.NewTimer(KernelStartTimeout)
+	defer timer.Stop()
+	select {
+	case f, ok := <-kp.frames:
+		if ok && f.kind == 'J' {
+			var m kernelMessage
+			if json.Unmarshal(f.data, &m) == nil && m.Op == "ready" {
+				return kp, nil
+			}
+		}
+		kp.stop()
+		if kp.waitErr == nil && kp.exit.Signal == "" && kp.exit.Code == 127 {
+			return nil, ErrPythonUnavailable
+		}
+		return nil, &KernelStartError{Reason: kp.describeEnd()}
+	case <-timer.C:
+		kp.stop()
+		return nil, &KernelStartError{Reason: fmt.Sprintf("it was not ready within %s", KernelStartTimeout)}
+	case <-ctx.Done():
+		kp.stop()
+		return nil, ctx.Err()
+	}
+}
+
+// readFrames delivers the driver's frames until its channel ends.
+func (kp *kernelProc) readFrames() {
+	defer close(kp.frames)
+	r := kp.p.Stdout()
+	var hdr [5]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(hdr[1:])
+		if int64(n) > max(kp.maxFrame.Load(), minKernelFrame) || !strings.ContainsRune("OERJ", rune(hdr[0])) {
+			return // not the driver speaking: the channel is broken
+		}
+		data := make([]byte, n)
+		if _, err := io.ReadFull(r, data); err != nil {
+			return
+		}
+		select {
+		case kp.frames <- kernelFrame{kind: hdr[0], data: data}:
+		case <-kp.gone:
+			return
+		}
+	}
+}
+
+// readStderr keeps the tail of what reaches the real stderr.
+func (kp *kernelProc) readStderr() {
+	defer close(kp.errEnd)
+	buf := make([]byte, 4096)
+	for {
+		n, err := kp.p.Stderr().Read(buf)
+		kp.errMu.Lock()
+		kp.stderr.Write(buf[:n])
+		kp.errMu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+// send writes one request to the driver.
+func (kp *kernelProc) send(req kernelRequest) error {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	msg := make([]byte, 4, 4+len(b))
+	binary.BigEndian.PutUint32(msg, uint32(len(b)))
+	if _, err := kp.p.Stdin().Write(append(msg, b...)); err != nil {
+		return fmt.Errorf("write to kernel: %w", err)
+	}
+	return nil
+}
+
+// ended reports whether the driver's channel has ended.
+func (kp *kernelProc) ended() bool {
+	select {
+	case f, ok := <-kp.frames:
+		// Nothing comes between cells: a frame means a broken driver.
+		_, _ = f, ok
+		return true
+	default:
+		return false
+	}
+}
+
+// stop ends the interpreter (its whole process group) and reaps it.
+// When its channel has ended already it is given kernelExitWait to exit on
+// its own, so that its exit status says why.
+func (kp *kernelProc) stop() {
+	kp.stopOnce.Do(func() {
+		close(kp.gone)
+		_ = kp.p.Stdin().Close() // the driver exits at EOF
+		waited := make(chan struct{})
+		go func() {
+			kp.exit, kp.waitErr = kp.p.Wait()
+			close(waited)
+		}()
+		select {
+		case <-waited:
+		case <-time.After(kernelExitWait):
+			kp.p.Kill()
+			<-waited
+		}
+		// The streams: the readers end once the process and anything it
+		// left holding them are gone; do not wait for those.
+		select {
+		case <-kp.errEnd:
+		case <-time.After(OutputGrace):
+		}
+		_ = kp.p.Stdout().Close()
+		_ = kp.p.Stderr().Close()
+	})
+}
+
+// kill ends the interpreter at once.
+func (kp *kernelProc) kill() {
+	kp.p.Kill()
+	kp.stop()
+}
+
+// describeEnd says how a stopped interpreter ended, for people.
+func (kp *kernelProc) describeEnd() string {
+	var msg string
+	switch {
+	case kp.waitErr != nil:
+		msg = "the Python process was lost"
+	case kp.exit.Signal != "":
+		msg = "the Python process was killed by SIG" + kp.exit.Signal
+		if kp.exit.Signal == "KILL" {
+			msg += " (out of memory?)"
+		}
+	default:
+		msg = fmt.Sprintf("the Python process exited with status %d", kp.exit.Code)
+	}
+	kp.errMu.Lock()
+	tail, _ := kp.stderr.text()
+	kp.errMu.Unlock()
+	if tail != "" {
+		msg += ": " + tail
+	}
+	return msg
+}
+
+// run runs req once it is its turn.
+func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, error) {
+	if err := x.acquire(ctx); err != nil {
+		return PythonResult{}, err
+	}
+	defer func() { <-x.turn }()
+	var res PythonResult
+	if x.proc != nil && x.proc.ended() {
+		// It died between calls (a thread of its own, the OOM killer).
+		x.proc.stop()
+		x.proc, x.died = nil, true
+	}
+	if x.proc == nil {
+		kp, err := startKernel(ctx, x.s)
+		if err != nil {
+			return PythonResult{}, err
+		}
+		x.proc = kp
+		if x.died {
+			res.Restarted, res.StateLost = true, true
+			x.died = false
+		}
+	}
+	x.seq++
+	id := x.seq
+	began := time.Now()
+	stdout, stderr := newCapture(req.MaxOutputBytes), newCapture(req.MaxOutputBytes)
+	finish := func() PythonResult {
+		res.Duration = time.Since(began)
+		res.Stdout, res.Stderr = stdout.output(), stderr.output()
+		return res
+	}
+	kp := x.proc
+	kp.maxFrame.Store(req.MaxOutputBytes)
+	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: req.Code, MaxBytes: max(req.MaxOutputBytes, 1)}); err != nil {
+		x.lost(&res, "")
+		return finish(), nil
+	}
+	timer := time.NewTimer(req.Timeout)
+	defer timer.Stop()
+	timeout, done := timer.C, ctx.Done()
+	var grace <-chan time.Time
+	interrupt := func() {
+		timeout, done = nil, nil
+		if grace == nil {
+			_ = kp.send(kernelRequest{Op: "interrupt", ID: id})
+			grace = time.After(KernelInterruptGrace)
+		}
+	}
+	for {
+		select {
+		case f, ok := <-kp.frames:
+			if !ok {
+				x.lost(&res, "")
+				return finish(), nil
+			}
+			switch f.kind {
+			case 'O':
+				stdout.Write(f.data)
+			case 'E':
+				stderr.Write(f.data)
+			case 'R':
+				result := string(f.data)
+				res.Result = &result
+			case 'J':
+				var m kernelMessage
+				if err := json.Unmarshal(f.data, &m); err != nil || m.Op != "done" {
+					x.lost(&res, "the kernel broke its protocol")
+					return finish(), nil
+				}
+				if m.ID != id {
+					res.Result = nil
+					continue // a late answer to an older cell
+				}
+				res.ResultTruncated, res.Error = m.ResultTruncated, m.Error
+				res.Interrupted = grace != nil
+				return finish(), nil
+			}
+		case <-timeout:
+			res.TimedOut = true
+			interrupt()
+		case <-done:
+			interrupt()
+		case <-grace:
+			// The code did not stop: kill the interpreter, start another.
+			kp.kill()
+			x.proc = nil
+			res.StateLost = true
+			res.Error = &PythonError{Name: "KernelRestarted", Value: fmt.Sprintf(
+				"the code did not stop within %s of its interrupt; the kernel was killed and restarted, its state is lost",
+				KernelInterruptGrace)}
+			if ctx.Err() == nil {
+				if kp, err := startKernel(ctx, x.s); err == nil {
+					x.proc = kp
+					res.Restarted = true
+				} else {
+					x.died = true // the next call tries again, and says so
+				}
+			}
+			return finish(), nil
+		case <-x.closed:
+			kp.kill()
+			x.proc = nil
+			res.StateLost = true
+			res.Error = &PythonError{Name: "KernelReset", Value: "the kernel was reset while this code ran"}
+			return finish(), nil
+		}
+	}
+}
+
+// lost records in res that the interpreter died under the cell (or broke
+// its protocol: why), reaping it; the next call starts another.
+func (x *kernel) lost(res *PythonResult, why string) {
+	kp := x.proc
+	kp.stop()
+	if why == "" {
+		why = kp.describeEnd()
+	}
+	x.proc, x.died = nil, true
+	res.StateLost = true
+	res.Error = &PythonError{Name: "KernelDied", Value: why + "; its state is lost and the next call starts a new kernel"}
+}

@@ -1,0 +1,271 @@
+# sandgate's Python kernel driver (dataplane/kernel.go runs it as
+# `python3 -u -c <this script>`; nothing of it is written to a file).
+#
+# The protocol channel is a private copy of the process's stdin and stdout,
+# made at start on high, close-on-exec descriptors; fds 0, 1 and 2 are then
+# pointed elsewhere, so user code (and the processes it starts) never reads
+# or writes the channel by accident:
+#   - fd 0 is /dev/null: input() gets EOF;
+#   - during a cell, fds 1 and 2 are fresh pipes (inherited by
+#     subprocesses), read by a pump thread that forwards every byte as
+#     output frames; between cells they are /dev/null.
+#
+# Requests (gateway -> kernel, on the private stdin): a 4-byte big-endian
+# length, then that many bytes of JSON:
+#   {"op": "run", "id": N, "code": "...", "maxBytes": M}
+#   {"op": "interrupt", "id": N}   SIGINT to this process's main thread
+#                                  if cell N is still running
+# Frames (kernel -> gateway, on the private stdout): one kind byte, a
+# 4-byte big-endian length, then the payload:
+#   b"O" / b"E"  raw bytes the cell wrote to fd 1 / fd 2
+#   b"R"         the cell's result (the repr of its last expression), UTF-8,
+#                at most maxBytes
+#   b"J"         JSON: {"op": "ready", "python": "3.12.1"} once at start;
+#                {"op": "done", "id": N, "resultTruncated": ..., "error":
+#                 {"name", "value", "traceback"} or null} after each cell,
+#                after all its output frames and its result frame; the
+#                error's value and traceback hold at most min(maxBytes,
+#                256 KiB) bytes each.
+# EOF on the private stdin ends the kernel.
+import os
+import sys
+
+
+def _sandgate_kernel():
+    import ast
+    import builtins
+    import fcntl
+    import io
+    import json
+    import linecache
+    import queue
+    import select
+    import signal
+    import struct
+    import threading
+    import time
+    import traceback
+    import types
+
+    pid = os.getpid()
+    driver_file = sys._getframe().f_code.co_filename  # "<string>"
+
+    def private(fd):
+        return fcntl.fcntl(fd, getattr(fcntl, "F_DUPFD_CLOEXEC", 1030), 200)
+
+    proto_in, proto_out, diag = private(0), private(1), private(2)
+    nul = os.open(os.devnull, os.O_RDWR)
+    devnull = private(nul)
+    os.close(nul)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+
+    wlock = threading.Lock()
+
+    def send(kind, payload):
+        data = memoryview(kind + struct.pack(">I", len(payload)) + payload)
+        with wlock:
+            while data:
+                data = data[os.write(proto_out, data):]
+
+    def send_json(obj):
+        send(b"J", json.dumps(obj).encode("utf-8"))
+
+    def read_exact(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(proto_in, n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return buf
+
+    main_thread = threading.get_ident()
+    runs = queue.Queue()
+    running = {"id": None}
+    state_lock = threading.Lock()
+
+    def control():
+        try:
+            while True:
+                (n,) = struct.unpack(">I", read_exact(4))
+                msg = json.loads(read_exact(n).decode("utf-8"))
+                if msg.get("op") == "run":
+                    runs.put(msg)
+                elif msg.get("op") == "interrupt":
+                    with state_lock:
+                        if running["id"] is not None and running["id"] == msg.get("id"):
+                            signal.pthread_kill(main_thread, signal.SIGINT)
+        except BaseException:
+            pass
+        os._exit(0)
+
+    def on_sigint(signum, frame):
+        if running["id"] is not None:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+    def pump(fds, wake, grace=0.5):
+        # Forward what fds (fd -> frame kind) carry until each is at EOF,
+        # or until grace seconds after wake is readable (the cell ended;
+        # a process it left running may hold a pipe open).
+        poller = select.poll()
+        for fd in list(fds) + [wake]:
+            poller.register(fd, select.POLLIN)
+        deadline = None
+        while fds:
+            timeout = None
+            if deadline is not None:
+                timeout = max(0, int((deadline - time.monotonic()) * 1000))
+            for fd, _ in poller.poll(timeout):
+                if fd == wake:
+                    os.read(wake, 1)
+                    poller.unregister(wake)
+                    deadline = time.monotonic() + grace
+                    continue
+                if fd not in fds:
+                    continue
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    data = b""
+                if data:
+                    send(fds[fd], data)
+                else:
+                    poller.unregister(fd)
+                    del fds[fd]
+                    os.close(fd)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        for fd in fds:
+            os.close(fd)
+
+    def text_stream(fd, mode):
+        raw = io.FileIO(fd, mode, closefd=False)
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace",
+                                line_buffering=True, write_through=(mode == "w"))
+
+    def restore_fds():
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+
+    streams = {}
+
+    def std_streams():
+        # Fresh std streams when user code closed or replaced ours.
+        for name, fd, mode in (("stdin", 0, "r"), ("stdout", 1, "w"), ("stderr", 2, "w")):
+            s = streams.get(name)
+            if s is None or s.closed:
+                s = streams[name] = text_stream(fd, mode)
+            setattr(sys, name, s)
+            setattr(sys, "__" + name + "__", s)
+
+    def flush_std():
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except BaseException:
+                pass
+
+    def cut(s, limit):
+        # s as UTF-8 (lone surrogates escaped), at most limit bytes of it.
+        b = s.encode("utf-8", "backslashreplace")
+        if len(b) <= limit:
+            return b, False
+        return b[:limit].decode("utf-8", "ignore").encode("utf-8"), True
+
+    def describe(e, limit):
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == driver_file:
+            tb = tb.tb_next
+        try:
+            value = str(e)
+        except BaseException:
+            value = "<unprintable %s>" % type(e).__name__
+        try:
+            text = "".join(traceback.format_exception(type(e), e, tb))
+        except BaseException:
+            text = "%s: %s\n" % (type(e).__name__, value)
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
+        limit = min(limit, 256 << 10)
+        return {"name": type(e).__name__, "value": cut(value, limit)[0].decode("utf-8"),
+                "traceback": cut(text, limit)[0].decode("utf-8")}
+
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    ns = main.__dict__
+    cells = [0]
+
+    def run_cell(msg):
+        limit = int(msg.get("maxBytes", 1 << 20))
+        code = msg.get("code", "")
+        cells[0] += 1
+        filename = "<cell-%d>" % cells[0]
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        restore_fds()  # user code may have closed them: pipes must not land there
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        wake_r, wake_w = os.pipe()
+        pumper = threading.Thread(target=pump, args=({out_r: b"O", err_r: b"E"}, wake_r), daemon=True)
+        pumper.start()
+        std_streams()
+        result, error = None, None
+        try:
+            with state_lock:
+                running["id"] = msg.get("id")
+            tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST)
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, filename, "exec"), ns)
+            if last is not None:
+                value = eval(compile(last, filename, "eval"), ns)
+                if value is not None:
+                    result = repr(value)
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: the kernel stays
+            with state_lock:
+                running["id"] = None
+            if os.getpid() != pid:
+                os._exit(1)  # a fork of user code must not act as the kernel
+            error = describe(e, limit)
+        finally:
+            with state_lock:
+                running["id"] = None
+        if os.getpid() != pid:
+            os._exit(0)
+        flush_std()
+        restore_fds()
+        os.write(wake_w, b"x")
+        pumper.join()
+        os.close(wake_r)
+        os.close(wake_w)
+        truncated = False
+        if result is not None:
+            data, truncated = cut(result, limit)
+            send(b"R", data)
+        send_json({"op": "done", "id": msg.get("id"), "resultTruncated": truncated, "error": error})
+
+    threading.Thread(target=control, daemon=True).start()
+    send_json({"op": "ready", "python": "%d.%d.%d" % sys.version_info[:3]})
+    try:
+        while True:
+            try:
+                run_cell(runs.get())
+            except KeyboardInterrupt:
+                continue  # a late interrupt, after its cell ended
+    except BaseException:
+        # The kernel itself failed (its channel closed under it...): say
+        # why on the real stderr, which the gateway logs.
+        try:
+            os.write(diag, traceback.format_exc().encode("utf-8", "replace"))
+        finally:
+            os._exit(70)
+
+
+_sandgate_kernel()

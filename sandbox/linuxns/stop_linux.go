@@ -91,7 +91,7 @@ func (s *linuxSandbox) killInit() error {
 	// Whatever escaped the init's end (nothing should) dies with the
 	// cgroups.
 	cgroup.KillProcs(s.st.Cgroups)
-	errs = append(errs, cgroup.Remove(s.st.Cgroups), removeImageDirs(s.d.dir(s.st.ID)))
+	errs = append(errs, cgroup.Remove(s.st.Cgroups), removeImageDirs(s.d.dir(s.st.ID)), removeSocket(s.st.Socket))
 	return errors.Join(errs...)
 }
 
@@ -123,7 +123,7 @@ func (s *linuxSandbox) Resume(ctx context.Context) error {
 		return fmt.Errorf("resume sandbox: %w", err)
 	}
 	// Left by a crash half-way through an earlier Stop or Resume.
-	if err := errors.Join(cgroup.Remove(s.st.Cgroups), removeImageDirs(s.d.dir(s.st.ID))); err != nil {
+	if err := errors.Join(cgroup.Remove(s.st.Cgroups), removeImageDirs(s.d.dir(s.st.ID)), removeSocket(s.st.Socket)); err != nil {
 		return fmt.Errorf("resume sandbox: %w", err)
 	}
 	s.trustPEM = boot.TrustPEM
@@ -173,7 +173,7 @@ func (d *Driver) adoptStopped(st *sandboxState) (sandbox.Sandbox, error) {
 		}
 	}
 	cgroup.KillProcs(cgs)
-	errs = append(errs, cgroup.Remove(cgs), removeImageDirs(d.dir(st.ID)), checkMounted(st.Workspace))
+	errs = append(errs, cgroup.Remove(cgs), removeImageDirs(d.dir(st.ID)), removeSocket(st.Socket), checkMounted(st.Workspace))
 	if err := errors.Join(errs...); err != nil {
 		d.freeSlot(st.Slot, st.ID)
 		return nil, fmt.Errorf("adopt stopped %s: %w", st.ID, err)
@@ -235,6 +235,15 @@ func checkMounted(p string) error {
 	}
 	if st.Dev == parent.Dev {
 		return fmt.Errorf("workspace %s is not mounted", p)
+	}
+	return nil
+}
+
+// removeSocket removes the control socket of a dead init, so that the
+// next one can bind it.
+func removeSocket(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("control socket: %w", err)
 	}
 	return nil
 }

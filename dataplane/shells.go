@@ -157,7 +157,8 @@ func (x *shell) close() {
 		defer cancel()
 		q := Quote(x.state)
 		rm := fmt.Sprintf("rm -f -- %[1]s %[1]s.new %[1]s.cwd %[1]s.in", q)
-		if p, err := x.s.Sandbox().Start(gateway.NoHistory(ctx), sandbox.Cmd{Command: rm}); err == nil {
+		// Not in a stopped session: its /tmp went with its processes.
+		if p, err := x.s.Sandbox().Start(gateway.NoResume(gateway.NoHistory(ctx)), sandbox.Cmd{Command: rm}); err == nil {
 			_ = p.Stdin().Close()
 			go func() { _, _ = io.Copy(io.Discard, p.Stdout()) }()
 			go func() { _, _ = io.Copy(io.Discard, p.Stderr()) }()

@@ -236,6 +236,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
 		conns:        map[*connEntry]struct{}{},
+		mgr:          m,
 	}
 	if cp.IdempotencyKey != "" {
 		s.requestHash = fp
@@ -484,6 +485,9 @@ func (m *Manager) Update(ctx context.Context, p Principal, id string, up UpdateP
 	if up.TTL == nil && up.Egress == nil {
 		return s, nil
 	}
+	s.life.RLock() // a stopped session opens its proxy when it resumes
+	defer s.life.RUnlock()
+	stopped := s.Status() == StatusStopped
 	// Writes of this session's record are ordered: no activity save may
 	// put back the old expiry (writeMu), and a Delete or the reaper, which
 	// take the session out of the map before they delete its record,
@@ -507,7 +511,7 @@ func (m *Manager) Update(ctx context.Context, p Principal, id string, up UpdateP
 		if ps := s.egressProxy(); ps != nil {
 			ps.SetPolicy(m.policy(s))
 			undo = append(undo, func() { ps.SetPolicy(m.policy(s)) })
-		} else if !allow.Empty() {
+		} else if !allow.Empty() && !stopped {
 			if err := m.openProxy(ctx, s); err != nil {
 				s.setEgressAllow(old)
 				if up.TTL != nil {

@@ -29,8 +29,8 @@ func (m *Manager) Restore(ctx context.Context) error {
 	restored, failed := 0, 0
 	for _, r := range recs {
 		s := sessionFromRecord(r)
-		s.secrets = m.cfg.Secrets
-		if r.Status == StatusRunning {
+		s.secrets, s.mgr = m.cfg.Secrets, m
+		if live(r.Status) {
 			reason := "the sandbox driver cannot re-attach sandboxes after a restart"
 			if ra != nil {
 				sb, err := ra.Adopt(ctx, r.ID)
@@ -38,6 +38,9 @@ func (m *Manager) Restore(ctx context.Context) error {
 					s.sandbox = sb
 					keep[r.ID] = true
 					restored++
+					if m.restoreStopped(ctx, s) {
+						changed = append(changed, s.Snapshot())
+					}
 					m.restoreEgress(ctx, s)
 					m.watch(s)
 				} else {
@@ -123,10 +126,33 @@ func (m *Manager) restoreEgress(ctx context.Context, s *Session) {
 		}
 		s.egressCA = ca
 	}
-	if !s.needsProxy() {
+	if !s.needsProxy() || s.Status() == StatusStopped { // it opens when the session resumes
 		return
 	}
 	if err := m.openProxy(ctx, s); err != nil {
 		m.log.Error("egress_restore_failed", "session", s.ID, "err", err)
 	}
+}
+
+// restoreStopped makes the status of re-attached session s and its
+// sandbox agree: a stopped session's sandbox is stopped (workdir adopts
+// its sandboxes without processes, and says so by being running), and a
+// session whose stop a crash interrupted is stopped. It reports whether
+// the status changed.
+func (m *Manager) restoreStopped(ctx context.Context, s *Session) bool {
+	st, ok := s.sandbox.(sandbox.Stopper)
+	if !ok {
+		return false
+	}
+	switch {
+	case s.status == StatusStopped && !st.Stopped():
+		if err := st.Stop(ctx); err != nil {
+			m.log.Error("sandbox_stop_failed", "session", s.ID, "err", err)
+		}
+	case s.status == StatusRunning && st.Stopped():
+		s.status = StatusStopped
+		m.log.Warn("session_stopped", "session", s.ID, "reason", "its sandbox was stopped when the gateway went down")
+		return true
+	}
+	return false
 }

@@ -20,6 +20,9 @@ import (
 // Session status values.
 const (
 	StatusRunning = "running"
+	// StatusStopped is a session whose processes were stopped (Manager.Stop):
+	// its files are kept, and its next process starts it again.
+	StatusStopped = "stopped"
 	StatusDeleted = "deleted"
 	StatusExpired = "expired"
 	StatusFailed  = "failed"
@@ -70,6 +73,13 @@ type Session struct {
 	sandbox       sandbox.Sandbox
 	lastActivity  atomic.Int64 // unix nanoseconds
 	savedActivity atomic.Int64 // lastActivity as last written to the store
+
+	// mgr is the manager that holds the session: it resumes a stopped one.
+	mgr *Manager
+	// life orders Stop and resume (held to write) against the start of
+	// processes (held to read): a process never starts in a sandbox half
+	// stopped, and many first calls to a stopped session resume it once.
+	life sync.RWMutex
 
 	mu           sync.Mutex
 	status       string
@@ -196,7 +206,14 @@ type sessionSandbox struct {
 // the driver made (its init's pid).
 func (sb sessionSandbox) Unwrap() sandbox.Sandbox { return sb.Sandbox }
 
+// Start starts cmd in the session's sandbox, resuming a stopped session
+// first (but with a NoResume ctx).
 func (sb sessionSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
+	unlock, err := sb.s.running(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if env := sb.s.env(); len(env) > 0 {
 		cmd.Env = append(slices.Clip(cmd.Env), env...) // the session's win
 	}
@@ -351,11 +368,23 @@ func (s *Session) setExpiry(ttl int, at time.Time) (oldTTL int, oldAt time.Time)
 	return oldTTL, oldAt
 }
 
-// Live reports whether the session still accepts connections.
+// Live reports whether the session still accepts connections: it is
+// running, or stopped (its next process starts it again).
 func (s *Session) Live() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.status == StatusRunning
+	return live(s.status)
+}
+
+// live reports whether status is that of a session that holds its
+// sandbox.
+func live(status string) bool { return status == StatusRunning || status == StatusStopped }
+
+// Status is the session's status now.
+func (s *Session) Status() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
 }
 
 // CheckPassword reports whether pw is the session's SSH password, in
@@ -370,7 +399,7 @@ func (s *Session) CheckPassword(pw string) bool {
 func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.status != StatusRunning {
+	if !live(s.status) {
 		return func() {}, false
 	}
 	e := &connEntry{close: closeFn}
@@ -386,7 +415,7 @@ func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
 // reports false if the session had already ended.
 func (s *Session) end(status, reason string) bool {
 	s.mu.Lock()
-	if s.status != StatusRunning {
+	if !live(s.status) {
 		s.mu.Unlock()
 		return false
 	}

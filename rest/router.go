@@ -102,6 +102,7 @@ func New(cfg Config) http.Handler {
 		r.Get("/sessions/{id}", a.get)
 		r.Patch("/sessions/{id}", a.update)
 		r.Delete("/sessions/{id}", a.delete)
+		r.Post("/sessions/{id}/stop", a.stop)
 		// The data plane (dataplane.go): commands, files, processes.
 		r.Post("/sessions/{id}/commands", a.runCommand)
 		r.Get("/sessions/{id}/commands", a.listCommands)

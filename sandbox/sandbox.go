@@ -7,7 +7,7 @@
 // learn which driver they run on: adding a driver changes no caller.
 //
 // Optional behaviour is a small interface below (Reporter, Reattacher,
-// Detacher, Ender, PIDer); each says who implements it and who uses it.
+// Detacher, Ender, PIDer, Stopper); each says who implements it and who uses it.
 // docs/architecture.md has the package map.
 package sandbox
 
@@ -233,4 +233,29 @@ type Ender interface {
 // processes; 0 means unknown.
 type PIDer interface {
 	PID() int
+}
+
+// ErrStopped is returned by Start while the sandbox is stopped
+// (Stopper): Resume it first.
+const ErrStopped = Error("sandbox is stopped")
+
+// Stopper is implemented by sandboxes that can be stopped and started
+// again on the same files (linuxns, workdir). gateway.Manager.Stop stops
+// one; the gateway's session wrapper resumes it before it starts the
+// session's next process.
+type Stopper interface {
+	// Stop ends every process of the sandbox and releases its CPU and
+	// memory (linuxns: its init, its namespaces and its cgroups), but
+	// keeps its files: the workspace and, for an image, the root's
+	// writable layer. Until Resume, Start fails with ErrStopped. Stopping
+	// a stopped sandbox does nothing; Destroy works on a stopped one.
+	Stop(ctx context.Context) error
+	// Resume starts a stopped sandbox again: new processes (linuxns: a
+	// new init, new namespaces and cgroups) on the same files. Resuming a
+	// running sandbox does nothing.
+	Resume(ctx context.Context) error
+	// Stopped reports whether the sandbox is stopped. A sandbox adopted
+	// after a gateway restart may be stopped already (linuxns keeps the
+	// state on disk).
+	Stopped() bool
 }

@@ -63,7 +63,8 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t.writeError(w, err)
 		return
 	}
-	if snap := s.Snapshot(); snap.Status != gateway.StatusRunning {
+	// A stopped session is live: its first process starts it again.
+	if snap := s.Snapshot(); snap.Status != gateway.StatusRunning && snap.Status != gateway.StatusStopped {
 		if snap.Status != gateway.StatusFailed { // ended since the lookup
 			t.writeError(w, gateway.ErrNotFound)
 			return

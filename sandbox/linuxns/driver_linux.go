@@ -227,6 +227,10 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	if d.ws.template != "" {
 		st.Image = filepath.Join(dir, "workspace.img")
 	}
+	// The session's own limits over the driver's, the workspace's size
+	// included; kept with what else a Resume needs.
+	lim := spec.Limits.Or(d.limits)
+	st.Boot = &bootSpec{Image: spec.Image, Limits: lim, TrustPEM: spec.TrustPEM}
 	sb := newLinuxSandbox(d, st)
 	sb.trustPEM = spec.TrustPEM
 	ok := false
@@ -240,9 +244,6 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	if err := st.save(dir); err != nil {
 		return nil, err
 	}
-	// The session's own limits over the driver's, the workspace's size
-	// included.
-	lim := spec.Limits.Or(d.limits)
 	// The workspace is made while the init starts (the init waits for
 	// its spec before it does anything).
 	wsDone := make(chan error, 1)
@@ -297,17 +298,15 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return err
 	}
 	defer conn.Close()
-	sb.cmd = cmd
-	st.Pid = cmd.Process.Pid
 	// An unreaped child: the pid cannot have been reused.
-	pidfd, err := unix.PidfdOpen(st.Pid, unix.O_NONBLOCK)
+	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, unix.O_NONBLOCK)
 	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 		return fmt.Errorf("pidfd of sandbox init: %w", err)
 	}
-	sb.pidfd = os.NewFile(uintptr(pidfd), "init")
-	go sb.watch()
+	st.Pid = cmd.Process.Pid
+	sb.setInit(cmd, os.NewFile(uintptr(pidfd), "init"))
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
 	}
@@ -544,6 +543,9 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	if err != nil {
 		return nil, fmt.Errorf("adopt %s: %w", id, err)
 	}
+	if st.Stopped {
+		return d.adoptStopped(st)
+	}
 	if st.Protocol != ctl.Protocol {
 		return nil, fmt.Errorf("adopt %s: its init speaks control protocol %d, not %d", id, st.Protocol, ctl.Protocol)
 	}
@@ -560,8 +562,7 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	d.slots[st.Slot] = id
 	d.mu.Unlock()
 	sb := newLinuxSandbox(d, st)
-	sb.pidfd = os.NewFile(uintptr(pidfd), "init")
-	go sb.watch()
+	sb.setInit(nil, os.NewFile(uintptr(pidfd), "init"))
 	c, err := sb.dial(ctx)
 	if err != nil {
 		_ = sb.Detach(ctx)

@@ -34,19 +34,51 @@ type linuxSandbox struct {
 	// The init is the gateway's child (cmd, reaped here) when this run
 	// created it; an adopted one is a child of the host's init. Either way
 	// a pidfd watches it, through the runtime's poller: no thread waits.
+	// Each init of the sandbox (a stopped one has none; Resume starts a
+	// new one) has its own; they change under mu.
 	cmd      *exec.Cmd
 	pidfd    *os.File
 	initDone chan struct{} // closed once the init has exited (or is detached)
+	// ended is closed once the sandbox has ended (Done): its init exited
+	// but for a Stop, or it was destroyed or detached.
+	ended    chan struct{}
+	endedOne sync.Once
+	// life orders Stop and Resume.
+	life sync.Mutex
 
-	mu     sync.Mutex
-	closed bool
-	end    sync.Once
-	err    error
+	mu       sync.Mutex
+	closed   bool
+	stopping bool // the init's exit is wanted (Stop): the sandbox does not end
+	end      sync.Once
+	err      error
 }
 
 func newLinuxSandbox(d *Driver, st *sandboxState) *linuxSandbox {
-	return &linuxSandbox{d: d, st: st, initDone: make(chan struct{})}
+	done := make(chan struct{})
+	close(done) // no init yet
+	return &linuxSandbox{d: d, st: st, initDone: done, ended: make(chan struct{})}
 }
+
+// setInit makes the init (cmd, nil when not the gateway's child; pidfd)
+// the sandbox's and watches it.
+func (s *linuxSandbox) setInit(cmd *exec.Cmd, pidfd *os.File) {
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.cmd, s.pidfd, s.initDone = cmd, pidfd, done
+	s.mu.Unlock()
+	go s.watch(cmd, pidfd, done)
+}
+
+// current returns the sandbox's init: its pidfd (nil: none) and the
+// channel closed once it has exited.
+func (s *linuxSandbox) current() (*os.File, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pidfd, s.initDone
+}
+
+// markEnded closes ended, once.
+func (s *linuxSandbox) markEnded() { s.endedOne.Do(func() { close(s.ended) }) }
 
 // Workdir implements Sandbox: the host mount of the workspace.
 func (s *linuxSandbox) Workdir() string { return s.st.Workspace }
@@ -61,9 +93,17 @@ func (s *linuxSandbox) HostUID() int { return s.st.UIDBase + ctl.SandboxUID }
 // watch waits for the init to exit (its pidfd becomes readable), reaps it
 // when it is the gateway's child, and closes initDone. Closing the pidfd
 // (Detach) ends the watch early.
-func (s *linuxSandbox) watch() {
-	defer close(s.initDone)
-	rc, err := s.pidfd.SyscallConn()
+func (s *linuxSandbox) watch(cmd *exec.Cmd, pidfd *os.File, done chan struct{}) {
+	defer func() {
+		close(done)
+		s.mu.Lock()
+		wanted := s.stopping && s.initDone == done
+		s.mu.Unlock()
+		if !wanted {
+			s.markEnded()
+		}
+	}()
+	rc, err := pidfd.SyscallConn()
 	if err != nil {
 		return
 	}
@@ -74,17 +114,22 @@ func (s *linuxSandbox) watch() {
 		exited = n > 0
 		return exited
 	})
-	if err == nil && exited && s.cmd != nil {
-		_ = s.cmd.Wait()
+	if err == nil && exited && cmd != nil {
+		_ = cmd.Wait()
 	}
 }
 
-// Done is closed once the init has exited, or the sandbox was detached.
-func (s *linuxSandbox) Done() <-chan struct{} { return s.initDone }
+// Done is closed once the init has exited (but for a Stop), or the
+// sandbox was destroyed or detached.
+func (s *linuxSandbox) Done() <-chan struct{} { return s.ended }
 
 // signalInit sends sig to the init through its pidfd.
 func (s *linuxSandbox) signalInit(sig unix.Signal) {
-	if rc, err := s.pidfd.SyscallConn(); err == nil {
+	pidfd, _ := s.current()
+	if pidfd == nil {
+		return
+	}
+	if rc, err := pidfd.SyscallConn(); err == nil {
 		_ = rc.Control(func(fd uintptr) { _ = unix.PidfdSendSignal(int(fd), sig, nil, 0) })
 	}
 }
@@ -98,8 +143,9 @@ func (s *linuxSandbox) dial(ctx context.Context) (*net.UnixConn, error) {
 	var dl net.Dialer
 	c, err := dl.DialContext(ctx, "unix", addr)
 	if err != nil {
+		_, done := s.current()
 		select {
-		case <-s.initDone:
+		case <-done:
 			return nil, errInitGone
 		default:
 		}
@@ -116,10 +162,13 @@ func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proc
 		return nil, fmt.Errorf("unknown subsystem %q", cmd.Subsystem)
 	}
 	s.mu.Lock()
-	closed := s.closed
+	closed, stopped := s.closed, s.st.Stopped
 	s.mu.Unlock()
 	if closed {
 		return nil, sandbox.ErrClosed
+	}
+	if stopped {
+		return nil, sandbox.ErrStopped
 	}
 	conn, err := s.dial(ctx)
 	if err != nil {
@@ -140,7 +189,10 @@ func (s *linuxSandbox) Destroy(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	s.life.Lock() // no Stop or Resume half done
+	defer s.life.Unlock()
 	s.end.Do(func() { s.err = s.teardown() })
+	s.markEnded()
 	return s.err
 }
 
@@ -152,25 +204,28 @@ func (s *linuxSandbox) Detach(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	s.life.Lock()
+	defer s.life.Unlock()
 	s.end.Do(func() {
-		if s.pidfd != nil {
-			s.pidfd.Close()
-			<-s.initDone
+		if pidfd, done := s.current(); pidfd != nil {
+			pidfd.Close()
+			<-done
 		}
 	})
+	s.markEnded()
 	return nil
 }
 
 func (s *linuxSandbox) teardown() error {
 	var errs []error
-	if s.pidfd != nil {
+	if pidfd, done := s.current(); pidfd != nil {
 		s.signalInit(unix.SIGKILL)
 		select {
-		case <-s.initDone:
+		case <-done:
 		case <-time.After(10 * time.Second):
 			errs = append(errs, errors.New("sandbox init did not exit after SIGKILL"))
 		}
-		s.pidfd.Close()
+		pidfd.Close()
 	}
 	dir := s.d.dir(s.st.ID)
 	errs = append(errs,
@@ -357,13 +412,19 @@ const ProxyAddr = "127.0.0.1:3128"
 // inside the sandbox's network namespace, held by the gateway. Only the
 // sandbox's own processes can connect to it.
 func (s *linuxSandbox) ListenProxy(ctx context.Context) (net.Listener, string, error) {
+	s.mu.Lock()
+	done, pid, stopped := s.initDone, s.st.Pid, s.st.Stopped
+	s.mu.Unlock()
+	if stopped {
+		return nil, "", sandbox.ErrStopped
+	}
 	select {
-	case <-s.initDone:
+	case <-done:
 		return nil, "", sandbox.ErrClosed
 	default:
 	}
 	// The init is alive and watched through its pidfd, so its pid names it.
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.st.Pid))
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 	if err != nil {
 		return nil, "", fmt.Errorf("sandbox network namespace: %w", err)
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 // sandboxState is what the gateway keeps on disk about a sandbox, in
@@ -37,6 +39,24 @@ type sandboxState struct {
 	// Protocol is the version of the control protocol the init speaks: an
 	// upgraded gateway may adopt an init started by an older binary.
 	Protocol int `json:"protocol"`
+	// Stopped says the sandbox was stopped (Stopper): it has no init and
+	// no cgroups, only its files; Pid is 0 once the init is gone.
+	Stopped bool `json:"stopped,omitempty"`
+	// Boot is what a new init of the sandbox needs (Resume); nil for a
+	// sandbox made by a gateway without stop.
+	Boot *bootSpec `json:"boot,omitempty"`
+}
+
+// bootSpec is what Create was asked for that each init of the sandbox
+// needs again.
+type bootSpec struct {
+	// Image is the image the root is built from (its layers are held by
+	// the gateway's image store for as long as the session lives).
+	Image *sandbox.Image `json:"image,omitempty"`
+	// Limits are the sandbox's limits in force (the driver's defaults
+	// filled in).
+	Limits   sandbox.Limits `json:"limits"`
+	TrustPEM []byte         `json:"trustPEM,omitempty"`
 }
 
 const stateFile = "state.json"

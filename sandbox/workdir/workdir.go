@@ -87,6 +87,7 @@ type workdirSandbox struct {
 
 	mu      sync.Mutex
 	closed  bool
+	stopped bool // Stop ended its processes; Resume clears it
 	procs   map[*hostProcess]struct{}
 	started int // commands started, for their tags
 }
@@ -126,6 +127,9 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 	if s.closed {
 		return nil, sandbox.ErrClosed
 	}
+	if s.stopped {
+		return nil, sandbox.ErrStopped
+	}
 	s.started++
 	tag := fmt.Sprintf("%s=%s.%d", CommandEnvVar, s.id, s.started)
 	c.Env = append(c.Env, SessionEnvVar+"="+s.id, tag)
@@ -159,6 +163,47 @@ func (s *workdirSandbox) Destroy(ctx context.Context) error {
 func (s *workdirSandbox) kill(ctx context.Context) {
 	s.mu.Lock()
 	s.closed = true
+	s.mu.Unlock()
+	s.killProcs(ctx)
+}
+
+// Stop implements sandbox.Stopper: every process of the sandbox is
+// killed, as Destroy kills them, and the directory stays.
+func (s *workdirSandbox) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return sandbox.ErrClosed
+	}
+	s.stopped = true
+	s.mu.Unlock()
+	s.killProcs(ctx)
+	return nil
+}
+
+// Resume implements sandbox.Stopper: processes may start again.
+func (s *workdirSandbox) Resume(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return sandbox.ErrClosed
+	}
+	s.stopped = false
+	return nil
+}
+
+// Stopped implements sandbox.Stopper.
+func (s *workdirSandbox) Stopped() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped
+}
+
+// killProcs kills every process the sandbox has, including ones that left
+// their process group but kept the session tag, and waits a while for
+// them to be reaped.
+func (s *workdirSandbox) killProcs(ctx context.Context) {
+	s.mu.Lock()
 	procs := make([]*hostProcess, 0, len(s.procs))
 	for p := range s.procs {
 		procs = append(procs, p)

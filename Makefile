@@ -8,7 +8,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test test-go test-python test-python-oldest test-schema test-ts ts-deps venv check vet fmt-check bench bench-check clean
+.PHONY: build test test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -16,7 +16,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
 
 # The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
-test: build test-go test-python test-schema test-ts
+test: build test-go test-python test-schema test-ts test-examples
 
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
@@ -44,6 +44,11 @@ endef
 .venv-schema/.installed: api-spec/requirements-schemathesis.txt
 	$(fill-venv)
 
+# The agent examples' venv: the pinned Agents SDK and anthropic, and the SDK
+# from this checkout (-e ./sdk-python: pip runs from the repository root).
+examples/.venv/.installed: examples/requirements-test.txt sdk-python/pyproject.toml
+	$(fill-venv)
+
 test-python: build .venv/.installed
 	@.venv/bin/python -c 'import paramiko, sys; print("SDK tests: Python", sys.version.split()[0], "Paramiko", paramiko.__version__)'
 	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv/bin/python -m pytest -q sdk-python/tests
@@ -68,6 +73,11 @@ test-ts: build $(TS_SDK)/node_modules/.installed
 	@echo "SDK tests: Node $$(node --version)"
 	cd $(TS_SDK) && $(NPM) run build
 	cd $(TS_SDK) && SANDGATE_BIN=$(CURDIR)/$(BIN) $(NPM) test
+
+# The agent examples (examples/): their tools and loops, driven by scripted
+# models (no API key, no network), against the real binary.
+test-examples: build examples/.venv/.installed
+	SANDGATE_BIN=$(CURDIR)/$(BIN) examples/.venv/bin/python -m pytest -q -p no:cacheprovider examples/tests
 
 # schemathesis over the built binary and the OpenAPI spec: a short run with a
 # fixed seed; any 5xx, spec mismatch or logged error fails it.

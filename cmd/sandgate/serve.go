@@ -276,6 +276,14 @@ func loadOrCreateLinkKey(dataDir string, log *slog.Logger) ([]byte, error) {
 
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Writer) error {
 	raiseNofile(log)
+	// Absolute, so that paths made from it stay right in processes that
+	// start elsewhere (a workdir sandbox's commands and SFTP server run in
+	// the session's directory).
+	dataDir, err := filepath.Abs(cfg.dataDir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	cfg.dataDir = dataDir
 	if err := os.MkdirAll(cfg.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}

@@ -82,8 +82,3 @@ func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Sess
 	s.Touch(time.Now())
 	return s, true
 }
-
-// notYet answers a data-plane route that is not built yet.
-func notYet(w http.ResponseWriter) {
-	WriteError(w, http.StatusNotImplemented, "not_implemented", "not implemented yet")
-}

@@ -275,9 +275,13 @@ func workspaceFiles(fsys *dataplane.FS) (map[string]fileStamp, error) {
 	return out, nil
 }
 
-// mimeType is the type of a file by its extension.
+// mimeType is the media type of a file by its extension, without
+// parameters ("text/plain", as the seed's Python mimetypes says).
 func mimeType(p string) string {
 	if t := mime.TypeByExtension(path.Ext(p)); t != "" {
+		if mt, _, err := mime.ParseMediaType(t); err == nil {
+			return mt
+		}
 		return t
 	}
 	return "application/octet-stream"

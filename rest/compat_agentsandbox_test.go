@@ -333,10 +333,17 @@ func TestCompatAgentSandbox(t *testing.T) {
 	})
 
 	t.Run("auth", func(t *testing.T) {
-		for _, hdr := range [][]string{nil, {"X-API-Key", "sg_wrong_token"}, {"X-API-Key", ""}} {
-			r := asCall(t, g, http.MethodGet, "/files/list?user_id=alice&session_id=files", "", hdr...)
-			if r.status != http.StatusUnauthorized || !strings.Contains(string(r.body), `"unauthorized"`) {
-				t.Errorf("%v: %d %s", hdr, r.status, r.body)
+		for _, rt := range []struct{ method, path string }{
+			{http.MethodPost, "/execute"}, {http.MethodPost, "/sandbox/reset"}, {http.MethodPost, "/sandbox/stop"},
+			{http.MethodPost, "/files/upload-urls"}, {http.MethodGet, "/files/list?user_id=alice&session_id=files"},
+			{http.MethodGet, "/files/download-url?user_id=alice&session_id=files&path=out.txt"}, {http.MethodGet, "/nothing"},
+		} {
+			for _, hdr := range [][]string{nil, {"X-API-Key", "sg_wrong_token"}, {"X-API-Key", ""}, {"Authorization", "Bearer sg_wrong_token", "X-API-Key", aliceKey}} {
+				r := asCall(t, g, rt.method, rt.path, `{"user_id":"alice","session_id":"files","code":"1"}`, hdr...)
+				if r.status != http.StatusUnauthorized || !strings.Contains(string(r.body), `"unauthorized"`) ||
+					r.header.Get("WWW-Authenticate") != `Bearer realm="sandgate"` {
+					t.Errorf("%s %s %v: %d %s", rt.method, rt.path, hdr, r.status, r.body)
+				}
 			}
 		}
 		// The seed's X-API-Key carries a sandgate token.

@@ -176,11 +176,18 @@ func clampExpiry(v *int) int {
 	return max(1, min(e, MaxLinkExpiry))
 }
 
+// agentSandboxCreateWait bounds how long a call waits for a concurrent
+// call's create of the same sandbox (name_taken) to finish.
+const agentSandboxCreateWait = 2 * time.Minute
+
 // sandbox finds the identity's live sandbox, or creates it when create is
-// set; nil, nil when there is none and create is not set.
+// set; nil, nil when there is none and create is not set. A create that
+// finds the name taken by a create in progress (a concurrent first call)
+// waits for that one's session.
 func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id agentIdentity, create bool) (*gateway.Session, error) {
 	name := id.name()
-	for attempt := 0; ; attempt++ {
+	deadline := time.Now().Add(agentSandboxCreateWait)
+	for {
 		if ss, _ := x.a.listNamed(ctx, p, name, 1, 0); len(ss) == 1 && ss[0].Live() {
 			ss[0].Touch(time.Now())
 			return ss[0], nil
@@ -189,15 +196,19 @@ func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id a
 			return nil, nil
 		}
 		s, _, err := x.a.cfg.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL})
-		var ge *gateway.Error
-		if err != nil && errors.As(err, &ge) && ge.Code == "name_taken" && attempt < 3 {
-			continue // a concurrent call created it: find it
+		if err == nil {
+			x.a.cfg.Log.Info("compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
+			return s, nil
 		}
-		if err != nil {
+		var ge *gateway.Error
+		if !errors.As(err, &ge) || ge.Code != "name_taken" || time.Now().After(deadline) {
 			return nil, fmt.Errorf("create sandbox %s: %w", name, err)
 		}
-		x.a.cfg.Log.Info("compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
-		return s, nil
+		select { // a concurrent call creates it: find it once it is made
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 

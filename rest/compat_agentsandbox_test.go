@@ -187,6 +187,35 @@ func TestCompatAgentSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("concurrent first calls", func(t *testing.T) {
+		// Calls that race to create one sandbox all run in the one.
+		const n = 4
+		outs := make(chan string, n)
+		for i := range n {
+			go func() { // no t.Fatal off the test's goroutine
+				body := fmt.Sprintf(`{"user_id":"race","code":"v%d = %d"}`, i, i)
+				req, _ := http.NewRequest(http.MethodPost, g.url+"/compat/agent-sandbox/v1/execute", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+aliceKey)
+				res, err := g.client.Do(req)
+				if err != nil {
+					outs <- err.Error()
+					return
+				}
+				defer res.Body.Close()
+				data, _ := io.ReadAll(res.Body)
+				outs <- fmt.Sprintf("%d %s", res.StatusCode, data)
+			}()
+		}
+		for range n {
+			if o := <-outs; o != `200 {"output":"","artifacts":[]}` {
+				t.Errorf("racing execute: %s", o)
+			}
+		}
+		if e := execute(`{"user_id":"race","code":"v0 + v1 + v2 + v3"}`); *e.Output != "6\n" {
+			t.Errorf("one kernel: %q", *e.Output)
+		}
+	})
+
 	t.Run("validation", func(t *testing.T) {
 		r := call(http.MethodPost, "/execute", `{"session_id":"s","code":"1"}`)
 		if r.status != http.StatusUnprocessableEntity || !strings.Contains(string(r.body), `"loc":["body","user_id"]`) ||
@@ -401,7 +430,7 @@ func TestCompatAgentSandbox(t *testing.T) {
 				named++
 			}
 		}
-		if named != 5 { // chat, other, default, files, up
+		if named != 6 { // chat, other, default, race, files, up
 			t.Errorf("%d named sessions", named)
 		}
 	})

@@ -44,6 +44,11 @@ type Fetcher struct {
 	Concurrency int
 	// Timeout bounds each download, body included (default 10 min).
 	Timeout time.Duration
+	// Name, when set, names a download from its URL as asked (a seed's
+	// "Content-Disposition" query parameter); its answer, reduced to a
+	// base name, comes before the response's Content-Disposition, and ""
+	// defers to it.
+	Name func(u *url.URL) string
 }
 
 // FetchResult is files/fetch's answer.
@@ -203,7 +208,14 @@ func (fe *Fetcher) fetchOne(ctx context.Context, client *http.Client, fsys *FS, 
 	if fe.MaxBytes > 0 && resp.ContentLength > fe.MaxBytes {
 		return "", fmt.Errorf("%d bytes is over the limit of %d bytes", resp.ContentLength, fe.MaxBytes)
 	}
-	name := n.claim(fileName(resp.Header.Get("Content-Disposition"), resp.Request.URL))
+	name := ""
+	if fe.Name != nil {
+		name = sanitizeName(fe.Name(req.URL))
+	}
+	if name == "" {
+		name = fileName(resp.Header.Get("Content-Disposition"), resp.Request.URL)
+	}
+	name = n.claim(name)
 	p := path.Join(destDir, name)
 	if _, _, err := fsys.Write(p, resp.Body, WriteOptions{MaxBytes: fe.MaxBytes}); err != nil {
 		var fe2 *Error

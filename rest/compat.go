@@ -21,7 +21,7 @@ import (
 //
 //	/compat/sbs            compat_sbs.go         session-based-sandbox (seed 000)
 //	/compat/sandkasten     compat_sandkasten.go  Sandkasten (seed 003)
-//	/compat/agent-sandbox  compat_agentsandbox.go  Agent Sandbox (seed 001), to come
+//	/compat/agent-sandbox  compat_agentsandbox.go  Agent Sandbox (seed 001)
 //
 // They are not in the OpenAPI spec: their shapes are the seeds'. See
 // docs/compat.md.
@@ -32,6 +32,9 @@ import (
 type compatAPI struct {
 	prefix string
 	mount  func(r chi.Router)
+	// before, when set, runs before authentication, for this prefix only
+	// (a seed's own credential header turned into a bearer token).
+	before func(http.Handler) http.Handler
 }
 
 // compatAPIs lists the seeds' APIs. Add a seed's API here.
@@ -39,7 +42,7 @@ func (a *api) compatAPIs() []compatAPI {
 	return []compatAPI{
 		{prefix: "/compat/sbs", mount: newSBS(a).mount},
 		{prefix: "/compat/sandkasten", mount: newSandkasten(a).mount},
-		// {prefix: "/compat/agent-sandbox", mount: a.mountAgentSandbox},
+		{prefix: "/compat/agent-sandbox", mount: a.mountAgentSandbox, before: agentSandboxAPIKey},
 	}
 }
 
@@ -47,9 +50,12 @@ func (a *api) compatAPIs() []compatAPI {
 // the same authentication (a sandgate bearer token) and rate limit as /v1.
 // A failed authentication answers with the native error envelope.
 func (a *api) mountCompat(r chi.Router) {
-	authed := r.With(a.authenticate, a.limit)
 	for _, c := range a.compatAPIs() {
-		authed.Route(c.prefix, c.mount)
+		chain := []func(http.Handler) http.Handler{a.authenticate, a.limit}
+		if c.before != nil {
+			chain = append([]func(http.Handler) http.Handler{c.before}, chain...)
+		}
+		r.With(chain...).Route(c.prefix, c.mount)
 	}
 }
 

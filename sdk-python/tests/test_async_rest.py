@@ -345,3 +345,18 @@ def test_processes(gateway: Gateway, session: Session) -> None:
                 await c.signal_process(sid, sl["processId"], "NOPE")
 
     arun(main())
+
+
+def test_callback_exception_drops_the_run_and_kills_it(gateway: Gateway, session: Session) -> None:
+    marker = sleep_marker()
+
+    def boom(_: Union[str, bytes]) -> None:
+        raise OSError("stop")  # propagates as it is, not as a connection error
+
+    async def main() -> None:
+        async with AsyncSessionsClient(gateway.url, gateway.token) as c:
+            with pytest.raises(OSError, match="stop"):
+                await c.run(session.session_id, f"echo go; exec sleep {marker}", on_stdout=boom)
+
+    arun(main())
+    assert wait_gone(f"sleep {marker}") == []

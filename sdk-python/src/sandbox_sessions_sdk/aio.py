@@ -115,10 +115,23 @@ def _httpx_timeout(connect: Optional[float], read: Optional[float]) -> httpx.Tim
 
 
 def _body_error(what: str, api_url: str, e: Exception) -> SandboxConnectionError:
-    """An httpx error met while reading an answer's body."""
-    if isinstance(e, httpx.TimeoutException):
+    """An httpx (or socket) error met while reading an answer's body."""
+    if isinstance(e, (httpx.TimeoutException, TimeoutError)):
         return SandboxConnectionError(f"{what}: timed out reading the answer from {api_url}")
     return SandboxConnectionError(f"{what}: the connection to {api_url} broke: {e}")
+
+
+async def _body_chunks(resp: httpx.Response, what: str, api_url: str, size: Optional[int]) -> AsyncIterator[bytes]:
+    """An answer's body, chunk by chunk; a network error reading it becomes SandboxConnectionError."""
+    chunks = resp.aiter_bytes(size)
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except (httpx.HTTPError, OSError) as e:
+            raise _body_error(what, api_url, e) from e
+        yield chunk
 
 
 async def _async_chunks(body: Any) -> AsyncIterator[bytes]:
@@ -302,18 +315,16 @@ class AsyncSessionsClient:
                 return whole_result(await self._json(resp, what), on_stdout, on_stderr)
             stream = RunStream(on_stdout, on_stderr, what)
             splitter = NDJSONSplitter(what)
-            try:
-                async for chunk in resp.aiter_bytes():
-                    for line in splitter.feed(chunk):
-                        res = stream.line(line)
-                        if res is not None:
-                            return res
-                for line in splitter.finish():
+            # What a callback raises propagates as it is (and the connection is dropped).
+            async for chunk in _body_chunks(resp, what, self.api_url, None):
+                for line in splitter.feed(chunk):
                     res = stream.line(line)
                     if res is not None:
                         return res
-            except httpx.HTTPError as e:
-                raise _body_error(what, self.api_url, e) from e
+            for line in splitter.finish():
+                res = stream.line(line)
+                if res is not None:
+                    return res
             raise stream.ended_early()
         finally:
             await resp.aclose()
@@ -359,14 +370,12 @@ class AsyncSessionsClient:
         parts: List[bytes] = []
         got = 0
         try:
-            async for chunk in resp.aiter_bytes(CHUNK_BYTES):
+            async for chunk in _body_chunks(resp, what, self.api_url, CHUNK_BYTES):
                 if max_bytes is not None and got + len(chunk) >= max_bytes:
                     parts.append(chunk[: max_bytes - got])
                     break
                 parts.append(chunk)
                 got += len(chunk)
-        except httpx.HTTPError as e:
-            raise _body_error(what, self.api_url, e) from e
         finally:
             await resp.aclose()
         return b"".join(parts)
@@ -386,15 +395,13 @@ class AsyncSessionsClient:
         ok = False
         try:
             f = open(local, "wb") if local is not None else dest
-            async for chunk in resp.aiter_bytes(CHUNK_BYTES):
-                f.write(chunk)
+            async for chunk in _body_chunks(resp, what, self.api_url, CHUNK_BYTES):
+                f.write(chunk)  # a local write error propagates as it is
                 written += len(chunk)
             expected = resp.headers.get("Content-Length")
             if expected is not None and expected.isdigit() and int(expected) != written:
                 raise SandboxConnectionError(f"{what}: got {written} of {expected} bytes")
             ok = True
-        except httpx.HTTPError as e:
-            raise _body_error(what, self.api_url, e) from e
         finally:
             await resp.aclose()
             if local is not None and f is not None:
@@ -559,14 +566,14 @@ class AsyncSessionsClient:
             resp = await self._http.send(req, stream=True)
         except httpx.TimeoutException as e:
             raise SandboxConnectionError(f"{what}: timed out talking to {self.api_url}") from e
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, OSError) as e:  # OSError: an ssl error some anyio versions do not wrap
             if _is_tls_error(e):
                 raise SandboxConnectionError(f"{what}: TLS error talking to {self.api_url}: {e}") from e
             raise SandboxConnectionError(f"{what}: cannot reach {self.api_url}: {e}") from e
         if resp.status_code >= 400:
             try:
                 content = await resp.aread()
-            except httpx.HTTPError:
+            except (httpx.HTTPError, OSError):
                 content = b""
             finally:
                 await resp.aclose()
@@ -581,7 +588,7 @@ class AsyncSessionsClient:
         if not stream:
             try:
                 await resp.aread()
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, OSError) as e:
                 raise _body_error(what, self.api_url, e) from e
             finally:
                 await resp.aclose()
@@ -662,7 +669,7 @@ class AsyncNDJSONStream:
             except SandboxOperationError:
                 await self.aclose()
                 raise
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, OSError) as e:
                 await self.aclose()
                 raise _body_error(self._what, self._api_url, e) from e
         return self._pending.pop(0)

@@ -735,8 +735,9 @@ class AsyncSessionSSHClient:
             host_key_policy,
             get_pty,
         )
-        # One SFTP transfer at a time on the shared SFTP channel.
-        self._sftp_lock = asyncio.Lock()
+        # One SFTP transfer at a time on the shared SFTP channel; made on first
+        # use (Python 3.9 binds a Lock to the loop current when it is made).
+        self._sftp_lock: Optional[asyncio.Lock] = None
 
     def __repr__(self) -> str:
         return "Async" + repr(self._sync)
@@ -812,13 +813,18 @@ class AsyncSessionSSHClient:
 
     async def upload_file(self, local_path: PathLike, remote_path: str) -> None:
         """:meth:`SessionSSHClient.upload_file` in a worker thread."""
-        async with self._sftp_lock:
+        async with self._lock():
             await _in_thread(lambda: self._sync.upload_file(local_path, remote_path), self._drop_sftp)
 
     async def download_file(self, remote_path: str, local_path: PathLike) -> None:
         """:meth:`SessionSSHClient.download_file` in a worker thread."""
-        async with self._sftp_lock:
+        async with self._lock():
             await _in_thread(lambda: self._sync.download_file(remote_path, local_path), self._drop_sftp)
+
+    def _lock(self) -> asyncio.Lock:
+        if self._sftp_lock is None:
+            self._sftp_lock = asyncio.Lock()
+        return self._sftp_lock
 
     def _drop_sftp(self) -> None:
         sftp, self._sync._sftp = self._sync._sftp, None

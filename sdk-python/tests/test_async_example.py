@@ -16,6 +16,7 @@ EXAMPLE = """\
 import asyncio
 from sandbox_sessions_sdk import AsyncSessionsClient, AsyncSessionSSHClient
 
+
 async def main():
     async with AsyncSessionsClient(api_url=API_URL, bearer_token=TOKEN) as sessions:
         session = await sessions.create_session(ttl=600)
@@ -30,6 +31,7 @@ async def main():
                     print("cancelled; the sleep was killed")
         finally:
             await sessions.delete_session(sid)
+
 
 asyncio.run(main())
 """

@@ -15,7 +15,6 @@ import pytest
 from sandbox_sessions_sdk import (
     ProcessExitedError,
     ProcessNotFoundError,
-    SandboxOperationError,
     Session,
     SessionNotFoundError,
     SessionsClient,

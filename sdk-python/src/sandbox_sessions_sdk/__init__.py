@@ -6,6 +6,8 @@
 - :class:`SessionSSHClient`: SSH commands and SFTP in a session, with Paramiko,
   through the gateway's HTTP CONNECT tunnel; host keys pinned from the API.
 - :class:`HTTPConnectTunnel`: the raw tunnel socket, for your own SSH client.
+- :class:`AsyncSessionsClient`, :class:`AsyncSessionSSHClient`: the same for
+  asyncio (httpx for REST; the Paramiko client in worker threads for SSH).
 
 ``api_url`` and ``bearer_token`` default to ``$SANDBOX_API_URL`` and
 ``$SANDBOX_API_TOKEN``. Every error is a :class:`SandboxAPIError`.
@@ -14,6 +16,7 @@
 from . import errors
 from ._dataplane import FileList
 from ._version import __version__
+from .aio import AsyncNDJSONStream, AsyncSessionsClient, AsyncSessionSSHClient, AsyncShell
 from .client import SessionsClient, Shell
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
 from .models import CommandResult, Session
@@ -29,6 +32,10 @@ __all__ = [
     "HTTPConnectTunnel",
     "SessionSSHClient",
     "CommandResult",
+    "AsyncSessionsClient",
+    "AsyncShell",
+    "AsyncNDJSONStream",
+    "AsyncSessionSSHClient",
 ]
 # Every exception class, as errors.py lists them.
 __all__ += errors.__all__

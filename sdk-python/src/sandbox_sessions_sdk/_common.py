@@ -6,8 +6,8 @@ import json
 import os
 import ssl
 from types import TracebackType
-from typing import Any, Dict, Mapping, Optional, Tuple, Type, Union
-from urllib.parse import urlsplit
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from urllib.parse import quote, urlsplit
 
 from .errors import (
     DiskFullError,
@@ -29,6 +29,7 @@ from .errors import (
     UnauthorizedError,
     UnknownSecretError,
 )
+from .models import Session
 
 ENV_API_URL = "SANDBOX_API_URL"
 ENV_API_TOKEN = "SANDBOX_API_TOKEN"
@@ -66,6 +67,222 @@ _NOT_SESSION_404 = frozenset({"file_not_found", "shell_not_found", "process_not_
 
 #: 429 codes with a class of their own (a RateLimitError, as every 429).
 _TYPED_429: Dict[str, Type[RateLimitError]] = {"shell_busy": ShellBusyError}
+
+
+# -- REST: argument checks, request bodies, answers (shared by SessionsClient and
+# AsyncSessionsClient) ---------------------------------------------------------
+
+MIN_TTL = 60
+MAX_TTL = 28800
+
+#: Pauses before create_session's retries (so two retries at most).
+CREATE_RETRY_DELAYS: Tuple[float, ...] = (0.5, 1.0)
+#: Answers after which a create is retried (with the same Idempotency-Key).
+CREATE_RETRY_STATUSES = frozenset({500, 502, 503, 504})
+
+#: The gateway's command timeout when a request gives none.
+DEFAULT_COMMAND_TIMEOUT = 60.0
+
+
+def check_idempotency_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"idempotency_key must be a string, got {type(key).__name__}")
+    if not 1 <= len(key) <= 255 or not all("!" <= c <= "~" for c in key):
+        raise ValueError("idempotency_key must be 1 to 255 printable ASCII characters without spaces")
+    return key
+
+
+_RESOURCE_KEYS = {"memoryMiB": int, "cpus": float, "pids": int, "diskMiB": int}
+
+
+def check_resources(resources: Any) -> Dict[str, Any]:
+    """Check create_session's resources locally: known keys, numbers > 0."""
+    if not isinstance(resources, Mapping):
+        raise TypeError("resources must be a dict")
+    out: Dict[str, Any] = {}
+    for key, value in resources.items():
+        kind = _RESOURCE_KEYS.get(key)
+        if kind is None:
+            raise ValueError(f"unknown resource {key!r}; known: {', '.join(_RESOURCE_KEYS)}")
+        if value is None:
+            continue
+        ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
+        if not ok or isinstance(value, bool):
+            raise TypeError(f"resources[{key!r}] must be {'a number' if kind is float else 'an int'}")
+        if value <= 0:
+            raise ValueError(f"resources[{key!r}] must be positive")
+        out[key] = value
+    return out
+
+
+def check_hosts(name: str, value: Any) -> List[str]:
+    """Check a list of egress entries (or a secret's hosts) locally: a
+    sequence of non-empty strings, not a bare string. The gateway parses them."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of strings (e.g. ['pypi.org']), got {type(value).__name__}")
+    out: List[str] = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, str):
+            raise TypeError(f"{name}[{i}] must be a string, got {type(entry).__name__}")
+        if not entry.strip():
+            raise ValueError(f"{name}[{i}] must be a non-empty string")
+        out.append(entry)
+    return out
+
+
+_SECRET_KEYS = ("name", "hosts", "header", "format")
+
+
+def check_secrets(secrets: Any) -> List[Any]:
+    """Check create_session's secrets locally: names, or dicts with a name
+    and optional hosts/header/format. The gateway checks the rest."""
+    if isinstance(secrets, (str, bytes)) or not isinstance(secrets, Sequence):
+        raise TypeError(f"secrets must be a list of names or dicts, got {type(secrets).__name__}")
+    out: List[Any] = []
+    for i, ref in enumerate(secrets):
+        if isinstance(ref, str):
+            if not ref:
+                raise ValueError(f"secrets[{i}] must be a non-empty name")
+            out.append(ref)
+            continue
+        if not isinstance(ref, Mapping):
+            raise TypeError(f"secrets[{i}] must be a name or a dict, got {type(ref).__name__}")
+        unknown = [k for k in ref if k not in _SECRET_KEYS]
+        if unknown:
+            raise ValueError(f"secrets[{i}]: unknown key {unknown[0]!r}; known: {', '.join(_SECRET_KEYS)}")
+        item: Dict[str, Any] = {}
+        for key in _SECRET_KEYS:
+            value = ref.get(key)
+            if value is None:
+                continue
+            if key == "hosts":
+                item[key] = check_hosts(f"secrets[{i}]['hosts']", value)
+                continue
+            if not isinstance(value, str):
+                raise TypeError(f"secrets[{i}][{key!r}] must be a string, got {type(value).__name__}")
+            if not value:
+                raise ValueError(f"secrets[{i}][{key!r}] must be a non-empty string")
+            item[key] = value
+        if "name" not in item:
+            raise ValueError(f"secrets[{i}] needs a 'name'")
+        out.append(item)
+    return out
+
+
+def create_session_body(
+    ttl: Any,
+    image: Any,
+    metadata: Any,
+    ssh_public_key: Any,
+    resources: Any,
+    labels: Any,
+    egress: Any,
+    secrets: Any,
+) -> Dict[str, Any]:
+    """The JSON body of ``POST /v1/sessions``, checked locally."""
+    body: Dict[str, Any] = {"ttl": check_int("ttl", ttl, MIN_TTL, MAX_TTL)}
+    if image is not None:
+        if not isinstance(image, str) or not image:
+            raise ValueError("image must be a non-empty string")
+        body["image"] = image
+    if metadata is not None and labels is not None:
+        raise ValueError("give metadata or labels, not both: labels is another name for metadata")
+    for name, value in (("metadata", metadata), ("labels", labels)):
+        if value is not None:
+            if not isinstance(value, Mapping):
+                raise TypeError(f"{name} must be a dict")
+            body[name] = dict(value)
+    if resources is not None:
+        body["resources"] = check_resources(resources)
+    if egress is not None:
+        body["egress"] = check_hosts("egress", egress)
+    if secrets is not None:
+        body["secrets"] = check_secrets(secrets)
+    if ssh_public_key is not None:
+        if not isinstance(ssh_public_key, str) or not ssh_public_key.strip():
+            raise ValueError("ssh_public_key must be an authorized_keys line")
+        body["sshPublicKey"] = ssh_public_key.strip()
+    return body
+
+
+def update_session_body(ttl: Any, egress: Any) -> Dict[str, Any]:
+    """The JSON body of ``PATCH /v1/sessions/{id}``, checked locally."""
+    body: Dict[str, Any] = {}
+    if ttl is not None:
+        body["ttl"] = check_int("ttl", ttl, MIN_TTL, MAX_TTL)
+    if egress is not None:
+        body["egress"] = check_hosts("egress", egress)
+    return body
+
+
+def session_path(session_id: Any) -> str:
+    """``/sessions/{id}``, the id URL-escaped; ValueError for an empty or non-str id."""
+    if not isinstance(session_id, str) or not session_id:
+        raise ValueError("session_id must be a non-empty string")
+    return "/sessions/" + quote(session_id, safe="")
+
+
+def process_path(session_id: Any, process_id: Any) -> str:
+    """``/sessions/{id}/processes/{pid}``."""
+    if not isinstance(process_id, str) or not process_id:
+        raise ValueError("process_id must be a non-empty string")
+    return session_path(session_id) + "/processes/" + quote(process_id, safe="")
+
+
+def parse_session(data: Any, what: str) -> Session:
+    """A Session from the API's JSON; SandboxOperationError when it is not one."""
+    try:
+        return Session.from_dict(data)
+    except ValueError as e:
+        raise SandboxOperationError(f"{what}: unexpected answer: {e}", body=str(data)[:4096]) from None
+
+
+def is_replayed(headers: Mapping[str, str]) -> bool:
+    """True when a create's answer is a replay of an earlier one (``Idempotent-Replayed: true``)."""
+    return str(headers.get("Idempotent-Replayed", "")).strip().lower() == "true"
+
+
+def session_page(data: Mapping[str, Any], limit: int, offset: int) -> Dict[str, Any]:
+    """list_sessions' result from the API's answer."""
+    items = data.get("sessions")
+    if not isinstance(items, list):
+        raise SandboxOperationError("list sessions: answer has no 'sessions' list", body=str(data)[:4096])
+    return {
+        "sessions": [parse_session(item, "list sessions") for item in items],
+        "total": data.get("total", len(items)),
+        "limit": data.get("limit", limit),
+        "offset": data.get("offset", offset),
+    }
+
+
+def answer_list(data: Mapping[str, Any], key: str, what: str) -> List[Dict[str, Any]]:
+    """The list of objects under *key* of an answer (``commands``, ``processes``...)."""
+    items = data.get(key)
+    if not isinstance(items, list):
+        raise SandboxOperationError(f"{what}: answer has no {key!r} list", body=str(data)[:4096])
+    return [dict(item) for item in items if isinstance(item, Mapping)]
+
+
+def json_answer(status: int, content: bytes, headers: Mapping[str, str], what: str) -> Dict[str, Any]:
+    """The JSON object of a successful answer ({} for an empty one or a 204)."""
+    if status == 204 or not content:
+        return {}
+    try:
+        data = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        raise SandboxOperationError(
+            f"{what}: HTTP {status} answer is not JSON",
+            status_code=status,
+            body=content[:4096].decode("utf-8", "replace"),
+            headers=headers,
+        ) from None
+    if not isinstance(data, dict):
+        raise SandboxOperationError(
+            f"{what}: HTTP {status} answer is not a JSON object",
+            status_code=status,
+            body=content[:4096].decode("utf-8", "replace"),
+        )
+    return data
 
 
 class ClosesOnExit:

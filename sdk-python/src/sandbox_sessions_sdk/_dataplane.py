@@ -11,8 +11,9 @@ import re
 import signal as _signal
 import stat
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from urllib.parse import quote
 
-from ._common import check_int, check_timeout
+from ._common import DEFAULT_COMMAND_TIMEOUT, check_int, check_timeout
 from .errors import SandboxConnectionError, SandboxOperationError
 from .models import CommandResult
 
@@ -197,20 +198,38 @@ def command_result(
     )
 
 
+class NDJSONSplitter:
+    """Newline-delimited JSON objects from chunks of bytes, fed as they arrive
+    (the same parser for a sync and an async body)."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> List[Dict[str, Any]]:
+        """The complete lines *chunk* ends, as dicts."""
+        self._buf += chunk
+        out: List[Dict[str, Any]] = []
+        while True:
+            i = self._buf.find(b"\n")
+            if i < 0:
+                return out
+            line, self._buf = self._buf[:i], self._buf[i + 1 :]
+            if line.strip():
+                out.append(_json_line(line, self._what))
+
+    def finish(self) -> List[Dict[str, Any]]:
+        """At the end of the body: a last line without a newline, if any."""
+        buf, self._buf = self._buf, b""
+        return [_json_line(buf, self._what)] if buf.strip() else []
+
+
 def ndjson_lines(chunks: Iterator[bytes], what: str) -> Iterator[Dict[str, Any]]:
     """Parse newline-delimited JSON objects from *chunks* as they arrive."""
-    buf = b""
+    splitter = NDJSONSplitter(what)
     for chunk in chunks:
-        buf += chunk
-        while True:
-            i = buf.find(b"\n")
-            if i < 0:
-                break
-            line, buf = buf[:i], buf[i + 1 :]
-            if line.strip():
-                yield _json_line(line, what)
-    if buf.strip():
-        yield _json_line(buf, what)
+        yield from splitter.feed(chunk)
+    yield from splitter.finish()
 
 
 def _json_line(line: bytes, what: str) -> Dict[str, Any]:
@@ -421,3 +440,155 @@ def connection_error(what: str, api_url: str, e: Exception) -> Exception:
     if isinstance(e, (requests.exceptions.RequestException, OSError)) or type(e).__module__.startswith("urllib3"):
         return SandboxConnectionError(f"{what}: the connection to {api_url} broke: {e}")
     return e
+
+
+class RunStream:
+    """The lines of a streamed ``run`` (``application/x-ndjson``): output
+    chunks go to the callbacks, the last line becomes the result."""
+
+    def __init__(self, on_stdout: Optional[ChunkCallback], on_stderr: Optional[ChunkCallback], what: str) -> None:
+        self.stdout = OutputCollector(on_stdout)
+        self.stderr = OutputCollector(on_stderr)
+        self._what = what
+
+    def line(self, line: Mapping[str, Any]) -> Optional[CommandResult]:
+        """Handle one line: the CommandResult when it is the last, else None;
+        raises the error an error line reports."""
+        out_chunk = stream_chunk(line, "stdout", self._what)
+        err_chunk = stream_chunk(line, "stderr", self._what)
+        if out_chunk is not None:
+            self.stdout.add(out_chunk)
+        if err_chunk is not None:
+            self.stderr.add(err_chunk)
+        if out_chunk is not None or err_chunk is not None:
+            return None
+        failed = stream_error(line, self._what)
+        if failed is not None:
+            raise failed
+        if "exitCode" in line or "timedOut" in line:
+            return command_result(line, self.stdout.text(), self.stderr.text())
+        return None
+
+    def ended_early(self) -> SandboxConnectionError:
+        return SandboxConnectionError(f"{self._what}: the stream ended before the command's result")
+
+
+def whole_result(
+    data: Mapping[str, Any], on_stdout: Optional[ChunkCallback], on_stderr: Optional[ChunkCallback]
+) -> CommandResult:
+    """A streamed run answered with the whole result (a gateway that does not
+    stream): the callbacks get each stream in one chunk."""
+    res = command_result(data)
+    if res.stdout and on_stdout is not None:
+        on_stdout(res.stdout)
+    if res.stderr and on_stderr is not None:
+        on_stderr(res.stderr)
+    return res
+
+
+def run_read_timeout(body: Mapping[str, Any], client_timeout: Optional[float]) -> Optional[float]:
+    """How long to wait for a run's answer: the command's timeout plus the client's."""
+    if client_timeout is None:
+        return None
+    return float(body.get("timeout", DEFAULT_COMMAND_TIMEOUT)) + client_timeout
+
+
+def shell_path(session_path: str, name: Any) -> str:
+    return session_path + "/shells/" + quote(check_shell_name(name), safe="")
+
+
+def read_headers(max_bytes: Optional[int]) -> Dict[str, str]:
+    """read_file's headers: a ``Range`` for *max_bytes*."""
+    headers = {"Accept": "application/octet-stream"}
+    if max_bytes is not None:
+        headers["Range"] = f"bytes=0-{check_int('max_bytes', max_bytes, 1) - 1}"
+    return headers
+
+
+def write_params(mkdirs: Any, mode: Any) -> Dict[str, str]:
+    params = {"mkdirs": "true" if check_bool("mkdirs", mkdirs) else "false"}
+    if mode is not None:
+        params["mode"] = check_mode(mode)
+    return params
+
+
+def list_params(recursive: Any) -> Dict[str, str]:
+    params = {"list": "true"}
+    if check_bool("recursive", recursive):
+        params["recursive"] = "true"
+    return params
+
+
+def file_list(data: Mapping[str, Any], what: str) -> FileList:
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        raise SandboxOperationError(f"{what}: answer has no 'entries' list", body=str(data)[:4096])
+    return FileList([dict(e) for e in entries if isinstance(e, Mapping)], data.get("truncated") is True)
+
+
+def fetch_body(urls: Any, dest_dir: Any) -> Dict[str, Any]:
+    """The JSON body of ``POST .../files/fetch``, checked locally."""
+    if isinstance(urls, (str, bytes)) or not isinstance(urls, Sequence):
+        raise TypeError(f"urls must be a list of strings, got {type(urls).__name__}")
+    checked = [check_text(f"urls[{i}]", u) for i, u in enumerate(urls)]
+    if not 1 <= len(checked) <= 200:
+        raise ValueError(f"urls must hold 1 to 200 URLs, got {len(checked)}")
+    return {"urls": checked, "destDir": check_path("dest_dir", dest_dir)}
+
+
+def process_body(command: Any, argv: Any, env: Any, cwd: Any, name: Any) -> Dict[str, Any]:
+    """The JSON body of ``POST .../processes``, checked locally."""
+    body = command_fields(command, argv)
+    if env is not None:
+        body["env"] = check_env(env)
+        if len(body["env"]) > 64:
+            raise ValueError("env may hold at most 64 variables")
+    if cwd is not None:
+        body["cwd"] = check_text("cwd", cwd)
+    if name is not None:
+        body["name"] = check_text("name", name, allow_empty=True)
+        if len(name) > 64:
+            raise ValueError("name must be at most 64 characters")
+    return body
+
+
+def output_params(offset: Any, follow: Any) -> Dict[str, Any]:
+    check_int("offset", offset)
+    return {"offset": offset, "follow": "true" if check_bool("follow", follow) else "false"}
+
+
+def stdin_bodies(data: Any, eof: Any) -> List[Dict[str, Any]]:
+    """The JSON bodies of ``POST .../stdin`` that write *data* (in order)."""
+    if isinstance(data, str):
+        raw = data.encode("utf-8")
+        small_text = len(raw) <= STDIN_CHUNK
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        raw, small_text = bytes(data), False
+    else:
+        raise TypeError(f"data must be str or bytes, got {type(data).__name__}")
+    check_bool("eof", eof)
+    bodies: List[Dict[str, Any]] = []
+    if small_text and raw:
+        bodies.append({"data": data})
+    else:
+        for i in range(0, len(raw), STDIN_CHUNK):
+            bodies.append({"dataBase64": base64.b64encode(raw[i : i + STDIN_CHUNK]).decode("ascii")})
+    if eof:
+        if bodies:
+            bodies[-1]["eof"] = True
+        else:
+            bodies.append({"eof": True})
+    return bodies
+
+
+def signal_body(signal: Any) -> Dict[str, str]:
+    """The JSON body of ``POST .../signal``: the name without ``SIG``."""
+    if isinstance(signal, _signal.Signals):
+        signal = signal.name
+    if not isinstance(signal, str):
+        raise TypeError(f"signal must be a signal name, got {type(signal).__name__}")
+    sig = signal.upper()
+    sig = sig[3:] if sig.startswith("SIG") else sig
+    if sig not in SIGNALS:
+        raise ValueError(f"unknown signal {signal!r}; known: {', '.join(sorted(SIGNALS))}")
+    return {"signal": sig}

@@ -2,48 +2,62 @@
 
 from __future__ import annotations
 
-import base64
 import os
-import signal as _signal_mod
 import time
 import uuid
 from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
-from urllib.parse import quote
 
 import requests
 
 from ._common import (
+    CREATE_RETRY_DELAYS,
+    CREATE_RETRY_STATUSES,
+    DEFAULT_COMMAND_TIMEOUT,
     ClosesOnExit,
     VerifySSL,
+    answer_list,
+    check_idempotency_key,
     check_int,
     check_timeout,
+    create_session_body,
     error_for_status,
+    is_replayed,
+    json_answer,
+    parse_session,
+    process_path,
     resolve_settings,
     rest_base,
+    session_page,
+    session_path,
+    update_session_body,
 )
 from ._dataplane import (
     CHUNK_BYTES,
-    SIGNALS,
-    STDIN_CHUNK,
     ChunkCallback,
     FileList,
     NDJSONStream,
-    OutputCollector,
+    RunStream,
     check_bool,
     check_callback,
-    check_env,
-    check_mode,
     check_path,
     check_shell_name,
-    check_text,
     command_body,
-    command_fields,
     command_result,
     connection_error,
+    fetch_body,
+    file_list,
+    list_params,
     ndjson_lines,
-    stream_chunk,
-    stream_error,
+    output_params,
+    process_body,
+    read_headers,
+    run_read_timeout,
+    shell_path,
+    signal_body,
+    stdin_bodies,
     upload_body,
+    whole_result,
+    write_params,
 )
 from ._version import __version__
 from .errors import (
@@ -57,110 +71,20 @@ from .models import CommandResult, Session
 
 __all__ = ["SessionsClient", "Shell", "FileList"]
 
-MIN_TTL = 60
-MAX_TTL = 28800
-
 #: Pauses before create_session's retries (so two retries at most).
-_CREATE_RETRY_DELAYS: Tuple[float, ...] = (0.5, 1.0)
-#: Answers after which a create is retried (with the same Idempotency-Key).
-_CREATE_RETRY_STATUSES = frozenset({500, 502, 503, 504})
+_CREATE_RETRY_DELAYS: Tuple[float, ...] = CREATE_RETRY_DELAYS
 
 #: The gateway's command timeout when a request gives none.
-_DEFAULT_COMMAND_TIMEOUT = 60.0
+_DEFAULT_COMMAND_TIMEOUT = DEFAULT_COMMAND_TIMEOUT
 
 _DEFAULT: Any = object()
-
-
-def _check_idempotency_key(key: Any) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"idempotency_key must be a string, got {type(key).__name__}")
-    if not 1 <= len(key) <= 255 or not all("!" <= c <= "~" for c in key):
-        raise ValueError("idempotency_key must be 1 to 255 printable ASCII characters without spaces")
-    return key
-
-
-_RESOURCE_KEYS = {"memoryMiB": int, "cpus": float, "pids": int, "diskMiB": int}
-
-
-def _check_resources(resources: Any) -> Dict[str, Any]:
-    """Check create_session's resources locally: known keys, numbers > 0."""
-    if not isinstance(resources, Mapping):
-        raise TypeError("resources must be a dict")
-    out: Dict[str, Any] = {}
-    for key, value in resources.items():
-        kind = _RESOURCE_KEYS.get(key)
-        if kind is None:
-            raise ValueError(f"unknown resource {key!r}; known: {', '.join(_RESOURCE_KEYS)}")
-        if value is None:
-            continue
-        ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
-        if not ok or isinstance(value, bool):
-            raise TypeError(f"resources[{key!r}] must be {'a number' if kind is float else 'an int'}")
-        if value <= 0:
-            raise ValueError(f"resources[{key!r}] must be positive")
-        out[key] = value
-    return out
-
-
-def _check_hosts(name: str, value: Any) -> List[str]:
-    """Check a list of egress entries (or a secret's hosts) locally: a
-    sequence of non-empty strings, not a bare string. The gateway parses them."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a list of strings (e.g. ['pypi.org']), got {type(value).__name__}")
-    out: List[str] = []
-    for i, entry in enumerate(value):
-        if not isinstance(entry, str):
-            raise TypeError(f"{name}[{i}] must be a string, got {type(entry).__name__}")
-        if not entry.strip():
-            raise ValueError(f"{name}[{i}] must be a non-empty string")
-        out.append(entry)
-    return out
-
-
-_SECRET_KEYS = ("name", "hosts", "header", "format")
-
-
-def _check_secrets(secrets: Any) -> List[Any]:
-    """Check create_session's secrets locally: names, or dicts with a name
-    and optional hosts/header/format. The gateway checks the rest."""
-    if isinstance(secrets, (str, bytes)) or not isinstance(secrets, Sequence):
-        raise TypeError(f"secrets must be a list of names or dicts, got {type(secrets).__name__}")
-    out: List[Any] = []
-    for i, ref in enumerate(secrets):
-        if isinstance(ref, str):
-            if not ref:
-                raise ValueError(f"secrets[{i}] must be a non-empty name")
-            out.append(ref)
-            continue
-        if not isinstance(ref, Mapping):
-            raise TypeError(f"secrets[{i}] must be a name or a dict, got {type(ref).__name__}")
-        unknown = [k for k in ref if k not in _SECRET_KEYS]
-        if unknown:
-            raise ValueError(f"secrets[{i}]: unknown key {unknown[0]!r}; known: {', '.join(_SECRET_KEYS)}")
-        item: Dict[str, Any] = {}
-        for key in _SECRET_KEYS:
-            value = ref.get(key)
-            if value is None:
-                continue
-            if key == "hosts":
-                item[key] = _check_hosts(f"secrets[{i}]['hosts']", value)
-                continue
-            if not isinstance(value, str):
-                raise TypeError(f"secrets[{i}][{key!r}] must be a string, got {type(value).__name__}")
-            if not value:
-                raise ValueError(f"secrets[{i}][{key!r}] must be a non-empty string")
-            item[key] = value
-        if "name" not in item:
-            raise ValueError(f"secrets[{i}] needs a 'name'")
-        out.append(item)
-    return out
 
 
 def _create_retryable(e: SandboxAPIError) -> bool:
     """A failed create worth sending again: the outcome is unknown or the failure transient."""
     if isinstance(e, SandboxConnectionError):
         return not isinstance(e.__cause__, requests.exceptions.SSLError)
-    return e.status_code in _CREATE_RETRY_STATUSES
+    return e.status_code in CREATE_RETRY_STATUSES
 
 
 class SessionsClient(ClosesOnExit):
@@ -294,29 +218,8 @@ class SessionsClient(ClosesOnExit):
             UnauthorizedError, RateLimitError, SandboxOperationError,
             SandboxConnectionError: see the README's error table.
         """
-        body: Dict[str, Any] = {"ttl": check_int("ttl", ttl, MIN_TTL, MAX_TTL)}
-        if image is not None:
-            if not isinstance(image, str) or not image:
-                raise ValueError("image must be a non-empty string")
-            body["image"] = image
-        if metadata is not None and labels is not None:
-            raise ValueError("give metadata or labels, not both: labels is another name for metadata")
-        for name, value in (("metadata", metadata), ("labels", labels)):
-            if value is not None:
-                if not isinstance(value, Mapping):
-                    raise TypeError(f"{name} must be a dict")
-                body[name] = dict(value)
-        if resources is not None:
-            body["resources"] = _check_resources(resources)
-        if egress is not None:
-            body["egress"] = _check_hosts("egress", egress)
-        if secrets is not None:
-            body["secrets"] = _check_secrets(secrets)
-        if ssh_public_key is not None:
-            if not isinstance(ssh_public_key, str) or not ssh_public_key.strip():
-                raise ValueError("ssh_public_key must be an authorized_keys line")
-            body["sshPublicKey"] = ssh_public_key.strip()
-        key = _check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
+        body = create_session_body(ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets)
+        key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
             try:
                 data, headers = self._call(
@@ -327,8 +230,8 @@ class SessionsClient(ClosesOnExit):
                 if attempt == len(_CREATE_RETRY_DELAYS) or not _create_retryable(e):
                     raise
                 time.sleep(_CREATE_RETRY_DELAYS[attempt])
-        session = self._session(data, "create session")
-        session.replayed = str(headers.get("Idempotent-Replayed", "")).strip().lower() == "true"
+        session = parse_session(data, "create session")
+        session.replayed = is_replayed(headers)
         return session
 
     def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
@@ -344,15 +247,7 @@ class SessionsClient(ClosesOnExit):
         check_int("limit", limit, 1, 100)
         check_int("offset", offset, 0)
         data = self._request("GET", "/sessions", what="list sessions", params={"limit": limit, "offset": offset})
-        items = data.get("sessions")
-        if not isinstance(items, list):
-            raise SandboxOperationError("list sessions: answer has no 'sessions' list", body=str(data)[:4096])
-        return {
-            "sessions": [self._session(item, "list sessions") for item in items],
-            "total": data.get("total", len(items)),
-            "limit": data.get("limit", limit),
-            "offset": data.get("offset", offset),
-        }
+        return session_page(data, limit, offset)
 
     def get_session(self, session_id: str) -> Session:
         """Fetch one session (``GET /v1/sessions/{id}``).
@@ -392,11 +287,7 @@ class SessionsClient(ClosesOnExit):
                 ``session_not_running``), or the gateway could not record
                 the change (503 ``store_failed``; nothing changed).
         """
-        body: Dict[str, Any] = {}
-        if ttl is not None:
-            body["ttl"] = check_int("ttl", ttl, MIN_TTL, MAX_TTL)
-        if egress is not None:
-            body["egress"] = _check_hosts("egress", egress)
+        body = update_session_body(ttl, egress)
         data = self._request(
             "PATCH", self._session_path(session_id), what="update session", session_scoped=True, json=body
         )
@@ -501,8 +392,8 @@ class SessionsClient(ClosesOnExit):
         check_callback("on_stderr", on_stderr)
         what = "run command"
         # The answer comes when the command ends: wait its timeout, plus ours.
-        cmd_timeout = body.get("timeout", _DEFAULT_COMMAND_TIMEOUT)
-        http_timeout = None if self.timeout is None else (self.timeout, cmd_timeout + self.timeout)
+        read_timeout = run_read_timeout(body, self.timeout)
+        http_timeout = None if self.timeout is None else (self.timeout, read_timeout)
         if on_stdout is None and on_stderr is None:
             data = self._request("POST", path, what=what, session_scoped=True, json=body, timeout=http_timeout)
             return command_result(data)
@@ -519,31 +410,16 @@ class SessionsClient(ClosesOnExit):
         with resp:
             if not resp.headers.get("Content-Type", "").startswith("application/x-ndjson"):
                 # A gateway that does not stream answers with the whole result.
-                res = command_result(self._json(resp, what))
-                if res.stdout and on_stdout is not None:
-                    on_stdout(res.stdout)
-                if res.stderr and on_stderr is not None:
-                    on_stderr(res.stderr)
-                return res
-            stdout, stderr = OutputCollector(on_stdout), OutputCollector(on_stderr)
+                return whole_result(self._json(resp, what), on_stdout, on_stderr)
+            stream = RunStream(on_stdout, on_stderr, what)
             try:
                 for line in ndjson_lines(resp.iter_content(chunk_size=None), what):
-                    out_chunk = stream_chunk(line, "stdout", what)
-                    err_chunk = stream_chunk(line, "stderr", what)
-                    if out_chunk is not None:
-                        stdout.add(out_chunk)
-                    if err_chunk is not None:
-                        stderr.add(err_chunk)
-                    if out_chunk is not None or err_chunk is not None:
-                        continue
-                    failed = stream_error(line, what)
-                    if failed is not None:
-                        raise failed
-                    if "exitCode" in line or "timedOut" in line:
-                        return command_result(line, stdout.text(), stderr.text())
+                    res = stream.line(line)
+                    if res is not None:
+                        return res
             except requests.exceptions.RequestException as e:
                 raise connection_error(what, self.api_url, e) from e
-        raise SandboxConnectionError(f"{what}: the stream ended before the command's result")
+        raise stream.ended_early()
 
     def shell(self, session_id: str, name: str = "default") -> "Shell":
         """A handle on the session's persistent shell *name* (nothing is sent yet).
@@ -563,7 +439,7 @@ class SessionsClient(ClosesOnExit):
         Returns:
             True if the shell existed, False if the session had no shell of that name.
         """
-        path = self._session_path(session_id) + "/shells/" + quote(check_shell_name(name), safe="")
+        path = shell_path(self._session_path(session_id), name)
         try:
             self._request("DELETE", path, what="delete shell", session_scoped=True)
         except SandboxOperationError as e:
@@ -589,10 +465,7 @@ class SessionsClient(ClosesOnExit):
             params["limit"] = check_int("limit", limit, 1, 1000)
         path = self._session_path(session_id) + "/commands"
         data = self._request("GET", path, what="list commands", session_scoped=True, params=params)
-        items = data.get("commands")
-        if not isinstance(items, list):
-            raise SandboxOperationError("list commands: answer has no 'commands' list", body=str(data)[:4096])
-        return [dict(item) for item in items if isinstance(item, Mapping)]
+        return answer_list(data, "commands", "list commands")
 
     # -- data plane: files -------------------------------------------------
 
@@ -614,9 +487,7 @@ class SessionsClient(ClosesOnExit):
                 ``not_a_regular_file``...
         """
         path = check_path("path", path)
-        headers = {"Accept": "application/octet-stream"}
-        if max_bytes is not None:
-            headers["Range"] = f"bytes=0-{check_int('max_bytes', max_bytes, 1) - 1}"
+        headers = read_headers(max_bytes)
         what = f"read file {path!r}"
         try:
             resp = self._send_file("GET", session_id, path, what, stream=True, headers=headers)
@@ -720,9 +591,7 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``is_a_directory``, ``not_a_directory``...
         """
         path = check_path("path", path)
-        params = {"mkdirs": "true" if check_bool("mkdirs", mkdirs) else "false"}
-        if mode is not None:
-            params["mode"] = check_mode(mode)
+        params = write_params(mkdirs, mode)
         what = f"write file {path!r}"
         body = upload_body(data, what)
         headers = {"Content-Type": "application/octet-stream"}
@@ -749,17 +618,12 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``not_a_directory``...
         """
         path = check_path("path", path)
-        params = {"list": "true"}
-        if check_bool("recursive", recursive):
-            params["recursive"] = "true"
+        params = list_params(recursive)
         what = f"list files {path!r}"
         resp = self._send_file("GET", session_id, path, what, params=params)
         with resp:
             data = self._json(resp, what)
-        entries = data.get("entries")
-        if not isinstance(entries, list):
-            raise SandboxOperationError(f"{what}: answer has no 'entries' list", body=str(data)[:4096])
-        return FileList([dict(e) for e in entries if isinstance(e, Mapping)], data.get("truncated") is True)
+        return file_list(data, what)
 
     def delete_file(self, session_id: str, path: str, recursive: bool = False) -> None:
         """Delete a sandbox file, symlink or empty directory (``DELETE .../files``).
@@ -801,12 +665,7 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``invalid_url``, ``not_a_directory``,
                 ``fetch_unavailable``...
         """
-        if isinstance(urls, (str, bytes)) or not isinstance(urls, Sequence):
-            raise TypeError(f"urls must be a list of strings, got {type(urls).__name__}")
-        checked = [check_text(f"urls[{i}]", u) for i, u in enumerate(urls)]
-        if not 1 <= len(checked) <= 200:
-            raise ValueError(f"urls must hold 1 to 200 URLs, got {len(checked)}")
-        body = {"urls": checked, "destDir": check_path("dest_dir", dest_dir)}
+        body = fetch_body(urls, dest_dir)
         path = self._session_path(session_id) + "/files/fetch"
         # Downloads take time: wait for them beyond the usual read timeout.
         http_timeout = None if self.timeout is None else (self.timeout, max(self.timeout, 600.0))
@@ -846,17 +705,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             RateLimitError: ``.code`` ``too_many_processes`` (64 running).
         """
-        body = command_fields(command, argv)
-        if env is not None:
-            body["env"] = check_env(env)
-            if len(body["env"]) > 64:
-                raise ValueError("env may hold at most 64 variables")
-        if cwd is not None:
-            body["cwd"] = check_text("cwd", cwd)
-        if name is not None:
-            body["name"] = check_text("name", name, allow_empty=True)
-            if len(name) > 64:
-                raise ValueError("name must be at most 64 characters")
+        body = process_body(command, argv, env, cwd, name)
         path = self._session_path(session_id) + "/processes"
         return self._request("POST", path, what="start process", session_scoped=True, json=body)
 
@@ -865,10 +714,7 @@ class SessionsClient(ClosesOnExit):
         that finished last, in the order they started (dicts as :meth:`start_process`)."""
         path = self._session_path(session_id) + "/processes"
         data = self._request("GET", path, what="list processes", session_scoped=True)
-        items = data.get("processes")
-        if not isinstance(items, list):
-            raise SandboxOperationError("list processes: answer has no 'processes' list", body=str(data)[:4096])
-        return [dict(p) for p in items if isinstance(p, Mapping)]
+        return answer_list(data, "processes", "list processes")
 
     def get_process(self, session_id: str, process_id: str) -> Dict[str, Any]:
         """One background process (dict as :meth:`start_process`).
@@ -903,8 +749,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             ProcessNotFoundError: no such process.
         """
-        check_int("offset", offset)
-        params = {"offset": offset, "follow": "true" if check_bool("follow", follow) else "false"}
+        params = output_params(offset, follow)
         path = self._process_path(session_id, process_id) + "/output"
         what = "process output"
         # Following waits as long as the process is silent.
@@ -935,26 +780,8 @@ class SessionsClient(ClosesOnExit):
                 ``eof``), ``stdin_blocked`` (the process did not read its
                 input for 10 seconds).
         """
-        if isinstance(data, str):
-            raw = data.encode("utf-8")
-            small_text = len(raw) <= STDIN_CHUNK
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            raw, small_text = bytes(data), False
-        else:
-            raise TypeError(f"data must be str or bytes, got {type(data).__name__}")
-        check_bool("eof", eof)
+        bodies = stdin_bodies(data, eof)
         path = self._process_path(session_id, process_id) + "/stdin"
-        bodies: List[Dict[str, Any]] = []
-        if small_text and raw:
-            bodies.append({"data": data})
-        else:
-            for i in range(0, len(raw), STDIN_CHUNK):
-                bodies.append({"dataBase64": base64.b64encode(raw[i : i + STDIN_CHUNK]).decode("ascii")})
-        if eof:
-            if bodies:
-                bodies[-1]["eof"] = True
-            else:
-                bodies.append({"eof": True})
         for body in bodies:
             self._request("POST", path, what="process input", session_scoped=True, json=body)
 
@@ -969,23 +796,15 @@ class SessionsClient(ClosesOnExit):
         Raises:
             ProcessExitedError: the process has already ended.
         """
-        if isinstance(signal, _signal_mod.Signals):
-            signal = signal.name
-        if not isinstance(signal, str):
-            raise TypeError(f"signal must be a signal name, got {type(signal).__name__}")
-        sig = signal.upper()
-        sig = sig[3:] if sig.startswith("SIG") else sig
-        if sig not in SIGNALS:
-            raise ValueError(f"unknown signal {signal!r}; known: {', '.join(sorted(SIGNALS))}")
+        body = signal_body(signal)
         path = self._process_path(session_id, process_id) + "/signal"
-        self._request("POST", path, what="signal process", session_scoped=True, json={"signal": sig})
+        self._request("POST", path, what="signal process", session_scoped=True, json=body)
 
     # -- internals ---------------------------------------------------------
 
-    def _process_path(self, session_id: str, process_id: str) -> str:
-        if not isinstance(process_id, str) or not process_id:
-            raise ValueError("process_id must be a non-empty string")
-        return self._session_path(session_id) + "/processes/" + quote(process_id, safe="")
+    _process_path = staticmethod(process_path)
+    _session_path = staticmethod(session_path)
+    _session = staticmethod(parse_session)
 
     def _send_file(self, method: str, session_id: str, path: str, what: str, **kwargs: Any) -> requests.Response:
         """A request on ``.../files?path=...``; sandbox-path errors carry *path* as ``.filename``."""
@@ -1003,19 +822,6 @@ class SessionsClient(ClosesOnExit):
         except (FileNotFoundInSandboxError, SandboxPermissionError) as e:
             e.filename = path
             raise
-
-    @staticmethod
-    def _session_path(session_id: str) -> str:
-        if not isinstance(session_id, str) or not session_id:
-            raise ValueError("session_id must be a non-empty string")
-        return "/sessions/" + quote(session_id, safe="")
-
-    @staticmethod
-    def _session(data: Any, what: str) -> Session:
-        try:
-            return Session.from_dict(data)
-        except ValueError as e:
-            raise SandboxOperationError(f"{what}: unexpected answer: {e}", body=str(data)[:4096]) from None
 
     def _request(
         self,
@@ -1086,24 +892,7 @@ class SessionsClient(ClosesOnExit):
     @staticmethod
     def _json(resp: requests.Response, what: str) -> Dict[str, Any]:
         """The JSON object of a successful answer ({} for an empty one)."""
-        if resp.status_code == 204 or not resp.content:
-            return {}
-        try:
-            data = resp.json()
-        except ValueError:
-            raise SandboxOperationError(
-                f"{what}: HTTP {resp.status_code} answer is not JSON",
-                status_code=resp.status_code,
-                body=resp.text[:4096],
-                headers=resp.headers,
-            ) from None
-        if not isinstance(data, dict):
-            raise SandboxOperationError(
-                f"{what}: HTTP {resp.status_code} answer is not a JSON object",
-                status_code=resp.status_code,
-                body=resp.text[:4096],
-            )
-        return data
+        return json_answer(resp.status_code, resp.content, resp.headers, what)
 
 
 class Shell(ClosesOnExit):

@@ -8,6 +8,7 @@ import hashlib
 import os
 import select
 import signal as _signal
+import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
@@ -425,6 +426,19 @@ class SessionSSHClient(ClosesOnExit):
                 refused, or the connection broke while the command ran.
             Any exception a callback raises: the command is killed first.
         """
+        return self._run_command(command, timeout, on_stdout, on_stderr, max_output_bytes, None)
+
+    def _run_command(
+        self,
+        command: str,
+        timeout: Optional[float],
+        on_stdout: Optional[OutputCallback],
+        on_stderr: Optional[OutputCallback],
+        max_output_bytes: Optional[int],
+        cancel: Optional[threading.Event],
+    ) -> CommandResult:
+        """run_command; when *cancel* is set (from another thread) the command
+        is killed as on a timeout and :class:`CommandCancelled` is raised."""
         if not isinstance(command, str):
             raise TypeError("command must be a string")
         limit = check_timeout("timeout", timeout)
@@ -447,7 +461,7 @@ class SessionSSHClient(ClosesOnExit):
                 raise SandboxOperationError(f"the server refused to run the command: {e}") from e
             out = _Stream(max_output_bytes, on_stdout)
             err = _Stream(max_output_bytes, on_stderr)
-            return self._collect(chan, t, command, limit, deadline, out, err)
+            return self._collect(chan, t, command, limit, deadline, out, err, cancel)
         finally:
             chan.close()
 
@@ -460,6 +474,7 @@ class SessionSSHClient(ClosesOnExit):
         deadline: Optional[float],
         out: "_Stream",
         err: "_Stream",
+        cancel: Optional[threading.Event] = None,
     ) -> CommandResult:
         def drain() -> None:
             # Bounded, so that a command that never stops writing still
@@ -504,13 +519,17 @@ class SessionSSHClient(ClosesOnExit):
             )
 
         def next_wait() -> float:
-            # Half a second at most between checks; past the deadline, kill.
+            # Half a second at most between checks (a tenth when it can be
+            # cancelled); past the deadline, kill.
+            if cancel is not None and cancel.is_set():
+                raise CommandCancelled(f"command cancelled and killed: {command[:200]!r}")
+            step = 0.5 if cancel is None else 0.1
             if deadline is None:
-                return 0.5
+                return step
             left = deadline - time.monotonic()
             if left <= 0:
                 raise timed_out()
-            return min(0.5, left)
+            return min(step, left)
 
         fd = chan.fileno()  # readable whenever data, EOF or close arrived
         try:
@@ -605,6 +624,12 @@ class SessionSSHClient(ClosesOnExit):
                 except OSError:
                     pass
             raise SandboxOperationError(f"download {remote_path!r} -> {local!r} failed: {_describe(e)}") from e
+
+
+class CommandCancelled(SandboxOperationError):
+    """Internal: a command cancelled from another thread (the async client's
+    task was cancelled); the command was killed. Never reaches the caller of
+    the async client, which sees asyncio.CancelledError."""
 
 
 def _describe(e: BaseException) -> str:

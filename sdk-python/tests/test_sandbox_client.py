@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import shutil
 import uuid
+from pathlib import Path
 from typing import Any, Awaitable, Iterator, TypeVar
 
 import pytest
 import requests
-from conftest import Gateway
+from conftest import Gateway, start_gateway
 
 from sandbox_sessions_sdk import SandboxOperationError, SessionNotFoundError, SessionsClient
 from sandbox_sessions_sdk.sandbox_client import (
@@ -276,3 +278,23 @@ def test_given_sessions_client_is_not_closed(gateway: Gateway) -> None:
         assert c.list_sessions(limit=1)["limit"] == 1
         with pytest.raises(ValueError):
             SandgateSandboxClient(c, api_url=gateway.url)
+
+
+def test_secrets_and_egress_reach_the_session(sandgate_bin: str, scratch: Path) -> None:
+    """SandboxSpec.secrets (names) and .egress (hostnames) become the session's."""
+    value = "v-" + secrets.token_hex(8)
+    gw = start_gateway(sandgate_bin, scratch, secrets_file={"PYPI_TOKEN": value}, egress_allow=["pypi.org"])
+    try:
+        with SandgateSandboxClient(
+            api_url=gw.url, bearer_token=gw.token, ttl=600, images={SEED_IMAGE: "default"}
+        ) as sbc:
+            sb = run(sbc.create(SandboxSpec(name=unique("sec"), secrets=("PYPI_TOKEN",), egress=("pypi.org",))))
+            assert isinstance(sb, SandgateSandboxHandle)
+            try:
+                assert run(sb.shell('printf %s "$PYPI_TOKEN"')).stdout == value
+                s = sbc.sessions.get_session(sb.session_id)
+                assert s.egress_allow == ["pypi.org"] and s.secret_names == ["PYPI_TOKEN"]
+            finally:
+                run(sb.kill())
+    finally:
+        gw.stop()

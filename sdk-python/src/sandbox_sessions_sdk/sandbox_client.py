@@ -540,11 +540,11 @@ class SandgateSandboxClient(SandboxClient):
     async def run_python(self, code: str, *, image: str = "python:3.11-slim", **kwargs: Any) -> ExecResult:
         """Convenience: spin a one-shot sandbox, run inline Python, tear down.
 
-        As :meth:`SandboxClient.run_python`, with ``python3 -c code``: the
-        name every Python image and Debian-like root has (``python`` alone
-        is missing from many). Use the lower-level surface (or
-        ``SessionsClient.run_python``'s persistent kernel, where the SDK has
-        it) when you need persistence, multiple commands, or non-Python tools.
+        As :meth:`SandboxClient.run_python` (the same steps: create, exec,
+        stop, remove), with ``python3 -c code``: the name every Python image
+        and Debian-like root has (``python`` alone is missing from many).
+        Use the lower-level surface when you need persistence, multiple
+        commands, or non-Python tools.
         """
         spec = SandboxSpec(name=f"py-{uuid.uuid4().hex[:8]}", image=image, **kwargs)
         sb = await self.create(spec)
@@ -552,6 +552,10 @@ class SandgateSandboxClient(SandboxClient):
             return await sb.exec("python3", ["-c", code])
         finally:
             try:
-                await sb.kill()
+                await sb.stop()
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                await self.remove(spec.name)
             except Exception:  # noqa: BLE001
                 pass

@@ -307,7 +307,7 @@ class SandgateSandboxHandle(SandboxHandle):
         """
         path = self._sessions._session_path(self.session_id) + "/stop"
         try:
-            await asyncio.to_thread(self._sessions._request, "POST", path, what="stop session", session_scoped=True)
+            await asyncio.to_thread(self._sessions._call, "POST", path, what="stop session", session_scoped=True)
         except SandboxAPIError as e:
             if e.code in _NO_STOP_CODES or e.status_code in (405, 501):
                 raise NotImplementedError(
@@ -463,7 +463,7 @@ class SandgateSandboxClient(SandboxClient):
         key = str(uuid.uuid4())
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
             try:
-                data = self.sessions._request(
+                data, _ = self.sessions._call(
                     "POST", "/sessions", what="create session", json=fields, headers={"Idempotency-Key": key}
                 )
                 break
@@ -491,7 +491,7 @@ class SandgateSandboxClient(SandboxClient):
     def _find(self, name: str) -> Session:
         if not isinstance(name, str) or not name:
             raise ValueError("name must be a non-empty string")
-        data = self.sessions._request("GET", "/sessions", what="find sandbox", params={"name": name})
+        data, _ = self.sessions._call("GET", "/sessions", what="find sandbox", params={"name": name})
         items = data.get("sessions")
         if not isinstance(items, list) or not items:
             raise SessionNotFoundError(f"find sandbox: no sandbox named {name!r}")

@@ -63,12 +63,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TypeVar
 
+from ._common import check_hosts as _check_hosts
+from ._common import check_resources as _check_resources
+from ._common import check_secrets as _check_secrets
 from .client import (
     _CREATE_RETRY_DELAYS,
     SessionsClient,
-    _check_hosts,
-    _check_resources,
-    _check_secrets,
     _create_retryable,
 )
 from .errors import SandboxAPIError, SessionNotFoundError

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,7 +18,8 @@ import (
 
 // mcpConn is an MCP client connected to a `sandgate mcp` process.
 type mcpConn struct {
-	cs *mcp.ClientSession
+	cs  *mcp.ClientSession
+	cmd *exec.Cmd
 }
 
 // connectMCP runs `sandgate mcp args...` against g and connects the
@@ -33,7 +36,7 @@ func connectMCP(t *testing.T, g *gatewayProc, args ...string) *mcpConn {
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	c := &mcpConn{cs: cs}
+	c := &mcpConn{cs: cs, cmd: cmd}
 	t.Cleanup(func() {
 		c.close(t)
 		if t.Failed() {
@@ -392,4 +395,27 @@ func TestMCPBadGateway(t *testing.T) {
 	if _, err := cs.ListTools(context.Background(), nil); err != nil {
 		t.Errorf("after a tool error: %v", err)
 	}
+}
+
+// TestMCPSIGTERM: a server stopped by a signal still deletes its default
+// session before it exits.
+func TestMCPSIGTERM(t *testing.T) {
+	g := startGateway(t)
+	c := connectMCP(t, g)
+	var r mcpserver.RunCommandOutput
+	c.mustCall(t, "run_command", map[string]any{"command": "true"}, &r)
+	if ids := g.sessionList(t); len(ids) != 1 {
+		t.Fatalf("sessions: %v", ids)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(g.sessionList(t)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the default session outlived SIGTERM: %v", g.sessionList(t))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.close(t) // reaps the process
 }

@@ -1,6 +1,6 @@
 // Command sandgate is the sandbox gateway: `serve` runs it, `proxy` is an
 // OpenSSH ProxyCommand into a session, `ssh-config` prints the matching
-// ~/.ssh/config block.
+// ~/.ssh/config block, `mcp` is an MCP server for AI agents.
 package main
 
 import (
@@ -22,6 +22,7 @@ Usage:
   sandgate proxy [flags] SESSION_ID  ProxyCommand for ssh/sftp/scp into a session
   sandgate ssh-config [flags]        print a ~/.ssh/config block for sessions
   sandgate image COMMAND [flags]     pull, import, ls, rm, prune sandbox images (sandgate image -h)
+  sandgate mcp [--session ID]        MCP server (stdio) for AI agents, driving the gateway's REST API
   sandgate version                   print the version
 `
 
@@ -44,6 +45,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return sshConfigMain(rest, stdout, stderr)
 	case "image":
 		return imageMain(rest, stdout, stderr)
+	case "mcp":
+		return mcpMain(rest, stdin, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "sandgate", version)
 		return 0

@@ -115,7 +115,8 @@ func TestContractProcesses(t *testing.T) {
 
 	t.Run("start-read-done", func(t *testing.T) {
 		p := start(t, `{"command": "printf 'out\n'; printf 'err\n' >&2; printf '\\377\\376'; echo \"$LANG $SECRET_X\"; exit 3", "name": "job", "env": {"LANG": "C.UTF-8", "SECRET_X": "no"}}`)
-		if p.ProcessID == "" || p.PID <= 0 || p.Name != "job" || p.Status != "running" {
+		// A command this short may have ended by the time the start answers.
+		if p.ProcessID == "" || p.PID <= 0 || p.Name != "job" || (p.Status != "running" && p.Status != "exited") {
 			t.Errorf("started: %+v", p)
 		}
 		if len(p.EnvIgnored) != 1 || p.EnvIgnored[0] != "SECRET_X" {

@@ -54,7 +54,10 @@ func (s *Session) History() []CommandRecord {
 
 // RecordCommand adds r to the session's history: for commands the
 // session's Sandbox() does not see one by one (a persistent shell's).
-func (s *Session) RecordCommand(r CommandRecord) { s.hist.add(r) }
+func (s *Session) RecordCommand(r CommandRecord) {
+	s.hist.add(r)
+	s.mgr.metrics().CommandDone(r.Source, time.Duration(r.DurationMs)*time.Millisecond)
+}
 
 type sourceKey struct{}
 
@@ -127,6 +130,7 @@ func (r *recorded) Wait() (sandbox.Exit, error) {
 			}
 		}
 		r.s.hist.add(rec)
+		r.s.mgr.metrics().CommandDone(rec.Source, time.Since(rec.StartedAt))
 	})
 	return exit, err
 }

@@ -49,6 +49,8 @@ type Config struct {
 	Egress *EgressConfig
 	// Secrets resolves the secrets sessions ask for (nil: none exists).
 	Secrets SecretSource
+	// Metrics receives counts and latencies (nil: none kept; metrics.go).
+	Metrics Metrics
 }
 
 // Manager owns every live session.
@@ -157,6 +159,7 @@ type CreateParams struct {
 // (idempotency_key_reused) or its first create is still running
 // (idempotency_key_in_progress).
 func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
+	start := time.Now()
 	if cp.TTL == 0 {
 		cp.TTL = DefaultTTL
 	}
@@ -314,6 +317,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	m.watch(s)
 	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", image,
 		"egress", len(s.egressAllow), "secrets", len(secrets))
+	m.metrics().SessionCreated(time.Since(start))
 	return s, pw, nil
 }
 
@@ -562,6 +566,7 @@ func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
 		return err
 	}
 	m.log.Info("session_deleted", "session", id, "tenant", p.Tenant)
+	m.metrics().SessionDeleted()
 	return nil
 }
 
@@ -595,11 +600,13 @@ func (m *Manager) retryDestroy(ctx context.Context) {
 	m.mu.Unlock()
 	for _, s := range todo {
 		if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
+			m.metrics().TeardownRetried(false)
 			m.mu.Lock()
 			m.undestroyed = append(m.undestroyed, s)
 			m.mu.Unlock()
 			continue
 		}
+		m.metrics().TeardownRetried(true)
 		m.releaseImage(s)
 		m.log.Info("sandbox_destroyed_on_retry", "session", s.ID)
 	}
@@ -647,6 +654,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	for _, v := range victims {
 		_ = m.end(ctx, v.s, StatusExpired, v.reason)
 		m.log.Info("session_expired", "session", v.s.ID, "tenant", v.s.Tenant, "reason", v.reason)
+		m.metrics().SessionExpired(v.reason)
 	}
 }
 

@@ -253,6 +253,7 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 func (a *api) badLink(w http.ResponseWriter, r *http.Request, fail func(int, string, string)) {
 	if a.authFailures != nil {
 		if ip, err := httprate.KeyByIP(r); err == nil && a.authFailures.OnLimit(w, r, ip) {
+			a.rateLimited("auth_failures")
 			fail(http.StatusTooManyRequests, "rate_limited", "too many invalid links from this address")
 			return
 		}

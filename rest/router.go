@@ -57,6 +57,8 @@ type Config struct {
 	// LinkKey signs presigned file links (links.go); nil: a random key,
 	// so links die with the process.
 	LinkKey []byte
+	// Metrics counts rate-limit refusals (nil: not counted; metrics.go).
+	Metrics Metrics
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -257,6 +259,7 @@ func (a *api) verify(w http.ResponseWriter, r *http.Request) (gateway.Principal,
 	}
 	if a.authFailures != nil {
 		if ip, kerr := httprate.KeyByIP(r); kerr == nil && a.authFailures.OnLimit(w, r, ip) {
+			a.rateLimited("auth_failures")
 			WriteError(w, http.StatusTooManyRequests, "rate_limited", "too many failed authentications from this address")
 			return gateway.Principal{}, false
 		}
@@ -278,6 +281,7 @@ func (a *api) rateLimit() func(http.Handler) http.Handler {
 			return p.Tenant, nil
 		}),
 		httprate.WithLimitHandler(func(w http.ResponseWriter, r *http.Request) {
+			a.rateLimited("tenant")
 			WriteError(w, http.StatusTooManyRequests, "rate_limited",
 				fmt.Sprintf("rate limit of %d requests per minute exceeded", a.cfg.RateLimit))
 		}),

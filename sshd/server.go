@@ -47,6 +47,8 @@ type Config struct {
 	// (default DefaultStartups).
 	MaxStartups Startups
 	Log         *slog.Logger
+	// Metrics counts failed authentications (nil: not counted; metrics.go).
+	Metrics Metrics
 }
 
 // Server serves SSH on tunnelled connections.
@@ -223,6 +225,7 @@ func (s *Server) logAuth(ctx gliderssh.Context, md gossh.ConnMetadata, method st
 		id = sess.ID
 	}
 	s.cfg.Log.Info("ssh_auth", "session", id, "method", method, "user", md.User(), "ok", err == nil)
+	s.countAuth(method, err)
 }
 
 // Ciphers offered to clients. chacha20-poly1305@openssh.com is left out on

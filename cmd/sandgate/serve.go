@@ -21,6 +21,7 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/connlimit"
+	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/readyfile"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
@@ -63,6 +64,8 @@ type serveConfig struct {
 	insecureRegistry  listFlag
 	egress            egressFlags
 	dataPlane         dataPlaneFlags
+	metricsToken      string
+	metricsListen     string
 }
 
 func defaultDataDir() string {
@@ -112,6 +115,8 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.imagePull, "image-pull", "missing", "on-demand pulls: missing (pull an allowed image a create asks for) or never")
 	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
+	fs.StringVar(&c.metricsToken, "metrics-token", "", "serve Prometheus metrics at GET /metrics on --listen to requests bearing this token (Authorization: Bearer TOKEN); without it, and without --metrics-listen, /metrics is 404")
+	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus metrics at GET /metrics on this second address (plain HTTP, no token: keep it private, e.g. 127.0.0.1:9090)")
 	c.egress.register(fs)
 	c.dataPlane.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -333,6 +338,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	isrc.noImages = driver.Name() != "linux"
+	met := metrics.New()
 	egressCfg, err := cfg.egress.config(log)
 	if err != nil {
 		return err
@@ -345,20 +351,27 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
 		Resources: forDriver(cfg.resources, driver), Egress: egressCfg, Secrets: secrets,
+		Metrics: met,
 	}
 	mgr := gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {
 		return err
 	}
 	releaseStaleImageRefs(istore, mgr, log)
+	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusFailed)
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,
+		Metrics: met,
 	})
 	if err != nil {
 		return err
 	}
-	tun := tunnel.NewServer(mgr, ssh.ServeConn, rest.WriteGatewayError, log)
+	tun := tunnel.NewServer(mgr, func(conn net.Conn, s *gateway.Session) {
+		conn, done := met.Tunnel(conn)
+		defer done()
+		ssh.ServeConn(conn, s)
+	}, rest.WriteGatewayError, log)
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
@@ -367,7 +380,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		},
 		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
 		LinkKey:   linkKey,
+		Metrics:   met,
 	})
+	if cfg.metricsToken != "" {
+		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))
+	}
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
@@ -385,6 +402,22 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		scheme = "https"
 	}
 	url := scheme + "://" + ln.Addr().String()
+	var msrv *http.Server
+	if cfg.metricsListen != "" {
+		mln, err := net.Listen("tcp", cfg.metricsListen)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		msrv = &http.Server{
+			Handler:           metrics.Mount(http.NotFoundHandler(), met.Handler("")),
+			ReadHeaderTimeout: cfg.readHeaderTimeout,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		}
+		go func() { _ = msrv.Serve(mln) }()
+		defer msrv.Close()
+		log.Info("metrics_listening", "url", "http://"+mln.Addr().String()+"/metrics")
+	}
 	if cfg.readyFile != "" {
 		if err := readyfile.Write(cfg.readyFile, url); err != nil {
 			ln.Close()

@@ -1,0 +1,230 @@
+// Package metrics holds the gateway's Prometheus collectors. It owns one
+// registry (never the default one) and implements the small hook
+// interfaces the other packages call through optional config fields
+// (gateway.Metrics, sshd.Metrics, rest.Metrics); tunnels are counted by
+// wrapping their connections (Tunnel).
+package metrics
+
+import (
+	"crypto/subtle"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// SessionCounter reports how many sessions the gateway holds by status
+// (gateway.Manager implements it).
+type SessionCounter interface {
+	SessionsByStatus() map[string]int
+}
+
+// Metrics are the gateway's collectors and the registry they are in.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	creates         prometheus.Counter
+	createLatency   prometheus.Histogram
+	deletes         prometheus.Counter
+	expiries        *prometheus.CounterVec
+	teardownRetries *prometheus.CounterVec
+	commands        *prometheus.CounterVec
+	commandLatency  *prometheus.HistogramVec
+	tunnelsOpen     prometheus.Gauge
+	tunnelBytes     *prometheus.CounterVec
+	sshAuthFailures *prometheus.CounterVec
+	rateLimited     *prometheus.CounterVec
+}
+
+// New returns the collectors in a fresh registry, with the Go runtime and
+// process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		creates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandgate_session_creates_total", Help: "Sessions created (replays of an idempotent create not counted).",
+		}),
+		createLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sandgate_session_create_duration_seconds", Help: "Time a successful create took, sandbox and store included.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}),
+		deletes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandgate_session_deletes_total", Help: "Sessions deleted through the API.",
+		}),
+		expiries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_session_expiries_total", Help: "Sessions the reaper ended, by reason (ttl, idle).",
+		}, []string{"reason"}),
+		teardownRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_sandbox_teardown_retries_total", Help: "Retried destroys of sandboxes whose first destroy failed, by result (ok, failed).",
+		}, []string{"result"}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_commands_total", Help: "Commands that ended, by source (ssh, rest).",
+		}, []string{"source"}),
+		commandLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sandgate_command_duration_seconds", Help: "How long commands ran, by source (ssh, rest).",
+			Buckets: []float64{.01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 1800},
+		}, []string{"source"}),
+		tunnelsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sandgate_tunnels_open", Help: "CONNECT tunnels (SSH) open now.",
+		}),
+		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_tunnel_bytes_total", Help: "Bytes through CONNECT tunnels, by direction (in: from clients, out: to clients).",
+		}, []string{"direction"}),
+		sshAuthFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_ssh_auth_failures_total", Help: "Failed SSH authentication attempts, by method.",
+		}, []string{"method"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_rate_limited_total", Help: "Requests refused with 429 by a rate limit, by limit (tenant, auth_failures).",
+		}, []string{"limit"}),
+	}
+	m.reg.MustRegister(m.creates, m.createLatency, m.deletes, m.expiries, m.teardownRetries,
+		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.sshAuthFailures, m.rateLimited,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Known label values start at 0, so rates work from the first scrape.
+	for _, d := range []string{"in", "out"} {
+		m.tunnelBytes.WithLabelValues(d)
+	}
+	for _, l := range []string{"tenant", "auth_failures"} {
+		m.rateLimited.WithLabelValues(l)
+	}
+	for _, r := range []string{"ok", "failed"} {
+		m.teardownRetries.WithLabelValues(r)
+	}
+	return m
+}
+
+// Registry is where the collectors are.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// WatchSessions adds sandgate_sessions{status}, read from sc at each scrape.
+func (m *Metrics) WatchSessions(sc SessionCounter, statuses ...string) {
+	m.reg.MustRegister(&sessionCollector{sc: sc, statuses: statuses,
+		desc: prometheus.NewDesc("sandgate_sessions", "Sessions the gateway holds, by status.", []string{"status"}, nil)})
+}
+
+type sessionCollector struct {
+	sc       SessionCounter
+	statuses []string // always reported, 0 when none
+	desc     *prometheus.Desc
+}
+
+func (c *sessionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := c.sc.SessionsByStatus()
+	for _, s := range c.statuses {
+		if _, ok := counts[s]; !ok {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 0, s)
+		}
+	}
+	for s, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), s)
+	}
+}
+
+// SessionCreated implements gateway.Metrics.
+func (m *Metrics) SessionCreated(d time.Duration) {
+	m.creates.Inc()
+	m.createLatency.Observe(d.Seconds())
+}
+
+// SessionDeleted implements gateway.Metrics.
+func (m *Metrics) SessionDeleted() { m.deletes.Inc() }
+
+// SessionExpired implements gateway.Metrics.
+func (m *Metrics) SessionExpired(reason string) { m.expiries.WithLabelValues(reason).Inc() }
+
+// TeardownRetried implements gateway.Metrics.
+func (m *Metrics) TeardownRetried(ok bool) {
+	r := "failed"
+	if ok {
+		r = "ok"
+	}
+	m.teardownRetries.WithLabelValues(r).Inc()
+}
+
+// CommandDone implements gateway.Metrics.
+func (m *Metrics) CommandDone(source string, d time.Duration) {
+	m.commands.WithLabelValues(source).Inc()
+	m.commandLatency.WithLabelValues(source).Observe(d.Seconds())
+}
+
+// SSHAuthFailed implements sshd.Metrics.
+func (m *Metrics) SSHAuthFailed(method string) { m.sshAuthFailures.WithLabelValues(method).Inc() }
+
+// RateLimited implements rest.Metrics.
+func (m *Metrics) RateLimited(limit string) { m.rateLimited.WithLabelValues(limit).Inc() }
+
+// Tunnel counts conn as an open tunnel until the returned func is called,
+// and the bytes through the returned conn.
+func (m *Metrics) Tunnel(conn net.Conn) (net.Conn, func()) {
+	m.tunnelsOpen.Inc()
+	var once sync.Once
+	return &countedConn{Conn: conn, in: m.tunnelBytes.WithLabelValues("in"), out: m.tunnelBytes.WithLabelValues("out")},
+		func() { once.Do(m.tunnelsOpen.Dec) }
+}
+
+type countedConn struct {
+	net.Conn
+	in, out prometheus.Counter
+}
+
+func (c *countedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.in.Add(float64(n))
+	return n, err
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.out.Add(float64(n))
+	return n, err
+}
+
+// CloseWrite half-closes the underlying connection when it can.
+func (c *countedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// Handler serves the registry in the Prometheus text format. A non-empty
+// token is required as "Authorization: Bearer <token>"; without it the
+// answer is 401.
+func (m *Metrics) Handler(token string) http.Handler {
+	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sandgate metrics"`)
+			http.Error(w, "metrics need the metrics token", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Mount returns next with GET /metrics answered by h.
+func Mount(next, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				w.Header().Set("Allow", "GET, HEAD")
+				http.Error(w, "GET only", http.StatusMethodNotAllowed)
+				return
+			}
+			h.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,16 @@
+package rest
+
+// Metrics receives the API's counts (internal/metrics implements it);
+// Config.Metrics nil counts nothing.
+type Metrics interface {
+	// RateLimited: a request was refused with 429 by a rate limit:
+	// "tenant" (requests per principal) or "auth_failures" (failed
+	// authentications, and invalid links, per address).
+	RateLimited(limit string)
+}
+
+func (a *api) rateLimited(limit string) {
+	if a.cfg.Metrics != nil {
+		a.cfg.Metrics.RateLimited(limit)
+	}
+}

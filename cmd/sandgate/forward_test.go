@@ -218,4 +218,3 @@ func TestForwardDisabled(t *testing.T) {
 		})
 	}
 }
-

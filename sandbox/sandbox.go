@@ -6,8 +6,8 @@
 // (exec, shell, sftp-server) is started through Sandbox.Start, so callers never
 // learn which driver they run on: adding a driver changes no caller.
 //
-// Optional behaviour is a small interface below (Reporter, Reattacher,
-// Detacher, Ender, PIDer, Stopper); each says who implements it and who uses it.
+// Optional behaviour is a small interface below (Reporter, ProxyListener,
+// LoopbackDialer, Reattacher, Detacher, Ender, PIDer, Stopper); each says who implements it and who uses it.
 // docs/architecture.md has the package map.
 package sandbox
 
@@ -196,6 +196,17 @@ type ProxyListener interface {
 	// ListenProxy opens the listener; addr is how the sandbox's processes
 	// reach it ("127.0.0.1:3128"). The caller closes ln.
 	ListenProxy(ctx context.Context) (ln net.Listener, addr string, err error)
+}
+
+// LoopbackDialer is implemented by sandboxes whose loopback the gateway
+// can connect to, for SSH local port forwarding (ssh -L) into the sandbox
+// (linuxns: 127.0.0.1 or ::1 inside the sandbox's network namespace, the
+// sandbox's own loopback; workdir: the host's loopback, as workdir
+// isolates no network). sshd dials with it for direct-tcpip channels.
+type LoopbackDialer interface {
+	// DialLoopback connects to port on the sandbox's loopback: network is
+	// "tcp4" (127.0.0.1) or "tcp6" (::1). The caller closes the conn.
+	DialLoopback(ctx context.Context, network string, port int) (net.Conn, error)
 }
 
 // Reattacher is implemented by drivers whose sandboxes can outlive the

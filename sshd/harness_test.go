@@ -194,6 +194,17 @@ type fakeSandbox struct {
 	panicOnStdout bool
 
 	started chan *fakeProc // every process started, in order
+
+	// dial, when set, is DialLoopback (default: refused).
+	dial func(ctx context.Context, network string, port int) (net.Conn, error)
+}
+
+// DialLoopback implements sandbox.LoopbackDialer with f.dial.
+func (f *fakeSandbox) DialLoopback(ctx context.Context, network string, port int) (net.Conn, error) {
+	if f.dial == nil {
+		return nil, errors.New("connection refused")
+	}
+	return f.dial(ctx, network, port)
 }
 
 func newFakeSandbox() *fakeSandbox { return &fakeSandbox{started: make(chan *fakeProc, 128)} }

@@ -46,7 +46,11 @@ type Config struct {
 	// MaxStartups bounds the tunnels in SSH authentication at once
 	// (default DefaultStartups).
 	MaxStartups Startups
-	Log         *slog.Logger
+	// LocalForward allows direct-tcpip channels (ssh -L) to the sandbox's
+	// own loopback, through sandbox.LoopbackDialer; off, they are refused.
+	// Remote, agent and X11 forwarding are always refused.
+	LocalForward bool
+	Log          *slog.Logger
 	// Metrics counts failed authentications (nil: not counted; metrics.go).
 	Metrics Metrics
 }
@@ -110,7 +114,7 @@ func New(cfg Config) (*Server, error) {
 	gs := &gliderssh.Server{
 		HostSigners:          signers,
 		Version:              "sandgate",
-		ChannelHandlers:      map[string]gliderssh.ChannelHandler{"session": s.handleSession},
+		ChannelHandlers:      map[string]gliderssh.ChannelHandler{"session": s.handleSession, "direct-tcpip": s.handleDirectTCPIP},
 		RequestHandlers:      map[string]gliderssh.RequestHandler{},
 		SubsystemHandlers:    map[string]gliderssh.SubsystemHandler{},
 		ConnCallback:         s.bind,

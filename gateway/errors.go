@@ -34,6 +34,9 @@ const (
 	// KindUpstream is a failure of a server the gateway depends on (an
 	// image registry).
 	KindUpstream
+	// KindGone is a session that ended a short while ago (session_gone):
+	// its tombstone tells when and why.
+	KindGone
 )
 
 func (e *Error) Error() string {

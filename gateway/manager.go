@@ -51,6 +51,12 @@ type Config struct {
 	Secrets SecretSource
 	// Metrics receives counts and latencies (nil: none kept; metrics.go).
 	Metrics Metrics
+	// TombstoneTTL is how long an ended session answers session_gone
+	// rather than not_found (default 24h; negative disables tombstones).
+	TombstoneTTL time.Duration
+	// MaxTombstones bounds the tombstones kept, oldest dropped first
+	// (default 10000).
+	MaxTombstones int
 }
 
 // Manager owns every live session.
@@ -71,6 +77,9 @@ type Manager struct {
 	// undestroyed are ended sessions whose sandbox Destroy failed; Run
 	// retries them so nothing of a deleted session survives.
 	undestroyed []*Session
+	// tomb are the tombstones of ended sessions (tombstone.go).
+	tomb     *tombstones
+	tombOnce sync.Once
 }
 
 // watch marks s failed if its sandbox ends while the session still runs.
@@ -425,7 +434,7 @@ func (m *Manager) Get(ctx context.Context, p Principal, id string) (*Session, er
 	s, ok := m.sessions[id]
 	m.mu.Unlock()
 	if !ok || s.Tenant != p.Tenant {
-		return nil, ErrNotFound
+		return nil, m.notFound(p, id)
 	}
 	return s, nil
 }
@@ -558,10 +567,11 @@ func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
 	s, ok := m.sessions[id]
 	if !ok || s.Tenant != p.Tenant {
 		m.mu.Unlock()
-		return ErrNotFound
+		return m.notFound(p, id)
 	}
 	delete(m.sessions, id)
 	m.mu.Unlock()
+	m.bury(s, GoneDeleted, &p)
 	if err := m.end(ctx, s, StatusDeleted, ""); err != nil {
 		return err
 	}
@@ -624,6 +634,7 @@ func (m *Manager) Run(ctx context.Context) {
 			m.Reap(ctx)
 			m.retryDestroy(ctx)
 			m.saveActivity()
+			m.PruneTombstones()
 		}
 	}
 }
@@ -652,6 +663,7 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, v := range victims {
+		m.bury(v.s, map[string]string{"ttl": GoneTTL, "idle": GoneIdle}[v.reason], nil)
 		_ = m.end(ctx, v.s, StatusExpired, v.reason)
 		m.log.Info("session_expired", "session", v.s.ID, "tenant", v.s.Tenant, "reason", v.reason)
 		m.metrics().SessionExpired(v.reason)

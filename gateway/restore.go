@@ -17,6 +17,9 @@ func (m *Manager) Restore(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load sessions: %w", err)
 	}
+	if err := m.restoreTombstones(); err != nil {
+		return err
+	}
 	ra, _ := m.driver.(sandbox.Reattacher)
 	var present []string
 	if ra != nil {
@@ -99,6 +102,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 		go func() {
 			defer wg.Done()
 			if !keep {
+				m.bury(s, GoneShutdown, nil)
 				_ = m.end(ctx, s, StatusDeleted, "gateway shut down")
 				return
 			}

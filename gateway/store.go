@@ -21,8 +21,9 @@ type Store interface {
 
 // MemStore is a Store that forgets everything on restart.
 type MemStore struct {
-	mu   sync.Mutex
-	recs map[string]Record
+	mu    sync.Mutex
+	recs  map[string]Record
+	tombs map[string]Tombstone // tombstone.go
 }
 
 // NewMemStore returns an empty in-memory store.
@@ -71,7 +72,7 @@ var (
 )
 
 // SchemaVersion is the store layout this build writes.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // migrations[i] moves a store from schema version i to i+1.
 var migrations = []func(tx *bolt.Tx) error{
@@ -79,6 +80,7 @@ var migrations = []func(tx *bolt.Tx) error{
 		_, err := tx.CreateBucketIfNotExists(bucketSessions)
 		return err
 	},
+	migrateTombstones, // 1 -> 2 (store_tombstones.go)
 }
 
 // OpenBoltStore opens (creating and migrating as needed) the store at path.

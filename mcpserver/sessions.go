@@ -137,7 +137,7 @@ func (s *sessions) closeAll(ctx context.Context) error {
 	var errs []error
 	for _, id := range owned {
 		err := s.client.DeleteSession(ctx, id)
-		if err != nil && !IsStatus(err, http.StatusNotFound) {
+		if err != nil && !IsStatus(err, http.StatusNotFound) && !IsStatus(err, http.StatusGone) {
 			errs = append(errs, fmt.Errorf("delete session %s: %w", id, err))
 			continue
 		}

@@ -1,6 +1,7 @@
 package rest
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -51,7 +52,7 @@ func (a *api) compatAPIs() []compatAPI {
 // A failed authentication answers with the native error envelope.
 func (a *api) mountCompat(r chi.Router) {
 	for _, c := range a.compatAPIs() {
-		chain := []func(http.Handler) http.Handler{a.authenticate, a.limit}
+		chain := []func(http.Handler) http.Handler{markCompat, a.authenticate, a.limit}
 		if c.before != nil {
 			chain = append([]func(http.Handler) http.Handler{c.before}, chain...)
 		}
@@ -63,7 +64,29 @@ func (a *api) mountCompat(r chi.Router) {
 // session does not exist, ended, or is another tenant's.
 func isNotFound(err error) bool {
 	var ge *gateway.Error
-	return errors.As(err, &ge) && ge.Kind == gateway.KindNotFound
+	return errors.As(err, &ge) && (ge.Kind == gateway.KindNotFound || ge.Kind == gateway.KindGone)
+}
+
+type compatKey struct{}
+
+// markCompat marks a compat API's request, whose errors know no
+// session_gone (see writeCompatError).
+func markCompat(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), compatKey{}, true)))
+	})
+}
+
+// compatRequest reports whether r came through a compat API.
+func compatRequest(r *http.Request) bool { return r.Context().Value(compatKey{}) != nil }
+
+// writeCompatError is WriteGatewayError for the compat APIs, whose
+// clients know no session_gone: a gone session is not_found there.
+func writeCompatError(w http.ResponseWriter, err error) {
+	if errors.Is(err, gateway.ErrGone) {
+		err = gateway.ErrNotFound
+	}
+	WriteGatewayError(w, err)
 }
 
 // outputText renders a command's output stream as text, as the seeds'

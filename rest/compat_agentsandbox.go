@@ -218,7 +218,7 @@ func (x *agentSandboxAPI) sandboxOrAnswer(w http.ResponseWriter, r *http.Request
 	if err != nil {
 		if r.Context().Err() == nil {
 			x.a.cfg.Log.Warn("compat_sandbox_unavailable", "api", "agent-sandbox", "err", err)
-			WriteGatewayError(w, err)
+			writeCompatError(w, err)
 		}
 		return nil, false
 	}
@@ -496,7 +496,7 @@ func (x *agentSandboxAPI) stop(w http.ResponseWriter, r *http.Request) {
 	for _, s := range ss {
 		err := x.a.cfg.Sessions.Delete(r.Context(), p, s.ID)
 		if err != nil && !isNotFound(err) {
-			WriteGatewayError(w, err)
+			writeCompatError(w, err)
 			return
 		}
 		x.a.cfg.Log.Info("compat_session_deleted", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant)

@@ -168,7 +168,7 @@ func (x *sandkastenAPI) create(w http.ResponseWriter, r *http.Request) {
 	}
 	s, _, err := x.a.cfg.Sessions.Create(r.Context(), p, cp)
 	if err != nil {
-		WriteGatewayError(w, err)
+		writeCompatError(w, err)
 		return
 	}
 	x.a.cfg.Log.Info("compat_session_created", "api", "sandkasten", "session", s.ID, "tenant", p.Tenant)
@@ -202,7 +202,7 @@ func (x *sandkastenAPI) list(w http.ResponseWriter, r *http.Request) {
 func (x *sandkastenAPI) get(w http.ResponseWriter, r *http.Request) {
 	s, err := x.a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
 	if err != nil {
-		WriteGatewayError(w, err)
+		writeCompatError(w, err)
 		return
 	}
 	_ = writeJSON(w, http.StatusOK, x.render(s))
@@ -212,7 +212,7 @@ func (x *sandkastenAPI) get(w http.ResponseWriter, r *http.Request) {
 func (x *sandkastenAPI) destroy(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	if err := x.a.cfg.Sessions.Delete(r.Context(), principal(r), id); err != nil {
-		WriteGatewayError(w, err)
+		writeCompatError(w, err)
 		return
 	}
 	x.forget(id)

@@ -172,8 +172,8 @@ func TestCompatSBS(t *testing.T) {
 		}
 		detail(t, call(http.MethodPost, stepPath, fmt.Sprintf(`{"sandbox_id":%q,"type":"bash","payload":{"cmd":"true"}}`, id)), 404, "Session not found")
 		detail(t, call(http.MethodDelete, "/sessions/"+id, ""), 404, "Session not found")
-		if r := g.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil); r.status != http.StatusNotFound {
-			t.Errorf("native GET after delete: %d", r.status)
+		if r := g.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil); r.status != http.StatusGone {
+			t.Errorf("native GET after delete: %d, want 410 session_gone", r.status)
 		}
 	})
 }

@@ -247,6 +247,13 @@ func TestContractCommands(t *testing.T) {
 		expect(t, fg.do(t, http.MethodDelete, "/v1/sessions/"+lost+"/shells/x", aliceKey, nil), 409, "session_not_running")
 	})
 
+	t.Run("gone", func(t *testing.T) {
+		expectGone(t, g,
+			goneCall{method: http.MethodPost, sub: "/commands", body: []byte(`{"command": "true"}`)},
+			goneCall{method: http.MethodGet, sub: "/commands"},
+			goneCall{method: http.MethodDelete, sub: "/shells/x"})
+	})
+
 	requireSeen(t, cov, func(p string) bool {
 		return strings.Contains(p, "/commands") || strings.Contains(p, "/shells/")
 	}, map[string]string{

@@ -221,6 +221,14 @@ func TestContractFiles(t *testing.T) {
 		expect(t, g.do(t, http.MethodPost, "/v1/sessions/sbx-nope/files/fetch", aliceKey, []byte(`{"urls": ["http://x/"]}`)), 404, "not_found")
 	})
 
+	t.Run("gone", func(t *testing.T) {
+		expectGone(t, g,
+			goneCall{method: http.MethodGet, sub: "/files?path=x"},
+			goneCall{method: http.MethodPut, sub: "/files?path=x", body: []byte("x"), hdr: octet},
+			goneCall{method: http.MethodDelete, sub: "/files?path=x"},
+			goneCall{method: http.MethodPost, sub: "/files/fetch", body: []byte(`{"urls": ["http://x/"]}`)})
+	})
+
 	t.Run("no egress proxy", func(t *testing.T) {
 		g2 := filesGateway(t, cov, bin, 0, rest.DataPlane{})
 		s2 := g2.create(t, aliceKey, "")

@@ -260,6 +260,12 @@ func TestContractLinks(t *testing.T) {
 		expect(t, g.do(t, http.MethodGet, p, "", nil), 410, "link_gone")
 	})
 
+	t.Run("session tombstone", func(t *testing.T) {
+		expectGone(t, g,
+			goneCall{method: http.MethodPost, sub: "/files/link", body: []byte(`{"path": "f"}`)},
+			goneCall{method: http.MethodGet, sub: "/logs"})
+	})
+
 	t.Run("sandbox gone", func(t *testing.T) {
 		g3 := filesGateway(t, cov, bin, 0, rest.DataPlane{})
 		s3 := g3.create(t, aliceKey, "")

@@ -255,6 +255,16 @@ func TestContractProcesses(t *testing.T) {
 		expect(t, fg.do(t, http.MethodPost, lb+"/p1/signal", aliceKey, []byte(`{"signal": "TERM"}`)), http.StatusConflict, "session_not_running")
 	})
 
+	t.Run("gone", func(t *testing.T) {
+		expectGone(t, g,
+			goneCall{method: http.MethodPost, sub: "/processes", body: []byte(`{"command": "true"}`)},
+			goneCall{method: http.MethodGet, sub: "/processes"},
+			goneCall{method: http.MethodGet, sub: "/processes/p1"},
+			goneCall{method: http.MethodGet, sub: "/processes/p1/output"},
+			goneCall{method: http.MethodPost, sub: "/processes/p1/stdin", body: []byte(`{"data": "x"}`)},
+			goneCall{method: http.MethodPost, sub: "/processes/p1/signal", body: []byte(`{"signal": "TERM"}`)})
+	})
+
 	requireSeen(t, cov, func(p string) bool { return strings.Contains(p, "/processes") }, map[string]string{
 		"startProcess 500": "a sandbox that cannot start a process (a broken driver) is not part of this test",
 	})

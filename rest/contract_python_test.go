@@ -204,6 +204,12 @@ func TestContractPython(t *testing.T) {
 		}
 	})
 
+	t.Run("gone", func(t *testing.T) {
+		expectGone(t, g,
+			goneCall{method: http.MethodPost, sub: "/python", body: []byte(`{"code": "1"}`)},
+			goneCall{method: http.MethodPost, sub: "/python/reset"})
+	})
+
 	t.Run("failed-session", func(t *testing.T) {
 		store := gateway.NewMemStore()
 		lost := putLostSession(t, store, "alice")

@@ -104,7 +104,7 @@ func TestContractStop(t *testing.T) {
 		expect(t, g.do(t, http.MethodGet, path, aliceKey, nil), http.StatusMethodNotAllowed, "method_not_allowed")
 		expect(t, g.do(t, http.MethodPost, path, aliceKey, nil), http.StatusOK, "")
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+other.SessionID, aliceKey, nil), http.StatusNoContent, "")
-		expect(t, g.do(t, http.MethodPost, path, aliceKey, nil), http.StatusNotFound, "not_found")
+		expect(t, g.do(t, http.MethodPost, path, aliceKey, nil), http.StatusGone, "session_gone")
 		if _, err := os.Stat(filepath.Join(g.root, other.SessionID)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("delete of a stopped session left its workdir: %v", err)
 		}

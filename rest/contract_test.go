@@ -683,9 +683,30 @@ func TestContract(t *testing.T) {
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, bobKey, nil), 404, "not_found")
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, "", nil), 401, "unauthorized")
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, aliceKey, nil), 204, "")
-		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, aliceKey, nil), 404, "not_found")
-		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, aliceKey, nil), 404, "not_found")
-		r, _, _ := g.rawConnect(t, "/v1/sessions/"+a1.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
+		// A deleted session is gone (410) for the tombstone ttl: on every
+		// route, CONNECT too, and the message says when, why and by whom.
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+a1.SessionID, aliceKey, nil), 410, "session_gone")
+		r := g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, aliceKey, nil)
+		expect(t, r, 410, "session_gone")
+		for _, want := range []string{"(reason: deleted)", `by tenant \"alice\" (api_key)`, "deleted at "} {
+			if !strings.Contains(string(r.body), want) {
+				t.Errorf("gone body %s lacks %q", r.body, want)
+			}
+		}
+		expect(t, g.do(t, http.MethodPatch, "/v1/sessions/"+a1.SessionID, aliceKey, []byte(`{"ttl": 600}`)), 410, "session_gone")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID+"/files?path=.", aliceKey, nil), 410, "session_gone")
+		for _, p := range []string{"/v1/sessions/", "/sessions/"} {
+			r, _, _ = g.rawConnect(t, p+a1.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
+			expect(t, r, 410, "session_gone")
+		}
+		// Another tenant's tombstone is a missing id, exactly.
+		rb := g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, bobKey, nil)
+		expect(t, rb, 404, "not_found")
+		rm := g.do(t, http.MethodGet, "/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa", bobKey, nil)
+		if string(rb.body) != string(rm.body) {
+			t.Errorf("another tenant's tombstone %s differs from a missing id %s", rb.body, rm.body)
+		}
+		r, _, _ = g.rawConnect(t, "/v1/sessions/"+a1.SessionID, "Proxy-Authorization", "Bearer "+bobKey)
 		expect(t, r, 404, "not_found")
 	})
 
@@ -797,7 +818,11 @@ func TestContract(t *testing.T) {
 		expect(t, fg.do(t, http.MethodPatch, "/v1/sessions/"+id, aliceKey, []byte(`{"ttl": 600}`)), 409, "session_not_running")
 		fg.create(t, aliceKey, "") // a failed session holds no quota slot
 		expect(t, fg.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), 204, "")
-		expect(t, fg.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil), 404, "not_found")
+		r = fg.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil)
+		expect(t, r, 410, "session_gone")
+		if !strings.Contains(string(r.body), "it had failed: sandbox lost across the gateway restart") {
+			t.Errorf("gone body %s does not say why the session failed", r.body)
+		}
 	})
 
 	t.Run("internal-error", func(t *testing.T) {

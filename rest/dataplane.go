@@ -72,7 +72,11 @@ type dataPlane struct {
 func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Session, bool) {
 	s, err := a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
 	if err != nil {
-		WriteGatewayError(w, err)
+		if compatRequest(r) {
+			writeCompatError(w, err)
+		} else {
+			WriteGatewayError(w, err)
+		}
 		return nil, false
 	}
 	if !s.Live() {

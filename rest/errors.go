@@ -49,6 +49,7 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 		gateway.KindConflict:      http.StatusConflict,
 		gateway.KindUpstream:      http.StatusBadGateway,
 		gateway.KindUnprocessable: http.StatusUnprocessableEntity,
+		gateway.KindGone:          http.StatusGone,
 	}[ge.Kind]
 	if !ok {
 		status = http.StatusInternalServerError

@@ -85,7 +85,8 @@ func TestConnectRefusals(t *testing.T) {
 		{"no token", "", alice, http.StatusUnauthorized},
 		{"bad token", "garbage", alice, http.StatusUnauthorized},
 		{"another tenant", "bob-token", alice, http.StatusNotFound},
-		{"deleted", s.Token, deleted, http.StatusNotFound},
+		{"deleted", s.Token, deleted, http.StatusGone},
+		{"another tenant's deleted", "bob-token", deleted, http.StatusNotFound},
 		{"missing", s.Token, "sbx-doesnotexist", http.StatusNotFound},
 	}
 	for _, tt := range tests {

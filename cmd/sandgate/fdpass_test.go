@@ -28,7 +28,7 @@ func TestOpenSSHFdpass(t *testing.T) {
 		t.Fatalf("delete: %d", code)
 	}
 	_, errOut, code := runClient(t, g.clientEnv(), nil, ssh, append(opts, s.SessionID, "true")...)
-	if code == 0 || !strings.Contains(errOut, "404") {
+	if code == 0 || !strings.Contains(errOut, "410") { // session_gone
 		t.Fatalf("ssh to a deleted session via --fdpass: %d %s", code, errOut)
 	}
 }

@@ -145,7 +145,8 @@ func TestProxyErrors(t *testing.T) {
 		want string
 	}{
 		{"401", badToken, s.SessionID, "401"},
-		{"404", g.clientEnv(), s.SessionID, "404"},
+		{"410", g.clientEnv(), s.SessionID, "410"}, // deleted: session_gone
+		{"404", g.clientEnv(), "sbx-aaaaaaaaaaaaaaaaaaaa", "404"},
 	}
 	for _, tt := range tests {
 		out, errOut, code := runClient(t, tt.env, strings.NewReader(""), sandgateBin, "proxy", tt.id)

@@ -209,8 +209,8 @@ func TestRestartMarksLostSandboxFailed(t *testing.T) {
 	if code := g2.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
 		t.Fatalf("delete failed session: %d", code)
 	}
-	if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNotFound {
-		t.Fatalf("get after delete: %d", code)
+	if code := g2.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusGone {
+		t.Fatalf("get after delete: %d, want 410 session_gone", code)
 	}
 }
 

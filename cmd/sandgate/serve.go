@@ -42,6 +42,7 @@ type serveConfig struct {
 	maxSessions       int
 	maxPerTenant      int
 	idleTimeout       time.Duration
+	tombstoneTTL      time.Duration
 	rateLimit         int
 	sshAuth           listFlag
 	sshEnvAllow       listFlag
@@ -95,6 +96,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.IntVar(&c.maxSessions, "max-sessions", 1000, "live sessions on this gateway")
 	fs.IntVar(&c.maxPerTenant, "max-sessions-per-tenant", 100, "live sessions per tenant")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 30*time.Minute, "expire sessions idle for this long (0 disables)")
+	fs.DurationVar(&c.tombstoneTTL, "tombstone-ttl", gateway.DefaultTombstoneTTL, "deleted or expired sessions answer 410 session_gone, saying when and why, for this long (0 disables)")
 	fs.IntVar(&c.rateLimit, "rate-limit", 600, "requests per minute per principal (0 disables)")
 	fs.Var(&c.sshAuth, "ssh-auth", "SSH auth methods accepted on an authorised tunnel (default none,password,publickey)")
 	fs.Var(&c.sshEnvAllow, "ssh-env-allow", "extra environment names SSH clients may set (repeatable; NAME or PREFIX*)")
@@ -353,7 +355,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
 		Resources: forDriver(cfg.resources, driver), Egress: egressCfg, Secrets: secrets,
-		Metrics: met,
+		Metrics:      met,
+		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
 	}
 	mgr := gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {

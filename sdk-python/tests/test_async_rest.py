@@ -30,6 +30,7 @@ from sandbox_sessions_sdk import (
     SandboxConnectionError,
     SandboxOperationError,
     Session,
+    SessionGoneError,
     SessionNotFoundError,
     UnauthorizedError,
 )
@@ -66,7 +67,8 @@ def test_create_get_list_update_delete(gateway: Gateway) -> None:
                 assert await c.delete_session(s.session_id) is None
             with pytest.raises(SessionNotFoundError) as ei:
                 await c.get_session(s.session_id)
-            assert ei.value.status_code == 404 and ei.value.code == "not_found"
+            assert ei.value.status_code == 410 and ei.value.code == "session_gone"
+            assert isinstance(ei.value, SessionGoneError) and ei.value.reason == "deleted"
             with pytest.raises(SessionNotFoundError):
                 await c.delete_session(s.session_id)
 

@@ -10,8 +10,10 @@ import pytest
 from conftest import Gateway
 
 from sandbox_sessions_sdk import (
+    HTTPConnectTunnel,
     SandboxOperationError,
     Session,
+    SessionGoneError,
     SessionNotFoundError,
     SessionsClient,
     SessionSSHClient,
@@ -52,9 +54,9 @@ def test_create_get_list_delete(client: SessionsClient) -> None:
         assert all(isinstance(x, Session) for x in page["sessions"])
     finally:
         assert client.delete_session(s.session_id) is None
-    with pytest.raises(SessionNotFoundError) as ei:
+    with pytest.raises(SessionGoneError) as ei:
         client.get_session(s.session_id)
-    assert ei.value.status_code == 404 and ei.value.code == "not_found"
+    assert ei.value.status_code == 410 and ei.value.code == "session_gone"
     with pytest.raises(SessionNotFoundError):
         client.delete_session(s.session_id)
 
@@ -128,10 +130,38 @@ def test_server_side_400_and_413(client: SessionsClient) -> None:
 
 
 def test_unknown_session_id(client: SessionsClient) -> None:
-    with pytest.raises(SessionNotFoundError):
+    with pytest.raises(SessionNotFoundError) as ei:
         client.get_session("sbx-aaaaaaaaaaaaaaaaaaaa")
-    with pytest.raises(SessionNotFoundError):
+    assert not isinstance(ei.value, SessionGoneError)
+    assert ei.value.status_code == 404 and ei.value.code == "not_found"
+    with pytest.raises(SessionNotFoundError) as ei:
         client.get_session("../../etc/passwd")
+    assert not isinstance(ei.value, SessionGoneError)
+
+
+def test_deleted_session_is_gone(gateway: Gateway, client: SessionsClient) -> None:
+    """A deleted session raises SessionGoneError (a SessionNotFoundError)
+    with the reason, on REST and CONNECT; for another tenant it is a plain
+    SessionNotFoundError, as an unknown id is."""
+    s = client.create_session(ttl=120)
+    client.delete_session(s.session_id)
+    with pytest.raises(SessionGoneError) as ei:
+        client.get_session(s.session_id)
+    assert isinstance(ei.value, SessionNotFoundError)
+    assert ei.value.status_code == 410 and ei.value.code == "session_gone"
+    assert ei.value.reason == "deleted"
+    assert "deleted at " in str(ei.value) and "(api_key)" in str(ei.value)
+    with pytest.raises(SessionGoneError) as ei:
+        client.delete_session(s.session_id)
+    assert ei.value.reason == "deleted"
+    with pytest.raises(SessionGoneError) as ei:
+        HTTPConnectTunnel(gateway.url, gateway.token, s.session_id, timeout=5).open()
+    assert ei.value.reason == "deleted" and "410" in (ei.value.status_line or "")
+    assert gateway.other_token
+    with SessionsClient(gateway.url, gateway.other_token) as other:
+        with pytest.raises(SessionNotFoundError) as ei:
+            other.get_session(s.session_id)
+        assert not isinstance(ei.value, SessionGoneError)
 
 
 def test_idempotency_key_replays_the_same_session(gateway: Gateway, client: SessionsClient) -> None:

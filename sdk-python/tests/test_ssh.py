@@ -60,7 +60,9 @@ def test_tunnel_errors_from_real_server(gateway: Gateway, client: SessionsClient
     client.delete_session(s.session_id)
     with pytest.raises(SessionNotFoundError) as ei2:
         HTTPConnectTunnel(gateway.url, gateway.token, s.session_id, timeout=5).open()
-    assert ei2.value.status_code == 404 and "404" in (ei2.value.status_line or "")
+    # A deleted session is gone (410 session_gone), a SessionNotFoundError.
+    assert ei2.value.status_code == 410 and "410" in (ei2.value.status_line or "")
+    assert ei2.value.code == "session_gone"
     # A CONNECT path the gateway does not route is also a 404 (code
     # "not_found", message "no such endpoint"): indistinguishable by code.
     with pytest.raises(SessionNotFoundError):
@@ -186,15 +188,15 @@ def test_custom_host_key_policy(gateway: Gateway, session: Session) -> None:
 def test_connect_to_deleted_session(gateway: Gateway, client: SessionsClient) -> None:
     s = client.create_session(ttl=60)
     client.delete_session(s.session_id)
-    # Default: the host key lookup (GET) answers 404.
+    # Default: the host key lookup (GET) answers 410 (session_gone).
     with pytest.raises(SessionNotFoundError):
         SessionSSHClient(gateway.url, gateway.token, s.session_id, "sandbox").connect()
-    # With a policy there is no lookup: the CONNECT answers 404.
+    # With a policy there is no lookup: the CONNECT answers 410 session_gone.
     with pytest.raises(SessionNotFoundError) as ei:
         SessionSSHClient(
             gateway.url, gateway.token, s.session_id, "sandbox", host_key_policy=paramiko.AutoAddPolicy()
         ).connect()
-    assert ei.value.status_line and "404" in ei.value.status_line
+    assert ei.value.status_line and "410" in ei.value.status_line
 
 
 def test_connect_with_bad_token(gateway: Gateway, session: Session) -> None:

@@ -180,6 +180,8 @@ def test_public_api_and_error_hierarchy() -> None:
         assert issubclass(cls, SandboxAPIError)
     assert issubclass(sdk.CommandTimeoutError, SandboxOperationError)
     assert issubclass(sdk.HostKeyMismatchError, SandboxConnectionError)
+    assert issubclass(sdk.SessionGoneError, sdk.SessionNotFoundError)
+    assert "SessionGoneError" in sdk.__all__
 
 
 def test_session_from_dict_and_secret_hidden() -> None:
@@ -312,6 +314,31 @@ def test_non_json_error_bodies(fake_api: FakeAPI, status: int, body: bytes, ctyp
             c.get_session("sbx-abc")
     assert ei.value.status_code == status
     assert needle in str(ei.value) or needle in (ei.value.body or "")
+
+
+@pytest.mark.parametrize(
+    "message,reason",
+    [
+        ('session sbx-abc is gone (reason: deleted): deleted at 2030-01-02T03:04:05Z by tenant "t" (api_key)', "deleted"),
+        ("session sbx-abc is gone (reason: idle_expired): expired at 2030-01-02T03:04:05Z: idle", "idle_expired"),
+        ("session sbx-abc is gone", None),
+    ],
+)
+def test_session_gone(fake_api: FakeAPI, message: str, reason: object) -> None:
+    body = json.dumps({"error": {"code": "session_gone", "message": message}}).encode()
+    fake_api.answer = (410, {"Content-Type": "application/json"}, body)
+    with SessionsClient(fake_api.url, "t") as c:
+        with pytest.raises(sdk.SessionGoneError) as ei:
+            c.get_session("sbx-abc")
+    assert isinstance(ei.value, SessionNotFoundError)
+    assert ei.value.status_code == 410 and ei.value.code == "session_gone" and ei.value.reason == reason
+    assert message in str(ei.value)
+    # A 410 with another code (a dead file link) is not a gone session.
+    fake_api.answer = (410, {"Content-Type": "application/json"}, _err("link_gone"))
+    with SessionsClient(fake_api.url, "t") as c:
+        with pytest.raises(SandboxOperationError) as ei2:
+            c.get_session("sbx-abc")
+    assert not isinstance(ei2.value, SessionNotFoundError)
 
 
 def test_rate_limit_headers_parsed(fake_api: FakeAPI) -> None:

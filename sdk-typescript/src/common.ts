@@ -11,6 +11,7 @@ import {
   SandboxAPIError,
   SandboxConnectionError,
   SandboxOperationError,
+  SessionGoneError,
   SessionNotFoundError,
   UnauthorizedError,
   UnknownSecretError,
@@ -137,9 +138,10 @@ export function headersObject(h: Headers): Record<string, string> {
 /**
  * The error for an HTTP error answer, as the Python SDK maps it: 401 ->
  * UnauthorizedError, 404 -> SessionNotFoundError when the request named a
- * session, 429 -> RateLimitError, a REST 400 whose code has a class of its
- * own -> that class, anything else -> the fallback (SandboxOperationError for
- * REST, SandboxConnectionError for CONNECT).
+ * session, 410 session_gone -> SessionGoneError, 429 -> RateLimitError, a
+ * REST 400 whose code has a class of its own -> that class, anything else ->
+ * the fallback (SandboxOperationError for REST, SandboxConnectionError for
+ * CONNECT).
  */
 export function errorForStatus(
   status: number,
@@ -156,6 +158,7 @@ export function errorForStatus(
   const details: ErrorDetails = { status, code, statusLine: opts.statusLine, body: text, headers };
   if (status === 401) return new UnauthorizedError(msg, details);
   if (status === 404 && opts.sessionScoped) return new SessionNotFoundError(msg, details);
+  if (status === 410 && code === "session_gone") return new SessionGoneError(msg, details);
   if (status === 429) {
     return new RateLimitError(
       msg,

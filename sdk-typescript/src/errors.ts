@@ -8,6 +8,7 @@
  * |   +-- HostKeyMismatchError    the server's SSH host key is not a pinned one
  * +-- UnauthorizedError           HTTP 401 (REST or CONNECT)
  * +-- SessionNotFoundError        HTTP 404 for a session (REST or CONNECT)
+ * |   +-- SessionGoneError        410 session_gone: deleted or expired lately (`reason` says why)
  * +-- RateLimitError              HTTP 429 (REST or CONNECT)
  * +-- SandboxOperationError       other 4xx/5xx, SSH auth/exec/SFTP failures
  *     +-- CommandTimeoutError     runCommand() passed its timeout; the command was killed
@@ -89,6 +90,23 @@ export class UnauthorizedError extends SandboxAPIError {}
 
 /** The session does not exist, was deleted, expired, or is another tenant's (HTTP 404). */
 export class SessionNotFoundError extends SandboxAPIError {}
+
+/**
+ * HTTP 410 `session_gone`: the session was deleted or expired within the
+ * gateway's `--tombstone-ttl` (24h by default). `reason` is `deleted`,
+ * `ttl_expired`, `idle_expired`, `failed` or `shutdown` (undefined if the
+ * message does not say); the message says when, and who deleted it or why
+ * it failed. A SessionNotFoundError, so code catching that catches this.
+ */
+export class SessionGoneError extends SessionNotFoundError {
+  /** Why the session ended, parsed from the message. */
+  readonly reason: string | undefined;
+
+  constructor(message: string, details: ErrorDetails = {}) {
+    super(message, details);
+    this.reason = /\(reason: ([a-z_]+)\)/.exec(message)?.[1];
+  }
+}
 
 /**
  * HTTP 429: the per-principal request rate (`code` `rate_limited`) or a

@@ -35,6 +35,7 @@ export {
   HostKeyMismatchError,
   UnauthorizedError,
   SessionNotFoundError,
+  SessionGoneError,
   RateLimitError,
   SandboxOperationError,
   CommandTimeoutError,

@@ -10,6 +10,7 @@ import {
   SandboxClient,
   SandboxConnectionError,
   SandboxOperationError,
+  SessionGoneError,
   SessionNotFoundError,
   UnauthorizedError,
   openTunnel,
@@ -142,6 +143,21 @@ describe("REST", { skip: SKIP }, () => {
       await assert.rejects(client.openTunnel(s.id), SessionNotFoundError);
     } finally {
       await s.destroy();
+    }
+  });
+
+  it("410: a deleted session is a SessionGoneError with its reason, over REST and CONNECT", async () => {
+    const s = await client.createSession({ ttlSeconds: 600 });
+    await s.destroy();
+    for (const p of [client.getSession(s.id), client.openTunnel(s.id)]) {
+      const e = await p.then(
+        () => assert.fail("no error"),
+        (err: unknown) => err,
+      );
+      assert.ok(e instanceof SessionGoneError && e instanceof SessionNotFoundError);
+      assert.equal(e.status, 410);
+      assert.equal(e.code, "session_gone");
+      assert.equal(e.reason, "deleted");
     }
   });
 

@@ -24,6 +24,7 @@ from .errors import (
     SandboxAPIError,
     SandboxOperationError,
     SandboxPermissionError,
+    SessionGoneError,
     SessionNotFoundError,
     ShellBusyError,
     UnauthorizedError,
@@ -438,7 +439,7 @@ def error_for_status(
 
     401 -> UnauthorizedError, 404 -> SessionNotFoundError when the request
     named a session (*session_scoped*) and the code does not name something
-    else (``_NOT_SESSION_404``), 429 -> RateLimitError (or its subclass in
+    else (``_NOT_SESSION_404``), 410 ``session_gone`` -> SessionGoneError, 429 -> RateLimitError (or its subclass in
     ``_TYPED_429``), a REST 400 whose code is in ``_TYPED_400`` or a REST
     answer whose code is in ``_TYPED_CODES`` -> that class, anything else ->
     *fallback* (SandboxOperationError for REST, SandboxConnectionError for
@@ -455,6 +456,8 @@ def error_for_status(
         return UnauthorizedError(msg, **kwargs)
     if status == 404 and session_scoped and code not in _NOT_SESSION_404:
         return SessionNotFoundError(msg, **kwargs)
+    if status == 410 and code == "session_gone":
+        return SessionGoneError(msg, **kwargs)
     if status == 429:
         return _TYPED_429.get(code or "", RateLimitError)(
             msg,

@@ -9,6 +9,7 @@ sent)::
     |   +-- HostKeyMismatchError    the server's SSH host key is not the pinned one
     +-- UnauthorizedError           HTTP 401 (REST or CONNECT)
     +-- SessionNotFoundError        HTTP 404 for a session (REST or CONNECT)
+    |   +-- SessionGoneError        410 session_gone: the session was deleted or expired lately (.reason says why)
     +-- RateLimitError              HTTP 429 (REST or CONNECT)
     |   +-- ShellBusyError          429 shell_busy: 32 commands already wait for that persistent shell
     +-- SandboxOperationError       other 4xx/5xx, SSH auth/exec/SFTP failures, use before connect
@@ -40,6 +41,7 @@ __all__ = [
     "HostKeyMismatchError",
     "UnauthorizedError",
     "SessionNotFoundError",
+    "SessionGoneError",
     "RateLimitError",
     "SandboxOperationError",
     "CommandTimeoutError",
@@ -100,7 +102,7 @@ class SandboxConnectionError(SandboxAPIError):
     """The gateway could not be reached or the connection broke.
 
     Raised for DNS/TCP/TLS failures and timeouts of REST requests, for a
-    CONNECT answered with anything but 200 (other than 401, 404 and 429,
+    CONNECT answered with anything but 200 (other than 401, 404, 410 and 429,
     which raise their own classes), and when the SSH handshake fails.
     ``status_line`` holds the CONNECT answer's status line when there was one.
     """
@@ -125,7 +127,38 @@ class UnauthorizedError(SandboxAPIError):
 
 
 class SessionNotFoundError(SandboxAPIError):
-    """The session does not exist, was deleted, expired, or belongs to another tenant (HTTP 404)."""
+    """The session does not exist, was deleted, expired, or belongs to another tenant (HTTP 404).
+
+    A session deleted or expired lately (within the gateway's
+    ``--tombstone-ttl``, 24h by default) raises the subclass
+    :class:`SessionGoneError` instead, so ``except SessionNotFoundError``
+    catches both.
+    """
+
+
+_GONE_REASON = re.compile(r"\(reason: ([a-z_]+)\)")
+
+
+class SessionGoneError(SessionNotFoundError):
+    """The session was deleted or expired lately (HTTP 410 ``session_gone``).
+
+    The gateway keeps a tombstone of an ended session for its
+    ``--tombstone-ttl`` (24h by default); until then the session's routes
+    and CONNECT answer 410 and say when and why it ended. After that, and
+    for another tenant's session, the answer is 404
+    (:class:`SessionNotFoundError`).
+
+    Attributes:
+        reason: Why the session ended: ``"deleted"`` (the message names the
+            deleting tenant), ``"ttl_expired"``, ``"idle_expired"``,
+            ``"failed"`` (the message says why it failed) or ``"shutdown"``;
+            ``None`` if the message does not say.
+    """
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        m = _GONE_REASON.search(message)
+        self.reason: Optional[str] = m.group(1) if m else None
 
 
 class RateLimitError(SandboxAPIError):

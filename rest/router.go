@@ -75,7 +75,7 @@ func New(cfg Config) http.Handler {
 	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
 	r := chi.NewRouter()
-	r.Use(a.recoverer, middleware.GetHead)
+	r.Use(requestID, a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusNotFound, "unknown_endpoint", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -214,7 +214,7 @@ func (a *api) recoverer(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				a.cfg.Log.Error("handler_panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
+				a.cfg.Log.Error("handler_panic", "method", r.Method, "path", r.URL.Path, "request", RequestID(r.Context()), "panic", fmt.Sprint(v))
 				WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 			}
 		}()

@@ -120,8 +120,10 @@ describe("REST", { skip: SKIP }, () => {
 
   it("404: a missing session, and another tenant's, over REST and CONNECT", async () => {
     const missing = "sbx-aaaaaaaaaaaaaaaaaaaa";
-    for (const p of [client.getSession(missing), client.deleteSession(missing)]) {
-      const e = await p.then(
+    // One call at a time: a second promise rejecting before the first is
+    // awaited would be an unhandled rejection.
+    for (const call of [() => client.getSession(missing), () => client.deleteSession(missing)]) {
+      const e = await call().then(
         () => assert.fail("no error"),
         (err: unknown) => err,
       );
@@ -149,8 +151,8 @@ describe("REST", { skip: SKIP }, () => {
   it("410: a deleted session is a SessionGoneError with its reason, over REST and CONNECT", async () => {
     const s = await client.createSession({ ttlSeconds: 600 });
     await s.destroy();
-    for (const p of [client.getSession(s.id), client.openTunnel(s.id)]) {
-      const e = await p.then(
+    for (const call of [() => client.getSession(s.id), () => client.openTunnel(s.id)]) {
+      const e = await call().then(
         () => assert.fail("no error"),
         (err: unknown) => err,
       );

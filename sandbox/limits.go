@@ -16,6 +16,10 @@ type Config struct {
 	// re-adopted (Reattacher). By default the driver reaps them: it kills
 	// their init, removes their cgroups, mounts and directories.
 	KeepOrphans bool
+	// AllowUserNS, for the linuxns driver, lets sandbox processes create
+	// user namespaces (serve --sandbox-allow-userns); by default its
+	// seccomp filter refuses them.
+	AllowUserNS bool
 }
 
 // Limits bound one sandbox. Zero values get each driver's defaults.

@@ -18,6 +18,8 @@ type sandboxFlags struct {
 	limits sandbox.Limits
 	// max caps a session's resources; zero fields are 4 times the default.
 	max sandbox.Limits
+	// allowUserNS lets sandbox processes create user namespaces (linux).
+	allowUserNS bool
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -37,6 +39,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Var((*sizeFlag)(&m.MemoryBytes), "sandbox-max-memory", "largest resources.memoryMiB a create may ask for: bytes or a size such as 2GiB (default 4 x --sandbox-memory)")
 	fs.Int64Var(&m.Pids, "sandbox-max-pids", 0, "largest resources.pids a create may ask for (default 4 x --sandbox-pids)")
 	fs.Float64Var(&m.CPUs, "sandbox-max-cpus", 0, "largest resources.cpus a create may ask for (default 4 x --sandbox-cpus)")
+	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f
 }

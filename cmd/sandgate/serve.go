@@ -313,7 +313,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	driver, err := openDriver(cfg.sandboxDriver, sandbox.Config{
-		DataDir: cfg.dataDir, Log: log, Limits: cfg.sandbox.limits,
+		DataDir: cfg.dataDir, Log: log, Limits: cfg.sandbox.limits, AllowUserNS: cfg.sandbox.allowUserNS,
 		// Restore below re-attaches what the store knows and removes the rest.
 		KeepOrphans: true,
 	})
@@ -325,6 +325,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		report = r.Report()
 		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
 	}
+	seccomp := seccompStatus(driver)
+	log.Info("sandbox_seccomp", "driver", driver.Name(), "seccomp", seccomp)
 	store, err := gateway.OpenBoltStore(filepath.Join(cfg.dataDir, "sessions.db"))
 	if err != nil {
 		return err
@@ -381,7 +383,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
 		Ready: func() (map[string]any, error) {
-			return map[string]any{"sandbox": driver.Name(), "limits": report}, nil
+			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccomp}, nil
 		},
 		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
 		LinkKey:   linkKey,

@@ -27,6 +27,7 @@ import (
 	"github.com/sandgate/sandgate/internal/procio"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
+	"github.com/sandgate/sandgate/sandbox/linuxns/initd"
 )
 
 // Host uids and gids of sandboxes: sandbox n maps its ids 0..65535 to
@@ -82,6 +83,10 @@ type Driver struct {
 	report map[string]any
 	// sockCheck is socketCheck, shortened by tests.
 	sockCheck time.Duration
+	// seccomp is the filter every sandbox gets; noSeccomp turns it off
+	// (tests only, to measure its cost).
+	seccomp   initd.Seccomp
+	noSeccomp bool
 
 	mu    sync.Mutex
 	slots map[int]string // slot -> sandbox id
@@ -114,6 +119,9 @@ func New(cfg sandbox.Config) (*Driver, error) {
 		cfg: cfg, limits: cfg.Limits.WithDefaults(), root: root, exe: exe, log: cfg.Log,
 		slots: map[int]string{0: ""}, sockCheck: socketCheck,
 	}
+	if d.seccomp, err = initd.SeccompFor(cfg.AllowUserNS); err != nil {
+		return nil, err
+	}
 	if err := d.probe(); err != nil {
 		return nil, err
 	}
@@ -134,6 +142,15 @@ func (d *Driver) Name() string { return "linux" }
 
 // Report implements Reporter: what this host enforces, and what it cannot.
 func (d *Driver) Report() map[string]any { return d.report }
+
+// Seccomp describes the seccomp filter of every sandbox (serve logs it
+// and shows it in /readyz).
+func (d *Driver) Seccomp() map[string]any {
+	return map[string]any{
+		"enabled": !d.noSeccomp, "arch": d.seccomp.Arch, "errno": "EPERM",
+		"blocked": d.seccomp.Blocked, "userns": d.seccomp.UserNS,
+	}
+}
 
 func (d *Driver) buildReport() map[string]any {
 	l := d.limits
@@ -326,7 +343,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	is := ctl.Spec{
 		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
-		TrustPEM: string(sb.trustPEM),
+		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
 	}
 	waited = true
 	if err := <-wsDone; err != nil {
@@ -467,7 +484,8 @@ func (d *Driver) probe() error {
 	unix.Close(pidfd)
 	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
 	defer cancel()
-	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"}}
+	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"},
+		AllowUserNS: d.cfg.AllowUserNS}
 	herr := d.handshake(ctx, conn, spec, "", []int{ws})
 	if herr != nil {
 		_ = cmd.Process.Kill()

@@ -81,6 +81,13 @@ type Spec struct {
 	// TrustPEM holds certificates to add to the sandbox's trust store
 	// (sandbox.Spec.TrustPEM).
 	TrustPEM string `json:"trustPEM,omitempty"`
+	// AllowUserNS lets the sandbox's processes create user namespaces
+	// (serve --sandbox-allow-userns); by default the seccomp filter and the
+	// sandbox's max_user_namespaces of 0 refuse them.
+	AllowUserNS bool `json:"allowUserNS,omitempty"`
+	// NoSeccomp starts the sandbox without its seccomp filter. Only tests
+	// set it, to measure what the filter costs; the gateway never does.
+	NoSeccomp bool `json:"noSeccomp,omitempty"`
 	// FDs names the descriptors sent with the spec, in order:
 	// "listener" (the control socket, listening), "workspace" (a detached
 	// mount to attach at /workspace), "tasks" (the open cgroup v1 tasks

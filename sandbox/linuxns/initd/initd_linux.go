@@ -111,7 +111,10 @@ func openNS(p string) (int, nsID, error) {
 // namespace uts: one command's tree. Each command gets a namespace of its
 // own at start, which its processes inherit and cannot leave (no
 // capabilities, no nested user namespaces). It repeats while it finds
-// some, as a process may fork while the tree is killed.
+// some, as a process may fork while the tree is killed. Under serve
+// --sandbox-allow-userns a process can leave it (a new user namespace,
+// then a UTS one): it then outlives its command's kill, though never the
+// sandbox, whose pid namespace ends with the init.
 func killTree(uts nsID) {
 	for range 100 {
 		entries, err := os.ReadDir("/proc")
@@ -381,22 +384,26 @@ func ptyPeer(master int) (int, error) {
 
 // spawner forks every command from one OS thread that carries what the
 // commands must inherit and the init itself must not have: membership of
-// the commands' cgroups, a cgroup namespace rooted there, no_new_privs and
-// an empty capability bounding set. The init's other threads stay outside
+// the commands' cgroups, a cgroup namespace rooted there, no_new_privs, an
+// empty capability bounding set and the seccomp filter (seccomp_linux.go). The init's other threads stay outside
 // the commands' limits, so a fork bomb or an OOM in the sandbox cannot
 // starve or kill the init.
 type spawner struct {
 	fns chan func()
 }
 
-func startSpawner(tasks []int) (*spawner, error) {
+// spawnFilter says whether the spawner thread loads the seccomp filter,
+// and which.
+type spawnFilter struct{ on, allowUserNS bool }
+
+func startSpawner(tasks []int, filter spawnFilter) (*spawner, error) {
 	s := &spawner{fns: make(chan func())}
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the thread ends with the process, and the Go
 		// runtime starts new threads from a clean template thread.
 		runtime.LockOSThread()
-		if err := prepareSpawnThread(tasks); err != nil {
+		if err := prepareSpawnThread(tasks, filter); err != nil {
 			errc <- err
 			return
 		}
@@ -418,7 +425,7 @@ func (s *spawner) run(f func()) {
 	<-done
 }
 
-func prepareSpawnThread(tasks []int) error {
+func prepareSpawnThread(tasks []int, filter spawnFilter) error {
 	// "0" moves the writing thread alone: this one. (Moving oneself skips
 	// the kernel's global threadgroup lock, and its RCU grace period.)
 	for _, fd := range tasks {
@@ -439,6 +446,12 @@ func prepareSpawnThread(tasks []int) error {
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && err != unix.EINVAL {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	// Last: the filter is per thread, so this one alone has it, and every
+	// process forked from here inherits it. The thread itself still calls
+	// unshare(CLONE_NEWUTS) per command, which the filter allows.
+	if filter.on {
+		return loadSeccomp(filter.allowUserNS)
 	}
 	return nil
 }

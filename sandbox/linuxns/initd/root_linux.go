@@ -146,10 +146,14 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	}
 	// Nested user namespaces would hand sandbox processes a fresh set of
 	// capabilities over new namespaces: a large kernel surface for no need.
-	if err := os.WriteFile("/proc/sys/user/max_user_namespaces", []byte("0\n"), 0); err != nil {
-		return nil, fmt.Errorf("forbid nested user namespaces: %w", err)
+	// The seccomp filter refuses them too (EPERM, where this limit answers
+	// ENOSPC); the operator may allow them (serve --sandbox-allow-userns).
+	if !spec.AllowUserNS {
+		if err := os.WriteFile("/proc/sys/user/max_user_namespaces", []byte("0\n"), 0); err != nil {
+			return nil, fmt.Errorf("forbid nested user namespaces: %w", err)
+		}
 	}
-	sp, err := startSpawner(tasks)
+	sp, err := startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
 	if err != nil {
 		return nil, err
 	}

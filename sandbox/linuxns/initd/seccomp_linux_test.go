@@ -4,6 +4,7 @@ package initd
 
 import (
 	"encoding/binary"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -158,5 +159,24 @@ func TestSeccompFor(t *testing.T) {
 	s, _ = SeccompFor(true)
 	if !s.UserNS || slices.Contains(s.Blocked, "unshare(CLONE_NEWUSER)") || !slices.Contains(s.Blocked, "keyctl") {
 		t.Errorf("with user namespaces allowed: %+v", s)
+	}
+}
+
+// BenchmarkSeccompLoad is what the filter adds to a sandbox's start:
+// building the program and loading it on a thread (each on a fresh
+// thread, which ends with its goroutine).
+func BenchmarkSeccompLoad(b *testing.B) {
+	if _, err := arch.GetInfo(""); err != nil {
+		b.Skip(err)
+	}
+	for b.Loop() {
+		errc := make(chan error)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends here
+			errc <- loadSeccomp(false)
+		}()
+		if err := <-errc; err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -72,5 +74,31 @@ func TestSeccompLinuxFlag(t *testing.T) {
 			t.Errorf("allow-userns %v: %q, want %q", allow, a.out(), want)
 		}
 		g.stop(t)
+	}
+}
+
+// --sandbox-allow-userns is off unless given, by flag or environment.
+func TestSandboxAllowUserNSFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want bool
+	}{
+		{nil, "", false},
+		{[]string{"--sandbox-allow-userns"}, "", true},
+		{nil, "true", true},
+		{[]string{"--sandbox-allow-userns=false"}, "true", false},
+	} {
+		t.Setenv("SANDGATE_SANDBOX_ALLOW_USERNS", tc.env)
+		if tc.env == "" {
+			os.Unsetenv("SANDGATE_SANDBOX_ALLOW_USERNS")
+		}
+		c, err := parseServe(tc.args, io.Discard)
+		if err != nil {
+			t.Fatalf("%v with env %q: %v", tc.args, tc.env, err)
+		}
+		if c.sandbox.allowUserNS != tc.want {
+			t.Errorf("%v with env %q: %v, want %v", tc.args, tc.env, c.sandbox.allowUserNS, tc.want)
+		}
 	}
 }

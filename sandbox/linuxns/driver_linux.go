@@ -27,7 +27,6 @@ import (
 	"github.com/sandgate/sandgate/internal/procio"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
-	"github.com/sandgate/sandgate/sandbox/linuxns/initd"
 )
 
 // Host uids and gids of sandboxes: sandbox n maps its ids 0..65535 to
@@ -85,7 +84,7 @@ type Driver struct {
 	sockCheck time.Duration
 	// seccomp is the filter every sandbox gets; noSeccomp turns it off
 	// (tests only, to measure its cost).
-	seccomp   initd.Seccomp
+	seccomp   ctl.Seccomp
 	noSeccomp bool
 
 	mu    sync.Mutex
@@ -119,7 +118,7 @@ func New(cfg sandbox.Config) (*Driver, error) {
 		cfg: cfg, limits: cfg.Limits.WithDefaults(), root: root, exe: exe, log: cfg.Log,
 		slots: map[int]string{0: ""}, sockCheck: socketCheck,
 	}
-	if d.seccomp, err = initd.SeccompFor(cfg.AllowUserNS); err != nil {
+	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
 		return nil, err
 	}
 	if err := d.probe(); err != nil {

@@ -10,6 +10,8 @@ import (
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
 )
 
 // The seccomp filter of every sandbox process.
@@ -32,78 +34,29 @@ import (
 // one's own processes (strace, gdb) keeps working.
 //
 // The filter is built for the host's native ABI, from the library's
-// syscall table. Every native call in that table is allowed unless listed
-// here; anything else answers EPERM: calls through another ABI (the i386
+// syscall table. Every native call in that table is allowed unless it is
+// blocked; anything else answers EPERM: calls through another ABI (the i386
 // one through int 0x80 on x86_64, AArch32 on arm64), which would otherwise
 // pass a list of native numbers untouched, and native calls newer than the
 // table. The library itself answers the x32 ABI with ENOSYS. On an
 // architecture the library has no table for (only x86_64, arm64, i386 and
 // arm have one), no filter can be built and no sandbox starts: the linux
 // driver's start-up probe fails.
-
-// blockedCalls answer EPERM in every sandbox. Names the host's
-// architecture does not have (umount and stime are i386's, the module
-// calls differ on arm64) are left out.
-var blockedCalls = []string{
-	// Kernel keyrings: not namespaced, a common kernel attack surface.
-	"keyctl", "add_key", "request_key",
-	// Kernel programs, tracing and memory tricks an agent never needs.
-	"bpf", "perf_event_open", "userfaultfd",
-	"kexec_load", "kexec_file_load", "open_by_handle_at",
-	"init_module", "finit_module", "delete_module", "create_module", "query_module",
-	// The host's mounts, swap, power and clock. adjtimex and clock_adjtime
-	// stay allowed: with no mode bits they only read the clock's state
-	// (ntp_gettime, chronyc), and setting it needs CAP_SYS_TIME in the
-	// host's user namespace, which no sandbox process has.
-	"mount", "umount", "umount2", "pivot_root", "swapon", "swapoff", "reboot",
-	"settimeofday", "stime", "clock_settime",
-}
+//
+// The list of blocked calls, and the filter's description for /readyz, are
+// in package ctl (seccomp_linux.go), which the gateway imports too.
 
 // cloneFlagsArg is the argument of clone(2) that holds its flags (the
 // first one on every architecture the library has a table for).
 const cloneFlagsArg = 0
 
-// Seccomp describes the filter that sandboxes get on this host.
-type Seccomp struct {
-	// Arch is the ABI the filter is built for (x86_64, aarch64, ...).
-	Arch string `json:"arch"`
-	// Blocked lists what answers EPERM (or ENOSYS, where marked).
-	Blocked []string `json:"blocked"`
-	// UserNS says whether sandbox processes may create user namespaces.
-	UserNS bool `json:"userns"`
-}
-
-// SeccompFor describes the filter, as seccompPolicy builds it for this
-// host, or says why it cannot be built.
-func SeccompFor(allowUserNS bool) (Seccomp, error) {
-	info, err := arch.GetInfo("")
-	if err != nil {
-		return Seccomp{}, fmt.Errorf("seccomp filter: %w", err)
-	}
-	s := Seccomp{Arch: info.Name, Blocked: blockedFor(info), UserNS: allowUserNS}
-	if !allowUserNS {
-		s.Blocked = append(s.Blocked, "unshare(CLONE_NEWUSER)", "clone(CLONE_NEWUSER)", "clone3 (ENOSYS)")
-	}
-	s.Blocked = append(s.Blocked, "other ABIs")
-	return s, nil
-}
-
-func blockedFor(info *arch.Info) []string {
-	var names []string
-	for _, n := range blockedCalls {
-		if _, ok := info.SyscallNames[n]; ok {
-			names = append(names, n)
-		}
-	}
-	return names
-}
-
 // seccompPolicy is the filter for this host's architecture.
 //
 // Without allowUserNS, nested user namespaces are refused: unshare(2) and
 // clone(2) with CLONE_NEWUSER in their flags answer EPERM (the library
-// compares arguments; see the last group below). clone3(2) takes its flags in a struct in memory,
-// which a seccomp filter cannot read, so clone3 answers ENOSYS as a whole:
+// compares arguments; see the last group below). clone3(2) takes its
+// flags in a struct in memory, which a seccomp filter cannot read, so
+// clone3 answers ENOSYS as a whole:
 // glibc (pthread_create, posix_spawn, fork) and Go fall back to clone(2),
 // which the filter can judge. Docker's default profile does the same.
 func seccompPolicy(allowUserNS bool) (*seccomp.Policy, error) {
@@ -111,7 +64,7 @@ func seccompPolicy(allowUserNS bool) (*seccomp.Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("seccomp filter: %w", err)
 	}
-	blocked := blockedFor(info)
+	blocked := ctl.SeccompBlocked(info)
 	special := map[string]bool{}
 	for _, n := range blocked {
 		special[n] = true

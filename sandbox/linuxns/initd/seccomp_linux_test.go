@@ -11,6 +11,8 @@ import (
 	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
 )
 
 // call is one system call as the filter sees it (struct seccomp_data).
@@ -122,11 +124,11 @@ func TestSeccompPolicy(t *testing.T) {
 		if info.ID == arch.X86_64.ID {
 			calls = append(calls, call{name: "read", x32: true, errno: unix.ENOSYS})
 		}
-		for _, n := range blockedFor(info) {
+		for _, n := range ctl.SeccompBlocked(info) {
 			calls = append(calls, call{name: n, errno: unix.EPERM})
 		}
 		for _, n := range []string{"keyctl", "bpf", "mount", "umount2", "pivot_root", "reboot", "init_module"} {
-			if !slices.Contains(blockedFor(info), n) {
+			if !slices.Contains(ctl.SeccompBlocked(info), n) {
 				t.Errorf("%s is not blocked", n)
 			}
 		}
@@ -140,25 +142,6 @@ func TestSeccompPolicy(t *testing.T) {
 				t.Errorf("allowUserNS=%v: %s (nr %d, arch %#x, args %#x) -> %#x, want %#x", allowUserNS, c.name, c.nr, c.arch, c.args[0], got, want)
 			}
 		}
-	}
-}
-
-func TestSeccompFor(t *testing.T) {
-	s, err := SeccompFor(false)
-	if err != nil {
-		t.Skipf("no seccomp filter on this architecture: %v", err)
-	}
-	for _, n := range []string{"keyctl", "mount", "unshare(CLONE_NEWUSER)", "clone3 (ENOSYS)"} {
-		if !slices.Contains(s.Blocked, n) {
-			t.Errorf("blocked = %v, lacks %s", s.Blocked, n)
-		}
-	}
-	if s.UserNS {
-		t.Error("user namespaces allowed by default")
-	}
-	s, _ = SeccompFor(true)
-	if !s.UserNS || slices.Contains(s.Blocked, "unshare(CLONE_NEWUSER)") || !slices.Contains(s.Blocked, "keyctl") {
-		t.Errorf("with user namespaces allowed: %+v", s)
 	}
 }
 

@@ -1,0 +1,27 @@
+//go:build linux
+
+package ctl
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestSeccompFor(t *testing.T) {
+	s, err := SeccompFor(false)
+	if err != nil {
+		t.Skipf("no seccomp filter on this architecture: %v", err)
+	}
+	for _, n := range []string{"keyctl", "mount", "unshare(CLONE_NEWUSER)", "clone3 (ENOSYS)"} {
+		if !slices.Contains(s.Blocked, n) {
+			t.Errorf("blocked = %v, lacks %s", s.Blocked, n)
+		}
+	}
+	if s.UserNS {
+		t.Error("user namespaces allowed by default")
+	}
+	s, _ = SeccompFor(true)
+	if !s.UserNS || slices.Contains(s.Blocked, "unshare(CLONE_NEWUSER)") || !slices.Contains(s.Blocked, "keyctl") {
+		t.Errorf("with user namespaces allowed: %+v", s)
+	}
+}

@@ -884,7 +884,7 @@ func TestContract(t *testing.T) {
 // shells, files, processes, the kernel, links, stop, logs) or a seed's
 // compat API, whose contract tests live in their own files.
 func dataPlanePath(path string) bool {
-	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/logs", "/links/", "/compat/"} {
+	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/logs", "/links/", "/compat/", "/ports/", "/stats"} {
 		if strings.Contains(path, p) {
 			return true
 		}

@@ -373,7 +373,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	tun := tunnel.NewServer(mgr, func(conn net.Conn, s *gateway.Session) {
-		conn, done := met.Tunnel(conn)
+		conn, done := met.Tunnel(s.CountTunnel(conn))
 		defer done()
 		ssh.ServeConn(conn, s)
 	}, rest.WriteGatewayError, log)

@@ -343,7 +343,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	isrc.noImages = driver.Name() != "linux"
 	met := metrics.New()
-	egressCfg, err := cfg.egress.config(log)
+	egressCfg, err := cfg.egress.config(log, met)
 	if err != nil {
 		return err
 	}

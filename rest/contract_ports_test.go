@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -481,6 +483,18 @@ func TestContractPorts(t *testing.T) {
 		}
 	})
 
+	t.Run("disabled", func(t *testing.T) {
+		og := noPortsGateway(t, g, cov)
+		expect(t, og.do(t, http.MethodGet, prefix+"/echo", aliceKey, nil), 403, "ports_disabled")
+		expect(t, og.do(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/ports/link", aliceKey, []byte(`{"port": 80}`)), 403, "ports_disabled")
+		// A link signed while previews were on opens nothing now.
+		r := g.do(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/ports/link", aliceKey, []byte(fmt.Sprintf(`{"port": %d}`, up.port)))
+		var l linkOut
+		_ = json.Unmarshal(r.body, &l)
+		u, _ := url.Parse(l.URL)
+		expect(t, og.do(t, http.MethodGet, u.Path+"echo", "", nil), 403, "ports_disabled")
+	})
+
 	requireSeen(t, cov, func(p string) bool { return strings.Contains(p, "/ports/") }, map[string]string{
 		"proxyPortGet 504": "the server's response headers are awaited 2 minutes: too long for a test",
 	})
@@ -504,4 +518,29 @@ func freeHostPort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// noPortsGateway is g's manager behind an API built with NoPorts (what
+// serve --ssh-allow-local-forward=false builds), with g's link key unknown
+// to it: a link from g would not verify there anyway, so the refusal comes
+// first.
+func noPortsGateway(t *testing.T, g *testGateway, cov *coverage) *testGateway {
+	t.Helper()
+	verifier, err := gateway.NewVerifier(gateway.AuthConfig{APIKeys: map[string]string{aliceKey: "alice"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(g.logs, nil))
+	handler := rest.New(rest.Config{Sessions: g.mgr, Verifier: verifier, Log: log, SSHUsername: "sandbox", HostKeys: g.hostKeys, NoPorts: true})
+	srv := newHTTPServer(handler, log)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	og := *g
+	og.url, og.addr, og.handler = "http://"+ln.Addr().String(), ln.Addr().String(), handler
+	og.spec = newSpecChecker(t, og.url, cov)
+	return &og
 }

@@ -256,6 +256,9 @@ func portRedirect(w http.ResponseWriter, r *http.Request) {
 // proxyPort serves /v1/sessions/{id}/ports/{port}/*: the request, to the
 // caller's running session's port.
 func (a *api) proxyPort(w http.ResponseWriter, r *http.Request) {
+	if a.portsOff(w) {
+		return
+	}
 	raw := chi.URLParam(r, "port")
 	port, ok := parsePort(raw)
 	if !ok {
@@ -271,6 +274,17 @@ func (a *api) proxyPort(w http.ResponseWriter, r *http.Request) {
 	rest := tail(escaped, 5)
 	prefix := strings.TrimSuffix(escaped[:len(escaped)-len(rest)], "/")
 	a.servePort(w, r, s, port, rest, prefix, prefix, "")
+}
+
+// portsOff answers 403 ports_disabled when the gateway serves no
+// preview, and says whether it did.
+func (a *api) portsOff(w http.ResponseWriter) bool {
+	if !a.cfg.NoPorts {
+		return false
+	}
+	WriteError(w, http.StatusForbidden, "ports_disabled",
+		"this gateway does not reach into sandboxes' ports (serve --ssh-allow-local-forward=false)")
+	return true
 }
 
 // servePort proxies r to port in s's sandbox, at the escaped path rest.
@@ -429,6 +443,9 @@ func parsePortLink(token string) (string, portLinkPayload, []byte, bool) {
 // createPortLink serves POST /v1/sessions/{id}/ports/link: a presigned
 // URL for the prefix of a port's preview. Nothing need listen yet.
 func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
+	if a.portsOff(w) {
+		return
+	}
 	var req portLinkRequest
 	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
@@ -473,6 +490,9 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 // request, to the link's port, if the link verifies, has not expired and
 // its session still runs.
 func (a *api) proxyPortLink(w http.ResponseWriter, r *http.Request) {
+	if a.portsOff(w) {
+		return
+	}
 	token := chi.URLParam(r, "token")
 	fail := func(status int, code, msg string) {
 		a.cfg.Log.Info("port_link_refused", "remote", r.RemoteAddr, "code", code)

@@ -59,6 +59,9 @@ type Config struct {
 	LinkKey []byte
 	// Metrics counts rate-limit refusals (nil: not counted; metrics.go).
 	Metrics Metrics
+	// NoPorts turns preview URLs off (ports.go): 403 ports_disabled, as
+	// serve does when --ssh-allow-local-forward=false.
+	NoPorts bool
 }
 
 // MaxBodyBytes bounds request bodies.

@@ -408,3 +408,17 @@ func TestLinuxSessionStats(t *testing.T) {
 	raw, _ := json.Marshal(st)
 	t.Logf("stopped: %s", raw)
 }
+
+// TestPreviewPortsDisabled: --ssh-allow-local-forward=false turns preview
+// URLs off too: they reach the same ports.
+func TestPreviewPortsDisabled(t *testing.T) {
+	g := startGateway(t, "--ssh-allow-local-forward=false")
+	s := g.createSession(t)
+	if code, b := previewGet(t, g.URL+"/v1/sessions/"+s.SessionID+"/ports/8000/", g.Token); code != 403 || !bytes.Contains(b, []byte(`"ports_disabled"`)) {
+		t.Errorf("preview: %d %s", code, b)
+	}
+	var e apiError
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/ports/link", map[string]any{"port": 8000}, &e); code != 403 || e.Error.Code != "ports_disabled" {
+		t.Errorf("port link: %d %+v", code, e)
+	}
+}

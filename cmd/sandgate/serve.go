@@ -386,6 +386,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
 		LinkKey:   linkKey,
 		Metrics:   met,
+		NoPorts:   !cfg.sshLocalForward, // preview URLs reach ports as -L does
 	})
 	if cfg.metricsToken != "" {
 		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))

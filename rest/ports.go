@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -67,6 +68,9 @@ type portTarget struct {
 	// route's prefix); prefix is the route's prefix for X-Forwarded-Prefix
 	// ("" on a link: it would carry the token); token is a link's token.
 	path, rawPath, prefix, token string
+	// touch counts moved bytes as the session's activity (a WebSocket
+	// that only talks keeps its session from the idle timeout).
+	touch func()
 }
 
 type portTargetKey struct{}
@@ -97,6 +101,10 @@ func newPortsProxy(a *api) *portsProxy {
 		ResponseHeaderTimeout:  portHeaderTimeout,
 		MaxResponseHeaderBytes: 1 << 20,
 	}
+	log := a.cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	p := &portsProxy{open: map[string]int{}}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        rewritePortRequest,
@@ -106,6 +114,7 @@ func newPortsProxy(a *api) *portsProxy {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			a.portError(w, r, err)
 		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	return p
 }
@@ -129,7 +138,7 @@ func dialPortTarget(ctx context.Context, _, _ string) (net.Conn, error) {
 	if err != nil {
 		return nil, &portDialError{err}
 	}
-	return &idleConn{Conn: c, idle: portIdleTimeout}, nil
+	return &idleConn{Conn: c, idle: portIdleTimeout, touch: t.touch}, nil
 }
 
 func rewritePortRequest(pr *httputil.ProxyRequest) {
@@ -184,20 +193,29 @@ func fragment(u *url.URL) string {
 type portPrefixKey struct{}
 
 // idleConn is a connection that fails a read or write once no byte moved
-// either way for idle.
+// either way for idle, and calls touch when bytes move.
 type idleConn struct {
 	net.Conn
-	idle time.Duration
+	idle  time.Duration
+	touch func()
 }
 
 func (c *idleConn) Read(p []byte) (int, error) {
 	_ = c.Conn.SetDeadline(time.Now().Add(c.idle))
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.touch()
+	}
+	return n, err
 }
 
 func (c *idleConn) Write(p []byte) (int, error) {
 	_ = c.Conn.SetDeadline(time.Now().Add(c.idle))
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.touch()
+	}
+	return n, err
 }
 
 // CloseWrite half-closes the connection when it can (the WebSocket copy
@@ -289,6 +307,10 @@ func (a *api) portsOff(w http.ResponseWriter) bool {
 
 // servePort proxies r to port in s's sandbox, at the escaped path rest.
 func (a *api) servePort(w http.ResponseWriter, r *http.Request, s *gateway.Session, port int, rest, public, fwdPrefix, token string) {
+	if r.Method == http.MethodConnect {
+		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not passed to a preview; every other method is")
+		return
+	}
 	dialer, ok := sandbox.As[sandbox.LoopbackDialer](s.Sandbox())
 	if !ok {
 		WriteError(w, http.StatusNotImplemented, "ports_unsupported", "this gateway's sandbox driver cannot reach a sandbox's ports")
@@ -301,7 +323,8 @@ func (a *api) servePort(w http.ResponseWriter, r *http.Request, s *gateway.Sessi
 		return
 	}
 	defer a.ports.release(s.ID)
-	t := &portTarget{dialer: dialer, port: port, rawPath: rest, prefix: fwdPrefix, token: token}
+	t := &portTarget{dialer: dialer, port: port, rawPath: rest, prefix: fwdPrefix, token: token,
+		touch: func() { s.Touch(time.Now()) }}
 	p, err := url.PathUnescape(rest)
 	if err != nil {
 		WriteError(w, http.StatusBadRequest, "invalid_path", "the path is not validly escaped")
@@ -438,6 +461,17 @@ func parsePortLink(token string) (string, portLinkPayload, []byte, bool) {
 		return "", portLinkPayload{}, nil, false
 	}
 	return enc, lp, sig, true
+}
+
+// portLink serves /v1/sessions/{id}/ports/link: POST makes a link; any
+// other method is a 405 (not a preview of a port named "link").
+func (a *api) portLink(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed here", r.Method))
+		return
+	}
+	a.createPortLink(w, r)
 }
 
 // createPortLink serves POST /v1/sessions/{id}/ports/link: a presigned

@@ -123,7 +123,7 @@ func New(cfg Config) http.Handler {
 		r.Get("/sessions/{id}/logs", a.sessionLogs)
 		r.Get("/sessions/{id}/stats", a.sessionStats) // stats.go
 		// Preview URLs (ports.go).
-		r.Post("/sessions/{id}/ports/link", a.createPortLink)
+		r.HandleFunc("/sessions/{id}/ports/link", a.portLink) // every method: "link" is no port
 		r.HandleFunc("/sessions/{id}/ports/{port}", portRedirect)
 		r.HandleFunc("/sessions/{id}/ports/{port}/*", a.proxyPort)
 		r.Post("/sessions/{id}/processes", a.startProcess)

@@ -34,6 +34,7 @@ type Config struct {
 	HeaderTimeout  time.Duration // time to read a request's headers or a tunnel's TLS ClientHello; default 10s
 	MaxHeaderBytes int           // default 32 KiB; beyond: 431 and close
 	MaxConns       int           // concurrent connections per session; default 256; beyond: 503 and close
+	Metrics        Metrics       // nil: bytes are counted per session only (metrics.go)
 }
 
 // Proxy holds what every session shares: configuration and the gateway's
@@ -447,13 +448,13 @@ type countConn struct {
 
 func (c *countConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.s.in.Add(int64(n))
+	c.s.addIn(int64(n))
 	return n, err
 }
 
 func (c *countConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	c.s.out.Add(int64(n))
+	c.s.addOut(int64(n))
 	return n, err
 }
 

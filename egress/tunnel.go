@@ -78,7 +78,7 @@ func (s *Session) splice(t *tunnel) {
 	down := make(chan struct{})
 	if !s.goTracked(func() {
 		defer close(down)
-		if err := pump(client, up, &s.in, &t.rec.in); err != nil {
+		if err := pump(client, up, s.addIn, &t.rec.in); err != nil {
 			t.rec.fail(err.Error())
 			t.closeBoth()
 		}
@@ -103,7 +103,7 @@ func (s *Session) splice(t *tunnel) {
 	}
 	if len(hello.replay) > 0 {
 		n, err := up.Write(hello.replay)
-		s.out.Add(int64(n))
+		s.addOut(int64(n))
 		t.rec.out.Add(int64(n))
 		if err != nil {
 			t.rec.fail(err.Error())
@@ -115,7 +115,7 @@ func (s *Session) splice(t *tunnel) {
 		closeWrite(up)
 		return
 	}
-	if err := pump(up, client, &s.out, &t.rec.out); err != nil {
+	if err := pump(up, client, s.addOut, &t.rec.out); err != nil {
 		t.rec.fail(err.Error())
 		t.closeBoth()
 	}
@@ -123,10 +123,10 @@ func (s *Session) splice(t *tunnel) {
 
 // pump copies src to dst in chunks (TCP to TCP: spliced by the kernel),
 // counting between chunks, and half-closes dst at EOF.
-func pump(dst, src net.Conn, total, local *atomic.Int64) error {
+func pump(dst, src net.Conn, total func(int64), local *atomic.Int64) error {
 	for {
 		n, err := io.CopyN(dst, src, chunk)
-		total.Add(n)
+		total(n)
 		local.Add(n)
 		if err == io.EOF {
 			closeWrite(dst)

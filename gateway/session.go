@@ -73,6 +73,9 @@ type Session struct {
 	sandbox       sandbox.Sandbox
 	lastActivity  atomic.Int64 // unix nanoseconds
 	savedActivity atomic.Int64 // lastActivity as last written to the store
+	// tunnelIn and tunnelOut count the bytes of the session's CONNECT
+	// tunnels since this gateway process started (tunnelbytes.go).
+	tunnelIn, tunnelOut atomic.Int64
 
 	// mgr is the manager that holds the session: it resumes a stopped one.
 	mgr *Manager

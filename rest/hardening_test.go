@@ -370,6 +370,9 @@ func TestAllowMatchesSpec(t *testing.T) {
 			probes[1] = http.MethodTrace
 		}
 		for _, method := range probes {
+			if slices.Contains(want, method) {
+				continue // a path that documents every method (a preview's)
+			}
 			r := g.do(t, method, strings.ReplaceAll(path, "{id}", "sbx-aaaaaaaaaaaaaaaaaaaa"), token, nil)
 			expect(t, r, http.StatusMethodNotAllowed, "method_not_allowed")
 			var got []string

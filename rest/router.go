@@ -59,6 +59,9 @@ type Config struct {
 	LinkKey []byte
 	// Metrics counts rate-limit refusals (nil: not counted; metrics.go).
 	Metrics Metrics
+	// NoPorts turns preview URLs off (ports.go): 403 ports_disabled, as
+	// serve does when --ssh-allow-local-forward=false.
+	NoPorts bool
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -74,6 +77,7 @@ func New(cfg Config) http.Handler {
 	}
 	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
+	a.ports = newPortsProxy(a)
 	r := chi.NewRouter()
 	r.Use(requestID, a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -91,6 +95,8 @@ func New(cfg Config) http.Handler {
 	r.Get("/readyz", a.readyz)
 	// Presigned links (links.go) carry their own authorization.
 	r.Get("/links/{token}", a.fetchLink)
+	r.HandleFunc("/links/ports/{token}", portRedirect) // ports.go
+	r.HandleFunc("/links/ports/{token}/*", a.proxyPortLink)
 	docs := &apiDocs{}
 	r.Get("/openapi.yaml", docs.yaml)
 	r.Get("/openapi.json", docs.jsonSpec)
@@ -115,6 +121,11 @@ func New(cfg Config) http.Handler {
 		r.Post("/sessions/{id}/files/fetch", a.fetchFiles)
 		r.Post("/sessions/{id}/files/link", a.createLink)
 		r.Get("/sessions/{id}/logs", a.sessionLogs)
+		r.Get("/sessions/{id}/stats", a.sessionStats) // stats.go
+		// Preview URLs (ports.go).
+		r.HandleFunc("/sessions/{id}/ports/link", a.portLink) // every method: "link" is no port
+		r.HandleFunc("/sessions/{id}/ports/{port}", portRedirect)
+		r.HandleFunc("/sessions/{id}/ports/{port}/*", a.proxyPort)
 		r.Post("/sessions/{id}/processes", a.startProcess)
 		r.Get("/sessions/{id}/processes", a.listProcesses)
 		r.Get("/sessions/{id}/processes/{pid}", a.getProcess)
@@ -162,6 +173,7 @@ type api struct {
 	authFailures *httprate.RateLimiter // nil: unlimited
 	dp           *dataPlane
 	limit        func(http.Handler) http.Handler // the per-tenant rate limit
+	ports        *portsProxy                     // preview URLs (ports.go)
 }
 
 // newFailureLimiter bounds failed authentications per client IP, so token

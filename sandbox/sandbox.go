@@ -7,7 +7,7 @@
 // learn which driver they run on: adding a driver changes no caller.
 //
 // Optional behaviour is a small interface below (Reporter, ProxyListener,
-// LoopbackDialer, Reattacher, Detacher, Ender, PIDer, Stopper); each says who implements it and who uses it.
+// LoopbackDialer, Reattacher, Detacher, Ender, PIDer, Stopper, Statser); each says who implements it and who uses it.
 // docs/architecture.md has the package map.
 package sandbox
 

@@ -35,7 +35,7 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 }
 
 // config builds the egress proxy and its bounds.
-func (e *egressFlags) config(log *slog.Logger) (*gateway.EgressConfig, error) {
+func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.EgressConfig, error) {
 	allow := e.allow
 	if len(allow) == 0 {
 		allow = listFlag{"*"}
@@ -44,7 +44,7 @@ func (e *egressFlags) config(log *slog.Logger) (*gateway.EgressConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--egress-allow: %w", err)
 	}
-	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}}
+	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}, Metrics: met}
 	for _, c := range e.allowCIDR {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {

@@ -345,7 +345,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	isrc.noImages = driver.Name() != "linux"
 	met := metrics.New()
-	egressCfg, err := cfg.egress.config(log)
+	egressCfg, err := cfg.egress.config(log, met)
 	if err != nil {
 		return err
 	}
@@ -375,7 +375,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	tun := tunnel.NewServer(mgr, func(conn net.Conn, s *gateway.Session) {
-		conn, done := met.Tunnel(conn)
+		conn, done := met.Tunnel(s.CountTunnel(conn))
 		defer done()
 		ssh.ServeConn(conn, s)
 	}, rest.WriteGatewayError, log)
@@ -388,6 +388,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
 		LinkKey:   linkKey,
 		Metrics:   met,
+		NoPorts:   !cfg.sshLocalForward, // preview URLs reach ports as -L does
 	})
 	if cfg.metricsToken != "" {
 		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))

@@ -33,8 +33,10 @@ const (
 	cpuPeriodMicros   = 100000
 )
 
-// cgroupControllers are the controllers the linux driver limits with.
-var cgroupControllers = []string{"memory", "pids", "cpu"}
+// cgroupControllers are the controllers the linux driver limits with,
+// and cpuacct, which limits nothing: on cgroup v1 it alone counts CPU time
+// (for the session's stats, stats_linux.go); v2 counts it in every cgroup.
+var cgroupControllers = []string{"memory", "pids", "cpu", "cpuacct"}
 
 // Plan is how this host limits sandboxes, found once at Open.
 //

@@ -1,7 +1,7 @@
 // Package metrics holds the gateway's Prometheus collectors. It owns one
 // registry (never the default one) and implements the small hook
 // interfaces the other packages call through optional config fields
-// (gateway.Metrics, sshd.Metrics, rest.Metrics); tunnels are counted by
+// (gateway.Metrics, sshd.Metrics, rest.Metrics, egress.Metrics); tunnels are counted by
 // wrapping their connections (Tunnel).
 package metrics
 
@@ -36,6 +36,7 @@ type Metrics struct {
 	commandLatency  *prometheus.HistogramVec
 	tunnelsOpen     prometheus.Gauge
 	tunnelBytes     *prometheus.CounterVec
+	egressBytes     *prometheus.CounterVec
 	sshAuthFailures *prometheus.CounterVec
 	rateLimited     *prometheus.CounterVec
 }
@@ -74,6 +75,9 @@ func New() *Metrics {
 		tunnelBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_tunnel_bytes_total", Help: "Bytes through CONNECT tunnels, by direction (in: from clients, out: to clients).",
 		}, []string{"direction"}),
+		egressBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_egress_bytes_total", Help: "Bytes through sessions' egress proxies, by direction (in: from destinations to sandboxes, out: from sandboxes to destinations).",
+		}, []string{"direction"}),
 		sshAuthFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_ssh_auth_failures_total", Help: "Failed SSH authentication attempts, by method.",
 		}, []string{"method"}),
@@ -82,12 +86,13 @@ func New() *Metrics {
 		}, []string{"limit"}),
 	}
 	m.reg.MustRegister(m.creates, m.createLatency, m.deletes, m.expiries, m.teardownRetries,
-		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.sshAuthFailures, m.rateLimited,
+		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.egressBytes, m.sshAuthFailures, m.rateLimited,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Known label values start at 0, so rates work from the first scrape.
 	for _, d := range []string{"in", "out"} {
 		m.tunnelBytes.WithLabelValues(d)
+		m.egressBytes.WithLabelValues(d)
 	}
 	for _, l := range []string{"tenant", "auth_failures"} {
 		m.rateLimited.WithLabelValues(l)
@@ -156,6 +161,16 @@ func (m *Metrics) CommandDone(source string, d time.Duration) {
 
 // SSHAuthFailed implements sshd.Metrics.
 func (m *Metrics) SSHAuthFailed(method string) { m.sshAuthFailures.WithLabelValues(method).Inc() }
+
+// EgressBytes implements egress.Metrics.
+func (m *Metrics) EgressBytes(in, out int64) {
+	if in > 0 {
+		m.egressBytes.WithLabelValues("in").Add(float64(in))
+	}
+	if out > 0 {
+		m.egressBytes.WithLabelValues("out").Add(float64(out))
+	}
+}
 
 // RateLimited implements rest.Metrics.
 func (m *Metrics) RateLimited(limit string) { m.rateLimited.WithLabelValues(limit).Inc() }

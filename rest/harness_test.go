@@ -151,7 +151,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		t.Fatal(err)
 	}
 
-	tun := tunnel.NewServer(mgr, func(conn net.Conn, s *gateway.Session) {
+	tun := tunnel.NewServer(mgr, func(_ context.Context, conn net.Conn, s *gateway.Session) {
 		_, _ = io.WriteString(conn, sshBanner)
 	}, rest.WriteGatewayError, log)
 	t.Cleanup(func() {

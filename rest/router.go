@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/go-chi/httprate"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 )
@@ -59,6 +60,11 @@ type Config struct {
 	LinkKey []byte
 	// Metrics counts rate-limit refusals (nil: not counted; metrics.go).
 	Metrics Metrics
+	// Audit receives an event per call, file operation and kernel call
+	// (nil: none kept; audit.go).
+	Audit audit.Auditor
+	// AuditLog answers GET /v1/audit (nil: 404 audit_unavailable).
+	AuditLog AuditLog
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -75,7 +81,7 @@ func New(cfg Config) http.Handler {
 	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
 	r := chi.NewRouter()
-	r.Use(requestID, a.recoverer, middleware.GetHead)
+	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusNotFound, "unknown_endpoint", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -126,6 +132,7 @@ func New(cfg Config) http.Handler {
 		r.Post("/sessions/{id}/python/reset", a.resetPython)
 		r.Get("/host-keys", a.hostKeys)
 		r.Get("/images", a.listImages)
+		r.Get("/audit", a.listAudit)
 		if cfg.Connect != nil {
 			r.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
 		}
@@ -214,7 +221,7 @@ func (a *api) recoverer(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				a.cfg.Log.Error("handler_panic", "method", r.Method, "path", r.URL.Path, "request", RequestID(r.Context()), "panic", fmt.Sprint(v))
+				a.cfg.Log.ErrorContext(r.Context(), "handler_panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
 				WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 			}
 		}()
@@ -238,7 +245,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		if !ok {
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(r.Context(), p)))
+		next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(withCaller(r, p), p)))
 	})
 }
 

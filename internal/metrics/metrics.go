@@ -1,7 +1,7 @@
 // Package metrics holds the gateway's Prometheus collectors. It owns one
 // registry (never the default one) and implements the small hook
 // interfaces the other packages call through optional config fields
-// (gateway.Metrics, sshd.Metrics, rest.Metrics); tunnels are counted by
+// (gateway.Metrics, sshd.Metrics, rest.Metrics, audit.Metrics); tunnels are counted by
 // wrapping their connections (Tunnel).
 package metrics
 
@@ -38,6 +38,7 @@ type Metrics struct {
 	tunnelBytes     *prometheus.CounterVec
 	sshAuthFailures *prometheus.CounterVec
 	rateLimited     *prometheus.CounterVec
+	auditFailures   prometheus.Counter
 }
 
 // New returns the collectors in a fresh registry, with the Go runtime and
@@ -80,9 +81,12 @@ func New() *Metrics {
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_rate_limited_total", Help: "Requests refused with 429 by a rate limit, by limit (tenant, auth_failures).",
 		}, []string{"limit"}),
+		auditFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandgate_audit_write_failures_total", Help: "Audit events that could not be written to the audit log (lost), e.g. on a full disk.",
+		}),
 	}
 	m.reg.MustRegister(m.creates, m.createLatency, m.deletes, m.expiries, m.teardownRetries,
-		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.sshAuthFailures, m.rateLimited,
+		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.sshAuthFailures, m.rateLimited, m.auditFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Known label values start at 0, so rates work from the first scrape.
@@ -156,6 +160,9 @@ func (m *Metrics) CommandDone(source string, d time.Duration) {
 
 // SSHAuthFailed implements sshd.Metrics.
 func (m *Metrics) SSHAuthFailed(method string) { m.sshAuthFailures.WithLabelValues(method).Inc() }
+
+// AuditWriteFailed implements audit.Metrics.
+func (m *Metrics) AuditWriteFailed() { m.auditFailures.Inc() }
 
 // RateLimited implements rest.Metrics.
 func (m *Metrics) RateLimited(limit string) { m.rateLimited.WithLabelValues(limit).Inc() }

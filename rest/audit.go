@@ -53,6 +53,14 @@ func auditFile(r *http.Request, op, path string, bytes int64) {
 	}
 }
 
+// auditSessionOf names the session r's call is about, when its route
+// does not (a create).
+func auditSessionOf(r *http.Request, id string) {
+	if c := callOf(r.Context()); c != nil {
+		c.session = id
+	}
+}
+
 func (a *api) auditor() audit.Auditor { return audit.Or(a.cfg.Audit) }
 
 // auditCalls records every call (but the unaudited routes) once it is

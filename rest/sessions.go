@@ -131,6 +131,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Location", "/v1/sessions/"+s.ID)
+	auditSessionOf(r, s.ID)
 	if pw == "" { // an earlier create with this Idempotency-Key made it
 		s.Touch(time.Now())
 		w.Header().Set("Idempotent-Replayed", "true")

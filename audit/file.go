@@ -125,7 +125,25 @@ func (a *File) open() error {
 	}
 	// A device (/dev/null) or a pipe is never rotated.
 	a.f, a.size, a.regular = f, st.Size(), st.Mode().IsRegular()
+	if a.regular && a.size > 0 && !endsInNewline(f, a.size) {
+		// A crash tore the last line: the next event starts a line of
+		// its own, so that only the torn one is lost.
+		if n, err := f.Write([]byte{'\n'}); err == nil {
+			a.size += int64(n)
+		}
+	}
 	return nil
+}
+
+func endsInNewline(f *os.File, size int64) bool {
+	r, err := os.Open(f.Name())
+	if err != nil {
+		return true
+	}
+	defer r.Close()
+	var b [1]byte
+	_, err = r.ReadAt(b[:], size-1)
+	return err != nil || b[0] == '\n'
 }
 
 // Record implements Auditor.

@@ -85,18 +85,17 @@ func (t *sftpTap) server(w io.Writer) io.Writer {
 	return tapWriter{w, func(p []byte) { t.feed(t.tap.Server, p) }}
 }
 
-// tapWriter passes writes to w and shows what was written to tap.
+// tapWriter shows each write to tap, then passes it to w. The tap sees a
+// request before the server can answer it, and an answer before the
+// client can send what follows from it (a WRITE on a new handle).
 type tapWriter struct {
 	w   io.Writer
 	tap func([]byte)
 }
 
 func (t tapWriter) Write(p []byte) (int, error) {
-	n, err := t.w.Write(p)
-	if n > 0 {
-		t.tap(p[:n])
-	}
-	return n, err
+	t.tap(p)
+	return t.w.Write(p)
 }
 
 // auditShell records an interactive shell (or a command that did not

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"strings"
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/egress"
@@ -29,7 +30,7 @@ func (s *Session) auditCommand(ctx context.Context, r CommandRecord) {
 		source = "rest-shell"
 	}
 	s.mgr.auditor().Record(ctx, audit.Event{Kind: audit.KindCommand, Tenant: s.Tenant, Session: s.ID, Source: source,
-		Command: audit.Cut(r.Command), ExitCode: r.ExitCode, Signal: r.ExitSignal, TimedOut: r.TimedOut,
+		Command: audit.Cut(s.redact(r.Command)), ExitCode: r.ExitCode, Signal: r.ExitSignal, TimedOut: r.TimedOut,
 		DurationMs: r.DurationMs, Bytes: r.BytesOut})
 }
 
@@ -38,7 +39,23 @@ func (s *Session) auditCommand(ctx context.Context, r CommandRecord) {
 // not (SSH shells, SFTP, REST files, kernel calls).
 func (s *Session) Audit(ctx context.Context, e audit.Event) {
 	e.Tenant, e.Session = s.Tenant, s.ID
+	e.Command, e.Path, e.Target = audit.Cut(s.redact(e.Command)), s.redact(e.Path), s.redact(e.Target)
 	s.mgr.auditor().Record(ctx, e)
+}
+
+// redact replaces the value of each of s's secrets (looked up now, bound
+// ones included) in text with [secret:NAME]: a user who types a secret's
+// value into a command does not put it in the audit log.
+func (s *Session) redact(text string) string {
+	if text == "" || s.secrets == nil {
+		return text
+	}
+	for _, r := range s.Secrets {
+		if v, ok := s.secrets.Lookup(s.Tenant, r.Name); ok && v != "" && strings.Contains(text, v) {
+			text = strings.ReplaceAll(text, v, "[secret:"+r.Name+"]")
+		}
+	}
+	return text
 }
 
 // auditEgress records an egress proxy connection of s: allowed or denied,
@@ -54,6 +71,6 @@ func (m *Manager) auditEgress(s *Session, r egress.Record) {
 		reason = r.Error
 	}
 	m.auditor().Record(context.Background(), audit.Event{Kind: audit.KindEgress, Tenant: s.Tenant, Session: s.ID,
-		Op: r.Kind, Host: r.Host, Port: r.Port, Addr: r.IP, Result: result, Reason: reason,
+		Op: r.Kind, Host: s.redact(r.Host), Port: r.Port, Addr: r.IP, Result: result, Reason: reason,
 		BytesIn: r.BytesIn, BytesOut: r.BytesOut, DurationMs: r.DurationMs})
 }

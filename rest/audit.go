@@ -222,6 +222,7 @@ func (a *api) listAudit(w http.ResponseWriter, r *http.Request) {
 
 // auditKernel records a Python kernel call.
 func (a *api) auditKernel(r *http.Request, s *gateway.Session, kernel, code string, d time.Duration, result string) {
-	a.auditor().Record(r.Context(), audit.Event{Kind: audit.KindCommand, Tenant: s.Tenant, Session: s.ID, Source: "kernel",
-		Command: audit.Cut(code), DurationMs: d.Milliseconds(), Result: result, Op: strings.TrimSpace(kernel)})
+	// Through the session, which takes its secrets' values out of the code.
+	s.Audit(r.Context(), audit.Event{Kind: audit.KindCommand, Source: "kernel", Command: code,
+		DurationMs: d.Milliseconds(), Result: result, Op: strings.TrimSpace(kernel)})
 }

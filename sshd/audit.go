@@ -101,7 +101,7 @@ func (t tapWriter) Write(p []byte) (int, error) {
 // auditShell records an interactive shell (or a command that did not
 // start) as a command: an exec that started is the history's to record.
 func (c *channel) auditCommand(kind, command string, exit *int, signal, result string, durationMs int64) {
-	c.sess.Audit(c.ctx, audit.Event{Kind: audit.KindCommand, Source: kind, Command: audit.Cut(command),
+	c.sess.Audit(c.ctx, audit.Event{Kind: audit.KindCommand, Source: kind, Command: command,
 		ExitCode: exit, Signal: signal, Result: result, DurationMs: durationMs})
 }
 

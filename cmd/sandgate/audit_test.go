@@ -144,6 +144,15 @@ func TestAuditTrail(t *testing.T) {
 		strings.NewReader(`{"command":"test -n \"$CANARY_TOKEN\"; exit 5"}`)); code != http.StatusOK {
 		t.Fatalf("command: %d %s", code, b)
 	}
+	// A client that types a secret's value: the audit keeps its name.
+	if code, b := apiReq(t, g, alice, http.MethodPost, "/v1/sessions/"+id+"/commands", "rid-cmd-2",
+		strings.NewReader(`{"command":"test \"$CANARY_TOKEN\" = `+canary+`"}`)); code != http.StatusOK {
+		t.Fatalf("command: %d %s", code, b)
+	}
+	if code, b := apiReq(t, g, alice, http.MethodPost, "/v1/sessions/"+id+"/python", "rid-py-2",
+		strings.NewReader(`{"code":"import os\nassert os.environ['CANARY_TOKEN'] == '`+canary+`'"}`)); code != http.StatusOK {
+		t.Fatalf("python: %d %s", code, b)
+	}
 	if code, b := apiReq(t, g, alice, http.MethodPut, "/v1/sessions/"+id+"/files?path=rest.txt", "rid-put-1",
 		strings.NewReader("twelve bytes")); code != http.StatusCreated {
 		t.Fatalf("put: %d %s", code, b)
@@ -249,7 +258,15 @@ func TestAuditTrail(t *testing.T) {
 		if sh.ExitCode == nil || *sh.ExitCode != 4 {
 			t.Errorf("shell: %+v", sh)
 		}
-		k := requireOne(t, events, audit.Event{Kind: audit.KindCommand, Source: "kernel", RequestID: "rid-py-1"})
+		c = requireOne(t, events, audit.Event{Kind: audit.KindCommand, RequestID: "rid-cmd-2"})
+		if c.Command != `test "$CANARY_TOKEN" = [secret:CANARY_TOKEN]` || c.ExitCode == nil || *c.ExitCode != 0 {
+			t.Errorf("a command with a secret's value: %+v", c)
+		}
+		k := requireOne(t, events, audit.Event{Kind: audit.KindCommand, RequestID: "rid-py-2"})
+		if !strings.Contains(k.Command, "== '[secret:CANARY_TOKEN]'") || k.Result != "ok" {
+			t.Errorf("a kernel call with a secret's value: %+v", k)
+		}
+		k = requireOne(t, events, audit.Event{Kind: audit.KindCommand, Source: "kernel", RequestID: "rid-py-1"})
 		if k.Command != "x = 6 * 7\nx" || k.Result != "ok" || k.Session != id {
 			t.Errorf("kernel: %+v", k)
 		}

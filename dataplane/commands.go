@@ -34,7 +34,7 @@ type Session interface {
 	// history).
 	Sandbox() sandbox.Sandbox
 	// RecordCommand adds a command to the session's history.
-	RecordCommand(r gateway.CommandRecord)
+	RecordCommand(ctx context.Context, r gateway.CommandRecord)
 	// AddConn registers a function to call when the session ends.
 	AddConn(closeFn func()) (remove func(), ok bool)
 }
@@ -225,7 +225,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 		res.ExitCode = &code
 	}
 	rec.ExitCode, rec.ExitSignal = res.ExitCode, res.ExitSignal
-	s.RecordCommand(rec)
+	s.RecordCommand(ctx, rec)
 	return res, nil
 }
 

@@ -374,7 +374,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	}
 	res.Cwd = x.cwd
 	res.Stdout, res.Stderr = stdout.cap.output(), stderr.cap.output()
-	x.s.RecordCommand(gateway.CommandRecord{Command: req.text(), Source: "rest", Shell: x.name,
+	x.s.RecordCommand(ctx, gateway.CommandRecord{Command: req.text(), Source: "rest", Shell: x.name,
 		StartedAt: began.UTC(), DurationMs: res.Duration.Milliseconds(), ExitCode: res.ExitCode,
 		ExitSignal: res.ExitSignal, TimedOut: timedOut, BytesOut: stdout.cap.total + stderr.cap.total})
 	return res, nil

@@ -93,7 +93,31 @@ func (s *Session) logRecord(r *record) {
 		slog.Int64("durationMs", time.Since(r.start).Milliseconds()),
 	)
 	s.log.LogAttrs(context.Background(), slog.LevelInfo, "egress", attrs...)
+	if fn := s.onRecord.Load(); fn != nil {
+		(*fn)(Record{Kind: r.kind, Host: r.host, Port: int(r.port), IP: addrString(r.ip), Allowed: r.allowed,
+			Reason: r.reason, Error: r.err, BytesOut: r.out.Load(), BytesIn: r.in.Load(),
+			DurationMs: time.Since(r.start).Milliseconds()})
+	}
 }
+
+// Record is one connection's accounting, as its log line says it.
+type Record struct {
+	Kind     string // connect or http
+	Host     string
+	Port     int
+	IP       string // the address dialled, "" when none was
+	Allowed  bool
+	Reason   string // why it was denied
+	Error    string // what failed after it was allowed
+	BytesOut int64  // sandbox -> upstream
+	BytesIn  int64  // upstream -> sandbox
+	// DurationMs is how long the connection lasted.
+	DurationMs int64
+}
+
+// OnRecord makes fn receive each connection's Record when it ends (the
+// audit trail's egress decisions). Set it before Serve.
+func (s *Session) OnRecord(fn func(Record)) { s.onRecord.Store(&fn) }
 
 func addrString(a netip.Addr) string {
 	if !a.IsValid() {

@@ -207,6 +207,7 @@ type Session struct {
 	plain  *http.Transport // absolute-URI http:// requests
 	active atomic.Int64    // accepted connections counted against MaxConns
 
+	onRecord      atomic.Pointer[func(Record)]
 	rejected      atomic.Int64 // connections refused for MaxConns, for the log
 	lastRejectLog atomic.Int64 // unix nanoseconds: at most one warning a second
 

@@ -54,8 +54,9 @@ func (s *Session) History() []CommandRecord {
 
 // RecordCommand adds r to the session's history: for commands the
 // session's Sandbox() does not see one by one (a persistent shell's).
-func (s *Session) RecordCommand(r CommandRecord) {
+func (s *Session) RecordCommand(ctx context.Context, r CommandRecord) {
 	s.hist.add(r)
+	s.auditCommand(ctx, r)
 	s.mgr.metrics().CommandDone(r.Source, time.Duration(r.DurationMs)*time.Millisecond)
 }
 
@@ -78,6 +79,7 @@ func NoHistory(ctx context.Context) context.Context {
 type recorded struct {
 	sandbox.Process
 	s      *Session
+	ctx    context.Context // the start's, for the audit (values only)
 	rec    CommandRecord
 	out    atomic.Int64
 	stdout io.ReadCloser
@@ -95,7 +97,7 @@ func (s *Session) record(ctx context.Context, cmd sandbox.Cmd, p sandbox.Process
 	if cmd.Command == "" || cmd.Subsystem != "" || source == "" {
 		return p
 	}
-	r := &recorded{Process: p, s: s, rec: CommandRecord{Command: cmd.Command, Source: source, StartedAt: time.Now().UTC()}}
+	r := &recorded{Process: p, s: s, ctx: context.WithoutCancel(ctx), rec: CommandRecord{Command: cmd.Command, Source: source, StartedAt: time.Now().UTC()}}
 	r.stdout = countReader{p.Stdout(), &r.out}
 	if e := p.Stderr(); e != nil {
 		r.stderr = countReader{e, &r.out}
@@ -130,6 +132,7 @@ func (r *recorded) Wait() (sandbox.Exit, error) {
 			}
 		}
 		r.s.hist.add(rec)
+		r.s.auditCommand(r.ctx, rec)
 		r.s.mgr.metrics().CommandDone(rec.Source, time.Since(rec.StartedAt))
 	})
 	return exit, err

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -51,6 +52,8 @@ type Config struct {
 	Secrets SecretSource
 	// Metrics receives counts and latencies (nil: none kept; metrics.go).
 	Metrics Metrics
+	// Audit receives the audit trail's events (nil: none kept; audit.go).
+	Audit audit.Auditor
 	// TombstoneTTL is how long an ended session answers session_gone
 	// rather than not_found (default 24h; negative disables tombstones).
 	TombstoneTTL time.Duration
@@ -99,6 +102,7 @@ func (m *Manager) watch(s *Session) {
 			return
 		}
 		m.log.Error("session_failed", "session", s.ID, "tenant", s.Tenant, "reason", "sandbox exited")
+		m.auditSession(context.Background(), s, "failed", "the sandbox exited unexpectedly", "")
 		if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
 			m.log.Error("store_failed", "session", s.ID, "err", err)
 		}
@@ -219,7 +223,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", err
 	}
 	if prior != nil {
-		m.log.Info("session_create_replayed", "session", prior.ID, "tenant", p.Tenant)
+		m.log.InfoContext(ctx, "session_create_replayed", "session", prior.ID, "tenant", p.Tenant)
 		return prior, "", nil
 	}
 	reserved := true
@@ -274,7 +278,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	sb, err := m.driver.Create(ctx, spec)
 	if err != nil {
 		m.releaseImage(s)
-		m.log.Error("sandbox_create_failed", "session", s.ID, "tenant", p.Tenant, "err", err)
+		m.log.ErrorContext(ctx, "sandbox_create_failed", "session", s.ID, "tenant", p.Tenant, "err", err)
+		m.auditSession(ctx, s, "create_failed", err.Error(), "")
 		if bad, ok := errors.AsType[*sandbox.BadImageError](err); ok {
 			return nil, "", Invalid("unusable_image", bad.Error())
 		}
@@ -292,7 +297,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			if sb.Destroy(context.WithoutCancel(ctx)) == nil {
 				m.releaseImage(s)
 			}
-			m.log.Error("egress_proxy_failed", "session", s.ID, "err", err)
+			m.log.ErrorContext(ctx, "egress_proxy_failed", "session", s.ID, "err", err)
+			m.auditSession(ctx, s, "create_failed", "egress proxy: "+err.Error(), "")
 			return nil, "", err
 		}
 	}
@@ -324,7 +330,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	reserved = false
 	m.mu.Unlock()
 	m.watch(s)
-	m.log.Info("session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", image,
+	m.auditSession(ctx, s, "created", "", "")
+	m.log.InfoContext(ctx, "session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", image,
 		"egress", len(s.egressAllow), "secrets", len(secrets))
 	m.metrics().SessionCreated(time.Since(start))
 	return s, pw, nil
@@ -575,7 +582,8 @@ func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
 	if err := m.end(ctx, s, StatusDeleted, ""); err != nil {
 		return err
 	}
-	m.log.Info("session_deleted", "session", id, "tenant", p.Tenant)
+	m.log.InfoContext(ctx, "session_deleted", "session", id, "tenant", p.Tenant)
+	m.auditSession(ctx, s, "deleted", "", p.Tenant)
 	m.metrics().SessionDeleted()
 	return nil
 }
@@ -666,6 +674,7 @@ func (m *Manager) Reap(ctx context.Context) {
 		m.bury(v.s, map[string]string{"ttl": GoneTTL, "idle": GoneIdle}[v.reason], nil)
 		_ = m.end(ctx, v.s, StatusExpired, v.reason)
 		m.log.Info("session_expired", "session", v.s.ID, "tenant", v.s.Tenant, "reason", v.reason)
+		m.auditSession(context.WithoutCancel(ctx), v.s, "expired", v.reason, "")
 		m.metrics().SessionExpired(v.reason)
 	}
 }

@@ -76,7 +76,7 @@ func TestManagerMetrics(t *testing.T) {
 	if got := output(t, b, "echo hi"); got != "hi\n" {
 		t.Fatalf("output %q", got)
 	}
-	b.RecordCommand(gateway.CommandRecord{Command: "x", Source: "rest", DurationMs: 5})
+	b.RecordCommand(context.Background(), gateway.CommandRecord{Command: "x", Source: "rest", DurationMs: 5})
 	if err := m.Delete(context.Background(), bob, c.ID); err != nil {
 		t.Fatal(err)
 	}

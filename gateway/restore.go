@@ -57,6 +57,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 				changed = append(changed, s.Snapshot())
 				failed++
 				m.log.Warn("session_failed", "session", r.ID, "tenant", r.Tenant, "reason", reason)
+				m.auditSession(ctx, s, "failed", reason, "")
 			}
 		}
 		m.mu.Lock()

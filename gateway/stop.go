@@ -51,7 +51,8 @@ func (m *Manager) Stop(ctx context.Context, p Principal, id string) (*Session, e
 	if err := m.putManaged(s); err != nil {
 		return nil, err
 	}
-	m.log.Info("session_stopped", "session", s.ID, "tenant", p.Tenant)
+	m.log.InfoContext(ctx, "session_stopped", "session", s.ID, "tenant", p.Tenant)
+	m.auditSession(ctx, s, "stopped", "", p.Tenant)
 	return s, nil
 }
 
@@ -165,6 +166,7 @@ func (m *Manager) resume(ctx context.Context, s *Session) error {
 	if err := m.putManaged(s); err != nil {
 		return err
 	}
-	m.log.Info("session_resumed", "session", s.ID, "tenant", s.Tenant)
+	m.log.InfoContext(ctx, "session_resumed", "session", s.ID, "tenant", s.Tenant)
+	m.auditSession(ctx, s, "resumed", "", "")
 	return nil
 }

@@ -179,7 +179,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			o.res, o.err = dataplane.Run(ctx, s, req)
 		}
 		if o.err != nil && !errors.Is(o.err, context.Canceled) {
-			a.cfg.Log.Warn("command_failed", "session", s.ID, "shell", cr.Shell, "err", o.err)
+			a.cfg.Log.WarnContext(r.Context(), "command_failed", "session", s.ID, "shell", cr.Shell, "err", o.err)
 		}
 		done <- o
 	}()

@@ -197,7 +197,7 @@ func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id a
 		}
 		s, _, err := x.a.cfg.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL})
 		if err == nil {
-			x.a.cfg.Log.Info("compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
+			x.a.cfg.Log.InfoContext(ctx, "compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
 			return s, nil
 		}
 		var ge *gateway.Error
@@ -217,7 +217,7 @@ func (x *agentSandboxAPI) sandboxOrAnswer(w http.ResponseWriter, r *http.Request
 	s, err := x.sandbox(r.Context(), principal(r), id, true)
 	if err != nil {
 		if r.Context().Err() == nil {
-			x.a.cfg.Log.Warn("compat_sandbox_unavailable", "api", "agent-sandbox", "err", err)
+			x.a.cfg.Log.WarnContext(r.Context(), "compat_sandbox_unavailable", "api", "agent-sandbox", "err", err)
 			writeCompatError(w, err)
 		}
 		return nil, false
@@ -341,14 +341,14 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	fsys, err := dataplane.OpenFS(gateway.NoHistory(r.Context()), s.Sandbox())
 	if err != nil {
-		x.a.cfg.Log.Warn("compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
 		return
 	}
 	defer fsys.Close()
 	before, err := workspaceFiles(fsys)
 	if err != nil {
-		x.a.cfg.Log.Warn("compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
 		return
 	}
@@ -359,13 +359,13 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			return // gone
 		}
-		x.a.cfg.Log.Warn("compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Execution failed (kernel unavailable): " + kernelProblem(err)})
 		return
 	}
 	after, err := workspaceFiles(fsys)
 	if err != nil {
-		x.a.cfg.Log.Warn("compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.a.cfg.Log.WarnContext(r.Context(), "compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		after = map[string]fileStamp{}
 	}
 	expiresIn := clampExpiry(req.PresignExpiresIn)
@@ -480,7 +480,7 @@ func (x *agentSandboxAPI) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	existed := x.a.dp.kernels.Reset(s.ID, defaultKernel)
-	x.a.cfg.Log.Info("compat_kernel_reset", "api", "agent-sandbox", "session", s.ID, "existed", existed)
+	x.a.cfg.Log.InfoContext(r.Context(), "compat_kernel_reset", "api", "agent-sandbox", "session", s.ID, "existed", existed)
 	_ = writeBareJSON(w, http.StatusOK, agentResetResult{Status: "success", Output: "Kernel reset.\n", ContainerID: s.ID})
 }
 
@@ -499,7 +499,7 @@ func (x *agentSandboxAPI) stop(w http.ResponseWriter, r *http.Request) {
 			writeCompatError(w, err)
 			return
 		}
-		x.a.cfg.Log.Info("compat_session_deleted", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant)
+		x.a.cfg.Log.InfoContext(r.Context(), "compat_session_deleted", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant)
 	}
 	_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "success"})
 }
@@ -625,7 +625,7 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 	default:
 		res.Status = "error"
 	}
-	x.a.cfg.Log.Info("compat_upload_urls", "api", "agent-sandbox", "session", s.ID,
+	x.a.cfg.Log.InfoContext(r.Context(), "compat_upload_urls", "api", "agent-sandbox", "session", s.ID,
 		"uploaded", len(res.Uploaded), "errors", len(res.Errors))
 	_ = writeBareJSON(w, http.StatusOK, res)
 }

@@ -171,7 +171,7 @@ func (x *sandkastenAPI) create(w http.ResponseWriter, r *http.Request) {
 		writeCompatError(w, err)
 		return
 	}
-	x.a.cfg.Log.Info("compat_session_created", "api", "sandkasten", "session", s.ID, "tenant", p.Tenant)
+	x.a.cfg.Log.InfoContext(r.Context(), "compat_session_created", "api", "sandkasten", "session", s.ID, "tenant", p.Tenant)
 	err = r.Context().Err()
 	if err == nil {
 		err = flushJSON(w, http.StatusCreated, x.render(s))
@@ -247,7 +247,7 @@ func (x *sandkastenAPI) extendLease(r *http.Request, s *gateway.Session) {
 	ttl := s.Snapshot().TTL
 	ctx := context.WithoutCancel(r.Context())
 	if _, err := x.a.cfg.Sessions.Update(ctx, principal(r), s.ID, gateway.UpdateParams{TTL: &ttl}); err != nil {
-		x.a.cfg.Log.Warn("compat_lease_not_extended", "api", "sandkasten", "session", s.ID, "err", err)
+		x.a.cfg.Log.WarnContext(r.Context(), "compat_lease_not_extended", "api", "sandkasten", "session", s.ID, "err", err)
 	}
 }
 
@@ -291,7 +291,7 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 	res, err := x.a.dp.shells.Run(r.Context(), s.ID, s, sandkastenShell, dreq)
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
-			x.a.cfg.Log.Warn("compat_exec_failed", "api", "sandkasten", "session", s.ID, "err", err)
+			x.a.cfg.Log.WarnContext(r.Context(), "compat_exec_failed", "api", "sandkasten", "session", s.ID, "err", err)
 		}
 		writeCommandError(w, err)
 		return

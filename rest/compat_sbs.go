@@ -111,7 +111,7 @@ func (x *sbsAPI) create(w http.ResponseWriter, r *http.Request) {
 		writeGatewayDetail(w, err)
 		return
 	}
-	x.a.cfg.Log.Info("compat_session_created", "api", "sbs", "session", s.ID, "tenant", p.Tenant)
+	x.a.cfg.Log.InfoContext(r.Context(), "compat_session_created", "api", "sbs", "session", s.ID, "tenant", p.Tenant)
 	err = r.Context().Err()
 	if err == nil {
 		err = writeBareJSON(w, http.StatusOK, sbsCreated{SessionID: s.ID})
@@ -174,7 +174,7 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := dataplane.Run(r.Context(), s, req)
 	if err != nil {
-		x.a.cfg.Log.Warn("compat_step_failed", "api", "sbs", "session", s.ID, "err", err)
+		x.a.cfg.Log.WarnContext(r.Context(), "compat_step_failed", "api", "sbs", "session", s.ID, "err", err)
 		writeDetail(w, http.StatusInternalServerError, "the step could not be started")
 		return
 	}

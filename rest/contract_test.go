@@ -881,10 +881,10 @@ func TestContract(t *testing.T) {
 }
 
 // dataPlanePath reports whether a spec path is the data plane's (commands,
-// shells, files, processes, the kernel, links, stop, logs, ports, stats) or a seed's
-// compat API, whose contract tests live in their own files.
+// shells, files, processes, the kernel, links, stop, logs, ports, stats), the
+// audit's, or a seed's compat API, whose contract tests live in their own files.
 func dataPlanePath(path string) bool {
-	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/logs", "/links/", "/compat/", "/ports/", "/stats"} {
+	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/logs", "/links/", "/compat/", "/ports/", "/stats", "/v1/audit"} {
 		if strings.Contains(path, p) {
 			return true
 		}

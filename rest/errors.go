@@ -28,6 +28,7 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandgate"`)
 	}
+	noteErrorCode(w, code)
 	_ = writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
 }
 

@@ -50,13 +50,13 @@ func (a *api) writeFileError(w http.ResponseWriter, r *http.Request, err error) 
 	if errors.As(err, &fe) {
 		if status, code, ok := fileStatus(fe.Kind); ok {
 			if fe.Kind == dataplane.KindUnavailable {
-				a.cfg.Log.Warn("files_unavailable", "path", r.URL.Path, "err", err)
+				a.cfg.Log.WarnContext(r.Context(), "files_unavailable", "path", r.URL.Path, "err", err)
 			}
 			WriteError(w, status, code, fe.Msg)
 			return
 		}
 	}
-	a.cfg.Log.Error("file_operation_failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	a.cfg.Log.ErrorContext(r.Context(), "file_operation_failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 }
 
@@ -120,6 +120,7 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	if list {
+		auditFile(r, "list", p, 0)
 		entries, truncated, err := fsys.List(p, recursive, 0)
 		if err != nil {
 			a.writeFileError(w, r, err)
@@ -128,6 +129,7 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
 		_ = writeJSON(w, http.StatusOK, map[string]any{"entries": entries, "truncated": truncated})
 		return
 	}
+	auditFile(r, "read", p, -1)
 	a.serveFile(w, r, fsys, p)
 }
 
@@ -180,7 +182,11 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
+	auditFile(r, "write", p, 0)
 	e, created, err := fsys.Write(p, r.Body, opts)
+	if err == nil {
+		auditFile(r, "write", p, e.SizeBytes)
+	}
 	if err != nil {
 		a.writeFileError(w, r, err)
 		return
@@ -211,6 +217,7 @@ func (a *api) deleteFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
+	auditFile(r, "remove", p, 0)
 	if err := fsys.Remove(p, recursive); err != nil {
 		a.writeFileError(w, r, err)
 		return
@@ -263,6 +270,7 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
+	auditFile(r, "fetch", dest, 0)
 	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes}
 	res, err := fe.Fetch(r.Context(), fsys, req.URLs, dest)
 	if err != nil {

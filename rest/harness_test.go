@@ -20,6 +20,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox/workdir"
@@ -61,6 +62,9 @@ type gwOptions struct {
 	cov *coverage
 	// images lists images for GET /v1/images (nil: none).
 	images rest.Images
+	// audit, when set, receives the manager's and the API's audit events
+	// and answers GET /v1/audit.
+	audit *audit.File
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -124,6 +128,11 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		}
 	}
 	gcfg := o.gateway
+	var auditor audit.Auditor
+	var auditLog rest.AuditLog
+	if o.audit != nil {
+		gcfg.Audit, auditor, auditLog = o.audit, o.audit, o.audit
+	}
 	if o.store != nil {
 		gcfg.Store = o.store
 	}
@@ -151,7 +160,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		t.Fatal(err)
 	}
 
-	tun := tunnel.NewServer(mgr, func(conn net.Conn, s *gateway.Session) {
+	tun := tunnel.NewServer(mgr, func(_ context.Context, conn net.Conn, s *gateway.Session) {
 		_, _ = io.WriteString(conn, sshBanner)
 	}, rest.WriteGatewayError, log)
 	t.Cleanup(func() {
@@ -174,6 +183,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	handler := rest.New(rest.Config{
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
+		Audit: auditor, AuditLog: auditLog,
 	})
 
 	srv := newHTTPServer(handler, log)

@@ -32,7 +32,7 @@ func (a *api) listImages(w http.ResponseWriter, r *http.Request) {
 	if a.cfg.Images != nil {
 		imgs, allow, err := a.cfg.Images.ListImages(r.Context())
 		if err != nil {
-			a.cfg.Log.Error("images_list_failed", "err", err)
+			a.cfg.Log.ErrorContext(r.Context(), "images_list_failed", "err", err)
 			WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 			return
 		}

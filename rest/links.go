@@ -175,7 +175,7 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	a.cfg.Log.Info("link_created", "session", s.ID, "tenant", s.Tenant, "path", p, "expires_at", expires)
+	a.cfg.Log.InfoContext(r.Context(), "link_created", "session", s.ID, "tenant", s.Tenant, "path", p, "expires_at", expires)
 	_ = writeJSON(w, http.StatusOK, linkJSON{URL: scheme + "://" + r.Host + "/links/" + token, ExpiresAt: expires})
 }
 
@@ -195,7 +195,7 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 		if code != "" {
 			args = append(args, "code", code)
 		}
-		a.cfg.Log.Info("link_fetch", args...)
+		a.cfg.Log.InfoContext(r.Context(), "link_fetch", args...)
 	}()
 	fail := func(status int, c, msg string) {
 		code = c
@@ -239,6 +239,11 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 		a.badLink(ww, r, fail)
 		return
 	}
+	// The link is the credential: the call is the session tenant's.
+	if c := callOf(r.Context()); c != nil {
+		c.tenant, c.auth, c.session = tenant, "link", s.ID
+	}
+	auditFile(r, "read", p, -1)
 	fsys, ok := a.openFS(ww, r, s)
 	if !ok {
 		return

@@ -72,7 +72,7 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
 		return
 	case err != nil:
-		a.cfg.Log.Error("process_start_failed", "session", s.ID, "err", err)
+		a.cfg.Log.ErrorContext(r.Context(), "process_start_failed", "session", s.ID, "err", err)
 		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 		return
 	}
@@ -282,7 +282,7 @@ func (a *api) processOutput(w http.ResponseWriter, r *http.Request) {
 			return
 		case err != nil:
 			if ctx.Err() == nil {
-				a.cfg.Log.Warn("process_output_failed", "err", err)
+				a.cfg.Log.WarnContext(r.Context(), "process_output_failed", "err", err)
 			}
 			_ = flush()
 			return
@@ -363,7 +363,7 @@ func (a *api) processStdin(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusConflict, "stdin_blocked",
 			fmt.Sprintf("the process is not reading its standard input: %d of %d bytes were written", n, len(data)))
 	case err != nil:
-		a.cfg.Log.Error("process_stdin_failed", "err", err)
+		a.cfg.Log.ErrorContext(r.Context(), "process_stdin_failed", "err", err)
 		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 	default:
 		w.WriteHeader(http.StatusNoContent)
@@ -395,7 +395,7 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, dataplane.ErrProcessExited):
 		WriteError(w, http.StatusConflict, "process_exited", "the process has exited")
 	case err != nil:
-		a.cfg.Log.Error("process_signal_failed", "err", err)
+		a.cfg.Log.ErrorContext(r.Context(), "process_signal_failed", "err", err)
 		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 	default:
 		w.WriteHeader(http.StatusNoContent)

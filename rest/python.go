@@ -106,11 +106,21 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := a.dp.kernels.Run(r.Context(), s.ID, s, name, req)
+	result := "ok"
+	switch {
+	case err != nil:
+		result = "not_run"
+	case res.TimedOut:
+		result = "timed_out"
+	case res.Error != nil:
+		result = "error"
+	}
+	a.auditKernel(r, s, name, req.Code, res.Duration, result)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // gone
 		}
-		a.writeKernelError(w, s.ID, name, err)
+		a.writeKernelError(w, r, s.ID, name, err)
 		return
 	}
 	out := pythonResult{Kernel: name, Result: res.Result, Error: res.Error, DurationMs: res.Duration.Milliseconds(),
@@ -122,7 +132,7 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 }
 
 // writeKernelError answers a call that could not run.
-func (a *api) writeKernelError(w http.ResponseWriter, id, name string, err error) {
+func (a *api) writeKernelError(w http.ResponseWriter, r *http.Request, id, name string, err error) {
 	var kse *dataplane.KernelStartError
 	switch {
 	case errors.As(err, &kse):
@@ -143,7 +153,7 @@ func (a *api) writeKernelError(w http.ResponseWriter, id, name string, err error
 		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
 	default:
 		if !errors.Is(err, context.Canceled) {
-			a.cfg.Log.Warn("python_failed", "session", id, "kernel", name, "err", err)
+			a.cfg.Log.WarnContext(r.Context(), "python_failed", "session", id, "kernel", name, "err", err)
 		}
 		WriteError(w, http.StatusInternalServerError, "internal", "the Python kernel could not be started")
 	}

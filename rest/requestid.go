@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
+
+	"github.com/sandgate/sandgate/audit"
 )
 
 // RequestIDHeader carries a request's id: the client's, when it sent a
@@ -12,16 +14,15 @@ import (
 // gateway's log lines about the request name it.
 const RequestIDHeader = "X-Request-Id"
 
-type requestIDKey struct{}
-
 // RequestID is the id of the request ctx belongs to ("" outside one).
 func RequestID(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey{}).(string)
-	return id
+	return audit.RequestFrom(ctx).ID
 }
 
 // requestID gives every request an id (see RequestIDHeader) before
-// anything else runs, so that errors, panics and tunnels carry it too.
+// anything else runs, so that errors, panics and tunnels carry it too:
+// it is in the context as an audit.Request, which audit events and log
+// lines (through audit.LogHandler) of the request take it from.
 func requestID(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get(RequestIDHeader)
@@ -29,7 +30,7 @@ func requestID(next http.Handler) http.Handler {
 			id = newRequestID()
 		}
 		w.Header().Set(RequestIDHeader, id)
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id)))
+		next.ServeHTTP(w, r.WithContext(audit.WithRequest(r.Context(), audit.Request{ID: id})))
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/go-chi/httprate"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 )
@@ -62,6 +63,11 @@ type Config struct {
 	// NoPorts turns preview URLs off (ports.go): 403 ports_disabled, as
 	// serve does when --ssh-allow-local-forward=false.
 	NoPorts bool
+	// Audit receives an event per call, file operation and kernel call
+	// (nil: none kept; audit.go).
+	Audit audit.Auditor
+	// AuditLog answers GET /v1/audit (nil: 404 audit_unavailable).
+	AuditLog AuditLog
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -79,7 +85,7 @@ func New(cfg Config) http.Handler {
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
 	a.ports = newPortsProxy(a)
 	r := chi.NewRouter()
-	r.Use(requestID, a.recoverer, middleware.GetHead)
+	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusNotFound, "unknown_endpoint", "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -137,6 +143,7 @@ func New(cfg Config) http.Handler {
 		r.Post("/sessions/{id}/python/reset", a.resetPython)
 		r.Get("/host-keys", a.hostKeys)
 		r.Get("/images", a.listImages)
+		r.Get("/audit", a.listAudit)
 		if cfg.Connect != nil {
 			r.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
 		}
@@ -226,7 +233,7 @@ func (a *api) recoverer(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				a.cfg.Log.Error("handler_panic", "method", r.Method, "path", r.URL.Path, "request", RequestID(r.Context()), "panic", fmt.Sprint(v))
+				a.cfg.Log.ErrorContext(r.Context(), "handler_panic", "method", r.Method, "path", r.URL.Path, "panic", fmt.Sprint(v))
 				WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 			}
 		}()
@@ -250,7 +257,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		if !ok {
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(r.Context(), p)))
+		next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(withCaller(r, p), p)))
 	})
 }
 

@@ -122,7 +122,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	}
 	p := principal(r)
 	if r.Context().Err() != nil { // the client is gone: make nothing nobody will hear of
-		a.cfg.Log.Info("session_create_abandoned", "tenant", p.Tenant)
+		a.cfg.Log.InfoContext(r.Context(), "session_create_abandoned", "tenant", p.Tenant)
 		return
 	}
 	s, pw, err := a.cfg.Sessions.Create(r.Context(), p, cp)
@@ -131,6 +131,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Location", "/v1/sessions/"+s.ID)
+	auditSessionOf(r, s.ID)
 	if pw == "" { // an earlier create with this Idempotency-Key made it
 		s.Touch(time.Now())
 		w.Header().Set("Idempotent-Replayed", "true")
@@ -156,10 +157,10 @@ const idempotencyKeyHeader = "Idempotency-Key"
 func (a *api) rollback(r *http.Request, p gateway.Principal, id string, cause error) {
 	ctx := context.WithoutCancel(r.Context())
 	if err := a.cfg.Sessions.Delete(ctx, p, id); err != nil && !errors.Is(err, gateway.ErrNotFound) {
-		a.cfg.Log.Error("session_create_rollback_failed", "session", id, "tenant", p.Tenant, "cause", cause, "err", err)
+		a.cfg.Log.ErrorContext(r.Context(), "session_create_rollback_failed", "session", id, "tenant", p.Tenant, "cause", cause, "err", err)
 		return
 	}
-	a.cfg.Log.Warn("session_create_rolled_back", "session", id, "tenant", p.Tenant, "cause", cause)
+	a.cfg.Log.WarnContext(r.Context(), "session_create_rolled_back", "session", id, "tenant", p.Tenant, "cause", cause)
 }
 
 // decodeJSON reads a bounded JSON object body into v, rejecting unknown

@@ -17,6 +17,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/gateway"
 )
 
@@ -53,6 +54,9 @@ type Config struct {
 	Log          *slog.Logger
 	// Metrics counts failed authentications (nil: not counted; metrics.go).
 	Metrics Metrics
+	// Audit receives authentications, shells and SFTP file operations
+	// (nil: none kept; exec commands are the gateway's history's).
+	Audit audit.Auditor
 }
 
 // Server serves SSH on tunnelled connections.
@@ -75,6 +79,7 @@ type ctxKey int
 const (
 	keySession ctxKey = iota
 	keyConn
+	keyRequest // the CONNECT's audit.Request
 )
 
 // New returns a Server for cfg.
@@ -134,6 +139,7 @@ func New(cfg Config) (*Server, error) {
 type boundConn struct {
 	net.Conn
 	sess   *gateway.Session
+	req    audit.Request // the CONNECT request's id and caller
 	authed atomic.Bool
 	chans  atomic.Int32 // open session channels
 
@@ -167,6 +173,13 @@ func (c *boundConn) CloseWrite() error {
 // ServeConn runs SSH on conn, which the tunnel authorised for sess. It
 // returns when the connection ends.
 func (s *Server) ServeConn(conn net.Conn, sess *gateway.Session) {
+	s.ServeConnContext(context.Background(), conn, sess)
+}
+
+// ServeConnContext is ServeConn for a tunnel whose CONNECT request ctx
+// carries (audit.RequestFrom): the connection's log lines and audit
+// events name that request's id and caller.
+func (s *Server) ServeConnContext(ctx context.Context, conn net.Conn, sess *gateway.Session) {
 	ok, warn := s.startups.admit()
 	if warn > 0 {
 		s.cfg.Log.Warn("ssh_max_startups", "dropped", warn, "in_auth", s.startups.inAuth(),
@@ -176,13 +189,13 @@ func (s *Server) ServeConn(conn net.Conn, sess *gateway.Session) {
 		conn.Close()
 		return
 	}
-	bc := &boundConn{Conn: conn, sess: sess, startups: &s.startups}
+	bc := &boundConn{Conn: conn, sess: sess, req: audit.RequestFrom(ctx), startups: &s.startups}
 	defer bc.leaveAuth()
 	// x/crypto/ssh has no timeouts of its own: a connection that has not
 	// authenticated when the handshake timeout fires is closed.
 	timer := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
 		if !bc.authed.Load() {
-			s.cfg.Log.Info("ssh_handshake_timeout", "session", sess.ID)
+			s.cfg.Log.InfoContext(ctx, "ssh_handshake_timeout", "session", sess.ID)
 			bc.Conn.Close()
 		}
 	})
@@ -198,6 +211,9 @@ func (s *Server) bind(ctx gliderssh.Context, conn net.Conn) net.Conn {
 	}
 	ctx.SetValue(keySession, bc.sess)
 	ctx.SetValue(keyConn, bc)
+	// gliderlabs' context is a context.Context: the channels' contexts
+	// derive from it, so their log lines and audit events see the request.
+	withRequest(ctx, bc.req)
 	return conn
 }
 
@@ -228,8 +244,9 @@ func (s *Server) logAuth(ctx gliderssh.Context, md gossh.ConnMetadata, method st
 	if sess := sessionOf(ctx); sess != nil {
 		id = sess.ID
 	}
-	s.cfg.Log.Info("ssh_auth", "session", id, "method", method, "user", md.User(), "ok", err == nil)
+	s.cfg.Log.InfoContext(requestCtx(ctx), "ssh_auth", "session", id, "method", method, "user", md.User(), "ok", err == nil)
 	s.countAuth(method, err)
+	s.auditAuth(ctx, method, err)
 }
 
 // Ciphers offered to clients. chacha20-poly1305@openssh.com is left out on

@@ -78,7 +78,7 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 		}
 		defer bc.chans.Add(-1)
 	}
-	cctx, cancel := context.WithCancelCause(ctx)
+	cctx, cancel := context.WithCancelCause(requestCtx(ctx))
 	defer cancel(errChannelClosed)
 	c := &channel{srv: s, sess: sess, ctx: cctx}
 	if !s.addChan(c) {
@@ -234,15 +234,15 @@ func (c *channel) start(kind string, payload []byte) (func(), bool) {
 	// only, and the process ends through abort.
 	proc, err := c.sess.Sandbox().Start(c.ctx, cmd)
 	if err != nil {
-		c.srv.cfg.Log.Warn("exec_start_failed", "session", c.sess.ID, "kind", kind, "err", err)
-		return func() { c.reportStartFailure(kind, cmd.PTY != nil, err) }, true
+		c.srv.cfg.Log.WarnContext(c.ctx, "exec_start_failed", "session", c.sess.ID, "kind", kind, "err", err)
+		return func() { c.reportStartFailure(kind, cmd.Command, cmd.PTY != nil, err) }, true
 	}
 	c.mu.Lock()
 	c.proc = proc
 	c.interactive = cmd.PTY != nil
 	c.mu.Unlock()
 	c.sess.Touch(time.Now())
-	c.srv.cfg.Log.Info("exec_started", "session", c.sess.ID, "kind", kind, "pty", cmd.PTY != nil)
+	c.srv.cfg.Log.InfoContext(c.ctx, "exec_started", "session", c.sess.ID, "kind", kind, "pty", cmd.PTY != nil)
 	return func() { c.run(kind, proc) }, true
 }
 
@@ -258,7 +258,7 @@ func startFailureStatus(err error) uint32 {
 // reportStartFailure tells the client why its command did not start: one
 // line on stderr (on the terminal for a pty), then the exit status, EOF
 // and close, the order run keeps.
-func (c *channel) reportStartFailure(kind string, pty bool, err error) {
+func (c *channel) reportStartFailure(kind, command string, pty bool, err error) {
 	c.mu.Lock()
 	c.exited = true
 	c.mu.Unlock()
@@ -269,7 +269,11 @@ func (c *channel) reportStartFailure(kind string, pty bool, err error) {
 		_, _ = io.WriteString(c.ch.Stderr(), msg+"\n")
 	}
 	status := startFailureStatus(err)
-	c.srv.cfg.Log.Info("exec_finished", "session", c.sess.ID, "kind", kind, "exit_code", status, "started", false)
+	c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", "session", c.sess.ID, "kind", kind, "exit_code", status, "started", false)
+	if kind != "subsystem" {
+		code := int(status)
+		c.auditCommand(auditSource(kind), command, &code, "", "not_started", 0)
+	}
 	_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{status}))
 	_ = c.ch.CloseWrite()
 	_ = c.ch.Close()
@@ -289,7 +293,13 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 			_, _ = copyStream(a.writer(dst), src, &c.srv.bufs)
 		}()
 	}
-	copyOut("stdout", c.ch, proc.Stdout())
+	var stdin, stdout io.Writer = proc.Stdin(), c.ch
+	var tap *sftpTap
+	if kind == "subsystem" { // SFTP: the tap reports its file operations
+		tap = c.newSFTPTap()
+		stdin, stdout = tap.client(stdin), tap.server(stdout)
+	}
+	copyOut("stdout", stdout, proc.Stdout())
 	if e := proc.Stderr(); e != nil {
 		copyOut("stderr", c.ch.Stderr(), e)
 	}
@@ -297,7 +307,7 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	go func() {
 		defer c.recoverPanic("stdin", c.abort)
 		defer func() { _ = proc.Stdin().Close() }()
-		_, _ = copyStream(proc.Stdin(), a.reader(c.ch), &c.srv.bufs)
+		_, _ = copyStream(stdin, a.reader(c.ch), &c.srv.bufs)
 	}()
 
 	exit, err := proc.Wait()
@@ -325,16 +335,27 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		_ = e.Close()
 	}
 
-	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", time.Since(began).Milliseconds()}
+	if tap != nil {
+		tap.close()
+	}
+	took := time.Since(began).Milliseconds()
+	if kind == "shell" { // an exec is recorded by the session's history
+		var code *int
+		if err == nil && exit.Signal == "" {
+			code = &exit.Code
+		}
+		c.auditCommand("shell", "", code, exit.Signal, "", took)
+	}
+	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
 	switch {
 	case err != nil:
-		c.srv.cfg.Log.Error("exec_finished", append(attrs, "exit_code", 255, "err", err)...)
+		c.srv.cfg.Log.ErrorContext(c.ctx, "exec_finished", append(attrs, "exit_code", 255, "err", err)...)
 		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{255}))
 	case exit.Signal == "":
-		c.srv.cfg.Log.Info("exec_finished", append(attrs, "exit_code", exit.Code)...)
+		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "exit_code", exit.Code)...)
 		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{uint32(exit.Code)}))
 	default:
-		c.srv.cfg.Log.Info("exec_finished", append(attrs, "signal", exit.Signal)...)
+		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "signal", exit.Signal)...)
 		_, _ = c.ch.SendRequest("exit-signal", false, gossh.Marshal(struct {
 			Signal     string
 			CoreDumped bool
@@ -356,7 +377,7 @@ func (c *channel) recoverPanic(what string, end func()) {
 	if v == nil {
 		return
 	}
-	c.srv.cfg.Log.Error("ssh_channel_panic", "session", c.sess.ID, "in", what, "panic", v, "stack", string(debug.Stack()))
+	c.srv.cfg.Log.ErrorContext(c.ctx, "ssh_channel_panic", "session", c.sess.ID, "in", what, "panic", v, "stack", string(debug.Stack()))
 	if end != nil {
 		end()
 	}

@@ -23,8 +23,9 @@ type Lookup interface {
 }
 
 // ConnHandler serves one tunnelled connection bound to its session. It owns
-// conn and returns when the connection is over.
-type ConnHandler func(conn net.Conn, s *gateway.Session)
+// conn and returns when the connection is over. ctx carries the CONNECT
+// request's values (its principal and request id), not its cancellation.
+type ConnHandler func(ctx context.Context, conn net.Conn, s *gateway.Session)
 
 // Server is the CONNECT endpoint. It expects the request's principal in its
 // context (the REST authentication middleware puts it there).
@@ -81,7 +82,7 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		t.log.Error("tunnel_hijack_failed", "session", s.ID, "err", err)
+		t.log.ErrorContext(r.Context(), "tunnel_hijack_failed", "session", s.ID, "err", err)
 		t.writeError(w, err)
 		return
 	}
@@ -109,8 +110,8 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Touch(time.Now())
-	t.log.Info("tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr)
-	t.handle(conn, s)
+	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr)
+	t.handle(context.WithoutCancel(r.Context()), conn, s)
 }
 
 // track registers conn (nil: only reserves a place in the wait group) and

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
@@ -200,6 +201,10 @@ func TestRestartMarksLostSandboxFailed(t *testing.T) {
 	}
 	if got.Status != "failed" || got.StatusReason == "" {
 		t.Fatalf("lost sandbox: %+v, want failed with a reason", got)
+	}
+	// The audit log says it failed, and why.
+	if f := find(readAudit(t, filepath.Join(g.DataDir, "audit.log")), audit.Event{Kind: audit.KindSession, Session: s.SessionID, Op: "failed"}); len(f) != 1 || f[0].Reason != got.StatusReason {
+		t.Errorf("failed events %+v, want one with reason %q", f, got.StatusReason)
 	}
 	// A failed session refuses tunnels with a clear status, and can be deleted.
 	out, errOut, code := runClient(t, g2.clientEnv(), strings.NewReader(""), sandgateBin, "proxy", s.SessionID)

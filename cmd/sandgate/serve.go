@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/connlimit"
@@ -68,6 +69,7 @@ type serveConfig struct {
 	dataPlane         dataPlaneFlags
 	metricsToken      string
 	metricsListen     string
+	audit             auditFlags
 }
 
 func defaultDataDir() string {
@@ -123,6 +125,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus metrics at GET /metrics on this second address (plain HTTP, no token: keep it private, e.g. 127.0.0.1:9090)")
 	c.egress.register(fs)
 	c.dataPlane.register(fs)
+	c.audit.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -152,11 +155,12 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	// audit.LogHandler: lines logged with a request's context name its id.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(audit.LogHandler(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(audit.LogHandler(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, fmt.Errorf("--log-format must be text or json, got %q", format)
 }
@@ -345,6 +349,16 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	isrc.noImages = driver.Name() != "linux"
 	met := metrics.New()
+	auditLog, err := cfg.audit.open(cfg.dataDir, log, met)
+	if err != nil {
+		return err
+	}
+	var auditor audit.Auditor = audit.Discard
+	var auditQuery rest.AuditLog
+	if auditLog != nil {
+		defer auditLog.Close()
+		auditor, auditQuery = auditLog, auditLog
+	}
 	egressCfg, err := cfg.egress.config(log, met)
 	if err != nil {
 		return err
@@ -358,6 +372,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
 		Resources: forDriver(cfg.resources, driver), Egress: egressCfg, Secrets: secrets,
 		Metrics:      met,
+		Audit:        auditor,
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
 	}
 	mgr := gateway.NewManager(mcfg, driver, log)
@@ -369,15 +384,17 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,
-		Metrics: met, LocalForward: cfg.sshLocalForward,
+		Metrics: met, LocalForward: cfg.sshLocalForward, Audit: auditor,
 	})
 	if err != nil {
 		return err
 	}
-	tun := tunnel.NewServer(mgr, func(conn net.Conn, s *gateway.Session) {
+	tun := tunnel.NewServer(mgr, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
 		conn, done := met.Tunnel(s.CountTunnel(conn))
 		defer done()
-		ssh.ServeConn(conn, s)
+		conn, closed := auditTunnel(ctx, auditor, conn, s)
+		defer closed()
+		ssh.ServeConnContext(ctx, conn, s)
 	}, rest.WriteGatewayError, log)
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
@@ -389,6 +406,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		LinkKey:   linkKey,
 		Metrics:   met,
 		NoPorts:   !cfg.sshLocalForward, // preview URLs reach ports as -L does
+		Audit:     auditor,
+		AuditLog:  auditQuery,
 	})
 	if cfg.metricsToken != "" {
 		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))

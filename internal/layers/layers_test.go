@@ -31,6 +31,7 @@ var forbidden = map[string][]string{
 	"images":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd"},
 	"dataplane":             {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images"},
 	"egress":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal"},
+	"audit":                 {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal", "egress", "dataplane"},
 	// mcpserver is a client of the REST API: none of the gateway's code.
 	"mcpserver": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress", "dataplane", "images", "internal", "api-spec"},
 }

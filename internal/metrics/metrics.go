@@ -1,7 +1,7 @@
 // Package metrics holds the gateway's Prometheus collectors. It owns one
 // registry (never the default one) and implements the small hook
 // interfaces the other packages call through optional config fields
-// (gateway.Metrics, sshd.Metrics, rest.Metrics, egress.Metrics); tunnels are counted by
+// (gateway.Metrics, sshd.Metrics, rest.Metrics, egress.Metrics, audit.Metrics); tunnels are counted by
 // wrapping their connections (Tunnel).
 package metrics
 
@@ -39,6 +39,7 @@ type Metrics struct {
 	egressBytes     *prometheus.CounterVec
 	sshAuthFailures *prometheus.CounterVec
 	rateLimited     *prometheus.CounterVec
+	auditFailures   prometheus.Counter
 }
 
 // New returns the collectors in a fresh registry, with the Go runtime and
@@ -84,9 +85,12 @@ func New() *Metrics {
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sandgate_rate_limited_total", Help: "Requests refused with 429 by a rate limit, by limit (tenant, auth_failures).",
 		}, []string{"limit"}),
+		auditFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sandgate_audit_write_failures_total", Help: "Audit events that could not be written to the audit log (lost), e.g. on a full disk.",
+		}),
 	}
 	m.reg.MustRegister(m.creates, m.createLatency, m.deletes, m.expiries, m.teardownRetries,
-		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.egressBytes, m.sshAuthFailures, m.rateLimited,
+		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.egressBytes, m.sshAuthFailures, m.rateLimited, m.auditFailures,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Known label values start at 0, so rates work from the first scrape.
@@ -171,6 +175,9 @@ func (m *Metrics) EgressBytes(in, out int64) {
 		m.egressBytes.WithLabelValues("out").Add(float64(out))
 	}
 }
+
+// AuditWriteFailed implements audit.Metrics.
+func (m *Metrics) AuditWriteFailed() { m.auditFailures.Inc() }
 
 // RateLimited implements rest.Metrics.
 func (m *Metrics) RateLimited(limit string) { m.rateLimited.WithLabelValues(limit).Inc() }

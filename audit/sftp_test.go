@@ -1,0 +1,135 @@
+package audit
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/pkg/sftp"
+
+	"github.com/sandgate/sandgate/sftpd"
+)
+
+// tee shows each write to tap before passing it on, as sshd does.
+type tee struct {
+	tap func([]byte)
+	w   io.WriteCloser
+}
+
+func (t tee) Write(p []byte) (int, error) { t.tap(p); return t.w.Write(p) }
+func (t tee) Close() error                { return t.w.Close() }
+
+// TestSFTPTap runs a real SFTP client against sandgate's SFTP server with
+// the tap between them and checks what it reports.
+func TestSFTPTap(t *testing.T) {
+	root := t.TempDir()
+	var mu sync.Mutex
+	var events []Event
+	tap := NewSFTPTap(func(e Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	})
+	c2s, toServer := io.Pipe() // client -> server
+	fromServer, s2c := io.Pipe()
+	served := make(chan error, 1)
+	go func() {
+		served <- sftpd.ServeDir(root, struct {
+			io.Reader
+			io.WriteCloser
+		}{c2s, tee{tap.Server, s2c}})
+		s2c.Close()
+	}()
+	c, err := sftp.NewClientPipe(fromServer, tee{tap.Client, toServer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 300000)
+	f, err := c.Create("a.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	g, err := c.Open("a.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := io.Copy(io.Discard, g); n != int64(len(data)) {
+		t.Fatalf("read %d bytes", n)
+	}
+	g.Close()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(c.Mkdir("d"))
+	must(c.Rename("a.bin", "d/b.bin"))
+	must(c.PosixRename("d/b.bin", "d/c.bin"))
+	must(c.Symlink("d/c.bin", "link"))
+	must(c.Chmod("d/c.bin", 0o600))
+	must(c.Remove("link"))
+	if _, err := c.Open("missing"); err == nil {
+		t.Fatal("opened a missing file")
+	}
+	open, err := c.Create("left-open")
+	must(err)
+	_, err = open.Write([]byte("abc"))
+	must(err)
+	c.Close()
+	toServer.Close()
+	<-served
+	tap.Close()
+
+	want := []Event{
+		{Op: "write", Path: "a.bin", Bytes: 300000, Result: "ok"},
+		{Op: "read", Path: "a.bin", Bytes: 300000, Result: "ok"},
+		{Op: "mkdir", Path: "d", Result: "ok"},
+		{Op: "rename", Path: "a.bin", Target: "d/b.bin", Result: "ok"},
+		{Op: "rename", Path: "d/b.bin", Target: "d/c.bin", Result: "ok"},
+		{Op: "symlink", Path: "link", Target: "d/c.bin", Result: "ok"},
+		{Op: "setstat", Path: "d/c.bin", Result: "ok"},
+		{Op: "remove", Path: "link", Result: "ok"},
+		{Op: "read", Path: "missing", Result: "no_such_file"},
+		{Op: "write", Path: "left-open", Bytes: 3, Result: "not_closed"},
+	}
+	for i := range want {
+		want[i].Kind, want[i].Source = KindFile, "sftp"
+	}
+	if !slices.Equal(events, want) {
+		t.Errorf("events:\n%+v\nwant:\n%+v", events, want)
+	}
+	if _, err := os.Stat(filepath.Join(root, "d", "c.bin")); err != nil {
+		t.Error(err)
+	}
+}
+
+// FuzzSFTPTap: no input, in either direction and cut anywhere, makes the
+// tap panic or hold more than its bounds.
+func FuzzSFTPTap(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 9, 3, 0, 0, 0, 1, 0, 0, 0, 0}, []byte{0, 0, 0, 9, 102, 0, 0, 0, 1, 0, 0, 0, 1, 'h'}, 3)
+	f.Add([]byte{0, 0, 0, 5, 6, 0, 0, 0, 2}, []byte{0, 0, 0, 13, 101, 0, 0, 0, 2, 0, 0, 0, 0}, 1)
+	f.Fuzz(func(t *testing.T, client, server []byte, cut int) {
+		tap := NewSFTPTap(func(Event) {})
+		cut = max(1, cut%64+1)
+		for len(client) > 0 || len(server) > 0 {
+			n := min(cut, len(client))
+			tap.Client(client[:n])
+			client = client[n:]
+			m := min(cut, len(server))
+			tap.Server(server[:m])
+			server = server[m:]
+		}
+		tap.Close()
+		if len(tap.pending) > sftpMaxPending || len(tap.handles) > 0 {
+			t.Fatalf("pending %d, handles %d after Close", len(tap.pending), len(tap.handles))
+		}
+	})
+}

@@ -1,0 +1,228 @@
+package rest
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// AuditLog is what GET /v1/audit reads (audit.File is one).
+type AuditLog interface {
+	Query(f audit.Filter) (audit.Page, error)
+}
+
+// unaudited are the routes whose calls are not audit events: they carry
+// no identity and change nothing.
+var unaudited = map[string]bool{"/healthz": true, "/readyz": true, "/openapi.yaml": true, "/openapi.json": true, "/docs": true}
+
+// call is what a request's handlers tell the audit middleware, through
+// the request's context: who it is from and what file it touched.
+type call struct {
+	tenant, auth string
+	session      string // when the route names it otherwise than {id} (a link)
+	code         string // the error envelope's code, when one was written
+	file         *fileOp
+}
+
+// fileOp is a REST file operation, reported with the call.
+type fileOp struct {
+	op, path string
+	bytes    int64 // -1: the bytes of the answer's body
+}
+
+type callKey struct{}
+
+func callOf(ctx context.Context) *call {
+	c, _ := ctx.Value(callKey{}).(*call)
+	return c
+}
+
+// auditFile marks r's call as the file operation op on path; bytes < 0
+// means the bytes of the answer (a download).
+func auditFile(r *http.Request, op, path string, bytes int64) {
+	if c := callOf(r.Context()); c != nil {
+		c.file = &fileOp{op: op, path: path, bytes: bytes}
+	}
+}
+
+// auditSessionOf names the session r's call is about, when its route
+// does not (a create).
+func auditSessionOf(r *http.Request, id string) {
+	if c := callOf(r.Context()); c != nil {
+		c.session = id
+	}
+}
+
+func (a *api) auditor() audit.Auditor { return audit.Or(a.cfg.Audit) }
+
+// auditCalls records every call (but the unaudited routes) once it is
+// answered: tenant, route pattern, session, status and request id, and
+// the file operation it made, if any.
+func (a *api) auditCalls(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := &call{}
+		sw := &statusWriter{ResponseWriter: w, call: c}
+		ctx := context.WithValue(r.Context(), callKey{}, c)
+		next.ServeHTTP(sw, r.WithContext(ctx))
+		route := ""
+		if rc := chi.RouteContext(r.Context()); rc != nil {
+			route = rc.RoutePattern()
+		}
+		if unaudited[route] {
+			return
+		}
+		if route == "" {
+			route = "(unknown)"
+		}
+		status := sw.status
+		if status == 0 && r.Method == http.MethodConnect {
+			status = http.StatusOK // hijacked: the tunnel answered 200 itself
+		}
+		session := ""
+		if rc := chi.RouteContext(r.Context()); rc != nil {
+			session = rc.URLParam("id")
+		}
+		if c.session != "" {
+			session = c.session
+		}
+		// The request's own context has no tenant yet: authenticate set it
+		// on c, below this middleware.
+		actx := audit.WithRequest(r.Context(), audit.Request{ID: RequestID(r.Context()), Tenant: c.tenant, Auth: c.auth})
+		result := "ok"
+		if status >= 400 {
+			result = c.code
+			if result == "" {
+				result = strconv.Itoa(status)
+			}
+		}
+		a.auditor().Record(actx, audit.Event{Kind: audit.KindREST, Method: r.Method, Route: route, Session: session,
+			Status: status, Result: result})
+		if f := c.file; f != nil {
+			n := f.bytes
+			if n < 0 {
+				n = 0
+				if status < 300 {
+					n = sw.bytes
+				}
+			}
+			a.auditor().Record(actx, audit.Event{Kind: audit.KindFile, Source: "rest", Session: session, Op: f.op,
+				Path: f.path, Bytes: n, Result: result})
+		}
+	})
+}
+
+// statusWriter notes the status and body bytes of an answer, and the
+// error code WriteError puts in it. Unwrap lets http.ResponseController
+// reach the connection (Flush, Hijack).
+type statusWriter struct {
+	http.ResponseWriter
+	call   *call
+	status int
+	bytes  int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// noteErrorCode records code as the error of the call w answers.
+func noteErrorCode(w http.ResponseWriter, code string) {
+	for w != nil {
+		if sw, ok := w.(*statusWriter); ok {
+			sw.call.code = code
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
+}
+
+// withCaller puts p in the request's audit identity: the call's record and
+// the context that events and log lines of the request see.
+func withCaller(r *http.Request, p gateway.Principal) context.Context {
+	if c := callOf(r.Context()); c != nil {
+		c.tenant, c.auth = p.Tenant, p.Method
+	}
+	return audit.WithRequest(r.Context(), audit.Request{ID: RequestID(r.Context()), Tenant: p.Tenant, Auth: p.Method})
+}
+
+// listAudit serves GET /v1/audit?session=&since=&limit=&cursor=: the
+// caller tenant's own events, newest first.
+func (a *api) listAudit(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.AuditLog == nil {
+		WriteError(w, http.StatusNotFound, "audit_unavailable", "this gateway keeps no audit log")
+		return
+	}
+	q := r.URL.Query()
+	f := audit.Filter{Tenant: principal(r).Tenant, Session: q.Get("session"), Cursor: q.Get("cursor")}
+	if len(f.Session) > 128 {
+		WriteError(w, http.StatusBadRequest, "invalid_session", "session is at most 128 characters")
+		return
+	}
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			WriteError(w, http.StatusBadRequest, "invalid_since", "since must be an RFC 3339 time, e.g. 2026-01-02T15:04:05Z")
+			return
+		}
+		f.Since = t
+	}
+	limit, err := queryInt(r, "limit", audit.DefaultQueryLimit, 1, audit.MaxQueryLimit)
+	if err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_limit", err.Error())
+		return
+	}
+	f.Limit = limit
+	page, err := a.cfg.AuditLog.Query(f)
+	if err != nil {
+		if errors.Is(err, audit.ErrBadCursor) {
+			WriteError(w, http.StatusBadRequest, "invalid_cursor", "cursor must be the nextCursor of an earlier page")
+			return
+		}
+		a.cfg.Log.ErrorContext(r.Context(), "audit_query_failed", "err", err)
+		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+		return
+	}
+	events := page.Events
+	if events == nil {
+		events = []audit.Event{}
+	}
+	out := map[string]any{"events": events}
+	if page.Next != "" {
+		out["nextCursor"] = page.Next
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	_ = writeJSON(w, http.StatusOK, out)
+}
+
+// auditKernel records a Python kernel call.
+func (a *api) auditKernel(r *http.Request, s *gateway.Session, kernel, code string, d time.Duration, result string) {
+	// Through the session, which takes its secrets' values out of the code.
+	s.Audit(r.Context(), audit.Event{Kind: audit.KindCommand, Source: "kernel", Command: code,
+		DurationMs: d.Milliseconds(), Result: result, Op: strings.TrimSpace(kernel)})
+}

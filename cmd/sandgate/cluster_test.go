@@ -163,6 +163,7 @@ func (n *clusterNode) restart(t *testing.T, sig syscall.Signal, extra ...string)
 
 // startCluster runs etcd and three nodes with the given extra flags.
 func startCluster(t *testing.T, extra ...string) (*etcdCluster, []*clusterNode) {
+	extra = append([]string{"--api-key", "test-token", "--api-key", "other:other-token"}, extra...)
 	t.Helper()
 	etcd := startEtcd(t)
 	tok := filepath.Join(t.TempDir(), "cluster-token")
@@ -277,6 +278,24 @@ func TestClusterAnyNodeServesAnySession(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("wrong cluster token: %d, want 401", resp.StatusCode)
+	}
+	// The right cluster token without the client's own token grants nothing.
+	req, _ = http.NewRequest(http.MethodGet, b.URL+"/v1/sessions/"+s.SessionID, nil)
+	req.Header.Set("X-Sandgate-Cluster-Token", "cluster-test-token-0123456789")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("cluster token alone: %d, want 401", resp.StatusCode)
+	}
+	// Another tenant's token, relayed: 404, as for a missing session.
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	if code := gwtest.DoJSON(t, b.URL, "other-token", http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &e); code != http.StatusNotFound {
+		t.Errorf("another tenant through B: %d %+v, want 404", code, e)
 	}
 	// Delete through another node than the owner.
 	if code := c.api(t, http.MethodDelete, "/v1/sessions/"+s2.SessionID, nil, nil); code != http.StatusNoContent {

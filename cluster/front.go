@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -173,26 +174,40 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		target, live = f.cfg.Node.peer(o.node)
 	}
 	if !live {
-		rec, found, err := f.cfg.Node.Record(r.Context(), id)
-		switch {
-		case err != nil:
-			f.cfg.WriteError(w, err)
-		case found && isLive(rec.Status) || f.cfg.Node.restarting(o.node):
-			// Not yet marked lost, or drained and coming back.
-			f.cfg.WriteError(w, errNodeDown)
-		case found && r.Method == http.MethodDelete && r.URL.Path == "/v1/sessions/"+id:
-			// Its node is lost: the session failed and only its record remains.
-			if err := f.cfg.Node.Forget(r.Context(), o, id); err != nil {
-				f.cfg.WriteError(w, err)
-				return
-			}
-			w.WriteHeader(http.StatusNoContent)
-		default:
-			f.cfg.Local.ServeHTTP(w, r) // shows the failed record, refuses the rest
-		}
+		f.ownerGone(w, r, id, o)
 		return
 	}
-	f.relay(w, r, target)
+	f.relay(w, r, target, func(w http.ResponseWriter) bool {
+		// The owner cannot be reached: if the cluster now knows it is gone,
+		// answer as for a gone owner; otherwise node_unavailable.
+		f.cfg.Node.refresh()
+		if _, live := f.cfg.Node.peer(o.node); live {
+			return false
+		}
+		f.ownerGone(w, r, id, o)
+		return true
+	})
+}
+
+// ownerGone answers a request for session id, whose owner o is not live.
+func (f *Front) ownerGone(w http.ResponseWriter, r *http.Request, id string, o owner) {
+	rec, found, err := f.cfg.Node.Record(r.Context(), id)
+	switch {
+	case err != nil:
+		f.cfg.WriteError(w, err)
+	case found && isLive(rec.Status) || f.cfg.Node.restarting(o.node):
+		// Not yet marked lost, or drained and coming back.
+		f.cfg.WriteError(w, errNodeDown)
+	case found && r.Method == http.MethodDelete && r.URL.Path == "/v1/sessions/"+id:
+		// Its node is lost: the session failed and only its record remains.
+		if err := f.cfg.Node.Forget(r.Context(), o, id); err != nil {
+			f.cfg.WriteError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		f.cfg.Local.ServeHTTP(w, r) // shows the failed record, refuses the rest
+	}
 }
 
 // create places a new session: on this node when it has room, otherwise
@@ -210,7 +225,7 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 	mine := n.info()
 	if mine.Draining {
 		if t, ok := n.place(); ok {
-			f.relay(w, r, t)
+			f.relay(w, r, t, nil)
 			return
 		}
 		f.cfg.WriteError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "the node is draining and no other node has room"})
@@ -221,7 +236,7 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t, ok := n.place(); ok && t.ID != n.ID() {
-		f.relay(w, r, t)
+		f.relay(w, r, t, nil)
 		return
 	}
 	f.cfg.Local.ServeHTTP(w, r) // answers capacity
@@ -257,15 +272,17 @@ func (n *Node) place() (Info, bool) {
 	return peers[0], true
 }
 
-// relay sends r to node t and its answer back.
-func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info) {
+// relay sends r to node t and its answer back. When t cannot be reached
+// (nothing was sent), unreachable may answer instead (it reports whether
+// it did); otherwise the answer is node_unavailable.
+func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info, unreachable func(http.ResponseWriter) bool) {
 	u, err := url.Parse(t.URL)
 	if err != nil || u.Host == "" {
 		f.cfg.WriteError(w, errNodeDown)
 		return
 	}
 	if r.Method == http.MethodConnect {
-		f.relayConnect(w, r, u)
+		f.relayConnect(w, r, u, unreachable)
 		return
 	}
 	rp := &httputil.ReverseProxy{
@@ -281,6 +298,9 @@ func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info) {
 		ErrorLog:      slog.NewLogLogger(f.cfg.Log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			f.cfg.Log.Warn("cluster_relay_failed", "node", t.ID, "path", r.URL.Path, "err", err)
+			if _, dial := errors.AsType[*net.OpError](err); dial && unreachable != nil && unreachable(w) {
+				return
+			}
 			f.cfg.WriteError(w, errNodeDown)
 		},
 	}
@@ -291,7 +311,7 @@ func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info) {
 // connection, sends the CONNECT (the client's token and the cluster's),
 // and on 200 splices the two connections both ways; any other answer
 // goes back to the client as it came.
-func (f *Front) relayConnect(w http.ResponseWriter, r *http.Request, u *url.URL) {
+func (f *Front) relayConnect(w http.ResponseWriter, r *http.Request, u *url.URL, unreachable func(http.ResponseWriter) bool) {
 	if !f.track(nil) {
 		f.cfg.WriteError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "gateway is shutting down"})
 		return
@@ -302,6 +322,9 @@ func (f *Front) relayConnect(w http.ResponseWriter, r *http.Request, u *url.URL)
 	up, err := f.dial(ctx, u)
 	if err != nil {
 		f.cfg.Log.Warn("cluster_relay_failed", "host", u.Host, "err", err)
+		if unreachable != nil && unreachable(w) {
+			return
+		}
 		f.cfg.WriteError(w, errNodeDown)
 		return
 	}

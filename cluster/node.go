@@ -106,6 +106,7 @@ type Node struct {
 	owners     map[string]owner // owner cache: a session's owner never changes
 	nodes      map[string]Info  // live nodes, as of the last refresh
 	restarters map[string]bool  // drained nodes within their grace
+	store      *Store           // the node's store, once made
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -305,6 +306,12 @@ func (n *Node) keepAlive() {
 		case err == nil:
 			n.healthy.Store(time.Now().UnixNano())
 			n.refresh()
+			n.mu.Lock()
+			st := n.store
+			n.mu.Unlock()
+			if st != nil {
+				st.flush()
+			}
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			n.log.Warn("cluster_lease_lost", "node", n.cfg.NodeID, "err", err)
 			if rerr := n.register(context.Background()); rerr != nil {

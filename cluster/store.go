@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -20,10 +21,65 @@ import (
 type Store struct {
 	n     *Node
 	local gateway.Store
+
+	mu sync.Mutex
+	// unsaved are writes of this node's existing sessions that etcd missed
+	// (no quorum): the newest record of each, or nil for a delete. They
+	// are written again once etcd answers (flush), so etcd does not keep
+	// a session this node ended while it could not be reached.
+	unsaved map[string]*gateway.Record
 }
 
 // Store returns the node's store over local (the node's bolt file).
-func (n *Node) Store(local gateway.Store) *Store { return &Store{n: n, local: local} }
+func (n *Node) Store(local gateway.Store) *Store {
+	s := &Store{n: n, local: local, unsaved: map[string]*gateway.Record{}}
+	n.mu.Lock()
+	n.store = s
+	n.mu.Unlock()
+	return s
+}
+
+// remember keeps a write etcd missed, for a session this node holds.
+func (s *Store) remember(id string, r *gateway.Record) {
+	if o, ok := s.n.cachedOwner(id); !ok || o.node != s.n.cfg.NodeID {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unsaved[id] = r
+}
+
+func (s *Store) saved(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.unsaved, id)
+}
+
+// flush writes again what etcd missed; what fails stays for next time.
+func (s *Store) flush() {
+	s.mu.Lock()
+	todo := s.unsaved
+	s.unsaved = map[string]*gateway.Record{}
+	s.mu.Unlock()
+	for id, r := range todo {
+		var err error
+		if r == nil {
+			err = s.deleteEtcd(id)
+		} else {
+			err = s.put(*r)
+		}
+		if err != nil {
+			if ge, ok := errors.AsType[*gateway.Error](err); ok && ge.Code != ErrUnavailable.Code {
+				continue // refused for good (another node took it over)
+			}
+			s.mu.Lock()
+			if _, newer := s.unsaved[id]; !newer {
+				s.unsaved[id] = r
+			}
+			s.mu.Unlock()
+		}
+	}
+}
 
 func tenantKey(t string) string { return url.PathEscape(t) }
 
@@ -57,8 +113,12 @@ func isLive(status string) bool {
 func (s *Store) Put(recs ...gateway.Record) error {
 	for _, r := range recs {
 		if err := s.put(r); err != nil {
+			if ge, ok := errors.AsType[*gateway.Error](err); ok && ge.Code == ErrUnavailable.Code {
+				s.remember(r.ID, &r)
+			}
 			return err
 		}
+		s.saved(r.ID)
 	}
 	return s.local.Put(recs...)
 }
@@ -154,6 +214,17 @@ func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) 
 // Delete removes session id from etcd (its record, ownership and live
 // key) and from the local cache.
 func (s *Store) Delete(id string) error {
+	if err := s.deleteEtcd(id); err != nil {
+		s.remember(id, nil)
+		_ = s.local.Delete(id)
+		return err
+	}
+	s.saved(id)
+	s.n.forgetOwner(id)
+	return s.local.Delete(id)
+}
+
+func (s *Store) deleteEtcd(id string) error {
 	ctx, cancel := s.n.op()
 	defer cancel()
 	o, err := s.n.lookupOwner(ctx, id)
@@ -167,8 +238,7 @@ func (s *Store) Delete(id string) error {
 			return unavailable(err)
 		}
 	}
-	s.n.forgetOwner(id)
-	return s.local.Delete(id)
+	return nil
 }
 
 // All returns this node's sessions for Restore: those of the local cache,
@@ -179,6 +249,9 @@ func (s *Store) All() ([]gateway.Record, error) {
 	recs, err := s.local.All()
 	if err != nil {
 		return nil, err
+	}
+	for _, r := range recs {
+		s.n.cacheOwner(r.ID, owner{r.Tenant, s.n.cfg.NodeID})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*s.n.cfg.OpTimeout)
 	defer cancel()
@@ -337,6 +410,13 @@ func (n *Node) lookupOwner(ctx context.Context, id string) (owner, error) {
 
 // maxCachedOwners bounds the owner cache; past it, it starts afresh.
 const maxCachedOwners = 100_000
+
+func (n *Node) cachedOwner(id string) (owner, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	o, ok := n.owners[id]
+	return o, ok
+}
 
 func (n *Node) cacheOwner(id string, o owner) {
 	n.mu.Lock()

@@ -232,7 +232,7 @@ func TestClusterAnyNodeServesAnySession(t *testing.T) {
 	_, n := startCluster(t)
 	a, b, c := n[0], n[1], n[2]
 	s := a.createSession(t)
-	if !strings.Contains(a.stderr.String(), "session_created session="+s.SessionID) {
+	if _, err := os.Stat(filepath.Join(a.DataDir, "sessions", s.SessionID)); err != nil { // the workdir sandbox
 		t.Fatalf("a node with room did not keep the session it was asked for")
 	}
 	// Over OpenSSH through B (relayed CONNECT to A).
@@ -367,6 +367,7 @@ func TestClusterQuorumLoss(t *testing.T) {
 	etcd, n := startCluster(t)
 	a, b := n[0], n[1]
 	s := a.createSession(t)
+	ended := a.createSession(t)
 	// B learns the owner before etcd goes (a client that used it before).
 	if out, _, code := sshRun(t, b.gatewayProc, s, "echo before"); code != 0 || strings.TrimSpace(out) != "before" {
 		t.Fatalf("ssh before: %d %q", code, out)
@@ -381,6 +382,10 @@ func TestClusterQuorumLoss(t *testing.T) {
 	}
 	if code, out := runCommand(t, a.gatewayProc, s.SessionID, "echo rest"); code != http.StatusOK || strings.TrimSpace(out) != "rest" {
 		t.Errorf("command on the owner without quorum: %d %q", code, out)
+	}
+	// A session its owner ends meanwhile is gone from etcd once quorum returns.
+	if code := a.api(t, http.MethodDelete, "/v1/sessions/"+ended.SessionID, nil, nil); code != http.StatusNoContent {
+		t.Errorf("delete on the owner without quorum: %d", code)
 	}
 	// New creates are refused, clearly.
 	var e struct {
@@ -404,6 +409,10 @@ func TestClusterQuorumLoss(t *testing.T) {
 			_ = b.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil)
 		}
 		return code == http.StatusCreated
+	})
+	waitFor(t, 60*time.Second, "the session ended without quorum to leave etcd", func() bool {
+		ids := listIDs(t, b.gatewayProc)
+		return len(ids) == 1 && ids[0] == s.SessionID
 	})
 	if code := b.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
 		t.Errorf("delete after recovery: %d", code)

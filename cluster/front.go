@@ -124,20 +124,19 @@ func (f *Front) principal(r *http.Request) (gateway.Principal, bool) {
 }
 
 func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.cfg.RateLimit > 0 { // the node that serves a request counts it, relayed or not
+		share := max(1, (f.cfg.RateLimit+f.cfg.Node.liveNodes()-1)/f.cfg.Node.liveNodes())
+		r = r.WithContext(httprate.WithRequestLimit(r.Context(), share))
+	}
 	if tok := r.Header.Values(TokenHeader); len(tok) > 0 {
 		if len(tok) != 1 || subtle.ConstantTimeCompare([]byte(tok[0]), []byte(f.cfg.Node.cfg.Token)) != 1 {
 			f.cfg.Log.Warn("cluster_relay_refused", "remote", r.RemoteAddr, "path", r.URL.Path)
 			f.cfg.WriteError(w, errRelayAuth)
 			return
 		}
-		// A relay: the receiving node counted it against the rate limit.
 		r.Header.Del(TokenHeader)
-		f.cfg.Local.ServeHTTP(w, r.WithContext(httprate.WithIncrement(r.Context(), 0)))
+		f.cfg.Local.ServeHTTP(w, r)
 		return
-	}
-	if f.cfg.RateLimit > 0 {
-		share := max(1, (f.cfg.RateLimit+f.cfg.Node.liveNodes()-1)/f.cfg.Node.liveNodes())
-		r = r.WithContext(httprate.WithRequestLimit(r.Context(), share))
 	}
 	if r.Method == http.MethodPost && r.URL.Path == "/v1/sessions" {
 		f.create(w, r)

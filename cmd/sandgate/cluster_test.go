@@ -482,3 +482,42 @@ func TestClusterRollingRestart(t *testing.T) {
 		}
 	}
 }
+
+// rateLimitHeader sends GET /v1/sessions to g and returns the status and
+// the X-RateLimit-Limit it was answered with.
+func rateLimitHeader(t *testing.T, g *gatewayProc) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, g.URL+"/v1/sessions", nil)
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("X-RateLimit-Limit")
+}
+
+func TestClusterRateLimitShares(t *testing.T) {
+	_, n := startCluster(t, "--rate-limit", "90", "--cluster-lease-ttl", "2s")
+	// Each node enforces a third of the limit once it sees three live nodes.
+	for _, g := range n {
+		waitFor(t, 30*time.Second, "a node to use its share", func() bool {
+			_, lim := rateLimitHeader(t, g.gatewayProc)
+			return lim == "30"
+		})
+	}
+	admitted := 0
+	for range 60 {
+		code, _ := rateLimitHeader(t, n[0].gatewayProc)
+		if code == http.StatusTooManyRequests {
+			break
+		}
+		admitted++
+	}
+	if admitted >= 30 {
+		t.Errorf("node A admitted %d more requests; its share is 30 a minute", admitted)
+	}
+	if code, _ := rateLimitHeader(t, n[1].gatewayProc); code != http.StatusOK {
+		t.Errorf("node B, with its own share left: %d", code)
+	}
+}

@@ -8,7 +8,7 @@
 #   4. sessions held by the cluster: HOLD creates spread over the nodes, and the RSS it costs.
 # Needs: etcd (Debian etcd-server), ssh, sftp, curl, jq. Everything it starts it stops.
 # Env: SANDGATE_BIN (default bin/sandgate), REPS (30), SIZE_MIB (256), HOLD (3000),
-#      DRIVER (workdir; linux needs root).
+#      DRIVER (workdir; linux needs root), MAX_SESSIONS (each node's --max-sessions, 1000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$(realpath "${SANDGATE_BIN:-bin/sandgate}")
@@ -16,6 +16,7 @@ reps=${REPS:-30}
 size_mib=${SIZE_MIB:-256}
 hold=${HOLD:-3000}
 driver=${DRIVER:-workdir}
+max_sessions=${MAX_SESSIONS:-1000}
 for t in etcd ssh sftp curl jq; do command -v $t >/dev/null || { echo "bench/cluster.sh: needs $t" >&2; exit 1; }; done
 
 dir=$(mktemp -d)
@@ -49,7 +50,7 @@ declare -a url
 for i in 0 1 2; do
   p=$(port); url[$i]=http://127.0.0.1:$p
   "$bin" serve --listen 127.0.0.1:$p --data-dir "$dir/node$i" --sandbox "$driver" --api-key bench-key \
-    --rate-limit 0 --idle-timeout 0 --max-sessions-per-tenant $((hold+10)) --keep-sandboxes-on-exit=false --ready-file "$dir/ready$i" \
+    --rate-limit 0 --idle-timeout 0 --max-sessions-per-tenant $((hold+10)) --max-sessions "$max_sessions" --keep-sandboxes-on-exit=false --ready-file "$dir/ready$i" \
     --cluster-etcd "$endpoints" --cluster-advertise "${url[$i]}" --cluster-token-file "$dir/token" \
     >"$dir/node$i.log" 2>&1 &
   pids+=($!)

@@ -213,12 +213,12 @@ func (f *Front) ownerGone(w http.ResponseWriter, r *http.Request, id string, o o
 // on the least-loaded live node that has.
 func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 	n := f.cfg.Node
-	if !n.Healthy() {
-		f.cfg.WriteError(w, ErrUnavailable)
+	if _, ok := f.principal(r); !ok {
+		f.cfg.Local.ServeHTTP(w, r) // 401
 		return
 	}
-	if _, ok := f.principal(r); !ok {
-		f.cfg.Local.ServeHTTP(w, r)
+	if !n.Healthy() {
+		f.cfg.WriteError(w, ErrUnavailable)
 		return
 	}
 	mine := n.info()

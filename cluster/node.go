@@ -97,7 +97,7 @@ type Node struct {
 	cli *clientv3.Client
 	log *slog.Logger
 
-	lease    clientv3.LeaseID
+	lease    atomic.Int64 // the clientv3.LeaseID, renewed by keepAlive
 	healthy  atomic.Int64 // unix nanos of the last keepalive answer
 	draining atomic.Bool
 	sessions func() int // live sessions on this node
@@ -187,6 +187,8 @@ func nodeID(dataDir string) (string, error) {
 	return id, nil
 }
 
+func (n *Node) leaseID() clientv3.LeaseID { return clientv3.LeaseID(n.lease.Load()) }
+
 // ID is the node's id.
 func (n *Node) ID() string { return n.cfg.NodeID }
 
@@ -203,7 +205,7 @@ func (n *Node) register(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: grant lease: %w", err)
 	}
-	n.lease = l.ID
+	n.lease.Store(int64(l.ID))
 	data, _ := json.Marshal(n.info())
 	if _, err := n.cli.Txn(ctx).Then(
 		clientv3.OpPut(Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(l.ID)),
@@ -296,10 +298,10 @@ func (n *Node) keepAlive() {
 		case <-t.C:
 		}
 		ctx, cancel := n.op()
-		_, err := n.cli.KeepAliveOnce(ctx, n.lease)
+		_, err := n.cli.KeepAliveOnce(ctx, n.leaseID())
 		if err == nil {
 			data, _ := json.Marshal(n.info())
-			_, err = n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(n.lease))
+			_, err = n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(n.leaseID()))
 		}
 		cancel()
 		switch {
@@ -350,7 +352,7 @@ func (n *Node) Drain() {
 	ctx, cancel := n.op()
 	defer cancel()
 	data, _ := json.Marshal(n.info())
-	if _, err := n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(n.lease)); err != nil {
+	if _, err := n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(n.leaseID())); err != nil {
 		n.log.Warn("cluster_drain_failed", "err", err)
 	}
 	n.log.Info("cluster_draining", "node", n.cfg.NodeID)
@@ -373,7 +375,7 @@ func (n *Node) Close(restarting bool) {
 			}
 		}
 	}
-	if _, err := n.cli.Revoke(ctx, n.lease); err != nil {
+	if _, err := n.cli.Revoke(ctx, n.leaseID()); err != nil {
 		n.log.Warn("cluster_revoke_failed", "err", err)
 	}
 	_ = n.cli.Close()

@@ -11,28 +11,45 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 )
 
-// sweep marks failed, every third of the lease TTL, the live sessions
-// whose node is gone: its lease expired (it died, or lost etcd for longer
-// than the TTL) and it left no restarting marker, or that marker's grace
-// ran out. Every node sweeps; each session is marked by exactly one, as
-// the marking is a transaction on the record's revision.
+// sweep marks failed the live sessions whose node is gone: its lease
+// expired (it died, or lost etcd for longer than the TTL) and it left no
+// restarting marker, or that marker's grace ran out. It sweeps as soon as
+// a watch sees a node's record go, and every third of the lease TTL in
+// any case (a watch misses what happens while etcd has no leader). Every
+// node sweeps; each session is marked by exactly one, as the marking is a
+// transaction on the record's revision.
 func (n *Node) sweep() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.LeaseTTL / 3)
 	defer t.Stop()
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var gone clientv3.WatchChan
 	for {
+		if gone == nil {
+			gone = n.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix+"nodes/", clientv3.WithPrefix(), clientv3.WithFilterPut())
+		}
 		select {
 		case <-n.stop:
 			return
 		case <-t.C:
+		case _, ok := <-gone:
+			if !ok {
+				gone = nil // made again at the next turn; the ticker sweeps meanwhile
+				select {
+				case <-n.stop:
+					return
+				case <-t.C:
+				}
+			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.LeaseTTL)
+		ctx, cancelOnce := context.WithTimeout(context.Background(), n.cfg.LeaseTTL)
 		if marked, err := n.SweepOnce(ctx); err != nil {
 			n.log.Debug("cluster_sweep_failed", "err", err)
 		} else if marked > 0 {
 			n.log.Warn("cluster_sessions_failed", "sessions", marked, "reason", ReasonNodeLost)
 		}
-		cancel()
+		cancelOnce()
 	}
 }
 

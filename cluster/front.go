@@ -2,9 +2,11 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -222,24 +224,90 @@ func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	mine := n.info()
-	if mine.Draining {
-		if t, ok := n.place(); ok {
-			f.relay(w, r, t, nil)
-			return
-		}
-		f.cfg.WriteError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "the node is draining and no other node has room"})
-		return
-	}
 	if hasRoom(mine) {
 		f.cfg.Local.ServeHTTP(w, r)
 		return
 	}
-	if t, ok := n.place(); ok && t.ID != n.ID() {
-		f.relay(w, r, t, nil)
+	cands := n.candidates()
+	if len(cands) == 0 { // nodes that joined since the last refresh
+		n.refresh()
+		cands = n.candidates()
+	}
+	if f.placeCreate(w, r, cands) {
+		return
+	}
+	if mine.Draining {
+		f.cfg.WriteError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "the node is draining and no other node has room"})
 		return
 	}
 	f.cfg.Local.ServeHTTP(w, r) // answers capacity
 }
+
+// errFull is a placed create its node refused for want of room.
+var errFull = errors.New("the node has no room")
+
+// placeCreate relays create r to the candidates in turn until one takes
+// it. A node that answers capacity (its view of itself is fresher than
+// ours) or cannot be reached is skipped; once a node has the request, its
+// answer is the answer. It reports false, having written nothing, when
+// no candidate took it.
+func (f *Front) placeCreate(w http.ResponseWriter, r *http.Request, cands []Info) bool {
+	if len(cands) == 0 {
+		return false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+	r.Body = io.NopCloser(bytes.NewReader(body)) // for the local answer, if it comes to that
+	if err != nil || len(body) > maxCreateBody {
+		return false // the API answers it (body_too_large)
+	}
+	for _, t := range cands {
+		u, err := url.Parse(t.URL)
+		if err != nil || u.Host == "" {
+			continue
+		}
+		skipped := false
+		rp := &httputil.ReverseProxy{
+			Rewrite:   f.rewrite(u, r),
+			Transport: f.transport,
+			ErrorLog:  slog.NewLogLogger(f.cfg.Log.Handler(), slog.LevelDebug),
+			ModifyResponse: func(resp *http.Response) error {
+				if resp.StatusCode != http.StatusServiceUnavailable {
+					return nil
+				}
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+				resp.Body.Close()
+				var e struct {
+					Error struct{ Code string } `json:"error"`
+				}
+				if json.Unmarshal(b, &e) == nil && (e.Error.Code == "capacity" || e.Error.Code == "shutting_down") {
+					return errFull
+				}
+				resp.Body = io.NopCloser(bytes.NewReader(b))
+				return nil
+			},
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				if _, dial := errors.AsType[*net.OpError](err); dial || errors.Is(err, errFull) {
+					skipped = true // nothing was created there
+					return
+				}
+				f.cfg.Log.Warn("cluster_relay_failed", "node", t.ID, "path", r.URL.Path, "err", err)
+				f.cfg.WriteError(w, errNodeDown)
+			},
+		}
+		out := r.Clone(r.Context())
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		rp.ServeHTTP(w, out)
+		if !skipped {
+			f.cfg.Node.placed(t.ID)
+			return true
+		}
+	}
+	return false
+}
+
+// maxCreateBody bounds the body of a create the front holds to place it
+// (the API's own bound).
+const maxCreateBody = 64 << 10
 
 // minMemAvail is the memory a node must have free to take a session.
 const minMemAvail = 256 << 20
@@ -248,14 +316,10 @@ func hasRoom(i Info) bool {
 	return !i.Draining && (i.MaxSessions <= 0 || i.Sessions < i.MaxSessions) && (i.MemAvail == 0 || i.MemAvail >= minMemAvail)
 }
 
-// place returns the least-loaded live node with room: fewest sessions,
-// then most memory available.
-func (n *Node) place() (Info, bool) {
-	peers := n.peers()
-	peers = slices.DeleteFunc(peers, func(i Info) bool { return !hasRoom(i) })
-	if len(peers) == 0 {
-		return Info{}, false
-	}
+// candidates are the other live nodes with room, least loaded first:
+// fewest sessions, then most memory available.
+func (n *Node) candidates() []Info {
+	peers := slices.DeleteFunc(n.peers(), func(i Info) bool { return !hasRoom(i) || i.ID == n.ID() })
 	slices.SortFunc(peers, func(a, b Info) int {
 		if a.Sessions != b.Sessions {
 			return a.Sessions - b.Sessions
@@ -268,7 +332,18 @@ func (n *Node) place() (Info, bool) {
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
-	return peers[0], true
+	return peers
+}
+
+// placed counts a session placed on node id in this node's view, until
+// the node's own record says more.
+func (n *Node) placed(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if i, ok := n.nodes[id]; ok {
+		i.Sessions++
+		n.nodes[id] = i
+	}
 }
 
 // relay sends r to node t and its answer back. When t cannot be reached
@@ -285,13 +360,7 @@ func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info, unreachabl
 		return
 	}
 	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(u)
-			pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, r.URL.RawPath
-			pr.Out.Host = r.Host
-			pr.SetXForwarded()
-			pr.Out.Header.Set(TokenHeader, f.cfg.Node.cfg.Token)
-		},
+		Rewrite:       f.rewrite(u, r),
 		Transport:     f.transport,
 		FlushInterval: -1, // command output streams
 		ErrorLog:      slog.NewLogLogger(f.cfg.Log.Handler(), slog.LevelDebug),
@@ -304,6 +373,18 @@ func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info, unreachabl
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// rewrite makes a relayed request to u from r: the same path, query and
+// headers (the client's token among them), with the cluster token.
+func (f *Front) rewrite(u *url.URL, r *http.Request) func(*httputil.ProxyRequest) {
+	return func(pr *httputil.ProxyRequest) {
+		pr.SetURL(u)
+		pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, r.URL.RawPath
+		pr.Out.Host = r.Host
+		pr.SetXForwarded()
+		pr.Out.Header.Set(TokenHeader, f.cfg.Node.cfg.Token)
+	}
 }
 
 // relayConnect relays a CONNECT tunnel to u, the owner: it opens a

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -42,13 +43,16 @@ func TestPlacement(t *testing.T) {
 		"e": {ID: "e", Sessions: 0, MaxSessions: 10, MemAvail: 100 << 20},
 		"f": {ID: "f", Sessions: 1, MaxSessions: 1, MemAvail: 8 << 30},
 	}}
-	got, ok := n.place()
-	if !ok || got.ID != "c" {
-		t.Fatalf("placed on %q %v, want c (fewest sessions, then most memory; draining, full and short of memory skipped)", got.ID, ok)
+	var ids []string
+	for _, i := range n.candidates() {
+		ids = append(ids, i.ID)
+	}
+	if strings.Join(ids, ",") != "c,b,a" {
+		t.Fatalf("candidates %v, want c,b,a (fewest sessions, then most memory; draining, full and short of memory left out)", ids)
 	}
 	n.nodes = map[string]Info{"d": n.nodes["d"], "f": n.nodes["f"]}
-	if got, ok := n.place(); ok {
-		t.Fatalf("placed on %q with no node having room", got.ID)
+	if got := n.candidates(); len(got) != 0 {
+		t.Fatalf("candidates %v with no node having room", got)
 	}
 }
 

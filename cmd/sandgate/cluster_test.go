@@ -521,3 +521,42 @@ func TestClusterRateLimitShares(t *testing.T) {
 		t.Errorf("node B, with its own share left: %d", code)
 	}
 }
+
+func TestClusterPlacesCreatesOnNodesWithRoom(t *testing.T) {
+	_, n := startCluster(t, "--max-sessions", "1")
+	holder := func(id string) int {
+		for i, g := range n {
+			if _, err := os.Stat(filepath.Join(g.DataDir, "sessions", id)); err == nil { // the workdir sandbox
+				return i
+			}
+		}
+		return -1
+	}
+	first := n[0].createSession(t)
+	second := n[0].createSession(t) // A is full: placed on B or C, answered through A
+	if h := holder(first.SessionID); h != 0 {
+		t.Errorf("first session held by node %d, want A (it had room)", h)
+	}
+	h := holder(second.SessionID)
+	if h != 1 && h != 2 {
+		t.Fatalf("second session held by node %d, want B or C", h)
+	}
+	if out, e, code := sshRun(t, n[0].gatewayProc, second, "echo placed"); code != 0 || strings.TrimSpace(out) != "placed" {
+		t.Errorf("ssh to the placed session through A: %d %q %s", code, out, e)
+	}
+	third := n[0].createSession(t)
+	if h3 := holder(third.SessionID); h3 == 0 || h3 == h || h3 < 0 {
+		t.Errorf("third session held by node %d, want the one node still with room", h3)
+	}
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	if code := n[0].api(t, http.MethodPost, "/v1/sessions", map[string]any{}, &e); code != http.StatusServiceUnavailable || e.Error.Code != "capacity" {
+		t.Errorf("create with every node full: %d %+v, want 503 capacity", code, e)
+	}
+	for _, s := range []sessionJSON{first, second, third} {
+		if code := n[2].api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
+			t.Errorf("delete: %d", code)
+		}
+	}
+}

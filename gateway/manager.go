@@ -60,6 +60,9 @@ type Config struct {
 	// MaxTombstones bounds the tombstones kept, oldest dropped first
 	// (default 10000).
 	MaxTombstones int
+	// Directory, in cluster mode, holds the sessions of every node (nil:
+	// this gateway's sessions are all there are; directory.go).
+	Directory Directory
 }
 
 // Manager owns every live session.
@@ -311,6 +314,9 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		}
 		s.closeProxy()
 		m.log.Error("store_failed", "session", s.ID, "err", err)
+		if ge, ok := errors.AsType[*Error](err); ok { // a cluster store's refusal (quota, no quorum)
+			return nil, "", ge
+		}
 		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
 	}
 	s.savedActivity.Store(now.UnixNano())
@@ -441,6 +447,9 @@ func (m *Manager) Get(ctx context.Context, p Principal, id string) (*Session, er
 	s, ok := m.sessions[id]
 	m.mu.Unlock()
 	if !ok || s.Tenant != p.Tenant {
+		if rs := m.remote(ctx, p, id); rs != nil {
+			return rs, nil
+		}
 		return nil, m.notFound(p, id)
 	}
 	return s, nil
@@ -456,6 +465,7 @@ func (m *Manager) List(ctx context.Context, p Principal, limit, offset int) ([]*
 		}
 	}
 	m.mu.Unlock()
+	mine = m.withRemote(ctx, p, mine)
 	sort.Slice(mine, func(i, j int) bool {
 		if !mine[i].CreatedAt.Equal(mine[j].CreatedAt) {
 			return mine[i].CreatedAt.Before(mine[j].CreatedAt)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/cluster"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/connlimit"
@@ -70,6 +71,7 @@ type serveConfig struct {
 	metricsToken      string
 	metricsListen     string
 	audit             auditFlags
+	cluster           clusterFlags
 }
 
 func defaultDataDir() string {
@@ -126,6 +128,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	c.egress.register(fs)
 	c.dataPlane.register(fs)
 	c.audit.register(fs)
+	c.cluster.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -375,7 +378,18 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Audit:        auditor,
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
 	}
-	mgr := gateway.NewManager(mcfg, driver, log)
+	var mgr *gateway.Manager
+	var node *cluster.Node
+	if cfg.cluster.enabled() {
+		node, err = cfg.cluster.open(ctx, cfg, log, func() int { return liveSessions(mgr) })
+		if err != nil {
+			return err
+		}
+		// After the manager's Shutdown: kept sessions wait for this node to come back.
+		defer node.Close(cfg.keepSandboxes)
+		mcfg.Store, mcfg.Directory = node.Store(store), node
+	}
+	mgr = gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {
 		return err
 	}
@@ -409,6 +423,18 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Audit:     auditor,
 		AuditLog:  auditQuery,
 	})
+	var front *cluster.Front
+	if node != nil {
+		peerTLS, err := cfg.cluster.peerTLS()
+		if err != nil {
+			return err
+		}
+		front = cluster.NewFront(cluster.FrontConfig{
+			Node: node, Sessions: mgr, Verifier: verifier, Local: handler, WriteError: rest.WriteGatewayError,
+			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, Log: log,
+		})
+		handler = front
+	}
 	if cfg.metricsToken != "" {
 		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))
 	}
@@ -472,6 +498,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	select {
 	case <-ctx.Done():
 		log.Info("shutting_down", "timeout", cfg.shutdownTimeout)
+		if node != nil {
+			node.Drain() // no new sessions are placed here
+		}
 	case serveErr = <-served:
 	}
 	drain, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
@@ -479,6 +508,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	_ = srv.Shutdown(drain) // stop accepting; REST requests in flight finish
 	ssh.Shutdown(drain)     // tell shells, let commands finish, then close
 	tun.Shutdown(drain)     // close tunnels still open
+	if front != nil {
+		front.Shutdown() // close relayed tunnels
+	}
 	stopReaper()
 	<-reaped
 	mgr.Shutdown(context.Background(), cfg.keepSandboxes)

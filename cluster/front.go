@@ -1,0 +1,556 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/httprate"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// TokenHeader carries the cluster token on a request one node relays to
+// another. It authenticates the node only: the request still carries the
+// client's own bearer token, which the owner verifies as for any request,
+// so a relay can do nothing the client could not.
+const TokenHeader = "X-Sandgate-Cluster-Token"
+
+// Sessions is what the front needs of the node's session manager.
+type Sessions interface {
+	// Known reports whether this node holds session id.
+	Known(id string) bool
+	// SessionsByStatus counts this node's sessions.
+	SessionsByStatus() map[string]int
+}
+
+// Verifier turns a bearer token into a principal.
+type Verifier interface {
+	Verify(token string) (gateway.Principal, error)
+}
+
+// FrontConfig wires a Front.
+type FrontConfig struct {
+	Node     *Node
+	Sessions Sessions
+	Verifier Verifier
+	// Local serves what this node answers itself (the REST API and CONNECT).
+	Local http.Handler
+	// WriteError writes a gateway error as the API does.
+	WriteError func(http.ResponseWriter, error)
+	// RateLimit is the cluster-wide requests per minute per tenant; each
+	// node enforces its share, RateLimit / live nodes (0: none).
+	RateLimit int
+	// PeerTLS verifies peers served over https (nil: system roots).
+	PeerTLS *tls.Config
+	Log     *slog.Logger
+}
+
+// Front is the node's HTTP handler: it serves what this node holds and
+// relays the rest to the owner (REST through a reverse proxy, CONNECT as
+// a spliced byte stream), so any node answers any request, the same way.
+type Front struct {
+	cfg       FrontConfig
+	transport *http.Transport
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewFront returns the node's handler.
+func NewFront(cfg FrontConfig) *Front {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = cfg.PeerTLS
+	tr.MaxIdleConnsPerHost = 64
+	return &Front{cfg: cfg, transport: tr, conns: map[net.Conn]struct{}{}}
+}
+
+var (
+	errRelayAuth = &gateway.Error{Kind: gateway.KindUnauthorized, Code: "cluster_auth_failed",
+		Message: "the cluster token of a relayed request was wrong"}
+	errNodeDown = &gateway.Error{Kind: gateway.KindUnavailable, Code: "node_unavailable", RetryAfter: 5 * time.Second,
+		Message: "the node that holds this session cannot be reached now (it may be restarting); retry later"}
+)
+
+// sessionPath returns the session id of a session-scoped path.
+func sessionPath(r *http.Request) (string, bool) {
+	p := r.URL.Path
+	rest, ok := strings.CutPrefix(p, "/v1/sessions/")
+	if !ok {
+		if r.Method != http.MethodConnect {
+			return "", false
+		}
+		if rest, ok = strings.CutPrefix(p, "/sessions/"); !ok {
+			return "", false
+		}
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id, id != ""
+}
+
+func bearer(h string) string {
+	const prefix = "bearer "
+	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return ""
+	}
+	return strings.TrimSpace(h[len(prefix):])
+}
+
+func (f *Front) principal(r *http.Request) (gateway.Principal, bool) {
+	token := ""
+	if r.Method == http.MethodConnect {
+		token = bearer(r.Header.Get("Proxy-Authorization"))
+	}
+	if token == "" {
+		token = bearer(r.Header.Get("Authorization"))
+	}
+	p, err := f.cfg.Verifier.Verify(token)
+	return p, err == nil
+}
+
+func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.cfg.RateLimit > 0 { // the node that serves a request counts it, relayed or not
+		share := max(1, (f.cfg.RateLimit+f.cfg.Node.liveNodes()-1)/f.cfg.Node.liveNodes())
+		r = r.WithContext(httprate.WithRequestLimit(r.Context(), share))
+	}
+	if tok := r.Header.Values(TokenHeader); len(tok) > 0 {
+		if len(tok) != 1 || subtle.ConstantTimeCompare([]byte(tok[0]), []byte(f.cfg.Node.cfg.Token)) != 1 {
+			f.cfg.Log.Warn("cluster_relay_refused", "remote", r.RemoteAddr, "path", r.URL.Path)
+			f.cfg.WriteError(w, errRelayAuth)
+			return
+		}
+		r.Header.Del(TokenHeader)
+		f.cfg.Local.ServeHTTP(w, r)
+		return
+	}
+	if r.Method == http.MethodPost && r.URL.Path == "/v1/sessions" {
+		f.create(w, r)
+		return
+	}
+	id, ok := sessionPath(r)
+	if !ok || f.cfg.Sessions.Known(id) {
+		f.cfg.Local.ServeHTTP(w, r)
+		return
+	}
+	p, ok := f.principal(r)
+	if !ok { // the API answers 401, counting the failure
+		f.cfg.Local.ServeHTTP(w, r)
+		return
+	}
+	o, err := f.cfg.Node.lookupOwner(r.Context(), id)
+	if err != nil {
+		f.cfg.WriteError(w, unavailable(err))
+		return
+	}
+	if o.node == "" {
+		if t, found, err := f.cfg.Node.Tombstone(r.Context(), id); err == nil && found && t.Tenant == p.Tenant {
+			f.cfg.WriteError(w, &gateway.GoneError{Tombstone: t})
+			return
+		}
+	}
+	if o.node == "" || o.tenant != p.Tenant || o.node == f.cfg.Node.ID() {
+		f.cfg.Local.ServeHTTP(w, r) // not found, or another tenant's: the same answer
+		return
+	}
+	target, live := f.cfg.Node.peer(o.node)
+	if !live { // a node that just joined, or one that is gone
+		f.cfg.Node.refresh()
+		target, live = f.cfg.Node.peer(o.node)
+	}
+	if !live {
+		f.ownerGone(w, r, id, o)
+		return
+	}
+	f.relay(w, r, target, func(w http.ResponseWriter) bool {
+		// The owner cannot be reached: if the cluster now knows it is gone,
+		// answer as for a gone owner; otherwise node_unavailable.
+		f.cfg.Node.refresh()
+		if _, live := f.cfg.Node.peer(o.node); live {
+			return false
+		}
+		f.ownerGone(w, r, id, o)
+		return true
+	})
+}
+
+// ownerGone answers a request for session id, whose owner o is not live.
+func (f *Front) ownerGone(w http.ResponseWriter, r *http.Request, id string, o owner) {
+	rec, found, err := f.cfg.Node.Record(r.Context(), id)
+	switch {
+	case err != nil:
+		f.cfg.WriteError(w, err)
+	case found && isLive(rec.Status) || f.cfg.Node.restarting(o.node):
+		// Not yet marked lost, or drained and coming back.
+		f.cfg.WriteError(w, errNodeDown)
+	case found && r.Method == http.MethodDelete && r.URL.Path == "/v1/sessions/"+id:
+		// Its node is lost: the session failed and only its record remains.
+		if err := f.cfg.Node.Forget(r.Context(), o, id); err != nil {
+			f.cfg.WriteError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	default:
+		f.cfg.Local.ServeHTTP(w, r) // shows the failed record, refuses the rest
+	}
+}
+
+// create places a new session: on this node when it has room, otherwise
+// on the least-loaded live node that has.
+func (f *Front) create(w http.ResponseWriter, r *http.Request) {
+	n := f.cfg.Node
+	if _, ok := f.principal(r); !ok {
+		f.cfg.Local.ServeHTTP(w, r) // 401
+		return
+	}
+	if !n.Healthy() {
+		f.cfg.WriteError(w, ErrUnavailable)
+		return
+	}
+	mine := n.info()
+	if hasRoom(mine) {
+		f.cfg.Local.ServeHTTP(w, r)
+		return
+	}
+	cands := n.candidates()
+	if len(cands) == 0 { // nodes that joined since the last refresh
+		n.refresh()
+		cands = n.candidates()
+	}
+	if f.placeCreate(w, r, cands) {
+		return
+	}
+	if mine.Draining {
+		f.cfg.WriteError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "the node is draining and no other node has room"})
+		return
+	}
+	f.cfg.Local.ServeHTTP(w, r) // answers capacity
+}
+
+// errFull is a placed create its node refused for want of room.
+var errFull = errors.New("the node has no room")
+
+// placeCreate relays create r to the candidates in turn until one takes
+// it. A node that answers capacity (its view of itself is fresher than
+// ours) or cannot be reached is skipped; once a node has the request, its
+// answer is the answer. It reports false, having written nothing, when
+// no candidate took it.
+func (f *Front) placeCreate(w http.ResponseWriter, r *http.Request, cands []Info) bool {
+	if len(cands) == 0 {
+		return false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxCreateBody+1))
+	r.Body = io.NopCloser(bytes.NewReader(body)) // for the local answer, if it comes to that
+	if err != nil || len(body) > maxCreateBody {
+		return false // the API answers it (body_too_large)
+	}
+	for _, t := range cands {
+		u, err := url.Parse(t.URL)
+		if err != nil || u.Host == "" {
+			continue
+		}
+		skipped := false
+		rp := &httputil.ReverseProxy{
+			Rewrite:   f.rewrite(u, r),
+			Transport: f.transport,
+			ErrorLog:  slog.NewLogLogger(f.cfg.Log.Handler(), slog.LevelDebug),
+			ModifyResponse: func(resp *http.Response) error {
+				if resp.StatusCode != http.StatusServiceUnavailable {
+					return nil
+				}
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+				resp.Body.Close()
+				var e struct {
+					Error struct{ Code string } `json:"error"`
+				}
+				if json.Unmarshal(b, &e) == nil && (e.Error.Code == "capacity" || e.Error.Code == "shutting_down") {
+					return errFull
+				}
+				resp.Body = io.NopCloser(bytes.NewReader(b))
+				return nil
+			},
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				if _, dial := errors.AsType[*net.OpError](err); dial || errors.Is(err, errFull) {
+					skipped = true // nothing was created there
+					return
+				}
+				f.cfg.Log.Warn("cluster_relay_failed", "node", t.ID, "path", r.URL.Path, "err", err)
+				f.cfg.WriteError(w, errNodeDown)
+			},
+		}
+		out := r.Clone(r.Context())
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		rp.ServeHTTP(w, out)
+		if !skipped {
+			f.cfg.Node.placed(t.ID)
+			return true
+		}
+	}
+	return false
+}
+
+// maxCreateBody bounds the body of a create the front holds to place it
+// (the API's own bound).
+const maxCreateBody = 64 << 10
+
+// minMemAvail is the memory a node must have free to take a session.
+const minMemAvail = 256 << 20
+
+func hasRoom(i Info) bool {
+	return !i.Draining && (i.MaxSessions <= 0 || i.Sessions < i.MaxSessions) && (i.MemAvail == 0 || i.MemAvail >= minMemAvail)
+}
+
+// candidates are the other live nodes with room, least loaded first:
+// fewest sessions, then most memory available.
+func (n *Node) candidates() []Info {
+	peers := slices.DeleteFunc(n.peers(), func(i Info) bool { return !hasRoom(i) || i.ID == n.ID() })
+	slices.SortFunc(peers, func(a, b Info) int {
+		if a.Sessions != b.Sessions {
+			return a.Sessions - b.Sessions
+		}
+		switch {
+		case a.MemAvail > b.MemAvail:
+			return -1
+		case a.MemAvail < b.MemAvail:
+			return 1
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return peers
+}
+
+// placed counts a session placed on node id in this node's view, until
+// the node's own record says more.
+func (n *Node) placed(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if i, ok := n.nodes[id]; ok {
+		i.Sessions++
+		n.nodes[id] = i
+	}
+}
+
+// relay sends r to node t and its answer back. When t cannot be reached
+// (nothing was sent), unreachable may answer instead (it reports whether
+// it did); otherwise the answer is node_unavailable.
+func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info, unreachable func(http.ResponseWriter) bool) {
+	u, err := url.Parse(t.URL)
+	if err != nil || u.Host == "" {
+		f.cfg.WriteError(w, errNodeDown)
+		return
+	}
+	if r.Method == http.MethodConnect {
+		f.relayConnect(w, r, u, unreachable)
+		return
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite:       f.rewrite(u, r),
+		Transport:     f.transport,
+		FlushInterval: -1, // command output streams
+		ErrorLog:      slog.NewLogLogger(f.cfg.Log.Handler(), slog.LevelDebug),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			f.cfg.Log.Warn("cluster_relay_failed", "node", t.ID, "path", r.URL.Path, "err", err)
+			if _, dial := errors.AsType[*net.OpError](err); dial && unreachable != nil && unreachable(w) {
+				return
+			}
+			f.cfg.WriteError(w, errNodeDown)
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// rewrite makes a relayed request to u from r: the same path, query and
+// headers (the client's token among them), with the cluster token.
+func (f *Front) rewrite(u *url.URL, r *http.Request) func(*httputil.ProxyRequest) {
+	return func(pr *httputil.ProxyRequest) {
+		pr.SetURL(u)
+		pr.Out.URL.Path, pr.Out.URL.RawPath = r.URL.Path, r.URL.RawPath
+		pr.Out.Host = r.Host
+		pr.SetXForwarded()
+		pr.Out.Header.Set(TokenHeader, f.cfg.Node.cfg.Token)
+	}
+}
+
+// relayConnect relays a CONNECT tunnel to u, the owner: it opens a
+// connection, sends the CONNECT (the client's token and the cluster's),
+// and on 200 splices the two connections both ways; any other answer
+// goes back to the client as it came.
+func (f *Front) relayConnect(w http.ResponseWriter, r *http.Request, u *url.URL, unreachable func(http.ResponseWriter) bool) {
+	if !f.track(nil) {
+		f.cfg.WriteError(w, &gateway.Error{Kind: gateway.KindUnavailable, Code: "shutting_down", Message: "gateway is shutting down"})
+		return
+	}
+	defer f.wg.Done()
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	up, err := f.dial(ctx, u)
+	if err != nil {
+		f.cfg.Log.Warn("cluster_relay_failed", "host", u.Host, "err", err)
+		if unreachable != nil && unreachable(w) {
+			return
+		}
+		f.cfg.WriteError(w, errNodeDown)
+		return
+	}
+	if !f.track(up) {
+		up.Close()
+		return
+	}
+	defer f.untrack(up)
+	_ = up.SetDeadline(time.Now().Add(10 * time.Second))
+	req := "CONNECT " + r.URL.RequestURI() + " HTTP/1.1\r\nHost: " + r.Host + "\r\n"
+	for _, h := range []string{"Proxy-Authorization", "Authorization", "X-Request-Id"} {
+		if v := r.Header.Get(h); v != "" {
+			req += h + ": " + v + "\r\n"
+		}
+	}
+	req += TokenHeader + ": " + f.cfg.Node.cfg.Token + "\r\n\r\n"
+	if _, err := io.WriteString(up, req); err != nil {
+		f.cfg.WriteError(w, errNodeDown)
+		return
+	}
+	ubr := bufio.NewReader(up)
+	resp, err := http.ReadResponse(ubr, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		f.cfg.WriteError(w, errNodeDown)
+		return
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, io.LimitReader(resp.Body, 1<<20))
+		return
+	}
+	_ = up.SetDeadline(time.Time{})
+	down, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		f.cfg.WriteError(w, err)
+		return
+	}
+	if !f.track(down) {
+		down.Close()
+		return
+	}
+	defer f.untrack(down)
+	_ = down.SetDeadline(time.Time{})
+	if _, err := io.WriteString(down, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+		return
+	}
+	// Bytes already read on either side go first.
+	if n := ubr.Buffered(); n > 0 {
+		b, _ := ubr.Peek(n)
+		if _, err := down.Write(b); err != nil {
+			return
+		}
+	}
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			return
+		}
+	}
+	splice(up, down)
+}
+
+func (f *Front) dial(ctx context.Context, u *url.URL) (net.Conn, error) {
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), map[string]string{"https": "443"}[u.Scheme]+map[string]string{"http": "80"}[u.Scheme])
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "https" {
+		return c, nil
+	}
+	cfg := &tls.Config{ServerName: u.Hostname()}
+	if f.cfg.PeerTLS != nil {
+		cfg = f.cfg.PeerTLS.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName = u.Hostname()
+		}
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("tls to peer: %w", err)
+	}
+	return tc, nil
+}
+
+// halfCloser is a connection whose write side closes alone.
+type halfCloser interface{ CloseWrite() error }
+
+// splice copies a to b and b to a until both directions end; the end of
+// one direction half-closes the other side's write.
+func splice(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	cp := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if hc, ok := dst.(halfCloser); ok {
+			_ = hc.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+		done <- struct{}{}
+	}
+	go cp(a, b)
+	go cp(b, a)
+	<-done
+	<-done
+	a.Close()
+	b.Close()
+}
+
+func (f *Front) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	if c == nil {
+		f.wg.Add(1)
+	} else {
+		f.conns[c] = struct{}{}
+	}
+	return true
+}
+
+func (f *Front) untrack(c net.Conn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.conns, c)
+}
+
+// Shutdown closes the relayed tunnels still open and waits for them.
+func (f *Front) Shutdown() {
+	f.mu.Lock()
+	f.closed = true
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+	f.transport.CloseIdleConnections()
+}

@@ -1,0 +1,125 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// sweep marks failed the live sessions whose node is gone: its lease
+// expired (it died, or lost etcd for longer than the TTL) and it left no
+// restarting marker, or that marker's grace ran out. It sweeps as soon as
+// a watch sees a node's record go, and every third of the lease TTL in
+// any case (a watch misses what happens while etcd has no leader). Every
+// node sweeps; each session is marked by exactly one, as the marking is a
+// transaction on the record's revision.
+func (n *Node) sweep() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var gone clientv3.WatchChan
+	for {
+		if gone == nil {
+			gone = n.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix+"nodes/", clientv3.WithPrefix(), clientv3.WithFilterPut())
+		}
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		case _, ok := <-gone:
+			if !ok {
+				gone = nil // made again at the next turn; the ticker sweeps meanwhile
+				select {
+				case <-n.stop:
+					return
+				case <-t.C:
+				}
+			}
+		}
+		ctx, cancelOnce := context.WithTimeout(context.Background(), n.cfg.LeaseTTL)
+		if marked, err := n.SweepOnce(ctx); err != nil {
+			n.log.Debug("cluster_sweep_failed", "err", err)
+		} else if marked > 0 {
+			n.log.Warn("cluster_sessions_failed", "sessions", marked, "reason", ReasonNodeLost)
+		}
+		cancelOnce()
+	}
+}
+
+// SweepOnce marks the live sessions of lost nodes failed and says how many
+// it marked.
+func (n *Node) SweepOnce(ctx context.Context) (int, error) {
+	present := map[string]bool{}
+	for _, p := range []string{"nodes/", "restarting/"} {
+		resp, err := n.cli.Get(ctx, Prefix+p, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return 0, err
+		}
+		for _, kv := range resp.Kvs {
+			present[strings.TrimPrefix(string(kv.Key), Prefix+p)] = true
+		}
+	}
+	resp, err := n.cli.Get(ctx, Prefix+"live/", clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	marked := 0
+	for _, kv := range resp.Kvs {
+		node := string(kv.Value)
+		if present[node] {
+			continue
+		}
+		// live/<tenant>/<id>
+		rest := strings.TrimPrefix(string(kv.Key), Prefix+"live/")
+		tk, id, ok := strings.Cut(rest, "/")
+		if !ok {
+			continue
+		}
+		if ok, err := n.markLost(ctx, tk, id, node, kv.ModRevision); err != nil {
+			return marked, err
+		} else if ok {
+			marked++
+			n.log.Warn("session_failed", "session", id, "node", node, "reason", ReasonNodeLost)
+		}
+	}
+	return marked, nil
+}
+
+// markLost marks session id (of tenant key tk) failed because its node
+// is lost, unless something changed it since the sweep read its live key
+// at liveRev.
+func (n *Node) markLost(ctx context.Context, tk, id, node string, liveRev int64) (bool, error) {
+	recKey := Prefix + "sessions/" + tk + "/" + id
+	liveKey := Prefix + "live/" + tk + "/" + id
+	resp, err := n.cli.Get(ctx, recKey)
+	if err != nil {
+		return false, err
+	}
+	if len(resp.Kvs) == 0 {
+		_, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(liveKey), "=", liveRev)).Then(clientv3.OpDelete(liveKey)).Commit()
+		return false, err
+	}
+	var r gateway.Record
+	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+		return false, err
+	}
+	r.Status, r.StatusReason = gateway.StatusFailed, ReasonNodeLost
+	data, _ := json.Marshal(r)
+	tr, err := n.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.ModRevision(recKey), "=", resp.Kvs[0].ModRevision),
+		clientv3.Compare(clientv3.ModRevision(liveKey), "=", liveRev),
+		clientv3.Compare(clientv3.CreateRevision(Prefix+"nodes/"+node), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(Prefix+"restarting/"+node), "=", 0),
+	).Then(clientv3.OpPut(recKey, string(data)), clientv3.OpDelete(liveKey)).Commit()
+	if err != nil {
+		return false, err
+	}
+	return tr.Succeeded, nil
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/cluster"
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// clusterFlags are the flags of cluster mode (docs/cluster.md).
+type clusterFlags struct {
+	etcd         listFlag
+	etcdCA       string
+	etcdCert     string
+	etcdKey      string
+	etcdUser     string
+	etcdPassFile string
+	advertise    string
+	nodeID       string
+	tokenFile    string
+	peerCA       string
+	leaseTTL     time.Duration
+	restartGrace time.Duration
+}
+
+func (c *clusterFlags) register(fs *flag.FlagSet) {
+	fs.Var(&c.etcd, "cluster-etcd", "etcd client URLs (comma-separated or repeated): run as a node of the cluster they hold; unset, the gateway stands alone")
+	fs.StringVar(&c.etcdCA, "cluster-etcd-ca", "", "PEM CA that signed etcd's server certificates")
+	fs.StringVar(&c.etcdCert, "cluster-etcd-cert", "", "PEM client certificate for etcd (with --cluster-etcd-key)")
+	fs.StringVar(&c.etcdKey, "cluster-etcd-key", "", "PEM client key for etcd")
+	fs.StringVar(&c.etcdUser, "cluster-etcd-user", "", "etcd user (with --cluster-etcd-password-file)")
+	fs.StringVar(&c.etcdPassFile, "cluster-etcd-password-file", "", "file holding the etcd user's password")
+	fs.StringVar(&c.advertise, "cluster-advertise", "", "URL other nodes reach this node at (its --listen as they see it, e.g. http://10.0.0.5:8080)")
+	fs.StringVar(&c.nodeID, "cluster-node-id", "", "node id (default: one made once and kept in the data dir)")
+	fs.StringVar(&c.tokenFile, "cluster-token-file", "", "file holding the token nodes authenticate their relays with (the same on every node, at least 16 characters)")
+	fs.StringVar(&c.peerCA, "cluster-peer-ca", "", "PEM CA that signed the other nodes' certificates, when they serve https")
+	fs.DurationVar(&c.leaseTTL, "cluster-lease-ttl", cluster.DefaultLeaseTTL, "the node's etcd lease: this long after the node stops renewing it, its sessions are marked failed (node lost)")
+	fs.DurationVar(&c.restartGrace, "cluster-restart-grace", cluster.DefaultRestartGrace, "how long a node drained by SIGTERM (with --keep-sandboxes-on-exit) may take to come back before its sessions are marked failed")
+}
+
+func (c *clusterFlags) enabled() bool { return len(c.etcd) > 0 }
+
+func readPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("no certificate in %s", path)
+	}
+	return pool, nil
+}
+
+// config builds the node's configuration from the flags.
+func (c *clusterFlags) config(dataDir string, maxSessions, maxPerTenant int, log *slog.Logger) (cluster.Config, error) {
+	cc := cluster.Config{
+		NodeID: c.nodeID, DataDir: dataDir, Advertise: c.advertise, LeaseTTL: c.leaseTTL,
+		RestartGrace: c.restartGrace, MaxSessions: maxSessions, MaxSessionsPerTenant: maxPerTenant, Log: log,
+	}
+	for _, e := range c.etcd {
+		for _, u := range strings.Split(e, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				cc.Endpoints = append(cc.Endpoints, u)
+			}
+		}
+	}
+	if c.tokenFile == "" {
+		return cc, errors.New("--cluster-etcd needs --cluster-token-file")
+	}
+	b, err := os.ReadFile(c.tokenFile)
+	if err != nil {
+		return cc, fmt.Errorf("--cluster-token-file: %w", err)
+	}
+	cc.Token = strings.TrimSpace(string(b))
+	if c.etcdCA != "" || c.etcdCert != "" {
+		t := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.etcdCA != "" {
+			if t.RootCAs, err = readPool(c.etcdCA); err != nil {
+				return cc, fmt.Errorf("--cluster-etcd-ca: %w", err)
+			}
+		}
+		if (c.etcdCert == "") != (c.etcdKey == "") {
+			return cc, errors.New("--cluster-etcd-cert and --cluster-etcd-key go together")
+		}
+		if c.etcdCert != "" {
+			kp, err := tls.LoadX509KeyPair(c.etcdCert, c.etcdKey)
+			if err != nil {
+				return cc, fmt.Errorf("--cluster-etcd-cert: %w", err)
+			}
+			t.Certificates = []tls.Certificate{kp}
+		}
+		cc.TLS = t
+	}
+	if c.etcdUser != "" {
+		b, err := os.ReadFile(c.etcdPassFile)
+		if err != nil {
+			return cc, fmt.Errorf("--cluster-etcd-password-file: %w", err)
+		}
+		cc.Username, cc.Password = c.etcdUser, strings.TrimSpace(string(b))
+	}
+	return cc, nil
+}
+
+// peerTLS verifies other nodes served over https (nil: system roots).
+func (c *clusterFlags) peerTLS() (*tls.Config, error) {
+	if c.peerCA == "" {
+		return nil, nil
+	}
+	pool, err := readPool(c.peerCA)
+	if err != nil {
+		return nil, fmt.Errorf("--cluster-peer-ca: %w", err)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
+// open joins the cluster; sessions counts the node's live sessions.
+func (c *clusterFlags) open(ctx context.Context, cfg *serveConfig, log *slog.Logger, sessions func() int) (*cluster.Node, error) {
+	cc, err := c.config(cfg.dataDir, cfg.maxSessions, cfg.maxPerTenant, log)
+	if err != nil {
+		return nil, err
+	}
+	return cluster.Open(ctx, cc, sessions)
+}
+
+// liveSessions counts m's running and stopped sessions (0 before m exists).
+func liveSessions(m *gateway.Manager) int {
+	if m == nil {
+		return 0
+	}
+	c := m.SessionsByStatus()
+	return c["running"] + c["stopped"]
+}

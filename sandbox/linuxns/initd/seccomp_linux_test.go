@@ -127,7 +127,7 @@ func TestSeccompPolicy(t *testing.T) {
 		for _, n := range ctl.SeccompBlocked(info) {
 			calls = append(calls, call{name: n, errno: unix.EPERM})
 		}
-		for _, n := range []string{"keyctl", "bpf", "mount", "umount2", "pivot_root", "reboot", "init_module"} {
+		for _, n := range []string{"keyctl", "bpf", "mount", "umount2", "pivot_root", "reboot", "init_module", "fsopen", "move_mount", "open_tree", "io_uring_setup"} {
 			if !slices.Contains(ctl.SeccompBlocked(info), n) {
 				t.Errorf("%s is not blocked", n)
 			}

@@ -24,7 +24,9 @@ import (
 // create that finds it.
 
 func keyName(t, name string) string { return Prefix + "names/" + tenantKey(t) + "/" + name }
-func keyIdem(t, key string) string  { return Prefix + "idem/" + tenantKey(t) + "/" + url.PathEscape(key) }
+func keyIdem(t, key string) string {
+	return Prefix + "idem/" + tenantKey(t) + "/" + url.PathEscape(key)
+}
 
 // errNameTaken is the single-node answer (gateway/names.go) for a name a
 // live session of the tenant on another node has.

@@ -152,7 +152,7 @@ func TestClusterNamesAndIdempotencyKeys(t *testing.T) {
 	_, n := startCluster(t)
 	a, b, c := n[0], n[1], n[2]
 	type created struct {
-		SessionID string `json:"sessionId"`
+		SessionID string                `json:"sessionId"`
 		Error     struct{ Code string } `json:"error"`
 	}
 

@@ -60,10 +60,12 @@ type FrontConfig struct {
 	PeerTLS *tls.Config
 	// CompatSession, when set, names the session a request of a
 	// compatibility API (/compat/...) is for: by id, or by the session
-	// name the API gives it (both empty: none), and the credential the API
-	// takes in a header of its own ("" for the bearer token). Such a
-	// request is relayed to the session's owner like a native session route.
-	CompatSession func(r *http.Request) (id, name, token string)
+	// name the API gives it (name, called once the request is
+	// authenticated: it may read the body; "" or nil: none), and the
+	// credential the API takes in a header of its own ("" for the bearer
+	// token). Such a request is relayed to the session's owner like a
+	// native session route.
+	CompatSession func(r *http.Request) (id, token string, name func() string)
 	Log           *slog.Logger
 }
 
@@ -155,8 +157,8 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.create(w, r)
 		return
 	}
-	id, name, token := f.sessionOf(r)
-	if id == "" && name == "" || id != "" && f.cfg.Sessions.Known(id) {
+	id, token, name := f.sessionOf(r)
+	if id == "" && name == nil || id != "" && f.cfg.Sessions.Known(id) {
 		f.cfg.Local.ServeHTTP(w, r)
 		return
 	}
@@ -166,8 +168,13 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if id == "" { // named: the live session of that name, wherever it is
+		n := name()
+		if n == "" {
+			f.cfg.Local.ServeHTTP(w, r)
+			return
+		}
 		var err error
-		if id, err = f.cfg.Node.lookupName(r.Context(), p.Tenant, name); err != nil || id == "" || f.cfg.Sessions.Known(id) {
+		if id, err = f.cfg.Node.lookupName(r.Context(), p.Tenant, n); err != nil || id == "" || f.cfg.Sessions.Known(id) {
 			f.cfg.Local.ServeHTTP(w, r) // none yet (the API makes it here), or this node's
 			return
 		}
@@ -177,15 +184,16 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // sessionOf names the session r is for: by id (a native session route,
 // CONNECT, or a compat route with the id in its path) or by name (a compat
-// API that names its sessions itself).
-func (f *Front) sessionOf(r *http.Request) (id, name, token string) {
+// API that names its sessions itself, known once r is authenticated with
+// token, the API's own credential, or its bearer token).
+func (f *Front) sessionOf(r *http.Request) (id, token string, name func() string) {
 	if id, ok := sessionPath(r); ok {
-		return id, "", ""
+		return id, "", nil
 	}
 	if f.cfg.CompatSession != nil && strings.HasPrefix(r.URL.Path, "/compat/") {
 		return f.cfg.CompatSession(r)
 	}
-	return "", "", ""
+	return "", "", nil
 }
 
 // forward serves a request for session id of principal p: locally when

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
@@ -170,4 +171,24 @@ func FuzzSFTPTap(f *testing.F) {
 			t.Fatalf("pending %d, handles %d after Close", len(tap.pending), len(tap.handles))
 		}
 	})
+}
+
+// BenchmarkSFTPTapStat is the tap's cost of one STAT request and its
+// ATTRS reply (one event), the commonest metadata read.
+func BenchmarkSFTPTapStat(b *testing.B) {
+	path := "/home/sandbox/some/dir/file.txt"
+	req := []byte{0, 0, 0, 0, sftpStat, 0, 0, 0, 7, 0, 0, 0, byte(len(path))}
+	req = append(req, path...)
+	binary.BigEndian.PutUint32(req, uint32(len(req)-4))
+	rep := []byte{0, 0, 0, 13, sftpAttrs, 0, 0, 0, 7, 0, 0, 0, 0} // no attributes
+	events := 0
+	tap := NewSFTPTap(func(Event) { events++ })
+	b.ReportAllocs()
+	for b.Loop() {
+		tap.Client(req)
+		tap.Server(rep)
+	}
+	if events == 0 {
+		b.Fatal("no event")
+	}
 }

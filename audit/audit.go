@@ -47,6 +47,7 @@ const (
 	KindFile        = "file"         // a file operation (SFTP or REST)
 	KindEgress      = "egress"       // the egress proxy allowed or denied a connection
 	KindSession     = "session"      // session lifecycle (Op: created, deleted, expired, failed, stopped)
+	KindForward     = "forward"      // an ssh -L (direct-tcpip) channel ended or was refused (Host, Port, BytesIn, BytesOut)
 )
 
 // Event is one line of the audit log. Fields a kind does not use are
@@ -83,11 +84,11 @@ type Event struct {
 	Target string `json:"target,omitempty"` // a rename's or symlink's second path
 	Bytes  int64  `json:"bytes,omitempty"`
 
-	// Tunnels.
+	// Tunnels and forwards.
 	BytesIn  int64 `json:"bytesIn,omitempty"`  // from the client
 	BytesOut int64 `json:"bytesOut,omitempty"` // to the client
 
-	// Egress.
+	// Egress and forwards (the destination the client asked for).
 	Host string `json:"host,omitempty"`
 	Port int    `json:"port,omitempty"`
 	Addr string `json:"addr,omitempty"`

@@ -11,18 +11,26 @@ const (
 	sftpClose    = 4
 	sftpRead     = 5
 	sftpWrite    = 6
+	sftpLstat    = 7
+	sftpFstat    = 8
 	sftpSetstat  = 9
 	sftpFsetstat = 10
+	sftpOpendir  = 11
 	sftpRemove   = 13
 	sftpMkdir    = 14
 	sftpRmdir    = 15
+	sftpRealpath = 16
+	sftpStat     = 17
 	sftpRename   = 18
+	sftpReadlink = 19
 	sftpSymlink  = 20
 	sftpExtended = 200
 
 	sftpStatus = 101
 	sftpHandle = 102
 	sftpData   = 103
+	sftpName   = 104
+	sftpAttrs  = 105
 
 	sftpFlagWrite = 0x2
 )
@@ -46,7 +54,9 @@ var sftpStatusNames = []string{"ok", "eof", "no_such_file", "permission_denied",
 // file operation with its path, bytes and result: a file's transfer when
 // it is closed (op read or write), a failed open, and every remove,
 // mkdir, rmdir, rename, symlink, hardlink and setstat. Reads of metadata
-// (stat, realpath, readdir) are not reported.
+// are reported too, one event per request: stat (stat, lstat, fstat),
+// list (opening a directory; its readdir calls are not each reported),
+// realpath and readlink (Target: the answer's name).
 //
 // The SFTP server runs in the sandbox as the sandbox user: the tap, in
 // the gateway, reports what the client asked and what the server
@@ -134,6 +144,16 @@ func (t *SFTPTap) request(kept []byte, n int) {
 		r.op, r.handle = "write", d.str()
 		d.u64()
 		r.bytes = int64(d.u32())
+	case sftpStat, sftpLstat:
+		r.op, r.path = "stat", d.str()
+	case sftpFstat:
+		r.op, r.handle = "stat", d.str()
+	case sftpOpendir:
+		r.op, r.path = "list", d.str()
+	case sftpRealpath:
+		r.op, r.path = "realpath", d.str()
+	case sftpReadlink:
+		r.op, r.path = "readlink", d.str()
 	case sftpSetstat:
 		r.op, r.path = "setstat", d.str()
 	case sftpFsetstat:
@@ -193,7 +213,21 @@ func (t *SFTPTap) reply(kept []byte, n int) {
 	}
 	delete(t.pending, id)
 	switch typ {
+	case sftpAttrs:
+		if r.op == "stat" {
+			t.status(r, "ok")
+		}
+	case sftpName:
+		if r.op == "realpath" || r.op == "readlink" {
+			if d.u32() > 0 { // the count; then the first name
+				r.target = d.str()
+			}
+			t.status(r, "ok")
+		}
 	case sftpHandle:
+		if r.op == "list" {
+			t.status(r, "ok")
+		}
 		if r.op == "open" && len(t.handles) < sftpMaxHandles {
 			if h := d.str(); !d.bad {
 				t.handles[h] = &sftpFile{path: r.path, write: r.write}
@@ -239,7 +273,7 @@ func (t *SFTPTap) status(r sftpReq, result string) {
 			op = "write"
 		}
 		t.emit(Event{Kind: KindFile, Source: "sftp", Op: op, Path: r.path, Result: result})
-	case "setstat":
+	case "setstat", "stat":
 		path := r.path
 		if r.handle != "" {
 			if f := t.handles[r.handle]; f != nil {

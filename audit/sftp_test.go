@@ -1,10 +1,13 @@
 package audit
 
 import (
+	"encoding/binary"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -76,6 +79,22 @@ func TestSFTPTap(t *testing.T) {
 	must(c.Symlink("d/c.bin", "link"))
 	must(c.Chmod("d/c.bin", 0o600))
 	must(c.Remove("link"))
+	// Reads of metadata.
+	_, err = c.Stat("d/c.bin")
+	must(err)
+	if _, err := c.Lstat("nope"); err == nil {
+		t.Fatal("stat of a missing file")
+	}
+	_, err = c.ReadDir("d")
+	must(err)
+	if _, err := c.ReadDir("nodir"); err == nil {
+		t.Fatal("listed a missing directory")
+	}
+	must(c.Symlink("d/c.bin", "l2"))
+	target, err := c.ReadLink("l2")
+	must(err)
+	real, err := c.RealPath("d/../d")
+	must(err)
 	if _, err := c.Open("missing"); err == nil {
 		t.Fatal("opened a missing file")
 	}
@@ -90,6 +109,7 @@ func TestSFTPTap(t *testing.T) {
 
 	want := []Event{
 		{Op: "write", Path: "a.bin", Bytes: 300000, Result: "ok"},
+		{Op: "stat", Path: "a.bin", Result: "ok"}, // fstat of the open file (the client's io.Copy)
 		{Op: "read", Path: "a.bin", Bytes: 300000, Result: "ok"},
 		{Op: "mkdir", Path: "d", Result: "ok"},
 		{Op: "rename", Path: "a.bin", Target: "d/b.bin", Result: "ok"},
@@ -97,6 +117,13 @@ func TestSFTPTap(t *testing.T) {
 		{Op: "symlink", Path: "link", Target: "d/c.bin", Result: "ok"},
 		{Op: "setstat", Path: "d/c.bin", Result: "ok"},
 		{Op: "remove", Path: "link", Result: "ok"},
+		{Op: "stat", Path: "d/c.bin", Result: "ok"},
+		{Op: "stat", Path: "nope", Result: "no_such_file"},
+		{Op: "list", Path: "d", Result: "ok"},
+		{Op: "list", Path: "nodir", Result: "no_such_file"},
+		{Op: "symlink", Path: "l2", Target: "d/c.bin", Result: "ok"},
+		{Op: "readlink", Path: "l2", Target: target, Result: "ok"},
+		{Op: "realpath", Path: "d/../d", Target: real, Result: "ok"},
 		{Op: "read", Path: "missing", Result: "no_such_file"},
 		{Op: "write", Path: "left-open", Bytes: 3, Result: "not_closed"},
 	}
@@ -104,11 +131,23 @@ func TestSFTPTap(t *testing.T) {
 		want[i].Kind, want[i].Source = KindFile, "sftp"
 	}
 	if !slices.Equal(events, want) {
-		t.Errorf("events:\n%+v\nwant:\n%+v", events, want)
+		t.Errorf("events:\n%s\nwant:\n%s", brief(events), brief(want))
 	}
 	if _, err := os.Stat(filepath.Join(root, "d", "c.bin")); err != nil {
 		t.Error(err)
 	}
+	if target != "d/c.bin" || !strings.HasSuffix(real, "/d") {
+		t.Errorf("readlink %q, realpath %q", target, real)
+	}
+}
+
+// brief lists events' file fields, one a line.
+func brief(es []Event) string {
+	var b strings.Builder
+	for _, e := range es {
+		fmt.Fprintf(&b, "%s %s %q %q %d %s\n", e.Kind, e.Op, e.Path, e.Target, e.Bytes, e.Result)
+	}
+	return b.String()
 }
 
 // FuzzSFTPTap: no input, in either direction and cut anywhere, makes the
@@ -132,4 +171,24 @@ func FuzzSFTPTap(f *testing.F) {
 			t.Fatalf("pending %d, handles %d after Close", len(tap.pending), len(tap.handles))
 		}
 	})
+}
+
+// BenchmarkSFTPTapStat is the tap's cost of one STAT request and its
+// ATTRS reply (one event), the commonest metadata read.
+func BenchmarkSFTPTapStat(b *testing.B) {
+	path := "/home/sandbox/some/dir/file.txt"
+	req := []byte{0, 0, 0, 0, sftpStat, 0, 0, 0, 7, 0, 0, 0, byte(len(path))}
+	req = append(req, path...)
+	binary.BigEndian.PutUint32(req, uint32(len(req)-4))
+	rep := []byte{0, 0, 0, 13, sftpAttrs, 0, 0, 0, 7, 0, 0, 0, 0} // no attributes
+	events := 0
+	tap := NewSFTPTap(func(Event) { events++ })
+	b.ReportAllocs()
+	for b.Loop() {
+		tap.Client(req)
+		tap.Server(rep)
+	}
+	if events == 0 {
+		b.Fatal("no event")
+	}
 }

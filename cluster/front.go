@@ -58,7 +58,15 @@ type FrontConfig struct {
 	RateLimit int
 	// PeerTLS verifies peers served over https (nil: system roots).
 	PeerTLS *tls.Config
-	Log     *slog.Logger
+	// CompatSession, when set, names the session a request of a
+	// compatibility API (/compat/...) is for: by id, or by the session
+	// name the API gives it (name, called once the request is
+	// authenticated: it may read the body; "" or nil: none), and the
+	// credential the API takes in a header of its own ("" for the bearer
+	// token). Such a request is relayed to the session's owner like a
+	// native session route.
+	CompatSession func(r *http.Request) (id, token string, name func() string)
+	Log           *slog.Logger
 }
 
 // Front is the node's HTTP handler: it serves what this node holds and
@@ -113,13 +121,18 @@ func bearer(h string) string {
 	return strings.TrimSpace(h[len(prefix):])
 }
 
-func (f *Front) principal(r *http.Request) (gateway.Principal, bool) {
+// principal authenticates r: its bearer token, or fallback (a compat
+// API's own credential header) when it has none.
+func (f *Front) principal(r *http.Request, fallback string) (gateway.Principal, bool) {
 	token := ""
 	if r.Method == http.MethodConnect {
 		token = bearer(r.Header.Get("Proxy-Authorization"))
 	}
 	if token == "" {
 		token = bearer(r.Header.Get("Authorization"))
+	}
+	if token == "" {
+		token = fallback
 	}
 	p, err := f.cfg.Verifier.Verify(token)
 	return p, err == nil
@@ -144,16 +157,49 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.create(w, r)
 		return
 	}
-	id, ok := sessionPath(r)
-	if !ok || f.cfg.Sessions.Known(id) {
+	id, token, name := f.sessionOf(r)
+	if id == "" && name == nil || id != "" && f.cfg.Sessions.Known(id) {
 		f.cfg.Local.ServeHTTP(w, r)
 		return
 	}
-	p, ok := f.principal(r)
+	p, ok := f.principal(r, token)
 	if !ok { // the API answers 401, counting the failure
 		f.cfg.Local.ServeHTTP(w, r)
 		return
 	}
+	if id == "" { // named: the live session of that name, wherever it is
+		n := name()
+		if n == "" {
+			f.cfg.Local.ServeHTTP(w, r)
+			return
+		}
+		var err error
+		if id, err = f.cfg.Node.lookupName(r.Context(), p.Tenant, n); err != nil || id == "" || f.cfg.Sessions.Known(id) {
+			f.cfg.Local.ServeHTTP(w, r) // none yet (the API makes it here), or this node's
+			return
+		}
+	}
+	f.forward(w, r, p, id)
+}
+
+// sessionOf names the session r is for: by id (a native session route,
+// CONNECT, or a compat route with the id in its path) or by name (a compat
+// API that names its sessions itself, known once r is authenticated with
+// token, the API's own credential, or its bearer token).
+func (f *Front) sessionOf(r *http.Request) (id, token string, name func() string) {
+	if id, ok := sessionPath(r); ok {
+		return id, "", nil
+	}
+	if f.cfg.CompatSession != nil && strings.HasPrefix(r.URL.Path, "/compat/") {
+		return f.cfg.CompatSession(r)
+	}
+	return "", "", nil
+}
+
+// forward serves a request for session id of principal p: locally when
+// the session is unknown, another tenant's or this node's, otherwise by a
+// relay to its owner.
+func (f *Front) forward(w http.ResponseWriter, r *http.Request, p gateway.Principal, id string) {
 	o, err := f.cfg.Node.lookupOwner(r.Context(), id)
 	if err != nil {
 		f.cfg.WriteError(w, unavailable(err))
@@ -215,9 +261,18 @@ func (f *Front) ownerGone(w http.ResponseWriter, r *http.Request, id string, o o
 // on the least-loaded live node that has.
 func (f *Front) create(w http.ResponseWriter, r *http.Request) {
 	n := f.cfg.Node
-	if _, ok := f.principal(r); !ok {
+	p, ok := f.principal(r, "")
+	if !ok {
 		f.cfg.Local.ServeHTTP(w, r) // 401
 		return
+	}
+	// An Idempotency-Key a create on another node already used: that
+	// node answers (the replay, or idempotency_key_reused).
+	if keys := r.Header.Values("Idempotency-Key"); len(keys) == 1 && keys[0] != "" {
+		if id, err := n.lookupIdem(r.Context(), p.Tenant, keys[0]); err == nil && id != "" && !f.cfg.Sessions.Known(id) {
+			f.forward(w, r, p, id)
+			return
+		}
 	}
 	if !n.Healthy() {
 		f.cfg.WriteError(w, ErrUnavailable)

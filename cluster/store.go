@@ -158,6 +158,7 @@ func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) 
 		}
 		// A session another node marked failed (this node was taken for
 		// lost) stays failed: its live key is gone.
+		ops = append(ops, releaseOps(r, false)...)
 		cmp := []clientv3.Cmp{clientv3.Compare(clientv3.Value(ok), "=", me)}
 		if isLive(r.Status) {
 			cmp = append(cmp, clientv3.Compare(clientv3.CreateRevision(live), ">", 0))
@@ -198,17 +199,24 @@ func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) 
 	if isLive(r.Status) {
 		ops = append(ops, clientv3.OpPut(live, s.n.cfg.NodeID))
 	}
-	tr, err := s.n.cli.Txn(ctx).If(
+	claimCmp, claimPut, claimGet := claimOps(r)
+	tr, err := s.n.cli.Txn(ctx).If(append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(ok), "=", 0),
 		clientv3.Compare(clientv3.ModRevision(keyGuard(r.Tenant)), "=", guardRev),
-	).Then(ops...).Commit()
+	}, claimCmp...)...).Then(append(ops, claimPut...)...).Else(claimGet...).Commit()
 	if err != nil {
 		return false, unavailable(err)
 	}
 	if tr.Succeeded {
 		s.n.cacheOwner(r.ID, owner{r.Tenant, s.n.cfg.NodeID})
+		return true, nil
 	}
-	return tr.Succeeded, nil
+	// The guard moved (another create: count again), or a claim is taken.
+	resps := make([]*clientv3.GetResponse, 0, len(tr.Responses))
+	for _, rp := range tr.Responses {
+		resps = append(resps, (*clientv3.GetResponse)(rp.GetResponseRange()))
+	}
+	return false, s.claimConflict(ctx, r, resps)
 }
 
 // Delete removes session id from etcd (its record, ownership and live
@@ -232,13 +240,26 @@ func (s *Store) deleteEtcd(id string) error {
 		return unavailable(err)
 	}
 	if o.node != "" {
-		if _, err := s.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(keyOwner(id)), "=", ownerValue(o.tenant, o.node))).Then(
-			clientv3.OpDelete(keyOwner(id)), clientv3.OpDelete(keyRecord(o.tenant, id)), clientv3.OpDelete(keyLive(o.tenant, id)),
-		).Commit(); err != nil {
+		if err := s.n.dropSession(ctx, o, id); err != nil {
 			return unavailable(err)
 		}
 	}
 	return nil
+}
+
+// dropSession removes session id, held by o, from etcd: its ownership,
+// record, live key and claims (claims.go).
+func (n *Node) dropSession(ctx context.Context, o owner, id string) error {
+	rec, found, err := n.recordOf(ctx, o.tenant, id)
+	if err != nil {
+		return err
+	}
+	ops := []clientv3.Op{clientv3.OpDelete(keyOwner(id)), clientv3.OpDelete(keyRecord(o.tenant, id)), clientv3.OpDelete(keyLive(o.tenant, id))}
+	if found {
+		ops = append(ops, releaseOps(rec, true)...)
+	}
+	_, err = n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(keyOwner(id)), "=", ownerValue(o.tenant, o.node))).Then(ops...).Commit()
+	return err
 }
 
 // All returns this node's sessions for Restore: those of the local cache,
@@ -438,10 +459,7 @@ func (n *Node) forgetOwner(id string) {
 func (n *Node) Forget(ctx context.Context, o owner, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
-	_, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(keyOwner(id)), "=", ownerValue(o.tenant, o.node))).Then(
-		clientv3.OpDelete(keyOwner(id)), clientv3.OpDelete(keyRecord(o.tenant, id)), clientv3.OpDelete(keyLive(o.tenant, id)),
-	).Commit()
-	if err != nil {
+	if err := n.dropSession(ctx, o, id); err != nil {
 		return unavailable(err)
 	}
 	n.forgetOwner(id)

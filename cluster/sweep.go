@@ -117,7 +117,7 @@ func (n *Node) markLost(ctx context.Context, tk, id, node string, liveRev int64)
 		clientv3.Compare(clientv3.ModRevision(liveKey), "=", liveRev),
 		clientv3.Compare(clientv3.CreateRevision(Prefix+"nodes/"+node), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(Prefix+"restarting/"+node), "=", 0),
-	).Then(clientv3.OpPut(recKey, string(data)), clientv3.OpDelete(liveKey)).Commit()
+	).Then(append([]clientv3.Op{clientv3.OpPut(recKey, string(data)), clientv3.OpDelete(liveKey)}, releaseOps(r, false)...)...).Commit()
 	if err != nil {
 		return false, err
 	}

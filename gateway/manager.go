@@ -555,8 +555,11 @@ func (m *Manager) Update(ctx context.Context, p Principal, id string, up UpdateP
 		for i := len(undo) - 1; i >= 0; i-- {
 			undo[i]()
 		}
+		// A store that keeps a failed write to retry it (a cluster node
+		// without etcd) must keep the unchanged record instead.
+		_ = m.cfg.Store.Put(s.Snapshot())
 		m.log.Error("store_failed", "session", s.ID, "err", err)
-		return nil, &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the change", Err: err}
+		return nil, storeError(err)
 	}
 	args := []any{"session", s.ID, "tenant", p.Tenant}
 	if up.TTL != nil {

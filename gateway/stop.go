@@ -94,7 +94,7 @@ func (m *Manager) putManaged(s *Session) error {
 	}
 	if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
 		m.log.Error("store_failed", "session", s.ID, "err", err)
-		return &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the change", Err: err}
+		return storeError(err)
 	}
 	return nil
 }
@@ -169,4 +169,15 @@ func (m *Manager) resume(ctx context.Context, s *Session) error {
 	m.log.InfoContext(ctx, "session_resumed", "session", s.ID, "tenant", s.Tenant)
 	m.auditSession(ctx, s, "resumed", "", "")
 	return nil
+}
+
+// storeError is the answer to a change the store could not record: the
+// store's own refusal when it names one (a cluster store without etcd
+// quorum answers cluster_unavailable, as for a create), store_failed
+// otherwise.
+func storeError(err error) error {
+	if ge, ok := errors.AsType[*Error](err); ok {
+		return ge
+	}
+	return &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the change", Err: err}
 }

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"io"
 	"sync/atomic"
+	"time"
 
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/gateway"
 )
 
 // withRequest keeps the CONNECT request's identity in the connection's
@@ -111,4 +113,29 @@ func auditSource(kind string) string {
 		return "shell"
 	}
 	return "ssh"
+}
+
+// forwardAudit records one direct-tcpip (ssh -L) channel: refused, or
+// ended with the bytes it moved each way.
+type forwardAudit struct {
+	ctx   context.Context
+	sess  *gateway.Session
+	host  string
+	port  int
+	start time.Time
+}
+
+func (s *Server) newForwardAudit(ctx gliderssh.Context, sess *gateway.Session, host string, port uint32) *forwardAudit {
+	return &forwardAudit{ctx: requestCtx(ctx), sess: sess, host: host, port: int(port), start: time.Now()}
+}
+
+// refused records a channel that was not opened: result names why.
+func (f *forwardAudit) refused(result, reason string) {
+	f.sess.Audit(f.ctx, audit.Event{Kind: audit.KindForward, Host: f.host, Port: f.port, Result: result, Reason: reason})
+}
+
+// ended records a channel that was open, once both directions are done.
+func (f *forwardAudit) ended(in, out int64) {
+	f.sess.Audit(f.ctx, audit.Event{Kind: audit.KindForward, Host: f.host, Port: f.port, Result: "ok",
+		BytesIn: in, BytesOut: out, DurationMs: time.Since(f.start).Milliseconds()})
 }

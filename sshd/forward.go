@@ -76,30 +76,36 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 		return
 	}
 	log := s.cfg.Log.With("session", sess.ID, "host", d.DestAddr, "port", d.DestPort)
+	fw := s.newForwardAudit(ctx, sess, d.DestAddr, d.DestPort)
 	if !s.cfg.LocalForward {
 		log.Info("ssh_forward_refused", "reason", "disabled")
+		fw.refused("disabled", "port forwarding is disabled on this gateway")
 		_ = nc.Reject(gossh.Prohibited, "port forwarding is disabled on this gateway")
 		return
 	}
 	network := loopbackNetwork(d.DestAddr)
 	if network == "" {
 		log.Info("ssh_forward_refused", "reason", "not loopback")
+		fw.refused("not_loopback", "only the sandbox's own loopback can be forwarded to")
 		_ = nc.Reject(gossh.Prohibited, "only the sandbox's own loopback can be forwarded to (localhost, 127.0.0.1 or ::1)")
 		return
 	}
 	if d.DestPort < 1 || d.DestPort > 65535 {
+		fw.refused("invalid_port", fmt.Sprintf("port %d out of range", d.DestPort))
 		_ = nc.Reject(gossh.ConnectionFailed, fmt.Sprintf("port %d out of range", d.DestPort))
 		return
 	}
 	dialer := loopbackDialer(sess.Sandbox())
 	if dialer == nil {
 		log.Info("ssh_forward_refused", "reason", "sandbox cannot dial its loopback")
+		fw.refused("unsupported", "this sandbox driver does not support port forwarding")
 		_ = nc.Reject(gossh.Prohibited, "this sandbox driver does not support port forwarding")
 		return
 	}
 	if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
 		if bc.chans.Add(1) > MaxChannelsPerConn {
 			bc.chans.Add(-1)
+			fw.refused("too_many_channels", fmt.Sprintf("too many open channels on this connection (max %d)", MaxChannelsPerConn))
 			_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("too many open channels on this connection (max %d)", MaxChannelsPerConn))
 			return
 		}
@@ -110,6 +116,7 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 	cancel()
 	if err != nil {
 		log.Info("ssh_forward_failed", "err", err)
+		fw.refused("connect_failed", connectErr(err))
 		_ = nc.Reject(gossh.ConnectionFailed, "cannot connect in the sandbox: "+connectErr(err))
 		return
 	}
@@ -121,7 +128,8 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 	go gossh.DiscardRequests(reqs)
 	sess.Touch(time.Now())
 	log.Info("ssh_forward_opened")
-	s.pipe(ctx, ch, conn)
+	in, out := s.pipe(ctx, ch, conn)
+	fw.ended(in, out)
 }
 
 // connectErr is err without the gateway's own details (addresses and
@@ -140,7 +148,8 @@ func connectErr(err error) string {
 // pipe copies between the channel and conn both ways, passing each EOF on
 // as a half-close, until both directions are done or the connection ends
 // (the session closing ends it); every move of data is session activity.
-func (s *Server) pipe(ctx context.Context, ch gossh.Channel, conn net.Conn) {
+// It returns the bytes moved from the client and to it.
+func (s *Server) pipe(ctx context.Context, ch gossh.Channel, conn net.Conn) (in, out int64) {
 	a := &activity{sess: sessionOf(ctx)}
 	stop := context.AfterFunc(ctx, func() {
 		_ = conn.Close()
@@ -152,7 +161,8 @@ func (s *Server) pipe(ctx context.Context, ch gossh.Channel, conn net.Conn) {
 	go func() { // client -> sandbox
 		defer wg.Done()
 		defer s.recoverForward(conn, ch)
-		_, err := copyStream(conn, a.reader(ch), &s.bufs)
+		var err error
+		in, err = copyStream(conn, a.reader(ch), &s.bufs)
 		if err != nil {
 			_ = conn.Close()
 			_ = ch.Close()
@@ -165,7 +175,8 @@ func (s *Server) pipe(ctx context.Context, ch gossh.Channel, conn net.Conn) {
 	go func() { // sandbox -> client
 		defer wg.Done()
 		defer s.recoverForward(conn, ch)
-		_, err := copyStream(a.writer(ch), conn, &s.bufs)
+		var err error
+		out, err = copyStream(a.writer(ch), conn, &s.bufs)
 		if err != nil {
 			_ = conn.Close()
 			_ = ch.Close()
@@ -175,6 +186,7 @@ func (s *Server) pipe(ctx context.Context, ch gossh.Channel, conn net.Conn) {
 	}()
 	wg.Wait()
 	_ = ch.Close()
+	return in, out
 }
 
 func (s *Server) recoverForward(c io.Closer, ch gossh.Channel) {

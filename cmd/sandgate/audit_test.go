@@ -189,6 +189,8 @@ func TestAuditTrail(t *testing.T) {
 		"rename up.bin d/moved.bin",
 		"rm d/moved.bin",
 		"-mkdir d", // fails: it exists
+		"-get missing.bin " + filepath.Join(dir, "missing.bin"), // fails: a stat that finds nothing
+		"ls d",
 	}, "\n")+"\n"), 0o644)
 	if out, errOut, code := runClient(t, g.clientEnv(), nil, sftp, append(opts, "-b", batch, id)...); code != 0 {
 		t.Fatalf("sftp: %d\n%s\n%s", code, out, errOut)
@@ -291,6 +293,19 @@ func TestAuditTrail(t *testing.T) {
 			if got.Bytes != w.bytes || got.Tenant != "alice" || got.RequestID == "" || got.Path == "" {
 				t.Errorf("%+v: got %+v, want %d bytes", w.e, got, w.bytes)
 			}
+		}
+		// Reads of metadata: a get of a missing file is a stat that failed.
+		var missing, listed int
+		for _, e := range find(events, audit.Event{Kind: audit.KindFile, Session: id, Source: "sftp"}) {
+			if e.Op == "stat" && strings.HasSuffix(e.Path, "/missing.bin") && e.Result == "no_such_file" {
+				missing++
+			}
+			if e.Op == "list" && strings.HasSuffix(strings.TrimSuffix(e.Path, "/"), "/d") && e.Result == "ok" {
+				listed++
+			}
+		}
+		if missing != 1 || listed != 1 {
+			t.Errorf("sftp stat of missing.bin: %d events, ls d: %d, want 1 each:\n%s", missing, listed, dumpEvents(events))
 		}
 		if mv := requireOne(t, events, audit.Event{Kind: audit.KindFile, Op: "rename"}); !strings.HasSuffix(mv.Path, "up.bin") || !strings.HasSuffix(mv.Target, "d/moved.bin") {
 			t.Errorf("rename: %+v", mv)

@@ -398,6 +398,13 @@ func TestClusterQuorumLoss(t *testing.T) {
 		}
 		return code == http.StatusServiceUnavailable && e.Error.Code == "cluster_unavailable"
 	})
+	// So are changes: a PATCH needs an etcd write, like a create.
+	for _, g := range []*clusterNode{a, b} {
+		code := g.api(t, http.MethodPatch, "/v1/sessions/"+s.SessionID, map[string]any{"ttl": 900}, &e)
+		if code != http.StatusServiceUnavailable || e.Error.Code != "cluster_unavailable" {
+			t.Errorf("PATCH through %s without quorum: %d %q, want 503 cluster_unavailable", g.URL, code, e.Error.Code)
+		}
+	}
 	// Quorum returns: creates work again.
 	for _, m := range etcd.members[:2] {
 		m.start(t)

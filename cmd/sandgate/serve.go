@@ -431,7 +431,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		}
 		front = cluster.NewFront(cluster.FrontConfig{
 			Node: node, Sessions: mgr, Verifier: verifier, Local: handler, WriteError: rest.WriteGatewayError,
-			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, Log: log,
+			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: rest.CompatSession, Log: log,
 		})
 		handler = front
 	}

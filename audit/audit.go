@@ -99,6 +99,9 @@ type Event struct {
 	Reason     string `json:"reason,omitempty"`
 	By         string `json:"by,omitempty"` // who deleted a session: its tenant
 	DurationMs int64  `json:"durationMs,omitempty"`
+	// Count is how many calls a summary event stands for (the
+	// unauthenticated calls not recorded one by one).
+	Count int64 `json:"count,omitempty"`
 }
 
 // MaxCommandBytes bounds the command text an event keeps (a Python cell

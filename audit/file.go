@@ -41,8 +41,11 @@ type FileConfig struct {
 	// SyncEvery is how often written events are fsynced; negative: only
 	// at rotation and Close.
 	SyncEvery time.Duration
-	Log       *slog.Logger
-	Metrics   Metrics
+	// QueryScanBytes bounds the bytes of log one Query reads (default
+	// DefaultQueryScanBytes); past it the page ends early, with a cursor.
+	QueryScanBytes int64
+	Log            *slog.Logger
+	Metrics        Metrics
 }
 
 // File is an Auditor appending JSON lines to a file.
@@ -53,7 +56,11 @@ type FileConfig struct {
 // channel would have to drop or block anyway). fsync is every SyncEvery
 // (1 s) at most, by a background goroutine, and at rotation and Close:
 // a power loss loses at most that second, and a command's latency never
-// pays for a disk flush.
+// pays for a disk flush. No fsync runs under the mutex: the periodic one
+// takes the *os.File under it and syncs outside it, and a rotation hands
+// the old file to a goroutine that syncs and then closes it (Close waits
+// for those). An *os.File may be synced and closed concurrently: its
+// descriptor is released only once the Sync using it returned.
 //
 // A write that fails (a full disk) loses that event, is counted
 // (Metrics.AuditWriteFailed), is logged once until a write works again,
@@ -74,6 +81,10 @@ type File struct {
 
 	stop chan struct{}
 	done chan struct{}
+	bg   sync.WaitGroup // rotated files being synced and closed
+
+	// syncFile is (*os.File).Sync; tests replace it to hold a sync.
+	syncFile func(*os.File) error
 }
 
 // OpenFile opens (creating it, mode 0600) the audit log at cfg.Path and
@@ -91,13 +102,16 @@ func OpenFile(cfg FileConfig) (*File, error) {
 	if cfg.SyncEvery == 0 {
 		cfg.SyncEvery = DefaultSyncEvery
 	}
+	if cfg.QueryScanBytes <= 0 {
+		cfg.QueryScanBytes = DefaultQueryScanBytes
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.Path), 0o700); err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
-	a := &File{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{})}
+	a := &File{cfg: cfg, stop: make(chan struct{}), done: make(chan struct{}), syncFile: (*os.File).Sync}
 	if err := a.open(); err != nil {
 		return nil, err
 	}
@@ -209,10 +223,16 @@ func (a *File) failed(err error) {
 }
 
 // rotate moves PATH to PATH.1 (and each PATH.n to PATH.n+1, dropping the
-// oldest) and opens a new PATH.
+// oldest) and opens a new PATH. The old file is synced and closed by a
+// goroutine, outside the mutex.
 func (a *File) rotate() error {
-	_ = a.f.Sync()
-	_ = a.f.Close()
+	old := a.f
+	a.bg.Add(1)
+	go func() {
+		defer a.bg.Done()
+		_ = a.syncFile(old)
+		_ = old.Close()
+	}()
 	a.f = nil
 	a.dirty = false
 	if a.cfg.MaxFiles <= 1 {
@@ -258,12 +278,25 @@ func (a *File) syncLoop() {
 	}
 }
 
+// sync fsyncs the current file if events were written since the last
+// sync, outside the mutex: Record goes on meanwhile. A rotation during
+// the sync closes the file only after it (os.File's reference count), and
+// syncs it again itself.
 func (a *File) sync() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.dirty && a.f != nil {
-		_ = a.f.Sync()
-		a.dirty = false
+	f := a.f
+	if !a.dirty || f == nil {
+		a.mu.Unlock()
+		return
+	}
+	a.dirty = false
+	a.mu.Unlock()
+	if err := a.syncFile(f); err != nil && !errors.Is(err, os.ErrClosed) {
+		a.mu.Lock()
+		if a.f == f {
+			a.dirty = true // try again at the next tick
+		}
+		a.mu.Unlock()
 	}
 }
 
@@ -276,14 +309,16 @@ func (a *File) Close() error {
 	}
 	a.closed = true
 	close(a.stop)
-	var err error
-	if a.f != nil {
-		_ = a.f.Sync()
-		err = a.f.Close()
-		a.f = nil
-	}
+	f := a.f
+	a.f = nil
 	a.mu.Unlock()
 	<-a.done
+	a.bg.Wait()
+	var err error
+	if f != nil {
+		_ = a.syncFile(f)
+		err = f.Close()
+	}
 	return err
 }
 
@@ -297,7 +332,7 @@ func lastEvent(paths []string) (Event, bool) {
 		found := false
 		var last Event
 		if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
-			_ = scanBackward(f, st.Size(), func(line []byte) bool {
+			_ = scanBackward(f, st.Size(), func(line []byte, _ int64) bool {
 				if json.Unmarshal(line, &last) == nil && last.Seq > 0 {
 					found = true
 					return false
@@ -314,8 +349,8 @@ func lastEvent(paths []string) (Event, bool) {
 }
 
 // scanBackward calls fn for each line of f's first size bytes, last
-// first, until fn returns false.
-func scanBackward(f *os.File, size int64, fn func(line []byte) bool) error {
+// first, with the offset at which the line starts, until fn returns false.
+func scanBackward(f *os.File, size int64, fn func(line []byte, off int64) bool) error {
 	const chunk = 64 << 10
 	end := size
 	var rest []byte // the end part of a line whose beginning is further back
@@ -334,7 +369,7 @@ func scanBackward(f *os.File, size int64, fn func(line []byte) bool) error {
 			}
 			line := data[i+1:]
 			data = data[:i]
-			if len(line) > 0 && !fn(line) {
+			if len(line) > 0 && !fn(line, end+int64(i)+1) {
 				return nil
 			}
 		}
@@ -344,7 +379,7 @@ func scanBackward(f *os.File, size int64, fn func(line []byte) bool) error {
 		}
 	}
 	if len(rest) > 0 {
-		fn(rest)
+		fn(rest, 0)
 	}
 	return nil
 }

@@ -3,9 +3,11 @@ package rest
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -65,9 +67,19 @@ func (a *api) auditor() audit.Auditor { return audit.Or(a.cfg.Audit) }
 
 // auditCalls records every call (but the unaudited routes) once it is
 // answered: tenant, route pattern, session, status and request id, and
-// the file operation it made, if any.
+// the file operation it made, if any. A call that ends without a caller
+// (no tenant: a 401, an unknown route, a bad link) is volume anyone can
+// send, so it is not recorded one by one (see unauthSampler): it is
+// counted, sampled when it carried a credential, and summed up.
 func (a *api) auditCalls(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.unauth.flush(a, time.Now())
+		// Before the handlers: compat's X-API-Key becomes an Authorization.
+		credential := credentialNone
+		if r.Header.Get("Authorization") != "" || r.Header.Get("Proxy-Authorization") != "" ||
+			r.Header.Get("X-API-Key") != "" || strings.HasPrefix(r.URL.Path, "/links/") {
+			credential = credentialInvalid
+		}
 		c := &call{}
 		sw := &statusWriter{ResponseWriter: w, call: c}
 		ctx := context.WithValue(r.Context(), callKey{}, c)
@@ -103,6 +115,15 @@ func (a *api) auditCalls(next http.Handler) http.Handler {
 				result = strconv.Itoa(status)
 			}
 		}
+		if c.tenant == "" {
+			sampled := a.unauth.admit(time.Now(), remoteIP(r), credential)
+			if m, ok := a.cfg.Metrics.(UnauthenticatedMetrics); ok {
+				m.UnauthenticatedCall(credential, sampled)
+			}
+			if !sampled {
+				return
+			}
+		}
 		a.auditor().Record(actx, audit.Event{Kind: audit.KindREST, Method: r.Method, Route: route, Session: session,
 			Status: status, Result: result})
 		if f := c.file; f != nil {
@@ -117,6 +138,97 @@ func (a *api) auditCalls(next http.Handler) http.Handler {
 				Path: f.path, Bytes: n, Result: result})
 		}
 	})
+}
+
+// UnauthenticatedMetrics counts the calls that ended without a caller;
+// Config.Metrics may implement it (internal/metrics does).
+type UnauthenticatedMetrics interface {
+	// UnauthenticatedCall: credential is "none" (no token, no link) or
+	// "invalid" (one that did not verify); audited: an event was written.
+	UnauthenticatedCall(credential string, audited bool)
+}
+
+const (
+	credentialNone    = "none"
+	credentialInvalid = "invalid"
+)
+
+// Bounds of the unauthenticated calls recorded one by one, per minute.
+const (
+	unauthPerAddr = 10
+	unauthPerMin  = 100
+)
+
+// unauthSampler decides which unauthenticated calls are recorded: none
+// that carried no credential, and of those whose token or link failed at
+// most unauthPerAddr a minute per client address and unauthPerMin in all.
+// The rest are summed up per minute: one "(unauthenticated)" event per
+// kind of credential with its count, and one log line, written at the
+// first call after the minute. An anonymous flood thus writes at most
+// unauthPerMin+2 lines a minute, and cannot rotate tenants' events away.
+type unauthSampler struct {
+	mu         sync.Mutex
+	window     time.Time      // the current minute's start (zero: none yet)
+	perAddr    map[string]int // events written this minute, per address
+	written    int
+	suppressed map[string]int64 // per credential
+}
+
+// admit reports whether an unauthenticated call from addr is recorded.
+func (s *unauthSampler) admit(now time.Time, addr, credential string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.window.IsZero() {
+		s.window = now
+	}
+	if credential == credentialInvalid && s.written < unauthPerMin && s.perAddr[addr] < unauthPerAddr {
+		if s.perAddr == nil {
+			s.perAddr = map[string]int{}
+		}
+		s.perAddr[addr]++
+		s.written++
+		return true
+	}
+	if s.suppressed == nil {
+		s.suppressed = map[string]int64{}
+	}
+	s.suppressed[credential]++
+	return false
+}
+
+// flush writes the summary of a minute that has ended.
+func (s *unauthSampler) flush(a *api, now time.Time) {
+	s.mu.Lock()
+	if s.window.IsZero() || now.Sub(s.window) < time.Minute {
+		s.mu.Unlock()
+		return
+	}
+	since, suppressed := s.window, s.suppressed
+	s.window, s.perAddr, s.written, s.suppressed = time.Time{}, nil, 0, nil
+	s.mu.Unlock()
+	if len(suppressed) == 0 {
+		return
+	}
+	args := []any{"since", since.UTC(), "until", now.UTC()}
+	for _, credential := range []string{credentialNone, credentialInvalid} {
+		n := suppressed[credential]
+		if n == 0 {
+			continue
+		}
+		args = append(args, "credential_"+credential, n)
+		a.auditor().Record(context.Background(), audit.Event{Kind: audit.KindREST, Route: "(unauthenticated)",
+			Result: "not_recorded", Reason: "credential " + credential + " since " + since.UTC().Format(time.RFC3339), Count: n})
+	}
+	a.cfg.Log.Warn("unauthenticated_calls_not_audited", args...)
+}
+
+// remoteIP is r's client address without the port.
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 // statusWriter notes the status and body bytes of an answer, and the

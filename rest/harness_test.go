@@ -65,6 +65,8 @@ type gwOptions struct {
 	// audit, when set, receives the manager's and the API's audit events
 	// and answers GET /v1/audit.
 	audit *audit.File
+	// metrics, when set, is the API's rest.Metrics.
+	metrics rest.Metrics
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -183,7 +185,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	handler := rest.New(rest.Config{
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
-		Audit: auditor, AuditLog: auditLog,
+		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics,
 	})
 
 	srv := newHTTPServer(handler, log)

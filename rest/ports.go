@@ -564,6 +564,11 @@ func (a *api) proxyPortLink(w http.ResponseWriter, r *http.Request) {
 		WriteGatewayError(w, err)
 		return
 	}
+	// The link is the credential: the call is the session tenant's, as
+	// for a file link (fetchLink), so the owner sees it in GET /v1/audit.
+	if c := callOf(r.Context()); c != nil {
+		c.tenant, c.auth, c.session = tenant, "link", s.ID
+	}
 	s.Touch(time.Now())
 	// "/links/ports/{token}" are three segments.
 	escaped := r.URL.EscapedPath()

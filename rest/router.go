@@ -181,6 +181,7 @@ type api struct {
 	dp           *dataPlane
 	limit        func(http.Handler) http.Handler // the per-tenant rate limit
 	ports        *portsProxy                     // preview URLs (ports.go)
+	unauth       unauthSampler                   // unauthenticated calls' audit (audit.go)
 }
 
 // newFailureLimiter bounds failed authentications per client IP, so token

@@ -9,6 +9,7 @@ import (
 	"crypto/subtle"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -40,6 +41,7 @@ type Metrics struct {
 	sshAuthFailures *prometheus.CounterVec
 	rateLimited     *prometheus.CounterVec
 	auditFailures   prometheus.Counter
+	unauthenticated *prometheus.CounterVec
 }
 
 // New returns the collectors in a fresh registry, with the Go runtime and
@@ -88,9 +90,13 @@ func New() *Metrics {
 		auditFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sandgate_audit_write_failures_total", Help: "Audit events that could not be written to the audit log (lost), e.g. on a full disk.",
 		}),
+		unauthenticated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_unauthenticated_requests_total", Help: "REST calls that ended without a caller, by credential (none, invalid) and audited (true: an audit event was written; false: only counted and summed up per minute).",
+		}, []string{"credential", "audited"}),
 	}
 	m.reg.MustRegister(m.creates, m.createLatency, m.deletes, m.expiries, m.teardownRetries,
 		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.egressBytes, m.sshAuthFailures, m.rateLimited, m.auditFailures,
+		m.unauthenticated,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Known label values start at 0, so rates work from the first scrape.
@@ -178,6 +184,11 @@ func (m *Metrics) EgressBytes(in, out int64) {
 
 // AuditWriteFailed implements audit.Metrics.
 func (m *Metrics) AuditWriteFailed() { m.auditFailures.Inc() }
+
+// UnauthenticatedCall implements rest.UnauthenticatedMetrics.
+func (m *Metrics) UnauthenticatedCall(credential string, audited bool) {
+	m.unauthenticated.WithLabelValues(credential, strconv.FormatBool(audited)).Inc()
+}
 
 // RateLimited implements rest.Metrics.
 func (m *Metrics) RateLimited(limit string) { m.rateLimited.WithLabelValues(limit).Inc() }

@@ -17,9 +17,10 @@ import (
 
 // The hook interfaces the other packages call through.
 var (
-	_ gateway.Metrics = (*Metrics)(nil)
-	_ sshd.Metrics    = (*Metrics)(nil)
-	_ rest.Metrics    = (*Metrics)(nil)
+	_ gateway.Metrics             = (*Metrics)(nil)
+	_ sshd.Metrics                = (*Metrics)(nil)
+	_ rest.Metrics                = (*Metrics)(nil)
+	_ rest.UnauthenticatedMetrics = (*Metrics)(nil)
 )
 
 type fixedCounts map[string]int
@@ -64,6 +65,8 @@ func TestCollectors(t *testing.T) {
 	m.SSHAuthFailed("password")
 	m.SSHAuthFailed("password")
 	m.RateLimited("tenant")
+	m.UnauthenticatedCall("none", false)
+	m.UnauthenticatedCall("invalid", true)
 
 	code, body := scrape(t, m.Handler(""), "")
 	if code != http.StatusOK {
@@ -89,6 +92,8 @@ func TestCollectors(t *testing.T) {
 		`sandgate_rate_limited_total{limit="auth_failures"} 0`,
 		`sandgate_tunnels_open 0`,
 		`sandgate_tunnel_bytes_total{direction="in"} 0`,
+		`sandgate_unauthenticated_requests_total{audited="false",credential="none"} 1`,
+		`sandgate_unauthenticated_requests_total{audited="true",credential="invalid"} 1`,
 	)
 	for _, name := range []string{"go_goroutines ", "go_memstats_heap_alloc_bytes "} {
 		if !strings.Contains(body, "\n"+name) {

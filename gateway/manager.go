@@ -57,6 +57,9 @@ type Config struct {
 	// MaxTombstones bounds the tombstones kept, oldest dropped first
 	// (default 10000).
 	MaxTombstones int
+	// Workspaces keeps workspaces beyond sessions (nil: none; a create
+	// that names a workspace or snapshot is workspaces_unavailable).
+	Workspaces Workspaces
 }
 
 // Manager owns every live session.
@@ -102,6 +105,7 @@ func (m *Manager) watch(s *Session) {
 		if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
 			m.log.Error("store_failed", "session", s.ID, "err", err)
 		}
+		m.detachWorkspace(context.Background(), s)
 		if err := s.sandbox.Destroy(context.Background()); err != nil {
 			m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
 		}
@@ -157,6 +161,8 @@ type CreateParams struct {
 	// Name, when set, names the session: unique among the tenant's live
 	// sessions (see checkName).
 	Name string
+	// Workspace, when set, is what /workspace starts from (workspaces.go).
+	Workspace WorkspaceRef
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -254,6 +260,15 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		s.requestHash = fp
 	}
 	s.lastActivity.Store(now.UnixNano())
+	s.Workspace = cp.Workspace
+	if err := m.claimWorkspace(ctx, s); err != nil {
+		return nil, "", err
+	}
+	defer func() {
+		if reserved {
+			m.detachWorkspace(ctx, s)
+		}
+	}()
 	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
 	if slices.ContainsFunc(secrets, SecretRef.Bound) {
 		if err := s.newEgressCA(); err != nil {
@@ -287,6 +302,13 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
 	}
 	s.sandbox = sb
+	if err := m.attachWorkspace(ctx, s, true); err != nil {
+		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
+			m.releaseImage(s)
+		}
+		m.log.Error("workspace_attach_failed", "session", s.ID, "err", err)
+		return nil, "", err
+	}
 	if s.needsProxy() {
 		if err := m.openProxy(ctx, s); err != nil {
 			if sb.Destroy(context.WithoutCancel(ctx)) == nil {
@@ -591,6 +613,7 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 	if !s.end(status, reason) || s.sandbox == nil {
 		return nil
 	}
+	m.detachWorkspace(ctx, s)
 	if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
 		m.mu.Lock()

@@ -59,6 +59,9 @@ type Config struct {
 	LinkKey []byte
 	// Metrics counts rate-limit refusals (nil: not counted; metrics.go).
 	Metrics Metrics
+	// Workspaces keeps named workspaces and snapshots (nil: none;
+	// workspaces.go).
+	Workspaces Workspaces
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -105,6 +108,10 @@ func New(cfg Config) http.Handler {
 		r.Patch("/sessions/{id}", a.update)
 		r.Delete("/sessions/{id}", a.delete)
 		r.Post("/sessions/{id}/stop", a.stop)
+		r.Post("/sessions/{id}/snapshots", a.createSnapshot)
+		r.Post("/workspaces", a.createWorkspace)
+		r.Get("/workspaces", a.listWorkspaces)
+		r.Delete("/workspaces/{name}", a.deleteWorkspace)
 		// The data plane (dataplane.go): commands, files, processes.
 		r.Post("/sessions/{id}/commands", a.runCommand)
 		r.Get("/sessions/{id}/commands", a.listCommands)

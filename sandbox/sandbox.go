@@ -270,3 +270,11 @@ type Stopper interface {
 	// state on disk).
 	Stopped() bool
 }
+
+// Freezer is implemented by sandboxes whose processes can be frozen at
+// once (linuxns: the cgroup freezer, v1 or v2), so that a snapshot of the
+// workspace sees no half-done write. Freeze returns once every process is
+// frozen; thaw lets them run again. The workspace package uses it.
+type Freezer interface {
+	Freeze(ctx context.Context) (thaw func() error, err error)
+}

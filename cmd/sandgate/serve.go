@@ -66,6 +66,7 @@ type serveConfig struct {
 	insecureRegistry  listFlag
 	egress            egressFlags
 	dataPlane         dataPlaneFlags
+	workspaces        workspaceFlags
 	metricsToken      string
 	metricsListen     string
 }
@@ -123,6 +124,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus metrics at GET /metrics on this second address (plain HTTP, no token: keep it private, e.g. 127.0.0.1:9090)")
 	c.egress.register(fs)
 	c.dataPlane.register(fs)
+	c.workspaces.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -351,12 +353,17 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	wsvc, err := cfg.workspaces.open(cfg.dataDir, log)
+	if err != nil {
+		return err
+	}
 	mcfg := gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
 		Resources: forDriver(cfg.resources, driver), Egress: egressCfg, Secrets: secrets,
 		Metrics:      met,
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
+		Workspaces:   wsvc,
 	}
 	mgr := gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {
@@ -383,9 +390,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Ready: func() (map[string]any, error) {
 			return map[string]any{"sandbox": driver.Name(), "limits": report}, nil
 		},
-		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
-		LinkKey:   linkKey,
-		Metrics:   met,
+		DataPlane:  cfg.dataPlane.config(cfg, egressCfg.Proxy),
+		LinkKey:    linkKey,
+		Metrics:    met,
+		Workspaces: wsvc,
 	})
 	if cfg.metricsToken != "" {
 		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))
@@ -432,9 +440,14 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
 	reaped := make(chan struct{})
+	synced := make(chan struct{})
 	go func() {
 		defer close(reaped)
 		mgr.Run(reapCtx)
+	}()
+	go func() {
+		defer close(synced)
+		wsvc.Run(reapCtx)
 	}()
 	served := make(chan error, 1)
 	go func() {
@@ -459,7 +472,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	tun.Shutdown(drain)     // close tunnels still open
 	stopReaper()
 	<-reaped
+	<-synced
 	mgr.Shutdown(context.Background(), cfg.keepSandboxes)
+	flushWorkspaces(wsvc, cfg.shutdownTimeout, log)
 	log.Info("stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr

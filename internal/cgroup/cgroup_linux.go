@@ -33,8 +33,10 @@ const (
 	cpuPeriodMicros   = 100000
 )
 
-// cgroupControllers are the controllers the linux driver limits with.
-var cgroupControllers = []string{"memory", "pids", "cpu"}
+// cgroupControllers are the controllers the linux driver limits with, and
+// the freezer (v1; v2's cgroup.freeze needs no controller), which
+// snapshots use (Freeze).
+var cgroupControllers = []string{"memory", "pids", "cpu", "freezer"}
 
 // Plan is how this host limits sandboxes, found once at Open.
 //
@@ -90,6 +92,11 @@ func Detect() *Plan {
 		}
 		if v2 == "" {
 			p.missing[c] = "no cgroup v1 hierarchy and no cgroup v2 mount has the " + c + " controller"
+			continue
+		}
+		if c == "freezer" { // cgroup.freeze is in every v2 cgroup
+			p.v2 = v2
+			p.via[c] = "cgroup v2"
 			continue
 		}
 		if err := enableV2(v2, c); err != nil {

@@ -41,7 +41,22 @@ func (m *Manifest) Bytes() int64 {
 	return n
 }
 
+// objectKey is where object hash (validHash) is stored.
 func objectKey(hash string) string { return "objects/" + hash[:2] + "/" + hash }
+
+// validHash says whether h is a SHA-256 in lower-case hex, as manifests
+// name objects (a manifest read back from the object store is input).
+func validHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // statKey is what tells a file unchanged since it was last hashed.
 type statKey struct {

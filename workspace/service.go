@@ -587,7 +587,7 @@ func (s *Service) adoptObject(hash, tmp string) error {
 // openObject opens object hash from the local store, fetching it from
 // the remote one first when it is missing.
 func (s *Service) openObject(ctx context.Context, hash string) (io.ReadCloser, error) {
-	if len(hash) != 64 {
+	if !validHash(hash) {
 		return nil, fmt.Errorf("manifest: bad hash %q", hash)
 	}
 	key := objectKey(hash)

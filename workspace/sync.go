@@ -178,14 +178,17 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 	}
 	pending := int64(0)
 	for _, e := range d.Entries {
-		if e.Hash != "" && !s.hasRemote(objectKey(e.Hash)) {
+		if validHash(e.Hash) && !s.hasRemote(objectKey(e.Hash)) {
 			pending += e.Size
 		}
 	}
 	s.setPending(key, pending)
 	for _, e := range d.Entries {
+		if !validHash(e.Hash) {
+			continue
+		}
 		ok := objectKey(e.Hash)
-		if e.Hash == "" || s.hasRemote(ok) {
+		if s.hasRemote(ok) {
 			continue
 		}
 		f, err := os.Open(s.local.dir + "/" + ok)

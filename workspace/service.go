@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -511,6 +512,9 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	info.SizeBytes, info.Files, info.CreatedAt = m.Bytes(), st.Files, m.CreatedAt
 	d := &doc{CreatedAt: m.CreatedAt, LastUsedAt: m.CreatedAt, Manifest: *m}
 	if old, err := s.readDoc(ctx, key); err == nil {
+		if slices.Equal(old.Entries, m.Entries) && !strings.Contains(key, "/snapshots/") {
+			return info, nil // unchanged: nothing to store or upload
+		}
 		d.Name, d.CreatedAt = old.Name, old.CreatedAt
 	}
 	if a.name != "" && strings.Contains(key, "/workspaces/") {

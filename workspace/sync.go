@@ -13,7 +13,7 @@ import (
 // Backoff bounds of a failed push.
 const (
 	minBackoff = 500 * time.Millisecond
-	maxBackoff = 30 * time.Second
+	maxBackoff = 10 * time.Second
 )
 
 func (s *Service) enqueue(key string, j job) {
@@ -147,6 +147,7 @@ func (s *Service) pushAll(ctx context.Context) error {
 		if cur, ok := s.queue[key]; ok && cur == j {
 			delete(s.queue, key) // unless queued again meanwhile
 		}
+		s.cfg.Log.Debug("workspace_pushed", "key", key, "delete", j.del)
 		if st != nil && !j.del {
 			now := time.Now().UTC()
 			st.LastSyncedAt, st.LastError, st.PendingBytes = &now, "", 0

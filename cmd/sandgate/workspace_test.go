@@ -277,7 +277,8 @@ func TestWorkspaceIncrementalSync(t *testing.T) {
 // pending; once it is back the sync completes.
 func TestWorkspaceObjectStoreDown(t *testing.T) {
 	s3 := startFakeS3(t)
-	g := startGateway(t, append(s3.args(), "--workspace-sync-interval", "300ms")...)
+	g := startGateway(t, append(s3.args(), "--workspace-sync-interval", "300ms", "--log-level", "debug")...)
+	logOnFailure(t, g)
 	if code := g.api(t, http.MethodPost, "/v1/workspaces", map[string]any{"name": "down"}, nil); code != http.StatusCreated {
 		t.Fatalf("create workspace: %d", code)
 	}
@@ -288,15 +289,17 @@ func TestWorkspaceObjectStoreDown(t *testing.T) {
 	wsRun(t, g, g.Token, id, "head -c 30000000 /dev/urandom > big.bin")
 	s3.kill()
 	wsRun(t, g, g.Token, id, "echo more > more.txt")
-	var s struct {
+	type syncView struct {
 		WorkspaceSync *struct {
 			LastSyncedAt *time.Time `json:"lastSyncedAt"`
 			PendingBytes int64      `json:"pendingBytes"`
 			LastError    string     `json:"lastError"`
 		} `json:"workspaceSync"`
 	}
+	var s syncView
 	deadline := time.Now().Add(60 * time.Second)
 	for {
+		s = syncView{}
 		g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, &s)
 		if s.WorkspaceSync != nil && s.WorkspaceSync.LastError != "" && s.WorkspaceSync.PendingBytes > 0 {
 			break
@@ -313,6 +316,7 @@ func TestWorkspaceObjectStoreDown(t *testing.T) {
 	s3.start(t)
 	deadline = time.Now().Add(90 * time.Second)
 	for {
+		s = syncView{}
 		g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, &s)
 		if w := s.WorkspaceSync; w != nil && w.LastError == "" && w.PendingBytes == 0 && w.LastSyncedAt != nil {
 			break

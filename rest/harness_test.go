@@ -24,6 +24,7 @@ import (
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox/workdir"
 	"github.com/sandgate/sandgate/tunnel"
+	"github.com/sandgate/sandgate/workspace"
 )
 
 // API keys and the HS256 secret of the default test gateway.
@@ -61,6 +62,9 @@ type gwOptions struct {
 	cov *coverage
 	// images lists images for GET /v1/images (nil: none).
 	images rest.Images
+	// workspaceDir, when set, is where a workspace engine (local store
+	// only) keeps named workspaces and snapshots.
+	workspaceDir string
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -127,6 +131,13 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	if o.store != nil {
 		gcfg.Store = o.store
 	}
+	var wsvc *workspace.Service
+	if o.workspaceDir != "" {
+		if wsvc, err = workspace.New(workspace.Config{Dir: o.workspaceDir, Log: log}); err != nil {
+			t.Fatal(err)
+		}
+		gcfg.Workspaces = wsvc
+	}
 	var mdriver gateway.Driver = driver
 	if o.wrapDriver != nil {
 		mdriver = o.wrapDriver(driver)
@@ -171,10 +182,14 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		}
 	}
 	hostKeys := testHostKeys(t)
-	handler := rest.New(rest.Config{
+	rcfg := rest.Config{
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
-	})
+	}
+	if wsvc != nil {
+		rcfg.Workspaces = wsvc
+	}
+	handler := rest.New(rcfg)
 
 	srv := newHTTPServer(handler, log)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

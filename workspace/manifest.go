@@ -191,21 +191,26 @@ func (s *Service) storeFile(ctx context.Context, root *os.Root, p string) (strin
 		return "", statKey{}, errNotRegular
 	}
 	k := keyOf(info)
+	// Failures of the store are not the file's: %v, so that a missing
+	// store directory is not taken for a file removed meanwhile.
 	tmp, err := os.CreateTemp(s.tmpDir, "obj-*")
 	if err != nil {
-		return "", k, err
+		return "", k, fmt.Errorf("local store: %v", err)
 	}
 	defer os.Remove(tmp.Name())
 	h := sha256.New()
 	_, err = io.Copy(io.MultiWriter(h, tmp), f)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+	if cerr := tmp.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("local store: %v", cerr)
 	}
 	if err != nil {
 		return "", k, fmt.Errorf("read %s: %w", p, err)
 	}
 	hash := hex.EncodeToString(h.Sum(nil))
-	return hash, k, s.adoptObject(hash, tmp.Name())
+	if err := s.adoptObject(hash, tmp.Name()); err != nil {
+		return "", k, fmt.Errorf("local store: %v", err)
+	}
+	return hash, k, nil
 }
 
 // restore writes manifest m's entries into the empty directory dir, owned

@@ -278,3 +278,11 @@ type Stopper interface {
 type Freezer interface {
 	Freeze(ctx context.Context) (thaw func() error, err error)
 }
+
+// WorkspaceHomer is implemented by sandboxes whose /workspace is a
+// directory below Workdir (a linuxns sandbox on an image keeps its root's
+// writable layer beside it): the workspace package saves and restores
+// that directory only.
+type WorkspaceHomer interface {
+	WorkspaceHome() string
+}

@@ -396,7 +396,7 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 		if err != nil {
 			return errStore("could not read the workspace's manifest", err)
 		}
-		if err := s.restore(ctx, &d.Manifest, sb.Workdir()); err != nil {
+		if err := s.restore(ctx, &d.Manifest, homeOf(sb)); err != nil {
 			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files", Err: err}
 		}
 	}
@@ -476,7 +476,7 @@ func (s *Service) SessionSync(session string) *SyncState {
 func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze bool) (*SnapshotInfo, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	dir := a.sb.Workdir()
+	dir := homeOf(a.sb)
 	info := &SnapshotInfo{}
 	var frz sandbox.Freezer
 	if freeze {
@@ -534,17 +534,32 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 
 // freezerOf finds the driver's sandbox under the session's wrappers.
 func freezerOf(sb sandbox.Sandbox) sandbox.Freezer {
+	f, _ := find[sandbox.Freezer](sb)
+	return f
+}
+
+// homeOf is the host directory that is sb's /workspace.
+func homeOf(sb sandbox.Sandbox) string {
+	if h, ok := find[sandbox.WorkspaceHomer](sb); ok {
+		return h.WorkspaceHome()
+	}
+	return sb.Workdir()
+}
+
+// find looks for an optional interface on sb or the sandboxes it wraps.
+func find[T any](sb sandbox.Sandbox) (T, bool) {
 	for sb != nil {
-		if f, ok := sb.(sandbox.Freezer); ok {
-			return f
+		if f, ok := sb.(T); ok {
+			return f, true
 		}
 		u, ok := sb.(interface{ Unwrap() sandbox.Sandbox })
 		if !ok {
-			return nil
+			break
 		}
 		sb = u.Unwrap()
 	}
-	return nil
+	var zero T
+	return zero, false
 }
 
 // Snapshot takes a consistent copy of session's workspace, frozen unless

@@ -4,6 +4,7 @@ package linuxns
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 
 	"github.com/sandgate/sandgate/internal/cgroup"
@@ -23,4 +24,18 @@ func (s *linuxSandbox) Freeze(ctx context.Context) (func() error, error) {
 	return cgroup.Freeze(ctx, cgs)
 }
 
-var _ sandbox.Freezer = (*linuxSandbox)(nil)
+var (
+	_ sandbox.Freezer        = (*linuxSandbox)(nil)
+	_ sandbox.WorkspaceHomer = (*linuxSandbox)(nil)
+)
+
+// WorkspaceHome is the host directory that is the sandbox's /workspace
+// (sandbox.WorkspaceHomer): the workspace mount, or its home/ on an image.
+func (s *linuxSandbox) WorkspaceHome() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st.Boot != nil && s.st.Boot.Image != nil {
+		return filepath.Join(s.st.Workspace, imageHome)
+	}
+	return s.st.Workspace
+}

@@ -51,6 +51,7 @@ type Service struct {
 	queue    map[string]job         // doc key -> what the pusher must do
 	have     map[string]bool        // objects known to be in the remote store
 	listed   bool                   // have was filled from a listing
+	seq      uint64                 // of the last job queued
 	wake     chan struct{}
 }
 
@@ -75,6 +76,7 @@ type SyncState struct {
 type job struct {
 	del     bool
 	pending int64
+	seq     uint64 // tells a job queued again while it ran from itself
 }
 
 // New opens the local store. Call Run for the periodic sync and the pusher.

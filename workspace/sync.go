@@ -21,6 +21,8 @@ func (s *Service) enqueue(key string, j job) {
 		return
 	}
 	s.mu.Lock()
+	s.seq++
+	j.seq = s.seq
 	s.queue[key] = j
 	st := s.state[key]
 	if st == nil {
@@ -28,7 +30,8 @@ func (s *Service) enqueue(key string, j job) {
 		s.state[key] = st
 	}
 	if !j.del {
-		st.PendingBytes = s.pendingLocked(j.pending)
+		// All of it until the push compares with what the remote holds.
+		st.PendingBytes = j.pending
 	}
 	s.mu.Unlock()
 	select {
@@ -36,10 +39,6 @@ func (s *Service) enqueue(key string, j job) {
 	default:
 	}
 }
-
-// pendingLocked estimates what is left to upload: all of it until the
-// remote store was listed once.
-func (s *Service) pendingLocked(total int64) int64 { return total }
 
 // Run syncs every running session's named workspace each SyncInterval
 // and pushes what changed to the object store, retrying with backoff,

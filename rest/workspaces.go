@@ -2,8 +2,10 @@ package rest
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -22,6 +24,33 @@ type Workspaces interface {
 	Snapshot(ctx context.Context, tenant, session string, sb sandbox.Sandbox, stopped bool) (workspace.SnapshotInfo, error)
 	SessionSync(session string) *workspace.SyncState
 	DropOnEnd(session string, drop bool)
+}
+
+// ArtifactPresigner is implemented by workspace engines with an object
+// store (workspace.Service): Agent Sandbox's download_url is then a
+// presigned URL of the store.
+type ArtifactPresigner interface {
+	PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel string, ttl time.Duration) (string, error)
+}
+
+// presignArtifact is an object-store link to s's file rel (relative to
+// /workspace), or false when there is none: no object store, a session on
+// an image (whose relative paths start at the image's working directory),
+// or a store that failed (logged; the gateway's own link serves).
+func (a *api) presignArtifact(ctx context.Context, s *gateway.Session, rel string, ttl time.Duration) (string, bool) {
+	p, ok := a.cfg.Workspaces.(ArtifactPresigner)
+	sb := s.Sandbox()
+	if !ok || sb == nil || s.ImageDigest != "" {
+		return "", false
+	}
+	u, err := p.PresignArtifact(ctx, sb, rel, ttl)
+	if err != nil {
+		if !errors.Is(err, workspace.ErrNoPresign) {
+			a.cfg.Log.Warn("artifact_presign_failed", "session", s.ID, "err", err)
+		}
+		return "", false
+	}
+	return u, true
 }
 
 func (a *api) workspacesOrFail(w http.ResponseWriter) Workspaces {

@@ -178,7 +178,13 @@ var errNotRegular = errors.New("not a regular file")
 // store, then names the object by its hash. It returns the stat the file
 // had when opened; a file that changed while being read is read again.
 func (s *Service) storeFile(ctx context.Context, root *os.Root, p string) (string, statKey, error) {
-	f, err := root.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	return s.storeFileFlags(ctx, root, p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK)
+}
+
+// storeFileFlags is storeFile with open flags (a FIFO must never block:
+// O_NONBLOCK always).
+func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, flags int) (string, statKey, error) {
+	f, err := root.OpenFile(p, flags|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return "", statKey{}, err
 	}

@@ -124,9 +124,10 @@ func (b *s3Backend) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// PresignGet is a URL that reads key for ttl without other credentials.
-func (b *s3Backend) PresignGet(ctx context.Context, key string, ttl time.Duration) (string, error) {
-	u, err := b.client.PresignedGetObject(ctx, b.bucket, b.prefix+key, ttl, nil)
+// PresignGet is a URL that reads key for ttl without other credentials;
+// params are response-* overrides (content type, disposition).
+func (b *s3Backend) PresignGet(ctx context.Context, key string, ttl time.Duration, params url.Values) (string, error) {
+	u, err := b.client.PresignedGetObject(ctx, b.bucket, b.prefix+key, ttl, params)
 	if err != nil {
 		return "", err
 	}

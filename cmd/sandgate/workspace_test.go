@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -440,4 +441,37 @@ func logOnFailure(t *testing.T, g *gatewayProc) {
 			t.Log(g.stderr.String())
 		}
 	})
+}
+
+// TestArtifactsPresignedFromObjectStore: with an object store, Agent
+// Sandbox's download_url is a presigned URL of the store, which serves
+// the file's content with no other credential.
+func TestArtifactsPresignedFromObjectStore(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, s3.args()...)
+	logOnFailure(t, g)
+	var o struct {
+		Output    string `json:"output"`
+		Artifacts []struct {
+			Path        string `json:"path"`
+			DownloadURL string `json:"download_url"`
+		} `json:"artifacts"`
+	}
+	if code := g.api(t, http.MethodPost, "/compat/agent-sandbox/v1/execute",
+		map[string]any{"user_id": "u", "session_id": "s", "code": "open('out.txt', 'w').write('artifact body')"}, &o); code != http.StatusOK {
+		t.Fatalf("execute: %d", code)
+	}
+	if len(o.Artifacts) != 1 || !strings.HasPrefix(o.Artifacts[0].DownloadURL, s3.URL+"/") {
+		t.Fatalf("artifacts: %+v (object store at %s)", o.Artifacts, s3.URL)
+	}
+	resp, err := http.Get(o.Artifacts[0].DownloadURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || string(body) != "artifact body" {
+		t.Errorf("download: %d %q", resp.StatusCode, body)
+	}
 }

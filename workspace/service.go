@@ -130,14 +130,15 @@ func workspaceKey(tenant, name string) string {
 }
 func snapshotKey(tenant, id string) string { return tenantDir(tenant) + "/snapshots/" + id + ".json" }
 
-// doc is what a workspace's or snapshot's manifest file holds.
+// doc is what a workspace's or snapshot's manifest file holds: its
+// pages (pages.go) and a summary.
 type doc struct {
 	Name       string    `json:"name,omitempty"`
-	ID         string    `json:"id,omitempty"`
-	Session    string    `json:"session,omitempty"`
 	CreatedAt  time.Time `json:"createdAt"`
 	LastUsedAt time.Time `json:"lastUsedAt"`
-	Manifest
+	SizeBytes  int64     `json:"sizeBytes"`
+	Files      int       `json:"files"`
+	Pages      []page    `json:"pages"`
 }
 
 // Info is what a tenant sees of a workspace.
@@ -216,6 +217,22 @@ func readAll(ctx context.Context, b Backend, key string) ([]byte, error) {
 	return io.ReadAll(r)
 }
 
+// setEntries stores entries as d's pages and summary.
+func (s *Service) setEntries(d *doc, entries []Entry) error {
+	pages, err := s.storePages(entries)
+	if err != nil {
+		return err
+	}
+	d.Pages, d.SizeBytes, d.Files = pages, 0, 0
+	for _, e := range entries {
+		if e.Mode.IsRegular() {
+			d.SizeBytes += e.Size
+			d.Files++
+		}
+	}
+	return nil
+}
+
 // writeDoc stores d at key locally and queues its push.
 func (s *Service) writeDoc(ctx context.Context, key string, d *doc) error {
 	b, err := json.Marshal(d)
@@ -225,7 +242,7 @@ func (s *Service) writeDoc(ctx context.Context, key string, d *doc) error {
 	if err := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
 		return err
 	}
-	s.enqueue(key, job{pending: d.Bytes()})
+	s.enqueue(key, job{pending: d.SizeBytes})
 	return nil
 }
 
@@ -252,7 +269,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 		return Info{}, &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_exists", Message: fmt.Sprintf("workspace %q exists", name)}
 	}
 	now := time.Now().UTC()
-	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Manifest: Manifest{Version: 1, CreatedAt: now, Entries: []Entry{}}}
+	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
 	if err := s.writeDoc(ctx, key, d); err != nil {
 		return Info{}, errStore("could not store the workspace", err)
 	}
@@ -262,12 +279,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 func (s *Service) info(key string, d *doc) Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	in := Info{Name: d.Name, SizeBytes: d.Bytes(), CreatedAt: d.CreatedAt, LastUsedAt: d.LastUsedAt, InUseBy: s.holders[key]}
-	for _, e := range d.Entries {
-		if e.Mode.IsRegular() {
-			in.Files++
-		}
-	}
+	in := Info{Name: d.Name, SizeBytes: d.SizeBytes, Files: d.Files, CreatedAt: d.CreatedAt, LastUsedAt: d.LastUsedAt, InUseBy: s.holders[key]}
 	if st := s.state[key]; st != nil {
 		c := *st
 		in.Sync = &c
@@ -398,7 +410,11 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 		if err != nil {
 			return errStore("could not read the workspace's manifest", err)
 		}
-		if err := s.restore(ctx, &d.Manifest, homeOf(sb)); err != nil {
+		entries, err := s.entries(ctx, d)
+		if err != nil {
+			return errStore("could not read the workspace's manifest", err)
+		}
+		if err := s.restore(ctx, &Manifest{Entries: entries}, homeOf(sb)); err != nil {
 			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files", Err: err}
 		}
 	}
@@ -512,9 +528,12 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	}
 	info.StoredBytes += st.HashedBytes
 	info.SizeBytes, info.Files, info.CreatedAt = m.Bytes(), st.Files, m.CreatedAt
-	d := &doc{CreatedAt: m.CreatedAt, LastUsedAt: m.CreatedAt, Manifest: *m}
+	d := &doc{CreatedAt: m.CreatedAt, LastUsedAt: m.CreatedAt}
+	if err := s.setEntries(d, m.Entries); err != nil {
+		return nil, err
+	}
 	if old, err := s.readDoc(ctx, key); err == nil {
-		if slices.Equal(old.Entries, m.Entries) && !strings.Contains(key, "/snapshots/") {
+		if slices.Equal(old.Pages, d.Pages) && !strings.Contains(key, "/snapshots/") {
 			return info, nil // unchanged: nothing to store or upload
 		}
 		d.Name, d.CreatedAt = old.Name, old.CreatedAt

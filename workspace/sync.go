@@ -176,14 +176,24 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 	if err := json.Unmarshal(b, &d); err != nil {
 		return err
 	}
+	entries, err := s.entries(ctx, &d)
+	if err != nil {
+		return err
+	}
+	// The pages are objects too: upload them with the files.
+	objs := make([]Entry, 0, len(d.Pages)+len(entries))
+	for _, p := range d.Pages {
+		objs = append(objs, Entry{Hash: p.Hash, Size: p.Size})
+	}
+	objs = append(objs, entries...)
 	pending := int64(0)
-	for _, e := range d.Entries {
+	for _, e := range objs {
 		if validHash(e.Hash) && !s.hasRemote(objectKey(e.Hash)) {
 			pending += e.Size
 		}
 	}
 	s.setPending(key, pending)
-	for _, e := range d.Entries {
+	for _, e := range objs {
 		if !validHash(e.Hash) {
 			continue
 		}

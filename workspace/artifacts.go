@@ -31,6 +31,8 @@ func (s *Service) PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel s
 	if !ok {
 		return "", ErrNoPresign
 	}
+	s.gcMu.RLock() // the object is named by no doc
+	defer s.gcMu.RUnlock()
 	root, err := os.OpenRoot(homeOf(sb))
 	if err != nil {
 		return "", err
@@ -40,12 +42,11 @@ func (s *Service) PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel s
 	if err != nil {
 		return "", err
 	}
-	key := objectKey(hash)
-	if err := s.listRemote(ctx); err != nil {
-		return "", err
-	}
+	// Artifacts have keys of their own: no collection removes them (an
+	// object store's lifecycle rule may expire artifacts/).
+	key := "artifacts/" + hash
 	if !s.hasRemote(key) {
-		f, err := os.Open(s.local.dir + "/" + key)
+		f, err := os.Open(s.local.dir + "/" + objectKey(hash))
 		if err != nil {
 			return "", err
 		}

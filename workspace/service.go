@@ -43,6 +43,11 @@ type Service struct {
 	local  *localBackend
 	tmpDir string
 
+	// gcMu is held to read by whatever stores objects that no doc names
+	// yet (a capture until its doc is written, an artifact until it is
+	// uploaded), and to write by the collection of unnamed objects.
+	gcMu sync.RWMutex
+
 	mu       sync.Mutex
 	holders  map[string]string      // doc key of a named workspace -> session holding it
 	sessions map[string]*attachment // session id -> what it holds
@@ -347,7 +352,11 @@ func (s *Service) remove(ctx context.Context, key string) error {
 	delete(s.state, key)
 	s.mu.Unlock()
 	if s.cfg.Remote != nil {
-		s.enqueue(key, job{del: true})
+		s.enqueue(key, job{del: true}) // the pusher deletes it there, then collects
+		return nil
+	}
+	if err := s.collect(ctx); err != nil {
+		s.cfg.Log.Warn("workspace_collect_failed", "err", err)
 	}
 	return nil
 }
@@ -494,6 +503,8 @@ func (s *Service) SessionSync(session string) *SyncState {
 func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze bool) (*SnapshotInfo, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
 	dir := homeOf(a.sb)
 	info := &SnapshotInfo{}
 	var frz sandbox.Freezer

@@ -160,7 +160,10 @@ func (s *Service) pushAll(ctx context.Context) error {
 func (s *Service) push(ctx context.Context, key string, j job) error {
 	r := s.cfg.Remote
 	if j.del {
-		return r.Delete(ctx, key)
+		if err := r.Delete(ctx, key); err != nil {
+			return err
+		}
+		return s.collect(ctx)
 	}
 	if err := s.listRemote(ctx); err != nil {
 		return err

@@ -91,6 +91,22 @@ func (f *fakeS3) stats(t *testing.T) s3Stats {
 	return st
 }
 
+// keys counts the objects under prefix in the test bucket (gofakes3
+// checks no signature: a plain ListObjectsV2).
+func (f *fakeS3) keys(t *testing.T, prefix string) int {
+	t.Helper()
+	resp, err := http.Get(f.URL + "/sandgate-test?list-type=2&max-keys=1000&prefix=" + prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("list %s: %d %s", prefix, resp.StatusCode, b)
+	}
+	return strings.Count(string(b), "<Key>")
+}
+
 func (f *fakeS3) args() []string {
 	return []string{"--object-store", "s3://sandgate-test/ws", "--object-store-endpoint", f.URL}
 }
@@ -210,6 +226,9 @@ func TestWorkspaceSurvivesSessionAndDisk(t *testing.T) {
 	}
 	deleteSession(t, g, "tok-a", id, "")
 	waitSynced(t, g, "tok-a", "proj")
+	if n := s3.keys(t, "ws/objects/"); n != 4 { // three files and one manifest page
+		t.Errorf("objects in the store after the sync: %d, want 4", n)
+	}
 
 	id2, code, _ := createWith(t, g, "tok-a", map[string]any{"workspace": "proj"})
 	if code != http.StatusCreated {
@@ -241,6 +260,17 @@ func TestWorkspaceSurvivesSessionAndDisk(t *testing.T) {
 	}
 	if _, code, _ := createWith(t, g2, "tok-a", map[string]any{"workspace": "proj"}); code != http.StatusNotFound {
 		t.Errorf("mount of a removed workspace: %d, want 404", code)
+	}
+	// Its files and manifest pages go too, from the store and the disk.
+	deadline := time.Now().Add(60 * time.Second)
+	for s3.keys(t, "ws/objects/")+s3.keys(t, "ws/tenants/") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the object store still holds %d objects, %d docs", s3.keys(t, "ws/objects/"), s3.keys(t, "ws/tenants/"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if objs, _ := filepath.Glob(filepath.Join(g2.DataDir, "workspaces", "store", "objects", "*", "*")); len(objs) != 0 {
+		t.Errorf("objects left in the data dir: %d", len(objs))
 	}
 }
 

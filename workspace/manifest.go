@@ -165,10 +165,7 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manif
 
 func keyOf(info fs.FileInfo) statKey {
 	k := statKey{size: info.Size(), mtime: info.ModTime().UnixNano()}
-	if sys, ok := info.Sys().(*syscall.Stat_t); ok {
-		k.ctime = sys.Ctim.Nano()
-		k.ino = sys.Ino
-	}
+	k.ctime, k.ino = ctimeIno(info)
 	return k
 }
 

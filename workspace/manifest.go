@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"slices"
 	"strings"
 	"syscall"
@@ -96,31 +97,13 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manif
 	defer root.Close()
 	m := &Manifest{Version: 1, CreatedAt: time.Now().UTC()}
 	seen := map[string]bool{}
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil // removed while we walked
-			}
-			return err
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if p == "." {
-			return nil
-		}
-		info, err := root.Lstat(p)
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
+	err = walk(ctx, root, "", func(dir *os.Root, p, name string, info fs.FileInfo) error {
 		e := Entry{Path: p, Mode: info.Mode() & (fs.ModeType | fs.ModePerm)}
 		switch {
 		case info.IsDir():
 		case info.Mode()&fs.ModeSymlink != 0:
-			if e.Link, err = root.Readlink(p); err != nil {
+			var err error
+			if e.Link, err = dir.Readlink(name); err != nil {
 				return nil
 			}
 		case info.Mode().IsRegular():
@@ -131,7 +114,7 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manif
 				e.Size, e.Hash = k.size, c.hash
 				break
 			}
-			hash, k2, err := s.storeFile(ctx, root, p)
+			hash, k2, err := s.storeFile(ctx, dir, name)
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotRegular) {
 					return nil
@@ -155,12 +138,66 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manif
 	if err != nil {
 		return nil, st, fmt.Errorf("scan workspace: %w", err)
 	}
+	// Directory by directory is not string order ("a/x" comes before
+	// "a-b" so): manifests are.
+	slices.SortFunc(m.Entries, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
 	for p := range cache {
 		if !seen[p] {
 			delete(cache, p)
 		}
 	}
 	return m, st, nil
+}
+
+// walk calls fn for every entry under dir, in path order, with the
+// directory holding it, open as a root of its own, so that every lookup
+// is of one name relative to an open directory (one system call, and no
+// path resolved twice). Directories are entered after fn saw them;
+// entries removed meanwhile are skipped.
+func walk(ctx context.Context, dir *os.Root, prefix string, fn func(dir *os.Root, rel, name string, info fs.FileInfo) error) error {
+	f, err := dir.Open(".")
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		info, err := dir.Lstat(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		rel := path.Join(prefix, name)
+		if err := fn(dir, rel, name, info); err != nil {
+			return err
+		}
+		if !info.IsDir() {
+			continue
+		}
+		sub, err := dir.OpenRoot(name)
+		if err != nil {
+			// Removed, or replaced (by a symlink) since the Lstat: skip.
+			if now, lerr := dir.Lstat(name); errors.Is(err, fs.ErrNotExist) || lerr != nil || !now.IsDir() {
+				continue
+			}
+			return err
+		}
+		err = walk(ctx, sub, rel, fn)
+		sub.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func keyOf(info fs.FileInfo) statKey {

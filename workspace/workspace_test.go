@@ -130,3 +130,28 @@ func TestScanIsIncremental(t *testing.T) {
 		t.Errorf("size %d, want 10", m.Bytes())
 	}
 }
+
+// TestScanOrder: a manifest is in path order even where a directory's
+// walk is not ("a/x" sorts after "a-b"), and restores.
+func TestScanOrder(t *testing.T) {
+	s := newService(t)
+	src := t.TempDir()
+	for _, p := range []string{"a/x", "a-b", "a.c/y", "b"} {
+		write(t, filepath.Join(src, p), p)
+	}
+	m, _, err := s.scan(context.Background(), src, scanCache{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &doc{}
+	if err := s.setEntries(d, m.Entries); err != nil {
+		t.Fatal(err)
+	}
+	es, err := s.entries(context.Background(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.restore(context.Background(), &Manifest{Entries: es}, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -63,6 +63,9 @@ type Config struct {
 	// Directory, in cluster mode, holds the sessions of every node (nil:
 	// this gateway's sessions are all there are; directory.go).
 	Directory Directory
+	// Workspaces keeps workspaces beyond sessions (nil: none; a create
+	// that names a workspace or snapshot is workspaces_unavailable).
+	Workspaces Workspaces
 }
 
 // Manager owns every live session.
@@ -109,6 +112,7 @@ func (m *Manager) watch(s *Session) {
 		if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
 			m.log.Error("store_failed", "session", s.ID, "err", err)
 		}
+		m.detachWorkspace(context.Background(), s)
 		if err := s.sandbox.Destroy(context.Background()); err != nil {
 			m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
 		}
@@ -164,6 +168,8 @@ type CreateParams struct {
 	// Name, when set, names the session: unique among the tenant's live
 	// sessions (see checkName).
 	Name string
+	// Workspace, when set, is what /workspace starts from (workspaces.go).
+	Workspace WorkspaceRef
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -261,6 +267,15 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		s.requestHash = fp
 	}
 	s.lastActivity.Store(now.UnixNano())
+	s.Workspace = cp.Workspace
+	if err := m.claimWorkspace(ctx, s); err != nil {
+		return nil, "", err
+	}
+	defer func() {
+		if reserved {
+			m.detachWorkspace(ctx, s)
+		}
+	}()
 	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
 	if slices.ContainsFunc(secrets, SecretRef.Bound) {
 		if err := s.newEgressCA(); err != nil {
@@ -295,6 +310,13 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
 	}
 	s.sandbox = sb
+	if err := m.attachWorkspace(ctx, s, true); err != nil {
+		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
+			m.releaseImage(s)
+		}
+		m.log.Error("workspace_attach_failed", "session", s.ID, "err", err)
+		return nil, "", err
+	}
 	if s.needsProxy() {
 		if err := m.openProxy(ctx, s); err != nil {
 			if sb.Destroy(context.WithoutCancel(ctx)) == nil {
@@ -612,6 +634,7 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 	if !s.end(status, reason) || s.sandbox == nil {
 		return nil
 	}
+	m.detachWorkspace(ctx, s)
 	if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
 		m.mu.Lock()

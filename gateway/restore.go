@@ -45,6 +45,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 						changed = append(changed, s.Snapshot())
 					}
 					m.restoreEgress(ctx, s)
+					m.restoreWorkspace(ctx, s)
 					m.watch(s)
 				} else {
 					reason = "sandbox lost across the gateway restart"

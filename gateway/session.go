@@ -45,6 +45,9 @@ type Session struct {
 	// among the tenant's live sessions.
 	Name  string
 	Image string
+	// Workspace is what /workspace started from: a named workspace the
+	// session holds, or a snapshot.
+	Workspace WorkspaceRef
 	// ImageDigest is the manifest digest of the image the sandbox runs
 	// ("" for the default root).
 	ImageDigest string
@@ -102,7 +105,9 @@ type Session struct {
 // View is what a tenant sees of a session. The REST API renders it as it
 // is, and Record embeds it, so the two share these fields and JSON names.
 type View struct {
-	Name           string         `json:"name,omitempty"`
+	Name string `json:"name,omitempty"`
+	// WorkspaceRef is what the workspace started from (workspaces.go).
+	WorkspaceRef
 	Status         string         `json:"status"`
 	Image          string         `json:"image"`
 	ImageDigest    string         `json:"imageDigest,omitempty"`
@@ -155,7 +160,7 @@ func (s *Session) Snapshot() Record {
 			Name: s.Name, Status: status, Image: s.Image, ImageDigest: s.ImageDigest, Metadata: s.Metadata, Resources: s.Resources,
 			Egress: ev, Secrets: s.Secrets,
 			CreatedAt: s.CreatedAt, ExpiresAt: expires, LastActivityAt: s.LastActivity(), TTL: ttl,
-			StatusReason: reason,
+			StatusReason: reason, WorkspaceRef: s.Workspace,
 		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
 		EgressCA: s.egressCAPEM, EgressCAKey: s.egressCAKey,
@@ -175,6 +180,7 @@ func sessionFromRecord(r Record) *Session {
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
 		Secrets: r.Secrets, egressCAPEM: r.EgressCA, egressCAKey: r.EgressCAKey,
+		Workspace: r.WorkspaceRef,
 	}
 	if r.Egress != nil {
 		s.egressAllow, s.savedIn, s.savedOut = r.Egress.Allow, r.Egress.BytesIn, r.Egress.BytesOut

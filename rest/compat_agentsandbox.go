@@ -226,8 +226,12 @@ func (x *agentSandboxAPI) sandboxOrAnswer(w http.ResponseWriter, r *http.Request
 }
 
 // linkURL is a presigned link (links.go) to the file p of s, expiring in
-// expiresIn seconds.
+// expiresIn seconds; with an object store, a presigned URL of the store
+// (workspaces.go).
 func (x *agentSandboxAPI) linkURL(r *http.Request, s *gateway.Session, p string, expiresIn int) string {
+	if u, ok := x.a.presignArtifact(r.Context(), s, p, time.Duration(expiresIn)*time.Second); ok {
+		return u
+	}
 	expires := time.Now().Add(time.Duration(expiresIn) * time.Second).Truncate(time.Second).UTC()
 	token := signLink(x.a.cfg.LinkKey, s.Tenant, s.ID, p, expires)
 	scheme := "http"

@@ -25,6 +25,7 @@ import (
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox/workdir"
 	"github.com/sandgate/sandgate/tunnel"
+	"github.com/sandgate/sandgate/workspace"
 )
 
 // API keys and the HS256 secret of the default test gateway.
@@ -67,6 +68,9 @@ type gwOptions struct {
 	audit *audit.File
 	// metrics, when set, is the API's rest.Metrics.
 	metrics rest.Metrics
+	// workspaceDir, when set, is where a workspace engine (local store
+	// only) keeps named workspaces and snapshots.
+	workspaceDir string
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -138,6 +142,13 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	if o.store != nil {
 		gcfg.Store = o.store
 	}
+	var wsvc *workspace.Service
+	if o.workspaceDir != "" {
+		if wsvc, err = workspace.New(workspace.Config{Dir: o.workspaceDir, Log: log}); err != nil {
+			t.Fatal(err)
+		}
+		gcfg.Workspaces = wsvc
+	}
 	var mdriver gateway.Driver = driver
 	if o.wrapDriver != nil {
 		mdriver = o.wrapDriver(driver)
@@ -182,11 +193,15 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		}
 	}
 	hostKeys := testHostKeys(t)
-	handler := rest.New(rest.Config{
+	rcfg := rest.Config{
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
 		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics,
-	})
+	}
+	if wsvc != nil {
+		rcfg.Workspaces = wsvc
+	}
+	handler := rest.New(rcfg)
 
 	srv := newHTTPServer(handler, log)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -68,6 +68,9 @@ type Config struct {
 	Audit audit.Auditor
 	// AuditLog answers GET /v1/audit (nil: 404 audit_unavailable).
 	AuditLog AuditLog
+	// Workspaces keeps named workspaces and snapshots (nil: none;
+	// workspaces.go).
+	Workspaces Workspaces
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -117,6 +120,10 @@ func New(cfg Config) http.Handler {
 		r.Patch("/sessions/{id}", a.update)
 		r.Delete("/sessions/{id}", a.delete)
 		r.Post("/sessions/{id}/stop", a.stop)
+		r.Post("/sessions/{id}/snapshots", a.createSnapshot)
+		r.Post("/workspaces", a.createWorkspace)
+		r.Get("/workspaces", a.listWorkspaces)
+		r.Delete("/workspaces/{name}", a.deleteWorkspace)
 		// The data plane (dataplane.go): commands, files, processes.
 		r.Post("/sessions/{id}/commands", a.runCommand)
 		r.Get("/sessions/{id}/commands", a.listCommands)

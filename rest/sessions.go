@@ -18,6 +18,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/workspace"
 )
 
 type createRequest struct {
@@ -36,12 +37,18 @@ type createRequest struct {
 	// {"name", "hosts", "header", "format"} for a header the egress proxy
 	// sets on requests to those hosts.
 	Secrets []gateway.SecretRef `json:"secrets"`
+	// Workspace names a workspace (POST /v1/workspaces) to mount at
+	// /workspace; FromSnapshot starts from a snapshot's files instead.
+	Workspace    *string `json:"workspace"`
+	FromSnapshot *string `json:"fromSnapshot"`
 }
 
 type sessionJSON struct {
 	SessionID string `json:"sessionId"`
 	gateway.View
 	SSH sshJSON `json:"ssh"`
+	// WorkspaceSync is the object-store sync of a named workspace.
+	WorkspaceSync *workspace.SyncState `json:"workspaceSync,omitempty"`
 }
 
 type sshJSON struct {
@@ -65,8 +72,12 @@ func (a *api) render(s *gateway.Session, password string) sessionJSON {
 	if len(a.cfg.HostKeys) > 0 {
 		known = "* " + a.cfg.HostKeys[0]
 	}
+	var sync *workspace.SyncState
+	if a.cfg.Workspaces != nil {
+		sync = a.cfg.Workspaces.SessionSync(snap.ID)
+	}
 	return sessionJSON{
-		SessionID: snap.ID, View: snap.View,
+		SessionID: snap.ID, View: snap.View, WorkspaceSync: sync,
 		SSH: sshJSON{
 			Username: a.cfg.SSHUsername, Password: password,
 			HostKeys: a.cfg.HostKeys, KnownHostsLine: known,
@@ -113,6 +124,19 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.Resources = req.Resources
 	cp.Egress, cp.Secrets = req.Egress, req.Secrets
+	for _, f := range []struct {
+		v   *string
+		dst *string
+		n   string
+	}{{req.Workspace, &cp.Workspace.Name, "workspace"}, {req.FromSnapshot, &cp.Workspace.FromSnapshot, "fromSnapshot"}} {
+		if f.v != nil {
+			if *f.v == "" {
+				WriteError(w, http.StatusBadRequest, "invalid_field", f.n+" must not be empty; leave it out for a fresh workspace")
+				return
+			}
+			*f.dst = *f.v
+		}
+	}
 	if keys, ok := r.Header[idempotencyKeyHeader]; ok {
 		if len(keys) != 1 || keys[0] == "" {
 			WriteError(w, http.StatusBadRequest, "invalid_idempotency_key", "send one non-empty Idempotency-Key header")
@@ -351,7 +375,24 @@ func (a *api) update(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) delete(w http.ResponseWriter, r *http.Request) {
-	if err := a.cfg.Sessions.Delete(r.Context(), principal(r), chi.URLParam(r, "id")); err != nil {
+	keep, ok := keepWorkspace(w, r)
+	if !ok {
+		return
+	}
+	p, id := principal(r), chi.URLParam(r, "id")
+	if !keep && a.cfg.Workspaces != nil {
+		// Only the caller's own session may be marked: its workspace
+		// goes when it ends.
+		if _, err := a.cfg.Sessions.Get(r.Context(), p, id); err != nil {
+			WriteGatewayError(w, err)
+			return
+		}
+		a.cfg.Workspaces.DropOnEnd(id, true)
+	}
+	if err := a.cfg.Sessions.Delete(r.Context(), p, id); err != nil {
+		if !keep && a.cfg.Workspaces != nil {
+			a.cfg.Workspaces.DropOnEnd(id, false)
+		}
 		WriteGatewayError(w, err)
 		return
 	}

@@ -270,3 +270,19 @@ type Stopper interface {
 	// state on disk).
 	Stopped() bool
 }
+
+// Freezer is implemented by sandboxes whose processes can be frozen at
+// once (linuxns: the cgroup freezer, v1 or v2), so that a snapshot of the
+// workspace sees no half-done write. Freeze returns once every process is
+// frozen; thaw lets them run again. The workspace package uses it.
+type Freezer interface {
+	Freeze(ctx context.Context) (thaw func() error, err error)
+}
+
+// WorkspaceHomer is implemented by sandboxes whose /workspace is a
+// directory below Workdir (a linuxns sandbox on an image keeps its root's
+// writable layer beside it): the workspace package saves and restores
+// that directory only.
+type WorkspaceHomer interface {
+	WorkspaceHome() string
+}

@@ -68,6 +68,7 @@ type serveConfig struct {
 	insecureRegistry  listFlag
 	egress            egressFlags
 	dataPlane         dataPlaneFlags
+	workspaces        workspaceFlags
 	metricsToken      string
 	metricsListen     string
 	audit             auditFlags
@@ -129,6 +130,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	c.dataPlane.register(fs)
 	c.audit.register(fs)
 	c.cluster.register(fs)
+	c.workspaces.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -370,6 +372,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	wsvc, err := cfg.workspaces.open(cfg.dataDir, log)
+	if err != nil {
+		return err
+	}
 	mcfg := gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
 		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
@@ -377,6 +383,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Metrics:      met,
 		Audit:        auditor,
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
+		Workspaces:   wsvc,
 	}
 	var mgr *gateway.Manager
 	var node *cluster.Node
@@ -416,12 +423,13 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Ready: func() (map[string]any, error) {
 			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccomp}, nil
 		},
-		DataPlane: cfg.dataPlane.config(cfg, egressCfg.Proxy),
-		LinkKey:   linkKey,
-		Metrics:   met,
-		NoPorts:   !cfg.sshLocalForward, // preview URLs reach ports as -L does
-		Audit:     auditor,
-		AuditLog:  auditQuery,
+		DataPlane:  cfg.dataPlane.config(cfg, egressCfg.Proxy),
+		LinkKey:    linkKey,
+		Metrics:    met,
+		NoPorts:    !cfg.sshLocalForward, // preview URLs reach ports as -L does
+		Audit:      auditor,
+		AuditLog:   auditQuery,
+		Workspaces: wsvc,
 	})
 	var front *cluster.Front
 	if node != nil {
@@ -480,9 +488,14 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	reapCtx, stopReaper := context.WithCancel(context.Background())
 	reaped := make(chan struct{})
+	synced := make(chan struct{})
 	go func() {
 		defer close(reaped)
 		mgr.Run(reapCtx)
+	}()
+	go func() {
+		defer close(synced)
+		wsvc.Run(reapCtx)
 	}()
 	served := make(chan error, 1)
 	go func() {
@@ -513,7 +526,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	stopReaper()
 	<-reaped
+	<-synced
 	mgr.Shutdown(context.Background(), cfg.keepSandboxes)
+	flushWorkspaces(wsvc, cfg.shutdownTimeout, log)
 	log.Info("stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr

@@ -33,10 +33,12 @@ const (
 	cpuPeriodMicros   = 100000
 )
 
-// cgroupControllers are the controllers the linux driver limits with,
-// and cpuacct, which limits nothing: on cgroup v1 it alone counts CPU time
-// (for the session's stats, stats_linux.go); v2 counts it in every cgroup.
-var cgroupControllers = []string{"memory", "pids", "cpu", "cpuacct"}
+// cgroupControllers are the controllers the linux driver limits with;
+// cpuacct, which limits nothing: on cgroup v1 it alone counts CPU time
+// (for the session's stats, stats_linux.go; v2 counts it in every cgroup);
+// and the freezer (v1; v2's cgroup.freeze needs no controller), which
+// snapshots use (Freeze).
+var cgroupControllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer"}
 
 // Plan is how this host limits sandboxes, found once at Open.
 //
@@ -92,6 +94,11 @@ func Detect() *Plan {
 		}
 		if v2 == "" {
 			p.missing[c] = "no cgroup v1 hierarchy and no cgroup v2 mount has the " + c + " controller"
+			continue
+		}
+		if c == "freezer" { // cgroup.freeze is in every v2 cgroup
+			p.v2 = v2
+			p.via[c] = "cgroup v2"
 			continue
 		}
 		if err := enableV2(v2, c); err != nil {

@@ -30,6 +30,7 @@ var forbidden = map[string][]string{
 	"internal/mountinfo":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"images":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd"},
 	"dataplane":             {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images"},
+	"workspace":             {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images", "dataplane"},
 	"egress":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal"},
 	"audit":                 {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal", "egress", "dataplane"},
 	// mcpserver is a client of the REST API: none of the gateway's code.

@@ -1,0 +1,99 @@
+//go:build linux
+
+package cgroup
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// requireRoot skips without root, but fails in CI, which runs as root.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("cgroup tests need root in CI")
+	}
+	t.Skip("cgroup tests need root")
+}
+
+// TestFreezeRoot: Freeze freezes a process in a v1 freezer cgroup and in
+// a v2 cgroup (cgroup.freeze), as the kernel reports, and thaw undoes it.
+func TestFreezeRoot(t *testing.T) {
+	requireRoot(t)
+	v1, v2, err := cgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// state is where the kernel says whether the cgroup is frozen;
+	// control (and thaw) is what undoes a freeze on cleanup.
+	type freezeCase struct{ mount, state, frozen, thawed, control, thaw string }
+	cases := map[string]freezeCase{}
+	if m, ok := v1["freezer"]; ok {
+		cases["v1"] = freezeCase{m, "freezer.state", "FROZEN", "THAWED", "freezer.state", "THAWED"}
+	}
+	if v2 != "" {
+		cases["v2"] = freezeCase{v2, "cgroup.events", "frozen 1", "frozen 0", "cgroup.freeze", "0"}
+	}
+	if len(cases) == 0 {
+		t.Skip("no freezer on this host")
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(c.mount, "sandgate-freeze-test-"+strconv.Itoa(os.Getpid()))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			sleep := exec.Command("sleep", "1000")
+			if err := sleep.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = sleep.Process.Kill()
+				_ = os.WriteFile(filepath.Join(dir, c.control), []byte(c.thaw), 0)
+				_, _ = sleep.Process.Wait()
+				if err := Remove([]string{dir}); err != nil {
+					t.Error(err)
+				}
+			})
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0); err != nil {
+				t.Fatal(err)
+			}
+			thaw, err := Freeze(context.Background(), []string{dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := read(t, filepath.Join(dir, c.state)); !strings.Contains(got, c.frozen) {
+				t.Errorf("after Freeze: %s = %q", c.state, got)
+			}
+			if err := thaw(); err != nil {
+				t.Fatal(err)
+			}
+			if name == "v1" {
+				if got := read(t, filepath.Join(dir, c.state)); !strings.Contains(got, c.thawed) {
+					t.Errorf("after thaw: %s = %q", c.state, got)
+				}
+			}
+		})
+	}
+	if _, err := Freeze(context.Background(), []string{t.TempDir()}); !errors.Is(err, ErrNoFreezer) {
+		t.Errorf("Freeze of a directory that is no cgroup: %v", err)
+	}
+}
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,180 @@
+package rest_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// TestContractWorkspaces: named workspaces, snapshots and forks through
+// the real stack (workdir driver, local store), every answer checked
+// against the spec.
+func TestContractWorkspaces(t *testing.T) {
+	cov := newCoverage()
+	dir := t.TempDir()
+	g := newGateway(t, gwOptions{cov: cov, workspaceDir: dir})
+	post := func(path, token, body string) result {
+		t.Helper()
+		return g.do(t, http.MethodPost, path, token, []byte(body))
+	}
+	command := func(id, cmd string) string {
+		t.Helper()
+		body, _ := json.Marshal(map[string]string{"command": cmd})
+		r := post("/v1/sessions/"+id+"/commands", aliceKey, string(body))
+		expect(t, r, http.StatusOK, "")
+		var out cmdOut
+		if err := json.Unmarshal(r.body, &out); err != nil || out.ExitCode == nil || *out.ExitCode != 0 || out.Stdout == nil {
+			t.Fatalf("command %q: %s", cmd, r.body)
+		}
+		return *out.Stdout
+	}
+
+	t.Run("named", func(t *testing.T) {
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"proj"}`), http.StatusCreated, "")
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"proj"}`), http.StatusConflict, "workspace_exists")
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"../x"}`), http.StatusBadRequest, "invalid_workspace_name")
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"a","size":1}`), http.StatusBadRequest, "unknown_field")
+		expect(t, post("/v1/workspaces", "", `{"name":"a"}`), http.StatusUnauthorized, "unauthorized")
+
+		s := post("/v1/sessions", aliceKey, `{"workspace":"proj"}`)
+		expect(t, s, http.StatusCreated, "")
+		id := s.session(t).SessionID
+		command(id, "echo one > a.txt")
+		expect(t, post("/v1/sessions", aliceKey, `{"workspace":"proj"}`), http.StatusConflict, "workspace_busy")
+		expect(t, post("/v1/sessions", bobKey, `{"workspace":"proj"}`), http.StatusNotFound, "workspace_not_found")
+		expect(t, post("/v1/sessions", aliceKey, `{"workspace":"nope"}`), http.StatusNotFound, "workspace_not_found")
+		expect(t, post("/v1/sessions", aliceKey, `{"workspace":""}`), http.StatusBadRequest, "invalid_field")
+		expect(t, post("/v1/sessions", aliceKey, `{"workspace":"proj","fromSnapshot":"snap_000000000000000000000000"}`), http.StatusBadRequest, "invalid_field")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/proj", aliceKey, nil), http.StatusConflict, "workspace_busy")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/proj", bobKey, nil), http.StatusNotFound, "workspace_not_found")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/..", aliceKey, nil), http.StatusBadRequest, "invalid_workspace_name")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/proj", "", nil), http.StatusUnauthorized, "unauthorized")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+id+"?keepWorkspace=maybe", aliceKey, nil), http.StatusBadRequest, "invalid_field")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusNoContent, "")
+
+		r := g.do(t, http.MethodGet, "/v1/workspaces", aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		if !strings.Contains(string(r.body), `"name":"proj"`) || !strings.Contains(string(r.body), `"files":1`) {
+			t.Errorf("list: %s", r.body)
+		}
+		r = g.do(t, http.MethodGet, "/v1/workspaces", bobKey, nil)
+		expect(t, r, http.StatusOK, "")
+		if string(r.body) != `{"workspaces":[]}`+"\n" {
+			t.Errorf("bob's list: %s", r.body)
+		}
+		expect(t, g.do(t, http.MethodGet, "/v1/workspaces", "", nil), http.StatusUnauthorized, "unauthorized")
+
+		// The next holder finds the files; keepWorkspace=false removes it.
+		s = post("/v1/sessions", aliceKey, `{"workspace":"proj"}`)
+		expect(t, s, http.StatusCreated, "")
+		id = s.session(t).SessionID
+		if out := command(id, "cat a.txt"); out != "one\n" {
+			t.Errorf("kept file: %q", out)
+		}
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+id+"?keepWorkspace=false", aliceKey, nil), http.StatusNoContent, "")
+		expect(t, post("/v1/sessions", aliceKey, `{"workspace":"proj"}`), http.StatusNotFound, "workspace_not_found")
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"gone"}`), http.StatusCreated, "")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/gone", aliceKey, nil), http.StatusNoContent, "")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/gone", aliceKey, nil), http.StatusNotFound, "workspace_not_found")
+	})
+
+	t.Run("snapshots", func(t *testing.T) {
+		id := g.create(t, aliceKey, "").SessionID
+		command(id, "mkdir d && echo base > d/f && ln -s d/f link")
+		r := post("/v1/sessions/"+id+"/snapshots", aliceKey, "")
+		expect(t, r, http.StatusCreated, "")
+		var sn struct {
+			SnapshotID string `json:"snapshotId"`
+			Consistent bool   `json:"consistent"`
+		}
+		if err := json.Unmarshal(r.body, &sn); err != nil || sn.Consistent {
+			t.Fatalf("snapshot (workdir cannot freeze): %s", r.body)
+		}
+		expect(t, post("/v1/sessions/"+id+"/snapshots", bobKey, ""), http.StatusNotFound, "not_found")
+		expect(t, post("/v1/sessions/"+id+"/snapshots", "", ""), http.StatusUnauthorized, "unauthorized")
+		expect(t, post("/v1/sessions", bobKey, `{"fromSnapshot":"`+sn.SnapshotID+`"}`), http.StatusNotFound, "snapshot_not_found")
+		expect(t, post("/v1/sessions", aliceKey, `{"fromSnapshot":"snap_x"}`), http.StatusNotFound, "snapshot_not_found")
+		var forks []string
+		for i := range 3 {
+			r := post("/v1/sessions", aliceKey, `{"fromSnapshot":"`+sn.SnapshotID+`"}`)
+			expect(t, r, http.StatusCreated, "")
+			fid := r.session(t).SessionID
+			forks = append(forks, fid)
+			command(fid, "echo "+string(rune('a'+i))+" >> d/f")
+		}
+		for i, fid := range forks {
+			if out := command(fid, "cat link"); out != "base\n"+string(rune('a'+i))+"\n" {
+				t.Errorf("fork %d: %q", i, out)
+			}
+		}
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusNoContent, "")
+		expect(t, post("/v1/sessions/"+id+"/snapshots", aliceKey, ""), http.StatusGone, "session_gone")
+		expect(t, post("/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa/snapshots", aliceKey, ""), http.StatusNotFound, "not_found")
+	})
+
+	t.Run("store-failure", func(t *testing.T) {
+		id := g.create(t, aliceKey, "").SessionID
+		command(id, "echo x > f")
+		tmp := filepath.Join(dir, "tmp")
+		if err := os.Rename(tmp, tmp+".away"); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, post("/v1/sessions/"+id+"/snapshots", aliceKey, ""), http.StatusServiceUnavailable, "snapshot_failed")
+		if err := os.Rename(tmp+".away", tmp); err != nil {
+			t.Fatal(err)
+		}
+		store := filepath.Join(dir, "store")
+		if err := os.Rename(store, store+".away"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(store, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"broken"}`), http.StatusServiceUnavailable, "workspace_store_failed")
+		if err := os.Remove(store); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(store+".away", store); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("failed-session", func(t *testing.T) {
+		st := gateway.NewMemStore()
+		lost := putLostSession(t, st, "alice")
+		fg := newGateway(t, gwOptions{store: st, restore: true, cov: cov, workspaceDir: t.TempDir()})
+		expect(t, fg.do(t, http.MethodPost, "/v1/sessions/"+lost+"/snapshots", aliceKey, nil), http.StatusConflict, "session_not_running")
+	})
+
+	t.Run("rate-limited", func(t *testing.T) {
+		rl := newGateway(t, gwOptions{rateLimit: 4, cov: cov, workspaceDir: t.TempDir()})
+		id := rl.create(t, aliceKey, "").SessionID
+		for _, c := range []struct{ method, path, body string }{
+			{http.MethodPost, "/v1/workspaces", `{"name":"x"}`},
+			{http.MethodGet, "/v1/workspaces", ""},
+			{http.MethodDelete, "/v1/workspaces/x", ""},
+			{http.MethodPost, "/v1/sessions/" + id + "/snapshots", ""},
+		} {
+			var r result
+			for range 6 {
+				if r = rl.do(t, c.method, c.path, aliceKey, []byte(c.body)); r.status == http.StatusTooManyRequests {
+					break
+				}
+			}
+			expect(t, r, http.StatusTooManyRequests, "rate_limited")
+		}
+	})
+
+	requireSeen(t, cov, func(p string) bool { return strings.Contains(p, "/workspaces") || strings.Contains(p, "/snapshots") },
+		map[string]string{
+			"createWorkspace 500": "no failure path answers 500; documented because every handler sits behind the panic recoverer",
+			"listWorkspaces 500":  "as createWorkspace 500",
+			"deleteWorkspace 500": "as createWorkspace 500",
+			"createSnapshot 500":  "as createWorkspace 500",
+		})
+}

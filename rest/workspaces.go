@@ -1,0 +1,154 @@
+package rest
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/workspace"
+)
+
+// Workspaces is what the API needs of the workspace engine
+// (workspace.Service): named workspaces, snapshots, and the sync state a
+// session shows.
+type Workspaces interface {
+	CreateWorkspace(ctx context.Context, tenant, name string) (workspace.Info, error)
+	ListWorkspaces(ctx context.Context, tenant string) ([]workspace.Info, error)
+	DeleteWorkspace(ctx context.Context, tenant, name string) error
+	Snapshot(ctx context.Context, tenant, session string, sb sandbox.Sandbox, stopped bool) (workspace.SnapshotInfo, error)
+	SessionSync(session string) *workspace.SyncState
+	DropOnEnd(session string, drop bool)
+}
+
+// ArtifactPresigner is implemented by workspace engines with an object
+// store (workspace.Service): Agent Sandbox's download_url is then a
+// presigned URL of the store.
+type ArtifactPresigner interface {
+	PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel string, ttl time.Duration) (string, error)
+}
+
+// presignArtifact is an object-store link to s's file rel (relative to
+// /workspace), or false when there is none: no object store, a session on
+// an image (whose relative paths start at the image's working directory),
+// or a store that failed (logged; the gateway's own link serves).
+func (a *api) presignArtifact(ctx context.Context, s *gateway.Session, rel string, ttl time.Duration) (string, bool) {
+	p, ok := a.cfg.Workspaces.(ArtifactPresigner)
+	sb := s.Sandbox()
+	if !ok || sb == nil || s.ImageDigest != "" {
+		return "", false
+	}
+	u, err := p.PresignArtifact(ctx, sb, rel, ttl)
+	if err != nil {
+		if !errors.Is(err, workspace.ErrNoPresign) {
+			a.cfg.Log.Warn("artifact_presign_failed", "session", s.ID, "err", err)
+		}
+		return "", false
+	}
+	return u, true
+}
+
+func (a *api) workspacesOrFail(w http.ResponseWriter) Workspaces {
+	if a.cfg.Workspaces == nil {
+		WriteError(w, http.StatusBadRequest, "workspaces_unavailable", "this gateway keeps no workspaces")
+	}
+	return a.cfg.Workspaces
+}
+
+type workspaceRequest struct {
+	Name string `json:"name"`
+}
+
+// createWorkspace answers POST /v1/workspaces {"name"}.
+func (a *api) createWorkspace(w http.ResponseWriter, r *http.Request) {
+	ws := a.workspacesOrFail(w)
+	if ws == nil {
+		return
+	}
+	var req workspaceRequest
+	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+		WriteError(w, status, code, msg)
+		return
+	}
+	in, err := ws.CreateWorkspace(r.Context(), principal(r).Tenant, req.Name)
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/workspaces/"+in.Name)
+	_ = writeJSON(w, http.StatusCreated, in)
+}
+
+// listWorkspaces answers GET /v1/workspaces: the caller's workspaces.
+func (a *api) listWorkspaces(w http.ResponseWriter, r *http.Request) {
+	ws := a.workspacesOrFail(w)
+	if ws == nil {
+		return
+	}
+	all, err := ws.ListWorkspaces(r.Context(), principal(r).Tenant)
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	_ = writeJSON(w, http.StatusOK, map[string]any{"workspaces": all})
+}
+
+// deleteWorkspace answers DELETE /v1/workspaces/{name}.
+func (a *api) deleteWorkspace(w http.ResponseWriter, r *http.Request) {
+	ws := a.workspacesOrFail(w)
+	if ws == nil {
+		return
+	}
+	if err := ws.DeleteWorkspace(r.Context(), principal(r).Tenant, chi.URLParam(r, "name")); err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// createSnapshot answers POST /v1/sessions/{id}/snapshots: a consistent
+// copy of the session's workspace, its processes frozen for the instant
+// the copy needs.
+func (a *api) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	ws := a.workspacesOrFail(w)
+	if ws == nil {
+		return
+	}
+	p := principal(r)
+	s, err := a.cfg.Sessions.Get(r.Context(), p, chi.URLParam(r, "id"))
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	sb := s.Sandbox()
+	if !s.Live() || sb == nil {
+		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; a failed session has no workspace to snapshot")
+		return
+	}
+	info, err := ws.Snapshot(r.Context(), p.Tenant, s.ID, sb, s.Status() == gateway.StatusStopped)
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	_ = writeJSON(w, http.StatusCreated, info)
+}
+
+// keepWorkspace reads DELETE /v1/sessions/{id}'s keepWorkspace query
+// parameter (default true); ok is false once it answered an error.
+func keepWorkspace(w http.ResponseWriter, r *http.Request) (keep, ok bool) {
+	v, set := r.URL.Query()["keepWorkspace"]
+	if !set {
+		return true, true
+	}
+	keep, err := strconv.ParseBool(v[0])
+	if len(v) != 1 || err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_field", "keepWorkspace is true or false")
+		return false, false
+	}
+	return keep, true
+}

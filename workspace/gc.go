@@ -1,0 +1,90 @@
+package workspace
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"strings"
+)
+
+// collect deletes the objects (files and manifest pages) that no doc
+// names any more, here and in the object store: what a deleted workspace
+// leaves. It runs after a workspace's doc is deleted, holding gcMu, so no
+// capture stores objects for a doc it has not written yet meanwhile.
+// Artifacts (artifacts/) are not objects and stay. Within one gateway
+// this is safe; gateways sharing a bucket would need a grace period.
+func (s *Service) collect(ctx context.Context) error {
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	keys, err := s.local.List(ctx, "tenants/")
+	if err != nil {
+		return err
+	}
+	if s.cfg.Remote != nil {
+		remote, err := s.cfg.Remote.List(ctx, "tenants/")
+		if err != nil {
+			return err // sweep nothing without knowing every doc
+		}
+		keys = append(keys, remote...)
+	}
+	refs := map[string]bool{}
+	for _, k := range keys {
+		if !strings.HasSuffix(k, ".json") || refs["doc:"+k] {
+			continue
+		}
+		refs["doc:"+k] = true
+		d, err := s.readDoc(ctx, k)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		es, err := s.entries(ctx, d)
+		if err != nil {
+			return err
+		}
+		for _, p := range d.Pages {
+			refs[objectKey(p.Hash)] = true
+		}
+		for _, e := range es {
+			if validHash(e.Hash) {
+				refs[objectKey(e.Hash)] = true
+			}
+		}
+	}
+	sweep := func(b Backend) (int, error) {
+		objs, err := b.List(ctx, "objects/")
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, o := range objs {
+			if refs[o] {
+				continue
+			}
+			if err := b.Delete(ctx, o); err != nil {
+				return n, err
+			}
+			n++
+			if b == s.cfg.Remote {
+				s.mu.Lock()
+				delete(s.have, o)
+				s.mu.Unlock()
+			}
+		}
+		return n, nil
+	}
+	local, err := sweep(s.local)
+	if err != nil {
+		return err
+	}
+	remote := 0
+	if s.cfg.Remote != nil {
+		if remote, err = sweep(s.cfg.Remote); err != nil {
+			return err
+		}
+	}
+	s.cfg.Log.Info("workspace_objects_collected", "local", local, "remote", remote)
+	return nil
+}

@@ -1,0 +1,677 @@
+package workspace
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// Config wires a Service.
+type Config struct {
+	// Dir is the local store's directory (<data-dir>/workspaces).
+	Dir string
+	// Remote is the object store (nil: workspaces live in Dir only).
+	Remote Backend
+	// SyncInterval is how often a running session's named workspace is
+	// synced (default 1m).
+	SyncInterval time.Duration
+	Log          *slog.Logger
+}
+
+// Service is the workspace engine. It implements gateway.Workspaces.
+type Service struct {
+	cfg    Config
+	local  *localBackend
+	tmpDir string
+
+	// gcMu is held to read by whatever stores objects that no doc names
+	// yet (a capture until its doc is written, an artifact until it is
+	// uploaded), and to write by the collection of unnamed objects.
+	gcMu sync.RWMutex
+
+	mu       sync.Mutex
+	holders  map[string]string      // doc key of a named workspace -> session holding it
+	sessions map[string]*attachment // session id -> what it holds
+	drop     map[string]bool        // sessions whose named workspace goes when they end
+	state    map[string]*SyncState  // doc key -> its sync to the remote store
+	queue    map[string]job         // doc key -> what the pusher must do
+	have     map[string]bool        // objects known to be in the remote store
+	listed   bool                   // have was filled from a listing
+	seq      uint64                 // of the last job queued
+	wake     chan struct{}
+}
+
+// attachment is a live session's tie to the engine.
+type attachment struct {
+	tenant string
+	name   string // the named workspace it holds, or ""
+	sb     sandbox.Sandbox
+
+	mu    sync.Mutex // one capture at a time
+	cache scanCache
+}
+
+// SyncState is how far a workspace's or snapshot's copy in the object
+// store is behind the gateway's.
+type SyncState struct {
+	LastSyncedAt *time.Time `json:"lastSyncedAt"`
+	PendingBytes int64      `json:"pendingBytes"`
+	LastError    string     `json:"lastError,omitempty"`
+}
+
+type job struct {
+	del     bool
+	pending int64
+	seq     uint64 // tells a job queued again while it ran from itself
+}
+
+// New opens the local store. Call Run for the periodic sync and the pusher.
+func New(cfg Config) (*Service, error) {
+	if cfg.SyncInterval <= 0 {
+		cfg.SyncInterval = time.Minute
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	local, err := newLocalBackend(filepath.Join(cfg.Dir, "store"))
+	if err != nil {
+		return nil, err
+	}
+	tmp := filepath.Join(cfg.Dir, "tmp")
+	if err := os.RemoveAll(tmp); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
+		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{},
+		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
+		wake: make(chan struct{}, 1)}
+	if cfg.Remote != nil {
+		// Whatever an earlier run left unpushed goes now.
+		keys, err := local.List(context.Background(), "tenants/")
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range keys {
+			s.queue[k] = job{}
+		}
+	}
+	return s, nil
+}
+
+// Remote says whether an object store is configured.
+func (s *Service) Remote() bool { return s.cfg.Remote != nil }
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+func tenantDir(tenant string) string {
+	h := sha256.Sum256([]byte(tenant))
+	return "tenants/" + hex.EncodeToString(h[:16])
+}
+
+func workspaceKey(tenant, name string) string {
+	return tenantDir(tenant) + "/workspaces/" + name + ".json"
+}
+func snapshotKey(tenant, id string) string { return tenantDir(tenant) + "/snapshots/" + id + ".json" }
+
+// doc is what a workspace's or snapshot's manifest file holds: its
+// pages (pages.go) and a summary.
+type doc struct {
+	Name       string    `json:"name,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
+	LastUsedAt time.Time `json:"lastUsedAt"`
+	SizeBytes  int64     `json:"sizeBytes"`
+	Files      int       `json:"files"`
+	Pages      []page    `json:"pages"`
+}
+
+// Info is what a tenant sees of a workspace.
+type Info struct {
+	Name       string     `json:"name"`
+	SizeBytes  int64      `json:"sizeBytes"`
+	Files      int        `json:"files"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	LastUsedAt time.Time  `json:"lastUsedAt"`
+	InUseBy    string     `json:"inUseBy,omitempty"`
+	Sync       *SyncState `json:"sync,omitempty"`
+}
+
+// SnapshotInfo is what a snapshot's create answers.
+type SnapshotInfo struct {
+	SnapshotID string    `json:"snapshotId"`
+	SizeBytes  int64     `json:"sizeBytes"`
+	CreatedAt  time.Time `json:"createdAt"`
+	Files      int       `json:"files"`
+	// StoredBytes is what this snapshot added to the store (changed files).
+	StoredBytes int64 `json:"storedBytes"`
+	// FrozenMillis is how long the session's processes were frozen;
+	// Consistent is false when its driver cannot freeze them (workdir).
+	FrozenMillis float64 `json:"frozenMillis"`
+	Consistent   bool    `json:"consistent"`
+}
+
+func errInvalid(code, msg string) error { return gateway.Invalid(code, msg) }
+
+func errNotFound(code, msg string) error {
+	return &gateway.Error{Kind: gateway.KindNotFound, Code: code, Message: msg}
+}
+
+func errBusy(name string) error {
+	return &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_busy", Message: fmt.Sprintf("workspace %q is held by another live session; end it first", name)}
+}
+
+func errStore(msg string, err error) error {
+	return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_store_failed", Message: msg, Err: err}
+}
+
+func checkName(name string) error {
+	if !nameRE.MatchString(name) {
+		return errInvalid("invalid_workspace_name", "a workspace name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+	}
+	return nil
+}
+
+// readDoc reads key from the local store, or from the remote one (and
+// keeps a local copy) when the local one has none.
+func (s *Service) readDoc(ctx context.Context, key string) (*doc, error) {
+	b, err := readAll(ctx, s.local, key)
+	if errors.Is(err, fs.ErrNotExist) && s.cfg.Remote != nil {
+		if b, err = readAll(ctx, s.cfg.Remote, key); err == nil {
+			if perr := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); perr != nil {
+				return nil, perr
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var d doc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", key, err)
+	}
+	return &d, nil
+}
+
+func readAll(ctx context.Context, b Backend, key string) ([]byte, error) {
+	r, err := b.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(r)
+}
+
+// setEntries stores entries as d's pages and summary.
+func (s *Service) setEntries(d *doc, entries []Entry) error {
+	pages, err := s.storePages(entries)
+	if err != nil {
+		return err
+	}
+	d.Pages, d.SizeBytes, d.Files = pages, 0, 0
+	for _, e := range entries {
+		if e.Mode.IsRegular() {
+			d.SizeBytes += e.Size
+			d.Files++
+		}
+	}
+	return nil
+}
+
+// writeDoc stores d at key locally and queues its push.
+func (s *Service) writeDoc(ctx context.Context, key string, d *doc) error {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	if err := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
+		return err
+	}
+	s.enqueue(key, job{pending: d.SizeBytes})
+	return nil
+}
+
+// exists tells whether key is in the local or the remote store.
+func (s *Service) exists(ctx context.Context, key string) (bool, error) {
+	_, err := s.readDoc(ctx, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// CreateWorkspace makes tenant's empty workspace name.
+func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Info, error) {
+	if err := checkName(name); err != nil {
+		return Info{}, err
+	}
+	key := workspaceKey(tenant, name)
+	ok, err := s.exists(ctx, key)
+	if err != nil {
+		return Info{}, errStore("could not look the workspace up in the object store", err)
+	}
+	if ok {
+		return Info{}, &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_exists", Message: fmt.Sprintf("workspace %q exists", name)}
+	}
+	now := time.Now().UTC()
+	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
+	if err := s.writeDoc(ctx, key, d); err != nil {
+		return Info{}, errStore("could not store the workspace", err)
+	}
+	return s.info(key, d), nil
+}
+
+func (s *Service) info(key string, d *doc) Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := Info{Name: d.Name, SizeBytes: d.SizeBytes, Files: d.Files, CreatedAt: d.CreatedAt, LastUsedAt: d.LastUsedAt, InUseBy: s.holders[key]}
+	if st := s.state[key]; st != nil {
+		c := *st
+		in.Sync = &c
+	}
+	return in
+}
+
+// ListWorkspaces lists tenant's workspaces, by name.
+func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, error) {
+	prefix := tenantDir(tenant) + "/workspaces/"
+	keys, err := s.local.List(ctx, prefix)
+	if err != nil {
+		return nil, errStore("could not list workspaces", err)
+	}
+	if s.cfg.Remote != nil {
+		remote, err := s.cfg.Remote.List(ctx, prefix)
+		if err != nil {
+			s.cfg.Log.Warn("workspace_list_remote_failed", "err", err)
+		}
+		keys = append(keys, remote...)
+	}
+	sort.Strings(keys)
+	out := []Info{}
+	for i, k := range keys {
+		if (i > 0 && keys[i-1] == k) || !strings.HasSuffix(k, ".json") {
+			continue
+		}
+		d, err := s.readDoc(ctx, k)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		out = append(out, s.info(k, d))
+	}
+	return out, nil
+}
+
+// DeleteWorkspace removes tenant's workspace name, here and in the object
+// store. A workspace a live session holds is workspace_busy.
+func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	key := workspaceKey(tenant, name)
+	ok, err := s.exists(ctx, key)
+	if err != nil {
+		return errStore("could not look the workspace up in the object store", err)
+	}
+	if !ok {
+		return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q", name))
+	}
+	s.mu.Lock()
+	if s.holders[key] != "" {
+		s.mu.Unlock()
+		return errBusy(name)
+	}
+	s.mu.Unlock()
+	return s.remove(ctx, key)
+}
+
+func (s *Service) remove(ctx context.Context, key string) error {
+	if err := s.local.Delete(ctx, key); err != nil {
+		return errStore("could not delete the workspace", err)
+	}
+	s.mu.Lock()
+	delete(s.state, key)
+	s.mu.Unlock()
+	if s.cfg.Remote != nil {
+		s.enqueue(key, job{del: true}) // the pusher deletes it there, then collects
+		return nil
+	}
+	if err := s.collect(ctx); err != nil {
+		s.cfg.Log.Warn("workspace_collect_failed", "err", err)
+	}
+	return nil
+}
+
+// Claim checks that tenant may start session from ref, and reserves a
+// named workspace for it (gateway.Workspaces).
+func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway.WorkspaceRef) error {
+	switch {
+	case ref.Name != "" && ref.FromSnapshot != "":
+		return errInvalid("invalid_field", `give "workspace" or "fromSnapshot", not both`)
+	case ref.Name != "":
+		if err := checkName(ref.Name); err != nil {
+			return err
+		}
+		key := workspaceKey(tenant, ref.Name)
+		ok, err := s.exists(ctx, key)
+		if err != nil {
+			return errStore("could not read the workspace from the object store", err)
+		}
+		if !ok {
+			return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q; create it with POST /v1/workspaces", ref.Name))
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if h := s.holders[key]; h != "" && h != session {
+			return errBusy(ref.Name)
+		}
+		s.holders[key] = session
+		return nil
+	case ref.FromSnapshot != "":
+		if !snapIDRE.MatchString(ref.FromSnapshot) {
+			return errNotFound("snapshot_not_found", "no such snapshot")
+		}
+		ok, err := s.exists(ctx, snapshotKey(tenant, ref.FromSnapshot))
+		if err != nil {
+			return errStore("could not read the snapshot from the object store", err)
+		}
+		if !ok {
+			return errNotFound("snapshot_not_found", fmt.Sprintf("no snapshot %q", ref.FromSnapshot))
+		}
+	}
+	return nil
+}
+
+var snapIDRE = regexp.MustCompile(`^snap_[0-9a-f]{24}$`)
+
+// Attach fills session's new workspace from ref (when fill) and starts
+// syncing a named one (gateway.Workspaces).
+func (s *Service) Attach(ctx context.Context, tenant, session string, ref gateway.WorkspaceRef, sb sandbox.Sandbox, fill bool) error {
+	key := ""
+	switch {
+	case ref.Name != "":
+		key = workspaceKey(tenant, ref.Name)
+	case ref.FromSnapshot != "":
+		key = snapshotKey(tenant, ref.FromSnapshot)
+	}
+	a := &attachment{tenant: tenant, name: ref.Name, sb: sb, cache: scanCache{}}
+	if key != "" && fill {
+		d, err := s.readDoc(ctx, key)
+		if err != nil {
+			return errStore("could not read the workspace's manifest", err)
+		}
+		entries, err := s.entries(ctx, d)
+		if err != nil {
+			return errStore("could not read the workspace's manifest", err)
+		}
+		if err := s.restore(ctx, &Manifest{Entries: entries}, homeOf(sb)); err != nil {
+			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files", Err: err}
+		}
+	}
+	s.mu.Lock()
+	s.sessions[session] = a
+	s.mu.Unlock()
+	return nil
+}
+
+// DropOnEnd makes session's named workspace go, here and in the object
+// store, when the session ends (DELETE with keepWorkspace=false).
+func (s *Service) DropOnEnd(session string, drop bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if drop {
+		s.drop[session] = true
+	} else {
+		delete(s.drop, session)
+	}
+}
+
+// Detach is called when session ends, before its sandbox goes: a named
+// workspace is synced a last time and released (gateway.Workspaces).
+func (s *Service) Detach(ctx context.Context, session string) {
+	s.mu.Lock()
+	a := s.sessions[session]
+	delete(s.sessions, session)
+	drop := s.drop[session]
+	delete(s.drop, session)
+	var held []string
+	for k, h := range s.holders {
+		if h == session {
+			held = append(held, k)
+		}
+	}
+	s.mu.Unlock()
+	if a != nil && a.name != "" {
+		key := workspaceKey(a.tenant, a.name)
+		if drop {
+			if err := s.remove(ctx, key); err != nil {
+				s.cfg.Log.Error("workspace_delete_failed", "session", session, "err", err)
+			}
+		} else if _, err := s.capture(ctx, a, key, false); err != nil {
+			s.cfg.Log.Error("workspace_sync_failed", "session", session, "workspace", a.name, "err", err)
+		}
+	}
+	s.mu.Lock()
+	for _, k := range held {
+		if s.holders[k] == session {
+			delete(s.holders, k)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// SessionSync is the sync state of session's named workspace (nil: it
+// holds none).
+func (s *Service) SessionSync(session string) *SyncState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.sessions[session]
+	if a == nil || a.name == "" {
+		return nil
+	}
+	st := s.state[workspaceKey(a.tenant, a.name)]
+	if st == nil {
+		return &SyncState{}
+	}
+	c := *st
+	return &c
+}
+
+// capture scans a's workspace into the local store and writes the
+// manifest at key. With freeze, the sandbox's processes are frozen for
+// the final scan, after a first scan without them frozen stored what it
+// could: only files changed since are read while frozen.
+func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze bool) (*SnapshotInfo, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
+	dir := homeOf(a.sb)
+	info := &SnapshotInfo{}
+	var frz sandbox.Freezer
+	if freeze {
+		frz = freezerOf(a.sb)
+	}
+	if frz != nil {
+		_, st, err := s.scan(ctx, dir, a.cache)
+		if err != nil {
+			return nil, err
+		}
+		info.StoredBytes += st.HashedBytes
+	}
+	var thaw func() error
+	start := time.Now()
+	if frz != nil {
+		var err error
+		if thaw, err = frz.Freeze(ctx); err != nil {
+			return nil, fmt.Errorf("freeze the session: %w", err)
+		}
+	}
+	m, st, err := s.scan(ctx, dir, a.cache)
+	if thaw != nil {
+		if terr := thaw(); terr != nil {
+			err = errors.Join(err, fmt.Errorf("thaw the session: %w", terr))
+		}
+		info.FrozenMillis = float64(time.Since(start).Microseconds()) / 1000
+		info.Consistent = true
+	}
+	if err != nil {
+		return nil, err
+	}
+	info.StoredBytes += st.HashedBytes
+	info.SizeBytes, info.Files, info.CreatedAt = m.Bytes(), st.Files, m.CreatedAt
+	d := &doc{CreatedAt: m.CreatedAt, LastUsedAt: m.CreatedAt}
+	if err := s.setEntries(d, m.Entries); err != nil {
+		return nil, err
+	}
+	if old, err := s.readDoc(ctx, key); err == nil {
+		if slices.Equal(old.Pages, d.Pages) && !strings.Contains(key, "/snapshots/") {
+			return info, nil // unchanged: nothing to store or upload
+		}
+		d.Name, d.CreatedAt = old.Name, old.CreatedAt
+	}
+	if a.name != "" && strings.Contains(key, "/workspaces/") {
+		d.Name = a.name
+	}
+	if err := s.writeDoc(ctx, key, d); err != nil {
+		return nil, err
+	}
+	if s.cfg.Remote == nil {
+		s.mu.Lock()
+		now := time.Now().UTC()
+		s.state[key] = &SyncState{LastSyncedAt: &now}
+		s.mu.Unlock()
+	}
+	return info, nil
+}
+
+// freezerOf finds the driver's sandbox under the session's wrappers.
+func freezerOf(sb sandbox.Sandbox) sandbox.Freezer {
+	f, _ := find[sandbox.Freezer](sb)
+	return f
+}
+
+// homeOf is the host directory that is sb's /workspace.
+func homeOf(sb sandbox.Sandbox) string {
+	if h, ok := find[sandbox.WorkspaceHomer](sb); ok {
+		return h.WorkspaceHome()
+	}
+	return sb.Workdir()
+}
+
+// find looks for an optional interface on sb or the sandboxes it wraps.
+func find[T any](sb sandbox.Sandbox) (T, bool) {
+	for sb != nil {
+		if f, ok := sb.(T); ok {
+			return f, true
+		}
+		u, ok := sb.(interface{ Unwrap() sandbox.Sandbox })
+		if !ok {
+			break
+		}
+		sb = u.Unwrap()
+	}
+	var zero T
+	return zero, false
+}
+
+// Snapshot takes a consistent copy of session's workspace, frozen unless
+// stopped is true (a stopped session runs nothing).
+func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandbox.Sandbox, stopped bool) (SnapshotInfo, error) {
+	s.mu.Lock()
+	a := s.sessions[session]
+	if a == nil {
+		a = &attachment{tenant: tenant, sb: sb, cache: scanCache{}}
+		s.sessions[session] = a
+	}
+	s.mu.Unlock()
+	id := "snap_" + randomHex(12)
+	key := snapshotKey(tenant, id)
+	info, err := s.capture(ctx, a, key, !stopped)
+	if err != nil {
+		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace", Err: err}
+	}
+	info.SnapshotID = id
+	s.cfg.Log.Info("workspace_snapshot", "session", session, "snapshot", id, "bytes", info.SizeBytes,
+		"stored_bytes", info.StoredBytes, "frozen_ms", info.FrozenMillis)
+	return *info, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// adoptObject moves the temporary file tmp into the local store as the
+// object named hash (kept if the store already has it).
+func (s *Service) adoptObject(hash, tmp string) error {
+	p := filepath.Join(s.local.dir, filepath.FromSlash(objectKey(hash)))
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// openObject opens object hash from the local store, fetching it from
+// the remote one first when it is missing.
+func (s *Service) openObject(ctx context.Context, hash string) (io.ReadCloser, error) {
+	if !validHash(hash) {
+		return nil, fmt.Errorf("manifest: bad hash %q", hash)
+	}
+	key := objectKey(hash)
+	r, err := s.local.Get(ctx, key)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) || s.cfg.Remote == nil {
+		return r, err
+	}
+	rr, err := s.cfg.Remote.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	defer rr.Close()
+	tmp, err := os.CreateTemp(s.tmpDir, "get-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(tmp.Name())
+	h := sha256.New()
+	_, err = io.Copy(io.MultiWriter(tmp, h), rr)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
+		return nil, fmt.Errorf("object %s from the object store has hash %s", hash, got)
+	}
+	if err := s.adoptObject(hash, tmp.Name()); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.have[key] = true
+	s.mu.Unlock()
+	return s.local.Get(ctx, key)
+}

@@ -1,0 +1,268 @@
+package workspace
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"strings"
+	"time"
+)
+
+// Backoff bounds of a failed push.
+const (
+	minBackoff = 500 * time.Millisecond
+	maxBackoff = 10 * time.Second
+)
+
+func (s *Service) enqueue(key string, j job) {
+	if s.cfg.Remote == nil {
+		return
+	}
+	s.mu.Lock()
+	s.seq++
+	j.seq = s.seq
+	s.queue[key] = j
+	st := s.state[key]
+	if st == nil {
+		st = &SyncState{}
+		s.state[key] = st
+	}
+	if !j.del {
+		// All of it until the push compares with what the remote holds.
+		st.PendingBytes = j.pending
+	}
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run syncs every running session's named workspace each SyncInterval
+// and pushes what changed to the object store, retrying with backoff,
+// until ctx is done.
+func (s *Service) Run(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.pushLoop(ctx)
+	}()
+	t := time.NewTicker(s.cfg.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			<-done
+			return
+		case <-t.C:
+			s.syncAll(ctx)
+		}
+	}
+}
+
+// syncAll captures every attached named workspace (no freeze: the
+// commands are never held by a periodic sync).
+func (s *Service) syncAll(ctx context.Context) {
+	s.mu.Lock()
+	var all []*attachment
+	for _, a := range s.sessions {
+		if a.name != "" {
+			all = append(all, a)
+		}
+	}
+	s.mu.Unlock()
+	for _, a := range all {
+		if _, err := s.capture(ctx, a, workspaceKey(a.tenant, a.name), false); err != nil {
+			s.cfg.Log.Warn("workspace_sync_failed", "workspace", a.name, "err", err)
+		}
+	}
+}
+
+func (s *Service) pushLoop(ctx context.Context) {
+	backoff := time.Duration(0)
+	for {
+		s.mu.Lock()
+		idle := len(s.queue) == 0
+		s.mu.Unlock()
+		switch {
+		case backoff > 0: // a new job waits out the backoff too
+			t := time.NewTimer(backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		case idle:
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.wake:
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err := s.pushAll(ctx); err != nil {
+			backoff = min(max(2*backoff, minBackoff), maxBackoff)
+			s.cfg.Log.Warn("workspace_push_failed", "err", err, "retry_in", backoff)
+			continue
+		}
+		backoff = 0
+	}
+}
+
+// pushAll works through the queue; it stops at the first failure, which
+// is recorded in the state of the doc it was pushing.
+func (s *Service) pushAll(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		var key string
+		var j job
+		for k, v := range s.queue {
+			key, j = k, v
+			break
+		}
+		s.mu.Unlock()
+		if key == "" {
+			return nil
+		}
+		err := s.push(ctx, key, j)
+		s.mu.Lock()
+		st := s.state[key]
+		if st == nil && !j.del {
+			st = &SyncState{}
+			s.state[key] = st
+		}
+		if err != nil {
+			if st != nil {
+				st.LastError = err.Error()
+			}
+			s.mu.Unlock()
+			return err
+		}
+		if cur, ok := s.queue[key]; ok && cur == j {
+			delete(s.queue, key) // unless queued again meanwhile
+		}
+		s.cfg.Log.Debug("workspace_pushed", "key", key, "delete", j.del)
+		if st != nil && !j.del {
+			now := time.Now().UTC()
+			st.LastSyncedAt, st.LastError, st.PendingBytes = &now, "", 0
+		}
+		s.mu.Unlock()
+	}
+}
+
+// push uploads the objects doc key names that the remote store lacks,
+// then the doc itself (or deletes it remotely).
+func (s *Service) push(ctx context.Context, key string, j job) error {
+	r := s.cfg.Remote
+	if j.del {
+		if err := r.Delete(ctx, key); err != nil {
+			return err
+		}
+		return s.collect(ctx)
+	}
+	if err := s.listRemote(ctx); err != nil {
+		return err
+	}
+	b, err := readAll(ctx, s.local, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // deleted since
+	}
+	if err != nil {
+		return err
+	}
+	var d doc
+	if err := json.Unmarshal(b, &d); err != nil {
+		return err
+	}
+	entries, err := s.entries(ctx, &d)
+	if err != nil {
+		return err
+	}
+	// The pages are objects too: upload them with the files.
+	objs := make([]Entry, 0, len(d.Pages)+len(entries))
+	for _, p := range d.Pages {
+		objs = append(objs, Entry{Hash: p.Hash, Size: p.Size})
+	}
+	objs = append(objs, entries...)
+	pending := int64(0)
+	for _, e := range objs {
+		if validHash(e.Hash) && !s.hasRemote(objectKey(e.Hash)) {
+			pending += e.Size
+		}
+	}
+	s.setPending(key, pending)
+	for _, e := range objs {
+		if !validHash(e.Hash) {
+			continue
+		}
+		ok := objectKey(e.Hash)
+		if s.hasRemote(ok) {
+			continue
+		}
+		f, err := os.Open(s.local.dir + "/" + ok)
+		if err != nil {
+			return err
+		}
+		err = r.Put(ctx, ok, f, e.Size)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.have[ok] = true
+		s.mu.Unlock()
+		pending -= e.Size
+		s.setPending(key, pending)
+	}
+	return r.Put(ctx, key, strings.NewReader(string(b)), int64(len(b)))
+}
+
+func (s *Service) setPending(key string, n int64) {
+	s.mu.Lock()
+	if st := s.state[key]; st != nil {
+		st.PendingBytes = n
+	}
+	s.mu.Unlock()
+}
+
+func (s *Service) hasRemote(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.have[key]
+}
+
+// listRemote learns, once, which objects the remote store holds: one
+// listing instead of a HEAD per object.
+func (s *Service) listRemote(ctx context.Context) error {
+	s.mu.Lock()
+	listed := s.listed
+	s.mu.Unlock()
+	if listed {
+		return nil
+	}
+	keys, err := s.cfg.Remote.List(ctx, "objects/")
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for _, k := range keys {
+		s.have[k] = true
+	}
+	s.listed = true
+	s.mu.Unlock()
+	return nil
+}
+
+// Flush pushes what is queued, for a gateway that stops, until ctx is
+// done.
+func (s *Service) Flush(ctx context.Context) error {
+	if s.cfg.Remote == nil {
+		return nil
+	}
+	return s.pushAll(ctx)
+}

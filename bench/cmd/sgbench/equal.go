@@ -489,13 +489,29 @@ func (b *bench) rowEqForward() error {
 			id string
 			up bool
 		}{{"a", true}, {"b", false}} {
+			// Server-side CPU: the gateway process alone (the far end runs
+			// in its sandbox), sshd's process tree (the far end is not in it).
+			cpu := map[int][]float64{}
 			run := func(p int) func() (float64, error) {
-				return timed(func() (time.Duration, error) { return fwdRun(p, dir.up, b.cfg.size) })
+				return func() (float64, error) {
+					c0 := cpuSeconds(b.sg.pid())
+					if p == refPort {
+						c0 = treeCPU(b.sdEq.pid())
+					}
+					d, err := fwdRun(p, dir.up, b.cfg.size)
+					c1 := cpuSeconds(b.sg.pid())
+					if p == refPort {
+						c1 = treeCPU(b.sdEq.pid())
+					}
+					cpu[p] = append(cpu[p], c1-c0)
+					return d.Seconds(), err
+				}
 			}
 			if _, _, err := alternate(1, run(sgPort), run(refPort)); err != nil { // warm-up
 				stopSG()
 				return err
 			}
+			cpu = map[int][]float64{}
 			sa, sb, err := alternate(b.cfg.reps, run(sgPort), run(refPort))
 			if err != nil {
 				stopSG()
@@ -511,7 +527,9 @@ func (b *bench) rowEqForward() error {
 			}
 			b.report.add(&Row{ID: id, Name: fmt.Sprintf("`ssh -L` %s %s (%s)", size, way, w.short), Stat: "median", Unit: "s", Bytes: b.cfg.size,
 				SG: NewStats(sa), Ref: NewStats(sb), SGName: w.label + " → sandbox loopback", RefName: "`-L` to host loopback, TCP_NODELAY shim",
-				Note: b.eqLabel() + "; the far end is `sgbench fwdsrv` on both sides"})
+				CPU: map[string]float64{"sandgateServer": NewStats(cpu[sgPort]).Median, "sshdServer": NewStats(cpu[refPort]).Median},
+				Note: fmt.Sprintf("%s; the far end is `sgbench fwdsrv` on both sides; server CPU s per run (the gateway process; sshd's tree; client-side ssh not counted): sandgate %.2f, sshd %.2f",
+					b.eqLabel(), NewStats(cpu[sgPort]).Median, NewStats(cpu[refPort]).Median)})
 		}
 		stopSG()
 	}

@@ -144,9 +144,16 @@ func describeDialError(err error, id string) string {
 
 // splice copies stdin to conn and conn to stdout. It returns when the
 // gateway closes the connection; EOF on stdin half-closes it.
+//
+// Upstream (ssh → gateway) goes pipe → socket with splice(2) where both
+// ends allow it (spliceIn); downstream io.Copy already splices, the
+// runtime's socket → pipe path.
 func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
+	growPipe(stdout)
 	go func() {
-		_, _ = io.Copy(conn, stdin)
+		if ok, _ := spliceIn(conn, stdin); !ok {
+			_, _ = io.Copy(conn, stdin)
+		}
 		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}

@@ -23,6 +23,8 @@ type bench struct {
 	sg      *sandgate // main instance, rows 1-4, 5 (its driver), 7
 	sess    *session  // main session
 	sd      *sshd
+	sdEq    *sshd  // equal footing: TCP_NODELAY shim, ssh -L allowed
+	shim    string // the TCP_NODELAY shim (LD_PRELOAD)
 	others  []*sandgate
 	sshCfg  string
 	env     []string // client environment
@@ -50,11 +52,16 @@ func (b *bench) setup() error {
 		return err
 	}
 	var err error
-	if b.sd, err = prepareSSHD(filepath.Join(b.tmp, "sshd")); err != nil {
+	if b.sd, err = prepareSSHD(filepath.Join(b.tmp, "sshd"), sshdOpts{}); err != nil {
 		return err
 	}
 	if err := b.sd.start(); err != nil {
 		return err
+	}
+	if c.wantRow("e") || wantAnyE(c) {
+		if err := b.setupEqual(); err != nil {
+			return err
+		}
 	}
 	if b.sg, err = startSandgate(c.sandgateBin, filepath.Join(b.tmp, "sandgate"), c.driver, c.serveArgs); err != nil {
 		return err
@@ -141,6 +148,7 @@ func (b *bench) writeSSHConfig() error {
 		sd("sshd", kex)
 	}
 	sd("sshd-defkex", "")
+	s.WriteString(b.eqHosts(khSG))
 	if nc != "" {
 		sd("sshd-nc", kex+"  HostKeyAlias sshd-bench\n  ProxyCommand "+nc+" %h %p\n")
 	}
@@ -172,6 +180,7 @@ func (b *bench) teardown() {
 	b.sg.stop()
 	b.ref.stop()
 	b.sd.stop()
+	b.sdEq.stop()
 }
 
 // runClient runs an OpenSSH client (or any command) with the client
@@ -225,7 +234,11 @@ func (b *bench) ssh(host string, args ...string) (time.Duration, error) {
 // smoke is the dry run's check that both servers answer the real clients
 // (and, for row 10, that sandgate's REST data plane runs a command).
 func (b *bench) smoke() error {
-	for _, h := range []string{"sg", "sshd"} {
+	hosts := []string{"sg", "sshd"}
+	if b.sdEq != nil {
+		hosts = append(hosts, "sg-eq", "sg-eq-stdio", "sshd-eq")
+	}
+	for _, h := range hosts {
 		if _, err := b.ssh(h, "true"); err != nil {
 			return fmt.Errorf("ssh %s: %w", h, err)
 		}
@@ -315,7 +328,21 @@ func (b *bench) runAll(start time.Time) int {
 			b.negotiated("sg"), b.negotiated("sshd"), b.negotiated("sg-defkex"), b.negotiated("sshd-defkex")),
 		"Go client rows (5, 6, 10a): golang.org/x/crypto/ssh with curve25519-sha256, auth none on sandgate's tunnel and an ed25519 key on sshd",
 	)
+	if b.sdEq != nil {
+		var neg string
+		err := b.eqEnv(func() (err error) { neg, err = b.checkEqual(); return err })
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sgbench: equal footing:", err)
+			return 1
+		}
+		r.Setup = append(r.Setup,
+			fmt.Sprintf("**equal footing (rows e1-e5, the headline)**: %s, forced by the client config (`Ciphers`%s) and checked: %s. sshd (a second instance, same config plus `AllowTcpForwarding local`) runs with `LD_PRELOAD` of a TCP_NODELAY shim built here with cc (setsockopt after accept/accept4 and before connect on TCP sockets). The OpenSSH clients get the same shim in these rows (with fd passing, ssh's socket to sandgate is the proxy's, NODELAY already). Both write to one filesystem, the scratch dir's (%s): sshd's home and sandgate's data dir, where the linux driver's workspace images live. Transfers run `sync` (untimed) before every run", b.eqLabel(), map[bool]string{true: ", `MACs`", false: ""}[c.mac != ""], neg, b.report.Machine.TmpFS),
+		)
+	}
 	rows := []rowFunc{
+		{"e12", func() error { return b.eqEnv(b.rowEqConn) }},
+		{"e34", func() error { return b.eqEnv(b.rowEqData) }},
+		{"e5", func() error { return b.eqEnv(b.rowEqForward) }},
 		{"1", b.rowNewConn},
 		{"2", b.rowControlMaster},
 		{"3", b.rowSFTP},
@@ -328,7 +355,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"10", b.rowREST},
 	}
 	for _, row := range rows {
-		if !c.wantRow(row.id) {
+		if !b.wantGroup(row.id) {
 			continue
 		}
 		if b.ctx.Err() != nil {
@@ -353,6 +380,9 @@ func (b *bench) runAll(start time.Time) int {
 	if c.quick {
 		base = "latest-quick"
 	}
+	if c.scratch == "tmpfs" && c.tmpBase == "" {
+		base += "-tmpfs"
+	}
 	mdPath, jsPath, err := r.Write(c.outDir, base)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sgbench: write results:", err)
@@ -360,4 +390,28 @@ func (b *bench) runAll(start time.Time) int {
 	}
 	fmt.Printf("wrote %s and %s\n", mdPath, jsPath)
 	return 0
+}
+
+// wantAnyE says whether any equal-footing row runs.
+func wantAnyE(c *config) bool {
+	for _, id := range []string{"e1", "e2", "e3", "e4", "e5"} {
+		if c.wantRow(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// wantGroup says whether a row function runs: "e12" runs e1 and e2,
+// "e34" e3 and e4.
+func (b *bench) wantGroup(id string) bool {
+	switch id {
+	case "e12":
+		return b.sdEq != nil && (b.cfg.wantRow("e1") || b.cfg.wantRow("e2"))
+	case "e34":
+		return b.sdEq != nil && (b.cfg.wantRow("e3") || b.cfg.wantRow("e4"))
+	case "e5":
+		return b.sdEq != nil && b.cfg.wantRow("e5")
+	}
+	return b.cfg.wantRow(id)
 }

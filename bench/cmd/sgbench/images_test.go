@@ -20,6 +20,8 @@ func TestWantRow(t *testing.T) {
 		{[]string{"8b"}, "8b", true}, {[]string{"8b"}, "8a", false}, {[]string{"1"}, "8", false},
 		{[]string{"10"}, "1", false}, {[]string{"1", "2"}, "8c", false},
 		{[]string{"9d"}, "9", true}, {[]string{"9"}, "9c", true}, {[]string{"9a", "9c"}, "9b", false},
+		{[]string{"e"}, "e3", true}, {[]string{"e"}, "e5c", true}, {[]string{"e3"}, "e3b", true},
+		{[]string{"e3"}, "e4", false}, {[]string{"e"}, "3", false}, {[]string{"3"}, "e3", false},
 	} {
 		c := &config{rows: map[string]bool{}}
 		for _, r := range tc.rows {

@@ -54,6 +54,11 @@ type config struct {
 	fdpass string
 	// serveArgs are extra `sandgate serve` flags for every instance.
 	serveArgs []string
+	// cipher and mac are forced on both sides in the equal-footing rows
+	// (mac "": the cipher's own, for AEAD ciphers).
+	cipher, mac string
+	// scratch is where the scratch dir goes: "disk" or "tmpfs".
+	scratch string
 }
 
 func main() {
@@ -62,6 +67,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "relay" {
 		os.Exit(relayMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "fwdsrv" {
+		os.Exit(fwdsrvMain(os.Args[2:]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "sftpcpu" {
 		os.Exit(sftpCPUMain(os.Args[2:]))
@@ -101,7 +109,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "1,2,3,4,5,6,7,8,9,10", "rows to run; rows 8's, 9's and 10's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10", "rows to run: e (the equal-footing rows e1-e5, also one by one) and the stock-sshd rows 1-10; rows 8's, 9's and 10's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -113,7 +121,10 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.pullReps, "pull-reps", 0, "first pulls per way in row 8b (default 3, quick 1)")
 	pullSize := fs.String("pull-size", "50MB", "size of row 8b's random layer; suffixes MB (10^6) KiB MiB GiB")
 	fs.IntVar(&c.imageSessions, "image-sessions", 0, "sessions on one image in row 8c (default 100, quick 20)")
-	fs.StringVar(&c.tmpBase, "tmpdir", "", "scratch dir parent (default /dev/shm when it has room, else $TMPDIR)")
+	fs.StringVar(&c.tmpBase, "tmpdir", "", "scratch dir parent (default: by --scratch)")
+	fs.StringVar(&c.scratch, "scratch", "disk", "filesystem of the scratch dir (sshd's home, sandgate's data dir and workspaces, the client's files): disk (/var/tmp) or tmpfs (/dev/shm; results go to latest-tmpfs.md)")
+	fs.StringVar(&c.cipher, "cipher", "aes128-gcm@openssh.com", "cipher forced on both sides in the equal-footing rows")
+	fs.StringVar(&c.mac, "mac", "", "MAC forced on both sides in the equal-footing rows (default: none beside an AEAD cipher)")
 	fs.StringVar(&c.outDir, "out", "", "results dir (default <repo>/bench/results)")
 	fs.StringVar(&c.python, "python", "python3", "Python for row 7")
 	fs.Func("serve-arg", "extra `sandgate serve` flag for every instance (repeatable), e.g. --serve-arg=--sandbox-memory=4294967296", func(v string) error {
@@ -124,6 +135,9 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.refSandgate, "ref-sandgate", "", "compare against this sandgate binary instead of sshd (rows 1-4 only; for A/B tests of a change)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if c.scratch != "disk" && c.scratch != "tmpfs" {
+		return nil, fmt.Errorf("--scratch %q: want disk or tmpfs", c.scratch)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -179,7 +193,7 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b"} {
+		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b"} {
 			delete(c.rows, r)
 		}
 	}
@@ -189,6 +203,9 @@ func parseFlags(args []string) (*config, error) {
 // wantRow says whether row id runs: asked for by itself, or one of its
 // parts (8a for 8), or its whole row (8 for 8a).
 func (c *config) wantRow(id string) bool {
+	if strings.HasPrefix(id, "e") && c.rows["e"] {
+		return true
+	}
 	if c.rows[id] || c.rows[strings.TrimRight(id, "abcdefghijklmnopqrstuvwxyz")] {
 		return true
 	}
@@ -202,6 +219,14 @@ func (c *config) wantRow(id string) bool {
 
 // rowLess orders row ids by number, then by part: 9d before 10.
 func rowLess(a, b string) bool {
+	if ea, eb := strings.HasPrefix(a, "e"), strings.HasPrefix(b, "e"); ea != eb {
+		return ea // the equal-footing rows first
+	} else if ea {
+		a, b = a[1:], b[1:]
+		if a == "" || b == "" {
+			return a < b
+		}
+	}
 	na, _ := strconv.Atoi(strings.TrimRight(a, "abcdefghijklmnopqrstuvwxyz"))
 	nb, _ := strconv.Atoi(strings.TrimRight(b, "abcdefghijklmnopqrstuvwxyz"))
 	if na != nb {
@@ -275,16 +300,22 @@ func checkTools(c *config) ([]tool, error) {
 	return tools, nil
 }
 
-func chooseTmp(c *config) string {
+// chooseTmp is the scratch dir's parent: one filesystem for both servers'
+// files (sshd's home; sandgate's data dir, where the workspace images
+// live), the disk unless --scratch tmpfs.
+func chooseTmp(c *config) (string, error) {
 	if c.tmpBase != "" {
-		return c.tmpBase
+		return c.tmpBase, nil
 	}
-	var st syscall.Statfs_t
-	need := uint64(4*c.size + 1<<30)
-	if syscall.Statfs("/dev/shm", &st) == nil && st.Bavail*uint64(st.Bsize) > need && !c.dryRun {
-		return "/dev/shm"
+	if c.scratch == "tmpfs" {
+		var st syscall.Statfs_t
+		need := uint64(4*c.size + 1<<30)
+		if err := syscall.Statfs("/dev/shm", &st); err != nil || st.Bavail*uint64(st.Bsize) < need {
+			return "", fmt.Errorf("--scratch tmpfs: /dev/shm lacks %d MiB free", need>>20)
+		}
+		return "/dev/shm", nil
 	}
-	return os.TempDir()
+	return "/var/tmp", nil
 }
 
 func run(args []string) int {
@@ -314,7 +345,12 @@ func run(args []string) int {
 	}
 	printPlan(c, b)
 
-	tmp, err := os.MkdirTemp(chooseTmp(c), "sgbench-")
+	parent, err := chooseTmp(c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sgbench:", err)
+		return 1
+	}
+	tmp, err := os.MkdirTemp(parent, "sgbench-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sgbench:", err)
 		return 1
@@ -369,6 +405,7 @@ func printPlan(c *config, b *bench) {
 	sort.Slice(rows, func(i, j int) bool { return rowLess(rows[i], rows[j]) })
 	size := fmt.Sprintf("%d MiB", c.size>>20)
 	desc := map[string]string{
+		"e":  fmt.Sprintf("equal footing (headline): cipher %s both sides, sshd with a TCP_NODELAY shim, one %s filesystem: e1 new connection, e2 exec on an open connection (%d), e3 sftp put/get and e4 cat up/down of %d MiB (%d runs, sync between), e5 ssh -L up/down; sandgate both via ssh-config (fd passing) and the copying proxy", c.cipher, c.scratch, c.execN, c.size>>20, c.reps),
 		"1":  fmt.Sprintf("new connection + `true` with ssh, %d runs per variant (sandgate proxy; sshd direct, via nc, via Go proxy; default KEX)", c.newConnN),
 		"2":  fmt.Sprintf("exec `true` over a ControlMaster connection, %d per side", c.execN),
 		"3":  fmt.Sprintf("sftp put/get and scp up/down of %s, %d runs per side", size, c.reps),

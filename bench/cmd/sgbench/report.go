@@ -198,7 +198,28 @@ func (r *Report) Markdown() string {
 	b.WriteString("Times are wall-clock per run; sandgate and sshd runs alternate. " +
 		"Ratio = sandgate/sshd of the shown statistic: **lower is better**, ≤ 1.00 means sandgate wins; bold marks a loss. " +
 		"Spread: min–max under 10 samples, p10–p90 otherwise, p90–max for p99 rows.\n\n")
-	b.WriteString(table(r.Rows, r.RefLabel))
+	var eq, stock []*Row
+	for _, row := range r.Rows {
+		if strings.HasPrefix(row.ID, "e") {
+			eq = append(eq, row)
+		} else {
+			stock = append(stock, row)
+		}
+	}
+	if len(eq) > 0 {
+		b.WriteString("### Equal footing (the headline)\n\n" +
+			"Same cipher and MAC on both sides (forced, and checked against what each negotiated), TCP_NODELAY on sshd's sockets, " +
+			"one filesystem for both sides' files (see Setup); sandgate both through `sandgate ssh-config` (fd passing) and the copying `ProxyCommand sandgate proxy %h`.\n\n")
+		b.WriteString(table(eq, r.RefLabel))
+	}
+	if len(stock) > 0 {
+		if len(eq) > 0 {
+			b.WriteString("\n### Stock sshd (default settings; not the headline)\n\n" +
+				"What a user with default settings sees: the client's default cipher on each side (chacha20-poly1305 with sshd, aes128-gcm with sandgate), " +
+				"sshd with Nagle on its sockets until a session starts. Rows 4c/4d force one cipher.\n\n")
+		}
+		b.WriteString(table(stock, r.RefLabel))
+	}
 	if len(r.Extra) > 0 {
 		b.WriteString("\n### Breakdown and extra rows\n\n")
 		b.WriteString(table(r.Extra, r.RefLabel))

@@ -76,9 +76,9 @@ func TestCheckPut(t *testing.T) {
 }
 
 func TestRowOrderAndSelection(t *testing.T) {
-	rows := []string{"10", "9d", "1", "10a", "2", "9a"}
+	rows := []string{"10", "9d", "1", "e3b", "10a", "e", "2", "e10", "9a", "e3a"}
 	sort.Slice(rows, func(i, j int) bool { return rowLess(rows[i], rows[j]) })
-	if got := strings.Join(rows, ","); got != "1,2,9a,9d,10,10a" {
+	if got := strings.Join(rows, ","); got != "e,e3a,e3b,e10,1,2,9a,9d,10,10a" {
 		t.Errorf("order %s", got)
 	}
 	c := &config{rows: map[string]bool{"10b": true}}

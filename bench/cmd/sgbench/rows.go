@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,8 +224,11 @@ func (b *bench) makeBigFile() (string, error) {
 // remote is the path of the big file on each side: relative to the sandbox
 // workspace on sandgate, absolute in the sshd user's HOME.
 func (b *bench) remote(host string) string {
-	if host == "sg" || b.ref != nil {
+	switch {
+	case strings.HasPrefix(host, "sg") || (b.ref != nil && host == "sshd"):
 		return "big.bin"
+	case host == "sshd-eq":
+		return filepath.Join(b.sdEq.home, "big.bin")
 	}
 	return filepath.Join(b.sd.home, "big.bin")
 }
@@ -265,14 +269,23 @@ type transfer struct {
 	id, name string
 	run      func(host string) (time.Duration, error)
 	after    func(host string) error
+	// pair is the two hosts compared (default sg, sshd).
+	pair [2]string
+	// sync runs sync(1), untimed, before every run, so that no run pays
+	// for the writeback of the one before it.
+	sync            bool
+	sgName, refName string
+	label           string // what the note starts with (the equal-footing cipher)
 }
 
 // serverPID is the process whose CPU time (its reaped children included)
 // is the server side's cost: the gateway, or sshd's listener.
 func (b *bench) serverPID(host string) int {
 	switch {
-	case host == "sg":
+	case strings.HasPrefix(host, "sg"):
 		return b.sg.pid()
+	case host == "sshd-eq":
+		return b.sdEq.pid()
 	case b.ref != nil:
 		return b.ref.pid()
 	}
@@ -281,9 +294,15 @@ func (b *bench) serverPID(host string) int {
 
 func (b *bench) transfers(ts []transfer) error {
 	for _, t := range ts {
+		if t.pair[0] == "" {
+			t.pair = [2]string{"sg", "sshd"}
+		}
 		cpu := map[string][2][]float64{}
 		measure := func(h string) func() (float64, error) {
 			return func() (float64, error) {
+				if t.sync {
+					b.eqSync()
+				}
 				pid := b.serverPID(h)
 				before := pidSet(descendants(pid))
 				c0 := treeCPU(pid)
@@ -297,23 +316,29 @@ func (b *bench) transfers(ts []transfer) error {
 				return d.Seconds(), err
 			}
 		}
-		sa, sb, err := alternate(b.cfg.reps, measure("sg"), measure("sshd"))
+		sa, sb, err := alternate(b.cfg.reps, measure(t.pair[0]), measure(t.pair[1]))
 		if err != nil {
 			return err
 		}
 		if t.after != nil {
-			for _, h := range []string{"sg", "sshd"} {
+			for _, h := range t.pair {
 				if err := t.after(h); err != nil {
 					return err
 				}
 			}
 		}
 		med := func(xs []float64) float64 { return NewStats(xs).Median }
+		a, r := t.pair[0], t.pair[1]
+		note := fmt.Sprintf("CPU s per run, server / client side (client incl. ProxyCommand): sandgate %.2f / %.2f, sshd %.2f / %.2f",
+			med(cpu[a][0]), med(cpu[a][1]), med(cpu[r][0]), med(cpu[r][1]))
+		if t.label != "" {
+			note = t.label + "; " + note
+		}
 		b.report.add(&Row{ID: t.id, Name: t.name, Stat: "median", Unit: "s", SG: NewStats(sa), Ref: NewStats(sb), Bytes: b.cfg.size,
-			CPU: map[string]float64{"sandgateServer": med(cpu["sg"][0]), "sandgateClient": med(cpu["sg"][1]),
-				"sshdServer": med(cpu["sshd"][0]), "sshdClient": med(cpu["sshd"][1])},
-			Note: fmt.Sprintf("CPU s per run, server / client side (client incl. ProxyCommand): sandgate %.2f / %.2f, sshd %.2f / %.2f",
-				med(cpu["sg"][0]), med(cpu["sg"][1]), med(cpu["sshd"][0]), med(cpu["sshd"][1]))})
+			SGName: t.sgName, RefName: t.refName,
+			CPU: map[string]float64{"sandgateServer": med(cpu[a][0]), "sandgateClient": med(cpu[a][1]),
+				"sshdServer": med(cpu[r][0]), "sshdClient": med(cpu[r][1])},
+			Note: note})
 	}
 	return nil
 }

@@ -321,11 +321,24 @@ type sshd struct {
 	logPath    string
 	cmd        *exec.Cmd
 	done       chan struct{}
+	// preload, when set, is an LD_PRELOAD library for the sshd process
+	// (the equal-footing rows' TCP_NODELAY shim).
+	preload string
+}
+
+// sshdOpts are what the equal-footing sshd adds to the stock one.
+type sshdOpts struct {
+	preload      string // LD_PRELOAD for sshd
+	localForward bool   // AllowTcpForwarding local (row e5: ssh -L)
 }
 
 // prepareSSHD writes keys and the config; start runs it.
-func prepareSSHD(dir string) (*sshd, error) {
-	d := &sshd{dir: dir, home: filepath.Join(dir, "home"), logPath: filepath.Join(dir, "sshd.log"), done: make(chan struct{})}
+func prepareSSHD(dir string, opts sshdOpts) (*sshd, error) {
+	d := &sshd{dir: dir, home: filepath.Join(dir, "home"), logPath: filepath.Join(dir, "sshd.log"), done: make(chan struct{}), preload: opts.preload}
+	forward := "no"
+	if opts.localForward {
+		forward = "local"
+	}
 	if err := os.MkdirAll(d.home, 0o755); err != nil {
 		return nil, err
 	}
@@ -377,7 +390,7 @@ UseDNS no
 PrintMotd no
 PrintLastLog no
 X11Forwarding no
-AllowTcpForwarding no
+AllowTcpForwarding %s
 AllowAgentForwarding no
 PermitUserRC no
 MaxStartups 10000
@@ -385,7 +398,7 @@ MaxSessions 100
 LoginGraceTime 120
 Subsystem sftp internal-sftp
 SetEnv HOME=%s LANG=C.UTF-8
-`, d.port, hostKeyFile, filepath.Join(dir, "sshd.pid"), filepath.Join(dir, "authorized_keys"), d.home)
+`, d.port, hostKeyFile, filepath.Join(dir, "sshd.pid"), filepath.Join(dir, "authorized_keys"), forward, d.home)
 	d.configPath = filepath.Join(dir, "sshd_config")
 	if err := os.WriteFile(d.configPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -408,6 +421,11 @@ func (d *sshd) start() error {
 		return err
 	}
 	d.cmd = exec.Command(sshdPath, "-D", "-e", "-f", d.configPath)
+	if d.preload != "" {
+		// sshd re-executes itself per connection with this environment;
+		// the sessions' environment it builds afresh (no LD_PRELOAD).
+		d.cmd.Env = append(os.Environ(), "LD_PRELOAD="+d.preload)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {

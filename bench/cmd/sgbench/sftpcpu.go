@@ -38,7 +38,11 @@ func sftpCPUMain(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	dir, err := os.MkdirTemp(chooseTmp(&config{size: n}), "sgbench-sftpcpu-")
+	parent, err := chooseTmp(&config{size: n, scratch: "tmpfs"})
+	if err != nil {
+		parent = os.TempDir()
+	}
+	dir, err := os.MkdirTemp(parent, "sgbench-sftpcpu-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

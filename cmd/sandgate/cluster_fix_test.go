@@ -159,9 +159,12 @@ func TestClusterLinksAuditAndRelayedConnects(t *testing.T) {
 			t.Fatalf("CONNECT through B: %d, want 410", code)
 		}
 	}
+	t.Logf("fds after %d refused relayed CONNECTs: A %d -> %d, B %d -> %d", tries,
+		fdA, openFDs(t, a.cmd.Process.Pid), fdB, openFDs(t, b.cmd.Process.Pid))
 	waitFor(t, 30*time.Second, "the nodes' fds to come back", func() bool {
 		return openFDs(t, a.cmd.Process.Pid) <= fdA+slack && openFDs(t, b.cmd.Process.Pid) <= fdB+slack
 	})
+	t.Logf("fds settled: A %d, B %d", openFDs(t, a.cmd.Process.Pid), openFDs(t, b.cmd.Process.Pid))
 	for _, id := range []string{s2.SessionID, s3.SessionID} {
 		if code := a.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
 			t.Errorf("delete %s: %d", id, code)

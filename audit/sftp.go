@@ -36,8 +36,11 @@ const (
 )
 
 // Bounds of the tap: what it keeps of a packet, and how many requests and
-// handles it follows at once (past them it follows no new ones; the data
-// still flows).
+// handles it follows at once. Past them the data still flows and the tap
+// does not go blind: an operation it cannot follow to its answer is
+// reported when asked, with result "untracked" (its path, bytes unknown),
+// and the first overflow of a session is itself reported (op
+// tap_overflow).
 const (
 	sftpKeepPath   = 8 << 10 // a path-carrying packet's first bytes
 	sftpKeepData   = 512     // a WRITE's or DATA's header (the handle is at most 256 bytes)
@@ -68,10 +71,15 @@ type SFTPTap struct {
 	client sftpStream
 	server sftpStream
 
-	mu      sync.Mutex
-	pending map[uint32]sftpReq
-	handles map[string]*sftpFile
+	mu         sync.Mutex
+	pending    map[uint32]sftpReq
+	handles    map[string]*sftpFile
+	overflowed bool // the overflow was reported
 }
+
+// ResultUntracked is the result of an operation the tap saw asked but
+// could not follow to its answer (its tables were full).
+const ResultUntracked = "untracked"
 
 type sftpReq struct {
 	op, path, target string
@@ -113,14 +121,10 @@ func (t *SFTPTap) Close() {
 }
 
 func (t *SFTPTap) emitFile(f *sftpFile, result string) {
-	op := "read"
-	if f.write {
-		op = "write"
-	}
 	if f.result != "" {
 		result = f.result
 	}
-	t.emit(Event{Kind: KindFile, Source: "sftp", Op: op, Path: f.path, Bytes: f.bytes, Result: result})
+	t.emit(Event{Kind: KindFile, Source: "sftp", Op: openOp(f.write), Path: f.path, Bytes: f.bytes, Result: result})
 }
 
 // request handles a client packet: kept is its first bytes, n its length.
@@ -192,9 +196,53 @@ func (t *SFTPTap) request(kept []byte, n int) {
 			f.bytes += r.bytes
 		}
 	}
+	if old, dup := t.pending[id]; dup {
+		// An id reused before its answer: the answer can be only one's.
+		t.untracked(old)
+		t.pending[id] = r
+		return
+	}
 	if len(t.pending) < sftpMaxPending {
 		t.pending[id] = r
+		return
 	}
+	t.overflow()
+	t.untracked(r)
+}
+
+// untracked reports request r, which the tap cannot follow to its answer:
+// a path operation (an open among them) as asked, result untracked; a
+// close ends its file's record now. Reads and writes of a followed file
+// are already counted; those of an unfollowed one were reported at its
+// open.
+func (t *SFTPTap) untracked(r sftpReq) {
+	switch {
+	case r.op == "close":
+		if f := t.handles[r.handle]; f != nil {
+			delete(t.handles, r.handle)
+			t.emitFile(f, ResultUntracked)
+		}
+	case r.op == "open":
+		t.emit(Event{Kind: KindFile, Source: "sftp", Op: openOp(r.write), Path: r.path, Bytes: -1, Result: ResultUntracked})
+	case r.path != "":
+		t.emit(Event{Kind: KindFile, Source: "sftp", Op: r.op, Path: r.path, Target: r.target, Result: ResultUntracked})
+	}
+}
+
+// overflow reports, once, that the tap's tables were full.
+func (t *SFTPTap) overflow() {
+	if t.overflowed {
+		return
+	}
+	t.overflowed = true
+	t.emit(Event{Kind: KindFile, Source: "sftp", Op: "tap_overflow", Result: ResultUntracked})
+}
+
+func openOp(write bool) string {
+	if write {
+		return "write"
+	}
+	return "read"
 }
 
 // reply handles a server packet.
@@ -228,9 +276,15 @@ func (t *SFTPTap) reply(kept []byte, n int) {
 		if r.op == "list" {
 			t.status(r, "ok")
 		}
-		if r.op == "open" && len(t.handles) < sftpMaxHandles {
-			if h := d.str(); !d.bad {
+		if r.op == "open" {
+			h := d.str()
+			switch {
+			case d.bad:
+			case t.handles[h] != nil || len(t.handles) < sftpMaxHandles:
 				t.handles[h] = &sftpFile{path: r.path, write: r.write}
+			default: // opened, but its transfer cannot be followed
+				t.overflow()
+				t.emit(Event{Kind: KindFile, Source: "sftp", Op: openOp(r.write), Path: r.path, Bytes: -1, Result: ResultUntracked})
 			}
 		}
 	case sftpData:
@@ -268,11 +322,7 @@ func (t *SFTPTap) status(r sftpReq, result string) {
 			f.result = result
 		}
 	case "open":
-		op := "read"
-		if r.write {
-			op = "write"
-		}
-		t.emit(Event{Kind: KindFile, Source: "sftp", Op: op, Path: r.path, Result: result})
+		t.emit(Event{Kind: KindFile, Source: "sftp", Op: openOp(r.write), Path: r.path, Result: result})
 	case "setstat", "stat":
 		path := r.path
 		if r.handle != "" {

@@ -192,3 +192,119 @@ func BenchmarkSFTPTapStat(b *testing.B) {
 		b.Fatal("no event")
 	}
 }
+
+// sftpPipe runs a real SFTP client against pkg/sftp's SFTP server in
+// root with tap between them; stop ends both and closes the tap. That
+// server keeps any number of files open (sandgate's own stops at 512, but
+// the tap does not count on the server in the sandbox being sandgate's).
+func sftpPipe(t *testing.T, root string, tap *SFTPTap) (c *sftp.Client, stop func()) {
+	t.Helper()
+	c2s, toServer := io.Pipe()
+	fromServer, s2c := io.Pipe()
+	srv, err := sftp.NewServer(struct {
+		io.Reader
+		io.WriteCloser
+	}{c2s, tee{tap.Server, s2c}}, sftp.WithServerWorkingDirectory(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		served <- srv.Serve()
+		s2c.Close()
+	}()
+	c, err = sftp.NewClientPipe(fromServer, tee{tap.Client, toServer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, func() {
+		c.Close()
+		toServer.Close()
+		<-served
+		tap.Close()
+	}
+}
+
+// TestSFTPTapOverflow: past the tap's bounds (open handles, requests in
+// flight, an id reused) an operation is still reported, untracked, and
+// the overflow itself once.
+func TestSFTPTapOverflow(t *testing.T) {
+	var events []Event
+	var mu sync.Mutex
+	tap := NewSFTPTap(func(e Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	})
+	c, stop := sftpPipe(t, t.TempDir(), tap)
+	var files []*sftp.File
+	for i := range sftpMaxHandles {
+		f, err := c.Create(fmt.Sprintf("f%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	f, err := c.Create("secret-exfil.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("exfiltrated")); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for _, f := range files {
+		f.Close()
+	}
+	stop()
+	var got []Event
+	for _, e := range events {
+		if e.Op == "tap_overflow" || e.Path == "secret-exfil.txt" {
+			got = append(got, e)
+		}
+	}
+	want := []Event{
+		{Kind: KindFile, Source: "sftp", Op: "tap_overflow", Result: ResultUntracked},
+		{Kind: KindFile, Source: "sftp", Op: "write", Path: "secret-exfil.txt", Bytes: -1, Result: ResultUntracked},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("past %d open handles:\n%s\nwant:\n%s", sftpMaxHandles, brief(got), brief(want))
+	}
+	if n := len(events) - len(got); n != sftpMaxHandles {
+		t.Errorf("%d events of the files within the bound, want %d", n, sftpMaxHandles)
+	}
+
+	// Requests in flight past the bound, and an id reused, from raw packets.
+	events = nil
+	tap = NewSFTPTap(func(e Event) { events = append(events, e) })
+	pkt := func(typ byte, id uint32, strs ...string) []byte {
+		b := []byte{0, 0, 0, 0, typ, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(b[5:], id)
+		for _, s := range strs {
+			b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+			b = append(b, s...)
+		}
+		if typ == sftpOpen {
+			b = binary.BigEndian.AppendUint32(b, sftpFlagWrite)
+			b = binary.BigEndian.AppendUint32(b, 0) // no attributes
+		}
+		binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+		return b
+	}
+	for i := range sftpMaxPending {
+		tap.Client(pkt(sftpStat, uint32(i), "x"))
+	}
+	tap.Client(pkt(sftpOpen, 1<<20, "/secret-exfil.txt"))
+	tap.Client(pkt(sftpRemove, 1<<20+1, "/evidence"))
+	tap.Client(pkt(sftpMkdir, 7, "/reused")) // id 7 is a stat still in flight
+	tap.Close()
+	want = []Event{
+		{Kind: KindFile, Source: "sftp", Op: "tap_overflow", Result: ResultUntracked},
+		{Kind: KindFile, Source: "sftp", Op: "write", Path: "/secret-exfil.txt", Bytes: -1, Result: ResultUntracked},
+		{Kind: KindFile, Source: "sftp", Op: "remove", Path: "/evidence", Result: ResultUntracked},
+		{Kind: KindFile, Source: "sftp", Op: "stat", Path: "x", Result: ResultUntracked},
+	}
+	if !slices.Equal(events, want) {
+		t.Errorf("past %d requests in flight:\n%s\nwant:\n%s", sftpMaxPending, brief(events), brief(want))
+	}
+}

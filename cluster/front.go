@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,6 +158,14 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.create(w, r)
 		return
 	}
+	if r.Method == http.MethodGet && r.URL.Path == "/v1/audit" {
+		f.audit(w, r) // audit.go
+		return
+	}
+	if id, ok := linkSession(r.URL.Path); ok {
+		f.forwardLink(w, r, id)
+		return
+	}
 	id, token, name := f.sessionOf(r)
 	if id == "" && name == nil || id != "" && f.cfg.Sessions.Known(id) {
 		f.cfg.Local.ServeHTTP(w, r)
@@ -236,6 +245,89 @@ func (f *Front) forward(w http.ResponseWriter, r *http.Request, p gateway.Princi
 	})
 }
 
+// forwardLink serves a presigned link (a file's or a port's) of session
+// id: the node that holds the session signed it with its own key and
+// verifies it, so the link goes there. Nothing of the link is trusted
+// here: an id that names no session of another live node is answered
+// locally (link_gone or link_invalid, as the API says).
+func (f *Front) forwardLink(w http.ResponseWriter, r *http.Request, id string) {
+	if f.cfg.Sessions.Known(id) {
+		f.cfg.Local.ServeHTTP(w, r)
+		return
+	}
+	o, err := f.cfg.Node.lookupOwner(r.Context(), id)
+	if err != nil {
+		f.cfg.WriteError(w, unavailable(err))
+		return
+	}
+	if o.node == "" || o.node == f.cfg.Node.ID() {
+		f.cfg.Local.ServeHTTP(w, r)
+		return
+	}
+	target, live := f.cfg.Node.peer(o.node)
+	if !live {
+		f.cfg.Node.refresh()
+		target, live = f.cfg.Node.peer(o.node)
+	}
+	switch {
+	case live:
+		f.relay(w, r, target, nil)
+	case f.cfg.Node.restarting(o.node):
+		f.cfg.WriteError(w, errNodeDown)
+	default:
+		f.cfg.Local.ServeHTTP(w, r) // its node is lost: the link is dead
+	}
+}
+
+// maxLinkToken bounds the link token the front decodes.
+const maxLinkToken = 4 << 10
+
+// linkSession returns the session a presigned link path names:
+// /links/{token} (a file) or /links/ports/{token}[/...] (a port), whose
+// token is base64url(payload) "." base64url(signature) and whose payload
+// is a JSON object with the session id in "s" (rest/links.go,
+// rest/ports.go). It is read, not verified: only the owner can verify it.
+func linkSession(p string) (string, bool) {
+	rest, ok := strings.CutPrefix(p, "/links/")
+	if !ok {
+		return "", false
+	}
+	if port, ok := strings.CutPrefix(rest, "ports/"); ok {
+		rest, _, _ = strings.Cut(port, "/")
+	} else if strings.Contains(rest, "/") {
+		return "", false
+	}
+	enc, _, ok := strings.Cut(rest, ".")
+	if !ok || enc == "" || len(rest) > maxLinkToken {
+		return "", false
+	}
+	data, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return "", false
+	}
+	var payload struct {
+		Session string `json:"s"`
+	}
+	if json.Unmarshal(data, &payload) != nil || !validID(payload.Session) {
+		return "", false
+	}
+	return payload.Session, true
+}
+
+// validID reports whether id can be a session id: the front looks such
+// ids up in etcd, so it takes only their alphabet.
+func validID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // ownerGone answers a request for session id, whose owner o is not live.
 func (f *Front) ownerGone(w http.ResponseWriter, r *http.Request, id string, o owner) {
 	rec, found, err := f.cfg.Node.Record(r.Context(), id)
@@ -245,15 +337,18 @@ func (f *Front) ownerGone(w http.ResponseWriter, r *http.Request, id string, o o
 	case found && isLive(rec.Status) || f.cfg.Node.restarting(o.node):
 		// Not yet marked lost, or drained and coming back.
 		f.cfg.WriteError(w, errNodeDown)
-	case found && r.Method == http.MethodDelete && r.URL.Path == "/v1/sessions/"+id:
-		// Its node is lost: the session failed and only its record remains.
-		if err := f.cfg.Node.Forget(r.Context(), o, id); err != nil {
-			f.cfg.WriteError(w, err)
+	case !found:
+		// Deleted meanwhile (through another node): its tombstone answers.
+		if t, ok, err := f.cfg.Node.Tombstone(r.Context(), id); err == nil && ok && t.Tenant == o.tenant {
+			f.cfg.WriteError(w, &gateway.GoneError{Tombstone: t})
 			return
 		}
-		w.WriteHeader(http.StatusNoContent)
+		f.cfg.Local.ServeHTTP(w, r)
 	default:
-		f.cfg.Local.ServeHTTP(w, r) // shows the failed record, refuses the rest
+		// The API shows the failed record and refuses the rest; a DELETE
+		// goes through it like any other (rate limit, audit, tombstone):
+		// the manager forgets the record of a lost node (Node.ForgetLost).
+		f.cfg.Local.ServeHTTP(w, r)
 	}
 }
 
@@ -341,7 +436,7 @@ func (f *Front) placeCreate(w http.ResponseWriter, r *http.Request, cands []Info
 				return nil
 			},
 			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-				if _, dial := errors.AsType[*net.OpError](err); dial || errors.Is(err, errFull) {
+				if notSent(err) || errors.Is(err, errFull) {
 					skipped = true // nothing was created there
 					return
 				}
@@ -358,6 +453,15 @@ func (f *Front) placeCreate(w http.ResponseWriter, r *http.Request, cands []Info
 		}
 	}
 	return false
+}
+
+// notSent reports whether err, a relay's failure, means the request never
+// reached the peer: only a failed dial says so. Any other failure (a
+// reset or a timeout once the request was written, a broken answer) may
+// come after the peer acted on it.
+func notSent(err error) bool {
+	oe, ok := errors.AsType[*net.OpError](err)
+	return ok && oe.Op == "dial"
 }
 
 // maxCreateBody bounds the body of a create the front holds to place it
@@ -421,7 +525,7 @@ func (f *Front) relay(w http.ResponseWriter, r *http.Request, t Info, unreachabl
 		ErrorLog:      slog.NewLogLogger(f.cfg.Log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			f.cfg.Log.Warn("cluster_relay_failed", "node", t.ID, "path", r.URL.Path, "err", err)
-			if _, dial := errors.AsType[*net.OpError](err); dial && unreachable != nil && unreachable(w) {
+			if notSent(err) && unreachable != nil && unreachable(w) {
 				return
 			}
 			f.cfg.WriteError(w, errNodeDown)
@@ -468,6 +572,9 @@ func (f *Front) relayConnect(w http.ResponseWriter, r *http.Request, u *url.URL,
 		return
 	}
 	defer f.untrack(up)
+	// Every way out closes it (splice closes it too: a second Close is
+	// harmless), so no answer of the owner leaves a connection behind.
+	defer up.Close()
 	_ = up.SetDeadline(time.Now().Add(10 * time.Second))
 	req := "CONNECT " + r.URL.RequestURI() + " HTTP/1.1\r\nHost: " + r.Host + "\r\n"
 	for _, h := range []string{"Proxy-Authorization", "Authorization", "X-Request-Id"} {
@@ -506,6 +613,7 @@ func (f *Front) relayConnect(w http.ResponseWriter, r *http.Request, u *url.URL,
 		return
 	}
 	defer f.untrack(down)
+	defer down.Close() // hijacked: the server no longer closes it
 	_ = down.SetDeadline(time.Time{})
 	if _, err := io.WriteString(down, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		return

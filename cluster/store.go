@@ -465,3 +465,31 @@ func (n *Node) Forget(ctx context.Context, o owner, id string) error {
 	n.forgetOwner(id)
 	return nil
 }
+
+// ForgetLost removes tenant's session id if its node is gone (not live,
+// not restarting within its grace) and its record is no longer live: the
+// delete of a session whose node was lost (gateway.LostForgetter). It
+// reports false, changing nothing, for any other session.
+func (n *Node) ForgetLost(ctx context.Context, tenant, id string) (bool, error) {
+	o, err := n.lookupOwner(ctx, id)
+	if err != nil {
+		return false, unavailable(err)
+	}
+	if o.node == "" || o.tenant != tenant || o.node == n.ID() {
+		return false, nil
+	}
+	if _, live := n.peer(o.node); live || n.restarting(o.node) {
+		return false, nil
+	}
+	rec, found, err := n.Record(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if !found || rec.Tenant != tenant || isLive(rec.Status) {
+		return false, nil
+	}
+	if err := n.Forget(ctx, o, id); err != nil {
+		return false, err
+	}
+	return true, nil
+}

@@ -50,3 +50,35 @@ func (m *Manager) withRemote(ctx context.Context, p Principal, mine []*Session) 
 	}
 	return mine
 }
+
+// LostForgetter is a Directory that can drop the record of a session
+// whose node is lost (cluster.Node): the one way such a session ends.
+type LostForgetter interface {
+	// ForgetLost removes tenant's session id from the directory if its
+	// node is gone and the session is no longer live; it reports false,
+	// changing nothing, for any other session.
+	ForgetLost(ctx context.Context, tenant, id string) (bool, error)
+}
+
+// deleteRemote deletes p's session id that this gateway does not hold:
+// one whose node is lost, which the directory still records (failed). It
+// ends like a session deleted on its node: a tombstone (session_gone),
+// the audit event and the log line. Any other id is not found.
+func (m *Manager) deleteRemote(ctx context.Context, p Principal, id string) error {
+	lf, ok := m.cfg.Directory.(LostForgetter)
+	s := m.remote(ctx, p, id)
+	if !ok || s == nil {
+		return m.notFound(p, id)
+	}
+	forgotten, err := lf.ForgetLost(ctx, p.Tenant, id)
+	if err != nil {
+		return err
+	}
+	if !forgotten {
+		return m.notFound(p, id)
+	}
+	m.bury(s, GoneDeleted, &p)
+	m.log.InfoContext(ctx, "session_deleted", "session", id, "tenant", p.Tenant, "node", "lost")
+	m.auditSession(ctx, s, "deleted", "", p.Tenant)
+	return nil
+}

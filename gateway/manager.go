@@ -609,7 +609,7 @@ func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
 	s, ok := m.sessions[id]
 	if !ok || s.Tenant != p.Tenant {
 		m.mu.Unlock()
-		return m.notFound(p, id)
+		return m.deleteRemote(ctx, p, id) // directory.go
 	}
 	delete(m.sessions, id)
 	m.mu.Unlock()

@@ -340,6 +340,29 @@ func TestClusterNodeLossFailsItsSessions(t *testing.T) {
 	if code := b.api(t, http.MethodDelete, "/v1/sessions/"+lost.SessionID, nil, nil); code != http.StatusNoContent {
 		t.Errorf("delete of the lost session: %d", code)
 	}
+	// Deleted like any session: gone (with its tombstone) on every node,
+	// and in the audit trail.
+	for _, g := range []*clusterNode{b, c} {
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		if code := g.api(t, http.MethodGet, "/v1/sessions/"+lost.SessionID, nil, &e); code != http.StatusGone || e.Error.Code != "session_gone" {
+			t.Errorf("the deleted lost session through %s: %d %q, want 410 session_gone", g.URL, code, e.Error.Code)
+		}
+	}
+	var page struct {
+		Events []struct{ Kind, Op, Session, By string } `json:"events"`
+	}
+	if code := c.api(t, http.MethodGet, "/v1/audit?session="+lost.SessionID, nil, &page); code != http.StatusOK {
+		t.Fatalf("audit: %d", code)
+	}
+	deleted := false
+	for _, e := range page.Events {
+		deleted = deleted || e.Kind == "session" && e.Op == "deleted"
+	}
+	if !deleted {
+		t.Errorf("no audit event of the lost session's delete: %+v", page.Events)
+	}
 	if ids := listIDs(t, c.gatewayProc); len(ids) != 1 || ids[0] != kept.SessionID {
 		t.Errorf("list after: %v", ids)
 	}

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -68,6 +67,8 @@ type attachment struct {
 	tenant string
 	name   string // the named workspace it holds, or ""
 	sb     sandbox.Sandbox
+	// session is the session's id, kept in its snapshots.
+	session string
 
 	mu    sync.Mutex // one capture at a time
 	cache scanCache
@@ -150,6 +151,8 @@ type doc struct {
 	SizeBytes  int64     `json:"sizeBytes"`
 	Files      int       `json:"files"`
 	Pages      []page    `json:"pages"`
+	// Session is the session a snapshot was taken of.
+	Session string `json:"session,omitempty"`
 }
 
 // Info is what a tenant sees of a workspace.
@@ -319,28 +322,12 @@ func (s *Service) info(key string, d *doc) Info {
 
 // ListWorkspaces lists tenant's workspaces, by name.
 func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, error) {
-	prefix := tenantDir(tenant) + "/workspaces/"
-	keys, err := s.local.List(ctx, prefix)
+	keys, err := s.listDocs(ctx, tenantDir(tenant)+"/workspaces/")
 	if err != nil {
 		return nil, errStore("could not list workspaces", err)
 	}
-	if s.cfg.Remote != nil {
-		// The object store is the truth (gateways sharing it create and
-		// delete workspaces), with this gateway's unpushed ones.
-		remote, err := s.cfg.Remote.List(ctx, prefix)
-		if err != nil {
-			s.cfg.Log.Warn("workspace_list_remote_failed", "err", err)
-		} else {
-			keys = slices.DeleteFunc(keys, func(k string) bool { return !s.pendingPush(k) })
-		}
-		keys = append(keys, remote...)
-	}
-	sort.Strings(keys)
 	out := []Info{}
-	for i, k := range keys {
-		if (i > 0 && keys[i-1] == k) || !strings.HasSuffix(k, ".json") {
-			continue
-		}
+	for _, k := range keys {
 		d, err := s.readDoc(ctx, k)
 		if err != nil {
 			continue // deleted meanwhile
@@ -386,7 +373,7 @@ func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) erro
 
 func (s *Service) remove(ctx context.Context, key string) error {
 	if err := s.local.Delete(ctx, key); err != nil {
-		return errStore("could not delete the workspace", err)
+		return errStore("could not delete it from the local store", err)
 	}
 	s.mu.Lock()
 	delete(s.state, key)
@@ -460,7 +447,7 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 	case ref.FromSnapshot != "":
 		key = snapshotKey(tenant, ref.FromSnapshot)
 	}
-	a := &attachment{tenant: tenant, name: ref.Name, sb: sb, cache: scanCache{}}
+	a := &attachment{tenant: tenant, name: ref.Name, sb: sb, session: session, cache: scanCache{}}
 	if key != "" && fill {
 		d, err := s.readDoc(ctx, key)
 		if err != nil {
@@ -606,6 +593,9 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	if a.name != "" && strings.Contains(key, "/workspaces/") {
 		d.Name = a.name
 	}
+	if strings.Contains(key, "/snapshots/") {
+		d.Session = a.session
+	}
 	if err := s.writeDoc(ctx, key, d); err != nil {
 		return nil, err
 	}
@@ -654,7 +644,7 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	s.mu.Lock()
 	a := s.sessions[session]
 	if a == nil {
-		a = &attachment{tenant: tenant, sb: sb, cache: scanCache{}}
+		a = &attachment{tenant: tenant, sb: sb, session: session, cache: scanCache{}}
 		s.sessions[session] = a
 	}
 	s.mu.Unlock()

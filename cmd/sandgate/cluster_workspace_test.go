@@ -107,6 +107,24 @@ func TestClusterWorkspaceRestoredOnAnotherNode(t *testing.T) {
 	if out := wsRun(t, c.gatewayProc, tok, id3, "cat note.txt"); out != "hello-from-a\n" {
 		t.Errorf("the snapshot restored through C: %q", out)
 	}
+	// Snapshots too are the object store's: listed and deleted through
+	// any node.
+	var snaps struct {
+		Snapshots []struct {
+			SnapshotID string `json:"snapshotId"`
+			SessionID  string `json:"sessionId"`
+		} `json:"snapshots"`
+	}
+	if code := b.api(t, http.MethodGet, "/v1/snapshots?session="+id, nil, &snaps); code != http.StatusOK ||
+		len(snaps.Snapshots) != 1 || snaps.Snapshots[0].SnapshotID != snap.SnapshotID {
+		t.Errorf("B lists A's session's snapshots: %d %+v", code, snaps)
+	}
+	if code := b.api(t, http.MethodDelete, "/v1/snapshots/"+snap.SnapshotID, nil, nil); code != http.StatusNoContent {
+		t.Errorf("delete of the snapshot through B: %d", code)
+	}
+	if _, code, ec := createWith(t, c.gatewayProc, tok, map[string]any{"fromSnapshot": snap.SnapshotID}); code != http.StatusNotFound || ec != "snapshot_not_found" {
+		t.Errorf("create from the snapshot deleted through B, through C: %d %s", code, ec)
+	}
 	if _, code, ec := createWith(t, c.gatewayProc, tok, map[string]any{"workspace": "proj"}); code != http.StatusConflict || ec != "workspace_busy" {
 		t.Errorf("a second holder after the restore: %d %s, want 409 workspace_busy", code, ec)
 	}

@@ -334,8 +334,10 @@ func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, er
 		}
 		in := s.info(k, d)
 		if in.InUseBy == "" {
+			// Without the cluster's answer (no etcd quorum) the list
+			// still serves, showing this gateway's holders only.
 			if in.InUseBy, err = s.heldElsewhere(ctx, tenant, d.Name); err != nil {
-				return nil, err
+				s.cfg.Log.Warn("workspace_holder_unknown", "workspace", d.Name, "err", err)
 			}
 		}
 		out = append(out, in)

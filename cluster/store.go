@@ -200,6 +200,8 @@ func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) 
 		ops = append(ops, clientv3.OpPut(live, s.n.cfg.NodeID))
 	}
 	claimCmp, claimPut, claimGet := claimOps(r)
+	wsCmp, wsGet := workspaceClaimOps(r) // workspaces.go
+	claimCmp, claimGet = append(claimCmp, wsCmp...), append(claimGet, wsGet...)
 	tr, err := s.n.cli.Txn(ctx).If(append([]clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(ok), "=", 0),
 		clientv3.Compare(clientv3.ModRevision(keyGuard(r.Tenant)), "=", guardRev),
@@ -215,6 +217,9 @@ func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) 
 	resps := make([]*clientv3.GetResponse, 0, len(tr.Responses))
 	for _, rp := range tr.Responses {
 		resps = append(resps, (*clientv3.GetResponse)(rp.GetResponseRange()))
+	}
+	if resps, err = workspaceConflict(r, resps); err != nil {
+		return false, err
 	}
 	return false, s.claimConflict(ctx, r, resps)
 }

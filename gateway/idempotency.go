@@ -44,9 +44,13 @@ func checkIdempotencyKey(key string) error {
 
 // fingerprint identifies a create's payload after defaults are applied, so
 // that {} and {"ttl": 3600} are the same request.
-// The name counts only when given, so fingerprints made before sessions
-// had names stay the same.
-func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, res *Resources, egress []string, secrets []SecretRef, name string) [32]byte {
+// The name and the workspace count only when given, so fingerprints made
+// before sessions had them stay the same.
+func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, res *Resources, egress []string, secrets []SecretRef, name string, ws WorkspaceRef) [32]byte {
+	var wsp *WorkspaceRef
+	if ws != (WorkspaceRef{}) {
+		wsp = &ws
+	}
 	data, _ := json.Marshal(struct { // map keys marshal sorted: deterministic
 		TTL          int            `json:"ttl"`
 		Image        string         `json:"image"`
@@ -56,7 +60,8 @@ func fingerprint(ttl int, image string, metadata map[string]any, sshKey string, 
 		Egress       []string       `json:"egress,omitempty"`
 		Secrets      []SecretRef    `json:"secrets,omitempty"`
 		Name         string         `json:"name,omitempty"`
-	}{ttl, image, metadata, sshKey, res, egress, secrets, name})
+		Workspace    *WorkspaceRef  `json:"ws,omitempty"`
+	}{ttl, image, metadata, sshKey, res, egress, secrets, name, wsp})
 	return sha256.Sum256(data)
 }
 

@@ -225,7 +225,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if res != m.cfg.Resources.Default {
 		fpRes = &res
 	}
-	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes, allow.Entries(), secrets, cp.Name)
+	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes, allow.Entries(), secrets, cp.Name, cp.Workspace)
 
 	prior, err := m.reserve(key, fp)
 	if err != nil {

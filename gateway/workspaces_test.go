@@ -85,3 +85,39 @@ func TestWorkspaceKeptHoweverTheSessionEnds(t *testing.T) {
 	_, _, err = m2.Create(ctx, gateway.Principal{Tenant: "bob"}, ref)
 	wantCode(t, err, gateway.KindNotFound, "workspace_not_found")
 }
+
+// TestIdempotencyKeyCountsTheWorkspace: an Idempotency-Key used again
+// with another workspace or snapshot is idempotency_key_reused, and with
+// the same one replays.
+func TestIdempotencyKeyCountsTheWorkspace(t *testing.T) {
+	ctx := context.Background()
+	ws, err := workspace.New(workspace.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := newManager(t, gateway.Config{Workspaces: ws})
+	alice := gateway.Principal{Tenant: "alice"}
+	for _, name := range []string{"w", "v"} {
+		if _, err := ws.CreateWorkspace(ctx, "alice", name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp := gateway.CreateParams{IdempotencyKey: "k1", Workspace: gateway.WorkspaceRef{Name: "w"}}
+	s, _ := mustCreate(t, m, alice, cp)
+	again, _, err := m.Create(ctx, alice, cp)
+	if err != nil || again.ID != s.ID {
+		t.Fatalf("replay with the same workspace: %v", err)
+	}
+	for _, ref := range []gateway.WorkspaceRef{{Name: "v"}, {}, {FromSnapshot: "snap_000000000000000000000000"}} {
+		other := cp
+		other.Workspace = ref
+		_, _, err := m.Create(ctx, alice, other)
+		wantCode(t, err, gateway.KindUnprocessable, "idempotency_key_reused")
+	}
+	// A key first used without a workspace is reused by one with it.
+	plain := gateway.CreateParams{IdempotencyKey: "k2"}
+	mustCreate(t, m, alice, plain)
+	plain.Workspace = gateway.WorkspaceRef{Name: "v"}
+	_, _, err = m.Create(ctx, alice, plain)
+	wantCode(t, err, gateway.KindUnprocessable, "idempotency_key_reused")
+}

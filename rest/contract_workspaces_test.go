@@ -112,6 +112,70 @@ func TestContractWorkspaces(t *testing.T) {
 				t.Errorf("fork %d: %q", i, out)
 			}
 		}
+		// Listed newest first, of the session or all; deleted by its
+		// tenant only; the forks keep their files.
+		second := post("/v1/sessions/"+forks[0]+"/snapshots", aliceKey, "")
+		expect(t, second, http.StatusCreated, "")
+		var sn2 struct {
+			SnapshotID string `json:"snapshotId"`
+		}
+		if err := json.Unmarshal(second.body, &sn2); err != nil {
+			t.Fatal(err)
+		}
+		type entry struct {
+			SnapshotID string `json:"snapshotId"`
+			SessionID  string `json:"sessionId"`
+			Files      int    `json:"files"`
+		}
+		list := func(token, query string) []entry {
+			t.Helper()
+			r := g.do(t, http.MethodGet, "/v1/snapshots"+query, token, nil)
+			expect(t, r, http.StatusOK, "")
+			var out struct{ Snapshots []entry }
+			if err := json.Unmarshal(r.body, &out); err != nil {
+				t.Fatal(err)
+			}
+			return out.Snapshots
+		}
+		if l := list(aliceKey, ""); len(l) != 2 || l[0].SnapshotID != sn2.SnapshotID || l[1].SnapshotID != sn.SnapshotID ||
+			l[0].SessionID != forks[0] || l[1].SessionID != id || l[1].Files != 1 {
+			t.Errorf("alice's snapshots: %+v", l)
+		}
+		if l := list(aliceKey, "?session="+id); len(l) != 1 || l[0].SnapshotID != sn.SnapshotID {
+			t.Errorf("the snapshots of %s: %+v", id, l)
+		}
+		if l := list(bobKey, ""); len(l) != 0 {
+			t.Errorf("bob sees alice's snapshots: %+v", l)
+		}
+		expect(t, g.do(t, http.MethodGet, "/v1/snapshots?session=", aliceKey, nil), http.StatusBadRequest, "invalid_session")
+		expect(t, g.do(t, http.MethodGet, "/v1/snapshots", "", nil), http.StatusUnauthorized, "unauthorized")
+		expect(t, g.do(t, http.MethodDelete, "/v1/snapshots/"+sn.SnapshotID, bobKey, nil), http.StatusNotFound, "snapshot_not_found")
+		expect(t, g.do(t, http.MethodDelete, "/v1/snapshots/snap_x", aliceKey, nil), http.StatusNotFound, "snapshot_not_found")
+		expect(t, g.do(t, http.MethodDelete, "/v1/snapshots/"+sn.SnapshotID, "", nil), http.StatusUnauthorized, "unauthorized")
+		objects := func() int {
+			t.Helper()
+			n := 0
+			_ = filepath.WalkDir(filepath.Join(dir, "store", "objects"), func(_ string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					n++
+				}
+				return nil
+			})
+			return n
+		}
+		before := objects()
+		expect(t, g.do(t, http.MethodDelete, "/v1/snapshots/"+sn2.SnapshotID, aliceKey, nil), http.StatusNoContent, "")
+		if after := objects(); after >= before {
+			t.Errorf("objects only the deleted snapshot named were kept: %d before, %d after", before, after)
+		}
+		expect(t, g.do(t, http.MethodDelete, "/v1/snapshots/"+sn2.SnapshotID, aliceKey, nil), http.StatusNotFound, "snapshot_not_found")
+		expect(t, post("/v1/sessions", aliceKey, `{"fromSnapshot":"`+sn2.SnapshotID+`"}`), http.StatusNotFound, "snapshot_not_found")
+		if l := list(aliceKey, ""); len(l) != 1 || l[0].SnapshotID != sn.SnapshotID {
+			t.Errorf("after the delete: %+v", l)
+		}
+		if out := command(forks[0], "cat link"); out != "base\na\n" {
+			t.Errorf("a fork after its snapshot's delete: %q", out)
+		}
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusNoContent, "")
 		expect(t, post("/v1/sessions/"+id+"/snapshots", aliceKey, ""), http.StatusGone, "session_gone")
 		expect(t, post("/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa/snapshots", aliceKey, ""), http.StatusNotFound, "not_found")
@@ -136,6 +200,8 @@ func TestContractWorkspaces(t *testing.T) {
 			t.Fatal(err)
 		}
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"broken"}`), http.StatusServiceUnavailable, "workspace_store_failed")
+		expect(t, g.do(t, http.MethodGet, "/v1/snapshots", aliceKey, nil), http.StatusServiceUnavailable, "workspace_store_failed")
+		expect(t, g.do(t, http.MethodDelete, "/v1/snapshots/snap_000000000000000000000000", aliceKey, nil), http.StatusServiceUnavailable, "workspace_store_failed")
 		if err := os.Remove(store); err != nil {
 			t.Fatal(err)
 		}
@@ -159,6 +225,8 @@ func TestContractWorkspaces(t *testing.T) {
 			{http.MethodGet, "/v1/workspaces", ""},
 			{http.MethodDelete, "/v1/workspaces/x", ""},
 			{http.MethodPost, "/v1/sessions/" + id + "/snapshots", ""},
+			{http.MethodGet, "/v1/snapshots", ""},
+			{http.MethodDelete, "/v1/snapshots/snap_000000000000000000000000", ""},
 		} {
 			var r result
 			for range 6 {
@@ -176,5 +244,7 @@ func TestContractWorkspaces(t *testing.T) {
 			"listWorkspaces 500":  "as createWorkspace 500",
 			"deleteWorkspace 500": "as createWorkspace 500",
 			"createSnapshot 500":  "as createWorkspace 500",
+			"listSnapshots 500":   "as createWorkspace 500",
+			"deleteSnapshot 500":  "as createWorkspace 500",
 		})
 }

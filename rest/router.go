@@ -124,6 +124,8 @@ func New(cfg Config) http.Handler {
 		r.Post("/workspaces", a.createWorkspace)
 		r.Get("/workspaces", a.listWorkspaces)
 		r.Delete("/workspaces/{name}", a.deleteWorkspace)
+		r.Get("/snapshots", a.listSnapshots)
+		r.Delete("/snapshots/{id}", a.deleteSnapshot)
 		// The data plane (dataplane.go): commands, files, processes.
 		r.Post("/sessions/{id}/commands", a.runCommand)
 		r.Get("/sessions/{id}/commands", a.listCommands)

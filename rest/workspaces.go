@@ -24,6 +24,8 @@ type Workspaces interface {
 	Snapshot(ctx context.Context, tenant, session string, sb sandbox.Sandbox, stopped bool) (workspace.SnapshotInfo, error)
 	SessionSync(session string) *workspace.SyncState
 	DropOnEnd(session string, drop bool)
+	ListSnapshots(ctx context.Context, tenant, session string) ([]workspace.SnapshotEntry, error)
+	DeleteSnapshot(ctx context.Context, tenant, id string) error
 }
 
 // ArtifactPresigner is implemented by workspace engines with an object
@@ -151,4 +153,37 @@ func keepWorkspace(w http.ResponseWriter, r *http.Request) (keep, ok bool) {
 		return false, false
 	}
 	return keep, true
+}
+
+// listSnapshots answers GET /v1/snapshots[?session=ID]: the caller's
+// snapshots, newest first.
+func (a *api) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	ws := a.workspacesOrFail(w)
+	if ws == nil {
+		return
+	}
+	q := r.URL.Query()
+	if v, set := q["session"]; set && (len(v) != 1 || v[0] == "" || len(v[0]) > 128) {
+		WriteError(w, http.StatusBadRequest, "invalid_session", "session is given once, as a session id (at most 128 characters)")
+		return
+	}
+	all, err := ws.ListSnapshots(r.Context(), principal(r).Tenant, q.Get("session"))
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	_ = writeJSON(w, http.StatusOK, map[string]any{"snapshots": all})
+}
+
+// deleteSnapshot answers DELETE /v1/snapshots/{id}.
+func (a *api) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	ws := a.workspacesOrFail(w)
+	if ws == nil {
+		return
+	}
+	if err := ws.DeleteSnapshot(r.Context(), principal(r).Tenant, chi.URLParam(r, "id")); err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

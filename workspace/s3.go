@@ -102,7 +102,22 @@ func (b *s3Backend) Get(ctx context.Context, key string) (io.ReadCloser, error) 
 		}
 		return nil, fmt.Errorf("object store: get %s: %w", key, err)
 	}
-	return o, nil
+	return notExistReader{o, key}, nil
+}
+
+// notExistReader reports an object deleted while it is read as
+// fs.ErrNotExist, as Get does one deleted before.
+type notExistReader struct {
+	*minio.Object
+	key string
+}
+
+func (r notExistReader) Read(p []byte) (int, error) {
+	n, err := r.Object.Read(p)
+	if err != nil && minio.ToErrorResponse(err).Code == minio.NoSuchKey {
+		return n, fmt.Errorf("object store: %s: %w", r.key, fs.ErrNotExist)
+	}
+	return n, err
 }
 
 func (b *s3Backend) List(ctx context.Context, prefix string) ([]string, error) {

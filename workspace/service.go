@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -56,6 +55,9 @@ type Service struct {
 	queue    map[string]job         // doc key -> what the pusher must do
 	have     map[string]bool        // objects known to be in the remote store
 	listed   bool                   // have was filled from a listing
+	locks    Locks                  // cluster-wide reservations (locks.go), or nil
+	releases map[string]release     // doc key -> reservation let go once it is pushed
+	claims   map[string]release     // session -> its reservation through locks
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
 }
@@ -65,6 +67,8 @@ type attachment struct {
 	tenant string
 	name   string // the named workspace it holds, or ""
 	sb     sandbox.Sandbox
+	// session is the session's id, kept in its snapshots.
+	session string
 
 	mu    sync.Mutex // one capture at a time
 	cache scanCache
@@ -82,6 +86,9 @@ type job struct {
 	del     bool
 	pending int64
 	seq     uint64 // tells a job queued again while it ran from itself
+	// restart marks a doc queued at start, which may be pushed already:
+	// pushed only when it is newer than the object store's (sync.go stale).
+	restart bool
 }
 
 // New opens the local store. Call Run for the periodic sync and the pusher.
@@ -106,7 +113,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
 		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
-		wake: make(chan struct{}, 1)}
+		releases: map[string]release{}, claims: map[string]release{}, wake: make(chan struct{}, 1)}
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")
@@ -114,7 +121,7 @@ func New(cfg Config) (*Service, error) {
 			return nil, err
 		}
 		for _, k := range keys {
-			s.queue[k] = job{}
+			s.queue[k] = job{restart: true}
 		}
 	}
 	return s, nil
@@ -144,6 +151,8 @@ type doc struct {
 	SizeBytes  int64     `json:"sizeBytes"`
 	Files      int       `json:"files"`
 	Pages      []page    `json:"pages"`
+	// Session is the session a snapshot was taken of.
+	Session string `json:"session,omitempty"`
 }
 
 // Info is what a tenant sees of a workspace.
@@ -192,11 +201,21 @@ func checkName(name string) error {
 	return nil
 }
 
-// readDoc reads key from the local store, or from the remote one (and
-// keeps a local copy) when the local one has none.
+// readDoc reads key from the object store, when there is one and this
+// gateway has no newer copy waiting for the pusher (readRemoteDoc), and
+// keeps a local copy; otherwise from the local store, or from the remote
+// one when the local one has none.
 func (s *Service) readDoc(ctx context.Context, key string) (*doc, error) {
-	b, err := readAll(ctx, s.local, key)
-	if errors.Is(err, fs.ErrNotExist) && s.cfg.Remote != nil {
+	b, fresh, err := s.readRemoteDoc(ctx, key)
+	if fresh && err == nil {
+		if perr := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); perr != nil {
+			return nil, perr
+		}
+	}
+	if !fresh {
+		b, err = readAll(ctx, s.local, key)
+	}
+	if !fresh && errors.Is(err, fs.ErrNotExist) && s.cfg.Remote != nil {
 		if b, err = readAll(ctx, s.cfg.Remote, key); err == nil {
 			if perr := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); perr != nil {
 				return nil, perr
@@ -278,6 +297,15 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	if err := s.writeDoc(ctx, key, d); err != nil {
 		return Info{}, errStore("could not store the workspace", err)
 	}
+	if s.cfg.Remote != nil {
+		// Seen by every gateway sharing the store at once when it answers
+		// (an empty workspace names no objects); the queued push repeats it.
+		if b, err := json.Marshal(d); err == nil {
+			if err := s.cfg.Remote.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
+				s.cfg.Log.Warn("workspace_remote_put_failed", "key", key, "err", err)
+			}
+		}
+	}
 	return s.info(key, d), nil
 }
 
@@ -294,29 +322,25 @@ func (s *Service) info(key string, d *doc) Info {
 
 // ListWorkspaces lists tenant's workspaces, by name.
 func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, error) {
-	prefix := tenantDir(tenant) + "/workspaces/"
-	keys, err := s.local.List(ctx, prefix)
+	keys, err := s.listDocs(ctx, tenantDir(tenant)+"/workspaces/")
 	if err != nil {
 		return nil, errStore("could not list workspaces", err)
 	}
-	if s.cfg.Remote != nil {
-		remote, err := s.cfg.Remote.List(ctx, prefix)
-		if err != nil {
-			s.cfg.Log.Warn("workspace_list_remote_failed", "err", err)
-		}
-		keys = append(keys, remote...)
-	}
-	sort.Strings(keys)
 	out := []Info{}
-	for i, k := range keys {
-		if (i > 0 && keys[i-1] == k) || !strings.HasSuffix(k, ".json") {
-			continue
-		}
+	for _, k := range keys {
 		d, err := s.readDoc(ctx, k)
 		if err != nil {
 			continue // deleted meanwhile
 		}
-		out = append(out, s.info(k, d))
+		in := s.info(k, d)
+		if in.InUseBy == "" {
+			// Without the cluster's answer (no etcd quorum) the list
+			// still serves, showing this gateway's holders only.
+			if in.InUseBy, err = s.heldElsewhere(ctx, tenant, d.Name); err != nil {
+				s.cfg.Log.Warn("workspace_holder_unknown", "workspace", d.Name, "err", err)
+			}
+		}
+		out = append(out, in)
 	}
 	return out, nil
 }
@@ -341,18 +365,29 @@ func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) erro
 		return errBusy(name)
 	}
 	s.mu.Unlock()
+	if h, err := s.heldElsewhere(ctx, tenant, name); err != nil {
+		return err
+	} else if h != "" {
+		return errBusy(name)
+	}
 	return s.remove(ctx, key)
 }
 
 func (s *Service) remove(ctx context.Context, key string) error {
 	if err := s.local.Delete(ctx, key); err != nil {
-		return errStore("could not delete the workspace", err)
+		return errStore("could not delete it from the local store", err)
 	}
 	s.mu.Lock()
 	delete(s.state, key)
 	s.mu.Unlock()
 	if s.cfg.Remote != nil {
-		s.enqueue(key, job{del: true}) // the pusher deletes it there, then collects
+		// Gone for every gateway sharing the store at once when it
+		// answers; the pusher deletes it there again (or, the store
+		// down, for the first time), then collects.
+		if err := s.cfg.Remote.Delete(ctx, key); err != nil {
+			s.cfg.Log.Warn("workspace_remote_delete_failed", "key", key, "err", err)
+		}
+		s.enqueue(key, job{del: true})
 		return nil
 	}
 	if err := s.collect(ctx); err != nil {
@@ -380,12 +415,13 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 			return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q; create it with POST /v1/workspaces", ref.Name))
 		}
 		s.mu.Lock()
-		defer s.mu.Unlock()
 		if h := s.holders[key]; h != "" && h != session {
+			s.mu.Unlock()
 			return errBusy(ref.Name)
 		}
 		s.holders[key] = session
-		return nil
+		s.mu.Unlock()
+		return s.acquire(ctx, tenant, ref.Name, key, session)
 	case ref.FromSnapshot != "":
 		if !snapIDRE.MatchString(ref.FromSnapshot) {
 			return errNotFound("snapshot_not_found", "no such snapshot")
@@ -413,7 +449,7 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 	case ref.FromSnapshot != "":
 		key = snapshotKey(tenant, ref.FromSnapshot)
 	}
-	a := &attachment{tenant: tenant, name: ref.Name, sb: sb, cache: scanCache{}}
+	a := &attachment{tenant: tenant, name: ref.Name, sb: sb, session: session, cache: scanCache{}}
 	if key != "" && fill {
 		d, err := s.readDoc(ctx, key)
 		if err != nil {
@@ -460,7 +496,9 @@ func (s *Service) Detach(ctx context.Context, session string) {
 		}
 	}
 	s.mu.Unlock()
-	if a != nil && a.name != "" {
+	if a != nil && a.name != "" && !s.stillHeld(ctx, session, a) {
+		s.cfg.Log.Warn("workspace_not_synced", "session", session, "workspace", a.name, "reason", "another session holds it now")
+	} else if a != nil && a.name != "" {
 		key := workspaceKey(a.tenant, a.name)
 		if drop {
 			if err := s.remove(ctx, key); err != nil {
@@ -476,7 +514,12 @@ func (s *Service) Detach(ctx context.Context, session string) {
 			delete(s.holders, k)
 		}
 	}
+	r, claimed := s.claims[session]
+	delete(s.claims, session)
 	s.mu.Unlock()
+	if claimed {
+		s.releaseWhenPushed(ctx, workspaceKey(r.tenant, r.name), r)
+	}
 }
 
 // SessionSync is the sync state of session's named workspace (nil: it
@@ -552,6 +595,9 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	if a.name != "" && strings.Contains(key, "/workspaces/") {
 		d.Name = a.name
 	}
+	if strings.Contains(key, "/snapshots/") {
+		d.Session = a.session
+	}
 	if err := s.writeDoc(ctx, key, d); err != nil {
 		return nil, err
 	}
@@ -600,7 +646,7 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	s.mu.Lock()
 	a := s.sessions[session]
 	if a == nil {
-		a = &attachment{tenant: tenant, sb: sb, cache: scanCache{}}
+		a = &attachment{tenant: tenant, sb: sb, session: session, cache: scanCache{}}
 		s.sessions[session] = a
 	}
 	s.mu.Unlock()

@@ -152,6 +152,7 @@ func (s *Service) pushAll(ctx context.Context) error {
 			st.LastSyncedAt, st.LastError, st.PendingBytes = &now, "", 0
 		}
 		s.mu.Unlock()
+		s.pushed(ctx, key)
 	}
 }
 
@@ -178,6 +179,11 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 	var d doc
 	if err := json.Unmarshal(b, &d); err != nil {
 		return err
+	}
+	if j.restart {
+		if stale, err := s.stale(ctx, key, &d); err != nil || stale {
+			return err
+		}
 	}
 	entries, err := s.entries(ctx, &d)
 	if err != nil {
@@ -265,4 +271,22 @@ func (s *Service) Flush(ctx context.Context) error {
 		return nil
 	}
 	return s.pushAll(ctx)
+}
+
+// stale says whether the object store holds a doc at key newer than d
+// (another gateway sharing it wrote it while this one was away); this
+// gateway's copy is then replaced by it instead of being pushed.
+func (s *Service) stale(ctx context.Context, key string, d *doc) (bool, error) {
+	b, err := readAll(ctx, s.cfg.Remote, key)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var rd doc
+	if err := json.Unmarshal(b, &rd); err != nil || !rd.LastUsedAt.After(d.LastUsedAt) {
+		return false, nil
+	}
+	return true, s.local.Put(ctx, key, strings.NewReader(string(b)), int64(len(b)))
 }

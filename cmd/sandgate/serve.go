@@ -395,6 +395,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		// After the manager's Shutdown: kept sessions wait for this node to come back.
 		defer node.Close(cfg.keepSandboxes)
 		mcfg.Store, mcfg.Directory = node.Store(store), node
+		wsvc.SetLocks(node.WorkspaceLocks()) // one holder of a workspace in the cluster
 	}
 	mgr = gateway.NewManager(mcfg, driver, log)
 	if err := mgr.Restore(ctx); err != nil {

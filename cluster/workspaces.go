@@ -1,0 +1,182 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// Named workspaces (package workspace) live in the object store the
+// nodes share; which session holds one is kept in etcd, so that one live
+// session holds it in the whole cluster:
+//
+//	workspaces/<tenant>/<name>  "<session>\x00<node>\x00<lease>"
+//
+// The key is written when a create claims the workspace (before its
+// sandbox is filled), checked again by the create's transaction (Store),
+// and deleted once the session's last sync is in the object store. A key
+// holds only while its session is live, or its node is the one that
+// wrote it and still has that lease (the last sync may be on its way),
+// or its node is restarting: so a node that dies lets go of its
+// workspaces once the sweep marks its sessions lost.
+
+func keyWorkspace(t, name string) string { return Prefix + "workspaces/" + tenantKey(t) + "/" + name }
+
+// wsClaim is a workspaces/ key's value.
+type wsClaim struct {
+	session, node string
+	lease         clientv3.LeaseID
+}
+
+func (c wsClaim) String() string {
+	return c.session + "\x00" + c.node + "\x00" + strconv.FormatInt(int64(c.lease), 16)
+}
+
+func parseClaim(v string) wsClaim {
+	parts := strings.SplitN(v, "\x00", 3)
+	if len(parts) != 3 {
+		return wsClaim{session: v}
+	}
+	l, _ := strconv.ParseInt(parts[2], 16, 64)
+	return wsClaim{parts[0], parts[1], clientv3.LeaseID(l)}
+}
+
+// bySession compares a workspaces/ key's value with session's claims.
+func bySession(k, session string) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(k), ">", session+"\x00"),
+		clientv3.Compare(clientv3.Value(k), "<", session+"\x01"),
+	}
+}
+
+func errWorkspaceBusy(name string) error {
+	return &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_busy",
+		Message: fmt.Sprintf("workspace %q is held by another live session in the cluster (or its last sync is not stored yet); end it first, or retry", name)}
+}
+
+// WorkspaceLocks keeps the cluster's workspace holders (workspace.Locks).
+type WorkspaceLocks struct{ n *Node }
+
+// WorkspaceLocks returns the node's workspace.Locks.
+func (n *Node) WorkspaceLocks() *WorkspaceLocks { return &WorkspaceLocks{n} }
+
+// held reports whether c still holds its workspace.
+func (n *Node) held(ctx context.Context, tenant string, c wsClaim) (bool, error) {
+	if ok, err := n.exists(ctx, keyLive(tenant, c.session)); err != nil || ok {
+		return ok, err
+	}
+	resp, err := n.cli.Get(ctx, Prefix+"nodes/"+c.node)
+	if err != nil {
+		return false, err
+	}
+	if len(resp.Kvs) > 0 && clientv3.LeaseID(resp.Kvs[0].Lease) == c.lease {
+		return true, nil
+	}
+	return n.exists(ctx, Prefix+"restarting/"+c.node)
+}
+
+// Acquire reserves tenant's workspace name for session. A claim of this
+// node's is taken over (the node's workspace engine already refused a
+// live holder), as is one that no longer holds.
+func (l *WorkspaceLocks) Acquire(ctx context.Context, tenant, name, session string) error {
+	n := l.n
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	defer cancel()
+	k := keyWorkspace(tenant, name)
+	for range 8 {
+		resp, err := n.cli.Get(ctx, k)
+		if err != nil {
+			return unavailable(err)
+		}
+		cmp := clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
+		if len(resp.Kvs) > 0 {
+			kv := resp.Kvs[0]
+			c := parseClaim(string(kv.Value))
+			if c.session != session && c.node != n.cfg.NodeID {
+				held, err := n.held(ctx, tenant, c)
+				if err != nil {
+					return unavailable(err)
+				}
+				if held {
+					return errWorkspaceBusy(name)
+				}
+			}
+			cmp = clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)
+		}
+		v := wsClaim{session, n.cfg.NodeID, n.leaseID()}.String()
+		tr, err := n.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(k, v)).Commit()
+		if err != nil {
+			return unavailable(err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+	return errWorkspaceBusy(name)
+}
+
+// Release deletes session's claim of tenant's workspace name, if it
+// still has it. Failing (no etcd), the claim stops holding once the
+// session is not live and this node's lease changes.
+func (l *WorkspaceLocks) Release(ctx context.Context, tenant, name, session string) {
+	n := l.n
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	defer cancel()
+	k := keyWorkspace(tenant, name)
+	if _, err := n.cli.Txn(ctx).If(bySession(k, session)...).Then(clientv3.OpDelete(k)).Commit(); err != nil {
+		n.log.Warn("cluster_workspace_release_failed", "workspace", name, "session", session, "err", err)
+	}
+}
+
+// Holder is the session holding tenant's workspace name ("": none).
+func (l *WorkspaceLocks) Holder(ctx context.Context, tenant, name string) (string, error) {
+	n := l.n
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	defer cancel()
+	resp, err := n.cli.Get(ctx, keyWorkspace(tenant, name))
+	if err != nil {
+		return "", unavailable(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	c := parseClaim(string(resp.Kvs[0].Value))
+	held, err := n.held(ctx, tenant, c)
+	if err != nil {
+		return "", unavailable(err)
+	}
+	if !held {
+		return "", nil
+	}
+	return c.session, nil
+}
+
+// workspaceClaimOps are the compare and read a new live record's create
+// transaction adds for its named workspace: the claim must still be the
+// session's (no other node took it over since).
+func workspaceClaimOps(r gateway.Record) ([]clientv3.Cmp, []clientv3.Op) {
+	if r.WorkspaceRef.Name == "" || !isLive(r.Status) {
+		return nil, nil
+	}
+	k := keyWorkspace(r.Tenant, r.WorkspaceRef.Name)
+	return bySession(k, r.ID), []clientv3.Op{clientv3.OpGet(k)}
+}
+
+// workspaceConflict looks at the last of a failed create transaction's
+// reads (resps), the workspace claim's when workspaceClaimOps added one,
+// and returns the others, for claimConflict.
+func workspaceConflict(r gateway.Record, resps []*clientv3.GetResponse) ([]*clientv3.GetResponse, error) {
+	if _, get := workspaceClaimOps(r); get == nil || len(resps) == 0 {
+		return resps, nil
+	}
+	last := resps[len(resps)-1]
+	if len(last.Kvs) == 0 || parseClaim(string(last.Kvs[0].Value)).session != r.ID {
+		return nil, errWorkspaceBusy(r.WorkspaceRef.Name)
+	}
+	return resps[:len(resps)-1], nil
+}

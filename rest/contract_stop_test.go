@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,7 +54,10 @@ func TestContractStop(t *testing.T) {
 	}
 
 	t.Run("stop-then-resume", func(t *testing.T) {
-		if out := command(t, g, s.SessionID, "echo kept > f; sleep 1000 >/dev/null 2>&1 &"); out.ExitCode == nil || *out.ExitCode != 0 {
+		// A sleep no other test (or process on the host: the workdir
+		// driver shares the host's pid namespace) runs, by its length.
+		sleep := fmt.Sprintf("sleep %d", 100000+os.Getpid()%100000)
+		if out := command(t, g, s.SessionID, "echo kept > f; "+sleep+" >/dev/null 2>&1 &"); out.ExitCode == nil || *out.ExitCode != 0 {
 			t.Fatalf("setup: %+v", out)
 		}
 		r := g.do(t, http.MethodPost, stopPath, aliceKey, nil)
@@ -78,7 +82,7 @@ func TestContractStop(t *testing.T) {
 			t.Errorf("second stop: status %q", got.Status)
 		}
 		// The next command starts it again; the sleep did not survive.
-		out := command(t, g, s.SessionID, "cat f; pgrep -f '^sleep 1000$' | wc -l")
+		out := command(t, g, s.SessionID, "cat f; pgrep -f '^"+sleep+"$' | wc -l")
 		if out.Stdout == nil || *out.Stdout != "kept\n0\n" {
 			t.Errorf("after resume: %+v", out)
 		}

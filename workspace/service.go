@@ -34,7 +34,11 @@ type Config struct {
 	// SyncInterval is how often a running session's named workspace is
 	// synced (default 1m).
 	SyncInterval time.Duration
-	Log          *slog.Logger
+	// MaxBytes bounds what one capture may read and one restore may
+	// write, below the size of the workspace's filesystem (0: that size
+	// alone).
+	MaxBytes int64
+	Log      *slog.Logger
 }
 
 // Service is the workspace engine. It implements gateway.Workspaces.
@@ -48,6 +52,12 @@ type Service struct {
 	// uploaded), and to write by the collection of unnamed objects.
 	gcMu sync.RWMutex
 
+	// pinMu orders pinning (pinObject) with collect's deletions; pins
+	// counts, by hash, the captures that rely on an object no doc names
+	// yet.
+	pinMu sync.Mutex
+	pins  map[string]int
+
 	mu       sync.Mutex
 	holders  map[string]string      // doc key of a named workspace -> session holding it
 	sessions map[string]*attachment // session id -> what it holds
@@ -56,6 +66,7 @@ type Service struct {
 	queue    map[string]job         // doc key -> what the pusher must do
 	have     map[string]bool        // objects known to be in the remote store
 	listed   bool                   // have was filled from a listing
+	uploaded map[string]time.Time   // artifact key -> when this gateway uploaded it
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
 }
@@ -106,7 +117,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
 		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
-		wake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}}
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")
@@ -115,6 +126,23 @@ func New(cfg Config) (*Service, error) {
 		}
 		for _, k := range keys {
 			s.queue[k] = job{}
+		}
+	}
+	// A delete whose remote half had not run is done again (without an
+	// object store, there is nothing left to delete but the tombstone).
+	tombs, err := local.List(context.Background(), "tombstones/")
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tombs {
+		key := strings.TrimPrefix(t, "tombstones/")
+		if err := local.Delete(context.Background(), key); err != nil {
+			return nil, err
+		}
+		if cfg.Remote != nil {
+			s.queue[key] = job{del: true}
+		} else if err := local.Delete(context.Background(), t); err != nil {
+			return nil, err
 		}
 	}
 	return s, nil
@@ -193,11 +221,21 @@ func checkName(name string) error {
 }
 
 // readDoc reads key from the local store, or from the remote one (and
-// keeps a local copy) when the local one has none.
+// keeps a local copy) when the local one has none. A deleted doc
+// (tombstoned until its remote copy is deleted too) is fs.ErrNotExist.
 func (s *Service) readDoc(ctx context.Context, key string) (*doc, error) {
+	if dead, err := s.tombstoned(key); err != nil || dead {
+		if err == nil {
+			err = fs.ErrNotExist
+		}
+		return nil, err
+	}
 	b, err := readAll(ctx, s.local, key)
 	if errors.Is(err, fs.ErrNotExist) && s.cfg.Remote != nil {
 		if b, err = readAll(ctx, s.cfg.Remote, key); err == nil {
+			if _, err = parseDoc(key, b); err != nil {
+				return nil, err
+			}
 			if perr := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); perr != nil {
 				return nil, perr
 			}
@@ -206,25 +244,37 @@ func (s *Service) readDoc(ctx context.Context, key string) (*doc, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseDoc(key, b)
+}
+
+func parseDoc(key string, b []byte) (*doc, error) {
 	var d doc
 	if err := json.Unmarshal(b, &d); err != nil {
-		return nil, fmt.Errorf("manifest %s: %w", key, err)
+		return nil, corruptf("manifest %s: %v", key, err)
+	}
+	if len(d.Pages) > maxPages {
+		return nil, corruptf("manifest %s has %d pages, more than %d", key, len(d.Pages), maxPages)
 	}
 	return &d, nil
 }
 
+// readAll reads a doc; one larger than maxDocBytes is corrupt.
 func readAll(ctx context.Context, b Backend, key string) ([]byte, error) {
 	r, err := b.Get(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	return io.ReadAll(r)
+	buf, err := io.ReadAll(io.LimitReader(r, maxDocBytes+1))
+	if err == nil && len(buf) > maxDocBytes {
+		err = corruptf("manifest %s is larger than %d bytes", key, maxDocBytes)
+	}
+	return buf, err
 }
 
 // setEntries stores entries as d's pages and summary.
-func (s *Service) setEntries(d *doc, entries []Entry) error {
-	pages, err := s.storePages(entries)
+func (s *Service) setEntries(d *doc, entries []Entry, pins *pinSet) error {
+	pages, err := s.storePages(entries, pins)
 	if err != nil {
 		return err
 	}
@@ -238,14 +288,30 @@ func (s *Service) setEntries(d *doc, entries []Entry) error {
 	return nil
 }
 
-// writeDoc stores d at key locally and queues its push.
-func (s *Service) writeDoc(ctx context.Context, key string, d *doc) error {
+// writeDoc stores d at key locally, after the objects it names are on
+// disk, and queues its push. A create (fresh) ends a tombstone that an
+// earlier delete of the same name left; any other write of a deleted
+// doc is refused, so that a sync racing a delete brings nothing back.
+func (s *Service) writeDoc(ctx context.Context, key string, d *doc, fresh bool) error {
 	b, err := json.Marshal(d)
 	if err != nil {
 		return err
 	}
+	if dead, err := s.tombstoned(key); err != nil {
+		return err
+	} else if dead && !fresh {
+		return fmt.Errorf("%s: deleted", key)
+	}
+	if err := s.syncStore(); err != nil {
+		return fmt.Errorf("sync the local store: %w", err)
+	}
 	if err := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
 		return err
+	}
+	if fresh {
+		if err := s.local.Delete(ctx, tombstoneKey(key)); err != nil {
+			return err
+		}
 	}
 	s.enqueue(key, job{pending: d.SizeBytes})
 	return nil
@@ -275,7 +341,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	}
 	now := time.Now().UTC()
 	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
-	if err := s.writeDoc(ctx, key, d); err != nil {
+	if err := s.writeDoc(ctx, key, d, true); err != nil {
 		return Info{}, errStore("could not store the workspace", err)
 	}
 	return s.info(key, d), nil
@@ -314,7 +380,10 @@ func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, er
 		}
 		d, err := s.readDoc(ctx, k)
 		if err != nil {
-			continue // deleted meanwhile
+			if !errors.Is(err, fs.ErrNotExist) {
+				s.cfg.Log.Warn("workspace_doc_unreadable", "key", k, "err", err)
+			}
+			continue // deleted (tombstoned) meanwhile, or unreadable
 		}
 		out = append(out, s.info(k, d))
 	}
@@ -344,7 +413,16 @@ func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) erro
 	return s.remove(ctx, key)
 }
 
+// remove deletes doc key. With an object store, a durable tombstone
+// stands for the delete until the pusher deleted the remote copy, across
+// restarts (New queues it again).
 func (s *Service) remove(ctx context.Context, key string) error {
+	if s.cfg.Remote != nil {
+		tomb := []byte(time.Now().UTC().Format(time.RFC3339Nano))
+		if err := s.local.Put(ctx, tombstoneKey(key), bytes.NewReader(tomb), int64(len(tomb))); err != nil {
+			return errStore("could not delete the workspace", err)
+		}
+	}
 	if err := s.local.Delete(ctx, key); err != nil {
 		return errStore("could not delete the workspace", err)
 	}
@@ -463,7 +541,10 @@ func (s *Service) Detach(ctx context.Context, session string) {
 	if a != nil && a.name != "" {
 		key := workspaceKey(a.tenant, a.name)
 		if drop {
-			if err := s.remove(ctx, key); err != nil {
+			a.mu.Lock() // after a periodic capture in flight, not during
+			err := s.remove(ctx, key)
+			a.mu.Unlock()
+			if err != nil {
 				s.cfg.Log.Error("workspace_delete_failed", "session", session, "err", err)
 			}
 		} else if _, err := s.capture(ctx, a, key, false); err != nil {
@@ -499,20 +580,24 @@ func (s *Service) SessionSync(session string) *SyncState {
 // capture scans a's workspace into the local store and writes the
 // manifest at key. With freeze, the sandbox's processes are frozen for
 // the final scan, after a first scan without them frozen stored what it
-// could: only files changed since are read while frozen.
+// could: only files changed since are read while frozen. A capture reads
+// at most the workspace's limit (limitFor). The objects it stores are
+// pinned against collect until its doc names them; gcMu is held only
+// from storing the pages to writing the doc.
 func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze bool) (*SnapshotInfo, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s.gcMu.RLock()
-	defer s.gcMu.RUnlock()
+	pins := &pinSet{}
+	defer s.unpin(pins)
 	dir := homeOf(a.sb)
+	limit := s.limitFor(dir)
 	info := &SnapshotInfo{}
 	var frz sandbox.Freezer
 	if freeze {
 		frz = freezerOf(a.sb)
 	}
 	if frz != nil {
-		_, st, err := s.scan(ctx, dir, a.cache)
+		_, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 		if err != nil {
 			return nil, err
 		}
@@ -526,7 +611,7 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 			return nil, fmt.Errorf("freeze the session: %w", err)
 		}
 	}
-	m, st, err := s.scan(ctx, dir, a.cache)
+	m, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 	if thaw != nil {
 		if terr := thaw(); terr != nil {
 			err = errors.Join(err, fmt.Errorf("thaw the session: %w", terr))
@@ -539,8 +624,10 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	}
 	info.StoredBytes += st.HashedBytes
 	info.SizeBytes, info.Files, info.CreatedAt = m.Bytes(), st.Files, m.CreatedAt
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
 	d := &doc{CreatedAt: m.CreatedAt, LastUsedAt: m.CreatedAt}
-	if err := s.setEntries(d, m.Entries); err != nil {
+	if err := s.setEntries(d, m.Entries, pins); err != nil {
 		return nil, err
 	}
 	if old, err := s.readDoc(ctx, key); err == nil {
@@ -552,7 +639,7 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	if a.name != "" && strings.Contains(key, "/workspaces/") {
 		d.Name = a.name
 	}
-	if err := s.writeDoc(ctx, key, d); err != nil {
+	if err := s.writeDoc(ctx, key, d, false); err != nil {
 		return nil, err
 	}
 	if s.cfg.Remote == nil {
@@ -599,11 +686,12 @@ func find[T any](sb sandbox.Sandbox) (T, bool) {
 func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandbox.Sandbox, stopped bool) (SnapshotInfo, error) {
 	s.mu.Lock()
 	a := s.sessions[session]
-	if a == nil {
-		a = &attachment{tenant: tenant, sb: sb, cache: scanCache{}}
-		s.sessions[session] = a
-	}
 	s.mu.Unlock()
+	if a == nil {
+		// Not attached (or detached meanwhile, by a delete racing this
+		// snapshot): a capture of its own, which nothing needs removing.
+		a = &attachment{tenant: tenant, sb: sb, cache: scanCache{}}
+	}
 	id := "snap_" + randomHex(12)
 	key := snapshotKey(tenant, id)
 	info, err := s.capture(ctx, a, key, !stopped)
@@ -622,29 +710,24 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// adoptObject moves the temporary file tmp into the local store as the
-// object named hash (kept if the store already has it).
-func (s *Service) adoptObject(hash, tmp string) error {
-	p := filepath.Join(s.local.dir, filepath.FromSlash(objectKey(hash)))
-	if _, err := os.Stat(p); err == nil {
-		return nil
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
-}
-
-// openObject opens object hash from the local store, fetching it from
-// the remote one first when it is missing.
-func (s *Service) openObject(ctx context.Context, hash string) (io.ReadCloser, error) {
+// openObject opens object hash of size bytes from the local store,
+// fetching it from the remote one first when it is missing. What it
+// reads is checked against hash and size, local or remote: at most
+// size+1 bytes of a remote object are read.
+func (s *Service) openObject(ctx context.Context, hash string, size int64) (io.ReadCloser, error) {
 	if !validHash(hash) {
-		return nil, fmt.Errorf("manifest: bad hash %q", hash)
+		return nil, corruptf("manifest: bad hash %q", hash)
+	}
+	if size < 0 {
+		return nil, corruptf("manifest: bad size %d", size)
 	}
 	key := objectKey(hash)
 	r, err := s.local.Get(ctx, key)
-	if err == nil || !errors.Is(err, fs.ErrNotExist) || s.cfg.Remote == nil {
-		return r, err
+	if err == nil {
+		return verifying(r, hash, size), nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) || s.cfg.Remote == nil {
+		return nil, err
 	}
 	rr, err := s.cfg.Remote.Get(ctx, key)
 	if err != nil {
@@ -656,22 +739,22 @@ func (s *Service) openObject(ctx context.Context, hash string) (io.ReadCloser, e
 		return nil, err
 	}
 	defer os.Remove(tmp.Name())
-	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(tmp, h), rr)
+	_, err = io.Copy(tmp, verifying(rr, hash, size))
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("object %s from the object store: %w", hash, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
-		return nil, fmt.Errorf("object %s from the object store has hash %s", hash, got)
-	}
-	if err := s.adoptObject(hash, tmp.Name()); err != nil {
+	if _, err := s.pinObject(hash, tmp.Name(), nil); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	s.have[key] = true
 	s.mu.Unlock()
-	return s.local.Get(ctx, key)
+	r, err = s.local.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return verifying(r, hash, size), nil
 }

@@ -2,7 +2,6 @@ package workspace
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -163,6 +162,9 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 		if err := r.Delete(ctx, key); err != nil {
 			return err
 		}
+		if err := s.local.Delete(ctx, tombstoneKey(key)); err != nil {
+			return err
+		}
 		return s.collect(ctx)
 	}
 	if err := s.listRemote(ctx); err != nil {
@@ -175,11 +177,11 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 	if err != nil {
 		return err
 	}
-	var d doc
-	if err := json.Unmarshal(b, &d); err != nil {
+	d, err := parseDoc(key, b)
+	if err != nil {
 		return err
 	}
-	entries, err := s.entries(ctx, &d)
+	entries, err := s.entries(ctx, d)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,17 @@ func errTooBig(what string, size, limit int64) error {
 // errTooLarge: a capture or restore went over the workspace's limit.
 var errTooLarge = errors.New("workspace too large")
 
+// tooLargeWhy is what a tenant is told of err when it is errTooLarge:
+// which of its own files is over the limit ("" otherwise).
+func tooLargeWhy(err error) string {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if strings.HasPrefix(e.Error(), errTooLarge.Error()+": ") {
+			return ": " + e.Error()
+		}
+	}
+	return ""
+}
+
 // pinSet is the objects one capture or upload stored or relies on and
 // that no doc names yet: collect does not delete them meanwhile.
 type pinSet struct{ hashes []string }

@@ -502,7 +502,7 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 			return errStore("could not read the workspace's manifest", err)
 		}
 		if err := s.restore(ctx, &Manifest{Entries: entries}, homeOf(sb)); err != nil {
-			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files", Err: err}
+			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files" + tooLargeWhy(err), Err: err}
 		}
 	}
 	s.mu.Lock()
@@ -696,7 +696,7 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	key := snapshotKey(tenant, id)
 	info, err := s.capture(ctx, a, key, !stopped)
 	if err != nil {
-		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace", Err: err}
+		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace" + tooLargeWhy(err), Err: err}
 	}
 	info.SnapshotID = id
 	s.cfg.Log.Info("workspace_snapshot", "session", session, "snapshot", id, "bytes", info.SizeBytes,

@@ -215,6 +215,14 @@ func TestSnapshotAfterDetachLeavesNothing(t *testing.T) {
 	if len(s.sessions) != 0 {
 		t.Errorf("sessions left: %v", s.sessions)
 	}
+	// A live session without a workspace is attached by its first
+	// snapshot: the next one reads only what changed.
+	if _, err := s.Snapshot(ctx, "t", "s2", sb, true); err != nil {
+		t.Fatal(err)
+	}
+	if s.sessions["s2"] == nil {
+		t.Error("a live session's snapshot did not attach it")
+	}
 }
 
 // corruptDoc writes b as doc key in store b.

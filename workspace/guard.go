@@ -90,6 +90,7 @@ func (s *Service) pinObject(hash, tmp string, pins *pinSet) (bool, error) {
 		if err := os.Rename(tmp, p); err != nil {
 			return false, err
 		}
+		s.unsynced.Store(true)
 	}
 	if pins != nil {
 		s.pins[hash]++
@@ -173,4 +174,18 @@ func (s *Service) tombstoned(key string) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// syncObjects makes the objects stored since the last call durable (one
+// syncfs, syncStore), so that a doc written next never names an object
+// a power cut left short. Nothing new stored: nothing to do.
+func (s *Service) syncObjects() error {
+	if !s.unsynced.Swap(false) {
+		return nil
+	}
+	if err := s.syncStore(); err != nil {
+		s.unsynced.Store(true)
+		return err
+	}
+	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -57,11 +58,14 @@ type Service struct {
 	// yet.
 	pinMu sync.Mutex
 	pins  map[string]int
+	// unsynced: an object was stored since the last syncObjects.
+	unsynced atomic.Bool
 
 	mu       sync.Mutex
 	holders  map[string]string      // doc key of a named workspace -> session holding it
 	sessions map[string]*attachment // session id -> what it holds
 	drop     map[string]bool        // sessions whose named workspace goes when they end
+	detached map[string]time.Time   // sessions that ended lately -> when
 	state    map[string]*SyncState  // doc key -> its sync to the remote store
 	queue    map[string]job         // doc key -> what the pusher must do
 	have     map[string]bool        // objects known to be in the remote store
@@ -115,7 +119,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
-		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{},
+		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, detached: map[string]time.Time{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
 		wake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}}
 	if cfg.Remote != nil {
@@ -302,7 +306,7 @@ func (s *Service) writeDoc(ctx context.Context, key string, d *doc, fresh bool) 
 	} else if dead && !fresh {
 		return fmt.Errorf("%s: deleted", key)
 	}
-	if err := s.syncStore(); err != nil {
+	if err := s.syncObjects(); err != nil {
 		return fmt.Errorf("sync the local store: %w", err)
 	}
 	if err := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
@@ -479,6 +483,10 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 	return nil
 }
 
+// detachedMemory is how long an ended session is remembered, so that a
+// snapshot that raced its end does not attach it again.
+const detachedMemory = 10 * time.Minute
+
 var snapIDRE = regexp.MustCompile(`^snap_[0-9a-f]{24}$`)
 
 // Attach fills session's new workspace from ref (when fill) and starts
@@ -529,6 +537,13 @@ func (s *Service) Detach(ctx context.Context, session string) {
 	s.mu.Lock()
 	a := s.sessions[session]
 	delete(s.sessions, session)
+	now := time.Now()
+	for id, t := range s.detached {
+		if now.Sub(t) > detachedMemory {
+			delete(s.detached, id)
+		}
+	}
+	s.detached[session] = now
 	drop := s.drop[session]
 	delete(s.drop, session)
 	var held []string
@@ -686,12 +701,17 @@ func find[T any](sb sandbox.Sandbox) (T, bool) {
 func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandbox.Sandbox, stopped bool) (SnapshotInfo, error) {
 	s.mu.Lock()
 	a := s.sessions[session]
-	s.mu.Unlock()
 	if a == nil {
-		// Not attached (or detached meanwhile, by a delete racing this
-		// snapshot): a capture of its own, which nothing needs removing.
+		// A session without a workspace of its own is attached by its
+		// first snapshot (its scan cache makes the next one incremental),
+		// unless it ended meanwhile (a delete racing this snapshot): then
+		// the capture is of its own, and nothing is left to remove.
 		a = &attachment{tenant: tenant, sb: sb, cache: scanCache{}}
+		if _, gone := s.detached[session]; !gone {
+			s.sessions[session] = a
+		}
 	}
+	s.mu.Unlock()
 	id := "snap_" + randomHex(12)
 	key := snapshotKey(tenant, id)
 	info, err := s.capture(ctx, a, key, !stopped)

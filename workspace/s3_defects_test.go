@@ -91,7 +91,7 @@ func snapshotOf(t *testing.T, s *Service, tenant string, files map[string]string
 	for p, c := range files {
 		write(t, filepath.Join(dir, p), c)
 	}
-	info, err := s.Snapshot(context.Background(), tenant, "snapper", &dirSandbox{dir: dir}, true)
+	info, err := s.Snapshot(context.Background(), tenant, tenant+"-snapper", &dirSandbox{dir: dir}, true)
 	if err != nil {
 		t.Fatal(err)
 	}

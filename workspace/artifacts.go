@@ -19,6 +19,19 @@ type presigner interface {
 	PresignGet(ctx context.Context, key string, ttl time.Duration, params url.Values) (string, error)
 }
 
+// artifactReuse is how long an uploaded artifact is linked again without
+// a new upload. A PUT restarts the object's age, so a link handed out
+// lives artifactReuse plus its ttl after the upload: far less than the
+// day that is an S3 lifecycle rule's shortest expiry.
+const artifactReuse = time.Hour
+
+func (s *Service) recentArtifact(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.uploaded[key]
+	return ok && time.Since(t) < artifactReuse
+}
+
 // ErrNoPresign: no object store that can presign is configured.
 var ErrNoPresign = errors.New("no object store that presigns links")
 
@@ -31,21 +44,23 @@ func (s *Service) PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel s
 	if !ok {
 		return "", ErrNoPresign
 	}
-	s.gcMu.RLock() // the object is named by no doc
-	defer s.gcMu.RUnlock()
-	root, err := os.OpenRoot(homeOf(sb))
+	pins := &pinSet{} // the object is named by no doc
+	defer s.unpin(pins)
+	home := homeOf(sb)
+	root, err := os.OpenRoot(home)
 	if err != nil {
 		return "", err
 	}
 	defer root.Close()
-	hash, _, err := s.storeFileFlags(ctx, root, rel, os.O_RDONLY|syscall.O_NONBLOCK)
+	hash, _, _, err := s.storeFileFlags(ctx, root, rel, os.O_RDONLY|syscall.O_NONBLOCK, s.limitFor(home), pins)
 	if err != nil {
 		return "", err
 	}
 	// Artifacts have keys of their own: no collection removes them (an
-	// object store's lifecycle rule may expire artifacts/).
+	// object store's lifecycle rule may expire artifacts/, so an upload
+	// is reused for artifactReuse only).
 	key := "artifacts/" + hash
-	if !s.hasRemote(key) {
+	if !s.recentArtifact(key) {
 		f, err := os.Open(s.local.dir + "/" + objectKey(hash))
 		if err != nil {
 			return "", err
@@ -59,7 +74,13 @@ func (s *Service) PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel s
 			return "", err
 		}
 		s.mu.Lock()
-		s.have[key] = true
+		now := time.Now()
+		for k, t := range s.uploaded {
+			if now.Sub(t) >= artifactReuse {
+				delete(s.uploaded, k)
+			}
+		}
+		s.uploaded[key] = now
 		s.mu.Unlock()
 	}
 	params := url.Values{}

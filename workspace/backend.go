@@ -77,6 +77,9 @@ func (b *localBackend) Put(ctx context.Context, key string, r io.Reader, size in
 	if err == nil {
 		err = os.Rename(f.Name(), p)
 	}
+	if err == nil {
+		err = syncDir(filepath.Dir(p)) // the rename too survives a power cut
+	}
 	if err != nil {
 		os.Remove(f.Name())
 		return fmt.Errorf("workspace store: put %s: %w", key, err)
@@ -123,4 +126,16 @@ func (b *localBackend) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

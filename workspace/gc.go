@@ -37,15 +37,27 @@ func (s *Service) collect(ctx context.Context) error {
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		if err != nil {
-			return err
+		if errors.Is(err, errCorrupt) {
+			// One tenant's bad doc does not stop the cleanup of all:
+			// it names nothing that can be restored.
+			s.cfg.Log.Warn("workspace_doc_corrupt", "key", k, "err", err)
+			continue
 		}
-		es, err := s.entries(ctx, d)
 		if err != nil {
 			return err
 		}
 		for _, p := range d.Pages {
-			refs[objectKey(p.Hash)] = true
+			if validHash(p.Hash) {
+				refs[objectKey(p.Hash)] = true
+			}
+		}
+		es, err := s.entries(ctx, d)
+		if errors.Is(err, errCorrupt) {
+			s.cfg.Log.Warn("workspace_doc_corrupt", "key", k, "err", err)
+			continue
+		}
+		if err != nil {
+			return err
 		}
 		for _, e := range es {
 			if validHash(e.Hash) {
@@ -63,8 +75,12 @@ func (s *Service) collect(ctx context.Context) error {
 			if refs[o] {
 				continue
 			}
-			if err := b.Delete(ctx, o); err != nil {
+			deleted, err := s.deleteUnpinned(ctx, b, o)
+			if err != nil {
 				return n, err
+			}
+			if !deleted {
+				continue
 			}
 			n++
 			if b == s.cfg.Remote {

@@ -87,8 +87,12 @@ type scanStats struct {
 
 // scan walks dir (confined by os.Root: no symlink leads out of it) and
 // stores every regular file it has not seen unchanged in cache into the
-// local store. Special files (fifos, devices, sockets) are skipped.
-func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manifest, scanStats, error) {
+// local store. Special files (fifos, devices, sockets) are skipped. It
+// reads at most limit bytes: a file larger than that (a sparse file whose
+// holes would be read as zeros), or files adding up to more, fail the
+// scan with an error naming the file. The objects it names are pinned
+// into pins.
+func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet) (*Manifest, scanStats, error) {
 	var st scanStats
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -97,6 +101,7 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manif
 	defer root.Close()
 	m := &Manifest{Version: 1, CreatedAt: time.Now().UTC()}
 	seen := map[string]bool{}
+	total := int64(0)
 	err = walk(ctx, root, "", func(dir *os.Root, p, name string, info fs.FileInfo) error {
 		e := Entry{Path: p, Mode: info.Mode() & (fs.ModeType | fs.ModePerm)}
 		switch {
@@ -110,11 +115,20 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manif
 			seen[p] = true
 			st.Files++
 			k := keyOf(info)
-			if c, ok := cache[p]; ok && c.key == k {
-				e.Size, e.Hash = k.size, c.hash
-				break
+			if err := overLimit(p, k.size, total, limit); err != nil {
+				return err
 			}
-			hash, k2, err := s.storeFile(ctx, dir, name)
+			if c, ok := cache[p]; ok && c.key == k {
+				// Unless collected since (a deleted snapshot named it).
+				if ok, err := s.pinObject(c.hash, "", pins); err != nil {
+					return fmt.Errorf("local store: %v", err)
+				} else if ok {
+					e.Size, e.Hash = k.size, c.hash
+					total += k.size
+					break
+				}
+			}
+			hash, n, k2, err := s.storeFile(ctx, dir, name, limit-total, pins)
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotRegular) {
 					return nil
@@ -122,8 +136,9 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache) (*Manif
 				return err
 			}
 			st.Hashed++
-			st.HashedBytes += k2.size
-			e.Size, e.Hash = k2.size, hash
+			st.HashedBytes += n
+			total += n
+			e.Size, e.Hash = n, hash
 			if time.Since(time.Unix(0, k2.ctime)) > racyWindow {
 				cache[p] = cached{k2, hash}
 			} else {
@@ -208,55 +223,86 @@ func keyOf(info fs.FileInfo) statKey {
 
 var errNotRegular = errors.New("not a regular file")
 
+// overLimit says why a file of size at p is refused when the files
+// before it hold total bytes of the workspace's limit.
+func overLimit(p string, size, total, limit int64) error {
+	switch {
+	case size > limit:
+		return errTooBig(fmt.Sprintf("file %q", p), size, limit)
+	case size > limit-total:
+		return errTooBig(fmt.Sprintf("the files up to %q", p), total+size, limit)
+	}
+	return nil
+}
+
 // storeFile hashes p while copying it into a temporary file of the local
-// store, then names the object by its hash. It returns the stat the file
-// had when opened; a file that changed while being read is read again.
-func (s *Service) storeFile(ctx context.Context, root *os.Root, p string) (string, statKey, error) {
-	return s.storeFileFlags(ctx, root, p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK)
+// store, then names the object by its hash and pins it. It returns the
+// bytes it read (at most max: a file that grew past it is errTooLarge)
+// and the stat the file had when opened.
+func (s *Service) storeFile(ctx context.Context, root *os.Root, p string, max int64, pins *pinSet) (string, int64, statKey, error) {
+	return s.storeFileFlags(ctx, root, p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, max, pins)
 }
 
 // storeFileFlags is storeFile with open flags (a FIFO must never block:
 // O_NONBLOCK always).
-func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, flags int) (string, statKey, error) {
+func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, flags int, max int64, pins *pinSet) (string, int64, statKey, error) {
 	f, err := root.OpenFile(p, flags|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return "", statKey{}, err
+		return "", 0, statKey{}, err
 	}
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		return "", statKey{}, err
+		return "", 0, statKey{}, err
 	}
 	if !info.Mode().IsRegular() {
-		return "", statKey{}, errNotRegular
+		return "", 0, statKey{}, errNotRegular
 	}
 	k := keyOf(info)
+	if k.size > max {
+		return "", 0, k, errTooBig(fmt.Sprintf("file %q", p), k.size, max)
+	}
 	// Failures of the store are not the file's: %v, so that a missing
 	// store directory is not taken for a file removed meanwhile.
 	tmp, err := os.CreateTemp(s.tmpDir, "obj-*")
 	if err != nil {
-		return "", k, fmt.Errorf("local store: %v", err)
+		return "", 0, k, fmt.Errorf("local store: %v", err)
 	}
 	defer os.Remove(tmp.Name())
 	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(h, tmp), f)
+	n, err := io.Copy(io.MultiWriter(h, tmp), io.LimitReader(f, max+1))
 	if cerr := tmp.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("local store: %v", cerr)
 	}
 	if err != nil {
-		return "", k, fmt.Errorf("read %s: %w", p, err)
+		return "", 0, k, fmt.Errorf("read %s: %w", p, err)
+	}
+	if n > max {
+		return "", 0, k, errTooBig(fmt.Sprintf("file %q (grown while read)", p), n, max)
 	}
 	hash := hex.EncodeToString(h.Sum(nil))
-	if err := s.adoptObject(hash, tmp.Name()); err != nil {
-		return "", k, fmt.Errorf("local store: %v", err)
+	if _, err := s.pinObject(hash, tmp.Name(), pins); err != nil {
+		return "", 0, k, fmt.Errorf("local store: %v", err)
 	}
-	return hash, k, nil
+	return hash, n, k, nil
 }
 
 // restore writes manifest m's entries into the empty directory dir, owned
 // by dir's owner, reading objects from the local store (fetched from the
-// remote one first where missing).
+// remote one first where missing). It writes at most the workspace's
+// limit (limitFor dir), and every object is checked against its hash and
+// size as it is copied.
 func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
+	limit, total := s.limitFor(dir), int64(0)
+	for _, e := range m.Entries {
+		if !e.Mode.IsRegular() {
+			continue
+		}
+		if e.Size < 0 || e.Size > limit-total {
+			return errTooBig(fmt.Sprintf("the manifest's files (at %q)", e.Path), total+e.Size, limit)
+		}
+		total += e.Size
+	}
 	var owner syscall.Stat_t
 	if err := syscall.Stat(dir, &owner); err != nil {
 		return err
@@ -305,7 +351,7 @@ func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
 }
 
 func (s *Service) restoreFile(ctx context.Context, root *os.Root, e Entry) error {
-	src, err := s.openObject(ctx, e.Hash)
+	src, err := s.openObject(ctx, e.Hash, e.Size)
 	if err != nil {
 		return err
 	}
@@ -319,6 +365,11 @@ func (s *Service) restoreFile(ctx context.Context, root *os.Root, e Entry) error
 		err = cerr
 	}
 	if err != nil {
+		if errors.Is(err, errCorrupt) && s.cfg.Remote != nil {
+			// A local copy cut short (a power loss) or damaged: the next
+			// restore fetches the object store's copy.
+			_ = s.local.Delete(ctx, objectKey(e.Hash))
+		}
 		return fmt.Errorf("restore %s: %w", e.Path, err)
 	}
 	return nil

@@ -35,8 +35,8 @@ func cut(p string) bool {
 	return h[0] < 256/pageSpread
 }
 
-// storePages stores entries as pages in the local store.
-func (s *Service) storePages(entries []Entry) ([]page, error) {
+// storePages stores entries as pages in the local store, pinned.
+func (s *Service) storePages(entries []Entry, pins *pinSet) ([]page, error) {
 	pages := []page{}
 	for start := 0; start < len(entries); {
 		end := start
@@ -50,7 +50,7 @@ func (s *Service) storePages(entries []Entry) ([]page, error) {
 		if err != nil {
 			return nil, err
 		}
-		hash, err := s.putLocalObject(b)
+		hash, err := s.putLocalObject(b, pins)
 		if err != nil {
 			return nil, err
 		}
@@ -60,8 +60,8 @@ func (s *Service) storePages(entries []Entry) ([]page, error) {
 	return pages, nil
 }
 
-// putLocalObject stores b in the local store under its hash.
-func (s *Service) putLocalObject(b []byte) (string, error) {
+// putLocalObject stores b in the local store under its hash, pinned.
+func (s *Service) putLocalObject(b []byte, pins *pinSet) (string, error) {
 	sum := sha256.Sum256(b)
 	hash := hex.EncodeToString(sum[:])
 	tmp, err := os.CreateTemp(s.tmpDir, "obj-*")
@@ -76,32 +76,45 @@ func (s *Service) putLocalObject(b []byte) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return hash, s.adoptObject(hash, tmp.Name())
+	_, err = s.pinObject(hash, tmp.Name(), pins)
+	return hash, err
 }
 
 // entries reads d's pages (from the object store where the local store
-// lacks them; each checked against its hash).
+// lacks them; each checked against its hash and size). A doc over the
+// bounds (guard.go) is corrupt.
 func (s *Service) entries(ctx context.Context, d *doc) ([]Entry, error) {
+	if len(d.Pages) > maxPages {
+		return nil, corruptf("manifest has %d pages, more than %d", len(d.Pages), maxPages)
+	}
 	var all []Entry
+	total := int64(0)
 	for _, p := range d.Pages {
-		r, err := s.openObject(ctx, p.Hash)
+		if p.Size < 0 || p.Size > maxPageBytes || p.Size > maxManifestBytes-total {
+			return nil, corruptf("manifest page %s: %d bytes, over the bounds", p.Hash, p.Size)
+		}
+		total += p.Size
+		r, err := s.openObject(ctx, p.Hash, p.Size)
 		if err != nil {
 			return nil, fmt.Errorf("manifest page %s: %w", p.Hash, err)
 		}
-		b, err := io.ReadAll(io.LimitReader(r, 64<<20))
+		b, err := io.ReadAll(r)
 		r.Close()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("manifest page %s: %w", p.Hash, err)
 		}
 		var es []Entry
 		dec := json.NewDecoder(bytes.NewReader(b))
 		if err := dec.Decode(&es); err != nil {
-			return nil, fmt.Errorf("manifest page %s: %w", p.Hash, err)
+			return nil, corruptf("manifest page %s: %v", p.Hash, err)
+		}
+		if len(es) > maxEntries-len(all) {
+			return nil, corruptf("manifest has more than %d entries", maxEntries)
 		}
 		all = append(all, es...)
 	}
 	if !slices.IsSortedFunc(all, func(a, b Entry) int { return cmpString(a.Path, b.Path) }) {
-		return nil, fmt.Errorf("manifest pages out of order")
+		return nil, corruptf("manifest pages out of order")
 	}
 	return all, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -24,6 +25,8 @@ type S3Config struct {
 	Endpoint string
 	// Region is the bucket's region ("us-east-1" when empty).
 	Region string
+	// Transport carries the requests (nil: minio-go's default).
+	Transport http.RoundTripper
 }
 
 // s3Backend keeps objects in a bucket under a prefix, through minio-go.
@@ -73,6 +76,7 @@ func NewS3Backend(cfg S3Config, env func(string) string) (Backend, error) {
 		Creds: creds, Secure: eu.Scheme == "https", Region: region,
 		BucketLookup: minio.BucketLookupPath,
 		MaxRetries:   1, // the sync retries with its own backoff
+		Transport:    cfg.Transport,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("object store: %w", err)

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -33,7 +34,11 @@ type Config struct {
 	// SyncInterval is how often a running session's named workspace is
 	// synced (default 1m).
 	SyncInterval time.Duration
-	Log          *slog.Logger
+	// MaxBytes bounds what one capture may read and one restore may
+	// write, below the size of the workspace's filesystem (0: that size
+	// alone).
+	MaxBytes int64
+	Log      *slog.Logger
 }
 
 // Service is the workspace engine. It implements gateway.Workspaces.
@@ -47,10 +52,19 @@ type Service struct {
 	// uploaded), and to write by the collection of unnamed objects.
 	gcMu sync.RWMutex
 
+	// pinMu orders pinning (pinObject) with collect's deletions; pins
+	// counts, by hash, the captures that rely on an object no doc names
+	// yet.
+	pinMu sync.Mutex
+	pins  map[string]int
+	// unsynced: an object was stored since the last syncObjects.
+	unsynced atomic.Bool
+
 	mu       sync.Mutex
 	holders  map[string]string      // doc key of a named workspace -> session holding it
 	sessions map[string]*attachment // session id -> what it holds
 	drop     map[string]bool        // sessions whose named workspace goes when they end
+	detached map[string]time.Time   // sessions that ended lately -> when
 	state    map[string]*SyncState  // doc key -> its sync to the remote store
 	queue    map[string]job         // doc key -> what the pusher must do
 	have     map[string]bool        // objects known to be in the remote store
@@ -58,6 +72,7 @@ type Service struct {
 	locks    Locks                  // cluster-wide reservations (locks.go), or nil
 	releases map[string]release     // doc key -> reservation let go once it is pushed
 	claims   map[string]release     // session -> its reservation through locks
+	uploaded map[string]time.Time   // artifact key -> when this gateway uploaded it
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
 }
@@ -111,9 +126,10 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
-		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{},
+		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, detached: map[string]time.Time{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
-		releases: map[string]release{}, claims: map[string]release{}, wake: make(chan struct{}, 1)}
+		releases: map[string]release{}, claims: map[string]release{},
+		wake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}}
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")
@@ -122,6 +138,23 @@ func New(cfg Config) (*Service, error) {
 		}
 		for _, k := range keys {
 			s.queue[k] = job{restart: true}
+		}
+	}
+	// A delete whose remote half had not run is done again (without an
+	// object store, there is nothing left to delete but the tombstone).
+	tombs, err := local.List(context.Background(), "tombstones/")
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tombs {
+		key := strings.TrimPrefix(t, "tombstones/")
+		if err := local.Delete(context.Background(), key); err != nil {
+			return nil, err
+		}
+		if cfg.Remote != nil {
+			s.queue[key] = job{del: true}
+		} else if err := local.Delete(context.Background(), t); err != nil {
+			return nil, err
 		}
 	}
 	return s, nil
@@ -204,10 +237,20 @@ func checkName(name string) error {
 // readDoc reads key from the object store, when there is one and this
 // gateway has no newer copy waiting for the pusher (readRemoteDoc), and
 // keeps a local copy; otherwise from the local store, or from the remote
-// one when the local one has none.
+// one when the local one has none. A deleted doc (tombstoned until its
+// remote copy is deleted too) is fs.ErrNotExist.
 func (s *Service) readDoc(ctx context.Context, key string) (*doc, error) {
+	if dead, err := s.tombstoned(key); err != nil || dead {
+		if err == nil {
+			err = fs.ErrNotExist
+		}
+		return nil, err
+	}
 	b, fresh, err := s.readRemoteDoc(ctx, key)
 	if fresh && err == nil {
+		if _, err := parseDoc(key, b); err != nil {
+			return nil, err
+		}
 		if perr := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); perr != nil {
 			return nil, perr
 		}
@@ -217,6 +260,9 @@ func (s *Service) readDoc(ctx context.Context, key string) (*doc, error) {
 	}
 	if !fresh && errors.Is(err, fs.ErrNotExist) && s.cfg.Remote != nil {
 		if b, err = readAll(ctx, s.cfg.Remote, key); err == nil {
+			if _, err = parseDoc(key, b); err != nil {
+				return nil, err
+			}
 			if perr := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); perr != nil {
 				return nil, perr
 			}
@@ -225,25 +271,37 @@ func (s *Service) readDoc(ctx context.Context, key string) (*doc, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseDoc(key, b)
+}
+
+func parseDoc(key string, b []byte) (*doc, error) {
 	var d doc
 	if err := json.Unmarshal(b, &d); err != nil {
-		return nil, fmt.Errorf("manifest %s: %w", key, err)
+		return nil, corruptf("manifest %s: %v", key, err)
+	}
+	if len(d.Pages) > maxPages {
+		return nil, corruptf("manifest %s has %d pages, more than %d", key, len(d.Pages), maxPages)
 	}
 	return &d, nil
 }
 
+// readAll reads a doc; one larger than maxDocBytes is corrupt.
 func readAll(ctx context.Context, b Backend, key string) ([]byte, error) {
 	r, err := b.Get(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	return io.ReadAll(r)
+	buf, err := io.ReadAll(io.LimitReader(r, maxDocBytes+1))
+	if err == nil && len(buf) > maxDocBytes {
+		err = corruptf("manifest %s is larger than %d bytes", key, maxDocBytes)
+	}
+	return buf, err
 }
 
 // setEntries stores entries as d's pages and summary.
-func (s *Service) setEntries(d *doc, entries []Entry) error {
-	pages, err := s.storePages(entries)
+func (s *Service) setEntries(d *doc, entries []Entry, pins *pinSet) error {
+	pages, err := s.storePages(entries, pins)
 	if err != nil {
 		return err
 	}
@@ -257,14 +315,30 @@ func (s *Service) setEntries(d *doc, entries []Entry) error {
 	return nil
 }
 
-// writeDoc stores d at key locally and queues its push.
-func (s *Service) writeDoc(ctx context.Context, key string, d *doc) error {
+// writeDoc stores d at key locally, after the objects it names are on
+// disk, and queues its push. A create (fresh) ends a tombstone that an
+// earlier delete of the same name left; any other write of a deleted
+// doc is refused, so that a sync racing a delete brings nothing back.
+func (s *Service) writeDoc(ctx context.Context, key string, d *doc, fresh bool) error {
 	b, err := json.Marshal(d)
 	if err != nil {
 		return err
 	}
+	if dead, err := s.tombstoned(key); err != nil {
+		return err
+	} else if dead && !fresh {
+		return fmt.Errorf("%s: deleted", key)
+	}
+	if err := s.syncObjects(); err != nil {
+		return fmt.Errorf("sync the local store: %w", err)
+	}
 	if err := s.local.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
 		return err
+	}
+	if fresh {
+		if err := s.local.Delete(ctx, tombstoneKey(key)); err != nil {
+			return err
+		}
 	}
 	s.enqueue(key, job{pending: d.SizeBytes})
 	return nil
@@ -294,7 +368,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	}
 	now := time.Now().UTC()
 	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
-	if err := s.writeDoc(ctx, key, d); err != nil {
+	if err := s.writeDoc(ctx, key, d, true); err != nil {
 		return Info{}, errStore("could not store the workspace", err)
 	}
 	if s.cfg.Remote != nil {
@@ -330,7 +404,10 @@ func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, er
 	for _, k := range keys {
 		d, err := s.readDoc(ctx, k)
 		if err != nil {
-			continue // deleted meanwhile
+			if !errors.Is(err, fs.ErrNotExist) {
+				s.cfg.Log.Warn("workspace_doc_unreadable", "key", k, "err", err)
+			}
+			continue // deleted (tombstoned) meanwhile, or unreadable
 		}
 		in := s.info(k, d)
 		if in.InUseBy == "" {
@@ -373,7 +450,16 @@ func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) erro
 	return s.remove(ctx, key)
 }
 
+// remove deletes doc key. With an object store, a durable tombstone
+// stands for the delete until the pusher deleted the remote copy, across
+// restarts (New queues it again).
 func (s *Service) remove(ctx context.Context, key string) error {
+	if s.cfg.Remote != nil {
+		tomb := []byte(time.Now().UTC().Format(time.RFC3339Nano))
+		if err := s.local.Put(ctx, tombstoneKey(key), bytes.NewReader(tomb), int64(len(tomb))); err != nil {
+			return errStore("could not delete the workspace", err)
+		}
+	}
 	if err := s.local.Delete(ctx, key); err != nil {
 		return errStore("could not delete it from the local store", err)
 	}
@@ -437,6 +523,10 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 	return nil
 }
 
+// detachedMemory is how long an ended session is remembered, so that a
+// snapshot that raced its end does not attach it again.
+const detachedMemory = 10 * time.Minute
+
 var snapIDRE = regexp.MustCompile(`^snap_[0-9a-f]{24}$`)
 
 // Attach fills session's new workspace from ref (when fill) and starts
@@ -460,7 +550,7 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 			return errStore("could not read the workspace's manifest", err)
 		}
 		if err := s.restore(ctx, &Manifest{Entries: entries}, homeOf(sb)); err != nil {
-			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files", Err: err}
+			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files" + tooLargeWhy(err), Err: err}
 		}
 	}
 	s.mu.Lock()
@@ -487,6 +577,13 @@ func (s *Service) Detach(ctx context.Context, session string) {
 	s.mu.Lock()
 	a := s.sessions[session]
 	delete(s.sessions, session)
+	now := time.Now()
+	for id, t := range s.detached {
+		if now.Sub(t) > detachedMemory {
+			delete(s.detached, id)
+		}
+	}
+	s.detached[session] = now
 	drop := s.drop[session]
 	delete(s.drop, session)
 	var held []string
@@ -501,7 +598,10 @@ func (s *Service) Detach(ctx context.Context, session string) {
 	} else if a != nil && a.name != "" {
 		key := workspaceKey(a.tenant, a.name)
 		if drop {
-			if err := s.remove(ctx, key); err != nil {
+			a.mu.Lock() // after a periodic capture in flight, not during
+			err := s.remove(ctx, key)
+			a.mu.Unlock()
+			if err != nil {
 				s.cfg.Log.Error("workspace_delete_failed", "session", session, "err", err)
 			}
 		} else if _, err := s.capture(ctx, a, key, false); err != nil {
@@ -542,20 +642,24 @@ func (s *Service) SessionSync(session string) *SyncState {
 // capture scans a's workspace into the local store and writes the
 // manifest at key. With freeze, the sandbox's processes are frozen for
 // the final scan, after a first scan without them frozen stored what it
-// could: only files changed since are read while frozen.
+// could: only files changed since are read while frozen. A capture reads
+// at most the workspace's limit (limitFor). The objects it stores are
+// pinned against collect until its doc names them; gcMu is held only
+// from storing the pages to writing the doc.
 func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze bool) (*SnapshotInfo, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s.gcMu.RLock()
-	defer s.gcMu.RUnlock()
+	pins := &pinSet{}
+	defer s.unpin(pins)
 	dir := homeOf(a.sb)
+	limit := s.limitFor(dir)
 	info := &SnapshotInfo{}
 	var frz sandbox.Freezer
 	if freeze {
 		frz = freezerOf(a.sb)
 	}
 	if frz != nil {
-		_, st, err := s.scan(ctx, dir, a.cache)
+		_, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 		if err != nil {
 			return nil, err
 		}
@@ -569,7 +673,7 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 			return nil, fmt.Errorf("freeze the session: %w", err)
 		}
 	}
-	m, st, err := s.scan(ctx, dir, a.cache)
+	m, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 	if thaw != nil {
 		if terr := thaw(); terr != nil {
 			err = errors.Join(err, fmt.Errorf("thaw the session: %w", terr))
@@ -582,8 +686,10 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	}
 	info.StoredBytes += st.HashedBytes
 	info.SizeBytes, info.Files, info.CreatedAt = m.Bytes(), st.Files, m.CreatedAt
+	s.gcMu.RLock()
+	defer s.gcMu.RUnlock()
 	d := &doc{CreatedAt: m.CreatedAt, LastUsedAt: m.CreatedAt}
-	if err := s.setEntries(d, m.Entries); err != nil {
+	if err := s.setEntries(d, m.Entries, pins); err != nil {
 		return nil, err
 	}
 	if old, err := s.readDoc(ctx, key); err == nil {
@@ -598,7 +704,7 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	if strings.Contains(key, "/snapshots/") {
 		d.Session = a.session
 	}
-	if err := s.writeDoc(ctx, key, d); err != nil {
+	if err := s.writeDoc(ctx, key, d, false); err != nil {
 		return nil, err
 	}
 	if s.cfg.Remote == nil {
@@ -646,15 +752,21 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	s.mu.Lock()
 	a := s.sessions[session]
 	if a == nil {
+		// A session without a workspace of its own is attached by its
+		// first snapshot (its scan cache makes the next one incremental),
+		// unless it ended meanwhile (a delete racing this snapshot): then
+		// the capture is of its own, and nothing is left to remove.
 		a = &attachment{tenant: tenant, sb: sb, session: session, cache: scanCache{}}
-		s.sessions[session] = a
+		if _, gone := s.detached[session]; !gone {
+			s.sessions[session] = a
+		}
 	}
 	s.mu.Unlock()
 	id := "snap_" + randomHex(12)
 	key := snapshotKey(tenant, id)
 	info, err := s.capture(ctx, a, key, !stopped)
 	if err != nil {
-		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace", Err: err}
+		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace" + tooLargeWhy(err), Err: err}
 	}
 	info.SnapshotID = id
 	s.cfg.Log.Info("workspace_snapshot", "session", session, "snapshot", id, "bytes", info.SizeBytes,
@@ -668,29 +780,24 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// adoptObject moves the temporary file tmp into the local store as the
-// object named hash (kept if the store already has it).
-func (s *Service) adoptObject(hash, tmp string) error {
-	p := filepath.Join(s.local.dir, filepath.FromSlash(objectKey(hash)))
-	if _, err := os.Stat(p); err == nil {
-		return nil
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
-}
-
-// openObject opens object hash from the local store, fetching it from
-// the remote one first when it is missing.
-func (s *Service) openObject(ctx context.Context, hash string) (io.ReadCloser, error) {
+// openObject opens object hash of size bytes from the local store,
+// fetching it from the remote one first when it is missing. What it
+// reads is checked against hash and size, local or remote: at most
+// size+1 bytes of a remote object are read.
+func (s *Service) openObject(ctx context.Context, hash string, size int64) (io.ReadCloser, error) {
 	if !validHash(hash) {
-		return nil, fmt.Errorf("manifest: bad hash %q", hash)
+		return nil, corruptf("manifest: bad hash %q", hash)
+	}
+	if size < 0 {
+		return nil, corruptf("manifest: bad size %d", size)
 	}
 	key := objectKey(hash)
 	r, err := s.local.Get(ctx, key)
-	if err == nil || !errors.Is(err, fs.ErrNotExist) || s.cfg.Remote == nil {
-		return r, err
+	if err == nil {
+		return verifying(r, hash, size), nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) || s.cfg.Remote == nil {
+		return nil, err
 	}
 	rr, err := s.cfg.Remote.Get(ctx, key)
 	if err != nil {
@@ -702,22 +809,22 @@ func (s *Service) openObject(ctx context.Context, hash string) (io.ReadCloser, e
 		return nil, err
 	}
 	defer os.Remove(tmp.Name())
-	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(tmp, h), rr)
+	_, err = io.Copy(tmp, verifying(rr, hash, size))
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("object %s from the object store: %w", hash, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != hash {
-		return nil, fmt.Errorf("object %s from the object store has hash %s", hash, got)
-	}
-	if err := s.adoptObject(hash, tmp.Name()); err != nil {
+	if _, err := s.pinObject(hash, tmp.Name(), nil); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	s.have[key] = true
 	s.mu.Unlock()
-	return s.local.Get(ctx, key)
+	r, err = s.local.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return verifying(r, hash, size), nil
 }

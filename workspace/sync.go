@@ -2,7 +2,6 @@ package workspace
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -164,6 +163,9 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 		if err := r.Delete(ctx, key); err != nil {
 			return err
 		}
+		if err := s.local.Delete(ctx, tombstoneKey(key)); err != nil {
+			return err
+		}
 		return s.collect(ctx)
 	}
 	if err := s.listRemote(ctx); err != nil {
@@ -176,16 +178,16 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 	if err != nil {
 		return err
 	}
-	var d doc
-	if err := json.Unmarshal(b, &d); err != nil {
+	d, err := parseDoc(key, b)
+	if err != nil {
 		return err
 	}
 	if j.restart {
-		if stale, err := s.stale(ctx, key, &d); err != nil || stale {
+		if stale, err := s.stale(ctx, key, d); err != nil || stale {
 			return err
 		}
 	}
-	entries, err := s.entries(ctx, &d)
+	entries, err := s.entries(ctx, d)
 	if err != nil {
 		return err
 	}
@@ -284,8 +286,8 @@ func (s *Service) stale(ctx context.Context, key string, d *doc) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var rd doc
-	if err := json.Unmarshal(b, &rd); err != nil || !rd.LastUsedAt.After(d.LastUsedAt) {
+	rd, err := parseDoc(key, b)
+	if err != nil || !rd.LastUsedAt.After(d.LastUsedAt) {
 		return false, nil
 	}
 	return true, s.local.Put(ctx, key, strings.NewReader(string(b)), int64(len(b)))

@@ -50,7 +50,7 @@ func TestScanRestoreHostile(t *testing.T) {
 	if err := syscall.Mkfifo(filepath.Join(src, "fifo"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	m, st, err := s.scan(ctx, src, scanCache{})
+	m, st, err := s.scan(ctx, src, scanCache{}, 1<<30, &pinSet{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,11 +118,11 @@ func TestScanIsIncremental(t *testing.T) {
 	}
 	time.Sleep(2 * racyWindow) // older than the racy window: cacheable
 	cache := scanCache{}
-	if _, st, err := s.scan(context.Background(), src, cache); err != nil || st.Hashed != 4 {
+	if _, st, err := s.scan(context.Background(), src, cache, 1<<30, &pinSet{}); err != nil || st.Hashed != 4 {
 		t.Fatalf("first scan: %+v %v", st, err)
 	}
 	write(t, filepath.Join(src, "b"), "changed")
-	m, st, err := s.scan(context.Background(), src, cache)
+	m, st, err := s.scan(context.Background(), src, cache, 1<<30, &pinSet{})
 	if err != nil || st.Hashed != 1 || st.HashedBytes != 7 {
 		t.Errorf("second scan: %+v %v; want only b read", st, err)
 	}
@@ -139,12 +139,12 @@ func TestScanOrder(t *testing.T) {
 	for _, p := range []string{"a/x", "a-b", "a.c/y", "b"} {
 		write(t, filepath.Join(src, p), p)
 	}
-	m, _, err := s.scan(context.Background(), src, scanCache{})
+	m, _, err := s.scan(context.Background(), src, scanCache{}, 1<<30, &pinSet{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &doc{}
-	if err := s.setEntries(d, m.Entries); err != nil {
+	if err := s.setEntries(d, m.Entries, &pinSet{}); err != nil {
 		t.Fatal(err)
 	}
 	es, err := s.entries(context.Background(), d)

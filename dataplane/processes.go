@@ -412,7 +412,9 @@ func sortInfos(infos []ProcessInfo) {
 	slices.SortFunc(infos, func(a, b ProcessInfo) int { return num(a.ProcessID) - num(b.ProcessID) })
 }
 
-// Get returns process id of the session, or false.
+// Get returns process id of the session, or false. id is a processId
+// (p1) or, as clients that know processes by pid expect, the pid the
+// sandbox gave it (a remembered process's, running or finished).
 func (ps *Processes) Get(sessionID, id string) (*Process, bool) {
 	sp := ps.lookup(sessionID)
 	if sp == nil {
@@ -420,8 +422,21 @@ func (ps *Processes) Get(sessionID, id string) (*Process, bool) {
 	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	p, ok := sp.procs[id]
-	return p, ok
+	if p, ok := sp.procs[id]; ok {
+		return p, true
+	}
+	pid, err := strconv.Atoi(id)
+	if err != nil || pid <= 0 || strconv.Itoa(pid) != id {
+		return nil, false
+	}
+	// A pid may have been reused: the newest process that had it.
+	var found *Process
+	for _, p := range sp.procs {
+		if p.info.PID == pid && (found == nil || p.info.StartedAt.After(found.info.StartedAt)) {
+			found = p
+		}
+	}
+	return found, found != nil
 }
 
 func (ps *Processes) lookup(sessionID string) *sessionProcs {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -106,6 +107,15 @@ func TestProcessesOnDrivers(t *testing.T) {
 			p, ok := ps.Get(s.ID, info.ProcessID)
 			if !ok {
 				t.Fatal("not found")
+			}
+			// The sandbox's pid names it too; other numbers and forms do not.
+			if byPID, ok := ps.Get(s.ID, strconv.Itoa(info.PID)); !ok || byPID != p {
+				t.Errorf("by pid %d: %v %v", info.PID, byPID, ok)
+			}
+			for _, id := range []string{"0", "-1", "+" + strconv.Itoa(info.PID), "0" + strconv.Itoa(info.PID), "p999"} {
+				if _, ok := ps.Get(s.ID, id); ok {
+					t.Errorf("Get(%q) found a process", id)
+				}
 			}
 			if out := drainProcess(t, p); out != "it's bar\n" {
 				t.Errorf("output %q", out)

@@ -296,8 +296,8 @@ func (a *api) listAudit(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_session", "session is at most 128 characters")
 		return
 	}
-	if v := q.Get("since"); v != "" {
-		t, err := time.Parse(time.RFC3339Nano, v)
+	if q.Has("since") { // present but empty is not a time either
+		t, err := time.Parse(time.RFC3339Nano, q.Get("since"))
 		if err != nil {
 			WriteError(w, http.StatusBadRequest, "invalid_since", "since must be an RFC 3339 time, e.g. 2026-01-02T15:04:05Z")
 			return

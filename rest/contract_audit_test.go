@@ -109,6 +109,7 @@ func TestContractAudit(t *testing.T) {
 	t.Run("errors", func(t *testing.T) {
 		for q, code := range map[string]string{
 			"since=yesterday":                     "invalid_since",
+			"since=":                              "invalid_since",
 			"limit=0":                             "invalid_limit",
 			"limit=1001":                          "invalid_limit",
 			"cursor=abc":                          "invalid_cursor",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -198,6 +199,22 @@ func TestDeleteSticks(t *testing.T) {
 	if err := s.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Keep the remote docs as they are now: the delete below removes them
+	// from the store at once when it answers; put back, they stand for a
+	// store that refused (or never saw) that delete.
+	saved := map[string][]byte{}
+	for _, name := range []string{"deleted", "dropped"} {
+		r, err := remote.Get(ctx, workspaceKey("t", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		saved[name] = b
+	}
 	// Deleted here; the pusher does not run (the store is unreachable,
 	// or the gateway stops first).
 	if err := s.DeleteWorkspace(ctx, "t", "deleted"); err != nil {
@@ -205,6 +222,11 @@ func TestDeleteSticks(t *testing.T) {
 	}
 	s.DropOnEnd("s1", true)
 	s.Detach(ctx, "s1")
+	for name, b := range saved {
+		if err := remote.Put(ctx, workspaceKey("t", name), bytes.NewReader(b), int64(len(b))); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, svc := range []*Service{s, newServiceCfg(t, Config{Dir: dir, Remote: remote})} {
 		list, err := svc.ListWorkspaces(ctx, "t")
 		if err != nil || len(list) != 0 {

@@ -32,34 +32,32 @@ const FreezeTimeout = 5 * time.Second
 // It waits at most FreezeTimeout (ErrFreezeTimeout) or until ctx ends;
 // either way it thaws before it returns an error.
 func Freeze(ctx context.Context, dirs []string) (thaw func() error, err error) {
-	return FreezeWithin(ctx, dirs, FreezeTimeout)
-}
-
-// FreezeWithin is Freeze waiting at most timeout for the freeze.
-func FreezeWithin(ctx context.Context, dirs []string, timeout time.Duration) (thaw func() error, err error) {
-	ctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrFreezeTimeout)
-	defer cancel()
 	for _, dir := range dirs {
 		if filepath.Base(dir) == "procs" {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(dir, "freezer.state")); err == nil {
-			return freeze(ctx, filepath.Join(dir, "freezer.state"), "FROZEN", "THAWED",
+			return freeze(ctx, filepath.Join(dir, "freezer.state"), "FROZEN", "THAWED", FreezeTimeout,
 				func() (bool, error) { return stateIs(filepath.Join(dir, "freezer.state"), "FROZEN") })
 		}
 	}
 	for _, dir := range dirs {
 		if _, err := os.Stat(filepath.Join(dir, "cgroup.freeze")); err == nil && isCgroup2(dir) {
-			return freeze(ctx, filepath.Join(dir, "cgroup.freeze"), "1", "0",
+			return freeze(ctx, filepath.Join(dir, "cgroup.freeze"), "1", "0", FreezeTimeout,
 				func() (bool, error) { return eventsFrozen(filepath.Join(dir, "cgroup.events")) })
 		}
 	}
 	return nil, ErrNoFreezer
 }
 
-func freeze(ctx context.Context, file, on, off string, frozen func() (bool, error)) (func() error, error) {
+// freeze writes on to file, then waits until frozen says the kernel is
+// done, for at most timeout; off undoes it.
+func freeze(ctx context.Context, file, on, off string, timeout time.Duration, frozen func() (bool, error)) (func() error, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrFreezeTimeout)
+	defer cancel()
 	thaw := func() error {
-		if err := os.WriteFile(file, []byte(off), 0); err != nil {
+		// A cgroup that is gone (the sandbox was stopped) froze nothing.
+		if err := os.WriteFile(file, []byte(off), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("thaw: %w", err)
 		}
 		return nil

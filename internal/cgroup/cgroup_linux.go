@@ -357,9 +357,11 @@ func (c *Set) OpenV2() (int, error) {
 }
 
 // Remove removes dirs (children first). Tasks that just died may
-// keep a cgroup busy for a moment.
+// keep a cgroup busy for a moment. The cgroups are thawed first: a
+// frozen task that was sent SIGKILL dies only once thawed.
 func Remove(dirs []string) error {
-	var errs []error
+	_, terr := Thaw(dirs)
+	errs := []error{terr}
 	for _, dir := range dirs {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
@@ -389,8 +391,10 @@ func Remove(dirs []string) error {
 
 // KillProcs sends SIGKILL to every process in dirs, which are the
 // cgroups of one sandbox: its init first (killing the init ends its pid
-// namespace), then anything else listed.
+// namespace), then anything else listed. It thaws them first (a frozen
+// task ignores SIGKILL until thawed).
 func KillProcs(dirs []string) {
+	_, _ = Thaw(dirs)
 	for i := len(dirs) - 1; i >= 0; i-- {
 		b, err := os.ReadFile(filepath.Join(dirs[i], "cgroup.procs"))
 		if err != nil {

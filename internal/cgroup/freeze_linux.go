@@ -16,32 +16,48 @@ import (
 // without the freezer hierarchy, or a sandbox made before it was used.
 var ErrNoFreezer = errors.New("the sandbox's cgroups have no freezer")
 
+// ErrFreezeTimeout is Freeze's answer when the kernel has not frozen every
+// process within FreezeTimeout (a task stuck in an uninterruptible wait,
+// say); the cgroups are thawed again before it returns.
+var ErrFreezeTimeout = errors.New("the sandbox's processes did not freeze in time")
+
+// FreezeTimeout bounds how long Freeze waits for the kernel to freeze
+// every process, whatever the caller's context allows.
+const FreezeTimeout = 5 * time.Second
+
 // Freeze freezes every process in the sandbox whose cgroups are dirs (as
 // Set.All lists them) and returns once they all are, with the thaw that
 // lets them run again. On v1 it freezes the init's cgroup in the freezer
 // hierarchy (its procs child with it); on v2 it writes cgroup.freeze.
+// It waits at most FreezeTimeout (ErrFreezeTimeout) or until ctx ends;
+// either way it thaws before it returns an error.
 func Freeze(ctx context.Context, dirs []string) (thaw func() error, err error) {
 	for _, dir := range dirs {
 		if filepath.Base(dir) == "procs" {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(dir, "freezer.state")); err == nil {
-			return freeze(ctx, filepath.Join(dir, "freezer.state"), "FROZEN", "THAWED",
+			return freeze(ctx, filepath.Join(dir, "freezer.state"), "FROZEN", "THAWED", FreezeTimeout,
 				func() (bool, error) { return stateIs(filepath.Join(dir, "freezer.state"), "FROZEN") })
 		}
 	}
 	for _, dir := range dirs {
 		if _, err := os.Stat(filepath.Join(dir, "cgroup.freeze")); err == nil && isCgroup2(dir) {
-			return freeze(ctx, filepath.Join(dir, "cgroup.freeze"), "1", "0",
+			return freeze(ctx, filepath.Join(dir, "cgroup.freeze"), "1", "0", FreezeTimeout,
 				func() (bool, error) { return eventsFrozen(filepath.Join(dir, "cgroup.events")) })
 		}
 	}
 	return nil, ErrNoFreezer
 }
 
-func freeze(ctx context.Context, file, on, off string, frozen func() (bool, error)) (func() error, error) {
+// freeze writes on to file, then waits until frozen says the kernel is
+// done, for at most timeout; off undoes it.
+func freeze(ctx context.Context, file, on, off string, timeout time.Duration, frozen func() (bool, error)) (func() error, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrFreezeTimeout)
+	defer cancel()
 	thaw := func() error {
-		if err := os.WriteFile(file, []byte(off), 0); err != nil {
+		// A cgroup that is gone (the sandbox was stopped) froze nothing.
+		if err := os.WriteFile(file, []byte(off), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("thaw: %w", err)
 		}
 		return nil
@@ -54,14 +70,47 @@ func freeze(ctx context.Context, file, on, off string, frozen func() (bool, erro
 		if err == nil && ok {
 			return thaw, nil
 		}
-		if err == nil {
-			err = ctx.Err()
+		if err == nil && ctx.Err() != nil {
+			err = context.Cause(ctx)
 		}
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("freeze: %w", err), thaw())
 		}
-		time.Sleep(delay)
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
 	}
+}
+
+// Thaw lets every process in dirs (a sandbox's cgroups, as Set.All lists
+// them) run again, whatever froze them: a snapshot's Freeze cut short by
+// a crash of the gateway, or a thaw that failed. It reports whether any
+// of them was frozen. A dir that is gone, or has no freezer, is skipped.
+func Thaw(dirs []string) (wasFrozen bool, err error) {
+	var errs []error
+	for _, dir := range dirs {
+		for _, f := range []struct{ file, on, off string }{
+			{"freezer.state", "FROZEN", "THAWED"},
+			{"cgroup.freeze", "1", "0"},
+		} {
+			path := filepath.Join(dir, f.file)
+			b, rerr := os.ReadFile(path)
+			if rerr != nil {
+				continue // no such freezer here, or no such cgroup
+			}
+			// v1 says FREEZING while half done; v2's cgroup.freeze is what
+			// was asked, which is what a thaw undoes.
+			if state := strings.TrimSpace(string(b)); state == f.off || f.file == "cgroup.freeze" && !isCgroup2(dir) {
+				continue
+			}
+			wasFrozen = true
+			if werr := os.WriteFile(path, []byte(f.off), 0); werr != nil && !errors.Is(werr, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("thaw %s: %w", dir, werr))
+			}
+		}
+	}
+	return wasFrozen, errors.Join(errs...)
 }
 
 func stateIs(file, want string) (bool, error) {

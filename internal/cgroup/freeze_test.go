@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // requireRoot skips without root, but fails in CI, which runs as root.
@@ -96,4 +97,77 @@ func read(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestFreezeDeadline: a freeze the kernel does not finish in time (here,
+// a check that never sees it frozen) ends with ErrFreezeTimeout, however
+// long the caller's context allows, and leaves the cgroup thawed. Thaw
+// undoes a freeze made behind Freeze's back and says it found one.
+func TestFreezeDeadline(t *testing.T) {
+	requireRoot(t)
+	v1, v2, err := cgroupMounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type freezeCase struct{ mount, control, on, off string }
+	cases := map[string]freezeCase{}
+	if m, ok := v1["freezer"]; ok {
+		cases["v1"] = freezeCase{m, "freezer.state", "FROZEN", "THAWED"}
+	}
+	if v2 != "" {
+		cases["v2"] = freezeCase{v2, "cgroup.freeze", "1", "0"}
+	}
+	if len(cases) == 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no freezer in CI")
+		}
+		t.Skip("no freezer on this host")
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(c.mount, "sandgate-freeze-deadline-"+strconv.Itoa(os.Getpid()))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			sleep := exec.Command("sleep", "1000")
+			if err := sleep.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = sleep.Process.Kill()
+				_ = os.WriteFile(filepath.Join(dir, c.control), []byte(c.off), 0)
+				_, _ = sleep.Process.Wait()
+				if err := Remove([]string{dir}); err != nil {
+					t.Error(err)
+				}
+			})
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0); err != nil {
+				t.Fatal(err)
+			}
+			control := filepath.Join(dir, c.control)
+			never := func() (bool, error) { return false, nil }
+			thaw, err := freeze(context.Background(), control, c.on, c.off, time.Millisecond, never)
+			if !errors.Is(err, ErrFreezeTimeout) || thaw != nil {
+				t.Fatalf("freeze that never completes: %v", err)
+			}
+			if got := strings.TrimSpace(read(t, control)); got != c.off {
+				t.Errorf("after the timeout: %s = %q, want %q", c.control, got, c.off)
+			}
+
+			// A freeze left behind (a gateway that died mid-snapshot).
+			if err := os.WriteFile(control, []byte(c.on), 0); err != nil {
+				t.Fatal(err)
+			}
+			frozen, err := Thaw([]string{dir})
+			if err != nil || !frozen {
+				t.Fatalf("Thaw of a frozen cgroup = %v, %v", frozen, err)
+			}
+			if got := strings.TrimSpace(read(t, control)); got != c.off {
+				t.Errorf("after Thaw: %s = %q, want %q", c.control, got, c.off)
+			}
+			if frozen, err := Thaw([]string{dir}); err != nil || frozen {
+				t.Errorf("Thaw of a thawed cgroup = %v, %v", frozen, err)
+			}
+		})
+	}
 }

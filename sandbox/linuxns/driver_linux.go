@@ -580,6 +580,13 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	d.mu.Unlock()
 	sb := newLinuxSandbox(d, st)
 	sb.setInit(nil, os.NewFile(uintptr(pidfd), "init"))
+	// A gateway that died during a snapshot left the sandbox frozen:
+	// every command would hang. Adopting always thaws.
+	if err := d.thaw(id, d.cgroupsOf(st), "adopted"); err != nil {
+		_ = sb.Detach(ctx)
+		d.freeSlot(st.Slot, id)
+		return nil, fmt.Errorf("adopt %s: %w", id, err)
+	}
 	c, err := sb.dial(ctx)
 	if err != nil {
 		_ = sb.Detach(ctx)
@@ -655,15 +662,12 @@ func (d *Driver) reap(id string) error {
 		st = &sandboxState{ID: id, Workspace: filepath.Join(dir, "workspace")}
 	}
 	var errs []error
+	cgs := d.cgroupsOf(st)
+	// A frozen init (a snapshot cut short) ignores SIGKILL until thawed.
+	d.thaw(id, cgs, "reaped")
 	if fd, err := openInit(st, 0); err == nil {
 		errs = append(errs, killPidfd(fd, 10*time.Second))
 		unix.Close(fd)
-	}
-	cgs := st.Cgroups
-	for _, c := range d.cg.DirsFor(id) {
-		if !slices.Contains(cgs, c) {
-			cgs = append(cgs, c)
-		}
 	}
 	// Without a state file (or with one that no longer names its init),
 	// the sandbox's cgroups still hold whatever of it runs.
@@ -671,6 +675,34 @@ func (d *Driver) reap(id string) error {
 	errs = append(errs, cgroup.Remove(cgs), unmountUnder(dir), os.RemoveAll(dir))
 	d.freeSlot(st.Slot, id)
 	return errors.Join(errs...)
+}
+
+// cgroupsOf lists the cgroups of the sandbox of st: those its state names
+// and those this host's plan would give it.
+func (d *Driver) cgroupsOf(st *sandboxState) []string {
+	cgs := slices.Clone(st.Cgroups)
+	for _, c := range d.cg.DirsFor(st.ID) {
+		if !slices.Contains(cgs, c) {
+			cgs = append(cgs, c)
+		}
+	}
+	return cgs
+}
+
+// thaw thaws the cgroups cgs of sandbox id, which a gateway that died
+// during a snapshot left frozen, and logs it when they were (why: what
+// is being done to the sandbox).
+func (d *Driver) thaw(id string, cgs []string, why string) error {
+	frozen, err := cgroup.Thaw(cgs)
+	if err != nil {
+		d.log.Error("sandbox_thaw_failed", "sandbox", id, "when", why, "err", err)
+		return err
+	}
+	if frozen {
+		d.log.Warn("sandbox_thawed", "sandbox", id, "when", why,
+			"reason", "left frozen by a snapshot the previous gateway did not finish")
+	}
+	return nil
 }
 
 // unmountUnder unmounts every mount at or below dir, deepest first.

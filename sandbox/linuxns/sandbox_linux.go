@@ -218,6 +218,8 @@ func (s *linuxSandbox) Detach(ctx context.Context) error {
 
 func (s *linuxSandbox) teardown() error {
 	var errs []error
+	// A frozen init (a snapshot cut short) ignores SIGKILL until thawed.
+	s.thawForKill()
 	if pidfd, done := s.current(); pidfd != nil {
 		s.signalInit(unix.SIGKILL)
 		select {
@@ -235,6 +237,15 @@ func (s *linuxSandbox) teardown() error {
 		os.RemoveAll(dir))
 	s.d.freeSlot(s.st.Slot, s.st.ID)
 	return errors.Join(errs...)
+}
+
+// thawForKill thaws the sandbox's cgroups before its init is killed,
+// logging when they were frozen.
+func (s *linuxSandbox) thawForKill() {
+	frozen, err := cgroup.Thaw(s.st.Cgroups)
+	if frozen || err != nil {
+		s.d.log.Warn("sandbox_thawed", "sandbox", s.st.ID, "reason", "frozen when it was to be killed", "err", err)
+	}
 }
 
 // initProcess is a command running in a linux sandbox, seen from the

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -76,6 +75,7 @@ func (s *linuxSandbox) Stop(ctx context.Context) error {
 // root's mount points. The caller has set stopping.
 func (s *linuxSandbox) killInit() error {
 	var errs []error
+	s.thawForKill()
 	if pidfd, done := s.current(); pidfd != nil {
 		s.signalInit(unix.SIGKILL)
 		select {
@@ -162,15 +162,11 @@ func (d *Driver) adoptStopped(st *sandboxState) (sandbox.Sandbox, error) {
 	d.slots[st.Slot] = st.ID
 	d.mu.Unlock()
 	var errs []error
+	cgs := d.cgroupsOf(st)
+	d.thaw(st.ID, cgs, "adopted stopped")
 	if fd, err := openInit(st, 0); err == nil {
 		errs = append(errs, killPidfd(fd, 10*time.Second))
 		unix.Close(fd)
-	}
-	cgs := slices.Clone(st.Cgroups)
-	for _, c := range d.cg.DirsFor(st.ID) {
-		if !slices.Contains(cgs, c) {
-			cgs = append(cgs, c)
-		}
 	}
 	cgroup.KillProcs(cgs)
 	errs = append(errs, cgroup.Remove(cgs), removeImageDirs(d.dir(st.ID)), removeSocket(st.Socket), checkMounted(st.Workspace))

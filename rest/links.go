@@ -206,32 +206,13 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 		a.badLink(ww, r, fail)
 		return
 	}
-	owners, ok := a.cfg.Sessions.(sessionOwners)
-	if !ok {
-		fail(http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
-		return
-	}
-	tenant, known := owners.Owner(lp.Session)
-	if !known {
-		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted or expired), so the link is dead")
-		return
-	}
-	if !hmac.Equal(sig, linkMAC(a.cfg.LinkKey, tenant, enc)) {
-		a.badLink(ww, r, fail)
-		return
-	}
-	if exp := time.Unix(lp.Expires, 0).UTC(); !time.Now().Before(exp) {
-		fail(http.StatusForbidden, "link_expired", "the link expired at "+exp.Format(time.RFC3339)+"; ask for a new one")
-		return
-	}
-	s, err := a.cfg.Sessions.Get(r.Context(), gateway.Principal{Tenant: tenant}, lp.Session)
-	if errors.Is(err, gateway.ErrNotFound) || (err == nil && !s.Live()) {
-		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted, expired or failed), so the link is dead")
-		return
-	}
-	if err != nil {
+	tenant, s, ok := a.linkSession(ww, r, fail, lp.Session, lp.Expires, func(tenant string) bool {
+		return hmac.Equal(sig, linkMAC(a.cfg.LinkKey, tenant, enc))
+	}, func(err error) {
 		code = "internal"
 		WriteGatewayError(ww, err)
+	})
+	if !ok {
 		return
 	}
 	p, err := dataplane.CheckPath(lp.Path)
@@ -255,6 +236,42 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 // badLink answers a link that does not verify: 403 link_invalid, or 429
 // past the failed-authentication limit per address (a link is a
 // credential: guessing is bounded like guessing tokens).
+// linkSession checks a presigned link of session, signed as verify says,
+// expiring at expires (Unix seconds), and returns its tenant and live
+// session. When it returns false it has answered: through fail, badLink,
+// or internal for an error of the session store.
+func (a *api) linkSession(w http.ResponseWriter, r *http.Request, fail func(int, string, string), session string, expires int64,
+	verify func(tenant string) bool, internal func(error)) (string, *gateway.Session, bool) {
+	owners, ok := a.cfg.Sessions.(sessionOwners)
+	if !ok {
+		fail(http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
+		return "", nil, false
+	}
+	tenant, known := owners.Owner(session)
+	if !known {
+		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted or expired), so the link is dead")
+		return "", nil, false
+	}
+	if !verify(tenant) {
+		a.badLink(w, r, fail)
+		return "", nil, false
+	}
+	if exp := time.Unix(expires, 0).UTC(); !time.Now().Before(exp) {
+		fail(http.StatusForbidden, "link_expired", "the link expired at "+exp.Format(time.RFC3339)+"; ask for a new one")
+		return "", nil, false
+	}
+	s, err := a.cfg.Sessions.Get(r.Context(), gateway.Principal{Tenant: tenant}, session)
+	if errors.Is(err, gateway.ErrNotFound) || (err == nil && !s.Live()) {
+		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted, expired or failed), so the link is dead")
+		return "", nil, false
+	}
+	if err != nil {
+		internal(err)
+		return "", nil, false
+	}
+	return tenant, s, true
+}
+
 func (a *api) badLink(w http.ResponseWriter, r *http.Request, fail func(int, string, string)) {
 	if a.authFailures != nil {
 		if ip, err := httprate.KeyByIP(r); err == nil && a.authFailures.OnLimit(w, r, ip) {

@@ -537,31 +537,10 @@ func (a *api) proxyPortLink(w http.ResponseWriter, r *http.Request) {
 		a.badLink(w, r, fail)
 		return
 	}
-	owners, ok := a.cfg.Sessions.(sessionOwners)
+	tenant, s, ok := a.linkSession(w, r, fail, lp.Session, lp.Expires, func(tenant string) bool {
+		return hmac.Equal(sig, portLinkMAC(a.cfg.LinkKey, tenant, enc))
+	}, func(err error) { WriteGatewayError(w, err) })
 	if !ok {
-		fail(http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
-		return
-	}
-	tenant, known := owners.Owner(lp.Session)
-	if !known {
-		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted or expired), so the link is dead")
-		return
-	}
-	if !hmac.Equal(sig, portLinkMAC(a.cfg.LinkKey, tenant, enc)) {
-		a.badLink(w, r, fail)
-		return
-	}
-	if exp := time.Unix(lp.Expires, 0).UTC(); !time.Now().Before(exp) {
-		fail(http.StatusForbidden, "link_expired", "the link expired at "+exp.Format(time.RFC3339)+"; ask for a new one")
-		return
-	}
-	s, err := a.cfg.Sessions.Get(r.Context(), gateway.Principal{Tenant: tenant}, lp.Session)
-	if errors.Is(err, gateway.ErrNotFound) || (err == nil && !s.Live()) {
-		fail(http.StatusGone, "link_gone", "the link's session is gone (deleted, expired or failed), so the link is dead")
-		return
-	}
-	if err != nil {
-		WriteGatewayError(w, err)
 		return
 	}
 	// The link is the credential: the call is the session tenant's, as

@@ -145,7 +145,12 @@ type boundConn struct {
 
 	startups *startups
 	left     sync.Once
+
+	in readAhead // x/crypto/ssh's transport reads through it
 }
+
+// Read reads the tunnel through the read-ahead buffer (see readAhead).
+func (c *boundConn) Read(p []byte) (int, error) { return c.in.Read(p) }
 
 // leaveAuth uncounts the connection from those in authentication, once:
 // when it authenticates, or ends.
@@ -190,6 +195,7 @@ func (s *Server) ServeConnContext(ctx context.Context, conn net.Conn, sess *gate
 		return
 	}
 	bc := &boundConn{Conn: conn, sess: sess, req: audit.RequestFrom(ctx), startups: &s.startups}
+	bc.in = readAhead{src: conn, pool: &s.bufs}
 	defer bc.leaveAuth()
 	// x/crypto/ssh has no timeouts of its own: a connection that has not
 	// authenticated when the handshake timeout fires is closed.

@@ -112,7 +112,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGTERM waits for running commands")
 	fs.BoolVar(&c.keepSandboxes, "keep-sandboxes-on-exit", true, "on shutdown keep sessions for the next start (linux: sandboxes keep running; workdir: files are kept, processes end); false tears everything down")
 	fs.DurationVar(&c.handshakeTimeout, "ssh-handshake-timeout", 30*time.Second, "SSH handshake and auth deadline")
-	fs.BoolVar(&c.sshLocalForward, "ssh-allow-local-forward", true, "allow SSH local port forwarding (ssh -L) to the sandbox's own loopback; remote, agent and X11 forwarding are always refused")
+	fs.BoolVar(&c.sshLocalForward, "ssh-allow-local-forward", true, "allow SSH local port forwarding (ssh -L) to the sandbox's own loopback, and preview URLs (/v1/sessions/{id}/ports/...), which reach the same ports; remote, agent and X11 forwarding are always refused")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "HTTP request header deadline")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn, error")

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 import uuid
+from datetime import datetime
 from typing import Iterator
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import Gateway
 from sandbox_sessions_sdk import (
     AsyncSessionsClient,
     AuditEvent,
+    SandboxOperationError,
     SessionsClient,
     SessionStats,
     Snapshot,
@@ -23,7 +25,9 @@ from sandbox_sessions_sdk import (
     WorkspaceBusyError,
     WorkspaceExistsError,
     WorkspaceNotFoundError,
+    WorkspacesUnavailableError,
 )
+from sandbox_sessions_sdk._common import error_for_status
 
 
 @pytest.fixture
@@ -145,7 +149,8 @@ def test_port_link_and_preview_url(gateway: Gateway, client: SessionsClient, ses
     sid = session.session_id
     port = _free_port()
     client.write_file(sid, "site/index.html", b"hello from the sandbox\n")
-    proc = client.start_process(sid, argv=["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd="site")
+    argv = ["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    proc = client.start_process(sid, argv=argv, cwd="site")
     try:
         link = client.port_link(sid, port, expires_in=600)
         assert link.url.endswith("/") and "/links/ports/" in link.url and link.expires_at is not None
@@ -189,3 +194,38 @@ def test_async_workspaces_and_audit(gateway: Gateway) -> None:
             assert name not in [w.name for w in await c.list_workspaces()]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "status,code,cls",
+    [
+        (409, "workspace_busy", WorkspaceBusyError),
+        (409, "workspace_exists", WorkspaceExistsError),
+        (404, "workspace_not_found", WorkspaceNotFoundError),
+        (404, "snapshot_not_found", SnapshotNotFoundError),
+        (400, "workspaces_unavailable", WorkspacesUnavailableError),
+    ],
+)
+def test_workspace_codes_map_to_their_classes(status: int, code: str, cls: type) -> None:
+    body = ('{"error": {"code": "%s", "message": "m"}}' % code).encode()
+    # Even on a call that names a session, these 404s are not SessionNotFoundError.
+    err = error_for_status(status, "", {}, body, what="x", session_scoped=True)
+    assert type(err) is cls and err.code == code and err.status_code == status
+    assert isinstance(err, SandboxOperationError)
+
+
+def test_arguments_are_checked_before_sending(client: SessionsClient) -> None:
+    with pytest.raises(ValueError):
+        client.create_session(workspace="w", from_snapshot="snap_x")
+    for bad in ("", "-lead", "a/b", "x" * 64):
+        with pytest.raises(ValueError):
+            client.create_workspace(bad)
+    with pytest.raises(ValueError):
+        client.port_link("sbx-x", 0)
+    with pytest.raises(ValueError):
+        client.list_audit(limit=1001)
+    with pytest.raises(ValueError):
+        client.list_audit(since=datetime(2030, 1, 1))  # naive: ambiguous
+    with pytest.raises(TypeError):
+        client.delete_session("sbx-x", keep_workspace="no")  # type: ignore[arg-type]
+    assert client.preview_url("sbx-a", 8080) == client.api_url + "/v1/sessions/sbx-a/ports/8080/"

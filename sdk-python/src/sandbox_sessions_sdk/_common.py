@@ -27,13 +27,13 @@ from .errors import (
     SessionGoneError,
     SessionNotFoundError,
     ShellBusyError,
+    SnapshotNotFoundError,
     UnauthorizedError,
     UnknownSecretError,
     WorkspaceBusyError,
     WorkspaceExistsError,
     WorkspaceNotFoundError,
     WorkspacesUnavailableError,
-    SnapshotNotFoundError,
 )
 from .models import Session
 

@@ -18,8 +18,8 @@ import os
 import ssl
 import threading
 import uuid
-from types import TracebackType
 from datetime import datetime
+from types import TracebackType
 from typing import Any, AsyncIterator, BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Type, Union
 
 import httpx

@@ -37,6 +37,14 @@ describe("workspaces, snapshots, stats, ports, audit", { skip: SKIP }, () => {
     await gw?.stop();
   });
 
+  it("checks arguments before sending", async () => {
+    await assert.rejects(client.createSession({ workspace: "w", fromSnapshot: "snap_x" }), TypeError);
+    await assert.rejects(client.createWorkspace("-lead"), TypeError);
+    await assert.rejects(client.portLink("sbx-x", 70000), RangeError);
+    await assert.rejects(client.listAudit({ limit: 0 }), RangeError);
+    assert.equal(client.previewUrl("sbx-a", 8080), `${gw.url}/v1/sessions/sbx-a/ports/8080/`);
+  });
+
   it("keeps a workspace's files across sessions, one holder at a time", async () => {
     const name = `ts-${randomBytes(6).toString("hex")}`;
     const ws = await client.createWorkspace(name);

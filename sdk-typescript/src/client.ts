@@ -85,6 +85,107 @@ export interface CreateSessionOptions {
   sshPublicKey?: string;
   /** Sent as `Idempotency-Key`; default a fresh random UUID. */
   idempotencyKey?: string;
+  /**
+   * A named workspace of the tenant (`createWorkspace`) to mount at
+   * `/workspace`; its files are kept when the session ends.
+   * `WorkspaceNotFoundError`, or `WorkspaceBusyError` when another live
+   * session holds it.
+   */
+  workspace?: string;
+  /** A snapshot id (`createSnapshot`) whose files the new `/workspace` starts with; not with `workspace`. */
+  fromSnapshot?: string;
+}
+
+/** How far the object store's copy of a workspace is behind (`sync`, `workspaceSync`). */
+export interface SyncState {
+  /** RFC 3339; null before the first sync. */
+  lastSyncedAt: string | null;
+  pendingBytes: number;
+  lastError?: string;
+}
+
+/** A named workspace (`POST/GET /v1/workspaces`). */
+export interface Workspace {
+  name: string;
+  sizeBytes: number;
+  files: number;
+  createdAt: string;
+  lastUsedAt: string;
+  /** The live session holding it, if any. */
+  inUseBy?: string;
+  sync?: SyncState;
+}
+
+/** A snapshot of a session's workspace. The last three fields come only from `createSnapshot`, `sessionId` only from `listSnapshots`. */
+export interface Snapshot {
+  snapshotId: string;
+  sizeBytes: number;
+  files: number;
+  createdAt: string;
+  sessionId?: string;
+  storedBytes?: number;
+  frozenMillis?: number;
+  /** False where the driver cannot freeze processes (workdir): not a point-in-time copy. */
+  consistent?: boolean;
+}
+
+export interface ByteCounts {
+  bytesIn: number;
+  bytesOut: number;
+}
+
+/** A session's resource use now (`GET /v1/sessions/{id}/stats`); groups the driver cannot measure are absent. */
+export interface SessionStats {
+  sessionId: string;
+  status: "running" | "stopped";
+  sampledAt: string;
+  memory?: { currentBytes: number; peakBytes?: number; limitBytes?: number };
+  cpu?: { seconds: number; limit?: number };
+  pids?: { current: number; limit?: number };
+  disk?: { usedBytes: number; totalBytes?: number };
+  tunnel: ByteCounts;
+  egress: ByteCounts;
+}
+
+/** A presigned preview link: anyone holding `url` reaches the port's server until `expiresAt`. */
+export interface PortLink {
+  /** Ends in `/`; append the server's path. */
+  url: string;
+  expiresAt: string;
+}
+
+/** One audit event (fields a kind does not use are absent; see the API's AuditEvent). */
+export interface AuditEvent {
+  seq: number;
+  time: string;
+  kind: string;
+  tenant?: string;
+  session?: string;
+  requestId?: string;
+  op?: string;
+  route?: string;
+  method?: string;
+  status?: number;
+  result?: string;
+  reason?: string;
+  [field: string]: unknown;
+}
+
+/** A page of audit events, newest first; `nextCursor` (absent on the last page) fetches older ones. */
+export interface AuditPage {
+  events: AuditEvent[];
+  nextCursor?: string;
+}
+
+export interface AuditQuery {
+  /** Only this session's events. */
+  session?: string;
+  /** Only events at or after this time (a Date, or RFC 3339 text). */
+  since?: Date | string;
+  /** At most this many events per page, 1..1000 (default 100). */
+  limit?: number;
+  /** A previous page's `nextCursor`. */
+  cursor?: string;
 }
 
 export interface ExecOptions {
@@ -156,6 +257,12 @@ export class Session {
   readonly resources: Resources | undefined;
   readonly egress: Egress | undefined;
   readonly secrets: SecretRef[] | undefined;
+  /** The named workspace the session holds, if any. */
+  readonly workspace: string | undefined;
+  /** The snapshot the session started from, if any. */
+  readonly fromSnapshot: string | undefined;
+  /** The held workspace's sync state, if any. */
+  readonly workspaceSync: SyncState | undefined;
   /** RFC 3339 timestamps, as sent. */
   readonly createdAt: string;
   readonly expiresAt: string;
@@ -192,6 +299,9 @@ export class Session {
     this.resources = isObject(data["resources"]) ? (data["resources"] as Resources) : undefined;
     this.egress = isObject(data["egress"]) ? (data["egress"] as unknown as Egress) : undefined;
     this.secrets = Array.isArray(data["secrets"]) ? (data["secrets"] as SecretRef[]) : undefined;
+    this.workspace = optStr("workspace");
+    this.fromSnapshot = optStr("fromSnapshot");
+    this.workspaceSync = isObject(data["workspaceSync"]) ? (data["workspaceSync"] as unknown as SyncState) : undefined;
     this.createdAt = optStr("createdAt") ?? "";
     this.expiresAt = optStr("expiresAt") ?? "";
     this.lastActivityAt = optStr("lastActivityAt") ?? "";
@@ -377,6 +487,11 @@ export class SandboxClient {
       }
       body["sshPublicKey"] = opts.sshPublicKey.trim();
     }
+    if (opts.workspace !== undefined && opts.fromSnapshot !== undefined) {
+      throw new TypeError("give workspace or fromSnapshot, not both");
+    }
+    if (opts.workspace !== undefined) body["workspace"] = checkName("workspace", opts.workspace);
+    if (opts.fromSnapshot !== undefined) body["fromSnapshot"] = checkName("fromSnapshot", opts.fromSnapshot);
     let key = opts.idempotencyKey;
     if (key !== undefined) {
       if (typeof key !== "string" || !/^[!-~]{1,255}$/.test(key)) {
@@ -434,9 +549,112 @@ export class SandboxClient {
     return this.#session(parseJSONObject(ans, "update session"), "update session");
   }
 
-  /** Deletes a session (`DELETE /v1/sessions/{id}`); 200 and 204 both succeed. */
-  async deleteSession(id: string): Promise<void> {
-    await this._request("DELETE", sessionPath(id), { what: "delete session", sessionScoped: true });
+  /**
+   * Deletes a session (`DELETE /v1/sessions/{id}`); 200 and 204 both succeed.
+   * `keepWorkspace: false` also removes the named workspace it holds.
+   */
+  async deleteSession(id: string, opts: { keepWorkspace?: boolean } = {}): Promise<void> {
+    let query = "";
+    if (opts.keepWorkspace !== undefined) {
+      if (typeof opts.keepWorkspace !== "boolean") throw new TypeError("keepWorkspace must be a boolean");
+      query = `?keepWorkspace=${opts.keepWorkspace}`;
+    }
+    await this._request("DELETE", sessionPath(id) + query, { what: "delete session", sessionScoped: true });
+  }
+
+  // -- workspaces and snapshots ----------------------------------------------
+
+  /** Creates an empty named workspace (`POST /v1/workspaces`); `WorkspaceExistsError` if the name is taken. */
+  async createWorkspace(name: string): Promise<Workspace> {
+    if (typeof name !== "string" || !WORKSPACE_NAME.test(name)) {
+      throw new TypeError("workspace name must be 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit");
+    }
+    const ans = await this._request("POST", "/workspaces", { what: "create workspace", json: { name } });
+    return checked<Workspace>(parseJSONObject(ans, "create workspace"), "name", "create workspace");
+  }
+
+  /** This tenant's workspaces, by name (`GET /v1/workspaces`). */
+  async listWorkspaces(): Promise<Workspace[]> {
+    const ans = await this._request("GET", "/workspaces", { what: "list workspaces" });
+    return listOf<Workspace>(parseJSONObject(ans, "list workspaces"), "workspaces", "name", "list workspaces");
+  }
+
+  /** Deletes a workspace (`DELETE /v1/workspaces/{name}`): `WorkspaceNotFoundError`, `WorkspaceBusyError`. */
+  async deleteWorkspace(name: string): Promise<void> {
+    await this._request("DELETE", "/workspaces/" + encodeURIComponent(checkName("name", name)), { what: "delete workspace" });
+  }
+
+  /** Snapshots the session's `/workspace` (`POST /v1/sessions/{id}/snapshots`); fork with `createSession({ fromSnapshot })`. */
+  async createSnapshot(sessionId: string): Promise<Snapshot> {
+    const ans = await this._request("POST", sessionPath(sessionId) + "/snapshots", { what: "create snapshot", sessionScoped: true });
+    return checked<Snapshot>(parseJSONObject(ans, "create snapshot"), "snapshotId", "create snapshot");
+  }
+
+  /** This tenant's snapshots, newest first (`GET /v1/snapshots`); only `session`'s when given. */
+  async listSnapshots(opts: { session?: string } = {}): Promise<Snapshot[]> {
+    const q = opts.session !== undefined ? `?session=${encodeURIComponent(checkName("session", opts.session))}` : "";
+    const ans = await this._request("GET", "/snapshots" + q, { what: "list snapshots" });
+    return listOf<Snapshot>(parseJSONObject(ans, "list snapshots"), "snapshots", "snapshotId", "list snapshots");
+  }
+
+  /** Deletes a snapshot (`DELETE /v1/snapshots/{id}`); `SnapshotNotFoundError` if there is none. */
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this._request("DELETE", "/snapshots/" + encodeURIComponent(checkName("snapshotId", snapshotId)), { what: "delete snapshot" });
+  }
+
+  // -- usage, previews, audit -------------------------------------------------
+
+  /** The session's resource use now (`GET /v1/sessions/{id}/stats`). */
+  async sessionStats(sessionId: string): Promise<SessionStats> {
+    const ans = await this._request("GET", sessionPath(sessionId) + "/stats", { what: "session stats", sessionScoped: true });
+    return checked<SessionStats>(parseJSONObject(ans, "session stats"), "sessionId", "session stats");
+  }
+
+  /**
+   * The URL of the session's preview of `port` at `path`
+   * (`.../v1/sessions/{id}/ports/{port}/{path}`); nothing is sent. It needs
+   * this client's bearer token (`Authorization`); for a URL that needs
+   * none, use `portLink`.
+   */
+  previewUrl(sessionId: string, port: number, path = "/"): string {
+    checkInt("port", port, 1, 65535);
+    if (typeof path !== "string") throw new TypeError("path must be a string");
+    return `${this.#base}${sessionPath(sessionId)}/ports/${port}/${path.replace(/^\/+/, "")}`;
+  }
+
+  /** A presigned link to the session's `port` (`POST .../ports/link`), valid `expiresIn` seconds (1..604800; default 3600). */
+  async portLink(sessionId: string, port: number, opts: { expiresIn?: number } = {}): Promise<PortLink> {
+    const body: Record<string, unknown> = { port: checkInt("port", port, 1, 65535) };
+    if (opts.expiresIn !== undefined) body["expiresIn"] = checkInt("expiresIn", opts.expiresIn, 1, 604800);
+    const ans = await this._request("POST", sessionPath(sessionId) + "/ports/link", { what: "port link", sessionScoped: true, json: body });
+    return checked<PortLink>(parseJSONObject(ans, "port link"), "url", "port link");
+  }
+
+  /** One page of this tenant's audit events, newest first (`GET /v1/audit`). */
+  async listAudit(query: AuditQuery = {}): Promise<AuditPage> {
+    const q = new URLSearchParams({ limit: String(checkInt("limit", query.limit ?? 100, 1, 1000)) });
+    if (query.session !== undefined) q.set("session", checkName("session", query.session));
+    if (query.since !== undefined) {
+      if (query.since instanceof Date) q.set("since", query.since.toISOString());
+      else q.set("since", checkName("since", query.since));
+    }
+    if (query.cursor !== undefined) q.set("cursor", checkName("cursor", query.cursor));
+    const ans = await this._request("GET", `/audit?${q}`, { what: "list audit" });
+    const data = parseJSONObject(ans, "list audit");
+    const events = listOf<AuditEvent>(data, "events", "seq", "list audit");
+    const next = data["nextCursor"];
+    return typeof next === "string" && next ? { events, nextCursor: next } : { events };
+  }
+
+  /** Every matching audit event, newest first, following `nextCursor`: `for await (const e of client.iterAudit({ session }))`. */
+  async *iterAudit(query: Omit<AuditQuery, "cursor"> = {}): AsyncGenerator<AuditEvent> {
+    let cursor: string | undefined;
+    for (;;) {
+      const page = await this.listAudit({ ...query, cursor });
+      yield* page.events;
+      if (page.nextCursor === undefined || page.nextCursor === cursor) return;
+      cursor = page.nextCursor;
+    }
   }
 
   /** Opens `CONNECT /v1/sessions/{id}` (see the module function openTunnel). */
@@ -517,6 +735,29 @@ export class SandboxClient {
 
 function isObject(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === "object" && !Array.isArray(v);
+}
+
+const WORKSPACE_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+
+function checkName(name: string, value: unknown): string {
+  if (typeof value !== "string" || !value) throw new TypeError(`${name} must be a non-empty string`);
+  return value;
+}
+
+/** `data` as a T once it has the string or number field `key`; SandboxOperationError otherwise. */
+function checked<T>(data: unknown, key: string, what: string): T {
+  if (!isObject(data) || (typeof data[key] !== "string" && typeof data[key] !== "number")) {
+    throw new SandboxOperationError(`${what}: unexpected answer: no ${key}`, { body: JSON.stringify(data).slice(0, 4096) });
+  }
+  return data as T;
+}
+
+function listOf<T>(data: Record<string, unknown>, list: string, key: string, what: string): T[] {
+  const items = data[list];
+  if (!Array.isArray(items)) {
+    throw new SandboxOperationError(`${what}: answer has no '${list}' list`, { body: JSON.stringify(data).slice(0, 4096) });
+  }
+  return items.map((it) => checked<T>(it, key, what));
 }
 
 function sessionPath(id: string): string {

@@ -15,6 +15,11 @@ import {
   SessionNotFoundError,
   UnauthorizedError,
   UnknownSecretError,
+  SnapshotNotFoundError,
+  WorkspaceBusyError,
+  WorkspaceExistsError,
+  WorkspaceNotFoundError,
+  WorkspacesUnavailableError,
 } from "./errors.js";
 
 export const ENV_API_URL = "SANDBOX_API_URL";
@@ -35,6 +40,15 @@ const TYPED_400: Record<string, OperationErrorClass> = {
   egress_not_allowed: EgressNotAllowedError,
   unknown_secret: UnknownSecretError,
   invalid_secret: InvalidSecretError,
+};
+
+/** Error codes with a class of their own whatever the status (all SandboxOperationError). */
+const TYPED_CODES: Record<string, OperationErrorClass> = {
+  workspace_not_found: WorkspaceNotFoundError,
+  workspace_exists: WorkspaceExistsError,
+  workspace_busy: WorkspaceBusyError,
+  snapshot_not_found: SnapshotNotFoundError,
+  workspaces_unavailable: WorkspacesUnavailableError,
 };
 
 /** The base URL and token, taking omitted ones from the environment. */
@@ -157,7 +171,7 @@ export function errorForStatus(
   msg += `: ${detail}`;
   const details: ErrorDetails = { status, code, statusLine: opts.statusLine, body: text, headers };
   if (status === 401) return new UnauthorizedError(msg, details);
-  if (status === 404 && opts.sessionScoped) return new SessionNotFoundError(msg, details);
+  if (status === 404 && opts.sessionScoped && !(code && Object.hasOwn(TYPED_CODES, code))) return new SessionNotFoundError(msg, details);
   if (status === 410 && code === "session_gone") return new SessionGoneError(msg, details);
   if (status === 429) {
     return new RateLimitError(
@@ -174,6 +188,10 @@ export function errorForStatus(
   const fallback = opts.fallback ?? "operation";
   if (status === 400 && fallback === "operation" && code) {
     const typed = TYPED_400[code];
+    if (typed) return new typed(msg, details);
+  }
+  if (fallback === "operation" && code && Object.hasOwn(TYPED_CODES, code)) {
+    const typed = TYPED_CODES[code];
     if (typed) return new typed(msg, details);
   }
   return fallback === "connection" ? new SandboxConnectionError(msg, details) : new SandboxOperationError(msg, details);

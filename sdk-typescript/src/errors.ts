@@ -18,6 +18,11 @@
  *     +-- EgressNotAllowedError   400 egress_not_allowed
  *     +-- UnknownSecretError      400 unknown_secret
  *     +-- InvalidSecretError      400 invalid_secret
+ *     +-- WorkspaceNotFoundError  404 workspace_not_found
+ *     +-- WorkspaceExistsError    409 workspace_exists
+ *     +-- WorkspaceBusyError      409 workspace_busy: a live session holds the workspace
+ *     +-- SnapshotNotFoundError   404 snapshot_not_found
+ *     +-- WorkspacesUnavailableError  400 workspaces_unavailable: the gateway keeps no workspaces
  * ```
  *
  * The same classes, and the same mapping from the gateway's JSON `error.code`,
@@ -223,3 +228,18 @@ export class UnknownSecretError extends SandboxOperationError {
 
 /** 400 `invalid_secret`: a malformed secret reference. */
 export class InvalidSecretError extends SandboxOperationError {}
+
+/** 404 `workspace_not_found`: the tenant has no workspace of that name. */
+export class WorkspaceNotFoundError extends SandboxOperationError {}
+
+/** 409 `workspace_exists`: the tenant already has a workspace of that name. */
+export class WorkspaceExistsError extends SandboxOperationError {}
+
+/** 409 `workspace_busy`: a live session holds the workspace; end it first. */
+export class WorkspaceBusyError extends SandboxOperationError {}
+
+/** 404 `snapshot_not_found`: the tenant has no such snapshot. */
+export class SnapshotNotFoundError extends SandboxOperationError {}
+
+/** 400 `workspaces_unavailable`: this gateway keeps no workspaces. */
+export class WorkspacesUnavailableError extends SandboxOperationError {}

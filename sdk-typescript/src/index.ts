@@ -15,6 +15,15 @@ export {
   type Resources,
   type Egress,
   type SecretRef,
+  type SyncState,
+  type Workspace,
+  type Snapshot,
+  type SessionStats,
+  type ByteCounts,
+  type PortLink,
+  type AuditEvent,
+  type AuditPage,
+  type AuditQuery,
 } from "./client.js";
 export {
   SessionSSH,
@@ -45,6 +54,11 @@ export {
   EgressNotAllowedError,
   UnknownSecretError,
   InvalidSecretError,
+  WorkspaceNotFoundError,
+  WorkspaceExistsError,
+  WorkspaceBusyError,
+  SnapshotNotFoundError,
+  WorkspacesUnavailableError,
   type ErrorDetails,
 } from "./errors.js";
 export { ENV_API_URL, ENV_API_TOKEN, SDK_VERSION } from "./common.js";

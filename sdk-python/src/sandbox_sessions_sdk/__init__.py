@@ -19,7 +19,7 @@ from ._version import __version__
 from .aio import AsyncNDJSONStream, AsyncSessionsClient, AsyncSessionSSHClient, AsyncShell
 from .client import SessionsClient, Shell
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
-from .models import CommandResult, Session
+from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
 from .ssh import SessionSSHClient
 from .tunnel import HTTPConnectTunnel
 
@@ -32,6 +32,12 @@ __all__ = [
     "HTTPConnectTunnel",
     "SessionSSHClient",
     "CommandResult",
+    "Workspace",
+    "Snapshot",
+    "SessionStats",
+    "PortLink",
+    "AuditEvent",
+    "AuditPage",
     "AsyncSessionsClient",
     "AsyncShell",
     "AsyncNDJSONStream",

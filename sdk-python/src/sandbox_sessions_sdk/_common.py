@@ -27,8 +27,13 @@ from .errors import (
     SessionGoneError,
     SessionNotFoundError,
     ShellBusyError,
+    SnapshotNotFoundError,
     UnauthorizedError,
     UnknownSecretError,
+    WorkspaceBusyError,
+    WorkspaceExistsError,
+    WorkspaceNotFoundError,
+    WorkspacesUnavailableError,
 )
 from .models import Session
 
@@ -60,11 +65,18 @@ _TYPED_CODES: Dict[str, Type[SandboxOperationError]] = {
     "disk_full": DiskFullError,
     "process_not_found": ProcessNotFoundError,
     "process_exited": ProcessExitedError,
+    "workspace_not_found": WorkspaceNotFoundError,
+    "workspace_exists": WorkspaceExistsError,
+    "workspace_busy": WorkspaceBusyError,
+    "snapshot_not_found": SnapshotNotFoundError,
+    "workspaces_unavailable": WorkspacesUnavailableError,
 }
 
 #: 404 codes that name something inside a session that exists (a file, a
 #: shell, a process): never SessionNotFoundError.
-_NOT_SESSION_404 = frozenset({"file_not_found", "shell_not_found", "process_not_found"})
+_NOT_SESSION_404 = frozenset(
+    {"file_not_found", "shell_not_found", "process_not_found", "workspace_not_found", "snapshot_not_found"}
+)
 
 #: 429 codes with a class of their own (a RateLimitError, as every 429).
 _TYPED_429: Dict[str, Type[RateLimitError]] = {"shell_busy": ShellBusyError}
@@ -179,6 +191,8 @@ def create_session_body(
     labels: Any,
     egress: Any,
     secrets: Any,
+    workspace: Any = None,
+    from_snapshot: Any = None,
 ) -> Dict[str, Any]:
     """The JSON body of ``POST /v1/sessions``, checked locally."""
     body: Dict[str, Any] = {"ttl": check_int("ttl", ttl, MIN_TTL, MAX_TTL)}
@@ -203,6 +217,13 @@ def create_session_body(
         if not isinstance(ssh_public_key, str) or not ssh_public_key.strip():
             raise ValueError("ssh_public_key must be an authorized_keys line")
         body["sshPublicKey"] = ssh_public_key.strip()
+    if workspace is not None and from_snapshot is not None:
+        raise ValueError("give workspace or from_snapshot, not both")
+    for name, key, value in (("workspace", "workspace", workspace), ("from_snapshot", "fromSnapshot", from_snapshot)):
+        if value is not None:
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string")
+            body[key] = value
     return body
 
 

@@ -18,6 +18,7 @@ import os
 import ssl
 import threading
 import uuid
+from datetime import datetime
 from types import TracebackType
 from typing import Any, AsyncIterator, BinaryIO, Callable, Dict, List, Mapping, Optional, Sequence, Type, Union
 
@@ -73,6 +74,20 @@ from ._dataplane import (
 )
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
 from ._version import __version__
+from ._workspaces import (
+    audit_page,
+    audit_params,
+    check_workspace_name,
+    delete_session_params,
+    parse_list,
+    parse_one,
+    port_link,
+    port_link_body,
+    preview_url,
+    snapshot_params,
+    snapshot_path,
+    workspace_path,
+)
 from .errors import (
     FileNotFoundInSandboxError,
     SandboxAPIError,
@@ -80,7 +95,7 @@ from .errors import (
     SandboxOperationError,
     SandboxPermissionError,
 )
-from .models import CommandResult, Session
+from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
 from .ssh import CommandCancelled, OutputCallback, PathLike, SessionSSHClient
 from .tunnel import DEFAULT_CONNECT_PATH
 
@@ -217,9 +232,13 @@ class AsyncSessionsClient:
         labels: Optional[Mapping[str, Any]] = None,
         egress: Optional[Sequence[str]] = None,
         secrets: Optional[Sequence[Any]] = None,
+        workspace: Optional[str] = None,
+        from_snapshot: Optional[str] = None,
     ) -> Session:
         """:meth:`SessionsClient.create_session` (with the same retries, same key)."""
-        body = create_session_body(ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets)
+        body = create_session_body(
+            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot
+        )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
             try:
@@ -257,9 +276,86 @@ class AsyncSessionsClient:
         )
         return parse_session(data, "update session")
 
-    async def delete_session(self, session_id: str) -> None:
+    async def delete_session(self, session_id: str, keep_workspace: Optional[bool] = None) -> None:
         """:meth:`SessionsClient.delete_session`."""
-        await self._request("DELETE", session_path(session_id), what="delete session", session_scoped=True)
+        params = delete_session_params(keep_workspace)
+        await self._request(
+            "DELETE", session_path(session_id), what="delete session", session_scoped=True, params=params
+        )
+
+    # -- workspaces and snapshots --------------------------------------------
+
+    async def create_workspace(self, name: str) -> Workspace:
+        """:meth:`SessionsClient.create_workspace`."""
+        body = {"name": check_workspace_name(name)}
+        data = await self._request("POST", "/workspaces", what="create workspace", json=body)
+        return parse_one(Workspace, data, "create workspace")
+
+    async def list_workspaces(self) -> List[Workspace]:
+        """:meth:`SessionsClient.list_workspaces`."""
+        data = await self._request("GET", "/workspaces", what="list workspaces")
+        return parse_list(Workspace, data, "workspaces", "list workspaces")
+
+    async def delete_workspace(self, name: str) -> None:
+        """:meth:`SessionsClient.delete_workspace`."""
+        await self._request("DELETE", workspace_path(name), what="delete workspace")
+
+    async def create_snapshot(self, session_id: str) -> Snapshot:
+        """:meth:`SessionsClient.create_snapshot`."""
+        path = session_path(session_id) + "/snapshots"
+        data = await self._request("POST", path, what="create snapshot", session_scoped=True)
+        return parse_one(Snapshot, data, "create snapshot")
+
+    async def list_snapshots(self, session: Optional[str] = None) -> List[Snapshot]:
+        """:meth:`SessionsClient.list_snapshots`."""
+        data = await self._request("GET", "/snapshots", what="list snapshots", params=snapshot_params(session))
+        return parse_list(Snapshot, data, "snapshots", "list snapshots")
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """:meth:`SessionsClient.delete_snapshot`."""
+        await self._request("DELETE", snapshot_path(snapshot_id), what="delete snapshot")
+
+    # -- usage, previews, audit ---------------------------------------------
+
+    async def session_stats(self, session_id: str) -> SessionStats:
+        """:meth:`SessionsClient.session_stats`."""
+        path = session_path(session_id) + "/stats"
+        data = await self._request("GET", path, what="session stats", session_scoped=True)
+        return parse_one(SessionStats, data, "session stats")
+
+    def preview_url(self, session_id: str, port: int, path: str = "/") -> str:
+        """:meth:`SessionsClient.preview_url` (nothing is sent)."""
+        return preview_url(self._base, session_id, port, path)
+
+    async def port_link(self, session_id: str, port: int, expires_in: Optional[int] = None) -> PortLink:
+        """:meth:`SessionsClient.port_link`."""
+        path = session_path(session_id) + "/ports/link"
+        body = port_link_body(port, expires_in)
+        return port_link(await self._request("POST", path, what="port link", session_scoped=True, json=body))
+
+    async def list_audit(
+        self,
+        session: Optional[str] = None,
+        since: Union[str, datetime, None] = None,
+        limit: int = 100,
+        cursor: Optional[str] = None,
+    ) -> AuditPage:
+        """:meth:`SessionsClient.list_audit`."""
+        params = audit_params(session, since, limit, cursor)
+        return audit_page(await self._request("GET", "/audit", what="list audit", params=params))
+
+    async def iter_audit(
+        self, session: Optional[str] = None, since: Union[str, datetime, None] = None, page_size: int = 100
+    ) -> AsyncIterator[AuditEvent]:
+        """:meth:`SessionsClient.iter_audit`: ``async for event in client.iter_audit(...)``."""
+        cursor: Optional[str] = None
+        while True:
+            page = await self.list_audit(session=session, since=since, limit=page_size, cursor=cursor)
+            for event in page.events:
+                yield event
+            if page.next_cursor is None or page.next_cursor == cursor:
+                return
+            cursor = page.next_cursor
 
     # -- data plane: commands ------------------------------------------------
 

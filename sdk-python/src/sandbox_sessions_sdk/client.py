@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from datetime import datetime
+from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import requests
 
@@ -60,6 +61,20 @@ from ._dataplane import (
     write_params,
 )
 from ._version import __version__
+from ._workspaces import (
+    audit_page,
+    audit_params,
+    check_workspace_name,
+    delete_session_params,
+    parse_list,
+    parse_one,
+    port_link,
+    port_link_body,
+    preview_url,
+    snapshot_params,
+    snapshot_path,
+    workspace_path,
+)
 from .errors import (
     FileNotFoundInSandboxError,
     SandboxAPIError,
@@ -67,7 +82,7 @@ from .errors import (
     SandboxOperationError,
     SandboxPermissionError,
 )
-from .models import CommandResult, Session
+from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
 
 __all__ = ["SessionsClient", "Shell", "FileList"]
 
@@ -151,6 +166,8 @@ class SessionsClient(ClosesOnExit):
         labels: Optional[Mapping[str, Any]] = None,
         egress: Optional[Sequence[str]] = None,
         secrets: Optional[Sequence[Any]] = None,
+        workspace: Optional[str] = None,
+        from_snapshot: Optional[str] = None,
     ) -> Session:
         """Create a session and its sandbox (``POST /v1/sessions``).
 
@@ -197,6 +214,15 @@ class SessionsClient(ClosesOnExit):
                 :class:`InvalidSecretError`; hosts outside ``egress``:
                 :class:`EgressNotAllowedError`. Values never appear in the
                 Session.
+            workspace: A named workspace of the tenant
+                (:meth:`create_workspace`) to mount at ``/workspace``: the
+                session starts with its files and they are kept when it
+                ends. None there: :class:`WorkspaceNotFoundError`; another
+                live session holds it: :class:`WorkspaceBusyError`.
+            from_snapshot: A snapshot id (:meth:`create_snapshot`) whose
+                files the new ``/workspace`` starts with (several sessions
+                may: a fork). None there: :class:`SnapshotNotFoundError`.
+                Not with ``workspace``.
 
         Retries: when the gateway cannot be reached, the connection breaks,
         the request times out, or it answers 500, 502, 503 or 504, the create
@@ -218,7 +244,9 @@ class SessionsClient(ClosesOnExit):
             UnauthorizedError, RateLimitError, SandboxOperationError,
             SandboxConnectionError: see the README's error table.
         """
-        body = create_session_body(ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets)
+        body = create_session_body(
+            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot
+        )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
             try:
@@ -293,15 +321,155 @@ class SessionsClient(ClosesOnExit):
         )
         return self._session(data, "update session")
 
-    def delete_session(self, session_id: str) -> None:
+    def delete_session(self, session_id: str, keep_workspace: Optional[bool] = None) -> None:
         """Delete a session and everything in its sandbox (``DELETE /v1/sessions/{id}``).
 
         200 and 204 both count as success.
 
+        Args:
+            keep_workspace: ``False`` also removes the named workspace the
+                session holds (``?keepWorkspace=false``); None or ``True``
+                keep it (the gateway's default).
+
         Raises:
             SessionNotFoundError: no such session (or already deleted).
         """
-        self._request("DELETE", self._session_path(session_id), what="delete session", session_scoped=True)
+        params = delete_session_params(keep_workspace)
+        self._request(
+            "DELETE", self._session_path(session_id), what="delete session", session_scoped=True, params=params
+        )
+
+    # -- workspaces and snapshots --------------------------------------------
+
+    def create_workspace(self, name: str) -> Workspace:
+        """Create an empty named workspace (``POST /v1/workspaces``), private
+        to this tenant; mount it with ``create_session(workspace=name)``.
+
+        Raises:
+            ValueError: a name the API refuses (1 to 63 of ``A-Za-z0-9._-``,
+                starting with a letter or digit; nothing is sent).
+            WorkspaceExistsError: the tenant has a workspace of that name.
+            WorkspacesUnavailableError: the gateway keeps no workspaces.
+        """
+        body = {"name": check_workspace_name(name)}
+        data = self._request("POST", "/workspaces", what="create workspace", json=body)
+        return parse_one(Workspace, data, "create workspace")
+
+    def list_workspaces(self) -> List[Workspace]:
+        """This tenant's workspaces, by name (``GET /v1/workspaces``)."""
+        data = self._request("GET", "/workspaces", what="list workspaces")
+        return parse_list(Workspace, data, "workspaces", "list workspaces")
+
+    def delete_workspace(self, name: str) -> None:
+        """Delete a workspace and its files (``DELETE /v1/workspaces/{name}``).
+
+        Raises:
+            WorkspaceNotFoundError: the tenant has none of that name.
+            WorkspaceBusyError: a live session holds it; end it first.
+        """
+        self._request("DELETE", workspace_path(name), what="delete workspace")
+
+    def create_snapshot(self, session_id: str) -> Snapshot:
+        """Snapshot the session's ``/workspace`` (``POST /v1/sessions/{id}/snapshots``).
+
+        Start sessions from it with ``create_session(from_snapshot=snap.snapshot_id)``.
+        Under the workdir driver processes cannot be frozen: the result's
+        ``consistent`` is then False.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            SandboxOperationError: ``.code`` ``snapshot_failed`` (503), ``session_not_running``...
+        """
+        path = self._session_path(session_id) + "/snapshots"
+        data = self._request("POST", path, what="create snapshot", session_scoped=True)
+        return parse_one(Snapshot, data, "create snapshot")
+
+    def list_snapshots(self, session: Optional[str] = None) -> List[Snapshot]:
+        """This tenant's snapshots, newest first (``GET /v1/snapshots``);
+        only *session*'s when given (ended sessions' too)."""
+        data = self._request("GET", "/snapshots", what="list snapshots", params=snapshot_params(session))
+        return parse_list(Snapshot, data, "snapshots", "list snapshots")
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot (``DELETE /v1/snapshots/{id}``); sessions started
+        from it keep their files.
+
+        Raises:
+            SnapshotNotFoundError: the tenant has no such snapshot.
+        """
+        self._request("DELETE", snapshot_path(snapshot_id), what="delete snapshot")
+
+    # -- usage, previews, audit ---------------------------------------------
+
+    def session_stats(self, session_id: str) -> SessionStats:
+        """The session's resource use now (``GET /v1/sessions/{id}/stats``):
+        memory, CPU, pids, disk, tunnel and egress bytes (what the driver
+        can measure; the workdir driver only disk)."""
+        path = self._session_path(session_id) + "/stats"
+        data = self._request("GET", path, what="session stats", session_scoped=True)
+        return parse_one(SessionStats, data, "session stats")
+
+    def preview_url(self, session_id: str, port: int, path: str = "/") -> str:
+        """The URL of the session's preview of *port* at *path*
+        (``<api>/v1/sessions/{id}/ports/{port}/{path}``; nothing is sent).
+
+        The gateway passes requests to it to ``http://localhost:{port}`` in
+        the sandbox. It needs this client's bearer token
+        (``Authorization``); for a URL that needs none (a browser, a
+        teammate), use :meth:`port_link`.
+        """
+        return preview_url(self._base, session_id, port, path)
+
+    def port_link(self, session_id: str, port: int, expires_in: Optional[int] = None) -> PortLink:
+        """A presigned link to the session's *port* (``POST .../ports/link``):
+        anyone holding its ``url`` reaches the server without a token, until
+        ``expires_at`` or the session ends.
+
+        Args:
+            expires_in: Seconds it is valid, 1..604800 (gateway default 3600).
+
+        Raises:
+            SandboxOperationError: ``.code`` ``ports_disabled`` (403),
+                ``session_not_running``...
+        """
+        path = self._session_path(session_id) + "/ports/link"
+        body = port_link_body(port, expires_in)
+        data = self._request("POST", path, what="port link", session_scoped=True, json=body)
+        return port_link(data)
+
+    def list_audit(
+        self,
+        session: Optional[str] = None,
+        since: Union[str, datetime, None] = None,
+        limit: int = 100,
+        cursor: Optional[str] = None,
+    ) -> AuditPage:
+        """One page of this tenant's audit events, newest first (``GET /v1/audit``).
+
+        Args:
+            session: Only this session's events.
+            since: Only events at or after this time (an aware datetime or RFC 3339 text).
+            limit: At most this many events, 1..1000.
+            cursor: A previous page's ``next_cursor``, for older events.
+
+        Raises:
+            SandboxOperationError: ``.code`` ``audit_unavailable`` (the gateway keeps no audit log).
+        """
+        params = audit_params(session, since, limit, cursor)
+        return audit_page(self._request("GET", "/audit", what="list audit", params=params))
+
+    def iter_audit(
+        self, session: Optional[str] = None, since: Union[str, datetime, None] = None, page_size: int = 100
+    ) -> Iterator[AuditEvent]:
+        """Every matching audit event, newest first, following ``next_cursor``
+        page after page (requests are sent as you iterate)."""
+        cursor: Optional[str] = None
+        while True:
+            page = self.list_audit(session=session, since=since, limit=page_size, cursor=cursor)
+            yield from page.events
+            if page.next_cursor is None or page.next_cursor == cursor:
+                return
+            cursor = page.next_cursor
 
     # -- data plane: commands ----------------------------------------------
 

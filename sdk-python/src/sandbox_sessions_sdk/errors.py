@@ -26,6 +26,11 @@ sent)::
         +-- DiskFullError           507 disk_full: the sandbox's filesystem is full; nothing was written
         +-- ProcessNotFoundError    404 process_not_found: no such background process
         +-- ProcessExitedError      409 process_exited: the background process has ended
+        +-- WorkspaceNotFoundError  404 workspace_not_found: the tenant has no workspace of that name
+        +-- WorkspaceExistsError    409 workspace_exists: the tenant already has a workspace of that name
+        +-- WorkspaceBusyError      409 workspace_busy: a live session holds the workspace
+        +-- SnapshotNotFoundError   404 snapshot_not_found: the tenant has no such snapshot
+        +-- WorkspacesUnavailableError  400 workspaces_unavailable: this gateway keeps no workspaces
     +-- UnsupportedParamikoError    the installed Paramiko is outside the supported range
                                     (also a RuntimeError); raised by SessionSSHClient.connect()
 """
@@ -58,6 +63,11 @@ __all__ = [
     "ShellBusyError",
     "ProcessNotFoundError",
     "ProcessExitedError",
+    "WorkspaceNotFoundError",
+    "WorkspaceExistsError",
+    "WorkspaceBusyError",
+    "SnapshotNotFoundError",
+    "WorkspacesUnavailableError",
     "UnsupportedParamikoError",
 ]
 
@@ -337,6 +347,31 @@ class ProcessNotFoundError(SandboxOperationError):
 class ProcessExitedError(SandboxOperationError):
     """The background process has ended (HTTP 409 ``process_exited``): it
     takes no more input or signals."""
+
+
+class WorkspaceNotFoundError(SandboxOperationError):
+    """The tenant has no workspace of that name (HTTP 404
+    ``workspace_not_found``): ``delete_workspace``, or ``create_session(workspace=...)``."""
+
+
+class WorkspaceExistsError(SandboxOperationError):
+    """``create_workspace``: the tenant already has a workspace of that name
+    (HTTP 409 ``workspace_exists``)."""
+
+
+class WorkspaceBusyError(SandboxOperationError):
+    """A live session holds the workspace (HTTP 409 ``workspace_busy``): a
+    second ``create_session(workspace=...)``, or ``delete_workspace`` while
+    it is held. End the holding session first."""
+
+
+class SnapshotNotFoundError(SandboxOperationError):
+    """The tenant has no such snapshot (HTTP 404 ``snapshot_not_found``):
+    ``delete_snapshot``, or ``create_session(from_snapshot=...)``."""
+
+
+class WorkspacesUnavailableError(SandboxOperationError):
+    """This gateway keeps no workspaces (HTTP 400 ``workspaces_unavailable``)."""
 
 
 class UnsupportedParamikoError(SandboxAPIError, RuntimeError):

@@ -7,7 +7,16 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Tuple, Union, overload
 
-__all__ = ["Session", "CommandResult"]
+__all__ = [
+    "Session",
+    "CommandResult",
+    "Workspace",
+    "Snapshot",
+    "SessionStats",
+    "PortLink",
+    "AuditEvent",
+    "AuditPage",
+]
 
 _RFC3339 = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
@@ -79,6 +88,10 @@ class Session:
         secrets: The secrets given at creation, as the API shows them:
             names (environment secrets) and dicts with ``name``, ``hosts``,
             ``header``, ``format`` (secrets bound to hosts). Never values.
+        workspace: The named workspace the session holds, if any.
+        from_snapshot: The snapshot the session started from, if any.
+        workspace_sync: The held workspace's sync state (``lastSyncedAt``,
+            ``pendingBytes``, ``lastError``), if any.
     """
 
     session_id: str
@@ -99,6 +112,9 @@ class Session:
     replayed: bool = field(default=False, compare=False)
     egress: Optional[Dict[str, Any]] = None
     secrets: List[Any] = field(default_factory=list)
+    workspace: Optional[str] = None
+    from_snapshot: Optional[str] = None
+    workspace_sync: Optional[Dict[str, Any]] = None
 
     @property
     def egress_allow(self) -> List[str]:
@@ -158,6 +174,9 @@ class Session:
                 for s in (secrets if isinstance(secrets, list) else [])
                 if isinstance(s, (str, Mapping))
             ],
+            workspace=data.get("workspace") or None,
+            from_snapshot=data.get("fromSnapshot") or None,
+            workspace_sync=dict(sync) if isinstance(sync := data.get("workspaceSync"), Mapping) else None,
         )
 
 
@@ -246,3 +265,249 @@ class CommandResult(Mapping[str, Any]):
 
 #: The mapping view's keys: the five of the dict earlier versions returned.
 _COMMAND_RESULT_KEYS: Tuple[str, ...] = tuple(f.name for f in fields(CommandResult))[:5]
+
+
+# -- workspaces, snapshots, stats, port links, audit ----------------------------
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) and value else None
+
+
+@dataclass
+class Workspace:
+    """A named workspace (``POST/GET /v1/workspaces``): files that outlive sessions.
+
+    Attributes:
+        name: Its name, unique in the tenant.
+        size_bytes: Total size of its files, as last synced.
+        files: How many files it holds.
+        created_at: When it was created.
+        last_used_at: The last sync of a session holding it.
+        in_use_by: The live session holding it, or None.
+        sync: The API's sync state (``lastSyncedAt``, ``pendingBytes``,
+            ``lastError``), or None.
+        raw: The JSON object the server sent.
+    """
+
+    name: str
+    size_bytes: int = 0
+    files: int = 0
+    created_at: Optional[datetime] = None
+    last_used_at: Optional[datetime] = None
+    in_use_by: Optional[str] = None
+    sync: Optional[Dict[str, Any]] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Workspace":
+        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+            raise ValueError("not a workspace object: missing name")
+        sync = data.get("sync")
+        return cls(
+            name=data["name"],
+            size_bytes=_int(data.get("sizeBytes")) or 0,
+            files=_int(data.get("files")) or 0,
+            created_at=parse_timestamp(data.get("createdAt")),
+            last_used_at=parse_timestamp(data.get("lastUsedAt")),
+            in_use_by=_str(data.get("inUseBy")),
+            sync=dict(sync) if isinstance(sync, Mapping) else None,
+            raw=dict(data),
+        )
+
+
+@dataclass
+class Snapshot:
+    """A snapshot of a session's workspace (``POST /v1/sessions/{id}/snapshots``,
+    ``GET /v1/snapshots``). Start sessions from it with
+    ``create_session(from_snapshot=snapshot.snapshot_id)``.
+
+    Attributes:
+        snapshot_id: ``snap_...``.
+        size_bytes: Total size of the workspace's files.
+        files: How many files.
+        created_at: When it was taken.
+        session_id: The session it was taken of (in listings).
+        stored_bytes: Bytes this snapshot stored (only from the create).
+        frozen_millis: How long the session's processes were frozen (only from the create).
+        consistent: False where the driver cannot freeze processes
+            (workdir): not a point-in-time copy (only from the create).
+        raw: The JSON object the server sent.
+    """
+
+    snapshot_id: str
+    size_bytes: int = 0
+    files: int = 0
+    created_at: Optional[datetime] = None
+    session_id: Optional[str] = None
+    stored_bytes: Optional[int] = None
+    frozen_millis: Optional[float] = None
+    consistent: Optional[bool] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Snapshot":
+        if not isinstance(data, Mapping) or not isinstance(data.get("snapshotId"), str):
+            raise ValueError("not a snapshot object: missing snapshotId")
+        frozen = data.get("frozenMillis")
+        consistent = data.get("consistent")
+        return cls(
+            snapshot_id=data["snapshotId"],
+            size_bytes=_int(data.get("sizeBytes")) or 0,
+            files=_int(data.get("files")) or 0,
+            created_at=parse_timestamp(data.get("createdAt")),
+            session_id=_str(data.get("sessionId")),
+            stored_bytes=_int(data.get("storedBytes")),
+            frozen_millis=float(frozen) if isinstance(frozen, (int, float)) and not isinstance(frozen, bool) else None,
+            consistent=consistent if isinstance(consistent, bool) else None,
+            raw=dict(data),
+        )
+
+
+@dataclass
+class SessionStats:
+    """A session's resource use now (``GET /v1/sessions/{id}/stats``).
+
+    A group the sandbox driver cannot measure is None (the workdir driver
+    knows only ``disk_used_bytes``).
+
+    Attributes:
+        session_id: The session.
+        status: ``running`` or ``stopped``.
+        sampled_at: When it was read.
+        memory_bytes, memory_peak_bytes, memory_limit_bytes: The memory cgroup's counts.
+        cpu_seconds, cpu_limit: CPU time used, and the limit in cores.
+        pids, pids_limit: Processes and threads now, and the limit.
+        disk_used_bytes, disk_total_bytes: What the files take, and the
+            workspace filesystem's size (None under workdir).
+        tunnel_bytes_in, tunnel_bytes_out: Bytes through its SSH tunnels.
+        egress_bytes_in, egress_bytes_out: Bytes through its egress proxy.
+        raw: The JSON object the server sent.
+    """
+
+    session_id: str
+    status: str
+    sampled_at: Optional[datetime] = None
+    memory_bytes: Optional[int] = None
+    memory_peak_bytes: Optional[int] = None
+    memory_limit_bytes: Optional[int] = None
+    cpu_seconds: Optional[float] = None
+    cpu_limit: Optional[float] = None
+    pids: Optional[int] = None
+    pids_limit: Optional[int] = None
+    disk_used_bytes: Optional[int] = None
+    disk_total_bytes: Optional[int] = None
+    tunnel_bytes_in: int = 0
+    tunnel_bytes_out: int = 0
+    egress_bytes_in: int = 0
+    egress_bytes_out: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SessionStats":
+        if not isinstance(data, Mapping) or not isinstance(data.get("sessionId"), str):
+            raise ValueError("not a stats object: missing sessionId")
+
+        def group(name: str) -> Mapping[str, Any]:
+            g = data.get(name)
+            return g if isinstance(g, Mapping) else {}
+
+        def num(value: Any) -> Optional[float]:
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+        mem, cpu, pids, disk = group("memory"), group("cpu"), group("pids"), group("disk")
+        tunnel, egress = group("tunnel"), group("egress")
+        return cls(
+            session_id=data["sessionId"],
+            status=str(data.get("status") or ""),
+            sampled_at=parse_timestamp(data.get("sampledAt")),
+            memory_bytes=_int(mem.get("currentBytes")),
+            memory_peak_bytes=_int(mem.get("peakBytes")),
+            memory_limit_bytes=_int(mem.get("limitBytes")),
+            cpu_seconds=num(cpu.get("seconds")),
+            cpu_limit=num(cpu.get("limit")),
+            pids=_int(pids.get("current")),
+            pids_limit=_int(pids.get("limit")),
+            disk_used_bytes=_int(disk.get("usedBytes")),
+            disk_total_bytes=_int(disk.get("totalBytes")),
+            tunnel_bytes_in=_int(tunnel.get("bytesIn")) or 0,
+            tunnel_bytes_out=_int(tunnel.get("bytesOut")) or 0,
+            egress_bytes_in=_int(egress.get("bytesIn")) or 0,
+            egress_bytes_out=_int(egress.get("bytesOut")) or 0,
+            raw=dict(data),
+        )
+
+
+@dataclass
+class PortLink:
+    """A presigned preview link (``POST /v1/sessions/{id}/ports/link``):
+    anyone holding :attr:`url` reaches the port's server, no token needed,
+    until :attr:`expires_at` or the session ends. Append the server's path
+    to it (it ends in ``/``)."""
+
+    url: str
+    expires_at: Optional[datetime] = None
+
+
+@dataclass
+class AuditEvent:
+    """One event of the audit trail (``GET /v1/audit``).
+
+    The common fields are attributes; :attr:`raw` holds every field the
+    event has (``command``, ``exitCode``, ``path``, ``bytesIn``... by kind).
+
+    Attributes:
+        seq: Grows by one per event written.
+        time: When it happened.
+        kind: ``rest``, ``tunnel.open``, ``tunnel.close``, ``ssh.auth``,
+            ``command``, ``file``, ``egress``, ``session`` or ``forward``.
+        session: The session it concerns, if any.
+        request_id: The request's ``X-Request-Id``, if any.
+        op, route, method, status, result, reason: As the API names them, when present.
+    """
+
+    seq: int
+    time: Optional[datetime]
+    kind: str
+    session: Optional[str] = None
+    request_id: Optional[str] = None
+    op: Optional[str] = None
+    route: Optional[str] = None
+    method: Optional[str] = None
+    status: Optional[int] = None
+    result: Optional[str] = None
+    reason: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AuditEvent":
+        if not isinstance(data, Mapping) or _int(data.get("seq")) is None or not isinstance(data.get("kind"), str):
+            raise ValueError("not an audit event: missing seq or kind")
+        return cls(
+            seq=data["seq"],
+            time=parse_timestamp(data.get("time")),
+            kind=data["kind"],
+            session=_str(data.get("session")),
+            request_id=_str(data.get("requestId")),
+            op=_str(data.get("op")),
+            route=_str(data.get("route")),
+            method=_str(data.get("method")),
+            status=_int(data.get("status")),
+            result=_str(data.get("result")),
+            reason=_str(data.get("reason")),
+            raw=dict(data),
+        )
+
+
+@dataclass
+class AuditPage:
+    """One page of :meth:`SessionsClient.list_audit`: events newest first;
+    :attr:`next_cursor` (None on the last page) fetches older ones. A page
+    may hold fewer events than asked, or none, and still have a cursor."""
+
+    events: List[AuditEvent]
+    next_cursor: Optional[str] = None

@@ -1,0 +1,143 @@
+// Workspaces, snapshots, stats, port links and the audit trail against a real gateway.
+
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { createServer } from "node:net";
+import { after, before, describe, it } from "node:test";
+
+import {
+  SandboxClient,
+  SnapshotNotFoundError,
+  WorkspaceBusyError,
+  WorkspaceExistsError,
+  WorkspaceNotFoundError,
+} from "@sandgate/sdk";
+
+import { type Gateway, SKIP, startGateway } from "./helpers.js";
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address();
+      srv.close(() => resolve(typeof addr === "object" && addr ? addr.port : 0));
+    });
+  });
+}
+
+describe("workspaces, snapshots, stats, ports, audit", { skip: SKIP }, () => {
+  let gw: Gateway;
+  let client: SandboxClient;
+  before(async () => {
+    gw = await startGateway({ args: ["--rate-limit", "100000"] });
+    client = new SandboxClient({ baseUrl: gw.url, apiKey: gw.token });
+  });
+  after(async () => {
+    await gw?.stop();
+  });
+
+  it("checks arguments before sending", async () => {
+    await assert.rejects(client.createSession({ workspace: "w", fromSnapshot: "snap_x" }), TypeError);
+    await assert.rejects(client.createWorkspace("-lead"), TypeError);
+    await assert.rejects(client.portLink("sbx-x", 70000), RangeError);
+    await assert.rejects(client.listAudit({ limit: 0 }), RangeError);
+    assert.equal(client.previewUrl("sbx-a", 8080), `${gw.url}/v1/sessions/sbx-a/ports/8080/`);
+  });
+
+  it("keeps a workspace's files across sessions, one holder at a time", async () => {
+    const name = `ts-${randomBytes(6).toString("hex")}`;
+    const ws = await client.createWorkspace(name);
+    assert.equal(ws.name, name);
+    await assert.rejects(client.createWorkspace(name), WorkspaceExistsError);
+    const a = await client.createSession({ ttlSeconds: 300, workspace: name });
+    try {
+      assert.equal(a.workspace, name);
+      await a.write("kept.txt", "from a");
+      await assert.rejects(client.createSession({ ttlSeconds: 300, workspace: name }), (e: unknown) => {
+        assert.ok(e instanceof WorkspaceBusyError);
+        assert.equal(e.status, 409);
+        assert.equal(e.code, "workspace_busy");
+        return true;
+      });
+      assert.equal((await client.listWorkspaces()).find((w) => w.name === name)?.inUseBy, a.id);
+    } finally {
+      await client.deleteSession(a.id);
+    }
+    const b = await client.createSession({ ttlSeconds: 300, workspace: name });
+    try {
+      assert.equal(new TextDecoder().decode(await b.read("kept.txt")), "from a");
+    } finally {
+      await client.deleteSession(b.id);
+    }
+    await client.deleteWorkspace(name);
+    await assert.rejects(client.deleteWorkspace(name), WorkspaceNotFoundError);
+    await assert.rejects(client.createSession({ ttlSeconds: 300, workspace: name }), WorkspaceNotFoundError);
+  });
+
+  it("snapshots, forks, lists and deletes snapshots", async () => {
+    const src = await client.createSession({ ttlSeconds: 300 });
+    let fork: string | undefined;
+    try {
+      await src.write("state.txt", "v1");
+      const snap = await client.createSnapshot(src.id);
+      assert.match(snap.snapshotId, /^snap_[0-9a-f]{24}$/);
+      await src.write("state.txt", "v2");
+      const f = await client.createSession({ ttlSeconds: 300, fromSnapshot: snap.snapshotId });
+      fork = f.id;
+      assert.equal(f.fromSnapshot, snap.snapshotId);
+      assert.equal(new TextDecoder().decode(await f.read("state.txt")), "v1");
+      assert.deepEqual((await client.listSnapshots({ session: src.id })).map((s) => s.snapshotId), [snap.snapshotId]);
+      await client.deleteSnapshot(snap.snapshotId);
+      assert.deepEqual(await client.listSnapshots({ session: src.id }), []);
+      await assert.rejects(client.deleteSnapshot(snap.snapshotId), SnapshotNotFoundError);
+    } finally {
+      if (fork) await client.deleteSession(fork);
+      await client.deleteSession(src.id);
+    }
+  });
+
+  it("reports stats, pages the audit trail, and links a port", async () => {
+    const s = await client.createSession({ ttlSeconds: 300 });
+    try {
+      await s.write("blob.bin", new Uint8Array(32768));
+      const st = await client.sessionStats(s.id);
+      assert.equal(st.sessionId, s.id);
+      assert.ok((st.disk?.usedBytes ?? 0) >= 32768, JSON.stringify(st));
+
+      await s.exec("echo one");
+      await s.exec("echo two");
+      const first = await client.listAudit({ session: s.id, limit: 1 });
+      assert.equal(first.events.length, 1);
+      assert.ok(first.nextCursor);
+      const events = [];
+      for await (const e of client.iterAudit({ session: s.id, limit: 2 })) events.push(e);
+      assert.ok(events.every((e) => e.session === s.id));
+      const seqs = events.map((e) => e.seq);
+      assert.deepEqual(seqs, [...seqs].sort((x, y) => y - x));
+      assert.equal(new Set(seqs).size, seqs.length);
+      assert.ok(events.some((e) => e.kind === "session" && e.op === "created"));
+      assert.ok(events.filter((e) => e.kind === "command").length >= 2);
+
+      const port = await freePort();
+      await s.write("site/index.html", "hello ts\n");
+      await s.exec(`cd site && nohup python3 -m http.server ${port} --bind 127.0.0.1 >/dev/null 2>&1 &`);
+      const link = await client.portLink(s.id, port, { expiresIn: 600 });
+      assert.match(link.url, /\/links\/ports\/[^/]+\/$/);
+      let body = "";
+      for (let i = 0; i < 150 && body !== "hello ts\n"; i++) {
+        const r = await fetch(link.url + "index.html");
+        body = r.status === 200 ? await r.text() : "";
+        if (body !== "hello ts\n") await new Promise((res) => setTimeout(res, 200));
+      }
+      assert.equal(body, "hello ts\n");
+      const url = client.previewUrl(s.id, port, "/index.html");
+      assert.equal(url, `${gw.url}/v1/sessions/${s.id}/ports/${port}/index.html`);
+      const authed = await fetch(url, { headers: { Authorization: `Bearer ${gw.token}` } });
+      assert.equal(await authed.text(), "hello ts\n");
+      assert.equal((await fetch(url)).status, 401);
+    } finally {
+      await client.deleteSession(s.id);
+    }
+  });
+});

@@ -34,15 +34,22 @@ func spliceIn(conn io.Writer, stdin io.Reader) (handled bool, err error) {
 	_, _ = unix.FcntlInt(in.Fd(), unix.F_SETPIPE_SZ, pipeMax)
 	src := int(in.Fd())
 	for {
+		// Wait for ssh's next write here, holding no reference to the
+		// socket: a splice that blocked on the pipe inside raw.Write
+		// would hold one, and the socket's Close (when the gateway ends
+		// the connection) would wait for it forever, so the proxy would
+		// never exit and ssh never learn the connection is gone.
+		if err := waitReadable(src); err != nil {
+			return true, err
+		}
 		var n int64
 		var serr error
-		// The socket is non-blocking: splice returns EAGAIN when its
-		// buffer is full, having taken nothing from the pipe, and the
-		// poller waits for room. The pipe (ssh's) is blocking: splice
-		// waits for ssh's next write, as read(2) would.
+		// The pipe has data (or its writer is gone: splice says 0), so a
+		// non-blocking splice takes some; EAGAIN then means the socket's
+		// buffer is full, and the poller waits for room.
 		werr := raw.Write(func(fd uintptr) bool {
 			for {
-				n, serr = unix.Splice(src, nil, int(fd), nil, pipeMax, unix.SPLICE_F_MOVE)
+				n, serr = unix.Splice(src, nil, int(fd), nil, pipeMax, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 				if serr != unix.EINTR {
 					return serr != unix.EAGAIN
 				}
@@ -56,6 +63,18 @@ func spliceIn(conn io.Writer, stdin io.Reader) (handled bool, err error) {
 		case n == 0:
 			return true, nil // EOF on stdin
 		}
+	}
+}
+
+// waitReadable blocks until fd has data to read, or its writer closed.
+func waitReadable(fd int) error {
+	for {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		_, err := unix.Poll(pfd, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		return err
 	}
 }
 

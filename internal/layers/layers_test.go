@@ -33,6 +33,13 @@ var forbidden = map[string][]string{
 	"workspace":             {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images", "dataplane"},
 	"egress":                {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal"},
 	"audit":                 {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal", "egress", "dataplane"},
+	// cluster wraps the gateway's store and relays requests by HTTP: it
+	// reaches sessions only through gateway, never the API's or SSH's code.
+	"cluster":            {"rest", "tunnel", "sshd", "cmd", "sftpd", "sandbox/", "images", "dataplane", "workspace"},
+	"internal/metrics":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "egress", "audit", "cluster", "workspace"},
+	"internal/connlimit": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"internal/readyfile": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"internal/s3test":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "workspace", "cluster"},
 	// mcpserver is a client of the REST API: none of the gateway's code.
 	"mcpserver": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress", "dataplane", "images", "internal", "api-spec"},
 }

@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -121,16 +123,74 @@ func (l *WorkspaceLocks) Acquire(ctx context.Context, tenant, name, session stri
 }
 
 // Release deletes session's claim of tenant's workspace name, if it
-// still has it. Failing (no etcd), the claim stops holding once the
-// session is not live and this node's lease changes.
-func (l *WorkspaceLocks) Release(ctx context.Context, tenant, name, session string) {
+// still has it. A failure (no etcd) is the caller's to retry: until then
+// the claim holds while this node keeps its lease.
+func (l *WorkspaceLocks) Release(ctx context.Context, tenant, name, session string) error {
 	n := l.n
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
 	k := keyWorkspace(tenant, name)
 	if _, err := n.cli.Txn(ctx).If(bySession(k, session)...).Then(clientv3.OpDelete(k)).Commit(); err != nil {
 		n.log.Warn("cluster_workspace_release_failed", "workspace", name, "session", session, "err", err)
+		return unavailable(err)
 	}
+	return nil
+}
+
+// Tidy goes through this node's claims: one that keep wants, or whose
+// session is live, is made to hold with the node's current lease (after
+// a restart, the claim of a workspace whose last sync is still queued
+// must not stop holding when the restarting mark goes); any other is
+// deleted (a release that failed, or a claim no session of this node
+// holds any more).
+func (l *WorkspaceLocks) Tidy(ctx context.Context, keep func(tenant, name, session string) bool) error {
+	n := l.n
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
+	defer cancel()
+	prefix := Prefix + "workspaces/"
+	resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return unavailable(err)
+	}
+	var errs []error
+	for _, kv := range resp.Kvs {
+		c := parseClaim(string(kv.Value))
+		if c.node != n.cfg.NodeID {
+			continue
+		}
+		tk, name, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), prefix), "/")
+		tenant, err := url.PathUnescape(tk)
+		if !ok || err != nil {
+			continue // not a key this code writes
+		}
+		hold := keep(tenant, name, c.session)
+		if !hold {
+			if hold, err = n.exists(ctx, keyLive(tenant, c.session)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		k := string(kv.Key)
+		same := clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)
+		var op clientv3.Op
+		switch {
+		case hold && c.lease == n.leaseID():
+			continue
+		case hold:
+			op = clientv3.OpPut(k, wsClaim{c.session, n.cfg.NodeID, n.leaseID()}.String())
+		default:
+			op = clientv3.OpDelete(k)
+		}
+		if _, err := n.cli.Txn(ctx).If(same).Then(op).Commit(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n.log.Info("cluster_workspace_tidied", "workspace", name, "session", c.session, "kept", hold)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return unavailable(err)
+	}
+	return nil
 }
 
 // Holder is the session holding tenant's workspace name ("": none).

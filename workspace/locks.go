@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"time"
 )
 
 // Locks makes "one live session holds a named workspace" hold across the
@@ -14,7 +15,11 @@ type Locks interface {
 	// session holding it, on any gateway, is workspace_busy.
 	Acquire(ctx context.Context, tenant, name, session string) error
 	// Release lets go of session's reservation, if it still has it.
-	Release(ctx context.Context, tenant, name, session string)
+	Release(ctx context.Context, tenant, name, session string) error
+	// Tidy goes through this gateway's reservations: one keep wants (or
+	// whose session is live) is renewed to hold for this gateway's
+	// current run, any other is let go.
+	Tidy(ctx context.Context, keep func(tenant, name, session string) bool) error
 	// Holder is the session holding tenant's workspace name ("": none).
 	Holder(ctx context.Context, tenant, name string) (string, error)
 }
@@ -24,8 +29,92 @@ type Locks interface {
 type release struct{ tenant, name, session string }
 
 // SetLocks makes the Service reserve named workspaces through l too
-// (cluster mode). Call it before the Service is used.
-func (s *Service) SetLocks(l Locks) { s.locks = l }
+// (cluster mode). Call it before the Service is used, and before Run: it
+// renews the reservations of workspaces an earlier run left queued for
+// the pusher (released once pushed), and lets go of the others that no
+// live session holds. Failing, Run tries again.
+func (s *Service) SetLocks(l Locks) {
+	s.locks = l
+	s.tidy(context.Background())
+}
+
+// tidy has the Locks renew what this gateway still needs reserved and let
+// go of the rest (Locks.Tidy); a failure is retried by tidyLoop.
+func (s *Service) tidy(ctx context.Context) bool {
+	if s.locks == nil {
+		return true
+	}
+	s.mu.Lock()
+	s.tidyDue = false
+	s.mu.Unlock()
+	if err := s.locks.Tidy(ctx, s.keepClaim); err != nil {
+		s.cfg.Log.Warn("workspace_claims_tidy_failed", "err", err)
+		s.retryTidy()
+		return false
+	}
+	return true
+}
+
+// retryTidy marks a reservation as not let go (or not renewed): tidyLoop
+// tries again.
+func (s *Service) retryTidy() {
+	s.mu.Lock()
+	s.tidyDue = true
+	s.mu.Unlock()
+	select {
+	case s.tidyWake <- struct{}{}:
+	default:
+	}
+}
+
+// keepClaim says whether session's reservation of tenant's workspace name
+// is still needed here: the session holds it on this gateway, or the
+// workspace's last sync waits for the pusher (the reservation is then let
+// go once it is pushed).
+func (s *Service) keepClaim(tenant, name, session string) bool {
+	key := workspaceKey(tenant, name)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.claims[session]; ok || s.holders[key] == session {
+		return true
+	}
+	if _, queued := s.queue[key]; !queued {
+		return s.releases[key].session == session // let go when pushed
+	}
+	if _, ok := s.releases[key]; !ok {
+		s.releases[key] = release{tenant, name, session}
+	}
+	return true
+}
+
+// tidyLoop retries a failed release (or renewal), with backoff, and goes
+// through the reservations each interval anyway, until ctx is done.
+func (s *Service) tidyLoop(ctx context.Context, interval time.Duration) {
+	backoff := time.Duration(0)
+	for {
+		wait := interval
+		s.mu.Lock()
+		due := s.tidyDue
+		s.mu.Unlock()
+		if due {
+			backoff = min(max(2*backoff, minBackoff), maxBackoff)
+			wait = backoff
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-s.tidyWake:
+			t.Stop()
+			continue // the backoff is waited out from the top
+		case <-t.C:
+		}
+		if s.tidy(ctx) {
+			backoff = 0
+		}
+	}
+}
 
 // acquire reserves ref's workspace cluster-wide for session, after the
 // local reservation; a refusal undoes the local one.
@@ -43,6 +132,9 @@ func (s *Service) acquire(ctx context.Context, tenant, name, key, session string
 	}
 	s.mu.Lock()
 	s.claims[session] = release{tenant, name, session}
+	if s.releases[key].session == session {
+		delete(s.releases, key) // a restored session holds it again
+	}
 	s.mu.Unlock()
 	return nil
 }
@@ -60,7 +152,7 @@ func (s *Service) releaseWhenPushed(ctx context.Context, key string, r release) 
 	}
 	s.mu.Unlock()
 	if !queued {
-		s.locks.Release(ctx, r.tenant, r.name, r.session)
+		s.release(ctx, r)
 	}
 }
 
@@ -75,7 +167,15 @@ func (s *Service) pushed(ctx context.Context, key string) {
 	}
 	s.mu.Unlock()
 	if ok && !queued && s.locks != nil {
-		s.locks.Release(context.WithoutCancel(ctx), r.tenant, r.name, r.session)
+		s.release(context.WithoutCancel(ctx), r)
+	}
+}
+
+// release lets go of r; a failure is retried (tidyLoop), else the
+// reservation would hold while this gateway runs.
+func (s *Service) release(ctx context.Context, r release) {
+	if err := s.locks.Release(ctx, r.tenant, r.name, r.session); err != nil {
+		s.retryTidy()
 	}
 }
 

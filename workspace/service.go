@@ -72,6 +72,8 @@ type Service struct {
 	locks    Locks                  // cluster-wide reservations (locks.go), or nil
 	releases map[string]release     // doc key -> reservation let go once it is pushed
 	claims   map[string]release     // session -> its reservation through locks
+	tidyDue  bool                   // a release (or renewal) through locks failed
+	tidyWake chan struct{}          // tidyDue was set
 	uploaded map[string]time.Time   // artifact key -> when this gateway uploaded it
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
@@ -129,7 +131,7 @@ func New(cfg Config) (*Service, error) {
 		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, detached: map[string]time.Time{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
 		releases: map[string]release{}, claims: map[string]release{},
-		wake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}}
+		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}}
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")

@@ -41,13 +41,20 @@ func (s *Service) enqueue(key string, j job) {
 
 // Run syncs every running session's named workspace each SyncInterval
 // and pushes what changed to the object store, retrying with backoff,
-// until ctx is done.
+// until ctx is done. With Locks, the reservations are tidied each
+// SyncInterval too, and a failed release is retried (locks.go).
 func (s *Service) Run(ctx context.Context) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		s.pushLoop(ctx)
 	}()
+	tidied := make(chan struct{})
+	go func() {
+		defer close(tidied)
+		s.tidyLoop(ctx, s.cfg.SyncInterval)
+	}()
+	defer func() { <-tidied }()
 	t := time.NewTicker(s.cfg.SyncInterval)
 	defer t.Stop()
 	for {

@@ -117,18 +117,27 @@ func (a *File) Query(f Filter) (Page, error) {
 			}
 		}
 		// Not where it was (a bare seq, or its file rotated away): the
-		// first file that starts older than it holds the boundary.
+		// first file whose first valid line is older than it holds the
+		// boundary. A file with no such line (empty after a failed
+		// write, only torn lines, or all newer) is passed over: taken
+		// for the boundary, it would let the scan go on into the files
+		// after it from their ends, newer than the cursor.
 		for i, fh := range files {
 			if found {
 				break
 			}
-			if s := seqAt(fh, 0); s == 0 || s < from.Seq {
-				off, err := findSeq(fh, sizes[i], from.Seq)
-				if err != nil {
-					return Page{}, fmt.Errorf("audit query: %w", err)
-				}
-				first, end, found = i, off, true
+			s, err := firstSeq(fh, sizes[i])
+			if err != nil {
+				return Page{}, fmt.Errorf("audit query: %w", err)
 			}
+			if s == 0 || s >= from.Seq {
+				continue
+			}
+			off, err := findSeq(fh, sizes[i], from.Seq)
+			if err != nil {
+				return Page{}, fmt.Errorf("audit query: %w", err)
+			}
+			first, end, found = i, off, true
 		}
 	}
 	tenantJSON, _ := json.Marshal(f.Tenant)
@@ -265,6 +274,30 @@ func findSeq(f *os.File, size int64, seq uint64) (int64, error) {
 			if errors.Is(err, io.EOF) {
 				return size, nil
 			}
+			return 0, err
+		}
+	}
+}
+
+// firstSeq returns the seq of f's first valid line (0: none), reading
+// past lines spoilt by a crash.
+func firstSeq(f *os.File, size int64) (uint64, error) {
+	if s := seqAt(f, 0); s != 0 {
+		return s, nil
+	}
+	r := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), 64<<10)
+	for {
+		line, err := r.ReadSlice('\n')
+		if s, ok := lineSeq(line); ok {
+			return s, nil
+		}
+		for errors.Is(err, bufio.ErrBufferFull) { // a line longer than any event
+			_, err = r.ReadSlice('\n')
+		}
+		if errors.Is(err, io.EOF) {
+			return 0, nil
+		}
+		if err != nil {
 			return 0, err
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -193,5 +194,62 @@ func TestQueryTenantExact(t *testing.T) {
 	p, _ = f.Query(Filter{Tenant: `a"b<c>`})
 	if len(p.Events) != 1 || p.Events[0].Command != "odd" {
 		t.Fatalf(`a"b<c> sees %+v`, p.Events)
+	}
+}
+
+// TestQueryBareCursorPassesFilesWithoutOlderLine: a bare seq cursor (one
+// whose offset is not known) finds its boundary in the first file whose
+// first valid line is older than it: an empty current file (a failed
+// write after a rotation) or one that starts with a torn line is passed
+// over, not taken for the boundary, so nothing newer than the cursor
+// comes back.
+func TestQueryBareCursorPassesFilesWithoutOlderLine(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.log")
+	f := openTest(t, src, 1<<20, 2)
+	for range 12 {
+		f.Record(context.Background(), Event{Kind: KindSession, Tenant: "t"})
+	}
+	f.Close()
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(data), "\n") // lines[i] has seq i+1
+	path := filepath.Join(dir, "audit.log")
+	for name, current := range map[string]string{
+		"empty":      "",
+		"torn":       `{"se` + "\n" + lines[10] + lines[11],
+		"garbage":    "garbage\n" + lines[10] + lines[11],
+		"newer-only": lines[10] + lines[11],
+	} {
+		t.Run(name, func(t *testing.T) {
+			write := func(p, s string) {
+				if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(rotated(path, 2), strings.Join(lines[0:5], ""))  // 1..5
+			write(rotated(path, 1), strings.Join(lines[5:10], "")) // 6..10
+			write(path, current)
+			q, err := OpenFile(FileConfig{Path: path, MaxSize: 1 << 20, MaxFiles: 3, SyncEvery: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Close()
+			for cur, want := range map[string]string{"4": "3,2,1", "8": "7,6,5,4,3", "6": "5,4,3,2,1"} {
+				p, err := q.Query(Filter{Tenant: "t", Cursor: cur, Limit: 5})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for _, e := range p.Events {
+					got = append(got, strconv.FormatUint(e.Seq, 10))
+				}
+				if strings.Join(got, ",") != want {
+					t.Errorf("cursor %s: events %v, want %s", cur, got, want)
+				}
+			}
+		})
 	}
 }

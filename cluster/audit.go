@@ -23,7 +23,11 @@ import (
 // cluster token) and merges their pages newest first. Its cursor holds
 // each node's place: base64url of {"v":1,"n":{node: that node's cursor}},
 // a node absent once its events are all shown. A node that is down when a
-// later page is asked is left out of that page.
+// later page is asked is left out of that page, its place carried forward
+// unchanged, so its events come on a later page once it is back (maybe
+// out of time order with those shown meanwhile). A page that would show
+// nothing and only hold the places of down nodes is refused (node_down):
+// a client paging until nextCursor is empty would otherwise loop on it.
 
 // Audit query bounds (the API's own: audit.DefaultQueryLimit and
 // audit.MaxQueryLimit).
@@ -33,6 +37,9 @@ const (
 	maxAuditCursor    = 16 << 10
 	maxAuditPage      = 64 << 20 // one node's answer
 )
+
+var errAuditNodesDown = &gateway.Error{Kind: gateway.KindUnavailable, Code: "node_unavailable", RetryAfter: 5 * time.Second,
+	Message: "the nodes whose audit events are left cannot be reached now; retry later with the same cursor"}
 
 var errAuditCursor = &gateway.Error{Kind: gateway.KindInvalid, Code: "invalid_cursor",
 	Message: "cursor must be the nextCursor of an earlier page"}
@@ -118,7 +125,7 @@ func (f *Front) audit(w http.ResponseWriter, r *http.Request) {
 	pages, err := f.auditPages(r, cur, limit)
 	if err != nil {
 		f.cfg.Log.Warn("cluster_audit_failed", "err", err)
-		f.cfg.WriteError(w, errNodeDown)
+		f.cfg.WriteError(w, errAuditNodesDown)
 		return
 	}
 	for _, p := range pages {
@@ -132,6 +139,11 @@ func (f *Front) audit(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	events, next := mergeAudit(pages, cur, limit)
+	if len(events) == 0 && len(next.Nodes) > 0 && onlyDown(next, pages) {
+		f.cfg.Log.Warn("cluster_audit_nodes_down", "nodes", len(next.Nodes))
+		f.cfg.WriteError(w, errAuditNodesDown)
+		return
+	}
 	out := struct {
 		Events     []json.RawMessage `json:"events"`
 		NextCursor string            `json:"nextCursor,omitempty"`
@@ -238,8 +250,9 @@ func (f *Front) auditPage(r *http.Request, t Info, cursor string, limit int) (au
 // cursor of what is left. It stops early where a node's page ran out
 // while the node has more (its next events are not known yet). A node's
 // cursor is the seq of its last event shown ("the events older than it",
-// the cursor audit.File.Query makes) or its own next cursor once its page
-// is all shown.
+// a bare seq: its offset is not in the event) or its own next cursor
+// (SEQ.OFFSET, found at once) once its page is all shown. A node of cur
+// with no page (down) keeps its place.
 func mergeAudit(pages []auditPage, cur auditCursor, limit int) ([]json.RawMessage, auditCursor) {
 	idx := make([]int, len(pages))
 	out := []json.RawMessage{}
@@ -274,7 +287,23 @@ func mergeAudit(pages []auditPage, cur auditCursor, limit int) ([]json.RawMessag
 			next.Nodes[p.node] = p.next
 		}
 	}
+	// Nodes not asked (down): their places go on unchanged.
+	for id, c := range cur.Nodes {
+		if !slices.ContainsFunc(pages, func(p auditPage) bool { return p.node == id }) {
+			next.Nodes[id] = c
+		}
+	}
 	return out, next
+}
+
+// onlyDown reports whether every node of c went unasked (was down).
+func onlyDown(c auditCursor, pages []auditPage) bool {
+	for _, p := range pages {
+		if _, ok := c.Nodes[p.node]; ok {
+			return false
+		}
+	}
+	return true
 }
 
 // newer orders events of two nodes: by time, then node, then seq.

@@ -179,8 +179,29 @@ func TestMergeAudit(t *testing.T) {
 	if _, ok := next.Nodes["b"]; !ok {
 		t.Error("b, with events left, dropped from the cursor")
 	}
+	// A node of the cursor that was down (no page) keeps its place, ""
+	// (not started) or where it was; those all shown stay absent.
+	cur = auditCursor{V: 1, Nodes: map[string]string{"a": "9.120", "b": "", "c": "5"}}
+	pages = []auditPage{{node: "a", events: []auditEvent{ev(8, 5)}}}
+	out, next = mergeAudit(pages, cur, 10)
+	if len(out) != 1 || len(next.Nodes) != 2 || next.Nodes["b"] != "" || next.Nodes["c"] != "5" {
+		t.Errorf("down nodes: merged %d, next %v, want b from the start and c from 5", len(out), next.Nodes)
+	}
+	if _, ok := next.Nodes["b"]; !ok {
+		t.Error("b, down, dropped from the cursor")
+	}
+	if !onlyDown(next, pages) {
+		t.Error("a cursor of down nodes only not seen as such")
+	}
+	if onlyDown(cur, pages) {
+		t.Error("a cursor with a live node seen as down nodes only")
+	}
+	// Nothing asked at all: the cursor comes back as it was.
+	if out, next = mergeAudit(nil, cur, 10); len(out) != 0 || next.encode() != cur.encode() {
+		t.Errorf("no node up: merged %d, next %v", len(out), next.Nodes)
+	}
 	c, ok := decodeAuditCursor(next.encode())
-	if !ok || c.Nodes["a"] != "9" {
+	if !ok || c.Nodes["a"] != "9.120" {
 		t.Errorf("cursor round trip: %v %v", c, ok)
 	}
 	for _, bad := range []string{"", "!!", base64.RawURLEncoding.EncodeToString([]byte(`{"v":2,"n":{"a":""}}`)),

@@ -1,6 +1,11 @@
 package sshd
 
-import "io"
+import (
+	"errors"
+	"io"
+	"net"
+	"syscall"
+)
 
 // readAhead sits between a tunnel and x/crypto/ssh's transport, whose
 // bufio.Reader holds 4 KiB: for every 32 KiB packet it makes a 4 KiB read
@@ -8,9 +13,11 @@ import "io"
 // trip through the poller. After a read that fills the transport's whole
 // request (bulk data is flowing), the next read takes up to copyBufMax
 // at once into a buffer lent by the pool, and the transport's reads are
-// served from it. The buffer goes back to the pool as soon as it is
-// served, so a connection holds one only while data is arriving: an idle
-// one blocks in a read into the transport's own buffer.
+// served from it. It takes the buffer only when the socket has data ready
+// (ready), so it never blocks holding one; the buffer goes back as soon as
+// it is served. An idle connection holds no pooled buffer: it blocks in a
+// read into the transport's own. A source whose socket cannot be probed
+// gets no read-ahead.
 type readAhead struct {
 	src   io.Reader
 	pool  *bufPool
@@ -18,6 +25,9 @@ type readAhead struct {
 	big   *[]byte // lent by pool until (*big)[r:w] is served
 	r, w  int
 	err   error // the source's error, returned with the last byte of big
+	// ready reports whether a read of src returns without waiting; nil:
+	// readyOf(src).
+	ready func() bool
 }
 
 // readAheadMin is the smallest full read that turns read-ahead on: the
@@ -28,14 +38,19 @@ const readAheadMin = 4 << 10
 func (b *readAhead) Read(p []byte) (int, error) {
 	if b.big == nil && b.ahead {
 		b.ahead = false
-		b.big = b.pool.get()
-		n, err := b.src.Read(*b.big)
-		if n == 0 {
-			b.pool.put(b.big)
-			b.big = nil
-			return 0, err
+		if b.ready == nil {
+			b.ready = readyOf(b.src)
 		}
-		b.r, b.w, b.err = 0, n, err
+		if b.ready() {
+			b.big = b.pool.get()
+			n, err := b.src.Read(*b.big)
+			if n == 0 {
+				b.pool.put(b.big)
+				b.big = nil
+				return 0, err
+			}
+			b.r, b.w, b.err = 0, n, err
+		}
 	}
 	if b.big != nil {
 		n := copy(p, (*b.big)[b.r:b.w])
@@ -51,4 +66,38 @@ func (b *readAhead) Read(p []byte) (int, error) {
 	n, err := b.src.Read(p)
 	b.ahead = err == nil && n >= readAheadMin && n == len(p)
 	return n, err
+}
+
+// readyOf returns a probe of whether src's socket has data (or an end or
+// an error) to read now: a non-blocking MSG_PEEK of one byte. src is the
+// socket (a syscall.Conn) or a layer over one that names it (NetConn, as
+// *tls.Conn does; its record may still be arriving, a short wait). A
+// layer's own buffered bytes are not seen: then the probe says no, and
+// the read goes into the caller's buffer, which it fills at once. A src
+// with no socket: never ready (no read-ahead).
+func readyOf(src io.Reader) func() bool {
+	var sc syscall.Conn
+	switch c := src.(type) {
+	case syscall.Conn:
+		sc = c
+	case interface{ NetConn() net.Conn }:
+		sc, _ = c.NetConn().(syscall.Conn)
+	}
+	if sc == nil {
+		return func() bool { return false }
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return func() bool { return false }
+	}
+	return func() bool {
+		ready := false
+		var b [1]byte
+		err := rc.Read(func(fd uintptr) bool {
+			_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			ready = !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EINTR)
+			return true // never wait
+		})
+		return ready || err != nil
+	}
 }

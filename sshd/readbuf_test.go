@@ -6,7 +6,10 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"net"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // TestReadAheadStream reads a stream the way x/crypto/ssh's transport
@@ -21,8 +24,8 @@ func TestReadAheadStream(t *testing.T) {
 	wantErr := errors.New("tunnel closed")
 	src := &chunkReader{data: data, sizes: []int{copyBufMax, copyBufMax, 100, 4 << 10, 7, copyBufMax, 33 << 10, 1}, err: wantErr}
 	pool := &bufPool{}
-	ra := &readAhead{src: src, pool: pool}
-	br := bufio.NewReader(ra) // the transport's: 4 KiB
+	ra := &readAhead{src: src, pool: pool, ready: func() bool { return true }} // in memory: always ready
+	br := bufio.NewReader(ra)                                                  // the transport's: 4 KiB
 	var got bytes.Buffer
 	pkt := make([]byte, 32<<10)
 	var err error
@@ -55,7 +58,7 @@ func TestReadAheadStream(t *testing.T) {
 func TestReadAheadOnlyWhileFull(t *testing.T) {
 	data := make([]byte, 1<<20)
 	src := &chunkReader{data: data, sizes: []int{100, 4 << 10, copyBufMax, 10}}
-	ra := &readAhead{src: src, pool: &bufPool{}}
+	ra := &readAhead{src: src, pool: &bufPool{}, ready: func() bool { return true }}
 	p := make([]byte, 4<<10)
 
 	if n, _ := ra.Read(p); n != 100 || ra.ahead || ra.big != nil {
@@ -76,4 +79,83 @@ func TestReadAheadOnlyWhileFull(t *testing.T) {
 	if n, _ := ra.Read(p); n != 10 || ra.ahead || ra.big != nil {
 		t.Fatalf("quiet read: n=%d ahead=%v big=%v", n, ra.ahead, ra.big != nil)
 	}
+}
+
+// lenConn is a TCP connection that tells the length of each Read's buffer
+// as the Read starts.
+type lenConn struct {
+	*net.TCPConn
+	lens chan int
+}
+
+func (c *lenConn) Read(p []byte) (int, error) {
+	c.lens <- len(p)
+	return c.TCPConn.Read(p)
+}
+
+// TestReadAheadIdleAfterBurstHoldsNoBuffer: over a real TCP connection, a
+// burst that ends exactly with a full read (read-ahead turned on) and
+// then silence: the next read blocks in the caller's buffer, not in a
+// pooled one. Then a burst that is ready is read ahead.
+func TestReadAheadIdleAfterBurstHoldsNoBuffer(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := &lenConn{TCPConn: c.(*net.TCPConn), lens: make(chan int, 1)}
+	ra := &readAhead{src: conn, pool: &bufPool{}}
+	p := make([]byte, 4<<10)
+	for !ra.ahead { // a burst ending exactly with a full read
+		if _, err := peer.Write(p); err != nil {
+			t.Fatal(err)
+		}
+		for got := 0; got < len(p) && !ra.ahead; {
+			n, err := ra.Read(p[:len(p)-got])
+			<-conn.lens
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+	}
+	// Silence: nothing is on the socket. The read must block in p.
+	done := make(chan int)
+	go func() {
+		n, _ := ra.Read(p)
+		done <- n
+	}()
+	if l := <-conn.lens; l != len(p) {
+		t.Fatalf("idle read blocks with a %d-byte buffer, want the caller's %d", l, len(p))
+	}
+	if _, err := peer.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-done; n != 1 || ra.big != nil {
+		t.Fatalf("read %d, big %v", n, ra.big != nil)
+	}
+	// Data ready after a full read: the next read is a large one.
+	ra.ahead = true
+	if _, err := peer.Write(make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	for ra.ready == nil || !ra.ready() {
+		ra.ready = readyOf(conn) // wait for the bytes to arrive: a probe, not a timer
+	}
+	go func() { ra.Read(p); close(done) }()
+	if l := <-conn.lens; l != copyBufMax {
+		t.Fatalf("ready read with a %d-byte buffer, want %d", l, copyBufMax)
+	}
+	<-done
 }

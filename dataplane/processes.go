@@ -294,10 +294,13 @@ func (ps *Processes) end(sp *sessionProcs) {
 	sp.procs, sp.finished = map[string]*Process{}, nil
 	sp.mu.Unlock()
 	for _, p := range procs {
-		p.p.Kill()
+		// Output first: a follower then ends without a "done" line (the
+		// session is gone, not the process's own end), whichever of
+		// the kill and the process's exit it would otherwise see first.
 		if err := p.out.Remove(); err != nil {
 			sp.cfg.Log.Warn("process_output_remove_failed", "session", sp.id, "process", p.info.ProcessID, "err", err)
 		}
+		p.p.Kill()
 	}
 	if sp.dir != "" {
 		if err := os.RemoveAll(sp.dir); err != nil {

@@ -320,8 +320,12 @@ func TestRESTProcesses(t *testing.T) {
 				c2 := procClient{g: g, base: "/v1/sessions/" + s2.SessionID + "/processes"}
 				c2.start(t, map[string]any{"command": marker})
 				c2.start(t, map[string]any{"argv": []string{"sh", "-c", "trap '' HUP TERM; " + marker}})
-				if n := len(hostProcesses(marker)); n < 2 {
-					t.Fatalf("%d sleeps running, want 2", n)
+				// Start answers once the process is spawned; its exec of
+				// sleep may come a moment later.
+				for deadline := time.Now().Add(10 * time.Second); len(hostProcesses(marker)) < 2; time.Sleep(20 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d sleeps running, want 2", len(hostProcesses(marker)))
+					}
 				}
 				lines, _ := c2.output(t, "p1", 0, true)
 				if code := g.api(t, http.MethodDelete, "/v1/sessions/"+s2.SessionID, nil, nil); code != http.StatusNoContent {

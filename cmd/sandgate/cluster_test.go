@@ -86,9 +86,30 @@ func (c *etcdCluster) endpoints() string {
 }
 
 // startEtcd runs a three-member etcd cluster and waits until it is healthy.
+// The ports are picked free and then handed to etcd, so another process
+// may take one in between (the packages' tests run in parallel): a
+// cluster that does not come up is started again on other ports.
 func startEtcd(t *testing.T) *etcdCluster {
 	t.Helper()
 	bin := requireEtcd(t)
+	var why string
+	for range 3 {
+		c, ok, reason := tryStartEtcd(t, bin)
+		if ok {
+			return c
+		}
+		why = reason
+		for _, m := range c.members {
+			m.kill()
+		}
+		t.Logf("etcd did not come up, trying other ports: %s", why)
+	}
+	t.Fatalf("etcd did not come up in 3 tries: %s", why)
+	return nil
+}
+
+func tryStartEtcd(t *testing.T, bin string) (*etcdCluster, bool, string) {
+	t.Helper()
 	c := &etcdCluster{}
 	var peers []string
 	for i := range 3 {
@@ -102,10 +123,22 @@ func startEtcd(t *testing.T) *etcdCluster {
 		m.start(t)
 		t.Cleanup(m.kill)
 	}
+	// The limit only bounds a broken start (2 busy cores: be generous).
+	deadline := time.Now().Add(60 * time.Second)
 	for _, m := range c.members {
-		waitFor(t, 30*time.Second, "etcd member "+m.name+" healthy", func() bool { return etcdHealthy(m) })
+		for !etcdHealthy(m) {
+			select {
+			case <-m.done:
+				return c, false, fmt.Sprintf("member %s exited: %s", m.name, m.log.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				return c, false, fmt.Sprintf("member %s not healthy after 60s: %s", m.name, m.log.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
-	return c
+	return c, true, ""
 }
 
 func etcdHealthy(m *etcdMember) bool {

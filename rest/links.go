@@ -59,10 +59,12 @@ type linkPayload struct {
 	Expires int64  `json:"e"`
 }
 
-// linkMAC is the signature of the encoded payload for tenant.
-func linkMAC(key []byte, tenant, payload string) []byte {
+// tokenMAC is the signature of a link's encoded payload for tenant, in
+// domain: file links (linkDomain) and port links (portLinkDomain) sign in
+// their own, so neither kind opens the other.
+func tokenMAC(key []byte, domain, tenant, payload string) []byte {
 	h := hmac.New(sha256.New, key)
-	h.Write([]byte(linkDomain))
+	h.Write([]byte(domain))
 	h.Write([]byte{0})
 	h.Write([]byte(tenant))
 	h.Write([]byte{0})
@@ -70,34 +72,45 @@ func linkMAC(key []byte, tenant, payload string) []byte {
 	return h.Sum(nil)
 }
 
-// signLink returns the token of a link to path of tenant's session until
-// expires.
-func signLink(key []byte, tenant, session, path string, expires time.Time) string {
-	data, _ := json.Marshal(linkPayload{V: 1, Session: session, Path: path, Expires: expires.Unix()})
-	payload := base64.RawURLEncoding.EncodeToString(data)
-	return payload + "." + base64.RawURLEncoding.EncodeToString(linkMAC(key, tenant, payload))
+// signToken returns the token of payload for tenant, signed in domain.
+func signToken(key []byte, domain, tenant string, payload any) string {
+	data, _ := json.Marshal(payload)
+	enc := base64.RawURLEncoding.EncodeToString(data)
+	return enc + "." + base64.RawURLEncoding.EncodeToString(tokenMAC(key, domain, tenant, enc))
 }
 
-// parseLink decodes a token without verifying it: the payload's encoded
-// form, the payload and the signature.
-func parseLink(token string) (string, linkPayload, []byte, bool) {
+// parseToken decodes a token without verifying it: the payload's encoded
+// form, the payload (which valid accepts) and the signature.
+func parseToken[P any](token string, valid func(P) bool) (string, P, []byte, bool) {
+	var zero P
 	enc, sigEnc, ok := strings.Cut(token, ".")
 	if !ok || enc == "" || sigEnc == "" {
-		return "", linkPayload{}, nil, false
+		return "", zero, nil, false
 	}
 	data, err := base64.RawURLEncoding.DecodeString(enc)
 	if err != nil {
-		return "", linkPayload{}, nil, false
+		return "", zero, nil, false
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(sigEnc)
 	if err != nil || len(sig) != sha256.Size {
-		return "", linkPayload{}, nil, false
+		return "", zero, nil, false
 	}
-	var lp linkPayload
-	if err := json.Unmarshal(data, &lp); err != nil || lp.V != 1 || lp.Session == "" || lp.Path == "" {
-		return "", linkPayload{}, nil, false
+	var lp P
+	if err := json.Unmarshal(data, &lp); err != nil || !valid(lp) {
+		return "", zero, nil, false
 	}
 	return enc, lp, sig, true
+}
+
+// signLink returns the token of a link to path of tenant's session until
+// expires.
+func signLink(key []byte, tenant, session, path string, expires time.Time) string {
+	return signToken(key, linkDomain, tenant, linkPayload{V: 1, Session: session, Path: path, Expires: expires.Unix()})
+}
+
+// parseLink decodes a file link's token without verifying it.
+func parseLink(token string) (string, linkPayload, []byte, bool) {
+	return parseToken(token, func(lp linkPayload) bool { return lp.V == 1 && lp.Session != "" && lp.Path != "" })
 }
 
 // sessionOwners finds a session's tenant without a principal
@@ -207,7 +220,7 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tenant, s, ok := a.linkSession(ww, r, fail, lp.Session, lp.Expires, func(tenant string) bool {
-		return hmac.Equal(sig, linkMAC(a.cfg.LinkKey, tenant, enc))
+		return hmac.Equal(sig, tokenMAC(a.cfg.LinkKey, linkDomain, tenant, enc))
 	}, func(err error) {
 		code = "internal"
 		WriteGatewayError(ww, err)

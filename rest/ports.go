@@ -3,9 +3,6 @@ package rest
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -427,40 +424,15 @@ type portLinkPayload struct {
 	Expires int64  `json:"e"`
 }
 
-func portLinkMAC(key []byte, tenant, payload string) []byte {
-	h := hmac.New(sha256.New, key)
-	h.Write([]byte(portLinkDomain))
-	h.Write([]byte{0})
-	h.Write([]byte(tenant))
-	h.Write([]byte{0})
-	h.Write([]byte(payload))
-	return h.Sum(nil)
-}
-
 func signPortLink(key []byte, tenant, session string, port int, expires time.Time) string {
-	data, _ := json.Marshal(portLinkPayload{V: 1, Session: session, Port: port, Expires: expires.Unix()})
-	payload := base64.RawURLEncoding.EncodeToString(data)
-	return payload + "." + base64.RawURLEncoding.EncodeToString(portLinkMAC(key, tenant, payload))
+	return signToken(key, portLinkDomain, tenant, portLinkPayload{V: 1, Session: session, Port: port, Expires: expires.Unix()})
 }
 
+// parsePortLink decodes a port link's token without verifying it.
 func parsePortLink(token string) (string, portLinkPayload, []byte, bool) {
-	enc, sigEnc, ok := strings.Cut(token, ".")
-	if !ok || enc == "" || sigEnc == "" {
-		return "", portLinkPayload{}, nil, false
-	}
-	data, err := base64.RawURLEncoding.DecodeString(enc)
-	if err != nil {
-		return "", portLinkPayload{}, nil, false
-	}
-	sig, err := base64.RawURLEncoding.DecodeString(sigEnc)
-	if err != nil || len(sig) != sha256.Size {
-		return "", portLinkPayload{}, nil, false
-	}
-	var lp portLinkPayload
-	if err := json.Unmarshal(data, &lp); err != nil || lp.V != 1 || lp.Session == "" || lp.Port < 1 || lp.Port > 65535 {
-		return "", portLinkPayload{}, nil, false
-	}
-	return enc, lp, sig, true
+	return parseToken(token, func(lp portLinkPayload) bool {
+		return lp.V == 1 && lp.Session != "" && lp.Port >= 1 && lp.Port <= 65535
+	})
 }
 
 // portLink serves /v1/sessions/{id}/ports/link: POST makes a link; any
@@ -538,7 +510,7 @@ func (a *api) proxyPortLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tenant, s, ok := a.linkSession(w, r, fail, lp.Session, lp.Expires, func(tenant string) bool {
-		return hmac.Equal(sig, portLinkMAC(a.cfg.LinkKey, tenant, enc))
+		return hmac.Equal(sig, tokenMAC(a.cfg.LinkKey, portLinkDomain, tenant, enc))
 	}, func(err error) { WriteGatewayError(w, err) })
 	if !ok {
 		return

@@ -3,6 +3,7 @@ package linuxns
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"runtime"
@@ -50,15 +51,24 @@ func (s *linuxSandbox) DialLoopback(ctx context.Context, network string, port in
 	return dialIn(ctx, ns, network, net.JoinHostPort(host, strconv.Itoa(port)))
 }
 
-// dialIn connects to addr from inside the network namespace ns, as
-// listenIn listens there: one locked OS thread switches into ns for the
-// socket's creation and connect, and back; a thread that cannot switch
-// back is never reused. The connect runs on that thread to its end (the
-// Go dialer may hand the wait to the poller, but the socket was created
-// in ns, which is what counts).
+// dialIn connects to addr from inside the network namespace ns (inNetNS).
+// The connect runs on that thread to its end (the Go dialer may hand the
+// wait to the poller, but the socket was created in ns, which is what
+// counts).
 func dialIn(ctx context.Context, ns *os.File, network, addr string) (net.Conn, error) {
+	return inNetNS(ns, func() (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	})
+}
+
+// inNetNS runs open, which makes a socket, inside the network namespace
+// ns: one locked OS thread switches into ns, runs it, and switches back; a
+// thread that cannot switch back is never reused (it stays locked and
+// ends with its goroutine), and what open made is closed then.
+func inNetNS[T io.Closer](ns *os.File, open func() (T, error)) (T, error) {
 	type result struct {
-		c   net.Conn
+		v   T
 		err error
 	}
 	done := make(chan result, 1)
@@ -76,18 +86,17 @@ func dialIn(ctx context.Context, ns *os.File, network, addr string) (net.Conn, e
 			done <- result{err: fmt.Errorf("enter sandbox network namespace: %w", err)}
 			return
 		}
-		var d net.Dialer
-		c, derr := d.DialContext(ctx, network, addr)
+		v, oerr := open()
 		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
-			if c != nil {
-				c.Close()
+			if oerr == nil {
+				v.Close()
 			}
 			done <- result{err: fmt.Errorf("leave sandbox network namespace: %w", err)}
 			return // the thread stays locked, and exits with this goroutine
 		}
 		runtime.UnlockOSThread()
-		done <- result{c, derr}
+		done <- result{v, oerr}
 	}()
 	r := <-done
-	return r.c, r.err
+	return r.v, r.err
 }

@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -447,45 +446,15 @@ func (s *linuxSandbox) ListenProxy(ctx context.Context) (net.Listener, string, e
 	return ln, ProxyAddr, nil
 }
 
-// listenIn opens a TCP listener on addr inside the network namespace ns.
-// It switches one locked OS thread into ns for the socket's creation and
-// back; a thread that cannot switch back is never reused (it stays locked
-// and ends with its goroutine).
+// listenIn opens a TCP listener on addr inside the network namespace ns
+// (inNetNS).
 func listenIn(ctx context.Context, ns *os.File, addr string) (net.Listener, error) {
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		home, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: fmt.Errorf("gateway network namespace: %w", err)}
-			return
-		}
-		defer home.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: fmt.Errorf("enter sandbox network namespace: %w", err)}
-			return
-		}
+	return inNetNS(ns, func() (net.Listener, error) {
 		var lc net.ListenConfig
-		ln, lerr := lc.Listen(ctx, "tcp", addr)
-		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
-			if ln != nil {
-				ln.Close()
-			}
-			done <- result{err: fmt.Errorf("leave sandbox network namespace: %w", err)}
-			return // the thread stays locked, and exits with this goroutine
+		ln, err := lc.Listen(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("egress proxy listener in the sandbox: %w", err)
 		}
-		runtime.UnlockOSThread()
-		if lerr != nil {
-			lerr = fmt.Errorf("egress proxy listener in the sandbox: %w", lerr)
-		}
-		done <- result{ln, lerr}
-	}()
-	r := <-done
-	return r.ln, r.err
+		return ln, nil
+	})
 }

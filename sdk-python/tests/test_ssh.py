@@ -433,6 +433,38 @@ def test_concurrent_commands_on_one_connection(ssh: SessionSSHClient) -> None:
     assert time.monotonic() - t0 < 1.2
 
 
+
+def test_quick_commands_from_threads_keep_the_connection(gateway: Gateway, session: Session) -> None:
+    """Commands that exit at once, three threads to a connection.
+
+    Paramiko sends a channel's EOF (after exec) outside the channel's lock,
+    so its transport thread could answer the server's CLOSE first; the
+    server then saw an EOF for a channel it had forgotten and ended the
+    connection (about one connection in ten here). The SDK's Transport
+    drops such late messages.
+    """
+    import threading
+
+    for conn in range(8):
+        with SessionSSHClient(gateway.url, gateway.token, session.session_id, "sandbox") as ssh:
+            errors: List[BaseException] = []
+
+            def work(k: int) -> None:
+                try:
+                    for i in range(15):
+                        r = ssh.run_command(f"echo {k}-{i}")
+                        assert r["stdout"] == f"{k}-{i}\n", r
+                except BaseException as e:  # reported below
+                    errors.append(e)
+
+            threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert not errors, f"connection {conn}: {errors[0]!r}"
+
+
 # -- SFTP -----------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import secrets
+import threading
 from pathlib import Path
 from typing import Iterator, Tuple
 
@@ -20,6 +21,7 @@ from sandbox_sessions_sdk import (
     SandboxConnectionError,
     SessionsClient,
     SessionSSHClient,
+    TLSStream,
 )
 
 
@@ -80,6 +82,47 @@ def test_https_with_ca_bundle_or_no_verification(tls_gateway: Tuple[Gateway, str
             with SessionSSHClient(gw.url + "/v1", gw.token, s.session_id, "sandbox", verify_ssl=verify_ssl) as ssh:  # type: ignore[arg-type]
                 assert ssh.run_command("echo tls")["stdout"] == "tls\n"
                 # The tunnel socket is TLS, and still SSH inside.
-                assert type(ssh.transport.sock).__name__ == "SSLSocket"
+                assert isinstance(ssh.transport.sock, TLSStream)
+                assert ssh.transport.sock.version() in ("TLSv1.2", "TLSv1.3")
+        finally:
+            c.delete_session(s.session_id)
+
+
+def test_tls_tunnel_survives_concurrent_reads_and_writes(tls_gateway: Tuple[Gateway, str], tmp_path: Path) -> None:
+    """Paramiko reads the tunnel in its transport thread while callers write.
+
+    An ssl.SSLSocket shared that way broke about one connection in ten
+    (a spurious end of stream mid-command); several connections, each with
+    commands and an upload/download in flight at once, catch a regression.
+    """
+    gw, cert = tls_gateway
+    payload = secrets.token_bytes(3 << 20)
+    src = tmp_path / "up.bin"
+    src.write_bytes(payload)
+    with SessionsClient(gw.url, gw.token, verify_ssl=cert) as c:
+        s = c.create_session(ttl=120)
+        try:
+            for conn in range(6):
+                with SessionSSHClient(gw.url + "/v1", gw.token, s.session_id, "sandbox", verify_ssl=cert) as ssh:
+                    errors: list = []
+
+                    def commands(k: int) -> None:
+                        try:
+                            for i in range(15):
+                                r = ssh.run_command(f"echo {k}-{i}")
+                                assert r["stdout"] == f"{k}-{i}\n", r
+                        except BaseException as e:  # reported below
+                            errors.append(e)
+
+                    threads = [threading.Thread(target=commands, args=(k,)) for k in range(3)]
+                    for t in threads:
+                        t.start()
+                    dst = tmp_path / f"down{conn}.bin"
+                    ssh.upload_file(src, f"/tmp/up{conn}.bin")
+                    ssh.download_file(f"/tmp/up{conn}.bin", dst)
+                    for t in threads:
+                        t.join(60)
+                    assert not errors, f"connection {conn}: {errors[0]!r}"
+                    assert dst.read_bytes() == payload
         finally:
             c.delete_session(s.session_id)

@@ -21,7 +21,7 @@ from .client import SessionsClient, Shell
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
 from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
 from .ssh import SessionSSHClient
-from .tunnel import HTTPConnectTunnel
+from .tunnel import HTTPConnectTunnel, TLSStream
 
 __all__ = [
     "__version__",
@@ -30,6 +30,7 @@ __all__ = [
     "FileList",
     "Session",
     "HTTPConnectTunnel",
+    "TLSStream",
     "SessionSSHClient",
     "CommandResult",
     "Workspace",

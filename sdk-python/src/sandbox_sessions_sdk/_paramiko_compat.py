@@ -1,6 +1,6 @@
 """Every use of Paramiko's private API, in one module, behind a version check.
 
-The SDK needs four things Paramiko has no public API for:
+The SDK needs five things Paramiko has no public API for:
 
 - the ``exit-signal`` channel request, which Paramiko ignores: a Transport
   subclass routes channel requests to :func:`_handle_channel_request` first
@@ -8,6 +8,10 @@ The SDK needs four things Paramiko has no public API for:
   to Paramiko's own handler (``Channel._handle_request``);
 - sending a channel request without waiting for its reply (the ``signal``
   request, RFC 4254 6.9) and answering one: ``Transport._send_user_message``;
+- not sending a channel message after the channel's CLOSE
+  (:func:`_late_for_channel`): the Transport subclass checks every message
+  in ``Transport._send_message``, which ``_send_user_message`` calls with
+  ``clear_to_send_lock`` held, and reads ``Transport._channels``;
 - an SFTP extended request (``limits@openssh.com``): ``SFTPClient._request``;
 - pipelined SFTP reads: ``SFTPClient._async_request``, ``_read_response``
   and ``_convert_status``, and the ``_async_response`` method Paramiko calls
@@ -31,7 +35,15 @@ import re
 from typing import List, Optional, Tuple, Type, Union
 
 import paramiko
-from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST, cMSG_CHANNEL_SUCCESS
+from paramiko.common import (
+    MSG_CHANNEL_DATA,
+    MSG_CHANNEL_EOF,
+    MSG_CHANNEL_EXTENDED_DATA,
+    MSG_CHANNEL_REQUEST,
+    MSG_CHANNEL_WINDOW_ADJUST,
+    cMSG_CHANNEL_REQUEST,
+    cMSG_CHANNEL_SUCCESS,
+)
 from paramiko.message import Message
 from paramiko.sftp import CMD_DATA, CMD_READ, CMD_STATUS, SFTPError, int64
 
@@ -56,6 +68,7 @@ _BEYOND = (6, 0)
 _PRIVATE_NAMES: Tuple[Tuple[type, str], ...] = (
     (paramiko.Transport, "_channel_handler_table"),
     (paramiko.Transport, "_send_user_message"),
+    (paramiko.Transport, "_send_message"),
     (paramiko.Channel, "_handle_request"),
     (paramiko.SFTPClient, "_request"),
     (paramiko.SFTPClient, "_async_request"),
@@ -121,9 +134,39 @@ def _handle_channel_request(chan: paramiko.Channel, m: Message) -> None:
     paramiko.Channel._handle_request(chan, m)  # type: ignore[attr-defined]
 
 
+# Channel messages that must not follow the channel's CLOSE.
+_AFTER_CLOSE = frozenset((MSG_CHANNEL_WINDOW_ADJUST, MSG_CHANNEL_DATA, MSG_CHANNEL_EXTENDED_DATA, MSG_CHANNEL_EOF))
+
+
+def _late_for_channel(t: paramiko.Transport, m: Message) -> bool:
+    """Whether *m* is a data, window-adjust or EOF message for a channel that is closed.
+
+    Paramiko builds such a message under the channel's lock and sends it
+    after letting go (``shutdown_write``, ``recv``, ``send``). Meanwhile its
+    transport thread may take the server's CLOSE and send the answering
+    CLOSE, so the EOF (say) follows the CLOSE on the wire. The server has
+    forgotten the channel by then (and may have given its number to a new
+    one), and x/crypto's SSH server, like OpenSSH's for EOF, ends the whole
+    connection over a message for a channel it does not know. A command
+    that exits at once hit this about once in 50 when three threads shared
+    a connection. Called with ``clear_to_send_lock`` held, which every
+    CLOSE is sent under after the channel is marked closed, so a message
+    that passes is on the wire before its channel's CLOSE.
+    """
+    with m.packet.getbuffer() as b:
+        if len(b) < 5 or b[0] not in _AFTER_CLOSE:
+            return False
+        recipient = int.from_bytes(b[1:5], "big")
+    # A channel still waiting for its open confirmation is not active and
+    # carries remote_chanid 0 until then.
+    channels = t._channels.values()  # type: ignore[attr-defined]
+    return not any(c.active and not c.closed and c.remote_chanid == recipient for c in channels)
+
+
 @functools.lru_cache(maxsize=None)
 def transport_class() -> Type[paramiko.Transport]:
-    """A Paramiko Transport subclass whose channels record ``exit-signal``.
+    """A Paramiko Transport subclass whose channels record ``exit-signal``,
+    and which sends nothing for a channel after its CLOSE (see :func:`_late_for_channel`).
 
     Raises UnsupportedParamikoError (see :func:`check`).
     """
@@ -133,6 +176,11 @@ def transport_class() -> Type[paramiko.Transport]:
 
     class _Transport(paramiko.Transport):
         _channel_handler_table = table
+
+        def _send_message(self, data: Message) -> None:
+            if _late_for_channel(self, data):
+                return
+            super()._send_message(data)  # type: ignore[misc]
 
     return _Transport
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Union
 from urllib.parse import quote, urlsplit
 
 from ._common import (
@@ -17,12 +17,16 @@ from ._common import (
     resolve_settings,
     ssl_context,
 )
+from ._tlsstream import TLSStream
 from ._version import __version__
 from .errors import SandboxConnectionError
 
-__all__ = ["HTTPConnectTunnel"]
+__all__ = ["HTTPConnectTunnel", "TLSStream", "TunnelSocket"]
 
 DEFAULT_CONNECT_PATH = "/sessions/{sessionId}"
+
+#: What :meth:`HTTPConnectTunnel.open` returns: a socket for http, a TLSStream for https.
+TunnelSocket = Union[socket.socket, TLSStream]
 
 # Bounds on the CONNECT answer we are willing to read.
 _MAX_HEAD = 64 * 1024
@@ -88,24 +92,27 @@ class HTTPConnectTunnel(ClosesOnExit):
         self._netloc = parts.netloc.rsplit("@", 1)[-1]
         template_path = connect_path_template.replace("{sessionId}", quote(session_id, safe=""))
         self.path: str = parts.path.rstrip("/") + "/" + template_path.lstrip("/")
-        self._sock: Optional[socket.socket] = None
+        self._sock: Optional[TunnelSocket] = None
 
     def __repr__(self) -> str:
         return f"HTTPConnectTunnel(api_url={self.api_url!r}, session_id={self.session_id!r})"
 
     @property
-    def sock(self) -> Optional[socket.socket]:
+    def sock(self) -> Optional[TunnelSocket]:
         """The open socket, or None before :meth:`open` and after :meth:`close`."""
         return self._sock
 
-    def __enter__(self) -> socket.socket:
+    def __enter__(self) -> TunnelSocket:
         return self.open()
 
-    def open(self) -> socket.socket:
+    def open(self) -> TunnelSocket:
         """Connect, send CONNECT and return the socket once the gateway answers 200.
 
-        The socket (an ``ssl.SSLSocket`` for https) is in blocking mode and
-        positioned at the first byte after the answer's head.
+        The socket is in blocking mode and positioned at the first byte after
+        the answer's head. For https it is a :class:`TLSStream`: socket-like,
+        and safe to read in one thread while others write, which an
+        ``ssl.SSLSocket`` is not (SSH libraries such as Paramiko do exactly
+        that).
         """
         if self._sock is not None:
             raise SandboxConnectionError("tunnel is already open")
@@ -128,7 +135,7 @@ class HTTPConnectTunnel(ClosesOnExit):
 
     # -- internals ---------------------------------------------------------
 
-    def _dial(self, deadline: Optional[float]) -> socket.socket:
+    def _dial(self, deadline: Optional[float]) -> TunnelSocket:
         where = f"{self._host}:{self._port}"
         try:
             raw = socket.create_connection((self._host, self._port), timeout=_remaining(deadline))
@@ -143,9 +150,9 @@ class HTTPConnectTunnel(ClosesOnExit):
         if not self._tls:
             return raw
         try:
-            ctx = ssl_context(self.verify_ssl)
-            raw.settimeout(_remaining(deadline))
-            return ctx.wrap_socket(raw, server_hostname=self._host)
+            # Not ctx.wrap_socket: an SSH library reads and writes the
+            # stream from two threads, which an SSLSocket does not allow.
+            return TLSStream(raw, ssl_context(self.verify_ssl), self._host, _remaining(deadline))
         except ssl.SSLError as e:
             _close_quietly(raw)
             raise SandboxConnectionError(f"tunnel: TLS handshake with {where} failed: {e}") from e
@@ -156,7 +163,7 @@ class HTTPConnectTunnel(ClosesOnExit):
             _close_quietly(raw)
             raise SandboxConnectionError(f"tunnel: TLS handshake with {where} failed: {e}") from e
 
-    def _handshake(self, sock: socket.socket, deadline: Optional[float]) -> None:
+    def _handshake(self, sock: TunnelSocket, deadline: Optional[float]) -> None:
         lines = [
             f"CONNECT {self.path} HTTP/1.1",
             f"Host: {self._netloc}",
@@ -204,14 +211,14 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
     return left
 
 
-def _close_quietly(sock: socket.socket) -> None:
+def _close_quietly(sock: TunnelSocket) -> None:
     try:
         sock.close()
     except OSError:
         pass
 
 
-def _read_head(sock: socket.socket, deadline: Optional[float]) -> bytes:
+def _read_head(sock: TunnelSocket, deadline: Optional[float]) -> bytes:
     """Read the answer's head up to and including the blank line, one byte at a time."""
     buf = bytearray()
     while not buf.endswith(b"\r\n\r\n") and not buf.endswith(b"\n\n"):
@@ -250,7 +257,7 @@ def _parse_head(head: bytes) -> "tuple[str, int, str, CaseInsensitiveHeaders]":
     return status_line, status, reason, headers
 
 
-def _read_body(sock: socket.socket, headers: CaseInsensitiveHeaders, deadline: Optional[float]) -> bytes:
+def _read_body(sock: TunnelSocket, headers: CaseInsensitiveHeaders, deadline: Optional[float]) -> bytes:
     """Read an error answer's body when its length is known and small."""
     try:
         length = int(headers.get("Content-Length", ""))

@@ -2,6 +2,7 @@ package rest_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -236,6 +237,66 @@ func TestContractWorkspaces(t *testing.T) {
 			}
 			expect(t, r, http.StatusTooManyRequests, "rate_limited")
 		}
+	})
+
+	t.Run("limits", func(t *testing.T) {
+		lg := newGateway(t, gwOptions{cov: cov, workspaceDir: t.TempDir(), maxWorkspaces: 3, maxSnapshots: 2})
+		// Ten at once for three places: exactly three.
+		codes := make(chan result, 10)
+		for i := range 10 {
+			go func() {
+				codes <- lg.do(t, http.MethodPost, "/v1/workspaces", aliceKey, []byte(fmt.Sprintf(`{"name":"w%d"}`, i)))
+			}()
+		}
+		made := 0
+		for range 10 {
+			r := <-codes
+			switch r.status {
+			case http.StatusCreated:
+				made++
+			default:
+				expect(t, r, http.StatusTooManyRequests, "workspace_limit")
+				if !strings.Contains(string(r.body), "max-workspaces-per-tenant=3") {
+					t.Errorf("the message names no flag: %s", r.body)
+				}
+			}
+		}
+		if made != 3 {
+			t.Fatalf("%d workspaces made with room for 3", made)
+		}
+		// Another tenant has its own room; a delete makes room again.
+		expect(t, lg.do(t, http.MethodPost, "/v1/workspaces", bobKey, []byte(`{"name":"w0"}`)), http.StatusCreated, "")
+		r := lg.do(t, http.MethodGet, "/v1/workspaces", aliceKey, nil)
+		var list struct {
+			Workspaces []struct{ Name string } `json:"workspaces"`
+		}
+		if err := json.Unmarshal(r.body, &list); err != nil || len(list.Workspaces) != 3 {
+			t.Fatalf("list: %v %s", err, r.body)
+		}
+		expect(t, lg.do(t, http.MethodDelete, "/v1/workspaces/"+list.Workspaces[0].Name, aliceKey, nil), http.StatusNoContent, "")
+		expect(t, lg.do(t, http.MethodPost, "/v1/workspaces", aliceKey, []byte(`{"name":"again"}`)), http.StatusCreated, "")
+		expect(t, lg.do(t, http.MethodPost, "/v1/workspaces", aliceKey, []byte(`{"name":"more"}`)), http.StatusTooManyRequests, "workspace_limit")
+
+		id := lg.create(t, aliceKey, "").SessionID
+		var snaps []string
+		for range 2 {
+			r := lg.do(t, http.MethodPost, "/v1/sessions/"+id+"/snapshots", aliceKey, nil)
+			expect(t, r, http.StatusCreated, "")
+			var sn struct{ SnapshotID string }
+			if err := json.Unmarshal(r.body, &sn); err != nil {
+				t.Fatal(err)
+			}
+			snaps = append(snaps, sn.SnapshotID)
+		}
+		r = lg.do(t, http.MethodPost, "/v1/sessions/"+id+"/snapshots", aliceKey, nil)
+		expect(t, r, http.StatusTooManyRequests, "snapshot_limit")
+		if !strings.Contains(string(r.body), "max-snapshots-per-tenant=2") {
+			t.Errorf("the message names no flag: %s", r.body)
+		}
+		bid := lg.create(t, bobKey, "").SessionID
+		expect(t, lg.do(t, http.MethodPost, "/v1/sessions/"+bid+"/snapshots", bobKey, nil), http.StatusCreated, "")
+		expect(t, lg.do(t, http.MethodDelete, "/v1/snapshots/"+snaps[0], aliceKey, nil), http.StatusNoContent, "")
+		expect(t, lg.do(t, http.MethodPost, "/v1/sessions/"+id+"/snapshots", aliceKey, nil), http.StatusCreated, "")
 	})
 
 	requireSeen(t, cov, func(p string) bool { return strings.Contains(p, "/workspaces") || strings.Contains(p, "/snapshots") },

@@ -71,6 +71,8 @@ type gwOptions struct {
 	// workspaceDir, when set, is where a workspace engine (local store
 	// only) keeps named workspaces and snapshots.
 	workspaceDir string
+	// maxWorkspaces and maxSnapshots bound a tenant's (0: the engine's defaults).
+	maxWorkspaces, maxSnapshots int
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -144,7 +146,8 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	}
 	var wsvc *workspace.Service
 	if o.workspaceDir != "" {
-		if wsvc, err = workspace.New(workspace.Config{Dir: o.workspaceDir, Log: log}); err != nil {
+		if wsvc, err = workspace.New(workspace.Config{Dir: o.workspaceDir, Log: log,
+			MaxWorkspaces: o.maxWorkspaces, MaxSnapshots: o.maxSnapshots}); err != nil {
 			t.Fatal(err)
 		}
 		gcfg.Workspaces = wsvc

@@ -38,7 +38,12 @@ type Config struct {
 	// write, below the size of the workspace's filesystem (0: that size
 	// alone).
 	MaxBytes int64
-	Log      *slog.Logger
+	// MaxWorkspaces and MaxSnapshots bound what one tenant keeps
+	// (0: DefaultMaxWorkspaces, DefaultMaxSnapshots); past them a create
+	// is quota_exceeded's kin: workspace_limit, snapshot_limit (limits.go).
+	MaxWorkspaces int
+	MaxSnapshots  int
+	Log           *slog.Logger
 }
 
 // Service is the workspace engine. It implements gateway.Workspaces.
@@ -75,6 +80,7 @@ type Service struct {
 	tidyDue  bool                   // a release (or renewal) through locks failed
 	tidyWake chan struct{}          // tidyDue was set
 	uploaded map[string]time.Time   // artifact key -> when this gateway uploaded it
+	creating map[string]bool        // doc keys of workspaces and snapshots being created (limits.go)
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
 }
@@ -116,6 +122,12 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.MaxWorkspaces <= 0 {
+		cfg.MaxWorkspaces = DefaultMaxWorkspaces
+	}
+	if cfg.MaxSnapshots <= 0 {
+		cfg.MaxSnapshots = DefaultMaxSnapshots
+	}
 	local, err := newLocalBackend(filepath.Join(cfg.Dir, "store"))
 	if err != nil {
 		return nil, err
@@ -131,7 +143,7 @@ func New(cfg Config) (*Service, error) {
 		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, detached: map[string]time.Time{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
 		releases: map[string]release{}, claims: map[string]release{},
-		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}}
+		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}, creating: map[string]bool{}}
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")
@@ -368,6 +380,11 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	if ok {
 		return Info{}, &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_exists", Message: fmt.Sprintf("workspace %q exists", name)}
 	}
+	release, err := s.reserve(ctx, tenant, key, s.workspaceLimit())
+	if err != nil {
+		return Info{}, err
+	}
+	defer release()
 	now := time.Now().UTC()
 	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
 	if err := s.writeDoc(ctx, key, d, true); err != nil {
@@ -766,6 +783,11 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	s.mu.Unlock()
 	id := "snap_" + randomHex(12)
 	key := snapshotKey(tenant, id)
+	release, err := s.reserve(ctx, tenant, key, s.snapshotLimit())
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer release()
 	info, err := s.capture(ctx, a, key, !stopped)
 	if err != nil {
 		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace" + tooLargeWhy(err), Err: err}

@@ -120,3 +120,25 @@ func TestServeDiskFixedPerDriver(t *testing.T) {
 		}
 	}
 }
+
+func TestServeWorkspaceLimitFlags(t *testing.T) {
+	c, err := parseServe(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.workspaces.maxWS != 100 || c.workspaces.maxSnaps != 1000 {
+		t.Errorf("defaults %d, %d; want 100, 1000", c.workspaces.maxWS, c.workspaces.maxSnaps)
+	}
+	if c, err = parseServe([]string{"--max-workspaces-per-tenant", "3", "--max-snapshots-per-tenant=7"}, io.Discard); err != nil ||
+		c.workspaces.maxWS != 3 || c.workspaces.maxSnaps != 7 {
+		t.Errorf("set: %v %+v", err, c)
+	}
+	for _, args := range [][]string{
+		{"--max-workspaces-per-tenant", "0"},
+		{"--max-snapshots-per-tenant", "-1"},
+	} {
+		if _, err := parseServe(args, io.Discard); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "-")) {
+			t.Errorf("%s: %v", strings.Join(args, " "), err)
+		}
+	}
+}

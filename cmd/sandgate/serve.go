@@ -151,6 +151,9 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 		return nil, err
 	}
 	c.resources = res
+	if err := c.workspaces.check(); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,6 +18,8 @@ type workspaceFlags struct {
 	endpoint     string
 	region       string
 	syncInterval time.Duration
+	maxWS        int
+	maxSnaps     int
 }
 
 func (w *workspaceFlags) register(fs *flag.FlagSet) {
@@ -24,11 +27,25 @@ func (w *workspaceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&w.endpoint, "object-store-endpoint", "", "the object store's URL, e.g. http://127.0.0.1:9000 (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS S3)")
 	fs.StringVar(&w.region, "object-store-region", "", "the bucket's region (default: AWS_REGION, else us-east-1)")
 	fs.DurationVar(&w.syncInterval, "workspace-sync-interval", time.Minute, "how often a running session's named workspace is synced (it also is on session end and on snapshot)")
+	fs.IntVar(&w.maxWS, "max-workspaces-per-tenant", workspace.DefaultMaxWorkspaces, "named workspaces one tenant may keep; one more is refused (429 workspace_limit)")
+	fs.IntVar(&w.maxSnaps, "max-snapshots-per-tenant", workspace.DefaultMaxSnapshots, "snapshots one tenant may keep; one more is refused (429 snapshot_limit)")
+}
+
+// check refuses bounds that would refuse every create.
+func (w *workspaceFlags) check() error {
+	if w.maxWS < 1 {
+		return fmt.Errorf("--max-workspaces-per-tenant must be at least 1, got %d", w.maxWS)
+	}
+	if w.maxSnaps < 1 {
+		return fmt.Errorf("--max-snapshots-per-tenant must be at least 1, got %d", w.maxSnaps)
+	}
+	return nil
 }
 
 // open makes the workspace engine under dataDir.
 func (w *workspaceFlags) open(dataDir string, log *slog.Logger) (*workspace.Service, error) {
-	cfg := workspace.Config{Dir: filepath.Join(dataDir, "workspaces"), SyncInterval: w.syncInterval, Log: log}
+	cfg := workspace.Config{Dir: filepath.Join(dataDir, "workspaces"), SyncInterval: w.syncInterval, Log: log,
+		MaxWorkspaces: w.maxWS, MaxSnapshots: w.maxSnaps}
 	if w.objectStore != "" {
 		b, err := workspace.NewS3Backend(workspace.S3Config{URL: w.objectStore, Endpoint: w.endpoint, Region: w.region}, os.Getenv)
 		if err != nil {

@@ -350,6 +350,8 @@ class SessionsClient(ClosesOnExit):
                 starting with a letter or digit; nothing is sent).
             WorkspaceExistsError: the tenant has a workspace of that name.
             WorkspacesUnavailableError: the gateway keeps no workspaces.
+            RateLimitError: ``.code`` ``workspace_limit``: the tenant keeps as
+                many workspaces as the gateway allows; delete one first.
         """
         body = {"name": check_workspace_name(name)}
         data = self._request("POST", "/workspaces", what="create workspace", json=body)
@@ -379,6 +381,8 @@ class SessionsClient(ClosesOnExit):
         Raises:
             SessionNotFoundError: no such session.
             SandboxOperationError: ``.code`` ``snapshot_failed`` (503), ``session_not_running``...
+            RateLimitError: ``.code`` ``snapshot_limit``: the tenant keeps as
+                many snapshots as the gateway allows; delete one first.
         """
         path = self._session_path(session_id) + "/snapshots"
         data = self._request("POST", path, what="create snapshot", session_scoped=True)

@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -256,4 +258,66 @@ func TestWorkspaceReleaseRetried(t *testing.T) {
 		resp, err := cli.Get(c, cluster.Prefix+"workspaces/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		return err == nil && resp.Count == 0
 	})
+}
+
+// TestSharedStoreObjectsOutliveADelete: in cluster mode a node deleting a
+// workspace never removes objects from the shared store, where another
+// node's capture may have uploaded objects whose doc it has not pushed
+// yet. A gateway alone with its store (no Locks) does collect them: the
+// control that shows the test can fail.
+func TestSharedStoreObjectsOutliveADelete(t *testing.T) {
+	e := startEtcd1(t)
+	ctx := context.Background()
+	content := []byte("another node's file, its doc not pushed yet")
+	sum := sha256.Sum256(content)
+	hash := hex.EncodeToString(sum[:])
+	key := "objects/" + hash[:2] + "/" + hash
+
+	for _, clustered := range []bool{true, false} {
+		t.Run(fmt.Sprintf("clustered=%v", clustered), func(t *testing.T) {
+			remote := dirBackend{t.TempDir()}
+			if err := remote.Put(ctx, key, strings.NewReader(string(content)), int64(len(content))); err != nil {
+				t.Fatal(err)
+			}
+			ws := newWorkspaces(t, t.TempDir(), remote)
+			if clustered {
+				a := openNode(t, e, "a")
+				t.Cleanup(func() { a.Close(false) })
+				ws.SetLocks(a.WorkspaceLocks())
+			}
+			if _, err := ws.CreateWorkspace(ctx, "t1", "w"); err != nil {
+				t.Fatal(err)
+			}
+			if err := ws.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			docs := func() []string {
+				t.Helper()
+				keys, err := remote.List(ctx, "tenants/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return keys
+			}
+			if len(docs()) != 1 {
+				t.Fatalf("the store holds %q, want the workspace's doc", docs())
+			}
+			if err := ws.DeleteWorkspace(ctx, "t1", "w"); err != nil {
+				t.Fatal(err)
+			}
+			if err := ws.Flush(ctx); err != nil { // the remote delete, then the collection
+				t.Fatal(err)
+			}
+			if len(docs()) != 0 {
+				t.Fatalf("the deleted workspace's doc is still in the store: %q", docs())
+			}
+			_, err := os.Stat(remote.path(key))
+			if clustered && err != nil {
+				t.Fatalf("a clustered node removed an object from the shared store: %v", err)
+			}
+			if !clustered && !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("a gateway alone with its store left an unnamed object: %v", err)
+			}
+		})
+	}
 }

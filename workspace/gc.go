@@ -11,8 +11,15 @@ import (
 // names any more, here and in the object store: what a deleted workspace
 // leaves. It runs after a workspace's doc is deleted, holding gcMu, so no
 // capture stores objects for a doc it has not written yet meanwhile.
-// Artifacts (artifacts/) are not objects and stay. Within one gateway
-// this is safe; gateways sharing a bucket would need a grace period.
+// Artifacts (artifacts/) are not objects and stay.
+//
+// That holds within one gateway. Gateways sharing a bucket (cluster
+// mode: Locks set) cannot see each other's captures in flight: another
+// node may have uploaded objects whose doc is not pushed yet, or be about
+// to push a doc naming an object its cache says the store has. There a
+// node collects its local store only and leaves the shared store's
+// objects: unreferenced objects stay (storage) rather than a doc losing
+// its files (data).
 func (s *Service) collect(ctx context.Context) error {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
@@ -95,12 +102,12 @@ func (s *Service) collect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	remote := 0
-	if s.cfg.Remote != nil {
+	remote, shared := 0, s.locks != nil
+	if s.cfg.Remote != nil && !shared {
 		if remote, err = sweep(s.cfg.Remote); err != nil {
 			return err
 		}
 	}
-	s.cfg.Log.Info("workspace_objects_collected", "local", local, "remote", remote)
+	s.cfg.Log.Info("workspace_objects_collected", "local", local, "remote", remote, "shared_store_left", shared)
 	return nil
 }

@@ -23,11 +23,15 @@ import (
 func (s *Service) collect(ctx context.Context) error {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
+	shared := s.locks != nil
 	keys, err := s.local.List(ctx, "tenants/")
 	if err != nil {
 		return err
 	}
-	if s.cfg.Remote != nil {
+	// Sweeping the shared store needs every doc in it; sweeping the local
+	// store, only the local docs (an object only the store's docs name is
+	// fetched again when needed).
+	if s.cfg.Remote != nil && !shared {
 		remote, err := s.cfg.Remote.List(ctx, "tenants/")
 		if err != nil {
 			return err // sweep nothing without knowing every doc
@@ -102,7 +106,7 @@ func (s *Service) collect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	remote, shared := 0, s.locks != nil
+	remote := 0
 	if s.cfg.Remote != nil && !shared {
 		if remote, err = sweep(s.cfg.Remote); err != nil {
 			return err

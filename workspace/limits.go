@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/sandgate/sandgate/gateway"
 )
@@ -34,39 +35,65 @@ func (s *Service) snapshotLimit() limit {
 		advice: "delete one first (DELETE /v1/snapshots/{id})"}
 }
 
-// reserve counts tenant's docs of l's kind, those being created on this
-// gateway included, and reserves key for one more, or answers l's
-// quota error. The caller calls the returned release once key's doc is
-// written (or will not be). Across gateways sharing an object store the
-// count is the store's listing: two gateways creating at the same
-// instant may both fit the last place.
-func (s *Service) reserve(ctx context.Context, tenant, key string, l limit) (release func(), err error) {
+// settleFor is how long a created doc stays counted from memory after
+// its create returned: a listing that started before the doc was
+// written (an object store's LIST is a network call) does not show it.
+const settleFor = time.Minute
+
+// reserve counts tenant's docs of l's kind and reserves key for one
+// more, or answers l's quota error. The count is the union of the
+// store's listing, the docs this gateway is creating (s.creating) and
+// those it created in the last settleFor (s.settled), so a create that
+// finished while this listing travelled is not missed. The caller calls
+// the returned release once key's doc is written (written true) or will
+// not be. A listing that fails fails the create: the bound is not
+// guessed from the local store alone. Across gateways sharing an object
+// store the count is the store's listing: two gateways creating at the
+// same instant may both fit the last place.
+func (s *Service) reserve(ctx context.Context, tenant, key string, l limit) (release func(written bool), err error) {
 	prefix := tenantDir(tenant) + "/" + l.kind + "/"
-	keys, err := s.listDocs(ctx, prefix)
+	keys, err := s.listDocsStrict(ctx, prefix)
 	if err != nil {
 		return nil, errStore("could not count the tenant's "+l.kind, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	now := time.Now()
+	counted := map[string]bool{}
 	for _, k := range keys {
-		if !s.creating[k] && validDocKey(l.kind, strings.TrimPrefix(k, prefix)) {
-			n++
+		if validDocKey(l.kind, strings.TrimPrefix(k, prefix)) {
+			counted[k] = true
 		}
 	}
 	for k := range s.creating {
 		if strings.HasPrefix(k, prefix) {
-			n++
+			counted[k] = true
 		}
 	}
-	if n >= l.max {
+	for k, at := range s.settled {
+		switch {
+		case now.Sub(at) > settleFor:
+			delete(s.settled, k)
+		case strings.HasPrefix(k, prefix):
+			counted[k] = true
+		}
+	}
+	if n := len(counted); n >= l.max {
 		return nil, &gateway.Error{Kind: gateway.KindQuota, Code: l.code,
 			Message: fmt.Sprintf("the tenant has %d %s, as many as it may keep (%s=%d); %s", n, l.kind, l.flag, l.max, l.advice)}
 	}
+	if s.creating[key] {
+		// The same name created twice at once: one of them will answer
+		// workspace_exists or overwrite; count it once.
+		return func(bool) {}, nil
+	}
 	s.creating[key] = true
-	return func() {
+	return func(written bool) {
 		s.mu.Lock()
 		delete(s.creating, key)
+		if written {
+			s.settled[key] = time.Now()
+		}
 		s.mu.Unlock()
 	}, nil
 }

@@ -81,6 +81,7 @@ type Service struct {
 	tidyWake chan struct{}          // tidyDue was set
 	uploaded map[string]time.Time   // artifact key -> when this gateway uploaded it
 	creating map[string]bool        // doc keys of workspaces and snapshots being created (limits.go)
+	settled  map[string]time.Time   // doc keys created lately -> when (limits.go)
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
 }
@@ -143,7 +144,7 @@ func New(cfg Config) (*Service, error) {
 		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, detached: map[string]time.Time{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
 		releases: map[string]release{}, claims: map[string]release{},
-		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}, creating: map[string]bool{}}
+		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}, creating: map[string]bool{}, settled: map[string]time.Time{}}
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")
@@ -384,12 +385,13 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	if err != nil {
 		return Info{}, err
 	}
-	defer release()
 	now := time.Now().UTC()
 	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
 	if err := s.writeDoc(ctx, key, d, true); err != nil {
+		release(false)
 		return Info{}, errStore("could not store the workspace", err)
 	}
+	release(true)
 	if s.cfg.Remote != nil {
 		// Seen by every gateway sharing the store at once when it answers
 		// (an empty workspace names no objects); the queued push repeats it.
@@ -484,6 +486,7 @@ func (s *Service) remove(ctx context.Context, key string) error {
 	}
 	s.mu.Lock()
 	delete(s.state, key)
+	delete(s.settled, key) // no longer counted against the tenant's limit
 	s.mu.Unlock()
 	if s.cfg.Remote != nil {
 		// Gone for every gateway sharing the store at once when it
@@ -787,8 +790,8 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	defer release()
 	info, err := s.capture(ctx, a, key, !stopped)
+	release(err == nil)
 	if err != nil {
 		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace" + tooLargeWhy(err), Err: err}
 	}

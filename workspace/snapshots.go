@@ -24,6 +24,16 @@ type SnapshotEntry struct {
 // there is one and it answers (gateways sharing it change them), with
 // this gateway's unpushed ones; otherwise the local store's.
 func (s *Service) listDocs(ctx context.Context, prefix string) ([]string, error) {
+	return s.listDocsFrom(ctx, prefix, false)
+}
+
+// listDocsStrict is listDocs that fails when the object store does,
+// for counts that must not be guessed from the local store alone.
+func (s *Service) listDocsStrict(ctx context.Context, prefix string) ([]string, error) {
+	return s.listDocsFrom(ctx, prefix, true)
+}
+
+func (s *Service) listDocsFrom(ctx context.Context, prefix string, strict bool) ([]string, error) {
 	keys, err := s.local.List(ctx, prefix)
 	if err != nil {
 		return nil, err
@@ -31,6 +41,9 @@ func (s *Service) listDocs(ctx context.Context, prefix string) ([]string, error)
 	if s.cfg.Remote != nil {
 		remote, err := s.cfg.Remote.List(ctx, prefix)
 		if err != nil {
+			if strict {
+				return nil, err
+			}
 			s.cfg.Log.Warn("workspace_list_remote_failed", "err", err)
 		} else {
 			keys = slices.DeleteFunc(keys, func(k string) bool { return !s.pendingPush(k) })

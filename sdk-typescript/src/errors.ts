@@ -115,7 +115,8 @@ export class SessionGoneError extends SessionNotFoundError {
 
 /**
  * HTTP 429: the per-principal request rate (`code` `rate_limited`) or a
- * session quota (`quota_exceeded`).
+ * tenant quota: live sessions (`quota_exceeded`), kept workspaces
+ * (`workspace_limit`) or snapshots (`snapshot_limit`).
  */
 export class RateLimitError extends SandboxAPIError {
   /** `X-RateLimit-Limit`: requests allowed per window. */

@@ -174,8 +174,9 @@ class SessionGoneError(SessionNotFoundError):
 class RateLimitError(SandboxAPIError):
     """The gateway refused the request with HTTP 429.
 
-    This covers both the per-principal request rate limit and session quotas
-    (see :attr:`code`: ``"rate_limited"`` or ``"quota_exceeded"``).
+    This covers the per-principal request rate limit and the tenant's quotas
+    (see :attr:`code`: ``"rate_limited"``, ``"quota_exceeded"`` for live
+    sessions, ``"workspace_limit"`` and ``"snapshot_limit"`` for what it keeps).
 
     Attributes:
         limit: ``X-RateLimit-Limit``: requests allowed per window.

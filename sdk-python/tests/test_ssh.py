@@ -465,6 +465,44 @@ def test_quick_commands_from_threads_keep_the_connection(gateway: Gateway, sessi
             assert not errors, f"connection {conn}: {errors[0]!r}"
 
 
+
+def test_late_eof_never_reaches_a_newer_channel_with_its_number(gateway: Gateway, session: Session) -> None:
+    """An EOF built while its channel was open and sent after the server
+    closed it (and gave its number to a new channel) is dropped, not taken
+    by the new channel as its own; the new channel's own EOF goes."""
+    from sandbox_sessions_sdk import _paramiko_compat
+
+    with SessionSSHClient(gateway.url, gateway.token, session.session_id, "sandbox") as ssh:
+        t = ssh.transport
+        a = t.open_session()
+        a.exec_command("true")
+        with a.lock:  # what shutdown_write does before it lets go of the lock
+            stale_eof = a._send_eof()
+        deadline = time.monotonic() + 10
+        while not a.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert a.closed
+        time.sleep(0.2)  # the server has a's CLOSE: its number is free
+        b = t.open_session()
+        b.exec_command("cat")
+        assert b.remote_chanid == a.remote_chanid, "the server did not reuse the number; the test proves nothing"
+        with _paramiko_compat.sending_on(a):
+            t._send_user_message(stale_eof)
+        b.sendall(b"still open\n")
+        out = b""
+        deadline = time.monotonic() + 10
+        while b"still open\n" not in out and time.monotonic() < deadline:
+            if b.recv_ready():
+                out += b.recv(100)
+            time.sleep(0.01)
+        assert out == b"still open\n"
+        time.sleep(0.3)
+        assert not b.exit_status_ready(), "cat ended: b took a's EOF"
+        _paramiko_compat.shutdown_write(b)  # b's own EOF goes: cat ends
+        assert b.recv_exit_status() == 0
+        b.close()
+
+
 # -- SFTP -----------------------------------------------------------------------
 
 

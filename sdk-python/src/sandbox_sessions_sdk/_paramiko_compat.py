@@ -30,9 +30,11 @@ Nothing else in the SDK touches a Paramiko name that starts with ``_``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from typing import List, Optional, Tuple, Type, Union
+import threading
+from typing import Iterator, List, Optional, Tuple, Type, Union
 
 import paramiko
 from paramiko.common import (
@@ -54,6 +56,9 @@ __all__ = [
     "check",
     "transport_class",
     "send_signal",
+    "sending_on",
+    "shutdown_write",
+    "recv",
     "exit_signal",
     "sftp_request",
     "ReadPipeline",
@@ -137,30 +142,76 @@ def _handle_channel_request(chan: paramiko.Channel, m: Message) -> None:
 # Channel messages that must not follow the channel's CLOSE.
 _AFTER_CLOSE = frozenset((MSG_CHANNEL_WINDOW_ADJUST, MSG_CHANNEL_DATA, MSG_CHANNEL_EXTENDED_DATA, MSG_CHANNEL_EOF))
 
+# The channel the calling thread is sending for, while the SDK calls one of
+# its methods (sending_on).
+_sending = threading.local()
+
+
+@contextlib.contextmanager
+def sending_on(chan: paramiko.Channel) -> Iterator[None]:
+    """Mark what this thread sends, until the block ends, as *chan*'s.
+
+    :func:`_late_for_channel` then drops it unless that very channel is
+    still open, instead of judging by its number alone, which the server
+    may have given to a newer channel.
+    """
+    prev = getattr(_sending, "chan", None)
+    _sending.chan = chan
+    try:
+        yield
+    finally:
+        _sending.chan = prev
+
 
 def _late_for_channel(t: paramiko.Transport, m: Message) -> bool:
-    """Whether *m* is a data, window-adjust or EOF message for a channel that is closed.
+    """Whether *m* is a message for a channel that is closed, which must not be sent.
 
-    Paramiko builds such a message under the channel's lock and sends it
-    after letting go (``shutdown_write``, ``recv``, ``send``). Meanwhile its
-    transport thread may take the server's CLOSE and send the answering
-    CLOSE, so the EOF (say) follows the CLOSE on the wire. The server has
-    forgotten the channel by then (and may have given its number to a new
-    one), and x/crypto's SSH server, like OpenSSH's for EOF, ends the whole
-    connection over a message for a channel it does not know. A command
-    that exits at once hit this about once in 50 when three threads shared
-    a connection. Called with ``clear_to_send_lock`` held, which every
-    CLOSE is sent under after the channel is marked closed, so a message
-    that passes is on the wire before its channel's CLOSE.
+    Paramiko builds a channel's data, window adjust or EOF under the
+    channel's lock and sends it after letting go (``shutdown_write``,
+    ``recv``, ``send``). Meanwhile its transport thread may take the
+    server's CLOSE and send the answering CLOSE, so the EOF (say) follows
+    the CLOSE on the wire. The server has forgotten the channel by then,
+    and x/crypto's SSH server, like OpenSSH's for EOF, ends the whole
+    connection over a message for a channel it does not know; or it has
+    given the number to a newer channel, which would take the message as
+    its own. Commands that exit at once, three threads to a connection,
+    broke about one connection in ten.
+
+    A message sent inside :func:`sending_on` goes only while that channel
+    is open (this also covers the ``signal`` request). Any other data,
+    window adjust or EOF goes only while some open channel has its number.
+    Called with ``clear_to_send_lock`` held, which every CLOSE is sent under
+    after its channel is marked closed, so a message that passes is on the
+    wire before its channel's CLOSE. The EOF Paramiko's own ``close()``
+    sends just before a CLOSE is dropped too: CLOSE alone ends a channel.
     """
     with m.packet.getbuffer() as b:
-        if len(b) < 5 or b[0] not in _AFTER_CLOSE:
+        if len(b) < 5 or (b[0] not in _AFTER_CLOSE and b[0] != MSG_CHANNEL_REQUEST):
             return False
+        kind = b[0]
         recipient = int.from_bytes(b[1:5], "big")
+    chan = getattr(_sending, "chan", None)
+    if chan is not None and chan.transport is t and chan.remote_chanid == recipient:
+        return chan.closed or not chan.active
+    if kind == MSG_CHANNEL_REQUEST:
+        return False  # a request for a channel the server does not know is answered, not fatal
     # A channel still waiting for its open confirmation is not active and
     # carries remote_chanid 0 until then.
     channels = t._channels.values()  # type: ignore[attr-defined]
     return not any(c.active and not c.closed and c.remote_chanid == recipient for c in channels)
+
+
+def shutdown_write(chan: paramiko.Channel) -> None:
+    """``chan.shutdown_write()``, its EOF dropped if the channel closed meanwhile."""
+    with sending_on(chan):
+        chan.shutdown_write()
+
+
+def recv(chan: paramiko.Channel, n: int, stderr: bool = False) -> bytes:
+    """``chan.recv(n)`` (or ``recv_stderr``), its window adjust dropped if the channel closed meanwhile."""
+    with sending_on(chan):
+        data: bytes = chan.recv_stderr(n) if stderr else chan.recv(n)
+        return data
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,7 +252,8 @@ def send_signal(chan: paramiko.Channel, name: str) -> None:
     m.add_string(name)
     if chan.transport is None:
         raise EOFError("the channel has no transport")
-    chan.transport._send_user_message(m)  # type: ignore[attr-defined]
+    with sending_on(chan):  # not to a newer channel that has its number
+        chan.transport._send_user_message(m)  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------

@@ -61,7 +61,9 @@ class TLSStream:
         self._writer = threading.Lock()  # held by the one thread draining _outgoing
         self._reader = threading.Lock()  # one recv at a time
         self._timeout: Optional[float] = None
+        # Paramiko's Transport.stop_thread reads sock._closed: keep the name.
         self._closed = False
+        self._broken = False  # a write stopped halfway: the stream is corrupt
         self._rwait = _waiter(raw, readable=True)
         self._wwait = _waiter(raw, readable=False)
         raw.setblocking(False)
@@ -76,6 +78,7 @@ class TLSStream:
         with self._reader:
             deadline = self._deadline()
             while True:
+                fatal: Optional[ssl.SSLError] = None
                 with self._state:
                     try:
                         data: Optional[bytes] = self._tls.read(bufsize)
@@ -83,12 +86,16 @@ class TLSStream:
                         data = None
                     except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                         data = b""  # close_notify, or the peer just closed (like suppress_ragged_eofs)
+                    except ssl.SSLError as e:
+                        data, fatal = None, e  # its alert, if OpenSSL made one, goes first
                     answer = self._outgoing.pending > 0  # a key update wants an answer
                 if answer:
                     try:
                         self._flush(block=False)
                     except OSError:
                         pass  # the socket is gone: the read below, or the next one, says so
+                if fatal is not None:
+                    raise fatal
                 if data is not None:
                     return data
                 self._fill(deadline)
@@ -98,6 +105,8 @@ class TLSStream:
             raise ValueError("TLSStream.send does not take flags")
         if self._closed:
             raise OSError(9, "TLS stream is closed")
+        if self._broken:
+            raise OSError(5, "TLS stream is broken: an earlier write stopped halfway")
         view = memoryview(data).cast("B")
         if not view:
             return 0
@@ -239,11 +248,17 @@ class TLSStream:
 
     def _send_raw(self, chunk: bytes) -> None:
         view = memoryview(chunk)
-        while view:
-            try:
-                view = view[self._raw.send(view) :]
-            except (BlockingIOError, InterruptedError):
-                self._wwait(None)
+        try:
+            while view:
+                try:
+                    view = view[self._raw.send(view) :]
+                except (BlockingIOError, InterruptedError):
+                    self._wwait(None)
+        except BaseException:
+            # Part of a record went out and the rest never will: anything
+            # sent after it would reach the peer as garbage.
+            self._broken = True
+            raise
 
 
 def _waiter(raw: socket.socket, readable: bool) -> Callable[[Optional[float]], None]:

@@ -456,7 +456,7 @@ class SessionSSHClient(ClosesOnExit):
                 if self.get_pty:
                     chan.get_pty()
                 chan.exec_command(command)
-                chan.shutdown_write()
+                _paramiko_compat.shutdown_write(chan)
             except Exception as e:
                 raise SandboxOperationError(f"the server refused to run the command: {e}") from e
             out = _Stream(max_output_bytes, on_stdout)
@@ -482,10 +482,10 @@ class SessionSSHClient(ClosesOnExit):
             for _ in range(_DRAIN_ROUNDS):
                 moved = False
                 if chan.recv_ready():
-                    out.feed(chan.recv(_RECV_CHUNK))
+                    out.feed(_paramiko_compat.recv(chan, _RECV_CHUNK))
                     moved = True
                 if chan.recv_stderr_ready():
-                    err.feed(chan.recv_stderr(_RECV_CHUNK))
+                    err.feed(_paramiko_compat.recv(chan, _RECV_CHUNK, stderr=True))
                     moved = True
                 if not moved:
                     return

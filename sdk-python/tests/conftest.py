@@ -14,10 +14,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import pytest
 
@@ -344,3 +345,29 @@ def wait_gone(needle: str, within: float = 5.0) -> List[int]:
         time.sleep(0.05)
         left = processes_matching(needle)
     return left
+
+
+def echo_from_threads(ssh: SessionSSHClient, threads: int = 3, each: int = 15) -> "Callable[[], Optional[BaseException]]":
+    """Start *threads* threads that each run *each* quick ``echo`` commands
+    on *ssh* and check their output; return a function that waits for them
+    and returns the first error (None when all passed)."""
+    errors: List[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(each):
+                r = ssh.run_command(f"echo {k}-{i}")
+                assert r["stdout"] == f"{k}-{i}\n", r
+        except BaseException as e:  # returned by finish
+            errors.append(e)
+
+    started = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in started:
+        t.start()
+
+    def finish() -> Optional[BaseException]:
+        for t in started:
+            t.join(60)
+        return errors[0] if errors else None
+
+    return finish

@@ -13,7 +13,7 @@ from typing import List
 
 import paramiko
 import pytest
-from conftest import Gateway, processes_matching, wait_gone
+from conftest import Gateway, echo_from_threads, processes_matching, wait_gone
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -443,26 +443,10 @@ def test_quick_commands_from_threads_keep_the_connection(gateway: Gateway, sessi
     connection (about one connection in ten here). The SDK's Transport
     drops such late messages.
     """
-    import threading
-
     for conn in range(8):
         with SessionSSHClient(gateway.url, gateway.token, session.session_id, "sandbox") as ssh:
-            errors: List[BaseException] = []
-
-            def work(k: int) -> None:
-                try:
-                    for i in range(15):
-                        r = ssh.run_command(f"echo {k}-{i}")
-                        assert r["stdout"] == f"{k}-{i}\n", r
-                except BaseException as e:  # reported below
-                    errors.append(e)
-
-            threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-            assert not errors, f"connection {conn}: {errors[0]!r}"
+            err = echo_from_threads(ssh)()
+            assert err is None, f"connection {conn}: {err!r}"
 
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import secrets
-import threading
 from pathlib import Path
 from typing import Iterator, Tuple
 
 import pytest
-from conftest import Gateway, start_gateway
+from conftest import Gateway, echo_from_threads, start_gateway
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -104,25 +103,12 @@ def test_tls_tunnel_survives_concurrent_reads_and_writes(tls_gateway: Tuple[Gate
         try:
             for conn in range(6):
                 with SessionSSHClient(gw.url + "/v1", gw.token, s.session_id, "sandbox", verify_ssl=cert) as ssh:
-                    errors: list = []
-
-                    def commands(k: int) -> None:
-                        try:
-                            for i in range(15):
-                                r = ssh.run_command(f"echo {k}-{i}")
-                                assert r["stdout"] == f"{k}-{i}\n", r
-                        except BaseException as e:  # reported below
-                            errors.append(e)
-
-                    threads = [threading.Thread(target=commands, args=(k,)) for k in range(3)]
-                    for t in threads:
-                        t.start()
+                    finish = echo_from_threads(ssh)
                     dst = tmp_path / f"down{conn}.bin"
                     ssh.upload_file(src, f"/tmp/up{conn}.bin")
                     ssh.download_file(f"/tmp/up{conn}.bin", dst)
-                    for t in threads:
-                        t.join(60)
-                    assert not errors, f"connection {conn}: {errors[0]!r}"
+                    err = finish()
+                    assert err is None, f"connection {conn}: {err!r}"
                     assert dst.read_bytes() == payload
         finally:
             c.delete_session(s.session_id)

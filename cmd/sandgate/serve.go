@@ -337,8 +337,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		report = r.Report()
 		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
 	}
-	seccomp := seccompStatus(driver)
-	log.Info("sandbox_seccomp", "driver", driver.Name(), "seccomp", seccomp)
+	log.Info("sandbox_seccomp", "driver", driver.Name(), "seccomp", seccompStatus(driver))
 	store, err := gateway.OpenBoltStore(filepath.Join(cfg.dataDir, "sessions.db"))
 	if err != nil {
 		return err
@@ -425,7 +424,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
 		Ready: func() (map[string]any, error) {
-			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccomp}, nil
+			// Asked each time: sandboxes adopted without the filter come and go.
+			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccompStatus(driver)}, nil
 		},
 		DataPlane:  cfg.dataPlane.config(cfg, egressCfg.Proxy),
 		LinkKey:    linkKey,

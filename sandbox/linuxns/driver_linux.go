@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -89,6 +90,9 @@ type Driver struct {
 
 	mu    sync.Mutex
 	slots map[int]string // slot -> sandbox id
+	// unfiltered holds the running sandboxes adopted without the seccomp
+	// filter (their init predates it): Seccomp reports them.
+	unfiltered map[string]bool
 }
 
 // New returns the linux driver after checking that this host can run
@@ -116,7 +120,7 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	}
 	d := &Driver{
 		cfg: cfg, limits: cfg.Limits.WithDefaults(), root: root, exe: exe, log: cfg.Log,
-		slots: map[int]string{0: ""}, sockCheck: socketCheck,
+		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, sockCheck: socketCheck,
 	}
 	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
 		return nil, err
@@ -143,11 +147,16 @@ func (d *Driver) Name() string { return "linux" }
 func (d *Driver) Report() map[string]any { return d.report }
 
 // Seccomp describes the seccomp filter of every sandbox (serve logs it
-// and shows it in /readyz).
+// and shows it in /readyz). "unfiltered" lists the running sandboxes
+// adopted from an init that predates the filter: they run without it
+// until they end (a stop and resume starts them under it).
 func (d *Driver) Seccomp() map[string]any {
+	d.mu.Lock()
+	unfiltered := slices.Sorted(maps.Keys(d.unfiltered))
+	d.mu.Unlock()
 	return map[string]any{
 		"enabled": !d.noSeccomp, "arch": d.seccomp.Arch, "errno": "EPERM",
-		"blocked": d.seccomp.Blocked, "userns": d.seccomp.UserNS,
+		"blocked": d.seccomp.Blocked, "userns": d.seccomp.UserNS, "unfiltered": unfiltered,
 	}
 }
 
@@ -206,6 +215,7 @@ func (d *Driver) freeSlot(slot int, id string) {
 	defer d.mu.Unlock()
 	if slot > 0 && d.slots[slot] == id {
 		delete(d.slots, slot)
+		delete(d.unfiltered, id)
 	}
 }
 
@@ -322,6 +332,10 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return fmt.Errorf("pidfd of sandbox init: %w", err)
 	}
 	st.Pid = cmd.Process.Pid
+	st.Seccomp = !d.noSeccomp
+	d.mu.Lock()
+	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init
+	d.mu.Unlock()
 	sb.setInit(cmd, os.NewFile(uintptr(pidfd), "init"))
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
@@ -594,6 +608,13 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 		return nil, fmt.Errorf("adopt %s: %w", id, err)
 	}
 	c.Close()
+	if !st.Seccomp && !d.noSeccomp {
+		d.mu.Lock()
+		d.unfiltered[id] = true
+		d.mu.Unlock()
+		d.log.Warn("sandbox_without_seccomp", "sandbox", id,
+			"reason", "adopted from an init that predates the seccomp filter; it runs without it until it ends")
+	}
 	return sb, nil
 }
 

@@ -4,10 +4,14 @@ package linuxns_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -291,5 +295,70 @@ with zipfile.ZipFile("tinypkg-0.1-py3-none-any.whl", "w") as z:
 				t.Fatalf("%s: %+v\nstdout %q\nstderr %s", tt.cmd, e, out, stderr)
 			}
 		})
+	}
+}
+
+// TestLinuxSeccompReportsAdoptedUnfiltered: a sandbox adopted from an
+// init that predates the filter (its state says nothing of seccomp) is
+// listed as unfiltered, with a warning, until it ends; one started under
+// the filter is not.
+func TestLinuxSeccompReportsAdoptedUnfiltered(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	old := openLinux(t, sandbox.Config{DataDir: dataDir})
+	for _, id := range []string{"sbx-seccomp-old", "sbx-seccomp-new"} {
+		sb, err := old.Create(context.Background(), sandbox.Spec{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = old.Remove(context.Background(), id) }) // when the test stops early
+		if err := sb.(sandbox.Detacher).Detach(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What a binary older than the filter wrote.
+	statePath := filepath.Join(dataDir, "sandboxes", "sbx-seccomp-old", "state.json")
+	b, err := os.ReadFile(statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st["seccomp"] != true {
+		t.Fatalf("a new sandbox's state does not record its filter: %s", b)
+	}
+	delete(st, "seccomp")
+	if b, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(statePath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs lockedBuffer
+	d := openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	var adopted []sandbox.Sandbox
+	for _, id := range []string{"sbx-seccomp-old", "sbx-seccomp-new"} {
+		sb, err := d.Adopt(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		adopted = append(adopted, sb)
+	}
+	if got := d.Seccomp()["unfiltered"]; !slices.Equal(got.([]string), []string{"sbx-seccomp-old"}) {
+		t.Fatalf("unfiltered = %v, want [sbx-seccomp-old]", got)
+	}
+	if !strings.Contains(logs.String(), "msg=sandbox_without_seccomp sandbox=sbx-seccomp-old") {
+		t.Errorf("no warning: %s", logs.String())
+	}
+	for _, sb := range adopted {
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := d.Seccomp()["unfiltered"]; len(got.([]string)) != 0 {
+		t.Fatalf("unfiltered after the sandboxes ended = %v", got)
 	}
 }

@@ -39,6 +39,10 @@ type sandboxState struct {
 	// Protocol is the version of the control protocol the init speaks: an
 	// upgraded gateway may adopt an init started by an older binary.
 	Protocol int `json:"protocol"`
+	// Seccomp says the init runs its commands under the seccomp filter;
+	// false for inits started without it (a test switch) or by a binary
+	// older than the filter.
+	Seccomp bool `json:"seccomp,omitempty"`
 	// Stopped says the sandbox was stopped (Stopper): it has no init and
 	// no cgroups, only its files; Pid is 0 once the init is gone.
 	Stopped bool `json:"stopped,omitempty"`

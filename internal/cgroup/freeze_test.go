@@ -26,48 +26,68 @@ func requireRoot(t *testing.T) {
 	t.Skip("cgroup tests need root")
 }
 
-// TestFreezeRoot: Freeze freezes a process in a v1 freezer cgroup and in
-// a v2 cgroup (cgroup.freeze), as the kernel reports, and thaw undoes it.
-func TestFreezeRoot(t *testing.T) {
-	requireRoot(t)
+// freezer is one way this host freezes a cgroup: control takes on or off;
+// state is where the kernel says whether the cgroup is frozen (frozen,
+// thawed).
+type freezer struct{ mount, control, on, off, state, frozen, thawed string }
+
+// freezers lists the host's freezers by hierarchy ("v1", "v2"): none
+// skips the test, and fails it in CI.
+func freezers(t *testing.T) map[string]freezer {
+	t.Helper()
 	v1, v2, err := cgroupMounts()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// state is where the kernel says whether the cgroup is frozen;
-	// control (and thaw) is what undoes a freeze on cleanup.
-	type freezeCase struct{ mount, state, frozen, thawed, control, thaw string }
-	cases := map[string]freezeCase{}
+	fs := map[string]freezer{}
 	if m, ok := v1["freezer"]; ok {
-		cases["v1"] = freezeCase{m, "freezer.state", "FROZEN", "THAWED", "freezer.state", "THAWED"}
+		fs["v1"] = freezer{m, "freezer.state", "FROZEN", "THAWED", "freezer.state", "FROZEN", "THAWED"}
 	}
 	if v2 != "" {
-		cases["v2"] = freezeCase{v2, "cgroup.events", "frozen 1", "frozen 0", "cgroup.freeze", "0"}
+		fs["v2"] = freezer{v2, "cgroup.freeze", "1", "0", "cgroup.events", "frozen 1", "frozen 0"}
 	}
-	if len(cases) == 0 {
+	if len(fs) == 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no freezer in CI")
+		}
 		t.Skip("no freezer on this host")
 	}
-	for name, c := range cases {
+	return fs
+}
+
+// sleepingCgroup makes cgroup name under f's hierarchy holding a sleep,
+// and on cleanup kills it, thaws the cgroup and removes it.
+func sleepingCgroup(t *testing.T, f freezer, name string) string {
+	t.Helper()
+	dir := filepath.Join(f.mount, name+"-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sleep := exec.Command("sleep", "1000")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sleep.Process.Kill()
+		_ = os.WriteFile(filepath.Join(dir, f.control), []byte(f.off), 0)
+		_, _ = sleep.Process.Wait()
+		if err := Remove([]string{dir}); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestFreezeRoot: Freeze freezes a process in a v1 freezer cgroup and in
+// a v2 cgroup (cgroup.freeze), as the kernel reports, and thaw undoes it.
+func TestFreezeRoot(t *testing.T) {
+	requireRoot(t)
+	for name, c := range freezers(t) {
 		t.Run(name, func(t *testing.T) {
-			dir := filepath.Join(c.mount, "sandgate-freeze-test-"+strconv.Itoa(os.Getpid()))
-			if err := os.Mkdir(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			sleep := exec.Command("sleep", "1000")
-			if err := sleep.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = sleep.Process.Kill()
-				_ = os.WriteFile(filepath.Join(dir, c.control), []byte(c.thaw), 0)
-				_, _ = sleep.Process.Wait()
-				if err := Remove([]string{dir}); err != nil {
-					t.Error(err)
-				}
-			})
-			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0); err != nil {
-				t.Fatal(err)
-			}
+			dir := sleepingCgroup(t, c, "sandgate-freeze-test")
 			thaw, err := Freeze(context.Background(), []string{dir})
 			if err != nil {
 				t.Fatal(err)
@@ -105,45 +125,9 @@ func read(t *testing.T, path string) string {
 // undoes a freeze made behind Freeze's back and says it found one.
 func TestFreezeDeadline(t *testing.T) {
 	requireRoot(t)
-	v1, v2, err := cgroupMounts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	type freezeCase struct{ mount, control, on, off string }
-	cases := map[string]freezeCase{}
-	if m, ok := v1["freezer"]; ok {
-		cases["v1"] = freezeCase{m, "freezer.state", "FROZEN", "THAWED"}
-	}
-	if v2 != "" {
-		cases["v2"] = freezeCase{v2, "cgroup.freeze", "1", "0"}
-	}
-	if len(cases) == 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no freezer in CI")
-		}
-		t.Skip("no freezer on this host")
-	}
-	for name, c := range cases {
+	for name, c := range freezers(t) {
 		t.Run(name, func(t *testing.T) {
-			dir := filepath.Join(c.mount, "sandgate-freeze-deadline-"+strconv.Itoa(os.Getpid()))
-			if err := os.Mkdir(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			sleep := exec.Command("sleep", "1000")
-			if err := sleep.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = sleep.Process.Kill()
-				_ = os.WriteFile(filepath.Join(dir, c.control), []byte(c.off), 0)
-				_, _ = sleep.Process.Wait()
-				if err := Remove([]string{dir}); err != nil {
-					t.Error(err)
-				}
-			})
-			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0); err != nil {
-				t.Fatal(err)
-			}
+			dir := sleepingCgroup(t, c, "sandgate-freeze-deadline")
 			control := filepath.Join(dir, c.control)
 			never := func() (bool, error) { return false, nil }
 			thaw, err := freeze(context.Background(), control, c.on, c.off, time.Millisecond, never)

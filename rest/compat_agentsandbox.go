@@ -232,13 +232,8 @@ func (x *agentSandboxAPI) linkURL(r *http.Request, s *gateway.Session, p string,
 	if u, ok := x.a.presignArtifact(r.Context(), s, p, time.Duration(expiresIn)*time.Second); ok {
 		return u
 	}
-	expires := time.Now().Add(time.Duration(expiresIn) * time.Second).Truncate(time.Second).UTC()
-	token := signLink(x.a.cfg.LinkKey, s.Tenant, s.ID, p, expires)
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	return scheme + "://" + r.Host + "/links/" + token
+	token := signLink(x.a.cfg.LinkKey, s.Tenant, s.ID, p, linkExpiry(expiresIn))
+	return gatewayURL(r) + "/links/" + token
 }
 
 // agentExecuteRequest is the body of POST /v1/execute.

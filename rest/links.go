@@ -130,6 +130,35 @@ type linkJSON struct {
 	ExpiresAt time.Time `json:"expiresAt"`
 }
 
+// linkExpiresIn reads a link request's expiresIn (default
+// DefaultLinkExpiry), answering invalid_expires_in out of bounds; ok is
+// false once it answered.
+func linkExpiresIn(w http.ResponseWriter, in *int) (seconds int, ok bool) {
+	if in == nil {
+		return DefaultLinkExpiry, true
+	}
+	if *in < 1 || *in > MaxLinkExpiry {
+		WriteError(w, http.StatusBadRequest, "invalid_expires_in",
+			fmt.Sprintf("expiresIn must be between 1 and %d seconds (7 days), got %d", MaxLinkExpiry, *in))
+		return 0, false
+	}
+	return *in, true
+}
+
+// linkExpiry is when a link made now for seconds expires, to the second.
+func linkExpiry(seconds int) time.Time {
+	return time.Now().Add(time.Duration(seconds) * time.Second).Truncate(time.Second).UTC()
+}
+
+// gatewayURL is the scheme and host the request reached the gateway by,
+// the base of the links it hands out.
+func gatewayURL(r *http.Request) string {
+	if r.TLS != nil {
+		return "https://" + r.Host
+	}
+	return "http://" + r.Host
+}
+
 // createLink serves POST /v1/sessions/{id}/files/link: a presigned URL
 // for the regular file at path.
 func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
@@ -138,14 +167,9 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, status, code, msg)
 		return
 	}
-	expiresIn := DefaultLinkExpiry
-	if req.ExpiresIn != nil {
-		expiresIn = *req.ExpiresIn
-		if expiresIn < 1 || expiresIn > MaxLinkExpiry {
-			WriteError(w, http.StatusBadRequest, "invalid_expires_in",
-				fmt.Sprintf("expiresIn must be between 1 and %d seconds (7 days), got %d", MaxLinkExpiry, expiresIn))
-			return
-		}
+	expiresIn, ok := linkExpiresIn(w, req.ExpiresIn)
+	if !ok {
+		return
 	}
 	raw := ""
 	if req.Path != nil {
@@ -182,14 +206,10 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusConflict, code, fmt.Sprintf("%s is %s; links are to regular files", p, what))
 		return
 	}
-	expires := time.Now().Add(time.Duration(expiresIn) * time.Second).Truncate(time.Second).UTC()
+	expires := linkExpiry(expiresIn)
 	token := signLink(a.cfg.LinkKey, s.Tenant, s.ID, p, expires)
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
 	a.cfg.Log.InfoContext(r.Context(), "link_created", "session", s.ID, "tenant", s.Tenant, "path", p, "expires_at", expires)
-	_ = writeJSON(w, http.StatusOK, linkJSON{URL: scheme + "://" + r.Host + "/links/" + token, ExpiresAt: expires})
+	_ = writeJSON(w, http.StatusOK, linkJSON{URL: gatewayURL(r) + "/links/" + token, ExpiresAt: expires})
 }
 
 // fetchLink serves GET /links/{token}, without authentication: the file

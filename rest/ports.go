@@ -465,14 +465,9 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_port", "port must be a TCP port, 1..65535; got "+got)
 		return
 	}
-	expiresIn := DefaultLinkExpiry
-	if req.ExpiresIn != nil {
-		expiresIn = *req.ExpiresIn
-		if expiresIn < 1 || expiresIn > MaxLinkExpiry {
-			WriteError(w, http.StatusBadRequest, "invalid_expires_in",
-				fmt.Sprintf("expiresIn must be between 1 and %d seconds (7 days), got %d", MaxLinkExpiry, expiresIn))
-			return
-		}
+	expiresIn, ok := linkExpiresIn(w, req.ExpiresIn)
+	if !ok {
+		return
 	}
 	if _, ok := a.cfg.Sessions.(sessionOwners); !ok {
 		WriteError(w, http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
@@ -482,14 +477,10 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	expires := time.Now().Add(time.Duration(expiresIn) * time.Second).Truncate(time.Second).UTC()
+	expires := linkExpiry(expiresIn)
 	token := signPortLink(a.cfg.LinkKey, s.Tenant, s.ID, *req.Port, expires)
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
 	a.cfg.Log.Info("port_link_created", "session", s.ID, "tenant", s.Tenant, "port", *req.Port, "expires_at", expires)
-	_ = writeJSON(w, http.StatusOK, linkJSON{URL: scheme + "://" + r.Host + "/links/ports/" + token + "/", ExpiresAt: expires})
+	_ = writeJSON(w, http.StatusOK, linkJSON{URL: gatewayURL(r) + "/links/ports/" + token + "/", ExpiresAt: expires})
 }
 
 // proxyPortLink serves /links/ports/{token}/*, without authentication: the

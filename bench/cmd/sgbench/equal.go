@@ -217,26 +217,7 @@ func (b *bench) rowEqConn() error {
 		}
 	}
 	if b.cfg.wantRow("e2") {
-		sockA, stopA, err := b.startMaster("sg-eq")
-		if err != nil {
-			return err
-		}
-		defer stopA()
-		sockB, stopB, err := b.startMaster("sshd-eq")
-		if err != nil {
-			return err
-		}
-		defer stopB()
-		mux := func(sock, host string) func() (float64, error) {
-			return timed(func() (time.Duration, error) {
-				return b.runClient("", "", "ssh", "-F", b.sshCfg, "-S", sock, host, "true")
-			})
-		}
-		a, c := mux(sockA, "sg-eq"), mux(sockB, "sshd-eq")
-		if _, _, err := alternate(3, a, c); err != nil {
-			return err
-		}
-		sa, sb, err := alternate(b.cfg.execN, a, c)
+		sa, sb, err := b.muxExecs("sg-eq", "sshd-eq")
 		if err != nil {
 			return err
 		}

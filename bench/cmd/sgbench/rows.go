@@ -159,15 +159,18 @@ func (b *bench) startMaster(host string) (sock string, stop func(), err error) {
 	return "", nil, fmt.Errorf("ControlMaster for %s: no socket after 15s", host)
 }
 
-func (b *bench) rowControlMaster() error {
-	sockA, stopA, err := b.startMaster("sg")
+// muxExecs times execN `ssh -S sock host true` runs against a
+// ControlMaster of each host, alternating, after 3 warm-ups: the
+// seconds of each run on hostA and on hostB.
+func (b *bench) muxExecs(hostA, hostB string) (sa, sb []float64, err error) {
+	sockA, stopA, err := b.startMaster(hostA)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	defer stopA()
-	sockB, stopB, err := b.startMaster("sshd")
+	sockB, stopB, err := b.startMaster(hostB)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	defer stopB()
 	mux := func(sock, host string) func() (float64, error) {
@@ -175,11 +178,15 @@ func (b *bench) rowControlMaster() error {
 			return b.runClient("", "", "ssh", "-F", b.sshCfg, "-S", sock, host, "true")
 		})
 	}
-	a, c := mux(sockA, "sg"), mux(sockB, "sshd")
+	a, c := mux(sockA, hostA), mux(sockB, hostB)
 	if _, _, err := alternate(3, a, c); err != nil { // warm-up
-		return err
+		return nil, nil, err
 	}
-	sa, sb, err := alternate(b.cfg.execN, a, c)
+	return alternate(b.cfg.execN, a, c)
+}
+
+func (b *bench) rowControlMaster() error {
+	sa, sb, err := b.muxExecs("sg", "sshd")
 	if err != nil {
 		return err
 	}

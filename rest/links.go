@@ -150,6 +150,17 @@ func linkExpiry(seconds int) time.Time {
 	return time.Now().Add(time.Duration(seconds) * time.Second).Truncate(time.Second).UTC()
 }
 
+// linkedSession is the session a link is being made for (dataSession),
+// or links_unavailable on a gateway whose sessions cannot say their
+// owner, which a link's check needs; ok is false once it answered.
+func (a *api) linkedSession(w http.ResponseWriter, r *http.Request) (*gateway.Session, bool) {
+	if _, ok := a.cfg.Sessions.(sessionOwners); !ok {
+		WriteError(w, http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
+		return nil, false
+	}
+	return a.dataSession(w, r)
+}
+
 // gatewayURL is the scheme and host the request reached the gateway by,
 // the base of the links it hands out.
 func gatewayURL(r *http.Request) string {
@@ -180,11 +191,7 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 		a.writeFileError(w, r, err)
 		return
 	}
-	if _, ok := a.cfg.Sessions.(sessionOwners); !ok {
-		WriteError(w, http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
-		return
-	}
-	s, ok := a.dataSession(w, r)
+	s, ok := a.linkedSession(w, r)
 	if !ok {
 		return
 	}

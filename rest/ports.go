@@ -469,11 +469,7 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if _, ok := a.cfg.Sessions.(sessionOwners); !ok {
-		WriteError(w, http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
-		return
-	}
-	s, ok := a.dataSession(w, r)
+	s, ok := a.linkedSession(w, r)
 	if !ok {
 		return
 	}

@@ -25,11 +25,7 @@ func TestAuditForward(t *testing.T) {
 	s := g.createSession(t)
 	auditPath := filepath.Join(g.DataDir, "audit.log")
 	port := freePort(t)
-	marker := "sandgate-audit-forward-" + s.SessionID
-	c := procClient{g: g, base: "/v1/sessions/" + s.SessionID + "/processes"}
-	c.start(t, map[string]any{"command": fmt.Sprintf(
-		"mkdir -p fwdroot && echo %s > fwdroot/marker.txt && cd fwdroot && exec python3 -m http.server %d --bind 127.0.0.1",
-		marker, port), "name": "http"})
+	marker := serveMarker(t, g, s.SessionID, port, "sandgate-audit-forward-")
 
 	// OpenSSH ssh -N -L: one HTTP/1.0 GET is one channel, ended by the server.
 	local := freePort(t)

@@ -71,6 +71,19 @@ func wantProhibited(t *testing.T, what string, err error) {
 	}
 }
 
+// serveMarker starts, in session id, python's http.server on port of its
+// loopback, serving fwdroot/marker.txt, and returns the marker the file
+// holds (prefix + the session id).
+func serveMarker(t *testing.T, g *gatewayProc, id string, port int, prefix string) string {
+	t.Helper()
+	marker := prefix + id
+	c := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	c.start(t, map[string]any{"command": fmt.Sprintf(
+		"mkdir -p fwdroot && echo %s > fwdroot/marker.txt && cd fwdroot && exec python3 -m http.server %d --bind 127.0.0.1",
+		marker, port), "name": "http"})
+	return marker
+}
+
 // httpGetRetry fetches url until it answers 200 or the deadline passes
 // (the server in the sandbox and ssh -L take a moment to listen).
 func httpGetRetry(t *testing.T, url string) string {
@@ -113,11 +126,7 @@ func TestForwardLocalPort(t *testing.T) {
 			// and on linux the host's own port must be free for the
 			// check that the sandbox's server is not reachable there.
 			port := freePort(t)
-			marker := "sandgate-forward-" + s.SessionID
-			c := procClient{g: g, base: "/v1/sessions/" + s.SessionID + "/processes"}
-			c.start(t, map[string]any{"command": fmt.Sprintf(
-				"mkdir -p fwdroot && echo %s > fwdroot/marker.txt && cd fwdroot && exec python3 -m http.server %d --bind 127.0.0.1",
-				marker, port), "name": "http"})
+			marker := serveMarker(t, g, s.SessionID, port, "sandgate-forward-")
 
 			// OpenSSH ssh -N -L through the gateway.
 			local := freePort(t)

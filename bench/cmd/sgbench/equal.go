@@ -195,21 +195,9 @@ func (b *bench) rowEqConn() error {
 		for _, w := range b.eqWays() {
 			hosts = append(hosts, w.host)
 		}
-		for _, h := range hosts {
-			if _, err := b.ssh(h, "true"); err != nil {
-				return err
-			}
-		}
-		samples := map[string][]float64{}
-		for i := 0; i < b.cfg.newConnN; i++ {
-			for j := range hosts {
-				h := hosts[(i+j)%len(hosts)]
-				d, err := b.ssh(h, "true")
-				if err != nil {
-					return err
-				}
-				samples[h] = append(samples[h], d.Seconds())
-			}
+		samples, err := b.newConnSamples(hosts)
+		if err != nil {
+			return err
 		}
 		for i, w := range b.eqWays() {
 			r.add(&Row{ID: fmt.Sprintf("e1%c", 'a'+i), Name: "new connection + `true` (ssh)", Stat: "median", Unit: "s",

@@ -66,6 +66,29 @@ func timed(f func() (time.Duration, error)) func() (float64, error) {
 
 // --- row 1: new connection + true ---------------------------------------
 
+// newConnSamples times newConnN `ssh host true` runs per host, rotating
+// the hosts' order each round, after one warm-up each (page cache, host
+// key files): seconds by host.
+func (b *bench) newConnSamples(hosts []string) (map[string][]float64, error) {
+	for _, h := range hosts {
+		if _, err := b.ssh(h, "true"); err != nil {
+			return nil, err
+		}
+	}
+	samples := map[string][]float64{}
+	for i := 0; i < b.cfg.newConnN; i++ {
+		for j := range hosts {
+			h := hosts[(i+j)%len(hosts)]
+			d, err := b.ssh(h, "true")
+			if err != nil {
+				return nil, err
+			}
+			samples[h] = append(samples[h], d.Seconds())
+		}
+	}
+	return samples, nil
+}
+
 func (b *bench) rowNewConn() error {
 	hosts := []string{"sg", "sshd", "sshd-go", "sg-defkex", "sshd-defkex"}
 	if b.ref != nil {
@@ -76,21 +99,9 @@ func (b *bench) rowNewConn() error {
 	if b.fdpass && b.ref == nil {
 		hosts = append(hosts, "sg-stdio")
 	}
-	samples := map[string][]float64{}
-	for _, h := range hosts { // warm-up: page cache, host key files
-		if _, err := b.ssh(h, "true"); err != nil {
-			return err
-		}
-	}
-	for i := 0; i < b.cfg.newConnN; i++ {
-		for j := range hosts {
-			h := hosts[(i+j)%len(hosts)]
-			d, err := b.ssh(h, "true")
-			if err != nil {
-				return err
-			}
-			samples[h] = append(samples[h], d.Seconds())
-		}
+	samples, err := b.newConnSamples(hosts)
+	if err != nil {
+		return err
 	}
 	sg := NewStats(samples["sg"])
 	via := "sandgate proxy"

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/sandgate/sandgate/cluster"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/workspace"
 )
 
@@ -31,16 +31,6 @@ type etcd1 struct {
 	bin, dir, client, peer string
 	cmd                    *exec.Cmd
 	done                   chan struct{}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startEtcd1 runs one etcd member; it skips where there is no etcd, and
@@ -55,7 +45,7 @@ func startEtcd1(t *testing.T) *etcd1 {
 		t.Skip("etcd is not installed (apt-get install etcd-server)")
 	}
 	e := &etcd1{bin: bin, dir: t.TempDir(),
-		client: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), peer: fmt.Sprintf("http://127.0.0.1:%d", freePort(t))}
+		client: fmt.Sprintf("http://127.0.0.1:%d", gwtest.FreePort(t)), peer: fmt.Sprintf("http://127.0.0.1:%d", gwtest.FreePort(t))}
 	e.start(t)
 	t.Cleanup(e.stop)
 	return e

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -351,7 +352,7 @@ func TestContractPorts(t *testing.T) {
 			expect(t, r, 400, "invalid_port")
 		}
 		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID+"/ports/0/x", aliceKey, nil), 400, "invalid_port")
-		closed := fmt.Sprintf("/v1/sessions/%s/ports/%d/x", s.SessionID, freeHostPort(t))
+		closed := fmt.Sprintf("/v1/sessions/%s/ports/%d/x", s.SessionID, gwtest.FreePort(t))
 		r := g.do(t, http.MethodGet, closed, aliceKey, nil)
 		expect(t, r, 502, "port_unreachable")
 		expect(t, g.do(t, http.MethodPost, closed, aliceKey, []byte("x")), 502, "port_unreachable")
@@ -460,7 +461,7 @@ func TestContractPorts(t *testing.T) {
 		expect(t, g.do(t, http.MethodPost, base, "", []byte(`{"port": 80}`)), 401, "unauthorized")
 		expect(t, g.do(t, http.MethodPost, base, bobKey, []byte(`{"port": 80}`)), 404, "not_found")
 
-		r = g.do(t, http.MethodPost, base, aliceKey, []byte(fmt.Sprintf(`{"port": %d}`, freeHostPort(t))))
+		r = g.do(t, http.MethodPost, base, aliceKey, []byte(fmt.Sprintf(`{"port": %d}`, gwtest.FreePort(t))))
 		expect(t, r, 200, "")
 		_ = json.Unmarshal(r.body, &l)
 		u, _ = url.Parse(l.URL)
@@ -537,17 +538,6 @@ func flip(s string) string {
 		return "B" + s[1:]
 	}
 	return "A" + s[1:]
-}
-
-// freeHostPort is a port nothing listens on, on the host's loopback, just now.
-func freeHostPort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // noPortsGateway is g's manager behind an API built with NoPorts (what

@@ -24,11 +24,11 @@ func TestAuditForward(t *testing.T) {
 	g := startGateway(t, "--sandbox", "workdir")
 	s := g.createSession(t)
 	auditPath := filepath.Join(g.DataDir, "audit.log")
-	port := freePort(t)
+	port := gwtest.FreePort(t)
 	marker := serveMarker(t, g, s.SessionID, port, "sandgate-audit-forward-")
 
 	// OpenSSH ssh -N -L: one HTTP/1.0 GET is one channel, ended by the server.
-	local := freePort(t)
+	local := gwtest.FreePort(t)
 	cmd := newCmd(g.clientEnv(), ssh, append(g.sshOpts(t, s), "-N", "-o", "ExitOnForwardFailure=yes",
 		"-L", fmt.Sprintf("127.0.0.1:%d:localhost:%d", local, port), s.SessionID)...)
 	if err := cmd.Start(); err != nil {

@@ -73,7 +73,7 @@ func TestClusterLinksAuditAndRelayedConnects(t *testing.T) {
 		t.Errorf("forged link through B: %d %s", code, body)
 	}
 	// A port link made on A, opened through B.
-	port := freePort(t)
+	port := gwtest.FreePort(t)
 	putFile(t, a.gatewayProc, s.SessionID, "site/marker.txt", "port-linked\n")
 	procClient{g: a.gatewayProc, base: "/v1/sessions/" + s.SessionID + "/processes"}.start(t,
 		map[string]any{"command": fmt.Sprintf("cd site && exec python3 -m http.server %d --bind 127.0.0.1", port), "name": "http"})

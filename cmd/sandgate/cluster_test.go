@@ -114,7 +114,7 @@ func tryStartEtcd(t *testing.T, bin string) (*etcdCluster, bool, string) {
 	var peers []string
 	for i := range 3 {
 		m := &etcdMember{name: fmt.Sprintf("m%d", i), dir: t.TempDir(), binPath: bin,
-			client: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)), peer: fmt.Sprintf("http://127.0.0.1:%d", freePort(t))}
+			client: fmt.Sprintf("http://127.0.0.1:%d", gwtest.FreePort(t)), peer: fmt.Sprintf("http://127.0.0.1:%d", gwtest.FreePort(t))}
 		c.members = append(c.members, m)
 		peers = append(peers, m.name+"="+m.peer)
 	}
@@ -173,7 +173,7 @@ type clusterNode struct {
 // startNode runs a gateway as a node of etcd on a fixed port.
 func startNode(t *testing.T, etcd *etcdCluster, tokenFile string, extra ...string) *clusterNode {
 	t.Helper()
-	n := &clusterNode{port: freePort(t)}
+	n := &clusterNode{port: gwtest.FreePort(t)}
 	n.args = append([]string{"--listen", "127.0.0.1:" + strconv.Itoa(n.port),
 		"--cluster-etcd", etcd.endpoints(), "--cluster-token-file", tokenFile,
 		"--cluster-advertise", "http://127.0.0.1:" + strconv.Itoa(n.port)}, extra...)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,17 +15,6 @@ import (
 	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/tunnel"
 )
-
-// freePort is a TCP port free on the host's loopback just now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // goSSH is an x/crypto/ssh client on session s, through the tunnel.
 func goSSH(t *testing.T, g *gatewayProc, s sessionJSON) *gossh.Client {
@@ -125,11 +113,11 @@ func TestForwardLocalPort(t *testing.T) {
 			// A port free on the host: workdir shares the host's network,
 			// and on linux the host's own port must be free for the
 			// check that the sandbox's server is not reachable there.
-			port := freePort(t)
+			port := gwtest.FreePort(t)
 			marker := serveMarker(t, g, s.SessionID, port, "sandgate-forward-")
 
 			// OpenSSH ssh -N -L through the gateway.
-			local := freePort(t)
+			local := gwtest.FreePort(t)
 			cmd := newCmd(g.clientEnv(), ssh, append(g.sshOpts(t, s), "-N", "-o", "ExitOnForwardFailure=yes",
 				"-L", fmt.Sprintf("127.0.0.1:%d:localhost:%d", local, port), s.SessionID)...)
 			var sshErr strings.Builder
@@ -199,7 +187,7 @@ func TestForwardLocalPort(t *testing.T) {
 // freePortNot is a free host port other than not.
 func freePortNot(t *testing.T, not int) int {
 	for {
-		if p := freePort(t); p != not {
+		if p := gwtest.FreePort(t); p != not {
 			return p
 		}
 	}

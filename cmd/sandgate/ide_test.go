@@ -135,7 +135,7 @@ func TestIDERemoteSSH(t *testing.T) {
 			}
 
 			// 3. Started with a long-running exec that reports its port.
-			port := freePort(t)
+			port := gwtest.FreePort(t)
 			srv, err := c.NewSession()
 			if err != nil {
 				t.Fatal(err)

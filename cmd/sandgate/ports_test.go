@@ -189,7 +189,7 @@ func TestPreviewPorts(t *testing.T) {
 		t.Run(driver, func(t *testing.T) {
 			g := startGateway(t, append(forwardDriverArgs(t, driver), "--api-key", "default:test-token", "--api-key", "bob:bob-token")...)
 			s := g.createSession(t)
-			httpPort := freePort(t)
+			httpPort := gwtest.FreePort(t)
 			wsPort := freePortNot(t, httpPort)
 			marker := "sandgate-preview-" + s.SessionID
 			putFile(t, g, s.SessionID, "site/marker.txt", marker+"\n")

@@ -369,6 +369,18 @@ func TaggedProcesses(id string) []int {
 	return pids
 }
 
+// FreePort is a TCP port nothing listens on, on the host's loopback,
+// just now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
 // RequireTool returns the path of an external tool the test needs. It
 // skips the test when the tool is missing locally, and fails it under
 // CI=true, where .ci/run installs every tool.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,13 +14,7 @@ import (
 // ends with suffix.
 func (f *fakeS3) s3Has(t *testing.T, prefix, suffix string) bool {
 	t.Helper()
-	resp, err := http.Get(f.URL + "/sandgate-test?list-type=2&max-keys=1000&prefix=" + prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return strings.Contains(string(b), suffix+"</Key>")
+	return strings.Contains(f.list(t, prefix), suffix+"</Key>")
 }
 
 // TestClusterWorkspaceRestoredOnAnotherNode: with one object store shared

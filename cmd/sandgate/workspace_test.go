@@ -91,9 +91,9 @@ func (f *fakeS3) stats(t *testing.T) s3Stats {
 	return st
 }
 
-// keys counts the objects under prefix in the test bucket (gofakes3
-// checks no signature: a plain ListObjectsV2).
-func (f *fakeS3) keys(t *testing.T, prefix string) int {
+// list is the test bucket's listing of prefix, as XML (gofakes3 checks
+// no signature: a plain ListObjectsV2).
+func (f *fakeS3) list(t *testing.T, prefix string) string {
 	t.Helper()
 	resp, err := http.Get(f.URL + "/sandgate-test?list-type=2&max-keys=1000&prefix=" + prefix)
 	if err != nil {
@@ -104,7 +104,13 @@ func (f *fakeS3) keys(t *testing.T, prefix string) int {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("list %s: %d %s", prefix, resp.StatusCode, b)
 	}
-	return strings.Count(string(b), "<Key>")
+	return string(b)
+}
+
+// keys counts the objects under prefix in the test bucket.
+func (f *fakeS3) keys(t *testing.T, prefix string) int {
+	t.Helper()
+	return strings.Count(f.list(t, prefix), "<Key>")
 }
 
 func (f *fakeS3) args() []string {

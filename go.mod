@@ -83,3 +83,5 @@ require (
 	gopkg.in/mgo.v2 v2.0.0-20180705113604-9856a29383ce // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 )
+
+replace golang.org/x/crypto => ./third_party/golang.org/x/crypto

@@ -14,19 +14,26 @@ const (
 	copyBufMax = 256 << 10
 )
 
-// bufPool lends the large copy buffers, so that a copy moving between
-// bursts and quiet spells does not allocate one each time.
-type bufPool struct{ p sync.Pool }
+// bufPool lends the copy buffers, small and large, so that neither a
+// copy moving between bursts and quiet spells nor every short command
+// (three copies each) allocates and clears its buffers anew.
+type bufPool struct{ small, large sync.Pool }
 
-func (b *bufPool) get() *[]byte {
-	if v, ok := b.p.Get().(*[]byte); ok {
+func (b *bufPool) get() *[]byte { return poolGet(&b.large, copyBufMax) }
+
+func (b *bufPool) put(buf *[]byte) { b.large.Put(buf) }
+
+func (b *bufPool) getSmall() *[]byte { return poolGet(&b.small, copyBufMin) }
+
+func (b *bufPool) putSmall(buf *[]byte) { b.small.Put(buf) }
+
+func poolGet(p *sync.Pool, size int) *[]byte {
+	if v, ok := p.Get().(*[]byte); ok {
 		return v
 	}
-	buf := make([]byte, copyBufMax)
+	buf := make([]byte, size)
 	return &buf
 }
-
-func (b *bufPool) put(buf *[]byte) { b.p.Put(buf) }
 
 // copyStream copies src to dst like io.Copy, but switches to a large
 // buffer while reads fill the small one, and back after a read that fills
@@ -35,10 +42,12 @@ func (b *bufPool) put(buf *[]byte) { b.p.Put(buf) }
 // adjustment, so one large read in place of several small ones saves both
 // the adjustments and the writes into the process's pipe.
 func copyStream(dst io.Writer, src io.Reader, pool *bufPool) (int64, error) {
-	small := make([]byte, copyBufMin)
+	smallBuf := pool.getSmall()
+	small := *smallBuf
 	buf := small
 	var large *[]byte
 	defer func() {
+		pool.putSmall(smallBuf)
 		if large != nil {
 			pool.put(large)
 		}

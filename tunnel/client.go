@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -108,8 +109,9 @@ func connect(conn net.Conn, host, path, token string, timeout time.Duration) (ne
 		return nil, err
 	}
 	_ = conn.SetDeadline(time.Time{})
-	if br.Buffered() > 0 {
-		return &prefixConn{Conn: conn, r: br}, nil
+	if n := br.Buffered(); n > 0 {
+		head, _ := br.Peek(n)
+		return &prefixConn{Conn: conn, head: bytes.Clone(head)}, nil
 	}
 	return conn, nil
 }

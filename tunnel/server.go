@@ -90,7 +90,7 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// sit in the server's buffer; they must come first.
 	if n := brw.Reader.Buffered(); n > 0 {
 		buf, _ := brw.Reader.Peek(n)
-		conn = &prefixConn{Conn: conn, r: io.MultiReader(bytes.NewReader(bytes.Clone(buf)), conn)}
+		conn = &prefixConn{Conn: conn, head: bytes.Clone(buf)}
 	}
 	// Tracked from the hijack on, so Shutdown can always close it; a tunnel
 	// that arrives while the server shuts down is closed at once.
@@ -166,10 +166,31 @@ func (t *Server) Shutdown(ctx context.Context) {
 
 type prefixConn struct {
 	net.Conn
-	r io.Reader
+	head []byte // read from Conn already; Read gives these first
 }
 
-func (c *prefixConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.head) > 0 {
+		n := copy(p, c.head)
+		c.head = c.head[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// Unwrap returns the connection under c and the bytes already read from
+// it that c's reader has not had yet, so that a caller can pass those on
+// and then move data with the socket itself (splice(2) needs it). A
+// connection that holds no such bytes is returned as it is. c must not be
+// read after the call.
+func Unwrap(c net.Conn) (net.Conn, []byte) {
+	if pc, ok := c.(*prefixConn); ok {
+		head := pc.head
+		pc.head = nil
+		return pc.Conn, head
+	}
+	return c, nil
+}
 
 // CloseWrite half-closes the underlying connection when it can.
 func (c *prefixConn) CloseWrite() error {

@@ -145,15 +145,24 @@ func describeDialError(err error, id string) string {
 // splice copies stdin to conn and conn to stdout. It returns when the
 // gateway closes the connection; EOF on stdin half-closes it.
 //
-// Upstream (ssh → gateway) goes pipe → socket with splice(2) where both
-// ends allow it (spliceIn); downstream io.Copy already splices, the
-// runtime's socket → pipe path.
+// Bytes the dialer read past the CONNECT answer (the gateway's SSH
+// banner, usually) go to stdout first; from then on the proxy moves data
+// with the socket itself. With ssh's pipes on one side and a TCP socket
+// on the other (plain http), relayPipes moves both ways with splice(2) on
+// one thread; otherwise (https, or no pipes) two copies run.
 func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
+	conn, head := tunnel.Unwrap(conn)
+	if len(head) > 0 {
+		if _, err := stdout.Write(head); err != nil {
+			return err
+		}
+	}
+	if handled, err := relayPipes(conn, stdin, stdout); handled {
+		return err
+	}
 	growPipe(stdout)
 	go func() {
-		if ok, _ := spliceIn(conn, stdin); !ok {
-			_, _ = io.Copy(conn, stdin)
-		}
+		_, _ = io.Copy(conn, stdin)
 		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}

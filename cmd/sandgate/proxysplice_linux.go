@@ -8,18 +8,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// pipeMax is the size the proxy asks for its stdin and stdout pipes
-// (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by default).
+// pipeMax is the size the proxy asks for its stdin and stdout pipes, and
+// the most one splice(2) moves (Linux caps a pipe at
+// /proc/sys/fs/pipe-max-size, 1 MiB by default).
 const pipeMax = 1 << 20
 
-// spliceIn moves stdin to conn with splice(2) when stdin is a pipe (ssh's
-// ProxyCommand gives it one) and conn a socket: the bytes go from the
-// pipe to the socket in the kernel, with no read and write through a
-// buffer here. It reports false, having moved nothing, when either end
-// is something else; the caller copies then.
-func spliceIn(conn io.Writer, stdin io.Reader) (handled bool, err error) {
+// relayPipes moves bytes both ways between ssh's pipes (stdin, stdout)
+// and the gateway's socket, in the kernel: one loop on one thread waits
+// with poll(2) and moves with splice(2), pipe → socket and socket → pipe,
+// so no byte passes through a buffer here and no goroutine hands work to
+// another. It returns when the gateway ends the connection (EOF on stdin
+// half-closes it, as ssh expects), or on an error either way.
+//
+// It reports false, having moved nothing, when stdin or stdout is not a
+// pipe or conn not a socket; the caller copies then.
+func relayPipes(conn io.Writer, stdin io.Reader, stdout io.Writer) (handled bool, err error) {
 	in, ok := stdin.(*os.File)
 	if !ok || !isPipe(in) {
+		return false, nil
+	}
+	out, ok := stdout.(*os.File)
+	if !ok || !isPipe(out) {
 		return false, nil
 	}
 	sc, ok := conn.(syscall.Conn)
@@ -30,51 +39,109 @@ func spliceIn(conn io.Writer, stdin io.Reader) (handled bool, err error) {
 	if err != nil {
 		return false, nil
 	}
-	// A larger pipe lets ssh hand over more per wake-up (best effort).
+	sock := -1
+	if err := raw.Control(func(fd uintptr) { sock = int(fd) }); err != nil || sock < 0 {
+		return false, nil
+	}
+	// The socket is the runtime's (non-blocking); conn stays open, and
+	// unused elsewhere, until this returns.
+	// Larger pipes let each side hand over more per wake-up (best effort).
 	_, _ = unix.FcntlInt(in.Fd(), unix.F_SETPIPE_SZ, pipeMax)
-	src := int(in.Fd())
+	_, _ = unix.FcntlInt(out.Fd(), unix.F_SETPIPE_SZ, pipeMax)
+	return true, relayLoop(int(in.Fd()), int(out.Fd()), sock)
+}
+
+// relayLoop is relayPipes' loop over the raw descriptors: in and out are
+// pipes, sock a non-blocking stream socket.
+func relayLoop(in, out, sock int) error {
+	const flags = unix.SPLICE_F_MOVE | unix.SPLICE_F_NONBLOCK
+	upOpen := true        // stdin has not reached EOF
+	upWaitsSock := false  // stdin has data, the socket had no room
+	downWaitsOut := false // the socket has data, ssh's pipe had no room
+	pfdBuf := make([]unix.PollFd, 0, 3)
 	for {
-		// Wait for ssh's next write here, holding no reference to the
-		// socket: a splice that blocked on the pipe inside raw.Write
-		// would hold one, and the socket's Close (when the gateway ends
-		// the connection) would wait for it forever, so the proxy would
-		// never exit and ssh never learn the connection is gone.
-		if err := waitReadable(src); err != nil {
-			return true, err
+		pfds := pfdBuf[:0]
+		iIn, iSock, iOut := -1, -1, -1
+		if upOpen && !upWaitsSock {
+			iIn = len(pfds)
+			pfds = append(pfds, unix.PollFd{Fd: int32(in), Events: unix.POLLIN})
 		}
-		var n int64
-		var serr error
-		// The pipe has data (or its writer is gone: splice says 0), so a
-		// non-blocking splice takes some; EAGAIN then means the socket's
-		// buffer is full, and the poller waits for room.
-		werr := raw.Write(func(fd uintptr) bool {
-			for {
-				n, serr = unix.Splice(src, nil, int(fd), nil, pipeMax, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-				if serr != unix.EINTR {
-					return serr != unix.EAGAIN
+		var sockEv int16
+		if !downWaitsOut {
+			sockEv |= unix.POLLIN
+		}
+		if upOpen && upWaitsSock {
+			sockEv |= unix.POLLOUT
+		}
+		if sockEv != 0 {
+			iSock = len(pfds)
+			pfds = append(pfds, unix.PollFd{Fd: int32(sock), Events: sockEv})
+		}
+		if downWaitsOut {
+			iOut = len(pfds)
+			pfds = append(pfds, unix.PollFd{Fd: int32(out), Events: unix.POLLOUT})
+		}
+		if _, err := unix.Poll(pfds, -1); err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			return err
+		}
+		ready := func(i int, ev int16) bool {
+			return i >= 0 && pfds[i].Revents&(ev|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+		}
+		// Upstream: ssh → gateway.
+		if ready(iIn, unix.POLLIN) || ready(iSock, unix.POLLOUT) && upWaitsSock {
+			upWaitsSock = false
+			n, err := spliceOnce(in, sock, flags)
+			switch {
+			case err == unix.EAGAIN:
+				// stdin said readable, so the socket is full (or the
+				// readiness was spurious: waiting for room is harmless).
+				upWaitsSock = true
+			case err == unix.EPIPE || err == unix.ECONNRESET:
+				// The gateway is gone; what it sent before going is
+				// still read below, where the relay ends.
+				upOpen = false
+			case err != nil:
+				return err
+			case n == 0: // EOF on stdin: half-close, keep reading
+				upOpen = false
+				if err := unix.Shutdown(sock, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
+					return err
 				}
 			}
-		})
-		switch {
-		case werr != nil:
-			return true, werr
-		case serr != nil:
-			return true, serr
-		case n == 0:
-			return true, nil // EOF on stdin
+		}
+		// Downstream: gateway → ssh.
+		if ready(iSock, unix.POLLIN) && !downWaitsOut || ready(iOut, unix.POLLOUT) {
+			downWaitsOut = false
+			n, err := spliceOnce(sock, out, flags)
+			switch {
+			case err == unix.EAGAIN:
+				// The socket said readable: ssh's pipe is full (or the
+				// readiness was spurious, and the wait below is short).
+				downWaitsOut = true
+			case err == unix.EPIPE:
+				// ssh has gone (it closes its end once the session is
+				// over, while the gateway may still be sending): the
+				// end of the relay, not a failure to report.
+				return nil
+			case err != nil:
+				return err
+			case n == 0: // the gateway closed the connection
+				return nil
+			}
 		}
 	}
 }
 
-// waitReadable blocks until fd has data to read, or its writer closed.
-func waitReadable(fd int) error {
+// spliceOnce is one splice(2) of up to pipeMax bytes, retried on EINTR.
+func spliceOnce(from, to, flags int) (int64, error) {
 	for {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		_, err := unix.Poll(pfd, -1)
-		if err == unix.EINTR {
-			continue
+		n, err := unix.Splice(from, nil, to, nil, pipeMax, flags)
+		if err != unix.EINTR {
+			return n, err
 		}
-		return err
 	}
 }
 

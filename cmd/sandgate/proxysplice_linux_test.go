@@ -3,57 +3,151 @@ package main
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"io"
 	"net"
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
-// spliceIn moves a pipe's bytes to a TCP socket whole and in order, and
-// ends at EOF on the pipe; anything but a pipe it leaves to the caller.
-func TestProxySpliceIn(t *testing.T) {
+// relayPair is a TCP connection on loopback: client is the proxy's side,
+// server the gateway's.
+func relayPair(t *testing.T) (client, server *net.TCPConn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	got := make(chan []byte, 1)
+	accepted := make(chan net.Conn, 1)
 	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- nil
-			return
-		}
-		defer c.Close()
-		b, _ := io.ReadAll(c)
-		got <- b
+		c, _ := ln.Accept()
+		accepted <- c
 	}()
-	conn, err := net.Dial("tcp", ln.Addr().String())
+	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	s := <-accepted
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+func pipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	want := make([]byte, 8<<20+123)
-	_, _ = rand.Read(want)
+	t.Cleanup(func() { r.Close(); w.Close() })
+	return r, w
+}
+
+// relayPipes moves both ways at once, whole and in order, through full
+// pipes and a full socket (both far ends start reading late); EOF on
+// stdin half-closes the socket, and the gateway's close ends the relay.
+func TestProxyRelayPipes(t *testing.T) {
+	client, server := relayPair(t)
+	inR, inW := pipe(t)
+	outR, outW := pipe(t)
+	up := make([]byte, 16<<20+123)
+	down := make([]byte, 12<<20+45)
+	_, _ = rand.Read(up)
+	_, _ = rand.Read(down)
+
+	// The gateway: reads everything ssh sends up to the half-close, while
+	// sending its own bytes down, then the sum of what it got, and closes.
+	gw := make(chan error, 1)
 	go func() {
-		_, _ = w.Write(want)
-		w.Close()
+		defer server.Close()
+		time.Sleep(200 * time.Millisecond) // let the socket fill
+		sent := make(chan error, 1)
+		go func() {
+			_, err := server.Write(down)
+			sent <- err
+		}()
+		h := sha256.New()
+		if _, err := io.Copy(h, server); err != nil { // ends at the half-close
+			gw <- err
+			return
+		}
+		if err := <-sent; err != nil {
+			gw <- err
+			return
+		}
+		_, err := server.Write(h.Sum(nil))
+		gw <- err
 	}()
-	handled, err := spliceIn(conn, r)
+	go func() {
+		_, _ = inW.Write(up)
+		inW.Close()
+	}()
+	got := make(chan []byte, 1)
+	go func() {
+		time.Sleep(200 * time.Millisecond) // let ssh's pipe fill
+		b, _ := io.ReadAll(outR)
+		got <- b
+	}()
+	handled, err := relayPipes(client, inR, outW)
 	if !handled || err != nil {
-		t.Fatalf("spliceIn from a pipe: handled %v, err %v", handled, err)
+		t.Fatalf("relayPipes: handled %v, err %v", handled, err)
 	}
-	_ = conn.(*net.TCPConn).CloseWrite()
-	if b := <-got; !bytes.Equal(b, want) {
-		t.Fatalf("received %d bytes, want the %d written", len(b), len(want))
+	outW.Close()
+	if err := <-gw; err != nil {
+		t.Fatalf("gateway side: %v", err)
 	}
-	if handled, err := spliceIn(conn, strings.NewReader("x")); handled || err != nil {
-		t.Errorf("spliceIn from a strings.Reader: handled %v, err %v; want it left to the caller", handled, err)
+	b := <-got
+	sum := sha256.Sum256(up)
+	want := append(append([]byte(nil), down...), sum[:]...)
+	if !bytes.Equal(b, want) {
+		t.Fatalf("ssh got %d bytes, want the %d sent down and the sum of the %d sent up (equal prefix: %v)",
+			len(b), len(want), len(up), bytes.HasPrefix(b, down))
+	}
+}
+
+// When ssh stops reading (its end of the stdout pipe closed), the relay
+// ends, quietly: ssh closes its end when a session is over, while the
+// gateway may still be sending.
+func TestProxyRelayPipesReaderGone(t *testing.T) {
+	client, server := relayPair(t)
+	inR, _ := pipe(t)
+	outR, outW := pipe(t)
+	outR.Close()
+	go func() { _, _ = server.Write(make([]byte, 4<<20)) }()
+	done := make(chan error, 1)
+	go func() {
+		_, err := relayPipes(client, inR, outW)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("relayPipes with ssh's stdout gone: %v, want the quiet end", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("relayPipes did not end after ssh closed its stdout")
+	}
+}
+
+// Anything but pipes on ssh's side, or a socket on the gateway's, is left
+// to the caller, with nothing moved.
+func TestProxyRelayPipesNotPipes(t *testing.T) {
+	client, _ := relayPair(t)
+	inR, _ := pipe(t)
+	_, outW := pipe(t)
+	if handled, err := relayPipes(client, strings.NewReader("x"), outW); handled || err != nil {
+		t.Errorf("stdin a strings.Reader: handled %v, err %v; want it left to the caller", handled, err)
+	}
+	if handled, err := relayPipes(client, inR, io.Discard); handled || err != nil {
+		t.Errorf("stdout io.Discard: handled %v, err %v; want it left to the caller", handled, err)
+	}
+	var buf bytes.Buffer
+	if handled, err := relayPipes(&buf, inR, outW); handled || err != nil {
+		t.Errorf("conn a bytes.Buffer: handled %v, err %v; want it left to the caller", handled, err)
 	}
 }

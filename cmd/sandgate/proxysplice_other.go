@@ -4,7 +4,7 @@ package main
 
 import "io"
 
-// spliceIn is Linux only: elsewhere the proxy copies.
-func spliceIn(io.Writer, io.Reader) (bool, error) { return false, nil }
+// relayPipes is Linux only: elsewhere the proxy copies.
+func relayPipes(io.Writer, io.Reader, io.Writer) (bool, error) { return false, nil }
 
 func growPipe(io.Writer) {}

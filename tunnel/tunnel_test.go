@@ -180,3 +180,60 @@ func TestDialerAPIURLForms(t *testing.T) {
 }
 
 func handshake(d time.Duration) sshd.Config { return sshd.Config{HandshakeTimeout: d} }
+
+// A gateway that sends its SSH banner in the same packet as the CONNECT
+// answer: the dialer's connection gives the banner first, and Unwrap
+// hands out the socket itself (for splice) with the banner beside it.
+func TestDialBannerWithAnswerAndUnwrap(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const banner = "SSH-2.0-sandgate_test\r\n"
+	go func() {
+		for range 2 {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			br := bufio.NewReader(c)
+			if _, err := http.ReadRequest(br); err == nil {
+				_, _ = io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"+banner+"rest")
+			}
+			defer c.Close()
+		}
+	}()
+	d := &tunnel.Dialer{APIURL: "http://" + ln.Addr().String(), Token: "t"}
+
+	// Read through the connection: the banner, then what follows.
+	conn, err := d.Dial(context.Background(), "sbx-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b := make([]byte, len(banner)+4)
+	if _, err := io.ReadFull(conn, b); err != nil || string(b) != banner+"rest" {
+		t.Fatalf("read %q, %v; want the banner, then the rest", b, err)
+	}
+
+	// Unwrap: the socket and the banner.
+	conn2, err := d.Dial(context.Background(), "sbx-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	raw, head := tunnel.Unwrap(conn2)
+	if _, ok := raw.(*net.TCPConn); !ok {
+		t.Fatalf("Unwrap gave a %T, want the *net.TCPConn", raw)
+	}
+	_ = raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+	rest, _ := io.ReadAll(raw)
+	if got := string(head) + string(rest); got != banner+"rest" {
+		t.Fatalf("head %q + socket %q; want the banner, then the rest", head, rest)
+	}
+	if again, head2 := tunnel.Unwrap(raw); again != raw || head2 != nil {
+		t.Fatalf("Unwrap of a plain connection: %T, %q; want it unchanged", again, head2)
+	}
+}

@@ -58,11 +58,13 @@ func TestXCryptoCopyIsUpstreamPlusPatch(t *testing.T) {
 	// Upstream's files for the packages the copy has (tests aside), then
 	// the patch, in a scratch directory outside any git repository.
 	want := t.TempDir()
+	var dirs []string
 	for _, name := range got {
-		dir := filepath.Dir(name)
-		if dir == "." {
-			continue
+		if dir := filepath.Dir(name); dir != "." && !slices.Contains(dirs, dir) {
+			dirs = append(dirs, dir)
 		}
+	}
+	for _, dir := range dirs {
 		entries, err := os.ReadDir(filepath.Join(dl.Dir, dir))
 		if err != nil {
 			t.Fatalf("upstream %s@%s has no %s: %v", xcryptoModule, mod.Version, dir, err)

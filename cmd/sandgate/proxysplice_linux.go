@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"os"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -48,7 +49,12 @@ func relayPipes(conn io.Writer, stdin io.Reader, stdout io.Writer) (handled bool
 	// Larger pipes let each side hand over more per wake-up (best effort).
 	_, _ = unix.FcntlInt(in.Fd(), unix.F_SETPIPE_SZ, pipeMax)
 	_, _ = unix.FcntlInt(out.Fd(), unix.F_SETPIPE_SZ, pipeMax)
-	return true, relayLoop(int(in.Fd()), int(out.Fd()), sock)
+	err = relayLoop(int(in.Fd()), int(out.Fd()), sock)
+	// The loop used raw descriptors: keep their owners open until now.
+	runtime.KeepAlive(conn)
+	runtime.KeepAlive(in)
+	runtime.KeepAlive(out)
+	return true, err
 }
 
 // relayLoop is relayPipes' loop over the raw descriptors: in and out are
@@ -96,11 +102,11 @@ func relayLoop(in, out, sock int) error {
 			n, err := spliceOnce(in, sock, flags)
 			switch {
 			case err == unix.EAGAIN:
-				// stdin said readable, so the socket is full (or the
-				// readiness was spurious: waiting for room is harmless).
+				// stdin said readable, so the socket has no room: wait
+				// for it. (A pipe that said readable keeps its data.)
 				upWaitsSock = true
-			case err == unix.EPIPE || err == unix.ECONNRESET:
-				// The gateway is gone; what it sent before going is
+			case err == unix.EPIPE:
+				// The gateway closed its side; what it sent before is
 				// still read below, where the relay ends.
 				upOpen = false
 			case err != nil:
@@ -118,8 +124,8 @@ func relayLoop(in, out, sock int) error {
 			n, err := spliceOnce(sock, out, flags)
 			switch {
 			case err == unix.EAGAIN:
-				// The socket said readable: ssh's pipe is full (or the
-				// readiness was spurious, and the wait below is short).
+				// The socket said readable, so ssh's pipe is full: wait
+				// for room. (TCP keeps what it said was readable.)
 				downWaitsOut = true
 			case err == unix.EPIPE:
 				// ssh has gone (it closes its end once the session is

@@ -352,8 +352,8 @@ func (c *gcmCipher) writeCipherPacket(seqNum uint32, w io.Writer, rand io.Reader
 	if _, err := io.ReadFull(rand, plain[1+len(packet):]); err != nil {
 		return err
 	}
-	c.aead.Seal(plain[:0], c.iv, plain, c.buf[:4])
-	c.buf = c.buf[:total]
+	sealed := c.aead.Seal(plain[:0], c.iv, plain, c.buf[:4])
+	c.buf = c.buf[:4+len(sealed)]
 	if _, err := w.Write(c.buf); err != nil {
 		return err
 	}

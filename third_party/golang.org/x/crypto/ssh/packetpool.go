@@ -12,24 +12,29 @@ import "sync"
 
 // pooledPacketCap is the capacity of every pooled packet buffer: the
 // largest data packet this package accepts (channelMaxPacket bytes after
-// an extended-data header) fits. The capacity marks a buffer as pooled:
-// newPacketBuf makes every other buffer with a capacity equal to its
-// length, which is below pooledPacketMin or above pooledPacketCap.
-const pooledPacketCap = channelMaxPacket + 64
+// an extended-data header) fits, and so does the allocation it rounds up
+// to anyway (5 pages). The capacity marks a buffer as pooled: newPacketBuf
+// makes every other buffer with a capacity equal to its length, which is
+// below pooledPacketMin or above pooledPacketCap.
+const pooledPacketCap = 40 << 10
 
-// pooledPacketMin is the smallest packet given a pooled buffer; smaller
-// ones cost little to allocate.
-const pooledPacketMin = 4 << 10
+// pooledPacketMin is the smallest packet given a pooled buffer. Bulk
+// senders fill their packets (OpenSSH: 32 KiB of data); a smaller packet
+// gets a buffer of its own size, so that a peer sending many small
+// packets pins no more memory in a channel's window than upstream lets
+// it (a pooled buffer is 40 KiB whatever it holds).
+const pooledPacketMin = 24 << 10
 
 var packetBufs = sync.Pool{New: func() any {
 	b := make([]byte, pooledPacketCap)
 	return &b
 }}
 
-// newPacketBuf returns a buffer of n bytes for a packet read from the
-// connection: a pooled one when n is in the pooled range.
-func newPacketBuf(n int) []byte {
-	if n < pooledPacketMin || n > pooledPacketCap {
+// newPacketBuf returns a buffer of n bytes for a packet of type typ read
+// from the connection: a pooled one for channel data of a size in the
+// pooled range. Only channel data is ever handed back (writePooled).
+func newPacketBuf(typ byte, n int) []byte {
+	if (typ != msgChannelData && typ != msgChannelExtendedData) || n < pooledPacketMin || n > pooledPacketCap {
 		return make([]byte, n)
 	}
 	return (*packetBufs.Get().(*[]byte))[:n]

@@ -173,7 +173,11 @@ func (s *connectionState) readPacket(r *bufio.Reader, strictMode bool) ([]byte, 
 
 	// The packet may point to an internal buffer, so copy the
 	// packet out here.
-	fresh := newPacketBuf(len(packet)) // sandgate: see packetpool.go
+	var typ byte // sandgate: see packetpool.go
+	if len(packet) > 0 {
+		typ = packet[0]
+	}
+	fresh := newPacketBuf(typ, len(packet))
 	copy(fresh, packet)
 
 	return fresh, err

@@ -20,10 +20,11 @@ const pooledPacketCap = 40 << 10
 
 // pooledPacketMin is the smallest packet given a pooled buffer. Bulk
 // senders fill their packets (OpenSSH: 32 KiB of data); a smaller packet
-// gets a buffer of its own size, so that a peer sending many small
-// packets pins no more memory in a channel's window than upstream lets
-// it (a pooled buffer is 40 KiB whatever it holds).
-const pooledPacketMin = 24 << 10
+// gets a buffer of its own size, as upstream, so a peer sending packets
+// of any size pins at most 1.5 times the memory upstream lets it in a
+// channel's window (a pooled buffer is 40 KiB whatever it holds; upstream
+// gives a 28 KiB packet 28 KiB).
+const pooledPacketMin = 28 << 10
 
 var packetBufs = sync.Pool{New: func() any {
 	b := make([]byte, pooledPacketCap)

@@ -53,8 +53,7 @@ func TestXCryptoCopyIsUpstreamPlusPatch(t *testing.T) {
 		t.Skip(msg)
 	}
 
-	ours := xcryptoCopy
-	got := tree(t, ours)
+	got := tree(t, xcryptoCopy)
 	// Upstream's files for the packages the copy has (tests aside), then
 	// the patch, in a scratch directory outside any git repository.
 	want := t.TempDir()
@@ -92,7 +91,7 @@ func TestXCryptoCopyIsUpstreamPlusPatch(t *testing.T) {
 			t.Errorf("third_party/%s lacks %s (upstream %s has it): run third_party/update-x-crypto", xcryptoCopy, name, mod.Version)
 			continue
 		}
-		a, _ := os.ReadFile(filepath.Join(ours, name))
+		a, _ := os.ReadFile(filepath.Join(xcryptoCopy, name))
 		b, _ := os.ReadFile(filepath.Join(want, name))
 		if !bytes.Equal(a, b) {
 			t.Errorf("third_party/%s/%s differs from upstream %s plus %s: run third_party/update-x-crypto (and put deliberate changes in the patch)", xcryptoCopy, name, mod.Version, xcryptoPatch)

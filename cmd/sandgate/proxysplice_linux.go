@@ -46,9 +46,10 @@ func relayPipes(conn io.Writer, stdin io.Reader, stdout io.Writer) (handled bool
 	}
 	// The socket is the runtime's (non-blocking); conn stays open, and
 	// unused elsewhere, until this returns.
-	// Larger pipes let each side hand over more per wake-up (best effort).
-	_, _ = unix.FcntlInt(in.Fd(), unix.F_SETPIPE_SZ, pipeMax)
-	_, _ = unix.FcntlInt(out.Fd(), unix.F_SETPIPE_SZ, pipeMax)
+
+	// Larger pipes let each side hand over more per wake-up.
+	setPipeMax(in)
+	setPipeMax(out)
 	err = relayLoop(int(in.Fd()), int(out.Fd()), sock)
 	// The loop used raw descriptors: keep their owners open until now.
 	runtime.KeepAlive(conn)
@@ -155,8 +156,13 @@ func spliceOnce(from, to, flags int) (int64, error) {
 // that the copy from the socket hands ssh more per wake-up.
 func growPipe(w io.Writer) {
 	if f, ok := w.(*os.File); ok && isPipe(f) {
-		_, _ = unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, pipeMax)
+		setPipeMax(f)
 	}
+}
+
+// setPipeMax asks for a pipeMax pipe (best effort: the kernel may refuse).
+func setPipeMax(f *os.File) {
+	_, _ = unix.FcntlInt(f.Fd(), unix.F_SETPIPE_SZ, pipeMax)
 }
 
 func isPipe(f *os.File) bool {

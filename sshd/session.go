@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os/exec"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,6 +49,7 @@ type channel struct {
 	ctx context.Context
 
 	env     []string
+	connEnv []string // SSH_CLIENT and SSH_CONNECTION, last: the client cannot set them
 	pty     *sandbox.PTY
 	started bool
 
@@ -80,7 +83,7 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 	}
 	cctx, cancel := context.WithCancelCause(requestCtx(ctx))
 	defer cancel(errChannelClosed)
-	c := &channel{srv: s, sess: sess, ctx: cctx}
+	c := &channel{srv: s, sess: sess, ctx: cctx, connEnv: connEnv(ctx.RemoteAddr(), ctx.LocalAddr())}
 	if !s.addChan(c) {
 		_ = nc.Reject(gossh.ResourceShortage, "gateway is shutting down")
 		return
@@ -209,7 +212,7 @@ func (c *channel) start(kind string, payload []byte) (func(), bool) {
 	if c.started {
 		return nil, false
 	}
-	cmd := sandbox.Cmd{Env: c.env, PTY: c.pty}
+	cmd := sandbox.Cmd{Env: slices.Concat(c.env, c.connEnv), PTY: c.pty}
 	switch kind {
 	case "exec":
 		var p struct{ Command string }
@@ -253,6 +256,29 @@ func startFailureStatus(err error) uint32 {
 		return exitNoShell
 	}
 	return exitNotStarted
+}
+
+// connEnv is what OpenSSH tells every command about its connection:
+// SSH_CLIENT ("client-ip client-port server-port") and SSH_CONNECTION
+// ("client-ip client-port server-ip server-port"), here for the tunnel's
+// TCP connection to the gateway. Shells and tools test them to know they
+// run under SSH (Debian's bash reads ~/.bashrc for `ssh host command`
+// only then). An end that is not an IP address is UNKNOWN port 65535, as
+// in OpenSSH.
+func connEnv(remote, local net.Addr) []string {
+	rip, rport := addrParts(remote)
+	lip, lport := addrParts(local)
+	return []string{
+		fmt.Sprintf("SSH_CLIENT=%s %d %d", rip, rport, lport),
+		fmt.Sprintf("SSH_CONNECTION=%s %d %s %d", rip, rport, lip, lport),
+	}
+}
+
+func addrParts(a net.Addr) (string, int) {
+	if t, ok := a.(*net.TCPAddr); ok && t.IP != nil {
+		return t.IP.String(), t.Port
+	}
+	return "UNKNOWN", 65535
 }
 
 // reportStartFailure tells the client why its command did not start: one

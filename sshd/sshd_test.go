@@ -5,7 +5,9 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -443,5 +445,34 @@ func TestChannelsPerConnectionCapped(t *testing.T) {
 			t.Fatalf("no channel after one closed: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestConnectionEnv: every command learns its connection as under
+// OpenSSH (SSH_CLIENT, SSH_CONNECTION), from the tunnel's TCP ends, and a
+// client allowed to send those names cannot replace them.
+func TestConnectionEnv(t *testing.T) {
+	s := gwtest.Start(t, gwtest.Options{SSH: sshd.Config{EnvAllow: []string{"SSH_*"}}})
+	c := s.SSH(t, s.CreateSession(t, nil).SessionID)
+	local, ok1 := c.LocalAddr().(*net.TCPAddr)
+	remote, ok2 := c.RemoteAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		t.Fatalf("the tunnel is not TCP: %v -> %v", c.LocalAddr(), c.RemoteAddr())
+	}
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if err := sess.Setenv("SSH_CLIENT", "10.9.9.9 1 2"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := sess.Output(`echo "$SSH_CLIENT"; echo "$SSH_CONNECTION"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%s %d %d\n%s %d %s %d\n", local.IP, local.Port, remote.Port, local.IP, local.Port, remote.IP, remote.Port)
+	if string(out) != want {
+		t.Fatalf("got %q, want %q", out, want)
 	}
 }

@@ -322,7 +322,7 @@ func (b *bench) runAll(start time.Time) int {
 	r := b.report
 	r.Setup = append(r.Setup,
 		fmt.Sprintf("sandgate: `sandgate serve --sandbox %s --rate-limit 0 --idle-timeout 0` (log level info, to a file); OpenSSH reaches it with %s; SSH auth `none` on the authorised tunnel", b.sg.driver, b.proxyDesc()),
-		fmt.Sprintf("sshd: Debian's `%s -D -e -f <tmp>/sshd_config`, 127.0.0.1 only, own host key, root login by ed25519 key, `UsePAM no`, `Subsystem sftp internal-sftp`, `HOME` set (SetEnv) to a dir with an empty .bashrc so bash -c does not run root's rc (sandgate's sandbox shell reads no rc either), and `LANG=C.UTF-8` as in sandgate's sandbox environment (loading the locale costs bash ~0.2 ms per start)", sshdPath),
+		fmt.Sprintf("sshd: Debian's `%s -D -e -f <tmp>/sshd_config`, 127.0.0.1 only, own host key, root login by ed25519 key, `UsePAM no`, `Subsystem sftp internal-sftp`, `HOME` set (SetEnv) to a dir with an empty .bashrc so bash -c does not run root's rc (both servers set SSH_CLIENT, so Debian's bash reads /etc/bash.bashrc and ~/.bashrc on both sides; the sandbox's workspace has no .bashrc), and `LANG=C.UTF-8` as in sandgate's sandbox environment (loading the locale costs bash ~0.2 ms per start)", sshdPath),
 		"clients: the same OpenSSH `ssh`/`sftp`/`scp` with one `-F` config for both; both hosts are named (sandgate by its session id, sshd as `localhost`, IPv4), as the client does extra work for a named host at every start; `KexAlgorithms curve25519-sha256` pinned on both sides except in row 1d; ciphers are the client's defaults",
 		fmt.Sprintf("negotiated: sandgate `%s`; sshd `%s`; default KEX: sandgate `%s`, sshd `%s`",
 			b.negotiated("sg"), b.negotiated("sshd"), b.negotiated("sg-defkex"), b.negotiated("sshd-defkex")),

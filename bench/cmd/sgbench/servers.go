@@ -343,7 +343,8 @@ func prepareSSHD(dir string, opts sshdOpts) (*sshd, error) {
 		return nil, err
 	}
 	// A trivial rc: bash reads ~/.bashrc for `bash -c` under sshd (SSH_CLIENT
-	// set); HOME points here, not at root's slow .bashrc.
+	// set; sandgate sets it too); HOME points here, not at root's slow
+	// .bashrc.
 	for _, f := range []string{".bashrc", ".profile", ".bash_profile"} {
 		if err := os.WriteFile(filepath.Join(d.home, f), nil, 0o644); err != nil {
 			return nil, err

@@ -27,6 +27,10 @@ import (
 // numbers refer to the list in the linux driver's issue.
 
 func TestLinuxSandboxBasics(t *testing.T) {
+	// The gateway's own environment, as a login over SSH would have set
+	// it, must not reach a command: its SSH_CLIENT is the tunnel's.
+	t.Setenv("SSH_CLIENT", "192.0.2.1 22 22")
+	t.Setenv("SANDGATE_TEST_HOST_ONLY", "leak")
 	s := linuxStack(t)
 	id := s.CreateSession(t, nil).SessionID
 	c := s.SSH(t, id)
@@ -42,7 +46,7 @@ func TestLinuxSandboxBasics(t *testing.T) {
 		{"uid", "id -u; id -un", "1000\nsandbox\n", 0, ""},
 		{"hostname is the short id", "hostname", sandbox.ShortID(id) + "\n", 0, ""},
 		{"home and cwd", `echo "$HOME $(pwd)"`, "/workspace /workspace\n", 0, ""},
-		{"clean environment", `echo "$USER:$SHELL:${SSH_CLIENT-unset}:${SANDGATE_SESSION-unset}"`, "sandbox:/bin/bash:unset:unset\n", 0, ""},
+		{"clean environment", `echo "$USER:$SHELL:${SANDGATE_TEST_HOST_ONLY-unset}:${SANDGATE_SESSION-unset}:${SSH_CLIENT%% *}"`, "sandbox:/bin/bash:unset:unset:127.0.0.1\n", 0, ""},
 		{"exit code", "exit 42", "", 42, ""},
 		{"not found", "no-such-command-xyz 2>/dev/null", "", 127, ""},
 		{"signal", "kill -TERM $$", "", 143, "TERM"},

@@ -470,9 +470,11 @@ func TestAuditRotation(t *testing.T) {
 	if len(page.Events) != len(kept) || page.Events[len(page.Events)-1].Seq != kept[0].Seq {
 		t.Errorf("the query gave %d events, the files hold %d from seq %d", len(page.Events), len(kept), kept[0].Seq)
 	}
-	// A restart carries the sequence on.
-	last := readAudit(t, path)
+	// A restart carries the sequence on. The log is read once the gateway
+	// has exited: a request's event is written when its handler returns,
+	// which the client may not wait for.
 	g.stop(t)
+	last := readAudit(t, path)
 	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token}
 	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir",
 		"--api-key", g.Token, "--keep-sandboxes-on-exit=false", "--audit-max-size", "4096", "--audit-max-files", "3"})

@@ -83,7 +83,9 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 	}
 	cctx, cancel := context.WithCancelCause(requestCtx(ctx))
 	defer cancel(errChannelClosed)
-	c := &channel{srv: s, sess: sess, ctx: cctx, connEnv: connEnv(ctx.RemoteAddr(), ctx.LocalAddr())}
+	remote, _ := ctx.Value(gliderssh.ContextKeyRemoteAddr).(net.Addr)
+	local, _ := ctx.Value(gliderssh.ContextKeyLocalAddr).(net.Addr)
+	c := &channel{srv: s, sess: sess, ctx: cctx, connEnv: connEnv(remote, local)}
 	if !s.addChan(c) {
 		_ = nc.Reject(gossh.ResourceShortage, "gateway is shutting down")
 		return
@@ -263,8 +265,10 @@ func startFailureStatus(err error) uint32 {
 // ("client-ip client-port server-ip server-port"), here for the tunnel's
 // TCP connection to the gateway. Shells and tools test them to know they
 // run under SSH (Debian's bash reads ~/.bashrc for `ssh host command`
-// only then). An end that is not an IP address is UNKNOWN port 65535, as
-// in OpenSSH.
+// only then). The client end is the gateway's TCP peer: behind a load
+// balancer, or through a cluster's front node, that is the balancer or
+// the node, as it would be for OpenSSH. An end that is not an IP address
+// (or is missing) is UNKNOWN port 65535, as in OpenSSH.
 func connEnv(remote, local net.Addr) []string {
 	rip, rport := addrParts(remote)
 	lip, lport := addrParts(local)
@@ -275,7 +279,7 @@ func connEnv(remote, local net.Addr) []string {
 }
 
 func addrParts(a net.Addr) (string, int) {
-	if t, ok := a.(*net.TCPAddr); ok && t.IP != nil {
+	if t, ok := a.(*net.TCPAddr); ok && t != nil && t.IP != nil {
 		return t.IP.String(), t.Port
 	}
 	return "UNKNOWN", 65535

@@ -479,6 +479,7 @@ func TestAuditRotation(t *testing.T) {
 	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir",
 		"--api-key", g.Token, "--keep-sandboxes-on-exit=false", "--audit-max-size", "4096", "--audit-max-files", "3"})
 	g2.api(t, http.MethodGet, "/v1/sessions", nil, nil)
+	g2.stop(t)
 	after := readAudit(t, path)
 	if got, want := after[len(after)-1].Seq, last[len(last)-1].Seq+1; got != want {
 		t.Errorf("after a restart the next seq is %d, want %d", got, want)

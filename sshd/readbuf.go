@@ -76,18 +76,8 @@ func (b *readAhead) Read(p []byte) (int, error) {
 // the read goes into the caller's buffer, which it fills at once. A src
 // with no socket: never ready (no read-ahead).
 func readyOf(src io.Reader) func() bool {
-	var sc syscall.Conn
-	switch c := src.(type) {
-	case syscall.Conn:
-		sc = c
-	case interface{ NetConn() net.Conn }:
-		sc, _ = c.NetConn().(syscall.Conn)
-	}
-	if sc == nil {
-		return func() bool { return false }
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	rc := rawConnOf(src)
+	if rc == nil {
 		return func() bool { return false }
 	}
 	return func() bool {
@@ -100,4 +90,25 @@ func readyOf(src io.Reader) func() bool {
 		})
 		return ready || err != nil
 	}
+}
+
+// rawConnOf returns the socket under src: src itself (a syscall.Conn), or
+// the connection a layer over one names (NetConn, as *tls.Conn does); nil
+// without one.
+func rawConnOf(src any) syscall.RawConn {
+	var sc syscall.Conn
+	switch c := src.(type) {
+	case syscall.Conn:
+		sc = c
+	case interface{ NetConn() net.Conn }:
+		sc, _ = c.NetConn().(syscall.Conn)
+	}
+	if sc == nil {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
 }

@@ -6,6 +6,7 @@ package sshd
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -173,6 +174,30 @@ func (c *boundConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return nil
+}
+
+// cork holds back the tunnel's TCP segments until the returned function
+// is called (TCP_CORK), so that packets written in between leave
+// together, as OpenSSH's buffered output sends them. The kernel sends
+// what is held after 200 ms whatever happens, so a write that waits for
+// the peer in between costs a delay, never a deadlock. It does nothing
+// on a nil connection or one not over TCP.
+func (c *boundConn) cork() (uncork func()) {
+	if c == nil {
+		return func() {}
+	}
+	rc := rawConnOf(c.Conn)
+	if rc == nil {
+		return func() {}
+	}
+	set := func(on bool) (err error) {
+		cerr := rc.Control(func(fd uintptr) { err = setCork(fd, on) })
+		return errors.Join(cerr, err)
+	}
+	if set(true) != nil {
+		return func() {}
+	}
+	return func() { _ = set(false) }
 }
 
 // ServeConn runs SSH on conn, which the tunnel authorised for sess. It

@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gliderssh "github.com/gliderlabs/ssh"
@@ -44,6 +45,7 @@ type channel struct {
 	srv  *Server
 	sess *gateway.Session
 	ch   gossh.Channel
+	conn *boundConn // the channel's connection (nil in some tests)
 	// ctx lives as long as the channel: it is cancelled when the client
 	// closes the channel or the connection ends. Sandbox.Start gets it.
 	ctx context.Context
@@ -73,7 +75,8 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 		_ = nc.Reject(gossh.Prohibited, "session is gone")
 		return
 	}
-	if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
+	bc, _ := ctx.Value(keyConn).(*boundConn)
+	if bc != nil {
 		if bc.chans.Add(1) > MaxChannelsPerConn {
 			bc.chans.Add(-1)
 			_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("too many open channels on this connection (max %d)", MaxChannelsPerConn))
@@ -85,7 +88,7 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 	defer cancel(errChannelClosed)
 	remote, _ := ctx.Value(gliderssh.ContextKeyRemoteAddr).(net.Addr)
 	local, _ := ctx.Value(gliderssh.ContextKeyLocalAddr).(net.Addr)
-	c := &channel{srv: s, sess: sess, ctx: cctx, connEnv: connEnv(remote, local)}
+	c := &channel{srv: s, sess: sess, ctx: cctx, conn: bc, connEnv: connEnv(remote, local)}
 	if !s.addChan(c) {
 		_ = nc.Reject(gossh.ResourceShortage, "gateway is shutting down")
 		return
@@ -314,20 +317,31 @@ func (c *channel) reportStartFailure(kind, command string, pty bool, err error) 
 func (c *channel) run(kind string, proc sandbox.Process) {
 	began := time.Now()
 	a := &activity{sess: c.sess}
-	var out sync.WaitGroup
-	copyOut := func(name string, dst io.Writer, src io.Reader) {
-		out.Add(1)
-		go func() {
-			defer out.Done()
-			defer c.recoverPanic(name, c.abort)
-			_, _ = copyStream(a.writer(dst), src, &c.srv.bufs)
-		}()
-	}
 	var stdin, stdout io.Writer = proc.Stdin(), c.ch
 	var tap *sftpTap
 	if kind == "subsystem" { // SFTP: the tap reports its file operations
 		tap = c.newSFTPTap()
 		stdin, stdout = tap.client(stdin), tap.server(stdout)
+	}
+	// drained is closed when every output copier is done: the last one
+	// closes it (no goroutine waits for them, so an exit whose output is
+	// already through goes straight on to its status).
+	drained := make(chan struct{})
+	var outLeft atomic.Int32
+	outLeft.Store(1)
+	if proc.Stderr() != nil {
+		outLeft.Store(2)
+	}
+	copyOut := func(name string, dst io.Writer, src io.Reader) {
+		go func() {
+			defer func() {
+				if outLeft.Add(-1) == 0 {
+					close(drained)
+				}
+			}()
+			defer c.recoverPanic(name, c.abort)
+			_, _ = copyStream(a.writer(dst), src, &c.srv.bufs)
+		}()
 	}
 	copyOut("stdout", stdout, proc.Stdout())
 	if e := proc.Stderr(); e != nil {
@@ -345,20 +359,21 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	c.exited = true
 	c.mu.Unlock()
 
-	drained := make(chan struct{})
-	go func() {
-		out.Wait()
-		close(drained)
-	}()
 	select {
 	case <-drained:
-	case <-time.After(c.srv.cfg.OutputGrace):
-		// A background process holds the output open; stop forwarding it.
-		_ = proc.Stdout().Close()
-		if e := proc.Stderr(); e != nil {
-			_ = e.Close()
+	default:
+		grace := time.NewTimer(c.srv.cfg.OutputGrace)
+		select {
+		case <-drained:
+		case <-grace.C:
+			// A background process holds the output open; stop forwarding it.
+			_ = proc.Stdout().Close()
+			if e := proc.Stderr(); e != nil {
+				_ = e.Close()
+			}
+			<-drained
 		}
-		<-drained
+		grace.Stop()
 	}
 	_ = proc.Stdout().Close()
 	if e := proc.Stderr(); e != nil {
@@ -376,16 +391,15 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		}
 		c.auditCommand("shell", "", code, exit.Signal, "", took)
 	}
-	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
+	// The status, EOF and close leave in one TCP segment, as OpenSSH's
+	// do; the log line follows them, off the client's wait.
+	uncork := c.conn.cork()
 	switch {
 	case err != nil:
-		c.srv.cfg.Log.ErrorContext(c.ctx, "exec_finished", append(attrs, "exit_code", 255, "err", err)...)
 		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{255}))
 	case exit.Signal == "":
-		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "exit_code", exit.Code)...)
 		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{uint32(exit.Code)}))
 	default:
-		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "signal", exit.Signal)...)
 		_, _ = c.ch.SendRequest("exit-signal", false, gossh.Marshal(struct {
 			Signal     string
 			CoreDumped bool
@@ -396,6 +410,16 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	c.notices.Wait() // exited is set: no new notice starts
 	_ = c.ch.CloseWrite()
 	_ = c.ch.Close()
+	uncork()
+	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
+	switch {
+	case err != nil:
+		c.srv.cfg.Log.ErrorContext(c.ctx, "exec_finished", append(attrs, "exit_code", 255, "err", err)...)
+	case exit.Signal == "":
+		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "exit_code", exit.Code)...)
+	default:
+		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "signal", exit.Signal)...)
+	}
 }
 
 // recoverPanic, deferred in each helper goroutine of the channel, stops a

@@ -161,8 +161,80 @@ type replyError struct {
 func (e *replyError) Error() string { return e.msg }
 func (e *replyError) Unwrap() error { return e.errno }
 
+// Conn is a control connection's end that frames go over: a
+// *net.UnixConn, or an FD.
+type Conn interface {
+	io.ReadWriter
+	ReadMsgUnix(b, oob []byte) (n, oobn, flags int, addr *net.UnixAddr, err error)
+	WriteMsgUnix(b, oob []byte, addr *net.UnixAddr) (n, oobn int, err error)
+}
+
+// FD is a Conn over a blocking unix socket descriptor, for a thread that
+// must not wait through the Go runtime's poller (the init's spawner
+// thread; see initd). The caller owns the descriptor.
+type FD int
+
+func (fd FD) Read(b []byte) (int, error) {
+	for {
+		n, err := unix.Read(int(fd), b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 0, err
+		case n == 0 && len(b) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+func (fd FD) Write(b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := unix.Write(int(fd), b[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		n += m
+	}
+	return n, nil
+}
+
+// ReadMsgUnix is (*net.UnixConn).ReadMsgUnix on the descriptor; the
+// address is always nil.
+func (fd FD) ReadMsgUnix(b, oob []byte) (n, oobn, flags int, addr *net.UnixAddr, err error) {
+	for {
+		n, oobn, flags, _, err = unix.Recvmsg(int(fd), b, oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			return n, oobn, flags, nil, err
+		}
+	}
+}
+
+// WriteMsgUnix is (*net.UnixConn).WriteMsgUnix on the descriptor; addr
+// must be nil.
+func (fd FD) WriteMsgUnix(b, oob []byte, addr *net.UnixAddr) (n, oobn int, err error) {
+	if addr != nil {
+		return 0, 0, errors.New("ctl.FD: an address on a connected socket")
+	}
+	for {
+		n, err = unix.SendmsgN(int(fd), b, oob, nil, 0)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return n, 0, err
+	}
+	return n, len(oob), nil
+}
+
 // WriteFrame sends v as one frame with fds attached.
-func WriteFrame(c *net.UnixConn, v any, fds ...int) error {
+func WriteFrame(c Conn, v any, fds ...int) error {
 	body, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -191,7 +263,7 @@ func WriteFrame(c *net.UnixConn, v any, fds ...int) error {
 
 // ReadFrame reads one frame into v and returns the descriptors that came
 // with it (close-on-exec). On error, no descriptor is left open.
-func ReadFrame(c *net.UnixConn, v any) (fds []int, err error) {
+func ReadFrame(c Conn, v any) (fds []int, err error) {
 	defer func() {
 		if err != nil {
 			procio.CloseFDs(fds)

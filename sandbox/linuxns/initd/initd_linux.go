@@ -3,11 +3,9 @@
 package initd
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
@@ -26,7 +24,9 @@ import (
 // initd is the running init: it starts commands for the gateway, reports
 // how they end, and reaps every process of the sandbox (it is pid 1).
 type initd struct {
-	ln    *net.UnixListener
+	// ln is the control socket, listening and blocking: the spawner
+	// thread accepts on it (serve).
+	ln    int
 	sp    *spawner
 	shell string
 	// env and workDir come from the sandbox's image: the environment
@@ -43,6 +43,13 @@ type initd struct {
 	// never reaped before it is registered in waiters.
 	mu      sync.Mutex
 	waiters map[int]*child
+	// forked wakes the reaper when it has run out of children (buffered:
+	// a start while it is not yet waiting is not lost).
+	forked chan struct{}
+	// utsReady says that the spawner thread is in a fresh UTS namespace
+	// that no command has inherited yet (see newCommandNS). Only the
+	// spawner thread uses it.
+	utsReady bool
 }
 
 // child is a command started for one control connection.
@@ -53,9 +60,53 @@ type child struct {
 	// that its inode (uts) cannot name the next command's namespace while
 	// a delayed killTree may still look for it.
 	utsFD  int
-	status chan syscall.WaitStatus // receives the exit status, once
 	exited atomic.Bool
 	kill   sync.Once
+
+	// The exit frame goes out from whichever of the reaper (exit) and the
+	// spawner thread (attach) comes second, so that a command's end
+	// reaches the gateway without a hand-off to another goroutine.
+	mu     sync.Mutex
+	conn   *net.UnixConn       // the control connection, once "started" is sent
+	status *syscall.WaitStatus // the exit status, once reaped
+}
+
+// exit reports the command's exit status, from the reaper.
+func (c *child) exit(ws syscall.WaitStatus) {
+	c.exited.Store(true)
+	c.mu.Lock()
+	conn := c.conn
+	if conn == nil {
+		c.status = &ws
+	}
+	c.mu.Unlock()
+	if conn != nil {
+		sendExit(conn, ws)
+	}
+}
+
+// attach hands the command's control connection over once "started" has
+// gone out on it: from then on the connection is the command's, and it is
+// closed after the exit frame.
+func (c *child) attach(conn *net.UnixConn) {
+	c.mu.Lock()
+	st := c.status
+	if st == nil {
+		c.conn = conn
+	}
+	c.mu.Unlock()
+	if st != nil {
+		sendExit(conn, *st)
+	}
+}
+
+// sendExit writes the exit frame and closes the connection: the
+// gateway's side has nothing more to wait for, and the reader (follow)
+// ends.
+func sendExit(conn *net.UnixConn, ws syscall.WaitStatus) {
+	exit := sandbox.ExitFromWaitStatus(ws)
+	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "exit", Exit: &exit})
+	conn.Close()
 }
 
 // end is Process.Kill inside the sandbox. While the command's first
@@ -139,33 +190,33 @@ func killTree(uts nsID) {
 	}
 }
 
-// serve accepts control connections until the listener fails.
+// serve serves the control socket; it never returns. Each connection's
+// request is read and its command forked on the spawner thread itself,
+// with blocking system calls, so that a command starts with no hand-off
+// between goroutines: the kernel wakes that thread when the gateway
+// connects. The rest of the connection (signals, the exit) is a
+// goroutine's (follow).
 func (in *initd) serve() {
 	if in.sockFile >= 0 {
 		go in.watchSocketFile()
 	}
-	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, syscall.SIGCHLD)
-	go func() {
+	go in.reap()
+	in.sp.run(func() {
+		_ = in.newCommandNS()
 		for {
-			in.reap()
-			<-sigc
-		}
-	}()
-	for {
-		c, err := in.ln.AcceptUnix()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
+			fd, _, err := unix.Accept4(in.ln, unix.SOCK_CLOEXEC)
+			switch {
+			case err == nil:
+				in.handle(fd)
+			case err == unix.EINTR || err == unix.ECONNABORTED:
+			default:
+				// EMFILE and friends: a command's connection cannot be
+				// taken now; the gateway sees it fail and may retry.
+				fmt.Fprintln(os.Stderr, "sandbox-init: accept:", err)
+				time.Sleep(50 * time.Millisecond)
 			}
-			// EMFILE and friends: a command's connection cannot be taken
-			// now; the gateway sees it fail and may retry.
-			fmt.Fprintln(os.Stderr, "sandbox-init: accept:", err)
-			time.Sleep(50 * time.Millisecond)
-			continue
 		}
-		go in.handle(c)
-	}
+	})
 }
 
 // watchSocketFile ends the sandbox once its control socket's file is gone
@@ -183,43 +234,63 @@ func (in *initd) watchSocketFile() {
 }
 
 // reap collects every exited child: the commands, and the orphans that the
-// kernel hands to the namespace's pid 1.
+// kernel hands to the namespace's pid 1. It waits in wait4 itself, on a
+// thread of its own, rather than for SIGCHLD, so that a command's end
+// reaches its connection without a signal's trip through the runtime;
+// with no child left, it waits for the next fork.
 func (in *initd) reap() {
-	in.mu.Lock()
-	defer in.mu.Unlock()
 	for {
 		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG|unix.WALL, nil)
-		if err == syscall.EINTR {
+		pid, err := syscall.Wait4(-1, &ws, unix.WALL, nil)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.ECHILD:
+			<-in.forked
+			continue
+		case err != nil:
+			// Nothing else is documented for these arguments.
+			fmt.Fprintln(os.Stderr, "sandbox-init: wait4:", err)
+			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		if err != nil || pid <= 0 {
-			return
-		}
-		if c, ok := in.waiters[pid]; ok {
-			delete(in.waiters, pid)
-			c.exited.Store(true)
-			c.status <- ws
+		// A command is in waiters before its fork's lock is let go.
+		in.mu.Lock()
+		c, ok := in.waiters[pid]
+		delete(in.waiters, pid)
+		in.mu.Unlock()
+		if ok {
+			c.exit(ws)
 		}
 	}
 }
 
-// handle serves one control connection: one command, start to exit.
-func (in *initd) handle(conn *net.UnixConn) {
-	defer conn.Close()
+// requestTimeout bounds how long the spawner thread waits for a request
+// after a connection: the gateway sends it at once, and a peer that does
+// not must not hold up every other command's start for long.
+const requestTimeout = 5 * time.Second
+
+// handle serves control connection fd on the spawner thread until its
+// command has started, then hands it to follow. It consumes fd.
+func (in *initd) handle(fd int) {
+	conn := ctl.FD(fd)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: int64(requestTimeout / time.Second)})
 	var req ctl.Request
 	fds, err := ctl.ReadFrame(conn, &req)
 	if err != nil {
+		unix.Close(fd)
 		return
 	}
 	if req.Op != "exec" {
 		procio.CloseFDs(fds)
 		_ = ctl.WriteFrame(conn, ctl.Reply{Op: "error", Error: fmt.Sprintf("unexpected %q before exec", req.Op)})
+		unix.Close(fd)
 		return
 	}
 	c, master, err := in.start(&req, fds)
 	if err != nil {
 		_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
+		unix.Close(fd)
 		return
 	}
 	if master >= 0 {
@@ -229,32 +300,67 @@ func (in *initd) handle(conn *net.UnixConn) {
 		err = ctl.WriteFrame(conn, ctl.Reply{Op: "started", Pid: c.pid})
 	}
 	if err != nil {
+		unix.Close(fd)
 		c.end()
+	} else if uc, err := unixConn(fd); err != nil {
+		c.end()
+	} else {
+		go follow(uc, c)
+		c.attach(uc)
 	}
-	go func() {
-		for {
-			var m ctl.Request
-			fds, err := ctl.ReadFrame(conn, &m)
-			procio.CloseFDs(fds)
-			if err != nil {
-				// The connection is over: if the command still runs, the
-				// gateway let go of it before it ended, and end kills it;
-				// either way end releases the command's namespace.
-				c.end()
-				return
-			}
-			switch m.Op {
-			case "signal":
-				if m.Signal > 0 && m.Signal < 65 {
-					_ = unix.Kill(-c.pid, syscall.Signal(m.Signal))
-				}
-			case "kill":
-				c.end()
-			}
+	// The next command's namespace, made now rather than on its way.
+	_ = in.newCommandNS()
+}
+
+// unixConn turns the connection fd into a *net.UnixConn, which the
+// runtime polls. It consumes fd.
+func unixConn(fd int) (*net.UnixConn, error) {
+	f := os.NewFile(uintptr(fd), "control")
+	defer f.Close()
+	nc, err := net.FileConn(f) // a duplicate, non-blocking
+	if err != nil {
+		return nil, err
+	}
+	return nc.(*net.UnixConn), nil
+}
+
+// follow reads a started command's connection until it ends: signals
+// and kill from the gateway. The gateway closing it before the exit frame
+// means the command's client is gone; either way end releases the
+// command's namespace, and kills what still runs.
+func follow(conn *net.UnixConn, c *child) {
+	for {
+		var m ctl.Request
+		fds, err := ctl.ReadFrame(conn, &m)
+		procio.CloseFDs(fds)
+		if err != nil {
+			c.end()
+			conn.Close()
+			return
 		}
-	}()
-	exit := sandbox.ExitFromWaitStatus(<-c.status)
-	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "exit", Exit: &exit})
+		switch m.Op {
+		case "signal":
+			if m.Signal > 0 && m.Signal < 65 {
+				_ = unix.Kill(-c.pid, syscall.Signal(m.Signal))
+			}
+		case "kill":
+			c.end()
+		}
+	}
+}
+
+// newCommandNS moves the spawner thread into a new UTS namespace, which
+// the next command inherits: it names that command's tree (see killTree).
+// Same hostname; nobody in the sandbox may change it.
+func (in *initd) newCommandNS() error {
+	if in.utsReady {
+		return nil
+	}
+	if err := unix.Unshare(unix.CLONE_NEWUTS); err != nil {
+		return fmt.Errorf("command namespace: %w", err)
+	}
+	in.utsReady = true
+	return nil
 }
 
 // start starts req's command as the sandbox user and returns it with the
@@ -297,28 +403,8 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 		sys.Setpgid = true
 	}
 	attr := &syscall.ProcAttr{Dir: in.dir(), Env: env, Files: files, Sys: sys}
-	c := &child{status: make(chan syscall.WaitStatus, 1)}
-	var err error
-	in.sp.run(func() {
-		// A new UTS namespace for the spawner thread, which the command
-		// inherits: it names the command's tree (see killTree). Same
-		// hostname; nobody in the sandbox may change it.
-		if err = unix.Unshare(unix.CLONE_NEWUTS); err != nil {
-			err = fmt.Errorf("command namespace: %w", err)
-			return
-		}
-		if c.utsFD, c.uts, err = openNS("/proc/thread-self/ns/uts"); err != nil {
-			return
-		}
-		in.mu.Lock()
-		defer in.mu.Unlock()
-		c.pid, err = syscall.ForkExec(path, argv, attr)
-		if err == nil {
-			in.waiters[c.pid] = c
-		} else {
-			unix.Close(c.utsFD)
-		}
-	})
+	c := &child{}
+	err := in.fork(c, path, argv, attr)
 	if err != nil {
 		if master >= 0 {
 			unix.Close(master)
@@ -326,6 +412,34 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 		return nil, -1, fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	return c, master, nil
+}
+
+// fork starts c's process, in a UTS namespace of its own (newCommandNS),
+// from the spawner thread, where it must run.
+func (in *initd) fork(c *child, path string, argv []string, attr *syscall.ProcAttr) error {
+	if err := in.newCommandNS(); err != nil {
+		return err
+	}
+	var err error
+	if c.utsFD, c.uts, err = openNS("/proc/thread-self/ns/uts"); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	c.pid, err = syscall.ForkExec(path, argv, attr)
+	if err == nil {
+		in.waiters[c.pid] = c
+	}
+	in.mu.Unlock()
+	if err != nil {
+		unix.Close(c.utsFD)
+		return err
+	}
+	in.utsReady = false
+	select {
+	case in.forked <- struct{}{}:
+	default:
+	}
+	return nil
 }
 
 // dir is where commands start: the image's working directory, or the

@@ -157,8 +157,9 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, sockFile: -1,
-		env: spec.Env, workDir: spec.WorkingDir,
+	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, sockFile: -1, ln: -1,
+		forked: make(chan struct{}, 1),
+		env:    spec.Env, workDir: spec.WorkingDir,
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
 	if sockFile >= 0 {
 		if in.sockFile, err = unix.FcntlInt(uintptr(sockFile), unix.F_DUPFD_CLOEXEC, 3); err != nil {
@@ -166,17 +167,13 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 		}
 	}
 	if listener != nil {
-		ln, err := net.FileListener(listener) // a duplicate
-
-		if err != nil {
+		// A duplicate, blocking: the spawner thread waits in accept(2).
+		if in.ln, err = unix.FcntlInt(listener.Fd(), unix.F_DUPFD_CLOEXEC, 3); err != nil {
 			return nil, fmt.Errorf("control socket: %w", err)
 		}
-		ul, ok := ln.(*net.UnixListener)
-		if !ok {
-			ln.Close()
-			return nil, fmt.Errorf("control socket is not a unix socket")
+		if err := unix.SetNonblock(in.ln, false); err != nil {
+			return nil, fmt.Errorf("control socket: %w", err)
 		}
-		in.ln = ul
 	}
 	return in, nil
 }

@@ -36,6 +36,13 @@ func CommandEnv(home, shell string, image, client []string, pty *PTY) []string {
 	return mergeEnv(BaseEnv(home, shell), image, client, term)
 }
 
+// WithTTY is env with SSH_TTY set to tty, the command's terminal, as
+// OpenSSH sets it for a session with a PTY (after the client's variables:
+// the client cannot set it).
+func WithTTY(env []string, tty string) []string {
+	return mergeEnv(env, []string{"SSH_TTY=" + tty})
+}
+
 // mergeEnv joins environment lists: each list's KEY=VALUE entries
 // override the earlier lists' of the same key, each key once.
 func mergeEnv(lists ...[]string) []string {

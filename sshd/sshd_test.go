@@ -132,7 +132,7 @@ func TestPTYShellAndWindowChange(t *testing.T) {
 	if err := sess.Shell(); err != nil {
 		t.Fatal(err)
 	}
-	io.WriteString(stdin, "stty size; tty; echo TERM=$TERM\n")
+	io.WriteString(stdin, "stty size; tty; echo TERM=$TERM; [ \"$SSH_TTY\" = \"$(tty)\" ] && echo SSH_TTY-ok\n")
 	waitFor(t, &out, "40 100")
 	if err := sess.WindowChange(50, 132); err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestPTYShellAndWindowChange(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitStatus() != 7 {
 		t.Fatalf("wait = %v, want exit 7; output %q", err, out.String())
 	}
-	for _, want := range []string{"/dev/pts/", "TERM=xterm"} {
+	for _, want := range []string{"/dev/pts/", "TERM=xterm", "SSH_TTY-ok"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output %q lacks %q", out.String(), want)
 		}

@@ -431,11 +431,15 @@ func TestLinuxPTY(t *testing.T) {
 	if err := sess.RequestPty("xterm-256color", 40, 100, gossh.TerminalModes{}); err != nil {
 		t.Fatal(err)
 	}
-	out, err := sess.Output("tty; stty size; echo $TERM; ls -ln $(tty) | cut -d' ' -f3")
+	// SSH_TTY names the terminal, as OpenSSH sets it; a client cannot set it.
+	if err := sess.Setenv("SSH_TTY", "/dev/null"); err == nil {
+		t.Log("the gateway took a client's SSH_TTY (it is not allowed by default)")
+	}
+	out, err := sess.Output("tty; stty size; echo $TERM; ls -ln $(tty) | cut -d' ' -f3; echo $SSH_TTY")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.ReplaceAll(string(out), "\r", ""); got != "/dev/pts/0\n40 100\nxterm-256color\n1000\n" {
+	if got := strings.ReplaceAll(string(out), "\r", ""); got != "/dev/pts/0\n40 100\nxterm-256color\n1000\n/dev/pts/0\n" {
 		t.Fatalf("pty: %q", got)
 	}
 

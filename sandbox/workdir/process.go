@@ -44,8 +44,19 @@ func startHost(c *exec.Cmd, p *sandbox.PTY) (*hostProcess, error) {
 		c.SysProcAttr.Setsid = true
 		c.SysProcAttr.Setctty = true
 		w := p.Window.OrDefault()
-		master, err := pty.StartWithAttrs(c, &pty.Winsize{Cols: w.Cols, Rows: w.Rows}, c.SysProcAttr)
+		master, tty, err := pty.Open()
 		if err != nil {
+			return nil, fmt.Errorf("start on pty: %w", err)
+		}
+		defer tty.Close()
+		if err := pty.Setsize(master, &pty.Winsize{Cols: w.Cols, Rows: w.Rows}); err != nil {
+			master.Close()
+			return nil, fmt.Errorf("start on pty: %w", err)
+		}
+		c.Env = sandbox.WithTTY(c.Env, tty.Name())
+		c.Stdin, c.Stdout, c.Stderr = tty, tty, tty
+		if err := c.Start(); err != nil {
+			master.Close()
 			return nil, fmt.Errorf("start on pty: %w", err)
 		}
 		hp.pty = master

@@ -387,12 +387,13 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	var files []uintptr
 	master := -1
 	if req.PTY != nil {
-		m, s, err := openPTY(req.PTY.Window)
+		m, s, tty, err := openPTY(req.PTY.Window)
 		if err != nil {
 			return nil, -1, err
 		}
 		defer unix.Close(s)
 		master = m
+		env = sandbox.WithTTY(env, tty)
 		files = []uintptr{uintptr(s), uintptr(s), uintptr(s)}
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
 	} else {
@@ -452,20 +453,27 @@ func (in *initd) dir() string {
 }
 
 // openPTY opens a new terminal in the sandbox's devpts: the master for the
-// gateway, the slave (owned by the sandbox user) for the command.
-func openPTY(w sandbox.Window) (master, slave int, err error) {
+// gateway, the slave (owned by the sandbox user) for the command, and the
+// slave's path.
+func openPTY(w sandbox.Window) (master, slave int, tty string, err error) {
 	master, err = unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, -1, fmt.Errorf("open ptmx: %w", err)
+		return -1, -1, "", fmt.Errorf("open ptmx: %w", err)
 	}
 	if err := unix.IoctlSetPointerInt(master, unix.TIOCSPTLCK, 0); err != nil {
 		unix.Close(master)
-		return -1, -1, fmt.Errorf("unlock pty: %w", err)
+		return -1, -1, "", fmt.Errorf("unlock pty: %w", err)
 	}
-	slave, err = ptyPeer(master)
+	n, err := unix.IoctlGetInt(master, unix.TIOCGPTN)
 	if err != nil {
 		unix.Close(master)
-		return -1, -1, err
+		return -1, -1, "", fmt.Errorf("pty number: %w", err)
+	}
+	tty = "/dev/pts/" + strconv.Itoa(n)
+	slave, err = ptyPeer(master, tty)
+	if err != nil {
+		unix.Close(master)
+		return -1, -1, "", err
 	}
 	_ = unix.Fchown(slave, ctl.SandboxUID, ttyGID)
 	if w.Cols == 0 || w.Rows == 0 {
@@ -474,22 +482,20 @@ func openPTY(w sandbox.Window) (master, slave int, err error) {
 	if err := unix.IoctlSetWinsize(master, unix.TIOCSWINSZ, &unix.Winsize{Row: w.Rows, Col: w.Cols}); err != nil {
 		unix.Close(master)
 		unix.Close(slave)
-		return -1, -1, fmt.Errorf("set pty size: %w", err)
+		return -1, -1, "", fmt.Errorf("set pty size: %w", err)
 	}
-	return master, slave, nil
+	return master, slave, tty, nil
 }
 
-func ptyPeer(master int) (int, error) {
+// ptyPeer opens master's slave, tty, through the master where the kernel
+// can (TIOCGPTPEER: no path lookup), else by its path.
+func ptyPeer(master int, tty string) (int, error) {
 	fd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(master), unix.TIOCGPTPEER,
 		uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
 	if errno == 0 {
 		return int(fd), nil
 	}
-	n, err := unix.IoctlGetInt(master, unix.TIOCGPTN)
-	if err != nil {
-		return -1, fmt.Errorf("pty number: %w", err)
-	}
-	slave, err := unix.Open("/dev/pts/"+strconv.Itoa(n), unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	slave, err := unix.Open(tty, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("open pty slave: %w", err)
 	}

@@ -28,6 +28,11 @@ type countConn struct {
 	in, out atomic.Int64
 }
 
+// NetConn returns the connection under c, as (*tls.Conn).NetConn does, so
+// that a reader can reach its socket (the SSH server's read-ahead probe
+// and cork); reads and writes must still go through c to be counted.
+func (c *countConn) NetConn() net.Conn { return c.Conn }
+
 func (c *countConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.in.Add(int64(n))

@@ -20,6 +20,11 @@ type tunnelConn struct {
 	s *Session
 }
 
+// NetConn returns the connection under c, as (*tls.Conn).NetConn does, so
+// that a reader can reach its socket (the SSH server's read-ahead probe
+// and cork); reads and writes must still go through c to be counted.
+func (c *tunnelConn) NetConn() net.Conn { return c.Conn }
+
 func (c *tunnelConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.s.tunnelIn.Add(int64(n))

@@ -93,22 +93,22 @@ func readyOf(src io.Reader) func() bool {
 }
 
 // rawConnOf returns the socket under src: src itself (a syscall.Conn), or
-// the connection a layer over one names (NetConn, as *tls.Conn does); nil
-// without one.
+// the one under the layers over it that name what they wrap (NetConn, as
+// *tls.Conn and the gateway's byte counters do); nil without one.
 func rawConnOf(src any) syscall.RawConn {
-	var sc syscall.Conn
-	switch c := src.(type) {
-	case syscall.Conn:
-		sc = c
-	case interface{ NetConn() net.Conn }:
-		sc, _ = c.NetConn().(syscall.Conn)
+	for range 8 {
+		switch c := src.(type) {
+		case syscall.Conn:
+			rc, err := c.SyscallConn()
+			if err != nil {
+				return nil
+			}
+			return rc
+		case interface{ NetConn() net.Conn }:
+			src = c.NetConn()
+		default:
+			return nil
+		}
 	}
-	if sc == nil {
-		return nil
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return nil
-	}
-	return rc
+	return nil
 }

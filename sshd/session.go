@@ -327,9 +327,10 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	// closes it (no goroutine waits for them, so an exit whose output is
 	// already through goes straight on to its status).
 	drained := make(chan struct{})
+	stderr := proc.Stderr()
 	var outLeft atomic.Int32
 	outLeft.Store(1)
-	if proc.Stderr() != nil {
+	if stderr != nil {
 		outLeft.Store(2)
 	}
 	copyOut := func(name string, dst io.Writer, src io.Reader) {
@@ -344,8 +345,8 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		}()
 	}
 	copyOut("stdout", stdout, proc.Stdout())
-	if e := proc.Stderr(); e != nil {
-		copyOut("stderr", c.ch.Stderr(), e)
+	if stderr != nil {
+		copyOut("stderr", c.ch.Stderr(), stderr)
 	}
 	// The stdin copier is not waited for: the client may never send EOF.
 	go func() {
@@ -368,16 +369,16 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		case <-grace.C:
 			// A background process holds the output open; stop forwarding it.
 			_ = proc.Stdout().Close()
-			if e := proc.Stderr(); e != nil {
-				_ = e.Close()
+			if stderr != nil {
+				_ = stderr.Close()
 			}
 			<-drained
 		}
 		grace.Stop()
 	}
 	_ = proc.Stdout().Close()
-	if e := proc.Stderr(); e != nil {
-		_ = e.Close()
+	if stderr != nil {
+		_ = stderr.Close()
 	}
 
 	if tap != nil {
@@ -391,9 +392,26 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		}
 		c.auditCommand("shell", "", code, exit.Signal, "", took)
 	}
-	// The status, EOF and close leave in one TCP segment, as OpenSSH's
-	// do; the log line follows them, off the client's wait.
-	uncork := c.conn.cork()
+	c.notices.Wait() // exited is set: no new notice starts
+	c.sendEnd(exit, err)
+	// The log line follows the end, off the client's wait.
+	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
+	switch {
+	case err != nil:
+		c.srv.cfg.Log.ErrorContext(c.ctx, "exec_finished", append(attrs, "exit_code", 255, "err", err)...)
+	case exit.Signal == "":
+		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "exit_code", exit.Code)...)
+	default:
+		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "signal", exit.Signal)...)
+	}
+}
+
+// sendEnd sends the exit status (or signal), EOF and close. They leave in
+// one TCP segment, as OpenSSH's one buffered write sends them: the tunnel
+// is corked only around these three writes, none of which waits for the
+// peer.
+func (c *channel) sendEnd(exit sandbox.Exit, err error) {
+	defer c.conn.cork()()
 	switch {
 	case err != nil:
 		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{255}))
@@ -407,19 +425,8 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 			Lang       string
 		}{exit.Signal, exit.CoreDumped, "", ""}))
 	}
-	c.notices.Wait() // exited is set: no new notice starts
 	_ = c.ch.CloseWrite()
 	_ = c.ch.Close()
-	uncork()
-	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
-	switch {
-	case err != nil:
-		c.srv.cfg.Log.ErrorContext(c.ctx, "exec_finished", append(attrs, "exit_code", 255, "err", err)...)
-	case exit.Signal == "":
-		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "exit_code", exit.Code)...)
-	default:
-		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "signal", exit.Signal)...)
-	}
 }
 
 // recoverPanic, deferred in each helper goroutine of the channel, stops a

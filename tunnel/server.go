@@ -169,6 +169,11 @@ type prefixConn struct {
 	head []byte // read from Conn already; Read gives these first
 }
 
+// NetConn returns the connection under c, as (*tls.Conn).NetConn does:
+// its socket, for a probe or a socket option. Its bytes must still be read
+// through c, which gives head first.
+func (c *prefixConn) NetConn() net.Conn { return c.Conn }
+
 func (c *prefixConn) Read(p []byte) (int, error) {
 	if len(c.head) > 0 {
 		n := copy(p, c.head)

@@ -207,6 +207,11 @@ type countedConn struct {
 	in, out prometheus.Counter
 }
 
+// NetConn returns the connection under c, as (*tls.Conn).NetConn does, so
+// that a reader can reach its socket (the SSH server's read-ahead probe
+// and cork); reads and writes must still go through c to be counted.
+func (c *countedConn) NetConn() net.Conn { return c.Conn }
+
 func (c *countedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.in.Add(float64(n))

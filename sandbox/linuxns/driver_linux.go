@@ -533,7 +533,10 @@ func listenUnix(path string) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("bind control socket: %w", err)
 	}
-	if err := unix.Listen(fd, 128); err != nil {
+	// The init's spawner thread takes one connection at a time (each to
+	// its command's fork): a burst of starts waits in this backlog, and a
+	// connect finding it full retries (linuxSandbox.dial).
+	if err := unix.Listen(fd, 4096); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("listen on control socket: %w", err)
 	}

@@ -141,6 +141,18 @@ func (s *linuxSandbox) dial(ctx context.Context) (*net.UnixConn, error) {
 	defer done()
 	var dl net.Dialer
 	c, err := dl.DialContext(ctx, "unix", addr)
+	// A full backlog (a burst of starts) answers EAGAIN at once: wait for
+	// the init to take some, as long as the start may last (initTimeout
+	// without a deadline).
+	giveUp := time.Now().Add(initTimeout)
+	for wait := time.Millisecond; errors.Is(err, syscall.EAGAIN) && time.Now().Before(giveUp); wait = min(2*wait, 50*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("control socket: %w", context.Cause(ctx))
+		case <-time.After(wait):
+		}
+		c, err = dl.DialContext(ctx, "unix", addr)
+	}
 	if err != nil {
 		_, done := s.current()
 		select {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -98,6 +99,11 @@ func TestFDFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	peer := nc.(*net.UnixConn)
+	defer peer.Close()
+	// A failure must not hang the test: the writer below and the FD reads
+	// end when peer does.
+	stop := time.AfterFunc(30*time.Second, func() { peer.Close(); unix.Shutdown(fds[0], unix.SHUT_RDWR) })
+	defer stop.Stop()
 
 	r, w, err := os.Pipe()
 	if err != nil {

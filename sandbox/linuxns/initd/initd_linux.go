@@ -102,7 +102,9 @@ func (c *child) attach(conn *net.UnixConn) {
 
 // sendExit writes the exit frame and closes the connection: the
 // gateway's side has nothing more to wait for, and the reader (follow)
-// ends.
+// ends. The reaper calls it: the write cannot hold reaping up, as a
+// connection carries two small frames from the init in all ("started"
+// and this one), which its socket buffer always takes.
 func sendExit(conn *net.UnixConn, ws syscall.WaitStatus) {
 	exit := sandbox.ExitFromWaitStatus(ws)
 	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "exit", Exit: &exit})
@@ -209,6 +211,11 @@ func (in *initd) serve() {
 			case err == nil:
 				in.handle(fd)
 			case err == unix.EINTR || err == unix.ECONNABORTED:
+			case err == unix.EBADF || err == unix.EINVAL || err == unix.ENOTSOCK:
+				// The control socket itself is gone: no gateway can
+				// start anything here again.
+				fmt.Fprintln(os.Stderr, "sandbox-init: control socket:", err)
+				os.Exit(1)
 			default:
 				// EMFILE and friends: a command's connection cannot be
 				// taken now; the gateway sees it fail and may retry.
@@ -234,10 +241,11 @@ func (in *initd) watchSocketFile() {
 }
 
 // reap collects every exited child: the commands, and the orphans that the
-// kernel hands to the namespace's pid 1. It waits in wait4 itself, on a
-// thread of its own, rather than for SIGCHLD, so that a command's end
-// reaches its connection without a signal's trip through the runtime;
-// with no child left, it waits for the next fork.
+// kernel hands to the namespace's pid 1. It blocks in wait4 itself (a
+// goroutine that holds a thread while it waits there) rather than waiting
+// for SIGCHLD, so that a command's end reaches its connection without a
+// signal's trip through the runtime; with no child left, it waits for the
+// next fork.
 func (in *initd) reap() {
 	for {
 		var ws syscall.WaitStatus
@@ -273,36 +281,49 @@ const requestTimeout = 5 * time.Second
 // handle serves control connection fd on the spawner thread until its
 // command has started, then hands it to follow. It consumes fd.
 func (in *initd) handle(fd int) {
+	// f owns fd (and closes it, whatever happens); the blocking reads and
+	// writes before "started" go through conn.
+	f := os.NewFile(uintptr(fd), "control")
+	defer f.Close()
 	conn := ctl.FD(fd)
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: int64(requestTimeout / time.Second)})
 	var req ctl.Request
 	fds, err := ctl.ReadFrame(conn, &req)
 	if err != nil {
-		unix.Close(fd)
 		return
 	}
 	if req.Op != "exec" {
 		procio.CloseFDs(fds)
 		_ = ctl.WriteFrame(conn, ctl.Reply{Op: "error", Error: fmt.Sprintf("unexpected %q before exec", req.Op)})
-		unix.Close(fd)
 		return
 	}
 	c, master, err := in.start(&req, fds)
 	if err != nil {
 		_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
-		unix.Close(fd)
 		return
 	}
-	if master >= 0 {
-		err = ctl.WriteFrame(conn, ctl.Reply{Op: "started", Pid: c.pid}, master)
-		unix.Close(master)
+	// The connection goes to the runtime's poller before "started" is
+	// sent, so that a failure there is still an error reply, not a
+	// started command whose connection then breaks.
+	var uc *net.UnixConn
+	nc, err := net.FileConn(f) // a duplicate, non-blocking (and so is fd)
+	if err != nil {
+		_ = ctl.WriteFrame(conn, ctl.ErrorReply(fmt.Errorf("control connection: %w", err)))
 	} else {
-		err = ctl.WriteFrame(conn, ctl.Reply{Op: "started", Pid: c.pid})
+		uc = nc.(*net.UnixConn)
+		if master >= 0 {
+			err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid}, master)
+		} else {
+			err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid})
+		}
+	}
+	if master >= 0 {
+		unix.Close(master)
 	}
 	if err != nil {
-		unix.Close(fd)
-		c.end()
-	} else if uc, err := unixConn(fd); err != nil {
+		if uc != nil {
+			uc.Close()
+		}
 		c.end()
 	} else {
 		go follow(uc, c)
@@ -310,18 +331,6 @@ func (in *initd) handle(fd int) {
 	}
 	// The next command's namespace, made now rather than on its way.
 	_ = in.newCommandNS()
-}
-
-// unixConn turns the connection fd into a *net.UnixConn, which the
-// runtime polls. It consumes fd.
-func unixConn(fd int) (*net.UnixConn, error) {
-	f := os.NewFile(uintptr(fd), "control")
-	defer f.Close()
-	nc, err := net.FileConn(f) // a duplicate, non-blocking
-	if err != nil {
-		return nil, err
-	}
-	return nc.(*net.UnixConn), nil
 }
 
 // follow reads a started command's connection until it ends: signals

@@ -1,14 +1,20 @@
 package sshd
 
 import (
+	"context"
 	"net"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/metrics"
 )
 
 // TestCork: cork holds a TCP tunnel's segments (TCP_CORK) until uncork,
-// and is a no-op on a connection that is not TCP, or none.
+// through the gateway's byte-counting wrappers, and is a no-op on a
+// connection that is not TCP, or none.
 func TestCork(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -39,7 +45,13 @@ func TestCork(t *testing.T) {
 		}
 		return v
 	}
-	bc := &boundConn{Conn: c}
+	// As serve wraps a tunnel: the byte counters of the audit, the
+	// session and the metrics, each naming the one under it.
+	wrapped, closed := audit.Tunnel(context.Background(), audit.Discard, c, "sbx-test")
+	defer closed()
+	wrapped, done := metrics.New().Tunnel((&gateway.Session{}).CountTunnel(wrapped))
+	defer done()
+	bc := &boundConn{Conn: wrapped}
 	uncork := bc.cork()
 	if corked() != 1 {
 		t.Fatal("cork did not set TCP_CORK")

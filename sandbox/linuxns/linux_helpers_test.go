@@ -66,6 +66,27 @@ type hostSandbox struct {
 	workdir string
 }
 
+// pinPidNS returns init's pid namespace as readlink shows it, and holds the
+// namespace open until the test ends: its inode number cannot then be
+// reused by another sandbox's namespace (other packages' tests make
+// sandboxes meanwhile, in uid ranges that may equal this one's, as each
+// driver numbers its own from the same base), so a process seen in it
+// later is this sandbox's.
+func pinPidNS(t *testing.T, init int) string {
+	t.Helper()
+	p := fmt.Sprintf("/proc/%d/ns/pid", init)
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatalf("pid namespace of init %d: %v", init, err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ns, err := os.Readlink(p)
+	if err != nil {
+		t.Fatalf("pid namespace of init %d: %v", init, err)
+	}
+	return ns
+}
+
 // linuxStack starts an in-process gateway on the linux driver and, when
 // the test ends and the gateway has destroyed every sandbox, checks that
 // none left a process, mount, loop device, cgroup or directory.
@@ -106,10 +127,7 @@ func inspect(t *testing.T, s *gwtest.Stack, id string) hostSandbox {
 	if !ok {
 		t.Fatalf("session %s: sandbox %T is not a linux sandbox", id, sess.Sandbox())
 	}
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sb.InitPID()))
-	if err != nil {
-		t.Fatalf("init of %s: %v", id, err)
-	}
+	ns := pinPidNS(t, sb.InitPID())
 	return hostSandbox{id: id, dataDir: s.DataDir, initPID: sb.InitPID(), pidNS: ns, hostUID: sb.HostUID(), workdir: sb.Workdir()}
 }
 
@@ -155,8 +173,8 @@ func hostProcesses() []hostProc {
 }
 
 // survivors lists the live (not zombie) host processes of sandbox h: in
-// its pid namespace, as its init's or its user's host uid. (A namespace's
-// inode number may be reused once it is gone; the uids tell ours apart.)
+// its pid namespace, as its init's or its user's host uid. (The test holds
+// the namespace open, pinPidNS, so its inode number is not reused.)
 func (h hostSandbox) survivors() []hostProc {
 	var out []hostProc
 	for _, p := range hostProcesses() {

@@ -36,10 +36,7 @@ func hostOf(t *testing.T, dataDir, id string, sb sandbox.Sandbox) hostSandbox {
 		InitPID() int
 		HostUID() int
 	})
-	ns, err := os.Readlink("/proc/" + itoa(l.InitPID()) + "/ns/pid")
-	if err != nil {
-		t.Fatalf("init of %s: %v", id, err)
-	}
+	ns := pinPidNS(t, l.InitPID())
 	return hostSandbox{id: id, dataDir: dataDir, initPID: l.InitPID(), pidNS: ns, hostUID: l.HostUID(), workdir: sb.Workdir()}
 }
 
@@ -147,8 +144,7 @@ func TestLinuxStopResume(t *testing.T) {
 				t.Fatalf("after Resume: %q (stderr %q), want %q", out, stderr, want)
 			}
 			h2 := hostOf(t, dataDir, id, sb)
-			// A new init (the old one is dead: checkStopped). Its pid
-			// namespace's inode number may be the old one's, reused.
+			// A new init (the old one is dead: checkStopped).
 			if h2.initPID == h.initPID {
 				t.Errorf("Resume kept the init %d", h.initPID)
 			}

@@ -363,8 +363,11 @@ func (pr *Process) run() {
 	pr.stdinClosed = true
 	pr.mu.Unlock()
 	pr.out.Close()
-	close(pr.done)
+	// Filed before Done: a caller woken by Done lists the process among
+	// the finished, in the order they ended (and the oldest beyond the cap
+	// already dropped).
 	pr.sp.finish(pr)
+	close(pr.done)
 }
 
 // finish files pr among the finished processes, dropping the oldest

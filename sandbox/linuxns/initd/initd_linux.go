@@ -514,9 +514,12 @@ func ptyPeer(master int, tty string) (int, error) {
 // spawner forks every command from one OS thread that carries what the
 // commands must inherit and the init itself must not have: membership of
 // the commands' cgroups, a cgroup namespace rooted there, no_new_privs, an
-// empty capability bounding set and the seccomp filter (seccomp_linux.go). The init's other threads stay outside
-// the commands' limits, so a fork bomb or an OOM in the sandbox cannot
-// starve or kill the init.
+// empty capability bounding set and the seccomp filter (seccomp_linux.go).
+// The thread also accepts and reads the command requests (serve), so a
+// sandbox using up its CPU quota slows its own command starts; the init's
+// other threads (the reaper, the connections' readers) stay outside the
+// commands' limits, so a fork bomb or an OOM in the sandbox cannot starve
+// or kill the init.
 type spawner struct {
 	fns chan func()
 }

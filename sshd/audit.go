@@ -76,10 +76,10 @@ func (t *sftpTap) feed(f func([]byte), p []byte) {
 
 func (t *sftpTap) close() { t.feed(func([]byte) { t.tap.Close() }, nil) }
 
-// client returns w, showing the tap what is written to it (the client's
-// requests, on their way to the server).
-func (t *sftpTap) client(w io.Writer) io.Writer {
-	return tapWriter{w, func(p []byte) { t.feed(t.tap.Client, p) }}
+// clientView returns what shows the tap the client's requests, on their
+// way to the server.
+func (t *sftpTap) clientView() func([]byte) {
+	return func(p []byte) { t.feed(t.tap.Client, p) }
 }
 
 // server returns w, showing the tap the server's replies.

@@ -459,7 +459,16 @@ func TestChannelCopyPanic(t *testing.T) {
 // (third_party/golang.org/x/crypto/ssh/packetpool.go), so a buffer handed
 // back too early would show here as foreign or changed bytes.
 func TestChannelBulkDataConcurrent(t *testing.T) {
+	// With an OS pipe as stdin (the real drivers'), the channel's packets go
+	// into it in place (copyIn's writev); with an io.Pipe they are copied.
+	for _, osStdin := range []bool{true, false} {
+		t.Run(fmt.Sprintf("osStdin=%v", osStdin), func(t *testing.T) { testChannelBulkData(t, osStdin) })
+	}
+}
+
+func testChannelBulkData(t *testing.T, osStdin bool) {
 	sb := newFakeSandbox()
+	sb.osStdin = osStdin
 	sb.run = func(p *fakeProc) sandbox.Exit {
 		// Echo stdin to stdout and stderr, then the sum of what came in.
 		h := sha256.New()

@@ -162,7 +162,7 @@ func (s *Server) pipe(ctx context.Context, ch gossh.Channel, conn net.Conn) (in,
 		defer wg.Done()
 		defer s.recoverForward(conn, ch)
 		var err error
-		in, err = copyStream(conn, a.reader(ch), &s.bufs)
+		in, err = copyIn(conn, ch, nil, a.touch, &s.bufs)
 		if err != nil {
 			_ = conn.Close()
 			_ = ch.Close()

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"testing"
@@ -192,6 +193,9 @@ type fakeSandbox struct {
 	startErr error
 	// panicOnStdout makes reading a process's stdout panic.
 	panicOnStdout bool
+	// osStdin gives every process a stdin that is an OS pipe, as the real
+	// drivers' are, instead of an io.Pipe.
+	osStdin bool
 
 	started chan *fakeProc // every process started, in order
 
@@ -225,7 +229,15 @@ func (f *fakeSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proce
 		Signals: make(chan syscall.Signal, 16), Resizes: make(chan sandbox.Window, 16),
 		Killed: make(chan struct{}), exit: make(chan sandbox.Exit, 1), panicOnStdout: f.panicOnStdout,
 	}
-	p.stdinR, p.stdinW = io.Pipe()
+	if f.osStdin {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		p.stdinR, p.stdinW = r, w
+	} else {
+		p.stdinR, p.stdinW = io.Pipe()
+	}
 	p.stdoutR, p.stdoutW = io.Pipe()
 	p.In, p.Out = p.stdinR, p.stdoutW
 	if cmd.PTY == nil {
@@ -278,8 +290,8 @@ type fakeProc struct {
 	// returns, as a background child holding stdout would.
 	HoldOutput bool
 
-	stdinR           *io.PipeReader
-	stdinW           *io.PipeWriter
+	stdinR           io.ReadCloser  // an *io.PipeReader or an *os.File
+	stdinW           io.WriteCloser // its other end
 	stdoutR, stderrR *io.PipeReader
 	stdoutW, stderrW *io.PipeWriter
 	exit             chan sandbox.Exit
@@ -325,7 +337,11 @@ func (p *fakeProc) Wait() (sandbox.Exit, error) { return <-p.exit, nil }
 func (p *fakeProc) Kill() {
 	p.kill.Do(func() {
 		close(p.Killed)
-		p.stdinR.CloseWithError(errors.New("killed"))
+		if r, ok := p.stdinR.(*io.PipeReader); ok {
+			r.CloseWithError(errors.New("killed"))
+		} else {
+			p.stdinR.Close()
+		}
 	})
 }
 

@@ -317,11 +317,12 @@ func (c *channel) reportStartFailure(kind, command string, pty bool, err error) 
 func (c *channel) run(kind string, proc sandbox.Process) {
 	began := time.Now()
 	a := &activity{sess: c.sess}
-	var stdin, stdout io.Writer = proc.Stdin(), c.ch
+	var stdout io.Writer = c.ch
 	var tap *sftpTap
+	var seeIn func([]byte)   // shown the client's bytes before the command
 	if kind == "subsystem" { // SFTP: the tap reports its file operations
 		tap = c.newSFTPTap()
-		stdin, stdout = tap.client(stdin), tap.server(stdout)
+		seeIn, stdout = tap.clientView(), tap.server(stdout)
 	}
 	// drained is closed when every output copier is done: the last one
 	// closes it (no goroutine waits for them, so an exit whose output is
@@ -352,7 +353,7 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	go func() {
 		defer c.recoverPanic("stdin", c.abort)
 		defer func() { _ = proc.Stdin().Close() }()
-		_, _ = copyStream(stdin, a.reader(c.ch), &c.srv.bufs)
+		_, _ = copyIn(proc.Stdin(), c.ch, seeIn, a.touch, &c.srv.bufs)
 	}()
 
 	exit, err := proc.Wait()
@@ -473,7 +474,9 @@ type activity struct {
 }
 
 func (a *activity) writer(w io.Writer) io.Writer { return activityWriter{a, w} }
-func (a *activity) reader(r io.Reader) io.Reader { return activityReader{a, r} }
+
+// touch marks the session active now.
+func (a *activity) touch() { a.sess.Touch(time.Now()) }
 
 type activityWriter struct {
 	a *activity
@@ -483,17 +486,4 @@ type activityWriter struct {
 func (w activityWriter) Write(p []byte) (int, error) {
 	w.a.sess.Touch(time.Now())
 	return w.w.Write(p)
-}
-
-type activityReader struct {
-	a *activity
-	r io.Reader
-}
-
-func (r activityReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if n > 0 {
-		r.a.sess.Touch(time.Now())
-	}
-	return n, err
 }

@@ -307,6 +307,7 @@ type gcmCipher struct {
 	prefix [4]byte
 	iv     []byte
 	buf    []byte
+	lent   bool // sandgate: the last packet read is in a packet buffer of its own (packetpool.go)
 }
 
 func newGCMCipher(key, iv, unusedMacKey []byte, unusedAlgs DirectionAlgorithms) (packetCipher, error) {
@@ -372,6 +373,7 @@ func (c *gcmCipher) incIV() {
 }
 
 func (c *gcmCipher) readCipherPacket(seqNum uint32, r io.Reader) ([]byte, error) {
+	c.lent = false // sandgate: see below
 	if _, err := io.ReadFull(r, c.prefix[:]); err != nil {
 		return nil, err
 	}
@@ -390,8 +392,20 @@ func (c *gcmCipher) readCipherPacket(seqNum uint32, r io.Reader) ([]byte, error)
 		return nil, err
 	}
 
-	plain, err := c.aead.Open(c.buf[:0], c.iv, c.buf, c.prefix[:])
+	// sandgate: a packet of the size of bulk channel data is opened
+	// straight into a pooled packet buffer, which then needs no copy out of
+	// c.buf (packetpool.go).
+	dst := c.buf[:0]
+	var pooled *[]byte
+	if int(length) > pooledPacketMin && int(length) <= pooledPacketCap {
+		pooled = packetBufs.Get().(*[]byte)
+		dst = (*pooled)[:0]
+	}
+	plain, err := c.aead.Open(dst, c.iv, c.buf, c.prefix[:])
 	if err != nil {
+		if pooled != nil {
+			packetBufs.Put(pooled)
+		}
 		return nil, err
 	}
 	c.incIV()
@@ -411,6 +425,9 @@ func (c *gcmCipher) readCipherPacket(seqNum uint32, r io.Reader) ([]byte, error)
 		return nil, fmt.Errorf("ssh: padding %d too large", padding)
 	}
 	plain = plain[1 : length-uint32(padding)]
+	if pooled != nil {
+		plain, c.lent = lendPacket(plain, pooled), true
+	}
 	return plain, nil
 }
 

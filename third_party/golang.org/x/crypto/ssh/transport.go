@@ -138,7 +138,8 @@ func (t *transport) readPacket() (p []byte, err error) {
 }
 
 func (s *connectionState) readPacket(r *bufio.Reader, strictMode bool) ([]byte, error) {
-	packet, err := s.packetCipher.readCipherPacket(s.seqNum, r)
+	ciph := s.packetCipher // sandgate: see packetpool.go
+	packet, err := ciph.readCipherPacket(s.seqNum, r)
 	s.seqNum++
 	if err == nil && len(packet) == 0 {
 		err = errors.New("ssh: zero length packet")
@@ -173,6 +174,9 @@ func (s *connectionState) readPacket(r *bufio.Reader, strictMode bool) ([]byte, 
 
 	// The packet may point to an internal buffer, so copy the
 	// packet out here.
+	if g, ok := ciph.(*gcmCipher); ok && g.lent { // sandgate: it does not
+		return packet, err
+	}
 	var typ byte // sandgate: see packetpool.go
 	if len(packet) > 0 {
 		typ = packet[0]

@@ -187,9 +187,53 @@ func TestCopyInCopiesWithoutADescriptor(t *testing.T) {
 	}
 }
 
+// TestCopyInManyTinyPackets: thousands of 1-byte packets queued before
+// the command reads (a line-at-a-time sender and a slow reader) are more
+// slices than one writev(2) takes; they must all arrive, in order.
+func TestCopyInManyTinyPackets(t *testing.T) {
+	client, server := channelPair(t)
+	const packets = 5000
+	data := make([]byte, packets)
+	for i := range data {
+		data[i] = byte(i*7 + i/256)
+	}
+	for i := range data {
+		if _, err := client.Write(data[i : i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := client.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // let them queue in the server's channel
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var got bytes.Buffer
+	readDone := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(&got, r)
+		readDone <- err
+	}()
+	var pool bufPool
+	src := &lending{Channel: server}
+	n, err := copyIn(w, src, nil, func() {}, &pool)
+	w.Close()
+	if err != nil || n != packets {
+		t.Fatalf("copyIn: %d of %d bytes, %v", n, packets, err)
+	}
+	if err := <-readDone; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), data) || src.calls.Load() == 0 {
+		t.Fatalf("the pipe got %d bytes (equal: %v), ReadBuffers called %d times", got.Len(), bytes.Equal(got.Bytes(), data), src.calls.Load())
+	}
+}
+
 // TestCopyInWriteError: when the pipe's reader is gone, copyIn returns the
-// write's error (EPIPE) instead of losing it, and the channel is left
-// readable.
+// write's error (EPIPE) instead of losing it.
 func TestCopyInWriteError(t *testing.T) {
 	client, server := channelPair(t)
 	r, w, err := os.Pipe()

@@ -1,4 +1,4 @@
-//go:build !unix
+//go:build !(linux || darwin || openbsd)
 
 package sshd
 
@@ -7,7 +7,7 @@ import (
 	"syscall"
 )
 
-// haveWritev: without writev(2), copyIn copies (copyStream).
+// haveWritev: where x/sys has no writev(2), copyIn copies (copyStream).
 const haveWritev = false
 
 func writeBuffers(syscall.RawConn, [][]byte) (int, error) { return 0, errors.ErrUnsupported }

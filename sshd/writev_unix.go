@@ -1,4 +1,4 @@
-//go:build unix
+//go:build linux || darwin || openbsd
 
 package sshd
 
@@ -7,6 +7,10 @@ import (
 
 	"golang.org/x/sys/unix"
 )
+
+// iovMax is the most slices one writev(2) takes (IOV_MAX on Linux and
+// macOS; more is EINVAL).
+const iovMax = 1024
 
 // haveWritev: copyIn can hand a channel's packets to a descriptor.
 const haveWritev = true
@@ -20,7 +24,7 @@ func writeBuffers(rc syscall.RawConn, bufs [][]byte) (int, error) {
 	var werr error
 	err := rc.Write(func(fd uintptr) bool {
 		for len(bufs) > 0 {
-			n, err := unix.Writev(int(fd), bufs)
+			n, err := unix.Writev(int(fd), bufs[:min(len(bufs), iovMax)])
 			switch {
 			case err == unix.EINTR:
 				continue

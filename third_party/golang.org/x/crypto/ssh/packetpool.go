@@ -104,8 +104,8 @@ func (e *element) release() {
 // ReadBuffers is Read without the copy, for a caller that hands the bytes
 // straight on (one writev(2) into a pipe or a socket): it waits until the
 // channel has data, or is closed, then calls write with up to max bytes of
-// it in place, as consecutive slices, and consumes the first n bytes write
-// reports written: they are gone from the channel, their packet buffers go
+// it in place, as consecutive slices (at most 1024), and consumes the first
+// n bytes write reports written: they are gone from the channel, their packet buffers go
 // back to the pool, and they count towards the window adjustment, as after
 // Read. The slices must not be used after write returns. It returns n and
 // write's error, or io.EOF once the channel is closed and drained. Only
@@ -131,9 +131,15 @@ func (c *channel) ReadBuffers(max int, write func([][]byte) (int, error)) (int, 
 	return n, err
 }
 
+// maxLentBuffers caps the slices one ReadBuffers lends: writev(2) takes at
+// most 1024 (IOV_MAX on Linux and macOS), and a peer sending tiny packets
+// would otherwise have one batch hold a slice header for each.
+const maxLentBuffers = 1024
+
 // peek waits until b has data or is closed, and returns up to max bytes of
-// the data in place (nil and io.EOF once closed and drained). The head's
-// elements stay put until consume: write only appends after the tail.
+// the data in place, in at most maxLentBuffers slices (nil and io.EOF once
+// closed and drained). The head's elements stay put until consume: write
+// only appends after the tail.
 func (b *buffer) peek(max int) ([][]byte, error) {
 	b.Cond.L.Lock()
 	defer b.Cond.L.Unlock()
@@ -150,7 +156,7 @@ func (b *buffer) peek(max int) ([][]byte, error) {
 		b.Cond.Wait()
 	}
 	var bufs [][]byte
-	for e, n := b.head, 0; e != nil && n < max; e = e.next {
+	for e, n := b.head, 0; e != nil && n < max && len(bufs) < maxLentBuffers; e = e.next {
 		if len(e.buf) == 0 {
 			continue
 		}

@@ -62,6 +62,11 @@ type channel struct {
 	// notices are notify's writes in flight: run waits for them before
 	// CloseWrite, as x/crypto's channel must not write and close at once.
 	notices sync.WaitGroup
+	// answering is held while serve handles a request and sends its reply:
+	// sendEnd waits for it, so that a command's end never overtakes the
+	// reply to the request that ended it (a signal), as in OpenSSH, which
+	// answers a request before it notices the child's exit.
+	answering sync.Mutex
 }
 
 func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx gliderssh.Context) {
@@ -102,30 +107,38 @@ func (s *Server) handleSession(_ *gliderssh.Server, _ *gossh.ServerConn, nc goss
 	c.serve(reqs, cancel)
 }
 
+// answer handles req and sends its reply, holding answering; for a
+// request that starts a command it returns what runs it.
+func (c *channel) answer(req *gossh.Request) (launch func()) {
+	c.answering.Lock()
+	defer c.answering.Unlock()
+	ok := false
+	switch req.Type {
+	case "env":
+		ok = c.setEnv(req.Payload)
+	case "pty-req":
+		ok = c.setPTY(req.Payload)
+	case "window-change":
+		ok = c.resize(req.Payload)
+	case "exec", "shell", "subsystem":
+		launch, ok = c.start(req.Type, req.Payload)
+	case "signal":
+		ok = c.signal(req.Payload)
+	default:
+		// auth-agent-req, x11-req and anything else: refused.
+	}
+	if req.WantReply {
+		_ = req.Reply(ok, nil)
+	}
+	return launch
+}
+
 // serve answers the channel's requests until the client closes it, then
 // cancels the channel's context.
 func (c *channel) serve(reqs <-chan *gossh.Request, cancel context.CancelCauseFunc) {
 	var runDone chan struct{}
 	for req := range reqs {
-		ok := false
-		var launch func()
-		switch req.Type {
-		case "env":
-			ok = c.setEnv(req.Payload)
-		case "pty-req":
-			ok = c.setPTY(req.Payload)
-		case "window-change":
-			ok = c.resize(req.Payload)
-		case "exec", "shell", "subsystem":
-			launch, ok = c.start(req.Type, req.Payload)
-		case "signal":
-			ok = c.signal(req.Payload)
-		default:
-			// auth-agent-req, x11-req and anything else: refused.
-		}
-		if req.WantReply {
-			_ = req.Reply(ok, nil)
-		}
+		launch := c.answer(req)
 		if launch != nil {
 			runDone = make(chan struct{})
 			go func() {
@@ -412,6 +425,8 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 // is corked only around these three writes, none of which waits for the
 // peer.
 func (c *channel) sendEnd(exit sandbox.Exit, err error) {
+	c.answering.Lock() // a reply being sent goes first
+	c.answering.Unlock()
 	defer c.conn.cork()()
 	switch {
 	case err != nil:

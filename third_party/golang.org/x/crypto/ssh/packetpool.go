@@ -105,9 +105,9 @@ func (e *element) release() {
 // straight on (one writev(2) into a pipe or a socket): it waits until the
 // channel has data, or is closed, then calls write with up to max bytes of
 // it in place, as consecutive slices (at most 1024), and consumes the first
-// n bytes write reports written: they are gone from the channel, their packet buffers go
-// back to the pool, and they count towards the window adjustment, as after
-// Read. The slices must not be used after write returns. It returns n and
+// n bytes write reports written: they are gone from the channel, their
+// packet buffers go back to the pool, and they count towards the window
+// adjustment, as after Read. The slices must not be used after write returns. It returns n and
 // write's error, or io.EOF once the channel is closed and drained. Only
 // one goroutine may read a channel's data at a time, by ReadBuffers or
 // Read.

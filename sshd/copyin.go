@@ -24,13 +24,9 @@ type bufferReader interface {
 // writev(2), never passing through a buffer of ours; otherwise it is
 // copyStream.
 func copyIn(dst io.Writer, ch io.Reader, see func([]byte), touch func(), pool *bufPool) (int64, error) {
-	br, ok := ch.(bufferReader)
-	sc, ok2 := dst.(syscall.Conn)
-	if !ok || !ok2 || !haveWritev {
-		return copyStream(observed(dst, see), touchReader{ch, touch}, pool)
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	br, lends := ch.(bufferReader)
+	rc := descriptorOf(dst)
+	if !lends || rc == nil || !haveWritev {
 		return copyStream(observed(dst, see), touchReader{ch, touch}, pool)
 	}
 	var written int64
@@ -53,6 +49,21 @@ func copyIn(dst io.Writer, ch io.Reader, see func([]byte), touch func(), pool *b
 			return written, err
 		}
 	}
+}
+
+// descriptorOf returns the descriptor w is itself (a pipe's *os.File, a
+// *net.TCPConn), or nil: a layer over one (TLS, a byte counter) must see
+// its writes, so it is never looked through.
+func descriptorOf(w io.Writer) syscall.RawConn {
+	sc, ok := w.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
 }
 
 // observed is w, showing see each write first; w itself when see is nil.

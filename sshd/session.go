@@ -499,6 +499,6 @@ type activityWriter struct {
 }
 
 func (w activityWriter) Write(p []byte) (int, error) {
-	w.a.sess.Touch(time.Now())
+	w.a.touch()
 	return w.w.Write(p)
 }

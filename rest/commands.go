@@ -152,13 +152,10 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, status, code, msg)
 		return
 	}
-	// The command runs on a context of its own: a client that leaves
-	// kills it (cancel below), unless it runs in the background.
+	// The command runs on a context of its own, which ends with it: a
+	// client that leaves kills it (cancel below, when the handler sees it
+	// go), unless it runs in the background.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	if !cr.Background {
-		stop := context.AfterFunc(r.Context(), cancel)
-		defer stop()
-	}
 
 	var stream *ndjsonWriter
 	if wantsNDJSON(r) {
@@ -187,8 +184,15 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	select {
 	case o = <-done:
 	case <-r.Context().Done():
-		// Gone: a background command carries on alone, its end in the
-		// history.
+		// Gone: a foreground command is killed here, by the handler itself,
+		// not by a context.AfterFunc on r.Context(): that may not have run
+		// yet when its Done channel is seen closed (the context closes it
+		// before it cancels what derives from it), and the handler's
+		// return stopping it then left the command running. A background
+		// command carries on alone, its end in the history.
+		if !cr.Background {
+			cancel()
+		}
 		if stream != nil {
 			stream.stop()
 		}

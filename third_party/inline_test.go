@@ -20,10 +20,11 @@ import (
 // them must not reach the server until it takes them.
 func TestChannelDataWaitsForEarlierMessages(t *testing.T) {
 	client, server, serverReqs := sessionPair(t)
-	// More than the channel's request queue holds (16), so the mux's loop
-	// waits with one, but fewer than that plus what the transport queues
-	// for the loop (16 more), so the transport reads the data after them.
-	const requests = 24
+	// One more than the channel's request queue holds (16): the mux's loop
+	// waits with the last, having taken it from the transport's queue, so
+	// that queue is empty when the data comes, and only the loop's being
+	// busy holds the data back.
+	const requests = 17
 	for range requests {
 		if _, err := client.SendRequest("env", false, gossh.Marshal(struct{ Name, Value string }{"A", "b"})); err != nil {
 			t.Fatal(err)
@@ -114,7 +115,12 @@ func sessionPair(t *testing.T) (client, server gossh.Channel, serverReqs <-chan 
 			return
 		}
 		go gossh.DiscardRequests(reqs)
-		ch, chReqs, err := (<-chans).Accept()
+		nc, ok := <-chans
+		if !ok {
+			done <- accepted{err: errorString("the connection ended before a channel was opened")}
+			return
+		}
+		ch, chReqs, err := nc.Accept()
 		done <- accepted{ch, chReqs, err}
 	}()
 	c, err := gossh.Dial("tcp", ln.Addr().String(), &gossh.ClientConfig{

@@ -27,7 +27,10 @@ type directData struct {
 
 	// pending counts the packets sent to incoming whose reader has not
 	// yet come back for the next one, which it does once it has handled
-	// the last.
+	// the last. This rests on incoming having one reader at a time (the
+	// authentication, then the mux's loop), which handles a packet fully
+	// before it reads the next; packets read before there is a mux count
+	// too, and are read by the mux's loop or before it.
 	pending atomic.Int32
 	taken   bool // the reader holds a packet from incoming (the reader's)
 }

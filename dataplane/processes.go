@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/procio"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -527,7 +528,7 @@ func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, 
 		type deadliner interface{ SetWriteDeadline(time.Time) error }
 		if d, ok := w.(deadliner); ok {
 			_ = d.SetWriteDeadline(time.Now().Add(stdinTimeout))
-			stop := context.AfterFunc(ctx, func() { _ = d.SetWriteDeadline(time.Now()) })
+			stop := procio.DeadlineOnCancel(ctx, d.SetWriteDeadline)
 			defer func() {
 				stop()
 				_ = d.SetWriteDeadline(time.Time{})

@@ -281,7 +281,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 		dl = time.Now().Add(initTimeout)
 	}
 	_ = conn.SetDeadline(dl)
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 
 	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY}
@@ -345,6 +345,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 		procio.CloseFDs(fds)
 	}
 	p.pid = rep.Pid
+	stop() // so that a cancel from now on does not set it again
 	_ = conn.SetDeadline(time.Time{})
 	return p, nil
 }

@@ -397,7 +397,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int) error {
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 	if err := ctl.WriteFrame(conn, spec, fds...); err != nil {
 		return fmt.Errorf("send sandbox spec: %w", err)

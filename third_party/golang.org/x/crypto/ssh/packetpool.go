@@ -107,10 +107,10 @@ func (e *element) release() {
 // it in place, as consecutive slices (at most 1024), and consumes the first
 // n bytes write reports written: they are gone from the channel, their
 // packet buffers go back to the pool, and they count towards the window
-// adjustment, as after Read. The slices must not be used after write returns. It returns n and
-// write's error, or io.EOF once the channel is closed and drained. Only
-// one goroutine may read a channel's data at a time, by ReadBuffers or
-// Read.
+// adjustment, as after Read. The slices must not be used after write
+// returns. It returns n and write's error, or io.EOF once the channel is
+// closed and drained. Only one goroutine may read a channel's data at a
+// time, by ReadBuffers or Read.
 func (c *channel) ReadBuffers(max int, write func([][]byte) (int, error)) (int, error) {
 	if !c.decided {
 		return 0, errUndecided

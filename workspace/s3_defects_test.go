@@ -42,11 +42,17 @@ func startFakeS3(t *testing.T) *fakeS3 {
 	if err := f.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = f.cmd.Wait(); close(f.done) }()
+	var exit error
+	go func() { exit = f.cmd.Wait(); close(f.done) }()
 	t.Cleanup(func() {
 		f.tr.CloseIdleConnections()
-		_ = f.cmd.Process.Signal(syscall.SIGKILL)
-		<-f.done
+		select {
+		case <-f.done:
+			t.Errorf("fakes3 ended on its own during the test: %v (its stderr is in the test's output)", exit)
+		default:
+			_ = f.cmd.Process.Signal(syscall.SIGKILL)
+			<-f.done
+		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

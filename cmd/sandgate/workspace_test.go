@@ -25,6 +25,8 @@ type fakeS3 struct {
 	bin, db, addr, URL string
 	cmd                *exec.Cmd
 	done               chan struct{}
+	exit               error // the process's end, once done is closed
+	killed             bool  // by kill, not on its own
 }
 
 func startFakeS3(t *testing.T) *fakeS3 {
@@ -37,7 +39,12 @@ func startFakeS3(t *testing.T) *fakeS3 {
 	}
 	f.start(t)
 	f.addr = strings.TrimPrefix(f.URL, "http://")
-	t.Cleanup(f.kill)
+	t.Cleanup(func() {
+		f.kill()
+		if f.exit != nil && !f.killed {
+			t.Errorf("fakes3 ended on its own during the test: %v (its stderr is in the test's output)", f.exit)
+		}
+	})
 	// Credentials are checked by nobody here, but signed by the gateway.
 	t.Setenv("AWS_ACCESS_KEY_ID", "test-key")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
@@ -52,8 +59,8 @@ func (f *fakeS3) start(t *testing.T) {
 	if err := f.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	f.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(f.cmd, f.done)
+	f.done, f.killed = make(chan struct{}), false
+	go func(cmd *exec.Cmd, done chan struct{}) { f.exit = cmd.Wait(); close(done) }(f.cmd, f.done)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	url, err := readyfile.Wait(ctx, ready, f.done)
@@ -67,6 +74,7 @@ func (f *fakeS3) kill() {
 	select {
 	case <-f.done:
 	default:
+		f.killed = true
 		_ = f.cmd.Process.Signal(syscall.SIGKILL)
 		<-f.done
 	}

@@ -2,6 +2,12 @@
 // bbolt file, so its objects survive a kill and restart). It counts the
 // requests it served by method, at GET /_stats, so tests can see what a
 // sync uploaded. It is a test tool: no authentication is checked.
+//
+// Requests that change the store wait for every response in flight, and
+// the other way round (see serialized): gofakes3's bbolt backend hands
+// out object bytes that still point into bbolt's memory map after their
+// transaction, so a write that grows the file, and remaps it, while a GET
+// streams them crashes the process with SIGBUS.
 package main
 
 import (
@@ -46,6 +52,7 @@ func run(listen, db, ready string) error {
 	}
 	s3 := gofakes3.New(backend, gofakes3.WithAutoBucket(true)).Server()
 	c := &counter{Requests: map[string]int{}}
+	var store sync.RWMutex
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/_stats" {
 			c.mu.Lock()
@@ -59,7 +66,7 @@ func run(listen, db, ready string) error {
 			c.PutBytes += r.ContentLength
 		}
 		c.mu.Unlock()
-		s3.ServeHTTP(w, r)
+		serialized(&store, r, func() { s3.ServeHTTP(w, r) })
 	})
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -76,4 +83,19 @@ func run(listen, db, ready string) error {
 		}
 	}
 	return http.Serve(ln, h)
+}
+
+// serialized runs serve, for the whole of its response, under store's
+// read lock for a GET or HEAD, and under its write lock otherwise: no
+// write commits, and so remaps bbolt's file, while a response that may
+// alias the map is being written.
+func serialized(store *sync.RWMutex, r *http.Request, serve func()) {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		store.RLock()
+		defer store.RUnlock()
+	} else {
+		store.Lock()
+		defer store.Unlock()
+	}
+	serve()
 }

@@ -337,6 +337,18 @@ def processes_matching(needle: str) -> List[int]:
     return pids
 
 
+def wait_present(needle: str, within: float = 5.0) -> List[int]:
+    """Wait until some process matches *needle*; return the matches. A
+    command whose first output has arrived may still be in its ``exec``,
+    when its ``/proc`` command line reads empty for a moment."""
+    deadline = time.monotonic() + within
+    found = processes_matching(needle)
+    while not found and time.monotonic() < deadline:
+        time.sleep(0.02)
+        found = processes_matching(needle)
+    return found
+
+
 def wait_gone(needle: str, within: float = 5.0) -> List[int]:
     """Wait until no process matches *needle*; return what is left."""
     deadline = time.monotonic() + within

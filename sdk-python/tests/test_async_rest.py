@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Iterator, List, Tuple, Union
 
 import pytest
-from conftest import Gateway, processes_matching, start_gateway, wait_gone
+from conftest import Gateway, processes_matching, start_gateway, wait_gone, wait_present
 
 from sandbox_sessions_sdk import (
     AsyncNDJSONStream,
@@ -250,7 +250,7 @@ def test_cancelled_run_kills_the_command(gateway: Gateway, session: Session) -> 
             )
             while not seen:
                 await asyncio.sleep(0.05)
-            assert processes_matching(f"sleep {marker2}")
+            assert await asyncio.to_thread(wait_present, f"sleep {marker2}")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, List, Tuple
 
 import paramiko
 import pytest
-from conftest import Gateway, processes_matching, wait_gone
+from conftest import Gateway, wait_gone, wait_present
 
 from sandbox_sessions_sdk import (
     AsyncSessionSSHClient,
@@ -171,7 +171,7 @@ def test_cancelling_run_command_kills_it(gateway: Gateway, session: Session, how
                     ssh.run_command(f"echo go; exec sleep {marker}", on_stdout=lambda _: started.set())
                 )
                 await asyncio.wait_for(started.wait(), 10)
-                assert processes_matching(f"sleep {marker}")
+                assert await asyncio.to_thread(wait_present, f"sleep {marker}")
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await task

@@ -487,6 +487,26 @@ def test_late_eof_never_reaches_a_newer_channel_with_its_number(gateway: Gateway
         b.close()
 
 
+def test_bulk_output_into_a_one_packet_window(ssh: SessionSSHClient) -> None:
+    """Bulk output into a channel whose window holds one packet: every
+    packet the gateway sends must reach the client before the gateway
+    waits for window, or the output stalls (a gateway that held sealed
+    packets back across that wait failed here)."""
+    ch = ssh.transport.open_session(window_size=32768, max_packet_size=32768)
+    ch.settimeout(20)
+    ch.exec_command("seq 1 300000")
+    out = bytearray()
+    while True:
+        b = ch.recv(65536)
+        if not b:
+            break
+        out += b
+    assert ch.recv_exit_status() == 0
+    ch.close()
+    want = "".join(f"{i}\n" for i in range(1, 300001)).encode()
+    assert len(out) == len(want) and hashlib.sha256(out).digest() == hashlib.sha256(want).digest()
+
+
 # -- SFTP -----------------------------------------------------------------------
 
 

@@ -697,7 +697,7 @@ func (m *Manager) Reap(ctx context.Context) {
 		switch {
 		case !now.Before(s.ExpiresAt()):
 			reason = "ttl"
-		case m.cfg.IdleTimeout > 0 && now.Sub(s.LastActivity()) >= m.cfg.IdleTimeout:
+		case m.cfg.IdleTimeout > 0 && !s.Held() && now.Sub(s.LastActivity()) >= m.cfg.IdleTimeout:
 			reason = "idle"
 		default:
 			continue

@@ -490,6 +490,33 @@ func TestManagerReapIdle(t *testing.T) {
 	}
 }
 
+// A session held by a call in progress (a long REST command, a followed
+// stream, a transfer) is not idle, however long the call lasts.
+func TestManagerReapSkipsHeld(t *testing.T) {
+	clock := newClock()
+	m, _ := newManager(t, gateway.Config{Now: clock.Now, IdleTimeout: 10 * time.Minute})
+	ctx := context.Background()
+	held, _ := mustCreate(t, m, alice, gateway.CreateParams{TTL: gateway.MaxTTL})
+	release := held.Hold()
+	release2 := held.Hold()
+	clock.Advance(time.Hour)
+	m.Reap(ctx)
+	if !held.Live() {
+		t.Fatal("a held session was reaped as idle")
+	}
+	release()
+	release() // a second call changes nothing
+	m.Reap(ctx)
+	if !held.Live() {
+		t.Fatal("reaped while another hold remains")
+	}
+	release2()
+	m.Reap(ctx)
+	if held.Live() {
+		t.Error("not reaped once no call holds it")
+	}
+}
+
 func TestManagerRunReaps(t *testing.T) {
 	clock := newClock()
 	m, _ := newManager(t, gateway.Config{Now: clock.Now, ReapInterval: 5 * time.Millisecond})

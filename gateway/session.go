@@ -75,6 +75,7 @@ type Session struct {
 	passwordHash  [32]byte
 	sandbox       sandbox.Sandbox
 	lastActivity  atomic.Int64 // unix nanoseconds
+	holds         atomic.Int32 // REST calls in progress (Hold)
 	savedActivity atomic.Int64 // lastActivity as last written to the store
 	// tunnelIn and tunnelOut count the bytes of the session's CONNECT
 	// tunnels since this gateway process started (tunnelbytes.go).
@@ -359,6 +360,27 @@ func (s *Session) Touch(now time.Time) {
 		}
 	}
 }
+
+// Hold marks the session in use until release is called: a REST call
+// that lasts (a command, a followed output stream, a file transfer)
+// counts as activity for as long as it runs, not only when it starts, so
+// the idle timeout never ends a session under a call in progress. The
+// idle clock starts again when the last hold is released. release may be
+// called more than once.
+func (s *Session) Hold() (release func()) {
+	s.holds.Add(1)
+	s.Touch(time.Now())
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.Touch(time.Now())
+			s.holds.Add(-1)
+		})
+	}
+}
+
+// Held reports whether a call holds the session (see Hold).
+func (s *Session) Held() bool { return s.holds.Load() > 0 }
 
 // ExpiresAt is when the session's TTL runs out.
 func (s *Session) ExpiresAt() time.Time {

@@ -110,8 +110,8 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 	req.Cwd = cr.Cwd
 	req.Timeout = defaultCommandTimeout
 	if cr.Timeout != nil {
-		t := time.Duration(*cr.Timeout * float64(time.Second))
-		if *cr.Timeout <= 0 || t > cfg.MaxTimeout {
+		t, ok := timeoutSeconds(*cr.Timeout, cfg.MaxTimeout)
+		if !ok {
 			return bad("invalid_timeout", fmt.Sprintf("timeout must be above 0 and at most %g seconds", cfg.MaxTimeout.Seconds()))
 		}
 		req.Timeout = t
@@ -127,6 +127,16 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 		return bad("invalid_shell_name", "a shell name is 1 to 64 letters, digits, '_', '.' or '-'")
 	}
 	return req, 0, "", ""
+}
+
+// timeoutSeconds turns a request's timeout in seconds into a duration; ok
+// is false for one not above 0 or above max. The bound is checked in
+// seconds, before the conversion, which wraps past 292 years.
+func timeoutSeconds(v float64, max time.Duration) (d time.Duration, ok bool) {
+	if !(v > 0) || v > max.Seconds() {
+		return 0, false
+	}
+	return time.Duration(v * float64(time.Second)), true
 }
 
 func deref(s *string) string {

@@ -280,7 +280,10 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 			WriteError(w, http.StatusBadRequest, "invalid_timeout", "timeout_ms must not be negative")
 			return
 		}
-		timeout = min(time.Duration(*req.TimeoutMs)*time.Millisecond, x.a.dp.cfg.MaxTimeout)
+		timeout = x.a.dp.cfg.MaxTimeout // at most; compared in ms, as the conversion wraps
+		if *req.TimeoutMs < timeout.Milliseconds() {
+			timeout = time.Duration(*req.TimeoutMs) * time.Millisecond
+		}
 	}
 	dreq := dataplane.Request{
 		// The braces keep the command in the shell itself (cd persists)

@@ -152,6 +152,7 @@ func TestCompatSandkasten(t *testing.T) {
 			{"timeout", "echo before; sleep 30", 500, "before\n", 124, "/sub"},
 			{"state survives the timeout", "echo $V; basename $PWD", 0, "kept\nsub\n", 0, "/sub"},
 			{"syntax error", "if then", 0, "", 2, "/sub"},
+			{"a huge timeout is the maximum, not wrapped", "echo big", 10000000000000, "big\n", 0, "/sub"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				e := exec(tc.cmd, tc.timeoutMs)

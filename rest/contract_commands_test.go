@@ -200,6 +200,7 @@ func TestContractCommands(t *testing.T) {
 			{`{"command": "x", "stdinBase64": "!!"}`, "invalid_stdin"},
 			{`{"command": "x", "env": {"PATH": "/x", "LD_PRELOAD": "y"}}`, "env_not_allowed"},
 			{`{"command": "x", "timeout": 100000}`, "invalid_timeout"},
+			{`{"command": "x", "timeout": 1e10}`, "invalid_timeout"}, // wraps as a Duration
 			{`{"command": "x", "maxOutputBytes": -1}`, "invalid_max_output"},
 			{`{"command": "x", "shell": "a/b"}`, "invalid_shell_name"},
 			{`{"command": "x", "nope": 1}`, "unknown_field"},

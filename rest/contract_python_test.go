@@ -177,6 +177,7 @@ func TestContractPython(t *testing.T) {
 			{`{"code": 1}`, "invalid_field"},
 			{`{"code": "1", "timeout": 0}`, "invalid_timeout"},
 			{`{"code": "1", "timeout": 100000}`, "invalid_timeout"},
+			{`{"code": "1", "timeout": 1e10}`, "invalid_timeout"}, // wraps as a Duration
 			{`{"code": "1", "maxOutputBytes": -1}`, "invalid_max_output"},
 			{`{"code": "1", "kernel": "../x"}`, "invalid_kernel_name"},
 			{`{"code": "1", "nope": 1}`, "unknown_field"},

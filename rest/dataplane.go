@@ -68,7 +68,7 @@ type dataPlane struct {
 
 // dataSession finds the running session of the request's {id} for a
 // data-plane call, answering 404 (not the caller's) or 409 (not running)
-// itself; the call counts as activity.
+// itself; the call counts as activity until it returns (Session.Hold).
 func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Session, bool) {
 	s, err := a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
 	if err != nil {
@@ -83,6 +83,6 @@ func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Sess
 		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
 		return nil, false
 	}
-	s.Touch(time.Now())
+	context.AfterFunc(r.Context(), s.Hold()) // the server cancels it when the handler returns
 	return s, true
 }

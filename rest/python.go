@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/sandbox"
@@ -67,8 +66,8 @@ func (pr pythonRequest) parse(cfg DataPlane) (dataplane.PythonRequest, string, s
 	req.Code = *pr.Code
 	req.Timeout = defaultCommandTimeout
 	if pr.Timeout != nil {
-		t := time.Duration(*pr.Timeout * float64(time.Second))
-		if *pr.Timeout <= 0 || t > cfg.MaxTimeout {
+		t, ok := timeoutSeconds(*pr.Timeout, cfg.MaxTimeout)
+		if !ok {
 			return req, "invalid_timeout", fmt.Sprintf("timeout must be above 0 and at most %g seconds", cfg.MaxTimeout.Seconds())
 		}
 		req.Timeout = t

@@ -213,6 +213,11 @@ func TestIdleExpiryLeavesNothing(t *testing.T) {
 	if code != 0 || out != "1\n2\n3\n4\n" {
 		t.Fatalf("streaming exec: %d %q", code, out)
 	}
+	// So does a REST call in progress, silent or not: the session is held
+	// until it returns.
+	if code, out := runCommand(t, g, s.SessionID, "sleep 4; echo done"); code != http.StatusOK || out != "done\n" {
+		t.Fatalf("a REST command longer than the idle limit: %d %q", code, out)
+	}
 	if _, _, code := runClient(t, g.clientEnv(), nil, ssh, append(opts, "setsid nohup sleep 1000 >/dev/null 2>&1 & (sleep 1000 &) ; true")...); code != 0 {
 		t.Fatalf("background start: %d", code)
 	}

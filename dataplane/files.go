@@ -217,6 +217,8 @@ func classify(err error, p string) *Error {
 		return fileErr(KindPermission, nil, "%s: the path leaves the sandbox", p)
 	case errors.Is(err, fs.ErrPermission) || code == 3:
 		return fileErr(KindPermission, nil, "%s: permission denied", p)
+	case errors.Is(err, syscall.EROFS) || strings.Contains(msg, "read-only file system"):
+		return fileErr(KindPermission, nil, "%s: read-only file system (the image's own files; write under the workspace or /tmp)", p)
 	case errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) ||
 		strings.Contains(msg, "no space left on device") || strings.Contains(msg, "quota exceeded"):
 		return fileErr(KindDiskFull, nil, "%s: the sandbox's disk is full", p)
@@ -300,6 +302,16 @@ func (s *streamFile) stop() {
 }
 
 func (s *streamFile) Read(b []byte) (int, error) {
+	if s.size == 0 {
+		// Empty, or its size is not known until it is read (/proc,
+		// /sys), which WriteTo, going by the size, would never do.
+		if _, err := s.f.Seek(s.off, io.SeekStart); err != nil {
+			return 0, err
+		}
+		n, err := s.f.Read(b)
+		s.off += int64(n)
+		return n, err
+	}
 	if s.pr == nil {
 		if s.off >= s.size {
 			return 0, io.EOF

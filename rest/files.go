@@ -3,9 +3,12 @@ package rest
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"strconv"
+
+	"github.com/go-chi/chi/v5"
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
@@ -53,6 +56,19 @@ func (a *api) writeFileError(w http.ResponseWriter, r *http.Request, err error) 
 				a.cfg.Log.WarnContext(r.Context(), "files_unavailable", "path", r.URL.Path, "err", err)
 			}
 			WriteError(w, status, code, fe.Msg)
+			return
+		}
+	}
+	// A session that ended under the call (deleted, expired, stopped)
+	// took its SFTP connection with it: say that, not 500.
+	if id := chi.URLParam(r, "id"); id != "" {
+		s, gerr := a.cfg.Sessions.Get(r.Context(), principal(r), id)
+		switch {
+		case gerr != nil:
+			WriteGatewayError(w, gerr)
+			return
+		case !s.Live():
+			WriteError(w, http.StatusConflict, "session_not_running", "the session stopped during the call")
 			return
 		}
 	}
@@ -144,8 +160,22 @@ func (a *api) serveFile(w http.ResponseWriter, r *http.Request, fsys *dataplane.
 	defer f.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Cache-Control", "no-store")
+	if e.SizeBytes == 0 {
+		// Empty, or a file whose size the kernel does not know before it
+		// is read (/proc, /sys): send what reading gives, without a
+		// length (so no ranges), up to maxSizelessRead.
+		w.Header().Set("Last-Modified", e.Mtime.UTC().Format(http.TimeFormat))
+		w.WriteHeader(http.StatusOK)
+		if r.Method != http.MethodHead {
+			_, _ = io.Copy(w, io.LimitReader(f, maxSizelessRead))
+		}
+		return
+	}
 	http.ServeContent(w, r, "", e.Mtime, f)
 }
+
+// maxSizelessRead bounds what a GET of a file whose size reads as 0 sends.
+const maxSizelessRead = 64 << 20
 
 // putFile serves PUT /v1/sessions/{id}/files?path=P: the body becomes the
 // file, atomically.

@@ -160,6 +160,23 @@ func TestRESTFiles(t *testing.T) {
 				t.Errorf("a PUT escaped to the host's /tmp")
 			}
 
+			// An empty file reads as empty.
+			res, body = restFile(t, g, http.MethodPut, base+"empty", strings.NewReader(""))
+			wantStatus(t, "put empty", res, body, 201, "")
+			if res, body = restFile(t, g, http.MethodGet, base+"empty", nil); res.StatusCode != 200 || len(body) != 0 {
+				t.Errorf("get empty: %d %q", res.StatusCode, body)
+			}
+			if driver == "linux" {
+				// A file whose size reads as 0 until it is read comes whole.
+				res, body = restFile(t, g, http.MethodGet, base+"/proc/meminfo", nil)
+				if res.StatusCode != 200 || !bytes.Contains(body, []byte("MemTotal:")) {
+					t.Errorf("get /proc/meminfo: %d %q", res.StatusCode, body)
+				}
+				// The image's files are read-only: 403, not 500.
+				res, body = restFile(t, g, http.MethodPut, base+"/usr/sandgate-ro-test", strings.NewReader("x"))
+				wantStatus(t, "put on a read-only file system", res, body, 403, "permission_denied")
+			}
+
 			// Delete.
 			res, body = restFile(t, g, http.MethodDelete, base+"dir&recursive=true", nil)
 			wantStatus(t, "delete", res, body, 204, "")

@@ -22,6 +22,10 @@ type Client struct {
 	Token string
 	// HTTP is the client to use (nil: http.DefaultClient).
 	HTTP *http.Client
+
+	// onGone is told the id of a session the gateway answered not found
+	// (404 not_found) or gone (410) for (set by New).
+	onGone func(id string)
 }
 
 // APIError is a gateway answer with the error envelope (or any non-2xx).
@@ -75,9 +79,30 @@ func (c *Client) request(ctx context.Context, method, path string, body io.Reade
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
-		return nil, decodeError(resp)
+		err := decodeError(resp)
+		c.noteGone(path, err)
+		return nil, err
 	}
 	return resp, nil
+}
+
+// noteGone tells onGone of the session in path when err says the gateway
+// has no such session (any more).
+func (c *Client) noteGone(path string, err error) {
+	var ae *APIError
+	if c.onGone == nil || !errors.As(err, &ae) ||
+		!(ae.Status == http.StatusGone || ae.Status == http.StatusNotFound && ae.Code == "not_found") {
+		return
+	}
+	rest, ok := strings.CutPrefix(path, "/v1/sessions/")
+	if !ok {
+		return
+	}
+	rest, _, _ = strings.Cut(rest, "?")
+	seg, _, _ := strings.Cut(rest, "/")
+	if id, err := url.PathUnescape(seg); err == nil && id != "" {
+		c.onGone(id)
+	}
 }
 
 func decodeError(resp *http.Response) error {
@@ -142,6 +167,7 @@ type Session struct {
 
 // CreateSessionRequest is POST /v1/sessions's body.
 type CreateSessionRequest struct {
+	Name     string         `json:"name,omitempty"`
 	TTL      int            `json:"ttl,omitempty"`
 	Image    string         `json:"image,omitempty"`
 	Egress   []string       `json:"egress,omitempty"`
@@ -164,6 +190,21 @@ func (c *Client) GetSession(ctx context.Context, id string) (*Session, error) {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// SessionNamed returns the id of the caller's live session named name, or
+// "" when there is none.
+func (c *Client) SessionNamed(ctx context.Context, name string) (string, error) {
+	var out struct {
+		Sessions []Session `json:"sessions"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/sessions?name="+url.QueryEscape(name), nil, &out); err != nil {
+		return "", err
+	}
+	if len(out.Sessions) == 0 {
+		return "", nil
+	}
+	return out.Sessions[0].SessionID, nil
 }
 
 // DeleteSession deletes a session.
@@ -252,8 +293,17 @@ func (c *Client) ReadFile(ctx context.Context, id, path string, offset, max int6
 	resp, err := c.request(ctx, http.MethodGet, sessionPath(id)+"/files?"+q.Encode(), nil, "", h)
 	if err != nil {
 		if IsStatus(err, http.StatusRequestedRangeNotSatisfiable) {
-			// Past the end (or an empty file): nothing to read.
-			return nil, offset, nil
+			// Past the end (or an empty file): nothing to read; the size
+			// is the file's, from a HEAD.
+			hr, herr := c.request(ctx, http.MethodHead, sessionPath(id)+"/files?"+q.Encode(), nil, "", nil)
+			if herr != nil {
+				return nil, 0, herr
+			}
+			hr.Body.Close()
+			if hr.ContentLength < 0 {
+				return nil, 0, nil
+			}
+			return nil, hr.ContentLength, nil
 		}
 		return nil, 0, err
 	}

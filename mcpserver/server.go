@@ -22,6 +22,13 @@ const (
 	cleanupTimeout       = 30 * time.Second
 )
 
+// MaxMessageBytes bounds one JSON-RPC message from the MCP client: a
+// longer one ends the connection (the SDK cannot answer it), so it is
+// well above what the tools take (write_file's content: the gateway's
+// --max-file-bytes, and under this in practice) and below what would let
+// one message exhaust memory.
+const MaxMessageBytes = 64 << 20
+
 // Options configure a Server.
 type Options struct {
 	// Client reaches the gateway.
@@ -51,6 +58,10 @@ type Server struct {
 	mcp      *mcp.Server
 	outBytes int
 	readMax  int
+	// halt ends when Run's context does: the tools' calls end with it
+	// (bind).
+	halt    context.Context
+	haltNow context.CancelFunc
 }
 
 // New builds the server and registers its tools.
@@ -66,6 +77,10 @@ func New(opts Options) *Server {
 		outBytes: opts.OutputBytes,
 		readMax:  opts.ReadFileBytes,
 	}
+	s.halt, s.haltNow = context.WithCancel(context.Background())
+	// A session the gateway says is gone (404, 410) is forgotten: the
+	// next call without a session argument makes a fresh default one.
+	s.client.onGone = s.sess.deleted
 	if s.outBytes <= 0 {
 		s.outBytes = DefaultOutputBytes
 	}
@@ -91,6 +106,8 @@ func (s *Server) MCP() *mcp.Server { return s.mcp }
 // ctx ends), then deletes the sessions the connection owns: the default
 // session it created and unnamed create_session sessions.
 func (s *Server) Run(ctx context.Context, t mcp.Transport) error {
+	stop := context.AfterFunc(ctx, s.haltNow)
+	defer stop()
 	runErr := s.mcp.Run(ctx, t)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()

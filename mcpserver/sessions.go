@@ -1,11 +1,13 @@
 package mcpserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 )
 
@@ -36,8 +38,14 @@ func newSessions(c *Client, log *slog.Logger, attach string) *sessions {
 func (s *sessions) resolve(ctx context.Context, arg string) (string, error) {
 	if arg != "" {
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		if id, ok := s.names[arg]; ok {
+		id, ok := s.names[arg]
+		s.mu.Unlock()
+		if ok || strings.HasPrefix(arg, "sbx-") {
+			return cmp.Or(id, arg), nil
+		}
+		// A name given at create_session through another connection (or
+		// before a restart): the gateway keeps session names.
+		if id, err := s.client.SessionNamed(ctx, arg); err == nil && id != "" {
 			return id, nil
 		}
 		return arg, nil

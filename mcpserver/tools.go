@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -22,7 +23,7 @@ const sessionArgDoc = "Session id or a name given to create_session. Omit it to 
 
 // CreateSessionInput is create_session's arguments.
 type CreateSessionInput struct {
-	Name   string   `json:"name,omitempty" jsonschema:"A name to refer to the session by in other tools' session argument. A named session is NOT deleted when the MCP client disconnects: it lives until its ttl ends or delete_session."`
+	Name   string   `json:"name,omitempty" jsonschema:"A name to refer to the session by in other tools' session argument, here and in later MCP connections: 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit, unique among your live sessions. A named session is NOT deleted when the MCP client disconnects: it lives until its ttl ends, it is idle (no tool call) for the gateway's idle timeout (30 min by default), or delete_session."`
 	Image  string   `json:"image,omitempty" jsonschema:"Root filesystem: 'default' (the gateway's own, the default) or an OCI image reference the gateway allows, e.g. python:3.12-slim."`
 	TTL    int      `json:"ttl,omitempty" jsonschema:"Lifetime in seconds, 60 to 28800 (default 3600)."`
 	Egress []string `json:"egress,omitempty" jsonschema:"Network destinations the sandbox may reach through its HTTP(S) proxy: hostnames (pypi.org), wildcards (*.pythonhosted.org), optional :port. Empty: no network at all."`
@@ -47,7 +48,7 @@ func (s *Server) createSession(ctx context.Context, _ *mcp.CallToolRequest, in C
 	if in.Name != "" {
 		meta["name"] = in.Name
 	}
-	sess, err := s.client.CreateSession(ctx, CreateSessionRequest{TTL: in.TTL, Image: in.Image, Egress: in.Egress, Metadata: meta})
+	sess, err := s.client.CreateSession(ctx, CreateSessionRequest{Name: in.Name, TTL: in.TTL, Image: in.Image, Egress: in.Egress, Metadata: meta})
 	if err != nil {
 		return nil, out, err
 	}
@@ -78,10 +79,10 @@ func (s *Server) deleteSession(ctx context.Context, _ *mcp.CallToolRequest, in D
 	if err != nil {
 		return nil, out, err
 	}
-	if err := s.client.DeleteSession(ctx, id); err != nil {
+	if err := s.client.DeleteSession(ctx, id); err != nil && !IsStatus(err, http.StatusGone) && !IsStatus(err, http.StatusNotFound) {
 		return nil, out, err
 	}
-	s.sess.deleted(id)
+	s.sess.deleted(id) // deleted now, or gone already (expired, deleted elsewhere)
 	return nil, DeleteSessionOutput{Deleted: id}, nil
 }
 
@@ -104,7 +105,7 @@ func (s *Server) existing(arg string) (string, error) {
 // RunCommandInput is run_command's arguments.
 type RunCommandInput struct {
 	Command string  `json:"command" jsonschema:"Shell command line (bash when the image has it, else sh). Pipes, redirections, && and cd work."`
-	Timeout float64 `json:"timeout,omitempty" jsonschema:"Seconds before the command is killed (default 60). A killed command answers exit code 124."`
+	Timeout float64 `json:"timeout,omitempty" jsonschema:"Seconds before the command is killed (default 45). A killed command answers exit code 124."`
 	Session string  `json:"session,omitempty" jsonschema:"Session id or a name given to create_session. Omit it to use this connection's default session (created on first use, deleted when the MCP client disconnects)."`
 }
 
@@ -127,7 +128,7 @@ func (s *Server) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in RunC
 	if err != nil {
 		return nil, out, err
 	}
-	r, err := s.client.RunCommand(ctx, id, CommandRequest{Command: in.Command, Timeout: in.Timeout, MaxOutputBytes: s.outBytes, Shell: shellName})
+	r, err := s.client.RunCommand(ctx, id, CommandRequest{Command: in.Command, Timeout: cmp.Or(in.Timeout, defaultToolTimeout), MaxOutputBytes: s.outBytes, Shell: shellName})
 	if err != nil {
 		return nil, out, err
 	}
@@ -154,7 +155,7 @@ func text(s string, b64 []byte) string {
 // RunPythonInput is run_python's arguments.
 type RunPythonInput struct {
 	Code    string  `json:"code" jsonschema:"Python source, run like a notebook cell; the value of a final expression is returned as result (its repr)."`
-	Timeout float64 `json:"timeout,omitempty" jsonschema:"Seconds (default 60). On timeout the code gets KeyboardInterrupt; code that does not stop within 2 s is killed and the kernel restarts, losing its state."`
+	Timeout float64 `json:"timeout,omitempty" jsonschema:"Seconds (default 45). On timeout the code gets KeyboardInterrupt; code that does not stop within 2 s is killed and the kernel restarts, losing its state."`
 	Kernel  string  `json:"kernel,omitempty" jsonschema:"Kernel name (default 'default'): separate kernels have separate variables."`
 	Session string  `json:"session,omitempty" jsonschema:"Session id or a name given to create_session. Omit it to use this connection's default session (created on first use, deleted when the MCP client disconnects)."`
 }
@@ -180,7 +181,7 @@ func (s *Server) runPython(ctx context.Context, _ *mcp.CallToolRequest, in RunPy
 	if err != nil {
 		return nil, out, err
 	}
-	r, err := s.client.RunPython(ctx, id, PythonRequest{Code: in.Code, Timeout: in.Timeout, Kernel: in.Kernel, MaxOutputBytes: s.outBytes})
+	r, err := s.client.RunPython(ctx, id, PythonRequest{Code: in.Code, Timeout: cmp.Or(in.Timeout, defaultToolTimeout), Kernel: in.Kernel, MaxOutputBytes: s.outBytes})
 	if IsStatus(err, http.StatusNotImplemented) {
 		return nil, out, fmt.Errorf("this sandgate gateway lacks the persistent Python kernel (POST /python answered 501 not_implemented); use run_command with python3 instead: %w", err)
 	}
@@ -378,7 +379,7 @@ func (s *Server) startProcess(ctx context.Context, _ *mcp.CallToolRequest, in St
 type ProcessOutputInput struct {
 	ProcessID string  `json:"processId" jsonschema:"The processId start_process returned (p1, p2...)."`
 	Offset    int64   `json:"offset,omitempty" jsonschema:"Byte offset to read from (default 0: from the start); pass the previous call's nextOffset to get only new output."`
-	Wait      float64 `json:"wait,omitempty" jsonschema:"Seconds to wait for the process to end before reading (default 0: read at once; at most 60)."`
+	Wait      float64 `json:"wait,omitempty" jsonschema:"Seconds to wait for the process to end before reading (default 0: read at once; at most 45, under the 60 s many MCP clients wait for an answer)."`
 	Session   string  `json:"session,omitempty" jsonschema:"Session id or a name given to create_session. Omit it to use this connection's default session (created on first use, deleted when the MCP client disconnects)."`
 }
 
@@ -394,7 +395,13 @@ type ProcessOutputOutput struct {
 	DroppedBytes int64  `json:"droppedBytes,omitempty" jsonschema:"Output older than the gateway keeps (16 MiB) that was lost."`
 }
 
-const maxWait = 60 * time.Second
+const maxWait = 45 * time.Second
+
+// defaultToolTimeout is run_command's and run_python's timeout in seconds
+// when the call gives none: under the 60 s that many MCP clients (those
+// on the TypeScript SDK) wait for a tool's answer, so a command that
+// times out answers exit code 124 rather than the client giving up.
+const defaultToolTimeout = 45.0
 
 var errCapped = errors.New("output cap reached")
 
@@ -438,7 +445,14 @@ func (s *Server) processOutput(ctx context.Context, _ *mcp.CallToolRequest, in P
 			b, dst = l.StderrBase64, &stderr
 		}
 		if len(b) > budget {
-			b = b[:budget]
+			n := budget
+			if l.Stdout != nil || l.Stderr != nil {
+				// Text: do not cut a character in two.
+				if c := validPrefix(b[:budget]); c > 0 {
+					n = c
+				}
+			}
+			b = b[:n]
 			*dst = append(*dst, b...)
 			out.NextOffset = l.Offset + int64(len(b))
 			out.More = true

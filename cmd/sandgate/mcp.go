@@ -64,7 +64,7 @@ func mcpMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 	srv := mcpserver.New(mcpserver.Options{Client: client, Logger: log, SDKLogger: sdkLog, Attach: *attach, Version: version})
-	t := &mcp.IOTransport{Reader: readCloser{stdin}, Writer: writeCloser{stdout}}
+	t := &mcp.IOTransport{Reader: readCloser{stdin}, Writer: writeCloser{stdout}, MaxLineLength: mcpserver.MaxMessageBytes}
 	if err := srv.Run(ctx, t); err != nil {
 		log.Error("mcp_server_ended", "err", err)
 		return 1

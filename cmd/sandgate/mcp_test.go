@@ -348,10 +348,34 @@ func TestMCPNamedSessions(t *testing.T) {
 	if ids := g.sessionList(t); len(ids) != 3 || slices.Contains(ids, def) {
 		t.Errorf("sessions %v: want named, unnamed and the new default", ids)
 	}
+	// A default session that ends on the gateway's side (here deleted over
+	// REST; or expired) is replaced by the next call without a session.
+	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+r.Session, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete the default session over REST: %d", code)
+	}
+	gone := r.Session
+	if res := c.call(t, "run_command", map[string]any{"command": "true"}, nil); !res.IsError || !strings.Contains(resultText(res), "session_gone") {
+		t.Errorf("a call on the deleted default session: %v %q", res.IsError, resultText(res))
+	}
+	c.mustCall(t, "run_command", map[string]any{"command": "true"}, &r)
+	if r.Session == gone || r.Session == "" {
+		t.Errorf("the default session after it was deleted elsewhere: %q", r.Session)
+	}
 	c.close(t)
 	if ids := g.sessionList(t); !slices.Equal(ids, []string{named.SessionID}) {
 		t.Errorf("after disconnect: %v, want only the named %s", ids, named.SessionID)
 	}
+
+	// The name works in a later connection too: the gateway keeps it.
+	b := connectMCP(t, g)
+	b.mustCall(t, "read_file", map[string]any{"path": "f.txt", "session": "keep"}, &rf)
+	if rf.Content != "named\n" {
+		t.Errorf("read by name in a new connection: %+v", rf)
+	}
+	if res := b.call(t, "create_session", map[string]any{"name": "keep"}, nil); !res.IsError || !strings.Contains(resultText(res), "name_taken") {
+		t.Errorf("the name again in a new connection: %v %q", res.IsError, resultText(res))
+	}
+	b.close(t)
 
 	// --session attaches to an existing session and never deletes it.
 	a := connectMCP(t, g, "--session", named.SessionID)
@@ -391,8 +415,8 @@ func TestMCPBadGateway(t *testing.T) {
 	}
 }
 
-// TestMCPSIGTERM: a server stopped by a signal still deletes its default
-// session before it exits.
+// TestMCPSIGTERM: a server stopped by a signal ends the call in progress
+// and still deletes its default session before it exits.
 func TestMCPSIGTERM(t *testing.T) {
 	g := startGateway(t)
 	c := connectMCP(t, g)
@@ -401,9 +425,15 @@ func TestMCPSIGTERM(t *testing.T) {
 	if ids := g.sessionList(t); len(ids) != 1 {
 		t.Fatalf("sessions: %v", ids)
 	}
+	go func() { // answered by the connection's end
+		_, _ = c.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_command",
+			Arguments: map[string]any{"command": "sleep 120", "timeout": 300}})
+	}()
+	time.Sleep(time.Second)
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	// Well before the command's end: the call does not hold the exit.
 	deadline := time.Now().Add(30 * time.Second)
 	for len(g.sessionList(t)) != 0 {
 		if time.Now().After(deadline) {

@@ -20,6 +20,9 @@ import {
   WorkspaceExistsError,
   WorkspaceNotFoundError,
   WorkspacesUnavailableError,
+  FileNotFoundInSandboxError,
+  ProcessNotFoundError,
+  ShellNotFoundError,
 } from "./errors.js";
 
 export const ENV_API_URL = "SANDBOX_API_URL";
@@ -49,6 +52,9 @@ const TYPED_CODES: Record<string, OperationErrorClass> = {
   workspace_busy: WorkspaceBusyError,
   snapshot_not_found: SnapshotNotFoundError,
   workspaces_unavailable: WorkspacesUnavailableError,
+  file_not_found: FileNotFoundInSandboxError,
+  process_not_found: ProcessNotFoundError,
+  shell_not_found: ShellNotFoundError,
 };
 
 /** The base URL and token, taking omitted ones from the environment. */
@@ -171,7 +177,9 @@ export function errorForStatus(
   msg += `: ${detail}`;
   const details: ErrorDetails = { status, code, statusLine: opts.statusLine, body: text, headers };
   if (status === 401) return new UnauthorizedError(msg, details);
-  if (status === 404 && opts.sessionScoped && !(code && Object.hasOwn(TYPED_CODES, code))) return new SessionNotFoundError(msg, details);
+  // A session's 404 is "not_found" (or has no envelope); a 404 of something
+  // in a live session (a file, a process) has a code of its own.
+  if (status === 404 && opts.sessionScoped && (!code || code === "not_found")) return new SessionNotFoundError(msg, details);
   if (status === 410 && code === "session_gone") return new SessionGoneError(msg, details);
   if (status === 429) {
     return new RateLimitError(

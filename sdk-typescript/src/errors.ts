@@ -23,6 +23,9 @@
  *     +-- WorkspaceBusyError      409 workspace_busy: a live session holds the workspace
  *     +-- SnapshotNotFoundError   404 snapshot_not_found
  *     +-- WorkspacesUnavailableError  400 workspaces_unavailable: the gateway keeps no workspaces
+ *     +-- FileNotFoundInSandboxError  404 file_not_found: nothing at the path in the sandbox
+ *     +-- ProcessNotFoundError    404 process_not_found
+ *     +-- ShellNotFoundError      404 shell_not_found
  * ```
  *
  * The same classes, and the same mapping from the gateway's JSON `error.code`,
@@ -241,6 +244,15 @@ export class WorkspaceBusyError extends SandboxOperationError {}
 
 /** 404 `snapshot_not_found`: the tenant has no such snapshot. */
 export class SnapshotNotFoundError extends SandboxOperationError {}
+
+/** HTTP 404 `file_not_found`: nothing at the path in the sandbox (the session is there). */
+export class FileNotFoundInSandboxError extends SandboxOperationError {}
+
+/** HTTP 404 `process_not_found`: no background process by that id in the session. */
+export class ProcessNotFoundError extends SandboxOperationError {}
+
+/** HTTP 404 `shell_not_found`: no persistent shell by that name in the session. */
+export class ShellNotFoundError extends SandboxOperationError {}
 
 /** 400 `workspaces_unavailable`: this gateway keeps no workspaces. */
 export class WorkspacesUnavailableError extends SandboxOperationError {}

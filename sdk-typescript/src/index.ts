@@ -59,6 +59,9 @@ export {
   WorkspaceBusyError,
   SnapshotNotFoundError,
   WorkspacesUnavailableError,
+  FileNotFoundInSandboxError,
+  ProcessNotFoundError,
+  ShellNotFoundError,
   type ErrorDetails,
 } from "./errors.js";
 export { ENV_API_URL, ENV_API_TOKEN, SDK_VERSION } from "./common.js";

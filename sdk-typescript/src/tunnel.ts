@@ -231,17 +231,25 @@ export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> 
       );
     }, timeoutMs);
 
-    if (useTLS) {
-      sock = tls.connect({
-        host,
-        port,
-        servername: options.servername ?? (net.isIP(host) ? undefined : host),
-        ca: options.ca,
-        rejectUnauthorized: options.rejectUnauthorized ?? true,
-        ALPNProtocols: ["http/1.1"],
-      });
-    } else {
-      sock = net.connect({ host, port });
+    try {
+      if (useTLS) {
+        sock = tls.connect({
+          host,
+          port,
+          servername: options.servername ?? (net.isIP(host) ? undefined : host),
+          ca: options.ca,
+          rejectUnauthorized: options.rejectUnauthorized ?? true,
+          ALPNProtocols: ["http/1.1"],
+        });
+      } else {
+        sock = net.connect({ host, port });
+      }
+    } catch (e) {
+      // A bad option throws here, before there is a socket: the promise
+      // rejects with it, and the timer must not fire later on no socket.
+      done = true;
+      clearTimeout(timer);
+      throw e;
     }
     sock.once("connect", () => {
       tcpUp = true;

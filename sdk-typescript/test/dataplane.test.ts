@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { after, before, describe, it } from "node:test";
 
-import { SandboxClient, SessionNotFoundError, type Session } from "@sandgate/sdk";
+import { FileNotFoundInSandboxError, SandboxClient, SessionNotFoundError, type Session } from "@sandgate/sdk";
 
 import { type Gateway, SKIP, startGateway } from "./helpers.js";
 
@@ -82,5 +82,9 @@ describe("data plane (needs /commands and /files)", { skip: SKIP }, () => {
     await s.destroy();
     await assert.rejects(s.exec("true"), SessionNotFoundError);
     await assert.rejects(s.read("x"), SessionNotFoundError);
+  });
+
+  it("a missing file is a FileNotFoundInSandboxError, not a missing session", async () => {
+    await assert.rejects(session.read("no/such/file"), (e: unknown) => e instanceof FileNotFoundInSandboxError && !(e instanceof SessionNotFoundError));
   });
 });

@@ -143,6 +143,17 @@ describe("tunnel (fake servers)", () => {
       srv.close();
     }
   });
+
+  it("an option the socket refuses rejects, and nothing fires later", async () => {
+    // tls.connect throws at once on a CA that is not a string or Buffer
+    // (an unset environment variable): the timeout must not fire on no socket.
+    const bad = { ca: [undefined as unknown as string] };
+    await assert.rejects(
+      openTunnel({ baseUrl: "https://127.0.0.1:9", apiKey: "t", sessionId: "sbx-x", timeoutMs: 200, ...bad }),
+      TypeError,
+    );
+    await new Promise((r) => setTimeout(r, 500)); // an uncaught error here fails the run
+  });
 });
 
 describe("tunnel (gateway)", { skip: SKIP }, () => {

@@ -232,6 +232,20 @@ func TestShells(t *testing.T) {
 				}()
 			}
 			wg.Wait()
+			// A command the shell cannot parse fails alone: the next runs.
+			res = sh("a", `echo "unterminated`, 10*time.Second)
+			if code(res) == 0 {
+				t.Errorf("an unterminated quote: %+v", res)
+			}
+			if res = sh("a", "echo next", 10*time.Second); code(res) != 0 || res.Stdout.Text != "next\n" || res.Stderr.Text != "" {
+				t.Errorf("after an unterminated quote: %+v", res)
+			}
+			// The user's settings and functions do not reach the wrapper.
+			res = sh("a", "set -o noclobber; mv() { echo user-mv; }; printf() { echo user-printf; }; cd() { echo user-cd; }; echo set", 10*time.Second)
+			if res = sh("a", "echo after", 10*time.Second); code(res) != 0 || res.Stdout.Text != "after\n" || res.Stderr.Text != "" || !strings.HasSuffix(res.Cwd, "/d1") {
+				t.Errorf("with noclobber and user mv/printf/cd: %+v", res)
+			}
+			sh("a", "set +o noclobber; unset -f mv printf cd", 10*time.Second)
 			res = sh("a", "exit 7", 10*time.Second)
 			if code(res) != 7 {
 				t.Errorf("exit: %+v", res)

@@ -156,7 +156,7 @@ func (x *shell) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		q := Quote(x.state)
-		rm := fmt.Sprintf("rm -f -- %[1]s %[1]s.new %[1]s.cwd %[1]s.in", q)
+		rm := fmt.Sprintf("rm -f -- %[1]s %[1]s.new %[1]s.cwd %[1]s.in %[1]s.cmd", q)
 		// Not in a stopped session: its /tmp went with its processes.
 		if p, err := x.s.Sandbox().Start(gateway.NoResume(gateway.NoHistory(ctx)), sandbox.Cmd{Command: rm}); err == nil {
 			_ = p.Stdin().Close()
@@ -213,14 +213,14 @@ func (x *shell) acquire(ctx context.Context) error {
 const shellInit = `
 if [ -n "$BASH_VERSION" ]; then
   shopt -s expand_aliases
-  __sandgate_save() { { declare -px; declare -f; alias -p; } > "$1.new" 2>/dev/null && mv -f -- "$1.new" "$1"; printf '%s\n' "$PWD" > "$1.cwd"; }
+  __sandgate_save() { { builtin declare -px; builtin declare -f; builtin alias -p; } >| "$1.new" 2>/dev/null && command mv -f -- "$1.new" "$1"; command printf '%s\n' "$PWD" >| "$1.cwd"; }
 else
-  __sandgate_save() { { export -p; alias; } > "$1.new" 2>/dev/null && mv -f -- "$1.new" "$1"; printf '%s\n' "$PWD" > "$1.cwd"; }
+  __sandgate_save() { { command export -p; command alias; } >| "$1.new" 2>/dev/null && command mv -f -- "$1.new" "$1"; command printf '%s\n' "$PWD" >| "$1.cwd"; }
 fi
 __sandgate_done() {
   __sandgate_save "$3"
-  printf '%s:%s:%s:%s\n' "$1" "$2" "$PWD" "$1"
-  printf '%s::%s\n' "$1" "$1" >&2
+  command printf '%s:%s:%s:%s\n' "$1" "$2" "$PWD" "$1"
+  command printf '%s::%s\n' "$1" "$1" >&2
 }
 umask 077
 `
@@ -228,7 +228,7 @@ umask 077
 // shellRestore is what a new shell runs after shellInit: the state its
 // predecessor saved, if any (%[1]s is the state file).
 const shellRestore = `[ -f %[1]s ] && . %[1]s >/dev/null 2>&1
-[ -f %[1]s.cwd ] && IFS= read -r __sandgate_d < %[1]s.cwd && cd -- "$__sandgate_d" 2>/dev/null
+[ -f %[1]s.cwd ] && IFS= command read -r __sandgate_d < %[1]s.cwd && command cd -- "$__sandgate_d" 2>/dev/null
 unset __sandgate_d
 `
 
@@ -264,8 +264,12 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	tok := newToken()
 	var line strings.Builder
 	if len(req.Stdin) > 0 {
-		fmt.Fprintf(&line, "printf %s > %s.in\n", Quote(printfEscape(req.Stdin)), Quote(x.state))
+		fmt.Fprintf(&line, "command printf %s >| %s.in\n", Quote(printfEscape(req.Stdin)), Quote(x.state))
 	}
+	// The script is sourced from a file, not eval'd: bash's parser,
+	// after an eval whose text ends inside a quote, misreads the next
+	// command it is sent ("{: command not found").
+	fmt.Fprintf(&line, "command printf %s >| %s.cmd\n", Quote(printfEscape([]byte(req.script(false)))), Quote(x.state))
 	line.WriteString("{ ")
 	if req.Cwd != "" {
 		line.WriteString(cdScript(req.Cwd) + " && ")
@@ -274,7 +278,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 		k, v, _ := strings.Cut(kv, "=")
 		line.WriteString(k + "=" + Quote(v) + " ")
 	}
-	line.WriteString("eval " + Quote(req.script(false)) + "\n} < ")
+	line.WriteString(". " + Quote(x.state+".cmd") + "\n} < ")
 	if len(req.Stdin) > 0 {
 		line.WriteString(Quote(x.state + ".in"))
 	} else {
@@ -282,7 +286,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	}
 	fmt.Fprintf(&line, "; __sandgate_done %s \"$?\" %s\n", tok, Quote(x.state))
 	if len(req.Stdin) > 0 {
-		fmt.Fprintf(&line, "rm -f -- %s.in\n", Quote(x.state))
+		fmt.Fprintf(&line, "command rm -f -- %s.in\n", Quote(x.state))
 	}
 
 	began := time.Now()

@@ -42,8 +42,11 @@ const (
 var (
 	ErrTooManyProcesses = errors.New("too many running processes in this session")
 	ErrProcessExited    = errors.New("the process has exited")
-	ErrStdinClosed      = errors.New("the process's standard input is closed")
-	ErrStdinBlocked     = errors.New("the process is not reading its standard input")
+	ErrStdinClosed      = errors.New("the process's standard input was closed (eof)")
+	// ErrStdinClosedByProcess is ErrStdinClosed for an input the running
+	// process closed itself (exec 0<&-).
+	ErrStdinClosedByProcess = errors.New("the process closed its standard input and is still running")
+	ErrStdinBlocked         = errors.New("the process is not reading its standard input")
 )
 
 // ProcessConfig bounds one session's background processes. Zero values
@@ -540,10 +543,26 @@ func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, 
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return n, ErrStdinBlocked
 			}
+			if errors.Is(err, syscall.EPIPE) {
+				// The reading end is gone: the process ended (its exit
+				// may not be seen yet), or it closed its input.
+				select {
+				case <-pr.done:
+					return n, ErrProcessExited
+				case <-time.After(200 * time.Millisecond):
+				}
+				pr.mu.Lock()
+				exited := !pr.running
+				pr.mu.Unlock()
+				if exited {
+					return n, ErrProcessExited
+				}
+				return n, ErrStdinClosedByProcess
+			}
 			pr.mu.Lock()
 			exited := !pr.running
 			pr.mu.Unlock()
-			if exited || errors.Is(err, syscall.EPIPE) || errors.Is(err, os.ErrClosed) {
+			if exited || errors.Is(err, os.ErrClosed) {
 				return n, ErrProcessExited
 			}
 			return n, fmt.Errorf("write stdin: %w", err)

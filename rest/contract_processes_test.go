@@ -226,6 +226,13 @@ func TestContractProcesses(t *testing.T) {
 		expect(t, g.do(t, http.MethodPost, pp+"/stdin", aliceKey, []byte(`{"eof": true}`)), http.StatusNoContent, "")
 		expect(t, g.do(t, http.MethodPost, pp+"/stdin", aliceKey, []byte(`{"data": "x"}`)), http.StatusConflict, "stdin_closed")
 		expect(t, g.do(t, http.MethodPost, pp+"/signal", aliceKey, []byte(`{"signal": "SIGKILL"}`)), http.StatusNoContent, "")
+
+		// A process that closed its input itself, and runs on.
+		q := start(t, `{"command": "exec 0<&-; sleep 60"}`)
+		qp := base + "/" + q.ProcessID
+		time.Sleep(300 * time.Millisecond) // past the exec
+		expect(t, g.do(t, http.MethodPost, qp+"/stdin", aliceKey, []byte(`{"data": "x"}`)), http.StatusConflict, "stdin_closed")
+		expect(t, g.do(t, http.MethodPost, qp+"/signal", aliceKey, []byte(`{"signal": "SIGKILL"}`)), http.StatusNoContent, "")
 	})
 
 	t.Run("too-many", func(t *testing.T) {

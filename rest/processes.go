@@ -357,8 +357,8 @@ func (a *api) processStdin(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, dataplane.ErrProcessExited):
 		WriteError(w, http.StatusConflict, "process_exited", "the process has exited")
-	case errors.Is(err, dataplane.ErrStdinClosed):
-		WriteError(w, http.StatusConflict, "stdin_closed", "the process's standard input was closed (eof)")
+	case errors.Is(err, dataplane.ErrStdinClosed), errors.Is(err, dataplane.ErrStdinClosedByProcess):
+		WriteError(w, http.StatusConflict, "stdin_closed", err.Error())
 	case errors.Is(err, dataplane.ErrStdinBlocked):
 		WriteError(w, http.StatusConflict, "stdin_blocked",
 			fmt.Sprintf("the process is not reading its standard input: %d of %d bytes were written", n, len(data)))

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 
@@ -186,6 +187,11 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	p, ok := a.pathParam(w, r)
 	if !ok {
+		return
+	}
+	if strings.HasSuffix(r.URL.Query().Get("path"), "/") {
+		// A final slash names a directory: never write a file there.
+		WriteError(w, http.StatusBadRequest, "invalid_path", "path names a directory (it ends with /); give the file's name")
 		return
 	}
 	mkdirs, ok := boolParam(w, r, "mkdirs")

@@ -125,6 +125,8 @@ func TestRESTFiles(t *testing.T) {
 				{"DELETE", "dir", "", 409, "directory_not_empty"},
 				{"DELETE", "nope", "", 404, "file_not_found"},
 				{"GET", "a%00b", "", 400, "invalid_path"},
+				{"PUT", "dir/sub/hello.txt/", "x", 400, "invalid_path"},
+				{"PUT", "newdir/", "x", 400, "invalid_path"},
 				{"PUT", "x&mode=8", "x", 400, "invalid_parameter"},
 			} {
 				var rd io.Reader

@@ -912,6 +912,31 @@ func TestSFTPConformanceRealpath(t *testing.T) {
 				}
 			}
 		}},
+		{"dotdot-after-a-symlink", func(t *testing.T, e *scEnv, c *scConn) {
+			if e.confined() {
+				t.Skip("under a root, os.Root refuses .. itself")
+			}
+			// ".." after a symlink is the link target's parent, as the
+			// kernel resolves it: "lnk/../f" is a/f, not ./f.
+			e.mkdir(t, "a")
+			e.mkdir(t, "a/in")
+			e.writeFile(t, "a/f", []byte("target"))
+			e.writeFile(t, "f", []byte("wrong"))
+			if err := os.Symlink(e.disk("a/in"), e.disk("lnk")); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.oneName(c.call(scRealpath, "lnk/.."), "REALPATH lnk/.."); got != e.p("a") {
+				t.Errorf("REALPATH lnk/.. = %q, want %q", got, e.p("a"))
+			}
+			c.wantStatus(c.call(scRealpath, "missing-dir/x"), "REALPATH under a missing directory", scNoSuchFile)
+			c.wantOK(c.call(scRemove, e.start+"/lnk/../f"), "REMOVE lnk/../f") // not e.p: it cleans
+			if _, err := os.Lstat(e.disk("a/f")); err == nil {
+				t.Error("REMOVE lnk/../f left a/f")
+			}
+			if _, err := os.Lstat(e.disk("f")); err != nil {
+				t.Errorf("REMOVE lnk/../f removed ./f: %v", err)
+			}
+		}},
 	})
 }
 

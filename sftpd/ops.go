@@ -82,7 +82,11 @@ func (s *server) extended(id uint32, d *decoder) {
 			s.status(id, fxNoSuchFile, "No such user")
 			return
 		}
-		s.replyName(id, s.path(p))
+		if r, err := s.realpath(p); err != nil {
+			s.fail(id, err)
+		} else {
+			s.replyName(id, r)
+		}
 	case "home-directory":
 		u := d.string()
 		if d.err != nil {

@@ -11,6 +11,7 @@ package sftpd
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -254,7 +256,49 @@ func (s *server) path(p string) string {
 	if !strings.HasPrefix(p, "/") {
 		p = s.start + "/" + p
 	}
+	if s.fs.root == nil && hasDotDot(p) {
+		// Host paths: the kernel resolves a ".." after the symlinks
+		// before it, as under OpenSSH's server; cleaned as text,
+		// "link/../f" would name another file. (Under a root, os.Root
+		// refuses ".." anyway.)
+		return p
+	}
 	return path.Clean(p)
+}
+
+// hasDotDot reports whether p has a ".." component.
+func hasDotDot(p string) bool {
+	for _, c := range strings.Split(p, "/") {
+		if c == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+// realpath answers REALPATH: under a root, the cleaned path (os.Root
+// resolves within it); on host paths, the canonical path, symlinks
+// resolved, as OpenSSH's server answers it, a missing last component
+// tolerated and any other missing one an error.
+func (s *server) realpath(p string) (string, error) {
+	name := s.path(p)
+	if s.fs.root != nil {
+		return name, nil
+	}
+	if r, err := filepath.EvalSymlinks(name); err == nil {
+		return r, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	dir, base := path.Split(strings.TrimSuffix(name, "/"))
+	if base == "" || base == "." || base == ".." {
+		return "", fs.ErrNotExist
+	}
+	d, err := filepath.EvalSymlinks(cmp.Or(dir, "/"))
+	if err != nil {
+		return "", err
+	}
+	return path.Join(d, base), nil
 }
 
 func (s *server) handle(b []byte, dir bool) (*handle, error) {
@@ -395,8 +439,13 @@ func (s *server) dispatch(typ byte, body []byte) error {
 		}
 	case fxpRealpath:
 		p := d.string()
-		if d.err == nil {
-			s.replyName(id, s.path(p))
+		if d.err != nil {
+			break
+		}
+		if r, err := s.realpath(p); err != nil {
+			s.fail(id, err)
+		} else {
+			s.replyName(id, r)
 		}
 	case fxpRename:
 		oldname, newname := s.path(d.string()), s.path(d.string())

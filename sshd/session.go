@@ -124,6 +124,8 @@ func (c *channel) answer(req *gossh.Request) (launch func()) {
 		launch, ok = c.start(req.Type, req.Payload)
 	case "signal":
 		ok = c.signal(req.Payload)
+	case "eow@openssh.com":
+		c.endOfWrite()
 	default:
 		// auth-agent-req, x11-req and anything else: refused.
 	}
@@ -219,6 +221,20 @@ func (c *channel) signal(payload []byte) bool {
 		return false
 	}
 	return c.proc.Signal(sig) == nil
+}
+
+// endOfWrite handles eow@openssh.com: the client can no longer write what
+// it is sent (its output was closed: `ssh host cmd | head`). As OpenSSH's
+// server does, the command's output is closed, so its next write fails
+// (SIGPIPE) instead of running on into nowhere. A command on a pty keeps
+// its terminal.
+func (c *channel) endOfWrite() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc == nil || c.exited || c.interactive {
+		return
+	}
+	_ = c.proc.Stdout().Close()
 }
 
 // start starts the process for an exec, shell or subsystem request and

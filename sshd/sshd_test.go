@@ -182,6 +182,39 @@ func TestSignalRequest(t *testing.T) {
 	}
 }
 
+// TestEndOfWrite: eow@openssh.com (what OpenSSH's client sends to an
+// OpenSSH server once its own output is closed: `ssh host yes | head`)
+// closes the command's output, so the command dies of SIGPIPE.
+func TestEndOfWrite(t *testing.T) {
+	s := gwtest.Start(t, gwtest.Options{})
+	c := s.SSH(t, s.CreateSession(t, nil).SessionID)
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	var out gwtest.Buffer
+	sess.Stdout = &out
+	if err := sess.Start("yes"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, &out, "y\n")
+	if _, err := sess.SendRequest("eow@openssh.com", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sess.Wait() }()
+	select {
+	case err := <-done:
+		var ee *gossh.ExitError
+		if !errors.As(err, &ee) || (ee.Signal() != "PIPE" && ee.ExitStatus() != 141) {
+			t.Fatalf("wait = %v, want killed by PIPE", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("eow@openssh.com did not end the command")
+	}
+}
+
 func TestChannelCloseKillsCommand(t *testing.T) {
 	s := gwtest.Start(t, gwtest.Options{})
 	id := s.CreateSession(t, nil).SessionID

@@ -126,7 +126,9 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 		return
 	}
 	go gossh.DiscardRequests(reqs)
-	sess.Touch(time.Now())
+	// An open forward is work in progress, quiet or not: the idle
+	// timeout waits for it (as OpenSSH, which has none, would).
+	defer sess.Hold()()
 	log.Info("ssh_forward_opened")
 	in, out := s.pipe(ctx, ch, conn)
 	fw.ended(in, out)

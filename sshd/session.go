@@ -344,6 +344,9 @@ func (c *channel) reportStartFailure(kind, command string, pty bool, err error) 
 // run copies between the channel and proc until proc exits and its output
 // is drained, then sends the exit status, EOF and close, in that order.
 func (c *channel) run(kind string, proc sandbox.Process) {
+	// A command running is work in progress, however quiet (a build, an
+	// idle shell): the idle timeout waits for it, as the TTL does not.
+	defer c.sess.Hold()()
 	began := time.Now()
 	a := &activity{sess: c.sess}
 	var stdout io.Writer = c.ch

@@ -213,8 +213,11 @@ func TestIdleExpiryLeavesNothing(t *testing.T) {
 	if code != 0 || out != "1\n2\n3\n4\n" {
 		t.Fatalf("streaming exec: %d %q", code, out)
 	}
-	// So does a REST call in progress, silent or not: the session is held
-	// until it returns.
+	// So does a command in progress, silent or not, over SSH or REST: the
+	// session is held until it ends.
+	if out, _, code := runClient(t, g.clientEnv(), nil, ssh, append(opts, "sleep 4; echo done")...); code != 0 || out != "done\n" {
+		t.Fatalf("a silent SSH command longer than the idle limit: %d %q", code, out)
+	}
 	if code, out := runCommand(t, g, s.SessionID, "sleep 4; echo done"); code != http.StatusOK || out != "done\n" {
 		t.Fatalf("a REST command longer than the idle limit: %d %q", code, out)
 	}

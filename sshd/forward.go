@@ -103,13 +103,13 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 		return
 	}
 	if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
-		if bc.chans.Add(1) > MaxChannelsPerConn {
-			bc.chans.Add(-1)
-			fw.refused("too_many_channels", fmt.Sprintf("too many open channels on this connection (max %d)", MaxChannelsPerConn))
-			_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("too many open channels on this connection (max %d)", MaxChannelsPerConn))
+		if bc.fwds.Add(1) > MaxForwardsPerConn {
+			bc.fwds.Add(-1)
+			fw.refused("too_many_channels", fmt.Sprintf("too many forwarded connections open on this connection (max %d)", MaxForwardsPerConn))
+			_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("too many forwarded connections open on this connection (max %d)", MaxForwardsPerConn))
 			return
 		}
-		defer bc.chans.Add(-1)
+		defer bc.fwds.Add(-1)
 	}
 	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
 	conn, err := dialer.DialLoopback(dctx, network, int(d.DestPort))

@@ -173,6 +173,29 @@ func TestForwardLoopbackAllowed(t *testing.T) {
 	}
 }
 
+// Forwarded connections are counted apart from session channels, as
+// OpenSSH's MaxSessions counts only sessions: with every session channel
+// open, a forward still opens.
+func TestForwardNotCountedAsSession(t *testing.T) {
+	sb := newFakeSandbox()
+	lt := newLoopbackTarget(t)
+	sb.dial = lt.dial
+	c := newHarness(t, sshd.Config{LocalForward: true}, sb).dial(t)
+	for i := range sshd.MaxChannelsPerConn {
+		ch, _, err := c.OpenChannel("session", nil)
+		if err != nil {
+			t.Fatalf("session channel %d: %v", i, err)
+		}
+		defer ch.Close()
+	}
+	ch, err := openDirect(c, "127.0.0.1", 8123)
+	if err != nil {
+		t.Fatalf("a forward with every session channel open: %v", err)
+	}
+	defer ch.Close()
+	lt.accepted(t).Close()
+}
+
 func TestForwardRefusedDestinations(t *testing.T) {
 	sb := newFakeSandbox()
 	lt := newLoopbackTarget(t)

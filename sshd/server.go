@@ -143,6 +143,7 @@ type boundConn struct {
 	req    audit.Request // the CONNECT request's id and caller
 	authed atomic.Bool
 	chans  atomic.Int32 // open session channels
+	fwds   atomic.Int32 // open forwarded (direct-tcpip) channels
 
 	startups *startups
 	left     sync.Once
@@ -160,6 +161,12 @@ func (c *boundConn) leaveAuth() { c.left.Do(c.startups.release) }
 // MaxChannelsPerConn bounds the session channels open at once on one
 // connection (OpenSSH's MaxSessions is 10): each may buffer a 2 MiB window.
 const MaxChannelsPerConn = 32
+
+// MaxForwardsPerConn bounds the forwarded connections (ssh -L, -D) open at
+// once on one connection, apart from the session channels as OpenSSH's
+// MaxSessions is: a browser or a connection pool opens dozens. Each may
+// buffer a 2 MiB window too.
+const MaxForwardsPerConn = 256
 
 // SetDeadline and friends are no-ops: gliderlabs/ssh resets the deadline on
 // every read and write (to zero, without an idle timeout), which would undo

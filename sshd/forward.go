@@ -113,6 +113,14 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 	}
 	dctx, cancel := context.WithTimeout(ctx, forwardDialTimeout)
 	conn, err := dialer.DialLoopback(dctx, network, int(d.DestPort))
+	if err != nil && d.DestAddr == "localhost" && dctx.Err() == nil {
+		// "localhost" is both loopbacks (a sandbox's /etc/hosts has
+		// ::1 too): a server listening on ::1 only is reached, as
+		// OpenSSH reaches it by trying every address of the name.
+		if c6, err6 := dialer.DialLoopback(dctx, "tcp6", int(d.DestPort)); err6 == nil {
+			conn, err = c6, nil
+		}
+	}
 	cancel()
 	if err != nil {
 		log.Info("ssh_forward_failed", "err", err)

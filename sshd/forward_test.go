@@ -196,6 +196,31 @@ func TestForwardNotCountedAsSession(t *testing.T) {
 	lt.accepted(t).Close()
 }
 
+// "localhost" is tried on ::1 too when 127.0.0.1 refuses.
+func TestForwardLocalhostTriesBothLoopbacks(t *testing.T) {
+	sb := newFakeSandbox()
+	lt := newLoopbackTarget(t)
+	sb.dial = func(ctx context.Context, network string, port int) (net.Conn, error) {
+		if network == "tcp4" {
+			lt.mu.Lock()
+			lt.dials = append(lt.dials, dialRecord{network, port})
+			lt.mu.Unlock()
+			return nil, errors.New("connect: connection refused")
+		}
+		return lt.dial(ctx, network, port)
+	}
+	c := newHarness(t, sshd.Config{LocalForward: true}, sb).dial(t)
+	ch, err := openDirect(c, "localhost", 8123)
+	if err != nil {
+		t.Fatalf("localhost served on ::1 only: %v", err)
+	}
+	defer ch.Close()
+	lt.accepted(t).Close()
+	if got := lt.recorded(); len(got) != 2 || got[0] != (dialRecord{"tcp4", 8123}) || got[1] != (dialRecord{"tcp6", 8123}) {
+		t.Errorf("dialled %v, want tcp4 then tcp6", got)
+	}
+}
+
 func TestForwardRefusedDestinations(t *testing.T) {
 	sb := newFakeSandbox()
 	lt := newLoopbackTarget(t)

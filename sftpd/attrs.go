@@ -97,7 +97,9 @@ func (s *server) longname(name string, fi fs.FileInfo, a attrs, now time.Time) s
 	if d := now.Sub(mt); d > 182*24*time.Hour || d < -182*24*time.Hour {
 		layout = "Jan _2  2006"
 	}
-	return fmt.Sprintf("%s %3d %-8s %-8s %8d %s %s", modeString(a.perm), nlink,
+	// OpenSSH's mode field is 11 wide (strmode leaves a column for an
+	// ACL mark), hence two spaces after it.
+	return fmt.Sprintf("%s  %3d %-8s %-8s %8d %s %s", modeString(a.perm), nlink,
 		orNumber(s.names.user(a.uid), a.uid), orNumber(s.names.group(a.gid), a.gid), a.size, mt.Format(layout), name)
 }
 

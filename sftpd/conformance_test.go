@@ -744,6 +744,10 @@ func TestSFTPConformanceReaddir(t *testing.T) {
 					t.Errorf("%s: empty longname", ent.name)
 				} else if !modeRE.MatchString(ent.long) || ent.long[0] != typ || !strings.Contains(ent.long, ent.name) {
 					t.Errorf("%s: longname %q, want `ls -l` style: mode string starting with %q, then the name", ent.name, ent.long, typ)
+				} else if len(ent.long) < 12 || ent.long[10:12] != "  " {
+					// OpenSSH's mode field is strmode's 11 characters
+					// (the last one for an ACL mark), then a space.
+					t.Errorf("%s: longname %q, want the mode then two spaces, as OpenSSH's", ent.name, ent.long)
 				}
 				if typ == '-' {
 					size := uint64(mustAtoi(t, ent.name[1:])) % 10

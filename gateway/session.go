@@ -75,7 +75,7 @@ type Session struct {
 	passwordHash  [32]byte
 	sandbox       sandbox.Sandbox
 	lastActivity  atomic.Int64 // unix nanoseconds
-	holds         atomic.Int32 // REST calls in progress (Hold)
+	holds         atomic.Int32 // calls in progress: REST, SSH commands, forwards (Hold)
 	savedActivity atomic.Int64 // lastActivity as last written to the store
 	// tunnelIn and tunnelOut count the bytes of the session's CONNECT
 	// tunnels since this gateway process started (tunnelbytes.go).
@@ -361,9 +361,10 @@ func (s *Session) Touch(now time.Time) {
 	}
 }
 
-// Hold marks the session in use until release is called: a REST call
-// that lasts (a command, a followed output stream, a file transfer)
-// counts as activity for as long as it runs, not only when it starts, so
+// Hold marks the session in use until release is called: a call that
+// lasts (a REST command, a followed output stream, a file transfer, an
+// SSH command or shell, a forwarded connection) counts as activity for as
+// long as it runs, not only when it starts, so
 // the idle timeout never ends a session under a call in progress. The
 // idle clock starts again when the last hold is released. release may be
 // called more than once.

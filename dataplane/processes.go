@@ -125,6 +125,10 @@ type ProcessInfo struct {
 type Processes struct {
 	mu       sync.Mutex
 	sessions map[string]*sessionProcs // by session id
+	// lastSeq is the last process number of a session whose processes
+	// ended with a stop: its ids go on from there after the resume, so an
+	// old id never names a new process.
+	lastSeq map[string]int
 }
 
 // sessionProcs is one session's processes.
@@ -265,14 +269,14 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 		return sp, nil
 	}
 	cfg = cfg.withDefaults()
-	sp := &sessionProcs{id: s.ID, cfg: cfg, procs: map[string]*Process{}}
+	sp := &sessionProcs{id: s.ID, cfg: cfg, procs: map[string]*Process{}, seq: ps.lastSeq[s.ID]}
 	if cfg.StateDir != "" {
 		if !sandbox.ValidID(s.ID) {
 			return nil, fmt.Errorf("session id %q cannot name a directory", s.ID)
 		}
 		sp.dir = filepath.Join(cfg.StateDir, s.ID)
 	}
-	remove, ok := s.AddConn(func() { ps.end(sp) })
+	remove, ok := s.AddConn(func() { ps.end(sp, s.Live()) })
 	if !ok {
 		return nil, ErrSessionEnded
 	}
@@ -285,18 +289,27 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 }
 
 // end kills a session's processes and frees their output: the session
-// ended.
-func (ps *Processes) end(sp *sessionProcs) {
-	ps.mu.Lock()
-	if ps.sessions[sp.id] == sp {
-		delete(ps.sessions, sp.id)
-	}
-	ps.mu.Unlock()
+// ended, or stopped (then its process numbers go on after the resume).
+func (ps *Processes) end(sp *sessionProcs, stopped bool) {
 	sp.mu.Lock()
 	sp.closed = true
 	procs := sp.procs
 	sp.procs, sp.finished = map[string]*Process{}, nil
+	seq := sp.seq
 	sp.mu.Unlock()
+	ps.mu.Lock()
+	if ps.sessions[sp.id] == sp {
+		delete(ps.sessions, sp.id)
+	}
+	if stopped { // still live: it resumes
+		if ps.lastSeq == nil {
+			ps.lastSeq = map[string]int{}
+		}
+		ps.lastSeq[sp.id] = seq
+	} else {
+		delete(ps.lastSeq, sp.id)
+	}
+	ps.mu.Unlock()
 	for _, p := range procs {
 		// Output first: a follower then ends without a "done" line (the
 		// session is gone, not the process's own end), whichever of

@@ -89,6 +89,24 @@ func TestContractStop(t *testing.T) {
 		if got := g.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID, aliceKey, nil).session(t); got.Status != gateway.StatusRunning {
 			t.Errorf("GET after resume: status %q", got.Status)
 		}
+		// Background processes: a stop ends them, and the ids after the
+		// resume go on, so an old id never names a new process.
+		procs := "/v1/sessions/" + s.SessionID + "/processes"
+		var p struct {
+			ProcessID string `json:"processId"`
+		}
+		for _, want := range []string{"p1", "p2"} {
+			r = g.do(t, http.MethodPost, procs, aliceKey, []byte(`{"command": "sleep 60"}`))
+			expect(t, r, http.StatusCreated, "")
+			if err := json.Unmarshal(r.body, &p); err != nil || p.ProcessID != want {
+				t.Fatalf("process id %q (%v), want %s", p.ProcessID, err, want)
+			}
+			if want == "p1" {
+				expect(t, g.do(t, http.MethodPost, stopPath, aliceKey, nil), http.StatusOK, "")
+			}
+		}
+		expect(t, g.do(t, http.MethodPost, procs+"/p2/signal", aliceKey, []byte(`{"signal": "KILL"}`)), http.StatusNoContent, "")
+
 		// A stopped session accepts CONNECT (the tunnel resumes it with
 		// its first process) and can be deleted.
 		expect(t, g.do(t, http.MethodPost, stopPath, aliceKey, nil), http.StatusOK, "")

@@ -498,20 +498,21 @@ func (pr *Process) Output() *OutputLog { return pr.out }
 // Done is closed once the process ended and its output is complete.
 func (pr *Process) Done() <-chan struct{} { return pr.done }
 
+// isRunning reports whether the process has not ended yet.
+func (pr *Process) isRunning() bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.running
+}
+
 // Signal sends sig to the process's group; ErrProcessExited once it
 // ended.
 func (pr *Process) Signal(sig syscall.Signal) error {
-	pr.mu.Lock()
-	running := pr.running
-	pr.mu.Unlock()
-	if !running {
+	if !pr.isRunning() {
 		return ErrProcessExited
 	}
 	if err := pr.p.Signal(sig); err != nil {
-		pr.mu.Lock()
-		running = pr.running
-		pr.mu.Unlock()
-		if !running || errors.Is(err, syscall.ESRCH) {
+		if !pr.isRunning() || errors.Is(err, syscall.ESRCH) {
 			return ErrProcessExited
 		}
 		return fmt.Errorf("signal process: %w", err)
@@ -564,18 +565,12 @@ func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, 
 					return n, ErrProcessExited
 				case <-time.After(200 * time.Millisecond):
 				}
-				pr.mu.Lock()
-				exited := !pr.running
-				pr.mu.Unlock()
-				if exited {
+				if !pr.isRunning() {
 					return n, ErrProcessExited
 				}
 				return n, ErrStdinClosedByProcess
 			}
-			pr.mu.Lock()
-			exited := !pr.running
-			pr.mu.Unlock()
-			if exited || errors.Is(err, os.ErrClosed) {
+			if !pr.isRunning() || errors.Is(err, os.ErrClosed) {
 				return n, ErrProcessExited
 			}
 			return n, fmt.Errorf("write stdin: %w", err)

@@ -86,12 +86,19 @@ func (c *Client) request(ctx context.Context, method, path string, body io.Reade
 	return resp, nil
 }
 
+// IsGone reports whether err says the gateway has no such session (any
+// more): 410, or 404 not_found (a missing file or process has its own
+// code).
+func IsGone(err error) bool {
+	var ae *APIError
+	return errors.As(err, &ae) &&
+		(ae.Status == http.StatusGone || ae.Status == http.StatusNotFound && ae.Code == "not_found")
+}
+
 // noteGone tells onGone of the session in path when err says the gateway
 // has no such session (any more).
 func (c *Client) noteGone(path string, err error) {
-	var ae *APIError
-	if c.onGone == nil || !errors.As(err, &ae) ||
-		!(ae.Status == http.StatusGone || ae.Status == http.StatusNotFound && ae.Code == "not_found") {
+	if c.onGone == nil || !IsGone(err) {
 		return
 	}
 	rest, ok := strings.CutPrefix(path, "/v1/sessions/")

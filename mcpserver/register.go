@@ -84,7 +84,7 @@ Returns at most %d KiB per call: when truncated is true, call again with offset=
 	mcp.AddTool(s.mcp, &mcp.Tool{
 		Name:        "process_output",
 		Title:       "Read a background process's output",
-		Description: fmt.Sprintf(`Returns a background process's stdout and stderr from offset on, its status (running, exited, killed) and exitCode once it ended. Pass the previous answer's nextOffset as offset to read only what is new. With wait (seconds, at most 60) it first waits for the process to end. At most %d KiB per call: when more is true, call again at once with offset=nextOffset. %s`, kib, lifecycle),
+		Description: fmt.Sprintf(`Returns a background process's stdout and stderr from offset on, its status (running, exited, killed) and exitCode once it ended. Pass the previous answer's nextOffset as offset to read only what is new. With wait (seconds, at most %d) it first waits for the process to end. At most %d KiB per call: when more is true, call again at once with offset=nextOffset. %s`, int(answerWithin.Seconds()), kib, lifecycle),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, bind(s, s.processOutput))
 	mcp.AddTool(s.mcp, &mcp.Tool{

@@ -79,7 +79,7 @@ func (s *Server) deleteSession(ctx context.Context, _ *mcp.CallToolRequest, in D
 	if err != nil {
 		return nil, out, err
 	}
-	if err := s.client.DeleteSession(ctx, id); err != nil && !IsStatus(err, http.StatusGone) && !IsStatus(err, http.StatusNotFound) {
+	if err := s.client.DeleteSession(ctx, id); err != nil && !IsGone(err) {
 		return nil, out, err
 	}
 	s.sess.deleted(id) // deleted now, or gone already (expired, deleted elsewhere)
@@ -128,7 +128,7 @@ func (s *Server) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in RunC
 	if err != nil {
 		return nil, out, err
 	}
-	r, err := s.client.RunCommand(ctx, id, CommandRequest{Command: in.Command, Timeout: cmp.Or(in.Timeout, defaultToolTimeout), MaxOutputBytes: s.outBytes, Shell: shellName})
+	r, err := s.client.RunCommand(ctx, id, CommandRequest{Command: in.Command, Timeout: cmp.Or(in.Timeout, answerWithin.Seconds()), MaxOutputBytes: s.outBytes, Shell: shellName})
 	if err != nil {
 		return nil, out, err
 	}
@@ -181,7 +181,7 @@ func (s *Server) runPython(ctx context.Context, _ *mcp.CallToolRequest, in RunPy
 	if err != nil {
 		return nil, out, err
 	}
-	r, err := s.client.RunPython(ctx, id, PythonRequest{Code: in.Code, Timeout: cmp.Or(in.Timeout, defaultToolTimeout), Kernel: in.Kernel, MaxOutputBytes: s.outBytes})
+	r, err := s.client.RunPython(ctx, id, PythonRequest{Code: in.Code, Timeout: cmp.Or(in.Timeout, answerWithin.Seconds()), Kernel: in.Kernel, MaxOutputBytes: s.outBytes})
 	if IsStatus(err, http.StatusNotImplemented) {
 		return nil, out, fmt.Errorf("this sandgate gateway lacks the persistent Python kernel (POST /python answered 501 not_implemented); use run_command with python3 instead: %w", err)
 	}
@@ -395,13 +395,12 @@ type ProcessOutputOutput struct {
 	DroppedBytes int64  `json:"droppedBytes,omitempty" jsonschema:"Output older than the gateway keeps (16 MiB) that was lost."`
 }
 
-const maxWait = 45 * time.Second
-
-// defaultToolTimeout is run_command's and run_python's timeout in seconds
-// when the call gives none: under the 60 s that many MCP clients (those
-// on the TypeScript SDK) wait for a tool's answer, so a command that
-// times out answers exit code 124 rather than the client giving up.
-const defaultToolTimeout = 45.0
+// answerWithin bounds how long a tool waits by default (run_command's and
+// run_python's timeout when the call gives none) and at most
+// (process_output's wait): under the 60 s that many MCP clients (those on
+// the TypeScript SDK) wait for a tool's answer, so a command that times
+// out answers exit code 124 rather than the client giving up.
+const answerWithin = 45 * time.Second
 
 var errCapped = errors.New("output cap reached")
 
@@ -411,7 +410,7 @@ func (s *Server) processOutput(ctx context.Context, _ *mcp.CallToolRequest, in P
 	if err != nil {
 		return nil, out, err
 	}
-	p, err := s.waitProcess(ctx, id, in.ProcessID, time.Duration(min(in.Wait, maxWait.Seconds())*float64(time.Second)))
+	p, err := s.waitProcess(ctx, id, in.ProcessID, time.Duration(min(in.Wait, answerWithin.Seconds())*float64(time.Second)))
 	if err != nil {
 		return nil, out, err
 	}

@@ -364,10 +364,9 @@ func (s *Session) Touch(now time.Time) {
 // Hold marks the session in use until release is called: a call that
 // lasts (a REST command, a followed output stream, a file transfer, an
 // SSH command or shell, a forwarded connection) counts as activity for as
-// long as it runs, not only when it starts, so
-// the idle timeout never ends a session under a call in progress. The
-// idle clock starts again when the last hold is released. release may be
-// called more than once.
+// long as it runs, not only when it starts, so the idle timeout never
+// ends a session under a call in progress. The idle clock starts again
+// when the last hold is released. release may be called more than once.
 func (s *Session) Hold() (release func()) {
 	s.holds.Add(1)
 	s.Touch(time.Now())

@@ -105,8 +105,9 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 	if bc, _ := ctx.Value(keyConn).(*boundConn); bc != nil {
 		if bc.fwds.Add(1) > MaxForwardsPerConn {
 			bc.fwds.Add(-1)
-			fw.refused("too_many_channels", fmt.Sprintf("too many forwarded connections open on this connection (max %d)", MaxForwardsPerConn))
-			_ = nc.Reject(gossh.ResourceShortage, fmt.Sprintf("too many forwarded connections open on this connection (max %d)", MaxForwardsPerConn))
+			msg := fmt.Sprintf("too many forwarded connections open on this connection (max %d)", MaxForwardsPerConn)
+			fw.refused("too_many_channels", msg)
+			_ = nc.Reject(gossh.ResourceShortage, msg)
 			return
 		}
 		defer bc.fwds.Add(-1)

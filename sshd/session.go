@@ -345,7 +345,7 @@ func (c *channel) reportStartFailure(kind, command string, pty bool, err error) 
 // is drained, then sends the exit status, EOF and close, in that order.
 func (c *channel) run(kind string, proc sandbox.Process) {
 	// A command running is work in progress, however quiet (a build, an
-	// idle shell): the idle timeout waits for it, as the TTL does not.
+	// idle shell): the idle timeout waits for it (the TTL still ends it).
 	defer c.sess.Hold()()
 	began := time.Now()
 	a := &activity{sess: c.sess}

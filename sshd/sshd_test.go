@@ -19,6 +19,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/sandgate/sandgate/internal/gwtest"
+	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sshd"
 )
 
@@ -153,39 +154,26 @@ func TestPTYShellAndWindowChange(t *testing.T) {
 }
 
 func TestSignalRequest(t *testing.T) {
-	s := gwtest.Start(t, gwtest.Options{})
-	c := s.SSH(t, s.CreateSession(t, nil).SessionID)
-	sess, err := c.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
-	var out gwtest.Buffer
-	sess.Stdout = &out
-	if err := sess.Start("echo started; sleep 30"); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, &out, "started")
-	if err := sess.Signal(gossh.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- sess.Wait() }()
-	select {
-	case err := <-done:
-		var ee *gossh.ExitError
-		if !errors.As(err, &ee) || (ee.Signal() != "INT" && ee.ExitStatus() != 130) {
-			t.Fatalf("wait = %v, want killed by INT", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("SIGINT did not end the command")
-	}
+	wantKilledBy(t, "echo started; sleep 30", "started", "INT", func(sess *gossh.Session) error {
+		return sess.Signal(gossh.SIGINT)
+	})
 }
 
 // TestEndOfWrite: eow@openssh.com (what OpenSSH's client sends to an
 // OpenSSH server once its own output is closed: `ssh host yes | head`)
 // closes the command's output, so the command dies of SIGPIPE.
 func TestEndOfWrite(t *testing.T) {
+	wantKilledBy(t, "yes", "y\n", "PIPE", func(sess *gossh.Session) error {
+		_, err := sess.SendRequest("eow@openssh.com", false, nil)
+		return err
+	})
+}
+
+// wantKilledBy starts command, waits for ready in its output, then does
+// act, which must end the command by signal sig (or a shell's 128+n for
+// it) within 10 s.
+func wantKilledBy(t *testing.T, command, ready, sig string, act func(*gossh.Session) error) {
+	t.Helper()
 	s := gwtest.Start(t, gwtest.Options{})
 	c := s.SSH(t, s.CreateSession(t, nil).SessionID)
 	sess, err := c.NewSession()
@@ -195,23 +183,27 @@ func TestEndOfWrite(t *testing.T) {
 	defer sess.Close()
 	var out gwtest.Buffer
 	sess.Stdout = &out
-	if err := sess.Start("yes"); err != nil {
+	if err := sess.Start(command); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, &out, "y\n")
-	if _, err := sess.SendRequest("eow@openssh.com", false, nil); err != nil {
+	waitFor(t, &out, ready)
+	if err := act(sess); err != nil {
 		t.Fatal(err)
+	}
+	num, ok := sandbox.ParseSignal(sig)
+	if !ok {
+		t.Fatalf("no signal %s", sig)
 	}
 	done := make(chan error, 1)
 	go func() { done <- sess.Wait() }()
 	select {
 	case err := <-done:
 		var ee *gossh.ExitError
-		if !errors.As(err, &ee) || (ee.Signal() != "PIPE" && ee.ExitStatus() != 141) {
-			t.Fatalf("wait = %v, want killed by PIPE", err)
+		if !errors.As(err, &ee) || (ee.Signal() != sig && ee.ExitStatus() != 128+int(num)) {
+			t.Fatalf("wait = %v, want killed by %s", err, sig)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("eow@openssh.com did not end the command")
+		t.Fatalf("%q did not end the command", command)
 	}
 }
 

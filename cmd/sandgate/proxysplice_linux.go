@@ -5,6 +5,8 @@ import (
 	"os"
 	"runtime"
 	"syscall"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -15,10 +17,9 @@ import (
 const pipeMax = 1 << 20
 
 // relayPipes moves bytes both ways between ssh's pipes (stdin, stdout)
-// and the gateway's socket, in the kernel: one loop on one thread waits
-// with poll(2) and moves with splice(2), pipe → socket and socket → pipe,
-// so no byte passes through a buffer here and no goroutine hands work to
-// another. It returns when the gateway ends the connection (EOF on stdin
+// and the gateway's socket: one loop on one thread waits with poll(2),
+// moves the gateway's bytes to ssh with splice(2) and ssh's through one
+// buffer (relayLoop says why), so no goroutine hands work to another. It returns when the gateway ends the connection (EOF on stdin
 // half-closes it, as ssh expects), or on an error either way.
 //
 // It reports false, having moved nothing, when stdin or stdout is not a
@@ -58,18 +59,33 @@ func relayPipes(conn io.Writer, stdin io.Reader, stdout io.Writer) (handled bool
 	return true, err
 }
 
+// upBufSize is the proxy's buffer for the upstream copy (see relayLoop).
+const upBufSize = 256 << 10
+
 // relayLoop is relayPipes' loop over the raw descriptors: in and out are
 // pipes, sock a non-blocking stream socket.
+//
+// Downstream (gateway → ssh) moves with splice(2). Upstream (ssh →
+// gateway) reads into a buffer and writes from it: splicing a pipe into a
+// TCP socket hands the pipe's pages to the socket, so ssh's next write
+// needs fresh pages and the gateway reads the data as 4 KiB fragments.
+// Measured, 1 GiB up an `ssh -L` forward through this proxy, three runs
+// each way, alternating: 1.63-1.83 s spliced, 1.44-1.63 s copied, the
+// gateway's CPU 0.88-1.04 s against 0.71-0.88 s and ssh's 0.98-1.08 s
+// against 0.82-0.88 s; the proxy's own CPU about the same (0.39-0.44 s,
+// 0.46-0.48 s). Downstream, splicing was the faster (1.09-1.12 s against
+// 1.21-1.26 s for 1 GiB down).
 func relayLoop(in, out, sock int) error {
 	const flags = unix.SPLICE_F_MOVE | unix.SPLICE_F_NONBLOCK
-	upOpen := true        // stdin has not reached EOF
-	upWaitsSock := false  // stdin has data, the socket had no room
+	upOpen := true // stdin has not reached EOF, nor the gateway closed
+	upBuf := make([]byte, upBufSize)
+	var upPend []byte     // read from stdin, not yet written to the socket
 	downWaitsOut := false // the socket has data, ssh's pipe had no room
 	pfdBuf := make([]unix.PollFd, 0, 3)
 	for {
 		pfds := pfdBuf[:0]
 		iIn, iSock, iOut := -1, -1, -1
-		if upOpen && !upWaitsSock {
+		if upOpen && len(upPend) == 0 {
 			iIn = len(pfds)
 			pfds = append(pfds, unix.PollFd{Fd: int32(in), Events: unix.POLLIN})
 		}
@@ -77,7 +93,7 @@ func relayLoop(in, out, sock int) error {
 		if !downWaitsOut {
 			sockEv |= unix.POLLIN
 		}
-		if upOpen && upWaitsSock {
+		if upOpen && len(upPend) > 0 {
 			sockEv |= unix.POLLOUT
 		}
 		if sockEv != 0 {
@@ -88,7 +104,7 @@ func relayLoop(in, out, sock int) error {
 			iOut = len(pfds)
 			pfds = append(pfds, unix.PollFd{Fd: int32(out), Events: unix.POLLOUT})
 		}
-		if _, err := unix.Poll(pfds, -1); err != nil {
+		if err := wait(pfds); err != nil {
 			if err == unix.EINTR {
 				continue
 			}
@@ -98,18 +114,11 @@ func relayLoop(in, out, sock int) error {
 			return i >= 0 && pfds[i].Revents&(ev|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
 		}
 		// Upstream: ssh → gateway.
-		if ready(iIn, unix.POLLIN) || ready(iSock, unix.POLLOUT) && upWaitsSock {
-			upWaitsSock = false
-			n, err := spliceOnce(in, sock, flags)
+		sendNow := ready(iSock, unix.POLLOUT) && len(upPend) > 0
+		if ready(iIn, unix.POLLIN) {
+			n, err := readFD(in, upBuf)
 			switch {
-			case err == unix.EAGAIN:
-				// stdin said readable, so the socket has no room: wait
-				// for it. (A pipe that said readable keeps its data.)
-				upWaitsSock = true
-			case err == unix.EPIPE:
-				// The gateway closed its side; what it sent before is
-				// still read below, where the relay ends.
-				upOpen = false
+			case err == unix.EAGAIN: // a non-blocking stdin with nothing after all
 			case err != nil:
 				return err
 			case n == 0: // EOF on stdin: half-close, keep reading
@@ -117,6 +126,22 @@ func relayLoop(in, out, sock int) error {
 				if err := unix.Shutdown(sock, unix.SHUT_WR); err != nil && err != unix.ENOTCONN {
 					return err
 				}
+			default:
+				upPend, sendNow = upBuf[:n], true
+			}
+		}
+		if sendNow {
+			n, err := writeFD(sock, upPend)
+			switch {
+			case err == unix.EAGAIN: // no room: wait for it
+			case err == unix.EPIPE:
+				// The gateway closed its side; what it sent before is
+				// still read below, where the relay ends.
+				upOpen, upPend = false, nil
+			case err != nil:
+				return err
+			default:
+				upPend = upPend[n:]
 			}
 		}
 		// Downstream: gateway → ssh.
@@ -138,6 +163,59 @@ func relayLoop(in, out, sock int) error {
 			case n == 0: // the gateway closed the connection
 				return nil
 			}
+		}
+	}
+}
+
+// busyWait is how long the relay waits for its descriptors outside the Go
+// scheduler's view before it blocks as the runtime expects a system call
+// to (see wait). It stays under the 10 ms after which the runtime
+// preempts a goroutine that has been running all along.
+const busyWait = 2 * time.Millisecond
+
+// wait polls pfds until one is ready, or an error (EINTR included).
+//
+// In a bulk transfer the relay waits for 10-100 µs between pieces,
+// thousands of times a second. Waiting in poll(2) as an ordinary system
+// call lets the runtime's sysmon thread take the relay's P back after
+// 20 µs and wake another thread to run nothing (traced: the proxy made
+// more futex calls than splices). So it first waits up to busyWait as a
+// raw system call, which the scheduler sees as the goroutine running;
+// only a longer wait (an idle session) becomes an ordinary blocking call,
+// so an idle proxy holds no P and sleeps without being woken. Measured,
+// 1 GiB through an `ssh -L` forward, three runs each, alternating: the
+// proxy's CPU 0.44-0.49 s against 0.49-0.52 s up, 0.26-0.28 s against
+// 0.31-0.32 s down.
+func wait(pfds []unix.PollFd) error {
+	ts := unix.NsecToTimespec(int64(busyWait))
+	n, _, errno := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfds[0])), uintptr(len(pfds)),
+		uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	if errno != 0 {
+		return errno
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err := unix.Ppoll(pfds, nil, nil)
+	return err
+}
+
+// readFD is one read(2), retried on EINTR.
+func readFD(fd int, p []byte) (int, error) {
+	for {
+		n, err := unix.Read(fd, p)
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
+}
+
+// writeFD is one write(2), retried on EINTR.
+func writeFD(fd int, p []byte) (int, error) {
+	for {
+		n, err := unix.Write(fd, p)
+		if err != unix.EINTR {
+			return n, err
 		}
 	}
 }

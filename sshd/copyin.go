@@ -4,6 +4,8 @@ import (
 	"errors"
 	"io"
 	"syscall"
+
+	"github.com/sandgate/sandgate/internal/rawio"
 )
 
 // bufferReader is the copy-free read of the patched x/crypto's channels
@@ -26,7 +28,7 @@ type bufferReader interface {
 func copyIn(dst io.Writer, ch io.Reader, see func([]byte), touch func(), pool *bufPool) (int64, error) {
 	br, lends := ch.(bufferReader)
 	rc := descriptorOf(dst)
-	if !lends || rc == nil || !haveWritev {
+	if !lends || rc == nil || !rawio.HaveWritev {
 		return copyStream(observed(dst, see), touchReader{ch, touch}, pool)
 	}
 	var written int64
@@ -37,7 +39,7 @@ func copyIn(dst io.Writer, ch io.Reader, see func([]byte), touch func(), pool *b
 				see(b)
 			}
 		}
-		return writeBuffers(rc, bufs)
+		return rawio.Writev(rc, bufs)
 	}
 	for {
 		n, err := br.ReadBuffers(copyBufMax, write)
@@ -86,16 +88,4 @@ func (r touchReader) Read(p []byte) (int, error) {
 		r.touch()
 	}
 	return n, err
-}
-
-// advanceBuffers drops the first n bytes of bufs.
-func advanceBuffers(bufs [][]byte, n int) [][]byte {
-	for len(bufs) > 0 && n >= len(bufs[0]) {
-		n -= len(bufs[0])
-		bufs = bufs[1:]
-	}
-	if len(bufs) > 0 {
-		bufs[0] = bufs[0][n:]
-	}
-	return bufs
 }

@@ -12,6 +12,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/sandgate/sandgate/internal/rawio"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -130,6 +131,7 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 		return
 	}
 	defer conn.Close()
+	conn = rawio.Wrap(conn) // bulk data both ways: raw system calls
 	ch, reqs, err := nc.Accept()
 	if err != nil {
 		return

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"syscall"
+
+	"github.com/sandgate/sandgate/internal/rawio"
 )
 
 // readAhead sits between a tunnel and x/crypto/ssh's transport, whose
@@ -79,6 +81,9 @@ func readyOf(src io.Reader) func() bool {
 	rc := rawConnOf(src)
 	if rc == nil {
 		return func() bool { return false }
+	}
+	if rawio.Supported {
+		return func() bool { return rawio.Ready(rc) }
 	}
 	return func() bool {
 		ready := false

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/rawio"
 )
 
 // Lookup finds a principal's session.
@@ -86,6 +87,9 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t.writeError(w, err)
 		return
 	}
+	// A plain TCP tunnel moves its bulk data with raw system calls (see
+	// internal/rawio); TLS stays as it is.
+	conn = rawio.Wrap(conn)
 	// Bytes the client sent with the request (often its SSH version line)
 	// sit in the server's buffer; they must come first.
 	if n := brw.Reader.Buffered(); n > 0 {

@@ -1,0 +1,74 @@
+package rawio
+
+import (
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Supported: raw calls are made here (Linux only); elsewhere the
+// package's functions must not be used, and Wrap changes nothing.
+const Supported = true
+
+// NonBlocking reports whether rc's descriptor is in non-blocking mode,
+// which Read, Write and Writev need.
+func NonBlocking(rc syscall.RawConn) bool {
+	nb := false
+	_ = rc.Control(func(fd uintptr) { nb = nonBlocking(fd) })
+	return nb
+}
+
+// nonBlocking is NonBlocking of a descriptor: a raw fcntl(2), so that
+// the check costs no trip through the scheduler.
+func nonBlocking(fd uintptr) bool {
+	fl, _, e := unix.RawSyscall(unix.SYS_FCNTL, fd, unix.F_GETFL, 0)
+	return e == 0 && fl&unix.O_NONBLOCK != 0
+}
+
+func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	return int(n), e
+}
+
+func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
+	if len(p) == 0 {
+		return 0, 0
+	}
+	n, _, e := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	return int(n), e
+}
+
+// rawWritev is writev(2) of bufs (at most IovMax, none of them needed
+// non-empty).
+func rawWritev(fd uintptr, bufs [][]byte) (int, syscall.Errno) {
+	var iovs [IovMax]unix.Iovec
+	k := 0
+	for _, b := range bufs {
+		if len(b) == 0 {
+			continue
+		}
+		iovs[k].Base = &b[0]
+		iovs[k].SetLen(len(b))
+		k++
+	}
+	if k == 0 {
+		return 0, 0
+	}
+	n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iovs[0])), uintptr(k))
+	return int(n), e
+}
+
+// Ready reports whether a read of rc's socket would return at once (data,
+// its end or an error): a raw, non-blocking MSG_PEEK of one byte.
+func Ready(rc syscall.RawConn) bool {
+	ready := false
+	err := rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		ready = e != unix.EAGAIN && e != unix.EINTR
+		return true // never wait
+	})
+	return ready || err != nil
+}

@@ -1,0 +1,21 @@
+//go:build !linux
+
+package rawio
+
+import "syscall"
+
+// Supported: raw calls are made here (Linux only); elsewhere Read, Write
+// and Ready must not be used, Wrap changes nothing, and Writev makes
+// ordinary calls (where there is a writev(2): HaveWritev).
+const Supported = false
+
+// NonBlocking is false where raw calls are not supported.
+func NonBlocking(syscall.RawConn) bool { return false }
+
+// Ready is false where raw calls are not supported.
+func Ready(syscall.RawConn) bool { return false }
+
+func nonBlocking(uintptr) bool                         { return false }
+func rawRead(uintptr, []byte) (int, syscall.Errno)     { return 0, syscall.ENOSYS }
+func rawWrite(uintptr, []byte) (int, syscall.Errno)    { return 0, syscall.ENOSYS }
+func rawWritev(uintptr, [][]byte) (int, syscall.Errno) { return 0, syscall.ENOSYS }

@@ -16,6 +16,7 @@
 package rawio
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -63,8 +64,46 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// Read reads once from rc's non-blocking descriptor (NonBlocking) into p, waiting in
-// the poller while there is nothing to read. It returns io.EOF at the
+// File is a pipe's *os.File whose Read is a raw call: the gateway's end
+// of a command's stdout or stderr.
+type File struct {
+	*os.File
+	rc syscall.RawConn
+}
+
+// WrapFile returns f as a *File where raw calls are supported, f as it
+// is elsewhere (or when its SyscallConn fails).
+func WrapFile(f *os.File) io.ReadCloser {
+	if !Supported {
+		return f
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return f
+	}
+	return &File{File: f, rc: rc}
+}
+
+// Read is a raw read(2) when the descriptor is non-blocking, an ordinary
+// one when it is not (its Fd method was called): see Read.
+func (f *File) Read(p []byte) (int, error) {
+	n, err := Read(f.rc, p)
+	if err == nil || err == io.EOF {
+		return n, err
+	}
+	var se *os.SyscallError
+	if !errors.As(err, &se) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		// The poller's only other answer for a file: closed. It reads
+		// as an *os.File's does.
+		err = os.ErrClosed
+	}
+	return n, &os.PathError{Op: "read", Path: f.Name(), Err: err}
+}
+
+// Read reads once from rc's descriptor into p, waiting in the poller
+// while there is nothing to read: a raw read(2) when the descriptor is
+// non-blocking, an ordinary one when it is not (checked at every call, as
+// Writev does). It returns io.EOF at the
 // end, and the poller's error (a closed descriptor: net.ErrClosed; a
 // deadline) or the call's (an *os.SyscallError) otherwise.
 func Read(rc syscall.RawConn, p []byte) (int, error) {
@@ -74,8 +113,12 @@ func Read(rc syscall.RawConn, p []byte) (int, error) {
 	var n int
 	var errno syscall.Errno
 	err := rc.Read(func(fd uintptr) bool {
+		call := rawRead
+		if !nonBlocking(fd) {
+			call = read
+		}
 		for {
-			n, errno = rawRead(fd, p)
+			n, errno = call(fd, p)
 			switch errno {
 			case syscall.EINTR:
 				continue

@@ -31,6 +31,18 @@ func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	return int(n), e
 }
 
+// read is an ordinary read(2), for a blocking descriptor.
+func read(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, err := unix.Read(int(fd), p)
+	if err != nil {
+		if e, ok := err.(syscall.Errno); ok {
+			return 0, e
+		}
+		return 0, syscall.EIO
+	}
+	return n, 0
+}
+
 func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 	if len(p) == 0 {
 		return 0, 0

@@ -17,5 +17,6 @@ func Ready(syscall.RawConn) bool { return false }
 
 func nonBlocking(uintptr) bool                         { return false }
 func rawRead(uintptr, []byte) (int, syscall.Errno)     { return 0, syscall.ENOSYS }
+func read(uintptr, []byte) (int, syscall.Errno)        { return 0, syscall.ENOSYS }
 func rawWrite(uintptr, []byte) (int, syscall.Errno)    { return 0, syscall.ENOSYS }
 func rawWritev(uintptr, [][]byte) (int, syscall.Errno) { return 0, syscall.ENOSYS }

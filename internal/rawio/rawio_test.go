@@ -269,3 +269,55 @@ func TestWrapOthers(t *testing.T) {
 		t.Errorf("Wrap(net.Pipe) = %T, want it as it is", got)
 	}
 }
+
+// A pipe's File reads what was written, then io.EOF; a Read waiting for
+// data ends when the file is closed; after Fd() (blocking) it still reads,
+// with ordinary calls.
+func TestFile(t *testing.T) {
+	for _, blocking := range []bool{false, true} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if blocking {
+			_ = r.Fd()
+		}
+		f := WrapFile(r)
+		if _, ok := f.(*File); !ok {
+			t.Fatalf("WrapFile = %T, want *File", f)
+		}
+		want := make([]byte, 300<<10)
+		_, _ = rand.Read(want)
+		go func() {
+			_, _ = w.Write(want)
+			w.Close()
+		}()
+		got, err := io.ReadAll(f)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("blocking %v: ReadAll = %d bytes, %v; want the %d written", blocking, len(got), err, len(want))
+		}
+		f.Close()
+	}
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	f := WrapFile(r)
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.Read(make([]byte, 10))
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	f.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrClosed) {
+			t.Errorf("read when closed: %v, want os.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a read waiting for data did not end when its file was closed")
+	}
+}

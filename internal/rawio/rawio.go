@@ -10,13 +10,18 @@
 // 1 GiB up an exec channel: sysmon alone 9.7% of its CPU, mostly in its
 // 20 µs sleeps, and another 10% in threads parking and waking). A raw
 // call keeps the P: the scheduler sees the goroutine running. That is
-// only safe for a call that cannot block, so every descriptor here must
-// be non-blocking (NonBlocking): a full or empty one returns EAGAIN and
-// the wait is the poller's, as for any Go socket.
+// only safe for a call that cannot sleep, so the raw calls are made only
+// on non-blocking sockets (a full or empty one returns EAGAIN and the
+// wait is the poller's, as for any Go socket); anything else gets
+// ordinary calls. Not pipes: a read or write of a pipe takes the pipe's
+// mutex, an uninterruptible sleep for as long as the other end holds it
+// for its own copy, which a sandboxed process (throttled by its CPU
+// limit, faulting, reclaiming at its memory limit) can make long on
+// purpose; a raw call would sleep holding its P, and a stop-the-world
+// would wait for it. A socket's peer holds only its own socket's lock.
 package rawio
 
 import (
-	"errors"
 	"io"
 	"net"
 	"os"
@@ -32,7 +37,8 @@ type Conn struct {
 
 // Wrap returns c as a *Conn when it is a *net.TCPConn (whose socket the
 // runtime always makes non-blocking) and raw calls are supported here;
-// any other connection (TLS, a pipe) as it is.
+// any other connection (TLS, a pipe) as it is. Use the *Conn's Read and
+// Write: its ReadFrom and WriteTo are the *net.TCPConn's, ordinary calls.
 func Wrap(c net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok || !Supported {
@@ -51,7 +57,7 @@ func (c *Conn) NetConn() net.Conn { return c.TCPConn }
 func (c *Conn) Read(p []byte) (int, error) {
 	n, err := Read(c.rc, p)
 	if err != nil && err != io.EOF {
-		err = &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+		err = c.opError("read", err)
 	}
 	return n, err
 }
@@ -59,51 +65,24 @@ func (c *Conn) Read(p []byte) (int, error) {
 func (c *Conn) Write(p []byte) (int, error) {
 	n, err := Write(c.rc, p)
 	if err != nil {
-		err = &net.OpError{Op: "write", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+		err = c.opError("write", err)
 	}
 	return n, err
 }
 
-// File is a pipe's *os.File whose Read is a raw call: the gateway's end
-// of a command's stdout or stderr.
-type File struct {
-	*os.File
-	rc syscall.RawConn
-}
-
-// WrapFile returns f as a *File where raw calls are supported, f as it
-// is elsewhere (or when its SyscallConn fails).
-func WrapFile(f *os.File) io.ReadCloser {
-	if !Supported {
-		return f
+// opError is err as a *net.TCPConn's Read or Write reports it: a
+// *net.OpError around the cause (the poller's answers come wrapped in
+// one of their own, "raw-read" or "raw-write", which is taken off).
+func (c *Conn) opError(op string, err error) error {
+	if oe, ok := err.(*net.OpError); ok {
+		err = oe.Err
 	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return f
-	}
-	return &File{File: f, rc: rc}
-}
-
-// Read is a raw read(2) when the descriptor is non-blocking, an ordinary
-// one when it is not (its Fd method was called): see Read.
-func (f *File) Read(p []byte) (int, error) {
-	n, err := Read(f.rc, p)
-	if err == nil || err == io.EOF {
-		return n, err
-	}
-	var se *os.SyscallError
-	if !errors.As(err, &se) && !errors.Is(err, os.ErrDeadlineExceeded) {
-		// The poller's only other answer for a file: closed. It reads
-		// as an *os.File's does.
-		err = os.ErrClosed
-	}
-	return n, &os.PathError{Op: "read", Path: f.Name(), Err: err}
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
 // Read reads once from rc's descriptor into p, waiting in the poller
-// while there is nothing to read: a raw read(2) when the descriptor is
-// non-blocking, an ordinary one when it is not (checked at every call, as
-// Writev does). It returns io.EOF at the
+// while there is nothing to read: a raw read(2) when the descriptor is a
+// non-blocking socket, an ordinary one otherwise (checked at every call). It returns io.EOF at the
 // end, and the poller's error (a closed descriptor: net.ErrClosed; a
 // deadline) or the call's (an *os.SyscallError) otherwise.
 func Read(rc syscall.RawConn, p []byte) (int, error) {
@@ -114,7 +93,7 @@ func Read(rc syscall.RawConn, p []byte) (int, error) {
 	var errno syscall.Errno
 	err := rc.Read(func(fd uintptr) bool {
 		call := rawRead
-		if !nonBlocking(fd) {
+		if !rawSafe(fd) {
 			call = read
 		}
 		for {
@@ -145,9 +124,13 @@ func Write(rc syscall.RawConn, p []byte) (int, error) {
 	total := 0
 	var errno syscall.Errno
 	err := rc.Write(func(fd uintptr) bool {
+		call := rawWrite
+		if !rawSafe(fd) {
+			call = write
+		}
 		for len(p) > 0 {
 			var n int
-			n, errno = rawWrite(fd, p)
+			n, errno = call(fd, p)
 			switch errno {
 			case 0:
 				total += n
@@ -172,16 +155,16 @@ func Write(rc syscall.RawConn, p []byte) (int, error) {
 
 // Writev writes every byte of bufs to rc's descriptor with as few
 // writev(2) calls as it takes (at most IovMax slices each), waiting in
-// the poller while it is full. It checks the descriptor's mode at every
-// call, as a pipe's *os.File turns blocking when its Fd method is called:
-// a blocking descriptor gets ordinary calls, as every descriptor does
-// where raw calls are not supported.
+// the poller while it is full: raw calls when the descriptor is a
+// non-blocking socket (a forwarded connection), ordinary ones otherwise
+// (a command's stdin pipe; everything where raw calls are not
+// supported), checked at every call.
 func Writev(rc syscall.RawConn, bufs [][]byte) (int, error) {
 	total := 0
 	var errno syscall.Errno
 	err := rc.Write(func(fd uintptr) bool {
 		call := rawWritev
-		if !nonBlocking(fd) {
+		if !rawSafe(fd) {
 			call = writev
 		}
 		for len(bufs) > 0 {

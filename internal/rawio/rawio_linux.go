@@ -19,6 +19,17 @@ func NonBlocking(rc syscall.RawConn) bool {
 	return nb
 }
 
+// rawSafe reports whether raw calls may be made on fd: a socket in
+// non-blocking mode (see the package's doc for why not a pipe).
+func rawSafe(fd uintptr) bool {
+	if !nonBlocking(fd) {
+		return false
+	}
+	var st unix.Stat_t
+	_, _, e := unix.RawSyscall(unix.SYS_FSTAT, fd, uintptr(unsafe.Pointer(&st)), 0)
+	return e == 0 && st.Mode&unix.S_IFMT == unix.S_IFSOCK
+}
+
 // nonBlocking is NonBlocking of a descriptor: a raw fcntl(2), so that
 // the check costs no trip through the scheduler.
 func nonBlocking(fd uintptr) bool {
@@ -31,9 +42,21 @@ func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	return int(n), e
 }
 
-// read is an ordinary read(2), for a blocking descriptor.
+// read is an ordinary read(2), for a descriptor raw calls are not safe on.
 func read(fd uintptr, p []byte) (int, syscall.Errno) {
 	n, err := unix.Read(int(fd), p)
+	if err != nil {
+		if e, ok := err.(syscall.Errno); ok {
+			return 0, e
+		}
+		return 0, syscall.EIO
+	}
+	return n, 0
+}
+
+// write is an ordinary write(2), for a descriptor raw calls are not safe on.
+func write(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, err := unix.Write(int(fd), p)
 	if err != nil {
 		if e, ok := err.(syscall.Errno); ok {
 			return 0, e

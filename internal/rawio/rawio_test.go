@@ -158,8 +158,9 @@ func TestConnErrors(t *testing.T) {
 
 // Writev puts more slices than one writev(2) takes, of every size
 // (empty ones too), into a small pipe that a slow reader drains: all of
-// it arrives, in order, whether the pipe is non-blocking (raw calls that
-// wait in the poller) or was made blocking (ordinary calls).
+// it arrives, in order, whether the pipe is non-blocking (ordinary calls
+// that wait in the poller: a pipe never gets raw ones) or was made
+// blocking.
 func TestWritevPipe(t *testing.T) {
 	t.Run("nonblocking", func(t *testing.T) { testWritevPipe(t, false) })
 	t.Run("blocking", func(t *testing.T) { testWritevPipe(t, true) })
@@ -270,54 +271,61 @@ func TestWrapOthers(t *testing.T) {
 	}
 }
 
-// A pipe's File reads what was written, then io.EOF; a Read waiting for
-// data ends when the file is closed; after Fd() (blocking) it still reads,
-// with ordinary calls.
-func TestFile(t *testing.T) {
-	for _, blocking := range []bool{false, true} {
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if blocking {
-			_ = r.Fd()
-		}
-		f := WrapFile(r)
-		if _, ok := f.(*File); !ok {
-			t.Fatalf("WrapFile = %T, want *File", f)
-		}
-		want := make([]byte, 300<<10)
-		_, _ = rand.Read(want)
-		go func() {
-			_, _ = w.Write(want)
-			w.Close()
-		}()
-		got, err := io.ReadAll(f)
-		if err != nil || !bytes.Equal(got, want) {
-			t.Errorf("blocking %v: ReadAll = %d bytes, %v; want the %d written", blocking, len(got), err, len(want))
-		}
-		f.Close()
-	}
-
+// Raw calls are made on non-blocking sockets only: never on a pipe (its
+// peer can hold the pipe's mutex), nor on a blocking descriptor.
+func TestRawSafe(t *testing.T) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer r.Close()
 	defer w.Close()
-	f := WrapFile(r)
-	done := make(chan error, 1)
-	go func() {
-		_, err := f.Read(make([]byte, 10))
-		done <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	f.Close()
-	select {
-	case err := <-done:
-		if !errors.Is(err, os.ErrClosed) {
-			t.Errorf("read when closed: %v, want os.ErrClosed", err)
+	rc, _ := w.SyscallConn()
+	_ = rc.Control(func(fd uintptr) {
+		if !nonBlocking(fd) {
+			t.Error("os.Pipe's writer is not non-blocking: the test checks nothing")
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a read waiting for data did not end when its file was closed")
+		if rawSafe(fd) {
+			t.Error("rawSafe(a non-blocking pipe) = true, want false")
+		}
+	})
+	a, _ := tcpPair(t)
+	arc, _ := a.SyscallConn()
+	_ = arc.Control(func(fd uintptr) {
+		if !rawSafe(fd) {
+			t.Error("rawSafe(a non-blocking TCP socket) = false, want true")
+		}
+	})
+	f, err := a.File() // a duplicate, made blocking here
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.SetNonblock(int(f.Fd()), false); err != nil {
+		t.Fatal(err)
+	}
+	// O_NONBLOCK belongs to the open file, which the duplicate shares.
+	_ = arc.Control(func(fd uintptr) {
+		if rawSafe(fd) {
+			t.Error("rawSafe(a socket in blocking mode) = true, want false")
+		}
+	})
+	_ = unix.SetNonblock(int(f.Fd()), true)
+}
+
+// A write or read on a closed Conn fails as a *net.TCPConn's does: a
+// *net.OpError whose Err is net.ErrClosed itself.
+func TestConnClosed(t *testing.T) {
+	a, _ := tcpPair(t)
+	a.Close()
+	for op, f := range map[string]func() error{
+		"write": func() error { _, err := a.Write([]byte("x")); return err },
+		"read":  func() error { _, err := a.Read(make([]byte, 1)); return err },
+	} {
+		err := f()
+		var oe *net.OpError
+		if !errors.As(err, &oe) || oe.Op != op || oe.Err != net.ErrClosed {
+			t.Errorf("%s on a closed Conn: %v (%#v), want a %s *net.OpError with Err net.ErrClosed", op, err, err, op)
+		}
 	}
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/sandgate/sandgate/internal/cgroup"
 	"github.com/sandgate/sandgate/internal/procio"
-	"github.com/sandgate/sandgate/internal/rawio"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
 )
@@ -314,8 +313,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 			closeFiles(parent[:])
 			return nil, fmt.Errorf("send command: %w", err)
 		}
-		// The output pipes are read with raw calls (internal/rawio).
-		p.stdin, p.stdout, p.stderr = parent[0], rawio.WrapFile(parent[1]), rawio.WrapFile(parent[2])
+		p.stdin, p.stdout, p.stderr = parent[0], parent[1], parent[2]
 	} else if err := ctl.WriteFrame(conn, req); err != nil {
 		return nil, fmt.Errorf("send command: %w", err)
 	}

@@ -118,39 +118,11 @@ func Read(rc syscall.RawConn, p []byte) (int, error) {
 	return n, nil
 }
 
-// Write writes all of p to rc's non-blocking descriptor (NonBlocking), waiting in the
-// poller while it is full.
+// Write writes all of p to rc's descriptor, waiting in the poller while
+// it is full: raw calls when the descriptor is a non-blocking socket,
+// ordinary ones otherwise (checked at every call).
 func Write(rc syscall.RawConn, p []byte) (int, error) {
-	total := 0
-	var errno syscall.Errno
-	err := rc.Write(func(fd uintptr) bool {
-		call := rawWrite
-		if !rawSafe(fd) {
-			call = write
-		}
-		for len(p) > 0 {
-			var n int
-			n, errno = call(fd, p)
-			switch errno {
-			case 0:
-				total += n
-				p = p[n:]
-				continue
-			case syscall.EINTR:
-				errno = 0
-				continue
-			case syscall.EAGAIN:
-				errno = 0
-				return false
-			}
-			return true
-		}
-		return true
-	})
-	if errno != 0 {
-		return total, os.NewSyscallError("write", errno)
-	}
-	return total, err
+	return writeAll(rc, [][]byte{p}, "write")
 }
 
 // Writev writes every byte of bufs to rc's descriptor with as few
@@ -160,6 +132,11 @@ func Write(rc syscall.RawConn, p []byte) (int, error) {
 // (a command's stdin pipe; everything where raw calls are not
 // supported), checked at every call.
 func Writev(rc syscall.RawConn, bufs [][]byte) (int, error) {
+	return writeAll(rc, bufs, "writev")
+}
+
+// writeAll is Write and Writev; op names the call in an error.
+func writeAll(rc syscall.RawConn, bufs [][]byte, op string) (int, error) {
 	total := 0
 	var errno syscall.Errno
 	err := rc.Write(func(fd uintptr) bool {
@@ -187,7 +164,7 @@ func Writev(rc syscall.RawConn, bufs [][]byte) (int, error) {
 		return true
 	})
 	if errno != 0 {
-		return total, os.NewSyscallError("writev", errno)
+		return total, os.NewSyscallError(op, errno)
 	}
 	return total, err
 }

@@ -54,43 +54,26 @@ func read(fd uintptr, p []byte) (int, syscall.Errno) {
 	return n, 0
 }
 
-// write is an ordinary write(2), for a descriptor raw calls are not safe on.
-func write(fd uintptr, p []byte) (int, syscall.Errno) {
-	n, err := unix.Write(int(fd), p)
-	if err != nil {
-		if e, ok := err.(syscall.Errno); ok {
-			return 0, e
-		}
-		return 0, syscall.EIO
-	}
-	return n, 0
-}
-
-func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
-	if len(p) == 0 {
-		return 0, 0
-	}
-	n, _, e := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	return int(n), e
-}
-
 // rawWritev is writev(2) of bufs (at most IovMax, none of them needed
 // non-empty).
 func rawWritev(fd uintptr, bufs [][]byte) (int, syscall.Errno) {
-	var iovs [IovMax]unix.Iovec
-	k := 0
+	var small [8]unix.Iovec // a Write, or a short batch: no allocation
+	iovs := small[:0]
+	if len(bufs) > len(small) {
+		iovs = make([]unix.Iovec, 0, len(bufs))
+	}
 	for _, b := range bufs {
 		if len(b) == 0 {
 			continue
 		}
-		iovs[k].Base = &b[0]
-		iovs[k].SetLen(len(b))
-		k++
+		v := unix.Iovec{Base: &b[0]}
+		v.SetLen(len(b))
+		iovs = append(iovs, v)
 	}
-	if k == 0 {
+	if len(iovs) == 0 {
 		return 0, 0
 	}
-	n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iovs[0])), uintptr(k))
+	n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
 	return int(n), e
 }
 

@@ -18,6 +18,4 @@ func Ready(syscall.RawConn) bool { return false }
 func rawSafe(uintptr) bool                             { return false }
 func rawRead(uintptr, []byte) (int, syscall.Errno)     { return 0, syscall.ENOSYS }
 func read(uintptr, []byte) (int, syscall.Errno)        { return 0, syscall.ENOSYS }
-func write(uintptr, []byte) (int, syscall.Errno)       { return 0, syscall.ENOSYS }
-func rawWrite(uintptr, []byte) (int, syscall.Errno)    { return 0, syscall.ENOSYS }
 func rawWritev(uintptr, [][]byte) (int, syscall.Errno) { return 0, syscall.ENOSYS }

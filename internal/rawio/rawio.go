@@ -1,6 +1,6 @@
-// Package rawio moves bulk data through non-blocking descriptors with
-// raw system calls, waiting for them in the runtime's poller, for the
-// gateway's hot paths (a tunnel's socket, a command's stdin pipe).
+// Package rawio moves bulk data through non-blocking sockets with raw
+// system calls, waiting for them in the runtime's poller, for the
+// gateway's hot paths (a tunnel's socket, a forwarded connection).
 //
 // An ordinary system call hands its P to the scheduler for the call's
 // length; a read or write of a few hundred KiB runs longer than sysmon's
@@ -82,9 +82,10 @@ func (c *Conn) opError(op string, err error) error {
 
 // Read reads once from rc's descriptor into p, waiting in the poller
 // while there is nothing to read: a raw read(2) when the descriptor is a
-// non-blocking socket, an ordinary one otherwise (checked at every call). It returns io.EOF at the
-// end, and the poller's error (a closed descriptor: net.ErrClosed; a
-// deadline) or the call's (an *os.SyscallError) otherwise.
+// non-blocking socket, an ordinary one otherwise (checked at every call).
+// It returns io.EOF at the end, and the poller's error (a closed
+// descriptor: net.ErrClosed; a deadline) or the call's (an
+// *os.SyscallError) otherwise.
 func Read(rc syscall.RawConn, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil

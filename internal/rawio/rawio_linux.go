@@ -1,3 +1,5 @@
+//go:build linux && (amd64 || arm64)
+
 package rawio
 
 import (
@@ -7,7 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Supported: raw calls are made here (Linux only); elsewhere the
+// Supported: raw calls are made here (64-bit Linux: amd64, arm64, where
+// fstat(2) fills unix.Stat_t); elsewhere the
 // package's functions must not be used, and Wrap changes nothing.
 const Supported = true
 

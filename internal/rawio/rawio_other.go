@@ -1,10 +1,10 @@
-//go:build !linux
+//go:build !(linux && (amd64 || arm64))
 
 package rawio
 
 import "syscall"
 
-// Supported: raw calls are made here (Linux only); elsewhere Read, Write
+// Supported: raw calls are made on 64-bit Linux only; elsewhere Read, Write
 // and Ready must not be used, Wrap changes nothing, and Writev makes
 // ordinary calls (where there is a writev(2): HaveWritev).
 const Supported = false

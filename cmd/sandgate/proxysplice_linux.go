@@ -19,8 +19,9 @@ const pipeMax = 1 << 20
 // relayPipes moves bytes both ways between ssh's pipes (stdin, stdout)
 // and the gateway's socket: one loop on one thread waits with poll(2),
 // moves the gateway's bytes to ssh with splice(2) and ssh's through one
-// buffer (relayLoop says why), so no goroutine hands work to another. It returns when the gateway ends the connection (EOF on stdin
-// half-closes it, as ssh expects), or on an error either way.
+// buffer (relayLoop says why), so no goroutine hands work to another. It
+// returns when the gateway ends the connection (EOF on stdin half-closes
+// it, as ssh expects), or on an error either way.
 //
 // It reports false, having moved nothing, when stdin or stdout is not a
 // pipe or conn not a socket; the caller copies then.

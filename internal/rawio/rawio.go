@@ -54,16 +54,45 @@ func Wrap(c net.Conn) net.Conn {
 // NetConn returns the *net.TCPConn under c.
 func (c *Conn) NetConn() net.Conn { return c.TCPConn }
 
+// Read is a raw read(2), or an ordinary one if the socket has been made
+// blocking (its mode is checked at every call: the socket type is known).
+// It returns io.EOF at the end; errors read as a *net.TCPConn's.
 func (c *Conn) Read(p []byte) (int, error) {
-	n, err := Read(c.rc, p)
-	if err != nil && err != io.EOF {
-		err = c.opError("read", err)
+	if len(p) == 0 {
+		return 0, nil
 	}
-	return n, err
+	var n int
+	var errno syscall.Errno
+	err := c.rc.Read(func(fd uintptr) bool {
+		call := rawRead
+		if !nonBlocking(fd) {
+			call = read
+		}
+		for {
+			n, errno = call(fd, p)
+			switch errno {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			return true
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, c.opError("read", err)
+	case errno != 0:
+		return 0, c.opError("read", os.NewSyscallError("read", errno))
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
+// Write writes all of p, as Read makes its calls.
 func (c *Conn) Write(p []byte) (int, error) {
-	n, err := Write(c.rc, p)
+	n, err := writeAll(c.rc, [][]byte{p}, "write", nonBlocking)
 	if err != nil {
 		err = c.opError("write", err)
 	}
@@ -80,52 +109,6 @@ func (c *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
-// Read reads once from rc's descriptor into p, waiting in the poller
-// while there is nothing to read: a raw read(2) when the descriptor is a
-// non-blocking socket, an ordinary one otherwise (checked at every call).
-// It returns io.EOF at the end, and the poller's error (a closed
-// descriptor: net.ErrClosed; a deadline) or the call's (an
-// *os.SyscallError) otherwise.
-func Read(rc syscall.RawConn, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	var n int
-	var errno syscall.Errno
-	err := rc.Read(func(fd uintptr) bool {
-		call := rawRead
-		if !rawSafe(fd) {
-			call = read
-		}
-		for {
-			n, errno = call(fd, p)
-			switch errno {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			}
-			return true
-		}
-	})
-	switch {
-	case err != nil:
-		return 0, err
-	case errno != 0:
-		return 0, os.NewSyscallError("read", errno)
-	case n == 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}
-
-// Write writes all of p to rc's descriptor, waiting in the poller while
-// it is full: raw calls when the descriptor is a non-blocking socket,
-// ordinary ones otherwise (checked at every call).
-func Write(rc syscall.RawConn, p []byte) (int, error) {
-	return writeAll(rc, [][]byte{p}, "write")
-}
-
 // Writev writes every byte of bufs to rc's descriptor with as few
 // writev(2) calls as it takes (at most IovMax slices each), waiting in
 // the poller while it is full: raw calls when the descriptor is a
@@ -133,16 +116,17 @@ func Write(rc syscall.RawConn, p []byte) (int, error) {
 // (a command's stdin pipe; everything where raw calls are not
 // supported), checked at every call.
 func Writev(rc syscall.RawConn, bufs [][]byte) (int, error) {
-	return writeAll(rc, bufs, "writev")
+	return writeAll(rc, bufs, "writev", rawSafe)
 }
 
-// writeAll is Write and Writev; op names the call in an error.
-func writeAll(rc syscall.RawConn, bufs [][]byte, op string) (int, error) {
+// writeAll is Conn.Write and Writev: raw calls where safe(fd) says so;
+// op names the call in an error.
+func writeAll(rc syscall.RawConn, bufs [][]byte, op string, safe func(uintptr) bool) (int, error) {
 	total := 0
 	var errno syscall.Errno
 	err := rc.Write(func(fd uintptr) bool {
 		call := rawWritev
-		if !rawSafe(fd) {
+		if !safe(fd) {
 			call = writev
 		}
 		for len(bufs) > 0 {

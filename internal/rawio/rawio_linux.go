@@ -15,7 +15,7 @@ import (
 const Supported = true
 
 // NonBlocking reports whether rc's descriptor is in non-blocking mode,
-// which Read, Write and Writev need.
+// as Wrap requires of a socket before it takes it.
 func NonBlocking(rc syscall.RawConn) bool {
 	nb := false
 	_ = rc.Control(func(fd uintptr) { nb = nonBlocking(fd) })

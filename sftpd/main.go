@@ -29,3 +29,9 @@ type stdio struct {
 	io.Reader
 	io.WriteCloser
 }
+
+// outFile lets Serve splice file data into standard output.
+func (s stdio) outFile() *os.File {
+	f, _ := s.WriteCloser.(*os.File)
+	return f
+}

@@ -6,7 +6,8 @@
 // It serves one client on a reader and a writer, one request at a time in
 // arrival order, like OpenSSH's sftp-server; replies are batched while more
 // requests are already waiting, and file data goes between the file and
-// the packet buffers with no copy in between.
+// the packet buffers with no copy in between. When the output is a pipe,
+// large READs are spliced from the file into it (splice_linux.go).
 package sftpd
 
 import (
@@ -34,6 +35,11 @@ const (
 	readdirMax = 100              // names per READDIR reply
 
 	flushAt = 512 << 10 // replies are written out once this much waits
+
+	// spliceMin is the shortest READ answered by splice(2): below it the
+	// three system calls cost more than the copies they save, and small
+	// replies batch.
+	spliceMin = 16 << 10
 )
 
 // extensions are announced in VERSION, with their revisions.
@@ -65,6 +71,10 @@ type Options struct {
 // replies to w, until the client closes its end (nil) or the stream breaks
 // (the error). Every handle still open is closed on return.
 func Serve(r io.Reader, w io.Writer, opts Options) error {
+	return newServer(r, w, opts).run()
+}
+
+func newServer(r io.Reader, w io.Writer, opts Options) *server {
 	start := "/"
 	if opts.StartDir != "" {
 		start = path.Clean("/" + opts.StartDir)
@@ -79,6 +89,14 @@ func Serve(r io.Reader, w io.Writer, opts Options) error {
 		handles:    map[string]*handle{},
 		names:      newNameCache(),
 	}
+	if out := outputFile(w); out != nil {
+		s.splice = newSplicer(out)
+	}
+	return s
+}
+
+// run serves until the end of the stream, then closes what is open.
+func (s *server) run() error {
 	defer s.closeAll()
 	err := s.serve()
 	if err != nil && len(s.out) > 0 {
@@ -101,6 +119,10 @@ type server struct {
 	w          io.Writer
 	out        encoder
 
+	// splice, when the output is a pipe, answers large READs by
+	// splice(2); nil reads them.
+	splice *splicer
+
 	inited  bool
 	handles map[string]*handle
 	nextID  uint64
@@ -113,6 +135,8 @@ type handle struct {
 	name   string // the client's path
 	dir    bool
 	append bool
+	// noSplice: its filesystem cannot splice; READs read(2).
+	noSplice bool
 }
 
 func (s *server) serve() error {
@@ -182,6 +206,21 @@ func (s *server) closeAll() {
 		h.f.Close()
 		delete(s.handles, k)
 	}
+	if s.splice != nil {
+		s.splice.close()
+		s.splice = nil
+	}
+}
+
+// outputFile is the file behind w, when it is one.
+func outputFile(w io.Writer) *os.File {
+	switch w := w.(type) {
+	case *os.File:
+		return w
+	case interface{ outFile() *os.File }:
+		return w.outFile()
+	}
+	return nil
 }
 
 // begin starts a reply packet and returns where it starts, for end.
@@ -360,7 +399,9 @@ func (s *server) dispatch(typ byte, body []byte) error {
 	}
 	switch typ {
 	case fxpRead:
-		s.read(id, d)
+		if err := s.read(id, d); err != nil {
+			return err
+		}
 	case fxpWrite:
 		s.write(id, d)
 	case fxpOpen:
@@ -561,24 +602,44 @@ func (s *server) close(id uint32, d *decoder) {
 	s.result(id, h.f.Close())
 }
 
-// read answers READ with the file's bytes read straight into the reply.
-func (s *server) read(id uint32, d *decoder) {
+// read answers READ with the file's bytes spliced, or read straight into
+// the reply. An error is the output's: the session ends.
+func (s *server) read(id uint32, d *decoder) error {
 	h, herr := s.handle(d.bytes(), false)
 	off := d.uint64()
 	n := d.uint32()
 	if d.err != nil {
-		return
+		return nil
 	}
 	if herr != nil {
 		s.fail(id, herr)
-		return
+		return nil
 	}
 	if n > maxData {
 		n = maxData
 	}
 	if off > 1<<63-1 {
 		s.status(id, fxEOF, "End of file")
-		return
+		return nil
+	}
+	if s.splice != nil && !h.noSplice && n >= spliceMin && int(n) <= s.splice.max {
+		got, err := s.splice.fill(h.f, int64(off), int(n))
+		switch {
+		case errors.Is(err, errNoSplice):
+			h.noSplice = true
+		case got == 0:
+			s.readFailed(id, err)
+			return nil
+		default:
+			// The pending replies and this one's header, then its data.
+			at := s.begin(fxpData, id)
+			s.out = s.out.uint32(uint32(got))
+			binary.BigEndian.PutUint32(s.out[at:], uint32(len(s.out)-at-4+got))
+			if err := s.flush(); err != nil {
+				return err
+			}
+			return s.splice.send(got)
+		}
 	}
 	at := s.begin(fxpData, id)
 	s.out = s.out.uint32(0)
@@ -591,17 +652,23 @@ func (s *server) read(id uint32, d *decoder) {
 	got, err := h.f.ReadAt(s.out[data:data+int(n)], int64(off))
 	if got == 0 {
 		s.out = s.out[:at]
-		// Nothing read, a zero length included: OpenSSH answers EOF too.
-		if err == nil || errors.Is(err, io.EOF) {
-			s.status(id, fxEOF, "End of file")
-		} else {
-			s.fail(id, err)
-		}
-		return
+		s.readFailed(id, err)
+		return nil
 	}
 	s.out = s.out[:data+got]
 	binary.BigEndian.PutUint32(s.out[data-4:], uint32(got))
 	s.end(at)
+	return nil
+}
+
+// readFailed answers a READ that got no bytes: nothing read, a zero
+// length included, is EOF, as OpenSSH answers.
+func (s *server) readFailed(id uint32, err error) {
+	if err == nil || errors.Is(err, io.EOF) {
+		s.status(id, fxEOF, "End of file")
+	} else {
+		s.fail(id, err)
+	}
 }
 
 // write answers WRITE from the request's buffer. Handles opened to append

@@ -193,7 +193,10 @@ func (s *server) packetBuffered() bool {
 }
 
 func (s *server) flush() error {
-	_, err := s.w.Write(s.out)
+	n, err := s.w.Write(s.out)
+	if s.splice != nil {
+		s.splice.wrote(n)
+	}
 	s.out = s.out[:0]
 	if err != nil {
 		return fmt.Errorf("sftp: write reply: %w", err)
@@ -396,6 +399,12 @@ func (s *server) dispatch(typ byte, body []byte) error {
 	id := d.uint32()
 	if d.err != nil {
 		return fmt.Errorf("sftp: request type %d without an id", typ)
+	}
+	if s.splice != nil && changesData(typ, d.b) {
+		// Spliced replies must not show what this request changes.
+		if err := s.splice.settle(); err != nil {
+			return err
+		}
 	}
 	switch typ {
 	case fxpRead:
@@ -627,6 +636,9 @@ func (s *server) read(id uint32, d *decoder) error {
 		switch {
 		case errors.Is(err, errNoSplice):
 			h.noSplice = true
+		case errors.Is(err, errNoSpliceHere):
+		case errors.Is(err, errStagingShort):
+			return err
 		case got == 0:
 			s.readFailed(id, err)
 			return nil
@@ -747,4 +759,22 @@ func (s *server) readdir(id uint32, d *decoder) {
 	}
 	binary.BigEndian.PutUint32(s.out[countAt:], count)
 	s.end(at)
+}
+
+// changesData reports whether a request (its body after the id) may change
+// a file's bytes: WRITE, SETSTAT and FSETSTAT (a size), OPEN with TRUNC,
+// and copy-data.
+func changesData(typ byte, rest []byte) bool {
+	switch typ {
+	case fxpWrite, fxpSetstat, fxpFsetstat:
+		return true
+	case fxpOpen:
+		d := &decoder{b: rest}
+		_ = d.bytes()
+		return d.uint32()&fxfTrunc != 0 && d.err == nil
+	case fxpExtended:
+		d := &decoder{b: rest}
+		return d.string() == "copy-data" && d.err == nil
+	}
+	return false
 }

@@ -10,10 +10,16 @@ import (
 // splicer is Linux's: elsewhere READs are always read(2).
 type splicer struct{ max int }
 
-var errNoSplice = errors.New("sftp: file does not splice")
+var (
+	errNoSplice     = errors.New("sftp: file does not splice")
+	errNoSpliceHere = errors.New("sftp: read does not splice")
+	errStagingShort = errors.New("staging pipe short")
+)
 
 func newSplicer(*os.File) *splicer { return nil }
 
 func (*splicer) fill(*os.File, int64, int) (int, error) { return 0, errNoSplice }
 func (*splicer) send(int) error                         { return errNoSplice }
 func (*splicer) close()                                 {}
+func (*splicer) wrote(int)                              {}
+func (*splicer) settle() error                          { return nil }

@@ -257,14 +257,56 @@ type scServer struct {
 	mayFail bool // malformed input: ServeDir may return an error
 }
 
-// scStart serves e with ServeDir on a fresh pipe. At cleanup it closes the
-// client's end and checks that ServeDir returns nil promptly and that no
-// goroutine is left.
+// scStart serves e with ServeDir on a fresh pipe: in confined mode an
+// in-memory one (net.Pipe), in host mode two OS pipes, the replies' in
+// blocking mode as the drivers give sftp-server its standard output, so
+// that READs take the splice(2) path. At cleanup it closes the client's
+// end and checks that ServeDir returns nil promptly and that no goroutine
+// is left.
 func scStart(t *testing.T, e *scEnv) *scServer {
 	t.Helper()
-	return scStartServe(t, func(rw io.ReadWriteCloser) error {
+	serve := func(rw io.ReadWriteCloser) error {
 		return sftpd.ServeDir(e.root, rw, sftpd.WithStartDir(e.start))
-	})
+	}
+	if e.mode == "host" {
+		cl, sv := scOSPipes(t)
+		return scStartServeOn(t, serve, cl, sv)
+	}
+	return scStartServe(t, serve)
+}
+
+// scPipeConn is the client's ends of two OS pipes as a net.Conn.
+type scPipeConn struct {
+	r, w *os.File
+}
+
+func (c scPipeConn) Read(b []byte) (int, error)         { return c.r.Read(b) }
+func (c scPipeConn) Write(b []byte) (int, error)        { return c.w.Write(b) }
+func (c scPipeConn) Close() error                       { c.w.Close(); return c.r.Close() }
+func (c scPipeConn) LocalAddr() net.Addr                { return scPipeAddr{} }
+func (c scPipeConn) RemoteAddr() net.Addr               { return scPipeAddr{} }
+func (c scPipeConn) SetDeadline(d time.Time) error      { c.r.SetDeadline(d); return c.w.SetDeadline(d) }
+func (c scPipeConn) SetReadDeadline(d time.Time) error  { return c.r.SetReadDeadline(d) }
+func (c scPipeConn) SetWriteDeadline(d time.Time) error { return c.w.SetWriteDeadline(d) }
+
+type scPipeAddr struct{}
+
+func (scPipeAddr) Network() string { return "pipe" }
+func (scPipeAddr) String() string  { return "pipe" }
+
+// scOSPipes returns the client's and the server's ends of two OS pipes.
+func scOSPipes(t *testing.T) (net.Conn, io.ReadWriteCloser) {
+	t.Helper()
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = outW.Fd() // blocking, as a child's standard output
+	return scPipeConn{r: outR, w: reqW}, sftpd.PipeStdio(reqR, outW)
 }
 
 // scStartProcess runs `sandgate sftp-server` (as cred when set) on a pipe.
@@ -285,11 +327,17 @@ func scStartProcess(t *testing.T, bin, root, start string, cred *syscall.Credent
 	})
 }
 
-// scStartServe runs serve on the server's end of a fresh pipe.
+// scStartServe runs serve on the server's end of a fresh net.Pipe.
 func scStartServe(t *testing.T, serve func(rw io.ReadWriteCloser) error) *scServer {
 	t.Helper()
-	ignore := goleak.IgnoreCurrent()
 	cl, sv := net.Pipe()
+	return scStartServeOn(t, serve, cl, sv)
+}
+
+// scStartServeOn runs serve on sv, the client's end being cl.
+func scStartServeOn(t *testing.T, serve func(rw io.ReadWriteCloser) error, cl net.Conn, sv io.ReadWriteCloser) *scServer {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
 	s := &scServer{t: t, client: cl, done: make(chan error, 1)}
 	go func() {
 		var err error

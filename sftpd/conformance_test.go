@@ -9,7 +9,8 @@ package sftpd_test
 //
 // Every case runs in both modes unless it says otherwise: "confined" serves
 // a directory through os.Root (clients see it as "/", start in "/home"),
-// "host" serves "/" with absolute paths under a temp dir. Each case gets a
+// "host" serves "/" with absolute paths under a temp dir, over two OS pipes
+// as the drivers run the server (so READs splice). Each case gets a
 // fresh tree and a fresh server; at the end the server must return nil once
 // the client has gone and leave no goroutine behind.
 //

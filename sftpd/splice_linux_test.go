@@ -344,3 +344,30 @@ func TestSpliceFallback(t *testing.T) {
 		t.Fatalf("READ after one at the end of the range: %d bytes, %d spliced", len(got), p.sp.sent.Load()-before)
 	}
 }
+
+// TestSettleReaderGone: a request waiting for spliced bytes to be read
+// ends the session, with nothing leaked, once the reader is gone.
+func TestSettleReaderGone(t *testing.T) {
+	name := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(name, bytes.Repeat([]byte("A"), 64<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeServer(t, Options{})
+	h := p.open(name, fxfRead|fxfWrite)
+	p.send(readReq(2, h, 0, 32<<10), encoder{}.byte(fxpWrite).uint32(3).string(string(h)).uint64(0).string("B"))
+	time.Sleep(50 * time.Millisecond)
+	p.ended = true
+	p.out.Close()
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("Serve: %v, want nil once the reader is gone", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve still waiting 5s after the output's reader went away")
+	}
+	p.req.Close()
+	if b, _ := os.ReadFile(name); b[0] != 'A' {
+		t.Error("the WRITE behind the unread READ was applied")
+	}
+}

@@ -762,8 +762,8 @@ func (s *server) readdir(id uint32, d *decoder) {
 }
 
 // changesData reports whether a request (its body after the id) may change
-// a file's bytes: WRITE, SETSTAT and FSETSTAT (a size), OPEN with TRUNC,
-// and copy-data.
+// a file's bytes: WRITE, SETSTAT, FSETSTAT and lsetstat (a size), OPEN
+// with TRUNC, and copy-data.
 func changesData(typ byte, rest []byte) bool {
 	switch typ {
 	case fxpWrite, fxpSetstat, fxpFsetstat:
@@ -774,7 +774,8 @@ func changesData(typ byte, rest []byte) bool {
 		return d.uint32()&fxfTrunc != 0 && d.err == nil
 	case fxpExtended:
 		d := &decoder{b: rest}
-		return d.string() == "copy-data" && d.err == nil
+		name := d.string()
+		return d.err == nil && (name == "copy-data" || name == "lsetstat@openssh.com")
 	}
 	return false
 }

@@ -300,6 +300,21 @@ func TestSplicedReadsInRequestOrder(t *testing.T) {
 		t.Fatalf("FSETSTAT: reply type %d id %d", typ, id)
 	}
 
+	// READ, then lsetstat@openssh.com truncating the file by name.
+	if err := os.WriteFile(name, old, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.send(readReq(14, h, 0, 32<<10),
+		encoder{}.byte(fxpExtended).uint32(15).string("lsetstat@openssh.com").string(name).attrs(attrs{flags: attrSize, size: 100}))
+	time.Sleep(200 * time.Millisecond)
+	typ, id, body = p.recv()
+	if got := data(t, typ, body); id != 14 || !bytes.Equal(got, old[:32<<10]) {
+		t.Fatalf("READ before an lsetstat truncation (reply %d): %d bytes, %q at 100, want the bytes before it", id, len(got), got[100:min(108, len(got))])
+	}
+	if typ, id, _ := p.recv(); typ != fxpStatus || id != 15 {
+		t.Fatalf("lsetstat: reply type %d id %d", typ, id)
+	}
+
 	// Replies waiting to go out leave before a spliced one.
 	if err := os.WriteFile(name, old, 0o644); err != nil {
 		t.Fatal(err)

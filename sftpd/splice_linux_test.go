@@ -34,16 +34,7 @@ func TestReadSplice(t *testing.T) {
 	defer root.Close()
 	fds := openFDs(t)
 
-	reqR, reqW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A child's standard output is a pipe in blocking mode; Fd makes it so.
-	_ = outW.Fd()
+	reqR, reqW, outR, outW := serverPipes(t)
 	s := newServer(reqR, outW, Options{Root: root})
 	sp := s.splice
 	if sp == nil {
@@ -165,17 +156,26 @@ type pipeServer struct {
 	ended bool
 }
 
-func startPipeServer(t *testing.T, opts Options) *pipeServer {
+// serverPipes returns the requests' pipe and the replies' pipe, the
+// replies' write end in blocking mode as a child's standard output is (Fd
+// makes it so).
+func serverPipes(t *testing.T) (reqR, reqW, outR, outW *os.File) {
 	t.Helper()
 	reqR, reqW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	outR, outW, err := os.Pipe()
+	outR, outW, err = os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = outW.Fd()
+	return reqR, reqW, outR, outW
+}
+
+func startPipeServer(t *testing.T, opts Options) *pipeServer {
+	t.Helper()
+	reqR, reqW, outR, outW := serverPipes(t)
 	s := newServer(reqR, outW, opts)
 	if s.splice == nil {
 		t.Fatal("no splicer for a pipe in blocking mode")

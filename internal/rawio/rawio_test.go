@@ -14,30 +14,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/tcptest"
 )
 
 // tcpPair is a TCP connection on loopback, both ends wrapped.
 func tcpPair(t *testing.T) (a, b *Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := <-accepted
-	if s == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
+	c, s := tcptest.Pair(t)
 	wa, ok := Wrap(c).(*Conn)
 	if !ok {
 		t.Fatalf("Wrap(%T) = %T, want *Conn", c, Wrap(c))

@@ -3,7 +3,9 @@ package main
 import (
 	"io"
 	"net/http"
+	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -142,5 +144,49 @@ func TestMetricsListen(t *testing.T) {
 	}
 	if code, _, _ := scrapeMetrics(t, strings.TrimSuffix(m[1], "/metrics")+"/v1/sessions", ""); code != http.StatusNotFound {
 		t.Errorf("the metrics listener serves only /metrics: %d", code)
+	}
+}
+
+var gomaxprocsRE = regexp.MustCompile(`\ngo_sched_gomaxprocs_threads (\d+)\n`)
+
+// gomaxprocs scrapes the gateway's GOMAXPROCS from its /metrics.
+func gomaxprocs(t *testing.T, url string) int {
+	t.Helper()
+	code, _, body := scrapeMetrics(t, url, "t")
+	m := gomaxprocsRE.FindStringSubmatch(body)
+	if code != http.StatusOK || m == nil {
+		t.Fatalf("GET %s: %d, no go_sched_gomaxprocs_threads:\n%s", url, code, body)
+	}
+	n, err := strconv.Atoi(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestGOMAXPROCSGovernor: an idle gateway comes down to one P
+// (internal/procgov); GOMAXPROCS in its environment fixes the number.
+func TestGOMAXPROCSGovernor(t *testing.T) {
+	g := startGateway(t, "--metrics-token", "t")
+	url := g.URL + "/metrics"
+	if n := gomaxprocs(t, url); n < 2 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the gateway starts with GOMAXPROCS %d: this test needs a host with 2 cores or more", n)
+		}
+		t.Skipf("the gateway starts with GOMAXPROCS %d: nothing to govern", n)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for gomaxprocs(t, url) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle gateway still has GOMAXPROCS %d after 20 s, want 1", gomaxprocs(t, url))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	t.Setenv("GOMAXPROCS", "2")
+	fixed := startGateway(t, "--metrics-token", "t")
+	time.Sleep(3 * time.Second) // the governor would have stepped down after 1 s
+	if n := gomaxprocs(t, fixed.URL+"/metrics"); n != 2 {
+		t.Fatalf("with GOMAXPROCS=2 set, the gateway has %d Ps", n)
 	}
 }

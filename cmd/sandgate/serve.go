@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -24,6 +25,7 @@ import (
 	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/connlimit"
 	"github.com/sandgate/sandgate/internal/metrics"
+	"github.com/sandgate/sandgate/internal/procgov"
 	"github.com/sandgate/sandgate/internal/readyfile"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
@@ -196,6 +198,18 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// GOMAXPROCS follows the gateway's CPU use (internal/procgov); set in
+	// the environment, it is fixed as the runtime takes it.
+	if _, ok := os.LookupEnv("GOMAXPROCS"); !ok {
+		gov := procgov.New(procgov.Config{
+			Max: runtime.GOMAXPROCS(0), Set: func(n int) { runtime.GOMAXPROCS(n) },
+			CPU: procgov.ProcessCPU, Log: log,
+		})
+		govCtx, stopGov := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); gov.Run(govCtx) }()
+		defer func() { stopGov(); <-done }()
+	}
 	if err := serve(ctx, cfg, log, stdout); err != nil {
 		log.Error("serve_failed", "err", err)
 		return 1

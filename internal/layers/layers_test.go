@@ -40,6 +40,7 @@ var forbidden = map[string][]string{
 	"internal/connlimit": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/readyfile": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/rawio":     {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"internal/procgov":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/tcptest":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/s3test":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "workspace", "cluster"},
 	// mcpserver is a client of the REST API: none of the gateway's code.

@@ -167,6 +167,7 @@ func gomaxprocs(t *testing.T, url string) int {
 // TestGOMAXPROCSGovernor: an idle gateway comes down to one P
 // (internal/procgov); GOMAXPROCS in its environment fixes the number.
 func TestGOMAXPROCSGovernor(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "") // empty: unset, for the runtime and for serve
 	g := startGateway(t, "--metrics-token", "t")
 	url := g.URL + "/metrics"
 	if n := gomaxprocs(t, url); n < 2 {

@@ -13,8 +13,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -198,13 +198,10 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// GOMAXPROCS follows the gateway's CPU use (internal/procgov); set in
-	// the environment, it is fixed as the runtime takes it.
-	if _, ok := os.LookupEnv("GOMAXPROCS"); !ok {
-		gov := procgov.New(procgov.Config{
-			Max: runtime.GOMAXPROCS(0), Set: func(n int) { runtime.GOMAXPROCS(n) },
-			CPU: procgov.ProcessCPU, Log: log,
-		})
+	// GOMAXPROCS follows the gateway's load (internal/procgov), unless
+	// the environment fixes it (as the runtime reads it: a number > 0).
+	if n, err := strconv.Atoi(os.Getenv("GOMAXPROCS")); err != nil || n < 1 {
+		gov := procgov.New(procgov.Config{Runtime: procgov.GoRuntime{}, CPU: procgov.ProcessCPU, Log: log})
 		govCtx, stopGov := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); gov.Run(govCtx) }()

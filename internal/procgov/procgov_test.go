@@ -3,6 +3,8 @@ package procgov
 import (
 	"context"
 	"errors"
+	"math"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -19,12 +21,23 @@ func sample(cores float64, wait time.Duration) Sample {
 	return Sample{Wall: tick, CPU: time.Duration(cores * float64(tick)), Wait: wait}
 }
 
-// governor is a Governor with Max Ps, a Hold of four ticks, that
-// records what it sets.
-func governor(max int) (*Governor, *[]int) {
-	var set []int
-	g := New(Config{Max: max, Tick: tick, Hold: 4 * tick, Set: func(n int) { set = append(set, n) }})
-	return g, &set
+// fakeRuntime is GOMAXPROCS for the policy's tests: def is the
+// runtime's default, set what the Governor made GOMAXPROCS, in order.
+type fakeRuntime struct {
+	def, procs int
+	set        []int
+}
+
+func (r *fakeRuntime) Procs() int { return r.procs }
+func (r *fakeRuntime) Set(n int)  { r.procs = n; r.set = append(r.set, n) }
+func (r *fakeRuntime) Default()   { r.procs = r.def; r.set = append(r.set, r.def) }
+
+// governor is a Governor over a fakeRuntime whose default is def, with
+// a Hold of four ticks; it returns what the Governor sets.
+func governor(def int) (*Governor, *[]int) {
+	rt := &fakeRuntime{def: def, procs: def}
+	g := New(Config{Runtime: rt, Tick: tick, Hold: 4 * tick})
+	return g, &rt.set
 }
 
 // feed gives g n ticks of s and returns the Ps after each.
@@ -57,6 +70,15 @@ func TestStepDownOnAverage(t *testing.T) {
 	}
 	if g.procs != 1 || !slices.Equal(*set, []int{1}) {
 		t.Fatalf("after a Hold at 0.925 cores: %d Ps, set %v; want 1", g.procs, *set)
+	}
+
+	// A tick in which goroutines queued, anywhere in the Hold, keeps the
+	// P for that Hold.
+	g, set = governor(2)
+	feed(g, 1, sample(0.1, 0))
+	feed(g, 1, sample(0.1, 2*time.Millisecond))
+	if got := feed(g, 6, sample(0.1, 0)); got[1] != 2 || got[5] != 1 {
+		t.Fatalf("a queueing tick in the Hold: Ps %v, want 2 until the next Hold ends", got)
 	}
 
 	g, set = governor(2)
@@ -112,8 +134,9 @@ func TestWaitsAddPs(t *testing.T) {
 // them); one needed back after maxHold Holds brings it back.
 func TestBounceHoldsLonger(t *testing.T) {
 	g, set := governor(2)
-	feed(g, 4, sample(0, 0)) // down at tick 4
-	feed(g, 2, sample(0.95, 0))
+	feed(g, 4, sample(0, 0))    // down at tick 4
+	feed(g, 3, sample(0.5, 0))  // one P keeps up...
+	feed(g, 2, sample(0.95, 0)) // ...until 250 ms later: under two Holds
 	if g.procs != 2 || g.hold != 8*tick {
 		t.Fatalf("after a bounce: %d Ps, hold %v; want 2, %v", g.procs, g.hold, 8*tick)
 	}
@@ -139,71 +162,161 @@ func TestBounceHoldsLonger(t *testing.T) {
 	}
 }
 
-// TestMaxOne: a Governor with one P to give never sets anything.
+// TestMaxOne: with one P to give, the Governor changes nothing.
 func TestMaxOne(t *testing.T) {
-	g := New(Config{Max: 0, Tick: tick, Hold: tick, Set: func(n int) { t.Fatalf("set %d", n) }})
-	for _, s := range []Sample{sample(0, 0), sample(5, time.Second), sample(0, 0)} {
-		if got := g.Observe(s); got != 1 {
-			t.Fatalf("Observe(%+v) = %d, want 1", s, got)
+	g, set := governor(1)
+	for _, smp := range []Sample{sample(0, 0), sample(5, time.Second), sample(5, time.Second), sample(0, 0)} {
+		if got := g.Observe(smp); got != 1 {
+			t.Fatalf("Observe(%+v) = %d, want 1", smp, got)
+		}
+	}
+	if len(*set) != 0 {
+		t.Fatalf("set %v, want nothing", *set)
+	}
+}
+
+// TestFollowsTheDefault: at the runtime's default the Governor takes
+// what the runtime follows (a cgroup limit lowered, say); going back up
+// it asks for the default again rather than a number of its own.
+func TestFollowsTheDefault(t *testing.T) {
+	rt := &fakeRuntime{def: 4, procs: 4}
+	g := New(Config{Runtime: rt, Tick: tick, Hold: 4 * tick})
+	rt.def, rt.procs = 3, 3 // the runtime followed a new limit
+	if got := g.Observe(sample(2, 0)); got != 3 {
+		t.Fatalf("after the runtime moved to 3: %d Ps", got)
+	}
+	feed(g, 4, sample(0.1, 0))
+	if rt.procs != 2 || !slices.Equal(rt.set, []int{2}) {
+		t.Fatalf("idle: GOMAXPROCS %d, set %v; want 2", rt.procs, rt.set)
+	}
+	rt.def = 5 // more CPUs meanwhile: the default is what going up reaches
+	feed(g, 2, sample(1.9, 0))
+	if rt.procs != 5 || g.Observe(sample(4, 0)) != 5 {
+		t.Fatalf("busy: GOMAXPROCS %d, set %v; want the default, 5", rt.procs, rt.set)
+	}
+}
+
+// TestP90 reads the histogram's growth as the runtime lays it out.
+func TestP90(t *testing.T) {
+	inf := math.Inf(1)
+	buckets := []float64{math.Inf(-1), 0, 1e-6, 1e-3, 1e-2, inf}
+	for _, c := range []struct {
+		name         string
+		prev, counts []uint64
+		want         time.Duration
+	}{
+		{"nothing", []uint64{0, 0, 0, 0, 0}, []uint64{0, 0, 0, 0, 0}, 0},
+		{"fewer than minWaits", []uint64{0, 0, 0, 0, 0}, []uint64{0, 0, 0, 7, 0}, 0},
+		{"growth, not totals", []uint64{0, 50, 0, 0, 0}, []uint64{0, 52, 0, 5, 0}, 0},
+		{"all in one bucket: its upper bound", []uint64{0, 0, 0, 0, 0}, []uint64{0, 0, 0, 8, 0}, 10 * time.Millisecond},
+		{"nine tenths below", []uint64{0, 0, 0, 0, 0}, []uint64{0, 0, 9, 1, 0}, time.Millisecond},
+		{"eight tenths below", []uint64{0, 0, 0, 0, 0}, []uint64{0, 0, 8, 2, 0}, 10 * time.Millisecond},
+		{"old counts left out", []uint64{0, 0, 100, 0, 0}, []uint64{0, 0, 100, 10, 0}, 10 * time.Millisecond},
+		{"the open last bucket", []uint64{0, 0, 0, 0, 0}, []uint64{0, 0, 0, 0, 10}, time.Hour},
+		{"the first bucket", []uint64{0, 0, 0, 0, 0}, []uint64{10, 0, 0, 0, 0}, 0},
+	} {
+		if got := p90(buckets, c.prev, c.counts); got != c.want {
+			t.Errorf("%s: p90 = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
 
-// TestRun drives the real runtime: idle, the process comes down to one
-// P; with more CPU-bound goroutines than that, back up to Max; when Run
-// ends, at Max again.
-func TestRun(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
-	const max = 2
-	runtime.GOMAXPROCS(max)
-	g := New(Config{
-		Max: max, Tick: 20 * time.Millisecond, Hold: 100 * time.Millisecond,
-		Set: func(n int) { runtime.GOMAXPROCS(n) }, CPU: ProcessCPU,
-	})
+// runtimeDefault returns this process's default GOMAXPROCS, which must
+// be 2 or more for the Governor to have anything to do.
+func runtimeDefault(t *testing.T) int {
+	t.Helper()
+	runtime.SetDefaultGOMAXPROCS()
+	def := runtime.GOMAXPROCS(0)
+	if def < 2 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the runtime's default GOMAXPROCS is %d: this test needs 2 cores or more", def)
+		}
+		t.Skipf("the runtime's default GOMAXPROCS is %d: nothing to govern", def)
+	}
+	return def
+}
+
+// runGovernor runs a Governor on this process's runtime, with cpu as
+// its clock, until the test ends.
+func runGovernor(t *testing.T, cpu func() (time.Duration, error)) {
+	g := New(Config{Runtime: GoRuntime{}, CPU: cpu, Tick: 50 * time.Millisecond, Hold: 250 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); g.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(func() { cancel(); <-done })
+}
 
-	waitProcs(t, 1, "idle")
-
-	// Eight goroutines that each compute for 200 µs at a time: on one P
-	// they use it all, and queue for it for about 1.4 ms at a time
-	// (which counts even when a loaded host gives the process less of
-	// a core).
-	var stop atomic.Bool
+// queue starts eight goroutines that each compute for 200 µs at a time
+// until the returned stop is called: on one P they use it all, and
+// queue for it for about 1.4 ms at a time (which shows even when a
+// loaded host gives the process little of a core).
+func queue() (stop func()) {
+	var done atomic.Bool
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
-			for !stop.Load() {
+			for !done.Load() {
 				_ = spin(200 * time.Microsecond)
 				runtime.Gosched()
 			}
 		})
 	}
-	waitProcs(t, max, "busy")
-	stop.Store(true)
-	wg.Wait()
+	return func() { done.Store(true); wg.Wait() }
+}
+
+// TestRun drives the real runtime: idle, the process comes down to one
+// P; with more CPU-bound goroutines than that, back up to the default;
+// when Run ends, at the default and following the host.
+func TestRun(t *testing.T) {
+	def := runtimeDefault(t)
+	defer runtime.SetDefaultGOMAXPROCS()
+	ctx, cancel := context.WithCancel(context.Background())
+	g := New(Config{Runtime: GoRuntime{}, CPU: ProcessCPU, Tick: 50 * time.Millisecond, Hold: 250 * time.Millisecond})
+	done := make(chan struct{})
+	go func() { defer close(done); g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitProcs(t, 1, "idle")
+	stop := queue()
+	waitProcs(t, def, "busy")
+	stop()
 	waitProcs(t, 1, "idle again")
 
 	cancel()
 	<-done
-	if got := runtime.GOMAXPROCS(0); got != max {
-		t.Fatalf("after Run: GOMAXPROCS %d, want %d", got, max)
+	if got := runtime.GOMAXPROCS(0); got != def {
+		t.Fatalf("after Run: GOMAXPROCS %d, want the default, %d", got, def)
 	}
 }
 
+// TestRunOnWaits: with a CPU clock that never moves, only goroutines
+// queueing for the one P (read from the runtime's latencies) bring the
+// Ps back, and only the queue's end lets them go again.
+func TestRunOnWaits(t *testing.T) {
+	def := runtimeDefault(t)
+	defer runtime.SetDefaultGOMAXPROCS()
+	runGovernor(t, func() (time.Duration, error) { return 0, nil })
+	waitProcs(t, 1, "idle")
+	stop := queue()
+	waitProcs(t, def, "queueing")
+	stop()
+	waitProcs(t, 1, "idle again")
+}
+
 // TestRunClockFails: a CPU clock that fails stops the Governor where it
-// is (at Max), and Run returns.
+// is (at the default), and Run returns.
 func TestRunClockFails(t *testing.T) {
-	g := New(Config{Max: 3, Set: func(n int) { t.Errorf("set %d", n) },
-		CPU: func() (time.Duration, error) { return 0, errors.New("no clock") }})
+	rt := &fakeRuntime{def: 3, procs: 3}
+	g := New(Config{Runtime: rt, CPU: func() (time.Duration, error) { return 0, errors.New("no clock") }})
 	done := make(chan struct{})
 	go func() { defer close(done); g.Run(context.Background()) }()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run kept going without a clock")
+	}
+	if len(rt.set) != 0 {
+		t.Fatalf("set %v, want nothing", rt.set)
 	}
 }
 

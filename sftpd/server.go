@@ -761,6 +761,18 @@ func (s *server) readdir(id uint32, d *decoder) {
 	s.end(at)
 }
 
+// What a splicer's fill says when it staged nothing (splice_linux.go).
+var (
+	// errNoSplice: the file cannot be spliced from; read it instead.
+	errNoSplice = errors.New("sftp: file does not splice")
+	// errNoSpliceHere: this READ cannot be spliced; read it, and splice
+	// the next.
+	errNoSpliceHere = errors.New("sftp: read does not splice")
+	// errStagingShort: the staging pipe held fewer bytes than were
+	// staged; the session ends.
+	errStagingShort = errors.New("staging pipe short")
+)
+
 // changesData reports whether a request (its body after the id) may change
 // a file's bytes: WRITE, SETSTAT, FSETSTAT and lsetstat (a size), OPEN
 // with TRUNC, and copy-data.

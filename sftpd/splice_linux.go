@@ -85,17 +85,6 @@ func newSplicer(out *os.File) *splicer {
 	return &splicer{out: out, r: p[0], w: p[1], max: size - 2*page}
 }
 
-// errStagingShort: the staging pipe held fewer bytes than fill staged.
-var errStagingShort = errors.New("staging pipe short")
-
-// errNoSplice: the file cannot be spliced from; read it instead.
-// errNoSpliceHere: this READ cannot be spliced; read it, and splice the
-// next.
-var (
-	errNoSplice     = errors.New("sftp: file does not splice")
-	errNoSpliceHere = errors.New("sftp: read does not splice")
-)
-
 // fill stages up to n bytes of f from off and returns how many it staged.
 // Nothing staged with an error says why; bytes staged before an error are
 // kept, as a short read. A file its filesystem cannot splice from is

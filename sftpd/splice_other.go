@@ -2,19 +2,10 @@
 
 package sftpd
 
-import (
-	"errors"
-	"os"
-)
+import "os"
 
 // splicer is Linux's: elsewhere READs are always read(2).
 type splicer struct{ max int }
-
-var (
-	errNoSplice     = errors.New("sftp: file does not splice")
-	errNoSpliceHere = errors.New("sftp: read does not splice")
-	errStagingShort = errors.New("staging pipe short")
-)
 
 func newSplicer(*os.File) *splicer { return nil }
 

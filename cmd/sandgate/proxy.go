@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 
+	"github.com/sandgate/sandgate/internal/piperelay"
 	"github.com/sandgate/sandgate/tunnel"
 )
 
@@ -148,7 +149,7 @@ func describeDialError(err error, id string) string {
 // Bytes the dialer read past the CONNECT answer (the gateway's SSH
 // banner, usually) go to stdout first; from then on the proxy moves data
 // with the socket itself. With ssh's pipes on one side and a TCP socket
-// on the other (plain http), relayPipes moves both ways with splice(2) on
+// on the other (plain http), piperelay.Relay moves both ways with splice(2) on
 // one thread; otherwise (https, or no pipes) two copies run.
 func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 	conn, head := tunnel.Unwrap(conn)
@@ -157,10 +158,10 @@ func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 			return err
 		}
 	}
-	if handled, err := relayPipes(conn, stdin, stdout); handled {
+	if handled, err := piperelay.Relay(conn, stdin, stdout); handled {
 		return err
 	}
-	growPipe(stdout)
+	piperelay.GrowPipe(stdout)
 	go func() {
 		_, _ = io.Copy(conn, stdin)
 		if cw, ok := conn.(interface{ CloseWrite() error }); ok {

@@ -41,6 +41,7 @@ var forbidden = map[string][]string{
 	"internal/readyfile": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/rawio":     {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/procgov":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"internal/piperelay": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/tcptest":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/s3test":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "workspace", "cluster"},
 	// mcpserver is a client of the REST API: none of the gateway's code.

@@ -236,7 +236,7 @@ func (b *bench) ssh(host string, args ...string) (time.Duration, error) {
 func (b *bench) smoke() error {
 	hosts := []string{"sg", "sshd"}
 	if b.sdEq != nil {
-		hosts = append(hosts, "sg-eq", "sg-eq-stdio", "sshd-eq")
+		hosts = append(hosts, "sg-eq", "sg-eq-stdio", "sshd-eq", hopHost)
 	}
 	for _, h := range hosts {
 		if _, err := b.ssh(h, "true"); err != nil {
@@ -336,7 +336,7 @@ func (b *bench) runAll(start time.Time) int {
 			return 1
 		}
 		r.Setup = append(r.Setup,
-			fmt.Sprintf("**equal footing (rows e1-e5, the headline)**: %s, forced by the client config (`Ciphers`%s) and checked: %s. sshd (a second instance, same config plus `AllowTcpForwarding local`) runs with `LD_PRELOAD` of a TCP_NODELAY shim built here with cc (setsockopt after accept/accept4 and before connect on TCP sockets). The OpenSSH clients get the same shim in these rows (with fd passing, ssh's socket to sandgate is the proxy's, NODELAY already). Both write to one filesystem, the scratch dir's (%s): sshd's home and sandgate's data dir, where the linux driver's workspace images live. Transfers run `sync` (untimed) before every run", b.eqLabel(), map[bool]string{true: ", `MACs`", false: ""}[c.mac != ""], neg, b.report.Machine.TmpFS),
+			fmt.Sprintf("**equal footing (rows e1-e5, the headline)**: %s, forced by the client config (`Ciphers`%s) and checked: %s. sshd (a second instance, same config plus `AllowTcpForwarding local`) runs with `LD_PRELOAD` of a TCP_NODELAY shim built here with cc (setsockopt after accept/accept4 and before connect on TCP sockets). The OpenSSH clients get the same shim in these rows (with fd passing, ssh's socket to sandgate is the proxy's, NODELAY already). Both write to one filesystem, the scratch dir's (%s): sshd's home and sandgate's data dir, where the linux driver's workspace images live. Transfers run `sync` (untimed) before every run. Rows e4e, e4f, e5e and e5f compare the copying proxy with the same sshd reached through `ProxyCommand sgbench nc %%h %%p`, which relays with the very code of `sandgate proxy` (internal/piperelay): the same hop on both sides, to show what the hop itself costs; the target rows are e4c, e4d, e5c and e5d", b.eqLabel(), map[bool]string{true: ", `MACs`", false: ""}[c.mac != ""], neg, b.report.Machine.TmpFS),
 		)
 	}
 	rows := []rowFunc{

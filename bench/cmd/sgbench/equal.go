@@ -142,8 +142,21 @@ func (b *bench) eqHosts(khSG string) string {
 	kh := filepath.Join(b.client, "known_hosts_sshd_eq")
 	_ = os.WriteFile(kh, []byte(fmt.Sprintf("[localhost]:%d %s\n", b.sdEq.port, hk)), 0o600)
 	fmt.Fprintf(&s, "Host sshd-eq\n  HostName localhost\n  AddressFamily inet\n  Port %d\n  User root\n  IdentityFile %s\n  UserKnownHostsFile %s\n%s", b.sdEq.port, b.sdEq.clientKey, kh, b.eqCrypto())
+	// sshd-eq behind the hop sandgate's copying proxy adds: a second
+	// process relaying ssh's pipes to a TCP socket, with the proxy's own
+	// relay (sgbench nc uses internal/piperelay).
+	fmt.Fprintf(&s, "Host %s\n  HostName localhost\n  AddressFamily inet\n  Port %d\n  User root\n  IdentityFile %s\n  UserKnownHostsFile %s\n  ProxyCommand %s nc %%h %%p\n%s",
+		hopHost, b.sdEq.port, b.sdEq.clientKey, kh, b.cfg.self, b.eqCrypto())
 	return s.String()
 }
+
+// hopHost is sshd-eq reached through `sgbench nc`, the same relay as
+// `sandgate proxy`: the reference for rows e4e, e4f, e5e and e5f, which
+// compare sandgate's copying proxy with sshd behind the same hop.
+const hopHost = "sshd-eq-hop"
+
+// hopRefName describes hopHost in the report.
+const hopRefName = "`ProxyCommand sgbench nc %h %p` (the same relay as `sandgate proxy`), TCP_NODELAY shim"
 
 // eqWays are the ways to reach sandgate in the equal-footing rows.
 func (b *bench) eqWays() []struct{ host, label, short string } {
@@ -158,7 +171,7 @@ func (b *bench) eqWays() []struct{ host, label, short string } {
 // configured cipher; it returns what each side negotiated.
 func (b *bench) checkEqual() (string, error) {
 	var parts []string
-	for _, h := range []string{"sg-eq", "sg-eq-stdio", "sshd-eq"} {
+	for _, h := range []string{"sg-eq", "sg-eq-stdio", "sshd-eq", hopHost} {
 		if h == "sg-eq" && !b.fdpass {
 			continue
 		}
@@ -259,10 +272,23 @@ func (b *bench) rowEqData() error {
 				}})
 		}
 	}
+	if b.cfg.wantRow("e4") {
+		// The copying proxy against sshd behind the same hop: what the hop
+		// costs, apart from the gateway.
+		ts = append(ts,
+			transfer{id: "e4e", name: size + " up an exec channel: `cat > /dev/null` (copying proxy; sshd behind the same hop)", pair: [2]string{"sg-eq-stdio", hopHost}, refName: hopRefName, run: func(h string) (time.Duration, error) {
+				return b.runClient(local, "", "ssh", "-F", b.sshCfg, h, "cat > /dev/null")
+			}},
+			transfer{id: "e4f", name: size + " down an exec channel: `cat file` (copying proxy; sshd behind the same hop)", pair: [2]string{"sg-eq-stdio", hopHost}, refName: hopRefName, run: func(h string) (time.Duration, error) {
+				return b.runClient("", "", "ssh", "-F", b.sshCfg, h, "cat "+b.remote(h))
+			}})
+	}
 	for i := range ts {
 		ts[i].sync = true
 		ts[i].sgName = b.wayLabel(ts[i].pair[0])
-		ts[i].refName = "direct TCP, TCP_NODELAY shim"
+		if ts[i].refName == "" {
+			ts[i].refName = "direct TCP, TCP_NODELAY shim"
+		}
 		ts[i].label = lbl
 	}
 	return b.transfers(ts)
@@ -448,59 +474,71 @@ func (b *bench) rowEqForward() error {
 		return err
 	}
 	defer stopRef()
+	hopPort, stopHop, err := b.startForward(hopHost, hport)
+	if err != nil {
+		return err
+	}
+	defer stopHop()
 	size := b.sizeName()
-	for _, w := range b.eqWays() {
-		sgPort, stopSG, err := b.startForward(w.host, port)
-		if err != nil {
-			return err
-		}
-		for _, dir := range []struct {
-			id string
-			up bool
-		}{{"a", true}, {"b", false}} {
+	// measure alternates runs through sgPort and refPort, both ways, and
+	// reports them as rows ids[0] (up) and ids[1] (down).
+	measure := func(ids [2]string, way, sgName string, sgPort, refPort int, refName string) error {
+		for i, up := range []bool{true, false} {
 			// Server-side CPU: the gateway process alone (the far end runs
 			// in its sandbox), sshd's process tree (the far end is not in it).
 			cpu := map[int][]float64{}
+			cpuOf := func(p int) float64 {
+				if p == sgPort {
+					return cpuSeconds(b.sg.pid())
+				}
+				return treeCPU(b.sdEq.pid())
+			}
 			run := func(p int) func() (float64, error) {
 				return func() (float64, error) {
-					c0 := cpuSeconds(b.sg.pid())
-					if p == refPort {
-						c0 = treeCPU(b.sdEq.pid())
-					}
-					d, err := fwdRun(p, dir.up, b.cfg.size)
-					c1 := cpuSeconds(b.sg.pid())
-					if p == refPort {
-						c1 = treeCPU(b.sdEq.pid())
-					}
-					cpu[p] = append(cpu[p], c1-c0)
+					c0 := cpuOf(p)
+					d, err := fwdRun(p, up, b.cfg.size)
+					cpu[p] = append(cpu[p], cpuOf(p)-c0)
 					return d.Seconds(), err
 				}
 			}
 			if _, _, err := alternate(1, run(sgPort), run(refPort)); err != nil { // warm-up
-				stopSG()
 				return err
 			}
 			cpu = map[int][]float64{}
 			sa, sb, err := alternate(b.cfg.reps, run(sgPort), run(refPort))
 			if err != nil {
-				stopSG()
 				return err
 			}
-			way := "up (client → far side)"
-			if !dir.up {
-				way = "down (far side → client)"
+			dir := "up (client → far side)"
+			if !up {
+				dir = "down (far side → client)"
 			}
-			id := "e5" + dir.id
-			if w.host == "sg-eq-stdio" {
-				id = "e5" + string(rune(dir.id[0]+2))
-			}
-			b.report.add(&Row{ID: id, Name: fmt.Sprintf("`ssh -L` %s %s (%s)", size, way, w.short), Stat: "median", Unit: "s", Bytes: b.cfg.size,
-				SG: NewStats(sa), Ref: NewStats(sb), SGName: w.label + " → sandbox loopback", RefName: "`-L` to host loopback, TCP_NODELAY shim",
+			b.report.add(&Row{ID: ids[i], Name: fmt.Sprintf("`ssh -L` %s %s (%s)", size, dir, way), Stat: "median", Unit: "s", Bytes: b.cfg.size,
+				SG: NewStats(sa), Ref: NewStats(sb), SGName: sgName + " → sandbox loopback", RefName: "`-L` to host loopback, " + refName,
 				CPU: map[string]float64{"sandgateServer": NewStats(cpu[sgPort]).Median, "sshdServer": NewStats(cpu[refPort]).Median},
 				Note: fmt.Sprintf("%s; the far end is `sgbench fwdsrv` on both sides; server CPU s per run (the gateway process; sshd's tree; client-side ssh not counted): sandgate %.2f, sshd %.2f",
 					b.eqLabel(), NewStats(cpu[sgPort]).Median, NewStats(cpu[refPort]).Median)})
 		}
+		return nil
+	}
+	for _, w := range b.eqWays() {
+		sgPort, stopSG, err := b.startForward(w.host, port)
+		if err != nil {
+			return err
+		}
+		ids := [2]string{"e5a", "e5b"}
+		if w.host == "sg-eq-stdio" {
+			ids = [2]string{"e5c", "e5d"}
+		}
+		err = measure(ids, w.short, w.label, sgPort, refPort, "TCP_NODELAY shim")
+		if err == nil && w.host == "sg-eq-stdio" {
+			// The copying proxy against sshd behind the same hop.
+			err = measure([2]string{"e5e", "e5f"}, "copying proxy; sshd behind the same hop", w.label, sgPort, hopPort, hopRefName)
+		}
 		stopSG()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/piperelay"
 )
 
 type config struct {
@@ -79,7 +81,9 @@ func main() {
 
 // ncMain is `sgbench nc HOST PORT`: a plain TCP ProxyCommand written in Go,
 // so that the cost of a Go proxy process (which `sandgate proxy` also is)
-// can be told apart from the cost of the CONNECT hop.
+// can be told apart from the cost of the CONNECT hop. It moves bytes with
+// the same relay as `sandgate proxy` (internal/piperelay), so sshd behind
+// it pays for the very hop sandgate's copying proxy adds (rows e4e, e4f, e5e, e5f).
 func ncMain(args []string) int {
 	if len(args) != 2 {
 		fmt.Fprintln(os.Stderr, "usage: sgbench nc HOST PORT")
@@ -89,6 +93,14 @@ func ncMain(args []string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sgbench nc:", err)
 		return 1
+	}
+	defer c.Close()
+	if handled, err := piperelay.Relay(c, os.Stdin, os.Stdout); handled {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sgbench nc:", err)
+			return 1
+		}
+		return 0
 	}
 	go func() {
 		_, _ = io.Copy(c, os.Stdin)
@@ -405,7 +417,7 @@ func printPlan(c *config, b *bench) {
 	sort.Slice(rows, func(i, j int) bool { return rowLess(rows[i], rows[j]) })
 	size := fmt.Sprintf("%d MiB", c.size>>20)
 	desc := map[string]string{
-		"e":  fmt.Sprintf("equal footing (headline): cipher %s both sides, sshd with a TCP_NODELAY shim, one %s filesystem: e1 new connection, e2 exec on an open connection (%d), e3 sftp put/get and e4 cat up/down of %d MiB (%d runs, sync between), e5 ssh -L up/down; sandgate both via ssh-config (fd passing) and the copying proxy", c.cipher, c.scratch, c.execN, c.size>>20, c.reps),
+		"e":  fmt.Sprintf("equal footing (headline): cipher %s both sides, sshd with a TCP_NODELAY shim, one %s filesystem: e1 new connection, e2 exec on an open connection (%d), e3 sftp put/get and e4 cat up/down of %d MiB (%d runs, sync between), e5 ssh -L up/down; sandgate both via ssh-config (fd passing) and the copying proxy; e4e-f and e5e-f: the copying proxy vs sshd behind the same hop (sgbench nc, the same relay)", c.cipher, c.scratch, c.execN, c.size>>20, c.reps),
 		"1":  fmt.Sprintf("new connection + `true` with ssh, %d runs per variant (sandgate proxy; sshd direct, via nc, via Go proxy; default KEX)", c.newConnN),
 		"2":  fmt.Sprintf("exec `true` over a ControlMaster connection, %d per side", c.execN),
 		"3":  fmt.Sprintf("sftp put/get and scp up/down of %s, %d runs per side", size, c.reps),

@@ -209,7 +209,7 @@ func (r *Report) Markdown() string {
 	if len(eq) > 0 {
 		b.WriteString("### Equal footing (the headline)\n\n" +
 			"Same cipher and MAC on both sides (forced, and checked against what each negotiated), TCP_NODELAY on sshd's sockets, " +
-			"one filesystem for both sides' files (see Setup); sandgate both through `sandgate ssh-config` (fd passing) and the copying `ProxyCommand sandgate proxy %h`.\n\n")
+			"one filesystem for both sides' files (see Setup); sandgate both through `sandgate ssh-config` (fd passing) and the copying `ProxyCommand sandgate proxy %h`; rows e4e-f and e5e-f put the copying proxy's hop in front of sshd too.\n\n")
 		b.WriteString(table(eq, r.RefLabel))
 	}
 	if len(stock) > 0 {

@@ -245,7 +245,7 @@ func (b *bench) remote(host string) string {
 	switch {
 	case strings.HasPrefix(host, "sg") || (b.ref != nil && host == "sshd"):
 		return "big.bin"
-	case host == "sshd-eq":
+	case host == "sshd-eq", host == hopHost:
 		return filepath.Join(b.sdEq.home, "big.bin")
 	}
 	return filepath.Join(b.sd.home, "big.bin")
@@ -302,7 +302,7 @@ func (b *bench) serverPID(host string) int {
 	switch {
 	case strings.HasPrefix(host, "sg"):
 		return b.sg.pid()
-	case host == "sshd-eq":
+	case host == "sshd-eq", host == hopHost:
 		return b.sdEq.pid()
 	case b.ref != nil:
 		return b.ref.pid()

@@ -1,4 +1,4 @@
-package main
+package piperelay
 
 import (
 	"bytes"
@@ -31,10 +31,10 @@ func pipe(t *testing.T) (r, w *os.File) {
 	return r, w
 }
 
-// relayPipes moves both ways at once, whole and in order, through full
+// Relay moves both ways at once, whole and in order, through full
 // pipes and a full socket (both far ends start reading late); EOF on
 // stdin half-closes the socket, and the gateway's close ends the relay.
-func TestProxyRelayPipes(t *testing.T) {
+func TestRelay(t *testing.T) {
 	client, server := relayPair(t)
 	inR, inW := pipe(t)
 	outR, outW := pipe(t)
@@ -76,9 +76,9 @@ func TestProxyRelayPipes(t *testing.T) {
 		b, _ := io.ReadAll(outR)
 		got <- b
 	}()
-	handled, err := relayPipes(client, inR, outW)
+	handled, err := Relay(client, inR, outW)
 	if !handled || err != nil {
-		t.Fatalf("relayPipes: handled %v, err %v", handled, err)
+		t.Fatalf("Relay: handled %v, err %v", handled, err)
 	}
 	outW.Close()
 	if err := <-gw; err != nil {
@@ -96,7 +96,7 @@ func TestProxyRelayPipes(t *testing.T) {
 // When ssh stops reading (its end of the stdout pipe closed), the relay
 // ends, quietly: ssh closes its end when a session is over, while the
 // gateway may still be sending.
-func TestProxyRelayPipesReaderGone(t *testing.T) {
+func TestRelayReaderGone(t *testing.T) {
 	client, server := relayPair(t)
 	inR, _ := pipe(t)
 	outR, outW := pipe(t)
@@ -104,33 +104,33 @@ func TestProxyRelayPipesReaderGone(t *testing.T) {
 	go func() { _, _ = server.Write(make([]byte, 4<<20)) }()
 	done := make(chan error, 1)
 	go func() {
-		_, err := relayPipes(client, inR, outW)
+		_, err := Relay(client, inR, outW)
 		done <- err
 	}()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("relayPipes with ssh's stdout gone: %v, want the quiet end", err)
+			t.Fatalf("Relay with ssh's stdout gone: %v, want the quiet end", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("relayPipes did not end after ssh closed its stdout")
+		t.Fatal("Relay did not end after ssh closed its stdout")
 	}
 }
 
 // Anything but pipes on ssh's side, or a socket on the gateway's, is left
 // to the caller, with nothing moved.
-func TestProxyRelayPipesNotPipes(t *testing.T) {
+func TestRelayNotPipes(t *testing.T) {
 	client, _ := relayPair(t)
 	inR, _ := pipe(t)
 	_, outW := pipe(t)
-	if handled, err := relayPipes(client, strings.NewReader("x"), outW); handled || err != nil {
+	if handled, err := Relay(client, strings.NewReader("x"), outW); handled || err != nil {
 		t.Errorf("stdin a strings.Reader: handled %v, err %v; want it left to the caller", handled, err)
 	}
-	if handled, err := relayPipes(client, inR, io.Discard); handled || err != nil {
+	if handled, err := Relay(client, inR, io.Discard); handled || err != nil {
 		t.Errorf("stdout io.Discard: handled %v, err %v; want it left to the caller", handled, err)
 	}
 	var buf bytes.Buffer
-	if handled, err := relayPipes(&buf, inR, outW); handled || err != nil {
+	if handled, err := Relay(&buf, inR, outW); handled || err != nil {
 		t.Errorf("conn a bytes.Buffer: handled %v, err %v; want it left to the caller", handled, err)
 	}
 }

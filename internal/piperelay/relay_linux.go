@@ -1,4 +1,4 @@
-package main
+package piperelay
 
 import (
 	"io"
@@ -16,7 +16,7 @@ import (
 // /proc/sys/fs/pipe-max-size, 1 MiB by default).
 const pipeMax = 1 << 20
 
-// relayPipes moves bytes both ways between ssh's pipes (stdin, stdout)
+// Relay moves bytes both ways between ssh's pipes (stdin, stdout)
 // and the gateway's socket: one loop on one thread waits with poll(2),
 // moves the gateway's bytes to ssh with splice(2) and ssh's through one
 // buffer (relayLoop says why), so no goroutine hands work to another. It
@@ -25,7 +25,7 @@ const pipeMax = 1 << 20
 //
 // It reports false, having moved nothing, when stdin or stdout is not a
 // pipe or conn not a socket; the caller copies then.
-func relayPipes(conn io.Writer, stdin io.Reader, stdout io.Writer) (handled bool, err error) {
+func Relay(conn io.Writer, stdin io.Reader, stdout io.Writer) (handled bool, err error) {
 	in, ok := stdin.(*os.File)
 	if !ok || !isPipe(in) {
 		return false, nil
@@ -63,7 +63,7 @@ func relayPipes(conn io.Writer, stdin io.Reader, stdout io.Writer) (handled bool
 // upBufSize is the proxy's buffer for the upstream copy (see relayLoop).
 const upBufSize = 256 << 10
 
-// relayLoop is relayPipes' loop over the raw descriptors: in and out are
+// relayLoop is Relay's loop over the raw descriptors: in and out are
 // pipes, sock a non-blocking stream socket.
 //
 // Downstream (gateway → ssh) moves with splice(2). Upstream (ssh →
@@ -231,9 +231,9 @@ func spliceOnce(from, to, flags int) (int64, error) {
 	}
 }
 
-// growPipe asks for a larger pipe when w is one (ssh's stdout pipe), so
+// GrowPipe asks for a larger pipe when w is one (ssh's stdout pipe), so
 // that the copy from the socket hands ssh more per wake-up.
-func growPipe(w io.Writer) {
+func GrowPipe(w io.Writer) {
 	if f, ok := w.(*os.File); ok && isPipe(f) {
 		setPipeMax(f)
 	}

@@ -347,7 +347,7 @@ func (b *bench) transfers(ts []transfer) error {
 		}
 		med := func(xs []float64) float64 { return NewStats(xs).Median }
 		a, r := t.pair[0], t.pair[1]
-		note := fmt.Sprintf("CPU s per run, server / client side (client incl. ProxyCommand): sandgate %.2f / %.2f, sshd %.2f / %.2f",
+		note := fmt.Sprintf("CPU s per run, server / client side (client: ssh, and its ProxyCommand only when that ends first and ssh reaps it): sandgate %.2f / %.2f, sshd %.2f / %.2f",
 			med(cpu[a][0]), med(cpu[a][1]), med(cpu[r][0]), med(cpu[r][1]))
 		if t.label != "" {
 			note = t.label + "; " + note

@@ -149,8 +149,9 @@ func describeDialError(err error, id string) string {
 // Bytes the dialer read past the CONNECT answer (the gateway's SSH
 // banner, usually) go to stdout first; from then on the proxy moves data
 // with the socket itself. With ssh's pipes on one side and a TCP socket
-// on the other (plain http), piperelay.Relay moves both ways with splice(2) on
-// one thread; otherwise (https, or no pipes) two copies run.
+// on the other (plain http), piperelay.Relay moves both ways on one
+// thread (splice(2) down, one buffer up); otherwise (https, or no pipes)
+// two copies run.
 func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 	conn, head := tunnel.Unwrap(conn)
 	if len(head) > 0 {

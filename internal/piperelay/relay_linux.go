@@ -17,7 +17,8 @@ import (
 const pipeMax = 1 << 20
 
 // Relay moves bytes both ways between ssh's pipes (stdin, stdout)
-// and the gateway's socket: one loop on one thread waits with poll(2),
+// and conn, the socket to the server (sandgate's gateway, or sshd behind
+// `sgbench nc`): one loop on one thread waits with poll(2),
 // moves the gateway's bytes to ssh with splice(2) and ssh's through one
 // buffer (relayLoop says why), so no goroutine hands work to another. It
 // returns when the gateway ends the connection (EOF on stdin half-closes

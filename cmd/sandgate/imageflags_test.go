@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -150,4 +152,68 @@ func digestOf(t *testing.T, x interface{ Digest() (v1.Hash, error) }) v1.Hash {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// Through the built gateway: creates whose image is past a bound, or
+// whose registry hangs or redirects to a private address, fail with their
+// codes, and nothing of the image stays in the store.
+func TestImageBoundsOverREST(t *testing.T) {
+	requireLinuxDriver(t)
+	reg := imagestest.NewRegistry(t)
+	big := reg.Push(t, "tools/big:1", imagestest.Image(t, v1.Config{}, imagestest.RandomLayer(t, "r", 2<<20, 1)))
+	small := imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})
+	redirected := reg.Push(t, "tools/redirect:1", imagestest.Image(t, v1.Config{}, small))
+	var hits atomic.Int64
+	other := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, "INTERNAL-SECRET-PAGE")
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go other.Serve(ln)
+	t.Cleanup(func() { other.Close() })
+	reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/"+digestOf(t, small).String()) {
+			http.Redirect(w, req, "http://"+ln.Addr().String()+"/blob", http.StatusTemporaryRedirect)
+			return true
+		}
+		return false
+	})
+	silent := imagestest.SilentListener(t)
+
+	g := startGateway(t, "--sandbox", "linux", "--image-allow", reg.Host+"/tools/*", "--image-allow", silent+"/*",
+		"--image-max-size", "1MiB", "--image-pull-timeout", "3s")
+	for _, tc := range []struct {
+		image  string
+		status int
+		code   string
+	}{
+		{big, http.StatusBadRequest, "image_too_large"},
+		{silent + "/hangs:1", http.StatusBadGateway, "image_pull_timeout"},
+		{redirected, http.StatusBadGateway, "image_pull_failed"},
+	} {
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		status := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"image": tc.image}, &e)
+		t.Logf("%s: %d %s: %s", tc.image, status, e.Error.Code, e.Error.Message)
+		if status != tc.status || e.Error.Code != tc.code {
+			t.Errorf("create on %s: %d %s, want %d %s", tc.image, status, e.Error.Code, tc.status, tc.code)
+		}
+		if strings.Contains(e.Error.Message, "INTERNAL-SECRET-PAGE") {
+			t.Errorf("create on %s: the redirect target's body is in the answer", tc.image)
+		}
+	}
+	if hits.Load() != 0 {
+		t.Errorf("the private redirect target was reached %d times", hits.Load())
+	}
+	for _, d := range []string{"layers/sha256", "tmp"} {
+		ents, err := os.ReadDir(filepath.Join(g.DataDir, "images", d))
+		if err != nil || len(ents) != 0 {
+			t.Errorf("images/%s after refused pulls: %v %v", d, ents, err)
+		}
+	}
 }

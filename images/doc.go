@@ -75,7 +75,8 @@
 //	  gc.lock                           flock: pulls and imports hold it shared, Prune
 //	                                    exclusive while it moves layers out
 //	  layers/sha256/<diffID hex>/
-//	    layer.json                      diffID, blob digest, tar size, unpacked size, entries
+//	    layer.json                      diffID, blob digest, tar size, unpacked size, allocated
+//	                                    bytes (blocks, what the quota counts), entries
 //	    root/                           the unpacked layer: an overlayfs lower dir
 //	  refs/<sessionID>                  a session's reference: JSON {name, digest, diffIDs}
 //	  tmp/                              layers being unpacked, oci-archives being read,

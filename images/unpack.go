@@ -48,9 +48,6 @@ type unpackOpts struct {
 	image  *imageBudget
 }
 
-// charger counts bytes about to be written against a bound.
-type charger interface{ charge(n int64) error }
-
 // blockSize is the granularity of holes: an aligned block of zeros in a
 // file's data is not written.
 const blockSize = 4096

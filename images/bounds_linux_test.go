@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -287,4 +288,42 @@ func (r *oddReader) Read(p []byte) (int, error) {
 	copy(p, r.b[:n])
 	r.b = r.b[n:]
 	return n, nil
+}
+
+// The store unpacks at most WithMaxUnpacks layers at once, all pulls
+// together: a second pull's layer waits for the first's slot.
+func TestMaxUnpacksAcrossPulls(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	la := imagestest.TarLayer(t, imagestest.Entry{Name: "a", Body: "a"})
+	lb := imagestest.TarLayer(t, imagestest.Entry{Name: "b", Body: "b"})
+	refA := reg.Push(t, "test/a:1", imagestest.Image(t, v1.Config{}, la))
+	imgB := imagestest.Image(t, v1.Config{}, lb)
+	refB := reg.Push(t, "test/b:1", imgB)
+	cfgB, err := imgB.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := reg.Hold(digestOf(t, la))
+	defer release()
+	s, _ := newStore(t, WithMaxUnpacks(1))
+	errA, errB := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := s.Pull(context.Background(), refA, PullOptions{}); errA <- err }()
+	<-started // A holds the only slot while its blob is held
+	go func() { _, err := s.Pull(context.Background(), refB, PullOptions{}); errB <- err }()
+	for reg.BlobGets(cfgB) == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // B's layer would be asked for by now
+	if n := reg.BlobGets(digestOf(t, lb)); n != 0 {
+		t.Errorf("B's layer was fetched %d times while A held the only unpack slot", n)
+	}
+	release()
+	for _, ch := range []chan error{errA, errB} {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := reg.BlobGets(digestOf(t, lb)); n != 1 {
+		t.Errorf("B's layer fetched %d times, want 1", n)
+	}
 }

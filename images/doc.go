@@ -10,7 +10,8 @@
 //	Open(dataDir, ...Option) (*Store, error)    open or create <dataDir>/images
 //	WithKeychain, WithTransport, WithPlatform,   Options: credentials (default
 //	WithLimits, WithStoreLimits,                 authn.DefaultKeychain), HTTP transport,
-//	WithPullTimeouts, WithDialer                 platform for indexes, image bounds, the
+//	WithPullTimeouts, WithDialer,                platform for indexes, image bounds, the
+//	WithMaxUnpacks                               layers unpacked at once, the
 //	                                             store's quota and free-space reserve,
 //	                                             pull deadline and stall timeout, how the
 //	                                             default transport dials (the gateway's
@@ -134,7 +135,9 @@
 // the bound). StoreLimits bound the store (ErrStoreFull): its quota counts
 // the blocks its layers take (layer.json's allocBytes), checked before an
 // unpack and as it writes; the free-space reserve is checked before and
-// every 32 MiB written. A pull has a deadline and a stall timeout
+// every 32 MiB written. At most WithMaxUnpacks layers (default 4) are
+// fetched and unpacked at once, all pulls together, which bounds the
+// memory of decompressors. A pull has a deadline and a stall timeout
 // (ErrPullTimeout), which a RoundTripper around the store's transport
 // applies to every request, redirects and token requests included. An
 // error answer from another host than the registry keeps its status but

@@ -152,6 +152,12 @@ func (s *Store) unpackLayer(ctx context.Context, src layerSource) (layerMeta, er
 		return m, nil
 	}
 	hexID := strings.TrimPrefix(src.diffID, "sha256:")
+	select {
+	case s.unpacks <- struct{}{}:
+		defer func() { <-s.unpacks }()
+	case <-ctx.Done():
+		return layerMeta{}, context.Cause(ctx)
+	}
 	// The blob's size is the least the layer takes on disk.
 	charge, err := s.beginUnpack(max(src.size, 0))
 	if err != nil {

@@ -61,6 +61,7 @@ const (
 	DefaultMaxRatio        = 100       // uncompressed bytes per compressed byte of a layer...
 	DefaultRatioFloor      = 256 << 20 // ...once past this many uncompressed bytes
 	defaultParallelLayers  = 3         // layers fetched at once by one pull
+	DefaultMaxUnpacks      = 4         // layers fetched and unpacked at once by the store, all pulls together
 	maxConfigBytes         = 4 << 20   // an image config (JSON), read whole
 	maxManifestBytes       = 4 << 20   // a manifest or index (JSON), read whole
 	indexVersion           = 1
@@ -116,6 +117,7 @@ type Store struct {
 
 	pullTimeout  time.Duration // <0: none
 	stallTimeout time.Duration // <0: none
+	unpacks      chan struct{} // a slot per layer being fetched and unpacked
 
 	pulls  flights[Image]
 	layers flights[layerMeta]
@@ -204,6 +206,20 @@ func WithPullTimeouts(total, stall time.Duration) Option {
 	}
 }
 
+// WithMaxUnpacks bounds the layers the store fetches and unpacks at once,
+// all pulls and imports of this process together (default
+// DefaultMaxUnpacks): each costs a decompressor (a zstd window may be 128
+// MiB) and buffers. A layer waits for a slot within its pull's deadline.
+func WithMaxUnpacks(n int) Option {
+	return func(s *Store) error {
+		if n < 1 {
+			return fmt.Errorf("max unpacks %d: want at least 1", n)
+		}
+		s.unpacks = make(chan struct{}, n)
+		return nil
+	}
+}
+
 // WithDialer sets how the store's default transport dials registries, and
 // the servers they redirect to: the gateway passes a dialer that applies
 // its egress address rule. It has no effect with WithTransport.
@@ -250,6 +266,9 @@ func Open(dataDir string, opts ...Option) (*Store, error) {
 		if err := o(s); err != nil {
 			return nil, err
 		}
+	}
+	if s.unpacks == nil {
+		s.unpacks = make(chan struct{}, DefaultMaxUnpacks)
 	}
 	if s.rt == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

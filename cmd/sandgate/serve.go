@@ -22,7 +22,6 @@ import (
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/cluster"
 	"github.com/sandgate/sandgate/gateway"
-	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/connlimit"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/procgov"
@@ -68,6 +67,7 @@ type serveConfig struct {
 	imageAllow        listFlag
 	imagePull         string
 	insecureRegistry  listFlag
+	images            imageFlags
 	egress            egressFlags
 	dataPlane         dataPlaneFlags
 	workspaces        workspaceFlags
@@ -128,6 +128,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
 	fs.StringVar(&c.metricsToken, "metrics-token", "", "serve Prometheus metrics at GET /metrics on --listen to requests bearing this token (Authorization: Bearer TOKEN); without it, and without --metrics-listen, /metrics is 404")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus metrics at GET /metrics on this second address (plain HTTP, no token: keep it private, e.g. 127.0.0.1:9090)")
+	c.images.register(fs)
 	c.egress.register(fs)
 	c.dataPlane.register(fs)
 	c.audit.register(fs)
@@ -357,15 +358,6 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if cfg.imagePull != "missing" && cfg.imagePull != "never" {
 		return fmt.Errorf("--image-pull %q: want missing or never", cfg.imagePull)
 	}
-	istore, err := images.Open(cfg.dataDir)
-	if err != nil {
-		return err
-	}
-	isrc, err := newImageSource(istore, cfg.imageAllow, cfg.imagePull == "missing", cfg.insecureRegistry, log)
-	if err != nil {
-		return err
-	}
-	isrc.noImages = driver.Name() != "linux"
 	met := metrics.New()
 	auditLog, err := cfg.audit.open(cfg.dataDir, log, met)
 	if err != nil {
@@ -381,6 +373,15 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	istore, err := cfg.images.open(cfg, egressCfg.Proxy, log)
+	if err != nil {
+		return err
+	}
+	isrc, err := newImageSource(istore, cfg.imageAllow, cfg.imagePull == "missing", cfg.insecureRegistry, log)
+	if err != nil {
+		return err
+	}
+	isrc.noImages = driver.Name() != "linux"
 	secrets, err := cfg.egress.secrets(ctx, log)
 	if err != nil {
 		return err

@@ -23,6 +23,8 @@ export const MAX_TTL = 28800;
 const CREATE_RETRY_DELAYS_MS = [500, 1000];
 /** Answers after which a create is retried (with the same Idempotency-Key). */
 const CREATE_RETRY_STATUSES = new Set([500, 502, 503, 504]);
+/** Error codes among those answers that a retry would not change: a pull past the gateway's deadline, a full image store. */
+const CREATE_NO_RETRY_CODES = new Set(["image_pull_timeout", "image_store_full"]);
 
 export interface SandboxClientOptions {
   /** The gateway's base URL (`https://gw.example.com`, `/v1` at the end is fine); default `$SANDBOX_API_URL`. */
@@ -465,8 +467,9 @@ export class SandboxClient {
    * the gateway cannot be reached, the connection breaks, the request times
    * out, or it answers 500/502/503/504, the create is sent again with the
    * same key, up to twice more (after 0.5 s, then 1 s): a create whose
-   * answer was lost never makes a second session. TLS errors and other
-   * answers (4xx, 429 included) are thrown at once.
+   * answer was lost never makes a second session. TLS errors,
+   * `image_pull_timeout` and `image_store_full` (a retry would not change
+   * them) and other answers (4xx, 429 included) are thrown at once.
    */
   async createSession(opts: CreateSessionOptions = {}): Promise<Session> {
     const body: Record<string, unknown> = { ttl: checkInt("ttlSeconds", opts.ttlSeconds ?? 3600, MIN_TTL, MAX_TTL) };
@@ -827,7 +830,12 @@ function fetchError(e: unknown, what: string, baseUrl: string, timeoutMs: number
 
 function createRetryable(e: unknown): boolean {
   if (e instanceof SandboxConnectionError) return !isTLSError(e.cause);
-  return e instanceof SandboxAPIError && e.status !== undefined && CREATE_RETRY_STATUSES.has(e.status);
+  return (
+    e instanceof SandboxAPIError &&
+    e.status !== undefined &&
+    CREATE_RETRY_STATUSES.has(e.status) &&
+    !(e.code !== undefined && CREATE_NO_RETRY_CODES.has(e.code))
+  );
 }
 
 const RESOURCE_KEYS: Record<string, "int" | "number"> = { memoryMiB: "int", cpus: "number", pids: "int", diskMiB: "int" };

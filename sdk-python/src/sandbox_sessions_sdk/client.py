@@ -12,6 +12,7 @@ import requests
 
 from ._common import (
     CREATE_RETRY_DELAYS,
+    CREATE_NO_RETRY_CODES,
     CREATE_RETRY_STATUSES,
     DEFAULT_COMMAND_TIMEOUT,
     ClosesOnExit,
@@ -99,7 +100,7 @@ def _create_retryable(e: SandboxAPIError) -> bool:
     """A failed create worth sending again: the outcome is unknown or the failure transient."""
     if isinstance(e, SandboxConnectionError):
         return not isinstance(e.__cause__, requests.exceptions.SSLError)
-    return e.status_code in CREATE_RETRY_STATUSES
+    return e.status_code in CREATE_RETRY_STATUSES and e.code not in CREATE_NO_RETRY_CODES
 
 
 class SessionsClient(ClosesOnExit):
@@ -227,8 +228,9 @@ class SessionsClient(ClosesOnExit):
         Retries: when the gateway cannot be reached, the connection breaks,
         the request times out, or it answers 500, 502, 503 or 504, the create
         is sent again, up to twice more (after 0.5 s, then 1 s), with the
-        same key, so a retry never makes a second session. TLS errors and
-        other answers (4xx, 429 included) are raised at once.
+        same key, so a retry never makes a second session. TLS errors,
+        ``image_pull_timeout`` and ``image_store_full`` (a retry would not
+        change them) and other answers (4xx, 429 included) are raised at once.
 
         Returns:
             The Session. Its ``password`` is set only in the answer that

@@ -164,8 +164,22 @@ var errPeeked = errors.New("peeked")
 // The ClientHello is parsed by crypto/tls on a read-only recording
 // connection. Anything that is not TLS passes through; starting like TLS
 // but not parsing is an error.
+//
+// The replay is every byte read, followed by every buffered byte not read:
+// a client may send its first bytes in the CONNECT's own segment, and
+// none of them may be lost.
 func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error) {
-	rec := &recorder{r: io.MultiReader(bytes.NewReader(buffered), c)}
+	pending := bytes.NewReader(buffered)
+	rec := &recorder{r: io.MultiReader(pending, c)}
+	replay := func() []byte {
+		out := rec.buf.Bytes()
+		if pending.Len() > 0 {
+			rest := make([]byte, pending.Len())
+			n, _ := pending.Read(rest)
+			out = append(out, rest[:n]...)
+		}
+		return out
+	}
 	var first [1]byte
 	if _, err := io.ReadFull(rec, first[:]); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -174,7 +188,7 @@ func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error
 		return hello{}, fmt.Errorf("reading the client's first bytes: %w", unwrapOpError(err))
 	}
 	if first[0] != 0x16 { // not a TLS handshake record
-		return hello{replay: rec.buf.Bytes()}, nil
+		return hello{replay: replay()}, nil
 	}
 	c.SetReadDeadline(time.Now().Add(timeout))
 	defer c.SetReadDeadline(time.Time{})
@@ -190,7 +204,7 @@ func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error
 	if !got {
 		return hello{}, fmt.Errorf("malformed or incomplete TLS ClientHello: %v", unwrapOpError(err))
 	}
-	return hello{tls: true, sni: sni, replay: rec.buf.Bytes()}, nil
+	return hello{tls: true, sni: sni, replay: replay()}, nil
 }
 
 // recorder keeps a copy of everything read through it.

@@ -246,9 +246,9 @@ func (p *Proxy) NewSession(tenant, id string, pol Policy, ca *CA) *Session {
 		p:      p,
 		id:     id,
 		tenant: tenant,
-		ca:    ca,
-		log:   p.log.With("session", id),
-		conns: make(map[io.Closer]bool),
+		ca:     ca,
+		log:    p.log.With("session", id),
+		conns:  make(map[io.Closer]bool),
 	}
 	s.SetPolicy(pol)
 	s.plain = &http.Transport{

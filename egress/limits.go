@@ -73,3 +73,10 @@ func (p *Proxy) Limits() Limits {
 	return Limits{MaxConns: p.cfg.MaxConns, MaxConnsPerTenant: p.cfg.MaxConnsPerTenant, MaxConnsTotal: p.cfg.MaxConnsTotal,
 		IdleTimeout: p.cfg.IdleTimeout, HalfCloseTimeout: p.cfg.HalfCloseTimeout}
 }
+
+// conns is how many connections tenant holds now.
+func (p *Proxy) conns(tenant string) int {
+	p.tmu.Lock()
+	defer p.tmu.Unlock()
+	return p.tenants[tenant]
+}

@@ -494,10 +494,12 @@ func (s *Session) reject(c net.Conn, scope string) {
 	answer := fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 	if s.p.rejecting.Add(1) > maxRejecting {
 		// A new connection's send buffer is empty: the answer goes out
-		// at once. What the client sent by now is read so that closing
+		// at once (the deadline is a backstop; a short one could pass
+		// before the write under load, and the client would see no
+		// answer). What the client sent by now is read so that closing
 		// does not reset the connection under the answer.
 		s.p.rejecting.Add(-1)
-		c.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+		c.SetWriteDeadline(time.Now().Add(time.Second))
 		io.WriteString(c, answer)
 		closeWrite(c)
 		discardBuffered(c)

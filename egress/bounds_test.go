@@ -381,3 +381,37 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// The gateway-wide bound is derived from the descriptor limit, leaving
+// three quarters of it to everything else; an explicit one that could
+// take more than half is refused.
+func TestLimitsFromNofile(t *testing.T) {
+	for _, c := range []struct {
+		nofile                 uint64
+		set                    Config
+		total, tenant, session int
+		err                    string
+	}{
+		{nofile: 20000, total: 833, tenant: 256, session: 64},
+		{nofile: 1024, total: 42, tenant: 42, session: 42},
+		{nofile: 0, total: 42, tenant: 42, session: 42},
+		{nofile: 1 << 20, total: 4096, tenant: 256, session: 64},
+		{nofile: 20000, set: Config{MaxConnsTotal: 1000, MaxConnsPerTenant: 2000, MaxConns: 10}, total: 1000, tenant: 1000, session: 10},
+		{nofile: 20000, set: Config{MaxConnsTotal: 2000}, err: "more than half the descriptor limit (20000)"},
+	} {
+		cfg := c.set
+		err := cfg.setLimits(c.nofile)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("nofile %d, %+v: %v, want %q", c.nofile, c.set, err, c.err)
+			}
+			continue
+		}
+		if err != nil || cfg.MaxConnsTotal != c.total || cfg.MaxConnsPerTenant != c.tenant || cfg.MaxConns != c.session {
+			t.Errorf("nofile %d: %d/%d/%d %v; want %d/%d/%d", c.nofile, cfg.MaxConnsTotal, cfg.MaxConnsPerTenant, cfg.MaxConns, err, c.total, c.tenant, c.session)
+		}
+		if cfg.IdleTimeout != DefaultIdleTimeout || cfg.HalfCloseTimeout != DefaultHalfCloseTimeout {
+			t.Errorf("timeouts %v %v", cfg.IdleTimeout, cfg.HalfCloseTimeout)
+		}
+	}
+}

@@ -67,7 +67,11 @@ type FrontConfig struct {
 	// token). Such a request is relayed to the session's owner like a
 	// native session route.
 	CompatSession func(r *http.Request) (id, token string, name func() string)
-	Log           *slog.Logger
+	// PreviewSession, when set, names the session of a request on a
+	// preview origin (rest.PreviewSession): relayed to its owner like a
+	// presigned link.
+	PreviewSession func(r *http.Request) (string, bool)
+	Log            *slog.Logger
 }
 
 // Front is the node's HTTP handler: it serves what this node holds and
@@ -165,6 +169,12 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id, ok := linkSession(r.URL.Path); ok {
 		f.forwardLink(w, r, id)
 		return
+	}
+	if f.cfg.PreviewSession != nil {
+		if id, ok := f.cfg.PreviewSession(r); ok {
+			f.forwardLink(w, r, id)
+			return
+		}
 	}
 	id, token, name := f.sessionOf(r)
 	if id == "" && name == nil || id != "" && f.cfg.Sessions.Known(id) {

@@ -594,8 +594,8 @@ func TestContractPorts(t *testing.T) {
 	// 504), the other methods' 200s show they pass through it.
 	unreachable := map[string]string{
 		"proxyPortGet 504":     "the server's response headers are awaited 2 minutes: too long for a test",
-		"previewOriginGet 504":  "as proxyPortGet 504",
-		"previewOriginGet 503":  "the limiter of proxyPortGet 503, per session, whatever the route",
+		"previewOriginGet 504": "as proxyPortGet 504",
+		"previewOriginGet 503": "the limiter of proxyPortGet 503, per session, whatever the route",
 	}
 	doc := loadSpec(t)
 	for _, p := range []string{"/v1/sessions/{id}/ports/{port}/{path}", "/links/ports/{token}/{path}", "/{path}"} {

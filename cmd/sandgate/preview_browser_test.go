@@ -206,3 +206,60 @@ func sessionFile(t *testing.T, g *gatewayProc, id, path string) string {
 	}
 	return string(body)
 }
+
+// TestPreviewURLsCurl: with no flag, a port link is an origin of its own
+// that plain curl reaches with no DNS set-up (curl resolves *.localhost
+// to the loopback), on the gateway's one port; --public-url and
+// --preview-domain make the URLs an operator's proxy serves, whatever
+// Host header a client sends; bad values are refused at start.
+func TestPreviewURLsCurl(t *testing.T) {
+	curl := gwtest.RequireTool(t, "curl")
+	gwtest.RequireTool(t, "python3")
+	g := startGateway(t)
+	s := g.createSession(t)
+	port := gwtest.FreePort(t)
+	putFile(t, g, s.SessionID, "site/marker.txt", "curl-reached\n")
+	procClient{g: g, base: "/v1/sessions/" + s.SessionID + "/processes"}.start(t,
+		map[string]any{"command": fmt.Sprintf("cd site && exec python3 -m http.server %d --bind 127.0.0.1", port), "name": "http"})
+	previewWait(t, fmt.Sprintf("%s/v1/sessions/%s/ports/%d/marker.txt", g.URL, s.SessionID, port), g.Token)
+	var link struct{ URL string }
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/ports/link", map[string]any{"port": port}, &link); code != 200 {
+		t.Fatalf("port link: %d", code)
+	}
+	u, err := url.Parse(link.URL)
+	gu, _ := url.Parse(g.URL)
+	if err != nil || !strings.HasSuffix(u.Hostname(), ".localhost") || u.Port() != gu.Port() {
+		t.Fatalf("preview URL %q: want *.localhost on the gateway's port %s", link.URL, gu.Port())
+	}
+	out, errOut, rc := runClient(t, cleanEnv(), nil, curl, "-sS", "--noproxy", "*", link.URL+"marker.txt")
+	if rc != 0 || out != "curl-reached\n" {
+		t.Fatalf("curl %s: %d %q %q", link.URL, rc, out, errOut)
+	}
+
+	pg := startGateway(t, "--public-url", "https://sandgate.test:8443/base", "--preview-domain", "preview.test")
+	ps := pg.createSession(t)
+	var fl, pl struct{ URL string }
+	putFile(t, pg, ps.SessionID, "f.txt", "x")
+	if code := pg.api(t, http.MethodPost, "/v1/sessions/"+ps.SessionID+"/files/link", map[string]any{"path": "f.txt"}, &fl); code != 200 ||
+		!strings.HasPrefix(fl.URL, "https://sandgate.test:8443/base/links/") {
+		t.Errorf("file link %d %q, want it under --public-url", code, fl.URL)
+	}
+	closed := gwtest.FreePort(t)
+	if code := pg.api(t, http.MethodPost, "/v1/sessions/"+ps.SessionID+"/ports/link", map[string]any{"port": closed}, &pl); code != 200 ||
+		!strings.HasPrefix(pl.URL, fmt.Sprintf("https://p%d-", closed)) || !strings.HasSuffix(pl.URL, ".preview.test:8443/") {
+		t.Fatalf("port link %d %q, want https://p%d-....preview.test:8443/", code, pl.URL, closed)
+	}
+	// The gateway serves the preview domain's names on its listener (a
+	// TLS proxy in front passes the Host on).
+	pu, _ := url.Parse(pl.URL)
+	out, _, _ = runClient(t, cleanEnv(), nil, curl, "-sS", "--noproxy", "*", "-H", "Host: "+pu.Host, pg.URL+"/x")
+	if !strings.Contains(out, `"port_unreachable"`) {
+		t.Errorf("the preview domain's name on the listener: %q, want the preview (nothing listens on its port)", out)
+	}
+
+	for _, bad := range [][]string{{"--public-url", "sandgate.test:8443"}, {"--public-url", "https://u:p@x"}, {"--preview-domain", "10.0.0.1"}} {
+		if _, err := parseServe(bad, io.Discard); err == nil {
+			t.Errorf("serve %q started", bad)
+		}
+	}
+}

@@ -173,11 +173,9 @@ func (a *api) baseURL(r *http.Request) string {
 	if r.TLS != nil {
 		scheme = "https"
 	}
+	// An accepted connection's local address is concrete (the interface
+	// it came in on), even on a listener of 0.0.0.0.
 	if addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
-		if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
-			ta = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: ta.Port}
-			addr = ta
-		}
 		return scheme + "://" + addr.String()
 	}
 	return scheme + "://localhost"

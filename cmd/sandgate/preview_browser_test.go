@@ -153,6 +153,10 @@ func TestPreviewBrowserIsolation(t *testing.T) {
 		page.Eval(t, "document.body ? document.body.innerText : ''", &fileText)
 	}
 	t.Logf("B's file link: %q %q", fileNav, fileText)
+	if fileNav == "" {
+		// Content-Disposition: attachment: a download, never a page.
+		t.Errorf("B's file link opened as a page (%q), want a download", fileText)
+	}
 	if e := page.Navigate(t, bLink.URL+"index.html"); e != "" {
 		t.Fatalf("B's page: %s", e)
 	}

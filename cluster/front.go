@@ -158,6 +158,13 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.cfg.Local.ServeHTTP(w, r)
 		return
 	}
+	if f.cfg.PreviewSession != nil {
+		// A preview origin's request, whatever its path: none of it is the API's.
+		if id, ok := f.cfg.PreviewSession(r); ok {
+			f.forwardLink(w, r, id)
+			return
+		}
+	}
 	if r.Method == http.MethodPost && r.URL.Path == "/v1/sessions" {
 		f.create(w, r)
 		return
@@ -169,12 +176,6 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id, ok := linkSession(r.URL.Path); ok {
 		f.forwardLink(w, r, id)
 		return
-	}
-	if f.cfg.PreviewSession != nil {
-		if id, ok := f.cfg.PreviewSession(r); ok {
-			f.forwardLink(w, r, id)
-			return
-		}
 	}
 	id, token, name := f.sessionOf(r)
 	if id == "" && name == nil || id != "" && f.cfg.Sessions.Known(id) {

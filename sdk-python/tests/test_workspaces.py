@@ -8,6 +8,7 @@ import time
 import uuid
 from datetime import datetime
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -153,19 +154,29 @@ def test_port_link_and_preview_url(gateway: Gateway, client: SessionsClient, ses
     proc = client.start_process(sid, argv=argv, cwd="site")
     try:
         link = client.port_link(sid, port, expires_in=600)
-        assert link.url.endswith("/") and "/links/ports/" in link.url and link.expires_at is not None
+        # An origin of its own: p{port}-{label}.localhost on the API's port.
+        origin = urlsplit(link.url)
+        api = urlsplit(gateway.url)
+        assert link.url.endswith("/") and link.expires_at is not None
+        assert origin.hostname.startswith(f"p{port}-") and origin.hostname.endswith(".localhost")
+        assert origin.port == api.port
         url = client.preview_url(sid, port, "/index.html")
         assert url == f"{gateway.url}/v1/sessions/{sid}/ports/{port}/index.html"
         deadline = time.monotonic() + 30
         while True:  # the server may not listen yet
-            r = requests.get(link.url + "index.html", timeout=10)
+            # *.localhost is the loopback in browsers and curl; Python's
+            # resolver may not know it, so connect to the gateway and name
+            # the preview's host.
+            r = requests.get(gateway.url + "/index.html", headers={"Host": origin.netloc}, timeout=10)
             if r.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert r.status_code == 200 and r.text == "hello from the sandbox\n"
-        # The preview URL answers with the bearer token, and not without it.
+        # The preview URL answers with the bearer token, and not without it,
+        # sandboxed: it is on the API's origin.
         auth = {"Authorization": f"Bearer {gateway.token}"}
-        assert requests.get(url, headers=auth, timeout=10).text == "hello from the sandbox\n"
+        r = requests.get(url, headers=auth, timeout=10)
+        assert r.text == "hello from the sandbox\n" and r.headers["Content-Security-Policy"] == "sandbox"
         assert requests.get(url, timeout=10).status_code == 401
     finally:
         client.signal_process(sid, proc["processId"], "KILL")

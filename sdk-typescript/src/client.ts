@@ -149,7 +149,11 @@ export interface SessionStats {
   egress: ByteCounts;
 }
 
-/** A presigned preview link: anyone holding `url` reaches the port's server until `expiresAt`. */
+/**
+ * A presigned preview link: anyone holding `url` reaches the port's server until `expiresAt`.
+ * The URL is the preview's own origin (`http://p{port}-{label}.localhost:{api port}/` by default),
+ * shared with no other session and not with the API.
+ */
 export interface PortLink {
   /** Ends in `/`; append the server's path. */
   url: string;
@@ -616,8 +620,10 @@ export class SandboxClient {
   /**
    * The URL of the session's preview of `port` at `path`
    * (`.../v1/sessions/{id}/ports/{port}/{path}`); nothing is sent. It needs
-   * this client's bearer token (`Authorization`); for a URL that needs
-   * none, use `portLink`.
+   * this client's bearer token (`Authorization`) and is meant for programs:
+   * it is on the API's origin, so its answers carry
+   * `Content-Security-Policy: sandbox` and no cookies. For a browser, use
+   * `portLink`, whose URL is an origin of the preview's own.
    */
   previewUrl(sessionId: string, port: number, path = "/"): string {
     checkInt("port", port, 1, 65535);

@@ -421,15 +421,21 @@ class SessionsClient(ClosesOnExit):
 
         The gateway passes requests to it to ``http://localhost:{port}`` in
         the sandbox. It needs this client's bearer token
-        (``Authorization``); for a URL that needs none (a browser, a
-        teammate), use :meth:`port_link`.
+        (``Authorization``) and is meant for programs: it is on the API's
+        origin, so its answers come with ``Content-Security-Policy:
+        sandbox`` and without cookies. For a browser (or a teammate), use
+        :meth:`port_link`, whose URL is an origin of the preview's own.
         """
         return preview_url(self._base, session_id, port, path)
 
     def port_link(self, session_id: str, port: int, expires_in: Optional[int] = None) -> PortLink:
         """A presigned link to the session's *port* (``POST .../ports/link``):
         anyone holding its ``url`` reaches the server without a token, until
-        ``expires_at`` or the session ends.
+        ``expires_at`` or the session ends. The URL is an origin of its own,
+        ``http://p{port}-{label}.localhost:{api port}/`` by default (the
+        gateway's ``--preview-domain`` otherwise): browsers and curl resolve
+        ``*.localhost`` to the loopback; a client whose resolver does not
+        can connect to the gateway's address with that ``Host`` header.
 
         Args:
             expires_in: Seconds it is valid, 1..604800 (gateway default 3600).

@@ -39,6 +39,11 @@ func TestContractWorkspaces(t *testing.T) {
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"proj"}`), http.StatusCreated, "")
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"proj"}`), http.StatusConflict, "workspace_exists")
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"../x"}`), http.StatusBadRequest, "invalid_workspace_name")
+		// ".." inside a name is refused up front (it passed the pattern
+		// and failed later as 503 workspace_store_failed: issue 35 item 9).
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"a..b"}`), http.StatusBadRequest, "invalid_workspace_name")
+		expect(t, post("/v1/sessions", aliceKey, `{"workspace":"a..b"}`), http.StatusBadRequest, "invalid_workspace_name")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/x..", aliceKey, nil), http.StatusBadRequest, "invalid_workspace_name")
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"a","size":1}`), http.StatusBadRequest, "unknown_field")
 		expect(t, post("/v1/workspaces", "", `{"name":"a"}`), http.StatusUnauthorized, "unauthorized")
 

@@ -238,13 +238,22 @@ func errBusy(name string) error {
 	return &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_busy", Message: fmt.Sprintf("workspace %q is held by another live session; end it first", name)}
 }
 
-func errStore(msg string, err error) error {
+// errStore is a 503 workspace_store_failed for err, a failure of the
+// local or the object store (which one, the log says: the tenant's
+// answer names neither). Every one is logged with its cause.
+func (s *Service) errStore(msg string, err error) error {
+	where := "local"
+	if s.cfg.Remote != nil {
+		where = "local or object"
+	}
+	s.cfg.Log.Error("workspace_store_failed", "what", msg, "store", where, "err", err)
 	return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_store_failed", Message: msg, Err: err}
 }
 
 func checkName(name string) error {
-	if !nameRE.MatchString(name) {
-		return errInvalid("invalid_workspace_name", "a workspace name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+	// ".." is refused as well: no store key may hold it (backend.go).
+	if !nameRE.MatchString(name) || strings.Contains(name, "..") {
+		return errInvalid("invalid_workspace_name", "a workspace name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit, without \"..\"")
 	}
 	return nil
 }
@@ -321,9 +330,9 @@ func (s *Service) setEntries(d *doc, entries []Entry, pins *pinSet) error {
 		return err
 	}
 	d.Pages, d.SizeBytes, d.Files = pages, 0, 0
-	for _, e := range entries {
-		if e.Mode.IsRegular() {
-			d.SizeBytes += e.Size
+	for i := range entries {
+		if entries[i].Mode.IsRegular() {
+			d.SizeBytes += entries[i].dataBytes()
 			d.Files++
 		}
 	}
@@ -376,7 +385,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	key := workspaceKey(tenant, name)
 	ok, err := s.exists(ctx, key)
 	if err != nil {
-		return Info{}, errStore("could not look the workspace up in the object store", err)
+		return Info{}, s.errStore("could not look the workspace up", err)
 	}
 	if ok {
 		return Info{}, &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_exists", Message: fmt.Sprintf("workspace %q exists", name)}
@@ -389,7 +398,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
 	if err := s.writeDoc(ctx, key, d, true); err != nil {
 		release(false)
-		return Info{}, errStore("could not store the workspace", err)
+		return Info{}, s.errStore("could not store the workspace", err)
 	}
 	release(true)
 	if s.cfg.Remote != nil {
@@ -419,7 +428,7 @@ func (s *Service) info(key string, d *doc) Info {
 func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, error) {
 	keys, err := s.listDocs(ctx, tenantDir(tenant)+"/workspaces/")
 	if err != nil {
-		return nil, errStore("could not list workspaces", err)
+		return nil, s.errStore("could not list workspaces", err)
 	}
 	out := []Info{}
 	for _, k := range keys {
@@ -452,7 +461,7 @@ func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) erro
 	key := workspaceKey(tenant, name)
 	ok, err := s.exists(ctx, key)
 	if err != nil {
-		return errStore("could not look the workspace up in the object store", err)
+		return s.errStore("could not look the workspace up", err)
 	}
 	if !ok {
 		return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q", name))
@@ -478,11 +487,11 @@ func (s *Service) remove(ctx context.Context, key string) error {
 	if s.cfg.Remote != nil {
 		tomb := []byte(time.Now().UTC().Format(time.RFC3339Nano))
 		if err := s.local.Put(ctx, tombstoneKey(key), bytes.NewReader(tomb), int64(len(tomb))); err != nil {
-			return errStore("could not delete the workspace", err)
+			return s.errStore("could not delete the workspace", err)
 		}
 	}
 	if err := s.local.Delete(ctx, key); err != nil {
-		return errStore("could not delete it from the local store", err)
+		return s.errStore("could not delete it from the local store", err)
 	}
 	s.mu.Lock()
 	delete(s.state, key)
@@ -517,7 +526,7 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 		key := workspaceKey(tenant, ref.Name)
 		ok, err := s.exists(ctx, key)
 		if err != nil {
-			return errStore("could not read the workspace from the object store", err)
+			return s.errStore("could not read the workspace", err)
 		}
 		if !ok {
 			return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q; create it with POST /v1/workspaces", ref.Name))
@@ -536,7 +545,7 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 		}
 		ok, err := s.exists(ctx, snapshotKey(tenant, ref.FromSnapshot))
 		if err != nil {
-			return errStore("could not read the snapshot from the object store", err)
+			return s.errStore("could not read the snapshot", err)
 		}
 		if !ok {
 			return errNotFound("snapshot_not_found", fmt.Sprintf("no snapshot %q", ref.FromSnapshot))
@@ -565,11 +574,11 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 	if key != "" && fill {
 		d, err := s.readDoc(ctx, key)
 		if err != nil {
-			return errStore("could not read the workspace's manifest", err)
+			return s.errStore("could not read the workspace's manifest", err)
 		}
 		entries, err := s.entries(ctx, d)
 		if err != nil {
-			return errStore("could not read the workspace's manifest", err)
+			return s.errStore("could not read the workspace's manifest", err)
 		}
 		if err := s.restore(ctx, &Manifest{Entries: entries}, homeOf(sb)); err != nil {
 			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files" + tooLargeWhy(err), Err: err}

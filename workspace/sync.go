@@ -203,7 +203,11 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 	for _, p := range d.Pages {
 		objs = append(objs, Entry{Hash: p.Hash, Size: p.Size})
 	}
-	objs = append(objs, entries...)
+	for i := range entries {
+		if validHash(entries[i].Hash) {
+			objs = append(objs, Entry{Hash: entries[i].Hash, Size: entries[i].dataBytes()})
+		}
+	}
 	pending := int64(0)
 	for _, e := range objs {
 		if validHash(e.Hash) && !s.hasRemote(objectKey(e.Hash)) {

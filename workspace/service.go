@@ -69,6 +69,7 @@ type Service struct {
 	holders  map[string]string      // doc key of a named workspace -> session holding it
 	sessions map[string]*attachment // session id -> what it holds
 	drop     map[string]bool        // sessions whose named workspace goes when they end
+	discard  map[string]bool        // sessions that end without a last sync
 	detached map[string]time.Time   // sessions that ended lately -> when
 	state    map[string]*SyncState  // doc key -> its sync to the remote store
 	queue    map[string]job         // doc key -> what the pusher must do
@@ -103,7 +104,49 @@ type attachment struct {
 type SyncState struct {
 	LastSyncedAt *time.Time `json:"lastSyncedAt"`
 	PendingBytes int64      `json:"pendingBytes"`
-	LastError    string     `json:"lastError,omitempty"`
+	// LastError is why the last capture of the workspace's files, or the
+	// last push to the object store, failed ("" once both succeed).
+	LastError string `json:"lastError,omitempty"`
+
+	captureErr string // the last capture's failure, or ""
+}
+
+// view is what the API shows of st: LastError is the capture's failure
+// before the push's.
+func (st *SyncState) view() *SyncState {
+	c := *st
+	c.LastError = strings.Join(slices.DeleteFunc([]string{st.captureErr, st.LastError}, func(e string) bool { return e == "" }), "; ")
+	c.captureErr = ""
+	return &c
+}
+
+// noteCapture records how a capture of workspace doc key ended, for the
+// session's workspaceSync and the workspace's sync.
+func (s *Service) noteCapture(key string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state[key]
+	if st == nil {
+		if err == nil {
+			return
+		}
+		st = &SyncState{}
+		s.state[key] = st
+	}
+	st.captureErr = ""
+	if err != nil {
+		st.captureErr = "could not save the workspace's files" + captureWhy(err)
+	}
+}
+
+// captureWhy is what a tenant is told of a failed capture: which of its
+// files are over the limit, or that the gateway's store failed (the log
+// says how).
+func captureWhy(err error) string {
+	if why := tooLargeWhy(err); why != "" {
+		return why
+	}
+	return ": the gateway's store failed (the gateway's log says how); it is tried again at the next sync"
 }
 
 type job struct {
@@ -141,7 +184,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
-		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, detached: map[string]time.Time{},
+		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, discard: map[string]bool{}, detached: map[string]time.Time{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
 		releases: map[string]release{}, claims: map[string]release{},
 		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}, creating: map[string]bool{}, settled: map[string]time.Time{}}
@@ -418,8 +461,7 @@ func (s *Service) info(key string, d *doc) Info {
 	defer s.mu.Unlock()
 	in := Info{Name: d.Name, SizeBytes: d.SizeBytes, Files: d.Files, CreatedAt: d.CreatedAt, LastUsedAt: d.LastUsedAt, InUseBy: s.holders[key]}
 	if st := s.state[key]; st != nil {
-		c := *st
-		in.Sync = &c
+		in.Sync = st.view()
 	}
 	return in
 }
@@ -558,6 +600,9 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 // snapshot that raced its end does not attach it again.
 const detachedMemory = 10 * time.Minute
 
+// emptyHash is the SHA-256 of no bytes: the object of an empty file.
+const emptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
 var snapIDRE = regexp.MustCompile(`^snap_[0-9a-f]{24}$`)
 
 // Attach fills session's new workspace from ref (when fill) and starts
@@ -602,6 +647,49 @@ func (s *Service) DropOnEnd(session string, drop bool) {
 	}
 }
 
+// DiscardOnEnd makes session end without a last sync of its named
+// workspace (DELETE with discard=true): what changed since the last
+// sync is lost, the workspace keeps its last saved version.
+func (s *Service) DiscardOnEnd(session string, discard bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if discard {
+		s.discard[session] = true
+	} else {
+		delete(s.discard, session)
+	}
+}
+
+// FinalSync saves session's named workspace before the session is
+// deleted (a session without one: nothing to do). An error is
+// workspace_sync_failed: the files could not be saved, and the caller
+// must not end the session, so that they are kept until they are saved
+// or discarded (DiscardOnEnd). What the session changes between this
+// and its end is saved by Detach.
+func (s *Service) FinalSync(ctx context.Context, session string) error {
+	s.mu.Lock()
+	a := s.sessions[session]
+	s.mu.Unlock()
+	if a == nil || a.name == "" || !s.stillHeld(ctx, session, a) {
+		return nil
+	}
+	key := workspaceKey(a.tenant, a.name)
+	_, err := s.capture(ctx, a, key, false)
+	s.noteCapture(key, err)
+	if err == nil {
+		return nil
+	}
+	s.cfg.Log.Warn("workspace_final_sync_failed", "session", session, "workspace", a.name, "err", err,
+		"effect", "the session is not deleted; its files are kept")
+	kind := gateway.KindUnavailable
+	if errors.Is(err, errTooLarge) {
+		kind = gateway.KindConflict
+	}
+	return &gateway.Error{Kind: kind, Code: "workspace_sync_failed", Err: err,
+		Message: fmt.Sprintf("the session was not deleted: its workspace %q could not be saved%s; its files are kept. "+
+			"Free space and delete it again, or delete it with discard=true to lose the changes since the last sync", a.name, captureWhy(err))}
+}
+
 // Detach is called when session ends, before its sandbox goes: a named
 // workspace is synced a last time and released (gateway.Workspaces).
 func (s *Service) Detach(ctx context.Context, session string) {
@@ -617,6 +705,8 @@ func (s *Service) Detach(ctx context.Context, session string) {
 	s.detached[session] = now
 	drop := s.drop[session]
 	delete(s.drop, session)
+	discard := s.discard[session]
+	delete(s.discard, session)
 	var held []string
 	for k, h := range s.holders {
 		if h == session {
@@ -635,8 +725,14 @@ func (s *Service) Detach(ctx context.Context, session string) {
 			if err != nil {
 				s.cfg.Log.Error("workspace_delete_failed", "session", session, "err", err)
 			}
+		} else if discard {
+			s.cfg.Log.Info("workspace_changes_discarded", "session", session, "workspace", a.name)
 		} else if _, err := s.capture(ctx, a, key, false); err != nil {
-			s.cfg.Log.Error("workspace_sync_failed", "session", session, "workspace", a.name, "err", err)
+			s.noteCapture(key, err)
+			s.cfg.Log.Error("workspace_sync_failed", "session", session, "workspace", a.name, "err", err,
+				"effect", "the workspace keeps its last saved version")
+		} else {
+			s.noteCapture(key, nil)
 		}
 	}
 	s.mu.Lock()
@@ -666,8 +762,7 @@ func (s *Service) SessionSync(session string) *SyncState {
 	if st == nil {
 		return &SyncState{}
 	}
-	c := *st
-	return &c
+	return st.view()
 }
 
 // capture scans a's workspace into the local store and writes the
@@ -826,6 +921,11 @@ func (s *Service) openObject(ctx context.Context, hash string, size int64) (io.R
 	}
 	if size < 0 {
 		return nil, corruptf("manifest: bad size %d", size)
+	}
+	if hash == emptyHash && size == 0 {
+		// An empty file, or a sparse one of holes only: no store is asked
+		// (S3 refuses an empty PUT sent without a length).
+		return io.NopCloser(strings.NewReader("")), nil
 	}
 	key := objectKey(hash)
 	r, err := s.local.Get(ctx, key)

@@ -897,6 +897,7 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	info, err := s.capture(ctx, a, key, !stopped)
 	release(err == nil)
 	if err != nil {
+		s.cfg.Log.Error("workspace_snapshot_failed", "session", session, "tenant_dir", tenantDir(tenant), "err", err)
 		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace" + tooLargeWhy(err), Err: err}
 	}
 	info.SnapshotID = id

@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -203,4 +207,66 @@ func TestStoreErrorsAreLogged(t *testing.T) {
 	if !strings.Contains(log.String(), "workspace_store_failed") || !strings.Contains(log.String(), "store unreachable") {
 		t.Errorf("log: %s", log.String())
 	}
+}
+
+// failingFreezer is a session whose freeze never completes.
+type failingFreezer struct {
+	dirSandbox
+	tries atomic.Int32
+}
+
+func (f *failingFreezer) Freeze(context.Context) (func() error, error) {
+	f.tries.Add(1)
+	return nil, errors.New("the sandbox's processes did not freeze in time")
+}
+
+// TestSnapshotWithoutFreeze: a freeze that keeps failing is tried again,
+// then the snapshot is taken without one when two scans in a row agree
+// (consistent), and refused only when the files change between every
+// two scans; every failure is logged with its cause.
+func TestSnapshotWithoutFreeze(t *testing.T) {
+	var log bytes.Buffer
+	var logMu sync.Mutex
+	s := newServiceCfg(t, Config{Log: slog.New(slog.NewTextHandler(&lockedWriter{w: &log, mu: &logMu}, nil))})
+	ctx := context.Background()
+	sb := &failingFreezer{dirSandbox: dirSandbox{dir: t.TempDir()}}
+	write(t, filepath.Join(sb.dir, "a"), "steady")
+	info, err := s.Snapshot(ctx, "t", "s1", sb, false)
+	if err != nil || !info.Consistent || info.Files != 1 {
+		t.Fatalf("snapshot of steady files without a freeze: %+v %v", info, err)
+	}
+	if n := sb.tries.Load(); n != freezeTries {
+		t.Errorf("freeze tried %d times, want %d", n, freezeTries)
+	}
+
+	// A writer that never rests: the files change between every two
+	// scans, so no two agree.
+	i := 0
+	s.beforeStableScan = func() {
+		i++
+		write(t, filepath.Join(sb.dir, "counter"), strconv.Itoa(i))
+	}
+	_, err = s.Snapshot(ctx, "t", "s1", sb, false)
+	var ge *gateway.Error
+	if !errors.As(err, &ge) || ge.Code != "snapshot_failed" || !errors.Is(err, errUnstable) {
+		t.Fatalf("snapshot of changing files without a freeze: %v", err)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	for _, want := range []string{"workspace_freeze_failed", "workspace_snapshot_unfrozen", "workspace_snapshot_failed", "did not freeze in time"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the log has no %q:\n%s", want, log.String())
+		}
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -85,6 +85,10 @@ type Service struct {
 	settled  map[string]time.Time   // doc keys created lately -> when (limits.go)
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
+
+	// beforeStableScan, when set (tests), is called before each scan of
+	// stableScan: a writer that never rests, made deterministic.
+	beforeStableScan func()
 }
 
 // attachment is a live session's tie to the engine.
@@ -784,20 +788,34 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	if freeze {
 		frz = freezerOf(a.sb)
 	}
+	var first *Manifest
 	if frz != nil {
-		_, st, err := s.scan(ctx, dir, a.cache, limit, pins)
+		m, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 		if err != nil {
 			return nil, err
 		}
+		first = m
 		info.StoredBytes += st.HashedBytes
 	}
 	var thaw func() error
 	start := time.Now()
 	if frz != nil {
 		var err error
-		if thaw, err = frz.Freeze(ctx); err != nil {
-			return nil, fmt.Errorf("freeze the session: %w", err)
+		if thaw, err = s.freezeRetrying(ctx, frz, a.session); err != nil {
+			if ctx.Err() != nil || errors.Is(err, sandbox.ErrClosed) {
+				return nil, fmt.Errorf("freeze the session: %w", err)
+			}
+			// No freeze: a copy that needs none, or none at all.
+			m, st, serr := s.stableScan(ctx, dir, a.cache, limit, pins, first)
+			if serr != nil {
+				return nil, errors.Join(fmt.Errorf("freeze the session: %w", err), serr)
+			}
+			s.cfg.Log.Warn("workspace_snapshot_unfrozen", "session", a.session, "freeze_err", err,
+				"effect", "taken without a freeze: two scans in a row found the same files")
+			info.Consistent = true
+			return s.finishCapture(ctx, a, key, m, st, info, pins)
 		}
+		info.Consistent = true
 	}
 	m, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 	if thaw != nil {
@@ -805,11 +823,77 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 			err = errors.Join(err, fmt.Errorf("thaw the session: %w", terr))
 		}
 		info.FrozenMillis = float64(time.Since(start).Microseconds()) / 1000
-		info.Consistent = true
 	}
 	if err != nil {
 		return nil, err
 	}
+	return s.finishCapture(ctx, a, key, m, st, info, pins)
+}
+
+// Freeze attempts of a snapshot, each given at most freezeAttempt, before
+// it falls back to stableScan.
+const (
+	freezeTries   = 3
+	freezeAttempt = 2 * time.Second
+)
+
+// freezeRetrying freezes frz, trying again (freezeTries in all) when the
+// freeze does not complete; each failure is logged with its cause.
+func (s *Service) freezeRetrying(ctx context.Context, frz sandbox.Freezer, session string) (func() error, error) {
+	var err error
+	for try := 1; try <= freezeTries; try++ {
+		actx, cancel := context.WithTimeout(ctx, freezeAttempt)
+		var thaw func() error
+		thaw, err = frz.Freeze(actx)
+		cancel()
+		if err == nil {
+			return thaw, nil
+		}
+		s.cfg.Log.Warn("workspace_freeze_failed", "session", session, "try", try, "of", freezeTries, "err", err)
+		if ctx.Err() != nil || errors.Is(err, sandbox.ErrClosed) {
+			break
+		}
+	}
+	return nil, err
+}
+
+// stableTries bounds stableScan's scans.
+const stableTries = 5
+
+// errUnstable: the files kept changing through every scan of stableScan.
+var errUnstable = errors.New("no consistent copy without a freeze: the files changed between every two scans")
+
+// stableScan captures dir without freezing its writers: scans in a row
+// (the first may be given: prev) until two find the same files, with the
+// same content, each file's stat unchanged or its content read again.
+// That copy is one the files held for the whole of the second scan, as
+// far as content goes. Files changing through stableTries scans are
+// errUnstable.
+func (s *Service) stableScan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet, prev *Manifest) (*Manifest, scanStats, error) {
+	for range stableTries {
+		if s.beforeStableScan != nil {
+			s.beforeStableScan()
+		}
+		m, st, err := s.scan(ctx, dir, cache, limit, pins)
+		if err != nil {
+			return nil, st, err
+		}
+		if prev != nil && slices.EqualFunc(prev.Entries, m.Entries, sameEntry) {
+			return m, st, nil
+		}
+		prev = m
+	}
+	return nil, scanStats{}, errUnstable
+}
+
+func sameEntry(a, b Entry) bool {
+	return a.Path == b.Path && a.Mode == b.Mode && a.Size == b.Size && a.Hash == b.Hash && a.Link == b.Link &&
+		a.HardLink == b.HardLink && a.Sparse == b.Sparse && slices.Equal(a.Extents, b.Extents)
+}
+
+// finishCapture stores manifest m as doc key (unless a workspace's is
+// unchanged), completing info.
+func (s *Service) finishCapture(ctx context.Context, a *attachment, key string, m *Manifest, st scanStats, info *SnapshotInfo, pins *pinSet) (*SnapshotInfo, error) {
 	info.StoredBytes += st.HashedBytes
 	info.SizeBytes, info.Files, info.CreatedAt = m.Bytes(), st.Files, m.CreatedAt
 	s.gcMu.RLock()

@@ -643,7 +643,9 @@ func TestSnapshotsUnderWriteLoop(t *testing.T) {
 			t.Fatalf("delete snapshot: %d", code)
 		}
 	}
-	t.Logf("%d snapshots under a mv loop: %d failed; longest freeze %.2f ms", n, len(failed), longest)
+	log := g.stderr.String()
+	t.Logf("%d snapshots under a mv loop: %d failed; longest freeze %.2f ms; freezes tried again %d times, snapshots taken without a freeze %d",
+		n, len(failed), longest, strings.Count(log, "workspace_freeze_failed"), strings.Count(log, "workspace_snapshot_unfrozen"))
 	if len(failed) > 0 {
 		t.Errorf("%d of %d snapshots failed:\n%s", len(failed), n, strings.Join(failed, "\n"))
 	}

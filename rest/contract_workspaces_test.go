@@ -221,7 +221,8 @@ func TestContractWorkspaces(t *testing.T) {
 	// workspace's sync, DELETE refuses with workspace_sync_failed, and
 	// discard=true ends it keeping the last saved version.
 	t.Run("unsaved", func(t *testing.T) {
-		ug := newGateway(t, gwOptions{cov: cov, workspaceDir: t.TempDir(), workspaceMaxBytes: 1 << 20})
+		udir := t.TempDir()
+		ug := newGateway(t, gwOptions{cov: cov, workspaceDir: udir, workspaceMaxBytes: 1 << 20})
 		run := func(id, cmd string) {
 			t.Helper()
 			body, _ := json.Marshal(map[string]string{"command": cmd})
@@ -257,12 +258,23 @@ func TestContractWorkspaces(t *testing.T) {
 		if !strings.Contains(string(r.body), `"lastError":"could not save`) {
 			t.Errorf("the workspace's sync: %s", r.body)
 		}
+		// Under the limit again, but the gateway's store fails: 503.
+		run(id, "rm over.bin")
+		tmp := filepath.Join(udir, "tmp")
+		if err := os.Rename(tmp, tmp+".away"); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusServiceUnavailable, "workspace_sync_failed")
+		if err := os.Rename(tmp+".away", tmp); err != nil {
+			t.Fatal(err)
+		}
+		run(id, `test "$(cat keep.txt)" = v2`) // still there, files and all
 		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id+"?discard=true", aliceKey, nil), http.StatusNoContent, "")
 
 		s = ug.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"workspace":"u"}`))
 		expect(t, s, http.StatusCreated, "")
 		id = s.session(t).SessionID
-		run(id, `test "$(cat keep.txt)" = v1 && test ! -e over.bin`)
+		run(id, `test "$(cat keep.txt)" = v1`)
 		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusNoContent, "")
 	})
 

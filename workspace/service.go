@@ -630,6 +630,7 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 			return s.errStore("could not read the workspace's manifest", err)
 		}
 		if err := s.restore(ctx, &Manifest{Entries: entries}, homeOf(sb)); err != nil {
+			s.cfg.Log.Error("workspace_restore_failed", "session", session, "err", err)
 			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files" + tooLargeWhy(err), Err: err}
 		}
 	}

@@ -270,6 +270,9 @@ func TestContractWorkspaces(t *testing.T) {
 		}
 		run(id, `test "$(cat keep.txt)" = v2`) // still there, files and all
 		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id+"?discard=true", aliceKey, nil), http.StatusNoContent, "")
+		if r := ug.do(t, http.MethodGet, "/v1/workspaces", aliceKey, nil); strings.Contains(string(r.body), "lastError") {
+			t.Errorf("the workspace's sync after discard: %s", r.body)
+		}
 
 		s = ug.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"workspace":"u"}`))
 		expect(t, s, http.StatusCreated, "")

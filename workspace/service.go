@@ -731,6 +731,9 @@ func (s *Service) Detach(ctx context.Context, session string) {
 				s.cfg.Log.Error("workspace_delete_failed", "session", session, "err", err)
 			}
 		} else if discard {
+			// Nothing is left unsaved: a failure of the changes dropped
+			// is no longer the workspace's.
+			s.noteCapture(key, nil)
 			s.cfg.Log.Info("workspace_changes_discarded", "session", session, "workspace", a.name)
 		} else if _, err := s.capture(ctx, a, key, false); err != nil {
 			s.noteCapture(key, err)

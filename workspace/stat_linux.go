@@ -34,6 +34,12 @@ func inodeOf(info fs.FileInfo) (id inode, nlink uint64, allocated int64, ok bool
 // SEEK_DATA/SEEK_HOLE: [offset, length] pairs in order. ok false: the
 // filesystem cannot tell (the whole file is then data).
 func dataExtents(f *os.File, size int64) (ext [][2]int64, ok bool, err error) {
+	// A whole file is read from its start: whatever the seeks did.
+	defer func() {
+		if _, serr := f.Seek(0, 0); serr != nil && err == nil {
+			ext, ok, err = nil, false, serr
+		}
+	}()
 	fd := int(f.Fd())
 	for off := int64(0); off < size; {
 		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
@@ -59,9 +65,6 @@ func dataExtents(f *os.File, size int64) (ext [][2]int64, ok bool, err error) {
 		}
 		ext = appendExtent(ext, start, end-start)
 		off = end
-	}
-	if _, err := f.Seek(0, 0); err != nil {
-		return nil, false, err
 	}
 	return ext, true, nil
 }

@@ -270,3 +270,35 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestAppendExtentBounds: a file of many data regions keeps at most
+// maxExtents, in order, covering every region.
+func TestAppendExtentBounds(t *testing.T) {
+	var ext [][2]int64
+	for i := range int64(5000) {
+		ext = appendExtent(ext, i*8192, 4096)
+	}
+	if len(ext) > maxExtents {
+		t.Fatalf("%d extents, more than %d", len(ext), maxExtents)
+	}
+	e := Entry{Path: "f", Mode: 0o644, Size: 5000 * 8192, Sparse: true, Extents: ext}
+	if err := checkEntry(&e); err != nil {
+		t.Fatal(err)
+	}
+	covered := func(off int64) bool {
+		for _, x := range ext {
+			if off >= x[0] && off < x[0]+x[1] {
+				return true
+			}
+		}
+		return false
+	}
+	for i := range int64(5000) {
+		if !covered(i*8192) || !covered(i*8192+4095) {
+			t.Fatalf("region %d is not kept", i)
+		}
+	}
+	if got := appendExtent([][2]int64{{0, 10}}, 10, 5); len(got) != 1 || got[0] != [2]int64{0, 15} {
+		t.Errorf("touching regions: %v", got)
+	}
+}

@@ -54,9 +54,11 @@ func Freeze(ctx context.Context, dirs []string) (thaw func() error, err error) {
 // cgroup FREEZING for good when a task forked while it froze escaped it
 // (a shell loop starting a process every few milliseconds hits this
 // about one freeze in twenty), and only a new write of FROZEN freezes
-// the newcomers. So every poll writes on again, and every thawEvery a
-// freeze still not done is undone for thawPause and tried afresh, which
-// lets a task stuck half-way (in a vfork, say) get out of the way.
+// the newcomers. So every poll writes on again, and a freeze still not
+// done after thawEvery is undone for thawPause and tried afresh, which
+// lets a task stuck half-way (in a vfork, say) get out of the way; the
+// wait before the next such retry doubles, so that a freeze that is only
+// slow (a loaded host) is not undone again and again.
 const (
 	thawEvery = 100 * time.Millisecond
 	thawPause = 5 * time.Millisecond
@@ -78,7 +80,7 @@ func freeze(ctx context.Context, file, on, off string, timeout time.Duration, fr
 	if err := os.WriteFile(file, []byte(on), 0); err != nil {
 		return nil, fmt.Errorf("freeze: %w", err)
 	}
-	since := time.Now()
+	since, every := time.Now(), thawEvery
 	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
 		ok, err := frozen()
 		if err == nil && ok {
@@ -95,7 +97,7 @@ func freeze(ctx context.Context, file, on, off string, timeout time.Duration, fr
 			continue // the check above says so
 		case <-time.After(delay):
 		}
-		if time.Since(since) >= thawEvery {
+		if time.Since(since) >= every {
 			if err := thaw(); err != nil {
 				return nil, err
 			}
@@ -103,7 +105,7 @@ func freeze(ctx context.Context, file, on, off string, timeout time.Duration, fr
 			case <-ctx.Done():
 			case <-time.After(thawPause):
 			}
-			since, delay = time.Now(), 50*time.Microsecond
+			since, every, delay = time.Now(), 2*every, 50*time.Microsecond
 		}
 		if err := os.WriteFile(file, []byte(on), 0); err != nil {
 			return nil, errors.Join(fmt.Errorf("freeze: %w", err), thaw())

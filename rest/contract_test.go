@@ -879,6 +879,8 @@ func TestContract(t *testing.T) {
 		"getHostKeys 500":   "the handler has no failure path; documented because every handler sits behind the panic recoverer",
 		"createSession 404": "workspace_not_found and snapshot_not_found: seen in TestContractWorkspaces",
 		"deleteSession 400": "an invalid keepWorkspace: seen in TestContractWorkspaces",
+		"deleteSession 409": "workspace_sync_failed (files over the limit): seen in TestContractWorkspaces",
+		"deleteSession 503": "workspace_sync_failed (the store failed): seen in TestContractWorkspaces",
 	})
 }
 

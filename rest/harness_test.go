@@ -76,6 +76,8 @@ type gwOptions struct {
 	publicURL, previewDomain string
 	// maxWorkspaces and maxSnapshots bound a tenant's (0: the engine's defaults).
 	maxWorkspaces, maxSnapshots int
+	// workspaceMaxBytes bounds what a workspace may hold (0: its filesystem's size).
+	workspaceMaxBytes int64
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -150,7 +152,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	var wsvc *workspace.Service
 	if o.workspaceDir != "" {
 		if wsvc, err = workspace.New(workspace.Config{Dir: o.workspaceDir, Log: log,
-			MaxWorkspaces: o.maxWorkspaces, MaxSnapshots: o.maxSnapshots}); err != nil {
+			MaxWorkspaces: o.maxWorkspaces, MaxSnapshots: o.maxSnapshots, MaxBytes: o.workspaceMaxBytes}); err != nil {
 			t.Fatal(err)
 		}
 		gcfg.Workspaces = wsvc

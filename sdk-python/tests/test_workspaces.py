@@ -77,6 +77,25 @@ def test_workspace_outlives_its_session_and_is_held_by_one(client: SessionsClien
         client.delete_workspace(workspace)
 
 
+def test_delete_with_discard_keeps_the_last_saved_version(client: SessionsClient, workspace: str) -> None:
+    client.create_workspace(workspace)
+    first = client.create_session(ttl=300, workspace=workspace)
+    try:
+        client.write_file(first.session_id, "kept.txt", b"v1\n")
+    finally:
+        client.delete_session(first.session_id)
+    second = client.create_session(ttl=300, workspace=workspace)
+    try:
+        client.write_file(second.session_id, "kept.txt", b"v2\n")
+    finally:
+        client.delete_session(second.session_id, discard=True)
+    third = client.create_session(ttl=300, workspace=workspace)
+    try:
+        assert client.read_file(third.session_id, "kept.txt") == b"v1\n"
+    finally:
+        client.delete_session(third.session_id)
+
+
 def test_snapshot_fork_list_delete(client: SessionsClient) -> None:
     src = client.create_session(ttl=300)
     forks = []
@@ -239,4 +258,8 @@ def test_arguments_are_checked_before_sending(client: SessionsClient) -> None:
         client.list_audit(since=datetime(2030, 1, 1))  # naive: ambiguous
     with pytest.raises(TypeError):
         client.delete_session("sbx-x", keep_workspace="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        client.delete_session("sbx-x", discard="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        client.create_workspace("a..b")
     assert client.preview_url("sbx-a", 8080) == client.api_url + "/v1/sessions/sbx-a/ports/8080/"

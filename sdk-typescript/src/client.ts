@@ -423,9 +423,12 @@ export class Session {
     return opts.maxBytes !== undefined && ans.body.length > opts.maxBytes ? ans.body.slice(0, opts.maxBytes) : ans.body;
   }
 
-  /** Deletes the session and everything in its sandbox. */
-  destroy(): Promise<void> {
-    return this.#client.deleteSession(this.id);
+  /**
+   * Deletes the session and everything in its sandbox; `discard: true` ends
+   * it without saving its named workspace (see `deleteSession`).
+   */
+  destroy(opts: { discard?: boolean } = {}): Promise<void> {
+    return this.#client.deleteSession(this.id, opts);
   }
 
   /** Opens the CONNECT tunnel to this session's SSH server (see openTunnel). */
@@ -559,13 +562,20 @@ export class SandboxClient {
   /**
    * Deletes a session (`DELETE /v1/sessions/{id}`); 200 and 204 both succeed.
    * `keepWorkspace: false` also removes the named workspace it holds.
+   * A session holding a named workspace saves it first; when that fails the
+   * session is not deleted and keeps its files (`SandboxOperationError` with
+   * code `workspace_sync_failed`: 409 when its files hold more than the
+   * workspace may, 503 when the gateway's store failed). `discard: true`
+   * ends it without saving: what changed since the last sync is lost.
    */
-  async deleteSession(id: string, opts: { keepWorkspace?: boolean } = {}): Promise<void> {
-    let query = "";
-    if (opts.keepWorkspace !== undefined) {
-      if (typeof opts.keepWorkspace !== "boolean") throw new TypeError("keepWorkspace must be a boolean");
-      query = `?keepWorkspace=${opts.keepWorkspace}`;
+  async deleteSession(id: string, opts: { keepWorkspace?: boolean; discard?: boolean } = {}): Promise<void> {
+    const params: string[] = [];
+    for (const [name, value] of [["keepWorkspace", opts.keepWorkspace], ["discard", opts.discard]] as const) {
+      if (value === undefined) continue;
+      if (typeof value !== "boolean") throw new TypeError(`${name} must be a boolean`);
+      params.push(`${name}=${value}`);
     }
+    const query = params.length > 0 ? "?" + params.join("&") : "";
     await this._request("DELETE", sessionPath(id) + query, { what: "delete session", sessionScoped: true });
   }
 
@@ -573,8 +583,8 @@ export class SandboxClient {
 
   /** Creates an empty named workspace (`POST /v1/workspaces`); `WorkspaceExistsError` if the name is taken. */
   async createWorkspace(name: string): Promise<Workspace> {
-    if (typeof name !== "string" || !WORKSPACE_NAME.test(name)) {
-      throw new TypeError("workspace name must be 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit");
+    if (typeof name !== "string" || !WORKSPACE_NAME.test(name) || name.includes("..")) {
+      throw new TypeError("workspace name must be 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit, without '..'");
     }
     const ans = await this._request("POST", "/workspaces", { what: "create workspace", json: { name } });
     return checked<Workspace>(parseJSONObject(ans, "create workspace"), "name", "create workspace");

@@ -41,9 +41,29 @@ describe("workspaces, snapshots, stats, ports, audit", { skip: SKIP }, () => {
   it("checks arguments before sending", async () => {
     await assert.rejects(client.createSession({ workspace: "w", fromSnapshot: "snap_x" }), TypeError);
     await assert.rejects(client.createWorkspace("-lead"), TypeError);
+    await assert.rejects(client.createWorkspace("a..b"), TypeError);
+    await assert.rejects(client.deleteSession("sbx-x", { discard: "yes" as unknown as boolean }), TypeError);
     await assert.rejects(client.portLink("sbx-x", 70000), RangeError);
     await assert.rejects(client.listAudit({ limit: 0 }), RangeError);
     assert.equal(client.previewUrl("sbx-a", 8080), `${gw.url}/v1/sessions/sbx-a/ports/8080/`);
+  });
+
+  it("ends a session without saving its workspace with discard", async () => {
+    const name = `ts-${randomBytes(6).toString("hex")}`;
+    await client.createWorkspace(name);
+    const a = await client.createSession({ ttlSeconds: 300, workspace: name });
+    await a.write("kept.txt", "v1");
+    await a.destroy();
+    const b = await client.createSession({ ttlSeconds: 300, workspace: name });
+    await b.write("kept.txt", "v2");
+    await b.destroy({ discard: true });
+    const c = await client.createSession({ ttlSeconds: 300, workspace: name });
+    try {
+      assert.equal(new TextDecoder().decode(await c.read("kept.txt")), "v1");
+    } finally {
+      await c.destroy();
+      await client.deleteWorkspace(name);
+    }
   });
 
   it("keeps a workspace's files across sessions, one holder at a time", async () => {

@@ -277,9 +277,11 @@ class AsyncSessionsClient:
         )
         return parse_session(data, "update session")
 
-    async def delete_session(self, session_id: str, keep_workspace: Optional[bool] = None) -> None:
+    async def delete_session(
+        self, session_id: str, keep_workspace: Optional[bool] = None, discard: Optional[bool] = None
+    ) -> None:
         """:meth:`SessionsClient.delete_session`."""
-        params = delete_session_params(keep_workspace)
+        params = delete_session_params(keep_workspace, discard)
         await self._request(
             "DELETE", session_path(session_id), what="delete session", session_scoped=True, params=params
         )

@@ -323,20 +323,30 @@ class SessionsClient(ClosesOnExit):
         )
         return self._session(data, "update session")
 
-    def delete_session(self, session_id: str, keep_workspace: Optional[bool] = None) -> None:
+    def delete_session(
+        self, session_id: str, keep_workspace: Optional[bool] = None, discard: Optional[bool] = None
+    ) -> None:
         """Delete a session and everything in its sandbox (``DELETE /v1/sessions/{id}``).
 
-        200 and 204 both count as success.
+        200 and 204 both count as success. A session holding a named
+        workspace saves it first; when that fails the session is not
+        deleted and keeps its files (SandboxOperationError, ``.code``
+        ``workspace_sync_failed``: 409 when its files hold more than the
+        workspace may, 503 when the gateway's store failed).
 
         Args:
             keep_workspace: ``False`` also removes the named workspace the
                 session holds (``?keepWorkspace=false``); None or ``True``
                 keep it (the gateway's default).
+            discard: ``True`` ends the session without saving its named
+                workspace (``?discard=true``): what changed since the last
+                sync is lost, the workspace keeps its last saved version.
 
         Raises:
             SessionNotFoundError: no such session (or already deleted).
+            SandboxOperationError: ``workspace_sync_failed``, see above.
         """
-        params = delete_session_params(keep_workspace)
+        params = delete_session_params(keep_workspace, discard)
         self._request(
             "DELETE", self._session_path(session_id), what="delete session", session_scoped=True, params=params
         )

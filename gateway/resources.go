@@ -47,6 +47,9 @@ const (
 
 const mib = 1 << 20
 
+// MaxPids is the most pids a session may ask for, defaults applied.
+func (b ResourceBounds) MaxPids() int64 { return b.withDefaults().Max.Pids }
+
 // withDefaults fills b's zero fields.
 func (b ResourceBounds) withDefaults() ResourceBounds {
 	d := &b.Default

@@ -337,6 +337,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	driver, err := openDriver(cfg.sandboxDriver, sandbox.Config{
 		DataDir: cfg.dataDir, Log: log, Limits: cfg.sandbox.limits, AllowUserNS: cfg.sandbox.allowUserNS,
+		Nofile: cfg.sandbox.nofile,
 		// Restore below re-attaches what the store knows and removes the rest.
 		KeepOrphans: true,
 	})
@@ -349,6 +350,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
 	}
 	log.Info("sandbox_seccomp", "driver", driver.Name(), "seccomp", seccompStatus(driver))
+	if driver.Name() == "linux" {
+		warnHostPools(log, readHostPools(), sandboxDemand{maxSessions: cfg.maxSessions,
+			maxPids: cfg.resources.MaxPids(), nofile: cfg.sandbox.nofile.WithDefaults()})
+	}
 	store, err := gateway.OpenBoltStore(filepath.Join(cfg.dataDir, "sessions.db"))
 	if err != nil {
 		return err

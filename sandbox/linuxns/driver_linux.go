@@ -107,6 +107,7 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("the linux driver needs a data dir")
 	}
+	cfg.Nofile = cfg.Nofile.WithDefaults()
 	root, err := filepath.Abs(filepath.Join(cfg.DataDir, "sandboxes"))
 	if err != nil {
 		return nil, err
@@ -357,6 +358,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
+		NofileSoft: d.cfg.Nofile.Soft, NofileHard: d.cfg.Nofile.Hard,
 	}
 	waited = true
 	if err := <-wsDone; err != nil {

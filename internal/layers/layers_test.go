@@ -38,6 +38,7 @@ var forbidden = map[string][]string{
 	"cluster":            {"rest", "tunnel", "sshd", "cmd", "sftpd", "sandbox/", "images", "dataplane", "workspace"},
 	"internal/metrics":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "egress", "audit", "cluster", "workspace"},
 	"internal/connlimit": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"internal/droplog":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/readyfile": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/rawio":     {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/procgov":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},

@@ -65,6 +65,7 @@ type serveConfig struct {
 	maxWaiting        int
 	maxWaitingPerIP   int
 	sshMaxStartups    startupsFlag
+	sshStartupsEach   int
 	imageAllow        listFlag
 	imagePull         string
 	insecureRegistry  listFlag
@@ -122,6 +123,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.IntVar(&c.maxWaitingPerIP, "max-waiting-conns-per-ip", 128, "connections that have not sent a whole HTTP request, per source IP; past it that source's oldest are closed")
 	c.sshMaxStartups = startupsFlag(sshd.DefaultStartups)
 	fs.Var(&c.sshMaxStartups, "ssh-max-startups", "tunnels in SSH authentication at once, `start:rate:full` as OpenSSH's MaxStartups: from start on, rate% of new ones are dropped, rising to 100% at full")
+	fs.IntVar(&c.sshStartupsEach, "ssh-max-startups-per-principal", sshd.DefaultStartupsPerPrincipal, "tunnels of one principal (tenant) in SSH authentication at once; past it a CONNECT answers 429 too_many_ssh_startups (--ssh-max-startups stays the gateway-wide bound; negative: no budget per principal)")
 	fs.Var(&c.imageAllow, "image-allow", "images a create may pull on demand: an exact reference or a prefix ending in * (docker.io/library/*, ghcr.io/acme/*); repeatable")
 	fs.StringVar(&c.imagePull, "image-pull", "missing", "on-demand pulls: missing (pull an allowed image a create asks for) or never")
 	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
@@ -425,6 +427,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,
 		Metrics: met, LocalForward: cfg.sshLocalForward, Audit: auditor,
+		MaxStartupsPerPrincipal: cfg.sshStartupsEach,
 	})
 	if err != nil {
 		return err
@@ -435,7 +438,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		conn, closed := auditTunnel(ctx, auditor, conn, s)
 		defer closed()
 		ssh.ServeConnContext(ctx, conn, s)
-	}, rest.WriteGatewayError, log)
+	}, rest.WriteGatewayError, log, tunnel.WithAdmitter(ssh))
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,

@@ -296,6 +296,13 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	sb, err := m.driver.Create(ctx, spec)
 	if err != nil {
 		m.releaseImage(s)
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			// The client went away while its sandbox was built: nothing
+			// failed that an operator must look at.
+			m.log.InfoContext(ctx, "sandbox_create_abandoned", "session", s.ID, "tenant", p.Tenant, "reason", "client disconnected")
+			m.auditSession(ctx, s, "create_failed", "client disconnected", "")
+			return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "the create was abandoned: the client disconnected", Err: err}
+		}
 		m.log.ErrorContext(ctx, "sandbox_create_failed", "session", s.ID, "tenant", p.Tenant, "err", err)
 		m.auditSession(ctx, s, "create_failed", err.Error(), "")
 		if bad, ok := errors.AsType[*sandbox.BadImageError](err); ok {

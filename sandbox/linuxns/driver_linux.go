@@ -395,6 +395,16 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	return d.handshake(ctx, conn, is, name, fds)
 }
 
+// ctxErr is err, or, when ctx ended (its cancellation set the deadline
+// that err reports as an i/o timeout), why ctx ended: the caller went
+// away, which is not the sandbox's failure.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
 // handshake sends the init its spec and waits until the sandbox is built.
 func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int) error {
 	dl, _ := ctx.Deadline()
@@ -402,13 +412,13 @@ func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spe
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 	if err := ctl.WriteFrame(conn, spec, fds...); err != nil {
-		return fmt.Errorf("send sandbox spec: %w", err)
+		return fmt.Errorf("send sandbox spec: %w", ctxErr(ctx, err))
 	}
 	var ready ctl.Ready
 	got, err := ctl.ReadFrame(conn, &ready)
 	procio.CloseFDs(got)
 	if err != nil {
-		return fmt.Errorf("sandbox init: %w", err)
+		return fmt.Errorf("sandbox init: %w", ctxErr(ctx, err))
 	}
 	if !ready.OK && ready.BadImage {
 		return &sandbox.BadImageError{Image: image, Reason: ready.Error}

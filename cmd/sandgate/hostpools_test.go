@@ -85,3 +85,24 @@ func TestSandboxNofileFlags(t *testing.T) {
 		}
 	}
 }
+
+// An egress range that holds an etcd endpoint would let sandboxes reach
+// the cluster's state: refused unless forced.
+func TestEgressCIDRRefusesEtcd(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--cluster-etcd", "http://127.0.0.1:2379", "--egress-allow-cidr", "127.0.0.0/8"}, "contains etcd endpoint http://127.0.0.1:2379"},
+		{[]string{"--cluster-etcd", "http://10.0.0.9:2379,http://10.1.0.9:2379", "--egress-allow-cidr", "192.168.0.0/16", "--egress-allow-cidr", "10.1.0.0/16"}, "10.1.0.0/16 contains etcd endpoint http://10.1.0.9:2379"},
+		{[]string{"--cluster-etcd", "http://localhost:2379", "--egress-allow-cidr", "127.0.0.1/32"}, "contains etcd endpoint http://localhost:2379"},
+		{[]string{"--cluster-etcd", "http://127.0.0.1:2379", "--egress-allow-cidr", "127.0.0.0/8", "--force-egress-to-etcd"}, ""},
+		{[]string{"--cluster-etcd", "http://127.0.0.1:2379", "--egress-allow-cidr", "10.0.0.0/8"}, ""},
+		{[]string{"--egress-allow-cidr", "127.0.0.0/8"}, ""},
+	} {
+		_, err := parseServe(tt.args, io.Discard)
+		if tt.err == "" && err != nil || tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)) {
+			t.Errorf("%v: %v, want %q", tt.args, err, tt.err)
+		}
+	}
+}

@@ -158,6 +158,9 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	if err := c.workspaces.check(); err != nil {
 		return nil, err
 	}
+	if err := c.cluster.checkEgress(context.Background(), c.egress.allowCIDR); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 

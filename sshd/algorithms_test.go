@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -164,5 +166,38 @@ func TestAdmitTunnel(t *testing.T) {
 		t.Errorf("after a release: %v", err)
 	} else {
 		release()
+	}
+}
+
+// A burst of drops is logged as its first drop at once, then as the true
+// count of the rest at the end of the window, with no later drop needed.
+func TestStartupWarningsCountTheBurst(t *testing.T) {
+	h := newHarness(t, sshd.Config{MaxStartups: sshd.Startups{Start: 1, Rate: 100, Full: 1}, MaxStartupsPerPrincipal: 2,
+		WarnEvery: 200 * time.Millisecond}, newFakeSandbox())
+	_, release, err := h.srv.AdmitTunnel(context.Background(), gateway.Principal{Tenant: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for range 248 {
+		if _, _, err := h.srv.AdmitTunnel(context.Background(), gateway.Principal{Tenant: "b"}); err == nil {
+			t.Fatal("admitted past the bound")
+		}
+	}
+	re := regexp.MustCompile(`msg=ssh_max_startups dropped=(\d+)`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		total := 0
+		for _, m := range re.FindAllStringSubmatch(h.log.String(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			total += n
+		}
+		if total == 248 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log counts %d drops, want 248:\n%s", total, h.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

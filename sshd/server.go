@@ -54,6 +54,10 @@ type Config struct {
 	// 429 past it) ahead of MaxStartups (default
 	// DefaultStartupsPerPrincipal; negative: none).
 	MaxStartupsPerPrincipal int
+	// WarnEvery is the window of the startup bounds' warnings: the first
+	// drop of a burst is logged at once, the true count of the rest at
+	// the end of each window (default 10s).
+	WarnEvery time.Duration
 	// LocalForward allows direct-tcpip channels (ssh -L) to the sandbox's
 	// own loopback, through sandbox.LoopbackDialer; off, they are refused.
 	// Remote, agent and X11 forwarding are always refused.
@@ -139,11 +143,11 @@ func New(cfg Config) (*Server, error) {
 		cfg.MaxStartupsPerPrincipal = DefaultStartupsPerPrincipal
 	}
 	s := &Server{cfg: cfg, chans: map[*channel]struct{}{}, startups: startups{limit: cfg.MaxStartups, perPrincipal: max(cfg.MaxStartupsPerPrincipal, 0)}}
-	s.startups.drops = droplog.New(0, func(n int) {
+	s.startups.drops = droplog.New(cfg.WarnEvery, func(n int) {
 		s.cfg.Log.Warn("ssh_max_startups", "dropped", n, "in_auth", s.startups.inAuth(),
 			"max_startups", s.cfg.MaxStartups.String(), "reason", "too many tunnels in SSH authentication")
 	})
-	s.startups.perDrops = droplog.New(0, func(n int) {
+	s.startups.perDrops = droplog.New(cfg.WarnEvery, func(n int) {
 		s.cfg.Log.Warn("ssh_max_startups_per_principal", "dropped", n, "max_startups_per_principal", s.cfg.MaxStartupsPerPrincipal,
 			"reason", "a principal's tunnels in SSH authentication reached its budget: answered 429 at CONNECT")
 	})

@@ -358,8 +358,8 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
-		NofileSoft: d.cfg.Nofile.Soft, NofileHard: d.cfg.Nofile.Hard,
 	}
+	is.NofileSoft, is.NofileHard = nofileFor(d.cfg.Nofile, lim.Pids)
 	waited = true
 	if err := <-wsDone; err != nil {
 		return err
@@ -393,6 +393,19 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		name = img.Name
 	}
 	return d.handshake(ctx, conn, is, name, fds)
+}
+
+// nofileFor is the RLIMIT_NOFILE of a sandbox with pids processes: the
+// driver's, with the soft limit raised (and the hard one with it) to
+// what the init needs to hold two descriptors per running command (its
+// control connection and the command's namespace), which it must as the
+// init and every command share one limit.
+func nofileFor(n sandbox.Nofile, pids int64) (soft, hard uint64) {
+	soft, hard = n.Soft, n.Hard
+	if need := uint64(max(pids, 0))*2 + 64; need > soft {
+		soft = need
+	}
+	return soft, max(hard, soft)
 }
 
 // ctxErr is err, or, when ctx ended (its cancellation set the deadline

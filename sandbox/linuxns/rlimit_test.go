@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sandgate/sandgate/sandbox"
@@ -24,14 +25,19 @@ func TestLinuxNofileLimit(t *testing.T) {
 	for _, tt := range []struct {
 		name       string
 		cfg        sandbox.Nofile
+		pids       int64
 		soft, hard int
 	}{
-		{"default", sandbox.Nofile{}, sandbox.DefaultNofileSoft, sandbox.DefaultNofileHard},
-		{"configured", sandbox.Nofile{Soft: 100, Hard: 300}, 100, 300},
+		{"default", sandbox.Nofile{}, 0, sandbox.DefaultNofileSoft, sandbox.DefaultNofileHard},
+		{"configured", sandbox.Nofile{Soft: 100, Hard: 300}, 16, 100, 300},
+		// The init holds two descriptors per running command under the
+		// same limit: a session with many pids gets room for them.
+		{"many pids", sandbox.Nofile{}, 1024, 2*1024 + 64, sandbox.DefaultNofileHard},
+		{"many pids, low hard limit", sandbox.Nofile{Soft: 100, Hard: 300}, 200, 2*200 + 64, 2*200 + 64},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := openLinux(t, sandbox.Config{DataDir: t.TempDir(), Nofile: tt.cfg})
-			sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-nofile-" + tt.name})
+			sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-nofile", Limits: sandbox.Limits{Pids: tt.pids}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -52,6 +58,26 @@ func TestLinuxNofileLimit(t *testing.T) {
 			// bash's own descriptors (stdio, its script) come off the limit.
 			if n >= tt.hard || n < tt.hard-16 {
 				t.Errorf("opened %d descriptors, want just under the hard limit %d", n, tt.hard)
+			}
+			if tt.pids < 1000 {
+				return
+			}
+			// 600 commands at once: more than a 1024-descriptor init could
+			// hold the connections of.
+			var ps []sandbox.Process
+			defer func() {
+				for _, p := range ps {
+					_ = p.Signal(syscall.SIGKILL)
+					_, _ = p.Wait()
+				}
+			}()
+			for i := range 600 {
+				p, err := sb.Start(context.Background(), sandbox.Cmd{Command: "exec sleep 100"})
+				if err != nil {
+					t.Fatalf("command %d of 600: %v", i, err)
+				}
+				p.Stdin().Close()
+				ps = append(ps, p)
 			}
 		})
 	}

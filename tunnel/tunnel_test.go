@@ -307,3 +307,23 @@ func waitLog(s *gwtest.Stack, what string) bool {
 	}
 	return false
 }
+
+// A Dialer with RetryStartups waits its turn past the budget: once the
+// stalled tunnels reach their handshake deadline, its CONNECT gets in.
+func TestDialerRetriesStartups(t *testing.T) {
+	s := gwtest.Start(t, gwtest.Options{SSH: sshd.Config{HandshakeTimeout: time.Second, MaxStartupsPerPrincipal: 2}})
+	id := s.CreateSession(t, nil).SessionID
+	for range 2 {
+		conn, err := s.Dial(t, s.Token, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+	}
+	d := &tunnel.Dialer{APIURL: s.URL, Token: s.Token, Timeout: 10 * time.Second, RetryStartups: 30 * time.Second}
+	conn, err := d.Dial(context.Background(), id)
+	if err != nil {
+		t.Fatalf("dial with retries: %v", err)
+	}
+	conn.Close()
+}

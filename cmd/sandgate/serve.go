@@ -479,7 +479,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
-	connlimit.New(connlimit.Config{MaxWaiting: cfg.maxWaiting, MaxWaitingPerIP: cfg.maxWaitingPerIP, Log: log}).Install(srv)
+	waiting := connlimit.New(connlimit.Config{MaxWaiting: cfg.maxWaiting, MaxWaitingPerIP: cfg.maxWaitingPerIP, Log: log})
+	waiting.Install(srv)
+	defer waiting.Close() // logs the closings of the last window
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -162,13 +163,32 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, status, code, msg)
 		return
 	}
+	ndjson := wantsNDJSON(r)
+	// The command's memory is charged from before it starts until both
+	// it has ended and its answer is written or abandoned.
+	release, err := a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeBudgetError(w, err)
+		}
+		return
+	}
+	var owners atomic.Int32 // the command and its answer
+	owners.Store(2)
+	done1 := func() {
+		if owners.Add(-1) == 0 {
+			release()
+		}
+	}
+	defer done1()
 	// The command runs on a context of its own, which ends with it: a
 	// client that leaves kills it (cancel below, when the handler sees it
 	// go), unless it runs in the background.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	req.Buffers = a.dp.buffers
 
 	var stream *ndjsonWriter
-	if wantsNDJSON(r) {
+	if ndjson {
 		stream = &ndjsonWriter{w: w, rc: http.NewResponseController(w)}
 		req.Stream = stream.output
 	}
@@ -178,6 +198,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
+		defer done1()
 		defer cancel() // released when the command ends, not the request
 		var o outcome
 		if cr.Shell != "" {
@@ -191,6 +212,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		done <- o
 	}()
 	var o outcome
+	stopping := false
 	select {
 	case o = <-done:
 	case <-r.Context().Done():
@@ -207,6 +229,28 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			stream.stop()
 		}
 		return
+	case <-a.cfg.Stopping:
+		// The gateway's drain is over and the command still runs: it is
+		// ended (the gateway's end would end it), and answered with what
+		// it wrote.
+		a.cfg.Log.InfoContext(r.Context(), "command_ended_by_shutdown", "session", s.ID, "shell", cr.Shell)
+		cancel()
+		o, stopping = <-done, true
+	}
+	if stopping {
+		noteErrorCode(w, "shutting_down")
+		detail := errorDetail{Code: "shutting_down", Message: "the gateway is shutting down: the command was ended"}
+		if stream != nil {
+			stream.final(map[string]any{"error": detail})
+			return
+		}
+		ans := shutdownAnswer{Error: detail}
+		if o.err == nil {
+			ans.commandResult = resultBody(o.res, false)
+		}
+		_ = writeAnswer(w, http.StatusServiceUnavailable, ans, o.res.Stdout, o.res.Stderr)
+		o.res.Release()
+		return
 	}
 	if o.err != nil {
 		if stream != nil && stream.started() {
@@ -216,12 +260,40 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		writeCommandError(w, o.err)
 		return
 	}
-	out := resultBody(o.res, stream == nil)
 	if stream != nil {
-		stream.final(out)
+		stream.final(resultBody(o.res, false))
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = writeAnswer(w, http.StatusOK, resultBody(o.res, false), o.res.Stdout, o.res.Stderr)
+	o.res.Release() // written: the buffers serve the next command
+}
+
+// shutdownAnswer is a command's answer when the gateway's shutdown ended
+// it: the error, and the command's result with the output it wrote.
+type shutdownAnswer struct {
+	Error errorDetail `json:"error"`
+	commandResult
+}
+
+// budgetStatus is the status and code of a command refused by the output
+// budget: 429 past the tenant's share, 503 past the gateway's.
+func budgetStatus(err error) (int, string) {
+	if errors.Is(err, dataplane.ErrTenantBudget) {
+		return http.StatusTooManyRequests, "too_many_commands"
+	}
+	return http.StatusServiceUnavailable, "commands_unavailable"
+}
+
+// writeBudgetError answers a command refused by the output budget.
+func writeBudgetError(w http.ResponseWriter, err error) {
+	w.Header().Set("Retry-After", "1")
+	status, code := budgetStatus(err)
+	if status == http.StatusTooManyRequests {
+		WriteError(w, status, code, "the tenant's running commands hold all the output memory it may use; "+
+			"retry when some end, or ask for a smaller maxOutputBytes")
+		return
+	}
+	WriteError(w, status, code, "running commands hold all the output memory of the gateway; retry when some end")
 }
 
 // writeCommandError answers a command that could not run.
@@ -257,9 +329,13 @@ func resultBody(r dataplane.Result, withOutput bool) commandResult {
 	return out
 }
 
+// outputFields renders o as a pair of JSON fields, for small outputs
+// (python.go); a command's answer encodes them from their bytes
+// (writeAnswer).
 func outputFields(o dataplane.Output) (text, b64 *string) {
 	if o.IsBase64 {
-		return nil, &o.Base64
+		s := base64.StdEncoding.EncodeToString(o.Bytes())
+		return nil, &s
 	}
 	return &o.Text, nil
 }

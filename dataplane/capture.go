@@ -26,6 +26,7 @@ type capture struct {
 	full    bool   // the ring is full (what was written reached limit)
 	discard bool   // keep nothing, only count (the output was streamed)
 	frozen  bool   // output was called: buf is the answer's, never written again
+	isText  bool   // once frozen: what is kept is text
 	pool    *BufferPool
 }
 
@@ -151,7 +152,7 @@ func (c *capture) bytes() []byte {
 // stays text.
 func (c *capture) text() (string, bool) {
 	b := c.bytes()
-	if c.truncated() {
+	if c.truncated() && !c.discard {
 		head := trimCutEnd(b[:c.headCap])
 		tail := trimCutStart(b[c.headCap:])
 		b = append(head, tail...) // head's end is dropped: no overlap
@@ -168,14 +169,22 @@ func (c *capture) output() Output {
 		return c.out()
 	}
 	c.frozen = true
+	if c.discard {
+		return c.out()
+	}
 	if c.full && c.at > 0 {
 		rotate(c.buf[c.headCap:], c.at)
 		c.at = 0
 	}
+	c.isText = utf8.Valid(c.buf)
 	if c.truncated() {
+		// Text when both halves are, once the characters cut between
+		// them are dropped (the bytes glued across the cut may happen to
+		// be valid, but they are no text the command wrote).
 		head := trimCutEnd(c.buf[:c.headCap])
 		tail := trimCutStart(c.buf[c.headCap:])
-		if utf8.Valid(head) && utf8.Valid(tail) {
+		c.isText = utf8.Valid(head) && utf8.Valid(tail)
+		if c.isText {
 			n := copy(c.buf[len(head):], tail)
 			c.buf = c.buf[:len(head)+n]
 		}
@@ -185,7 +194,7 @@ func (c *capture) output() Output {
 
 func (c *capture) out() Output {
 	o := Output{Truncated: c.truncated(), raw: c.buf, c: c}
-	if !utf8.Valid(c.buf) {
+	if !c.isText && !c.discard {
 		o.IsBase64 = true
 	} else if len(c.buf) > 0 {
 		// The buffer is frozen: the string shares it.
@@ -296,4 +305,13 @@ func (p *BufferPool) put(b []byte) {
 	}
 	b = b[:0]
 	p.pool(cap(b)).Put(&b)
+}
+
+// OutputOf returns b as an Output: Text when it is valid UTF-8. The
+// Output shares b.
+func OutputOf(b []byte, truncated bool) Output {
+	c := &capture{buf: b, total: int64(len(b)), limit: int64(len(b)), frozen: true, isText: utf8.Valid(b)}
+	o := c.out()
+	o.Truncated, o.c = truncated, nil
+	return o
 }

@@ -90,6 +90,10 @@ func writeJSONString(bw *bufio.Writer, b []byte) {
 				bw.WriteString(`\r`)
 			case '\t':
 				bw.WriteString(`\t`)
+			case '\b':
+				bw.WriteString(`\b`)
+			case '\f':
+				bw.WriteString(`\f`)
 			default:
 				bw.WriteString(`\u00`)
 				bw.WriteByte(hexDigits[c>>4])

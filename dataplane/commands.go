@@ -360,7 +360,10 @@ type runeChunker struct {
 
 // next returns what of p (after what was held back) can be sent now.
 func (r *runeChunker) next(p []byte) []byte {
-	b := append(r.carry, p...)
+	b := p // no copy unless something was held back
+	if len(r.carry) > 0 {
+		b = append(r.carry, p...)
+	}
 	r.carry = nil
 	cut := trimCutEnd(b)
 	if len(cut) < len(b) && validPrefix(b[len(cut):]) {

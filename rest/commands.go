@@ -1,6 +1,7 @@
 package rest
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -356,6 +357,7 @@ type ndjsonWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	mu      sync.Mutex
+	bw      *bufio.Writer // once began
 	began   bool
 	stopped bool
 }
@@ -374,6 +376,16 @@ func (n *ndjsonWriter) stop() {
 }
 
 func (n *ndjsonWriter) write(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	n.line(func(bw *bufio.Writer) { bw.Write(b) })
+}
+
+// line writes one line, which enc writes into bw, and flushes it to the
+// client.
+func (n *ndjsonWriter) line(enc func(bw *bufio.Writer)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.stopped {
@@ -385,19 +397,19 @@ func (n *ndjsonWriter) write(v any) {
 		n.w.Header().Set("Cache-Control", "no-store")
 		n.w.Header().Set("X-Content-Type-Options", "nosniff")
 		n.w.WriteHeader(http.StatusOK)
+		n.bw = bufio.NewWriterSize(n.w, answerChunk)
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return
-	}
-	if _, err := n.w.Write(append(b, '\n')); err != nil {
+	enc(n.bw)
+	n.bw.WriteByte('\n')
+	if err := n.bw.Flush(); err != nil {
 		return
 	}
 	_ = n.rc.Flush()
 }
 
 // output sends one chunk of stream ("stdout" or "stderr"): its UTF-8
-// text as text, and each run of bytes that are not as base64.
+// text as text, and each run of bytes that are not as base64. The lines
+// are encoded from data as they are written, with no copy.
 func (n *ndjsonWriter) output(stream string, data []byte) {
 	for len(data) > 0 {
 		i := 0 // the length of the valid text at the start of data
@@ -409,7 +421,12 @@ func (n *ndjsonWriter) output(stream string, data []byte) {
 			i += size
 		}
 		if i > 0 {
-			n.write(map[string]string{stream: string(data[:i])})
+			text := data[:i]
+			n.line(func(bw *bufio.Writer) {
+				bw.WriteString(`{"` + stream + `":`)
+				writeJSONString(bw, text)
+				bw.WriteByte('}')
+			})
 			data = data[i:]
 			continue
 		}
@@ -420,7 +437,14 @@ func (n *ndjsonWriter) output(stream string, data []byte) {
 			}
 			j++
 		}
-		n.write(map[string]string{stream + "Base64": base64.StdEncoding.EncodeToString(data[:j])})
+		bin := data[:j]
+		n.line(func(bw *bufio.Writer) {
+			bw.WriteString(`{"` + stream + `Base64":"`)
+			enc := base64.NewEncoder(base64.StdEncoding, bw)
+			_, _ = enc.Write(bin)
+			_ = enc.Close()
+			bw.WriteString(`"}`)
+		})
 		data = data[j:]
 	}
 }

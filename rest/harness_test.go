@@ -73,6 +73,9 @@ type gwOptions struct {
 	workspaceDir string
 	// maxWorkspaces and maxSnapshots bound a tenant's (0: the engine's defaults).
 	maxWorkspaces, maxSnapshots int
+	// dataPlane and stopping are the API's rest.Config fields.
+	dataPlane rest.DataPlane
+	stopping  <-chan struct{}
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -199,7 +202,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	rcfg := rest.Config{
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
-		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics,
+		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics, DataPlane: o.dataPlane, Stopping: o.stopping,
 	}
 	if wsvc != nil {
 		rcfg.Workspaces = wsvc

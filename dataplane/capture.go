@@ -141,6 +141,9 @@ func (c *capture) parts() (head, tail1, tail2 []byte) {
 
 // bytes returns a copy of the kept output: the head then the tail.
 func (c *capture) bytes() []byte {
+	if c.frozen { // turned and trimmed in place
+		return append([]byte(nil), c.buf...)
+	}
 	h, t1, t2 := c.parts()
 	out := make([]byte, 0, len(h)+len(t1)+len(t2))
 	return append(append(append(out, h...), t1...), t2...)
@@ -151,6 +154,9 @@ func (c *capture) bytes() []byte {
 // the head or the start of the tail, is dropped, so that truncated text
 // stays text.
 func (c *capture) text() (string, bool) {
+	if c.frozen {
+		return string(c.buf), c.isText
+	}
 	b := c.bytes()
 	if c.truncated() && !c.discard {
 		head := trimCutEnd(b[:c.headCap])

@@ -68,6 +68,9 @@ func TestCaptureKeepsHeadAndTail(t *testing.T) {
 		if text && (o.Text != string(kept) || copyText != o.Text || !copyOK) {
 			t.Fatalf("limit %d: Text %q, text() %q %v, want %q", limit, o.Text, copyText, copyOK, kept)
 		}
+		if tt, ok := c.text(); ok != text || !bytes.Equal(c.bytes(), kept) || (ok && tt != o.Text) {
+			t.Fatalf("limit %d: text()/bytes() after output disagree with it", limit)
+		}
 		c.Write([]byte("more")) // frozen: counted, not kept
 		if !bytes.Equal(c.output().Bytes(), o.Bytes()) {
 			t.Fatalf("a write after output changed it")

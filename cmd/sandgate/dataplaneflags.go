@@ -17,6 +17,11 @@ type dataPlaneFlags struct {
 	maxFetchBytes  int64
 	maxFileBytes   int64
 	stepTimeout    time.Duration
+	// commandMemory and commandMemoryPerTenant bound the memory commands
+	// keep for their answers (rest.DataPlane.CommandMemory).
+	commandMemory          int64
+	commandMemoryPerTenant int64
+	commandQueue           time.Duration
 }
 
 func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
@@ -25,6 +30,10 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.Var((*sizeFlag)(&d.maxOutputBytes), "max-output-bytes", "largest maxOutputBytes (per stream) a REST command may ask for: bytes or a size such as 16MiB")
 	fs.Var((*sizeFlag)(&d.maxFetchBytes), "max-fetch-bytes", "largest download of files/fetch; a larger one fails and is removed: bytes or a size such as 50MiB")
 	fs.DurationVar(&d.stepTimeout, "step-timeout", 30*time.Second, "timeout of a step of the session-based-sandbox API (/compat/sbs); a step past it ends with exit code 124")
+	d.commandMemory, d.commandMemoryPerTenant = rest.DefaultCommandMemory, rest.DefaultCommandMemoryPerTenant
+	fs.Var((*sizeFlag)(&d.commandMemory), "command-memory", "memory all running REST commands may keep for their answers, gateway-wide: each is charged twice its maxOutputBytes (both streams) until answered; past it a command waits --command-queue, then gets 503 commands_unavailable")
+	fs.Var((*sizeFlag)(&d.commandMemoryPerTenant), "command-memory-per-tenant", "one tenant's share of --command-memory; past it a command waits --command-queue, then gets 429 too_many_commands")
+	fs.DurationVar(&d.commandQueue, "command-queue", rest.DefaultCommandQueue, "how long a REST command waits for room in --command-memory before it is refused")
 	fs.Var((*sizeFlag)(&d.maxFileBytes), "max-file-bytes", "largest file a REST PUT may write (0: the workspace's free space): bytes or a size such as 1GiB")
 }
 
@@ -32,7 +41,8 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.DataPlane {
 	dp := rest.DataPlane{
 		MaxTimeout: d.maxTimeout, MaxOutputBytes: d.maxOutputBytes, MaxFetchBytes: d.maxFetchBytes,
-		MaxFileBytes: d.maxFileBytes, StepTimeout: d.stepTimeout, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
+		MaxFileBytes: d.maxFileBytes, StepTimeout: d.stepTimeout,
+		CommandMemory: d.commandMemory, CommandMemoryPerTenant: d.commandMemoryPerTenant, CommandQueue: d.commandQueue, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
 	}
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic

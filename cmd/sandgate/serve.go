@@ -456,6 +456,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		defer closed()
 		ssh.ServeConnContext(ctx, conn, s)
 	}, rest.WriteGatewayError, log, tunnel.WithAdmitter(ssh))
+	stopping := make(chan struct{}) // closed at the drain's end: REST commands still running are answered
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
@@ -472,6 +473,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Audit:         auditor,
 		AuditLog:      auditQuery,
 		Workspaces:    wsvc,
+		Stopping:      stopping,
 	})
 	var front *cluster.Front
 	if node != nil {
@@ -564,9 +566,16 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	drain, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
-	_ = srv.Shutdown(drain) // stop accepting; REST requests in flight finish
-	ssh.Shutdown(drain)     // tell shells, let commands finish, then close
-	tun.Shutdown(drain)     // close tunnels still open
+	if err := srv.Shutdown(drain); err != nil { // stop accepting; REST requests in flight finish
+		// Some did not: commands still running are ended and answered,
+		// which takes a moment (the end of their output is read).
+		close(stopping)
+		last, cancelLast := context.WithTimeout(context.Background(), answerGrace)
+		_ = srv.Shutdown(last)
+		cancelLast()
+	}
+	ssh.Shutdown(drain) // tell shells, let commands finish, then close
+	tun.Shutdown(drain) // close tunnels still open
 	if front != nil {
 		front.Shutdown() // close relayed tunnels
 	}
@@ -605,6 +614,11 @@ func warnPreviewReach(log *slog.Logger, cfg *serveConfig, addr net.Addr) {
 	log.Warn("preview URLs are under *.localhost, which reaches this gateway only from its own host; "+
 		"set --preview-domain to a domain whose wildcard record points here", "public_host", host)
 }
+
+// answerGrace is how long, after the shutdown drain, REST commands still
+// running have to be ended and answered (dataplane.OutputGrace and a
+// write).
+const answerGrace = 5 * time.Second
 
 func idleOrDisabled(d time.Duration) time.Duration {
 	if d <= 0 {

@@ -333,6 +333,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	st.Pid = cmd.Process.Pid
 	st.Seccomp = !d.noSeccomp
+	st.KeepJobs = true
 	d.mu.Lock()
 	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init
 	d.mu.Unlock()

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
+)
+
+// restartKeeping stops g with sig (SIGKILL: a crash), waits pause (what
+// the processes do while no gateway runs), and starts a new gateway on
+// the same data dir that keeps sandboxes when it stops too.
+func restartKeeping(t *testing.T, g *gatewayProc, sig syscall.Signal, pause time.Duration) *gatewayProc {
+	t.Helper()
+	_ = g.cmd.Process.Signal(sig)
+	<-g.done
+	time.Sleep(pause)
+	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
+	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "linux",
+		"--api-key", g.Token, "--keep-sandboxes-on-exit=true"})
+	return g2
+}
+
+// counterLines checks that text is "<prefix>0\n<prefix>1\n..." with no
+// number missing or repeated, and returns how many lines it has.
+func counterLines(t *testing.T, text, prefix string) int {
+	t.Helper()
+	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
+	for i, l := range lines {
+		if l != prefix+strconv.Itoa(i) {
+			t.Fatalf("line %d of the output is %q, want %q (lost or repeated output)", i, l, prefix+strconv.Itoa(i))
+		}
+	}
+	return len(lines)
+}
+
+// TestRESTProcessesSurviveRestart follows background processes across a
+// SIGTERM restart, then a kill -9 one: a running process keeps its id
+// and pid and goes on running, its output goes on at the offset it had
+// (nothing lost, nothing twice), one that ends while no gateway runs
+// shows its exit and its last output, and input and signals reach them
+// after the restart.
+func TestRESTProcessesSurviveRestart(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--keep-sandboxes-on-exit=true")
+	s := g.createSession(t)
+	base := "/v1/sessions/" + s.SessionID + "/processes"
+	pc := procClient{g: g, base: base}
+	counter := pc.start(t, map[string]any{"name": "counter",
+		"command": `i=0; while :; do echo "n=$i"; echo "e=$i" >&2; i=$((i+1)); sleep 0.02; done`})
+	reader := pc.start(t, map[string]any{"command": `read x; echo "got $x"; exit 7`})
+	var lastBytes int64
+	grows := func(pc procClient, what string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			p := pc.get(t, counter.ProcessID)
+			if p.Status != "running" || p.PID != counter.PID {
+				t.Fatalf("%s: counter is %s, pid %d (was %d)", what, p.Status, p.PID, counter.PID)
+			}
+			if p.OutputBytes > lastBytes+200 {
+				lastBytes = p.OutputBytes
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the counter's output stays at %d bytes", what, p.OutputBytes)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	grows(pc, "before the restarts")
+
+	for _, step := range []struct {
+		sig   syscall.Signal
+		pause time.Duration
+	}{{syscall.SIGTERM, 500 * time.Millisecond}, {syscall.SIGKILL, time.Second}} {
+		var ender restProcess
+		if step.sig == syscall.SIGKILL {
+			// Ends while no gateway runs: its exit and output wait.
+			ender = pc.start(t, map[string]any{"command": "sleep 0.3; echo bye; exit 5"})
+		}
+		g = restartKeeping(t, g, step.sig, step.pause)
+		pc = procClient{g: g, base: base}
+		grows(pc, "after "+step.sig.String())
+		if ender.ProcessID != "" {
+			p := pc.waitEnd(t, ender.ProcessID)
+			if p.Status != "exited" || p.ExitCode == nil || *p.ExitCode != 5 {
+				t.Errorf("a process that ended while no gateway ran: %+v, want exited 5", p)
+			}
+			lines, _ := pc.output(t, ender.ProcessID, 0, false)
+			if data, _, _, _ := collect(t, lines); string(data) != "bye\n" {
+				t.Errorf("its output is %q, want bye", data)
+			}
+		}
+	}
+
+	// Input reaches a process the gateway took back, and so does EOF.
+	if code := g.api(t, http.MethodPost, base+"/"+reader.ProcessID+"/stdin", map[string]any{"data": "hello\n", "eof": true}, nil); code != http.StatusNoContent {
+		t.Fatalf("stdin after the restarts: %d", code)
+	}
+	if p := pc.waitEnd(t, reader.ProcessID); p.ExitCode == nil || *p.ExitCode != 7 {
+		t.Errorf("the reader after the restarts: %+v, want exited 7", p)
+	}
+	// A signal ends the counter; its whole output, from offset 0, is the
+	// count with nothing lost or repeated across both restarts.
+	if code := g.api(t, http.MethodPost, base+"/"+counter.ProcessID+"/signal", map[string]any{"signal": "TERM"}, nil); code != http.StatusNoContent {
+		t.Fatalf("signal after the restarts: %d", code)
+	}
+	if p := pc.waitEnd(t, counter.ProcessID); p.Status != "killed" || p.ExitSignal != "TERM" {
+		t.Errorf("the counter after TERM: %+v", p)
+	}
+	lines, _ := pc.output(t, counter.ProcessID, 0, false)
+	var stdout, stderr strings.Builder
+	next := int64(0)
+	for l := range lines {
+		if l.Offset != nil {
+			if *l.Offset != next {
+				t.Fatalf("output line at offset %d, want %d", *l.Offset, next)
+			}
+			stdout.WriteString(l.Stdout)
+			stderr.WriteString(l.Stderr)
+			next += int64(len(l.Stdout) + len(l.Stderr))
+		}
+	}
+	n := counterLines(t, stdout.String(), "n=")
+	counterLines(t, stderr.String(), "e=")
+	t.Logf("the counter wrote %d lines (%d bytes) across a SIGTERM and a SIGKILL restart", n, next)
+	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete: %d", code)
+	}
+}

@@ -133,3 +133,39 @@ func TestRESTProcessesSurviveRestart(t *testing.T) {
 		t.Fatalf("delete: %d", code)
 	}
 }
+
+// TestRESTProcessOutputTenantBound: the output that one tenant's
+// background processes keep on the host is bounded over all its sessions
+// (--max-process-output-per-tenant; a running process counts the 16 MiB
+// it may keep): a start past it is 429 process_output_limit, another
+// tenant is not affected, and a process that ended frees what it does
+// not keep.
+func TestRESTProcessOutputTenantBound(t *testing.T) {
+	g := startGateway(t, "--api-key", "a:tok-a", "--api-key", "b:tok-b", "--max-process-output-per-tenant", "40MiB")
+	as := func(tok string) *gatewayProc { c := *g; c.Token = tok; return &c }
+	a, b := as("tok-a"), as("tok-b")
+	s1, s2, sb := a.createSession(t), a.createSession(t), b.createSession(t)
+	p1 := procClient{g: a, base: "/v1/sessions/" + s1.SessionID + "/processes"}
+	p2 := procClient{g: a, base: "/v1/sessions/" + s2.SessionID + "/processes"}
+	pb := procClient{g: b, base: "/v1/sessions/" + sb.SessionID + "/processes"}
+	first := p1.start(t, map[string]any{"command": "sleep 600"})
+	p2.start(t, map[string]any{"command": "sleep 600"})
+	var e struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	if code := a.api(t, http.MethodPost, p1.base, map[string]any{"command": "sleep 600"}, &e); code != http.StatusTooManyRequests || e.Error.Code != "process_output_limit" {
+		t.Fatalf("a third 16 MiB process of the tenant, over two sessions: %d %q, want 429 process_output_limit", code, e.Error.Code)
+	}
+	pb.start(t, map[string]any{"command": "sleep 600"}) // another tenant's budget
+	if code := a.api(t, http.MethodPost, p1.base+"/"+first.ProcessID+"/signal", map[string]any{"signal": "KILL"}, nil); code != http.StatusNoContent {
+		t.Fatalf("signal: %d", code)
+	}
+	p1.waitEnd(t, first.ProcessID)
+	p1.start(t, map[string]any{"command": "sleep 600"}) // the ended one keeps no output
+	for _, s := range []struct {
+		g  *gatewayProc
+		id string
+	}{{a, s1.SessionID}, {a, s2.SessionID}, {b, sb.SessionID}} {
+		s.g.api(t, http.MethodDelete, "/v1/sessions/"+s.id, nil, nil)
+	}
+}

@@ -930,8 +930,9 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 // Restore takes back, at a gateway's start, the processes a gateway
 // before it left under cfg.StateDir: each directory's session is looked
 // up (session(id, tenant); nil when it is gone or not this gateway's) and
-// its processes restored; the directories of sessions gone are removed.
-func (ps *Processes) Restore(cfg ProcessConfig, session func(id, tenant string) *gateway.Session) {
+// its processes restored; the directories of sessions gone (known(id)
+// false) are removed.
+func (ps *Processes) Restore(cfg ProcessConfig, known func(id string) bool, session func(id, tenant string) *gateway.Session) {
 	if cfg.StateDir == "" {
 		return
 	}
@@ -946,6 +947,9 @@ func (ps *Processes) Restore(cfg ProcessConfig, session func(id, tenant string) 
 		b, err := os.ReadFile(filepath.Join(dir, sessionFile))
 		if err == nil {
 			err = json.Unmarshal(b, &srec)
+		}
+		if e.IsDir() && sandbox.ValidID(e.Name()) && known(e.Name()) && errors.Is(err, os.ErrNotExist) {
+			continue // no processes, only what else the session keeps here (kernels)
 		}
 		var s *gateway.Session
 		if err == nil && e.IsDir() && sandbox.ValidID(e.Name()) {

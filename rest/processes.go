@@ -412,7 +412,8 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 // manager's, restored before the API starts.
 func (a *api) restoreProcesses() {
 	known, _ := a.cfg.Sessions.(interface{ Known(id string) bool })
-	a.dp.procs.Restore(a.processConfig(), func(id, tenant string) *gateway.Session {
+	isKnown := func(id string) bool { return known == nil || known.Known(id) }
+	a.dp.procs.Restore(a.processConfig(), isKnown, func(id, tenant string) *gateway.Session {
 		if known != nil && !known.Known(id) {
 			return nil // not this gateway's
 		}

@@ -88,6 +88,7 @@ func New(cfg Config) http.Handler {
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
 	a.ports = newPortsProxy(a)
 	a.dp.kernels.StateDir = a.dp.cfg.StateDir
+	a.dp.shells.StateDir = a.dp.cfg.StateDir
 	a.restoreProcesses()
 	r := chi.NewRouter()
 	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)

@@ -16,11 +16,17 @@ import (
 // the same data dir that keeps sandboxes when it stops too.
 func restartKeeping(t *testing.T, g *gatewayProc, sig syscall.Signal, pause time.Duration) *gatewayProc {
 	t.Helper()
+	return restartDriver(t, g, sig, pause, "linux")
+}
+
+// restartDriver is restartKeeping with the given driver.
+func restartDriver(t *testing.T, g *gatewayProc, sig syscall.Signal, pause time.Duration, driver string) *gatewayProc {
+	t.Helper()
 	_ = g.cmd.Process.Signal(sig)
 	<-g.done
 	time.Sleep(pause)
 	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
-	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "linux",
+	g2.start(t, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", driver,
 		"--api-key", g.Token, "--keep-sandboxes-on-exit=true"})
 	return g2
 }
@@ -167,5 +173,80 @@ func TestRESTProcessOutputTenantBound(t *testing.T) {
 		id string
 	}{{a, s1.SessionID}, {a, s2.SessionID}, {b, sb.SessionID}} {
 		s.g.api(t, http.MethodDelete, "/v1/sessions/"+s.id, nil, nil)
+	}
+}
+
+// shellAnswer is a shell command's answer, as far as these tests look.
+type shellAnswer struct {
+	ExitCode  *int   `json:"exitCode"`
+	Stdout    string `json:"stdout"`
+	Cwd       string `json:"cwd"`
+	StateLost bool   `json:"stateLost"`
+}
+
+// TestRESTStateAcrossRestart: what a persistent shell and a Python kernel
+// hold across gateway restarts is kept, or said to be lost. On the linux
+// driver the sandbox keeps the shell's bash and the kernel's interpreter,
+// and the next gateway takes them back: plain variables, jobs, the
+// directory, the kernel's variables, across a SIGTERM and a kill -9
+// restart, with stateLost false. On workdir they end with the gateway:
+// the shell comes back from its saved state (directory, exported
+// variables) and the first answers of both say stateLost.
+func TestRESTStateAcrossRestart(t *testing.T) {
+	for _, driver := range []string{"linux", "workdir"} {
+		t.Run(driver, func(t *testing.T) {
+			if driver == "linux" {
+				requireLinuxDriver(t)
+			}
+			g := startGateway(t, "--sandbox", driver, "--keep-sandboxes-on-exit=true")
+			s := g.createSession(t)
+			shell := func(g *gatewayProc, cmd string) shellAnswer {
+				t.Helper()
+				var a shellAnswer
+				if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/commands",
+					map[string]any{"shell": "main", "command": cmd}, &a); code != http.StatusOK {
+					t.Fatalf("shell %q: %d", cmd, code)
+				}
+				return a
+			}
+			shell(g, "mkdir -p sub; cd sub; PLAIN=p1; export EXP=e1; sleep 600 & true")
+			if a := runPython(t, g, s.SessionID, map[string]any{"code": "x = 41"}); a.Error != nil {
+				t.Fatalf("python: %+v", a.Error)
+			}
+			kept := driver == "linux"
+			sigs := []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}
+			if !kept {
+				sigs = sigs[1:] // workdir's processes end with the gateway either way
+			}
+			for _, sig := range sigs {
+				g = restartDriver(t, g, sig, 200*time.Millisecond, driver)
+				a := shell(g, `echo "$PLAIN/$EXP/$(jobs | wc -l)"`)
+				py := runPython(t, g, s.SessionID, map[string]any{"code": "'x' in dir()"})
+				if kept {
+					if a.Stdout != "p1/e1/1\n" || !strings.HasSuffix(a.Cwd, "/sub") || a.StateLost {
+						t.Errorf("after %s the shell answers %+v, want its plain and exported variables, its job and directory kept", sig, a)
+					}
+					if py.result() != "True" || py.StateLost || py.Restarted {
+						t.Errorf("after %s the kernel answers %s (stateLost %v), want its variable kept", sig, py.result(), py.StateLost)
+					}
+					continue
+				}
+				if a.Stdout != "/e1/0\n" || !strings.HasSuffix(a.Cwd, "/sub") || !a.StateLost {
+					t.Errorf("after %s the shell answers %+v, want its saved state (directory, exported variable) and stateLost", sig, a)
+				}
+				if py.result() != "False" || !py.StateLost || !py.Restarted {
+					t.Errorf("after %s the kernel answers %s (restarted %v stateLost %v), want a new one that says so", sig, py.result(), py.Restarted, py.StateLost)
+				}
+				if a := shell(g, "true"); a.StateLost {
+					t.Error("a second command says stateLost too")
+				}
+				if py := runPython(t, g, s.SessionID, map[string]any{"code": "1"}); py.StateLost {
+					t.Error("a second cell says stateLost too")
+				}
+			}
+			if code := g.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
+				t.Fatalf("delete: %d", code)
+			}
+		})
 	}
 }

@@ -54,8 +54,9 @@ var (
 )
 
 // DefaultTenantOutputBytes is ProcessConfig.TenantOutputBytes's default:
-// 64 running processes' worth of output (DefaultOutputCap each).
-const DefaultTenantOutputBytes = 1 << 30
+// 128 running processes' worth of output (DefaultOutputCap each), two
+// sessions' full of them.
+const DefaultTenantOutputBytes = 2 << 30
 
 // ProcessConfig bounds one session's background processes. Zero values
 // get the defaults.
@@ -73,7 +74,7 @@ type ProcessConfig struct {
 	// TenantOutputBytes bounds the output the processes of all of one
 	// tenant's sessions keep (DefaultTenantOutputBytes): a running
 	// process counts OutputCap (what it may come to keep), a finished one
-	// what it keeps. A start past it first forgets the session's oldest
+	// what it keeps. A start past it first forgets the tenant's oldest
 	// finished processes, then fails with ErrOutputLimit.
 	TenantOutputBytes int64
 	Log               *slog.Logger
@@ -318,26 +319,63 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 }
 
 // reserve charges pr's output cap to the session's tenant, first
-// forgetting the session's oldest finished processes when the tenant's
-// bound needs it.
+// forgetting the tenant's oldest finished processes (in any of its
+// sessions) when the tenant's bound needs it.
 func (sp *sessionProcs) reserve(pr *Process) error {
 	for {
 		if sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, sp.cfg.TenantOutputBytes) {
 			return nil
 		}
-		sp.mu.Lock()
-		var old *Process
-		if len(sp.finished) > 0 {
-			old = sp.finished[0]
-			sp.finished = sp.finished[1:]
-			delete(sp.procs, old.info.ProcessID)
-		}
-		sp.mu.Unlock()
+		old := sp.ps.dropOldestFinished(sp.tenant)
 		if old == nil {
 			return fmt.Errorf("%w (%d bytes per tenant, %d per process)", ErrOutputLimit, sp.cfg.TenantOutputBytes, sp.cfg.OutputCap)
 		}
 		old.discard()
 	}
+}
+
+// dropOldestFinished takes the finished process of tenant that ended
+// first out of its session's list; nil when there is none.
+func (ps *Processes) dropOldestFinished(tenant string) *Process {
+	ps.mu.Lock()
+	var mine []*sessionProcs
+	for _, sp := range ps.sessions {
+		if sp.tenant == tenant {
+			mine = append(mine, sp)
+		}
+	}
+	ps.mu.Unlock()
+	for {
+		var from *sessionProcs
+		var oldest *Process
+		for _, sp := range mine {
+			sp.mu.Lock()
+			if len(sp.finished) > 0 {
+				if p := sp.finished[0]; oldest == nil || p.endedAtTime().Before(oldest.endedAtTime()) {
+					from, oldest = sp, p
+				}
+			}
+			sp.mu.Unlock()
+		}
+		if from == nil {
+			return nil
+		}
+		from.mu.Lock()
+		if len(from.finished) > 0 && from.finished[0] == oldest {
+			from.finished = from.finished[1:]
+			delete(from.procs, oldest.info.ProcessID)
+			from.mu.Unlock()
+			return oldest
+		}
+		from.mu.Unlock() // it changed meanwhile: look again
+	}
+}
+
+// endedAtTime is when the process ended (zero while it runs).
+func (pr *Process) endedAtTime() time.Time {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.endedAt
 }
 
 // charge sets pr's charge to n when its tenant's total stays within limit

@@ -37,7 +37,7 @@ type DataPlane struct {
 	// (background processes' output); "" keeps nothing on disk.
 	StateDir string
 	// MaxProcessOutputPerTenant bounds the output that one tenant's
-	// background processes keep, over all its sessions (default 1 GiB;
+	// background processes keep, over all its sessions (default 2 GiB;
 	// dataplane.ProcessConfig.TenantOutputBytes).
 	MaxProcessOutputPerTenant int64
 	// StepTimeout bounds a /compat/sbs step (default 30 s, the seed's).

@@ -543,6 +543,11 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 			return sandbox.Exit{Signal: "KILL"}, nil
 		}
 		if rep.Op == "exit" && rep.Exit != nil {
+			if p.kept {
+				// The init keeps a kept command's exit until it hears
+				// that it arrived.
+				_ = p.send(ctl.Request{Op: "ack"})
+			}
 			return *rep.Exit, nil
 		}
 	}

@@ -56,6 +56,9 @@ import (
 //
 // {Op: "eof"} on a kept command's connection closes the init's end of its
 // stdin, so that the command sees EOF once the gateway closed its own.
+// After a kept command's "exit" the gateway answers {Op: "ack"}: only then
+// does the init forget the command; an exit whose connection closed first
+// is sent again to the next attach.
 
 // The sandbox's user and layout, as both sides see them.
 const (

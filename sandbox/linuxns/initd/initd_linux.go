@@ -144,14 +144,15 @@ func (c *child) closeStdin() {
 // gateway's side has nothing more to wait for, and the reader (follow)
 // ends. The reaper calls it: the write cannot hold reaping up, as a
 // connection carries two small frames from the init in all ("started"
-// and this one), which its socket buffer always takes. A kept command is
-// forgotten once its exit went out.
+// and this one), which its socket buffer always takes. A kept command's
+// connection stays open for the gateway's "ack", which tells that the
+// exit reached it (follow then forgets the command); without one (the
+// gateway died first) the exit waits for the next attach.
 func (c *child) sendExit(conn *net.UnixConn, ws syscall.WaitStatus) {
 	exit := sandbox.ExitFromWaitStatus(ws)
-	err := ctl.WriteFrame(conn, ctl.Reply{Op: "exit", Exit: &exit})
-	conn.Close()
-	if err == nil && c.forget != nil {
-		c.forget()
+	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "exit", Exit: &exit})
+	if c.forget == nil {
+		conn.Close()
 	}
 }
 
@@ -432,6 +433,12 @@ func follow(conn *net.UnixConn, c *child) {
 			c.end()
 		case "eof":
 			c.closeStdin()
+		case "ack": // a kept command's exit reached the gateway
+			if c.exited.Load() && c.forget != nil {
+				c.forget()
+				conn.Close()
+				return
+			}
 		}
 	}
 }

@@ -187,6 +187,8 @@ type Process struct {
 	// charge is what it counts against its tenant's output bound;
 	// guarded by the Processes' mu.
 	charge int64
+	saveMu  sync.Mutex // orders writes of its record
+	dropped bool       // its record was removed: never written again; under saveMu
 
 	mu          sync.Mutex
 	running     bool
@@ -420,6 +422,9 @@ func (pr *Process) discard() {
 // remove removes the process's output and record (and its directory).
 func (pr *Process) remove() error {
 	var errs []error
+	pr.saveMu.Lock()
+	pr.dropped = true
+	pr.saveMu.Unlock()
 	if pr.dir != "" {
 		if err := os.Remove(filepath.Join(pr.dir, recordFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
@@ -771,6 +776,9 @@ func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, 
 		pr.mu.Lock()
 		pr.stdinClosed = true
 		pr.mu.Unlock()
+		if err := pr.save(); err != nil { // a next gateway knows it too
+			pr.sp.cfg.Log.Warn("process_record_failed", "session", pr.sp.id, "process", pr.info.ProcessID, "err", err)
+		}
 		if err := w.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
 			return n, fmt.Errorf("close stdin: %w", err)
 		}
@@ -805,10 +813,12 @@ type processRecord struct {
 	Info ProcessInfo `json:"info"`
 	// Keep is the key a keeping sandbox knows it by ("" for one that
 	// ends with the gateway).
-	Keep    string        `json:"keep,omitempty"`
-	Ended   bool          `json:"ended,omitempty"`
-	Exit    *sandbox.Exit `json:"exit,omitempty"`
-	EndedAt time.Time     `json:"endedAt,omitzero"`
+	Keep string `json:"keep,omitempty"`
+	// StdinClosed says the client closed its input (eof).
+	StdinClosed bool          `json:"stdinClosed,omitempty"`
+	Ended       bool          `json:"ended,omitempty"`
+	Exit        *sandbox.Exit `json:"exit,omitempty"`
+	EndedAt     time.Time     `json:"endedAt,omitzero"`
 }
 
 type sessionRecord struct {
@@ -821,8 +831,14 @@ func (pr *Process) save() error {
 	if pr.dir == "" {
 		return nil
 	}
+	pr.saveMu.Lock()
+	defer pr.saveMu.Unlock()
+	if pr.dropped {
+		return nil
+	}
 	rec := processRecord{Info: pr.info, Keep: pr.keep}
 	pr.mu.Lock()
+	rec.StdinClosed = pr.stdinClosed
 	if !pr.running {
 		exit := pr.exit
 		rec.Ended, rec.Exit, rec.EndedAt = true, &exit, pr.endedAt
@@ -961,7 +977,7 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 		}
 		return pr, nil
 	}
-	pr.p, pr.running = p, true
+	pr.p, pr.running, pr.stdinClosed = p, true, rec.StdinClosed
 	return pr, nil
 }
 

@@ -186,7 +186,7 @@ type Process struct {
 	keep string
 	// charge is what it counts against its tenant's output bound;
 	// guarded by the Processes' mu.
-	charge int64
+	charge  int64
 	saveMu  sync.Mutex // orders writes of its record
 	dropped bool       // its record was removed: never written again; under saveMu
 

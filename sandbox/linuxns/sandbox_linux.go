@@ -242,7 +242,8 @@ func (s *linuxSandbox) Destroy(ctx context.Context) error {
 // Detach implements Detacher: the gateway lets go of the sandbox, which
 // keeps running, with its state on disk, for the next gateway process to
 // adopt. Commands still running lose their client (their connections to
-// the init close with the gateway) and end as Kill ends them.
+// the init close with the gateway) and end as Kill ends them, but for kept
+// ones (sandbox.Cmd.Keep), which the next gateway takes back.
 func (s *linuxSandbox) Detach(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true

@@ -92,8 +92,15 @@ func TestKeptProcessOutlivesItsGateway(t *testing.T) {
 	if exit, err := q2.Wait(); err != nil || exit.Code != 7 || string(out) != "bye\n" {
 		t.Errorf("a process that ended meanwhile: exit %+v %v, output %q", exit, err, out)
 	}
-	if _, err := k.Reattach(ctx, "short"); !errors.Is(err, sandbox.ErrNotKept) {
-		t.Errorf("reattach after its exit was taken: %v", err)
+	// Its exit was taken (and acked): the init forgets it.
+	if !waitFor(5*time.Second, func() bool {
+		p, err := k.Reattach(ctx, "short")
+		if err == nil {
+			linuxns.DropControl(p)
+		}
+		return errors.Is(err, sandbox.ErrNotKept)
+	}) {
+		t.Error("the init still keeps a process whose exit a gateway took")
 	}
 
 	// Without Keep, the command ends with its connection, as before.
@@ -105,4 +112,75 @@ func TestKeptProcessOutlivesItsGateway(t *testing.T) {
 	if !waitFor(10*time.Second, func() bool { return len(sleepers("42420")) == 0 }) {
 		t.Error("a command that was not kept outlived its connection")
 	}
+}
+
+// TestDetachKeepsOutputWhole: when the gateway stops and leaves a sandbox
+// for the next one (Detach) while a kept process writes as fast as it
+// can, every byte is either read by this gateway or left in the pipe for
+// the next: the output, read across the adopt and reattach, is the count
+// whole, nothing lost or read twice.
+func TestDetachKeepsOutputWhole(t *testing.T) {
+	requireLinux(t)
+	d, err := openDriver("linux", sandbox.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-detach-output"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	destroy := sb.Destroy
+	t.Cleanup(func() { _ = destroy(ctx) })
+	p, err := sb.Start(ctx, sandbox.Cmd{Keep: "fast", Command: `i=0; while :; do echo $i; i=$((i+1)); done`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got strings.Builder
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		buf := make([]byte, 4096)
+		for {
+			n, err := p.Stdout().Read(buf)
+			got.Write(buf[:n])
+			if err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-pumped // Detach ended the reads: what was read is in got
+	before := got.Len()
+
+	sb2, err := d.(sandbox.Reattacher).Adopt(ctx, "sbx-detach-output")
+	if err != nil {
+		t.Fatal(err)
+	}
+	destroy = sb2.Destroy
+	p2, err := sb2.(sandbox.Keeper).Reattach(ctx, "fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for got.Len() < before+100000 {
+		n, err := p2.Stdout().Read(buf)
+		got.Write(buf[:n])
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p2.Kill()
+	_, _ = p2.Wait()
+	lines := strings.Split(got.String(), "\n")
+	lines = lines[:len(lines)-1] // the last may be cut
+	for i, l := range lines {
+		if l != strconv.Itoa(i) {
+			t.Fatalf("line %d is %q (%d bytes read before the detach): output lost or read twice", i, l, before)
+		}
+	}
+	t.Logf("%d lines, %d bytes of them read before the detach", len(lines), before)
 }

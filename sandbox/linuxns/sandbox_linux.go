@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,7 @@ type linuxSandbox struct {
 	life sync.Mutex
 
 	mu       sync.Mutex
+	kept     map[*initProcess]struct{} // kept processes this gateway reads (trackKept)
 	closed   bool
 	stopping bool // the init's exit is wanted (Stop): the sandbox does not end
 	end      sync.Once
@@ -193,6 +195,9 @@ func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proc
 		conn.Close()
 		return nil, err
 	}
+	if p.kept {
+		s.trackKept(p)
+	}
 	return p, nil
 }
 
@@ -222,6 +227,7 @@ func (s *linuxSandbox) Reattach(ctx context.Context, key string) (sandbox.Proces
 		conn.Close()
 		return nil, err
 	}
+	s.trackKept(p)
 	return p, nil
 }
 
@@ -250,6 +256,7 @@ func (s *linuxSandbox) Detach(ctx context.Context) error {
 	s.mu.Unlock()
 	s.life.Lock()
 	defer s.life.Unlock()
+	s.stopKept() // their output stays in their pipes, not half read
 	s.end.Do(func() {
 		if pidfd, done := s.current(); pidfd != nil {
 			pidfd.Close()
@@ -306,6 +313,13 @@ type initProcess struct {
 	// kept says the init keeps the process across gateway restarts
 	// (sandbox.Cmd.Keep).
 	kept bool
+	// untrack unregisters a kept process from its sandbox (trackKept).
+	untrack func()
+	// detached says that the gateway let go of the kept process (Detach):
+	// nothing more is sent to the init for it (no kill, eof or ack), and
+	// Wait no longer returns, so that its end and the rest of its output
+	// go to the next gateway.
+	detached atomic.Bool
 
 	wmu  sync.Mutex
 	kill sync.Once
@@ -360,6 +374,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 		p.stdin, p.stdout, p.stderr = parent[0], parent[1], parent[2]
 		if p.kept {
 			p.stdin = &keptStdin{File: parent[0], p: p}
+			p.stdout, p.stderr = newKeptReader(parent[1]), newKeptReader(parent[2])
 		}
 	} else if err := ctl.WriteFrame(conn, req); err != nil {
 		return nil, fmt.Errorf("send command: %w", err)
@@ -439,10 +454,10 @@ func attachInSandbox(ctx context.Context, conn *net.UnixConn, key string) (*init
 	p := &initProcess{conn: conn, pid: rep.Pid, kept: true}
 	if rep.StdinClosed {
 		p.stdin = procio.NopWriteCloser{Writer: io.Discard}
-		p.stdout, p.stderr = files[0], files[1]
+		p.stdout, p.stderr = newKeptReader(files[0]), newKeptReader(files[1])
 	} else {
 		p.stdin = &keptStdin{File: files[0], p: p}
-		p.stdout, p.stderr = files[1], files[2]
+		p.stdout, p.stderr = newKeptReader(files[1]), newKeptReader(files[2])
 	}
 	stop()
 	_ = conn.SetDeadline(time.Time{})
@@ -509,6 +524,9 @@ func (p *initProcess) Resize(w sandbox.Window) error {
 }
 
 func (p *initProcess) send(m ctl.Request) error {
+	if p.detached.Load() {
+		return nil
+	}
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
 	return ctl.WriteFrame(p.conn, m)
@@ -531,6 +549,9 @@ func (p *initProcess) Kill() {
 // goes away first (Destroy), the command died with it: SIGKILL.
 func (p *initProcess) Wait() (sandbox.Exit, error) {
 	defer func() {
+		if p.untrack != nil {
+			p.untrack()
+		}
 		p.conn.Close()
 		if p.pty == nil && p.stdin != nil {
 			p.stdin.Close()
@@ -540,6 +561,9 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 		var rep ctl.Reply
 		fds, err := ctl.ReadFrame(p.conn, &rep)
 		procio.CloseFDs(fds)
+		if p.detached.Load() {
+			select {} // the next gateway learns how it ended
+		}
 		if err != nil {
 			return sandbox.Exit{Signal: "KILL"}, nil
 		}

@@ -284,6 +284,11 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	} else {
 		pr.keep = ""
 	}
+	// Recorded before it starts too: a gateway that dies meanwhile leaves
+	// the next one a record to take the process back by (or show it ended).
+	if err := pr.save(); err != nil {
+		sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", id, "err", err)
+	}
 	p, err := sb.Start(sctx, cmd)
 	if err != nil {
 		_ = pr.remove()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -154,5 +155,40 @@ func TestProcessesTenantOutputBound(t *testing.T) {
 	}
 	if got := ps.Charged("t"); got != 0 {
 		t.Errorf("after its sessions ended the tenant counts %d", got)
+	}
+}
+
+// openFDs counts this process's open descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(entries)
+}
+
+// TestShellDeleteLeavesNoDescriptor: deleting a shell closes what its
+// clean-up command held (its output pipes leaked, two per shell).
+func TestShellDeleteLeavesNoDescriptor(t *testing.T) {
+	_, s := newManagedSession(t, "workdir")
+	sh := &Shells{}
+	req := Request{Command: "true", Timeout: 30 * time.Second, MaxOutputBytes: 1 << 10}
+	run := func(name string) {
+		if _, err := sh.Run(context.Background(), s.ID, s, name, req); err != nil {
+			t.Fatal(err)
+		}
+		if err := sh.Delete(s.ID, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run("warm") // what the first start opens for good
+	before := openFDs(t)
+	for i := range 5 {
+		run("s" + strconv.Itoa(i))
+	}
+	// Delete closes them itself (a garbage collection would, later).
+	if after := openFDs(t); after > before {
+		t.Errorf("5 shells made and deleted left %d descriptors open", after-before)
 	}
 }

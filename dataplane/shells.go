@@ -299,9 +299,11 @@ func (x *shell) close() {
 		// Not in a stopped session: its /tmp went with its processes.
 		if p, err := x.s.Sandbox().Start(gateway.NoResume(gateway.NoHistory(ctx)), sandbox.Cmd{Command: rm}); err == nil {
 			_ = p.Stdin().Close()
-			go func() { _, _ = io.Copy(io.Discard, p.Stdout()) }()
-			go func() { _, _ = io.Copy(io.Discard, p.Stderr()) }()
+			var readers sync.WaitGroup
+			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stdout()) })
+			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stderr()) })
 			_, _ = p.Wait()
+			drain(&readers, OutputGrace, p.Stdout(), p.Stderr()) // and closes them
 		}
 	})
 }

@@ -143,6 +143,17 @@ func (k *Kernels) Run(ctx context.Context, id string, s Session, name string, re
 	return x.run(ctx, req)
 }
 
+// Restore registers the kernels an earlier gateway recorded for session
+// id (s), so that a reset reaches them before any call does; each is
+// taken back at its first call.
+func (k *Kernels) Restore(id string, s Session) {
+	for _, name := range recorded(k.StateDir, id, "kernel-") {
+		if ValidKernelName(name) {
+			_, _ = k.get(id, s, name)
+		}
+	}
+}
+
 // Reset ends the session's kernel name, if it has one, killing code it
 // runs: the next call starts a fresh interpreter. Files are untouched.
 // It reports whether there was a kernel.
@@ -245,6 +256,13 @@ func (x *kernel) close() {
 		}
 		// Wait for the running call to see closed and kill its kernel.
 		x.turn <- struct{}{}
+		if !x.resumed {
+			// An earlier gateway's interpreter, not taken back yet: to
+			// end it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			x.resume(ctx, &PythonResult{})
+			cancel()
+		}
 		if x.proc != nil {
 			x.proc.kill() // with what the code left running in its group
 			x.proc = nil
@@ -257,6 +275,8 @@ func (x *kernel) close() {
 
 // kernelRecord is what a kernel's record file holds.
 type kernelRecord struct {
+	// Tenant is the session's, so that the next gateway can find it.
+	Tenant string `json:"tenant,omitempty"`
 	// Keep is the key the sandbox keeps the interpreter under; "" when it
 	// does not keep it (it ended with its gateway).
 	Keep string `json:"keep,omitempty"`
@@ -326,7 +346,7 @@ func (x *kernel) saveRecord(key string) {
 		return
 	}
 	if err := os.MkdirAll(x.dir, 0o700); err == nil {
-		_ = writeJSONFile(x.record, kernelRecord{Keep: key})
+		_ = writeJSONFile(x.record, kernelRecord{Tenant: tenantOf(x.s), Keep: key})
 	}
 }
 

@@ -1025,3 +1025,51 @@ func (ps *Processes) Restore(cfg ProcessConfig, known func(id string) bool, sess
 		}
 	}
 }
+
+// tenantOf is s's tenant, when s is a gateway session.
+func tenantOf(s Session) string {
+	if gs, ok := s.(*gateway.Session); ok {
+		return gs.Tenant
+	}
+	return ""
+}
+
+// recorded lists the names that records of kind (a file name prefix:
+// "shell-", "kernel-") carry in session id's directory under dir.
+func recorded(dir, id, kind string) []string {
+	if dir == "" || !sandbox.ValidID(id) {
+		return nil
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, id))
+	var names []string
+	for _, e := range entries {
+		if name, ok := strings.CutPrefix(e.Name(), kind); ok && e.Type().IsRegular() && !strings.HasSuffix(name, ".tmp") {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// RecordedTenant is the tenant that session id's records under dir name
+// ("" when none does).
+func RecordedTenant(dir, id string) string {
+	if dir == "" || !sandbox.ValidID(id) {
+		return ""
+	}
+	var rec struct {
+		Tenant string `json:"tenant"`
+	}
+	sdir := filepath.Join(dir, id)
+	files := []string{sessionFile}
+	for _, kind := range []string{"shell-", "kernel-"} {
+		for _, name := range recorded(dir, id, kind) {
+			files = append(files, kind+name)
+		}
+	}
+	for _, f := range files {
+		if b, err := os.ReadFile(filepath.Join(sdir, f)); err == nil && json.Unmarshal(b, &rec) == nil && rec.Tenant != "" {
+			return rec.Tenant
+		}
+	}
+	return ""
+}

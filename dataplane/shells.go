@@ -71,6 +71,17 @@ func (sh *Shells) Run(ctx context.Context, id string, s Session, name string, re
 	return x.run(ctx, req)
 }
 
+// Restore registers the shells an earlier gateway recorded for session
+// id (s), so that a delete reaches them before any command does; each is
+// taken back at its first command.
+func (sh *Shells) Restore(id string, s Session) {
+	for _, name := range recorded(sh.StateDir, id, "shell-") {
+		if ValidShellName(name) {
+			_, _ = sh.get(id, s, name)
+		}
+	}
+}
+
 // Delete ends the session's shell name, killing a command it runs.
 func (sh *Shells) Delete(id, name string) error {
 	sh.mu.Lock()
@@ -182,6 +193,8 @@ const shellStatePrefix = "/tmp/.sandgate-shell-"
 
 // shellRecord is what a shell's record file holds.
 type shellRecord struct {
+	// Tenant is the session's, so that the next gateway can find it.
+	Tenant string `json:"tenant,omitempty"`
 	// State is the saved state's path in the sandbox.
 	State string `json:"state"`
 	// Keep is the key the sandbox keeps the bash under ("": it does not).
@@ -211,7 +224,7 @@ func (x *shell) saveRecord(key string) {
 		return
 	}
 	if err := os.MkdirAll(x.dir, 0o700); err == nil {
-		_ = writeJSONFile(x.record, shellRecord{State: x.state, Keep: key})
+		_ = writeJSONFile(x.record, shellRecord{Tenant: tenantOf(x.s), State: x.state, Keep: key})
 	}
 }
 
@@ -282,6 +295,12 @@ func (x *shell) close() {
 		}
 		// Wait for the running command to see closed and kill the shell.
 		x.turn <- struct{}{}
+		if x.keep != "" {
+			// An earlier gateway's bash, not taken back yet: to end it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			x.resume(ctx)
+			cancel()
+		}
 		if x.proc != nil {
 			x.stop()
 		}

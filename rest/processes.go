@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -407,14 +408,19 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// restoreProcesses takes back the background processes a gateway before
-// this one left (dataplane.Processes.Restore): their sessions are the
-// manager's, restored before the API starts.
+// restoreProcesses takes back the background processes, shells and
+// kernels a gateway before this one left (dataplane.Processes.Restore,
+// Shells.Restore, Kernels.Restore): their sessions are the manager's,
+// restored before the API starts.
 func (a *api) restoreProcesses() {
+	dir := a.dp.cfg.StateDir
+	if dir == "" {
+		return
+	}
 	known, _ := a.cfg.Sessions.(interface{ Known(id string) bool })
 	isKnown := func(id string) bool { return known == nil || known.Known(id) }
-	a.dp.procs.Restore(a.processConfig(), isKnown, func(id, tenant string) *gateway.Session {
-		if known != nil && !known.Known(id) {
+	lookup := func(id, tenant string) *gateway.Session {
+		if !isKnown(id) {
 			return nil // not this gateway's
 		}
 		s, err := a.cfg.Sessions.Get(context.Background(), gateway.Principal{Tenant: tenant}, id)
@@ -422,5 +428,17 @@ func (a *api) restoreProcesses() {
 			return nil
 		}
 		return s
-	})
+	}
+	a.dp.procs.Restore(a.processConfig(), isKnown, lookup)
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		id := e.Name()
+		if !e.IsDir() || !isKnown(id) {
+			continue
+		}
+		if s := lookup(id, dataplane.RecordedTenant(dir, id)); s != nil && s.Live() {
+			a.dp.shells.Restore(id, s)
+			a.dp.kernels.Restore(id, s)
+		}
+	}
 }

@@ -213,6 +213,13 @@ func TestRESTStateAcrossRestart(t *testing.T) {
 			if a := runPython(t, g, s.SessionID, map[string]any{"code": "x = 41"}); a.Error != nil {
 				t.Fatalf("python: %+v", a.Error)
 			}
+			// A shell and a kernel that the next gateway is asked to end
+			// before it used them.
+			if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/commands",
+				map[string]any{"shell": "other", "command": "true"}, nil); code != http.StatusOK {
+				t.Fatalf("shell other: %d", code)
+			}
+			runPython(t, g, s.SessionID, map[string]any{"code": "1", "kernel": "k2"})
 			kept := driver == "linux"
 			sigs := []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}
 			if !kept {
@@ -243,6 +250,13 @@ func TestRESTStateAcrossRestart(t *testing.T) {
 				if py := runPython(t, g, s.SessionID, map[string]any{"code": "1"}); py.StateLost {
 					t.Error("a second cell says stateLost too")
 				}
+			}
+			if code := g.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID+"/shells/other", nil, nil); code != http.StatusNoContent {
+				t.Errorf("delete of a shell of the gateway before: %d", code)
+			}
+			var reset struct{ Existed bool }
+			if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/python/reset", map[string]any{"kernel": "k2"}, &reset); code != http.StatusOK || !reset.Existed {
+				t.Errorf("reset of a kernel of the gateway before: %d existed %v", code, reset.Existed)
 			}
 			if code := g.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
 				t.Fatalf("delete: %d", code)

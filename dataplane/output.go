@@ -186,20 +186,6 @@ func (o *OutputLog) closeStores() {
 	}
 }
 
-// Detach closes the output's files and keeps them, for OpenOutputLog in
-// the next gateway; the output reads as removed from then on.
-func (o *OutputLog) Detach() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.removed {
-		return
-	}
-	o.closeStores()
-	o.removed, o.closed = true, true
-	o.segs, o.stored = nil, 0
-	o.notify()
-}
-
 // Stored is how many bytes the output takes in its store, frames'
 // headers included.
 func (o *OutputLog) Stored() int64 {

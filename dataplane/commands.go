@@ -79,6 +79,12 @@ type Result struct {
 	// Cwd is the directory the command ran in (in a shell: the shell's
 	// directory after it).
 	Cwd string
+	// StateLost (a shell's command) says that the command ran in a new
+	// shell that replaced one that ended (a timeout, an exit, a gateway
+	// restart that could not keep it): started from the saved state (the
+	// directory, exported variables, functions, aliases), without the
+	// plain variables and jobs of the one before.
+	StateLost bool
 }
 
 // Truncated reports whether either stream was cut.

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,7 +115,18 @@ func (r PythonResult) Truncated() bool {
 
 // Kernels holds every session's persistent Python kernels. Its zero value
 // is ready to use.
+//
+// With StateDir, a kernel outlives the gateway: a sandbox that keeps
+// processes (sandbox.Keeper) keeps its interpreter, and a file
+// <StateDir>/<session>/kernel-<name> names it, so that the next gateway
+// takes it back with its state. Where it cannot be taken back (a driver
+// that does not keep processes), the file tells that a kernel existed,
+// and the first call after the restart says stateLost.
 type Kernels struct {
+	// StateDir is where kernels are recorded ("": nowhere; a restart
+	// forgets them).
+	StateDir string
+
 	mu sync.Mutex
 	m  map[string]map[string]*kernel // session id, then kernel name
 }
@@ -128,6 +141,17 @@ func (k *Kernels) Run(ctx context.Context, id string, s Session, name string, re
 		return PythonResult{}, err
 	}
 	return x.run(ctx, req)
+}
+
+// Restore registers the kernels an earlier gateway recorded for session
+// id (s), so that a reset reaches them before any call does; each is
+// taken back at its first call.
+func (k *Kernels) Restore(id string, s Session) {
+	for _, name := range recorded(k.StateDir, id, "kernel-") {
+		if ValidKernelName(name) {
+			_, _ = k.get(id, s, name)
+		}
+	}
 }
 
 // Reset ends the session's kernel name, if it has one, killing code it
@@ -156,12 +180,24 @@ func (k *Kernels) get(id string, s Session, name string) (*kernel, error) {
 	if len(k.m[id]) >= MaxKernels {
 		return nil, ErrTooManyKernels
 	}
-	x := &kernel{s: s, turn: make(chan struct{}, 1), closed: make(chan struct{})}
+	x := &kernel{s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
+		// Cell ids never repeat one an interpreter taken back from an
+		// earlier gateway may still answer.
+		seq: uint64(time.Now().UnixNano())}
+	if k.StateDir != "" && sandbox.ValidID(id) {
+		x.dir = filepath.Join(k.StateDir, id)
+		x.record = filepath.Join(x.dir, "kernel-"+name)
+	}
 	remove, ok := s.AddConn(func() {
 		k.mu.Lock()
 		k.removeLocked(id, name, x)
 		k.mu.Unlock()
-		go x.close() // not holding up the session's end
+		go func() { // not holding up the session's end
+			x.close()
+			if x.dir != "" {
+				_ = os.Remove(x.dir) // when the session left nothing else there
+			}
+		}()
 	})
 	if !ok {
 		return nil, ErrSessionEnded
@@ -199,10 +235,17 @@ type kernel struct {
 	mu      sync.Mutex // guards waiting
 	waiting int
 
+	// record is the file that names the kernel's interpreter across
+	// gateway restarts, in dir ("": none).
+	dir, record string
+
 	// Owned by the call holding turn.
 	proc *kernelProc
 	died bool   // the last interpreter died on its own; not yet said by a restart
 	seq  uint64 // the last cell's id
+	// resumed says that the record was looked at: an interpreter of an
+	// earlier gateway was taken back, or its loss said.
+	resumed bool
 }
 
 func (x *kernel) close() {
@@ -213,11 +256,98 @@ func (x *kernel) close() {
 		}
 		// Wait for the running call to see closed and kill its kernel.
 		x.turn <- struct{}{}
+		if !x.resumed {
+			// An earlier gateway's interpreter, not taken back yet: to
+			// end it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			x.resume(ctx, &PythonResult{})
+			cancel()
+		}
 		if x.proc != nil {
 			x.proc.kill() // with what the code left running in its group
 			x.proc = nil
 		}
+		if x.record != "" {
+			_ = os.Remove(x.record)
+		}
 	})
+}
+
+// kernelRecord is what a kernel's record file holds.
+type kernelRecord struct {
+	// Tenant is the session's, so that the next gateway can find it.
+	Tenant string `json:"tenant,omitempty"`
+	// Keep is the key the sandbox keeps the interpreter under; "" when it
+	// does not keep it (it ended with its gateway).
+	Keep string `json:"keep,omitempty"`
+}
+
+// resume runs before the kernel's first interpreter in this gateway: an
+// interpreter an earlier gateway left (its record) is taken back with its
+// state; one that cannot be was lost with that gateway, which res says.
+func (x *kernel) resume(ctx context.Context, res *PythonResult) {
+	x.resumed = true
+	if x.record == "" {
+		return
+	}
+	b, err := os.ReadFile(x.record)
+	if err != nil {
+		return // no kernel of this name before
+	}
+	var rec kernelRecord
+	_ = json.Unmarshal(b, &rec)
+	if rec.Keep != "" {
+		if k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox()); ok {
+			rctx, cancel := context.WithTimeout(ctx, KernelStartTimeout)
+			p, err := k.Reattach(rctx, rec.Keep)
+			cancel()
+			if err == nil {
+				x.proc = newKernelProc(p)
+				x.proc.stale = true
+				return
+			}
+		}
+	}
+	_ = os.Remove(x.record)
+	res.Restarted, res.StateLost = true, true
+}
+
+// sync reads away what a taken-back interpreter still had to say for a
+// cell of the earlier gateway: an empty cell, and every frame up to its
+// end. It fails when that does not come before ctx ends or timeout.
+func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration) bool {
+	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: "", MaxBytes: 1}); err != nil {
+		return false
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case f, ok := <-kp.frames:
+			if !ok {
+				return false
+			}
+			var m kernelMessage
+			if f.kind == 'J' && json.Unmarshal(f.data, &m) == nil && m.Op == "done" && m.ID == id {
+				kp.stale = false
+				return true
+			}
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// saveRecord names the kernel's interpreter (key) in its record.
+func (x *kernel) saveRecord(key string) {
+	if x.record == "" {
+		return
+	}
+	if err := os.MkdirAll(x.dir, 0o700); err == nil {
+		_ = writeJSONFile(x.record, kernelRecord{Tenant: tenantOf(x.s), Keep: key})
+	}
 }
 
 // acquire waits for the kernel's turn.
@@ -287,6 +417,9 @@ type kernelProc struct {
 	stopOnce sync.Once
 	exit     sandbox.Exit
 	waitErr  error
+	// stale says that the interpreter was taken back from an earlier
+	// gateway and may still send frames of a cell of that gateway.
+	stale bool
 }
 
 // kernelCommand is the shell text that starts a kernel: exit status 127
@@ -295,17 +428,38 @@ func kernelCommand() string {
 	return "command -v python3 >/dev/null 2>&1 || exit 127\nexec python3 -u -c " + Quote(kernelDriver)
 }
 
-// startKernel starts an interpreter in s's sandbox and waits for it to be
-// ready.
-func startKernel(ctx context.Context, s Session) (*kernelProc, error) {
-	p, err := s.Sandbox().Start(gateway.NoHistory(context.Background()), sandbox.Cmd{Command: kernelCommand()})
-	if err != nil {
-		return nil, fmt.Errorf("start kernel: %w", err)
-	}
+// newKernelProc starts reading interpreter p's channel.
+func newKernelProc(p sandbox.Process) *kernelProc {
 	kp := &kernelProc{p: p, frames: make(chan kernelFrame, 16), gone: make(chan struct{}),
 		stderr: newCapture(4 << 10), errEnd: make(chan struct{})}
 	go kp.readFrames()
 	go kp.readStderr()
+	return kp
+}
+
+// startKernel starts x's interpreter in its session's sandbox and waits
+// for it to be ready; a sandbox that keeps processes keeps it across
+// gateway restarts, under the key x's record names.
+func (x *kernel) start(ctx context.Context) (*kernelProc, error) {
+	cmd := sandbox.Cmd{Command: kernelCommand()}
+	if k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox()); ok && k.Keeps() && x.record != "" {
+		cmd.Keep = "kernel/" + newToken()[len("__sandgate_"):]
+	}
+	kp, err := startKernel(ctx, x.s, cmd)
+	if err == nil {
+		x.saveRecord(cmd.Keep)
+	}
+	return kp, err
+}
+
+// startKernel starts an interpreter with cmd in s's sandbox and waits for
+// it to be ready.
+func startKernel(ctx context.Context, s Session, cmd sandbox.Cmd) (*kernelProc, error) {
+	p, err := s.Sandbox().Start(gateway.NoHistory(context.Background()), cmd)
+	if err != nil {
+		return nil, fmt.Errorf("start kernel: %w", err)
+	}
+	kp := newKernelProc(p)
 	timer := time.NewTimer(KernelStartTimeout)
 	defer timer.Stop()
 	select {
@@ -461,13 +615,26 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 	}
 	defer func() { <-x.turn }()
 	var res PythonResult
+	if !x.resumed {
+		x.resume(ctx, &res)
+	}
+	if x.proc != nil && x.proc.stale {
+		x.seq++
+		if !x.proc.sync(ctx, x.seq, req.Timeout) {
+			// Still busy with a cell of the earlier gateway, or gone:
+			// a new interpreter, without the state.
+			x.proc.kill()
+			x.proc = nil
+			res.Restarted, res.StateLost = true, true
+		}
+	}
 	if x.proc != nil && x.proc.ended() {
 		// It died between calls (a thread of its own, the OOM killer).
 		x.proc.stop()
 		x.proc, x.died = nil, true
 	}
 	if x.proc == nil {
-		kp, err := startKernel(ctx, x.s)
+		kp, err := x.start(ctx)
 		if err != nil {
 			return PythonResult{}, err
 		}
@@ -546,7 +713,7 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 				"the code did not stop within %s of its interrupt; the kernel was killed and restarted, its state is lost",
 				KernelInterruptGrace)}
 			if ctx.Err() == nil {
-				if kp, err := startKernel(ctx, x.s); err == nil {
+				if kp, err := x.start(ctx); err == nil {
 					x.proc = kp
 					res.Restarted = true
 				} else {

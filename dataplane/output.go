@@ -106,6 +106,94 @@ func NewOutputLog(dir string, capBytes int64) (*OutputLog, error) {
 	return &OutputLog{dir: dir, cap: capBytes, segMax: segMax, changed: make(chan struct{})}, nil
 }
 
+// OpenOutputLog returns the output kept under dir by an earlier
+// OutputLog (a gateway before a restart), with its offsets as they were,
+// to be written on. A frame cut short at the end of the last segment (the
+// gateway died in the middle of writing it) is dropped.
+func OpenOutputLog(dir string, capBytes int64) (*OutputLog, error) {
+	o, err := NewOutputLog(dir, capBytes)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("output directory: %w", err)
+	}
+	for _, e := range entries { // sorted by name: by sequence
+		var seq int
+		var base int64
+		if n, _ := fmt.Sscanf(e.Name(), "seg-%08d-%d", &seq, &base); n != 2 || fmt.Sprintf("seg-%08d-%d", seq, base) != e.Name() {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDWR, 0)
+		if err != nil {
+			o.closeStores()
+			return nil, fmt.Errorf("output segment: %w", err)
+		}
+		seg := &segment{base: base, store: &fileStore{f: f}}
+		if err := seg.scan(f); err != nil {
+			f.Close()
+			o.closeStores()
+			return nil, err
+		}
+		if n := len(o.segs); n > 0 && o.segs[n-1].base+o.segs[n-1].size != base {
+			// A gap (a segment lost): the older ones cannot be read in order.
+			o.closeStores()
+			o.segs, o.stored = nil, 0
+		}
+		o.segs = append(o.segs, seg)
+		o.stored += seg.stored
+		o.end = base + seg.size
+		o.nextSeq = seq
+	}
+	return o, nil
+}
+
+// scan reads a recovered segment's frames: its size, stored bytes and
+// last stream; a torn last frame is cut off.
+func (seg *segment) scan(f *os.File) error {
+	fs := seg.store.(*fileStore)
+	br := bufio.NewReaderSize(f, 64<<10)
+	var hdr [frameHeader]byte
+	for {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			break
+		}
+		n := int64(binary.BigEndian.Uint32(hdr[1:]))
+		if n > maxFrame || (Stream(hdr[0]) != Stdout && Stream(hdr[0]) != Stderr) {
+			break
+		}
+		if _, err := br.Discard(int(n)); err != nil {
+			break
+		}
+		seg.stored += frameHeader + n
+		seg.size += n
+		seg.last = Stream(hdr[0])
+	}
+	fs.size = seg.stored
+	if err := f.Truncate(seg.stored); err != nil {
+		return fmt.Errorf("output segment: %w", err)
+	}
+	return nil
+}
+
+// closeStores closes the segments' files without removing them.
+func (o *OutputLog) closeStores() {
+	for _, s := range o.segs {
+		if fs, ok := s.store.(*fileStore); ok {
+			fs.f.Close()
+		}
+	}
+}
+
+// Stored is how many bytes the output takes in its store, frames'
+// headers included.
+func (o *OutputLog) Stored() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.stored
+}
+
 // Write appends p as written by stream. After a storage error, or once the
 // output is closed or removed, Write keeps nothing and returns the error.
 func (o *OutputLog) Write(stream Stream, p []byte) error {
@@ -174,7 +262,9 @@ func (o *OutputLog) newStore() (segmentStore, error) {
 	if o.dir == "" {
 		return &memStore{}, nil
 	}
-	f, err := os.OpenFile(filepath.Join(o.dir, fmt.Sprintf("seg-%08d", o.nextSeq)), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	// The name holds the segment's base offset, so that OpenOutputLog
+	// finds the offsets again after a restart.
+	f, err := os.OpenFile(filepath.Join(o.dir, fmt.Sprintf("seg-%08d-%d", o.nextSeq, o.end)), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("new output segment: %w", err)
 	}

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -47,7 +48,15 @@ var (
 	// process closed itself (exec 0<&-).
 	ErrStdinClosedByProcess = errors.New("the process closed its standard input and is still running")
 	ErrStdinBlocked         = errors.New("the process is not reading its standard input")
+	// ErrOutputLimit: the tenant's processes keep as much output as
+	// ProcessConfig.TenantOutputBytes allows.
+	ErrOutputLimit = errors.New("the tenant's background processes keep as much output as allowed")
 )
+
+// DefaultTenantOutputBytes is ProcessConfig.TenantOutputBytes's default:
+// 128 running processes' worth of output (DefaultOutputCap each), two
+// sessions' full of them.
+const DefaultTenantOutputBytes = 2 << 30
 
 // ProcessConfig bounds one session's background processes. Zero values
 // get the defaults.
@@ -62,7 +71,13 @@ type ProcessConfig struct {
 	// (DefaultMaxRunning); MaxFinished is how many finished ones it
 	// remembers, oldest dropped first (DefaultMaxFinished).
 	MaxRunning, MaxFinished int
-	Log                     *slog.Logger
+	// TenantOutputBytes bounds the output the processes of all of one
+	// tenant's sessions keep (DefaultTenantOutputBytes): a running
+	// process counts OutputCap (what it may come to keep), a finished one
+	// what it keeps. A start past it first forgets the tenant's oldest
+	// finished processes, then fails with ErrOutputLimit.
+	TenantOutputBytes int64
+	Log               *slog.Logger
 }
 
 func (c ProcessConfig) withDefaults() ProcessConfig {
@@ -74,6 +89,9 @@ func (c ProcessConfig) withDefaults() ProcessConfig {
 	}
 	if c.MaxFinished <= 0 {
 		c.MaxFinished = DefaultMaxFinished
+	}
+	if c.TenantOutputBytes <= 0 {
+		c.TenantOutputBytes = DefaultTenantOutputBytes
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -129,11 +147,16 @@ type Processes struct {
 	// ended with a stop: its ids go on from there after the resume, so an
 	// old id never names a new process.
 	lastSeq map[string]int
+	// charged is the output each tenant's processes count (see
+	// ProcessConfig.TenantOutputBytes).
+	charged map[string]int64
 }
 
 // sessionProcs is one session's processes.
 type sessionProcs struct {
+	ps     *Processes
 	id     string
+	tenant string
 	cfg    ProcessConfig
 	dir    string // <StateDir>/<session>, "" in memory
 	remove func() // unregisters from the session's connections
@@ -144,6 +167,9 @@ type sessionProcs struct {
 	starting int
 	procs    map[string]*Process
 	finished []*Process // oldest first
+
+	seqMu    sync.Mutex // orders writes of session.json
+	savedSeq int        // the number session.json holds
 }
 
 // Process is one background process.
@@ -153,6 +179,16 @@ type Process struct {
 	p    sandbox.Process
 	out  *OutputLog
 	done chan struct{} // closed once it ended and its output is complete
+	// dir holds its output and its record (process.json), "" in memory.
+	dir string
+	// keep is its key in a sandbox that keeps it across gateway
+	// restarts (sandbox.Cmd.Keep).
+	keep string
+	// charge is what it counts against its tenant's output bound;
+	// guarded by the Processes' mu.
+	charge  int64
+	saveMu  sync.Mutex // orders writes of its record
+	dropped bool       // its record was removed: never written again; under saveMu
 
 	mu          sync.Mutex
 	running     bool
@@ -183,6 +219,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	sp.seq++
 	sp.starting++
 	id := "p" + strconv.Itoa(sp.seq)
+	seq := sp.seq
 	sp.mu.Unlock()
 	started := false
 	defer func() {
@@ -192,15 +229,36 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 			sp.mu.Unlock()
 		}
 	}()
-
-	dir := ""
-	if sp.dir != "" {
-		dir = filepath.Join(sp.dir, id)
+	pr := &Process{
+		sp: sp, done: make(chan struct{}), running: true, keep: "process/" + id,
+		info: ProcessInfo{
+			ProcessID: id, Name: req.Name, Command: req.Command, Argv: req.Argv, Cwd: req.Cwd,
+			StartedAt: time.Now().UTC(),
+		},
 	}
-	out, err := NewOutputLog(dir, sp.cfg.OutputCap)
+	if len(req.Argv) > 0 {
+		pr.info.Command = strings.Join(req.Argv, " ")
+	}
+	if err := sp.reserve(pr); err != nil {
+		return ProcessInfo{}, err
+	}
+	defer func() {
+		if !started {
+			sp.ps.uncharge(sp.tenant, pr)
+		}
+	}()
+	if sp.dir != "" {
+		pr.dir = filepath.Join(sp.dir, id)
+		// The number first: an id is never given twice, even across a crash.
+		if err := sp.saveSeq(seq); err != nil {
+			return ProcessInfo{}, err
+		}
+	}
+	out, err := NewOutputLog(pr.dir, sp.cfg.OutputCap)
 	if err != nil {
 		return ProcessInfo{}, err
 	}
+	pr.out = out
 	command := req.Command
 	if len(req.Argv) > 0 {
 		command = "exec " + quoteArgs(req.Argv)
@@ -217,29 +275,34 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	sctx = gateway.WithCommandSource(sctx, "rest")
 	sb := s.Sandbox()
 	if sb == nil {
-		_ = out.Remove()
+		_ = pr.remove()
 		return ProcessInfo{}, ErrSessionEnded
 	}
-	p, err := sb.Start(sctx, sandbox.Cmd{Command: command, Env: req.Env})
+	cmd := sandbox.Cmd{Command: command, Env: req.Env}
+	if k, ok := sandbox.As[sandbox.Keeper](sb); ok && k.Keeps() && sp.dir != "" {
+		cmd.Keep = pr.keep // it outlives this gateway: a next one takes it back
+	} else {
+		pr.keep = ""
+	}
+	// Recorded before it starts too: a gateway that dies meanwhile leaves
+	// the next one a record to take the process back by (or show it ended).
+	if err := pr.save(); err != nil {
+		sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", id, "err", err)
+	}
+	p, err := sb.Start(sctx, cmd)
 	if err != nil {
-		_ = out.Remove()
+		_ = pr.remove()
 		if errors.Is(err, sandbox.ErrClosed) {
 			return ProcessInfo{}, ErrSessionEnded
 		}
 		return ProcessInfo{}, fmt.Errorf("start process: %w", err)
 	}
-	pr := &Process{
-		sp: sp, p: p, out: out, done: make(chan struct{}), running: true,
-		info: ProcessInfo{
-			ProcessID: id, Name: req.Name, Command: req.Command, Argv: req.Argv, Cwd: req.Cwd,
-			StartedAt: time.Now().UTC(),
-		},
-	}
-	if len(req.Argv) > 0 {
-		pr.info.Command = strings.Join(req.Argv, " ")
-	}
+	pr.p = p
 	if pp, ok := p.(sandbox.PIDer); ok {
 		pr.info.PID = pp.PID()
+	}
+	if err := pr.save(); err != nil {
+		sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", id, "err", err)
 	}
 	sp.mu.Lock()
 	sp.starting--
@@ -248,36 +311,160 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 		sp.mu.Unlock()
 		p.Kill()
 		go func() { _, _ = p.Wait() }()
-		_ = out.Remove()
+		_ = pr.remove()
+		sp.ps.uncharge(sp.tenant, pr)
 		if sp.dir != "" {
-			_ = os.Remove(sp.dir) // end removed it before this process's output made it again
+			_ = os.RemoveAll(sp.dir) // end removed it before this process's output made it again
 		}
 		return ProcessInfo{}, ErrSessionEnded
 	}
 	sp.procs[id] = pr
 	sp.mu.Unlock()
 	go pr.run()
-	sp.cfg.Log.Info("process_started", "session", sp.id, "process", id, "pid", pr.info.PID)
+	sp.cfg.Log.Info("process_started", "session", sp.id, "process", id, "pid", pr.info.PID, "kept", pr.keep != "")
 	return pr.Info(), nil
 }
 
-// session returns s's processes, registering them to end with s.
-func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionProcs, error) {
+// reserve charges pr's output cap to the session's tenant, first
+// forgetting the tenant's oldest finished processes (in any of its
+// sessions) when the tenant's bound needs it.
+func (sp *sessionProcs) reserve(pr *Process) error {
+	for {
+		if sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, sp.cfg.TenantOutputBytes) {
+			return nil
+		}
+		old := sp.ps.dropOldestFinished(sp.tenant)
+		if old == nil {
+			return fmt.Errorf("%w (%d bytes per tenant, %d per process)", ErrOutputLimit, sp.cfg.TenantOutputBytes, sp.cfg.OutputCap)
+		}
+		old.discard()
+	}
+}
+
+// dropOldestFinished takes the finished process of tenant that ended
+// first out of its session's list; nil when there is none.
+func (ps *Processes) dropOldestFinished(tenant string) *Process {
+	ps.mu.Lock()
+	var mine []*sessionProcs
+	for _, sp := range ps.sessions {
+		if sp.tenant == tenant {
+			mine = append(mine, sp)
+		}
+	}
+	ps.mu.Unlock()
+	for {
+		var from *sessionProcs
+		var oldest *Process
+		for _, sp := range mine {
+			sp.mu.Lock()
+			if len(sp.finished) > 0 {
+				if p := sp.finished[0]; oldest == nil || p.endedAtTime().Before(oldest.endedAtTime()) {
+					from, oldest = sp, p
+				}
+			}
+			sp.mu.Unlock()
+		}
+		if from == nil {
+			return nil
+		}
+		from.mu.Lock()
+		if len(from.finished) > 0 && from.finished[0] == oldest {
+			from.finished = from.finished[1:]
+			delete(from.procs, oldest.info.ProcessID)
+			from.mu.Unlock()
+			return oldest
+		}
+		from.mu.Unlock() // it changed meanwhile: look again
+	}
+}
+
+// endedAtTime is when the process ended (zero while it runs).
+func (pr *Process) endedAtTime() time.Time {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	return pr.endedAt
+}
+
+// charge sets pr's charge to n when its tenant's total stays within limit
+// (limit <= 0: always); it reports whether it did.
+func (ps *Processes) charge(tenant string, pr *Process, n, limit int64) bool {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	total := ps.charged[tenant] - pr.charge + n
+	if limit > 0 && n > pr.charge && total > limit {
+		return false
+	}
+	if ps.charged == nil {
+		ps.charged = map[string]int64{}
+	}
+	ps.charged[tenant], pr.charge = total, n
+	if total == 0 {
+		delete(ps.charged, tenant)
+	}
+	return true
+}
+
+// uncharge drops pr's charge.
+func (ps *Processes) uncharge(tenant string, pr *Process) { ps.charge(tenant, pr, 0, 0) }
+
+// Charged is the output the tenant's processes count against its bound
+// now.
+func (ps *Processes) Charged(tenant string) int64 {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.charged[tenant]
+}
+
+// discard frees a process dropped from its session's list: its output,
+// its record and its charge.
+func (pr *Process) discard() {
+	if err := pr.remove(); err != nil {
+		pr.sp.cfg.Log.Warn("process_output_remove_failed", "session", pr.sp.id, "process", pr.info.ProcessID, "err", err)
+	}
+	pr.sp.ps.uncharge(pr.sp.tenant, pr)
+}
+
+// remove removes the process's output and record (and its directory).
+func (pr *Process) remove() error {
+	var errs []error
+	pr.saveMu.Lock()
+	pr.dropped = true
+	pr.saveMu.Unlock()
+	if pr.dir != "" {
+		if err := os.Remove(filepath.Join(pr.dir, recordFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if pr.out != nil {
+		errs = append(errs, pr.out.Remove())
+	} else if pr.dir != "" {
+		if err := os.Remove(pr.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// session returns s's processes, registering them to end with s, and
+// taking back what a gateway before a restart left of them (restore).
+func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionProcs, error) {
+	ps.mu.Lock()
 	if sp, ok := ps.sessions[s.ID]; ok {
+		ps.mu.Unlock()
 		return sp, nil
 	}
 	cfg = cfg.withDefaults()
-	sp := &sessionProcs{id: s.ID, cfg: cfg, procs: map[string]*Process{}, seq: ps.lastSeq[s.ID]}
+	sp := &sessionProcs{ps: ps, id: s.ID, tenant: s.Tenant, cfg: cfg, procs: map[string]*Process{}, seq: ps.lastSeq[s.ID]}
 	if cfg.StateDir != "" {
 		if !sandbox.ValidID(s.ID) {
+			ps.mu.Unlock()
 			return nil, fmt.Errorf("session id %q cannot name a directory", s.ID)
 		}
 		sp.dir = filepath.Join(cfg.StateDir, s.ID)
 	}
 	remove, ok := s.AddConn(func() { ps.end(sp, s.Live()) })
 	if !ok {
+		ps.mu.Unlock()
 		return nil, ErrSessionEnded
 	}
 	sp.remove = remove
@@ -285,6 +472,15 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 		ps.sessions = map[string]*sessionProcs{}
 	}
 	ps.sessions[s.ID] = sp
+	// Held while the processes are taken back, so that no call sees the
+	// session's list half made: restores are quick (a connection to the
+	// init each).
+	sp.mu.Lock()
+	ps.mu.Unlock()
+	defer sp.mu.Unlock()
+	if sp.dir != "" {
+		sp.restore(s)
+	}
 	return sp, nil
 }
 
@@ -314,12 +510,12 @@ func (ps *Processes) end(sp *sessionProcs, stopped bool) {
 		// Output first: a follower then ends without a "done" line (the
 		// session is gone, not the process's own end), whichever of
 		// the kill and the process's exit it would otherwise see first.
-		if err := p.out.Remove(); err != nil {
-			sp.cfg.Log.Warn("process_output_remove_failed", "session", sp.id, "process", p.info.ProcessID, "err", err)
+		p.discard()
+		if p.p != nil {
+			p.p.Kill()
 		}
-		p.p.Kill()
 	}
-	if sp.dir != "" {
+	if sp.dir != "" && !stopped {
 		if err := os.RemoveAll(sp.dir); err != nil {
 			sp.cfg.Log.Warn("process_output_remove_failed", "session", sp.id, "err", err)
 		}
@@ -380,6 +576,9 @@ func (pr *Process) run() {
 	pr.stdinClosed = true
 	pr.mu.Unlock()
 	pr.out.Close()
+	if err := pr.save(); err != nil {
+		pr.sp.cfg.Log.Warn("process_record_failed", "session", pr.sp.id, "process", pr.info.ProcessID, "err", err)
+	}
 	// Filed before Done: a caller woken by Done lists the process among
 	// the finished, in the order they ended (and the oldest beyond the cap
 	// already dropped).
@@ -396,6 +595,8 @@ func (sp *sessionProcs) finish(pr *Process) {
 		return
 	}
 	sp.finished = append(sp.finished, pr)
+	// Finished, it counts what it keeps, no longer what it might.
+	sp.ps.charge(sp.tenant, pr, pr.out.Stored(), 0)
 	var drop []*Process
 	for len(sp.finished) > sp.cfg.MaxFinished {
 		drop = append(drop, sp.finished[0])
@@ -404,7 +605,7 @@ func (sp *sessionProcs) finish(pr *Process) {
 	}
 	sp.mu.Unlock()
 	for _, d := range drop {
-		_ = d.out.Remove()
+		d.discard()
 	}
 	sp.cfg.Log.Info("process_ended", "session", sp.id, "process", pr.info.ProcessID)
 }
@@ -580,6 +781,9 @@ func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, 
 		pr.mu.Lock()
 		pr.stdinClosed = true
 		pr.mu.Unlock()
+		if err := pr.save(); err != nil { // a next gateway knows it too
+			pr.sp.cfg.Log.Warn("process_record_failed", "session", pr.sp.id, "process", pr.info.ProcessID, "err", err)
+		}
 		if err := w.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
 			return n, fmt.Errorf("close stdin: %w", err)
 		}
@@ -599,4 +803,273 @@ func quoteArgs(argv []string) string {
 // shellQuote is s in single quotes, each ' written as '\”.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// recordFile is a process's record in its directory, so that a gateway
+// after a restart knows it again.
+const recordFile = "process.json"
+
+// sessionFile is a session's record in its directory: its tenant and the
+// last process number given.
+const sessionFile = "session.json"
+
+// processRecord is what process.json holds.
+type processRecord struct {
+	Info ProcessInfo `json:"info"`
+	// Keep is the key a keeping sandbox knows it by ("" for one that
+	// ends with the gateway).
+	Keep string `json:"keep,omitempty"`
+	// StdinClosed says the client closed its input (eof).
+	StdinClosed bool          `json:"stdinClosed,omitempty"`
+	Ended       bool          `json:"ended,omitempty"`
+	Exit        *sandbox.Exit `json:"exit,omitempty"`
+	EndedAt     time.Time     `json:"endedAt,omitzero"`
+}
+
+type sessionRecord struct {
+	Tenant string `json:"tenant"`
+	Seq    int    `json:"seq"`
+}
+
+// save writes the process's record (nothing in memory).
+func (pr *Process) save() error {
+	if pr.dir == "" {
+		return nil
+	}
+	pr.saveMu.Lock()
+	defer pr.saveMu.Unlock()
+	if pr.dropped {
+		return nil
+	}
+	rec := processRecord{Info: pr.info, Keep: pr.keep}
+	pr.mu.Lock()
+	rec.StdinClosed = pr.stdinClosed
+	if !pr.running {
+		exit := pr.exit
+		rec.Ended, rec.Exit, rec.EndedAt = true, &exit, pr.endedAt
+	}
+	pr.mu.Unlock()
+	return writeJSONFile(filepath.Join(pr.dir, recordFile), rec)
+}
+
+// saveSeq records the session's last process number.
+func (sp *sessionProcs) saveSeq(seq int) error {
+	if err := os.MkdirAll(sp.dir, 0o700); err != nil {
+		return fmt.Errorf("process state: %w", err)
+	}
+	sp.seqMu.Lock()
+	defer sp.seqMu.Unlock()
+	if seq <= sp.savedSeq {
+		return nil
+	}
+	if err := writeJSONFile(filepath.Join(sp.dir, sessionFile), sessionRecord{Tenant: sp.tenant, Seq: seq}); err != nil {
+		return err
+	}
+	sp.savedSeq = seq
+	return nil
+}
+
+// writeJSONFile replaces path with v as JSON, atomically.
+func writeJSONFile(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("process state: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("process state: %w", err)
+	}
+	return nil
+}
+
+// restore takes back what a gateway before a restart left in the
+// session's directory: its process numbers, its finished processes with
+// their output, and its running ones, re-attached through the sandbox
+// (sandbox.Keeper) with their output going on at the offset it had. A
+// running process the sandbox did not keep (the workdir driver, or an
+// init that predates keeping) ended with that gateway: it is shown
+// killed. sp.mu is held.
+func (sp *sessionProcs) restore(s *gateway.Session) {
+	var srec sessionRecord
+	if b, err := os.ReadFile(filepath.Join(sp.dir, sessionFile)); err == nil && json.Unmarshal(b, &srec) == nil {
+		sp.seq = max(sp.seq, srec.Seq)
+		sp.savedSeq = srec.Seq
+	}
+	entries, err := os.ReadDir(sp.dir)
+	if err != nil {
+		return
+	}
+	var keeper sandbox.Keeper
+	if sb := s.Sandbox(); sb != nil {
+		keeper, _ = sandbox.As[sandbox.Keeper](sb)
+	}
+	var finished []*Process
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		pr, err := sp.restoreOne(filepath.Join(sp.dir, e.Name()), keeper)
+		if err != nil {
+			sp.cfg.Log.Warn("process_restore_failed", "session", sp.id, "process", e.Name(), "err", err)
+			_ = os.RemoveAll(filepath.Join(sp.dir, e.Name()))
+			continue
+		}
+		if n, err := strconv.Atoi(strings.TrimPrefix(pr.info.ProcessID, "p")); err == nil {
+			sp.seq = max(sp.seq, n)
+		}
+		sp.procs[pr.info.ProcessID] = pr
+		if pr.running {
+			sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, 0)
+			go pr.run()
+			sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End())
+		} else {
+			sp.ps.charge(sp.tenant, pr, pr.out.Stored(), 0)
+			finished = append(finished, pr)
+		}
+	}
+	slices.SortFunc(finished, func(a, b *Process) int { return a.endedAt.Compare(b.endedAt) })
+	sp.finished = finished
+	for len(sp.finished) > sp.cfg.MaxFinished {
+		old := sp.finished[0]
+		sp.finished = sp.finished[1:]
+		delete(sp.procs, old.info.ProcessID)
+		old.discard()
+	}
+}
+
+// restoreOne reads one process's directory back.
+func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process, error) {
+	b, err := os.ReadFile(filepath.Join(dir, recordFile))
+	if err != nil {
+		return nil, fmt.Errorf("no record (a start cut short): %w", err)
+	}
+	var rec processRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return nil, fmt.Errorf("process record: %w", err)
+	}
+	if rec.Info.ProcessID != filepath.Base(dir) {
+		return nil, fmt.Errorf("process record names %q", rec.Info.ProcessID)
+	}
+	out, err := OpenOutputLog(dir, sp.cfg.OutputCap)
+	if err != nil {
+		return nil, err
+	}
+	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, info: rec.Info, done: make(chan struct{})}
+	if rec.Ended {
+		pr.exit, pr.endedAt, pr.stdinClosed = *rec.Exit, rec.EndedAt, true
+		out.Close()
+		close(pr.done)
+		return pr, nil
+	}
+	var p sandbox.Process
+	err = sandbox.ErrNotKept
+	if keeper != nil && rec.Keep != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+		p, err = keeper.Reattach(ctx, rec.Keep)
+		cancel()
+	}
+	if err != nil {
+		// It ended with the gateway before this one.
+		sp.cfg.Log.Warn("process_lost", "session", sp.id, "process", rec.Info.ProcessID, "err", err)
+		pr.exit, pr.endedAt, pr.stdinClosed = sandbox.Exit{Signal: "KILL"}, time.Now().UTC(), true
+		out.Close()
+		close(pr.done)
+		if err := pr.save(); err != nil {
+			sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", rec.Info.ProcessID, "err", err)
+		}
+		return pr, nil
+	}
+	pr.p, pr.running, pr.stdinClosed = p, true, rec.StdinClosed
+	return pr, nil
+}
+
+// Restore takes back, at a gateway's start, the processes a gateway
+// before it left under cfg.StateDir: each directory's session is looked
+// up (session(id, tenant); nil when it is gone or not this gateway's) and
+// its processes restored; the directories of sessions gone (known(id)
+// false) are removed.
+func (ps *Processes) Restore(cfg ProcessConfig, known func(id string) bool, session func(id, tenant string) *gateway.Session) {
+	if cfg.StateDir == "" {
+		return
+	}
+	entries, err := os.ReadDir(cfg.StateDir)
+	if err != nil {
+		return
+	}
+	log := cfg.withDefaults().Log
+	for _, e := range entries {
+		dir := filepath.Join(cfg.StateDir, e.Name())
+		var srec sessionRecord
+		b, err := os.ReadFile(filepath.Join(dir, sessionFile))
+		if err == nil {
+			err = json.Unmarshal(b, &srec)
+		}
+		if e.IsDir() && sandbox.ValidID(e.Name()) && known(e.Name()) && errors.Is(err, os.ErrNotExist) {
+			continue // no processes, only what else the session keeps here (kernels)
+		}
+		var s *gateway.Session
+		if err == nil && e.IsDir() && sandbox.ValidID(e.Name()) {
+			s = session(e.Name(), srec.Tenant)
+		}
+		if s == nil || !s.Live() {
+			if err := os.RemoveAll(dir); err != nil {
+				log.Warn("process_output_remove_failed", "session", e.Name(), "err", err)
+			}
+			continue
+		}
+		if _, err := ps.session(s, cfg); err != nil {
+			log.Warn("process_restore_failed", "session", e.Name(), "err", err)
+		}
+	}
+}
+
+// tenantOf is s's tenant, when s is a gateway session.
+func tenantOf(s Session) string {
+	if gs, ok := s.(*gateway.Session); ok {
+		return gs.Tenant
+	}
+	return ""
+}
+
+// recorded lists the names that records of kind (a file name prefix:
+// "shell-", "kernel-") carry in session id's directory under dir.
+func recorded(dir, id, kind string) []string {
+	if dir == "" || !sandbox.ValidID(id) {
+		return nil
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, id))
+	var names []string
+	for _, e := range entries {
+		if name, ok := strings.CutPrefix(e.Name(), kind); ok && e.Type().IsRegular() && !strings.HasSuffix(name, ".tmp") {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// RecordedTenant is the tenant that session id's records under dir name
+// ("" when none does).
+func RecordedTenant(dir, id string) string {
+	if dir == "" || !sandbox.ValidID(id) {
+		return ""
+	}
+	var rec struct {
+		Tenant string `json:"tenant"`
+	}
+	sdir := filepath.Join(dir, id)
+	files := []string{sessionFile}
+	for _, kind := range []string{"shell-", "kernel-"} {
+		for _, name := range recorded(dir, id, kind) {
+			files = append(files, kind+name)
+		}
+	}
+	for _, f := range files {
+		if b, err := os.ReadFile(filepath.Join(sdir, f)); err == nil && json.Unmarshal(b, &rec) == nil && rec.Tenant != "" {
+			return rec.Tenant
+		}
+	}
+	return ""
 }

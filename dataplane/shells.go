@@ -3,9 +3,12 @@ package dataplane
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,7 +44,18 @@ func ValidShellName(name string) bool { return shellNameRE.MatchString(name) }
 
 // Shells holds every session's persistent named shells. Its zero value is
 // ready to use.
+//
+// With StateDir, a shell outlives the gateway: a file
+// <StateDir>/<session>/shell-<name> names its saved state in the sandbox
+// and, where the sandbox keeps processes (sandbox.Keeper), its bash,
+// which the next gateway takes back with everything (plain variables and
+// jobs too). A shell that cannot be taken back is started again from its
+// saved state, as after a timeout, and its first answer says stateLost.
 type Shells struct {
+	// StateDir is where shells are recorded ("": nowhere; a restart
+	// forgets them).
+	StateDir string
+
 	mu sync.Mutex
 	m  map[string]map[string]*shell // session id, then shell name
 }
@@ -55,6 +69,17 @@ func (sh *Shells) Run(ctx context.Context, id string, s Session, name string, re
 		return Result{}, err
 	}
 	return x.run(ctx, req)
+}
+
+// Restore registers the shells an earlier gateway recorded for session
+// id (s), so that a delete reaches them before any command does; each is
+// taken back at its first command.
+func (sh *Shells) Restore(id string, s Session) {
+	for _, name := range recorded(sh.StateDir, id, "shell-") {
+		if ValidShellName(name) {
+			_, _ = sh.get(id, s, name)
+		}
+	}
 }
 
 // Delete ends the session's shell name, killing a command it runs.
@@ -83,12 +108,22 @@ func (sh *Shells) get(id string, s Session, name string) (*shell, error) {
 		return nil, ErrTooManyShells
 	}
 	x := &shell{name: name, s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
-		state: "/tmp/.sandgate-shell-" + newToken()[len("__sandgate_"):]}
+		state: shellStatePrefix + newToken()[len("__sandgate_"):]}
+	if sh.StateDir != "" && sandbox.ValidID(id) {
+		x.dir = filepath.Join(sh.StateDir, id)
+		x.record = filepath.Join(x.dir, "shell-"+name)
+		x.loadRecord()
+	}
 	remove, ok := s.AddConn(func() {
 		sh.mu.Lock()
 		sh.removeLocked(id, name, x)
 		sh.mu.Unlock()
-		go x.close() // not holding up the session's end
+		go func() { // not holding up the session's end
+			x.close()
+			if x.dir != "" {
+				_ = os.Remove(x.dir) // when the session left nothing else there
+			}
+		}()
 	})
 	if !ok {
 		return nil, ErrSessionEnded
@@ -131,11 +166,125 @@ type shell struct {
 	mu      sync.Mutex // guards waiting
 	waiting int
 
+	// record is the file that names the shell across gateway restarts,
+	// in dir ("": none).
+	dir, record string
+
 	// Owned by the command holding turn.
 	proc     sandbox.Process
 	out, err *markerReader
 	cwd      string
 	started  bool
+	// keep is the key of the bash an earlier gateway left, to take back
+	// before the first command ("" once looked at); resumed says the
+	// record was there; stale that the bash was taken back and may still
+	// be busy with a command of that gateway.
+	keep    string
+	resumed bool
+	stale   bool
+	// lost says that the shell's bash ended under it (a timeout, an exit,
+	// a restart that could not keep it): the next one, started from the
+	// saved state, says stateLost.
+	lost bool
+}
+
+// shellStatePrefix starts the path of every shell's saved state.
+const shellStatePrefix = "/tmp/.sandgate-shell-"
+
+// shellRecord is what a shell's record file holds.
+type shellRecord struct {
+	// Tenant is the session's, so that the next gateway can find it.
+	Tenant string `json:"tenant,omitempty"`
+	// State is the saved state's path in the sandbox.
+	State string `json:"state"`
+	// Keep is the key the sandbox keeps the bash under ("": it does not).
+	Keep string `json:"keep,omitempty"`
+}
+
+// loadRecord takes what an earlier gateway recorded of the shell: where
+// its state is saved, and its bash's key.
+func (x *shell) loadRecord() {
+	b, err := os.ReadFile(x.record)
+	if err != nil {
+		return
+	}
+	var rec shellRecord
+	if json.Unmarshal(b, &rec) != nil {
+		return
+	}
+	if tail, ok := strings.CutPrefix(rec.State, shellStatePrefix); ok && shellNameRE.MatchString(tail) {
+		x.state = rec.State
+	}
+	x.keep, x.resumed = rec.Keep, true
+}
+
+// saveRecord records the shell's state path and its bash's key.
+func (x *shell) saveRecord(key string) {
+	if x.record == "" {
+		return
+	}
+	if err := os.MkdirAll(x.dir, 0o700); err == nil {
+		_ = writeJSONFile(x.record, shellRecord{Tenant: tenantOf(x.s), State: x.state, Keep: key})
+	}
+}
+
+// resume takes back the bash an earlier gateway left, before the first
+// command: it reports false when there was one that could not be taken
+// back (it ended with that gateway).
+func (x *shell) resume(ctx context.Context) bool {
+	key := x.keep
+	x.keep = ""
+	if key == "" {
+		return false
+	}
+	k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox())
+	if !ok {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	p, err := k.Reattach(rctx, key)
+	if err != nil {
+		return false
+	}
+	x.proc, x.out, x.err = p, &markerReader{src: p.Stdout()}, &markerReader{src: p.Stderr()}
+	x.started, x.stale = true, true
+	return true
+}
+
+// sync reads away what a taken-back bash still had to say for a command
+// of the earlier gateway: a marker, and everything up to it. It fails
+// when that does not come within timeout (the command still runs) or
+// before ctx ends.
+func (x *shell) sync(ctx context.Context, timeout time.Duration) bool {
+	tok := newToken()
+	if _, err := fmt.Fprintf(x.proc.Stdin(), "__sandgate_done %s 0 %s\n", tok, Quote(x.state)); err != nil {
+		return false
+	}
+	discard := Request{MaxOutputBytes: 1}
+	ended := make(chan bool, 2)
+	for _, m := range []*markerReader{x.out, x.err} {
+		go func() {
+			_, ok := m.until(tok, newStreamReader("discard", discard, nil))
+			ended <- ok
+		}()
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for range 2 {
+		select {
+		case ok := <-ended:
+			if !ok {
+				return false
+			}
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+	x.stale = false
+	return true
 }
 
 func (x *shell) close() {
@@ -146,10 +295,19 @@ func (x *shell) close() {
 		}
 		// Wait for the running command to see closed and kill the shell.
 		x.turn <- struct{}{}
+		if x.keep != "" {
+			// An earlier gateway's bash, not taken back yet: to end it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			x.resume(ctx)
+			cancel()
+		}
 		if x.proc != nil {
 			x.stop()
 		}
-		if !x.started {
+		if x.record != "" {
+			_ = os.Remove(x.record)
+		}
+		if !x.started && !x.resumed {
 			return
 		}
 		// Remove the state files; the sandbox may be going away.
@@ -160,9 +318,11 @@ func (x *shell) close() {
 		// Not in a stopped session: its /tmp went with its processes.
 		if p, err := x.s.Sandbox().Start(gateway.NoResume(gateway.NoHistory(ctx)), sandbox.Cmd{Command: rm}); err == nil {
 			_ = p.Stdin().Close()
-			go func() { _, _ = io.Copy(io.Discard, p.Stdout()) }()
-			go func() { _, _ = io.Copy(io.Discard, p.Stderr()) }()
+			var readers sync.WaitGroup
+			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stdout()) })
+			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stderr()) })
 			_, _ = p.Wait()
+			drain(&readers, OutputGrace, p.Stdout(), p.Stderr()) // and closes them
 		}
 	})
 }
@@ -232,14 +392,18 @@ const shellRestore = `[ -f %[1]s ] && . %[1]s >/dev/null 2>&1
 unset __sandgate_d
 `
 
-// start starts the shell, from the saved state if there is one.
+// start starts the shell, from the saved state if there is one; a
+// sandbox that keeps processes keeps it across gateway restarts.
 func (x *shell) start() error {
-	p, err := x.s.Sandbox().Start(gateway.NoHistory(context.Background()), sandbox.Cmd{
-		Command: "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc; fi; exec sh",
-	})
+	cmd := sandbox.Cmd{Command: "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc; fi; exec sh"}
+	if k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox()); ok && k.Keeps() && x.record != "" {
+		cmd.Keep = "shell/" + newToken()[len("__sandgate_"):]
+	}
+	p, err := x.s.Sandbox().Start(gateway.NoHistory(context.Background()), cmd)
 	if err != nil {
 		return fmt.Errorf("start shell: %w", err)
 	}
+	x.saveRecord(cmd.Keep)
 	x.proc, x.out, x.err = p, &markerReader{src: p.Stdout()}, &markerReader{src: p.Stderr()}
 	x.started = true
 	init := shellInit + fmt.Sprintf(shellRestore, Quote(x.state))
@@ -256,11 +420,21 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 		return Result{}, err
 	}
 	defer func() { <-x.turn }()
+	if x.resumed && x.keep != "" || x.resumed && !x.started {
+		x.lost = !x.resume(ctx) // a shell of an earlier gateway
+	}
+	if x.proc != nil && x.stale && !x.sync(ctx, req.Timeout) {
+		// Still busy with a command of the earlier gateway, or gone.
+		x.stop()
+		x.lost = true
+	}
 	if x.proc == nil {
 		if err := x.start(); err != nil {
 			return Result{}, err
 		}
 	}
+	stateLost := x.lost
+	x.lost = false
 	tok := newToken()
 	var line strings.Builder
 	if len(req.Stdin) > 0 {
@@ -293,6 +467,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	if _, err := io.WriteString(x.proc.Stdin(), line.String()); err != nil {
 		// The shell is gone (exit): start another and try once more.
 		x.stop()
+		stateLost = true
 		if err := x.start(); err != nil {
 			return Result{}, err
 		}
@@ -346,6 +521,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 		exit, waitErr = p.Wait()
 		drain(&readers, OutputGrace, p.Stdout(), p.Stderr())
 		x.proc, x.out, x.err = nil, nil, nil
+		x.lost = true
 	}
 	res.Duration = time.Since(began)
 	code, cwd, ok := parseStatus(status)
@@ -365,6 +541,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 			_ = p.Stdout().Close()
 			_ = p.Stderr().Close()
 			x.proc, x.out, x.err = nil, nil, nil
+			x.lost = true
 		}
 		if waitErr != nil {
 			c := 255
@@ -377,6 +554,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 		}
 	}
 	res.Cwd = x.cwd
+	res.StateLost = stateLost
 	res.Stdout, res.Stderr = stdout.cap.output(), stderr.cap.output()
 	x.s.RecordCommand(ctx, gateway.CommandRecord{Command: req.text(), Source: "rest", Shell: x.name,
 		StartedAt: began.UTC(), DurationMs: res.Duration.Milliseconds(), ExitCode: res.ExitCode,

@@ -57,6 +57,9 @@ type commandResult struct {
 	TimedOut     bool    `json:"timedOut"`
 	DurationMs   int64   `json:"durationMs"`
 	Cwd          string  `json:"cwd"`
+	// StateLost: the shell's command ran in a new shell, started from the
+	// saved state, that replaced one that ended (dataplane.Result).
+	StateLost bool `json:"stateLost,omitempty"`
 }
 
 // parse checks the request and turns it into a dataplane.Request; it
@@ -319,7 +322,7 @@ func writeCommandError(w http.ResponseWriter, err error) {
 // streamed).
 func resultBody(r dataplane.Result, withOutput bool) commandResult {
 	out := commandResult{ExitCode: r.ExitCode, Truncated: r.Truncated(), TimedOut: r.TimedOut,
-		DurationMs: r.Duration.Milliseconds(), Cwd: r.Cwd}
+		DurationMs: r.Duration.Milliseconds(), Cwd: r.Cwd, StateLost: r.StateLost}
 	if r.ExitSignal != "" {
 		out.ExitSignal = &r.ExitSignal
 	}

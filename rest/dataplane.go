@@ -36,6 +36,10 @@ type DataPlane struct {
 	// StateDir is a gateway-owned directory for the data plane's files
 	// (background processes' output); "" keeps nothing on disk.
 	StateDir string
+	// MaxProcessOutputPerTenant bounds the output that one tenant's
+	// background processes keep, over all its sessions (default 2 GiB;
+	// dataplane.ProcessConfig.TenantOutputBytes).
+	MaxProcessOutputPerTenant int64
 	// StepTimeout bounds a /compat/sbs step (default 30 s, the seed's).
 	StepTimeout time.Duration
 	// CommandMemory bounds, gateway-wide, the memory that running

@@ -2,12 +2,14 @@ package rest
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandgate/sandgate/dataplane"
+	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -45,7 +48,7 @@ type processStarted struct {
 }
 
 func (a *api) processConfig() dataplane.ProcessConfig {
-	return dataplane.ProcessConfig{StateDir: a.dp.cfg.StateDir, Log: a.cfg.Log}
+	return dataplane.ProcessConfig{StateDir: a.dp.cfg.StateDir, TenantOutputBytes: a.dp.cfg.MaxProcessOutputPerTenant, Log: a.cfg.Log}
 }
 
 func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
@@ -67,6 +70,9 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, dataplane.ErrTooManyProcesses):
 		WriteError(w, http.StatusTooManyRequests, "too_many_processes", err.Error()+"; wait for one to end or signal one")
+		return
+	case errors.Is(err, dataplane.ErrOutputLimit):
+		WriteError(w, http.StatusTooManyRequests, "process_output_limit", err.Error()+"; wait for a running process to end, or end a session")
 		return
 	case errors.Is(err, dataplane.ErrSessionEnded):
 		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
@@ -399,5 +405,40 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 	default:
 		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// restoreProcesses takes back the background processes, shells and
+// kernels a gateway before this one left (dataplane.Processes.Restore,
+// Shells.Restore, Kernels.Restore): their sessions are the manager's,
+// restored before the API starts.
+func (a *api) restoreProcesses() {
+	dir := a.dp.cfg.StateDir
+	if dir == "" {
+		return
+	}
+	known, _ := a.cfg.Sessions.(interface{ Known(id string) bool })
+	isKnown := func(id string) bool { return known == nil || known.Known(id) }
+	lookup := func(id, tenant string) *gateway.Session {
+		if !isKnown(id) {
+			return nil // not this gateway's
+		}
+		s, err := a.cfg.Sessions.Get(context.Background(), gateway.Principal{Tenant: tenant}, id)
+		if err != nil {
+			return nil
+		}
+		return s
+	}
+	a.dp.procs.Restore(a.processConfig(), isKnown, lookup)
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		id := e.Name()
+		if !e.IsDir() || !isKnown(id) {
+			continue
+		}
+		if s := lookup(id, dataplane.RecordedTenant(dir, id)); s != nil && s.Live() {
+			a.dp.shells.Restore(id, s)
+			a.dp.kernels.Restore(id, s)
+		}
 	}
 }

@@ -103,6 +103,9 @@ func New(cfg Config) http.Handler {
 			budget:  &dataplane.OutputBudget{Total: dpc.CommandMemory, PerTenant: dpc.CommandMemoryPerTenant, Wait: dpc.CommandQueue},
 			buffers: &dataplane.BufferPool{}}}
 	a.ports = newPortsProxy(a)
+	a.dp.kernels.StateDir = a.dp.cfg.StateDir
+	a.dp.shells.StateDir = a.dp.cfg.StateDir
+	a.restoreProcesses()
 	r := chi.NewRouter()
 	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {

@@ -7,7 +7,7 @@
 // learn which driver they run on: adding a driver changes no caller.
 //
 // Optional behaviour is a small interface below (Reporter, ProxyListener,
-// LoopbackDialer, Reattacher, Detacher, Ender, PIDer, Stopper, Statser); each says who implements it and who uses it.
+// LoopbackDialer, Reattacher, Detacher, Ender, PIDer, Stopper, Statser, Keeper); each says who implements it and who uses it.
 // docs/architecture.md has the package map.
 package sandbox
 
@@ -149,6 +149,13 @@ type Cmd struct {
 	// PTY, when non-nil, runs the process on a new pseudo-terminal as its
 	// controlling terminal. Stdout then carries the terminal output and Stderr is nil.
 	PTY *PTY
+	// Keep, when set (without PTY), asks the sandbox to keep the process
+	// under this key across gateway restarts (a REST background process):
+	// when the gateway goes away the process runs on, its pipes held open,
+	// and a later gateway takes it back with Keeper.Reattach. A sandbox
+	// that cannot keep processes (see Keeper) ignores it: the process
+	// ends with the gateway.
+	Keep string
 }
 
 // Exit is how a process ended.
@@ -228,6 +235,26 @@ type Detacher interface {
 	// Detach releases the gateway's hold on the sandbox without destroying
 	// what the next process adopts.
 	Detach(ctx context.Context) error
+}
+
+// ErrNotKept is Keeper.Reattach's answer when the sandbox keeps no
+// process of that key (it was never kept, or a gateway already took its
+// exit).
+const ErrNotKept = Error("the sandbox keeps no such process")
+
+// Keeper is implemented by sandboxes that keep processes started with
+// Cmd.Keep across gateway restarts (linuxns: the init holds them, their
+// pipes and their exit status). The REST data plane re-attaches its
+// background processes with it after a restart.
+type Keeper interface {
+	// Keeps reports whether processes started now with Cmd.Keep are kept
+	// (false for a sandbox whose init predates keeping).
+	Keeps() bool
+	// Reattach returns kept process key as it is now: output not yet read
+	// waits in its streams, and Wait returns at once when it ended while
+	// no gateway held it. Closing its Stdin sends EOF. ErrNotKept when
+	// there is no such process.
+	Reattach(ctx context.Context, key string) (Process, error)
 }
 
 // Ender is implemented by sandboxes that can end on their own (linuxns:

@@ -22,10 +22,13 @@ type dataPlaneFlags struct {
 	commandMemory          int64
 	commandMemoryPerTenant int64
 	commandQueue           time.Duration
+	// procOutputPerTenant bounds the output one tenant's background
+	// processes keep on the host.
+	procOutputPerTenant int64
 }
 
 func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
-	d.maxOutputBytes, d.maxFetchBytes = 16<<20, 50<<20
+	d.maxOutputBytes, d.maxFetchBytes, d.procOutputPerTenant = 16<<20, 50<<20, 2<<30
 	fs.DurationVar(&d.maxTimeout, "max-command-timeout", time.Hour, "largest timeout a REST command may ask for")
 	fs.Var((*sizeFlag)(&d.maxOutputBytes), "max-output-bytes", "largest maxOutputBytes (per stream) a REST command may ask for: bytes or a size such as 16MiB")
 	fs.Var((*sizeFlag)(&d.maxFetchBytes), "max-fetch-bytes", "largest download of files/fetch; a larger one fails and is removed: bytes or a size such as 50MiB")
@@ -34,6 +37,7 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.Var((*sizeFlag)(&d.commandMemory), "command-memory", "memory all running REST commands may keep for their answers, gateway-wide: each is charged twice its maxOutputBytes (both streams) until answered; past it a command waits --command-queue, then gets 503 commands_unavailable")
 	fs.Var((*sizeFlag)(&d.commandMemoryPerTenant), "command-memory-per-tenant", "one tenant's share of --command-memory; past it a command waits --command-queue, then gets 429 too_many_commands")
 	fs.DurationVar(&d.commandQueue, "command-queue", rest.DefaultCommandQueue, "how long a REST command waits for room in --command-memory before it is refused")
+	fs.Var((*sizeFlag)(&d.procOutputPerTenant), "max-process-output-per-tenant", "output that one tenant's background processes keep on the host, over all its sessions (a running process counts 16MiB, a finished one what it keeps); a start past it is 429 process_output_limit: bytes or a size such as 2GiB")
 	fs.Var((*sizeFlag)(&d.maxFileBytes), "max-file-bytes", "largest file a REST PUT may write (0: the workspace's free space): bytes or a size such as 1GiB")
 }
 
@@ -43,6 +47,7 @@ func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.Data
 		MaxTimeout: d.maxTimeout, MaxOutputBytes: d.maxOutputBytes, MaxFetchBytes: d.maxFetchBytes,
 		MaxFileBytes: d.maxFileBytes, StepTimeout: d.stepTimeout,
 		CommandMemory: d.commandMemory, CommandMemoryPerTenant: d.commandMemoryPerTenant, CommandQueue: d.commandQueue, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
+		MaxProcessOutputPerTenant: d.procOutputPerTenant,
 	}
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic

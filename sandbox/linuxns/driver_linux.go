@@ -334,6 +334,9 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	st.Pid = cmd.Process.Pid
 	st.Seccomp = !d.noSeccomp
+	sb.mu.Lock()
+	st.KeepJobs = true // Keeps reads it under mu
+	sb.mu.Unlock()
 	d.mu.Lock()
 	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init
 	d.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/internal/cgroup"
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 // SetSocketCheck shortens how often d's new inits check their control socket.
@@ -28,3 +29,11 @@ func (d *Driver) UseCgroupV2(mount string) error {
 // DisableSeccomp starts the driver's next sandboxes without the seccomp
 // filter, to measure what it costs.
 func (d *Driver) DisableSeccomp() { d.noSeccomp = true }
+
+// DropControl closes p's control connection and its stdio as a gateway
+// that dies does, without asking the init for anything.
+func DropControl(p sandbox.Process) {
+	ip := p.(*initProcess)
+	ip.conn.Close() // first: closing a kept stdin sends nothing then
+	ip.closeStdio()
+}

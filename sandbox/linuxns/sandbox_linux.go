@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,7 @@ type linuxSandbox struct {
 	life sync.Mutex
 
 	mu       sync.Mutex
+	kept     map[*initProcess]struct{} // kept processes this gateway reads (trackKept)
 	closed   bool
 	stopping bool // the init's exit is wanted (Stop): the sandbox does not end
 	end      sync.Once
@@ -181,6 +183,9 @@ func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proc
 	if stopped {
 		return nil, sandbox.ErrStopped
 	}
+	if cmd.Keep != "" && (!s.Keeps() || cmd.PTY != nil || cmd.Subsystem != "") {
+		cmd.Keep = "" // this init cannot keep it: it ends with the gateway
+	}
 	conn, err := s.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -190,6 +195,39 @@ func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proc
 		conn.Close()
 		return nil, err
 	}
+	if p.kept {
+		s.trackKept(p)
+	}
+	return p, nil
+}
+
+// Keeps implements sandbox.Keeper: inits started by this binary keep
+// processes.
+func (s *linuxSandbox) Keeps() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st.KeepJobs
+}
+
+// Reattach implements sandbox.Keeper: the init hands back kept process
+// key's pid and the gateway's ends of its pipes.
+func (s *linuxSandbox) Reattach(ctx context.Context, key string) (sandbox.Process, error) {
+	s.mu.Lock()
+	closed, stopped := s.closed, s.st.Stopped
+	s.mu.Unlock()
+	if closed || stopped || !s.Keeps() {
+		return nil, sandbox.ErrNotKept
+	}
+	conn, err := s.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, err := attachInSandbox(ctx, conn, key)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	s.trackKept(p)
 	return p, nil
 }
 
@@ -210,13 +248,15 @@ func (s *linuxSandbox) Destroy(ctx context.Context) error {
 // Detach implements Detacher: the gateway lets go of the sandbox, which
 // keeps running, with its state on disk, for the next gateway process to
 // adopt. Commands still running lose their client (their connections to
-// the init close with the gateway) and end as Kill ends them.
+// the init close with the gateway) and end as Kill ends them, but for kept
+// ones (sandbox.Cmd.Keep), which the next gateway takes back.
 func (s *linuxSandbox) Detach(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	s.life.Lock()
 	defer s.life.Unlock()
+	s.stopKept() // their output stays in their pipes, not half read
 	s.end.Do(func() {
 		if pidfd, done := s.current(); pidfd != nil {
 			pidfd.Close()
@@ -270,6 +310,16 @@ type initProcess struct {
 	// pid is the command's pid in the sandbox's pid namespace, as the
 	// init's "started" reply says (0: not told).
 	pid int
+	// kept says the init keeps the process across gateway restarts
+	// (sandbox.Cmd.Keep).
+	kept bool
+	// untrack unregisters a kept process from its sandbox (trackKept).
+	untrack func()
+	// detached says that the gateway let go of the kept process (Detach):
+	// nothing more is sent to the init for it (no kill, eof or ack), and
+	// Wait no longer returns, so that its end and the rest of its output
+	// go to the next gateway.
+	detached atomic.Bool
 
 	wmu  sync.Mutex
 	kill sync.Once
@@ -284,8 +334,8 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 
-	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY}
-	p := &initProcess{conn: conn}
+	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep}
+	p := &initProcess{conn: conn, kept: cmd.Keep != ""}
 	if cmd.PTY == nil || cmd.Subsystem != "" {
 		req.PTY = nil
 		var child [3]*os.File
@@ -307,13 +357,25 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 			}
 		}
 		// Fd puts the child's ends in blocking mode, as a command expects.
-		err := ctl.WriteFrame(conn, req, int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd()))
+		fds := []int{int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd())}
+		if req.Keep != "" {
+			// The init holds copies of our ends too (SyscallConn leaves
+			// ours non-blocking, as the runtime polls them).
+			for _, f := range parent {
+				fds = append(fds, rawFD(f))
+			}
+		}
+		err := ctl.WriteFrame(conn, req, fds...)
 		closeFiles(child[:])
 		if err != nil {
 			closeFiles(parent[:])
 			return nil, fmt.Errorf("send command: %w", err)
 		}
 		p.stdin, p.stdout, p.stderr = parent[0], parent[1], parent[2]
+		if p.kept {
+			p.stdin = &keptStdin{File: parent[0], p: p}
+			p.stdout, p.stderr = newKeptReader(parent[1]), newKeptReader(parent[2])
+		}
 	} else if err := ctl.WriteFrame(conn, req); err != nil {
 		return nil, fmt.Errorf("send command: %w", err)
 	}
@@ -348,6 +410,81 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	stop() // so that a cancel from now on does not set it again
 	_ = conn.SetDeadline(time.Time{})
 	return p, nil
+}
+
+// attachInSandbox takes kept process key back from the init on conn.
+func attachInSandbox(ctx context.Context, conn *net.UnixConn, key string) (*initProcess, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(initTimeout)
+	}
+	_ = conn.SetDeadline(dl)
+	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
+	defer stop()
+	if err := ctl.WriteFrame(conn, ctl.Request{Op: "attach", Keep: key}); err != nil {
+		return nil, fmt.Errorf("attach: %w", err)
+	}
+	var rep ctl.Reply
+	fds, err := ctl.ReadFrame(conn, &rep)
+	if err != nil {
+		return nil, fmt.Errorf("attach: %w", err)
+	}
+	if rep.Op == "error" {
+		procio.CloseFDs(fds)
+		if err := rep.Err(); errors.Is(err, syscall.ENOENT) || rep.Errno == 0 {
+			// An init that predates kept commands answers without errno.
+			return nil, sandbox.ErrNotKept
+		}
+		return nil, fmt.Errorf("attach: %w", rep.Err())
+	}
+	want := 3
+	if rep.StdinClosed {
+		want = 2
+	}
+	if rep.Op != "started" || len(fds) != want {
+		procio.CloseFDs(fds)
+		return nil, fmt.Errorf("attach: unexpected reply %q with %d descriptors", rep.Op, len(fds))
+	}
+	files := make([]*os.File, len(fds))
+	for i, fd := range fds {
+		// Non-blocking, so that the runtime polls them and Close ends reads.
+		_ = unix.SetNonblock(fd, true)
+		files[i] = os.NewFile(uintptr(fd), "kept")
+	}
+	p := &initProcess{conn: conn, pid: rep.Pid, kept: true}
+	if rep.StdinClosed {
+		p.stdin = procio.NopWriteCloser{Writer: io.Discard}
+		p.stdout, p.stderr = newKeptReader(files[0]), newKeptReader(files[1])
+	} else {
+		p.stdin = &keptStdin{File: files[0], p: p}
+		p.stdout, p.stderr = newKeptReader(files[1]), newKeptReader(files[2])
+	}
+	stop()
+	_ = conn.SetDeadline(time.Time{})
+	return p, nil
+}
+
+// rawFD is f's descriptor, left in the mode it is in.
+func rawFD(f *os.File) int {
+	fd := -1
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(u uintptr) { fd = int(u) })
+	}
+	return fd
+}
+
+// keptStdin is a kept process's stdin: closing it closes the init's end
+// too, so that the process sees EOF.
+type keptStdin struct {
+	*os.File
+	p    *initProcess
+	once sync.Once
+}
+
+func (k *keptStdin) Close() error {
+	err := k.File.Close()
+	k.once.Do(func() { _ = k.p.send(ctl.Request{Op: "eof"}) })
+	return err
 }
 
 func closeFiles(fs []*os.File) {
@@ -387,6 +524,9 @@ func (p *initProcess) Resize(w sandbox.Window) error {
 }
 
 func (p *initProcess) send(m ctl.Request) error {
+	if p.detached.Load() {
+		return nil
+	}
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
 	return ctl.WriteFrame(p.conn, m)
@@ -409,6 +549,9 @@ func (p *initProcess) Kill() {
 // goes away first (Destroy), the command died with it: SIGKILL.
 func (p *initProcess) Wait() (sandbox.Exit, error) {
 	defer func() {
+		if p.untrack != nil {
+			p.untrack()
+		}
 		p.conn.Close()
 		if p.pty == nil && p.stdin != nil {
 			p.stdin.Close()
@@ -418,10 +561,18 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 		var rep ctl.Reply
 		fds, err := ctl.ReadFrame(p.conn, &rep)
 		procio.CloseFDs(fds)
+		if p.detached.Load() {
+			select {} // the next gateway learns how it ended
+		}
 		if err != nil {
 			return sandbox.Exit{Signal: "KILL"}, nil
 		}
 		if rep.Op == "exit" && rep.Exit != nil {
+			if p.kept {
+				// The init keeps a kept command's exit until it hears
+				// that it arrived.
+				_ = p.send(ctl.Request{Op: "ack"})
+			}
 			return *rep.Exit, nil
 		}
 	}

@@ -43,6 +43,10 @@ type sandboxState struct {
 	// false for inits started without it (a test switch) or by a binary
 	// older than the filter.
 	Seccomp bool `json:"seccomp,omitempty"`
+	// KeepJobs says the init keeps commands started with a key
+	// (sandbox.Cmd.Keep) across gateway restarts; false for an init
+	// started by an older binary.
+	KeepJobs bool `json:"keepJobs,omitempty"`
 	// Stopped says the sandbox was stopped (Stopper): it has no init and
 	// no cgroups, only its files; Pid is 0 once the init is gone.
 	Stopped bool `json:"stopped,omitempty"`

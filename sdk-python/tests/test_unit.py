@@ -787,6 +787,7 @@ def test_run_request_body_and_result(fake_api: FakeAPI) -> None:
         "timedOut": False,
         "durationMs": 12,
         "cwd": "/workspace",
+        "stateLost": True,
     }
     fake_api.answer = (200, {"Content-Type": "application/json"}, json.dumps(answer).encode())
     with SessionsClient(fake_api.url, "t") as c:
@@ -795,6 +796,7 @@ def test_run_request_body_and_result(fake_api: FakeAPI) -> None:
         )
     assert (res.stdout, res.stderr, res.exit_code, res.exit_signal) == ("\ufffd", "e", 137, "KILL")
     assert (res.truncated, res.timed_out, res.duration_ms, res.cwd) == (True, False, 12, "/workspace")
+    assert res.state_lost is True
     method, path, headers, body = fake_api.calls[-1]
     assert (method, path) == ("POST", "/v1/sessions/sbx-abc/commands")
     assert json.loads(body) == {

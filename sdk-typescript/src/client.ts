@@ -219,6 +219,13 @@ export interface ExecResult {
   /** The command passed its timeout and was killed. */
   timedOut: boolean;
   durationMs: number;
+  /**
+   * A persistent shell's command ran in a new shell that replaced one that
+   * ended (a timeout, an `exit`, a gateway restart that could not keep it):
+   * started from the saved directory, exported variables, functions and
+   * aliases, without the plain variables and jobs.
+   */
+  stateLost: boolean;
 }
 
 export interface ReadOptions {
@@ -387,6 +394,7 @@ export class Session {
       truncated: data["truncated"] === true,
       timedOut,
       durationMs: typeof data["durationMs"] === "number" ? data["durationMs"] : 0,
+      stateLost: data["stateLost"] === true,
     };
   }
 

@@ -141,9 +141,13 @@ describe("wire contract (fake server)", () => {
     assert.equal(r.output, "\ufffdAe");
     assert.equal(r.cwd, "/workspace/x");
     assert.equal(r.durationMs, 5);
+    assert.equal(r.stateLost, false);
 
     reset((_req, res) => json(res, 200, { exitCode: 137, stdout: "", stderr: "", timedOut: true, truncated: false, durationMs: 1000, cwd: "/" }));
     assert.equal((await s.exec("sleep 9", { timeoutMs: 1000 })).exitCode, 124);
+    // The first command in a shell that replaced a lost one says so.
+    reset((_req, res) => json(res, 200, { exitCode: 0, stdout: "", stderr: "", timedOut: false, truncated: false, durationMs: 1, cwd: "/", stateLost: true }));
+    assert.equal((await s.exec("true")).stateLost, true);
   });
 
   it("write and read: query, raw body, Range", async () => {

@@ -41,6 +41,24 @@ import (
 // The gateway closing the connection before the exit reply means the
 // command's client is gone: the init ends the command's process group
 // (SIGHUP, then SIGKILL after a grace), as Process.Kill does.
+//
+// A kept command (Request.Keep, a REST background process) is the
+// exception: its exec carries the gateway's ends of the three pipes too
+// (stdin, stdout, stderr: six descriptors), which the init holds, and its
+// connection closing leaves it running, its pipes open, its exit status
+// kept. A later gateway takes it back on a new connection:
+//
+//	gateway -> init  Request{Op: "attach", Keep}
+//	init -> gateway  Reply{Op: "started", Pid, StdinClosed} + the gateway's ends
+//	                 (stdout, stderr; stdin first unless StdinClosed),
+//	                 or {Op: "error", Errno: ENOENT} when the init keeps no such command
+//	...              then as for exec; "exit" at once if it ended meanwhile
+//
+// {Op: "eof"} on a kept command's connection closes the init's end of its
+// stdin, so that the command sees EOF once the gateway closed its own.
+// After a kept command's "exit" the gateway answers {Op: "ack"}: only then
+// does the init forget the command; an exit whose connection closed first
+// is sent again to the next attach.
 
 // The sandbox's user and layout, as both sides see them.
 const (
@@ -115,7 +133,9 @@ type Ready struct {
 
 // Request is a message from the gateway on a control connection.
 type Request struct {
-	Op        string       `json:"op"` // exec, signal, kill
+	Op string `json:"op"` // exec, attach, signal, kill, eof
+	// Keep names a kept command (exec, attach): see above.
+	Keep      string       `json:"keep,omitempty"`
 	Command   string       `json:"command,omitempty"`
 	Subsystem string       `json:"subsystem,omitempty"`
 	Env       []string     `json:"env,omitempty"`
@@ -132,6 +152,9 @@ type Reply struct {
 	// for a missing shell), so that the gateway can tell errors apart.
 	Errno int           `json:"errno,omitempty"`
 	Exit  *sandbox.Exit `json:"exit,omitempty"`
+	// StdinClosed says that an attach's descriptors hold no stdin: the
+	// command's input was closed (eof).
+	StdinClosed bool `json:"stdinClosed,omitempty"`
 }
 
 // ImageError marks a build failure that is the image's fault (see

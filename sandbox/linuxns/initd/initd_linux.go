@@ -43,6 +43,9 @@ type initd struct {
 	// never reaped before it is registered in waiters.
 	mu      sync.Mutex
 	waiters map[int]*child
+	// jobs are the kept commands (ctl.Request.Keep) by key, from their
+	// start until a gateway has received their exit.
+	jobs map[string]*child
 	// forked wakes the reaper when it has run out of children (buffered:
 	// a start while it is not yet waiting is not lost).
 	forked chan struct{}
@@ -69,6 +72,16 @@ type child struct {
 	mu     sync.Mutex
 	conn   *net.UnixConn       // the control connection, once "started" is sent
 	status *syscall.WaitStatus // the exit status, once reaped
+
+	// A kept command (keep != "") also has the gateway's ends of its
+	// pipes, held here (stdin's write end, -1 once closed; stdout's and
+	// stderr's read ends) so that it runs on, and its output waits in its
+	// pipes, while no gateway holds them; forget releases them once a
+	// gateway has its exit. Guarded by mu.
+	keep      string
+	held      []int
+	forgotten bool
+	forget    func()
 }
 
 // exit reports the command's exit status, from the reaper.
@@ -76,27 +89,54 @@ func (c *child) exit(ws syscall.WaitStatus) {
 	c.exited.Store(true)
 	c.mu.Lock()
 	conn := c.conn
-	if conn == nil {
-		c.status = &ws
-	}
+	c.status = &ws // kept for a gateway that attaches later (a kept command)
 	c.mu.Unlock()
 	if conn != nil {
-		sendExit(conn, ws)
+		c.sendExit(conn, ws)
 	}
 }
 
 // attach hands the command's control connection over once "started" has
 // gone out on it: from then on the connection is the command's, and it is
-// closed after the exit frame.
+// closed after the exit frame. A kept command's new connection replaces
+// the one it had (a second gateway took it over).
 func (c *child) attach(conn *net.UnixConn) {
 	c.mu.Lock()
 	st := c.status
+	var old *net.UnixConn
 	if st == nil {
-		c.conn = conn
+		old, c.conn = c.conn, conn
 	}
 	c.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
 	if st != nil {
-		sendExit(conn, *st)
+		c.sendExit(conn, *st)
+	}
+}
+
+// detach lets a kept command's connection go (its gateway is gone): the
+// command runs on, and its exit waits for the next attach.
+func (c *child) detach(conn *net.UnixConn) {
+	c.mu.Lock()
+	if c.conn == conn {
+		c.conn = nil
+	}
+	c.mu.Unlock()
+	conn.Close()
+}
+
+// closeStdin closes the init's end of a kept command's stdin ("eof").
+func (c *child) closeStdin() {
+	c.mu.Lock()
+	fd := -1
+	if len(c.held) > 0 {
+		fd, c.held[0] = c.held[0], -1
+	}
+	c.mu.Unlock()
+	if fd >= 0 {
+		unix.Close(fd)
 	}
 }
 
@@ -104,11 +144,16 @@ func (c *child) attach(conn *net.UnixConn) {
 // gateway's side has nothing more to wait for, and the reader (follow)
 // ends. The reaper calls it: the write cannot hold reaping up, as a
 // connection carries two small frames from the init in all ("started"
-// and this one), which its socket buffer always takes.
-func sendExit(conn *net.UnixConn, ws syscall.WaitStatus) {
+// and this one), which its socket buffer always takes. A kept command's
+// connection stays open for the gateway's "ack", which tells that the
+// exit reached it (follow then forgets the command); without one (the
+// gateway died first) the exit waits for the next attach.
+func (c *child) sendExit(conn *net.UnixConn, ws syscall.WaitStatus) {
 	exit := sandbox.ExitFromWaitStatus(ws)
 	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "exit", Exit: &exit})
-	conn.Close()
+	if c.forget == nil {
+		conn.Close()
+	}
 }
 
 // end is Process.Kill inside the sandbox. While the command's first
@@ -292,15 +337,40 @@ func (in *initd) handle(fd int) {
 	if err != nil {
 		return
 	}
+	if req.Op == "attach" {
+		procio.CloseFDs(fds)
+		in.attachKept(f, req.Keep)
+		return
+	}
 	if req.Op != "exec" {
 		procio.CloseFDs(fds)
 		_ = ctl.WriteFrame(conn, ctl.Reply{Op: "error", Error: fmt.Sprintf("unexpected %q before exec", req.Op)})
 		return
 	}
+	var held []int
+	if req.Keep != "" {
+		if len(fds) != 6 || req.PTY != nil {
+			procio.CloseFDs(fds)
+			_ = ctl.WriteFrame(conn, ctl.Reply{Op: "error", Error: fmt.Sprintf("a kept command needs 6 descriptors and no terminal, got %d", len(fds))})
+			return
+		}
+		held, fds = fds[3:6:6], fds[:3:3]
+		if err := in.reserveKept(req.Keep); err != nil {
+			procio.CloseFDs(fds)
+			procio.CloseFDs(held)
+			_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
+			return
+		}
+	}
 	c, master, err := in.start(&req, fds)
 	if err != nil {
+		in.keptDone(req.Keep, nil)
+		procio.CloseFDs(held)
 		_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
 		return
+	}
+	if req.Keep != "" {
+		in.keep(c, req.Keep, held)
 	}
 	// The connection goes to the runtime's poller before "started" is
 	// sent, so that a failure there is still an error reply, not a
@@ -324,7 +394,10 @@ func (in *initd) handle(fd int) {
 		if uc != nil {
 			uc.Close()
 		}
-		c.end()
+		c.end() // a kept command too: its gateway never heard of it
+		if c.forget != nil {
+			c.forget()
+		}
 	} else {
 		go follow(uc, c)
 		c.attach(uc)
@@ -343,6 +416,10 @@ func follow(conn *net.UnixConn, c *child) {
 		fds, err := ctl.ReadFrame(conn, &m)
 		procio.CloseFDs(fds)
 		if err != nil {
+			if c.keep != "" {
+				c.detach(conn) // it runs on for the next gateway
+				return
+			}
 			c.end()
 			conn.Close()
 			return
@@ -354,8 +431,120 @@ func follow(conn *net.UnixConn, c *child) {
 			}
 		case "kill":
 			c.end()
+		case "eof":
+			c.closeStdin()
+		case "ack": // a kept command's exit reached the gateway
+			if c.exited.Load() && c.forget != nil {
+				c.forget()
+				conn.Close()
+				return
+			}
 		}
 	}
+}
+
+// maxKept bounds the kept commands of a sandbox (the gateway runs at most
+// a few dozen background processes per session).
+const maxKept = 1024
+
+// reserveKept claims key for a kept command about to start; keptDone
+// releases it (c nil: the start failed).
+func (in *initd) reserveKept(key string) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if _, ok := in.jobs[key]; ok {
+		return fmt.Errorf("a kept command %q exists: %w", key, unix.EEXIST)
+	}
+	if len(in.jobs) >= maxKept {
+		return fmt.Errorf("%d kept commands already: %w", maxKept, unix.EMFILE)
+	}
+	in.jobs[key] = nil
+	return nil
+}
+
+func (in *initd) keptDone(key string, c *child) {
+	if key == "" {
+		return
+	}
+	in.mu.Lock()
+	if in.jobs[key] == c {
+		delete(in.jobs, key)
+	}
+	in.mu.Unlock()
+}
+
+// keep registers started command c as kept under key, with the gateway's
+// ends of its pipes.
+func (in *initd) keep(c *child, key string, held []int) {
+	c.mu.Lock()
+	c.keep, c.held = key, held
+	c.forget = func() {
+		c.mu.Lock()
+		if c.forgotten {
+			c.mu.Unlock()
+			return
+		}
+		c.forgotten = true
+		held := c.held
+		c.held = nil
+		c.mu.Unlock()
+		in.keptDone(key, c)
+		procio.CloseFDs(slicesWithout(held, -1))
+		c.end() // it has exited: this releases its namespace
+	}
+	c.mu.Unlock()
+	in.mu.Lock()
+	in.jobs[key] = c
+	in.mu.Unlock()
+}
+
+// attachKept serves an attach: the kept command key's pid and the
+// gateway's ends of its pipes go out on f, which then follows the
+// command as an exec's connection does. It consumes nothing: f is the
+// caller's.
+func (in *initd) attachKept(f *os.File, key string) {
+	conn := ctl.FD(int(f.Fd()))
+	in.mu.Lock()
+	c := in.jobs[key]
+	in.mu.Unlock()
+	if c == nil {
+		_ = ctl.WriteFrame(conn, ctl.ErrorReply(fmt.Errorf("no kept command %q: %w", key, unix.ENOENT)))
+		return
+	}
+	nc, err := net.FileConn(f)
+	if err != nil {
+		_ = ctl.WriteFrame(conn, ctl.ErrorReply(fmt.Errorf("control connection: %w", err)))
+		return
+	}
+	uc := nc.(*net.UnixConn)
+	// Under c.mu: the held descriptors cannot be closed while they go out.
+	c.mu.Lock()
+	if c.forgotten {
+		c.mu.Unlock()
+		_ = ctl.WriteFrame(uc, ctl.ErrorReply(fmt.Errorf("no kept command %q: %w", key, unix.ENOENT)))
+		uc.Close()
+		return
+	}
+	fds := slicesWithout(c.held, -1)
+	err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid, StdinClosed: c.held[0] < 0}, fds...)
+	c.mu.Unlock()
+	if err != nil {
+		uc.Close()
+		return
+	}
+	go follow(uc, c)
+	c.attach(uc)
+}
+
+// slicesWithout is fds without the entries equal to drop, in a new slice.
+func slicesWithout(fds []int, drop int) []int {
+	out := make([]int, 0, len(fds))
+	for _, fd := range fds {
+		if fd != drop {
+			out = append(out, fd)
+		}
+	}
+	return out
 }
 
 // newCommandNS moves the spawner thread into a new UTS namespace, which

@@ -179,7 +179,7 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, sockFile: -1, ln: -1,
+	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
 		env:    spec.Env, workDir: spec.WorkingDir,
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}

@@ -195,6 +195,7 @@ def command_result(
         timed_out=data.get("timedOut") is True,
         cwd=cwd if isinstance(cwd, str) else None,
         duration_ms=duration if isinstance(duration, int) and not isinstance(duration, bool) else None,
+        state_lost=data.get("stateLost") is True,
     )
 
 

@@ -203,16 +203,20 @@ class CommandResult(Mapping[str, Any]):
     The REST API (:meth:`SessionsClient.run`) also reports ``timed_out``
     (the command passed its timeout and was killed: ``exit_code`` is then
     124), ``cwd`` (the directory it ran in; for a persistent shell, the
-    shell's directory after it) and ``duration_ms``. Over SSH they are
-    ``False``, ``None`` and ``None``.
+    shell's directory after it), ``duration_ms`` and ``state_lost`` (a
+    persistent shell's command ran in a new shell that replaced one that
+    ended: a timeout, an ``exit``, or a gateway restart that could not
+    keep it; it started from the saved directory, exported variables,
+    functions and aliases, without the plain variables and jobs). Over SSH
+    they are ``False``, ``None``, ``None`` and ``False``.
 
     Read it as attributes (``res.stdout``) or as a read-only mapping with
     exactly the five keys ``stdout``, ``stderr``, ``exit_code``,
     ``exit_signal`` and ``truncated``, the way earlier versions returned a
     dict: ``res["stdout"]``, ``res.get("exit_signal")``, ``res["truncated"]``,
     ``dict(res)``, and ``res == {"stdout": ..., ...}`` all work (a dict
-    compared with it needs all five keys). ``timed_out``, ``cwd`` and
-    ``duration_ms`` are attributes only, and neither ``==`` nor ``hash``
+    compared with it needs all five keys). ``timed_out``, ``cwd``,
+    ``duration_ms`` and ``state_lost`` are attributes only, and neither ``==`` nor ``hash``
     looks at them. ``dataclasses.asdict(res)`` gives a plain dict of every
     field (for ``json.dumps``).
     """
@@ -225,6 +229,7 @@ class CommandResult(Mapping[str, Any]):
     timed_out: bool = field(default=False, compare=False)
     cwd: Optional[str] = field(default=None, compare=False)
     duration_ms: Optional[int] = field(default=None, compare=False)
+    state_lost: bool = field(default=False, compare=False)
 
     @overload
     def __getitem__(self, key: Literal["stdout", "stderr"]) -> str: ...

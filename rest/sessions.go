@@ -383,10 +383,12 @@ func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 	if !keep && a.cfg.Workspaces != nil {
 		// Only the caller's own session may be marked: its workspace
 		// goes when it ends.
-		if _, err := a.cfg.Sessions.Get(r.Context(), p, id); err != nil {
+		s, err := a.cfg.Sessions.Get(r.Context(), p, id)
+		if err != nil {
 			WriteGatewayError(w, err)
 			return
 		}
+		id = s.ID // the path may name it
 		a.cfg.Workspaces.DropOnEnd(id, true)
 	}
 	if err := a.cfg.Sessions.Delete(r.Context(), p, id); err != nil {

@@ -11,12 +11,17 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/sandgate/sandgate/internal/piperelay"
 	"github.com/sandgate/sandgate/tunnel"
 )
 
 const defaultAPIURL = "http://127.0.0.1:8080"
+
+// sshNameSuffix makes a session name an OpenSSH host name that the
+// ssh-config block matches: ssh dev.sandgate.
+const sshNameSuffix = ".sandgate"
 
 // clientFlags are the flags every client subcommand shares.
 type clientFlags struct {
@@ -94,10 +99,12 @@ func proxyMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if len(pos) != 1 {
-		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] [--fdpass] SESSION_ID")
+		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] [--fdpass] ID|NAME[.sandgate]")
 		return 2
 	}
-	id := pos[0]
+	// ssh-config's block matches NAME.sandgate beside sbx-*: the gateway
+	// takes a session's id or name, without the suffix.
+	id := strings.TrimSuffix(pos[0], sshNameSuffix)
 	d, err := cf.dialer()
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate proxy:", err)

@@ -35,7 +35,8 @@ func sshConfigMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(fs.Output(), `Usage: sandgate ssh-config [flags]
 
 Writes a block into ~/.ssh/config (creating ~/.ssh, 0700, if needed) that
-lets ssh, sftp and scp reach sessions as "ssh sbx-ID": sandgate proxy as
+lets ssh, sftp and scp reach sessions as "ssh sbx-ID" or, by name, as
+"ssh NAME.sandgate": sandgate proxy as
 ProxyCommand, and the gateway's host keys pinned in a known_hosts file. A
 second run replaces the block; --remove deletes it; --dry-run prints it.
 
@@ -49,7 +50,7 @@ Flags:
 	sshDir := filepath.Join(home, ".ssh")
 	knownHosts := fs.String("known-hosts", filepath.Join(sshDir, "sandgate_known_hosts"), "known_hosts file to write")
 	configFile := fs.String("config", filepath.Join(sshDir, "config"), "the ssh_config file to write the block into")
-	hostPattern := fs.String("host", "sbx-*", "Host pattern the block applies to (session ids start with sbx-)")
+	hostPattern := fs.String("host", "sbx-* *"+sshNameSuffix, "Host patterns the block applies to (session ids start with sbx-; a session name gets the suffix "+sshNameSuffix+")")
 	binary := fs.String("binary", "", "the sandgate the ProxyCommand runs (default: sandgate on PATH, else this binary)")
 	dryRun := fs.Bool("dry-run", false, "print the block on stdout and write nothing")
 	remove := fs.Bool("remove", false, "delete the block (and the known_hosts file) and exit")
@@ -85,7 +86,7 @@ Flags:
 		fdpass = " --fdpass"
 	}
 	block := fmt.Sprintf(`%s
-# sandgate sessions: ssh %sID, sftp, scp; the token comes from SANDBOX_API_TOKEN.
+# sandgate sessions: ssh sbx-ID or NAME%s, sftp, scp; the token comes from SANDBOX_API_TOKEN.
 Host %s
     User sandbox
     ProxyCommand %s proxy --api-url %s%s%s %%h
@@ -95,7 +96,7 @@ Host %s
     ForwardX11 no
     ServerAliveInterval 30
 %s
-`, sshConfigBegin, strings.TrimSuffix(*hostPattern, "*"), *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), fdpass, useFdpass(fdpass), quoteSSH(*knownHosts), sshConfigEnd)
+`, sshConfigBegin, sshNameSuffix, *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), fdpass, useFdpass(fdpass), quoteSSH(*knownHosts), sshConfigEnd)
 	if *dryRun {
 		fmt.Fprint(stdout, block)
 		return 0
@@ -107,7 +108,7 @@ Host %s
 	}
 	var kh strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&kh, "%s %s\n", *hostPattern, k)
+		fmt.Fprintf(&kh, "%s %s\n", strings.Join(strings.Fields(*hostPattern), ","), k)
 	}
 	for _, dir := range []string{filepath.Dir(*knownHosts), filepath.Dir(*configFile)} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {

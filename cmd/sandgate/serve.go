@@ -320,6 +320,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err := os.MkdirAll(cfg.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	unlock, err := lockDataDir(cfg.dataDir) // before the driver restores or removes sandboxes
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	ac, err := authConfig(cfg, stdout, log)
 	if err != nil {
 		return err

@@ -49,6 +49,10 @@ type sessionJSON struct {
 	SSH sshJSON `json:"ssh"`
 	// WorkspaceSync is the object-store sync of a named workspace.
 	WorkspaceSync *workspace.SyncState `json:"workspaceSync,omitempty"`
+	// Isolation and Unenforced say what the sandbox does not enforce
+	// (Config.Isolation, Config.Unenforced).
+	Isolation  string   `json:"isolation,omitempty"`
+	Unenforced []string `json:"unenforced,omitempty"`
 }
 
 type sshJSON struct {
@@ -78,6 +82,7 @@ func (a *api) render(s *gateway.Session, password string) sessionJSON {
 	}
 	return sessionJSON{
 		SessionID: snap.ID, View: snap.View, WorkspaceSync: sync,
+		Isolation: a.cfg.Isolation, Unenforced: a.cfg.Unenforced,
 		SSH: sshJSON{
 			Username: a.cfg.SSHUsername, Password: password,
 			HostKeys: a.cfg.HostKeys, KnownHostsLine: known,

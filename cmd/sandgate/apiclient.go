@@ -155,6 +155,8 @@ type session struct {
 	ExpiresAt      string         `json:"expiresAt"`
 	LastActivityAt string         `json:"lastActivityAt"`
 	Workspace      string         `json:"workspace"`
+	Isolation      string         `json:"isolation"`
+	Unenforced     []string       `json:"unenforced"`
 	Resources      map[string]any `json:"resources"`
 	Egress         struct {
 		Allow []string `json:"allow"`

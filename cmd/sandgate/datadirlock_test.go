@@ -32,3 +32,24 @@ func TestSecondServeNamesTheHolder(t *testing.T) {
 	// The first one is unharmed.
 	g.createSession(t)
 }
+
+// Without isolation (the workdir driver) the start-up says so in one
+// loud line, and every session answer says "isolation": "none" and lists
+// the limits nothing enforces.
+func TestWorkdirSaysNoIsolation(t *testing.T) {
+	g := startGateway(t)
+	if n := strings.Count(g.stderr.String(), "NO ISOLATION"); n != 1 {
+		t.Errorf("%d NO ISOLATION lines in the start-up log:\n%s", n, g.stderr.String())
+	}
+	var s struct {
+		Isolation  string   `json:"isolation"`
+		Unenforced []string `json:"unenforced"`
+	}
+	if code := g.api(t, "POST", "/v1/sessions", map[string]any{}, &s); code != 201 || s.Isolation != "none" ||
+		strings.Join(s.Unenforced, ",") != "memoryMiB,cpus,pids,diskMiB" {
+		t.Fatalf("create: %d %+v", code, s)
+	}
+	if out := g.mustCLI(t, "session", "ls", "--json"); !strings.Contains(out, `"isolation":"none"`) {
+		t.Errorf("list: %s", out)
+	}
+}

@@ -216,11 +216,12 @@ func newSessionLsCmd(af *apiFlags) *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				if all == nil {
-					all = []json.RawMessage{}
+				// The API's Session objects as they came, in one array.
+				parts := make([][]byte, len(all))
+				for i, r := range all {
+					parts[i] = r
 				}
-				b, _ := json.MarshalIndent(all, "", "  ")
-				return printRaw(out, b)
+				return printRaw(out, append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']'))
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tIMAGE\tCREATED\tEXPIRES")
@@ -551,6 +552,12 @@ func printSession(w io.Writer, s *session) {
 		if len(parts) > 0 {
 			fmt.Fprintf(tw, "Resources:\t%s\n", strings.Join(parts, " "))
 		}
+	}
+	if s.Isolation != "" {
+		fmt.Fprintf(tw, "Isolation:\t%s\n", s.Isolation)
+	}
+	if len(s.Unenforced) > 0 {
+		fmt.Fprintf(tw, "Not enforced:\t%s\n", strings.Join(s.Unenforced, " "))
 	}
 	egress := "none"
 	if len(s.Egress.Allow) > 0 {

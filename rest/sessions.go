@@ -385,15 +385,17 @@ func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, id := principal(r), chi.URLParam(r, "id")
+	if res, ok := a.cfg.Sessions.(sessionResolver); ok {
+		id = res.Resolve(r.Context(), p, id) // a name: the trail and the workspace take the id
+		auditSessionOf(r, id)
+	}
 	if !keep && a.cfg.Workspaces != nil {
 		// Only the caller's own session may be marked: its workspace
 		// goes when it ends.
-		s, err := a.cfg.Sessions.Get(r.Context(), p, id)
-		if err != nil {
+		if _, err := a.cfg.Sessions.Get(r.Context(), p, id); err != nil {
 			WriteGatewayError(w, err)
 			return
 		}
-		id = s.ID // the path may name it
 		a.cfg.Workspaces.DropOnEnd(id, true)
 	}
 	if err := a.cfg.Sessions.Delete(r.Context(), p, id); err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -82,9 +81,35 @@ func TestNamesWhereIDsGo(t *testing.T) {
 	if code := g.api(t, http.MethodGet, "/v1/sessions/dev", nil, nil); code != http.StatusNotFound {
 		t.Errorf("the freed name: %d, want 404", code)
 	}
+	// The audit trail names dev by its id, also for calls that named it
+	// (GET, the command, the delete).
+	var page struct {
+		Events []struct {
+			Route   string `json:"route"`
+			Method  string `json:"method"`
+			Session string `json:"session"`
+			Status  int    `json:"status"`
+		} `json:"events"`
+	}
+	if code := g.api(t, http.MethodGet, "/v1/audit?limit=1000", nil, &page); code != http.StatusOK {
+		t.Fatalf("audit: %d", code)
+	}
+	byID := map[string]bool{}
+	for _, e := range page.Events {
+		if e.Session == "dev" && e.Status != http.StatusNotFound { // the freed name names nothing
+			t.Errorf("audit event filed under the name: %+v", e)
+		}
+		if e.Session == dev.SessionID {
+			byID[e.Method+" "+e.Route] = true
+		}
+	}
+	for _, want := range []string{"GET /v1/sessions/{id}", "POST /v1/sessions/{id}/commands", "DELETE /v1/sessions/{id}"} {
+		if !byID[want] {
+			t.Errorf("no audit event %s for %s: %v", want, dev.SessionID, byID)
+		}
+	}
 	// The impostor is still there, by its own id.
 	if code := g.api(t, http.MethodGet, "/v1/sessions/"+other.SessionID, nil, &got); code != http.StatusOK || got.Name != dev.SessionID {
 		t.Errorf("the other session: %d %+v", code, got)
 	}
-	_ = os.Remove
 }

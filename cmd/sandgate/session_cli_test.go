@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -247,4 +248,29 @@ func TestSSHCommandOpenSSH(t *testing.T) {
 		t.Errorf("ssh to a missing session: exit %d %q", code, errOut)
 	}
 	g.mustCLI(t, "session", "rm", list[0].SessionID)
+}
+
+// The older commands keep their flags and syntax but follow the
+// conventions: -h on stdout with two dashes (never the token's value,
+// even from the environment), exit 0; a bad flag: the error, then one
+// line pointing at --help, exit 2.
+func TestOlderCommandsHelp(t *testing.T) {
+	env := append(cleanEnv(), "SANDBOX_API_TOKEN=secret-token-canary")
+	for _, name := range []string{"proxy", "ssh-config", "mcp"} {
+		out, errOut, code := runClient(t, env, nil, sandgateBin, name, "-h")
+		if code != 0 || !strings.Contains(out, "--api-url") || !strings.Contains(out, "SANDBOX_API_TOKEN") || errOut != "" {
+			t.Errorf("%s -h: exit %d stdout %q stderr %q", name, code, out, errOut)
+		}
+		if strings.Contains(out, "secret-token-canary") {
+			t.Errorf("%s -h shows the token", name)
+		}
+		if regexp.MustCompile(`\n  -[a-z]`).MatchString(out) {
+			t.Errorf("%s -h: a flag with one dash:\n%s", name, out)
+		}
+		_, errOut, code = runClient(t, env, nil, sandgateBin, name, "--bogus")
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		if code != 2 || len(lines) != 2 || !strings.Contains(lines[0], "bogus") || !strings.HasSuffix(lines[1], "--help' for usage.") {
+			t.Errorf("%s --bogus: exit %d %q", name, code, errOut)
+		}
+	}
 }

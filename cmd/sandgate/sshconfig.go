@@ -30,20 +30,6 @@ const (
 // second run replaces the block; --dry-run prints it; --remove deletes it.
 func sshConfigMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ssh-config", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: sandgate ssh-config [flags]
-
-Writes a block into ~/.ssh/config (creating ~/.ssh, 0700, if needed) that
-lets ssh, sftp and scp reach sessions as "ssh sbx-ID" or, by name, as
-"ssh NAME.sandgate": sandgate proxy as
-ProxyCommand, and the gateway's host keys pinned in a known_hosts file. A
-second run replaces the block; --remove deletes it; --dry-run prints it.
-
-Flags:
-`)
-		fs.PrintDefaults()
-	}
 	var cf clientFlags
 	cf.register(fs)
 	home, _ := os.UserHomeDir()
@@ -54,12 +40,15 @@ Flags:
 	binary := fs.String("binary", "", "the sandgate the ProxyCommand runs (default: sandgate on PATH, else this binary)")
 	dryRun := fs.Bool("dry-run", false, "print the block on stdout and write nothing")
 	remove := fs.Bool("remove", false, "delete the block (and the known_hosts file) and exit")
-	if _, err := parseInterspersed(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "Run 'sandgate ssh-config --help' for usage.")
-		return 2
+	if _, code, done := parseCommandFlags(fs, args, `Usage: sandgate ssh-config [flags]
+
+Writes a block into ~/.ssh/config (creating ~/.ssh, 0700, if needed) that
+lets ssh, sftp and scp reach sessions as "ssh sbx-ID" or, by name, as
+"ssh NAME.sandgate": sandgate proxy as ProxyCommand, and the gateway's
+host keys pinned in a known_hosts file. A second run replaces the block;
+--remove deletes it; --dry-run prints it.
+`, stdout, stderr); done {
+		return code
 	}
 	if *remove {
 		found, err := rewriteSSHConfig(*configFile, "")

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/internal/gwtest"
 )
@@ -272,5 +273,51 @@ func TestOlderCommandsHelp(t *testing.T) {
 		if code != 2 || len(lines) != 2 || !strings.Contains(lines[0], "bogus") || !strings.HasSuffix(lines[1], "--help' for usage.") {
 			t.Errorf("%s --bogus: exit %d %q", name, code, errOut)
 		}
+	}
+}
+
+// session logs -f prints what happens after it started, until Ctrl-C
+// (exit 0), and ends by itself when the session does.
+func TestSessionLogsFollow(t *testing.T) {
+	g := startGateway(t)
+	id := g.createSession(t).SessionID
+	follow := func() (*exec.Cmd, *gwtest.Buffer) {
+		cmd := exec.Command(sandgateBin, "session", "logs", "-f", id)
+		cmd.Env = g.clientEnv()
+		out := &gwtest.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() }) // when the test failed before Wait
+		return cmd, out
+	}
+	waitFor := func(out *gwtest.Buffer, s string) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for !strings.Contains(out.String(), s) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in logs -f's output:\n%s", s, out.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	cmd, out := follow()
+	waitFor(out, "== commands")
+	if _, _, code := g.cliRun(t, "", "session", "exec", id, "--", "sh", "-c", "echo followed; exit 3"); code != 3 {
+		t.Fatalf("exec: exit %d", code)
+	}
+	waitFor(out, "exit=3")
+	_ = cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("logs -f after Ctrl-C: %v\n%s", err, out.String())
+	}
+
+	cmd, out = follow()
+	waitFor(out, "exit=3")
+	g.mustCLI(t, "session", "rm", id)
+	waitFor(out, "the session has ended")
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("logs -f after the session ended: %v", err)
 	}
 }

@@ -242,9 +242,10 @@ func newSessionLsCmd(af *apiFlags) *cobra.Command {
 func newSessionGetCmd(af *apiFlags) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "get ID|NAME",
-		Short: "show one session",
-		Args:  cobra.ExactArgs(1),
+		Use:               "get ID|NAME",
+		Short:             "show one session",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSessions(af, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client()
 			if err != nil {
@@ -268,10 +269,11 @@ func newSessionGetCmd(af *apiFlags) *cobra.Command {
 func newSessionRmCmd(af *apiFlags) *cobra.Command {
 	var removeWorkspace bool
 	cmd := &cobra.Command{
-		Use:     "rm ID|NAME...",
-		Aliases: []string{"delete"},
-		Short:   "delete sessions: their processes end and their files go",
-		Args:    cobra.MinimumNArgs(1),
+		Use:               "rm ID|NAME...",
+		Aliases:           []string{"delete"},
+		Short:             "delete sessions: their processes end and their files go",
+		Args:              cobra.MinimumNArgs(1),
+		ValidArgsFunction: completeSessions(af, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client()
 			if err != nil {
@@ -303,9 +305,10 @@ func newSessionRmCmd(af *apiFlags) *cobra.Command {
 func newSessionStopCmd(af *apiFlags) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "stop ID|NAME",
-		Short: "stop a session's processes, keeping its files (the next use starts it again)",
-		Args:  cobra.ExactArgs(1),
+		Use:               "stop ID|NAME",
+		Short:             "stop a session's processes, keeping its files (the next use starts it again)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSessions(af, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client()
 			if err != nil {
@@ -341,7 +344,8 @@ streaming its output, and exit with its exit status.
 The words after -- are the command and its arguments, passed as they are
 (no shell parses them); for shell syntax run one: -- sh -c 'ls | wc -l'.
 Standard input is passed on when it is not a terminal.`,
-		Args: cobra.MinimumNArgs(2),
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: completeSessions(af, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// Flags stop at the session (SetInterspersed below), so the
 			// command's own flags need no --; a -- after the session goes.
@@ -443,9 +447,10 @@ func newSessionLogsCmd(af *apiFlags) *cobra.Command {
 	var follow bool
 	var tail int
 	cmd := &cobra.Command{
-		Use:   "logs ID|NAME",
-		Short: "print a session's recent commands and process output",
-		Args:  cobra.ExactArgs(1),
+		Use:               "logs ID|NAME",
+		Short:             "print a session's recent commands and process output",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSessions(af, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := af.client()
 			if err != nil {
@@ -610,4 +615,39 @@ func envOr(k, def string) string {
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// completeSessions completes a session argument with the caller's
+// session ids and names (shell completion asks the gateway).
+func completeSessions(af *apiFlags, max int) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if max > 0 && len(args) >= max {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		c, err := af.client()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
+		defer cancel()
+		raw, err := c.do(ctx, http.MethodGet, "/v1/sessions?limit=100", nil)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		var page struct {
+			Sessions []session `json:"sessions"`
+		}
+		if json.Unmarshal(raw, &page) != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		var out []cobra.Completion
+		for _, s := range page.Sessions {
+			for _, v := range []string{s.SessionID, s.Name} {
+				if v != "" && strings.HasPrefix(v, toComplete) {
+					out = append(out, cobra.CompletionWithDesc(v, s.Status+" "+s.Image))
+				}
+			}
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp
+	}
 }

@@ -209,9 +209,22 @@ func TestCLIConventions(t *testing.T) {
 			t.Errorf("completion %s: exit %d, %d bytes", sh, code, len(out))
 		}
 	}
-	// Completion knows the subcommands.
+	// Completion knows the subcommands, and the caller's sessions.
 	if out, _, _ := g.cliRun(t, "", "__complete", "session", ""); !strings.Contains(out, "create") || !strings.Contains(out, "exec") {
 		t.Errorf("__complete session: %q", out)
+	}
+	var s sessionJSON
+	if code := g.api(t, "POST", "/v1/sessions", map[string]any{"name": "completed"}, &s); code != 201 {
+		t.Fatalf("create: %d", code)
+	}
+	for _, args := range [][]string{{"session", "get", ""}, {"ssh", ""}, {"session", "exec", ""}} {
+		out, _, _ := g.cliRun(t, "", append([]string{"__complete"}, args...)...)
+		if !strings.Contains(out, s.SessionID) || !strings.Contains(out, "completed") {
+			t.Errorf("__complete %v: %q", args, out)
+		}
+	}
+	if out, _, _ := g.cliRun(t, "", "__complete", "session", "get", "comp"); !strings.Contains(out, "completed") || strings.Contains(out, s.SessionID) {
+		t.Errorf("__complete session get comp: %q", out)
 	}
 }
 

@@ -31,7 +31,8 @@ and with the gateway's host key pinned (no ~/.ssh/config needed).
 With no session, create one (with the create flags below), open the shell,
 and delete the session when the shell ends, unless --keep. Words after --
 go to ssh (a remote command, or ssh options).`,
-		Args: cobra.ArbitraryArgs,
+		Args:              cobra.ArbitraryArgs,
+		ValidArgsFunction: completeSessions(&af, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
 			pos, sshArgs := args, []string(nil)

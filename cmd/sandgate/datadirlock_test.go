@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -51,5 +52,23 @@ func TestWorkdirSaysNoIsolation(t *testing.T) {
 	}
 	if out := g.mustCLI(t, "session", "ls", "--json"); !strings.Contains(out, `"isolation":"none"`) {
 		t.Errorf("list: %s", out)
+	}
+}
+
+// SIGTERM with kept sessions logs how many are kept and how to release
+// them; the next serve takes them back.
+func TestShutdownSaysSessionsKept(t *testing.T) {
+	g := startGateway(t, "--keep-sandboxes-on-exit=true")
+	g.createSession(t)
+	g.createSession(t)
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	<-g.done
+	log := g.stderr.String()
+	if !strings.Contains(log, "msg=sessions_kept count=2") || !strings.Contains(log, "--keep-sandboxes-on-exit=false") || !strings.Contains(log, "sandgate session rm") {
+		t.Errorf("no sessions_kept line naming 2 sessions and how to release them:\n%s", log)
+	}
+	g2 := restartWith(t, g, syscall.SIGTERM, "workdir") // tears them down at its end
+	if out := g2.mustCLI(t, "session", "ls", "--json"); strings.Count(out, `"sessionId"`) != 2 {
+		t.Errorf("the next serve does not hold the 2 kept sessions: %s", out)
 	}
 }

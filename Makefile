@@ -1,6 +1,8 @@
 # sandgate: `make build` installs nothing outside ./bin; `make test` runs every suite.
 GO      ?= go
-BIN     := bin/sandgate
+BIN     ?= bin/sandgate
+# make install puts sandgate in $(DESTDIR)$(PREFIX)/bin.
+PREFIX  ?= /usr/local
 # The Python that creates the virtualenvs the SDK tests run in (.venv/, .venv-oldest/).
 PYTHON  ?= python3
 # npm for the TypeScript SDK (sdk-typescript/; Node.js >= 20).
@@ -8,12 +10,17 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build test test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean
+.PHONY: build install test test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
+
+# BIN set (as the tests do) installs that binary instead of building one.
+install: $(if $(filter command line,$(origin BIN)),,build)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/sandgate
 
 # The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
 test: build test-go test-python test-schema test-ts test-examples

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -118,6 +119,11 @@ func sessionPath(r *http.Request) (string, bool) {
 	return id, id != ""
 }
 
+// idPattern is what a session id looks like (gateway's newID).
+var idPattern = regexp.MustCompile(`^sbx-[a-z2-7]{20}$`)
+
+func looksLikeID(s string) bool { return idPattern.MatchString(s) }
+
 func bearer(h string) string {
 	const prefix = "bearer "
 	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
@@ -186,6 +192,19 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok { // the API answers 401, counting the failure
 		f.cfg.Local.ServeHTTP(w, r)
 		return
+	}
+	if id != "" && name == nil && !looksLikeID(id) {
+		// A native path may name the session instead (gateway.Manager's
+		// Resolve): relay to the node of the tenant's live session of
+		// that name, whose API resolves it the same way. An id always
+		// wins: an id-shaped segment is never looked up as a name here.
+		if nid, err := f.cfg.Node.lookupName(r.Context(), p.Tenant, id); err == nil && nid != "" {
+			if f.cfg.Sessions.Known(nid) {
+				f.cfg.Local.ServeHTTP(w, r)
+				return
+			}
+			id = nid
+		}
 	}
 	if id == "" { // named: the live session of that name, wherever it is
 		n := name()

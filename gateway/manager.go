@@ -470,9 +470,10 @@ func (m *Manager) releaseLocked(k idemKey) {
 	}
 }
 
-// Get returns p's session id, running or failed. Another tenant's session
-// is ErrNotFound.
+// Get returns p's session id (or name, see Resolve), running or failed.
+// Another tenant's session is ErrNotFound.
 func (m *Manager) Get(ctx context.Context, p Principal, id string) (*Session, error) {
+	id = m.Resolve(ctx, p, id)
 	m.mu.Lock()
 	s, ok := m.sessions[id]
 	m.mu.Unlock()
@@ -611,8 +612,9 @@ func (m *Manager) Known(id string) bool {
 	return ok
 }
 
-// Delete ends p's session id and destroys its sandbox.
+// Delete ends p's session id (or name, see Resolve) and destroys its sandbox.
 func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
+	id = m.Resolve(ctx, p, id)
 	m.mu.Lock()
 	s, ok := m.sessions[id]
 	if !ok || s.Tenant != p.Tenant {

@@ -124,6 +124,40 @@ func SelectNamed(ss []*Session, name string) []*Session {
 	return slices.Clip([]*Session{best})
 }
 
+// Resolve returns the id of p's session ref, where a session id goes: ref
+// itself when it is the id of one of p's sessions here, of one of p's
+// sessions that ended (its tombstone answers 410), or of one in the
+// cluster's directory (an id always wins); else the id of p's session
+// named ref (the live one, or the newest failed one); else ref, which
+// then answers as an unknown id.
+func (m *Manager) Resolve(ctx context.Context, p Principal, ref string) string {
+	if len(ref) > MaxNameLen || !namePattern.MatchString(ref) {
+		return ref
+	}
+	m.mu.Lock()
+	if s, ok := m.sessions[ref]; ok && s.Tenant == p.Tenant {
+		m.mu.Unlock()
+		return ref
+	}
+	var named []*Session
+	for _, s := range m.sessions {
+		if s.Tenant == p.Tenant && s.Name == ref {
+			named = append(named, s)
+		}
+	}
+	m.mu.Unlock()
+	best := SelectNamed(named, ref)
+	if len(best) == 0 || m.gone(p, ref) != nil {
+		return ref
+	}
+	if m.cfg.Directory != nil {
+		if r, ok, err := m.cfg.Directory.Record(ctx, ref); err == nil && ok && r.Tenant == p.Tenant {
+			return ref
+		}
+	}
+	return best[0].ID
+}
+
 // Owner is the tenant of session id, of any state, for what finds a
 // session without a principal (presigned links, which carry the id and
 // a signature over the tenant).

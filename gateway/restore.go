@@ -118,6 +118,17 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 	}
 	wg.Wait()
 	m.retryDestroy(ctx) // deleted sessions end for good, whatever keep says
+	if keep && len(all) > 0 {
+		running := 0
+		for _, s := range all {
+			if _, ok := s.sandbox.(sandbox.Detacher); ok && s.Live() {
+				running++
+			}
+		}
+		m.log.Warn("sessions_kept", "count", len(all), "running", running,
+			"hint", fmt.Sprintf("%d sessions are kept for the next sandgate serve on this data dir (%d sandboxes keep running, workspaces mounted); "+
+				"to release them, start it again and delete them (sandgate session rm ID), or start and stop it once with --keep-sandboxes-on-exit=false", len(all), running))
+	}
 }
 
 // restoreEgress gives a re-attached session its egress CA and proxy back.

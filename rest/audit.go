@@ -64,6 +64,11 @@ func auditSessionOf(r *http.Request, id string) {
 	}
 }
 
+// sessionResolver turns a session's name into its id (gateway.Manager).
+type sessionResolver interface {
+	Resolve(ctx context.Context, p gateway.Principal, ref string) string
+}
+
 func (a *api) auditor() audit.Auditor { return audit.Or(a.cfg.Audit) }
 
 // auditCalls records every call (but the unaudited routes) once it is
@@ -108,6 +113,9 @@ func (a *api) auditCalls(next http.Handler) http.Handler {
 		}
 		if c.session != "" {
 			session = c.session
+		} else if res, ok := a.cfg.Sessions.(sessionResolver); ok && session != "" && c.tenant != "" {
+			// The path may name the session: the trail keeps its id.
+			session = res.Resolve(r.Context(), gateway.Principal{Tenant: c.tenant}, session)
 		}
 		// The request's own context has no tenant yet: authenticate set it
 		// on c, below this middleware.

@@ -48,6 +48,11 @@ type Config struct {
 	// Connect serves CONNECT /v1/sessions/{id} and /sessions/{id}, already
 	// authenticated (the principal is in the request context).
 	Connect http.Handler
+	// Isolation, when set ("none" for the workdir driver), is shown in
+	// every session answer, with Unenforced: the resource limits
+	// (memoryMiB, cpus, pids, diskMiB) the sandbox driver does not enforce.
+	Isolation  string
+	Unenforced []string
 	// Images lists the images sessions may use (nil: the default root only).
 	Images Images
 	// Ready reports whether the gateway can serve, with details for

@@ -49,6 +49,10 @@ type sessionJSON struct {
 	SSH sshJSON `json:"ssh"`
 	// WorkspaceSync is the object-store sync of a named workspace.
 	WorkspaceSync *workspace.SyncState `json:"workspaceSync,omitempty"`
+	// Isolation and Unenforced say what the sandbox does not enforce
+	// (Config.Isolation, Config.Unenforced).
+	Isolation  string   `json:"isolation,omitempty"`
+	Unenforced []string `json:"unenforced,omitempty"`
 }
 
 type sshJSON struct {
@@ -78,6 +82,7 @@ func (a *api) render(s *gateway.Session, password string) sessionJSON {
 	}
 	return sessionJSON{
 		SessionID: snap.ID, View: snap.View, WorkspaceSync: sync,
+		Isolation: a.cfg.Isolation, Unenforced: a.cfg.Unenforced,
 		SSH: sshJSON{
 			Username: a.cfg.SSHUsername, Password: password,
 			HostKeys: a.cfg.HostKeys, KnownHostsLine: known,
@@ -384,6 +389,10 @@ func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, id := principal(r), chi.URLParam(r, "id")
+	if res, ok := a.cfg.Sessions.(sessionResolver); ok {
+		id = res.Resolve(r.Context(), p, id) // a name: the trail and the workspace take the id
+		auditSessionOf(r, id)
+	}
 	ws := a.cfg.Workspaces
 	if ws != nil {
 		// Only the caller's own session is saved or marked.

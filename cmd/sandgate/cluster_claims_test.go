@@ -167,6 +167,13 @@ func TestClusterNamesAndIdempotencyKeys(t *testing.T) {
 		if sandboxesOn(t, b) != 0 {
 			t.Errorf("B kept a sandbox for the refused create")
 		}
+		// The name goes where the id goes, on any node (A holds it).
+		for _, g := range n {
+			var got created
+			if code := clusterDo(t, g.gatewayProc, http.MethodGet, "/v1/sessions/shared", nil, nil, &got); code != http.StatusOK || got.SessionID != first.SessionID {
+				t.Errorf("GET by name on %s: %d %q, want %q", g.URL, code, got.SessionID, first.SessionID)
+			}
+		}
 		// Another tenant's name space is its own.
 		var other created
 		if code := clusterDo(t, b.gatewayProc, http.MethodPost, "/v1/sessions", map[string]string{"Authorization": "Bearer other-token"}, map[string]any{"name": "shared"}, &other); code != http.StatusCreated {

@@ -20,15 +20,19 @@ import (
 // drive the gateway at SANDBOX_API_URL. Logs go to stderr.
 func mcpMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
 	attach := fs.String("session", "", "use this existing session as the default session (never deleted by sandgate mcp)")
 	logLevel := fs.String("log-level", "info", "log level on stderr: debug, info, warn, error")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	pos, code, done := parseCommandFlags(fs, args, `Usage: sandgate mcp [flags]
+
+An MCP server on stdin and stdout whose tools drive the gateway's REST API
+(SANDBOX_API_URL, SANDBOX_API_TOKEN); it logs to stderr.
+`, stdout, stderr)
+	if done {
+		return code
 	}
-	if fs.NArg() != 0 {
+	if len(pos) != 0 {
 		fmt.Fprintln(stderr, "usage: sandgate mcp [--api-url URL] [--token T] [--session ID]")
 		return 2
 	}

@@ -162,15 +162,15 @@ func TestSSHConfigPinsHostKey(t *testing.T) {
 	s := g.createSession(t)
 	dir := t.TempDir()
 	kh := filepath.Join(dir, "known_hosts")
-	cfg, errOut, code := runClient(t, g.clientEnv(), nil, sandgateBin, "ssh-config", "--known-hosts", kh)
+	cfgFile := filepath.Join(dir, "config")
+	_, errOut, code := runClient(t, g.clientEnv(), nil, sandgateBin, "ssh-config", "--known-hosts", kh, "--config", cfgFile)
 	if code != 0 {
 		t.Fatalf("ssh-config: %d %s", code, errOut)
 	}
-	if !strings.Contains(cfg, "StrictHostKeyChecking yes") || strings.Contains(cfg, "StrictHostKeyChecking no") {
+	cfg, _ := os.ReadFile(cfgFile)
+	if !strings.Contains(string(cfg), "StrictHostKeyChecking yes") || strings.Contains(string(cfg), "StrictHostKeyChecking no") {
 		t.Fatalf("config: %s", cfg)
 	}
-	cfgFile := filepath.Join(dir, "config")
-	os.WriteFile(cfgFile, []byte(cfg), 0o600)
 	out, errOut, code := runClient(t, g.clientEnv(), nil, ssh, "-F", cfgFile, "-o", "BatchMode=yes", "-o", "IdentityFile=/dev/null", s.SessionID, "echo pinned")
 	if code != 0 || out != "pinned\n" {
 		t.Fatalf("ssh via ssh-config: %d %q %s", code, out, errOut)

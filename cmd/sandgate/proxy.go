@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/piperelay"
@@ -18,6 +19,10 @@ import (
 )
 
 const defaultAPIURL = "http://127.0.0.1:8080"
+
+// sshNameSuffix makes a session name an OpenSSH host name that the
+// ssh-config block matches: ssh dev.sandgate.
+const sshNameSuffix = ".sandgate"
 
 // clientFlags are the flags every client subcommand shares.
 type clientFlags struct {
@@ -88,19 +93,25 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 // session and copies stdin/stdout through it, for use as an OpenSSH ProxyCommand.
 func proxyMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
 	fdpass := fs.Bool("fdpass", false, "hand the tunnelled socket to ssh and exit (needs `ProxyUseFdpass yes`; http:// gateways only)")
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return 2
+	pos, code, done := parseCommandFlags(fs, args, `Usage: sandgate proxy [flags] ID|NAME[.sandgate]
+
+An OpenSSH ProxyCommand: opens a tunnel (CONNECT) to the session, by id or
+by name (a ".sandgate" suffix is dropped), and carries ssh's bytes through
+it. 'sandgate ssh-config' writes a ~/.ssh/config block that uses it.
+`, stdout, stderr)
+	if done {
+		return code
 	}
 	if len(pos) != 1 {
-		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] [--fdpass] SESSION_ID")
+		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] [--fdpass] ID|NAME[.sandgate]")
 		return 2
 	}
-	id := pos[0]
+	// ssh-config's block matches NAME.sandgate beside sbx-*: the gateway
+	// takes a session's id or name, without the suffix.
+	id := strings.TrimSuffix(pos[0], sshNameSuffix)
 	d, err := cf.dialer()
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate proxy:", err)

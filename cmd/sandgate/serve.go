@@ -338,6 +338,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err := os.MkdirAll(cfg.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	unlock, err := lockDataDir(cfg.dataDir) // before the driver restores or removes sandboxes
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	ac, err := authConfig(cfg, stdout, log)
 	if err != nil {
 		return err
@@ -449,6 +454,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	iso, unenforced := isolation(driver)
 	tun := tunnel.NewServer(mgr, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
 		conn, done := met.Tunnel(s.CountTunnel(conn))
 		defer done()
@@ -460,6 +466,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
+		Isolation: iso, Unenforced: unenforced,
 		Ready: func() (map[string]any, error) {
 			// Asked each time: sandboxes adopted without the filter come and go.
 			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccompStatus(driver)}, nil

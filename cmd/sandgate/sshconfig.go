@@ -3,59 +3,79 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 )
 
+// The block ssh-config writes into ~/.ssh/config sits between these
+// lines; a second run replaces it and --remove deletes it.
+const (
+	sshConfigBegin = "# >>> sandgate ssh-config >>> (managed by `sandgate ssh-config`; `sandgate ssh-config --remove` deletes it)"
+	sshConfigEnd   = "# <<< sandgate ssh-config <<<"
+)
+
 // sshConfigMain is `sandgate ssh-config`: it writes a known_hosts file that
-// pins the gateway's host keys for every session name, and prints a
-// ~/.ssh/config block that uses it with StrictHostKeyChecking yes.
+// pins the gateway's host keys for every session name, and a marked
+// ~/.ssh/config block that uses it with StrictHostKeyChecking yes. A
+// second run replaces the block; --dry-run prints it; --remove deletes it.
 func sshConfigMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ssh-config", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf clientFlags
 	cf.register(fs)
 	home, _ := os.UserHomeDir()
-	knownHosts := fs.String("known-hosts", filepath.Join(home, ".ssh", "sandgate_known_hosts"), "known_hosts file to write")
-	hostPattern := fs.String("host", "sbx-*", "Host pattern the block applies to (session ids start with sbx-)")
-	if _, err := parseInterspersed(fs, args); err != nil {
-		return 2
+	sshDir := filepath.Join(home, ".ssh")
+	knownHosts := fs.String("known-hosts", filepath.Join(sshDir, "sandgate_known_hosts"), "known_hosts file to write")
+	configFile := fs.String("config", filepath.Join(sshDir, "config"), "the ssh_config file to write the block into")
+	hostPattern := fs.String("host", "sbx-* *"+sshNameSuffix, "Host patterns the block applies to (session ids start with sbx-; a session name gets the suffix "+sshNameSuffix+")")
+	binary := fs.String("binary", "", "the sandgate the ProxyCommand runs (default: sandgate on PATH, else this binary)")
+	dryRun := fs.Bool("dry-run", false, "print the block on stdout and write nothing")
+	remove := fs.Bool("remove", false, "delete the block (and the known_hosts file) and exit")
+	if _, code, done := parseCommandFlags(fs, args, `Usage: sandgate ssh-config [flags]
+
+Writes a block into ~/.ssh/config (creating ~/.ssh, 0700, if needed) that
+lets ssh, sftp and scp reach sessions as "ssh sbx-ID" or, by name, as
+"ssh NAME.sandgate": sandgate proxy as ProxyCommand, and the gateway's
+host keys pinned in a known_hosts file. A second run replaces the block;
+--remove deletes it; --dry-run prints it.
+`, stdout, stderr); done {
+		return code
 	}
-	keys, err := fetchHostKeys(cf)
-	if err != nil {
-		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
-		return 1
+	if *remove {
+		found, err := rewriteSSHConfig(*configFile, "")
+		if err != nil {
+			fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+			return 1
+		}
+		if err := os.Remove(*knownHosts); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+			return 1
+		}
+		if found {
+			fmt.Fprintf(stderr, "sandgate ssh-config: removed the block from %s\n", *configFile)
+		} else {
+			fmt.Fprintf(stderr, "sandgate ssh-config: %s has no sandgate block\n", *configFile)
+		}
+		return 0
 	}
-	var kh strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&kh, "%s %s\n", *hostPattern, k)
-	}
-	if err := os.MkdirAll(filepath.Dir(*knownHosts), 0o700); err != nil {
-		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
-		return 1
-	}
-	if err := os.WriteFile(*knownHosts, []byte(kh.String()), 0o644); err != nil {
-		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
-		return 1
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		exe = "sandgate"
-	}
+	exe, note := proxyBinary(*binary)
 	// Over plain http the proxy hands ssh the socket and exits; over https
 	// it must stay and carry the TLS session.
 	fdpass := ""
 	if u, err := url.Parse(cf.apiURL); err == nil && u.Scheme == "http" {
 		fdpass = " --fdpass"
 	}
-	fmt.Fprintf(stdout, `# sandgate sessions: ssh %s-id, sftp, scp; the token comes from SANDBOX_API_TOKEN.
+	block := fmt.Sprintf(`%s
+# sandgate sessions: ssh sbx-ID or NAME%s, sftp, scp; the token comes from SANDBOX_API_TOKEN.
 Host %s
     User sandbox
     ProxyCommand %s proxy --api-url %s%s%s %%h
@@ -64,8 +84,133 @@ Host %s
     ForwardAgent no
     ForwardX11 no
     ServerAliveInterval 30
-`, strings.TrimSuffix(*hostPattern, "*"), *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), fdpass, useFdpass(fdpass), quoteSSH(*knownHosts))
+%s
+`, sshConfigBegin, sshNameSuffix, *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), fdpass, useFdpass(fdpass), quoteSSH(*knownHosts), sshConfigEnd)
+	if *dryRun {
+		fmt.Fprint(stdout, block)
+		return 0
+	}
+	keys, err := fetchHostKeys(cf)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+		return 1
+	}
+	var kh strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&kh, "%s %s\n", strings.Join(strings.Fields(*hostPattern), ","), k)
+	}
+	for _, dir := range []string{filepath.Dir(*knownHosts), filepath.Dir(*configFile)} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+			return 1
+		}
+	}
+	if err := os.WriteFile(*knownHosts, []byte(kh.String()), 0o644); err != nil {
+		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+		return 1
+	}
+	replaced, err := rewriteSSHConfig(*configFile, block)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+		return 1
+	}
+	verb := "added the sandgate block to"
+	if replaced {
+		verb = "replaced the sandgate block in"
+	}
+	fmt.Fprintf(stderr, "sandgate ssh-config: %s %s and pinned the gateway's host keys in %s\n", verb, *configFile, *knownHosts)
+	if note != "" {
+		fmt.Fprintln(stderr, "sandgate ssh-config:", note)
+	}
 	return 0
+}
+
+// proxyBinary is the sandgate the ProxyCommand runs: --binary, else
+// sandgate on PATH (a stable place such as /usr/local/bin), else this
+// binary, with a note saying that a build tree's path may move.
+func proxyBinary(flagged string) (string, string) {
+	if flagged != "" {
+		if abs, err := filepath.Abs(flagged); err == nil {
+			return abs, ""
+		}
+		return flagged, ""
+	}
+	if p, err := exec.LookPath("sandgate"); err == nil {
+		if abs, err := filepath.Abs(p); err == nil {
+			return abs, ""
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "sandgate", "sandgate is not on PATH; the block runs \"sandgate\" (make install, or --binary PATH)"
+	}
+	return exe, fmt.Sprintf("sandgate is not on PATH, so the block runs %s; run 'make install' (or pass --binary PATH) and run ssh-config again if that path may move", exe)
+}
+
+// rewriteSSHConfig replaces the marked block in the ssh_config file path
+// with block ("" deletes it), or appends block when there is none. It
+// reports whether a block was there. The file keeps its mode (new: 0600);
+// a symbolic link is followed; the write is atomic.
+func rewriteSSHConfig(path, block string) (bool, error) {
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
+	old, err := os.ReadFile(path)
+	mode := os.FileMode(0o600)
+	switch {
+	case errors.Is(err, iofs.ErrNotExist):
+		if block == "" {
+			return false, nil
+		}
+	case err != nil:
+		return false, err
+	default:
+		if fi, err := os.Stat(path); err == nil {
+			mode = fi.Mode().Perm()
+		}
+	}
+	text := string(old)
+	found := false
+	if i := strings.Index(text, sshConfigBegin); i >= 0 {
+		j := strings.Index(text[i:], sshConfigEnd)
+		if j < 0 {
+			return false, fmt.Errorf("%s: the sandgate block's end line (%q) is missing; fix the file by hand", path, sshConfigEnd)
+		}
+		end := i + j + len(sshConfigEnd)
+		if end < len(text) && text[end] == '\n' {
+			end++
+		}
+		text = text[:i] + block + text[end:]
+		found = true
+	} else if block != "" {
+		if text != "" && !strings.HasSuffix(text, "\n") {
+			text += "\n"
+		}
+		if text != "" {
+			text += "\n"
+		}
+		text += block
+	}
+	if text == string(old) {
+		return found, nil
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".sandgate-ssh-config-")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(text); err != nil {
+		tmp.Close()
+		return false, err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return false, err
+	}
+	if err := tmp.Close(); err != nil {
+		return false, err
+	}
+	return found, os.Rename(tmp.Name(), path)
 }
 
 // quoteSSH quotes a value for ssh_config when it holds spaces.

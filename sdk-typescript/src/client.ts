@@ -96,6 +96,12 @@ export interface CreateSessionOptions {
   workspace?: string;
   /** A snapshot id (`createSnapshot`) whose files the new `/workspace` starts with; not with `workspace`. */
   fromSnapshot?: string;
+  /**
+   * A name for the session, unique among the tenant's live sessions
+   * (`409 name_taken`). Every method that takes a session id also takes
+   * it (an id always wins), and so does `sandgate proxy` (`ssh NAME.sandgate`).
+   */
+  name?: string;
 }
 
 /** How far the object store's copy of a workspace is behind (`sync`, `workspaceSync`). */
@@ -270,6 +276,10 @@ export class Session {
   readonly resources: Resources | undefined;
   readonly egress: Egress | undefined;
   readonly secrets: SecretRef[] | undefined;
+  /** The name given at create, if any; it works wherever the id does. */
+  readonly name: string | undefined;
+  /** `"none"` when the gateway does not isolate sessions (its workdir driver; `raw.unenforced` lists the limits nothing enforces). */
+  readonly isolation: string | undefined;
   /** The named workspace the session holds, if any. */
   readonly workspace: string | undefined;
   /** The snapshot the session started from, if any. */
@@ -312,6 +322,8 @@ export class Session {
     this.resources = isObject(data["resources"]) ? (data["resources"] as Resources) : undefined;
     this.egress = isObject(data["egress"]) ? (data["egress"] as unknown as Egress) : undefined;
     this.secrets = Array.isArray(data["secrets"]) ? (data["secrets"] as SecretRef[]) : undefined;
+    this.name = optStr("name");
+    this.isolation = optStr("isolation");
     this.workspace = optStr("workspace");
     this.fromSnapshot = optStr("fromSnapshot");
     this.workspaceSync = isObject(data["workspaceSync"]) ? (data["workspaceSync"] as unknown as SyncState) : undefined;
@@ -510,6 +522,7 @@ export class SandboxClient {
     }
     if (opts.workspace !== undefined) body["workspace"] = checkName("workspace", opts.workspace);
     if (opts.fromSnapshot !== undefined) body["fromSnapshot"] = checkName("fromSnapshot", opts.fromSnapshot);
+    if (opts.name !== undefined) body["name"] = checkName("name", opts.name);
     let key = opts.idempotencyKey;
     if (key !== undefined) {
       if (typeof key !== "string" || !/^[!-~]{1,255}$/.test(key)) {

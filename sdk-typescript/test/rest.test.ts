@@ -29,6 +29,21 @@ describe("REST", { skip: SKIP }, () => {
     await gw?.stop();
   });
 
+  it("takes a session's name wherever it takes its id", async () => {
+    const s = await client.createSession({ ttlSeconds: 600, name: "ts-names" });
+    try {
+      assert.equal(s.name, "ts-names");
+      const got = await client.getSession("ts-names");
+      assert.equal(got.id, s.id);
+      assert.equal(got.name, "ts-names");
+      if (s.isolation !== undefined) assert.equal(s.isolation, "none"); // workdir, not as root
+    } finally {
+      await client.deleteSession("ts-names");
+    }
+    await assert.rejects(client.getSession(s.id), SessionGoneError);
+    await assert.rejects(client.createSession({ name: "" }), TypeError);
+  });
+
   it("creates, gets, lists and deletes a session", async () => {
     const s = await client.createSession({ ttlSeconds: 600, metadata: { project: "ts" } });
     try {

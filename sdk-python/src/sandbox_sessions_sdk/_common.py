@@ -196,9 +196,14 @@ def create_session_body(
     secrets: Any,
     workspace: Any = None,
     from_snapshot: Any = None,
+    name: Any = None,
 ) -> Dict[str, Any]:
     """The JSON body of ``POST /v1/sessions``, checked locally."""
     body: Dict[str, Any] = {"ttl": check_int("ttl", ttl, MIN_TTL, MAX_TTL)}
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("name must be a non-empty string")
+        body["name"] = name
     if image is not None:
         if not isinstance(image, str) or not image:
             raise ValueError("image must be a non-empty string")

@@ -235,10 +235,11 @@ class AsyncSessionsClient:
         secrets: Optional[Sequence[Any]] = None,
         workspace: Optional[str] = None,
         from_snapshot: Optional[str] = None,
+        name: Optional[str] = None,
     ) -> Session:
         """:meth:`SessionsClient.create_session` (with the same retries, same key)."""
         body = create_session_body(
-            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot
+            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name
         )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):

@@ -169,6 +169,7 @@ class SessionsClient(ClosesOnExit):
         secrets: Optional[Sequence[Any]] = None,
         workspace: Optional[str] = None,
         from_snapshot: Optional[str] = None,
+        name: Optional[str] = None,
     ) -> Session:
         """Create a session and its sandbox (``POST /v1/sessions``).
 
@@ -224,6 +225,10 @@ class SessionsClient(ClosesOnExit):
                 files the new ``/workspace`` starts with (several sessions
                 may: a fork). None there: :class:`SnapshotNotFoundError`.
                 Not with ``workspace``.
+            name: A name for the session, unique among the tenant's live
+                sessions (``409 name_taken``): every method that takes a
+                ``session_id`` also takes it (an id always wins), and so
+                does ``sandgate proxy`` (``ssh NAME.sandgate``).
 
         Retries: when the gateway cannot be reached, the connection breaks,
         the request times out, or it answers 500, 502, 503 or 504, the create
@@ -247,7 +252,7 @@ class SessionsClient(ClosesOnExit):
             SandboxConnectionError: see the README's error table.
         """
         body = create_session_body(
-            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot
+            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name
         )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
@@ -280,7 +285,7 @@ class SessionsClient(ClosesOnExit):
         return session_page(data, limit, offset)
 
     def get_session(self, session_id: str) -> Session:
-        """Fetch one session (``GET /v1/sessions/{id}``).
+        """Fetch one session (``GET /v1/sessions/{id}``), by id or by name.
 
         Raises:
             SessionNotFoundError: no such session for this token's tenant.

@@ -92,6 +92,10 @@ class Session:
         from_snapshot: The snapshot the session started from, if any.
         workspace_sync: The held workspace's sync state (``lastSyncedAt``,
             ``pendingBytes``, ``lastError``), if any.
+        name: The name given at create, if any; it works wherever the id does.
+        isolation: ``"none"`` when the gateway does not isolate sessions
+            (its workdir driver; ``raw["unenforced"]`` lists the limits
+            nothing enforces), else None.
     """
 
     session_id: str
@@ -115,6 +119,8 @@ class Session:
     workspace: Optional[str] = None
     from_snapshot: Optional[str] = None
     workspace_sync: Optional[Dict[str, Any]] = None
+    name: Optional[str] = None
+    isolation: Optional[str] = None
 
     @property
     def egress_allow(self) -> List[str]:
@@ -177,6 +183,8 @@ class Session:
             workspace=data.get("workspace") or None,
             from_snapshot=data.get("fromSnapshot") or None,
             workspace_sync=dict(sync) if isinstance(sync := data.get("workspaceSync"), Mapping) else None,
+            name=data.get("name") or None,
+            isolation=data.get("isolation") or None,
         )
 
 

@@ -61,6 +61,7 @@ const (
 	KindDiskFull                   // the sandbox's filesystem is full
 	KindAborted                    // the upload's body ended early (the client went away)
 	KindUnavailable                // the sandbox's SFTP server could not be started
+	KindBusy                       // too many transfers at once (Files' bounds)
 )
 
 // Error is a file operation's failure: Msg is for the client (it names the
@@ -135,30 +136,54 @@ func CheckPath(p string) (string, error) {
 	return path.Clean(p), nil
 }
 
-// FS is one connection to an SFTP server running in a sandbox. It is safe
-// for concurrent use; Close ends the server.
+// FS is a connection to an SFTP server running in a sandbox. It is safe
+// for concurrent use; Close ends the server, or, for an FS from Files,
+// hands it back to its session's pool.
 type FS struct {
+	c       *sftp.Client
+	release func() error
+	once    sync.Once
+}
+
+// server is one sftp-server process in a sandbox and the client talking
+// to it.
+type server struct {
 	c      *sftp.Client
 	proc   sandbox.Process
 	stderr sync.WaitGroup
+	exited chan struct{} // closed when proc has exited
+	broken chan struct{} // closed when the connection has shut down
+	err    error         // proc's Wait error, once exited
 	once   sync.Once
 }
 
 // OpenFS starts the sandbox's SFTP server (ctx is for the start only) and
-// connects to it.
+// connects to it; Close ends it.
 func OpenFS(ctx context.Context, sb sandbox.Sandbox) (*FS, error) {
+	srv, err := startServer(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	return &FS{c: srv.c, release: srv.close}, nil
+}
+
+func startServer(ctx context.Context, sb sandbox.Sandbox) (*server, error) {
 	p, err := sb.Start(ctx, sandbox.Cmd{Subsystem: "sftp"})
 	if err != nil {
 		return nil, fileErr(KindUnavailable, err, "cannot start the sandbox's file server")
 	}
-	f := &FS{proc: p}
+	srv := &server{proc: p, exited: make(chan struct{}), broken: make(chan struct{})}
 	if se := p.Stderr(); se != nil {
-		f.stderr.Add(1)
+		srv.stderr.Add(1)
 		go func() {
-			defer f.stderr.Done()
+			defer srv.stderr.Done()
 			_, _ = io.Copy(io.Discard, se)
 		}()
 	}
+	go func() {
+		_, srv.err = p.Wait()
+		close(srv.exited)
+	}()
 	c, err := sftp.NewClientPipe(p.Stdout(), p.Stdin(),
 		sftp.MaxPacketUnchecked(sftpPacket),
 		sftp.MaxConcurrentRequestsPerFile(sftpConcurrency),
@@ -167,33 +192,51 @@ func OpenFS(ctx context.Context, sb sandbox.Sandbox) (*FS, error) {
 	)
 	if err != nil {
 		p.Kill()
-		_, _ = p.Wait()
-		f.stderr.Wait()
+		<-srv.exited
+		srv.stderr.Wait()
 		return nil, fileErr(KindUnavailable, err, "cannot talk to the sandbox's file server")
 	}
-	f.c = c
-	return f, nil
+	srv.c = c
+	go func() {
+		_ = c.Wait()
+		close(srv.broken)
+	}()
+	return srv, nil
 }
 
-// Close ends the connection and waits for the server to exit (it exits on
+// dead reports whether the server is gone: its process exited or its
+// connection broke.
+func (srv *server) dead() bool {
+	select {
+	case <-srv.exited:
+		return true
+	case <-srv.broken:
+		return true
+	default:
+	}
+	return false
+}
+
+// close ends the connection and waits for the server to exit (it exits on
 // end of input; it is killed if it does not within a few seconds).
+func (srv *server) close() error {
+	srv.once.Do(func() {
+		_ = srv.c.Close()
+		select {
+		case <-srv.exited:
+		case <-time.After(5 * time.Second):
+			srv.proc.Kill()
+			<-srv.exited
+		}
+		srv.stderr.Wait()
+	})
+	return srv.err
+}
+
+// Close releases f: it ends its server, or hands it back to its pool.
 func (f *FS) Close() error {
 	var err error
-	f.once.Do(func() {
-		_ = f.c.Close()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_, err = f.proc.Wait()
-		}()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			f.proc.Kill()
-			<-done
-		}
-		f.stderr.Wait()
-	})
+	f.once.Do(func() { err = f.release() })
 	return err
 }
 
@@ -280,31 +323,75 @@ func (f *FS) Open(p string) (io.ReadSeekCloser, Entry, error) {
 	return &streamFile{f: fh, size: fi.Size()}, entryOf(p, fi), nil
 }
 
-// streamFile is an io.ReadSeeker over an SFTP file whose reads come from
-// File.WriteTo (many READs in flight) through a pipe; a Seek restarts it.
+// streamWindow is what one read of a stream asks for: a few SFTP
+// READs in flight at once (File.ReadAt splits it into packets). A stream
+// holds at most two windows: the one being sent and the next one, read
+// ahead only once the one before has been taken, so that its bytes in
+// flight follow what the HTTP writer actually consumes.
+const streamWindow = 4 * sftpPacket
+
+// streamFile is an io.ReadSeeker over an SFTP file that reads ahead one
+// window at a time into two reused buffers: while the caller (the HTTP
+// writer) takes the bytes of one window, the next is read. A reader
+// that stops reading stops the reads: it costs at most two windows.
 // http.ServeContent reads it in 32 KiB pieces, which as single READs
 // would cost a round trip each.
 type streamFile struct {
 	f    *sftp.File
 	size int64
-	off  int64
-	pr   *io.PipeReader
-	done chan struct{}
+	off  int64 // the caller's position
+
+	buf  []byte // the current window: buf[pos:] is still to be read
+	pos  int
+	bufs [2][]byte
+	cur  int // which of bufs buf is
+
+	next chan window // the window being read ahead, nil: none
 }
 
-func (s *streamFile) stop() {
-	if s.pr == nil {
+// window is a read ahead: n bytes at off into bufs[i], and its error.
+type window struct {
+	i   int
+	off int64
+	n   int
+	err error
+}
+
+// readAhead starts reading the window at off (within the file's size)
+// into the buffer that is not current.
+func (s *streamFile) readAhead(off int64) {
+	if off >= s.size {
 		return
 	}
-	_ = s.pr.Close()
-	<-s.done
-	s.pr, s.done = nil, nil
+	i := 1 - s.cur
+	if s.bufs[i] == nil {
+		s.bufs[i] = make([]byte, streamWindow)
+	}
+	b := s.bufs[i][:min(int64(streamWindow), s.size-off)]
+	ch := make(chan window, 1)
+	s.next = ch
+	go func() {
+		n, err := s.f.ReadAt(b, off)
+		if err == io.EOF && n == len(b) {
+			err = nil
+		}
+		ch <- window{i: i, off: off, n: n, err: err}
+	}()
+}
+
+// stop abandons the read ahead, waiting for it (it writes into a buffer).
+func (s *streamFile) stop() {
+	if s.next != nil {
+		<-s.next
+		s.next = nil
+	}
+	s.buf, s.pos = nil, 0
 }
 
 func (s *streamFile) Read(b []byte) (int, error) {
 	if s.size == 0 {
 		// Empty, or its size is not known until it is read (/proc,
-		// /sys), which WriteTo, going by the size, would never do.
+		// /sys): read it as it comes.
 		if _, err := s.f.Seek(s.off, io.SeekStart); err != nil {
 			return 0, err
 		}
@@ -312,24 +399,32 @@ func (s *streamFile) Read(b []byte) (int, error) {
 		s.off += int64(n)
 		return n, err
 	}
-	if s.pr == nil {
+	if s.pos >= len(s.buf) {
 		if s.off >= s.size {
 			return 0, io.EOF
 		}
-		if _, err := s.f.Seek(s.off, io.SeekStart); err != nil {
-			return 0, err
+		if s.next == nil {
+			s.readAhead(s.off)
 		}
-		pr, pw := io.Pipe()
-		s.pr, s.done = pr, make(chan struct{})
-		go func(done chan struct{}) {
-			defer close(done)
-			_, err := s.f.WriteTo(pw)
-			pw.CloseWithError(err)
-		}(s.done)
+		w := <-s.next
+		s.next = nil
+		if w.n == 0 {
+			s.buf, s.pos = nil, 0
+			if w.err == nil {
+				w.err = io.ErrUnexpectedEOF
+			}
+			return 0, w.err
+		}
+		s.cur, s.buf, s.pos = w.i, s.bufs[w.i][:w.n], 0
+		if w.err == nil {
+			// The window after this one, while this one is taken.
+			s.readAhead(w.off + int64(w.n))
+		}
 	}
-	n, err := s.pr.Read(b)
+	n := copy(b, s.buf[s.pos:])
+	s.pos += n
 	s.off += int64(n)
-	return n, err
+	return n, nil
 }
 
 func (s *streamFile) Seek(offset int64, whence int) (int64, error) {

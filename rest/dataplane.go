@@ -38,6 +38,14 @@ type DataPlane struct {
 	StateDir string
 	// StepTimeout bounds a /compat/sbs step (default 30 s, the seed's).
 	StepTimeout time.Duration
+	// MaxFileStreams, MaxFileStreamsPerTenant and MaxFileStreamsPerSession
+	// bound the file transfers (GET and PUT of /files, link fetches) open
+	// at once (0: dataplane.Files' defaults, 256, 64 and 16).
+	MaxFileStreams, MaxFileStreamsPerTenant, MaxFileStreamsPerSession int
+	// LinkFetchesPerLink and LinkFetchesPerIP bound the fetches of
+	// presigned links per minute, per link and per client address
+	// (0: 60 and 120; -1: unlimited).
+	LinkFetchesPerLink, LinkFetchesPerIP int
 }
 
 func (d DataPlane) withDefaults() DataPlane {
@@ -53,6 +61,12 @@ func (d DataPlane) withDefaults() DataPlane {
 	if d.StepTimeout <= 0 {
 		d.StepTimeout = 30 * time.Second
 	}
+	if d.LinkFetchesPerLink == 0 {
+		d.LinkFetchesPerLink = DefaultLinkFetchesPerLink
+	}
+	if d.LinkFetchesPerIP == 0 {
+		d.LinkFetchesPerIP = DefaultLinkFetchesPerIP
+	}
 	return d
 }
 
@@ -64,6 +78,9 @@ type dataPlane struct {
 	// kernels are the sessions' Python kernels (python.go); a value, as
 	// its zero value is ready to use and New need not make it.
 	kernels dataplane.Kernels
+	// files are the sessions' shared SFTP servers and the bounds on
+	// transfers (files.go).
+	files *dataplane.Files
 }
 
 // dataSession finds the running session of the request's {id} for a

@@ -86,6 +86,9 @@ func New(cfg Config) http.Handler {
 	}
 	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
+	a.dp.files = &dataplane.Files{MaxStreams: a.dp.cfg.MaxFileStreams, MaxStreamsPerTenant: a.dp.cfg.MaxFileStreamsPerTenant,
+		MaxStreamsPerSession: a.dp.cfg.MaxFileStreamsPerSession}
+	a.linkLimits = newLinkLimits(a.dp.cfg)
 	a.ports = newPortsProxy(a)
 	r := chi.NewRouter()
 	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)
@@ -191,6 +194,7 @@ type api struct {
 	limit        func(http.Handler) http.Handler // the per-tenant rate limit
 	ports        *portsProxy                     // preview URLs (ports.go)
 	unauth       unauthSampler                   // unauthenticated calls' audit (audit.go)
+	linkLimits   linkLimits                      // link fetches per link and per address (links.go)
 }
 
 // newFailureLimiter bounds failed authentications per client IP, so token

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/rest"
 )
 
@@ -17,6 +18,9 @@ type dataPlaneFlags struct {
 	maxFetchBytes  int64
 	maxFileBytes   int64
 	stepTimeout    time.Duration
+	// Bounds on file transfers at once, and on link fetches a minute.
+	maxTransfers, maxTransfersPerTenant, maxTransfersPerSession int
+	linkFetchesPerLink, linkFetchesPerIP                        int
 }
 
 func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
@@ -26,6 +30,11 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.Var((*sizeFlag)(&d.maxFetchBytes), "max-fetch-bytes", "largest download of files/fetch; a larger one fails and is removed: bytes or a size such as 50MiB")
 	fs.DurationVar(&d.stepTimeout, "step-timeout", 30*time.Second, "timeout of a step of the session-based-sandbox API (/compat/sbs); a step past it ends with exit code 124")
 	fs.Var((*sizeFlag)(&d.maxFileBytes), "max-file-bytes", "largest file a REST PUT may write (0: the workspace's free space): bytes or a size such as 1GiB")
+	fs.IntVar(&d.maxTransfers, "max-file-transfers", dataplane.DefaultMaxStreams, "REST file downloads and uploads (GET/PUT /files, link fetches) open at once on this gateway; past it 503 too_many_file_transfers")
+	fs.IntVar(&d.maxTransfersPerTenant, "max-file-transfers-per-tenant", dataplane.DefaultMaxStreamsPerTenant, "REST file downloads and uploads open at once per tenant")
+	fs.IntVar(&d.maxTransfersPerSession, "max-file-transfers-per-session", dataplane.DefaultMaxStreamsPerSession, "REST file downloads and uploads open at once per session")
+	fs.IntVar(&d.linkFetchesPerLink, "link-fetches-per-minute", rest.DefaultLinkFetchesPerLink, "fetches of one presigned file link per minute; past it 429 (0 disables)")
+	fs.IntVar(&d.linkFetchesPerIP, "link-fetches-per-ip", rest.DefaultLinkFetchesPerIP, "presigned file link fetches per client address per minute; past it 429 (0 disables)")
 }
 
 // config is the REST data plane's configuration; egress dials fetches.
@@ -34,10 +43,20 @@ func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.Data
 		MaxTimeout: d.maxTimeout, MaxOutputBytes: d.maxOutputBytes, MaxFetchBytes: d.maxFetchBytes,
 		MaxFileBytes: d.maxFileBytes, StepTimeout: d.stepTimeout, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
 	}
+	dp.MaxFileStreams, dp.MaxFileStreamsPerTenant, dp.MaxFileStreamsPerSession = d.maxTransfers, d.maxTransfersPerTenant, d.maxTransfersPerSession
+	dp.LinkFetchesPerLink, dp.LinkFetchesPerIP = unlimitedIfZero(d.linkFetchesPerLink), unlimitedIfZero(d.linkFetchesPerIP)
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic
 	}
 	return dp
+}
+
+// unlimitedIfZero maps a flag's 0 (disabled) to the config's -1.
+func unlimitedIfZero(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // publicDialer dials only public addresses (the egress proxy's rule).

@@ -98,7 +98,7 @@ func (p *Files) Open(ctx context.Context, id, tenant string, s Session, stream b
 		}
 		if !e.srv.dead() {
 			var once sync.Once
-			return &FS{c: e.srv.c, release: func() error {
+			return &FS{c: e.srv.c, streams: p.open, release: func() error {
 				once.Do(func() {
 					p.put(id, e, stream)
 					p.unadmit(tenant, stream)
@@ -116,6 +116,13 @@ func (p *Files) Open(ctx context.Context, id, tenant string, s Session, stream b
 			return nil, fileErr(KindUnavailable, nil, "the sandbox's file server ended at its start")
 		}
 	}
+}
+
+// open is how many streams are open.
+func (p *Files) open() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.streams
 }
 
 // unadmit uncounts a stream of tenant.

@@ -143,6 +143,9 @@ type FS struct {
 	c       *sftp.Client
 	release func() error
 	once    sync.Once
+	// streams counts the downloads open at once, for their windows
+	// (nil: one).
+	streams func() int
 }
 
 // server is one sftp-server process in a sandbox and the client talking
@@ -320,15 +323,29 @@ func (f *FS) Open(p string) (io.ReadSeekCloser, Entry, error) {
 		}
 		fi = st
 	}
-	return &streamFile{f: fh, size: fi.Size()}, entryOf(p, fi), nil
+	return &streamFile{f: fh, size: fi.Size(), streams: f.streams}, entryOf(p, fi), nil
 }
 
-// streamWindow is what one read of a stream asks for: a few SFTP
-// READs in flight at once (File.ReadAt splits it into packets). A stream
-// holds at most two windows: the one being sent and the next one, read
-// ahead only once the one before has been taken, so that its bytes in
-// flight follow what the HTTP writer actually consumes.
-const streamWindow = 4 * sftpPacket
+// A download reads ahead one window at a time: a few SFTP READs in
+// flight at once (File.ReadAt splits a window into packets). It holds at
+// most two windows, the one being sent and the next, read only once the
+// one before has been taken, so that its bytes in flight follow what the
+// HTTP writer actually consumes. The window shares readAheadBudget among
+// the downloads open at once (Files counts them): 2 MiB for a few, down
+// to one packet each for many, so that many stalled readers cost the
+// gateway about half a megabyte each.
+const (
+	maxWindow       = 8 * sftpPacket
+	minWindow       = sftpPacket
+	readAheadBudget = 32 << 20
+)
+
+// windowFor is the read-ahead window of each of n downloads.
+func windowFor(n int) int {
+	w := readAheadBudget / (2 * max(n, 1))
+	w = w / sftpPacket * sftpPacket
+	return min(max(w, minWindow), maxWindow)
+}
 
 // streamFile is an io.ReadSeeker over an SFTP file that reads ahead one
 // window at a time into two reused buffers: while the caller (the HTTP
@@ -337,9 +354,10 @@ const streamWindow = 4 * sftpPacket
 // http.ServeContent reads it in 32 KiB pieces, which as single READs
 // would cost a round trip each.
 type streamFile struct {
-	f    *sftp.File
-	size int64
-	off  int64 // the caller's position
+	f       *sftp.File
+	size    int64
+	off     int64      // the caller's position
+	streams func() int // see FS.streams
 
 	buf  []byte // the current window: buf[pos:] is still to be read
 	pos  int
@@ -363,11 +381,15 @@ func (s *streamFile) readAhead(off int64) {
 	if off >= s.size {
 		return
 	}
-	i := 1 - s.cur
-	if s.bufs[i] == nil {
-		s.bufs[i] = make([]byte, streamWindow)
+	n := 1
+	if s.streams != nil {
+		n = s.streams()
 	}
-	b := s.bufs[i][:min(int64(streamWindow), s.size-off)]
+	i := 1 - s.cur
+	if w := windowFor(n); len(s.bufs[i]) != w {
+		s.bufs[i] = make([]byte, w)
+	}
+	b := s.bufs[i][:min(int64(len(s.bufs[i])), s.size-off)]
 	ch := make(chan window, 1)
 	s.next = ch
 	go func() {

@@ -167,7 +167,6 @@ func TestRESTLinkSlowReadersMemory(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	t.Logf("gateway RSS after the readers left: %d MB", gatewayRSS(t, g)>>20)
 
-
 	// The session's own calls still work.
 	res, body := restFile(t, g, http.MethodGet, "/v1/sessions/"+ids[0]+"/files?path=big.bin", nil, "Range", "bytes=0-9")
 	wantStatus(t, "owner's range read", res, body, http.StatusPartialContent, "")

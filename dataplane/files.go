@@ -62,6 +62,7 @@ const (
 	KindAborted                    // the upload's body ended early (the client went away)
 	KindUnavailable                // the sandbox's SFTP server could not be started
 	KindBusy                       // too many transfers at once (Files' bounds)
+	KindExists                     // the name is taken (WriteOptions.NoReplace)
 )
 
 // Error is a file operation's failure: Msg is for the client (it names the
@@ -274,6 +275,8 @@ func classify(err error, p string) *Error {
 		return fileErr(KindNotDir, nil, "%s: a path component is not a directory", p)
 	case errors.Is(err, syscall.EISDIR) || strings.Contains(msg, "is a directory"):
 		return fileErr(KindIsDir, nil, "%s: is a directory", p)
+	case errors.Is(err, fs.ErrExist) || strings.Contains(msg, "file exists"):
+		return fileErr(KindExists, nil, "%s: already exists", p)
 	case strings.Contains(msg, "file name too long"):
 		return fileErr(KindInvalid, nil, "%s: file name too long", p)
 	}
@@ -530,7 +533,17 @@ type WriteOptions struct {
 	Mode *fs.FileMode
 	// MaxBytes caps the size (0: no cap but the disk's).
 	MaxBytes int64
+	// NoReplace never replaces what is at the path: the complete file is
+	// hard-linked to its name, which fails if the name is taken, so even
+	// a file created meanwhile is kept. Then Rename, if set, gives
+	// another path to try (up to maxRenames); else Write fails with
+	// KindExists.
+	NoReplace bool
+	Rename    func() string
 }
+
+// maxRenames bounds the paths a NoReplace Write tries.
+const maxRenames = 100
 
 // errTooLarge ends an upload over its cap.
 var errTooLarge = errors.New("over the size cap")
@@ -577,19 +590,29 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	}
 	dir := path.Dir(p)
 	mode := fs.FileMode(0o644)
-	switch fi, err := f.c.Lstat(p); {
-	case err == nil && fi.IsDir():
-		return Entry{}, false, fileErr(KindIsDir, nil, "%s: is a directory", p)
-	case err == nil:
-		if fi.Mode().IsRegular() {
-			mode = fi.Mode().Perm()
+	for tries := 1; ; tries++ {
+		fi, err := f.c.Lstat(p)
+		switch {
+		case err == nil && o.NoReplace:
+			if o.Rename == nil || tries == maxRenames {
+				return Entry{}, false, fileErr(KindExists, nil, "%s: already exists", p)
+			}
+			p = o.Rename()
+			continue
+		case err == nil && fi.IsDir():
+			return Entry{}, false, fileErr(KindIsDir, nil, "%s: is a directory", p)
+		case err == nil:
+			if fi.Mode().IsRegular() {
+				mode = fi.Mode().Perm()
+			}
+		default:
+			ce := classify(err, p)
+			if ce.Kind != KindNotFound {
+				return Entry{}, false, ce
+			}
+			created = true
 		}
-	default:
-		ce := classify(err, p)
-		if ce.Kind != KindNotFound {
-			return Entry{}, false, ce
-		}
-		created = true
+		break
 	}
 	if o.Mode != nil {
 		mode = *o.Mode
@@ -629,15 +652,52 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	if err := fh.Close(); err != nil {
 		return Entry{}, false, f.writeFailure(err, dir, p)
 	}
-	if err := f.c.PosixRename(tmp, p); err != nil {
-		return Entry{}, false, classify(err, p)
+	if o.NoReplace {
+		if p, err = f.linkNew(tmp, p, o.Rename); err != nil {
+			return Entry{}, false, err
+		}
+		renamed = true
+		_ = f.c.Remove(tmp)
+	} else {
+		if err := f.c.PosixRename(tmp, p); err != nil {
+			return Entry{}, false, classify(err, p)
+		}
+		renamed = true
 	}
-	renamed = true
 	fi, err := f.c.Lstat(p)
 	if err != nil {
 		return Entry{}, false, classify(err, p)
 	}
 	return entryOf(p, fi), created, nil
+}
+
+// linkNew gives the complete file tmp the name p, or another from rename
+// while p is taken, never replacing anything; it returns the name given.
+// Where hard links are not supported it renames, after checking that the
+// name is free.
+func (f *FS) linkNew(tmp, p string, rename func() string) (string, error) {
+	for tries := 1; ; tries++ {
+		err := f.c.Link(tmp, p)
+		var se *sftp.StatusError
+		if errors.As(err, &se) && se.Code == 8 { // SSH_FX_OP_UNSUPPORTED
+			if _, lerr := f.c.Lstat(p); lerr != nil && classify(lerr, p).Kind == KindNotFound {
+				err = f.c.Rename(tmp, p)
+				if err == nil {
+					return p, nil
+				}
+			} else {
+				err = fileErr(KindExists, nil, "%s: already exists", p)
+			}
+		}
+		if err == nil {
+			return p, nil
+		}
+		ce := classify(err, p)
+		if ce.Kind != KindExists || rename == nil || tries == maxRenames {
+			return "", ce
+		}
+		p = rename()
+	}
 }
 
 // writeFailure classifies a failed WRITE or CLOSE: a bare SSH_FX_FAILURE

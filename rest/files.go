@@ -304,6 +304,9 @@ func (a *api) deleteFile(w http.ResponseWriter, r *http.Request) {
 type fetchRequest struct {
 	URLs    []string `json:"urls"`
 	DestDir *string  `json:"destDir"`
+	// Overwrite replaces files already there; without it a download takes
+	// the next free name.
+	Overwrite bool `json:"overwrite"`
 }
 
 // fetchFiles serves POST /v1/sessions/{id}/files/fetch: the gateway
@@ -346,7 +349,7 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	auditFile(r, "fetch", dest, 0)
-	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes}
+	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes, Overwrite: req.Overwrite}
 	res, err := fe.Fetch(r.Context(), fsys, req.URLs, dest)
 	if err != nil {
 		a.writeFileError(w, r, err)

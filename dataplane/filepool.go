@@ -2,6 +2,10 @@ package dataplane
 
 import (
 	"context"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 )
@@ -31,6 +35,9 @@ type Files struct {
 	MaxStreamsPerSession int
 	MaxStreamsPerTenant  int
 	MaxStreams           int
+	// Journal is a gateway-owned directory where uploads in flight are
+	// noted (see noteTemp); "" notes nothing.
+	Journal string
 
 	mu      sync.Mutex
 	servers map[string]*pooled // by session id
@@ -98,7 +105,7 @@ func (p *Files) Open(ctx context.Context, id, tenant string, s Session, stream b
 		}
 		if !e.srv.dead() {
 			var once sync.Once
-			return &FS{c: e.srv.c, streams: p.open, release: func() error {
+			return &FS{c: e.srv.c, streams: p.open, temp: func(tmp string) func() { return p.noteTemp(id, tmp) }, release: func() error {
 				once.Do(func() {
 					p.put(id, e, stream)
 					p.unadmit(tenant, stream)
@@ -268,4 +275,98 @@ func (p *Files) Servers() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.servers)
+}
+
+// Uploads in flight are journaled, so that the temporary file of one cut
+// off by a crash of the gateway is removed at the next start (SFTP has no
+// O_TMPFILE: an upload's bytes go to a named file next to its target,
+// renamed over it once complete). Each in-flight upload is one small file
+// in Files.Journal, holding its session's id and the temporary file's
+// path as the sandbox's SFTP server sees it; it is removed once the
+// temporary file is renamed or removed.
+
+// StaleUpload is one journaled upload.
+type StaleUpload struct {
+	file, session, tmp string
+}
+
+// noteTemp journals tmp, an upload's temporary file in session id; done
+// forgets it. Without a Journal it does nothing.
+func (p *Files) noteTemp(id, tmp string) (done func()) {
+	if p.Journal == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(p.Journal, 0o700); err != nil {
+		return func() {}
+	}
+	f, err := os.CreateTemp(p.Journal, "upload-*")
+	if err != nil {
+		return func() {}
+	}
+	_, werr := f.WriteString(id + "\x00" + tmp)
+	if cerr := f.Close(); werr != nil || cerr != nil {
+		_ = os.Remove(f.Name())
+		return func() {}
+	}
+	return func() { _ = os.Remove(f.Name()) }
+}
+
+// StaleUploads lists the uploads journaled by an earlier run of the
+// gateway: call it before any upload of this run starts.
+func (p *Files) StaleUploads() []StaleUpload {
+	if p.Journal == "" {
+		return nil
+	}
+	des, err := os.ReadDir(p.Journal)
+	if err != nil {
+		return nil
+	}
+	var out []StaleUpload
+	for _, de := range des {
+		file := filepath.Join(p.Journal, de.Name())
+		b, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		id, tmp, ok := strings.Cut(string(b), "\x00")
+		if !ok || id == "" || !strings.HasPrefix(path.Base(tmp), tempPrefix) {
+			_ = os.Remove(file) // not one of ours
+			continue
+		}
+		out = append(out, StaleUpload{file: file, session: id, tmp: tmp})
+	}
+	return out
+}
+
+// SweepUploads removes the temporary files of stale (StaleUploads),
+// through each live session's SFTP server; lookup finds a session and its
+// tenant (ok false: the session is gone, and its files with it). An entry
+// whose session lives but whose file cannot be removed now is kept for
+// the next start. It returns how many files it removed.
+func (p *Files) SweepUploads(ctx context.Context, stale []StaleUpload, lookup func(id string) (s Session, tenant string, live, ok bool)) int {
+	removed := 0
+	for _, e := range stale {
+		s, tenant, live, ok := lookup(e.session)
+		if !ok {
+			_ = os.Remove(e.file)
+			continue
+		}
+		if !live {
+			continue
+		}
+		f, err := p.Open(ctx, e.session, tenant, s, false)
+		if err != nil {
+			continue
+		}
+		err = f.c.Remove(e.tmp)
+		_ = f.Close()
+		switch {
+		case err == nil:
+			removed++
+		case classify(err, e.tmp).Kind != KindNotFound:
+			continue
+		}
+		_ = os.Remove(e.file)
+	}
+	return removed
 }

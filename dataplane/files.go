@@ -147,6 +147,9 @@ type FS struct {
 	// streams counts the downloads open at once, for their windows
 	// (nil: one).
 	streams func() int
+	// temp, when set, notes an upload's temporary file until the returned
+	// function is called (Files' journal).
+	temp func(tmp string) (done func())
 }
 
 // server is one sftp-server process in a sandbox and the client talking
@@ -624,6 +627,10 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(dir, tempPrefix+hex.EncodeToString(rnd[:])+".tmp")
+	if f.temp != nil {
+		// Forgotten once tmp is renamed or removed (the defers below run first).
+		defer f.temp(tmp)()
+	}
 	fh, err := f.c.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL)
 	if err != nil {
 		return Entry{}, false, classify(err, p)

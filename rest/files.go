@@ -1,6 +1,7 @@
 package rest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -127,6 +128,32 @@ func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Sessi
 		return nil, false
 	}
 	return fsys, true
+}
+
+// sweepUploads removes the temporary files of uploads that an earlier run
+// of the gateway left when it died mid-PUT (dataplane.Files journals them),
+// in the sessions it re-adopted.
+func (a *api) sweepUploads(stale []dataplane.StaleUpload) {
+	owners, ok := a.cfg.Sessions.(sessionOwners)
+	if !ok {
+		return
+	}
+	ctx := gateway.NoHistory(context.Background())
+	n := a.dp.files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
+		tenant, known := owners.Owner(id)
+		if !known {
+			return nil, "", false, false
+		}
+		s, err := a.cfg.Sessions.Get(ctx, gateway.Principal{Tenant: tenant}, id)
+		if errors.Is(err, gateway.ErrNotFound) {
+			return nil, "", false, false
+		}
+		if err != nil {
+			return nil, "", false, true
+		}
+		return s, tenant, s.Live(), true
+	})
+	a.cfg.Log.Info("stale_uploads_removed", "journaled", len(stale), "removed", n)
 }
 
 // getFile serves GET /v1/sessions/{id}/files?path=P: the file's bytes
@@ -257,7 +284,7 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
-	auditFile(r, "write", p, 0)
+	a.auditFileStarted(r, "write", p)
 	e, created, err := fsys.Write(p, r.Body, opts)
 	if err == nil {
 		auditFile(r, "write", p, e.SizeBytes)
@@ -348,7 +375,7 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
-	auditFile(r, "fetch", dest, 0)
+	a.auditFileStarted(r, "fetch", dest)
 	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes, Overwrite: req.Overwrite}
 	res, err := fe.Fetch(r.Context(), fsys, req.URLs, dest)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -88,6 +89,12 @@ func New(cfg Config) http.Handler {
 		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
 	a.dp.files = &dataplane.Files{MaxStreams: a.dp.cfg.MaxFileStreams, MaxStreamsPerTenant: a.dp.cfg.MaxFileStreamsPerTenant,
 		MaxStreamsPerSession: a.dp.cfg.MaxFileStreamsPerSession}
+	if a.dp.cfg.StateDir != "" {
+		a.dp.files.Journal = filepath.Join(a.dp.cfg.StateDir, ".uploads")
+		if stale := a.dp.files.StaleUploads(); len(stale) > 0 {
+			go a.sweepUploads(stale) // files.go
+		}
+	}
 	a.linkLimits = newLinkLimits(a.dp.cfg)
 	a.ports = newPortsProxy(a)
 	r := chi.NewRouter()

@@ -164,7 +164,14 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit i
 	return m, st, nil
 }
 
-// walk calls fn for every entry under dir, in path order, with the
+// uploadTemp says name is the temporary file of a REST upload in flight
+// (dataplane's ".sandgate-upload-<hex>.tmp", renamed to its own name once
+// complete): not content yet, never synced or snapshotted.
+func uploadTemp(name string) bool {
+	return strings.HasPrefix(name, ".sandgate-upload-") && strings.HasSuffix(name, ".tmp")
+}
+
+// walk calls fn for every entry under dir (but uploads in flight), in path order, with the
 // directory holding it, open as a root of its own, so that every lookup
 // is of one name relative to an open directory (one system call, and no
 // path resolved twice). Directories are entered after fn saw them;
@@ -190,6 +197,9 @@ func walk(ctx context.Context, dir *os.Root, prefix string, fn func(dir *os.Root
 		}
 		if err != nil {
 			return err
+		}
+		if info.Mode().IsRegular() && uploadTemp(name) {
+			continue
 		}
 		rel := path.Join(prefix, name)
 		if err := fn(dir, rel, name, info); err != nil {

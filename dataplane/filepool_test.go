@@ -1,0 +1,183 @@
+package dataplane_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/dataplane"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// poolSession is a dataplane.Session over a real sandbox that counts the
+// processes started through it and keeps its AddConn hooks, which end()
+// runs as a session's end does.
+type poolSession struct {
+	sb sandbox.Sandbox
+
+	mu     sync.Mutex
+	procs  []sandbox.Process
+	hooks  []func()
+	ended  bool
+	starts int
+}
+
+func (s *poolSession) Sandbox() sandbox.Sandbox { return countingSandbox{s.sb, s} }
+
+func (s *poolSession) RecordCommand(context.Context, gateway.CommandRecord) {}
+
+func (s *poolSession) AddConn(closeFn func()) (func(), bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return func() {}, false
+	}
+	s.hooks = append(s.hooks, closeFn)
+	return func() {}, true
+}
+
+func (s *poolSession) end() {
+	s.mu.Lock()
+	hooks := s.hooks
+	s.hooks, s.ended = nil, true
+	s.mu.Unlock()
+	for _, h := range hooks {
+		h()
+	}
+}
+
+func (s *poolSession) started() (int, []sandbox.Process) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.starts, append([]sandbox.Process(nil), s.procs...)
+}
+
+type countingSandbox struct {
+	sandbox.Sandbox
+	s *poolSession
+}
+
+func (c countingSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
+	p, err := c.Sandbox.Start(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	tp := &trackedProcess{Process: p, exited: make(chan struct{})}
+	c.s.mu.Lock()
+	c.s.starts++
+	c.s.procs = append(c.s.procs, tp)
+	c.s.mu.Unlock()
+	return tp, nil
+}
+
+// trackedProcess closes exited when its Wait returns.
+type trackedProcess struct {
+	sandbox.Process
+	exited chan struct{}
+}
+
+func (p *trackedProcess) Wait() (sandbox.Exit, error) {
+	defer close(p.exited)
+	return p.Process.Wait()
+}
+
+// TestFilesPool: a session's file operations share one SFTP server (before,
+// each started its own: 400 link fetches used 251 of a session's pids);
+// transfers past the bound are refused with KindBusy; a server that died
+// is replaced; the session's end ends it (issue 34, item 2).
+func TestFilesPool(t *testing.T) {
+	fsb := newFilesSandbox(t, "workdir", filesBinary(t))
+	s := &poolSession{sb: fsb.sb}
+	p := &dataplane.Files{MaxStreamsPerSession: 2, Idle: time.Minute}
+	ctx := context.Background()
+
+	var wg sync.WaitGroup
+	fss := make([]*dataplane.FS, 8)
+	for i := range fss {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := p.Open(ctx, "s1", "t1", s, false)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			fss[i] = f
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	for _, f := range fss {
+		if _, err := f.Stat("."); err != nil {
+			t.Error(err)
+		}
+		f.Close()
+	}
+	if n, _ := s.started(); n != 1 || p.Servers() != 1 {
+		t.Errorf("8 operations started %d servers (%d kept), want 1", n, p.Servers())
+	}
+
+	// Transfers: two at once per session.
+	a, err := p.Open(ctx, "s1", "t1", s, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Open(ctx, "s1", "t1", s, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Open(ctx, "s1", "t1", s, true); kindOf(err) != dataplane.KindBusy || !strings.Contains(err.Error(), "per session") {
+		t.Errorf("a third transfer: %v, want KindBusy", err)
+	}
+	a.Close()
+	a.Close() // twice is once
+	c, err := p.Open(ctx, "s1", "t1", s, true)
+	if err != nil {
+		t.Fatalf("a transfer after one ended: %v", err)
+	}
+	b.Close()
+	c.Close()
+
+	// The server dies (the sandbox's user may kill it): the next
+	// operation gets a new one.
+	_, procs := s.started()
+	procs[0].Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f, err := p.Open(ctx, "s1", "t1", s, false)
+		if err == nil {
+			_, serr := f.Stat(".")
+			f.Close()
+			if serr == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no working server after the first died: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n, procs := s.started()
+	if n != 2 {
+		t.Errorf("%d servers started, want 2", n)
+	}
+
+	// The session's end ends its server, and no new one starts for it.
+	s.end()
+	select {
+	case <-procs[len(procs)-1].(*trackedProcess).exited:
+	case <-time.After(10 * time.Second):
+		t.Error("the session ended and its SFTP server still runs")
+	}
+	if p.Servers() != 0 {
+		t.Errorf("%d servers kept after the session's end", p.Servers())
+	}
+	if _, err := p.Open(ctx, "s1", "t1", s, false); kindOf(err) != dataplane.KindUnavailable {
+		t.Errorf("open after the end: %v, want KindUnavailable", err)
+	}
+}

@@ -336,14 +336,17 @@ func (f *FS) Open(p string) (io.ReadSeekCloser, Entry, error) {
 // flight at once (File.ReadAt splits a window into packets). It holds at
 // most two windows, the one being sent and the next, read only once the
 // one before has been taken, so that its bytes in flight follow what the
-// HTTP writer actually consumes. The window shares readAheadBudget among
-// the downloads open at once (Files counts them): 2 MiB for a few, down
-// to one packet each for many, so that many stalled readers cost the
-// gateway about half a megabyte each.
+// HTTP writer actually consumes. A download starts with one packet's
+// window and widens it only once its client has taken rampBytes (more
+// than the sockets between them hold): a client that never reads costs
+// two packets. The wider window shares readAheadBudget among the
+// transfers open at once (Files counts them): 2 MiB each for a few, down
+// to one packet each for many.
 const (
 	maxWindow       = 8 * sftpPacket
 	minWindow       = sftpPacket
 	readAheadBudget = 32 << 20
+	rampBytes       = 8 << 20
 )
 
 // windowFor is the read-ahead window of each of n downloads.
@@ -364,6 +367,7 @@ type streamFile struct {
 	size    int64
 	off     int64      // the caller's position
 	streams func() int // see FS.streams
+	taken   int64      // bytes of the windows the caller started on
 
 	buf  []byte // the current window: buf[pos:] is still to be read
 	pos  int
@@ -387,12 +391,16 @@ func (s *streamFile) readAhead(off int64) {
 	if off >= s.size {
 		return
 	}
-	n := 1
-	if s.streams != nil {
-		n = s.streams()
+	w := minWindow
+	if s.taken >= rampBytes {
+		n := 1
+		if s.streams != nil {
+			n = s.streams()
+		}
+		w = windowFor(n)
 	}
 	i := 1 - s.cur
-	if w := windowFor(n); len(s.bufs[i]) != w {
+	if len(s.bufs[i]) != w {
 		s.bufs[i] = make([]byte, w)
 	}
 	b := s.bufs[i][:min(int64(len(s.bufs[i])), s.size-off)]
@@ -444,6 +452,7 @@ func (s *streamFile) Read(b []byte) (int, error) {
 			return 0, w.err
 		}
 		s.cur, s.buf, s.pos = w.i, s.bufs[w.i][:w.n], 0
+		s.taken += int64(w.n)
 		if w.err == nil {
 			// The window after this one, while this one is taken.
 			s.readAhead(w.off + int64(w.n))

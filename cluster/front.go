@@ -67,7 +67,11 @@ type FrontConfig struct {
 	// token). Such a request is relayed to the session's owner like a
 	// native session route.
 	CompatSession func(r *http.Request) (id, token string, name func() string)
-	Log           *slog.Logger
+	// PreviewSession, when set, names the session of a request on a
+	// preview origin (rest.PreviewSession): relayed to its owner like a
+	// presigned link.
+	PreviewSession func(r *http.Request) (string, bool)
+	Log            *slog.Logger
 }
 
 // Front is the node's HTTP handler: it serves what this node holds and
@@ -153,6 +157,13 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Header.Del(TokenHeader)
 		f.cfg.Local.ServeHTTP(w, r)
 		return
+	}
+	if f.cfg.PreviewSession != nil {
+		// A preview origin's request, whatever its path: none of it is the API's.
+		if id, ok := f.cfg.PreviewSession(r); ok {
+			f.forwardLink(w, r, id)
+			return
+		}
 	}
 	if r.Method == http.MethodPost && r.URL.Path == "/v1/sessions" {
 		f.create(w, r)

@@ -92,15 +92,21 @@ func newTestProxy(t *testing.T, cfg Config) (*Proxy, *logBuf) {
 	return p, lb
 }
 
-// startSession serves a new session on a loopback listener until cleanup,
-// and returns it with its proxy URL.
+// startSession serves a new session, of a tenant of its own, on a
+// loopback listener until cleanup, and returns it with its proxy URL.
 func startSession(t *testing.T, p *Proxy, id string, pol Policy, ca *CA) (*Session, *url.URL) {
+	t.Helper()
+	return startTenantSession(t, p, "tenant-"+id, id, pol, ca)
+}
+
+// startTenantSession is startSession for a session of tenant.
+func startTenantSession(t *testing.T, p *Proxy, tenant, id string, pol Policy, ca *CA) (*Session, *url.URL) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := p.NewSession(id, pol, ca)
+	s := p.NewSession(tenant, id, pol, ca)
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ln) }()
 	t.Cleanup(func() {

@@ -134,7 +134,7 @@ func TestMaxConns(t *testing.T) {
 	_, proxyA := startSession(t, p, "a", pol, nil)
 	_, proxyB := startSession(t, p, "b", pol, nil)
 
-	const total, max = 1000, 256
+	const total, max = 1000, DefaultMaxConns
 	conns := make([]net.Conn, 0, total)
 	t.Cleanup(func() {
 		for _, c := range conns {
@@ -158,7 +158,7 @@ func TestMaxConns(t *testing.T) {
 			c.SetReadDeadline(time.Now().Add(3 * time.Second))
 			b, _ := io.ReadAll(c)
 			if strings.HasPrefix(string(b), "HTTP/1.1 503 ") {
-				if !strings.HasSuffix(string(b), "\r\n\r\nsandgate egress: too many connections (at most 256 per session)\n") {
+				if !strings.HasSuffix(string(b), "\r\n\r\nsandgate egress: too many connections (at most 64 per session; serve --egress-max-conns-per-session)\n") {
 					t.Errorf("503 answer %q", b)
 				}
 				mu.Lock()
@@ -224,7 +224,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := p.NewSession("s1", Policy{
+	s := p.NewSession("t1", "s1", Policy{
 		Allow: mustList(t, "example.com:"+port, "echo.test:"+echoPort, "bound.example.com:"+port),
 		Secrets: []Secret{{Name: "T", Hosts: mustList(t, "bound.example.com:"+port), Header: "Authorization",
 			Value: func() (string, bool) { return "v", true }}},

@@ -33,8 +33,23 @@ type Config struct {
 	DialTimeout    time.Duration // default 10s; also bounds name resolution
 	HeaderTimeout  time.Duration // time to read a request's headers or a tunnel's TLS ClientHello; default 10s
 	MaxHeaderBytes int           // default 32 KiB; beyond: 431 and close
-	MaxConns       int           // concurrent connections per session; default 256; beyond: 503 and close
 	Metrics        Metrics       // nil: bytes are counted per session only (metrics.go)
+
+	// Connections a sandbox opens to the proxy, counted from accept to
+	// close, are bounded per session, per tenant and in all; past a bound
+	// a connection gets a one-line 503 naming it and is closed.
+	MaxConns          int // per session; default DefaultMaxConns
+	MaxConnsPerTenant int // per tenant; default DefaultMaxConnsPerTenant
+	// MaxConnsTotal bounds them across the gateway; default derived from
+	// the descriptor limit (MaxConnsFor). Each holds up to FDsPerConn
+	// descriptors.
+	MaxConnsTotal int
+	// IdleTimeout closes a tunnel that moved no byte either way for this
+	// long; default DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// HalfCloseTimeout closes a tunnel once one side has closed and the
+	// other moved no byte for this long; default DefaultHalfCloseTimeout.
+	HalfCloseTimeout time.Duration
 }
 
 // Proxy holds what every session shares: configuration and the gateway's
@@ -46,6 +61,11 @@ type Proxy struct {
 	allowCIDRs []netip.Prefix
 	hosts      map[string][]netip.Addr
 	own        map[netip.Addr]bool
+
+	total     atomic.Int64 // connections counted against MaxConnsTotal
+	rejecting atomic.Int64 // 503 answers being written (bounded too)
+	tmu       sync.Mutex
+	tenants   map[string]int // connections per tenant, against MaxConnsPerTenant
 }
 
 // New makes a Proxy. It records the host's interface addresses as the
@@ -60,8 +80,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = 32 << 10
 	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = 256
+	if err := cfg.setLimits(nofileLimit()); err != nil {
+		return nil, err
 	}
 	p := &Proxy{
 		cfg:      cfg,
@@ -69,6 +89,7 @@ func New(cfg Config) (*Proxy, error) {
 		resolver: cfg.Resolver,
 		hosts:    make(map[string][]netip.Addr),
 		own:      make(map[netip.Addr]bool),
+		tenants:  make(map[string]int),
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -198,6 +219,7 @@ func containsAny(s string, subs []string) bool {
 type Session struct {
 	p      *Proxy
 	id     string
+	tenant string
 	ca     *CA
 	log    *slog.Logger
 	pol    atomic.Pointer[Policy]
@@ -217,21 +239,23 @@ type Session struct {
 	wg     sync.WaitGroup     // every goroutine the session started itself
 }
 
-// NewSession makes a session's proxy. ca may be nil when pol has no
-// secrets (intercepting then fails closed).
-func (p *Proxy) NewSession(id string, pol Policy, ca *CA) *Session {
+// NewSession makes the proxy of tenant's session id. ca may be nil when
+// pol has no secrets (intercepting then fails closed).
+func (p *Proxy) NewSession(tenant, id string, pol Policy, ca *CA) *Session {
 	s := &Session{
-		p:     p,
-		id:    id,
-		ca:    ca,
-		log:   p.log.With("session", id),
-		conns: make(map[io.Closer]bool),
+		p:      p,
+		id:     id,
+		tenant: tenant,
+		ca:     ca,
+		log:    p.log.With("session", id),
+		conns:  make(map[io.Closer]bool),
 	}
 	s.SetPolicy(pol)
 	s.plain = &http.Transport{
 		Proxy:                 nil,
 		DialContext:           s.transportDial,
-		MaxIdleConnsPerHost:   8,
+		MaxIdleConns:          maxIdleUpstream, // descriptors: see FDsPerConn
+		MaxIdleConnsPerHost:   maxIdleUpstream,
 		IdleConnTimeout:       90 * time.Second,
 		ResponseHeaderTimeout: 0, // long polls are fine
 		DisableCompression:    true,
@@ -365,8 +389,9 @@ func (s *Session) recoverPanic() {
 	}
 }
 
-// limitListener bounds a session's concurrent connections: past MaxConns a
-// new connection gets a one-line 503 and is closed, without blocking Accept.
+// limitListener bounds a session's concurrent connections (per session,
+// per tenant, in all): past a bound a new connection gets a one-line 503
+// and is closed, without blocking Accept.
 type limitListener struct {
 	net.Listener
 	s *Session
@@ -379,44 +404,125 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		s := l.s
-		if s.active.Add(1) > int64(s.p.cfg.MaxConns) {
-			s.active.Add(-1)
-			s.reject(c)
+		if scope := s.acquire(); scope != "" {
+			s.reject(c, scope)
 			continue
 		}
 		cc := &clientConn{Conn: c, s: s}
 		if !s.track(cc) {
-			s.active.Add(-1)
+			s.release()
 			continue
 		}
 		return cc, nil
 	}
 }
 
+// The scopes of the connection bounds, as a refusal names them.
+const (
+	scopeSession = "session"
+	scopeTenant  = "tenant"
+	scopeTotal   = "gateway"
+)
+
+// acquire counts a new connection against the three bounds; it returns
+// the scope of the bound it would cross ("" when none, and counted).
+func (s *Session) acquire() string {
+	p := s.p
+	if s.active.Add(1) > int64(p.cfg.MaxConns) {
+		s.active.Add(-1)
+		return scopeSession
+	}
+	p.tmu.Lock()
+	if p.tenants[s.tenant] >= p.cfg.MaxConnsPerTenant {
+		p.tmu.Unlock()
+		s.active.Add(-1)
+		return scopeTenant
+	}
+	p.tenants[s.tenant]++
+	p.tmu.Unlock()
+	if p.total.Add(1) > int64(p.cfg.MaxConnsTotal) {
+		p.total.Add(-1)
+		s.releaseTenant()
+		s.active.Add(-1)
+		return scopeTotal
+	}
+	return ""
+}
+
+// release gives back what acquire counted.
+func (s *Session) release() {
+	s.p.total.Add(-1)
+	s.releaseTenant()
+	s.active.Add(-1)
+}
+
+func (s *Session) releaseTenant() {
+	p := s.p
+	p.tmu.Lock()
+	if p.tenants[s.tenant]--; p.tenants[s.tenant] <= 0 {
+		delete(p.tenants, s.tenant)
+	}
+	p.tmu.Unlock()
+}
+
+// limitMessage is a refusal's one line: which bound, and the flag that
+// sets it.
+func (p *Proxy) limitMessage(scope string) string {
+	switch scope {
+	case scopeTenant:
+		return fmt.Sprintf("too many connections (at most %d per tenant, in all of its sessions; serve --egress-max-conns-per-tenant)", p.cfg.MaxConnsPerTenant)
+	case scopeTotal:
+		return fmt.Sprintf("too many connections (at most %d on this gateway; serve --egress-max-conns); try again later", p.cfg.MaxConnsTotal)
+	}
+	return fmt.Sprintf("too many connections (at most %d per session; serve --egress-max-conns-per-session)", p.cfg.MaxConns)
+}
+
+// maxRejecting bounds the 503 answers in flight: past it a refused
+// connection is closed at once, so a flood of refused connections holds
+// no descriptors either.
+const maxRejecting = 64
+
 // reject answers an over-limit connection with a one-line 503.
-func (s *Session) reject(c net.Conn) {
+func (s *Session) reject(c net.Conn, scope string) {
 	s.rejected.Add(1)
+	msg := s.p.limitMessage(scope)
 	if now := time.Now().UnixNano(); now-s.lastRejectLog.Load() > int64(time.Second) {
 		s.lastRejectLog.Store(now)
-		s.log.Warn("egress: too many connections", "max", s.p.cfg.MaxConns, "refusedSoFar", s.rejected.Load())
+		s.log.Warn("egress: too many connections", "scope", scope, "tenant", s.tenant, "limit", msg, "refusedSoFar", s.rejected.Load())
+	}
+	body := "sandgate egress: " + msg + "\n"
+	answer := fmt.Sprintf("HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	if s.p.rejecting.Add(1) > maxRejecting {
+		// A new connection's send buffer is empty: the answer goes out
+		// at once (the deadline is a backstop; a short one could pass
+		// before the write under load, and the client would see no
+		// answer). What the client sent by now is read so that closing
+		// does not reset the connection under the answer.
+		s.p.rejecting.Add(-1)
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		io.WriteString(c, answer)
+		closeWrite(c)
+		discardBuffered(c)
+		c.Close()
+		return
 	}
 	if !s.track(c) {
+		s.p.rejecting.Add(-1)
 		return
 	}
 	started := s.goTracked(func() {
+		defer s.p.rejecting.Add(-1)
 		defer s.untrack(c)
 		defer c.Close()
-		body := fmt.Sprintf("sandgate egress: too many connections (at most %d per session)\n", s.p.cfg.MaxConns)
 		c.SetDeadline(time.Now().Add(time.Second))
-		fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+		io.WriteString(c, answer)
 		// Read what the client sent so closing does not reset the
 		// connection before it reads the answer.
-		if cw, ok := c.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
+		closeWrite(c)
 		io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 	})
 	if !started {
+		s.p.rejecting.Add(-1)
 		s.untrack(c)
 		c.Close()
 	}
@@ -433,7 +539,7 @@ type clientConn struct {
 func (c *clientConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() {
-		c.s.active.Add(-1)
+		c.s.release()
 		c.s.untrack(c)
 	})
 	return err

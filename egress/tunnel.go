@@ -15,9 +15,6 @@ import (
 	"time"
 )
 
-// chunk is how much a tunnel copies between two updates of the counters.
-const chunk = 1 << 20
-
 // tunnel is an established CONNECT: the 200 was written, upstream dialed.
 type tunnel struct {
 	s        *Session
@@ -29,11 +26,108 @@ type tunnel struct {
 	client   net.Conn // hijacked (*clientConn)
 	up       net.Conn // *countConn
 	buffered []byte   // client bytes the HTTP server read past the CONNECT
+
+	last       atomic.Int64 // unix nanoseconds: when a byte last moved
+	mu         sync.Mutex
+	watch      *time.Timer // the idle watchdog (watchIdle)
+	halfClosed bool        // one side has closed: the shorter grace applies
+	stopped    bool        // the tunnel ended: the watchdog is off
 }
 
 func (t *tunnel) closeBoth() {
 	t.client.Close()
 	t.up.Close()
+}
+
+// touch notes that bytes moved.
+func (t *tunnel) touch() { t.last.Store(time.Now().UnixNano()) }
+
+// watchIdle starts the watchdog that closes the tunnel once no byte moved
+// either way for IdleTimeout, or, after one side closed (halfClose), for
+// HalfCloseTimeout. The returned func stops it.
+func (t *tunnel) watchIdle() (stop func()) {
+	t.touch()
+	t.mu.Lock()
+	t.watch = time.AfterFunc(t.s.p.cfg.IdleTimeout, t.checkIdle)
+	t.mu.Unlock()
+	return func() {
+		t.mu.Lock()
+		t.stopped = true
+		t.watch.Stop()
+		t.mu.Unlock()
+	}
+}
+
+func (t *tunnel) checkIdle() {
+	t.mu.Lock()
+	if t.stopped {
+		t.mu.Unlock()
+		return
+	}
+	limit, what := t.s.p.cfg.IdleTimeout, "idle"
+	if t.halfClosed {
+		limit, what = t.s.p.cfg.HalfCloseTimeout, "half-closed and idle"
+	}
+	idle := time.Since(time.Unix(0, t.last.Load()))
+	if idle < limit {
+		t.watch.Reset(limit - idle)
+		t.mu.Unlock()
+		return
+	}
+	t.mu.Unlock()
+	t.rec.fail(fmt.Sprintf("closed: %s for %v", what, limit))
+	t.closeBoth()
+}
+
+// halfClose notes that one side has closed: the tunnel ends once the
+// other moves nothing for HalfCloseTimeout.
+func (t *tunnel) halfClose() {
+	t.touch()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.halfClosed || t.watch == nil || t.stopped {
+		return
+	}
+	t.halfClosed = true
+	t.watch.Reset(t.s.p.cfg.HalfCloseTimeout)
+}
+
+// ended reports how a direction of the tunnel ended: at EOF (nil) the
+// other side was told and the half-close grace starts; on an error other
+// than the tunnel being closed, both sides close.
+func (t *tunnel) ended(err error) {
+	switch {
+	case err == nil:
+		t.halfClose()
+	case errors.Is(err, net.ErrClosed):
+		// The other direction, the watchdog or the session ended the tunnel.
+	default:
+		t.rec.fail(unwrapOpError(err).Error())
+		t.closeBoth()
+	}
+}
+
+// activeConn notes the tunnel's activity on every byte read or written
+// (intercepted tunnels, whose bytes go through Go's TLS and HTTP).
+type activeConn struct {
+	net.Conn
+	t *tunnel
+}
+
+func (c *activeConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.t.touch()
+	}
+	return n, err
+}
+
+func (c *activeConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.t.touch()
+	}
+	return n, err
 }
 
 // rawConn unwraps the session's wrappers so copies can splice.
@@ -72,16 +166,21 @@ func (t *tunnel) checkSNI(sni string) string {
 
 // splice runs a pass-through tunnel: upstream -> client starts at once
 // (server-speaks-first protocols), client -> upstream after the first
-// client bytes were checked for a TLS ClientHello and its SNI.
+// client bytes were checked for a TLS ClientHello and its SNI. Bytes move
+// by relay (splice(2) through pipes of the tunnel's own, closed when it
+// ends); the idle watchdog ends a tunnel nobody uses.
 func (s *Session) splice(t *tunnel) {
 	client, up := rawConn(t.client), rawConn(t.up)
+	stop := t.watchIdle()
+	defer stop()
 	down := make(chan struct{})
 	if !s.goTracked(func() {
 		defer close(down)
-		if err := pump(client, up, s.addIn, &t.rec.in); err != nil {
-			t.rec.fail(err.Error())
-			t.closeBoth()
-		}
+		t.ended(relay(client, up, func(n int64) {
+			s.addIn(n)
+			t.rec.in.Add(n)
+			t.touch()
+		}))
 	}) {
 		t.closeBoth()
 		return
@@ -92,6 +191,9 @@ func (s *Session) splice(t *tunnel) {
 	}()
 	hello, err := peekHello(client, t.buffered, s.p.cfg.HeaderTimeout)
 	if err != nil {
+		if errors.Is(err, net.ErrClosed) {
+			return // the watchdog or the session ended the tunnel
+		}
 		t.rec.deny(err.Error())
 		t.closeBoth()
 		return
@@ -105,6 +207,7 @@ func (s *Session) splice(t *tunnel) {
 		n, err := up.Write(hello.replay)
 		s.addOut(int64(n))
 		t.rec.out.Add(int64(n))
+		t.touch()
 		if err != nil {
 			t.rec.fail(err.Error())
 			t.closeBoth()
@@ -113,32 +216,14 @@ func (s *Session) splice(t *tunnel) {
 	}
 	if hello.eof {
 		closeWrite(up)
+		t.halfClose()
 		return
 	}
-	if err := pump(up, client, s.addOut, &t.rec.out); err != nil {
-		t.rec.fail(err.Error())
-		t.closeBoth()
-	}
-}
-
-// pump copies src to dst in chunks (TCP to TCP: spliced by the kernel),
-// counting between chunks, and half-closes dst at EOF.
-func pump(dst, src net.Conn, total func(int64), local *atomic.Int64) error {
-	for {
-		n, err := io.CopyN(dst, src, chunk)
-		total(n)
-		local.Add(n)
-		if err == io.EOF {
-			closeWrite(dst)
-			return nil
-		}
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil // the other direction ended the tunnel
-			}
-			return err
-		}
-	}
+	t.ended(relay(up, client, func(n int64) {
+		s.addOut(n)
+		t.rec.out.Add(n)
+		t.touch()
+	}))
 }
 
 func closeWrite(c net.Conn) {
@@ -164,8 +249,22 @@ var errPeeked = errors.New("peeked")
 // The ClientHello is parsed by crypto/tls on a read-only recording
 // connection. Anything that is not TLS passes through; starting like TLS
 // but not parsing is an error.
+//
+// The replay is every byte read, followed by every buffered byte not read:
+// a client may send its first bytes in the CONNECT's own segment, and
+// none of them may be lost.
 func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error) {
-	rec := &recorder{r: io.MultiReader(bytes.NewReader(buffered), c)}
+	pending := bytes.NewReader(buffered)
+	rec := &recorder{r: io.MultiReader(pending, c)}
+	replay := func() []byte {
+		out := rec.buf.Bytes()
+		if pending.Len() > 0 {
+			rest := make([]byte, pending.Len())
+			n, _ := pending.Read(rest)
+			out = append(out, rest[:n]...)
+		}
+		return out
+	}
 	var first [1]byte
 	if _, err := io.ReadFull(rec, first[:]); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -174,7 +273,7 @@ func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error
 		return hello{}, fmt.Errorf("reading the client's first bytes: %w", unwrapOpError(err))
 	}
 	if first[0] != 0x16 { // not a TLS handshake record
-		return hello{replay: rec.buf.Bytes()}, nil
+		return hello{replay: replay()}, nil
 	}
 	c.SetReadDeadline(time.Now().Add(timeout))
 	defer c.SetReadDeadline(time.Time{})
@@ -190,7 +289,7 @@ func peekHello(c net.Conn, buffered []byte, timeout time.Duration) (hello, error
 	if !got {
 		return hello{}, fmt.Errorf("malformed or incomplete TLS ClientHello: %v", unwrapOpError(err))
 	}
-	return hello{tls: true, sni: sni, replay: rec.buf.Bytes()}, nil
+	return hello{tls: true, sni: sni, replay: replay()}, nil
 }
 
 // recorder keeps a copy of everything read through it.
@@ -229,7 +328,9 @@ func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // to the checked upstream with the bound secrets set.
 func (s *Session) intercept(t *tunnel) {
 	defer t.closeBoth()
-	client := t.client
+	stop := t.watchIdle()
+	defer stop()
+	client := &activeConn{Conn: t.client, t: t}
 	hello, err := peekHello(client, t.buffered, s.p.cfg.HeaderTimeout)
 	if err != nil {
 		t.rec.deny(err.Error())
@@ -284,7 +385,7 @@ func (s *Session) intercept(t *tunnel) {
 		},
 		TLSClientConfig:     &tls.Config{RootCAs: s.p.cfg.UpstreamRoots, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout: s.p.cfg.DialTimeout,
-		MaxIdleConnsPerHost: 4,
+		MaxIdleConnsPerHost: 1, // one client connection asks one request at a time
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}

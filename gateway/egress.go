@@ -138,9 +138,14 @@ func (m *Manager) checkSecrets(tenant string, refs []SecretRef, allow egress.Lis
 			unknown = append(unknown, r.Name)
 			continue
 		}
+		pins, pinned := secretPins(m.cfg.Secrets, tenant, r.Name)
 		if !r.Bound() {
 			if r.Header != "" || r.Format != "" {
 				return nil, Invalid("invalid_secret", fmt.Sprintf("secret %s has a header or format but no hosts", r.Name))
+			}
+			if pinned {
+				return nil, Invalid("secret_pinned", fmt.Sprintf("secret %s is pinned by the operator to %s: bind it to those hosts (hosts in the secret's object), it cannot be an environment variable",
+					r.Name, quoteAll(pins.Patterns())))
 			}
 			out = append(out, SecretRef{Name: r.Name})
 			continue
@@ -148,6 +153,13 @@ func (m *Manager) checkSecrets(tenant string, refs []SecretRef, allow egress.Lis
 		b, err := m.checkBinding(r, allow)
 		if err != nil {
 			return nil, err
+		}
+		if pinned {
+			hosts, _ := egress.ParseList(b.Hosts)
+			if outside := pins.Outside(hosts); len(outside) > 0 {
+				return nil, Invalid("secret_pinned", fmt.Sprintf("secret %s is pinned by the operator to %s; these hosts are outside them: %s",
+					r.Name, quoteAll(pins.Patterns()), quoteAll(outside)))
+			}
 		}
 		out = append(out, b)
 	}
@@ -260,6 +272,11 @@ func (m *Manager) policy(s *Session) egress.Policy {
 				if m.cfg.Secrets == nil {
 					return "", false
 				}
+				// Pins set by a reload since the session was created
+				// hold too.
+				if pins, pinned := secretPins(m.cfg.Secrets, tenant, name); pinned && len(pins.Outside(hosts)) > 0 {
+					return "", false
+				}
 				return m.cfg.Secrets.Lookup(tenant, name)
 			},
 		})
@@ -280,7 +297,7 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 	if err != nil {
 		return &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's egress proxy", Err: err}
 	}
-	ps := m.cfg.Egress.Proxy.NewSession(s.ID, m.policy(s), s.egressCA)
+	ps := m.cfg.Egress.Proxy.NewSession(s.Tenant, s.ID, m.policy(s), s.egressCA)
 	ps.OnRecord(func(r egress.Record) { m.auditEgress(s, r) })
 	if in, out := s.savedEgressBytes(); in > 0 || out > 0 {
 		ps.AddBytes(in, out)

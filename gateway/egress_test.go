@@ -106,6 +106,53 @@ func TestManagerSecrets(t *testing.T) {
 	wantCode(t, err, gateway.KindInvalid, "egress_unsupported")
 }
 
+// A secret the operator pinned to hosts is only ever bound to (some of)
+// them: an unbound request for it, or a binding to other hosts, is
+// refused with secret_pinned, and a reload that pins a secret keeps it
+// out of the environment of a session that asked for it unbound before.
+func TestManagerPinnedSecrets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "secrets")
+	writeSecrets(t, path, "GH@up.test:443,api.up.test=gh-value\nFREE=free-value\n")
+	secrets, err := gateway.OpenSecrets(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := newManager(t, gateway.Config{Secrets: secrets, Egress: egressConfig(t, "*")})
+	for _, c := range []struct {
+		name   string
+		egress []string
+		ref    gateway.SecretRef
+		code   string
+		msg    string
+	}{
+		{"unbound", nil, gateway.SecretRef{Name: "GH"}, "secret_pinned", `pinned by the operator to "up.test:443", "api.up.test"`},
+		{"bound elsewhere", []string{"evil.test"}, gateway.SecretRef{Name: "GH", Hosts: []string{"evil.test"}}, "secret_pinned", `outside them: "evil.test"`},
+		{"bound to a wider pattern", []string{"*.up.test"}, gateway.SecretRef{Name: "GH", Hosts: []string{"*.up.test"}}, "secret_pinned", `"*.up.test"`},
+		{"bound to a pinned host on another port", []string{"up.test:8443"}, gateway.SecretRef{Name: "GH", Hosts: []string{"up.test:8443"}}, "secret_pinned", `"up.test:8443"`},
+		// Within the pins the request passes; the workdir driver then
+		// cannot give a trust store.
+		{"bound within the pins", []string{"up.test:443", "api.up.test"}, gateway.SecretRef{Name: "GH", Hosts: []string{"up.test:443", "api.up.test"}}, "egress_unsupported", ""},
+	} {
+		_, _, err := m.Create(context.Background(), alice, gateway.CreateParams{Egress: c.egress, Secrets: []gateway.SecretRef{c.ref}})
+		wantCode(t, err, gateway.KindInvalid, c.code)
+		if err != nil && (!strings.Contains(err.Error(), c.msg) || strings.Contains(err.Error(), "gh-value")) {
+			t.Errorf("%s: %v, want the message to name %q (and never the value)", c.name, err, c.msg)
+		}
+	}
+	// Pinned by a reload: out of the environment from the next process on.
+	s, _ := mustCreate(t, m, alice, gateway.CreateParams{Secrets: []gateway.SecretRef{{Name: "FREE"}}})
+	if got := output(t, s, "printenv FREE"); got != "free-value\n" {
+		t.Fatalf("before the pin: %q", got)
+	}
+	writeSecrets(t, path, "GH@up.test:443=gh-value\nFREE@up.test=free-value\n")
+	if err := secrets.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := output(t, s, "printenv FREE; true"); got != "" {
+		t.Errorf("a secret pinned since is still in the environment: %q", got)
+	}
+}
+
 func TestSecretRefJSON(t *testing.T) {
 	in := `["A",{"name":"B","hosts":["api.example.com"],"header":"X-Key","format":"{value}"}]`
 	var refs []gateway.SecretRef

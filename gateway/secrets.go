@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"sync"
+
+	"github.com/sandgate/sandgate/egress"
 )
 
 // SecretSource resolves the operator's secrets by name for a tenant. A
@@ -16,18 +18,46 @@ type SecretSource interface {
 	Lookup(tenant, name string) (value string, ok bool)
 }
 
+// SecretPins is implemented by a SecretSource whose operator may pin a
+// secret to hosts: such a secret is only ever sent as a header to those
+// hosts (a session must bind it to some of them), never put in a
+// sandbox's environment.
+type SecretPins interface {
+	// Pins returns the hosts tenant's secret name is pinned to (patterns
+	// as --egress-allow takes them); ok is false when it is not pinned.
+	Pins(tenant, name string) (hosts egress.Bounds, ok bool)
+}
+
+// secretPins is src's pins of tenant's secret name, if src has pins.
+func secretPins(src SecretSource, tenant, name string) (egress.Bounds, bool) {
+	if p, ok := src.(SecretPins); ok {
+		return p.Pins(tenant, name)
+	}
+	return egress.Bounds{}, false
+}
+
 // SecretsFile is a SecretSource read from a file (serve --secrets-file):
 // one NAME=value per line, visible to every tenant, or tenant/NAME=value,
-// visible to that tenant only, where it wins over a NAME=value. Blank
-// lines and lines starting with # are skipped; the value is the rest of
-// the line, as it is. Reload re-reads it; a file that does not parse
-// keeps the previous definitions.
+// visible to that tenant only, where it wins over a NAME=value. Either
+// may pin the secret to hosts, NAME@host,host=value: those are --egress-allow
+// patterns (api.github.com, *.example.com, with an optional :port), and
+// the secret then only goes to them, bound (SecretPins). Blank lines and
+// lines starting with # are skipped; the value is the rest of the line,
+// as it is. Reload re-reads it; a file that does not parse keeps the
+// previous definitions.
 type SecretsFile struct {
 	path string
 
 	mu      sync.RWMutex
-	global  map[string]string
-	tenants map[string]map[string]string
+	global  map[string]secretEntry
+	tenants map[string]map[string]secretEntry
+}
+
+// secretEntry is one secret of the file.
+type secretEntry struct {
+	value  string
+	pinned bool
+	pins   egress.Bounds
 }
 
 // maxSecretsFile bounds the file read.
@@ -51,7 +81,7 @@ func (f *SecretsFile) Reload() error {
 	if len(b) > maxSecretsFile {
 		return fmt.Errorf("secrets file %s: larger than %d bytes", f.path, maxSecretsFile)
 	}
-	global, tenants := map[string]string{}, map[string]map[string]string{}
+	global, tenants := map[string]secretEntry{}, map[string]map[string]secretEntry{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 0, 64<<10), maxSecretsFile)
 	for n := 1; sc.Scan(); n++ {
@@ -61,7 +91,26 @@ func (f *SecretsFile) Reload() error {
 		}
 		key, value, ok := strings.Cut(line, "=")
 		if !ok {
-			return fmt.Errorf("secrets file %s line %d: want NAME=value or tenant/NAME=value", f.path, n)
+			return fmt.Errorf("secrets file %s line %d: want NAME=value, tenant/NAME=value, or either with @host,host after the name", f.path, n)
+		}
+		key, hosts, pinned := strings.Cut(key, "@")
+		e := secretEntry{value: value, pinned: pinned}
+		if pinned {
+			var pats []string
+			for h := range strings.SplitSeq(hosts, ",") {
+				if h = strings.TrimSpace(h); h != "" {
+					pats = append(pats, h)
+				}
+			}
+			b, err := egress.ParseBounds(pats)
+			if err != nil || len(pats) == 0 {
+				why := "no hosts after @"
+				if err != nil {
+					why = err.Error()
+				}
+				return fmt.Errorf("secrets file %s line %d: %s is pinned to bad hosts: %s", f.path, n, key, why)
+			}
+			e.pins = b
 		}
 		tenant, name, scoped := strings.Cut(key, "/")
 		if !scoped {
@@ -73,14 +122,14 @@ func (f *SecretsFile) Reload() error {
 		m := global
 		if scoped {
 			if m = tenants[tenant]; m == nil {
-				m = map[string]string{}
+				m = map[string]secretEntry{}
 				tenants[tenant] = m
 			}
 		}
 		if _, dup := m[name]; dup {
 			return fmt.Errorf("secrets file %s line %d: %s is defined twice", f.path, n, key)
 		}
-		m[name] = value
+		m[name] = e
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("secrets file %s: %w", f.path, err)
@@ -93,13 +142,25 @@ func (f *SecretsFile) Reload() error {
 
 // Lookup implements SecretSource.
 func (f *SecretsFile) Lookup(tenant, name string) (string, bool) {
+	e, ok := f.entry(tenant, name)
+	return e.value, ok
+}
+
+// Pins implements SecretPins.
+func (f *SecretsFile) Pins(tenant, name string) (egress.Bounds, bool) {
+	e, ok := f.entry(tenant, name)
+	return e.pins, ok && e.pinned
+}
+
+// entry is tenant's secret name: the tenant's own, or else the global one.
+func (f *SecretsFile) entry(tenant, name string) (secretEntry, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if v, ok := f.tenants[tenant][name]; ok {
-		return v, true
+	if e, ok := f.tenants[tenant][name]; ok {
+		return e, true
 	}
-	v, ok := f.global[name]
-	return v, ok
+	e, ok := f.global[name]
+	return e, ok
 }
 
 // Count is how many secrets the file defines, for the start-up log.

@@ -72,3 +72,45 @@ func TestSecretsFile(t *testing.T) {
 		t.Error("a missing secrets file opened")
 	}
 }
+
+// A secret may be pinned to hosts (NAME@host,host=value); the old lines
+// keep working beside it.
+func TestSecretsFilePins(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "secrets")
+	writeSecrets(t, path, "PLAIN=p\nGH@api.github.com, uploads.github.com:443=tok=en@x\nalice/GH@*.alice.test=alices\nalice/OWN=o\n")
+	f, err := gateway.OpenSecrets(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		tenant, name, value string
+		pins                []string // nil: not pinned
+	}{
+		{"bob", "PLAIN", "p", nil},
+		{"bob", "GH", "tok=en@x", []string{"api.github.com", "uploads.github.com:443"}},
+		{"alice", "GH", "alices", []string{"*.alice.test"}},
+		{"alice", "OWN", "o", nil},
+	} {
+		if v, ok := f.Lookup(c.tenant, c.name); !ok || v != c.value {
+			t.Errorf("Lookup(%s, %s) = %q, %v; want %q", c.tenant, c.name, v, ok, c.value)
+		}
+		pins, pinned := f.Pins(c.tenant, c.name)
+		if pinned != (c.pins != nil) || strings.Join(pins.Patterns(), " ") != strings.Join(c.pins, " ") {
+			t.Errorf("Pins(%s, %s) = %v, %v; want %v", c.tenant, c.name, pins.Patterns(), pinned, c.pins)
+		}
+	}
+	if _, pinned := f.Pins("bob", "MISSING"); pinned {
+		t.Error("an undefined secret is pinned")
+	}
+	for _, bad := range []string{"GH@=s3cr3t\n", "GH@http://x/=s3cr3t\n", "GH@a b=s3cr3t\n", "@h=s3cr3t\n"} {
+		writeSecrets(t, path, bad)
+		err := f.Reload()
+		if err == nil {
+			t.Errorf("%q: loaded", bad)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "line 1") {
+			t.Errorf("%q: %v; want the line, never the value", bad, err)
+		}
+	}
+}

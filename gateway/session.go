@@ -248,6 +248,9 @@ func (s *Session) env() []string {
 		if s.secrets == nil {
 			continue
 		}
+		if _, pinned := secretPins(s.secrets, s.Tenant, r.Name); pinned {
+			continue // pinned to hosts by a reload since: never in the environment
+		}
 		if v, ok := s.secrets.Lookup(s.Tenant, r.Name); ok {
 			env = append(env, r.Name+"="+v)
 		}

@@ -9,8 +9,13 @@
 //
 //	Open(dataDir, ...Option) (*Store, error)    open or create <dataDir>/images
 //	WithKeychain, WithTransport, WithPlatform,   Options: credentials (default
-//	WithLimits                                   authn.DefaultKeychain), HTTP transport,
-//	                                             platform for indexes, layer bounds
+//	WithLimits, WithStoreLimits,                 authn.DefaultKeychain), HTTP transport,
+//	WithPullTimeouts, WithDialer,                platform for indexes, image bounds, the
+//	WithMaxUnpacks                               layers unpacked at once, the
+//	                                             store's quota and free-space reserve,
+//	                                             pull deadline and stall timeout, how the
+//	                                             default transport dials (the gateway's
+//	                                             egress address rule)
 //	HostPlatform() v1.Platform                   linux/GOARCH[/variant], the default platform
 //	(*Store).Pull(ctx, ref, PullOptions)         pull from a registry (PullOptions.Insecure,
 //	                                             .InsecureRegistries allow plain HTTP)
@@ -24,11 +29,16 @@
 //	(*Store).Release(sessionID)                  the session ended
 //	(*Store).Refs() ([]Ref, error)               every session reference (for a restart)
 //	(*Store).Dir() string                        <dataDir>/images
+//	(*Store).Usage() (int64, error)              allocated bytes of the stored layers
+//	(*Store).StoreLimits() StoreLimits           the quota and reserve, defaults resolved
 //	Normalize(ref) (string, error)               python:3 -> docker.io/library/python:3
 //	Allowed(name, patterns) bool                 allow-list match (see Allowed for patterns)
 //	CheckPattern(p) error                        validate an allow-list pattern
-//	Image, Ref, PruneResult, PullOptions, Limits the values above
-//	Error, ErrNotFound, ErrInUse                 constant sentinel errors (errors.Is)
+//	PatternRegistry(p) string                    the one registry a pattern names, if any
+//	Image, Ref, PruneResult, PullOptions,        the values above
+//	Limits, StoreLimits
+//	Error, ErrNotFound, ErrInUse, ErrTooLarge,   constant sentinel errors (errors.Is)
+//	ErrStoreFull, ErrPullTimeout
 //	RegistryError                                a registry's refusal: StatusCode and its reason
 //
 // # Using it from the gateway
@@ -66,7 +76,8 @@
 //	  gc.lock                           flock: pulls and imports hold it shared, Prune
 //	                                    exclusive while it moves layers out
 //	  layers/sha256/<diffID hex>/
-//	    layer.json                      diffID, blob digest, tar size, unpacked size, entries
+//	    layer.json                      diffID, blob digest, tar size, unpacked size, allocated
+//	                                    bytes (blocks, what the quota counts), entries
 //	    root/                           the unpacked layer: an overlayfs lower dir
 //	  refs/<sessionID>                  a session's reference: JSON {name, digest, diffIDs}
 //	  tmp/                              layers being unpacked, oci-archives being read,
@@ -108,6 +119,28 @@
 // skipped; setuid and setgid are stripped from files (setgid on
 // directories is kept: it only sets the group of new files); only user.*
 // xattrs are kept (no security.capability, no trusted.overlay.* or
-// user.overlay.* from the image, no ACLs). A layer past Limits (uncompressed bytes, entries) or an
-// image past its layer count is refused.
+// user.overlay.* from the image, no ACLs). File data is written sparsely:
+// an aligned 4 KiB block of zeros, a hole of a sparse entry (GNU or PAX)
+// or zeros in a regular file, is skipped and the file truncated to its
+// size, so holes take no disk.
+//
+// # Bounds
+//
+// Limits bound one image (ErrTooLarge): uncompressed bytes of a layer and
+// of the image (both the tar streams and the files' lengths, holes
+// included), a layer's tar against its compressed blob (MaxRatio times
+// it, or RatioFloor if more: a decompression bomb stops there), entries,
+// layers; manifests, indexes and configs are read whole only up to 4 MiB
+// (a larger one is refused at its Content-Length, or as soon as it passes
+// the bound). StoreLimits bound the store (ErrStoreFull): its quota counts
+// the blocks its layers take (layer.json's allocBytes), checked before an
+// unpack and as it writes; the free-space reserve is checked before and
+// every 32 MiB written. At most WithMaxUnpacks layers (default 4) are
+// fetched and unpacked at once, all pulls together, which bounds the
+// memory of decompressors. A pull has a deadline and a stall timeout
+// (ErrPullTimeout), which a RoundTripper around the store's transport
+// applies to every request, redirects and token requests included. An
+// error answer from another host than the registry keeps its status but
+// loses its body (RegistryError). Whatever fails, nothing of the layer
+// stays: its temporary dir is removed.
 package images

@@ -13,9 +13,11 @@ import (
 	"hash"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -26,7 +28,8 @@ type layerMeta struct {
 	DiffID     string    `json:"diffID"`
 	Digest     string    `json:"digest,omitempty"` // compressed blob digest it was verified against
 	TarSize    int64     `json:"tarSize"`          // uncompressed tar bytes
-	Size       int64     `json:"size"`             // bytes of regular files unpacked
+	Size       int64     `json:"size"`             // bytes of regular files unpacked (their lengths)
+	AllocBytes int64     `json:"allocBytes"`       // bytes they take on disk (blocks; holes are free), directories included
 	Entries    int       `json:"entries"`
 	UnpackedAt time.Time `json:"unpackedAt"`
 
@@ -49,6 +52,48 @@ type layerSource struct {
 	digest string // "sha256:…" of the blob as stored; "" when open gives the uncompressed tar
 	size   int64  // the blob's size from the manifest; -1 when unknown
 	open   func() (io.ReadCloser, error)
+	image  *imageBudget
+}
+
+// imageBudget counts the uncompressed bytes of one image's layers as they
+// are unpacked, against Limits.MaxImageBytes: the tar streams and the
+// files' lengths (holes included) apart.
+type imageBudget struct {
+	max        int64
+	tar, files atomic.Int64
+}
+
+func newImageBudget(max int64) *imageBudget { return &imageBudget{max: max} }
+
+func (b *imageBudget) addTar(n int64) error {
+	if b == nil || b.tar.Add(n) <= b.max {
+		return nil
+	}
+	return fmt.Errorf("%w: its layers uncompress to more than its limit of %s", ErrTooLarge, fmtBytes(b.max))
+}
+
+func (b *imageBudget) addFiles(n int64) error {
+	if b == nil || b.files.Add(n) <= b.max {
+		return nil
+	}
+	return fmt.Errorf("%w: its files are larger than its limit of %s together", ErrTooLarge, fmtBytes(b.max))
+}
+
+// countReader passes reads through and counts them with add, failing
+// when add does.
+type countReader struct {
+	r   io.Reader
+	add func(int64) error
+}
+
+func (c countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		if aerr := c.add(int64(n)); aerr != nil {
+			return n, aerr
+		}
+	}
+	return n, err
 }
 
 // errDigest marks a blob whose bytes are not the ones its digest names.
@@ -107,6 +152,19 @@ func (s *Store) unpackLayer(ctx context.Context, src layerSource) (layerMeta, er
 		return m, nil
 	}
 	hexID := strings.TrimPrefix(src.diffID, "sha256:")
+	select {
+	case s.unpacks <- struct{}{}:
+		defer func() { <-s.unpacks }()
+	case <-ctx.Done():
+		return layerMeta{}, context.Cause(ctx)
+	}
+	// The blob's size is the least the layer takes on disk.
+	charge, err := s.beginUnpack(max(src.size, 0))
+	if err != nil {
+		return layerMeta{}, fmt.Errorf("layer %s: %w", layerName(src), err)
+	}
+	var committed int64
+	defer func() { charge.done(committed) }()
 	tmp, err := os.MkdirTemp(s.tmpDir(), "layer-"+hexID[:12]+"-")
 	if err != nil {
 		return layerMeta{}, err
@@ -116,7 +174,7 @@ func (s *Store) unpackLayer(ctx context.Context, src layerSource) (layerMeta, er
 	if err := os.Mkdir(rootDir, 0o755); err != nil {
 		return layerMeta{}, err
 	}
-	m, err := s.fetchAndUnpack(ctx, src, rootDir)
+	m, err := s.fetchAndUnpack(ctx, src, rootDir, charge)
 	if err != nil {
 		return layerMeta{}, err
 	}
@@ -141,6 +199,7 @@ func (s *Store) unpackLayer(ctx context.Context, src layerSource) (layerMeta, er
 		}
 		return layerMeta{}, err
 	}
+	committed = m.allocated()
 	m.created = true
 	return m, nil
 }
@@ -161,16 +220,17 @@ func (c *hashCounter) Read(p []byte) (int, error) {
 
 func (c *hashCounter) digest() string { return "sha256:" + hex.EncodeToString(c.h.Sum(nil)) }
 
-// limitReader fails, rather than ends, once more than n bytes are read.
+// limitReader fails with err, rather than ends, once more than n bytes
+// are read.
 type limitReader struct {
-	r    io.Reader
-	n    int64
-	what string
+	r   io.Reader
+	n   int64
+	err error
 }
 
 func (l *limitReader) Read(p []byte) (int, error) {
 	if l.n < 0 {
-		return 0, fmt.Errorf("%s is larger than the limit", l.what)
+		return 0, l.err
 	}
 	if int64(len(p)) > l.n+1 {
 		p = p[:l.n+1]
@@ -178,7 +238,24 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.n -= int64(n)
 	if l.n < 0 {
-		return n, fmt.Errorf("%s is larger than the limit", l.what)
+		return n, l.err
+	}
+	return n, err
+}
+
+// tarLimit is the most a layer's tar stream may hold, and the error past
+// it: Limits.MaxLayerBytes, or less for a compressed blob of known size
+// (Limits.MaxRatio times its size, at least Limits.RatioFloor).
+func (s *Store) tarLimit(src layerSource) (int64, error) {
+	lim := s.limits
+	n := lim.MaxLayerBytes
+	err := fmt.Errorf("%w: layer %s uncompresses to more than its limit of %s", ErrTooLarge, layerName(src), fmtBytes(n))
+	if src.digest != "" && src.size >= 0 && lim.MaxRatio > 0 && src.size <= math.MaxInt64/lim.MaxRatio {
+		if r := max(src.size*lim.MaxRatio, lim.RatioFloor); r < n {
+			n = r
+			err = fmt.Errorf("%w: layer %s uncompresses to more than %d times its %s (the limit is %s for it)",
+				ErrTooLarge, layerName(src), lim.MaxRatio, fmtBytes(src.size), fmtBytes(n))
+		}
 	}
 	return n, err
 }
@@ -187,7 +264,7 @@ func (l *limitReader) Read(p []byte) (int, error) {
 // decompression and diffID check into the unpacker. The digests are known
 // only at the end, so a layer that fails them has been unpacked into the
 // temporary dir, which the caller removes.
-func (s *Store) fetchAndUnpack(ctx context.Context, src layerSource, rootDir string) (layerMeta, error) {
+func (s *Store) fetchAndUnpack(ctx context.Context, src layerSource, rootDir string, charge *spaceCharge) (layerMeta, error) {
 	rc, err := src.open()
 	if err != nil {
 		return layerMeta{}, fmt.Errorf("fetching layer %s: %w", layerName(src), err)
@@ -198,7 +275,7 @@ func (s *Store) fetchAndUnpack(ctx context.Context, src layerSource, rootDir str
 	defer stop()
 	var r io.Reader = ctxReader{ctx, rc}
 	if src.size >= 0 {
-		r = &limitReader{r: r, n: src.size, what: "layer blob " + src.digest}
+		r = &limitReader{r: r, n: src.size, err: fmt.Errorf("layer blob %s is larger than the manifest says (%d bytes)", src.digest, src.size)}
 	}
 	blob := &hashCounter{r: r, h: sha256.New()}
 	br := bufio.NewReaderSize(blob, 1<<16)
@@ -209,11 +286,13 @@ func (s *Store) fetchAndUnpack(ctx context.Context, src layerSource, rootDir str
 			return layerMeta{}, err
 		}
 		defer dr.Close()
-		tarStream := &hashCounter{
-			r: &limitReader{r: dr, n: s.limits.MaxLayerBytes, what: "layer " + src.diffID + " uncompressed"},
-			h: sha256.New(),
+		limit, limitErr := s.tarLimit(src)
+		var tr io.Reader = &limitReader{r: dr, n: limit, err: limitErr}
+		if src.image != nil {
+			tr = countReader{tr, src.image.addTar}
 		}
-		m, err := unpack(tarStream, rootDir, s.limits)
+		tarStream := &hashCounter{r: tr, h: sha256.New()}
+		m, err := unpackWith(tarStream, rootDir, unpackOpts{limits: s.limits, space: charge, image: src.image})
 		if err != nil {
 			return m, err
 		}

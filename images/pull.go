@@ -82,15 +82,33 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, 
 	return img, nil
 }
 
+// pull is one pull, under the store's deadline: an error past it is
+// ErrPullTimeout's.
 func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, insecure bool) (Image, error) {
+	if s.pullTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, s.pullTimeout, fmt.Errorf("%w: the pull took longer than %s", ErrPullTimeout, s.pullTimeout))
+		defer cancel()
+	}
+	img, err := s.pullOnce(ctx, r, normalized, insecure)
+	if err != nil && !errors.Is(err, ErrPullTimeout) {
+		if cause := context.Cause(ctx); errors.Is(cause, ErrPullTimeout) {
+			err = cause
+		}
+	}
+	return img, err
+}
+
+func (s *Store) pullOnce(ctx context.Context, r name.Reference, normalized string, insecure bool) (Image, error) {
 	rt := s.rt
 	if insecure {
 		rt = s.insecureTransport()
 	}
+	registryErr := func(err error) error { return registryErr(normalized, r.Context().RegistryStr(), err) }
 	ropts := []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(s.keychain),
-		remote.WithTransport(rt),
+		remote.WithTransport(&guardTransport{rt: rt, stall: s.stallTimeout}),
 		remote.WithPlatform(s.platform),
 		remote.WithUserAgent("sandgate"),
 	}
@@ -101,25 +119,25 @@ func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, i
 	defer gc.unlock()
 	desc, err := remote.Get(r, ropts...)
 	if err != nil {
-		return Image{}, registryErr(normalized, err)
+		return Image{}, registryErr(err)
 	}
 	var img v1.Image
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()
 		if err != nil {
-			return Image{}, registryErr(normalized, err)
+			return Image{}, registryErr(err)
 		}
 		if img, err = s.pickPlatform(idx, 0); err != nil {
-			return Image{}, registryErr(normalized, err)
+			return Image{}, registryErr(err)
 		}
 	} else {
 		if img, err = desc.Image(); err != nil {
-			return Image{}, registryErr(normalized, err)
+			return Image{}, registryErr(err)
 		}
 	}
 	rec, err := s.store(ctx, gc, normalized, "pull", img, nil)
 	if err != nil {
-		return Image{}, registryErr(normalized, err)
+		return Image{}, registryErr(err)
 	}
 	return s.image(rec), nil
 }
@@ -141,9 +159,16 @@ func (s *Store) insecureTransport() http.RoundTripper {
 	return s.insecureRT
 }
 
-func registryErr(ref string, err error) error {
+// registryErr makes a registry's error answer a *RegistryError. An answer
+// from another host than the registry (a redirect's target, a token
+// server) keeps its status but not its body, which the tenant must not
+// see: it may be any server's page.
+func registryErr(ref, registry string, err error) error {
 	var te *transport.Error
 	if errors.As(err, &te) {
+		if te.Request != nil && !strings.EqualFold(te.Request.URL.Host, registry) {
+			return &RegistryError{Ref: ref, StatusCode: te.StatusCode, Err: errFromElsewhere(te.Request.URL.Host)}
+		}
 		return &RegistryError{Ref: ref, StatusCode: te.StatusCode, Err: err}
 	}
 	return err
@@ -205,7 +230,7 @@ func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, im
 			return record{}, fmt.Errorf("image manifest: %w", err)
 		}
 		if m.Config.Size > maxConfigBytes {
-			return record{}, fmt.Errorf("image config of %d bytes is larger than the limit (%d)", m.Config.Size, maxConfigBytes)
+			return record{}, fmt.Errorf("%w: its config of %d bytes is larger than the limit (%s)", ErrTooLarge, m.Config.Size, fmtBytes(maxConfigBytes))
 		}
 	}
 	cfgRaw, err := img.RawConfigFile()
@@ -225,6 +250,10 @@ func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, im
 	srcs, err := s.layerSources(img, &cfg, digestFn == nil)
 	if err != nil {
 		return record{}, err
+	}
+	budget := newImageBudget(s.limits.MaxImageBytes)
+	for i := range srcs {
+		srcs[i].image = budget
 	}
 
 	lctx, cancel := context.WithCancel(ctx)
@@ -249,6 +278,17 @@ func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, im
 		gc.unlock()
 		s.dropNewLayers(metas)
 		return record{}, err
+	}
+	// Layers already stored did not count as they streamed.
+	var tarBytes, fileBytes int64
+	for _, m := range metas {
+		tarBytes += m.TarSize
+		fileBytes += m.Size
+	}
+	if max(tarBytes, fileBytes) > s.limits.MaxImageBytes {
+		gc.unlock()
+		s.dropNewLayers(metas)
+		return record{}, fmt.Errorf("%w: its layers uncompress to %s, more than its limit of %s", ErrTooLarge, fmtBytes(max(tarBytes, fileBytes)), fmtBytes(s.limits.MaxImageBytes))
 	}
 
 	var digest string
@@ -346,7 +386,7 @@ func (s *Store) layerSources(img v1.Image, cfg *v1.ConfigFile, compressed bool) 
 		return nil, err
 	}
 	if len(layers) > s.limits.MaxLayers {
-		return nil, fmt.Errorf("image has %d layers; the limit is %d", len(layers), s.limits.MaxLayers)
+		return nil, fmt.Errorf("%w: it has %d layers; the limit is %d", ErrTooLarge, len(layers), s.limits.MaxLayers)
 	}
 	if len(layers) != len(cfg.RootFS.DiffIDs) {
 		return nil, fmt.Errorf("image has %d layers but its config lists %d diffIDs", len(layers), len(cfg.RootFS.DiffIDs))

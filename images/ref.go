@@ -181,3 +181,30 @@ func officialPrefix(repo string) string {
 	}
 	return "library/" + repo
 }
+
+// PatternRegistry is the registry every image that pattern p allows comes
+// from, spelled as the puller dials it ("index.docker.io" for Docker Hub,
+// "ghcr.io", "localhost:5000"), or "" when p allows images of several
+// registries ("*") or is not a pattern. A gateway trusts the registries
+// its operator named this way.
+func PatternRegistry(p string) string {
+	if p == "*" || CheckPattern(p) != nil {
+		return ""
+	}
+	prefix, isPrefix := strings.CutSuffix(p, "*")
+	if !isPrefix {
+		r, err := parseRef(p, false)
+		if err != nil {
+			return ""
+		}
+		return r.Context().RegistryStr()
+	}
+	first, _, ok := strings.Cut(normalizePrefix(prefix), "/")
+	if !ok {
+		return ""
+	}
+	if first == dockerHub {
+		return name.DefaultRegistry
+	}
+	return first
+}

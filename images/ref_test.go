@@ -103,3 +103,22 @@ func FuzzNormalize(f *testing.F) {
 		}
 	})
 }
+
+func TestPatternRegistry(t *testing.T) {
+	for p, want := range map[string]string{
+		"*":                      "",
+		"python:3.12":            "index.docker.io",
+		"docker.io/library/*":    "index.docker.io",
+		"acme/*":                 "index.docker.io",
+		"py*":                    "index.docker.io",
+		"ghcr.io/acme/*":         "ghcr.io",
+		"127.0.0.1:5000/*":       "127.0.0.1:5000",
+		"localhost:5000/x:1":     "localhost:5000",
+		"registry.example.com/*": "registry.example.com",
+		"bad?*":                  "",
+	} {
+		if got := PatternRegistry(p); got != want {
+			t.Errorf("PatternRegistry(%q) = %q, want %q", p, got, want)
+		}
+	}
+}

@@ -1,10 +1,12 @@
 package images
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -31,27 +33,75 @@ const (
 	ErrNotFound Error = "image not found"
 	// ErrInUse: a session holds a reference to the image (see Acquire).
 	ErrInUse Error = "image in use"
+	// ErrTooLarge: the image is past a bound of Limits (a layer's or the
+	// image's uncompressed size, the expansion of a layer over its
+	// compressed size, entries, layers) or a manifest, index or config is
+	// past its size bound. Nothing of it is kept. Its API code is
+	// image_too_large.
+	ErrTooLarge Error = "image too large"
+	// ErrStoreFull: unpacking would take the store past its quota
+	// (StoreLimits.MaxBytes) or leave the filesystem less free space than
+	// StoreLimits.MinFreeBytes. Nothing of the layer is kept. Its API code
+	// is image_store_full.
+	ErrStoreFull Error = "image store full"
+	// ErrPullTimeout: a pull ran past its deadline, or the registry sent
+	// nothing for the stall timeout (see WithPullTimeouts). Its API code is
+	// image_pull_timeout.
+	ErrPullTimeout Error = "image pull timed out"
 
 	errLocked Error = "locked"
 )
 
 // Default bounds, for Limits fields left zero.
 const (
-	DefaultMaxLayerBytes   = 32 << 30 // uncompressed bytes of one layer
-	DefaultMaxLayerEntries = 1 << 20  // tar entries of one layer
-	DefaultMaxLayers       = 128      // layers of one image
-	defaultParallelLayers  = 3        // layers fetched at once by one pull
-	maxConfigBytes         = 8 << 20  // an image config (JSON), read whole
+	DefaultMaxLayerBytes   = 32 << 30  // uncompressed bytes of one layer
+	DefaultMaxImageBytes   = 32 << 30  // uncompressed bytes of one image, all layers
+	DefaultMaxLayerEntries = 1 << 20   // tar entries of one layer
+	DefaultMaxLayers       = 128       // layers of one image
+	DefaultMaxRatio        = 100       // uncompressed bytes per compressed byte of a layer...
+	DefaultRatioFloor      = 256 << 20 // ...once past this many uncompressed bytes
+	defaultParallelLayers  = 3         // layers fetched at once by one pull
+	DefaultMaxUnpacks      = 4         // layers fetched and unpacked at once by the store, all pulls together
+	maxConfigBytes         = 4 << 20   // an image config (JSON), read whole
+	maxManifestBytes       = 4 << 20   // a manifest or index (JSON), read whole
 	indexVersion           = 1
 )
 
-// Limits bound what one image may cost. A layer past a bound is refused
-// and nothing of it is kept.
+// Limits bound what one image may cost. An image past a bound is refused
+// (ErrTooLarge) and nothing of it is kept. "Uncompressed" counts both the
+// tar stream and the sizes of the files in it (a sparse entry's length,
+// holes included), whichever is larger.
 type Limits struct {
-	MaxLayerBytes   int64 // uncompressed tar bytes of one layer
+	MaxLayerBytes   int64 // uncompressed bytes of one layer
+	MaxImageBytes   int64 // uncompressed bytes of one image, its layers together
 	MaxLayerEntries int   // tar entries of one layer
 	MaxLayers       int   // layers of one image
+	// MaxRatio bounds a compressed layer's tar stream to MaxRatio times
+	// the blob's size, or RatioFloor bytes if that is more: a
+	// decompression bomb is refused after at most that much work.
+	MaxRatio   int64
+	RatioFloor int64
 }
+
+// StoreLimits bound the store as a whole, across images: an unpack that
+// would cross one is refused (ErrStoreFull) and nothing of the layer is
+// kept.
+type StoreLimits struct {
+	// MaxBytes is the store's quota: allocated bytes of all its layers
+	// (blocks on disk, so holes in sparse files are free). 0: half the
+	// size of the filesystem that holds the store.
+	MaxBytes int64
+	// MinFreeBytes is the free space an unpack leaves on the store's
+	// filesystem, checked before and during the unpack. 0: 5% of the
+	// filesystem, at most 1 GiB.
+	MinFreeBytes int64
+}
+
+// Default pull timeouts (see WithPullTimeouts).
+const (
+	DefaultPullTimeout  = 10 * time.Minute // a whole pull, from the first request to the index update
+	DefaultStallTimeout = time.Minute      // a registry that sends nothing (no headers, no body bytes)
+)
 
 // Store is the image store in a data dir. Its methods are safe for
 // concurrent use, and several processes (the gateway and `sandgate image`
@@ -62,6 +112,12 @@ type Store struct {
 	rt       http.RoundTripper
 	platform v1.Platform
 	limits   Limits
+	space    space
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	pullTimeout  time.Duration // <0: none
+	stallTimeout time.Duration // <0: none
+	unpacks      chan struct{} // a slot per layer being fetched and unpacked
 
 	pulls  flights[Image]
 	layers flights[layerMeta]
@@ -109,8 +165,66 @@ func WithLimits(l Limits) Option {
 		if l.MaxLayers > 0 {
 			s.limits.MaxLayers = l.MaxLayers
 		}
+		if l.MaxImageBytes > 0 {
+			s.limits.MaxImageBytes = l.MaxImageBytes
+		}
+		if l.MaxRatio > 0 {
+			s.limits.MaxRatio = l.MaxRatio
+		}
+		if l.RatioFloor > 0 {
+			s.limits.RatioFloor = l.RatioFloor
+		}
 		return nil
 	}
+}
+
+// WithStoreLimits sets the store's quota and free-space reserve; zero
+// fields keep their defaults (see StoreLimits).
+func WithStoreLimits(l StoreLimits) Option {
+	return func(s *Store) error {
+		if l.MaxBytes < 0 || l.MinFreeBytes < 0 {
+			return errors.New("store limits must not be negative")
+		}
+		s.space.max, s.space.minFree = l.MaxBytes, l.MinFreeBytes
+		return nil
+	}
+}
+
+// WithPullTimeouts bounds a pull: total is its deadline as a whole, stall
+// how long a registry may send nothing (response headers or body bytes)
+// before the pull fails. Both fail with ErrPullTimeout. Zero keeps the
+// default (DefaultPullTimeout, DefaultStallTimeout), negative means none.
+func WithPullTimeouts(total, stall time.Duration) Option {
+	return func(s *Store) error {
+		if total != 0 {
+			s.pullTimeout = total
+		}
+		if stall != 0 {
+			s.stallTimeout = stall
+		}
+		return nil
+	}
+}
+
+// WithMaxUnpacks bounds the layers the store fetches and unpacks at once,
+// all pulls and imports of this process together (default
+// DefaultMaxUnpacks): each costs a decompressor (a zstd window may be 128
+// MiB) and buffers. A layer waits for a slot within its pull's deadline.
+func WithMaxUnpacks(n int) Option {
+	return func(s *Store) error {
+		if n < 1 {
+			return fmt.Errorf("max unpacks %d: want at least 1", n)
+		}
+		s.unpacks = make(chan struct{}, n)
+		return nil
+	}
+}
+
+// WithDialer sets how the store's default transport dials registries, and
+// the servers they redirect to: the gateway passes a dialer that applies
+// its egress address rule. It has no effect with WithTransport.
+func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
+	return func(s *Store) error { s.dial = dial; return nil }
 }
 
 // HostPlatform is the platform of this binary: linux, runtime.GOARCH and,
@@ -142,15 +256,26 @@ func Open(dataDir string, opts ...Option) (*Store, error) {
 		root:     filepath.Join(abs, "images"),
 		keychain: authn.DefaultKeychain,
 		platform: HostPlatform(),
-		limits:   Limits{DefaultMaxLayerBytes, DefaultMaxLayerEntries, DefaultMaxLayers},
+		limits: Limits{MaxLayerBytes: DefaultMaxLayerBytes, MaxImageBytes: DefaultMaxImageBytes,
+			MaxLayerEntries: DefaultMaxLayerEntries, MaxLayers: DefaultMaxLayers,
+			MaxRatio: DefaultMaxRatio, RatioFloor: DefaultRatioFloor},
+		pullTimeout:  DefaultPullTimeout,
+		stallTimeout: DefaultStallTimeout,
 	}
 	for _, o := range opts {
 		if err := o(s); err != nil {
 			return nil, err
 		}
 	}
+	if s.unpacks == nil {
+		s.unpacks = make(chan struct{}, DefaultMaxUnpacks)
+	}
 	if s.rt == nil {
-		s.rt = http.DefaultTransport.(*http.Transport).Clone()
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		if s.dial != nil {
+			t.DialContext = s.dial
+		}
+		s.rt = t
 	}
 	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return nil, err
@@ -165,6 +290,7 @@ func Open(dataDir string, opts ...Option) (*Store, error) {
 	if err := os.Chmod(s.root, 0o700); err != nil {
 		return nil, fmt.Errorf("open image store: %w", err)
 	}
+	s.space.init(s.root)
 	if l, err := lockFile(s.gcLockPath(), true, false); err == nil {
 		s.clearTmp()
 		l.unlock()

@@ -3,6 +3,7 @@ package images
 import (
 	"errors"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -56,3 +57,21 @@ func syncFS(dir string) {
 }
 
 func isNotEmpty(err error) bool { return errors.Is(err, unix.ENOTEMPTY) }
+
+// fsSpace is the size and the space free to unprivileged users of the
+// filesystem holding dir.
+func fsSpace(dir string) (total, free int64, ok bool) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, 0, false
+	}
+	return int64(st.Blocks) * int64(st.Bsize), int64(st.Bavail) * int64(st.Bsize), true
+}
+
+// allocated is the bytes a file takes on disk (its blocks).
+func allocated(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int64(st.Blocks) * 512
+	}
+	return fi.Size()
+}

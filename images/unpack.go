@@ -2,6 +2,7 @@ package images
 
 import (
 	"archive/tar"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -30,11 +31,28 @@ const (
 // that leaves it, whether by "..", an absolute path or a symlink.
 type unpacker struct {
 	root    *os.Root
+	opts    unpackOpts
 	limits  Limits
 	meta    layerMeta
 	skipped map[string]bool // entries not created (devices), for hard links to them
 	dirs    []dirTimes
+	buf     []byte // file data in flight
 }
+
+// unpackOpts are an unpack's bounds: the layer's (limits), the store's
+// quota and free space (space) and the image's (image). space and image
+// may be nil.
+type unpackOpts struct {
+	limits Limits
+	space  *spaceCharge
+	image  *imageBudget
+}
+
+// blockSize is the granularity of holes: an aligned block of zeros in a
+// file's data is not written.
+const blockSize = 4096
+
+var zeroBlock [blockSize]byte
 
 type dirTimes struct {
 	name         string
@@ -49,13 +67,22 @@ type dirTimes struct {
 // device nodes and FIFOs; strips setuid and setgid from files (setuid from
 // directories); keeps only user.* xattrs; and maps owners above 65535 to
 // 65534.
+//
+// File data is written sparsely: an aligned block of zeros, whether a hole
+// of a sparse tar entry or zeros in a regular one, is skipped and the file
+// is truncated to its size, so it takes no disk.
 func unpack(r io.Reader, dir string, lim Limits) (layerMeta, error) {
+	return unpackWith(r, dir, unpackOpts{limits: lim})
+}
+
+func unpackWith(r io.Reader, dir string, opts unpackOpts) (layerMeta, error) {
+	lim := opts.limits
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return layerMeta{}, err
 	}
 	defer root.Close()
-	u := &unpacker{root: root, limits: lim, skipped: map[string]bool{}}
+	u := &unpacker{root: root, opts: opts, limits: lim, skipped: map[string]bool{}}
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -67,12 +94,17 @@ func unpack(r io.Reader, dir string, lim Limits) (layerMeta, error) {
 		}
 		u.meta.Entries++
 		if u.meta.Entries > lim.MaxLayerEntries {
-			return u.meta, fmt.Errorf("more than %d entries in the layer", lim.MaxLayerEntries)
+			return u.meta, fmt.Errorf("%w: more than %d entries in the layer", ErrTooLarge, lim.MaxLayerEntries)
 		}
-		// Sparse files write more than the stream carries: bound what is
-		// written, not only what is read.
-		if hdr.Size > lim.MaxLayerBytes-u.meta.Size {
-			return u.meta, fmt.Errorf("entry %q: %d bytes is larger than the limit", hdr.Name, hdr.Size)
+		// Sparse files are longer than the stream carries: bound their
+		// sizes, not only what is read.
+		if hdr.Size < 0 || hdr.Size > lim.MaxLayerBytes-u.meta.Size {
+			return u.meta, fmt.Errorf("%w: entry %q: %d bytes is larger than the limit of the layer (%s)", ErrTooLarge, hdr.Name, hdr.Size, fmtBytes(lim.MaxLayerBytes))
+		}
+		if isData(hdr.Typeflag) {
+			if err := opts.image.addFiles(hdr.Size); err != nil {
+				return u.meta, fmt.Errorf("entry %q: %w", hdr.Name, err)
+			}
 		}
 		if err := u.entry(hdr, tr); err != nil {
 			return u.meta, fmt.Errorf("entry %q: %w", hdr.Name, err)
@@ -177,9 +209,13 @@ func (u *unpacker) dir(name string, hdr *tar.Header) error {
 		return err
 	}
 	if !kept {
+		if err := u.charge(dirBlock); err != nil {
+			return err
+		}
 		if err := u.root.Mkdir(name, 0o700); err != nil {
 			return err
 		}
+		u.meta.AllocBytes += dirBlock
 	}
 	if err := u.root.Lchown(name, imageID(hdr.Uid), imageID(hdr.Gid)); err != nil {
 		return err
@@ -217,10 +253,13 @@ func (u *unpacker) file(name string, hdr *tar.Header, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	n, err := io.Copy(f, r)
+	n, err := u.writeData(f, r, hdr.Size)
 	u.meta.Size += n
-	if err == nil && n != hdr.Size {
-		err = fmt.Errorf("short file: %d of %d bytes", n, hdr.Size)
+	if err == nil {
+		var fi os.FileInfo
+		if fi, err = f.Stat(); err == nil {
+			u.meta.AllocBytes += allocated(fi)
+		}
 	}
 	if err == nil {
 		err = f.Chown(imageID(hdr.Uid), imageID(hdr.Gid))
@@ -239,6 +278,84 @@ func (u *unpacker) file(name string, hdr *tar.Header, r io.Reader) error {
 		return err
 	}
 	return u.root.Chtimes(name, atime(hdr), hdr.ModTime)
+}
+
+// isData reports whether entries of type t carry a file's data. Go's
+// tar reader gives a sparse entry (GNU or PAX) as TypeReg or TypeGNUSparse
+// with its holes as zeros; TypeCont (contiguous files) is a regular file.
+func isData(t byte) bool {
+	switch t {
+	case tar.TypeReg, tar.TypeRegA, tar.TypeCont, tar.TypeGNUSparse: //nolint:staticcheck // TypeRegA: old tars
+		return true
+	}
+	return false
+}
+
+// charge counts n bytes about to be written against the store's space.
+func (u *unpacker) charge(n int64) error {
+	if u.opts.space == nil {
+		return nil
+	}
+	return u.opts.space.charge(n)
+}
+
+// writeData copies size bytes of r into the new, empty file f, leaving a
+// hole for every aligned block of zeros, then sets f's size: a sparse
+// entry's holes and zero runs in a regular file take no disk. It returns
+// the bytes read.
+func (u *unpacker) writeData(f *os.File, r io.Reader, size int64) (int64, error) {
+	if u.buf == nil {
+		u.buf = make([]byte, 1<<20)
+	}
+	var off int64
+	for off < size {
+		n, err := io.ReadFull(r, u.buf[:min(int64(len(u.buf)), size-off)])
+		if n > 0 {
+			if werr := u.writeSparse(f, u.buf[:n], off); werr != nil {
+				return off, werr
+			}
+			off += int64(n)
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return off, fmt.Errorf("short file: %d of %d bytes", off, size)
+		}
+		if err != nil {
+			return off, err
+		}
+	}
+	// The size also covers a hole at the end.
+	return off, f.Truncate(size)
+}
+
+// writeSparse writes p at off in f, but for the blocks of p (aligned to
+// the file's offsets) that are all zeros; runs of data blocks go in one
+// write each.
+func (u *unpacker) writeSparse(f *os.File, p []byte, off int64) error {
+	run := -1 // start in p of the run of data blocks not yet written
+	flush := func(end int) error {
+		if run < 0 {
+			return nil
+		}
+		b := p[run:end]
+		run = -1
+		if err := u.charge(int64(len(b))); err != nil {
+			return err
+		}
+		_, err := f.WriteAt(b, off+int64(end-len(b)))
+		return err
+	}
+	for i := 0; i < len(p); {
+		end := min(len(p), i+blockSize-int((off+int64(i))%blockSize))
+		if bytes.Equal(p[i:end], zeroBlock[:end-i]) {
+			if err := flush(i); err != nil {
+				return err
+			}
+		} else if run < 0 {
+			run = i
+		}
+		i = end
+	}
+	return flush(len(p))
 }
 
 func (u *unpacker) symlink(name string, hdr *tar.Header) error {

@@ -30,6 +30,7 @@ var unaudited = map[string]bool{"/healthz": true, "/readyz": true, "/openapi.yam
 type call struct {
 	tenant, auth string
 	session      string // when the route names it otherwise than {id} (a link)
+	route        string // when the route pattern does not name it (a preview origin)
 	code         string // the error envelope's code, when one was written
 	file         *fileOp
 }
@@ -94,7 +95,7 @@ func (a *api) auditCalls(next http.Handler) http.Handler {
 		// Before the handlers: compat's X-API-Key becomes an Authorization.
 		credential := credentialNone
 		if r.Header.Get("Authorization") != "" || r.Header.Get("Proxy-Authorization") != "" ||
-			r.Header.Get("X-API-Key") != "" || strings.HasPrefix(r.URL.Path, "/links/") {
+			r.Header.Get("X-API-Key") != "" || strings.HasPrefix(r.URL.Path, "/links/") || a.isPreviewHost(r.Host) {
 			credential = credentialInvalid
 		}
 		c := &call{}
@@ -104,6 +105,9 @@ func (a *api) auditCalls(next http.Handler) http.Handler {
 		route := ""
 		if rc := chi.RouteContext(r.Context()); rc != nil {
 			route = rc.RoutePattern()
+		}
+		if c.route != "" {
+			route = c.route
 		}
 		if unaudited[route] {
 			return

@@ -233,7 +233,7 @@ func (x *agentSandboxAPI) linkURL(r *http.Request, s *gateway.Session, p string,
 		return u
 	}
 	token := signLink(x.a.cfg.LinkKey, s.Tenant, s.ID, p, linkExpiry(expiresIn))
-	return gatewayURL(r) + "/links/" + token
+	return x.a.baseURL(r) + "/links/" + token
 }
 
 // agentExecuteRequest is the body of POST /v1/execute.

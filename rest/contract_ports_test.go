@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -133,8 +135,8 @@ type upstream struct {
 }
 
 type echoed struct {
-	Method, Path, RawPath, Query, Host, Auth, XFF, XFHost, XFProto, XFPrefix, Referer string
-	Len                                                                               int
+	Method, Path, RawPath, Query, Host, Auth, XFF, XFHost, XFProto, XFPrefix, Referer, Cookie, Origin string
+	Len                                                                                               int
 }
 
 func startUpstream(t *testing.T) *upstream {
@@ -148,7 +150,24 @@ func startUpstream(t *testing.T) *upstream {
 			Auth: r.Header.Get("Authorization"), XFF: r.Header.Get("X-Forwarded-For"),
 			XFHost: r.Header.Get("X-Forwarded-Host"), XFProto: r.Header.Get("X-Forwarded-Proto"),
 			XFPrefix: r.Header.Get("X-Forwarded-Prefix"), Referer: r.Header.Get("Referer"), Len: int(n),
+			Cookie: r.Header.Get("Cookie"), Origin: r.Header.Get("Origin"),
 		})
+	})
+	// /hostile answers as a page that wants a foothold outside its preview
+	// would: a service worker's scope over everything, cookies for the
+	// whole domain, a policy of its own.
+	mux.HandleFunc("/hostile", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Service-Worker-Allowed", "/")
+		w.Header().Add("Set-Cookie", "wide=1; Domain=localhost; Path=/; HttpOnly")
+		w.Header().Add("Set-Cookie", "narrow=2; Path=/")
+		w.Header().Set("Content-Security-Policy", "img-src 'none'")
+		w.Header().Set("Clear-Site-Data", `"storage"`)
+		_, _ = io.WriteString(w, "<script>navigator.serviceWorker.register('/sw.js')</script>")
+	})
+	// /goto?to=URL redirects there.
+	mux.HandleFunc("/goto", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", r.URL.Query().Get("to"))
+		w.WriteHeader(http.StatusFound)
 	})
 	mux.HandleFunc("/redirect", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/target?a=1", http.StatusFound)
@@ -229,7 +248,11 @@ func decodeEcho(t *testing.T, r result) echoed {
 // segments, no redirect following) and returns the answer.
 func rawDo(t *testing.T, g *testGateway, method, path, token string, hdr ...string) result {
 	t.Helper()
-	req, err := http.NewRequest(method, g.url+path, nil)
+	u := g.url + path
+	if strings.HasPrefix(path, "http://") {
+		u = path
+	}
+	req, err := http.NewRequest(method, u, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,9 +260,14 @@ func rawDo(t *testing.T, g *testGateway, method, path, token string, hdr ...stri
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	c := &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: dialLocalhost, DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	res, err := c.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
@@ -247,6 +275,18 @@ func rawDo(t *testing.T, g *testGateway, method, path, token string, hdr ...stri
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	return result{status: res.StatusCode, header: res.Header, body: b}
+}
+
+// doNoFollow is rawDo checked against the spec: a redirect is the answer.
+func doNoFollow(t *testing.T, g *testGateway, method, path string) result {
+	t.Helper()
+	r := rawDo(t, g, method, path, "")
+	req, err := http.NewRequest(method, g.url+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.spec.check(t, req, nil, r)
+	return r
 }
 
 // wsEcho upgrades path on g (with the headers given), sends a message and
@@ -259,9 +299,17 @@ func wsEcho(t *testing.T, g *testGateway, path string, hdr ...string) string {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	req := "GET " + path + " HTTP/1.1\r\nHost: " + g.addr + "\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+	host := g.addr
 	for i := 0; i+1 < len(hdr); i += 2 {
-		req += hdr[i] + ": " + hdr[i+1] + "\r\n"
+		if hdr[i] == "Host" {
+			host = hdr[i+1]
+		}
+	}
+	req := "GET " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] != "Host" {
+			req += hdr[i] + ": " + hdr[i+1] + "\r\n"
+		}
 	}
 	if _, err := io.WriteString(c, req+"\r\n"); err != nil {
 		t.Fatal(err)
@@ -405,51 +453,54 @@ func TestContractPorts(t *testing.T) {
 		if err := json.Unmarshal(r.body, &l); err != nil {
 			t.Fatal(err)
 		}
-		u, err := url.Parse(l.URL)
-		if err != nil || u.Host != g.addr || !strings.HasPrefix(u.Path, "/links/ports/") || !strings.HasSuffix(u.Path, "/") {
-			t.Fatalf("link URL %q", l.URL)
-		}
+		// An origin of its own: the session's and the port's, on the API's port.
+		origin, label := previewOrigin(t, g, l.URL, s.SessionID, up.port)
 		if d := time.Until(l.ExpiresAt); d < 3590*time.Second || d > 3601*time.Second {
 			t.Errorf("default expiry in %v, want an hour", d)
 		}
-		link := u.Path
-		token := strings.TrimSuffix(strings.TrimPrefix(link, "/links/ports/"), "/")
-		// No bearer token needed; one sent is not forwarded, nor is a
-		// Referer carrying the token.
-		r = g.do(t, http.MethodGet, link+"echo?z=2", bobKey, nil, "Referer", l.URL+"index.html")
+		own := fmt.Sprintf("localhost:%d", up.port)
+		// No bearer token needed; one sent is not forwarded; the label
+		// never reaches the server, which sees its own origin.
+		r = g.do(t, http.MethodGet, origin+"/echo?z=2", bobKey, nil,
+			"Referer", origin+"/index.html?q=1", "Origin", origin, "Cookie", "c=1")
 		expect(t, r, 200, "")
 		e := decodeEcho(t, r)
-		if e.Path != "/echo" || e.Query != "z=2" || e.Auth != "" || e.XFPrefix != "" || e.Referer != "" {
-			t.Errorf("through the link the upstream saw %+v", e)
+		want := echoed{Method: "GET", Path: "/echo", Query: "z=2", Host: own, XFF: "127.0.0.1", XFProto: "http",
+			Referer: "http://" + own + "/index.html?q=1", Origin: "http://" + own, Cookie: "c=1"}
+		if e != want {
+			t.Errorf("through the preview origin the upstream saw %+v\nwant %+v", e, want)
 		}
-		r = rawDo(t, g, http.MethodGet, link+"a/b", "")
-		if e := decodeEcho(t, r); r.status != 200 || e.Path != "/a/b" || strings.Contains(fmt.Sprint(e), token) {
-			t.Errorf("nested path through the link: %d %+v", r.status, e)
+		// Another origin (another preview's, say) is Origin null and no Referer.
+		other := "http://p80-aaaaaaaaaaaaaaaaaaaa-" + strings.Repeat("b", 34) + ".localhost:1"
+		r = g.do(t, http.MethodGet, origin+"/echo", "", nil, "Origin", other, "Referer", other+"/x")
+		if e := decodeEcho(t, r); e.Origin != "null" || e.Referer != "" {
+			t.Errorf("another origin reached the server as Origin %q Referer %q", e.Origin, e.Referer)
 		}
-		r = rawDo(t, g, http.MethodGet, strings.TrimSuffix(link, "/"), "")
-		if r.status != http.StatusPermanentRedirect || r.header.Get("Location") != link {
-			t.Errorf("link without slash: %d %q", r.status, r.header.Get("Location"))
+		r = rawDo(t, g, http.MethodGet, origin+"/a/b%2Fc", "")
+		if e := decodeEcho(t, r); r.status != 200 || e.Path != "/a/b/c" || e.RawPath != "/a/b%2Fc" {
+			t.Errorf("nested path on the preview origin: %d %+v", r.status, e)
 		}
-		r = rawDo(t, g, http.MethodGet, link+"redirect", "")
-		if r.header.Get("Location") != strings.TrimSuffix(link, "/")+"/target?a=1" {
-			t.Errorf("redirect through the link: %q", r.header.Get("Location"))
+		r = rawDo(t, g, http.MethodGet, origin+"/redirect", "")
+		if r.status != http.StatusFound || r.header.Get("Location") != "/target?a=1" {
+			t.Errorf("redirect on the preview origin: %d %q", r.status, r.header.Get("Location"))
 		}
 		for _, m := range []string{http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions, http.MethodTrace} {
-			expect(t, g.do(t, m, link+"echo", "", []byte("{}")), 200, "")
+			expect(t, g.do(t, m, origin+"/echo", "", []byte("{}")), 200, "")
 		}
-		expect(t, g.do(t, http.MethodGet, link+"echo", "", make([]byte, 32<<20+1)), 413, "body_too_large")
-		if got := wsEcho(t, g, link+"ws"); got != "ping through the preview" {
-			t.Errorf("websocket echo through the link %q", got)
+		expect(t, g.do(t, http.MethodGet, origin+"/echo", "", make([]byte, 32<<20+1)), 413, "body_too_large")
+		if got := wsEcho(t, g, "/ws", "Host", strings.TrimPrefix(origin, "http://")); got != "ping through the preview" {
+			t.Errorf("websocket echo on the preview origin %q", got)
 		}
-		if strings.Contains(g.logs.String(), token[strings.IndexByte(token, '.')+1:]) {
-			t.Error("the log holds a link's signature")
+		if strings.Contains(g.logs.String(), label[len(label)-previewSigChars:]) {
+			t.Error("the log holds a preview label's signature")
 		}
 
-		// Tampered (another port, a changed signature), expired, dead.
-		enc, sig, _ := strings.Cut(token, ".")
-		other := []byte(fmt.Sprintf(`{"v":1,"s":%q,"port":22,"e":%d}`, s.SessionID, l.ExpiresAt.Unix()))
-		for _, tok := range []string{b64(other) + "." + sig, enc + "." + flip(sig), "not-a-token"} {
-			expect(t, g.do(t, http.MethodGet, "/links/ports/"+tok+"/echo", "", nil), 403, "link_invalid")
+		// Tampered (another port, a changed signature, garbage), expired, dead.
+		_, gport, _ := net.SplitHostPort(g.addr)
+		at := func(label string) string { return "http://" + label + ".localhost:" + gport }
+		port, rest, _ := strings.Cut(label, "-")
+		for _, bad := range []string{"p22-" + rest, label[:len(label)-1] + flipChar(label[len(label)-1]), port + "-x", "p1"} {
+			expect(t, g.do(t, http.MethodGet, at(bad)+"/echo", "", nil), 403, "link_invalid")
 		}
 		expect(t, g.do(t, http.MethodPost, base, aliceKey, []byte(`{"port": 0}`)), 400, "invalid_port")
 		expect(t, g.do(t, http.MethodPost, base, aliceKey, []byte(`{}`)), 400, "invalid_port")
@@ -464,24 +515,51 @@ func TestContractPorts(t *testing.T) {
 		r = g.do(t, http.MethodPost, base, aliceKey, []byte(fmt.Sprintf(`{"port": %d}`, gwtest.FreePort(t))))
 		expect(t, r, 200, "")
 		_ = json.Unmarshal(r.body, &l)
-		u, _ = url.Parse(l.URL)
-		expect(t, g.do(t, http.MethodGet, u.Path+"x", "", nil), 502, "port_unreachable")
+		expect(t, g.do(t, http.MethodGet, strings.TrimSuffix(l.URL, "/")+"/x", "", nil), 502, "port_unreachable")
 
 		r = g.do(t, http.MethodPost, base, aliceKey, []byte(fmt.Sprintf(`{"port": %d, "expiresIn": 1}`, up.port)))
 		expect(t, r, 200, "")
 		_ = json.Unmarshal(r.body, &l)
-		u, _ = url.Parse(l.URL)
 		time.Sleep(2100 * time.Millisecond)
-		expect(t, g.do(t, http.MethodGet, u.Path+"echo", "", nil), 403, "link_expired")
+		expect(t, g.do(t, http.MethodGet, l.URL+"echo", "", nil), 403, "link_expired")
 
 		d := g.create(t, aliceKey, "")
 		r = g.do(t, http.MethodPost, "/v1/sessions/"+d.SessionID+"/ports/link", aliceKey, []byte(fmt.Sprintf(`{"port": %d}`, up.port)))
 		expect(t, r, 200, "")
 		_ = json.Unmarshal(r.body, &l)
-		u, _ = url.Parse(l.URL)
-		expect(t, g.do(t, http.MethodGet, u.Path+"echo", "", nil), 200, "")
+		expect(t, g.do(t, http.MethodGet, l.URL+"echo", "", nil), 200, "")
 		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+d.SessionID, aliceKey, nil), 204, "")
-		expect(t, g.do(t, http.MethodGet, u.Path+"echo", "", nil), 410, "link_gone")
+		expect(t, g.do(t, http.MethodGet, l.URL+"echo", "", nil), 410, "link_gone")
+	})
+
+	t.Run("earlier links redirect", func(t *testing.T) {
+		// A port link of the earlier form, /links/ports/{token}/, signed
+		// with the gateway's key, opens nothing on the API's origin: it
+		// redirects to the preview origin, which expires with it.
+		key := []byte("0123456789abcdef0123456789abcdef")
+		kg := newGateway(t, gwOptions{cov: cov, linkKey: key})
+		ks := kg.create(t, aliceKey, "")
+		exp := time.Now().Add(time.Hour).Unix()
+		token := oldPortToken(key, "alice", ks.SessionID, up.port, exp)
+		r := doNoFollow(t, kg, http.MethodGet, "/links/ports/"+token+"/echo?x=1")
+		expect(t, r, http.StatusTemporaryRedirect, "")
+		loc := r.header.Get("Location")
+		origin, _ := previewOrigin(t, kg, strings.TrimSuffix(loc, "echo?x=1"), ks.SessionID, up.port)
+		if loc != origin+"/echo?x=1" {
+			t.Errorf("Location %q", loc)
+		}
+		r = kg.do(t, http.MethodPost, loc, "", []byte("{}"))
+		if e := decodeEcho(t, r); r.status != 200 || e.Path != "/echo" || e.Query != "x=1" {
+			t.Errorf("following the redirect: %d %+v", r.status, e)
+		}
+		r = rawDo(t, kg, http.MethodGet, "/links/ports/"+token, "")
+		if r.status != http.StatusPermanentRedirect || r.header.Get("Location") != "/links/ports/"+token+"/" {
+			t.Errorf("link without slash: %d %q", r.status, r.header.Get("Location"))
+		}
+		expect(t, kg.do(t, http.MethodGet, "/links/ports/"+oldPortToken(key, "bob", ks.SessionID, up.port, exp)+"/echo", "", nil), 403, "link_invalid")
+		expect(t, kg.do(t, http.MethodGet, "/links/ports/"+oldPortToken(key, "alice", ks.SessionID, up.port, time.Now().Unix()-1)+"/x", "", nil), 403, "link_expired")
+		expect(t, kg.do(t, http.MethodDelete, "/v1/sessions/"+ks.SessionID, aliceKey, nil), 204, "")
+		expect(t, kg.do(t, http.MethodGet, "/links/ports/"+token+"/echo", "", nil), 410, "link_gone")
 	})
 
 	t.Run("link rate limited", func(t *testing.T) {
@@ -494,6 +572,8 @@ func TestContractPorts(t *testing.T) {
 				expect(t, r, 429, "rate_limited")
 			}
 		}
+		_, gport, _ := net.SplitHostPort(lg.addr)
+		expect(t, lg.do(t, http.MethodGet, "http://p80-x.localhost:"+gport+"/echo", "", nil), 429, "rate_limited")
 	})
 
 	t.Run("disabled", func(t *testing.T) {
@@ -505,18 +585,20 @@ func TestContractPorts(t *testing.T) {
 		var l linkOut
 		_ = json.Unmarshal(r.body, &l)
 		u, _ := url.Parse(l.URL)
-		expect(t, og.do(t, http.MethodGet, u.Path+"echo", "", nil), 403, "ports_disabled")
+		_, oport, _ := net.SplitHostPort(og.addr)
+		expect(t, og.do(t, http.MethodGet, "http://"+u.Hostname()+":"+oport+"/echo", "", nil), 403, "ports_disabled")
+		expect(t, og.do(t, http.MethodGet, "/links/ports/x.y/x", "", nil), 403, "ports_disabled")
 	})
 
 	// Every method is one handler: GET's answers are all seen (but the
 	// 504), the other methods' 200s show they pass through it.
 	unreachable := map[string]string{
 		"proxyPortGet 504":     "the server's response headers are awaited 2 minutes: too long for a test",
-		"proxyPortLinkGet 504": "as proxyPortGet 504",
-		"proxyPortLinkGet 503": "the limiter of proxyPortGet 503, per session, whatever the route",
+		"previewOriginGet 504": "as proxyPortGet 504",
+		"previewOriginGet 503": "the limiter of proxyPortGet 503, per session, whatever the route",
 	}
 	doc := loadSpec(t)
-	for _, p := range []string{"/v1/sessions/{id}/ports/{port}/{path}", "/links/ports/{token}/{path}"} {
+	for _, p := range []string{"/v1/sessions/{id}/ports/{port}/{path}", "/links/ports/{token}/{path}", "/{path}"} {
 		for m, op := range doc.Paths.Value(p).Operations() {
 			if m == http.MethodGet {
 				continue
@@ -528,7 +610,43 @@ func TestContractPorts(t *testing.T) {
 			}
 		}
 	}
-	requireSeen(t, cov, func(p string) bool { return strings.Contains(p, "/ports/") }, unreachable)
+	requireSeen(t, cov, func(p string) bool { return strings.Contains(p, "/ports/") || p == "/{path}" }, unreachable)
+}
+
+// previewSigChars is the length of a preview label's signature (the end
+// of the label).
+const previewSigChars = 26
+
+// previewOrigin checks that u is the preview origin of session id's port
+// on g (one label under localhost, on the API's port, path /) and returns
+// the origin, without the final slash, and its label.
+func previewOrigin(t *testing.T, g *testGateway, u, id string, port int) (string, string) {
+	t.Helper()
+	p, err := url.Parse(u)
+	_, gport, _ := net.SplitHostPort(g.addr)
+	label, ok := strings.CutSuffix(p.Hostname(), ".localhost")
+	if err != nil || p.Scheme != "http" || p.Port() != gport || p.Path != "/" || !ok ||
+		!strings.HasPrefix(label, fmt.Sprintf("p%d-%s-", port, strings.TrimPrefix(id, "sbx-"))) || len(label) > 63 {
+		t.Fatalf("preview URL %q of %s port %d", u, id, port)
+	}
+	return strings.TrimSuffix(u, "/"), label
+}
+
+func flipChar(c byte) string {
+	if c == 'a' {
+		return "b"
+	}
+	return "a"
+}
+
+// oldPortToken is a port link of the earlier form (/links/ports/{token}/),
+// as rest signed them: base64url(payload) "." base64url(HMAC-SHA256(key,
+// domain 0 tenant 0 payload)).
+func oldPortToken(key []byte, tenant, session string, port int, exp int64) string {
+	enc := b64([]byte(fmt.Sprintf(`{"v":1,"s":%q,"port":%d,"e":%d}`, session, port, exp)))
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte("sandgate-port-link-v1\x00" + tenant + "\x00" + enc))
+	return enc + "." + b64(h.Sum(nil))
 }
 
 func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }

@@ -879,6 +879,8 @@ func TestContract(t *testing.T) {
 		"getHostKeys 500":   "the handler has no failure path; documented because every handler sits behind the panic recoverer",
 		"createSession 404": "workspace_not_found and snapshot_not_found: seen in TestContractWorkspaces",
 		"deleteSession 400": "an invalid keepWorkspace: seen in TestContractWorkspaces",
+		"deleteSession 409": "workspace_sync_failed (files over the limit): seen in TestContractWorkspaces",
+		"deleteSession 503": "workspace_sync_failed (the store failed): seen in TestContractWorkspaces",
 	})
 }
 
@@ -886,7 +888,7 @@ func TestContract(t *testing.T) {
 // shells, files, processes, the kernel, links, stop, logs, ports, stats), the
 // audit's, or a seed's compat API, whose contract tests live in their own files.
 func dataPlanePath(path string) bool {
-	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/logs", "/links/", "/compat/", "/ports/", "/stats", "/v1/audit", "/workspaces", "/snapshots"} {
+	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/logs", "/links/", "/compat/", "/ports/", "/{path}", "/stats", "/v1/audit", "/workspaces", "/snapshots"} {
 		if strings.Contains(path, p) {
 			return true
 		}

@@ -39,6 +39,11 @@ func TestContractWorkspaces(t *testing.T) {
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"proj"}`), http.StatusCreated, "")
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"proj"}`), http.StatusConflict, "workspace_exists")
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"../x"}`), http.StatusBadRequest, "invalid_workspace_name")
+		// ".." inside a name is refused up front (it passed the pattern
+		// and failed later as 503 workspace_store_failed: issue 35 item 9).
+		expect(t, post("/v1/workspaces", aliceKey, `{"name":"a..b"}`), http.StatusBadRequest, "invalid_workspace_name")
+		expect(t, post("/v1/sessions", aliceKey, `{"workspace":"a..b"}`), http.StatusBadRequest, "invalid_workspace_name")
+		expect(t, g.do(t, http.MethodDelete, "/v1/workspaces/x..", aliceKey, nil), http.StatusBadRequest, "invalid_workspace_name")
 		expect(t, post("/v1/workspaces", aliceKey, `{"name":"a","size":1}`), http.StatusBadRequest, "unknown_field")
 		expect(t, post("/v1/workspaces", "", `{"name":"a"}`), http.StatusUnauthorized, "unauthorized")
 
@@ -209,6 +214,71 @@ func TestContractWorkspaces(t *testing.T) {
 		if err := os.Rename(store+".away", store); err != nil {
 			t.Fatal(err)
 		}
+	})
+
+	// A workspace that cannot be saved keeps its session (issue 35 item
+	// 1): the failed sync is in the session's workspaceSync and the
+	// workspace's sync, DELETE refuses with workspace_sync_failed, and
+	// discard=true ends it keeping the last saved version.
+	t.Run("unsaved", func(t *testing.T) {
+		udir := t.TempDir()
+		ug := newGateway(t, gwOptions{cov: cov, workspaceDir: udir, workspaceMaxBytes: 1 << 20})
+		run := func(id, cmd string) {
+			t.Helper()
+			body, _ := json.Marshal(map[string]string{"command": cmd})
+			r := ug.do(t, http.MethodPost, "/v1/sessions/"+id+"/commands", aliceKey, body)
+			var out cmdOut
+			if err := json.Unmarshal(r.body, &out); r.status != http.StatusOK || err != nil || out.ExitCode == nil || *out.ExitCode != 0 {
+				t.Fatalf("command %q: %s", cmd, r.body)
+			}
+		}
+		expect(t, ug.do(t, http.MethodPost, "/v1/workspaces", aliceKey, []byte(`{"name":"u"}`)), http.StatusCreated, "")
+		s := ug.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"workspace":"u"}`))
+		expect(t, s, http.StatusCreated, "")
+		id := s.session(t).SessionID
+		run(id, "echo v1 > keep.txt")
+		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusNoContent, "")
+
+		s = ug.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"workspace":"u"}`))
+		expect(t, s, http.StatusCreated, "")
+		id = s.session(t).SessionID
+		run(id, "echo v2 > keep.txt && head -c 2000000 /dev/zero > over.bin")
+		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id+"?discard=maybe", aliceKey, nil), http.StatusBadRequest, "invalid_field")
+		r := ug.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil)
+		expect(t, r, http.StatusConflict, "workspace_sync_failed")
+		if !strings.Contains(string(r.body), "over.bin") {
+			t.Errorf("the refusal does not name the file: %s", r.body)
+		}
+		r = ug.do(t, http.MethodGet, "/v1/sessions/"+id, aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		if !strings.Contains(string(r.body), `"lastError":"could not save`) {
+			t.Errorf("the session's workspaceSync: %s", r.body)
+		}
+		r = ug.do(t, http.MethodGet, "/v1/workspaces", aliceKey, nil)
+		if !strings.Contains(string(r.body), `"lastError":"could not save`) {
+			t.Errorf("the workspace's sync: %s", r.body)
+		}
+		// Under the limit again, but the gateway's store fails: 503.
+		run(id, "rm over.bin")
+		tmp := filepath.Join(udir, "tmp")
+		if err := os.Rename(tmp, tmp+".away"); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusServiceUnavailable, "workspace_sync_failed")
+		if err := os.Rename(tmp+".away", tmp); err != nil {
+			t.Fatal(err)
+		}
+		run(id, `test "$(cat keep.txt)" = v2`) // still there, files and all
+		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id+"?discard=true", aliceKey, nil), http.StatusNoContent, "")
+		if r := ug.do(t, http.MethodGet, "/v1/workspaces", aliceKey, nil); strings.Contains(string(r.body), "lastError") {
+			t.Errorf("the workspace's sync after discard: %s", r.body)
+		}
+
+		s = ug.do(t, http.MethodPost, "/v1/sessions", aliceKey, []byte(`{"workspace":"u"}`))
+		expect(t, s, http.StatusCreated, "")
+		id = s.session(t).SessionID
+		run(id, `test "$(cat keep.txt)" = v1`)
+		expect(t, ug.do(t, http.MethodDelete, "/v1/sessions/"+id, aliceKey, nil), http.StatusNoContent, "")
 	})
 
 	t.Run("failed-session", func(t *testing.T) {

@@ -191,6 +191,7 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	auditFile(r, "read", p, -1)
+	sandboxed(w)
 	a.serveFile(w, r, fsys, p)
 }
 

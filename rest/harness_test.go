@@ -71,8 +71,13 @@ type gwOptions struct {
 	// workspaceDir, when set, is where a workspace engine (local store
 	// only) keeps named workspaces and snapshots.
 	workspaceDir string
+	// linkKey, publicURL and previewDomain are the API's (rest.Config).
+	linkKey                  []byte
+	publicURL, previewDomain string
 	// maxWorkspaces and maxSnapshots bound a tenant's (0: the engine's defaults).
 	maxWorkspaces, maxSnapshots int
+	// workspaceMaxBytes bounds what a workspace may hold (0: its filesystem's size).
+	workspaceMaxBytes int64
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -147,7 +152,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	var wsvc *workspace.Service
 	if o.workspaceDir != "" {
 		if wsvc, err = workspace.New(workspace.Config{Dir: o.workspaceDir, Log: log,
-			MaxWorkspaces: o.maxWorkspaces, MaxSnapshots: o.maxSnapshots}); err != nil {
+			MaxWorkspaces: o.maxWorkspaces, MaxSnapshots: o.maxSnapshots, MaxBytes: o.workspaceMaxBytes}); err != nil {
 			t.Fatal(err)
 		}
 		gcfg.Workspaces = wsvc
@@ -200,6 +205,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
 		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics,
+		LinkKey: o.linkKey, PublicURL: o.publicURL, PreviewDomain: o.previewDomain,
 	}
 	if wsvc != nil {
 		rcfg.Workspaces = wsvc
@@ -224,7 +230,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		}
 	})
 
-	client := &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second}
+	client := &http.Client{Transport: &http.Transport{DialContext: dialLocalhost}, Timeout: 30 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
 
 	g := &testGateway{
@@ -310,7 +316,11 @@ func (g *testGateway) exchange(t testing.TB, checkRequest bool, method, path, to
 		if body != nil {
 			rd = bytes.NewReader(body)
 		}
-		req, err := http.NewRequest(method, g.url+path, rd)
+		u := g.url + path
+		if strings.HasPrefix(path, "http://") {
+			u = path // another origin of the gateway's: a preview's
+		}
+		req, err := http.NewRequest(method, u, rd)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -435,4 +445,14 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// dialLocalhost dials as browsers and curl do: every *.localhost name is
+// the loopback (a preview origin's, rest/preview.go).
+func dialLocalhost(ctx context.Context, network, addr string) (net.Conn, error) {
+	if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
 }

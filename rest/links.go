@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -205,15 +207,6 @@ func (a *api) linkedSession(w http.ResponseWriter, r *http.Request) (*gateway.Se
 	return a.dataSession(w, r)
 }
 
-// gatewayURL is the scheme and host the request reached the gateway by,
-// the base of the links it hands out.
-func gatewayURL(r *http.Request) string {
-	if r.TLS != nil {
-		return "https://" + r.Host
-	}
-	return "http://" + r.Host
-}
-
 // createLink serves POST /v1/sessions/{id}/files/link: a presigned URL
 // for the regular file at path.
 func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
@@ -260,7 +253,7 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 	expires := linkExpiry(expiresIn)
 	token := signLink(a.cfg.LinkKey, s.Tenant, s.ID, p, expires)
 	a.cfg.Log.InfoContext(r.Context(), "link_created", "session", s.ID, "tenant", s.Tenant, "path", p, "expires_at", expires)
-	_ = writeJSON(w, http.StatusOK, linkJSON{URL: gatewayURL(r) + "/links/" + token, ExpiresAt: expires})
+	_ = writeJSON(w, http.StatusOK, linkJSON{URL: a.baseURL(r) + "/links/" + token, ExpiresAt: expires})
 }
 
 // fetchLink serves GET /links/{token}, without authentication: the file
@@ -284,6 +277,14 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 	fail := func(status int, c, msg string) {
 		code = c
 		WriteError(ww, status, c, msg)
+	}
+	// A link's file runs nowhere: whatever it holds, no browser renders it
+	// as a page of the API's origin, sniffs it into a script, or installs
+	// it as a service worker.
+	sandboxed(ww)
+	if refuseServiceWorker(ww, r) {
+		code = "service_worker_refused"
+		return
 	}
 	enc, lp, sig, ok := parseLink(chi.URLParam(r, "token"))
 	if !ok {
@@ -317,7 +318,16 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
+	ww.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(p)}))
 	a.serveFile(ww, r, fsys, p)
+}
+
+// sandboxed marks an answer whose body is a sandbox's file: never sniffed
+// into another type, and, if a browser shows it at all, in a sandbox of
+// its own origin with no script.
+func sandboxed(w http.ResponseWriter) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Security-Policy", "sandbox")
 }
 
 // badLink answers a link that does not verify: 403 link_invalid, or 429

@@ -21,18 +21,33 @@ import (
 	"github.com/sandgate/sandgate/sandbox"
 )
 
-// Preview URLs: /v1/sessions/{id}/ports/{port}/{path...} (authenticated)
-// and /links/ports/{token}/{path...} (a presigned link, POST
-// /v1/sessions/{id}/ports/link) reverse-proxy HTTP, WebSocket upgrades
-// included, to localhost:port inside the session's sandbox. The gateway
-// connects through sandbox.LoopbackDialer, as `ssh -L` does (sshd/forward.go):
-// the sandbox's own loopback, never another host.
+// Preview URLs reverse-proxy HTTP, WebSocket upgrades included, to
+// localhost:port inside a session's sandbox, on two routes:
+//   - a preview origin of the session's own (preview.go): any path on the
+//     host p{port}-{label}.{preview domain}, a presigned URL from POST
+//     /v1/sessions/{id}/ports/link, the one to open in a browser;
+//   - /v1/sessions/{id}/ports/{port}/{path...} on the API's origin, with the
+//     bearer token: for programs, served under Content-Security-Policy:
+//     sandbox, without cookies either way, so nothing the server sends runs
+//     with the API's origin.
+//
+// /links/ports/{token}/{path...}, the links of earlier versions, redirect
+// (307) to the preview origin. The gateway connects through
+// sandbox.LoopbackDialer, as `ssh -L` does (sshd/forward.go): the
+// sandbox's own loopback, never another host.
 //
 // The client's Authorization header never reaches the sandbox, nor does a
-// link's token (it is in the path the gateway strips, and a Referer that
-// carries it is dropped). The server sees Host localhost:port (dev servers
-// check it), X-Forwarded-For, -Host and -Proto, and, on the authenticated
-// route, X-Forwarded-Prefix.
+// preview origin's label (the credential): the server sees Host
+// localhost:port (dev servers check it), and Origin and Referer of its own
+// preview as http://localhost:port (another origin's as Origin "null" and
+// no Referer), X-Forwarded-For and -Proto, and, on the bearer route,
+// X-Forwarded-Host and -Prefix.
+//
+// Whatever the route, the server's answer loses Service-Worker-Allowed, a
+// request for a service worker's script (Service-Worker: script) is
+// refused, and a redirect that leaves the preview is refused (502
+// port_redirect_refused): a page of the sandbox gets no foothold outside
+// its own origin.
 
 // Preview bounds.
 const (
@@ -62,12 +77,24 @@ type portTarget struct {
 	dialer sandbox.LoopbackDialer
 	port   int
 	// path and rawPath are the path on the server (what follows the
-	// route's prefix); prefix is the route's prefix for X-Forwarded-Prefix
-	// ("" on a link: it would carry the token); token is a link's token.
-	path, rawPath, prefix, token string
+	// route's prefix).
+	path, rawPath string
+	route         portRoute
 	// touch counts moved bytes as the session's activity (a WebSocket
 	// that only talks keeps its session from the idle timeout).
 	touch func()
+}
+
+// portRoute is how a request reached a preview.
+type portRoute struct {
+	// public is the route's public prefix, which the server's own
+	// redirects are put under ("" on a preview origin: its root).
+	public string
+	// fwdPrefix is X-Forwarded-Prefix ("" on a preview origin).
+	fwdPrefix string
+	// label is the preview origin's label ("": the API's origin, the
+	// bearer route).
+	label string
 }
 
 type portTargetKey struct{}
@@ -104,10 +131,10 @@ func newPortsProxy(a *api) *portsProxy {
 	}
 	p := &portsProxy{open: map[string]int{}}
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:        rewritePortRequest,
+		Rewrite:        a.rewritePortRequest,
 		Transport:      tr,
 		FlushInterval:  -1, // stream as the server writes (server-sent events, progress)
-		ModifyResponse: rewritePortResponse,
+		ModifyResponse: a.rewritePortResponse,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			a.portError(w, r, err)
 		},
@@ -138,44 +165,162 @@ func dialPortTarget(ctx context.Context, _, _ string) (net.Conn, error) {
 	return &idleConn{Conn: c, idle: portIdleTimeout, touch: t.touch}, nil
 }
 
-func rewritePortRequest(pr *httputil.ProxyRequest) {
+func (a *api) rewritePortRequest(pr *httputil.ProxyRequest) {
 	t := pr.In.Context().Value(portTargetKey{}).(*portTarget)
-	host := "localhost:" + strconv.Itoa(t.port)
-	pr.Out.URL = &url.URL{Scheme: "http", Host: host, Path: t.path, RawPath: t.rawPath, RawQuery: pr.In.URL.RawQuery}
-	pr.Out.Host = host
+	own := "localhost:" + strconv.Itoa(t.port)
+	pr.Out.URL = &url.URL{Scheme: "http", Host: own, Path: t.path, RawPath: t.rawPath, RawQuery: pr.In.URL.RawQuery}
+	pr.Out.Host = own
 	pr.SetXForwarded()
 	pr.Out.Header.Del("Authorization")
-	if t.prefix != "" {
-		pr.Out.Header.Set("X-Forwarded-Prefix", t.prefix)
+	if t.route.fwdPrefix != "" {
+		pr.Out.Header.Set("X-Forwarded-Prefix", t.route.fwdPrefix)
 	}
-	if t.token != "" && strings.Contains(pr.Out.Header.Get("Referer"), t.token) {
-		pr.Out.Header.Del("Referer")
+	if t.route.label == "" {
+		// The API's origin has no cookie of a sandbox's.
+		pr.Out.Header.Del("Cookie")
+		return
+	}
+	// A preview origin: its name is the credential, kept from the server.
+	pr.Out.Header.Del("X-Forwarded-Host")
+	if o := pr.Out.Header.Get("Origin"); o != "" {
+		if a.sameLabel(o, t.route.label) {
+			pr.Out.Header.Set("Origin", "http://"+own)
+		} else {
+			pr.Out.Header.Set("Origin", "null") // another origin, perhaps another preview's
+		}
+	}
+	if ref := pr.Out.Header.Get("Referer"); ref != "" {
+		u, err := url.Parse(ref)
+		if err == nil && a.sameLabel(ref, t.route.label) {
+			pr.Out.Header.Set("Referer", "http://"+own+u.EscapedPath()+query(u))
+		} else {
+			pr.Out.Header.Del("Referer")
+		}
 	}
 }
 
-// rewritePortResponse keeps the server's redirects inside the preview: a
-// Location on the server's own origin (a path, or http://localhost:port/...)
-// is put under the route's prefix.
-func rewritePortResponse(res *http.Response) error {
-	loc := res.Header.Get("Location")
-	if loc == "" {
+// sameLabel reports whether the URL or origin u is on the preview origin
+// of label (whatever its scheme and port).
+func (a *api) sameLabel(u, label string) bool {
+	p, err := url.Parse(u)
+	if err != nil {
+		return false
+	}
+	l, ok := a.previewHost(p.Host)
+	return ok && l == label
+}
+
+func query(u *url.URL) string {
+	if u.RawQuery == "" {
+		return ""
+	}
+	return "?" + u.RawQuery
+}
+
+// errPortRedirect is a redirect of the server's that leaves its preview.
+var errPortRedirect = errors.New("the server redirected off its preview")
+
+// rewritePortResponse applies the preview's rules to the server's answer:
+// no Service-Worker-Allowed; on the API's origin no cookie and a CSP
+// sandbox; on a preview origin host-only cookies and no Referer to other
+// origins (it would carry the label). A redirect on the server's own
+// origin (a path, or http://localhost:port/...) is put under the route's
+// prefix, one on the preview's origin kept, and any other refused.
+func (a *api) rewritePortResponse(res *http.Response) error {
+	t := res.Request.Context().Value(portTargetKey{}).(*portTarget)
+	h := res.Header
+	h.Del("Service-Worker-Allowed")
+	if t.route.label == "" {
+		h.Del("Set-Cookie")
+		h.Del("Clear-Site-Data")
+		h["Content-Security-Policy"] = append([]string{"sandbox"}, h.Values("Content-Security-Policy")...)
+	} else {
+		if cs := h.Values("Set-Cookie"); len(cs) > 0 {
+			h["Set-Cookie"] = hostOnlyCookies(cs)
+		}
+		h.Set("Referrer-Policy", "same-origin")
+	}
+	loc, ok := h["Location"]
+	if !ok {
 		return nil
 	}
-	t := res.Request.Context().Value(portTargetKey{}).(*portTarget)
-	prefix := res.Request.Context().Value(portPrefixKey{}).(string)
+	if len(loc) != 1 {
+		return errPortRedirect
+	}
+	next, ok := a.previewLocation(loc[0], t)
+	if !ok {
+		return errPortRedirect
+	}
+	h.Set("Location", next)
+	return nil
+}
+
+// previewLocation is where the server's redirect to loc goes on t's
+// route, or false when it would leave the preview. Backslashes and
+// control characters, which browsers read as slashes or drop, are
+// refused outright.
+func (a *api) previewLocation(loc string, t *portTarget) (string, bool) {
+	if strings.ContainsFunc(loc, func(r rune) bool { return r == '\\' || r < 0x20 || r == 0x7f }) {
+		return "", false
+	}
 	u, err := url.Parse(loc)
 	if err != nil {
-		return nil
+		return "", false
 	}
-	own := u.Host == "" && u.Scheme == "" && strings.HasPrefix(u.Path, "/") && !strings.HasPrefix(loc, "//")
-	if u.Scheme == "http" && (u.Host == "localhost:"+strconv.Itoa(t.port) || u.Host == "127.0.0.1:"+strconv.Itoa(t.port)) {
-		own = true
+	switch {
+	case u.Scheme == "" && u.Host == "" && !strings.HasPrefix(loc, "//"):
+		if u.Opaque != "" {
+			return "", false
+		}
+		if !strings.HasPrefix(u.Path, "/") {
+			return loc, true // relative to the page: on its origin
+		}
+	case u.Scheme == "http" && isServerHost(u, t.port):
+		// The server's own origin, as it sees itself.
+	case t.route.label != "" && (u.Scheme == "http" || u.Scheme == "https") && a.sameLabel(loc, t.route.label):
+		return loc, true
+	default:
+		return "", false
 	}
-	if own {
-		u.Scheme, u.Host = "", ""
-		res.Header.Set("Location", strings.TrimSuffix(prefix, "/")+u.RequestURI()+fragment(u))
+	u.Scheme, u.Host = "", ""
+	return strings.TrimSuffix(t.route.public, "/") + u.RequestURI() + fragment(u), true
+}
+
+// isServerHost reports whether u names the server on port of the
+// sandbox's loopback.
+func isServerHost(u *url.URL, port int) bool {
+	p := u.Port()
+	if p == "" {
+		p = "80"
 	}
-	return nil
+	if p != strconv.Itoa(port) || u.User != nil {
+		return false
+	}
+	switch strings.ToLower(u.Hostname()) {
+	case "localhost", "127.0.0.1", "::1":
+		return true
+	}
+	return false
+}
+
+// hostOnlyCookies drops the Domain attribute of each Set-Cookie value: a
+// cookie a preview's server sets stays on its own host, never reaching
+// the previews of other sessions under the same domain.
+func hostOnlyCookies(values []string) []string {
+	out := make([]string, 0, len(values))
+	for _, v := range values {
+		parts := strings.Split(v, ";")
+		kept := parts[:1]
+		for _, p := range parts[1:] {
+			name, _, _ := strings.Cut(strings.TrimSpace(p), "=")
+			if strings.EqualFold(strings.TrimSpace(name), "domain") {
+				continue
+			}
+			kept = append(kept, p)
+		}
+		out = append(out, strings.Join(kept, ";"))
+	}
+	return out
 }
 
 func fragment(u *url.URL) string {
@@ -184,10 +329,6 @@ func fragment(u *url.URL) string {
 	}
 	return "#" + u.EscapedFragment()
 }
-
-// portPrefixKey holds the public prefix of the request's route (a link's
-// included), for redirects.
-type portPrefixKey struct{}
 
 // idleConn is a connection that fails a read or write once no byte moved
 // either way for idle, and calls touch when bytes move.
@@ -288,7 +429,7 @@ func (a *api) proxyPort(w http.ResponseWriter, r *http.Request) {
 	escaped := r.URL.EscapedPath()
 	rest := tail(escaped, 5)
 	prefix := strings.TrimSuffix(escaped[:len(escaped)-len(rest)], "/")
-	a.servePort(w, r, s, port, rest, prefix, prefix, "")
+	a.servePort(w, r, s, port, rest, portRoute{public: prefix, fwdPrefix: prefix})
 }
 
 // portsOff answers 403 ports_disabled when the gateway serves no
@@ -303,9 +444,12 @@ func (a *api) portsOff(w http.ResponseWriter) bool {
 }
 
 // servePort proxies r to port in s's sandbox, at the escaped path rest.
-func (a *api) servePort(w http.ResponseWriter, r *http.Request, s *gateway.Session, port int, rest, public, fwdPrefix, token string) {
+func (a *api) servePort(w http.ResponseWriter, r *http.Request, s *gateway.Session, port int, rest string, route portRoute) {
 	if r.Method == http.MethodConnect {
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", "CONNECT is not passed to a preview; every other method is")
+		return
+	}
+	if refuseServiceWorker(w, r) {
 		return
 	}
 	dialer, ok := sandbox.As[sandbox.LoopbackDialer](s.Sandbox())
@@ -320,7 +464,7 @@ func (a *api) servePort(w http.ResponseWriter, r *http.Request, s *gateway.Sessi
 		return
 	}
 	defer a.ports.release(s.ID)
-	t := &portTarget{dialer: dialer, port: port, rawPath: rest, prefix: fwdPrefix, token: token,
+	t := &portTarget{dialer: dialer, port: port, rawPath: rest, route: route,
 		touch: func() { s.Touch(time.Now()) }}
 	p, err := url.PathUnescape(rest)
 	if err != nil {
@@ -339,7 +483,6 @@ func (a *api) servePort(w http.ResponseWriter, r *http.Request, s *gateway.Sessi
 		r.Body = http.MaxBytesReader(w, r.Body, portBodyBytes)
 	}
 	ctx := context.WithValue(r.Context(), portTargetKey{}, t)
-	ctx = context.WithValue(ctx, portPrefixKey{}, public)
 	a.ports.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -371,6 +514,9 @@ func (a *api) portError(w http.ResponseWriter, r *http.Request, err error) {
 	var de *portDialError
 	var mbe *http.MaxBytesError
 	switch {
+	case errors.Is(err, errPortRedirect):
+		WriteError(w, http.StatusBadGateway, "port_redirect_refused",
+			fmt.Sprintf("the server on port %d redirected off its preview's origin; a preview only redirects within itself", port))
 	case errors.As(err, &mbe):
 		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("a preview request body is at most %d bytes", portBodyBytes))
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
@@ -447,7 +593,8 @@ func (a *api) portLink(w http.ResponseWriter, r *http.Request) {
 }
 
 // createPortLink serves POST /v1/sessions/{id}/ports/link: a presigned
-// URL for the prefix of a port's preview. Nothing need listen yet.
+// URL for a port's preview, on an origin of its own (preview.go). Nothing
+// need listen yet.
 func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 	if a.portsOff(w) {
 		return
@@ -474,14 +621,21 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	expires := linkExpiry(expiresIn)
-	token := signPortLink(a.cfg.LinkKey, s.Tenant, s.ID, *req.Port, expires)
+	u, err := a.previewURL(r, s.Tenant, s.ID, *req.Port, expires)
+	if err != nil {
+		a.cfg.Log.ErrorContext(r.Context(), "port_link_failed", "session", s.ID, "err", err)
+		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+		return
+	}
 	a.cfg.Log.Info("port_link_created", "session", s.ID, "tenant", s.Tenant, "port", *req.Port, "expires_at", expires)
-	_ = writeJSON(w, http.StatusOK, linkJSON{URL: gatewayURL(r) + "/links/ports/" + token + "/", ExpiresAt: expires})
+	_ = writeJSON(w, http.StatusOK, linkJSON{URL: u, ExpiresAt: expires})
 }
 
-// proxyPortLink serves /links/ports/{token}/*, without authentication: the
-// request, to the link's port, if the link verifies, has not expired and
-// its session still runs.
+// proxyPortLink serves /links/ports/{token}/*, the port links of earlier
+// versions, without authentication: if the link verifies, has not
+// expired and its session still runs, a redirect (307) to the same path
+// on the port's preview origin, which expires with the link. Nothing of
+// the sandbox is served on the API's origin.
 func (a *api) proxyPortLink(w http.ResponseWriter, r *http.Request) {
 	if a.portsOff(w) {
 		return
@@ -507,10 +661,62 @@ func (a *api) proxyPortLink(w http.ResponseWriter, r *http.Request) {
 	if c := callOf(r.Context()); c != nil {
 		c.tenant, c.auth, c.session = tenant, "link", s.ID
 	}
-	s.Touch(time.Now())
+	u, err := a.previewURL(r, tenant, s.ID, lp.Port, time.Unix(lp.Expires, 0))
+	if err != nil {
+		a.cfg.Log.ErrorContext(r.Context(), "port_link_failed", "session", s.ID, "err", err)
+		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+		return
+	}
 	// "/links/ports/{token}" are three segments.
-	escaped := r.URL.EscapedPath()
-	rest := tail(escaped, 3)
-	public := strings.TrimSuffix(escaped[:len(escaped)-len(rest)], "/")
-	a.servePort(w, r, s, lp.Port, rest, public, "", token)
+	u = strings.TrimSuffix(u, "/") + tail(r.URL.EscapedPath(), 3) + query(r.URL)
+	http.Redirect(w, r, u, http.StatusTemporaryRedirect)
+}
+
+// servePreview serves every request on a preview origin
+// (p{port}-{label}.{domain}): the request, to the label's port, if the
+// label verifies, has not expired and its session still runs.
+func (a *api) servePreview(w http.ResponseWriter, r *http.Request) {
+	if c := callOf(r.Context()); c != nil {
+		c.route = previewRoute
+	}
+	if a.portsOff(w) {
+		return
+	}
+	fail := func(status int, code, msg string) {
+		a.cfg.Log.Info("preview_refused", "remote", r.RemoteAddr, "code", code)
+		WriteError(w, status, code, msg)
+	}
+	label, _ := a.previewHost(r.Host)
+	l, ok := parsePreviewLabel(label)
+	if !ok {
+		a.badLink(w, r, fail)
+		return
+	}
+	tenant, s, ok := a.linkSession(w, r, fail, l.session, l.expires, func(tenant string) bool {
+		return l.verify(a.cfg.LinkKey, tenant)
+	}, func(err error) { WriteGatewayError(w, err) })
+	if !ok {
+		return
+	}
+	if c := callOf(r.Context()); c != nil {
+		c.tenant, c.auth, c.session = tenant, "link", s.ID
+	}
+	s.Touch(time.Now())
+	a.servePort(w, r, s, l.port, r.URL.EscapedPath(), portRoute{label: label})
+}
+
+// previewRoute is the route a preview origin's calls are audited under.
+const previewRoute = "{preview origin}/*"
+
+// refuseServiceWorker answers 403 service_worker_refused to a browser's
+// fetch of a service worker's script (Service-Worker: script), and says
+// whether it did: content of a sandbox never installs a worker, whose
+// scope would outlive the page.
+func refuseServiceWorker(w http.ResponseWriter, r *http.Request) bool {
+	if r.Header.Get("Service-Worker") == "" {
+		return false
+	}
+	WriteError(w, http.StatusForbidden, "service_worker_refused",
+		"content served by a sandbox cannot be a service worker's script")
+	return true
 }

@@ -64,6 +64,14 @@ type Config struct {
 	// NoPorts turns preview URLs off (ports.go): 403 ports_disabled, as
 	// serve does when --ssh-allow-local-forward=false.
 	NoPorts bool
+	// PublicURL is the gateway's URL as clients reach it (serve
+	// --public-url): the base of presigned links and preview origins. ""
+	// uses the address the request's connection reached, never the
+	// request's Host header (preview.go).
+	PublicURL string
+	// PreviewDomain is the domain preview origins are one label under
+	// (serve --preview-domain; "": DefaultPreviewDomain, localhost).
+	PreviewDomain string
 	// Audit receives an event per call, file operation and kernel call
 	// (nil: none kept; audit.go).
 	Audit audit.Auditor
@@ -172,7 +180,19 @@ func New(cfg Config) http.Handler {
 	}
 	// The seeds' own APIs (compat.go).
 	a.mountCompat(r)
-	return r
+
+	// Preview origins (preview.go) are told apart by the Host header: any
+	// path on them is the sandbox's, none of the API's.
+	pv := chi.NewRouter()
+	pv.Use(requestID, a.auditCalls, a.recoverer)
+	pv.HandleFunc("/*", a.servePreview)
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if _, ok := a.previewHost(req.Host); ok {
+			pv.ServeHTTP(w, req)
+			return
+		}
+		r.ServeHTTP(w, req)
+	})
 }
 
 // allowedMethods lists the methods routes serve at path, for the Allow

@@ -379,19 +379,36 @@ func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	discard, ok := boolQuery(w, r, "discard", false)
+	if !ok {
+		return
+	}
 	p, id := principal(r), chi.URLParam(r, "id")
-	if !keep && a.cfg.Workspaces != nil {
-		// Only the caller's own session may be marked: its workspace
-		// goes when it ends.
+	ws := a.cfg.Workspaces
+	if ws != nil {
+		// Only the caller's own session is saved or marked.
 		if _, err := a.cfg.Sessions.Get(r.Context(), p, id); err != nil {
 			WriteGatewayError(w, err)
 			return
 		}
-		a.cfg.Workspaces.DropOnEnd(id, true)
+		switch {
+		case !keep: // its workspace goes when it ends
+			ws.DropOnEnd(id, true)
+		case discard: // it ends without saving
+			ws.DiscardOnEnd(id, true)
+		default:
+			// Saved before it ends: a workspace that cannot be saved
+			// keeps the session, and so its files (workspace_sync_failed).
+			if err := ws.FinalSync(r.Context(), id); err != nil {
+				WriteGatewayError(w, err)
+				return
+			}
+		}
 	}
 	if err := a.cfg.Sessions.Delete(r.Context(), p, id); err != nil {
-		if !keep && a.cfg.Workspaces != nil {
-			a.cfg.Workspaces.DropOnEnd(id, false)
+		if ws != nil {
+			ws.DropOnEnd(id, false)
+			ws.DiscardOnEnd(id, false)
 		}
 		WriteGatewayError(w, err)
 		return

@@ -23,6 +23,11 @@ type Workspaces interface {
 	DeleteWorkspace(ctx context.Context, tenant, name string) error
 	Snapshot(ctx context.Context, tenant, session string, sb sandbox.Sandbox, stopped bool) (workspace.SnapshotInfo, error)
 	SessionSync(session string) *workspace.SyncState
+	// FinalSync saves a session's named workspace before a DELETE ends
+	// it (workspace_sync_failed: not saved; the session must stay), and
+	// DiscardOnEnd makes it end without saving (discard=true).
+	FinalSync(ctx context.Context, session string) error
+	DiscardOnEnd(session string, discard bool)
 	DropOnEnd(session string, drop bool)
 	ListSnapshots(ctx context.Context, tenant, session string) ([]workspace.SnapshotEntry, error)
 	DeleteSnapshot(ctx context.Context, tenant, id string) error
@@ -143,16 +148,22 @@ func (a *api) createSnapshot(w http.ResponseWriter, r *http.Request) {
 // keepWorkspace reads DELETE /v1/sessions/{id}'s keepWorkspace query
 // parameter (default true); ok is false once it answered an error.
 func keepWorkspace(w http.ResponseWriter, r *http.Request) (keep, ok bool) {
-	v, set := r.URL.Query()["keepWorkspace"]
+	return boolQuery(w, r, "keepWorkspace", true)
+}
+
+// boolQuery reads query parameter name, true or false, given at most
+// once (def when absent); ok is false once it answered an error.
+func boolQuery(w http.ResponseWriter, r *http.Request, name string, def bool) (v, ok bool) {
+	vs, set := r.URL.Query()[name]
 	if !set {
-		return true, true
+		return def, true
 	}
-	keep, err := strconv.ParseBool(v[0])
-	if len(v) != 1 || err != nil {
-		WriteError(w, http.StatusBadRequest, "invalid_field", "keepWorkspace is true or false")
+	v, err := strconv.ParseBool(vs[0])
+	if len(vs) != 1 || err != nil {
+		WriteError(w, http.StatusBadRequest, "invalid_field", name+" is true or false")
 		return false, false
 	}
-	return keep, true
+	return v, true
 }
 
 // listSnapshots answers GET /v1/snapshots[?session=ID]: the caller's

@@ -52,10 +52,11 @@ func (s *Service) PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel s
 		return "", err
 	}
 	defer root.Close()
-	hash, _, _, err := s.storeFileFlags(ctx, root, rel, os.O_RDONLY|syscall.O_NONBLOCK, s.limitFor(home), pins)
+	fe, _, err := s.storeFileFlags(ctx, root, rel, os.O_RDONLY|syscall.O_NONBLOCK, false, s.limitFor(home), pins)
 	if err != nil {
 		return "", err
 	}
+	hash := fe.Hash
 	// Artifacts have keys of their own: no collection removes them (an
 	// object store's lifecycle rule may expire artifacts/, so an upload
 	// is reused for artifactReuse only).

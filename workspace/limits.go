@@ -54,7 +54,7 @@ func (s *Service) reserve(ctx context.Context, tenant, key string, l limit) (rel
 	prefix := tenantDir(tenant) + "/" + l.kind + "/"
 	keys, err := s.listDocsStrict(ctx, prefix)
 	if err != nil {
-		return nil, errStore("could not count the tenant's "+l.kind, err)
+		return nil, s.errStore("could not count the tenant's "+l.kind, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

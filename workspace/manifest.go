@@ -25,21 +25,111 @@ type Manifest struct {
 
 // Entry is one path of a manifest: a directory, a regular file (Hash
 // names its object) or a symlink (Link is its target).
+//
+// Two kinds of regular file keep only what they hold (both added after
+// the first manifests, which have neither and read as before):
+//   - a second name of a file (a hard link) has HardLink, the path of the
+//     entry holding the data, and no object of its own; a restore links
+//     it to that entry again;
+//   - a sparse file has Sparse and Extents, its data regions as [offset,
+//     length] pairs; its object holds those regions' bytes one after the
+//     other, Size stays its length, and a restore leaves the rest holes.
 type Entry struct {
-	Path string      `json:"p"`
-	Mode fs.FileMode `json:"m"`
-	Size int64       `json:"s,omitempty"`
-	Hash string      `json:"h,omitempty"`
-	Link string      `json:"l,omitempty"`
+	Path     string      `json:"p"`
+	Mode     fs.FileMode `json:"m"`
+	Size     int64       `json:"s,omitempty"`
+	Hash     string      `json:"h,omitempty"`
+	Link     string      `json:"l,omitempty"`
+	HardLink string      `json:"hl,omitempty"`
+	Sparse   bool        `json:"sp,omitempty"`
+	Extents  [][2]int64  `json:"x,omitempty"`
 }
 
-// Bytes is the total size of the manifest's files.
+// Bytes is what the manifest's files hold: a hard link counted once, a
+// sparse file by its data.
 func (m *Manifest) Bytes() int64 {
 	var n int64
-	for _, e := range m.Entries {
-		n += e.Size
+	for i := range m.Entries {
+		n += m.Entries[i].dataBytes()
 	}
 	return n
+}
+
+// dataBytes is the size of e's object: what e costs the store and the
+// workspace.
+func (e *Entry) dataBytes() int64 {
+	switch {
+	case !e.Mode.IsRegular() || e.HardLink != "":
+		return 0
+	case e.Sparse:
+		n := int64(0)
+		for _, x := range e.Extents {
+			n += x[1]
+		}
+		return n
+	}
+	return e.Size
+}
+
+// maxExtents bounds the data regions kept of one sparse file (and read
+// back from a manifest): past it, neighbouring regions are kept as one,
+// with the hole between them read as zeros.
+const maxExtents = 512
+
+// appendExtent adds the region [off, off+n) to ext, which is in order,
+// joining it to the last one when they touch, and halving the list by
+// joining neighbours when it reaches 2*maxExtents.
+func appendExtent(ext [][2]int64, off, n int64) [][2]int64 {
+	if l := len(ext); l > 0 && ext[l-1][0]+ext[l-1][1] == off {
+		ext[l-1][1] += n
+		return ext
+	}
+	ext = append(ext, [2]int64{off, n})
+	for len(ext) > maxExtents {
+		j := 0
+		for i := 0; i < len(ext); i += 2 {
+			if i+1 < len(ext) {
+				ext[j] = [2]int64{ext[i][0], ext[i+1][0] + ext[i+1][1] - ext[i][0]}
+			} else {
+				ext[j] = ext[i]
+			}
+			j++
+		}
+		ext = ext[:j]
+	}
+	return ext
+}
+
+// checkEntry refuses a regular file's entry read from a store whose
+// hard link or sparse fields cannot be right.
+func checkEntry(e *Entry) error {
+	bad := func(why string) error { return corruptf("manifest: entry %q: %s", e.Path, why) }
+	if e.Size < 0 {
+		return bad("negative size")
+	}
+	if e.HardLink != "" {
+		if e.Hash != "" || e.Sparse || len(e.Extents) > 0 || !fs.ValidPath(e.HardLink) {
+			return bad("a hard link with data of its own")
+		}
+		return nil
+	}
+	if !e.Sparse {
+		if len(e.Extents) > 0 {
+			return bad("extents of a file that is not sparse")
+		}
+		return nil
+	}
+	if len(e.Extents) > maxExtents {
+		return bad("too many extents")
+	}
+	end := int64(0)
+	for _, x := range e.Extents {
+		if x[0] < end || x[1] <= 0 || x[0] > e.Size || x[1] > e.Size-x[0] {
+			return bad("extents out of order or past the end")
+		}
+		end = x[0] + x[1]
+	}
+	return nil
 }
 
 // objectKey is where object hash (validHash) is stored.
@@ -65,10 +155,14 @@ type statKey struct {
 	ino                uint64
 }
 
+// cached is a file's entry (its data fields) as of stat key.
 type cached struct {
-	key  statKey
-	hash string
+	key statKey
+	e   Entry
 }
+
+// inode tells files apart: two names of one inode are one file.
+type inode struct{ dev, ino uint64 }
 
 // scanCache remembers each path's hash with the stat it had, so a scan
 // reads only files that changed. It belongs to one workspace directory.
@@ -87,11 +181,13 @@ type scanStats struct {
 
 // scan walks dir (confined by os.Root: no symlink leads out of it) and
 // stores every regular file it has not seen unchanged in cache into the
-// local store. Special files (fifos, devices, sockets) are skipped. It
-// reads at most limit bytes: a file larger than that (a sparse file whose
-// holes would be read as zeros), or files adding up to more, fail the
-// scan with an error naming the file. The objects it names are pinned
-// into pins.
+// local store. Special files (fifos, devices, sockets) are skipped. A
+// file with several names in dir is stored once (the others are hard
+// links to it), and a sparse file by its data regions. It reads at most
+// limit bytes, counting what files really hold (their allocated blocks,
+// each inode once): a file holding more, or files adding up to more,
+// fail the scan with an error naming the file. The objects it names are
+// pinned into pins.
 func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet) (*Manifest, scanStats, error) {
 	var st scanStats
 	root, err := os.OpenRoot(dir)
@@ -101,6 +197,8 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit i
 	defer root.Close()
 	m := &Manifest{Version: 1, CreatedAt: time.Now().UTC()}
 	seen := map[string]bool{}
+	names := map[inode]string{} // a file of several names -> the name whose entry holds its data
+	linked := map[string]inode{}
 	total := int64(0)
 	err = walk(ctx, root, "", func(dir *os.Root, p, name string, info fs.FileInfo) error {
 		e := Entry{Path: p, Mode: info.Mode() & (fs.ModeType | fs.ModePerm)}
@@ -114,38 +212,56 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit i
 		case info.Mode().IsRegular():
 			seen[p] = true
 			st.Files++
+			id, nlink, allocated, ok := inodeOf(info)
+			if ok && nlink > 1 {
+				if first, dup := names[id]; dup {
+					e.HardLink = first // made the first name's in path order below
+					linked[p] = id
+					break
+				}
+			}
 			k := keyOf(info)
-			if err := overLimit(p, k.size, total, limit); err != nil {
+			if err := overLimit(p, min(k.size, max(allocated, 0)), total, limit); err != nil {
 				return err
 			}
 			if c, ok := cache[p]; ok && c.key == k {
 				// Unless collected since (a deleted snapshot named it).
-				if ok, err := s.pinObject(c.hash, "", pins); err != nil {
+				if ok, err := s.pinObject(c.e.Hash, "", pins); err != nil {
 					return fmt.Errorf("local store: %v", err)
 				} else if ok {
-					e.Size, e.Hash = k.size, c.hash
-					total += k.size
+					e.Size, e.Hash, e.Sparse, e.Extents = c.e.Size, c.e.Hash, c.e.Sparse, c.e.Extents
+					if err := overLimit(p, e.dataBytes(), total, limit); err != nil {
+						return err
+					}
+					total += e.dataBytes()
 					break
 				}
 			}
-			hash, n, k2, err := s.storeFile(ctx, dir, name, limit-total, pins)
+			fe, k2, err := s.storeFile(ctx, dir, name, limit-total, pins)
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotRegular) {
 					return nil
 				}
 				return err
 			}
+			n := fe.dataBytes()
 			st.Hashed++
 			st.HashedBytes += n
 			total += n
-			e.Size, e.Hash = n, hash
+			e.Size, e.Hash, e.Sparse, e.Extents = fe.Size, fe.Hash, fe.Sparse, fe.Extents
 			if time.Since(time.Unix(0, k2.ctime)) > racyWindow {
-				cache[p] = cached{k2, hash}
+				cache[p] = cached{k2, e}
 			} else {
 				delete(cache, p)
 			}
 		default:
 			return nil
+		}
+		if e.Mode.IsRegular() && e.HardLink == "" {
+			if id, nlink, _, ok := inodeOf(info); ok && nlink > 1 {
+				names[id] = p
+				linked[p] = id
+			}
 		}
 		m.Entries = append(m.Entries, e)
 		return nil
@@ -156,6 +272,7 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit i
 	// Directory by directory is not string order ("a/x" comes before
 	// "a-b" so): manifests are.
 	slices.SortFunc(m.Entries, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+	relink(m.Entries, linked)
 	for p := range cache {
 		if !seen[p] {
 			delete(cache, p)
@@ -169,6 +286,46 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit i
 // complete): not content yet, never synced or snapshotted.
 func uploadTemp(name string) bool {
 	return strings.HasPrefix(name, ".sandgate-upload-") && strings.HasSuffix(name, ".tmp")
+}
+
+// relink makes the first name in path order of each file with several
+// names (linked: name -> its inode) the one holding its data, and every
+// other name a hard link to it, so that a restore, in path order, makes
+// the file before linking to it.
+func relink(entries []Entry, linked map[string]inode) {
+	if len(linked) == 0 {
+		return
+	}
+	first := map[inode]int{}
+	for i := range entries {
+		id, ok := linked[entries[i].Path]
+		if !ok {
+			continue
+		}
+		if _, ok := first[id]; !ok {
+			first[id] = i
+		}
+	}
+	for i := range entries {
+		e := &entries[i]
+		id, ok := linked[e.Path]
+		if !ok || e.HardLink != "" {
+			continue
+		}
+		// e holds the data: move it to the first name.
+		f := &entries[first[id]]
+		if f != e {
+			f.Size, f.Hash, f.Sparse, f.Extents, f.HardLink = e.Size, e.Hash, e.Sparse, e.Extents, ""
+			e.Size, e.Hash, e.Sparse, e.Extents = 0, "", false, nil
+		}
+	}
+	for i := range entries {
+		e := &entries[i]
+		if id, ok := linked[e.Path]; ok && first[id] != i {
+			e.HardLink = entries[first[id]].Path
+			e.Size, e.Hash, e.Sparse, e.Extents = 0, "", false, nil
+		}
+	}
 }
 
 // walk calls fn for every entry under dir (but uploads in flight), in path order, with the
@@ -246,55 +403,82 @@ func overLimit(p string, size, total, limit int64) error {
 }
 
 // storeFile hashes p while copying it into a temporary file of the local
-// store, then names the object by its hash and pins it. It returns the
-// bytes it read (at most max: a file that grew past it is errTooLarge)
+// store, then names the object by its hash and pins it. A sparse file
+// (fewer bytes allocated than its length) is read by its data regions
+// only. It returns the file's entry (its data fields), having read at
+// most max bytes (a file that holds, or grew to, more is errTooLarge),
 // and the stat the file had when opened.
-func (s *Service) storeFile(ctx context.Context, root *os.Root, p string, max int64, pins *pinSet) (string, int64, statKey, error) {
-	return s.storeFileFlags(ctx, root, p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, max, pins)
+func (s *Service) storeFile(ctx context.Context, root *os.Root, p string, max int64, pins *pinSet) (Entry, statKey, error) {
+	return s.storeFileFlags(ctx, root, p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, true, max, pins)
 }
 
 // storeFileFlags is storeFile with open flags (a FIFO must never block:
-// O_NONBLOCK always).
-func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, flags int, max int64, pins *pinSet) (string, int64, statKey, error) {
+// O_NONBLOCK always); with sparse false, a sparse file is read whole,
+// its holes as zeros (an artifact is the file's bytes).
+func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, flags int, sparse bool, max int64, pins *pinSet) (Entry, statKey, error) {
+	var e Entry
 	f, err := root.OpenFile(p, flags|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return "", 0, statKey{}, err
+		return e, statKey{}, err
 	}
 	defer f.Close()
 	info, err := f.Stat()
 	if err != nil {
-		return "", 0, statKey{}, err
+		return e, statKey{}, err
 	}
 	if !info.Mode().IsRegular() {
-		return "", 0, statKey{}, errNotRegular
+		return e, statKey{}, errNotRegular
 	}
 	k := keyOf(info)
-	if k.size > max {
-		return "", 0, k, errTooBig(fmt.Sprintf("file %q", p), k.size, max)
+	e.Size = k.size
+	var src io.Reader = io.LimitReader(f, max+1)
+	if _, _, allocated, ok := inodeOf(info); sparse && ok && allocated < k.size {
+		ext, ok, err := dataExtents(f, k.size)
+		if err != nil {
+			return e, k, fmt.Errorf("read %s: %w", p, err)
+		}
+		if ok && !(len(ext) == 1 && ext[0] == [2]int64{0, k.size}) {
+			e.Sparse, e.Extents = true, ext
+			readers := make([]io.Reader, len(ext))
+			for i, x := range ext {
+				readers[i] = io.NewSectionReader(f, x[0], x[1])
+			}
+			src = io.LimitReader(io.MultiReader(readers...), max+1)
+		}
+	}
+	if want := e.dataBytes(); want > max {
+		return e, k, errTooBig(fmt.Sprintf("file %q", p), want, max)
 	}
 	// Failures of the store are not the file's: %v, so that a missing
 	// store directory is not taken for a file removed meanwhile.
 	tmp, err := os.CreateTemp(s.tmpDir, "obj-*")
 	if err != nil {
-		return "", 0, k, fmt.Errorf("local store: %v", err)
+		return e, k, fmt.Errorf("local store: %v", err)
 	}
 	defer os.Remove(tmp.Name())
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(h, tmp), io.LimitReader(f, max+1))
+	n, err := io.Copy(io.MultiWriter(h, tmp), src)
 	if cerr := tmp.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("local store: %v", cerr)
 	}
 	if err != nil {
-		return "", 0, k, fmt.Errorf("read %s: %w", p, err)
+		return e, k, fmt.Errorf("read %s: %w", p, err)
 	}
 	if n > max {
-		return "", 0, k, errTooBig(fmt.Sprintf("file %q (grown while read)", p), n, max)
+		return e, k, errTooBig(fmt.Sprintf("file %q (grown while read)", p), n, max)
 	}
-	hash := hex.EncodeToString(h.Sum(nil))
-	if _, err := s.pinObject(hash, tmp.Name(), pins); err != nil {
-		return "", 0, k, fmt.Errorf("local store: %v", err)
+	if e.Sparse {
+		if n != e.dataBytes() { // cut short while read: keep what was read
+			e.Sparse, e.Extents, e.Size = false, nil, n
+		}
+	} else {
+		e.Size = n
 	}
-	return hash, n, k, nil
+	e.Hash = hex.EncodeToString(h.Sum(nil))
+	if _, err := s.pinObject(e.Hash, tmp.Name(), pins); err != nil {
+		return e, k, fmt.Errorf("local store: %v", err)
+	}
+	return e, k, nil
 }
 
 // restore writes manifest m's entries into the empty directory dir, owned
@@ -304,14 +488,18 @@ func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, f
 // size as it is copied.
 func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
 	limit, total := s.limitFor(dir), int64(0)
-	for _, e := range m.Entries {
+	for i := range m.Entries {
+		e := &m.Entries[i]
 		if !e.Mode.IsRegular() {
 			continue
 		}
-		if e.Size < 0 || e.Size > limit-total {
-			return errTooBig(fmt.Sprintf("the manifest's files (at %q)", e.Path), total+e.Size, limit)
+		if err := checkEntry(e); err != nil {
+			return err
 		}
-		total += e.Size
+		if n := e.dataBytes(); n > limit-total {
+			return errTooBig(fmt.Sprintf("the manifest's files (at %q)", e.Path), total+n, limit)
+		}
+		total += e.dataBytes()
 	}
 	var owner syscall.Stat_t
 	if err := syscall.Stat(dir, &owner); err != nil {
@@ -325,6 +513,7 @@ func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
 	entries := slices.Clone(m.Entries)
 	// Lexical order puts a directory before what it holds.
 	slices.SortFunc(entries, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
+	files := map[string]bool{} // the regular files made so far, which a hard link may name
 	for _, e := range entries {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -341,10 +530,18 @@ func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
 			if err := root.Symlink(e.Link, e.Path); err != nil {
 				return err
 			}
+		case e.Mode.IsRegular() && e.HardLink != "":
+			if !files[e.HardLink] {
+				return corruptf("manifest: %q links to %q, which is no file before it", e.Path, e.HardLink)
+			}
+			if err := root.Link(e.HardLink, e.Path); err != nil {
+				return fmt.Errorf("restore %s: %w", e.Path, err)
+			}
 		case e.Mode.IsRegular():
 			if err := s.restoreFile(ctx, root, e); err != nil {
 				return err
 			}
+			files[e.Path] = true
 		default:
 			continue
 		}
@@ -361,7 +558,7 @@ func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
 }
 
 func (s *Service) restoreFile(ctx context.Context, root *os.Root, e Entry) error {
-	src, err := s.openObject(ctx, e.Hash, e.Size)
+	src, err := s.openObject(ctx, e.Hash, e.dataBytes())
 	if err != nil {
 		return err
 	}
@@ -370,7 +567,11 @@ func (s *Service) restoreFile(ctx context.Context, root *os.Root, e Entry) error
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(dst, src)
+	if e.Sparse {
+		err = restoreSparse(dst, src, &e)
+	} else {
+		_, err = io.Copy(dst, src)
+	}
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
@@ -383,4 +584,22 @@ func (s *Service) restoreFile(ctx context.Context, root *os.Root, e Entry) error
 		return fmt.Errorf("restore %s: %w", e.Path, err)
 	}
 	return nil
+}
+
+// restoreSparse writes e's data regions from src (their bytes one after
+// the other, read to its end so that it is verified) into dst, and makes
+// dst e's length: what lies between the regions stays holes.
+func restoreSparse(dst *os.File, src io.Reader, e *Entry) error {
+	for _, x := range e.Extents {
+		if _, err := io.CopyN(io.NewOffsetWriter(dst, x[0]), src, x[1]); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	if n, err := io.Copy(io.Discard, src); err != nil || n > 0 {
+		return errors.Join(err, corruptf("object %s is longer than the file's data", e.Hash))
+	}
+	return dst.Truncate(e.Size)
 }

@@ -69,6 +69,7 @@ type Service struct {
 	holders  map[string]string      // doc key of a named workspace -> session holding it
 	sessions map[string]*attachment // session id -> what it holds
 	drop     map[string]bool        // sessions whose named workspace goes when they end
+	discard  map[string]bool        // sessions that end without a last sync
 	detached map[string]time.Time   // sessions that ended lately -> when
 	state    map[string]*SyncState  // doc key -> its sync to the remote store
 	queue    map[string]job         // doc key -> what the pusher must do
@@ -84,6 +85,10 @@ type Service struct {
 	settled  map[string]time.Time   // doc keys created lately -> when (limits.go)
 	seq      uint64                 // of the last job queued
 	wake     chan struct{}
+
+	// beforeStableScan, when set (tests), is called before each scan of
+	// stableScan: a writer that never rests, made deterministic.
+	beforeStableScan func()
 }
 
 // attachment is a live session's tie to the engine.
@@ -103,7 +108,49 @@ type attachment struct {
 type SyncState struct {
 	LastSyncedAt *time.Time `json:"lastSyncedAt"`
 	PendingBytes int64      `json:"pendingBytes"`
-	LastError    string     `json:"lastError,omitempty"`
+	// LastError is why the last capture of the workspace's files, or the
+	// last push to the object store, failed ("" once both succeed).
+	LastError string `json:"lastError,omitempty"`
+
+	captureErr string // the last capture's failure, or ""
+}
+
+// view is what the API shows of st: LastError is the capture's failure
+// before the push's.
+func (st *SyncState) view() *SyncState {
+	c := *st
+	c.LastError = strings.Join(slices.DeleteFunc([]string{st.captureErr, st.LastError}, func(e string) bool { return e == "" }), "; ")
+	c.captureErr = ""
+	return &c
+}
+
+// noteCapture records how a capture of workspace doc key ended, for the
+// session's workspaceSync and the workspace's sync.
+func (s *Service) noteCapture(key string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state[key]
+	if st == nil {
+		if err == nil {
+			return
+		}
+		st = &SyncState{}
+		s.state[key] = st
+	}
+	st.captureErr = ""
+	if err != nil {
+		st.captureErr = "could not save the workspace's files" + captureWhy(err)
+	}
+}
+
+// captureWhy is what a tenant is told of a failed capture: which of its
+// files are over the limit, or that the gateway's store failed (the log
+// says how).
+func captureWhy(err error) string {
+	if why := tooLargeWhy(err); why != "" {
+		return why
+	}
+	return ": the gateway's store failed (the gateway's log says how); it is tried again at the next sync"
 }
 
 type job struct {
@@ -141,7 +188,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
-		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, detached: map[string]time.Time{},
+		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, discard: map[string]bool{}, detached: map[string]time.Time{},
 		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
 		releases: map[string]release{}, claims: map[string]release{},
 		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}, creating: map[string]bool{}, settled: map[string]time.Time{}}
@@ -238,13 +285,22 @@ func errBusy(name string) error {
 	return &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_busy", Message: fmt.Sprintf("workspace %q is held by another live session; end it first", name)}
 }
 
-func errStore(msg string, err error) error {
+// errStore is a 503 workspace_store_failed for err, a failure of the
+// local or the object store (which one, the log says: the tenant's
+// answer names neither). Every one is logged with its cause.
+func (s *Service) errStore(msg string, err error) error {
+	where := "local"
+	if s.cfg.Remote != nil {
+		where = "local or object"
+	}
+	s.cfg.Log.Error("workspace_store_failed", "what", msg, "store", where, "err", err)
 	return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_store_failed", Message: msg, Err: err}
 }
 
 func checkName(name string) error {
-	if !nameRE.MatchString(name) {
-		return errInvalid("invalid_workspace_name", "a workspace name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+	// ".." is refused as well: no store key may hold it (backend.go).
+	if !nameRE.MatchString(name) || strings.Contains(name, "..") {
+		return errInvalid("invalid_workspace_name", "a workspace name is 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit, without \"..\"")
 	}
 	return nil
 }
@@ -321,9 +377,9 @@ func (s *Service) setEntries(d *doc, entries []Entry, pins *pinSet) error {
 		return err
 	}
 	d.Pages, d.SizeBytes, d.Files = pages, 0, 0
-	for _, e := range entries {
-		if e.Mode.IsRegular() {
-			d.SizeBytes += e.Size
+	for i := range entries {
+		if entries[i].Mode.IsRegular() {
+			d.SizeBytes += entries[i].dataBytes()
 			d.Files++
 		}
 	}
@@ -376,7 +432,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	key := workspaceKey(tenant, name)
 	ok, err := s.exists(ctx, key)
 	if err != nil {
-		return Info{}, errStore("could not look the workspace up in the object store", err)
+		return Info{}, s.errStore("could not look the workspace up", err)
 	}
 	if ok {
 		return Info{}, &gateway.Error{Kind: gateway.KindConflict, Code: "workspace_exists", Message: fmt.Sprintf("workspace %q exists", name)}
@@ -389,7 +445,7 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 	d := &doc{Name: name, CreatedAt: now, LastUsedAt: now, Pages: []page{}}
 	if err := s.writeDoc(ctx, key, d, true); err != nil {
 		release(false)
-		return Info{}, errStore("could not store the workspace", err)
+		return Info{}, s.errStore("could not store the workspace", err)
 	}
 	release(true)
 	if s.cfg.Remote != nil {
@@ -409,8 +465,7 @@ func (s *Service) info(key string, d *doc) Info {
 	defer s.mu.Unlock()
 	in := Info{Name: d.Name, SizeBytes: d.SizeBytes, Files: d.Files, CreatedAt: d.CreatedAt, LastUsedAt: d.LastUsedAt, InUseBy: s.holders[key]}
 	if st := s.state[key]; st != nil {
-		c := *st
-		in.Sync = &c
+		in.Sync = st.view()
 	}
 	return in
 }
@@ -419,7 +474,7 @@ func (s *Service) info(key string, d *doc) Info {
 func (s *Service) ListWorkspaces(ctx context.Context, tenant string) ([]Info, error) {
 	keys, err := s.listDocs(ctx, tenantDir(tenant)+"/workspaces/")
 	if err != nil {
-		return nil, errStore("could not list workspaces", err)
+		return nil, s.errStore("could not list workspaces", err)
 	}
 	out := []Info{}
 	for _, k := range keys {
@@ -452,7 +507,7 @@ func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) erro
 	key := workspaceKey(tenant, name)
 	ok, err := s.exists(ctx, key)
 	if err != nil {
-		return errStore("could not look the workspace up in the object store", err)
+		return s.errStore("could not look the workspace up", err)
 	}
 	if !ok {
 		return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q", name))
@@ -478,11 +533,11 @@ func (s *Service) remove(ctx context.Context, key string) error {
 	if s.cfg.Remote != nil {
 		tomb := []byte(time.Now().UTC().Format(time.RFC3339Nano))
 		if err := s.local.Put(ctx, tombstoneKey(key), bytes.NewReader(tomb), int64(len(tomb))); err != nil {
-			return errStore("could not delete the workspace", err)
+			return s.errStore("could not delete the workspace", err)
 		}
 	}
 	if err := s.local.Delete(ctx, key); err != nil {
-		return errStore("could not delete it from the local store", err)
+		return s.errStore("could not delete it from the local store", err)
 	}
 	s.mu.Lock()
 	delete(s.state, key)
@@ -517,7 +572,7 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 		key := workspaceKey(tenant, ref.Name)
 		ok, err := s.exists(ctx, key)
 		if err != nil {
-			return errStore("could not read the workspace from the object store", err)
+			return s.errStore("could not read the workspace", err)
 		}
 		if !ok {
 			return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q; create it with POST /v1/workspaces", ref.Name))
@@ -536,7 +591,7 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 		}
 		ok, err := s.exists(ctx, snapshotKey(tenant, ref.FromSnapshot))
 		if err != nil {
-			return errStore("could not read the snapshot from the object store", err)
+			return s.errStore("could not read the snapshot", err)
 		}
 		if !ok {
 			return errNotFound("snapshot_not_found", fmt.Sprintf("no snapshot %q", ref.FromSnapshot))
@@ -548,6 +603,9 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 // detachedMemory is how long an ended session is remembered, so that a
 // snapshot that raced its end does not attach it again.
 const detachedMemory = 10 * time.Minute
+
+// emptyHash is the SHA-256 of no bytes: the object of an empty file.
+const emptyHash = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 var snapIDRE = regexp.MustCompile(`^snap_[0-9a-f]{24}$`)
 
@@ -565,13 +623,14 @@ func (s *Service) Attach(ctx context.Context, tenant, session string, ref gatewa
 	if key != "" && fill {
 		d, err := s.readDoc(ctx, key)
 		if err != nil {
-			return errStore("could not read the workspace's manifest", err)
+			return s.errStore("could not read the workspace's manifest", err)
 		}
 		entries, err := s.entries(ctx, d)
 		if err != nil {
-			return errStore("could not read the workspace's manifest", err)
+			return s.errStore("could not read the workspace's manifest", err)
 		}
 		if err := s.restore(ctx, &Manifest{Entries: entries}, homeOf(sb)); err != nil {
+			s.cfg.Log.Error("workspace_restore_failed", "session", session, "err", err)
 			return &gateway.Error{Kind: gateway.KindUnavailable, Code: "workspace_restore_failed", Message: "could not restore the workspace's files" + tooLargeWhy(err), Err: err}
 		}
 	}
@@ -593,6 +652,49 @@ func (s *Service) DropOnEnd(session string, drop bool) {
 	}
 }
 
+// DiscardOnEnd makes session end without a last sync of its named
+// workspace (DELETE with discard=true): what changed since the last
+// sync is lost, the workspace keeps its last saved version.
+func (s *Service) DiscardOnEnd(session string, discard bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if discard {
+		s.discard[session] = true
+	} else {
+		delete(s.discard, session)
+	}
+}
+
+// FinalSync saves session's named workspace before the session is
+// deleted (a session without one: nothing to do). An error is
+// workspace_sync_failed: the files could not be saved, and the caller
+// must not end the session, so that they are kept until they are saved
+// or discarded (DiscardOnEnd). What the session changes between this
+// and its end is saved by Detach.
+func (s *Service) FinalSync(ctx context.Context, session string) error {
+	s.mu.Lock()
+	a := s.sessions[session]
+	s.mu.Unlock()
+	if a == nil || a.name == "" || !s.stillHeld(ctx, session, a) {
+		return nil
+	}
+	key := workspaceKey(a.tenant, a.name)
+	_, err := s.capture(ctx, a, key, false)
+	s.noteCapture(key, err)
+	if err == nil {
+		return nil
+	}
+	s.cfg.Log.Warn("workspace_final_sync_failed", "session", session, "workspace", a.name, "err", err,
+		"effect", "the session is not deleted; its files are kept")
+	kind := gateway.KindUnavailable
+	if errors.Is(err, errTooLarge) {
+		kind = gateway.KindConflict
+	}
+	return &gateway.Error{Kind: kind, Code: "workspace_sync_failed", Err: err,
+		Message: fmt.Sprintf("the session was not deleted: its workspace %q could not be saved%s; its files are kept. "+
+			"Free space and delete it again, or delete it with discard=true to lose the changes since the last sync", a.name, captureWhy(err))}
+}
+
 // Detach is called when session ends, before its sandbox goes: a named
 // workspace is synced a last time and released (gateway.Workspaces).
 func (s *Service) Detach(ctx context.Context, session string) {
@@ -608,6 +710,8 @@ func (s *Service) Detach(ctx context.Context, session string) {
 	s.detached[session] = now
 	drop := s.drop[session]
 	delete(s.drop, session)
+	discard := s.discard[session]
+	delete(s.discard, session)
 	var held []string
 	for k, h := range s.holders {
 		if h == session {
@@ -626,8 +730,17 @@ func (s *Service) Detach(ctx context.Context, session string) {
 			if err != nil {
 				s.cfg.Log.Error("workspace_delete_failed", "session", session, "err", err)
 			}
+		} else if discard {
+			// Nothing is left unsaved: a failure of the changes dropped
+			// is no longer the workspace's.
+			s.noteCapture(key, nil)
+			s.cfg.Log.Info("workspace_changes_discarded", "session", session, "workspace", a.name)
 		} else if _, err := s.capture(ctx, a, key, false); err != nil {
-			s.cfg.Log.Error("workspace_sync_failed", "session", session, "workspace", a.name, "err", err)
+			s.noteCapture(key, err)
+			s.cfg.Log.Error("workspace_sync_failed", "session", session, "workspace", a.name, "err", err,
+				"effect", "the workspace keeps its last saved version")
+		} else {
+			s.noteCapture(key, nil)
 		}
 	}
 	s.mu.Lock()
@@ -657,8 +770,7 @@ func (s *Service) SessionSync(session string) *SyncState {
 	if st == nil {
 		return &SyncState{}
 	}
-	c := *st
-	return &c
+	return st.view()
 }
 
 // capture scans a's workspace into the local store and writes the
@@ -680,20 +792,34 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	if freeze {
 		frz = freezerOf(a.sb)
 	}
+	var first *Manifest
 	if frz != nil {
-		_, st, err := s.scan(ctx, dir, a.cache, limit, pins)
+		m, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 		if err != nil {
 			return nil, err
 		}
+		first = m
 		info.StoredBytes += st.HashedBytes
 	}
 	var thaw func() error
 	start := time.Now()
 	if frz != nil {
 		var err error
-		if thaw, err = frz.Freeze(ctx); err != nil {
-			return nil, fmt.Errorf("freeze the session: %w", err)
+		if thaw, err = s.freezeRetrying(ctx, frz, a.session); err != nil {
+			if ctx.Err() != nil || errors.Is(err, sandbox.ErrClosed) {
+				return nil, fmt.Errorf("freeze the session: %w", err)
+			}
+			// No freeze: a copy that needs none, or none at all.
+			m, st, serr := s.stableScan(ctx, dir, a.cache, limit, pins, first)
+			if serr != nil {
+				return nil, errors.Join(fmt.Errorf("freeze the session: %w", err), serr)
+			}
+			s.cfg.Log.Warn("workspace_snapshot_unfrozen", "session", a.session, "freeze_err", err,
+				"effect", "taken without a freeze: two scans in a row found the same files")
+			info.Consistent = true
+			return s.finishCapture(ctx, a, key, m, st, info, pins)
 		}
+		info.Consistent = true
 	}
 	m, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 	if thaw != nil {
@@ -701,11 +827,77 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 			err = errors.Join(err, fmt.Errorf("thaw the session: %w", terr))
 		}
 		info.FrozenMillis = float64(time.Since(start).Microseconds()) / 1000
-		info.Consistent = true
 	}
 	if err != nil {
 		return nil, err
 	}
+	return s.finishCapture(ctx, a, key, m, st, info, pins)
+}
+
+// Freeze attempts of a snapshot, each given at most freezeAttempt, before
+// it falls back to stableScan.
+const (
+	freezeTries   = 3
+	freezeAttempt = 2 * time.Second
+)
+
+// freezeRetrying freezes frz, trying again (freezeTries in all) when the
+// freeze does not complete; each failure is logged with its cause.
+func (s *Service) freezeRetrying(ctx context.Context, frz sandbox.Freezer, session string) (func() error, error) {
+	var err error
+	for try := 1; try <= freezeTries; try++ {
+		actx, cancel := context.WithTimeout(ctx, freezeAttempt)
+		var thaw func() error
+		thaw, err = frz.Freeze(actx)
+		cancel()
+		if err == nil {
+			return thaw, nil
+		}
+		s.cfg.Log.Warn("workspace_freeze_failed", "session", session, "try", try, "of", freezeTries, "err", err)
+		if ctx.Err() != nil || errors.Is(err, sandbox.ErrClosed) {
+			break
+		}
+	}
+	return nil, err
+}
+
+// stableTries bounds stableScan's scans.
+const stableTries = 5
+
+// errUnstable: the files kept changing through every scan of stableScan.
+var errUnstable = errors.New("no consistent copy without a freeze: the files changed between every two scans")
+
+// stableScan captures dir without freezing its writers: scans in a row
+// (the first may be given: prev) until two find the same files, with the
+// same content, each file's stat unchanged or its content read again.
+// That copy is one the files held for the whole of the second scan, as
+// far as content goes. Files changing through stableTries scans are
+// errUnstable.
+func (s *Service) stableScan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet, prev *Manifest) (*Manifest, scanStats, error) {
+	for range stableTries {
+		if s.beforeStableScan != nil {
+			s.beforeStableScan()
+		}
+		m, st, err := s.scan(ctx, dir, cache, limit, pins)
+		if err != nil {
+			return nil, st, err
+		}
+		if prev != nil && slices.EqualFunc(prev.Entries, m.Entries, sameEntry) {
+			return m, st, nil
+		}
+		prev = m
+	}
+	return nil, scanStats{}, errUnstable
+}
+
+func sameEntry(a, b Entry) bool {
+	return a.Path == b.Path && a.Mode == b.Mode && a.Size == b.Size && a.Hash == b.Hash && a.Link == b.Link &&
+		a.HardLink == b.HardLink && a.Sparse == b.Sparse && slices.Equal(a.Extents, b.Extents)
+}
+
+// finishCapture stores manifest m as doc key (unless a workspace's is
+// unchanged), completing info.
+func (s *Service) finishCapture(ctx context.Context, a *attachment, key string, m *Manifest, st scanStats, info *SnapshotInfo, pins *pinSet) (*SnapshotInfo, error) {
 	info.StoredBytes += st.HashedBytes
 	info.SizeBytes, info.Files, info.CreatedAt = m.Bytes(), st.Files, m.CreatedAt
 	s.gcMu.RLock()
@@ -793,6 +985,7 @@ func (s *Service) Snapshot(ctx context.Context, tenant, session string, sb sandb
 	info, err := s.capture(ctx, a, key, !stopped)
 	release(err == nil)
 	if err != nil {
+		s.cfg.Log.Error("workspace_snapshot_failed", "session", session, "tenant_dir", tenantDir(tenant), "err", err)
 		return SnapshotInfo{}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "snapshot_failed", Message: "could not snapshot the workspace" + tooLargeWhy(err), Err: err}
 	}
 	info.SnapshotID = id
@@ -817,6 +1010,11 @@ func (s *Service) openObject(ctx context.Context, hash string, size int64) (io.R
 	}
 	if size < 0 {
 		return nil, corruptf("manifest: bad size %d", size)
+	}
+	if hash == emptyHash && size == 0 {
+		// An empty file, or a sparse one of holes only: no store is asked
+		// (S3 refuses an empty PUT sent without a length).
+		return io.NopCloser(strings.NewReader("")), nil
 	}
 	key := objectKey(hash)
 	r, err := s.local.Get(ctx, key)

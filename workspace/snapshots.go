@@ -61,7 +61,7 @@ func (s *Service) ListSnapshots(ctx context.Context, tenant, session string) ([]
 	prefix := tenantDir(tenant) + "/snapshots/"
 	keys, err := s.listDocs(ctx, prefix)
 	if err != nil {
-		return nil, errStore("could not list snapshots", err)
+		return nil, s.errStore("could not list snapshots", err)
 	}
 	out := []SnapshotEntry{}
 	for _, k := range keys {
@@ -92,7 +92,7 @@ func (s *Service) DeleteSnapshot(ctx context.Context, tenant, id string) error {
 	key := snapshotKey(tenant, id)
 	ok, err := s.exists(ctx, key)
 	if err != nil {
-		return errStore("could not look the snapshot up in the object store", err)
+		return s.errStore("could not look the snapshot up", err)
 	}
 	if !ok {
 		return errNotFound("snapshot_not_found", fmt.Sprintf("no snapshot %q", id))

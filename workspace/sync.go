@@ -80,8 +80,11 @@ func (s *Service) syncAll(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	for _, a := range all {
-		if _, err := s.capture(ctx, a, workspaceKey(a.tenant, a.name), false); err != nil {
-			s.cfg.Log.Warn("workspace_sync_failed", "workspace", a.name, "err", err)
+		key := workspaceKey(a.tenant, a.name)
+		_, err := s.capture(ctx, a, key, false)
+		s.noteCapture(key, err)
+		if err != nil {
+			s.cfg.Log.Warn("workspace_sync_failed", "workspace", a.name, "session", a.session, "err", err)
 		}
 	}
 }
@@ -203,7 +206,12 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 	for _, p := range d.Pages {
 		objs = append(objs, Entry{Hash: p.Hash, Size: p.Size})
 	}
-	objs = append(objs, entries...)
+	for i := range entries {
+		// The empty object is never stored remotely (openObject knows it).
+		if validHash(entries[i].Hash) && entries[i].Hash != emptyHash {
+			objs = append(objs, Entry{Hash: entries[i].Hash, Size: entries[i].dataBytes()})
+		}
+	}
 	pending := int64(0)
 	for _, e := range objs {
 		if validHash(e.Hash) && !s.hasRemote(objectKey(e.Hash)) {

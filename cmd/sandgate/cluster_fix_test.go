@@ -81,7 +81,7 @@ func TestClusterLinksAuditAndRelayedConnects(t *testing.T) {
 	if code := a.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/ports/link", map[string]any{"port": port}, &plink); code != http.StatusOK {
 		t.Fatalf("port link: %d", code)
 	}
-	if body := previewWait(t, strings.Replace(plink.URL, a.URL, b.URL, 1)+"marker.txt", ""); string(body) != "port-linked\n" {
+	if body := previewWait(t, onNode(t, plink.URL, b.URL)+"marker.txt", ""); string(body) != "port-linked\n" {
 		t.Errorf("port link through B: %q", body)
 	}
 

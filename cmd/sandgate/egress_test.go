@@ -135,7 +135,7 @@ func newEgressFixture(t *testing.T) egressFixture {
 	_, f.httpPort = upstream(t, nil)
 	_, f.tlsPort = upstream(t, &f.pki.server)
 	secrets := filepath.Join(t.TempDir(), "secrets")
-	if err := os.WriteFile(secrets, []byte("# test secrets\nCANARY_TOKEN="+canary+"\nGH_TOKEN="+boundCanary+"\nother/ONLY_OTHER=x\n"), 0o600); err != nil {
+	if err := os.WriteFile(secrets, []byte("# test secrets\nCANARY_TOKEN="+canary+"\nGH_TOKEN="+boundCanary+"\nother/ONLY_OTHER=x\nPINNED@secret.test="+boundCanary+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	f.args = []string{"--sandbox", "linux", "--egress-allow-cidr", "127.0.0.1/32", "--secrets-file", secrets,
@@ -292,6 +292,9 @@ except Exception as e:
 		{map[string]any{"egress": []string{"pypi.org", "http://x/y"}}, "invalid_egress", "http://x/y"},
 		{map[string]any{"secrets": []string{"NOPE", "ONLY_OTHER"}}, "unknown_secret", "NOPE, ONLY_OTHER"},
 		{map[string]any{"egress": []string{"pypi.test"}, "secrets": []any{map[string]any{"name": "GH_TOKEN", "hosts": []string{"secret.test"}}}}, "egress_not_allowed", "secret.test"},
+		// Pinned by the operator to secret.test: neither unbound nor bound elsewhere.
+		{map[string]any{"secrets": []string{"PINNED"}}, "secret_pinned", `"secret.test"`},
+		{map[string]any{"egress": []string{"pypi.test"}, "secrets": []any{map[string]any{"name": "PINNED", "hosts": []string{"pypi.test"}}}}, "secret_pinned", `outside them: "pypi.test"`},
 	} {
 		if code := g.api(t, http.MethodPost, "/v1/sessions", c.body, &e); code != http.StatusBadRequest || e.Error.Code != c.code || !strings.Contains(e.Error.Message, c.in) {
 			t.Errorf("create %v: %d %+v, want 400 %s naming %s", c.body, code, e, c.code, c.in)

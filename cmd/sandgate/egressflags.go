@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
@@ -24,6 +25,9 @@ type egressFlags struct {
 	resolve     listFlag
 	upstreamCA  string
 	secretsFile string
+
+	maxConnsSession, maxConnsTenant, maxConns int
+	idleTimeout, halfCloseTimeout             time.Duration
 }
 
 func (e *egressFlags) register(fs *flag.FlagSet) {
@@ -31,7 +35,12 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.Var(&e.allowCIDR, "egress-allow-cidr", "a non-public `CIDR` (10.0.0.0/8, 127.0.0.1/32) that egress may reach all the same, for on-prem services; repeatable")
 	fs.Var(&e.resolve, "egress-resolve", "a static `NAME=IP` entry the egress proxy uses before DNS (as curl --resolve); the address is checked as any other; repeatable")
 	fs.StringVar(&e.upstreamCA, "egress-upstream-ca", "", "PEM `file` of extra CAs that the egress proxy trusts, besides the system's, when it verifies a destination whose requests carry a bound secret")
-	fs.StringVar(&e.secretsFile, "secrets-file", "", "`file` of secrets sessions may ask for by name: NAME=value or tenant/NAME=value lines; re-read on SIGHUP")
+	fs.StringVar(&e.secretsFile, "secrets-file", "", "`file` of secrets sessions may ask for by name: NAME=value, tenant/NAME=value, or either with @host,host after the name to pin the secret to those hosts; re-read on SIGHUP")
+	fs.IntVar(&e.maxConnsSession, "egress-max-conns-per-session", egress.DefaultMaxConns, "connections one session may hold open through its egress proxy; past it: 503")
+	fs.IntVar(&e.maxConnsTenant, "egress-max-conns-per-tenant", egress.DefaultMaxConnsPerTenant, "egress connections one tenant may hold open in all its sessions; past it: 503")
+	fs.IntVar(&e.maxConns, "egress-max-conns", 0, fmt.Sprintf("egress connections on this gateway; past it: 503 (0: derived from the descriptor limit, a quarter of it at %d descriptors each, at most 4096)", egress.FDsPerConn))
+	fs.DurationVar(&e.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress tunnel that moved no byte either way for this long")
+	fs.DurationVar(&e.halfCloseTimeout, "egress-half-close-timeout", egress.DefaultHalfCloseTimeout, "close an egress tunnel once one side has closed and the other moved no byte for this long")
 }
 
 // config builds the egress proxy and its bounds.
@@ -44,7 +53,20 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	if err != nil {
 		return nil, fmt.Errorf("--egress-allow: %w", err)
 	}
-	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}, Metrics: met}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"--egress-max-conns-per-session", e.maxConnsSession}, {"--egress-max-conns-per-tenant", e.maxConnsTenant}, {"--egress-max-conns", e.maxConns}} {
+		if f.v < 0 {
+			return nil, fmt.Errorf("%s %d: want a count, or 0 for the default", f.name, f.v)
+		}
+	}
+	if e.idleTimeout < 0 || e.halfCloseTimeout < 0 {
+		return nil, errors.New("--egress-idle-timeout and --egress-half-close-timeout must not be negative")
+	}
+	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}, Metrics: met,
+		MaxConns: e.maxConnsSession, MaxConnsPerTenant: e.maxConnsTenant, MaxConnsTotal: e.maxConns,
+		IdleTimeout: e.idleTimeout, HalfCloseTimeout: e.halfCloseTimeout}
 	for _, c := range e.allowCIDR {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
@@ -79,6 +101,9 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	if err != nil {
 		return nil, err
 	}
+	l := p.Limits()
+	log.Info("egress_limits", "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
+		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout, "half_close_timeout", l.HalfCloseTimeout)
 	return &gateway.EgressConfig{Proxy: p, Bounds: bounds}, nil
 }
 

@@ -89,7 +89,9 @@ func imageMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sandgate image %s: %v\n", cmd, err)
 		return 1
 	}
-	store, err := images.Open(*dataDir)
+	// The operator's own pulls have no overall deadline (Ctrl-C ends one),
+	// only the stall timeout; the store's quota and reserve apply.
+	store, err := images.Open(*dataDir, images.WithPullTimeouts(-1, 0))
 	if err != nil {
 		return fail(err)
 	}

@@ -14,9 +14,6 @@ import (
 	"github.com/sandgate/sandgate/sandbox"
 )
 
-// pullTimeout bounds an on-demand pull that a create waits for.
-const pullTimeout = 10 * time.Minute
-
 // imageSource is the image store as the session manager
 // (gateway.ImageSource) and the API (rest.Images) see it: images present,
 // and those --image-allow lets a create pull on demand.
@@ -79,7 +76,8 @@ func (s *imageSource) Check(name string) error {
 
 // Resolve implements gateway.ImageSource: the image, pulled first when it
 // is missing and allowed. The pull outlives the create that asked for it
-// (other creates may share it), up to pullTimeout.
+// (other creates may share it), up to the store's pull deadline
+// (--image-pull-timeout).
 func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image, error) {
 	n, err := normalize(name)
 	if err != nil {
@@ -90,20 +88,34 @@ func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image,
 		if !s.pull || !images.Allowed(n, s.allow) {
 			return nil, s.unknown(name, "is not on this gateway and may not be pulled")
 		}
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
-		defer cancel()
 		start := time.Now()
-		img, err = s.store.Pull(pctx, n, images.PullOptions{InsecureRegistries: s.insecure})
+		img, err = s.store.Pull(context.WithoutCancel(ctx), n, images.PullOptions{InsecureRegistries: s.insecure})
 		if err != nil {
 			s.log.Warn("image_pull_failed", "image", n, "err", err)
-			return nil, &gateway.Error{Kind: gateway.KindUpstream, Code: "image_pull_failed",
-				Message: fmt.Sprintf("could not pull %s: %v", n, err), Err: err}
+			return nil, pullError(n, err)
 		}
 		s.log.Info("image_pulled", "image", n, "digest", img.Digest, "bytes", img.SizeBytes, "duration", time.Since(start))
 	} else if err != nil {
 		return nil, &gateway.Error{Kind: gateway.KindInternal, Code: "internal", Message: "internal error", Err: err}
 	}
 	return &sandbox.Image{Name: img.Name, Digest: img.Digest, Layers: img.LayerDirs, Env: img.Env, WorkingDir: img.WorkingDir}, nil
+}
+
+// pullError is a failed pull as the API answers it: a bound crossed has
+// its own code, anything else is the registry's (image_pull_failed).
+func pullError(name string, err error) error {
+	msg := fmt.Sprintf("could not pull %s: %v", name, err)
+	switch {
+	case errors.Is(err, images.ErrTooLarge):
+		return &gateway.Error{Kind: gateway.KindInvalid, Code: "image_too_large", Message: msg, Err: err}
+	case errors.Is(err, images.ErrStoreFull):
+		// The host's disk figures stay in the log.
+		return &gateway.Error{Kind: gateway.KindUnavailable, Code: "image_store_full", Err: err,
+			Message: fmt.Sprintf("could not pull %s: the gateway's image store is full (its quota, or its disk's free space); the operator can prune images", name)}
+	case errors.Is(err, images.ErrPullTimeout):
+		return &gateway.Error{Kind: gateway.KindUpstream, Code: "image_pull_timeout", Message: msg, Err: err}
+	}
+	return &gateway.Error{Kind: gateway.KindUpstream, Code: "image_pull_failed", Message: msg, Err: err}
 }
 
 // Hold implements gateway.ImageSource.

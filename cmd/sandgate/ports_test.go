@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha1"
 	"encoding/base64"
@@ -64,8 +65,34 @@ while True:
 // httpNoKeep is a client that keeps no connection (no idle goroutine
 // outlives a test) and follows no redirect.
 func httpNoKeep() *http.Client {
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true},
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dialLocalhost},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// dialLocalhost dials as browsers and curl do: every *.localhost name is
+// the loopback (a preview origin's).
+func dialLocalhost(ctx context.Context, network, addr string) (net.Conn, error) {
+	if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
+// onNode is the preview URL u on the node (or gateway) at base: the same
+// origin's name, base's port.
+func onNode(t *testing.T, u, base string) string {
+	t.Helper()
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bu, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.Host = net.JoinHostPort(pu.Hostname(), bu.Port())
+	return pu.String()
 }
 
 // previewGet GETs u with token ("" for none).
@@ -113,7 +140,7 @@ func wsRoundTrip(t *testing.T, u, token, msg string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := net.Dial("tcp", pu.Host)
+	c, err := dialLocalhost(context.Background(), "tcp", pu.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +281,11 @@ func TestPreviewPorts(t *testing.T) {
 			if code, b := previewGet(t, link.URL+"marker.txt", ""); code != 200 || strings.TrimSpace(string(b)) != marker {
 				t.Errorf("through the link: %d %q", code, b)
 			}
-			tampered := strings.Replace(link.URL, "/links/ports/", "/links/ports/x", 1)
+			// The label is the credential: one character off is no link.
+			tampered := strings.Replace(link.URL, "a.localhost:", "b.localhost:", 1)
+			if tampered == link.URL {
+				tampered = strings.Replace(link.URL, ".localhost:", "a.localhost:", 1)
+			}
 			if code, b := previewGet(t, tampered+"marker.txt", ""); code != 403 || !bytes.Contains(b, []byte(`"link_invalid"`)) {
 				t.Errorf("tampered link: %d %s", code, b)
 			}

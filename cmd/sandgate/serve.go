@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -22,7 +23,6 @@ import (
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/cluster"
 	"github.com/sandgate/sandgate/gateway"
-	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/internal/connlimit"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/procgov"
@@ -35,6 +35,8 @@ import (
 
 type serveConfig struct {
 	listen            string
+	publicURL         string
+	previewDomain     string
 	dataDir           string
 	apiKeys           listFlag
 	jwtSecretFile     string
@@ -68,6 +70,7 @@ type serveConfig struct {
 	imageAllow        listFlag
 	imagePull         string
 	insecureRegistry  listFlag
+	images            imageFlags
 	egress            egressFlags
 	dataPlane         dataPlaneFlags
 	workspaces        workspaceFlags
@@ -92,6 +95,8 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address for the REST API and CONNECT tunnels")
+	fs.StringVar(&c.publicURL, "public-url", "", "the gateway's URL as clients reach it (https://sandgate.example.com): the base of presigned links and preview URLs; without it, the address a client's connection reached (never the request's Host header)")
+	fs.StringVar(&c.previewDomain, "preview-domain", rest.DefaultPreviewDomain, "domain under which each preview gets an origin of its own, p{port}-{label}.DOMAIN, served on --listen; needs a wildcard DNS record (and certificate) for *.DOMAIN unless it is localhost, which browsers and curl resolve to this host's loopback")
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir(), "directory for host keys, the API key and session workdirs")
 	fs.Var(&c.apiKeys, "api-key", "API key, `tenant:key` or a bare key for tenant default (repeatable)")
 	fs.StringVar(&c.jwtSecretFile, "jwt-secret-file", "", "file holding the HS256 secret for JWT bearer tokens")
@@ -128,6 +133,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
 	fs.StringVar(&c.metricsToken, "metrics-token", "", "serve Prometheus metrics at GET /metrics on --listen to requests bearing this token (Authorization: Bearer TOKEN); without it, and without --metrics-listen, /metrics is 404")
 	fs.StringVar(&c.metricsListen, "metrics-listen", "", "serve Prometheus metrics at GET /metrics on this second address (plain HTTP, no token: keep it private, e.g. 127.0.0.1:9090)")
+	c.images.register(fs)
 	c.egress.register(fs)
 	c.dataPlane.register(fs)
 	c.audit.register(fs)
@@ -147,6 +153,14 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if c.publicURL != "" {
+		if err := rest.CheckPublicURL(c.publicURL); err != nil {
+			return nil, fmt.Errorf("--public-url: %w", err)
+		}
+	}
+	if err := rest.CheckPreviewDomain(c.previewDomain); err != nil {
+		return nil, fmt.Errorf("--preview-domain: %w", err)
 	}
 	res, err := c.sandbox.bounds()
 	if err != nil {
@@ -357,15 +371,6 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if cfg.imagePull != "missing" && cfg.imagePull != "never" {
 		return fmt.Errorf("--image-pull %q: want missing or never", cfg.imagePull)
 	}
-	istore, err := images.Open(cfg.dataDir)
-	if err != nil {
-		return err
-	}
-	isrc, err := newImageSource(istore, cfg.imageAllow, cfg.imagePull == "missing", cfg.insecureRegistry, log)
-	if err != nil {
-		return err
-	}
-	isrc.noImages = driver.Name() != "linux"
 	met := metrics.New()
 	auditLog, err := cfg.audit.open(cfg.dataDir, log, met)
 	if err != nil {
@@ -381,6 +386,15 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	istore, err := cfg.images.open(cfg, egressCfg.Proxy, log)
+	if err != nil {
+		return err
+	}
+	isrc, err := newImageSource(istore, cfg.imageAllow, cfg.imagePull == "missing", cfg.insecureRegistry, log)
+	if err != nil {
+		return err
+	}
+	isrc.noImages = driver.Name() != "linux"
 	secrets, err := cfg.egress.secrets(ctx, log)
 	if err != nil {
 		return err
@@ -438,13 +452,15 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 			// Asked each time: sandboxes adopted without the filter come and go.
 			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccompStatus(driver)}, nil
 		},
-		DataPlane:  cfg.dataPlane.config(cfg, egressCfg.Proxy),
-		LinkKey:    linkKey,
-		Metrics:    met,
-		NoPorts:    !cfg.sshLocalForward, // preview URLs reach ports as -L does
-		Audit:      auditor,
-		AuditLog:   auditQuery,
-		Workspaces: wsvc,
+		DataPlane:     cfg.dataPlane.config(cfg, egressCfg.Proxy),
+		LinkKey:       linkKey,
+		Metrics:       met,
+		NoPorts:       !cfg.sshLocalForward, // preview URLs reach ports as -L does
+		PublicURL:     cfg.publicURL,
+		PreviewDomain: cfg.previewDomain,
+		Audit:         auditor,
+		AuditLog:      auditQuery,
+		Workspaces:    wsvc,
 	})
 	var front *cluster.Front
 	if node != nil {
@@ -455,6 +471,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		front = cluster.NewFront(cluster.FrontConfig{
 			Node: node, Sessions: mgr, Verifier: verifier, Local: handler, WriteError: rest.WriteGatewayError,
 			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: rest.CompatSession, Log: log,
+			PreviewSession: rest.PreviewSession(cfg.previewDomain),
 		})
 		handler = front
 	}
@@ -521,6 +538,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		}
 	}()
 	log.Info("listening", "url", url, "data_dir", cfg.dataDir, "sandbox", driver.Name())
+	warnPreviewReach(log, cfg, ln.Addr())
 
 	var serveErr error
 	select {
@@ -549,6 +567,30 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return serveErr
 	}
 	return nil
+}
+
+// warnPreviewReach warns when preview URLs, under *.localhost, reach only
+// clients on this host while the gateway serves others.
+func warnPreviewReach(log *slog.Logger, cfg *serveConfig, addr net.Addr) {
+	if cfg.previewDomain != rest.DefaultPreviewDomain || !cfg.sshLocalForward {
+		return
+	}
+	host := ""
+	if cfg.publicURL != "" {
+		if u, err := url.Parse(cfg.publicURL); err == nil {
+			host = u.Hostname()
+		}
+	} else if ta, ok := addr.(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
+		host = ta.IP.String()
+	}
+	if host == "" || host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return
+	}
+	log.Warn("preview URLs are under *.localhost, which reaches this gateway only from its own host; "+
+		"set --preview-domain to a domain whose wildcard record points here", "public_host", host)
 }
 
 func idleOrDisabled(d time.Duration) time.Duration {

@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -45,6 +47,7 @@ type Registry struct {
 	corrupt   map[string]bool
 	user, pwd string
 	holds     map[string]*hold
+	intercept func(w http.ResponseWriter, req *http.Request) bool
 }
 
 type hold struct {
@@ -122,11 +125,23 @@ func (r *Registry) BlobGets(d v1.Hash) int {
 	return r.blobGets[d.String()]
 }
 
+// Intercept makes fn see every request first; when it returns true it has
+// answered the request and the registry does not. For registries that
+// redirect, or answer what no registry should.
+func (r *Registry) Intercept(fn func(w http.ResponseWriter, req *http.Request) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.intercept = fn
+}
+
 func (r *Registry) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
-		user, pwd := r.user, r.pwd
+		user, pwd, icpt := r.user, r.pwd, r.intercept
 		r.mu.Unlock()
+		if icpt != nil && icpt(w, req) {
+			return
+		}
 		if user != "" {
 			u, p, ok := req.BasicAuth()
 			if !ok || u != user || p != pwd {
@@ -390,4 +405,74 @@ func Index(t testing.TB, imgs map[string]v1.Image) v1.ImageIndex {
 		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: plat}})
 	}
 	return idx
+}
+
+// SilentListener listens on 127.0.0.1, accepts every connection and never
+// answers, as a registry that hangs; it returns "127.0.0.1:PORT". Its
+// connections are closed at the end of t.
+func SilentListener(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// SparseTar is a tar, written by GNU tar --sparse in format ("gnu": the
+// old GNU sparse entries; "posix": PAX sparse 1.0), of one file name of
+// size bytes that holds data at the given offsets and holes elsewhere.
+// It fails t when GNU tar is missing.
+func SparseTar(t testing.TB, format, name string, size int64, data map[int64]string) []byte {
+	t.Helper()
+	if _, err := exec.LookPath("tar"); err != nil {
+		t.Fatalf("GNU tar for sparse layers: %v", err)
+	}
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off, d := range data {
+		if _, err := f.WriteAt([]byte(d), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var out, stderr bytes.Buffer
+	cmd := exec.Command("tar", "--sparse", "--format="+format, "--owner=0", "--group=0", "--numeric-owner", "-cf", "-", "-C", dir, name)
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("tar --sparse: %v: %s", err, stderr.String())
+	}
+	return out.Bytes()
 }

@@ -50,8 +50,23 @@ func Freeze(ctx context.Context, dirs []string) (thaw func() error, err error) {
 	return nil, ErrNoFreezer
 }
 
+// Re-freezing while a freeze is not done: the v1 freezer leaves a
+// cgroup FREEZING for good when a task forked while it froze escaped it
+// (a shell loop starting a process every few milliseconds hits this
+// about one freeze in twenty), and only a new write of FROZEN freezes
+// the newcomers. So every poll writes on again, and a freeze still not
+// done after thawEvery is undone for thawPause and tried afresh, which
+// lets a task stuck half-way (in a vfork, say) get out of the way; the
+// wait before the next such retry doubles, so that a freeze that is only
+// slow (a loaded host) is not undone again and again.
+const (
+	thawEvery = 100 * time.Millisecond
+	thawPause = 5 * time.Millisecond
+)
+
 // freeze writes on to file, then waits until frozen says the kernel is
-// done, for at most timeout; off undoes it.
+// done, for at most timeout, writing on again while it waits; off undoes
+// it.
 func freeze(ctx context.Context, file, on, off string, timeout time.Duration, frozen func() (bool, error)) (func() error, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrFreezeTimeout)
 	defer cancel()
@@ -65,6 +80,7 @@ func freeze(ctx context.Context, file, on, off string, timeout time.Duration, fr
 	if err := os.WriteFile(file, []byte(on), 0); err != nil {
 		return nil, fmt.Errorf("freeze: %w", err)
 	}
+	since, every := time.Now(), thawEvery
 	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
 		ok, err := frozen()
 		if err == nil && ok {
@@ -78,7 +94,21 @@ func freeze(ctx context.Context, file, on, off string, timeout time.Duration, fr
 		}
 		select {
 		case <-ctx.Done():
+			continue // the check above says so
 		case <-time.After(delay):
+		}
+		if time.Since(since) >= every {
+			if err := thaw(); err != nil {
+				return nil, err
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(thawPause):
+			}
+			since, every, delay = time.Now(), 2*every, 50*time.Microsecond
+		}
+		if err := os.WriteFile(file, []byte(on), 0); err != nil {
+			return nil, errors.Join(fmt.Errorf("freeze: %w", err), thaw())
 		}
 	}
 }

@@ -155,3 +155,42 @@ func TestFreezeDeadline(t *testing.T) {
 		})
 	}
 }
+
+// TestFreezeForkingCgroup: a cgroup whose shell starts a process every
+// few milliseconds (a `mv` loop) is frozen every time. The v1 freezer
+// used to stay FREEZING until the timeout in about one freeze of twenty
+// (issue 35 item 5), when a process forked during the freeze escaped it.
+func TestFreezeForkingCgroup(t *testing.T) {
+	requireRoot(t)
+	for name, c := range freezers(t) {
+		t.Run(name, func(t *testing.T) {
+			dir := sleepingCgroup(t, c, "sandgate-freeze-forking")
+			loop := exec.Command("sh", "-c", "while :; do /bin/true; done")
+			if err := loop.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = loop.Process.Kill()
+				_ = os.WriteFile(filepath.Join(dir, c.control), []byte(c.off), 0)
+				_, _ = loop.Process.Wait()
+			})
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(loop.Process.Pid)), 0); err != nil {
+				t.Fatal(err)
+			}
+			longest := time.Duration(0)
+			for i := range 200 {
+				start := time.Now()
+				thaw, err := Freeze(context.Background(), []string{dir})
+				if err != nil {
+					t.Fatalf("freeze %d: %v", i, err)
+				}
+				longest = max(longest, time.Since(start))
+				if err := thaw(); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			t.Logf("200 freezes of a forking cgroup; the longest took %v", longest)
+		})
+	}
+}

@@ -237,6 +237,8 @@ def test_create_retry_rules() -> None:
     assert aio_module._create_retryable(reset)
     assert aio_module._create_retryable(SandboxOperationError("x", status_code=504))
     assert not aio_module._create_retryable(RateLimitError("x", status_code=429))
+    assert not aio_module._create_retryable(SandboxOperationError("x", status_code=502, code="image_pull_timeout"))
+    assert not aio_module._create_retryable(SandboxOperationError("x", status_code=503, code="image_store_full"))
 
 
 # -- data plane ------------------------------------------------------------------

@@ -654,6 +654,9 @@ def test_create_retry_rules() -> None:
     assert client_module._create_retryable(reset)
     assert client_module._create_retryable(SandboxOperationError("x", status_code=504))
     assert not client_module._create_retryable(RateLimitError("x", status_code=429))
+    assert client_module._create_retryable(SandboxOperationError("x", status_code=502, code="image_pull_failed"))
+    assert not client_module._create_retryable(SandboxOperationError("x", status_code=502, code="image_pull_timeout"))
+    assert not client_module._create_retryable(SandboxOperationError("x", status_code=503, code="image_store_full"))
 
 
 # -- bounded command output ------------------------------------------------------

@@ -8,6 +8,7 @@ import time
 import uuid
 from datetime import datetime
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -74,6 +75,25 @@ def test_workspace_outlives_its_session_and_is_held_by_one(client: SessionsClien
     assert gone.value.status_code == 404 and gone.value.code == "workspace_not_found"
     with pytest.raises(WorkspaceNotFoundError):
         client.delete_workspace(workspace)
+
+
+def test_delete_with_discard_keeps_the_last_saved_version(client: SessionsClient, workspace: str) -> None:
+    client.create_workspace(workspace)
+    first = client.create_session(ttl=300, workspace=workspace)
+    try:
+        client.write_file(first.session_id, "kept.txt", b"v1\n")
+    finally:
+        client.delete_session(first.session_id)
+    second = client.create_session(ttl=300, workspace=workspace)
+    try:
+        client.write_file(second.session_id, "kept.txt", b"v2\n")
+    finally:
+        client.delete_session(second.session_id, discard=True)
+    third = client.create_session(ttl=300, workspace=workspace)
+    try:
+        assert client.read_file(third.session_id, "kept.txt") == b"v1\n"
+    finally:
+        client.delete_session(third.session_id)
 
 
 def test_snapshot_fork_list_delete(client: SessionsClient) -> None:
@@ -153,19 +173,29 @@ def test_port_link_and_preview_url(gateway: Gateway, client: SessionsClient, ses
     proc = client.start_process(sid, argv=argv, cwd="site")
     try:
         link = client.port_link(sid, port, expires_in=600)
-        assert link.url.endswith("/") and "/links/ports/" in link.url and link.expires_at is not None
+        # An origin of its own: p{port}-{label}.localhost on the API's port.
+        origin = urlsplit(link.url)
+        api = urlsplit(gateway.url)
+        assert link.url.endswith("/") and link.expires_at is not None
+        assert origin.hostname.startswith(f"p{port}-") and origin.hostname.endswith(".localhost")
+        assert origin.port == api.port
         url = client.preview_url(sid, port, "/index.html")
         assert url == f"{gateway.url}/v1/sessions/{sid}/ports/{port}/index.html"
         deadline = time.monotonic() + 30
         while True:  # the server may not listen yet
-            r = requests.get(link.url + "index.html", timeout=10)
+            # *.localhost is the loopback in browsers and curl; Python's
+            # resolver may not know it, so connect to the gateway and name
+            # the preview's host.
+            r = requests.get(gateway.url + "/index.html", headers={"Host": origin.netloc}, timeout=10)
             if r.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert r.status_code == 200 and r.text == "hello from the sandbox\n"
-        # The preview URL answers with the bearer token, and not without it.
+        # The preview URL answers with the bearer token, and not without it,
+        # sandboxed: it is on the API's origin.
         auth = {"Authorization": f"Bearer {gateway.token}"}
-        assert requests.get(url, headers=auth, timeout=10).text == "hello from the sandbox\n"
+        r = requests.get(url, headers=auth, timeout=10)
+        assert r.text == "hello from the sandbox\n" and r.headers["Content-Security-Policy"] == "sandbox"
         assert requests.get(url, timeout=10).status_code == 401
     finally:
         client.signal_process(sid, proc["processId"], "KILL")
@@ -228,4 +258,8 @@ def test_arguments_are_checked_before_sending(client: SessionsClient) -> None:
         client.list_audit(since=datetime(2030, 1, 1))  # naive: ambiguous
     with pytest.raises(TypeError):
         client.delete_session("sbx-x", keep_workspace="no")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        client.delete_session("sbx-x", discard="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        client.create_workspace("a..b")
     assert client.preview_url("sbx-a", 8080) == client.api_url + "/v1/sessions/sbx-a/ports/8080/"

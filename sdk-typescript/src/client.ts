@@ -23,6 +23,8 @@ export const MAX_TTL = 28800;
 const CREATE_RETRY_DELAYS_MS = [500, 1000];
 /** Answers after which a create is retried (with the same Idempotency-Key). */
 const CREATE_RETRY_STATUSES = new Set([500, 502, 503, 504]);
+/** Error codes among those answers that a retry would not change: a pull past the gateway's deadline, a full image store. */
+const CREATE_NO_RETRY_CODES = new Set(["image_pull_timeout", "image_store_full"]);
 
 export interface SandboxClientOptions {
   /** The gateway's base URL (`https://gw.example.com`, `/v1` at the end is fine); default `$SANDBOX_API_URL`. */
@@ -147,7 +149,11 @@ export interface SessionStats {
   egress: ByteCounts;
 }
 
-/** A presigned preview link: anyone holding `url` reaches the port's server until `expiresAt`. */
+/**
+ * A presigned preview link: anyone holding `url` reaches the port's server until `expiresAt`.
+ * The URL is the preview's own origin (`http://p{port}-{label}.localhost:{api port}/` by default),
+ * shared with no other session and not with the API.
+ */
 export interface PortLink {
   /** Ends in `/`; append the server's path. */
   url: string;
@@ -466,9 +472,12 @@ export class Session {
     return data as unknown as FetchResult;
   }
 
-  /** Deletes the session and everything in its sandbox. */
-  destroy(): Promise<void> {
-    return this.#client.deleteSession(this.id);
+  /**
+   * Deletes the session and everything in its sandbox; `discard: true` ends
+   * it without saving its named workspace (see `deleteSession`).
+   */
+  destroy(opts: { discard?: boolean } = {}): Promise<void> {
+    return this.#client.deleteSession(this.id, opts);
   }
 
   /** Opens the CONNECT tunnel to this session's SSH server (see openTunnel). */
@@ -514,8 +523,9 @@ export class SandboxClient {
    * the gateway cannot be reached, the connection breaks, the request times
    * out, or it answers 500/502/503/504, the create is sent again with the
    * same key, up to twice more (after 0.5 s, then 1 s): a create whose
-   * answer was lost never makes a second session. TLS errors and other
-   * answers (4xx, 429 included) are thrown at once.
+   * answer was lost never makes a second session. TLS errors,
+   * `image_pull_timeout` and `image_store_full` (a retry would not change
+   * them) and other answers (4xx, 429 included) are thrown at once.
    */
   async createSession(opts: CreateSessionOptions = {}): Promise<Session> {
     const body: Record<string, unknown> = { ttl: checkInt("ttlSeconds", opts.ttlSeconds ?? 3600, MIN_TTL, MAX_TTL) };
@@ -601,13 +611,20 @@ export class SandboxClient {
   /**
    * Deletes a session (`DELETE /v1/sessions/{id}`); 200 and 204 both succeed.
    * `keepWorkspace: false` also removes the named workspace it holds.
+   * A session holding a named workspace saves it first; when that fails the
+   * session is not deleted and keeps its files (`SandboxOperationError` with
+   * code `workspace_sync_failed`: 409 when its files hold more than the
+   * workspace may, 503 when the gateway's store failed). `discard: true`
+   * ends it without saving: what changed since the last sync is lost.
    */
-  async deleteSession(id: string, opts: { keepWorkspace?: boolean } = {}): Promise<void> {
-    let query = "";
-    if (opts.keepWorkspace !== undefined) {
-      if (typeof opts.keepWorkspace !== "boolean") throw new TypeError("keepWorkspace must be a boolean");
-      query = `?keepWorkspace=${opts.keepWorkspace}`;
+  async deleteSession(id: string, opts: { keepWorkspace?: boolean; discard?: boolean } = {}): Promise<void> {
+    const params: string[] = [];
+    for (const [name, value] of [["keepWorkspace", opts.keepWorkspace], ["discard", opts.discard]] as const) {
+      if (value === undefined) continue;
+      if (typeof value !== "boolean") throw new TypeError(`${name} must be a boolean`);
+      params.push(`${name}=${value}`);
     }
+    const query = params.length > 0 ? "?" + params.join("&") : "";
     await this._request("DELETE", sessionPath(id) + query, { what: "delete session", sessionScoped: true });
   }
 
@@ -615,8 +632,8 @@ export class SandboxClient {
 
   /** Creates an empty named workspace (`POST /v1/workspaces`); `WorkspaceExistsError` if the name is taken. */
   async createWorkspace(name: string): Promise<Workspace> {
-    if (typeof name !== "string" || !WORKSPACE_NAME.test(name)) {
-      throw new TypeError("workspace name must be 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit");
+    if (typeof name !== "string" || !WORKSPACE_NAME.test(name) || name.includes("..")) {
+      throw new TypeError("workspace name must be 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit, without '..'");
     }
     const ans = await this._request("POST", "/workspaces", { what: "create workspace", json: { name } });
     return checked<Workspace>(parseJSONObject(ans, "create workspace"), "name", "create workspace");
@@ -662,8 +679,10 @@ export class SandboxClient {
   /**
    * The URL of the session's preview of `port` at `path`
    * (`.../v1/sessions/{id}/ports/{port}/{path}`); nothing is sent. It needs
-   * this client's bearer token (`Authorization`); for a URL that needs
-   * none, use `portLink`.
+   * this client's bearer token (`Authorization`) and is meant for programs:
+   * it is on the API's origin, so its answers carry
+   * `Content-Security-Policy: sandbox` and no cookies. For a browser, use
+   * `portLink`, whose URL is an origin of the preview's own.
    */
   previewUrl(sessionId: string, port: number, path = "/"): string {
     checkInt("port", port, 1, 65535);
@@ -876,7 +895,12 @@ function fetchError(e: unknown, what: string, baseUrl: string, timeoutMs: number
 
 function createRetryable(e: unknown): boolean {
   if (e instanceof SandboxConnectionError) return !isTLSError(e.cause);
-  return e instanceof SandboxAPIError && e.status !== undefined && CREATE_RETRY_STATUSES.has(e.status);
+  return (
+    e instanceof SandboxAPIError &&
+    e.status !== undefined &&
+    CREATE_RETRY_STATUSES.has(e.status) &&
+    !(e.code !== undefined && CREATE_NO_RETRY_CODES.has(e.code))
+  );
 }
 
 const RESOURCE_KEYS: Record<string, "int" | "number"> = { memoryMiB: "int", cpus: "number", pids: "int", diskMiB: "int" };

@@ -10,6 +10,7 @@ import { after, before, describe, it } from "node:test";
 import {
   EgressNotAllowedError,
   InvalidSecretError,
+  SandboxAPIError,
   SandboxClient,
   SandboxOperationError,
   UnknownSecretError,
@@ -82,6 +83,21 @@ describe("wire contract (fake server)", () => {
     assert.equal(seen[0]?.url, "/v1/sessions");
     assert.equal(seen[0]?.headers["authorization"], "Bearer tok");
     assert.deepEqual(JSON.parse(seen[0]?.body.toString() ?? ""), { ttl: 120, metadata: { a: 1 }, egress: ["pypi.org"] });
+  });
+
+  it("createSession does not retry an image pull past its deadline or a full image store", async () => {
+    for (const [status, code] of [
+      [502, "image_pull_timeout"],
+      [503, "image_store_full"],
+    ] as const) {
+      reset((_req, res) => json(res, status, { error: { code, message: "no" } }));
+      const e = await client.createSession({ image: "python:3" }).then(
+        () => assert.fail("no error"),
+        (err: unknown) => err,
+      );
+      assert.ok(e instanceof SandboxAPIError && e.code === code, String(e));
+      assert.equal(seen.length, 1);
+    }
   });
 
   it("createSession does not retry a 4xx, and maps typed 400 codes", async () => {

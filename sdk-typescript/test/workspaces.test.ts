@@ -2,6 +2,7 @@
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
+import http from "node:http";
 import { createServer } from "node:net";
 import { after, before, describe, it } from "node:test";
 
@@ -40,9 +41,29 @@ describe("workspaces, snapshots, stats, ports, audit", { skip: SKIP }, () => {
   it("checks arguments before sending", async () => {
     await assert.rejects(client.createSession({ workspace: "w", fromSnapshot: "snap_x" }), TypeError);
     await assert.rejects(client.createWorkspace("-lead"), TypeError);
+    await assert.rejects(client.createWorkspace("a..b"), TypeError);
+    await assert.rejects(client.deleteSession("sbx-x", { discard: "yes" as unknown as boolean }), TypeError);
     await assert.rejects(client.portLink("sbx-x", 70000), RangeError);
     await assert.rejects(client.listAudit({ limit: 0 }), RangeError);
     assert.equal(client.previewUrl("sbx-a", 8080), `${gw.url}/v1/sessions/sbx-a/ports/8080/`);
+  });
+
+  it("ends a session without saving its workspace with discard", async () => {
+    const name = `ts-${randomBytes(6).toString("hex")}`;
+    await client.createWorkspace(name);
+    const a = await client.createSession({ ttlSeconds: 300, workspace: name });
+    await a.write("kept.txt", "v1");
+    await a.destroy();
+    const b = await client.createSession({ ttlSeconds: 300, workspace: name });
+    await b.write("kept.txt", "v2");
+    await b.destroy({ discard: true });
+    const c = await client.createSession({ ttlSeconds: 300, workspace: name });
+    try {
+      assert.equal(new TextDecoder().decode(await c.read("kept.txt")), "v1");
+    } finally {
+      await c.destroy();
+      await client.deleteWorkspace(name);
+    }
   });
 
   it("keeps a workspace's files across sessions, one holder at a time", async () => {
@@ -123,17 +144,22 @@ describe("workspaces, snapshots, stats, ports, audit", { skip: SKIP }, () => {
       await s.write("site/index.html", "hello ts\n");
       await s.exec(`cd site && nohup python3 -m http.server ${port} --bind 127.0.0.1 >/dev/null 2>&1 &`);
       const link = await client.portLink(s.id, port, { expiresIn: 600 });
-      assert.match(link.url, /\/links\/ports\/[^/]+\/$/);
+      // An origin of its own: p{port}-{label}.localhost on the API's port.
+      const origin = new URL(link.url);
+      assert.ok(origin.hostname.startsWith(`p${port}-`) && origin.hostname.endsWith(".localhost"), link.url);
+      assert.equal(origin.port, new URL(gw.url).port);
+      assert.equal(origin.pathname, "/");
       let body = "";
       for (let i = 0; i < 150 && body !== "hello ts\n"; i++) {
-        const r = await fetch(link.url + "index.html");
-        body = r.status === 200 ? await r.text() : "";
+        const r = await getVia(gw.url, origin.host, "/index.html");
+        body = r.status === 200 ? r.body : "";
         if (body !== "hello ts\n") await new Promise((res) => setTimeout(res, 200));
       }
       assert.equal(body, "hello ts\n");
       const url = client.previewUrl(s.id, port, "/index.html");
       assert.equal(url, `${gw.url}/v1/sessions/${s.id}/ports/${port}/index.html`);
       const authed = await fetch(url, { headers: { Authorization: `Bearer ${gw.token}` } });
+      assert.equal(authed.headers.get("content-security-policy"), "sandbox");
       assert.equal(await authed.text(), "hello ts\n");
       assert.equal((await fetch(url)).status, 401);
     } finally {
@@ -141,3 +167,22 @@ describe("workspaces, snapshots, stats, ports, audit", { skip: SKIP }, () => {
     }
   });
 });
+
+/**
+ * GETs path on the gateway at base with the Host header host: a preview
+ * origin's name (*.localhost is the loopback in browsers and curl; Node's
+ * resolver may not know it).
+ */
+function getVia(base: string, host: string, path: string): Promise<{ status: number; body: string }> {
+  const u = new URL(base);
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: u.hostname, port: u.port, path, headers: { Host: host } }, (res) => {
+      let body = "";
+      res.setEncoding("utf8");
+      res.on("data", (c: string) => (body += c));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on("error", reject);
+    req.end();
+  });
+}

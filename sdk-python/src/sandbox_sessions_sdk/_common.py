@@ -92,6 +92,9 @@ MAX_TTL = 28800
 CREATE_RETRY_DELAYS: Tuple[float, ...] = (0.5, 1.0)
 #: Answers after which a create is retried (with the same Idempotency-Key).
 CREATE_RETRY_STATUSES = frozenset({500, 502, 503, 504})
+#: Error codes among those answers that a retry would not change: a pull
+#: that ran past the gateway's deadline, an image store that is full.
+CREATE_NO_RETRY_CODES = frozenset({"image_pull_timeout", "image_store_full"})
 
 #: The gateway's command timeout when a request gives none.
 DEFAULT_COMMAND_TIMEOUT = 60.0

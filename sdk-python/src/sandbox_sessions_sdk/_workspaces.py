@@ -23,8 +23,10 @@ def workspace_path(name: Any) -> str:
 
 
 def check_workspace_name(name: Any) -> str:
-    if not isinstance(name, str) or not _WORKSPACE_NAME.match(name):
-        raise ValueError("workspace name must be 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit")
+    if not isinstance(name, str) or not _WORKSPACE_NAME.match(name) or ".." in name:
+        raise ValueError(
+            "workspace name must be 1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit, without '..'"
+        )
     return name
 
 
@@ -34,13 +36,16 @@ def snapshot_path(snapshot_id: Any) -> str:
     return "/snapshots/" + quote(snapshot_id, safe="")
 
 
-def delete_session_params(keep_workspace: Any) -> Dict[str, str]:
-    """The query of ``DELETE /v1/sessions/{id}``: ``keepWorkspace=false`` when asked."""
-    if keep_workspace is None:
-        return {}
-    if not isinstance(keep_workspace, bool):
-        raise TypeError("keep_workspace must be a bool")
-    return {"keepWorkspace": "true" if keep_workspace else "false"}
+def delete_session_params(keep_workspace: Any, discard: Any = None) -> Dict[str, str]:
+    """The query of ``DELETE /v1/sessions/{id}``: ``keepWorkspace`` and ``discard`` when given."""
+    params: Dict[str, str] = {}
+    for name, key, value in (("keep_workspace", "keepWorkspace", keep_workspace), ("discard", "discard", discard)):
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise TypeError(name + " must be a bool")
+        params[key] = "true" if value else "false"
+    return params
 
 
 def parse_one(cls: Type[T], data: Any, what: str) -> T:

@@ -27,6 +27,7 @@ import paramiko
 
 from ._common import (
     CREATE_RETRY_DELAYS,
+    CREATE_NO_RETRY_CODES,
     CREATE_RETRY_STATUSES,
     VerifySSL,
     answer_list,
@@ -122,7 +123,7 @@ def _create_retryable(e: SandboxAPIError) -> bool:
     """A failed create worth sending again: the outcome is unknown or the failure transient."""
     if isinstance(e, SandboxConnectionError):
         return not (e.__cause__ is not None and _is_tls_error(e.__cause__))
-    return e.status_code in CREATE_RETRY_STATUSES
+    return e.status_code in CREATE_RETRY_STATUSES and e.code not in CREATE_NO_RETRY_CODES
 
 
 def _httpx_timeout(connect: Optional[float], read: Optional[float]) -> httpx.Timeout:
@@ -276,9 +277,11 @@ class AsyncSessionsClient:
         )
         return parse_session(data, "update session")
 
-    async def delete_session(self, session_id: str, keep_workspace: Optional[bool] = None) -> None:
+    async def delete_session(
+        self, session_id: str, keep_workspace: Optional[bool] = None, discard: Optional[bool] = None
+    ) -> None:
         """:meth:`SessionsClient.delete_session`."""
-        params = delete_session_params(keep_workspace)
+        params = delete_session_params(keep_workspace, discard)
         await self._request(
             "DELETE", session_path(session_id), what="delete session", session_scoped=True, params=params
         )

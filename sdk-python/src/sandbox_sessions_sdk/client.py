@@ -12,6 +12,7 @@ import requests
 
 from ._common import (
     CREATE_RETRY_DELAYS,
+    CREATE_NO_RETRY_CODES,
     CREATE_RETRY_STATUSES,
     DEFAULT_COMMAND_TIMEOUT,
     ClosesOnExit,
@@ -99,7 +100,7 @@ def _create_retryable(e: SandboxAPIError) -> bool:
     """A failed create worth sending again: the outcome is unknown or the failure transient."""
     if isinstance(e, SandboxConnectionError):
         return not isinstance(e.__cause__, requests.exceptions.SSLError)
-    return e.status_code in CREATE_RETRY_STATUSES
+    return e.status_code in CREATE_RETRY_STATUSES and e.code not in CREATE_NO_RETRY_CODES
 
 
 class SessionsClient(ClosesOnExit):
@@ -227,8 +228,9 @@ class SessionsClient(ClosesOnExit):
         Retries: when the gateway cannot be reached, the connection breaks,
         the request times out, or it answers 500, 502, 503 or 504, the create
         is sent again, up to twice more (after 0.5 s, then 1 s), with the
-        same key, so a retry never makes a second session. TLS errors and
-        other answers (4xx, 429 included) are raised at once.
+        same key, so a retry never makes a second session. TLS errors,
+        ``image_pull_timeout`` and ``image_store_full`` (a retry would not
+        change them) and other answers (4xx, 429 included) are raised at once.
 
         Returns:
             The Session. Its ``password`` is set only in the answer that
@@ -321,20 +323,30 @@ class SessionsClient(ClosesOnExit):
         )
         return self._session(data, "update session")
 
-    def delete_session(self, session_id: str, keep_workspace: Optional[bool] = None) -> None:
+    def delete_session(
+        self, session_id: str, keep_workspace: Optional[bool] = None, discard: Optional[bool] = None
+    ) -> None:
         """Delete a session and everything in its sandbox (``DELETE /v1/sessions/{id}``).
 
-        200 and 204 both count as success.
+        200 and 204 both count as success. A session holding a named
+        workspace saves it first; when that fails the session is not
+        deleted and keeps its files (SandboxOperationError, ``.code``
+        ``workspace_sync_failed``: 409 when its files hold more than the
+        workspace may, 503 when the gateway's store failed).
 
         Args:
             keep_workspace: ``False`` also removes the named workspace the
                 session holds (``?keepWorkspace=false``); None or ``True``
                 keep it (the gateway's default).
+            discard: ``True`` ends the session without saving its named
+                workspace (``?discard=true``): what changed since the last
+                sync is lost, the workspace keeps its last saved version.
 
         Raises:
             SessionNotFoundError: no such session (or already deleted).
+            SandboxOperationError: ``workspace_sync_failed``, see above.
         """
-        params = delete_session_params(keep_workspace)
+        params = delete_session_params(keep_workspace, discard)
         self._request(
             "DELETE", self._session_path(session_id), what="delete session", session_scoped=True, params=params
         )
@@ -419,15 +431,21 @@ class SessionsClient(ClosesOnExit):
 
         The gateway passes requests to it to ``http://localhost:{port}`` in
         the sandbox. It needs this client's bearer token
-        (``Authorization``); for a URL that needs none (a browser, a
-        teammate), use :meth:`port_link`.
+        (``Authorization``) and is meant for programs: it is on the API's
+        origin, so its answers come with ``Content-Security-Policy:
+        sandbox`` and without cookies. For a browser (or a teammate), use
+        :meth:`port_link`, whose URL is an origin of the preview's own.
         """
         return preview_url(self._base, session_id, port, path)
 
     def port_link(self, session_id: str, port: int, expires_in: Optional[int] = None) -> PortLink:
         """A presigned link to the session's *port* (``POST .../ports/link``):
         anyone holding its ``url`` reaches the server without a token, until
-        ``expires_at`` or the session ends.
+        ``expires_at`` or the session ends. The URL is an origin of its own,
+        ``http://p{port}-{label}.localhost:{api port}/`` by default (the
+        gateway's ``--preview-domain`` otherwise): browsers and curl resolve
+        ``*.localhost`` to the loopback; a client whose resolver does not
+        can connect to the gateway's address with that ``Host`` header.
 
         Args:
             expires_in: Seconds it is valid, 1..604800 (gateway default 3600).

@@ -446,7 +446,9 @@ class SessionStats:
 class PortLink:
     """A presigned preview link (``POST /v1/sessions/{id}/ports/link``):
     anyone holding :attr:`url` reaches the port's server, no token needed,
-    until :attr:`expires_at` or the session ends. Append the server's path
+    until :attr:`expires_at` or the session ends. The URL is the preview's
+    own origin (``http://p{port}-{label}.localhost:{api port}/``), shared
+    with no other session and not with the API. Append the server's path
     to it (it ends in ``/``)."""
 
     url: str

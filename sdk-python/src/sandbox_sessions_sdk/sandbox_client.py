@@ -525,15 +525,18 @@ class SandgateSandboxClient(SandboxClient):
         sessions created without a name are left out)."""
         return await self._call(self._names)
 
-    async def remove(self, name: str) -> None:
+    async def remove(self, name: str, *, discard: Optional[bool] = None) -> None:
         """Delete the sandbox named *name* and everything in it.
+
+        ``discard=True`` ends it without saving its named workspace (see
+        :meth:`SessionsClient.delete_session`).
 
         Raises:
             SessionNotFoundError: no sandbox of that name.
         """
 
         def remove() -> None:
-            self.sessions.delete_session(self._find(name).session_id)
+            self.sessions.delete_session(self._find(name).session_id, discard=discard)
 
         await self._call(remove)
 

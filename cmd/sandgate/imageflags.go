@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sandgate/sandgate/images"
+)
+
+// imageFlags are serve's bounds on the image store and on-demand pulls
+// (the allow-list and --image-pull live with the other serve flags).
+type imageFlags struct {
+	storeMax     int64
+	maxImage     int64
+	pullTimeout  time.Duration
+	stallTimeout time.Duration
+}
+
+func (f *imageFlags) register(fs *flag.FlagSet) {
+	fs.Var((*sizeFlag)(&f.storeMax), "image-store-max", "most the image store's layers may take on disk, blocks counted (holes are free); an unpack past it fails with 503 image_store_full: bytes or a size such as 100GiB (default: half the data dir's filesystem)")
+	fs.Var((*sizeFlag)(&f.maxImage), "image-max-size", "largest image, uncompressed (its tar streams and its files' lengths); a larger one fails with 400 image_too_large: bytes or a size such as 16GiB (default 32GiB)")
+	fs.DurationVar(&f.pullTimeout, "image-pull-timeout", images.DefaultPullTimeout, "deadline of a whole on-demand pull; past it the create fails with 502 image_pull_timeout")
+	fs.DurationVar(&f.stallTimeout, "image-pull-stall-timeout", images.DefaultStallTimeout, "an on-demand pull fails (502 image_pull_timeout) when a registry sends nothing for this long")
+}
+
+// open opens the image store under the gateway's bounds. Registries the
+// operator named (in --image-allow patterns, --insecure-registry, and the
+// proxy of the environment) are dialled as they are; any other host, the
+// servers registries redirect to included, only at an address egress's
+// rule allows (public, or inside --egress-allow-cidr).
+func (f *imageFlags) open(cfg *serveConfig, eg publicDialer, log *slog.Logger) (*images.Store, error) {
+	if f.pullTimeout <= 0 || f.stallTimeout <= 0 {
+		return nil, fmt.Errorf("--image-pull-timeout and --image-pull-stall-timeout must be positive")
+	}
+	if f.storeMax < 0 || f.maxImage < 0 {
+		return nil, fmt.Errorf("--image-store-max and --image-max-size must not be negative")
+	}
+	trusted := trustedRegistries(cfg.imageAllow, cfg.insecureRegistry)
+	s, err := images.Open(cfg.dataDir,
+		images.WithDialer(registryDialer(trusted, eg)),
+		images.WithLimits(images.Limits{MaxImageBytes: f.maxImage, MaxLayerBytes: f.maxImage}),
+		images.WithStoreLimits(images.StoreLimits{MaxBytes: f.storeMax}),
+		images.WithPullTimeouts(f.pullTimeout, f.stallTimeout))
+	if err != nil {
+		return nil, err
+	}
+	lim := s.StoreLimits()
+	log.Info("image_store", "dir", s.Dir(), "max_bytes", lim.MaxBytes, "min_free_bytes", lim.MinFreeBytes,
+		"pull_timeout", f.pullTimeout, "stall_timeout", f.stallTimeout, "trusted_registries", strings.Join(trusted, ","))
+	return s, nil
+}
+
+// trustedRegistries are the registries (host or host:port) the operator
+// named: each --image-allow pattern's that names one, each
+// --insecure-registry, and the hosts of the environment's HTTP proxies.
+func trustedRegistries(allow, insecure []string) []string {
+	var out []string
+	for _, p := range allow {
+		if r := images.PatternRegistry(p); r != "" {
+			out = append(out, r)
+		}
+	}
+	out = append(out, insecure...)
+	for _, v := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
+		if u, err := url.Parse(os.Getenv(v)); err == nil && u.Host != "" {
+			out = append(out, u.Host)
+		}
+	}
+	return out
+}
+
+// registryDialer dials a trusted registry as it is, and anything else
+// through eg's address rule. A trusted entry without a port trusts its
+// host on 443 and 80.
+func registryDialer(trusted []string, eg publicDialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	ok := map[string]bool{}
+	for _, t := range trusted {
+		t = strings.ToLower(t)
+		if _, _, err := net.SplitHostPort(t); err == nil {
+			ok[t] = true
+			continue
+		}
+		ok[net.JoinHostPort(t, "443")] = true
+		ok[net.JoinHostPort(t, "80")] = true
+	}
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if ok[strings.ToLower(addr)] {
+			return d.DialContext(ctx, network, addr)
+		}
+		if eg == nil {
+			return nil, fmt.Errorf("%s is not a registry the gateway was told to trust", addr)
+		}
+		c, err := eg.DialPublic(ctx, network, addr)
+		if err != nil {
+			return nil, fmt.Errorf("%s is not a registry the gateway was told to trust, so the egress address rule applies: %w", addr, err)
+		}
+		return c, nil
+	}
+}

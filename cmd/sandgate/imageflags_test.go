@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/images/imagestest"
+)
+
+// imageSourceFor builds the gateway's image source as serve does, from
+// serve's flags, in a fresh data dir.
+func imageSourceFor(t *testing.T, args ...string) *imageSource {
+	t.Helper()
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	for _, v := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
+		t.Setenv(v, "")
+	}
+	cfg, err := parseServe(append([]string{"--data-dir", t.TempDir()}, args...), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	eg, err := cfg.egress.config(log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := cfg.images.open(cfg, eg.Proxy, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := newImageSource(store, cfg.imageAllow, true, cfg.insecureRegistry, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// resolveCode is the API code of Resolve's error for name.
+func resolveCode(t *testing.T, src *imageSource, name string) (string, string) {
+	t.Helper()
+	_, err := src.Resolve(context.Background(), name)
+	var ge *gateway.Error
+	if !errors.As(err, &ge) {
+		t.Fatalf("resolve %s: %v; want a gateway error", name, err)
+	}
+	return ge.Code, ge.Message
+}
+
+// A registry the operator allowed (127.0.0.1:PORT/*) is reached on
+// loopback, but its redirect to another loopback server is refused by the
+// egress address rule, unless --egress-allow-cidr opens it; the target's
+// body never reaches the message (issue 34, item 9).
+func TestImagePullRedirectUnderEgressRule(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	layer := imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})
+	ref := reg.Push(t, "test/redirect:1", imagestest.Image(t, v1.Config{}, layer))
+	var hits atomic.Int64
+	other := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, "INTERNAL-SECRET-PAGE")
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go other.Serve(ln)
+	t.Cleanup(func() { other.Close() })
+	reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/"+digestOf(t, layer).String()) {
+			http.Redirect(w, req, "http://"+ln.Addr().String()+"/blob", http.StatusTemporaryRedirect)
+			return true
+		}
+		return false
+	})
+
+	src := imageSourceFor(t, "--image-allow", reg.Host+"/*")
+	code, msg := resolveCode(t, src, ref)
+	t.Logf("%s: %s", code, msg)
+	if code != "image_pull_failed" || !strings.Contains(msg, "private address 127.0.0.1") || strings.Contains(msg, "INTERNAL-SECRET-PAGE") {
+		t.Errorf("redirect to loopback: %s %q; want image_pull_failed refusing the private address", code, msg)
+	}
+	if hits.Load() != 0 {
+		t.Errorf("the redirect target was reached %d times", hits.Load())
+	}
+
+	// The operator opens loopback: the redirect is followed, and the
+	// target's answer shows as its status only.
+	src = imageSourceFor(t, "--image-allow", reg.Host+"/*", "--egress-allow-cidr", "127.0.0.1/32")
+	code, msg = resolveCode(t, src, ref)
+	t.Logf("%s: %s", code, msg)
+	if code != "image_pull_failed" || !strings.Contains(msg, "403") || strings.Contains(msg, "INTERNAL-SECRET-PAGE") {
+		t.Errorf("redirect with loopback opened: %s %q; want the 403 without its body", code, msg)
+	}
+	if hits.Load() == 0 {
+		t.Error("the redirect target was not reached with loopback opened")
+	}
+
+	// A registry the operator did not name (allowed by "*") is under the
+	// rule itself.
+	src = imageSourceFor(t, "--image-allow", "*")
+	code, msg = resolveCode(t, src, ref)
+	if code != "image_pull_failed" || !strings.Contains(msg, "private address 127.0.0.1") {
+		t.Errorf("unnamed loopback registry: %s %q; want it refused", code, msg)
+	}
+}
+
+// The bounds have their own API codes: image_too_large (--image-max-size),
+// image_store_full (--image-store-max) and image_pull_timeout
+// (--image-pull-timeout, --image-pull-stall-timeout).
+func TestImagePullBoundCodes(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	big := reg.Push(t, "test/big:1", imagestest.Image(t, v1.Config{}, imagestest.RandomLayer(t, "r", 2<<20, 1)))
+	silent := imagestest.SilentListener(t)
+	for _, tc := range []struct {
+		name, ref, code, want string
+		args                  []string
+	}{
+		{"image too large", big, "image_too_large", "limit of the layer (1.0 MiB)", []string{"--image-max-size", "1MiB"}},
+		{"store full", big, "image_store_full", "image store is full", []string{"--image-store-max", "1MiB"}},
+		{"deadline", silent + "/test/silent:1", "image_pull_timeout", "took longer than 2s", []string{"--image-pull-timeout", "2s"}},
+		{"stall", silent + "/test/silent:1", "image_pull_timeout", "sent nothing for 1s", []string{"--image-pull-stall-timeout", "1s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host, _, _ := strings.Cut(strings.TrimPrefix(tc.ref, "http://"), "/")
+			src := imageSourceFor(t, append([]string{"--image-allow", host + "/*"}, tc.args...)...)
+			code, msg := resolveCode(t, src, tc.ref)
+			t.Logf("%s: %s", code, msg)
+			if code != tc.code || !strings.Contains(msg, tc.want) {
+				t.Errorf("got %s %q; want %s saying %q", code, msg, tc.code, tc.want)
+			}
+		})
+	}
+}
+
+func digestOf(t *testing.T, x interface{ Digest() (v1.Hash, error) }) v1.Hash {
+	t.Helper()
+	d, err := x.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// Through the built gateway: creates whose image is past a bound, or
+// whose registry hangs or redirects to a private address, fail with their
+// codes, and nothing of the image stays in the store.
+func TestImageBoundsOverREST(t *testing.T) {
+	requireLinuxDriver(t)
+	reg := imagestest.NewRegistry(t)
+	big := reg.Push(t, "tools/big:1", imagestest.Image(t, v1.Config{}, imagestest.RandomLayer(t, "r", 2<<20, 1)))
+	small := imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})
+	redirected := reg.Push(t, "tools/redirect:1", imagestest.Image(t, v1.Config{}, small))
+	var hits atomic.Int64
+	other := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, "INTERNAL-SECRET-PAGE")
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go other.Serve(ln)
+	t.Cleanup(func() { other.Close() })
+	reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+		if req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/"+digestOf(t, small).String()) {
+			http.Redirect(w, req, "http://"+ln.Addr().String()+"/blob", http.StatusTemporaryRedirect)
+			return true
+		}
+		return false
+	})
+	silent := imagestest.SilentListener(t)
+
+	g := startGateway(t, "--sandbox", "linux", "--image-allow", reg.Host+"/tools/*", "--image-allow", silent+"/*",
+		"--image-max-size", "1MiB", "--image-pull-timeout", "3s")
+	for _, tc := range []struct {
+		image  string
+		status int
+		code   string
+	}{
+		{big, http.StatusBadRequest, "image_too_large"},
+		{silent + "/hangs:1", http.StatusBadGateway, "image_pull_timeout"},
+		{redirected, http.StatusBadGateway, "image_pull_failed"},
+	} {
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		status := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"image": tc.image}, &e)
+		t.Logf("%s: %d %s: %s", tc.image, status, e.Error.Code, e.Error.Message)
+		if status != tc.status || e.Error.Code != tc.code {
+			t.Errorf("create on %s: %d %s, want %d %s", tc.image, status, e.Error.Code, tc.status, tc.code)
+		}
+		if strings.Contains(e.Error.Message, "INTERNAL-SECRET-PAGE") {
+			t.Errorf("create on %s: the redirect target's body is in the answer", tc.image)
+		}
+	}
+	if hits.Load() != 0 {
+		t.Errorf("the private redirect target was reached %d times", hits.Load())
+	}
+	for _, d := range []string{"layers/sha256", "tmp"} {
+		ents, err := os.ReadDir(filepath.Join(g.DataDir, "images", d))
+		if err != nil || len(ents) != 0 {
+			t.Errorf("images/%s after refused pulls: %v %v", d, ents, err)
+		}
+	}
+}

@@ -32,9 +32,13 @@ const (
 	// sftpPacket is the data carried by one READ or WRITE: the SFTP
 	// server (package sftpd) answers up to 255 KiB, and it is always ours.
 	sftpPacket = 255 << 10
-	// sftpConcurrency is how many READs or WRITEs one transfer keeps in
-	// flight: 64 x 255 KiB bounds a transfer's buffers to ~16 MiB.
+	// sftpConcurrency bounds the READs or WRITEs one SFTP call keeps in
+	// flight (a download's window is smaller: see streamFile).
 	sftpConcurrency = 64
+	// uploadConcurrency is how many WRITEs an upload keeps in flight:
+	// 8 x 255 KiB bounds what it holds while the sandbox's server takes
+	// them (a stopped server holds them all) to 2 MiB.
+	uploadConcurrency = 8
 	// MaxPathBytes bounds a path given to the file operations.
 	MaxPathBytes = 4096
 	// MaxListEntries caps a listing; a longer one is marked truncated.
@@ -655,7 +659,7 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 		return Entry{}, false, classify(err, p)
 	}
 	cr := &capReader{r: r, max: o.MaxBytes}
-	if _, err := fh.ReadFromWithConcurrency(cr, sftpConcurrency); err != nil {
+	if _, err := fh.ReadFromWithConcurrency(cr, uploadConcurrency); err != nil {
 		var be *bodyError
 		switch {
 		case cr.over || errors.Is(err, errTooLarge):

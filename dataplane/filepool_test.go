@@ -1,7 +1,9 @@
 package dataplane_test
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -179,5 +181,41 @@ func TestFilesPool(t *testing.T) {
 	}
 	if _, err := p.Open(ctx, "s1", "t1", s, false); kindOf(err) != dataplane.KindUnavailable {
 		t.Errorf("open after the end: %v, want KindUnavailable", err)
+	}
+}
+
+// TestStreamFileWindows: a download read through its windows (one packet,
+// then wider past 8 MiB), whole and from seeks, gives the file's bytes.
+func TestStreamFileWindows(t *testing.T) {
+	fsb := newFilesSandbox(t, "workdir", filesBinary(t))
+	f := fsb.open(t)
+	data := make([]byte, 21<<20+12345)
+	for i := range data {
+		data[i] = byte(i*7 + i>>13)
+	}
+	if _, _, err := f.Write("big.bin", bytes.NewReader(data), dataplane.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(t, f, "big.bin")
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("whole read: %d bytes, equal %v, err %v", len(got), bytes.Equal(got, data), err)
+	}
+	rc, _, err := f.Open("big.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	for _, off := range []int64{0, 1, 255<<10 - 1, 9 << 20, 20<<20 + 3, int64(len(data)) - 10, 5} {
+		if _, err := rc.Seek(off, io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 600<<10)
+		n, err := io.ReadFull(rc, buf)
+		if err != nil && err != io.ErrUnexpectedEOF {
+			t.Fatalf("read at %d: %v", off, err)
+		}
+		if !bytes.Equal(buf[:n], data[off:off+int64(n)]) || (n < len(buf) && off+int64(n) != int64(len(data))) {
+			t.Errorf("read at %d: %d bytes, not the file's", off, n)
+		}
 	}
 }

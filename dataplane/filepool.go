@@ -204,12 +204,16 @@ func (p *Files) startLocked(ctx context.Context, id string, s Session) *pooled {
 		p.mu.Lock()
 		e.srv, e.err, e.remove = srv, err, remove
 		close(e.ready)
-		if err != nil {
+		switch {
+		case err != nil:
 			// Not kept: the next Open tries again.
 			if p.servers[id] == e {
 				delete(p.servers, id)
 			}
 			e.gone = true
+		case e.refs == 0:
+			// Every caller that waited for it gave up meanwhile.
+			p.releasedLocked(id, e)
 		}
 		p.mu.Unlock()
 	}()
@@ -227,17 +231,25 @@ func (p *Files) put(id string, e *pooled, stream bool) {
 	if e.refs > 0 || e.srv == nil {
 		return
 	}
+	p.releasedLocked(id, e)
+}
+
+// releasedLocked handles e, up and used by no FS: dropped if it is gone
+// or dead, else kept for Idle.
+func (p *Files) releasedLocked(id string, e *pooled) {
 	if e.gone || e.srv.dead() {
 		p.dropLocked(id, e)
 		return
 	}
-	e.idle = time.AfterFunc(orDuration(p.Idle, DefaultFilesIdle), func() {
+	var tm *time.Timer
+	tm = time.AfterFunc(orDuration(p.Idle, DefaultFilesIdle), func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if e.refs == 0 && e.idle != nil {
+		if e.refs == 0 && e.idle == tm { // not used, nor kept again, since
 			p.dropLocked(id, e)
 		}
 	})
+	e.idle = tm
 }
 
 func orDuration(v, def time.Duration) time.Duration {

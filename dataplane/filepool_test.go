@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,7 +149,11 @@ func TestFilesPool(t *testing.T) {
 	// The server dies (the sandbox's user may kill it): the next
 	// operation gets a new one.
 	_, procs := s.started()
-	procs[0].Kill()
+	// Not Kill: under workdir it also kills, later, every process tagged
+	// with the sandbox's id, which the next test's sandbox shares.
+	if err := procs[0].Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		f, err := p.Open(ctx, "s1", "t1", s, false)

@@ -17,7 +17,9 @@ package cluster
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
@@ -102,11 +104,12 @@ type Node struct {
 	draining atomic.Bool
 	sessions func() int // live sessions on this node
 
-	mu         sync.Mutex
-	owners     map[string]owner // owner cache: a session's owner never changes
-	nodes      map[string]Info  // live nodes, as of the last refresh
-	restarters map[string]bool  // drained nodes within their grace
-	store      *Store           // the node's store, once made
+	mu          sync.Mutex
+	owners      map[string]owner // owner cache: a session's owner never changes
+	nodes       map[string]Info  // live nodes, as of the last refresh
+	restarters  map[string]bool  // drained nodes within their grace
+	store       *Store           // the node's store, once made
+	refusedRecs map[string]bool  // node records refused and logged
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -206,7 +209,7 @@ func (n *Node) register(ctx context.Context) error {
 		return fmt.Errorf("cluster: grant lease: %w", err)
 	}
 	n.lease.Store(int64(l.ID))
-	data, _ := json.Marshal(n.info())
+	data := n.signedInfo()
 	if _, err := n.cli.Txn(ctx).Then(
 		clientv3.OpPut(Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(l.ID)),
 		clientv3.OpDelete(Prefix+"restarting/"+n.cfg.NodeID),
@@ -300,8 +303,7 @@ func (n *Node) keepAlive() {
 		ctx, cancel := n.op()
 		_, err := n.cli.KeepAliveOnce(ctx, n.leaseID())
 		if err == nil {
-			data, _ := json.Marshal(n.info())
-			_, err = n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(n.leaseID()))
+			_, err = n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(n.signedInfo()), clientv3.WithLease(n.leaseID()))
 		}
 		cancel()
 		switch {
@@ -338,12 +340,88 @@ func (n *Node) Nodes(ctx context.Context) ([]Info, error) {
 	}
 	out := make([]Info, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		var i Info
-		if json.Unmarshal(kv.Value, &i) == nil {
-			out = append(out, i)
+		key := strings.TrimPrefix(string(kv.Key), Prefix+"nodes/")
+		i, err := openInfo(n.cfg.Token, key, kv.Value)
+		if err != nil {
+			n.refused(key, err)
+			continue
 		}
+		out = append(out, i)
 	}
 	return out, nil
+}
+
+// A node record in etcd is signed with the cluster token, so that only a
+// node that has the token can join: whoever can write etcd but has not
+// the token cannot register a node and so receive the relayed bearer
+// tokens and the cluster token itself. Its value is
+//
+//	{"info": <Info as JSON>, "mac": hex(HMAC-SHA256(k, "<id>\x00" + info))}
+//
+// where k is HMAC-SHA256(token, "sandgate node record v1") and <id> the
+// key's last element, which must be info's id.
+type signedRecord struct {
+	Info json.RawMessage `json:"info"`
+	MAC  string          `json:"mac"`
+}
+
+func recordMAC(token, id string, info []byte) []byte {
+	k := hmac.New(sha256.New, []byte(token))
+	k.Write([]byte("sandgate node record v1"))
+	m := hmac.New(sha256.New, k.Sum(nil))
+	m.Write([]byte(id))
+	m.Write([]byte{0})
+	m.Write(info)
+	return m.Sum(nil)
+}
+
+// signedInfo is the node's record, signed.
+func (n *Node) signedInfo() []byte {
+	info, _ := json.Marshal(n.info())
+	data, _ := json.Marshal(signedRecord{Info: info, MAC: hex.EncodeToString(recordMAC(n.cfg.Token, n.cfg.NodeID, info))})
+	return data
+}
+
+// errUnsigned and errBadMAC are why a node record is refused.
+var (
+	errUnsigned = errors.New("not signed with the cluster token")
+	errBadMAC   = errors.New("its signature does not match the cluster token")
+)
+
+// openInfo checks the record value of node key and returns its Info.
+func openInfo(token, key string, value []byte) (Info, error) {
+	var r signedRecord
+	if err := json.Unmarshal(value, &r); err != nil || len(r.Info) == 0 || r.MAC == "" {
+		return Info{}, errUnsigned
+	}
+	mac, err := hex.DecodeString(r.MAC)
+	if err != nil || !hmac.Equal(mac, recordMAC(token, key, r.Info)) {
+		return Info{}, errBadMAC
+	}
+	var i Info
+	if err := json.Unmarshal(r.Info, &i); err != nil || i.ID != key {
+		return Info{}, fmt.Errorf("malformed: %v", err)
+	}
+	return i, nil
+}
+
+// refused logs a node record refused, once per key and reason while the
+// node runs (bounded).
+func (n *Node) refused(key string, err error) {
+	n.mu.Lock()
+	k := key + "\x00" + err.Error()
+	seen := n.refusedRecs[k]
+	if !seen && len(n.refusedRecs) < 1024 {
+		if n.refusedRecs == nil {
+			n.refusedRecs = map[string]bool{}
+		}
+		n.refusedRecs[k] = true
+	}
+	n.mu.Unlock()
+	if !seen {
+		n.log.Warn("cluster_node_record_refused", "node", key, "reason", err.Error(),
+			"hint", "a node record in etcd that no node with this cluster token wrote: check who can write etcd, and that every node has the same --cluster-token-file")
+	}
 }
 
 // Drain marks the node draining: placement sends it no new session.
@@ -351,8 +429,7 @@ func (n *Node) Drain() {
 	n.draining.Store(true)
 	ctx, cancel := n.op()
 	defer cancel()
-	data, _ := json.Marshal(n.info())
-	if _, err := n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(n.leaseID())); err != nil {
+	if _, err := n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(n.signedInfo()), clientv3.WithLease(n.leaseID())); err != nil {
 		n.log.Warn("cluster_drain_failed", "err", err)
 	}
 	n.log.Info("cluster_draining", "node", n.cfg.NodeID)

@@ -428,7 +428,13 @@ func (n *Node) lookupOwner(ctx context.Context, id string) (owner, error) {
 	if len(resp.Kvs) == 0 {
 		return owner{}, nil
 	}
-	t, node, _ := strings.Cut(string(resp.Kvs[0].Value), "\x00")
+	t, node, ok := strings.Cut(string(resp.Kvs[0].Value), "\x00")
+	if !ok || t == "" || node == "" || strings.ContainsRune(node, 0) {
+		// Never cached: a node that wrote it right later, or an operator
+		// who repairs it, is seen at the next lookup.
+		n.log.Warn("cluster_owner_malformed", "session", id)
+		return owner{}, fmt.Errorf("cluster: the owner record of session %s is malformed", id)
+	}
 	o = owner{t, node}
 	n.cacheOwner(id, o)
 	return o, nil

@@ -57,14 +57,19 @@ func (n *Node) sweep() {
 // it marked.
 func (n *Node) SweepOnce(ctx context.Context) (int, error) {
 	present := map[string]bool{}
-	for _, p := range []string{"nodes/", "restarting/"} {
-		resp, err := n.cli.Get(ctx, Prefix+p, clientv3.WithPrefix(), clientv3.WithKeysOnly())
-		if err != nil {
-			return 0, err
-		}
-		for _, kv := range resp.Kvs {
-			present[strings.TrimPrefix(string(kv.Key), Prefix+p)] = true
-		}
+	nodes, err := n.Nodes(ctx) // signed records only
+	if err != nil {
+		return 0, err
+	}
+	for _, i := range nodes {
+		present[i.ID] = true
+	}
+	rs, err := n.cli.Get(ctx, Prefix+"restarting/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, err
+	}
+	for _, kv := range rs.Kvs {
+		present[strings.TrimPrefix(string(kv.Key), Prefix+"restarting/")] = true
 	}
 	resp, err := n.cli.Get(ctx, Prefix+"live/", clientv3.WithPrefix())
 	if err != nil {

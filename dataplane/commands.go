@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -57,9 +56,14 @@ type Request struct {
 	Timeout time.Duration
 	// MaxOutputBytes bounds each stream's kept output.
 	MaxOutputBytes int64
+	// Buffers, when set, lends the buffers that keep the output; the
+	// Result's Release gives them back.
+	Buffers *BufferPool
 	// Stream, when set, receives output as it arrives, never cutting a
 	// UTF-8 character in two; calls may come from several goroutines,
 	// in order for each stream. It gets at most MaxOutputBytes per stream.
+	// What it gets is not kept too: the Result's Stdout and Stderr then
+	// only say whether they were truncated.
 	Stream func(stream string, data []byte)
 }
 
@@ -79,6 +83,17 @@ type Result struct {
 
 // Truncated reports whether either stream was cut.
 func (r Result) Truncated() bool { return r.Stdout.Truncated || r.Stderr.Truncated }
+
+// Release gives the buffers of r's output back to the request's Buffers
+// (when it had one): r's Stdout and Stderr are invalid from then on, Text
+// included. Without Release the buffers are garbage collected as usual.
+func (r Result) Release() {
+	for _, o := range []Output{r.Stdout, r.Stderr} {
+		if o.c != nil {
+			o.c.release()
+		}
+	}
+}
 
 // ErrInvalid marks an error in the request itself.
 var ErrInvalid = errors.New("invalid command")
@@ -265,8 +280,15 @@ type streamReader struct {
 	prefix    string // the value after the token, once read
 }
 
+// newStreamReader returns the reader of stream name. Output sent as it
+// arrives (req.Stream) is not kept as well: only counted.
 func newStreamReader(name string, req Request, prefixTok []byte) *streamReader {
-	return &streamReader{name: name, cap: newCapture(req.MaxOutputBytes), send: req.Stream,
+	c := newCapture(req.MaxOutputBytes)
+	if req.Stream != nil {
+		c = newCounter(req.MaxOutputBytes)
+	}
+	c.pool = req.Buffers
+	return &streamReader{name: name, cap: c, send: req.Stream,
 		limit: req.MaxOutputBytes, prefixTok: prefixTok}
 }
 
@@ -329,124 +351,6 @@ func (r *streamReader) flush() {
 	}
 }
 
-// capture keeps at most limit bytes of one output stream: its first
-// ceil(limit/2) bytes (the head) and its last floor(limit/2) (the tail),
-// dropping what lies between.
-type capture struct {
-	limit int64
-	total int64
-	head  []byte
-	tail  []byte // a ring of the last len(tail) bytes, from tailAt
-	ring  int    // capacity of the tail
-	at    int    // where the next tail byte goes
-	full  bool   // the ring has wrapped
-}
-
-func newCapture(limit int64) *capture {
-	if limit < 0 {
-		limit = 0
-	}
-	return &capture{limit: limit, ring: int(limit / 2)}
-}
-
-func (c *capture) Write(p []byte) {
-	c.total += int64(len(p))
-	headCap := int(c.limit - int64(c.ring))
-	if n := headCap - len(c.head); n > 0 {
-		if n > len(p) {
-			n = len(p)
-		}
-		c.head = append(c.head, p[:n]...)
-		p = p[n:]
-	}
-	if c.ring == 0 || len(p) == 0 {
-		return
-	}
-	if c.tail == nil {
-		c.tail = make([]byte, c.ring)
-	}
-	if len(p) >= c.ring {
-		copy(c.tail, p[len(p)-c.ring:])
-		c.at, c.full = 0, true
-		return
-	}
-	for len(p) > 0 {
-		n := copy(c.tail[c.at:], p)
-		p = p[n:]
-		c.at += n
-		if c.at == c.ring {
-			c.at, c.full = 0, true
-		}
-	}
-}
-
-// truncated reports whether bytes were dropped.
-func (c *capture) truncated() bool { return c.total > c.limit }
-
-// bytes returns the kept output: the head then the tail, nothing between.
-func (c *capture) bytes() []byte {
-	out := append([]byte(nil), c.head...)
-	if c.full {
-		out = append(out, c.tail[c.at:]...)
-	}
-	return append(out, c.tail[:c.at]...)
-}
-
-// text returns the kept output as text, or ok=false when it is not valid
-// UTF-8. A character cut in two by the truncation, at the end of the head
-// or the start of the tail, is dropped, so that truncated text stays text.
-func (c *capture) text() (string, bool) {
-	if !c.truncated() {
-		b := c.bytes()
-		return string(b), utf8.Valid(b)
-	}
-	head := trimCutEnd(c.head)
-	tail := c.bytes()[len(c.head):]
-	tail = trimCutStart(tail)
-	b := append(append([]byte(nil), head...), tail...)
-	return string(b), utf8.Valid(b)
-}
-
-// trimCutEnd drops an incomplete UTF-8 character at the end of b.
-func trimCutEnd(b []byte) []byte {
-	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
-		if utf8.RuneStart(b[i]) {
-			if !utf8.FullRune(b[i:]) {
-				return b[:i]
-			}
-			return b
-		}
-	}
-	return b
-}
-
-// trimCutStart drops the continuation bytes of a character cut at the
-// start of b.
-func trimCutStart(b []byte) []byte {
-	for i := 0; i < len(b) && i < utf8.UTFMax; i++ {
-		if utf8.RuneStart(b[i]) {
-			return b[i:]
-		}
-	}
-	return b
-}
-
-// Output is one stream's output in an answer: Text when it is valid UTF-8,
-// else Base64.
-type Output struct {
-	Text      string
-	Base64    string
-	IsBase64  bool
-	Truncated bool
-}
-
-func (c *capture) output() Output {
-	if s, ok := c.text(); ok {
-		return Output{Text: s, Truncated: c.truncated()}
-	}
-	return Output{Base64: base64.StdEncoding.EncodeToString(c.bytes()), IsBase64: true, Truncated: c.truncated()}
-}
-
 // runeChunker cuts a stream into chunks that never split a UTF-8
 // character: an incomplete character at the end of a chunk is held back
 // for the next.
@@ -456,7 +360,10 @@ type runeChunker struct {
 
 // next returns what of p (after what was held back) can be sent now.
 func (r *runeChunker) next(p []byte) []byte {
-	b := append(r.carry, p...)
+	b := p // no copy unless something was held back
+	if len(r.carry) > 0 {
+		b = append(r.carry, p...)
+	}
 	r.carry = nil
 	cut := trimCutEnd(b)
 	if len(cut) < len(b) && validPrefix(b[len(cut):]) {

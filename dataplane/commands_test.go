@@ -2,7 +2,6 @@ package dataplane_test
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"go.uber.org/goleak"
 	"io"
@@ -124,9 +123,36 @@ func TestCommandsRun(t *testing.T) {
 					t.Errorf("cwd %q", res.Cwd)
 				}
 			})
+			t.Run("streamed past the cap, pooled", func(t *testing.T) {
+				// Streamed output is sent, not kept; kept output comes from
+				// the pool and goes back to it.
+				pool := &dataplane.BufferPool{}
+				for range 3 {
+					r := req("printf hello; printf world >&2")
+					r.MaxOutputBytes, r.Buffers = 4, pool
+					var mu sync.Mutex
+					got := map[string]string{}
+					r.Stream = func(stream string, data []byte) {
+						mu.Lock()
+						defer mu.Unlock()
+						got[stream] += string(data)
+					}
+					res := run(t, s, r)
+					if !res.Stdout.Truncated || !res.Stderr.Truncated || len(res.Stdout.Bytes()) != 0 || got["stdout"] != "hell" || got["stderr"] != "worl" {
+						t.Errorf("got %+v, streamed %q", res, got)
+					}
+					res.Release()
+					r.Stream = nil
+					res = run(t, s, r)
+					if res.Stdout.Text != "helo" || !res.Stdout.Truncated {
+						t.Errorf("kept %q", res.Stdout.Text)
+					}
+					res.Release()
+				}
+			})
 			t.Run("binary output", func(t *testing.T) {
 				res := run(t, s, req(`printf '\377\000a'`))
-				if !res.Stdout.IsBase64 || res.Stdout.Base64 != base64.StdEncoding.EncodeToString([]byte{0xff, 0, 'a'}) {
+				if !res.Stdout.IsBase64 || string(res.Stdout.Bytes()) != string([]byte{0xff, 0, 'a'}) {
 					t.Errorf("got %+v", res.Stdout)
 				}
 			})

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ed25519"
@@ -161,7 +162,23 @@ func (c *tenantClaims) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &c.RegisteredClaims); err != nil {
 		return err
 	}
-	return json.Unmarshal(data, &c.all)
+	if err := json.Unmarshal(data, &c.all); err != nil {
+		return err
+	}
+	// RFC 7519 §2: a NumericDate is a JSON number. The parser also takes
+	// a string of digits ("exp": "9999999999"), which a token must not use.
+	for _, name := range []string{"exp", "nbf", "iat"} {
+		if raw, ok := c.all[name]; ok && !isJSONNumber(raw) {
+			return fmt.Errorf("claim %s is not a number", name)
+		}
+	}
+	return nil
+}
+
+// isJSONNumber reports whether raw, a valid JSON value, is a number.
+func isJSONNumber(raw json.RawMessage) bool {
+	b := bytes.TrimSpace(raw)
+	return len(b) > 0 && (b[0] == '-' || b[0] >= '0' && b[0] <= '9')
 }
 
 // key returns the verification key for t's algorithm: the HMAC secret only

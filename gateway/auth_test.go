@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -146,6 +147,11 @@ func TestVerify(t *testing.T) {
 		{"expired", full, hs(goodClaims("exp", past)), "", ""},
 		{"no exp", full, hs(goodClaims("exp", nil)), "", ""},
 		{"exp not a number", full, hs(goodClaims("exp", "soon")), "", ""},
+		// RFC 7519: a NumericDate is a JSON number, never a string of digits.
+		{"exp a numeric string", full, hs(goodClaims("exp", strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10))), "", ""},
+		{"nbf a numeric string", full, hs(goodClaims("nbf", strconv.FormatInt(past, 10))), "", ""},
+		{"iat a numeric string", full, hs(goodClaims("iat", strconv.FormatInt(past, 10))), "", ""},
+		{"exp a fraction", full, hs(goodClaims("exp", float64(time.Now().Add(time.Hour).Unix())+0.5)), "jwt:" + subject, "jwt"},
 		{"nbf in the future", full, hs(goodClaims("nbf", time.Now().Add(time.Hour).Unix())), "", ""},
 		{"wrong aud", full, hs(goodClaims("aud", "other")), "", ""},
 		{"no aud", full, hs(goodClaims("aud", nil)), "", ""},

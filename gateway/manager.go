@@ -296,6 +296,14 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	sb, err := m.driver.Create(ctx, spec)
 	if err != nil {
 		m.releaseImage(s)
+		if errors.Is(ctx.Err(), context.Canceled) {
+			// The client went away while its sandbox was built (whatever
+			// step noticed it first): nothing failed that an operator must
+			// look at.
+			m.log.InfoContext(ctx, "sandbox_create_abandoned", "session", s.ID, "tenant", p.Tenant, "reason", "client disconnected", "err", err)
+			m.auditSession(ctx, s, "create_failed", "client disconnected", "")
+			return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "the create was abandoned: the client disconnected", Err: err}
+		}
 		m.log.ErrorContext(ctx, "sandbox_create_failed", "session", s.ID, "tenant", p.Tenant, "err", err)
 		m.auditSession(ctx, s, "create_failed", err.Error(), "")
 		if bad, ok := errors.AsType[*sandbox.BadImageError](err); ok {
@@ -314,7 +322,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
 			m.releaseImage(s)
 		}
-		m.log.Error("workspace_attach_failed", "session", s.ID, "err", err)
+		m.logCreateStep(ctx, "workspace_attach_failed", s, err)
 		return nil, "", err
 	}
 	if s.needsProxy() {
@@ -322,7 +330,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			if sb.Destroy(context.WithoutCancel(ctx)) == nil {
 				m.releaseImage(s)
 			}
-			m.log.ErrorContext(ctx, "egress_proxy_failed", "session", s.ID, "err", err)
+			m.logCreateStep(ctx, "egress_proxy_failed", s, err)
 			m.auditSession(ctx, s, "create_failed", "egress proxy: "+err.Error(), "")
 			return nil, "", err
 		}
@@ -745,3 +753,13 @@ func (m *Manager) saveActivity() {
 
 // IdleTimeout is the configured idle limit (0 or negative: none).
 func (m *Manager) IdleTimeout() time.Duration { return m.cfg.IdleTimeout }
+
+// logCreateStep logs a create step's failure: an error, unless the client
+// went away meanwhile (then at info, as sandbox_create_abandoned).
+func (m *Manager) logCreateStep(ctx context.Context, what string, s *Session, err error) {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		m.log.InfoContext(ctx, "sandbox_create_abandoned", "session", s.ID, "step", what, "reason", "client disconnected", "err", err)
+		return
+	}
+	m.log.ErrorContext(ctx, what, "session", s.ID, "err", err)
+}

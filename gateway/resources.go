@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -46,6 +48,9 @@ const (
 )
 
 const mib = 1 << 20
+
+// MaxPids is the most pids a session may ask for, defaults applied.
+func (b ResourceBounds) MaxPids() int64 { return b.withDefaults().Max.Pids }
 
 // withDefaults fills b's zero fields.
 func (b ResourceBounds) withDefaults() ResourceBounds {
@@ -99,22 +104,34 @@ func (b ResourceBounds) resolve(req *ResourceRequest) (Resources, error) {
 		v := float64(*p)
 		return &v
 	}
+	// num shows a bound or a cpus value: whole numbers as integers.
+	num := func(v float64) string {
+		if v == math.Trunc(v) && math.Abs(v) < 1<<53 {
+			return strconv.FormatInt(int64(v), 10)
+		}
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	}
 	fields := []field{
 		{"memoryMiB", f(req.MemoryMiB), MinMemoryMiB, float64(b.Max.MemoryMiB), " MiB", "sandbox-max-memory"},
 		{"cpus", req.CPUs, MinCPUs, b.Max.CPUs, "", "sandbox-max-cpus"},
 		{"pids", f(req.Pids), MinPids, float64(b.Max.Pids), "", "sandbox-max-pids"},
 		{"diskMiB", f(req.DiskMiB), MinDiskMiB, float64(b.Max.DiskMiB), " MiB", "sandbox-max-disk"},
 	}
+	ints := map[string]*int64{"memoryMiB": req.MemoryMiB, "pids": req.Pids, "diskMiB": req.DiskMiB}
 	for _, x := range fields {
 		if x.got == nil {
 			continue
 		}
+		got := num(*x.got)
+		if p := ints[x.name]; p != nil {
+			got = strconv.FormatInt(*p, 10) // exact: a float64 rounds past 2^53
+		}
 		if *x.got < x.min {
-			return Resources{}, Invalid("invalid_resources", fmt.Sprintf("resources.%s must be at least %v%s, got %v", x.name, x.min, x.unit, *x.got))
+			return Resources{}, Invalid("invalid_resources", fmt.Sprintf("resources.%s must be at least %s%s, got %s", x.name, num(x.min), x.unit, got))
 		}
 		if *x.got > x.max {
 			return Resources{}, Invalid("resources_exceeded", fmt.Sprintf(
-				"resources.%s is %v%s, above this gateway's limit of %v%s (%s)", x.name, *x.got, x.unit, x.max, x.unit, x.cap))
+				"resources.%s is %s%s, above this gateway's limit of %s%s (%s)", x.name, got, x.unit, num(x.max), x.unit, x.cap))
 		}
 	}
 	if req.MemoryMiB != nil {

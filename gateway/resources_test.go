@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -97,6 +98,10 @@ func TestManagerResources(t *testing.T) {
 			{gateway.ResourceRequest{CPUs: ptr(-1.0)}, "invalid_resources", []string{"cpus"}},
 			{gateway.ResourceRequest{Pids: ptr[int64](1)}, "invalid_resources", []string{"pids", "8"}},
 			{gateway.ResourceRequest{DiskMiB: ptr[int64](1)}, "invalid_resources", []string{"diskMiB", "16"}},
+			// A huge value is shown as the integer it is, never as a float.
+			{gateway.ResourceRequest{Pids: ptr[int64](math.MaxInt64)}, "resources_exceeded", []string{"pids is 9223372036854775807,", "limit of 1000 "}},
+			{gateway.ResourceRequest{MemoryMiB: ptr[int64](math.MinInt64)}, "invalid_resources", []string{"at least 32 MiB, got -9223372036854775808"}},
+			{gateway.ResourceRequest{CPUs: ptr(1e300)}, "resources_exceeded", []string{"cpus is 1e+300,", "limit of 2 "}},
 		} {
 			_, _, err := m.Create(ctx, alice, gateway.CreateParams{Resources: &c.req})
 			wantCode(t, err, gateway.KindInvalid, c.code)

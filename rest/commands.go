@@ -1,6 +1,7 @@
 package rest
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -162,13 +164,32 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, status, code, msg)
 		return
 	}
+	ndjson := wantsNDJSON(r)
+	// The command's memory is charged from before it starts until both
+	// it has ended and its answer is written or abandoned.
+	release, err := a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeBudgetError(w, err)
+		}
+		return
+	}
+	var owners atomic.Int32 // the command and its answer
+	owners.Store(2)
+	done1 := func() {
+		if owners.Add(-1) == 0 {
+			release()
+		}
+	}
+	defer done1()
 	// The command runs on a context of its own, which ends with it: a
 	// client that leaves kills it (cancel below, when the handler sees it
 	// go), unless it runs in the background.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	req.Buffers = a.dp.buffers
 
 	var stream *ndjsonWriter
-	if wantsNDJSON(r) {
+	if ndjson {
 		stream = &ndjsonWriter{w: w, rc: http.NewResponseController(w)}
 		req.Stream = stream.output
 	}
@@ -178,6 +199,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	done := make(chan outcome, 1)
 	go func() {
+		defer done1()
 		defer cancel() // released when the command ends, not the request
 		var o outcome
 		if cr.Shell != "" {
@@ -191,6 +213,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		done <- o
 	}()
 	var o outcome
+	stopping := false
 	select {
 	case o = <-done:
 	case <-r.Context().Done():
@@ -207,6 +230,28 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			stream.stop()
 		}
 		return
+	case <-a.cfg.Stopping:
+		// The gateway's drain is over and the command still runs: it is
+		// ended (the gateway's end would end it), and answered with what
+		// it wrote.
+		a.cfg.Log.InfoContext(r.Context(), "command_ended_by_shutdown", "session", s.ID, "shell", cr.Shell)
+		cancel()
+		o, stopping = <-done, true
+	}
+	if stopping {
+		noteErrorCode(w, "shutting_down")
+		detail := errorDetail{Code: "shutting_down", Message: "the gateway is shutting down: the command was ended"}
+		if stream != nil {
+			stream.final(map[string]any{"error": detail})
+			return
+		}
+		ans := shutdownAnswer{Error: detail}
+		if o.err == nil {
+			ans.commandResult = resultBody(o.res, false)
+		}
+		_ = writeAnswer(w, http.StatusServiceUnavailable, ans, o.res.Stdout, o.res.Stderr)
+		o.res.Release()
+		return
 	}
 	if o.err != nil {
 		if stream != nil && stream.started() {
@@ -216,12 +261,40 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		writeCommandError(w, o.err)
 		return
 	}
-	out := resultBody(o.res, stream == nil)
 	if stream != nil {
-		stream.final(out)
+		stream.final(resultBody(o.res, false))
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = writeAnswer(w, http.StatusOK, resultBody(o.res, false), o.res.Stdout, o.res.Stderr)
+	o.res.Release() // written: the buffers serve the next command
+}
+
+// shutdownAnswer is a command's answer when the gateway's shutdown ended
+// it: the error, and the command's result with the output it wrote.
+type shutdownAnswer struct {
+	Error errorDetail `json:"error"`
+	commandResult
+}
+
+// budgetStatus is the status and code of a command refused by the output
+// budget: 429 past the tenant's share, 503 past the gateway's.
+func budgetStatus(err error) (int, string) {
+	if errors.Is(err, dataplane.ErrTenantBudget) {
+		return http.StatusTooManyRequests, "too_many_commands"
+	}
+	return http.StatusServiceUnavailable, "commands_unavailable"
+}
+
+// writeBudgetError answers a command refused by the output budget.
+func writeBudgetError(w http.ResponseWriter, err error) {
+	w.Header().Set("Retry-After", "1")
+	status, code := budgetStatus(err)
+	if status == http.StatusTooManyRequests {
+		WriteError(w, status, code, "the tenant's running commands hold all the output memory it may use; "+
+			"retry when some end, or ask for a smaller maxOutputBytes")
+		return
+	}
+	WriteError(w, status, code, "running commands hold all the output memory of the gateway; retry when some end")
 }
 
 // writeCommandError answers a command that could not run.
@@ -257,9 +330,13 @@ func resultBody(r dataplane.Result, withOutput bool) commandResult {
 	return out
 }
 
+// outputFields renders o as a pair of JSON fields, for small outputs
+// (python.go); a command's answer encodes them from their bytes
+// (writeAnswer).
 func outputFields(o dataplane.Output) (text, b64 *string) {
 	if o.IsBase64 {
-		return nil, &o.Base64
+		s := base64.StdEncoding.EncodeToString(o.Bytes())
+		return nil, &s
 	}
 	return &o.Text, nil
 }
@@ -280,6 +357,7 @@ type ndjsonWriter struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	mu      sync.Mutex
+	bw      *bufio.Writer // once began
 	began   bool
 	stopped bool
 }
@@ -298,6 +376,16 @@ func (n *ndjsonWriter) stop() {
 }
 
 func (n *ndjsonWriter) write(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	n.line(func(bw *bufio.Writer) { bw.Write(b) })
+}
+
+// line writes one line, which enc writes into bw, and flushes it to the
+// client.
+func (n *ndjsonWriter) line(enc func(bw *bufio.Writer)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.stopped {
@@ -309,19 +397,19 @@ func (n *ndjsonWriter) write(v any) {
 		n.w.Header().Set("Cache-Control", "no-store")
 		n.w.Header().Set("X-Content-Type-Options", "nosniff")
 		n.w.WriteHeader(http.StatusOK)
+		n.bw = bufio.NewWriterSize(n.w, answerChunk)
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return
-	}
-	if _, err := n.w.Write(append(b, '\n')); err != nil {
+	enc(n.bw)
+	n.bw.WriteByte('\n')
+	if err := n.bw.Flush(); err != nil {
 		return
 	}
 	_ = n.rc.Flush()
 }
 
 // output sends one chunk of stream ("stdout" or "stderr"): its UTF-8
-// text as text, and each run of bytes that are not as base64.
+// text as text, and each run of bytes that are not as base64. The lines
+// are encoded from data as they are written, with no copy.
 func (n *ndjsonWriter) output(stream string, data []byte) {
 	for len(data) > 0 {
 		i := 0 // the length of the valid text at the start of data
@@ -333,7 +421,12 @@ func (n *ndjsonWriter) output(stream string, data []byte) {
 			i += size
 		}
 		if i > 0 {
-			n.write(map[string]string{stream: string(data[:i])})
+			text := data[:i]
+			n.line(func(bw *bufio.Writer) {
+				bw.WriteString(`{"` + stream + `":`)
+				writeJSONString(bw, text)
+				bw.WriteByte('}')
+			})
 			data = data[i:]
 			continue
 		}
@@ -344,7 +437,14 @@ func (n *ndjsonWriter) output(stream string, data []byte) {
 			}
 			j++
 		}
-		n.write(map[string]string{stream + "Base64": base64.StdEncoding.EncodeToString(data[:j])})
+		bin := data[:j]
+		n.line(func(bw *bufio.Writer) {
+			bw.WriteString(`{"` + stream + `Base64":"`)
+			enc := base64.NewEncoder(base64.StdEncoding, bw)
+			_, _ = enc.Write(bin)
+			_ = enc.Close()
+			bw.WriteString(`"}`)
+		})
 		data = data[j:]
 	}
 }

@@ -2,7 +2,6 @@ package rest
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -77,6 +76,14 @@ func markCompat(next http.Handler) http.Handler {
 	})
 }
 
+// holdSession makes s count as active until ctx (a request's, which
+// ends when its handler returns) ends: what a call does in s, however
+// long, is activity, and the idle timeout never ends s under it
+// (gateway.Session.Hold), as dataSession does for /v1.
+func holdSession(ctx context.Context, s *gateway.Session) {
+	context.AfterFunc(ctx, s.Hold())
+}
+
 // compatRequest reports whether r came through a compat API.
 func compatRequest(r *http.Request) bool { return r.Context().Value(compatKey{}) != nil }
 
@@ -96,11 +103,7 @@ func outputText(o dataplane.Output) string {
 	if !o.IsBase64 {
 		return o.Text
 	}
-	b, err := base64.StdEncoding.DecodeString(o.Base64)
-	if err != nil { // never: the data plane encoded it
-		return ""
-	}
-	return strings.ToValidUTF8(string(b), "\uFFFD")
+	return strings.ToValidUTF8(string(o.Bytes()), "\uFFFD")
 }
 
 // signalNumber is the number of a signal the data plane names ("KILL"),

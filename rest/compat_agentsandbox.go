@@ -183,13 +183,15 @@ const agentSandboxCreateWait = 2 * time.Minute
 // sandbox finds the identity's live sandbox, or creates it when create is
 // set; nil, nil when there is none and create is not set. A create that
 // finds the name taken by a create in progress (a concurrent first call)
-// waits for that one's session.
+// waits for that one's session. The call (ctx, the request's) holds the
+// sandbox until it returns, so that the idle timeout never ends it under
+// a long execute (holdSession).
 func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id agentIdentity, create bool) (*gateway.Session, error) {
 	name := id.name()
 	deadline := time.Now().Add(agentSandboxCreateWait)
 	for {
 		if ss, _ := x.a.listNamed(ctx, p, name, 1, 0); len(ss) == 1 && ss[0].Live() {
-			ss[0].Touch(time.Now())
+			holdSession(ctx, ss[0])
 			return ss[0], nil
 		}
 		if !create {
@@ -198,6 +200,7 @@ func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id a
 		s, _, err := x.a.cfg.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL})
 		if err == nil {
 			x.a.cfg.Log.InfoContext(ctx, "compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
+			holdSession(ctx, s)
 			return s, nil
 		}
 		var ge *gateway.Error

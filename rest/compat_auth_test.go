@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 )
@@ -110,6 +111,25 @@ func TestCompatAuth(t *testing.T) {
 		}
 		if last.status != http.StatusTooManyRequests {
 			t.Errorf("third request in a minute: %d %s", last.status, last.body)
+		}
+	})
+
+	// Issue 35 item 12: docs/compat.md said the compat APIs had a budget
+	// of their own. They share the tenant's one with /v1, as it now says.
+	t.Run("one rate budget with /v1", func(t *testing.T) {
+		rl := newGateway(t, gwOptions{rateLimit: 2})
+		expect(t, rl.do(t, http.MethodGet, "/v1/sessions", aliceKey, nil), http.StatusOK, "")
+		if r := compatCall(t, rl, http.MethodGet, "/compat/sandkasten/v1/sessions", aliceKey, ""); r.status != http.StatusOK {
+			t.Fatalf("compat call: %d", r.status)
+		}
+		expect(t, rl.do(t, http.MethodGet, "/v1/sessions", aliceKey, nil), http.StatusTooManyRequests, "rate_limited")
+		doc, err := os.ReadFile("../docs/compat.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text := strings.Join(strings.Fields(string(doc)), " "); !strings.Contains(text, "one budget per tenant counts `/v1` and every compat API together") ||
+			strings.Contains(text, "counted apart") {
+			t.Error("docs/compat.md does not say that /v1 and the compat APIs share one rate budget")
 		}
 	})
 }

@@ -291,6 +291,14 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 		Command: "{ " + *req.Cmd + "\n} 2>&1",
 		Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes),
 	}
+	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(dreq.MaxOutputBytes, false))
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeBudgetError(w, err)
+		}
+		return
+	}
+	defer release()
 	res, err := x.a.dp.shells.Run(r.Context(), s.ID, s, sandkastenShell, dreq)
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {

@@ -162,7 +162,7 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusConflict, "Session is not running")
 		return
 	}
-	s.Touch(time.Now())
+	holdSession(r.Context(), s) // a long step is activity while it runs
 
 	timeout := x.a.dp.cfg.StepTimeout
 	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes)}
@@ -172,6 +172,16 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 	case "python":
 		req.Argv = []string{"python3", "-c", st.Source}
 	}
+	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
+	if err != nil {
+		if r.Context().Err() == nil {
+			status, _ := budgetStatus(err)
+			w.Header().Set("Retry-After", "1")
+			writeDetail(w, status, "too many steps run at once; retry when some end")
+		}
+		return
+	}
+	defer release()
 	res, err := dataplane.Run(r.Context(), s, req)
 	if err != nil {
 		x.a.cfg.Log.WarnContext(r.Context(), "compat_step_failed", "api", "sbs", "session", s.ID, "err", err)

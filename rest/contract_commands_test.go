@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
 )
 
 // cmdOut is a command's JSON answer.
@@ -236,6 +237,43 @@ func TestContractCommands(t *testing.T) {
 				}
 			}
 			expect(t, r, 429, "rate_limited")
+		}
+	})
+
+	t.Run("memory-bound-and-shutdown", func(t *testing.T) {
+		stopping := make(chan struct{})
+		mg := newGateway(t, gwOptions{cov: cov, stopping: stopping,
+			dataPlane: rest.DataPlane{CommandMemory: 3 << 20, CommandMemoryPerTenant: 3 << 20, CommandQueue: 100 * time.Millisecond}})
+		aid, bid := mg.create(t, aliceKey, "").SessionID, mg.create(t, bobKey, "").SessionID
+		ended := make(chan result, 1)
+		go func() {
+			ended <- mg.do(t, http.MethodPost, "/v1/sessions/"+aid+"/commands", aliceKey,
+				[]byte(`{"command": "echo so far; touch started; sleep 60", "maxOutputBytes": 1048576}`))
+		}()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			// A command that keeps no output fits beside it.
+			r := mg.do(t, http.MethodPost, "/v1/sessions/"+aid+"/commands", aliceKey, []byte(`{"command": "test -e started", "maxOutputBytes": 0}`))
+			var c cmdOut
+			if r.status == 200 && json.Unmarshal(r.body, &c) == nil && c.ExitCode != nil && *c.ExitCode == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the command did not start")
+			}
+		}
+		one := []byte(`{"command": "true", "maxOutputBytes": 1048576}`)
+		r := mg.do(t, http.MethodPost, "/v1/sessions/"+aid+"/commands", aliceKey, one)
+		expect(t, r, 429, "too_many_commands")
+		if r.header.Get("Retry-After") == "" {
+			t.Error("429 too_many_commands without Retry-After")
+		}
+		expect(t, mg.do(t, http.MethodPost, "/v1/sessions/"+bid+"/commands", bobKey, one), 503, "commands_unavailable")
+		close(stopping)
+		r = <-ended
+		expect(t, r, 503, "shutting_down")
+		var out struct{ Stdout *string }
+		if err := json.Unmarshal(r.body, &out); err != nil || out.Stdout == nil || *out.Stdout != "so far\n" {
+			t.Errorf("the output so far: %s", r.body)
 		}
 	})
 

@@ -78,7 +78,7 @@ func TestPreviewHeaderRules(t *testing.T) {
 		if v := r.header.Get("Referrer-Policy"); v != "same-origin" {
 			t.Errorf("Referrer-Policy %q", v)
 		}
-		expect(t, g.do(t, http.MethodGet, origin+"/sw.js", "", nil, "Service-Worker", "script"), 403, "service_worker_refused")		// The API is not on a preview origin: its paths are the sandbox's.
+		expect(t, g.do(t, http.MethodGet, origin+"/sw.js", "", nil, "Service-Worker", "script"), 403, "service_worker_refused") // The API is not on a preview origin: its paths are the sandbox's.
 		r = rawDo(t, g, http.MethodGet, origin+"/v1/sessions", aliceKey)
 		if e := decodeEcho(t, r); r.status != 200 || e.Path != "/v1/sessions" || e.Auth != "" {
 			t.Errorf("/v1/sessions on the preview origin: %d %+v", r.status, e)

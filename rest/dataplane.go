@@ -38,6 +38,18 @@ type DataPlane struct {
 	StateDir string
 	// StepTimeout bounds a /compat/sbs step (default 30 s, the seed's).
 	StepTimeout time.Duration
+	// CommandMemory bounds, gateway-wide, the memory that running
+	// commands may keep for their answers: each is charged both streams'
+	// maxOutputBytes (dataplane.CommandCost) until its answer is written
+	// (default DefaultCommandMemory).
+	CommandMemory int64
+	// CommandMemoryPerTenant bounds one tenant's share of it (default
+	// DefaultCommandMemoryPerTenant: 64 commands of the default 1 MiB
+	// per stream fit in it at once).
+	CommandMemoryPerTenant int64
+	// CommandQueue is how long a command waits for room in those bounds
+	// before it is refused (default DefaultCommandQueue).
+	CommandQueue time.Duration
 	// MaxFileStreams, MaxFileStreamsPerTenant and MaxFileStreamsPerSession
 	// bound the file transfers (GET and PUT of /files, link fetches) open
 	// at once (0: dataplane.Files' defaults, 256, 64 and 16).
@@ -47,6 +59,13 @@ type DataPlane struct {
 	// (0: 60 and 120; -1: unlimited).
 	LinkFetchesPerLink, LinkFetchesPerIP int
 }
+
+// Defaults of the bounds on commands' memory.
+const (
+	DefaultCommandMemory          = 256 << 20
+	DefaultCommandMemoryPerTenant = 160 << 20
+	DefaultCommandQueue           = 10 * time.Second
+)
 
 func (d DataPlane) withDefaults() DataPlane {
 	if d.MaxTimeout <= 0 {
@@ -60,6 +79,15 @@ func (d DataPlane) withDefaults() DataPlane {
 	}
 	if d.StepTimeout <= 0 {
 		d.StepTimeout = 30 * time.Second
+	}
+	if d.CommandMemory <= 0 {
+		d.CommandMemory = DefaultCommandMemory
+	}
+	if d.CommandMemoryPerTenant <= 0 {
+		d.CommandMemoryPerTenant = DefaultCommandMemoryPerTenant
+	}
+	if d.CommandQueue <= 0 {
+		d.CommandQueue = DefaultCommandQueue
 	}
 	if d.LinkFetchesPerLink == 0 {
 		d.LinkFetchesPerLink = DefaultLinkFetchesPerLink
@@ -75,6 +103,10 @@ type dataPlane struct {
 	cfg    DataPlane
 	shells *dataplane.Shells
 	procs  *dataplane.Processes
+	// budget bounds the memory of commands' answers, and buffers keeps
+	// their buffers for reuse (commands.go).
+	budget  *dataplane.OutputBudget
+	buffers *dataplane.BufferPool
 	// kernels are the sessions' Python kernels (python.go); a value, as
 	// its zero value is ready to use and New need not make it.
 	kernels dataplane.Kernels

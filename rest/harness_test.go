@@ -78,6 +78,9 @@ type gwOptions struct {
 	maxWorkspaces, maxSnapshots int
 	// workspaceMaxBytes bounds what a workspace may hold (0: its filesystem's size).
 	workspaceMaxBytes int64
+	// dataPlane and stopping are the API's rest.Config fields.
+	dataPlane rest.DataPlane
+	stopping  <-chan struct{}
 }
 
 // testGateway is the real stack (rest + gateway.Manager + gateway.Verifier +
@@ -204,7 +207,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 	rcfg := rest.Config{
 		Sessions: sessions, Verifier: verifier, Log: log, RateLimit: o.rateLimit,
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
-		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics,
+		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics, DataPlane: o.dataPlane, Stopping: o.stopping,
 		LinkKey: o.linkKey, PublicURL: o.publicURL, PreviewDomain: o.previewDomain,
 	}
 	if wsvc != nil {

@@ -80,6 +80,11 @@ type Config struct {
 	// Workspaces keeps named workspaces and snapshots (nil: none;
 	// workspaces.go).
 	Workspaces Workspaces
+	// Stopping is closed when the gateway's shutdown drain ends: a REST
+	// command still running is then ended and answered (503
+	// shutting_down with its output so far; a stream gets a closing error
+	// line). nil: never.
+	Stopping <-chan struct{}
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -93,8 +98,11 @@ func New(cfg Config) http.Handler {
 	if len(cfg.LinkKey) == 0 {
 		cfg.LinkKey = NewLinkKey()
 	}
+	dpc := cfg.DataPlane.withDefaults()
 	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
-		dp: &dataPlane{cfg: cfg.DataPlane.withDefaults(), shells: &dataplane.Shells{}, procs: &dataplane.Processes{}}}
+		dp: &dataPlane{cfg: dpc, shells: &dataplane.Shells{}, procs: &dataplane.Processes{},
+			budget:  &dataplane.OutputBudget{Total: dpc.CommandMemory, PerTenant: dpc.CommandMemoryPerTenant, Wait: dpc.CommandQueue},
+			buffers: &dataplane.BufferPool{}}}
 	a.dp.files = &dataplane.Files{MaxStreams: a.dp.cfg.MaxFileStreams, MaxStreamsPerTenant: a.dp.cfg.MaxFileStreamsPerTenant,
 		MaxStreamsPerSession: a.dp.cfg.MaxFileStreamsPerSession}
 	if a.dp.cfg.StateDir != "" {

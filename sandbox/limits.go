@@ -20,6 +20,32 @@ type Config struct {
 	// user namespaces (serve --sandbox-allow-userns); by default its
 	// seccomp filter refuses them.
 	AllowUserNS bool
+	// Nofile is every sandbox process's RLIMIT_NOFILE, for drivers that
+	// set it (linux): never the gateway's own, raised one. Zero fields get
+	// DefaultNofileSoft and DefaultNofileHard.
+	Nofile Nofile
+}
+
+// Nofile is an RLIMIT_NOFILE: Soft is what a process starts with, Hard is
+// as far as it may raise it.
+type Nofile struct{ Soft, Hard uint64 }
+
+// The default RLIMIT_NOFILE of sandbox processes: the usual Linux login's.
+const (
+	DefaultNofileSoft = 1024
+	DefaultNofileHard = 4096
+)
+
+// WithDefaults fills the zero fields of n, and keeps Soft at most Hard.
+func (n Nofile) WithDefaults() Nofile {
+	if n.Hard == 0 {
+		n.Hard = max(DefaultNofileHard, n.Soft)
+	}
+	if n.Soft == 0 {
+		n.Soft = min(DefaultNofileSoft, n.Hard)
+	}
+	n.Soft = min(n.Soft, n.Hard)
+	return n
 }
 
 // Limits bound one sandbox. Zero values get each driver's defaults.

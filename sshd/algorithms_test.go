@@ -1,15 +1,19 @@
 package sshd_test
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"net"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sshd"
 )
 
@@ -104,5 +108,96 @@ func TestMaxStartupsBoundsTunnelsInAuth(t *testing.T) {
 	c.Close()
 	if !strings.Contains(h.log.String(), "ssh_max_startups") {
 		t.Errorf("no warning logged:\n%s", h.log.String())
+	}
+}
+
+// The handshake deadline counts from the CONNECT (AdmitTunnel), not from
+// the first SSH byte: a tunnel admitted longer ago than the deadline gets
+// no handshake, however fast its client is then.
+func TestHandshakeDeadlineCountsFromConnect(t *testing.T) {
+	h := newHarness(t, sshd.Config{HandshakeTimeout: 300 * time.Millisecond}, newFakeSandbox())
+	ctx, release, err := h.srv.AdmitTunnel(context.Background(), gateway.Principal{Tenant: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	time.Sleep(600 * time.Millisecond) // between the CONNECT and the hand-off
+	srvEnd, cliEnd := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		h.srv.ServeConnContext(ctx, srvEnd, h.sess)
+	}()
+	defer func() { cliEnd.Close(); <-served }()
+	cfg := &gossh.ClientConfig{User: "sandbox", HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second}
+	if cc, _, _, err := gossh.NewClientConn(newAsyncWriteConn(cliEnd), "pipe", cfg); err == nil {
+		cc.Close()
+		t.Fatal("a handshake succeeded past the deadline counted from the CONNECT")
+	}
+}
+
+// A principal past its budget is refused at the CONNECT with 429, and
+// the global bound with 503; a released place is free again.
+func TestAdmitTunnel(t *testing.T) {
+	h := newHarness(t, sshd.Config{MaxStartups: sshd.Startups{Start: 3, Rate: 100, Full: 3}, MaxStartupsPerPrincipal: 2}, newFakeSandbox())
+	a, b := gateway.Principal{Tenant: "a"}, gateway.Principal{Tenant: "b"}
+	var releases []func()
+	for _, p := range []gateway.Principal{a, a, b} {
+		_, release, err := h.srv.AdmitTunnel(context.Background(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	for _, c := range []struct {
+		p    gateway.Principal
+		kind gateway.Kind
+		code string
+	}{{a, gateway.KindQuota, "too_many_ssh_startups"}, {b, gateway.KindUnavailable, "ssh_startups_full"}} {
+		_, _, err := h.srv.AdmitTunnel(context.Background(), c.p)
+		ge, _ := gateway.AsError(err)
+		if ge == nil || ge.Kind != c.kind || ge.Code != c.code {
+			t.Errorf("%s: %v, want %s", c.p.Tenant, err, c.code)
+		}
+	}
+	releases[0]()
+	releases[0]()
+	if _, release, err := h.srv.AdmitTunnel(context.Background(), a); err != nil {
+		t.Errorf("after a release: %v", err)
+	} else {
+		release()
+	}
+}
+
+// A burst of drops is logged as its first drop at once, then as the true
+// count of the rest at the end of the window, with no later drop needed.
+func TestStartupWarningsCountTheBurst(t *testing.T) {
+	h := newHarness(t, sshd.Config{MaxStartups: sshd.Startups{Start: 1, Rate: 100, Full: 1}, MaxStartupsPerPrincipal: 2,
+		WarnEvery: 200 * time.Millisecond}, newFakeSandbox())
+	_, release, err := h.srv.AdmitTunnel(context.Background(), gateway.Principal{Tenant: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for range 248 {
+		if _, _, err := h.srv.AdmitTunnel(context.Background(), gateway.Principal{Tenant: "b"}); err == nil {
+			t.Fatal("admitted past the bound")
+		}
+	}
+	re := regexp.MustCompile(`msg=ssh_max_startups dropped=(\d+)`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		total := 0
+		for _, m := range re.FindAllStringSubmatch(h.log.String(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			total += n
+		}
+		if total == 248 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log counts %d drops, want 248:\n%s", total, h.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

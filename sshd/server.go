@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/droplog"
 )
 
 // Auth method names accepted by Config.AuthMethods.
@@ -48,6 +49,15 @@ type Config struct {
 	// MaxStartups bounds the tunnels in SSH authentication at once
 	// (default DefaultStartups).
 	MaxStartups Startups
+	// MaxStartupsPerPrincipal is each principal's (tenant's) budget among
+	// the tunnels in authentication, checked at the CONNECT (AdmitTunnel:
+	// 429 past it) ahead of MaxStartups (default
+	// DefaultStartupsPerPrincipal; negative: none).
+	MaxStartupsPerPrincipal int
+	// WarnEvery is the window of the startup bounds' warnings: the first
+	// drop of a burst is logged at once, the true count of the rest at
+	// the end of each window (default 10s).
+	WarnEvery time.Duration
 	// LocalForward allows direct-tcpip channels (ssh -L) to the sandbox's
 	// own loopback, through sandbox.LoopbackDialer; off, they are refused.
 	// Remote, agent and X11 forwarding are always refused.
@@ -81,7 +91,28 @@ const (
 	keySession ctxKey = iota
 	keyConn
 	keyRequest // the CONNECT's audit.Request
+	keyTicket  // the tunnel's place among those in authentication (AdmitTunnel)
 )
+
+// AdmitTunnel decides, at the CONNECT and before it is answered, whether
+// principal p may open one more tunnel: p's own budget among the tunnels
+// in SSH authentication (MaxStartupsPerPrincipal: 429 too_many_ssh_startups
+// past it), then the global bound (MaxStartups: 503 ssh_startups_full). An
+// admitted tunnel holds its place from now until it authenticates or ends;
+// ServeConnContext takes it over from the returned context, and release
+// gives it back if the tunnel never gets there (safe to call in any case).
+func (s *Server) AdmitTunnel(ctx context.Context, p gateway.Principal) (context.Context, func(), error) {
+	t, why := s.startups.admit(p.Tenant)
+	switch why {
+	case droppedPrincipal:
+		return ctx, func() {}, &gateway.Error{Kind: gateway.KindQuota, Code: "too_many_ssh_startups", RetryAfter: time.Second,
+			Message: fmt.Sprintf("%d tunnels of this principal are already in SSH authentication (--ssh-max-startups-per-principal)", s.cfg.MaxStartupsPerPrincipal)}
+	case droppedFull:
+		return ctx, func() {}, &gateway.Error{Kind: gateway.KindUnavailable, Code: "ssh_startups_full", RetryAfter: time.Second,
+			Message: "too many tunnels in SSH authentication on this gateway (--ssh-max-startups); retry"}
+	}
+	return context.WithValue(ctx, keyTicket, t), t.release, nil
+}
 
 // New returns a Server for cfg.
 func New(cfg Config) (*Server, error) {
@@ -108,7 +139,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxStartups == (Startups{}) {
 		cfg.MaxStartups = DefaultStartups
 	}
-	s := &Server{cfg: cfg, chans: map[*channel]struct{}{}, startups: startups{limit: cfg.MaxStartups}}
+	if cfg.MaxStartupsPerPrincipal == 0 {
+		cfg.MaxStartupsPerPrincipal = DefaultStartupsPerPrincipal
+	}
+	s := &Server{cfg: cfg, chans: map[*channel]struct{}{}, startups: startups{limit: cfg.MaxStartups, perPrincipal: max(cfg.MaxStartupsPerPrincipal, 0)}}
+	s.startups.drops = droplog.New(cfg.WarnEvery, func(n int) {
+		s.cfg.Log.Warn("ssh_max_startups", "dropped", n, "in_auth", s.startups.inAuth(),
+			"max_startups", s.cfg.MaxStartups.String(), "reason", "too many tunnels in SSH authentication")
+	})
+	s.startups.perDrops = droplog.New(cfg.WarnEvery, func(n int) {
+		s.cfg.Log.Warn("ssh_max_startups_per_principal", "dropped", n, "max_startups_per_principal", s.cfg.MaxStartupsPerPrincipal,
+			"reason", "a principal's tunnels in SSH authentication reached its budget: answered 429 at CONNECT")
+	})
 	signers := make([]gliderssh.Signer, len(cfg.HostSigners))
 	for i, k := range cfg.HostSigners {
 		sg, err := sha2Only(k)
@@ -145,8 +187,7 @@ type boundConn struct {
 	chans  atomic.Int32 // open session channels
 	fwds   atomic.Int32 // open forwarded (direct-tcpip) channels
 
-	startups *startups
-	left     sync.Once
+	startup *ticket // its place among the tunnels in authentication
 
 	in readAhead // x/crypto/ssh's transport reads through it
 }
@@ -156,7 +197,7 @@ func (c *boundConn) Read(p []byte) (int, error) { return c.in.Read(p) }
 
 // leaveAuth uncounts the connection from those in authentication, once:
 // when it authenticates, or ends.
-func (c *boundConn) leaveAuth() { c.left.Do(c.startups.release) }
+func (c *boundConn) leaveAuth() { c.startup.release() }
 
 // MaxChannelsPerConn bounds the session channels open at once on one
 // connection (OpenSSH's MaxSessions is 10): each may buffer a 2 MiB window.
@@ -217,21 +258,23 @@ func (s *Server) ServeConn(conn net.Conn, sess *gateway.Session) {
 // carries (audit.RequestFrom): the connection's log lines and audit
 // events name that request's id and caller.
 func (s *Server) ServeConnContext(ctx context.Context, conn net.Conn, sess *gateway.Session) {
-	ok, warn := s.startups.admit()
-	if warn > 0 {
-		s.cfg.Log.Warn("ssh_max_startups", "dropped", warn, "in_auth", s.startups.inAuth(),
-			"max_startups", s.cfg.MaxStartups.String(), "reason", "too many tunnels in SSH authentication")
+	t, _ := ctx.Value(keyTicket).(*ticket)
+	if t == nil || t.s != &s.startups {
+		// Not admitted at a CONNECT (AdmitTunnel): admit it now.
+		p, _ := gateway.PrincipalFrom(ctx)
+		if t, _ = s.startups.admit(p.Tenant); t == nil {
+			conn.Close()
+			return
+		}
 	}
-	if !ok {
-		conn.Close()
-		return
-	}
-	bc := &boundConn{Conn: conn, sess: sess, req: audit.RequestFrom(ctx), startups: &s.startups}
+	bc := &boundConn{Conn: conn, sess: sess, req: audit.RequestFrom(ctx), startup: t}
 	bc.in = readAhead{src: conn, pool: &s.bufs}
 	defer bc.leaveAuth()
 	// x/crypto/ssh has no timeouts of its own: a connection that has not
-	// authenticated when the handshake timeout fires is closed.
-	timer := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
+	// authenticated when the handshake timeout fires is closed. The
+	// deadline counts from the CONNECT, so that time spent before the
+	// first SSH byte counts too.
+	timer := time.AfterFunc(s.cfg.HandshakeTimeout-time.Since(t.start), func() {
 		if !bc.authed.Load() {
 			s.cfg.Log.InfoContext(ctx, "ssh_handshake_timeout", "session", sess.ID)
 			bc.Conn.Close()
@@ -418,4 +461,6 @@ func (s *Server) Shutdown(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	_ = s.gs.Close()
+	s.startups.drops.Stop()
+	s.startups.perDrops.Stop()
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/droplog"
 )
 
 // Startups bounds the tunnels that have not finished SSH authentication,
@@ -51,50 +53,107 @@ func ParseStartups(s string) (Startups, error) {
 	return m, nil
 }
 
-// startups counts the tunnels in authentication and decides who enters.
-type startups struct {
-	limit Startups
+// DefaultStartupsPerPrincipal is the default budget of one principal
+// (tenant) among the tunnels in authentication: a tunnel authenticates in
+// milliseconds, so a principal that holds this many at once is stalling
+// them, and must not take the global bound from everyone else.
+const DefaultStartupsPerPrincipal = 32
 
-	mu      sync.Mutex
-	n       int
-	dropped int // since the last warning
-	warned  time.Time
+// startups counts the tunnels in authentication, in all and per principal,
+// and decides who enters.
+type startups struct {
+	limit        Startups
+	perPrincipal int // 0: no budget per principal
+
+	mu  sync.Mutex
+	n   int
+	per map[string]int // by principal; absent when zero
+
+	// drops logs the tunnels dropped by the global bound, perDrops those
+	// past a principal's budget, each in bursts (droplog).
+	drops, perDrops *droplog.Counter
 }
 
-// admit reports whether one more tunnel may start authentication, and
-// counts it when it may. When it may not, warn is the number of drops to
-// report now (0: a warning went out less than 10s ago).
-func (s *startups) admit() (ok bool, warn int) {
+// Why a tunnel was not admitted.
+const (
+	admitted = iota
+	droppedFull
+	droppedPrincipal
+)
+
+// ticket is one tunnel's place among those in authentication, taken at
+// its CONNECT: its handshake deadline counts from then.
+type ticket struct {
+	s         *startups
+	principal string
+	start     time.Time
+	once      sync.Once
+}
+
+// release uncounts the tunnel, once: when it authenticated or went away.
+func (t *ticket) release() {
+	t.once.Do(func() {
+		s := t.s
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.n--
+		if t.principal != "" {
+			if s.per[t.principal]--; s.per[t.principal] <= 0 {
+				delete(s.per, t.principal)
+			}
+		}
+	})
+}
+
+// admit takes a place for one more tunnel of principal ("": none known)
+// if the principal's budget and the global bound allow it, and counts
+// the drop (for the log) when they do not.
+func (s *startups) admit(principal string) (*ticket, int) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	why := s.decideLocked(principal)
+	if why == admitted {
+		s.n++
+		if principal != "" {
+			if s.per == nil {
+				s.per = map[string]int{}
+			}
+			s.per[principal]++
+		}
+	}
+	s.mu.Unlock()
+	switch why {
+	case droppedFull:
+		if s.drops != nil {
+			s.drops.Drop(1)
+		}
+		return nil, why
+	case droppedPrincipal:
+		if s.perDrops != nil {
+			s.perDrops.Drop(1)
+		}
+		return nil, why
+	}
+	return &ticket{s: s, principal: principal, start: time.Now()}, admitted
+}
+
+func (s *startups) decideLocked(principal string) int {
+	if principal != "" && s.perPrincipal > 0 && s.per[principal] >= s.perPrincipal {
+		return droppedPrincipal
+	}
 	l := s.limit
-	drop := false
 	switch {
 	case s.n >= l.Full:
-		drop = true
+		return droppedFull
 	case s.n >= l.Start:
 		p := l.Rate
 		if l.Full > l.Start {
 			p += (100 - l.Rate) * (s.n - l.Start) / (l.Full - l.Start)
 		}
-		drop = rand.IntN(100) < p
+		if rand.IntN(100) < p {
+			return droppedFull
+		}
 	}
-	if !drop {
-		s.n++
-		return true, 0
-	}
-	s.dropped++
-	if now := time.Now(); now.Sub(s.warned) >= 10*time.Second {
-		warn, s.dropped, s.warned = s.dropped, 0, now
-	}
-	return false, warn
-}
-
-// release uncounts a tunnel that authenticated or went away.
-func (s *startups) release() {
-	s.mu.Lock()
-	s.n--
-	s.mu.Unlock()
+	return admitted
 }
 
 // inAuth reports how many tunnels are in authentication.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -20,6 +21,8 @@ type StatusError struct {
 	StatusCode int
 	Code       string
 	Message    string
+	// RetryAfter is the answer's Retry-After (0: none).
+	RetryAfter time.Duration
 }
 
 func (e *StatusError) Error() string {
@@ -40,7 +43,15 @@ type Dialer struct {
 	TLSConfig *tls.Config
 	// Timeout bounds connecting and the CONNECT exchange (default 30s).
 	Timeout time.Duration
+	// RetryStartups is how long a CONNECT refused because too many tunnels
+	// are in SSH authentication (429 too_many_ssh_startups, 503
+	// ssh_startups_full) is retried, after each answer's Retry-After
+	// (0: not retried).
+	RetryStartups time.Duration
 }
+
+// startupCodes are the refusals RetryStartups retries.
+var startupCodes = map[string]bool{"too_many_ssh_startups": true, "ssh_startups_full": true}
 
 // ConnectPath returns the CONNECT path for id under the API URL's path: a
 // URL ending in /v1 gets /sessions/{id} appended, any other /v1/sessions/{id}.
@@ -54,6 +65,28 @@ func ConnectPath(apiPath, id string) string {
 
 // Dial opens a tunnel to session id and returns the raw byte stream.
 func (d *Dialer) Dial(ctx context.Context, id string) (net.Conn, error) {
+	end := time.Now().Add(d.RetryStartups)
+	for {
+		c, err := d.dial(ctx, id)
+		se, ok := err.(*StatusError)
+		if !ok || !startupCodes[se.Code] {
+			return c, err
+		}
+		wait := min(max(se.RetryAfter, 100*time.Millisecond), 5*time.Second)
+		if time.Now().Add(wait).After(end) {
+			return nil, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Dialer) dial(ctx context.Context, id string) (net.Conn, error) {
 	u, err := url.Parse(d.APIURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("invalid API URL %q: want http(s)://host[:port][/v1]", d.APIURL)
@@ -140,6 +173,9 @@ func ReadConnectResponse(r *bufio.Reader) error {
 	}
 	defer resp.Body.Close()
 	se := &StatusError{StatusCode: resp.StatusCode}
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		se.RetryAfter = time.Duration(secs) * time.Second
+	}
 	var body struct {
 		Error struct{ Code, Message string } `json:"error"`
 	}

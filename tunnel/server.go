@@ -28,6 +28,21 @@ type Lookup interface {
 // request's values (its principal and request id), not its cancellation.
 type ConnHandler func(ctx context.Context, conn net.Conn, s *gateway.Session)
 
+// Admitter decides at a CONNECT, before it is answered, whether the
+// principal may open one more tunnel (sshd.Server's budgets of tunnels in
+// SSH authentication). An error is the answer (a *gateway.Error). On
+// success it returns the context to hand the ConnHandler, and release,
+// which the Server calls once the tunnel is over, handed off or not.
+type Admitter interface {
+	AdmitTunnel(ctx context.Context, p gateway.Principal) (context.Context, func(), error)
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithAdmitter checks every CONNECT with a before it is answered.
+func WithAdmitter(a Admitter) Option { return func(t *Server) { t.admit = a } }
+
 // Server is the CONNECT endpoint. It expects the request's principal in its
 // context (the REST authentication middleware puts it there).
 type Server struct {
@@ -35,6 +50,7 @@ type Server struct {
 	handle     ConnHandler
 	writeError func(http.ResponseWriter, error)
 	log        *slog.Logger
+	admit      Admitter // nil: every CONNECT is admitted
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -44,8 +60,12 @@ type Server struct {
 
 // NewServer returns a CONNECT server that finds sessions with lookup,
 // answers failures with writeError and hands established tunnels to handle.
-func NewServer(lookup Lookup, handle ConnHandler, writeError func(http.ResponseWriter, error), log *slog.Logger) *Server {
-	return &Server{lookup: lookup, handle: handle, writeError: writeError, log: log, conns: map[net.Conn]struct{}{}}
+func NewServer(lookup Lookup, handle ConnHandler, writeError func(http.ResponseWriter, error), log *slog.Logger, opts ...Option) *Server {
+	t := &Server{lookup: lookup, handle: handle, writeError: writeError, log: log, conns: map[net.Conn]struct{}{}}
+	for _, o := range opts {
+		o(t)
+	}
+	return t
 }
 
 // ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}.
@@ -80,6 +100,16 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer t.wg.Done()
+	ctx := r.Context()
+	if t.admit != nil {
+		actx, release, err := t.admit.AdmitTunnel(ctx, p)
+		if err != nil {
+			t.writeError(w, err)
+			return
+		}
+		defer release()
+		ctx = actx
+	}
 
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
@@ -115,7 +145,7 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.Touch(time.Now())
 	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr)
-	t.handle(context.WithoutCancel(r.Context()), conn, s)
+	t.handle(context.WithoutCancel(ctx), conn, s)
 }
 
 // track registers conn (nil: only reserves a place in the wait group) and

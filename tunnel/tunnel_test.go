@@ -237,3 +237,93 @@ func TestDialBannerWithAnswerAndUnwrap(t *testing.T) {
 		t.Fatalf("Unwrap of a plain connection: %T, %q; want it unchanged", again, head2)
 	}
 }
+
+// One principal's tunnels stalled after the SSH banner use up its own
+// budget only: its next CONNECT answers 429, and another principal's
+// login still succeeds, though the gateway-wide bound would be full had
+// the first principal taken it all.
+func TestStartupBudgetPerPrincipal(t *testing.T) {
+	s := gwtest.Start(t, gwtest.Options{
+		Tokens: map[string]string{"test-token": "alice", "bob-token": "bob"},
+		SSH:    sshd.Config{MaxStartups: sshd.Startups{Start: 5, Rate: 100, Full: 5}, MaxStartupsPerPrincipal: 4},
+	})
+	alice := s.CreateSession(t, nil).SessionID
+	var bob gwtest.Session
+	if code := s.Do(t, "bob-token", http.MethodPost, "/v1/sessions", map[string]any{}, &bob); code != http.StatusCreated {
+		t.Fatalf("bob's create: %d", code)
+	}
+	for i := range 4 {
+		conn, err := s.Dial(t, s.Token, alice)
+		if err != nil {
+			t.Fatalf("alice's tunnel %d: %v", i, err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if line, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.HasPrefix(line, "SSH-2.0-") {
+			t.Fatalf("alice's tunnel %d: banner %q, %v", i, line, err)
+		}
+		// ... and nothing more: the tunnel stalls in authentication.
+	}
+	_, err := s.Dial(t, s.Token, alice)
+	var se *tunnel.StatusError
+	if !errors.As(err, &se) || se.StatusCode != http.StatusTooManyRequests || se.Code != "too_many_ssh_startups" {
+		t.Fatalf("alice's fifth tunnel: %v, want 429 too_many_ssh_startups", err)
+	}
+	conn, err := s.Dial(t, "bob-token", bob.SessionID)
+	if err != nil {
+		t.Fatalf("bob's tunnel: %v", err)
+	}
+	cfg := &gossh.ClientConfig{User: "sandbox", HostKeyCallback: s.HostKeyCallback(), Timeout: 10 * time.Second}
+	cc, chans, reqs, err := gossh.NewClientConn(conn, bob.SessionID, cfg)
+	if err != nil {
+		conn.Close()
+		t.Fatalf("bob's login while alice stalls hers: %v", err)
+	}
+	c := gossh.NewClient(cc, chans, reqs)
+	defer c.Close()
+	if out, err := runOne(c, "echo ok"); err != nil || out != "ok\n" {
+		t.Fatalf("bob's command: %q %v", out, err)
+	}
+	if !waitLog(s, "ssh_max_startups_per_principal") {
+		t.Errorf("no warning logged:\n%s", s.Log.String())
+	}
+}
+
+func runOne(c *gossh.Client, cmd string) (string, error) {
+	sess, err := c.NewSession()
+	if err != nil {
+		return "", err
+	}
+	defer sess.Close()
+	out, err := sess.Output(cmd)
+	return string(out), err
+}
+
+func waitLog(s *gwtest.Stack, what string) bool {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if strings.Contains(s.Log.String(), what) {
+			return true
+		}
+	}
+	return false
+}
+
+// A Dialer with RetryStartups waits its turn past the budget: once the
+// stalled tunnels reach their handshake deadline, its CONNECT gets in.
+func TestDialerRetriesStartups(t *testing.T) {
+	s := gwtest.Start(t, gwtest.Options{SSH: sshd.Config{HandshakeTimeout: time.Second, MaxStartupsPerPrincipal: 2}})
+	id := s.CreateSession(t, nil).SessionID
+	for range 2 {
+		conn, err := s.Dial(t, s.Token, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+	}
+	d := &tunnel.Dialer{APIURL: s.URL, Token: s.Token, Timeout: 10 * time.Second, RetryStartups: 30 * time.Second}
+	conn, err := d.Dial(context.Background(), id)
+	if err != nil {
+		t.Fatalf("dial with retries: %v", err)
+	}
+	conn.Close()
+}

@@ -8,6 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -30,6 +33,8 @@ type clusterFlags struct {
 	peerCA       string
 	leaseTTL     time.Duration
 	restartGrace time.Duration
+	// forceEgress lets --egress-allow-cidr contain an etcd endpoint.
+	forceEgress bool
 }
 
 func (c *clusterFlags) register(fs *flag.FlagSet) {
@@ -44,10 +49,52 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.tokenFile, "cluster-token-file", "", "file holding the token nodes authenticate their relays with (the same on every node, at least 16 characters)")
 	fs.StringVar(&c.peerCA, "cluster-peer-ca", "", "PEM CA that signed the other nodes' certificates, when they serve https")
 	fs.DurationVar(&c.leaseTTL, "cluster-lease-ttl", cluster.DefaultLeaseTTL, "the node's etcd lease: this long after the node stops renewing it, its sessions are marked failed (node lost)")
+	fs.BoolVar(&c.forceEgress, "force-egress-to-etcd", false, "let --egress-allow-cidr contain a --cluster-etcd endpoint's address (by default refused: sandboxes could then reach the cluster's state)")
 	fs.DurationVar(&c.restartGrace, "cluster-restart-grace", cluster.DefaultRestartGrace, "how long a node drained by SIGTERM (with --keep-sandboxes-on-exit) may take to come back before its sessions are marked failed")
 }
 
 func (c *clusterFlags) enabled() bool { return len(c.etcd) > 0 }
+
+// checkEgress refuses egress CIDRs (--egress-allow-cidr) that contain the
+// address of an etcd endpoint, unless --force-egress-to-etcd: sandboxes
+// would reach the store every node trusts. Endpoints named by host are
+// resolved (within a few seconds); one that does not resolve is left to
+// fail where the node connects.
+func (c *clusterFlags) checkEgress(ctx context.Context, cidrs []string) error {
+	if !c.enabled() || c.forceEgress || len(cidrs) == 0 {
+		return nil
+	}
+	var prefixes []netip.Prefix
+	for _, s := range cidrs {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			prefixes = append(prefixes, p.Masked())
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for _, ep := range etcdEndpoints(c.etcd) {
+		host := ep
+		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+			host = u.Hostname()
+		} else if h, _, err := net.SplitHostPort(ep); err == nil {
+			host = h
+		}
+		var addrs []netip.Addr
+		if a, err := netip.ParseAddr(host); err == nil {
+			addrs = []netip.Addr{a}
+		} else if ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host); err == nil {
+			addrs = ips
+		}
+		for _, a := range addrs {
+			for _, p := range prefixes {
+				if p.Contains(a.Unmap()) {
+					return fmt.Errorf("--egress-allow-cidr %s contains etcd endpoint %s (%s): sandboxes could reach the cluster's state; narrow the range, or pass --force-egress-to-etcd if etcd refuses them by other means", p, ep, a.Unmap())
+				}
+			}
+		}
+	}
+	return nil
+}
 
 func readPool(path string) (*x509.CertPool, error) {
 	b, err := os.ReadFile(path)
@@ -61,19 +108,26 @@ func readPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// etcdEndpoints splits --cluster-etcd's values at commas.
+func etcdEndpoints(flags []string) []string {
+	var out []string
+	for _, e := range flags {
+		for _, u := range strings.Split(e, ",") {
+			if u = strings.TrimSpace(u); u != "" {
+				out = append(out, u)
+			}
+		}
+	}
+	return out
+}
+
 // config builds the node's configuration from the flags.
 func (c *clusterFlags) config(dataDir string, maxSessions, maxPerTenant int, log *slog.Logger) (cluster.Config, error) {
 	cc := cluster.Config{
 		NodeID: c.nodeID, DataDir: dataDir, Advertise: c.advertise, LeaseTTL: c.leaseTTL,
 		RestartGrace: c.restartGrace, MaxSessions: maxSessions, MaxSessionsPerTenant: maxPerTenant, Log: log,
 	}
-	for _, e := range c.etcd {
-		for _, u := range strings.Split(e, ",") {
-			if u = strings.TrimSpace(u); u != "" {
-				cc.Endpoints = append(cc.Endpoints, u)
-			}
-		}
-	}
+	cc.Endpoints = etcdEndpoints(c.etcd)
 	if c.tokenFile == "" {
 		return cc, errors.New("--cluster-etcd needs --cluster-token-file")
 	}

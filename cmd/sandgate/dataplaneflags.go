@@ -18,6 +18,11 @@ type dataPlaneFlags struct {
 	maxFetchBytes  int64
 	maxFileBytes   int64
 	stepTimeout    time.Duration
+	// commandMemory and commandMemoryPerTenant bound the memory commands
+	// keep for their answers (rest.DataPlane.CommandMemory).
+	commandMemory          int64
+	commandMemoryPerTenant int64
+	commandQueue           time.Duration
 	// Bounds on file transfers at once, and on link fetches a minute.
 	maxTransfers, maxTransfersPerTenant, maxTransfersPerSession int
 	linkFetchesPerLink, linkFetchesPerIP                        int
@@ -29,6 +34,10 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.Var((*sizeFlag)(&d.maxOutputBytes), "max-output-bytes", "largest maxOutputBytes (per stream) a REST command may ask for: bytes or a size such as 16MiB")
 	fs.Var((*sizeFlag)(&d.maxFetchBytes), "max-fetch-bytes", "largest download of files/fetch; a larger one fails and is removed: bytes or a size such as 50MiB")
 	fs.DurationVar(&d.stepTimeout, "step-timeout", 30*time.Second, "timeout of a step of the session-based-sandbox API (/compat/sbs); a step past it ends with exit code 124")
+	d.commandMemory, d.commandMemoryPerTenant = rest.DefaultCommandMemory, rest.DefaultCommandMemoryPerTenant
+	fs.Var((*sizeFlag)(&d.commandMemory), "command-memory", "memory all running REST commands may keep for their answers, gateway-wide: each is charged twice its maxOutputBytes (both streams) until answered; past it a command waits --command-queue, then gets 503 commands_unavailable")
+	fs.Var((*sizeFlag)(&d.commandMemoryPerTenant), "command-memory-per-tenant", "one tenant's share of --command-memory; past it a command waits --command-queue, then gets 429 too_many_commands")
+	fs.DurationVar(&d.commandQueue, "command-queue", rest.DefaultCommandQueue, "how long a REST command waits for room in --command-memory before it is refused")
 	fs.Var((*sizeFlag)(&d.maxFileBytes), "max-file-bytes", "largest file a REST PUT may write (0: the workspace's free space): bytes or a size such as 1GiB")
 	fs.IntVar(&d.maxTransfers, "max-file-transfers", dataplane.DefaultMaxStreams, "REST file downloads and uploads (GET/PUT /files, link fetches) open at once on this gateway; past it 503 too_many_file_transfers")
 	fs.IntVar(&d.maxTransfersPerTenant, "max-file-transfers-per-tenant", dataplane.DefaultMaxStreamsPerTenant, "REST file downloads and uploads open at once per tenant")
@@ -41,7 +50,8 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.DataPlane {
 	dp := rest.DataPlane{
 		MaxTimeout: d.maxTimeout, MaxOutputBytes: d.maxOutputBytes, MaxFetchBytes: d.maxFetchBytes,
-		MaxFileBytes: d.maxFileBytes, StepTimeout: d.stepTimeout, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
+		MaxFileBytes: d.maxFileBytes, StepTimeout: d.stepTimeout,
+		CommandMemory: d.commandMemory, CommandMemoryPerTenant: d.commandMemoryPerTenant, CommandQueue: d.commandQueue, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
 	}
 	dp.MaxFileStreams, dp.MaxFileStreamsPerTenant, dp.MaxFileStreamsPerSession = d.maxTransfers, d.maxTransfersPerTenant, d.maxTransfersPerSession
 	dp.LinkFetchesPerLink, dp.LinkFetchesPerIP = unlimitedIfZero(d.linkFetchesPerLink), unlimitedIfZero(d.linkFetchesPerIP)

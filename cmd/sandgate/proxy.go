@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/sandgate/sandgate/internal/piperelay"
 	"github.com/sandgate/sandgate/tunnel"
@@ -61,7 +62,9 @@ func (c *clientFlags) dialer() (*tunnel.Dialer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tunnel.Dialer{APIURL: c.apiURL, Token: c.token, TLSConfig: tc}, nil
+	// A burst of ssh logins past the caller's budget of tunnels in SSH
+	// authentication waits its turn rather than failing.
+	return &tunnel.Dialer{APIURL: c.apiURL, Token: c.token, TLSConfig: tc, RetryStartups: 30 * time.Second}, nil
 }
 
 // parseInterspersed parses flags that may come before or after the

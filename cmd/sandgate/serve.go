@@ -67,6 +67,7 @@ type serveConfig struct {
 	maxWaiting        int
 	maxWaitingPerIP   int
 	sshMaxStartups    startupsFlag
+	sshStartupsEach   int
 	imageAllow        listFlag
 	imagePull         string
 	insecureRegistry  listFlag
@@ -127,6 +128,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.IntVar(&c.maxWaitingPerIP, "max-waiting-conns-per-ip", 128, "connections that have not sent a whole HTTP request, per source IP; past it that source's oldest are closed")
 	c.sshMaxStartups = startupsFlag(sshd.DefaultStartups)
 	fs.Var(&c.sshMaxStartups, "ssh-max-startups", "tunnels in SSH authentication at once, `start:rate:full` as OpenSSH's MaxStartups: from start on, rate% of new ones are dropped, rising to 100% at full")
+	fs.IntVar(&c.sshStartupsEach, "ssh-max-startups-per-principal", sshd.DefaultStartupsPerPrincipal, "tunnels of one principal (tenant) in SSH authentication at once; past it a CONNECT answers 429 too_many_ssh_startups (--ssh-max-startups stays the gateway-wide bound; negative: no budget per principal)")
 	fs.Var(&c.imageAllow, "image-allow", "images a create may pull on demand: an exact reference or a prefix ending in * (docker.io/library/*, ghcr.io/acme/*); repeatable")
 	fs.StringVar(&c.imagePull, "image-pull", "missing", "on-demand pulls: missing (pull an allowed image a create asks for) or never")
 	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
@@ -168,6 +170,9 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	}
 	c.resources = res
 	if err := c.workspaces.check(); err != nil {
+		return nil, err
+	}
+	if err := c.cluster.checkEgress(context.Background(), c.egress.allowCIDR); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -351,6 +356,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	driver, err := openDriver(cfg.sandboxDriver, sandbox.Config{
 		DataDir: cfg.dataDir, Log: log, Limits: cfg.sandbox.limits, AllowUserNS: cfg.sandbox.allowUserNS,
+		Nofile: cfg.sandbox.nofile,
 		// Restore below re-attaches what the store knows and removes the rest.
 		KeepOrphans: true,
 	})
@@ -363,6 +369,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
 	}
 	log.Info("sandbox_seccomp", "driver", driver.Name(), "seccomp", seccompStatus(driver))
+	if driver.Name() == "linux" {
+		warnHostPools(log, readHostPools(), sandboxDemand{maxSessions: cfg.maxSessions,
+			maxPids: cfg.resources.MaxPids(), nofile: cfg.sandbox.nofile.WithDefaults()})
+	}
 	store, err := gateway.OpenBoltStore(filepath.Join(cfg.dataDir, "sessions.db"))
 	if err != nil {
 		return err
@@ -434,6 +444,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,
 		Metrics: met, LocalForward: cfg.sshLocalForward, Audit: auditor,
+		MaxStartupsPerPrincipal: cfg.sshStartupsEach,
 	})
 	if err != nil {
 		return err
@@ -444,7 +455,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		conn, closed := auditTunnel(ctx, auditor, conn, s)
 		defer closed()
 		ssh.ServeConnContext(ctx, conn, s)
-	}, rest.WriteGatewayError, log)
+	}, rest.WriteGatewayError, log, tunnel.WithAdmitter(ssh))
+	stopping := make(chan struct{}) // closed at the drain's end: REST commands still running are answered
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
@@ -461,6 +473,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Audit:         auditor,
 		AuditLog:      auditQuery,
 		Workspaces:    wsvc,
+		Stopping:      stopping,
 	})
 	var front *cluster.Front
 	if node != nil {
@@ -485,7 +498,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
-	connlimit.New(connlimit.Config{MaxWaiting: cfg.maxWaiting, MaxWaitingPerIP: cfg.maxWaitingPerIP, Log: log}).Install(srv)
+	waiting := connlimit.New(connlimit.Config{MaxWaiting: cfg.maxWaiting, MaxWaitingPerIP: cfg.maxWaitingPerIP, Log: log})
+	waiting.Install(srv)
+	defer waiting.Close() // logs the closings of the last window
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -551,9 +566,16 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	drain, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
-	_ = srv.Shutdown(drain) // stop accepting; REST requests in flight finish
-	ssh.Shutdown(drain)     // tell shells, let commands finish, then close
-	tun.Shutdown(drain)     // close tunnels still open
+	if err := srv.Shutdown(drain); err != nil { // stop accepting; REST requests in flight finish
+		// Some did not: commands still running are ended and answered,
+		// which takes a moment (the end of their output is read).
+		close(stopping)
+		last, cancelLast := context.WithTimeout(context.Background(), answerGrace)
+		_ = srv.Shutdown(last)
+		cancelLast()
+	}
+	ssh.Shutdown(drain) // tell shells, let commands finish, then close
+	tun.Shutdown(drain) // close tunnels still open
 	if front != nil {
 		front.Shutdown() // close relayed tunnels
 	}
@@ -592,6 +614,11 @@ func warnPreviewReach(log *slog.Logger, cfg *serveConfig, addr net.Addr) {
 	log.Warn("preview URLs are under *.localhost, which reaches this gateway only from its own host; "+
 		"set --preview-domain to a domain whose wildcard record points here", "public_host", host)
 }
+
+// answerGrace is how long, after the shutdown drain, REST commands still
+// running have to be ended and answered (dataplane.OutputGrace and a
+// write).
+const answerGrace = 5 * time.Second
 
 func idleOrDisabled(d time.Duration) time.Duration {
 	if d <= 0 {

@@ -20,6 +20,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/droplog"
 )
 
 // Config bounds waiting connections. Zero values get the defaults noted.
@@ -30,7 +32,8 @@ type Config struct {
 	MaxWaitingPerIP int
 	Log             *slog.Logger
 	// WarnEvery is the least time between two warnings that a bound was
-	// hit (default 10s); the warning counts what it stood for.
+	// hit (default 10s): the first closing of a burst is logged at once,
+	// the true count of the rest at the end of each window.
 	WarnEvery time.Duration
 }
 
@@ -43,8 +46,7 @@ type Limiter struct {
 	waiting *list.List            // of *entry, oldest first
 	byIP    map[string]*list.List // of *entry, oldest first
 	entries map[net.Conn]*entry   // by the accepted connection
-	evicted int                   // since the last warning
-	warned  time.Time
+	drops   *droplog.Counter
 }
 
 type entry struct {
@@ -70,8 +72,23 @@ func New(cfg Config) *Limiter {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Limiter{cfg: cfg, waiting: list.New(), byIP: map[string]*list.List{}, entries: map[net.Conn]*entry{}}
+	l := &Limiter{cfg: cfg, waiting: list.New(), byIP: map[string]*list.List{}, entries: map[net.Conn]*entry{}}
+	l.drops = droplog.New(cfg.WarnEvery, l.warn)
+	return l
 }
+
+// warn logs that n waiting connections were closed.
+func (l *Limiter) warn(n int) {
+	l.mu.Lock()
+	total := l.waiting.Len()
+	l.mu.Unlock()
+	l.cfg.Log.Warn("connection_limit", "closed_waiting_connections", n, "waiting", total,
+		"max_waiting", l.cfg.MaxWaiting, "max_waiting_per_ip", l.cfg.MaxWaitingPerIP,
+		"reason", "too many connections without a request: the oldest were closed")
+}
+
+// Close reports the closings not yet logged and stops logging them.
+func (l *Limiter) Close() { l.drops.Stop() }
 
 // Install hooks l into srv (ConnState, ConnContext) and wraps its handler.
 // It must be called before srv serves.
@@ -144,23 +161,11 @@ func (l *Limiter) wait(c net.Conn) {
 		e.fromIP = fromIP.PushBack(e)
 		l.entries[c] = e
 	}
-	var warn int
-	if len(evict) > 0 {
-		l.evicted += len(evict)
-		if now := time.Now(); now.Sub(l.warned) >= l.cfg.WarnEvery {
-			warn, l.evicted, l.warned = l.evicted, 0, now
-		}
-	}
-	total := l.waiting.Len()
 	l.mu.Unlock()
 	for _, ec := range evict {
 		ec.Close()
 	}
-	if warn > 0 {
-		l.cfg.Log.Warn("connection_limit", "closed_waiting_connections", warn, "waiting", total,
-			"max_waiting", l.cfg.MaxWaiting, "max_waiting_per_ip", l.cfg.MaxWaitingPerIP,
-			"reason", "too many connections without a request: the oldest were closed")
-	}
+	l.drops.Drop(len(evict))
 }
 
 // done records that c no longer waits.

@@ -1,9 +1,14 @@
 package connlimit
 
 import (
+	"bytes"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,5 +113,48 @@ func TestRequestsStopWaiting(t *testing.T) {
 	}
 	if !waitUntil(2*time.Second, func() bool { return l.Waiting() == 0 }) {
 		t.Fatalf("waiting = %d after the request", l.Waiting())
+	}
+}
+
+// syncBuffer is a log destination safe for the limiter's timer.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A burst of closings is logged as its first closing at once and the true
+// count of the rest when the window ends, not as its first one alone.
+func TestConnectionLimitLogCountsTheBurst(t *testing.T) {
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	l, addr := serve(t, Config{MaxWaiting: 5, MaxWaitingPerIP: 100, Log: log, WarnEvery: 200 * time.Millisecond})
+	t.Cleanup(l.Close)
+	dialIdle(t, addr, 40)
+	re := regexp.MustCompile(`msg=connection_limit closed_waiting_connections=(\d+)`)
+	total := 0
+	if !waitUntil(30*time.Second, func() bool {
+		total = 0
+		for _, m := range re.FindAllStringSubmatch(buf.String(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			total += n
+		}
+		return total == 35
+	}) {
+		t.Fatalf("the log counts %d closings, want 35:\n%s", total, buf.String())
+	}
+	if lines := len(re.FindAllString(buf.String(), -1)); lines < 2 {
+		t.Errorf("%d lines: want the first closing, then the rest", lines)
 	}
 }

@@ -139,7 +139,7 @@ func Start(t testing.TB, o Options) *Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tun := tunnel.NewServer(mgr, ssh.ServeConnContext, rest.WriteGatewayError, log)
+	tun := tunnel.NewServer(mgr, ssh.ServeConnContext, rest.WriteGatewayError, log, tunnel.WithAdmitter(ssh))
 	h := rest.New(rest.Config{
 		Sessions: mgr, Verifier: ver, Log: log, RateLimit: o.RateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun,

@@ -35,9 +35,13 @@ var forbidden = map[string][]string{
 	"audit":                 {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal", "egress", "dataplane"},
 	// cluster wraps the gateway's store and relays requests by HTTP: it
 	// reaches sessions only through gateway, never the API's or SSH's code.
-	"cluster":            {"rest", "tunnel", "sshd", "cmd", "sftpd", "sandbox/", "images", "dataplane", "workspace"},
-	"internal/metrics":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "egress", "audit", "cluster", "workspace"},
-	"internal/connlimit": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"cluster":          {"rest", "tunnel", "sshd", "cmd", "sftpd", "sandbox/", "images", "dataplane", "workspace"},
+	"internal/metrics": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "egress", "audit", "cluster", "workspace"},
+	// connlimit may import droplog (a leaf), and no other internal package.
+	"internal/connlimit": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/cgroup", "internal/procio",
+		"internal/mountinfo", "internal/metrics", "internal/readyfile", "internal/rawio", "internal/procgov",
+		"internal/piperelay", "internal/tcptest", "internal/s3test", "internal/gwtest"},
+	"internal/droplog":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/readyfile": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/rawio":     {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/procgov":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},

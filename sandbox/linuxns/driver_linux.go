@@ -107,6 +107,7 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("the linux driver needs a data dir")
 	}
+	cfg.Nofile = cfg.Nofile.WithDefaults()
 	root, err := filepath.Abs(filepath.Join(cfg.DataDir, "sandboxes"))
 	if err != nil {
 		return nil, err
@@ -358,6 +359,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
 	}
+	is.NofileSoft, is.NofileHard = nofileFor(d.cfg.Nofile, lim.Pids)
 	waited = true
 	if err := <-wsDone; err != nil {
 		return err
@@ -393,6 +395,29 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	return d.handshake(ctx, conn, is, name, fds)
 }
 
+// nofileFor is the RLIMIT_NOFILE of a sandbox with pids processes: the
+// driver's, with the soft limit raised (and the hard one with it) to
+// what the init needs to hold two descriptors per running command (its
+// control connection and the command's namespace), which it must as the
+// init and every command share one limit.
+func nofileFor(n sandbox.Nofile, pids int64) (soft, hard uint64) {
+	soft, hard = n.Soft, n.Hard
+	if need := uint64(max(pids, 0))*2 + 64; need > soft {
+		soft = need
+	}
+	return soft, max(hard, soft)
+}
+
+// ctxErr is err, or, when ctx ended (its cancellation set the deadline
+// that err reports as an i/o timeout), why ctx ended: the caller went
+// away, which is not the sandbox's failure.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
 // handshake sends the init its spec and waits until the sandbox is built.
 func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int) error {
 	dl, _ := ctx.Deadline()
@@ -400,13 +425,13 @@ func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spe
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 	if err := ctl.WriteFrame(conn, spec, fds...); err != nil {
-		return fmt.Errorf("send sandbox spec: %w", err)
+		return fmt.Errorf("send sandbox spec: %w", ctxErr(ctx, err))
 	}
 	var ready ctl.Ready
 	got, err := ctl.ReadFrame(conn, &ready)
 	procio.CloseFDs(got)
 	if err != nil {
-		return fmt.Errorf("sandbox init: %w", err)
+		return fmt.Errorf("sandbox init: %w", ctxErr(ctx, err))
 	}
 	if !ready.OK && ready.BadImage {
 		return &sandbox.BadImageError{Image: image, Reason: ready.Error}

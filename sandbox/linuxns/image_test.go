@@ -83,7 +83,8 @@ func whiteoutLayer(t *testing.T) string {
 }
 
 func TestLinuxImageRoot(t *testing.T) {
-	d := openLinux(t, sandbox.Config{DataDir: t.TempDir()})
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
 	base, top := busyboxLayer(t), whiteoutLayer(t)
 	img := &sandbox.Image{Name: "test/busybox", Digest: "sha256:test", Layers: []string{base, top},
 		Env: []string{"PATH=/bin", "IMAGE_VAR=from-the-image"}, WorkingDir: "/workspace"}
@@ -112,6 +113,15 @@ func TestLinuxImageRoot(t *testing.T) {
 		if stdout != c.want || exit.Code != 0 {
 			t.Errorf("%q: %q (stderr %q, exit %+v), want %q", c.cmd, stdout, stderr, exit, c.want)
 		}
+	}
+	// The overlay's options name no host path: the mount table is the
+	// sandbox's to read.
+	mounts, stderr, _ := runIn(t, sb, "cat /proc/mounts /proc/self/mountinfo")
+	if !strings.Contains(mounts, "overlay") || !strings.Contains(mounts, "lowerdir=") {
+		t.Errorf("no overlay in the sandbox's mount table: %q (stderr %q)", mounts, stderr)
+	}
+	if strings.Contains(mounts, dataDir) || strings.Contains(mounts, "/sandboxes/") {
+		t.Errorf("the sandbox's mount table shows host paths:\n%s", mounts)
 	}
 	// The image's layers are untouched by what the session wrote.
 	for _, l := range []string{base, top} {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -91,10 +93,8 @@ func imageRoot(dir, mnt string, img *sandbox.Image, userns int) (rootfs int, err
 	if err := os.Mkdir(root, 0o700); err != nil {
 		return -1, fmt.Errorf("image root: %w", err)
 	}
-	opts := "lowerdir=" + strings.Join(lower, ":") + ",upperdir=" + filepath.Join(mnt, imageUpper) +
-		",workdir=" + filepath.Join(mnt, imageWork)
-	if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return -1, fmt.Errorf("mount the image's overlay: %w", err)
+	if err := mountOverlay(dir, root, lower, filepath.Join(mnt, imageUpper), filepath.Join(mnt, imageWork)); err != nil {
+		return -1, err
 	}
 	mounted = append(mounted, root)
 	fd, err := unix.OpenTree(unix.AT_FDCWD, root, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
@@ -102,6 +102,52 @@ func imageRoot(dir, mnt string, img *sandbox.Image, userns int) (rootfs int, err
 		return -1, fmt.Errorf("clone the image's root: %w", err)
 	}
 	return fd, nil
+}
+
+// mountOverlay mounts the overlay of lower (top first), upper and work at
+// root, all directories below dir. The overlay shows its options to
+// everyone who reads the mount table, the sandbox too (`mount`, /proc/mounts),
+// so they name each directory relative to dir, from a thread whose working
+// directory is dir alone: no host path of the data dir reaches the sandbox.
+func mountOverlay(dir, root string, lower []string, upper, work string) error {
+	rel := func(p string) (string, error) {
+		r, err := filepath.Rel(dir, p)
+		if err != nil || r == ".." || strings.HasPrefix(r, "../") || strings.ContainsAny(r, ",:") {
+			return "", fmt.Errorf("mount the image's overlay: %s is not a plain directory below %s", p, dir)
+		}
+		return r, nil
+	}
+	paths := append(slices.Clone(lower), upper, work)
+	for i, p := range paths {
+		r, err := rel(p)
+		if err != nil {
+			return err
+		}
+		paths[i] = r
+	}
+	n := len(lower)
+	opts := "lowerdir=" + strings.Join(paths[:n], ":") + ",upperdir=" + paths[n] + ",workdir=" + paths[n+1]
+	errc := make(chan error, 1)
+	go func() {
+		// This thread gets a working directory of its own and ends with
+		// the goroutine (never unlocked): the gateway's other threads
+		// keep theirs.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			errc <- fmt.Errorf("mount the image's overlay: %w", err)
+			return
+		}
+		if err := unix.Chdir(dir); err != nil {
+			errc <- fmt.Errorf("mount the image's overlay: %w", err)
+			return
+		}
+		if err := unix.Mount("overlay", root, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			errc <- fmt.Errorf("mount the image's overlay: %w", err)
+			return
+		}
+		errc <- nil
+	}()
+	return <-errc
 }
 
 // idmapLayer mounts a read-only clone of the layer directory src at dst,

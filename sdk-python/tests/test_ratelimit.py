@@ -81,3 +81,43 @@ def test_session_quota_is_a_rate_limit_error(limited: Gateway) -> None:
     assert "max-sessions-per-tenant" in str(e)
     # Not a request-rate problem: the rate limit headers still show room.
     assert e.limit == 3 and e.remaining is not None and e.remaining > 0
+
+
+@pytest.fixture(scope="module")
+def startups(sandgate_bin: str, scratch: Path) -> Iterator[Gateway]:
+    """Two tunnels per principal in SSH authentication, for 2 s each."""
+    gw = start_gateway(
+        sandgate_bin,
+        scratch,
+        "--ssh-max-startups-per-principal",
+        "2",
+        "--ssh-handshake-timeout",
+        "2s",
+    )
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def test_connect_startup_budget(startups: Gateway) -> None:
+    with SessionsClient(startups.url, startups.token) as c:
+        s = c.create_session(ttl=60)
+    # Two tunnels that never start SSH hold the principal's budget ...
+    stalled = [HTTPConnectTunnel(startups.url, startups.token, s.session_id, timeout=5) for _ in range(2)]
+    for t in stalled:
+        t.open()
+    try:
+        # ... so a third is refused, with no time left to retry in ...
+        with pytest.raises(RateLimitError) as ei:
+            HTTPConnectTunnel(startups.url, startups.token, s.session_id, timeout=0.5).open()
+        e = ei.value
+        assert e.status_code == 429 and e.code == "too_many_ssh_startups"
+        assert e.retry_after is not None and e.retry_after >= 1
+        # ... and retried until the stalled ones reach their handshake deadline.
+        t0 = time.monotonic()
+        HTTPConnectTunnel(startups.url, startups.token, s.session_id, timeout=15).open().close()
+        assert time.monotonic() - t0 < 15
+    finally:
+        for t in stalled:
+            t.close()

@@ -59,9 +59,37 @@ export function connectPath(baseUrl: string, sessionId: string, template = DEFAU
  * Bearer`. Errors: UnauthorizedError (401), SessionNotFoundError (404),
  * RateLimitError (429), SandboxConnectionError for everything else (network,
  * TLS, timeout, any other answer); each carries the answer's `statusLine`
- * and `status` when there was an answer.
+ * and `status` when there was an answer. A CONNECT refused because too many
+ * tunnels are in SSH authentication (`429 too_many_ssh_startups`: the
+ * caller's own budget; `503 ssh_startups_full`: the gateway's) is retried
+ * after its `Retry-After` for as long as `timeoutMs` allows.
  */
 export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> {
+  const timeoutMs = checkTimeout("timeoutMs", options.timeoutMs ?? 10_000);
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      return await openTunnelOnce({ ...options, timeoutMs: Math.max(1, deadline - Date.now()) });
+    } catch (e) {
+      const wait = startupRetry(e, deadline);
+      if (wait === null) throw e;
+      await new Promise((r) => setTimeout(r, wait));
+    }
+  }
+}
+
+/** CONNECT refusals that only say "too many tunnels in SSH authentication now". */
+const STARTUP_CODES = new Set(["too_many_ssh_startups", "ssh_startups_full"]);
+
+/** Milliseconds to wait before retrying a CONNECT refused with `e`, or null. */
+function startupRetry(e: unknown, deadline: number): number | null {
+  if (!(e instanceof SandboxAPIError) || !STARTUP_CODES.has(e.code ?? "")) return null;
+  const after = Number.parseFloat(e.headers["retry-after"] ?? "");
+  const wait = Math.min(Math.max(Number.isFinite(after) ? after * 1000 : 1000, 50), 5000);
+  return Date.now() + wait >= deadline ? null : wait;
+}
+
+async function openTunnelOnce(options: TunnelOptions): Promise<TunnelSocket> {
   const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
   const sessionId = options.sessionId;
   if (typeof sessionId !== "string" || !sessionId) throw new TypeError("sessionId must be a non-empty string");

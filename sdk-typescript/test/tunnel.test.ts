@@ -180,3 +180,35 @@ describe("tunnel (gateway)", { skip: SKIP }, () => {
     await assert.rejects(client.openTunnel(s.id), SessionNotFoundError);
   });
 });
+
+describe("tunnel (startup budget)", { skip: SKIP }, () => {
+  let gw: Gateway;
+  before(async () => {
+    gw = await startGateway({ args: ["--ssh-max-startups-per-principal", "2", "--ssh-handshake-timeout", "2s"] });
+  });
+  after(async () => {
+    await gw?.stop();
+  });
+
+  it("is refused with 429 too_many_ssh_startups past the budget, and retried within the timeout", async () => {
+    const client = new SandboxClient({ baseUrl: gw.url, apiKey: gw.token });
+    const s = await client.createSession({ ttlSeconds: 600 });
+    // Two tunnels that never start SSH hold the principal's budget ...
+    const stalled = [await s.openTunnel(), await s.openTunnel()];
+    try {
+      // ... so a third is refused, with no time left to retry in ...
+      await assert.rejects(openTunnel({ baseUrl: gw.url, apiKey: gw.token, sessionId: s.id, timeoutMs: 500 }), (e: unknown) => {
+        assert.ok(e instanceof RateLimitError);
+        assert.equal(e.status, 429);
+        assert.equal(e.code, "too_many_ssh_startups");
+        return true;
+      });
+      // ... and retried until the stalled ones reach their handshake deadline.
+      const sock = await openTunnel({ baseUrl: gw.url, apiKey: gw.token, sessionId: s.id, timeoutMs: 15_000 });
+      sock.destroy();
+    } finally {
+      for (const t of stalled) t.destroy();
+      await s.destroy();
+    }
+  });
+});

@@ -88,6 +88,11 @@ type Spec struct {
 	// NoSeccomp starts the sandbox without its seccomp filter. Only tests
 	// set it, to measure what the filter costs; the gateway never does.
 	NoSeccomp bool `json:"noSeccomp,omitempty"`
+	// NofileSoft and NofileHard are the RLIMIT_NOFILE of the init and of
+	// every command it starts (sandbox.Config.Nofile); zero keeps the
+	// inherited one.
+	NofileSoft uint64 `json:"nofileSoft,omitempty"`
+	NofileHard uint64 `json:"nofileHard,omitempty"`
 	// FDs names the descriptors sent with the spec, in order:
 	// "listener" (the control socket, listening), "workspace" (a detached
 	// mount to attach at /workspace), "tasks" (the open cgroup v1 tasks

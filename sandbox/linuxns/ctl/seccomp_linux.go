@@ -71,5 +71,9 @@ func SeccompFor(allowUserNS bool) (Seccomp, error) {
 		s.Blocked = append(s.Blocked, "unshare(CLONE_NEWUSER)", "clone(CLONE_NEWUSER)", "clone3 (ENOSYS)")
 	}
 	s.Blocked = append(s.Blocked, "other ABIs")
+	if info.ID == arch.X86_64.ID {
+		// go-seccomp-bpf's program answers x32 ahead of every rule.
+		s.Blocked = append(s.Blocked, "x32 ABI (ENOSYS)")
+	}
 	return s, nil
 }

@@ -8,6 +8,8 @@
 package initd
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -104,6 +106,23 @@ func Main(args []string) int {
 // exhaust for the others.
 const ptyMax = 64
 
+// limitFiles sets the RLIMIT_NOFILE of the init, and so of every command
+// it starts, to soft and hard (ctl.Spec.NofileSoft and NofileHard): the
+// gateway's own limit is raised far above what one sandbox may hold. Going
+// through syscall.Setrlimit also tells the Go runtime not to restore the
+// limit it found at start in the processes it forks. Zero keeps the
+// inherited limit.
+func limitFiles(soft, hard uint64) error {
+	if hard == 0 {
+		return nil
+	}
+	rl := syscall.Rlimit{Cur: min(soft, hard), Max: hard}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return fmt.Errorf("limit open files to %d/%d: %w", rl.Cur, rl.Max, err)
+	}
+	return nil
+}
+
 // buildSandbox turns the init's fresh namespaces into the sandbox and
 // returns the server of its control socket. It closes fds.
 func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
@@ -152,6 +171,9 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 		if err := os.WriteFile("/proc/sys/user/max_user_namespaces", []byte("0\n"), 0); err != nil {
 			return nil, fmt.Errorf("forbid nested user namespaces: %w", err)
 		}
+	}
+	if err := limitFiles(spec.NofileSoft, spec.NofileHard); err != nil {
+		return nil, err
 	}
 	sp, err := startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
 	if err != nil {
@@ -379,14 +401,25 @@ var etcSecrets = []string{
 }
 
 // etcOwn are the /etc files the sandbox gets its own version of.
-var etcOwn = []string{"passwd", "group", "hostname", "hosts", bundleName}
+var etcOwn = []string{"passwd", "group", "hostname", "hosts", "machine-id", bundleName}
 
-// nameFiles are the /etc files that name the sandbox: hostname and hosts.
+// nameFiles are the /etc files that name the sandbox: hostname, hosts and
+// machine-id (its own, random: never the host's, which would tie every
+// session to the host and to each other).
 func nameFiles(hostname string) map[string]string {
 	return map[string]string{
-		"hostname": hostname + "\n",
-		"hosts":    "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"machine-id": machineID(),
+		"hostname":   hostname + "\n",
+		"hosts":      "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
 	}
+}
+
+// machineID is a new machine-id(5): 32 lower-case hex digits of
+// randomness, and a newline.
+func machineID() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:]) + "\n"
 }
 
 // etcCopyMax is the size up to which a host /etc file is copied into the

@@ -558,11 +558,18 @@ class SessionsClient(ClosesOnExit):
             ValueError, TypeError: bad arguments (nothing is sent).
             SessionNotFoundError: no such session for this token's tenant.
             ShellBusyError: 32 commands already wait for that shell.
-            RateLimitError: ``.code`` ``too_many_shells`` (16 shells), or
-                the request rate limit.
+            RateLimitError: ``.code`` ``too_many_shells`` (16 shells),
+                ``too_many_commands`` (the tenant's running commands hold its
+                share of the gateway's memory for output; retry after
+                ``.retry_after``, or ask for a smaller ``max_output_bytes``),
+                or the request rate limit.
             SandboxOperationError: the gateway refused the command
                 (``.code``: ``env_not_allowed``, ``invalid_timeout``,
-                ``session_not_running``, ``shell_closed``...).
+                ``session_not_running``, ``shell_closed``,
+                ``commands_unavailable`` (503: the gateway's memory for
+                output is taken; retry), ``shutting_down`` (503: the gateway
+                stopped while the command ran; ``.body`` holds the output
+                so far)...).
             SandboxConnectionError: the gateway could not be reached, or the
                 connection broke during the command.
         """

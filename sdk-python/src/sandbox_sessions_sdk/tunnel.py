@@ -19,7 +19,7 @@ from ._common import (
 )
 from ._tlsstream import TLSStream
 from ._version import __version__
-from .errors import SandboxConnectionError
+from .errors import SandboxAPIError, SandboxConnectionError
 
 __all__ = ["HTTPConnectTunnel", "TLSStream", "TunnelSocket"]
 
@@ -61,6 +61,10 @@ class HTTPConnectTunnel(ClosesOnExit):
         (429), and SandboxConnectionError for everything else (network, TLS,
         timeouts, any other non-200 answer); every one of them carries the
         answer's ``status_line`` and ``status_code`` when there was an answer.
+        A CONNECT refused because too many tunnels are in SSH authentication
+        (``429 too_many_ssh_startups``: the caller's own budget; ``503
+        ssh_startups_full``: the gateway's) is retried after its
+        ``Retry-After`` for as long as *timeout* allows.
     """
 
     def __init__(
@@ -117,12 +121,20 @@ class HTTPConnectTunnel(ClosesOnExit):
         if self._sock is not None:
             raise SandboxConnectionError("tunnel is already open")
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        sock = self._dial(deadline)
-        try:
-            self._handshake(sock, deadline)
-        except BaseException:
-            _close_quietly(sock)
-            raise
+        while True:
+            sock = self._dial(deadline)
+            try:
+                self._handshake(sock, deadline)
+                break
+            except SandboxAPIError as e:
+                _close_quietly(sock)
+                wait = _startup_retry(e, deadline)
+                if wait is None:
+                    raise
+                time.sleep(wait)
+            except BaseException:
+                _close_quietly(sock)
+                raise
         sock.settimeout(None)
         self._sock = sock
         return sock
@@ -272,3 +284,30 @@ def _read_body(sock: TunnelSocket, headers: CaseInsensitiveHeaders, deadline: Op
             break
         body += chunk
     return bytes(body)
+
+
+#: CONNECT refusals that only say "too many tunnels in SSH authentication
+#: right now" (the caller's own budget, or the gateway's): retried within
+#: the tunnel's timeout, after the answer's Retry-After.
+_STARTUP_CODES = ("too_many_ssh_startups", "ssh_startups_full")
+
+
+def _startup_retry(e: "SandboxAPIError", deadline: Optional[float]) -> Optional[float]:
+    """Seconds to wait before retrying a CONNECT refused with *e*, or None."""
+    if e.code not in _STARTUP_CODES:
+        return None
+    wait = _float_retry_after(e.headers) or 1.0
+    wait = min(max(wait, 0.05), 5.0)
+    if deadline is not None and time.monotonic() + wait >= deadline:
+        return None
+    return wait
+
+
+def _float_retry_after(headers: Mapping[str, str]) -> Optional[float]:
+    for k, v in headers.items():
+        if k.lower() == "retry-after":
+            try:
+                return float(v)
+            except ValueError:
+                return None
+    return None

@@ -223,3 +223,31 @@ func TestRESTFileTransferBounds(t *testing.T) {
 		t.Errorf("fifth fetch of the link: %d %v, want 429 with Retry-After", status, hdr)
 	}
 }
+
+// TestRESTLinkFetchesPerIP: link fetches from one address are bounded
+// across links (--link-fetches-per-ip), 429 with Retry-After past it.
+func TestRESTLinkFetchesPerIP(t *testing.T) {
+	g := startGateway(t, "--link-fetches-per-ip", "3")
+	id := createFilesSession(t, g, nil)
+	putRandomFile(t, g, id, "a.bin", 1000)
+	putRandomFile(t, g, id, "b.bin", 1000)
+	links := []string{fileLink(t, g, id, "a.bin"), fileLink(t, g, id, "b.bin")}
+	for i := range 3 {
+		res, err := http.Get(links[i%2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("fetch %d: %d", i, res.StatusCode)
+		}
+	}
+	res, err := http.Get(links[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusTooManyRequests || res.Header.Get("Retry-After") == "" {
+		t.Errorf("fourth fetch from one address: %d %v, want 429 with Retry-After", res.StatusCode, res.Header)
+	}
+}

@@ -55,7 +55,8 @@ var sftpStatusNames = []string{"ok", "eof", "no_such_file", "permission_denied",
 // SFTPTap follows an SFTP session passively, from the bytes the client
 // sends (Client) and those the server answers (Server), and reports each
 // file operation with its path, bytes and result: a file's transfer when
-// it is closed (op read or write), a failed open, and every remove,
+// it is closed (op read or write; a write also when it is opened, result
+// started), a failed open, and every remove,
 // mkdir, rmdir, rename, symlink, hardlink and setstat. Reads of metadata
 // are reported too, one event per request: stat (stat, lstat, fstat),
 // list (opening a directory; its readdir calls are not each reported),
@@ -80,6 +81,11 @@ type SFTPTap struct {
 // ResultUntracked is the result of an operation the tap saw asked but
 // could not follow to its answer (its tables were full).
 const ResultUntracked = "untracked"
+
+// ResultStarted is the result of an event written when a write starts (a
+// file opened for writing, a REST PUT): its outcome is a second event, so
+// a "started" without one is a write cut off by a crash of the gateway.
+const ResultStarted = "started"
 
 type sftpReq struct {
 	op, path, target string
@@ -282,6 +288,10 @@ func (t *SFTPTap) reply(kept []byte, n int) {
 			case d.bad:
 			case t.handles[h] != nil || len(t.handles) < sftpMaxHandles:
 				t.handles[h] = &sftpFile{path: r.path, write: r.write}
+				if r.write {
+					// Its outcome comes at its close; a crash before leaves this.
+					t.emit(Event{Kind: KindFile, Source: "sftp", Op: "write", Path: r.path, Result: ResultStarted})
+				}
 			default: // opened, but its transfer cannot be followed
 				t.overflow()
 				t.emit(Event{Kind: KindFile, Source: "sftp", Op: openOp(r.write), Path: r.path, Bytes: -1, Result: ResultUntracked})

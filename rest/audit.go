@@ -56,6 +56,23 @@ func auditFile(r *http.Request, op, path string, bytes int64) {
 	}
 }
 
+// auditFileStarted marks r's call as the file operation op on path, and
+// records at once that it started (result "started"), so that a write cut
+// off by a crash of the gateway still leaves a trace.
+func (a *api) auditFileStarted(r *http.Request, op, path string) {
+	auditFile(r, op, path, 0)
+	c := callOf(r.Context())
+	if c == nil {
+		return
+	}
+	session := c.session
+	if session == "" {
+		session = chi.URLParam(r, "id")
+	}
+	actx := audit.WithRequest(r.Context(), audit.Request{ID: RequestID(r.Context()), Tenant: c.tenant, Auth: c.auth})
+	a.auditor().Record(actx, audit.Event{Kind: audit.KindFile, Source: "rest", Session: session, Op: op, Path: path, Result: audit.ResultStarted})
+}
+
 // auditSessionOf names the session r's call is about, when its route
 // does not (a create).
 func auditSessionOf(r *http.Request, id string) {

@@ -54,6 +54,14 @@ type DataPlane struct {
 	// CommandQueue is how long a command waits for room in those bounds
 	// before it is refused (default DefaultCommandQueue).
 	CommandQueue time.Duration
+	// MaxFileStreams, MaxFileStreamsPerTenant and MaxFileStreamsPerSession
+	// bound the file transfers (GET and PUT of /files, link fetches) open
+	// at once (0: dataplane.Files' defaults, 256, 64 and 16).
+	MaxFileStreams, MaxFileStreamsPerTenant, MaxFileStreamsPerSession int
+	// LinkFetchesPerLink and LinkFetchesPerIP bound the fetches of
+	// presigned links per minute, per link and per client address
+	// (0: 60 and 120; -1: unlimited).
+	LinkFetchesPerLink, LinkFetchesPerIP int
 }
 
 // Defaults of the bounds on commands' memory.
@@ -85,6 +93,12 @@ func (d DataPlane) withDefaults() DataPlane {
 	if d.CommandQueue <= 0 {
 		d.CommandQueue = DefaultCommandQueue
 	}
+	if d.LinkFetchesPerLink == 0 {
+		d.LinkFetchesPerLink = DefaultLinkFetchesPerLink
+	}
+	if d.LinkFetchesPerIP == 0 {
+		d.LinkFetchesPerIP = DefaultLinkFetchesPerIP
+	}
 	return d
 }
 
@@ -100,6 +114,9 @@ type dataPlane struct {
 	// kernels are the sessions' Python kernels (python.go); a value, as
 	// its zero value is ready to use and New need not make it.
 	kernels dataplane.Kernels
+	// files are the sessions' shared SFTP servers and the bounds on
+	// transfers (files.go).
+	files *dataplane.Files
 }
 
 // dataSession finds the running session of the request's {id} for a

@@ -1,6 +1,7 @@
 package rest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -44,6 +46,8 @@ func fileStatus(k dataplane.ErrKind) (int, string, bool) {
 		return http.StatusBadRequest, "upload_incomplete", true
 	case dataplane.KindUnavailable:
 		return http.StatusServiceUnavailable, "files_unavailable", true
+	case dataplane.KindBusy:
+		return http.StatusServiceUnavailable, "too_many_file_transfers", true
 	}
 	return 0, "", false
 }
@@ -53,8 +57,11 @@ func (a *api) writeFileError(w http.ResponseWriter, r *http.Request, err error) 
 	var fe *dataplane.Error
 	if errors.As(err, &fe) {
 		if status, code, ok := fileStatus(fe.Kind); ok {
-			if fe.Kind == dataplane.KindUnavailable {
+			switch fe.Kind {
+			case dataplane.KindUnavailable:
 				a.cfg.Log.WarnContext(r.Context(), "files_unavailable", "path", r.URL.Path, "err", err)
+			case dataplane.KindBusy:
+				w.Header().Set("Retry-After", "1")
 			}
 			WriteError(w, status, code, fe.Msg)
 			return
@@ -101,15 +108,52 @@ func (a *api) pathParam(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return p, true
 }
 
-// openFS starts the session's SFTP server for one request, outside the
-// command history.
+// openFS is the session's SFTP server for one request (shared by the
+// session's requests, started outside the command history if needed).
 func (a *api) openFS(w http.ResponseWriter, r *http.Request, s *gateway.Session) (*dataplane.FS, bool) {
-	fsys, err := dataplane.OpenFS(gateway.NoHistory(r.Context()), s.Sandbox())
+	return a.openFiles(w, r, s, false)
+}
+
+// openStream is openFS for a transfer (a download or an upload), which
+// counts against the bounds on transfers at once: 503
+// too_many_file_transfers past them.
+func (a *api) openStream(w http.ResponseWriter, r *http.Request, s *gateway.Session) (*dataplane.FS, bool) {
+	return a.openFiles(w, r, s, true)
+}
+
+func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Session, stream bool) (*dataplane.FS, bool) {
+	fsys, err := a.dp.files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, stream)
 	if err != nil {
 		a.writeFileError(w, r, err)
 		return nil, false
 	}
 	return fsys, true
+}
+
+// sweepUploads removes the temporary files of uploads that an earlier run
+// of the gateway left when it died mid-PUT (dataplane.Files journals them),
+// in the sessions it re-adopted.
+func (a *api) sweepUploads(stale []dataplane.StaleUpload) {
+	owners, ok := a.cfg.Sessions.(sessionOwners)
+	if !ok {
+		return
+	}
+	ctx := gateway.NoHistory(context.Background())
+	n := a.dp.files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
+		tenant, known := owners.Owner(id)
+		if !known {
+			return nil, "", false, false
+		}
+		s, err := a.cfg.Sessions.Get(ctx, gateway.Principal{Tenant: tenant}, id)
+		if errors.Is(err, gateway.ErrNotFound) {
+			return nil, "", false, false
+		}
+		if err != nil {
+			return nil, "", false, true
+		}
+		return s, tenant, s.Live(), true
+	})
+	a.cfg.Log.Info("stale_uploads_removed", "journaled", len(stale), "removed", n)
 }
 
 // getFile serves GET /v1/sessions/{id}/files?path=P: the file's bytes
@@ -131,7 +175,7 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	fsys, ok := a.openFS(w, r, s)
+	fsys, ok := a.openFiles(w, r, s, !list)
 	if !ok {
 		return
 	}
@@ -160,6 +204,10 @@ func (a *api) serveFile(w http.ResponseWriter, r *http.Request, fsys *dataplane.
 		return
 	}
 	defer f.Close()
+	sw := &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+	// The deadline stays on a kept-alive connection: clear it for the next.
+	defer func() { _ = sw.rc.SetWriteDeadline(time.Time{}) }()
+	w = sw
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	if e.SizeBytes == 0 {
@@ -178,6 +226,24 @@ func (a *api) serveFile(w http.ResponseWriter, r *http.Request, fsys *dataplane.
 
 // maxSizelessRead bounds what a GET of a file whose size reads as 0 sends.
 const maxSizelessRead = 64 << 20
+
+// downloadStall ends a download whose client takes nothing for this long:
+// it holds one of the bounded transfers (dataplane.Files) until then.
+const downloadStall = time.Minute
+
+// stallWriter is a download's writer: each write must be taken by the
+// client within downloadStall.
+type stallWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	_ = w.rc.SetWriteDeadline(time.Now().Add(downloadStall))
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // putFile serves PUT /v1/sessions/{id}/files?path=P: the body becomes the
 // file, atomically.
@@ -214,12 +280,12 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%s: %d bytes is over the limit of %d bytes", p, r.ContentLength, max))
 		return
 	}
-	fsys, ok := a.openFS(w, r, s)
+	fsys, ok := a.openStream(w, r, s)
 	if !ok {
 		return
 	}
 	defer fsys.Close()
-	auditFile(r, "write", p, 0)
+	a.auditFileStarted(r, "write", p)
 	e, created, err := fsys.Write(p, r.Body, opts)
 	if err == nil {
 		auditFile(r, "write", p, e.SizeBytes)
@@ -266,6 +332,9 @@ func (a *api) deleteFile(w http.ResponseWriter, r *http.Request) {
 type fetchRequest struct {
 	URLs    []string `json:"urls"`
 	DestDir *string  `json:"destDir"`
+	// Overwrite replaces files already there; without it a download takes
+	// the next free name.
+	Overwrite bool `json:"overwrite"`
 }
 
 // fetchFiles serves POST /v1/sessions/{id}/files/fetch: the gateway
@@ -307,8 +376,8 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
-	auditFile(r, "fetch", dest, 0)
-	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes}
+	a.auditFileStarted(r, "fetch", dest)
+	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes, Overwrite: req.Overwrite}
 	res, err := fe.Fetch(r.Context(), fsys, req.URLs, dest)
 	if err != nil {
 		a.writeFileError(w, r, err)

@@ -40,6 +40,50 @@ const (
 	MaxLinkExpiry     = 7 * 24 * 3600
 )
 
+// Default bounds on link fetches, per minute (DataPlane.LinkFetchesPerLink
+// and LinkFetchesPerIP).
+const (
+	DefaultLinkFetchesPerLink = 60
+	DefaultLinkFetchesPerIP   = 120
+)
+
+// linkLimits bound the fetches of file links: per link (its signature)
+// and per client address. A nil limiter is unlimited.
+type linkLimits struct {
+	perLink, perIP *httprate.RateLimiter
+}
+
+func newLinkLimits(d DataPlane) linkLimits {
+	var l linkLimits
+	if d.LinkFetchesPerLink > 0 {
+		l.perLink = httprate.NewRateLimiter(d.LinkFetchesPerLink, time.Minute)
+	}
+	if d.LinkFetchesPerIP > 0 {
+		l.perIP = httprate.NewRateLimiter(d.LinkFetchesPerIP, time.Minute)
+	}
+	return l
+}
+
+// linkLimited answers 429 rate_limited (Retry-After set) when a fetch of
+// the link signed sig, from r's address, is over a bound.
+func (a *api) linkLimited(w http.ResponseWriter, r *http.Request, fail func(int, string, string), sig []byte) bool {
+	if l := a.linkLimits.perIP; l != nil {
+		if ip, err := httprate.KeyByIP(r); err == nil && l.OnLimit(w, r, ip) {
+			a.rateLimited("link_ip")
+			fail(http.StatusTooManyRequests, "rate_limited",
+				fmt.Sprintf("too many link fetches from this address (the limit is %d a minute)", a.dp.cfg.LinkFetchesPerIP))
+			return true
+		}
+	}
+	if l := a.linkLimits.perLink; l != nil && l.OnLimit(w, r, string(sig)) {
+		a.rateLimited("link")
+		fail(http.StatusTooManyRequests, "rate_limited",
+			fmt.Sprintf("too many fetches of this link (the limit is %d a minute)", a.dp.cfg.LinkFetchesPerLink))
+		return true
+	}
+	return false
+}
+
 // linkDomain separates link signatures from any other use of the key.
 const linkDomain = "sandgate-link-v1"
 
@@ -265,8 +309,11 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 	if c := callOf(r.Context()); c != nil {
 		c.tenant, c.auth, c.session = tenant, "link", s.ID
 	}
+	if a.linkLimited(ww, r, fail, sig) {
+		return
+	}
 	auditFile(r, "read", p, -1)
-	fsys, ok := a.openFS(ww, r, s)
+	fsys, ok := a.openStream(ww, r, s)
 	if !ok {
 		return
 	}

@@ -4,8 +4,9 @@ package rest
 // Config.Metrics nil counts nothing.
 type Metrics interface {
 	// RateLimited: a request was refused with 429 by a rate limit:
-	// "tenant" (requests per principal) or "auth_failures" (failed
-	// authentications, and invalid links, per address).
+	// "tenant" (requests per principal), "auth_failures" (failed
+	// authentications, and invalid links, per address), "link" (fetches
+	// of one file link) or "link_ip" (link fetches per address).
 	RateLimited(limit string)
 }
 

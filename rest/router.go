@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -107,6 +108,15 @@ func New(cfg Config) http.Handler {
 		dp: &dataPlane{cfg: dpc, shells: &dataplane.Shells{}, procs: &dataplane.Processes{},
 			budget:  &dataplane.OutputBudget{Total: dpc.CommandMemory, PerTenant: dpc.CommandMemoryPerTenant, Wait: dpc.CommandQueue},
 			buffers: &dataplane.BufferPool{}}}
+	a.dp.files = &dataplane.Files{MaxStreams: a.dp.cfg.MaxFileStreams, MaxStreamsPerTenant: a.dp.cfg.MaxFileStreamsPerTenant,
+		MaxStreamsPerSession: a.dp.cfg.MaxFileStreamsPerSession}
+	if a.dp.cfg.StateDir != "" {
+		a.dp.files.Journal = filepath.Join(a.dp.cfg.StateDir, ".uploads")
+		if stale := a.dp.files.StaleUploads(); len(stale) > 0 {
+			go a.sweepUploads(stale) // files.go
+		}
+	}
+	a.linkLimits = newLinkLimits(a.dp.cfg)
 	a.ports = newPortsProxy(a)
 	a.dp.kernels.StateDir = a.dp.cfg.StateDir
 	a.dp.shells.StateDir = a.dp.cfg.StateDir
@@ -227,6 +237,7 @@ type api struct {
 	limit        func(http.Handler) http.Handler // the per-tenant rate limit
 	ports        *portsProxy                     // preview URLs (ports.go)
 	unauth       unauthSampler                   // unauthenticated calls' audit (audit.go)
+	linkLimits   linkLimits                      // link fetches per link and per address (links.go)
 }
 
 // newFailureLimiter bounds failed authentications per client IP, so token

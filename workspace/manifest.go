@@ -281,6 +281,13 @@ func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit i
 	return m, st, nil
 }
 
+// uploadTemp says name is the temporary file of a REST upload in flight
+// (dataplane's ".sandgate-upload-<hex>.tmp", renamed to its own name once
+// complete): not content yet, never synced or snapshotted.
+func uploadTemp(name string) bool {
+	return strings.HasPrefix(name, ".sandgate-upload-") && strings.HasSuffix(name, ".tmp")
+}
+
 // relink makes the first name in path order of each file with several
 // names (linked: name -> its inode) the one holding its data, and every
 // other name a hard link to it, so that a restore, in path order, makes
@@ -321,7 +328,7 @@ func relink(entries []Entry, linked map[string]inode) {
 	}
 }
 
-// walk calls fn for every entry under dir, in path order, with the
+// walk calls fn for every entry under dir (but uploads in flight), in path order, with the
 // directory holding it, open as a root of its own, so that every lookup
 // is of one name relative to an open directory (one system call, and no
 // path resolved twice). Directories are entered after fn saw them;
@@ -347,6 +354,9 @@ func walk(ctx context.Context, dir *os.Root, prefix string, fn func(dir *os.Root
 		}
 		if err != nil {
 			return err
+		}
+		if info.Mode().IsRegular() && uploadTemp(name) {
+			continue
 		}
 		rel := path.Join(prefix, name)
 		if err := fn(dir, rel, name, info); err != nil {

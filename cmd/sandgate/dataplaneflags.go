@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/rest"
 )
 
@@ -25,6 +26,9 @@ type dataPlaneFlags struct {
 	// procOutputPerTenant bounds the output one tenant's background
 	// processes keep on the host.
 	procOutputPerTenant int64
+	// Bounds on file transfers at once, and on link fetches a minute.
+	maxTransfers, maxTransfersPerTenant, maxTransfersPerSession int
+	linkFetchesPerLink, linkFetchesPerIP                        int
 }
 
 func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
@@ -39,6 +43,11 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&d.commandQueue, "command-queue", rest.DefaultCommandQueue, "how long a REST command waits for room in --command-memory before it is refused")
 	fs.Var((*sizeFlag)(&d.procOutputPerTenant), "max-process-output-per-tenant", "output that one tenant's background processes keep on the host, over all its sessions (a running process counts 16MiB, a finished one what it keeps); a start past it is 429 process_output_limit: bytes or a size such as 2GiB")
 	fs.Var((*sizeFlag)(&d.maxFileBytes), "max-file-bytes", "largest file a REST PUT may write (0: the workspace's free space): bytes or a size such as 1GiB")
+	fs.IntVar(&d.maxTransfers, "max-file-transfers", dataplane.DefaultMaxStreams, "REST file downloads and uploads (GET/PUT /files, link fetches) open at once on this gateway; past it 503 too_many_file_transfers")
+	fs.IntVar(&d.maxTransfersPerTenant, "max-file-transfers-per-tenant", dataplane.DefaultMaxStreamsPerTenant, "REST file downloads and uploads open at once per tenant")
+	fs.IntVar(&d.maxTransfersPerSession, "max-file-transfers-per-session", dataplane.DefaultMaxStreamsPerSession, "REST file downloads and uploads open at once per session")
+	fs.IntVar(&d.linkFetchesPerLink, "link-fetches-per-minute", rest.DefaultLinkFetchesPerLink, "fetches of one presigned file link per minute; past it 429 (0 disables)")
+	fs.IntVar(&d.linkFetchesPerIP, "link-fetches-per-ip", rest.DefaultLinkFetchesPerIP, "presigned file link fetches per client address per minute; past it 429 (0 disables)")
 }
 
 // config is the REST data plane's configuration; egress dials fetches.
@@ -49,10 +58,20 @@ func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.Data
 		CommandMemory: d.commandMemory, CommandMemoryPerTenant: d.commandMemoryPerTenant, CommandQueue: d.commandQueue, EnvAllow: cfg.sshEnvAllow, StateDir: filepath.Join(cfg.dataDir, "dataplane"),
 		MaxProcessOutputPerTenant: d.procOutputPerTenant,
 	}
+	dp.MaxFileStreams, dp.MaxFileStreamsPerTenant, dp.MaxFileStreamsPerSession = d.maxTransfers, d.maxTransfersPerTenant, d.maxTransfersPerSession
+	dp.LinkFetchesPerLink, dp.LinkFetchesPerIP = unlimitedIfZero(d.linkFetchesPerLink), unlimitedIfZero(d.linkFetchesPerIP)
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic
 	}
 	return dp
+}
+
+// unlimitedIfZero maps a flag's 0 (disabled) to the config's -1.
+func unlimitedIfZero(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // publicDialer dials only public addresses (the egress proxy's rule).

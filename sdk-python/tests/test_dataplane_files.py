@@ -260,6 +260,8 @@ class _Files(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if self.path.startswith("/named"):
             self.send_header("Content-Disposition", 'attachment; filename="report.csv"')
+        if self.path.startswith("/dotted"):
+            self.send_header("Content-Disposition", 'attachment; filename=".bashrc"')
         self.end_headers()
         self.wfile.write(body)
 
@@ -274,7 +276,7 @@ def file_server() -> Iterator[str]:
         server = ThreadingHTTPServer(("127.0.0.2", 0), _Files)
     except OSError as e:
         pytest.skip(f"cannot listen on 127.0.0.2: {e}")
-    _Files.files = {"/data/one.txt": b"one\n", "/data/two.bin": bytes(range(256)), "/named": b"a,b\n"}
+    _Files.files = {"/data/one.txt": b"one\n", "/data/two.bin": bytes(range(256)), "/named": b"a,b\n", "/dotted": b"evil\n"}
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -321,6 +323,22 @@ def test_fetch_urls(fetch_session: tuple, file_server: str) -> None:
     with pytest.raises(SandboxOperationError) as ei:
         client.fetch_urls(sid, ["ftp://example.com/x"])
     assert ei.value.code == "invalid_url"
+
+
+def test_fetch_urls_never_replaces(fetch_session: tuple, file_server: str) -> None:
+    client, sid = fetch_session
+    client.write_file(sid, "one.txt", b"mine\n")
+    client.write_file(sid, ".bashrc", b"# mine\n")
+    res = client.fetch_urls(sid, [f"{file_server}/data/one.txt", f"{file_server}/dotted"])
+    assert res["status"] == "success" and res["fetched"] == ["one-1.txt", "bashrc"]
+    assert client.read_file(sid, "one.txt") == b"mine\n"
+    assert client.read_file(sid, ".bashrc") == b"# mine\n"
+    assert client.read_file(sid, "one-1.txt") == b"one\n"
+    res = client.fetch_urls(sid, [f"{file_server}/data/one.txt"], overwrite=True)
+    assert res["fetched"] == ["one.txt"]
+    assert client.read_file(sid, "one.txt") == b"one\n"
+    with pytest.raises(TypeError):
+        client.fetch_urls(sid, [f"{file_server}/data/one.txt"], overwrite="yes")  # type: ignore[arg-type]
 
 
 def test_fetch_refuses_non_public_addresses(client: SessionsClient, session: Session, file_server: str) -> None:

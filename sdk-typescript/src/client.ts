@@ -239,6 +239,25 @@ export interface ReadOptions {
   maxBytes?: number;
 }
 
+/** Options of `Session.fetchUrls`. */
+export interface FetchOptions {
+  /** The sandbox directory the files go to (default the workspace); created if missing. */
+  destDir?: string;
+  /**
+   * Replace files already there. False (the default) never replaces
+   * anything: a download takes the next free name (`a-1.csv`).
+   */
+  overwrite?: boolean;
+}
+
+/** What `Session.fetchUrls` did: one URL's failure is in `errors`, not thrown. */
+export interface FetchResult {
+  status: "success" | "partial_success" | "failure";
+  /** The paths written, in the order of the URLs. */
+  fetched: string[];
+  errors: { url: string; error: string }[];
+}
+
 export interface SessionList {
   sessions: Session[];
   total: number;
@@ -441,6 +460,36 @@ export class Session {
     });
     if (ans.status === 416) return new Uint8Array(0);
     return opts.maxBytes !== undefined && ans.body.length > opts.maxBytes ? ans.body.slice(0, opts.maxBytes) : ans.body;
+  }
+
+  /**
+   * Has the gateway download `urls` into the sandbox (`POST .../files/fetch`):
+   * public addresses only, each file named after its `Content-Disposition`
+   * or URL (a name the remote server chose never starts with a dot).
+   */
+  async fetchUrls(urls: string[], opts: FetchOptions = {}): Promise<FetchResult> {
+    if (!Array.isArray(urls) || urls.length < 1 || urls.length > 200 || urls.some((u) => typeof u !== "string")) {
+      throw new TypeError("urls must hold 1 to 200 URL strings");
+    }
+    const body: Record<string, unknown> = { urls };
+    if (opts.destDir !== undefined) {
+      checkPath(opts.destDir);
+      body["destDir"] = opts.destDir;
+    }
+    if (opts.overwrite !== undefined && typeof opts.overwrite !== "boolean") throw new TypeError("overwrite must be a boolean");
+    if (opts.overwrite) body["overwrite"] = true;
+    const ans = await this.#client._request("POST", `${sessionPath(this.id)}/files/fetch`, {
+      what: "fetch urls",
+      sessionScoped: true,
+      json: body,
+      // Downloads take time: wait for them beyond the usual timeout.
+      timeoutMs: Math.max(this.#client.timeoutMs, 600_000),
+    });
+    const data = parseJSONObject(ans, "fetch urls");
+    if (!Array.isArray(data["fetched"]) || !Array.isArray(data["errors"])) {
+      throw new SandboxOperationError("fetch urls: unexpected answer", { body: JSON.stringify(data).slice(0, 4096) });
+    }
+    return data as unknown as FetchResult;
   }
 
   /**

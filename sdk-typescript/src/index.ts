@@ -10,6 +10,8 @@ export {
   type ExecOptions,
   type ExecResult,
   type ReadOptions,
+  type FetchOptions,
+  type FetchResult,
   type SessionList,
   type SSHAccess,
   type Resources,

@@ -6,6 +6,8 @@
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
 import { after, before, describe, it } from "node:test";
 
 import { FileNotFoundInSandboxError, SandboxClient, SessionNotFoundError, type Session } from "@sandgate/sdk";
@@ -86,5 +88,42 @@ describe("data plane (needs /commands and /files)", { skip: SKIP }, () => {
 
   it("a missing file is a FileNotFoundInSandboxError, not a missing session", async () => {
     await assert.rejects(session.read("no/such/file"), (e: unknown) => e instanceof FileNotFoundInSandboxError && !(e instanceof SessionNotFoundError));
+  });
+});
+
+describe("fetchUrls (needs /files/fetch)", { skip: SKIP }, () => {
+  let gw: Gateway;
+  let session: Session;
+  let server: Server;
+  let base = "";
+  before(async () => {
+    // A file server on 127.0.0.2, which the gateway fetches from only when allowed.
+    server = createServer((req, res) => {
+      if (req.url === "/dotted") res.setHeader("Content-Disposition", 'attachment; filename=".bashrc"');
+      res.end(req.url === "/dotted" ? "evil\n" : "one\n");
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.2", resolve));
+    base = `http://127.0.0.2:${(server.address() as AddressInfo).port}`;
+    gw = await startGateway({ args: ["--egress-allow-cidr", "127.0.0.2/32"] });
+    session = await new SandboxClient({ baseUrl: gw.url, apiKey: gw.token }).createSession({ ttlSeconds: 600 });
+  });
+  after(async () => {
+    await session?.destroy().catch(() => {});
+    await gw?.stop();
+    server?.close();
+  });
+
+  it("never replaces a file unless overwrite, and never takes a dotted name from the server", async () => {
+    await session.write("one.txt", "mine\n");
+    await session.write(".bashrc", "# mine\n");
+    const r = await session.fetchUrls([`${base}/one.txt`, `${base}/dotted`]);
+    assert.equal(r.status, "success");
+    assert.deepEqual(r.fetched, ["one-1.txt", "bashrc"]);
+    assert.equal(new TextDecoder().decode(await session.read("one.txt")), "mine\n");
+    assert.equal(new TextDecoder().decode(await session.read(".bashrc")), "# mine\n");
+    const o = await session.fetchUrls([`${base}/one.txt`], { overwrite: true });
+    assert.deepEqual(o.fetched, ["one.txt"]);
+    assert.equal(new TextDecoder().decode(await session.read("one.txt")), "one\n");
+    await assert.rejects(session.fetchUrls([]), TypeError);
   });
 });

@@ -527,14 +527,17 @@ def file_list(data: Mapping[str, Any], what: str) -> FileList:
     return FileList([dict(e) for e in entries if isinstance(e, Mapping)], data.get("truncated") is True)
 
 
-def fetch_body(urls: Any, dest_dir: Any) -> Dict[str, Any]:
+def fetch_body(urls: Any, dest_dir: Any, overwrite: Any = False) -> Dict[str, Any]:
     """The JSON body of ``POST .../files/fetch``, checked locally."""
     if isinstance(urls, (str, bytes)) or not isinstance(urls, Sequence):
         raise TypeError(f"urls must be a list of strings, got {type(urls).__name__}")
     checked = [check_text(f"urls[{i}]", u) for i, u in enumerate(urls)]
     if not 1 <= len(checked) <= 200:
         raise ValueError(f"urls must hold 1 to 200 URLs, got {len(checked)}")
-    return {"urls": checked, "destDir": check_path("dest_dir", dest_dir)}
+    body: Dict[str, Any] = {"urls": checked, "destDir": check_path("dest_dir", dest_dir)}
+    if check_bool("overwrite", overwrite):
+        body["overwrite"] = True
+    return body
 
 
 def process_body(command: Any, argv: Any, env: Any, cwd: Any, name: Any) -> Dict[str, Any]:

@@ -548,9 +548,11 @@ class AsyncSessionsClient:
         params = {"recursive": "true"} if check_bool("recursive", recursive) else {}
         await self._send_file("DELETE", session_id, path, f"delete file {path!r}", params=params)
 
-    async def fetch_urls(self, session_id: str, urls: Sequence[str], dest_dir: str = ".") -> Dict[str, Any]:
+    async def fetch_urls(
+        self, session_id: str, urls: Sequence[str], dest_dir: str = ".", overwrite: bool = False
+    ) -> Dict[str, Any]:
         """:meth:`SessionsClient.fetch_urls`."""
-        body = fetch_body(urls, dest_dir)
+        body = fetch_body(urls, dest_dir, overwrite)
         path = session_path(session_id) + "/files/fetch"
         http_timeout = _httpx_timeout(self.timeout, None if self.timeout is None else max(self.timeout, 600.0))
         return await self._request(

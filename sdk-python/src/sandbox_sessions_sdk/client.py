@@ -844,17 +844,24 @@ class SessionsClient(ClosesOnExit):
         what = f"delete file {path!r}"
         self._send_file("DELETE", session_id, path, what, params=params).close()
 
-    def fetch_urls(self, session_id: str, urls: Sequence[str], dest_dir: str = ".") -> Dict[str, Any]:
+    def fetch_urls(
+        self, session_id: str, urls: Sequence[str], dest_dir: str = ".", overwrite: bool = False
+    ) -> Dict[str, Any]:
         """Have the gateway download *urls* into the sandbox (``POST .../files/fetch``).
 
         The gateway fetches them (4 at a time, public addresses only unless
         its ``--egress-allow-cidr`` allows others, at most
         ``--max-fetch-bytes`` each) and writes each into *dest_dir* (created
-        if missing), named after its ``Content-Disposition`` or URL.
+        if missing), named after its ``Content-Disposition`` or URL. A name
+        the remote server chose never starts with a dot (``.bashrc`` is
+        written as ``bashrc``).
 
         Args:
             urls: 1 to 200 absolute http(s) URLs.
             dest_dir: The sandbox directory (default the workspace).
+            overwrite: Replace files already there. False (the default)
+                never replaces anything: a download takes the next free
+                name (``a-1.csv``).
 
         Returns:
             ``{"status": "success" | "partial_success" | "failure",
@@ -867,7 +874,7 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``invalid_url``, ``not_a_directory``,
                 ``fetch_unavailable``...
         """
-        body = fetch_body(urls, dest_dir)
+        body = fetch_body(urls, dest_dir, overwrite)
         path = self._session_path(session_id) + "/files/fetch"
         # Downloads take time: wait for them beyond the usual read timeout.
         http_timeout = None if self.timeout is None else (self.timeout, max(self.timeout, 600.0))

@@ -23,7 +23,7 @@ import (
 func (s *Service) collect(ctx context.Context) error {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
-	shared := s.locks != nil
+	shared := s.clustered()
 	keys, err := s.local.List(ctx, "tenants/")
 	if err != nil {
 		return err
@@ -95,9 +95,7 @@ func (s *Service) collect(ctx context.Context) error {
 			}
 			n++
 			if b == s.cfg.Remote {
-				s.mu.Lock()
-				delete(s.have, o)
-				s.mu.Unlock()
+				s.forgetRemote(o)
 			}
 		}
 		return n, nil

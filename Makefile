@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build install test test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean
+.PHONY: build install test test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -27,6 +27,14 @@ test: build test-go test-python test-schema test-ts test-examples
 
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
+
+# The patched golang.org/x/crypto (third_party/README.md): is it on the newest
+# upstream release, is it upstream plus the patch, and do upstream's own ssh
+# tests pass on it. Needs the module proxy (or cache); CI runs it.
+xcrypto-check:
+	third_party/check-upstream
+	$(GO) test -count=1 ./third_party/
+	third_party/test-upstream -count=1
 
 # The SDK tests run in a virtualenv (a stock Debian python3 refuses pip
 # installs, PEP 668): .venv/ holds the pinned test dependencies with the newest

@@ -182,52 +182,12 @@ type CreateParams struct {
 // (idempotency_key_in_progress).
 func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
 	start := time.Now()
-	if cp.TTL == 0 {
-		cp.TTL = DefaultTTL
-	}
-	if cp.TTL < MinTTL || cp.TTL > MaxTTL {
-		return nil, "", Invalid("invalid_ttl", fmt.Sprintf("ttl must be between %d and %d seconds, got %d", MinTTL, MaxTTL, cp.TTL))
-	}
-	image, err := m.image(cp.Image)
-	if err != nil {
-		return nil, "", err
-	}
-	if err := checkIdempotencyKey(cp.IdempotencyKey); err != nil {
-		return nil, "", err
-	}
-	if err := checkName(cp.Name); err != nil {
-		return nil, "", err
-	}
-	sshKey, err := checkSSHPublicKey(cp.SSHPublicKey)
-	if err != nil {
-		return nil, "", err
-	}
-	if cp.Metadata == nil {
-		cp.Metadata = map[string]any{}
-	}
-	if err := checkMetadata(cp.Metadata); err != nil {
-		return nil, "", err
-	}
-	res, err := m.cfg.Resources.resolve(cp.Resources)
-	if err != nil {
-		return nil, "", err
-	}
-	allow, err := m.checkEgress(cp.Egress)
-	if err != nil {
-		return nil, "", err
-	}
-	secrets, err := m.checkSecrets(p.Tenant, cp.Secrets, allow)
+	c, err := m.checkCreate(p, &cp)
 	if err != nil {
 		return nil, "", err
 	}
 	key := idemKey{p.Tenant, cp.IdempotencyKey}
-	var fpRes *Resources // the defaults fingerprint as before resources existed
-	if res != m.cfg.Resources.Default {
-		fpRes = &res
-	}
-	fp := fingerprint(cp.TTL, image, cp.Metadata, sshKey, fpRes, allow.Entries(), secrets, cp.Name, cp.Workspace)
-
-	prior, err := m.reserve(key, fp)
+	prior, err := m.reserve(key, c.fp)
 	if err != nil {
 		return nil, "", err
 	}
@@ -235,56 +195,32 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		m.log.InfoContext(ctx, "session_create_replayed", "session", prior.ID, "tenant", p.Tenant)
 		return prior, "", nil
 	}
-	reserved := true
-	defer func() {
-		if reserved {
-			m.release(key)
-		}
-	}()
+	// Each step that holds something pushes its undoing; a create that
+	// fails (or panics) takes them back in reverse, one that succeeds
+	// disarms them.
+	var u undo
+	defer u.run()
+	u.push(func() { m.release(key) })
 	name := nameKey{p.Tenant, cp.Name}
 	if err := m.claimName(name); err != nil {
 		return nil, "", err
 	}
-	defer func() {
-		if reserved {
-			m.unclaimName(name)
-		}
-	}()
+	u.push(func() { m.unclaimName(name) })
 
-	now := m.cfg.Now().UTC()
-	pw := newPassword()
-	s := &Session{
-		ID: newID(), Tenant: p.Tenant, Name: cp.Name, Image: image, Metadata: cp.Metadata,
-		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
-		SSHPublicKey: sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
-		Secrets: secrets, secrets: m.cfg.Secrets, egressAllow: allow.Entries(),
-		passwordHash: sha256.Sum256([]byte(pw)),
-		status:       StatusRunning,
-		conns:        map[*connEntry]struct{}{},
-		mgr:          m,
-	}
-	if cp.IdempotencyKey != "" {
-		s.requestHash = fp
-	}
-	s.lastActivity.Store(now.UnixNano())
-	s.Workspace = cp.Workspace
+	s, pw := m.newSession(p, cp, c)
 	if err := m.claimWorkspace(ctx, s); err != nil {
 		return nil, "", err
 	}
-	defer func() {
-		if reserved {
-			m.detachWorkspace(ctx, s)
-		}
-	}()
+	u.push(func() { m.detachWorkspace(ctx, s) })
 	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
-	if slices.ContainsFunc(secrets, SecretRef.Bound) {
+	if slices.ContainsFunc(c.secrets, SecretRef.Bound) {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
 		}
 		spec.TrustPEM = s.egressCAPEM
 	}
-	if !slices.Contains(m.cfg.Images, image) {
-		img, err := m.cfg.ImageSource.Resolve(ctx, image)
+	if !slices.Contains(m.cfg.Images, c.image) {
+		img, err := m.cfg.ImageSource.Resolve(ctx, c.image)
 		if err != nil {
 			return nil, "", err
 		}
@@ -293,84 +229,185 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		}
 		spec.Image, s.ImageDigest = img, img.Digest
 	}
-	sb, err := m.driver.Create(ctx, spec)
-	if err != nil {
-		m.releaseImage(s)
-		if errors.Is(ctx.Err(), context.Canceled) {
-			// The client went away while its sandbox was built (whatever
-			// step noticed it first): nothing failed that an operator must
-			// look at.
-			m.log.InfoContext(ctx, "sandbox_create_abandoned", "session", s.ID, "tenant", p.Tenant, "reason", "client disconnected", "err", err)
-			m.auditSession(ctx, s, "create_failed", "client disconnected", "")
-			return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "the create was abandoned: the client disconnected", Err: err}
+	var sb sandbox.Sandbox
+	u.push(func() {
+		// The image is let go once no sandbox uses it: none was made, or
+		// it was destroyed.
+		if sb == nil || sb.Destroy(context.WithoutCancel(ctx)) == nil {
+			m.releaseImage(s)
 		}
-		m.log.ErrorContext(ctx, "sandbox_create_failed", "session", s.ID, "tenant", p.Tenant, "err", err)
-		m.auditSession(ctx, s, "create_failed", err.Error(), "")
-		if bad, ok := errors.AsType[*sandbox.BadImageError](err); ok {
-			return nil, "", Invalid("unusable_image", bad.Error())
-		}
-		if errors.Is(err, sandbox.ErrNoImages) {
-			return nil, "", Invalid("images_unsupported", sandbox.ErrNoImages.Error())
-		}
-		if errors.Is(err, sandbox.ErrNoTrust) {
-			return nil, "", Invalid("egress_unsupported", "secrets bound to hosts need the linux sandbox driver: "+sandbox.ErrNoTrust.Error())
-		}
-		return nil, "", &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
+	})
+	if sb, err = m.driver.Create(ctx, spec); err != nil {
+		sb = nil
+		return nil, "", m.sandboxCreateFailed(ctx, s, err)
 	}
 	s.sandbox = sb
 	if err := m.attachWorkspace(ctx, s, true); err != nil {
-		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
-			m.releaseImage(s)
-		}
 		m.logCreateStep(ctx, "workspace_attach_failed", s, err)
 		return nil, "", err
 	}
 	if s.needsProxy() {
 		if err := m.openProxy(ctx, s); err != nil {
-			if sb.Destroy(context.WithoutCancel(ctx)) == nil {
-				m.releaseImage(s)
-			}
 			m.logCreateStep(ctx, "egress_proxy_failed", s, err)
 			m.auditSession(ctx, s, "create_failed", "egress proxy: "+err.Error(), "")
 			return nil, "", err
 		}
+		u.push(s.closeProxy)
 	}
 	// The record is durable before the client hears of the session; a crash
 	// before this point leaves only a sandbox without a record, which the
 	// next start removes.
 	if err := m.cfg.Store.Put(s.Snapshot()); err != nil {
-		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
-			m.releaseImage(s)
-		}
-		s.closeProxy()
 		m.log.Error("store_failed", "session", s.ID, "err", err)
 		if ge, ok := errors.AsType[*Error](err); ok { // a cluster store's refusal (quota, no quorum)
 			return nil, "", ge
 		}
 		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
 	}
-	s.savedActivity.Store(now.UnixNano())
-	m.mu.Lock()
-	if m.stopping { // Shutdown already took the sessions it will end or keep
-		m.mu.Unlock()
-		_ = m.cfg.Store.Delete(s.ID)
-		s.closeProxy()
-		if sb.Destroy(context.WithoutCancel(ctx)) == nil {
-			m.releaseImage(s)
-		}
-		return nil, "", &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
+	u.push(func() { _ = m.cfg.Store.Delete(s.ID) })
+	s.savedActivity.Store(s.CreatedAt.UnixNano())
+	if err := m.publish(s, key, name); err != nil {
+		return nil, "", err
 	}
-	m.sessions[s.ID] = s
-	m.releaseLocked(key) // from here on the session itself counts
-	m.unclaimNameLocked(name)
-	reserved = false
-	m.mu.Unlock()
+	u.disarm()
 	m.watch(s)
 	m.auditSession(ctx, s, "created", "", "")
-	m.log.InfoContext(ctx, "session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", image,
-		"egress", len(s.egressAllow), "secrets", len(secrets))
+	m.log.InfoContext(ctx, "session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", c.image,
+		"egress", len(s.egressAllow), "secrets", len(c.secrets))
 	m.metrics().SessionCreated(time.Since(start))
 	return s, pw, nil
+}
+
+// undo is a stack of steps that take back what a create has done so far.
+type undo []func()
+
+// push adds f, to run before every step pushed earlier.
+func (u *undo) push(f func()) { *u = append(*u, f) }
+
+// disarm forgets the steps: what they would take back is kept.
+func (u *undo) disarm() { *u = nil }
+
+// run runs the steps, the last pushed first (deferred by the create).
+func (u *undo) run() {
+	for i := len(*u) - 1; i >= 0; i-- {
+		(*u)[i]()
+	}
+}
+
+// createChecked is what checkCreate made of a create's parameters.
+type createChecked struct {
+	image, sshKey string
+	res           Resources
+	allow         egress.List
+	secrets       []SecretRef
+	fp            [32]byte // the payload's fingerprint (idempotency.go)
+}
+
+// checkCreate checks a create's parameters, filling cp's defaults (TTL,
+// Metadata), before anything is reserved.
+func (m *Manager) checkCreate(p Principal, cp *CreateParams) (c createChecked, err error) {
+	if cp.TTL == 0 {
+		cp.TTL = DefaultTTL
+	}
+	if cp.TTL < MinTTL || cp.TTL > MaxTTL {
+		return c, Invalid("invalid_ttl", fmt.Sprintf("ttl must be between %d and %d seconds, got %d", MinTTL, MaxTTL, cp.TTL))
+	}
+	if c.image, err = m.image(cp.Image); err != nil {
+		return c, err
+	}
+	if err := checkIdempotencyKey(cp.IdempotencyKey); err != nil {
+		return c, err
+	}
+	if err := checkName(cp.Name); err != nil {
+		return c, err
+	}
+	if c.sshKey, err = checkSSHPublicKey(cp.SSHPublicKey); err != nil {
+		return c, err
+	}
+	if cp.Metadata == nil {
+		cp.Metadata = map[string]any{}
+	}
+	if err := checkMetadata(cp.Metadata); err != nil {
+		return c, err
+	}
+	if c.res, err = m.cfg.Resources.resolve(cp.Resources); err != nil {
+		return c, err
+	}
+	if c.allow, err = m.checkEgress(cp.Egress); err != nil {
+		return c, err
+	}
+	if c.secrets, err = m.checkSecrets(p.Tenant, cp.Secrets, c.allow); err != nil {
+		return c, err
+	}
+	var fpRes *Resources // the defaults fingerprint as before resources existed
+	if c.res != m.cfg.Resources.Default {
+		fpRes = &c.res
+	}
+	c.fp = fingerprint(cp.TTL, c.image, cp.Metadata, c.sshKey, fpRes, c.allow.Entries(), c.secrets, cp.Name, cp.Workspace)
+	return c, nil
+}
+
+// newSession is the session a create makes, and its SSH password.
+func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked) (*Session, string) {
+	now := m.cfg.Now().UTC()
+	pw := newPassword()
+	res := c.res
+	s := &Session{
+		ID: newID(), Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
+		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
+		SSHPublicKey: c.sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
+		Secrets: c.secrets, secrets: m.cfg.Secrets, egressAllow: c.allow.Entries(),
+		passwordHash: sha256.Sum256([]byte(pw)),
+		status:       StatusRunning,
+		conns:        map[*connEntry]struct{}{},
+		mgr:          m,
+	}
+	if cp.IdempotencyKey != "" {
+		s.requestHash = c.fp
+	}
+	s.lastActivity.Store(now.UnixNano())
+	s.Workspace = cp.Workspace
+	return s, pw
+}
+
+// sandboxCreateFailed logs and audits a driver's failure to make s's
+// sandbox, and is the error the client gets.
+func (m *Manager) sandboxCreateFailed(ctx context.Context, s *Session, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		// The client went away while its sandbox was built (whatever
+		// step noticed it first): nothing failed that an operator must
+		// look at.
+		m.log.InfoContext(ctx, "sandbox_create_abandoned", "session", s.ID, "tenant", s.Tenant, "reason", "client disconnected", "err", err)
+		m.auditSession(ctx, s, "create_failed", "client disconnected", "")
+		return &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "the create was abandoned: the client disconnected", Err: err}
+	}
+	m.log.ErrorContext(ctx, "sandbox_create_failed", "session", s.ID, "tenant", s.Tenant, "err", err)
+	m.auditSession(ctx, s, "create_failed", err.Error(), "")
+	if bad, ok := errors.AsType[*sandbox.BadImageError](err); ok {
+		return Invalid("unusable_image", bad.Error())
+	}
+	if errors.Is(err, sandbox.ErrNoImages) {
+		return Invalid("images_unsupported", sandbox.ErrNoImages.Error())
+	}
+	if errors.Is(err, sandbox.ErrNoTrust) {
+		return Invalid("egress_unsupported", "secrets bound to hosts need the linux sandbox driver: "+sandbox.ErrNoTrust.Error())
+	}
+	return &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not create the sandbox", Err: err}
+}
+
+// publish makes s one of the manager's sessions, unless the gateway is
+// shutting down; from then on the session itself counts towards its
+// tenant's quota and holds its name, in place of the create's reservations.
+func (m *Manager) publish(s *Session, key idemKey, name nameKey) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopping { // Shutdown already took the sessions it will end or keep
+		return &Error{Kind: KindUnavailable, Code: "shutting_down", Message: "the gateway is shutting down"}
+	}
+	m.sessions[s.ID] = s
+	m.releaseLocked(key)
+	m.unclaimNameLocked(name)
+	return nil
 }
 
 // image is the image name a create asked for, "" meaning the default

@@ -12,12 +12,11 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 )
 
-// The patched transport puts channel data into its channel's buffer
-// itself, past the mux's loop (ssh/inline.go), but only once the loop has
-// handled every message read before it. So data never overtakes an
-// earlier message: here channel requests the server does not take yet fill
-// the channel's request queue and hold the mux's loop, and data sent after
-// them must not reach the server until it takes them.
+// Channel data must never overtake an earlier message of the connection,
+// however the patched transport hands packets on (the pooled buffers of
+// packetpool.go included): here channel requests the server does not take
+// yet fill the channel's request queue and hold the mux's loop, and data
+// sent after them must not reach the server until it takes them.
 func TestChannelDataWaitsForEarlierMessages(t *testing.T) {
 	client, server, serverReqs := sessionPair(t)
 	// One more than the channel's request queue holds (16): the mux's loop

@@ -21,9 +21,16 @@ import (
 // objects: unreferenced objects stay (storage) rather than a doc losing
 // its files (data).
 func (s *Service) collect(ctx context.Context) error {
+	return s.store.collect(ctx, s.readDoc, s.clustered())
+}
+
+// collect is Service.collect in the content store: readDoc reads a doc
+// as the Service does (the object store's copy, unless this gateway's
+// waits for the pusher), and shared says whether other gateways share
+// the object store.
+func (s *store) collect(ctx context.Context, readDoc func(context.Context, string) (*doc, error), shared bool) error {
 	s.gcMu.Lock()
 	defer s.gcMu.Unlock()
-	shared := s.locks != nil
 	keys, err := s.local.List(ctx, "tenants/")
 	if err != nil {
 		return err
@@ -44,7 +51,7 @@ func (s *Service) collect(ctx context.Context) error {
 			continue
 		}
 		refs["doc:"+k] = true
-		d, err := s.readDoc(ctx, k)
+		d, err := readDoc(ctx, k)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -95,9 +102,7 @@ func (s *Service) collect(ctx context.Context) error {
 			}
 			n++
 			if b == s.cfg.Remote {
-				s.mu.Lock()
-				delete(s.have, o)
-				s.mu.Unlock()
+				s.forgetRemote(o)
 			}
 		}
 		return n, nil

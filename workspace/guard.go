@@ -38,7 +38,7 @@ func corruptf(format string, args ...any) error {
 // filesystem of its size limit), and at most Config.MaxBytes when set.
 // A workspace cannot hold more than its filesystem; a sparse file whose
 // apparent size is larger is refused rather than read hole by hole.
-func (s *Service) limitFor(dir string) int64 {
+func (s *store) limitFor(dir string) int64 {
 	limit := fsSize(dir)
 	if m := s.cfg.MaxBytes; m > 0 && (limit <= 0 || m < limit) {
 		limit = m
@@ -73,7 +73,7 @@ type pinSet struct{ hashes []string }
 // pins the object for pins. It says false when tmp is "" and the object
 // is missing. Pinning and the existence check are atomic with collect's
 // deletions (pinMu).
-func (s *Service) pinObject(hash, tmp string, pins *pinSet) (bool, error) {
+func (s *store) pinObject(hash, tmp string, pins *pinSet) (bool, error) {
 	s.pinMu.Lock()
 	defer s.pinMu.Unlock()
 	p := filepath.Join(s.local.dir, filepath.FromSlash(objectKey(hash)))
@@ -100,7 +100,7 @@ func (s *Service) pinObject(hash, tmp string, pins *pinSet) (bool, error) {
 }
 
 // unpin releases what pins holds.
-func (s *Service) unpin(pins *pinSet) {
+func (s *store) unpin(pins *pinSet) {
 	s.pinMu.Lock()
 	defer s.pinMu.Unlock()
 	for _, h := range pins.hashes {
@@ -112,7 +112,7 @@ func (s *Service) unpin(pins *pinSet) {
 }
 
 // deleteUnpinned deletes object key from b unless a capture pinned it.
-func (s *Service) deleteUnpinned(ctx context.Context, b Backend, key string) (bool, error) {
+func (s *store) deleteUnpinned(ctx context.Context, b Backend, key string) (bool, error) {
 	s.pinMu.Lock()
 	defer s.pinMu.Unlock()
 	if s.pins[key[strings.LastIndexByte(key, '/')+1:]] > 0 {
@@ -164,7 +164,7 @@ func (v *verifier) Close() error { return v.r.Close() }
 // again after a restart.
 func tombstoneKey(key string) string { return "tombstones/" + key }
 
-func (s *Service) tombstoned(key string) (bool, error) {
+func (s *store) tombstoned(key string) (bool, error) {
 	p, err := s.local.path(tombstoneKey(key))
 	if err != nil {
 		return false, err
@@ -179,7 +179,7 @@ func (s *Service) tombstoned(key string) (bool, error) {
 // syncObjects makes the objects stored since the last call durable (one
 // syncfs, syncStore), so that a doc written next never names an object
 // a power cut left short. Nothing new stored: nothing to do.
-func (s *Service) syncObjects() error {
+func (s *store) syncObjects() error {
 	if !s.unsynced.Swap(false) {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -25,13 +26,29 @@ type limit struct {
 	advice string
 }
 
-func (s *Service) workspaceLimit() limit {
-	return limit{kind: "workspaces", max: s.cfg.MaxWorkspaces, code: "workspace_limit", flag: "max-workspaces-per-tenant",
+// limits keeps the per-tenant bounds: what a tenant may keep, and the
+// docs this gateway is creating or created lately, which a listing may
+// not show yet.
+type limits struct {
+	maxWorkspaces, maxSnapshots int
+
+	mu       sync.Mutex
+	creating map[string]bool      // doc keys of workspaces and snapshots being created
+	settled  map[string]time.Time // doc keys created lately -> when
+}
+
+func newLimits(cfg Config) *limits {
+	return &limits{maxWorkspaces: cfg.MaxWorkspaces, maxSnapshots: cfg.MaxSnapshots,
+		creating: map[string]bool{}, settled: map[string]time.Time{}}
+}
+
+func (l *limits) workspaceLimit() limit {
+	return limit{kind: "workspaces", max: l.maxWorkspaces, code: "workspace_limit", flag: "max-workspaces-per-tenant",
 		advice: "delete one first (DELETE /v1/workspaces/{name})"}
 }
 
-func (s *Service) snapshotLimit() limit {
-	return limit{kind: "snapshots", max: s.cfg.MaxSnapshots, code: "snapshot_limit", flag: "max-snapshots-per-tenant",
+func (l *limits) snapshotLimit() limit {
+	return limit{kind: "snapshots", max: l.maxSnapshots, code: "snapshot_limit", flag: "max-snapshots-per-tenant",
 		advice: "delete one first (DELETE /v1/snapshots/{id})"}
 }
 
@@ -42,22 +59,27 @@ const settleFor = time.Minute
 
 // reserve counts tenant's docs of l's kind and reserves key for one
 // more, or answers l's quota error. The count is the union of the
-// store's listing, the docs this gateway is creating (s.creating) and
-// those it created in the last settleFor (s.settled), so a create that
-// finished while this listing travelled is not missed. The caller calls
-// the returned release once key's doc is written (written true) or will
-// not be. A listing that fails fails the create: the bound is not
-// guessed from the local store alone. Across gateways sharing an object
-// store the count is the store's listing: two gateways creating at the
-// same instant may both fit the last place.
+// store's listing, the docs this gateway is creating (limits.creating)
+// and those it created in the last settleFor (limits.settled), so a
+// create that finished while this listing travelled is not missed. The
+// caller calls the returned release once key's doc is written (written
+// true) or will not be. A listing that fails fails the create: the bound
+// is not guessed from the local store alone. Across gateways sharing an
+// object store the count is the store's listing: two gateways creating
+// at the same instant may both fit the last place.
 func (s *Service) reserve(ctx context.Context, tenant, key string, l limit) (release func(written bool), err error) {
 	prefix := tenantDir(tenant) + "/" + l.kind + "/"
 	keys, err := s.listDocsStrict(ctx, prefix)
 	if err != nil {
 		return nil, s.errStore("could not count the tenant's "+l.kind, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	return s.limits.admit(keys, prefix, key, l)
+}
+
+// admit is Service.reserve once the store listed keys under prefix.
+func (t *limits) admit(keys []string, prefix, key string, l limit) (release func(written bool), err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	now := time.Now()
 	counted := map[string]bool{}
 	for _, k := range keys {
@@ -65,15 +87,15 @@ func (s *Service) reserve(ctx context.Context, tenant, key string, l limit) (rel
 			counted[k] = true
 		}
 	}
-	for k := range s.creating {
+	for k := range t.creating {
 		if strings.HasPrefix(k, prefix) {
 			counted[k] = true
 		}
 	}
-	for k, at := range s.settled {
+	for k, at := range t.settled {
 		switch {
 		case now.Sub(at) > settleFor:
-			delete(s.settled, k)
+			delete(t.settled, k)
 		case strings.HasPrefix(k, prefix):
 			counted[k] = true
 		}
@@ -82,20 +104,27 @@ func (s *Service) reserve(ctx context.Context, tenant, key string, l limit) (rel
 		return nil, &gateway.Error{Kind: gateway.KindQuota, Code: l.code,
 			Message: fmt.Sprintf("the tenant has %d %s, as many as it may keep (%s=%d); %s", n, l.kind, l.flag, l.max, l.advice)}
 	}
-	if s.creating[key] {
+	if t.creating[key] {
 		// The same name created twice at once: one of them will answer
 		// workspace_exists or overwrite; count it once.
 		return func(bool) {}, nil
 	}
-	s.creating[key] = true
+	t.creating[key] = true
 	return func(written bool) {
-		s.mu.Lock()
-		delete(s.creating, key)
+		t.mu.Lock()
+		delete(t.creating, key)
 		if written {
-			s.settled[key] = time.Now()
+			t.settled[key] = time.Now()
 		}
-		s.mu.Unlock()
+		t.mu.Unlock()
 	}, nil
+}
+
+// unsettle stops counting key from memory (its doc was deleted).
+func (t *limits) unsettle(key string) {
+	t.mu.Lock()
+	delete(t.settled, key)
+	t.mu.Unlock()
 }
 
 // validDocKey says whether name (a doc key's last part) is a workspace's

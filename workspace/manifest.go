@@ -188,7 +188,7 @@ type scanStats struct {
 // each inode once): a file holding more, or files adding up to more,
 // fail the scan with an error naming the file. The objects it names are
 // pinned into pins.
-func (s *Service) scan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet) (*Manifest, scanStats, error) {
+func (s *store) scan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet) (*Manifest, scanStats, error) {
 	var st scanStats
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -408,14 +408,14 @@ func overLimit(p string, size, total, limit int64) error {
 // only. It returns the file's entry (its data fields), having read at
 // most max bytes (a file that holds, or grew to, more is errTooLarge),
 // and the stat the file had when opened.
-func (s *Service) storeFile(ctx context.Context, root *os.Root, p string, max int64, pins *pinSet) (Entry, statKey, error) {
+func (s *store) storeFile(ctx context.Context, root *os.Root, p string, max int64, pins *pinSet) (Entry, statKey, error) {
 	return s.storeFileFlags(ctx, root, p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, true, max, pins)
 }
 
 // storeFileFlags is storeFile with open flags (a FIFO must never block:
 // O_NONBLOCK always); with sparse false, a sparse file is read whole,
 // its holes as zeros (an artifact is the file's bytes).
-func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, flags int, sparse bool, max int64, pins *pinSet) (Entry, statKey, error) {
+func (s *store) storeFileFlags(ctx context.Context, root *os.Root, p string, flags int, sparse bool, max int64, pins *pinSet) (Entry, statKey, error) {
 	var e Entry
 	f, err := root.OpenFile(p, flags|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -486,7 +486,7 @@ func (s *Service) storeFileFlags(ctx context.Context, root *os.Root, p string, f
 // remote one first where missing). It writes at most the workspace's
 // limit (limitFor dir), and every object is checked against its hash and
 // size as it is copied.
-func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
+func (s *store) restore(ctx context.Context, m *Manifest, dir string) error {
 	limit, total := s.limitFor(dir), int64(0)
 	for i := range m.Entries {
 		e := &m.Entries[i]
@@ -557,7 +557,7 @@ func (s *Service) restore(ctx context.Context, m *Manifest, dir string) error {
 	return nil
 }
 
-func (s *Service) restoreFile(ctx context.Context, root *os.Root, e Entry) error {
+func (s *store) restoreFile(ctx context.Context, root *os.Root, e Entry) error {
 	src, err := s.openObject(ctx, e.Hash, e.dataBytes())
 	if err != nil {
 		return err

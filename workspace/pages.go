@@ -36,7 +36,7 @@ func cut(p string) bool {
 }
 
 // storePages stores entries as pages in the local store, pinned.
-func (s *Service) storePages(entries []Entry, pins *pinSet) ([]page, error) {
+func (s *store) storePages(entries []Entry, pins *pinSet) ([]page, error) {
 	pages := []page{}
 	for start := 0; start < len(entries); {
 		end := start
@@ -61,7 +61,7 @@ func (s *Service) storePages(entries []Entry, pins *pinSet) ([]page, error) {
 }
 
 // putLocalObject stores b in the local store under its hash, pinned.
-func (s *Service) putLocalObject(b []byte, pins *pinSet) (string, error) {
+func (s *store) putLocalObject(b []byte, pins *pinSet) (string, error) {
 	sum := sha256.Sum256(b)
 	hash := hex.EncodeToString(sum[:])
 	tmp, err := os.CreateTemp(s.tmpDir, "obj-*")
@@ -83,7 +83,7 @@ func (s *Service) putLocalObject(b []byte, pins *pinSet) (string, error) {
 // entries reads d's pages (from the object store where the local store
 // lacks them; each checked against its hash and size). A doc over the
 // bounds (guard.go) is corrupt.
-func (s *Service) entries(ctx context.Context, d *doc) ([]Entry, error) {
+func (s *store) entries(ctx context.Context, d *doc) ([]Entry, error) {
 	if len(d.Pages) > maxPages {
 		return nil, corruptf("manifest has %d pages, more than %d", len(d.Pages), maxPages)
 	}

@@ -18,7 +18,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -47,48 +46,28 @@ type Config struct {
 }
 
 // Service is the workspace engine. It implements gateway.Workspaces.
+// It composes four parts, one per job, each with its own lock and maps:
+// the content store (store.go), the push queue to the object store
+// (syncer, sync.go), who holds a named workspace here and across a
+// cluster (claims, locks.go), and the per-tenant bounds (limits,
+// limits.go). The Service itself keeps the live sessions' ties to it and
+// the artifacts it uploaded, and does what needs more than one part.
+// A Service method never holds its own lock while calling a part; a
+// claims method may ask the syncer (claims before syncer), no other part
+// calls another.
 type Service struct {
-	cfg    Config
-	local  *localBackend
-	tmpDir string
-
-	// gcMu is held to read by whatever stores objects that no doc names
-	// yet (a capture until its doc is written, an artifact until it is
-	// uploaded), and to write by the collection of unnamed objects.
-	gcMu sync.RWMutex
-
-	// pinMu orders pinning (pinObject) with collect's deletions; pins
-	// counts, by hash, the captures that rely on an object no doc names
-	// yet.
-	pinMu sync.Mutex
-	pins  map[string]int
-	// unsynced: an object was stored since the last syncObjects.
-	unsynced atomic.Bool
+	cfg Config
+	*store
+	*syncer
+	*claims
+	*limits
 
 	mu       sync.Mutex
-	holders  map[string]string      // doc key of a named workspace -> session holding it
 	sessions map[string]*attachment // session id -> what it holds
 	drop     map[string]bool        // sessions whose named workspace goes when they end
 	discard  map[string]bool        // sessions that end without a last sync
 	detached map[string]time.Time   // sessions that ended lately -> when
-	state    map[string]*SyncState  // doc key -> its sync to the remote store
-	queue    map[string]job         // doc key -> what the pusher must do
-	have     map[string]bool        // objects known to be in the remote store
-	listed   bool                   // have was filled from a listing
-	locks    Locks                  // cluster-wide reservations (locks.go), or nil
-	releases map[string]release     // doc key -> reservation let go once it is pushed
-	claims   map[string]release     // session -> its reservation through locks
-	tidyDue  bool                   // a release (or renewal) through locks failed
-	tidyWake chan struct{}          // tidyDue was set
 	uploaded map[string]time.Time   // artifact key -> when this gateway uploaded it
-	creating map[string]bool        // doc keys of workspaces and snapshots being created (limits.go)
-	settled  map[string]time.Time   // doc keys created lately -> when (limits.go)
-	seq      uint64                 // of the last job queued
-	wake     chan struct{}
-
-	// beforeStableScan, when set (tests), is called before each scan of
-	// stableScan: a writer that never rests, made deterministic.
-	beforeStableScan func()
 }
 
 // attachment is a live session's tie to the engine.
@@ -122,25 +101,6 @@ func (st *SyncState) view() *SyncState {
 	c.LastError = strings.Join(slices.DeleteFunc([]string{st.captureErr, st.LastError}, func(e string) bool { return e == "" }), "; ")
 	c.captureErr = ""
 	return &c
-}
-
-// noteCapture records how a capture of workspace doc key ended, for the
-// session's workspaceSync and the workspace's sync.
-func (s *Service) noteCapture(key string, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.state[key]
-	if st == nil {
-		if err == nil {
-			return
-		}
-		st = &SyncState{}
-		s.state[key] = st
-	}
-	st.captureErr = ""
-	if err != nil {
-		st.captureErr = "could not save the workspace's files" + captureWhy(err)
-	}
 }
 
 // captureWhy is what a tenant is told of a failed capture: which of its
@@ -187,11 +147,11 @@ func New(cfg Config) (*Service, error) {
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, local: local, tmpDir: tmp,
-		holders: map[string]string{}, sessions: map[string]*attachment{}, drop: map[string]bool{}, discard: map[string]bool{}, detached: map[string]time.Time{},
-		state: map[string]*SyncState{}, queue: map[string]job{}, have: map[string]bool{},
-		releases: map[string]release{}, claims: map[string]release{},
-		wake: make(chan struct{}, 1), tidyWake: make(chan struct{}, 1), pins: map[string]int{}, uploaded: map[string]time.Time{}, creating: map[string]bool{}, settled: map[string]time.Time{}}
+	sy := newSyncer(cfg)
+	s := &Service{cfg: cfg, store: newStore(cfg, local, tmp), syncer: sy,
+		claims: newClaims(cfg.Log, sy.pendingPush), limits: newLimits(cfg),
+		sessions: map[string]*attachment{}, drop: map[string]bool{}, discard: map[string]bool{}, detached: map[string]time.Time{},
+		uploaded: map[string]time.Time{}}
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")
@@ -199,7 +159,7 @@ func New(cfg Config) (*Service, error) {
 			return nil, err
 		}
 		for _, k := range keys {
-			s.queue[k] = job{restart: true}
+			sy.queue[k] = job{restart: true}
 		}
 	}
 	// A delete whose remote half had not run is done again (without an
@@ -214,7 +174,7 @@ func New(cfg Config) (*Service, error) {
 			return nil, err
 		}
 		if cfg.Remote != nil {
-			s.queue[key] = job{del: true}
+			sy.queue[key] = job{del: true}
 		} else if err := local.Delete(context.Background(), t); err != nil {
 			return nil, err
 		}
@@ -288,7 +248,7 @@ func errBusy(name string) error {
 // errStore is a 503 workspace_store_failed for err, a failure of the
 // local or the object store (which one, the log says: the tenant's
 // answer names neither). Every one is logged with its cause.
-func (s *Service) errStore(msg string, err error) error {
+func (s *store) errStore(msg string, err error) error {
 	where := "local"
 	if s.cfg.Remote != nil {
 		where = "local or object"
@@ -371,7 +331,7 @@ func readAll(ctx context.Context, b Backend, key string) ([]byte, error) {
 }
 
 // setEntries stores entries as d's pages and summary.
-func (s *Service) setEntries(d *doc, entries []Entry, pins *pinSet) error {
+func (s *store) setEntries(d *doc, entries []Entry, pins *pinSet) error {
 	pages, err := s.storePages(entries, pins)
 	if err != nil {
 		return err
@@ -461,13 +421,8 @@ func (s *Service) CreateWorkspace(ctx context.Context, tenant, name string) (Inf
 }
 
 func (s *Service) info(key string, d *doc) Info {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	in := Info{Name: d.Name, SizeBytes: d.SizeBytes, Files: d.Files, CreatedAt: d.CreatedAt, LastUsedAt: d.LastUsedAt, InUseBy: s.holders[key]}
-	if st := s.state[key]; st != nil {
-		in.Sync = st.view()
-	}
-	return in
+	return Info{Name: d.Name, SizeBytes: d.SizeBytes, Files: d.Files, CreatedAt: d.CreatedAt, LastUsedAt: d.LastUsedAt,
+		InUseBy: s.holder(key), Sync: s.syncView(key)}
 }
 
 // ListWorkspaces lists tenant's workspaces, by name.
@@ -512,12 +467,9 @@ func (s *Service) DeleteWorkspace(ctx context.Context, tenant, name string) erro
 	if !ok {
 		return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q", name))
 	}
-	s.mu.Lock()
-	if s.holders[key] != "" {
-		s.mu.Unlock()
+	if s.holder(key) != "" {
 		return errBusy(name)
 	}
-	s.mu.Unlock()
 	if h, err := s.heldElsewhere(ctx, tenant, name); err != nil {
 		return err
 	} else if h != "" {
@@ -539,10 +491,8 @@ func (s *Service) remove(ctx context.Context, key string) error {
 	if err := s.local.Delete(ctx, key); err != nil {
 		return s.errStore("could not delete it from the local store", err)
 	}
-	s.mu.Lock()
-	delete(s.state, key)
-	delete(s.settled, key) // no longer counted against the tenant's limit
-	s.mu.Unlock()
+	s.forgetState(key)
+	s.unsettle(key) // no longer counted against the tenant's limit
 	if s.cfg.Remote != nil {
 		// Gone for every gateway sharing the store at once when it
 		// answers; the pusher deletes it there again (or, the store
@@ -577,13 +527,9 @@ func (s *Service) Claim(ctx context.Context, tenant, session string, ref gateway
 		if !ok {
 			return errNotFound("workspace_not_found", fmt.Sprintf("no workspace %q; create it with POST /v1/workspaces", ref.Name))
 		}
-		s.mu.Lock()
-		if h := s.holders[key]; h != "" && h != session {
-			s.mu.Unlock()
+		if !s.hold(key, session) {
 			return errBusy(ref.Name)
 		}
-		s.holders[key] = session
-		s.mu.Unlock()
 		return s.acquire(ctx, tenant, ref.Name, key, session)
 	case ref.FromSnapshot != "":
 		if !snapIDRE.MatchString(ref.FromSnapshot) {
@@ -712,13 +658,8 @@ func (s *Service) Detach(ctx context.Context, session string) {
 	delete(s.drop, session)
 	discard := s.discard[session]
 	delete(s.discard, session)
-	var held []string
-	for k, h := range s.holders {
-		if h == session {
-			held = append(held, k)
-		}
-	}
 	s.mu.Unlock()
+	held := s.heldBy(session)
 	if a != nil && a.name != "" && !s.stillHeld(ctx, session, a) {
 		s.cfg.Log.Warn("workspace_not_synced", "session", session, "workspace", a.name, "reason", "another session holds it now")
 	} else if a != nil && a.name != "" {
@@ -743,16 +684,7 @@ func (s *Service) Detach(ctx context.Context, session string) {
 			s.noteCapture(key, nil)
 		}
 	}
-	s.mu.Lock()
-	for _, k := range held {
-		if s.holders[k] == session {
-			delete(s.holders, k)
-		}
-	}
-	r, claimed := s.claims[session]
-	delete(s.claims, session)
-	s.mu.Unlock()
-	if claimed {
+	if r, claimed := s.letGo(session, held); claimed {
 		s.releaseWhenPushed(ctx, workspaceKey(r.tenant, r.name), r)
 	}
 }
@@ -761,16 +693,15 @@ func (s *Service) Detach(ctx context.Context, session string) {
 // holds none).
 func (s *Service) SessionSync(session string) *SyncState {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	a := s.sessions[session]
+	s.mu.Unlock()
 	if a == nil || a.name == "" {
 		return nil
 	}
-	st := s.state[workspaceKey(a.tenant, a.name)]
-	if st == nil {
-		return &SyncState{}
+	if st := s.syncView(workspaceKey(a.tenant, a.name)); st != nil {
+		return st
 	}
-	return st.view()
+	return &SyncState{}
 }
 
 // capture scans a's workspace into the local store and writes the
@@ -843,7 +774,7 @@ const (
 
 // freezeRetrying freezes frz, trying again (freezeTries in all) when the
 // freeze does not complete; each failure is logged with its cause.
-func (s *Service) freezeRetrying(ctx context.Context, frz sandbox.Freezer, session string) (func() error, error) {
+func (s *store) freezeRetrying(ctx context.Context, frz sandbox.Freezer, session string) (func() error, error) {
 	var err error
 	for try := 1; try <= freezeTries; try++ {
 		actx, cancel := context.WithTimeout(ctx, freezeAttempt)
@@ -873,7 +804,7 @@ var errUnstable = errors.New("no consistent copy without a freeze: the files cha
 // That copy is one the files held for the whole of the second scan, as
 // far as content goes. Files changing through stableTries scans are
 // errUnstable.
-func (s *Service) stableScan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet, prev *Manifest) (*Manifest, scanStats, error) {
+func (s *store) stableScan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet, prev *Manifest) (*Manifest, scanStats, error) {
 	for range stableTries {
 		if s.beforeStableScan != nil {
 			s.beforeStableScan()
@@ -922,10 +853,7 @@ func (s *Service) finishCapture(ctx context.Context, a *attachment, key string, 
 		return nil, err
 	}
 	if s.cfg.Remote == nil {
-		s.mu.Lock()
-		now := time.Now().UTC()
-		s.state[key] = &SyncState{LastSyncedAt: &now}
-		s.mu.Unlock()
+		s.markSynced(key)
 	}
 	return info, nil
 }
@@ -1004,7 +932,7 @@ func randomHex(n int) string {
 // fetching it from the remote one first when it is missing. What it
 // reads is checked against hash and size, local or remote: at most
 // size+1 bytes of a remote object are read.
-func (s *Service) openObject(ctx context.Context, hash string, size int64) (io.ReadCloser, error) {
+func (s *store) openObject(ctx context.Context, hash string, size int64) (io.ReadCloser, error) {
 	if !validHash(hash) {
 		return nil, corruptf("manifest: bad hash %q", hash)
 	}
@@ -1044,9 +972,7 @@ func (s *Service) openObject(ctx context.Context, hash string, size int64) (io.R
 	if _, err := s.pinObject(hash, tmp.Name(), nil); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	s.have[key] = true
-	s.mu.Unlock()
+	s.markRemote(key)
 	r, err = s.local.Get(ctx, key)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -15,8 +16,26 @@ const (
 	maxBackoff = 10 * time.Second
 )
 
-func (s *Service) enqueue(key string, j job) {
-	if s.cfg.Remote == nil {
+// syncer is the push queue: the docs that wait for the pusher to reach
+// the object store, and each doc's sync state as the API shows it. The
+// pusher itself (pushLoop, pushAll, push) is the Service's: a push reads
+// the content store.
+type syncer struct {
+	remote bool // an object store is configured: docs are queued
+
+	mu    sync.Mutex
+	state map[string]*SyncState // doc key -> its sync to the remote store
+	queue map[string]job        // doc key -> what the pusher must do
+	seq   uint64                // of the last job queued
+	wake  chan struct{}
+}
+
+func newSyncer(cfg Config) *syncer {
+	return &syncer{remote: cfg.Remote != nil, state: map[string]*SyncState{}, queue: map[string]job{}, wake: make(chan struct{}, 1)}
+}
+
+func (s *syncer) enqueue(key string, j job) {
+	if !s.remote {
 		return
 	}
 	s.mu.Lock()
@@ -37,6 +56,110 @@ func (s *Service) enqueue(key string, j job) {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// pendingPush says whether key waits for the pusher: this gateway's copy
+// is then newer than the object store's.
+func (s *syncer) pendingPush(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.queue[key]
+	return ok
+}
+
+// noteCapture records how a capture of workspace doc key ended, for the
+// session's workspaceSync and the workspace's sync.
+func (s *syncer) noteCapture(key string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state[key]
+	if st == nil {
+		if err == nil {
+			return
+		}
+		st = &SyncState{}
+		s.state[key] = st
+	}
+	st.captureErr = ""
+	if err != nil {
+		st.captureErr = "could not save the workspace's files" + captureWhy(err)
+	}
+}
+
+// syncView is what the API shows of key's sync state (nil: none).
+func (s *syncer) syncView(key string) *SyncState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.state[key]; st != nil {
+		return st.view()
+	}
+	return nil
+}
+
+// markSynced records key as synced now (no object store: a doc written
+// is as synced as it gets).
+func (s *syncer) markSynced(key string) {
+	s.mu.Lock()
+	now := time.Now().UTC()
+	s.state[key] = &SyncState{LastSyncedAt: &now}
+	s.mu.Unlock()
+}
+
+// forgetState drops key's sync state (its doc was deleted).
+func (s *syncer) forgetState(key string) {
+	s.mu.Lock()
+	delete(s.state, key)
+	s.mu.Unlock()
+}
+
+func (s *syncer) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue) == 0
+}
+
+// next is a job of the queue ("" when it is empty).
+func (s *syncer) next() (key string, j job) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range s.queue {
+		return k, v
+	}
+	return "", job{}
+}
+
+// finish records how the push of j for key ended: a failure in key's
+// state, a success by taking j off the queue (unless key was queued
+// again meanwhile) and marking key synced.
+func (s *syncer) finish(key string, j job, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.state[key]
+	if st == nil && !j.del {
+		st = &SyncState{}
+		s.state[key] = st
+	}
+	if err != nil {
+		if st != nil {
+			st.LastError = err.Error()
+		}
+		return
+	}
+	if cur, ok := s.queue[key]; ok && cur == j {
+		delete(s.queue, key) // unless queued again meanwhile
+	}
+	if st != nil && !j.del {
+		now := time.Now().UTC()
+		st.LastSyncedAt, st.LastError, st.PendingBytes = &now, "", 0
+	}
+}
+
+func (s *syncer) setPending(key string, n int64) {
+	s.mu.Lock()
+	if st := s.state[key]; st != nil {
+		st.PendingBytes = n
+	}
+	s.mu.Unlock()
 }
 
 // Run syncs every running session's named workspace each SyncInterval
@@ -92,9 +215,7 @@ func (s *Service) syncAll(ctx context.Context) {
 func (s *Service) pushLoop(ctx context.Context) {
 	backoff := time.Duration(0)
 	for {
-		s.mu.Lock()
-		idle := len(s.queue) == 0
-		s.mu.Unlock()
+		idle := s.syncer.idle()
 		switch {
 		case backoff > 0: // a new job waits out the backoff too
 			t := time.NewTimer(backoff)
@@ -108,7 +229,7 @@ func (s *Service) pushLoop(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-s.wake:
+			case <-s.syncer.wake:
 			}
 		}
 		if ctx.Err() != nil {
@@ -127,40 +248,16 @@ func (s *Service) pushLoop(ctx context.Context) {
 // is recorded in the state of the doc it was pushing.
 func (s *Service) pushAll(ctx context.Context) error {
 	for {
-		s.mu.Lock()
-		var key string
-		var j job
-		for k, v := range s.queue {
-			key, j = k, v
-			break
-		}
-		s.mu.Unlock()
+		key, j := s.syncer.next()
 		if key == "" {
 			return nil
 		}
 		err := s.push(ctx, key, j)
-		s.mu.Lock()
-		st := s.state[key]
-		if st == nil && !j.del {
-			st = &SyncState{}
-			s.state[key] = st
-		}
+		s.syncer.finish(key, j, err)
 		if err != nil {
-			if st != nil {
-				st.LastError = err.Error()
-			}
-			s.mu.Unlock()
 			return err
 		}
-		if cur, ok := s.queue[key]; ok && cur == j {
-			delete(s.queue, key) // unless queued again meanwhile
-		}
 		s.cfg.Log.Debug("workspace_pushed", "key", key, "delete", j.del)
-		if st != nil && !j.del {
-			now := time.Now().UTC()
-			st.LastSyncedAt, st.LastError, st.PendingBytes = &now, "", 0
-		}
-		s.mu.Unlock()
 		s.pushed(ctx, key)
 	}
 }
@@ -236,49 +333,11 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 		if err != nil {
 			return err
 		}
-		s.mu.Lock()
-		s.have[ok] = true
-		s.mu.Unlock()
+		s.store.markRemote(ok)
 		pending -= e.Size
 		s.setPending(key, pending)
 	}
 	return r.Put(ctx, key, strings.NewReader(string(b)), int64(len(b)))
-}
-
-func (s *Service) setPending(key string, n int64) {
-	s.mu.Lock()
-	if st := s.state[key]; st != nil {
-		st.PendingBytes = n
-	}
-	s.mu.Unlock()
-}
-
-func (s *Service) hasRemote(key string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.have[key]
-}
-
-// listRemote learns, once, which objects the remote store holds: one
-// listing instead of a HEAD per object.
-func (s *Service) listRemote(ctx context.Context) error {
-	s.mu.Lock()
-	listed := s.listed
-	s.mu.Unlock()
-	if listed {
-		return nil
-	}
-	keys, err := s.cfg.Remote.List(ctx, "objects/")
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	for _, k := range keys {
-		s.have[k] = true
-	}
-	s.listed = true
-	s.mu.Unlock()
-	return nil
 }
 
 // Flush pushes what is queued, for a gateway that stops, until ctx is

@@ -20,7 +20,7 @@ func fsSize(dir string) int64 {
 // syncStore makes everything written to the local store durable: one
 // syncfs of its filesystem (every new object, page and directory) before
 // a doc that names them is written, instead of an fsync per object.
-func (s *Service) syncStore() error {
+func (s *store) syncStore() error {
 	f, err := os.Open(s.local.dir)
 	if err != nil {
 		return err

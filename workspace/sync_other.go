@@ -9,7 +9,7 @@ import "syscall"
 func fsSize(string) int64 { return 0 }
 
 // syncStore makes what the local store holds durable.
-func (s *Service) syncStore() error {
+func (s *store) syncStore() error {
 	syscall.Sync()
 	return nil
 }

@@ -79,9 +79,6 @@ type handshakeTransport struct {
 	incoming  chan []byte
 	readError error
 
-	// sandgate: channel data may skip incoming (inline.go).
-	direct directData
-
 	mu sync.Mutex
 	// Condition for the above mutex. It is used to notify a completed key
 	// exchange or a write failure. Writes can wait for this condition while a
@@ -229,12 +226,10 @@ func (t *handshakeTransport) printPacket(p []byte, write bool) {
 }
 
 func (t *handshakeTransport) readPacket() ([]byte, error) {
-	t.direct.handled() // sandgate: see inline.go
 	p, ok := <-t.incoming
 	if !ok {
 		return nil, t.readError
 	}
-	t.direct.taken = true // sandgate: see inline.go
 	return p, nil
 }
 
@@ -252,9 +247,6 @@ func (t *handshakeTransport) readLoop() {
 		// we don't ignore any messages, as they may be used to manipulate
 		// the packet sequence numbers.
 		if !(t.sessionID == nil && t.strictMode) && (p[0] == msgIgnore || p[0] == msgDebug) {
-			continue
-		}
-		if t.direct.deliver(p) { // sandgate: see inline.go
 			continue
 		}
 		t.incoming <- p

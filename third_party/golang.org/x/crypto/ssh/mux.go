@@ -145,9 +145,6 @@ func newMux(p packetConn) *mux {
 	if debugMux {
 		m.chanList.offset = atomic.AddUint32(&globalOff, 1)
 	}
-	if t, ok := p.(*handshakeTransport); ok { // sandgate: see inline.go
-		t.direct.mux.Store(m)
-	}
 
 	go m.loop()
 	return m

@@ -94,10 +94,9 @@ func (p *Proxy) resolve(ctx context.Context, host string) ([]netip.Addr, error) 
 	return addrs, nil
 }
 
-// dialChecked resolves host once, checks every candidate with the address
-// rule and dials exactly a checked address; the dialer never resolves. host
-// is normalized. The error is a *denial.
-func (p *Proxy) dialChecked(ctx context.Context, host string, port uint16) (net.Conn, netip.Addr, error) {
+// allowedAddrs resolves host once and returns the candidates the address
+// rule allows; none is a *denial, with the first refused address.
+func (p *Proxy) allowedAddrs(ctx context.Context, host string) ([]netip.Addr, netip.Addr, error) {
 	addrs, err := p.resolve(ctx, host)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -117,6 +116,17 @@ func (p *Proxy) dialChecked(ctx context.Context, host string, port uint16) (net.
 	}
 	if len(ok) == 0 {
 		return nil, refused, denied(http.StatusForbidden, "private address %s", refused)
+	}
+	return ok, netip.Addr{}, nil
+}
+
+// dialChecked resolves host once, checks every candidate with the address
+// rule and dials exactly a checked address; the dialer never resolves. host
+// is normalized. The error is a *denial.
+func (p *Proxy) dialChecked(ctx context.Context, host string, port uint16) (net.Conn, netip.Addr, error) {
+	ok, refused, err := p.allowedAddrs(ctx, host)
+	if err != nil {
+		return nil, refused, err
 	}
 	var lastErr error
 	for _, a := range ok {
@@ -180,4 +190,19 @@ func (p *Proxy) DialPublic(ctx context.Context, network, addr string) (net.Conn,
 		return nil, fmt.Errorf("dial %s: %w", hostPort(host, port), err)
 	}
 	return c, nil
+}
+
+// CheckPublic applies DialPublic's address rule to addr ("host:port")
+// without dialling: for a request that another hop (an HTTP proxy)
+// connects. The hop resolves the name again, so this holds as far as it
+// resolves it as the gateway does.
+func (p *Proxy) CheckPublic(ctx context.Context, addr string) error {
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("check %s: %w", addr, err)
+	}
+	if _, _, err := p.allowedAddrs(ctx, host); err != nil {
+		return fmt.Errorf("check %s: %w", hostPort(host, port), err)
+	}
+	return nil
 }

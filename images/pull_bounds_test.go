@@ -3,6 +3,9 @@ package images
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -199,4 +202,63 @@ func TestPullRedirects(t *testing.T) {
 		t.Logf("error: %v", err)
 		assertUnchanged(t, s, before)
 	})
+}
+
+// A manifest's layer size bounds the blob's read and the ratio of tar to
+// blob: a negative one (which turned both off) is an invalid manifest,
+// and one past the layer limit is too large, before any blob is fetched.
+func TestPullLayerSizeChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		size int64
+		want string
+	}{
+		{"negative", -1, "invalid manifest: layer 0 has a negative size (-1)"},
+		{"past the layer limit", 2 << 20, "layer 0 is 2.0 MiB compressed, more than the layer limit of 1.0 MiB"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := imagestest.NewRegistry(t)
+			layer := imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})
+			img := imagestest.Image(t, v1.Config{}, layer)
+			reg.Push(t, "test/size:1", img)
+			m, err := img.Manifest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Layers[0].Size = tc.size
+			raw, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256(raw)
+			var blobGets atomic.Int64
+			reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+				if strings.Contains(req.URL.Path, "/blobs/"+digestOf(t, layer).String()) {
+					blobGets.Add(1)
+					return false
+				}
+				if !strings.HasSuffix(req.URL.Path, "/manifests/1") {
+					return false
+				}
+				w.Header().Set("Content-Type", string(m.MediaType))
+				w.Header().Set("Docker-Content-Digest", "sha256:"+hex.EncodeToString(sum[:]))
+				w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+				w.Write(raw)
+				return true
+			})
+			s, _ := newStore(t, WithLimits(Limits{MaxLayerBytes: 1 << 20}))
+			before := snap(t, s)
+			_, err = s.Pull(context.Background(), reg.Ref("test/size:1"), PullOptions{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("pull: %v; want an error saying %q", err, tc.want)
+			}
+			if tooLarge := errors.Is(err, ErrTooLarge); tooLarge != (tc.size > 0) {
+				t.Errorf("errors.Is(err, ErrTooLarge) = %v", tooLarge)
+			}
+			if n := blobGets.Load(); n != 0 {
+				t.Errorf("the layer's blob was fetched %d times", n)
+			}
+			assertUnchanged(t, s, before)
+		})
+	}
 }

@@ -115,7 +115,12 @@ func (p *Proxy) allowedAddrs(ctx context.Context, host string) ([]netip.Addr, ne
 		}
 	}
 	if len(ok) == 0 {
-		return nil, refused, denied(http.StatusForbidden, "private address %s", refused)
+		if _, err := netip.ParseAddr(host); err == nil {
+			return nil, refused, denied(http.StatusForbidden, "private address %s", refused)
+		}
+		// A name's address is the gateway's to know (db.internal is
+		// 10.1.2.3): the caller logs it, the tenant sees the name only.
+		return nil, refused, denied(http.StatusForbidden, "resolves to a private address")
 	}
 	return ok, netip.Addr{}, nil
 }
@@ -174,7 +179,8 @@ func hostPort(host string, port uint16) string {
 // REST data plane's files/fetch): the host is normalized, resolved once,
 // and dialled only at an address the address rule allows (public, or
 // inside AllowCIDRs). No session allow-list applies. A refusal's error
-// says why ("private address 127.0.0.1", "cannot resolve").
+// says why ("private address 127.0.0.1"; for a name, "resolves to a
+// private address", without the address; "cannot resolve").
 func (p *Proxy) DialPublic(ctx context.Context, network, addr string) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":

@@ -138,17 +138,18 @@ func TestAddressRule(t *testing.T) {
 		target string
 		code   int
 		body   string
+		hidden string // the address a name resolved to, never shown
 	}{
-		{"pypi.test:" + port, 403, "pypi.test:" + port + " denied: private address 127.0.0.1"},
-		{"mapped.test:" + port, 403, "denied: private address 127.0.0.1"},
-		{"[::ffff:127.0.0.1]:" + port, 403, "denied: private address 127.0.0.1"},
-		{"127.0.0.1:" + port, 403, "denied: private address 127.0.0.1"},
-		{"[::1]:" + port, 403, "denied: private address ::1"},
-		{"0.0.0.0:" + port, 403, "denied: private address 0.0.0.0"},
-		{"meta.test:80", 403, "denied: private address 169.254.169.254"},
-		{"169.254.169.254:80", 403, "denied: private address 169.254.169.254"},
-		{"mixed.test:443", 403, "denied: private address 10.1.2.3"},
-		{"nowhere.invalid:443", 502, "nowhere.invalid:443: cannot resolve"},
+		{"pypi.test:" + port, 403, "pypi.test:" + port + " denied: resolves to a private address", "127.0.0.1"},
+		{"mapped.test:" + port, 403, "denied: resolves to a private address", "127.0.0.1"},
+		{"[::ffff:127.0.0.1]:" + port, 403, "denied: private address 127.0.0.1", ""},
+		{"127.0.0.1:" + port, 403, "denied: private address 127.0.0.1", ""},
+		{"[::1]:" + port, 403, "denied: private address ::1", ""},
+		{"0.0.0.0:" + port, 403, "denied: private address 0.0.0.0", ""},
+		{"meta.test:80", 403, "denied: resolves to a private address", "169.254"},
+		{"169.254.169.254:80", 403, "denied: private address 169.254.169.254", ""},
+		{"mixed.test:443", 403, "denied: resolves to a private address", "10.1.2.3"},
+		{"nowhere.invalid:443", 502, "nowhere.invalid:443: cannot resolve", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.target, func(t *testing.T) {
@@ -156,13 +157,21 @@ func TestAddressRule(t *testing.T) {
 			if resp.StatusCode != tt.code || !strings.Contains(body, tt.body) || strings.Count(body, "\n") != 1 {
 				t.Errorf("got %d %q, want %d with %q", resp.StatusCode, body, tt.code, tt.body)
 			}
+			if tt.hidden != "" && strings.Contains(body, tt.hidden) {
+				t.Errorf("%q shows the address the name resolved to", body)
+			}
 			code, body := get(t, proxyClient(t, proxy, nil), "http://"+tt.target+"/")
 			if code != tt.code || !strings.Contains(body, tt.body) || strings.Count(body, "\n") != 1 {
 				t.Errorf("GET: got %d %q, want %d with %q", code, body, tt.code, tt.body)
 			}
+			if tt.hidden != "" && strings.Contains(body, tt.hidden) {
+				t.Errorf("GET: %q shows the address the name resolved to", body)
+			}
 		})
 	}
 	logs.waitFor(t, `host=169.254.169.254`, `allowed=false`, `reason="private address 169.254.169.254"`)
+	// The operator's log has the address a name was refused at.
+	logs.waitFor(t, `host=meta.test port=80 ip=169.254.169.254 allowed=false reason="resolves to a private address"`)
 
 	// The same target is fine once the operator opens the range.
 	p2, _ := newTestProxy(t, Config{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("::ffff:127.0.0.0/104")}, Hosts: hostsFor("pypi.test")})

@@ -96,3 +96,27 @@ func TestDialPublic(t *testing.T) {
 		})
 	}
 }
+
+// CheckPublic is DialPublic's rule without the dial.
+func TestCheckPublic(t *testing.T) {
+	hosts := map[string][]netip.Addr{"svc.test": {netip.MustParseAddr("127.0.0.1")}, "pub.test": {netip.MustParseAddr("93.184.216.34")}}
+	open, _ := newTestProxy(t, Config{AllowCIDRs: loopback, Hosts: hosts})
+	closed, _ := newTestProxy(t, Config{Hosts: hosts})
+	for _, tc := range []struct {
+		p       *Proxy
+		addr    string
+		wantErr string
+	}{
+		{open, "svc.test:80", ""},
+		{closed, "pub.test:443", ""},
+		{closed, "svc.test:80", "check svc.test:80: resolves to a private address"},
+		{closed, "100.100.100.200:80", "check 100.100.100.200:80: private address 100.100.100.200"},
+		{closed, "nowhere.test:80", "cannot resolve"},
+		{closed, "example.com", "missing port"},
+	} {
+		err := tc.p.CheckPublic(context.Background(), tc.addr)
+		if (tc.wantErr == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("CheckPublic(%q) = %v; want %q", tc.addr, err, tc.wantErr)
+		}
+	}
+}

@@ -423,7 +423,7 @@ func (s *Store) layerSources(img v1.Image, cfg *v1.ConfigFile, compressed bool) 
 				return nil, fmt.Errorf("invalid manifest: layer %d has a negative size (%d)", i, src.size)
 			}
 			if src.size > s.limits.MaxLayerBytes {
-				return nil, fmt.Errorf("%w: layer %d is %s compressed, more than the layer limit of %s", ErrTooLarge, i, fmtBytes(src.size), fmtBytes(s.limits.MaxLayerBytes))
+				return nil, fmt.Errorf("%w: layer %d is %s compressed, larger than the limit of the layer (%s)", ErrTooLarge, i, fmtBytes(src.size), fmtBytes(s.limits.MaxLayerBytes))
 			}
 			src.digest, src.open = d.String(), l.Compressed
 		} else {

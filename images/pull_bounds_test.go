@@ -214,7 +214,7 @@ func TestPullLayerSizeChecked(t *testing.T) {
 		want string
 	}{
 		{"negative", -1, "invalid manifest: layer 0 has a negative size (-1)"},
-		{"past the layer limit", 2 << 20, "layer 0 is 2.0 MiB compressed, more than the layer limit of 1.0 MiB"},
+		{"past the layer limit", 2 << 20, "layer 0 is 2.0 MiB compressed, larger than the limit of the layer (1.0 MiB)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := imagestest.NewRegistry(t)

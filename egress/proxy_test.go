@@ -393,3 +393,32 @@ func TestSlowClientHelloClosed(t *testing.T) {
 	}
 	logs.waitFor(t, "allowed=false", "incomplete TLS ClientHello")
 }
+
+// A session's record (the tenant's audit) of a name refused by the
+// address rule has no address; one of a literal keeps it, as the tenant
+// gave it.
+func TestRecordHidesRefusedAddress(t *testing.T) {
+	p, logs := newTestProxy(t, Config{Hosts: map[string][]netip.Addr{"db.test": {netip.MustParseAddr("10.1.2.3")}}})
+	s, proxy := startSession(t, p, "s1", Policy{Allow: mustList(t, "db.test", "10.1.2.3")}, nil)
+	recs := make(chan Record, 2)
+	s.OnRecord(func(r Record) { recs <- r })
+	for _, target := range []string{"db.test:443", "10.1.2.3:443"} {
+		resp, body, _, _ := rawConnect(t, proxy, target)
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("%s: %d %q", target, resp.StatusCode, body)
+		}
+		select {
+		case r := <-recs:
+			want := ""
+			if target == "10.1.2.3:443" {
+				want = "10.1.2.3"
+			}
+			if r.Allowed || r.IP != want || strings.Contains(r.Reason, "10.1.2.3") != (want != "") {
+				t.Errorf("%s: record %+v; want IP %q and the address in the reason only for the literal", target, r, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no record", target)
+		}
+	}
+	logs.waitFor(t, `host=db.test port=443 ip=10.1.2.3 allowed=false`)
+}

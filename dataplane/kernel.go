@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -455,7 +454,7 @@ func (x *kernel) start(ctx context.Context) (*kernelProc, error) {
 // startKernel starts an interpreter with cmd in s's sandbox and waits for
 // it to be ready.
 func startKernel(ctx context.Context, s Session, cmd sandbox.Cmd) (*kernelProc, error) {
-	p, err := s.Sandbox().Start(gateway.NoHistory(context.Background()), cmd)
+	p, err := s.Start(context.Background(), cmd, startOwn)
 	if err != nil {
 		return nil, fmt.Errorf("start kernel: %w", err)
 	}

@@ -316,7 +316,7 @@ func (x *shell) close() {
 		q := Quote(x.state)
 		rm := fmt.Sprintf("rm -f -- %[1]s %[1]s.new %[1]s.cwd %[1]s.in %[1]s.cmd", q)
 		// Not in a stopped session: its /tmp went with its processes.
-		if p, err := x.s.Sandbox().Start(gateway.NoResume(gateway.NoHistory(ctx)), sandbox.Cmd{Command: rm}); err == nil {
+		if p, err := x.s.Start(ctx, sandbox.Cmd{Command: rm}, gateway.StartOptions{}); err == nil {
 			_ = p.Stdin().Close()
 			var readers sync.WaitGroup
 			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stdout()) })
@@ -399,7 +399,7 @@ func (x *shell) start() error {
 	if k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox()); ok && k.Keeps() && x.record != "" {
 		cmd.Keep = "shell/" + newToken()[len("__sandgate_"):]
 	}
-	p, err := x.s.Sandbox().Start(gateway.NoHistory(context.Background()), cmd)
+	p, err := x.s.Start(context.Background(), cmd, startOwn)
 	if err != nil {
 		return fmt.Errorf("start shell: %w", err)
 	}

@@ -341,7 +341,7 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		_ = writeBareJSON(w, http.StatusOK, agentExecuteResult{Output: "Empty code\n", Artifacts: []agentArtifact{}})
 		return
 	}
-	fsys, err := x.a.dp.files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
+	fsys, err := x.a.dp.files.Open(r.Context(), s.ID, s.Tenant, s, false)
 	if err != nil {
 		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
@@ -602,7 +602,7 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 		fetchable = append(fetchable, u)
 	}
 	if len(fetchable) > 0 {
-		fsys, err := x.a.dp.files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
+		fsys, err := x.a.dp.files.Open(r.Context(), s.ID, s.Tenant, s, false)
 		if err != nil {
 			x.a.writeFileError(w, r, err)
 			return

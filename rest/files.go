@@ -122,7 +122,7 @@ func (a *api) openStream(w http.ResponseWriter, r *http.Request, s *gateway.Sess
 }
 
 func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Session, stream bool) (*dataplane.FS, bool) {
-	fsys, err := a.dp.files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, stream)
+	fsys, err := a.dp.files.Open(r.Context(), s.ID, s.Tenant, s, stream)
 	if err != nil {
 		a.writeFileError(w, r, err)
 		return nil, false
@@ -138,7 +138,7 @@ func (a *api) sweepUploads(stale []dataplane.StaleUpload) {
 	if !ok {
 		return
 	}
-	ctx := gateway.NoHistory(context.Background())
+	ctx := context.Background()
 	n := a.dp.files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
 		tenant, known := owners.Owner(id)
 		if !known {

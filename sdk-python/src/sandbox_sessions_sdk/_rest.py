@@ -341,7 +341,8 @@ class ops:
         path = check_path("path", path)
         query = dict(params or {})
         query["path"] = path
-        return Op(method, session_path(session_id) + "/files", what.format(path=path), True, params=query, filename=path)
+        url = session_path(session_id) + "/files"
+        return Op(method, url, what.format(path=path), True, params=query, filename=path)
 
     @staticmethod
     def list_files(session_id: Any, path: Any, recursive: Any) -> Op:
@@ -408,7 +409,8 @@ class ops:
     @staticmethod
     def signal_process(session_id: Any, process_id: Any, signal: Any) -> Op:
         body = signal_body(signal)
-        return Op("POST", process_path(session_id, process_id) + "/signal", "signal process", True, json=body, parse=_none)
+        path = process_path(session_id, process_id) + "/signal"
+        return Op("POST", path, "signal process", True, json=body, parse=_none)
 
 
 class RunLines:
@@ -587,7 +589,9 @@ class RestCore:
         op.headers = dict(op.headers or {}, Accept=NDJSON)
         return op
 
-    def _build(self, http: Any, method: str, path: str, timeout: httpx.Timeout, kwargs: Dict[str, Any]) -> httpx.Request:
+    def _build(
+        self, http: Any, method: str, path: str, timeout: httpx.Timeout, kwargs: Dict[str, Any]
+    ) -> httpx.Request:
         return http.build_request(method, self._base + path, timeout=timeout, **kwargs)
 
     def _transport_error(self, what: str, e: BaseException, timeout: httpx.Timeout) -> SandboxConnectionError:

@@ -317,7 +317,8 @@ class AsyncSessionsClient(RestCore):
         """:meth:`SessionsClient.read_file`."""
         op = ops.file("GET", session_id, path, "read file {path!r}")
         try:
-            resp = await self._send(op.method, op.path, stream=True, **self._op_args(op), headers=read_headers(max_bytes))
+            headers = read_headers(max_bytes)
+            resp = await self._send(op.method, op.path, stream=True, **self._op_args(op), headers=headers)
         except SandboxOperationError as e:
             if empty_file(e):
                 return b""

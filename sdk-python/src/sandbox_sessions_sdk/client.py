@@ -592,7 +592,8 @@ class SessionsClient(RestCore, ClosesOnExit):
         """
         op = ops.file("GET", session_id, path, "read file {path!r}")
         try:
-            resp = self._send(op.method, op.path, stream=True, **self._op_args(op), headers=read_headers(max_bytes))
+            headers = read_headers(max_bytes)
+            resp = self._send(op.method, op.path, stream=True, **self._op_args(op), headers=headers)
         except SandboxOperationError as e:
             if empty_file(e):
                 return b""
@@ -672,7 +673,8 @@ class SessionsClient(RestCore, ClosesOnExit):
         """
         op = ops.write_file(session_id, path, mkdirs, mode)
         content, headers = upload_content(data, op.what)
-        return self._json(self._send(op.method, op.path, **self._op_args(op), content=content, headers=headers), op.what)
+        resp = self._send(op.method, op.path, **self._op_args(op), content=content, headers=headers)
+        return self._json(resp, op.what)
 
     def list_files(self, session_id: str, path: str = ".", recursive: bool = False) -> FileList:
         """List the sandbox directory *path* (``GET .../files?list=true``).
@@ -859,7 +861,9 @@ class SessionsClient(RestCore, ClosesOnExit):
         data, headers = self._call(op.method, op.path, **self._op_args(op))
         return op.result(data, headers)
 
-    def _request(self, method: str, path: str, *, what: str, session_scoped: bool = False, **kwargs: Any) -> Dict[str, Any]:
+    def _request(
+        self, method: str, path: str, *, what: str, session_scoped: bool = False, **kwargs: Any
+    ) -> Dict[str, Any]:
         return self._call(method, path, what=what, session_scoped=session_scoped, **kwargs)[0]
 
     def _call(

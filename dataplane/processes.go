@@ -310,7 +310,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	if sp.closed {
 		sp.mu.Unlock()
 		p.Kill()
-		go func() { _, _ = p.Wait() }()
+		go func() { _, _ = p.Wait(); sandbox.Ack(p) }()
 		_ = pr.remove()
 		sp.ps.uncharge(sp.tenant, pr)
 		if sp.dir != "" {
@@ -578,6 +578,11 @@ func (pr *Process) run() {
 	pr.out.Close()
 	if err := pr.save(); err != nil {
 		pr.sp.cfg.Log.Warn("process_record_failed", "session", pr.sp.id, "process", pr.info.ProcessID, "err", err)
+	} else {
+		// Only now may a keeping sandbox forget the process: a gateway
+		// that died before this leaves the exit, and the output not yet
+		// stored, to the next one.
+		sandbox.Ack(pr.p)
 	}
 	// Filed before Done: a caller woken by Done lists the process among
 	// the finished, in the order they ended (and the oldest beyond the cap

@@ -100,12 +100,20 @@ func appendExtent(ext [][2]int64, off, n int64) [][2]int64 {
 	return ext
 }
 
+// maxFileSize bounds a file's length in a workspace copy (ext4's largest
+// file): a sparse entry's length costs the store nothing, so a store that
+// is not trusted could otherwise make a restore write a file of any length.
+const maxFileSize = 16 << 40
+
 // checkEntry refuses a regular file's entry read from a store whose
 // hard link or sparse fields cannot be right.
 func checkEntry(e *Entry) error {
 	bad := func(why string) error { return corruptf("manifest: entry %q: %s", e.Path, why) }
 	if e.Size < 0 {
 		return bad("negative size")
+	}
+	if e.Size > maxFileSize {
+		return bad(fmt.Sprintf("a file of %d bytes, longer than the %d (16 TiB) a workspace file may be", e.Size, int64(maxFileSize)))
 	}
 	if e.HardLink != "" {
 		if e.Hash != "" || e.Sparse || len(e.Extents) > 0 || !fs.ValidPath(e.HardLink) {
@@ -276,6 +284,9 @@ func (s *store) scanWith(ctx context.Context, dir string, cache scanCache, limit
 				}
 			}
 			k := keyOf(info)
+			if k.size > maxFileSize {
+				return fmt.Errorf("%s is %d bytes long: a workspace file may be at most %d (16 TiB)", p, k.size, int64(maxFileSize))
+			}
 			if err := overLimit(p, min(k.size, max(allocated, 0)), total, limit); err != nil {
 				return err
 			}

@@ -91,6 +91,9 @@ type Info struct {
 	MemAvail    int64     `json:"memAvailableBytes"`
 	Draining    bool      `json:"draining"`
 	Updated     time.Time `json:"updated"`
+	// Lease is the etcd lease the record was written on, signed with it:
+	// a record replayed under another lease (or none) is refused.
+	Lease int64 `json:"lease,omitempty"`
 }
 
 // Node is this gateway's membership of the cluster.
@@ -229,16 +232,13 @@ func (n *Node) refresh() {
 	if err != nil {
 		return
 	}
-	resp, err := n.cli.Get(ctx, Prefix+"restarting/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	rs, _, err := n.restartingNodes(ctx)
 	if err != nil {
 		return
 	}
-	nodes, rs := map[string]Info{}, map[string]bool{}
+	nodes := map[string]Info{}
 	for _, i := range infos {
 		nodes[i.ID] = i
-	}
-	for _, kv := range resp.Kvs {
-		rs[strings.TrimPrefix(string(kv.Key), Prefix+"restarting/")] = true
 	}
 	n.mu.Lock()
 	n.nodes, n.restarters = nodes, rs
@@ -341,7 +341,7 @@ func (n *Node) Nodes(ctx context.Context) ([]Info, error) {
 	out := make([]Info, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		key := strings.TrimPrefix(string(kv.Key), Prefix+"nodes/")
-		i, err := openInfo(n.cfg.Token, key, kv.Value)
+		i, err := openInfo(n.cfg.Token, key, kv.Value, kv.Lease)
 		if err != nil {
 			n.refused(key, err)
 			continue
@@ -375,21 +375,82 @@ func recordMAC(token, id string, info []byte) []byte {
 	return m.Sum(nil)
 }
 
-// signedInfo is the node's record, signed.
+// signedInfo is the node's record, signed, bound to its current lease.
 func (n *Node) signedInfo() []byte {
-	info, _ := json.Marshal(n.info())
+	i := n.info()
+	i.Lease = int64(n.leaseID())
+	info, _ := json.Marshal(i)
 	data, _ := json.Marshal(signedRecord{Info: info, MAC: hex.EncodeToString(recordMAC(n.cfg.Token, n.cfg.NodeID, info))})
 	return data
 }
 
-// errUnsigned and errBadMAC are why a node record is refused.
+// restartMark is what a restarting/<node> marker holds, signed as a node
+// record is (its MAC over "restarting\x00<node>"): the grace lease it
+// was written on.
+type restartMark struct {
+	Node  string    `json:"node"`
+	Lease int64     `json:"lease"`
+	At    time.Time `json:"at"`
+}
+
+// signedMark is the node's restarting marker on grace lease lease.
+func (n *Node) signedMark(lease clientv3.LeaseID) []byte {
+	mark, _ := json.Marshal(restartMark{Node: n.cfg.NodeID, Lease: int64(lease), At: time.Now().UTC()})
+	data, _ := json.Marshal(signedRecord{Info: mark, MAC: hex.EncodeToString(recordMAC(n.cfg.Token, "restarting\x00"+n.cfg.NodeID, mark))})
+	return data
+}
+
+// openMark checks the restarting marker of node (value, on lease).
+func openMark(token, node string, value []byte, lease int64) error {
+	var r signedRecord
+	if err := json.Unmarshal(value, &r); err != nil || len(r.Info) == 0 || r.MAC == "" {
+		return errUnsigned
+	}
+	mac, err := hex.DecodeString(r.MAC)
+	if err != nil || !hmac.Equal(mac, recordMAC(token, "restarting\x00"+node, r.Info)) {
+		return errBadMAC
+	}
+	var m restartMark
+	if err := json.Unmarshal(r.Info, &m); err != nil || m.Node != node {
+		return fmt.Errorf("malformed: %v", err)
+	}
+	if m.Lease == 0 || m.Lease != lease {
+		return errReplayed
+	}
+	return nil
+}
+
+// restartingNodes reads the restarting markers: the nodes whose signed
+// marker holds, and the mod revision of each marker refused (which a
+// sweep must not take for a restarting node, nor let block it).
+func (n *Node) restartingNodes(ctx context.Context) (valid map[string]bool, refused map[string]int64, err error) {
+	resp, err := n.cli.Get(ctx, Prefix+"restarting/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, err
+	}
+	valid, refused = map[string]bool{}, map[string]int64{}
+	for _, kv := range resp.Kvs {
+		node := strings.TrimPrefix(string(kv.Key), Prefix+"restarting/")
+		if err := openMark(n.cfg.Token, node, kv.Value, kv.Lease); err != nil {
+			n.refused("restarting/"+node, err)
+			refused[node] = kv.ModRevision
+			continue
+		}
+		valid[node] = true
+	}
+	return valid, refused, nil
+}
+
+// errUnsigned, errBadMAC and errReplayed are why a node record is refused.
 var (
 	errUnsigned = errors.New("not signed with the cluster token")
 	errBadMAC   = errors.New("its signature does not match the cluster token")
+	errReplayed = errors.New("signed for another etcd lease than the one it is on (a replayed record)")
 )
 
-// openInfo checks the record value of node key and returns its Info.
-func openInfo(token, key string, value []byte) (Info, error) {
+// openInfo checks the record value of node key, on etcd lease lease, and
+// returns its Info.
+func openInfo(token, key string, value []byte, lease int64) (Info, error) {
 	var r signedRecord
 	if err := json.Unmarshal(value, &r); err != nil || len(r.Info) == 0 || r.MAC == "" {
 		return Info{}, errUnsigned
@@ -401,6 +462,9 @@ func openInfo(token, key string, value []byte) (Info, error) {
 	var i Info
 	if err := json.Unmarshal(r.Info, &i); err != nil || i.ID != key {
 		return Info{}, fmt.Errorf("malformed: %v", err)
+	}
+	if i.Lease == 0 || i.Lease != lease {
+		return Info{}, errReplayed
 	}
 	return i, nil
 }
@@ -446,7 +510,7 @@ func (n *Node) Close(restarting bool) {
 	defer cancel()
 	if restarting {
 		if l, err := n.cli.Grant(ctx, int64(n.cfg.RestartGrace/time.Second)); err == nil {
-			_, err = n.cli.Put(ctx, Prefix+"restarting/"+n.cfg.NodeID, time.Now().UTC().Format(time.RFC3339), clientv3.WithLease(l.ID))
+			_, err = n.cli.Put(ctx, Prefix+"restarting/"+n.cfg.NodeID, string(n.signedMark(l.ID)), clientv3.WithLease(l.ID))
 			if err != nil {
 				n.log.Warn("cluster_restart_mark_failed", "err", err)
 			}

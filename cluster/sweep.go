@@ -56,20 +56,29 @@ func (n *Node) sweep() {
 // SweepOnce marks the live sessions of lost nodes failed and says how many
 // it marked.
 func (n *Node) SweepOnce(ctx context.Context) (int, error) {
-	present := map[string]bool{}
-	nodes, err := n.Nodes(ctx) // signed records only
+	// Signed records only: one refused (unsigned, forged or replayed)
+	// neither keeps its node present nor, by existing, blocks the sweep
+	// (markLost compares its revision, not its absence).
+	present, refusedNode := map[string]bool{}, map[string]int64{}
+	ns, err := n.cli.Get(ctx, Prefix+"nodes/", clientv3.WithPrefix())
 	if err != nil {
 		return 0, err
 	}
-	for _, i := range nodes {
-		present[i.ID] = true
+	for _, kv := range ns.Kvs {
+		node := strings.TrimPrefix(string(kv.Key), Prefix+"nodes/")
+		if _, err := openInfo(n.cfg.Token, node, kv.Value, kv.Lease); err != nil {
+			n.refused(node, err)
+			refusedNode[node] = kv.ModRevision
+			continue
+		}
+		present[node] = true
 	}
-	rs, err := n.cli.Get(ctx, Prefix+"restarting/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	rs, refusedMark, err := n.restartingNodes(ctx)
 	if err != nil {
 		return 0, err
 	}
-	for _, kv := range rs.Kvs {
-		present[strings.TrimPrefix(string(kv.Key), Prefix+"restarting/")] = true
+	for node := range rs {
+		present[node] = true
 	}
 	resp, err := n.cli.Get(ctx, Prefix+"live/", clientv3.WithPrefix())
 	if err != nil {
@@ -87,7 +96,7 @@ func (n *Node) SweepOnce(ctx context.Context) (int, error) {
 		if !ok {
 			continue
 		}
-		if ok, err := n.markLost(ctx, tk, id, node, kv.ModRevision); err != nil {
+		if ok, err := n.markLost(ctx, tk, id, node, kv.ModRevision, refusedNode[node], refusedMark[node]); err != nil {
 			return marked, err
 		} else if ok {
 			marked++
@@ -99,8 +108,10 @@ func (n *Node) SweepOnce(ctx context.Context) (int, error) {
 
 // markLost marks session id (of tenant key tk) failed because its node
 // is lost, unless something changed it since the sweep read its live key
-// at liveRev.
-func (n *Node) markLost(ctx context.Context, tk, id, node string, liveRev int64) (bool, error) {
+// at liveRev, or the node's record or restarting marker since the sweep
+// found them absent or refused (nodeRev, markRev: the refused one's mod
+// revision, 0 when absent).
+func (n *Node) markLost(ctx context.Context, tk, id, node string, liveRev, nodeRev, markRev int64) (bool, error) {
 	recKey := Prefix + "sessions/" + tk + "/" + id
 	liveKey := Prefix + "live/" + tk + "/" + id
 	resp, err := n.cli.Get(ctx, recKey)
@@ -120,8 +131,8 @@ func (n *Node) markLost(ctx context.Context, tk, id, node string, liveRev int64)
 	tr, err := n.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.ModRevision(recKey), "=", resp.Kvs[0].ModRevision),
 		clientv3.Compare(clientv3.ModRevision(liveKey), "=", liveRev),
-		clientv3.Compare(clientv3.CreateRevision(Prefix+"nodes/"+node), "=", 0),
-		clientv3.Compare(clientv3.CreateRevision(Prefix+"restarting/"+node), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(Prefix+"nodes/"+node), "=", nodeRev),
+		clientv3.Compare(clientv3.ModRevision(Prefix+"restarting/"+node), "=", markRev),
 	).Then(append([]clientv3.Op{clientv3.OpPut(recKey, string(data)), clientv3.OpDelete(liveKey)}, releaseOps(r, false)...)...).Commit()
 	if err != nil {
 		return false, err

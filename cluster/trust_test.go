@@ -198,3 +198,95 @@ func TestNodeWithEtcdAuth(t *testing.T) {
 		t.Fatalf("record: %v", err)
 	}
 }
+
+// A signed node record is bound to the etcd lease it was written on: the
+// record of a node that left, written back by whoever can write etcd
+// (with no lease, or a lease of their own), is refused, as is a
+// restarting marker that no node with the token signed, which would
+// otherwise keep a lost node's sessions from being marked failed. A
+// node's own restarting marker holds.
+func TestNodeRecordsBoundToLease(t *testing.T) {
+	e := startEtcd1(t)
+	cli := etcdClient(t, e)
+	const token = "0123456789abcdef"
+	ctx := context.Background()
+	a := openNodeAt(t, e, "node-a", "http://127.0.0.1:1", token)
+	open := func(id string) *cluster.Node {
+		n, err := cluster.Open(ctx, cluster.Config{Endpoints: []string{e.client}, NodeID: id, Advertise: "http://127.0.0.1:2",
+			Token: token, OpTimeout: time.Second, RestartGrace: time.Minute, Log: slog.New(slog.DiscardHandler)}, func() int { return 0 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	b := open("node-b")
+	got, err := cli.Get(ctx, cluster.Prefix+"nodes/node-b")
+	if err != nil || len(got.Kvs) == 0 {
+		t.Fatalf("node-b's record: %v", err)
+	}
+	saved := string(got.Kvs[0].Value)
+	b.Close(false)
+	members := func() string {
+		infos, err := a.Nodes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, i := range infos {
+			ids = append(ids, i.ID)
+		}
+		return strings.Join(ids, ",")
+	}
+	if _, err := cli.Put(ctx, cluster.Prefix+"nodes/node-b", saved); err != nil {
+		t.Fatal(err)
+	}
+	if m := members(); m != "node-a" {
+		t.Errorf("node-b's record replayed with no lease: members %s, want node-a", m)
+	}
+	l, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, cluster.Prefix+"nodes/node-b", saved, clientv3.WithLease(l.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if m := members(); m != "node-a" {
+		t.Errorf("node-b's record replayed on another lease: members %s, want node-a", m)
+	}
+
+	// Sessions of node-q (lost, with a forged restarting marker, and a
+	// replayed record of node-b's name) and of node-c (restarting for real).
+	live := func(id, node string) {
+		r := gateway.Record{ID: id, Tenant: "t"}
+		r.Status = gateway.StatusRunning
+		rec, _ := json.Marshal(r)
+		if _, err := cli.Put(ctx, cluster.Prefix+"sessions/t/"+id, string(rec)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, cluster.Prefix+"live/t/"+id, node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := open("node-c")
+	c.Close(true)
+	if _, err := cli.Put(ctx, cluster.Prefix+"restarting/node-q", time.Now().UTC().Format(time.RFC3339)); err != nil {
+		t.Fatal(err)
+	}
+	live("sbx-q", "node-q")
+	live("sbx-b", "node-b")
+	live("sbx-c", "node-c")
+	// (node-a's own sweeper may run too: the statuses tell.)
+	if _, err := a.SweepOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{"sbx-q": gateway.StatusFailed, "sbx-b": gateway.StatusFailed, "sbx-c": gateway.StatusRunning} {
+		r, err := cli.Get(ctx, cluster.Prefix+"sessions/t/"+id)
+		if err != nil || len(r.Kvs) == 0 {
+			t.Fatalf("%s: %v", id, err)
+		}
+		var rec gateway.Record
+		if err := json.Unmarshal(r.Kvs[0].Value, &rec); err != nil || string(rec.Status) != want {
+			t.Errorf("%s: status %q, want %q", id, rec.Status, want)
+		}
+	}
+}

@@ -79,7 +79,11 @@ func (n *Node) held(ctx context.Context, tenant string, c wsClaim) (bool, error)
 	if len(resp.Kvs) > 0 && clientv3.LeaseID(resp.Kvs[0].Lease) == c.lease {
 		return true, nil
 	}
-	return n.exists(ctx, Prefix+"restarting/"+c.node)
+	mark, err := n.cli.Get(ctx, Prefix+"restarting/"+c.node)
+	if err != nil || len(mark.Kvs) == 0 {
+		return false, err
+	}
+	return openMark(n.cfg.Token, c.node, mark.Kvs[0].Value, mark.Kvs[0].Lease) == nil, nil
 }
 
 // Acquire reserves tenant's workspace name for session. A claim of this

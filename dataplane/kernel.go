@@ -525,6 +525,7 @@ func (kp *kernelProc) stop() {
 		waited := make(chan struct{})
 		go func() {
 			kp.exit, kp.waitErr = kp.p.Wait()
+			sandbox.Ack(kp.p)
 			close(waited)
 		}()
 		select {

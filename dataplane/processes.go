@@ -291,6 +291,13 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	p, err := s.Start(sctx, cmd, gateway.StartOptions{Resume: true, Record: true, Source: "rest"})
 	if err != nil {
 		_ = pr.remove()
+		if cmd.Keep != "" {
+			// The init may have started it and kept it while its reply
+			// was lost (a timeout): it would run on with no record.
+			if k, ok := sandbox.As[sandbox.Keeper](sb); ok {
+				go killKept(k, cmd.Keep, sp.cfg.Log)
+			}
+		}
 		if errors.Is(err, sandbox.ErrClosed) {
 			return ProcessInfo{}, ErrSessionEnded
 		}
@@ -309,7 +316,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	if sp.closed {
 		sp.mu.Unlock()
 		p.Kill()
-		go func() { _, _ = p.Wait() }()
+		go func() { _, _ = p.Wait(); sandbox.Ack(p) }()
 		_ = pr.remove()
 		sp.ps.uncharge(sp.tenant, pr)
 		if sp.dir != "" {
@@ -322,6 +329,35 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	go pr.run()
 	sp.cfg.Log.Info("process_started", "session", sp.id, "process", id, "pid", pr.info.PID, "kept", pr.keep != "")
 	return pr.Info(), nil
+}
+
+// killKept ends kept process key, if the sandbox keeps one: a start that
+// failed may have left it running with no record.
+func killKept(k sandbox.Keeper, key string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	p, err := k.Reattach(ctx, key)
+	if err != nil {
+		if !errors.Is(err, sandbox.ErrNotKept) {
+			log.Warn("process_orphan_kill_failed", "keep", key, "err", err)
+		}
+		return
+	}
+	log.Warn("process_orphan_killed", "keep", key)
+	p.Kill()
+	_ = p.Stdin().Close()
+	for _, r := range []io.ReadCloser{p.Stdout(), p.Stderr()} {
+		if r != nil {
+			go func() { _, _ = io.Copy(io.Discard, r) }()
+		}
+	}
+	_, _ = p.Wait()
+	sandbox.Ack(p)
+	for _, r := range []io.ReadCloser{p.Stdout(), p.Stderr()} {
+		if r != nil {
+			_ = r.Close()
+		}
+	}
 }
 
 // reserve charges pr's output cap to the session's tenant, first
@@ -577,6 +613,11 @@ func (pr *Process) run() {
 	pr.out.Close()
 	if err := pr.save(); err != nil {
 		pr.sp.cfg.Log.Warn("process_record_failed", "session", pr.sp.id, "process", pr.info.ProcessID, "err", err)
+	} else {
+		// Only now may a keeping sandbox forget the process: a gateway
+		// that died before this leaves the exit, and the output not yet
+		// stored, to the next one.
+		sandbox.Ack(pr.p)
 	}
 	// Filed before Done: a caller woken by Done lists the process among
 	// the finished, in the order they ended (and the oldest beyond the cap
@@ -911,6 +952,16 @@ func (sp *sessionProcs) restore(s *gateway.Session) {
 			continue
 		}
 		pr, err := sp.restoreOne(filepath.Join(sp.dir, e.Name()), keeper)
+		if errors.Is(err, errReattachLater) {
+			// It may well run on: its record stays, and it is taken back
+			// later.
+			sp.cfg.Log.Warn("process_reattach_deferred", "session", sp.id, "process", e.Name(), "err", err)
+			if n, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "p")); err == nil {
+				sp.seq = max(sp.seq, n)
+			}
+			go sp.reattachLater(filepath.Join(sp.dir, e.Name()), keeper, reattachRetry)
+			continue
+		}
 		if err != nil {
 			sp.cfg.Log.Warn("process_restore_failed", "session", sp.id, "process", e.Name(), "err", err)
 			_ = os.RemoveAll(filepath.Join(sp.dir, e.Name()))
@@ -939,7 +990,55 @@ func (sp *sessionProcs) restore(s *gateway.Session) {
 	}
 }
 
-// restoreOne reads one process's directory back.
+// errReattachLater: a kept process could not be taken back for a reason
+// other than its being gone (sandbox.ErrNotKept); it may run on.
+var errReattachLater = errors.New("the kept process could not be taken back now")
+
+// reattachRetry is the first wait before a deferred reattach is tried
+// again; it doubles up to a minute.
+const reattachRetry = 5 * time.Second
+
+// reattachLater retries restoreOne for dir, which errReattachLater
+// deferred, until it is taken back, found gone, or the session ends.
+func (sp *sessionProcs) reattachLater(dir string, keeper sandbox.Keeper, delay time.Duration) {
+	for ; ; delay = min(2*delay, time.Minute) {
+		time.Sleep(delay)
+		sp.mu.Lock()
+		if sp.closed {
+			sp.mu.Unlock()
+			return
+		}
+		pr, err := sp.restoreOne(dir, keeper)
+		switch {
+		case errors.Is(err, errReattachLater):
+			sp.mu.Unlock()
+			continue
+		case err != nil:
+			sp.cfg.Log.Warn("process_restore_failed", "session", sp.id, "process", filepath.Base(dir), "err", err)
+			_ = os.RemoveAll(dir)
+		case pr.running:
+			sp.procs[pr.info.ProcessID] = pr
+			sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, 0)
+			go pr.run()
+			sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End())
+		default:
+			sp.procs[pr.info.ProcessID] = pr
+			sp.ps.charge(sp.tenant, pr, pr.out.Stored(), 0)
+			sp.finished = append(sp.finished, pr)
+			for len(sp.finished) > sp.cfg.MaxFinished {
+				old := sp.finished[0]
+				sp.finished = sp.finished[1:]
+				delete(sp.procs, old.info.ProcessID)
+				old.discard()
+			}
+		}
+		sp.mu.Unlock()
+		return
+	}
+}
+
+// restoreOne reads one process's directory back. A record that
+// contradicts itself is refused as corrupt.
 func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process, error) {
 	b, err := os.ReadFile(filepath.Join(dir, recordFile))
 	if err != nil {
@@ -951,6 +1050,12 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 	}
 	if rec.Info.ProcessID != filepath.Base(dir) {
 		return nil, fmt.Errorf("process record names %q", rec.Info.ProcessID)
+	}
+	if rec.Keep != "" && rec.Keep != "process/"+rec.Info.ProcessID {
+		return nil, fmt.Errorf("corrupt process record: it keeps %q", rec.Keep)
+	}
+	if rec.Ended && rec.Exit == nil {
+		return nil, errors.New("corrupt process record: ended with no exit")
 	}
 	out, err := OpenOutputLog(dir, sp.cfg.OutputCap)
 	if err != nil {
@@ -969,6 +1074,10 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 		p, err = keeper.Reattach(ctx, rec.Keep)
 		cancel()
+	}
+	if err != nil && !errors.Is(err, sandbox.ErrNotKept) {
+		out.Close()
+		return nil, fmt.Errorf("%w: %w", errReattachLater, err)
 	}
 	if err != nil {
 		// It ended with the gateway before this one.

@@ -298,6 +298,7 @@ func (x *shell) stop() {
 	x.proc.Kill()
 	_ = x.proc.Stdin().Close()
 	_, _ = x.proc.Wait()
+	sandbox.Ack(x.proc)
 	_ = x.proc.Stdout().Close()
 	_ = x.proc.Stderr().Close()
 	x.proc, x.out, x.err = nil, nil, nil
@@ -485,6 +486,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 		p.Kill()
 		_ = p.Stdin().Close()
 		exit, waitErr = p.Wait()
+		sandbox.Ack(p)
 		drain(&readers, OutputGrace, p.Stdout(), p.Stderr())
 		x.proc, x.out, x.err = nil, nil, nil
 		x.lost = true
@@ -504,6 +506,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 			p := x.proc
 			_ = p.Stdin().Close()
 			exit, waitErr = p.Wait()
+			sandbox.Ack(p)
 			_ = p.Stdout().Close()
 			_ = p.Stderr().Close()
 			x.proc, x.out, x.err = nil, nil, nil

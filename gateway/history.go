@@ -102,6 +102,9 @@ func (r *recorded) PID() int {
 	return 0
 }
 
+// Ack passes a kept process's acknowledgement through (sandbox.Acker).
+func (r *recorded) Ack() { sandbox.Ack(r.Process) }
+
 func (r *recorded) Stdout() io.ReadCloser { return r.stdout }
 func (r *recorded) Stderr() io.ReadCloser { return r.stderr }
 

@@ -215,11 +215,10 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		}
 		done <- o
 	}()
-	var o outcome
+	o, why := awaitCommand(done, r.Context().Done(), a.cfg.Stopping)
 	stopping := false
-	select {
-	case o = <-done:
-	case <-r.Context().Done():
+	switch why {
+	case commandGone:
 		// Gone: a foreground command is killed here, by the handler itself,
 		// not by a context.AfterFunc on r.Context(): that may not have run
 		// yet when its Done channel is seen closed (the context closes it
@@ -233,7 +232,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			stream.stop()
 		}
 		return
-	case <-a.cfg.Stopping:
+	case commandStopped:
 		// The gateway's drain is over and the command still runs: it is
 		// ended (the gateway's end would end it), and answered with what
 		// it wrote.
@@ -270,6 +269,34 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = writeAnswer(w, http.StatusOK, resultBody(o.res, false), o.res.Stdout, o.res.Stderr)
 	o.res.Release() // written: the buffers serve the next command
+}
+
+// Why awaitCommand returned.
+const (
+	commandEnded   = iota // the command ended: its outcome is given
+	commandGone           // the client left
+	commandStopped        // the gateway's drain ended first
+)
+
+// awaitCommand waits for a command's outcome on done, the client's leaving
+// (gone) or the end of the gateway's drain (stop). A command that has
+// already ended when the stop is seen is answered as ended, never as
+// shut down: select alone picks at random among ready cases.
+func awaitCommand[T any](done <-chan T, gone, stop <-chan struct{}) (T, int) {
+	var v T
+	select {
+	case v = <-done:
+		return v, commandEnded
+	case <-gone:
+		return v, commandGone
+	case <-stop:
+		select {
+		case v = <-done:
+			return v, commandEnded
+		default:
+			return v, commandStopped
+		}
+	}
 }
 
 // shutdownAnswer is a command's answer when the gateway's shutdown ended

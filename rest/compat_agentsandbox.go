@@ -356,6 +356,16 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	capBytes := min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes)
 	preq := dataplane.PythonRequest{Code: req.Code, Timeout: min(defaultCommandTimeout, x.a.dp.cfg.MaxTimeout), MaxOutputBytes: capBytes}
+	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(preq.MaxOutputBytes, false))
+	if err != nil {
+		if r.Context().Err() == nil {
+			status, _ := budgetStatus(err)
+			w.Header().Set("Retry-After", "1")
+			writeDetail(w, status, "too many commands run at once; retry when some end")
+		}
+		return
+	}
+	defer release()
 	res, err := x.a.dp.kernels.Run(r.Context(), s.ID, s, defaultKernel, preq)
 	if err != nil {
 		if r.Context().Err() != nil {

@@ -1,6 +1,7 @@
 package rest_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
 )
 
 // pyOut is a Python call's JSON answer.
@@ -222,5 +224,63 @@ func TestContractPython(t *testing.T) {
 	requireSeen(t, cov, func(p string) bool { return strings.Contains(p, "/python") }, map[string]string{
 		"runPython 500":   "a sandbox that cannot start a process; every handler sits behind the panic recoverer",
 		"resetPython 500": "the handler has no failure path; documented because every handler sits behind the panic recoverer",
+		"runPython 503":   "the gateway's whole command memory; TestPythonChargedToCommandMemory sees the tenant's share of it (429)",
 	})
+}
+
+// TestPythonChargedToCommandMemory: a Python call keeps up to its
+// maxOutputBytes per stream, as a command does, and is charged to the same
+// memory bound (review of issue 34 item 4): past the tenant's share it is
+// refused, as the agent-sandbox execute is.
+func TestPythonChargedToCommandMemory(t *testing.T) {
+	g := filesGateway(t, newCoverage(), filesTestBinary(t), 0, rest.DataPlane{
+		CommandMemory: 64 << 20, CommandMemoryPerTenant: 3 << 20, CommandQueue: 100 * time.Millisecond})
+	id := g.create(t, aliceKey, "").SessionID
+	// The kernel is started before the budget is held.
+	decodePy(t, g.do(t, http.MethodPost, "/v1/sessions/"+id+"/python", aliceKey, []byte(pyCode("1"))))
+	ctx, cancel := context.WithCancel(context.Background())
+	held := make(chan struct{})
+	go func() {
+		defer close(held)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions/"+id+"/commands",
+			strings.NewReader(`{"command": "touch started; sleep 60", "maxOutputBytes": 1048576}`))
+		req.Header.Set("Authorization", "Bearer "+aliceKey)
+		req.Header.Set("Content-Type", "application/json")
+		if res, err := g.client.Do(req); err == nil {
+			res.Body.Close()
+		}
+	}()
+	defer func() { cancel(); <-held }()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r := g.do(t, http.MethodPost, "/v1/sessions/"+id+"/commands", aliceKey, []byte(`{"command": "test -e started", "maxOutputBytes": 0}`))
+		if r.status == 200 && strings.Contains(string(r.body), `"exitCode":0`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start")
+		}
+	}
+	r := g.do(t, http.MethodPost, "/v1/sessions/"+id+"/python", aliceKey, []byte(pyCode("2", `, "maxOutputBytes": 1048576`)))
+	expect(t, r, 429, "too_many_commands")
+	if r.header.Get("Retry-After") == "" {
+		t.Error("429 too_many_commands without Retry-After")
+	}
+	ar := asCall(t, g, http.MethodPost, "/execute", `{"user_id":"alice","code":"3"}`, "Authorization", "Bearer "+aliceKey)
+	if ar.status != http.StatusTooManyRequests {
+		t.Errorf("agent-sandbox execute past the budget: %d %s", ar.status, ar.body)
+	}
+	// A call that keeps nothing fits beside the command.
+	decodePy(t, g.do(t, http.MethodPost, "/v1/sessions/"+id+"/python", aliceKey, []byte(pyCode("4", `, "maxOutputBytes": 0`))))
+	cancel()
+	<-held
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r := g.do(t, http.MethodPost, "/v1/sessions/"+id+"/python", aliceKey, []byte(pyCode("5", `, "maxOutputBytes": 1048576`)))
+		if r.status == 200 {
+			break
+		}
+		expect(t, r, 429, "too_many_commands")
+		if time.Now().After(deadline) {
+			t.Fatal("the budget was not released")
+		}
+	}
 }

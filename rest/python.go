@@ -104,6 +104,16 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, code, msg)
 		return
 	}
+	// The kept output is charged to the command memory budget, as a
+	// command's is, until the answer is written.
+	release, err := a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeBudgetError(w, err)
+		}
+		return
+	}
+	defer release()
 	res, err := a.dp.kernels.Run(r.Context(), s.ID, s, name, req)
 	result := "ok"
 	switch {

@@ -257,6 +257,24 @@ type Keeper interface {
 	Reattach(ctx context.Context, key string) (Process, error)
 }
 
+// Acker is implemented by kept processes (Cmd.Keep) whose sandbox holds
+// their exit until it hears that the exit is safe with the gateway
+// (linuxns: the init forgets the process then). Wait does not acknowledge:
+// the caller calls Ack once Wait has returned and what it learnt is
+// stored, so that a gateway that dies in between leaves the exit, and the
+// output not yet stored, to the next one. Ack also releases what Wait left
+// open for it; call it once Wait has returned, whether or not it is kept.
+type Acker interface {
+	Ack()
+}
+
+// Ack acknowledges p's exit when p is an Acker; nothing otherwise.
+func Ack(p Process) {
+	if a, ok := p.(Acker); ok {
+		a.Ack()
+	}
+}
+
 // Ender is implemented by sandboxes that can end on their own (linuxns:
 // its init may die). gateway.Manager watches it to fail the session.
 type Ender interface {

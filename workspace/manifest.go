@@ -100,12 +100,20 @@ func appendExtent(ext [][2]int64, off, n int64) [][2]int64 {
 	return ext
 }
 
+// maxFileSize bounds a file's length in a workspace copy (ext4's largest
+// file): a sparse entry's length costs the store nothing, so a store that
+// is not trusted could otherwise make a restore write a file of any length.
+const maxFileSize = 16 << 40
+
 // checkEntry refuses a regular file's entry read from a store whose
 // hard link or sparse fields cannot be right.
 func checkEntry(e *Entry) error {
 	bad := func(why string) error { return corruptf("manifest: entry %q: %s", e.Path, why) }
 	if e.Size < 0 {
 		return bad("negative size")
+	}
+	if e.Size > maxFileSize {
+		return bad(fmt.Sprintf("a file of %d bytes, longer than the %d (16 TiB) a workspace file may be", e.Size, int64(maxFileSize)))
 	}
 	if e.HardLink != "" {
 		if e.Hash != "" || e.Sparse || len(e.Extents) > 0 || !fs.ValidPath(e.HardLink) {
@@ -177,6 +185,37 @@ const racyWindow = 100 * time.Millisecond
 type scanStats struct {
 	Files, Hashed int
 	HashedBytes   int64
+	// Vanished counts names that went away while the scan looked at them
+	// (a rename or a removal under it): the scan missed them.
+	Vanished int
+}
+
+// scanStamps is what a scan saw of each path's stat (scanWith): the key
+// of every entry, and which are directories.
+type scanStamps struct {
+	keys map[string]statKey
+	dirs []string
+}
+
+// unchanged says every directory of st, under dir, still has the stat it
+// had in the scan: no name was added, removed or renamed in it since.
+func (st *scanStamps) unchanged(dir string) bool {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return false
+	}
+	defer root.Close()
+	for _, p := range st.dirs {
+		name := p
+		if name == "" {
+			name = "."
+		}
+		info, err := root.Lstat(name)
+		if err != nil || keyOf(info) != st.keys[p] {
+			return false
+		}
+	}
+	return true
 }
 
 // scan walks dir (confined by os.Root: no symlink leads out of it) and
@@ -189,24 +228,48 @@ type scanStats struct {
 // fail the scan with an error naming the file. The objects it names are
 // pinned into pins.
 func (s *store) scan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet) (*Manifest, scanStats, error) {
+	return s.scanWith(ctx, dir, cache, limit, pins, nil)
+}
+
+// scanWith is scan, also noting into stamps (unless nil) the stat of dir
+// and of every path it saw.
+func (s *store) scanWith(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet, stamps *scanStamps) (*Manifest, scanStats, error) {
 	var st scanStats
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, st, fmt.Errorf("open workspace: %w", err)
 	}
 	defer root.Close()
+	if stamps != nil {
+		info, err := root.Lstat(".")
+		if err != nil {
+			return nil, st, fmt.Errorf("open workspace: %w", err)
+		}
+		stamps.keys[""], stamps.dirs = keyOf(info), append(stamps.dirs, "")
+	}
 	m := &Manifest{Version: 1, CreatedAt: time.Now().UTC()}
 	seen := map[string]bool{}
 	names := map[inode]string{} // a file of several names -> the name whose entry holds its data
 	linked := map[string]inode{}
 	total := int64(0)
 	err = walk(ctx, root, "", func(dir *os.Root, p, name string, info fs.FileInfo) error {
+		if info == nil {
+			st.Vanished++
+			return nil
+		}
+		if stamps != nil {
+			stamps.keys[p] = keyOf(info)
+			if info.IsDir() {
+				stamps.dirs = append(stamps.dirs, p)
+			}
+		}
 		e := Entry{Path: p, Mode: info.Mode() & (fs.ModeType | fs.ModePerm)}
 		switch {
 		case info.IsDir():
 		case info.Mode()&fs.ModeSymlink != 0:
 			var err error
 			if e.Link, err = dir.Readlink(name); err != nil {
+				st.Vanished++
 				return nil
 			}
 		case info.Mode().IsRegular():
@@ -221,6 +284,9 @@ func (s *store) scan(ctx context.Context, dir string, cache scanCache, limit int
 				}
 			}
 			k := keyOf(info)
+			if k.size > maxFileSize {
+				return fmt.Errorf("%s is %d bytes long: a workspace file may be at most %d (16 TiB)", p, k.size, int64(maxFileSize))
+			}
 			if err := overLimit(p, min(k.size, max(allocated, 0)), total, limit); err != nil {
 				return err
 			}
@@ -240,6 +306,7 @@ func (s *store) scan(ctx context.Context, dir string, cache scanCache, limit int
 			fe, k2, err := s.storeFile(ctx, dir, name, limit-total, pins)
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotRegular) {
+					st.Vanished++
 					return nil
 				}
 				return err
@@ -332,7 +399,7 @@ func relink(entries []Entry, linked map[string]inode) {
 // directory holding it, open as a root of its own, so that every lookup
 // is of one name relative to an open directory (one system call, and no
 // path resolved twice). Directories are entered after fn saw them;
-// entries removed meanwhile are skipped.
+// entries removed meanwhile are skipped, fn told of each with a nil info.
 func walk(ctx context.Context, dir *os.Root, prefix string, fn func(dir *os.Root, rel, name string, info fs.FileInfo) error) error {
 	f, err := dir.Open(".")
 	if err != nil {
@@ -350,6 +417,9 @@ func walk(ctx context.Context, dir *os.Root, prefix string, fn func(dir *os.Root
 		}
 		info, err := dir.Lstat(name)
 		if errors.Is(err, fs.ErrNotExist) {
+			if err := fn(dir, path.Join(prefix, name), name, nil); err != nil { // gone since the listing
+				return err
+			}
 			continue
 		}
 		if err != nil {
@@ -369,6 +439,9 @@ func walk(ctx context.Context, dir *os.Root, prefix string, fn func(dir *os.Root
 		if err != nil {
 			// Removed, or replaced (by a symlink) since the Lstat: skip.
 			if now, lerr := dir.Lstat(name); errors.Is(err, fs.ErrNotExist) || lerr != nil || !now.IsDir() {
+				if err := fn(dir, rel, name, nil); err != nil {
+					return err
+				}
 				continue
 			}
 			return err

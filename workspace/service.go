@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -723,13 +724,11 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 	if freeze {
 		frz = freezerOf(a.sb)
 	}
-	var first *Manifest
 	if frz != nil {
-		m, st, err := s.scan(ctx, dir, a.cache, limit, pins)
+		_, st, err := s.scan(ctx, dir, a.cache, limit, pins)
 		if err != nil {
 			return nil, err
 		}
-		first = m
 		info.StoredBytes += st.HashedBytes
 	}
 	var thaw func() error
@@ -741,7 +740,7 @@ func (s *Service) capture(ctx context.Context, a *attachment, key string, freeze
 				return nil, fmt.Errorf("freeze the session: %w", err)
 			}
 			// No freeze: a copy that needs none, or none at all.
-			m, st, serr := s.stableScan(ctx, dir, a.cache, limit, pins, first)
+			m, st, serr := s.stableScan(ctx, dir, a.cache, limit, pins)
 			if serr != nil {
 				return nil, errors.Join(fmt.Errorf("freeze the session: %w", err), serr)
 			}
@@ -799,24 +798,31 @@ const stableTries = 5
 var errUnstable = errors.New("no consistent copy without a freeze: the files changed between every two scans")
 
 // stableScan captures dir without freezing its writers: scans in a row
-// (the first may be given: prev) until two find the same files, with the
-// same content, each file's stat unchanged or its content read again.
-// That copy is one the files held for the whole of the second scan, as
-// far as content goes. Files changing through stableTries scans are
-// errUnstable.
-func (s *store) stableScan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet, prev *Manifest) (*Manifest, scanStats, error) {
+// until two find the same files, with the same content and every path's
+// stat (inode, size, ctime, mtime) the same, no name vanishing under
+// either scan and no directory changing during it. That copy is one the
+// files held for the whole of the second scan. Files changing through
+// stableTries scans are errUnstable.
+func (s *store) stableScan(ctx context.Context, dir string, cache scanCache, limit int64, pins *pinSet) (*Manifest, scanStats, error) {
+	var prev *Manifest
+	var prevStamps *scanStamps
 	for range stableTries {
 		if s.beforeStableScan != nil {
 			s.beforeStableScan()
 		}
-		m, st, err := s.scan(ctx, dir, cache, limit, pins)
+		stamps := &scanStamps{keys: map[string]statKey{}}
+		m, st, err := s.scanWith(ctx, dir, cache, limit, pins, stamps)
 		if err != nil {
 			return nil, st, err
 		}
-		if prev != nil && slices.EqualFunc(prev.Entries, m.Entries, sameEntry) {
+		if st.Vanished > 0 || !stamps.unchanged(dir) {
+			prev, prevStamps = nil, nil // this scan saw the files move
+			continue
+		}
+		if prev != nil && slices.EqualFunc(prev.Entries, m.Entries, sameEntry) && maps.Equal(prevStamps.keys, stamps.keys) {
 			return m, st, nil
 		}
-		prev = m
+		prev, prevStamps = m, stamps
 	}
 	return nil, scanStats{}, errUnstable
 }

@@ -54,9 +54,9 @@ type sandboxDemand struct {
 func warnHostPools(log *slog.Logger, p hostPools, d sandboxDemand) {
 	sessions := int64(d.maxSessions)
 	if p.fileMax > 0 && sessions > 0 {
-		// A session with many pids gets a higher limit (linuxns: the init
-		// holds two descriptors per command under the same limit).
-		hard := max(d.nofile.Hard, uint64(max(d.maxPids, 0))*2+64)
+		// Each process at the hard limit (the init's own higher limit
+		// holds the descriptors of its commands: within this count).
+		hard := d.nofile.Hard
 		if files := mulSat(mulSat(sessions, d.maxPids), int64(min(hard, math.MaxInt64))); files > p.fileMax/2 {
 			log.Warn("host_file_table",
 				"hint", "sandboxes at their bounds could open more files than half the host's fs.file-max, and so exhaust the file table for every process on the host, the gateway included: lower --max-sessions, --sandbox-max-pids or --sandbox-nofile-hard, or raise fs.file-max (sysctl -w fs.file-max=N)",

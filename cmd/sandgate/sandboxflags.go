@@ -41,7 +41,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Var((*sizeFlag)(&m.MemoryBytes), "sandbox-max-memory", "largest resources.memoryMiB a create may ask for: bytes or a size such as 2GiB (default 4 x --sandbox-memory)")
 	fs.Int64Var(&m.Pids, "sandbox-max-pids", 0, "largest resources.pids a create may ask for (default 4 x --sandbox-pids)")
 	fs.Float64Var(&m.CPUs, "sandbox-max-cpus", 0, "largest resources.cpus a create may ask for (default 4 x --sandbox-cpus)")
-	fs.Uint64Var(&f.nofile.Soft, "sandbox-nofile", sandbox.DefaultNofileSoft, "open files per sandbox process (RLIMIT_NOFILE soft limit, linux driver); a session with more than (this-64)/2 pids gets 2 x pids + 64")
+	fs.Uint64Var(&f.nofile.Soft, "sandbox-nofile", sandbox.DefaultNofileSoft, "open files per sandbox process (RLIMIT_NOFILE soft limit, linux driver)")
 	fs.Uint64Var(&f.nofile.Hard, "sandbox-nofile-hard", sandbox.DefaultNofileHard, "open files a sandbox process may raise its limit to (RLIMIT_NOFILE hard limit, linux driver)")
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")

@@ -361,7 +361,8 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
 	}
-	is.NofileSoft, is.NofileHard = nofileFor(d.cfg.Nofile, lim.Pids)
+	is.NofileSoft, is.NofileHard = d.cfg.Nofile.Soft, d.cfg.Nofile.Hard
+	is.InitNofile = initNofileFor(d.cfg.Nofile, lim.Pids)
 	waited = true
 	if err := <-wsDone; err != nil {
 		return err
@@ -397,17 +398,14 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	return d.handshake(ctx, conn, is, name, fds)
 }
 
-// nofileFor is the RLIMIT_NOFILE of a sandbox with pids processes: the
-// driver's, with the soft limit raised (and the hard one with it) to
-// what the init needs to hold two descriptors per running command (its
-// control connection and the command's namespace), which it must as the
-// init and every command share one limit.
-func nofileFor(n sandbox.Nofile, pids int64) (soft, hard uint64) {
-	soft, hard = n.Soft, n.Hard
-	if need := uint64(max(pids, 0))*2 + 64; need > soft {
-		soft = need
-	}
-	return soft, max(hard, soft)
+// initNofileFor is the init's own RLIMIT_NOFILE in a sandbox with pids
+// processes: room for two descriptors per running command (its control
+// connection and its namespace) and five per kept one (its connection
+// and the pipes it holds, until its exit is acknowledged), and never
+// below what each command gets (n, which the init sets on the commands).
+func initNofileFor(n sandbox.Nofile, pids int64) uint64 {
+	need := uint64(max(pids, 0))*2 + 5*ctl.MaxKept + 64
+	return max(need, n.Hard, n.Soft)
 }
 
 // ctxErr is err, or, when ctx ended (its cancellation set the deadline

@@ -65,6 +65,7 @@ func TestKeptProcessOutlivesItsGateway(t *testing.T) {
 	}
 	got.Write(rest)
 	exit, err := p2.Wait()
+	sandbox.Ack(p2)
 	if err != nil || exit.Code != 3 {
 		t.Errorf("exit %+v %v, want 3", exit, err)
 	}
@@ -92,7 +93,19 @@ func TestKeptProcessOutlivesItsGateway(t *testing.T) {
 	if exit, err := q2.Wait(); err != nil || exit.Code != 7 || string(out) != "bye\n" {
 		t.Errorf("a process that ended meanwhile: exit %+v %v, output %q", exit, err, out)
 	}
-	// Its exit was taken (and acked): the init forgets it.
+	// The gateway dies after Wait but before it stored the exit (no Ack):
+	// the init still keeps it for the next one.
+	linuxns.DropControl(q2)
+	time.Sleep(300 * time.Millisecond)
+	q3, err := k.Reattach(ctx, "short")
+	if err != nil {
+		t.Fatalf("a process whose exit was seen but not acknowledged is lost: %v", err)
+	}
+	if exit, err := q3.Wait(); err != nil || exit.Code != 7 {
+		t.Errorf("the unacknowledged exit, again: %+v %v", exit, err)
+	}
+	sandbox.Ack(q3)
+	// Its exit was taken and acked: the init forgets it.
 	if !waitFor(5*time.Second, func() bool {
 		p, err := k.Reattach(ctx, "short")
 		if err == nil {
@@ -175,6 +188,7 @@ func TestDetachKeepsOutputWhole(t *testing.T) {
 	}
 	p2.Kill()
 	_, _ = p2.Wait()
+	sandbox.Ack(p2)
 	lines := strings.Split(got.String(), "\n")
 	lines = lines[:len(lines)-1] // the last may be cut
 	for i, l := range lines {

@@ -332,6 +332,8 @@ type initProcess struct {
 
 	wmu  sync.Mutex
 	kill sync.Once
+	// ack sends a kept command's "ack" and closes its connection (Ack).
+	ack sync.Once
 }
 
 func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*initProcess, error) {
@@ -555,13 +557,18 @@ func (p *initProcess) Kill() {
 }
 
 // Wait waits for the init to report the command's end. When the sandbox
-// goes away first (Destroy), the command died with it: SIGKILL.
+// goes away first (Destroy), the command died with it: SIGKILL. A kept
+// command's exit is not acknowledged here: its connection stays open for
+// Ack (sandbox.Acker), which the caller sends once the exit is stored.
 func (p *initProcess) Wait() (sandbox.Exit, error) {
+	keepConn := false
 	defer func() {
 		if p.untrack != nil {
 			p.untrack()
 		}
-		p.conn.Close()
+		if !keepConn {
+			p.conn.Close()
+		}
 		if p.pty == nil && p.stdin != nil {
 			p.stdin.Close()
 		}
@@ -577,14 +584,23 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 			return sandbox.Exit{Signal: "KILL"}, nil
 		}
 		if rep.Op == "exit" && rep.Exit != nil {
-			if p.kept {
-				// The init keeps a kept command's exit until it hears
-				// that it arrived.
-				_ = p.send(ctl.Request{Op: "ack"})
-			}
+			// The init keeps a kept command's exit until it hears (Ack)
+			// that it is safe with the gateway.
+			keepConn = p.kept
 			return *rep.Exit, nil
 		}
 	}
+}
+
+// Ack implements sandbox.Acker: the init may forget the kept command
+// whose exit Wait returned. It closes the control connection.
+func (p *initProcess) Ack() {
+	p.ack.Do(func() {
+		if p.kept {
+			_ = p.send(ctl.Request{Op: "ack"})
+		}
+		p.conn.Close()
+	})
 }
 
 // ProxyAddr is where a sandbox's processes reach the egress proxy: on the

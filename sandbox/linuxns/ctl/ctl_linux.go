@@ -106,11 +106,16 @@ type Spec struct {
 	// NoSeccomp starts the sandbox without its seccomp filter. Only tests
 	// set it, to measure what the filter costs; the gateway never does.
 	NoSeccomp bool `json:"noSeccomp,omitempty"`
-	// NofileSoft and NofileHard are the RLIMIT_NOFILE of the init and of
-	// every command it starts (sandbox.Config.Nofile); zero keeps the
-	// inherited one.
+	// NofileSoft and NofileHard are the RLIMIT_NOFILE of every command
+	// the init starts (sandbox.Config.Nofile), and of the init itself when
+	// InitNofile is zero (a gateway before it); zero keeps the inherited
+	// one.
 	NofileSoft uint64 `json:"nofileSoft,omitempty"`
 	NofileHard uint64 `json:"nofileHard,omitempty"`
+	// InitNofile, when set, is the init's own RLIMIT_NOFILE (soft and
+	// hard, at least NofileHard): what it holds for its running and kept
+	// commands, beyond what each command may open.
+	InitNofile uint64 `json:"initNofile,omitempty"`
 	// FDs names the descriptors sent with the spec, in order:
 	// "listener" (the control socket, listening), "workspace" (a detached
 	// mount to attach at /workspace), "tasks" (the open cgroup v1 tasks
@@ -352,3 +357,9 @@ func parseRights(oob []byte) ([]int, error) {
 	}
 	return fds, nil
 }
+
+// MaxKept bounds the kept commands of a sandbox (Request.Keep): the
+// gateway keeps at most a few dozen per session (background processes,
+// shells, kernels). The init holds five descriptors for each until its
+// exit is acknowledged.
+const MaxKept = 128

@@ -54,8 +54,8 @@ type sandboxDemand struct {
 func warnHostPools(log *slog.Logger, p hostPools, d sandboxDemand) {
 	sessions := int64(d.maxSessions)
 	if p.fileMax > 0 && sessions > 0 {
-		// Each process at the hard limit (the init's own higher limit
-		// holds the descriptors of its commands: within this count).
+		// Each process at the hard limit (the init's descriptors for its
+		// commands are within this count).
 		hard := d.nofile.Hard
 		if files := mulSat(mulSat(sessions, d.maxPids), int64(min(hard, math.MaxInt64))); files > p.fileMax/2 {
 			log.Warn("host_file_table",

@@ -362,7 +362,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
 	}
 	is.NofileSoft, is.NofileHard = d.cfg.Nofile.Soft, d.cfg.Nofile.Hard
-	is.InitNofile = initNofileFor(d.cfg.Nofile, lim.Pids)
+	is.InitNofile = initNofileFor(lim.Pids)
 	waited = true
 	if err := <-wsDone; err != nil {
 		return err
@@ -398,14 +398,17 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	return d.handshake(ctx, conn, is, name, fds)
 }
 
-// initNofileFor is the init's own RLIMIT_NOFILE in a sandbox with pids
-// processes: room for two descriptors per running command (its control
-// connection and its namespace) and five per kept one (its connection
-// and the pipes it holds, until its exit is acknowledged), and never
-// below what each command gets (n, which the init sets on the commands).
-func initNofileFor(n sandbox.Nofile, pids int64) uint64 {
-	need := uint64(max(pids, 0))*2 + 5*ctl.MaxKept + 64
-	return max(need, n.Hard, n.Soft)
+// initNofileFor is what the init needs in a sandbox with pids processes:
+// two descriptors per running command (its control connection and its
+// namespace), three more per kept one (the pipes it holds until the exit
+// is acknowledged; kept commands run as processes, so at most pids of
+// them, and at most ctl.MaxKept), and some of its own. At the default
+// 256 pids that is 864, under the default soft limit of 1024, so a
+// session's commands get exactly the configured limits; a session with
+// many more pids gets a soft limit raised to this, as its init does.
+func initNofileFor(pids int64) uint64 {
+	p := uint64(max(pids, 0))
+	return 2*p + 3*min(p, ctl.MaxKept) + 64
 }
 
 // ctxErr is err, or, when ctx ended (its cancellation set the deadline

@@ -29,12 +29,14 @@ func TestLinuxNofileLimit(t *testing.T) {
 		soft, hard int
 	}{
 		{"default", sandbox.Nofile{}, 0, sandbox.DefaultNofileSoft, sandbox.DefaultNofileHard},
-		{"configured", sandbox.Nofile{Soft: 100, Hard: 300}, 16, 100, 300},
-		// The init holds two descriptors per running command and five per
-		// kept one, under a limit of its own: its commands keep theirs,
-		// however many pids the session has.
-		{"many pids", sandbox.Nofile{}, 1024, sandbox.DefaultNofileSoft, sandbox.DefaultNofileHard},
-		{"many pids, low hard limit", sandbox.Nofile{Soft: 100, Hard: 300}, 1024, 100, 300},
+		{"configured", sandbox.Nofile{Soft: 200, Hard: 300}, 16, 200, 300},
+		// The init holds two descriptors per running command and three
+		// more per kept one (2 x pids + 3 x min(pids, 96) + 64): a
+		// session with more pids than the soft limit covers gets a soft
+		// limit raised to that, and a hard one with it if needed.
+		{"configured, raised", sandbox.Nofile{Soft: 100, Hard: 300}, 16, 144, 300},
+		{"many pids", sandbox.Nofile{}, 1024, 2400, sandbox.DefaultNofileHard},
+		{"many pids, low hard limit", sandbox.Nofile{Soft: 100, Hard: 300}, 1024, 2400, 2400},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := openLinux(t, sandbox.Config{DataDir: t.TempDir(), Nofile: tt.cfg})

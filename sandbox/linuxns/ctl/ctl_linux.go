@@ -112,9 +112,10 @@ type Spec struct {
 	// one.
 	NofileSoft uint64 `json:"nofileSoft,omitempty"`
 	NofileHard uint64 `json:"nofileHard,omitempty"`
-	// InitNofile, when set, is the init's own RLIMIT_NOFILE (soft and
-	// hard, at least NofileHard): what it holds for its running and kept
-	// commands, beyond what each command may open.
+	// InitNofile, when set, is what the init needs for its running and
+	// kept commands: the soft limit (the init's and so its commands') is
+	// raised to it when NofileSoft is lower, and the hard one with it
+	// when NofileHard is.
 	InitNofile uint64 `json:"initNofile,omitempty"`
 	// FDs names the descriptors sent with the spec, in order:
 	// "listener" (the control socket, listening), "workspace" (a detached
@@ -359,7 +360,8 @@ func parseRights(oob []byte) ([]int, error) {
 }
 
 // MaxKept bounds the kept commands of a sandbox (Request.Keep): the
-// gateway keeps at most a few dozen per session (background processes,
-// shells, kernels). The init holds five descriptors for each until its
-// exit is acknowledged.
-const MaxKept = 128
+// gateway keeps at most 88 per session (64 background processes, 16
+// shells, 8 kernels). The init holds three descriptors for each (the
+// pipes) beyond the two of any running command, until its exit is
+// acknowledged.
+const MaxKept = 96

@@ -24,9 +24,6 @@ import (
 // initd is the running init: it starts commands for the gateway, reports
 // how they end, and reaps every process of the sandbox (it is pid 1).
 type initd struct {
-	// childNofile is every command's RLIMIT_NOFILE when it differs from
-	// the init's own (ctl.Spec.InitNofile); zero: the init's.
-	childNofile unix.Rlimit
 	// ln is the control socket, listening and blocking: the spawner
 	// thread accepts on it (serve).
 	ln    int
@@ -580,14 +577,6 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 		path, argv = in.shell, []string{in.shell, "-l"}
 	default:
 		path, argv = in.shell, []string{in.shell, "-c", req.Command}
-	}
-	if in.childNofile.Max != 0 && req.Subsystem == "" {
-		// The command's own descriptor limit, below the init's, set
-		// before it runs: by the shell, which then becomes the command.
-		// (The SFTP server, the gateway's own code, keeps the init's.)
-		set := fmt.Sprintf(`ulimit -n %d && ulimit -S -n %d && exec "$0" "$@"`, in.childNofile.Max, in.childNofile.Cur)
-		argv = append([]string{in.shell, "-c", set, path}, argv[1:]...)
-		path = in.shell
 	}
 	env := sandbox.CommandEnv(ctl.WorkspaceDir, in.shell, in.env, req.Env, req.PTY)
 	sys := &syscall.SysProcAttr{

@@ -172,23 +172,19 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 			return nil, fmt.Errorf("forbid nested user namespaces: %w", err)
 		}
 	}
-	var childNofile unix.Rlimit
-	if spec.InitNofile > 0 && spec.NofileHard > 0 {
-		// The init's own limit is higher than its commands': it holds
-		// descriptors for each of them.
-		own := max(spec.InitNofile, spec.NofileHard)
-		if err := limitFiles(own, own); err != nil {
-			return nil, err
-		}
-		childNofile = unix.Rlimit{Cur: min(spec.NofileSoft, spec.NofileHard), Max: spec.NofileHard}
-	} else if err := limitFiles(spec.NofileSoft, spec.NofileHard); err != nil {
+	// One limit for the init and its commands, which inherit it: raised
+	// above the configured one only when the init needs more for the
+	// commands it holds (a session with many pids). Commands then start
+	// with no extra step.
+	soft := max(spec.NofileSoft, spec.InitNofile)
+	if err := limitFiles(soft, max(spec.NofileHard, soft)); err != nil {
 		return nil, err
 	}
 	sp, err := startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
 	if err != nil {
 		return nil, err
 	}
-	in := &initd{childNofile: childNofile, sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
+	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
 		env:    spec.Env, workDir: spec.WorkingDir,
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}

@@ -122,7 +122,7 @@ func (a *api) checkStart(req startProcessRequest) (sr dataplane.StartRequest, ig
 		if len(name)+len(value) > maxProcessEnvBytes {
 			return sr, nil, fmt.Sprintf("env: %s is longer than %d bytes", name, maxProcessEnvBytes)
 		}
-		if !envAllowed(name, a.dp.cfg.EnvAllow) {
+		if !gateway.EnvAllowed(name, a.dp.cfg.EnvAllow) {
 			ignored = append(ignored, name)
 			continue
 		}
@@ -139,24 +139,6 @@ func (a *api) checkStart(req startProcessRequest) (sr dataplane.StartRequest, ig
 	}
 	sr.Name = req.Name
 	return sr, ignored, ""
-}
-
-// envAllowed reports whether a client may set name: TERM, LANG, LC_* and
-// the names (NAME or PREFIX*) of allow, as SSH allows them.
-func envAllowed(name string, allow []string) bool {
-	if name == "TERM" || name == "LANG" || strings.HasPrefix(name, "LC_") {
-		return true
-	}
-	for _, a := range allow {
-		if p, ok := strings.CutSuffix(a, "*"); ok {
-			if strings.HasPrefix(name, p) {
-				return true
-			}
-		} else if a == name {
-			return true
-		}
-	}
-	return false
 }
 
 func (a *api) listProcesses(w http.ResponseWriter, r *http.Request) {

@@ -298,15 +298,6 @@ func (a *api) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-// bearer extracts a bearer token from header value h.
-func bearer(h string) string {
-	const prefix = "bearer "
-	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
-		return ""
-	}
-	return strings.TrimSpace(h[len(prefix):])
-}
-
 // authenticate puts the request's principal in its context or answers 401.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -322,14 +313,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 // past the failed-authentication limit) and returns false. CONNECT
 // requests may carry the token in Proxy-Authorization.
 func (a *api) verify(w http.ResponseWriter, r *http.Request) (gateway.Principal, bool) {
-	token := ""
-	if r.Method == http.MethodConnect {
-		token = bearer(r.Header.Get("Proxy-Authorization"))
-	}
-	if token == "" {
-		token = bearer(r.Header.Get("Authorization"))
-	}
-	p, err := a.cfg.Verifier.Verify(token)
+	p, err := a.cfg.Verifier.Verify(gateway.BearerToken(r))
 	if err == nil {
 		return p, true
 	}

@@ -162,7 +162,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, status, code, msg)
 		return
 	}
-	req, status, code, msg := cr.parse(a.dp.cfg)
+	req, status, code, msg := cr.parse(a.dp.Bounds)
 	if status != 0 {
 		WriteError(w, status, code, msg)
 		return
@@ -170,7 +170,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	ndjson := wantsNDJSON(r)
 	// The command's memory is charged from before it starts until both
 	// it has ended and its answer is written or abandoned.
-	release, err := a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
+	release, err := a.dp.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
 	if err != nil {
 		if r.Context().Err() == nil {
 			writeBudgetError(w, err)
@@ -189,7 +189,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	// client that leaves kills it (cancel below, when the handler sees it
 	// go), unless it runs in the background.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	req.Buffers = a.dp.buffers
+	req.Buffers = a.dp.Buffers
 
 	var stream *ndjsonWriter
 	if ndjson {
@@ -206,7 +206,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		defer cancel() // released when the command ends, not the request
 		var o outcome
 		if cr.Shell != "" {
-			o.res, o.err = a.dp.shells.Run(ctx, s.ID, s, cr.Shell, req)
+			o.res, o.err = a.dp.Shells.Run(ctx, s.ID, s, cr.Shell, req)
 		} else {
 			o.res, o.err = dataplane.Run(ctx, s, req)
 		}
@@ -491,7 +491,7 @@ func (a *api) deleteShell(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := chi.URLParam(r, "name")
-	if err := a.dp.shells.Delete(s.ID, name); err != nil {
+	if err := a.dp.Shells.Delete(s.ID, name); err != nil {
 		WriteError(w, http.StatusNotFound, "shell_not_found", "the session has no shell of that name")
 		return
 	}

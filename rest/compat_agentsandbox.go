@@ -341,7 +341,7 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		_ = writeBareJSON(w, http.StatusOK, agentExecuteResult{Output: "Empty code\n", Artifacts: []agentArtifact{}})
 		return
 	}
-	fsys, err := x.a.dp.files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
+	fsys, err := x.a.dp.Files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
 	if err != nil {
 		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
@@ -354,9 +354,9 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
 		return
 	}
-	capBytes := min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes)
-	preq := dataplane.PythonRequest{Code: req.Code, Timeout: min(defaultCommandTimeout, x.a.dp.cfg.MaxTimeout), MaxOutputBytes: capBytes}
-	res, err := x.a.dp.kernels.Run(r.Context(), s.ID, s, defaultKernel, preq)
+	capBytes := min(defaultCommandOutput, x.a.dp.Bounds.MaxOutputBytes)
+	preq := dataplane.PythonRequest{Code: req.Code, Timeout: min(defaultCommandTimeout, x.a.dp.Bounds.MaxTimeout), MaxOutputBytes: capBytes}
+	res, err := x.a.dp.Kernels.Run(r.Context(), s.ID, s, defaultKernel, preq)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // gone
@@ -481,7 +481,7 @@ func (x *agentSandboxAPI) reset(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	existed := x.a.dp.kernels.Reset(s.ID, defaultKernel)
+	existed := x.a.dp.Kernels.Reset(s.ID, defaultKernel)
 	x.a.cfg.Log.InfoContext(r.Context(), "compat_kernel_reset", "api", "agent-sandbox", "session", s.ID, "existed", existed)
 	_ = writeBareJSON(w, http.StatusOK, agentResetResult{Status: "success", Output: "Kernel reset.\n", ContainerID: s.ID})
 }
@@ -579,7 +579,7 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 			dest = rel
 		}
 	}
-	if x.a.dp.cfg.DialPublic == nil {
+	if x.a.dp.Bounds.DialPublic == nil {
 		writeDetail(w, http.StatusServiceUnavailable, "this gateway does not fetch URLs (it has no egress proxy)")
 		return
 	}
@@ -602,13 +602,13 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 		fetchable = append(fetchable, u)
 	}
 	if len(fetchable) > 0 {
-		fsys, err := x.a.dp.files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
+		fsys, err := x.a.dp.Files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
 		if err != nil {
 			x.a.writeFileError(w, r, err)
 			return
 		}
 		defer fsys.Close()
-		fe := &dataplane.Fetcher{Dial: x.a.dp.cfg.DialPublic, MaxBytes: x.a.dp.cfg.MaxFetchBytes, Name: agentURLName}
+		fe := &dataplane.Fetcher{Dial: x.a.dp.Bounds.DialPublic, MaxBytes: x.a.dp.Bounds.MaxFetchBytes, Name: agentURLName}
 		fr, err := fe.Fetch(r.Context(), fsys, fetchable, dest)
 		if err != nil {
 			x.a.writeFileError(w, r, err)

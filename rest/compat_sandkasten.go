@@ -280,7 +280,7 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 			WriteError(w, http.StatusBadRequest, "invalid_timeout", "timeout_ms must not be negative")
 			return
 		}
-		timeout = x.a.dp.cfg.MaxTimeout // at most; compared in ms, as the conversion wraps
+		timeout = x.a.dp.Bounds.MaxTimeout // at most; compared in ms, as the conversion wraps
 		if *req.TimeoutMs < timeout.Milliseconds() {
 			timeout = time.Duration(*req.TimeoutMs) * time.Millisecond
 		}
@@ -289,9 +289,9 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 		// The braces keep the command in the shell itself (cd persists)
 		// and send its stderr where its stdout goes.
 		Command: "{ " + *req.Cmd + "\n} 2>&1",
-		Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes),
+		Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.Bounds.MaxOutputBytes),
 	}
-	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(dreq.MaxOutputBytes, false))
+	release, err := x.a.dp.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(dreq.MaxOutputBytes, false))
 	if err != nil {
 		if r.Context().Err() == nil {
 			writeBudgetError(w, err)
@@ -299,7 +299,7 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	res, err := x.a.dp.shells.Run(r.Context(), s.ID, s, sandkastenShell, dreq)
+	res, err := x.a.dp.Shells.Run(r.Context(), s.ID, s, sandkastenShell, dreq)
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
 			x.a.cfg.Log.WarnContext(r.Context(), "compat_exec_failed", "api", "sandkasten", "session", s.ID, "err", err)
@@ -379,7 +379,7 @@ func (x *sandkastenAPI) write(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
-	_, _, err = fsys.Write(p, bytes.NewReader(data), dataplane.WriteOptions{Mkdirs: true, MaxBytes: x.a.dp.cfg.MaxFileBytes})
+	_, _, err = fsys.Write(p, bytes.NewReader(data), dataplane.WriteOptions{Mkdirs: true, MaxBytes: x.a.dp.Bounds.MaxFileBytes})
 	x.extendLease(r, s)
 	if err != nil {
 		x.a.writeFileError(w, r, err)

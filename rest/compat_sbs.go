@@ -164,15 +164,15 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 	}
 	holdSession(r.Context(), s) // a long step is activity while it runs
 
-	timeout := x.a.dp.cfg.StepTimeout
-	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes)}
+	timeout := x.a.dp.Bounds.StepTimeout
+	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.Bounds.MaxOutputBytes)}
 	switch st.Type {
 	case "bash":
 		req.Command = st.Source
 	case "python":
 		req.Argv = []string{"python3", "-c", st.Source}
 	}
-	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
+	release, err := x.a.dp.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
 	if err != nil {
 		if r.Context().Err() == nil {
 			status, _ := budgetStatus(err)

@@ -122,7 +122,7 @@ func (a *api) openStream(w http.ResponseWriter, r *http.Request, s *gateway.Sess
 }
 
 func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Session, stream bool) (*dataplane.FS, bool) {
-	fsys, err := a.dp.files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, stream)
+	fsys, err := a.dp.Files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, stream)
 	if err != nil {
 		a.writeFileError(w, r, err)
 		return nil, false
@@ -139,7 +139,7 @@ func (a *api) sweepUploads(stale []dataplane.StaleUpload) {
 		return
 	}
 	ctx := gateway.NoHistory(context.Background())
-	n := a.dp.files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
+	n := a.dp.Files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
 		tenant, known := owners.Owner(id)
 		if !known {
 			return nil, "", false, false
@@ -265,7 +265,7 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	opts := dataplane.WriteOptions{Mkdirs: mkdirs, MaxBytes: a.dp.cfg.MaxFileBytes}
+	opts := dataplane.WriteOptions{Mkdirs: mkdirs, MaxBytes: a.dp.Bounds.MaxFileBytes}
 	if v := r.URL.Query().Get("mode"); v != "" {
 		m, err := strconv.ParseUint(v, 8, 32)
 		if err != nil || m > 0o777 {
@@ -275,7 +275,7 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 		mode := fs.FileMode(m)
 		opts.Mode = &mode
 	}
-	if max := a.dp.cfg.MaxFileBytes; max > 0 && r.ContentLength > max {
+	if max := a.dp.Bounds.MaxFileBytes; max > 0 && r.ContentLength > max {
 		WriteError(w, http.StatusRequestEntityTooLarge, "file_too_large",
 			fmt.Sprintf("%s: %d bytes is over the limit of %d bytes", p, r.ContentLength, max))
 		return
@@ -344,7 +344,7 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if a.dp.cfg.DialPublic == nil {
+	if a.dp.Bounds.DialPublic == nil {
 		WriteError(w, http.StatusServiceUnavailable, "fetch_unavailable", "this gateway does not fetch URLs (it has no egress proxy)")
 		return
 	}
@@ -377,7 +377,7 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	a.auditFileStarted(r, "fetch", dest)
-	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes, Overwrite: req.Overwrite}
+	fe := &dataplane.Fetcher{Dial: a.dp.Bounds.DialPublic, MaxBytes: a.dp.Bounds.MaxFetchBytes, Overwrite: req.Overwrite}
 	res, err := fe.Fetch(r.Context(), fsys, req.URLs, dest)
 	if err != nil {
 		a.writeFileError(w, r, err)

@@ -43,8 +43,8 @@ const (
 // Default bounds on link fetches, per minute (DataPlane.LinkFetchesPerLink
 // and LinkFetchesPerIP).
 const (
-	DefaultLinkFetchesPerLink = 60
-	DefaultLinkFetchesPerIP   = 120
+	DefaultLinkFetchesPerLink = dataplane.DefaultLinkFetchesPerLink
+	DefaultLinkFetchesPerIP   = dataplane.DefaultLinkFetchesPerIP
 )
 
 // linkLimits bound the fetches of file links: per link (its signature)
@@ -71,14 +71,14 @@ func (a *api) linkLimited(w http.ResponseWriter, r *http.Request, fail func(int,
 		if ip, err := httprate.KeyByIP(r); err == nil && l.OnLimit(w, r, ip) {
 			a.rateLimited("link_ip")
 			fail(http.StatusTooManyRequests, "rate_limited",
-				fmt.Sprintf("too many link fetches from this address (the limit is %d a minute)", a.dp.cfg.LinkFetchesPerIP))
+				fmt.Sprintf("too many link fetches from this address (the limit is %d a minute)", a.dp.Bounds.LinkFetchesPerIP))
 			return true
 		}
 	}
 	if l := a.linkLimits.perLink; l != nil && l.OnLimit(w, r, string(sig)) {
 		a.rateLimited("link")
 		fail(http.StatusTooManyRequests, "rate_limited",
-			fmt.Sprintf("too many fetches of this link (the limit is %d a minute)", a.dp.cfg.LinkFetchesPerLink))
+			fmt.Sprintf("too many fetches of this link (the limit is %d a minute)", a.dp.Bounds.LinkFetchesPerLink))
 		return true
 	}
 	return false

@@ -48,7 +48,7 @@ type processStarted struct {
 }
 
 func (a *api) processConfig() dataplane.ProcessConfig {
-	return dataplane.ProcessConfig{StateDir: a.dp.cfg.StateDir, TenantOutputBytes: a.dp.cfg.MaxProcessOutputPerTenant, Log: a.cfg.Log}
+	return dataplane.ProcessConfig{StateDir: a.dp.Bounds.StateDir, TenantOutputBytes: a.dp.Bounds.MaxProcessOutputPerTenant, Log: a.cfg.Log}
 }
 
 func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
@@ -66,7 +66,7 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_field", msg)
 		return
 	}
-	info, err := a.dp.procs.Start(r.Context(), s, a.processConfig(), sr)
+	info, err := a.dp.Processes.Start(r.Context(), s, a.processConfig(), sr)
 	switch {
 	case errors.Is(err, dataplane.ErrTooManyProcesses):
 		WriteError(w, http.StatusTooManyRequests, "too_many_processes", err.Error()+"; wait for one to end or signal one")
@@ -122,7 +122,7 @@ func (a *api) checkStart(req startProcessRequest) (sr dataplane.StartRequest, ig
 		if len(name)+len(value) > maxProcessEnvBytes {
 			return sr, nil, fmt.Sprintf("env: %s is longer than %d bytes", name, maxProcessEnvBytes)
 		}
-		if !gateway.EnvAllowed(name, a.dp.cfg.EnvAllow) {
+		if !gateway.EnvAllowed(name, a.dp.Bounds.EnvAllow) {
 			ignored = append(ignored, name)
 			continue
 		}
@@ -146,7 +146,7 @@ func (a *api) listProcesses(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"processes": a.dp.procs.List(s.ID)})
+	_ = writeJSON(w, http.StatusOK, map[string]any{"processes": a.dp.Processes.List(s.ID)})
 }
 
 // process finds the request's process, answering 404/409 itself.
@@ -156,7 +156,7 @@ func (a *api) process(w http.ResponseWriter, r *http.Request) (*dataplane.Proces
 		return nil, false
 	}
 	id := chi.URLParam(r, "pid")
-	p, ok := a.dp.procs.Get(s.ID, id)
+	p, ok := a.dp.Processes.Get(s.ID, id)
 	if !ok {
 		WriteError(w, http.StatusNotFound, "process_not_found", "no process "+strconv.Quote(id)+" in this session")
 		return nil, false
@@ -395,7 +395,7 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 // Shells.Restore, Kernels.Restore): their sessions are the manager's,
 // restored before the API starts.
 func (a *api) restoreProcesses() {
-	dir := a.dp.cfg.StateDir
+	dir := a.dp.Bounds.StateDir
 	if dir == "" {
 		return
 	}
@@ -411,7 +411,7 @@ func (a *api) restoreProcesses() {
 		}
 		return s
 	}
-	a.dp.procs.Restore(a.processConfig(), isKnown, lookup)
+	a.dp.Processes.Restore(a.processConfig(), isKnown, lookup)
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		id := e.Name()
@@ -419,8 +419,8 @@ func (a *api) restoreProcesses() {
 			continue
 		}
 		if s := lookup(id, dataplane.RecordedTenant(dir, id)); s != nil && s.Live() {
-			a.dp.shells.Restore(id, s)
-			a.dp.kernels.Restore(id, s)
+			a.dp.Shells.Restore(id, s)
+			a.dp.Kernels.Restore(id, s)
 		}
 	}
 }

@@ -99,12 +99,12 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	req, code, msg := pr.parse(a.dp.cfg)
+	req, code, msg := pr.parse(a.dp.Bounds)
 	if code != "" {
 		WriteError(w, http.StatusBadRequest, code, msg)
 		return
 	}
-	res, err := a.dp.kernels.Run(r.Context(), s.ID, s, name, req)
+	res, err := a.dp.Kernels.Run(r.Context(), s.ID, s, name, req)
 	result := "ok"
 	switch {
 	case err != nil:
@@ -175,6 +175,6 @@ func (a *api) resetPython(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	existed := a.dp.kernels.Reset(s.ID, name)
+	existed := a.dp.Kernels.Reset(s.ID, name)
 	_ = writeJSON(w, http.StatusOK, map[string]any{"kernel": name, "existed": existed})
 }

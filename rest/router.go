@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -61,6 +60,10 @@ type Config struct {
 	Ready func() (map[string]any, error)
 	// DataPlane bounds commands, files and processes over REST.
 	DataPlane DataPlane
+	// Plane, when set, is the data plane's state, shared with the other
+	// APIs the gateway serves (see Mounts); DataPlane is then ignored.
+	// nil: New makes one of DataPlane.
+	Plane *dataplane.Plane
 	// LinkKey signs presigned file links (links.go); nil: a random key,
 	// so links die with the process.
 	LinkKey []byte
@@ -103,23 +106,16 @@ func New(cfg Config) http.Handler {
 	if len(cfg.LinkKey) == 0 {
 		cfg.LinkKey = NewLinkKey()
 	}
-	dpc := cfg.DataPlane.withDefaults()
-	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
-		dp: &dataPlane{cfg: dpc, shells: &dataplane.Shells{}, procs: &dataplane.Processes{},
-			budget:  &dataplane.OutputBudget{Total: dpc.CommandMemory, PerTenant: dpc.CommandMemoryPerTenant, Wait: dpc.CommandQueue},
-			buffers: &dataplane.BufferPool{}}}
-	a.dp.files = &dataplane.Files{MaxStreams: a.dp.cfg.MaxFileStreams, MaxStreamsPerTenant: a.dp.cfg.MaxFileStreamsPerTenant,
-		MaxStreamsPerSession: a.dp.cfg.MaxFileStreamsPerSession}
-	if a.dp.cfg.StateDir != "" {
-		a.dp.files.Journal = filepath.Join(a.dp.cfg.StateDir, ".uploads")
-		if stale := a.dp.files.StaleUploads(); len(stale) > 0 {
-			go a.sweepUploads(stale) // files.go
-		}
+	plane := cfg.Plane
+	if plane == nil {
+		plane = dataplane.NewPlane(cfg.DataPlane)
 	}
-	a.linkLimits = newLinkLimits(a.dp.cfg)
+	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit), dp: plane}
+	if stale := a.dp.Files.StaleUploads(); len(stale) > 0 {
+		go a.sweepUploads(stale) // files.go
+	}
+	a.linkLimits = newLinkLimits(a.dp.Bounds)
 	a.ports = newPortsProxy(a)
-	a.dp.kernels.StateDir = a.dp.cfg.StateDir
-	a.dp.shells.StateDir = a.dp.cfg.StateDir
 	a.restoreProcesses()
 	r := chi.NewRouter()
 	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)
@@ -233,7 +229,7 @@ func allowedMethods(routes chi.Routes, path string) string {
 type api struct {
 	cfg          Config
 	authFailures *httprate.RateLimiter // nil: unlimited
-	dp           *dataPlane
+	dp           *dataplane.Plane
 	limit        func(http.Handler) http.Handler // the per-tenant rate limit
 	ports        *portsProxy                     // preview URLs (ports.go)
 	unauth       unauthSampler                   // unauthenticated calls' audit (audit.go)

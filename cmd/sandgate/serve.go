@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/cluster"
+	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/connlimit"
 	"github.com/sandgate/sandgate/internal/metrics"
@@ -463,6 +464,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		ssh.ServeConnContext(ctx, conn, s)
 	}, rest.WriteGatewayError, log, tunnel.WithAdmitter(ssh))
 	stopping := make(chan struct{}) // closed at the drain's end: REST commands still running are answered
+	// The data plane's state, shared by /v1 and the compat APIs.
+	plane := dataplane.NewPlane(cfg.dataPlane.config(cfg, egressCfg.Proxy))
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
@@ -471,7 +474,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 			// Asked each time: sandboxes adopted without the filter come and go.
 			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccompStatus(driver)}, nil
 		},
-		DataPlane:     cfg.dataPlane.config(cfg, egressCfg.Proxy),
+		Plane:         plane,
 		LinkKey:       linkKey,
 		Metrics:       met,
 		NoPorts:       !cfg.sshLocalForward, // preview URLs reach ports as -L does

@@ -27,11 +27,7 @@ const (
 func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Session, bool) {
 	s, err := a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
 	if err != nil {
-		if compatRequest(r) {
-			writeCompatError(w, err)
-		} else {
-			WriteGatewayError(w, err)
-		}
+		WriteGatewayError(w, err)
 		return nil, false
 	}
 	if !s.Live() {

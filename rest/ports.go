@@ -600,7 +600,7 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req portLinkRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -628,7 +628,7 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.cfg.Log.Info("port_link_created", "session", s.ID, "tenant", s.Tenant, "port", *req.Port, "expires_at", expires)
-	_ = writeJSON(w, http.StatusOK, linkJSON{URL: u, ExpiresAt: expires})
+	_ = WriteJSON(w, http.StatusOK, linkJSON{URL: u, ExpiresAt: expires})
 }
 
 // proxyPortLink serves /links/ports/{token}/*, the port links of earlier

@@ -57,7 +57,7 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req startProcessRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -82,7 +82,7 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 		return
 	}
-	_ = writeJSON(w, http.StatusCreated, processStarted{ProcessInfo: info, EnvIgnored: ignored})
+	_ = WriteJSON(w, http.StatusCreated, processStarted{ProcessInfo: info, EnvIgnored: ignored})
 }
 
 // checkStart validates a start request; msg says what is wrong with it.
@@ -146,7 +146,7 @@ func (a *api) listProcesses(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"processes": a.dp.Processes.List(s.ID)})
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"processes": a.dp.Processes.List(s.ID)})
 }
 
 // process finds the request's process, answering 404/409 itself.
@@ -169,7 +169,7 @@ func (a *api) getProcess(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, p.Info())
+	_ = WriteJSON(w, http.StatusOK, p.Info())
 }
 
 // outputLine is one line of the output stream.
@@ -319,7 +319,7 @@ func (a *api) processStdin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req stdinRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -369,7 +369,7 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req signalRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}

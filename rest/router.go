@@ -60,6 +60,9 @@ type Config struct {
 	Ready func() (map[string]any, error)
 	// DataPlane bounds commands, files and processes over REST.
 	DataPlane DataPlane
+	// Mounts are other APIs served beside /v1 (cmd/sandgate mounts the
+	// seeds' compat APIs): see Mount.
+	Mounts []Mount
 	// Plane, when set, is the data plane's state, shared with the other
 	// APIs the gateway serves (see Mounts); DataPlane is then ignored.
 	// nil: New makes one of DataPlane.
@@ -129,7 +132,7 @@ func New(cfg Config) http.Handler {
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed here", req.Method))
 	})
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		_ = writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		_ = WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.readyz)
 	// Presigned links (links.go) carry their own authorization.
@@ -190,8 +193,9 @@ func New(cfg Config) http.Handler {
 	if cfg.Connect != nil {
 		authed.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
 	}
-	// The seeds' own APIs (compat.go).
-	a.mountCompat(r)
+	// Other APIs (the seeds', rest/compat), behind the same
+	// authentication and rate limit (mount.go).
+	a.mount(r, cfg.Mounts)
 
 	// Preview origins (preview.go) are told apart by the Host header: any
 	// path on them is the sandbox's, none of the API's.
@@ -276,7 +280,7 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out["status"] = "ready"
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = WriteJSON(w, http.StatusOK, out)
 }
 
 func (a *api) recoverer(next http.Handler) http.Handler {
@@ -352,5 +356,5 @@ func principal(r *http.Request) gateway.Principal {
 // hostKeys serves the gateway's SSH host keys so clients can pin them
 // before they have a session (sandgate ssh-config uses it).
 func (a *api) hostKeys(w http.ResponseWriter, r *http.Request) {
-	_ = writeJSON(w, http.StatusOK, map[string]any{"hostKeys": a.cfg.HostKeys})
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"hostKeys": a.cfg.HostKeys})
 }

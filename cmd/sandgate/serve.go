@@ -29,6 +29,7 @@ import (
 	"github.com/sandgate/sandgate/internal/procgov"
 	"github.com/sandgate/sandgate/internal/readyfile"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sshd"
 	"github.com/sandgate/sandgate/tunnel"
@@ -466,8 +467,12 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	stopping := make(chan struct{}) // closed at the drain's end: REST commands still running are answered
 	// The data plane's state, shared by /v1 and the compat APIs.
 	plane := dataplane.NewPlane(cfg.dataPlane.config(cfg, egressCfg.Proxy))
+	// The seeds' own APIs (docs/compat.md), served beside /v1.
+	presigner, _ := any(wsvc).(rest.ArtifactPresigner)
+	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log,
+		Links: rest.Links{Key: linkKey, PublicURL: cfg.publicURL, Artifacts: presigner, Log: log}})
 	handler := rest.New(rest.Config{
-		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
+		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit, Mounts: compatAPIs,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
 		Isolation: iso, Unenforced: unenforced,
 		Ready: func() (map[string]any, error) {
@@ -493,7 +498,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		}
 		front = cluster.NewFront(cluster.FrontConfig{
 			Node: node, Sessions: mgr, Verifier: verifier, Local: handler, WriteError: rest.WriteGatewayError,
-			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: rest.CompatSession, Log: log,
+			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: compat.SessionOf, Log: log,
 			PreviewSession: rest.PreviewSession(cfg.previewDomain),
 		})
 		handler = front

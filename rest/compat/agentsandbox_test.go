@@ -1,4 +1,4 @@
-package rest_test
+package compat_test
 
 import (
 	"fmt"

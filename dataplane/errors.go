@@ -14,14 +14,15 @@ import (
 // errors.As, with the code and message the API answers, and the one
 // renderer of the transports (rest.WriteGatewayError) answers it.
 
-// clientError is a sentinel error of the data plane: text is what it says
-// in logs, api what the client is told.
+// clientError is an error of the data plane (err: its text in logs, and
+// what errors.Is finds) and api, what the client is told of it.
 type clientError struct {
-	text string
-	api  gateway.Error
+	err error
+	api gateway.Error
 }
 
-func (e *clientError) Error() string { return e.text }
+func (e *clientError) Error() string { return e.err.Error() }
+func (e *clientError) Unwrap() error { return e.err }
 
 // As lets errors.As find a *gateway.Error in e (a fresh copy).
 func (e *clientError) As(target any) bool {
@@ -34,7 +35,13 @@ func (e *clientError) As(target any) bool {
 }
 
 func newClientError(text string, kind gateway.Kind, code, msg string) *clientError {
-	return &clientError{text: text, api: gateway.Error{Kind: kind, Code: code, Message: msg}}
+	return &clientError{err: errors.New(text), api: gateway.Error{Kind: kind, Code: code, Message: msg}}
+}
+
+// refusal is err, a bound's refusal whose text names the bound, told to
+// the client as a 429 with code and hint after err's text.
+func refusal(err error, code, hint string) error {
+	return &clientError{err: err, api: gateway.Error{Kind: gateway.KindQuota, Code: code, Message: err.Error() + hint}}
 }
 
 // sessionNotRunning is what the client is told of a session that ended.

@@ -45,6 +45,9 @@ const (
 	KindTooLarge
 	// KindInsufficientStorage is a sandbox whose filesystem is full.
 	KindInsufficientStorage
+	// KindUpstreamTimeout is a server the gateway relays to (a sandbox's
+	// port) that did not answer in time.
+	KindUpstreamTimeout
 )
 
 func (e *Error) Error() string {

@@ -55,6 +55,7 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 		gateway.KindTooLarge:      http.StatusRequestEntityTooLarge,
 
 		gateway.KindInsufficientStorage: http.StatusInsufficientStorage,
+		gateway.KindUpstreamTimeout:     http.StatusGatewayTimeout,
 	}[ge.Kind]
 	if !ok {
 		status = http.StatusInternalServerError

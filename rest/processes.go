@@ -67,19 +67,11 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info, err := a.dp.Processes.Start(r.Context(), s, a.processConfig(), sr)
-	switch {
-	case errors.Is(err, dataplane.ErrTooManyProcesses):
-		WriteError(w, http.StatusTooManyRequests, "too_many_processes", err.Error()+"; wait for one to end or signal one")
-		return
-	case errors.Is(err, dataplane.ErrOutputLimit):
-		WriteError(w, http.StatusTooManyRequests, "process_output_limit", err.Error()+"; wait for a running process to end, or end a session")
-		return
-	case errors.Is(err, dataplane.ErrSessionEnded):
-		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
-		return
-	case err != nil:
-		a.cfg.Log.ErrorContext(r.Context(), "process_start_failed", "session", s.ID, "err", err)
-		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+	if err != nil {
+		if _, told := gateway.AsError(err); !told {
+			a.cfg.Log.ErrorContext(r.Context(), "process_start_failed", "session", s.ID, "err", err)
+		}
+		WriteGatewayError(w, gateway.OrInternal(err, "internal error"))
 		return
 	}
 	_ = WriteJSON(w, http.StatusCreated, processStarted{ProcessInfo: info, EnvIgnored: ignored})
@@ -342,20 +334,24 @@ func (a *api) processStdin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n, err := p.WriteStdin(r.Context(), data, req.EOF)
-	switch {
-	case errors.Is(err, dataplane.ErrProcessExited):
-		WriteError(w, http.StatusConflict, "process_exited", "the process has exited")
-	case errors.Is(err, dataplane.ErrStdinClosed), errors.Is(err, dataplane.ErrStdinClosedByProcess):
-		WriteError(w, http.StatusConflict, "stdin_closed", err.Error())
-	case errors.Is(err, dataplane.ErrStdinBlocked):
-		WriteError(w, http.StatusConflict, "stdin_blocked",
-			fmt.Sprintf("the process is not reading its standard input: %d of %d bytes were written", n, len(data)))
-	case err != nil:
-		a.cfg.Log.ErrorContext(r.Context(), "process_stdin_failed", "err", err)
-		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
-	default:
-		w.WriteHeader(http.StatusNoContent)
+	if errors.Is(err, dataplane.ErrStdinBlocked) { // its answer says how much was written
+		err = &gateway.Error{Kind: gateway.KindConflict, Code: "stdin_blocked", Err: err,
+			Message: fmt.Sprintf("the process is not reading its standard input: %d of %d bytes were written", n, len(data))}
 	}
+	a.answerProcessCall(w, r, "process_stdin_failed", err)
+}
+
+// answerProcessCall answers a call to a process that returned err: 204,
+// or err's *gateway.Error, or 500 (logged as event).
+func (a *api) answerProcessCall(w http.ResponseWriter, r *http.Request, event string, err error) {
+	if err == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if _, told := gateway.AsError(err); !told {
+		a.cfg.Log.ErrorContext(r.Context(), event, "err", err)
+	}
+	WriteGatewayError(w, gateway.OrInternal(err, "internal error"))
 }
 
 // signalRequest is the body of POST .../signal.
@@ -379,15 +375,7 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("signal %q is not one of ABRT, ALRM, FPE, HUP, ILL, INT, KILL, PIPE, QUIT, SEGV, TERM, USR1, USR2", req.Signal))
 		return
 	}
-	switch err := p.Signal(sig); {
-	case errors.Is(err, dataplane.ErrProcessExited):
-		WriteError(w, http.StatusConflict, "process_exited", "the process has exited")
-	case err != nil:
-		a.cfg.Log.ErrorContext(r.Context(), "process_signal_failed", "err", err)
-		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
-	default:
-		w.WriteHeader(http.StatusNoContent)
-	}
+	a.answerProcessCall(w, r, "process_signal_failed", p.Signal(sig))
 }
 
 // restoreProcesses takes back the background processes, shells and

@@ -2,52 +2,41 @@ package compat_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
-	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/rest/compat"
-	"github.com/sandgate/sandgate/sandbox/workdir"
 )
 
-// The compat APIs' tests run the real stack (rest with the compat APIs
-// mounted, as cmd/sandgate mounts them, over gateway.Manager and the
-// workdir driver) behind a real http.Server on 127.0.0.1:0. It is the
-// rest package's test gateway (rest/harness_test.go) cut to what these
-// tests use: the compat APIs are not in the OpenAPI spec, so no answer
-// is checked against it.
+// The compat APIs' tests run the shared test stack (internal/gwtest: the
+// session manager over the workdir driver, SSH, the tunnel, and rest
+// behind a real http.Server on 127.0.0.1:0) with the compat APIs mounted
+// on it as cmd/sandgate mounts them. The sandboxes' SFTP server is this
+// test binary (gwtest.Dispatch).
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	gwtest.Dispatch()
+	goleak.VerifyTestMain(m)
+}
 
-// API keys and the HS256 secret of the test gateway.
+// API keys of the test gateway's tenants.
 const (
-	aliceKey  = "sg_test_alice_9f6c1d7e2b3a4c5d"
-	bobKey    = "sg_test_bob_1a2b3c4d5e6f7a8b"
-	jwtSecret = "test-hs256-secret-0123456789abcdef0123456789"
+	aliceKey = "sg_test_alice_9f6c1d7e2b3a4c5d"
+	bobKey   = "sg_test_bob_1a2b3c4d5e6f7a8b"
 )
 
 // gwOptions configures a test gateway.
 type gwOptions struct {
 	// rateLimit is requests per minute per tenant (0: off).
 	rateLimit int
-	// selfExe is the sandgate binary the workdir driver runs as the
-	// sandbox's SFTP server ("": no file access).
-	selfExe string
 	// dataPlane bounds the data plane (rest.Config.DataPlane).
 	dataPlane rest.DataPlane
 }
@@ -56,7 +45,7 @@ type testGateway struct {
 	url    string
 	mgr    *gateway.Manager
 	client *http.Client
-	logs   *syncBuffer
+	logs   *gwtest.Buffer
 }
 
 // result is a response as the tests look at it.
@@ -68,67 +57,22 @@ type result struct {
 
 func newGateway(t testing.TB, o gwOptions) *testGateway {
 	t.Helper()
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	driver, err := workdir.New(workdir.Config{Root: t.TempDir(), SelfExe: o.selfExe})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mgr := gateway.NewManager(gateway.Config{}, driver, log)
-	t.Cleanup(func() { mgr.Shutdown(context.Background(), false) })
-	verifier, err := gateway.NewVerifier(gateway.AuthConfig{
-		APIKeys: map[string]string{aliceKey: "alice", bobKey: "bob"}, JWTSecret: []byte(jwtSecret),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	plane := dataplane.NewPlane(o.dataPlane)
-	linkKey := rest.NewLinkKey()
-	handler := rest.New(rest.Config{
-		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: o.rateLimit, SSHUsername: "sandbox",
-		Plane: plane, LinkKey: linkKey,
-		Mounts: compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log, Links: rest.Links{Key: linkKey, Log: log}}),
-	})
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			_ = srv.Close()
-		}
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("Serve: %v", err)
-		}
+	st := gwtest.Start(t, gwtest.Options{
+		Tokens: map[string]string{aliceKey: "alice", bobKey: "bob"}, RateLimit: o.rateLimit, DataPlane: o.dataPlane,
+		Mounts: func(e gwtest.Engines) []rest.Mount {
+			return compat.New(compat.Deps{Sessions: e.Sessions, Plane: e.Plane, Links: e.Links, Log: e.Log})
+		},
 	})
 	client := &http.Client{Timeout: 30 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
-	return &testGateway{url: "http://" + ln.Addr().String(), mgr: mgr, client: client, logs: logs}
+	return &testGateway{url: st.URL, mgr: st.Manager, client: client, logs: st.Log}
 }
 
-// filesTestBinary builds sandgate, the sandbox's SFTP server.
-func filesTestBinary(t *testing.T) string {
+// filesGateway is the test gateway with rateLimit, its data plane bounded
+// by dp.
+func filesGateway(t *testing.T, rateLimit int, dp rest.DataPlane) *testGateway {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "sandgate")
-	build := exec.Command("go", "build", "-o", bin, "github.com/sandgate/sandgate/cmd/sandgate")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build sandgate: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// filesGateway is the test gateway whose sandboxes serve files with bin,
-// its data plane bounded by dp (the signature of rest's, whose coverage
-// argument these tests leave nil).
-func filesGateway(t *testing.T, _ any, bin string, rateLimit int, dp rest.DataPlane) *testGateway {
-	t.Helper()
-	return newGateway(t, gwOptions{rateLimit: rateLimit, selfExe: bin, dataPlane: dp})
+	return newGateway(t, gwOptions{rateLimit: rateLimit, dataPlane: dp})
 }
 
 // do sends one request. token "" sends no Authorization header; hdr holds
@@ -184,24 +128,6 @@ func (g *testGateway) create(t testing.TB, token string, body string) session {
 		t.Fatalf("decode session %q: %v", r.body, err)
 	}
 	return s
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers (the logger).
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func (r result) errorCode() string {

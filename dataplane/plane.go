@@ -12,7 +12,8 @@ import (
 // sessions' named shells, background processes and Python kernels, their
 // SFTP servers, and the memory budget of commands' answers. cmd/sandgate
 // builds it (NewPlane) and hands it to the APIs; it holds no goroutine of
-// its own, and the engines end with the sessions they run in.
+// its own, and the engines end with the sessions they run in; Close ends
+// the file servers kept idle.
 type Plane struct {
 	Bounds    Bounds
 	Shells    *Shells
@@ -43,6 +44,14 @@ func NewPlane(b Bounds) *Plane {
 		p.Files.Journal = filepath.Join(b.StateDir, ".uploads")
 	}
 	return p
+}
+
+// Close ends what the plane holds that outlives a request: the sessions'
+// idle SFTP servers (Files.Close). cmd/sandgate calls it at shutdown,
+// once the APIs have stopped serving. Shells, kernels and background
+// processes run in the sessions' sandboxes and end with them.
+func (p *Plane) Close() {
+	p.Files.Close()
 }
 
 // Default bounds on link fetches, per minute (Bounds.LinkFetchesPerLink

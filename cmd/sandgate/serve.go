@@ -594,6 +594,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if front != nil {
 		front.Shutdown() // close relayed tunnels
 	}
+	plane.Close() // the idle SFTP servers of the REST data plane
 	stopReaper()
 	<-reaped
 	<-synced

@@ -26,17 +26,35 @@ const TimeoutExitCode = 124
 // is not waited for (as over SSH).
 const OutputGrace = 500 * time.Millisecond
 
-// Session is what commands need of a gateway session; *gateway.Session
-// is one.
+// Session is what commands, shells and kernels need of a gateway
+// session; *gateway.Session is one.
 type Session interface {
-	// Sandbox starts processes as the session's (its environment, its
-	// history).
-	Sandbox() sandbox.Sandbox
+	FileSession
+	// Start starts a process as the session's (its environment), as the
+	// options say: whether it resumes a stopped session, whether the
+	// history lists it.
+	Start(ctx context.Context, cmd sandbox.Cmd, o gateway.StartOptions) (sandbox.Process, error)
 	// RecordCommand adds a command to the session's history.
 	RecordCommand(ctx context.Context, r gateway.CommandRecord)
+}
+
+// FileSession is what file access needs of a session: its sandbox, to
+// start the SFTP server in (as SSH starts one: a subsystem, never in the
+// history), and its end.
+type FileSession interface {
+	// Sandbox is the session's sandbox (Session.Sandbox): its Start
+	// resumes a stopped session; its optional interfaces are the
+	// driver's (sandbox.As).
+	Sandbox() sandbox.Sandbox
 	// AddConn registers a function to call when the session ends.
 	AddConn(closeFn func()) (remove func(), ok bool)
 }
+
+// startOwn are the options of a process whose commands the data plane
+// records itself (RecordCommand): a REST command, which knows its timeout,
+// and a shell's or a kernel's process, whose commands are recorded one by
+// one.
+var startOwn = gateway.StartOptions{Resume: true}
 
 // Request is one command to run.
 type Request struct {
@@ -184,8 +202,8 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	fmt.Fprintf(&script, "printf '%%s%%s\\n' %s \"$PWD\" >&2\n", tok)
 	script.WriteString(req.script(true))
 	began := time.Now()
-	proc, err := s.Sandbox().Start(gateway.NoHistory(context.WithoutCancel(ctx)),
-		sandbox.Cmd{Command: script.String(), Env: envList(req.Env)})
+	proc, err := s.Start(context.WithoutCancel(ctx),
+		sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}, startOwn)
 	if err != nil {
 		return Result{}, fmt.Errorf("start command: %w", err)
 	}

@@ -5,6 +5,7 @@
 // output kept for reattaching clients (processes.go, output.go), and
 // persistent Python kernels driven by an embedded script (kernel.go,
 // kernel.py). Every process starts
-// through the session's Sandbox().Start, as SSH's do, with the same
-// confinement. package rest serves it over HTTP.
+// through the session's Start, as SSH's do, with the same confinement;
+// its gateway.StartOptions say whether it resumes a stopped session and
+// whether the history lists it. package rest serves it over HTTP.
 package dataplane

@@ -112,7 +112,7 @@ func TestFetch(t *testing.T) {
 		base + "/big":                           "over the limit of 32768 bytes",
 		base + "/missing":                       "HTTP 404",
 		base + "/redirect-out":                  "private address 127.0.0.1",
-		"http://meta.test/latest":               "private address 169.254.169.254",
+		"http://meta.test/latest":               "meta.test:80: resolves to a private address",
 		base + "/loop":                          "redirects",
 		"http://127.0.0.1:" + fport + "/direct": "private address 127.0.0.1",
 	}

@@ -69,7 +69,7 @@ type pooled struct {
 // starting the server if there is none; ctx is for the start. stream
 // counts it as a transfer, refused with KindBusy past a bound. Close the
 // FS when done.
-func (p *Files) Open(ctx context.Context, id, tenant string, s Session, stream bool) (*FS, error) {
+func (p *Files) Open(ctx context.Context, id, tenant string, s FileSession, stream bool) (*FS, error) {
 	p.mu.Lock()
 	if stream {
 		if err := p.admitLocked(id, tenant); err != nil {
@@ -179,7 +179,7 @@ func orDefault(v, def int) int {
 
 // startLocked adds session id's entry and starts its server in the
 // background; the entry's ready is closed when it is up or failed.
-func (p *Files) startLocked(ctx context.Context, id string, s Session) *pooled {
+func (p *Files) startLocked(ctx context.Context, id string, s FileSession) *pooled {
 	e := &pooled{ready: make(chan struct{})}
 	if p.servers == nil {
 		p.servers = map[string]*pooled{}

@@ -130,8 +130,7 @@ type Kernels struct {
 	// forgets them).
 	StateDir string
 
-	mu sync.Mutex
-	m  map[string]map[string]*kernel // session id, then kernel name
+	reg registry[*kernel]
 }
 
 // Run runs req in the session's kernel name, starting the kernel if
@@ -161,13 +160,8 @@ func (k *Kernels) Restore(id string, s Session) {
 // runs: the next call starts a fresh interpreter. Files are untouched.
 // It reports whether there was a kernel.
 func (k *Kernels) Reset(id, name string) bool {
-	k.mu.Lock()
-	x := k.m[id][name]
-	if x != nil {
-		k.removeLocked(id, name, x)
-	}
-	k.mu.Unlock()
-	if x == nil {
+	x, ok := k.reg.take(id, name)
+	if !ok {
 		return false
 	}
 	x.close()
@@ -175,54 +169,26 @@ func (k *Kernels) Reset(id, name string) bool {
 }
 
 func (k *Kernels) get(id string, s Session, name string) (*kernel, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if x := k.m[id][name]; x != nil {
-		return x, nil
-	}
-	if len(k.m[id]) >= MaxKernels {
-		return nil, ErrTooManyKernels
-	}
-	x := &kernel{s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
-		// Cell ids never repeat one an interpreter taken back from an
-		// earlier gateway may still answer.
-		seq: uint64(time.Now().UnixNano())}
-	if k.StateDir != "" && sandbox.ValidID(id) {
-		x.dir = filepath.Join(k.StateDir, id)
-		x.record = filepath.Join(x.dir, "kernel-"+name)
-	}
-	remove, ok := s.AddConn(func() {
-		k.mu.Lock()
-		k.removeLocked(id, name, x)
-		k.mu.Unlock()
-		go func() { // not holding up the session's end
-			x.close()
-			if x.dir != "" {
-				_ = os.Remove(x.dir) // when the session left nothing else there
-			}
-		}()
+	return k.reg.get(id, s, name, MaxKernels, ErrTooManyKernels, func() *kernel {
+		x := &kernel{s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
+			// Cell ids never repeat one an interpreter taken back from an
+			// earlier gateway may still answer.
+			seq: uint64(time.Now().UnixNano())}
+		if k.StateDir != "" && sandbox.ValidID(id) {
+			x.dir = filepath.Join(k.StateDir, id)
+			x.record = filepath.Join(x.dir, "kernel-"+name)
+		}
+		return x
 	})
-	if !ok {
-		return nil, ErrSessionEnded
-	}
-	x.unregister = remove
-	if k.m == nil {
-		k.m = map[string]map[string]*kernel{}
-	}
-	if k.m[id] == nil {
-		k.m[id] = map[string]*kernel{}
-	}
-	k.m[id][name] = x
-	return x, nil
 }
 
-func (k *Kernels) removeLocked(id, name string, x *kernel) {
-	if k.m[id][name] != x {
-		return
-	}
-	delete(k.m[id], name)
-	if len(k.m[id]) == 0 {
-		delete(k.m, id)
+func (x *kernel) setUnregister(remove func()) { x.unregister = remove }
+
+// sessionEnded ends the kernel with its session.
+func (x *kernel) sessionEnded() {
+	x.close()
+	if x.dir != "" {
+		_ = os.Remove(x.dir) // when the session left nothing else there
 	}
 }
 
@@ -458,7 +424,7 @@ func (x *kernel) start(ctx context.Context) (*kernelProc, error) {
 // startKernel starts an interpreter with cmd in s's sandbox and waits for
 // it to be ready.
 func startKernel(ctx context.Context, s Session, cmd sandbox.Cmd) (*kernelProc, error) {
-	p, err := s.Sandbox().Start(gateway.NoHistory(context.Background()), cmd)
+	p, err := s.Start(context.Background(), cmd, startOwn)
 	if err != nil {
 		return nil, fmt.Errorf("start kernel: %w", err)
 	}

@@ -276,7 +276,6 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 		sctx, cancel = context.WithDeadline(sctx, dl)
 		defer cancel()
 	}
-	sctx = gateway.WithCommandSource(sctx, "rest")
 	sb := s.Sandbox()
 	if sb == nil {
 		_ = pr.remove()
@@ -293,7 +292,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	if err := pr.save(); err != nil {
 		sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", id, "err", err)
 	}
-	p, err := sb.Start(sctx, cmd)
+	p, err := s.Start(sctx, cmd, gateway.StartOptions{Resume: true, Record: true, Source: "rest"})
 	if err != nil {
 		_ = pr.remove()
 		if errors.Is(err, sandbox.ErrClosed) {

@@ -59,8 +59,7 @@ type Shells struct {
 	// forgets them).
 	StateDir string
 
-	mu sync.Mutex
-	m  map[string]map[string]*shell // session id, then shell name
+	reg registry[*shell]
 }
 
 // Run runs req in the session's shell name, starting the shell if it has
@@ -87,13 +86,8 @@ func (sh *Shells) Restore(id string, s Session) {
 
 // Delete ends the session's shell name, killing a command it runs.
 func (sh *Shells) Delete(id, name string) error {
-	sh.mu.Lock()
-	x := sh.m[id][name]
-	if x != nil {
-		sh.removeLocked(id, name, x)
-	}
-	sh.mu.Unlock()
-	if x == nil {
+	x, ok := sh.reg.take(id, name)
+	if !ok {
 		return ErrNoShell
 	}
 	x.close()
@@ -102,53 +96,25 @@ func (sh *Shells) Delete(id, name string) error {
 
 // get returns the session's shell name, making it if needed.
 func (sh *Shells) get(id string, s Session, name string) (*shell, error) {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if x := sh.m[id][name]; x != nil {
-		return x, nil
-	}
-	if len(sh.m[id]) >= MaxShells {
-		return nil, ErrTooManyShells
-	}
-	x := &shell{name: name, s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
-		state: shellStatePrefix + newToken()[len("__sandgate_"):]}
-	if sh.StateDir != "" && sandbox.ValidID(id) {
-		x.dir = filepath.Join(sh.StateDir, id)
-		x.record = filepath.Join(x.dir, "shell-"+name)
-		x.loadRecord()
-	}
-	remove, ok := s.AddConn(func() {
-		sh.mu.Lock()
-		sh.removeLocked(id, name, x)
-		sh.mu.Unlock()
-		go func() { // not holding up the session's end
-			x.close()
-			if x.dir != "" {
-				_ = os.Remove(x.dir) // when the session left nothing else there
-			}
-		}()
+	return sh.reg.get(id, s, name, MaxShells, ErrTooManyShells, func() *shell {
+		x := &shell{name: name, s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
+			state: shellStatePrefix + newToken()[len("__sandgate_"):]}
+		if sh.StateDir != "" && sandbox.ValidID(id) {
+			x.dir = filepath.Join(sh.StateDir, id)
+			x.record = filepath.Join(x.dir, "shell-"+name)
+			x.loadRecord()
+		}
+		return x
 	})
-	if !ok {
-		return nil, ErrSessionEnded
-	}
-	x.unregister = remove
-	if sh.m == nil {
-		sh.m = map[string]map[string]*shell{}
-	}
-	if sh.m[id] == nil {
-		sh.m[id] = map[string]*shell{}
-	}
-	sh.m[id][name] = x
-	return x, nil
 }
 
-func (sh *Shells) removeLocked(id, name string, x *shell) {
-	if sh.m[id][name] != x {
-		return
-	}
-	delete(sh.m[id], name)
-	if len(sh.m[id]) == 0 {
-		delete(sh.m, id)
+func (x *shell) setUnregister(remove func()) { x.unregister = remove }
+
+// sessionEnded ends the shell with its session.
+func (x *shell) sessionEnded() {
+	x.close()
+	if x.dir != "" {
+		_ = os.Remove(x.dir) // when the session left nothing else there
 	}
 }
 
@@ -319,7 +285,7 @@ func (x *shell) close() {
 		q := Quote(x.state)
 		rm := fmt.Sprintf("rm -f -- %[1]s %[1]s.new %[1]s.cwd %[1]s.in %[1]s.cmd", q)
 		// Not in a stopped session: its /tmp went with its processes.
-		if p, err := x.s.Sandbox().Start(gateway.NoResume(gateway.NoHistory(ctx)), sandbox.Cmd{Command: rm}); err == nil {
+		if p, err := x.s.Start(ctx, sandbox.Cmd{Command: rm}, gateway.StartOptions{}); err == nil {
 			_ = p.Stdin().Close()
 			var readers sync.WaitGroup
 			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stdout()) })
@@ -402,7 +368,7 @@ func (x *shell) start() error {
 	if k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox()); ok && k.Keeps() && x.record != "" {
 		cmd.Keep = "shell/" + newToken()[len("__sandgate_"):]
 	}
-	p, err := x.s.Sandbox().Start(gateway.NoHistory(context.Background()), cmd)
+	p, err := x.s.Start(context.Background(), cmd, startOwn)
 	if err != nil {
 		return fmt.Errorf("start shell: %w", err)
 	}

@@ -94,10 +94,9 @@ func (p *Proxy) resolve(ctx context.Context, host string) ([]netip.Addr, error) 
 	return addrs, nil
 }
 
-// dialChecked resolves host once, checks every candidate with the address
-// rule and dials exactly a checked address; the dialer never resolves. host
-// is normalized. The error is a *denial.
-func (p *Proxy) dialChecked(ctx context.Context, host string, port uint16) (net.Conn, netip.Addr, error) {
+// allowedAddrs resolves host once and returns the candidates the address
+// rule allows; none is a *denial, with the first refused address.
+func (p *Proxy) allowedAddrs(ctx context.Context, host string) ([]netip.Addr, netip.Addr, error) {
 	addrs, err := p.resolve(ctx, host)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -116,7 +115,23 @@ func (p *Proxy) dialChecked(ctx context.Context, host string, port uint16) (net.
 		}
 	}
 	if len(ok) == 0 {
-		return nil, refused, denied(http.StatusForbidden, "private address %s", refused)
+		if _, err := netip.ParseAddr(host); err == nil {
+			return nil, refused, denied(http.StatusForbidden, "private address %s", refused)
+		}
+		// A name's address is the gateway's to know (db.internal is
+		// 10.1.2.3): the caller logs it, the tenant sees the name only.
+		return nil, refused, denied(http.StatusForbidden, "resolves to a private address")
+	}
+	return ok, netip.Addr{}, nil
+}
+
+// dialChecked resolves host once, checks every candidate with the address
+// rule and dials exactly a checked address; the dialer never resolves. host
+// is normalized. The error is a *denial.
+func (p *Proxy) dialChecked(ctx context.Context, host string, port uint16) (net.Conn, netip.Addr, error) {
+	ok, refused, err := p.allowedAddrs(ctx, host)
+	if err != nil {
+		return nil, refused, err
 	}
 	var lastErr error
 	for _, a := range ok {
@@ -164,7 +179,8 @@ func hostPort(host string, port uint16) string {
 // REST data plane's files/fetch): the host is normalized, resolved once,
 // and dialled only at an address the address rule allows (public, or
 // inside AllowCIDRs). No session allow-list applies. A refusal's error
-// says why ("private address 127.0.0.1", "cannot resolve").
+// says why ("private address 127.0.0.1"; for a name, "resolves to a
+// private address", without the address; "cannot resolve").
 func (p *Proxy) DialPublic(ctx context.Context, network, addr string) (net.Conn, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -180,4 +196,19 @@ func (p *Proxy) DialPublic(ctx context.Context, network, addr string) (net.Conn,
 		return nil, fmt.Errorf("dial %s: %w", hostPort(host, port), err)
 	}
 	return c, nil
+}
+
+// CheckPublic applies DialPublic's address rule to addr ("host:port")
+// without dialling: for a request that another hop (an HTTP proxy)
+// connects. The hop resolves the name again, so this holds as far as it
+// resolves it as the gateway does.
+func (p *Proxy) CheckPublic(ctx context.Context, addr string) error {
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("check %s: %w", addr, err)
+	}
+	if _, _, err := p.allowedAddrs(ctx, host); err != nil {
+		return fmt.Errorf("check %s: %w", hostPort(host, port), err)
+	}
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -414,4 +415,133 @@ func TestLimitsFromNofile(t *testing.T) {
 			t.Errorf("timeouts %v %v", cfg.IdleTimeout, cfg.HalfCloseTimeout)
 		}
 	}
+}
+
+// pipeListener hands out one end of a pipe per value sent on next,
+// and net.ErrClosed once closed.
+type pipeListener struct {
+	next chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case <-l.next:
+		a, b := net.Pipe()
+		b.Close()
+		return a, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error { l.once.Do(func() { close(l.done) }); return nil }
+
+func (l *pipeListener) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+// A connection accepted as its session closes is counted back exactly
+// once: the counts return to 0, never below (a second release loosened
+// every bound for good).
+func TestAcceptRacingCloseReleasesOnce(t *testing.T) {
+	p, _ := newTestProxy(t, Config{AllowCIDRs: loopback})
+	check := func(t *testing.T, s *Session) {
+		t.Helper()
+		if total, active, tenant := p.total.Load(), s.active.Load(), p.conns("t"); total != 0 || active != 0 || tenant != 0 {
+			t.Fatalf("after close: total %d, session %d, tenant %d; want 0, 0, 0", total, active, tenant)
+		}
+	}
+	t.Run("accepted after close", func(t *testing.T) {
+		s := p.NewSession("t", "s", Policy{}, nil)
+		s.Close()
+		l := &pipeListener{next: make(chan struct{}, 1), done: make(chan struct{})}
+		l.next <- struct{}{}
+		go func() {
+			// Accept takes the connection, then sees the listener closed.
+			for len(l.next) > 0 {
+				time.Sleep(time.Millisecond)
+			}
+			l.Close()
+		}()
+		accepted := make(chan error, 1)
+		go func() {
+			c, err := (&limitListener{Listener: l, s: s}).Accept()
+			if err == nil {
+				c.Close()
+			}
+			accepted <- err
+		}()
+		select {
+		case err := <-accepted:
+			if err == nil {
+				t.Fatal("Accept on a closed session returned a connection")
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("Accept on a closed session hangs")
+		}
+		check(t, s)
+	})
+	t.Run("dialled after close", func(t *testing.T) {
+		s := p.NewSession("t", "s", Policy{}, nil)
+		s.Close()
+		port, _ := strconv.Atoi(blackhole(t))
+		dialled := make(chan error, 1)
+		go func() {
+			c, _, err := s.dialCounted(t.Context(), "127.0.0.1", uint16(port))
+			if err == nil {
+				c.Close()
+			}
+			dialled <- err
+		}()
+		select {
+		case err := <-dialled:
+			if err == nil {
+				t.Fatal("a closed session dialled")
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("dialling for a closed session hangs")
+		}
+	})
+	t.Run("race", func(t *testing.T) {
+		var negative atomic.Int64
+		stop := make(chan struct{})
+		var watch sync.WaitGroup
+		watch.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if v := p.total.Load(); v < negative.Load() {
+					negative.Store(v)
+				}
+				runtime.Gosched()
+			}
+		})
+		defer func() { close(stop); watch.Wait() }()
+		for i := range 50 {
+			s := p.NewSession("t", fmt.Sprint("s", i), Policy{}, nil)
+			l := &pipeListener{next: make(chan struct{}, 8), done: make(chan struct{})}
+			served := make(chan struct{})
+			go func() { defer close(served); s.Serve(l) }()
+			for range 8 {
+				l.next <- struct{}{}
+			}
+			if i%2 == 0 {
+				runtime.Gosched()
+			}
+			s.Close()
+			l.Close()
+			select {
+			case <-served:
+			case <-time.After(20 * time.Second):
+				t.Fatal("Serve hangs after Close")
+			}
+			check(t, s)
+		}
+		if v := negative.Load(); v < 0 {
+			t.Fatalf("the gateway-wide count went down to %d", v)
+		}
+	})
 }

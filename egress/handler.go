@@ -94,7 +94,11 @@ func (s *Session) logRecord(r *record) {
 	)
 	s.log.LogAttrs(context.Background(), slog.LevelInfo, "egress", attrs...)
 	if fn := s.onRecord.Load(); fn != nil {
-		(*fn)(Record{Kind: r.kind, Host: r.host, Port: int(r.port), IP: addrString(r.ip), Allowed: r.allowed,
+		ip := addrString(r.ip)
+		if _, err := netip.ParseAddr(r.host); err != nil && !r.allowed {
+			ip = "" // the private address a name was refused at is the operator's log's only
+		}
+		(*fn)(Record{Kind: r.kind, Host: r.host, Port: int(r.port), IP: ip, Allowed: r.allowed,
 			Reason: r.reason, Error: r.err, BytesOut: r.out.Load(), BytesIn: r.in.Load(),
 			DurationMs: time.Since(r.start).Milliseconds()})
 	}

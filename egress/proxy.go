@@ -335,15 +335,17 @@ func (s *Session) Close() error {
 }
 
 // track registers c to be closed by Close; false (and c closed) when the
-// session is closed already.
+// session is closed already. c is closed outside s.mu: a tracked
+// connection's Close untracks itself.
 func (s *Session) track(c io.Closer) bool {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		c.Close()
 		return false
 	}
 	s.conns[c] = true
+	s.mu.Unlock()
 	return true
 }
 
@@ -410,7 +412,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		cc := &clientConn{Conn: c, s: s}
 		if !s.track(cc) {
-			s.release()
+			// track closed cc, and its Close gave the counts back.
 			continue
 		}
 		return cc, nil

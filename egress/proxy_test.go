@@ -138,17 +138,18 @@ func TestAddressRule(t *testing.T) {
 		target string
 		code   int
 		body   string
+		hidden string // the address a name resolved to, never shown
 	}{
-		{"pypi.test:" + port, 403, "pypi.test:" + port + " denied: private address 127.0.0.1"},
-		{"mapped.test:" + port, 403, "denied: private address 127.0.0.1"},
-		{"[::ffff:127.0.0.1]:" + port, 403, "denied: private address 127.0.0.1"},
-		{"127.0.0.1:" + port, 403, "denied: private address 127.0.0.1"},
-		{"[::1]:" + port, 403, "denied: private address ::1"},
-		{"0.0.0.0:" + port, 403, "denied: private address 0.0.0.0"},
-		{"meta.test:80", 403, "denied: private address 169.254.169.254"},
-		{"169.254.169.254:80", 403, "denied: private address 169.254.169.254"},
-		{"mixed.test:443", 403, "denied: private address 10.1.2.3"},
-		{"nowhere.invalid:443", 502, "nowhere.invalid:443: cannot resolve"},
+		{"pypi.test:" + port, 403, "pypi.test:" + port + " denied: resolves to a private address", "127.0.0.1"},
+		{"mapped.test:" + port, 403, "denied: resolves to a private address", "127.0.0.1"},
+		{"[::ffff:127.0.0.1]:" + port, 403, "denied: private address 127.0.0.1", ""},
+		{"127.0.0.1:" + port, 403, "denied: private address 127.0.0.1", ""},
+		{"[::1]:" + port, 403, "denied: private address ::1", ""},
+		{"0.0.0.0:" + port, 403, "denied: private address 0.0.0.0", ""},
+		{"meta.test:80", 403, "denied: resolves to a private address", "169.254"},
+		{"169.254.169.254:80", 403, "denied: private address 169.254.169.254", ""},
+		{"mixed.test:443", 403, "denied: resolves to a private address", "10.1.2.3"},
+		{"nowhere.invalid:443", 502, "nowhere.invalid:443: cannot resolve", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.target, func(t *testing.T) {
@@ -156,13 +157,21 @@ func TestAddressRule(t *testing.T) {
 			if resp.StatusCode != tt.code || !strings.Contains(body, tt.body) || strings.Count(body, "\n") != 1 {
 				t.Errorf("got %d %q, want %d with %q", resp.StatusCode, body, tt.code, tt.body)
 			}
+			if tt.hidden != "" && strings.Contains(body, tt.hidden) {
+				t.Errorf("%q shows the address the name resolved to", body)
+			}
 			code, body := get(t, proxyClient(t, proxy, nil), "http://"+tt.target+"/")
 			if code != tt.code || !strings.Contains(body, tt.body) || strings.Count(body, "\n") != 1 {
 				t.Errorf("GET: got %d %q, want %d with %q", code, body, tt.code, tt.body)
 			}
+			if tt.hidden != "" && strings.Contains(body, tt.hidden) {
+				t.Errorf("GET: %q shows the address the name resolved to", body)
+			}
 		})
 	}
 	logs.waitFor(t, `host=169.254.169.254`, `allowed=false`, `reason="private address 169.254.169.254"`)
+	// The operator's log has the address a name was refused at.
+	logs.waitFor(t, `host=meta.test port=80 ip=169.254.169.254 allowed=false reason="resolves to a private address"`)
 
 	// The same target is fine once the operator opens the range.
 	p2, _ := newTestProxy(t, Config{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("::ffff:127.0.0.0/104")}, Hosts: hostsFor("pypi.test")})
@@ -383,4 +392,33 @@ func TestSlowClientHelloClosed(t *testing.T) {
 		t.Errorf("upstream got %d bytes of the unchecked ClientHello", n)
 	}
 	logs.waitFor(t, "allowed=false", "incomplete TLS ClientHello")
+}
+
+// A session's record (the tenant's audit) of a name refused by the
+// address rule has no address; one of a literal keeps it, as the tenant
+// gave it.
+func TestRecordHidesRefusedAddress(t *testing.T) {
+	p, logs := newTestProxy(t, Config{Hosts: map[string][]netip.Addr{"db.test": {netip.MustParseAddr("10.1.2.3")}}})
+	s, proxy := startSession(t, p, "s1", Policy{Allow: mustList(t, "db.test", "10.1.2.3")}, nil)
+	recs := make(chan Record, 2)
+	s.OnRecord(func(r Record) { recs <- r })
+	for _, target := range []string{"db.test:443", "10.1.2.3:443"} {
+		resp, body, _, _ := rawConnect(t, proxy, target)
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("%s: %d %q", target, resp.StatusCode, body)
+		}
+		select {
+		case r := <-recs:
+			want := ""
+			if target == "10.1.2.3:443" {
+				want = "10.1.2.3"
+			}
+			if r.Allowed || r.IP != want || strings.Contains(r.Reason, "10.1.2.3") != (want != "") {
+				t.Errorf("%s: record %+v; want IP %q and the address in the reason only for the literal", target, r, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no record", target)
+		}
+	}
+	logs.waitFor(t, `host=db.test port=443 ip=10.1.2.3 allowed=false`)
 }

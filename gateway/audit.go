@@ -29,7 +29,7 @@ func (s *Session) auditCommand(ctx context.Context, r CommandRecord) {
 	if r.Shell != "" {
 		source = "rest-shell"
 	}
-	s.mgr.auditor().Record(ctx, audit.Event{Kind: audit.KindCommand, Tenant: s.Tenant, Session: s.ID, Source: source,
+	audit.Or(s.auditor).Record(ctx, audit.Event{Kind: audit.KindCommand, Tenant: s.Tenant, Session: s.ID, Source: source,
 		Command: audit.Cut(s.redact(r.Command)), ExitCode: r.ExitCode, Signal: r.ExitSignal, TimedOut: r.TimedOut,
 		DurationMs: r.DurationMs, Bytes: r.BytesOut})
 }
@@ -40,7 +40,7 @@ func (s *Session) auditCommand(ctx context.Context, r CommandRecord) {
 func (s *Session) Audit(ctx context.Context, e audit.Event) {
 	e.Tenant, e.Session = s.Tenant, s.ID
 	e.Command, e.Path, e.Target = audit.Cut(s.redact(e.Command)), s.redact(e.Path), s.redact(e.Target)
-	s.mgr.auditor().Record(ctx, e)
+	audit.Or(s.auditor).Record(ctx, e)
 }
 
 // redact replaces the value of each of s's secrets (looked up now, bound

@@ -52,27 +52,22 @@ func (s *Session) History() []CommandRecord {
 	return append([]CommandRecord(nil), s.hist.recs...)
 }
 
-// RecordCommand adds r to the session's history: for commands the
-// session's Sandbox() does not see one by one (a persistent shell's).
+// RecordCommand adds r to the session's history, records it in the audit
+// trail and counts it. Every command of the history comes through here:
+// those a caller records itself, and those its Start records
+// (StartOptions.Record) when they end.
 func (s *Session) RecordCommand(ctx context.Context, r CommandRecord) {
+	s.recordCommand(ctx, r, time.Duration(r.DurationMs)*time.Millisecond)
+}
+
+// recordCommand is RecordCommand with the command's duration to the
+// nanosecond, for the metrics.
+func (s *Session) recordCommand(ctx context.Context, r CommandRecord, d time.Duration) {
 	s.hist.add(r)
 	s.auditCommand(ctx, r)
-	s.mgr.metrics().CommandDone(r.Source, time.Duration(r.DurationMs)*time.Millisecond)
-}
-
-type sourceKey struct{}
-
-// WithCommandSource marks ctx's commands as coming from source ("rest"),
-// for the history; unmarked commands are "ssh".
-func WithCommandSource(ctx context.Context, source string) context.Context {
-	return context.WithValue(ctx, sourceKey{}, source)
-}
-
-// NoHistory marks ctx's commands as ones the history must not list on
-// their own (a persistent shell's process: its commands are recorded one
-// by one with RecordCommand).
-func NoHistory(ctx context.Context) context.Context {
-	return context.WithValue(ctx, sourceKey{}, "")
+	if s.metrics != nil {
+		s.metrics.CommandDone(r.Source, d)
+	}
 }
 
 // recorded wraps a started exec so that its end is recorded.
@@ -87,17 +82,10 @@ type recorded struct {
 	once   sync.Once
 }
 
-// record returns p wrapped to record cmd in s's history when it ends, or
-// p as it is for what the history does not list (shells, subsystems).
-func (s *Session) record(ctx context.Context, cmd sandbox.Cmd, p sandbox.Process) sandbox.Process {
-	source, marked := ctx.Value(sourceKey{}).(string)
-	if !marked {
-		source = "ssh"
-	}
-	if cmd.Command == "" || cmd.Subsystem != "" || source == "" {
-		return p
-	}
-	r := &recorded{Process: p, s: s, ctx: context.WithoutCancel(ctx), rec: CommandRecord{Command: cmd.Command, Source: source, StartedAt: time.Now().UTC()}}
+// record returns p wrapped to record command, from source, in s's history
+// when it ends.
+func (s *Session) record(ctx context.Context, command, source string, p sandbox.Process) sandbox.Process {
+	r := &recorded{Process: p, s: s, ctx: context.WithoutCancel(ctx), rec: CommandRecord{Command: command, Source: source, StartedAt: time.Now().UTC()}}
 	r.stdout = countReader{p.Stdout(), &r.out}
 	if e := p.Stderr(); e != nil {
 		r.stderr = countReader{e, &r.out}
@@ -131,9 +119,7 @@ func (r *recorded) Wait() (sandbox.Exit, error) {
 				rec.ExitCode = &code
 			}
 		}
-		r.s.hist.add(rec)
-		r.s.auditCommand(r.ctx, rec)
-		r.s.mgr.metrics().CommandDone(rec.Source, time.Since(rec.StartedAt))
+		r.s.recordCommand(r.ctx, rec, time.Since(rec.StartedAt))
 	})
 	return exit, err
 }

@@ -356,18 +356,26 @@ func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked) (*Se
 		ID: newID(), Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
 		SSHPublicKey: c.sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
-		Secrets: c.secrets, secrets: m.cfg.Secrets, egressAllow: c.allow.Entries(),
+		Secrets: c.secrets, egressAllow: c.allow.Entries(),
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
 		conns:        map[*connEntry]struct{}{},
-		mgr:          m,
 	}
+	m.own(s)
 	if cp.IdempotencyKey != "" {
 		s.requestHash = c.fp
 	}
 	s.lastActivity.Store(now.UnixNano())
 	s.Workspace = cp.Workspace
 	return s, pw
+}
+
+// own gives s what it asks of the manager that holds it, as values: the
+// secrets, the auditor, the metrics, and the resume of a stopped session.
+// The session keeps no pointer to m.
+func (m *Manager) own(s *Session) {
+	s.secrets, s.auditor, s.metrics = m.cfg.Secrets, m.cfg.Audit, m.cfg.Metrics
+	s.resume = func(ctx context.Context) error { return m.resume(ctx, s) }
 }
 
 // sandboxCreateFailed logs and audits a driver's failure to make s's

@@ -32,7 +32,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 	restored, failed := 0, 0
 	for _, r := range recs {
 		s := sessionFromRecord(r)
-		s.secrets, s.mgr = m.cfg.Secrets, m
+		m.own(s)
 		if live(r.Status) {
 			reason := "the sandbox driver cannot re-attach sandboxes after a restart"
 			if ra != nil {

@@ -93,7 +93,19 @@ func (f *SecretsFile) Reload() error {
 		if !ok {
 			return fmt.Errorf("secrets file %s line %d: want NAME=value, tenant/NAME=value, or either with @host,host after the name", f.path, n)
 		}
-		key, hosts, pinned := strings.Cut(key, "@")
+		// The tenant ends at the last "/": it may hold "@" (JWT tenants
+		// are jwt:<sub>, often an e-mail address), and neither the name
+		// nor the pinned hosts hold "/".
+		tenant, name, scoped := "", key, false
+		if i := strings.LastIndexByte(key, '/'); i >= 0 {
+			tenant, name, scoped = key[:i], key[i+1:], true
+		}
+		name, hosts, pinned := strings.Cut(name, "@")
+		if scoped {
+			key = tenant + "/" + name
+		} else {
+			key = name
+		}
 		e := secretEntry{value: value, pinned: pinned}
 		if pinned {
 			var pats []string
@@ -111,10 +123,6 @@ func (f *SecretsFile) Reload() error {
 				return fmt.Errorf("secrets file %s line %d: %s is pinned to bad hosts: %s", f.path, n, key, why)
 			}
 			e.pins = b
-		}
-		tenant, name, scoped := strings.Cut(key, "/")
-		if !scoped {
-			tenant, name = "", key
 		}
 		if !validEnvName(name) || (scoped && tenant == "") {
 			return fmt.Errorf("secrets file %s line %d: %q is not a valid secret name (letters, digits and _, not starting with a digit)", f.path, n, key)

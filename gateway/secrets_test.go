@@ -77,7 +77,9 @@ func TestSecretsFile(t *testing.T) {
 // keep working beside it.
 func TestSecretsFilePins(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "secrets")
-	writeSecrets(t, path, "PLAIN=p\nGH@api.github.com, uploads.github.com:443=tok=en@x\nalice/GH@*.alice.test=alices\nalice/OWN=o\n")
+	writeSecrets(t, path, "PLAIN=p\nGH@api.github.com, uploads.github.com:443=tok=en@x\nalice/GH@*.alice.test=alices\nalice/OWN=o\n"+
+		// JWT tenants are jwt:<sub>, and a subject is often an e-mail.
+		"jwt:carol@example.com/OWN=c\njwt:carol@example.com/GH@api.github.com=carols\n")
 	f, err := gateway.OpenSecrets(path)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +92,8 @@ func TestSecretsFilePins(t *testing.T) {
 		{"bob", "GH", "tok=en@x", []string{"api.github.com", "uploads.github.com:443"}},
 		{"alice", "GH", "alices", []string{"*.alice.test"}},
 		{"alice", "OWN", "o", nil},
+		{"jwt:carol@example.com", "OWN", "c", nil},
+		{"jwt:carol@example.com", "GH", "carols", []string{"api.github.com"}},
 	} {
 		if v, ok := f.Lookup(c.tenant, c.name); !ok || v != c.value {
 			t.Errorf("Lookup(%s, %s) = %q, %v; want %q", c.tenant, c.name, v, ok, c.value)

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -81,8 +82,13 @@ type Session struct {
 	// tunnels since this gateway process started (tunnelbytes.go).
 	tunnelIn, tunnelOut atomic.Int64
 
-	// mgr is the manager that holds the session: it resumes a stopped one.
-	mgr *Manager
+	// resume starts the stopped session again (the holding Manager's
+	// resume; nil, as for a session made by hand, leaves it stopped);
+	// auditor and metrics are the Manager's too (nil: none). The Manager
+	// sets them with hold; the session never calls back into it otherwise.
+	resume  func(ctx context.Context) error
+	auditor audit.Auditor
+	metrics Metrics
 	// life orders Stop and resume (held to write) against the start of
 	// processes (held to read): a process never starts in a sandbox half
 	// stopped, and many first calls to a stopped session resume it once.
@@ -195,10 +201,57 @@ func sessionFromRecord(r Record) *Session {
 
 type connEntry struct{ close func() }
 
-// Sandbox is the session's sandbox, as the session's processes must be
-// started in it: with the session's environment (its secrets, its egress
-// proxy and trust store) added to every command's, and each exec recorded
-// in the session's history.
+// StartOptions say what Session.Start does around the start of a
+// process, besides starting it in the session's sandbox with the
+// session's environment.
+type StartOptions struct {
+	// Resume starts a stopped session again first. Without it a stopped
+	// session's Start fails with sandbox.ErrStopped: clean-up after
+	// processes that a Stop ended must not bring the session back.
+	Resume bool
+	// Record lists the command in the session's history (and the audit
+	// trail and the metrics) when it ends, with Source. A caller that
+	// records its commands itself (a persistent shell's, one at a time;
+	// a REST command, which knows its timeout) leaves it false and calls
+	// RecordCommand. Subsystems and shells (no Command) are never listed.
+	Record bool
+	// Source is where the command came from: "ssh" or "rest".
+	Source string
+}
+
+// SSHStart are the options of an SSH channel's processes, and of the
+// session's Sandbox().Start: resume, and record as "ssh".
+var SSHStart = StartOptions{Resume: true, Record: true, Source: "ssh"}
+
+// Start starts cmd in the session's sandbox as o says: with the session's
+// environment (its secrets, its egress proxy and trust store) added to
+// the command's. A session restored as failed, which has no sandbox,
+// answers sandbox.ErrClosed.
+func (s *Session) Start(ctx context.Context, cmd sandbox.Cmd, o StartOptions) (sandbox.Process, error) {
+	if s.sandbox == nil {
+		return nil, sandbox.ErrClosed
+	}
+	unlock, err := s.running(ctx, o.Resume)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if env := s.env(); len(env) > 0 {
+		cmd.Env = append(slices.Clip(cmd.Env), env...) // the session's win
+	}
+	p, err := s.sandbox.Start(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	if !o.Record || cmd.Command == "" || cmd.Subsystem != "" {
+		return p, nil
+	}
+	return s.record(ctx, cmd.Command, o.Source, p), nil
+}
+
+// Sandbox is the session's sandbox as the session's processes must be
+// started in it: its Start is the session's Start with SSHStart. Its
+// optional interfaces are the driver's, behind the wrapper (sandbox.As).
 func (s *Session) Sandbox() sandbox.Sandbox {
 	if s.sandbox == nil { // a session restored as failed
 		return nil
@@ -206,7 +259,7 @@ func (s *Session) Sandbox() sandbox.Sandbox {
 	return sessionSandbox{s.sandbox, s}
 }
 
-// sessionSandbox adds a session's environment to the commands it starts.
+// sessionSandbox starts processes through its session's Start.
 type sessionSandbox struct {
 	sandbox.Sandbox
 	s *Session
@@ -216,22 +269,9 @@ type sessionSandbox struct {
 // the driver made (its init's pid).
 func (sb sessionSandbox) Unwrap() sandbox.Sandbox { return sb.Sandbox }
 
-// Start starts cmd in the session's sandbox, resuming a stopped session
-// first (but with a NoResume ctx).
+// Start is the session's Start with SSHStart.
 func (sb sessionSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Process, error) {
-	unlock, err := sb.s.running(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if env := sb.s.env(); len(env) > 0 {
-		cmd.Env = append(slices.Clip(cmd.Env), env...) // the session's win
-	}
-	p, err := sb.Sandbox.Start(ctx, cmd)
-	if err != nil {
-		return nil, err
-	}
-	return sb.s.record(ctx, cmd, p), nil
+	return sb.s.Start(ctx, cmd, SSHStart)
 }
 
 // env is what the session adds to every process's environment, as of now:

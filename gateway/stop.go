@@ -99,31 +99,22 @@ func (m *Manager) putManaged(s *Session) error {
 	return nil
 }
 
-type noResumeKey struct{}
-
-// NoResume marks ctx's processes as ones that must not resume a stopped
-// session (clean-up after the session's processes, which a Stop ended):
-// their Start fails with sandbox.ErrStopped instead.
-func NoResume(ctx context.Context) context.Context {
-	return context.WithValue(ctx, noResumeKey{}, true)
-}
-
-// running waits until s is not stopped, resuming it if need be, and
-// returns with s.life held to read (unlock releases it): s does not stop
-// until the caller has started its process.
-func (s *Session) running(ctx context.Context) (unlock func(), err error) {
+// running waits until s is not stopped, resuming it if need be (and
+// resume allows), and returns with s.life held to read (unlock releases
+// it): s does not stop until the caller has started its process.
+func (s *Session) running(ctx context.Context, resume bool) (unlock func(), err error) {
 	for {
 		s.life.RLock()
 		if s.Status() != StatusStopped {
 			return s.life.RUnlock, nil
 		}
 		s.life.RUnlock()
-		if ctx.Value(noResumeKey{}) != nil {
+		if !resume || s.resume == nil {
 			return nil, sandbox.ErrStopped
 		}
 		s.life.Lock()
 		if s.Status() == StatusStopped {
-			err = s.mgr.resume(ctx, s)
+			err = s.resume(ctx)
 		}
 		s.life.Unlock()
 		if err != nil {
@@ -133,11 +124,9 @@ func (s *Session) running(ctx context.Context) (unlock func(), err error) {
 }
 
 // resume starts stopped session s again: its sandbox (same files, new
-// processes), then its egress proxy. s.life is held.
+// processes), then its egress proxy. s.life is held. It is the session's
+// resume (hold).
 func (m *Manager) resume(ctx context.Context, s *Session) error {
-	if m == nil {
-		return sandbox.ErrStopped
-	}
 	st, ok := s.sandbox.(sandbox.Stopper)
 	if !ok {
 		return sandbox.ErrStopped

@@ -142,8 +142,8 @@ func TestStopAndResume(t *testing.T) {
 		t.Fatalf("second Stop: %v", err)
 	}
 	// Processes that must not resume it do not.
-	if _, err := s.Sandbox().Start(gateway.NoResume(context.Background()), sandbox.Cmd{Command: "true"}); !errors.Is(err, sandbox.ErrStopped) {
-		t.Errorf("NoResume start: %v, want ErrStopped", err)
+	if _, err := s.Start(context.Background(), sandbox.Cmd{Command: "true"}, gateway.StartOptions{}); !errors.Is(err, sandbox.ErrStopped) {
+		t.Errorf("start without Resume: %v, want ErrStopped", err)
 	}
 
 	// The next process resumes it.

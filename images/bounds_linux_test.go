@@ -234,6 +234,7 @@ func TestWriteSparseKeepsContent(t *testing.T) {
 	}
 	defer root.Close()
 	u := &unpacker{root: root}
+	holes := holesSupported(t, dir)
 	cases := map[string][]byte{
 		"empty":      {},
 		"zeros":      make([]byte, 3*blockSize+17),
@@ -263,6 +264,23 @@ func TestWriteSparseKeepsContent(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Errorf("%s: content differs (%d bytes, want %d)", name, len(got), len(want))
 		}
+		// The zero blocks are holes: the file takes the disk of its
+		// data blocks only (one filesystem block of slack), without root.
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		fsBlock := max(int64(st.Blksize), blockSize)
+		var dataBlocks int64
+		for i := 0; i < len(want); i += blockSize {
+			if !bytes.Equal(want[i:min(len(want), i+blockSize)], zeroBlock[:min(len(want), i+blockSize)-i]) {
+				dataBlocks++
+			}
+		}
+		if alloc, most := st.Blocks*512, dataBlocks*fsBlock+fsBlock; holes && alloc > most {
+			t.Errorf("%s: %d bytes on disk for %d data blocks of %d bytes; want at most %d (the zero blocks as holes)",
+				name, alloc, dataBlocks, blockSize, most)
+		}
 	}
 	f, err := root.OpenFile("short", os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -272,6 +290,32 @@ func TestWriteSparseKeepsContent(t *testing.T) {
 	if _, err := u.writeData(f, bytes.NewReader([]byte("abc")), 10); err == nil || !strings.Contains(err.Error(), "short file: 3 of 10") {
 		t.Errorf("short data: %v", err)
 	}
+}
+
+// holesSupported reports whether dir's filesystem keeps a file's holes
+// (a file truncated to 1 MiB takes no block); under CI=true it must.
+func holesSupported(t *testing.T, dir string) bool {
+	t.Helper()
+	p := filepath.Join(dir, "hole-probe")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(p)
+	if err := os.Truncate(p, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s keeps no holes (a 1 MiB hole takes %d blocks): the hole checks cannot run", dir, st.Blocks)
+		}
+		t.Logf("%s keeps no holes: the hole checks are skipped", dir)
+		return false
+	}
+	return true
 }
 
 type oddReader struct {

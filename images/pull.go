@@ -418,6 +418,13 @@ func (s *Store) layerSources(img v1.Image, cfg *v1.ConfigFile, compressed bool) 
 			if src.size, err = l.Size(); err != nil {
 				return nil, err
 			}
+			// The size bounds the blob's read and its ratio to the tar.
+			if src.size < 0 {
+				return nil, fmt.Errorf("invalid manifest: layer %d has a negative size (%d)", i, src.size)
+			}
+			if src.size > s.limits.MaxLayerBytes {
+				return nil, fmt.Errorf("%w: layer %d is %s compressed, larger than the limit of the layer (%s)", ErrTooLarge, i, fmtBytes(src.size), fmtBytes(s.limits.MaxLayerBytes))
+			}
 			src.digest, src.open = d.String(), l.Compressed
 		} else {
 			src.open = l.Uncompressed

@@ -3,6 +3,9 @@ package images
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -21,12 +24,17 @@ import (
 
 // A 40 MB manifest is refused as too large without being read whole:
 // with its length announced, at once; without, past the bound (issue 34,
-// item 9: one took 1 GB of memory).
+// item 9: one took 1 GB of memory). A repository whose name holds
+// "/blobs/" is no way around it.
 func TestPullHugeManifestRefused(t *testing.T) {
 	huge := append([]byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","layers":[`),
 		bytes.Repeat([]byte(`{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","size":1,"digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000"},`), 40<<20/150)...)
-	for _, chunked := range []bool{false, true} {
-		t.Run("chunked="+strconv.FormatBool(chunked), func(t *testing.T) {
+	for _, tc := range []struct {
+		repo    string
+		chunked bool
+	}{{"test/huge:1", false}, {"test/huge:1", true}, {"x/blobs/y:1", false}, {"x/blobs/y:1", true}} {
+		repo, chunked := tc.repo, tc.chunked
+		t.Run(repo+"/chunked="+strconv.FormatBool(chunked), func(t *testing.T) {
 			reg := imagestest.NewRegistry(t)
 			var sent atomic.Int64
 			reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
@@ -52,7 +60,7 @@ func TestPullHugeManifestRefused(t *testing.T) {
 			var ms0, ms1 runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&ms0)
-			_, err := s.Pull(context.Background(), reg.Ref("test/huge:1"), PullOptions{})
+			_, err := s.Pull(context.Background(), reg.Ref(repo), PullOptions{})
 			runtime.ReadMemStats(&ms1)
 			if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "manifest or index is larger than its limit of 4.0 MiB") {
 				t.Fatalf("pull of a 40 MB manifest: %v; want ErrTooLarge", err)
@@ -194,4 +202,63 @@ func TestPullRedirects(t *testing.T) {
 		t.Logf("error: %v", err)
 		assertUnchanged(t, s, before)
 	})
+}
+
+// A manifest's layer size bounds the blob's read and the ratio of tar to
+// blob: a negative one (which turned both off) is an invalid manifest,
+// and one past the layer limit is too large, before any blob is fetched.
+func TestPullLayerSizeChecked(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		size int64
+		want string
+	}{
+		{"negative", -1, "invalid manifest: layer 0 has a negative size (-1)"},
+		{"past the layer limit", 2 << 20, "layer 0 is 2.0 MiB compressed, larger than the limit of the layer (1.0 MiB)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := imagestest.NewRegistry(t)
+			layer := imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})
+			img := imagestest.Image(t, v1.Config{}, layer)
+			reg.Push(t, "test/size:1", img)
+			m, err := img.Manifest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Layers[0].Size = tc.size
+			raw, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256(raw)
+			var blobGets atomic.Int64
+			reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+				if strings.Contains(req.URL.Path, "/blobs/"+digestOf(t, layer).String()) {
+					blobGets.Add(1)
+					return false
+				}
+				if !strings.HasSuffix(req.URL.Path, "/manifests/1") {
+					return false
+				}
+				w.Header().Set("Content-Type", string(m.MediaType))
+				w.Header().Set("Docker-Content-Digest", "sha256:"+hex.EncodeToString(sum[:]))
+				w.Header().Set("Content-Length", strconv.Itoa(len(raw)))
+				w.Write(raw)
+				return true
+			})
+			s, _ := newStore(t, WithLimits(Limits{MaxLayerBytes: 1 << 20}))
+			before := snap(t, s)
+			_, err = s.Pull(context.Background(), reg.Ref("test/size:1"), PullOptions{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("pull: %v; want an error saying %q", err, tc.want)
+			}
+			if tooLarge := errors.Is(err, ErrTooLarge); tooLarge != (tc.size > 0) {
+				t.Errorf("errors.Is(err, ErrTooLarge) = %v", tooLarge)
+			}
+			if n := blobGets.Load(); n != 0 {
+				t.Errorf("the layer's blob was fetched %d times", n)
+			}
+			assertUnchanged(t, s, before)
+		})
+	}
 }

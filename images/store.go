@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -114,6 +115,7 @@ type Store struct {
 	limits   Limits
 	space    space
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
+	proxy    func(*http.Request) (*url.URL, error)
 
 	pullTimeout  time.Duration // <0: none
 	stallTimeout time.Duration // <0: none
@@ -227,6 +229,15 @@ func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, 
 	return func(s *Store) error { s.dial = dial; return nil }
 }
 
+// WithProxy sets the HTTP proxy of the store's default transport
+// (default: http.ProxyFromEnvironment). The proxy, not the dialer, then
+// connects to the registries and the servers they redirect to, so the
+// gateway passes a function that applies its egress address rule to the
+// request's host before it returns a proxy. No effect with WithTransport.
+func WithProxy(proxy func(*http.Request) (*url.URL, error)) Option {
+	return func(s *Store) error { s.proxy = proxy; return nil }
+}
+
 // HostPlatform is the platform of this binary: linux, runtime.GOARCH and,
 // for 32-bit ARM, the variant it was built for (GOARM).
 func HostPlatform() v1.Platform {
@@ -274,6 +285,9 @@ func Open(dataDir string, opts ...Option) (*Store, error) {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		if s.dial != nil {
 			t.DialContext = s.dial
+		}
+		if s.proxy != nil {
+			t.Proxy = s.proxy
 		}
 		s.rt = t
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -63,12 +64,34 @@ func origin(req *http.Request) *http.Request {
 	return req
 }
 
+// isBlob: the chain started at /v2/<name>/blobs/<digest>. The path's
+// last segments decide, as a repository's name may hold "/blobs/" too
+// (the manifest of x/blobs/y is no blob).
 func isBlob(req *http.Request) bool {
-	return req.Method == http.MethodGet && strings.Contains(origin(req).URL.Path, "/blobs/")
+	if req.Method != http.MethodGet {
+		return false
+	}
+	kind, ref := lastSegments(origin(req).URL.Path)
+	return kind == "blobs" && blobDigest.MatchString(ref)
 }
 
+// isManifest: the chain started at /v2/<name>/manifests/<reference>.
 func isManifest(req *http.Request) bool {
-	return strings.Contains(origin(req).URL.Path, "/manifests/")
+	kind, ref := lastSegments(origin(req).URL.Path)
+	return kind == "manifests" && ref != ""
+}
+
+// blobDigest is a digest as a blob's path ends in: <algorithm>:<encoded>.
+var blobDigest = regexp.MustCompile(`^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$`)
+
+// lastSegments is p's next-to-last and last segments.
+func lastSegments(p string) (kind, ref string) {
+	i := strings.LastIndexByte(p, '/')
+	if i < 0 {
+		return "", ""
+	}
+	j := strings.LastIndexByte(p[:i], '/')
+	return p[j+1 : i], p[i+1:]
 }
 
 // guardBody is a response body under guardTransport: a read waits at most

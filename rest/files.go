@@ -89,7 +89,7 @@ func (a *api) openStream(w http.ResponseWriter, r *http.Request, s *gateway.Sess
 }
 
 func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Session, stream bool) (*dataplane.FS, bool) {
-	fsys, err := a.dp.Files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, stream)
+	fsys, err := a.dp.Files.Open(r.Context(), s.ID, s.Tenant, s, stream)
 	if err != nil {
 		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return nil, false
@@ -105,7 +105,7 @@ func (a *api) sweepUploads(stale []dataplane.StaleUpload) {
 	if !ok {
 		return
 	}
-	ctx := gateway.NoHistory(context.Background())
+	ctx := context.Background()
 	n := a.dp.Files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
 		tenant, known := owners.Owner(id)
 		if !known {

@@ -269,7 +269,7 @@ func (c *channel) start(kind string, payload []byte) (func(), bool) {
 	c.started = true
 	// The context ends with the channel; the drivers use it for the start
 	// only, and the process ends through abort.
-	proc, err := c.sess.Sandbox().Start(c.ctx, cmd)
+	proc, err := c.sess.Start(c.ctx, cmd, gateway.SSHStart)
 	if err != nil {
 		c.srv.cfg.Log.WarnContext(c.ctx, "exec_start_failed", "session", c.sess.ID, "kind", kind, "err", err)
 		return func() { c.reportStartFailure(kind, cmd.Command, cmd.PTY != nil, err) }, true

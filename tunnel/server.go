@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/rawio"
 )
@@ -50,7 +51,9 @@ type Server struct {
 	handle     ConnHandler
 	writeError func(http.ResponseWriter, error)
 	log        *slog.Logger
-	admit      Admitter // nil: every CONNECT is admitted
+	admit      Admitter      // nil: every CONNECT is admitted
+	metrics    Metrics       // nil: not counted (account.go)
+	audit      audit.Auditor // nil: not recorded
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -145,7 +148,10 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.Touch(time.Now())
 	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr)
-	t.handle(context.WithoutCancel(ctx), conn, s)
+	ctx = context.WithoutCancel(ctx)
+	counted, done := t.account(ctx, conn, s)
+	defer done()
+	t.handle(ctx, counted, s)
 }
 
 // track registers conn (nil: only reserves a place in the wait group) and

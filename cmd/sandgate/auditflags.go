@@ -1,14 +1,11 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"log/slog"
-	"net"
 	"path/filepath"
 
 	"github.com/sandgate/sandgate/audit"
-	"github.com/sandgate/sandgate/gateway"
 )
 
 // auditFlags are serve's audit log flags.
@@ -40,20 +37,4 @@ func (a *auditFlags) open(dataDir string, log *slog.Logger, met audit.Metrics) (
 	}
 	log.Info("audit_log", "path", path, "max_size", a.maxSize, "max_files", a.maxFiles)
 	return f, nil
-}
-
-// auditTunnel records a tunnel's opening and returns conn counting its
-// bytes and the func that records its close.
-func auditTunnel(ctx context.Context, a audit.Auditor, conn net.Conn, s *gateway.Session) (net.Conn, func()) {
-	return audit.Tunnel(audit.WithRequest(ctx, auditRequest(ctx)), a, conn, s.ID)
-}
-
-// auditRequest is the CONNECT request's identity: its id, and its
-// principal (which the REST middleware put in the context).
-func auditRequest(ctx context.Context) audit.Request {
-	r := audit.RequestFrom(ctx)
-	if p, ok := gateway.PrincipalFrom(ctx); ok {
-		r.Tenant, r.Auth = p.Tenant, p.Method
-	}
-	return r
 }

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpproxy"
 
 	"github.com/sandgate/sandgate/images"
 )
@@ -34,8 +37,10 @@ func (f *imageFlags) register(fs *flag.FlagSet) {
 // operator named (in --image-allow patterns, --insecure-registry, and the
 // proxy of the environment) are dialled as they are; any other host, the
 // servers registries redirect to included, only at an address egress's
-// rule allows (public, or inside --egress-allow-cidr).
-func (f *imageFlags) open(cfg *serveConfig, eg publicDialer, log *slog.Logger) (*images.Store, error) {
+// rule allows (public, or inside --egress-allow-cidr). Through an HTTP
+// proxy of the environment the rule is applied to a request's host before
+// the proxy is given it.
+func (f *imageFlags) open(cfg *serveConfig, eg registryGuard, log *slog.Logger) (*images.Store, error) {
 	if f.pullTimeout <= 0 || f.stallTimeout <= 0 {
 		return nil, fmt.Errorf("--image-pull-timeout and --image-pull-stall-timeout must be positive")
 	}
@@ -45,6 +50,7 @@ func (f *imageFlags) open(cfg *serveConfig, eg publicDialer, log *slog.Logger) (
 	trusted := trustedRegistries(cfg.imageAllow, cfg.insecureRegistry)
 	s, err := images.Open(cfg.dataDir,
 		images.WithDialer(registryDialer(trusted, eg)),
+		images.WithProxy(registryProxy(trusted, eg, httpproxy.FromEnvironment().ProxyFunc())),
 		images.WithLimits(images.Limits{MaxImageBytes: f.maxImage, MaxLayerBytes: f.maxImage}),
 		images.WithStoreLimits(images.StoreLimits{MaxBytes: f.storeMax}),
 		images.WithPullTimeouts(f.pullTimeout, f.stallTimeout))
@@ -76,10 +82,16 @@ func trustedRegistries(allow, insecure []string) []string {
 	return out
 }
 
-// registryDialer dials a trusted registry as it is, and anything else
-// through eg's address rule. A trusted entry without a port trusts its
-// host on 443 and 80.
-func registryDialer(trusted []string, eg publicDialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// registryGuard is egress's address rule, to dial by and to check a
+// host by without dialling it.
+type registryGuard interface {
+	publicDialer
+	CheckPublic(ctx context.Context, addr string) error
+}
+
+// trustedAddrs are the host:port pairs of trusted: an entry without a
+// port trusts its host on 443 and 80.
+func trustedAddrs(trusted []string) map[string]bool {
 	ok := map[string]bool{}
 	for _, t := range trusted {
 		t = strings.ToLower(t)
@@ -90,6 +102,46 @@ func registryDialer(trusted []string, eg publicDialer) func(ctx context.Context,
 		ok[net.JoinHostPort(t, "443")] = true
 		ok[net.JoinHostPort(t, "80")] = true
 	}
+	return ok
+}
+
+// registryProxy is the store's HTTP proxy: envProxy's answer, given only
+// for a request to a trusted registry or to a host eg's address rule
+// allows. The proxy's own host is trusted by the dialer, so without this
+// a registry's redirect to e.g. 169.254.169.254 would be fetched by the
+// proxy unchecked.
+func registryProxy(trusted []string, eg registryGuard, envProxy func(*url.URL) (*url.URL, error)) func(*http.Request) (*url.URL, error) {
+	ok := trustedAddrs(trusted)
+	return func(req *http.Request) (*url.URL, error) {
+		proxy, err := envProxy(req.URL)
+		if err != nil || proxy == nil {
+			return proxy, err
+		}
+		port := req.URL.Port()
+		if port == "" {
+			port = "80"
+			if req.URL.Scheme == "https" {
+				port = "443"
+			}
+		}
+		addr := net.JoinHostPort(strings.ToLower(req.URL.Hostname()), port)
+		if ok[addr] {
+			return proxy, nil
+		}
+		if eg == nil {
+			return nil, fmt.Errorf("%s is not a registry the gateway was told to trust", addr)
+		}
+		if err := eg.CheckPublic(req.Context(), addr); err != nil {
+			return nil, fmt.Errorf("%s is not a registry the gateway was told to trust, so the egress address rule applies: %w", addr, err)
+		}
+		return proxy, nil
+	}
+}
+
+// registryDialer dials a trusted registry as it is, and anything else
+// through eg's address rule.
+func registryDialer(trusted []string, eg publicDialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	ok := trustedAddrs(trusted)
 	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if ok[strings.ToLower(addr)] {

@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -23,10 +26,19 @@ import (
 // serve's flags, in a fresh data dir.
 func imageSourceFor(t *testing.T, args ...string) *imageSource {
 	t.Helper()
+	return imageSourceProxied(t, "", args...)
+}
+
+// imageSourceProxied is imageSourceFor with HTTP_PROXY and HTTPS_PROXY
+// set to proxy.
+func imageSourceProxied(t *testing.T, proxy string, args ...string) *imageSource {
+	t.Helper()
 	t.Setenv("DOCKER_CONFIG", t.TempDir())
-	for _, v := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"} {
+	for _, v := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"} {
 		t.Setenv(v, "")
 	}
+	t.Setenv("HTTP_PROXY", proxy)
+	t.Setenv("HTTPS_PROXY", proxy)
 	cfg, err := parseServe(append([]string{"--data-dir", t.TempDir()}, args...), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +126,77 @@ func TestImagePullRedirectUnderEgressRule(t *testing.T) {
 	code, msg = resolveCode(t, src, ref)
 	if code != "image_pull_failed" || !strings.Contains(msg, "private address 127.0.0.1") {
 		t.Errorf("unnamed loopback registry: %s %q; want it refused", code, msg)
+	}
+}
+
+// forwardProxy is an HTTP proxy on loopback: it forwards plain requests
+// (CONNECT it refuses, so a client falls back to plain HTTP) and resolves
+// names by names, not DNS; the hosts it was asked for are counted.
+func forwardProxy(t *testing.T, names map[string]string) (string, func(host string) int64) {
+	t.Helper()
+	var mu sync.Mutex
+	asked := map[string]int64{}
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.Out.URL.Host = names[r.In.URL.Host]
+	}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		host := req.URL.Host
+		if req.Method == http.MethodConnect {
+			host = req.Host
+		}
+		mu.Lock()
+		asked[host]++
+		mu.Unlock()
+		if req.Method == http.MethodConnect || names[host] == "" {
+			http.Error(w, "INTERNAL-SECRET-PAGE", http.StatusBadGateway)
+			return
+		}
+		rp.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, func(host string) int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return asked[host]
+	}
+}
+
+// Through an HTTP proxy of the environment, a registry's redirect is
+// under the egress address rule too: the gateway does not hand the
+// proxy a request for a private address (issue 34, item 9).
+func TestImagePullRedirectThroughProxy(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	layer := imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})
+	reg.Push(t, "test/proxied:1", imagestest.Image(t, v1.Config{}, layer))
+	var redirect atomic.Bool
+	reg.Intercept(func(w http.ResponseWriter, req *http.Request) bool {
+		if redirect.Load() && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/blobs/"+digestOf(t, layer).String()) {
+			http.Redirect(w, req, "http://100.100.100.200/latest/meta-data/", http.StatusTemporaryRedirect)
+			return true
+		}
+		return false
+	})
+	proxy, asked := forwardProxy(t, map[string]string{"registry.test": reg.Host})
+	args := []string{"--image-allow", "registry.test/*", "--insecure-registry", "registry.test"}
+
+	// The registry, named by the operator, is reached through the proxy.
+	src := imageSourceProxied(t, proxy, args...)
+	if _, err := src.Resolve(context.Background(), "registry.test/test/proxied:1"); err != nil {
+		t.Fatalf("pull through the proxy: %v", err)
+	}
+	if asked("registry.test") == 0 {
+		t.Fatal("the pull did not go through the proxy")
+	}
+
+	redirect.Store(true)
+	src = imageSourceProxied(t, proxy, args...)
+	code, msg := resolveCode(t, src, "registry.test/test/proxied:1")
+	t.Logf("%s: %s", code, msg)
+	if code != "image_pull_failed" || !strings.Contains(msg, "100.100.100.200") || strings.Contains(msg, "INTERNAL-SECRET-PAGE") {
+		t.Errorf("redirect to a cloud metadata address (CGNAT): %s %q; want image_pull_failed refusing it", code, msg)
+	}
+	if n := asked("100.100.100.200"); n != 0 {
+		t.Errorf("the proxy was asked for 100.100.100.200 %d times", n)
 	}
 }
 

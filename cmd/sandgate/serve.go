@@ -457,13 +457,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	iso, unenforced := isolation(driver)
-	tun := tunnel.NewServer(mgr, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
-		conn, done := met.Tunnel(s.CountTunnel(conn))
-		defer done()
-		conn, closed := auditTunnel(ctx, auditor, conn, s)
-		defer closed()
-		ssh.ServeConnContext(ctx, conn, s)
-	}, rest.WriteGatewayError, log, tunnel.WithAdmitter(ssh))
+	tun := tunnel.NewServer(mgr, ssh.ServeConnContext, rest.WriteGatewayError, log,
+		tunnel.WithAdmitter(ssh), tunnel.WithMetrics(met), tunnel.WithAudit(auditor))
 	stopping := make(chan struct{}) // closed at the drain's end: REST commands still running are answered
 	// The data plane's state, shared by /v1 and the compat APIs.
 	plane := dataplane.NewPlane(cfg.dataPlane.config(cfg, egressCfg.Proxy))

@@ -65,7 +65,11 @@ func TestStalledTenantLeavesLoginsToOthers(t *testing.T) {
 		}
 	}
 	t.Logf("tenant a's 351 CONNECTs: %v; %d tunnels stalled in SSH authentication", codes, stalled)
-	if stalled != 32 || codes[http.StatusOK] != 32 || codes[http.StatusTooManyRequests] < 200 {
+	// How many of the rest the per-IP waiting-connection bound closes
+	// before they are answered depends on the machine's speed; every one
+	// of them is refused either way, and none gets another answer.
+	refused := codes[http.StatusTooManyRequests] + codes[0]
+	if stalled != 32 || codes[http.StatusOK] != 32 || refused != 351-32 || codes[http.StatusTooManyRequests] == 0 {
 		t.Errorf("tenant a: %v, %d stalled: want 32 tunnels and the rest 429 (or closed unanswered by the connection bound)", codes, stalled)
 	}
 

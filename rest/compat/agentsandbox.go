@@ -338,7 +338,7 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		_ = writeBareJSON(w, http.StatusOK, agentExecuteResult{Output: "Empty code\n", Artifacts: []agentArtifact{}})
 		return
 	}
-	fsys, err := x.d.Plane.Files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
+	fsys, err := x.d.Plane.Files.Open(r.Context(), s.ID, s.Tenant, s, false)
 	if err != nil {
 		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
@@ -599,7 +599,7 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 		fetchable = append(fetchable, u)
 	}
 	if len(fetchable) > 0 {
-		fsys, err := x.d.Plane.Files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
+		fsys, err := x.d.Plane.Files.Open(r.Context(), s.ID, s.Tenant, s, false)
 		if err != nil {
 			x.d.fileError(w, r, err)
 			return

@@ -99,7 +99,7 @@ func (d *Deps) session(w http.ResponseWriter, r *http.Request) (*gateway.Session
 // openFS is the session's SFTP server for one request, as /v1's file
 // calls open it.
 func (d *Deps) openFS(w http.ResponseWriter, r *http.Request, s *gateway.Session) (*dataplane.FS, bool) {
-	fsys, err := d.Plane.Files.Open(gateway.NoHistory(r.Context()), s.ID, s.Tenant, s, false)
+	fsys, err := d.Plane.Files.Open(r.Context(), s.ID, s.Tenant, s, false)
 	if err != nil {
 		d.fileError(w, r, err)
 		return nil, false

@@ -328,8 +328,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	// An unreaped child: the pid cannot have been reused.
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, unix.O_NONBLOCK)
 	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		killWait(cmd)
 		return fmt.Errorf("pidfd of sandbox init: %w", err)
 	}
 	st.Pid = cmd.Process.Pid
@@ -495,11 +494,17 @@ func (d *Driver) startInit(uidBase int, logPath string, cgroupFD int, cgroupTask
 	}
 	fc, err := net.FileConn(ours)
 	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		killWait(cmd)
 		return nil, nil, err
 	}
 	return cmd, fc.(*net.UnixConn), nil
+}
+
+// killWait kills an init this gateway started and has not handed over
+// yet, and reaps it.
+func killWait(cmd *exec.Cmd) {
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
 }
 
 // probe builds a throwaway sandbox (without cgroups or control socket) to
@@ -518,8 +523,7 @@ func (d *Driver) probe() error {
 	// Sandboxes are watched through pidfds (Driver 5.3).
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, unix.O_NONBLOCK)
 	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		killWait(cmd)
 		return fmt.Errorf("pidfd_open: %w", err)
 	}
 	unix.Close(pidfd)
@@ -713,20 +717,28 @@ func (d *Driver) reap(id string) error {
 	if err != nil || st == nil {
 		st = &sandboxState{ID: id, Workspace: filepath.Join(dir, "workspace")}
 	}
-	var errs []error
 	cgs := d.cgroupsOf(st)
-	// A frozen init (a snapshot cut short) ignores SIGKILL until thawed.
-	d.thaw(id, cgs, "reaped")
-	if fd, err := openInit(st, 0); err == nil {
-		errs = append(errs, killPidfd(fd, 10*time.Second))
-		unix.Close(fd)
-	}
-	// Without a state file (or with one that no longer names its init),
-	// the sandbox's cgroups still hold whatever of it runs.
-	cgroup.KillProcs(cgs)
+	errs := []error{d.killLeft(st, cgs, "reaped")}
 	errs = append(errs, cgroup.Remove(cgs), unmountUnder(dir), os.RemoveAll(dir))
 	d.freeSlot(st.Slot, id)
 	return errors.Join(errs...)
+}
+
+// killLeft kills what runs of sandbox st, which this gateway does not
+// hold (a previous run's): it thaws its cgroups cgs (a frozen init, from
+// a snapshot cut short, ignores SIGKILL until thawed; why says when, in
+// the log), kills its init if it still runs and waits for it, then kills
+// whatever the cgroups still hold (without a state file, or with one that
+// no longer names its init, they still hold what runs of it).
+func (d *Driver) killLeft(st *sandboxState, cgs []string, why string) error {
+	d.thaw(st.ID, cgs, why)
+	var err error
+	if fd, oerr := openInit(st, 0); oerr == nil {
+		err = killPidfd(fd, 10*time.Second)
+		unix.Close(fd)
+	}
+	cgroup.KillProcs(cgs)
+	return err
 }
 
 // cgroupsOf lists the cgroups of the sandbox of st: those its state names

@@ -76,11 +76,6 @@ func (s *linuxSandbox) thawRetrying(thaw func() error) error {
 	return fmt.Errorf("thaw after %d tries: %w", thawTries, err)
 }
 
-var (
-	_ sandbox.Freezer        = (*linuxSandbox)(nil)
-	_ sandbox.WorkspaceHomer = (*linuxSandbox)(nil)
-)
-
 // WorkspaceHome is the host directory that is the sandbox's /workspace
 // (sandbox.WorkspaceHomer): the workspace mount, or its home/ on an image.
 func (s *linuxSandbox) WorkspaceHome() string {

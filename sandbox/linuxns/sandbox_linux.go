@@ -268,18 +268,7 @@ func (s *linuxSandbox) Detach(ctx context.Context) error {
 }
 
 func (s *linuxSandbox) teardown() error {
-	var errs []error
-	// A frozen init (a snapshot cut short) ignores SIGKILL until thawed.
-	s.thawForKill()
-	if pidfd, done := s.current(); pidfd != nil {
-		s.signalInit(unix.SIGKILL)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			errs = append(errs, errors.New("sandbox init did not exit after SIGKILL"))
-		}
-		pidfd.Close()
-	}
+	errs := []error{s.killCurrent()}
 	dir := s.d.dir(s.st.ID)
 	errs = append(errs,
 		cgroup.Remove(s.st.Cgroups),
@@ -288,6 +277,26 @@ func (s *linuxSandbox) teardown() error {
 		os.RemoveAll(dir))
 	s.d.freeSlot(s.st.Slot, s.st.ID)
 	return errors.Join(errs...)
+}
+
+// killCurrent kills the sandbox's current init, if it has one, and
+// waits (at most 10 s) until it is gone, and with it every process of its
+// pid namespace. A frozen init (a snapshot cut short) ignores SIGKILL
+// until thawed: the cgroups are thawed first.
+func (s *linuxSandbox) killCurrent() error {
+	s.thawForKill()
+	pidfd, done := s.current()
+	if pidfd == nil {
+		return nil
+	}
+	defer pidfd.Close()
+	s.signalInit(unix.SIGKILL)
+	select {
+	case <-done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("sandbox init did not exit after SIGKILL")
+	}
 }
 
 // thawForKill thaws the sandbox's cgroups before its init is killed,

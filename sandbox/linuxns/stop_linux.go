@@ -74,20 +74,12 @@ func (s *linuxSandbox) Stop(ctx context.Context) error {
 // of its pid namespace) is gone, and removes the cgroups and the image
 // root's mount points. The caller has set stopping.
 func (s *linuxSandbox) killInit() error {
-	var errs []error
-	s.thawForKill()
-	if pidfd, done := s.current(); pidfd != nil {
-		s.signalInit(unix.SIGKILL)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			errs = append(errs, errors.New("sandbox init did not exit after SIGKILL"))
-		}
-		pidfd.Close()
-		s.mu.Lock()
+	errs := []error{s.killCurrent()}
+	s.mu.Lock()
+	if s.pidfd != nil { // closed by killCurrent
 		s.cmd, s.pidfd = nil, nil
-		s.mu.Unlock()
 	}
+	s.mu.Unlock()
 	// Whatever escaped the init's end (nothing should) dies with the
 	// cgroups.
 	cgroup.KillProcs(s.st.Cgroups)
@@ -161,14 +153,8 @@ func (d *Driver) adoptStopped(st *sandboxState) (sandbox.Sandbox, error) {
 	}
 	d.slots[st.Slot] = st.ID
 	d.mu.Unlock()
-	var errs []error
 	cgs := d.cgroupsOf(st)
-	d.thaw(st.ID, cgs, "adopted stopped")
-	if fd, err := openInit(st, 0); err == nil {
-		errs = append(errs, killPidfd(fd, 10*time.Second))
-		unix.Close(fd)
-	}
-	cgroup.KillProcs(cgs)
+	errs := []error{d.killLeft(st, cgs, "adopted stopped")}
 	errs = append(errs, cgroup.Remove(cgs), removeImageDirs(d.dir(st.ID)), removeSocket(st.Socket), checkMounted(st.Workspace))
 	if err := errors.Join(errs...); err != nil {
 		d.freeSlot(st.Slot, st.ID)

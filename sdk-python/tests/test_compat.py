@@ -142,8 +142,8 @@ def test_command_result() -> None:
     assert r == CommandResult("out\n", "err\n", 7, None) and r != CommandResult("out\n", "err\n", 7, "KILL")
     assert r != CommandResult("out\n", "err\n", 7, None, truncated=True)
     assert hash(r) == hash(CommandResult("out\n", "err\n", 7))
-    # asdict has every field, the REST ones (timed_out, cwd, duration_ms) too
-    assert json.loads(json.dumps(dataclasses.asdict(r))) == {**d, "timed_out": False, "cwd": None, "duration_ms": None}
+    # asdict has every field, the REST ones (timed_out, cwd, duration_ms, state_lost) too
+    assert json.loads(json.dumps(dataclasses.asdict(r))) == {**d, "timed_out": False, "cwd": None, "duration_ms": None, "state_lost": False}
     with pytest.raises(KeyError):
         r["nope"]
     # frozen

@@ -19,6 +19,17 @@ import { type TLSOptions, type TunnelSocket, openTunnel } from "./tunnel.js";
 export const MIN_TTL = 60;
 export const MAX_TTL = 28800;
 
+/**
+ * The `type` of the warning (`process.emitWarning`) a client emits once, the
+ * first time the gateway answers a session with `"isolation": "none"` (its
+ * workdir driver isolates nothing and enforces no limit). Filter it by this
+ * type in a `process.on("warning")` listener, or by its code
+ * (`node --disable-warning=SANDGATE_NO_ISOLATION`).
+ */
+export const ISOLATION_WARNING = "IsolationWarning";
+/** The `code` of that warning. */
+export const ISOLATION_WARNING_CODE = "SANDGATE_NO_ISOLATION";
+
 /** Pauses before createSession's retries (so two retries at most), as the Python SDK. */
 const CREATE_RETRY_DELAYS_MS = [500, 1000];
 /** Answers after which a create is retried (with the same Idempotency-Key). */
@@ -523,6 +534,7 @@ export class SandboxClient {
   readonly #apiKey: string;
   readonly #base: string;
   readonly #fetch: typeof fetch;
+  #isolationWarned = false;
 
   constructor(options: SandboxClientOptions = {}) {
     const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
@@ -772,13 +784,29 @@ export class SandboxClient {
 
   #session(data: unknown, what: string, replayed = false): Session {
     if (!isObject(data)) throw new SandboxOperationError(`${what}: unexpected answer: not a JSON object`);
+    let session: Session;
     try {
-      return new Session(this, data as Record<string, unknown>, replayed);
+      session = new Session(this, data as Record<string, unknown>, replayed);
     } catch (e) {
       throw new SandboxOperationError(`${what}: unexpected answer: ${(e as Error).message}`, {
         body: JSON.stringify(data).slice(0, 4096),
       });
     }
+    if (session.isolation === "none") this.#warnIsolation(session);
+    return session;
+  }
+
+  /** Warns once per client (`process.emitWarning`, type `IsolationWarning`) that the gateway isolates nothing. */
+  #warnIsolation(session: Session): void {
+    if (this.#isolationWarned) return;
+    this.#isolationWarned = true;
+    const unenforced = Array.isArray(session.raw["unenforced"]) ? (session.raw["unenforced"] as unknown[]).join(", ") : "";
+    process.emitWarning(
+      `the sandgate gateway at ${this.baseUrl} does not isolate sessions ("isolation": "none", its workdir driver): ` +
+        "their processes run as the gateway's user, with the host's files and network" +
+        (unenforced ? `; not enforced: ${unenforced}` : ""),
+      { type: ISOLATION_WARNING, code: ISOLATION_WARNING_CODE },
+    );
   }
 
   /** @internal Sends one request; returns the answer, or throws the mapped error. */

@@ -5,6 +5,8 @@ export {
   Session,
   MIN_TTL,
   MAX_TTL,
+  ISOLATION_WARNING,
+  ISOLATION_WARNING_CODE,
   type SandboxClientOptions,
   type CreateSessionOptions,
   type ExecOptions,

@@ -335,7 +335,7 @@ def _read_chunks(f: Any, what: str) -> Iterator[bytes]:
 
 
 class _SizedBody:
-    """A file object's chunks with a known length: requests sends it with a
+    """A file object's chunks with a known length: sent with a
     ``Content-Length``, reading the file as it goes."""
 
     def __init__(self, f: Any, length: int, what: str) -> None:
@@ -354,7 +354,7 @@ class _SizedBody:
 
 
 def upload_body(data: Any, what: str) -> Any:
-    """What requests sends for ``write_file``'s data: bytes as they are, a
+    """What is sent for ``write_file``'s data: bytes as they are, a
     file object chunk by chunk (with ``Content-Length`` when its size is
     known, else chunked), never read whole."""
     if isinstance(data, str):
@@ -394,7 +394,7 @@ class NDJSONStream(Iterator[Dict[str, Any]]):
     def __init__(self, resp: Any, what: str, on_error: Callable[[Exception], Exception]) -> None:
         self._resp = resp
         self._what = what
-        self._lines = ndjson_lines(resp.iter_content(chunk_size=None), what)
+        self._lines = ndjson_lines(resp.iter_bytes(), what)
         self._on_error = on_error
         self._closed = False
 
@@ -430,17 +430,6 @@ class NDJSONStream(Iterator[Dict[str, Any]]):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def connection_error(what: str, api_url: str, e: Exception) -> Exception:
-    """A requests exception met while reading an answer's body, as SandboxConnectionError."""
-    import requests
-
-    if isinstance(e, requests.exceptions.Timeout) or "timed out" in str(e).lower():
-        return SandboxConnectionError(f"{what}: timed out reading the answer from {api_url}")
-    if isinstance(e, (requests.exceptions.RequestException, OSError)) or type(e).__module__.startswith("urllib3"):
-        return SandboxConnectionError(f"{what}: the connection to {api_url} broke: {e}")
-    return e
 
 
 class RunStream:

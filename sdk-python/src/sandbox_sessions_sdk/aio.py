@@ -3,8 +3,9 @@ AsyncSessionSSHClient (the Paramiko SSH client in worker threads).
 
 They take the same arguments and have the same methods as
 :class:`SessionsClient` and :class:`SessionSSHClient`, as coroutines; the
-argument checks, request bodies, answer parsing and error mapping are the
-sync client's own (``_common``, ``_dataplane``). Cancelling a call (a
+argument checks, request building, answer parsing, error mapping and retry
+rules are the sync client's own (``_rest``, ``_common``, ``_dataplane``):
+only the I/O differs (``httpx.AsyncClient`` for ``httpx.Client``). Cancelling a call (a
 cancelled task, ``asyncio.wait_for``'s timeout) cancels what it started
 remotely: a REST ``run`` drops its HTTP connection, which kills the command
 (unless ``background``); an SSH ``run_command`` kills the command (SSH
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 import threading
 import uuid
 from datetime import datetime
@@ -25,77 +25,37 @@ from typing import Any, AsyncIterator, BinaryIO, Callable, Dict, List, Mapping, 
 import httpx
 import paramiko
 
-from ._common import (
-    CREATE_RETRY_DELAYS,
-    CREATE_NO_RETRY_CODES,
-    CREATE_RETRY_STATUSES,
-    VerifySSL,
-    answer_list,
-    check_idempotency_key,
-    check_int,
-    check_timeout,
-    create_session_body,
-    error_for_status,
-    is_replayed,
-    json_answer,
-    parse_session,
-    process_path,
-    resolve_settings,
-    rest_base,
-    session_page,
-    session_path,
-    ssl_context,
-    update_session_body,
-)
+from ._common import CREATE_RETRY_DELAYS, VerifySSL, check_idempotency_key, create_session_body, session_path
 from ._dataplane import (
     CHUNK_BYTES,
     ChunkCallback,
     FileList,
     NDJSONSplitter,
-    RunStream,
-    check_bool,
     check_callback,
-    check_path,
     check_shell_name,
-    command_body,
-    command_result,
-    fetch_body,
-    file_list,
-    list_params,
     output_params,
-    process_body,
     read_headers,
-    run_read_timeout,
-    shell_path,
-    signal_body,
-    stdin_bodies,
-    upload_body,
     whole_result,
-    write_params,
 )
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
-from ._version import __version__
-from ._workspaces import (
-    audit_page,
-    audit_params,
-    check_workspace_name,
-    delete_session_params,
-    parse_list,
-    parse_one,
-    port_link,
-    port_link_body,
-    preview_url,
-    snapshot_params,
-    snapshot_path,
-    workspace_path,
+from ._rest import (
+    DEFAULT,
+    TRANSPORT_ERRORS,
+    Download,
+    FirstBytes,
+    Op,
+    RestCore,
+    RunLines,
+    body_error,
+    create_retryable,
+    empty_file,
+    is_ndjson,
+    ops,
+    shell_missing,
+    upload_content,
 )
-from .errors import (
-    FileNotFoundInSandboxError,
-    SandboxAPIError,
-    SandboxConnectionError,
-    SandboxOperationError,
-    SandboxPermissionError,
-)
+from ._workspaces import preview_url
+from .errors import SandboxAPIError, SandboxOperationError
 from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
 from .ssh import CommandCancelled, OutputCallback, PathLike, SessionSSHClient
 from .tunnel import DEFAULT_CONNECT_PATH
@@ -105,49 +65,8 @@ __all__ = ["AsyncSessionsClient", "AsyncShell", "AsyncNDJSONStream", "AsyncSessi
 #: Pauses before create_session's retries (as the sync client's).
 _CREATE_RETRY_DELAYS = CREATE_RETRY_DELAYS
 
-_DEFAULT: Any = object()
-
-
-def _is_tls_error(e: BaseException) -> bool:
-    seen = 0
-    cur: Optional[BaseException] = e
-    while cur is not None and seen < 8:
-        if isinstance(cur, ssl.SSLError):
-            return True
-        cur = cur.__cause__ or cur.__context__
-        seen += 1
-    return "CERTIFICATE_VERIFY_FAILED" in str(e) or "SSL" in type(e).__name__
-
-
-def _create_retryable(e: SandboxAPIError) -> bool:
-    """A failed create worth sending again: the outcome is unknown or the failure transient."""
-    if isinstance(e, SandboxConnectionError):
-        return not (e.__cause__ is not None and _is_tls_error(e.__cause__))
-    return e.status_code in CREATE_RETRY_STATUSES and e.code not in CREATE_NO_RETRY_CODES
-
-
-def _httpx_timeout(connect: Optional[float], read: Optional[float]) -> httpx.Timeout:
-    return httpx.Timeout(connect=connect, read=read, write=connect, pool=connect)
-
-
-def _body_error(what: str, api_url: str, e: Exception) -> SandboxConnectionError:
-    """An httpx (or socket) error met while reading an answer's body."""
-    if isinstance(e, (httpx.TimeoutException, TimeoutError)):
-        return SandboxConnectionError(f"{what}: timed out reading the answer from {api_url}")
-    return SandboxConnectionError(f"{what}: the connection to {api_url} broke: {e}")
-
-
-async def _body_chunks(resp: httpx.Response, what: str, api_url: str, size: Optional[int]) -> AsyncIterator[bytes]:
-    """An answer's body, chunk by chunk; a network error reading it becomes SandboxConnectionError."""
-    chunks = resp.aiter_bytes(size)
-    while True:
-        try:
-            chunk = await chunks.__anext__()
-        except StopAsyncIteration:
-            return
-        except (httpx.HTTPError, OSError) as e:
-            raise _body_error(what, api_url, e) from e
-        yield chunk
+#: The create retry rule (shared with the sync client).
+_create_retryable = create_retryable
 
 
 async def _async_chunks(body: Any) -> AsyncIterator[bytes]:
@@ -161,7 +80,7 @@ async def _async_chunks(body: Any) -> AsyncIterator[bytes]:
         yield chunk
 
 
-class AsyncSessionsClient:
+class AsyncSessionsClient(RestCore):
     """The REST API as coroutines: :class:`SessionsClient`'s methods and
     arguments, over ``httpx.AsyncClient``. Use it as an async context manager::
 
@@ -188,19 +107,7 @@ class AsyncSessionsClient:
         timeout: float = 30,
         verify_ssl: VerifySSL = True,
     ) -> None:
-        self.api_url, self._token = resolve_settings(api_url, bearer_token)
-        self.timeout: Optional[float] = check_timeout("timeout", timeout)
-        self.verify_ssl: VerifySSL = verify_ssl
-        self._base = rest_base(self.api_url)
-        self._http = httpx.AsyncClient(
-            headers={
-                "Authorization": f"Bearer {self._token}",
-                "Accept": "application/json",
-                "User-Agent": f"sandbox-sessions-sdk-python/{__version__}",
-            },
-            verify=ssl_context(verify_ssl),
-            timeout=_httpx_timeout(self.timeout, self.timeout),
-        )
+        self._http = httpx.AsyncClient(**self._setup(api_url, bearer_token, timeout, verify_ssl))
 
     def __repr__(self) -> str:
         return f"AsyncSessionsClient(api_url={self.api_url!r})"
@@ -242,90 +149,67 @@ class AsyncSessionsClient:
             ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name
         )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
+        op = ops.create_session(body, key)
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
             try:
-                data, headers = await self._call(
-                    "POST", "/sessions", what="create session", json=body, headers={"Idempotency-Key": key}
-                )
-                break
+                return await self._do(op)
             except SandboxAPIError as e:
                 if attempt == len(_CREATE_RETRY_DELAYS) or not _create_retryable(e):
                     raise
-                await asyncio.sleep(_CREATE_RETRY_DELAYS[attempt])
-        session = parse_session(data, "create session")
-        session.replayed = is_replayed(headers)
-        return session
+            await asyncio.sleep(_CREATE_RETRY_DELAYS[attempt])
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
         """:meth:`SessionsClient.list_sessions`."""
-        check_int("limit", limit, 1, 100)
-        check_int("offset", offset, 0)
-        data = await self._request("GET", "/sessions", what="list sessions", params={"limit": limit, "offset": offset})
-        return session_page(data, limit, offset)
+        return await self._do(ops.list_sessions(limit, offset))
 
     async def get_session(self, session_id: str) -> Session:
         """:meth:`SessionsClient.get_session`."""
-        data = await self._request("GET", session_path(session_id), what="get session", session_scoped=True)
-        return parse_session(data, "get session")
+        return await self._do(ops.get_session(session_id))
 
     async def update_session(
         self, session_id: str, ttl: Optional[int] = None, egress: Optional[Sequence[str]] = None
     ) -> Session:
         """:meth:`SessionsClient.update_session`."""
-        body = update_session_body(ttl, egress)
-        data = await self._request(
-            "PATCH", session_path(session_id), what="update session", session_scoped=True, json=body
-        )
-        return parse_session(data, "update session")
+        return await self._do(ops.update_session(session_id, ttl, egress))
 
     async def delete_session(
         self, session_id: str, keep_workspace: Optional[bool] = None, discard: Optional[bool] = None
     ) -> None:
         """:meth:`SessionsClient.delete_session`."""
-        params = delete_session_params(keep_workspace, discard)
-        await self._request(
-            "DELETE", session_path(session_id), what="delete session", session_scoped=True, params=params
-        )
+        await self._do(ops.delete_session(session_id, keep_workspace, discard))
 
     # -- workspaces and snapshots --------------------------------------------
 
     async def create_workspace(self, name: str) -> Workspace:
         """:meth:`SessionsClient.create_workspace`."""
-        body = {"name": check_workspace_name(name)}
-        data = await self._request("POST", "/workspaces", what="create workspace", json=body)
-        return parse_one(Workspace, data, "create workspace")
+        return await self._do(ops.create_workspace(name))
 
     async def list_workspaces(self) -> List[Workspace]:
         """:meth:`SessionsClient.list_workspaces`."""
-        data = await self._request("GET", "/workspaces", what="list workspaces")
-        return parse_list(Workspace, data, "workspaces", "list workspaces")
+        return await self._do(ops.list_workspaces())
 
     async def delete_workspace(self, name: str) -> None:
         """:meth:`SessionsClient.delete_workspace`."""
-        await self._request("DELETE", workspace_path(name), what="delete workspace")
+        await self._do(ops.delete_workspace(name))
 
     async def create_snapshot(self, session_id: str) -> Snapshot:
         """:meth:`SessionsClient.create_snapshot`."""
-        path = session_path(session_id) + "/snapshots"
-        data = await self._request("POST", path, what="create snapshot", session_scoped=True)
-        return parse_one(Snapshot, data, "create snapshot")
+        return await self._do(ops.create_snapshot(session_id))
 
     async def list_snapshots(self, session: Optional[str] = None) -> List[Snapshot]:
         """:meth:`SessionsClient.list_snapshots`."""
-        data = await self._request("GET", "/snapshots", what="list snapshots", params=snapshot_params(session))
-        return parse_list(Snapshot, data, "snapshots", "list snapshots")
+        return await self._do(ops.list_snapshots(session))
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """:meth:`SessionsClient.delete_snapshot`."""
-        await self._request("DELETE", snapshot_path(snapshot_id), what="delete snapshot")
+        await self._do(ops.delete_snapshot(snapshot_id))
 
     # -- usage, previews, audit ---------------------------------------------
 
     async def session_stats(self, session_id: str) -> SessionStats:
         """:meth:`SessionsClient.session_stats`."""
-        path = session_path(session_id) + "/stats"
-        data = await self._request("GET", path, what="session stats", session_scoped=True)
-        return parse_one(SessionStats, data, "session stats")
+        return await self._do(ops.session_stats(session_id))
 
     def preview_url(self, session_id: str, port: int, path: str = "/") -> str:
         """:meth:`SessionsClient.preview_url` (nothing is sent)."""
@@ -333,9 +217,7 @@ class AsyncSessionsClient:
 
     async def port_link(self, session_id: str, port: int, expires_in: Optional[int] = None) -> PortLink:
         """:meth:`SessionsClient.port_link`."""
-        path = session_path(session_id) + "/ports/link"
-        body = port_link_body(port, expires_in)
-        return port_link(await self._request("POST", path, what="port link", session_scoped=True, json=body))
+        return await self._do(ops.port_link(session_id, port, expires_in))
 
     async def list_audit(
         self,
@@ -345,8 +227,7 @@ class AsyncSessionsClient:
         cursor: Optional[str] = None,
     ) -> AuditPage:
         """:meth:`SessionsClient.list_audit`."""
-        params = audit_params(session, since, limit, cursor)
-        return audit_page(await self._request("GET", "/audit", what="list audit", params=params))
+        return await self._do(ops.list_audit(session, since, limit, cursor))
 
     async def iter_audit(
         self, session: Optional[str] = None, since: Union[str, datetime, None] = None, page_size: int = 100
@@ -381,10 +262,11 @@ class AsyncSessionsClient:
     ) -> CommandResult:
         """:meth:`SessionsClient.run`. Cancelling it drops the HTTP connection,
         which kills the command (unless ``background``)."""
-        path = session_path(session_id) + "/commands"
-        body = command_body(
+        op = ops.run(
+            session_id,
             command,
             argv,
+            self.timeout,
             stdin=stdin,
             env=env,
             cwd=cwd,
@@ -395,37 +277,19 @@ class AsyncSessionsClient:
         )
         check_callback("on_stdout", on_stdout)
         check_callback("on_stderr", on_stderr)
-        what = "run command"
-        http_timeout = _httpx_timeout(self.timeout, run_read_timeout(body, self.timeout))
         if on_stdout is None and on_stderr is None:
-            data = await self._request("POST", path, what=what, session_scoped=True, json=body, timeout=http_timeout)
-            return command_result(data)
-        resp = await self._send(
-            "POST",
-            path,
-            what=what,
-            session_scoped=True,
-            json=body,
-            timeout=http_timeout,
-            stream=True,
-            headers={"Accept": "application/x-ndjson"},
-        )
+            return await self._do(op)
+        resp = await self._send(op.method, op.path, stream=True, **self._op_args(self._stream_op(op)))
         try:
-            if not resp.headers.get("Content-Type", "").startswith("application/x-ndjson"):
-                return whole_result(await self._json(resp, what), on_stdout, on_stderr)
-            stream = RunStream(on_stdout, on_stderr, what)
-            splitter = NDJSONSplitter(what)
+            if not is_ndjson(resp):
+                return whole_result(await self._json(resp, op.what), on_stdout, on_stderr)
+            lines = RunLines(on_stdout, on_stderr, op.what)
             # What a callback raises propagates as it is (and the connection is dropped).
-            async for chunk in _body_chunks(resp, what, self.api_url, None):
-                for line in splitter.feed(chunk):
-                    res = stream.line(line)
-                    if res is not None:
-                        return res
-            for line in splitter.finish():
-                res = stream.line(line)
+            async for chunk in self._chunks(resp, op.what):
+                res = lines.feed(chunk)
                 if res is not None:
                     return res
-            raise stream.ended_early()
+            return lines.finish()
         finally:
             await resp.aclose()
 
@@ -436,82 +300,54 @@ class AsyncSessionsClient:
 
     async def delete_shell(self, session_id: str, name: str) -> bool:
         """:meth:`SessionsClient.delete_shell`."""
-        path = shell_path(session_path(session_id), name)
         try:
-            await self._request("DELETE", path, what="delete shell", session_scoped=True)
+            return await self._do(ops.delete_shell(session_id, name))
         except SandboxOperationError as e:
-            if e.status_code == 404 and e.code == "shell_not_found":
+            if shell_missing(e):
                 return False
             raise
-        return True
 
     async def list_commands(self, session_id: str, limit: Optional[int] = None) -> List[Dict[str, Any]]:
         """:meth:`SessionsClient.list_commands`."""
-        params = {}
-        if limit is not None:
-            params["limit"] = check_int("limit", limit, 1, 1000)
-        path = session_path(session_id) + "/commands"
-        data = await self._request("GET", path, what="list commands", session_scoped=True, params=params)
-        return answer_list(data, "commands", "list commands")
+        return await self._do(ops.list_commands(session_id, limit))
 
     # -- data plane: files ---------------------------------------------------
 
     async def read_file(self, session_id: str, path: str, *, max_bytes: Optional[int] = None) -> bytes:
         """:meth:`SessionsClient.read_file`."""
-        path = check_path("path", path)
-        headers = read_headers(max_bytes)
-        what = f"read file {path!r}"
+        op = ops.file("GET", session_id, path, "read file {path!r}")
         try:
-            resp = await self._send_file("GET", session_id, path, what, stream=True, headers=headers)
+            headers = read_headers(max_bytes)
+            resp = await self._send(op.method, op.path, stream=True, **self._op_args(op), headers=headers)
         except SandboxOperationError as e:
-            if e.status_code == 416:  # the range starts at 0: the file is empty
+            if empty_file(e):
                 return b""
             raise
-        parts: List[bytes] = []
-        got = 0
+        head = FirstBytes(max_bytes)
         try:
-            async for chunk in _body_chunks(resp, what, self.api_url, CHUNK_BYTES):
-                if max_bytes is not None and got + len(chunk) >= max_bytes:
-                    parts.append(chunk[: max_bytes - got])
+            async for chunk in self._chunks(resp, op.what, CHUNK_BYTES):
+                if head.add(chunk):
                     break
-                parts.append(chunk)
-                got += len(chunk)
         finally:
             await resp.aclose()
-        return b"".join(parts)
+        return head.data()
 
     async def read_file_to(self, session_id: str, path: str, dest: Union[str, "os.PathLike[str]", BinaryIO]) -> int:
         """:meth:`SessionsClient.read_file_to` (local writes happen on the event loop's thread)."""
-        path = check_path("path", path)
-        local: Optional[str] = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else None
-        if local is None and not callable(getattr(dest, "write", None)):
-            raise TypeError(f"dest must be a path or a writable binary file object, got {type(dest).__name__}")
-        what = f"read file {path!r}"
-        resp = await self._send_file(
-            "GET", session_id, path, what, stream=True, headers={"Accept": "application/octet-stream"}
+        op = ops.file("GET", session_id, path, "read file {path!r}")
+        out = Download(dest, op.what)
+        resp = await self._send(
+            op.method, op.path, stream=True, **self._op_args(op), headers={"Accept": "application/octet-stream"}
         )
-        f: Any = None
-        written = 0
-        ok = False
         try:
-            f = open(local, "wb") if local is not None else dest
-            async for chunk in _body_chunks(resp, what, self.api_url, CHUNK_BYTES):
-                f.write(chunk)  # a local write error propagates as it is
-                written += len(chunk)
-            expected = resp.headers.get("Content-Length")
-            if expected is not None and expected.isdigit() and int(expected) != written:
-                raise SandboxConnectionError(f"{what}: got {written} of {expected} bytes")
-            ok = True
+            out.open()
+            async for chunk in self._chunks(resp, op.what, CHUNK_BYTES):
+                out.write(chunk)
+            out.done(resp.headers)
         finally:
             await resp.aclose()
-            if local is not None and f is not None:
-                f.close()
-                if not ok:
-                    try:
-                        os.remove(local)
-                    except OSError:
-                        pass
-        return written
+            out.close()
+        return out.written
 
     async def write_file(
         self,
@@ -523,41 +359,26 @@ class AsyncSessionsClient:
         mkdirs: bool = True,
     ) -> Dict[str, Any]:
         """:meth:`SessionsClient.write_file` (a file object is read in a worker thread)."""
-        path = check_path("path", path)
-        params = write_params(mkdirs, mode)
-        what = f"write file {path!r}"
-        body = upload_body(data, what)
-        headers = {"Content-Type": "application/octet-stream"}
-        if not isinstance(body, bytes):
-            if hasattr(body, "__len__"):  # a known size: sent with a Content-Length
-                headers["Content-Length"] = str(len(body))
-            body = _async_chunks(body)
-        resp = await self._send_file("PUT", session_id, path, what, params=params, content=body, headers=headers)
-        return await self._json(resp, what)
+        op = ops.write_file(session_id, path, mkdirs, mode)
+        content, headers = upload_content(data, op.what)
+        if not isinstance(content, bytes):
+            content = _async_chunks(content)
+        resp = await self._send(op.method, op.path, **self._op_args(op), content=content, headers=headers)
+        return await self._json(resp, op.what)
 
     async def list_files(self, session_id: str, path: str = ".", recursive: bool = False) -> FileList:
         """:meth:`SessionsClient.list_files`."""
-        path = check_path("path", path)
-        what = f"list files {path!r}"
-        resp = await self._send_file("GET", session_id, path, what, params=list_params(recursive))
-        return file_list(await self._json(resp, what), what)
+        return await self._do(ops.list_files(session_id, path, recursive))
 
     async def delete_file(self, session_id: str, path: str, recursive: bool = False) -> None:
         """:meth:`SessionsClient.delete_file`."""
-        path = check_path("path", path)
-        params = {"recursive": "true"} if check_bool("recursive", recursive) else {}
-        await self._send_file("DELETE", session_id, path, f"delete file {path!r}", params=params)
+        await self._do(ops.delete_file(session_id, path, recursive))
 
     async def fetch_urls(
         self, session_id: str, urls: Sequence[str], dest_dir: str = ".", overwrite: bool = False
     ) -> Dict[str, Any]:
         """:meth:`SessionsClient.fetch_urls`."""
-        body = fetch_body(urls, dest_dir, overwrite)
-        path = session_path(session_id) + "/files/fetch"
-        http_timeout = _httpx_timeout(self.timeout, None if self.timeout is None else max(self.timeout, 600.0))
-        return await self._request(
-            "POST", path, what="fetch urls", session_scoped=True, json=body, timeout=http_timeout
-        )
+        return await self._do(ops.fetch_urls(session_id, urls, dest_dir, overwrite, self.timeout))
 
     # -- data plane: background processes ------------------------------------
 
@@ -572,67 +393,42 @@ class AsyncSessionsClient:
         name: Optional[str] = None,
     ) -> Dict[str, Any]:
         """:meth:`SessionsClient.start_process`."""
-        body = process_body(command, argv, env, cwd, name)
-        path = session_path(session_id) + "/processes"
-        return await self._request("POST", path, what="start process", session_scoped=True, json=body)
+        return await self._do(ops.start_process(session_id, command, argv, env, cwd, name))
 
     async def list_processes(self, session_id: str) -> List[Dict[str, Any]]:
         """:meth:`SessionsClient.list_processes`."""
-        path = session_path(session_id) + "/processes"
-        data = await self._request("GET", path, what="list processes", session_scoped=True)
-        return answer_list(data, "processes", "list processes")
+        return await self._do(ops.list_processes(session_id))
 
     async def get_process(self, session_id: str, process_id: str) -> Dict[str, Any]:
         """:meth:`SessionsClient.get_process`."""
-        return await self._request("GET", process_path(session_id, process_id), what="get process", session_scoped=True)
+        return await self._do(ops.get_process(session_id, process_id))
 
     async def process_output(
         self, session_id: str, process_id: str, offset: int = 0, follow: bool = True
     ) -> "AsyncNDJSONStream":
         """:meth:`SessionsClient.process_output`: the request is sent now
         (errors raise here); iterate the stream with ``async for``."""
-        params = output_params(offset, follow)
-        path = process_path(session_id, process_id) + "/output"
-        what = "process output"
-        resp = await self._send(
-            "GET",
-            path,
-            what=what,
-            session_scoped=True,
-            params=params,
-            stream=True,
-            timeout=_httpx_timeout(self.timeout, None if follow else self.timeout),
-            headers={"Accept": "application/x-ndjson"},
-        )
-        return AsyncNDJSONStream(resp, what, self.api_url)
+        op = ops.process_output(session_id, process_id, output_params(offset, follow), follow)
+        resp = await self._send(op.method, op.path, stream=True, **self._op_args(op))
+        return AsyncNDJSONStream(resp, op.what, self.api_url)
 
     async def send_process_input(
         self, session_id: str, process_id: str, data: Union[str, bytes], eof: bool = False
     ) -> None:
         """:meth:`SessionsClient.send_process_input`."""
-        bodies = stdin_bodies(data, eof)
-        path = process_path(session_id, process_id) + "/stdin"
-        for body in bodies:
-            await self._request("POST", path, what="process input", session_scoped=True, json=body)
+        for op in ops.process_input(session_id, process_id, data, eof):
+            await self._do(op)
 
     async def signal_process(self, session_id: str, process_id: str, signal: Union[str, int] = "TERM") -> None:
         """:meth:`SessionsClient.signal_process`."""
-        body = signal_body(signal)
-        path = process_path(session_id, process_id) + "/signal"
-        await self._request("POST", path, what="signal process", session_scoped=True, json=body)
+        await self._do(ops.signal_process(session_id, process_id, signal))
 
     # -- internals -----------------------------------------------------------
 
-    async def _send_file(self, method: str, session_id: str, path: str, what: str, **kwargs: Any) -> httpx.Response:
-        params = dict(kwargs.pop("params", None) or {})
-        params["path"] = path
-        try:
-            return await self._send(
-                method, session_path(session_id) + "/files", what=what, session_scoped=True, params=params, **kwargs
-            )
-        except (FileNotFoundInSandboxError, SandboxPermissionError) as e:
-            e.filename = path
-            raise
+    async def _do(self, op: Op) -> Any:
+        """Send a plain call; return its parsed answer."""
+        data, headers = await self._call(op.method, op.path, **self._op_args(op))
+        return op.result(data, headers)
 
     async def _request(
         self, method: str, path: str, *, what: str, session_scoped: bool = False, **kwargs: Any
@@ -643,7 +439,7 @@ class AsyncSessionsClient:
         self, method: str, path: str, *, what: str, session_scoped: bool = False, **kwargs: Any
     ) -> "tuple[Dict[str, Any], Mapping[str, str]]":
         resp = await self._send(method, path, what=what, session_scoped=session_scoped, **kwargs)
-        return await self._json(resp, what), resp.headers
+        return self._answer(resp, what), resp.headers
 
     async def _send(
         self,
@@ -652,58 +448,56 @@ class AsyncSessionsClient:
         *,
         what: str,
         session_scoped: bool = False,
-        timeout: Any = _DEFAULT,
+        timeout: Any = DEFAULT,
         stream: bool = False,
+        filename: Optional[str] = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """Send one request; return the answer (its body unread when
         *stream*, else read and the connection released), or raise the error
         an answer >= 400 means. Cancelled while the answer is read: the
         connection is closed."""
-        url = self._base + path
-        if timeout is _DEFAULT:
-            timeout = _httpx_timeout(self.timeout, self.timeout)
-        req = self._http.build_request(method, url, timeout=timeout, **kwargs)
+        t = self._timeout(timeout)
         try:
-            resp = await self._http.send(req, stream=True)
-        except httpx.TimeoutException as e:
-            raise SandboxConnectionError(f"{what}: timed out talking to {self.api_url}") from e
-        except (httpx.HTTPError, OSError) as e:  # OSError: an ssl error some anyio versions do not wrap
-            if _is_tls_error(e):
-                raise SandboxConnectionError(f"{what}: TLS error talking to {self.api_url}: {e}") from e
-            raise SandboxConnectionError(f"{what}: cannot reach {self.api_url}: {e}") from e
+            resp = await self._http.send(self._build(self._http, method, path, t, kwargs), stream=True)
+        except TRANSPORT_ERRORS as e:
+            raise self._transport_error(what, e, t) from e
         if resp.status_code >= 400:
             try:
                 content = await resp.aread()
-            except (httpx.HTTPError, OSError):
+            except TRANSPORT_ERRORS:
                 content = b""
             finally:
                 await resp.aclose()
-            raise error_for_status(
-                resp.status_code,
-                resp.reason_phrase or "",
-                resp.headers,
-                content,
-                what=what,
-                session_scoped=session_scoped,
-            )
+            raise self._status_error(resp, content, what, session_scoped, filename)
         if not stream:
-            try:
-                await resp.aread()
-            except (httpx.HTTPError, OSError) as e:
-                raise _body_error(what, self.api_url, e) from e
-            finally:
-                await resp.aclose()
+            await self._read(resp, what)
         return resp
 
-    @staticmethod
-    async def _json(resp: httpx.Response, what: str) -> Dict[str, Any]:
+    async def _read(self, resp: httpx.Response, what: str) -> None:
+        try:
+            await resp.aread()
+        except TRANSPORT_ERRORS as e:
+            raise self._body_error(what, e) from e
+        finally:
+            await resp.aclose()
+
+    async def _json(self, resp: httpx.Response, what: str) -> Dict[str, Any]:
         if not resp.is_closed:
+            await self._read(resp, what)
+        return self._answer(resp, what)
+
+    async def _chunks(self, resp: httpx.Response, what: str, size: Optional[int] = None) -> AsyncIterator[bytes]:
+        """An answer's body, chunk by chunk; a network error reading it becomes SandboxConnectionError."""
+        chunks = resp.aiter_bytes(size)
+        while True:
             try:
-                await resp.aread()
-            finally:
-                await resp.aclose()
-        return json_answer(resp.status_code, resp.content, resp.headers, what)
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except TRANSPORT_ERRORS as e:
+                raise self._body_error(what, e) from e
+            yield chunk
 
 
 class AsyncShell:
@@ -771,9 +565,9 @@ class AsyncNDJSONStream:
             except SandboxOperationError:
                 await self.aclose()
                 raise
-            except (httpx.HTTPError, OSError) as e:
+            except TRANSPORT_ERRORS as e:
                 await self.aclose()
-                raise _body_error(self._what, self._api_url, e) from e
+                raise body_error(self._what, self._api_url, e) from e
         return self._pending.pop(0)
 
     async def aclose(self) -> None:

@@ -8,81 +8,48 @@ import uuid
 from datetime import datetime
 from typing import Any, BinaryIO, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-import requests
+import httpx
 
 from ._common import (
     CREATE_RETRY_DELAYS,
-    CREATE_NO_RETRY_CODES,
-    CREATE_RETRY_STATUSES,
     DEFAULT_COMMAND_TIMEOUT,
     ClosesOnExit,
     VerifySSL,
-    answer_list,
     check_idempotency_key,
-    check_int,
-    check_timeout,
     create_session_body,
-    error_for_status,
-    is_replayed,
-    json_answer,
     parse_session,
     process_path,
-    resolve_settings,
-    rest_base,
-    session_page,
     session_path,
-    update_session_body,
 )
 from ._dataplane import (
     CHUNK_BYTES,
     ChunkCallback,
     FileList,
     NDJSONStream,
-    RunStream,
-    check_bool,
     check_callback,
-    check_path,
     check_shell_name,
-    command_body,
-    command_result,
-    connection_error,
-    fetch_body,
-    file_list,
-    list_params,
-    ndjson_lines,
     output_params,
-    process_body,
     read_headers,
-    run_read_timeout,
-    shell_path,
-    signal_body,
-    stdin_bodies,
-    upload_body,
     whole_result,
-    write_params,
 )
-from ._version import __version__
-from ._workspaces import (
-    audit_page,
-    audit_params,
-    check_workspace_name,
-    delete_session_params,
-    parse_list,
-    parse_one,
-    port_link,
-    port_link_body,
-    preview_url,
-    snapshot_params,
-    snapshot_path,
-    workspace_path,
+from ._rest import (
+    DEFAULT,
+    TRANSPORT_ERRORS,
+    Download,
+    FirstBytes,
+    Op,
+    RestCore,
+    RunLines,
+    body_error,
+    create_retryable,
+    empty_file,
+    is_ndjson,
+    ops,
+    shell_missing,
+    upload_content,
 )
-from .errors import (
-    FileNotFoundInSandboxError,
-    SandboxAPIError,
-    SandboxConnectionError,
-    SandboxOperationError,
-    SandboxPermissionError,
-)
+from ._workspaces import preview_url
+from .errors import SandboxAPIError, SandboxOperationError
 from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
 
 __all__ = ["SessionsClient", "Shell", "FileList"]
@@ -93,17 +60,11 @@ _CREATE_RETRY_DELAYS: Tuple[float, ...] = CREATE_RETRY_DELAYS
 #: The gateway's command timeout when a request gives none.
 _DEFAULT_COMMAND_TIMEOUT = DEFAULT_COMMAND_TIMEOUT
 
-_DEFAULT: Any = object()
+#: The create retry rule (shared with the async client).
+_create_retryable = create_retryable
 
 
-def _create_retryable(e: SandboxAPIError) -> bool:
-    """A failed create worth sending again: the outcome is unknown or the failure transient."""
-    if isinstance(e, SandboxConnectionError):
-        return not isinstance(e.__cause__, requests.exceptions.SSLError)
-    return e.status_code in CREATE_RETRY_STATUSES and e.code not in CREATE_NO_RETRY_CODES
-
-
-class SessionsClient(ClosesOnExit):
+class SessionsClient(RestCore, ClosesOnExit):
     """Client of the sandgate REST API. Use it as a context manager::
 
         with SessionsClient(api_url="https://gw.example.com", bearer_token=TOKEN) as sessions:
@@ -116,7 +77,7 @@ class SessionsClient(ClosesOnExit):
         bearer_token: The API key or JWT. Defaults to ``$SANDBOX_API_TOKEN``.
         timeout: Seconds to wait for the gateway (connect and each read).
         verify_ssl: Verify the server's TLS certificate: ``True``, ``False``,
-            or the path of a CA bundle, exactly like requests' ``verify``.
+            or the path of a CA bundle (file or directory).
 
     Raises:
         ValueError: when api_url or bearer_token is missing or malformed.
@@ -129,18 +90,7 @@ class SessionsClient(ClosesOnExit):
         timeout: float = 30,
         verify_ssl: VerifySSL = True,
     ) -> None:
-        self.api_url, self._token = resolve_settings(api_url, bearer_token)
-        self.timeout: Optional[float] = check_timeout("timeout", timeout)
-        self.verify_ssl: VerifySSL = verify_ssl
-        self._base = rest_base(self.api_url)
-        self._http = requests.Session()
-        self._http.headers.update(
-            {
-                "Authorization": f"Bearer {self._token}",
-                "Accept": "application/json",
-                "User-Agent": f"sandbox-sessions-sdk-python/{__version__}",
-            }
-        )
+        self._http = httpx.Client(**self._setup(api_url, bearer_token, timeout, verify_ssl))
 
     def __repr__(self) -> str:
         return f"SessionsClient(api_url={self.api_url!r})"
@@ -255,19 +205,15 @@ class SessionsClient(ClosesOnExit):
             ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name
         )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
+        op = ops.create_session(body, key)
         for attempt in range(len(_CREATE_RETRY_DELAYS) + 1):
             try:
-                data, headers = self._call(
-                    "POST", "/sessions", what="create session", json=body, headers={"Idempotency-Key": key}
-                )
-                break
+                return self._do(op)
             except SandboxAPIError as e:
                 if attempt == len(_CREATE_RETRY_DELAYS) or not _create_retryable(e):
                     raise
-                time.sleep(_CREATE_RETRY_DELAYS[attempt])
-        session = parse_session(data, "create session")
-        session.replayed = is_replayed(headers)
-        return session
+            time.sleep(_CREATE_RETRY_DELAYS[attempt])
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
         """List this tenant's sessions (``GET /v1/sessions``).
@@ -279,10 +225,7 @@ class SessionsClient(ClosesOnExit):
         Returns:
             ``{"sessions": [Session, ...], "total": int, "limit": int, "offset": int}``
         """
-        check_int("limit", limit, 1, 100)
-        check_int("offset", offset, 0)
-        data = self._request("GET", "/sessions", what="list sessions", params={"limit": limit, "offset": offset})
-        return session_page(data, limit, offset)
+        return self._do(ops.list_sessions(limit, offset))
 
     def get_session(self, session_id: str) -> Session:
         """Fetch one session (``GET /v1/sessions/{id}``), by id or by name.
@@ -290,8 +233,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             SessionNotFoundError: no such session for this token's tenant.
         """
-        data = self._request("GET", self._session_path(session_id), what="get session", session_scoped=True)
-        return self._session(data, "get session")
+        return self._do(ops.get_session(session_id))
 
     def update_session(
         self, session_id: str, ttl: Optional[int] = None, egress: Optional[Sequence[str]] = None
@@ -322,11 +264,7 @@ class SessionsClient(ClosesOnExit):
                 ``session_not_running``), or the gateway could not record
                 the change (503 ``store_failed``; nothing changed).
         """
-        body = update_session_body(ttl, egress)
-        data = self._request(
-            "PATCH", self._session_path(session_id), what="update session", session_scoped=True, json=body
-        )
-        return self._session(data, "update session")
+        return self._do(ops.update_session(session_id, ttl, egress))
 
     def delete_session(
         self, session_id: str, keep_workspace: Optional[bool] = None, discard: Optional[bool] = None
@@ -351,10 +289,7 @@ class SessionsClient(ClosesOnExit):
             SessionNotFoundError: no such session (or already deleted).
             SandboxOperationError: ``workspace_sync_failed``, see above.
         """
-        params = delete_session_params(keep_workspace, discard)
-        self._request(
-            "DELETE", self._session_path(session_id), what="delete session", session_scoped=True, params=params
-        )
+        self._do(ops.delete_session(session_id, keep_workspace, discard))
 
     # -- workspaces and snapshots --------------------------------------------
 
@@ -370,14 +305,11 @@ class SessionsClient(ClosesOnExit):
             RateLimitError: ``.code`` ``workspace_limit``: the tenant keeps as
                 many workspaces as the gateway allows; delete one first.
         """
-        body = {"name": check_workspace_name(name)}
-        data = self._request("POST", "/workspaces", what="create workspace", json=body)
-        return parse_one(Workspace, data, "create workspace")
+        return self._do(ops.create_workspace(name))
 
     def list_workspaces(self) -> List[Workspace]:
         """This tenant's workspaces, by name (``GET /v1/workspaces``)."""
-        data = self._request("GET", "/workspaces", what="list workspaces")
-        return parse_list(Workspace, data, "workspaces", "list workspaces")
+        return self._do(ops.list_workspaces())
 
     def delete_workspace(self, name: str) -> None:
         """Delete a workspace and its files (``DELETE /v1/workspaces/{name}``).
@@ -386,7 +318,7 @@ class SessionsClient(ClosesOnExit):
             WorkspaceNotFoundError: the tenant has none of that name.
             WorkspaceBusyError: a live session holds it; end it first.
         """
-        self._request("DELETE", workspace_path(name), what="delete workspace")
+        self._do(ops.delete_workspace(name))
 
     def create_snapshot(self, session_id: str) -> Snapshot:
         """Snapshot the session's ``/workspace`` (``POST /v1/sessions/{id}/snapshots``).
@@ -401,15 +333,12 @@ class SessionsClient(ClosesOnExit):
             RateLimitError: ``.code`` ``snapshot_limit``: the tenant keeps as
                 many snapshots as the gateway allows; delete one first.
         """
-        path = self._session_path(session_id) + "/snapshots"
-        data = self._request("POST", path, what="create snapshot", session_scoped=True)
-        return parse_one(Snapshot, data, "create snapshot")
+        return self._do(ops.create_snapshot(session_id))
 
     def list_snapshots(self, session: Optional[str] = None) -> List[Snapshot]:
         """This tenant's snapshots, newest first (``GET /v1/snapshots``);
         only *session*'s when given (ended sessions' too)."""
-        data = self._request("GET", "/snapshots", what="list snapshots", params=snapshot_params(session))
-        return parse_list(Snapshot, data, "snapshots", "list snapshots")
+        return self._do(ops.list_snapshots(session))
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Delete a snapshot (``DELETE /v1/snapshots/{id}``); sessions started
@@ -418,7 +347,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             SnapshotNotFoundError: the tenant has no such snapshot.
         """
-        self._request("DELETE", snapshot_path(snapshot_id), what="delete snapshot")
+        self._do(ops.delete_snapshot(snapshot_id))
 
     # -- usage, previews, audit ---------------------------------------------
 
@@ -426,9 +355,7 @@ class SessionsClient(ClosesOnExit):
         """The session's resource use now (``GET /v1/sessions/{id}/stats``):
         memory, CPU, pids, disk, tunnel and egress bytes (what the driver
         can measure; the workdir driver only disk)."""
-        path = self._session_path(session_id) + "/stats"
-        data = self._request("GET", path, what="session stats", session_scoped=True)
-        return parse_one(SessionStats, data, "session stats")
+        return self._do(ops.session_stats(session_id))
 
     def preview_url(self, session_id: str, port: int, path: str = "/") -> str:
         """The URL of the session's preview of *port* at *path*
@@ -459,10 +386,7 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``ports_disabled`` (403),
                 ``session_not_running``...
         """
-        path = self._session_path(session_id) + "/ports/link"
-        body = port_link_body(port, expires_in)
-        data = self._request("POST", path, what="port link", session_scoped=True, json=body)
-        return port_link(data)
+        return self._do(ops.port_link(session_id, port, expires_in))
 
     def list_audit(
         self,
@@ -482,8 +406,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             SandboxOperationError: ``.code`` ``audit_unavailable`` (the gateway keeps no audit log).
         """
-        params = audit_params(session, since, limit, cursor)
-        return audit_page(self._request("GET", "/audit", what="list audit", params=params))
+        return self._do(ops.list_audit(session, since, limit, cursor))
 
     def iter_audit(
         self, session: Optional[str] = None, since: Union[str, datetime, None] = None, page_size: int = 100
@@ -578,10 +501,11 @@ class SessionsClient(ClosesOnExit):
             SandboxConnectionError: the gateway could not be reached, or the
                 connection broke during the command.
         """
-        path = self._session_path(session_id) + "/commands"
-        body = command_body(
+        op = ops.run(
+            session_id,
             command,
             argv,
+            self.timeout,
             stdin=stdin,
             env=env,
             cwd=cwd,
@@ -592,36 +516,21 @@ class SessionsClient(ClosesOnExit):
         )
         check_callback("on_stdout", on_stdout)
         check_callback("on_stderr", on_stderr)
-        what = "run command"
-        # The answer comes when the command ends: wait its timeout, plus ours.
-        read_timeout = run_read_timeout(body, self.timeout)
-        http_timeout = None if self.timeout is None else (self.timeout, read_timeout)
         if on_stdout is None and on_stderr is None:
-            data = self._request("POST", path, what=what, session_scoped=True, json=body, timeout=http_timeout)
-            return command_result(data)
-        resp = self._send(
-            "POST",
-            path,
-            what=what,
-            session_scoped=True,
-            json=body,
-            timeout=http_timeout,
-            stream=True,
-            headers={"Accept": "application/x-ndjson"},
-        )
-        with resp:
-            if not resp.headers.get("Content-Type", "").startswith("application/x-ndjson"):
-                # A gateway that does not stream answers with the whole result.
-                return whole_result(self._json(resp, what), on_stdout, on_stderr)
-            stream = RunStream(on_stdout, on_stderr, what)
-            try:
-                for line in ndjson_lines(resp.iter_content(chunk_size=None), what):
-                    res = stream.line(line)
-                    if res is not None:
-                        return res
-            except requests.exceptions.RequestException as e:
-                raise connection_error(what, self.api_url, e) from e
-        raise stream.ended_early()
+            return self._do(op)
+        resp = self._send(op.method, op.path, stream=True, **self._op_args(self._stream_op(op)))
+        try:
+            if not is_ndjson(resp):
+                return whole_result(self._json(resp, op.what), on_stdout, on_stderr)
+            lines = RunLines(on_stdout, on_stderr, op.what)
+            # What a callback raises propagates as it is (and the connection is dropped).
+            for chunk in self._chunks(resp, op.what):
+                res = lines.feed(chunk)
+                if res is not None:
+                    return res
+            return lines.finish()
+        finally:
+            resp.close()
 
     def shell(self, session_id: str, name: str = "default") -> "Shell":
         """A handle on the session's persistent shell *name* (nothing is sent yet).
@@ -641,14 +550,12 @@ class SessionsClient(ClosesOnExit):
         Returns:
             True if the shell existed, False if the session had no shell of that name.
         """
-        path = shell_path(self._session_path(session_id), name)
         try:
-            self._request("DELETE", path, what="delete shell", session_scoped=True)
+            return self._do(ops.delete_shell(session_id, name))
         except SandboxOperationError as e:
-            if e.status_code == 404 and e.code == "shell_not_found":
+            if shell_missing(e):
                 return False
             raise
-        return True
 
     def list_commands(self, session_id: str, limit: Optional[int] = None) -> List[Dict[str, Any]]:
         """The session's recent commands (``GET /v1/sessions/{id}/commands``).
@@ -662,12 +569,7 @@ class SessionsClient(ClosesOnExit):
         Args:
             limit: Only the most recent *limit* (1..1000); None: all kept.
         """
-        params = {}
-        if limit is not None:
-            params["limit"] = check_int("limit", limit, 1, 1000)
-        path = self._session_path(session_id) + "/commands"
-        data = self._request("GET", path, what="list commands", session_scoped=True, params=params)
-        return answer_list(data, "commands", "list commands")
+        return self._do(ops.list_commands(session_id, limit))
 
     # -- data plane: files -------------------------------------------------
 
@@ -688,28 +590,22 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``is_a_directory``,
                 ``not_a_regular_file``...
         """
-        path = check_path("path", path)
-        headers = read_headers(max_bytes)
-        what = f"read file {path!r}"
+        op = ops.file("GET", session_id, path, "read file {path!r}")
         try:
-            resp = self._send_file("GET", session_id, path, what, stream=True, headers=headers)
+            headers = read_headers(max_bytes)
+            resp = self._send(op.method, op.path, stream=True, **self._op_args(op), headers=headers)
         except SandboxOperationError as e:
-            if e.status_code == 416:  # the range starts at 0: the file is empty
+            if empty_file(e):
                 return b""
             raise
-        with resp:
-            parts: List[bytes] = []
-            got = 0
-            try:
-                for chunk in resp.iter_content(chunk_size=CHUNK_BYTES):
-                    if max_bytes is not None and got + len(chunk) >= max_bytes:
-                        parts.append(chunk[: max_bytes - got])
-                        break
-                    parts.append(chunk)
-                    got += len(chunk)
-            except requests.exceptions.RequestException as e:
-                raise connection_error(what, self.api_url, e) from e
-        return b"".join(parts)
+        head = FirstBytes(max_bytes)
+        try:
+            for chunk in self._chunks(resp, op.what, CHUNK_BYTES):
+                if head.add(chunk):
+                    break
+        finally:
+            resp.close()
+        return head.data()
 
     def read_file_to(self, session_id: str, path: str, dest: Union[str, "os.PathLike[str]", BinaryIO]) -> int:
         """Stream the sandbox file *path* into *dest*, 1 MiB at a time.
@@ -725,37 +621,20 @@ class SessionsClient(ClosesOnExit):
             as :meth:`read_file`; SandboxConnectionError when the download
             broke off (fewer bytes than announced).
         """
-        path = check_path("path", path)
-        local: Optional[str] = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else None
-        if local is None and not callable(getattr(dest, "write", None)):
-            raise TypeError(f"dest must be a path or a writable binary file object, got {type(dest).__name__}")
-        what = f"read file {path!r}"
-        resp = self._send_file(
-            "GET", session_id, path, what, stream=True, headers={"Accept": "application/octet-stream"}
+        op = ops.file("GET", session_id, path, "read file {path!r}")
+        out = Download(dest, op.what)
+        resp = self._send(
+            op.method, op.path, stream=True, **self._op_args(op), headers={"Accept": "application/octet-stream"}
         )
-        with resp:
-            f: Any = open(local, "wb") if local is not None else dest
-            written = 0
-            ok = False
-            try:
-                for chunk in resp.iter_content(chunk_size=CHUNK_BYTES):
-                    f.write(chunk)
-                    written += len(chunk)
-                expected = resp.headers.get("Content-Length")
-                if expected is not None and expected.isdigit() and int(expected) != written:
-                    raise SandboxConnectionError(f"{what}: got {written} of {expected} bytes")
-                ok = True
-            except requests.exceptions.RequestException as e:
-                raise connection_error(what, self.api_url, e) from e
-            finally:
-                if local is not None:
-                    f.close()
-                    if not ok:
-                        try:
-                            os.remove(local)
-                        except OSError:
-                            pass
-        return written
+        try:
+            out.open()
+            for chunk in self._chunks(resp, op.what, CHUNK_BYTES):
+                out.write(chunk)
+            out.done(resp.headers)
+        finally:
+            resp.close()
+            out.close()
+        return out.written
 
     def write_file(
         self,
@@ -792,14 +671,10 @@ class SessionsClient(ClosesOnExit):
             DiskFullError: the sandbox's filesystem is full.
             SandboxOperationError: ``.code`` ``is_a_directory``, ``not_a_directory``...
         """
-        path = check_path("path", path)
-        params = write_params(mkdirs, mode)
-        what = f"write file {path!r}"
-        body = upload_body(data, what)
-        headers = {"Content-Type": "application/octet-stream"}
-        resp = self._send_file("PUT", session_id, path, what, params=params, data=body, headers=headers)
-        with resp:
-            return self._json(resp, what)
+        op = ops.write_file(session_id, path, mkdirs, mode)
+        content, headers = upload_content(data, op.what)
+        resp = self._send(op.method, op.path, **self._op_args(op), content=content, headers=headers)
+        return self._json(resp, op.what)
 
     def list_files(self, session_id: str, path: str = ".", recursive: bool = False) -> FileList:
         """List the sandbox directory *path* (``GET .../files?list=true``).
@@ -819,13 +694,7 @@ class SessionsClient(ClosesOnExit):
             FileNotFoundInSandboxError: nothing at *path*.
             SandboxOperationError: ``.code`` ``not_a_directory``...
         """
-        path = check_path("path", path)
-        params = list_params(recursive)
-        what = f"list files {path!r}"
-        resp = self._send_file("GET", session_id, path, what, params=params)
-        with resp:
-            data = self._json(resp, what)
-        return file_list(data, what)
+        return self._do(ops.list_files(session_id, path, recursive))
 
     def delete_file(self, session_id: str, path: str, recursive: bool = False) -> None:
         """Delete a sandbox file, symlink or empty directory (``DELETE .../files``).
@@ -839,10 +708,7 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``directory_not_empty`` (without
                 ``recursive``), ``invalid_path`` (the root or the workspace)...
         """
-        path = check_path("path", path)
-        params = {"recursive": "true"} if check_bool("recursive", recursive) else {}
-        what = f"delete file {path!r}"
-        self._send_file("DELETE", session_id, path, what, params=params).close()
+        self._do(ops.delete_file(session_id, path, recursive))
 
     def fetch_urls(
         self, session_id: str, urls: Sequence[str], dest_dir: str = ".", overwrite: bool = False
@@ -874,11 +740,7 @@ class SessionsClient(ClosesOnExit):
             SandboxOperationError: ``.code`` ``invalid_url``, ``not_a_directory``,
                 ``fetch_unavailable``...
         """
-        body = fetch_body(urls, dest_dir, overwrite)
-        path = self._session_path(session_id) + "/files/fetch"
-        # Downloads take time: wait for them beyond the usual read timeout.
-        http_timeout = None if self.timeout is None else (self.timeout, max(self.timeout, 600.0))
-        return self._request("POST", path, what="fetch urls", session_scoped=True, json=body, timeout=http_timeout)
+        return self._do(ops.fetch_urls(session_id, urls, dest_dir, overwrite, self.timeout))
 
     # -- data plane: background processes -----------------------------------
 
@@ -914,16 +776,12 @@ class SessionsClient(ClosesOnExit):
         Raises:
             RateLimitError: ``.code`` ``too_many_processes`` (64 running).
         """
-        body = process_body(command, argv, env, cwd, name)
-        path = self._session_path(session_id) + "/processes"
-        return self._request("POST", path, what="start process", session_scoped=True, json=body)
+        return self._do(ops.start_process(session_id, command, argv, env, cwd, name))
 
     def list_processes(self, session_id: str) -> List[Dict[str, Any]]:
         """The session's background processes: the running ones and the 100
         that finished last, in the order they started (dicts as :meth:`start_process`)."""
-        path = self._session_path(session_id) + "/processes"
-        data = self._request("GET", path, what="list processes", session_scoped=True)
-        return answer_list(data, "processes", "list processes")
+        return self._do(ops.list_processes(session_id))
 
     def get_process(self, session_id: str, process_id: str) -> Dict[str, Any]:
         """One background process (dict as :meth:`start_process`).
@@ -931,7 +789,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             ProcessNotFoundError: no such process (or finished long ago and forgotten).
         """
-        return self._request("GET", self._process_path(session_id, process_id), what="get process", session_scoped=True)
+        return self._do(ops.get_process(session_id, process_id))
 
     def process_output(self, session_id: str, process_id: str, offset: int = 0, follow: bool = True) -> NDJSONStream:
         """Read (and follow) a background process's output (``GET .../processes/{pid}/output``).
@@ -958,22 +816,9 @@ class SessionsClient(ClosesOnExit):
         Raises:
             ProcessNotFoundError: no such process.
         """
-        params = output_params(offset, follow)
-        path = self._process_path(session_id, process_id) + "/output"
-        what = "process output"
-        # Following waits as long as the process is silent.
-        http_timeout = (self.timeout, None) if follow else self.timeout
-        resp = self._send(
-            "GET",
-            path,
-            what=what,
-            session_scoped=True,
-            params=params,
-            stream=True,
-            timeout=http_timeout,
-            headers={"Accept": "application/x-ndjson"},
-        )
-        return NDJSONStream(resp, what, lambda e: connection_error(what, self.api_url, e))
+        op = ops.process_output(session_id, process_id, output_params(offset, follow), follow)
+        resp = self._send(op.method, op.path, stream=True, **self._op_args(op))
+        return NDJSONStream(resp, op.what, lambda e: body_error(op.what, self.api_url, e))
 
     def send_process_input(self, session_id: str, process_id: str, data: Union[str, bytes], eof: bool = False) -> None:
         """Write *data* to a background process's standard input (``POST .../stdin``).
@@ -989,10 +834,8 @@ class SessionsClient(ClosesOnExit):
                 ``eof``), ``stdin_blocked`` (the process did not read its
                 input for 10 seconds).
         """
-        bodies = stdin_bodies(data, eof)
-        path = self._process_path(session_id, process_id) + "/stdin"
-        for body in bodies:
-            self._request("POST", path, what="process input", session_scoped=True, json=body)
+        for op in ops.process_input(session_id, process_id, data, eof):
+            self._do(op)
 
     def signal_process(self, session_id: str, process_id: str, signal: Union[str, int] = "TERM") -> None:
         """Send *signal* to a background process's group (``POST .../signal``).
@@ -1005,9 +848,7 @@ class SessionsClient(ClosesOnExit):
         Raises:
             ProcessExitedError: the process has already ended.
         """
-        body = signal_body(signal)
-        path = self._process_path(session_id, process_id) + "/signal"
-        self._request("POST", path, what="signal process", session_scoped=True, json=body)
+        self._do(ops.signal_process(session_id, process_id, signal))
 
     # -- internals ---------------------------------------------------------
 
@@ -1015,47 +856,22 @@ class SessionsClient(ClosesOnExit):
     _session_path = staticmethod(session_path)
     _session = staticmethod(parse_session)
 
-    def _send_file(self, method: str, session_id: str, path: str, what: str, **kwargs: Any) -> requests.Response:
-        """A request on ``.../files?path=...``; sandbox-path errors carry *path* as ``.filename``."""
-        params = dict(kwargs.pop("params", None) or {})
-        params["path"] = path
-        try:
-            return self._send(
-                method,
-                self._session_path(session_id) + "/files",
-                what=what,
-                session_scoped=True,
-                params=params,
-                **kwargs,
-            )
-        except (FileNotFoundInSandboxError, SandboxPermissionError) as e:
-            e.filename = path
-            raise
+    def _do(self, op: Op) -> Any:
+        """Send a plain call; return its parsed answer."""
+        data, headers = self._call(op.method, op.path, **self._op_args(op))
+        return op.result(data, headers)
 
     def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        session_scoped: bool = False,
-        **kwargs: Any,
+        self, method: str, path: str, *, what: str, session_scoped: bool = False, **kwargs: Any
     ) -> Dict[str, Any]:
         return self._call(method, path, what=what, session_scoped=session_scoped, **kwargs)[0]
 
     def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        session_scoped: bool = False,
-        **kwargs: Any,
+        self, method: str, path: str, *, what: str, session_scoped: bool = False, **kwargs: Any
     ) -> Tuple[Dict[str, Any], Mapping[str, str]]:
         """Send one request; return the answer's JSON object and its headers."""
         resp = self._send(method, path, what=what, session_scoped=session_scoped, **kwargs)
-        with resp:
-            return self._json(resp, what), resp.headers
+        return self._answer(resp, what), resp.headers
 
     def _send(
         self,
@@ -1064,44 +880,56 @@ class SessionsClient(ClosesOnExit):
         *,
         what: str,
         session_scoped: bool = False,
-        timeout: Any = _DEFAULT,
+        timeout: Any = DEFAULT,
+        stream: bool = False,
+        filename: Optional[str] = None,
         **kwargs: Any,
-    ) -> requests.Response:
-        """Send one request; return the answer (its body unread when
-        ``stream=True``), or raise the error an answer >= 400 means."""
-        url = self._base + path
-        if timeout is _DEFAULT:
-            timeout = self.timeout
+    ) -> httpx.Response:
+        """Send one request; return the answer (its body unread when *stream*,
+        else read and the connection released), or raise the error an answer
+        >= 400 means."""
+        t = self._timeout(timeout)
         try:
-            # verify is passed per request: requests lets REQUESTS_CA_BUNDLE
-            # override a Session-level verify (psf/requests#3829).
-            resp = self._http.request(method, url, timeout=timeout, verify=self.verify_ssl, **kwargs)
-        except requests.exceptions.SSLError as e:
-            raise SandboxConnectionError(f"{what}: TLS error talking to {self.api_url}: {e}") from e
-        except requests.exceptions.Timeout as e:
-            raise SandboxConnectionError(f"{what}: timed out after {timeout}s talking to {self.api_url}") from e
-        except requests.exceptions.RequestException as e:
-            raise SandboxConnectionError(f"{what}: cannot reach {self.api_url}: {e}") from e
+            resp = self._http.send(self._build(self._http, method, path, t, kwargs), stream=True)
+        except TRANSPORT_ERRORS as e:
+            raise self._transport_error(what, e, t) from e
         if resp.status_code >= 400:
-            with resp:
-                try:
-                    content = resp.content
-                except requests.exceptions.RequestException:
-                    content = b""
-                raise error_for_status(
-                    resp.status_code,
-                    resp.reason or "",
-                    resp.headers,
-                    content,
-                    what=what,
-                    session_scoped=session_scoped,
-                )
+            try:
+                content = resp.read()
+            except TRANSPORT_ERRORS:
+                content = b""
+            finally:
+                resp.close()
+            raise self._status_error(resp, content, what, session_scoped, filename)
+        if not stream:
+            self._read(resp, what)
         return resp
 
-    @staticmethod
-    def _json(resp: requests.Response, what: str) -> Dict[str, Any]:
+    def _read(self, resp: httpx.Response, what: str) -> None:
+        try:
+            resp.read()
+        except TRANSPORT_ERRORS as e:
+            raise self._body_error(what, e) from e
+        finally:
+            resp.close()
+
+    def _json(self, resp: httpx.Response, what: str) -> Dict[str, Any]:
         """The JSON object of a successful answer ({} for an empty one)."""
-        return json_answer(resp.status_code, resp.content, resp.headers, what)
+        if not resp.is_closed:
+            self._read(resp, what)
+        return self._answer(resp, what)
+
+    def _chunks(self, resp: httpx.Response, what: str, size: Optional[int] = None) -> Iterator[bytes]:
+        """An answer's body, chunk by chunk; a network error reading it becomes SandboxConnectionError."""
+        chunks = resp.iter_bytes(size)
+        while True:
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                return
+            except TRANSPORT_ERRORS as e:
+                raise self._body_error(what, e) from e
+            yield chunk
 
 
 class Shell(ClosesOnExit):

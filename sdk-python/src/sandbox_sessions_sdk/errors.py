@@ -33,6 +33,11 @@ sent)::
         +-- WorkspacesUnavailableError  400 workspaces_unavailable: this gateway keeps no workspaces
     +-- UnsupportedParamikoError    the installed Paramiko is outside the supported range
                                     (also a RuntimeError); raised by SessionSSHClient.connect()
+
+One warning, not an error: :class:`IsolationWarning` (a UserWarning), issued
+once per client when the gateway answers a session with ``"isolation":
+"none"`` (its workdir driver: nothing is isolated, no limit is enforced).
+Silence it with ``warnings.simplefilter("ignore", IsolationWarning)``.
 """
 
 from __future__ import annotations
@@ -69,7 +74,15 @@ __all__ = [
     "SnapshotNotFoundError",
     "WorkspacesUnavailableError",
     "UnsupportedParamikoError",
+    "IsolationWarning",
 ]
+
+
+class IsolationWarning(UserWarning):
+    """The gateway does not isolate its sessions (``"isolation": "none"``:
+    the workdir driver). Their processes run as the gateway's user with the
+    host's files and network, and ``resources`` are not enforced. Issued
+    once per client; filter it like any warning category."""
 
 
 class SandboxAPIError(Exception):

@@ -33,7 +33,7 @@ implement it on sandgate's REST API, one sandbox being one session:
 * The async methods run the blocking :class:`~sandbox_sessions_sdk.SessionsClient`
   calls in a worker thread (:func:`asyncio.to_thread`), so they do not block
   the event loop and several may run at once (each holds one thread while it
-  waits; the underlying ``requests`` connection pool is shared).
+  waits; the underlying httpx connection pool is shared).
 * ``SandboxSpec.name`` is the session's ``name`` (unique among the tenant's
   live sessions: a second ``create`` of a live name raises
   :class:`~sandbox_sessions_sdk.SandboxOperationError` ``name_taken``);
@@ -345,9 +345,7 @@ class SandgateSandboxHandle(SandboxHandle):
             resp = self._sessions._send(
                 "GET", path, what="session logs", session_scoped=True, params=params, headers={"Accept": "text/plain"}
             )
-            with resp:
-                resp.encoding = resp.encoding or "utf-8"
-                return resp.text
+            return resp.content.decode(resp.charset_encoding or "utf-8", errors="replace")
 
         return await asyncio.to_thread(get)
 

@@ -124,24 +124,10 @@ var idPattern = regexp.MustCompile(`^sbx-[a-z2-7]{20}$`)
 
 func looksLikeID(s string) bool { return idPattern.MatchString(s) }
 
-func bearer(h string) string {
-	const prefix = "bearer "
-	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
-		return ""
-	}
-	return strings.TrimSpace(h[len(prefix):])
-}
-
 // principal authenticates r: its bearer token, or fallback (a compat
 // API's own credential header) when it has none.
 func (f *Front) principal(r *http.Request, fallback string) (gateway.Principal, bool) {
-	token := ""
-	if r.Method == http.MethodConnect {
-		token = bearer(r.Header.Get("Proxy-Authorization"))
-	}
-	if token == "" {
-		token = bearer(r.Header.Get("Authorization"))
-	}
+	token := gateway.BearerToken(r)
 	if token == "" {
 		token = fallback
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/gateway"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -60,8 +62,23 @@ func TestBearer(t *testing.T) {
 	for in, want := range map[string]string{
 		"Bearer abc": "abc", "bearer  abc ": "abc", "Basic abc": "", "Bearer ": "", "": "",
 	} {
-		if got := bearer(in); got != want {
-			t.Errorf("bearer(%q) = %q, want %q", in, got, want)
+		r := httptest.NewRequest("GET", "/v1/sessions", nil)
+		if in != "" {
+			r.Header.Set("Authorization", in)
 		}
+		if got := gateway.BearerToken(r); got != want {
+			t.Errorf("BearerToken(Authorization: %q) = %q, want %q", in, got, want)
+		}
+	}
+	// A CONNECT takes Proxy-Authorization first, and Authorization when
+	// it has none there.
+	c := httptest.NewRequest("CONNECT", "/sessions/x/ssh", nil)
+	c.Header.Set("Authorization", "Bearer plain")
+	if got := gateway.BearerToken(c); got != "plain" {
+		t.Errorf("CONNECT with Authorization only: %q, want plain", got)
+	}
+	c.Header.Set("Proxy-Authorization", "Bearer proxy")
+	if got := gateway.BearerToken(c); got != "proxy" {
+		t.Errorf("CONNECT with both: %q, want proxy", got)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/sandgate/sandgate/gateway"
 )
 
 // CommandOverhead is what a command costs besides the output it keeps
@@ -24,9 +26,14 @@ func CommandCost(maxOutputBytes int64, streamed bool) int64 {
 // Errors of OutputBudget.Acquire.
 var (
 	// ErrTenantBudget: the tenant's commands hold its whole budget.
-	ErrTenantBudget = errors.New("the tenant's running commands hold its whole output budget")
+	ErrTenantBudget error = &clientError{err: errors.New("the tenant's running commands hold its whole output budget"),
+		api: gateway.Error{Kind: gateway.KindQuota, Code: "too_many_commands", RetryAfter: time.Second,
+			Message: "the tenant's running commands hold all the output memory it may use; " +
+				"retry when some end, or ask for a smaller maxOutputBytes"}}
 	// ErrGatewayBudget: all commands hold the gateway's whole budget.
-	ErrGatewayBudget = errors.New("running commands hold the gateway's whole output budget")
+	ErrGatewayBudget error = &clientError{err: errors.New("running commands hold the gateway's whole output budget"),
+		api: gateway.Error{Kind: gateway.KindUnavailable, Code: "commands_unavailable", RetryAfter: time.Second,
+			Message: "running commands hold all the output memory of the gateway; retry when some end"}}
 )
 
 // OutputBudget bounds the memory that running commands may keep for their

@@ -282,6 +282,17 @@ func (p *Files) dropLocked(id string, e *pooled) {
 	}()
 }
 
+// Close drops every server of the pool, at the gateway's shutdown once no
+// API serves any more: an idle one ends now, one in use when its last FS
+// closes. An Open after it starts a new server, as after an idle end.
+func (p *Files) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, e := range p.servers {
+		p.dropLocked(id, e)
+	}
+}
+
 // Servers is how many sessions have a server in the pool (for tests).
 func (p *Files) Servers() int {
 	p.mu.Lock()

@@ -189,6 +189,51 @@ func TestFilesPool(t *testing.T) {
 	}
 }
 
+// TestFilesClose: the pool's Close (the gateway's shutdown, Plane.Close)
+// ends a server kept idle, and one in use once its last FS closes
+// (issue 36).
+func TestFilesClose(t *testing.T) {
+	fsb := newFilesSandbox(t, "workdir", filesBinary(t))
+	s := &poolSession{sb: fsb.sb}
+	t.Cleanup(s.end)
+	p := &dataplane.Files{Idle: time.Hour}
+	ctx := context.Background()
+	exited := func(i int) <-chan struct{} {
+		_, procs := s.started()
+		return procs[i].(*trackedProcess).exited
+	}
+	f, err := p.Open(ctx, "s1", "t1", s, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close() // kept idle for an hour
+	g, err := p.Open(ctx, "s2", "t1", s, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Servers() != 2 {
+		t.Fatalf("%d servers, want 2", p.Servers())
+	}
+	p.Close()
+	if p.Servers() != 0 {
+		t.Errorf("%d servers kept after Close", p.Servers())
+	}
+	select {
+	case <-exited(0):
+	case <-time.After(10 * time.Second):
+		t.Error("the idle server still runs after Close")
+	}
+	if _, err := g.Stat("."); err != nil {
+		t.Errorf("a server in use stopped serving at Close: %v", err)
+	}
+	g.Close()
+	select {
+	case <-exited(1):
+	case <-time.After(10 * time.Second):
+		t.Error("the server in use still runs after its last FS closed")
+	}
+}
+
 // TestStreamFileWindows: a download read through its windows (one packet,
 // then wider past 8 MiB), whole and from seeks, gives the file's bytes.
 func TestStreamFileWindows(t *testing.T) {

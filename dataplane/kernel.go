@@ -5,7 +5,6 @@ import (
 	_ "embed" // the kernel's driver script
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -48,11 +48,15 @@ const (
 
 // Kernel errors.
 var (
-	ErrTooManyKernels = errors.New("too many Python kernels in this session")
-	ErrKernelBusy     = errors.New("too many calls wait for this kernel")
-	ErrKernelClosed   = errors.New("the kernel was reset while the call waited for it")
+	ErrTooManyKernels error = newClientError("too many Python kernels in this session", gateway.KindQuota, "too_many_kernels",
+		fmt.Sprintf("a session may have at most %d Python kernels", MaxKernels))
+	ErrKernelBusy error = newClientError("too many calls wait for this kernel", gateway.KindQuota, "kernel_busy",
+		fmt.Sprintf("%d calls already wait for this kernel", MaxKernelQueue))
+	ErrKernelClosed error = newClientError("the kernel was reset while the call waited for it", gateway.KindConflict, "kernel_reset",
+		"the kernel was reset while the call waited for it")
 	// ErrPythonUnavailable: the sandbox has no python3 on its PATH.
-	ErrPythonUnavailable = errors.New("python3 is not available in this sandbox")
+	ErrPythonUnavailable error = newClientError("python3 is not available in this sandbox", gateway.KindInvalid, "python_unavailable",
+		"this session's image has no python3 on its PATH; use an image with Python")
 )
 
 // KernelStartError is a python3 that is there but could not run the

@@ -39,15 +39,18 @@ const (
 	StatusKilled  = "killed"
 )
 
-// Errors of Processes; package rest maps them to answers.
+// Errors of Processes; the client-facing ones are *gateway.Error under
+// errors.As (errors.go).
 var (
-	ErrTooManyProcesses = errors.New("too many running processes in this session")
-	ErrProcessExited    = errors.New("the process has exited")
-	ErrStdinClosed      = errors.New("the process's standard input was closed (eof)")
+	ErrTooManyProcesses       = errors.New("too many running processes in this session")
+	ErrProcessExited    error = newClientError("the process has exited", gateway.KindConflict, "process_exited", "the process has exited")
+	ErrStdinClosed      error = newClientError("the process's standard input was closed (eof)", gateway.KindConflict, "stdin_closed",
+		"the process's standard input was closed (eof)")
 	// ErrStdinClosedByProcess is ErrStdinClosed for an input the running
 	// process closed itself (exec 0<&-).
-	ErrStdinClosedByProcess = errors.New("the process closed its standard input and is still running")
-	ErrStdinBlocked         = errors.New("the process is not reading its standard input")
+	ErrStdinClosedByProcess error = newClientError("the process closed its standard input and is still running", gateway.KindConflict,
+		"stdin_closed", "the process closed its standard input and is still running")
+	ErrStdinBlocked = errors.New("the process is not reading its standard input")
 	// ErrOutputLimit: the tenant's processes keep as much output as
 	// ProcessConfig.TenantOutputBytes allows.
 	ErrOutputLimit = errors.New("the tenant's background processes keep as much output as allowed")
@@ -214,7 +217,8 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	}
 	if sp.running()+sp.starting >= sp.cfg.MaxRunning {
 		sp.mu.Unlock()
-		return ProcessInfo{}, fmt.Errorf("%w (at most %d)", ErrTooManyProcesses, sp.cfg.MaxRunning)
+		return ProcessInfo{}, refusal(fmt.Errorf("%w (at most %d)", ErrTooManyProcesses, sp.cfg.MaxRunning),
+			"too_many_processes", "; wait for one to end or signal one")
 	}
 	sp.seq++
 	sp.starting++
@@ -370,7 +374,8 @@ func (sp *sessionProcs) reserve(pr *Process) error {
 		}
 		old := sp.ps.dropOldestFinished(sp.tenant)
 		if old == nil {
-			return fmt.Errorf("%w (%d bytes per tenant, %d per process)", ErrOutputLimit, sp.cfg.TenantOutputBytes, sp.cfg.OutputCap)
+			return refusal(fmt.Errorf("%w (%d bytes per tenant, %d per process)", ErrOutputLimit, sp.cfg.TenantOutputBytes, sp.cfg.OutputCap),
+				"process_output_limit", "; wait for a running process to end, or end a session")
 		}
 		old.discard()
 	}

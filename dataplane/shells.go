@@ -29,12 +29,15 @@ const (
 
 // Shell errors.
 var (
-	ErrTooManyShells = errors.New("too many shells in this session")
-	ErrShellBusy     = errors.New("too many commands wait for this shell")
-	ErrNoShell       = errors.New("no such shell")
-	ErrShellClosed   = errors.New("the shell was closed")
+	ErrTooManyShells error = newClientError("too many shells in this session", gateway.KindQuota, "too_many_shells",
+		fmt.Sprintf("a session may have at most %d shells; delete one", MaxShells))
+	ErrShellBusy error = newClientError("too many commands wait for this shell", gateway.KindQuota, "shell_busy",
+		fmt.Sprintf("%d commands already wait for this shell", MaxShellQueue))
+	ErrNoShell           = errors.New("no such shell")
+	ErrShellClosed error = newClientError("the shell was closed", gateway.KindConflict, "shell_closed",
+		"the shell was deleted while the command waited for it")
 	// ErrSessionEnded: the session ended (shells and processes alike).
-	ErrSessionEnded = errors.New("the session has ended")
+	ErrSessionEnded error = newClientError("the session has ended", gateway.KindConflict, "session_not_running", sessionNotRunning)
 )
 
 var shellNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)

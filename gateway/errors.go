@@ -37,6 +37,17 @@ const (
 	// KindGone is a session that ended a short while ago (session_gone):
 	// its tombstone tells when and why.
 	KindGone
+	// KindForbidden is an operation the caller may not do in the sandbox
+	// (a file the sandbox's user may not touch).
+	KindForbidden
+	// KindTooLarge is a request over a size cap (a file over the
+	// upload cap).
+	KindTooLarge
+	// KindInsufficientStorage is a sandbox whose filesystem is full.
+	KindInsufficientStorage
+	// KindUpstreamTimeout is a server the gateway relays to (a sandbox's
+	// port) that did not answer in time.
+	KindUpstreamTimeout
 )
 
 func (e *Error) Error() string {
@@ -88,6 +99,17 @@ func (s Sentinel) detail() *Error {
 // Invalid returns a KindInvalid error with the given code and message.
 func Invalid(code, msg string) error {
 	return &Error{Kind: KindInvalid, Code: code, Message: msg}
+}
+
+// OrInternal is err when it carries a *Error (errors.As), and otherwise
+// err wrapped in an internal error whose message, for the client, is msg:
+// what the transports answer for a failure they cannot explain.
+func OrInternal(err error, msg string) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return &Error{Kind: KindInternal, Code: "internal", Message: msg, Err: err}
 }
 
 // AsError extracts a *Error from err.

@@ -358,7 +358,7 @@ func (a *api) listAudit(w http.ResponseWriter, r *http.Request) {
 		out["nextCursor"] = page.Next
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = WriteJSON(w, http.StatusOK, out)
 }
 
 // auditKernel records a Python kernel call.

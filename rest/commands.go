@@ -21,13 +21,13 @@ import (
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
-	"github.com/sandgate/sandgate/sandbox"
 )
 
-// Command defaults.
+// Command defaults: a command's timeout and maxOutputBytes (per stream)
+// when the request gives none (the compat APIs use them too).
 const (
-	defaultCommandTimeout = 60 * time.Second
-	defaultCommandOutput  = 1 << 20
+	DefaultCommandTimeout = 60 * time.Second
+	DefaultCommandOutput  = 1 << 20
 	ndjsonType            = "application/x-ndjson"
 )
 
@@ -113,7 +113,7 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 	}
 	req.Env = cr.Env
 	req.Cwd = cr.Cwd
-	req.Timeout = defaultCommandTimeout
+	req.Timeout = DefaultCommandTimeout
 	if cr.Timeout != nil {
 		t, ok := timeoutSeconds(*cr.Timeout, cfg.MaxTimeout)
 		if !ok {
@@ -121,7 +121,7 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 		}
 		req.Timeout = t
 	}
-	req.MaxOutputBytes = min(defaultCommandOutput, cfg.MaxOutputBytes)
+	req.MaxOutputBytes = min(DefaultCommandOutput, cfg.MaxOutputBytes)
 	if cr.MaxOutputBytes != nil {
 		if *cr.MaxOutputBytes < 0 {
 			return bad("invalid_max_output", "maxOutputBytes must not be negative")
@@ -158,11 +158,11 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var cr commandRequest
-	if status, code, msg := decodeJSON(w, r, &cr); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &cr); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
-	req, status, code, msg := cr.parse(a.dp.cfg)
+	req, status, code, msg := cr.parse(a.dp.Bounds)
 	if status != 0 {
 		WriteError(w, status, code, msg)
 		return
@@ -170,10 +170,10 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	ndjson := wantsNDJSON(r)
 	// The command's memory is charged from before it starts until both
 	// it has ended and its answer is written or abandoned.
-	release, err := a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
+	release, err := a.dp.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
 	if err != nil {
 		if r.Context().Err() == nil {
-			writeBudgetError(w, err)
+			WriteGatewayError(w, err) // the budget's errors say 429 or 503
 		}
 		return
 	}
@@ -189,7 +189,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	// client that leaves kills it (cancel below, when the handler sees it
 	// go), unless it runs in the background.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	req.Buffers = a.dp.buffers
+	req.Buffers = a.dp.Buffers
 
 	var stream *ndjsonWriter
 	if ndjson {
@@ -206,7 +206,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		defer cancel() // released when the command ends, not the request
 		var o outcome
 		if cr.Shell != "" {
-			o.res, o.err = a.dp.shells.Run(ctx, s.ID, s, cr.Shell, req)
+			o.res, o.err = a.dp.Shells.Run(ctx, s.ID, s, cr.Shell, req)
 		} else {
 			o.res, o.err = dataplane.Run(ctx, s, req)
 		}
@@ -260,7 +260,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			stream.final(map[string]any{"error": errorDetail{Code: "internal", Message: "the command could not run"}})
 			return
 		}
-		writeCommandError(w, o.err)
+		WriteGatewayError(w, dataplane.Failure(o.err, "the command could not be started"))
 		return
 	}
 	if stream != nil {
@@ -304,45 +304,6 @@ func awaitCommand[T any](done <-chan T, gone, stop <-chan struct{}) (T, int) {
 type shutdownAnswer struct {
 	Error errorDetail `json:"error"`
 	commandResult
-}
-
-// budgetStatus is the status and code of a command refused by the output
-// budget: 429 past the tenant's share, 503 past the gateway's.
-func budgetStatus(err error) (int, string) {
-	if errors.Is(err, dataplane.ErrTenantBudget) {
-		return http.StatusTooManyRequests, "too_many_commands"
-	}
-	return http.StatusServiceUnavailable, "commands_unavailable"
-}
-
-// writeBudgetError answers a command refused by the output budget.
-func writeBudgetError(w http.ResponseWriter, err error) {
-	w.Header().Set("Retry-After", "1")
-	status, code := budgetStatus(err)
-	if status == http.StatusTooManyRequests {
-		WriteError(w, status, code, "the tenant's running commands hold all the output memory it may use; "+
-			"retry when some end, or ask for a smaller maxOutputBytes")
-		return
-	}
-	WriteError(w, status, code, "running commands hold all the output memory of the gateway; retry when some end")
-}
-
-// writeCommandError answers a command that could not run.
-func writeCommandError(w http.ResponseWriter, err error) {
-	switch {
-	case errors.Is(err, dataplane.ErrTooManyShells):
-		WriteError(w, http.StatusTooManyRequests, "too_many_shells",
-			fmt.Sprintf("a session may have at most %d shells; delete one", dataplane.MaxShells))
-	case errors.Is(err, dataplane.ErrShellBusy):
-		WriteError(w, http.StatusTooManyRequests, "shell_busy",
-			fmt.Sprintf("%d commands already wait for this shell", dataplane.MaxShellQueue))
-	case errors.Is(err, dataplane.ErrShellClosed):
-		WriteError(w, http.StatusConflict, "shell_closed", "the shell was deleted while the command waited for it")
-	case errors.Is(err, dataplane.ErrSessionEnded), errors.Is(err, sandbox.ErrClosed):
-		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
-	default:
-		WriteError(w, http.StatusInternalServerError, "internal", "the command could not be started")
-	}
 }
 
 // resultBody renders r; withOutput false leaves the output out (it was
@@ -508,7 +469,7 @@ func (a *api) listCommands(w http.ResponseWriter, r *http.Request) {
 	if h == nil {
 		h = []gateway.CommandRecord{}
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"commands": h})
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"commands": h})
 }
 
 // deleteShell serves DELETE /v1/sessions/{id}/shells/{name}.
@@ -518,7 +479,7 @@ func (a *api) deleteShell(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := chi.URLParam(r, "name")
-	if err := a.dp.shells.Delete(s.ID, name); err != nil {
+	if err := a.dp.Shells.Delete(s.ID, name); err != nil {
 		WriteError(w, http.StatusNotFound, "shell_not_found", "the session has no shell of that name")
 		return
 	}

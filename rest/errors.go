@@ -29,7 +29,7 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandgate"`)
 	}
 	noteErrorCode(w, code)
-	_ = writeJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
+	_ = WriteJSON(w, status, errorBody{Error: errorDetail{Code: code, Message: msg}})
 }
 
 // WriteGatewayError maps err (usually a *gateway.Error, or a
@@ -51,6 +51,11 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 		gateway.KindUpstream:      http.StatusBadGateway,
 		gateway.KindUnprocessable: http.StatusUnprocessableEntity,
 		gateway.KindGone:          http.StatusGone,
+		gateway.KindForbidden:     http.StatusForbidden,
+		gateway.KindTooLarge:      http.StatusRequestEntityTooLarge,
+
+		gateway.KindInsufficientStorage: http.StatusInsufficientStorage,
+		gateway.KindUpstreamTimeout:     http.StatusGatewayTimeout,
 	}[ge.Kind]
 	if !ok {
 		status = http.StatusInternalServerError
@@ -62,10 +67,10 @@ func WriteGatewayError(w http.ResponseWriter, err error) {
 	WriteError(w, status, ge.Code, ge.Message)
 }
 
-// writeJSON writes v as the JSON answer with status. It returns the error
+// WriteJSON writes v as the JSON answer with status. It returns the error
 // of the write, which only tells that the client is gone when the answer
-// did not fit net/http's buffer; see flushJSON.
-func writeJSON(w http.ResponseWriter, status int, v any) error {
+// did not fit net/http's buffer; see FlushJSON.
+func WriteJSON(w http.ResponseWriter, status int, v any) error {
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(v); err != nil {
 		return fmt.Errorf("encode answer: %w", err)
@@ -80,10 +85,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	return nil
 }
 
-// flushJSON is writeJSON followed by a flush to the connection, so that a
+// FlushJSON is WriteJSON followed by a flush to the connection, so that a
 // client that is gone shows as an error here rather than after the handler.
-func flushJSON(w http.ResponseWriter, status int, v any) error {
-	if err := writeJSON(w, status, v); err != nil {
+func FlushJSON(w http.ResponseWriter, status int, v any) error {
+	if err := WriteJSON(w, status, v); err != nil {
 		return err
 	}
 	if err := http.NewResponseController(w).Flush(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -21,56 +22,22 @@ import (
 // server started in the session's sandbox for the request (see
 // dataplane/files.go), so paths resolve as the sandbox sees them.
 
-// fileStatus maps a dataplane.ErrKind to its status and code.
-func fileStatus(k dataplane.ErrKind) (int, string, bool) {
-	switch k {
-	case dataplane.KindInvalid:
-		return http.StatusBadRequest, "invalid_path", true
-	case dataplane.KindNotFound:
-		return http.StatusNotFound, "file_not_found", true
-	case dataplane.KindNotDir:
-		return http.StatusConflict, "not_a_directory", true
-	case dataplane.KindIsDir:
-		return http.StatusConflict, "is_a_directory", true
-	case dataplane.KindNotRegular:
-		return http.StatusConflict, "not_a_regular_file", true
-	case dataplane.KindNotEmpty:
-		return http.StatusConflict, "directory_not_empty", true
-	case dataplane.KindPermission:
-		return http.StatusForbidden, "permission_denied", true
-	case dataplane.KindTooLarge:
-		return http.StatusRequestEntityTooLarge, "file_too_large", true
-	case dataplane.KindDiskFull:
-		return http.StatusInsufficientStorage, "disk_full", true
-	case dataplane.KindAborted:
-		return http.StatusBadRequest, "upload_incomplete", true
-	case dataplane.KindUnavailable:
-		return http.StatusServiceUnavailable, "files_unavailable", true
-	case dataplane.KindBusy:
-		return http.StatusServiceUnavailable, "too_many_file_transfers", true
-	}
-	return 0, "", false
-}
-
-// writeFileError answers a file operation's failure.
-func (a *api) writeFileError(w http.ResponseWriter, r *http.Request, err error) {
+// WriteDataError answers the failure of a file operation on the session
+// of r's {id}, found through sessions; log gets what the client is not
+// told. The compat APIs answer theirs with it too.
+func WriteDataError(w http.ResponseWriter, r *http.Request, sessions Sessions, log *slog.Logger, err error) {
 	var fe *dataplane.Error
-	if errors.As(err, &fe) {
-		if status, code, ok := fileStatus(fe.Kind); ok {
-			switch fe.Kind {
-			case dataplane.KindUnavailable:
-				a.cfg.Log.WarnContext(r.Context(), "files_unavailable", "path", r.URL.Path, "err", err)
-			case dataplane.KindBusy:
-				w.Header().Set("Retry-After", "1")
-			}
-			WriteError(w, status, code, fe.Msg)
-			return
+	if ge, ok := gateway.AsError(err); ok && errors.As(err, &fe) {
+		if fe.Kind == dataplane.KindUnavailable {
+			log.WarnContext(r.Context(), "files_unavailable", "path", r.URL.Path, "err", err)
 		}
+		WriteGatewayError(w, ge)
+		return
 	}
 	// A session that ended under the call (deleted, expired, stopped)
 	// took its SFTP connection with it: say that, not 500.
 	if id := chi.URLParam(r, "id"); id != "" {
-		s, gerr := a.cfg.Sessions.Get(r.Context(), principal(r), id)
+		s, gerr := sessions.Get(r.Context(), principal(r), id)
 		switch {
 		case gerr != nil:
 			WriteGatewayError(w, gerr)
@@ -80,7 +47,7 @@ func (a *api) writeFileError(w http.ResponseWriter, r *http.Request, err error) 
 			return
 		}
 	}
-	a.cfg.Log.ErrorContext(r.Context(), "file_operation_failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	log.ErrorContext(r.Context(), "file_operation_failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	WriteError(w, http.StatusInternalServerError, "internal", "internal error")
 }
 
@@ -102,7 +69,7 @@ func boolParam(w http.ResponseWriter, r *http.Request, name string) (bool, bool)
 func (a *api) pathParam(w http.ResponseWriter, r *http.Request) (string, bool) {
 	p, err := dataplane.CheckPath(r.URL.Query().Get("path"))
 	if err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return "", false
 	}
 	return p, true
@@ -122,9 +89,9 @@ func (a *api) openStream(w http.ResponseWriter, r *http.Request, s *gateway.Sess
 }
 
 func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Session, stream bool) (*dataplane.FS, bool) {
-	fsys, err := a.dp.files.Open(r.Context(), s.ID, s.Tenant, s, stream)
+	fsys, err := a.dp.Files.Open(r.Context(), s.ID, s.Tenant, s, stream)
 	if err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return nil, false
 	}
 	return fsys, true
@@ -134,12 +101,12 @@ func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Sessi
 // of the gateway left when it died mid-PUT (dataplane.Files journals them),
 // in the sessions it re-adopted.
 func (a *api) sweepUploads(stale []dataplane.StaleUpload) {
-	owners, ok := a.cfg.Sessions.(sessionOwners)
+	owners, ok := a.cfg.Sessions.(SessionOwners)
 	if !ok {
 		return
 	}
 	ctx := context.Background()
-	n := a.dp.files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
+	n := a.dp.Files.SweepUploads(ctx, stale, func(id string) (dataplane.Session, string, bool, bool) {
 		tenant, known := owners.Owner(id)
 		if !known {
 			return nil, "", false, false
@@ -184,10 +151,10 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
 		auditFile(r, "list", p, 0)
 		entries, truncated, err := fsys.List(p, recursive, 0)
 		if err != nil {
-			a.writeFileError(w, r, err)
+			WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 			return
 		}
-		_ = writeJSON(w, http.StatusOK, map[string]any{"entries": entries, "truncated": truncated})
+		_ = WriteJSON(w, http.StatusOK, map[string]any{"entries": entries, "truncated": truncated})
 		return
 	}
 	auditFile(r, "read", p, -1)
@@ -200,7 +167,7 @@ func (a *api) getFile(w http.ResponseWriter, r *http.Request) {
 func (a *api) serveFile(w http.ResponseWriter, r *http.Request, fsys *dataplane.FS, p string) {
 	f, e, err := fsys.Open(p)
 	if err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return
 	}
 	defer f.Close()
@@ -265,7 +232,7 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	opts := dataplane.WriteOptions{Mkdirs: mkdirs, MaxBytes: a.dp.cfg.MaxFileBytes}
+	opts := dataplane.WriteOptions{Mkdirs: mkdirs, MaxBytes: a.dp.Bounds.MaxFileBytes}
 	if v := r.URL.Query().Get("mode"); v != "" {
 		m, err := strconv.ParseUint(v, 8, 32)
 		if err != nil || m > 0o777 {
@@ -275,7 +242,7 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 		mode := fs.FileMode(m)
 		opts.Mode = &mode
 	}
-	if max := a.dp.cfg.MaxFileBytes; max > 0 && r.ContentLength > max {
+	if max := a.dp.Bounds.MaxFileBytes; max > 0 && r.ContentLength > max {
 		WriteError(w, http.StatusRequestEntityTooLarge, "file_too_large",
 			fmt.Sprintf("%s: %d bytes is over the limit of %d bytes", p, r.ContentLength, max))
 		return
@@ -291,14 +258,14 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 		auditFile(r, "write", p, e.SizeBytes)
 	}
 	if err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return
 	}
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated
 	}
-	_ = writeJSON(w, status, e)
+	_ = WriteJSON(w, status, e)
 }
 
 // deleteFile serves DELETE /v1/sessions/{id}/files?path=P.
@@ -322,7 +289,7 @@ func (a *api) deleteFile(w http.ResponseWriter, r *http.Request) {
 	defer fsys.Close()
 	auditFile(r, "remove", p, 0)
 	if err := fsys.Remove(p, recursive); err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -344,12 +311,12 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if a.dp.cfg.DialPublic == nil {
+	if a.dp.Bounds.DialPublic == nil {
 		WriteError(w, http.StatusServiceUnavailable, "fetch_unavailable", "this gateway does not fetch URLs (it has no egress proxy)")
 		return
 	}
 	var req fetchRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -359,14 +326,14 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 			WriteError(w, http.StatusBadRequest, "invalid_url", fe.Msg)
 			return
 		}
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return
 	}
 	dest := "."
 	if req.DestDir != nil && *req.DestDir != "" {
 		d, err := dataplane.CheckPath(*req.DestDir)
 		if err != nil {
-			a.writeFileError(w, r, err)
+			WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 			return
 		}
 		dest = d
@@ -377,11 +344,11 @@ func (a *api) fetchFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	a.auditFileStarted(r, "fetch", dest)
-	fe := &dataplane.Fetcher{Dial: a.dp.cfg.DialPublic, MaxBytes: a.dp.cfg.MaxFetchBytes, Overwrite: req.Overwrite}
+	fe := &dataplane.Fetcher{Dial: a.dp.Bounds.DialPublic, MaxBytes: a.dp.Bounds.MaxFetchBytes, Overwrite: req.Overwrite}
 	res, err := fe.Fetch(r.Context(), fsys, req.URLs, dest)
 	if err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, res)
+	_ = WriteJSON(w, http.StatusOK, res)
 }

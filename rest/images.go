@@ -39,5 +39,5 @@ func (a *api) listImages(w http.ResponseWriter, r *http.Request) {
 		out.Images = append(out.Images, imgs...)
 		out.Allow = append(out.Allow, allow...)
 	}
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 }

@@ -43,8 +43,8 @@ const (
 // Default bounds on link fetches, per minute (DataPlane.LinkFetchesPerLink
 // and LinkFetchesPerIP).
 const (
-	DefaultLinkFetchesPerLink = 60
-	DefaultLinkFetchesPerIP   = 120
+	DefaultLinkFetchesPerLink = dataplane.DefaultLinkFetchesPerLink
+	DefaultLinkFetchesPerIP   = dataplane.DefaultLinkFetchesPerIP
 )
 
 // linkLimits bound the fetches of file links: per link (its signature)
@@ -71,14 +71,14 @@ func (a *api) linkLimited(w http.ResponseWriter, r *http.Request, fail func(int,
 		if ip, err := httprate.KeyByIP(r); err == nil && l.OnLimit(w, r, ip) {
 			a.rateLimited("link_ip")
 			fail(http.StatusTooManyRequests, "rate_limited",
-				fmt.Sprintf("too many link fetches from this address (the limit is %d a minute)", a.dp.cfg.LinkFetchesPerIP))
+				fmt.Sprintf("too many link fetches from this address (the limit is %d a minute)", a.dp.Bounds.LinkFetchesPerIP))
 			return true
 		}
 	}
 	if l := a.linkLimits.perLink; l != nil && l.OnLimit(w, r, string(sig)) {
 		a.rateLimited("link")
 		fail(http.StatusTooManyRequests, "rate_limited",
-			fmt.Sprintf("too many fetches of this link (the limit is %d a minute)", a.dp.cfg.LinkFetchesPerLink))
+			fmt.Sprintf("too many fetches of this link (the limit is %d a minute)", a.dp.Bounds.LinkFetchesPerLink))
 		return true
 	}
 	return false
@@ -159,12 +159,6 @@ func parseLink(token string) (string, linkPayload, []byte, bool) {
 	return parseToken(token, func(lp linkPayload) bool { return lp.V == 1 && lp.Session != "" && lp.Path != "" })
 }
 
-// sessionOwners finds a session's tenant without a principal
-// (gateway.Manager.Owner).
-type sessionOwners interface {
-	Owner(id string) (string, bool)
-}
-
 // linkRequest is the body of POST /v1/sessions/{id}/files/link.
 type linkRequest struct {
 	Path      *string `json:"path"`
@@ -200,7 +194,7 @@ func linkExpiry(seconds int) time.Time {
 // or links_unavailable on a gateway whose sessions cannot say their
 // owner, which a link's check needs; ok is false once it answered.
 func (a *api) linkedSession(w http.ResponseWriter, r *http.Request) (*gateway.Session, bool) {
-	if _, ok := a.cfg.Sessions.(sessionOwners); !ok {
+	if _, ok := a.cfg.Sessions.(SessionOwners); !ok {
 		WriteError(w, http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
 		return nil, false
 	}
@@ -211,7 +205,7 @@ func (a *api) linkedSession(w http.ResponseWriter, r *http.Request) (*gateway.Se
 // for the regular file at path.
 func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 	var req linkRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -225,7 +219,7 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := dataplane.CheckPath(raw)
 	if err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return
 	}
 	s, ok := a.linkedSession(w, r)
@@ -239,7 +233,7 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 	e, err := fsys.Stat(p)
 	fsys.Close()
 	if err != nil {
-		a.writeFileError(w, r, err)
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
 		return
 	}
 	if e.Type != "file" {
@@ -253,7 +247,7 @@ func (a *api) createLink(w http.ResponseWriter, r *http.Request) {
 	expires := linkExpiry(expiresIn)
 	token := signLink(a.cfg.LinkKey, s.Tenant, s.ID, p, expires)
 	a.cfg.Log.InfoContext(r.Context(), "link_created", "session", s.ID, "tenant", s.Tenant, "path", p, "expires_at", expires)
-	_ = writeJSON(w, http.StatusOK, linkJSON{URL: a.baseURL(r) + "/links/" + token, ExpiresAt: expires})
+	_ = WriteJSON(w, http.StatusOK, linkJSON{URL: a.baseURL(r) + "/links/" + token, ExpiresAt: expires})
 }
 
 // fetchLink serves GET /links/{token}, without authentication: the file
@@ -339,7 +333,7 @@ func sandboxed(w http.ResponseWriter) {
 // or internal for an error of the session store.
 func (a *api) linkSession(w http.ResponseWriter, r *http.Request, fail func(int, string, string), session string, expires int64,
 	verify func(tenant string) bool, internal func(error)) (string, *gateway.Session, bool) {
-	owners, ok := a.cfg.Sessions.(sessionOwners)
+	owners, ok := a.cfg.Sessions.(SessionOwners)
 	if !ok {
 		fail(http.StatusServiceUnavailable, "links_unavailable", "this gateway cannot serve presigned links")
 		return "", nil, false

@@ -42,8 +42,8 @@ func (a *api) sessionLogs(w http.ResponseWriter, r *http.Request) {
 	s.Touch(time.Now())
 	var b strings.Builder
 	writeHistory(&b, s.History(), tail)
-	for _, info := range a.dp.procs.List(s.ID) {
-		pr, ok := a.dp.procs.Get(s.ID, info.ProcessID)
+	for _, info := range a.dp.Processes.List(s.ID) {
+		pr, ok := a.dp.Processes.Get(s.ID, info.ProcessID)
 		if !ok {
 			continue
 		}

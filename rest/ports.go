@@ -506,6 +506,15 @@ func (p *portsProxy) release(id string) {
 
 // portError answers a request the proxy could not complete.
 func (a *api) portError(w http.ResponseWriter, r *http.Request, err error) {
+	var mbe *http.MaxBytesError
+	if !errors.Is(err, errPortRedirect) && !errors.As(err, &mbe) && errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // the client left: nobody reads an answer
+	}
+	WriteGatewayError(w, a.portFailure(r, err))
+}
+
+// portFailure is the client-facing form of the proxy's failure err.
+func (a *api) portFailure(r *http.Request, err error) *gateway.Error {
 	t, _ := r.Context().Value(portTargetKey{}).(*portTarget)
 	port := 0
 	if t != nil {
@@ -515,26 +524,24 @@ func (a *api) portError(w http.ResponseWriter, r *http.Request, err error) {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.Is(err, errPortRedirect):
-		WriteError(w, http.StatusBadGateway, "port_redirect_refused",
-			fmt.Sprintf("the server on port %d redirected off its preview's origin; a preview only redirects within itself", port))
+		return &gateway.Error{Kind: gateway.KindUpstream, Code: "port_redirect_refused", Err: err,
+			Message: fmt.Sprintf("the server on port %d redirected off its preview's origin; a preview only redirects within itself", port)}
 	case errors.As(err, &mbe):
-		WriteError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("a preview request body is at most %d bytes", portBodyBytes))
-	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
-		// The client left: nobody reads an answer.
+		return &gateway.Error{Kind: gateway.KindTooLarge, Code: "body_too_large", Err: err,
+			Message: fmt.Sprintf("a preview request body is at most %d bytes", portBodyBytes)}
 	case errors.As(err, &de) && errors.Is(err, sandbox.ErrStopped):
-		WriteError(w, http.StatusBadGateway, "port_unreachable",
-			fmt.Sprintf("nothing listens on port %d: the session is stopped (its next command starts it again)", port))
+		return &gateway.Error{Kind: gateway.KindUpstream, Code: "port_unreachable", Err: err,
+			Message: fmt.Sprintf("nothing listens on port %d: the session is stopped (its next command starts it again)", port)}
 	case errors.As(err, &de):
-		WriteError(w, http.StatusBadGateway, "port_unreachable",
-			fmt.Sprintf("nothing answers on port %d inside the sandbox (localhost, 127.0.0.1 or ::1): %s", port, connectErrText(de.err)))
+		return &gateway.Error{Kind: gateway.KindUpstream, Code: "port_unreachable", Err: err,
+			Message: fmt.Sprintf("nothing answers on port %d inside the sandbox (localhost, 127.0.0.1 or ::1): %s", port, connectErrText(de.err))}
 	case isTimeout(err):
-		WriteError(w, http.StatusGatewayTimeout, "port_timeout",
-			fmt.Sprintf("the server on port %d sent no response in time", port))
-	default:
-		a.cfg.Log.Info("port_proxy_failed", "port", port, "err", err)
-		WriteError(w, http.StatusBadGateway, "port_bad_response",
-			fmt.Sprintf("the server on port %d broke off the exchange or answered with no valid HTTP", port))
+		return &gateway.Error{Kind: gateway.KindUpstreamTimeout, Code: "port_timeout", Err: err,
+			Message: fmt.Sprintf("the server on port %d sent no response in time", port)}
 	}
+	a.cfg.Log.Info("port_proxy_failed", "port", port, "err", err)
+	return &gateway.Error{Kind: gateway.KindUpstream, Code: "port_bad_response", Err: err,
+		Message: fmt.Sprintf("the server on port %d broke off the exchange or answered with no valid HTTP", port)}
 }
 
 func isTimeout(err error) bool {
@@ -600,7 +607,7 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req portLinkRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -628,7 +635,7 @@ func (a *api) createPortLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.cfg.Log.Info("port_link_created", "session", s.ID, "tenant", s.Tenant, "port", *req.Port, "expires_at", expires)
-	_ = writeJSON(w, http.StatusOK, linkJSON{URL: u, ExpiresAt: expires})
+	_ = WriteJSON(w, http.StatusOK, linkJSON{URL: u, ExpiresAt: expires})
 }
 
 // proxyPortLink serves /links/ports/{token}/*, the port links of earlier

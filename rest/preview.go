@@ -161,24 +161,9 @@ func (a *api) isPreviewHost(host string) bool {
 	return ok
 }
 
-// baseURL is the base of the URLs the gateway hands out: Config.PublicURL
-// (serve --public-url), or else the address the request's connection
-// reached the gateway at, never the request's Host header, which the
-// client chooses.
+// baseURL is the base of the URLs the gateway hands out (Links.BaseURL).
 func (a *api) baseURL(r *http.Request) string {
-	if a.cfg.PublicURL != "" {
-		return strings.TrimSuffix(a.cfg.PublicURL, "/")
-	}
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	// An accepted connection's local address is concrete (the interface
-	// it came in on), even on a listener of 0.0.0.0.
-	if addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
-		return scheme + "://" + addr.String()
-	}
-	return scheme + "://localhost"
+	return Links{PublicURL: a.cfg.PublicURL}.BaseURL(r)
 }
 
 // previewURL is the presigned URL of tenant's session's port until expires:

@@ -48,7 +48,7 @@ type processStarted struct {
 }
 
 func (a *api) processConfig() dataplane.ProcessConfig {
-	return dataplane.ProcessConfig{StateDir: a.dp.cfg.StateDir, TenantOutputBytes: a.dp.cfg.MaxProcessOutputPerTenant, Log: a.cfg.Log}
+	return dataplane.ProcessConfig{StateDir: a.dp.Bounds.StateDir, TenantOutputBytes: a.dp.Bounds.MaxProcessOutputPerTenant, Log: a.cfg.Log}
 }
 
 func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
@@ -57,7 +57,7 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req startProcessRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -66,23 +66,15 @@ func (a *api) startProcess(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, "invalid_field", msg)
 		return
 	}
-	info, err := a.dp.procs.Start(r.Context(), s, a.processConfig(), sr)
-	switch {
-	case errors.Is(err, dataplane.ErrTooManyProcesses):
-		WriteError(w, http.StatusTooManyRequests, "too_many_processes", err.Error()+"; wait for one to end or signal one")
-		return
-	case errors.Is(err, dataplane.ErrOutputLimit):
-		WriteError(w, http.StatusTooManyRequests, "process_output_limit", err.Error()+"; wait for a running process to end, or end a session")
-		return
-	case errors.Is(err, dataplane.ErrSessionEnded):
-		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
-		return
-	case err != nil:
-		a.cfg.Log.ErrorContext(r.Context(), "process_start_failed", "session", s.ID, "err", err)
-		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
+	info, err := a.dp.Processes.Start(r.Context(), s, a.processConfig(), sr)
+	if err != nil {
+		if _, told := gateway.AsError(err); !told {
+			a.cfg.Log.ErrorContext(r.Context(), "process_start_failed", "session", s.ID, "err", err)
+		}
+		WriteGatewayError(w, gateway.OrInternal(err, "internal error"))
 		return
 	}
-	_ = writeJSON(w, http.StatusCreated, processStarted{ProcessInfo: info, EnvIgnored: ignored})
+	_ = WriteJSON(w, http.StatusCreated, processStarted{ProcessInfo: info, EnvIgnored: ignored})
 }
 
 // checkStart validates a start request; msg says what is wrong with it.
@@ -122,7 +114,7 @@ func (a *api) checkStart(req startProcessRequest) (sr dataplane.StartRequest, ig
 		if len(name)+len(value) > maxProcessEnvBytes {
 			return sr, nil, fmt.Sprintf("env: %s is longer than %d bytes", name, maxProcessEnvBytes)
 		}
-		if !envAllowed(name, a.dp.cfg.EnvAllow) {
+		if !gateway.EnvAllowed(name, a.dp.Bounds.EnvAllow) {
 			ignored = append(ignored, name)
 			continue
 		}
@@ -141,30 +133,12 @@ func (a *api) checkStart(req startProcessRequest) (sr dataplane.StartRequest, ig
 	return sr, ignored, ""
 }
 
-// envAllowed reports whether a client may set name: TERM, LANG, LC_* and
-// the names (NAME or PREFIX*) of allow, as SSH allows them.
-func envAllowed(name string, allow []string) bool {
-	if name == "TERM" || name == "LANG" || strings.HasPrefix(name, "LC_") {
-		return true
-	}
-	for _, a := range allow {
-		if p, ok := strings.CutSuffix(a, "*"); ok {
-			if strings.HasPrefix(name, p) {
-				return true
-			}
-		} else if a == name {
-			return true
-		}
-	}
-	return false
-}
-
 func (a *api) listProcesses(w http.ResponseWriter, r *http.Request) {
 	s, ok := a.dataSession(w, r)
 	if !ok {
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"processes": a.dp.procs.List(s.ID)})
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"processes": a.dp.Processes.List(s.ID)})
 }
 
 // process finds the request's process, answering 404/409 itself.
@@ -174,7 +148,7 @@ func (a *api) process(w http.ResponseWriter, r *http.Request) (*dataplane.Proces
 		return nil, false
 	}
 	id := chi.URLParam(r, "pid")
-	p, ok := a.dp.procs.Get(s.ID, id)
+	p, ok := a.dp.Processes.Get(s.ID, id)
 	if !ok {
 		WriteError(w, http.StatusNotFound, "process_not_found", "no process "+strconv.Quote(id)+" in this session")
 		return nil, false
@@ -187,7 +161,7 @@ func (a *api) getProcess(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, p.Info())
+	_ = WriteJSON(w, http.StatusOK, p.Info())
 }
 
 // outputLine is one line of the output stream.
@@ -337,7 +311,7 @@ func (a *api) processStdin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req stdinRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -360,20 +334,24 @@ func (a *api) processStdin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n, err := p.WriteStdin(r.Context(), data, req.EOF)
-	switch {
-	case errors.Is(err, dataplane.ErrProcessExited):
-		WriteError(w, http.StatusConflict, "process_exited", "the process has exited")
-	case errors.Is(err, dataplane.ErrStdinClosed), errors.Is(err, dataplane.ErrStdinClosedByProcess):
-		WriteError(w, http.StatusConflict, "stdin_closed", err.Error())
-	case errors.Is(err, dataplane.ErrStdinBlocked):
-		WriteError(w, http.StatusConflict, "stdin_blocked",
-			fmt.Sprintf("the process is not reading its standard input: %d of %d bytes were written", n, len(data)))
-	case err != nil:
-		a.cfg.Log.ErrorContext(r.Context(), "process_stdin_failed", "err", err)
-		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
-	default:
-		w.WriteHeader(http.StatusNoContent)
+	if errors.Is(err, dataplane.ErrStdinBlocked) { // its answer says how much was written
+		err = &gateway.Error{Kind: gateway.KindConflict, Code: "stdin_blocked", Err: err,
+			Message: fmt.Sprintf("the process is not reading its standard input: %d of %d bytes were written", n, len(data))}
 	}
+	a.answerProcessCall(w, r, "process_stdin_failed", err)
+}
+
+// answerProcessCall answers a call to a process that returned err: 204,
+// or err's *gateway.Error, or 500 (logged as event).
+func (a *api) answerProcessCall(w http.ResponseWriter, r *http.Request, event string, err error) {
+	if err == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if _, told := gateway.AsError(err); !told {
+		a.cfg.Log.ErrorContext(r.Context(), event, "err", err)
+	}
+	WriteGatewayError(w, gateway.OrInternal(err, "internal error"))
 }
 
 // signalRequest is the body of POST .../signal.
@@ -387,7 +365,7 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req signalRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -397,15 +375,7 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("signal %q is not one of ABRT, ALRM, FPE, HUP, ILL, INT, KILL, PIPE, QUIT, SEGV, TERM, USR1, USR2", req.Signal))
 		return
 	}
-	switch err := p.Signal(sig); {
-	case errors.Is(err, dataplane.ErrProcessExited):
-		WriteError(w, http.StatusConflict, "process_exited", "the process has exited")
-	case err != nil:
-		a.cfg.Log.ErrorContext(r.Context(), "process_signal_failed", "err", err)
-		WriteError(w, http.StatusInternalServerError, "internal", "internal error")
-	default:
-		w.WriteHeader(http.StatusNoContent)
-	}
+	a.answerProcessCall(w, r, "process_signal_failed", p.Signal(sig))
 }
 
 // restoreProcesses takes back the background processes, shells and
@@ -413,7 +383,7 @@ func (a *api) processSignal(w http.ResponseWriter, r *http.Request) {
 // Shells.Restore, Kernels.Restore): their sessions are the manager's,
 // restored before the API starts.
 func (a *api) restoreProcesses() {
-	dir := a.dp.cfg.StateDir
+	dir := a.dp.Bounds.StateDir
 	if dir == "" {
 		return
 	}
@@ -429,7 +399,7 @@ func (a *api) restoreProcesses() {
 		}
 		return s
 	}
-	a.dp.procs.Restore(a.processConfig(), isKnown, lookup)
+	a.dp.Processes.Restore(a.processConfig(), isKnown, lookup)
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		id := e.Name()
@@ -437,8 +407,8 @@ func (a *api) restoreProcesses() {
 			continue
 		}
 		if s := lookup(id, dataplane.RecordedTenant(dir, id)); s != nil && s.Live() {
-			a.dp.shells.Restore(id, s)
-			a.dp.kernels.Restore(id, s)
+			a.dp.Shells.Restore(id, s)
+			a.dp.Kernels.Restore(id, s)
 		}
 	}
 }

@@ -7,11 +7,11 @@ import (
 	"net/http"
 
 	"github.com/sandgate/sandgate/dataplane"
-	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/gateway"
 )
 
-// defaultKernel is the kernel a request that names none uses.
-const defaultKernel = "default"
+// DefaultKernel is the kernel a request that names none uses.
+const DefaultKernel = "default"
 
 // pythonRequest is the body of POST /v1/sessions/{id}/python.
 type pythonRequest struct {
@@ -47,7 +47,7 @@ type pythonResetRequest struct {
 // answering 400 itself for a bad one.
 func kernelName(w http.ResponseWriter, name string) (string, bool) {
 	if name == "" {
-		return defaultKernel, true
+		return DefaultKernel, true
 	}
 	if !dataplane.ValidKernelName(name) {
 		WriteError(w, http.StatusBadRequest, "invalid_kernel_name", "a kernel name is 1 to 64 letters, digits, '_', '.' or '-'")
@@ -64,7 +64,7 @@ func (pr pythonRequest) parse(cfg DataPlane) (dataplane.PythonRequest, string, s
 		return req, "invalid_code", "give code: the Python source to run"
 	}
 	req.Code = *pr.Code
-	req.Timeout = defaultCommandTimeout
+	req.Timeout = DefaultCommandTimeout
 	if pr.Timeout != nil {
 		t, ok := timeoutSeconds(*pr.Timeout, cfg.MaxTimeout)
 		if !ok {
@@ -72,7 +72,7 @@ func (pr pythonRequest) parse(cfg DataPlane) (dataplane.PythonRequest, string, s
 		}
 		req.Timeout = t
 	}
-	req.MaxOutputBytes = min(defaultCommandOutput, cfg.MaxOutputBytes)
+	req.MaxOutputBytes = min(DefaultCommandOutput, cfg.MaxOutputBytes)
 	if pr.MaxOutputBytes != nil {
 		if *pr.MaxOutputBytes < 0 {
 			return req, "invalid_max_output", "maxOutputBytes must not be negative"
@@ -91,7 +91,7 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var pr pythonRequest
-	if status, code, msg := decodeJSON(w, r, &pr); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &pr); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -99,22 +99,22 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	req, code, msg := pr.parse(a.dp.cfg)
+	req, code, msg := pr.parse(a.dp.Bounds)
 	if code != "" {
 		WriteError(w, http.StatusBadRequest, code, msg)
 		return
 	}
 	// The kept output is charged to the command memory budget, as a
 	// command's is, until the answer is written.
-	release, err := a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
+	release, err := a.dp.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
 	if err != nil {
 		if r.Context().Err() == nil {
-			writeBudgetError(w, err)
+			WriteGatewayError(w, err) // the budget's errors say 429 or 503
 		}
 		return
 	}
 	defer release()
-	res, err := a.dp.kernels.Run(r.Context(), s.ID, s, name, req)
+	res, err := a.dp.Kernels.Run(r.Context(), s.ID, s, name, req)
 	result := "ok"
 	switch {
 	case err != nil:
@@ -129,7 +129,11 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			return // gone
 		}
-		a.writeKernelError(w, r, s.ID, name, err)
+		err = dataplane.Failure(err, "the Python kernel could not be started")
+		if ge, _ := gateway.AsError(err); ge.Kind == gateway.KindInternal && !errors.Is(err, context.Canceled) {
+			a.cfg.Log.WarnContext(r.Context(), "python_failed", "session", s.ID, "kernel", name, "err", err)
+		}
+		WriteGatewayError(w, err)
 		return
 	}
 	out := pythonResult{Kernel: name, Result: res.Result, Error: res.Error, DurationMs: res.Duration.Milliseconds(),
@@ -137,35 +141,7 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 		Restarted: res.Restarted, StateLost: res.StateLost}
 	out.Stdout, out.StdoutBase64 = outputFields(res.Stdout)
 	out.Stderr, out.StderrBase64 = outputFields(res.Stderr)
-	_ = writeJSON(w, http.StatusOK, out)
-}
-
-// writeKernelError answers a call that could not run.
-func (a *api) writeKernelError(w http.ResponseWriter, r *http.Request, id, name string, err error) {
-	var kse *dataplane.KernelStartError
-	switch {
-	case errors.As(err, &kse):
-		WriteError(w, http.StatusBadRequest, "python_unavailable",
-			"python3 in this session's image could not run the kernel: "+kse.Reason)
-	case errors.Is(err, dataplane.ErrPythonUnavailable):
-		WriteError(w, http.StatusBadRequest, "python_unavailable",
-			"this session's image has no python3 on its PATH; use an image with Python")
-	case errors.Is(err, dataplane.ErrTooManyKernels):
-		WriteError(w, http.StatusTooManyRequests, "too_many_kernels",
-			fmt.Sprintf("a session may have at most %d Python kernels", dataplane.MaxKernels))
-	case errors.Is(err, dataplane.ErrKernelBusy):
-		WriteError(w, http.StatusTooManyRequests, "kernel_busy",
-			fmt.Sprintf("%d calls already wait for this kernel", dataplane.MaxKernelQueue))
-	case errors.Is(err, dataplane.ErrKernelClosed):
-		WriteError(w, http.StatusConflict, "kernel_reset", "the kernel was reset while the call waited for it")
-	case errors.Is(err, dataplane.ErrSessionEnded), errors.Is(err, sandbox.ErrClosed):
-		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
-	default:
-		if !errors.Is(err, context.Canceled) {
-			a.cfg.Log.WarnContext(r.Context(), "python_failed", "session", id, "kernel", name, "err", err)
-		}
-		WriteError(w, http.StatusInternalServerError, "internal", "the Python kernel could not be started")
-	}
+	_ = WriteJSON(w, http.StatusOK, out)
 }
 
 // resetPython serves POST /v1/sessions/{id}/python/reset: the kernel's
@@ -177,7 +153,7 @@ func (a *api) resetPython(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var rr pythonResetRequest
-	if status, code, msg := decodeJSON(w, r, &rr); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &rr); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -185,6 +161,6 @@ func (a *api) resetPython(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	existed := a.dp.kernels.Reset(s.ID, name)
-	_ = writeJSON(w, http.StatusOK, map[string]any{"kernel": name, "existed": existed})
+	existed := a.dp.Kernels.Reset(s.ID, name)
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"kernel": name, "existed": existed})
 }

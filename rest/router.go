@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -61,6 +60,13 @@ type Config struct {
 	Ready func() (map[string]any, error)
 	// DataPlane bounds commands, files and processes over REST.
 	DataPlane DataPlane
+	// Mounts are other APIs served beside /v1 (cmd/sandgate mounts the
+	// seeds' compat APIs): see Mount.
+	Mounts []Mount
+	// Plane, when set, is the data plane's state, shared with the other
+	// APIs the gateway serves (see Mounts); DataPlane is then ignored.
+	// nil: New makes one of DataPlane.
+	Plane *dataplane.Plane
 	// LinkKey signs presigned file links (links.go); nil: a random key,
 	// so links die with the process.
 	LinkKey []byte
@@ -103,23 +109,16 @@ func New(cfg Config) http.Handler {
 	if len(cfg.LinkKey) == 0 {
 		cfg.LinkKey = NewLinkKey()
 	}
-	dpc := cfg.DataPlane.withDefaults()
-	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit),
-		dp: &dataPlane{cfg: dpc, shells: &dataplane.Shells{}, procs: &dataplane.Processes{},
-			budget:  &dataplane.OutputBudget{Total: dpc.CommandMemory, PerTenant: dpc.CommandMemoryPerTenant, Wait: dpc.CommandQueue},
-			buffers: &dataplane.BufferPool{}}}
-	a.dp.files = &dataplane.Files{MaxStreams: a.dp.cfg.MaxFileStreams, MaxStreamsPerTenant: a.dp.cfg.MaxFileStreamsPerTenant,
-		MaxStreamsPerSession: a.dp.cfg.MaxFileStreamsPerSession}
-	if a.dp.cfg.StateDir != "" {
-		a.dp.files.Journal = filepath.Join(a.dp.cfg.StateDir, ".uploads")
-		if stale := a.dp.files.StaleUploads(); len(stale) > 0 {
-			go a.sweepUploads(stale) // files.go
-		}
+	plane := cfg.Plane
+	if plane == nil {
+		plane = dataplane.NewPlane(cfg.DataPlane)
 	}
-	a.linkLimits = newLinkLimits(a.dp.cfg)
+	a := &api{cfg: cfg, authFailures: newFailureLimiter(cfg.RateLimit), dp: plane}
+	if stale := a.dp.Files.StaleUploads(); len(stale) > 0 {
+		go a.sweepUploads(stale) // files.go
+	}
+	a.linkLimits = newLinkLimits(a.dp.Bounds)
 	a.ports = newPortsProxy(a)
-	a.dp.kernels.StateDir = a.dp.cfg.StateDir
-	a.dp.shells.StateDir = a.dp.cfg.StateDir
 	a.restoreProcesses()
 	r := chi.NewRouter()
 	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)
@@ -133,7 +132,7 @@ func New(cfg Config) http.Handler {
 		WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("method %s not allowed here", req.Method))
 	})
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		_ = writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		_ = WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.readyz)
 	// Presigned links (links.go) carry their own authorization.
@@ -194,8 +193,9 @@ func New(cfg Config) http.Handler {
 	if cfg.Connect != nil {
 		authed.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
 	}
-	// The seeds' own APIs (compat.go).
-	a.mountCompat(r)
+	// Other APIs (the seeds', rest/compat), behind the same
+	// authentication and rate limit (mount.go).
+	a.mount(r, cfg.Mounts)
 
 	// Preview origins (preview.go) are told apart by the Host header: any
 	// path on them is the sandbox's, none of the API's.
@@ -233,7 +233,7 @@ func allowedMethods(routes chi.Routes, path string) string {
 type api struct {
 	cfg          Config
 	authFailures *httprate.RateLimiter // nil: unlimited
-	dp           *dataPlane
+	dp           *dataplane.Plane
 	limit        func(http.Handler) http.Handler // the per-tenant rate limit
 	ports        *portsProxy                     // preview URLs (ports.go)
 	unauth       unauthSampler                   // unauthenticated calls' audit (audit.go)
@@ -280,7 +280,7 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out["status"] = "ready"
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = WriteJSON(w, http.StatusOK, out)
 }
 
 func (a *api) recoverer(next http.Handler) http.Handler {
@@ -298,15 +298,6 @@ func (a *api) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-// bearer extracts a bearer token from header value h.
-func bearer(h string) string {
-	const prefix = "bearer "
-	if len(h) <= len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
-		return ""
-	}
-	return strings.TrimSpace(h[len(prefix):])
-}
-
 // authenticate puts the request's principal in its context or answers 401.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -322,14 +313,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 // past the failed-authentication limit) and returns false. CONNECT
 // requests may carry the token in Proxy-Authorization.
 func (a *api) verify(w http.ResponseWriter, r *http.Request) (gateway.Principal, bool) {
-	token := ""
-	if r.Method == http.MethodConnect {
-		token = bearer(r.Header.Get("Proxy-Authorization"))
-	}
-	if token == "" {
-		token = bearer(r.Header.Get("Authorization"))
-	}
-	p, err := a.cfg.Verifier.Verify(token)
+	p, err := a.cfg.Verifier.Verify(gateway.BearerToken(r))
 	if err == nil {
 		return p, true
 	}
@@ -372,5 +356,5 @@ func principal(r *http.Request) gateway.Principal {
 // hostKeys serves the gateway's SSH host keys so clients can pin them
 // before they have a session (sandgate ssh-config uses it).
 func (a *api) hostKeys(w http.ResponseWriter, r *http.Request) {
-	_ = writeJSON(w, http.StatusOK, map[string]any{"hostKeys": a.cfg.HostKeys})
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"hostKeys": a.cfg.HostKeys})
 }

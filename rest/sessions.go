@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"reflect"
@@ -93,7 +94,7 @@ func (a *api) render(s *gateway.Session, password string) sessionJSON {
 
 func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	var req createRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -164,38 +165,38 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	if pw == "" { // an earlier create with this Idempotency-Key made it
 		s.Touch(time.Now())
 		w.Header().Set("Idempotent-Replayed", "true")
-		_ = writeJSON(w, http.StatusOK, a.render(s, ""))
+		_ = WriteJSON(w, http.StatusOK, a.render(s, ""))
 		return
 	}
 	// Nobody else can learn this session's password: if the answer cannot
 	// be delivered, the session would hold a quota slot for nothing.
 	err = r.Context().Err()
 	if err == nil {
-		err = flushJSON(w, http.StatusCreated, a.render(s, pw))
+		err = FlushJSON(w, http.StatusCreated, a.render(s, pw))
 	}
 	if err != nil {
-		a.rollback(r, p, s.ID, err)
+		Rollback(r, a.cfg.Sessions, a.cfg.Log, p, s.ID, err)
 	}
 }
 
 // idempotencyKeyHeader is the canonical name of the Idempotency-Key header.
 const idempotencyKeyHeader = "Idempotency-Key"
 
-// rollback deletes the session id that create made for p but could not
-// tell the client about.
-func (a *api) rollback(r *http.Request, p gateway.Principal, id string, cause error) {
+// Rollback deletes the session id that a create (r's) made for p through
+// sessions but could not tell the client about.
+func Rollback(r *http.Request, sessions Sessions, log *slog.Logger, p gateway.Principal, id string, cause error) {
 	ctx := context.WithoutCancel(r.Context())
-	if err := a.cfg.Sessions.Delete(ctx, p, id); err != nil && !errors.Is(err, gateway.ErrNotFound) {
-		a.cfg.Log.ErrorContext(r.Context(), "session_create_rollback_failed", "session", id, "tenant", p.Tenant, "cause", cause, "err", err)
+	if err := sessions.Delete(ctx, p, id); err != nil && !errors.Is(err, gateway.ErrNotFound) {
+		log.ErrorContext(r.Context(), "session_create_rollback_failed", "session", id, "tenant", p.Tenant, "cause", cause, "err", err)
 		return
 	}
-	a.cfg.Log.WarnContext(r.Context(), "session_create_rolled_back", "session", id, "tenant", p.Tenant, "cause", cause)
+	log.WarnContext(r.Context(), "session_create_rolled_back", "session", id, "tenant", p.Tenant, "cause", cause)
 }
 
-// decodeJSON reads a bounded JSON object body into v, rejecting unknown
+// DecodeJSON reads a bounded JSON object body into v, rejecting unknown
 // fields and trailing data. The body is JSON whatever Content-Type says
 // (curl -d sends a form type). It returns a status, code and message on error.
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) (int, string, string) {
+func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) (int, string, string) {
 	var raw bytes.Buffer // at most MaxBodyBytes+1: the reader below stops there
 	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
 	dec := json.NewDecoder(io.TeeReader(body, &raw))
@@ -234,7 +235,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) (int, string, str
 		if field == "" {
 			return http.StatusBadRequest, "invalid_json", "body must be a JSON object"
 		}
-		return http.StatusBadRequest, "invalid_field", fmt.Sprintf("field %q must be %s", field, jsonKind(te.Type.Kind().String()))
+		return http.StatusBadRequest, "invalid_field", fmt.Sprintf("field %q must be %s", field, JSONKind(te.Type.Kind().String()))
 	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF):
 		return http.StatusBadRequest, "invalid_json", "body is not valid JSON"
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
@@ -266,7 +267,9 @@ func inexactKey(data []byte, v any) string {
 	return ""
 }
 
-func jsonKind(goKind string) string {
+// JSONKind names, for a client, the JSON type of a Go kind ("an integer")
+// a field must have.
+func JSONKind(goKind string) string {
 	switch goKind {
 	case "int", "int64":
 		return "an integer"
@@ -299,7 +302,7 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	var ss []*gateway.Session
 	var total int
 	if named {
-		ss, total = a.listNamed(r.Context(), principal(r), name[0], limit, offset)
+		ss, total = ListNamed(r.Context(), a.cfg.Sessions, principal(r), name[0], limit, offset)
 	} else {
 		ss, total = a.cfg.Sessions.List(r.Context(), principal(r), limit, offset)
 	}
@@ -307,7 +310,7 @@ func (a *api) list(w http.ResponseWriter, r *http.Request) {
 	for _, s := range ss {
 		out.Sessions = append(out.Sessions, a.render(s, ""))
 	}
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = WriteJSON(w, http.StatusOK, out)
 }
 
 // filteredSessions is a Sessions that filters its listings itself
@@ -316,12 +319,12 @@ type filteredSessions interface {
 	ListFiltered(ctx context.Context, p gateway.Principal, f gateway.ListFilter, limit, offset int) ([]*gateway.Session, int)
 }
 
-// listNamed lists p's session called name: 0 or 1 of them.
-func (a *api) listNamed(ctx context.Context, p gateway.Principal, name string, limit, offset int) ([]*gateway.Session, int) {
-	if fs, ok := a.cfg.Sessions.(filteredSessions); ok {
+// ListNamed lists p's session of sessions called name: 0 or 1 of them.
+func ListNamed(ctx context.Context, sessions Sessions, p gateway.Principal, name string, limit, offset int) ([]*gateway.Session, int) {
+	if fs, ok := sessions.(filteredSessions); ok {
 		return fs.ListFiltered(ctx, p, gateway.ListFilter{Name: name}, limit, offset)
 	}
-	all, _ := a.cfg.Sessions.List(ctx, p, 1<<31-1, 0)
+	all, _ := sessions.List(ctx, p, 1<<31-1, 0)
 	named := gateway.SelectNamed(all, name)
 	if offset >= len(named) {
 		return []*gateway.Session{}, len(named)
@@ -353,7 +356,7 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Touch(time.Now())
-	_ = writeJSON(w, http.StatusOK, a.render(s, ""))
+	_ = WriteJSON(w, http.StatusOK, a.render(s, ""))
 }
 
 type updateRequest struct {
@@ -366,7 +369,7 @@ type updateRequest struct {
 // activity, like a GET.
 func (a *api) update(w http.ResponseWriter, r *http.Request) {
 	var req updateRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -376,7 +379,7 @@ func (a *api) update(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Touch(time.Now())
-	_ = writeJSON(w, http.StatusOK, a.render(s, ""))
+	_ = WriteJSON(w, http.StatusOK, a.render(s, ""))
 }
 
 func (a *api) delete(w http.ResponseWriter, r *http.Request) {

@@ -91,7 +91,7 @@ func (a *api) sessionStats(w http.ResponseWriter, r *http.Request) {
 		}
 		fillStats(&out, u, s.Resources)
 	}
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = WriteJSON(w, http.StatusOK, out)
 }
 
 // fillStats puts u, and the session's limits res (nil: unknown), in out.

@@ -32,5 +32,5 @@ func (a *api) stop(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.Touch(time.Now())
-	_ = writeJSON(w, http.StatusOK, a.render(s, ""))
+	_ = WriteJSON(w, http.StatusOK, a.render(s, ""))
 }

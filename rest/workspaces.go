@@ -2,7 +2,6 @@ package rest
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -40,26 +39,6 @@ type ArtifactPresigner interface {
 	PresignArtifact(ctx context.Context, sb sandbox.Sandbox, rel string, ttl time.Duration) (string, error)
 }
 
-// presignArtifact is an object-store link to s's file rel (relative to
-// /workspace), or false when there is none: no object store, a session on
-// an image (whose relative paths start at the image's working directory),
-// or a store that failed (logged; the gateway's own link serves).
-func (a *api) presignArtifact(ctx context.Context, s *gateway.Session, rel string, ttl time.Duration) (string, bool) {
-	p, ok := a.cfg.Workspaces.(ArtifactPresigner)
-	sb := s.Sandbox()
-	if !ok || sb == nil || s.ImageDigest != "" {
-		return "", false
-	}
-	u, err := p.PresignArtifact(ctx, sb, rel, ttl)
-	if err != nil {
-		if !errors.Is(err, workspace.ErrNoPresign) {
-			a.cfg.Log.Warn("artifact_presign_failed", "session", s.ID, "err", err)
-		}
-		return "", false
-	}
-	return u, true
-}
-
 func (a *api) workspacesOrFail(w http.ResponseWriter) Workspaces {
 	if a.cfg.Workspaces == nil {
 		WriteError(w, http.StatusBadRequest, "workspaces_unavailable", "this gateway keeps no workspaces")
@@ -78,7 +57,7 @@ func (a *api) createWorkspace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req workspaceRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
+	if status, code, msg := DecodeJSON(w, r, &req); status != 0 {
 		WriteError(w, status, code, msg)
 		return
 	}
@@ -88,7 +67,7 @@ func (a *api) createWorkspace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Location", "/v1/workspaces/"+in.Name)
-	_ = writeJSON(w, http.StatusCreated, in)
+	_ = WriteJSON(w, http.StatusCreated, in)
 }
 
 // listWorkspaces answers GET /v1/workspaces: the caller's workspaces.
@@ -102,7 +81,7 @@ func (a *api) listWorkspaces(w http.ResponseWriter, r *http.Request) {
 		WriteGatewayError(w, err)
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"workspaces": all})
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"workspaces": all})
 }
 
 // deleteWorkspace answers DELETE /v1/workspaces/{name}.
@@ -142,7 +121,7 @@ func (a *api) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		WriteGatewayError(w, err)
 		return
 	}
-	_ = writeJSON(w, http.StatusCreated, info)
+	_ = WriteJSON(w, http.StatusCreated, info)
 }
 
 // keepWorkspace reads DELETE /v1/sessions/{id}'s keepWorkspace query
@@ -183,7 +162,7 @@ func (a *api) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		WriteGatewayError(w, err)
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, map[string]any{"snapshots": all})
+	_ = WriteJSON(w, http.StatusOK, map[string]any{"snapshots": all})
 }
 
 // deleteSnapshot answers DELETE /v1/snapshots/{id}.

@@ -19,7 +19,7 @@ type dataPlaneFlags struct {
 	maxFileBytes   int64
 	stepTimeout    time.Duration
 	// commandMemory and commandMemoryPerTenant bound the memory commands
-	// keep for their answers (rest.DataPlane.CommandMemory).
+	// keep for their answers (dataplane.Bounds.CommandMemory).
 	commandMemory          int64
 	commandMemoryPerTenant int64
 	commandQueue           time.Duration

@@ -22,12 +22,14 @@ import (
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/cluster"
+	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/connlimit"
 	"github.com/sandgate/sandgate/internal/metrics"
 	"github.com/sandgate/sandgate/internal/procgov"
 	"github.com/sandgate/sandgate/internal/readyfile"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sshd"
 	"github.com/sandgate/sandgate/tunnel"
@@ -458,15 +460,21 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	tun := tunnel.NewServer(mgr, ssh.ServeConnContext, rest.WriteGatewayError, log,
 		tunnel.WithAdmitter(ssh), tunnel.WithMetrics(met), tunnel.WithAudit(auditor))
 	stopping := make(chan struct{}) // closed at the drain's end: REST commands still running are answered
+	// The data plane's state, shared by /v1 and the compat APIs.
+	plane := dataplane.NewPlane(cfg.dataPlane.config(cfg, egressCfg.Proxy))
+	// The seeds' own APIs (docs/compat.md), served beside /v1.
+	presigner, _ := any(wsvc).(rest.ArtifactPresigner)
+	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log,
+		Links: rest.Links{Key: linkKey, PublicURL: cfg.publicURL, Artifacts: presigner, Log: log}})
 	handler := rest.New(rest.Config{
-		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit,
+		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit, Mounts: compatAPIs,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun, Images: isrc,
 		Isolation: iso, Unenforced: unenforced,
 		Ready: func() (map[string]any, error) {
 			// Asked each time: sandboxes adopted without the filter come and go.
 			return map[string]any{"sandbox": driver.Name(), "limits": report, "seccomp": seccompStatus(driver)}, nil
 		},
-		DataPlane:     cfg.dataPlane.config(cfg, egressCfg.Proxy),
+		Plane:         plane,
 		LinkKey:       linkKey,
 		Metrics:       met,
 		NoPorts:       !cfg.sshLocalForward, // preview URLs reach ports as -L does
@@ -485,7 +493,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		}
 		front = cluster.NewFront(cluster.FrontConfig{
 			Node: node, Sessions: mgr, Verifier: verifier, Local: handler, WriteError: rest.WriteGatewayError,
-			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: rest.CompatSession, Log: log,
+			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: compat.SessionOf, Log: log,
 			PreviewSession: rest.PreviewSession(cfg.previewDomain),
 		})
 		handler = front
@@ -581,6 +589,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if front != nil {
 		front.Shutdown() // close relayed tunnels
 	}
+	plane.Close() // the idle SFTP servers of the REST data plane
 	stopReaper()
 	<-reaped
 	<-synced

@@ -24,6 +24,7 @@ import (
 	"github.com/pkg/sftp"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox"
@@ -61,6 +62,12 @@ type Options struct {
 	Driver string
 	// ReadHeaderTimeout for the HTTP server (default 2s).
 	ReadHeaderTimeout time.Duration
+	// DataPlane bounds the REST data plane (rest.Config.DataPlane).
+	DataPlane rest.DataPlane
+	// Mounts, when set, returns the APIs served beside /v1
+	// (rest.Config.Mounts), over the stack's engines: rest/compat's tests
+	// mount the compat APIs, as cmd/sandgate does.
+	Mounts func(Engines) []rest.Mount
 }
 
 // Stack is a running in-process gateway.
@@ -95,6 +102,15 @@ func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()
+}
+
+// Engines are what a stack's /v1 API serves from, for the APIs mounted
+// beside it (Options.Mounts).
+type Engines struct {
+	Sessions *gateway.Manager
+	Plane    *dataplane.Plane
+	Links    rest.Links
+	Log      *slog.Logger
 }
 
 // Start runs a stack until the test ends.
@@ -140,9 +156,16 @@ func Start(t testing.TB, o Options) *Stack {
 		t.Fatal(err)
 	}
 	tun := tunnel.NewServer(mgr, ssh.ServeConnContext, rest.WriteGatewayError, log, tunnel.WithAdmitter(ssh))
+	plane := dataplane.NewPlane(o.DataPlane)
+	linkKey := rest.NewLinkKey()
+	var mounts []rest.Mount
+	if o.Mounts != nil {
+		mounts = o.Mounts(Engines{Sessions: mgr, Plane: plane, Links: rest.Links{Key: linkKey, Log: log}, Log: log})
+	}
 	h := rest.New(rest.Config{
 		Sessions: mgr, Verifier: ver, Log: log, RateLimit: o.RateLimit,
 		SSHUsername: "sandbox", HostKeys: sshd.AuthorizedKeys(signers), Connect: tun,
+		Plane: plane, LinkKey: linkKey, Mounts: mounts,
 	})
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: o.ReadHeaderTimeout, MaxHeaderBytes: 64 << 10}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

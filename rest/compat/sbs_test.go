@@ -1,4 +1,4 @@
-package rest_test
+package compat_test
 
 import (
 	"fmt"
@@ -25,7 +25,7 @@ type sbsStepOut struct {
 }
 
 func TestCompatSBS(t *testing.T) {
-	g := filesGateway(t, nil, filesTestBinary(t), 0, rest.DataPlane{StepTimeout: time.Second})
+	g := filesGateway(t, 0, rest.DataPlane{StepTimeout: time.Second})
 	call := func(method, path, body string) compatResp {
 		t.Helper()
 		return compatCall(t, g, method, "/compat/sbs"+path, aliceKey, body)

@@ -1,4 +1,4 @@
-package rest
+package compat
 
 import (
 	"bytes"
@@ -8,11 +8,11 @@ import (
 	"strings"
 )
 
-// maxCompatPeek bounds what CompatSession reads of a body to find the
+// maxCompatPeek bounds what SessionOf reads of a body to find the
 // session it names; a larger body is left to the node that receives it.
 const maxCompatPeek = 1 << 20
 
-// CompatSession names the session a request of a compatibility API is
+// SessionOf names the session a request of a compatibility API is
 // for, so that a cluster node relays it to the session's owner: by id
 // (sbs and Sandkasten name the native session in their paths) or by the
 // native session name (Agent Sandbox names its sandbox after user_id and
@@ -20,7 +20,7 @@ const maxCompatPeek = 1 << 20
 // the request is authenticated). token is the credential the API takes in
 // a header of its own (Agent Sandbox's X-API-Key), "" when the request has
 // none.
-func CompatSession(r *http.Request) (id, token string, name func() string) {
+func SessionOf(r *http.Request) (id, token string, name func() string) {
 	p := r.URL.Path
 	if rest, ok := strings.CutPrefix(p, "/compat/sbs/sessions/"); ok {
 		id, _, _ = strings.Cut(rest, "/")

@@ -1,4 +1,4 @@
-package rest_test
+package compat_test
 
 import (
 	"encoding/base64"
@@ -32,7 +32,7 @@ type skExec struct {
 }
 
 func TestCompatSandkasten(t *testing.T) {
-	g := filesGateway(t, nil, filesTestBinary(t), 0, rest.DataPlane{MaxFileBytes: 1 << 20})
+	g := filesGateway(t, 0, rest.DataPlane{MaxFileBytes: 1 << 20})
 	call := func(method, path, body string) compatResp {
 		t.Helper()
 		return compatCall(t, g, method, "/compat/sandkasten/v1"+path, aliceKey, body)

@@ -1,4 +1,4 @@
-package rest_test
+package compat_test
 
 import (
 	"fmt"
@@ -96,7 +96,7 @@ func TestCompatAgentSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := filesGateway(t, nil, filesTestBinary(t), 0, rest.DataPlane{MaxFileBytes: 1 << 20, DialPublic: proxy.DialPublic})
+	g := filesGateway(t, 0, rest.DataPlane{MaxFileBytes: 1 << 20, DialPublic: proxy.DialPublic})
 
 	bearer := func(key string) []string { return []string{"Authorization", "Bearer " + key} }
 	alice := bearer(aliceKey)

@@ -1,4 +1,4 @@
-package rest
+package compat
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
 )
 
 // Agent Sandbox's API (seed 001), under /compat/agent-sandbox:
@@ -63,12 +64,12 @@ const (
 
 // agentSandboxAPI serves Agent Sandbox's API.
 type agentSandboxAPI struct {
-	a *api
+	d *Deps
 }
 
 // mountAgentSandbox mounts Agent Sandbox's routes (compat.go).
-func (a *api) mountAgentSandbox(r chi.Router) {
-	x := &agentSandboxAPI{a: a}
+func (d *Deps) mountAgentSandbox(r chi.Router) {
+	x := &agentSandboxAPI{d: d}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	})
@@ -173,7 +174,7 @@ func clampExpiry(v *int) int {
 	if v != nil && *v != 0 {
 		e = *v
 	}
-	return max(1, min(e, MaxLinkExpiry))
+	return max(1, min(e, rest.MaxLinkExpiry))
 }
 
 // agentSandboxCreateWait bounds how long a call waits for a concurrent
@@ -190,16 +191,16 @@ func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id a
 	name := id.name()
 	deadline := time.Now().Add(agentSandboxCreateWait)
 	for {
-		if ss, _ := x.a.listNamed(ctx, p, name, 1, 0); len(ss) == 1 && ss[0].Live() {
+		if ss, _ := rest.ListNamed(ctx, x.d.Sessions, p, name, 1, 0); len(ss) == 1 && ss[0].Live() {
 			holdSession(ctx, ss[0])
 			return ss[0], nil
 		}
 		if !create {
 			return nil, nil
 		}
-		s, _, err := x.a.cfg.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL})
+		s, _, err := x.d.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL})
 		if err == nil {
-			x.a.cfg.Log.InfoContext(ctx, "compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
+			x.d.Log.InfoContext(ctx, "compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
 			holdSession(ctx, s)
 			return s, nil
 		}
@@ -220,7 +221,7 @@ func (x *agentSandboxAPI) sandboxOrAnswer(w http.ResponseWriter, r *http.Request
 	s, err := x.sandbox(r.Context(), principal(r), id, true)
 	if err != nil {
 		if r.Context().Err() == nil {
-			x.a.cfg.Log.WarnContext(r.Context(), "compat_sandbox_unavailable", "api", "agent-sandbox", "err", err)
+			x.d.Log.WarnContext(r.Context(), "compat_sandbox_unavailable", "api", "agent-sandbox", "err", err)
 			writeCompatError(w, err)
 		}
 		return nil, false
@@ -232,11 +233,7 @@ func (x *agentSandboxAPI) sandboxOrAnswer(w http.ResponseWriter, r *http.Request
 // expiresIn seconds; with an object store, a presigned URL of the store
 // (workspaces.go).
 func (x *agentSandboxAPI) linkURL(r *http.Request, s *gateway.Session, p string, expiresIn int) string {
-	if u, ok := x.a.presignArtifact(r.Context(), s, p, time.Duration(expiresIn)*time.Second); ok {
-		return u
-	}
-	token := signLink(x.a.cfg.LinkKey, s.Tenant, s.ID, p, linkExpiry(expiresIn))
-	return x.a.baseURL(r) + "/links/" + token
+	return x.d.Links.FileURL(r, s, p, expiresIn)
 }
 
 // agentExecuteRequest is the body of POST /v1/execute.
@@ -341,43 +338,46 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		_ = writeBareJSON(w, http.StatusOK, agentExecuteResult{Output: "Empty code\n", Artifacts: []agentArtifact{}})
 		return
 	}
-	fsys, err := x.a.dp.files.Open(r.Context(), s.ID, s.Tenant, s, false)
+	fsys, err := x.d.Plane.Files.Open(r.Context(), s.ID, s.Tenant, s, false)
 	if err != nil {
-		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
 		return
 	}
 	defer fsys.Close()
 	before, err := workspaceFiles(fsys)
 	if err != nil {
-		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
 		return
 	}
-	capBytes := min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes)
-	preq := dataplane.PythonRequest{Code: req.Code, Timeout: min(defaultCommandTimeout, x.a.dp.cfg.MaxTimeout), MaxOutputBytes: capBytes}
-	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(preq.MaxOutputBytes, false))
+	capBytes := min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes)
+	preq := dataplane.PythonRequest{Code: req.Code, Timeout: min(rest.DefaultCommandTimeout, x.d.Plane.Bounds.MaxTimeout), MaxOutputBytes: capBytes}
+	release, err := x.d.Plane.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(preq.MaxOutputBytes, false))
 	if err != nil {
 		if r.Context().Err() == nil {
-			status, _ := budgetStatus(err)
+			status := http.StatusServiceUnavailable // past the gateway's budget
+			if errors.Is(err, dataplane.ErrTenantBudget) {
+				status = http.StatusTooManyRequests
+			}
 			w.Header().Set("Retry-After", "1")
 			writeDetail(w, status, "too many commands run at once; retry when some end")
 		}
 		return
 	}
 	defer release()
-	res, err := x.a.dp.kernels.Run(r.Context(), s.ID, s, defaultKernel, preq)
+	res, err := x.d.Plane.Kernels.Run(r.Context(), s.ID, s, rest.DefaultKernel, preq)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // gone
 		}
-		x.a.cfg.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Execution failed (kernel unavailable): " + kernelProblem(err)})
 		return
 	}
 	after, err := workspaceFiles(fsys)
 	if err != nil {
-		x.a.cfg.Log.WarnContext(r.Context(), "compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		x.d.Log.WarnContext(r.Context(), "compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		after = map[string]fileStamp{}
 	}
 	expiresIn := clampExpiry(req.PresignExpiresIn)
@@ -491,8 +491,8 @@ func (x *agentSandboxAPI) reset(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	existed := x.a.dp.kernels.Reset(s.ID, defaultKernel)
-	x.a.cfg.Log.InfoContext(r.Context(), "compat_kernel_reset", "api", "agent-sandbox", "session", s.ID, "existed", existed)
+	existed := x.d.Plane.Kernels.Reset(s.ID, rest.DefaultKernel)
+	x.d.Log.InfoContext(r.Context(), "compat_kernel_reset", "api", "agent-sandbox", "session", s.ID, "existed", existed)
 	_ = writeBareJSON(w, http.StatusOK, agentResetResult{Status: "success", Output: "Kernel reset.\n", ContainerID: s.ID})
 }
 
@@ -504,14 +504,14 @@ func (x *agentSandboxAPI) stop(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := principal(r)
-	ss, _ := x.a.listNamed(r.Context(), p, id.name(), 1, 0)
+	ss, _ := rest.ListNamed(r.Context(), x.d.Sessions, p, id.name(), 1, 0)
 	for _, s := range ss {
-		err := x.a.cfg.Sessions.Delete(r.Context(), p, s.ID)
+		err := x.d.Sessions.Delete(r.Context(), p, s.ID)
 		if err != nil && !isNotFound(err) {
 			writeCompatError(w, err)
 			return
 		}
-		x.a.cfg.Log.InfoContext(r.Context(), "compat_session_deleted", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant)
+		x.d.Log.InfoContext(r.Context(), "compat_session_deleted", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant)
 	}
 	_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "success"})
 }
@@ -589,7 +589,7 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 			dest = rel
 		}
 	}
-	if x.a.dp.cfg.DialPublic == nil {
+	if x.d.Plane.Bounds.DialPublic == nil {
 		writeDetail(w, http.StatusServiceUnavailable, "this gateway does not fetch URLs (it has no egress proxy)")
 		return
 	}
@@ -612,16 +612,16 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 		fetchable = append(fetchable, u)
 	}
 	if len(fetchable) > 0 {
-		fsys, err := x.a.dp.files.Open(r.Context(), s.ID, s.Tenant, s, false)
+		fsys, err := x.d.Plane.Files.Open(r.Context(), s.ID, s.Tenant, s, false)
 		if err != nil {
-			x.a.writeFileError(w, r, err)
+			x.d.fileError(w, r, err)
 			return
 		}
 		defer fsys.Close()
-		fe := &dataplane.Fetcher{Dial: x.a.dp.cfg.DialPublic, MaxBytes: x.a.dp.cfg.MaxFetchBytes, Name: agentURLName}
+		fe := &dataplane.Fetcher{Dial: x.d.Plane.Bounds.DialPublic, MaxBytes: x.d.Plane.Bounds.MaxFetchBytes, Name: agentURLName}
 		fr, err := fe.Fetch(r.Context(), fsys, fetchable, dest)
 		if err != nil {
-			x.a.writeFileError(w, r, err)
+			x.d.fileError(w, r, err)
 			return
 		}
 		res.Uploaded = append(res.Uploaded, fr.Fetched...)
@@ -637,7 +637,7 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 	default:
 		res.Status = "error"
 	}
-	x.a.cfg.Log.InfoContext(r.Context(), "compat_upload_urls", "api", "agent-sandbox", "session", s.ID,
+	x.d.Log.InfoContext(r.Context(), "compat_upload_urls", "api", "agent-sandbox", "session", s.ID,
 		"uploaded", len(res.Uploaded), "errors", len(res.Errors))
 	_ = writeBareJSON(w, http.StatusOK, res)
 }
@@ -670,14 +670,14 @@ func (x *agentSandboxAPI) list(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	fsys, ok := x.a.openFS(w, r, s)
+	fsys, ok := x.d.openFS(w, r, s)
 	if !ok {
 		return
 	}
 	defer fsys.Close()
 	files, err := workspaceFiles(fsys)
 	if err != nil {
-		x.a.writeFileError(w, r, err)
+		x.d.fileError(w, r, err)
 		return
 	}
 	out := agentFileList{Files: make([]agentFile, 0, len(files))}
@@ -718,7 +718,7 @@ func (x *agentSandboxAPI) downloadURL(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if _, ok := x.a.cfg.Sessions.(sessionOwners); !ok {
+	if _, ok := x.d.Sessions.(rest.SessionOwners); !ok {
 		writeDetail(w, http.StatusServiceUnavailable, "this gateway cannot serve presigned links")
 		return
 	}
@@ -727,7 +727,7 @@ func (x *agentSandboxAPI) downloadURL(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, "not found")
 		return
 	}
-	fsys, ok := x.a.openFS(w, r, s)
+	fsys, ok := x.d.openFS(w, r, s)
 	if !ok {
 		return
 	}
@@ -743,13 +743,13 @@ func (x *agentSandboxAPI) downloadURL(w http.ResponseWriter, r *http.Request) {
 }
 
 // readPydanticBody reads a JSON object body as FastAPI does, answering a
-// body that is not one with its 422 (or 413 past MaxBodyBytes).
+// body that is not one with its 422 (or 413 past rest.MaxBodyBytes).
 func readPydanticBody(w http.ResponseWriter, r *http.Request) (map[string]any, bool) {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rest.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeDetail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes))
+			writeDetail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", rest.MaxBodyBytes))
 			return nil, false
 		}
 		writeDetail(w, http.StatusBadRequest, "the body could not be read")

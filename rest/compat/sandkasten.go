@@ -1,4 +1,4 @@
-package rest
+package compat
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
 )
 
 // Sandkasten's API (seed 003), under /compat/sandkasten:
@@ -59,14 +60,14 @@ const (
 
 // sandkastenAPI serves Sandkasten's API.
 type sandkastenAPI struct {
-	a *api
+	d *Deps
 
 	mu   sync.Mutex
 	cwds map[string]string // session id -> its shell's directory after the last exec
 }
 
-func newSandkasten(a *api) *sandkastenAPI {
-	return &sandkastenAPI{a: a, cwds: map[string]string{}}
+func newSandkasten(d *Deps) *sandkastenAPI {
+	return &sandkastenAPI{d: d, cwds: map[string]string{}}
 }
 
 func (x *sandkastenAPI) mount(r chi.Router) {
@@ -151,8 +152,8 @@ func (x *sandkastenAPI) render(s *gateway.Session) sandkastenSession {
 // create serves POST /v1/sessions.
 func (x *sandkastenAPI) create(w http.ResponseWriter, r *http.Request) {
 	var req sandkastenCreateRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
-		WriteError(w, status, code, msg)
+	if status, code, msg := rest.DecodeJSON(w, r, &req); status != 0 {
+		rest.WriteError(w, status, code, msg)
 		return
 	}
 	cp := gateway.CreateParams{TTL: sandkastenTTL}
@@ -166,18 +167,18 @@ func (x *sandkastenAPI) create(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		return
 	}
-	s, _, err := x.a.cfg.Sessions.Create(r.Context(), p, cp)
+	s, _, err := x.d.Sessions.Create(r.Context(), p, cp)
 	if err != nil {
 		writeCompatError(w, err)
 		return
 	}
-	x.a.cfg.Log.InfoContext(r.Context(), "compat_session_created", "api", "sandkasten", "session", s.ID, "tenant", p.Tenant)
+	x.d.Log.InfoContext(r.Context(), "compat_session_created", "api", "sandkasten", "session", s.ID, "tenant", p.Tenant)
 	err = r.Context().Err()
 	if err == nil {
-		err = flushJSON(w, http.StatusCreated, x.render(s))
+		err = rest.FlushJSON(w, http.StatusCreated, x.render(s))
 	}
 	if err != nil {
-		x.a.rollback(r, p, s.ID, err)
+		rest.Rollback(r, x.d.Sessions, x.d.Log, p, s.ID, err)
 	}
 }
 
@@ -187,7 +188,7 @@ func (x *sandkastenAPI) list(w http.ResponseWriter, r *http.Request) {
 	p := principal(r)
 	out := []sandkastenSession{}
 	for offset := 0; ; offset += page {
-		ss, total := x.a.cfg.Sessions.List(r.Context(), p, page, offset)
+		ss, total := x.d.Sessions.List(r.Context(), p, page, offset)
 		for _, s := range ss {
 			out = append(out, x.render(s))
 		}
@@ -195,28 +196,28 @@ func (x *sandkastenAPI) list(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 	}
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = rest.WriteJSON(w, http.StatusOK, out)
 }
 
 // get serves GET /v1/sessions/{id}.
 func (x *sandkastenAPI) get(w http.ResponseWriter, r *http.Request) {
-	s, err := x.a.cfg.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
+	s, err := x.d.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
 	if err != nil {
 		writeCompatError(w, err)
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, x.render(s))
+	_ = rest.WriteJSON(w, http.StatusOK, x.render(s))
 }
 
 // destroy serves DELETE /v1/sessions/{id}.
 func (x *sandkastenAPI) destroy(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
-	if err := x.a.cfg.Sessions.Delete(r.Context(), principal(r), id); err != nil {
+	if err := x.d.Sessions.Delete(r.Context(), principal(r), id); err != nil {
 		writeCompatError(w, err)
 		return
 	}
 	x.forget(id)
-	_ = writeJSON(w, http.StatusOK, sandkastenOK{OK: true})
+	_ = rest.WriteJSON(w, http.StatusOK, sandkastenOK{OK: true})
 }
 
 // setCwd records the session's shell directory; the record goes when the
@@ -246,8 +247,8 @@ func (x *sandkastenAPI) forget(id string) {
 func (x *sandkastenAPI) extendLease(r *http.Request, s *gateway.Session) {
 	ttl := s.Snapshot().TTL
 	ctx := context.WithoutCancel(r.Context())
-	if _, err := x.a.cfg.Sessions.Update(ctx, principal(r), s.ID, gateway.UpdateParams{TTL: &ttl}); err != nil {
-		x.a.cfg.Log.WarnContext(r.Context(), "compat_lease_not_extended", "api", "sandkasten", "session", s.ID, "err", err)
+	if _, err := x.d.Sessions.Update(ctx, principal(r), s.ID, gateway.UpdateParams{TTL: &ttl}); err != nil {
+		x.d.Log.WarnContext(r.Context(), "compat_lease_not_extended", "api", "sandkasten", "session", s.ID, "err", err)
 	}
 }
 
@@ -257,30 +258,30 @@ func (x *sandkastenAPI) extendLease(r *http.Request, s *gateway.Session) {
 // timed-out command has exit code 124 and kills the shell; the next exec
 // starts a new one from the state saved after the last command.
 func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
-	s, ok := x.a.dataSession(w, r)
+	s, ok := x.d.session(w, r)
 	if !ok {
 		return
 	}
 	var req sandkastenExecRequest
-	if status, code, msg := decodeJSON(w, r, &req); status != 0 {
-		WriteError(w, status, code, msg)
+	if status, code, msg := rest.DecodeJSON(w, r, &req); status != 0 {
+		rest.WriteError(w, status, code, msg)
 		return
 	}
 	if req.Cmd == nil || strings.TrimSpace(*req.Cmd) == "" {
-		WriteError(w, http.StatusBadRequest, "invalid_command", "cmd is required")
+		rest.WriteError(w, http.StatusBadRequest, "invalid_command", "cmd is required")
 		return
 	}
 	if strings.ContainsRune(*req.Cmd, 0) {
-		WriteError(w, http.StatusBadRequest, "invalid_command", "cmd may not hold NUL characters")
+		rest.WriteError(w, http.StatusBadRequest, "invalid_command", "cmd may not hold NUL characters")
 		return
 	}
 	timeout := sandkastenExecTimeout
 	if req.TimeoutMs != nil && *req.TimeoutMs != 0 {
 		if *req.TimeoutMs < 0 {
-			WriteError(w, http.StatusBadRequest, "invalid_timeout", "timeout_ms must not be negative")
+			rest.WriteError(w, http.StatusBadRequest, "invalid_timeout", "timeout_ms must not be negative")
 			return
 		}
-		timeout = x.a.dp.cfg.MaxTimeout // at most; compared in ms, as the conversion wraps
+		timeout = x.d.Plane.Bounds.MaxTimeout // at most; compared in ms, as the conversion wraps
 		if *req.TimeoutMs < timeout.Milliseconds() {
 			timeout = time.Duration(*req.TimeoutMs) * time.Millisecond
 		}
@@ -289,22 +290,22 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 		// The braces keep the command in the shell itself (cd persists)
 		// and send its stderr where its stdout goes.
 		Command: "{ " + *req.Cmd + "\n} 2>&1",
-		Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes),
+		Timeout: timeout, MaxOutputBytes: min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes),
 	}
-	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(dreq.MaxOutputBytes, false))
+	release, err := x.d.Plane.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(dreq.MaxOutputBytes, false))
 	if err != nil {
 		if r.Context().Err() == nil {
-			writeBudgetError(w, err)
+			rest.WriteGatewayError(w, err) // the budget's errors say 429 or 503
 		}
 		return
 	}
 	defer release()
-	res, err := x.a.dp.shells.Run(r.Context(), s.ID, s, sandkastenShell, dreq)
+	res, err := x.d.Plane.Shells.Run(r.Context(), s.ID, s, sandkastenShell, dreq)
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
-			x.a.cfg.Log.WarnContext(r.Context(), "compat_exec_failed", "api", "sandkasten", "session", s.ID, "err", err)
+			x.d.Log.WarnContext(r.Context(), "compat_exec_failed", "api", "sandkasten", "session", s.ID, "err", err)
 		}
-		writeCommandError(w, err)
+		rest.WriteGatewayError(w, dataplane.Failure(err, "the command could not be started"))
 		return
 	}
 	x.extendLease(r, s)
@@ -319,7 +320,7 @@ func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
 	default: // the shell was killed by a signal: its status as the shell shows it
 		out.ExitCode = 128 + signalNumber(res.ExitSignal)
 	}
-	_ = writeJSON(w, http.StatusOK, out)
+	_ = rest.WriteJSON(w, http.StatusOK, out)
 }
 
 // sandkastenPath checks a path given to the fs routes: the seed's
@@ -343,75 +344,75 @@ func sandkastenPath(p string) (string, error) {
 // write serves POST /v1/sessions/{id}/fs/write: the file is written
 // atomically, its parent directories made.
 func (x *sandkastenAPI) write(w http.ResponseWriter, r *http.Request) {
-	s, ok := x.a.dataSession(w, r)
+	s, ok := x.d.session(w, r)
 	if !ok {
 		return
 	}
 	var req sandkastenWriteRequest
 	if status, code, msg := decodeBigJSON(w, r, &req, sandkastenMaxWriteBody); status != 0 {
-		WriteError(w, status, code, msg)
+		rest.WriteError(w, status, code, msg)
 		return
 	}
 	if req.Path == nil {
-		WriteError(w, http.StatusBadRequest, "invalid_path", "path is required")
+		rest.WriteError(w, http.StatusBadRequest, "invalid_path", "path is required")
 		return
 	}
 	p, err := sandkastenPath(*req.Path)
 	if err != nil {
-		x.a.writeFileError(w, r, err)
+		x.d.fileError(w, r, err)
 		return
 	}
 	var data []byte
 	switch {
 	case (req.ContentBase64 == nil) == (req.Text == nil):
-		WriteError(w, http.StatusBadRequest, "invalid_content", "give either content_base64 or text")
+		rest.WriteError(w, http.StatusBadRequest, "invalid_content", "give either content_base64 or text")
 		return
 	case req.Text != nil:
 		data = []byte(*req.Text)
 	default:
 		if data, err = base64.StdEncoding.DecodeString(*req.ContentBase64); err != nil {
-			WriteError(w, http.StatusBadRequest, "invalid_content", "content_base64 is not valid base64")
+			rest.WriteError(w, http.StatusBadRequest, "invalid_content", "content_base64 is not valid base64")
 			return
 		}
 	}
-	fsys, ok := x.a.openFS(w, r, s)
+	fsys, ok := x.d.openFS(w, r, s)
 	if !ok {
 		return
 	}
 	defer fsys.Close()
-	_, _, err = fsys.Write(p, bytes.NewReader(data), dataplane.WriteOptions{Mkdirs: true, MaxBytes: x.a.dp.cfg.MaxFileBytes})
+	_, _, err = fsys.Write(p, bytes.NewReader(data), dataplane.WriteOptions{Mkdirs: true, MaxBytes: x.d.Plane.Bounds.MaxFileBytes})
 	x.extendLease(r, s)
 	if err != nil {
-		x.a.writeFileError(w, r, err)
+		x.d.fileError(w, r, err)
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, sandkastenOK{OK: true})
+	_ = rest.WriteJSON(w, http.StatusOK, sandkastenOK{OK: true})
 }
 
 // read serves GET /v1/sessions/{id}/fs/read?path=P&max_bytes=N: the
 // file's first max_bytes bytes (default 1 MiB), base64.
 func (x *sandkastenAPI) read(w http.ResponseWriter, r *http.Request) {
-	s, ok := x.a.dataSession(w, r)
+	s, ok := x.d.session(w, r)
 	if !ok {
 		return
 	}
 	p, err := sandkastenPath(r.URL.Query().Get("path"))
 	if err != nil {
-		x.a.writeFileError(w, r, err)
+		x.d.fileError(w, r, err)
 		return
 	}
 	maxBytes := int64(sandkastenReadBytes)
 	if v := r.URL.Query().Get("max_bytes"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			WriteError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("max_bytes must be a non-negative integer, got %q", v))
+			rest.WriteError(w, http.StatusBadRequest, "invalid_parameter", fmt.Sprintf("max_bytes must be a non-negative integer, got %q", v))
 			return
 		}
 		if n > 0 {
 			maxBytes = min(n, sandkastenMaxReadBytes)
 		}
 	}
-	fsys, ok := x.a.openFS(w, r, s)
+	fsys, ok := x.d.openFS(w, r, s)
 	if !ok {
 		return
 	}
@@ -419,10 +420,10 @@ func (x *sandkastenAPI) read(w http.ResponseWriter, r *http.Request) {
 	data, truncated, err := readHead(fsys, p, maxBytes)
 	x.extendLease(r, s)
 	if err != nil {
-		x.a.writeFileError(w, r, err)
+		x.d.fileError(w, r, err)
 		return
 	}
-	_ = writeJSON(w, http.StatusOK, sandkastenReadResult{
+	_ = rest.WriteJSON(w, http.StatusOK, sandkastenReadResult{
 		ContentBase64: base64.StdEncoding.EncodeToString(data), Truncated: truncated})
 }
 
@@ -446,7 +447,7 @@ func readHead(fsys *dataplane.FS, p string, max int64) ([]byte, bool, error) {
 
 // decodeBigJSON reads a JSON object body of up to limit bytes into v,
 // refusing unknown fields and trailing data, for the bodies that carry
-// file contents (decodeJSON bounds bodies to MaxBodyBytes).
+// file contents (decodeJSON bounds bodies to rest.MaxBodyBytes).
 func decodeBigJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) (int, string, string) {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
@@ -469,7 +470,7 @@ func decodeBigJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) (
 	case errors.As(err, &mbe):
 		return http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("body exceeds %d bytes", limit)
 	case errors.As(err, &te) && te.Field != "":
-		return http.StatusBadRequest, "invalid_field", fmt.Sprintf("field %q must be %s", te.Field, jsonKind(te.Type.Kind().String()))
+		return http.StatusBadRequest, "invalid_field", fmt.Sprintf("field %q must be %s", te.Field, rest.JSONKind(te.Type.Kind().String()))
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		return http.StatusBadRequest, "unknown_field", "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
 	}

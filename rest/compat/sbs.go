@@ -1,4 +1,4 @@
-package rest
+package compat
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
 )
 
 // The session-based-sandbox API (seed 000), under /compat/sbs:
@@ -31,10 +32,10 @@ import (
 
 // sbsAPI serves the session-based-sandbox API.
 type sbsAPI struct {
-	a *api
+	d *Deps
 }
 
-func newSBS(a *api) *sbsAPI { return &sbsAPI{a: a} }
+func newSBS(d *Deps) *sbsAPI { return &sbsAPI{d: d} }
 
 func (x *sbsAPI) mount(r chi.Router) {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -95,23 +96,23 @@ func writeGatewayDetail(w http.ResponseWriter, err error) {
 		writeDetail(w, http.StatusNotFound, sbsNotFound)
 		return
 	}
-	WriteGatewayError(w, err)
+	rest.WriteGatewayError(w, err)
 }
 
 // create serves POST /sessions. The body, {} or none, is not read beyond
 // its bound: the seed's create takes no parameters.
 func (x *sbsAPI) create(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, rest.MaxBodyBytes))
 	p := principal(r)
 	if r.Context().Err() != nil {
 		return
 	}
-	s, _, err := x.a.cfg.Sessions.Create(r.Context(), p, gateway.CreateParams{})
+	s, _, err := x.d.Sessions.Create(r.Context(), p, gateway.CreateParams{})
 	if err != nil {
 		writeGatewayDetail(w, err)
 		return
 	}
-	x.a.cfg.Log.InfoContext(r.Context(), "compat_session_created", "api", "sbs", "session", s.ID, "tenant", p.Tenant)
+	x.d.Log.InfoContext(r.Context(), "compat_session_created", "api", "sbs", "session", s.ID, "tenant", p.Tenant)
 	err = r.Context().Err()
 	if err == nil {
 		err = writeBareJSON(w, http.StatusOK, sbsCreated{SessionID: s.ID})
@@ -122,13 +123,13 @@ func (x *sbsAPI) create(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		x.a.rollback(r, p, s.ID, err)
+		rest.Rollback(r, x.d.Sessions, x.d.Log, p, s.ID, err)
 	}
 }
 
 // delete serves DELETE /sessions/{id}: 204, no body.
 func (x *sbsAPI) delete(w http.ResponseWriter, r *http.Request) {
-	if err := x.a.cfg.Sessions.Delete(r.Context(), principal(r), chi.URLParam(r, "id")); err != nil {
+	if err := x.d.Sessions.Delete(r.Context(), principal(r), chi.URLParam(r, "id")); err != nil {
 		writeGatewayDetail(w, err)
 		return
 	}
@@ -153,7 +154,7 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 		}})
 		return
 	}
-	s, err := x.a.cfg.Sessions.Get(r.Context(), principal(r), id)
+	s, err := x.d.Sessions.Get(r.Context(), principal(r), id)
 	if err != nil {
 		writeGatewayDetail(w, err)
 		return
@@ -164,18 +165,21 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 	}
 	holdSession(r.Context(), s) // a long step is activity while it runs
 
-	timeout := x.a.dp.cfg.StepTimeout
-	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(defaultCommandOutput, x.a.dp.cfg.MaxOutputBytes)}
+	timeout := x.d.Plane.Bounds.StepTimeout
+	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes)}
 	switch st.Type {
 	case "bash":
 		req.Command = st.Source
 	case "python":
 		req.Argv = []string{"python3", "-c", st.Source}
 	}
-	release, err := x.a.dp.budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
+	release, err := x.d.Plane.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
 	if err != nil {
 		if r.Context().Err() == nil {
-			status, _ := budgetStatus(err)
+			status := http.StatusServiceUnavailable // past the gateway's budget
+			if errors.Is(err, dataplane.ErrTenantBudget) {
+				status = http.StatusTooManyRequests
+			}
 			w.Header().Set("Retry-After", "1")
 			writeDetail(w, status, "too many steps run at once; retry when some end")
 		}
@@ -184,7 +188,7 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	res, err := dataplane.Run(r.Context(), s, req)
 	if err != nil {
-		x.a.cfg.Log.WarnContext(r.Context(), "compat_step_failed", "api", "sbs", "session", s.ID, "err", err)
+		x.d.Log.WarnContext(r.Context(), "compat_step_failed", "api", "sbs", "session", s.ID, "err", err)
 		writeDetail(w, http.StatusInternalServerError, "the step could not be started")
 		return
 	}
@@ -220,11 +224,11 @@ func sbsResult(res dataplane.Result, timeout time.Duration) sbsStepResult {
 // ignored, as pydantic does. It returns a status and detail for a bad one.
 func parseSBSStep(w http.ResponseWriter, r *http.Request) (sbsStep, int, any) {
 	var st sbsStep
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rest.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return st, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", MaxBodyBytes)
+			return st, http.StatusRequestEntityTooLarge, fmt.Sprintf("body exceeds %d bytes", rest.MaxBodyBytes)
 		}
 		return st, http.StatusBadRequest, "the body could not be read"
 	}

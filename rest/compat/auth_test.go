@@ -1,4 +1,4 @@
-package rest_test
+package compat_test
 
 import (
 	"encoding/json"
@@ -123,7 +123,7 @@ func TestCompatAuth(t *testing.T) {
 			t.Fatalf("compat call: %d", r.status)
 		}
 		expect(t, rl.do(t, http.MethodGet, "/v1/sessions", aliceKey, nil), http.StatusTooManyRequests, "rate_limited")
-		doc, err := os.ReadFile("../docs/compat.md")
+		doc, err := os.ReadFile("../../docs/compat.md")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -496,7 +496,16 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		handler = front
 	}
 	if cfg.metricsToken != "" {
-		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))
+		// A preview origin's /metrics is its sandbox's server's.
+		api, preview := handler, rest.PreviewSession(cfg.previewDomain)
+		mounted := metrics.Mount(handler, met.Handler(cfg.metricsToken))
+		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, ok := preview(r); ok {
+				api.ServeHTTP(w, r)
+				return
+			}
+			mounted.ServeHTTP(w, r)
+		})
 	}
 	srv := &http.Server{
 		Handler:           handler,

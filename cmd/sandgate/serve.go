@@ -434,6 +434,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		if err != nil {
 			return err
 		}
+		if cfg.publicURL == "" {
+			log.Warn("cluster node without --public-url: presigned links and preview URLs name the owner node's own address, which clients may not reach; give every node the same --public-url")
+		}
 		// After the manager's Shutdown: kept sessions wait for this node to come back.
 		defer node.Close(cfg.keepSandboxes)
 		mcfg.Store, mcfg.Directory = node.Store(store), node

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -62,6 +63,10 @@ type DataPlane struct {
 	// presigned links per minute, per link and per client address
 	// (0: 60 and 120; -1: unlimited).
 	LinkFetchesPerLink, LinkFetchesPerIP int
+	// TrustedProxies are the reverse proxies (serve --trusted-proxy)
+	// whose X-Forwarded-For names the client a link fetch is counted
+	// against (none: the connection's address).
+	TrustedProxies []netip.Prefix
 }
 
 // Defaults of the bounds on commands' memory.

@@ -251,3 +251,59 @@ func TestRESTLinkFetchesPerIP(t *testing.T) {
 		t.Errorf("fourth fetch from one address: %d %v, want 429 with Retry-After", res.StatusCode, res.Header)
 	}
 }
+
+// TestRESTLinkFetchesTrustedProxy: behind a --trusted-proxy, link fetches
+// are counted per client (the rightmost X-Forwarded-For hop outside the
+// trusted ranges), so one client past its bound leaves another its own;
+// without the flag the header is the client's to write, and ignored.
+func TestRESTLinkFetchesTrustedProxy(t *testing.T) {
+	fetch := func(t *testing.T, link, xff string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, link, nil)
+		if xff != "" {
+			req.Header.Set("X-Forwarded-For", xff)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	t.Run("trusted", func(t *testing.T) {
+		g := startGateway(t, "--link-fetches-per-ip", "2", "--trusted-proxy", "127.0.0.0/8", "--trusted-proxy", "10.9.0.0/16")
+		id := createFilesSession(t, g, nil)
+		putRandomFile(t, g, id, "a.bin", 100)
+		link := fileLink(t, g, id, "a.bin")
+		for i := range 2 {
+			if code := fetch(t, link, "192.0.2.1"); code != http.StatusOK {
+				t.Fatalf("fetch %d of one client: %d", i, code)
+			}
+		}
+		if code := fetch(t, link, "192.0.2.1"); code != http.StatusTooManyRequests {
+			t.Errorf("third fetch of one client: %d, want 429", code)
+		}
+		// A spoofed leftmost hop does not make another client, the
+		// rightmost untrusted one counts; a trusted hop after it is skipped.
+		if code := fetch(t, link, "198.51.100.7, 192.0.2.1, 10.9.1.1"); code != http.StatusTooManyRequests {
+			t.Errorf("the same client behind two proxies: %d, want 429", code)
+		}
+		if code := fetch(t, link, "192.0.2.2"); code != http.StatusOK {
+			t.Errorf("another client behind the proxy: %d, want 200", code)
+		}
+	})
+	t.Run("untrusted", func(t *testing.T) {
+		g := startGateway(t, "--link-fetches-per-ip", "2")
+		id := createFilesSession(t, g, nil)
+		putRandomFile(t, g, id, "a.bin", 100)
+		link := fileLink(t, g, id, "a.bin")
+		for i, xff := range []string{"192.0.2.1", "192.0.2.2"} {
+			if code := fetch(t, link, xff); code != http.StatusOK {
+				t.Fatalf("fetch %d: %d", i, code)
+			}
+		}
+		if code := fetch(t, link, "192.0.2.3"); code != http.StatusTooManyRequests {
+			t.Errorf("a client naming another address: %d, want 429", code)
+		}
+	})
+}

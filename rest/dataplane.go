@@ -67,7 +67,13 @@ type DataPlane struct {
 	// whose X-Forwarded-For names the client a link fetch is counted
 	// against (none: the connection's address).
 	TrustedProxies []netip.Prefix
+	// UploadStall ends a PUT of a file whose client sends no byte for
+	// this long (0: DefaultUploadStall).
+	UploadStall time.Duration
 }
+
+// DefaultUploadStall is DataPlane.UploadStall's default.
+const DefaultUploadStall = time.Minute
 
 // Defaults of the bounds on commands' memory.
 const (
@@ -85,6 +91,9 @@ func (d DataPlane) withDefaults() DataPlane {
 	}
 	if d.MaxFetchBytes <= 0 {
 		d.MaxFetchBytes = 50 << 20
+	}
+	if d.UploadStall <= 0 {
+		d.UploadStall = DefaultUploadStall
 	}
 	if d.StepTimeout <= 0 {
 		d.StepTimeout = 30 * time.Second

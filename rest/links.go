@@ -351,7 +351,7 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	auditFile(r, "read", p, -1)
-	fsys, ok := a.openStream(ww, r, s)
+	fsys, ok := a.openLinkStream(ww, r, s)
 	if !ok {
 		return
 	}

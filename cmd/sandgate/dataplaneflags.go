@@ -33,6 +33,7 @@ type dataPlaneFlags struct {
 	maxTransfers, maxTransfersPerTenant, maxTransfersPerSession int
 	linkFetchesPerLink, linkFetchesPerIP                        int
 	trustedProxies                                              prefixListFlag
+	uploadStall                                                 time.Duration
 }
 
 // prefixListFlag is a repeatable flag of CIDR ranges (or single addresses).
@@ -81,6 +82,7 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&d.maxTransfersPerSession, "max-file-transfers-per-session", dataplane.DefaultMaxStreamsPerSession, "REST file downloads and uploads open at once per session")
 	fs.IntVar(&d.linkFetchesPerLink, "link-fetches-per-minute", rest.DefaultLinkFetchesPerLink, "fetches of one presigned file link per minute; past it 429 (0 disables)")
 	fs.IntVar(&d.linkFetchesPerIP, "link-fetches-per-ip", rest.DefaultLinkFetchesPerIP, "presigned file link fetches per client address per minute; past it 429 (0 disables)")
+	fs.DurationVar(&d.uploadStall, "upload-stall-timeout", rest.DefaultUploadStall, "a REST file upload (PUT .../files) whose client sends no byte for this long ends with 408 upload_stalled, freeing its transfer")
 	fs.Var(&d.trustedProxies, "trusted-proxy", "CIDR range of a reverse proxy in front of the gateway (repeatable; default none): a connection from one is counted for --link-fetches-per-ip under the rightmost X-Forwarded-For address outside these ranges")
 }
 
@@ -94,7 +96,7 @@ func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.Data
 	}
 	dp.MaxFileStreams, dp.MaxFileStreamsPerTenant, dp.MaxFileStreamsPerSession = d.maxTransfers, d.maxTransfersPerTenant, d.maxTransfersPerSession
 	dp.LinkFetchesPerLink, dp.LinkFetchesPerIP = unlimitedIfZero(d.linkFetchesPerLink), unlimitedIfZero(d.linkFetchesPerIP)
-	dp.TrustedProxies = d.trustedProxies
+	dp.TrustedProxies, dp.UploadStall = d.trustedProxies, d.uploadStall
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic
 	}

@@ -60,6 +60,7 @@ type pooled struct {
 	err     error
 	refs    int // FSes handed out and not yet closed
 	streams int
+	links   int // of streams, those of link fetches
 	idle    *time.Timer
 	gone    bool   // removed from the pool (dead, or the session ended)
 	remove  func() // unregisters from the session's end
@@ -70,9 +71,20 @@ type pooled struct {
 // counts it as a transfer, refused with KindBusy past a bound. Close the
 // FS when done.
 func (p *Files) Open(ctx context.Context, id, tenant string, s FileSession, stream bool) (*FS, error) {
+	return p.openFS(ctx, id, tenant, s, stream, false)
+}
+
+// OpenLink is Open for the stream of a presigned link's fetch: link
+// fetches hold at most half of a session's streams (at least one), so
+// that a link's holders cannot lock the session's owner out.
+func (p *Files) OpenLink(ctx context.Context, id, tenant string, s FileSession) (*FS, error) {
+	return p.openFS(ctx, id, tenant, s, true, true)
+}
+
+func (p *Files) openFS(ctx context.Context, id, tenant string, s FileSession, stream, link bool) (*FS, error) {
 	p.mu.Lock()
 	if stream {
-		if err := p.admitLocked(id, tenant); err != nil {
+		if err := p.admitLocked(id, tenant, link); err != nil {
 			p.mu.Unlock()
 			return nil, err
 		}
@@ -90,16 +102,19 @@ func (p *Files) Open(ctx context.Context, id, tenant string, s FileSession, stre
 		if stream {
 			e.streams++
 		}
+		if link {
+			e.links++
+		}
 		p.mu.Unlock()
 		select {
 		case <-e.ready:
 		case <-ctx.Done():
-			p.put(id, e, stream)
+			p.put(id, e, stream, link)
 			p.unadmit(tenant, stream)
 			return nil, fileErr(KindUnavailable, ctx.Err(), "cannot start the sandbox's file server")
 		}
 		if e.err != nil {
-			p.put(id, e, stream)
+			p.put(id, e, stream, link)
 			p.unadmit(tenant, stream)
 			return nil, e.err
 		}
@@ -107,14 +122,14 @@ func (p *Files) Open(ctx context.Context, id, tenant string, s FileSession, stre
 			var once sync.Once
 			return &FS{c: e.srv.c, streams: p.open, temp: func(tmp string) func() { return p.noteTemp(id, tmp) }, release: func() error {
 				once.Do(func() {
-					p.put(id, e, stream)
+					p.put(id, e, stream, link)
 					p.unadmit(tenant, stream)
 				})
 				return nil
 			}}, nil
 		}
 		// It died since: drop it and start another, once.
-		p.put(id, e, stream)
+		p.put(id, e, stream, link)
 		p.mu.Lock()
 		p.dropLocked(id, e)
 		if attempt == 2 {
@@ -145,18 +160,22 @@ func (p *Files) unadmit(tenant string, stream bool) {
 	}
 }
 
-// admitLocked counts a new stream of session id, of tenant, or refuses it.
-func (p *Files) admitLocked(id, tenant string) error {
+// admitLocked counts a new stream of session id, of tenant, or refuses it
+// (link: a link fetch's).
+func (p *Files) admitLocked(id, tenant string, link bool) error {
 	perSession := orDefault(p.MaxStreamsPerSession, DefaultMaxStreamsPerSession)
 	perTenant := orDefault(p.MaxStreamsPerTenant, DefaultMaxStreamsPerTenant)
 	total := orDefault(p.MaxStreams, DefaultMaxStreams)
-	n := 0
+	perLinks := max(1, perSession/2)
+	n, links := 0, 0
 	if e := p.servers[id]; e != nil {
-		n = e.streams
+		n, links = e.streams, e.links
 	}
 	switch {
 	case n >= perSession:
 		return fileErr(KindBusy, nil, "the session already has %d file transfers open (the limit per session); retry when one ends", perSession)
+	case link && links >= perLinks:
+		return fileErr(KindBusy, nil, "the session's links already have %d file transfers open (half the limit per session); retry when one ends", perLinks)
 	case p.tenants[tenant] >= perTenant:
 		return fileErr(KindBusy, nil, "the tenant already has %d file transfers open (the limit per tenant); retry when one ends", perTenant)
 	case p.streams >= total:
@@ -221,12 +240,15 @@ func (p *Files) startLocked(ctx context.Context, id string, s FileSession) *pool
 }
 
 // put hands back one FS of entry e.
-func (p *Files) put(id string, e *pooled, stream bool) {
+func (p *Files) put(id string, e *pooled, stream, link bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	e.refs--
 	if stream {
 		e.streams--
+	}
+	if link {
+		e.links--
 	}
 	if e.refs > 0 || e.srv == nil {
 		return

@@ -640,9 +640,17 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	tmp := path.Join(dir, tempPrefix+hex.EncodeToString(rnd[:])+".tmp")
+	// left: tmp may still be there (its removal failed): its journal
+	// entry stays, for the next start's sweep (Files.StaleUploads).
+	left := false
 	if f.temp != nil {
 		// Forgotten once tmp is renamed or removed (the defers below run first).
-		defer f.temp(tmp)()
+		forget := f.temp(tmp)
+		defer func() {
+			if !left {
+				forget()
+			}
+		}()
 	}
 	fh, err := f.c.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL)
 	if err != nil {
@@ -652,7 +660,7 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 	defer func() {
 		if !renamed {
 			_ = fh.Close()
-			_ = f.c.Remove(tmp)
+			left = f.removeFailed(tmp)
 		}
 	}()
 	if err := fh.Chmod(mode); err != nil {
@@ -677,7 +685,7 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 			return Entry{}, false, err
 		}
 		renamed = true
-		_ = f.c.Remove(tmp)
+		left = f.removeFailed(tmp)
 	} else {
 		if err := f.c.PosixRename(tmp, p); err != nil {
 			return Entry{}, false, classify(err, p)
@@ -689,6 +697,12 @@ func (f *FS) Write(p string, r io.Reader, o WriteOptions) (e Entry, created bool
 		return Entry{}, false, classify(err, p)
 	}
 	return entryOf(p, fi), created, nil
+}
+
+// removeFailed removes tmp and reports whether it may still be there.
+func (f *FS) removeFailed(tmp string) bool {
+	err := f.c.Remove(tmp)
+	return err != nil && classify(err, tmp).Kind != KindNotFound
 }
 
 // linkNew gives the complete file tmp the name p, or another from rename

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"time"
 )
@@ -111,7 +112,17 @@ type Bounds struct {
 	// presigned links per minute, per link and per client address
 	// (0: 60 and 120; -1: unlimited).
 	LinkFetchesPerLink, LinkFetchesPerIP int
+	// TrustedProxies are the reverse proxies (serve --trusted-proxy)
+	// whose X-Forwarded-For names the client a link fetch is counted
+	// against (none: the connection's address).
+	TrustedProxies []netip.Prefix
+	// UploadStall ends a PUT of a file whose client sends no byte for
+	// this long (0: DefaultUploadStall).
+	UploadStall time.Duration
 }
+
+// DefaultUploadStall is Bounds.UploadStall's default.
+const DefaultUploadStall = time.Minute
 
 // Defaults of the bounds on commands' memory.
 const (
@@ -129,6 +140,9 @@ func (d Bounds) withDefaults() Bounds {
 	}
 	if d.MaxFetchBytes <= 0 {
 		d.MaxFetchBytes = 50 << 20
+	}
+	if d.UploadStall <= 0 {
+		d.UploadStall = DefaultUploadStall
 	}
 	if d.StepTimeout <= 0 {
 		d.StepTimeout = 30 * time.Second

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 )
 
 // MaxNameLen bounds a session name.
@@ -128,8 +129,9 @@ func SelectNamed(ss []*Session, name string) []*Session {
 // itself when it is the id of one of p's sessions here, of one of p's
 // sessions that ended (its tombstone answers 410), or of one in the
 // cluster's directory (an id always wins); else the id of p's session
-// named ref (the live one, or the newest failed one); else ref, which
-// then answers as an unknown id.
+// named ref (the live one, or the newest failed one), or, when none is,
+// of the one name that matches ref but for case; else ref, which then
+// answers as an unknown id.
 func (m *Manager) Resolve(ctx context.Context, p Principal, ref string) string {
 	if len(ref) > MaxNameLen || !namePattern.MatchString(ref) {
 		return ref
@@ -139,14 +141,26 @@ func (m *Manager) Resolve(ctx context.Context, p Principal, ref string) string {
 		m.mu.Unlock()
 		return ref
 	}
-	var named []*Session
+	var named, folded []*Session
+	foldedNames := map[string]bool{}
 	for _, s := range m.sessions {
-		if s.Tenant == p.Tenant && s.Name == ref {
+		switch {
+		case s.Tenant != p.Tenant:
+		case s.Name == ref:
 			named = append(named, s)
+		case strings.EqualFold(s.Name, ref):
+			folded = append(folded, s)
+			foldedNames[s.Name] = true
 		}
 	}
 	m.mu.Unlock()
-	best := SelectNamed(named, ref)
+	name := ref
+	if len(named) == 0 && len(foldedNames) == 1 {
+		// OpenSSH lowercases the host name (ssh NAME.sandgate): a name
+		// matched but for case, when only one does.
+		named, name = folded, folded[0].Name
+	}
+	best := SelectNamed(named, name)
 	if len(best) == 0 || m.gone(p, ref) != nil {
 		return ref
 	}

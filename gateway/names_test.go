@@ -183,3 +183,31 @@ func TestSessionNamePersisted(t *testing.T) {
 		t.Errorf("Owner = %q, %v", owner, ok)
 	}
 }
+
+// TestResolveNameCase: OpenSSH lowercases a host name before the proxy
+// sees it, so a name is found whatever its case when only one name
+// matches so; an exact match wins, and two names that differ only by
+// case leave the folded spelling unresolved.
+func TestResolveNameCase(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newManager(t, gateway.Config{})
+	dev, _ := mustCreate(t, m, alice, gateway.CreateParams{Name: "MyDev"})
+	web, _ := mustCreate(t, m, alice, gateway.CreateParams{Name: "Web"})
+	web2, _ := mustCreate(t, m, alice, gateway.CreateParams{Name: "web"})
+	for _, c := range []struct {
+		p         gateway.Principal
+		ref, want string
+	}{
+		{alice, "MyDev", dev.ID},
+		{alice, "mydev", dev.ID},
+		{alice, "MYDEV", dev.ID},
+		{alice, "Web", web.ID},
+		{alice, "web", web2.ID},
+		{alice, "WEB", "WEB"},
+		{bob, "mydev", "mydev"},
+	} {
+		if got := m.Resolve(ctx, c.p, c.ref); got != c.want {
+			t.Errorf("%s Resolve(%q) = %q, want %q", c.p.Tenant, c.ref, got, c.want)
+		}
+	}
+}

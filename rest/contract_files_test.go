@@ -271,6 +271,7 @@ func TestContractFiles(t *testing.T) {
 		"deleteFile 500": "no failure path short of a broken SFTP server in the sandbox",
 		"fetchFiles 500": "no failure path short of a broken SFTP server in the sandbox",
 		"putFile 507":    "needs a full sandbox filesystem: the linux driver's sized workspace, tested by cmd/sandgate TestRESTFiles",
+		"putFile 408":    "needs a client that stops sending mid-body for the stall timeout: tested by cmd/sandgate TestRESTUploadStall",
 	})
 }
 

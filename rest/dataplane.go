@@ -19,6 +19,8 @@ const (
 	DefaultCommandMemory          = dataplane.DefaultCommandMemory
 	DefaultCommandMemoryPerTenant = dataplane.DefaultCommandMemoryPerTenant
 	DefaultCommandQueue           = dataplane.DefaultCommandQueue
+	// DefaultUploadStall is DataPlane.UploadStall's default.
+	DefaultUploadStall = dataplane.DefaultUploadStall
 )
 
 // dataSession finds the running session of the request's {id} for a

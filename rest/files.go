@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -86,6 +87,17 @@ func (a *api) openFS(w http.ResponseWriter, r *http.Request, s *gateway.Session)
 // too_many_file_transfers past them.
 func (a *api) openStream(w http.ResponseWriter, r *http.Request, s *gateway.Session) (*dataplane.FS, bool) {
 	return a.openFiles(w, r, s, true)
+}
+
+// openLinkStream is openStream for a presigned link's fetch, which may
+// hold at most half of the session's transfers.
+func (a *api) openLinkStream(w http.ResponseWriter, r *http.Request, s *gateway.Session) (*dataplane.FS, bool) {
+	fsys, err := a.dp.Files.OpenLink(r.Context(), s.ID, s.Tenant, s)
+	if err != nil {
+		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)
+		return nil, false
+	}
+	return fsys, true
 }
 
 func (a *api) openFiles(w http.ResponseWriter, r *http.Request, s *gateway.Session, stream bool) (*dataplane.FS, bool) {
@@ -212,6 +224,26 @@ func (w *stallWriter) Write(p []byte) (int, error) {
 
 func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// stallReader is an upload's body: each read must get a byte within
+// stall (DataPlane.UploadStall), or the upload ends, freeing the transfer
+// it holds (dataplane.Files).
+type stallReader struct {
+	r       io.Reader
+	rc      *http.ResponseController
+	stall   time.Duration
+	stalled bool
+}
+
+func (b *stallReader) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.stall))
+	n, err := b.r.Read(p)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		b.stalled = true
+	}
+	return n, err
+}
+
 // putFile serves PUT /v1/sessions/{id}/files?path=P: the body becomes the
 // file, atomically.
 func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
@@ -253,9 +285,23 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	a.auditFileStarted(r, "write", p)
-	e, created, err := fsys.Write(p, r.Body, opts)
+	body := &stallReader{r: r.Body, rc: http.NewResponseController(w), stall: a.dp.Bounds.UploadStall}
+	defer func() {
+		if !body.stalled { // a stalled body is not read again
+			_ = body.rc.SetReadDeadline(time.Time{})
+		}
+	}()
+	e, created, err := fsys.Write(p, body, opts)
 	if err == nil {
 		auditFile(r, "write", p, e.SizeBytes)
+	}
+	if err != nil && body.stalled {
+		// Closed after the answer: the server would otherwise read the
+		// rest of a short body before answering.
+		w.Header().Set("Connection", "close")
+		WriteError(w, http.StatusRequestTimeout, "upload_stalled",
+			fmt.Sprintf("%s: no byte of the upload came for %s; nothing was written", p, a.dp.Bounds.UploadStall))
+		return
 	}
 	if err != nil {
 		WriteDataError(w, r, a.cfg.Sessions, a.cfg.Log, err)

@@ -9,8 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"mime"
+	"net"
 	"net/http"
+	"net/netip"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,10 +54,11 @@ const (
 // and per client address. A nil limiter is unlimited.
 type linkLimits struct {
 	perLink, perIP *httprate.RateLimiter
+	trusted        []netip.Prefix // proxies whose X-Forwarded-For counts
 }
 
 func newLinkLimits(d DataPlane) linkLimits {
-	var l linkLimits
+	l := linkLimits{trusted: d.TrustedProxies}
 	if d.LinkFetchesPerLink > 0 {
 		l.perLink = httprate.NewRateLimiter(d.LinkFetchesPerLink, time.Minute)
 	}
@@ -68,7 +72,7 @@ func newLinkLimits(d DataPlane) linkLimits {
 // the link signed sig, from r's address, is over a bound.
 func (a *api) linkLimited(w http.ResponseWriter, r *http.Request, fail func(int, string, string), sig []byte) bool {
 	if l := a.linkLimits.perIP; l != nil {
-		if ip, err := httprate.KeyByIP(r); err == nil && l.OnLimit(w, r, ip) {
+		if ip := clientIP(r, a.linkLimits.trusted); l.OnLimit(w, r, ip) {
 			a.rateLimited("link_ip")
 			fail(http.StatusTooManyRequests, "rate_limited",
 				fmt.Sprintf("too many link fetches from this address (the limit is %d a minute)", a.dp.Bounds.LinkFetchesPerIP))
@@ -82,6 +86,40 @@ func (a *api) linkLimited(w http.ResponseWriter, r *http.Request, fail func(int,
 		return true
 	}
 	return false
+}
+
+// clientIP is the address r came from: the connection's, or, when that
+// is a trusted proxy's, the rightmost X-Forwarded-For hop that is not a
+// trusted proxy's (the ones left of it are the client's to write).
+func clientIP(r *http.Request, trusted []netip.Prefix) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return httprate.CanonicalizeIP(host)
+	}
+	isTrusted := func(ip netip.Addr) bool {
+		return slices.ContainsFunc(trusted, func(p netip.Prefix) bool { return p.Contains(ip.Unmap()) })
+	}
+	if isTrusted(ip) {
+		var hops []string
+		for _, v := range r.Header.Values("X-Forwarded-For") {
+			hops = append(hops, strings.Split(v, ",")...)
+		}
+		for i := len(hops) - 1; i >= 0; i-- {
+			hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			if err != nil {
+				break // not an address: the last trusted hop is the client
+			}
+			ip = hop
+			if !isTrusted(hop) {
+				break
+			}
+		}
+	}
+	return httprate.CanonicalizeIP(ip.Unmap().String())
 }
 
 // linkDomain separates link signatures from any other use of the key.
@@ -307,7 +345,7 @@ func (a *api) fetchLink(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	auditFile(r, "read", p, -1)
-	fsys, ok := a.openStream(ww, r, s)
+	fsys, ok := a.openLinkStream(ww, r, s)
 	if !ok {
 		return
 	}

@@ -95,6 +95,9 @@ type portRoute struct {
 	// label is the preview origin's label ("": the API's origin, the
 	// bearer route).
 	label string
+	// scheme and port are those of the preview origin's issued URL
+	// (previewURL), which a redirect to the label must keep.
+	scheme, port string
 }
 
 type portTargetKey struct{}
@@ -277,13 +280,30 @@ func (a *api) previewLocation(loc string, t *portTarget) (string, bool) {
 		}
 	case u.Scheme == "http" && isServerHost(u, t.port):
 		// The server's own origin, as it sees itself.
-	case t.route.label != "" && (u.Scheme == "http" || u.Scheme == "https") && a.sameLabel(loc, t.route.label):
+	case t.route.label != "" && u.Scheme == t.route.scheme && portOf(u) == t.route.port && a.sameLabel(loc, t.route.label):
 		return loc, true
 	default:
 		return "", false
 	}
 	u.Scheme, u.Host = "", ""
-	return strings.TrimSuffix(t.route.public, "/") + u.RequestURI() + fragment(u), true
+	next := strings.TrimSuffix(t.route.public, "/") + u.RequestURI() + fragment(u)
+	if strings.HasPrefix(next, "//") {
+		// On a preview origin (no prefix) a path of "//host/..." would be
+		// read as another host's URL.
+		return "", false
+	}
+	return next, true
+}
+
+// portOf is u's port, or its scheme's default.
+func portOf(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if u.Scheme == "https" {
+		return "443"
+	}
+	return "80"
 }
 
 // isServerHost reports whether u names the server on port of the
@@ -709,7 +729,11 @@ func (a *api) servePreview(w http.ResponseWriter, r *http.Request) {
 		c.tenant, c.auth, c.session = tenant, "link", s.ID
 	}
 	s.Touch(time.Now())
-	a.servePort(w, r, s, l.port, r.URL.EscapedPath(), portRoute{label: label})
+	route := portRoute{label: label}
+	if base, err := url.Parse(a.baseURL(r)); err == nil {
+		route.scheme, route.port = base.Scheme, portOf(base)
+	}
+	a.servePort(w, r, s, l.port, r.URL.EscapedPath(), route)
 }
 
 // previewRoute is the route a preview origin's calls are audited under.

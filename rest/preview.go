@@ -132,12 +132,13 @@ func (l previewLabel) verify(key []byte, tenant string) bool {
 	return hmac.Equal(l.mac, tokenMAC(key, previewOriginDomain, tenant, l.signed)[:previewMACBytes])
 }
 
-// previewDomain is the domain preview origins are under.
+// previewDomain is the domain preview origins are under, lowercase as
+// previewHost reads a Host header.
 func (a *api) previewDomain() string {
 	if a.cfg.PreviewDomain == "" {
 		return DefaultPreviewDomain
 	}
-	return a.cfg.PreviewDomain
+	return strings.ToLower(a.cfg.PreviewDomain)
 }
 
 // previewHost returns the first label of host (a Host header) when host

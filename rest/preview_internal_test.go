@@ -153,3 +153,52 @@ func TestCheckFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestPreviewLocation: a redirect of the server's own origin stays on the
+// preview's, never becoming a "//host" URL that leaves it, and one to
+// the preview's label keeps the issued URL's scheme and port.
+func TestPreviewLocation(t *testing.T) {
+	a := &api{}
+	label := "p8000-x"
+	origin := &portTarget{port: 8000, route: portRoute{label: label, scheme: "http", port: "8080"}}
+	prefixed := &portTarget{port: 8000, route: portRoute{public: "/v1/sessions/s/ports/8000", fwdPrefix: "/v1/sessions/s/ports/8000"}}
+	for _, c := range []struct {
+		t    *portTarget
+		loc  string
+		want string // "": refused
+	}{
+		{origin, "/a?b#c", "/a?b#c"},
+		{origin, "http://localhost:8000/a", "/a"},
+		{origin, "http://localhost:8000//evil.example/x", ""},
+		{origin, "http://127.0.0.1:8000//evil.example", ""},
+		{origin, "//evil.example/x", ""},
+		{origin, "/\\evil.example", ""},
+		{origin, "http://p8000-x.localhost:8080/a", "http://p8000-x.localhost:8080/a"},
+		{origin, "http://p8000-x.localhost:6379/", ""},
+		{origin, "http://p8000-x.localhost/", ""},
+		{origin, "https://p8000-x.localhost:8080/", ""},
+		{origin, "http://p8000-y.localhost:8080/", ""},
+		{prefixed, "http://localhost:8000//x", "/v1/sessions/s/ports/8000//x"},
+	} {
+		got, ok := a.previewLocation(c.loc, c.t)
+		if got != c.want || ok != (c.want != "") {
+			t.Errorf("previewLocation(%q) on %q = %q %v, want %q", c.loc, c.t.route.label, got, ok, c.want)
+		}
+	}
+}
+
+// TestPreviewDomainCase: a --preview-domain spelled with capitals still
+// matches the (lowercased) Host, for the gateway and the cluster's front.
+func TestPreviewDomainCase(t *testing.T) {
+	a := &api{cfg: Config{PreviewDomain: "Preview.Example.COM"}}
+	if l, ok := a.previewHost("p8000-x.preview.example.com:443"); !ok || l != "p8000-x" {
+		t.Errorf("previewHost = %q %v under a domain with capitals", l, ok)
+	}
+	key := []byte("0123456789abcdef0123456789abcdef")
+	label, _ := signPreviewLabel(key, "alice", "sbx-abcdefghijklmnopqrst", 8000, time.Unix(1795933033, 0))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Host = label + ".PREVIEW.example.com"
+	if id, ok := PreviewSession("Preview.Example.COM")(r); !ok || id != "sbx-abcdefghijklmnopqrst" {
+		t.Errorf("PreviewSession = %q %v under a domain with capitals", id, ok)
+	}
+}

@@ -352,7 +352,10 @@ func (s *store) scanWith(ctx context.Context, dir string, cache scanCache, limit
 // (dataplane's ".sandgate-upload-<hex>.tmp", renamed to its own name once
 // complete): not content yet, never synced or snapshotted.
 func uploadTemp(name string) bool {
-	return strings.HasPrefix(name, ".sandgate-upload-") && strings.HasSuffix(name, ".tmp")
+	// 8 random bytes in hex, as dataplane/files.go's Write names it.
+	rnd, ok := strings.CutPrefix(name, ".sandgate-upload-")
+	rnd, ok2 := strings.CutSuffix(rnd, ".tmp")
+	return ok && ok2 && len(rnd) == 16 && strings.Trim(rnd, "0123456789abcdef") == ""
 }
 
 // relink makes the first name in path order of each file with several

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -169,5 +170,25 @@ func TestClusterLinksAuditAndRelayedConnects(t *testing.T) {
 		if code := a.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
 			t.Errorf("delete %s: %d", id, code)
 		}
+	}
+}
+
+// TestClusterWarnsWithoutPublicURL: a cluster node without --public-url
+// hands out links naming its own address, so it says so at start; one
+// with it does not.
+func TestClusterWarnsWithoutPublicURL(t *testing.T) {
+	etcd := startEtcd(t)
+	tok := filepath.Join(t.TempDir(), "cluster-token")
+	if err := os.WriteFile(tok, []byte("cluster-test-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bare := startNode(t, etcd, tok, "--api-key", "test-token")
+	public := startNode(t, etcd, tok, "--api-key", "test-token", "--public-url", "https://sandgate.example.com")
+	const warning = "cluster node without --public-url"
+	if !strings.Contains(bare.stderr.String(), warning) {
+		t.Errorf("no warning without --public-url:\n%s", bare.stderr.String())
+	}
+	if strings.Contains(public.stderr.String(), warning) {
+		t.Errorf("a warning with --public-url:\n%s", public.stderr.String())
 	}
 }

@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/dataplane"
@@ -29,6 +32,37 @@ type dataPlaneFlags struct {
 	// Bounds on file transfers at once, and on link fetches a minute.
 	maxTransfers, maxTransfersPerTenant, maxTransfersPerSession int
 	linkFetchesPerLink, linkFetchesPerIP                        int
+	trustedProxies                                              prefixListFlag
+	uploadStall                                                 time.Duration
+}
+
+// prefixListFlag is a repeatable flag of CIDR ranges (or single addresses).
+type prefixListFlag []netip.Prefix
+
+func (l *prefixListFlag) String() string {
+	s := make([]string, len(*l))
+	for i, p := range *l {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *prefixListFlag) Set(v string) error {
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(item)
+		if err != nil {
+			a, aerr := netip.ParseAddr(item)
+			if aerr != nil {
+				return fmt.Errorf("%q: want a CIDR range such as 10.0.0.0/8, or an address", item)
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		*l = append(*l, p.Masked())
+	}
+	return nil
 }
 
 func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
@@ -48,6 +82,8 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&d.maxTransfersPerSession, "max-file-transfers-per-session", dataplane.DefaultMaxStreamsPerSession, "REST file downloads and uploads open at once per session")
 	fs.IntVar(&d.linkFetchesPerLink, "link-fetches-per-minute", rest.DefaultLinkFetchesPerLink, "fetches of one presigned file link per minute; past it 429 (0 disables)")
 	fs.IntVar(&d.linkFetchesPerIP, "link-fetches-per-ip", rest.DefaultLinkFetchesPerIP, "presigned file link fetches per client address per minute; past it 429 (0 disables)")
+	fs.DurationVar(&d.uploadStall, "upload-stall-timeout", rest.DefaultUploadStall, "a REST file upload (PUT .../files) whose client sends no byte for this long ends with 408 upload_stalled, freeing its transfer")
+	fs.Var(&d.trustedProxies, "trusted-proxy", "CIDR range of a reverse proxy in front of the gateway (repeatable; default none): a connection from one is counted for --link-fetches-per-ip under the rightmost X-Forwarded-For address outside these ranges")
 }
 
 // config is the REST data plane's configuration; egress dials fetches.
@@ -60,6 +96,7 @@ func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.Data
 	}
 	dp.MaxFileStreams, dp.MaxFileStreamsPerTenant, dp.MaxFileStreamsPerSession = d.maxTransfers, d.maxTransfersPerTenant, d.maxTransfersPerSession
 	dp.LinkFetchesPerLink, dp.LinkFetchesPerIP = unlimitedIfZero(d.linkFetchesPerLink), unlimitedIfZero(d.linkFetchesPerIP)
+	dp.TrustedProxies, dp.UploadStall = d.trustedProxies, d.uploadStall
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic
 	}

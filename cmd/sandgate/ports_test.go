@@ -453,3 +453,26 @@ func TestPreviewPortsDisabled(t *testing.T) {
 		t.Errorf("port link: %d %+v", code, e)
 	}
 }
+
+// TestPreviewMetricsPath: with --metrics-token, /metrics on a preview
+// origin is the sandbox's server's, not the gateway's; on the API's
+// origin it stays the gateway's.
+func TestPreviewMetricsPath(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	g := startGateway(t, "--sandbox", "workdir", "--metrics-token", "metrics-secret")
+	s := g.createSession(t)
+	httpPort := gwtest.FreePort(t)
+	putFile(t, g, s.SessionID, "site/metrics", "the sandbox's metrics\n")
+	c := procClient{g: g, base: "/v1/sessions/" + s.SessionID + "/processes"}
+	c.start(t, map[string]any{"command": fmt.Sprintf("cd site && exec python3 -m http.server %d --bind 127.0.0.1", httpPort), "name": "http"})
+	var link struct{ URL string }
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/ports/link", map[string]any{"port": httpPort}, &link); code != 200 {
+		t.Fatalf("port link: %d", code)
+	}
+	if b := previewWait(t, link.URL+"metrics", ""); strings.TrimSpace(string(b)) != "the sandbox's metrics" {
+		t.Errorf("/metrics on the preview origin: %q", b)
+	}
+	if code, _, _ := scrapeMetrics(t, g.URL+"/metrics", "metrics-secret"); code != 200 {
+		t.Errorf("the gateway's /metrics: %d", code)
+	}
+}

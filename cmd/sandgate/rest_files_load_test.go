@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -87,6 +88,28 @@ func stuckReader(t *testing.T, link string) (net.Conn, int, http.Header) {
 	return c, res.StatusCode, res.Header
 }
 
+// stuckDownload starts the owner's GET of path in session id that never
+// reads past the answer's head (closed at the test's end).
+func stuckDownload(t *testing.T, g *gatewayProc, id, path string) int {
+	t.Helper()
+	u, err := url.Parse(g.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "GET /v1/sessions/%s/files?path=%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", id, url.QueryEscape(path), u.Host, g.Token)
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	res, err := http.ReadResponse(bufio.NewReaderSize(c, 4096), nil)
+	if err != nil {
+		t.Fatalf("read the answer's head: %v", err)
+	}
+	return res.StatusCode
+}
+
 // sftpServers counts the sftp-server processes of workdir session id.
 func sftpServers(id string) int {
 	n := 0
@@ -120,7 +143,8 @@ func slowReadersMemory(t *testing.T, driver string) {
 		fileBytes = 48 << 20
 		maxRSS    = 300 << 20
 	)
-	g := startGateway(t, filesDriverArgs(t, driver)...)
+	// Link fetches may hold half of a session's transfers: room for 15.
+	g := startGateway(t, append(filesDriverArgs(t, driver), "--max-file-transfers-per-session", "32")...)
 	var ids, links []string
 	for range sessions {
 		id := createFilesSession(t, g, nil)
@@ -191,10 +215,18 @@ func TestRESTFileTransferBounds(t *testing.T) {
 	id := createFilesSession(t, g, nil)
 	putRandomFile(t, g, id, "big.bin", 16<<20)
 	link := fileLink(t, g, id, "big.bin")
-	for i := range 2 {
-		if _, status, _ := stuckReader(t, link); status != http.StatusOK {
-			t.Fatalf("reader %d: %d", i, status)
-		}
+	if _, status, _ := stuckReader(t, link); status != http.StatusOK {
+		t.Fatalf("link reader: %d", status)
+	}
+	// Link fetches hold at most half of the session's transfers: the
+	// second is refused, and the owner keeps the other.
+	c, status, _ := stuckReader(t, link)
+	c.Close()
+	if status != http.StatusServiceUnavailable {
+		t.Errorf("second link reader: %d, want 503", status)
+	}
+	if status := stuckDownload(t, g, id, "big.bin"); status != http.StatusOK {
+		t.Fatalf("the owner's download: %d", status)
 	}
 	res, body := restFile(t, g, http.MethodGet, "/v1/sessions/"+id+"/files?path=big.bin", nil)
 	wantStatus(t, "third download", res, body, http.StatusServiceUnavailable, "too_many_file_transfers")
@@ -250,4 +282,89 @@ func TestRESTLinkFetchesPerIP(t *testing.T) {
 	if res.StatusCode != http.StatusTooManyRequests || res.Header.Get("Retry-After") == "" {
 		t.Errorf("fourth fetch from one address: %d %v, want 429 with Retry-After", res.StatusCode, res.Header)
 	}
+}
+
+// TestRESTLinkFetchesTrustedProxy: behind a --trusted-proxy, link fetches
+// are counted per client (the rightmost X-Forwarded-For hop outside the
+// trusted ranges), so one client past its bound leaves another its own;
+// without the flag the header is the client's to write, and ignored.
+func TestRESTLinkFetchesTrustedProxy(t *testing.T) {
+	fetch := func(t *testing.T, link, xff string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, link, nil)
+		if xff != "" {
+			req.Header.Set("X-Forwarded-For", xff)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	t.Run("trusted", func(t *testing.T) {
+		g := startGateway(t, "--link-fetches-per-ip", "2", "--trusted-proxy", "127.0.0.0/8", "--trusted-proxy", "10.9.0.0/16")
+		id := createFilesSession(t, g, nil)
+		putRandomFile(t, g, id, "a.bin", 100)
+		link := fileLink(t, g, id, "a.bin")
+		for i := range 2 {
+			if code := fetch(t, link, "192.0.2.1"); code != http.StatusOK {
+				t.Fatalf("fetch %d of one client: %d", i, code)
+			}
+		}
+		if code := fetch(t, link, "192.0.2.1"); code != http.StatusTooManyRequests {
+			t.Errorf("third fetch of one client: %d, want 429", code)
+		}
+		// A spoofed leftmost hop does not make another client, the
+		// rightmost untrusted one counts; a trusted hop after it is skipped.
+		if code := fetch(t, link, "198.51.100.7, 192.0.2.1, 10.9.1.1"); code != http.StatusTooManyRequests {
+			t.Errorf("the same client behind two proxies: %d, want 429", code)
+		}
+		if code := fetch(t, link, "192.0.2.2"); code != http.StatusOK {
+			t.Errorf("another client behind the proxy: %d, want 200", code)
+		}
+	})
+	t.Run("untrusted", func(t *testing.T) {
+		g := startGateway(t, "--link-fetches-per-ip", "2")
+		id := createFilesSession(t, g, nil)
+		putRandomFile(t, g, id, "a.bin", 100)
+		link := fileLink(t, g, id, "a.bin")
+		for i, xff := range []string{"192.0.2.1", "192.0.2.2"} {
+			if code := fetch(t, link, xff); code != http.StatusOK {
+				t.Fatalf("fetch %d: %d", i, code)
+			}
+		}
+		if code := fetch(t, link, "192.0.2.3"); code != http.StatusTooManyRequests {
+			t.Errorf("a client naming another address: %d, want 429", code)
+		}
+	})
+}
+
+// TestRESTUploadStall: an upload whose client stops sending is ended
+// after --upload-stall-timeout with 408 upload_stalled, and the transfer
+// it held is free again; nothing is written.
+func TestRESTUploadStall(t *testing.T) {
+	g := startGateway(t, "--max-file-transfers-per-session", "1", "--upload-stall-timeout", "1s")
+	id := createFilesSession(t, g, nil)
+	u, err := url.Parse(g.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "PUT /v1/sessions/%s/files?path=slow.txt HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Length: 1000\r\n\r\n0123456789", id, u.Host, g.Token)
+	_ = c.SetReadDeadline(time.Now().Add(90 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled upload: %v", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	wantStatus(t, "stalled upload", res, body, http.StatusRequestTimeout, "upload_stalled")
+	res, body = restFile(t, g, http.MethodPut, "/v1/sessions/"+id+"/files?path=next.txt", strings.NewReader("x"))
+	wantStatus(t, "the next upload", res, body, http.StatusCreated, "")
+	res, body = restFile(t, g, http.MethodGet, "/v1/sessions/"+id+"/files?path=slow.txt", nil)
+	wantStatus(t, "the stalled file", res, body, http.StatusNotFound, "file_not_found")
 }

@@ -436,6 +436,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		if err != nil {
 			return err
 		}
+		if cfg.publicURL == "" {
+			log.Warn("cluster node without --public-url: presigned links and preview URLs name the owner node's own address, which clients may not reach; give every node the same --public-url")
+		}
 		// After the manager's Shutdown: kept sessions wait for this node to come back.
 		defer node.Close(cfg.keepSandboxes)
 		mcfg.Store, mcfg.Directory = node.Store(store), node
@@ -499,7 +502,16 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		handler = front
 	}
 	if cfg.metricsToken != "" {
-		handler = metrics.Mount(handler, met.Handler(cfg.metricsToken))
+		// A preview origin's /metrics is its sandbox's server's.
+		api, preview := handler, rest.PreviewSession(cfg.previewDomain)
+		mounted := metrics.Mount(handler, met.Handler(cfg.metricsToken))
+		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, ok := preview(r); ok {
+				api.ServeHTTP(w, r)
+				return
+			}
+			mounted.ServeHTTP(w, r)
+		})
 	}
 	srv := &http.Server{
 		Handler:           handler,

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -332,5 +335,44 @@ func TestSessionLogsFollow(t *testing.T) {
 	waitFor(out, "the session has ended")
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("logs -f after the session ended: %v", err)
+	}
+}
+
+// evilListing is a side whose directory listing holds the names a
+// hostile SFTP server could send; everything else is a local directory.
+type evilListing struct {
+	localFS
+	name string
+}
+
+func (e evilListing) Stat(string) (fs.FileInfo, error) { return os.Stat(".") }
+func (e evilListing) ReadDir(string) ([]fs.FileInfo, error) {
+	fi, err := os.Stat(".")
+	if err != nil {
+		return nil, err
+	}
+	return []fs.FileInfo{renamedInfo{fi, e.name}}, nil
+}
+
+type renamedInfo struct {
+	fs.FileInfo
+	name string
+}
+
+func (r renamedInfo) Name() string { return r.name }
+
+// TestSessionCpRefusesListingNames: session cp refuses an entry of a
+// remote listing that is not one file name ("..", ".", "a/b"), and
+// creates nothing outside the destination.
+func TestSessionCpRefusesListingNames(t *testing.T) {
+	for _, name := range []string{"..", ".", "../escape", "a/b", ""} {
+		dst := filepath.Join(t.TempDir(), "dst")
+		err := copyTree(context.Background(), io.Discard, evilListing{name: name}, "/remote/dir", localFS{}, dst)
+		if err == nil || !strings.Contains(err.Error(), "not a file name") {
+			t.Errorf("entry %q: %v, want a refusal", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(dst), "escape")); err == nil {
+			t.Errorf("entry %q: created a directory outside the destination", name)
+		}
 	}
 }

@@ -183,6 +183,11 @@ func copyOne(ctx context.Context, warn io.Writer, from side, src string, fi fs.F
 			return fmt.Errorf("%s: %w", src, err)
 		}
 		for _, e := range entries {
+			// A listing is the other side's word: a name must be one
+			// entry of this directory, never a path out of it.
+			if n := e.Name(); n == "" || n == "." || n == ".." || strings.ContainsAny(n, "/\x00") {
+				return fmt.Errorf("%s: the listing holds an entry named %q, which is not a file name", src, n)
+			}
 			if err := copyOne(ctx, warn, from, from.Join(src, e.Name()), e, to, to.Join(dst, e.Name())); err != nil {
 				return err
 			}

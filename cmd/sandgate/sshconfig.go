@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	gossh "golang.org/x/crypto/ssh"
 )
 
 // The block ssh-config writes into ~/.ssh/config sits between these
@@ -22,6 +24,9 @@ import (
 const (
 	sshConfigBegin = "# >>> sandgate ssh-config >>> (managed by `sandgate ssh-config`; `sandgate ssh-config --remove` deletes it)"
 	sshConfigEnd   = "# <<< sandgate ssh-config <<<"
+	// knownHostsHeader is the first line of the known_hosts file
+	// ssh-config writes: a file without it is never replaced nor deleted.
+	knownHostsHeader = "# sandgate ssh-config: the gateway's host keys (managed by `sandgate ssh-config`; rewritten by each run, deleted by --remove)"
 )
 
 // sshConfigMain is `sandgate ssh-config`: it writes a known_hosts file that
@@ -34,7 +39,8 @@ func sshConfigMain(args []string, stdout, stderr io.Writer) int {
 	cf.register(fs)
 	home, _ := os.UserHomeDir()
 	sshDir := filepath.Join(home, ".ssh")
-	knownHosts := fs.String("known-hosts", filepath.Join(sshDir, "sandgate_known_hosts"), "known_hosts file to write")
+	defaultKnownHosts := filepath.Join(sshDir, "sandgate_known_hosts")
+	knownHosts := fs.String("known-hosts", defaultKnownHosts, "known_hosts file to write (of its own: a file that ssh-config did not write is never replaced nor deleted)")
 	configFile := fs.String("config", filepath.Join(sshDir, "config"), "the ssh_config file to write the block into")
 	hostPattern := fs.String("host", "sbx-* *"+sshNameSuffix, "Host patterns the block applies to (session ids start with sbx-; a session name gets the suffix "+sshNameSuffix+")")
 	binary := fs.String("binary", "", "the sandgate the ProxyCommand runs (default: sandgate on PATH, else this binary)")
@@ -56,9 +62,17 @@ host keys pinned in a known_hosts file. A second run replaces the block;
 			fmt.Fprintln(stderr, "sandgate ssh-config:", err)
 			return 1
 		}
-		if err := os.Remove(*knownHosts); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		switch ours, err := ownKnownHosts(*knownHosts, defaultKnownHosts); {
+		case err != nil:
 			fmt.Fprintln(stderr, "sandgate ssh-config:", err)
 			return 1
+		case ours:
+			if err := os.Remove(*knownHosts); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+				fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+				return 1
+			}
+		default:
+			fmt.Fprintf(stderr, "sandgate ssh-config: left %s alone: sandgate ssh-config did not write it\n", *knownHosts)
 		}
 		if found {
 			fmt.Fprintf(stderr, "sandgate ssh-config: removed the block from %s\n", *configFile)
@@ -95,9 +109,17 @@ Host %s
 		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
 		return 1
 	}
-	var kh strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&kh, "%s %s\n", strings.Join(strings.Fields(*hostPattern), ","), k)
+	kh, err := knownHostsFile(*hostPattern, keys)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+		return 1
+	}
+	if ours, err := ownKnownHosts(*knownHosts, defaultKnownHosts); err != nil || !ours {
+		if err == nil {
+			err = fmt.Errorf("%s exists and sandgate ssh-config did not write it (no %q first line): choose another --known-hosts", *knownHosts, knownHostsHeader)
+		}
+		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
+		return 1
 	}
 	for _, dir := range []string{filepath.Dir(*knownHosts), filepath.Dir(*configFile)} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -105,7 +127,7 @@ Host %s
 			return 1
 		}
 	}
-	if err := os.WriteFile(*knownHosts, []byte(kh.String()), 0o644); err != nil {
+	if err := os.WriteFile(*knownHosts, []byte(kh), 0o644); err != nil {
 		fmt.Fprintln(stderr, "sandgate ssh-config:", err)
 		return 1
 	}
@@ -123,6 +145,45 @@ Host %s
 		fmt.Fprintln(stderr, "sandgate ssh-config:", note)
 	}
 	return 0
+}
+
+// knownHostsFile is the known_hosts file pinning keys (as the gateway
+// sent them: "type base64 [comment]") for hostPattern: the header line,
+// then one line a key, each parsed and written afresh (no comment, no
+// option), so that a key cannot carry another line.
+func knownHostsFile(hostPattern string, keys []string) (string, error) {
+	var kh strings.Builder
+	kh.WriteString(knownHostsHeader + "\n")
+	hosts := strings.Join(strings.Fields(hostPattern), ",")
+	for _, k := range keys {
+		pub, _, opts, rest, err := gossh.ParseAuthorizedKey([]byte(k))
+		if err != nil || len(opts) > 0 || len(rest) > 0 || strings.ContainsAny(k, "\r\n") {
+			return "", fmt.Errorf("the gateway sent a host key that is not one public key: %.80q", k)
+		}
+		fmt.Fprintf(&kh, "%s %s", hosts, gossh.MarshalAuthorizedKey(pub))
+	}
+	return kh.String(), nil
+}
+
+// ownKnownHosts reports whether ssh-config may replace or delete the
+// known_hosts file path: there is none, it starts with knownHostsHeader,
+// or it is the default file (sandgate's own name, written before the
+// header existed).
+func ownKnownHosts(path, defaultPath string) (bool, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	head := make([]byte, len(knownHostsHeader)+1)
+	n, _ := io.ReadFull(f, head)
+	if string(head[:n]) == knownHostsHeader+"\n" {
+		return true, nil
+	}
+	return filepath.Clean(path) == filepath.Clean(defaultPath), nil
 }
 
 // proxyBinary is the sandgate the ProxyCommand runs: --binary, else
@@ -183,13 +244,7 @@ func rewriteSSHConfig(path, block string) (bool, error) {
 		text = text[:i] + block + text[end:]
 		found = true
 	} else if block != "" {
-		if text != "" && !strings.HasSuffix(text, "\n") {
-			text += "\n"
-		}
-		if text != "" {
-			text += "\n"
-		}
-		text += block
+		text = insertSSHBlock(text, block)
 	}
 	if text == string(old) {
 		return found, nil
@@ -211,6 +266,31 @@ func rewriteSSHConfig(path, block string) (bool, error) {
 		return false, err
 	}
 	return found, os.Rename(tmp.Name(), path)
+}
+
+// insertSSHBlock adds block to the ssh_config text before its first Host
+// or Match line: ssh takes the first value of each option it reads, so a
+// block after an earlier "Host *" would have that section's
+// StrictHostKeyChecking or UserKnownHostsFile, not its own. Without such
+// a line it goes at the end.
+func insertSSHBlock(text, block string) string {
+	off := 0
+	for _, line := range strings.SplitAfter(text, "\n") {
+		kw, _, _ := strings.Cut(strings.TrimLeft(line, " \t"), " ")
+		kw, _, _ = strings.Cut(kw, "\t")
+		kw, _, _ = strings.Cut(kw, "=")
+		if k := strings.ToLower(strings.TrimSpace(kw)); k == "host" || k == "match" {
+			return text[:off] + block + "\n" + text[off:]
+		}
+		off += len(line)
+	}
+	if text != "" && !strings.HasSuffix(text, "\n") {
+		text += "\n"
+	}
+	if text != "" {
+		text += "\n"
+	}
+	return text + block
 }
 
 // quoteSSH quotes a value for ssh_config when it holds spaces.

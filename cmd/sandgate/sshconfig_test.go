@@ -121,3 +121,103 @@ func TestMakeInstall(t *testing.T) {
 		t.Errorf("installed sandgate version: %q %v", out, err)
 	}
 }
+
+// TestSSHConfigBeforeHostStar: the block goes before the user's first
+// Host (or Match) line, so an earlier "Host *" turning host key checks
+// off does not override its pinning (ssh takes each option's first
+// value); global lines above stay above, and a rerun keeps its place.
+func TestSSHConfigBeforeHostStar(t *testing.T) {
+	sshBin := gwtest.RequireTool(t, "ssh")
+	g := startGateway(t)
+	home := t.TempDir()
+	env := append(g.clientEnv(), "HOME="+home)
+	cfgFile := filepath.Join(home, ".ssh", "config")
+	if err := os.MkdirAll(filepath.Dir(cfgFile), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	global := "# mine\nServerAliveCountMax 5\n\n"
+	star := "  HOST=*\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n"
+	if err := os.WriteFile(cfgFile, []byte(global+star), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--binary", sandgateBin); code != 0 {
+			t.Fatalf("run %d: %d %s", i, code, errOut)
+		}
+	}
+	cfg, _ := os.ReadFile(cfgFile)
+	if !strings.HasPrefix(string(cfg), global+sshConfigBegin) || !strings.HasSuffix(string(cfg), sshConfigEnd+"\n\n"+star) || strings.Count(string(cfg), sshConfigBegin) != 1 {
+		t.Fatalf("the block is not between the global lines and Host *:\n%s", cfg)
+	}
+	out, errOut, code := runClient(t, env, nil, sshBin, "-G", "-F", cfgFile, "sbx-abcdefghijklmnopqrst")
+	if code != 0 {
+		t.Fatalf("ssh -G: %d %s", code, errOut)
+	}
+	kh := filepath.Join(home, ".ssh", "sandgate_known_hosts")
+	if !strings.Contains(out, "\nstricthostkeychecking true\n") || !strings.Contains(out, "\nuserknownhostsfile "+kh+"\n") {
+		t.Errorf("ssh's effective options for a session do not pin its keys:\n%s", out)
+	}
+}
+
+// TestSSHConfigKnownHostsNotOurs: ssh-config never replaces nor deletes a
+// known_hosts file it did not write (--known-hosts ~/.ssh/known_hosts),
+// and writes its own with a header line.
+func TestSSHConfigKnownHostsNotOurs(t *testing.T) {
+	g := startGateway(t)
+	home := t.TempDir()
+	env := append(g.clientEnv(), "HOME="+home)
+	users := filepath.Join(home, ".ssh", "known_hosts")
+	if err := os.MkdirAll(filepath.Dir(users), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const theirs = "github.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+	if err := os.WriteFile(users, []byte(theirs), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--known-hosts", users); code != 1 || !strings.Contains(errOut, "did not write it") {
+		t.Errorf("ssh-config over the user's known_hosts: %d %q", code, errOut)
+	}
+	if _, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--remove", "--known-hosts", users); code != 0 {
+		t.Errorf("--remove: %d %q", code, errOut)
+	}
+	if b, err := os.ReadFile(users); err != nil || string(b) != theirs {
+		t.Fatalf("the user's known_hosts changed: %q %v", b, err)
+	}
+	mine := filepath.Join(home, "kh")
+	if _, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--known-hosts", mine); code != 0 {
+		t.Fatalf("ssh-config: %d %s", code, errOut)
+	}
+	b, _ := os.ReadFile(mine)
+	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+	if len(lines) < 2 || lines[0] != knownHostsHeader || !strings.HasPrefix(lines[1], "sbx-*,*.sandgate ssh-") {
+		t.Errorf("the known_hosts written:\n%s", b)
+	}
+	if _, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--remove", "--known-hosts", mine); code != 0 {
+		t.Fatalf("--remove: %d %s", code, errOut)
+	}
+	if _, err := os.Stat(mine); !os.IsNotExist(err) {
+		t.Errorf("--remove left its own known_hosts: %v", err)
+	}
+}
+
+// TestKnownHostsFileParsesKeys: a host key the gateway sends is parsed
+// and written afresh; one that is not exactly one key (a second line, an
+// option) is refused.
+func TestKnownHostsFileParsesKeys(t *testing.T) {
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+	got, err := knownHostsFile("sbx-*", []string{key + " a comment"})
+	if err != nil || got != knownHostsHeader+"\nsbx-* "+key+"\n" {
+		t.Errorf("knownHostsFile = %q %v", got, err)
+	}
+	for _, bad := range []string{
+		key + "\n@cert-authority * " + key,
+		key + "\r\n* " + key,
+		`command="x" ` + key,
+		"not a key",
+		"",
+	} {
+		if got, err := knownHostsFile("sbx-*", []string{bad}); err == nil {
+			t.Errorf("%q accepted: %q", bad, got)
+		}
+	}
+}

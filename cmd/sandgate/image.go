@@ -46,16 +46,19 @@ func imageMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "pull", "import", "ls", "list", "rm", "remove", "prune":
 	default:
-		fmt.Fprintf(stderr, "sandgate image: unknown command %q\n\n%s", args[0], imageUsage)
+		printUsageError(stderr, "image", fmt.Errorf("unknown command %q", args[0]))
 		return 2
 	}
 	cmd := args[0]
 	fs := flag.NewFlagSet("image "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	dataDir := fs.String("data-dir", defaultDataDir(), "the gateway's data dir")
 	insecure, force, asJSON := new(bool), new(bool), new(bool)
 	nameFlag := new(string)
 	nargs := "none"
+	synopsis := map[string]string{
+		"pull": "pull [flags] REF", "import": "import --name NAME [flags] PATH", "ls": "ls [flags]", "list": "ls [flags]",
+		"rm": "rm [flags] NAME...", "remove": "rm [flags] NAME...", "prune": "prune [flags]",
+	}[cmd]
 	switch cmd {
 	case "pull":
 		fs.BoolVar(insecure, "insecure", false, "allow plain HTTP (or HTTPS without certificate checks) for this registry")
@@ -69,20 +72,17 @@ func imageMain(args []string, stdout, stderr io.Writer) int {
 		fs.BoolVar(force, "force", false, "remove even while sessions use the image")
 		nargs = "some"
 	}
-	pos, err := parseInterspersed(fs, args[1:])
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	pos, code, done := parseCommandFlags(fs, args[1:], "Usage: sandgate image "+synopsis+"\n\nRun 'sandgate image --help' for what each command does.\n", stdout, stderr)
+	if done {
+		return code
 	}
 	switch {
 	case nargs == "none" && len(pos) != 0, nargs == "one" && len(pos) != 1, nargs == "some" && len(pos) == 0:
-		fmt.Fprintf(stderr, "sandgate image %s: wrong number of arguments\n\n%s", cmd, imageUsage)
+		printUsageError(stderr, fs.Name(), fmt.Errorf("wrong number of arguments (usage: sandgate image %s)", synopsis))
 		return 2
 	}
 	if cmd == "import" && *nameFlag == "" {
-		fmt.Fprintf(stderr, "sandgate image import: --name is required\n")
+		printUsageError(stderr, fs.Name(), errors.New("--name is required"))
 		return 2
 	}
 	fail := func(err error) int {

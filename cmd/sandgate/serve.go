@@ -91,10 +91,29 @@ func defaultDataDir() string {
 	return filepath.Join(os.TempDir(), "sandgate")
 }
 
-func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
+const serveHelp = `Usage: sandgate serve [flags]
+
+Runs the gateway: the REST API and the CONNECT tunnels to the sessions'
+SSH servers, on one port. With no flags it serves http://127.0.0.1:8080,
+keeps its state in the data dir and prints a generated API key once.
+Every flag not given reads its environment twin, shown in brackets
+(--max-sessions: $SANDGATE_MAX_SESSIONS).
+`
+
+// parseServe parses serve's command line; -h or --help is flag.ErrHelp.
+func parseServe(args []string, _ io.Writer) (*serveConfig, error) {
 	c := &serveConfig{}
+	fs := serveFlagSet(c)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return c.finish(fs)
+}
+
+// serveFlagSet declares serve's flags into c.
+func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	quietFlags(fs)
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address for the REST API and CONNECT tunnels")
 	fs.StringVar(&c.publicURL, "public-url", "", "the gateway's URL as clients reach it (https://sandgate.example.com): the base of presigned links and preview URLs; without it, the address a client's connection reached (never the request's Host header)")
 	fs.StringVar(&c.previewDomain, "preview-domain", rest.DefaultPreviewDomain, "domain under which each preview gets an origin of its own, p{port}-{label}.DOMAIN, served on --listen; needs a wildcard DNS record (and certificate) for *.DOMAIN unless it is localhost, which browsers and curl resolve to this host's loopback")
@@ -141,9 +160,12 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	c.audit.register(fs)
 	c.cluster.register(fs)
 	c.workspaces.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
+	return fs
+}
+
+// finish completes c once fs has parsed the command line: environment
+// twins, defaults and checks.
+func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
@@ -196,11 +218,12 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 
 func serveMain(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseServe(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		printHelp(stdout, serveFlagSet(&serveConfig{}), serveHelp, envName)
+		return 0
+	}
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "sandgate serve:", err)
+		printUsageError(stderr, "serve", err)
 		return 2
 	}
 	log, err := newLogger(cfg.logFormat, cfg.logLevel, stderr)

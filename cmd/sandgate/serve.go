@@ -394,9 +394,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	var report map[string]any
 	if r, ok := driver.(sandbox.Reporter); ok {
 		report = r.Report()
-		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
 	}
-	log.Info("sandbox_seccomp", "driver", driver.Name(), "seccomp", seccompStatus(driver))
+	logSandboxSummary(log, driver, report)
 	if driver.Name() == "linux" {
 		warnHostPools(log, readHostPools(), sandboxDemand{maxSessions: cfg.maxSessions,
 			maxPids: cfg.resources.MaxPids(), nofile: cfg.sandbox.nofile.WithDefaults()})

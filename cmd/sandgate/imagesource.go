@@ -89,16 +89,40 @@ func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image,
 			return nil, s.unknown(name, "is not on this gateway and may not be pulled")
 		}
 		start := time.Now()
-		img, err = s.store.Pull(context.WithoutCancel(ctx), n, images.PullOptions{InsecureRegistries: s.insecure})
+		img, err = s.store.Pull(context.WithoutCancel(ctx), n, images.PullOptions{InsecureRegistries: s.insecure,
+			Progress: pullLogger(s.log, n, start)})
 		if err != nil {
 			s.log.Warn("image_pull_failed", "image", n, "err", err)
 			return nil, pullError(n, err)
 		}
-		s.log.Info("image_pulled", "image", n, "digest", img.Digest, "bytes", img.SizeBytes, "duration", time.Since(start))
+		s.log.Info("image_pulled", "image", n, "digest", img.Digest, "bytes", img.SizeBytes, "duration", time.Since(start).Round(time.Millisecond).String())
 	} else if err != nil {
 		return nil, &gateway.Error{Kind: gateway.KindInternal, Code: "internal", Message: "internal error", Err: err}
 	}
 	return &sandbox.Image{Name: img.Name, Digest: img.Digest, Layers: img.LayerDirs, Env: img.Env, WorkingDir: img.WorkingDir}, nil
+}
+
+// pullLogger logs an on-demand pull's progress in a few lines: when it
+// starts, at each quarter, and every 15 s while it is slow.
+func pullLogger(log *slog.Logger, name string, start time.Time) func(images.Progress) {
+	var quarter int
+	var last time.Time
+	return func(p images.Progress) {
+		q, now := 0, time.Now()
+		if p.Total > 0 {
+			q = int(4 * p.Complete / p.Total)
+		}
+		switch {
+		case last.IsZero():
+			log.Info("image_pull_started", "image", name, "layers", p.Layers, "bytes", p.Total)
+		case q > quarter && q < 4, now.Sub(last) >= 15*time.Second && p.Complete < p.Total:
+			log.Info("image_pull_progress", "image", name, "percent", 100*p.Complete/max(p.Total, 1),
+				"complete_bytes", p.Complete, "bytes", p.Total, "elapsed", now.Sub(start).Round(time.Second).String())
+		default:
+			return
+		}
+		quarter, last = q, now
+	}
 }
 
 // pullError is a failed pull as the API answers it: a bound crossed has

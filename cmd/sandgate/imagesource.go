@@ -26,6 +26,60 @@ type imageSource struct {
 	// noImages is set when the sandbox driver cannot run images (workdir):
 	// every image is refused before anything is pulled.
 	noImages bool
+	// aliases maps the normalised names of --image-alias to the normalised
+	// images they stand for.
+	aliases map[string]string
+}
+
+// defaultImage is the name of the host-root image, the one a create
+// without an image gets.
+const defaultImage = "default"
+
+// setAliases reads --image-alias NAME=REF values. Aliases of REF are
+// looked up before anything else; those of default are returned, each as
+// given and normalised, as names of the host-root image (the session
+// manager's Config.Images, default first).
+func (s *imageSource) setAliases(values []string) ([]string, error) {
+	defaults := []string{defaultImage}
+	s.aliases = map[string]string{}
+	for _, v := range values {
+		name, target, ok := strings.Cut(v, "=")
+		name, target = strings.TrimSpace(name), strings.TrimSpace(target)
+		if !ok || name == "" || target == "" {
+			return nil, fmt.Errorf("--image-alias %q: want NAME=REF (REF an image, or default)", v)
+		}
+		n, err := images.Normalize(name)
+		if err != nil {
+			return nil, fmt.Errorf("--image-alias %q: %w", v, err)
+		}
+		if target == defaultImage {
+			defaults = append(defaults, name)
+			if n != name {
+				defaults = append(defaults, n)
+			}
+			s.log.Info("image_alias", "name", name, "image", defaultImage)
+			continue
+		}
+		t, err := images.Normalize(target)
+		if err != nil {
+			return nil, fmt.Errorf("--image-alias %q: %w", v, err)
+		}
+		s.aliases[n] = t
+		if err := s.Check(t); err != nil {
+			s.log.Warn("image_alias", "name", name, "image", t, "problem", err.Error())
+			continue
+		}
+		s.log.Info("image_alias", "name", name, "image", t)
+	}
+	return defaults, nil
+}
+
+// alias is what n (normalised) stands for: its --image-alias target, or n.
+func (s *imageSource) alias(n string) string {
+	if t, ok := s.aliases[n]; ok {
+		return t
+	}
+	return n
 }
 
 func newImageSource(store *images.Store, allow []string, pull bool, insecure []string, log *slog.Logger) (*imageSource, error) {
@@ -63,6 +117,7 @@ func (s *imageSource) Check(name string) error {
 	if err != nil {
 		return err
 	}
+	n = s.alias(n)
 	if _, err := s.store.Get(n); err == nil {
 		return nil
 	} else if !errors.Is(err, images.ErrNotFound) {
@@ -83,6 +138,7 @@ func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image,
 	if err != nil {
 		return nil, err
 	}
+	n = s.alias(n)
 	img, err := s.store.Get(n)
 	if errors.Is(err, images.ErrNotFound) {
 		if !s.pull || !images.Allowed(n, s.allow) {

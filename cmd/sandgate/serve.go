@@ -69,6 +69,7 @@ type serveConfig struct {
 	sshMaxStartups    startupsFlag
 	sshStartupsEach   int
 	imageAllow        listFlag
+	imageAlias        listFlag
 	imagePull         string
 	insecureRegistry  listFlag
 	images            imageFlags
@@ -149,6 +150,7 @@ func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	fs.Var(&c.sshMaxStartups, "ssh-max-startups", "tunnels in SSH authentication at once, `start:rate:full` as OpenSSH's MaxStartups: from start on, rate% of new ones are dropped, rising to 100% at full")
 	fs.IntVar(&c.sshStartupsEach, "ssh-max-startups-per-principal", sshd.DefaultStartupsPerPrincipal, "tunnels of one principal (tenant) in SSH authentication at once; past it a CONNECT answers 429 too_many_ssh_startups (--ssh-max-startups stays the gateway-wide bound; negative: no budget per principal)")
 	fs.Var(&c.imageAllow, "image-allow", "images a create may pull on demand: an exact reference or a prefix ending in * (docker.io/library/*, ghcr.io/acme/*); repeatable")
+	fs.Var(&c.imageAlias, "image-alias", "`NAME=REF`: a create asking for image NAME (python:3.11-slim) gets REF, an image present or allowed to be pulled, or default (the host-root image); repeatable")
 	fs.StringVar(&c.imagePull, "image-pull", "missing", "on-demand pulls: missing (pull an allowed image a create asks for) or never")
 	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
@@ -432,6 +434,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	isrc.noImages = driver.Name() != "linux"
+	defaultImages, err := isrc.setAliases(cfg.imageAlias)
+	if err != nil {
+		return err
+	}
 	secrets, err := cfg.egress.secrets(ctx, log)
 	if err != nil {
 		return err
@@ -448,6 +454,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Audit:        auditor,
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
 		Workspaces:   wsvc,
+		Images:       defaultImages,
 	}
 	var mgr *gateway.Manager
 	var node *cluster.Node

@@ -80,6 +80,9 @@ type serveConfig struct {
 	metricsListen     string
 	audit             auditFlags
 	cluster           clusterFlags
+	configFile        string
+	printConfig       bool
+	flags             *flag.FlagSet // as parsed: --print-config prints it
 }
 
 func defaultDataDir() string {
@@ -98,7 +101,8 @@ Runs the gateway: the REST API and the CONNECT tunnels to the sessions'
 SSH servers, on one port. With no flags it serves http://127.0.0.1:8080,
 keeps its state in the data dir and prints a generated API key once.
 Every flag not given reads its environment twin, shown in brackets
-(--max-sessions: $SANDGATE_MAX_SESSIONS).
+(--max-sessions: $SANDGATE_MAX_SESSIONS), then the --config file (YAML,
+one key per flag: "max-sessions: 200"). --print-config shows the result.
 `
 
 // parseServe parses serve's command line; -h or --help is flag.ErrHelp.
@@ -115,6 +119,8 @@ func parseServe(args []string, _ io.Writer) (*serveConfig, error) {
 func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	quietFlags(fs)
+	fs.StringVar(&c.configFile, "config", "", "YAML file of settings, one key per flag without its dashes (max-sessions: 200; api-key: [a:KEY1, b:KEY2]); flags and SANDGATE_* twins override it")
+	fs.BoolVar(&c.printConfig, "print-config", false, "print the effective settings, as a --config file with secrets masked, and exit")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address for the REST API and CONNECT tunnels")
 	fs.StringVar(&c.publicURL, "public-url", "", "the gateway's URL as clients reach it (https://sandgate.example.com): the base of presigned links and preview URLs; without it, the address a client's connection reached (never the request's Host header)")
 	fs.StringVar(&c.previewDomain, "preview-domain", rest.DefaultPreviewDomain, "domain under which each preview gets an origin of its own, p{port}-{label}.DOMAIN, served on --listen; needs a wildcard DNS record (and certificate) for *.DOMAIN unless it is localhost, which browsers and curl resolve to this host's loopback")
@@ -174,6 +180,12 @@ func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	if err := applyEnv(fs); err != nil {
 		return nil, err
 	}
+	if c.configFile != "" {
+		if err := applyConfigFile(fs, c.configFile); err != nil {
+			return nil, err
+		}
+	}
+	c.flags = fs
 	if len(c.sshAuth) == 0 {
 		c.sshAuth = listFlag{sshd.AuthNone, sshd.AuthPassword, sshd.AuthPublicKey}
 	}
@@ -227,6 +239,13 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		printUsageError(stderr, "serve", err)
 		return 2
+	}
+	if cfg.printConfig {
+		if err := printConfig(stdout, cfg.flags); err != nil {
+			fmt.Fprintln(stderr, "sandgate serve:", err)
+			return 1
+		}
+		return 0
 	}
 	log, err := newLogger(cfg.logFormat, cfg.logLevel, stderr)
 	if err != nil {

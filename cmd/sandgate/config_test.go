@@ -42,8 +42,8 @@ egress-allow:
 	}
 	for _, want := range []string{
 		"\nmax-sessions: 1\n", "\nmax-sessions-per-tenant: 7\n", // the file
-		"\nrate-limit: 200\n",                                   // the environment over the file
-		"\nidle-timeout: 5m0s\n",                                // the flag over both
+		"\nrate-limit: 200\n",    // the environment over the file
+		"\nidle-timeout: 5m0s\n", // the flag over both
 		"\nlisten: 127.0.0.1:0\n", "\negress-allow: ['*.example.com', pypi.org]\n",
 		"\napi-key: ['team-a:********', '********']\n", "\nmetrics-token: '********'\n",
 		"\nmax-waiting-conns: 1024\n", // a default

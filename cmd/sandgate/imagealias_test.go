@@ -48,7 +48,7 @@ func TestImageAliasDefault(t *testing.T) {
 	for _, bad := range []string{"python", "=default", "python=", "Bad Name=default"} {
 		out, errOut, code := runClient(t, cleanEnv(), nil, sandgateBin, "serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0",
 			"--sandbox", "workdir", "--api-key", "k", "--image-alias", bad)
-		if code == 0 || !strings.Contains(errOut, "--image-alias") {
+		if code != 2 || !strings.Contains(errOut, "--image-alias") {
 			t.Errorf("--image-alias %q: exit %d %q %q", bad, code, out, errOut)
 		}
 	}

@@ -35,41 +35,54 @@ type imageSource struct {
 // without an image gets.
 const defaultImage = "default"
 
-// setAliases reads --image-alias NAME=REF values. Aliases of REF are
-// looked up before anything else; those of default are returned, each as
-// given and normalised, as names of the host-root image (the session
-// manager's Config.Images, default first).
-func (s *imageSource) setAliases(values []string) ([]string, error) {
-	defaults := []string{defaultImage}
-	s.aliases = map[string]string{}
+// parseImageAliases reads --image-alias NAME=REF values: the names of
+// the host-root image (default first, then each alias of default as given
+// and normalised), and the other aliases, normalised name to normalised
+// image.
+func parseImageAliases(values []string) (defaults []string, aliases map[string]string, err error) {
+	defaults, aliases = []string{defaultImage}, map[string]string{}
 	for _, v := range values {
 		name, target, ok := strings.Cut(v, "=")
 		name, target = strings.TrimSpace(name), strings.TrimSpace(target)
 		if !ok || name == "" || target == "" {
-			return nil, fmt.Errorf("--image-alias %q: want NAME=REF (REF an image, or default)", v)
+			return nil, nil, fmt.Errorf("--image-alias %q: want NAME=REF (REF an image, or default)", v)
 		}
 		n, err := images.Normalize(name)
 		if err != nil {
-			return nil, fmt.Errorf("--image-alias %q: %w", v, err)
+			return nil, nil, fmt.Errorf("--image-alias %q: %w", v, err)
 		}
 		if target == defaultImage {
 			defaults = append(defaults, name)
 			if n != name {
 				defaults = append(defaults, n)
 			}
-			s.log.Info("image_alias", "name", name, "image", defaultImage)
 			continue
 		}
-		t, err := images.Normalize(target)
-		if err != nil {
-			return nil, fmt.Errorf("--image-alias %q: %w", v, err)
+		if aliases[n], err = images.Normalize(target); err != nil {
+			return nil, nil, fmt.Errorf("--image-alias %q: %w", v, err)
 		}
-		s.aliases[n] = t
+	}
+	return defaults, aliases, nil
+}
+
+// setAliases takes --image-alias's values and logs each (a warning for
+// an image that is neither present nor may be pulled). It returns the
+// names of the host-root image, for the session manager's Config.Images.
+func (s *imageSource) setAliases(values []string) ([]string, error) {
+	defaults, aliases, err := parseImageAliases(values)
+	if err != nil {
+		return nil, err
+	}
+	s.aliases = aliases
+	for _, name := range defaults[1:] {
+		s.log.Info("image_alias", "name", name, "image", defaultImage)
+	}
+	for n, t := range aliases {
 		if err := s.Check(t); err != nil {
-			s.log.Warn("image_alias", "name", name, "image", t, "problem", err.Error())
+			s.log.Warn("image_alias", "name", n, "image", t, "problem", err.Error())
 			continue
 		}
-		s.log.Info("image_alias", "name", name, "image", t)
+		s.log.Info("image_alias", "name", n, "image", t)
 	}
 	return defaults, nil
 }

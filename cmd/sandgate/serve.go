@@ -186,6 +186,9 @@ func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 		}
 	}
 	c.flags = fs
+	if _, _, err := parseImageAliases(c.imageAlias); err != nil {
+		return nil, err
+	}
 	if len(c.sshAuth) == 0 {
 		c.sshAuth = listFlag{sshd.AuthNone, sshd.AuthPassword, sshd.AuthPublicKey}
 	}

@@ -19,8 +19,10 @@ build:
 
 # make dist: static release binaries for each of DIST_PLATFORMS in DIST_DIR,
 # sandgate-VERSION-OS-ARCH, each with a CycloneDX SBOM (.cdx.json, from the
-# module information in the binary), a SHA256SUMS file over them all, and
-# the systemd unit (dist/sandgate.service; docs/operator-guide.md).
+# module information in the binary) and a container image of it
+# (.image.tar, built without a Docker daemon, for docker/podman load), a
+# SHA256SUMS file over them all, and the systemd unit (dist/sandgate.service;
+# docs/operator-guide.md).
 DIST_DIR       ?= bin/dist
 DIST_PLATFORMS ?= linux/amd64 linux/arm64
 dist:
@@ -30,6 +32,7 @@ dist:
 		echo "build $$out"; \
 		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $$out ./cmd/sandgate; \
 		$(GO) run ./internal/sbom -version $(VERSION) $$out > $$out.cdx.json; \
+		$(GO) run ./internal/ociimage -arch $$arch -version $(VERSION) -o $$out.image.tar $$out; \
 	done
 	cp dist/sandgate.service $(DIST_DIR)/
 	cd $(DIST_DIR) && sha256sum sandgate-* sandgate.service > SHA256SUMS

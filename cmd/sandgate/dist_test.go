@@ -3,17 +3,23 @@
 package main
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"debug/elf"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/sandgate/sandgate/internal/gwtest"
 )
@@ -118,7 +124,9 @@ func TestSystemdUnit_Root(t *testing.T) {
 }
 
 // make dist: static linux/amd64 and linux/arm64 binaries, each with a
-// CycloneDX SBOM, SHA256SUMS that sha256sum -c accepts, and the unit.
+// CycloneDX SBOM and a container image (docker-archive), SHA256SUMS that
+// sha256sum -c accepts, and the unit. The amd64 image, imported into the
+// gateway's own image store, runs its sandgate in a session.
 func TestMakeDist(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two release binaries")
@@ -167,7 +175,7 @@ func TestMakeDist(t *testing.T) {
 		}
 	}
 	sums, _ := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
-	if n := strings.Count(string(sums), "\n"); n != 5 {
+	if n := strings.Count(string(sums), "\n"); n != 7 {
 		t.Errorf("SHA256SUMS has %d lines:\n%s", n, sums)
 	}
 	check := exec.Command("sha256sum", "-c", "SHA256SUMS")
@@ -177,5 +185,43 @@ func TestMakeDist(t *testing.T) {
 	}
 	if out, err := exec.Command(filepath.Join(dir, "sandgate-v0.0.0-test-linux-amd64"), "version").Output(); err != nil || string(out) != "sandgate v0.0.0-test\n" {
 		t.Errorf("version: %q %v", out, err)
+	}
+
+	// The image: docker-archive (docker load, podman load), one layer with
+	// the binary, configured to serve; its binary is the release's.
+	imgPath := filepath.Join(dir, "sandgate-v0.0.0-test-linux-amd64.image.tar")
+	img, err := tarball.ImageFromPath(imgPath, nil)
+	if err != nil {
+		t.Fatalf("dist image: %v", err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cf.OS != "linux" || cf.Architecture != "amd64" || strings.Join(cf.Config.Entrypoint, " ") != "/usr/local/bin/sandgate" ||
+		strings.Join(cf.Config.Cmd, " ") != "serve" || !slices.Contains(cf.Config.Env, "SANDGATE_DATA_DIR=/var/lib/sandgate") ||
+		cf.Config.Labels["org.opencontainers.image.version"] != "v0.0.0-test" {
+		t.Errorf("dist image config: %+v %+v", cf, cf.Config)
+	}
+	tr := tar.NewReader(mutate.Extract(img))
+	var inImage []byte
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		if h.Name == "usr/local/bin/sandgate" {
+			inImage, _ = io.ReadAll(tr)
+		}
+	}
+	if bin, _ := os.ReadFile(filepath.Join(dir, "sandgate-v0.0.0-test-linux-amd64")); !bytes.Equal(bin, inImage) {
+		t.Errorf("the image's /usr/local/bin/sandgate (%d bytes) is not the release binary (%d bytes)", len(inImage), len(bin))
+	}
+	// The gateway's own image store reads it as docker load would.
+	if os.Geteuid() == 0 {
+		out, errOut, code := runImage(t, t.TempDir(), "import", "--name", "sandgate:v0.0.0-test", imgPath)
+		if code != 0 || !strings.HasPrefix(out, "imported docker.io/library/sandgate:v0.0.0-test") {
+			t.Errorf("image import of the dist image: exit %d %s%s", code, out, errOut)
+		}
 	}
 }

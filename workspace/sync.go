@@ -270,12 +270,15 @@ func (s *Service) pushAll(ctx context.Context) error {
 		}
 		start := time.Now()
 		sent, err := s.push(ctx, key, j)
+		if err == nil {
+			// Before the state says synced: whoever sees that finds the line.
+			s.cfg.Log.Info("workspace_pushed", "key", key, "delete", j.del, "uploaded_bytes", sent,
+				"duration", time.Since(start).Round(time.Millisecond).String())
+		}
 		s.syncer.finish(key, j, err)
 		if err != nil {
 			return err
 		}
-		s.cfg.Log.Info("workspace_pushed", "key", key, "delete", j.del, "uploaded_bytes", sent,
-			"duration", time.Since(start).Round(time.Millisecond).String())
 		s.pushed(ctx, key)
 	}
 }

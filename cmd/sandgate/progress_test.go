@@ -10,8 +10,10 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/creack/pty"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -137,17 +139,20 @@ func TestWorkspaceSyncLogs(t *testing.T) {
 	wsRun(t, g, g.Token, id, "head -c 300000 /dev/urandom > f")
 	deleteSession(t, g, g.Token, id, "")
 	waitSynced(t, g, g.Token, "logged")
+	// The push of the files (300 kB and the manifest) is logged once done.
+	pushed := regexp.MustCompile(`level=INFO msg=workspace_pushed key=\S+ delete=false uploaded_bytes=3\d{5} `)
+	for deadline := time.Now().Add(60 * time.Second); !pushed.MatchString(g.stderr.String()); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no workspace_pushed line with the bytes uploaded")
+		}
+	}
 	log := g.stderr.String()
 	for _, want := range []string{
 		"level=INFO msg=workspace_sync_started workspace=logged session=" + id + " reason=session_delete",
 		"level=INFO msg=workspace_synced workspace=logged session=" + id + " reason=session_delete bytes=300000 files=1 stored_bytes=300000",
-		"level=INFO msg=workspace_pushed key=",
 	} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log lacks %q", want)
 		}
-	}
-	if !strings.Contains(log, "uploaded_bytes=3") {
-		t.Errorf("workspace_pushed does not say the bytes uploaded")
 	}
 }

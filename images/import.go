@@ -70,7 +70,7 @@ func (s *Store) importImage(ctx context.Context, gc *fileLock, name, p string) (
 		if err != nil {
 			return Image{}, fmt.Errorf("reading docker save archive: %w", err)
 		}
-		rec, err := s.store(ctx, gc, name, "import", img, uncompressedDigest)
+		rec, err := s.store(ctx, gc, name, "import", img, uncompressedDigest, nil)
 		if err != nil {
 			return Image{}, err
 		}
@@ -88,7 +88,7 @@ func (s *Store) importLayout(ctx context.Context, gc *fileLock, name, dir string
 	if err != nil {
 		return Image{}, err
 	}
-	rec, err := s.store(ctx, gc, name, "import", img, nil)
+	rec, err := s.store(ctx, gc, name, "import", img, nil, nil)
 	if err != nil {
 		return Image{}, err
 	}

@@ -31,6 +31,20 @@ type PullOptions struct {
 	// InsecureRegistries lists registries ("host" or "host:port", as in the
 	// reference) that get the same treatment; a gateway's configured list.
 	InsecureRegistries []string
+	// Progress, if set, hears how far the pull's layer downloads are: one
+	// call at a time, about once per percent, and once more when they are
+	// complete. Layers the store already has are not counted. Callers that
+	// join a pull already running get no progress.
+	Progress func(Progress)
+}
+
+// Progress is how far a pull's layer downloads are, in bytes as the
+// registry sends them (compressed), as go-containerregistry's v1.Update
+// reports a push's.
+type Progress struct {
+	Total    int64 `json:"total"`    // the layers to fetch
+	Complete int64 `json:"complete"` // fetched so far
+	Layers   int   `json:"layers"`   // layers to fetch (the others are stored already)
 }
 
 // RegistryError is a registry's refusal of a pull: an HTTP status and
@@ -74,7 +88,7 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, 
 	}
 	key := fmt.Sprintf("%s insecure=%t", n, insecure)
 	img, err, _ := s.pulls.do(ctx, key, func(ctx context.Context) (Image, error) {
-		return s.pull(ctx, r, n, insecure)
+		return s.pull(ctx, r, n, insecure, opts.Progress)
 	})
 	if err != nil {
 		return Image{}, fmt.Errorf("pull %s: %w", n, err)
@@ -84,13 +98,13 @@ func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (Image, 
 
 // pull is one pull, under the store's deadline: an error past it is
 // ErrPullTimeout's.
-func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, insecure bool) (Image, error) {
+func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, insecure bool, progress func(Progress)) (Image, error) {
 	if s.pullTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, s.pullTimeout, fmt.Errorf("%w: the pull took longer than %s", ErrPullTimeout, s.pullTimeout))
 		defer cancel()
 	}
-	img, err := s.pullOnce(ctx, r, normalized, insecure)
+	img, err := s.pullOnce(ctx, r, normalized, insecure, progress)
 	if err != nil && !errors.Is(err, ErrPullTimeout) {
 		if cause := context.Cause(ctx); errors.Is(cause, ErrPullTimeout) {
 			err = cause
@@ -99,7 +113,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, normalized string, i
 	return img, err
 }
 
-func (s *Store) pullOnce(ctx context.Context, r name.Reference, normalized string, insecure bool) (Image, error) {
+func (s *Store) pullOnce(ctx context.Context, r name.Reference, normalized string, insecure bool, progress func(Progress)) (Image, error) {
 	rt := s.rt
 	if insecure {
 		rt = s.insecureTransport()
@@ -135,7 +149,7 @@ func (s *Store) pullOnce(ctx context.Context, r name.Reference, normalized strin
 			return Image{}, registryErr(err)
 		}
 	}
-	rec, err := s.store(ctx, gc, normalized, "pull", img, nil)
+	rec, err := s.store(ctx, gc, normalized, "pull", img, nil, progress)
 	if err != nil {
 		return Image{}, registryErr(err)
 	}
@@ -222,7 +236,7 @@ func (s *Store) lockGC() (*fileLock, error) {
 // name. digestFn, if set, gives the image's digest once its layers are
 // known (imports of docker save archives); otherwise it is img.Digest().
 // The caller holds gc shared; store releases it early when it fails.
-func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, img v1.Image, digestFn func(cfgRaw []byte, metas []layerMeta) (string, error)) (record, error) {
+func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, img v1.Image, digestFn func(cfgRaw []byte, metas []layerMeta) (string, error), progress func(Progress)) (record, error) {
 	if digestFn == nil {
 		// The config is read whole: bound it before reading it.
 		m, err := img.Manifest()
@@ -254,6 +268,9 @@ func (s *Store) store(ctx context.Context, gc *fileLock, name, source string, im
 	budget := newImageBudget(s.limits.MaxImageBytes)
 	for i := range srcs {
 		srcs[i].image = budget
+	}
+	if progress != nil {
+		s.trackProgress(srcs, progress)
 	}
 
 	lctx, cancel := context.WithCancel(ctx)

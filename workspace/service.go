@@ -626,7 +626,7 @@ func (s *Service) FinalSync(ctx context.Context, session string) error {
 		return nil
 	}
 	key := workspaceKey(a.tenant, a.name)
-	_, err := s.capture(ctx, a, key, false)
+	_, err := s.syncWorkspace(ctx, a, key, "session_delete")
 	s.noteCapture(key, err)
 	if err == nil {
 		return nil
@@ -677,7 +677,7 @@ func (s *Service) Detach(ctx context.Context, session string) {
 			// is no longer the workspace's.
 			s.noteCapture(key, nil)
 			s.cfg.Log.Info("workspace_changes_discarded", "session", session, "workspace", a.name)
-		} else if _, err := s.capture(ctx, a, key, false); err != nil {
+		} else if _, err := s.syncWorkspace(ctx, a, key, "session_end"); err != nil {
 			s.noteCapture(key, err)
 			s.cfg.Log.Error("workspace_sync_failed", "session", session, "workspace", a.name, "err", err,
 				"effect", "the workspace keeps its last saved version")

@@ -27,7 +27,8 @@ func inodeOf(info fs.FileInfo) (id inode, nlink uint64, allocated int64, ok bool
 	if !ok {
 		return inode{}, 1, info.Size(), false
 	}
-	return inode{dev: sys.Dev, ino: sys.Ino}, sys.Nlink, sys.Blocks * 512, true
+	// Nlink is uint32 on arm64 (uint64 on amd64).
+	return inode{dev: sys.Dev, ino: sys.Ino}, uint64(sys.Nlink), sys.Blocks * 512, true
 }
 
 // dataExtents lists the data regions of f, of size bytes, by

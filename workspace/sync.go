@@ -204,12 +204,28 @@ func (s *Service) syncAll(ctx context.Context) {
 	s.mu.Unlock()
 	for _, a := range all {
 		key := workspaceKey(a.tenant, a.name)
-		_, err := s.capture(ctx, a, key, false)
+		_, err := s.syncWorkspace(ctx, a, key, "periodic")
 		s.noteCapture(key, err)
 		if err != nil {
 			s.cfg.Log.Warn("workspace_sync_failed", "workspace", a.name, "session", a.session, "err", err)
 		}
 	}
+}
+
+// syncWorkspace captures a's named workspace into doc key (no freeze),
+// logging its start and, when it succeeds, its end with the bytes it
+// holds and stored; the caller logs a failure with its effect.
+func (s *Service) syncWorkspace(ctx context.Context, a *attachment, key, reason string) (*SnapshotInfo, error) {
+	start := time.Now()
+	s.cfg.Log.Info("workspace_sync_started", "workspace", a.name, "session", a.session, "reason", reason)
+	info, err := s.capture(ctx, a, key, false)
+	if err != nil {
+		return nil, err
+	}
+	s.cfg.Log.Info("workspace_synced", "workspace", a.name, "session", a.session, "reason", reason,
+		"bytes", info.SizeBytes, "files", info.Files, "stored_bytes", info.StoredBytes,
+		"duration", time.Since(start).Round(time.Millisecond).String())
+	return info, nil
 }
 
 func (s *Service) pushLoop(ctx context.Context) {
@@ -252,51 +268,57 @@ func (s *Service) pushAll(ctx context.Context) error {
 		if key == "" {
 			return nil
 		}
-		err := s.push(ctx, key, j)
+		start := time.Now()
+		sent, err := s.push(ctx, key, j)
+		if err == nil {
+			// Before the state says synced: whoever sees that finds the line.
+			s.cfg.Log.Info("workspace_pushed", "key", key, "delete", j.del, "uploaded_bytes", sent,
+				"duration", time.Since(start).Round(time.Millisecond).String())
+		}
 		s.syncer.finish(key, j, err)
 		if err != nil {
 			return err
 		}
-		s.cfg.Log.Debug("workspace_pushed", "key", key, "delete", j.del)
 		s.pushed(ctx, key)
 	}
 }
 
 // push uploads the objects doc key names that the remote store lacks,
-// then the doc itself (or deletes it remotely).
-func (s *Service) push(ctx context.Context, key string, j job) error {
+// then the doc itself (or deletes it remotely), and says how many bytes
+// it uploaded.
+func (s *Service) push(ctx context.Context, key string, j job) (sent int64, err error) {
 	r := s.cfg.Remote
 	if j.del {
 		if err := r.Delete(ctx, key); err != nil {
-			return err
+			return sent, err
 		}
 		if err := s.local.Delete(ctx, tombstoneKey(key)); err != nil {
-			return err
+			return sent, err
 		}
-		return s.collect(ctx)
+		return 0, s.collect(ctx)
 	}
 	if err := s.listRemote(ctx); err != nil {
-		return err
+		return sent, err
 	}
 	b, err := readAll(ctx, s.local, key)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil // deleted since
+		return 0, nil // deleted since
 	}
 	if err != nil {
-		return err
+		return sent, err
 	}
 	d, err := parseDoc(key, b)
 	if err != nil {
-		return err
+		return sent, err
 	}
 	if j.restart {
 		if stale, err := s.stale(ctx, key, d); err != nil || stale {
-			return err
+			return sent, err
 		}
 	}
 	entries, err := s.entries(ctx, d)
 	if err != nil {
-		return err
+		return sent, err
 	}
 	// The pages are objects too: upload them with the files.
 	objs := make([]Entry, 0, len(d.Pages)+len(entries))
@@ -326,18 +348,19 @@ func (s *Service) push(ctx context.Context, key string, j job) error {
 		}
 		f, err := os.Open(s.local.dir + "/" + ok)
 		if err != nil {
-			return err
+			return sent, err
 		}
 		err = r.Put(ctx, ok, f, e.Size)
 		f.Close()
 		if err != nil {
-			return err
+			return sent, err
 		}
 		s.store.markRemote(ok)
+		sent += e.Size
 		pending -= e.Size
 		s.setPending(key, pending)
 	}
-	return r.Put(ctx, key, strings.NewReader(string(b)), int64(len(b)))
+	return sent + int64(len(b)), r.Put(ctx, key, strings.NewReader(string(b)), int64(len(b)))
 }
 
 // Flush pushes what is queued, for a gateway that stops, until ctx is

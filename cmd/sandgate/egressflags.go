@@ -102,8 +102,12 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 		return nil, err
 	}
 	l := p.Limits()
-	log.Info("egress_limits", "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
-		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout, "half_close_timeout", l.HalfCloseTimeout)
+	cidrs := strings.Join(e.allowCIDR, ",")
+	if cidrs == "" {
+		cidrs = "none"
+	}
+	log.Info("egress", "allow", strings.Join(allow, ","), "allow_cidr", cidrs, "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
+		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout.String(), "half_close_timeout", l.HalfCloseTimeout.String())
 	return &gateway.EgressConfig{Proxy: p, Bounds: bounds}, nil
 }
 

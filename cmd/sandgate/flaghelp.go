@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 )
 
@@ -15,26 +16,51 @@ import (
 // come before or after the positional arguments, which it returns. code
 // is the exit status when done is true.
 func parseCommandFlags(fs *flag.FlagSet, args []string, help string, stdout, stderr io.Writer) (pos []string, code int, done bool) {
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
+	quietFlags(fs)
 	pos, err := parseInterspersed(fs, args)
 	switch {
 	case err == nil:
 		return pos, 0, false
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, help)
-		fmt.Fprintln(stdout, "\nFlags:")
-		printFlags(stdout, fs)
+		printHelp(stdout, fs, help, nil)
 		return nil, 0, true
 	default:
-		fmt.Fprintf(stderr, "sandgate %s: %v\nRun 'sandgate %s --help' for usage.\n", fs.Name(), err, fs.Name())
+		printUsageError(stderr, fs.Name(), err)
 		return nil, 2, true
 	}
 }
 
-// printFlags lists fs's flags with two dashes, as the cobra commands do.
-// Defaults taken from the environment are not shown for secrets (token).
-func printFlags(w io.Writer, fs *flag.FlagSet) {
+// quietFlags stops fs from printing anything itself: the callers print
+// help and errors the same way for every command.
+func quietFlags(fs *flag.FlagSet) {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+}
+
+// printUsageError prints a command line mistake: the error first, then
+// one line pointing at --help (never the whole flag list, which would
+// scroll the error away). name is the command after "sandgate".
+func printUsageError(w io.Writer, name string, err error) {
+	msg := flagDashes.ReplaceAllString(err.Error(), "$1--")
+	fmt.Fprintf(w, "sandgate %s: %s\nRun 'sandgate %s --help' for usage.\n", name, msg, name)
+}
+
+// flagDashes finds the one-dash flag names in the flag package's errors,
+// which the help and the README spell with two.
+var flagDashes = regexp.MustCompile(`(not defined: |for flag |needs an argument: |syntax: )-`)
+
+// printHelp prints a command's help text and its flags. envTwin, if not
+// nil, names the environment variable each flag also reads.
+func printHelp(w io.Writer, fs *flag.FlagSet, help string, envTwin func(string) string) {
+	fmt.Fprint(w, help)
+	fmt.Fprintln(w, "\nFlags:")
+	printFlags(w, fs, envTwin)
+}
+
+// printFlags lists fs's flags with two dashes, as the cobra commands do,
+// each with its environment twin when envTwin is not nil. Defaults taken
+// from the environment are not shown for secrets (token).
+func printFlags(w io.Writer, fs *flag.FlagSet, envTwin func(string) string) {
 	fs.VisitAll(func(f *flag.Flag) {
 		typ, usage := flag.UnquoteUsage(f)
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
@@ -43,6 +69,9 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 		line := "  --" + f.Name
 		if typ != "" {
 			line += " " + typ
+		}
+		if envTwin != nil {
+			line += "  [$" + envTwin(f.Name) + "]"
 		}
 		def := f.DefValue
 		if f.Name == "token" || def == "" || def == "false" || def == "0" {

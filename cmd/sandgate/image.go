@@ -23,8 +23,10 @@ Manage the container images sandboxes start from, in the gateway's data dir.
 Safe to run while sandgate serve uses the same data dir.
 
 Commands:
-  pull [--insecure] REF         pull REF (python:3.12-slim, ghcr.io/acme/tool@sha256:...) from its
-                                registry; credentials from ~/.docker/config.json
+  pull [--insecure] [--json] REF
+                                pull REF (python:3.12-slim, ghcr.io/acme/tool@sha256:...) from its
+                                registry; credentials from ~/.docker/config.json. A progress bar on
+                                a terminal; --json prints progress as JSON lines
   import --name NAME PATH       import an OCI image layout dir, an oci-archive or a docker save tar
   ls [--json]                   list stored images
   rm [--force] NAME...          remove images (refused while a session uses one, unless --force);
@@ -46,19 +48,23 @@ func imageMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "pull", "import", "ls", "list", "rm", "remove", "prune":
 	default:
-		fmt.Fprintf(stderr, "sandgate image: unknown command %q\n\n%s", args[0], imageUsage)
+		printUsageError(stderr, "image", fmt.Errorf("unknown command %q", args[0]))
 		return 2
 	}
 	cmd := args[0]
 	fs := flag.NewFlagSet("image "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	dataDir := fs.String("data-dir", defaultDataDir(), "the gateway's data dir")
 	insecure, force, asJSON := new(bool), new(bool), new(bool)
 	nameFlag := new(string)
 	nargs := "none"
+	synopsis := map[string]string{
+		"pull": "pull [flags] REF", "import": "import --name NAME [flags] PATH", "ls": "ls [flags]", "list": "ls [flags]",
+		"rm": "rm [flags] NAME...", "remove": "rm [flags] NAME...", "prune": "prune [flags]",
+	}[cmd]
 	switch cmd {
 	case "pull":
 		fs.BoolVar(insecure, "insecure", false, "allow plain HTTP (or HTTPS without certificate checks) for this registry")
+		fs.BoolVar(asJSON, "json", false, "print progress and the result as JSON lines on stdout")
 		nargs = "one"
 	case "import":
 		fs.StringVar(nameFlag, "name", "", "the name to store the image under (required)")
@@ -69,20 +75,17 @@ func imageMain(args []string, stdout, stderr io.Writer) int {
 		fs.BoolVar(force, "force", false, "remove even while sessions use the image")
 		nargs = "some"
 	}
-	pos, err := parseInterspersed(fs, args[1:])
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	pos, code, done := parseCommandFlags(fs, args[1:], "Usage: sandgate image "+synopsis+"\n\nRun 'sandgate image --help' for what each command does.\n", stdout, stderr)
+	if done {
+		return code
 	}
 	switch {
 	case nargs == "none" && len(pos) != 0, nargs == "one" && len(pos) != 1, nargs == "some" && len(pos) == 0:
-		fmt.Fprintf(stderr, "sandgate image %s: wrong number of arguments\n\n%s", cmd, imageUsage)
+		printUsageError(stderr, fs.Name(), fmt.Errorf("wrong number of arguments (usage: sandgate image %s)", synopsis))
 		return 2
 	}
 	if cmd == "import" && *nameFlag == "" {
-		fmt.Fprintf(stderr, "sandgate image import: --name is required\n")
+		printUsageError(stderr, fs.Name(), errors.New("--name is required"))
 		return 2
 	}
 	fail := func(err error) int {
@@ -101,13 +104,7 @@ func imageMain(args []string, stdout, stderr io.Writer) int {
 
 	switch cmd {
 	case "pull":
-		start := time.Now()
-		img, err := store.Pull(ctx, pos[0], images.PullOptions{Insecure: *insecure})
-		if err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "pulled %s (%s, %d layers, %s) in %s\n", img.Name, img.Digest, len(img.LayerDirs),
-			humanSize(img.SizeBytes), time.Since(start).Round(10*time.Millisecond))
+		return imagePull(ctx, store, pos[0], *insecure, *asJSON, stdout, stderr)
 	case "import":
 		img, err := store.Import(ctx, *nameFlag, pos[0])
 		if err != nil {
@@ -144,6 +141,79 @@ func imageMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "pruned %d layers, freed %s\n", len(res.Layers), humanSize(res.Bytes))
 	}
 	return 0
+}
+
+// imagePull pulls ref, showing its progress: JSON lines on stdout with
+// asJSON, else a bar on stderr when stderr is a terminal.
+func imagePull(ctx context.Context, store *images.Store, ref string, insecure, asJSON bool, stdout, stderr io.Writer) int {
+	start := time.Now()
+	enc := json.NewEncoder(stdout)
+	var progress func(images.Progress)
+	var bar *progressBar
+	switch {
+	case asJSON:
+		progress = func(p images.Progress) {
+			_ = enc.Encode(struct {
+				Status string `json:"status"`
+				Ref    string `json:"ref"`
+				images.Progress
+			}{"pulling", ref, p})
+		}
+	case isTerminalWriter(stderr):
+		bar = &progressBar{w: stderr, label: ref}
+		progress = bar.update
+	}
+	img, err := store.Pull(ctx, ref, images.PullOptions{Insecure: insecure, Progress: progress})
+	if bar != nil {
+		bar.end()
+	}
+	if err != nil {
+		if asJSON {
+			_ = enc.Encode(map[string]string{"status": "failed", "ref": ref, "error": err.Error()})
+		}
+		fmt.Fprintf(stderr, "sandgate image pull: %v\n", err)
+		return 1
+	}
+	took := time.Since(start).Round(10 * time.Millisecond)
+	if asJSON {
+		_ = enc.Encode(map[string]any{"status": "pulled", "ref": ref, "name": img.Name, "digest": img.Digest,
+			"layers": len(img.LayerDirs), "sizeBytes": img.SizeBytes, "seconds": took.Seconds()})
+		return 0
+	}
+	fmt.Fprintf(stdout, "pulled %s (%s, %d layers, %s) in %s\n", img.Name, img.Digest, len(img.LayerDirs),
+		humanSize(img.SizeBytes), took)
+	return 0
+}
+
+// isTerminalWriter reports whether w is a terminal's file.
+func isTerminalWriter(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && isTerminal(f)
+}
+
+// progressBar draws a pull's progress on one terminal line.
+type progressBar struct {
+	w     io.Writer
+	label string
+	drawn bool
+}
+
+func (b *progressBar) update(p images.Progress) {
+	const width = 30
+	frac := 1.0
+	if p.Total > 0 {
+		frac = float64(p.Complete) / float64(p.Total)
+	}
+	n := int(frac * width)
+	fmt.Fprintf(b.w, "\r%s [%s%s] %3.0f%% %s / %s, %d layers ", b.label, strings.Repeat("=", n), strings.Repeat(" ", width-n),
+		frac*100, humanSize(p.Complete), humanSize(p.Total), p.Layers)
+	b.drawn = true
+}
+
+func (b *progressBar) end() {
+	if b.drawn {
+		fmt.Fprintln(b.w)
+	}
 }
 
 func imageList(store *images.Store, asJSON bool, stdout, stderr io.Writer) int {

@@ -58,8 +58,13 @@ func (f *imageFlags) open(cfg *serveConfig, eg registryGuard, log *slog.Logger) 
 		return nil, err
 	}
 	lim := s.StoreLimits()
-	log.Info("image_store", "dir", s.Dir(), "max_bytes", lim.MaxBytes, "min_free_bytes", lim.MinFreeBytes,
-		"pull_timeout", f.pullTimeout, "stall_timeout", f.stallTimeout, "trusted_registries", strings.Join(trusted, ","))
+	allow := strings.Join(cfg.imageAllow, ",")
+	if allow == "" || cfg.imagePull == "never" {
+		allow = "none"
+	}
+	log.Info("images", "dir", s.Dir(), "pull", cfg.imagePull, "pull_allowed", allow,
+		"store_max", ibytes(lim.MaxBytes), "min_free", ibytes(lim.MinFreeBytes), "pull_timeout", f.pullTimeout.String(),
+		"stall_timeout", f.stallTimeout.String(), "trusted_registries", strings.Join(trusted, ","))
 	return s, nil
 }
 

@@ -26,6 +26,73 @@ type imageSource struct {
 	// noImages is set when the sandbox driver cannot run images (workdir):
 	// every image is refused before anything is pulled.
 	noImages bool
+	// aliases maps the normalised names of --image-alias to the normalised
+	// images they stand for.
+	aliases map[string]string
+}
+
+// defaultImage is the name of the host-root image, the one a create
+// without an image gets.
+const defaultImage = "default"
+
+// parseImageAliases reads --image-alias NAME=REF values: the names of
+// the host-root image (default first, then each alias of default as given
+// and normalised), and the other aliases, normalised name to normalised
+// image.
+func parseImageAliases(values []string) (defaults []string, aliases map[string]string, err error) {
+	defaults, aliases = []string{defaultImage}, map[string]string{}
+	for _, v := range values {
+		name, target, ok := strings.Cut(v, "=")
+		name, target = strings.TrimSpace(name), strings.TrimSpace(target)
+		if !ok || name == "" || target == "" {
+			return nil, nil, fmt.Errorf("--image-alias %q: want NAME=REF (REF an image, or default)", v)
+		}
+		n, err := images.Normalize(name)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--image-alias %q: %w", v, err)
+		}
+		if target == defaultImage {
+			defaults = append(defaults, name)
+			if n != name {
+				defaults = append(defaults, n)
+			}
+			continue
+		}
+		if aliases[n], err = images.Normalize(target); err != nil {
+			return nil, nil, fmt.Errorf("--image-alias %q: %w", v, err)
+		}
+	}
+	return defaults, aliases, nil
+}
+
+// setAliases takes --image-alias's values and logs each (a warning for
+// an image that is neither present nor may be pulled). It returns the
+// names of the host-root image, for the session manager's Config.Images.
+func (s *imageSource) setAliases(values []string) ([]string, error) {
+	defaults, aliases, err := parseImageAliases(values)
+	if err != nil {
+		return nil, err
+	}
+	s.aliases = aliases
+	for _, name := range defaults[1:] {
+		s.log.Info("image_alias", "name", name, "image", defaultImage)
+	}
+	for n, t := range aliases {
+		if err := s.Check(t); err != nil {
+			s.log.Warn("image_alias", "name", n, "image", t, "problem", err.Error())
+			continue
+		}
+		s.log.Info("image_alias", "name", n, "image", t)
+	}
+	return defaults, nil
+}
+
+// alias is what n (normalised) stands for: its --image-alias target, or n.
+func (s *imageSource) alias(n string) string {
+	if t, ok := s.aliases[n]; ok {
+		return t
+	}
+	return n
 }
 
 func newImageSource(store *images.Store, allow []string, pull bool, insecure []string, log *slog.Logger) (*imageSource, error) {
@@ -63,6 +130,7 @@ func (s *imageSource) Check(name string) error {
 	if err != nil {
 		return err
 	}
+	n = s.alias(n)
 	if _, err := s.store.Get(n); err == nil {
 		return nil
 	} else if !errors.Is(err, images.ErrNotFound) {
@@ -83,22 +151,47 @@ func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image,
 	if err != nil {
 		return nil, err
 	}
+	n = s.alias(n)
 	img, err := s.store.Get(n)
 	if errors.Is(err, images.ErrNotFound) {
 		if !s.pull || !images.Allowed(n, s.allow) {
 			return nil, s.unknown(name, "is not on this gateway and may not be pulled")
 		}
 		start := time.Now()
-		img, err = s.store.Pull(context.WithoutCancel(ctx), n, images.PullOptions{InsecureRegistries: s.insecure})
+		img, err = s.store.Pull(context.WithoutCancel(ctx), n, images.PullOptions{InsecureRegistries: s.insecure,
+			Progress: pullLogger(s.log, n, start)})
 		if err != nil {
 			s.log.Warn("image_pull_failed", "image", n, "err", err)
 			return nil, pullError(n, err)
 		}
-		s.log.Info("image_pulled", "image", n, "digest", img.Digest, "bytes", img.SizeBytes, "duration", time.Since(start))
+		s.log.Info("image_pulled", "image", n, "digest", img.Digest, "bytes", img.SizeBytes, "duration", time.Since(start).Round(time.Millisecond).String())
 	} else if err != nil {
 		return nil, &gateway.Error{Kind: gateway.KindInternal, Code: "internal", Message: "internal error", Err: err}
 	}
 	return &sandbox.Image{Name: img.Name, Digest: img.Digest, Layers: img.LayerDirs, Env: img.Env, WorkingDir: img.WorkingDir}, nil
+}
+
+// pullLogger logs an on-demand pull's progress in a few lines: when it
+// starts, at each quarter, and every 15 s while it is slow.
+func pullLogger(log *slog.Logger, name string, start time.Time) func(images.Progress) {
+	var quarter int
+	var last time.Time
+	return func(p images.Progress) {
+		q, now := 0, time.Now()
+		if p.Total > 0 {
+			q = int(4 * p.Complete / p.Total)
+		}
+		switch {
+		case last.IsZero():
+			log.Info("image_pull_started", "image", name, "layers", p.Layers, "bytes", p.Total)
+		case q > quarter && q < 4, now.Sub(last) >= 15*time.Second && p.Complete < p.Total:
+			log.Info("image_pull_progress", "image", name, "percent", 100*p.Complete/max(p.Total, 1),
+				"complete_bytes", p.Complete, "bytes", p.Total, "elapsed", now.Sub(start).Round(time.Second).String())
+		default:
+			return
+		}
+		quarter, last = q, now
+	}
 }
 
 // pullError is a failed pull as the API answers it: a bound crossed has

@@ -61,7 +61,7 @@ func TestSeccompLinuxFlag(t *testing.T) {
 			slices.Contains(r.Seccomp.Blocked, "unshare(CLONE_NEWUSER)") == allow {
 			t.Fatalf("allow-userns %v: readyz seccomp %+v", allow, r.Seccomp)
 		}
-		if log := g.stderr.String(); !strings.Contains(log, "sandbox_seccomp") || !strings.Contains(log, "keyctl") {
+		if log := g.stderr.String(); !strings.Contains(log, "msg=sandbox_seccomp filter=on") || !strings.Contains(log, "blocked_syscalls=") {
 			t.Errorf("the start-up log does not list the filter:\n%s", log)
 		}
 		id := g.createSession(t).SessionID

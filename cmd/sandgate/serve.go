@@ -71,6 +71,7 @@ type serveConfig struct {
 	sshMaxStartups    startupsFlag
 	sshStartupsEach   int
 	imageAllow        listFlag
+	imageAlias        listFlag
 	imagePull         string
 	insecureRegistry  listFlag
 	images            imageFlags
@@ -81,6 +82,9 @@ type serveConfig struct {
 	metricsListen     string
 	audit             auditFlags
 	cluster           clusterFlags
+	configFile        string
+	printConfig       bool
+	flags             *flag.FlagSet // as parsed: --print-config prints it
 }
 
 func defaultDataDir() string {
@@ -93,10 +97,32 @@ func defaultDataDir() string {
 	return filepath.Join(os.TempDir(), "sandgate")
 }
 
-func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
+const serveHelp = `Usage: sandgate serve [flags]
+
+Runs the gateway: the REST API and the CONNECT tunnels to the sessions'
+SSH servers, on one port. With no flags it serves http://127.0.0.1:8080,
+keeps its state in the data dir and prints a generated API key once.
+Every flag not given reads its environment twin, shown in brackets
+(--max-sessions: $SANDGATE_MAX_SESSIONS), then the --config file (YAML,
+one key per flag: "max-sessions: 200"). --print-config shows the result.
+`
+
+// parseServe parses serve's command line; -h or --help is flag.ErrHelp.
+func parseServe(args []string, _ io.Writer) (*serveConfig, error) {
 	c := &serveConfig{}
+	fs := serveFlagSet(c)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return c.finish(fs)
+}
+
+// serveFlagSet declares serve's flags into c.
+func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	quietFlags(fs)
+	fs.StringVar(&c.configFile, "config", "", "YAML file of settings, one key per flag without its dashes (max-sessions: 200; api-key: [a:KEY1, b:KEY2]); flags and SANDGATE_* twins override it")
+	fs.BoolVar(&c.printConfig, "print-config", false, "print the effective settings, as a --config file with secrets masked, and exit")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address for the REST API and CONNECT tunnels")
 	fs.StringVar(&c.publicURL, "public-url", "", "the gateway's URL as clients reach it (https://sandgate.example.com): the base of presigned links and preview URLs; without it, the address a client's connection reached (never the request's Host header)")
 	fs.StringVar(&c.previewDomain, "preview-domain", rest.DefaultPreviewDomain, "domain under which each preview gets an origin of its own, p{port}-{label}.DOMAIN, served on --listen; needs a wildcard DNS record (and certificate) for *.DOMAIN unless it is localhost, which browsers and curl resolve to this host's loopback")
@@ -132,6 +158,7 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	fs.Var(&c.sshMaxStartups, "ssh-max-startups", "tunnels in SSH authentication at once, `start:rate:full` as OpenSSH's MaxStartups: from start on, rate% of new ones are dropped, rising to 100% at full")
 	fs.IntVar(&c.sshStartupsEach, "ssh-max-startups-per-principal", sshd.DefaultStartupsPerPrincipal, "tunnels of one principal (tenant) in SSH authentication at once; past it a CONNECT answers 429 too_many_ssh_startups (--ssh-max-startups stays the gateway-wide bound; negative: no budget per principal)")
 	fs.Var(&c.imageAllow, "image-allow", "images a create may pull on demand: an exact reference or a prefix ending in * (docker.io/library/*, ghcr.io/acme/*); repeatable")
+	fs.Var(&c.imageAlias, "image-alias", "`NAME=REF`: a create asking for image NAME (python:3.11-slim) gets REF, an image present or allowed to be pulled, or default (the host-root image); repeatable")
 	fs.StringVar(&c.imagePull, "image-pull", "missing", "on-demand pulls: missing (pull an allowed image a create asks for) or never")
 	fs.Var(&c.insecureRegistry, "insecure-registry", "registry (HOST:PORT) reached over plain HTTP or unverified TLS; repeatable")
 	fs.StringVar(&c.readyFile, "ready-file", "", "once listening, write the gateway's URL (one line, e.g. http://127.0.0.1:8080) to this file, atomically; removed on exit. With --listen 127.0.0.1:0 it is how supervisors and tests learn the port")
@@ -143,13 +170,25 @@ func parseServe(args []string, stderr io.Writer) (*serveConfig, error) {
 	c.audit.register(fs)
 	c.cluster.register(fs)
 	c.workspaces.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
+	return fs
+}
+
+// finish completes c once fs has parsed the command line: environment
+// twins, defaults and checks.
+func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if err := applyEnv(fs); err != nil {
+		return nil, err
+	}
+	if c.configFile != "" {
+		if err := applyConfigFile(fs, c.configFile); err != nil {
+			return nil, err
+		}
+	}
+	c.flags = fs
+	if _, _, err := parseImageAliases(c.imageAlias); err != nil {
 		return nil, err
 	}
 	if len(c.sshAuth) == 0 {
@@ -198,12 +237,20 @@ func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 
 func serveMain(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseServe(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		printHelp(stdout, serveFlagSet(&serveConfig{}), serveHelp, envName)
+		return 0
+	}
 	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "sandgate serve:", err)
+		printUsageError(stderr, "serve", err)
 		return 2
+	}
+	if cfg.printConfig {
+		if err := printConfig(stdout, cfg.flags); err != nil {
+			fmt.Fprintln(stderr, "sandgate serve:", err)
+			return 1
+		}
+		return 0
 	}
 	log, err := newLogger(cfg.logFormat, cfg.logLevel, stderr)
 	if err != nil {
@@ -373,9 +420,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	var report map[string]any
 	if r, ok := driver.(sandbox.Reporter); ok {
 		report = r.Report()
-		log.Info("sandbox_limits", "driver", driver.Name(), "report", report)
 	}
-	log.Info("sandbox_seccomp", "driver", driver.Name(), "seccomp", seccompStatus(driver))
+	logSandboxSummary(log, driver, report)
 	if driver.Name() == "linux" {
 		warnHostPools(log, readHostPools(), sandboxDemand{maxSessions: cfg.maxSessions,
 			maxPids: cfg.resources.MaxPids(), nofile: cfg.sandbox.nofile.WithDefaults()})
@@ -412,6 +458,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	isrc.noImages = driver.Name() != "linux"
+	defaultImages, err := isrc.setAliases(cfg.imageAlias)
+	if err != nil {
+		return err
+	}
 	secrets, err := cfg.egress.secrets(ctx, log)
 	if err != nil {
 		return err
@@ -428,6 +478,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Audit:        auditor,
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
 		Workspaces:   wsvc,
+		Images:       defaultImages,
 	}
 	var mgr *gateway.Manager
 	var node *cluster.Node

@@ -51,6 +51,8 @@ var forbidden = map[string][]string{
 	"internal/procgov":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/piperelay": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
 	"internal/tcptest":   {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},
+	"internal/sbom":      {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},           // make dist: the standard library only
+	"internal/ociimage":  {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/", "images"}, // make dist
 	"internal/s3test":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "workspace", "cluster"},
 	// mcpserver is a client of the REST API: none of the gateway's code.
 	"mcpserver": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress", "dataplane", "images", "internal", "api-spec"},

@@ -123,6 +123,28 @@ func limitFiles(soft, hard uint64) error {
 	return nil
 }
 
+// writableWorkDir is the image's working directory when the sandbox user
+// may write it, else "" (the workspace): an image whose WORKDIR is owned
+// by root (most of them, built to run as root) must not start commands
+// and SFTP in a directory where they cannot create a file. It runs in the
+// sandbox's root, after buildRoot.
+func writableWorkDir(dir string) string {
+	if dir == "" || dir == ctl.WorkspaceDir {
+		return dir
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return ""
+	}
+	switch {
+	case st.Uid == ctl.SandboxUID && st.Mode&0o300 == 0o300,
+		st.Gid == ctl.SandboxGID && st.Mode&0o030 == 0o030,
+		st.Mode&0o003 == 0o003:
+		return dir
+	}
+	return ""
+}
+
 // buildSandbox turns the init's fresh namespaces into the sandbox and
 // returns the server of its control socket. It closes fds.
 func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
@@ -186,7 +208,7 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	}
 	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
-		env:    spec.Env, workDir: spec.WorkingDir,
+		env:    spec.Env, workDir: writableWorkDir(spec.WorkingDir),
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
 	if sockFile >= 0 {
 		if in.sockFile, err = unix.FcntlInt(uintptr(sockFile), unix.F_DUPFD_CLOEXEC, 3); err != nil {

@@ -47,7 +47,7 @@ install: $(if $(filter command line,$(origin BIN)),,build)
 test: build test-go test-python test-schema test-ts test-examples
 
 test-go: build
-	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 20m ./...
+	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 45m ./...
 
 # The patched golang.org/x/crypto (third_party/README.md): is it on the newest
 # upstream release, is it upstream plus the patch, and do upstream's own ssh

@@ -353,16 +353,8 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	capBytes := min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes)
 	preq := dataplane.PythonRequest{Code: req.Code, Timeout: min(rest.DefaultCommandTimeout, x.d.Plane.Bounds.MaxTimeout), MaxOutputBytes: capBytes}
-	release, err := x.d.Plane.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(preq.MaxOutputBytes, false))
-	if err != nil {
-		if r.Context().Err() == nil {
-			status := http.StatusServiceUnavailable // past the gateway's budget
-			if errors.Is(err, dataplane.ErrTenantBudget) {
-				status = http.StatusTooManyRequests
-			}
-			w.Header().Set("Retry-After", "1")
-			writeDetail(w, status, "too many commands run at once; retry when some end")
-		}
+	release, ok := x.d.acquireDetail(w, r, s.Tenant, preq.MaxOutputBytes, "commands")
+	if !ok {
 		return
 	}
 	defer release()

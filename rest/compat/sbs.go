@@ -84,6 +84,26 @@ type validationIssue struct {
 }
 
 // writeDetail writes FastAPI's error shape {"detail": detail}.
+// acquireDetail charges a call keeping maxOutput bytes per stream to the
+// command memory budget, as /v1 commands are; past it, it answers in the
+// seeds' {"detail"} shape (429 past the tenant's share, 503 past the
+// gateway's) and reports false.
+func (d Deps) acquireDetail(w http.ResponseWriter, r *http.Request, tenant string, maxOutput int64, what string) (func(), bool) {
+	release, err := d.Plane.Budget.Acquire(r.Context(), tenant, dataplane.CommandCost(maxOutput, false))
+	if err == nil {
+		return release, true
+	}
+	if r.Context().Err() == nil {
+		status := http.StatusServiceUnavailable // past the gateway's budget
+		if errors.Is(err, dataplane.ErrTenantBudget) {
+			status = http.StatusTooManyRequests
+		}
+		w.Header().Set("Retry-After", "1")
+		writeDetail(w, status, "too many "+what+" run at once; retry when some end")
+	}
+	return nil, false
+}
+
 func writeDetail(w http.ResponseWriter, status int, detail any) {
 	_ = writeBareJSON(w, status, map[string]any{"detail": detail})
 }
@@ -173,16 +193,8 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 	case "python":
 		req.Argv = []string{"python3", "-c", st.Source}
 	}
-	release, err := x.d.Plane.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, false))
-	if err != nil {
-		if r.Context().Err() == nil {
-			status := http.StatusServiceUnavailable // past the gateway's budget
-			if errors.Is(err, dataplane.ErrTenantBudget) {
-				status = http.StatusTooManyRequests
-			}
-			w.Header().Set("Retry-After", "1")
-			writeDetail(w, status, "too many steps run at once; retry when some end")
-		}
+	release, ok := x.d.acquireDetail(w, r, s.Tenant, req.MaxOutputBytes, "steps")
+	if !ok {
 		return
 	}
 	defer release()

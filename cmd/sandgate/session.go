@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -267,7 +268,7 @@ func newSessionGetCmd(af *apiFlags) *cobra.Command {
 }
 
 func newSessionRmCmd(af *apiFlags) *cobra.Command {
-	var removeWorkspace bool
+	var removeWorkspace, discard bool
 	cmd := &cobra.Command{
 		Use:               "rm ID|NAME...",
 		Aliases:           []string{"delete"},
@@ -279,13 +280,16 @@ func newSessionRmCmd(af *apiFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			q := ""
+			q := url.Values{}
 			if removeWorkspace {
-				q = "?keepWorkspace=false"
+				q.Set("keepWorkspace", "false")
+			}
+			if discard {
+				q.Set("discard", "true")
 			}
 			failed := 0
 			for _, ref := range args {
-				if _, err := c.do(cmd.Context(), http.MethodDelete, sessPath(ref)+q, nil); err != nil {
+				if _, err := c.do(cmd.Context(), http.MethodDelete, sessPath(ref)+query(q), nil); err != nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s: %v\n", cmd.CommandPath(), ref, err)
 					failed++
 					continue
@@ -299,6 +303,7 @@ func newSessionRmCmd(af *apiFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&removeWorkspace, "remove-workspace", false, "also remove the session's named workspace")
+	cmd.Flags().BoolVar(&discard, "discard", false, "end the session without saving its named workspace (it keeps its last saved version); without it, a workspace that cannot be saved keeps the session (workspace_sync_failed)")
 	return cmd
 }
 
@@ -650,4 +655,12 @@ func completeSessions(af *apiFlags, max int) cobra.CompletionFunc {
 		}
 		return out, cobra.ShellCompDirectiveNoFileComp
 	}
+}
+
+// query is "?" and q encoded, or "" when q is empty.
+func query(q url.Values) string {
+	if len(q) == 0 {
+		return ""
+	}
+	return "?" + q.Encode()
 }

@@ -264,7 +264,12 @@ func TestSSHCommandOpenSSH(t *testing.T) {
 	if _, errOut, code := g.cliRun(t, "", "ssh", "sbx-nosuchsession"); code != 1 || !strings.Contains(errOut, "not found") {
 		t.Errorf("ssh to a missing session: exit %d %q", code, errOut)
 	}
-	g.mustCLI(t, "session", "rm", list[0].SessionID)
+	// --discard passes the API's ?discard=true (a session with no named
+	// workspace has nothing to save: it just ends).
+	g.mustCLI(t, "session", "rm", "--discard", list[0].SessionID)
+	if _, errOut, code := g.cliRun(t, "", "session", "get", list[0].SessionID); code != 1 || !strings.Contains(errOut, "gone") && !strings.Contains(errOut, "not found") {
+		t.Errorf("get after rm --discard: exit %d %q", code, errOut)
+	}
 }
 
 // The older commands keep their flags and syntax but follow the

@@ -175,11 +175,13 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 	var during []time.Duration
 	var slowList, slowHealth time.Duration
 	var maxFDs, maxPipes int
+	// One waiter: a new one each round would leave earlier ones waiting,
+	// their Wait unordered with the WaitGroup's later reuse (a race).
+	flood := make(chan struct{})
+	go func() { wg.Wait(); close(flood) }()
 	for done := false; !done; {
-		ch := make(chan struct{})
-		go func() { wg.Wait(); close(ch) }()
 		select {
-		case <-ch:
+		case <-flood:
 			done = true
 		case <-time.After(500 * time.Millisecond):
 		}

@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: dist build install test test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: dist build install test test-tour test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -48,6 +48,13 @@ test: build test-go test-python test-schema test-ts test-examples
 
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 45m ./...
+
+# The README's 60-second tour, run as a fresh user: its shell block,
+# verbatim but for the few lines listed in cmd/sandgate/tour_test.go, as a
+# new account (useradd, when root; else a fresh HOME) with no ~/.ssh,
+# against a gateway it starts; any failing line fails it. CI runs it.
+test-tour: build
+	SANDGATE_TOUR=1 SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestReadmeTour$$' -v ./cmd/sandgate/
 
 # The patched golang.org/x/crypto (third_party/README.md): is it on the newest
 # upstream release, is it upstream plus the patch, and do upstream's own ssh

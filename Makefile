@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: dist build install test test-tour test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: dist build install test test-tour example-offline test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -121,6 +121,12 @@ test-ts: build $(TS_SDK)/node_modules/.installed
 # models (no API key, no network), against the real binary.
 test-examples: build examples/.venv/.installed
 	SANDGATE_BIN=$(CURDIR)/$(BIN) examples/.venv/bin/python -m pytest -q -p no:cacheprovider examples/tests
+
+# The agent examples offline: each main.py runs as a program against a local
+# fake of the model's API (no key, no network) on a gateway of its own, or on
+# $SANDBOX_API_URL with $SANDBOX_API_TOKEN when both are set.
+example-offline: build examples/.venv/.installed
+	SANDGATE_BIN=$(CURDIR)/$(BIN) examples/.venv/bin/python examples/offline.py
 
 # schemathesis over the built binary and the OpenAPI spec: a short run with a
 # fixed seed; any 5xx, spec mismatch or logged error fails it.

@@ -35,37 +35,69 @@ for _ in $(seq 600); do curl -sf "http://$SANDGATE_LISTEN/readyz" >/dev/null && 
 	"ID=sbx-…": `ID=$(sandgate session ls --json | python3 -c 'import json,sys; s=json.load(sys.stdin); assert len(s)==1, s; print(s[0]["sessionId"])')`,
 }
 
-// readmeTour is the shell block under "## A 60-second tour" in README.md.
-func readmeTour(t *testing.T) []string {
+// readmeBlock is the first fenced block of language lang under heading in
+// the Markdown file path.
+func readmeBlock(t *testing.T, path, heading, lang string) string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(b)
-	i := strings.Index(s, "\n## A 60-second tour\n")
+	s := "\n" + string(b)
+	i := strings.Index(s, "\n"+heading+"\n")
 	if i < 0 {
-		t.Fatal(`README.md has no "## A 60-second tour" section`)
+		t.Fatalf("%s has no %q section", path, heading)
 	}
 	s = s[i:]
-	start := strings.Index(s, "\n```sh\n")
+	fence := "\n```" + lang + "\n"
+	start := strings.Index(s, fence)
 	if start < 0 {
-		t.Fatal("the tour has no ```sh block")
+		t.Fatalf("%s: %q has no ```%s block", path, heading, lang)
 	}
-	s = s[start+len("\n```sh\n"):]
+	s = s[start+len(fence):]
 	end := strings.Index(s, "\n```")
 	if end < 0 {
-		t.Fatal("the tour's block does not end")
+		t.Fatalf("%s: the block under %q does not end", path, heading)
 	}
-	return strings.Split(s[:end], "\n")
+	return s[:end]
+}
+
+// readmeTour is the shell block under "## A 60-second tour" in README.md.
+func readmeTour(t *testing.T) []string {
+	return strings.Split(readmeBlock(t, "../../README.md", "## A 60-second tour", "sh"), "\n")
+}
+
+// pythonSDKInstall is the Python SDK README's install line; the tour runs
+// it (in a virtualenv of the user's: Debian's python3 refuses pip
+// installs) on a copy of sdk-python/, then the README's example.
+const pythonSDKInstall = "pip install ./sdk-python          # from a checkout of the sandgate repository"
+
+// sdkExampleScript installs the Python SDK as its README says and runs its
+// example verbatim, with API_URL and TOKEN from the environment the tour
+// set (the README: "API_URL is the gateway's base URL").
+func sdkExampleScript(t *testing.T) string {
+	t.Helper()
+	const readme = "../../sdk-python/README.md"
+	install := readmeBlock(t, readme, "# sandbox-sessions-sdk", "")
+	if strings.TrimSpace(install) != strings.TrimSpace(pythonSDKInstall) {
+		t.Fatalf("the Python SDK README's install line is %q; the tour runs %q (update pythonSDKInstall)", install, pythonSDKInstall)
+	}
+	example := readmeBlock(t, readme, "## Example", "python")
+	return "python3 -m venv sdk-venv\n" +
+		"sdk-venv/bin/pip install -q --disable-pip-version-check ./sdk-python\n" +
+		"cat > local_script.py <<'PY'\nimport platform\nwith open('output.txt', 'w') as f:\n    f.write('computed in the sandbox: %d\\n' % sum(range(10)))\nprint('remote script ran on python', platform.python_version())\nPY\n" +
+		"cat > sdk_example.py <<'PY'\nimport os\nAPI_URL, TOKEN = os.environ['SANDBOX_API_URL'], os.environ['SANDBOX_API_TOKEN']\n" + example + "\nPY\n" +
+		"sdk-venv/bin/python sdk_example.py\ngrep -q 'computed in the sandbox: 45' output.txt\n"
 }
 
 // TestReadmeTour runs the README's 60-second tour as a fresh user: a new
 // account (when root) with an empty HOME and no ~/.ssh, sandgate installed
 // by make install, every line verbatim but the few in tourSubstitutions,
 // stdin at EOF (so ssh, sftp and sandgate ssh run their shells and end).
-// Any failing line fails it (bash -e, pipefail). `make test-tour` runs it;
-// .ci/run too.
+// Then the Python SDK README's install line and example, verbatim. Any
+// failing line fails it (bash -e, pipefail). `make test-tour` runs it;
+// .ci/run too. (The TypeScript README's example is examples/quickstart.ts,
+// which sdk-typescript/test/quickstart.test.ts checks and runs.)
 func TestReadmeTour(t *testing.T) {
 	if os.Getenv("SANDGATE_TOUR") == "" {
 		t.Skip("set SANDGATE_TOUR=1 (make test-tour): it adds a user account when run as root")
@@ -77,7 +109,7 @@ func TestReadmeTour(t *testing.T) {
 	}
 	lines := readmeTour(t)
 	var script strings.Builder
-	script.WriteString("set -euo pipefail\nset -x\ncd \"$HOME\"\nmkdir -p src && echo 'print(1)' > src/main.py && echo hello > file.txt\n")
+	script.WriteString("set -euo pipefail\nset -x\ncd \"$HOME\"\nmkdir -p src && echo 'print(1)' > src/main.py && echo hello > file.txt\ncp -r \"$TOUR_SDK\" sdk-python\n")
 	used := map[string]bool{}
 	for _, l := range lines {
 		if sub, ok := tourSubstitutions[l]; ok {
@@ -92,6 +124,7 @@ func TestReadmeTour(t *testing.T) {
 			t.Errorf("README's tour no longer has the line %q (update tourSubstitutions)", l)
 		}
 	}
+	script.WriteString(sdkExampleScript(t))
 	script.WriteString("sandgate session ls\nkill -TERM $SERVE_PID; wait $SERVE_PID\necho TOUR-OK\n")
 
 	// A world-readable root for the install and the home.
@@ -110,6 +143,19 @@ func TestReadmeTour(t *testing.T) {
 	}
 	if out, err := exec.Command("make", "-s", "-C", "../..", "install", "BIN="+bin, "PREFIX="+prefix).CombinedOutput(); err != nil {
 		t.Fatalf("make install: %v\n%s", err, out)
+	}
+
+	// The SDK as a checkout has it, readable by the user: the tour runs the
+	// README's pip install ./sdk-python from its HOME.
+	sdkCopy := filepath.Join(root, "sdk-python")
+	if out, err := exec.Command("cp", "-r", "../../sdk-python", sdkCopy).CombinedOutput(); err != nil {
+		t.Fatalf("copy sdk-python: %v\n%s", err, out)
+	}
+	for _, junk := range []string{"build", "dist", ".pytest_cache"} {
+		os.RemoveAll(filepath.Join(sdkCopy, junk))
+	}
+	if out, err := exec.Command("chmod", "-R", "a+rX", root).CombinedOutput(); err != nil {
+		t.Fatalf("chmod: %v\n%s", err, out)
 	}
 
 	home := filepath.Join(root, "home")
@@ -160,7 +206,13 @@ func TestReadmeTour(t *testing.T) {
 	cmd.Env = []string{
 		"HOME=" + home, "USER=" + userName, "LOGNAME=" + userName, "SHELL=/bin/bash", "LANG=C.UTF-8",
 		"PATH=" + filepath.Join(prefix, "bin") + ":/usr/local/bin:/usr/bin:/bin",
-		"SANDGATE_LISTEN=" + listen,
+		"SANDGATE_LISTEN=" + listen, "TOUR_SDK=" + sdkCopy,
+	}
+	// pip reaches the package index (the SDK's dependencies) as the CI host does.
+	for _, k := range []string{"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy"} {
+		if v, ok := os.LookupEnv(k); ok {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

@@ -78,7 +78,7 @@ const pythonSDKInstall = "pip install ./sdk-python          # from a checkout of
 func sdkExampleScript(t *testing.T) string {
 	t.Helper()
 	const readme = "../../sdk-python/README.md"
-	install := readmeBlock(t, readme, "# sandbox-sessions-sdk", "")
+	install := readmeBlock(t, readme, "# sandgate-sdk (Python)", "")
 	if strings.TrimSpace(install) != strings.TrimSpace(pythonSDKInstall) {
 		t.Fatalf("the Python SDK README's install line is %q; the tour runs %q (update pythonSDKInstall)", install, pythonSDKInstall)
 	}

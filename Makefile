@@ -49,7 +49,8 @@ test: build test-go test-python test-schema test-ts test-examples
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 45m ./...
 
-# The README's 60-second tour, run as a fresh user: its shell block,
+# The README's 60-second tour, run as a fresh user: its shell block (then
+# both SDK READMEs' install lines and examples; pip and npm need their registries),
 # verbatim but for the few lines listed in cmd/sandgate/tour_test.go, as a
 # new account (useradd, when root; else a fresh HOME) with no ~/.ssh,
 # against a gateway it starts; any failing line fails it. CI runs it.

@@ -72,6 +72,26 @@ func readmeTour(t *testing.T) []string {
 // installs) on a copy of sdk-python/, then the README's example.
 const pythonSDKInstall = "pip install ./sdk-python          # from a checkout of the sandgate repository"
 
+// tsSDKInstall is the TypeScript SDK README's install line.
+const tsSDKInstall = "cd sdk-typescript && npm ci && npm run build     # from a checkout of the sandgate repository"
+
+// tsExampleScript builds the TypeScript SDK as its README says, adds it to
+// a new npm project of the user's, and runs the README's example there (as
+// an ES module: the example has no type annotations).
+func tsExampleScript(t *testing.T) string {
+	t.Helper()
+	const readme = "../../sdk-typescript/README.md"
+	install := readmeBlock(t, readme, "# @sandgate/sdk", "sh")
+	if strings.TrimSpace(install) != tsSDKInstall {
+		t.Fatalf("the TypeScript SDK README's install line is %q; the tour runs %q (update tsSDKInstall)", install, tsSDKInstall)
+	}
+	example := readmeBlock(t, readme, "## Example", "ts")
+	return "(\n" + tsSDKInstall + "\n)\n" +
+		"mkdir ts-app && cd ts-app && npm init -y >/dev/null && npm install --no-audit --no-fund ../sdk-typescript\n" +
+		"cat > quickstart.mjs <<'JS'\n" + example + "\nJS\n" +
+		"node quickstart.mjs\ngrep -qx 'made in the sandbox' output.txt\ncd ..\n"
+}
+
 // sdkExampleScript installs the Python SDK as its README says and runs its
 // example verbatim, with API_URL and TOKEN from the environment the tour
 // set (the README: "API_URL is the gateway's base URL").
@@ -96,20 +116,20 @@ func sdkExampleScript(t *testing.T) string {
 // stdin at EOF (so ssh, sftp and sandgate ssh run their shells and end).
 // Then the Python SDK README's install line and example, verbatim. Any
 // failing line fails it (bash -e, pipefail). `make test-tour` runs it;
-// .ci/run too. (The TypeScript README's example is examples/quickstart.ts,
-// which sdk-typescript/test/quickstart.test.ts checks and runs.)
+// .ci/run too. The same for the TypeScript SDK README's install line and
+// example. (pip and npm fetch the SDKs' dependencies from the registries.)
 func TestReadmeTour(t *testing.T) {
 	if os.Getenv("SANDGATE_TOUR") == "" {
 		t.Skip("set SANDGATE_TOUR=1 (make test-tour): it adds a user account when run as root")
 	}
-	for _, tool := range []string{"ssh", "sftp", "scp", "curl", "python3", "make", "bash"} {
+	for _, tool := range []string{"ssh", "sftp", "scp", "curl", "python3", "make", "bash", "node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("the tour needs %s: %v", tool, err)
 		}
 	}
 	lines := readmeTour(t)
 	var script strings.Builder
-	script.WriteString("set -euo pipefail\nset -x\ncd \"$HOME\"\nmkdir -p src && echo 'print(1)' > src/main.py && echo hello > file.txt\ncp -r \"$TOUR_SDK\" sdk-python\n")
+	script.WriteString("set -euo pipefail\nset -x\ncd \"$HOME\"\nmkdir -p src && echo 'print(1)' > src/main.py && echo hello > file.txt\ncp -r \"$TOUR_SDK\" sdk-python\ncp -r \"$TOUR_TS_SDK\" sdk-typescript\n")
 	used := map[string]bool{}
 	for _, l := range lines {
 		if sub, ok := tourSubstitutions[l]; ok {
@@ -125,6 +145,7 @@ func TestReadmeTour(t *testing.T) {
 		}
 	}
 	script.WriteString(sdkExampleScript(t))
+	script.WriteString(tsExampleScript(t))
 	script.WriteString("sandgate session ls\nkill -TERM $SERVE_PID; wait $SERVE_PID\necho TOUR-OK\n")
 
 	// A world-readable root for the install and the home.
@@ -153,6 +174,15 @@ func TestReadmeTour(t *testing.T) {
 	}
 	for _, junk := range []string{"build", "dist", ".pytest_cache"} {
 		os.RemoveAll(filepath.Join(sdkCopy, junk))
+	}
+	tsCopy := filepath.Join(root, "sdk-typescript")
+	if err := os.Mkdir(tsCopy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"README.md", "package.json", "package-lock.json", "tsconfig.json", "src", "examples"} {
+		if out, err := exec.Command("cp", "-r", filepath.Join("../../sdk-typescript", f), tsCopy).CombinedOutput(); err != nil {
+			t.Fatalf("copy sdk-typescript: %v\n%s", err, out)
+		}
 	}
 	if out, err := exec.Command("chmod", "-R", "a+rX", root).CombinedOutput(); err != nil {
 		t.Fatalf("chmod: %v\n%s", err, out)
@@ -206,10 +236,10 @@ func TestReadmeTour(t *testing.T) {
 	cmd.Env = []string{
 		"HOME=" + home, "USER=" + userName, "LOGNAME=" + userName, "SHELL=/bin/bash", "LANG=C.UTF-8",
 		"PATH=" + filepath.Join(prefix, "bin") + ":/usr/local/bin:/usr/bin:/bin",
-		"SANDGATE_LISTEN=" + listen, "TOUR_SDK=" + sdkCopy,
+		"SANDGATE_LISTEN=" + listen, "TOUR_SDK=" + sdkCopy, "TOUR_TS_SDK=" + tsCopy,
 	}
 	// pip reaches the package index (the SDK's dependencies) as the CI host does.
-	for _, k := range []string{"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy"} {
+	for _, k := range []string{"npm_config_registry", "NPM_CONFIG_REGISTRY", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy"} {
 		if v, ok := os.LookupEnv(k); ok {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}

@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: dist build install test test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -49,6 +49,14 @@ test: build test-go test-python test-schema test-ts test-examples
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 45m ./...
 
+# The README's 60-second tour, run as a fresh user: its shell block (then
+# both SDK READMEs' install lines and examples; pip and npm need their registries),
+# verbatim but for the few lines listed in cmd/sandgate/tour_test.go, as a
+# new account (useradd, when root; else a fresh HOME) with no ~/.ssh,
+# against a gateway it starts; any failing line fails it. CI runs it.
+test-tour: build
+	SANDGATE_TOUR=1 SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestReadmeTour$$' -v ./cmd/sandgate/
+
 # The patched golang.org/x/crypto (third_party/README.md): is it on the newest
 # upstream release, is it upstream plus the patch, and do upstream's own ssh
 # tests pass on it. Needs the module proxy (or cache); CI runs it.
@@ -79,6 +87,41 @@ endef
 
 .venv-schema/.installed: api-spec/requirements-schemathesis.txt
 	$(fill-venv)
+
+.venv-build/.installed: sdk-python/requirements-build.txt
+	$(fill-venv)
+
+# The SDKs as they would be published, one product (sandgate-sdk on PyPI,
+# @sandgate/sdk on npm) under one version: python -m build (sdist and wheel)
+# and npm pack, into SDK_DIST; fails when the three version strings differ
+# (make sdk-version V=X.Y.Z sets them) or an artifact lacks what it must
+# carry. CI runs it.
+SDK_DIST ?= bin/sdk-dist
+SDK_VERSION_FILES := sdk-python/src/sandbox_sessions_sdk/_version.py sdk-typescript/package.json sdk-typescript/src/common.ts
+sdk-dist: .venv-build/.installed $(TS_SDK)/node_modules/.installed
+	@py=$$(sed -n 's/^__version__ = "\(.*\)"$$/\1/p' sdk-python/src/sandbox_sessions_sdk/_version.py); \
+	ts=$$(node -p 'require("./$(TS_SDK)/package.json").version'); \
+	tsc=$$(sed -n 's/^export const SDK_VERSION = "\(.*\)";$$/\1/p' $(TS_SDK)/src/common.ts); \
+	if [ -z "$$py" ] || [ "$$py" != "$$ts" ] || [ "$$py" != "$$tsc" ]; then \
+		echo "SDK versions differ: Python $$py, package.json $$ts, common.ts $$tsc (make sdk-version V=X.Y.Z)" >&2; exit 1; fi; \
+	echo "sandgate-sdk $$py"
+	rm -rf $(SDK_DIST) sdk-python/build && mkdir -p $(SDK_DIST)
+	.venv-build/bin/python -m build --outdir $(SDK_DIST) sdk-python
+	rm -rf sdk-python/build sdk-python/src/*.egg-info
+	cd $(TS_SDK) && $(NPM) run build && $(NPM) pack --pack-destination $(CURDIR)/$(SDK_DIST)
+	@v=$$(node -p 'require("./$(TS_SDK)/package.json").version'); cd $(SDK_DIST) && \
+	$(CURDIR)/.venv-build/bin/python -m zipfile -l sandgate_sdk-$$v-py3-none-any.whl | grep -q 'sandbox_sessions_sdk/py.typed' && \
+	tar tzf sandgate_sdk-$$v.tar.gz | grep -q 'sandgate_sdk-'$$v'/README.md' && \
+	tar tzf sandgate-sdk-$$v.tgz | grep -q 'package/dist/index.d.ts' && \
+	tar tzf sandgate-sdk-$$v.tgz | grep -q 'package/README.md' && \
+	ls -l || { echo "an SDK artifact lacks a file it must carry" >&2; exit 1; }
+
+# make sdk-version V=X.Y.Z: the SDKs' one version, set in all three places.
+sdk-version:
+	@[ -n "$(V)" ] || { echo "usage: make sdk-version V=X.Y.Z" >&2; exit 2; }
+	sed -i 's/^__version__ = ".*"$$/__version__ = "$(V)"/' sdk-python/src/sandbox_sessions_sdk/_version.py
+	sed -i 's/^export const SDK_VERSION = ".*";$$/export const SDK_VERSION = "$(V)";/' $(TS_SDK)/src/common.ts
+	cd $(TS_SDK) && $(NPM) version --no-git-tag-version --allow-same-version $(V) >/dev/null
 
 # The agent examples' venv: the pinned Agents SDK and anthropic, and the SDK
 # from this checkout (-e ./sdk-python: pip runs from the repository root).
@@ -114,6 +157,12 @@ test-ts: build $(TS_SDK)/node_modules/.installed
 # models (no API key, no network), against the real binary.
 test-examples: build examples/.venv/.installed
 	SANDGATE_BIN=$(CURDIR)/$(BIN) examples/.venv/bin/python -m pytest -q -p no:cacheprovider examples/tests
+
+# The agent examples offline: each main.py runs as a program against a local
+# fake of the model's API (no key, no network) on a gateway of its own, or on
+# $SANDBOX_API_URL with $SANDBOX_API_TOKEN when both are set.
+example-offline: build examples/.venv/.installed
+	SANDGATE_BIN=$(CURDIR)/$(BIN) examples/.venv/bin/python examples/offline.py
 
 # schemathesis over the built binary and the OpenAPI spec: a short run with a
 # fixed seed; any 5xx, spec mismatch or logged error fails it.

@@ -314,6 +314,7 @@ func TestSpecIsValid(t *testing.T) {
 		"/openapi.yaml":     {http.MethodGet},
 		"/openapi.json":     {http.MethodGet},
 		"/docs":             {http.MethodGet},
+		"/":                 {http.MethodGet},
 	}
 	for path, methods := range want {
 		item := doc.Paths.Value(path)
@@ -456,7 +457,7 @@ func TestContract(t *testing.T) {
 		notReady.Store(false)
 		expect(t, g.do(t, http.MethodGet, "/readyz", aliceKey, nil), 200, "")
 		expect(t, g.do(t, http.MethodGet, "/readyz", "wrong", nil), 401, "unauthorized")
-		for _, p := range []string{"/openapi.yaml", "/openapi.json", "/docs"} {
+		for _, p := range []string{"/openapi.yaml", "/openapi.json", "/docs", "/"} {
 			expect(t, g.do(t, http.MethodGet, p, "", nil), 200, "")
 		}
 		expect(t, g.do(t, http.MethodPost, "/healthz", "", nil), 405, "method_not_allowed")

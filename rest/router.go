@@ -143,6 +143,7 @@ func New(cfg Config) http.Handler {
 	r.Get("/openapi.yaml", docs.yaml)
 	r.Get("/openapi.json", docs.jsonSpec)
 	r.Get("/docs", docs.page)
+	r.Get("/", docs.home) // docs.go: the landing page
 
 	a.limit = a.rateLimit() // one budget per tenant, /v1 and /compat together
 	authed := r.With(a.authenticate, a.limit)

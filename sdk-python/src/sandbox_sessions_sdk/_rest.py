@@ -554,7 +554,7 @@ class RestCore:
             headers={
                 "Authorization": f"Bearer {self._token}",
                 "Accept": "application/json",
-                "User-Agent": f"sandbox-sessions-sdk-python/{__version__}",
+                "User-Agent": f"sandgate-sdk-python/{__version__}",
             },
             verify=ssl_context(verify_ssl),
             timeout=httpx_timeout(self.timeout, self.timeout),

@@ -181,7 +181,7 @@ class HTTPConnectTunnel(ClosesOnExit):
             f"Host: {self._netloc}",
             f"Proxy-Authorization: Bearer {self._token}",
             f"Authorization: Bearer {self._token}",
-            f"User-Agent: sandbox-sessions-sdk-python/{__version__}",
+            f"User-Agent: sandgate-sdk-python/{__version__}",
         ]
         lines += [f"{k}: {v}" for k, v in self.extra_headers.items()]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

@@ -188,6 +188,7 @@ func New(cfg Config) http.Handler {
 		r.Get("/audit", a.listAudit)
 		if cfg.Connect != nil {
 			r.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
+			r.Get("/sessions/{id}/ssh", a.sshWebSocket) // sshws.go
 		}
 	})
 	if cfg.Connect != nil {

@@ -1,6 +1,7 @@
-// Package tunnel carries SSH inside HTTP CONNECT: the server side
-// authorises a CONNECT for one session, hijacks the connection and hands it
-// on; the client side dials such a tunnel.
+// Package tunnel carries SSH inside HTTP CONNECT, or inside a WebSocket
+// for front ends that do not pass CONNECT: the server side authorises a
+// tunnel to one session, takes the connection over and hands it on; the
+// client side dials such a tunnel.
 package tunnel
 
 import (
@@ -11,8 +12,11 @@ import (
 	"net"
 	"net/http"
 	"path"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/gateway"
@@ -71,9 +75,21 @@ func NewServer(lookup Lookup, handle ConnHandler, writeError func(http.ResponseW
 	return t
 }
 
-// ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}.
+// ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}, and
+// for GET /v1/sessions/{id}/ssh with Upgrade: websocket (the same byte
+// stream in binary messages). The caller checks a WebSocket's Origin.
 func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodConnect {
+	ws := false
+	switch {
+	case r.Method == http.MethodConnect:
+	case r.Method == http.MethodGet && IsWebSocket(r):
+		ws = true
+	case r.Method == http.MethodGet:
+		w.Header().Set("Upgrade", "websocket")
+		t.writeError(w, &gateway.Error{Kind: gateway.KindInvalid, Code: "websocket_required",
+			Message: "this endpoint carries SSH in a WebSocket: send Upgrade: websocket"})
+		return
+	default:
 		http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
 		return
 	}
@@ -83,6 +99,9 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := path.Base(r.URL.Path)
+	if ws {
+		id = path.Base(path.Dir(r.URL.Path))
+	}
 	s, err := t.lookup.Get(r.Context(), p, id)
 	if err != nil {
 		t.writeError(w, err)
@@ -114,11 +133,42 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx = actx
 	}
 
+	var conn net.Conn
+	if ws {
+		conn = t.upgrade(w, r, s.ID)
+	} else {
+		conn = t.hijack(w, r, s.ID)
+	}
+	if conn == nil {
+		return
+	}
+	defer t.untrack(conn)
+	remove, live := s.AddConn(func() { conn.Close() })
+	defer remove()
+	if !live {
+		conn.Close()
+		return
+	}
+	s.Touch(time.Now())
+	transport := "connect"
+	if ws {
+		transport = "websocket"
+	}
+	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr, "transport", transport)
+	ctx = context.WithoutCancel(ctx)
+	counted, done := t.account(ctx, conn, s)
+	defer done()
+	t.handle(ctx, counted, s)
+}
+
+// hijack takes a CONNECT's connection over and answers 200. It returns
+// nil when the tunnel is not to go on (the answer, if any, is written).
+func (t *Server) hijack(w http.ResponseWriter, r *http.Request, id string) net.Conn {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		t.log.ErrorContext(r.Context(), "tunnel_hijack_failed", "session", s.ID, "err", err)
+		t.log.ErrorContext(r.Context(), "tunnel_hijack_failed", "session", id, "err", err)
 		t.writeError(w, err)
-		return
+		return nil
 	}
 	// A plain TCP tunnel moves its bulk data with raw system calls (see
 	// internal/rawio); TLS stays as it is.
@@ -133,25 +183,48 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// that arrives while the server shuts down is closed at once.
 	if !t.track(conn) {
 		conn.Close()
-		return
+		return nil
 	}
-	defer t.untrack(conn)
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
-		return
+		t.untrack(conn)
+		return nil
 	}
-	remove, live := s.AddConn(func() { conn.Close() })
-	defer remove()
-	if !live {
-		conn.Close()
-		return
+	return conn
+}
+
+// upgrade accepts a WebSocket (the caller has checked its Origin) and
+// returns its binary messages as a byte stream, or nil.
+func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) net.Conn {
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil { // Accept has answered
+		t.log.InfoContext(r.Context(), "tunnel_upgrade_failed", "session", id, "err", err)
+		return nil
 	}
-	s.Touch(time.Now())
-	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr)
-	ctx = context.WithoutCancel(ctx)
-	counted, done := t.account(ctx, conn, s)
-	defer done()
-	t.handle(ctx, counted, s)
+	// The connection outlives the request: its context is not the
+	// request's, whose end would close it.
+	conn := websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary)
+	if !t.track(conn) {
+		c.CloseNow()
+		return nil
+	}
+	return conn
+}
+
+// IsWebSocket reports whether r asks for a WebSocket upgrade.
+func IsWebSocket(r *http.Request) bool {
+	return headerHasToken(r.Header, "Connection", "upgrade") && headerHasToken(r.Header, "Upgrade", "websocket")
+}
+
+func headerHasToken(h http.Header, key, token string) bool {
+	for _, v := range h.Values(key) {
+		for _, f := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // track registers conn (nil: only reserves a place in the wait group) and

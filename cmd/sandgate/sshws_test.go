@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/internal/gwtest"
+)
+
+// wsOpts are sshOpts with sandgate proxy on another transport.
+func wsOpts(g *gatewayProc, t *testing.T, s sessionJSON, transport string) []string {
+	opts := g.sshOpts(t, s)
+	for i, o := range opts {
+		if strings.HasPrefix(o, "ProxyCommand=") {
+			opts[i] = "ProxyCommand=" + sandgateBin + " proxy --transport " + transport + " %h"
+		}
+	}
+	return opts
+}
+
+// OpenSSH through sandgate proxy --transport websocket: the SSH stream in
+// a WebSocket reaches the session, and its tunnel is audited and counted
+// as a CONNECT's is.
+func TestOpenSSHOverWebSocket(t *testing.T) {
+	ssh := gwtest.RequireTool(t, "ssh")
+	g := startGateway(t)
+	s := g.createSession(t)
+	opts := append(wsOpts(g, t, s, "websocket"), s.SessionID)
+	payload := strings.Repeat("x", 200<<10)
+	out, errOut, code := runClient(t, g.clientEnv(), strings.NewReader(payload), ssh, append(opts, "wc -c; echo done >&2; exit 3")...)
+	if strings.TrimSpace(out) != "204800" || !strings.Contains(errOut, "done") || code != 3 {
+		t.Fatalf("ssh over websocket = (%q, %q, %d)", out, errOut, code)
+	}
+	if !strings.Contains(g.stderr.String(), "transport=websocket") {
+		t.Errorf("no tunnel_opened with transport=websocket in the log")
+	}
+	// The tunnel's bytes count in the session's stats...
+	var st struct {
+		Tunnel struct{ BytesIn, BytesOut int64 } `json:"tunnel"`
+	}
+	if c := g.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID+"/stats", nil, &st); c != http.StatusOK {
+		t.Fatalf("stats: %d", c)
+	}
+	if st.Tunnel.BytesIn < int64(len(payload)) || st.Tunnel.BytesOut == 0 {
+		t.Errorf("stats tunnel bytes = %+v, want at least %d in", st.Tunnel, len(payload))
+	}
+	// ... and in the audit's tunnel.close, after a tunnel.open.
+	auditPath := filepath.Join(g.DataDir, "audit.log")
+	var events []audit.Event
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		events = readAudit(t, auditPath)
+		if len(find(events, audit.Event{Kind: audit.KindTunnelClose, Session: s.SessionID})) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	closed := requireOne(t, events, audit.Event{Kind: audit.KindTunnelClose, Session: s.SessionID})
+	if closed.BytesIn < int64(len(payload)) || closed.BytesOut == 0 || closed.RequestID == "" {
+		t.Errorf("tunnel.close = %+v", closed)
+	}
+	requireOne(t, events, audit.Event{Kind: audit.KindTunnelOpen, RequestID: closed.RequestID})
+}
+
+// The WebSocket endpoint's refusals: a bad token 401, a foreign Origin
+// (another site, or a preview origin) 403, the gateway's own Origin
+// accepted, a GET with no Upgrade 400 websocket_required.
+func TestSSHWebSocketRefusals(t *testing.T) {
+	g := startGateway(t)
+	s := g.createSession(t)
+	u, _ := url.Parse(g.URL)
+	path := "/v1/sessions/" + s.SessionID + "/ssh"
+	dial := func(token, origin string) (int, string) {
+		t.Helper()
+		h := http.Header{}
+		if token != "" {
+			h.Set("Authorization", "Bearer "+token)
+		}
+		if origin != "" {
+			h.Set("Origin", origin)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, resp, err := websocket.Dial(ctx, g.URL+path, &websocket.DialOptions{HTTPHeader: h})
+		if err == nil {
+			c.CloseNow()
+			return http.StatusSwitchingProtocols, ""
+		}
+		if resp == nil {
+			t.Fatalf("dial: %v", err)
+		}
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	tests := []struct {
+		name, token, origin string
+		status              int
+		code                string
+	}{
+		{"bad token", "wrong", "", http.StatusUnauthorized, "unauthorized"},
+		{"no token", "", "", http.StatusUnauthorized, "unauthorized"},
+		{"foreign origin", g.Token, "https://evil.example", http.StatusForbidden, "origin_not_allowed"},
+		{"preview origin", g.Token, "http://3000-" + s.SessionID + ".localhost:" + u.Port(), http.StatusForbidden, "origin_not_allowed"},
+		{"own origin", g.Token, "http://" + u.Host, http.StatusSwitchingProtocols, ""},
+		{"no origin", g.Token, "", http.StatusSwitchingProtocols, ""},
+	}
+	for _, tt := range tests {
+		status, body := dial(tt.token, tt.origin)
+		if status != tt.status || !strings.Contains(body, tt.code) {
+			t.Errorf("%s: %d %s, want %d %s", tt.name, status, body, tt.status, tt.code)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, g.URL+path, nil)
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(b.String(), "websocket_required") {
+		t.Errorf("plain GET: %d %s", resp.StatusCode, b.String())
+	}
+}
+
+// --transport auto through a front end that refuses CONNECT (as many
+// ingresses do) falls back to the WebSocket; --transport connect fails
+// there, with the front end's status.
+func TestProxyAutoFallsBackToWebSocket(t *testing.T) {
+	ssh := gwtest.RequireTool(t, "ssh")
+	g := startGateway(t)
+	s := g.createSession(t)
+	target, _ := url.Parse(g.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect {
+			http.Error(w, "CONNECT is not passed here", http.StatusMethodNotAllowed)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	env := append(cleanEnv(), "SANDBOX_API_URL="+front.URL, "SANDBOX_API_TOKEN="+g.Token)
+
+	out, errOut, code := runClient(t, env, nil, ssh, append(wsOpts(g, t, s, "auto"), s.SessionID, "echo via-$((40+2))")...)
+	if out != "via-42\n" || code != 0 {
+		t.Fatalf("auto through a front end without CONNECT = (%q, %q, %d)", out, errOut, code)
+	}
+	// The environment twin of --transport.
+	out, _, code = runClient(t, append(env, "SANDBOX_TRANSPORT=websocket"), nil, ssh, append(g.sshOpts(t, s), s.SessionID, "echo env")...)
+	if out != "env\n" || code != 0 {
+		t.Errorf("SANDBOX_TRANSPORT=websocket: (%q, %d)", out, code)
+	}
+	_, errOut, code = runClient(t, env, strings.NewReader(""), sandgateBin, "proxy", "--transport", "connect", s.SessionID)
+	if code == 0 || !strings.Contains(errOut, "405") {
+		t.Errorf("connect through the front end: code %d, %q", code, errOut)
+	}
+	_, errOut, code = runClient(t, env, strings.NewReader(""), sandgateBin, "proxy", "--transport", "bogus", s.SessionID)
+	if code != 2 || !strings.Contains(errOut, "unknown transport") {
+		t.Errorf("--transport bogus: code %d, %q", code, errOut)
+	}
+}

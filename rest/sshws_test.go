@@ -1,0 +1,55 @@
+package rest_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// wsHeaders are a WebSocket handshake's request headers.
+func wsHeaders(hdr ...string) []string {
+	return append([]string{"Connection", "Upgrade", "Upgrade", "websocket",
+		"Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}, hdr...)
+}
+
+// wsOpen opens GET path as a WebSocket, checks the 101 against the spec,
+// and returns the first message (the gateway's SSH banner).
+func (g *testGateway) wsOpen(t *testing.T, path, token string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h := http.Header{"Authorization": {"Bearer " + token}}
+	c, resp, err := websocket.Dial(ctx, g.url+path, &websocket.DialOptions{HTTPHeader: h})
+	if err != nil {
+		t.Fatalf("websocket %s: %v", path, err)
+	}
+	defer c.CloseNow()
+	req, _ := http.NewRequest(http.MethodGet, g.url+path, nil)
+	req.Header = h
+	g.spec.checkResponse(t, req, result{status: resp.StatusCode, header: resp.Header})
+	typ, msg, err := c.Read(ctx)
+	if err != nil || typ != websocket.MessageBinary {
+		t.Fatalf("websocket %s: first message %v %q, %v", path, typ, msg, err)
+	}
+	return string(msg)
+}
+
+// The SSH WebSocket: the banner arrives in binary messages; a foreign
+// Origin is refused before the session is looked up.
+func testSSHWebSocket(t *testing.T, g *testGateway, id string) {
+	path := "/v1/sessions/" + id + "/ssh"
+	if banner := g.wsOpen(t, path, aliceKey); !strings.HasPrefix(banner, "SSH-2.0-") {
+		t.Errorf("websocket: first message %q, want the SSH banner", banner)
+	}
+	expect(t, g.do(t, http.MethodGet, path, aliceKey, nil), 400, "websocket_required")
+	expect(t, g.do(t, http.MethodGet, path, "", nil, wsHeaders()...), 401, "unauthorized")
+	expect(t, g.do(t, http.MethodGet, path, "wrong", nil, wsHeaders()...), 401, "unauthorized")
+	expect(t, g.do(t, http.MethodGet, path, aliceKey, nil, wsHeaders("Origin", "https://evil.example")...), 403, "origin_not_allowed")
+	expect(t, g.do(t, http.MethodGet, path, aliceKey, nil, wsHeaders("Origin", "null")...), 403, "origin_not_allowed")
+	expect(t, g.do(t, http.MethodGet, path, bobKey, nil, wsHeaders()...), 404, "not_found")
+	expect(t, g.do(t, http.MethodGet, "/v1/sessions/sbx-missing/ssh", aliceKey, nil, wsHeaders()...), 404, "not_found")
+}

@@ -5,6 +5,7 @@
 package tunnel
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
@@ -196,19 +197,67 @@ func (t *Server) hijack(w http.ResponseWriter, r *http.Request, id string) net.C
 // upgrade accepts a WebSocket (the caller has checked its Origin) and
 // returns its binary messages as a byte stream, or nil.
 func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) net.Conn {
-	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	hr := &hijackRecorder{ResponseWriter: w}
+	c, err := websocket.Accept(hr, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil { // Accept has answered
 		t.log.InfoContext(r.Context(), "tunnel_upgrade_failed", "session", id, "err", err)
 		return nil
 	}
 	// The connection outlives the request: its context is not the
 	// request's, whose end would close it.
-	conn := websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary)
+	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw}
 	if !t.track(conn) {
 		c.CloseNow()
 		return nil
 	}
 	return conn
+}
+
+// hijackRecorder keeps the connection a WebSocket's Accept hijacks.
+type hijackRecorder struct {
+	http.ResponseWriter
+	raw net.Conn
+}
+
+func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	h.raw = c
+	return c, brw, err
+}
+
+// wsCloseWait is how long closing a WebSocket tunnel waits for the
+// client's answer to its close frame before it drops the connection.
+const wsCloseWait = time.Second
+
+// wsConn is a WebSocket tunnel's byte stream. Close sends a close frame
+// and waits at most wsCloseWait for the client's (the library would wait
+// 5 s), so that a session's end, or a shutdown, is not held up by a
+// client that does not answer.
+type wsConn struct {
+	net.Conn          // the binary messages (websocket.NetConn)
+	raw      net.Conn // the hijacked connection under it
+	once     sync.Once
+}
+
+func (c *wsConn) Close() error {
+	c.once.Do(func() {
+		done := make(chan struct{})
+		go func() {
+			_ = c.Conn.Close()
+			close(done)
+		}()
+		timer := time.NewTimer(wsCloseWait)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+			if c.raw != nil {
+				_ = c.raw.Close()
+			}
+			<-done
+		}
+	})
+	return nil
 }
 
 // IsWebSocket reports whether r asks for a WebSocket upgrade.

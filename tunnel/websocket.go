@@ -89,7 +89,7 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 		return nil, fmt.Errorf("websocket to gateway: %w", err)
 	}
 	nc := websocket.NetConn(context.WithoutCancel(ctx), c, websocket.MessageBinary)
-	return &wsConn{Conn: nc}, nil
+	return &wsClientConn{Conn: nc}, nil
 }
 
 // statusError turns a refused upgrade into a *StatusError.
@@ -109,8 +109,8 @@ func statusError(resp *http.Response) *StatusError {
 	return se
 }
 
-// wsConn is a WebSocket's byte stream. A WebSocket has no half close:
+// wsClientConn is a WebSocket's byte stream. A WebSocket has no half close:
 // CloseWrite, which a relay calls when its input ends, closes it.
-type wsConn struct{ net.Conn }
+type wsClientConn struct{ net.Conn }
 
-func (c *wsConn) CloseWrite() error { return c.Conn.Close() }
+func (c *wsClientConn) CloseWrite() error { return c.Conn.Close() }

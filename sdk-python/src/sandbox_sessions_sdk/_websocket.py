@@ -172,6 +172,10 @@ class WebSocketStream:
         elif op == _OP_CLOSE:
             code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
             self._eof = True
+            try:  # the closing handshake: answer with a close frame
+                self._send_frame(_OP_CLOSE, payload[:2])
+            except OSError:
+                pass
             if code not in (1000, 1001, 1005):
                 reason = payload[2:].decode("utf-8", errors="replace")
                 raise WebSocketError(f"websocket: the server closed the connection: {code} {reason}".rstrip())

@@ -172,3 +172,31 @@ func TestProxyAutoFallsBackToWebSocket(t *testing.T) {
 		t.Errorf("--transport bogus: code %d, %q", code, errOut)
 	}
 }
+
+// A WebSocket tunnel ends with its session, as a CONNECT does.
+func TestWebSocketTunnelEndsWithSession(t *testing.T) {
+	g := startGateway(t)
+	s := g.createSession(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, g.URL+"/v1/sessions/"+s.SessionID+"/ssh",
+		&websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + g.Token}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if _, msg, err := c.Read(ctx); err != nil || !bytes.HasPrefix(msg, []byte("SSH-2.0-")) {
+		t.Fatalf("first message %q, %v", msg, err)
+	}
+	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete: %d", code)
+	}
+	for {
+		if _, _, err := c.Read(ctx); err != nil {
+			if ctx.Err() != nil {
+				t.Fatal("the WebSocket outlived its session")
+			}
+			break
+		}
+	}
+}

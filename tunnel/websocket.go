@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -110,7 +111,25 @@ func statusError(resp *http.Response) *StatusError {
 }
 
 // wsClientConn is a WebSocket's byte stream. A WebSocket has no half close:
-// CloseWrite, which a relay calls when its input ends, closes it.
-type wsClientConn struct{ net.Conn }
+// CloseWrite, which a relay calls when its input ends, closes it. A read
+// that fails because the conn was closed says net.ErrClosed, as a socket's
+// does (the library's says "context canceled").
+type wsClientConn struct {
+	net.Conn
+	closed atomic.Bool
+}
 
-func (c *wsClientConn) CloseWrite() error { return c.Conn.Close() }
+func (c *wsClientConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil && err != io.EOF && c.closed.Load() {
+		err = net.ErrClosed
+	}
+	return n, err
+}
+
+func (c *wsClientConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+func (c *wsClientConn) CloseWrite() error { return c.Close() }

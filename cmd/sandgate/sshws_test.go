@@ -39,7 +39,7 @@ func TestOpenSSHOverWebSocket(t *testing.T) {
 	opts := append(wsOpts(g, t, s, "websocket"), s.SessionID)
 	payload := strings.Repeat("x", 200<<10)
 	out, errOut, code := runClient(t, g.clientEnv(), strings.NewReader(payload), ssh, append(opts, "wc -c; echo done >&2; exit 3")...)
-	if strings.TrimSpace(out) != "204800" || !strings.Contains(errOut, "done") || code != 3 {
+	if strings.TrimSpace(out) != "204800" || errOut != "done\n" || code != 3 {
 		t.Fatalf("ssh over websocket = (%q, %q, %d)", out, errOut, code)
 	}
 	if !strings.Contains(g.stderr.String(), "transport=websocket") {
@@ -70,6 +70,14 @@ func TestOpenSSHOverWebSocket(t *testing.T) {
 		t.Errorf("tunnel.close = %+v", closed)
 	}
 	requireOne(t, events, audit.Event{Kind: audit.KindTunnelOpen, RequestID: closed.RequestID})
+
+	// The proxy ends quietly when ssh is done: no "context canceled" from
+	// the read it was in when ssh closed its stdin.
+	for range 10 {
+		if out, errOut, code := runClient(t, g.clientEnv(), nil, ssh, append(opts, "echo q")...); out != "q\n" || errOut != "" || code != 0 {
+			t.Fatalf("ssh over websocket = (%q, %q, %d)", out, errOut, code)
+		}
+	}
 }
 
 // The WebSocket endpoint's refusals: a bad token 401, a foreign Origin

@@ -188,7 +188,8 @@ func New(cfg Config) http.Handler {
 		r.Get("/audit", a.listAudit)
 		if cfg.Connect != nil {
 			r.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
-			r.Get("/sessions/{id}/ssh", a.sshWebSocket) // sshws.go
+			r.Get("/sessions/{id}/ssh", a.sshWebSocket)      // sshws.go
+			r.Get("/sessions/{id}/terminal", a.sshWebSocket) // a PTY shell (tunnel/terminal.go)
 		}
 	})
 	if cfg.Connect != nil {

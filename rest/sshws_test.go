@@ -17,8 +17,9 @@ func wsHeaders(hdr ...string) []string {
 }
 
 // wsOpen opens GET path as a WebSocket, checks the 101 against the spec,
-// and returns the first message (the gateway's SSH banner).
-func (g *testGateway) wsOpen(t *testing.T, path, token string) string {
+// and returns the first message (the gateway's SSH banner); with noRead,
+// it returns "" at once.
+func (g *testGateway) wsOpen(t *testing.T, path, token string, noRead ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -31,25 +32,38 @@ func (g *testGateway) wsOpen(t *testing.T, path, token string) string {
 	req, _ := http.NewRequest(http.MethodGet, g.url+path, nil)
 	req.Header = h
 	g.spec.checkResponse(t, req, result{status: resp.StatusCode, header: resp.Header})
-	typ, msg, err := c.Read(ctx)
-	if err != nil || typ != websocket.MessageBinary {
-		t.Fatalf("websocket %s: first message %v %q, %v", path, typ, msg, err)
+	if len(noRead) == 0 {
+		typ, msg, err := c.Read(ctx)
+		if err != nil || typ != websocket.MessageBinary {
+			t.Fatalf("websocket %s: first message %v %q, %v", path, typ, msg, err)
+		}
+		return string(msg)
 	}
-	return string(msg)
+	return ""
 }
 
 // The SSH WebSocket: the banner arrives in binary messages; a foreign
-// Origin is refused before the session is looked up.
+// Origin is refused before the session is looked up. The terminal's
+// WebSocket answers the same refusals.
 func testSSHWebSocket(t *testing.T, g *testGateway, id string) {
-	path := "/v1/sessions/" + id + "/ssh"
-	if banner := g.wsOpen(t, path, aliceKey); !strings.HasPrefix(banner, "SSH-2.0-") {
+	if banner := g.wsOpen(t, "/v1/sessions/"+id+"/ssh", aliceKey); !strings.HasPrefix(banner, "SSH-2.0-") {
 		t.Errorf("websocket: first message %q, want the SSH banner", banner)
 	}
+	// The terminal's 101 (its shell is tested on the real binary:
+	// cmd/sandgate's TestTerminalWebSocket).
+	g.wsOpen(t, "/v1/sessions/"+id+"/terminal", aliceKey, "")
+	for _, suffix := range []string{"/ssh", "/terminal"} {
+		testWebSocketRefusals(t, g, id, suffix)
+	}
+}
+
+func testWebSocketRefusals(t *testing.T, g *testGateway, id, suffix string) {
+	path := "/v1/sessions/" + id + suffix
 	expect(t, g.do(t, http.MethodGet, path, aliceKey, nil), 400, "websocket_required")
 	expect(t, g.do(t, http.MethodGet, path, "", nil, wsHeaders()...), 401, "unauthorized")
 	expect(t, g.do(t, http.MethodGet, path, "wrong", nil, wsHeaders()...), 401, "unauthorized")
 	expect(t, g.do(t, http.MethodGet, path, aliceKey, nil, wsHeaders("Origin", "https://evil.example")...), 403, "origin_not_allowed")
 	expect(t, g.do(t, http.MethodGet, path, aliceKey, nil, wsHeaders("Origin", "null")...), 403, "origin_not_allowed")
 	expect(t, g.do(t, http.MethodGet, path, bobKey, nil, wsHeaders()...), 404, "not_found")
-	expect(t, g.do(t, http.MethodGet, "/v1/sessions/sbx-missing/ssh", aliceKey, nil, wsHeaders()...), 404, "not_found")
+	expect(t, g.do(t, http.MethodGet, "/v1/sessions/sbx-missing"+suffix, aliceKey, nil, wsHeaders()...), 404, "not_found")
 }

@@ -76,9 +76,10 @@ func NewServer(lookup Lookup, handle ConnHandler, writeError func(http.ResponseW
 	return t
 }
 
-// ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}, and
-// for GET /v1/sessions/{id}/ssh with Upgrade: websocket (the same byte
-// stream in binary messages). The caller checks a WebSocket's Origin.
+// ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}, for
+// GET /v1/sessions/{id}/ssh with Upgrade: websocket (the same byte stream
+// in binary messages), and for GET /v1/sessions/{id}/terminal (a shell on
+// a PTY, terminal.go). The caller checks a WebSocket's Origin.
 func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ws := false
 	switch {
@@ -100,8 +101,10 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := path.Base(r.URL.Path)
+	terminal := false
 	if ws {
 		id = path.Base(path.Dir(r.URL.Path))
+		terminal = path.Base(r.URL.Path) == "terminal" // terminal.go
 	}
 	s, err := t.lookup.Get(r.Context(), p, id)
 	if err != nil {
@@ -135,8 +138,9 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	var conn net.Conn
+	var wsc *websocket.Conn
 	if ws {
-		conn = t.upgrade(w, r, s.ID)
+		conn, wsc = t.upgrade(w, r, s.ID)
 	} else {
 		conn = t.hijack(w, r, s.ID)
 	}
@@ -155,8 +159,21 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ws {
 		transport = "websocket"
 	}
+	if terminal {
+		transport = "terminal"
+	}
 	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr, "transport", transport)
 	ctx = context.WithoutCancel(ctx)
+	if terminal {
+		// The SSH stream runs over a pipe inside the gateway: it is what
+		// is counted and audited.
+		t.serveTerminal(ctx, wsc, s, func(pipe net.Conn) {
+			counted, done := t.account(ctx, pipe, s)
+			defer done()
+			t.handle(ctx, counted, s)
+		})
+		return
+	}
 	counted, done := t.account(ctx, conn, s)
 	defer done()
 	t.handle(ctx, counted, s)
@@ -196,21 +213,22 @@ func (t *Server) hijack(w http.ResponseWriter, r *http.Request, id string) net.C
 
 // upgrade accepts a WebSocket (the caller has checked its Origin) and
 // returns its binary messages as a byte stream, or nil.
-func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) net.Conn {
+func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net.Conn, *websocket.Conn) {
 	hr := &hijackRecorder{ResponseWriter: w}
 	c, err := websocket.Accept(hr, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil { // Accept has answered
 		t.log.InfoContext(r.Context(), "tunnel_upgrade_failed", "session", id, "err", err)
-		return nil
+		return nil, nil
 	}
 	// The connection outlives the request: its context is not the
-	// request's, whose end would close it.
+	// request's, whose end would close it. (A terminal reads c's messages
+	// itself, never this stream's; its Close ends c all the same.)
 	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw}
 	if !t.track(conn) {
 		c.CloseNow()
-		return nil
+		return nil, nil
 	}
-	return conn
+	return conn, c
 }
 
 // hijackRecorder keeps the connection a WebSocket's Accept hijacks.

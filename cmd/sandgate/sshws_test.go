@@ -208,3 +208,46 @@ func TestWebSocketTunnelEndsWithSession(t *testing.T) {
 		}
 	}
 }
+
+// The terminal WebSocket: a shell on a PTY that follows resize messages,
+// and tells its exit status before it closes.
+func TestTerminalWebSocket(t *testing.T) {
+	g := startGateway(t)
+	s := g.createSession(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, _, err := websocket.Dial(ctx, g.URL+"/v1/sessions/"+s.SessionID+"/terminal",
+		&websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + g.Token}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"resize","cols":101,"rows":37}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, websocket.MessageBinary, []byte("stty size; echo sum=$((40+2)); exit 5\n")); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	var exit string
+	for {
+		typ, msg, err := c.Read(ctx)
+		if err != nil {
+			if websocket.CloseStatus(err) != websocket.StatusNormalClosure {
+				t.Fatalf("read: %v (output %q)", err, out.String())
+			}
+			break
+		}
+		if typ == websocket.MessageText {
+			exit = string(msg)
+			continue
+		}
+		out.Write(msg)
+	}
+	if !strings.Contains(out.String(), "37 101") || !strings.Contains(out.String(), "sum=42") {
+		t.Errorf("terminal output %q, want stty size 37 101 and sum=42", out.String())
+	}
+	if exit != `{"type":"exit","code":5}` {
+		t.Errorf("exit message %q", exit)
+	}
+}

@@ -251,3 +251,66 @@ func TestTerminalWebSocket(t *testing.T) {
 		t.Errorf("exit message %q", exit)
 	}
 }
+
+// A terminal's shell is audited as an SSH shell, and the client going
+// away hangs it up (everything it runs is killed), as with SSH.
+func TestTerminalAuditAndHangup(t *testing.T) {
+	g := startGateway(t)
+	s := g.createSession(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dial := func() *websocket.Conn {
+		c, _, err := websocket.Dial(ctx, g.URL+"/v1/sessions/"+s.SessionID+"/terminal",
+			&websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + g.Token}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := dial()
+	_ = c.Write(ctx, websocket.MessageBinary, []byte("exit 6\n"))
+	for {
+		if _, _, err := c.Read(ctx); err != nil {
+			break
+		}
+	}
+	c.CloseNow()
+	auditPath := filepath.Join(g.DataDir, "audit.log")
+	var sh []audit.Event
+	for deadline := time.Now().Add(20 * time.Second); len(sh) == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		sh = find(readAudit(t, auditPath), audit.Event{Kind: audit.KindCommand, Source: "shell", Session: s.SessionID})
+	}
+	if len(sh) != 1 || sh[0].ExitCode == nil || *sh[0].ExitCode != 6 {
+		t.Errorf("shell audit events: %+v", sh)
+	}
+
+	c = dial()
+	_ = c.Write(ctx, websocket.MessageBinary, []byte("echo started; exec sleep 12345\n"))
+	var out bytes.Buffer
+	for !bytes.Contains(out.Bytes(), []byte("started\r\n")) {
+		_, msg, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("read: %v (output %q)", err, out.String())
+		}
+		out.Write(msg)
+	}
+	sleeping := func() bool {
+		for _, p := range sessionProcesses([]string{s.SessionID}) {
+			if strings.Contains(p, "sleep 12345") {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(20 * time.Second); !sleeping(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the shell's sleep never showed up")
+		}
+	}
+	c.CloseNow() // the client goes away
+	for deadline := time.Now().Add(30 * time.Second); sleeping(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the terminal's shell outlived its client")
+		}
+	}
+}

@@ -312,6 +312,7 @@ func TestSpecIsValid(t *testing.T) {
 		"/v1/images":                 {http.MethodGet},
 		"/v1/sessions/{id}/ssh":      {http.MethodGet},
 		"/v1/sessions/{id}/terminal": {http.MethodGet},
+		"/v1/sessions/{id}/tickets":  {http.MethodPost},
 		"/sessions/{id}":             nil,
 		"/openapi.yaml":              {http.MethodGet},
 		"/openapi.json":              {http.MethodGet},
@@ -704,6 +705,7 @@ func TestContract(t *testing.T) {
 		}
 		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID+"/ssh", aliceKey, nil, wsHeaders()...), 410, "session_gone")
 		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID+"/terminal", aliceKey, nil, wsHeaders()...), 410, "session_gone")
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions/"+a1.SessionID+"/tickets", aliceKey, nil), 410, "session_gone")
 		// Another tenant's tombstone is a missing id, exactly.
 		rb := g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, bobKey, nil)
 		expect(t, rb, 404, "not_found")
@@ -892,6 +894,7 @@ func TestContract(t *testing.T) {
 		"sshWebSocket 429":      "too_many_ssh_startups: sshd's admission, shared with CONNECT (tunnel.Admitter)",
 		"terminalWebSocket 409": "session_not_running: the tunnel server's check, shared with CONNECT (tunnel.Server.ServeHTTP)",
 		"terminalWebSocket 429": "too_many_ssh_startups: sshd's admission, shared with CONNECT (tunnel.Admitter)",
+		"createTicket 429":      "too_many_tickets: seen in TestTicketLimit (100 tickets)",
 	})
 }
 

@@ -314,3 +314,41 @@ func TestTerminalAuditAndHangup(t *testing.T) {
 		}
 	}
 }
+
+// A browser's way in: a ticket in place of the bearer token, with the
+// gateway's own Origin, once.
+func TestTerminalWithTicket(t *testing.T) {
+	g := startGateway(t)
+	s := g.createSession(t)
+	var tk struct{ Ticket string }
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/tickets", nil, &tk); code != http.StatusCreated || tk.Ticket == "" {
+		t.Fatalf("ticket: %d %+v", code, tk)
+	}
+	u, _ := url.Parse(g.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	target := g.URL + "/v1/sessions/" + s.SessionID + "/terminal?ticket=" + tk.Ticket
+	opts := &websocket.DialOptions{HTTPHeader: http.Header{"Origin": {"http://" + u.Host}}}
+	c, _, err := websocket.Dial(ctx, target, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	_ = c.Write(ctx, websocket.MessageBinary, []byte("exit 0\n"))
+	var exit string
+	for {
+		typ, msg, err := c.Read(ctx)
+		if err != nil {
+			break
+		}
+		if typ == websocket.MessageText {
+			exit = string(msg)
+		}
+	}
+	if exit != `{"type":"exit","code":0}` {
+		t.Errorf("exit message %q", exit)
+	}
+	if _, resp, err := websocket.Dial(ctx, target, opts); err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a used ticket: %v", err)
+	}
+}

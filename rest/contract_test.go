@@ -304,17 +304,20 @@ func TestSpecIsValid(t *testing.T) {
 		t.Error("no bearerAuth security scheme")
 	}
 	want := map[string][]string{
-		"/healthz":          {http.MethodGet},
-		"/readyz":           {http.MethodGet},
-		"/v1/sessions":      {http.MethodGet, http.MethodPost},
-		"/v1/sessions/{id}": {http.MethodDelete, http.MethodGet, http.MethodPatch},
-		"/v1/host-keys":     {http.MethodGet},
-		"/v1/images":        {http.MethodGet},
-		"/sessions/{id}":    nil,
-		"/openapi.yaml":     {http.MethodGet},
-		"/openapi.json":     {http.MethodGet},
-		"/docs":             {http.MethodGet},
-		"/":                 {http.MethodGet},
+		"/healthz":                   {http.MethodGet},
+		"/readyz":                    {http.MethodGet},
+		"/v1/sessions":               {http.MethodGet, http.MethodPost},
+		"/v1/sessions/{id}":          {http.MethodDelete, http.MethodGet, http.MethodPatch},
+		"/v1/host-keys":              {http.MethodGet},
+		"/v1/images":                 {http.MethodGet},
+		"/v1/sessions/{id}/ssh":      {http.MethodGet},
+		"/v1/sessions/{id}/terminal": {http.MethodGet},
+		"/v1/sessions/{id}/tickets":  {http.MethodPost},
+		"/sessions/{id}":             nil,
+		"/openapi.yaml":              {http.MethodGet},
+		"/openapi.json":              {http.MethodGet},
+		"/docs":                      {http.MethodGet},
+		"/":                          {http.MethodGet},
 	}
 	for path, methods := range want {
 		item := doc.Paths.Value(path)
@@ -678,6 +681,7 @@ func TestContract(t *testing.T) {
 		expect(t, r, 404, "not_found")
 		r, _, _ = g.rawConnect(t, "/sessions/sbx-missing", "Proxy-Authorization", "Bearer "+aliceKey)
 		expect(t, r, 404, "not_found")
+		testSSHWebSocket(t, g, a1.SessionID) // sshws_test.go
 	})
 
 	t.Run("delete", func(t *testing.T) {
@@ -700,6 +704,9 @@ func TestContract(t *testing.T) {
 			r, _, _ = g.rawConnect(t, p+a1.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
 			expect(t, r, 410, "session_gone")
 		}
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID+"/ssh", aliceKey, nil, wsHeaders()...), 410, "session_gone")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID+"/terminal", aliceKey, nil, wsHeaders()...), 410, "session_gone")
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions/"+a1.SessionID+"/tickets", aliceKey, nil), 410, "session_gone")
 		// Another tenant's tombstone is a missing id, exactly.
 		rb := g.do(t, http.MethodGet, "/v1/sessions/"+a1.SessionID, bobKey, nil)
 		expect(t, rb, 404, "not_found")
@@ -872,16 +879,23 @@ func TestContract(t *testing.T) {
 			r, _, _ := sd.rawConnect(t, p+s.SessionID, "Proxy-Authorization", "Bearer "+aliceKey)
 			expect(t, r, 503, "shutting_down")
 		}
+		expect(t, sd.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID+"/ssh", aliceKey, nil, wsHeaders()...), 503, "shutting_down")
+		expect(t, sd.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID+"/terminal", aliceKey, nil, wsHeaders()...), 503, "shutting_down")
 	})
 
 	// Every response the spec documents was produced by the real server
 	// (the data plane's paths have contract tests of their own).
 	requireSeen(t, cov, func(path string) bool { return !dataPlanePath(path) }, map[string]string{
-		"getHostKeys 500":   "the handler has no failure path; documented because every handler sits behind the panic recoverer",
-		"createSession 404": "workspace_not_found and snapshot_not_found: seen in TestContractWorkspaces",
-		"deleteSession 400": "an invalid keepWorkspace: seen in TestContractWorkspaces",
-		"deleteSession 409": "workspace_sync_failed (files over the limit): seen in TestContractWorkspaces",
-		"deleteSession 503": "workspace_sync_failed (the store failed): seen in TestContractWorkspaces",
+		"getHostKeys 500":       "the handler has no failure path; documented because every handler sits behind the panic recoverer",
+		"createSession 404":     "workspace_not_found and snapshot_not_found: seen in TestContractWorkspaces",
+		"deleteSession 400":     "an invalid keepWorkspace: seen in TestContractWorkspaces",
+		"deleteSession 409":     "workspace_sync_failed (files over the limit): seen in TestContractWorkspaces",
+		"deleteSession 503":     "workspace_sync_failed (the store failed): seen in TestContractWorkspaces",
+		"sshWebSocket 409":      "session_not_running: the tunnel server's check, shared with CONNECT (tunnel.Server.ServeHTTP)",
+		"sshWebSocket 429":      "too_many_ssh_startups: sshd's admission, shared with CONNECT (tunnel.Admitter)",
+		"terminalWebSocket 409": "session_not_running: the tunnel server's check, shared with CONNECT (tunnel.Server.ServeHTTP)",
+		"terminalWebSocket 429": "too_many_ssh_startups: sshd's admission, shared with CONNECT (tunnel.Admitter)",
+		"createTicket 429":      "too_many_tickets: seen in TestTicketLimit (100 tickets)",
 	})
 }
 

@@ -189,6 +189,9 @@ func New(cfg Config) http.Handler {
 		r.Get("/audit", a.listAudit)
 		if cfg.Connect != nil {
 			r.Connect("/sessions/{id}", cfg.Connect.ServeHTTP)
+			r.Get("/sessions/{id}/ssh", a.sshWebSocket)      // sshws.go
+			r.Get("/sessions/{id}/terminal", a.sshWebSocket) // a PTY shell (tunnel/terminal.go)
+			r.Post("/sessions/{id}/tickets", a.createTicket) // tickets.go
 		}
 	})
 	if cfg.Connect != nil {
@@ -239,6 +242,7 @@ type api struct {
 	ports        *portsProxy                     // preview URLs (ports.go)
 	unauth       unauthSampler                   // unauthenticated calls' audit (audit.go)
 	linkLimits   linkLimits                      // link fetches per link and per address (links.go)
+	tickets      tickets                         // one-use WebSocket tickets (tickets.go)
 }
 
 // newFailureLimiter bounds failed authentications per client IP, so token
@@ -302,6 +306,14 @@ func (a *api) recoverer(next http.Handler) http.Handler {
 // authenticate puts the request's principal in its context or answers 401.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p, has, valid := a.ticketPrincipal(r); has { // tickets.go
+			if !valid {
+				WriteError(w, http.StatusUnauthorized, "invalid_ticket", "the ticket is unknown, used, expired or for another session")
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(withCaller(r, p), p)))
+			return
+		}
 		p, ok := a.verify(w, r)
 		if !ok {
 			return

@@ -48,6 +48,9 @@ type Dialer struct {
 	// ssh_startups_full) is retried, after each answer's Retry-After
 	// (0: not retried).
 	RetryStartups time.Duration
+	// Transport is TransportConnect (""), TransportWebSocket or
+	// TransportAuto (websocket.go).
+	Transport string
 }
 
 // startupCodes are the refusals RetryStartups retries.
@@ -95,6 +98,13 @@ func (d *Dialer) dial(ctx context.Context, id string) (net.Conn, error) {
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
+	transport, err := ParseTransport(d.Transport)
+	if err != nil {
+		return nil, err
+	}
+	if transport == TransportWebSocket {
+		return d.dialWebSocket(ctx, u, id, timeout)
+	}
 	host := u.Host
 	if u.Port() == "" {
 		if u.Scheme == "https" {
@@ -127,6 +137,9 @@ func (d *Dialer) dial(ctx context.Context, id string) (net.Conn, error) {
 	c, err := connect(conn, u.Host, ConnectPath(u.Path, id), d.Token, timeout)
 	if err != nil {
 		conn.Close()
+		if d.Transport == TransportAuto && connectRefused(err) {
+			return d.dialWebSocket(ctx, u, id, timeout)
+		}
 		return nil, err
 	}
 	return c, nil
@@ -166,7 +179,7 @@ func WriteConnect(w io.Writer, host, path, token string) error {
 func ReadConnectResponse(r *bufio.Reader) error {
 	resp, err := http.ReadResponse(r, &http.Request{Method: http.MethodConnect})
 	if err != nil {
-		return fmt.Errorf("read CONNECT response: %w", err)
+		return &responseError{err: err}
 	}
 	if resp.StatusCode == http.StatusOK {
 		return nil

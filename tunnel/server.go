@@ -1,9 +1,11 @@
-// Package tunnel carries SSH inside HTTP CONNECT: the server side
-// authorises a CONNECT for one session, hijacks the connection and hands it
-// on; the client side dials such a tunnel.
+// Package tunnel carries SSH inside HTTP CONNECT, or inside a WebSocket
+// for front ends that do not pass CONNECT: the server side authorises a
+// tunnel to one session, takes the connection over and hands it on; the
+// client side dials such a tunnel.
 package tunnel
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
@@ -11,8 +13,11 @@ import (
 	"net"
 	"net/http"
 	"path"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/gateway"
@@ -71,9 +76,22 @@ func NewServer(lookup Lookup, handle ConnHandler, writeError func(http.ResponseW
 	return t
 }
 
-// ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}.
+// ServeHTTP implements http.Handler for CONNECT /v1/sessions/{id}, for
+// GET /v1/sessions/{id}/ssh with Upgrade: websocket (the same byte stream
+// in binary messages), and for GET /v1/sessions/{id}/terminal (a shell on
+// a PTY, terminal.go). The caller checks a WebSocket's Origin.
 func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodConnect {
+	ws := false
+	switch {
+	case r.Method == http.MethodConnect:
+	case r.Method == http.MethodGet && IsWebSocket(r):
+		ws = true
+	case r.Method == http.MethodGet:
+		w.Header().Set("Upgrade", "websocket")
+		t.writeError(w, &gateway.Error{Kind: gateway.KindInvalid, Code: "websocket_required",
+			Message: "this endpoint carries SSH in a WebSocket: send Upgrade: websocket"})
+		return
+	default:
 		http.Error(w, "CONNECT only", http.StatusMethodNotAllowed)
 		return
 	}
@@ -83,6 +101,11 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := path.Base(r.URL.Path)
+	terminal := false
+	if ws {
+		id = path.Base(path.Dir(r.URL.Path))
+		terminal = path.Base(r.URL.Path) == "terminal" // terminal.go
+	}
 	s, err := t.lookup.Get(r.Context(), p, id)
 	if err != nil {
 		t.writeError(w, err)
@@ -114,11 +137,56 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ctx = actx
 	}
 
+	var conn net.Conn
+	var wsc *websocket.Conn
+	if ws {
+		conn, wsc = t.upgrade(w, r, s.ID)
+	} else {
+		conn = t.hijack(w, r, s.ID)
+	}
+	if conn == nil {
+		return
+	}
+	defer t.untrack(conn)
+	remove, live := s.AddConn(func() { conn.Close() })
+	defer remove()
+	if !live {
+		conn.Close()
+		return
+	}
+	s.Touch(time.Now())
+	transport := "connect"
+	if ws {
+		transport = "websocket"
+	}
+	if terminal {
+		transport = "terminal"
+	}
+	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr, "transport", transport)
+	ctx = context.WithoutCancel(ctx)
+	if terminal {
+		// The SSH stream runs over a pipe inside the gateway: it is what
+		// is counted and audited.
+		t.serveTerminal(ctx, wsc, s, func(pipe net.Conn) {
+			counted, done := t.account(ctx, pipe, s)
+			defer done()
+			t.handle(ctx, counted, s)
+		})
+		return
+	}
+	counted, done := t.account(ctx, conn, s)
+	defer done()
+	t.handle(ctx, counted, s)
+}
+
+// hijack takes a CONNECT's connection over and answers 200. It returns
+// nil when the tunnel is not to go on (the answer, if any, is written).
+func (t *Server) hijack(w http.ResponseWriter, r *http.Request, id string) net.Conn {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		t.log.ErrorContext(r.Context(), "tunnel_hijack_failed", "session", s.ID, "err", err)
+		t.log.ErrorContext(r.Context(), "tunnel_hijack_failed", "session", id, "err", err)
 		t.writeError(w, err)
-		return
+		return nil
 	}
 	// A plain TCP tunnel moves its bulk data with raw system calls (see
 	// internal/rawio); TLS stays as it is.
@@ -133,25 +201,97 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// that arrives while the server shuts down is closed at once.
 	if !t.track(conn) {
 		conn.Close()
-		return
+		return nil
 	}
-	defer t.untrack(conn)
 	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
-		return
+		t.untrack(conn)
+		return nil
 	}
-	remove, live := s.AddConn(func() { conn.Close() })
-	defer remove()
-	if !live {
-		conn.Close()
-		return
+	return conn
+}
+
+// upgrade accepts a WebSocket (the caller has checked its Origin) and
+// returns its binary messages as a byte stream, or nil.
+func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net.Conn, *websocket.Conn) {
+	hr := &hijackRecorder{ResponseWriter: w}
+	c, err := websocket.Accept(hr, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
+	if err != nil { // Accept has answered
+		t.log.InfoContext(r.Context(), "tunnel_upgrade_failed", "session", id, "err", err)
+		return nil, nil
 	}
-	s.Touch(time.Now())
-	t.log.InfoContext(r.Context(), "tunnel_opened", "session", s.ID, "tenant", p.Tenant, "remote", r.RemoteAddr)
-	ctx = context.WithoutCancel(ctx)
-	counted, done := t.account(ctx, conn, s)
-	defer done()
-	t.handle(ctx, counted, s)
+	// The connection outlives the request: its context is not the
+	// request's, whose end would close it. (A terminal reads c's messages
+	// itself, never this stream's; its Close ends c all the same.)
+	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw}
+	if !t.track(conn) {
+		c.CloseNow()
+		return nil, nil
+	}
+	return conn, c
+}
+
+// hijackRecorder keeps the connection a WebSocket's Accept hijacks.
+type hijackRecorder struct {
+	http.ResponseWriter
+	raw net.Conn
+}
+
+func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	h.raw = c
+	return c, brw, err
+}
+
+// wsCloseWait is how long closing a WebSocket tunnel waits for the
+// client's answer to its close frame before it drops the connection.
+const wsCloseWait = time.Second
+
+// wsConn is a WebSocket tunnel's byte stream. Close sends a close frame
+// and waits at most wsCloseWait for the client's (the library would wait
+// 5 s), so that a session's end, or a shutdown, is not held up by a
+// client that does not answer.
+type wsConn struct {
+	net.Conn          // the binary messages (websocket.NetConn)
+	raw      net.Conn // the hijacked connection under it
+	once     sync.Once
+}
+
+func (c *wsConn) Close() error {
+	c.once.Do(func() {
+		done := make(chan struct{})
+		go func() {
+			_ = c.Conn.Close()
+			close(done)
+		}()
+		timer := time.NewTimer(wsCloseWait)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+			if c.raw != nil {
+				_ = c.raw.Close()
+			}
+			<-done
+		}
+	})
+	return nil
+}
+
+// IsWebSocket reports whether r asks for a WebSocket upgrade.
+func IsWebSocket(r *http.Request) bool {
+	return headerHasToken(r.Header, "Connection", "upgrade") && headerHasToken(r.Header, "Upgrade", "websocket")
+}
+
+func headerHasToken(h http.Header, key, token string) bool {
+	for _, v := range h.Values(key) {
+		for _, f := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // track registers conn (nil: only reserves a place in the wait group) and

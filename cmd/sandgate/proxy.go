@@ -96,23 +96,32 @@ func proxyMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var cf clientFlags
 	cf.register(fs)
 	fdpass := fs.Bool("fdpass", false, "hand the tunnelled socket to ssh and exit (needs `ProxyUseFdpass yes`; http:// gateways only)")
+	transport := fs.String("transport", envOr("SANDBOX_TRANSPORT", tunnel.TransportConnect),
+		"connect (HTTP CONNECT), websocket (GET /v1/sessions/{id}/ssh), or auto (CONNECT, then a WebSocket if something in the way refuses CONNECT) (env SANDBOX_TRANSPORT)")
 	pos, code, done := parseCommandFlags(fs, args, `Usage: sandgate proxy [flags] ID|NAME[.sandgate]
 
-An OpenSSH ProxyCommand: opens a tunnel (CONNECT) to the session, by id or
-by name (a ".sandgate" suffix is dropped), and carries ssh's bytes through
-it. 'sandgate ssh-config' writes a ~/.ssh/config block that uses it.
+An OpenSSH ProxyCommand: opens a tunnel (CONNECT, or a WebSocket with
+--transport websocket|auto) to the session, by id or by name (a ".sandgate"
+suffix is dropped), and carries ssh's bytes through it. 'sandgate
+ssh-config' writes a ~/.ssh/config block that uses it.
 `, stdout, stderr)
 	if done {
 		return code
 	}
 	if len(pos) != 1 {
-		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] [--fdpass] ID|NAME[.sandgate]")
+		fmt.Fprintln(stderr, "usage: sandgate proxy [--api-url URL] [--token T] [--fdpass] [--transport connect|websocket|auto] ID|NAME[.sandgate]")
 		return 2
 	}
 	// ssh-config's block matches NAME.sandgate beside sbx-*: the gateway
 	// takes a session's id or name, without the suffix.
 	id := strings.TrimSuffix(pos[0], sshNameSuffix)
 	d, err := cf.dialer()
+	if err == nil {
+		d.Transport, err = tunnel.ParseTransport(*transport)
+	}
+	if err == nil && *fdpass && d.Transport != tunnel.TransportConnect {
+		err = errors.New("--fdpass needs --transport connect: a WebSocket is no socket ssh can use")
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate proxy:", err)
 		return 2

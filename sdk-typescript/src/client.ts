@@ -14,7 +14,7 @@ import {
 } from "./common.js";
 import { SandboxAPIError, SandboxConnectionError, SandboxOperationError } from "./errors.js";
 import { SessionSSH, type SSHOptions } from "./ssh.js";
-import { type TLSOptions, type TunnelSocket, openTunnel } from "./tunnel.js";
+import { type TLSOptions, type Transport, type TunnelSocket, openTunnel } from "./tunnel.js";
 
 export const MIN_TTL = 60;
 export const MAX_TTL = 28800;
@@ -511,8 +511,8 @@ export class Session {
     return this.#client.deleteSession(this.id, opts);
   }
 
-  /** Opens the CONNECT tunnel to this session's SSH server (see openTunnel). */
-  openTunnel(opts: { timeoutMs?: number } = {}): Promise<TunnelSocket> {
+  /** Opens the CONNECT tunnel (or WebSocket) to this session's SSH server (see openTunnel). */
+  openTunnel(opts: { timeoutMs?: number; transport?: Transport } = {}): Promise<TunnelSocket> {
     return this.#client.openTunnel(this.id, opts);
   }
 
@@ -758,9 +758,16 @@ export class SandboxClient {
     }
   }
 
-  /** Opens `CONNECT /v1/sessions/{id}` (see the module function openTunnel). */
-  openTunnel(sessionId: string, opts: { timeoutMs?: number } = {}): Promise<TunnelSocket> {
-    return openTunnel({ ...this.tls, baseUrl: this.baseUrl, apiKey: this.#apiKey, sessionId, timeoutMs: opts.timeoutMs });
+  /** Opens `CONNECT /v1/sessions/{id}`, or its WebSocket (see the module function openTunnel). */
+  openTunnel(sessionId: string, opts: { timeoutMs?: number; transport?: Transport } = {}): Promise<TunnelSocket> {
+    return openTunnel({
+      ...this.tls,
+      baseUrl: this.baseUrl,
+      apiKey: this.#apiKey,
+      sessionId,
+      timeoutMs: opts.timeoutMs,
+      transport: opts.transport,
+    });
   }
 
   /** Connects over SSH to a session by id, pinning the host keys its REST answer lists. */

@@ -41,7 +41,16 @@ export {
   type CommandResult,
   type OutputChunk,
 } from "./ssh.js";
-export { openTunnel, connectPath, DEFAULT_CONNECT_PATH, type TunnelOptions, type TLSOptions, type TunnelSocket } from "./tunnel.js";
+export {
+  openTunnel,
+  connectPath,
+  websocketPath,
+  DEFAULT_CONNECT_PATH,
+  type TunnelOptions,
+  type TLSOptions,
+  type TunnelSocket,
+  type Transport,
+} from "./tunnel.js";
 export {
   SandboxAPIError,
   SandboxConnectionError,

@@ -15,7 +15,7 @@ import {
   SandboxConnectionError,
   SandboxOperationError,
 } from "./errors.js";
-import { type TLSOptions, type TunnelSocket, openTunnel } from "./tunnel.js";
+import { type TLSOptions, type Transport, type TunnelSocket, openTunnel } from "./tunnel.js";
 
 /** Default bound on the output runCommand keeps of each stream (10 MiB), as the Python SDK. */
 export const DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024;
@@ -37,6 +37,8 @@ export interface SSHOptions extends TLSOptions {
   hostKeys?: string[];
   /** Time allowed for the tunnel and for the SSH handshake and authentication, each (default 20000). */
   timeoutMs?: number;
+  /** `"connect"` (default) or `"websocket"`, for front ends that do not pass CONNECT (see openTunnel). */
+  transport?: Transport;
 }
 
 export interface SSHConnectOptions extends SSHOptions {
@@ -281,6 +283,7 @@ export class SessionSSH {
       ca: opts.ca,
       rejectUnauthorized: opts.rejectUnauthorized,
       servername: opts.servername,
+      transport: opts.transport,
     });
     const client = new Client();
     let presented: Buffer | undefined;

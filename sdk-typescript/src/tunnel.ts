@@ -1,7 +1,10 @@
 // openTunnel: a raw byte stream to a session's SSH server via HTTP CONNECT.
 
 import * as net from "node:net";
+import type { Duplex } from "node:stream";
 import * as tls from "node:tls";
+
+import { WebSocket, createWebSocketStream } from "ws";
 
 import { USER_AGENT, bareHost, checkTimeout, errorForStatus, resolveSettings } from "./common.js";
 import { SandboxAPIError, SandboxConnectionError } from "./errors.js";
@@ -35,10 +38,27 @@ export interface TunnelOptions extends TLSOptions {
   connectPathTemplate?: string;
   /** More headers to send with the CONNECT request. */
   extraHeaders?: Record<string, string>;
+  /**
+   * `"connect"` (HTTP CONNECT, the default) or `"websocket"`: the same SSH
+   * stream in a WebSocket, `GET /v1/sessions/{id}/ssh` (see websocketPath),
+   * for front ends that do not pass CONNECT. `connectPathTemplate` is then
+   * not used.
+   */
+  transport?: Transport;
 }
 
-/** The socket a tunnel returns: a net.Socket, or a tls.TLSSocket for https. */
-export type TunnelSocket = net.Socket | tls.TLSSocket;
+/** How a tunnel reaches the gateway. */
+export type Transport = "connect" | "websocket";
+
+/** The socket a tunnel returns: a net.Socket, a tls.TLSSocket for https, a Duplex for a WebSocket. */
+export type TunnelSocket = net.Socket | tls.TLSSocket | Duplex;
+
+/** The WebSocket path for a base URL and session: `/v1` added to the URL's path unless it ends so. */
+export function websocketPath(baseUrl: string, sessionId: string): string {
+  let p = new URL(baseUrl).pathname.replace(/\/+$/, "");
+  if (!p.endsWith("/v1")) p += "/v1";
+  return `${p}/sessions/${encodeURIComponent(sessionId)}/ssh`;
+}
 
 /** The CONNECT path for a base URL and session: the URL's path joined with the template. */
 export function connectPath(baseUrl: string, sessionId: string, template = DEFAULT_CONNECT_PATH): string {
@@ -65,11 +85,16 @@ export function connectPath(baseUrl: string, sessionId: string, template = DEFAU
  * after its `Retry-After` for as long as `timeoutMs` allows.
  */
 export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> {
+  const transport = options.transport ?? "connect";
+  if (transport !== "connect" && transport !== "websocket") {
+    throw new TypeError(`transport must be "connect" or "websocket", not ${JSON.stringify(transport)}`);
+  }
   const timeoutMs = checkTimeout("timeoutMs", options.timeoutMs ?? 10_000);
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
-      return await openTunnelOnce({ ...options, timeoutMs: Math.max(1, deadline - Date.now()) });
+      const once = { ...options, timeoutMs: Math.max(1, deadline - Date.now()) };
+      return await (options.transport === "websocket" ? openWebSocketOnce(once) : openTunnelOnce(once));
     } catch (e) {
       const wait = startupRetry(e, deadline);
       if (wait === null) throw e;
@@ -89,7 +114,7 @@ function startupRetry(e: unknown, deadline: number): number | null {
   return Date.now() + wait >= deadline ? null : wait;
 }
 
-async function openTunnelOnce(options: TunnelOptions): Promise<TunnelSocket> {
+async function openTunnelOnce(options: TunnelOptions): Promise<net.Socket | tls.TLSSocket> {
   const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
   const sessionId = options.sessionId;
   if (typeof sessionId !== "string" || !sessionId) throw new TypeError("sessionId must be a non-empty string");
@@ -118,11 +143,11 @@ async function openTunnelOnce(options: TunnelOptions): Promise<TunnelSocket> {
   ];
   const request = Buffer.from(lines.join("\r\n") + "\r\n\r\n", "latin1");
 
-  return new Promise<TunnelSocket>((resolve, reject) => {
+  return new Promise<net.Socket | tls.TLSSocket>((resolve, reject) => {
     let tcpUp = false;
     let secured = false;
     let done = false;
-    let sock: TunnelSocket;
+    let sock: net.Socket | tls.TLSSocket;
     let head = Buffer.alloc(0);
     // After a non-200 head: the answer and how much body to wait for.
     let answer: { statusLine: string; status: number; reason: string; headers: Record<string, string>; want: number } | null =
@@ -291,6 +316,71 @@ async function openTunnelOnce(options: TunnelOptions): Promise<TunnelSocket> {
     sock.on("readable", onReadable);
     sock.on("error", onError);
     sock.on("close", onClose);
+  });
+}
+
+/** Opens the SSH WebSocket once and resolves to its byte stream. */
+function openWebSocketOnce(options: TunnelOptions): Promise<Duplex> {
+  const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
+  const sessionId = options.sessionId;
+  if (typeof sessionId !== "string" || !sessionId) throw new TypeError("sessionId must be a non-empty string");
+  const timeoutMs = checkTimeout("timeoutMs", options.timeoutMs ?? 10_000);
+  const extra = options.extraHeaders ?? {};
+  for (const [k, v] of Object.entries(extra)) {
+    if (/[\r\n\0]/.test(k + v)) throw new TypeError("extraHeaders must not contain CR, LF or NUL");
+  }
+  const url = new URL(baseUrl);
+  const path = websocketPath(baseUrl, sessionId);
+  const target = `${url.protocol === "https:" ? "wss:" : "ws:"}//${url.host}${path}`;
+  return new Promise<Duplex>((resolve, reject) => {
+    let done = false;
+    const ws = new WebSocket(target, {
+      headers: { Authorization: `Bearer ${apiKey}`, "User-Agent": USER_AGENT, ...extra },
+      handshakeTimeout: timeoutMs,
+      perMessageDeflate: false,
+      followRedirects: false,
+      ca: options.ca,
+      rejectUnauthorized: options.rejectUnauthorized ?? true,
+      // Handed on to tls.connect (ws's types do not list it).
+      ...(options.servername !== undefined ? ({ servername: options.servername } as object) : {}),
+    });
+    const fail = (err: SandboxAPIError) => {
+      if (done) return;
+      done = true;
+      ws.terminate();
+      reject(err);
+    };
+    ws.once("open", () => {
+      if (done) return;
+      done = true;
+      ws.removeAllListeners("error");
+      // Not flowing until a reader attaches, as a CONNECT's socket (no
+      // pause(): a 'data' listener would not start a paused stream).
+      resolve(createWebSocketStream(ws));
+    });
+    ws.once("unexpected-response", (_req, res) => {
+      const statusLine = `HTTP/${res.httpVersion} ${res.statusCode} ${res.statusMessage ?? ""}`.trim();
+      const headers: Record<string, string> = {};
+      for (const [k, v] of Object.entries(res.headers)) if (typeof v === "string") headers[k] = v;
+      const chunks: Buffer[] = [];
+      let size = 0;
+      const end = () =>
+        fail(
+          errorForStatus(res.statusCode ?? 0, res.statusMessage ?? "", headers, Buffer.concat(chunks).subarray(0, MAX_BODY), {
+            what: `tunnel: WebSocket ${path} answered ${JSON.stringify(statusLine)}`,
+            sessionScoped: true,
+            statusLine,
+            fallback: "connection",
+          }),
+        );
+      res.on("data", (c: Buffer) => {
+        if (size < MAX_BODY) chunks.push(c);
+        size += c.length;
+      });
+      res.once("end", end);
+      res.once("error", end);
+    });
+    ws.on("error", (err: Error) => fail(new SandboxConnectionError(`tunnel: WebSocket ${path} failed: ${err.message}`, { cause: err })));
   });
 }
 

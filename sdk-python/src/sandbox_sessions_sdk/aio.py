@@ -617,6 +617,7 @@ class AsyncSessionSSHClient:
         connect_path_template: str = DEFAULT_CONNECT_PATH,
         host_key_policy: Optional[paramiko.MissingHostKeyPolicy] = None,
         get_pty: bool = False,
+        transport: str = "connect",
     ) -> None:
         self._sync = SessionSSHClient(
             api_url,
@@ -630,6 +631,7 @@ class AsyncSessionSSHClient:
             connect_path_template,
             host_key_policy,
             get_pty,
+            transport,
         )
         # One SFTP transfer at a time on the shared SFTP channel; made on first
         # use (Python 3.9 binds a Lock to the loop current when it is made).

@@ -27,7 +27,7 @@ from .errors import (
     SandboxOperationError,
 )
 from .models import CommandResult
-from .tunnel import DEFAULT_CONNECT_PATH, HTTPConnectTunnel
+from .tunnel import DEFAULT_CONNECT_PATH, TRANSPORTS, HTTPConnectTunnel
 
 __all__ = ["SessionSSHClient", "CommandResult", "DEFAULT_MAX_OUTPUT_BYTES"]
 
@@ -174,6 +174,9 @@ class SessionSSHClient(ClosesOnExit):
             keys the REST API returns.
         get_pty: Run commands on a pseudo-terminal (stderr then arrives
             merged into stdout, as with ``ssh -t``).
+        transport: ``"connect"`` (HTTP CONNECT, the default) or
+            ``"websocket"`` (the same stream in a WebSocket, for front ends
+            that do not pass CONNECT); see HTTPConnectTunnel.
     """
 
     def __init__(
@@ -189,8 +192,11 @@ class SessionSSHClient(ClosesOnExit):
         connect_path_template: str = DEFAULT_CONNECT_PATH,
         host_key_policy: Optional[paramiko.MissingHostKeyPolicy] = None,
         get_pty: bool = False,
+        transport: str = "connect",
     ) -> None:
         self.api_url, self._token = resolve_settings(api_url, bearer_token)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("session_id must be a non-empty string")
         if not isinstance(username, str) or not username:
@@ -211,6 +217,8 @@ class SessionSSHClient(ClosesOnExit):
         self.connect_path_template: str = connect_path_template
         self.host_key_policy: Optional[paramiko.MissingHostKeyPolicy] = host_key_policy
         self.get_pty: bool = bool(get_pty)
+        #: "connect" or "websocket" (``transport`` is Paramiko's Transport).
+        self.tunnel_transport: str = transport
 
         self._tunnel: Optional[HTTPConnectTunnel] = None
         self._client: Optional[paramiko.SSHClient] = None
@@ -284,6 +292,7 @@ class SessionSSHClient(ClosesOnExit):
             connect_path_template=self.connect_path_template,
             timeout=self.timeout or 20,
             verify_ssl=self.verify_ssl,
+            transport=self.tunnel_transport,
         )
         sock = tunnel.open()
         client = paramiko.SSHClient()

@@ -18,15 +18,23 @@ from ._common import (
     ssl_context,
 )
 from ._tlsstream import TLSStream
+from ._websocket import WebSocketStream, expected_accept, handshake_key
 from ._version import __version__
 from .errors import SandboxAPIError, SandboxConnectionError
 
-__all__ = ["HTTPConnectTunnel", "TLSStream", "TunnelSocket"]
+__all__ = ["HTTPConnectTunnel", "TLSStream", "TunnelSocket", "WebSocketStream", "TRANSPORTS"]
+
+#: The transports a tunnel may use: ``connect`` (HTTP CONNECT) or
+#: ``websocket`` (``GET /v1/sessions/{id}/ssh``, for front ends that do
+#: not pass CONNECT).
+TRANSPORTS = ("connect", "websocket")
 
 DEFAULT_CONNECT_PATH = "/sessions/{sessionId}"
 
-#: What :meth:`HTTPConnectTunnel.open` returns: a socket for http, a TLSStream for https.
-TunnelSocket = Union[socket.socket, TLSStream]
+#: What :meth:`HTTPConnectTunnel.open` returns: a socket for http, a
+#: TLSStream for https, a WebSocketStream (over either) for the websocket
+#: transport.
+TunnelSocket = Union[socket.socket, TLSStream, WebSocketStream]
 
 # Bounds on the CONNECT answer we are willing to read.
 _MAX_HEAD = 64 * 1024
@@ -55,6 +63,11 @@ class HTTPConnectTunnel(ClosesOnExit):
             CONNECT answer together. The returned socket is blocking.
         verify_ssl: ``True``, ``False`` or a CA bundle path, like requests.
         extra_headers: More headers to send with the CONNECT request.
+        transport: ``"connect"`` (the default) or ``"websocket"``: the same
+            SSH stream in a WebSocket, ``GET /v1/sessions/<id>/ssh`` under
+            the URL's path (``/v1`` added unless it ends so), for front ends
+            that do not pass CONNECT. ``connect_path_template`` is then
+            not used.
 
     Errors raised by :meth:`open`:
         UnauthorizedError (401), SessionNotFoundError (404), RateLimitError
@@ -76,8 +89,12 @@ class HTTPConnectTunnel(ClosesOnExit):
         timeout: float = 10,
         verify_ssl: VerifySSL = True,
         extra_headers: Optional[Mapping[str, str]] = None,
+        transport: str = "connect",
     ) -> None:
         self.api_url, self._token = resolve_settings(api_url, bearer_token)
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
+        self.transport: str = transport
         if not isinstance(session_id, str) or not session_id:
             raise ValueError("session_id must be a non-empty string")
         if "{sessionId}" not in connect_path_template:
@@ -96,6 +113,11 @@ class HTTPConnectTunnel(ClosesOnExit):
         self._netloc = parts.netloc.rsplit("@", 1)[-1]
         template_path = connect_path_template.replace("{sessionId}", quote(session_id, safe=""))
         self.path: str = parts.path.rstrip("/") + "/" + template_path.lstrip("/")
+        if transport == "websocket":
+            base = parts.path.rstrip("/")
+            if not base.endswith("/v1"):
+                base += "/v1"
+            self.path = base + "/sessions/" + quote(session_id, safe="") + "/ssh"
         self._sock: Optional[TunnelSocket] = None
 
     def __repr__(self) -> str:
@@ -124,7 +146,10 @@ class HTTPConnectTunnel(ClosesOnExit):
         while True:
             sock = self._dial(deadline)
             try:
-                self._handshake(sock, deadline)
+                if self.transport == "websocket":
+                    self._ws_handshake(sock, deadline)
+                else:
+                    self._handshake(sock, deadline)
                 break
             except SandboxAPIError as e:
                 _close_quietly(sock)
@@ -136,6 +161,8 @@ class HTTPConnectTunnel(ClosesOnExit):
                 _close_quietly(sock)
                 raise
         sock.settimeout(None)
+        if self.transport == "websocket":
+            sock = WebSocketStream(sock)
         self._sock = sock
         return sock
 
@@ -174,6 +201,59 @@ class HTTPConnectTunnel(ClosesOnExit):
         except OSError as e:
             _close_quietly(raw)
             raise SandboxConnectionError(f"tunnel: TLS handshake with {where} failed: {e}") from e
+
+    def _ws_handshake(self, sock: TunnelSocket, deadline: Optional[float]) -> None:
+        key = handshake_key()
+        lines = [
+            f"GET {self.path} HTTP/1.1",
+            f"Host: {self._netloc}",
+            "Connection: Upgrade",
+            "Upgrade: websocket",
+            "Sec-WebSocket-Version: 13",
+            f"Sec-WebSocket-Key: {key}",
+            f"Authorization: Bearer {self._token}",
+            f"User-Agent: sandbox-sessions-sdk-python/{__version__}",
+        ]
+        lines += [f"{k}: {v}" for k, v in self.extra_headers.items()]
+        self._exchange(sock, lines, 101, deadline)
+        status_line, _, _, headers = self._answer
+        if headers.get("Sec-WebSocket-Accept", "") != expected_accept(key):
+            raise SandboxConnectionError(
+                f"tunnel: the answer to the WebSocket upgrade of {self.path} has a wrong Sec-WebSocket-Accept",
+                status_line=status_line,
+            )
+
+    def _exchange(self, sock: TunnelSocket, lines: "list[str]", want: int, deadline: Optional[float]) -> None:
+        """Send a request head and read the answer's; raise unless it is *want*."""
+        what = lines[0].split(" ", 1)[0]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            sock.settimeout(_remaining(deadline))
+            sock.sendall(request)
+            head = _read_head(sock, deadline)
+        except socket.timeout as e:
+            raise SandboxConnectionError(f"tunnel: no answer to {what} {self.path} within {self.timeout}s") from e
+        except OSError as e:
+            raise SandboxConnectionError(f"tunnel: {what} {self.path} failed: {e}") from e
+        self._answer = _parse_head(head)
+        status_line, status, reason, headers = self._answer
+        if status == want:
+            return
+        body = b""
+        try:
+            body = _read_body(sock, headers, deadline)
+        except OSError:
+            pass
+        raise error_for_status(
+            status,
+            reason,
+            headers,
+            body,
+            what=f"tunnel: {what} {self.path} answered {status_line!r}",
+            session_scoped=True,
+            status_line=status_line,
+            fallback=SandboxConnectionError,
+        )
 
     def _handshake(self, sock: TunnelSocket, deadline: Optional[float]) -> None:
         lines = [

@@ -1,0 +1,135 @@
+package tunnel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Transports a Dialer may use.
+const (
+	// TransportConnect is an HTTP CONNECT to /v1/sessions/{id}.
+	TransportConnect = "connect"
+	// TransportWebSocket is a WebSocket to /v1/sessions/{id}/ssh, for
+	// front ends that do not pass CONNECT.
+	TransportWebSocket = "websocket"
+	// TransportAuto tries CONNECT and falls back to a WebSocket when
+	// something between client and gateway refuses the CONNECT.
+	TransportAuto = "auto"
+)
+
+// ParseTransport checks a transport's name ("" is connect).
+func ParseTransport(s string) (string, error) {
+	switch s {
+	case "", TransportConnect:
+		return TransportConnect, nil
+	case TransportWebSocket, TransportAuto:
+		return s, nil
+	}
+	return "", fmt.Errorf("unknown transport %q: want connect, websocket or auto", s)
+}
+
+// WebSocketPath returns the WebSocket path for id under the API URL's path.
+func WebSocketPath(apiPath, id string) string { return ConnectPath(apiPath, id) + "/ssh" }
+
+// connectRefused reports whether err is a CONNECT refused by something
+// other than the gateway, or answered with a refusal of the method: an
+// answer that is no HTTP, or a status without the gateway's error
+// envelope, or 400, 405 or 501 (what front ends that do not pass CONNECT
+// answer). The gateway's own answers (401, 404, 429...) are final.
+func connectRefused(err error) bool {
+	var se *StatusError
+	if errors.As(err, &se) {
+		switch se.StatusCode {
+		case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusNotImplemented:
+			return true
+		}
+		return se.Code == ""
+	}
+	var re *responseError
+	return errors.As(err, &re)
+}
+
+// responseError is a CONNECT answer that could not be read as HTTP.
+type responseError struct{ err error }
+
+func (e *responseError) Error() string { return "read CONNECT response: " + e.err.Error() }
+func (e *responseError) Unwrap() error { return e.err }
+
+// dialWebSocket opens the SSH stream of session id in a WebSocket.
+func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeout time.Duration) (net.Conn, error) {
+	wu := *u
+	wu.Path, wu.RawPath = WebSocketPath(u.Path, id), ""
+	wu.RawQuery, wu.Fragment = "", ""
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = d.TLSConfig.Clone()
+	tr.Proxy = nil
+	h := http.Header{}
+	if d.Token != "" {
+		h.Set("Authorization", "Bearer "+d.Token)
+	}
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, resp, err := websocket.Dial(hctx, wu.String(), &websocket.DialOptions{
+		HTTPClient: &http.Client{Transport: tr}, HTTPHeader: h,
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return nil, statusError(resp)
+		}
+		return nil, fmt.Errorf("websocket to gateway: %w", err)
+	}
+	nc := websocket.NetConn(context.WithoutCancel(ctx), c, websocket.MessageBinary)
+	return &wsClientConn{Conn: nc}, nil
+}
+
+// statusError turns a refused upgrade into a *StatusError.
+func statusError(resp *http.Response) *StatusError {
+	se := &StatusError{StatusCode: resp.StatusCode}
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		se.RetryAfter = time.Duration(secs) * time.Second
+	}
+	if resp.Body != nil {
+		var body struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if json.NewDecoder(io.LimitReader(resp.Body, 1024)).Decode(&body) == nil {
+			se.Code, se.Message = body.Error.Code, body.Error.Message
+		}
+	}
+	return se
+}
+
+// wsClientConn is a WebSocket's byte stream. A WebSocket has no half close:
+// CloseWrite, which a relay calls when its input ends, closes it. A read
+// that fails because the conn was closed says net.ErrClosed, as a socket's
+// does (the library's says "context canceled").
+type wsClientConn struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *wsClientConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil && err != io.EOF && c.closed.Load() {
+		err = net.ErrClosed
+	}
+	return n, err
+}
+
+func (c *wsClientConn) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+func (c *wsClientConn) CloseWrite() error { return c.Close() }

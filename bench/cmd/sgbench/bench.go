@@ -37,6 +37,14 @@ type bench struct {
 
 	lastClientCPU float64 // user+sys seconds of the last runClient, its children included
 	fdpass        bool    // sg hosts use `sandgate proxy --fdpass` and ProxyUseFdpass
+	ws            bool    // the binary's proxy has --transport websocket (row e6)
+}
+
+// proxySupportsWebSocket asks the binary whether its proxy has
+// --transport websocket.
+func proxySupportsWebSocket(bin string) bool {
+	out, _ := exec.Command(bin, "proxy", "-h").CombinedOutput()
+	return bytes.Contains(out, []byte("-transport")) && bytes.Contains(out, []byte("websocket"))
 }
 
 // proxySupportsFdpass asks the binary whether its proxy has --fdpass.
@@ -86,6 +94,7 @@ func (b *bench) setup() error {
 	case "auto":
 		b.fdpass = proxySupportsFdpass(c.sandgateBin)
 	}
+	b.ws = proxySupportsWebSocket(c.sandgateBin)
 	b.env = []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=" + filepath.Join(b.client, "home"),
@@ -237,6 +246,9 @@ func (b *bench) smoke() error {
 	hosts := []string{"sg", "sshd"}
 	if b.sdEq != nil {
 		hosts = append(hosts, "sg-eq", "sg-eq-stdio", "sshd-eq", hopHost)
+		if b.ws {
+			hosts = append(hosts, wsHost)
+		}
 	}
 	for _, h := range hosts {
 		if _, err := b.ssh(h, "true"); err != nil {
@@ -336,13 +348,14 @@ func (b *bench) runAll(start time.Time) int {
 			return 1
 		}
 		r.Setup = append(r.Setup,
-			fmt.Sprintf("**equal footing (rows e1-e5, the headline)**: %s, forced by the client config (`Ciphers`%s) and checked: %s. sshd (a second instance, same config plus `AllowTcpForwarding local`) runs with `LD_PRELOAD` of a TCP_NODELAY shim built here with cc (setsockopt after accept/accept4 and before connect on TCP sockets). The OpenSSH clients get the same shim in these rows (with fd passing, ssh's socket to sandgate is the proxy's, NODELAY already). Both write to one filesystem, the scratch dir's (%s): sshd's home and sandgate's data dir, where the linux driver's workspace images live. Transfers run `sync` (untimed) before every run. Rows e4e, e4f, e5e and e5f compare the copying proxy with the same sshd reached through `ProxyCommand sgbench nc %%h %%p`, which relays with the very code of `sandgate proxy` (internal/piperelay): the same hop on both sides, to show what the hop itself costs; the target rows are e4c, e4d, e5c and e5d", b.eqLabel(), map[bool]string{true: ", `MACs`", false: ""}[c.mac != ""], neg, b.report.Machine.TmpFS),
+			fmt.Sprintf("**equal footing (rows e1-e5, the headline)**: %s, forced by the client config (`Ciphers`%s) and checked: %s. sshd (a second instance, same config plus `AllowTcpForwarding local`) runs with `LD_PRELOAD` of a TCP_NODELAY shim built here with cc (setsockopt after accept/accept4 and before connect on TCP sockets). The OpenSSH clients get the same shim in these rows (with fd passing, ssh's socket to sandgate is the proxy's, NODELAY already). Both write to one filesystem, the scratch dir's (%s): sshd's home and sandgate's data dir, where the linux driver's workspace images live. Transfers run `sync` (untimed) before every run. Rows e4e, e4f, e5e and e5f compare the copying proxy with the same sshd reached through `ProxyCommand sgbench nc %%h %%p`, which relays with the very code of `sandgate proxy` (internal/piperelay): the same hop on both sides, to show what the hop itself costs; the target rows are e4c, e4d, e5c and e5d. Row e6 puts sandgate's WebSocket transport (`ProxyCommand sandgate proxy --transport websocket %%h`) beside its CONNECT transport and beside that same sshd hop, the three rotating", b.eqLabel(), map[bool]string{true: ", `MACs`", false: ""}[c.mac != ""], neg, b.report.Machine.TmpFS),
 		)
 	}
 	rows := []rowFunc{
 		{"e12", func() error { return b.eqEnv(b.rowEqConn) }},
 		{"e34", func() error { return b.eqEnv(b.rowEqData) }},
 		{"e5", func() error { return b.eqEnv(b.rowEqForward) }},
+		{"e6", func() error { return b.eqEnv(b.rowEqWebSocket) }},
 		{"1", b.rowNewConn},
 		{"2", b.rowControlMaster},
 		{"3", b.rowSFTP},
@@ -394,7 +407,7 @@ func (b *bench) runAll(start time.Time) int {
 
 // wantAnyE says whether any equal-footing row runs.
 func wantAnyE(c *config) bool {
-	for _, id := range []string{"e1", "e2", "e3", "e4", "e5"} {
+	for _, id := range []string{"e1", "e2", "e3", "e4", "e5", "e6"} {
 		if c.wantRow(id) {
 			return true
 		}
@@ -412,6 +425,8 @@ func (b *bench) wantGroup(id string) bool {
 		return b.sdEq != nil && (b.cfg.wantRow("e3") || b.cfg.wantRow("e4"))
 	case "e5":
 		return b.sdEq != nil && b.cfg.wantRow("e5")
+	case "e6":
+		return b.sdEq != nil && b.cfg.wantRow("e6")
 	}
 	return b.cfg.wantRow(id)
 }

@@ -138,6 +138,9 @@ func (b *bench) eqHosts(khSG string) string {
 		s.WriteString("  ProxyUseFdpass yes\n")
 	}
 	fmt.Fprintf(&s, "Host sg-eq-stdio\n  HostName %s\n  User sandbox\n  ProxyCommand %s proxy %%h\n  UserKnownHostsFile %s\n%s", b.sess.ID, b.cfg.sandgateBin, khSG, b.eqCrypto())
+	if b.ws {
+		fmt.Fprintf(&s, "Host %s\n  HostName %s\n  User sandbox\n  ProxyCommand %s proxy --transport websocket %%h\n  UserKnownHostsFile %s\n%s", wsHost, b.sess.ID, b.cfg.sandgateBin, khSG, b.eqCrypto())
+	}
 	hk := strings.TrimSpace(string(sshMarshal(b.sdEq.hostKey)))
 	kh := filepath.Join(b.client, "known_hosts_sshd_eq")
 	_ = os.WriteFile(kh, []byte(fmt.Sprintf("[localhost]:%d %s\n", b.sdEq.port, hk)), 0o600)
@@ -171,8 +174,8 @@ func (b *bench) eqWays() []struct{ host, label, short string } {
 // configured cipher; it returns what each side negotiated.
 func (b *bench) checkEqual() (string, error) {
 	var parts []string
-	for _, h := range []string{"sg-eq", "sg-eq-stdio", "sshd-eq", hopHost} {
-		if h == "sg-eq" && !b.fdpass {
+	for _, h := range []string{"sg-eq", "sg-eq-stdio", wsHost, "sshd-eq", hopHost} {
+		if (h == "sg-eq" && !b.fdpass) || (h == wsHost && !b.ws) {
 			continue
 		}
 		n := b.negotiated(h)

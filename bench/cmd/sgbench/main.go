@@ -121,7 +121,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10", "rows to run: e (the equal-footing rows e1-e5, also one by one) and the stock-sshd rows 1-10; rows 8's, 9's and 10's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10; rows 8's, 9's and 10's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -417,7 +417,8 @@ func printPlan(c *config, b *bench) {
 	sort.Slice(rows, func(i, j int) bool { return rowLess(rows[i], rows[j]) })
 	size := fmt.Sprintf("%d MiB", c.size>>20)
 	desc := map[string]string{
-		"e":  fmt.Sprintf("equal footing (headline): cipher %s both sides, sshd with a TCP_NODELAY shim, one %s filesystem: e1 new connection, e2 exec on an open connection (%d), e3 sftp put/get and e4 cat up/down of %d MiB (%d runs, sync between), e5 ssh -L up/down; sandgate both via ssh-config (fd passing) and the copying proxy; e4e-f and e5e-f: the copying proxy vs sshd behind the same hop (sgbench nc, the same relay)", c.cipher, c.scratch, c.execN, c.size>>20, c.reps),
+		"e":  fmt.Sprintf("equal footing (headline): cipher %s both sides, sshd with a TCP_NODELAY shim, one %s filesystem: e1 new connection, e2 exec on an open connection (%d), e3 sftp put/get and e4 cat up/down of %d MiB (%d runs, sync between), e5 ssh -L up/down; sandgate both via ssh-config (fd passing) and the copying proxy; e4e-f and e5e-f: the copying proxy vs sshd behind the same hop (sgbench nc, the same relay); e6 SSH over WebSocket (`proxy --transport websocket`) vs CONNECT and vs sshd behind the same hop", c.cipher, c.scratch, c.execN, c.size>>20, c.reps),
+		"e6": fmt.Sprintf("equal footing: SSH over WebSocket (`sandgate proxy --transport websocket`) vs `--transport connect` vs sshd behind the same hop, rotating: new connection + `true` (%d per way), %d MiB up `cat > /dev/null` and down `cat file` (%d runs per way, sync between)", c.newConnN, c.size>>20, c.reps),
 		"1":  fmt.Sprintf("new connection + `true` with ssh, %d runs per variant (sandgate proxy; sshd direct, via nc, via Go proxy; default KEX)", c.newConnN),
 		"2":  fmt.Sprintf("exec `true` over a ControlMaster connection, %d per side", c.execN),
 		"3":  fmt.Sprintf("sftp put/get and scp up/down of %s, %d runs per side", size, c.reps),

@@ -114,17 +114,24 @@ func (c *Client) noteGone(path string, err error) {
 
 func decodeError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return ParseAPIError(resp.StatusCode, b)
+}
+
+// ParseAPIError reads a non-2xx answer's body: the gateway's error
+// envelope's code and message, or, for a body that is not one (a proxy's
+// page), a code made of the status text and the body as the message.
+func ParseAPIError(status int, b []byte) *APIError {
 	var env struct {
 		Error struct {
 			Code    string `json:"code"`
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	ae := &APIError{Status: resp.StatusCode}
+	ae := &APIError{Status: status}
 	if json.Unmarshal(b, &env) == nil && env.Error.Code != "" {
 		ae.Code, ae.Message = env.Error.Code, env.Error.Message
 	} else {
-		ae.Code = strings.ReplaceAll(strings.ToLower(http.StatusText(resp.StatusCode)), " ", "_")
+		ae.Code = strings.ReplaceAll(strings.ToLower(http.StatusText(status)), " ", "_")
 		ae.Message = strings.TrimSpace(string(b))
 	}
 	return ae

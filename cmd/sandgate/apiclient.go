@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/mcpserver"
 )
 
 // apiFlags are the connection flags of the cobra client commands, with
@@ -124,20 +126,8 @@ func (c *apiClient) do(ctx context.Context, method, path string, in any) ([]byte
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var env struct {
-			Error struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		ae := &restError{Status: resp.StatusCode}
-		if json.Unmarshal(b, &env) == nil && env.Error.Code != "" {
-			ae.Code, ae.Message = env.Error.Code, env.Error.Message
-		} else {
-			ae.Code = strings.ReplaceAll(strings.ToLower(http.StatusText(resp.StatusCode)), " ", "_")
-			ae.Message = strings.TrimSpace(string(b))
-		}
-		return nil, ae
+		ae := mcpserver.ParseAPIError(resp.StatusCode, b)
+		return nil, &restError{Status: ae.Status, Code: ae.Code, Message: ae.Message}
 	}
 	return b, nil
 }

@@ -212,19 +212,20 @@ class HTTPConnectTunnel(ClosesOnExit):
             "Sec-WebSocket-Version: 13",
             f"Sec-WebSocket-Key: {key}",
             f"Authorization: Bearer {self._token}",
-            f"User-Agent: sandbox-sessions-sdk-python/{__version__}",
+            f"User-Agent: sandgate-sdk-python/{__version__}",
         ]
         lines += [f"{k}: {v}" for k, v in self.extra_headers.items()]
-        self._exchange(sock, lines, 101, deadline)
-        status_line, _, _, headers = self._answer
+        status_line, _, _, headers = self._exchange(sock, lines, 101, deadline)
         if headers.get("Sec-WebSocket-Accept", "") != expected_accept(key):
             raise SandboxConnectionError(
                 f"tunnel: the answer to the WebSocket upgrade of {self.path} has a wrong Sec-WebSocket-Accept",
                 status_line=status_line,
             )
 
-    def _exchange(self, sock: TunnelSocket, lines: "list[str]", want: int, deadline: Optional[float]) -> None:
-        """Send a request head and read the answer's; raise unless it is *want*."""
+    def _exchange(
+        self, sock: TunnelSocket, lines: "list[str]", want: int, deadline: Optional[float]
+    ) -> "tuple[str, int, str, CaseInsensitiveHeaders]":
+        """Send a request head and return the answer's parsed head; raise unless its status is *want*."""
         what = lines[0].split(" ", 1)[0]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
@@ -235,10 +236,10 @@ class HTTPConnectTunnel(ClosesOnExit):
             raise SandboxConnectionError(f"tunnel: no answer to {what} {self.path} within {self.timeout}s") from e
         except OSError as e:
             raise SandboxConnectionError(f"tunnel: {what} {self.path} failed: {e}") from e
-        self._answer = _parse_head(head)
-        status_line, status, reason, headers = self._answer
+        answer = _parse_head(head)
+        status_line, status, reason, headers = answer
         if status == want:
-            return
+            return answer
         body = b""
         try:
             body = _read_body(sock, headers, deadline)
@@ -264,34 +265,7 @@ class HTTPConnectTunnel(ClosesOnExit):
             f"User-Agent: sandgate-sdk-python/{__version__}",
         ]
         lines += [f"{k}: {v}" for k, v in self.extra_headers.items()]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        try:
-            sock.settimeout(_remaining(deadline))
-            sock.sendall(request)
-            head = _read_head(sock, deadline)
-        except socket.timeout as e:
-            raise SandboxConnectionError(f"tunnel: no answer to CONNECT {self.path} within {self.timeout}s") from e
-        except OSError as e:
-            raise SandboxConnectionError(f"tunnel: CONNECT {self.path} failed: {e}") from e
-
-        status_line, status, reason, headers = _parse_head(head)
-        if status == 200:
-            return
-        body = b""
-        try:
-            body = _read_body(sock, headers, deadline)
-        except OSError:
-            pass
-        raise error_for_status(
-            status,
-            reason,
-            headers,
-            body,
-            what=f"tunnel: CONNECT {self.path} answered {status_line!r}",
-            session_scoped=True,
-            status_line=status_line,
-            fallback=SandboxConnectionError,
-        )
+        self._exchange(sock, lines, 200, deadline)
 
 
 def _remaining(deadline: Optional[float]) -> Optional[float]:

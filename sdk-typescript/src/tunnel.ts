@@ -39,10 +39,11 @@ export interface TunnelOptions extends TLSOptions {
   /** More headers to send with the CONNECT request. */
   extraHeaders?: Record<string, string>;
   /**
-   * `"connect"` (HTTP CONNECT, the default) or `"websocket"`: the same SSH
+   * `"connect"` (HTTP CONNECT, the default), `"websocket"`: the same SSH
    * stream in a WebSocket, `GET /v1/sessions/{id}/ssh` (see websocketPath),
-   * for front ends that do not pass CONNECT. `connectPathTemplate` is then
-   * not used.
+   * for front ends that do not pass CONNECT (`connectPathTemplate` is then
+   * not used), or `"auto"`: CONNECT, then the WebSocket when something in
+   * the way refuses the CONNECT (see connectRefused).
    */
   transport?: Transport;
 }

@@ -1,6 +1,10 @@
 // SandboxClient: the REST API (/v1/sessions) and a session's REST data plane.
 
 import { randomUUID } from "node:crypto";
+import { createWriteStream } from "node:fs";
+import { rm } from "node:fs/promises";
+import { Readable, Transform } from "node:stream";
+import { pipeline } from "node:stream/promises";
 
 import {
   USER_AGENT,
@@ -31,6 +35,9 @@ import {
   type Ticket,
   type WriteOptions,
   ProcessOutput,
+  ndjsonLines,
+  streamedResult,
+  wholeResult,
   checkKernel,
   checkShellName,
   checkText,
@@ -544,6 +551,11 @@ export class Session {
     return this.#client.readFile(this.id, path, opts);
   }
 
+  /** Streams a file to a local path (`readFileTo`). */
+  readFileTo(path: string, dest: string): Promise<number> {
+    return this.#client.readFileTo(this.id, path, dest);
+  }
+
   /** Lists a directory (`listFiles`). */
   listFiles(path = ".", opts: { recursive?: boolean } = {}): Promise<FileList> {
     return this.#client.listFiles(this.id, path, opts);
@@ -852,6 +864,29 @@ export class SandboxClient {
    */
   async run(sessionId: string, command?: string, opts: ExecOptions = {}): Promise<ExecResult> {
     const body = commandBody(command, opts);
+    const { onStdout, onStderr } = opts;
+    for (const [name, cb] of [["onStdout", onStdout], ["onStderr", onStderr]] as const) {
+      if (cb !== undefined && typeof cb !== "function") throw new TypeError(`${name} must be a function`);
+    }
+    if (onStdout || onStderr) {
+      const what = "run command";
+      const { body: stream, abort, headers } = await this._stream("POST", `${sessionPath(sessionId)}/commands`, {
+        what,
+        sessionScoped: true,
+        json: body,
+        headers: { Accept: "application/x-ndjson" },
+      });
+      try {
+        if (!(headers["content-type"] ?? "").startsWith("application/x-ndjson")) {
+          const bytes = Buffer.from(await new Response(stream).arrayBuffer());
+          return wholeResult(parseJSONObject({ status: 200, headers, body: bytes }, what), onStdout, onStderr);
+        }
+        return await streamedResult(ndjsonLines(stream, abort, what), onStdout, onStderr, what);
+      } finally {
+        // Dropping the request kills the command (unless background) when a callback threw.
+        abort.abort();
+      }
+    }
     const ans = await this._request("POST", `${sessionPath(sessionId)}/commands`, {
       what: "run command",
       sessionScoped: true,
@@ -925,6 +960,45 @@ export class SandboxClient {
     });
     if (ans.status === 416) return new Uint8Array(0);
     return opts.maxBytes !== undefined && ans.body.length > opts.maxBytes ? ans.body.slice(0, opts.maxBytes) : ans.body;
+  }
+
+  /**
+   * Streams a sandbox file to the local file `dest` (`GET .../files`),
+   * never holding it whole; returns the bytes written. The local file is
+   * removed again when the download fails.
+   */
+  async readFileTo(sessionId: string, path: string, dest: string): Promise<number> {
+    checkPath(path);
+    if (typeof dest !== "string" || !dest) throw new TypeError("dest must be a local file path");
+    const what = `read file ${JSON.stringify(path)}`;
+    const { body, abort, headers } = await this._stream("GET", `${sessionPath(sessionId)}/files?${new URLSearchParams({ path })}`, {
+      what,
+      sessionScoped: true,
+      headers: { Accept: "application/octet-stream" },
+    });
+    let written = 0;
+    const counter = new Transform({
+      transform(chunk: Buffer, _enc, done) {
+        written += chunk.length;
+        done(null, chunk);
+      },
+    });
+    try {
+      await pipeline(Readable.fromWeb(body as import("node:stream/web").ReadableStream<Uint8Array>), counter, createWriteStream(dest));
+      const expected = headers["content-length"];
+      if (expected !== undefined && /^\d+$/.test(expected) && Number(expected) !== written) {
+        throw new SandboxConnectionError(`${what}: got ${written} of ${expected} bytes`);
+      }
+    } catch (e) {
+      await rm(dest, { force: true });
+      if (e instanceof SandboxAPIError) throw e;
+      // A local file's error (ENOENT, EACCES, ENOSPC...) is thrown as it is.
+      if (/^E[A-Z]+$/.test(String((e as { code?: unknown }).code ?? ""))) throw e;
+      throw new SandboxConnectionError(`${what}: the connection broke: ${(e as Error).message}`, { cause: e });
+    } finally {
+      abort.abort();
+    }
+    return written;
   }
 
   /**
@@ -1242,20 +1316,29 @@ export class SandboxClient {
   }
 
   /** @internal Sends one request whose answer's body is read later (a stream); errors are thrown here. */
-  async _stream(method: string, path: string, opts: RequestOptions): Promise<{ body: ReadableStream<Uint8Array>; abort: AbortController }> {
+  async _stream(
+    method: string,
+    path: string,
+    opts: RequestOptions,
+  ): Promise<{ body: ReadableStream<Uint8Array>; abort: AbortController; headers: Record<string, string> }> {
     const headers: Record<string, string> = {
       Authorization: `Bearer ${this.#apiKey}`,
       Accept: "application/json",
       "User-Agent": USER_AGENT,
       ...(opts.headers ?? {}),
     };
+    let reqBody: string | undefined;
+    if (opts.json !== undefined) {
+      reqBody = JSON.stringify(opts.json);
+      headers["Content-Type"] = "application/json";
+    }
     const abort = new AbortController();
     const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
     // The timeout is for the answer's head; the body may take as long as it takes.
     const timer = setTimeout(() => abort.abort(new DOMException("timed out", "TimeoutError")), timeoutMs);
     let resp: Response;
     try {
-      resp = await this.#fetch(this.#base + path, { method, headers, signal: abort.signal, redirect: "manual" });
+      resp = await this.#fetch(this.#base + path, { method, headers, body: reqBody, signal: abort.signal, redirect: "manual" });
     } catch (e) {
       throw fetchError(abort.signal.aborted ? abort.signal.reason : e, opts.what, this.baseUrl, timeoutMs);
     } finally {
@@ -1274,7 +1357,7 @@ export class SandboxClient {
       }
       throw new SandboxOperationError(`${opts.what}: unexpected HTTP ${resp.status} answer`, { status: resp.status, headers: h });
     }
-    return { body: resp.body, abort };
+    return { body: resp.body, abort, headers: headersObject(resp.headers) };
   }
 
   /** @internal Sends one request; returns the answer, or throws the mapped error. */

@@ -25,6 +25,16 @@ export interface ExecOptions {
   shell?: string;
   /** Keep running if this client goes away (its result then lands in `listCommands`). */
   background?: boolean;
+  /**
+   * Called with each chunk of standard output as it arrives (a string, or
+   * the bytes of a chunk that is not UTF-8 text). Giving it or `onStderr`
+   * streams the command (`Accept: application/x-ndjson`), as the Python
+   * SDK's `on_stdout`. If a callback throws, the request is dropped (which
+   * kills the command unless `background`) and the error propagates.
+   */
+  onStdout?: (chunk: string | Uint8Array) => void;
+  /** Called with each chunk of standard error as it arrives (see `onStdout`). */
+  onStderr?: (chunk: string | Uint8Array) => void;
 }
 
 /** What a command returns (`SandboxClient.run`, `Session.exec`, `Shell.run`). */
@@ -490,33 +500,89 @@ export class ProcessOutput implements AsyncIterable<ProcessOutputLine> {
   async *[Symbol.asyncIterator](): AsyncIterator<ProcessOutputLine> {
     if (this.#used) throw new TypeError("a process output can be read once");
     this.#used = true;
-    const reader = this.#body.getReader();
-    let buf = Buffer.alloc(0);
-    try {
-      for (;;) {
-        let chunk: { done: boolean; value?: Uint8Array };
-        try {
-          chunk = await reader.read();
-        } catch (e) {
-          if (this.#abort.signal.aborted) return;
-          throw new SandboxConnectionError(`${this.#what}: the connection broke: ${(e as Error).message}`, { cause: e });
-        }
-        if (chunk.done || !chunk.value) break;
-        buf = Buffer.concat([buf, Buffer.from(chunk.value)]);
-        let nl: number;
-        while ((nl = buf.indexOf(10)) >= 0) {
-          const line = buf.subarray(0, nl).toString("utf8").trim();
-          buf = buf.subarray(nl + 1);
-          if (line) yield parseLine(line, this.#what);
-        }
+    yield* ndjsonLines(this.#body, this.#abort, this.#what) as AsyncGenerator<ProcessOutputLine>;
+  }
+}
+
+/** The JSON objects of an NDJSON body, one per line; an `{"error": ...}` line throws. Aborts the request when done. */
+export async function* ndjsonLines(
+  body: ReadableStream<Uint8Array>,
+  abort: AbortController,
+  what: string,
+): AsyncGenerator<Record<string, unknown>> {
+  const reader = body.getReader();
+  let buf = Buffer.alloc(0);
+  try {
+    for (;;) {
+      let chunk: { done: boolean; value?: Uint8Array };
+      try {
+        chunk = await reader.read();
+      } catch (e) {
+        if (abort.signal.aborted) return;
+        throw new SandboxConnectionError(`${what}: the connection broke: ${(e as Error).message}`, { cause: e });
       }
-      const rest = buf.toString("utf8").trim();
-      if (rest) yield parseLine(rest, this.#what);
-    } finally {
-      this.#abort.abort();
-      reader.releaseLock();
+      if (chunk.done || !chunk.value) break;
+      buf = Buffer.concat([buf, Buffer.from(chunk.value)]);
+      let nl: number;
+      while ((nl = buf.indexOf(10)) >= 0) {
+        const line = buf.subarray(0, nl).toString("utf8").trim();
+        buf = buf.subarray(nl + 1);
+        if (line) yield parseLine(line, what) as Record<string, unknown>;
+      }
+    }
+    const rest = buf.toString("utf8").trim();
+    if (rest) yield parseLine(rest, what) as Record<string, unknown>;
+  } finally {
+    abort.abort();
+    reader.releaseLock();
+  }
+}
+
+/**
+ * The result of a streamed command from its NDJSON lines: output chunks go
+ * to the callbacks (text, or bytes when not UTF-8), the last line is the
+ * result; as the Python SDK's RunStream.
+ */
+export async function streamedResult(
+  lines: AsyncIterable<Record<string, unknown>>,
+  onStdout: ExecOptions["onStdout"],
+  onStderr: ExecOptions["onStderr"],
+  what: string,
+): Promise<ExecResult> {
+  const out: Buffer[] = [];
+  const err: Buffer[] = [];
+  for await (const line of lines) {
+    let chunk = false;
+    for (const [name, sink, cb] of [["stdout", out, onStdout], ["stderr", err, onStderr]] as const) {
+      if (typeof line[name] === "string") {
+        sink.push(Buffer.from(line[name] as string, "utf8"));
+        cb?.(line[name] as string);
+        chunk = true;
+      } else if (typeof line[`${name}Base64`] === "string") {
+        const bytes = Buffer.from(line[`${name}Base64`] as string, "base64");
+        sink.push(bytes);
+        cb?.(new Uint8Array(bytes));
+        chunk = true;
+      }
+    }
+    if (chunk) continue;
+    if ("exitCode" in line || "timedOut" in line) {
+      return execResult({
+        ...line,
+        stdoutBase64: Buffer.concat(out).toString("base64"),
+        stderrBase64: Buffer.concat(err).toString("base64"),
+      });
     }
   }
+  throw new SandboxConnectionError(`${what}: the stream ended before the command's result`);
+}
+
+/** A streamed command answered whole (a gateway that does not stream): each callback gets its stream in one chunk. */
+export function wholeResult(data: Record<string, unknown>, onStdout: ExecOptions["onStdout"], onStderr: ExecOptions["onStderr"]): ExecResult {
+  const r = execResult(data);
+  if (r.stdout && onStdout) onStdout(r.stdout);
+  if (r.stderr && onStderr) onStderr(r.stderr);
+  return r;
 }
 
 function parseLine(line: string, what: string): ProcessOutputLine {

@@ -5,7 +5,10 @@
 // and as pages, and transport "auto" through a front that refuses CONNECT.
 
 import assert from "node:assert/strict";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import * as net from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 
 import {
@@ -52,6 +55,56 @@ describe("parity with the Python SDK", { skip: SKIP }, () => {
     // The history has them.
     const hist = await client.listCommands(session.id, { limit: 1000 });
     assert.ok(hist.some((c) => c.command.includes("od -An")));
+  });
+
+  it("run streams output to onStdout/onStderr as it comes, as Python's on_stdout", { timeout: 60_000 }, async () => {
+    const out: (string | Uint8Array)[] = [];
+    const err: (string | Uint8Array)[] = [];
+    const r = await session.exec("echo one; sleep 1; echo two >&2; printf '\\377'; exit 5", {
+      onStdout: (c) => {
+        out.push(c);
+      },
+      onStderr: (c) => err.push(c),
+    });
+    assert.equal(r.exitCode, 5);
+    assert.equal(out[0], "one\n");
+    assert.ok(out.some((c) => c instanceof Uint8Array && c[0] === 0xff), "a chunk that is not UTF-8 comes as bytes");
+    assert.deepEqual(err, ["two\n"]);
+    assert.deepEqual([...r.stdoutBytes], [...Buffer.from("one\n"), 0xff]);
+    assert.equal(r.stderr, "two\n");
+    // A callback that throws drops the request, which kills the command.
+    const marker = `tsp-cb-${Date.now()}`;
+    await assert.rejects(
+      session.exec(`echo go; sleep 30; touch ${marker}`, {
+        onStdout: () => {
+          throw new Error("stop here");
+        },
+      }),
+      /stop here/,
+    );
+    await new Promise((r) => setTimeout(r, 1500));
+    assert.equal((await session.exec(`test -e ${marker}; echo $?`)).stdout, "1\n");
+  });
+
+  it("readFileTo streams a file to a local path", async () => {
+    const big = Buffer.alloc(3 * 1024 * 1024 + 7, 0x61);
+    await session.writeFile("big.bin", big);
+    const dir = mkdtempSync(join(tmpdir(), "tsp-"));
+    try {
+      const dest = join(dir, "big.bin");
+      assert.equal(await client.readFileTo(session.id, "big.bin", dest), big.length);
+      assert.ok(readFileSync(dest).equals(big));
+      const missing = join(dir, "missing.bin");
+      await assert.rejects(session.readFileTo("nope.bin", missing), FileNotFoundInSandboxError);
+      assert.equal(existsSync(missing), false);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("execInShell, deprecated, still runs in the persistent shell", async () => {
+    await session.execInShell("export TSP_DEP=kept");
+    assert.equal((await session.shell().run('echo "$TSP_DEP"')).stdout, "kept\n");
   });
 
   it("files: listFiles, deleteFile, writeFile with a mode, readFile", async () => {

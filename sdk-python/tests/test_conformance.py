@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import asyncio
 
+import httpx
 import pytest
 
 from sandbox_sessions_sdk import SessionsClient
@@ -137,7 +138,27 @@ async def do_op(c: Any, op: str, a: Dict[str, Any]) -> Any:
         return _session(await _await(c.stop_session(sid)))
     if op == "run":
         kw = {k: a[k] for k in ("argv", "stdin", "env", "cwd", "timeout", "shell") if k in a}
-        return _command(await _await(c.run(sid, a.get("command"), **kw)))
+        if not a.get("stream"):
+            return _command(await _await(c.run(sid, a.get("command"), **kw)))
+        out: List[Any] = []
+        err: List[Any] = []
+        res = _command(await _await(c.run(sid, a.get("command"), on_stdout=out.append, on_stderr=err.append, **kw)))
+        join = lambda chunks: "".join(x if isinstance(x, str) else x.decode(errors="replace") for x in chunks)  # noqa: E731
+        return dict(res, streamed_stdout=join(out), streamed_stderr=join(err))
+    if op == "session_logs":
+        return {"text": await _await(c.session_logs(sid, a.get("tail")))}
+    if op == "host_keys":
+        keys = await _await(c.host_keys())
+        return {"first": keys[0] if keys else None, "count": len(keys)}
+    if op == "file_link":
+        link = await _await(c.file_link(sid, a["path"], a.get("expires_in")))
+        async with httpx.AsyncClient() as h:
+            return {"fetched": (await h.get(link["url"])).text}
+    if op == "create_ticket":
+        return {"session_id": (await _await(c.create_ticket(sid)))["sessionId"]}
+    if op == "list_images":
+        images = await _await(c.list_images())
+        return {"has_allow": isinstance(images.get("allow"), list), "images": [i["name"] for i in images["images"]]}
     if op == "delete_shell":
         return {"value": await _await(c.delete_shell(sid, a["name"]))}
     if op == "write_file":

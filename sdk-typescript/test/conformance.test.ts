@@ -109,8 +109,11 @@ async function doOp(c: SandboxClient, op: string, a: Args): Promise<Plain> {
       return undefined;
     case "stop_session":
       return plainSession(await c.stopSession(sid));
-    case "run":
-      return plainCommand(
+    case "run": {
+      const out: (string | Uint8Array)[] = [];
+      const err: (string | Uint8Array)[] = [];
+      const stream = a["stream"] === true;
+      const r = plainCommand(
         await c.run(
           sid,
           a["command"] as string | undefined,
@@ -121,9 +124,30 @@ async function doOp(c: SandboxClient, op: string, a: Args): Promise<Plain> {
             cwd: a["cwd"] as string,
             timeoutMs: secs(a["timeout"]),
             shell: a["shell"] as string,
+            onStdout: stream ? (x: string | Uint8Array) => out.push(x) : undefined,
+            onStderr: stream ? (x: string | Uint8Array) => err.push(x) : undefined,
           }),
         ),
       );
+      const join = (xs: (string | Uint8Array)[]) => xs.map((x) => (typeof x === "string" ? x : new TextDecoder().decode(x))).join("");
+      return stream ? { ...r, streamed_stdout: join(out), streamed_stderr: join(err) } : r;
+    }
+    case "session_logs":
+      return { text: await c.sessionLogs(sid, opts({ tail: a["tail"] as number })) };
+    case "host_keys": {
+      const keys = await c.hostKeys();
+      return { first: keys[0] ?? null, count: keys.length };
+    }
+    case "file_link": {
+      const link = await c.fileLink(sid, str(a["path"]), opts({ expiresIn: a["expires_in"] as number }));
+      return { fetched: await (await fetch(link.url)).text() };
+    }
+    case "create_ticket":
+      return { session_id: (await c.createTicket(sid)).sessionId };
+    case "list_images": {
+      const images = await c.listImages();
+      return { has_allow: Array.isArray(images.allow), images: images.images.map((i) => i.name) };
+    }
     case "delete_shell":
       return { value: await c.deleteShell(sid, str(a["name"])) };
     case "write_file":

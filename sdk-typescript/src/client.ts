@@ -1,6 +1,10 @@
 // SandboxClient: the REST API (/v1/sessions) and a session's REST data plane.
 
 import { randomUUID } from "node:crypto";
+import { createWriteStream } from "node:fs";
+import { rm } from "node:fs/promises";
+import { Readable, Transform } from "node:stream";
+import { pipeline } from "node:stream/promises";
 
 import {
   USER_AGENT,
@@ -15,6 +19,39 @@ import {
 import { SandboxAPIError, SandboxConnectionError, SandboxOperationError } from "./errors.js";
 import { SessionSSH, type SSHOptions } from "./ssh.js";
 import { type TLSOptions, type Transport, type TunnelSocket, openTunnel } from "./tunnel.js";
+import {
+  type CommandRecord,
+  type ExecOptions,
+  type ExecResult,
+  type FileList,
+  type ImageList,
+  type Link,
+  type ProcessInfo,
+  type ProcessOutputOptions,
+  type PythonReset,
+  type PythonResult,
+  type RunPythonOptions,
+  type StartProcessOptions,
+  type Ticket,
+  type WriteOptions,
+  ProcessOutput,
+  ndjsonLines,
+  streamedResult,
+  wholeResult,
+  checkKernel,
+  checkShellName,
+  checkText,
+  commandBody,
+  commandWaitMs,
+  execResult,
+  fileList,
+  processBody,
+  pythonBody,
+  pythonResult,
+  signalBody,
+  stdinBodies,
+  writeParams,
+} from "./dataplane.js";
 
 export const MIN_TTL = 60;
 export const MAX_TTL = 28800;
@@ -211,40 +248,6 @@ export interface AuditQuery {
   cursor?: string;
 }
 
-export interface ExecOptions {
-  /** How long the command may run, in ms; sent as `timeout` in whole seconds (rounded up). */
-  timeoutMs?: number;
-}
-
-/** What `Session.exec` returns. */
-export interface ExecResult {
-  /** The exit status; 124 when the command timed out. */
-  exitCode: number;
-  /** The signal that ended the command, if one did (`KILL`, ...). */
-  exitSignal?: string;
-  /** The shell's working directory after the command. */
-  cwd: string;
-  /** stdout followed by stderr. */
-  output: string;
-  stdout: string;
-  stderr: string;
-  /** The raw bytes of stdout and stderr (non-UTF-8 output arrives base64-encoded and is decoded). */
-  stdoutBytes: Uint8Array;
-  stderrBytes: Uint8Array;
-  /** The gateway cut the output at its bound. */
-  truncated: boolean;
-  /** The command passed its timeout and was killed. */
-  timedOut: boolean;
-  durationMs: number;
-  /**
-   * A persistent shell's command ran in a new shell that replaced one that
-   * ended (a timeout, an `exit`, a gateway restart that could not keep it):
-   * started from the saved directory, exported variables, functions and
-   * aliases, without the plain variables and jobs.
-   */
-  stateLost: boolean;
-}
-
 export interface ReadOptions {
   /** Read at most this many bytes from the start of the file (a `Range` request). */
   maxBytes?: number;
@@ -269,11 +272,122 @@ export interface FetchResult {
   errors: { url: string; error: string }[];
 }
 
+/** One page of `GET /v1/sessions` (`listSessionsPage`; Python's `list_sessions`). */
 export interface SessionList {
   sessions: Session[];
   total: number;
   limit: number;
   offset: number;
+}
+
+/**
+ * What awaiting `listSessions()` gives: the sessions, in an array. The
+ * page's fields are kept on it for one release, for code written against
+ * the old page-shaped answer.
+ */
+export type SessionArray = Session[] & {
+  /** @deprecated The array itself is the list: use it (`for (const s of await client.listSessions())`). */
+  readonly sessions: Session[];
+  /** @deprecated Use `.length`, or `listSessionsPage()` for the gateway's count. */
+  readonly total: number;
+  /** @deprecated Use `listSessionsPage()` for one page. */
+  readonly limit: number;
+  /** @deprecated Use `listSessionsPage()` for one page. */
+  readonly offset: number;
+};
+
+/**
+ * What `listSessions()` returns: await it for every session (an array,
+ * fetched page by page), or iterate it for the pages:
+ * `for await (const page of client.listSessions({ limit: 100 }))`.
+ */
+export class SessionListing implements Promise<SessionArray>, AsyncIterable<Session[]> {
+  readonly [Symbol.toStringTag] = "SessionListing";
+  readonly #fetchPage: (offset: number) => Promise<SessionList>;
+  readonly #offset: number;
+  #all: Promise<SessionArray> | undefined;
+
+  /** @internal */
+  constructor(fetchPage: (offset: number) => Promise<SessionList>, offset: number) {
+    this.#fetchPage = fetchPage;
+    this.#offset = offset;
+  }
+
+  async *[Symbol.asyncIterator](): AsyncIterator<Session[]> {
+    let offset = this.#offset;
+    for (;;) {
+      const page = await this.#fetchPage(offset);
+      if (page.sessions.length === 0) return;
+      yield page.sessions;
+      offset += page.sessions.length;
+      if (offset >= page.total) return;
+    }
+  }
+
+  async #collect(): Promise<SessionArray> {
+    const all: Session[] = [];
+    let total = 0;
+    let limit = 0;
+    let offset = this.#offset;
+    for (;;) {
+      const page = await this.#fetchPage(offset);
+      if (!limit) limit = page.limit;
+      total = page.total;
+      all.push(...page.sessions);
+      offset += page.sessions.length;
+      if (page.sessions.length === 0 || offset >= page.total) break;
+    }
+    const arr = all as SessionArray;
+    for (const [k, v] of [["sessions", all], ["total", total], ["limit", limit], ["offset", this.#offset]] as const) {
+      Object.defineProperty(arr, k, { value: v, enumerable: false });
+    }
+    return arr;
+  }
+
+  then<R1 = SessionArray, R2 = never>(
+    onfulfilled?: ((value: SessionArray) => R1 | PromiseLike<R1>) | null,
+    onrejected?: ((reason: unknown) => R2 | PromiseLike<R2>) | null,
+  ): Promise<R1 | R2> {
+    this.#all ??= this.#collect();
+    return this.#all.then(onfulfilled, onrejected);
+  }
+
+  catch<R = never>(onrejected?: ((reason: unknown) => R | PromiseLike<R>) | null): Promise<SessionArray | R> {
+    return this.then(undefined, onrejected);
+  }
+
+  finally(onfinally?: (() => void) | null): Promise<SessionArray> {
+    this.#all ??= this.#collect();
+    return this.#all.finally(onfinally);
+  }
+}
+
+/**
+ * A handle on one of the session's persistent shells (`shell()`): its
+ * commands share `cd`, `export`, functions and aliases. Created by its
+ * first command; `close()` ends it. As the Python SDK's `Shell`.
+ */
+export class Shell {
+  readonly sessionId: string;
+  readonly name: string;
+  readonly #client: SandboxClient;
+
+  /** @internal */
+  constructor(client: SandboxClient, sessionId: string, name: string) {
+    this.#client = client;
+    this.sessionId = sessionId;
+    this.name = checkShellName(name);
+  }
+
+  /** Runs `command` (or `opts.argv`) in this shell. */
+  run(command?: string, opts: Omit<ExecOptions, "shell"> = {}): Promise<ExecResult> {
+    return this.#client.run(this.sessionId, command, { ...opts, shell: this.name });
+  }
+
+  /** Ends the shell (`DELETE .../shells/{name}`); false if there was none. */
+  close(): Promise<boolean> {
+    return this.#client.deleteShell(this.sessionId, this.name);
+  }
 }
 
 interface Answer {
@@ -396,111 +510,125 @@ export class Session {
   }
 
   /**
-   * Runs `cmd` in the session's persistent shell (`POST
-   * /v1/sessions/{id}/commands`, shell `default`): `cd` and `export` persist
-   * from one call to the next. A timeout is not an error: the result has
-   * `timedOut` and exit code 124.
+   * Runs a command in the sandbox (`POST /v1/sessions/{id}/commands`), a
+   * fresh process each time, as the Python SDK's `run`: `cmd` is shell
+   * text, or give `opts.argv` (no shell parsing) instead; `stdin`, `env`,
+   * `cwd`, `timeoutMs`, `maxOutputBytes`. A timeout is not an error: the
+   * result has `timedOut` and exit code 124. For `cd` and `export` that
+   * carry over, use a persistent shell: `shell().run(cmd)` (or
+   * `exec(cmd, { shell: "default" })`, what `exec` did before).
    */
-  async exec(cmd: string, opts: ExecOptions = {}): Promise<ExecResult> {
-    if (typeof cmd !== "string") throw new TypeError("cmd must be a string");
-    const body: Record<string, unknown> = { command: cmd, shell: "default" };
-    let waitMs = 60_000;
-    if (opts.timeoutMs !== undefined) {
-      checkTimeout("timeoutMs", opts.timeoutMs);
-      body["timeout"] = Math.ceil(opts.timeoutMs / 1000);
-      waitMs = (body["timeout"] as number) * 1000;
-    }
-    const ans = await this.#client._request("POST", `${sessionPath(this.id)}/commands`, {
-      what: "exec",
-      sessionScoped: true,
-      json: body,
-      timeoutMs: waitMs + this.#client.timeoutMs,
-    });
-    const data = parseJSONObject(ans, "exec");
-    const stdoutBytes = streamBytes(data, "stdout");
-    const stderrBytes = streamBytes(data, "stderr");
-    const dec = (b: Uint8Array) => new TextDecoder().decode(b);
-    const stdout = dec(stdoutBytes);
-    const stderr = dec(stderrBytes);
-    const timedOut = data["timedOut"] === true;
-    const exitSignal = typeof data["exitSignal"] === "string" && data["exitSignal"] ? data["exitSignal"] : undefined;
-    return {
-      exitCode: timedOut ? 124 : typeof data["exitCode"] === "number" ? data["exitCode"] : -1,
-      exitSignal,
-      cwd: typeof data["cwd"] === "string" ? data["cwd"] : "",
-      output: stdout + stderr,
-      stdout,
-      stderr,
-      stdoutBytes,
-      stderrBytes,
-      truncated: data["truncated"] === true,
-      timedOut,
-      durationMs: typeof data["durationMs"] === "number" ? data["durationMs"] : 0,
-      stateLost: data["stateLost"] === true,
-    };
+  exec(cmd?: string, opts: ExecOptions = {}): Promise<ExecResult> {
+    return this.#client.run(this.id, cmd, opts);
   }
 
-  /** Writes a file (`PUT /v1/sessions/{id}/files?path=P&mkdirs=true`, the raw bytes as the body). */
-  async write(path: string, content: string | Uint8Array): Promise<void> {
-    checkPath(path);
-    const body = typeof content === "string" ? new TextEncoder().encode(content) : content;
-    if (!(body instanceof Uint8Array)) throw new TypeError("content must be a string or a Uint8Array");
-    await this.#client._request("PUT", `${sessionPath(this.id)}/files?${new URLSearchParams({ path, mkdirs: "true" })}`, {
-      what: "write file",
-      sessionScoped: true,
-      body,
-      headers: { "Content-Type": "application/octet-stream" },
-    });
+  /** The same as `exec` (the Python SDK's name). */
+  run(command?: string, opts: ExecOptions = {}): Promise<ExecResult> {
+    return this.#client.run(this.id, command, opts);
   }
 
-  /** Reads a file (`GET /v1/sessions/{id}/files?path=P`); with maxBytes, at most that many bytes from its start. */
-  async read(path: string, opts: ReadOptions = {}): Promise<Uint8Array> {
-    checkPath(path);
-    const headers: Record<string, string> = {};
-    if (opts.maxBytes !== undefined) {
-      checkInt("maxBytes", opts.maxBytes, 0);
-      if (opts.maxBytes === 0) return new Uint8Array(0);
-      headers["Range"] = `bytes=0-${opts.maxBytes - 1}`;
-    }
-    const ans = await this.#client._request("GET", `${sessionPath(this.id)}/files?${new URLSearchParams({ path })}`, {
-      what: "read file",
-      sessionScoped: true,
-      headers,
-      // An empty file has no byte 0: a range request of it is 416.
-      accept: opts.maxBytes !== undefined ? [416] : [],
-    });
-    if (ans.status === 416) return new Uint8Array(0);
-    return opts.maxBytes !== undefined && ans.body.length > opts.maxBytes ? ans.body.slice(0, opts.maxBytes) : ans.body;
+  /** A handle on the session's persistent shell `name` (default `default`); see `Shell`. */
+  shell(name = "default"): Shell {
+    return this.#client.shell(this.id, name);
   }
 
   /**
-   * Has the gateway download `urls` into the sandbox (`POST .../files/fetch`):
-   * public addresses only, each file named after its `Content-Disposition`
-   * or URL (a name the remote server chose never starts with a dot).
+   * Runs `cmd` in the session's persistent shell `default`.
+   * @deprecated `exec` now runs a fresh process, as in the Python SDK; use
+   * `shell().run(cmd)` for the persistent shell. Kept for one release.
    */
-  async fetchUrls(urls: string[], opts: FetchOptions = {}): Promise<FetchResult> {
-    if (!Array.isArray(urls) || urls.length < 1 || urls.length > 200 || urls.some((u) => typeof u !== "string")) {
-      throw new TypeError("urls must hold 1 to 200 URL strings");
-    }
-    const body: Record<string, unknown> = { urls };
-    if (opts.destDir !== undefined) {
-      checkPath(opts.destDir);
-      body["destDir"] = opts.destDir;
-    }
-    if (opts.overwrite !== undefined && typeof opts.overwrite !== "boolean") throw new TypeError("overwrite must be a boolean");
-    if (opts.overwrite) body["overwrite"] = true;
-    const ans = await this.#client._request("POST", `${sessionPath(this.id)}/files/fetch`, {
-      what: "fetch urls",
-      sessionScoped: true,
-      json: body,
-      // Downloads take time: wait for them beyond the usual timeout.
-      timeoutMs: Math.max(this.#client.timeoutMs, 600_000),
-    });
-    const data = parseJSONObject(ans, "fetch urls");
-    if (!Array.isArray(data["fetched"]) || !Array.isArray(data["errors"])) {
-      throw new SandboxOperationError("fetch urls: unexpected answer", { body: JSON.stringify(data).slice(0, 4096) });
-    }
-    return data as unknown as FetchResult;
+  execInShell(cmd: string, opts: Omit<ExecOptions, "shell"> = {}): Promise<ExecResult> {
+    return this.#client.run(this.id, cmd, { ...opts, shell: "default" });
+  }
+
+  /** Writes a file (`writeFile`); parent directories are created. */
+  writeFile(path: string, content: string | Uint8Array, opts: WriteOptions = {}): Promise<void> {
+    return this.#client.writeFile(this.id, path, content, opts);
+  }
+
+  /** Reads a file (`readFile`). */
+  readFile(path: string, opts: ReadOptions = {}): Promise<Uint8Array> {
+    return this.#client.readFile(this.id, path, opts);
+  }
+
+  /** Streams a file to a local path (`readFileTo`). */
+  readFileTo(path: string, dest: string): Promise<number> {
+    return this.#client.readFileTo(this.id, path, dest);
+  }
+
+  /** Lists a directory (`listFiles`). */
+  listFiles(path = ".", opts: { recursive?: boolean } = {}): Promise<FileList> {
+    return this.#client.listFiles(this.id, path, opts);
+  }
+
+  /** Deletes a file or directory (`deleteFile`). */
+  deleteFile(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    return this.#client.deleteFile(this.id, path, opts);
+  }
+
+  /** Starts a background process (`startProcess`). */
+  startProcess(command?: string, opts: StartProcessOptions = {}): Promise<ProcessInfo> {
+    return this.#client.startProcess(this.id, command, opts);
+  }
+
+  /** The session's background processes (`listProcesses`). */
+  listProcesses(): Promise<ProcessInfo[]> {
+    return this.#client.listProcesses(this.id);
+  }
+
+  /** One background process (`getProcess`). */
+  getProcess(processId: string): Promise<ProcessInfo> {
+    return this.#client.getProcess(this.id, processId);
+  }
+
+  /** A background process's output, followed (`processOutput`). */
+  processOutput(processId: string, opts: ProcessOutputOptions = {}): Promise<ProcessOutput> {
+    return this.#client.processOutput(this.id, processId, opts);
+  }
+
+  /** Writes to a background process's stdin (`sendProcessInput`). */
+  sendProcessInput(processId: string, data: string | Uint8Array, opts: { eof?: boolean } = {}): Promise<void> {
+    return this.#client.sendProcessInput(this.id, processId, data, opts);
+  }
+
+  /** Signals a background process (`signalProcess`). */
+  signalProcess(processId: string, signal = "TERM"): Promise<void> {
+    return this.#client.signalProcess(this.id, processId, signal);
+  }
+
+  /** Runs Python in the session's persistent kernel (`runPython`). */
+  runPython(code: string, opts: RunPythonOptions = {}): Promise<PythonResult> {
+    return this.#client.runPython(this.id, code, opts);
+  }
+
+  /** Resets a Python kernel (`resetPython`). */
+  resetPython(opts: { kernel?: string } = {}): Promise<PythonReset> {
+    return this.#client.resetPython(this.id, opts);
+  }
+
+  /** Stops the session, keeping its files (`stopSession`). */
+  stop(): Promise<Session> {
+    return this.#client.stopSession(this.id);
+  }
+
+  /** Snapshots the session's workspace (`createSnapshot`). */
+  snapshot(): Promise<Snapshot> {
+    return this.#client.createSnapshot(this.id);
+  }
+
+  /** Writes a file, as `writeFile` (the name seed 003's users know). */
+  write(path: string, content: string | Uint8Array): Promise<void> {
+    return this.#client.writeFile(this.id, path, content);
+  }
+
+  /** Reads a file, as `readFile` (the name seed 003's users know); with maxBytes, at most that many bytes from its start. */
+  read(path: string, opts: ReadOptions = {}): Promise<Uint8Array> {
+    return this.#client.readFile(this.id, path, opts);
+  }
+
+  /** Has the gateway download `urls` into the sandbox (`fetchUrls`). */
+  fetchUrls(urls: string[], opts: FetchOptions = {}): Promise<FetchResult> {
+    return this.#client.fetchUrls(this.id, urls, opts);
   }
 
   /**
@@ -614,8 +742,27 @@ export class SandboxClient {
     return this.#session(parseJSONObject(ans, "get session"), "get session");
   }
 
-  /** Lists this tenant's sessions, oldest first (`GET /v1/sessions`). */
-  async listSessions(opts: { limit?: number; offset?: number } = {}): Promise<SessionList> {
+  /**
+   * This tenant's sessions, oldest first (`GET /v1/sessions`): await it
+   * for all of them from `offset` on (an array, fetched `limit` per page,
+   * default 100), or iterate it for the pages
+   * (`for await (const page of client.listSessions())`).
+   */
+  listSessions(opts: { limit?: number; offset?: number } = {}): SessionListing {
+    let limit: number;
+    let offset: number;
+    try {
+      limit = checkInt("limit", opts.limit ?? 100, 1, 100);
+      offset = checkInt("offset", opts.offset ?? 0, 0);
+    } catch (e) {
+      // Bad arguments reject (as they did when this returned a Promise), nothing is sent.
+      return new SessionListing(() => Promise.reject(e), 0);
+    }
+    return new SessionListing((off) => this.listSessionsPage({ limit, offset: off }), offset);
+  }
+
+  /** One page of this tenant's sessions (`GET /v1/sessions?limit&offset`), as Python's `list_sessions`. */
+  async listSessionsPage(opts: { limit?: number; offset?: number } = {}): Promise<SessionList> {
     const limit = checkInt("limit", opts.limit ?? 50, 1, 100);
     const offset = checkInt("offset", opts.offset ?? 0, 0);
     const ans = await this._request("GET", `/sessions?limit=${limit}&offset=${offset}`, { what: "list sessions" });
@@ -659,6 +806,358 @@ export class SandboxClient {
     }
     const query = params.length > 0 ? "?" + params.join("&") : "";
     await this._request("DELETE", sessionPath(id) + query, { what: "delete session", sessionScoped: true });
+  }
+
+  /**
+   * Stops a session, keeping its files (`POST /v1/sessions/{id}/stop`):
+   * every process ends, memory and CPU are freed; the next command, SSH
+   * session or kernel call starts it again on the same files. Stopping a
+   * stopped session changes nothing. `400 stop_unsupported` where the
+   * driver cannot stop sessions.
+   */
+  async stopSession(id: string): Promise<Session> {
+    const ans = await this._request("POST", sessionPath(id) + "/stop", { what: "stop session", sessionScoped: true });
+    return this.#session(parseJSONObject(ans, "stop session"), "stop session");
+  }
+
+  /** The session's recent commands and process output, as text for people (`GET .../logs`); `tail` 1..10000 (default 100). */
+  async sessionLogs(id: string, opts: { tail?: number } = {}): Promise<string> {
+    const q = opts.tail !== undefined ? `?tail=${checkInt("tail", opts.tail, 1, 10000)}` : "";
+    const ans = await this._request("GET", sessionPath(id) + "/logs" + q, {
+      what: "session logs",
+      sessionScoped: true,
+      headers: { Accept: "text/plain" },
+    });
+    return new TextDecoder().decode(ans.body);
+  }
+
+  /** The images sessions may use (`GET /v1/images`): those present, and the patterns a create may pull. */
+  async listImages(): Promise<ImageList> {
+    const ans = await this._request("GET", "/images", { what: "list images" });
+    const data = parseJSONObject(ans, "list images");
+    return { images: listOf(data, "images", "name", "list images"), allow: Array.isArray(data["allow"]) ? (data["allow"] as string[]) : [] };
+  }
+
+  /** The gateway's SSH host keys, ed25519 first (`GET /v1/host-keys`), to pin before any session exists. */
+  async hostKeys(): Promise<string[]> {
+    const ans = await this._request("GET", "/host-keys", { what: "host keys" });
+    const keys = parseJSONObject(ans, "host keys")["hostKeys"];
+    if (!Array.isArray(keys)) throw new SandboxOperationError("host keys: answer has no 'hostKeys' list");
+    return keys.filter((k): k is string => typeof k === "string");
+  }
+
+  /** A one-use ticket (30 s) standing in for the token on one of the session's WebSockets (`POST .../tickets`). */
+  async createTicket(id: string): Promise<Ticket> {
+    const ans = await this._request("POST", sessionPath(id) + "/tickets", { what: "create ticket", sessionScoped: true });
+    return checked<Ticket>(parseJSONObject(ans, "create ticket"), "ticket", "create ticket");
+  }
+
+  // -- data plane: commands ---------------------------------------------------
+
+  /**
+   * Runs a command in the session's sandbox (`POST /v1/sessions/{id}/commands`),
+   * as the Python SDK's `run`: `command` is shell text (`sh -c`, bash where
+   * present), or give `opts.argv` instead (no shell parsing). Each command
+   * is a fresh process unless `opts.shell` names a persistent shell. A
+   * non-zero exit code or a timeout (exit code 124, `timedOut`) is a result,
+   * not an error.
+   */
+  async run(sessionId: string, command?: string, opts: ExecOptions = {}): Promise<ExecResult> {
+    const body = commandBody(command, opts);
+    const { onStdout, onStderr } = opts;
+    for (const [name, cb] of [["onStdout", onStdout], ["onStderr", onStderr]] as const) {
+      if (cb !== undefined && typeof cb !== "function") throw new TypeError(`${name} must be a function`);
+    }
+    if (onStdout || onStderr) {
+      const what = "run command";
+      const { body: stream, abort, headers } = await this._stream("POST", `${sessionPath(sessionId)}/commands`, {
+        what,
+        sessionScoped: true,
+        json: body,
+        headers: { Accept: "application/x-ndjson" },
+      });
+      try {
+        if (!(headers["content-type"] ?? "").startsWith("application/x-ndjson")) {
+          const bytes = Buffer.from(await new Response(stream).arrayBuffer());
+          return wholeResult(parseJSONObject({ status: 200, headers, body: bytes }, what), onStdout, onStderr);
+        }
+        return await streamedResult(ndjsonLines(stream, abort, what), onStdout, onStderr, what);
+      } finally {
+        // Dropping the request kills the command (unless background) when a callback threw.
+        abort.abort();
+      }
+    }
+    const ans = await this._request("POST", `${sessionPath(sessionId)}/commands`, {
+      what: "run command",
+      sessionScoped: true,
+      json: body,
+      timeoutMs: commandWaitMs(body, this.timeoutMs),
+    });
+    return execResult(parseJSONObject(ans, "run command"));
+  }
+
+  /** A handle on the session's persistent shell `name` (nothing is sent yet); see `Shell`. */
+  shell(sessionId: string, name = "default"): Shell {
+    sessionPath(sessionId);
+    return new Shell(this, sessionId, name);
+  }
+
+  /** Ends the persistent shell `name` with its process tree (`DELETE .../shells/{name}`); false if there was none. */
+  async deleteShell(sessionId: string, name: string): Promise<boolean> {
+    try {
+      await this._request("DELETE", `${sessionPath(sessionId)}/shells/${encodeURIComponent(checkShellName(name))}`, {
+        what: "delete shell",
+        sessionScoped: true,
+      });
+      return true;
+    } catch (e) {
+      if (e instanceof SandboxAPIError && e.status === 404 && e.code === "shell_not_found") return false;
+      throw e;
+    }
+  }
+
+  /** The session's command history, oldest first (`GET .../commands`); `limit` 1..1000. */
+  async listCommands(sessionId: string, opts: { limit?: number } = {}): Promise<CommandRecord[]> {
+    const q = opts.limit !== undefined ? `?limit=${checkInt("limit", opts.limit, 1, 1000)}` : "";
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/commands${q}`, { what: "list commands", sessionScoped: true });
+    return listOf<CommandRecord>(parseJSONObject(ans, "list commands"), "commands", "command", "list commands");
+  }
+
+  // -- data plane: files ------------------------------------------------------
+
+  /**
+   * Writes a sandbox file (`PUT /v1/sessions/{id}/files`, the raw bytes as
+   * the body): parent directories are created unless `mkdirs: false`;
+   * `mode` sets its permission bits.
+   */
+  async writeFile(sessionId: string, path: string, content: string | Uint8Array, opts: WriteOptions = {}): Promise<void> {
+    const q = writeParams(path, opts);
+    const body = typeof content === "string" ? new TextEncoder().encode(content) : content;
+    if (!(body instanceof Uint8Array)) throw new TypeError("content must be a string or a Uint8Array");
+    await this._request("PUT", `${sessionPath(sessionId)}/files?${q}`, {
+      what: `write file ${JSON.stringify(path)}`,
+      sessionScoped: true,
+      body,
+      headers: { "Content-Type": "application/octet-stream" },
+    });
+  }
+
+  /** Reads a sandbox file (`GET /v1/sessions/{id}/files?path=P`); with maxBytes, at most that many bytes from its start. */
+  async readFile(sessionId: string, path: string, opts: ReadOptions = {}): Promise<Uint8Array> {
+    checkPath(path);
+    const headers: Record<string, string> = {};
+    if (opts.maxBytes !== undefined) {
+      checkInt("maxBytes", opts.maxBytes, 0);
+      if (opts.maxBytes === 0) return new Uint8Array(0);
+      headers["Range"] = `bytes=0-${opts.maxBytes - 1}`;
+    }
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/files?${new URLSearchParams({ path })}`, {
+      what: `read file ${JSON.stringify(path)}`,
+      sessionScoped: true,
+      headers,
+      // An empty file has no byte 0: a range request of it is 416.
+      accept: opts.maxBytes !== undefined ? [416] : [],
+    });
+    if (ans.status === 416) return new Uint8Array(0);
+    return opts.maxBytes !== undefined && ans.body.length > opts.maxBytes ? ans.body.slice(0, opts.maxBytes) : ans.body;
+  }
+
+  /**
+   * Streams a sandbox file to the local file `dest` (`GET .../files`),
+   * never holding it whole; returns the bytes written. The local file is
+   * removed again when the download fails.
+   */
+  async readFileTo(sessionId: string, path: string, dest: string): Promise<number> {
+    checkPath(path);
+    if (typeof dest !== "string" || !dest) throw new TypeError("dest must be a local file path");
+    const what = `read file ${JSON.stringify(path)}`;
+    const { body, abort, headers } = await this._stream("GET", `${sessionPath(sessionId)}/files?${new URLSearchParams({ path })}`, {
+      what,
+      sessionScoped: true,
+      headers: { Accept: "application/octet-stream" },
+    });
+    let written = 0;
+    const counter = new Transform({
+      transform(chunk: Buffer, _enc, done) {
+        written += chunk.length;
+        done(null, chunk);
+      },
+    });
+    try {
+      await pipeline(Readable.fromWeb(body as import("node:stream/web").ReadableStream<Uint8Array>), counter, createWriteStream(dest));
+      const expected = headers["content-length"];
+      if (expected !== undefined && /^\d+$/.test(expected) && Number(expected) !== written) {
+        throw new SandboxConnectionError(`${what}: got ${written} of ${expected} bytes`);
+      }
+    } catch (e) {
+      await rm(dest, { force: true });
+      if (e instanceof SandboxAPIError) throw e;
+      // A local file's error (ENOENT, EACCES, ENOSPC...) is thrown as it is.
+      if (/^E[A-Z]+$/.test(String((e as { code?: unknown }).code ?? ""))) throw e;
+      throw new SandboxConnectionError(`${what}: the connection broke: ${(e as Error).message}`, { cause: e });
+    } finally {
+      abort.abort();
+    }
+    return written;
+  }
+
+  /**
+   * Lists the sandbox directory `path` (default the workspace; `GET
+   * .../files?list=true`); `recursive` walks its subdirectories, breadth
+   * first, never through a symlink. The array's `truncated` is true when
+   * the listing stopped at the gateway's 10,000 entries.
+   */
+  async listFiles(sessionId: string, path = ".", opts: { recursive?: boolean } = {}): Promise<FileList> {
+    const q = new URLSearchParams({ path: checkText("path", path), list: "true" });
+    if (opts.recursive !== undefined && typeof opts.recursive !== "boolean") throw new TypeError("recursive must be a boolean");
+    if (opts.recursive) q.set("recursive", "true");
+    const what = `list files ${JSON.stringify(path)}`;
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/files?${q}`, { what, sessionScoped: true });
+    return fileList(parseJSONObject(ans, what), what);
+  }
+
+  /**
+   * Deletes a sandbox file, symlink or empty directory (`DELETE .../files`);
+   * `recursive` removes a directory with everything in it.
+   * `FileNotFoundInSandboxError` when nothing is there.
+   */
+  async deleteFile(sessionId: string, path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    const q = new URLSearchParams({ path: checkText("path", path) });
+    if (opts.recursive !== undefined && typeof opts.recursive !== "boolean") throw new TypeError("recursive must be a boolean");
+    if (opts.recursive) q.set("recursive", "true");
+    await this._request("DELETE", `${sessionPath(sessionId)}/files?${q}`, { what: `delete file ${JSON.stringify(path)}`, sessionScoped: true });
+  }
+
+  /**
+   * Has the gateway download `urls` into the sandbox (`POST .../files/fetch`):
+   * public addresses only, each file named after its `Content-Disposition`
+   * or URL (a name the remote server chose never starts with a dot). One
+   * URL's failure is in the result's `errors`, not thrown.
+   */
+  async fetchUrls(sessionId: string, urls: string[], opts: FetchOptions = {}): Promise<FetchResult> {
+    if (!Array.isArray(urls) || urls.length < 1 || urls.length > 200 || urls.some((u) => typeof u !== "string")) {
+      throw new TypeError("urls must hold 1 to 200 URL strings");
+    }
+    const body: Record<string, unknown> = { urls };
+    if (opts.destDir !== undefined) {
+      checkPath(opts.destDir);
+      body["destDir"] = opts.destDir;
+    }
+    if (opts.overwrite !== undefined && typeof opts.overwrite !== "boolean") throw new TypeError("overwrite must be a boolean");
+    if (opts.overwrite) body["overwrite"] = true;
+    const ans = await this._request("POST", `${sessionPath(sessionId)}/files/fetch`, {
+      what: "fetch urls",
+      sessionScoped: true,
+      json: body,
+      // Downloads take time: wait for them beyond the usual timeout.
+      timeoutMs: Math.max(this.timeoutMs, 600_000),
+    });
+    const data = parseJSONObject(ans, "fetch urls");
+    if (!Array.isArray(data["fetched"]) || !Array.isArray(data["errors"])) {
+      throw new SandboxOperationError("fetch urls: unexpected answer", { body: JSON.stringify(data).slice(0, 4096) });
+    }
+    return data as unknown as FetchResult;
+  }
+
+  /** A presigned link anyone may GET the file at `path` with, until `expiresIn` seconds (1..604800, default 3600) pass (`POST .../files/link`). */
+  async fileLink(sessionId: string, path: string, opts: { expiresIn?: number } = {}): Promise<Link> {
+    const body: Record<string, unknown> = { path: checkText("path", path) };
+    if (opts.expiresIn !== undefined) body["expiresIn"] = checkInt("expiresIn", opts.expiresIn, 1, 604800);
+    const ans = await this._request("POST", `${sessionPath(sessionId)}/files/link`, { what: "file link", sessionScoped: true, json: body });
+    return checked<Link>(parseJSONObject(ans, "file link"), "url", "file link");
+  }
+
+  // -- data plane: background processes ---------------------------------------
+
+  /**
+   * Starts a background process (`POST /v1/sessions/{id}/processes`):
+   * `command` is shell text, or give `opts.argv`. It runs until it exits,
+   * is signalled, or the session ends; the gateway keeps the last 16 MiB
+   * of its output. `RateLimitError` `too_many_processes` past 64 running.
+   */
+  async startProcess(sessionId: string, command?: string, opts: StartProcessOptions = {}): Promise<ProcessInfo> {
+    const body = processBody(command, opts);
+    const ans = await this._request("POST", `${sessionPath(sessionId)}/processes`, { what: "start process", sessionScoped: true, json: body });
+    return checked<ProcessInfo>(parseJSONObject(ans, "start process"), "processId", "start process");
+  }
+
+  /** The session's background processes: the running ones and the 100 that finished last, in the order they started. */
+  async listProcesses(sessionId: string): Promise<ProcessInfo[]> {
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/processes`, { what: "list processes", sessionScoped: true });
+    return listOf<ProcessInfo>(parseJSONObject(ans, "list processes"), "processes", "processId", "list processes");
+  }
+
+  /** One background process; `ProcessNotFoundError` when there is none. */
+  async getProcess(sessionId: string, processId: string): Promise<ProcessInfo> {
+    const ans = await this._request("GET", processPath(sessionId, processId), { what: "get process", sessionScoped: true });
+    return checked<ProcessInfo>(parseJSONObject(ans, "get process"), "processId", "get process");
+  }
+
+  /**
+   * A background process's output (`GET .../processes/{pid}/output`): the
+   * request is sent now (errors throw here), the lines are read as you
+   * iterate; with `follow` (the default) until the process has ended.
+   */
+  async processOutput(sessionId: string, processId: string, opts: ProcessOutputOptions = {}): Promise<ProcessOutput> {
+    const offset = checkInt("offset", opts.offset ?? 0);
+    const follow = opts.follow ?? true;
+    if (typeof follow !== "boolean") throw new TypeError("follow must be a boolean");
+    const path = `${processPath(sessionId, processId)}/output?offset=${offset}&follow=${follow}`;
+    const { body, abort } = await this._stream("GET", path, {
+      what: "process output",
+      sessionScoped: true,
+      headers: { Accept: "application/x-ndjson" },
+    });
+    return new ProcessOutput(body, abort, "process output");
+  }
+
+  /**
+   * Writes `data` to a background process's stdin (`POST .../stdin`), in
+   * requests of at most 45 KiB, in order; `eof` closes it afterwards.
+   * `ProcessExitedError` when the process has ended.
+   */
+  async sendProcessInput(sessionId: string, processId: string, data: string | Uint8Array, opts: { eof?: boolean } = {}): Promise<void> {
+    const path = `${processPath(sessionId, processId)}/stdin`;
+    for (const body of stdinBodies(data, opts.eof ?? false)) {
+      await this._request("POST", path, { what: "process input", sessionScoped: true, json: body });
+    }
+  }
+
+  /** Sends `signal` (ABRT ALRM FPE HUP ILL INT KILL PIPE QUIT SEGV TERM USR1 USR2, with or without SIG) to a background process's group. */
+  async signalProcess(sessionId: string, processId: string, signal = "TERM"): Promise<void> {
+    await this._request("POST", `${processPath(sessionId, processId)}/signal`, {
+      what: "signal process",
+      sessionScoped: true,
+      json: signalBody(signal),
+    });
+  }
+
+  // -- data plane: the Python kernel -----------------------------------------
+
+  /**
+   * Runs `code` in the session's persistent Python kernel (`POST
+   * /v1/sessions/{id}/python`), like a notebook cell: variables and imports
+   * persist from one call to the next in the same `kernel`. `result` is the
+   * `repr` of a final expression; an uncaught exception is in `error`, not
+   * thrown.
+   */
+  async runPython(sessionId: string, code: string, opts: RunPythonOptions = {}): Promise<PythonResult> {
+    const body = pythonBody(code, opts);
+    const ans = await this._request("POST", `${sessionPath(sessionId)}/python`, {
+      what: "run python",
+      sessionScoped: true,
+      json: body,
+      timeoutMs: commandWaitMs(body, this.timeoutMs) + 2000,
+    });
+    return pythonResult(parseJSONObject(ans, "run python"));
+  }
+
+  /** Forgets a kernel's state (`POST .../python/reset`): the next call starts a new interpreter. */
+  async resetPython(sessionId: string, opts: { kernel?: string } = {}): Promise<PythonReset> {
+    const body: Record<string, unknown> = {};
+    if (opts.kernel !== undefined) body["kernel"] = checkKernel(opts.kernel);
+    const ans = await this._request("POST", `${sessionPath(sessionId)}/python/reset`, { what: "reset python", sessionScoped: true, json: body });
+    return checked<PythonReset>(parseJSONObject(ans, "reset python"), "kernel", "reset python");
   }
 
   // -- workspaces and snapshots ----------------------------------------------
@@ -816,6 +1315,51 @@ export class SandboxClient {
     );
   }
 
+  /** @internal Sends one request whose answer's body is read later (a stream); errors are thrown here. */
+  async _stream(
+    method: string,
+    path: string,
+    opts: RequestOptions,
+  ): Promise<{ body: ReadableStream<Uint8Array>; abort: AbortController; headers: Record<string, string> }> {
+    const headers: Record<string, string> = {
+      Authorization: `Bearer ${this.#apiKey}`,
+      Accept: "application/json",
+      "User-Agent": USER_AGENT,
+      ...(opts.headers ?? {}),
+    };
+    let reqBody: string | undefined;
+    if (opts.json !== undefined) {
+      reqBody = JSON.stringify(opts.json);
+      headers["Content-Type"] = "application/json";
+    }
+    const abort = new AbortController();
+    const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
+    // The timeout is for the answer's head; the body may take as long as it takes.
+    const timer = setTimeout(() => abort.abort(new DOMException("timed out", "TimeoutError")), timeoutMs);
+    let resp: Response;
+    try {
+      resp = await this.#fetch(this.#base + path, { method, headers, body: reqBody, signal: abort.signal, redirect: "manual" });
+    } catch (e) {
+      throw fetchError(abort.signal.aborted ? abort.signal.reason : e, opts.what, this.baseUrl, timeoutMs);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (resp.status >= 300 || !resp.body) {
+      let bytes = new Uint8Array(0);
+      try {
+        bytes = new Uint8Array(await resp.arrayBuffer());
+      } catch {
+        // the status says enough
+      }
+      const h = headersObject(resp.headers);
+      if (resp.status >= 400) {
+        throw errorForStatus(resp.status, resp.statusText, h, bytes, { what: opts.what, sessionScoped: opts.sessionScoped ?? false });
+      }
+      throw new SandboxOperationError(`${opts.what}: unexpected HTTP ${resp.status} answer`, { status: resp.status, headers: h });
+    }
+    return { body: resp.body, abort, headers: headersObject(resp.headers) };
+  }
+
   /** @internal Sends one request; returns the answer, or throws the mapped error. */
   async _request(method: string, path: string, opts: RequestOptions): Promise<Answer> {
     const headers: Record<string, string> = {
@@ -914,12 +1458,9 @@ function parseJSONObject(ans: Answer, what: string): Record<string, unknown> {
   return data;
 }
 
-/** A stream of a command answer: `stdout`, or `stdoutBase64` for output that is not UTF-8. */
-function streamBytes(data: Record<string, unknown>, name: "stdout" | "stderr"): Uint8Array {
-  const b64 = data[`${name}Base64`];
-  if (typeof b64 === "string") return new Uint8Array(Buffer.from(b64, "base64"));
-  const text = data[name];
-  return new TextEncoder().encode(typeof text === "string" ? text : "");
+function processPath(sessionId: string, processId: string): string {
+  if (typeof processId !== "string" || !processId) throw new TypeError("processId must be a non-empty string");
+  return `${sessionPath(sessionId)}/processes/${encodeURIComponent(processId)}`;
 }
 
 function errorChain(e: unknown): unknown[] {

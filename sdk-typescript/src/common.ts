@@ -23,6 +23,11 @@ import {
   FileNotFoundInSandboxError,
   ProcessNotFoundError,
   ShellNotFoundError,
+  ProcessExitedError,
+  SandboxPermissionError,
+  FileTooLargeError,
+  DiskFullError,
+  ShellBusyError,
 } from "./errors.js";
 
 export const ENV_API_URL = "SANDBOX_API_URL";
@@ -55,6 +60,10 @@ const TYPED_CODES: Record<string, OperationErrorClass> = {
   file_not_found: FileNotFoundInSandboxError,
   process_not_found: ProcessNotFoundError,
   shell_not_found: ShellNotFoundError,
+  process_exited: ProcessExitedError,
+  permission_denied: SandboxPermissionError,
+  file_too_large: FileTooLargeError,
+  disk_full: DiskFullError,
 };
 
 /** The base URL and token, taking omitted ones from the environment. */
@@ -182,7 +191,8 @@ export function errorForStatus(
   if (status === 404 && opts.sessionScoped && (!code || code === "not_found")) return new SessionNotFoundError(msg, details);
   if (status === 410 && code === "session_gone") return new SessionGoneError(msg, details);
   if (status === 429) {
-    return new RateLimitError(
+    const cls = code === "shell_busy" ? ShellBusyError : RateLimitError;
+    return new cls(
       msg,
       {
         limit: intHeader(headers, "X-RateLimit-Limit"),

@@ -10,6 +10,7 @@
  * +-- SessionNotFoundError        HTTP 404 for a session (REST or CONNECT)
  * |   +-- SessionGoneError        410 session_gone: deleted or expired lately (`reason` says why)
  * +-- RateLimitError              HTTP 429 (REST or CONNECT)
+ * |   +-- ShellBusyError          429 shell_busy: 32 commands already wait for that persistent shell
  * +-- SandboxOperationError       other 4xx/5xx, SSH auth/exec/SFTP failures
  *     +-- CommandTimeoutError     runCommand() passed its timeout; the command was killed
  *     +-- ResourcesExceededError  400 resources_exceeded
@@ -26,6 +27,10 @@
  *     +-- FileNotFoundInSandboxError  404 file_not_found: nothing at the path in the sandbox
  *     +-- ProcessNotFoundError    404 process_not_found
  *     +-- ShellNotFoundError      404 shell_not_found
+ *     +-- ProcessExitedError      409 process_exited: the background process has ended
+ *     +-- SandboxPermissionError  403 permission_denied: the sandbox's user may not
+ *     +-- FileTooLargeError       413 file_too_large: a write over the gateway's --max-file-bytes
+ *     +-- DiskFullError           507 disk_full: the sandbox's filesystem is full; nothing was written
  * ```
  *
  * The same classes, and the same mapping from the gateway's JSON `error.code`,
@@ -256,3 +261,18 @@ export class ShellNotFoundError extends SandboxOperationError {}
 
 /** 400 `workspaces_unavailable`: this gateway keeps no workspaces. */
 export class WorkspacesUnavailableError extends SandboxOperationError {}
+
+/** HTTP 409 `process_exited`: the background process has ended; it takes no more input or signals. */
+export class ProcessExitedError extends SandboxOperationError {}
+
+/** HTTP 403 `permission_denied`: the sandbox's user may not read or write that path. */
+export class SandboxPermissionError extends SandboxOperationError {}
+
+/** HTTP 413 `file_too_large`: a write over the gateway's `--max-file-bytes`; nothing was written. */
+export class FileTooLargeError extends SandboxOperationError {}
+
+/** HTTP 507 `disk_full`: the sandbox's filesystem is full; nothing was written and the old file is intact. */
+export class DiskFullError extends SandboxOperationError {}
+
+/** HTTP 429 `shell_busy`: 32 commands already wait for this persistent shell. A RateLimitError, as every 429 is. */
+export class ShellBusyError extends RateLimitError {}

@@ -37,7 +37,7 @@ export interface SSHOptions extends TLSOptions {
   hostKeys?: string[];
   /** Time allowed for the tunnel and for the SSH handshake and authentication, each (default 20000). */
   timeoutMs?: number;
-  /** `"connect"` (default) or `"websocket"`, for front ends that do not pass CONNECT (see openTunnel). */
+  /** `"connect"` (default), `"websocket"` for front ends that do not pass CONNECT, or `"auto"`: CONNECT, then the WebSocket when something refuses it (see openTunnel). */
   transport?: Transport;
 }
 

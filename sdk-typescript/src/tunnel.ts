@@ -39,16 +39,33 @@ export interface TunnelOptions extends TLSOptions {
   /** More headers to send with the CONNECT request. */
   extraHeaders?: Record<string, string>;
   /**
-   * `"connect"` (HTTP CONNECT, the default) or `"websocket"`: the same SSH
+   * `"connect"` (HTTP CONNECT, the default), `"websocket"`: the same SSH
    * stream in a WebSocket, `GET /v1/sessions/{id}/ssh` (see websocketPath),
-   * for front ends that do not pass CONNECT. `connectPathTemplate` is then
-   * not used.
+   * for front ends that do not pass CONNECT (`connectPathTemplate` is then
+   * not used), or `"auto"`: CONNECT, then the WebSocket when something in
+   * the way refuses the CONNECT (see connectRefused).
    */
   transport?: Transport;
 }
 
-/** How a tunnel reaches the gateway. */
-export type Transport = "connect" | "websocket";
+/**
+ * How a tunnel reaches the gateway: `"connect"` (HTTP CONNECT, the
+ * default), `"websocket"` (`GET /v1/sessions/{id}/ssh`), or `"auto"`:
+ * CONNECT, then the WebSocket when something between client and gateway
+ * refuses the CONNECT (an answer that is not HTTP or not the gateway's, or
+ * 400, 405 or 501). The gateway's own refusals (401, 404, 429...) are final.
+ */
+export type Transport = "connect" | "websocket" | "auto";
+
+const TRANSPORTS: readonly string[] = ["connect", "websocket", "auto"];
+
+/** Whether a failed CONNECT was refused by something in the way (so a WebSocket may pass), as `sandgate proxy --transport auto` decides. */
+export function connectRefused(e: unknown): boolean {
+  if (!(e instanceof SandboxConnectionError) && !(e instanceof SandboxAPIError)) return false;
+  if (e.status !== undefined) return e.status === 400 || e.status === 405 || e.status === 501 || !e.code;
+  // An answer that could not be read as HTTP, or none after the request was sent.
+  return (e as { notHTTP?: boolean }).notHTTP === true;
+}
 
 /** The socket a tunnel returns: a net.Socket, a tls.TLSSocket for https, a Duplex for a WebSocket. */
 export type TunnelSocket = net.Socket | tls.TLSSocket | Duplex;
@@ -86,11 +103,20 @@ export function connectPath(baseUrl: string, sessionId: string, template = DEFAU
  */
 export async function openTunnel(options: TunnelOptions): Promise<TunnelSocket> {
   const transport = options.transport ?? "connect";
-  if (transport !== "connect" && transport !== "websocket") {
-    throw new TypeError(`transport must be "connect" or "websocket", not ${JSON.stringify(transport)}`);
+  if (!TRANSPORTS.includes(transport)) {
+    throw new TypeError(`transport must be "connect", "websocket" or "auto", not ${JSON.stringify(transport)}`);
   }
   const timeoutMs = checkTimeout("timeoutMs", options.timeoutMs ?? 10_000);
   const deadline = Date.now() + timeoutMs;
+  if (transport === "auto") {
+    // One deadline for both tries.
+    try {
+      return await openTunnel({ ...options, transport: "connect", timeoutMs });
+    } catch (e) {
+      if (!connectRefused(e)) throw e;
+      return openTunnel({ ...options, transport: "websocket", timeoutMs: Math.max(1, deadline - Date.now()) });
+    }
+  }
   for (;;) {
     try {
       const once = { ...options, timeoutMs: Math.max(1, deadline - Date.now()) };
@@ -251,12 +277,14 @@ async function openTunnelOnce(options: TunnelOptions): Promise<net.Socket | tls.
         return;
       }
       if (head.length === 0) {
-        finish(new SandboxConnectionError("tunnel: the gateway closed the connection without answering CONNECT"));
+        finish(notHTTP(new SandboxConnectionError("tunnel: the gateway closed the connection without answering CONNECT")));
       } else {
         finish(
-          new SandboxConnectionError(
-            "tunnel: the gateway closed the connection in the middle of its CONNECT answer: " +
-              head.subarray(0, 200).toString("latin1"),
+          notHTTP(
+            new SandboxConnectionError(
+              "tunnel: the gateway closed the connection in the middle of its CONNECT answer: " +
+                head.subarray(0, 200).toString("latin1"),
+            ),
           ),
         );
       }
@@ -389,10 +417,10 @@ function parseHead(text: string): { statusLine: string; status: number; reason: 
   const statusLine = (lines[0] ?? "").trim();
   const m = /^(HTTP\/\S+) (\d{3})(?: (.*))?$/.exec(statusLine);
   if (!m) {
-    throw new SandboxConnectionError(
+    throw notHTTP(new SandboxConnectionError(
       `tunnel: the gateway's answer to CONNECT is not HTTP: ${JSON.stringify(statusLine.slice(0, 200))}`,
       { statusLine: statusLine.slice(0, 200) },
-    );
+    ));
   }
   const headers: Record<string, string> = {};
   for (const line of lines.slice(1)) {
@@ -400,4 +428,10 @@ function parseHead(text: string): { statusLine: string; status: number; reason: 
     if (i > 0) headers[line.slice(0, i).trim().toLowerCase()] = line.slice(i + 1).trim();
   }
   return { statusLine, status: Number(m[2]), reason: m[3] ?? "", headers };
+}
+
+/** Marks a CONNECT error whose answer could not be read as HTTP (see connectRefused). */
+function notHTTP(e: SandboxConnectionError): SandboxConnectionError {
+  Object.defineProperty(e, "notHTTP", { value: true, enumerable: false });
+  return e;
 }

@@ -118,7 +118,7 @@ describe("wire contract (fake server)", () => {
     }
   });
 
-  it("exec: the request, and the answer with base64 streams and a timeout", async () => {
+  it("exec: a one-shot command's request, and the answer with base64 streams and a timeout", async () => {
     reset((_req, res) => json(res, 200, SESSION));
     const s = await client.getSession(SESSION.sessionId);
     seen = [];
@@ -135,7 +135,20 @@ describe("wire contract (fake server)", () => {
     const r = await s.exec("cd x", { timeoutMs: 1500 });
     assert.equal(seen[0]?.method, "POST");
     assert.equal(seen[0]?.url, `/v1/sessions/${SESSION.sessionId}/commands`);
-    assert.deepEqual(JSON.parse(seen[0]?.body.toString() ?? ""), { command: "cd x", shell: "default", timeout: 2 });
+    // exec is a fresh process each time (no shell), as Python's run.
+    assert.deepEqual(JSON.parse(seen[0]?.body.toString() ?? ""), { command: "cd x", timeout: 1.5 });
+    seen = [];
+    await s.shell().run("cd x", { timeoutMs: 1500 });
+    assert.deepEqual(JSON.parse(seen[0]?.body.toString() ?? ""), { command: "cd x", timeout: 1.5, shell: "default" });
+    seen = [];
+    await s.exec(undefined, { argv: ["ls", "-l"], stdin: new Uint8Array([0, 1]), env: { LANG: "C" }, cwd: "sub", maxOutputBytes: 10 });
+    assert.deepEqual(JSON.parse(seen[0]?.body.toString() ?? ""), {
+      argv: ["ls", "-l"],
+      stdinBase64: "AAE=",
+      env: { LANG: "C" },
+      cwd: "sub",
+      maxOutputBytes: 10,
+    });
     assert.deepEqual([...r.stdoutBytes], [0xff, 0x41]);
     assert.equal(r.stdout, "\ufffdA");
     assert.equal(r.output, "\ufffdAe");

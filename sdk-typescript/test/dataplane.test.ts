@@ -28,7 +28,7 @@ describe("data plane (needs /commands and /files)", { skip: SKIP }, () => {
     await gw?.stop();
   });
 
-  it("exec: output, exit code, and a shell whose cwd and exports persist", async () => {
+  it("exec: output, exit code; a persistent shell's cwd and exports persist, exec's do not", async () => {
     const r = await session.exec("echo out; echo err >&2; false");
     assert.equal(r.exitCode, 1);
     assert.equal(r.stdout, "out\n");
@@ -37,14 +37,19 @@ describe("data plane (needs /commands and /files)", { skip: SKIP }, () => {
     assert.equal(r.truncated, false);
     assert.ok(r.durationMs >= 0);
 
-    const cd = await session.exec("mkdir -p sub/dir && cd sub/dir && export GREETING=hi");
+    // exec is a fresh process each time; a persistent shell keeps cd and export.
+    const sh = session.shell();
+    const cd = await sh.run("mkdir -p sub/dir && cd sub/dir && export GREETING=hi");
     assert.equal(cd.exitCode, 0);
     assert.match(cd.cwd, /\/sub\/dir$/);
-    const again = await session.exec('pwd; echo "$GREETING"');
+    const again = await sh.run('pwd; echo "$GREETING"');
     assert.match(again.stdout, /\/sub\/dir\nhi\n$/);
     assert.match(again.cwd, /\/sub\/dir$/);
-    // Back to the workspace, where the files API's relative paths start.
-    assert.equal((await session.exec("cd ../..")).exitCode, 0);
+    const fresh = await session.exec('pwd; echo "[$GREETING]"');
+    assert.doesNotMatch(fresh.stdout, /sub\/dir/);
+    assert.match(fresh.stdout, /\[\]\n$/);
+    assert.equal(await sh.close(), true);
+    assert.equal(await sh.close(), false);
   });
 
   it("exec: a timeout gives exit code 124", { timeout: 30_000 }, async () => {

@@ -65,8 +65,10 @@ describe("REST", { skip: SKIP }, () => {
       assert.deepEqual(g.sshInfo.hostKeys, s.sshInfo.hostKeys);
 
       const list = await client.listSessions();
-      assert.ok(list.sessions.some((x) => x.id === s.id));
-      assert.equal(list.limit, 50);
+      assert.ok(list.some((x) => x.id === s.id));
+      const page = await client.listSessionsPage();
+      assert.ok(page.sessions.some((x) => x.id === s.id));
+      assert.equal(page.limit, 50);
 
       const u = await client.updateSession(s.id, { ttlSeconds: 1200 });
       assert.equal(u.ttl, 1200);

@@ -38,6 +38,7 @@ from ._dataplane import (
     whole_result,
 )
 from ._output import DEFAULT_MAX_OUTPUT_BYTES
+from ._extra_ops import AsyncExtraOps
 from ._rest import (
     DEFAULT,
     TRANSPORT_ERRORS,
@@ -80,7 +81,7 @@ async def _async_chunks(body: Any) -> AsyncIterator[bytes]:
         yield chunk
 
 
-class AsyncSessionsClient(RestCore):
+class AsyncSessionsClient(RestCore, AsyncExtraOps):
     """The REST API as coroutines: :class:`SessionsClient`'s methods and
     arguments, over ``httpx.AsyncClient``. Use it as an async context manager::
 

@@ -32,6 +32,7 @@ from ._dataplane import (
     read_headers,
     whole_result,
 )
+from ._extra_ops import ExtraOps
 from ._rest import (
     DEFAULT,
     TRANSPORT_ERRORS,
@@ -64,7 +65,7 @@ _DEFAULT_COMMAND_TIMEOUT = DEFAULT_COMMAND_TIMEOUT
 _create_retryable = create_retryable
 
 
-class SessionsClient(RestCore, ClosesOnExit):
+class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
     """Client of the sandgate REST API. Use it as a context manager::
 
         with SessionsClient(api_url="https://gw.example.com", bearer_token=TOKEN) as sessions:

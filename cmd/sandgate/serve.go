@@ -213,6 +213,9 @@ func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	if err := c.workspaces.check(); err != nil {
 		return nil, err
 	}
+	if err := c.dataPlane.check(); err != nil {
+		return nil, err
+	}
 	if err := c.cluster.checkEgress(context.Background(), c.egress.allowCIDR); err != nil {
 		return nil, err
 	}

@@ -148,6 +148,14 @@ func TestAgentSandboxSeedExample(t *testing.T) {
 	if status := agentPost(t, g, "/v1/execute", agentSeedExample, &o); status != http.StatusOK || o.Output != "10\n5\n" || o.Error != "" || len(o.Artifacts) != 0 {
 		t.Fatalf("the seed's example: %d %+v, want 200 output %q", status, o, "10\n5\n")
 	}
+	// docs/compat.md shows it with curl, the body verbatim.
+	example := docExample(t, "agent-sandbox-seed")
+	if !strings.Contains(example, "-d '"+agentSeedExample+"'") {
+		t.Errorf("the documented example does not send the seed's request verbatim:\n%s", example)
+	}
+	if out := runExample(t, g, example); out != `{"output":"10\n5\n","artifacts":[]}`+"\n" {
+		t.Errorf("the documented example printed %q", out)
+	}
 	for _, in := range []string{"/work/../etc/passwd", "a/../../b", "/workspace/.."} {
 		var e struct {
 			Detail string `json:"detail"`

@@ -576,7 +576,9 @@ func (x *agentSandboxAPI) stop(w http.ResponseWriter, r *http.Request) {
 	// As the seed's stop, with or without a sandbox: its stored files go
 	// with DELETE_S3_ON_CLEANUP.
 	if x.store != nil && x.store.cfg.DeleteOnCleanup {
-		x.store.cleanup(r.Context(), x.store.prefix(p.Tenant, id))
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), agentCleanupTimeout)
+		x.store.cleanup(ctx, x.store.prefix(p.Tenant, id))
+		cancel()
 	}
 	_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "success"})
 }

@@ -232,7 +232,7 @@ func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *datapl
 		if err != nil {
 			var fe *dataplane.Error
 			if errors.As(err, &fe) {
-				return fmt.Errorf("%s: %s", rel, fe.Msg)
+				return errors.New(fe.Msg) // it names the path
 			}
 			st.log.Warn("compat_store_pull_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 			return fmt.Errorf("%s: could not be written", rel)

@@ -144,6 +144,7 @@ func TestAgentSandboxSeedExample(t *testing.T) {
 	gwtest.RequireTool(t, "python3")
 	g := startGateway(t)
 	logOnFailure(t, g)
+	noRaces(t, g)
 	var o agentExec
 	if status := agentPost(t, g, "/v1/execute", agentSeedExample, &o); status != http.StatusOK || o.Output != "10\n5\n" || o.Error != "" || len(o.Artifacts) != 0 {
 		t.Fatalf("the seed's example: %d %+v, want 200 output %q", status, o, "10\n5\n")
@@ -175,6 +176,16 @@ func TestAgentSandboxSeedExample(t *testing.T) {
 	if res.StatusCode != http.StatusOK || string(b) != `{"status":"ok"}` || res.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("GET /health: %d %q %q", res.StatusCode, res.Header.Get("Content-Type"), b)
 	}
+}
+
+// noRaces fails t if g, a race-detector build (SANDGATE_BIN built with
+// -race), reported a data race.
+func noRaces(t *testing.T, g *gatewayProc) {
+	t.Cleanup(func() {
+		if strings.Contains(g.stderr.String(), "WARNING: DATA RACE") {
+			t.Errorf("the gateway reported a data race:\n%s", g.stderr.String())
+		}
+	})
 }
 
 // seedHash is the seed's key of an id: 16 hex digits of its SHA-256.
@@ -242,6 +253,7 @@ func TestAgentSandboxObjectStore(t *testing.T) {
 	s3 := startFakeS3(t)
 	g := startGateway(t, append(s3.args(), "--api-key", "default:test-token", "--api-key", "other:other-token")...)
 	logOnFailure(t, g)
+	noRaces(t, g)
 	key := func(p string) string { return seedKey("default", "alice", "session123", p) }
 	s3.put(t, key("path/to/input1.py"), "print('one')\n")
 	s3.put(t, key("path/to/input2.txt"), "two\n")
@@ -317,6 +329,7 @@ func TestAgentSandboxCleanupFlagsAndImage(t *testing.T) {
 	g := startGateway(t, append(s3.args(), "--agent-sandbox-delete-on-delete", "--agent-sandbox-delete-on-cleanup=false",
 		"--idle-timeout", "3s", "--agent-sandbox-image", "python:3.12-slim", "--image-alias", "python:3.12-slim=default")...)
 	logOnFailure(t, g)
+	noRaces(t, g)
 	key := func(p string) string { return seedKey("default", "bob", "s1", p) }
 	agentExecute(t, g, "bob", "s1", "open('a.txt', 'w').write('a')\nopen('b.txt', 'w').write('b')")
 	if ss := agentSessions(t, g, "bob", "s1"); len(ss) != 1 || ss[0].Image != "python:3.12-slim" {

@@ -352,3 +352,15 @@ func TestAgentSandboxCleanupFlagsAndImage(t *testing.T) {
 		t.Errorf("a.txt's object after the sandbox ended: %d %q, want kept", code, body)
 	}
 }
+
+// --agent-sandbox-s3-prefix stays out of the workspace store's own
+// directories and never climbs: a bad one is a usage error.
+func TestAgentSandboxPrefixChecked(t *testing.T) {
+	for _, v := range []string{"", "/", "tenants", "objects/x", "a/../b", "a//b"} {
+		out, errOut, code := runClient(t, cleanEnv(), nil, sandgateBin, "serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0",
+			"--sandbox", "workdir", "--api-key", "k", "--agent-sandbox-s3-prefix", v)
+		if code != 2 || !strings.Contains(errOut, "--agent-sandbox-s3-prefix") {
+			t.Errorf("--agent-sandbox-s3-prefix %q: exit %d, stdout %q, stderr %q", v, code, out, errOut)
+		}
+	}
+}

@@ -39,6 +39,14 @@ type Tombstone struct {
 	ByMethod string `json:"byMethod,omitempty"`
 	// Failure is why the session had failed, when it had.
 	Failure string `json:"failure,omitempty"`
+	// Image, CreatedAt, ExpiresAt and LastActivityAt are the session's
+	// as it ended, so that an API can still describe it (Sandkasten's
+	// session rows, docs/compat.md). Tombstones stored before they were
+	// kept have them zero.
+	Image          string    `json:"image,omitempty"`
+	CreatedAt      time.Time `json:"createdAt,omitzero"`
+	ExpiresAt      time.Time `json:"expiresAt,omitzero"`
+	LastActivityAt time.Time `json:"lastActivityAt,omitzero"`
 }
 
 // Message is the tombstone in words: what ended the session, and when.
@@ -124,11 +132,13 @@ func (m *Manager) bury(s *Session, reason string, by *Principal) {
 	if m.tombstoneTTL() < 0 {
 		return
 	}
-	t := Tombstone{ID: s.ID, Tenant: s.Tenant, Reason: reason, At: m.cfg.Now().UTC()}
+	t := Tombstone{ID: s.ID, Tenant: s.Tenant, Reason: reason, At: m.cfg.Now().UTC(),
+		Image: s.Image, CreatedAt: s.CreatedAt, LastActivityAt: s.LastActivity()}
 	if by != nil {
 		t.ByTenant, t.ByMethod = by.Tenant, by.Method
 	}
 	s.mu.Lock()
+	t.ExpiresAt = s.expiresAt
 	if s.status == StatusFailed {
 		t.Failure = s.statusReason
 		if by == nil { // expired after it failed: the failure is the news

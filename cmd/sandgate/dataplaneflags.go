@@ -86,6 +86,15 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.Var(&d.trustedProxies, "trusted-proxy", "CIDR range of a reverse proxy in front of the gateway (repeatable; default none): a connection from one is counted for --link-fetches-per-ip under the rightmost X-Forwarded-For address outside these ranges")
 }
 
+// check refuses settings no request could run under: a step timeout of
+// zero or less would end every /compat/sbs step at once.
+func (d *dataPlaneFlags) check() error {
+	if d.stepTimeout <= 0 {
+		return fmt.Errorf("--step-timeout must be positive (the seed's SBS_STEP_TIMEOUT_SEC is at least 1 second), got %v", d.stepTimeout)
+	}
+	return nil
+}
+
 // config is the REST data plane's configuration; egress dials fetches.
 func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.DataPlane {
 	dp := rest.DataPlane{

@@ -78,6 +78,7 @@ type serveConfig struct {
 	egress            egressFlags
 	dataPlane         dataPlaneFlags
 	workspaces        workspaceFlags
+	agentSandbox      agentSandboxFlags
 	metricsToken      string
 	metricsListen     string
 	audit             auditFlags
@@ -170,6 +171,7 @@ func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	c.audit.register(fs)
 	c.cluster.register(fs)
 	c.workspaces.register(fs)
+	c.agentSandbox.register(fs)
 	return fs
 }
 
@@ -211,6 +213,12 @@ func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	}
 	c.resources = res
 	if err := c.workspaces.check(); err != nil {
+		return nil, err
+	}
+	if err := c.dataPlane.check(); err != nil {
+		return nil, err
+	}
+	if err := c.agentSandbox.check(); err != nil {
 		return nil, err
 	}
 	if err := c.cluster.checkEgress(context.Background(), c.egress.allowCIDR); err != nil {
@@ -518,7 +526,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	plane := dataplane.NewPlane(cfg.dataPlane.config(cfg, egressCfg.Proxy))
 	// The seeds' own APIs (docs/compat.md), served beside /v1.
 	presigner, _ := any(wsvc).(rest.ArtifactPresigner)
-	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log,
+	agentSandbox, err := cfg.agentSandbox.config(&cfg.workspaces)
+	if err != nil {
+		return err
+	}
+	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log, AgentSandbox: agentSandbox,
 		Links: rest.Links{Key: linkKey, PublicURL: cfg.publicURL, Artifacts: presigner, Log: log}})
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit, Mounts: compatAPIs,

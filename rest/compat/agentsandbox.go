@@ -65,11 +65,17 @@ const (
 // agentSandboxAPI serves Agent Sandbox's API.
 type agentSandboxAPI struct {
 	d *Deps
+	// store syncs the sandboxes' files with the object store (nil:
+	// none; agentstore.go).
+	store *agentStore
 }
 
 // mountAgentSandbox mounts Agent Sandbox's routes (compat.go).
 func (d *Deps) mountAgentSandbox(r chi.Router) {
 	x := &agentSandboxAPI{d: d}
+	if d.AgentSandbox.Store != nil {
+		x.store = newAgentStore(d.AgentSandbox, d.Plane.Bounds.MaxFetchBytes, d.Log)
+	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	})
@@ -84,12 +90,21 @@ func (d *Deps) mountAgentSandbox(r chi.Router) {
 	r.Get("/v1/files/download-url", x.downloadURL)
 }
 
+// agentSandboxHealth is the seed's health check, GET /health: it answers
+// {"status": "ok"} to anyone, without a key, as the seed's does.
+const agentSandboxHealth = "/compat/agent-sandbox/health"
+
 // agentSandboxAPIKey lets the seed's clients authenticate as they did,
 // with X-API-Key: a request without an Authorization header has its
 // X-API-Key (a sandgate token) turned into a bearer token. It runs before
-// authentication, on this prefix only.
+// authentication, on this prefix only, and answers the health check
+// (agentSandboxHealth) itself.
 func agentSandboxAPIKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == agentSandboxHealth && r.Method == http.MethodGet {
+			_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "ok"})
+			return
+		}
 		if _, ok := r.Header["X-Api-Key"]; ok {
 			key := strings.TrimSpace(r.Header.Get("X-API-Key"))
 			r = r.Clone(r.Context())
@@ -198,7 +213,7 @@ func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id a
 		if !create {
 			return nil, nil
 		}
-		s, _, err := x.d.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL})
+		s, _, err := x.d.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL, Image: x.d.AgentSandbox.Image})
 		if err == nil {
 			x.d.Log.InfoContext(ctx, "compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
 			holdSession(ctx, s)
@@ -236,6 +251,31 @@ func (x *agentSandboxAPI) linkURL(r *http.Request, s *gateway.Session, p string,
 	return x.d.Links.FileURL(r, s, p, expiresIn)
 }
 
+// watch ties s, the sandbox of id, to the object store, if there is one,
+// and returns its prefix there ("" without one).
+func (x *agentSandboxAPI) watch(s *gateway.Session, id agentIdentity) string {
+	if x.store == nil {
+		return ""
+	}
+	pfx := x.store.prefix(s.Tenant, id)
+	x.store.watch(s, pfx)
+	return pfx
+}
+
+// fileURL is the download URL of the file p of s: the object store's
+// presigned URL of its object when the store holds it as it is now
+// (stored), as the seed's, else linkURL's.
+func (x *agentSandboxAPI) fileURL(r *http.Request, s *gateway.Session, pfx, p string, stored bool, expiresIn int) string {
+	if x.store != nil && stored {
+		u, err := x.store.presign(r.Context(), pfx, p, expiresIn)
+		if err == nil {
+			return u
+		}
+		x.d.Log.WarnContext(r.Context(), "compat_store_presign_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+	}
+	return x.linkURL(r, s, p, expiresIn)
+}
+
 // agentExecuteRequest is the body of POST /v1/execute.
 type agentExecuteRequest struct {
 	UserID           string
@@ -256,6 +296,9 @@ type agentArtifact struct {
 type agentExecuteResult struct {
 	Output    string          `json:"output"`
 	Artifacts []agentArtifact `json:"artifacts"`
+	// SyncError says the push to the object store failed (the seed's
+	// sync_error): absent when it did not.
+	SyncError string `json:"sync_error,omitempty"`
 }
 
 // agentError is execute's answer when the sandbox cannot run code (the
@@ -321,19 +364,29 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	// The inputs name files of the workspace (the seed pulled them from
-	// its store into the workspace; here the workspace is the store):
-	// they are checked, and a missing one is skipped, as the seed does.
+	// The inputs are files the seed pulled from its store into the
+	// workspace before the run: as its users send them (absolute paths
+	// too, agentInputPath), mapped into the workspace; pulled from the
+	// object store when there is one, and skipped when missing, as the
+	// seed does.
+	if len(req.Inputs) > agentMaxInputs {
+		writeDetail(w, http.StatusBadRequest, fmt.Sprintf("too many inputs (max %d)", agentMaxInputs))
+		return
+	}
+	inputs := make([]string, 0, len(req.Inputs))
 	for _, in := range req.Inputs {
-		if _, err := agentRelPath(in); err != nil {
+		p, err := agentInputPath(in)
+		if err != nil {
 			writeDetail(w, http.StatusBadRequest, fmt.Sprintf("inputs: %s: %v", in, err))
 			return
 		}
+		inputs = append(inputs, p)
 	}
 	s, ok := x.sandboxOrAnswer(w, r, id)
 	if !ok {
 		return
 	}
+	pfx := x.watch(s, id)
 	if strings.TrimSpace(req.Code) == "" {
 		_ = writeBareJSON(w, http.StatusOK, agentExecuteResult{Output: "Empty code\n", Artifacts: []agentArtifact{}})
 		return
@@ -345,6 +398,14 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
+	if x.store != nil && len(inputs) > 0 {
+		if err := x.store.pull(r.Context(), s, fsys, pfx, inputs); err != nil {
+			if r.Context().Err() == nil {
+				_ = writeBareJSON(w, http.StatusOK, agentError{Error: "inputs: " + err.Error()})
+			}
+			return
+		}
+	}
 	before, err := workspaceFiles(fsys)
 	if err != nil {
 		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
@@ -374,12 +435,19 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	expiresIn := clampExpiry(req.PresignExpiresIn)
 	out := agentExecuteResult{Output: agentOutput(res, capBytes), Artifacts: []agentArtifact{}}
+	var stored map[string]bool
+	if x.store != nil {
+		var err error
+		if stored, err = x.store.push(r.Context(), s, fsys, pfx, after); err != nil {
+			out.SyncError = "the sandbox's files could not all be stored in the object store; the download URLs of those not stored are the gateway's"
+		}
+	}
 	for p, st := range after {
 		if old, ok := before[p]; ok && old.size == st.size && old.mtime.Equal(st.mtime) {
 			continue
 		}
 		out.Artifacts = append(out.Artifacts, agentArtifact{Path: p, SizeBytes: st.size, MimeType: mimeType(p),
-			DownloadURL: x.linkURL(r, s, p, expiresIn)})
+			DownloadURL: x.fileURL(r, s, pfx, p, stored[p], expiresIn)})
 	}
 	sort.Slice(out.Artifacts, func(i, j int) bool { return out.Artifacts[i].Path < out.Artifacts[j].Path })
 	_ = writeBareJSON(w, http.StatusOK, out)
@@ -505,6 +573,13 @@ func (x *agentSandboxAPI) stop(w http.ResponseWriter, r *http.Request) {
 		}
 		x.d.Log.InfoContext(r.Context(), "compat_session_deleted", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant)
 	}
+	// As the seed's stop, with or without a sandbox: its stored files go
+	// with DELETE_S3_ON_CLEANUP.
+	if x.store != nil && x.store.cfg.DeleteOnCleanup {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), agentCleanupTimeout)
+		x.store.cleanup(ctx, x.store.prefix(p.Tenant, id))
+		cancel()
+	}
 	_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "success"})
 }
 
@@ -620,6 +695,11 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 		for _, e := range fr.Errors {
 			res.Errors = append(res.Errors, agentUploadError{SourceURL: e.URL, Error: e.Error})
 		}
+		if pfx := x.watch(s, id); x.store != nil && len(fr.Fetched) > 0 {
+			if files, err := workspaceFiles(fsys); err == nil {
+				_, _ = x.store.push(r.Context(), s, fsys, pfx, files) // a failure is logged; the next push retries
+			}
+		}
 	}
 	switch {
 	case len(res.Errors) == 0:
@@ -723,15 +803,24 @@ func (x *agentSandboxAPI) downloadURL(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	defer fsys.Close()
 	e, err := fsys.Stat(p)
-	fsys.Close()
 	if err != nil || e.Type != "file" {
 		writeDetail(w, http.StatusNotFound, "not found")
 		return
 	}
+	// With an object store, the file is pushed (with whatever else
+	// changed) and the URL is the store's, as the seed's.
+	pfx, stored := x.watch(s, id), false
+	if x.store != nil {
+		if files, err := workspaceFiles(fsys); err == nil {
+			synced, _ := x.store.push(r.Context(), s, fsys, pfx, files)
+			stored = synced[p]
+		}
+	}
 	exp := clampExpiry(expiresIn)
 	_ = writeBareJSON(w, http.StatusOK, agentDownloadURL{Status: "success", Path: p, ExpiresIn: exp,
-		DownloadURL: x.linkURL(r, s, p, exp)})
+		DownloadURL: x.fileURL(r, s, pfx, p, stored, exp)})
 }
 
 // readPydanticBody reads a JSON object body as FastAPI does, answering a

@@ -41,6 +41,8 @@ type Deps struct {
 	// Links hands out the file links of Agent Sandbox's artifacts.
 	Links rest.Links
 	Log   *slog.Logger
+	// AgentSandbox configures Agent Sandbox's API (agentstore.go).
+	AgentSandbox AgentSandboxConfig
 }
 
 // New returns the seeds' APIs, each under its prefix /compat/<seed>.

@@ -86,10 +86,12 @@ type sandkastenSession struct {
 	Image  string `json:"image"`
 	Status string `json:"status"` // running | expired | destroyed | crashed
 	// Cwd is the persistent shell's directory, once an exec has run.
-	Cwd          string    `json:"cwd,omitempty"`
-	CreatedAt    time.Time `json:"created_at"`
-	ExpiresAt    time.Time `json:"expires_at"`
-	LastActivity time.Time `json:"last_activity"`
+	Cwd string `json:"cwd,omitempty"`
+	// The times are absent only for a session that ended under an older
+	// gateway, whose tombstone did not keep them.
+	CreatedAt    time.Time `json:"created_at,omitzero"`
+	ExpiresAt    time.Time `json:"expires_at,omitzero"`
+	LastActivity time.Time `json:"last_activity,omitzero"`
 }
 
 type sandkastenCreateRequest struct {
@@ -199,9 +201,16 @@ func (x *sandkastenAPI) list(w http.ResponseWriter, r *http.Request) {
 	_ = rest.WriteJSON(w, http.StatusOK, out)
 }
 
-// get serves GET /v1/sessions/{id}.
+// get serves GET /v1/sessions/{id}. A session that ended (the gateway's
+// tombstone of it still there: serve --tombstone-ttl) is the seed's row
+// of it, status expired, destroyed or crashed, as the seed's store keeps
+// it; only one the gateway knows nothing of is 404.
 func (x *sandkastenAPI) get(w http.ResponseWriter, r *http.Request) {
 	s, err := x.d.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
+	if t, ok := tombstoneOf(err); ok {
+		_ = rest.WriteJSON(w, http.StatusOK, renderGone(t))
+		return
+	}
 	if err != nil {
 		writeCompatError(w, err)
 		return
@@ -209,15 +218,75 @@ func (x *sandkastenAPI) get(w http.ResponseWriter, r *http.Request) {
 	_ = rest.WriteJSON(w, http.StatusOK, x.render(s))
 }
 
-// destroy serves DELETE /v1/sessions/{id}.
+// destroy serves DELETE /v1/sessions/{id}. Destroying a session that has
+// ended already (expired, destroyed) succeeds, as the seed's destroy of a
+// row that is no longer running does: the SDK's `finally: destroy()`
+// after a session expired is no error.
 func (x *sandkastenAPI) destroy(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	if err := x.d.Sessions.Delete(r.Context(), principal(r), id); err != nil {
-		writeCompatError(w, err)
-		return
+		if _, gone := tombstoneOf(err); !gone {
+			writeCompatError(w, err)
+			return
+		}
 	}
 	x.forget(id)
 	_ = rest.WriteJSON(w, http.StatusOK, sandkastenOK{OK: true})
+}
+
+// tombstoneOf is the tombstone in err, the session manager's answer for a
+// session that ended a short while ago.
+func tombstoneOf(err error) (gateway.Tombstone, bool) {
+	var ge *gateway.GoneError
+	if errors.As(err, &ge) {
+		return ge.Tombstone, true
+	}
+	return gateway.Tombstone{}, false
+}
+
+// goneStatus is the seed's status of a session that ended: expired (its
+// ttl, or sandgate's idle timeout, ran out), crashed (it had failed) or
+// destroyed (deleted, or ended with a gateway that kept no sessions).
+func goneStatus(t gateway.Tombstone) string {
+	switch t.Reason {
+	case gateway.GoneTTL, gateway.GoneIdle:
+		return "expired"
+	case gateway.GoneFailed:
+		return "crashed"
+	}
+	return "destroyed"
+}
+
+// renderGone is the seed's row of a session that ended, from its
+// tombstone; an expired session's expires_at is when it expired.
+func renderGone(t gateway.Tombstone) sandkastenSession {
+	out := sandkastenSession{ID: t.ID, Image: t.Image, Status: goneStatus(t),
+		CreatedAt: t.CreatedAt, ExpiresAt: t.ExpiresAt, LastActivity: t.LastActivityAt}
+	if out.Status == "expired" {
+		out.ExpiresAt = t.At
+	}
+	return out
+}
+
+// session is Deps.session for the routes that work in a session (exec,
+// fs): one that ended answers 410 with its state as the code
+// (session_expired, session_destroyed, session_crashed), not 404.
+func (x *sandkastenAPI) session(w http.ResponseWriter, r *http.Request) (*gateway.Session, bool) {
+	s, err := x.d.Sessions.Get(r.Context(), principal(r), chi.URLParam(r, "id"))
+	if t, ok := tombstoneOf(err); ok {
+		rest.WriteError(w, http.StatusGone, "session_"+goneStatus(t), t.Message())
+		return nil, false
+	}
+	if err != nil {
+		writeCompatError(w, err)
+		return nil, false
+	}
+	if !s.Live() {
+		rest.WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
+		return nil, false
+	}
+	holdSession(r.Context(), s)
+	return s, true
 }
 
 // setCwd records the session's shell directory; the record goes when the
@@ -258,7 +327,7 @@ func (x *sandkastenAPI) extendLease(r *http.Request, s *gateway.Session) {
 // timed-out command has exit code 124 and kills the shell; the next exec
 // starts a new one from the state saved after the last command.
 func (x *sandkastenAPI) exec(w http.ResponseWriter, r *http.Request) {
-	s, ok := x.d.session(w, r)
+	s, ok := x.session(w, r)
 	if !ok {
 		return
 	}
@@ -344,7 +413,7 @@ func sandkastenPath(p string) (string, error) {
 // write serves POST /v1/sessions/{id}/fs/write: the file is written
 // atomically, its parent directories made.
 func (x *sandkastenAPI) write(w http.ResponseWriter, r *http.Request) {
-	s, ok := x.d.session(w, r)
+	s, ok := x.session(w, r)
 	if !ok {
 		return
 	}
@@ -392,7 +461,7 @@ func (x *sandkastenAPI) write(w http.ResponseWriter, r *http.Request) {
 // read serves GET /v1/sessions/{id}/fs/read?path=P&max_bytes=N: the
 // file's first max_bytes bytes (default 1 MiB), base64.
 func (x *sandkastenAPI) read(w http.ResponseWriter, r *http.Request) {
-	s, ok := x.d.session(w, r)
+	s, ok := x.session(w, r)
 	if !ok {
 		return
 	}

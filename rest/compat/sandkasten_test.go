@@ -107,9 +107,24 @@ func TestCompatSandkasten(t *testing.T) {
 			if r.status != http.StatusOK || strings.TrimSpace(string(r.body)) != `{"ok":true}` {
 				t.Errorf("delete: %d %s", r.status, r.body)
 			}
-			nativeErr(t, call(http.MethodGet, "/sessions/"+s.ID, ""), 404, "not_found")
-			nativeErr(t, call(http.MethodDelete, "/sessions/"+s.ID, ""), 404, "not_found")
+			// Issue 39: a destroyed session is the seed's row with status
+			// destroyed (the gateway's tombstone knows it), not a 404.
+			var got skSession
+			if r := call(http.MethodGet, "/sessions/"+s.ID, ""); r.status != http.StatusOK {
+				t.Errorf("get after delete: %d %s", r.status, r.body)
+			} else if r.decode(t, &got); got.ID != s.ID || got.Status != "destroyed" || got.Image != s.Image ||
+				!got.CreatedAt.Equal(s.CreatedAt) || got.ExpiresAt.IsZero() || got.LastActivity.IsZero() {
+				t.Errorf("get after delete: %+v, created %+v", got, s)
+			}
+			// Destroying it again succeeds, as the seed's destroy does.
+			if r := call(http.MethodDelete, "/sessions/"+s.ID, ""); r.status != http.StatusOK || strings.TrimSpace(string(r.body)) != `{"ok":true}` {
+				t.Errorf("delete again: %d %s", r.status, r.body)
+			}
+			// Another tenant still learns nothing of it.
+			nativeErr(t, compatCall(t, g, http.MethodGet, "/compat/sandkasten/v1/sessions/"+s.ID, bobKey, ""), 404, "not_found")
 		}
+		nativeErr(t, call(http.MethodGet, "/sessions/no-such-session", ""), 404, "not_found")
+		nativeErr(t, call(http.MethodDelete, "/sessions/no-such-session", ""), 404, "not_found")
 	})
 
 	s := create(`{"ttl_seconds":120}`)
@@ -290,9 +305,16 @@ func TestCompatSandkasten(t *testing.T) {
 		if r := call(http.MethodDelete, base, ""); r.status != http.StatusOK {
 			t.Fatalf("delete: %d %s", r.status, r.body)
 		}
-		nativeErr(t, call(http.MethodPost, base+"/exec", `{"cmd":"true"}`), 404, "not_found")
-		nativeErr(t, call(http.MethodPost, base+"/fs/write", `{"path":"a","text":"a"}`), 404, "not_found")
+		// Issue 39: the seed's state, destroyed, not 404.
+		nativeErr(t, call(http.MethodPost, base+"/exec", `{"cmd":"true"}`), 410, "session_destroyed")
+		nativeErr(t, call(http.MethodPost, base+"/fs/write", `{"path":"a","text":"a"}`), 410, "session_destroyed")
 		r := call(http.MethodGet, base+"/fs/read?path=foo.py", "")
-		nativeErr(t, r, 404, "not_found")
+		nativeErr(t, r, 410, "session_destroyed")
+		var got skSession
+		if r := call(http.MethodGet, base, ""); r.status != http.StatusOK {
+			t.Errorf("get after delete: %d %s", r.status, r.body)
+		} else if r.decode(t, &got); got.Status != "destroyed" {
+			t.Errorf("get after delete: %+v", got)
+		}
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -74,6 +75,16 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = d.TLSConfig.Clone()
 	tr.Proxy = nil
+	// The TCP socket under the WebSocket (and TLS), for wsClientConn's cork.
+	var sock syscall.RawConn
+	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := nd.DialContext(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			sock, _ = tc.SyscallConn()
+		}
+		return c, err
+	}
 	h := http.Header{}
 	if d.Token != "" {
 		h.Set("Authorization", "Bearer "+d.Token)
@@ -90,7 +101,7 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 		return nil, fmt.Errorf("websocket to gateway: %w", err)
 	}
 	nc := websocket.NetConn(context.WithoutCancel(ctx), c, websocket.MessageBinary)
-	return &wsClientConn{Conn: nc}, nil
+	return &wsClientConn{Conn: nc, sock: sock}, nil
 }
 
 // statusError turns a refused upgrade into a *StatusError.
@@ -116,7 +127,37 @@ func statusError(resp *http.Response) *StatusError {
 // does (the library's says "context canceled").
 type wsClientConn struct {
 	net.Conn
+	sock   syscall.RawConn // the TCP socket under it, or nil
 	closed atomic.Bool
+}
+
+// corkMin is the smallest write corkedWrite corks: one that fits in the
+// library's 4 KiB write buffer leaves in one write(2) anyway.
+const corkMin = 4 << 10
+
+// Write sends p as one binary message. The library masks a client's frame
+// into a 4 KiB buffer and writes each buffer as it fills, which the
+// gateway would receive as many small segments, one wake-up each: see
+// corkedWrite.
+func (c *wsClientConn) Write(p []byte) (int, error) {
+	return corkedWrite(c.sock, c.Conn, p)
+}
+
+// corkedWrite writes p, one WebSocket message, to w, whose frames go out
+// on the TCP socket sock (nil: unknown) 4 KiB at a time: a large one with
+// TCP_CORK set, so that the kernel sends it in full segments, uncorked
+// (sent at once) when the frame is complete. Not for a socket that
+// another writer corks as well.
+func corkedWrite(sock syscall.RawConn, w io.Writer, p []byte) (int, error) {
+	if len(p) < corkMin || sock == nil {
+		return w.Write(p)
+	}
+	corked := sock.Control(func(fd uintptr) { _ = setCork(fd, true) }) == nil
+	n, err := w.Write(p)
+	if corked {
+		_ = sock.Control(func(fd uintptr) { _ = setCork(fd, false) })
+	}
+	return n, err
 }
 
 func (c *wsClientConn) Read(p []byte) (int, error) {

@@ -57,45 +57,77 @@ func (s *spyWriter) Write(p []byte) (int, error) {
 	return s.w.Write(p)
 }
 
-// A large message, which the library writes 4 KiB at a time, goes out
-// corked (full segments) on both ends, and the socket is uncorked once it
-// is written; a small one is never corked. The bytes arrive intact.
-func TestWebSocketLargeWritesCorked(t *testing.T) {
+// countConn counts the writes that reach it.
+type countConn struct {
+	net.Conn
+	writes int
+}
+
+func (c *countConn) Write(p []byte) (int, error) {
+	c.writes++
+	return c.Conn.Write(p)
+}
+
+// A large message, which the library writes 4 KiB at a time, leaves the
+// client in one write(2) (gathered under the library), and the gateway
+// with TCP_CORK set (full segments), uncorked once it is written; a small
+// one is neither held nor corked. The bytes arrive intact, both ways.
+func TestWebSocketLargeWritesGathered(t *testing.T) {
 	c, s := wsPair(t)
-	if c.sock == nil || s.sock == nil {
-		t.Fatalf("no socket under the WebSocket: client %v, gateway %v", c.sock, s.sock)
+	if c.under == nil || s.sock == nil {
+		t.Fatalf("no connection under the WebSocket: client %v, gateway %v", c.under, s.sock)
 	}
-	for _, end := range []struct {
-		name string
-		rc   syscall.RawConn
-		w    io.Writer
-		r    io.Reader
-	}{{"client", c.sock, c.Conn, s}, {"gateway", s.sock, s.Conn, c}} {
-		for _, size := range []int{100, 256 << 10} {
-			spy := &spyWriter{w: end.w, rc: end.rc}
-			msg := make([]byte, size)
-			for i := range msg {
-				msg[i] = byte(i)
-			}
-			done := make(chan error, 1)
-			go func() {
-				_, err := corkedWrite(end.rc, spy, msg)
-				done <- err
-			}()
-			got := make([]byte, size)
-			if _, err := io.ReadFull(end.r, got); err != nil || string(got) != string(msg) {
-				t.Fatalf("%s, %d bytes: read %v", end.name, size, err)
-			}
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-			want := 0
-			if size >= corkMin {
-				want = 1
-			}
-			if len(spy.corks) != 1 || spy.corks[0] != want || corkOf(end.rc) != 0 {
-				t.Errorf("%s, %d bytes: TCP_CORK %v during the write (want %d), %d after", end.name, size, spy.corks, want, corkOf(end.rc))
-			}
+	msg := func(size int) []byte {
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = byte(i * 7)
+		}
+		return b
+	}
+	// Client to gateway: one write of the whole frame.
+	counter := &countConn{Conn: c.under.Conn}
+	c.under.Conn = counter
+	for _, size := range []int{100, 256 << 10} {
+		counter.writes = 0
+		want := msg(size)
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Write(want)
+			done <- err
+		}()
+		got := make([]byte, size)
+		if _, err := io.ReadFull(s, got); err != nil || string(got) != string(want) {
+			t.Fatalf("client to gateway, %d bytes: read %v", size, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if counter.writes != 1 {
+			t.Errorf("client to gateway, %d bytes: %d writes to the socket, want 1", size, counter.writes)
+		}
+	}
+	// Gateway to client: corked while the frame is written.
+	for _, size := range []int{100, 256 << 10} {
+		spy := &spyWriter{w: s.Conn, rc: s.sock}
+		want := msg(size)
+		done := make(chan error, 1)
+		go func() {
+			_, err := corkedWrite(s.sock, spy, want)
+			done <- err
+		}()
+		got := make([]byte, size)
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != string(want) {
+			t.Fatalf("gateway to client, %d bytes: read %v", size, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		wantCork := 0
+		if size >= corkMin {
+			wantCork = 1
+		}
+		if len(spy.corks) != 1 || spy.corks[0] != wantCork || corkOf(s.sock) != 0 {
+			t.Errorf("gateway to client, %d bytes: TCP_CORK %v during the write (want %d), %d after", size, spy.corks, wantCork, corkOf(s.sock))
 		}
 	}
 }

@@ -191,6 +191,9 @@ func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	piperelay.GrowPipe(stdout)
+	if f, ok := stdin.(*os.File); ok {
+		piperelay.GrowPipe(f) // the same pipe from its read end: ssh hands over more per wake-up
+	}
 	go func() {
 		// One big buffer up, as piperelay's: over a WebSocket every write
 		// is a frame, so fewer, larger writes are fewer frames to mask,

@@ -720,15 +720,18 @@ func TestContract(t *testing.T) {
 
 	t.Run("images", func(t *testing.T) {
 		imgs := &testImages{list: []rest.ImageInfo{{Name: "docker.io/library/busybox:1", Digest: "sha256:" + strings.Repeat("ab", 32),
-			SizeBytes: 2 << 20, PulledAt: time.Now().UTC()}}, allow: []string{"docker.io/library/*"}}
+			SizeBytes: 2 << 20, PulledAt: time.Now().UTC()}}, allow: []string{"docker.io/library/*"},
+			aliases: []rest.ImageAlias{{Name: "python:3.11-slim", Image: "default"}, {Name: "bb", Image: "docker.io/library/busybox:1"}}}
 		ig := newGateway(t, gwOptions{cov: cov, images: imgs, gateway: gateway.Config{ImageSource: imgs}})
 		r := ig.do(t, http.MethodGet, "/v1/images", aliceKey, nil)
 		expect(t, r, 200, "")
 		var got struct {
-			Images []rest.ImageInfo `json:"images"`
-			Allow  []string         `json:"allow"`
+			Images  []rest.ImageInfo  `json:"images"`
+			Allow   []string          `json:"allow"`
+			Aliases []rest.ImageAlias `json:"aliases"`
 		}
-		if err := json.Unmarshal(r.body, &got); err != nil || len(got.Images) != 1 || got.Images[0].Name != imgs.list[0].Name || !slices.Equal(got.Allow, imgs.allow) {
+		if err := json.Unmarshal(r.body, &got); err != nil || len(got.Images) != 1 || got.Images[0].Name != imgs.list[0].Name || !slices.Equal(got.Allow, imgs.allow) ||
+			!slices.Equal(got.Aliases, imgs.aliases) {
 			t.Errorf("images: %s (%v)", r.body, err)
 		}
 		expect(t, ig.do(t, http.MethodGet, "/v1/images", "", nil), 401, "unauthorized")
@@ -1026,10 +1029,13 @@ func (g *gatedDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sa
 // registry's refusal. (The store itself is tested with a real registry in
 // package images and end to end in cmd/sandgate.)
 type testImages struct {
-	list  []rest.ImageInfo
-	allow []string
-	fail  bool
+	list    []rest.ImageInfo
+	allow   []string
+	aliases []rest.ImageAlias
+	fail    bool
 }
+
+func (t *testImages) ImageAliases() []rest.ImageAlias { return t.aliases }
 
 func (t *testImages) ListImages(context.Context) ([]rest.ImageInfo, []string, error) {
 	if t.fail {

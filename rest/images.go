@@ -14,6 +14,19 @@ type Images interface {
 	ListImages(ctx context.Context) ([]ImageInfo, []string, error)
 }
 
+// ImageAliases is what an Images may also implement (found by type
+// assertion): the names a create may ask for that stand for another image
+// (serve's --image-alias).
+type ImageAliases interface {
+	ImageAliases() []ImageAlias
+}
+
+// ImageAlias is a name that stands for another image.
+type ImageAlias struct {
+	Name  string `json:"name"`  // as the operator gave it
+	Image string `json:"image"` // the image it stands for (normalised), or "default"
+}
+
 // ImageInfo is one image present on the gateway.
 type ImageInfo struct {
 	Name      string    `json:"name"`
@@ -23,12 +36,13 @@ type ImageInfo struct {
 }
 
 type imageListJSON struct {
-	Images []ImageInfo `json:"images"`
-	Allow  []string    `json:"allow"`
+	Images  []ImageInfo  `json:"images"`
+	Allow   []string     `json:"allow"`
+	Aliases []ImageAlias `json:"aliases"`
 }
 
 func (a *api) listImages(w http.ResponseWriter, r *http.Request) {
-	out := imageListJSON{Images: []ImageInfo{}, Allow: []string{}}
+	out := imageListJSON{Images: []ImageInfo{}, Allow: []string{}, Aliases: []ImageAlias{}}
 	if a.cfg.Images != nil {
 		imgs, allow, err := a.cfg.Images.ListImages(r.Context())
 		if err != nil {
@@ -38,6 +52,9 @@ func (a *api) listImages(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Images = append(out.Images, imgs...)
 		out.Allow = append(out.Allow, allow...)
+		if ia, ok := a.cfg.Images.(ImageAliases); ok {
+			out.Aliases = append(out.Aliases, ia.ImageAliases()...)
+		}
 	}
 	WriteJSON(w, http.StatusOK, out)
 }

@@ -78,6 +78,9 @@ func (b *readAhead) Read(p []byte) (int, error) {
 // the read goes into the caller's buffer, which it fills at once. A src
 // with no socket: never ready (no read-ahead).
 func readyOf(src io.Reader) func() bool {
+	if r := readReadyOf(src); r != nil {
+		return r.ReadReady
+	}
 	rc := rawConnOf(src)
 	if rc == nil {
 		return func() bool { return false }
@@ -95,6 +98,24 @@ func readyOf(src io.Reader) func() bool {
 		})
 		return ready || err != nil
 	}
+}
+
+// readReadyOf returns the layer of src (src itself, or one under the
+// layers that name what they wrap) that tells whether a read would wait
+// itself: a WebSocket tunnel, whose bytes may sit in its library's buffer
+// and whose socket also carries frame headers. Nil without one.
+func readReadyOf(src any) interface{ ReadReady() bool } {
+	for range 8 {
+		if r, ok := src.(interface{ ReadReady() bool }); ok {
+			return r
+		}
+		nc, ok := src.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		src = nc.NetConn()
+	}
+	return nil
 }
 
 // rawConnOf returns the socket under src: src itself (a syscall.Conn), or

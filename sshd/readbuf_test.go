@@ -3,6 +3,7 @@ package sshd
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -10,6 +11,10 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/metrics"
 )
 
 // TestReadAheadStream reads a stream the way x/crypto/ssh's transport
@@ -158,4 +163,39 @@ func TestReadAheadIdleAfterBurstHoldsNoBuffer(t *testing.T) {
 		t.Fatalf("ready read with a %d-byte buffer, want %d", l, copyBufMax)
 	}
 	<-done
+}
+
+// readyConn is a tunnel that says itself whether a read would wait (as a
+// WebSocket tunnel does), with no socket the read-ahead could probe.
+type readyConn struct {
+	net.Conn
+	ready bool
+}
+
+func (c *readyConn) ReadReady() bool { return c.ready }
+
+// TestReadyOfAsksTheTunnel: under the gateway's byte counters, a layer
+// with ReadReady answers the read-ahead's probe, rather than a socket
+// (which a WebSocket tunnel's bytes may not be in: its library buffers
+// them, and the socket also carries frame headers).
+func TestReadyOfAsksTheTunnel(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	rc := &readyConn{Conn: a}
+	wrapped, closed := audit.Tunnel(context.Background(), audit.Discard, rc, "sbx-test")
+	defer closed()
+	wrapped, done := metrics.New().Tunnel((&gateway.Session{}).CountTunnel(wrapped))
+	defer done()
+	ready := readyOf(wrapped)
+	if ready() {
+		t.Fatal("ready while the tunnel says a read would wait")
+	}
+	rc.ready = true
+	if !ready() {
+		t.Fatal("not ready while the tunnel says a read would not wait")
+	}
+	if readReadyOf(a) != nil {
+		t.Error("a pipe has no ReadReady")
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -223,7 +224,10 @@ func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net
 	// The connection outlives the request: its context is not the
 	// request's, whose end would close it. (A terminal reads c's messages
 	// itself, never this stream's; its Close ends c all the same.)
-	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw}
+	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw, br: hr.br}
+	if sc, ok := hr.raw.(syscall.Conn); ok {
+		conn.sock, _ = sc.SyscallConn()
+	}
 	if !t.track(conn) {
 		c.CloseNow()
 		return nil, nil
@@ -235,11 +239,21 @@ func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net
 type hijackRecorder struct {
 	http.ResponseWriter
 	raw net.Conn
+	br  *bufio.Reader // the library reads the frames through it
 }
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
+	if err == nil {
+		// The library reads frames from the connection it is handed (after
+		// the bytes brw holds): raw system calls on a plain TCP socket, as
+		// a CONNECT tunnel's (internal/rawio).
+		c = rawio.Wrap(c)
+	}
 	h.raw = c
+	if brw != nil {
+		h.br = brw.Reader
+	}
 	return c, brw, err
 }
 
@@ -252,9 +266,32 @@ const wsCloseWait = time.Second
 // 5 s), so that a session's end, or a shutdown, is not held up by a
 // client that does not answer.
 type wsConn struct {
-	net.Conn          // the binary messages (websocket.NetConn)
-	raw      net.Conn // the hijacked connection under it
+	net.Conn                 // the binary messages (websocket.NetConn)
+	raw      net.Conn        // the hijacked connection under it
+	br       *bufio.Reader   // the library's reader of raw (nil: unknown)
+	sock     syscall.RawConn // raw's socket, when it is one (not TLS)
 	once     sync.Once
+}
+
+// Write sends p as one binary message. The library writes a frame through
+// the 4 KiB buffer of the hijacked connection, one write(2) each time it
+// fills; a large frame is written with TCP_CORK set, so that the kernel
+// sends it in full segments, and uncorked (sent) once complete.
+func (c *wsConn) Write(p []byte) (int, error) {
+	return corkedWrite(c.sock, c.Conn, p)
+}
+
+// ReadReady reports whether a Read would find bytes without waiting for
+// the client: some are in the library's buffer, or in the socket. (A
+// control frame alone would still make it wait; it is only a hint.) The
+// SSH server's read-ahead asks it, as it asks a CONNECT tunnel's socket,
+// before it lends a big buffer to a read. Called by the one goroutine
+// that reads the stream.
+func (c *wsConn) ReadReady() bool {
+	if c.br != nil && c.br.Buffered() > 0 {
+		return true
+	}
+	return c.sock != nil && rawio.Ready(c.sock)
 }
 
 func (c *wsConn) Close() error {

@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -74,6 +76,18 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = d.TLSConfig.Clone()
 	tr.Proxy = nil
+	// The connection under the WebSocket (and TLS), which gathers a large
+	// frame's writes (wsClientConn.Write).
+	var under *holdConn
+	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := nd.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		under = &holdConn{Conn: c}
+		return under, nil
+	}
 	h := http.Header{}
 	if d.Token != "" {
 		h.Set("Authorization", "Bearer "+d.Token)
@@ -90,7 +104,7 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 		return nil, fmt.Errorf("websocket to gateway: %w", err)
 	}
 	nc := websocket.NetConn(context.WithoutCancel(ctx), c, websocket.MessageBinary)
-	return &wsClientConn{Conn: nc}, nil
+	return &wsClientConn{Conn: nc, under: under}, nil
 }
 
 // statusError turns a refused upgrade into a *StatusError.
@@ -116,7 +130,109 @@ func statusError(resp *http.Response) *StatusError {
 // does (the library's says "context canceled").
 type wsClientConn struct {
 	net.Conn
+	under  *holdConn // the connection under the WebSocket, or nil
 	closed atomic.Bool
+}
+
+// corkMin is the smallest write that is gathered (wsClientConn) or corked
+// (corkedWrite): one that fits in the library's 4 KiB write buffer leaves
+// in one write(2) anyway.
+const corkMin = 4 << 10
+
+// Write sends p as one binary message. The library masks a client's frame
+// into a 4 KiB buffer and writes each buffer as it fills: 64 write(2)s
+// for a 256 KiB frame, which the gateway would receive as as many small
+// segments, a wake-up each. A large frame's writes are gathered below the
+// library (holdConn) and leave in one write(2) once the frame is complete.
+func (c *wsClientConn) Write(p []byte) (int, error) {
+	if len(p) < corkMin || c.under == nil {
+		return c.Conn.Write(p)
+	}
+	c.under.hold()
+	n, err := c.Conn.Write(p)
+	if rerr := c.under.release(); err == nil && rerr != nil {
+		n, err = 0, rerr
+	}
+	return n, err
+}
+
+// holdMax bounds what a holdConn gathers before it writes: a frame of
+// the proxy's largest write (256 KiB) and its header.
+const holdMax = 256<<10 + 64
+
+// holdConn is the connection under a client's WebSocket (or under the TLS
+// over it). Between hold and release its writes gather in one buffer,
+// written on release, or before holdMax would be passed; at other times a
+// write goes straight through. Writes keep their order: the library
+// writes one frame at a time (a control frame waits for the data frame
+// being written), and every write takes mu.
+type holdConn struct {
+	net.Conn
+	mu   sync.Mutex
+	held bool
+	buf  []byte
+}
+
+func (c *holdConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.held {
+		return c.Conn.Write(p)
+	}
+	if len(c.buf)+len(p) > holdMax {
+		if err := c.flushLocked(); err != nil {
+			return 0, err
+		}
+		if len(p) > holdMax {
+			return c.Conn.Write(p)
+		}
+	}
+	if c.buf == nil {
+		c.buf = make([]byte, 0, holdMax)
+	}
+	c.buf = append(c.buf, p...)
+	return len(p), nil
+}
+
+func (c *holdConn) hold() {
+	c.mu.Lock()
+	c.held = true
+	c.mu.Unlock()
+}
+
+// release writes what was gathered and lets writes through again.
+func (c *holdConn) release() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.held = false
+	return c.flushLocked()
+}
+
+func (c *holdConn) flushLocked() error {
+	if len(c.buf) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.buf)
+	c.buf = c.buf[:0]
+	return err
+}
+
+// corkedWrite writes p, one WebSocket message, to w, whose frames go out
+// on the TCP socket sock (nil: unknown) 4 KiB at a time: a large one with
+// TCP_CORK set, so that the kernel sends it in full segments, uncorked
+// (sent at once) when the frame is complete. Not for a socket that
+// another writer corks as well. (The gateway's end: its library writes
+// through the hijacked connection's own buffer, out of holdConn's reach.)
+func corkedWrite(sock syscall.RawConn, w io.Writer, p []byte) (int, error) {
+	if len(p) < corkMin || sock == nil {
+		return w.Write(p)
+	}
+	corked := sock.Control(func(fd uintptr) { _ = setCork(fd, true) }) == nil
+	n, err := w.Write(p)
+	if corked {
+		_ = sock.Control(func(fd uintptr) { _ = setCork(fd, false) })
+	}
+	return n, err
 }
 
 func (c *wsClientConn) Read(p []byte) (int, error) {

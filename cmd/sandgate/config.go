@@ -2,23 +2,35 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/BurntSushi/toml"
 	"go.yaml.in/yaml/v3"
 )
 
 // serve's configuration file (--config PATH): YAML (JSON is YAML too),
-// one key per flag, named as the flag without its dashes:
+// or TOML when its name ends in .toml, one key per flag, named as the
+// flag without its dashes:
 //
 //	listen: 0.0.0.0:8443
 //	max-sessions: 200
 //	api-key: [team-a:KEY1, team-b:KEY2]
 //	idle-timeout: 45m
+//
+// or, in TOML:
+//
+//	listen = "0.0.0.0:8443"
+//	max-sessions = 200
+//	api-key = ["team-a:KEY1", "team-b:KEY2"]
+//	idle-timeout = "45m"
 //
 // A flag on the command line wins over its environment twin, which wins
 // over the file, which wins over the default.
@@ -26,65 +38,175 @@ import (
 // Flags that are not settings: never read from the file, never printed.
 var notSettings = map[string]bool{"config": true, "print-config": true}
 
-// applyConfigFile sets, from the YAML file at path, every flag of fs not
-// set yet (on the command line or from the environment).
+// configEntry is one key of a configuration file: a flag's name and its
+// value, or values for a repeatable flag.
+type configEntry struct {
+	name   string
+	line   int // 0: not known
+	values []string
+	null   bool   // no value (YAML's null): the key is ignored
+	bad    string // why the value is not one (a table, a list of lists...)
+}
+
+// applyConfigFile sets, from the YAML or TOML (.toml) file at path, every
+// flag of fs not set yet (on the command line or from the environment).
 func applyConfigFile(fs *flag.FlagSet, path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		return fmt.Errorf("--config %s: %w", path, err)
+	var entries []configEntry
+	if strings.EqualFold(filepath.Ext(path), ".toml") {
+		entries, err = tomlEntries(path, b)
+	} else {
+		entries, err = yamlEntries(path, b)
 	}
-	if len(doc.Content) == 0 {
-		return nil // empty file
-	}
-	m := doc.Content[0]
-	if m.Kind != yaml.MappingNode {
-		return fmt.Errorf("--config %s: want a mapping of flag names to values (listen: 127.0.0.1:8080)", path)
+	if err != nil {
+		return err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	seen := map[string]bool{}
-	for i := 0; i+1 < len(m.Content); i += 2 {
-		k, v := m.Content[i], m.Content[i+1]
-		name := k.Value
-		at := fmt.Sprintf("--config %s:%d: %s", path, k.Line, name)
-		if fs.Lookup(name) == nil || notSettings[name] {
-			return fmt.Errorf("--config %s:%d: unknown key %q (the keys are serve's flag names, without dashes)", path, k.Line, name)
+	for _, e := range entries {
+		where := path
+		if e.line > 0 {
+			where = fmt.Sprintf("%s:%d", path, e.line)
 		}
-		if seen[name] {
+		at := fmt.Sprintf("--config %s: %s", where, e.name)
+		if fs.Lookup(e.name) == nil || notSettings[e.name] {
+			return fmt.Errorf("--config %s: unknown key %q (the keys are serve's flag names, without dashes)", where, e.name)
+		}
+		if seen[e.name] {
 			return fmt.Errorf("%s: given twice", at)
 		}
-		seen[name] = true
-		if set[name] {
+		seen[e.name] = true
+		if e.bad != "" {
+			return fmt.Errorf("%s: %s", at, e.bad)
+		}
+		if set[e.name] || e.null {
 			continue // the command line or the environment wins
 		}
-		var values []string
-		switch v.Kind {
-		case yaml.ScalarNode:
-			if v.Tag == "!!null" {
-				continue
-			}
-			values = []string{v.Value}
-		case yaml.SequenceNode:
-			for _, item := range v.Content {
-				if item.Kind != yaml.ScalarNode {
-					return fmt.Errorf("%s: a list of values, each a scalar", at)
-				}
-				values = append(values, item.Value)
-			}
-		default:
-			return fmt.Errorf("%s: want a value or a list of values", at)
-		}
-		for _, val := range values {
-			if err := fs.Set(name, val); err != nil {
+		for _, val := range e.values {
+			if err := fs.Set(e.name, val); err != nil {
 				return fmt.Errorf("%s: %w", at, err)
 			}
 		}
 	}
 	return nil
+}
+
+// yamlEntries reads a YAML configuration file's keys, in order.
+func yamlEntries(path string, b []byte) ([]configEntry, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("--config %s: %w", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return nil, nil // empty file
+	}
+	m := doc.Content[0]
+	if m.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("--config %s: want a mapping of flag names to values (listen: 127.0.0.1:8080)", path)
+	}
+	var entries []configEntry
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		e := configEntry{name: k.Value, line: k.Line}
+		switch v.Kind {
+		case yaml.ScalarNode:
+			if v.Tag == "!!null" {
+				e.null = true
+			} else {
+				e.values = []string{v.Value}
+			}
+		case yaml.SequenceNode:
+			for _, item := range v.Content {
+				if item.Kind != yaml.ScalarNode {
+					e.bad = "a list of values, each a scalar"
+					break
+				}
+				e.values = append(e.values, item.Value)
+			}
+		default:
+			e.bad = "want a value or a list of values"
+		}
+		entries = append(entries, e)
+	}
+	return entries, nil
+}
+
+// tomlEntries reads a TOML configuration file's top-level keys, in order.
+// TOML has no null and refuses a key given twice itself.
+func tomlEntries(path string, b []byte) ([]configEntry, error) {
+	var m map[string]any
+	md, err := toml.Decode(string(b), &m)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, fmt.Errorf("--config %s:%d: %s", path, pe.Position.Line, pe.Message)
+		}
+		return nil, fmt.Errorf("--config %s: %w", path, err)
+	}
+	var entries []configEntry
+	for _, k := range md.Keys() {
+		if len(k) != 1 {
+			continue // inside a table: the table itself is refused
+		}
+		e := configEntry{name: k[0], line: tomlKeyLine(b, k[0])}
+		switch v := m[k[0]].(type) {
+		case []any:
+			for _, item := range v {
+				s, ok := tomlScalar(item)
+				if !ok {
+					e.bad = "a list of values, each a scalar"
+					break
+				}
+				e.values = append(e.values, s)
+			}
+		default:
+			s, ok := tomlScalar(v)
+			if !ok {
+				e.bad = "want a value or a list of values"
+			}
+			e.values = []string{s}
+		}
+		entries = append(entries, e)
+	}
+	return entries, nil
+}
+
+// tomlScalar is a TOML value as the flag's text, if it is a scalar.
+func tomlScalar(v any) (string, bool) {
+	switch v := v.(type) {
+	case string:
+		return v, true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case float64:
+		return strconv.FormatFloat(v, 'g', -1, 64), true
+	case bool:
+		return strconv.FormatBool(v), true
+	case time.Time:
+		return v.Format(time.RFC3339Nano), true
+	}
+	return "", false
+}
+
+// tomlKeyLine is the line of the first top-level assignment of key in a
+// TOML file, bare or quoted, for error messages; 0 if not found.
+func tomlKeyLine(b []byte, key string) int {
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") {
+			return 0 // a table starts: no top-level key after it
+		}
+		for _, k := range []string{key, `"` + key + `"`, "'" + key + "'"} {
+			if rest, ok := strings.CutPrefix(line, k); ok && strings.HasPrefix(strings.TrimSpace(rest), "=") {
+				return i + 1
+			}
+		}
+	}
+	return 0
 }
 
 // secretFlags hold secrets themselves (not the path of a file holding

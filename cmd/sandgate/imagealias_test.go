@@ -86,3 +86,34 @@ func TestImageAliasAndWorkDir(t *testing.T) {
 		}
 	}
 }
+
+// GET /v1/images lists the --image-alias names, as given and in the
+// flags' order, with the image each stands for (normalised, or default);
+// without the flag the list is empty.
+func TestImageAliasListed(t *testing.T) {
+	type alias struct{ Name, Image string }
+	var list struct {
+		Images  []any   `json:"images"`
+		Aliases []alias `json:"aliases"`
+	}
+	g := startGateway(t)
+	if code := g.api(t, http.MethodGet, "/v1/images", nil, &list); code != http.StatusOK || list.Aliases == nil || len(list.Aliases) != 0 {
+		t.Fatalf("GET /v1/images without aliases: %d %+v", code, list)
+	}
+	g.stop(t)
+
+	g = startGateway(t, "--image-alias", "python:3.11-slim=default", "--image-alias", "py=python:3.12", "--image-alias", " node:20 = default ")
+	list.Aliases = nil
+	if code := g.api(t, http.MethodGet, "/v1/images", nil, &list); code != http.StatusOK {
+		t.Fatalf("GET /v1/images: %d", code)
+	}
+	want := []alias{{"python:3.11-slim", "default"}, {"py", "docker.io/library/python:3.12"}, {"node:20", "default"}}
+	if len(list.Aliases) != len(want) {
+		t.Fatalf("aliases = %+v, want %+v", list.Aliases, want)
+	}
+	for i := range want {
+		if list.Aliases[i] != want[i] {
+			t.Errorf("alias %d = %+v, want %+v", i, list.Aliases[i], want[i])
+		}
+	}
+}

@@ -29,6 +29,9 @@ type imageSource struct {
 	// aliases maps the normalised names of --image-alias to the normalised
 	// images they stand for.
 	aliases map[string]string
+	// aliasList is --image-alias as GET /v1/images lists it: each name as
+	// given, with the image it stands for, in the flags' order.
+	aliasList []rest.ImageAlias
 }
 
 // defaultImage is the name of the host-root image, the one a create
@@ -74,6 +77,15 @@ func (s *imageSource) setAliases(values []string) ([]string, error) {
 		return nil, err
 	}
 	s.aliases = aliases
+	s.aliasList = make([]rest.ImageAlias, 0, len(values))
+	for _, v := range values {
+		name, target, _ := strings.Cut(v, "=")
+		name, target = strings.TrimSpace(name), strings.TrimSpace(target)
+		if target != defaultImage {
+			target, _ = images.Normalize(target) // parseImageAliases has checked it
+		}
+		s.aliasList = append(s.aliasList, rest.ImageAlias{Name: name, Image: target})
+	}
 	for _, name := range defaults[1:] {
 		s.log.Info("image_alias", "name", name, "image", defaultImage)
 	}
@@ -223,6 +235,9 @@ func (s *imageSource) Release(id string) {
 		s.log.Warn("image_release_failed", "session", id, "err", err)
 	}
 }
+
+// ImageAliases implements rest.ImageAliases.
+func (s *imageSource) ImageAliases() []rest.ImageAlias { return s.aliasList }
 
 // ListImages implements rest.Images.
 func (s *imageSource) ListImages(context.Context) ([]rest.ImageInfo, []string, error) {

@@ -153,6 +153,11 @@ ssh-config' writes a ~/.ssh/config block that uses it.
 	return 0
 }
 
+// upCopyBuf is splice's buffer each way when piperelay does not move the
+// bytes (a WebSocket, or TLS): a WebSocket frame each way can be that
+// large.
+const upCopyBuf = 256 << 10
+
 func describeDialError(err error, id string) string {
 	var se *tunnel.StatusError
 	if errors.As(err, &se) {
@@ -186,13 +191,20 @@ func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	piperelay.GrowPipe(stdout)
+	if f, ok := stdin.(*os.File); ok {
+		piperelay.GrowPipe(f) // the same pipe from its read end: ssh hands over more per wake-up
+	}
 	go func() {
-		_, _ = io.Copy(conn, stdin)
+		// One big buffer up, as piperelay's: over a WebSocket every write
+		// is a frame, so fewer, larger writes are fewer frames to mask,
+		// send and unmask. (struct{ io.Reader } hides *os.File's WriteTo,
+		// which would copy through its own 32 KiB buffer.)
+		_, _ = io.CopyBuffer(conn, struct{ io.Reader }{stdin}, make([]byte, upCopyBuf))
 		if cw, ok := conn.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}
 	}()
-	_, err := io.Copy(stdout, conn)
+	_, err := io.CopyBuffer(struct{ io.Writer }{stdout}, conn, make([]byte, upCopyBuf))
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}

@@ -122,7 +122,7 @@ func parseServe(args []string, _ io.Writer) (*serveConfig, error) {
 func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	quietFlags(fs)
-	fs.StringVar(&c.configFile, "config", "", "YAML file of settings, one key per flag without its dashes (max-sessions: 200; api-key: [a:KEY1, b:KEY2]); flags and SANDGATE_* twins override it")
+	fs.StringVar(&c.configFile, "config", "", "YAML (or, named *.toml, TOML) file of settings, one key per flag without its dashes (max-sessions: 200; api-key: [a:KEY1, b:KEY2]); flags and SANDGATE_* twins override it")
 	fs.BoolVar(&c.printConfig, "print-config", false, "print the effective settings, as a --config file with secrets masked, and exit")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "address for the REST API and CONNECT tunnels")
 	fs.StringVar(&c.publicURL, "public-url", "", "the gateway's URL as clients reach it (https://sandgate.example.com): the base of presigned links and preview URLs; without it, the address a client's connection reached (never the request's Host header)")

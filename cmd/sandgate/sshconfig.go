@@ -17,6 +17,8 @@ import (
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/tunnel"
 )
 
 // The block ssh-config writes into ~/.ssh/config sits between these
@@ -46,13 +48,17 @@ func sshConfigMain(args []string, stdout, stderr io.Writer) int {
 	binary := fs.String("binary", "", "the sandgate the ProxyCommand runs (default: sandgate on PATH, else this binary)")
 	dryRun := fs.Bool("dry-run", false, "print the block on stdout and write nothing")
 	remove := fs.Bool("remove", false, "delete the block (and the known_hosts file) and exit")
+	transport := fs.String("transport", envOr("SANDBOX_TRANSPORT", tunnel.TransportConnect),
+		"the ProxyCommand's transport: connect (HTTP CONNECT), websocket (for front ends that do not pass CONNECT), or auto (CONNECT, then a WebSocket) (env SANDBOX_TRANSPORT)")
 	if _, code, done := parseCommandFlags(fs, args, `Usage: sandgate ssh-config [flags]
 
 Writes a block into ~/.ssh/config (creating ~/.ssh, 0700, if needed) that
 lets ssh, sftp and scp reach sessions as "ssh sbx-ID" or, by name, as
 "ssh NAME.sandgate": sandgate proxy as ProxyCommand, and the gateway's
 host keys pinned in a known_hosts file. A second run replaces the block;
---remove deletes it; --dry-run prints it.
+--remove deletes it; --dry-run prints it. With --transport websocket (or
+auto) the ProxyCommand reaches the gateway through front ends that do not
+pass CONNECT.
 `, stdout, stderr); done {
 		return code
 	}
@@ -81,25 +87,37 @@ host keys pinned in a known_hosts file. A second run replaces the block;
 		}
 		return 0
 	}
+	tr, err := tunnel.ParseTransport(*transport)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandgate ssh-config: --transport:", err)
+		return 2
+	}
 	exe, note := proxyBinary(*binary)
 	// Over plain http the proxy hands ssh the socket and exits; over https
-	// it must stay and carry the TLS session.
+	// it must stay and carry the TLS session, and over a WebSocket it
+	// must stay and carry the frames.
 	fdpass := ""
-	if u, err := url.Parse(cf.apiURL); err == nil && u.Scheme == "http" {
+	if u, err := url.Parse(cf.apiURL); err == nil && u.Scheme == "http" && tr == tunnel.TransportConnect {
 		fdpass = " --fdpass"
+	}
+	// The transport goes into the block only when it is not the default,
+	// so that a block for CONNECT reads as it always did.
+	trArg := ""
+	if tr != tunnel.TransportConnect {
+		trArg = " --transport " + tr
 	}
 	block := fmt.Sprintf(`%s
 # sandgate sessions: ssh sbx-ID or NAME%s, sftp, scp; the token comes from SANDBOX_API_TOKEN.
 Host %s
     User sandbox
-    ProxyCommand %s proxy --api-url %s%s%s %%h
+    ProxyCommand %s proxy --api-url %s%s%s%s %%h
 %s    UserKnownHostsFile %s
     StrictHostKeyChecking yes
     ForwardAgent no
     ForwardX11 no
     ServerAliveInterval 30
 %s
-`, sshConfigBegin, sshNameSuffix, *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), fdpass, useFdpass(fdpass), quoteSSH(*knownHosts), sshConfigEnd)
+`, sshConfigBegin, sshNameSuffix, *hostPattern, quoteSSH(exe), quoteSSH(cf.apiURL), caArg(cf), trArg, fdpass, useFdpass(fdpass), quoteSSH(*knownHosts), sshConfigEnd)
 	if *dryRun {
 		fmt.Fprint(stdout, block)
 		return 0

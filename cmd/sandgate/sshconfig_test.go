@@ -221,3 +221,44 @@ func TestKnownHostsFileParsesKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestSSHConfigTransportWebSocket: ssh-config --transport websocket (and
+// auto) writes the transport into the ProxyCommand, without fdpass, and
+// OpenSSH reaches a session through the block behind a front end that
+// refuses CONNECT; a bad transport is a usage error.
+func TestSSHConfigTransportWebSocket(t *testing.T) {
+	sshBin := gwtest.RequireTool(t, "ssh")
+	g := startGateway(t)
+	front := noConnectFront(t, g)
+	home := t.TempDir()
+	env := append(cleanEnv(), "HOME="+home, "SANDBOX_API_URL="+front.URL, "SANDBOX_API_TOKEN="+g.Token)
+	cfgFile := filepath.Join(home, ".ssh", "config")
+	id := g.createSession(t).SessionID
+	for _, tr := range []string{"websocket", "auto"} {
+		out, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--binary", sandgateBin, "--transport", tr, "--dry-run")
+		if code != 0 || !strings.Contains(out, " proxy --api-url "+front.URL+" --transport "+tr+" %h\n") || strings.Contains(out, "fdpass") || strings.Contains(out, "ProxyUseFdpass") {
+			t.Fatalf("--transport %s --dry-run: %d %q %q", tr, code, out, errOut)
+		}
+		if _, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--binary", sandgateBin, "--transport", tr); code != 0 {
+			t.Fatalf("--transport %s: %d %s", tr, code, errOut)
+		}
+		out, errOut, code = runClient(t, env, nil, sshBin, "-F", cfgFile, "-o", "BatchMode=yes", "-o", "IdentityFile=/dev/null", id, "echo via-"+tr)
+		if code != 0 || out != "via-"+tr+"\n" {
+			t.Fatalf("ssh via the %s block: %d %q %s", tr, code, out, errOut)
+		}
+	}
+	// The environment twin, as proxy's.
+	out, _, code := runClient(t, append(env, "SANDBOX_TRANSPORT=websocket"), nil, sandgateBin, "ssh-config", "--dry-run")
+	if code != 0 || !strings.Contains(out, "--transport websocket") {
+		t.Errorf("SANDBOX_TRANSPORT=websocket: %d %q", code, out)
+	}
+	// connect, the default, writes no --transport and keeps fdpass over http.
+	out, _, code = runClient(t, append(env, "SANDBOX_API_URL="+g.URL), nil, sandgateBin, "ssh-config", "--dry-run", "--transport", "connect")
+	if code != 0 || strings.Contains(out, "--transport") || !strings.Contains(out, "--fdpass") {
+		t.Errorf("--transport connect: %d %q", code, out)
+	}
+	_, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--dry-run", "--transport", "bogus")
+	if code != 2 || !strings.Contains(errOut, "unknown transport") {
+		t.Errorf("--transport bogus: %d %q", code, errOut)
+	}
+}

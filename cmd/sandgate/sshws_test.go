@@ -150,16 +150,7 @@ func TestProxyAutoFallsBackToWebSocket(t *testing.T) {
 	ssh := gwtest.RequireTool(t, "ssh")
 	g := startGateway(t)
 	s := g.createSession(t)
-	target, _ := url.Parse(g.URL)
-	rp := httputil.NewSingleHostReverseProxy(target)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodConnect {
-			http.Error(w, "CONNECT is not passed here", http.StatusMethodNotAllowed)
-			return
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
+	front := noConnectFront(t, g)
 	env := append(cleanEnv(), "SANDBOX_API_URL="+front.URL, "SANDBOX_API_TOKEN="+g.Token)
 
 	out, errOut, code := runClient(t, env, nil, ssh, append(wsOpts(g, t, s, "auto"), s.SessionID, "echo via-$((40+2))")...)
@@ -179,6 +170,24 @@ func TestProxyAutoFallsBackToWebSocket(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "unknown transport") {
 		t.Errorf("--transport bogus: code %d, %q", code, errOut)
 	}
+}
+
+// noConnectFront is a reverse proxy in front of g that answers 405 to
+// CONNECT, as many ingresses do, and passes everything else (WebSocket
+// upgrades too).
+func noConnectFront(t *testing.T, g *gatewayProc) *httptest.Server {
+	t.Helper()
+	target, _ := url.Parse(g.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect {
+			http.Error(w, "CONNECT is not passed here", http.StatusMethodNotAllowed)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	return front
 }
 
 // A WebSocket tunnel ends with its session, as a CONNECT does.

@@ -62,6 +62,13 @@ func TestHTTPSTunnel(t *testing.T) {
 	if code != 0 || out != "over-tls\n" {
 		t.Fatalf("ssh over https: %d %q %s", code, out, errOut)
 	}
+	// SSH in a WebSocket over https: large frames both ways (the proxy
+	// gathers a frame's writes under TLS) come back intact.
+	payload := strings.Repeat("0123456789abcdef", 3<<16) // 3 MiB
+	out, errOut, code = runClient(t, env, strings.NewReader(payload), ssh, append(wsOpts(g, t, s, "websocket"), s.SessionID, "cat")...)
+	if code != 0 || out != payload {
+		t.Fatalf("ssh over a WebSocket over https: %d, %d bytes back of %d, %s", code, len(out), len(payload), errOut)
+	}
 	// Without the CA the proxy refuses the unknown certificate.
 	_, errOut, code = runClient(t, g.clientEnv(), strings.NewReader(""), sandgateBin, "proxy", s.SessionID)
 	if code == 0 || !strings.Contains(errOut, "certificate") {

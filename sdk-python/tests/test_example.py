@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SDK_ROOT, Gateway
+from conftest import SDK_ROOT, Gateway, start_gateway
 
 from sandbox_sessions_sdk import SessionsClient
 
@@ -53,3 +53,22 @@ def test_example_runs_unchanged(gateway: Gateway, local_dir: Path) -> None:
     with SessionsClient(gateway.url, gateway.token) as c:
         left = [s for s in c.list_sessions(limit=100)["sessions"] if s.metadata == {"project": "demo"}]
     assert left == []
+
+
+def test_example_warns_once_without_isolation(sandgate_bin: str, scratch: Path, local_dir: Path) -> None:
+    """On a gateway that isolates nothing (the workdir driver) the example,
+    which uses three clients of one gateway, prints one IsolationWarning."""
+    gw = start_gateway(sandgate_bin, scratch, "--sandbox", "workdir")
+    try:
+        (local_dir / "local_script.py").write_text(LOCAL_SCRIPT)
+        program = f"API_URL = {gw.url!r}\nTOKEN = {gw.token!r}\n" + EXAMPLE
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK_ROOT / "src"), env.get("PYTHONPATH")]))
+        env.pop("PYTHONWARNINGS", None)
+        res = subprocess.run(
+            [sys.executable, "-c", program], cwd=local_dir, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stderr.count("IsolationWarning") == 1, res.stderr
+    finally:
+        gw.stop()

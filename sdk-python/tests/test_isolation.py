@@ -1,5 +1,6 @@
 """IsolationWarning: a gateway that answers sessions with ``"isolation":
-"none"`` (its workdir driver) makes each client warn once."""
+"none"`` (its workdir driver) makes the SDK warn once per process per
+gateway URL."""
 
 from __future__ import annotations
 
@@ -93,14 +94,58 @@ def test_sync_client_warns_once(unisolated: Gateway) -> None:
             c.get_session(s.session_id)
             c.list_sessions()
             c.update_session(s.session_id, ttl=600)
-        with SessionsClient(unisolated.url, "t") as c:  # each client warns once
-            c.list_sessions()
-            c.get_session(s.session_id)
     found = _isolation_warnings(caught)
-    assert len(found) == 2, [str(w.message) for w in caught]
+    assert len(found) == 1, [str(w.message) for w in caught]
     msg = str(found[0].message)
     assert '"isolation": "none"' in msg and "memoryMiB" in msg and unisolated.url in msg
     assert found[0].filename == __file__  # it points at the caller's line
+
+
+def test_warns_once_per_process_per_gateway(unisolated: Gateway) -> None:
+    """More clients of the same gateway (sync, async, the URL spelled with
+    /v1, a slash or upper case) do not warn again; another gateway does."""
+
+    async def use_async(url: str) -> None:
+        async with AsyncSessionsClient(url, "t") as c:
+            await c.list_sessions()
+
+    other = Gateway(isolation=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for url in [unisolated.url, unisolated.url + "/", unisolated.url + "/v1", unisolated.url.upper()]:
+                with SessionsClient(url, "t") as c:
+                    c.create_session()
+                    c.list_sessions()
+            asyncio.run(use_async(unisolated.url))
+            assert len(_isolation_warnings(caught)) == 1, [str(w.message) for w in caught]
+            with SessionsClient(other.url, "t") as c:
+                c.list_sessions()
+            asyncio.run(use_async(other.url + "/v1/"))
+        found = _isolation_warnings(caught)
+        assert len(found) == 2, [str(w.message) for w in caught]
+        assert other.url in str(found[1].message)
+    finally:
+        other.close()
+
+
+def test_threads_warn_once(unisolated: Gateway) -> None:
+    """Clients in several threads at once: still one warning."""
+    barrier = threading.Barrier(8)
+
+    def work() -> None:
+        with SessionsClient(unisolated.url, "t") as c:
+            barrier.wait(10)
+            c.list_sessions()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert len(_isolation_warnings(caught)) == 1
 
 
 def test_async_client_warns_once(unisolated: Gateway) -> None:

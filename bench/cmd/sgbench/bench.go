@@ -366,6 +366,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"8", b.rowImages},
 		{"9", b.rowEgress},
 		{"10", b.rowREST},
+		{"11", b.rowKeystroke},
 	}
 	for _, row := range rows {
 		if !b.wantGroup(row.id) {

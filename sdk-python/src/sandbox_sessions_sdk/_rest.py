@@ -22,10 +22,12 @@ from __future__ import annotations
 import os
 import ssl
 import sys
+import threading
 import warnings
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -522,6 +524,28 @@ def shell_missing(e: SandboxAPIError) -> bool:
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
+#: The gateways (REST base URLs, see _gateway_key) this process has issued
+#: an IsolationWarning for: once per process per gateway, however many
+#: clients (sync, async, the SSH client's own) talk to it.
+_isolation_warned: Set[str] = set()
+_isolation_lock = threading.Lock()
+
+
+def _gateway_key(base: str) -> str:
+    """One gateway's REST base URL, spelled one way (scheme and host lower case)."""
+    parts = urlsplit(base)
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}{parts.path.rstrip('/')}"
+
+
+def _first_isolation_warning(base: str) -> bool:
+    """Whether this process has not yet warned about the gateway at *base* (and now has)."""
+    key = _gateway_key(base)
+    with _isolation_lock:
+        if key in _isolation_warned:
+            return False
+        _isolation_warned.add(key)
+        return True
+
 
 def _outside_stacklevel() -> int:
     """The ``stacklevel`` of ``warnings.warn`` (called by this function's
@@ -630,7 +654,7 @@ class RestCore:
         return body_error(what, self.api_url, e)
 
     def _check_isolation(self, data: Mapping[str, Any]) -> None:
-        """Warn once per client when a session answer says ``"isolation": "none"``."""
+        """Warn once per process per gateway when a session answer says ``"isolation": "none"``."""
         if self._isolation_warned or not isinstance(data, Mapping):
             return
         found: Sequence[Any] = [data]
@@ -640,6 +664,8 @@ class RestCore:
         for s in found:
             if isinstance(s, Mapping) and s.get("isolation") == "none":
                 self._isolation_warned = True
+                if not _first_isolation_warning(self._base):
+                    return
                 unenforced = s.get("unenforced")
                 limits = ", ".join(str(x) for x in unenforced) if isinstance(unenforced, list) and unenforced else ""
                 warnings.warn(

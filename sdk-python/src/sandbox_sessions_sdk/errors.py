@@ -35,7 +35,7 @@ sent)::
                                     (also a RuntimeError); raised by SessionSSHClient.connect()
 
 One warning, not an error: :class:`IsolationWarning` (a UserWarning), issued
-once per client when the gateway answers a session with ``"isolation":
+once per process per gateway URL when the gateway answers a session with ``"isolation":
 "none"`` (its workdir driver: nothing is isolated, no limit is enforced).
 Silence it with ``warnings.simplefilter("ignore", IsolationWarning)``.
 """
@@ -82,7 +82,8 @@ class IsolationWarning(UserWarning):
     """The gateway does not isolate its sessions (``"isolation": "none"``:
     the workdir driver). Their processes run as the gateway's user with the
     host's files and network, and ``resources`` are not enforced. Issued
-    once per client; filter it like any warning category."""
+    once per process per gateway URL (however many clients talk to it);
+    filter it like any warning category."""
 
 
 class SandboxAPIError(Exception):

@@ -174,9 +174,11 @@ class SessionSSHClient(ClosesOnExit):
             keys the REST API returns.
         get_pty: Run commands on a pseudo-terminal (stderr then arrives
             merged into stdout, as with ``ssh -t``).
-        transport: ``"connect"`` (HTTP CONNECT, the default) or
+        transport: ``"connect"`` (HTTP CONNECT, the default),
             ``"websocket"`` (the same stream in a WebSocket, for front ends
-            that do not pass CONNECT); see HTTPConnectTunnel.
+            that do not pass CONNECT), or ``"auto"`` (CONNECT, then the
+            WebSocket when something in the way refuses CONNECT); see
+            HTTPConnectTunnel.
     """
 
     def __init__(
@@ -217,7 +219,7 @@ class SessionSSHClient(ClosesOnExit):
         self.connect_path_template: str = connect_path_template
         self.host_key_policy: Optional[paramiko.MissingHostKeyPolicy] = host_key_policy
         self.get_pty: bool = bool(get_pty)
-        #: "connect" or "websocket" (``transport`` is Paramiko's Transport).
+        #: "connect", "websocket" or "auto" (``transport`` is Paramiko's Transport).
         self.tunnel_transport: str = transport
 
         self._tunnel: Optional[HTTPConnectTunnel] = None

@@ -24,10 +24,11 @@ from .errors import SandboxAPIError, SandboxConnectionError
 
 __all__ = ["HTTPConnectTunnel", "TLSStream", "TunnelSocket", "WebSocketStream", "TRANSPORTS"]
 
-#: The transports a tunnel may use: ``connect`` (HTTP CONNECT) or
+#: The transports a tunnel may use: ``connect`` (HTTP CONNECT),
 #: ``websocket`` (``GET /v1/sessions/{id}/ssh``, for front ends that do
-#: not pass CONNECT).
-TRANSPORTS = ("connect", "websocket")
+#: not pass CONNECT), or ``auto`` (CONNECT, then the WebSocket when
+#: something in the way refuses CONNECT).
+TRANSPORTS = ("connect", "websocket", "auto")
 
 DEFAULT_CONNECT_PATH = "/sessions/{sessionId}"
 
@@ -67,7 +68,13 @@ class HTTPConnectTunnel(ClosesOnExit):
             SSH stream in a WebSocket, ``GET /v1/sessions/<id>/ssh`` under
             the URL's path (``/v1`` added unless it ends so), for front ends
             that do not pass CONNECT. ``connect_path_template`` is then
-            not used.
+            not used. ``"auto"`` sends CONNECT and, when something other
+            than the gateway refuses it (an answer of 400, 405 or 501, one
+            without the gateway's error envelope, or no HTTP answer at
+            all), opens the WebSocket instead, on a new connection and
+            within the same *timeout*. The gateway's own refusals (401,
+            404, 429...) are final. :attr:`opened_transport` says which
+            one was used.
 
     Errors raised by :meth:`open`:
         UnauthorizedError (401), SessionNotFoundError (404), RateLimitError
@@ -112,12 +119,17 @@ class HTTPConnectTunnel(ClosesOnExit):
         self._port = parts.port or (443 if self._tls else 80)
         self._netloc = parts.netloc.rsplit("@", 1)[-1]
         template_path = connect_path_template.replace("{sessionId}", quote(session_id, safe=""))
-        self.path: str = parts.path.rstrip("/") + "/" + template_path.lstrip("/")
-        if transport == "websocket":
-            base = parts.path.rstrip("/")
-            if not base.endswith("/v1"):
-                base += "/v1"
-            self.path = base + "/sessions/" + quote(session_id, safe="") + "/ssh"
+        self._connect_path = parts.path.rstrip("/") + "/" + template_path.lstrip("/")
+        base = parts.path.rstrip("/")
+        if not base.endswith("/v1"):
+            base += "/v1"
+        self._ws_path = base + "/sessions/" + quote(session_id, safe="") + "/ssh"
+        #: The request path: the CONNECT path, or the WebSocket's (with
+        #: ``auto``, the WebSocket's once open() has fallen back to it).
+        self.path: str = self._ws_path if transport == "websocket" else self._connect_path
+        #: ``"connect"`` or ``"websocket"``: the transport the last
+        #: open() used (None before).
+        self.opened_transport: Optional[str] = None
         self._sock: Optional[TunnelSocket] = None
 
     def __repr__(self) -> str:
@@ -143,16 +155,23 @@ class HTTPConnectTunnel(ClosesOnExit):
         if self._sock is not None:
             raise SandboxConnectionError("tunnel is already open")
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        mode = "websocket" if self.transport == "websocket" else "connect"
+        self.path = self._ws_path if mode == "websocket" else self._connect_path
         while True:
             sock = self._dial(deadline)
             try:
-                if self.transport == "websocket":
+                if mode == "websocket":
                     self._ws_handshake(sock, deadline)
                 else:
                     self._handshake(sock, deadline)
                 break
             except SandboxAPIError as e:
                 _close_quietly(sock)
+                if self.transport == "auto" and mode == "connect" and _connect_refused(e):
+                    # Something in the way does not pass CONNECT: the
+                    # same stream in a WebSocket, on a new connection.
+                    mode, self.path = "websocket", self._ws_path
+                    continue
                 wait = _startup_retry(e, deadline)
                 if wait is None:
                     raise
@@ -161,8 +180,9 @@ class HTTPConnectTunnel(ClosesOnExit):
                 _close_quietly(sock)
                 raise
         sock.settimeout(None)
-        if self.transport == "websocket":
+        if mode == "websocket":
             sock = WebSocketStream(sock)
+        self.opened_transport = mode
         self._sock = sock
         return sock
 
@@ -234,6 +254,8 @@ class HTTPConnectTunnel(ClosesOnExit):
             head = _read_head(sock, deadline)
         except socket.timeout as e:
             raise SandboxConnectionError(f"tunnel: no answer to {what} {self.path} within {self.timeout}s") from e
+        except ConnectionResetError as e:
+            raise _UnreadableAnswer(f"tunnel: {what} {self.path} failed: {e}") from e
         except OSError as e:
             raise SandboxConnectionError(f"tunnel: {what} {self.path} failed: {e}") from e
         answer = _parse_head(head)
@@ -268,6 +290,27 @@ class HTTPConnectTunnel(ClosesOnExit):
         self._exchange(sock, lines, 200, deadline)
 
 
+class _UnreadableAnswer(SandboxConnectionError):
+    """An answer that is no HTTP, or the connection closed before one."""
+
+
+#: Statuses with which front ends that do not pass CONNECT refuse it.
+_CONNECT_REFUSALS = (400, 405, 501)
+
+
+def _connect_refused(e: SandboxAPIError) -> bool:
+    """Whether a CONNECT failed with *e* because something other than the
+    gateway refused it, so that the WebSocket may get through: no HTTP
+    answer, a 400, 405 or 501, or a status without the gateway's error
+    envelope. The gateway's own answers (401, 404, 429... with a code)
+    are final; so are network failures and timeouts."""
+    if isinstance(e, _UnreadableAnswer):
+        return True
+    if e.status_code is None:
+        return False
+    return e.status_code in _CONNECT_REFUSALS or not e.code
+
+
 def _remaining(deadline: Optional[float]) -> Optional[float]:
     if deadline is None:
         return None
@@ -294,8 +337,8 @@ def _read_head(sock: TunnelSocket, deadline: Optional[float]) -> bytes:
         b = sock.recv(1)
         if not b:
             if not buf:
-                raise SandboxConnectionError("tunnel: the gateway closed the connection without answering CONNECT")
-            raise SandboxConnectionError(
+                raise _UnreadableAnswer("tunnel: the gateway closed the connection without answering CONNECT")
+            raise _UnreadableAnswer(
                 "tunnel: the gateway closed the connection in the middle of its CONNECT answer: "
                 + bytes(buf[:200]).decode("latin-1", errors="replace")
             )
@@ -309,7 +352,7 @@ def _parse_head(head: bytes) -> "tuple[str, int, str, CaseInsensitiveHeaders]":
     status_line = lines[0].strip()
     parts = status_line.split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise SandboxConnectionError(
+        raise _UnreadableAnswer(
             f"tunnel: the gateway's answer to CONNECT is not HTTP: {status_line[:200]!r}",
             status_line=status_line[:200],
         )

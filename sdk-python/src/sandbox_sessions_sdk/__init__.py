@@ -19,7 +19,18 @@ from ._version import __version__
 from .aio import AsyncNDJSONStream, AsyncSessionsClient, AsyncSessionSSHClient, AsyncShell
 from .client import SessionsClient, Shell
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
-from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
+from .models import (
+    AuditEvent,
+    AuditPage,
+    CommandResult,
+    PortLink,
+    PythonError,
+    PythonResult,
+    Session,
+    SessionStats,
+    Snapshot,
+    Workspace,
+)
 from .ssh import SessionSSHClient
 from .tunnel import HTTPConnectTunnel, TLSStream
 
@@ -37,6 +48,8 @@ __all__ = [
     "Snapshot",
     "SessionStats",
     "PortLink",
+    "PythonResult",
+    "PythonError",
     "AuditEvent",
     "AuditPage",
     "AsyncSessionsClient",

@@ -1,0 +1,298 @@
+"""sandgate as the OpenAI Agents SDK's sandbox backend, with the real SDK.
+
+A ``SandboxAgent`` driven by a scripted ``Model`` (no API key, no network)
+uses the SDK's own shell (``exec_command``), file (``view_image``) and patch
+(``apply_patch``) tools on a real sandgate session through
+``SandgateSandboxClient``; the test then checks through the REST API that the
+files are in the session's workspace. Pausing and resuming goes through the
+SDK's own snapshot lifecycle (``RunState`` of an interrupted run, the
+session's ``stop``/``resume`` with a snapshot), which on sandgate is a
+sandgate snapshot and a session created ``fromSnapshot``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+from agents import ModelResponse, Runner, Usage, set_tracing_disabled
+from agents.models.interface import Model
+from agents.run import RunConfig
+from agents.sandbox import LocalSnapshotSpec, Manifest, SandboxAgent, SandboxRunConfig
+from agents.sandbox.errors import ExecTimeoutError, WorkspaceReadNotFoundError
+from openai.types.responses import (
+    ResponseCustomToolCall,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+from sandbox_sessions_sdk import AsyncSessionsClient, SessionNotFoundError, SessionsClient
+from sandbox_sessions_sdk.openai_agents import (
+    SandgateSandboxClient,
+    SandgateSandboxClientOptions,
+    SandgateSandboxSession,
+    SandgateSandboxSessionState,
+)
+
+set_tracing_disabled(True)
+
+# A 1x1 PNG, for the view_image tool.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def in_loop(fn):
+    """Run an async test in a fresh event loop (asyncio.run), keeping its fixtures."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def call(call_id: str, name: str, **args: Any) -> ResponseFunctionToolCall:
+    return ResponseFunctionToolCall(
+        id=f"fc_{call_id}", call_id=call_id, type="function_call", name=name, arguments=json.dumps(args)
+    )
+
+
+def patch(call_id: str, text: str) -> ResponseCustomToolCall:
+    return ResponseCustomToolCall(id=f"ct_{call_id}", call_id=call_id, type="custom_tool_call", name="apply_patch",
+                                  input=text)
+
+
+def message(text: str) -> ResponseOutputMessage:
+    return ResponseOutputMessage(
+        id="msg_final", type="message", role="assistant", status="completed",
+        content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+    )
+
+
+class ScriptedModel(Model):
+    """Each turn returns the next scripted output items; records what the runner sent."""
+
+    def __init__(self, turns: List[List[Any]]) -> None:
+        self.turns = list(turns)
+        self.inputs: List[Any] = []
+        self.tool_names: List[List[str]] = []
+
+    async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
+                           tracing, *, previous_response_id=None, conversation_id=None, prompt=None, **kwargs):
+        self.inputs.append(input)
+        self.tool_names.append([t.name for t in tools])
+        return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)
+
+    def stream_response(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def outputs(self) -> dict:
+        """call_id -> the output the tools sent back to the model."""
+        out = {}
+        for inp in self.inputs:
+            for item in inp if isinstance(inp, list) else []:
+                if isinstance(item, dict) and item.get("type") in ("function_call_output", "custom_tool_call_output"):
+                    out[item["call_id"]] = item["output"]
+        return out
+
+
+def _text(output: Any) -> str:
+    return output if isinstance(output, str) else json.dumps(output)
+
+
+@pytest.fixture
+def snapshots_dir() -> Any:
+    with tempfile.TemporaryDirectory(prefix="sandgate-agents-snap-") as d:
+        yield Path(d)
+
+
+def sandgate_client(gateway) -> SandgateSandboxClient:
+    return SandgateSandboxClient(api_url=gateway.url, bearer_token=gateway.token)
+
+
+@in_loop
+async def test_sandbox_agent_uses_shell_file_and_patch_tools(gateway, client: SessionsClient, snapshots_dir) -> None:
+    model = ScriptedModel([
+        [call("c1", "exec_command", cmd="mkdir -p proj && printf 'print(6*7)\\n' > proj/answer.py && python3 proj/answer.py && pwd")],
+        [patch("p1", "*** Begin Patch\n*** Add File: proj/notes.md\n+# Notes\n+first line\n*** End Patch\n")],
+        [patch("p2", "*** Begin Patch\n*** Update File: proj/notes.md\n@@\n # Notes\n-first line\n+patched line\n*** End Patch\n")],
+        [call("c2", "exec_command", cmd="cat proj/notes.md && printf '%s' '" + base64.b64encode(PNG).decode() + "' | base64 -d > dot.png")],
+        [call("c3", "view_image", path="dot.png")],
+        [message("done")],
+    ])
+    agent = SandboxAgent(name="coder", instructions="Use the tools.", model=model)
+    sandbox = sandgate_client(gateway)
+    seen: List[str] = []
+
+    async def keep(session) -> None:
+        seen.append(session._inner.sandgate_session_id)
+
+    run_config = RunConfig(sandbox=SandboxRunConfig(
+        client=sandbox,
+        options=SandgateSandboxClientOptions(labels={"test": "agents-backend"}, pause_on_exit=True),
+        snapshot=LocalSnapshotSpec(base_path=snapshots_dir),
+    ))
+    result = await Runner.run(agent, "Make the project", run_config=run_config)
+    assert result.final_output == "done"
+    assert {"exec_command", "apply_patch", "view_image"} <= set(model.tool_names[0])
+    out = model.outputs()
+    assert "42" in _text(out["c1"]), out["c1"]
+    assert "patched line" in _text(out["c2"]), out["c2"]
+    assert "image" in _text(out["c3"]), out["c3"]
+
+    # pause_on_exit: the session was stopped, not deleted; its files are in the workspace.
+    sessions = client.list_sessions(limit=100)["sessions"]
+    mine = [s for s in sessions if s.metadata.get("test") == "agents-backend"]
+    assert len(mine) == 1, mine
+    sid = mine[0].session_id
+    try:
+        assert client.get_session(sid).status == "stopped"
+        assert client.read_file(sid, "proj/notes.md").rstrip(b"\n") == b"# Notes\npatched line"
+        assert client.read_file(sid, "proj/answer.py") == b"print(6*7)\n"
+        assert client.read_file(sid, "dot.png") == PNG
+    finally:
+        client.delete_session(sid)
+    await sandbox.close()
+
+
+@in_loop
+async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, client: SessionsClient,
+                                                                     snapshots_dir) -> None:
+    sandbox = sandgate_client(gateway)
+    options = SandgateSandboxClientOptions(exposed_ports=(8000,), labels={"test": "agents-lifecycle"})
+    session = await sandbox.create(
+        manifest=Manifest(), options=options, snapshot=LocalSnapshotSpec(base_path=snapshots_dir)
+    )
+    inner = session._inner
+    assert isinstance(inner, SandgateSandboxSession)
+    first = inner.sandgate_session_id
+    await session.start()
+    try:
+        await session.write(Path("src/app.txt"), io.BytesIO(b"v1\n"))
+        assert (await session.read(Path("src/app.txt"))).read() == b"v1\n"
+        assert client.read_file(first, "src/app.txt") == b"v1\n"
+        res = await session.exec("cat src/app.txt && echo err >&2 && exit 3")
+        assert (res.stdout, res.stderr, res.exit_code) == (b"v1\n", b"err\n", 3)
+        with pytest.raises(WorkspaceReadNotFoundError):
+            await session.read(Path("nope.txt"))
+        with pytest.raises(ExecTimeoutError):
+            await session.exec("sleep 30", timeout=1)
+        entries = await session.ls("src")
+        assert [e.path.rsplit("/", 1)[-1] for e in entries if not e.path.endswith((".", ".."))] == ["app.txt"]
+
+        # sandgate's own: SSH for a person, preview links for ports.
+        assert inner.ssh_command == f"sandgate ssh --api-url {gateway.url} {first}"
+        assert inner.ssh_argv("kh")[-1] == f"sandbox@{first}"
+        endpoint = await session.resolve_exposed_port(8000)
+        assert endpoint.host.startswith("p8000-") and endpoint.host.endswith(".localhost")
+
+        # stop: the SDK persists the workspace, here as a sandgate snapshot.
+        await session.stop()
+        state = inner.state
+        payload = sandbox.serialize_session_state(state)
+        assert payload["type"] == "sandgate" and "token" not in json.dumps(payload)
+        assert client.list_snapshots(session=first), "stop() made no sandgate snapshot"
+
+        # The workspace changes after the snapshot; then the sandbox goes away.
+        client.write_file(first, "src/app.txt", "v2-lost\n")
+        client.delete_session(first)
+    finally:
+        try:
+            client.delete_session(first)
+        except SessionNotFoundError:
+            pass
+
+    # resume from the persisted state: the session is gone, so a new one is
+    # created and the SDK restores the snapshot into it (fromSnapshot).
+    restored_state = sandbox.deserialize_session_state(payload)
+    assert isinstance(restored_state, SandgateSandboxSessionState)
+    resumed = await sandbox.resume(restored_state)
+    await resumed.start()
+    second = resumed._inner.sandgate_session_id
+    try:
+        assert second != first
+        assert (await resumed.read(Path("src/app.txt"))).read() == b"v1\n"
+        assert client.read_file(second, "src/app.txt") == b"v1\n"
+        res = await resumed.exec("cat src/app.txt")
+        assert res.stdout == b"v1\n"
+    finally:
+        await sandbox.delete(resumed)
+    # delete: the session is gone (no pause_on_exit), and so is any replaced one.
+    for sid in {second, resumed._inner.sandgate_session_id}:
+        with pytest.raises(SessionNotFoundError):
+            client.get_session(sid)
+    await sandbox.close()
+
+
+@in_loop
+async def test_resume_reattaches_to_a_live_session(gateway, client: SessionsClient) -> None:
+    sandbox = sandgate_client(gateway)
+    session = await sandbox.create(options=SandgateSandboxClientOptions(pause_on_exit=True))
+    await session.start()
+    sid = session._inner.sandgate_session_id
+    try:
+        await session.write(Path("keep.txt"), io.BytesIO(b"kept"))
+        await session.aclose()  # persists (no-op snapshot by default here), then stops: files kept
+        assert client.get_session(sid).status == "stopped"
+        state = sandbox.deserialize_session_state(sandbox.serialize_session_state(session.state))
+        again = await sandbox.resume(state)
+        await again.start()
+        assert again._inner.sandgate_session_id == sid
+        assert (await again.read(Path("keep.txt"))).read() == b"kept"
+    finally:
+        try:
+            client.delete_session(sid)
+        except SessionNotFoundError:
+            pass
+    await sandbox.close()
+
+
+@in_loop
+async def test_tar_persistence_and_named_workspace(gateway, client: SessionsClient, snapshots_dir) -> None:
+    sandbox = sandgate_client(gateway)
+    name = "agents-ws-" + os.urandom(4).hex()
+    options = SandgateSandboxClientOptions(workspace=name)
+    session = await sandbox.create(options=options, snapshot=LocalSnapshotSpec(base_path=snapshots_dir))
+    await session.start()
+    sid = session._inner.sandgate_session_id
+    try:
+        await session.write(Path("a/b.txt"), io.BytesIO(b"in the workspace"))
+        # A named workspace cannot be combined with fromSnapshot: persistence is a tar.
+        archive = await session._inner.persist_workspace()
+        raw = archive.read()
+        assert not raw.startswith(b"SANDGATE-SNAPSHOT-REF")
+        await session._inner.hydrate_workspace(io.BytesIO(raw))
+        assert client.read_file(sid, "a/b.txt") == b"in the workspace"
+        listing = client.list_files(sid, ".")
+        assert not [e for e in listing if e["name"].startswith(".sandgate-")], listing
+    finally:
+        await sandbox.delete(session)
+    # The workspace outlives the session, with its files.
+    assert name in [w.name for w in client.list_workspaces()]
+    s2 = client.create_session(ttl=600, workspace=name)
+    try:
+        assert client.read_file(s2.session_id, "a/b.txt") == b"in the workspace"
+    finally:
+        client.delete_session(s2.session_id)
+        client.delete_workspace(name)
+    await sandbox.close()
+
+
+def test_options_and_client_need_no_arguments(monkeypatch, gateway) -> None:
+    monkeypatch.setenv("SANDBOX_API_URL", gateway.url)
+    monkeypatch.setenv("SANDBOX_API_TOKEN", gateway.token)
+    opts = SandgateSandboxClientOptions()
+    assert opts.image is None and opts.egress == () and opts.type == "sandgate"
+    c = SandgateSandboxClient()
+    assert c.sessions.api_url.startswith(gateway.url) and c.supports_default_options
+    assert isinstance(c.sessions, AsyncSessionsClient)

@@ -18,6 +18,7 @@ from ._dataplane import FileList
 from ._version import __version__
 from .aio import AsyncNDJSONStream, AsyncSessionsClient, AsyncSessionSSHClient, AsyncShell
 from .client import SessionsClient, Shell
+from .handle import AsyncSessionHandle, SessionHandle
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
 from .models import (
     AuditEvent,
@@ -38,6 +39,8 @@ __all__ = [
     "__version__",
     "SessionsClient",
     "Shell",
+    "SessionHandle",
+    "AsyncSessionHandle",
     "FileList",
     "Session",
     "HTTPConnectTunnel",

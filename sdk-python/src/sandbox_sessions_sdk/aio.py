@@ -56,6 +56,7 @@ from ._rest import (
 )
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
+from .handle import AsyncSessionHandle
 from .models import (
     AuditEvent,
     AuditPage,
@@ -168,6 +169,16 @@ class AsyncSessionsClient(RestCore):
                     raise
             await asyncio.sleep(_CREATE_RETRY_DELAYS[attempt])
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def open_session(self, **create_args: Any) -> AsyncSessionHandle:
+        """:meth:`SessionsClient.open_session`: ``session = await client.open_session(ttl=600)``."""
+        session = await self.create_session(**create_args)
+        return AsyncSessionHandle(self, session.session_id, session)
+
+    def session(self, session_id: str) -> AsyncSessionHandle:
+        """:meth:`SessionsClient.session` (nothing is sent)."""
+        session_path(session_id)
+        return AsyncSessionHandle(self, session_id)
 
     async def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
         """:meth:`SessionsClient.list_sessions`."""

@@ -50,6 +50,7 @@ from ._rest import (
 )
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
+from .handle import SessionHandle
 from .models import (
     AuditEvent,
     AuditPage,
@@ -224,6 +225,20 @@ class SessionsClient(RestCore, ClosesOnExit):
                     raise
             time.sleep(_CREATE_RETRY_DELAYS[attempt])
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def open_session(self, **create_args: Any) -> SessionHandle:
+        """Create a session (:meth:`create_session`'s arguments) and return a
+        handle on it shaped like seed 003's ``Session``: ``exec`` (in a
+        persistent shell), ``write``, ``read``, ``run_python``, ``destroy``
+        (see :class:`~sandbox_sessions_sdk.handle.SessionHandle`)."""
+        session = self.create_session(**create_args)
+        return SessionHandle(self, session.session_id, session)
+
+    def session(self, session_id: str) -> SessionHandle:
+        """A :class:`~sandbox_sessions_sdk.handle.SessionHandle` on an
+        existing session, by id or name (nothing is sent)."""
+        session_path(session_id)
+        return SessionHandle(self, session_id)
 
     def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
         """List this tenant's sessions (``GET /v1/sessions``).

@@ -796,3 +796,19 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
 
     def deserialize_session_state(self, payload: Dict[str, object]) -> SandboxSessionState:
         return self._deserialize_session_state_payload(payload, SandgateSandboxSessionState)
+
+    @staticmethod
+    def sandgate_session_id(session: Union[BaseSandboxSession, SandboxSessionState]) -> str:
+        """The sandgate session id (``sbx-...``) behind *session* (what
+        :meth:`create` or :meth:`resume` returned, or its state)."""
+        state = session if isinstance(session, SandboxSessionState) else session.state
+        if not isinstance(state, SandgateSandboxSessionState):
+            raise TypeError("not a sandgate sandbox session")
+        return state.sandgate_session_id
+
+    def ssh_command(self, session: Union[BaseSandboxSession, SandboxSessionState]) -> str:
+        """The command line a person runs to join *session*'s sandbox over
+        SSH: ``sandgate ssh --api-url URL sbx-...`` (OpenSSH through
+        ``sandgate proxy``, the host key pinned; the token from
+        ``$SANDBOX_API_TOKEN``). See :attr:`SandgateSandboxSession.ssh_command`."""
+        return shlex.join(["sandgate", "ssh", "--api-url", self.sessions.api_url, self.sandgate_session_id(session)])

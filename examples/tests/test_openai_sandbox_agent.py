@@ -91,7 +91,9 @@ class ScriptedModel(Model):
                            tracing, *, previous_response_id=None, conversation_id=None, prompt=None, **kwargs):
         self.inputs.append(input)
         self.tool_names.append([t.name for t in tools])
-        return ModelResponse(output=self.turns.pop(0), usage=Usage(), response_id=None)
+        turn = self.turns.pop(0)
+        # A turn may depend on what the tools answered before (a process's session ID).
+        return ModelResponse(output=turn(self) if callable(turn) else turn, usage=Usage(), response_id=None)
 
     def stream_response(self, *args, **kwargs):
         raise NotImplementedError
@@ -165,6 +167,41 @@ async def test_sandbox_agent_uses_shell_file_and_patch_tools(gateway, client: Se
     await sandbox.close()
 
 
+def _process_id(output: Any) -> int:
+    text = _text(output)
+    assert "Process running with session ID " in text, text
+    return int(text.split("Process running with session ID ", 1)[1].split()[0])
+
+
+@in_loop
+async def test_long_and_interactive_commands_are_sandgate_processes(gateway, client: SessionsClient) -> None:
+    """A command that outlives the tool's yield time goes on (a sandgate
+    background process); the model polls it and writes to its stdin with the
+    SDK's write_stdin tool."""
+    model = ScriptedModel([
+        [call("c1", "exec_command", cmd="sleep 2; echo late; exit 5", yield_time_ms=300)],
+        lambda m: [call("c2", "write_stdin", session_id=_process_id(m.outputs()["c1"]), chars="",
+                        yield_time_ms=20000)],
+        [call("c3", "exec_command", cmd="read name; echo hello $name", yield_time_ms=300)],
+        lambda m: [call("c4", "write_stdin", session_id=_process_id(m.outputs()["c3"]), chars="sandgate\n",
+                        yield_time_ms=5000)],
+        [message("done")],
+    ])
+    agent = SandboxAgent(name="coder", instructions="Use the tools.", model=model)
+    sandbox = sandgate_client(gateway)
+    result = await Runner.run(agent, "Wait for things", run_config=RunConfig(sandbox=SandboxRunConfig(
+        client=sandbox, options=SandgateSandboxClientOptions(labels={"test": "agents-pty"}))))
+    assert result.final_output == "done"
+    assert "write_stdin" in model.tool_names[0]
+    out = model.outputs()
+    assert "Process exited" not in _text(out["c1"]) and "late" not in _text(out["c1"])
+    assert "late" in _text(out["c2"]) and "Process exited with code 5" in _text(out["c2"]), out["c2"]
+    assert "hello sandgate" in _text(out["c4"]) and "Process exited with code 0" in _text(out["c4"]), out["c4"]
+    # The run's session is deleted at its end (no pause_on_exit).
+    assert not [s for s in client.list_sessions(limit=100)["sessions"] if s.metadata.get("test") == "agents-pty"]
+    await sandbox.close()
+
+
 @in_loop
 async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, client: SessionsClient,
                                                                      snapshots_dir) -> None:
@@ -201,7 +238,9 @@ async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, cl
         state = inner.state
         payload = sandbox.serialize_session_state(state)
         assert payload["type"] == "sandgate" and "token" not in json.dumps(payload)
-        assert client.list_snapshots(session=first), "stop() made no sandgate snapshot"
+        made = client.list_snapshots(session=first)
+        assert len(made) == 1, "stop() made no sandgate snapshot"
+        assert state.sandgate_snapshot_id == made[0].snapshot_id
 
         # The workspace changes after the snapshot; then the sandbox goes away.
         client.write_file(first, "src/app.txt", "v2-lost\n")
@@ -225,6 +264,13 @@ async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, cl
         assert client.read_file(second, "src/app.txt") == b"v1\n"
         res = await resumed.exec("cat src/app.txt")
         assert res.stdout == b"v1\n"
+        # Persisting again makes a new snapshot and deletes the one it replaces.
+        await resumed.write(Path("src/app.txt"), io.BytesIO(b"v3\n"))
+        await resumed.stop()
+        again = resumed.state.sandgate_snapshot_id
+        assert again and again != made[0].snapshot_id
+        ids = [s.snapshot_id for s in client.list_snapshots()]
+        assert again in ids and made[0].snapshot_id not in ids
     finally:
         await sandbox.delete(resumed)
     # delete: the session is gone (no pause_on_exit), and so is any replaced one.

@@ -29,7 +29,11 @@ one sandgate session):
   the workspace from the state's snapshot.
 - **Exec** is ``POST .../commands`` with ``argv`` (the SDK's ``sh -lc``
   wrapping included); a command that passes its timeout is killed by the
-  gateway and raises the SDK's ``ExecTimeoutError``.
+  gateway and raises the SDK's ``ExecTimeoutError``. The shell tool's
+  commands (``pty_exec_start``) are sandgate background processes
+  (``POST .../processes``): one that outlives the tool's yield time goes on,
+  and the SDK's ``write_stdin`` tool polls it and writes to its standard
+  input. They are pipes, not a terminal (``tty`` is not honoured).
 - **Files** go through the REST files API for paths in the workspace, and
   through commands (``base64``, ``cat``) for paths outside it.
 - **Snapshots.** ``persist_workspace`` takes a sandgate snapshot
@@ -39,6 +43,11 @@ one sandgate session):
   created ``fromSnapshot``. ``"tar"`` moves a tar of the workspace instead
   (used as well when the session holds a named workspace, which cannot be
   combined with ``fromSnapshot``, or when the SDK asks to leave paths out).
+  An SDK session keeps one sandgate snapshot: persisting again deletes the
+  one it replaces. The last one stays on the gateway for a later resume
+  (it counts against ``--max-snapshots-per-tenant``; delete it with
+  ``AsyncSessionsClient.delete_snapshot(state.sandgate_snapshot_id)``);
+  ``"tar"`` keeps nothing on the gateway.
 - **Manifests.** The manifest's root is the session's workspace: the
   default root (``/workspace``) becomes the directory the session's commands
   start in, which is ``/workspace`` on the linux driver and the session's
@@ -58,11 +67,16 @@ one sandgate session):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
 import shlex
+import signal as _signal
+import time
 import uuid
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Dict, Literal, Optional, Tuple, Union
 from urllib.parse import urlsplit
@@ -83,6 +97,15 @@ try:
     from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
     from agents.sandbox.session.dependencies import Dependencies
     from agents.sandbox.session.manager import Instrumentation
+    from agents.sandbox.session.pty_output import collect_pty_output
+    from agents.sandbox.session.pty_types import (
+        PTY_PROCESSES_MAX,
+        PtyExecUpdate,
+        allocate_pty_process_id,
+        clamp_pty_yield_time_ms,
+        process_id_to_prune_from_meta,
+        resolve_pty_write_yield_time_ms,
+    )
     from agents.sandbox.session.runtime_helpers import RESOLVE_WORKSPACE_PATH_HELPER, RuntimeHelperScript
     from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
     from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
@@ -241,6 +264,9 @@ class SandgateSandboxSessionState(SandboxSessionState):
     workspace_persistence: WorkspacePersistence = "snapshot"
     exec_timeout_s: float = 3600
     ssh_public_key: Optional[str] = None
+    #: The sandgate snapshot the SDK's snapshot last recorded (or was
+    #: restored from); the next persist replaces it and deletes it.
+    sandgate_snapshot_id: Optional[str] = None
 
 
 def _state_fields(options: SandgateSandboxClientOptions) -> Dict[str, Any]:
@@ -305,6 +331,32 @@ async def _workspace_root(sessions: AsyncSessionsClient, sid: str) -> str:
     return (res.cwd or res.stdout.strip() or DEFAULT_WORKSPACE_ROOT).rstrip("/") or "/"
 
 
+@dataclass
+class _Process:
+    """A sandgate background process the SDK drives as an interactive exec."""
+
+    process_id: str
+    output_chunks: deque = field(default_factory=deque)
+    output_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    output_notify: asyncio.Event = field(default_factory=asyncio.Event)
+    output_closed: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: Optional[int] = None
+    reader: Optional["asyncio.Task[None]"] = None
+    last_used: float = field(default_factory=time.monotonic)
+
+
+def _exit_code(line: Dict[str, Any]) -> Optional[int]:
+    if isinstance(line.get("exitCode"), int):
+        return int(line["exitCode"])
+    sig = line.get("exitSignal")
+    if isinstance(sig, str) and sig:
+        try:
+            return 128 + int(_signal.Signals["SIG" + sig.upper().replace("SIG", "", 1)])
+        except KeyError:
+            return 255
+    return None
+
+
 class SandgateSandboxSession(BaseSandboxSession):
     """One sandgate session as an Agents SDK sandbox session."""
 
@@ -313,6 +365,10 @@ class SandgateSandboxSession(BaseSandboxSession):
     def __init__(self, *, state: SandgateSandboxSessionState, sessions: AsyncSessionsClient) -> None:
         self.state = state
         self._sessions = sessions
+        self._made_snapshot: Optional[str] = None
+        self._pty_lock = asyncio.Lock()
+        self._processes: Dict[int, _Process] = {}
+        self._reserved_process_ids: set = set()
 
     @classmethod
     def from_state(cls, state: SandgateSandboxSessionState, *, sessions: AsyncSessionsClient) -> "SandgateSandboxSession":
@@ -441,6 +497,157 @@ class SandgateSandboxSession(BaseSandboxSession):
             exit_code=res.exit_code,
         )
 
+    # -- interactive execs: sandgate background processes ------------------
+
+    def supports_pty(self) -> bool:
+        # Not a terminal: the process's stdin, stdout and stderr are pipes
+        # (sandgate's background processes). Long commands go on past the
+        # tool's yield time, and the model polls or writes to them.
+        return True
+
+    async def pty_exec_start(
+        self,
+        *command: Union[str, Path],
+        timeout: Optional[float] = None,
+        shell: Union[bool, list] = True,
+        user: Union[str, User, None] = None,
+        tty: bool = False,
+        yield_time_s: Optional[float] = None,
+        max_output_tokens: Optional[int] = None,
+    ) -> PtyExecUpdate:
+        argv = self._prepare_exec_command(*command, shell=shell, user=user)
+        root = self._root().as_posix()
+        cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
+        try:
+            started = await self._sessions.start_process(
+                self.sandgate_session_id, argv=argv, env=await self._env(), cwd=cwd
+            )
+        except SandboxAPIError as e:
+            raise ExecTransportError(
+                command=command, context=_context(e), cause=e, message=f"sandgate process start failed: {e}",
+                retryable=_retryable(e),
+            ) from e
+        entry = _Process(process_id=str(started["processId"]))
+        entry.reader = asyncio.create_task(self._read_output(entry))
+        async with self._pty_lock:
+            pid = allocate_pty_process_id(self._reserved_process_ids)
+            self._reserved_process_ids.add(pid)
+            pruned = self._prune_processes()
+            self._processes[pid] = entry
+        if pruned is not None:
+            await self._terminate(pruned)
+        yield_ms = 10_000 if yield_time_s is None else int(yield_time_s * 1000)
+        return await self._collect(pid, entry, clamp_pty_yield_time_ms(yield_ms), max_output_tokens)
+
+    async def pty_write_stdin(
+        self,
+        *,
+        session_id: int,
+        chars: str,
+        yield_time_s: Optional[float] = None,
+        max_output_tokens: Optional[int] = None,
+    ) -> PtyExecUpdate:
+        async with self._pty_lock:
+            entry = self._resolve_pty_session_entry(pty_processes=self._processes, session_id=session_id)
+        if chars:
+            try:
+                await self._sessions.send_process_input(self.sandgate_session_id, entry.process_id, chars)
+            except SandboxAPIError as e:
+                raise ExecTransportError(
+                    command=("write_stdin", entry.process_id), context=_context(e), cause=e,
+                    message=f"sandgate process input failed: {e}", retryable=_retryable(e),
+                ) from e
+            await asyncio.sleep(0.1)
+        yield_ms = 250 if yield_time_s is None else int(yield_time_s * 1000)
+        entry.last_used = time.monotonic()
+        return await self._collect(
+            session_id,
+            entry,
+            resolve_pty_write_yield_time_ms(yield_time_ms=yield_ms, input_empty=chars == ""),
+            max_output_tokens,
+        )
+
+    async def pty_terminate_all(self) -> None:
+        async with self._pty_lock:
+            entries = list(self._processes.values())
+            self._processes.clear()
+            self._reserved_process_ids.clear()
+        for entry in entries:
+            await self._terminate(entry)
+
+    async def _read_output(self, entry: _Process) -> None:
+        """Follow the process's output into its chunks, to its end."""
+        try:
+            stream = await self._sessions.process_output(self.sandgate_session_id, entry.process_id, follow=True)
+            async with stream:
+                async for line in stream:
+                    data = b""
+                    for key in ("stdout", "stderr"):
+                        if isinstance(line.get(key), str):
+                            data += line[key].encode("utf-8")
+                        elif isinstance(line.get(key + "Base64"), str):
+                            data += base64.b64decode(line[key + "Base64"])
+                    if data:
+                        async with entry.output_lock:
+                            entry.output_chunks.append(data)
+                        entry.output_notify.set()
+                    if "done" in line:
+                        entry.exit_code = _exit_code(line) if line.get("done") else None
+                        break
+        except (SandboxAPIError, asyncio.CancelledError):
+            pass
+        finally:
+            entry.output_closed.set()
+            entry.output_notify.set()
+
+    async def _collect(
+        self, pid: int, entry: _Process, yield_time_ms: int, max_output_tokens: Optional[int]
+    ) -> PtyExecUpdate:
+        output, original_token_count, closed = await collect_pty_output(
+            output_chunks=entry.output_chunks,
+            output_lock=entry.output_lock,
+            output_notify=entry.output_notify,
+            is_done=entry.output_closed.is_set,
+            yield_time_ms=yield_time_ms,
+            max_output_tokens=max_output_tokens,
+        )
+        live: Optional[int] = pid
+        if closed:
+            async with self._pty_lock:
+                removed = self._processes.pop(pid, None)
+                self._reserved_process_ids.discard(pid)
+            if removed is not None:
+                await self._terminate(removed)
+            live = None
+        return PtyExecUpdate(
+            process_id=live,
+            output=output,
+            exit_code=entry.exit_code if closed else None,
+            original_token_count=original_token_count,
+        )
+
+    def _prune_processes(self) -> Optional[_Process]:
+        if len(self._processes) < PTY_PROCESSES_MAX:
+            return None
+        meta = [(pid, e.last_used, e.output_closed.is_set()) for pid, e in self._processes.items()]
+        pid = process_id_to_prune_from_meta(meta)
+        if pid is None:
+            return None
+        self._reserved_process_ids.discard(pid)
+        return self._processes.pop(pid, None)
+
+    async def _terminate(self, entry: _Process) -> None:
+        if not entry.output_closed.is_set():
+            try:
+                await self._sessions.signal_process(self.sandgate_session_id, entry.process_id, "KILL")
+            except SandboxAPIError:
+                pass
+        reader, entry.reader = entry.reader, None
+        if reader is not None and reader is not asyncio.current_task():
+            if not reader.done():
+                reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
     # -- files -------------------------------------------------------------
 
     async def read(self, path: Path, *, user: Union[str, User, None] = None) -> io.IOBase:
@@ -515,6 +722,23 @@ class SandgateSandboxSession(BaseSandboxSession):
             and self._root().as_posix() == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT)
         )
 
+    async def _persist_snapshot(self) -> None:
+        # One sandgate snapshot per SDK session: once the SDK has recorded a
+        # new one, the one it replaces is deleted (snapshots count against
+        # the tenant's --max-snapshots-per-tenant).
+        previous = self.state.sandgate_snapshot_id
+        self._made_snapshot = None
+        await super()._persist_snapshot()
+        made = self._made_snapshot
+        if made is None:
+            return
+        self.state.sandgate_snapshot_id = made
+        if previous is not None and previous != made:
+            try:
+                await self._sessions.delete_snapshot(previous)
+            except SandboxAPIError:
+                pass
+
     async def persist_workspace(self) -> io.IOBase:
         root = self._root()
         if self._uses_snapshots():
@@ -525,6 +749,7 @@ class SandgateSandboxSession(BaseSandboxSession):
                     path=Path(root.as_posix()), context={**_context(e), "reason": "snapshot_failed"}, cause=e,
                     retryable=_retryable(e),
                 ) from e
+            self._made_snapshot = snap.snapshot_id
             return io.BytesIO(_encode_snapshot_ref(snap.snapshot_id))
         return await self._persist_tar()
 
@@ -620,6 +845,7 @@ class SandgateSandboxSession(BaseSandboxSession):
                 retryable=_retryable(e),
             ) from e
         self.state.sandgate_session_id = created.session_id
+        self.state.sandgate_snapshot_id = snapshot_id
         try:
             await self._sessions.delete_session(old)
         except SandboxAPIError:

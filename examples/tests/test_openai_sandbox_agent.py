@@ -334,6 +334,48 @@ async def test_tar_persistence_and_named_workspace(gateway, client: SessionsClie
     await sandbox.close()
 
 
+@in_loop
+async def test_manifest_env_and_sandgate_policy_options(gateway, client: SessionsClient) -> None:
+    """The manifest's files and environment, and sandgate's own options
+    (egress, resources, name, labels, env) reach the session; a refusal of
+    the gateway is the SDK's error with the sandgate error as its cause."""
+    from agents.sandbox.entries import File
+    from agents.sandbox.errors import WorkspaceStartError
+
+    from sandbox_sessions_sdk import UnknownSecretError
+    from sandbox_sessions_sdk.openai_agents import SandgateResources
+
+    sandbox = sandgate_client(gateway)
+    name = "agents-" + os.urandom(4).hex()
+    options = SandgateSandboxClientOptions(
+        name=name, egress=("example.com",), resources=SandgateResources(memory_mib=256, cpus=1),
+        labels={"test": "agents-policy"}, env={"FROM_OPTIONS": "opt"},
+    )
+    manifest = Manifest(entries={"docs/README.md": File(content=b"# hi\n")}, environment={"value": {"FROM_MANIFEST": "man"}})
+    session = await sandbox.create(manifest=manifest, options=options)
+    await session.start()
+    sid = sandbox.sandgate_session_id(session)
+    try:
+        info = client.get_session(sid)
+        assert info.raw.get("name") == name and info.metadata == {"test": "agents-policy"}
+        assert info.egress_allow and info.egress_allow[0].startswith("example.com")
+        assert info.resources.get("memoryMiB") == 256
+        assert client.read_file(sid, "docs/README.md") == b"# hi\n"
+        res = await session.exec("echo $FROM_OPTIONS $FROM_MANIFEST")
+        assert res.stdout == b"opt man\n"
+        assert sandbox.ssh_command(session) == f"sandgate ssh --api-url {gateway.url} {sid}"
+    finally:
+        await sandbox.delete(session)
+    with pytest.raises(SessionNotFoundError):
+        client.get_session(sid)
+
+    with pytest.raises(WorkspaceStartError) as refused:
+        await sandbox.create(options=SandgateSandboxClientOptions(secrets=("NO_SUCH_SECRET",)))
+    assert isinstance(refused.value.cause, UnknownSecretError)
+    assert refused.value.context.get("code") == "unknown_secret"
+    await sandbox.close()
+
+
 def test_options_and_client_need_no_arguments(monkeypatch, gateway) -> None:
     monkeypatch.setenv("SANDBOX_API_URL", gateway.url)
     monkeypatch.setenv("SANDBOX_API_TOKEN", gateway.token)
@@ -342,3 +384,4 @@ def test_options_and_client_need_no_arguments(monkeypatch, gateway) -> None:
     c = SandgateSandboxClient()
     assert c.sessions.api_url.startswith(gateway.url) and c.supports_default_options
     assert isinstance(c.sessions, AsyncSessionsClient)
+    asyncio.run(c.close())

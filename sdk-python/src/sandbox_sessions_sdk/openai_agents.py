@@ -471,9 +471,18 @@ class SandgateSandboxSession(BaseSandboxSession):
 
     # -- exec --------------------------------------------------------------
 
-    async def _env(self) -> Optional[Dict[str, str]]:
+    async def _with_env(self, argv: list) -> list:
+        """*argv* under ``env NAME=VALUE ...`` for the options' and the
+        manifest's environment. (The REST ``env`` field takes only the
+        names the operator allows, as SSH's AcceptEnv; ``env`` in the
+        command is what the command itself could do.)"""
         env = {**self.state.base_env, **(await self.state.manifest.environment.resolve())}
-        return env or None
+        if not env:
+            return argv
+        for k in env:
+            if not k or "=" in k or "\0" in k or k.startswith("-"):
+                raise ValueError(f"environment variable name {k!r} is not valid")
+        return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
 
     async def _exec_internal(self, *command: Union[str, Path], timeout: Optional[float] = None) -> ExecResult:
         argv = [str(c) for c in command]
@@ -481,9 +490,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         root = self._root().as_posix()
         cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
         try:
-            res = await self._sessions.run(
-                self.sandgate_session_id, argv=argv, timeout=t, env=await self._env(), cwd=cwd
-            )
+            res = await self._sessions.run(self.sandgate_session_id, argv=await self._with_env(argv), timeout=t, cwd=cwd)
         except SandboxAPIError as e:
             raise ExecTransportError(
                 command=command, context=_context(e), cause=e, message=f"sandgate exec failed: {e}",
@@ -520,7 +527,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
         try:
             started = await self._sessions.start_process(
-                self.sandgate_session_id, argv=argv, env=await self._env(), cwd=cwd
+                self.sandgate_session_id, argv=await self._with_env(argv), cwd=cwd
             )
         except SandboxAPIError as e:
             raise ExecTransportError(

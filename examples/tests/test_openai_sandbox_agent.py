@@ -167,6 +167,59 @@ async def test_sandbox_agent_uses_shell_file_and_patch_tools(gateway, client: Se
     await sandbox.close()
 
 
+@in_loop
+async def test_interrupted_run_resumes_its_sandbox_from_a_snapshot(gateway, client: SessionsClient,
+                                                                  snapshots_dir) -> None:
+    """The SDK's own pause and resume: a run stops for a tool approval; its
+    RunState (serialized, as an application would store it) carries the
+    sandbox's state; the sandbox is gone meanwhile; resuming the run restores
+    the workspace from the sandgate snapshot into a new session."""
+    from agents import RunState
+    from agents.sandbox.capabilities import Filesystem, Shell
+
+    def approval_for_patches(toolset) -> None:
+        toolset.apply_patch.needs_approval = True
+
+    model = ScriptedModel([
+        [call("c1", "exec_command", cmd="echo before > first.txt")],
+        [patch("p1", "*** Begin Patch\n*** Add File: second.txt\n+after approval\n*** End Patch\n")],
+        [call("c2", "exec_command", cmd="cat first.txt second.txt")],
+        [message("done")],
+    ])
+    agent = SandboxAgent(name="coder", instructions="Use the tools.", model=model,
+                         capabilities=[Filesystem(configure_tools=approval_for_patches), Shell()])
+    sandbox = sandgate_client(gateway)
+    run_config = RunConfig(sandbox=SandboxRunConfig(
+        client=sandbox, options=SandgateSandboxClientOptions(labels={"test": "agents-resume"}),
+        snapshot=LocalSnapshotSpec(base_path=snapshots_dir),
+    ))
+    before = {snap.snapshot_id for snap in client.list_snapshots()}
+    first = await Runner.run(agent, "Two files", run_config=run_config)
+    assert len(first.interruptions) == 1
+    made = {snap.snapshot_id for snap in client.list_snapshots()} - before
+    assert len(made) == 1, "pausing the run made no sandgate snapshot"
+    stored = first.to_state().to_string()
+    payload = json.loads(stored)
+    assert "sandgate" in json.dumps(payload.get("sandbox", payload)) and gateway.token not in stored
+    # The run's sandbox was cleaned up when it paused: nothing of it is live.
+    live = [s for s in client.list_sessions(limit=100)["sessions"] if s.metadata.get("test") == "agents-resume"]
+    assert live == []
+
+    state = await RunState.from_string(agent, stored)
+    state.approve(state.get_interruptions()[0])
+    second = await Runner.run(agent, state, run_config=run_config)
+    assert second.final_output == "done"
+    out = _text(model.outputs()["c2"])
+    # first.txt was only in the deleted session: it came back from the snapshot.
+    assert "before" in out and "after approval" in out, out
+    # The second run's own persist replaced that snapshot (and deleted it).
+    after = {snap.snapshot_id for snap in client.list_snapshots()} - before
+    assert len(after) == 1 and after != made
+    for sid in after:
+        client.delete_snapshot(sid)
+    await sandbox.close()
+
+
 def _process_id(output: Any) -> int:
     text = _text(output)
     assert "Process running with session ID " in text, text

@@ -35,6 +35,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
+from conftest import sdk_fixtures
 from sandbox_sessions_sdk import AsyncSessionsClient, SessionNotFoundError, SessionsClient
 from sandbox_sessions_sdk.openai_agents import (
     SandgateSandboxClient,
@@ -110,6 +111,24 @@ class ScriptedModel(Model):
 
 def _text(output: Any) -> str:
     return output if isinstance(output, str) else json.dumps(output)
+
+
+@pytest.fixture(scope="module", params=["workdir", "linux"])
+def gateway(request, gateway, sandgate_bin: str, scratch: Path) -> Any:
+    """Each test on both sandbox drivers: the examples' workdir gateway (the
+    workspace is the session's host directory), and a linux one (the
+    workspace is /workspace in the sandbox's own root)."""
+    if request.param == "workdir":
+        yield gateway
+        return
+    try:
+        gw = sdk_fixtures.start_gateway(sandgate_bin, scratch, "--sandbox", "linux", "--rate-limit", "100000")
+    except RuntimeError as e:
+        sdk_fixtures.fail_or_skip(f"no linux sandbox driver here: {e}")
+    try:
+        yield gw
+    finally:
+        gw.stop()
 
 
 @pytest.fixture

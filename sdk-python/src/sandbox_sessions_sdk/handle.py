@@ -144,7 +144,8 @@ class SessionHandle:
 
 
 class AsyncSessionHandle:
-    """:class:`SessionHandle` for :class:`~sandbox_sessions_sdk.AsyncSessionsClient`: the same methods, as coroutines."""
+    """:class:`SessionHandle` for :class:`~sandbox_sessions_sdk.AsyncSessionsClient`:
+    the same methods, as coroutines."""
 
     def __init__(self, client: "AsyncSessionsClient", session_id: str, session: Optional[Session] = None) -> None:
         self.client = client

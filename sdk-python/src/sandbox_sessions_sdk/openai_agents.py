@@ -371,7 +371,9 @@ class SandgateSandboxSession(BaseSandboxSession):
         self._reserved_process_ids: set = set()
 
     @classmethod
-    def from_state(cls, state: SandgateSandboxSessionState, *, sessions: AsyncSessionsClient) -> "SandgateSandboxSession":
+    def from_state(
+        cls, state: SandgateSandboxSessionState, *, sessions: AsyncSessionsClient
+    ) -> "SandgateSandboxSession":
         return cls(state=state, sessions=sessions)
 
     @property
@@ -490,7 +492,9 @@ class SandgateSandboxSession(BaseSandboxSession):
         root = self._root().as_posix()
         cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
         try:
-            res = await self._sessions.run(self.sandgate_session_id, argv=await self._with_env(argv), timeout=t, cwd=cwd)
+            res = await self._sessions.run(
+                self.sandgate_session_id, argv=await self._with_env(argv), timeout=t, cwd=cwd
+            )
         except SandboxAPIError as e:
             raise ExecTransportError(
                 command=command, context=_context(e), cause=e, message=f"sandgate exec failed: {e}",

@@ -18,6 +18,9 @@ import functools
 import io
 import json
 import os
+import shlex
+import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, List
@@ -135,6 +138,17 @@ def gateway(request, gateway, sandgate_bin: str, scratch: Path) -> Any:
 def snapshots_dir() -> Any:
     with tempfile.TemporaryDirectory(prefix="sandgate-agents-snap-") as d:
         yield Path(d)
+
+
+def join_over_ssh(command: str, gateway, sandgate_bin: str, remote: str) -> subprocess.CompletedProcess:
+    """Run the session's ssh_command as a person would (sandgate on PATH, the
+    token in SANDBOX_API_TOKEN), with a remote command instead of a shell."""
+    if shutil.which("ssh") is None:
+        sdk_fixtures.fail_or_skip("no OpenSSH ssh client here")
+    env = dict(os.environ, SANDBOX_API_TOKEN=gateway.token,
+               PATH=os.path.dirname(sandgate_bin) + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run([*shlex.split(command), "--", remote], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
 
 
 def sandgate_client(gateway) -> SandgateSandboxClient:
@@ -276,7 +290,7 @@ async def test_long_and_interactive_commands_are_sandgate_processes(gateway, cli
 
 @in_loop
 async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, client: SessionsClient,
-                                                                     snapshots_dir) -> None:
+                                                                     snapshots_dir, sandgate_bin: str) -> None:
     sandbox = sandgate_client(gateway)
     options = SandgateSandboxClientOptions(exposed_ports=(8000,), labels={"test": "agents-lifecycle"})
     session = await sandbox.create(
@@ -302,6 +316,8 @@ async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, cl
         # sandgate's own: SSH for a person, preview links for ports.
         assert inner.ssh_command == f"sandgate ssh --api-url {gateway.url} {first}"
         assert inner.ssh_argv("kh")[-1] == f"sandbox@{first}"
+        joined = join_over_ssh(inner.ssh_command, gateway, sandgate_bin, "cat src/app.txt")
+        assert joined.returncode == 0 and joined.stdout == "v1\n", joined.stderr
         endpoint = await session.resolve_exposed_port(8000)
         assert endpoint.host.startswith("p8000-") and endpoint.host.endswith(".localhost")
 

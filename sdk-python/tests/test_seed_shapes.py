@@ -94,6 +94,18 @@ def test_stop_session_keeps_files(client: SessionsClient, session) -> None:
         client.stop_session("sbx-doesnotexist00000000")
 
 
+def test_python_result_from_the_wire() -> None:
+    r = PythonResult.from_dict({
+        "kernel": "k", "stdoutBase64": "/w==", "stderr": "e", "result": None,
+        "error": {"name": "KernelDied", "value": "killed by signal 9", "traceback": ""},
+        "durationMs": 7, "truncated": False, "timedOut": False, "interrupted": False,
+        "restarted": True, "stateLost": True,
+    })
+    assert (r.kernel, r.stdout, r.stderr, r.duration_ms, r.restarted, r.state_lost) == ("k", "\ufffd", "e", 7, True, True)
+    assert r.error == PythonError("KernelDied", "killed by signal 9", "") and not r.ok
+    assert r.raw["kernel"] == "k"
+
+
 # -- seed 003's session handle ----------------------------------------------------------
 
 

@@ -1020,6 +1020,8 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
         try:
             s = await self.sessions.get_session(state.sandgate_session_id)
             reconnected = s.status in ("running", "stopped", "creating", "starting")
+            if not reconnected:
+                await self._delete_quietly(state.sandgate_session_id)  # failed: it holds nothing to keep
         except SessionNotFoundError:
             reconnected = False
         if not reconnected:

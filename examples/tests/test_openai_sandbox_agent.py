@@ -368,15 +368,20 @@ async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, cl
     await sandbox.close()
 
 
+@pytest.mark.parametrize("with_snapshot", [False, True])
 @in_loop
-async def test_resume_reattaches_to_a_live_session(gateway, client: SessionsClient) -> None:
+async def test_resume_reattaches_to_a_live_session(gateway, client: SessionsClient, snapshots_dir,
+                                                   with_snapshot: bool) -> None:
+    """A paused (stopped) session is reattached on resume, not replaced: with
+    a snapshot too, since the live workspace still matches it."""
     sandbox = sandgate_client(gateway)
-    session = await sandbox.create(options=SandgateSandboxClientOptions(pause_on_exit=True))
+    snapshot = LocalSnapshotSpec(base_path=snapshots_dir) if with_snapshot else None
+    session = await sandbox.create(options=SandgateSandboxClientOptions(pause_on_exit=True), snapshot=snapshot)
     await session.start()
     sid = session._inner.sandgate_session_id
     try:
         await session.write(Path("keep.txt"), io.BytesIO(b"kept"))
-        await session.aclose()  # persists (no-op snapshot by default here), then stops: files kept
+        await session.aclose()  # persists (a sandgate snapshot, or nothing), then stops: files kept
         assert client.get_session(sid).status == "stopped"
         state = sandbox.deserialize_session_state(sandbox.serialize_session_state(session.state))
         again = await sandbox.resume(state)

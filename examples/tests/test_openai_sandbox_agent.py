@@ -344,9 +344,13 @@ async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, cl
     restored_state = sandbox.deserialize_session_state(payload)
     assert isinstance(restored_state, SandgateSandboxSessionState)
     resumed = await sandbox.resume(restored_state)
+    second = third = resumed._inner.sandgate_session_id
+    # It is created from the sandgate snapshot at once, and start() keeps it
+    # (no empty session replaced by the restore).
+    assert client.get_session(second).from_snapshot == made[0].snapshot_id
     await resumed.start()
-    second = resumed._inner.sandgate_session_id
     try:
+        assert resumed._inner.sandgate_session_id == second
         assert second != first
         assert (await resumed.read(Path("src/app.txt"))).read() == b"v1\n"
         assert client.read_file(second, "src/app.txt") == b"v1\n"
@@ -359,10 +363,21 @@ async def test_session_lifecycle_snapshot_resume_and_sandgate_extras(gateway, cl
         assert again and again != made[0].snapshot_id
         ids = [s.snapshot_id for s in client.list_snapshots()]
         assert again in ids and made[0].snapshot_id not in ids
+        # Hydrating a live session from a snapshot reference puts a session
+        # created fromSnapshot in its place (the old one is deleted).
+        await resumed.write(Path("src/app.txt"), io.BytesIO(b"v4\n"))
+        ref = (await resumed._inner.persist_workspace()).read()
+        await resumed.write(Path("src/app.txt"), io.BytesIO(b"v5\n"))
+        await resumed._inner.hydrate_workspace(io.BytesIO(ref))
+        third = resumed._inner.sandgate_session_id
+        assert third != second and client.read_file(third, "src/app.txt") == b"v4\n"
+        with pytest.raises(SessionNotFoundError):
+            client.get_session(second)
+        assert (await resumed.exec("cat src/app.txt")).stdout == b"v4\n"
     finally:
         await sandbox.delete(resumed)
     # delete: the session is gone (no pause_on_exit), and so is any replaced one.
-    for sid in {second, resumed._inner.sandgate_session_id}:
+    for sid in {second, third, resumed._inner.sandgate_session_id}:
         with pytest.raises(SessionNotFoundError):
             client.get_session(sid)
     await sandbox.close()

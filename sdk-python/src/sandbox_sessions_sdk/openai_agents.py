@@ -25,8 +25,9 @@ one sandgate session):
   gateway's default image); ``delete`` and the session's ``shutdown`` delete
   it, or with ``pause_on_exit`` stop it (``POST .../stop``: files kept, the
   next command starts it again); ``resume`` reattaches to the session the
-  state names, or, when it is gone, creates a new one and the SDK restores
-  the workspace from the state's snapshot.
+  state names, or, when it is gone, creates a new one: from the state's
+  sandgate snapshot directly when it has one, else empty, and the SDK
+  restores the workspace from the state's snapshot.
 - **Exec** is ``POST .../commands`` with ``argv`` (the SDK's ``sh -lc``
   wrapping included); a command that passes its timeout is killed by the
   gateway and raises the SDK's ``ExecTimeoutError``. The shell tool's
@@ -124,6 +125,7 @@ from .errors import (
     SandboxAPIError,
     SandboxConnectionError,
     SessionNotFoundError,
+    SnapshotNotFoundError,
     WorkspaceNotFoundError,
 )
 from .models import Session
@@ -366,6 +368,8 @@ class SandgateSandboxSession(BaseSandboxSession):
         self.state = state
         self._sessions = sessions
         self._made_snapshot: Optional[str] = None
+        #: The sandgate snapshot resume started this session from, if any.
+        self._created_from_snapshot: Optional[str] = None
         self._pty_lock = asyncio.Lock()
         self._processes: Dict[int, _Process] = {}
         self._reserved_process_ids: set = set()
@@ -842,6 +846,24 @@ class SandgateSandboxSession(BaseSandboxSession):
                          "stderr": res.stderr[:4096]},
             )
 
+    async def _restore_snapshot_into_workspace_on_resume(self) -> None:
+        made_from, self._created_from_snapshot = self._created_from_snapshot, None
+        if made_from is None:
+            await super()._restore_snapshot_into_workspace_on_resume()
+            return
+        data = await self.state.snapshot.restore(dependencies=self.dependencies)
+        try:
+            raw = data.read()
+        finally:
+            try:
+                data.close()
+            except Exception:
+                pass
+        if isinstance(raw, (bytes, bytearray)) and _decode_snapshot_ref(bytes(raw)) == made_from:
+            return  # resume made this session from that very snapshot: its workspace is the snapshot
+        await self._clear_workspace_root_on_resume()
+        await self.hydrate_workspace(io.BytesIO(raw if isinstance(raw, (bytes, bytearray)) else b""))
+
     async def _replace_from_snapshot(self, snapshot_id: str) -> None:
         """Put a session created ``fromSnapshot`` in place of this one."""
         root = self._root()
@@ -975,9 +997,9 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
         inner = SandgateSandboxSession.from_state(state, sessions=self.sessions)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
-    async def _create(self, state: SandgateSandboxSessionState) -> Session:
+    async def _create(self, state: SandgateSandboxSessionState, from_snapshot: Optional[str] = None) -> Session:
         try:
-            return await _create_sandgate_session(self.sessions, state)
+            return await _create_sandgate_session(self.sessions, state, from_snapshot=from_snapshot)
         except SandboxAPIError as e:
             raise WorkspaceStartError(
                 path=Path(str(state.manifest.root)), context=_context(e), cause=e,
@@ -1024,12 +1046,25 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
                 await self._delete_quietly(state.sandgate_session_id)  # failed: it holds nothing to keep
         except SessionNotFoundError:
             reconnected = False
+        from_snapshot: Optional[str] = None
         if not reconnected:
-            created = await self._create(state)
+            # The SDK will restore the workspace from the state's snapshot:
+            # when that is a sandgate snapshot, start the new session from it
+            # at once rather than an empty one that the restore replaces.
+            if state.sandgate_snapshot_id and state.workspace is None and state.workspace_persistence == "snapshot":
+                from_snapshot = state.sandgate_snapshot_id
+            try:
+                created = await self._create(state, from_snapshot=from_snapshot)
+            except WorkspaceStartError as e:
+                if from_snapshot is None or not isinstance(e.cause, SnapshotNotFoundError):
+                    raise
+                from_snapshot = None
+                created = await self._create(state)
             state.sandgate_session_id = created.session_id
             state.workspace_root_ready = False
             await self._adopt_workspace_root(state)
         inner = SandgateSandboxSession.from_state(state, sessions=self.sessions)
+        inner._created_from_snapshot = from_snapshot
         inner._set_start_state_preserved(reconnected, system=reconnected)
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 

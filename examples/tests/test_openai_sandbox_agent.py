@@ -271,6 +271,12 @@ async def test_long_and_interactive_commands_are_sandgate_processes(gateway, cli
         [call("c3", "exec_command", cmd="read name; echo hello $name", yield_time_ms=300)],
         lambda m: [call("c4", "write_stdin", session_id=_process_id(m.outputs()["c3"]), chars="sandgate\n",
                         yield_time_ms=5000)],
+        # tty: a terminal (script(1)), so python3 runs its interactive prompt.
+        [call("c5", "exec_command", cmd="python3 -q", tty=True, yield_time_ms=1000)],
+        lambda m: [call("c6", "write_stdin", session_id=_process_id(m.outputs()["c5"]),
+                        chars="import sys; print(sys.stdin.isatty(), 6 * 7)\n", yield_time_ms=2000)],
+        lambda m: [call("c7", "write_stdin", session_id=_process_id(m.outputs()["c5"]), chars="exit()\n",
+                        yield_time_ms=5000)],
         [message("done")],
     ])
     agent = SandboxAgent(name="coder", instructions="Use the tools.", model=model)
@@ -283,6 +289,9 @@ async def test_long_and_interactive_commands_are_sandgate_processes(gateway, cli
     assert "Process exited" not in _text(out["c1"]) and "late" not in _text(out["c1"])
     assert "late" in _text(out["c2"]) and "Process exited with code 5" in _text(out["c2"]), out["c2"]
     assert "hello sandgate" in _text(out["c4"]) and "Process exited with code 0" in _text(out["c4"]), out["c4"]
+    if shutil.which("script") is not None:  # the sandboxes here run on this host's root
+        assert "True 42" in _text(out["c6"]), out["c6"]
+        assert "Process exited with code 0" in _text(out["c7"]), out["c7"]
     # The run's session is deleted at its end (no pause_on_exit).
     assert not [s for s in client.list_sessions(limit=100)["sessions"] if s.metadata.get("test") == "agents-pty"]
     await sandbox.close()

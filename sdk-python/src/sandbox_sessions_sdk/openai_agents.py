@@ -34,7 +34,8 @@ one sandgate session):
   commands (``pty_exec_start``) are sandgate background processes
   (``POST .../processes``): one that outlives the tool's yield time goes on,
   and the SDK's ``write_stdin`` tool polls it and writes to its standard
-  input. They are pipes, not a terminal (``tty`` is not honoured).
+  input. They are pipes; ``tty=True`` runs the command on a terminal
+  through util-linux ``script`` where the sandbox has it.
 - **Files** go through the REST files API for paths in the workspace, and
   through commands (``base64``, ``cat``) for paths outside it.
 - **Snapshots.** ``persist_workspace`` takes a sandgate snapshot
@@ -333,6 +334,15 @@ async def _workspace_root(sessions: AsyncSessionsClient, sid: str) -> str:
     return (res.cwd or res.stdout.strip() or DEFAULT_WORKSPACE_ROOT).rstrip("/") or "/"
 
 
+#: Runs "$1" on a pseudo-terminal with util-linux script(1) (-e: its exit
+#: status; -f: flush; -q: quiet) where the sandbox has one that takes those
+#: options, else with plain pipes.
+_TTY_WRAPPER = (
+    'if script -qefc true /dev/null >/dev/null 2>&1; then exec script -qefc "$1" /dev/null; fi\n'
+    'exec sh -c "$1"'
+)
+
+
 @dataclass
 class _Process:
     """A sandgate background process the SDK drives as an interactive exec."""
@@ -515,9 +525,10 @@ class SandgateSandboxSession(BaseSandboxSession):
     # -- interactive execs: sandgate background processes ------------------
 
     def supports_pty(self) -> bool:
-        # Not a terminal: the process's stdin, stdout and stderr are pipes
-        # (sandgate's background processes). Long commands go on past the
-        # tool's yield time, and the model polls or writes to them.
+        # sandgate's background processes: long commands go on past the
+        # tool's yield time, and the model polls or writes to them. Their
+        # stdin, stdout and stderr are pipes; tty=True runs the command
+        # under script(1) for a terminal where the sandbox has it.
         return True
 
     async def pty_exec_start(
@@ -531,6 +542,10 @@ class SandgateSandboxSession(BaseSandboxSession):
         max_output_tokens: Optional[int] = None,
     ) -> PtyExecUpdate:
         argv = self._prepare_exec_command(*command, shell=shell, user=user)
+        if tty:
+            # A terminal: util-linux script(1) runs the command on a pty when
+            # the sandbox has it; else plain pipes.
+            argv = ["sh", "-c", _TTY_WRAPPER, "sh", shlex.join(argv)]
         root = self._root().as_posix()
         cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
         try:

@@ -493,6 +493,30 @@ async def test_manifest_env_and_sandgate_policy_options(gateway, client: Session
     await sandbox.close()
 
 
+def test_a_gateway_with_a_lower_command_timeout(sandgate_bin: str, scratch: Path) -> None:
+    """exec_timeout_s (1 h) above the gateway's --max-command-timeout: the
+    backend learns the gateway's maximum from its answer and uses it."""
+    gw = sdk_fixtures.start_gateway(sandgate_bin, scratch, "--sandbox", "workdir", "--max-command-timeout", "30s")
+
+    async def go() -> None:
+        sandbox = sandgate_client(gw)
+        session = await sandbox.create()
+        try:
+            await session.start()
+            await session.write(Path("t.txt"), io.BytesIO(b"ok"))
+            res = await session.exec("cat t.txt")
+            assert (res.exit_code, res.stdout) == (0, b"ok")
+            assert session._inner._max_timeout == 30
+        finally:
+            await sandbox.delete(session)
+            await sandbox.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        gw.stop()
+
+
 def test_options_and_client_need_no_arguments(monkeypatch, gateway) -> None:
     monkeypatch.setenv("SANDBOX_API_URL", gateway.url)
     monkeypatch.setenv("SANDBOX_API_TOKEN", gateway.token)

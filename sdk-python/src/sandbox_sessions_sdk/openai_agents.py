@@ -73,6 +73,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import shlex
 import signal as _signal
 import time
@@ -129,7 +130,7 @@ from .errors import (
     SnapshotNotFoundError,
     WorkspaceNotFoundError,
 )
-from .models import Session
+from .models import CommandResult, Session
 
 __all__ = [
     "DEFAULT_WORKSPACE_ROOT",
@@ -330,9 +331,12 @@ def _adopt_root(state: SandgateSandboxSessionState, root: str) -> None:
 
 async def _workspace_root(sessions: AsyncSessionsClient, sid: str) -> str:
     """The directory the session's commands start in: its workspace."""
-    res = await sessions.run(sid, argv=["pwd"], timeout=60)
+    res = await sessions.run(sid, argv=["pwd"])  # the gateway's default timeout (60 s), whatever its maximum
     return (res.cwd or res.stdout.strip() or DEFAULT_WORKSPACE_ROOT).rstrip("/") or "/"
 
+
+#: The gateway's largest command timeout, in its invalid_timeout message.
+_MAX_TIMEOUT = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?) seconds")
 
 #: Runs "$1" on a pseudo-terminal with util-linux script(1) (-e: its exit
 #: status; -f: flush; -q: quiet) where the sandbox has one that takes those
@@ -378,6 +382,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         self.state = state
         self._sessions = sessions
         self._made_snapshot: Optional[str] = None
+        self._max_timeout: Optional[float] = None
         #: The sandgate snapshot resume started this session from, if any.
         self._created_from_snapshot: Optional[str] = None
         self._pty_lock = asyncio.Lock()
@@ -454,7 +459,7 @@ class SandgateSandboxSession(BaseSandboxSession):
     async def _prepare_backend_workspace(self) -> None:
         root = self._root().as_posix()
         try:
-            res = await self._sessions.run(self.sandgate_session_id, argv=["mkdir", "-p", "--", root], timeout=60)
+            res = await self._run(["mkdir", "-p", "--", root], timeout=60)
         except SandboxAPIError as e:
             raise WorkspaceStartError(
                 path=Path(root), context=_context(e), cause=e, message=f"failed to start session: {e}",
@@ -487,6 +492,25 @@ class SandgateSandboxSession(BaseSandboxSession):
 
     # -- exec --------------------------------------------------------------
 
+    async def _run(self, argv: list, timeout: Optional[float] = None, **options: Any) -> CommandResult:
+        """``POST .../commands`` with *argv* in this session. *timeout* None
+        is the state's ``exec_timeout_s``, lowered to the gateway's
+        ``--max-command-timeout`` when that is smaller (learnt from its
+        ``invalid_timeout`` answer, once)."""
+        t = self.state.exec_timeout_s if timeout is None else timeout
+        if self._max_timeout is not None:
+            t = min(t, self._max_timeout)
+        try:
+            return await self._sessions.run(self.sandgate_session_id, argv=argv, timeout=t, **options)
+        except SandboxAPIError as e:
+            m = _MAX_TIMEOUT.search(e.message or "") if e.code == "invalid_timeout" else None
+            if m is None or float(m.group(1)) >= t:
+                raise
+            self._max_timeout = float(m.group(1))
+            return await self._sessions.run(
+                self.sandgate_session_id, argv=argv, timeout=self._max_timeout, **options
+            )
+
     async def _with_env(self, argv: list) -> list:
         """*argv* under ``env NAME=VALUE ...`` for the options' and the
         manifest's environment. (The REST ``env`` field takes only the
@@ -506,9 +530,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         root = self._root().as_posix()
         cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
         try:
-            res = await self._sessions.run(
-                self.sandgate_session_id, argv=await self._with_env(argv), timeout=t, cwd=cwd
-            )
+            res = await self._run(await self._with_env(argv), timeout=t, cwd=cwd)
         except SandboxAPIError as e:
             raise ExecTransportError(
                 command=command, context=_context(e), cause=e, message=f"sandgate exec failed: {e}",
@@ -690,11 +712,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         try:
             if rel is not None:
                 return io.BytesIO(await self._sessions.read_file(self.sandgate_session_id, rel))
-            res = await self._sessions.run(
-                self.sandgate_session_id,
-                argv=["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()],
-                timeout=self.state.exec_timeout_s,
-            )
+            res = await self._run(["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()])
         except FileNotFoundInSandboxError as e:
             raise WorkspaceReadNotFoundError(path=error_path, context=_context(e), cause=e) from e
         except SandboxAPIError as e:
@@ -726,11 +744,9 @@ class SandgateSandboxSession(BaseSandboxSession):
             if rel is not None:
                 await self._sessions.write_file(self.sandgate_session_id, rel, bytes(payload), mkdirs=True)
                 return
-            res = await self._sessions.run(
-                self.sandgate_session_id,
-                argv=["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", target.as_posix()],
+            res = await self._run(
+                ["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", target.as_posix()],
                 stdin=bytes(payload),
-                timeout=self.state.exec_timeout_s,
             )
         except SandboxAPIError as e:
             raise WorkspaceArchiveWriteError(
@@ -789,7 +805,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         excludes = [f"--exclude=./{p.as_posix()}" for p in sorted(self._persist_workspace_skip_relpaths())]
         argv = ["tar", "-C", root.as_posix(), f"--exclude=./{name}", *excludes, "-cf", (root / name).as_posix(), "."]
         try:
-            res = await self._sessions.run(self.sandgate_session_id, argv=argv, timeout=self.state.exec_timeout_s)
+            res = await self._run(argv)
             if res.exit_code != 0:
                 raise WorkspaceArchiveReadError(
                     path=Path(root.as_posix()),
@@ -808,9 +824,7 @@ class SandgateSandboxSession(BaseSandboxSession):
             ) from e
         finally:
             try:
-                await self._sessions.run(
-                    self.sandgate_session_id, argv=["rm", "-f", "--", (root / name).as_posix()], timeout=60
-                )
+                await self._run(["rm", "-f", "--", (root / name).as_posix()], timeout=60)
             except SandboxAPIError:
                 pass
 
@@ -839,19 +853,14 @@ class SandgateSandboxSession(BaseSandboxSession):
         target = root / name
         try:
             await self.write(Path(target.as_posix()), io.BytesIO(bytes(raw)))
-            res = await self._sessions.run(
-                self.sandgate_session_id,
-                argv=["tar", "-C", root.as_posix(), "-xf", target.as_posix()],
-                timeout=self.state.exec_timeout_s,
-            )
+            res = await self._run(["tar", "-C", root.as_posix(), "-xf", target.as_posix()])
         except SandboxAPIError as e:
             raise WorkspaceArchiveWriteError(
                 path=Path(root.as_posix()), context=_context(e), cause=e, retryable=_retryable(e)
             ) from e
         finally:
             try:
-                await self._sessions.run(self.sandgate_session_id, argv=["rm", "-f", "--", target.as_posix()],
-                                         timeout=60)
+                await self._run(["rm", "-f", "--", target.as_posix()], timeout=60)
             except SandboxAPIError:
                 pass
         if res.exit_code != 0:

@@ -335,6 +335,10 @@ async def _workspace_root(sessions: AsyncSessionsClient, sid: str) -> str:
     return (res.cwd or res.stdout.strip() or DEFAULT_WORKSPACE_ROOT).rstrip("/") or "/"
 
 
+#: What a read outside the workspace (through a command, base64) asks the
+#: gateway to keep of its output; the gateway caps it (--max-output-bytes).
+_MAX_READ_OUTSIDE = 8 << 20
+
 #: The gateway's largest command timeout, in its invalid_timeout message.
 _MAX_TIMEOUT = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?) seconds")
 
@@ -575,8 +579,12 @@ class SandgateSandboxSession(BaseSandboxSession):
                 self.sandgate_session_id, argv=await self._with_env(argv), cwd=cwd
             )
         except SandboxAPIError as e:
+            context = _context(e)
+            if e.code in ("too_many_processes", "process_output_limit"):
+                # Nothing started: the shell tool may run it as a plain command instead.
+                context["retry_safe"] = True
             raise ExecTransportError(
-                command=command, context=_context(e), cause=e, message=f"sandgate process start failed: {e}",
+                command=command, context=context, cause=e, message=f"sandgate process start failed: {e}",
                 retryable=_retryable(e),
             ) from e
         entry = _Process(process_id=str(started["processId"]))
@@ -712,7 +720,10 @@ class SandgateSandboxSession(BaseSandboxSession):
         try:
             if rel is not None:
                 return io.BytesIO(await self._sessions.read_file(self.sandgate_session_id, rel))
-            res = await self._run(["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()])
+            res = await self._run(
+                ["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()],
+                max_output_bytes=_MAX_READ_OUTSIDE,
+            )
         except FileNotFoundInSandboxError as e:
             raise WorkspaceReadNotFoundError(path=error_path, context=_context(e), cause=e) from e
         except SandboxAPIError as e:

@@ -8,6 +8,11 @@
 - :class:`HTTPConnectTunnel`: the raw tunnel socket, for your own SSH client.
 - :class:`AsyncSessionsClient`, :class:`AsyncSessionSSHClient`: the same for
   asyncio (httpx for REST; the Paramiko client in worker threads for SSH).
+- :class:`SessionHandle`, :class:`AsyncSessionHandle`: one session as an
+  object (``exec``, ``write``, ``read``, ``run_python``, ``destroy``), from
+  ``open_session`` or ``session``.
+- ``sandbox_sessions_sdk.openai_agents`` (the ``openai-agents`` extra):
+  sandgate as a sandbox backend of the OpenAI Agents SDK.
 
 ``api_url`` and ``bearer_token`` default to ``$SANDBOX_API_URL`` and
 ``$SANDBOX_API_TOKEN``. Every error is a :class:`SandboxAPIError`.

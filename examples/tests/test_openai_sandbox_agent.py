@@ -526,3 +526,14 @@ def test_options_and_client_need_no_arguments(monkeypatch, gateway) -> None:
     assert c.sessions.api_url.startswith(gateway.url) and c.supports_default_options
     assert isinstance(c.sessions, AsyncSessionsClient)
     asyncio.run(c.close())
+
+
+def test_an_agents_sdk_outside_the_pinned_range_is_warned_about(monkeypatch) -> None:
+    import agents
+
+    from sandbox_sessions_sdk import openai_agents
+
+    assert agents.__version__.startswith("0.24.")  # the pin examples/requirements-test.txt installs
+    monkeypatch.setattr(agents, "__version__", "0.25.0")
+    with pytest.warns(RuntimeWarning, match=r"openai-agents >=0.24,<0.25; 0.25.0 is installed"):
+        openai_agents._check_agents_version()

@@ -122,6 +122,29 @@ except ImportError as _e:  # pragma: no cover - exercised without the extra
     ) from _e
 
 from .aio import AsyncSessionsClient
+
+#: The Agents SDK versions this module follows (the extra's pin).
+SUPPORTED_AGENTS_VERSIONS = ">=0.24,<0.25"
+
+
+def _check_agents_version() -> None:
+    import warnings
+
+    try:
+        from agents import __version__ as version
+    except ImportError:  # pragma: no cover - every 0.x release has it
+        return
+    parts = str(version).split(".")
+    if parts[:2] != ["0", "24"]:
+        warnings.warn(
+            f"sandbox_sessions_sdk.openai_agents follows openai-agents {SUPPORTED_AGENTS_VERSIONS}; "
+            f"{version} is installed (pip install 'sandgate-sdk[openai-agents]' installs a supported one)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_check_agents_version()
 from .errors import (
     FileNotFoundInSandboxError,
     SandboxAPIError,
@@ -134,6 +157,7 @@ from .models import CommandResult, Session
 
 __all__ = [
     "DEFAULT_WORKSPACE_ROOT",
+    "SUPPORTED_AGENTS_VERSIONS",
     "SandgateResources",
     "SandgateSandboxClient",
     "SandgateSandboxClientOptions",

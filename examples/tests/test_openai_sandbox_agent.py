@@ -493,6 +493,25 @@ async def test_manifest_env_and_sandgate_policy_options(gateway, client: Session
     await sandbox.close()
 
 
+@in_loop
+async def test_a_manifest_root_below_the_workspace(gateway, client: SessionsClient) -> None:
+    """Manifest(root="/workspace/proj"): the SDK works in proj/ of the
+    session's workspace, on either driver."""
+    sandbox = sandgate_client(gateway)
+    session = await sandbox.create(manifest=Manifest(root="/workspace/proj"))
+    await session.start()
+    sid = sandbox.sandgate_session_id(session)
+    try:
+        assert session.state.manifest.root.endswith("/proj")
+        await session.write(Path("a.txt"), io.BytesIO(b"in proj"))
+        assert client.read_file(sid, "proj/a.txt") == b"in proj"
+        res = await session.exec("pwd && cat a.txt")
+        assert res.stdout.decode().endswith("/proj\nin proj") and res.exit_code == 0
+    finally:
+        await sandbox.delete(session)
+        await sandbox.close()
+
+
 def test_a_gateway_with_a_lower_command_timeout(sandgate_bin: str, scratch: Path) -> None:
     """exec_timeout_s (1 h) above the gateway's --max-command-timeout: the
     backend learns the gateway's maximum from its answer and uses it."""

@@ -345,11 +345,20 @@ async def _create_sandgate_session(
 
 def _adopt_root(state: SandgateSandboxSessionState, root: str) -> None:
     """Record *root* as the session's workspace; the manifest's root follows
-    it when it was the default or the previous session's workspace (the
-    workdir driver gives each session a directory of its own)."""
-    current = coerce_posix_path(state.manifest.root).as_posix()
-    if current in (DEFAULT_WORKSPACE_ROOT, state.workspace_root) and current != root:
-        state.manifest = state.manifest.model_copy(update={"root": root})
+    it when it was the default (``/workspace``) or the previous session's
+    workspace, or lay under one of them (``/workspace/proj`` becomes
+    ``ROOT/proj``): the workdir driver gives each session a directory of
+    its own."""
+    current = PurePosixPath(coerce_posix_path(state.manifest.root).as_posix())
+    for base in (DEFAULT_WORKSPACE_ROOT, state.workspace_root):
+        if base is None:
+            continue
+        b = PurePosixPath(base)
+        if current == b or b in current.parents:
+            moved = (PurePosixPath(root) / current.relative_to(b)).as_posix()
+            if moved != current.as_posix():
+                state.manifest = state.manifest.model_copy(update={"root": moved})
+            break
     state.workspace_root = root
 
 

@@ -53,7 +53,8 @@ one sandgate session):
 - **Manifests.** The manifest's root is the session's workspace: the
   default root (``/workspace``) becomes the directory the session's commands
   start in, which is ``/workspace`` on the linux driver and the session's
-  directory on the workdir driver. ``workspace=`` mounts a named workspace
+  directory on the workdir driver (a root below ``/workspace`` moves with
+  it). ``workspace=`` mounts a named workspace
   (created when missing): its files outlive the session.
 - **Ports.** ``exposed_ports`` resolve to presigned preview origins
   (``POST .../ports/link``): ``http://p{port}-{label}.{domain}:{apiPort}/``.

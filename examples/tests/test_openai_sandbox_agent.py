@@ -260,7 +260,8 @@ def _process_id(output: Any) -> int:
 
 
 @in_loop
-async def test_long_and_interactive_commands_are_sandgate_processes(gateway, client: SessionsClient) -> None:
+async def test_long_and_interactive_commands_are_sandgate_processes(gateway, client: SessionsClient,
+                                                                   snapshots_dir) -> None:
     """A command that outlives the tool's yield time goes on (a sandgate
     background process); the model polls it and writes to its stdin with the
     SDK's write_stdin tool."""
@@ -282,7 +283,8 @@ async def test_long_and_interactive_commands_are_sandgate_processes(gateway, cli
     agent = SandboxAgent(name="coder", instructions="Use the tools.", model=model)
     sandbox = sandgate_client(gateway)
     result = await Runner.run(agent, "Wait for things", run_config=RunConfig(sandbox=SandboxRunConfig(
-        client=sandbox, options=SandgateSandboxClientOptions(labels={"test": "agents-pty"}))))
+        client=sandbox, options=SandgateSandboxClientOptions(labels={"test": "agents-pty"}),
+        snapshot=LocalSnapshotSpec(base_path=snapshots_dir))))
     assert result.final_output == "done"
     assert "write_stdin" in model.tool_names[0]
     out = model.outputs()

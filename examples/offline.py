@@ -1,11 +1,11 @@
 """Run the agent examples offline: no model API key, no network.
 
-    make example-offline                      # both examples, on a gateway of their own
-    examples/.venv/bin/python examples/offline.py [openai-agents] [claude-tool-use] [--task TASK]
+    make example-offline                      # every example, on a gateway of their own
+    examples/.venv/bin/python examples/offline.py [openai-agents] [openai-sandbox-agent] [claude-tool-use] [--task TASK]
 
 A local fake of the model's HTTP API (OpenAI's Responses API and Anthropic's
 Messages API, on 127.0.0.1) stands in for the model: its first answer asks
-for one ``exec`` tool call, its second reports what the tool returned. Each
+for one ``exec`` (``exec_command``) tool call, its second reports what the tool returned. Each
 example's ``main.py`` runs unchanged as a program, with the SDKs' base-URL
 variables pointing at the fake: it creates a session on a real gateway, runs
 the tool call in it, prints the fake model's answer and deletes the session.
@@ -36,7 +36,8 @@ from contextlib import contextmanager
 
 EXAMPLES = Path(__file__).resolve().parent
 REPO_ROOT = EXAMPLES.parent
-ALL = ("openai-agents", "claude-tool-use")
+ALL = ("openai-agents", "openai-sandbox-agent", "claude-tool-use")
+OPENAI_EXAMPLES = ("openai-agents", "openai-sandbox-agent")
 DEFAULT_TASK = "Write hello.txt in the sandbox and show it"
 CMD = "echo hello from the sandbox > hello.txt && cat hello.txt && uname -s"
 
@@ -72,7 +73,11 @@ def answer_openai(body: Dict[str, Any]) -> Dict[str, Any]:
 
     result = _tool_result_openai(body)
     if result is None:
-        item: Any = ResponseFunctionToolCall(id="fc_1", call_id="call_1", type="function_call", name="exec",
+        # openai-agents names its shell tool exec; the Agents SDK's sandbox
+        # tools (openai-sandbox-agent) name it exec_command. Both take cmd.
+        names = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+        tool = "exec_command" if "exec_command" in names else "exec"
+        item: Any = ResponseFunctionToolCall(id="fc_1", call_id="call_1", type="function_call", name=tool,
                                              arguments=json.dumps({"cmd": CMD}))
     else:
         item = ResponseOutputMessage(id="msg_1", type="message", role="assistant", status="completed",
@@ -172,7 +177,7 @@ def own_gateway() -> Iterator[Tuple[str, str]]:
 def run_example(name: str, task: str, api_url: str, token: str, model_url: str) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
     env.update(SANDBOX_API_URL=api_url, SANDBOX_API_TOKEN=token)
-    if name == "openai-agents":
+    if name in OPENAI_EXAMPLES:
         env.update(OPENAI_API_KEY="offline", OPENAI_BASE_URL=model_url + "/v1", OPENAI_MODEL="fake",
                    OPENAI_AGENTS_DISABLE_TRACING="1")
     else:
@@ -187,7 +192,7 @@ def run_example(name: str, task: str, api_url: str, token: str, model_url: str) 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="Run the agent examples against a local fake model API (no key, no network).")
     ap.add_argument("examples", nargs="*", metavar="EXAMPLE",
-                    help="openai-agents and/or claude-tool-use (default: both)")
+                    help="openai-agents, openai-sandbox-agent and/or claude-tool-use (default: all)")
     ap.add_argument("--task", default=DEFAULT_TASK, help="the task passed to each main.py")
     args = ap.parse_args(argv)
     names = args.examples or list(ALL)

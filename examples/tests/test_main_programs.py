@@ -102,6 +102,36 @@ def test_openai_agents_main(gateway: Any, client: SessionsClient, fake_api: Fake
     check_session_gone(client, res.stderr)
 
 
+def test_openai_sandbox_agent_main(gateway: Any, client: SessionsClient, fake_api: FakeAPI) -> None:
+    """The SandboxAgent example: the SDK's own exec_command tool runs on a
+    sandgate session made by SandgateSandboxClient, which is gone afterwards."""
+    def response(rid: str, item: Any) -> Dict[str, Any]:
+        return Response(id=rid, created_at=0, model="scripted", object="response", output=[item],
+                        parallel_tool_calls=True, tool_choice="auto", tools=[]).model_dump(mode="json")
+
+    fake_api.script = [
+        response("resp_1", ResponseFunctionToolCall(id="fc_1", call_id="call_1", type="function_call",
+                                                    name="exec_command", arguments=json.dumps({"cmd": CMD}))),
+        response("resp_2", ResponseOutputMessage(
+            id="msg_1", type="message", role="assistant", status="completed",
+            content=[ResponseOutputText(type="output_text", text="proof.txt is written", annotations=[])])),
+    ]
+    res = run_main("openai-sandbox-agent", gateway, {
+        "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake_api.url + "/v1",
+        "OPENAI_AGENTS_DISABLE_TRACING": "1", "OPENAI_MODEL": "scripted",
+    })
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "proof.txt is written"
+    assert [p for p, _ in fake_api.requests] == ["/v1/responses", "/v1/responses"]
+    tools = {t.get("name") for t in fake_api.requests[0][1]["tools"]}
+    assert {"exec_command", "apply_patch"} <= tools, tools
+    sent = fake_api.requests[1][1]["input"]
+    outputs = [i["output"] for i in sent if isinstance(i, dict) and i.get("type") == "function_call_output"]
+    assert len(outputs) == 1 and "exited with code 0" in outputs[0] and "from-main" in outputs[0], outputs
+    assert "join it: sandgate ssh --api-url " in res.stderr
+    check_session_gone(client, res.stderr)
+
+
 def test_claude_tool_use_main(gateway: Any, client: SessionsClient, fake_api: FakeAPI) -> None:
     def message(stop: str, *content: Any) -> Dict[str, Any]:
         return Message(id="msg", type="message", role="assistant", model="scripted", content=list(content),
@@ -127,6 +157,7 @@ def test_claude_tool_use_main(gateway: Any, client: SessionsClient, fake_api: Fa
 
 
 def test_main_wants_a_key(gateway: Any) -> None:
-    for example, var in (("openai-agents", "OPENAI_API_KEY"), ("claude-tool-use", "ANTHROPIC_API_KEY")):
+    for example, var in (("openai-agents", "OPENAI_API_KEY"), ("openai-sandbox-agent", "OPENAI_API_KEY"),
+                         ("claude-tool-use", "ANTHROPIC_API_KEY")):
         res = run_main(example, gateway, {})
         assert res.returncode == 2 and var in res.stderr

@@ -1,5 +1,5 @@
-"""``make example-offline`` (examples/offline.py) as a user runs it: both
-examples' main.py against the local fake model API, no key, no network."""
+"""``make example-offline`` (examples/offline.py) as a user runs it: every
+example's main.py against the local fake model API, no key, no network."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ def offline(env_extra: dict, *args: str) -> subprocess.CompletedProcess:
 def test_offline_starts_its_own_gateway(sandgate_bin: str) -> None:
     res = offline({"SANDGATE_BIN": sandgate_bin})
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count("hello from the sandbox") == 2, res.stdout
-    for name in ("openai-agents", "claude-tool-use"):
+    assert res.stdout.count("hello from the sandbox") == 3, res.stdout
+    for name in ("openai-agents", "openai-sandbox-agent", "claude-tool-use"):
         assert f"== {name}:" in res.stdout
-    assert res.stderr.count("session sbx-") == 2
+    assert res.stderr.count("session sbx-") == 3
 
 
 def test_offline_on_a_given_gateway(gateway: Any, client: SessionsClient) -> None:

@@ -93,12 +93,35 @@ def test_implementation_is_the_interface() -> None:
         SandboxClient()  # type: ignore[abstract]
 
 
-def test_workspace_is_not_silently_ignored(gateway: Gateway, sandbox: SandgateSandboxClient) -> None:
-    name = unique("ws")
-    with pytest.raises(NotImplementedError, match="workspace"):
-        run(sandbox.create(SandboxSpec(name=name, workspace="bucket/proj")))
+def test_workspace_mounts_a_named_workspace(gateway: Gateway, sandbox: SandgateSandboxClient) -> None:
+    """``SandboxSpec.workspace``: the runtime mounts that workspace as the
+    sandbox's ``/workspace`` (made when missing); its files outlive the sandbox."""
+    ws = unique("ws")
+    first = run(sandbox.create(SandboxSpec(name=unique("wsa"), workspace=ws)))
+    assert run(first.shell("echo kept > notes.txt && pwd")).ok
     with SessionsClient(api_url=gateway.url, bearer_token=gateway.token) as c:
-        assert name not in live_names(c)
+        try:
+            assert ws in [w.name for w in c.list_workspaces()]
+            # One live sandbox holds it at a time.
+            with pytest.raises(SandboxOperationError) as busy:
+                run(sandbox.create(SandboxSpec(name=unique("wsb"), workspace=ws)))
+            assert busy.value.code == "workspace_busy"
+            run(sandbox.remove(first.name))
+            second = run(sandbox.create(SandboxSpec(name=unique("wsc"), workspace=ws)))
+            try:
+                assert run(second.shell("cat notes.txt")).stdout == "kept\n"
+            finally:
+                run(sandbox.remove(second.name))
+        finally:
+            for s in (first,):
+                try:
+                    c.delete_session(s.session_id)
+                except SessionNotFoundError:
+                    pass
+            c.delete_workspace(ws)
+    # A name the gateway cannot hold is refused before anything is sent.
+    with pytest.raises(ValueError, match="workspace name"):
+        run(sandbox.create(SandboxSpec(name=unique("wsd"), workspace="bucket/proj")))
 
 
 # -- the seed's examples, on the real gateway -------------------------------------

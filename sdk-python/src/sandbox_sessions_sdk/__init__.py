@@ -8,6 +8,11 @@
 - :class:`HTTPConnectTunnel`: the raw tunnel socket, for your own SSH client.
 - :class:`AsyncSessionsClient`, :class:`AsyncSessionSSHClient`: the same for
   asyncio (httpx for REST; the Paramiko client in worker threads for SSH).
+- :class:`SessionHandle`, :class:`AsyncSessionHandle`: one session as an
+  object (``exec``, ``write``, ``read``, ``run_python``, ``destroy``), from
+  ``open_session`` or ``session``.
+- ``sandbox_sessions_sdk.openai_agents`` (the ``openai-agents`` extra):
+  sandgate as a sandbox backend of the OpenAI Agents SDK.
 
 ``api_url`` and ``bearer_token`` default to ``$SANDBOX_API_URL`` and
 ``$SANDBOX_API_TOKEN``. Every error is a :class:`SandboxAPIError`.
@@ -18,8 +23,20 @@ from ._dataplane import FileList
 from ._version import __version__
 from .aio import AsyncNDJSONStream, AsyncSessionsClient, AsyncSessionSSHClient, AsyncShell
 from .client import SessionsClient, Shell
+from .handle import AsyncSessionHandle, SessionHandle
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
-from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
+from .models import (
+    AuditEvent,
+    AuditPage,
+    CommandResult,
+    PortLink,
+    PythonError,
+    PythonResult,
+    Session,
+    SessionStats,
+    Snapshot,
+    Workspace,
+)
 from .ssh import SessionSSHClient
 from .tunnel import HTTPConnectTunnel, TLSStream
 
@@ -27,6 +44,8 @@ __all__ = [
     "__version__",
     "SessionsClient",
     "Shell",
+    "SessionHandle",
+    "AsyncSessionHandle",
     "FileList",
     "Session",
     "HTTPConnectTunnel",
@@ -37,6 +56,8 @@ __all__ = [
     "Snapshot",
     "SessionStats",
     "PortLink",
+    "PythonResult",
+    "PythonError",
     "AuditEvent",
     "AuditPage",
     "AsyncSessionsClient",

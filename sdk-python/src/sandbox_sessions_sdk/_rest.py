@@ -57,6 +57,7 @@ from ._dataplane import (
     RunStream,
     check_bool,
     check_path,
+    check_text,
     command_body,
     command_result,
     fetch_body,
@@ -91,7 +92,7 @@ from .errors import (
     SandboxConnectionError,
     SandboxPermissionError,
 )
-from .models import CommandResult, Session, SessionStats, Snapshot, Workspace
+from .models import CommandResult, PythonResult, Session, SessionStats, Snapshot, Workspace
 
 #: What a transport or body failure raises: httpx's errors, and the OSError
 #: (an ssl error) some anyio versions do not wrap.
@@ -233,6 +234,54 @@ class ops:
     def delete_session(session_id: Any, keep_workspace: Any, discard: Any) -> Op:
         params = delete_session_params(keep_workspace, discard)
         return Op("DELETE", session_path(session_id), "delete session", True, params=params, parse=_none)
+
+    @staticmethod
+    def stop_session(session_id: Any) -> Op:
+        return Op(
+            "POST",
+            session_path(session_id) + "/stop",
+            "stop session",
+            True,
+            parse=lambda d, h: parse_session(d, "stop session"),
+        )
+
+    @staticmethod
+    def run_python(
+        session_id: Any, code: Any, kernel: Any, timeout: Any, max_output_bytes: Any, client_timeout: Optional[float]
+    ) -> Op:
+        body: Dict[str, Any] = {"code": check_text("code", code, allow_empty=True)}
+        if kernel is not None:
+            body["kernel"] = check_text("kernel", kernel)
+        t = check_timeout("timeout", timeout)
+        if t is not None:
+            body["timeout"] = t
+        if max_output_bytes is not None:
+            body["maxOutputBytes"] = check_int("max_output_bytes", max_output_bytes, 0)
+        # The answer comes when the code ends: wait its timeout (default 60 s), plus ours.
+        read = None if client_timeout is None else (t if t is not None else 60.0) + client_timeout
+        return Op(
+            "POST",
+            session_path(session_id) + "/python",
+            "run python",
+            True,
+            json=body,
+            read_timeout=read,
+            parse=lambda d, h: PythonResult.from_dict(d),
+        )
+
+    @staticmethod
+    def reset_python(session_id: Any, kernel: Any) -> Op:
+        body: Dict[str, Any] = {}
+        if kernel is not None:
+            body["kernel"] = check_text("kernel", kernel)
+        return Op(
+            "POST",
+            session_path(session_id) + "/python/reset",
+            "reset python",
+            True,
+            json=body,
+            parse=lambda d, h: bool(d.get("existed")),
+        )
 
     @staticmethod
     def create_workspace(name: Any) -> Op:

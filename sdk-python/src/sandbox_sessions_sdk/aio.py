@@ -57,7 +57,18 @@ from ._rest import (
 )
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
-from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
+from .handle import AsyncSessionHandle
+from .models import (
+    AuditEvent,
+    AuditPage,
+    CommandResult,
+    PortLink,
+    PythonResult,
+    Session,
+    SessionStats,
+    Snapshot,
+    Workspace,
+)
 from .ssh import CommandCancelled, OutputCallback, PathLike, SessionSSHClient
 from .tunnel import DEFAULT_CONNECT_PATH
 
@@ -160,6 +171,16 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
             await asyncio.sleep(_CREATE_RETRY_DELAYS[attempt])
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def open_session(self, **create_args: Any) -> AsyncSessionHandle:
+        """:meth:`SessionsClient.open_session`: ``session = await client.open_session(ttl=600)``."""
+        session = await self.create_session(**create_args)
+        return AsyncSessionHandle(self, session.session_id, session)
+
+    def session(self, session_id: str) -> AsyncSessionHandle:
+        """:meth:`SessionsClient.session` (nothing is sent)."""
+        session_path(session_id)
+        return AsyncSessionHandle(self, session_id)
+
     async def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
         """:meth:`SessionsClient.list_sessions`."""
         return await self._do(ops.list_sessions(limit, offset))
@@ -179,6 +200,10 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
     ) -> None:
         """:meth:`SessionsClient.delete_session`."""
         await self._do(ops.delete_session(session_id, keep_workspace, discard))
+
+    async def stop_session(self, session_id: str) -> Session:
+        """:meth:`SessionsClient.stop_session`."""
+        return await self._do(ops.stop_session(session_id))
 
     # -- workspaces and snapshots --------------------------------------------
 
@@ -311,6 +336,24 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
     async def list_commands(self, session_id: str, limit: Optional[int] = None) -> List[Dict[str, Any]]:
         """:meth:`SessionsClient.list_commands`."""
         return await self._do(ops.list_commands(session_id, limit))
+
+    # -- data plane: the Python kernel ---------------------------------------
+
+    async def run_python(
+        self,
+        session_id: str,
+        code: str,
+        *,
+        kernel: Optional[str] = None,
+        timeout: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+    ) -> PythonResult:
+        """:meth:`SessionsClient.run_python`."""
+        return await self._do(ops.run_python(session_id, code, kernel, timeout, max_output_bytes, self.timeout))
+
+    async def reset_python(self, session_id: str, kernel: Optional[str] = None) -> bool:
+        """:meth:`SessionsClient.reset_python`."""
+        return await self._do(ops.reset_python(session_id, kernel))
 
     # -- data plane: files ---------------------------------------------------
 

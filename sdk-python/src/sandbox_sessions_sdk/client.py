@@ -51,7 +51,18 @@ from ._rest import (
 )
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
-from .models import AuditEvent, AuditPage, CommandResult, PortLink, Session, SessionStats, Snapshot, Workspace
+from .handle import SessionHandle
+from .models import (
+    AuditEvent,
+    AuditPage,
+    CommandResult,
+    PortLink,
+    PythonResult,
+    Session,
+    SessionStats,
+    Snapshot,
+    Workspace,
+)
 
 __all__ = ["SessionsClient", "Shell", "FileList"]
 
@@ -216,6 +227,20 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
             time.sleep(_CREATE_RETRY_DELAYS[attempt])
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def open_session(self, **create_args: Any) -> SessionHandle:
+        """Create a session (:meth:`create_session`'s arguments) and return a
+        handle on it shaped like seed 003's ``Session``: ``exec`` (in a
+        persistent shell), ``write``, ``read``, ``run_python``, ``destroy``
+        (see :class:`~sandbox_sessions_sdk.handle.SessionHandle`)."""
+        session = self.create_session(**create_args)
+        return SessionHandle(self, session.session_id, session)
+
+    def session(self, session_id: str) -> SessionHandle:
+        """A :class:`~sandbox_sessions_sdk.handle.SessionHandle` on an
+        existing session, by id or name (nothing is sent)."""
+        session_path(session_id)
+        return SessionHandle(self, session_id)
+
     def list_sessions(self, limit: int = 50, offset: int = 0) -> Dict[str, Any]:
         """List this tenant's sessions (``GET /v1/sessions``).
 
@@ -291,6 +316,26 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
             SandboxOperationError: ``workspace_sync_failed``, see above.
         """
         self._do(ops.delete_session(session_id, keep_workspace, discard))
+
+    def stop_session(self, session_id: str) -> Session:
+        """Stop a session, keeping its files (``POST /v1/sessions/{id}/stop``).
+
+        Every process of the session ends (commands, shells, background
+        processes, the Python kernels, SSH connections) and its memory and
+        CPU are freed; its files stay. The next command, SSH connection or
+        kernel call starts it again on the same files (status ``running``).
+        Stopping a stopped session changes nothing.
+
+        Returns:
+            The session, ``status`` ``stopped``.
+
+        Raises:
+            SessionNotFoundError: no such session for this token's tenant.
+            SandboxOperationError: ``.code`` ``stop_unsupported`` (the
+                gateway's sandbox driver cannot stop sessions) or
+                ``session_not_running`` (a failed session).
+        """
+        return self._do(ops.stop_session(session_id))
 
     # -- workspaces and snapshots --------------------------------------------
 
@@ -571,6 +616,46 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
             limit: Only the most recent *limit* (1..1000); None: all kept.
         """
         return self._do(ops.list_commands(session_id, limit))
+
+    # -- data plane: the Python kernel -------------------------------------
+
+    def run_python(
+        self,
+        session_id: str,
+        code: str,
+        *,
+        kernel: Optional[str] = None,
+        timeout: Optional[float] = None,
+        max_output_bytes: Optional[int] = None,
+    ) -> PythonResult:
+        """Run *code* in the session's persistent Python kernel (``POST /v1/sessions/{id}/python``).
+
+        Like a notebook cell: variables, imports and definitions persist
+        from one call to the next in the same *kernel* (default
+        ``default``; a session has at most 8). When the code ends with an
+        expression, ``result`` is its ``repr``. An exception it does not
+        catch is ``error`` (a result, not a raise: the kernel stays).
+
+        Args:
+            code: Python source.
+            kernel: The kernel's name (1 to 64 of ``[A-Za-z0-9_.-]``).
+            timeout: Seconds (the gateway's default 60): then the code gets
+                SIGINT (``interrupted``, state kept), and 2 s later the
+                kernel is restarted (``restarted``, ``state_lost``).
+            max_output_bytes: Per stream and for the result (the gateway's
+                default 1 MiB).
+
+        Raises:
+            SandboxOperationError: ``python_unavailable`` (no ``python3`` in
+                the image), ``kernel_busy``, ``too_many_kernels``...
+        """
+        return self._do(ops.run_python(session_id, code, kernel, timeout, max_output_bytes, self.timeout))
+
+    def reset_python(self, session_id: str, kernel: Optional[str] = None) -> bool:
+        """End a kernel's interpreter (``POST .../python/reset``): the next
+        :meth:`run_python` starts with no state; files are untouched.
+        Returns whether the kernel had an interpreter."""
+        return self._do(ops.reset_python(session_id, kernel))
 
     # -- data plane: files -------------------------------------------------
 

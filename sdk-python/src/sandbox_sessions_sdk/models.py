@@ -14,6 +14,8 @@ __all__ = [
     "Snapshot",
     "SessionStats",
     "PortLink",
+    "PythonError",
+    "PythonResult",
     "AuditEvent",
     "AuditPage",
 ]
@@ -466,6 +468,82 @@ class PortLink:
 
     url: str
     expires_at: Optional[datetime] = None
+
+
+@dataclass(frozen=True)
+class PythonError:
+    """An exception the kernel's code did not catch (``name``: its class,
+    e.g. ``KeyError``), or the kernel's own end: ``KernelDied``,
+    ``KernelRestarted`` (killed after a timeout), ``KernelReset``."""
+
+    name: str
+    value: str
+    traceback: str = ""
+
+
+@dataclass
+class PythonResult:
+    """What :meth:`SessionsClient.run_python` returns (``POST .../python``).
+
+    ``result`` is the ``repr`` of the code's last expression (None when it
+    ends otherwise, or the value is None); ``error`` an uncaught exception
+    (the kernel stays). ``stdout``/``stderr`` are what the code and the
+    processes it started wrote (UTF-8, invalid bytes as U+FFFD).
+    ``interrupted``: the timeout's SIGINT stopped the code, its state kept;
+    ``restarted`` and ``state_lost``: this call ran in a new interpreter.
+    """
+
+    kernel: str
+    stdout: str = ""
+    stderr: str = ""
+    result: Optional[str] = None
+    error: Optional[PythonError] = None
+    duration_ms: int = 0
+    truncated: bool = False
+    timed_out: bool = False
+    interrupted: bool = False
+    restarted: bool = False
+    state_lost: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """True when the code ran to its end without an uncaught exception."""
+        return self.error is None and not self.timed_out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PythonResult":
+        import base64
+
+        def text(key: str) -> str:
+            if isinstance(data.get(key), str):
+                return data[key]
+            b64 = data.get(key + "Base64")
+            if isinstance(b64, str):
+                return base64.b64decode(b64).decode("utf-8", errors="replace")
+            return ""
+
+        err = data.get("error")
+        error = None
+        if isinstance(err, Mapping):
+            error = PythonError(
+                name=str(err.get("name", "")), value=str(err.get("value", "")), traceback=str(err.get("traceback", ""))
+            )
+        res = data.get("result")
+        return cls(
+            kernel=str(data.get("kernel") or "default"),
+            stdout=text("stdout"),
+            stderr=text("stderr"),
+            result=res if isinstance(res, str) else None,
+            error=error,
+            duration_ms=int(data.get("durationMs") or 0),
+            truncated=bool(data.get("truncated")),
+            timed_out=bool(data.get("timedOut")),
+            interrupted=bool(data.get("interrupted")),
+            restarted=bool(data.get("restarted")),
+            state_lost=bool(data.get("stateLost")),
+            raw=dict(data),
+        )
 
 
 @dataclass

@@ -40,8 +40,12 @@ implement it on sandgate's REST API, one sandbox being one session:
   ``get``/``remove`` find the session by it (``GET /v1/sessions?name=``).
 * ``memory_mib``/``cpus`` are the session's ``resources``, ``secrets`` its
   secrets by name, ``egress`` its allow-list (empty: no network, as on the
-  gateway), ``labels`` its labels. ``workspace`` is not built: a non-default
-  value raises :class:`NotImplementedError` rather than being ignored.
+  gateway), ``labels`` its labels. ``workspace`` is a named workspace of
+  the tenant mounted as the session's ``/workspace`` (created when it does
+  not exist yet): the sandbox starts with its files, and they outlive the
+  sandbox (``remove`` keeps the workspace; one live sandbox holds it at a
+  time, another ``create`` with it raises
+  :class:`~sandbox_sessions_sdk.WorkspaceBusyError`).
 * ``exec`` and ``shell`` are ``POST /v1/sessions/{id}/commands`` (argv, or
   shell text); a command that passes its timeout is killed and gives
   ``exit_code`` 124 (a result, not an exception). ``kill`` deletes the
@@ -71,7 +75,8 @@ from .client import (
     SessionsClient,
     _create_retryable,
 )
-from .errors import SandboxAPIError, SessionNotFoundError
+from ._workspaces import check_workspace_name
+from .errors import SandboxAPIError, SessionNotFoundError, WorkspaceExistsError, WorkspaceNotFoundError
 from .models import CommandResult, Session
 
 __all__ = [
@@ -233,8 +238,9 @@ class SandboxUnavailable(RuntimeError):
 # -- sandgate's implementation ---------------------------------------------------
 
 #: The SandboxSpec defaults for fields sandgate does not build; any other
-#: value raises NotImplementedError naming the field.
-_UNBUILT_FIELDS: Dict[str, Any] = {"workspace": None}
+#: value raises NotImplementedError naming the field (none left: workspace
+#: mounts a named workspace).
+_UNBUILT_FIELDS: Dict[str, Any] = {}
 
 #: Answers to POST .../stop that mean "this gateway cannot stop sessions".
 _NO_STOP_CODES = frozenset({"unknown_endpoint", "stop_unsupported"})
@@ -444,6 +450,8 @@ class SandgateSandboxClient(SandboxClient):
             body["egress"] = _check_hosts("egress", spec.egress)
         if spec.secrets:
             body["secrets"] = _check_secrets(spec.secrets)
+        if spec.workspace is not None:
+            body["workspace"] = check_workspace_name(spec.workspace)
         return body
 
     def _create_session(self, body: Dict[str, Any]) -> Session:
@@ -456,6 +464,16 @@ class SandgateSandboxClient(SandboxClient):
         fields = dict(body)
         fields["metadata"] = fields.pop("labels")
         if "name" in inspect.signature(self.sessions.create_session).parameters:
+            try:
+                return self.sessions.create_session(ttl=self.ttl, **fields)  # type: ignore[arg-type]
+            except WorkspaceNotFoundError:
+                if "workspace" not in fields:
+                    raise
+            # The spec's workspace does not exist yet: make it, then mount it.
+            try:
+                self.sessions.create_workspace(fields["workspace"])
+            except WorkspaceExistsError:
+                pass
             return self.sessions.create_session(ttl=self.ttl, **fields)  # type: ignore[arg-type]
         fields = dict(body, ttl=self.ttl)
         key = str(uuid.uuid4())
@@ -474,9 +492,11 @@ class SandgateSandboxClient(SandboxClient):
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Create the sandbox *spec* describes and return its handle.
 
+        ``spec.workspace`` names a workspace of the tenant to mount as the
+        sandbox's ``/workspace``; it is created when it does not exist.
+
         Raises:
-            NotImplementedError: a SandboxSpec field sandgate does not build
-                (``workspace``) is set.
+            WorkspaceBusyError: another live sandbox holds ``spec.workspace``.
             SandboxOperationError: the gateway refused it (``.code``
                 ``name_taken``, ``unknown_image``, ``invalid_name``...).
         """

@@ -141,6 +141,7 @@
         status("");
         showError("Sign-in failed: " + err.message + (err.code ? " (" + err.code + ")" : ""));
         $("token").focus();
+        $("token").select(); // typing replaces the refused key
         return;
       }
     } catch (err) {

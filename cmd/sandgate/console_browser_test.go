@@ -25,8 +25,8 @@ window.addEventListener("unhandledrejection", e => window.__problems.push("rejec
 // serious and critical violations, one line each.
 const axeRun = `(async () => {
   const r = await axe.run(document, {runOnly: {type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]}, resultTypes: ["violations"]});
-  return r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
-    .map(v => v.impact + " " + v.id + ": " + v.help + " [" + v.nodes.slice(0, 3).map(n => n.target.join(" ")).join(", ") + "]");
+  return {passes: r.passes.length, bad: r.violations.filter(v => v.impact === "serious" || v.impact === "critical")
+    .map(v => v.impact + " " + v.id + ": " + v.help + " [" + v.nodes.slice(0, 3).map(n => n.target.join(" ")).join(", ") + "]")};
 })()`
 
 // fakeSessions makes n sessions in the shape GET /v1/sessions answers,
@@ -96,16 +96,26 @@ func TestConsoleBrowser(t *testing.T) {
 	axe := func(where string) {
 		t.Helper()
 		page.Eval(t, string(axeSrc)+";true", nil)
-		var bad []string
-		page.Eval(t, axeRun, &bad)
-		if len(bad) > 0 {
-			t.Errorf("axe-core at %s:\n%s", where, strings.Join(bad, "\n"))
+		var res struct {
+			Passes int
+			Bad    []string
 		}
+		page.Eval(t, axeRun, &res)
+		if res.Passes == 0 {
+			t.Errorf("axe-core at %s checked nothing", where)
+		}
+		if len(res.Bad) > 0 {
+			t.Errorf("axe-core at %s:\n%s", where, strings.Join(res.Bad, "\n"))
+		}
+		t.Logf("axe-core at %s: %d rules passed, no serious or critical violation", where, res.Passes)
 	}
 	problems := func(where string) {
 		t.Helper()
 		var ps []string
 		page.Eval(t, "window.__problems", &ps)
+		if ps == nil {
+			t.Fatalf("%s: the page's probe did not run", where)
+		}
 		if len(ps) > 0 {
 			t.Errorf("%s: %s", where, strings.Join(ps, "\n"))
 		}
@@ -132,7 +142,7 @@ func TestConsoleBrowser(t *testing.T) {
 	page.WaitFor(t, `document.activeElement.id === "token" && document.activeElement.selectionEnd - document.activeElement.selectionStart === 9`,
 		5*time.Second, "the refused key selected, to be typed over")
 	page.Type(t, g.Token+"\r")
-	page.WaitFor(t, `!document.getElementById("list").hidden && document.querySelectorAll("#sessions tbody tr").length === 2`, 15*time.Second, "the list after sign-in")
+	page.WaitFor(t, `!document.getElementById("list").hidden && document.querySelectorAll("#sessions .rows [role=row]").length === 2`, 15*time.Second, "the list after sign-in")
 	page.Eval(t, `sessionStorage.getItem("sandgate.token")`, &stored)
 	if stored != g.Token {
 		t.Errorf("sessionStorage holds %v after sign-in", stored)
@@ -144,7 +154,7 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	// The filter.
 	page.Eval(t, `(() => { const f = document.getElementById("filter"); f.value = "infra"; f.dispatchEvent(new Event("input")); })()`, nil)
-	page.WaitFor(t, `document.querySelectorAll("#sessions tbody tr").length === 1 && document.querySelector("#sessions tbody").textContent.includes("team=infra")`, 5*time.Second, "the filter")
+	page.WaitFor(t, `document.querySelectorAll("#sessions .rows [role=row]").length === 1 && document.querySelector("#sessions .rows").textContent.includes("team=infra")`, 5*time.Second, "the filter")
 	page.Eval(t, `(() => { const f = document.getElementById("filter"); f.value = ""; f.dispatchEvent(new Event("input")); })()`, nil)
 	page.Screenshot(t, filepath.Join(shots, "console-list.png"))
 	axe("the list, 1280x800")
@@ -269,12 +279,12 @@ func TestConsoleBrowser(t *testing.T) {
 	// The upload is there too, with its bytes, and the lifecycle.
 	page.WaitFor(t, `document.querySelector("#timeline").textContent.includes("hello.txt") && document.querySelector("#timeline li[data-kind=session]")`,
 		10*time.Second, "the upload and the create in the timeline")
+	page.Eval(t, `document.getElementById("tl-h").scrollIntoView()`, nil)
+	page.Screenshot(t, filepath.Join(shots, "console-timeline.png"))
 	// Filter by kind: commands only.
 	page.Eval(t, `(() => { for (const c of document.querySelectorAll("input[name=kind]")) if (c.value !== "command") c.click(); })()`, nil)
 	page.WaitFor(t, `document.querySelectorAll("#timeline li").length > 0 && Array.from(document.querySelectorAll("#timeline li")).every(li => li.dataset.kind === "command")`,
 		5*time.Second, "the timeline filtered to commands")
-	page.Eval(t, `document.getElementById("timeline").scrollIntoView()`, nil)
-	page.Screenshot(t, filepath.Join(shots, "console-timeline.png"))
 	page.Eval(t, `(() => { for (const c of document.querySelectorAll("input[name=kind]")) if (!c.checked) c.click(); })()`, nil)
 	// Its link: the full record.
 	page.Eval(t, `(`+entry+`).querySelector("a").click()`, nil)
@@ -291,7 +301,7 @@ func TestConsoleBrowser(t *testing.T) {
 
 	// Delete it from its page (two presses: no modal dialog).
 	page.Eval(t, `document.getElementById("s-delete").click(); document.getElementById("s-delete").click()`, nil)
-	page.WaitFor(t, `location.hash === "#/" && !document.getElementById("list").hidden && document.querySelectorAll("#sessions tbody tr").length === 2`,
+	page.WaitFor(t, `location.hash === "#/" && !document.getElementById("list").hidden && document.querySelectorAll("#sessions .rows [role=row]").length === 2`,
 		20*time.Second, "back to the list without the session")
 	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, nil); code != http.StatusGone && code != http.StatusNotFound {
 		t.Errorf("the deleted session answers %d", code)

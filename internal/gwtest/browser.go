@@ -306,6 +306,7 @@ func (p *Page) callPage(t testing.TB, method string, params, out any) {
 // govern: the test's own probes).
 func (p *Page) AddInitScript(t testing.TB, source string) {
 	t.Helper()
+	p.callPage(t, "Page.enable", map[string]any{}, nil)
 	p.callPage(t, "Page.addScriptToEvaluateOnNewDocument", map[string]any{"source": source}, nil)
 }
 

@@ -235,30 +235,42 @@
     now = now || Date.now();
     const q = $("filter").value.trim().toLowerCase();
     const shown = q ? list.filter((s) => haystack(s).includes(q)) : list;
-    const body = makeElement("tbody");
+    const body = makeElement("div");
+    body.setAttribute("role", "rowgroup");
+    body.className = "rows";
+    const cell = (text, cls) => {
+      const c = el("span", text, cls);
+      c.setAttribute("role", "cell");
+      return c;
+    };
     for (const s of shown) {
-      const tr = makeElement("tr");
-      const idCell = el("td", null, "id");
+      const tr = makeElement("div");
+      tr.setAttribute("role", "row");
+      tr.className = "row";
+      const idCell = cell(null, "id");
       const a = el("a", s.sessionId);
       a.href = "#/s/" + encodeURIComponent(s.sessionId);
       idCell.append(a);
       const r = s.resources || {};
       const eg = s.egress || {};
-      tr.append(idCell, el("td", s.name || ""), el("td", s.status, "st-" + s.status), el("td", s.image || ""),
-        el("td", dur(now - Date.parse(s.createdAt)), "num"),
-        el("td", s.status === "running" ? dur(Date.parse(s.expiresAt) - now) : "", "num"),
-        el("td", dur(now - Date.parse(s.lastActivityAt)), "num"),
-        el("td", r.cpus ? String(r.cpus) : "", "num"),
-        el("td", r.memoryMiB ? r.memoryMiB + " MiB" : "", "num"),
-        el("td", bytes((eg.bytesIn || 0) + (eg.bytesOut || 0)), "num"),
-        el("td", labels(s.metadata), "labels"));
-      const acts = makeElement("td");
+      const lab = labels(s.metadata);
+      const labCell = cell(lab, "labels");
+      if (lab) labCell.title = lab;
+      tr.append(idCell, cell(s.name || ""), cell(s.status, "st-" + s.status), cell(s.image || ""),
+        cell(dur(now - Date.parse(s.createdAt)), "num"),
+        cell(s.status === "running" ? dur(Date.parse(s.expiresAt) - now) : "", "num"),
+        cell(dur(now - Date.parse(s.lastActivityAt)), "num"),
+        cell(r.cpus ? String(r.cpus) : "", "num"),
+        cell(r.memoryMiB ? r.memoryMiB + " MiB" : "", "num"),
+        cell(bytes((eg.bytesIn || 0) + (eg.bytesOut || 0)), "num"),
+        labCell);
+      const acts = cell(null);
       if (s.status === "running") acts.append(button("Stop", "stop", s.sessionId, "Stop " + s.sessionId), " ");
       acts.append(button("Delete", "delete", s.sessionId, "Delete " + s.sessionId));
       tr.append(acts);
       body.append(tr);
     }
-    $("sessions").tBodies[0].replaceWith(body);
+    $("sessions").querySelector(".rows").replaceWith(body);
     $("count").textContent = shown.length === list.length ? list.length + " sessions" : shown.length + " of " + list.length + " sessions";
     return shown.length;
   }
@@ -741,7 +753,7 @@
     p.samples.push(sample);
     if (p.samples.length > 900) p.samples.shift();
     const last = p.samples.slice(1);
-    chart("chart-cpu", last.map((x) => x.cpu), "cap-cpu", "CPU", (v) => v == null ? "not measured" : (v * 100).toFixed(0) + "% of a core");
+    chart("chart-cpu", s.cpu ? last.map((x) => x.cpu) : [null], "cap-cpu", "CPU", (v) => v == null ? "not measured" : (v * 100).toFixed(0) + "% of a core");
     chart("chart-mem", p.samples.map((x) => x.mem), "cap-mem", "Memory", (v) => v == null ? "not measured" : bytes(v));
     chart("chart-net", last.map((x) => x.rate), "cap-net", "Network", (v) => v == null ? "" : bytes(Math.round(v)) + "/s");
   }

@@ -29,6 +29,11 @@ const axeRun = `(async () => {
     .map(v => v.impact + " " + v.id + ": " + v.help + " [" + v.nodes.slice(0, 3).map(n => n.target.join(" ")).join(", ") + "]")};
 })()`
 
+func strconvQuote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
 // fakeSessions makes n sessions in the shape GET /v1/sessions answers,
 // for timing the list's rendering.
 const fakeSessions = `(n => Array.from({length: n}, (_, i) => ({
@@ -158,6 +163,20 @@ func TestConsoleBrowser(t *testing.T) {
 	page.Eval(t, `(() => { const f = document.getElementById("filter"); f.value = ""; f.dispatchEvent(new Event("input")); })()`, nil)
 	page.Screenshot(t, filepath.Join(shots, "console-list.png"))
 	axe("the list, 1280x800")
+	// The keyboard: from the filter, Tab reaches the table (a scrollable
+	// region) and then the first session's link; Enter opens its page.
+	page.Eval(t, `document.getElementById("filter").focus()`, nil)
+	page.PressKey(t, "Tab", 0)
+	page.PressKey(t, "Tab", 0)
+	var focused string
+	page.Eval(t, `document.activeElement.getAttribute("href") || document.activeElement.outerHTML.slice(0, 80)`, &focused)
+	if !strings.HasPrefix(focused, "#/s/sbx-") {
+		t.Fatalf("two Tabs from the filter reach %q, want the first session's link", focused)
+	}
+	page.PressKey(t, "Enter", 0)
+	page.WaitFor(t, `location.hash === `+strconvQuote(focused)+` && !document.getElementById("session").hidden`, 10*time.Second, "Enter opens the session")
+	page.Eval(t, `location.hash = "#/"`, nil)
+	page.WaitFor(t, `!document.getElementById("list").hidden`, 10*time.Second, "back to the list")
 
 	// 1,000 sessions: the time to render them into the table and lay it
 	// out, in the browser (reported, not asserted: the machine is shared).
@@ -223,6 +242,15 @@ func TestConsoleBrowser(t *testing.T) {
 	page.WaitFor(t, rowIs(fmt.Sprintf("%d %d", after[0], after[1])), 15*time.Second, fmt.Sprintf("stty size says %d %d (was %d %d)", after[0], after[1], before[0], before[1]))
 	page.SetViewport(t, 1280, 800)
 	page.Screenshot(t, filepath.Join(shots, "console-session-terminal.png"))
+	// Shift+Tab leaves the terminal: the keyboard is not trapped in it.
+	page.PressKey(t, "Tab", gwtest.ModShift)
+	page.WaitFor(t, `document.activeElement && !document.getElementById("terminal").contains(document.activeElement)`, 5*time.Second, "Shift+Tab leaves the terminal")
+
+	// A background process, started in the form, its output followed.
+	page.Eval(t, `document.getElementById("proc-cmd").focus()`, nil)
+	page.Type(t, "for i in 1 2 3; do echo tick$i; sleep 0.2; done\r")
+	page.WaitFor(t, `document.getElementById("proc-out").textContent.includes("tick3") && document.getElementById("proc-out").textContent.includes("[exit 0]")`,
+		20*time.Second, "the process's output, followed to its end")
 
 	// Upload: a file picked, and one dropped; both listed; one downloaded.
 	src := filepath.Join(t.TempDir(), "hello.txt")

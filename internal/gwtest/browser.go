@@ -400,3 +400,29 @@ func (p *Page) WaitFor(t testing.TB, expr string, timeout time.Duration, what st
 		time.Sleep(25 * time.Millisecond)
 	}
 }
+
+// Key modifiers for PressKey (the DevTools protocol's bits).
+const (
+	ModAlt   = 1
+	ModCtrl  = 2
+	ModMeta  = 4
+	ModShift = 8
+)
+
+// PressKey presses and releases a named key ("Tab", "Enter", "Escape")
+// with modifiers held.
+func (p *Page) PressKey(t testing.TB, key string, modifiers int) {
+	t.Helper()
+	codes := map[string]int{"Tab": 9, "Enter": 13, "Escape": 27}
+	vk, ok := codes[key]
+	if !ok {
+		t.Fatalf("PressKey: unknown key %q", key)
+	}
+	for _, typ := range []string{"rawKeyDown", "keyUp"} {
+		ev := map[string]any{"type": typ, "key": key, "code": key, "windowsVirtualKeyCode": vk, "modifiers": modifiers}
+		if key == "Enter" && typ == "rawKeyDown" {
+			ev["type"], ev["text"] = "keyDown", "\r"
+		}
+		p.callPage(t, "Input.dispatchKeyEvent", ev, nil)
+	}
+}

@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -345,4 +347,70 @@ func TestConsoleBrowser(t *testing.T) {
 	t.Logf("screenshots: %s", strings.Join([]string{
 		filepath.Join(shots, "console-list.png"), filepath.Join(shots, "console-session-terminal.png"),
 		filepath.Join(shots, "console-timeline.png"), filepath.Join(shots, "console-session-narrow.png")}, " "))
+}
+
+// TestConsoleServed: serve mounts the console at /ui/ (/ui redirects
+// there) with its CSP, the landing page links it, its files are not
+// audited as calls, and a preview origin's /ui/ is the sandbox's, not
+// the console.
+func TestConsoleServed(t *testing.T) {
+	g := startGateway(t)
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(url string, host string) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, res.Body)
+		return res, b.String()
+	}
+	if res, _ := get(g.URL+"/ui", ""); res.StatusCode != http.StatusMovedPermanently || res.Header.Get("Location") != "/ui/" {
+		t.Errorf("/ui: %d %q", res.StatusCode, res.Header.Get("Location"))
+	}
+	res, body := get(g.URL+"/ui/", "")
+	if csp := res.Header.Get("Content-Security-Policy"); res.StatusCode != 200 || !strings.Contains(csp, "frame-ancestors 'none'") ||
+		!strings.Contains(body, `src="app.js"`) {
+		t.Errorf("/ui/: %d %q %.200s", res.StatusCode, csp, body)
+	}
+	if res, body := get(g.URL+"/", ""); res.StatusCode != 200 || !strings.Contains(body, `href="ui/"`) {
+		t.Errorf("/ does not link the console: %d %.300s", res.StatusCode, body)
+	}
+	if res, body := get(g.URL+"/ui/nope.js", ""); res.StatusCode != 404 || !strings.Contains(body, "unknown_endpoint") {
+		t.Errorf("/ui/nope.js: %d %s", res.StatusCode, body)
+	}
+	// A preview origin's /ui/ goes to the preview (nothing listens: the
+	// sandbox's answer, never the console).
+	s := g.createSession(t)
+	var link struct{ URL string }
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/ports/link", map[string]any{"port": gwtest.FreePort(t)}, &link); code != 200 {
+		t.Fatalf("port link: %d", code)
+	}
+	u, err := url.Parse(link.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, body := get(g.URL+"/ui/", u.Host); strings.Contains(body, "sandgate console") || strings.Contains(res.Header.Get("Content-Security-Policy"), "nonce-") {
+		t.Errorf("a preview origin serves the console: %d %.200s", res.StatusCode, body)
+	}
+	var events struct {
+		Events []struct{ Route string }
+	}
+	if code := g.api(t, http.MethodGet, "/v1/audit?limit=1000", nil, &events); code != 200 {
+		t.Fatalf("audit: %d", code)
+	}
+	for _, e := range events.Events {
+		if strings.HasPrefix(e.Route, "/ui") {
+			t.Errorf("a console file was audited as a call: %+v", e)
+		}
+	}
 }

@@ -150,8 +150,8 @@ func New(cfg Config) http.Handler {
 	if cfg.Console != nil {
 		// The web console's files (package console): they carry no
 		// credential; the console calls /v1 like any client.
-		r.Handle("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
-		r.Handle("/ui/*", cfg.Console)
+		r.Get("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently).ServeHTTP)
+		r.Get("/ui/*", cfg.Console.ServeHTTP)
 	}
 
 	a.limit = a.rateLimit() // one budget per tenant, /v1 and /compat together

@@ -33,6 +33,9 @@ const (
 
 var timelineKinds = []string{timelineCommand, timelineEgress, timelineFile, timelineLifecycle}
 
+// fileLookups are the file operations a timeline leaves out.
+var fileLookups = []string{"list", "stat", "realpath", "readlink"}
+
 // maxTimelineScans bounds the audit pages one timeline call reads (each
 // bounded by the audit query's own scan budget): a session whose events
 // are far apart in a busy log answers a short page and a cursor.
@@ -42,7 +45,12 @@ const maxTimelineScans = 8
 // false when the timeline leaves it out.
 func timelineEntry(e audit.Event) (audit.Event, bool) {
 	switch e.Kind {
-	case timelineCommand, timelineEgress, timelineFile, timelineLifecycle:
+	case timelineFile:
+		// Lookups (a directory listed, a file's attributes read, a path
+		// resolved) say nothing of what the session did to its files, and
+		// every file browser makes many of them.
+		return e, !slices.Contains(fileLookups, e.Op)
+	case timelineCommand, timelineEgress, timelineLifecycle:
 		return e, true
 	case audit.KindREST:
 		// A snapshot is a REST call that the manager does not record as

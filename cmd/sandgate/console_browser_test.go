@@ -75,7 +75,11 @@ func TestConsoleBrowser(t *testing.T) {
 	} else if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	g := startGateway(t)
+	curl := gwtest.RequireTool(t, "curl")
+	// Egress to *.test names on the loopback: allowed.test is the
+	// session's allow-list, denied.test is not.
+	g := startGateway(t, "--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "allowed.test=127.0.0.1",
+		"--egress-resolve", "denied.test=127.0.0.1")
 	for i, labels := range []map[string]any{{"team": "ml", "run": "7"}, {"team": "infra"}} {
 		if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"name": fmt.Sprintf("agent-%d", i), "labels": labels}, nil); code != http.StatusCreated {
 			t.Fatalf("create: %d", code)
@@ -207,6 +211,7 @@ func TestConsoleBrowser(t *testing.T) {
 	  document.getElementById("c-name").value = "from-console";
 	  document.getElementById("c-ttl").value = "900";
 	  document.getElementById("c-labels").value = "made=console";
+	  document.getElementById("c-egress").value = "allowed.test:80";
 	  document.querySelector("#create-form button[type=submit]").click();
 	})()`, nil)
 	page.WaitFor(t, `location.hash.startsWith("#/s/")`, 20*time.Second, "the new session's page")
@@ -216,8 +221,10 @@ func TestConsoleBrowser(t *testing.T) {
 		Name     string         `json:"name"`
 		TTL      int            `json:"ttl"`
 		Metadata map[string]any `json:"metadata"`
+		Egress   struct{ Allow []string }
 	}
-	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, &created); code != 200 || created.Name != "from-console" || created.TTL != 900 || created.Metadata["made"] != "console" {
+	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, &created); code != 200 || created.Name != "from-console" || created.TTL != 900 ||
+		created.Metadata["made"] != "console" || len(created.Egress.Allow) != 1 {
 		t.Errorf("the form's session %s: %d %+v", id, code, created)
 	}
 	page.WaitFor(t, `document.getElementById("term-state").textContent === "connected"`, 20*time.Second, "the terminal connects")
@@ -294,7 +301,8 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatalf("get %s: %d", id, code)
 	}
 	marker := "ssh-marker-" + fmt.Sprint(time.Now().UnixNano())
-	out, errOut, rc := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, sj), id, "echo "+marker+"; exit 4")...)
+	out, errOut, rc := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, sj), id,
+		curl+" -s -o /dev/null http://denied.test/; echo "+marker+"; exit 4")...)
 	ended := time.Now()
 	if rc != 4 || !strings.Contains(out, marker) {
 		t.Fatalf("ssh: %d %q %q", rc, out, errOut)
@@ -306,6 +314,9 @@ func TestConsoleBrowser(t *testing.T) {
 	if seen > 2*time.Second {
 		t.Logf("note: over 2s on this machine (load); the page polls every second")
 	}
+	// The egress proxy's refusal of denied.test, with its reason.
+	page.WaitFor(t, `Array.from(document.querySelectorAll("#timeline li[data-kind=egress]")).some(li => li.textContent.includes("denied denied.test"))`,
+		15*time.Second, "the denied egress in the timeline")
 	// The upload is there too, with its bytes, and the lifecycle.
 	page.WaitFor(t, `document.querySelector("#timeline").textContent.includes("hello.txt") && document.querySelector("#timeline li[data-kind=session]")`,
 		10*time.Second, "the upload and the create in the timeline")

@@ -230,46 +230,43 @@
     return s._hay;
   }
 
-  // renderSessions renders list (filtered by the filter box) into the table.
+  // esc makes text safe inside HTML markup (element text and quoted
+  // attribute values).
+  const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const esc = (v) => String(v == null ? "" : v).replace(/[&<>"']/g, (c) => ESC[c]);
+
+  // renderSessions renders list (filtered by the filter box) into the
+  // table: one string of markup, every value escaped, parsed at once
+  // (what keeps 1,000 rows fast: no call per cell).
   function renderSessions(list, now) {
     now = now || Date.now();
     const q = $("filter").value.trim().toLowerCase();
     const shown = q ? list.filter((s) => haystack(s).includes(q)) : list;
-    const body = makeElement("div");
-    body.setAttribute("role", "rowgroup");
-    body.className = "rows";
-    const cell = (text, cls) => {
-      const c = el("span", text, cls);
-      c.setAttribute("role", "cell");
-      return c;
-    };
+    const html = [];
+    const cell = (text, cls) => '<span role="cell"' + (cls ? ' class="' + cls + '"' : "") + ">" + esc(text) + "</span>";
     for (const s of shown) {
-      const tr = makeElement("div");
-      tr.setAttribute("role", "row");
-      tr.className = "row";
-      const idCell = cell(null, "id");
-      const a = el("a", s.sessionId);
-      a.href = "#/s/" + encodeURIComponent(s.sessionId);
-      idCell.append(a);
+      const id = esc(s.sessionId);
       const r = s.resources || {};
       const eg = s.egress || {};
       const lab = labels(s.metadata);
-      const labCell = cell(lab, "labels");
-      if (lab) labCell.title = lab;
-      tr.append(idCell, cell(s.name || ""), cell(s.status, "st-" + s.status), cell(s.image || ""),
+      const st = esc(s.status);
+      html.push('<div role="row" class="row"><span role="cell" class="id"><a href="#/s/', esc(encodeURIComponent(s.sessionId)), '">', id, "</a></span>",
+        cell(s.name), cell(s.status, "st-" + st), cell(s.image),
         cell(dur(now - Date.parse(s.createdAt)), "num"),
         cell(s.status === "running" ? dur(Date.parse(s.expiresAt) - now) : "", "num"),
         cell(dur(now - Date.parse(s.lastActivityAt)), "num"),
         cell(r.cpus ? String(r.cpus) : "", "num"),
         cell(r.memoryMiB ? r.memoryMiB + " MiB" : "", "num"),
         cell(bytes((eg.bytesIn || 0) + (eg.bytesOut || 0)), "num"),
-        labCell);
-      const acts = cell(null);
-      if (s.status === "running") acts.append(button("Stop", "stop", s.sessionId, "Stop " + s.sessionId), " ");
-      acts.append(button("Delete", "delete", s.sessionId, "Delete " + s.sessionId));
-      tr.append(acts);
-      body.append(tr);
+        '<span role="cell" class="labels"', lab ? ' title="' + esc(lab) + '"' : "", ">", esc(lab), "</span>",
+        '<span role="cell">',
+        s.status === "running" ? '<button type="button" data-act="stop" data-id="' + id + '" aria-label="Stop ' + id + '">Stop</button> ' : "",
+        '<button type="button" data-act="delete" data-id="' + id + '" aria-label="Delete ' + id + '">Delete</button></span></div>');
     }
+    const body = makeElement("div");
+    body.setAttribute("role", "rowgroup");
+    body.className = "rows";
+    body.innerHTML = html.join("");
     $("sessions").querySelector(".rows").replaceWith(body);
     $("count").textContent = shown.length === list.length ? list.length + " sessions" : shown.length + " of " + list.length + " sessions";
     return shown.length;

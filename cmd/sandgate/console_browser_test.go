@@ -80,7 +80,7 @@ func TestConsoleBrowser(t *testing.T) {
 	// session's allow-list, denied.test is not.
 	g := startGateway(t, "--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "allowed.test=127.0.0.1",
 		"--egress-resolve", "denied.test=127.0.0.1")
-	for i, labels := range []map[string]any{{"team": "ml", "run": "7"}, {"team": "infra"}} {
+	for i, labels := range []map[string]any{{"team": "ml", "run": "7"}, {"team": "infra", "note": `<img src=x onerror="window.__xss=1">`}} {
 		if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"name": fmt.Sprintf("agent-%d", i), "labels": labels}, nil); code != http.StatusCreated {
 			t.Fatalf("create: %d", code)
 		}
@@ -167,6 +167,12 @@ func TestConsoleBrowser(t *testing.T) {
 	page.Eval(t, `(() => { const f = document.getElementById("filter"); f.value = "infra"; f.dispatchEvent(new Event("input")); })()`, nil)
 	page.WaitFor(t, `document.querySelectorAll("#sessions .rows [role=row]").length === 1 && document.querySelector("#sessions .rows").textContent.includes("team=infra")`, 5*time.Second, "the filter")
 	page.Eval(t, `(() => { const f = document.getElementById("filter"); f.value = ""; f.dispatchEvent(new Event("input")); })()`, nil)
+	// A label is text, never markup.
+	var xss bool
+	page.Eval(t, `document.querySelector("#sessions img") !== null || window.__xss === 1 || !document.querySelector("#sessions .rows").textContent.includes("<img src=x")`, &xss)
+	if xss {
+		t.Error("a session's label was rendered as markup")
+	}
 	page.Screenshot(t, filepath.Join(shots, "console-list.png"))
 	axe("the list, 1280x800")
 	// The keyboard: from the filter, Tab reaches the table (a scrollable

@@ -689,8 +689,12 @@
     ol.id = "timeline";
     ol.className = "timeline";
     ol.setAttribute("aria-label", "Timeline, newest first");
+    // A file write is recorded when it starts and when it ends: once it
+    // has ended, its start is not shown.
+    const ended = new Set(p.entries.filter((e) => e.kind === "file" && e.result !== "started" && e.requestId).map((e) => e.requestId + " " + e.op + " " + e.path));
     for (const e of p.entries) {
       if (!kinds.has(e.kind)) continue;
+      if (e.kind === "file" && e.result === "started" && ended.has(e.requestId + " " + e.op + " " + e.path)) continue;
       const li = makeElement("li");
       li.dataset.kind = e.kind;
       const t = el("time", new Date(e.time).toLocaleTimeString());

@@ -40,7 +40,7 @@ const nonceMark = "__CSP_NONCE__"
 // creates for its dimensions and colours, which the console stamps with
 // it; no inline script and no style attribute is allowed.
 const CSP = "default-src 'none'; script-src 'self'; style-src 'self' 'nonce-NONCE'; connect-src 'self'; " +
-	"img-src 'self' data: blob:; font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+	"img-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // file is one embedded file, with its gzip form when that is smaller.
 type file struct {
@@ -91,6 +91,7 @@ func Handler() http.Handler {
 		h.Set("Content-Type", f.contentType)
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("X-Frame-Options", "DENY") // frame-ancestors for browsers without CSP 2
 		h.Set("Cache-Control", "no-cache")
 		h.Set("Vary", "Accept-Encoding")
 		body, gz := f.body, f.gz
@@ -139,8 +140,8 @@ func contentType(name string) string {
 		return "text/javascript; charset=utf-8"
 	case ".css":
 		return "text/css; charset=utf-8"
-	case ".svg":
-		return "image/svg+xml"
+	case ".txt":
+		return "text/plain; charset=utf-8"
 	}
 	return "application/octet-stream"
 }

@@ -353,6 +353,19 @@ func TestConsoleBrowser(t *testing.T) {
 	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, nil); code != http.StatusGone && code != http.StatusNotFound {
 		t.Errorf("the deleted session answers %d", code)
 	}
+	// Stop agent-1 from the list: its row says stopped, and its timeline
+	// has the lifecycle event.
+	var agent1 string
+	page.Eval(t, `Array.from(document.querySelectorAll("#sessions .rows [role=row]")).find(r => r.textContent.includes("agent-1")).querySelector("a").textContent`, &agent1)
+	page.Eval(t, `document.querySelector('#sessions button[data-act=stop][data-id="`+agent1+`"]').click()`, nil)
+	page.WaitFor(t, `Array.from(document.querySelectorAll("#sessions .rows [role=row]")).some(r => r.textContent.includes("agent-1") && r.querySelector(".st-stopped") && !r.querySelector("button[data-act=stop]"))`,
+		20*time.Second, "agent-1 stopped in the list")
+	var tl struct {
+		Entries []struct{ Kind, Op string }
+	}
+	if code := g.api(t, http.MethodGet, "/v1/sessions/"+agent1+"/timeline?kind=session", nil, &tl); code != 200 || len(tl.Entries) < 2 || tl.Entries[0].Op != "stopped" {
+		t.Errorf("agent-1's lifecycle: %d %+v, want stopped after created", code, tl.Entries)
+	}
 	page.SetViewport(t, 400, 800)
 	axe("the list, 400x800")
 	page.SetViewport(t, 1280, 800)

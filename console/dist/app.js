@@ -344,6 +344,7 @@
     $("procs").textContent = "";
     $("proc-out").hidden = true;
     $("record").hidden = true;
+    $("tl-older").hidden = true;
   }
 
   function openSession(id, recordSeq) {
@@ -365,7 +366,7 @@
     pollTimeline(p);
     pollStats(p);
     showRecord(p, recordSeq);
-    const every = (fn, ms) => p.timers.push(setInterval(() => { if (!document.hidden && !p.closed) fn(p); }, ms));
+    const every = (fn, ms) => p.timers.push(setInterval(() => { if (!document.hidden && !p.closed && !p.ended) fn(p); }, ms));
     every(refreshSession, 5000);
     every(pollTimeline, 1000);
     every(pollStats, 2000);
@@ -381,6 +382,13 @@
         s.status === "running" ? "TTL left " + dur(Date.parse(s.expiresAt) - now) : "", labels(s.metadata)].filter(Boolean).join(" · ");
       $("s-stop").hidden = s.status !== "running";
     } catch (err) {
+      if (err.status === 410 || err.status === 404) {
+        // Gone: nothing more to follow; say so once.
+        p.ended = true;
+        $("s-meta").textContent = "ended: " + err.message;
+        $("s-stop").hidden = true;
+        return;
+      }
       fail("Reading the session failed")(err);
     }
   }
@@ -652,9 +660,14 @@
     try {
       const q = p.maxSeq ? "after=" + p.maxSeq + "&limit=1000" : "limit=500";
       const t = await api("GET", sid(p.id) + "/timeline?" + q, undefined, { signal: p.ctl.signal });
+      if (!p.maxSeq && !p.closed) setOlder(p, t.nextCursor);
       if (t.entries.length && !p.closed) {
         p.maxSeq = Math.max(p.maxSeq, t.entries[0].seq);
-        p.entries = t.entries.concat(p.entries).slice(0, 2000);
+        p.entries = t.entries.concat(p.entries);
+      if (p.entries.length > 5000) { // the oldest go; the button brings them back
+        p.entries.length = 5000;
+        setOlder(p, String(p.entries[4999].seq));
+      }
         renderTimeline(p);
       }
     } catch (err) {
@@ -663,6 +676,24 @@
       p.polling = false;
     }
   }
+
+  // setOlder shows the button that loads the page of entries before the
+  // oldest shown, when there is one.
+  function setOlder(p, cursor) {
+    p.older = cursor || "";
+    $("tl-older").hidden = !p.older;
+  }
+  $("tl-older").addEventListener("click", async () => {
+    const p = page;
+    if (!p || !p.older) return;
+    try {
+      const t = await api("GET", sid(p.id) + "/timeline?limit=500&cursor=" + encodeURIComponent(p.older));
+      if (p.closed) return;
+      p.entries = p.entries.concat(t.entries);
+      setOlder(p, t.nextCursor);
+      renderTimeline(p);
+    } catch (err) { fail("Reading older entries failed")(err); }
+  });
 
   function describe(e) {
     switch (e.kind) {

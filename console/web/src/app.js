@@ -207,7 +207,10 @@
   }
 
   function openList() {
+    const was = !$("list").hidden;
     show("list");
+    // A new view: the keyboard and a screen reader start at its heading.
+    if (!was) $("list-h").focus();
     document.title = "Sessions · sandgate console";
     refreshList();
     if (!listTimer) listTimer = setInterval(() => { if (!document.hidden) refreshList(); }, 5000);
@@ -359,6 +362,7 @@
     page = p;
     $("s-id").textContent = id;
     $("s-meta").textContent = "";
+    $("session-h").focus();
     openTerminal(p);
     refreshSession(p);
     listFiles(p);

@@ -320,6 +320,9 @@ func TestConsoleBrowser(t *testing.T) {
 	if seen > 2*time.Second {
 		t.Logf("note: over 2s on this machine (load); the page polls every second")
 	}
+	// The background process's entry, with a preview of its output.
+	page.WaitFor(t, `Array.from(document.querySelectorAll("#timeline li[data-kind=command]")).some(li => li.textContent.includes("for i in") && li.querySelector("q.preview") && li.querySelector("q.preview").textContent.includes("tick1 tick2 tick3"))`,
+		15*time.Second, "the process's output previewed in the timeline")
 	// The egress proxy's refusal of denied.test, with its reason.
 	page.WaitFor(t, `Array.from(document.querySelectorAll("#timeline li[data-kind=egress]")).some(li => li.textContent.includes("denied denied.test"))`,
 		15*time.Second, "the denied egress in the timeline")

@@ -358,7 +358,7 @@
     closePage();
     show("session");
     document.title = id + " · sandgate console";
-    const p = { id, timers: [], ctl: new AbortController(), maxSeq: 0, entries: [], samples: [], closed: false };
+    const p = { id, timers: [], ctl: new AbortController(), maxSeq: 0, entries: [], samples: [], previews: {}, closed: false };
     page = p;
     $("s-id").textContent = id;
     $("s-meta").textContent = "";
@@ -584,6 +584,9 @@
   async function listProcs(p) {
     try {
       const l = await api("GET", sid(p.id) + "/processes", undefined, { signal: p.ctl.signal });
+      const had = (p.procs || []).length;
+      p.procs = l.processes;
+      if (l.processes.length !== had && p.entries.length) renderTimeline(p);
       const ul = makeElement("ul");
       ul.id = "procs";
       ul.className = "plain";
@@ -611,7 +614,7 @@
     } catch (err) { fail("Start failed")(err); }
   });
   document.addEventListener("click", (e) => {
-    const b = e.target.closest("#procs button[data-act=follow]");
+    const b = e.target.closest("#procs button[data-act=follow], #timeline button[data-act=follow]");
     if (b && page) follow(page, b.dataset.id);
   });
 
@@ -681,6 +684,26 @@
     }
   }
 
+  // loadPreview reads the first bytes of a process's output for its
+  // timeline entry.
+  async function loadPreview(p, pid) {
+    p.previews[pid] = "";
+    try {
+      const res = await api("GET", sid(p.id) + "/processes/" + encodeURIComponent(pid) + "/output", undefined, { raw: true, signal: p.ctl.signal });
+      const text = await res.text();
+      let out = "";
+      for (const line of String(text).split("\n")) {
+        if (!line) continue;
+        const m = JSON.parse(line);
+        out += m.stdout || m.stderr || "";
+        if (out.length > 160) break;
+      }
+      out = out.replace(/\s+/g, " ").trim();
+      p.previews[pid] = out.length > 160 ? out.slice(0, 160) + "…" : out;
+      if (!p.closed) renderTimeline(p);
+    } catch (_) { /* no preview */ }
+  }
+
   // setOlder shows the button that loads the page of entries before the
   // oldest shown, when there is one.
   function setOlder(p, cursor) {
@@ -738,6 +761,15 @@
       const w = el("span", null, "what");
       w.append(el("span", what, e.kind === "egress" && e.result === "denied" ? "denied" : ""));
       if (detail) w.append(" ", el("span", "(" + detail + ")", "muted"));
+      // A background process's output is kept: the entry shows its start
+      // and can follow it.
+      const pr = e.kind === "command" && e.source === "rest" && (p.procs || []).find((x) => x.command === e.command && x.status !== "running");
+      if (pr) {
+        const prev = p.previews[pr.processId];
+        if (prev === undefined) loadPreview(p, pr.processId);
+        else if (prev) w.append(" ", el("q", prev, "preview"));
+        w.append(" ", button("output", "follow", pr.processId, "Output of " + pr.processId));
+      }
       const a = el("a", "#" + e.seq);
       a.href = "#/s/" + encodeURIComponent(p.id) + "/record/" + e.seq;
       a.setAttribute("aria-label", "Full record " + e.seq);

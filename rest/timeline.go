@@ -36,9 +36,12 @@ var timelineKinds = []string{timelineCommand, timelineEgress, timelineFile, time
 // fileLookups are the file operations a timeline leaves out.
 var fileLookups = []string{"list", "stat", "realpath", "readlink"}
 
-// maxTimelineScans bounds the audit pages one timeline call reads (each
-// bounded by the audit query's own scan budget): a session whose events
-// are far apart in a busy log answers a short page and a cursor.
+// maxTimelineScans bounds the audit pages (of the session's events, up
+// to audit.MaxQueryLimit each) one timeline call reads to fill its page,
+// for a session whose events are mostly REST calls. A page that stops at
+// the audit query's scan budget ends the call: one budget per call, so a
+// session whose events are far apart in a busy log answers a short page
+// and a cursor.
 const maxTimelineScans = 8
 
 // timelineEntry maps an audit event to its timeline entry, or reports
@@ -136,7 +139,9 @@ func (a *api) sessionTimeline(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		next = page.Next
-		if next == "" {
+		if next == "" || len(page.Events) < f.Limit {
+			// The end, or the page stopped at the audit query's scan
+			// budget: one budget per call, as GET /v1/audit has.
 			break
 		}
 		f.Cursor = next

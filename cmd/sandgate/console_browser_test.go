@@ -57,7 +57,8 @@ const fakeSessions = `(n => Array.from({length: n}, (_, i) => ({
 // way, and axe-core finds no serious or critical violation at 1280x800
 // or on a narrow window. It times the list's rendering of 1,000 sessions
 // and saves screenshots (the list, the session with its terminal, the
-// timeline) in $SANDGATE_SCREENSHOTS (default: a temporary dir).
+// timeline) in $SANDGATE_SCREENSHOTS (default: a temporary dir); with
+// $SANDGATE_CONSOLE_PERF set it writes the render times to that file.
 func TestConsoleBrowser(t *testing.T) {
 	chromium := gwtest.RequireBrowser(t)
 	ssh := gwtest.RequireTool(t, "ssh")

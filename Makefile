@@ -10,12 +10,35 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: console console-check dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
 build:
 	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
+
+# The web console (package console, served at /ui/): its third-party files
+# (xterm.js and its fit addon) come from npm through the committed
+# console/web/package-lock.json, and are copied with the console's own
+# files (console/web/src) into console/dist, which git keeps and the binary
+# embeds: a plain copy, no bundler. make console-check (CI) fails when the
+# committed console/dist is not what make console makes.
+CONSOLE_WEB  := console/web
+CONSOLE_DIST := console/dist
+console: $(CONSOLE_WEB)/node_modules/.installed
+	rm -rf $(CONSOLE_DIST) && mkdir -p $(CONSOLE_DIST)
+	cp $(CONSOLE_WEB)/src/index.html $(CONSOLE_WEB)/src/app.js $(CONSOLE_WEB)/src/app.css $(CONSOLE_DIST)/
+	cp $(CONSOLE_WEB)/node_modules/@xterm/xterm/lib/xterm.js $(CONSOLE_WEB)/node_modules/@xterm/xterm/css/xterm.css \
+		$(CONSOLE_WEB)/node_modules/@xterm/addon-fit/lib/addon-fit.js $(CONSOLE_DIST)/
+	cat $(CONSOLE_WEB)/node_modules/@xterm/xterm/LICENSE > $(CONSOLE_DIST)/THIRD-PARTY-LICENSES.txt
+
+$(CONSOLE_WEB)/node_modules/.installed: $(CONSOLE_WEB)/package-lock.json $(CONSOLE_WEB)/package.json
+	cd $(CONSOLE_WEB) && $(NPM) ci --ignore-scripts --no-audit --no-fund
+	@touch $@
+
+console-check: console
+	@git diff --exit-code --stat -- $(CONSOLE_DIST) && [ -z "$$(git status --porcelain -- $(CONSOLE_DIST))" ] || { \
+		echo "console/dist differs from what make console makes: run make console and commit console/dist" >&2; exit 1; }
 
 # make dist: static release binaries for each of DIST_PLATFORMS in DIST_DIR,
 # sandgate-VERSION-OS-ARCH, each with a CycloneDX SBOM (.cdx.json, from the

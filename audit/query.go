@@ -31,6 +31,10 @@ type Filter struct {
 	Since   time.Time // zero: from the oldest kept
 	Cursor  string    // from an earlier page's Next: the events older than its last
 	Limit   int       // 1..MaxQueryLimit; 0 means DefaultQueryLimit
+	// After, when not 0, stops the scan at the event with this seq or an
+	// older one: only newer events are returned (a follower's next poll
+	// reads what was written since, not the whole log).
+	After uint64
 }
 
 // Page is one answer of Query: events newest first, and the cursor for
@@ -164,6 +168,10 @@ func (a *File) Query(f Filter) (Page, error) {
 				return true // a line spoilt by a crash
 			}
 			prev = seq
+			if f.After != 0 && seq <= f.After {
+				done = true
+				return false
+			}
 			if !f.Since.IsZero() {
 				if t, ok := lineTime(line); ok && t.Before(f.Since) {
 					done = true

@@ -253,3 +253,35 @@ func TestQueryBareCursorPassesFilesWithoutOlderLine(t *testing.T) {
 		})
 	}
 }
+
+// TestQueryAfter: After answers only the events newer than the one it
+// names, and stops the scan there: the rest of the log (other tenants'
+// events in between included) is not read, so no cursor follows.
+func TestQueryAfter(t *testing.T) {
+	f := openTest(t, filepath.Join(t.TempDir(), "audit.log"), 1<<20, 2)
+	ctx := context.Background()
+	for i := range 10 {
+		tenant := "alice"
+		if i%2 == 1 {
+			tenant = "bob"
+		}
+		f.Record(ctx, Event{Kind: KindCommand, Tenant: tenant, Command: strconv.Itoa(i)})
+	}
+	all, err := f.Query(Filter{Tenant: "alice"})
+	if err != nil || len(all.Events) != 5 {
+		t.Fatalf("alice's events: %v %+v", err, all)
+	}
+	after := all.Events[2].Seq // "4"
+	p, err := f.Query(Filter{Tenant: "alice", After: after, Limit: 1})
+	if err != nil || len(p.Events) != 1 || p.Events[0].Command != "8" || p.Next == "" {
+		t.Fatalf("after %d, limit 1: %v %+v", after, err, p)
+	}
+	p, err = f.Query(Filter{Tenant: "alice", After: after})
+	if err != nil || len(p.Events) != 2 || p.Events[0].Command != "8" || p.Events[1].Command != "6" || p.Next != "" {
+		t.Fatalf("after %d: %v %+v, want 8 and 6, no cursor", after, err, p)
+	}
+	p, err = f.Query(Filter{Tenant: "alice", After: all.Events[0].Seq})
+	if err != nil || len(p.Events) != 0 || p.Next != "" {
+		t.Fatalf("after the newest: %v %+v", err, p)
+	}
+}

@@ -23,7 +23,8 @@ type AuditLog interface {
 
 // unaudited are the routes whose calls are not audit events: they carry
 // no identity and change nothing.
-var unaudited = map[string]bool{"/healthz": true, "/readyz": true, "/openapi.yaml": true, "/openapi.json": true, "/docs": true, "/": true}
+var unaudited = map[string]bool{"/healthz": true, "/readyz": true, "/openapi.yaml": true, "/openapi.json": true, "/docs": true, "/": true,
+	"/ui": true, "/ui/*": true}
 
 // call is what a request's handlers tell the audit middleware, through
 // the request's context: who it is from and what file it touched.

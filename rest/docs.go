@@ -277,6 +277,7 @@ var landingPage = template.Must(template.New("landing").Funcs(template.FuncMap{"
 <h1>sandgate</h1>
 <p>This is a sandgate gateway: isolated Linux sandboxes for AI agents, reachable over SSH and SFTP through this HTTPS port, and over a REST API ({{.Title}} {{.Version}}).</p>
 <ul>
+<li><a href="ui/">Console</a> (<code>/ui/</code>): sign in with an API key to watch and drive your sessions in the browser</li>
 <li><a href="docs">API reference</a> (<code>/docs</code>)</li>
 <li><a href="openapi.json">openapi.json</a> and <a href="openapi.yaml">openapi.yaml</a>: the OpenAPI document this gateway was built with</li>
 <li><a href="healthz">healthz</a>: liveness</li>

@@ -21,6 +21,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/console"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/sandbox/workdir"
@@ -209,6 +210,7 @@ func newGateway(t testing.TB, o gwOptions) *testGateway {
 		SSHUsername: "sandbox", HostKeys: hostKeys, Connect: tun, Ready: ready, Images: o.images,
 		Audit: auditor, AuditLog: auditLog, Metrics: o.metrics, DataPlane: o.dataPlane, Stopping: o.stopping,
 		LinkKey: o.linkKey, PublicURL: o.publicURL, PreviewDomain: o.previewDomain,
+		Console: console.Handler(), // as serve mounts it
 	}
 	if wsvc != nil {
 		rcfg.Workspaces = wsvc

@@ -96,6 +96,9 @@ type Config struct {
 	// shutting_down with its output so far; a stream gets a closing error
 	// line). nil: never.
 	Stopping <-chan struct{}
+	// Console, when set, serves the web console's files under /ui/
+	// (cmd/sandgate passes package console's handler; nil: no console).
+	Console http.Handler
 }
 
 // MaxBodyBytes bounds request bodies.
@@ -144,6 +147,12 @@ func New(cfg Config) http.Handler {
 	r.Get("/openapi.json", docs.jsonSpec)
 	r.Get("/docs", docs.page)
 	r.Get("/", docs.home) // docs.go: the landing page
+	if cfg.Console != nil {
+		// The web console's files (package console): they carry no
+		// credential; the console calls /v1 like any client.
+		r.Get("/ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently).ServeHTTP)
+		r.Get("/ui/*", cfg.Console.ServeHTTP)
+	}
 
 	a.limit = a.rateLimit() // one budget per tenant, /v1 and /compat together
 	authed := r.With(a.authenticate, a.limit)
@@ -170,7 +179,8 @@ func New(cfg Config) http.Handler {
 		r.Post("/sessions/{id}/files/fetch", a.fetchFiles)
 		r.Post("/sessions/{id}/files/link", a.createLink)
 		r.Get("/sessions/{id}/logs", a.sessionLogs)
-		r.Get("/sessions/{id}/stats", a.sessionStats) // stats.go
+		r.Get("/sessions/{id}/stats", a.sessionStats)       // stats.go
+		r.Get("/sessions/{id}/timeline", a.sessionTimeline) // timeline.go
 		// Preview URLs (ports.go).
 		r.HandleFunc("/sessions/{id}/ports/link", a.portLink) // every method: "link" is no port
 		r.HandleFunc("/sessions/{id}/ports/{port}", portRedirect)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/cluster"
+	"github.com/sandgate/sandgate/console"
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/connlimit"
@@ -550,6 +551,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		AuditLog:      auditQuery,
 		Workspaces:    wsvc,
 		Stopping:      stopping,
+		Console:       console.Handler(), // /ui/
 	})
 	var front *cluster.Front
 	if node != nil {

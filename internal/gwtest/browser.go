@@ -3,6 +3,7 @@ package gwtest
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -287,4 +288,141 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return string(s.buf)
+}
+
+// callPage sends method with params in the page's session, within a
+// minute, failing t on an error.
+func (p *Page) callPage(t testing.TB, method string, params, out any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.b.call(ctx, p.session, method, params, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// AddInitScript runs source in every document the page loads from now
+// on, before the document's own scripts (what a page's CSP does not
+// govern: the test's own probes).
+func (p *Page) AddInitScript(t testing.TB, source string) {
+	t.Helper()
+	p.callPage(t, "Page.enable", map[string]any{}, nil)
+	p.callPage(t, "Page.addScriptToEvaluateOnNewDocument", map[string]any{"source": source}, nil)
+}
+
+// SetViewport sets the page's window to width x height CSS pixels; the
+// page sees a resize.
+func (p *Page) SetViewport(t testing.TB, width, height int) {
+	t.Helper()
+	p.callPage(t, "Emulation.setDeviceMetricsOverride",
+		map[string]any{"width": width, "height": height, "deviceScaleFactor": 1, "mobile": false}, nil)
+}
+
+// Screenshot saves the page's viewport as a PNG at path.
+func (p *Page) Screenshot(t testing.TB, path string) {
+	t.Helper()
+	var shot struct{ Data string }
+	p.callPage(t, "Page.captureScreenshot", map[string]any{"format": "png"}, &shot)
+	data, err := base64.StdEncoding.DecodeString(shot.Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Type sends text as key presses to the focused element, as a keyboard
+// would: each character a keyDown (with its text) and a keyUp; "\r" is
+// the Enter key, "\t" the Tab key.
+func (p *Page) Type(t testing.TB, text string) {
+	t.Helper()
+	for _, r := range text {
+		down := map[string]any{"type": "keyDown", "text": string(r), "unmodifiedText": string(r), "key": string(r)}
+		switch r {
+		case '\r':
+			down = map[string]any{"type": "keyDown", "key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13, "text": "\r"}
+		case '\t':
+			down = map[string]any{"type": "keyDown", "key": "Tab", "code": "Tab", "windowsVirtualKeyCode": 9}
+		}
+		p.callPage(t, "Input.dispatchKeyEvent", down, nil)
+		up := map[string]any{"type": "keyUp", "key": down["key"]}
+		if c, ok := down["code"]; ok {
+			up["code"], up["windowsVirtualKeyCode"] = c, down["windowsVirtualKeyCode"]
+		}
+		p.callPage(t, "Input.dispatchKeyEvent", up, nil)
+	}
+}
+
+// SetFiles puts the files at paths in the file input selector names,
+// as a user picking them would (the input's change event fires).
+func (p *Page) SetFiles(t testing.TB, selector string, paths ...string) {
+	t.Helper()
+	var doc struct{ Root struct{ NodeID int } }
+	p.callPage(t, "DOM.getDocument", map[string]any{"depth": 0}, &doc)
+	var q struct{ NodeID int }
+	p.callPage(t, "DOM.querySelector", map[string]any{"nodeId": doc.Root.NodeID, "selector": selector}, &q)
+	if q.NodeID == 0 {
+		t.Fatalf("no element %s", selector)
+	}
+	p.callPage(t, "DOM.setFileInputFiles", map[string]any{"files": paths, "nodeId": q.NodeID}, nil)
+}
+
+// AllowDownloads saves the browser's downloads in dir (NewPage refuses
+// them).
+func (p *Page) AllowDownloads(t testing.TB, dir string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.b.call(ctx, "", "Browser.setDownloadBehavior", map[string]any{"behavior": "allow", "downloadPath": dir}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// WaitFor evaluates expr until it is true, for up to timeout, and fails
+// t with what as the reason otherwise. It returns how long it took.
+func (p *Page) WaitFor(t testing.TB, expr string, timeout time.Duration, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(timeout)
+	var lastErr error
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		var ok bool
+		lastErr = p.eval(ctx, "!!("+expr+")", &ok)
+		cancel()
+		if lastErr == nil && ok {
+			return time.Since(start)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s (%v)", what, timeout, lastErr)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// Key modifiers for PressKey (the DevTools protocol's bits).
+const (
+	ModAlt   = 1
+	ModCtrl  = 2
+	ModMeta  = 4
+	ModShift = 8
+)
+
+// PressKey presses and releases a named key ("Tab", "Enter", "Escape")
+// with modifiers held.
+func (p *Page) PressKey(t testing.TB, key string, modifiers int) {
+	t.Helper()
+	codes := map[string]int{"Tab": 9, "Enter": 13, "Escape": 27}
+	vk, ok := codes[key]
+	if !ok {
+		t.Fatalf("PressKey: unknown key %q", key)
+	}
+	for _, typ := range []string{"rawKeyDown", "keyUp"} {
+		ev := map[string]any{"type": typ, "key": key, "code": key, "windowsVirtualKeyCode": vk, "modifiers": modifiers}
+		if key == "Enter" && typ == "rawKeyDown" {
+			ev["type"], ev["text"] = "keyDown", "\r"
+		}
+		p.callPage(t, "Input.dispatchKeyEvent", ev, nil)
+	}
 }

@@ -54,6 +54,10 @@ var forbidden = map[string][]string{
 	"internal/sbom":      {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},           // make dist: the standard library only
 	"internal/ociimage":  {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/", "images"}, // make dist
 	"internal/s3test":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "workspace", "cluster"},
+	// console is static files a browser runs: they call the REST API like
+	// any client, so the package needs none of the gateway's code.
+	"console": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress", "dataplane", "images", "internal", "api-spec",
+		"audit", "cluster", "workspace", "mcpserver"},
 	// mcpserver is a client of the REST API: none of the gateway's code.
 	"mcpserver": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress", "dataplane", "images", "internal", "api-spec"},
 }

@@ -1,0 +1,145 @@
+package rest_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/sandgate/sandgate/audit"
+)
+
+type timelinePage struct {
+	Entries    []audit.Event `json:"entries"`
+	NextCursor string        `json:"nextCursor"`
+}
+
+func (r result) timeline(t testing.TB) timelinePage {
+	t.Helper()
+	var p timelinePage
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("decode %q: %v", r.body, err)
+	}
+	return p
+}
+
+// TestContractTimeline checks GET /v1/sessions/{id}/timeline against the
+// spec: the session's commands and lifecycle from the audit trail, newest
+// first, without the REST calls that surround them; kinds, pages, the
+// after= follow, another tenant's session, every documented error.
+func TestContractTimeline(t *testing.T) {
+	cov := newCoverage()
+	af, err := audit.OpenFile(audit.FileConfig{Path: filepath.Join(t.TempDir(), "audit.log"), SyncEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { af.Close() })
+	g := newGateway(t, gwOptions{cov: cov, audit: af})
+	s := g.create(t, aliceKey, "")
+	other := g.create(t, aliceKey, "") // its events are not s's
+	for _, cmd := range []string{"true", "exit 3"} {
+		body, _ := json.Marshal(map[string]string{"command": cmd})
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/commands", aliceKey, body), http.StatusOK, "")
+		expect(t, g.do(t, http.MethodPost, "/v1/sessions/"+other.SessionID+"/commands", aliceKey, body), http.StatusOK, "")
+	}
+	for range 3 { // REST calls the timeline leaves out
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+s.SessionID, aliceKey, nil), http.StatusOK, "")
+	}
+	base := "/v1/sessions/" + s.SessionID + "/timeline"
+
+	r := g.do(t, http.MethodGet, base, aliceKey, nil)
+	expect(t, r, http.StatusOK, "")
+	all := r.timeline(t).Entries
+	if len(all) != 3 {
+		t.Fatalf("timeline has %d entries, want 2 commands and the create: %+v", len(all), all)
+	}
+	if all[0].Kind != audit.KindCommand || all[0].Command != "exit 3" || all[0].ExitCode == nil || *all[0].ExitCode != 3 ||
+		all[1].Kind != audit.KindCommand || all[1].Command != "true" || all[1].ExitCode == nil || *all[1].ExitCode != 0 ||
+		all[2].Kind != audit.KindSession || all[2].Op != "created" {
+		t.Errorf("timeline %+v, want exit 3, true, created (newest first)", all)
+	}
+	for i, e := range all {
+		if e.Session != s.SessionID || e.Tenant != "alice" || (i > 0 && e.Seq >= all[i-1].Seq) {
+			t.Errorf("entry %d %+v: not s's, or not newest first", i, e)
+		}
+	}
+
+	t.Run("kind", func(t *testing.T) {
+		r := g.do(t, http.MethodGet, base+"?kind=session,egress", aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		if es := r.timeline(t).Entries; len(es) != 1 || es[0].Op != "created" {
+			t.Errorf("kind=session,egress: %+v", es)
+		}
+	})
+
+	t.Run("pages", func(t *testing.T) {
+		var paged []audit.Event
+		q := base + "?limit=1"
+		for pages := 0; ; pages++ {
+			if pages > 5 {
+				t.Fatal("pagination does not end")
+			}
+			r := g.do(t, http.MethodGet, q, aliceKey, nil)
+			expect(t, r, http.StatusOK, "")
+			p := r.timeline(t)
+			paged = append(paged, p.Entries...)
+			if p.NextCursor == "" {
+				break
+			}
+			q = base + "?limit=1&cursor=" + url.QueryEscape(p.NextCursor)
+		}
+		if len(paged) != len(all) {
+			t.Fatalf("pages gave %d entries, want %d: %+v", len(paged), len(all), paged)
+		}
+		for i := range all {
+			if paged[i].Seq != all[i].Seq {
+				t.Errorf("page entry %d is seq %d, want %d", i, paged[i].Seq, all[i].Seq)
+			}
+		}
+	})
+
+	t.Run("after", func(t *testing.T) {
+		r := g.do(t, http.MethodGet, base+"?after="+strconv.FormatUint(all[0].Seq, 10), aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		if p := r.timeline(t); len(p.Entries) != 0 || p.NextCursor != "" {
+			t.Errorf("after the newest: %+v", p)
+		}
+		r = g.do(t, http.MethodGet, base+"?after="+strconv.FormatUint(all[2].Seq, 10), aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		if es := r.timeline(t).Entries; len(es) != 2 || es[0].Seq != all[0].Seq || es[1].Seq != all[1].Seq {
+			t.Errorf("after the create: %+v, want the two commands", es)
+		}
+	})
+
+	t.Run("other-tenant", func(t *testing.T) {
+		expect(t, g.do(t, http.MethodGet, base, bobKey, nil), http.StatusNotFound, "not_found")
+	})
+
+	t.Run("errors", func(t *testing.T) {
+		for q, code := range map[string]string{
+			"kind=rest":          "invalid_kind",
+			"kind=":              "invalid_kind",
+			"kind=command,,file": "invalid_kind",
+			"after=-1":           "invalid_after",
+			"after=x":            "invalid_after",
+			"limit=0":            "invalid_limit",
+			"limit=1001":         "invalid_limit",
+			"cursor=abc":         "invalid_cursor",
+		} {
+			expect(t, g.do(t, http.MethodGet, base+"?"+q, aliceKey, nil), http.StatusBadRequest, code)
+		}
+		expect(t, g.do(t, http.MethodGet, base, "", nil), http.StatusUnauthorized, "unauthorized")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+other.SessionID, aliceKey, nil), http.StatusOK, "")
+		expect(t, g.do(t, http.MethodDelete, "/v1/sessions/"+other.SessionID, aliceKey, nil), http.StatusNoContent, "")
+		expect(t, g.do(t, http.MethodGet, "/v1/sessions/"+other.SessionID+"/timeline", aliceKey, nil), http.StatusGone, "session_gone")
+		off := newGateway(t, gwOptions{cov: cov})
+		os := off.create(t, aliceKey, "")
+		expect(t, off.do(t, http.MethodGet, "/v1/sessions/"+os.SessionID+"/timeline", aliceKey, nil), http.StatusNotFound, "audit_unavailable")
+	})
+
+	requireSeen(t, cov, func(path string) bool { return path == "/v1/sessions/{id}/timeline" }, map[string]string{
+		"getSessionTimeline 500": "a read error of the audit files; not reachable without breaking the disk under the test",
+	})
+}

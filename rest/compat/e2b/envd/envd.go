@@ -95,8 +95,20 @@ type callKey struct{}
 // /process.Process/Start, /filesystem.Filesystem/ListDir, /files, /health.
 func (s *Server) ServeSession(w http.ResponseWriter, r *http.Request, sess *gateway.Session, p gateway.Principal) {
 	ctx := context.WithValue(r.Context(), callKey{}, call{sess: sess, p: p})
-	s.mux.ServeHTTP(w, r.WithContext(ctx))
+	s.mux.ServeHTTP(flusher{w, http.NewResponseController(w)}, r.WithContext(ctx))
 }
+
+// flusher gives w an http.Flusher, which connect-go's streams look for
+// by type assertion, through the writers the API's middleware wrapped it
+// in (they unwrap for http.ResponseController).
+type flusher struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (f flusher) Flush() { _ = f.rc.Flush() }
+
+func (f flusher) Unwrap() http.ResponseWriter { return f.ResponseWriter }
 
 // callOf is the session of a request ServeSession serves.
 func callOf(ctx context.Context) call {

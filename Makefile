@@ -197,5 +197,18 @@ bench-check: build
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 	bench/run --quick --dry-run
 
+# make proto: regenerate the Go code of envd's protobuf files (the E2B
+# facade, rest/compat/e2b/envd/proto) with protoc (apt: protobuf-compiler)
+# and the two plugins at the versions go.mod names, installed in bin/.
+ENVD_PROTO := rest/compat/e2b/envd/proto
+.PHONY: proto
+proto:
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go
+	GOBIN=$(CURDIR)/bin $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go
+	cd $(ENVD_PROTO) && PATH=$(CURDIR)/bin:$$PATH protoc -I . \
+		--go_out=../gen --go_opt=paths=source_relative \
+		--connect-go_out=../gen --connect-go_opt=paths=source_relative \
+		process/process.proto filesystem/filesystem.proto
+
 clean:
 	rm -rf bin bench/.bin

@@ -48,21 +48,26 @@ def test_create_env_vars() -> None:
 
 
 def test_background_command_on_stdout_and_kill(sandbox: Sandbox) -> None:
+    # The sync SDK calls a background command's on_stdout from wait(), as
+    # E2B's docs show it: here in a thread, while the test kills it.
     seen: list[str] = []
-    lock = threading.Lock()
+    ended: list[BaseException] = []
+    handle = sandbox.commands.run("for i in 1 2 3; do echo line$i; sleep 0.1; done; sleep 600", background=True)
 
-    def on_stdout(line: str) -> None:
-        with lock:
-            seen.append(line)
+    def wait() -> None:
+        try:
+            handle.wait(on_stdout=seen.append)
+        except BaseException as e:  # noqa: BLE001 - kept for the assertion below
+            ended.append(e)
 
-    handle = sandbox.commands.run(
-        "for i in 1 2 3; do echo line$i; sleep 0.1; done; sleep 600", background=True, on_stdout=on_stdout
-    )
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
     wait_for(lambda: "line3" in "".join(seen), "the background command's third line")
     assert any(p.pid == handle.pid for p in sandbox.commands.list())
     assert sandbox.commands.kill(handle.pid) is True
-    with pytest.raises(CommandExitException):
-        handle.wait()
+    waiter.join(timeout=20)
+    assert not waiter.is_alive()
+    assert len(ended) == 1 and isinstance(ended[0], CommandExitException), ended
     assert all(p.pid != handle.pid for p in sandbox.commands.list())
     assert sandbox.commands.kill(handle.pid) is False
 

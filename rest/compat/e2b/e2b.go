@@ -53,9 +53,8 @@ const (
 )
 
 // EnvdVersion is the envd version sandboxes report: the SDKs use the
-// features it implies (octet-stream uploads, the default user, the
-// commands' stdin, envd's close).
-const EnvdVersion = "0.5.7"
+// features it implies; package envd says which it speaks.
+const EnvdVersion = envd.Version
 
 // Sessions is what the facade needs of the session manager: rest's
 // Sessions, Stop (pause) and Owner (a sandbox URL request names its

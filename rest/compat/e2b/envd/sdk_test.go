@@ -68,9 +68,7 @@ func TestSDKFlows(t *testing.T) {
 	cmd := exec.CommandContext(c, py, "testdata/sdk_flows.py")
 	cmd.Env = append(gwtest.CleanEnv(),
 		"E2B_SANDBOX_URL="+st.URL+prefix, "SANDBOX_ID="+sb.id, "SANDBOX_TOKEN="+aliceKey,
-		"ENVD_VERSION="+envd.Version, "E2B_API_KEY=unused",
-		// The test gateway speaks HTTP/1.1 on plain TCP (no h2c).
-		"E2B_HTTP_VERSION=1.1")
+		"ENVD_VERSION="+envd.Version, "E2B_API_KEY=unused")
 	out, err := cmd.CombinedOutput()
 	t.Logf("sdk_flows.py:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "all flows passed") {

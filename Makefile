@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples test-e2b ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -44,7 +44,7 @@ install: $(if $(filter command line,$(origin BIN)),,build)
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/sandgate
 
 # The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
-test: build test-go test-python test-schema test-ts test-examples
+test: build test-go test-python test-schema test-ts test-examples test-e2b
 
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 45m ./...
@@ -163,6 +163,15 @@ test-examples: build examples/.venv/.installed
 # $SANDBOX_API_URL with $SANDBOX_API_TOKEN when both are set.
 example-offline: build examples/.venv/.installed
 	SANDGATE_BIN=$(CURDIR)/$(BIN) examples/.venv/bin/python examples/offline.py
+
+# E2B's SDKs, unchanged, against the real binary (compat-tests/e2b,
+# docs/compat.md): e2b, e2b-code-interpreter and the OpenAI Agents SDK's
+# E2BSandboxClient, pinned in .venv-e2b/.
+.venv-e2b/.installed: compat-tests/e2b/requirements-e2b.txt sdk-python/pyproject.toml
+	$(fill-venv)
+
+test-e2b: build .venv-e2b/.installed
+	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv-e2b/bin/python -m pytest -q -p no:cacheprovider compat-tests/e2b
 
 # schemathesis over the built binary and the OpenAPI spec: a short run with a
 # fixed seed; any 5xx, spec mismatch or logged error fails it.

@@ -518,7 +518,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	plane := dataplane.NewPlane(cfg.dataPlane.config(cfg, egressCfg.Proxy))
 	// The seeds' own APIs (docs/compat.md), served beside /v1.
 	presigner, _ := any(wsvc).(rest.ArtifactPresigner)
-	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log,
+	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log, ImageAliases: imageAliasNames(cfg.imageAlias),
 		Links: rest.Links{Key: linkKey, PublicURL: cfg.publicURL, Artifacts: presigner, Log: log}})
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit, Mounts: compatAPIs,

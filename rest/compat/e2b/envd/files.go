@@ -44,6 +44,11 @@ type writeInfo struct {
 	Path string `json:"path"`
 }
 
+// dirPath is the error of an upload to p, which names a directory.
+func dirPath(p string) error {
+	return invalid("invalid_path", p+": names a directory; give the file's name")
+}
+
 // filePath is the path parameter of a /files call.
 func filePath(r *http.Request, required bool) (string, bool, error) {
 	raw := r.URL.Query().Get("path")
@@ -107,6 +112,9 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	qpath, hasPath, err := filePath(r, false)
+	if err == nil && strings.HasSuffix(r.URL.Query().Get("path"), "/") {
+		err = dirPath(r.URL.Query().Get("path"))
+	}
 	if err != nil {
 		s.writeFailure(w, r, err, "write file")
 		return
@@ -130,8 +138,8 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	write := func(p string, src io.Reader) (writeInfo, error) {
-		if strings.HasSuffix(p, "/") || p == "." || p == "/" {
-			return writeInfo{}, invalid("invalid_path", p+": names a directory; give the file's name")
+		if p == "." || p == "/" {
+			return writeInfo{}, dirPath(p)
 		}
 		e, _, err := fsys.Write(p, src, dataplane.WriteOptions{Mkdirs: true, MaxBytes: s.d.Plane.Bounds.MaxFileBytes})
 		if err != nil {
@@ -196,7 +204,11 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 				// FileName would keep only the base name: the SDKs send
 				// the whole path as the filename.
 				_, params, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
-				if p, err = checkPath(params["filename"]); err != nil {
+				p, err = checkPath(params["filename"])
+				if err == nil && strings.HasSuffix(params["filename"], "/") {
+					err = dirPath(params["filename"])
+				}
+				if err != nil {
 					s.writeFailure(w, r, err, "write file")
 					return
 				}

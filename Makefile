@@ -166,12 +166,21 @@ example-offline: build examples/.venv/.installed
 
 # E2B's SDKs, unchanged, against the real binary (compat-tests/e2b,
 # docs/compat.md): e2b, e2b-code-interpreter and the OpenAI Agents SDK's
-# E2BSandboxClient, pinned in .venv-e2b/.
+# E2BSandboxClient, pinned in .venv-e2b/; then the JS e2b and
+# @e2b/code-interpreter from compat-tests/e2b/js's committed lockfile, run
+# by node's test runner.
+E2B_JS := compat-tests/e2b/js
+
 .venv-e2b/.installed: compat-tests/e2b/requirements-e2b.txt sdk-python/pyproject.toml
 	$(fill-venv)
 
-test-e2b: build .venv-e2b/.installed
+$(E2B_JS)/node_modules/.installed: $(E2B_JS)/package-lock.json $(E2B_JS)/package.json
+	cd $(E2B_JS) && $(NPM) ci --ignore-scripts --no-audit --no-fund
+	@touch $@
+
+test-e2b: build .venv-e2b/.installed $(E2B_JS)/node_modules/.installed
 	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv-e2b/bin/python -m pytest -q -p no:cacheprovider compat-tests/e2b
+	cd $(E2B_JS) && SANDGATE_BIN=$(CURDIR)/$(BIN) $(NPM) test
 
 # schemathesis over the built binary and the OpenAPI spec: a short run with a
 # fixed seed; any 5xx, spec mismatch or logged error fails it.

@@ -442,6 +442,24 @@ func TestCodeInterpreter(t *testing.T) {
 	if e := ofType(exec(map[string]any{"code": "x"}), "error"); len(e) != 1 || e[0]["name"] != "NameError" {
 		t.Errorf("after restart: %v", e)
 	}
+
+	// A sandbox has at most 7 contexts besides the defaults; a pause
+	// forgets them (their kernels died with its processes).
+	for i := range 8 {
+		c := g.do(t, "POST", "/compat/e2b/sandbox/contexts", map[string]any{"language": "bash"}, hdr...)
+		if i < 7 && c.status != http.StatusOK {
+			t.Fatalf("context %d: %d %s", i, c.status, c.body)
+		}
+		if i == 7 {
+			wantError(t, "an eighth context", c, http.StatusTooManyRequests, "too_many_contexts")
+		}
+	}
+	key := []string{"X-API-Key", aliceKey}
+	g.do(t, "POST", "/compat/e2b/sandboxes/"+sb.SandboxID+"/pause", nil, key...)
+	g.do(t, "POST", "/compat/e2b/sandboxes/"+sb.SandboxID+"/connect", map[string]int{"timeout": 300}, key...)
+	if cs := decode[[]struct{ ID string }](t, g.do(t, "GET", "/compat/e2b/sandbox/contexts", nil, hdr...)); len(cs) != 2 {
+		t.Errorf("contexts after a pause: %v", cs)
+	}
 }
 
 // TestExecuteCutsStreams: an execution's stdout is forwarded up to the

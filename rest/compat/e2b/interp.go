@@ -59,7 +59,14 @@ type codeContext struct {
 // kernels and shells stay the data plane's, which restores them).
 type contexts struct {
 	mu sync.Mutex
-	m  map[string]map[string]codeContext
+	m  map[string]*sessionContexts
+}
+
+// sessionContexts are one session's contexts, and what unregisters the
+// function its end calls.
+type sessionContexts struct {
+	byID       map[string]codeContext
+	unregister func()
 }
 
 // defaults are the contexts every sandbox has.
@@ -79,8 +86,11 @@ func (c *contexts) get(id, cid string) (codeContext, bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cc, ok := c.m[id][cid]
-	return cc, ok
+	if sc := c.m[id]; sc != nil {
+		cc, ok := sc.byID[cid]
+		return cc, ok
+	}
+	return codeContext{}, false
 }
 
 // list is session id's contexts, the defaults first.
@@ -88,27 +98,36 @@ func (c *contexts) list(id string) []codeContext {
 	out := defaultContexts()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, cc := range c.m[id] {
-		out = append(out, cc)
+	if sc := c.m[id]; sc != nil {
+		for _, cc := range sc.byID {
+			out = append(out, cc)
+		}
 	}
 	return out
 }
 
-// add adds cc to session id's contexts, or reports false when it has
-// maxContexts.
-func (c *contexts) add(id string, cc codeContext) bool {
+// add adds cc to session s's contexts, or reports false when it has
+// maxContexts or has ended. The session's end, or its stop (its kernels
+// die with its processes), forgets them (gateway.Session.AddConn).
+func (c *contexts) add(s *gateway.Session, cc codeContext) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]map[string]codeContext{}
+		c.m = map[string]*sessionContexts{}
 	}
-	if len(c.m[id]) >= maxContexts {
+	sc := c.m[s.ID]
+	if sc == nil {
+		unregister, ok := s.AddConn(func() { c.forget(s.ID) })
+		if !ok {
+			return false
+		}
+		sc = &sessionContexts{byID: map[string]codeContext{}, unregister: unregister}
+		c.m[s.ID] = sc
+	}
+	if len(sc.byID) >= maxContexts {
 		return false
 	}
-	if c.m[id] == nil {
-		c.m[id] = map[string]codeContext{}
-	}
-	c.m[id][cc.ID] = cc
+	sc.byID[cc.ID] = cc
 	return true
 }
 
@@ -116,9 +135,12 @@ func (c *contexts) add(id string, cc codeContext) bool {
 func (c *contexts) remove(id, cid string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.m[id], cid)
-	if len(c.m[id]) == 0 {
-		delete(c.m, id)
+	if sc := c.m[id]; sc != nil {
+		delete(sc.byID, cid)
+		if len(sc.byID) == 0 {
+			sc.unregister()
+			delete(c.m, id)
+		}
 	}
 }
 
@@ -127,7 +149,10 @@ func (c *contexts) remove(id, cid string) {
 func (c *contexts) forget(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.m, id)
+	if sc := c.m[id]; sc != nil {
+		sc.unregister()
+		delete(c.m, id)
+	}
 }
 
 // serveInterpreter serves one code interpreter request for s.
@@ -185,7 +210,7 @@ func (a *api) createContext(w http.ResponseWriter, r *http.Request, s *gateway.S
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	cc := codeContext{ID: "ctx-" + hex.EncodeToString(b[:]), Language: lang, Cwd: body.Cwd}
-	if !a.contexts.add(s.ID, cc) {
+	if !a.contexts.add(s, cc) {
 		writeError(w, http.StatusTooManyRequests, "too_many_contexts",
 			fmt.Sprintf("a sandbox may have at most %d contexts besides the default ones; delete one", maxContexts))
 		return

@@ -322,8 +322,14 @@ func (ps *procService) follow(ctx context.Context, send func(*process.ProcessEve
 		default:
 			return ps.s.toRPC(ctx, err, "read process output")
 		}
+		if chunk.Dropped > 0 {
+			// The client read slower than the process wrote, past what
+			// the process keeps (dataplane.DefaultOutputCap): envd's
+			// events have no way to say so.
+			ps.s.d.Log.WarnContext(ctx, "envd_output_dropped", "session", callOf(ctx).sess.ID, "pid", pidOf(pr.Info()), "bytes", chunk.Dropped)
+		}
 		if len(chunk.Data) == 0 {
-			continue // what was dropped before off: envd has no way to say so
+			continue
 		}
 		data := &process.ProcessEvent_DataEvent{}
 		switch {

@@ -137,12 +137,23 @@ func callOf(ctx context.Context) call {
 // health answers GET /health as envd does: 204 while the sandbox runs.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	c := callOf(r.Context())
-	if c.sess == nil || !c.sess.Live() {
-		writeHTTPError(w, http.StatusBadGateway, "session_not_running", "the sandbox is not running")
+	if c.sess == nil || c.sess.Status() != gateway.StatusRunning {
+		writeHTTPError(w, http.StatusBadGateway, "session_not_running", notRunning(c))
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// notRunning is what a call is told of its sandbox that stopped or
+// ended: "was not found" is what the SDKs look for to raise
+// SandboxNotRunningException.
+func notRunning(c call) string {
+	id := ""
+	if c.sess != nil {
+		id = c.sess.ID + " "
+	}
+	return "the sandbox " + id + "was not found running: it stopped or ended"
 }
 
 // keepaliveInterval is how often a stream sends a keepalive event: the

@@ -246,7 +246,7 @@ func (ps *procService) Start(ctx context.Context, req *connect.Request[process.S
 	}
 	pr, ok := ps.s.d.Plane.Processes.Get(c.sess.ID, info.ProcessID)
 	if !ok {
-		return rpcError(connect.CodeUnavailable, "session_not_running", "the process ended with its session")
+		return rpcError(connect.CodeUnavailable, "session_not_running", notRunning(c))
 	}
 	ps.remember(c.sess, info.ProcessID, meta)
 	if dl, ok := ctx.Deadline(); ok {
@@ -311,7 +311,7 @@ func (ps *procService) follow(ctx context.Context, send func(*process.ProcessEve
 			}
 			return send(endEvent(pr.Info()))
 		case errors.Is(err, dataplane.ErrOutputGone):
-			return rpcError(connect.CodeUnavailable, "session_not_running", "the process ended with its session")
+			return rpcError(connect.CodeUnavailable, "session_not_running", notRunning(callOf(ctx)))
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded):

@@ -118,7 +118,6 @@ type watcher struct {
 	fetched time.Time     // last GetWatcherEvents
 }
 
-
 // start opens a watcher on dir for call c: it takes the first listing
 // before it returns, so that every change after it is seen.
 func (s *Server) startWatch(ctx context.Context, c call, dir string, recursive, includeEntry bool) (*watcher, error) {

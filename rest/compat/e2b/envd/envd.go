@@ -95,20 +95,38 @@ type callKey struct{}
 // /process.Process/Start, /filesystem.Filesystem/ListDir, /files, /health.
 func (s *Server) ServeSession(w http.ResponseWriter, r *http.Request, sess *gateway.Session, p gateway.Principal) {
 	ctx := context.WithValue(r.Context(), callKey{}, call{sess: sess, p: p})
-	s.mux.ServeHTTP(flusher{w, http.NewResponseController(w)}, r.WithContext(ctx))
+	sw := stallFlusher{w, http.NewResponseController(w)}
+	// The deadline stays on a kept-alive connection: clear it for the next.
+	defer func() { _ = sw.rc.SetWriteDeadline(time.Time{}) }()
+	s.mux.ServeHTTP(sw, r.WithContext(ctx))
 }
 
-// flusher gives w an http.Flusher, which connect-go's streams look for
-// by type assertion, through the writers the API's middleware wrapped it
-// in (they unwrap for http.ResponseController).
-type flusher struct {
+// writeStall ends an answer whose client takes nothing of a write for
+// this long (a stream's events, a download's bytes): the goroutine and
+// the transfer it holds are freed.
+const writeStall = time.Minute
+
+// stallFlusher is the writer of every answer: each write and flush must
+// be taken within writeStall; and it is an http.Flusher, which
+// connect-go's streams look for by type assertion, through the writers
+// the API's middleware wrapped it in (they unwrap for
+// http.ResponseController).
+type stallFlusher struct {
 	http.ResponseWriter
 	rc *http.ResponseController
 }
 
-func (f flusher) Flush() { _ = f.rc.Flush() }
+func (f stallFlusher) Write(p []byte) (int, error) {
+	_ = f.rc.SetWriteDeadline(time.Now().Add(writeStall))
+	return f.ResponseWriter.Write(p)
+}
 
-func (f flusher) Unwrap() http.ResponseWriter { return f.ResponseWriter }
+func (f stallFlusher) Flush() {
+	_ = f.rc.SetWriteDeadline(time.Now().Add(writeStall))
+	_ = f.rc.Flush()
+}
+
+func (f stallFlusher) Unwrap() http.ResponseWriter { return f.ResponseWriter }
 
 // callOf is the session of a request ServeSession serves.
 func callOf(ctx context.Context) call {
@@ -119,12 +137,23 @@ func callOf(ctx context.Context) call {
 // health answers GET /health as envd does: 204 while the sandbox runs.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	c := callOf(r.Context())
-	if c.sess == nil || !c.sess.Live() {
-		writeHTTPError(w, http.StatusBadGateway, "session_not_running", "the sandbox is not running")
+	if c.sess == nil || c.sess.Status() != gateway.StatusRunning {
+		writeHTTPError(w, http.StatusBadGateway, "session_not_running", notRunning(c))
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// notRunning is what a call is told of its sandbox that stopped or
+// ended: "was not found" is what the SDKs look for to raise
+// SandboxNotRunningException.
+func notRunning(c call) string {
+	id := ""
+	if c.sess != nil {
+		id = c.sess.ID + " "
+	}
+	return "the sandbox " + id + "was not found running: it stopped or ended"
 }
 
 // keepaliveInterval is how often a stream sends a keepalive event: the

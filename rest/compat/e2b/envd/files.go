@@ -29,9 +29,6 @@ const (
 	// maxSizelessRead bounds a download of a file whose size reads as 0
 	// (/proc), as /v1's GET /files does.
 	maxSizelessRead = 64 << 20
-	// downloadStall ends a download whose client takes nothing for this
-	// long: it holds one of the bounded transfers (dataplane.Files).
-	downloadStall = time.Minute
 	// metadataHeader starts the headers of E2B's file metadata (extended
 	// attributes), which SFTP cannot set.
 	metadataHeader = "X-Metadata-"
@@ -82,9 +79,6 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	}
 	defer f.Close()
 	c.sess.Audit(r.Context(), audit.Event{Kind: audit.KindFile, Source: "rest", Op: "read", Path: p, Bytes: e.SizeBytes, Result: "ok"})
-	sw := &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
-	defer func() { _ = sw.rc.SetWriteDeadline(time.Time{}) }()
-	w = sw
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": e.Name}))
 	w.Header().Set("Cache-Control", "no-store")
@@ -231,20 +225,6 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
 }
-
-// stallWriter is a download's writer: each write must be taken by the
-// client within downloadStall.
-type stallWriter struct {
-	http.ResponseWriter
-	rc *http.ResponseController
-}
-
-func (w *stallWriter) Write(p []byte) (int, error) {
-	_ = w.rc.SetWriteDeadline(time.Now().Add(downloadStall))
-	return w.ResponseWriter.Write(p)
-}
-
-func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // stallReader is an upload's body: each read must get a byte within
 // stall (dataplane.Bounds.UploadStall), or the upload ends, freeing the

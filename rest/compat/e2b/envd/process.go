@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process"
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -152,8 +154,9 @@ func (ps *procService) procError(ctx context.Context, err error, what string) er
 }
 
 // startRequest checks a Start's config and turns it into the data
-// plane's request.
-func startRequest(m *process.StartRequest) (dataplane.StartRequest, *procMeta, error) {
+// plane's request; the sandbox's own variables (the create's envVars,
+// base) come under the command's.
+func startRequest(m *process.StartRequest, base map[string]string) (dataplane.StartRequest, *procMeta, error) {
 	var sr dataplane.StartRequest
 	cfg := m.GetProcess()
 	if cfg == nil || cfg.GetCmd() == "" {
@@ -190,6 +193,12 @@ func startRequest(m *process.StartRequest) (dataplane.StartRequest, *procMeta, e
 		}
 		sr.Env = append(sr.Env, name+"="+value)
 	}
+	for name, value := range base {
+		if _, ok := envs[name]; !ok {
+			sr.Env = append(sr.Env, name+"="+value)
+		}
+	}
+	slices.Sort(sr.Env)
 	if cfg.Cwd != nil {
 		cwd := cfg.GetCwd()
 		if len(cwd) > maxCwdBytes || strings.IndexByte(cwd, 0) >= 0 {
@@ -226,7 +235,8 @@ func startRequest(m *process.StartRequest) (dataplane.StartRequest, *procMeta, e
 // as envd does; without one it runs until it exits or the session ends.
 func (ps *procService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
 	c := callOf(ctx)
-	sr, meta, err := startRequest(req.Msg)
+	rec, _ := e2bmeta.Of(c.sess)
+	sr, meta, err := startRequest(req.Msg, rec.EnvVars)
 	if err != nil {
 		return err
 	}
@@ -236,7 +246,7 @@ func (ps *procService) Start(ctx context.Context, req *connect.Request[process.S
 	}
 	pr, ok := ps.s.d.Plane.Processes.Get(c.sess.ID, info.ProcessID)
 	if !ok {
-		return rpcError(connect.CodeUnavailable, "session_not_running", "the process ended with its session")
+		return rpcError(connect.CodeUnavailable, "session_not_running", notRunning(c))
 	}
 	ps.remember(c.sess, info.ProcessID, meta)
 	if dl, ok := ctx.Deadline(); ok {
@@ -301,7 +311,7 @@ func (ps *procService) follow(ctx context.Context, send func(*process.ProcessEve
 			}
 			return send(endEvent(pr.Info()))
 		case errors.Is(err, dataplane.ErrOutputGone):
-			return rpcError(connect.CodeUnavailable, "session_not_running", "the process ended with its session")
+			return rpcError(connect.CodeUnavailable, "session_not_running", notRunning(callOf(ctx)))
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded):
@@ -312,8 +322,14 @@ func (ps *procService) follow(ctx context.Context, send func(*process.ProcessEve
 		default:
 			return ps.s.toRPC(ctx, err, "read process output")
 		}
+		if chunk.Dropped > 0 {
+			// The client read slower than the process wrote, past what
+			// the process keeps (dataplane.DefaultOutputCap): envd's
+			// events have no way to say so.
+			ps.s.d.Log.WarnContext(ctx, "envd_output_dropped", "session", callOf(ctx).sess.ID, "pid", pidOf(pr.Info()), "bytes", chunk.Dropped)
+		}
 		if len(chunk.Data) == 0 {
-			continue // what was dropped before off: envd has no way to say so
+			continue
 		}
 		data := &process.ProcessEvent_DataEvent{}
 		switch {

@@ -412,3 +412,24 @@ func TestProcessesAreTheSessions(t *testing.T) {
 		t.Errorf("health: %d", status)
 	}
 }
+
+// A sandbox's envVars (the E2B create's, kept in its metadata) reach
+// every command, under the command's own envs.
+func TestSandboxEnvVars(t *testing.T) {
+	g := newGateway(t, envd.WatchBounds{})
+	var s struct {
+		SessionID string `json:"sessionId"`
+	}
+	body := map[string]any{"metadata": map[string]any{"_e2b": map[string]any{"envVars": map[string]string{"A": "from-create", "B": "from-create"}}}}
+	if code := gwtest.DoJSON(t, g.st.URL, aliceKey, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	sb := g.client(t, aliceKey, s.SessionID)
+	req := bash(`echo "$A $B"`, false)
+	req.Process.Envs = map[string]string{"B": "from-command"}
+	st, r := sb.start(t, ctx(t), req)
+	wait(t, st, r)
+	if got := r.stdout.String(); got != "from-create from-command\n" {
+		t.Errorf("stdout %q", got)
+	}
+}

@@ -118,10 +118,6 @@ type watcher struct {
 	fetched time.Time     // last GetWatcherEvents
 }
 
-// errWatcherEnded is the error of a watcher whose session stopped or
-// ended.
-var errWatcherEnded = rpcError(connect.CodeUnavailable, "session_not_running", "the watcher ended with its session")
-
 // start opens a watcher on dir for call c: it takes the first listing
 // before it returns, so that every change after it is seen.
 func (s *Server) startWatch(ctx context.Context, c call, dir string, recursive, includeEntry bool) (*watcher, error) {
@@ -156,14 +152,15 @@ func (s *Server) startWatch(ctx context.Context, c call, dir string, recursive, 
 		ws.release(w, false)
 		return nil, err
 	}
+	errEnded := rpcError(connect.CodeUnavailable, "session_not_running", notRunning(c))
 	remove, ok := c.sess.AddConn(func() {
-		w.stop(errWatcherEnded)
+		w.stop(errEnded)
 		go w.close()
 	})
 	if !ok {
 		cancel()
 		ws.release(w, false)
-		return nil, errWatcherEnded
+		return nil, errEnded
 	}
 	w.remove = remove
 	ws.mu.Lock()

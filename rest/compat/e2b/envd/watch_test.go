@@ -3,6 +3,7 @@ package envd_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,4 +153,60 @@ func TestWatcherCalls(t *testing.T) {
 		t.Fatalf("delete session: %d", code)
 	}
 	_ = cw2
+}
+
+// A session that ends ends its streams with unavailable, saying the
+// sandbox "was not found" (what the SDKs look for to raise
+// SandboxNotRunningException); its watchers go.
+func TestSessionEndEndsStreams(t *testing.T) {
+	g := newGateway(t, envd.WatchBounds{Interval: 50 * time.Millisecond})
+	sb := g.newSandbox(t, aliceKey)
+	c := ctx(t)
+	st, r := sb.start(t, c, bash("sleep 120", false))
+	ws, err := sb.fs.WatchDir(c, connect.NewRequest(&filesystem.WatchDirRequest{Path: "."}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	if !ws.Receive() {
+		t.Fatal(ws.Err())
+	}
+	if _, err := sb.fs.CreateWatcher(c, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "."})); err != nil {
+		t.Fatal(err)
+	}
+	if code := gwtest.DoJSON(t, g.st.URL, aliceKey, http.MethodDelete, "/v1/sessions/"+sb.id, nil, nil); code != http.StatusNoContent && code != http.StatusOK {
+		t.Fatalf("delete session: %d", code)
+	}
+	for st.Receive() {
+		if r.add(t, st.Msg().GetEvent()) {
+			t.Fatalf("an end event for a process whose session ended: %v", r.end)
+		}
+	}
+	wantCode(t, st.Err(), connect.CodeUnavailable)
+	if !strings.Contains(st.Err().Error(), "was not found") {
+		t.Errorf("start stream: %v", st.Err())
+	}
+	for ws.Receive() {
+	}
+	wantCode(t, ws.Err(), connect.CodeUnavailable)
+	if !strings.Contains(ws.Err().Error(), "was not found") {
+		t.Errorf("watch stream: %v", ws.Err())
+	}
+}
+
+// A stopped session's health is 502 "was not found", which the SDKs'
+// is_running reads as not running.
+func TestHealthOfAStoppedSandbox(t *testing.T) {
+	g := newGateway(t, envd.WatchBounds{})
+	sb := g.newSandbox(t, aliceKey)
+	if status, _, _ := sb.do(t, http.MethodGet, "/health", "", nil); status != http.StatusNoContent {
+		t.Fatalf("health: %d", status)
+	}
+	if code := gwtest.DoJSON(t, g.st.URL, aliceKey, http.MethodPost, "/v1/sessions/"+sb.id+"/stop", nil, nil); code != http.StatusOK && code != http.StatusAccepted {
+		t.Fatalf("stop: %d", code)
+	}
+	status, _, body := sb.do(t, http.MethodGet, "/health", "", nil)
+	if status != http.StatusBadGateway || !strings.Contains(body, "was not found") {
+		t.Errorf("health of a stopped sandbox: %d %s", status, body)
+	}
 }

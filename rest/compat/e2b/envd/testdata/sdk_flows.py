@@ -15,7 +15,7 @@ import time
 from packaging.version import Version
 
 from e2b import AsyncSandbox, CommandExitException, ConnectionConfig, Sandbox
-from e2b.exceptions import FileNotFoundException, NotFoundException
+from e2b.exceptions import FileNotFoundException, InvalidArgumentException, NotFoundException
 from e2b.sandbox.filesystem.filesystem import FileType
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 from e2b.sandbox.commands.command_handle import PtySize
@@ -169,6 +169,17 @@ def sync_flows():
     except NotFoundException:
         pass
     ok("connecting to a missing process raises NotFoundException")
+
+    for call in (lambda: sbx.files.get_info("bad\x00path"), lambda: sbx.files.read("")):
+        try:
+            call()
+            check(False, "a bad path was not refused")
+        except InvalidArgumentException:
+            pass
+    ok("a bad path raises InvalidArgumentException (RPC and HTTP)")
+
+    check(sbx.is_running(), "is_running")
+    ok("is_running (GET /health)")
 
 
 async def async_flows():

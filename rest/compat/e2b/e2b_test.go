@@ -483,3 +483,23 @@ func TestExecuteCutsStreams(t *testing.T) {
 		t.Errorf("forwarded %d bytes of stdout with %d notes, want %d and 1", n, notes, rest.DefaultCommandOutput)
 	}
 }
+
+// TestExecuteKernelRefused: the answer starts at once (200, as E2B's
+// server does); a kernel that cannot run the code ends it with an error
+// line named by sandgate's code.
+func TestExecuteKernelRefused(t *testing.T) {
+	g := newGateway(t)
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+	for i := range 8 { // /v1 kernels fill the session's eight
+		a := g.do(t, "POST", "/v1/sessions/"+sb.SandboxID+"/python", map[string]any{"code": "1", "kernel": "k" + string(rune('0'+i))},
+			"Authorization", "Bearer "+aliceKey)
+		if a.status != http.StatusOK {
+			t.Fatalf("/v1 kernel %d: %d %s", i, a.status, a.body)
+		}
+	}
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+	ls := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "1"}, hdr...))
+	if e := ofType(ls, "error"); len(e) != 1 || e[0]["name"] != "too_many_kernels" || len(ofType(ls, "end_of_execution")) != 1 {
+		t.Errorf("a ninth kernel: %v", ls)
+	}
+}

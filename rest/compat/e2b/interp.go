@@ -333,19 +333,26 @@ type execution struct {
 	sent    [2]int64  // stdout, stderr forwarded
 	noted   [2]bool   // the cut was said
 	partial [2][]byte // the start of a character the next piece ends
-	started bool
+}
+
+// start answers 200 at once, as E2B's server does: a cell that runs long
+// without output keeps no client (or proxy) waiting for the headers.
+func (e *execution) start() {
+	e.w.Header().Set("Content-Type", "application/x-ndjson")
+	e.w.Header().Set("Cache-Control", "no-store")
+	e.w.WriteHeader(http.StatusOK)
+	_ = e.rc.Flush()
 }
 
 // line writes one line of the answer.
 func (e *execution) line(v map[string]any) {
-	if !e.started {
-		e.w.Header().Set("Content-Type", "application/x-ndjson")
-		e.w.Header().Set("Cache-Control", "no-store")
-		e.w.WriteHeader(http.StatusOK)
-		e.started = true
-	}
 	_ = e.enc.Encode(v)
 	_ = e.rc.Flush()
+}
+
+// end is the answer's last line.
+func (e *execution) end() {
+	e.line(map[string]any{"type": "end_of_execution"})
 }
 
 // output forwards a piece of stdout or stderr, up to the limit.
@@ -460,6 +467,7 @@ func (a *api) execute(w http.ResponseWriter, r *http.Request, s *gateway.Session
 	ex := &execution{w: w, rc: http.NewResponseController(w), limit: maxOut}
 	ex.enc = json.NewEncoder(w)
 	ex.enc.SetEscapeHTML(false)
+	ex.start()
 	if cc.Language == langBash {
 		a.executeBash(r, s, cc, body, ex, maxOut)
 		return
@@ -476,7 +484,7 @@ func (a *api) executePython(r *http.Request, s *gateway.Session, cc codeContext,
 		set := fmt.Sprintf("import os as _sg_os, json as _sg_json\n_sg_env_saved = {k: _sg_os.environ.get(k) for k in _sg_json.loads(%s)}\n_sg_os.environ.update(_sg_json.loads(%s))\ndel _sg_os, _sg_json",
 			pyString(string(env)), pyString(string(env)))
 		if err := a.pythonSetup(ctx, s, cc.ID, set); err != nil {
-			a.kernelFailed(ex.w, r, s, err)
+			a.kernelFailed(ex, r, s, err)
 			return
 		}
 		defer func() {
@@ -492,8 +500,8 @@ func (a *api) executePython(r *http.Request, s *gateway.Session, cc codeContext,
 	}
 	res, err := a.d.Plane.Kernels.Run(ctx, s.ID, s, cc.ID, req)
 	if err != nil {
-		if ctx.Err() == nil && !ex.started {
-			a.kernelFailed(ex.w, r, s, err)
+		if ctx.Err() == nil {
+			a.kernelFailed(ex, r, s, err)
 		}
 		return
 	}
@@ -503,9 +511,7 @@ func (a *api) executePython(r *http.Request, s *gateway.Session, cc codeContext,
 	if e := res.Error; e != nil {
 		ex.line(map[string]any{"type": "error", "name": e.Name, "value": e.Value, "traceback": e.Traceback})
 	}
-	if !ex.started {
-		ex.line(map[string]any{"type": "end_of_execution"})
-	}
+	ex.end()
 }
 
 // hasMain reports whether ds has the last expression's value.
@@ -518,18 +524,21 @@ func hasMain(ds []dataplane.Display) bool {
 	return false
 }
 
-// kernelFailed answers a kernel that could not run the code (no python3,
-// too many kernels, a busy one) in E2B's error shape.
-func (a *api) kernelFailed(w http.ResponseWriter, r *http.Request, s *gateway.Session, err error) {
-	if errors.Is(err, dataplane.ErrPythonUnavailable) {
-		writeError(w, http.StatusBadRequest, "python_unavailable", err.Error())
-		return
-	}
-	if _, ok := errors.AsType[*gateway.Error](err); !ok {
+// kernelFailed ends the answer of a call whose kernel (or shell) could not
+// run the code (no python3, too many kernels, a busy one) with an error
+// line named by sandgate's code for it.
+func (a *api) kernelFailed(ex *execution, r *http.Request, s *gateway.Session, err error) {
+	ge, ok := errors.AsType[*gateway.Error](err)
+	if !ok {
 		a.d.Log.WarnContext(r.Context(), "e2b_execute_failed", "session", s.ID, "err", err)
-		err = dataplane.Failure(err, "the code interpreter could not run the code")
+		ge, _ = errors.AsType[*gateway.Error](dataplane.Failure(err, "the code interpreter could not run the code"))
 	}
-	writeGatewayError(w, err)
+	name, msg := "internal", "the code interpreter could not run the code"
+	if ge != nil {
+		name, msg = ge.Code, ge.Message
+	}
+	ex.line(map[string]any{"type": "error", "name": name, "value": msg, "traceback": ""})
+	ex.end()
 }
 
 // executeBash runs body's code in cc's shell; a status other than 0 is
@@ -548,11 +557,8 @@ func (a *api) executeBash(r *http.Request, s *gateway.Session, cc codeContext, b
 	if err != nil {
 		if r.Context().Err() == nil {
 			mu.Lock()
-			started := ex.started
-			mu.Unlock()
-			if !started {
-				a.kernelFailed(ex.w, r, s, err)
-			}
+			defer mu.Unlock()
+			a.kernelFailed(ex, r, s, err)
 		}
 		return
 	}
@@ -567,7 +573,5 @@ func (a *api) executeBash(r *http.Request, s *gateway.Session, cc codeContext, b
 	case *res.ExitCode != 0:
 		ex.line(map[string]any{"type": "error", "name": "CommandExitError", "value": fmt.Sprintf("exit status %d", *res.ExitCode), "traceback": ""})
 	}
-	if !ex.started {
-		ex.line(map[string]any{"type": "end_of_execution"})
-	}
+	ex.end()
 }

@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -452,18 +453,20 @@ func (a *api) listV2(w http.ResponseWriter, r *http.Request) {
 		slices.Reverse(rows) // all is oldest first
 	}
 	start := 0
-	if cursor != "" {
+	if cursor.id != "" {
+		// The first row after the cursor's, in the list's order: a page
+		// holds even when the cursor's sandbox is gone since.
 		start = len(rows)
 		for i, l := range rows {
-			if l.SandboxID == cursor {
-				start = i + 1
+			if c := cursor.compare(l); !desc && c < 0 || desc && c > 0 {
+				start = i
 				break
 			}
 		}
 	}
 	page := rows[start:min(start+limit, len(rows))]
 	if start+limit < len(rows) {
-		w.Header().Set("X-Next-Token", base64.RawURLEncoding.EncodeToString([]byte(page[len(page)-1].SandboxID)))
+		w.Header().Set("X-Next-Token", cursorOf(page[len(page)-1]))
 	}
 	if page == nil {
 		page = []listedSandbox{}
@@ -471,16 +474,42 @@ func (a *api) listV2(w http.ResponseWriter, r *http.Request) {
 	_ = writeJSON(w, http.StatusOK, page)
 }
 
-// parseCursor is the sandbox id a nextToken names ("" for none).
-func parseCursor(tok string) (string, bool) {
+// cursor is where a page ends: its last sandbox's start and id.
+type cursor struct {
+	started int64 // unix nanoseconds
+	id      string
+}
+
+// compare is -1, 0 or 1 as the cursor's sandbox comes before l, is l, or
+// comes after it, oldest first (by start, then id, as the session
+// manager lists them).
+func (c cursor) compare(l listedSandbox) int {
+	if n := l.StartedAt.UnixNano(); n != c.started {
+		return cmp.Compare(c.started, n)
+	}
+	return cmp.Compare(c.id, l.SandboxID)
+}
+
+// cursorOf is the nextToken of a page that ends with l.
+func cursorOf(l listedSandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(l.StartedAt.UnixNano(), 10) + ":" + l.SandboxID))
+}
+
+// parseCursor is the cursor a nextToken names (zero for none).
+func parseCursor(tok string) (cursor, bool) {
 	if tok == "" {
-		return "", true
+		return cursor{}, true
 	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || !sandbox.ValidID(string(b)) {
-		return "", false
+	b, err := base64.RawURLEncoding.Strict().DecodeString(tok)
+	if err != nil {
+		return cursor{}, false
 	}
-	return string(b), true
+	ns, id, ok := strings.Cut(string(b), ":")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil || !sandbox.ValidID(id) {
+		return cursor{}, false
+	}
+	return cursor{started: n, id: id}, true
 }
 
 // all is the tenant's live sessions, oldest first.

@@ -237,6 +237,14 @@ func TestControlAPI(t *testing.T) {
 	if len(page1) != 1 || len(page2) != 1 || next == "" || last != "" || page1[0].SandboxID == page2[0].SandboxID {
 		t.Errorf("pages: %v %q %v %q", ids(page1), next, ids(page2), last)
 	}
+	d1, dnext := list("?limit=1&order=desc")
+	d2, _ := list("?limit=1&order=desc&nextToken=" + dnext)
+	if len(d1) != 1 || len(d2) != 1 || d1[0].SandboxID != page2[0].SandboxID || d2[0].SandboxID != page1[0].SandboxID {
+		t.Errorf("pages newest first: %v %v", ids(d1), ids(d2))
+	}
+	if a := g.do(t, "GET", "/compat/e2b/v2/sandboxes?nextToken=bm90LWEtY3Vyc29y", nil, key...); a.status != http.StatusBadRequest {
+		t.Errorf("a made-up nextToken: %d %s", a.status, a.body)
+	}
 	if ls, _ := list(""); len(ls) != 2 {
 		t.Errorf("bob's list would be empty, alice's has both: %v", ids(ls))
 	}

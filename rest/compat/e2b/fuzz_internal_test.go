@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/gateway"
 )
@@ -30,13 +31,17 @@ func FuzzMetadataFilter(f *testing.F) {
 
 // FuzzCursor: a nextToken is a sandbox id this API handed out, or refused.
 func FuzzCursor(f *testing.F) {
-	for _, s := range []string{"", "c2J4LWFiYw", "!!", strings.Repeat("A", 200)} {
+	l := listedSandbox{SandboxID: "sbx-abc", StartedAt: time.Unix(0, 1700000000123456789)}
+	for _, s := range []string{"", cursorOf(l), "c2J4LWFiYw", "!!", strings.Repeat("A", 200)} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, tok string) {
-		id, ok := parseCursor(tok)
-		if ok && tok != "" && id == "" {
+		c, ok := parseCursor(tok)
+		if ok && tok != "" && c.id == "" {
 			t.Fatalf("%q: accepted as no cursor", tok)
+		}
+		if ok && tok != "" && cursorOf(listedSandbox{SandboxID: c.id, StartedAt: time.Unix(0, c.started)}) != tok {
+			t.Fatalf("%q: does not round-trip", tok)
 		}
 	})
 }

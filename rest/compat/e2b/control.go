@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/url"
@@ -718,6 +719,13 @@ func wake(ctx context.Context, s *gateway.Session) error {
 	if err != nil {
 		return err
 	}
+	_ = p.Stdin().Close()
+	_, _ = io.Copy(io.Discard, p.Stdout())
+	if e := p.Stderr(); e != nil {
+		_, _ = io.Copy(io.Discard, e)
+		_ = e.Close()
+	}
+	_ = p.Stdout().Close()
 	_, err = p.Wait()
 	return err
 }

@@ -409,6 +409,11 @@ func (f *fsService) WatchDir(ctx context.Context, req *connect.Request[filesyste
 	if err != nil {
 		return err
 	}
+	done, err := f.s.streams.open(c)
+	if err != nil {
+		return err
+	}
+	defer done()
 	w, err := f.s.startWatch(ctx, c, dir, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return f.s.toRPC(ctx, err, "watch directory")

@@ -46,8 +46,10 @@ type Deps struct {
 	// Plane is the data plane (commands, processes, files).
 	Plane *dataplane.Plane
 	Log   *slog.Logger
-	// Watch bounds the directory watchers (zero values: the defaults).
-	Watch WatchBounds
+	// Watch bounds the directory watchers, Streams the streaming calls
+	// (zero values: the defaults).
+	Watch   WatchBounds
+	Streams StreamBounds
 }
 
 // Server serves envd's API for sessions handed to it.
@@ -57,6 +59,7 @@ type Server struct {
 	procs   *procService
 	fs      *fsService
 	watches *watchers
+	streams *streams
 }
 
 // maxMessageBytes bounds one Connect message read (a request, or one
@@ -70,6 +73,7 @@ func New(d Deps) *Server {
 	}
 	s := &Server{d: d, mux: http.NewServeMux()}
 	s.watches = newWatchers(d.Watch.withDefaults())
+	s.streams = newStreams(d.Streams)
 	s.procs = &procService{s: s}
 	s.fs = &fsService{s: s}
 	opts := []connect.HandlerOption{connect.WithReadMaxBytes(maxMessageBytes)}

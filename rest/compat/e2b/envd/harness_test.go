@@ -42,13 +42,18 @@ type testGateway struct {
 	st *gwtest.Stack
 }
 
-// newGateway starts a stack with envd mounted; watch bounds the watchers.
-func newGateway(t *testing.T, watch envd.WatchBounds) *testGateway {
+// newGateway starts a stack with envd mounted; watch bounds the
+// watchers, streams (when given) the streaming calls.
+func newGateway(t *testing.T, watch envd.WatchBounds, streams ...envd.StreamBounds) *testGateway {
 	t.Helper()
+	var sb envd.StreamBounds
+	if len(streams) > 0 {
+		sb = streams[0]
+	}
 	st := gwtest.Start(t, gwtest.Options{
 		Tokens: map[string]string{aliceKey: "alice", bobKey: "bob"},
 		Mounts: func(e gwtest.Engines) []rest.Mount {
-			srv := envd.New(envd.Deps{Sessions: e.Sessions, Plane: e.Plane, Log: e.Log, Watch: watch})
+			srv := envd.New(envd.Deps{Sessions: e.Sessions, Plane: e.Plane, Log: e.Log, Watch: watch, Streams: sb})
 			return []rest.Mount{{Prefix: prefix, Handler: http.StripPrefix(prefix, sandboxRouter(e.Sessions, srv))}}
 		},
 	})

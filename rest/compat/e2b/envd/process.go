@@ -240,6 +240,11 @@ func (ps *procService) Start(ctx context.Context, req *connect.Request[process.S
 	if err != nil {
 		return err
 	}
+	done, err := ps.s.streams.open(c)
+	if err != nil {
+		return err
+	}
+	defer done()
 	info, err := ps.s.d.Plane.Processes.Start(ctx, c.sess, ps.config(), sr)
 	if err != nil {
 		return ps.s.toRPC(ctx, err, "start process")
@@ -284,6 +289,11 @@ func (ps *procService) Connect(ctx context.Context, req *connect.Request[process
 	if err != nil {
 		return err
 	}
+	done, err := ps.s.streams.open(c)
+	if err != nil {
+		return err
+	}
+	defer done()
 	info := pr.Info()
 	send := func(ev *process.ProcessEvent) error { return stream.Send(&process.ConnectResponse{Event: ev}) }
 	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: pidOf(info)}}}); err != nil {
@@ -430,6 +440,11 @@ func (ps *procService) SendInput(ctx context.Context, req *connect.Request[proce
 // (start) names it, data messages follow.
 func (ps *procService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
 	c := callOf(ctx)
+	done, err := ps.s.streams.open(c)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	var pr *dataplane.Process
 	for stream.Receive() {
 		switch ev := stream.Msg().GetEvent().(type) {

@@ -433,3 +433,56 @@ func TestSandboxEnvVars(t *testing.T) {
 		t.Errorf("stdout %q", got)
 	}
 }
+
+// The streaming calls open at once are bounded per session (and per
+// tenant and gateway): past it a stream is refused before its process
+// starts.
+func TestStreamsAreBounded(t *testing.T) {
+	g := newGateway(t, envd.WatchBounds{}, envd.StreamBounds{PerSession: 2})
+	sb := g.newSandbox(t, aliceKey)
+	other := g.newSandbox(t, aliceKey)
+	c := ctx(t)
+	st1, r1 := sb.start(t, c, bash("sleep 60", false))
+	conn, err := sb.proc.Connect(c, connect.NewRequest(&process.ConnectRequest{
+		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: r1.pid}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !conn.Receive() {
+		t.Fatal(conn.Err())
+	}
+	refused, err := sb.proc.Start(c, connect.NewRequest(bash("echo never", false)))
+	if err == nil {
+		refused.Receive()
+		err = refused.Err()
+		_ = refused.Close()
+	}
+	wantCode(t, err, connect.CodeResourceExhausted)
+	// The refused command did not start.
+	list, err := sb.proc.List(c, connect.NewRequest(&process.ListRequest{}))
+	if err != nil || len(list.Msg.GetProcesses()) != 1 {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	// Another session has its own.
+	st2, r2 := other.start(t, c, bash("echo fine", false))
+	wait(t, st2, r2)
+
+	_ = conn.Close()
+	eventually(t, "room for a stream", func() bool {
+		st, err := sb.proc.Start(c, connect.NewRequest(bash("echo again", false)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		if !st.Receive() {
+			return false
+		}
+		r := &run{}
+		r.add(t, st.Msg().GetEvent())
+		wait(t, st, r)
+		return r.stdout.String() == "again\n"
+	})
+	_, _ = sb.proc.SendSignal(c, connect.NewRequest(&process.SendSignalRequest{
+		Process: &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: r1.pid}}, Signal: process.Signal_SIGNAL_SIGKILL}))
+	wait(t, st1, r1)
+}

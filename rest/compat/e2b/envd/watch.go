@@ -109,7 +109,7 @@ type watcher struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
-	remove func() // unregisters from the session's end
+	remove func() // unregisters from the session's end; under mu
 
 	mu      sync.Mutex
 	events  []*filesystem.FilesystemEvent
@@ -152,21 +152,24 @@ func (s *Server) startWatch(ctx context.Context, c call, dir string, recursive, 
 		ws.release(w, false)
 		return nil, err
 	}
+	// Registered and polling before it is tied to the session's end,
+	// which may come at once and closes it.
+	ws.mu.Lock()
+	ws.byID[w.id] = w
+	ws.mu.Unlock()
+	go s.poll(wctx, w, first)
 	errEnded := rpcError(connect.CodeUnavailable, "session_not_running", notRunning(c))
 	remove, ok := c.sess.AddConn(func() {
 		w.stop(errEnded)
 		go w.close()
 	})
 	if !ok {
-		cancel()
-		ws.release(w, false)
+		w.close()
 		return nil, errEnded
 	}
+	w.mu.Lock()
 	w.remove = remove
-	ws.mu.Lock()
-	ws.byID[w.id] = w
-	ws.mu.Unlock()
-	go s.poll(wctx, w, first)
+	w.mu.Unlock()
 	return w, nil
 }
 
@@ -222,8 +225,11 @@ func (w *watcher) stop(err error) {
 func (w *watcher) close() {
 	w.stop(nil)
 	<-w.done
-	if w.remove != nil {
-		w.remove()
+	w.mu.Lock()
+	remove := w.remove
+	w.mu.Unlock()
+	if remove != nil {
+		remove()
 	}
 	w.ws.release(w, true)
 }
@@ -409,6 +415,11 @@ func (f *fsService) WatchDir(ctx context.Context, req *connect.Request[filesyste
 	if err != nil {
 		return err
 	}
+	done, err := f.s.streams.open(c)
+	if err != nil {
+		return err
+	}
+	defer done()
 	w, err := f.s.startWatch(ctx, c, dir, req.Msg.GetRecursive(), req.Msg.GetIncludeEntry())
 	if err != nil {
 		return f.s.toRPC(ctx, err, "watch directory")

@@ -511,3 +511,33 @@ func TestExecuteKernelRefused(t *testing.T) {
 		t.Errorf("a ninth kernel: %v", ls)
 	}
 }
+
+// TestInterpreterCreateEnv: the create's envVars hold in the code
+// interpreter's kernels and shells too, under a call's own env_vars, and
+// again after a restart.
+func TestInterpreterCreateEnv(t *testing.T) {
+	g := newGateway(t)
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "code-interpreter-v1", "envVars": map[string]string{"E2B_A": "create", "E2B_B": "create"}})
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+	text := func(body map[string]any) string {
+		ls := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", body, hdr...))
+		if res := ofType(ls, "result"); len(res) == 1 {
+			return res[0]["text"].(string)
+		}
+		var out string
+		for _, l := range ofType(ls, "stdout") {
+			out += l["text"].(string)
+		}
+		return out
+	}
+	if got := text(map[string]any{"code": "import os\n(os.environ['E2B_A'], os.environ['E2B_B'])", "env_vars": map[string]string{"E2B_B": "call"}}); got != "('create', 'call')" {
+		t.Errorf("python: %s", got)
+	}
+	if got := text(map[string]any{"code": "echo $E2B_A $E2B_B", "language": "bash", "env_vars": map[string]string{"E2B_B": "call"}}); got != "create call\n" {
+		t.Errorf("bash: %q", got)
+	}
+	g.do(t, "POST", "/compat/e2b/sandbox/contexts/default/restart", nil, hdr...)
+	if got := text(map[string]any{"code": "import os\nos.environ['E2B_A']"}); got != "'create'" {
+		t.Errorf("after a restart: %s", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 )
 
 // The code interpreter (E2B's port 49999, the e2b-code-interpreter SDK):
@@ -479,6 +481,17 @@ func (a *api) execute(w http.ResponseWriter, r *http.Request, s *gateway.Session
 // this call: set before it, put back after it.
 func (a *api) executePython(r *http.Request, s *gateway.Session, cc codeContext, body executeBody, ex *execution, maxOut int64) {
 	ctx := r.Context()
+	if rec, ok := e2bmeta.Of(s); ok && len(rec.EnvVars) > 0 {
+		// The create's envVars, as every process of the sandbox has them:
+		// once per interpreter (a restarted one gets them again).
+		env, _ := json.Marshal(rec.EnvVars)
+		set := fmt.Sprintf("if not globals().get('_sg_create_env'):\n    import os as _sg_os, json as _sg_json\n    _sg_os.environ.update(_sg_json.loads(%s))\n    _sg_create_env = True\n    del _sg_os, _sg_json",
+			pyString(string(env)))
+		if err := a.pythonSetup(ctx, s, cc.ID, set); err != nil {
+			a.kernelFailed(ex, r, s, err)
+			return
+		}
+	}
 	if len(body.EnvVars) > 0 {
 		env, _ := json.Marshal(body.EnvVars)
 		set := fmt.Sprintf("import os as _sg_os, json as _sg_json\n_sg_env_saved = {k: _sg_os.environ.get(k) for k in _sg_json.loads(%s)}\n_sg_os.environ.update(_sg_json.loads(%s))\ndel _sg_os, _sg_json",
@@ -544,7 +557,12 @@ func (a *api) kernelFailed(ex *execution, r *http.Request, s *gateway.Session, e
 // executeBash runs body's code in cc's shell; a status other than 0 is
 // the execution's error.
 func (a *api) executeBash(r *http.Request, s *gateway.Session, cc codeContext, body executeBody, ex *execution, maxOut int64) {
-	req := dataplane.Request{Command: body.Code, Env: body.EnvVars, Timeout: a.d.Plane.Bounds.MaxTimeout, MaxOutputBytes: maxOut,
+	env := map[string]string{}
+	if rec, ok := e2bmeta.Of(s); ok {
+		maps.Copy(env, rec.EnvVars) // the create's, under the call's own
+	}
+	maps.Copy(env, body.EnvVars)
+	req := dataplane.Request{Command: body.Code, Env: env, Timeout: a.d.Plane.Bounds.MaxTimeout, MaxOutputBytes: maxOut,
 		Stream: func(stream string, data []byte) { ex.output(stream == "stderr", data) }}
 	var mu sync.Mutex // Stream may be called from two goroutines
 	stream := req.Stream

@@ -125,3 +125,13 @@ def test_async_matplotlib_png(matplotlib_on_host: None) -> None:
             await sb.kill()
 
     asyncio.run(flow())
+
+
+def test_create_envs_reach_the_kernel() -> None:
+    sb = Sandbox.create(envs={"E2B_SUITE_VAR": "from-create"})
+    try:
+        assert sb.run_code("import os\nos.environ['E2B_SUITE_VAR']").text == "'from-create'"
+        assert sb.run_code("import os\nos.environ['ONE']", envs={"ONE": "1"}).text == "'1'"
+        assert sb.run_code("import os\nos.environ.get('ONE')").text is None
+    finally:
+        sb.kill()

@@ -79,7 +79,8 @@ def test_sandbox_agent_through_the_e2b_client(tmp_path: Path) -> None:
         model=model,
         default_manifest=Manifest(root=str(root)),
     )
-    options = E2BSandboxClientOptions(sandbox_type="e2b", timeout=600, metadata={"agents": tag}, on_timeout="kill")
+    # The client's defaults: on_timeout "pause" (autoPause) with auto_resume.
+    options = E2BSandboxClientOptions(sandbox_type="e2b", timeout=600, metadata={"agents": tag})
     config = RunConfig(sandbox=SandboxRunConfig(client=E2BSandboxClient(), options=options))
 
     result = asyncio.run(Runner.run(agent, "What is 6 times 7?", run_config=config))

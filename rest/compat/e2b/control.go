@@ -206,11 +206,21 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp.Metadata = md
+	timeout := defaultTimeout
+	if req.Timeout != nil {
+		timeout = min(*req.Timeout, gateway.MaxTTL)
+	}
+	if rec.AutoPause {
+		cp.TTL = gateway.MaxTTL // it pauses at its timeout, and ends at the longest TTL
+	}
 	p := principal(r)
 	s, _, err := a.d.Sessions.Create(r.Context(), p, cp)
 	if err != nil {
 		writeGatewayError(w, err)
 		return
+	}
+	if rec.AutoPause {
+		a.schedulePause(s, time.Duration(timeout)*time.Second)
 	}
 	a.d.Log.InfoContext(r.Context(), "e2b_sandbox_created", "session", s.ID, "tenant", p.Tenant, "template", rec.TemplateID)
 	_ = writeJSON(w, http.StatusCreated, a.sandboxAnswer(s))
@@ -331,11 +341,16 @@ func stateOf(status string) string {
 	return "running"
 }
 
-// listed is s as a list shows it.
-func listed(s *gateway.Session) listedSandbox {
+// listed is s as a list shows it: it ends (endAt) when it pauses, for an
+// autoPause sandbox with a pause pending, else at its expiry.
+func (a *api) listed(s *gateway.Session) listedSandbox {
 	rec := s.Snapshot()
+	end := rec.ExpiresAt
+	if at, ok := a.pauseAt(s.ID); ok {
+		end = at
+	}
 	l := listedSandbox{TemplateID: templateOf(s), Alias: templateOf(s), SandboxID: s.ID, ClientID: clientID,
-		StartedAt: s.CreatedAt.UTC(), EndAt: rec.ExpiresAt.UTC(), State: stateOf(rec.Status), EnvdVersion: EnvdVersion,
+		StartedAt: s.CreatedAt.UTC(), EndAt: end.UTC(), State: stateOf(rec.Status), EnvdVersion: EnvdVersion,
 		Metadata: e2bmeta.UserMetadata(s.Metadata), CPUCount: 1}
 	if res := s.Resources; res != nil {
 		l.CPUCount = max(1, int(math.Ceil(res.CPUs)))
@@ -369,8 +384,11 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	d := sandboxDetail{listedSandbox: listed(s), EnvdAccessToken: a.token(s.Tenant, s.ID),
+	d := sandboxDetail{listedSandbox: a.listed(s), EnvdAccessToken: a.token(s.Tenant, s.ID),
 		Lifecycle: lifecycle{OnTimeout: "kill"}}
+	if rec, ok := e2bmeta.Of(s); ok && rec.AutoPause {
+		d.Lifecycle.OnTimeout = "pause"
+	}
 	allow := s.EgressAllow()
 	internet := len(allow) > 0
 	d.AllowInternetAccess = &internet
@@ -387,7 +405,7 @@ func (a *api) listV1(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []listedSandbox{}
 	for _, s := range a.all(r) {
-		if l := listed(s); l.State == "running" && match(l.Metadata) {
+		if l := a.listed(s); l.State == "running" && match(l.Metadata) {
 			out = append(out, l)
 		}
 	}
@@ -445,7 +463,7 @@ func (a *api) listV2(w http.ResponseWriter, r *http.Request) {
 	tmpl := q.Get("template")
 	var rows []listedSandbox
 	for _, s := range a.all(r) {
-		l := listed(s)
+		l := a.listed(s)
 		if states[l.State] && match(l.Metadata) && (tmpl == "" || l.TemplateID == tmpl) && l.StartedAt.After(after) {
 			rows = append(rows, l)
 		}
@@ -564,6 +582,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.contexts.forget(s.ID)
+	a.cancelPause(s.ID, nil)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -596,12 +615,21 @@ func (a *api) setTimeout(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// setTTL makes s end t seconds from now, or answers the error.
+// setTTL makes s time out t seconds from now, or answers the error: it
+// ends then, or, created with autoPause, it pauses then (autopause.go)
+// and ends at the longest TTL from now.
 func (a *api) setTTL(w http.ResponseWriter, r *http.Request, s *gateway.Session, t int) bool {
 	ttl := clampTTL(t)
+	rec, _ := e2bmeta.Of(s)
+	if rec.AutoPause {
+		ttl = gateway.MaxTTL
+	}
 	if _, err := a.d.Sessions.Update(r.Context(), principal(r), s.ID, gateway.UpdateParams{TTL: &ttl}); err != nil {
 		writeGatewayError(w, err)
 		return false
+	}
+	if rec.AutoPause {
+		a.schedulePause(s, time.Duration(min(max(t, 1), gateway.MaxTTL))*time.Second)
 	}
 	return true
 }
@@ -625,7 +653,7 @@ func (a *api) refresh(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if time.Until(s.ExpiresAt()) < time.Duration(d)*time.Second && !a.setTTL(w, r, s, d) {
+	if time.Until(a.listed(s).EndAt) < time.Duration(d)*time.Second && !a.setTTL(w, r, s, d) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

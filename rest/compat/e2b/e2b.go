@@ -84,7 +84,8 @@ type api struct {
 	d        Deps
 	envd     *envd.Server
 	aliases  map[string]bool
-	contexts contexts // the code interpreter's contexts (interp.go)
+	contexts contexts   // the code interpreter's contexts (interp.go)
+	pauses   autoPauses // autoPause sandboxes' pending pauses (autopause.go)
 }
 
 // New returns the facade's two APIs (rest.Mount: served beside /v1,

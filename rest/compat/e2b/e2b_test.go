@@ -541,3 +541,49 @@ func TestInterpreterCreateEnv(t *testing.T) {
 		t.Errorf("after a restart: %s", got)
 	}
 }
+
+// TestAutoPause: a sandbox created with autoPause pauses at its timeout,
+// keeping its files, instead of ending; setting the timeout again moves
+// the pause; connecting starts it again.
+func TestAutoPause(t *testing.T) {
+	g := newGateway(t)
+	key := []string{"X-API-Key", aliceKey}
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base", "timeout": 2, "autoPause": true})
+	info := decode[struct {
+		listed
+		Lifecycle struct{ OnTimeout string } `json:"lifecycle"`
+	}](t, g.do(t, "GET", "/compat/e2b/sandboxes/"+sb.SandboxID, nil, key...))
+	if info.Lifecycle.OnTimeout != "pause" || time.Until(info.EndAt) > 3*time.Second {
+		t.Errorf("autoPause sandbox: %+v", info)
+	}
+	// The session's TTL is the longest: it is the pause that comes first.
+	v1 := decode[struct{ TTL int }](t, g.do(t, "GET", "/v1/sessions/"+sb.SandboxID, nil, "Authorization", "Bearer "+aliceKey))
+	if v1.TTL != 28800 {
+		t.Errorf("ttl %d", v1.TTL)
+	}
+	state := func() string {
+		return decode[listed](t, g.do(t, "GET", "/compat/e2b/sandboxes/"+sb.SandboxID, nil, key...)).State
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for state() != "paused" {
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox did not pause at its timeout")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	con := g.do(t, "POST", "/compat/e2b/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]int{"timeout": 600}, key...)
+	if con.status != http.StatusCreated || state() != "running" {
+		t.Fatalf("connect: %d %s, %s", con.status, con.body, state())
+	}
+	if end := decode[listed](t, g.do(t, "GET", "/compat/e2b/sandboxes/"+sb.SandboxID, nil, key...)).EndAt; time.Until(end) < 500*time.Second {
+		t.Errorf("after connect with timeout 600: pauses at %v", end)
+	}
+	// A sandbox without autoPause ends at its timeout: lifecycle says so.
+	plain := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+	pi := decode[struct {
+		Lifecycle struct{ OnTimeout string } `json:"lifecycle"`
+	}](t, g.do(t, "GET", "/compat/e2b/sandboxes/"+plain.SandboxID, nil, key...))
+	if pi.Lifecycle.OnTimeout != "kill" {
+		t.Errorf("plain: %+v", pi)
+	}
+}

@@ -165,3 +165,17 @@ def test_another_tenant_sees_nothing(gateway) -> None:
             Sandbox.connect(sb.sandbox_id, api_key=gateway.other_token)
     finally:
         sb.kill()
+
+
+def test_network_and_metrics() -> None:
+    sb = Sandbox.create(network={"allow_out": ["example.com"]})
+    try:
+        assert sb.get_info().network["allow_out"] == ["example.com"]
+        sb.update_network({"allow_out": ["api.example.org", "*.example.net"]})
+        assert sorted(sb.get_info().network["allow_out"]) == ["*.example.net", "api.example.org"]
+        sb.update_network({"allow_internet_access": False})
+        assert sb.get_info().network["allow_out"] == []
+        [m] = sb.get_metrics()
+        assert m.cpu_count >= 1 and m.mem_total >= 0
+    finally:
+        sb.kill()

@@ -35,6 +35,8 @@ import (
 //	POST   /sandboxes/{id}/pause             stop it (files kept)
 //	POST   /sandboxes/{id}/resume            start it again
 //	POST   /sandboxes/{id}/connect, /v2/...  start it again if stopped
+//	PUT    /sandboxes/{id}/network           its egress allow-list
+//	GET    /sandboxes/{id}/metrics           its resource use now
 //
 // Everything else E2B's API has (templates, snapshots, forks, volumes,
 // secrets, metrics, logs, network updates) is refused with 501
@@ -77,6 +79,8 @@ func (a *api) controlRouter() http.Handler {
 	r.Post("/sandboxes/{id}/resume", a.resume)
 	r.Post("/sandboxes/{id}/connect", a.connect)
 	r.Post("/v2/sandboxes/{id}/connect", a.connect)
+	r.Put("/sandboxes/{id}/network", a.updateNetwork)
+	r.Get("/sandboxes/{id}/metrics", a.metrics)
 	for _, p := range refusedPaths {
 		r.HandleFunc(p.path, refused(p.what))
 	}
@@ -88,9 +92,7 @@ var refusedPaths = []struct{ path, what string }{
 	{"/sandboxes/{id}/fork", "forking a sandbox"},
 	{"/sandboxes/{id}/snapshots", "snapshots of a sandbox (use sandgate's /v1 snapshots)"},
 	{"/snapshots", "snapshots (use sandgate's /v1 snapshots)"},
-	{"/sandboxes/{id}/network", "changing a sandbox's network (PATCH sandgate's /v1/sessions/{id} egress)"},
-	{"/sandboxes/metrics", "sandbox metrics (use sandgate's /v1/sessions/{id}/stats)"},
-	{"/sandboxes/{id}/metrics", "sandbox metrics (use sandgate's /v1/sessions/{id}/stats)"},
+	{"/sandboxes/metrics", "the metrics of many sandboxes at once (GET /sandboxes/{id}/metrics has one's)"},
 	{"/sandboxes/{id}/logs", "sandbox logs (use sandgate's /v1/sessions/{id}/logs)"},
 	{"/v2/sandboxes/{id}/logs", "sandbox logs (use sandgate's /v1/sessions/{id}/logs)"},
 	{"/templates", "templates (sandgate runs images: sandgate image, --image-alias)"},
@@ -277,6 +279,114 @@ func (a *api) createParams(w http.ResponseWriter, req newSandbox) (gateway.Creat
 		rec.AutoPause = *req.AutoPause
 	}
 	return cp, rec, true
+}
+
+// networkUpdate is SandboxNetworkUpdateConfig: it replaces the whole
+// egress configuration (what it omits is cleared).
+type networkUpdate struct {
+	AllowOut            []string       `json:"allowOut"`
+	DenyOut             []string       `json:"denyOut"`
+	DNSServers          []string       `json:"dnsServers"`
+	EgressProxy         any            `json:"egressProxy"`
+	Rules               map[string]any `json:"rules"`
+	AllowInternetAccess *bool          `json:"allowInternetAccess"`
+}
+
+// updateNetwork serves PUT /sandboxes/{id}/network: the session's egress
+// allow-list becomes allowOut (empty with allowInternetAccess false), as
+// PATCH /v1/sessions/{id} egress does: new connections follow it at once.
+func (a *api) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	var body networkUpdate
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	allow, msg := egressOf(newSandbox{AllowInternetAccess: body.AllowInternetAccess,
+		Network: &networkConfig{AllowOut: body.AllowOut, DenyOut: body.DenyOut, EgressProxy: body.EgressProxy, Rules: body.Rules}})
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, "invalid_network", msg)
+		return
+	}
+	s, ok := a.session(w, r)
+	if !ok {
+		return
+	}
+	if allow == nil {
+		allow = []string{}
+	}
+	if _, err := a.d.Sessions.Update(r.Context(), principal(r), s.ID, gateway.UpdateParams{Egress: &allow}); err != nil {
+		writeGatewayError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// sandboxMetric is SandboxMetric.
+type sandboxMetric struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       int64     `json:"memUsed"`
+	MemTotal      int64     `json:"memTotal"`
+	MemCache      int64     `json:"memCache"`
+	DiskUsed      int64     `json:"diskUsed"`
+	DiskTotal     int64     `json:"diskTotal"`
+}
+
+// cpuSampleGap is how far apart the two samples of a metric's CPU use are.
+const cpuSampleGap = 200 * time.Millisecond
+
+// metrics serves GET /sandboxes/{id}/metrics: one sample of the sandbox's
+// use now (E2B keeps a series; start and end are accepted), from the
+// driver's stats as /v1/sessions/{id}/stats reads them; what the driver
+// cannot tell is 0.
+func (a *api) metrics(w http.ResponseWriter, r *http.Request) {
+	s, ok := a.session(w, r)
+	if !ok {
+		return
+	}
+	l := a.listed(s)
+	now := time.Now().UTC()
+	m := sandboxMetric{Timestamp: now, TimestampUnix: now.Unix(), CPUCount: l.CPUCount,
+		MemTotal: l.MemoryMB << 20, DiskTotal: l.DiskSizeMB << 20}
+	st, ok := sandbox.As[sandbox.Statser](s.Sandbox())
+	if !ok || s.Status() != gateway.StatusRunning {
+		_ = writeJSON(w, http.StatusOK, []sandboxMetric{m})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	first, err := st.Stats(ctx)
+	if err == nil {
+		timer := time.NewTimer(cpuSampleGap)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+		}
+		var second sandbox.Stats
+		if second, err = st.Stats(ctx); err == nil {
+			if first.CPUSeconds != nil && second.CPUSeconds != nil {
+				m.CPUUsedPct = 100 * (*second.CPUSeconds - *first.CPUSeconds) / cpuSampleGap.Seconds() / float64(max(m.CPUCount, 1))
+				m.CPUUsedPct = max(0, min(m.CPUUsedPct, 100))
+			}
+			if v := second.MemoryBytes; v != nil {
+				m.MemUsed = *v
+			}
+			if v := second.DiskUsedBytes; v != nil {
+				m.DiskUsed = *v
+			}
+			if v := second.DiskTotalBytes; v != nil {
+				m.DiskTotal = *v
+			}
+		}
+	}
+	if err != nil && r.Context().Err() == nil {
+		a.d.Log.Warn("e2b_metrics_failed", "session", s.ID, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "stats_unavailable", "the sandbox's use could not be read now; retry")
+		return
+	}
+	_ = writeJSON(w, http.StatusOK, []sandboxMetric{m})
 }
 
 // egressOf is the egress allow-list of a create: network.allowOut (the

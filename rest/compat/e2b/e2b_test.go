@@ -587,3 +587,31 @@ func TestAutoPause(t *testing.T) {
 		t.Errorf("plain: %+v", pi)
 	}
 }
+
+// TestNetworkAndMetrics: PUT /network maps onto the egress allow-list
+// (this stack has no egress proxy: the manager's refusal comes back in
+// E2B's shape; compat-tests/e2b updates one on the real binary), and GET
+// /metrics samples the sandbox's use.
+func TestNetworkAndMetrics(t *testing.T) {
+	g := newGateway(t)
+	key := []string{"X-API-Key", aliceKey}
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+	wantError(t, "allowOut without an egress proxy", g.do(t, "PUT", "/compat/e2b/sandboxes/"+sb.SandboxID+"/network",
+		map[string]any{"allowOut": []string{"example.com"}}, key...), http.StatusBadRequest, "egress_unavailable")
+	if a := g.do(t, "PUT", "/compat/e2b/sandboxes/"+sb.SandboxID+"/network", map[string]any{"allowInternetAccess": false}, key...); a.status != http.StatusNoContent {
+		t.Errorf("no network: %d %s", a.status, a.body)
+	}
+	wantError(t, "rules", g.do(t, "PUT", "/compat/e2b/sandboxes/"+sb.SandboxID+"/network", map[string]any{"rules": map[string]any{"a.example": map[string]any{}}}, key...),
+		http.StatusBadRequest, "invalid_network")
+
+	a := g.do(t, "GET", "/compat/e2b/sandboxes/"+sb.SandboxID+"/metrics", nil, key...)
+	ms := decode[[]struct {
+		CPUCount   int     `json:"cpuCount"`
+		CPUUsedPct float64 `json:"cpuUsedPct"`
+		Timestamp  time.Time
+	}](t, a)
+	if a.status != http.StatusOK || len(ms) != 1 || ms[0].CPUCount < 1 || time.Since(ms[0].Timestamp) > time.Minute {
+		t.Errorf("metrics: %d %s", a.status, a.body)
+	}
+	wantError(t, "bob's metrics", g.do(t, "GET", "/compat/e2b/sandboxes/"+sb.SandboxID+"/metrics", nil, "X-API-Key", bobKey), http.StatusNotFound, "not_found")
+}

@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: console console-check dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: console console-check dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples test-e2b ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -67,7 +67,7 @@ install: $(if $(filter command line,$(origin BIN)),,build)
 	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/sandgate
 
 # The Go suites build and use the real binary (SANDGATE_BIN) for the OpenSSH tests.
-test: build test-go test-python test-schema test-ts test-examples
+test: build test-go test-python test-schema test-ts test-examples test-e2b
 
 test-go: build
 	SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -race -count=1 -timeout 45m ./...
@@ -187,6 +187,24 @@ test-examples: build examples/.venv/.installed
 example-offline: build examples/.venv/.installed
 	SANDGATE_BIN=$(CURDIR)/$(BIN) examples/.venv/bin/python examples/offline.py
 
+# E2B's SDKs, unchanged, against the real binary (compat-tests/e2b,
+# docs/compat.md): e2b, e2b-code-interpreter and the OpenAI Agents SDK's
+# E2BSandboxClient, pinned in .venv-e2b/; then the JS e2b and
+# @e2b/code-interpreter from compat-tests/e2b/js's committed lockfile, run
+# by node's test runner.
+E2B_JS := compat-tests/e2b/js
+
+.venv-e2b/.installed: compat-tests/e2b/requirements-e2b.txt sdk-python/pyproject.toml
+	$(fill-venv)
+
+$(E2B_JS)/node_modules/.installed: $(E2B_JS)/package-lock.json $(E2B_JS)/package.json
+	cd $(E2B_JS) && $(NPM) ci --ignore-scripts --no-audit --no-fund
+	@touch $@
+
+test-e2b: build .venv-e2b/.installed $(E2B_JS)/node_modules/.installed
+	SANDGATE_BIN=$(CURDIR)/$(BIN) .venv-e2b/bin/python -m pytest -q -p no:cacheprovider compat-tests/e2b --ignore=compat-tests/e2b/js
+	cd $(E2B_JS) && SANDGATE_BIN=$(CURDIR)/$(BIN) $(NPM) test
+
 # schemathesis over the built binary and the OpenAPI spec: a short run with a
 # fixed seed; any 5xx, spec mismatch or logged error fails it.
 test-schema: build .venv-schema/.installed
@@ -210,6 +228,19 @@ bench: build
 bench-check: build
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 	bench/run --quick --dry-run
+
+# make proto: regenerate the Go code of envd's protobuf files (the E2B
+# facade, rest/compat/e2b/envd/proto) with protoc (apt: protobuf-compiler)
+# and the two plugins at the versions go.mod names, installed in bin/.
+ENVD_PROTO := rest/compat/e2b/envd/proto
+.PHONY: proto
+proto:
+	GOBIN=$(CURDIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go
+	GOBIN=$(CURDIR)/bin $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go
+	cd $(ENVD_PROTO) && PATH=$(CURDIR)/bin:$$PATH protoc -I . \
+		--go_out=../gen --go_opt=paths=source_relative \
+		--connect-go_out=../gen --connect-go_opt=paths=source_relative \
+		process/process.proto filesystem/filesystem.proto
 
 clean:
 	rm -rf bin bench/.bin

@@ -98,6 +98,10 @@ type Entry struct {
 	SizeBytes int64     `json:"sizeBytes"`
 	Mode      string    `json:"mode"` // octal permission bits, "0644"
 	Mtime     time.Time `json:"mtime"`
+	// UID and GID own the entry, as the sandbox sees them (the E2B
+	// facade shows them; /v1 does not).
+	UID uint32 `json:"-"`
+	GID uint32 `json:"-"`
 }
 
 func entryOf(p string, fi fs.FileInfo) Entry {
@@ -120,10 +124,14 @@ func entryOf(p string, fi fs.FileInfo) Entry {
 	if fi.Mode()&fs.ModeSticky != 0 {
 		perm |= 0o1000
 	}
-	return Entry{
+	e := Entry{
 		Name: path.Base(p), Path: p, Type: typ, SizeBytes: fi.Size(),
 		Mode: fmt.Sprintf("%04o", perm), Mtime: fi.ModTime().UTC(),
 	}
+	if st, ok := fi.Sys().(*sftp.FileStat); ok {
+		e.UID, e.GID = st.UID, st.GID
+	}
+	return e
 }
 
 // CheckPath validates a path given by a client: relative paths start at
@@ -767,6 +775,24 @@ func (f *FS) parent(dir string, mkdirs bool) error {
 		return classify(err, dir)
 	}
 	return nil
+}
+
+// Rename moves from to to, replacing what is at to (a directory only by
+// an empty one), as rename(2) does.
+func (f *FS) Rename(from, to string) error {
+	if err := f.c.PosixRename(from, to); err != nil {
+		return classify(err, from)
+	}
+	return nil
+}
+
+// ReadLink is the target of the symlink p.
+func (f *FS) ReadLink(p string) (string, error) {
+	t, err := f.c.ReadLink(p)
+	if err != nil {
+		return "", classify(err, p)
+	}
+	return t, nil
 }
 
 // Mkdirs creates the directory dir and its missing parents.

@@ -82,6 +82,24 @@ type PythonRequest struct {
 	// kept, as for commands), and the result, the error's value and its
 	// traceback (head kept).
 	MaxOutputBytes int64
+	// Display asks for rich output (kernel.py's display hooks): the MIME
+	// bundle of the last expression's value, what display() shows and
+	// the figures matplotlib draws, each at most MaxOutputBytes, as
+	// PythonResult.Displays.
+	Display bool
+	// OnOutput, when set, gets each piece of output as it comes (stderr:
+	// from fd 2), and OnDisplay each display, in the order the code made
+	// them; both are called on the caller's goroutine, within Run.
+	OnOutput  func(stderr bool, data []byte)
+	OnDisplay func(Display)
+}
+
+// Display is one rich output of a cell: its MIME bundle (text/plain,
+// text/html, image/png in base64, ...), and whether it is the value of
+// the cell's last expression.
+type Display struct {
+	Data map[string]any `json:"data"`
+	Main bool           `json:"main"`
 }
 
 // PythonError is an exception the code did not catch, or the kernel's
@@ -99,8 +117,10 @@ type PythonResult struct {
 	// when it ends with another statement or the value is None.
 	Result          *string
 	ResultTruncated bool
-	Error           *PythonError
-	Duration        time.Duration
+	// Displays are the cell's rich outputs, when the request asked.
+	Displays []Display
+	Error    *PythonError
+	Duration time.Duration
 	// TimedOut: the timeout expired. Interrupted: the code then stopped
 	// on its SIGINT (KeyboardInterrupt) and the state is intact.
 	TimedOut, Interrupted bool
@@ -364,10 +384,12 @@ type kernelRequest struct {
 	ID       uint64 `json:"id"`
 	Code     string `json:"code,omitempty"`
 	MaxBytes int64  `json:"maxBytes,omitempty"`
+	Display  bool   `json:"display,omitempty"`
 }
 
 // kernelFrame is one frame from the driver: kind 'O' (stdout bytes), 'E'
-// (stderr bytes), 'R' (the result, UTF-8) or 'J' (a JSON message).
+// (stderr bytes), 'R' (the result, UTF-8), 'D' (a Display, JSON) or 'J'
+// (a JSON message).
 type kernelFrame struct {
 	kind byte
 	data []byte
@@ -463,7 +485,7 @@ func (kp *kernelProc) readFrames() {
 			return
 		}
 		n := binary.BigEndian.Uint32(hdr[1:])
-		if int64(n) > max(kp.maxFrame.Load(), minKernelFrame) || !strings.ContainsRune("OERJ", rune(hdr[0])) {
+		if int64(n) > max(kp.maxFrame.Load(), minKernelFrame) || !strings.ContainsRune("OERDJ", rune(hdr[0])) {
 			return // not the driver speaking: the channel is broken
 		}
 		data := make([]byte, n)
@@ -625,7 +647,7 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 	}
 	kp := x.proc
 	kp.maxFrame.Store(req.MaxOutputBytes)
-	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: req.Code, MaxBytes: max(req.MaxOutputBytes, 1)}); err != nil {
+	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: req.Code, MaxBytes: max(req.MaxOutputBytes, 1), Display: req.Display}); err != nil {
 		x.lost(&res, "")
 		return finish(), nil
 	}
@@ -648,10 +670,23 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 				return finish(), nil
 			}
 			switch f.kind {
-			case 'O':
-				stdout.Write(f.data)
-			case 'E':
-				stderr.Write(f.data)
+			case 'O', 'E':
+				if f.kind == 'O' {
+					stdout.Write(f.data)
+				} else {
+					stderr.Write(f.data)
+				}
+				if req.OnOutput != nil {
+					req.OnOutput(f.kind == 'E', f.data)
+				}
+			case 'D':
+				var d Display
+				if json.Unmarshal(f.data, &d) == nil && req.Display {
+					res.Displays = append(res.Displays, d)
+					if req.OnDisplay != nil {
+						req.OnDisplay(d)
+					}
+				}
 			case 'R':
 				result := string(f.data)
 				res.Result = &result
@@ -662,7 +697,7 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 					return finish(), nil
 				}
 				if m.ID != id {
-					res.Result = nil
+					res.Result, res.Displays = nil, nil
 					continue // a late answer to an older cell
 				}
 				res.ResultTruncated, res.Error = m.ResultTruncated, m.Error

@@ -12,7 +12,7 @@
 #
 # Requests (gateway -> kernel, on the private stdin): a 4-byte big-endian
 # length, then that many bytes of JSON:
-#   {"op": "run", "id": N, "code": "...", "maxBytes": M}
+#   {"op": "run", "id": N, "code": "...", "maxBytes": M, "display": D}
 #   {"op": "interrupt", "id": N}   SIGINT to this process's main thread
 #                                  if cell N is still running
 # Frames (kernel -> gateway, on the private stdout): one kind byte, a
@@ -20,6 +20,12 @@
 #   b"O" / b"E"  raw bytes the cell wrote to fd 1 / fd 2
 #   b"R"         the cell's result (the repr of its last expression), UTF-8,
 #                at most maxBytes
+#   b"D"         when the run asked for display: JSON {"data": {mime: value},
+#                "main": bool}, a rich output (display hooks, below): the
+#                MIME bundle of the last expression's value (main, before
+#                its R frame), of each display(obj), and a PNG of each
+#                matplotlib figure, at plt.show() and at the cell's end;
+#                at most maxBytes of them in a cell
 #   b"J"         JSON: {"op": "ready", "python": "3.12.1"} once at start;
 #                {"op": "done", "id": N, "resultTruncated": ..., "error":
 #                 {"name", "value", "traceback"} or null} after each cell,
@@ -192,6 +198,145 @@ def _sandgate_kernel():
         return {"name": type(e).__name__, "value": cut(value, limit)[0].decode("utf-8"),
                 "traceback": cut(text, limit)[0].decode("utf-8")}
 
+    # Display hooks, as IPython's: a value's MIME bundle from its
+    # _repr_*_ methods; display(obj); matplotlib figures as PNGs, through
+    # a backend of our own (module://_sandgate_inline, which this
+    # process's importer provides; rcParams set when matplotlib is first
+    # imported, unless MPLBACKEND says otherwise: nothing a subprocess
+    # inherits).
+    import base64
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+
+    reprs = (("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"),
+             ("_repr_svg_", "image/svg+xml"), ("_repr_png_", "image/png"),
+             ("_repr_jpeg_", "image/jpeg"), ("_repr_pdf_", "application/pdf"),
+             ("_repr_latex_", "text/latex"), ("_repr_json_", "application/json"),
+             ("_repr_javascript_", "application/javascript"))
+    cell = {"display": False, "left": 0}
+
+    def figure_png(fig):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+
+    def mime_bundle(obj, text=None):
+        data = {}
+        if not isinstance(obj, type):
+            fig_mod = sys.modules.get("matplotlib.figure")
+            if fig_mod is not None and isinstance(obj, fig_mod.Figure):
+                data["image/png"] = figure_png(obj)
+            m = getattr(obj, "_repr_mimebundle_", None)
+            if callable(m):
+                try:
+                    r = m()
+                    if isinstance(r, tuple):
+                        r = r[0]
+                    if isinstance(r, dict):
+                        data.update(r)
+                except Exception:
+                    pass
+            for attr, mime in reprs:
+                f = getattr(obj, attr, None)
+                if mime in data or not callable(f):
+                    continue
+                try:
+                    v = f()
+                except Exception:
+                    continue
+                if isinstance(v, tuple):
+                    v = v[0]
+                if isinstance(v, (bytes, bytearray)):
+                    v = base64.b64encode(bytes(v)).decode("ascii")
+                if v is not None:
+                    data[mime] = v
+        if "text/plain" not in data:
+            data["text/plain"] = text if text is not None else repr(obj)
+        return data
+
+    def send_display(data, main=False):
+        if not cell["display"]:
+            return
+        try:
+            payload = json.dumps({"data": data, "main": main}, default=str).encode("utf-8")
+        except Exception as e:
+            payload = json.dumps({"data": {"text/plain": "<display not JSON: %s>" % e}, "main": main}).encode("utf-8")
+        if len(payload) > cell["left"]:
+            note = "<display of %d bytes dropped: a cell's rich output is bounded>" % len(payload)
+            payload = json.dumps({"data": {"text/plain": note}, "main": main}).encode("utf-8")
+            if len(payload) > cell["left"]:
+                return
+        cell["left"] -= len(payload)
+        send(b"D", payload)
+
+    def display(*objs, **kwargs):
+        for obj in objs:
+            if cell["display"]:
+                send_display(mime_bundle(obj))
+            else:
+                print(repr(obj))
+
+    builtins.display = display
+
+    def flush_figures():
+        plt = sys.modules.get("matplotlib.pyplot")
+        if plt is None or not cell["display"]:
+            return
+        try:
+            for num in plt.get_fignums():
+                fig = plt.figure(num)
+                send_display({"image/png": figure_png(fig), "text/plain": repr(fig)})
+            plt.close("all")
+        except Exception:
+            traceback.print_exc()
+
+    class InlineBackend(importlib.abc.Loader):
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            from matplotlib.backend_bases import FigureManagerBase
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            module.FigureCanvas = FigureCanvasAgg
+            module.FigureManager = FigureManagerBase
+
+            def show(*args, **kwargs):
+                flush_figures()
+
+            module.show = show
+
+    class MatplotlibHook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name == "_sandgate_inline":
+                return importlib.machinery.ModuleSpec(name, InlineBackend())
+            if name != "matplotlib" or "MPLBACKEND" in os.environ:
+                return None
+            sys.meta_path.remove(self)  # once: the real finder finds it
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None:
+                return spec
+            real = spec.loader
+
+            class Loader(importlib.abc.Loader):
+                def create_module(self, spec):
+                    return real.create_module(spec)
+
+                def exec_module(self, module):
+                    real.exec_module(module)
+                    try:
+                        module.rcParams["backend"] = "module://_sandgate_inline"
+                    except Exception:
+                        pass
+
+            spec.loader = Loader()
+            return spec
+
+    sys.meta_path.insert(0, MatplotlibHook())
+
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
@@ -200,6 +345,7 @@ def _sandgate_kernel():
 
     def run_cell(msg):
         limit = int(msg.get("maxBytes", 1 << 20))
+        cell["display"], cell["left"] = bool(msg.get("display")), limit
         code = msg.get("code", "")
         cells[0] += 1
         filename = "<cell-%d>" % cells[0]
@@ -228,6 +374,8 @@ def _sandgate_kernel():
                 value = eval(compile(last, filename, "eval"), ns)
                 if value is not None:
                     result = repr(value)
+                    if cell["display"]:
+                        send_display(mime_bundle(value, result), main=True)
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: the kernel stays
             with state_lock:
                 running["id"] = None
@@ -239,6 +387,8 @@ def _sandgate_kernel():
                 running["id"] = None
         if os.getpid() != pid:
             os._exit(0)
+        flush_figures()
+        cell["display"] = False
         flush_std()
         restore_fds()
         os.write(wake_w, b"x")

@@ -115,6 +115,12 @@ type StartRequest struct {
 	Cwd string
 	// Name is the client's label for the process.
 	Name string
+	// PTY, when set, runs the process on a pseudo-terminal of that size
+	// (the E2B facade's terminals): its output is the terminal's, all
+	// stdout; its input is typed on the terminal (Process.WriteStdin);
+	// Process.Resize resizes it. Such a process ends with the gateway:
+	// a terminal is not kept across restarts.
+	PTY *sandbox.PTY
 }
 
 // ProcessInfo is what a client sees of a background process.
@@ -187,6 +193,8 @@ type Process struct {
 	// keep is its key in a sandbox that keeps it across gateway
 	// restarts (sandbox.Cmd.Keep).
 	keep string
+	// pty says it runs on a pseudo-terminal (StartRequest.PTY).
+	pty bool
 	// charge is what it counts against its tenant's output bound;
 	// guarded by the Processes' mu.
 	charge  int64
@@ -234,7 +242,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 		}
 	}()
 	pr := &Process{
-		sp: sp, done: make(chan struct{}), running: true, keep: "process/" + id,
+		sp: sp, done: make(chan struct{}), running: true, keep: "process/" + id, pty: req.PTY != nil,
 		info: ProcessInfo{
 			ProcessID: id, Name: req.Name, Command: req.Command, Argv: req.Argv, Cwd: req.Cwd,
 			StartedAt: time.Now().UTC(),
@@ -281,8 +289,8 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 		_ = pr.remove()
 		return ProcessInfo{}, ErrSessionEnded
 	}
-	cmd := sandbox.Cmd{Command: command, Env: req.Env}
-	if k, ok := sandbox.As[sandbox.Keeper](sb); ok && k.Keeps() && sp.dir != "" {
+	cmd := sandbox.Cmd{Command: command, Env: req.Env, PTY: req.PTY}
+	if k, ok := sandbox.As[sandbox.Keeper](sb); ok && k.Keeps() && sp.dir != "" && req.PTY == nil {
 		cmd.Keep = pr.keep // it outlives this gateway: a next one takes it back
 	} else {
 		pr.keep = ""
@@ -762,6 +770,28 @@ func (pr *Process) Signal(sig syscall.Signal) error {
 			return ErrProcessExited
 		}
 		return fmt.Errorf("signal process: %w", err)
+	}
+	return nil
+}
+
+// PTY reports whether the process runs on a pseudo-terminal
+// (StartRequest.PTY).
+func (pr *Process) PTY() bool { return pr.pty }
+
+// Resize sets the size of the process's terminal; an error for a process
+// without one, ErrProcessExited once it ended.
+func (pr *Process) Resize(w sandbox.Window) error {
+	if !pr.pty {
+		return newClientError("the process has no terminal", gateway.KindInvalid, "invalid_field", "the process has no terminal to resize")
+	}
+	if !pr.isRunning() || pr.p == nil {
+		return ErrProcessExited
+	}
+	if err := pr.p.Resize(w); err != nil {
+		if !pr.isRunning() {
+			return ErrProcessExited
+		}
+		return fmt.Errorf("resize terminal: %w", err)
 	}
 	return nil
 }

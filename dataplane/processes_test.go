@@ -186,3 +186,52 @@ func TestProcessesOnDrivers(t *testing.T) {
 		})
 	}
 }
+
+// A process on a terminal (StartRequest.PTY, the E2B facade's): its output
+// is the terminal's, input is typed on it, Resize resizes it; a process
+// without one cannot be resized.
+func TestProcessOnPTY(t *testing.T) {
+	for _, driver := range []string{"workdir", "linux"} {
+		t.Run(driver, func(t *testing.T) {
+			_, s := newManagedSession(t, driver)
+			ps := &Processes{}
+			ctx := context.Background()
+			info, err := ps.Start(ctx, s, ProcessConfig{StateDir: t.TempDir()}, StartRequest{
+				Argv: []string{"/bin/sh", "-c", "read line; stty size; tty; echo got $line"},
+				PTY:  &sandbox.PTY{Term: "xterm", Window: sandbox.Window{Cols: 80, Rows: 24}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, _ := ps.Get(s.ID, info.ProcessID)
+			if !p.PTY() {
+				t.Fatal("PTY() false")
+			}
+			if err := p.Resize(sandbox.Window{Cols: 132, Rows: 50}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.WriteStdin(ctx, []byte("hello\n"), false); err != nil {
+				t.Fatal(err)
+			}
+			out := drainProcess(t, p)
+			<-p.Done()
+			if !strings.Contains(out, "50 132") || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "got hello") {
+				t.Errorf("terminal output %q", out)
+			}
+			if err := p.Resize(sandbox.Window{Cols: 1, Rows: 1}); !errors.Is(err, ErrProcessExited) {
+				t.Errorf("resize after exit: %v", err)
+			}
+
+			info, err = ps.Start(ctx, s, ProcessConfig{}, StartRequest{Command: "true"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, _ = ps.Get(s.ID, info.ProcessID)
+			var ge *gateway.Error
+			if err := p.Resize(sandbox.Window{Cols: 1, Rows: 1}); !errors.As(err, &ge) || ge.Kind != gateway.KindInvalid {
+				t.Errorf("resize without a terminal: %v", err)
+			}
+			<-p.Done()
+		})
+	}
+}

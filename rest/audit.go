@@ -101,7 +101,8 @@ func (a *api) auditCalls(next http.Handler) http.Handler {
 		// Before the handlers: compat's X-API-Key becomes an Authorization.
 		credential := credentialNone
 		if r.Header.Get("Authorization") != "" || r.Header.Get("Proxy-Authorization") != "" ||
-			r.Header.Get("X-API-Key") != "" || strings.HasPrefix(r.URL.Path, "/links/") || a.isPreviewHost(r.Host) {
+			r.Header.Get("X-API-Key") != "" || r.Header.Get("X-Access-Token") != "" || // E2B's sandbox token
+			strings.HasPrefix(r.URL.Path, "/links/") || a.isPreviewHost(r.Host) {
 			credential = credentialInvalid
 		}
 		c := &call{}

@@ -149,3 +149,16 @@ func TestAuditPortLink(t *testing.T) {
 		t.Fatalf("alice's audit has no port-link call: %s", r.body)
 	}
 }
+
+// TestAuditAccessTokenIsACredential: a call that carries only E2B's
+// sandbox access token (X-Access-Token, which rest/compat/e2b checks) and
+// fails is a bad credential, sampled into the audit log, not an
+// anonymous call.
+func TestAuditAccessTokenIsACredential(t *testing.T) {
+	met := &unauthCounts{n: map[string]int{}}
+	g := newGateway(t, gwOptions{metrics: met})
+	expect(t, g.do(t, http.MethodGet, "/v1/sessions", "", nil, "X-Access-Token", "e2bt_wrong"), http.StatusUnauthorized, "unauthorized")
+	if n := met.get("invalid/true"); n != 1 {
+		t.Errorf("counted %v, want one invalid credential", met.n)
+	}
+}

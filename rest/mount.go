@@ -26,16 +26,40 @@ type Mount struct {
 	// Before, when set, runs before authentication, for this prefix only
 	// (a seed's own credential header turned into a bearer token).
 	Before func(http.Handler) http.Handler
+	// Credential, when set, authenticates this prefix's requests by a
+	// credential of the API's own (E2B's per-sandbox access token): it
+	// returns the caller, or false, and the request is then
+	// authenticated as any other (a bearer token, or a 401).
+	Credential func(r *http.Request) (gateway.Principal, bool)
 }
 
 // mount serves ms on r.
 func (a *api) mount(r chi.Router, ms []Mount) {
 	for _, m := range ms {
-		chain := []func(http.Handler) http.Handler{a.authenticate, a.limit}
+		auth := a.authenticate
+		if m.Credential != nil {
+			auth = a.credential(m.Credential)
+		}
+		chain := []func(http.Handler) http.Handler{auth, a.limit}
 		if m.Before != nil {
 			chain = append([]func(http.Handler) http.Handler{m.Before}, chain...)
 		}
 		r.With(chain...).Mount(m.Prefix, m.Handler)
+	}
+}
+
+// credential is authenticate for a Mount with a Credential of its own,
+// which is tried first.
+func (a *api) credential(check func(*http.Request) (gateway.Principal, bool)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		authed := a.authenticate(next)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if p, ok := check(r); ok {
+				next.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(withCaller(r, p), p)))
+				return
+			}
+			authed.ServeHTTP(w, r)
+		})
 	}
 }
 

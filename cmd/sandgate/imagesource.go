@@ -68,6 +68,19 @@ func parseImageAliases(values []string) (defaults []string, aliases map[string]s
 	return defaults, aliases, nil
 }
 
+// imageAliasNames are the names --image-alias values give (NAME of
+// NAME=REF, as given): E2B templates of these names get their image
+// (rest/compat/e2b).
+func imageAliasNames(values []string) []string {
+	var names []string
+	for _, v := range values {
+		if name, _, ok := strings.Cut(v, "="); ok && strings.TrimSpace(name) != "" {
+			names = append(names, strings.TrimSpace(name))
+		}
+	}
+	return names
+}
+
 // setAliases takes --image-alias's values and logs each (a warning for
 // an image that is neither present nor may be pulled). It returns the
 // names of the host-root image, for the session manager's Config.Images.

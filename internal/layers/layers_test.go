@@ -108,7 +108,11 @@ func TestImportGraph(t *testing.T) {
 					continue
 				}
 				for _, ban := range bans {
-					if banned(d, ban) {
+					// A package inside a banned subtree may import its
+					// siblings there (rest/compat/e2b/envd's generated
+					// packages import each other; "rest" bans rest/compat
+					// for rest's own code).
+					if banned(d, ban) && !banned(pkg, ban) {
 						t.Errorf("%s imports %s (directly or not): docs/architecture.md forbids %s -> %s", pkg, d, prefix, ban)
 					}
 				}

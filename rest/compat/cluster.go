@@ -30,10 +30,34 @@ func SessionOf(r *http.Request) (id, token string, name func() string) {
 		id, _, _ = strings.Cut(rest, "/")
 		return id, "", nil
 	}
+	if id, ok := e2bSessionOf(r); ok {
+		// E2B's SDKs send the API key as X-API-Key; the sandbox URL's own
+		// access token is checked by the owner only (docs/compat.md).
+		return id, strings.TrimSpace(r.Header.Get("X-API-Key")), nil
+	}
 	if !strings.HasPrefix(p, "/compat/agent-sandbox/") {
 		return "", "", nil
 	}
 	return "", strings.TrimSpace(r.Header.Get("X-API-Key")), func() string { return agentSandboxNameOf(r) }
+}
+
+// e2bSessionOf is the sandbox an E2B request names: in its path (the
+// control API's /sandboxes/{id}...) or in E2b-Sandbox-Id (the sandbox
+// URL). Only sandgate's ids count: /sandboxes/metrics names none.
+func e2bSessionOf(r *http.Request) (string, bool) {
+	p := r.URL.Path
+	var id string
+	switch {
+	case p == "/compat/e2b/sandbox" || strings.HasPrefix(p, "/compat/e2b/sandbox/"):
+		id = r.Header.Get("E2b-Sandbox-Id")
+	case strings.HasPrefix(p, "/compat/e2b/sandboxes/"):
+		id, _, _ = strings.Cut(strings.TrimPrefix(p, "/compat/e2b/sandboxes/"), "/")
+	case strings.HasPrefix(p, "/compat/e2b/v2/sandboxes/"):
+		id, _, _ = strings.Cut(strings.TrimPrefix(p, "/compat/e2b/v2/sandboxes/"), "/")
+	default:
+		return "", false
+	}
+	return id, strings.HasPrefix(id, "sbx-")
 }
 
 // agentSandboxNameOf is the native name of the sandbox an Agent Sandbox

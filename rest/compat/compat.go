@@ -15,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat/e2b"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -25,6 +26,7 @@ import (
 //	/compat/sbs            sbs.go           session-based-sandbox (seed 000)
 //	/compat/sandkasten     sandkasten.go    Sandkasten (seed 003)
 //	/compat/agent-sandbox  agentsandbox.go  Agent Sandbox (seed 001)
+//	/compat/e2b            e2b/             E2B's SDKs (issue 40)
 //
 // They are not in the OpenAPI spec: their shapes are the seeds'. See
 // docs/compat.md. cmd/sandgate mounts them (New) on the /v1 API's handler
@@ -40,9 +42,12 @@ type Deps struct {
 	Plane *dataplane.Plane
 	// Links hands out the file links of Agent Sandbox's artifacts.
 	Links rest.Links
-	Log   *slog.Logger
 	// AgentSandbox configures Agent Sandbox's API (agentstore.go).
 	AgentSandbox AgentSandboxConfig
+	// ImageAliases are the names --image-alias gives: E2B templates of
+	// these names get that image (package e2b).
+	ImageAliases []string
+	Log          *slog.Logger
 }
 
 // New returns the seeds' APIs, each under its prefix /compat/<seed>.
@@ -52,11 +57,15 @@ func New(d Deps) []rest.Mount {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
 	dp := &d
-	return []rest.Mount{
+	mounts := []rest.Mount{
 		{Prefix: "/compat/sbs", Handler: router(newSBS(dp).mount)},
 		{Prefix: "/compat/sandkasten", Handler: router(newSandkasten(dp).mount)},
 		{Prefix: "/compat/agent-sandbox", Handler: router(dp.mountAgentSandbox), Before: agentSandboxAPIKey},
 	}
+	if ss, ok := d.Sessions.(e2b.Sessions); ok {
+		mounts = append(mounts, e2b.New(e2b.Deps{Sessions: ss, Plane: d.Plane, Key: d.Links.Key, ImageAliases: d.ImageAliases, Log: d.Log})...)
+	}
+	return mounts
 }
 
 // router is a router with the routes mount adds.

@@ -1,0 +1,85 @@
+// Package e2bmeta is what the E2B facade (rest/compat/e2b) keeps of a
+// sandbox's create beside the session: a record in the session's metadata
+// under the key Key, which both the control API (templateID, the user's
+// metadata, autoPause) and envd (envVars, which every command gets) read.
+// The user's E2B metadata is the rest of the session's metadata (its
+// labels): string values at the top level.
+package e2bmeta
+
+import (
+	"encoding/json"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// Key is the metadata key of the record. A create through the E2B API
+// that gives a metadata key of this name is refused.
+const Key = "_e2b"
+
+// Record is what a create through the E2B API asked for, as kept.
+type Record struct {
+	// TemplateID is the create's templateID.
+	TemplateID string `json:"templateID"`
+	// EnvVars are the sandbox's environment variables (envVars): every
+	// command envd starts gets them, under its own.
+	EnvVars map[string]string `json:"envVars,omitempty"`
+	// Secure is what the create said (every sandbox URL call needs the
+	// access token whatever it says).
+	Secure bool `json:"secure,omitempty"`
+	// AutoPause: the create asked that the timeout pause the sandbox.
+	AutoPause bool `json:"autoPause,omitempty"`
+}
+
+// Of is s's record, or false for a session not created through the E2B
+// API (or whose record does not decode).
+func Of(s *gateway.Session) (Record, bool) {
+	return FromMetadata(s.Metadata)
+}
+
+// FromMetadata is the record in a session's metadata md.
+func FromMetadata(md map[string]any) (Record, bool) {
+	v, ok := md[Key]
+	if !ok {
+		return Record{}, false
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Record{}, false
+	}
+	var r Record
+	if json.Unmarshal(b, &r) != nil {
+		return Record{}, false
+	}
+	return r, true
+}
+
+// Metadata is the session metadata of a create: the user's metadata with
+// the record under Key.
+func (r Record) Metadata(user map[string]string) (map[string]any, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return nil, err
+	}
+	md := make(map[string]any, len(user)+1)
+	for k, v := range user {
+		md[k] = v
+	}
+	md[Key] = rec
+	return md, nil
+}
+
+// UserMetadata is the E2B metadata of a session's metadata md: its
+// string values at the top level, the record left out.
+func UserMetadata(md map[string]any) map[string]string {
+	out := map[string]string{}
+	for k, v := range md {
+		if s, ok := v.(string); ok && k != Key {
+			out[k] = s
+		}
+	}
+	return out
+}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,7 +184,7 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 		select {
 		case <-flood:
 			done = true
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(200 * time.Millisecond):
 		}
 		code, d := other(http.MethodGet, "/v1/sessions", nil, nil)
 		if code != http.StatusOK {
@@ -208,10 +209,16 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 	for _, d := range during {
 		slowest = max(slowest, d)
 	}
+	sorted := slices.Clone(during)
+	slices.Sort(sorted)
+	var p50 time.Duration
+	if len(sorted) > 0 {
+		p50 = sorted[len(sorted)/2]
+	}
 	t.Logf("%d sessions x %d CONNECTs: %d tunnels held, %d refused (503), %d other, in %v; the gateway's CPU meanwhile %v", sessions, perSession, counts[0], counts[1], counts[2], flooded.Round(time.Millisecond), cpu)
 	t.Logf("gateway descriptors: %d before the flood (%d pipes), at most %d during it (%d pipes), %d while the tunnels are held", baseFDs, basePipes, maxFDs, maxPipes, fds)
 	t.Logf("during the flood the slowest list took %v, the slowest /healthz %v", slowList.Round(time.Millisecond), slowHealth.Round(time.Millisecond))
-	t.Logf("the other tenant's create: %v idle, slowest of %d during the flood %v (all: %v), with the tunnels held %v", idle.Round(time.Millisecond), len(during), slowest.Round(time.Millisecond), during, held.Round(time.Millisecond))
+	t.Logf("the other tenant's create: %v idle, during the flood p50 %v and slowest %v of %d (all: %v), with the tunnels held %v", idle.Round(time.Millisecond), p50.Round(time.Millisecond), slowest.Round(time.Millisecond), len(during), during, held.Round(time.Millisecond))
 	if maxFDs >= 4000 {
 		t.Errorf("the gateway held %d descriptors; want under 4000", maxFDs)
 	}

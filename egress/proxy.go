@@ -44,8 +44,8 @@ type Config struct {
 	// the descriptor limit (MaxConnsFor). Each holds up to FDsPerConn
 	// descriptors.
 	MaxConnsTotal int
-	// IdleTimeout closes a tunnel that moved no byte either way for this
-	// long; default DefaultIdleTimeout.
+	// IdleTimeout closes a tunnel, or a plain http:// exchange, that
+	// moved no byte either way for this long; default DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// HalfCloseTimeout closes a tunnel once one side has closed and the
 	// other moved no byte for this long; default DefaultHalfCloseTimeout.
@@ -266,6 +266,11 @@ func (p *Proxy) NewSession(tenant, id string, pol Policy, ca *CA) *Session {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// A plain http:// exchange's stall watchdog reaches its
+		// connection through this (plainStall).
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, clientConnKey{}, c)
+		},
 	}
 	return s
 }

@@ -39,7 +39,7 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&e.maxConnsSession, "egress-max-conns-per-session", egress.DefaultMaxConns, "connections one session may hold open through its egress proxy; past it: 503")
 	fs.IntVar(&e.maxConnsTenant, "egress-max-conns-per-tenant", egress.DefaultMaxConnsPerTenant, "egress connections one tenant may hold open in all its sessions; past it: 503")
 	fs.IntVar(&e.maxConns, "egress-max-conns", 0, fmt.Sprintf("egress connections on this gateway; past it: 503 (0: derived from the descriptor limit, a quarter of it at %d descriptors each, at most 4096)", egress.FDsPerConn))
-	fs.DurationVar(&e.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress tunnel that moved no byte either way for this long")
+	fs.DurationVar(&e.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress tunnel, or a plain http:// request (504), that moved no byte either way for this long")
 	fs.DurationVar(&e.halfCloseTimeout, "egress-half-close-timeout", egress.DefaultHalfCloseTimeout, "close an egress tunnel once one side has closed and the other moved no byte for this long")
 }
 

@@ -71,8 +71,10 @@ func gatewayFDs(t *testing.T, pid int) (all, pipes int) {
 // accepts. The gateway keeps its descriptors under 4,000, another
 // tenant's create, list and /healthz are answered meanwhile, and
 // deleting the sessions gives every descriptor back at once.
-// Set SANDGATE_FLOOD_SESSIONS and SANDGATE_FLOOD_CONNS to change the 24
-// and the 256.
+// The refusals past the tenant's bound come at its pace
+// (--egress-refusals-per-tenant, 256 a second), so the flood lasts about
+// 25 s. Set SANDGATE_FLOOD_SESSIONS and SANDGATE_FLOOD_CONNS to change the
+// 24 and the 256, and SANDGATE_FLOOD_REFUSALS to set the pace.
 func TestLinuxEgressFloodOneTenant(t *testing.T) {
 	driver := "linux"
 	if os.Getenv("SANDGATE_FLOOD_DRIVER") == "workdir" {
@@ -96,8 +98,14 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 	defer hole.Close()
 	_, holePort, _ := net.SplitHostPort(hole.Addr().String())
 	const otherToken = "other-token"
-	g := startGateway(t, "--sandbox", driver, "--api-key", "flood:test-token", "--api-key", "other:"+otherToken,
-		"--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "hole.test=127.0.0.1")
+	// No request rate limit: the test polls each flooding session's
+	// output while its refusals are paced (--egress-refusals-per-tenant).
+	args := []string{"--sandbox", driver, "--api-key", "flood:test-token", "--api-key", "other:" + otherToken,
+		"--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "hole.test=127.0.0.1", "--rate-limit", "0"}
+	if v := os.Getenv("SANDGATE_FLOOD_REFUSALS"); v != "" {
+		args = append(args, "--egress-refusals-per-tenant", v) // a huge value: the refusals unpaced
+	}
+	g := startGateway(t, args...)
 	pid := g.cmd.Process.Pid
 	other := func(method, path string, body any, out any) (int, time.Duration) {
 		start := time.Now()
@@ -167,7 +175,7 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 					mu.Unlock()
 					return
 				}
-				time.Sleep(200 * time.Millisecond)
+				time.Sleep(time.Second)
 			}
 			t.Errorf("session %s: the flood script never reported", id)
 		})

@@ -15,8 +15,13 @@ import (
 const TruncatedDiskFull = "disk_full"
 
 // diskSampleEvery is how often, at most, a session's workspace usage is
-// sampled while its processes write output.
-const diskSampleEvery = 500 * time.Millisecond
+// sampled while its processes write output; a sample that takes long
+// (the workdir driver walks its directory) spaces the next ones out, to
+// diskSampleCost times its length.
+const (
+	diskSampleEvery = 500 * time.Millisecond
+	diskSampleCost  = 20
+)
 
 // diskSampleTimeout bounds one sample (the workdir driver walks its
 // directory).
@@ -38,6 +43,7 @@ type sessionDisk struct {
 	used     int64 // the workspace's, last sampled
 	total    int64 // the quota (0: none known, nothing refused)
 	sampled  time.Time
+	every    time.Duration // the wait before the next sample
 	sampling bool
 }
 
@@ -79,17 +85,20 @@ func newSessionDisk(s *gateway.Session) *sessionDisk {
 // hold no lock.
 func (d *sessionDisk) refresh() {
 	d.mu.Lock()
-	if d.sampling || time.Since(d.sampled) < diskSampleEvery {
+	if d.sampling || time.Since(d.sampled) < d.every {
 		d.mu.Unlock()
 		return
 	}
 	d.sampling = true
 	d.mu.Unlock()
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), diskSampleTimeout)
 	used, total, ok := d.sample(ctx)
 	cancel()
+	took := time.Since(start)
 	d.mu.Lock()
 	d.sampling, d.sampled = false, time.Now()
+	d.every = max(diskSampleEvery, diskSampleCost*took)
 	if ok {
 		d.used, d.total = used, total
 	}

@@ -114,3 +114,28 @@ func TestOutputLogQuota(t *testing.T) {
 		})
 	}
 }
+
+// A finished output whose bytes were all dropped (DropKept) keeps its
+// offsets across a gateway restart: its record's end is restored.
+func TestOutputLogDropKeptReopen(t *testing.T) {
+	dir := t.TempDir()
+	o, err := NewOutputLog(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Write(Stdout, make([]byte, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	if o.DropKept() == 0 || o.Stored() != 0 {
+		t.Fatalf("DropKept left %d bytes stored", o.Stored())
+	}
+	r, err := OpenOutputLog(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.restoreEnd(o.End())
+	if r.End() != 5000 || r.Start() != 5000 {
+		t.Errorf("reopened: offsets %d-%d, want 5000-5000", r.Start(), r.End())
+	}
+}

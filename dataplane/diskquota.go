@@ -21,6 +21,7 @@ const TruncatedDiskFull = "disk_full"
 const (
 	diskSampleEvery = 500 * time.Millisecond
 	diskSampleCost  = 20
+	diskSampleMax   = 10 * time.Second
 )
 
 // diskSampleTimeout bounds one sample (the workdir driver walks its
@@ -98,11 +99,20 @@ func (d *sessionDisk) refresh() {
 	took := time.Since(start)
 	d.mu.Lock()
 	d.sampling, d.sampled = false, time.Now()
-	d.every = max(diskSampleEvery, diskSampleCost*took)
+	d.every = min(max(diskSampleEvery, diskSampleCost*took), diskSampleMax)
 	if ok {
 		d.used, d.total = used, total
 	}
 	d.mu.Unlock()
+}
+
+// over reports whether the output charged and the workspace's use, as
+// last sampled, are past the quota: the workspace grew since the output
+// was kept.
+func (d *sessionDisk) over() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.total > 0 && d.used+d.charged > d.total
 }
 
 // Take implements Quota.

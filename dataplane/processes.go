@@ -646,9 +646,10 @@ func (pr *Process) run() {
 // capture keeps p, written by stream, in the process's output. When the
 // session's disk quota has no room (or its workspace grew past what is
 // left), the output of the session's finished processes is dropped
-// first, oldest first; when that is not enough, the output is truncated: what it kept stays, and what the
-// process writes from then on is read and not kept (the process runs
-// on). A failing disk loses output too, not the process.
+// first, oldest first; when that is not enough, the output is
+// truncated: what it kept stays, and what the process writes from then
+// on is read and not kept (the process runs on). A failing disk loses
+// output too, not the process.
 func (pr *Process) capture(stream Stream, p []byte) {
 	sp := pr.sp
 	if sp.disk != nil {

@@ -71,7 +71,30 @@ type OutputLog struct {
 	removed bool          // the storage is gone
 	changed chan struct{} // closed and replaced at every change
 	err     error         // the first write error: writes stop there
+	// quota, when set, is charged the bytes the log stores (SetQuota).
+	quota Quota
+	// truncated, once set, says why output is no longer kept (Truncate);
+	// discarded counts the bytes written since and not kept.
+	truncated string
+	discarded int64
 }
+
+// Quota is what an OutputLog's stored bytes (frames' headers included)
+// are charged to: a session's disk quota. Its methods are called with the
+// log's lock held, so they must not call back into the log.
+type Quota interface {
+	// Take charges n bytes, or charges nothing and reports false when
+	// there is no room for them.
+	Take(n int64) bool
+	// Give returns n bytes charged earlier.
+	Give(n int64)
+	// Force charges n bytes whatever the room (bytes already stored).
+	Force(n int64)
+}
+
+// ErrNoRoom is what a write answers when the log's quota has no room for
+// more bytes (nothing of the refused frame is kept).
+var ErrNoRoom = errors.New("no room in the disk quota for more output")
 
 // segment is one run of frames: data bytes [base, base+size) of the log.
 type segment struct {
@@ -194,36 +217,149 @@ func (o *OutputLog) Stored() int64 {
 	return o.stored
 }
 
+// SetQuota charges the log's stored bytes to q from now on, what it
+// stores already included (whatever q's room: it is on disk).
+func (o *OutputLog) SetQuota(q Quota) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.quota != nil || o.removed {
+		return
+	}
+	o.quota = q
+	q.Force(o.stored)
+}
+
 // Write appends p as written by stream. After a storage error, or once the
-// output is closed or removed, Write keeps nothing and returns the error.
+// output is closed or removed, Write keeps nothing and returns the error;
+// once truncated it keeps nothing and counts p as discarded. ErrNoRoom:
+// the quota took no more (what went before is kept).
 func (o *OutputLog) Write(stream Stream, p []byte) error {
+	_, err := o.write(stream, p)
+	return err
+}
+
+// write is Write, and how many bytes of p it kept (or discarded, once
+// truncated).
+func (o *OutputLog) write(stream Stream, p []byte) (int, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	switch {
 	case o.removed:
-		return ErrOutputGone
+		return 0, ErrOutputGone
 	case o.closed:
-		return errors.New("output closed")
+		return 0, errors.New("output closed")
 	case o.err != nil:
-		return o.err
+		return 0, o.err
+	case o.truncated != "":
+		o.discarded += int64(len(p))
+		return len(p), nil
 	}
-	wrote := false
-	for len(p) > 0 {
-		n := min(len(p), maxFrame)
-		if err := o.appendFrame(stream, p[:n]); err != nil {
-			o.err = err
+	done := 0
+	var err error
+	for done < len(p) {
+		n := min(len(p)-done, maxFrame)
+		if err = o.appendFrame(stream, p[done:done+n]); err != nil {
+			if !errors.Is(err, ErrNoRoom) {
+				o.err = err
+			}
 			break
 		}
-		wrote = true
-		p = p[n:]
+		done += n
 	}
-	if wrote {
+	if done > 0 {
 		o.notify()
 	}
-	return o.err
+	return done, err
+}
+
+// Truncate stops keeping output, for reason (a code such as "disk_full"):
+// what is kept stays, later writes are counted as discarded, and readers
+// at the end are told (Chunk.Truncated). The first reason stays.
+func (o *OutputLog) Truncate(reason string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.truncated == "" && !o.removed {
+		o.truncated = reason
+		o.notify()
+	}
+}
+
+// Truncated says why output is no longer kept ("": it is), and how many
+// bytes were written since and not kept.
+func (o *OutputLog) Truncated() (reason string, discarded int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.truncated, o.discarded
+}
+
+// DropKept drops every byte kept of a complete output (Close), freeing
+// its storage and its charge to the quota; its offsets stay, and readers
+// are told what was dropped (Chunk.Dropped), as for bytes past the cap.
+// It reports how many bytes it freed.
+func (o *OutputLog) DropKept() int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.closed || o.removed || len(o.segs) == 0 {
+		return 0
+	}
+	freed := o.stored
+	for len(o.segs) > 0 {
+		o.dropOldest()
+	}
+	o.notify()
+	return freed
+}
+
+// restoreEnd sets the end offset of a reopened log that kept no bytes
+// (DropKept) to what it was.
+func (o *OutputLog) restoreEnd(end int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.segs) == 0 && end > o.end {
+		o.end = end
+	}
+}
+
+// restoreTruncated marks a reopened log as truncated as it was.
+func (o *OutputLog) restoreTruncated(reason string, discarded int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.truncated, o.discarded = reason, discarded
 }
 
 func (o *OutputLog) appendFrame(stream Stream, data []byte) error {
+	if o.quota != nil {
+		need := int64(frameHeader + len(data))
+		for !o.quota.Take(need) {
+			// A log at its cap drops its oldest segment for this frame
+			// anyway: drop it first, as the cap does.
+			if len(o.segs) < 2 || (o.end+int64(len(data))-o.segs[0].base <= o.cap && o.stored+need <= 2*o.cap) {
+				return ErrNoRoom
+			}
+			o.dropOldest()
+		}
+	}
+	if err := o.appendCharged(stream, data); err != nil {
+		if o.quota != nil {
+			o.quota.Give(int64(frameHeader + len(data)))
+		}
+		return err
+	}
+	return nil
+}
+
+// dropOldest drops the oldest segment; o.mu is held.
+func (o *OutputLog) dropOldest() {
+	old := o.segs[0]
+	o.segs = o.segs[1:]
+	o.stored -= old.stored
+	if o.quota != nil {
+		o.quota.Give(old.stored)
+	}
+	_ = old.store.remove()
+}
+
+func (o *OutputLog) appendCharged(stream Stream, data []byte) error {
 	last := len(o.segs) - 1
 	if last < 0 || o.segs[last].stored >= o.segMax {
 		st, err := o.newStore()
@@ -249,10 +385,7 @@ func (o *OutputLog) appendFrame(stream Stream, data []byte) error {
 	// The cap counts data bytes; stored bytes (with the frames' headers,
 	// which tiny writes inflate) are bounded at twice it.
 	for len(o.segs) > 1 && (o.end-o.segs[0].base > o.cap || o.stored > 2*o.cap) {
-		old := o.segs[0]
-		o.segs = o.segs[1:]
-		o.stored -= old.stored
-		_ = old.store.remove()
+		o.dropOldest()
 	}
 	return nil
 }
@@ -299,6 +432,9 @@ func (o *OutputLog) Remove() error {
 	var errs []error
 	for _, s := range o.segs {
 		errs = append(errs, s.store.remove())
+	}
+	if o.quota != nil {
+		o.quota.Give(o.stored)
 	}
 	o.segs, o.stored = nil, 0
 	if o.dir != "" {
@@ -347,6 +483,10 @@ type Chunk struct {
 	Offset  int64
 	Stream  Stream
 	Data    []byte
+	// Truncated, when set, says why the output's bytes from Offset on are
+	// not kept (OutputLog.Truncate); Data is then empty. A reader is told
+	// once, when it reaches the end of what was kept.
+	Truncated string
 }
 
 // maxChunk bounds the data of one Chunk.
@@ -363,6 +503,8 @@ type Reader struct {
 	cur      *segment
 	pos      int64
 	frameOff int64
+	// toldTruncated: the reader returned the Truncated chunk.
+	toldTruncated bool
 }
 
 // NewReader returns a reader from offset off (clamped to [0, End]; an
@@ -418,7 +560,12 @@ func (r *Reader) next() (Chunk, <-chan struct{}, error) {
 		return Chunk{Dropped: dropped, Offset: start}, nil, nil
 	}
 	if r.off >= end {
+		truncated := o.truncated
 		o.mu.Unlock()
+		if truncated != "" && !r.toldTruncated {
+			r.toldTruncated = true
+			return Chunk{Offset: end, Truncated: truncated}, nil, nil
+		}
 		if closed {
 			return Chunk{}, nil, io.EOF
 		}

@@ -145,6 +145,11 @@ type ProcessInfo struct {
 	// the offset of the oldest byte still kept.
 	OutputBytes       int64 `json:"outputBytes"`
 	OutputStartOffset int64 `json:"outputStartOffset"`
+	// OutputTruncated, when set, says why the output after OutputBytes
+	// is not kept (TruncatedDiskFull: the session's disk quota was
+	// full); OutputDiscardedBytes counts what the process wrote since.
+	OutputTruncated      string `json:"outputTruncated,omitempty"`
+	OutputDiscardedBytes int64  `json:"outputDiscardedBytes,omitempty"`
 }
 
 // Processes holds every session's background processes. Its zero value
@@ -169,6 +174,9 @@ type sessionProcs struct {
 	cfg    ProcessConfig
 	dir    string // <StateDir>/<session>, "" in memory
 	remove func() // unregisters from the session's connections
+	// disk charges the output kept under dir to the session's disk
+	// quota (nil in memory).
+	disk *sessionDisk
 
 	mu       sync.Mutex
 	closed   bool
@@ -269,6 +277,9 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	out, err := NewOutputLog(pr.dir, sp.cfg.OutputCap)
 	if err != nil {
 		return ProcessInfo{}, err
+	}
+	if sp.disk != nil {
+		out.SetQuota(sp.disk)
 	}
 	pr.out = out
 	command := req.Command
@@ -509,6 +520,7 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 			return nil, fmt.Errorf("session id %q cannot name a directory", s.ID)
 		}
 		sp.dir = filepath.Join(cfg.StateDir, s.ID)
+		sp.disk = newSessionDisk(s)
 	}
 	remove, ok := s.AddConn(func() { ps.end(sp, s.Live()) })
 	if !ok {
@@ -584,7 +596,7 @@ func (pr *Process) run() {
 		for {
 			n, err := r.Read(buf)
 			if n > 0 {
-				_ = pr.out.Write(stream, buf[:n]) // a full disk loses output, not the process
+				pr.capture(stream, buf[:n])
 			}
 			if err != nil {
 				return
@@ -637,6 +649,69 @@ func (pr *Process) run() {
 	// already dropped).
 	pr.sp.finish(pr)
 	close(pr.done)
+}
+
+// capture keeps p, written by stream, in the process's output. When the
+// session's disk quota has no room (or its workspace grew past what is
+// left), the output of the session's finished processes is dropped
+// first, oldest first; when that is not enough, the output is
+// truncated: what it kept stays, and what the process writes from then
+// on is read and not kept (the process runs on). A failing disk loses
+// output too, not the process.
+func (pr *Process) capture(stream Stream, p []byte) {
+	sp := pr.sp
+	if sp.disk != nil {
+		sp.disk.refresh()
+		// The workspace's files grew into what output keeps: the output
+		// of finished processes goes first.
+		for sp.disk.over() && sp.dropFinishedOutput() {
+		}
+	}
+	for {
+		n, err := pr.out.write(stream, p)
+		p = p[n:]
+		if !errors.Is(err, ErrNoRoom) {
+			return
+		}
+		if sp.dropFinishedOutput() {
+			continue
+		}
+		pr.out.Truncate(TruncatedDiskFull)
+		_, _ = pr.out.write(stream, p) // counted as discarded
+		sp.cfg.Log.Warn("process_output_truncated", "session", sp.id, "process", pr.info.ProcessID,
+			"reason", TruncatedDiskFull, "kept", pr.out.End())
+		if err := pr.save(); err != nil {
+			sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", pr.info.ProcessID, "err", err)
+		}
+		return
+	}
+}
+
+// dropFinishedOutput drops the output kept by the session's finished
+// process that ended first and still keeps some, freeing its room in the
+// session's disk quota (and its tenant's bound); the process stays
+// listed, its output read as dropped. False when no finished process
+// keeps output.
+func (sp *sessionProcs) dropFinishedOutput() bool {
+	sp.mu.Lock()
+	var old *Process
+	for _, p := range sp.finished {
+		if p.out.Stored() > 0 {
+			old = p
+			break
+		}
+	}
+	sp.mu.Unlock()
+	if old == nil {
+		return false
+	}
+	freed := old.out.DropKept()
+	sp.ps.charge(sp.tenant, old, 0, 0)
+	if err := old.save(); err != nil {
+		sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", old.info.ProcessID, "err", err)
+	}
+	sp.cfg.Log.Info("process_output_dropped", "session", sp.id, "process", old.info.ProcessID, "reason", "disk_quota", "bytes", freed)
+	return true
 }
 
 // finish files pr among the finished processes, dropping the oldest
@@ -743,6 +818,7 @@ func (pr *Process) Info() ProcessInfo {
 		}
 	}
 	info.OutputBytes, info.OutputStartOffset = pr.out.End(), pr.out.Start()
+	info.OutputTruncated, info.OutputDiscardedBytes = pr.out.Truncated()
 	return info
 }
 
@@ -895,10 +971,18 @@ type processRecord struct {
 	// ends with the gateway).
 	Keep string `json:"keep,omitempty"`
 	// StdinClosed says the client closed its input (eof).
-	StdinClosed bool          `json:"stdinClosed,omitempty"`
-	Ended       bool          `json:"ended,omitempty"`
-	Exit        *sandbox.Exit `json:"exit,omitempty"`
-	EndedAt     time.Time     `json:"endedAt,omitzero"`
+	StdinClosed bool `json:"stdinClosed,omitempty"`
+	// OutputTruncated and OutputDiscarded: the output stopped being
+	// kept (OutputLog.Truncate), and what was not kept since.
+	OutputTruncated string `json:"outputTruncated,omitempty"`
+	OutputDiscarded int64  `json:"outputDiscarded,omitempty"`
+	// OutputEnd is the output's end offset when it was saved: a
+	// finished process whose output was dropped (DropKept) keeps its
+	// offsets.
+	OutputEnd int64         `json:"outputEnd,omitempty"`
+	Ended     bool          `json:"ended,omitempty"`
+	Exit      *sandbox.Exit `json:"exit,omitempty"`
+	EndedAt   time.Time     `json:"endedAt,omitzero"`
 }
 
 type sessionRecord struct {
@@ -917,6 +1001,10 @@ func (pr *Process) save() error {
 		return nil
 	}
 	rec := processRecord{Info: pr.info, Keep: pr.keep}
+	if pr.out != nil {
+		rec.OutputTruncated, rec.OutputDiscarded = pr.out.Truncated()
+		rec.OutputEnd = pr.out.End()
+	}
 	pr.mu.Lock()
 	rec.StdinClosed = pr.stdinClosed
 	if !pr.running {
@@ -1006,6 +1094,9 @@ func (sp *sessionProcs) restore(s *gateway.Session) {
 			sp.seq = max(sp.seq, n)
 		}
 		sp.procs[pr.info.ProcessID] = pr
+		if sp.disk != nil {
+			pr.out.SetQuota(sp.disk)
+		}
 		if pr.running {
 			sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, 0)
 			go pr.run()
@@ -1051,6 +1142,13 @@ func (sp *sessionProcs) reattachLater(dir string, keeper sandbox.Keeper, delay t
 		case err != nil:
 			sp.cfg.Log.Warn("process_restore_failed", "session", sp.id, "process", filepath.Base(dir), "err", err)
 			_ = os.RemoveAll(dir)
+			sp.mu.Unlock()
+			return
+		}
+		if sp.disk != nil {
+			pr.out.SetQuota(sp.disk)
+		}
+		switch {
 		case pr.running:
 			sp.procs[pr.info.ProcessID] = pr
 			sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, 0)
@@ -1097,6 +1195,10 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 		return nil, err
 	}
 	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, info: rec.Info, done: make(chan struct{})}
+	if rec.OutputTruncated != "" {
+		out.restoreTruncated(rec.OutputTruncated, rec.OutputDiscarded)
+	}
+	out.restoreEnd(rec.OutputEnd)
 	if rec.Ended {
 		pr.exit, pr.endedAt, pr.stdinClosed = *rec.Exit, rec.EndedAt, true
 		out.Close()

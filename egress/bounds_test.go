@@ -33,7 +33,7 @@ func fdCount(t *testing.T) (all, pipes int) {
 
 // blackhole is a loopback listener that never accepts: connections to it
 // complete in the kernel and then wait forever.
-func blackhole(t *testing.T) string {
+func blackhole(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -372,7 +372,7 @@ func TestCloseReleasesPipes(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
+func waitFor(t testing.TB, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !ok() {

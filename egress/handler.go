@@ -32,6 +32,10 @@ type record struct {
 	allowed bool
 	reason  string // why denied
 	err     string // why an allowed exchange failed
+
+	// x is a plain http:// exchange's stall watchdog (nil for others),
+	// touched as its bodies move.
+	x *plainExchange
 }
 
 func newRecord(kind string) *record { return &record{kind: kind, start: time.Now()} }
@@ -311,6 +315,10 @@ func (s *Session) handlePlain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.allow()
+	ctx, x, stop := s.plainStall(r, rec, target)
+	defer stop()
+	rec.x = x
+	r = r.WithContext(ctx)
 	phs := pol.placeholders()
 	rp := s.reverseProxy(rec, target, func(out *http.Request) {
 		out.URL.Scheme = "http"
@@ -336,7 +344,7 @@ func withTrace(r *http.Request, rec *record) *http.Request {
 	})
 	r = r.WithContext(ctx)
 	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &countBody{ReadCloser: r.Body, n: &rec.out}
+		r.Body = &countBody{ReadCloser: r.Body, n: &rec.out, x: rec.x}
 	}
 	return r
 }
@@ -350,8 +358,16 @@ func (s *Session) reverseProxy(rec *record, target string, rewrite func(*http.Re
 		FlushInterval: 100 * time.Millisecond,
 		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ModifyResponse: func(resp *http.Response) error {
+			if rec.x != nil {
+				rec.x.w.touch()
+				rec.x.responded.Store(true)
+			}
 			if resp.StatusCode != http.StatusSwitchingProtocols {
-				resp.Body = &countBody{ReadCloser: resp.Body, n: &rec.in}
+				resp.Body = &countBody{ReadCloser: resp.Body, n: &rec.in, x: rec.x}
+			} else if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && rec.x != nil {
+				// An upgraded connection (a WebSocket) stays under the
+				// watchdog: both directions touch it.
+				resp.Body = &upgradedBody{ReadWriteCloser: rwc, x: rec.x}
 			}
 			return nil
 		},
@@ -361,6 +377,8 @@ func (s *Session) reverseProxy(rec *record, target string, rewrite func(*http.Re
 			case errors.As(err, &d):
 				rec.deny(d.Reason)
 				writeLine(w, d.Status, denyMsg(target, d))
+			case errors.Is(context.Cause(r.Context()), errStalled):
+				writeLine(w, http.StatusGatewayTimeout, fmt.Sprintf("%s: closed: no byte moved either way for %v (serve --egress-idle-timeout)", target, s.p.cfg.IdleTimeout))
 			case r.Context().Err() != nil:
 				rec.fail("client gone")
 				w.WriteHeader(http.StatusBadGateway)
@@ -377,10 +395,37 @@ func (s *Session) reverseProxy(rec *record, target string, rewrite func(*http.Re
 type countBody struct {
 	io.ReadCloser
 	n *atomic.Int64
+	x *plainExchange // touched as bytes move (nil: none)
+}
+
+// upgradedBody is the upstream side of an upgraded plain http://
+// exchange, touching its watchdog as bytes move either way.
+type upgradedBody struct {
+	io.ReadWriteCloser
+	x *plainExchange
+}
+
+func (b *upgradedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadWriteCloser.Read(p)
+	if n > 0 {
+		b.x.w.touch()
+	}
+	return n, err
+}
+
+func (b *upgradedBody) Write(p []byte) (int, error) {
+	n, err := b.ReadWriteCloser.Write(p)
+	if n > 0 {
+		b.x.w.touch()
+	}
+	return n, err
 }
 
 func (b *countBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
+	if n > 0 && b.x != nil {
+		b.x.w.touch()
+	}
 	return n, err
 }

@@ -76,7 +76,7 @@ var noDNS = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, networ
 }}
 
 // newTestProxy makes a Proxy logging into the returned buffer.
-func newTestProxy(t *testing.T, cfg Config) (*Proxy, *logBuf) {
+func newTestProxy(t testing.TB, cfg Config) (*Proxy, *logBuf) {
 	t.Helper()
 	lb := &logBuf{}
 	if cfg.Log == nil {
@@ -94,13 +94,13 @@ func newTestProxy(t *testing.T, cfg Config) (*Proxy, *logBuf) {
 
 // startSession serves a new session, of a tenant of its own, on a
 // loopback listener until cleanup, and returns it with its proxy URL.
-func startSession(t *testing.T, p *Proxy, id string, pol Policy, ca *CA) (*Session, *url.URL) {
+func startSession(t testing.TB, p *Proxy, id string, pol Policy, ca *CA) (*Session, *url.URL) {
 	t.Helper()
 	return startTenantSession(t, p, "tenant-"+id, id, pol, ca)
 }
 
 // startTenantSession is startSession for a session of tenant.
-func startTenantSession(t *testing.T, p *Proxy, tenant, id string, pol Policy, ca *CA) (*Session, *url.URL) {
+func startTenantSession(t testing.TB, p *Proxy, tenant, id string, pol Policy, ca *CA) (*Session, *url.URL) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -59,6 +59,9 @@ func (c *Config) setLimits(nofile uint64) error {
 	if c.HalfCloseTimeout <= 0 {
 		c.HalfCloseTimeout = DefaultHalfCloseTimeout
 	}
+	if c.RefusalsPerSecond <= 0 {
+		c.RefusalsPerSecond = DefaultRefusalsPerTenant
+	}
 	return nil
 }
 
@@ -66,12 +69,13 @@ func (c *Config) setLimits(nofile uint64) error {
 type Limits struct {
 	MaxConns, MaxConnsPerTenant, MaxConnsTotal int
 	IdleTimeout, HalfCloseTimeout              time.Duration
+	RefusalsPerSecond                          int
 }
 
 // Limits reports the bounds in force, for the start-up log.
 func (p *Proxy) Limits() Limits {
 	return Limits{MaxConns: p.cfg.MaxConns, MaxConnsPerTenant: p.cfg.MaxConnsPerTenant, MaxConnsTotal: p.cfg.MaxConnsTotal,
-		IdleTimeout: p.cfg.IdleTimeout, HalfCloseTimeout: p.cfg.HalfCloseTimeout}
+		IdleTimeout: p.cfg.IdleTimeout, HalfCloseTimeout: p.cfg.HalfCloseTimeout, RefusalsPerSecond: p.cfg.RefusalsPerSecond}
 }
 
 // conns is how many connections tenant holds now.

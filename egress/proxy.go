@@ -44,12 +44,16 @@ type Config struct {
 	// the descriptor limit (MaxConnsFor). Each holds up to FDsPerConn
 	// descriptors.
 	MaxConnsTotal int
-	// IdleTimeout closes a tunnel that moved no byte either way for this
-	// long; default DefaultIdleTimeout.
+	// IdleTimeout closes a tunnel, or a plain http:// exchange, that
+	// moved no byte either way for this long; default DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// HalfCloseTimeout closes a tunnel once one side has closed and the
 	// other moved no byte for this long; default DefaultHalfCloseTimeout.
 	HalfCloseTimeout time.Duration
+	// RefusalsPerSecond paces the connections a tenant's sessions refuse
+	// past a bound (pacer): at most this many a second, after a burst of
+	// as many; default DefaultRefusalsPerTenant.
+	RefusalsPerSecond int
 }
 
 // Proxy holds what every session shares: configuration and the gateway's
@@ -66,6 +70,7 @@ type Proxy struct {
 	rejecting atomic.Int64 // 503 answers being written (bounded too)
 	tmu       sync.Mutex
 	tenants   map[string]int // connections per tenant, against MaxConnsPerTenant
+	pace      pacer          // each tenant's refusals
 }
 
 // New makes a Proxy. It records the host's interface addresses as the
@@ -94,6 +99,7 @@ func New(cfg Config) (*Proxy, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.pace.rate = float64(p.cfg.RefusalsPerSecond)
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
 	}
@@ -235,6 +241,7 @@ type Session struct {
 
 	mu     sync.Mutex
 	closed bool
+	done   chan struct{}      // closed with closed
 	conns  map[io.Closer]bool // every open client and upstream connection
 	wg     sync.WaitGroup     // every goroutine the session started itself
 }
@@ -249,6 +256,7 @@ func (p *Proxy) NewSession(tenant, id string, pol Policy, ca *CA) *Session {
 		ca:     ca,
 		log:    p.log.With("session", id),
 		conns:  make(map[io.Closer]bool),
+		done:   make(chan struct{}),
 	}
 	s.SetPolicy(pol)
 	s.plain = &http.Transport{
@@ -266,6 +274,11 @@ func (p *Proxy) NewSession(tenant, id string, pol Policy, ca *CA) *Session {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    p.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// A plain http:// exchange's stall watchdog reaches its
+		// connection through this (plainStall).
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, clientConnKey{}, c)
+		},
 	}
 	return s
 }
@@ -317,6 +330,7 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.done)
 	conns := make([]io.Closer, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)
@@ -408,6 +422,16 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		s := l.s
 		if scope := s.acquire(); scope != "" {
 			s.reject(c, scope)
+			// Past the tenant's pace, accept nothing until the next
+			// refusal is due: what comes meanwhile waits in the backlog.
+			if d := s.p.pace.reserve(s.tenant, time.Now()); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-s.done:
+					t.Stop()
+				}
+			}
 			continue
 		}
 		cc := &clientConn{Conn: c, s: s}

@@ -15,7 +15,8 @@ type ImageSource interface {
 	Check(name string) error
 	// Resolve returns the image called name, pulled first when it is
 	// missing and may be pulled. Its errors are *Error values
-	// (unknown_image, image_pull_failed).
+	// (unknown_image, image_pull_failed). ctx carries the principal of
+	// the create (PrincipalFrom).
 	Resolve(ctx context.Context, name string) (*sandbox.Image, error)
 	// Hold records that session id's sandbox uses img, so
 	// that it is not removed; it survives a restart of the gateway.

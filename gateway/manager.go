@@ -220,7 +220,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		spec.TrustPEM = s.egressCAPEM
 	}
 	if !slices.Contains(m.cfg.Images, c.image) {
-		img, err := m.cfg.ImageSource.Resolve(ctx, c.image)
+		// The principal goes along: the source bounds each tenant's pulls.
+		img, err := m.cfg.ImageSource.Resolve(WithPrincipal(ctx, p), c.image)
 		if err != nil {
 			return nil, "", err
 		}

@@ -172,6 +172,7 @@ type outputLine struct {
 	StdoutBase64 string `json:"stdoutBase64,omitempty"`
 	StderrBase64 string `json:"stderrBase64,omitempty"`
 	DroppedBytes int64  `json:"droppedBytes,omitempty"`
+	Truncated    string `json:"truncated,omitempty"`
 	Done         *bool  `json:"done,omitempty"`
 	ExitCode     *int   `json:"exitCode,omitempty"`
 	ExitSignal   string `json:"exitSignal,omitempty"`
@@ -282,6 +283,10 @@ func chunkLine(c dataplane.Chunk) outputLine {
 	line := outputLine{Offset: &off}
 	if c.Dropped > 0 {
 		line.DroppedBytes = c.Dropped
+		return line
+	}
+	if c.Truncated != "" {
+		line.Truncated = c.Truncated
 		return line
 	}
 	text := utf8.Valid(c.Data)

@@ -48,8 +48,12 @@ type pidsStats struct {
 }
 
 type diskStats struct {
-	UsedBytes  int64  `json:"usedBytes"`
-	TotalBytes *int64 `json:"totalBytes,omitempty"`
+	// UsedBytes is what the workspace's files use plus
+	// ProcessOutputBytes, the background processes' output kept on the
+	// host, which counts against the same quota.
+	UsedBytes          int64  `json:"usedBytes"`
+	TotalBytes         *int64 `json:"totalBytes,omitempty"`
+	ProcessOutputBytes int64  `json:"processOutputBytes"`
 }
 
 type byteCounts struct {
@@ -90,6 +94,13 @@ func (a *api) sessionStats(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		fillStats(&out, u, s.Resources)
+	}
+	if n := a.dp.Processes.DiskBytes(s.ID); n > 0 {
+		if out.Disk == nil {
+			out.Disk = &diskStats{}
+		}
+		out.Disk.UsedBytes += n
+		out.Disk.ProcessOutputBytes = n
 	}
 	_ = WriteJSON(w, http.StatusOK, out)
 }

@@ -28,6 +28,7 @@ type egressFlags struct {
 
 	maxConnsSession, maxConnsTenant, maxConns int
 	idleTimeout, halfCloseTimeout             time.Duration
+	refusalsPerTenant                         int
 }
 
 func (e *egressFlags) register(fs *flag.FlagSet) {
@@ -39,7 +40,8 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&e.maxConnsSession, "egress-max-conns-per-session", egress.DefaultMaxConns, "connections one session may hold open through its egress proxy; past it: 503")
 	fs.IntVar(&e.maxConnsTenant, "egress-max-conns-per-tenant", egress.DefaultMaxConnsPerTenant, "egress connections one tenant may hold open in all its sessions; past it: 503")
 	fs.IntVar(&e.maxConns, "egress-max-conns", 0, fmt.Sprintf("egress connections on this gateway; past it: 503 (0: derived from the descriptor limit, a quarter of it at %d descriptors each, at most 4096)", egress.FDsPerConn))
-	fs.DurationVar(&e.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress tunnel that moved no byte either way for this long")
+	fs.DurationVar(&e.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress tunnel, or a plain http:// request (504), that moved no byte either way for this long")
+	fs.IntVar(&e.refusalsPerTenant, "egress-refusals-per-tenant", egress.DefaultRefusalsPerTenant, "connections past an egress bound that one tenant's sessions answer 503 per second (after a burst of as many); beyond, a session accepts nothing until the next is due and new connections wait in its backlog")
 	fs.DurationVar(&e.halfCloseTimeout, "egress-half-close-timeout", egress.DefaultHalfCloseTimeout, "close an egress tunnel once one side has closed and the other moved no byte for this long")
 }
 
@@ -56,7 +58,8 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"--egress-max-conns-per-session", e.maxConnsSession}, {"--egress-max-conns-per-tenant", e.maxConnsTenant}, {"--egress-max-conns", e.maxConns}} {
+	}{{"--egress-max-conns-per-session", e.maxConnsSession}, {"--egress-max-conns-per-tenant", e.maxConnsTenant}, {"--egress-max-conns", e.maxConns},
+		{"--egress-refusals-per-tenant", e.refusalsPerTenant}} {
 		if f.v < 0 {
 			return nil, fmt.Errorf("%s %d: want a count, or 0 for the default", f.name, f.v)
 		}
@@ -66,7 +69,7 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	}
 	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}, Metrics: met,
 		MaxConns: e.maxConnsSession, MaxConnsPerTenant: e.maxConnsTenant, MaxConnsTotal: e.maxConns,
-		IdleTimeout: e.idleTimeout, HalfCloseTimeout: e.halfCloseTimeout}
+		IdleTimeout: e.idleTimeout, HalfCloseTimeout: e.halfCloseTimeout, RefusalsPerSecond: e.refusalsPerTenant}
 	for _, c := range e.allowCIDR {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
@@ -107,7 +110,8 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 		cidrs = "none"
 	}
 	log.Info("egress", "allow", strings.Join(allow, ","), "allow_cidr", cidrs, "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
-		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout.String(), "half_close_timeout", l.HalfCloseTimeout.String())
+		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout.String(), "half_close_timeout", l.HalfCloseTimeout.String(),
+		"refusals_per_tenant", l.RefusalsPerSecond)
 	return &gateway.EgressConfig{Proxy: p, Bounds: bounds}, nil
 }
 

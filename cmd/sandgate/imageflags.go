@@ -24,12 +24,16 @@ type imageFlags struct {
 	maxImage     int64
 	pullTimeout  time.Duration
 	stallTimeout time.Duration
+	// pullsPerTenant bounds the images one tenant has being pulled on
+	// demand at once.
+	pullsPerTenant int
 }
 
 func (f *imageFlags) register(fs *flag.FlagSet) {
 	fs.Var((*sizeFlag)(&f.storeMax), "image-store-max", "most the image store's layers may take on disk, blocks counted (holes are free); an unpack past it fails with 503 image_store_full: bytes or a size such as 100GiB (default: half the data dir's filesystem)")
 	fs.Var((*sizeFlag)(&f.maxImage), "image-max-size", "largest image, uncompressed (its tar streams and its files' lengths); a larger one fails with 400 image_too_large: bytes or a size such as 16GiB (default 32GiB)")
 	fs.DurationVar(&f.pullTimeout, "image-pull-timeout", images.DefaultPullTimeout, "deadline of a whole on-demand pull; past it the create fails with 502 image_pull_timeout")
+	fs.IntVar(&f.pullsPerTenant, "image-pulls-per-tenant", DefaultImagePullsPerTenant, "distinct images one tenant may have being pulled on demand at once (creates of an image it is pulling already wait for that pull); a create past it is 429 too_many_image_pulls")
 	fs.DurationVar(&f.stallTimeout, "image-pull-stall-timeout", images.DefaultStallTimeout, "an on-demand pull fails (502 image_pull_timeout) when a registry sends nothing for this long")
 }
 
@@ -43,6 +47,9 @@ func (f *imageFlags) register(fs *flag.FlagSet) {
 func (f *imageFlags) open(cfg *serveConfig, eg registryGuard, log *slog.Logger) (*images.Store, error) {
 	if f.pullTimeout <= 0 || f.stallTimeout <= 0 {
 		return nil, fmt.Errorf("--image-pull-timeout and --image-pull-stall-timeout must be positive")
+	}
+	if f.pullsPerTenant <= 0 {
+		return nil, fmt.Errorf("--image-pulls-per-tenant must be positive")
 	}
 	if f.storeMax < 0 || f.maxImage < 0 {
 		return nil, fmt.Errorf("--image-store-max and --image-max-size must not be negative")

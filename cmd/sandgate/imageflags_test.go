@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -56,6 +58,7 @@ func imageSourceProxied(t *testing.T, proxy string, args ...string) *imageSource
 	if err != nil {
 		t.Fatal(err)
 	}
+	src.pulls.max = cfg.images.pullsPerTenant
 	return src
 }
 
@@ -297,6 +300,63 @@ func TestImageBoundsOverREST(t *testing.T) {
 		ents, err := os.ReadDir(filepath.Join(g.DataDir, "images", d))
 		if err != nil || len(ents) != 0 {
 			t.Errorf("images/%s after refused pulls: %v %v", d, ents, err)
+		}
+	}
+}
+
+// Each tenant has at most --image-pulls-per-tenant images being pulled on
+// demand at once: one more is 429 too_many_image_pulls, while a create of
+// an image it is pulling already waits for that pull, another tenant
+// pulls as it likes, and the tenant may pull again once a pull is over.
+func TestImagePullsPerTenant(t *testing.T) {
+	silent := imagestest.SilentListener(t)
+	src := imageSourceFor(t, "--image-allow", silent+"/*", "--image-pulls-per-tenant", "1", "--image-pull-timeout", "2s")
+	as := func(tenant string) context.Context {
+		return gateway.WithPrincipal(context.Background(), gateway.Principal{Tenant: tenant})
+	}
+	resolve := func(tenant, ref string) error {
+		_, err := src.Resolve(as(tenant), silent+ref)
+		return err
+	}
+	code := func(err error) string {
+		var ge *gateway.Error
+		if errors.As(err, &ge) {
+			return ge.Code
+		}
+		return fmt.Sprint(err)
+	}
+	first := make(chan error, 2)
+	go func() { first <- resolve("a", "/one:1") }()
+	waitUntil(t, "a's pull under way", func() bool { return src.pulls.inFlight("a") == 1 })
+	go func() { first <- resolve("a", "/one:1") }() // the same image: waits for it
+	err := resolve("a", "/two:1")
+	var ge *gateway.Error
+	if !errors.As(err, &ge) || ge.Code != "too_many_image_pulls" || ge.Kind != gateway.KindQuota || ge.RetryAfter <= 0 ||
+		!strings.Contains(ge.Message, "--image-pulls-per-tenant") {
+		t.Fatalf("a second image of tenant a: %v, want 429 too_many_image_pulls naming the flag, with Retry-After", err)
+	}
+	if err := resolve("b", "/two:1"); code(err) != "image_pull_timeout" {
+		t.Errorf("tenant b's pull: %s, want it pulled (here: the silent registry's image_pull_timeout)", code(err))
+	}
+	for range 2 {
+		if err := <-first; code(err) != "image_pull_timeout" {
+			t.Errorf("tenant a's pulls of one image: %s, want both to wait for the one pull", code(err))
+		}
+	}
+	if n := src.pulls.inFlight("a"); n != 0 {
+		t.Errorf("%d pulls still counted for a", n)
+	}
+	if err := resolve("a", "/two:1"); code(err) != "image_pull_timeout" {
+		t.Errorf("tenant a's pull after its first ended: %s", code(err))
+	}
+}
+
+// waitUntil polls ok for up to 10 s.
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
 		}
 	}
 }

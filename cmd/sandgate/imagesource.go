@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -32,6 +33,9 @@ type imageSource struct {
 	// aliasList is --image-alias as GET /v1/images lists it: each name as
 	// given, with the image it stands for, in the flags' order.
 	aliasList []rest.ImageAlias
+	// pulls bounds each tenant's on-demand pulls at once
+	// (--image-pulls-per-tenant).
+	pulls tenantPulls
 }
 
 // defaultImage is the name of the host-root image, the one a create
@@ -182,6 +186,12 @@ func (s *imageSource) Resolve(ctx context.Context, name string) (*sandbox.Image,
 		if !s.pull || !images.Allowed(n, s.allow) {
 			return nil, s.unknown(name, "is not on this gateway and may not be pulled")
 		}
+		p, _ := gateway.PrincipalFrom(ctx)
+		done, err := s.pulls.acquire(p.Tenant, n)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
 		start := time.Now()
 		img, err = s.store.Pull(context.WithoutCancel(ctx), n, images.PullOptions{InsecureRegistries: s.insecure,
 			Progress: pullLogger(s.log, n, start)})
@@ -287,4 +297,59 @@ func releaseStaleImageRefs(store *images.Store, mgr *gateway.Manager, log *slog.
 			log.Info("image_ref_released", "session", r.SessionID, "image", r.Name, "reason", "no such session")
 		}
 	}
+}
+
+// DefaultImagePullsPerTenant is --image-pulls-per-tenant's default.
+const DefaultImagePullsPerTenant = 4
+
+// tenantPulls bounds the distinct images each tenant has being pulled on
+// demand at once: creates of an image the tenant is pulling already wait
+// for that pull and count nothing more. Its zero value allows
+// DefaultImagePullsPerTenant.
+type tenantPulls struct {
+	max int // <= 0: DefaultImagePullsPerTenant
+
+	mu      sync.Mutex
+	pulling map[string]map[string]int // tenant -> image -> creates waiting on it
+}
+
+// acquire counts a create of tenant waiting on a pull of image; done
+// gives it back. Past the bound it is a 429 too_many_image_pulls.
+func (t *tenantPulls) acquire(tenant, image string) (done func(), err error) {
+	limit := t.max
+	if limit <= 0 {
+		limit = DefaultImagePullsPerTenant
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	mine := t.pulling[tenant]
+	if mine[image] == 0 && len(mine) >= limit {
+		return nil, &gateway.Error{Kind: gateway.KindQuota, Code: "too_many_image_pulls", RetryAfter: 5 * time.Second,
+			Message: fmt.Sprintf("your tenant is pulling %d images already (at most %d at once; serve --image-pulls-per-tenant): create once one of them is in, or use an image present (GET /v1/images)", len(mine), limit)}
+	}
+	if mine == nil {
+		if t.pulling == nil {
+			t.pulling = map[string]map[string]int{}
+		}
+		mine = map[string]int{}
+		t.pulling[tenant] = mine
+	}
+	mine[image]++
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if mine[image]--; mine[image] <= 0 {
+			delete(mine, image)
+		}
+		if len(mine) == 0 {
+			delete(t.pulling, tenant)
+		}
+	}, nil
+}
+
+// inFlight is how many images tenant is pulling now.
+func (t *tenantPulls) inFlight(tenant string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pulling[tenant])
 }

@@ -32,6 +32,7 @@ type restOutLine struct {
 	Stderr       string `json:"stderr"`
 	StdoutBase64 []byte `json:"stdoutBase64"`
 	DroppedBytes int64  `json:"droppedBytes"`
+	Truncated    string `json:"truncated"`
 	Done         *bool  `json:"done"`
 	ExitCode     *int   `json:"exitCode"`
 	ExitSignal   string `json:"exitSignal"`

@@ -467,6 +467,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	isrc.noImages = driver.Name() != "linux"
+	isrc.pulls.max = cfg.images.pullsPerTenant
 	defaultImages, err := isrc.setAliases(cfg.imageAlias)
 	if err != nil {
 		return err

@@ -198,7 +198,8 @@ export interface SessionStats {
   memory?: { currentBytes: number; peakBytes?: number; limitBytes?: number };
   cpu?: { seconds: number; limit?: number };
   pids?: { current: number; limit?: number };
-  disk?: { usedBytes: number; totalBytes?: number };
+  /** `usedBytes` includes `processOutputBytes`: background processes' output kept on the gateway's host, charged to the same size. */
+  disk?: { usedBytes: number; totalBytes?: number; processOutputBytes?: number };
   tunnel: ByteCounts;
   egress: ByteCounts;
 }

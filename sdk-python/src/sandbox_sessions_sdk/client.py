@@ -893,7 +893,9 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
             An iterator of the API's lines, as dicts: ``{"offset", "stdout"}``
             (or ``stderr``, ``stdoutBase64``, ``stderrBase64``),
             ``{"droppedBytes", "offset"}`` when the asked bytes are no longer
-            kept, and last ``{"done": True, "exitCode" or "exitSignal",
+            kept, ``{"truncated": "disk_full", "offset"}`` once where the
+            output stopped being kept (the session's disk size was full;
+            the process runs on), and last ``{"done": True, "exitCode" or "exitSignal",
             "nextOffset"}`` (``{"done": False, "nextOffset"}`` when it is
             still running without ``follow``, or the session ended). Use it
             in a ``with`` block, or call ``.close()``, to drop the

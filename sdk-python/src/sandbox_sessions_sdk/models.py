@@ -398,7 +398,10 @@ class SessionStats:
         cpu_seconds, cpu_limit: CPU time used, and the limit in cores.
         pids, pids_limit: Processes and threads now, and the limit.
         disk_used_bytes, disk_total_bytes: What the files take, and the
-            workspace filesystem's size (None under workdir).
+            workspace filesystem's size (None under workdir). The used
+            bytes include ``disk_process_output_bytes``, the output the
+            session's background processes keep on the gateway's host,
+            which counts against the same size.
         tunnel_bytes_in, tunnel_bytes_out: Bytes through its SSH tunnels.
         egress_bytes_in, egress_bytes_out: Bytes through its egress proxy.
         raw: The JSON object the server sent.
@@ -416,6 +419,7 @@ class SessionStats:
     pids_limit: Optional[int] = None
     disk_used_bytes: Optional[int] = None
     disk_total_bytes: Optional[int] = None
+    disk_process_output_bytes: Optional[int] = None
     tunnel_bytes_in: int = 0
     tunnel_bytes_out: int = 0
     egress_bytes_in: int = 0
@@ -449,6 +453,7 @@ class SessionStats:
             pids_limit=_int(pids.get("limit")),
             disk_used_bytes=_int(disk.get("usedBytes")),
             disk_total_bytes=_int(disk.get("totalBytes")),
+            disk_process_output_bytes=_int(disk.get("processOutputBytes")),
             tunnel_bytes_in=_int(tunnel.get("bytesIn")) or 0,
             tunnel_bytes_out=_int(tunnel.get("bytesOut")) or 0,
             egress_bytes_in=_int(egress.get("bytesIn")) or 0,

@@ -248,6 +248,23 @@ export interface AuditQuery {
   cursor?: string;
 }
 
+/** The query of `sessionTimeline` (`GET /v1/sessions/{id}/timeline`). */
+export interface TimelineQuery {
+  /** Only these kinds: `command`, `egress`, `file`, `session` (one or a list). */
+  kind?: TimelineKind | TimelineKind[];
+  /** Only events newer than the one with this `seq` (to follow a running session). */
+  after?: number;
+  /** At most this many events, 1..1000 (default 100); a page may hold fewer, or none, and still have a `nextCursor`. */
+  limit?: number;
+  /** A previous page's `nextCursor`, for older events. */
+  cursor?: string;
+}
+
+/** The kinds of event a session's timeline holds. */
+export type TimelineKind = "command" | "egress" | "file" | "session";
+
+const TIMELINE_KINDS: readonly string[] = ["command", "egress", "file", "session"];
+
 export interface ReadOptions {
   /** Read at most this many bytes from the start of the file (a `Range` request). */
   maxBytes?: number;
@@ -1242,6 +1259,28 @@ export class SandboxClient {
     const ans = await this._request("GET", `/audit?${q}`, { what: "list audit" });
     const data = parseJSONObject(ans, "list audit");
     const events = listOf<AuditEvent>(data, "events", "seq", "list audit");
+    const next = data["nextCursor"];
+    return typeof next === "string" && next ? { events, nextCursor: next } : { events };
+  }
+
+  /**
+   * One page of what the session did, newest first (`GET /v1/sessions/{id}/timeline`):
+   * its commands, egress decisions, file changes and lifecycle, as audit events.
+   */
+  async sessionTimeline(sessionId: string, query: TimelineQuery = {}): Promise<AuditPage> {
+    const q = new URLSearchParams({ limit: String(checkInt("limit", query.limit ?? 100, 1, 1000)) });
+    if (query.kind !== undefined) {
+      const kinds: unknown[] = Array.isArray(query.kind) ? query.kind : [query.kind];
+      if (kinds.length === 0 || kinds.some((k) => typeof k !== "string" || !TIMELINE_KINDS.includes(k))) {
+        throw new RangeError(`kind must be one or a list of ${TIMELINE_KINDS.join(", ")}`);
+      }
+      q.set("kind", kinds.join(","));
+    }
+    if (query.after !== undefined) q.set("after", String(checkInt("after", query.after, 0)));
+    if (query.cursor !== undefined) q.set("cursor", checkName("cursor", query.cursor));
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/timeline?${q}`, { what: "session timeline", sessionScoped: true });
+    const data = parseJSONObject(ans, "session timeline");
+    const events = listOf<AuditEvent>(data, "entries", "seq", "session timeline");
     const next = data["nextCursor"];
     return typeof next === "string" && next ? { events, nextCursor: next } : { events };
   }

@@ -29,6 +29,8 @@ export {
   type AuditEvent,
   type AuditPage,
   type AuditQuery,
+  type TimelineKind,
+  type TimelineQuery,
 } from "./client.js";
 export {
   ProcessOutput,

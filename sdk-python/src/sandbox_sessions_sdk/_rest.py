@@ -76,6 +76,8 @@ from ._version import __version__
 from ._workspaces import (
     audit_page,
     audit_params,
+    timeline_page,
+    timeline_params,
     check_workspace_name,
     delete_session_params,
     parse_list,
@@ -363,6 +365,18 @@ class ops:
         path = session_path(session_id) + "/ports/link"
         body = port_link_body(port, expires_in)
         return Op("POST", path, "port link", True, json=body, parse=lambda d, h: port_link(d))
+
+    @staticmethod
+    def session_timeline(session_id: Any, kind: Any, after: Any, limit: Any, cursor: Any) -> Op:
+        params = timeline_params(kind, after, limit, cursor)
+        return Op(
+            "GET",
+            session_path(session_id) + "/timeline",
+            "session timeline",
+            True,
+            params=params,
+            parse=lambda d, h: timeline_page(d),
+        )
 
     @staticmethod
     def list_audit(session: Any, since: Union[str, datetime, None], limit: Any, cursor: Any) -> Op:

@@ -57,8 +57,8 @@ export const MIN_TTL = 60;
 export const MAX_TTL = 28800;
 
 /**
- * The `type` of the warning (`process.emitWarning`) a client emits once, the
- * first time the gateway answers a session with `"isolation": "none"` (its
+ * The `type` of the warning (`process.emitWarning`) emitted once per process
+ * per gateway, the first time it answers a session with `"isolation": "none"` (its
  * workdir driver isolates nothing and enforces no limit). Filter it by this
  * type in a `process.on("warning")` listener, or by its code
  * (`node --disable-warning=SANDGATE_NO_ISOLATION`).
@@ -66,6 +66,32 @@ export const MAX_TTL = 28800;
 export const ISOLATION_WARNING = "IsolationWarning";
 /** The `code` of that warning. */
 export const ISOLATION_WARNING_CODE = "SANDGATE_NO_ISOLATION";
+
+/**
+ * The gateways (normalised REST base URLs) this process has warned about,
+ * on `globalThis` so that two copies of this module (an ESM and a CommonJS
+ * import) share it.
+ */
+const ISOLATION_WARNED: Set<string> = ((globalThis as Record<symbol, unknown>)[Symbol.for("@sandgate/sdk.isolationWarned")] ??=
+  new Set<string>()) as Set<string>;
+
+/** One gateway's REST base URL, spelled one way: scheme and host lower case, the default port dropped, no trailing `/`. */
+function gatewayKey(base: string): string {
+  try {
+    const u = new URL(base);
+    return `${u.protocol}//${u.host}${u.pathname.replace(/\/+$/, "")}`;
+  } catch {
+    return base.toLowerCase().replace(/\/+$/, "");
+  }
+}
+
+/** Whether this process has not yet warned about the gateway at `base` (and now has). */
+function firstIsolationWarning(base: string): boolean {
+  const key = gatewayKey(base);
+  if (ISOLATION_WARNED.has(key)) return false;
+  ISOLATION_WARNED.add(key);
+  return true;
+}
 
 /** Pauses before createSession's retries (so two retries at most), as the Python SDK. */
 const CREATE_RETRY_DELAYS_MS = [500, 1000];
@@ -679,7 +705,6 @@ export class SandboxClient {
   readonly #apiKey: string;
   readonly #base: string;
   readonly #fetch: typeof fetch;
-  #isolationWarned = false;
 
   constructor(options: SandboxClientOptions = {}) {
     const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
@@ -1341,10 +1366,13 @@ export class SandboxClient {
     return session;
   }
 
-  /** Warns once per client (`process.emitWarning`, type `IsolationWarning`) that the gateway isolates nothing. */
+  /**
+   * Warns (`process.emitWarning`, type `IsolationWarning`) that the gateway
+   * isolates nothing: once per process per gateway (its REST base URL,
+   * normalised), however many clients talk to it, as the Python SDK.
+   */
   #warnIsolation(session: Session): void {
-    if (this.#isolationWarned) return;
-    this.#isolationWarned = true;
+    if (!firstIsolationWarning(this.#base)) return;
     const unenforced = Array.isArray(session.raw["unenforced"]) ? (session.raw["unenforced"] as unknown[]).join(", ") : "";
     process.emitWarning(
       `the sandgate gateway at ${this.baseUrl} does not isolate sessions ("isolation": "none", its workdir driver): ` +

@@ -8,6 +8,7 @@ is defined again along a client's classes (one twin would be dead code)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ from sandbox_sessions_sdk import PythonResult, Session, SessionNotFoundError, Se
 from sandbox_sessions_sdk._extra_ops import AsyncExtraOps, ExtraOps
 from sandbox_sessions_sdk.aio import AsyncSessionsClient
 
-from conftest import Gateway
+from conftest import Gateway, start_gateway
 
 
 @pytest.mark.parametrize("cls, mixin", [(SessionsClient, ExtraOps), (AsyncSessionsClient, AsyncExtraOps)])
@@ -89,3 +90,15 @@ def test_async_twins(gateway: Gateway, client: SessionsClient, session: Session)
             assert (await c.stop_session(sid)).status == "stopped"
 
     asyncio.run(main())
+
+
+def test_list_images_names_the_aliases(sandgate_bin: str, scratch: Path) -> None:
+    gw = start_gateway(sandgate_bin, scratch, "--image-alias", "sg-alias-test:1=default")
+    try:
+        with SessionsClient(api_url=gw.url, bearer_token=gw.token) as c:
+            assert c.list_images()["aliases"] == [{"name": "sg-alias-test:1", "image": "default"}]
+            # A create asking for the alias gets the image it stands for.
+            s = c.create_session(ttl=120, image="sg-alias-test:1")
+            c.delete_session(s.session_id)
+    finally:
+        gw.stop()

@@ -24,6 +24,7 @@ import {
   type ExecOptions,
   type ExecResult,
   type FileList,
+  type ImageAlias,
   type ImageList,
   type Link,
   type ProcessInfo,
@@ -877,7 +878,12 @@ export class SandboxClient {
   async listImages(): Promise<ImageList> {
     const ans = await this._request("GET", "/images", { what: "list images" });
     const data = parseJSONObject(ans, "list images");
-    return { images: listOf(data, "images", "name", "list images"), allow: Array.isArray(data["allow"]) ? (data["allow"] as string[]) : [] };
+    return {
+      images: listOf(data, "images", "name", "list images"),
+      allow: Array.isArray(data["allow"]) ? (data["allow"] as string[]) : [],
+      // A gateway older than aliases answers none.
+      aliases: data["aliases"] === undefined ? [] : listOf<ImageAlias>(data, "aliases", "name", "list images"),
+    };
   }
 
   /** The gateway's SSH host keys, ed25519 first (`GET /v1/host-keys`), to pin before any session exists. */

@@ -49,6 +49,7 @@ export {
   type PythonResult,
   type PythonError,
   type PythonReset,
+  type ImageAlias,
   type ImageInfo,
   type ImageList,
   type Link,

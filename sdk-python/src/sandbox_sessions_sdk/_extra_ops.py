@@ -94,7 +94,8 @@ class ExtraOps:
         return _logs_text(resp)
 
     def list_images(self) -> Dict[str, Any]:
-        """The images sessions may use (``GET /v1/images``): ``{"images": [...], "allow": [patterns]}``."""
+        """The images sessions may use (``GET /v1/images``): ``{"images": [...], "allow": [patterns],
+        "aliases": [{"name", "image"}]}`` (the names ``serve --image-alias`` made stand for other images)."""
         return self._do(extra_ops.list_images())  # type: ignore[attr-defined,no-any-return]
 
     def host_keys(self) -> List[str]:

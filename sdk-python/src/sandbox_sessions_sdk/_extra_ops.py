@@ -18,6 +18,7 @@ from ._dataplane import check_path
 from ._rest import Op
 from .errors import SandboxOperationError
 
+
 def _keyed(data: Mapping[str, Any], key: str, what: str) -> Dict[str, Any]:
     if key not in data:
         raise SandboxOperationError(f"{what}: unexpected answer: no {key}", body=str(data)[:4096])

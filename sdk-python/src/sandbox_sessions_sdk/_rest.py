@@ -277,7 +277,9 @@ class ops:
             body["maxOutputBytes"] = check_int("max_output_bytes", max_output_bytes, 0)
         # The answer comes when the code ends: wait its timeout (default 60 s),
         # the kernel's restart after it (SIGINT, then a kill 2 s later), plus ours.
-        read = None if client_timeout is None else (t if t is not None else 60.0) + KERNEL_RESTART_SLACK + client_timeout
+        read: Optional[float] = None
+        if client_timeout is not None:
+            read = (t if t is not None else 60.0) + KERNEL_RESTART_SLACK + client_timeout
         return Op(
             "POST",
             session_path(session_id) + "/python",

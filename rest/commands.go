@@ -113,7 +113,7 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 	}
 	req.Env = cr.Env
 	req.Cwd = cr.Cwd
-	req.Timeout = DefaultCommandTimeout
+	req.Timeout = defaultTimeout(cfg.MaxTimeout)
 	if cr.Timeout != nil {
 		t, ok := timeoutSeconds(*cr.Timeout, cfg.MaxTimeout)
 		if !ok {
@@ -132,6 +132,16 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 		return bad("invalid_shell_name", "a shell name is 1 to 64 letters, digits, '_', '.' or '-'")
 	}
 	return req, 0, "", ""
+}
+
+// defaultTimeout is the timeout of a command or kernel call whose request
+// gives none: DefaultCommandTimeout, or the gateway's maximum
+// (--max-command-timeout) when that is lower.
+func defaultTimeout(max time.Duration) time.Duration {
+	if max > 0 && max < DefaultCommandTimeout {
+		return max
+	}
+	return DefaultCommandTimeout
 }
 
 // timeoutSeconds turns a request's timeout in seconds into a duration; ok

@@ -64,7 +64,7 @@ func (pr pythonRequest) parse(cfg DataPlane) (dataplane.PythonRequest, string, s
 		return req, "invalid_code", "give code: the Python source to run"
 	}
 	req.Code = *pr.Code
-	req.Timeout = DefaultCommandTimeout
+	req.Timeout = defaultTimeout(cfg.MaxTimeout)
 	if pr.Timeout != nil {
 		t, ok := timeoutSeconds(*pr.Timeout, cfg.MaxTimeout)
 		if !ok {

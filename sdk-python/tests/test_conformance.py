@@ -93,14 +93,13 @@ def _output(lines: List[Mapping[str, Any]]) -> Dict[str, Any]:
     }
 
 
-def _python(r: Mapping[str, Any]) -> Dict[str, Any]:
-    err = r.get("error")
+def _python(r: Any) -> Dict[str, Any]:
     return {
-        "kernel": r.get("kernel"),
-        "result": r.get("result"),
-        "stdout": r.get("stdout", ""),
-        "stderr": r.get("stderr", ""),
-        "error_name": err.get("name") if isinstance(err, Mapping) else None,
+        "kernel": r.kernel,
+        "result": r.result,
+        "stdout": r.stdout,
+        "stderr": r.stderr,
+        "error_name": r.error.name if r.error is not None else None,
     }
 
 
@@ -190,7 +189,8 @@ async def do_op(c: Any, op: str, a: Dict[str, Any]) -> Any:
         kw = {k: a[k] for k in ("kernel", "timeout") if k in a}
         return _python(await _await(c.run_python(sid, a["code"], **kw)))
     if op == "reset_python":
-        return dict(await _await(c.reset_python(sid, a.get("kernel"))))
+        # The SDK answers whether the kernel existed; the kernel is the one named (or the default).
+        return {"kernel": a.get("kernel") or "default", "existed": await _await(c.reset_python(sid, a.get("kernel")))}
     if op == "create_workspace":
         return {"name": (await _await(c.create_workspace(a["name"]))).name}
     if op == "list_workspaces":

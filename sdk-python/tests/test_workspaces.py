@@ -17,7 +17,9 @@ from conftest import Gateway
 from sandbox_sessions_sdk import (
     AsyncSessionsClient,
     AuditEvent,
+    AuditPage,
     SandboxOperationError,
+    SessionNotFoundError,
     SessionsClient,
     SessionStats,
     Snapshot,
@@ -157,6 +159,40 @@ def test_stats_and_audit_pages(client: SessionsClient, session) -> None:  # type
     # since: a time after everything so far returns none of these events.
     later = client.list_audit(session=sid, since="2999-01-01T00:00:00Z")
     assert later.events == []
+
+
+def test_session_timeline(gateway: Gateway, client: SessionsClient, session) -> None:  # type: ignore[no-untyped-def]
+    sid = session.session_id
+    client.run(sid, "echo on-the-timeline")
+    client.write_file(sid, "t.txt", b"t")
+    page = client.session_timeline(sid)
+    assert isinstance(page, AuditPage) and page.events
+    assert all(isinstance(e, AuditEvent) and e.session == sid for e in page.events)
+    assert {e.kind for e in page.events} <= {"command", "egress", "file", "session"}
+    assert any(e.kind == "command" and "on-the-timeline" in e.raw.get("command", "") for e in page.events)
+    seqs = [e.seq for e in page.events]
+    assert seqs == sorted(seqs, reverse=True)
+    commands = client.session_timeline(sid, kind="command")
+    assert commands.events and {e.kind for e in commands.events} == {"command"}
+    both = client.session_timeline(sid, kind=["command", "file"], limit=1)
+    assert len(both.events) <= 1
+    # after: only what is newer than the newest seen.
+    assert client.session_timeline(sid, after=max(seqs)).events == []
+    client.run(sid, "echo later")
+    newer = client.session_timeline(sid, after=max(seqs), kind="command")
+    assert [e.raw.get("command") for e in newer.events] == ["echo later"]
+    for bad in ({"kind": "rest"}, {"kind": []}, {"limit": 0}, {"after": -1}, {"cursor": ""}):
+        with pytest.raises(ValueError):
+            client.session_timeline(sid, **bad)
+    with pytest.raises(SessionNotFoundError):
+        client.session_timeline("sbx-aaaaaaaaaaaaaaaaaaaa")
+
+    async def main() -> None:
+        async with AsyncSessionsClient(api_url=gateway.url, bearer_token=gateway.token) as c:
+            p = await c.session_timeline(sid, kind="file")
+            assert p.events and {e.kind for e in p.events} == {"file"}
+
+    asyncio.run(main())
 
 
 def _free_port() -> int:

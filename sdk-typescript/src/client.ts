@@ -24,6 +24,7 @@ import {
   type ExecOptions,
   type ExecResult,
   type FileList,
+  type ImageAlias,
   type ImageList,
   type Link,
   type ProcessInfo,
@@ -57,8 +58,8 @@ export const MIN_TTL = 60;
 export const MAX_TTL = 28800;
 
 /**
- * The `type` of the warning (`process.emitWarning`) a client emits once, the
- * first time the gateway answers a session with `"isolation": "none"` (its
+ * The `type` of the warning (`process.emitWarning`) emitted once per process
+ * per gateway, the first time it answers a session with `"isolation": "none"` (its
  * workdir driver isolates nothing and enforces no limit). Filter it by this
  * type in a `process.on("warning")` listener, or by its code
  * (`node --disable-warning=SANDGATE_NO_ISOLATION`).
@@ -66,6 +67,32 @@ export const MAX_TTL = 28800;
 export const ISOLATION_WARNING = "IsolationWarning";
 /** The `code` of that warning. */
 export const ISOLATION_WARNING_CODE = "SANDGATE_NO_ISOLATION";
+
+/**
+ * The gateways (normalised REST base URLs) this process has warned about,
+ * on `globalThis` so that two copies of this module (an ESM and a CommonJS
+ * import) share it.
+ */
+const ISOLATION_WARNED: Set<string> = ((globalThis as Record<symbol, unknown>)[Symbol.for("@sandgate/sdk.isolationWarned")] ??=
+  new Set<string>()) as Set<string>;
+
+/** One gateway's REST base URL, spelled one way: scheme and host lower case, the default port dropped, no trailing `/`. */
+function gatewayKey(base: string): string {
+  try {
+    const u = new URL(base);
+    return `${u.protocol}//${u.host}${u.pathname.replace(/\/+$/, "")}`;
+  } catch {
+    return base.toLowerCase().replace(/\/+$/, "");
+  }
+}
+
+/** Whether this process has not yet warned about the gateway at `base` (and now has). */
+function firstIsolationWarning(base: string): boolean {
+  const key = gatewayKey(base);
+  if (ISOLATION_WARNED.has(key)) return false;
+  ISOLATION_WARNED.add(key);
+  return true;
+}
 
 /** Pauses before createSession's retries (so two retries at most), as the Python SDK. */
 const CREATE_RETRY_DELAYS_MS = [500, 1000];
@@ -248,6 +275,23 @@ export interface AuditQuery {
   /** A previous page's `nextCursor`. */
   cursor?: string;
 }
+
+/** The query of `sessionTimeline` (`GET /v1/sessions/{id}/timeline`). */
+export interface TimelineQuery {
+  /** Only these kinds: `command`, `egress`, `file`, `session` (one or a list). */
+  kind?: TimelineKind | TimelineKind[];
+  /** Only events newer than the one with this `seq` (to follow a running session). */
+  after?: number;
+  /** At most this many events, 1..1000 (default 100); a page may hold fewer, or none, and still have a `nextCursor`. */
+  limit?: number;
+  /** A previous page's `nextCursor`, for older events. */
+  cursor?: string;
+}
+
+/** The kinds of event a session's timeline holds. */
+export type TimelineKind = "command" | "egress" | "file" | "session";
+
+const TIMELINE_KINDS: readonly string[] = ["command", "egress", "file", "session"];
 
 export interface ReadOptions {
   /** Read at most this many bytes from the start of the file (a `Range` request). */
@@ -663,7 +707,6 @@ export class SandboxClient {
   readonly #apiKey: string;
   readonly #base: string;
   readonly #fetch: typeof fetch;
-  #isolationWarned = false;
 
   constructor(options: SandboxClientOptions = {}) {
     const { baseUrl, apiKey } = resolveSettings(options.baseUrl, options.apiKey);
@@ -836,7 +879,12 @@ export class SandboxClient {
   async listImages(): Promise<ImageList> {
     const ans = await this._request("GET", "/images", { what: "list images" });
     const data = parseJSONObject(ans, "list images");
-    return { images: listOf(data, "images", "name", "list images"), allow: Array.isArray(data["allow"]) ? (data["allow"] as string[]) : [] };
+    return {
+      images: listOf(data, "images", "name", "list images"),
+      allow: Array.isArray(data["allow"]) ? (data["allow"] as string[]) : [],
+      // A gateway older than aliases answers none.
+      aliases: data["aliases"] === undefined ? [] : listOf<ImageAlias>(data, "aliases", "name", "list images"),
+    };
   }
 
   /** The gateway's SSH host keys, ed25519 first (`GET /v1/host-keys`), to pin before any session exists. */
@@ -1247,6 +1295,28 @@ export class SandboxClient {
     return typeof next === "string" && next ? { events, nextCursor: next } : { events };
   }
 
+  /**
+   * One page of what the session did, newest first (`GET /v1/sessions/{id}/timeline`):
+   * its commands, egress decisions, file changes and lifecycle, as audit events.
+   */
+  async sessionTimeline(sessionId: string, query: TimelineQuery = {}): Promise<AuditPage> {
+    const q = new URLSearchParams({ limit: String(checkInt("limit", query.limit ?? 100, 1, 1000)) });
+    if (query.kind !== undefined) {
+      const kinds: unknown[] = Array.isArray(query.kind) ? query.kind : [query.kind];
+      if (kinds.length === 0 || kinds.some((k) => typeof k !== "string" || !TIMELINE_KINDS.includes(k))) {
+        throw new RangeError(`kind must be one or a list of ${TIMELINE_KINDS.join(", ")}`);
+      }
+      q.set("kind", kinds.join(","));
+    }
+    if (query.after !== undefined) q.set("after", String(checkInt("after", query.after, 0)));
+    if (query.cursor !== undefined) q.set("cursor", checkName("cursor", query.cursor));
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/timeline?${q}`, { what: "session timeline", sessionScoped: true });
+    const data = parseJSONObject(ans, "session timeline");
+    const events = listOf<AuditEvent>(data, "entries", "seq", "session timeline");
+    const next = data["nextCursor"];
+    return typeof next === "string" && next ? { events, nextCursor: next } : { events };
+  }
+
   /** Every matching audit event, newest first, following `nextCursor`: `for await (const e of client.iterAudit({ session }))`. */
   async *iterAudit(query: Omit<AuditQuery, "cursor"> = {}): AsyncGenerator<AuditEvent> {
     let cursor: string | undefined;
@@ -1303,10 +1373,13 @@ export class SandboxClient {
     return session;
   }
 
-  /** Warns once per client (`process.emitWarning`, type `IsolationWarning`) that the gateway isolates nothing. */
+  /**
+   * Warns (`process.emitWarning`, type `IsolationWarning`) that the gateway
+   * isolates nothing: once per process per gateway (its REST base URL,
+   * normalised), however many clients talk to it, as the Python SDK.
+   */
   #warnIsolation(session: Session): void {
-    if (this.#isolationWarned) return;
-    this.#isolationWarned = true;
+    if (!firstIsolationWarning(this.#base)) return;
     const unenforced = Array.isArray(session.raw["unenforced"]) ? (session.raw["unenforced"] as unknown[]).join(", ") : "";
     process.emitWarning(
       `the sandgate gateway at ${this.baseUrl} does not isolate sessions ("isolation": "none", its workdir driver): ` +

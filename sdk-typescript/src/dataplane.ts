@@ -213,10 +213,19 @@ export interface ImageInfo {
   [field: string]: unknown;
 }
 
-/** What `listImages` returns: the images present, and the patterns a create may pull on demand. */
+/** A name the operator made stand for another image (`serve --image-alias NAME=REF`). */
+export interface ImageAlias {
+  /** The name a create may ask for, as the operator gave it. */
+  name: string;
+  /** The image it stands for, normalised, or `default` (the gateway's own root). */
+  image: string;
+}
+
+/** What `listImages` returns: the images present, the patterns a create may pull on demand, and the aliases. */
 export interface ImageList {
   images: ImageInfo[];
   allow: string[];
+  aliases: ImageAlias[];
 }
 
 /** A presigned link (`fileLink`, `portLink`): anyone holding `url` may use it until `expiresAt`. */

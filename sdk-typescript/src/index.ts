@@ -29,6 +29,8 @@ export {
   type AuditEvent,
   type AuditPage,
   type AuditQuery,
+  type TimelineKind,
+  type TimelineQuery,
 } from "./client.js";
 export {
   ProcessOutput,
@@ -47,6 +49,7 @@ export {
   type PythonResult,
   type PythonError,
   type PythonReset,
+  type ImageAlias,
   type ImageInfo,
   type ImageList,
   type Link,

@@ -1,5 +1,6 @@
 // A gateway that answers sessions with "isolation": "none" (its workdir
-// driver) makes each client emit one IsolationWarning.
+// driver) makes the SDK emit one IsolationWarning per process per gateway
+// (its normalised URL), however many clients talk to it, as Python's.
 
 import assert from "node:assert/strict";
 import * as http from "node:http";
@@ -55,7 +56,19 @@ describe("IsolationWarning", () => {
   // Warnings are delivered on a later tick.
   const settle = () => new Promise((r) => setTimeout(r, 50));
 
-  it("is emitted once per client", async () => {
+  // First: once a gateway has been warned about, it is not again in this process.
+  it("is not emitted by an isolating gateway", async () => {
+    isolation = false;
+    warnings.length = 0;
+    const c = new SandboxClient({ baseUrl: url, apiKey: "tok" });
+    const s = await c.createSession();
+    assert.equal(s.isolation, undefined);
+    await c.listSessions();
+    await settle();
+    assert.equal(warnings.length, 0);
+  });
+
+  it("is emitted once per process per gateway, not per client", async () => {
     isolation = true;
     warnings.length = 0;
     const a = new SandboxClient({ baseUrl: url, apiKey: "tok" });
@@ -70,21 +83,21 @@ describe("IsolationWarning", () => {
     assert.equal(w.code, ISOLATION_WARNING_CODE);
     assert.match(w.message, /"isolation": "none"/);
     assert.match(w.message, /memoryMiB/);
-    const b = new SandboxClient({ baseUrl: url, apiKey: "tok" });
-    await b.listSessions();
-    await b.getSession(s.id);
+    // Another client of the same gateway, its URL spelled otherwise: no second warning.
+    for (const other of [url, url + "/", url.replace("http://", "HTTP://")]) {
+      const b = new SandboxClient({ baseUrl: other, apiKey: "tok" });
+      await b.listSessions();
+      await b.getSession(s.id);
+    }
+    await settle();
+    assert.equal(warnings.length, 1);
+    // Another gateway (here another name for the same server) warns once of its own.
+    const port = new URL(url).port;
+    for (const other of [`http://localhost:${port}`, `http://LOCALHOST:${port}/`]) {
+      await new SandboxClient({ baseUrl: other, apiKey: "tok" }).listSessions();
+    }
     await settle();
     assert.equal(warnings.length, 2);
-  });
-
-  it("is not emitted by an isolating gateway", async () => {
-    isolation = false;
-    warnings.length = 0;
-    const c = new SandboxClient({ baseUrl: url, apiKey: "tok" });
-    const s = await c.createSession();
-    assert.equal(s.isolation, undefined);
-    await c.listSessions();
-    await settle();
-    assert.equal(warnings.length, 0);
+    assert.match((warnings[1] as Error).message, /localhost/);
   });
 });

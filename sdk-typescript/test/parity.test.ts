@@ -30,7 +30,7 @@ describe("parity with the Python SDK", { skip: SKIP }, () => {
   let client: SandboxClient;
   let session: Session;
   before(async () => {
-    gw = await startGateway({ args: ["--rate-limit", "100000"] });
+    gw = await startGateway({ args: ["--rate-limit", "100000", "--image-alias", "sg-alias-test:1=default"] });
     client = new SandboxClient({ baseUrl: gw.url, apiKey: gw.token });
     session = await client.createSession({ ttlSeconds: 600 });
   });
@@ -213,6 +213,7 @@ describe("parity with the Python SDK", { skip: SKIP }, () => {
     const images = await client.listImages();
     assert.ok(Array.isArray(images.images));
     assert.ok(Array.isArray(images.allow));
+    assert.deepEqual(images.aliases, [{ name: "sg-alias-test:1", image: "default" }]);
     const keys = await client.hostKeys();
     assert.deepEqual(keys, session.sshInfo.hostKeys);
     await session.writeFile("linked.txt", "by link");

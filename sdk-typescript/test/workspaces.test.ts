@@ -48,6 +48,33 @@ describe("workspaces, snapshots, stats, ports, audit", { skip: SKIP }, () => {
     assert.equal(client.previewUrl("sbx-a", 8080), `${gw.url}/v1/sessions/sbx-a/ports/8080/`);
   });
 
+  it("reads a session's timeline, by kind and after a seq", async () => {
+    const s = await client.createSession({ ttlSeconds: 300 });
+    try {
+      await s.exec("echo on-the-timeline");
+      await s.write("t.txt", "t");
+      const page = await client.sessionTimeline(s.id);
+      assert.ok(page.events.length > 0);
+      assert.ok(page.events.every((e) => e.session === s.id && ["command", "egress", "file", "session"].includes(e.kind)));
+      assert.ok(page.events.some((e) => e.kind === "command" && String(e["command"]).includes("on-the-timeline")));
+      const seqs = page.events.map((e) => e.seq);
+      assert.deepEqual(seqs, [...seqs].sort((x, y) => y - x));
+      const files = await client.sessionTimeline(s.id, { kind: "file" });
+      assert.ok(files.events.length > 0 && files.events.every((e) => e.kind === "file"));
+      const newest = Math.max(...seqs);
+      assert.deepEqual((await client.sessionTimeline(s.id, { after: newest })).events, []);
+      await s.exec("echo later");
+      const newer = await client.sessionTimeline(s.id, { after: newest, kind: ["command"] });
+      assert.deepEqual(newer.events.map((e) => e["command"]), ["echo later"]);
+      await assert.rejects(client.sessionTimeline(s.id, { kind: "rest" as never }), RangeError);
+      await assert.rejects(client.sessionTimeline(s.id, { kind: [] }), RangeError);
+      await assert.rejects(client.sessionTimeline(s.id, { limit: 1001 }), RangeError);
+      await assert.rejects(client.sessionTimeline(s.id, { after: -1 }), RangeError);
+    } finally {
+      await s.destroy();
+    }
+  });
+
   it("ends a session without saving its workspace with discard", async () => {
     const name = `ts-${randomBytes(6).toString("hex")}`;
     await client.createWorkspace(name);

@@ -1,6 +1,7 @@
 """The REST operations the clients had no method for (issue 39's parity
-table, docs/sdk.md): stopping a session, the Python kernel, a session's
-logs, the gateway's images and host keys, file links and WebSocket tickets.
+table, docs/sdk.md): a session's logs, the gateway's images and host keys,
+file links and WebSocket tickets. (Stopping a session and the Python kernel
+are the clients' own methods, in client.py and aio.py.)
 
 Mixed into :class:`~sandbox_sessions_sdk.SessionsClient` (:class:`ExtraOps`)
 and :class:`~sandbox_sessions_sdk.aio.AsyncSessionsClient`
@@ -10,25 +11,12 @@ so the two differ only by ``await``.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Mapping, Optional
 
-from ._common import check_int, check_timeout, parse_session, session_path
-from ._dataplane import check_path, run_read_timeout
+from ._common import check_int, session_path
+from ._dataplane import check_path
 from ._rest import Op
 from .errors import SandboxOperationError
-from .models import Session
-
-_KERNEL = re.compile(r"^[A-Za-z0-9_.-]{0,64}$")
-
-#: The slack, past a kernel call's own timeout, for its restart (SIGINT, then a kill 2 s later).
-_KERNEL_SLACK = 2.0
-
-
-def _kernel(kernel: Any) -> str:
-    if not isinstance(kernel, str) or not _KERNEL.match(kernel):
-        raise ValueError("kernel must be 0 to 64 of A-Z a-z 0-9 _ . -")
-    return kernel
 
 
 def _keyed(data: Mapping[str, Any], key: str, what: str) -> Dict[str, Any]:
@@ -39,52 +27,6 @@ def _keyed(data: Mapping[str, Any], key: str, what: str) -> Dict[str, Any]:
 
 class extra_ops:
     """The builders of the calls below (arguments are checked before anything is sent)."""
-
-    @staticmethod
-    def stop_session(session_id: Any) -> Op:
-        return Op(
-            "POST",
-            session_path(session_id) + "/stop",
-            "stop session",
-            True,
-            parse=lambda d, h: parse_session(d, "stop session"),
-        )
-
-    @staticmethod
-    def run_python(
-        session_id: Any, code: Any, kernel: Any, timeout: Any, max_output_bytes: Any, client_timeout: Optional[float]
-    ) -> Op:
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a string, got {type(code).__name__}")
-        body: Dict[str, Any] = {"code": code}
-        if kernel is not None:
-            body["kernel"] = _kernel(kernel)
-        if timeout is not None:
-            body["timeout"] = check_timeout("timeout", timeout)
-        if max_output_bytes is not None:
-            body["maxOutputBytes"] = check_int("max_output_bytes", max_output_bytes, 0)
-        read = run_read_timeout(body, client_timeout)
-        return Op(
-            "POST",
-            session_path(session_id) + "/python",
-            "run python",
-            True,
-            json=body,
-            read_timeout=None if read is None else read + _KERNEL_SLACK,
-            parse=lambda d, h: _keyed(d, "kernel", "run python"),
-        )
-
-    @staticmethod
-    def reset_python(session_id: Any, kernel: Any) -> Op:
-        body = {} if kernel is None else {"kernel": _kernel(kernel)}
-        return Op(
-            "POST",
-            session_path(session_id) + "/python/reset",
-            "reset python",
-            True,
-            json=body,
-            parse=lambda d, h: _keyed(d, "kernel", "reset python"),
-        )
 
     @staticmethod
     def logs_params(tail: Any) -> Dict[str, Any]:
@@ -139,48 +81,6 @@ class ExtraOps:
 
     timeout: Optional[float]
 
-    def stop_session(self, session_id: str) -> Session:
-        """Stop a session, keeping its files (``POST /v1/sessions/{id}/stop``).
-
-        Every process ends (shells, background processes, the Python
-        kernel) and its memory and CPU are freed; the files stay. The next
-        command, SSH session or kernel call starts it again. Stopping a
-        stopped session changes nothing.
-
-        Raises:
-            SandboxOperationError: ``.code`` ``stop_unsupported`` (a driver
-                that cannot stop sessions), ``session_not_running`` (failed).
-        """
-        return self._do(extra_ops.stop_session(session_id))  # type: ignore[attr-defined,no-any-return]
-
-    def run_python(
-        self,
-        session_id: str,
-        code: str,
-        *,
-        kernel: Optional[str] = None,
-        timeout: Optional[float] = None,
-        max_output_bytes: Optional[int] = None,
-    ) -> Dict[str, Any]:
-        """Run *code* in the session's persistent Python kernel (``POST .../python``).
-
-        Like a notebook cell: variables and imports persist from one call to
-        the next in the same *kernel* (default ``default``).
-
-        Returns:
-            The API's ``PythonResult`` dict: ``result`` (the ``repr`` of a
-            final expression, or None), ``error`` (``{"name", "value",
-            "traceback"}`` for an uncaught exception, or None: not raised),
-            ``stdout``, ``stderr``, ``timedOut``, ``interrupted``,
-            ``restarted``, ``stateLost``, ``durationMs``, ``kernel``.
-        """
-        op = extra_ops.run_python(session_id, code, kernel, timeout, max_output_bytes, self.timeout)
-        return self._do(op)  # type: ignore[attr-defined,no-any-return]
-
-    def reset_python(self, session_id: str, kernel: Optional[str] = None) -> Dict[str, Any]:
-        """Forget a kernel's state (``POST .../python/reset``): ``{"kernel", "existed"}``."""
-        return self._do(extra_ops.reset_python(session_id, kernel))  # type: ignore[attr-defined,no-any-return]
-
     def session_logs(self, session_id: str, tail: Optional[int] = None) -> str:
         """The session's recent commands and process output, as text for people (``GET .../logs``)."""
         params = extra_ops.logs_params(tail)
@@ -195,7 +95,8 @@ class ExtraOps:
         return _logs_text(resp)
 
     def list_images(self) -> Dict[str, Any]:
-        """The images sessions may use (``GET /v1/images``): ``{"images": [...], "allow": [patterns]}``."""
+        """The images sessions may use (``GET /v1/images``): ``{"images": [...], "allow": [patterns],
+        "aliases": [{"name", "image"}]}`` (the names ``serve --image-alias`` made stand for other images)."""
         return self._do(extra_ops.list_images())  # type: ignore[attr-defined,no-any-return]
 
     def host_keys(self) -> List[str]:
@@ -215,24 +116,6 @@ class AsyncExtraOps:
     """:class:`AsyncSessionsClient`'s methods for these calls (as :class:`ExtraOps`)."""
 
     timeout: Optional[float]
-
-    async def stop_session(self, session_id: str) -> Session:
-        return await self._do(extra_ops.stop_session(session_id))  # type: ignore[attr-defined,no-any-return]
-
-    async def run_python(
-        self,
-        session_id: str,
-        code: str,
-        *,
-        kernel: Optional[str] = None,
-        timeout: Optional[float] = None,
-        max_output_bytes: Optional[int] = None,
-    ) -> Dict[str, Any]:
-        op = extra_ops.run_python(session_id, code, kernel, timeout, max_output_bytes, self.timeout)
-        return await self._do(op)  # type: ignore[attr-defined,no-any-return]
-
-    async def reset_python(self, session_id: str, kernel: Optional[str] = None) -> Dict[str, Any]:
-        return await self._do(extra_ops.reset_python(session_id, kernel))  # type: ignore[attr-defined,no-any-return]
 
     async def session_logs(self, session_id: str, tail: Optional[int] = None) -> str:
         params = extra_ops.logs_params(tail)

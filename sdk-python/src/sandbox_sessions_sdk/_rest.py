@@ -20,6 +20,7 @@ an upload's chunks (read in a worker thread for asyncio).
 from __future__ import annotations
 
 import os
+import re
 import ssl
 import sys
 import threading
@@ -75,6 +76,8 @@ from ._version import __version__
 from ._workspaces import (
     audit_page,
     audit_params,
+    timeline_page,
+    timeline_params,
     check_workspace_name,
     delete_session_params,
     parse_list,
@@ -184,6 +187,21 @@ class Op:
         return data if self.parse is None else self.parse(data, headers)
 
 
+_KERNEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+#: The slack, past a kernel call's own timeout, for its restart (SIGINT, then a kill 2 s later).
+KERNEL_RESTART_SLACK = 2.0
+
+
+def check_kernel(kernel: Any) -> str:
+    """A kernel's name, as the gateway takes it (invalid_kernel_name otherwise)."""
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a string, got {type(kernel).__name__}")
+    if not _KERNEL.fullmatch(kernel):
+        raise ValueError("kernel must be 1 to 64 letters, digits, '_', '.' or '-'")
+    return kernel
+
+
 class ops:
     """The builders of every plain call (arguments are checked here, before anything is sent)."""
 
@@ -251,14 +269,17 @@ class ops:
     ) -> Op:
         body: Dict[str, Any] = {"code": check_text("code", code, allow_empty=True)}
         if kernel is not None:
-            body["kernel"] = check_text("kernel", kernel)
+            body["kernel"] = check_kernel(kernel)
         t = check_timeout("timeout", timeout)
         if t is not None:
             body["timeout"] = t
         if max_output_bytes is not None:
             body["maxOutputBytes"] = check_int("max_output_bytes", max_output_bytes, 0)
-        # The answer comes when the code ends: wait its timeout (default 60 s), plus ours.
-        read = None if client_timeout is None else (t if t is not None else 60.0) + client_timeout
+        # The answer comes when the code ends: wait its timeout (default 60 s),
+        # the kernel's restart after it (SIGINT, then a kill 2 s later), plus ours.
+        read: Optional[float] = None
+        if client_timeout is not None:
+            read = (t if t is not None else 60.0) + KERNEL_RESTART_SLACK + client_timeout
         return Op(
             "POST",
             session_path(session_id) + "/python",
@@ -273,7 +294,7 @@ class ops:
     def reset_python(session_id: Any, kernel: Any) -> Op:
         body: Dict[str, Any] = {}
         if kernel is not None:
-            body["kernel"] = check_text("kernel", kernel)
+            body["kernel"] = check_kernel(kernel)
         return Op(
             "POST",
             session_path(session_id) + "/python/reset",
@@ -346,6 +367,18 @@ class ops:
         path = session_path(session_id) + "/ports/link"
         body = port_link_body(port, expires_in)
         return Op("POST", path, "port link", True, json=body, parse=lambda d, h: port_link(d))
+
+    @staticmethod
+    def session_timeline(session_id: Any, kind: Any, after: Any, limit: Any, cursor: Any) -> Op:
+        params = timeline_params(kind, after, limit, cursor)
+        return Op(
+            "GET",
+            session_path(session_id) + "/timeline",
+            "session timeline",
+            True,
+            params=params,
+            parse=lambda d, h: timeline_page(d),
+        )
 
     @staticmethod
     def list_audit(session: Any, since: Union[str, datetime, None], limit: Any, cursor: Any) -> Op:

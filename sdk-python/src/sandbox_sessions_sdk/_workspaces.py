@@ -106,6 +106,34 @@ def audit_page(data: Mapping[str, Any]) -> AuditPage:
     )
 
 
+TIMELINE_KINDS = ("command", "egress", "file", "session")
+
+
+def timeline_params(kind: Any, after: Any, limit: Any, cursor: Any) -> Dict[str, Any]:
+    """The query of ``GET /v1/sessions/{id}/timeline``, checked locally."""
+    params: Dict[str, Any] = {"limit": check_int("limit", limit, 1, 1000)}
+    if kind is not None:
+        kinds = [kind] if isinstance(kind, str) else kind
+        if not isinstance(kinds, (list, tuple)) or not kinds or any(k not in TIMELINE_KINDS for k in kinds):
+            raise ValueError(f"kind must be one or a list of {', '.join(TIMELINE_KINDS)}")
+        params["kind"] = ",".join(kinds)
+    if after is not None:
+        params["after"] = check_int("after", after, 0)
+    if cursor is not None:
+        if not isinstance(cursor, str) or not cursor:
+            raise ValueError("cursor must be a non-empty string (a page's next_cursor)")
+        params["cursor"] = cursor
+    return params
+
+
+def timeline_page(data: Mapping[str, Any]) -> AuditPage:
+    cursor = data.get("nextCursor")
+    return AuditPage(
+        events=parse_list(AuditEvent, data, "entries", "session timeline"),
+        next_cursor=cursor if isinstance(cursor, str) and cursor else None,
+    )
+
+
 def port_link_body(port: Any, expires_in: Any) -> Dict[str, Any]:
     body: Dict[str, Any] = {"port": check_int("port", port, 1, 65535)}
     if expires_in is not None:

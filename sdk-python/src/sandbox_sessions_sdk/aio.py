@@ -268,6 +268,17 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
                 return
             cursor = page.next_cursor
 
+    async def session_timeline(
+        self,
+        session_id: str,
+        kind: Union[str, Sequence[str], None] = None,
+        after: Optional[int] = None,
+        limit: int = 100,
+        cursor: Optional[str] = None,
+    ) -> AuditPage:
+        """:meth:`SessionsClient.session_timeline`."""
+        return await self._do(ops.session_timeline(session_id, kind, after, limit, cursor))
+
     # -- data plane: commands ------------------------------------------------
 
     async def run(

@@ -467,6 +467,33 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
                 return
             cursor = page.next_cursor
 
+    def session_timeline(
+        self,
+        session_id: str,
+        kind: Union[str, Sequence[str], None] = None,
+        after: Optional[int] = None,
+        limit: int = 100,
+        cursor: Optional[str] = None,
+    ) -> AuditPage:
+        """One page of what the session did, newest first (``GET /v1/sessions/{id}/timeline``).
+
+        Its commands (SSH, REST, shells, kernel calls), egress decisions,
+        file reads, writes, moves and deletes, and lifecycle (``session``
+        events, a snapshot among them), as audit events
+        (:class:`AuditEvent`, ``seq`` as in :meth:`list_audit`).
+
+        Args:
+            kind: Only these kinds: ``command``, ``egress``, ``file``, ``session`` (one or a list).
+            after: Only events newer than the one with this ``seq`` (to follow a running session).
+            limit: At most this many events, 1..1000; a page may hold fewer, or none, and
+                still have a ``next_cursor``.
+            cursor: A previous page's ``next_cursor``, for older events.
+
+        Raises:
+            SandboxOperationError: ``.code`` ``audit_unavailable`` (the gateway keeps no audit log).
+        """
+        return self._do(ops.session_timeline(session_id, kind, after, limit, cursor))
+
     # -- data plane: commands ----------------------------------------------
 
     def run(

@@ -875,6 +875,10 @@ export class SandboxClient {
         sessionScoped: true,
         json: body,
         headers: { Accept: "application/x-ndjson" },
+        // The command's own bound, not the client's: the gateway sends the
+        // headers when the command starts, but an older one only with its
+        // first output, which a quiet command writes late or never.
+        timeoutMs: commandWaitMs(body, this.timeoutMs),
       });
       try {
         if (!(headers["content-type"] ?? "").startsWith("application/x-ndjson")) {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 // A streamed command's answer begins (its headers go) as soon as the
@@ -40,5 +42,36 @@ func TestStreamedCommandHeadersBeforeOutput(t *testing.T) {
 			len(lines) != 2 || lines[0] != `{"stdout":"done\n"}` || !strings.Contains(lines[1], `"exitCode":0`) {
 			t.Errorf("%s: %d %q %q", body, res.StatusCode, res.Header.Get("Content-Type"), lines)
 		}
+	}
+}
+
+// With --agent-sandbox-delete-on-delete, a push deletes a stored file
+// only when the workspace's listing is complete: a file the listing
+// missed (cut at its bound, here by 10000 directories listed first) is
+// not deleted, and a later complete listing finds it still stored.
+func TestAgentSandboxIncompleteListingKeepsObjects(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, append(s3.args(), "--agent-sandbox-delete-on-delete")...)
+	logOnFailure(t, g)
+	noRaces(t, g)
+	key := func(p string) string { return seedKey("default", "carol", "s1", p) }
+	agentExecute(t, g, "carol", "s1", "import os\nos.makedirs('z')\nopen('z/keep.txt', 'w').write('keep')")
+	if code, body := s3.object(t, key("z/keep.txt")); code != http.StatusOK || body != "keep" {
+		t.Fatalf("z/keep.txt's object: %d %q", code, body)
+	}
+	// a/ lists before z/ (breadth first, by name): its 10000 directories
+	// fill the listing, which never reaches z/keep.txt.
+	if o := agentExecute(t, g, "carol", "s1", "import os\nfor i in range(10000): os.makedirs('a/%05d' % i)"); o.Error != "" {
+		t.Fatalf("mkdirs: %+v", o)
+	}
+	if code, body := s3.object(t, key("z/keep.txt")); code != http.StatusOK || body != "keep" {
+		t.Errorf("z/keep.txt's object after an incomplete listing: %d %q, want kept", code, body)
+	}
+	// Complete again: the file is still there, and so is its object.
+	agentExecute(t, g, "carol", "s1", "import shutil\nshutil.rmtree('a')")
+	agentExecute(t, g, "carol", "s1", "open('other.txt', 'w').write('o')")
+	if code, body := s3.object(t, key("z/keep.txt")); code != http.StatusOK || body != "keep" {
+		t.Errorf("z/keep.txt's object after a complete listing: %d %q, want kept", code, body)
 	}
 }

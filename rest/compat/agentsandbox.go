@@ -313,11 +313,14 @@ type fileStamp struct {
 	mtime time.Time
 }
 
-// workspaceFiles lists the regular files of the workspace, recursively.
-func workspaceFiles(fsys *dataplane.FS) (map[string]fileStamp, error) {
-	entries, _, err := fsys.List(".", true, 0)
+// workspaceFiles lists the regular files of the workspace, recursively;
+// complete says the list has them all (not cut at the listing's bound,
+// no directory skipped as unreadable): only a complete list tells which
+// files were deleted.
+func workspaceFiles(fsys *dataplane.FS) (files map[string]fileStamp, complete bool, err error) {
+	entries, complete, err := fsys.ListTree(".", 0)
 	if err != nil {
-		return nil, fmt.Errorf("list workspace: %w", err)
+		return nil, false, fmt.Errorf("list workspace: %w", err)
 	}
 	out := make(map[string]fileStamp, len(entries))
 	for _, e := range entries {
@@ -325,7 +328,7 @@ func workspaceFiles(fsys *dataplane.FS) (map[string]fileStamp, error) {
 			out[path.Clean(e.Path)] = fileStamp{size: e.SizeBytes, mtime: e.Mtime}
 		}
 	}
-	return out, nil
+	return out, complete, nil
 }
 
 // mimeType is the media type of a file by its extension, without
@@ -406,7 +409,7 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	before, err := workspaceFiles(fsys)
+	before, _, err := workspaceFiles(fsys)
 	if err != nil {
 		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
@@ -428,17 +431,22 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Execution failed (kernel unavailable): " + kernelProblem(err)})
 		return
 	}
-	after, err := workspaceFiles(fsys)
-	if err != nil {
-		x.d.Log.WarnContext(r.Context(), "compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
-		after = map[string]fileStamp{}
-	}
 	expiresIn := clampExpiry(req.PresignExpiresIn)
 	out := agentExecuteResult{Output: agentOutput(res, capBytes), Artifacts: []agentArtifact{}}
+	after, complete, err := workspaceFiles(fsys)
+	if err != nil {
+		// Not knowing the files, nothing is pushed (an empty list would
+		// read as every file deleted).
+		x.d.Log.WarnContext(r.Context(), "compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		after = map[string]fileStamp{}
+		if x.store != nil {
+			out.SyncError = "the sandbox's files could not be listed: nothing was stored in the object store"
+		}
+	}
 	var stored map[string]bool
-	if x.store != nil {
+	if x.store != nil && err == nil {
 		var err error
-		if stored, err = x.store.push(r.Context(), s, fsys, pfx, after); err != nil {
+		if stored, err = x.store.push(r.Context(), s, fsys, pfx, after, complete); err != nil {
 			out.SyncError = "the sandbox's files could not all be stored in the object store; the download URLs of those not stored are the gateway's"
 		}
 	}
@@ -696,8 +704,8 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 			res.Errors = append(res.Errors, agentUploadError{SourceURL: e.URL, Error: e.Error})
 		}
 		if pfx := x.watch(s, id); x.store != nil && len(fr.Fetched) > 0 {
-			if files, err := workspaceFiles(fsys); err == nil {
-				_, _ = x.store.push(r.Context(), s, fsys, pfx, files) // a failure is logged; the next push retries
+			if files, complete, err := workspaceFiles(fsys); err == nil {
+				_, _ = x.store.push(r.Context(), s, fsys, pfx, files, complete) // a failure is logged; the next push retries
 			}
 		}
 	}
@@ -747,7 +755,7 @@ func (x *agentSandboxAPI) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
-	files, err := workspaceFiles(fsys)
+	files, _, err := workspaceFiles(fsys)
 	if err != nil {
 		x.d.fileError(w, r, err)
 		return
@@ -813,8 +821,8 @@ func (x *agentSandboxAPI) downloadURL(w http.ResponseWriter, r *http.Request) {
 	// changed) and the URL is the store's, as the seed's.
 	pfx, stored := x.watch(s, id), false
 	if x.store != nil {
-		if files, err := workspaceFiles(fsys); err == nil {
-			synced, _ := x.store.push(r.Context(), s, fsys, pfx, files)
+		if files, complete, err := workspaceFiles(fsys); err == nil {
+			synced, _ := x.store.push(r.Context(), s, fsys, pfx, files, complete)
 			stored = synced[p]
 		}
 	}

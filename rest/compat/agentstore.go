@@ -248,10 +248,11 @@ func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *datapl
 
 // push uploads the files of files (the workspace's, as listed now) that
 // changed since the last push of s, as the seed's sync_out_changed does,
-// and with DeleteOnDelete deletes the objects of files deleted since. It
-// returns the paths the store holds as they are now, and the first
-// failure.
-func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, files map[string]fileStamp) (map[string]bool, error) {
+// and with DeleteOnDelete deletes the objects of files deleted since;
+// only when the list is complete, else a file it misses is not known to
+// be deleted. It returns the paths the store holds as they are now, and
+// the first failure.
+func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, files map[string]fileStamp, complete bool) (map[string]bool, error) {
 	ps := st.ref(pfx, false)
 	st.lock(ctx, pfx, ps, false)
 	defer st.unlock(pfx, ps)
@@ -287,8 +288,12 @@ func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *datapl
 		synced[p] = true
 		uploaded++
 	}
+	if !complete {
+		st.log.Warn("compat_store_listing_incomplete", "api", "agent-sandbox", "session", s.ID,
+			"note", "the workspace's list is incomplete: no stored file is deleted")
+	}
 	for p := range last {
-		if _, ok := files[p]; ok {
+		if _, ok := files[p]; ok || !complete {
 			continue
 		}
 		if st.cfg.DeleteOnDelete {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -73,5 +74,75 @@ func TestAgentSandboxIncompleteListingKeepsObjects(t *testing.T) {
 	agentExecute(t, g, "carol", "s1", "open('other.txt', 'w').write('o')")
 	if code, body := s3.object(t, key("z/keep.txt")); code != http.StatusOK || body != "keep" {
 		t.Errorf("z/keep.txt's object after a complete listing: %d %q, want kept", code, body)
+	}
+}
+
+// agentSessionID is the id of the live native session of Agent
+// Sandbox's sandbox (user, session) of g's tenant.
+func agentSessionID(t *testing.T, g *gatewayProc, user, session string) string {
+	t.Helper()
+	var list struct {
+		Sessions []struct {
+			SessionID string `json:"sessionId"`
+		} `json:"sessions"`
+	}
+	name := "as-" + seedHash("user:"+user) + "-" + seedHash("sess:"+session)
+	if code := g.api(t, http.MethodGet, "/v1/sessions?name="+name, nil, &list); code != http.StatusOK || len(list.Sessions) != 1 {
+		t.Fatalf("list %s: %d %+v", name, code, list)
+	}
+	return list.Sessions[0].SessionID
+}
+
+// putWorkspaceFile writes body to the workspace file p of session id
+// through the native files API (no sync with the store).
+func putWorkspaceFile(t *testing.T, g *gatewayProc, id, p, body string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, g.URL+"/v1/sessions/"+id+"/files?path="+p, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		t.Fatalf("put %s: %d %s", p, res.StatusCode, b)
+	}
+}
+
+// An execute's inputs never replace newer work with the store's stale
+// copy: a file changed since the last sync is kept, one deleted since is
+// not brought back (--agent-sandbox-delete-on-delete off: its object
+// stays), and one as the last sync left it is pulled.
+func TestAgentSandboxPullKeepsNewerFiles(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, s3.args()...)
+	logOnFailure(t, g)
+	noRaces(t, g)
+	key := func(p string) string { return seedKey("default", "dave", "s1", p) }
+	agentExecute(t, g, "dave", "s1", "for n in ('new.txt', 'gone.txt', 'same.txt'): open(n, 'w').write('v1')")
+	for _, p := range []string{"new.txt", "gone.txt", "same.txt"} {
+		if code, body := s3.object(t, key(p)); code != http.StatusOK || body != "v1" {
+			t.Fatalf("%s's object: %d %q", p, code, body)
+		}
+	}
+	// new.txt changes in the workspace without a sync; gone.txt is
+	// deleted (and pushed: its object stays); same.txt's object changes.
+	agentExecute(t, g, "dave", "s1", "import os\nos.remove('gone.txt')")
+	if code, _ := s3.object(t, key("gone.txt")); code != http.StatusOK {
+		t.Fatalf("gone.txt's object: %d, want kept", code)
+	}
+	putWorkspaceFile(t, g, agentSessionID(t, g, "dave", "s1"), "new.txt", "v2 local")
+	s3.put(t, key("same.txt"), "v2 stored")
+	o := agentExecute(t, g, "dave", "s1", "import os\n(open('new.txt').read(), os.path.exists('gone.txt'), open('same.txt').read())",
+		"new.txt", "gone.txt", "same.txt")
+	if want := "('v2 local', False, 'v2 stored')\n"; o.Output != want {
+		t.Errorf("after the pull: %q, want %q", o.Output, want)
+	}
+	// An input the workspace never had is pulled.
+	s3.put(t, key("fresh.txt"), "stored")
+	if o := agentExecute(t, g, "dave", "s1", "open('fresh.txt').read()", "fresh.txt"); o.Output != "'stored'\n" {
+		t.Errorf("a missing input: %q", o.Output)
 	}
 }

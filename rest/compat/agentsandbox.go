@@ -307,10 +307,19 @@ type agentError struct {
 	Error string `json:"error"`
 }
 
-// fileStamp is what tells a file changed: its size and mtime.
+// fileStamp is what tells a file changed: its size and mtime. In what
+// the store holds of a session's files (agentStore.pushed), gone marks a
+// file stored and since deleted from the workspace (its object kept,
+// without DeleteOnDelete).
 type fileStamp struct {
 	size  int64
 	mtime time.Time
+	gone  bool
+}
+
+// same reports whether a file as pushed (f) is the file as listed now (g).
+func (f fileStamp) same(g fileStamp) bool {
+	return !f.gone && !g.gone && f.size == g.size && f.mtime.Equal(g.mtime)
 }
 
 // workspaceFiles lists the regular files of the workspace, recursively;

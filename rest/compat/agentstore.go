@@ -213,12 +213,20 @@ func (st *agentStore) cleanup(ctx context.Context, pfx string) {
 
 // pull copies the inputs (workspace paths) from the store into the
 // workspace, as the seed's sync_in does: an input the store does not
-// hold is skipped. What it writes counts as pushed.
+// hold is skipped. The store's copy never replaces newer work: an input
+// is pulled only when the workspace has no such file and never had one
+// since the last push (one deleted since is not brought back), or when
+// its file is as the last push or pull left it; else it is skipped, and
+// logged. What it writes counts as pushed.
 func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, inputs []string) error {
 	ps := st.ref(pfx, false)
 	st.lock(ctx, pfx, ps, false)
 	defer st.unlock(pfx, ps)
 	for _, rel := range inputs {
+		if why := st.keepLocal(s, fsys, rel); why != "" {
+			st.log.Info("compat_store_pull_skipped", "api", "agent-sandbox", "session", s.ID, "path", rel, "why", why)
+			continue
+		}
 		rc, err := st.cfg.Store.Get(ctx, pfx+rel)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
@@ -244,6 +252,30 @@ func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *datapl
 		st.mu.Unlock()
 	}
 	return nil
+}
+
+// keepLocal says why the workspace's rel must not be replaced by the
+// store's copy ("": it may be).
+func (st *agentStore) keepLocal(s *gateway.Session, fsys *dataplane.FS, rel string) string {
+	st.mu.Lock()
+	last, known := st.pushed[s.ID][rel]
+	st.mu.Unlock()
+	e, err := fsys.Stat(rel)
+	var fe *dataplane.Error
+	switch {
+	case err != nil && errors.As(err, &fe) && fe.Kind == dataplane.KindNotFound:
+		if known {
+			return "deleted from the workspace since the last sync"
+		}
+		return ""
+	case err != nil:
+		return "the workspace's file could not be read: " + err.Error()
+	case e.Type != "file":
+		return "not a regular file in the workspace"
+	case !known || !last.same(fileStamp{size: e.SizeBytes, mtime: e.Mtime}):
+		return "the workspace's file changed since the last sync"
+	}
+	return ""
 }
 
 // push uploads the files of files (the workspace's, as listed now) that
@@ -273,7 +305,7 @@ func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *datapl
 	uploaded, deleted := 0, 0
 	for _, p := range paths {
 		f := files[p]
-		if old, ok := last[p]; ok && old.size == f.size && old.mtime.Equal(f.mtime) {
+		if old, ok := last[p]; ok && old.same(f) {
 			synced[p] = true
 			continue
 		}
@@ -292,19 +324,23 @@ func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *datapl
 		st.log.Warn("compat_store_listing_incomplete", "api", "agent-sandbox", "session", s.ID,
 			"note", "the workspace's list is incomplete: no stored file is deleted")
 	}
-	for p := range last {
-		if _, ok := files[p]; ok || !complete {
+	for p, old := range last {
+		if _, ok := files[p]; ok || !complete || old.gone {
 			continue
 		}
-		if st.cfg.DeleteOnDelete {
-			if err := st.cfg.Store.Delete(ctx, pfx+p); err != nil {
-				if firstErr == nil {
-					firstErr = err
-				}
-				continue
-			}
-			deleted++
+		if !st.cfg.DeleteOnDelete {
+			// Its object stays; the file is remembered as deleted, so
+			// that a pull does not bring it back.
+			last[p] = fileStamp{gone: true}
+			continue
 		}
+		if err := st.cfg.Store.Delete(ctx, pfx+p); err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		deleted++
 		delete(last, p)
 	}
 	st.mu.Lock()

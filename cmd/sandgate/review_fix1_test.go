@@ -146,3 +146,75 @@ func TestAgentSandboxPullKeepsNewerFiles(t *testing.T) {
 		t.Errorf("a missing input: %q", o.Output)
 	}
 }
+
+// waitPrefixEmpty waits (generously) for the test bucket to hold nothing
+// under prefix, and reports whether it did.
+func waitPrefixEmpty(t *testing.T, s3 *fakeS3, prefix string) bool {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for s3.keys(t, prefix) > 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return true
+}
+
+// A native stop (POST /v1/sessions/{id}/stop) stops the sandbox's
+// processes, not the sandbox: its stored files stay (default flags,
+// --agent-sandbox-delete-on-cleanup on), the next call syncs it again,
+// and its end deletes them.
+func TestAgentSandboxNativeStopKeepsFiles(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, s3.args()...)
+	logOnFailure(t, g)
+	noRaces(t, g)
+	key := func(p string) string { return seedKey("default", "erin", "s1", p) }
+	agentExecute(t, g, "erin", "s1", "open('a.txt', 'w').write('a')")
+	id := agentSessionID(t, g, "erin", "s1")
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/stop", nil, nil); code/100 != 2 {
+		t.Fatalf("stop: %d", code)
+	}
+	time.Sleep(2 * time.Second) // a cleanup, were there one, runs after the stop
+	if code, body := s3.object(t, key("a.txt")); code != http.StatusOK || body != "a" {
+		t.Fatalf("a.txt's object after a native stop: %d %q, want kept", code, body)
+	}
+	// The sandbox (the same session, started again) syncs as before.
+	o := agentExecute(t, g, "erin", "s1", "open('b.txt', 'w').write(open('a.txt').read() + 'b')")
+	if len(o.Artifacts) != 1 || !strings.HasPrefix(o.Artifacts[0].DownloadURL, s3.URL+"/") || agentSessionID(t, g, "erin", "s1") != id {
+		t.Errorf("after the stop: %+v", o)
+	}
+	if code, body := s3.object(t, key("b.txt")); code != http.StatusOK || body != "ab" {
+		t.Errorf("b.txt's object: %d %q", code, body)
+	}
+	// Its end (a native delete) deletes its stored files.
+	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code/100 != 2 {
+		t.Fatalf("delete: %d", code)
+	}
+	if !waitPrefixEmpty(t, s3, strings.TrimSuffix(key(""), "/")) {
+		t.Errorf("objects left after the sandbox's delete:\n%s", s3.list(t, key("")))
+	}
+}
+
+// With the default flags a sandbox that the idle timeout ends has its
+// stored files deleted (the end hook works, not only stop's cleanup).
+func TestAgentSandboxExpiryDeletesFiles(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, append(s3.args(), "--idle-timeout", "3s")...)
+	logOnFailure(t, g)
+	noRaces(t, g)
+	key := func(p string) string { return seedKey("default", "fred", "s1", p) }
+	agentExecute(t, g, "fred", "s1", "open('a.txt', 'w').write('a')")
+	if code, _ := s3.object(t, key("a.txt")); code != http.StatusOK {
+		t.Fatalf("a.txt's object: %d", code)
+	}
+	if !waitPrefixEmpty(t, s3, strings.TrimSuffix(key(""), "/")) {
+		t.Errorf("objects left after the idle timeout:\n%s", s3.list(t, key("")))
+	}
+	if ss := agentSessions(t, g, "fred", "s1"); len(ss) != 0 {
+		t.Errorf("the sandbox is still live: %+v", ss)
+	}
+}

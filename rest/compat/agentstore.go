@@ -180,19 +180,23 @@ func (st *agentStore) watch(s *gateway.Session, pfx string) {
 	if known {
 		return
 	}
-	if _, ok := s.AddConn(func() { st.ended(s.ID, pfx) }); !ok {
-		st.ended(s.ID, pfx)
+	if _, ok := s.AddConn(func() { st.ended(s, pfx) }); !ok {
+		st.ended(s, pfx)
 	}
 }
 
-// ended is watch's hook: it runs as the session ends, so it only marks
-// the cleanup (which any later pull or push of the prefix runs first) and
-// leaves the deletion to a goroutine of its own.
-func (st *agentStore) ended(id, pfx string) {
+// ended is watch's hook, which runs as the session's connections close:
+// when it ends (deleted or expired), and when it stops (its processes,
+// not its files) or fails (its files are kept, until a delete). Only an
+// end deletes its stored files (with DeleteOnCleanup); else what the
+// store knows of it is forgotten, and the next call watches it anew. It
+// only marks the cleanup (which any later pull or push of the prefix
+// runs first) and leaves the deletion to a goroutine of its own.
+func (st *agentStore) ended(s *gateway.Session, pfx string) {
 	st.mu.Lock()
-	delete(st.pushed, id)
+	delete(st.pushed, s.ID)
 	st.mu.Unlock()
-	if !st.cfg.DeleteOnCleanup {
+	if status := s.Status(); !st.cfg.DeleteOnCleanup || (status != gateway.StatusDeleted && status != gateway.StatusExpired) {
 		return
 	}
 	ps := st.ref(pfx, true)

@@ -81,8 +81,15 @@ type agentStore struct {
 	maxInput int64
 
 	mu       sync.Mutex
-	prefixes map[string]*prefixState         // prefix -> its lock, while held or awaited
-	pushed   map[string]map[string]fileStamp // live session id -> what the store holds of its files
+	prefixes map[string]*prefixState // prefix -> its lock, while held or awaited
+	pushed   map[string]*pushRecord  // live session id -> what the store holds of its files
+}
+
+// pushRecord is what the store holds of one live session's files, under
+// its prefix.
+type pushRecord struct {
+	pfx   string
+	files map[string]fileStamp
 }
 
 // prefixState serialises the pulls, pushes and cleanups of one
@@ -98,7 +105,7 @@ type prefixState struct {
 
 func newAgentStore(cfg AgentSandboxConfig, maxInput int64, log *slog.Logger) *agentStore {
 	return &agentStore{cfg: cfg, log: log, maxInput: maxInput,
-		prefixes: map[string]*prefixState{}, pushed: map[string]map[string]fileStamp{}}
+		prefixes: map[string]*prefixState{}, pushed: map[string]*pushRecord{}}
 }
 
 // prefix is where the store keeps the files of tenant's sandbox id,
@@ -148,8 +155,17 @@ func (st *agentStore) unlock(pfx string, ps *prefixState) {
 }
 
 // deletePrefix deletes every object under pfx; a failure is logged (the
-// files stay in the store: nothing is lost).
+// files stay in the store: nothing is lost). A live session of the
+// prefix (a new sandbox of the same ids) then holds nothing stored: its
+// next push uploads all its files.
 func (st *agentStore) deletePrefix(ctx context.Context, pfx string) {
+	st.mu.Lock()
+	for _, rec := range st.pushed {
+		if rec.pfx == pfx {
+			rec.files = map[string]fileStamp{}
+		}
+	}
+	st.mu.Unlock()
 	keys, err := st.cfg.Store.List(ctx, pfx)
 	n := 0
 	for _, k := range keys {
@@ -174,14 +190,19 @@ func (st *agentStore) watch(s *gateway.Session, pfx string) {
 	st.mu.Lock()
 	_, known := st.pushed[s.ID]
 	if !known {
-		st.pushed[s.ID] = map[string]fileStamp{}
+		st.pushed[s.ID] = &pushRecord{pfx: pfx, files: map[string]fileStamp{}}
 	}
 	st.mu.Unlock()
 	if known {
 		return
 	}
 	if _, ok := s.AddConn(func() { st.ended(s, pfx) }); !ok {
-		st.ended(s, pfx)
+		// It ended before it was watched: forgotten, and its files are
+		// left alone (a cleanup now could delete those of the prefix's
+		// next sandbox).
+		st.mu.Lock()
+		delete(st.pushed, s.ID)
+		st.mu.Unlock()
 	}
 }
 
@@ -250,8 +271,8 @@ func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *datapl
 			return fmt.Errorf("%s: could not be written", rel)
 		}
 		st.mu.Lock()
-		if m := st.pushed[s.ID]; m != nil {
-			m[rel] = fileStamp{size: e.SizeBytes, mtime: e.Mtime}
+		if rec := st.pushed[s.ID]; rec != nil {
+			rec.files[rel] = fileStamp{size: e.SizeBytes, mtime: e.Mtime}
 		}
 		st.mu.Unlock()
 	}
@@ -262,7 +283,11 @@ func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *datapl
 // store's copy ("": it may be).
 func (st *agentStore) keepLocal(s *gateway.Session, fsys *dataplane.FS, rel string) string {
 	st.mu.Lock()
-	last, known := st.pushed[s.ID][rel]
+	var last fileStamp
+	known := false
+	if rec := st.pushed[s.ID]; rec != nil {
+		last, known = rec.files[rel]
+	}
 	st.mu.Unlock()
 	e, err := fsys.Stat(rel)
 	var fe *dataplane.Error
@@ -293,7 +318,10 @@ func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *datapl
 	st.lock(ctx, pfx, ps, false)
 	defer st.unlock(pfx, ps)
 	st.mu.Lock()
-	prev := st.pushed[s.ID]
+	var prev map[string]fileStamp
+	if rec := st.pushed[s.ID]; rec != nil {
+		prev = rec.files
+	}
 	last := make(map[string]fileStamp, len(prev))
 	for p, f := range prev {
 		last[p] = f
@@ -348,8 +376,8 @@ func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *datapl
 		delete(last, p)
 	}
 	st.mu.Lock()
-	if _, live := st.pushed[s.ID]; live {
-		st.pushed[s.ID] = last
+	if rec := st.pushed[s.ID]; rec != nil {
+		rec.files = last
 	}
 	st.mu.Unlock()
 	if firstErr != nil {

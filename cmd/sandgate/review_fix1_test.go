@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -216,5 +217,42 @@ func TestAgentSandboxExpiryDeletesFiles(t *testing.T) {
 	}
 	if ss := agentSessions(t, g, "fred", "s1"); len(ss) != 0 {
 		t.Errorf("the sandbox is still live: %+v", ss)
+	}
+}
+
+// download-url says when its URL is not the store's: a file that could
+// not be pushed (the store is down) gets the gateway's own link and a
+// sync_error; one pushed gets the store's URL and none.
+func TestAgentSandboxDownloadURLSaysSyncError(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, s3.args()...)
+	logOnFailure(t, g)
+	type dl struct {
+		DownloadURL string  `json:"download_url"`
+		SyncError   *string `json:"sync_error"`
+	}
+	get := func() (int, dl) {
+		req, _ := http.NewRequest(http.MethodGet, g.URL+"/compat/agent-sandbox/v1/files/download-url?user_id=gina&session_id=s1&path=a.txt", nil)
+		req.Header.Set("X-API-Key", g.Token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var d dl
+		if err := json.NewDecoder(res.Body).Decode(&d); err != nil {
+			t.Fatal(err)
+		}
+		return res.StatusCode, d
+	}
+	agentExecute(t, g, "gina", "s1", "open('a.txt', 'w').write('a')")
+	if code, d := get(); code != http.StatusOK || !strings.HasPrefix(d.DownloadURL, s3.URL+"/") || d.SyncError != nil {
+		t.Errorf("a stored file: %d %+v", code, d)
+	}
+	putWorkspaceFile(t, g, agentSessionID(t, g, "gina", "s1"), "a.txt", "changed")
+	s3.kill()
+	if code, d := get(); code != http.StatusOK || strings.HasPrefix(d.DownloadURL, s3.URL+"/") || d.SyncError == nil || *d.SyncError == "" {
+		t.Errorf("a file the store could not take: %d %+v, want the gateway's link and a sync_error", code, d)
 	}
 }

@@ -264,16 +264,16 @@ func (x *agentSandboxAPI) watch(s *gateway.Session, id agentIdentity) string {
 
 // fileURL is the download URL of the file p of s: the object store's
 // presigned URL of its object when the store holds it as it is now
-// (stored), as the seed's, else linkURL's.
-func (x *agentSandboxAPI) fileURL(r *http.Request, s *gateway.Session, pfx, p string, stored bool, expiresIn int) string {
+// (stored), as the seed's, else linkURL's; fromStore says which.
+func (x *agentSandboxAPI) fileURL(r *http.Request, s *gateway.Session, pfx, p string, stored bool, expiresIn int) (u string, fromStore bool) {
 	if x.store != nil && stored {
 		u, err := x.store.presign(r.Context(), pfx, p, expiresIn)
 		if err == nil {
-			return u
+			return u, true
 		}
 		x.d.Log.WarnContext(r.Context(), "compat_store_presign_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 	}
-	return x.linkURL(r, s, p, expiresIn)
+	return x.linkURL(r, s, p, expiresIn), false
 }
 
 // agentExecuteRequest is the body of POST /v1/execute.
@@ -463,8 +463,8 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		if old, ok := before[p]; ok && old.size == st.size && old.mtime.Equal(st.mtime) {
 			continue
 		}
-		out.Artifacts = append(out.Artifacts, agentArtifact{Path: p, SizeBytes: st.size, MimeType: mimeType(p),
-			DownloadURL: x.fileURL(r, s, pfx, p, stored[p], expiresIn)})
+		u, _ := x.fileURL(r, s, pfx, p, stored[p], expiresIn)
+		out.Artifacts = append(out.Artifacts, agentArtifact{Path: p, SizeBytes: st.size, MimeType: mimeType(p), DownloadURL: u})
 	}
 	sort.Slice(out.Artifacts, func(i, j int) bool { return out.Artifacts[i].Path < out.Artifacts[j].Path })
 	_ = writeBareJSON(w, http.StatusOK, out)
@@ -609,6 +609,9 @@ type agentUploadResult struct {
 	Status   string             `json:"status"`
 	Uploaded []string           `json:"uploaded"`
 	Errors   []agentUploadError `json:"errors"`
+	// SyncError says the push of the downloaded files to the object
+	// store failed (as execute's): absent when it did not.
+	SyncError string `json:"sync_error,omitempty"`
 }
 
 // agentFilenameRE finds a filename in a Content-Disposition value, as the
@@ -713,8 +716,12 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 			res.Errors = append(res.Errors, agentUploadError{SourceURL: e.URL, Error: e.Error})
 		}
 		if pfx := x.watch(s, id); x.store != nil && len(fr.Fetched) > 0 {
-			if files, complete, err := workspaceFiles(fsys); err == nil {
-				_, _ = x.store.push(r.Context(), s, fsys, pfx, files, complete) // a failure is logged; the next push retries
+			// A failure is logged and said; the next push retries.
+			if files, complete, err := workspaceFiles(fsys); err != nil {
+				x.d.Log.WarnContext(r.Context(), "compat_store_push_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+				res.SyncError = "the sandbox's files could not be listed: nothing was stored in the object store"
+			} else if _, err := x.store.push(r.Context(), s, fsys, pfx, files, complete); err != nil {
+				res.SyncError = "the sandbox's files could not all be stored in the object store"
 			}
 		}
 	}
@@ -782,6 +789,10 @@ type agentDownloadURL struct {
 	Path        string `json:"path"`
 	ExpiresIn   int    `json:"expires_in"`
 	DownloadURL string `json:"download_url"`
+	// SyncError says, with an object store, that the file could not be
+	// stored there and download_url is the gateway's own link: absent
+	// when it is the store's.
+	SyncError string `json:"sync_error,omitempty"`
 }
 
 // downloadURL serves GET /v1/files/download-url: a presigned link to a
@@ -833,11 +844,18 @@ func (x *agentSandboxAPI) downloadURL(w http.ResponseWriter, r *http.Request) {
 		if files, complete, err := workspaceFiles(fsys); err == nil {
 			synced, _ := x.store.push(r.Context(), s, fsys, pfx, files, complete)
 			stored = synced[p]
+		} else {
+			x.d.Log.WarnContext(r.Context(), "compat_store_push_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		}
 	}
 	exp := clampExpiry(expiresIn)
-	_ = writeBareJSON(w, http.StatusOK, agentDownloadURL{Status: "success", Path: p, ExpiresIn: exp,
-		DownloadURL: x.fileURL(r, s, pfx, p, stored, exp)})
+	ans := agentDownloadURL{Status: "success", Path: p, ExpiresIn: exp}
+	var fromStore bool
+	ans.DownloadURL, fromStore = x.fileURL(r, s, pfx, p, stored, exp)
+	if x.store != nil && !fromStore {
+		ans.SyncError = "the file could not be stored in the object store: download_url is the gateway's own link"
+	}
+	_ = writeBareJSON(w, http.StatusOK, ans)
 }
 
 // readPydanticBody reads a JSON object body as FastAPI does, answering a

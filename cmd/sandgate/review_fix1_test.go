@@ -256,3 +256,47 @@ func TestAgentSandboxDownloadURLSaysSyncError(t *testing.T) {
 		t.Errorf("a file the store could not take: %d %+v, want the gateway's link and a sync_error", code, d)
 	}
 }
+
+// stop says when the deletion of the sandbox's stored files failed (the
+// store is down): the sandbox is stopped, the answer carries sync_error.
+func TestAgentSandboxStopSaysCleanupFailure(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, s3.args()...)
+	logOnFailure(t, g)
+	agentExecute(t, g, "hank", "s1", "open('a.txt', 'w').write('a')")
+	s3.kill()
+	var ans struct {
+		Status    string  `json:"status"`
+		SyncError *string `json:"sync_error"`
+	}
+	if code := agentPost(t, g, "/v1/sandbox/stop", `{"user_id":"hank","session_id":"s1"}`, &ans); code != http.StatusOK ||
+		ans.Status != "success" || ans.SyncError == nil || *ans.SyncError == "" {
+		t.Errorf("stop with the store down: %d %+v, want success and a sync_error", code, ans)
+	}
+	if ss := agentSessions(t, g, "hank", "s1"); len(ss) != 0 {
+		t.Errorf("the sandbox is still live: %+v", ss)
+	}
+}
+
+// A gateway that shuts down (--keep-sandboxes-on-exit=false: its
+// sandboxes end) finishes the cleanup of their stored files before it
+// exits, rather than leaving it to goroutines the exit kills.
+func TestAgentSandboxShutdownFinishesCleanups(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, s3.args()...)
+	logOnFailure(t, g)
+	for _, u := range []string{"ivy", "jack", "kim"} {
+		agentExecute(t, g, u, "s1", "for i in range(20): open('f%d.txt' % i, 'w').write('x')")
+	}
+	g.stop(t)
+	for _, u := range []string{"ivy", "jack", "kim"} {
+		if n := s3.keys(t, strings.TrimSuffix(seedKey("default", u, "s1", ""), "/")); n != 0 {
+			t.Errorf("%s: %d objects left after the gateway's shutdown", u, n)
+		}
+	}
+	if !strings.Contains(g.stderr.String(), "compat_store_cleaned") {
+		t.Errorf("no cleanup logged:\n%s", g.stderr.String())
+	}
+}

@@ -530,7 +530,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
-	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log, AgentSandbox: agentSandbox,
+	compatAPIs, closeCompat := compat.NewWithClose(compat.Deps{Sessions: mgr, Plane: plane, Log: log, AgentSandbox: agentSandbox,
 		Links: rest.Links{Key: linkKey, PublicURL: cfg.publicURL, Artifacts: presigner, Log: log}})
 	handler := rest.New(rest.Config{
 		Sessions: mgr, Verifier: verifier, Log: log, RateLimit: cfg.rateLimit, Mounts: compatAPIs,
@@ -669,6 +669,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	<-reaped
 	<-synced
 	mgr.Shutdown(context.Background(), cfg.keepSandboxes)
+	compatDone, cancelCompat := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
+	if err := closeCompat(compatDone); err != nil { // the cleanups of ended sandboxes' stored files
+		log.Warn("compat_close_failed", "err", err)
+	}
+	cancelCompat()
 	flushWorkspaces(wsvc, cfg.shutdownTimeout, log)
 	log.Info("stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {

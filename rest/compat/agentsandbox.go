@@ -72,10 +72,7 @@ type agentSandboxAPI struct {
 
 // mountAgentSandbox mounts Agent Sandbox's routes (compat.go).
 func (d *Deps) mountAgentSandbox(r chi.Router) {
-	x := &agentSandboxAPI{d: d}
-	if d.AgentSandbox.Store != nil {
-		x.store = newAgentStore(d.AgentSandbox, d.Plane.Bounds.MaxFetchBytes, d.Log)
-	}
+	x := &agentSandboxAPI{d: d, store: d.agentStore}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	})
@@ -592,12 +589,25 @@ func (x *agentSandboxAPI) stop(w http.ResponseWriter, r *http.Request) {
 	}
 	// As the seed's stop, with or without a sandbox: its stored files go
 	// with DELETE_S3_ON_CLEANUP.
+	// A failed deletion is said in sync_error: the sandbox is stopped,
+	// its files stay in the store.
+	ans := agentStopResult{Status: "success"}
 	if x.store != nil && x.store.cfg.DeleteOnCleanup {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), agentCleanupTimeout)
-		x.store.cleanup(ctx, x.store.prefix(p.Tenant, id))
+		if err := x.store.cleanup(ctx, x.store.prefix(p.Tenant, id)); err != nil {
+			ans.SyncError = "the sandbox's files could not all be deleted from the object store"
+		}
 		cancel()
 	}
-	_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "success"})
+	_ = writeBareJSON(w, http.StatusOK, ans)
+}
+
+// agentStopResult is stop's answer.
+type agentStopResult struct {
+	Status string `json:"status"`
+	// SyncError says the deletion of the sandbox's stored files failed:
+	// absent when it did not.
+	SyncError string `json:"sync_error,omitempty"`
 }
 
 type agentUploadError struct {

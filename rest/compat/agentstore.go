@@ -83,6 +83,13 @@ type agentStore struct {
 	mu       sync.Mutex
 	prefixes map[string]*prefixState // prefix -> its lock, while held or awaited
 	pushed   map[string]*pushRecord  // live session id -> what the store holds of its files
+	closed   bool                    // Close was called: no more cleanups start
+
+	// cleanups are the cleanups of ended sessions running on their own,
+	// on base's contexts (Close cancels base when it cannot wait).
+	cleanups   sync.WaitGroup
+	base       context.Context
+	cancelBase context.CancelFunc
 }
 
 // pushRecord is what the store holds of one live session's files, under
@@ -104,8 +111,32 @@ type prefixState struct {
 }
 
 func newAgentStore(cfg AgentSandboxConfig, maxInput int64, log *slog.Logger) *agentStore {
+	base, cancel := context.WithCancel(context.Background())
 	return &agentStore{cfg: cfg, log: log, maxInput: maxInput,
-		prefixes: map[string]*prefixState{}, pushed: map[string]*pushRecord{}}
+		prefixes: map[string]*prefixState{}, pushed: map[string]*pushRecord{}, base: base, cancelBase: cancel}
+}
+
+// Close waits for the cleanups under way (of sessions that ended) to
+// finish, and starts no more; when ctx ends first, they are canceled
+// (their files stay in the store) and Close says so.
+func (st *agentStore) Close(ctx context.Context) error {
+	st.mu.Lock()
+	st.closed = true
+	st.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		st.cleanups.Wait()
+		close(done)
+	}()
+	defer st.cancelBase()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		st.cancelBase()
+		<-done
+		return fmt.Errorf("agent sandbox: cleanups of the object store canceled: %w", ctx.Err())
+	}
 }
 
 // prefix is where the store keeps the files of tenant's sandbox id,
@@ -132,16 +163,18 @@ func (st *agentStore) ref(pfx string, cleanup bool) *prefixState {
 }
 
 // lock holds pfx (ps, referenced) for one operation; a cleanup marked
-// meanwhile, or forced, runs first. unlock lets it go.
-func (st *agentStore) lock(ctx context.Context, pfx string, ps *prefixState, force bool) {
+// meanwhile, or forced, runs first, and its failure is returned (and
+// logged). unlock lets it go.
+func (st *agentStore) lock(ctx context.Context, pfx string, ps *prefixState, force bool) error {
 	ps.mu.Lock()
 	st.mu.Lock()
 	clean := ps.cleanup || force
 	ps.cleanup = false
 	st.mu.Unlock()
 	if clean {
-		st.deletePrefix(ctx, pfx)
+		return st.deletePrefix(ctx, pfx)
 	}
+	return nil
 }
 
 func (st *agentStore) unlock(pfx string, ps *prefixState) {
@@ -154,11 +187,23 @@ func (st *agentStore) unlock(pfx string, ps *prefixState) {
 	st.mu.Unlock()
 }
 
-// deletePrefix deletes every object under pfx; a failure is logged (the
-// files stay in the store: nothing is lost). A live session of the
-// prefix (a new sandbox of the same ids) then holds nothing stored: its
-// next push uploads all its files.
-func (st *agentStore) deletePrefix(ctx context.Context, pfx string) {
+// deletePrefix deletes every object under pfx; a failure is logged and
+// returned (the files stay in the store: nothing is lost), a panic of
+// the store's client too. A live session of the prefix (a new sandbox of
+// the same ids) then holds nothing stored: its next push uploads all its
+// files.
+func (st *agentStore) deletePrefix(ctx context.Context, pfx string) (err error) {
+	n := 0
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("object store: panic: %v", r)
+		}
+		if err != nil {
+			st.log.Warn("compat_store_cleanup_failed", "api", "agent-sandbox", "prefix", pfx, "deleted", n, "err", err)
+			return
+		}
+		st.log.Info("compat_store_cleaned", "api", "agent-sandbox", "prefix", pfx, "deleted", n)
+	}()
 	st.mu.Lock()
 	for _, rec := range st.pushed {
 		if rec.pfx == pfx {
@@ -167,7 +212,6 @@ func (st *agentStore) deletePrefix(ctx context.Context, pfx string) {
 	}
 	st.mu.Unlock()
 	keys, err := st.cfg.Store.List(ctx, pfx)
-	n := 0
 	for _, k := range keys {
 		if err != nil {
 			break
@@ -176,11 +220,7 @@ func (st *agentStore) deletePrefix(ctx context.Context, pfx string) {
 			n++
 		}
 	}
-	if err != nil {
-		st.log.Warn("compat_store_cleanup_failed", "api", "agent-sandbox", "prefix", pfx, "deleted", n, "err", err)
-		return
-	}
-	st.log.Info("compat_store_cleaned", "api", "agent-sandbox", "prefix", pfx, "deleted", n)
+	return err
 }
 
 // watch ties s, the sandbox of prefix pfx, to the store: when s ends
@@ -220,20 +260,36 @@ func (st *agentStore) ended(s *gateway.Session, pfx string) {
 	if status := s.Status(); !st.cfg.DeleteOnCleanup || (status != gateway.StatusDeleted && status != gateway.StatusExpired) {
 		return
 	}
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		st.log.Warn("compat_store_cleanup_skipped", "api", "agent-sandbox", "session", s.ID, "prefix", pfx,
+			"why", "the gateway is shutting down: the files stay in the store")
+		return
+	}
+	st.cleanups.Add(1)
+	st.mu.Unlock()
 	ps := st.ref(pfx, true)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), agentCleanupTimeout)
+		defer st.cleanups.Done()
+		defer func() {
+			if r := recover(); r != nil {
+				st.log.Error("compat_store_cleanup_panic", "api", "agent-sandbox", "prefix", pfx, "panic", r)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(st.base, agentCleanupTimeout)
 		defer cancel()
-		st.lock(ctx, pfx, ps, false)
+		_ = st.lock(ctx, pfx, ps, false) // a failure is logged
 		st.unlock(pfx, ps)
 	}()
 }
 
-// cleanup deletes pfx's files now (stop, with DeleteOnCleanup).
-func (st *agentStore) cleanup(ctx context.Context, pfx string) {
+// cleanup deletes pfx's files now (stop, with DeleteOnCleanup), and
+// returns its failure.
+func (st *agentStore) cleanup(ctx context.Context, pfx string) error {
 	ps := st.ref(pfx, false)
-	st.lock(ctx, pfx, ps, true)
-	st.unlock(pfx, ps)
+	defer st.unlock(pfx, ps)
+	return st.lock(ctx, pfx, ps, true)
 }
 
 // pull copies the inputs (workspace paths) from the store into the
@@ -245,7 +301,7 @@ func (st *agentStore) cleanup(ctx context.Context, pfx string) {
 // logged. What it writes counts as pushed.
 func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, inputs []string) error {
 	ps := st.ref(pfx, false)
-	st.lock(ctx, pfx, ps, false)
+	_ = st.lock(ctx, pfx, ps, false) // a failed cleanup is logged
 	defer st.unlock(pfx, ps)
 	for _, rel := range inputs {
 		if why := st.keepLocal(s, fsys, rel); why != "" {
@@ -315,7 +371,7 @@ func (st *agentStore) keepLocal(s *gateway.Session, fsys *dataplane.FS, rel stri
 // the first failure.
 func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, files map[string]fileStamp, complete bool) (map[string]bool, error) {
 	ps := st.ref(pfx, false)
-	st.lock(ctx, pfx, ps, false)
+	_ = st.lock(ctx, pfx, ps, false) // a failed cleanup is logged
 	defer st.unlock(pfx, ps)
 	st.mu.Lock()
 	var prev map[string]fileStamp

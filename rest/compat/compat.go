@@ -43,20 +43,43 @@ type Deps struct {
 	Log   *slog.Logger
 	// AgentSandbox configures Agent Sandbox's API (agentstore.go).
 	AgentSandbox AgentSandboxConfig
+
+	// agentStore is Agent Sandbox's sync with its object store (nil:
+	// none), made by NewWithClose.
+	agentStore *agentStore
 }
 
 // New returns the seeds' APIs, each under its prefix /compat/<seed>.
-// Add a seed's API here.
+// Add a seed's API here. It is NewWithClose for callers with no
+// background work to wait for (no Agent Sandbox object store).
 func New(d Deps) []rest.Mount {
+	mounts, _ := NewWithClose(d)
+	return mounts
+}
+
+// NewWithClose is New, and the function that ends the APIs' background
+// work (Agent Sandbox's cleanups of ended sandboxes' stored files): it
+// waits for it, for at most ctx, then cancels it. Call it after the
+// session manager's shutdown.
+func NewWithClose(d Deps) ([]rest.Mount, func(context.Context) error) {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
+	}
+	closeFn := func(context.Context) error { return nil }
+	if d.AgentSandbox.Store != nil {
+		var maxFetch int64
+		if d.Plane != nil {
+			maxFetch = d.Plane.Bounds.MaxFetchBytes
+		}
+		d.agentStore = newAgentStore(d.AgentSandbox, maxFetch, d.Log)
+		closeFn = d.agentStore.Close
 	}
 	dp := &d
 	return []rest.Mount{
 		{Prefix: "/compat/sbs", Handler: router(newSBS(dp).mount)},
 		{Prefix: "/compat/sandkasten", Handler: router(newSandkasten(dp).mount)},
 		{Prefix: "/compat/agent-sandbox", Handler: router(dp.mountAgentSandbox), Before: agentSandboxAPIKey},
-	}
+	}, closeFn
 }
 
 // router is a router with the routes mount adds.

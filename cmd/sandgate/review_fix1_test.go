@@ -7,7 +7,10 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -298,5 +301,39 @@ func TestAgentSandboxShutdownFinishesCleanups(t *testing.T) {
 	}
 	if !strings.Contains(g.stderr.String(), "compat_store_cleaned") {
 		t.Errorf("no cleanup logged:\n%s", g.stderr.String())
+	}
+}
+
+// Sandkasten: a session that failed (its sandbox lost across a restart),
+// not yet tombstoned, reads as crashed and its exec and fs answer as the
+// seed's for a crashed session, 410 session_crashed, not 409.
+func TestSandkastenFailedSessionCrashed(t *testing.T) {
+	g := startGateway(t, "--keep-sandboxes-on-exit=true")
+	var s skRow
+	if code := g.api(t, http.MethodPost, "/compat/sandkasten/v1/sessions", map[string]any{"ttl_seconds": 600}, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	_ = g.cmd.Process.Signal(syscall.SIGKILL)
+	<-g.done
+	if err := os.RemoveAll(filepath.Join(g.DataDir, "sessions", s.ID)); err != nil {
+		t.Fatal(err)
+	}
+	g2 := restartWith(t, g, syscall.SIGKILL, "workdir")
+	logOnFailure(t, g2)
+	var got skRow
+	if code := g2.api(t, http.MethodGet, "/compat/sandkasten/v1/sessions/"+s.ID, nil, &got); code != http.StatusOK || got.Status != "crashed" {
+		t.Fatalf("get: %d %+v, want crashed", code, got)
+	}
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if code := g2.api(t, http.MethodPost, "/compat/sandkasten/v1/sessions/"+s.ID+"/exec", map[string]any{"cmd": "true"}, &e); code != http.StatusGone ||
+		e.Error.Code != "session_crashed" {
+		t.Errorf("exec in the failed session: %d %+v, want 410 session_crashed", code, e)
+	}
+	e.Error.Code = ""
+	if code := g2.api(t, http.MethodGet, "/compat/sandkasten/v1/sessions/"+s.ID+"/fs/read?path=x", nil, &e); code != http.StatusGone ||
+		e.Error.Code != "session_crashed" {
+		t.Errorf("read in the failed session: %d %+v, want 410 session_crashed", code, e)
 	}
 }

@@ -337,3 +337,27 @@ func TestSandkastenFailedSessionCrashed(t *testing.T) {
 		t.Errorf("read in the failed session: %d %+v, want 410 session_crashed", code, e)
 	}
 }
+
+// The store's download URLs are downloads, as the workspace store's
+// artifacts' are: Content-Disposition attachment with the file's name,
+// and its media type.
+func TestAgentSandboxStoreURLIsAttachment(t *testing.T) {
+	gwtest.RequireTool(t, "python3")
+	s3 := startFakeS3(t)
+	g := startGateway(t, s3.args()...)
+	logOnFailure(t, g)
+	o := agentExecute(t, g, "lena", "s1", "import os\nos.makedirs('out')\nopen('out/report.html', 'w').write('<script>x</script>')")
+	if len(o.Artifacts) != 1 || !strings.HasPrefix(o.Artifacts[0].DownloadURL, s3.URL+"/") {
+		t.Fatalf("artifacts: %+v", o.Artifacts)
+	}
+	res, err := http.Get(o.Artifacts[0].DownloadURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || string(b) != "<script>x</script>" ||
+		res.Header.Get("Content-Disposition") != "attachment; filename=report.html" || res.Header.Get("Content-Type") != "text/html" {
+		t.Errorf("download: %d %q %q %q", res.StatusCode, res.Header.Get("Content-Disposition"), res.Header.Get("Content-Type"), b)
+	}
+}

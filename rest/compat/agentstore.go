@@ -7,7 +7,9 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"mime"
 	"net/url"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -457,9 +459,14 @@ func (st *agentStore) upload(ctx context.Context, fsys *dataplane.FS, key, p str
 	return nil
 }
 
-// presign is the store's URL of the stored file p, for expiresIn seconds.
+// presign is the store's URL of the stored file p, for expiresIn seconds:
+// a download (attachment, its name and media type), never a page, as the
+// workspace store's artifacts' URLs.
 func (st *agentStore) presign(ctx context.Context, pfx, p string, expiresIn int) (string, error) {
-	return st.cfg.Store.PresignGet(ctx, pfx+p, time.Duration(expiresIn)*time.Second, nil)
+	params := url.Values{}
+	params.Set("response-content-disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(p)}))
+	params.Set("response-content-type", mimeType(p))
+	return st.cfg.Store.PresignGet(ctx, pfx+p, time.Duration(expiresIn)*time.Second, params)
 }
 
 // agentInputPath maps an input as the seed's users send it to a path of

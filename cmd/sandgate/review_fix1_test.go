@@ -361,3 +361,23 @@ func TestAgentSandboxStoreURLIsAttachment(t *testing.T) {
 		t.Errorf("download: %d %q %q %q", res.StatusCode, res.Header.Get("Content-Disposition"), res.Header.Get("Content-Type"), b)
 	}
 }
+
+// --agent-sandbox-image is checked at startup: an image no create could
+// get is a usage error (exit 2) naming the flag, not a failure of every
+// Agent Sandbox call later.
+func TestAgentSandboxImageChecked(t *testing.T) {
+	for _, tc := range []struct{ args []string }{
+		{[]string{"--sandbox", "workdir", "--agent-sandbox-image", "python:3.12-slim"}},
+		{[]string{"--sandbox", "workdir", "--agent-sandbox-image", "Not A Reference!"}},
+		{[]string{"--sandbox", "auto", "--agent-sandbox-image", "registry.invalid/none:1", "--image-pull", "never"}},
+	} {
+		args := append([]string{"serve", "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--api-key", "k"}, tc.args...)
+		out, errOut, code := runClient(t, cleanEnv(), nil, sandgateBin, args...)
+		if code != 2 || !strings.Contains(errOut, "--agent-sandbox-image") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", tc.args, code, out, errOut)
+		}
+	}
+	// An alias of the default image, or the default itself, is fine.
+	g := startGateway(t, "--agent-sandbox-image", "python:3.12-slim", "--image-alias", "python:3.12-slim=default")
+	g.stop(t)
+}

@@ -221,6 +221,9 @@ func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	if err := c.agentSandbox.check(); err != nil {
 		return nil, err
 	}
+	if _, err := c.agentSandbox.checkImage(c); err != nil {
+		return nil, err
+	}
 	if err := c.cluster.checkEgress(context.Background(), c.egress.allowCIDR); err != nil {
 		return nil, err
 	}
@@ -285,6 +288,10 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := serve(ctx, cfg, log, stdout); err != nil {
 		log.Error("serve_failed", "err", err)
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return 2
+		}
 		return 1
 	}
 	return 0
@@ -468,6 +475,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	isrc.noImages = driver.Name() != "linux"
 	defaultImages, err := isrc.setAliases(cfg.imageAlias)
 	if err != nil {
+		return err
+	}
+	if err := cfg.agentSandbox.checkImageIn(cfg, isrc); err != nil {
 		return err
 	}
 	secrets, err := cfg.egress.secrets(ctx, log)

@@ -7,10 +7,13 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/dataplane"
 )
 
 // Issue 39 item 3: inputs as seed 001's users send them, absolute paths
@@ -105,4 +108,35 @@ func TestAgentStoreCleanupResetsLiveRecords(t *testing.T) {
 	if n := len(st.pushed["other"].files); n != 1 {
 		t.Errorf("the session of another prefix counts %d files stored, want 1", n)
 	}
+}
+
+// agentInputPath never yields a path that leaves the workspace: what it
+// accepts is relative, clean (no empty, "." or ".." segment), and a path
+// the files engine takes.
+func FuzzAgentInputPath(f *testing.F) {
+	for _, s := range []string{"/path/to/input1.py", "data.csv", "./data.csv", "/work/data.csv", "/workspace/a/b.txt",
+		`\\work\\x.txt`, "//etc//passwd", "/workspace", "/..", "/work/../x", "a/../../b", "../x", "a/./b", " /work/ ", "/work/..",
+		"a\\..\\b", "/w\x00rk", "é/ü.txt", "/work//workspace/x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		got, err := agentInputPath(in)
+		if err != nil {
+			return
+		}
+		if got == "" || strings.HasPrefix(got, "/") || strings.Contains(got, `\\`) {
+			t.Fatalf("agentInputPath(%q) = %q: not a relative path", in, got)
+		}
+		for _, seg := range strings.Split(got, "/") {
+			if seg == "" || seg == "." || seg == ".." {
+				t.Fatalf("agentInputPath(%q) = %q: segment %q", in, got, seg)
+			}
+		}
+		if path.Clean(got) != got {
+			t.Fatalf("agentInputPath(%q) = %q: not clean", in, got)
+		}
+		if _, err := dataplane.CheckPath(got); err != nil {
+			t.Fatalf("agentInputPath(%q) = %q, which the files engine refuses: %v", in, got, err)
+		}
+	})
 }

@@ -299,18 +299,22 @@ export type SessionArray = Session[] & {
 /**
  * What `listSessions()` returns: await it for every session (an array,
  * fetched page by page), or iterate it for the pages:
- * `for await (const page of client.listSessions({ limit: 100 }))`.
+ * `for await (const page of client.listSessions())`. Given an explicit
+ * `limit` or `offset` it is that one page only (deprecated, for one
+ * release: use `listSessionsPage()`).
  */
 export class SessionListing implements Promise<SessionArray>, AsyncIterable<Session[]> {
   readonly [Symbol.toStringTag] = "SessionListing";
   readonly #fetchPage: (offset: number) => Promise<SessionList>;
   readonly #offset: number;
+  readonly #single: boolean;
   #all: Promise<SessionArray> | undefined;
 
   /** @internal */
-  constructor(fetchPage: (offset: number) => Promise<SessionList>, offset: number) {
+  constructor(fetchPage: (offset: number) => Promise<SessionList>, offset: number, single = false) {
     this.#fetchPage = fetchPage;
     this.#offset = offset;
+    this.#single = single;
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<Session[]> {
@@ -320,7 +324,7 @@ export class SessionListing implements Promise<SessionArray>, AsyncIterable<Sess
       if (page.sessions.length === 0) return;
       yield page.sessions;
       offset += page.sessions.length;
-      if (offset >= page.total) return;
+      if (this.#single || offset >= page.total) return;
     }
   }
 
@@ -335,7 +339,7 @@ export class SessionListing implements Promise<SessionArray>, AsyncIterable<Sess
       total = page.total;
       all.push(...page.sessions);
       offset += page.sessions.length;
-      if (page.sessions.length === 0 || offset >= page.total) break;
+      if (this.#single || page.sessions.length === 0 || offset >= page.total) break;
     }
     const arr = all as SessionArray;
     for (const [k, v] of [["sessions", all], ["total", total], ["limit", limit], ["offset", this.#offset]] as const) {
@@ -744,9 +748,13 @@ export class SandboxClient {
 
   /**
    * This tenant's sessions, oldest first (`GET /v1/sessions`): await it
-   * for all of them from `offset` on (an array, fetched `limit` per page,
-   * default 100), or iterate it for the pages
-   * (`for await (const page of client.listSessions())`).
+   * for all of them (an array, fetched 100 per page), or iterate it for the
+   * pages (`for await (const page of client.listSessions())`).
+   *
+   * @deprecated with `limit` or `offset`: given either, it is that one page
+   * only (an array of its sessions, with its `total`, `limit` and `offset`),
+   * as before this release, and for one release more; use
+   * `listSessionsPage({ limit, offset })` for one page.
    */
   listSessions(opts: { limit?: number; offset?: number } = {}): SessionListing {
     let limit: number;
@@ -758,7 +766,8 @@ export class SandboxClient {
       // Bad arguments reject (as they did when this returned a Promise), nothing is sent.
       return new SessionListing(() => Promise.reject(e), 0);
     }
-    return new SessionListing((off) => this.listSessionsPage({ limit, offset: off }), offset);
+    const single = opts.limit !== undefined || opts.offset !== undefined;
+    return new SessionListing((off) => this.listSessionsPage({ limit, offset: off }), offset, single);
   }
 
   /** One page of this tenant's sessions (`GET /v1/sessions?limit&offset`), as Python's `list_sessions`. */

@@ -2,6 +2,7 @@
 
 import { randomUUID } from "node:crypto";
 import { createWriteStream } from "node:fs";
+import { once } from "node:events";
 import { rm } from "node:fs/promises";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -978,7 +979,10 @@ export class SandboxClient {
   /**
    * Streams a sandbox file to the local file `dest` (`GET .../files`),
    * never holding it whole; returns the bytes written. The local file is
-   * removed again when the download fails.
+   * removed again when the download fails (only a file this call opened:
+   * a `dest` it could not open, a directory say, is left alone and that
+   * error thrown as it is). A body that sends nothing for the client's
+   * `timeoutMs` fails the download.
    */
   async readFileTo(sessionId: string, path: string, dest: string): Promise<number> {
     checkPath(path);
@@ -989,26 +993,44 @@ export class SandboxClient {
       sessionScoped: true,
       headers: { Accept: "application/octet-stream" },
     });
+    const idleMs = this.timeoutMs;
+    let stalled = false;
+    let idle: ReturnType<typeof setTimeout> | undefined;
+    const arm = () => {
+      clearTimeout(idle);
+      idle = setTimeout(() => {
+        stalled = true;
+        abort.abort(new DOMException("no data", "TimeoutError"));
+      }, idleMs);
+    };
     let written = 0;
     const counter = new Transform({
       transform(chunk: Buffer, _enc, done) {
         written += chunk.length;
+        arm();
         done(null, chunk);
       },
     });
+    let opened = false;
     try {
-      await pipeline(Readable.fromWeb(body as import("node:stream/web").ReadableStream<Uint8Array>), counter, createWriteStream(dest));
+      arm();
+      const out = createWriteStream(dest);
+      await once(out, "open");
+      opened = true;
+      await pipeline(Readable.fromWeb(body as import("node:stream/web").ReadableStream<Uint8Array>), counter, out);
       const expected = headers["content-length"];
       if (expected !== undefined && /^\d+$/.test(expected) && Number(expected) !== written) {
         throw new SandboxConnectionError(`${what}: got ${written} of ${expected} bytes`);
       }
     } catch (e) {
-      await rm(dest, { force: true });
+      if (opened) await rm(dest, { force: true }).catch(() => {}); // never hides e
       if (e instanceof SandboxAPIError) throw e;
-      // A local file's error (ENOENT, EACCES, ENOSPC...) is thrown as it is.
+      if (stalled) throw new SandboxConnectionError(`${what}: the download stalled: no data for ${idleMs} ms`, { cause: e });
+      // A local file's error (ENOENT, EACCES, EISDIR, ENOSPC...) is thrown as it is.
       if (/^E[A-Z]+$/.test(String((e as { code?: unknown }).code ?? ""))) throw e;
       throw new SandboxConnectionError(`${what}: the connection broke: ${(e as Error).message}`, { cause: e });
     } finally {
+      clearTimeout(idle);
       abort.abort();
     }
     return written;

@@ -83,6 +83,9 @@ type Request struct {
 	// What it gets is not kept too: the Result's Stdout and Stderr then
 	// only say whether they were truncated.
 	Stream func(stream string, data []byte)
+	// Started, when set, is called once, as soon as the command has
+	// started (before any output), so that a streamed answer can begin.
+	Started func()
 }
 
 // Result is how a command ended and what it wrote.
@@ -206,6 +209,9 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 		sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}, startOwn)
 	if err != nil {
 		return Result{}, fmt.Errorf("start command: %w", err)
+	}
+	if req.Started != nil {
+		req.Started()
 	}
 	go func() {
 		if len(req.Stdin) > 0 {

@@ -508,15 +508,30 @@ func (s *streamFile) Close() error {
 // (MaxListEntries when max <= 0) are returned; truncated says there were
 // more. Entries' paths are p joined with their names.
 func (f *FS) List(p string, recursive bool, max int) (entries []Entry, truncated bool, err error) {
+	entries, truncated, _, err = f.list(p, recursive, max)
+	return entries, truncated, err
+}
+
+// ListTree lists p and its subdirectories as List does with recursive,
+// and says whether the list is complete: not truncated at max, and with
+// no subdirectory skipped because it could not be read (one the
+// sandbox's user may not read, or one removed meanwhile). What tells
+// deleted files from the list must use only a complete one.
+func (f *FS) ListTree(p string, max int) (entries []Entry, complete bool, err error) {
+	entries, truncated, skipped, err := f.list(p, true, max)
+	return entries, err == nil && !truncated && !skipped, err
+}
+
+func (f *FS) list(p string, recursive bool, max int) (entries []Entry, truncated, skipped bool, err error) {
 	if max <= 0 {
 		max = MaxListEntries
 	}
 	fi, err := f.c.Stat(p)
 	if err != nil {
-		return nil, false, classify(err, p)
+		return nil, false, false, classify(err, p)
 	}
 	if !fi.IsDir() {
-		return nil, false, fileErr(KindNotDir, nil, "%s: not a directory", p)
+		return nil, false, false, fileErr(KindNotDir, nil, "%s: not a directory", p)
 	}
 	entries = []Entry{}
 	queue := []string{p}
@@ -526,8 +541,9 @@ func (f *FS) List(p string, recursive bool, max int) (entries []Entry, truncated
 		fis, err := f.c.ReadDir(dir)
 		if err != nil {
 			if dir == p {
-				return nil, false, classify(err, p)
+				return nil, false, false, classify(err, p)
 			}
+			skipped = true
 			continue // a subdirectory the sandbox's user cannot read, or gone
 		}
 		sort.Slice(fis, func(i, j int) bool { return fis[i].Name() < fis[j].Name() })
@@ -536,7 +552,7 @@ func (f *FS) List(p string, recursive bool, max int) (entries []Entry, truncated
 				continue
 			}
 			if len(entries) == max {
-				return entries, true, nil
+				return entries, true, skipped, nil
 			}
 			e := entryOf(path.Join(dir, fi.Name()), fi)
 			entries = append(entries, e)
@@ -545,7 +561,7 @@ func (f *FS) List(p string, recursive bool, max int) (entries []Entry, truncated
 			}
 		}
 	}
-	return entries, false, nil
+	return entries, false, skipped, nil
 }
 
 // WriteOptions tune Write.

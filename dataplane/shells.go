@@ -447,6 +447,9 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 			return Result{}, fmt.Errorf("write to shell: %w", err)
 		}
 	}
+	if req.Started != nil {
+		req.Started()
+	}
 	stdout := newStreamReader("stdout", req, nil)
 	stderr := newStreamReader("stderr", req, nil)
 	var status string

@@ -205,6 +205,10 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	if ndjson {
 		stream = &ndjsonWriter{w: w, rc: http.NewResponseController(w)}
 		req.Stream = stream.output
+		// The answer's headers go as soon as the command runs: a client
+		// waiting for them (with its timeout) must not wait for the
+		// command's first output, which a quiet command may never write.
+		req.Started = stream.begin
 	}
 	type outcome struct {
 		res dataplane.Result
@@ -384,6 +388,28 @@ func (n *ndjsonWriter) write(v any) {
 	n.line(func(bw *bufio.Writer) { bw.Write(b) })
 }
 
+// begin sends the stream's headers, and flushes them to the client, if
+// they have not gone yet.
+func (n *ndjsonWriter) begin() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped || n.began {
+		return
+	}
+	n.start()
+	_ = n.rc.Flush()
+}
+
+// start writes the headers (n.mu held).
+func (n *ndjsonWriter) start() {
+	n.began = true
+	n.w.Header().Set("Content-Type", ndjsonType)
+	n.w.Header().Set("Cache-Control", "no-store")
+	n.w.Header().Set("X-Content-Type-Options", "nosniff")
+	n.w.WriteHeader(http.StatusOK)
+	n.bw = bufio.NewWriterSize(n.w, answerChunk)
+}
+
 // line writes one line, which enc writes into bw, and flushes it to the
 // client.
 func (n *ndjsonWriter) line(enc func(bw *bufio.Writer)) {
@@ -393,12 +419,7 @@ func (n *ndjsonWriter) line(enc func(bw *bufio.Writer)) {
 		return
 	}
 	if !n.began {
-		n.began = true
-		n.w.Header().Set("Content-Type", ndjsonType)
-		n.w.Header().Set("Cache-Control", "no-store")
-		n.w.Header().Set("X-Content-Type-Options", "nosniff")
-		n.w.WriteHeader(http.StatusOK)
-		n.bw = bufio.NewWriterSize(n.w, answerChunk)
+		n.start()
 	}
 	enc(n.bw)
 	n.bw.WriteByte('\n')

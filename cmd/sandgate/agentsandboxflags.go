@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/rest/compat"
 	"github.com/sandgate/sandgate/workspace"
 )
@@ -51,6 +52,53 @@ func (a *agentSandboxFlags) check() error {
 		}
 	}
 	a.prefix = p
+	return nil
+}
+
+// checkImage refuses an --agent-sandbox-image no create could get, as
+// far as the flags tell (serve checks the image store too, checkImageIn):
+// not a reference, or, on the workdir driver, anything but the default
+// image and its aliases. needsStore says the image is neither one nor
+// allowed to be pulled, so it must be present in the store.
+func (a *agentSandboxFlags) checkImage(c *serveConfig) (needsStore bool, err error) {
+	if a.image == "" {
+		return false, nil
+	}
+	n, err := images.Normalize(a.image)
+	if err != nil {
+		return false, fmt.Errorf("--agent-sandbox-image %q: not an image reference: %w", a.image, err)
+	}
+	defaults, aliases, err := parseImageAliases(c.imageAlias)
+	if err != nil {
+		return false, err
+	}
+	for _, d := range defaults {
+		if a.image == d || n == d {
+			return false, nil
+		}
+	}
+	if _, ok := aliases[n]; ok {
+		return false, nil
+	}
+	if c.sandboxDriver == "workdir" {
+		return false, fmt.Errorf("--agent-sandbox-image %q: the workdir driver runs no images; leave it empty (the default image) or make it an alias of it (--image-alias %s=default)", a.image, a.image)
+	}
+	if c.imagePull == "missing" && images.Allowed(n, c.imageAllow) {
+		return false, nil
+	}
+	return true, nil
+}
+
+// checkImageIn is checkImage's rest, once the image store is open: an
+// image neither an alias nor allowed to be pulled must be present.
+func (a *agentSandboxFlags) checkImageIn(c *serveConfig, isrc *imageSource) error {
+	needsStore, err := a.checkImage(c)
+	if err != nil || !needsStore {
+		return err
+	}
+	if err := isrc.Check(a.image); err != nil {
+		return usageErrorf("--agent-sandbox-image %q: no create could get it: %v (import it with `sandgate image`, allow it with --image-allow, or make it an --image-alias)", a.image, err)
+	}
 	return nil
 }
 

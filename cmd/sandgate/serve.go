@@ -222,6 +222,9 @@ func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	if err := c.agentSandbox.check(); err != nil {
 		return nil, err
 	}
+	if _, err := c.agentSandbox.checkImage(c); err != nil {
+		return nil, err
+	}
 	if err := c.cluster.checkEgress(context.Background(), c.egress.allowCIDR); err != nil {
 		return nil, err
 	}
@@ -286,6 +289,10 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := serve(ctx, cfg, log, stdout); err != nil {
 		log.Error("serve_failed", "err", err)
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return 2
+		}
 		return 1
 	}
 	return 0
@@ -472,6 +479,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	if err := cfg.agentSandbox.checkImageIn(cfg, isrc); err != nil {
+		return err
+	}
 	secrets, err := cfg.egress.secrets(ctx, log)
 	if err != nil {
 		return err
@@ -532,7 +542,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
-	compatAPIs := compat.New(compat.Deps{Sessions: mgr, Plane: plane, Log: log, AgentSandbox: agentSandbox,
+	compatAPIs, closeCompat := compat.NewWithClose(compat.Deps{Sessions: mgr, Plane: plane, Log: log, AgentSandbox: agentSandbox,
 		ImageAliases: imageAliasNames(cfg.imageAlias),
 		Links:        rest.Links{Key: linkKey, PublicURL: cfg.publicURL, Artifacts: presigner, Log: log}})
 	handler := rest.New(rest.Config{
@@ -673,6 +683,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	<-reaped
 	<-synced
 	mgr.Shutdown(context.Background(), cfg.keepSandboxes)
+	compatDone, cancelCompat := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
+	if err := closeCompat(compatDone); err != nil { // the cleanups of ended sandboxes' stored files
+		log.Warn("compat_close_failed", "err", err)
+	}
+	cancelCompat()
 	flushWorkspaces(wsvc, cfg.shutdownTimeout, log)
 	log.Info("stopped")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {

@@ -72,10 +72,7 @@ type agentSandboxAPI struct {
 
 // mountAgentSandbox mounts Agent Sandbox's routes (compat.go).
 func (d *Deps) mountAgentSandbox(r chi.Router) {
-	x := &agentSandboxAPI{d: d}
-	if d.AgentSandbox.Store != nil {
-		x.store = newAgentStore(d.AgentSandbox, d.Plane.Bounds.MaxFetchBytes, d.Log)
-	}
+	x := &agentSandboxAPI{d: d, store: d.agentStore}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	})
@@ -264,16 +261,16 @@ func (x *agentSandboxAPI) watch(s *gateway.Session, id agentIdentity) string {
 
 // fileURL is the download URL of the file p of s: the object store's
 // presigned URL of its object when the store holds it as it is now
-// (stored), as the seed's, else linkURL's.
-func (x *agentSandboxAPI) fileURL(r *http.Request, s *gateway.Session, pfx, p string, stored bool, expiresIn int) string {
+// (stored), as the seed's, else linkURL's; fromStore says which.
+func (x *agentSandboxAPI) fileURL(r *http.Request, s *gateway.Session, pfx, p string, stored bool, expiresIn int) (u string, fromStore bool) {
 	if x.store != nil && stored {
 		u, err := x.store.presign(r.Context(), pfx, p, expiresIn)
 		if err == nil {
-			return u
+			return u, true
 		}
 		x.d.Log.WarnContext(r.Context(), "compat_store_presign_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 	}
-	return x.linkURL(r, s, p, expiresIn)
+	return x.linkURL(r, s, p, expiresIn), false
 }
 
 // agentExecuteRequest is the body of POST /v1/execute.
@@ -307,17 +304,29 @@ type agentError struct {
 	Error string `json:"error"`
 }
 
-// fileStamp is what tells a file changed: its size and mtime.
+// fileStamp is what tells a file changed: its size and mtime. In what
+// the store holds of a session's files (agentStore.pushed), gone marks a
+// file stored and since deleted from the workspace (its object kept,
+// without DeleteOnDelete).
 type fileStamp struct {
 	size  int64
 	mtime time.Time
+	gone  bool
 }
 
-// workspaceFiles lists the regular files of the workspace, recursively.
-func workspaceFiles(fsys *dataplane.FS) (map[string]fileStamp, error) {
-	entries, _, err := fsys.List(".", true, 0)
+// same reports whether a file as pushed (f) is the file as listed now (g).
+func (f fileStamp) same(g fileStamp) bool {
+	return !f.gone && !g.gone && f.size == g.size && f.mtime.Equal(g.mtime)
+}
+
+// workspaceFiles lists the regular files of the workspace, recursively;
+// complete says the list has them all (not cut at the listing's bound,
+// no directory skipped as unreadable): only a complete list tells which
+// files were deleted.
+func workspaceFiles(fsys *dataplane.FS) (files map[string]fileStamp, complete bool, err error) {
+	entries, complete, err := fsys.ListTree(".", 0)
 	if err != nil {
-		return nil, fmt.Errorf("list workspace: %w", err)
+		return nil, false, fmt.Errorf("list workspace: %w", err)
 	}
 	out := make(map[string]fileStamp, len(entries))
 	for _, e := range entries {
@@ -325,7 +334,7 @@ func workspaceFiles(fsys *dataplane.FS) (map[string]fileStamp, error) {
 			out[path.Clean(e.Path)] = fileStamp{size: e.SizeBytes, mtime: e.Mtime}
 		}
 	}
-	return out, nil
+	return out, complete, nil
 }
 
 // mimeType is the media type of a file by its extension, without
@@ -406,7 +415,7 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	before, err := workspaceFiles(fsys)
+	before, _, err := workspaceFiles(fsys)
 	if err != nil {
 		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Sandbox not available"})
@@ -428,17 +437,22 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Execution failed (kernel unavailable): " + kernelProblem(err)})
 		return
 	}
-	after, err := workspaceFiles(fsys)
-	if err != nil {
-		x.d.Log.WarnContext(r.Context(), "compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
-		after = map[string]fileStamp{}
-	}
 	expiresIn := clampExpiry(req.PresignExpiresIn)
 	out := agentExecuteResult{Output: agentOutput(res, capBytes), Artifacts: []agentArtifact{}}
+	after, complete, err := workspaceFiles(fsys)
+	if err != nil {
+		// Not knowing the files, nothing is pushed (an empty list would
+		// read as every file deleted).
+		x.d.Log.WarnContext(r.Context(), "compat_artifacts_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+		after = map[string]fileStamp{}
+		if x.store != nil {
+			out.SyncError = "the sandbox's files could not be listed: nothing was stored in the object store"
+		}
+	}
 	var stored map[string]bool
-	if x.store != nil {
+	if x.store != nil && err == nil {
 		var err error
-		if stored, err = x.store.push(r.Context(), s, fsys, pfx, after); err != nil {
+		if stored, err = x.store.push(r.Context(), s, fsys, pfx, after, complete); err != nil {
 			out.SyncError = "the sandbox's files could not all be stored in the object store; the download URLs of those not stored are the gateway's"
 		}
 	}
@@ -446,8 +460,8 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		if old, ok := before[p]; ok && old.size == st.size && old.mtime.Equal(st.mtime) {
 			continue
 		}
-		out.Artifacts = append(out.Artifacts, agentArtifact{Path: p, SizeBytes: st.size, MimeType: mimeType(p),
-			DownloadURL: x.fileURL(r, s, pfx, p, stored[p], expiresIn)})
+		u, _ := x.fileURL(r, s, pfx, p, stored[p], expiresIn)
+		out.Artifacts = append(out.Artifacts, agentArtifact{Path: p, SizeBytes: st.size, MimeType: mimeType(p), DownloadURL: u})
 	}
 	sort.Slice(out.Artifacts, func(i, j int) bool { return out.Artifacts[i].Path < out.Artifacts[j].Path })
 	_ = writeBareJSON(w, http.StatusOK, out)
@@ -575,12 +589,25 @@ func (x *agentSandboxAPI) stop(w http.ResponseWriter, r *http.Request) {
 	}
 	// As the seed's stop, with or without a sandbox: its stored files go
 	// with DELETE_S3_ON_CLEANUP.
+	// A failed deletion is said in sync_error: the sandbox is stopped,
+	// its files stay in the store.
+	ans := agentStopResult{Status: "success"}
 	if x.store != nil && x.store.cfg.DeleteOnCleanup {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), agentCleanupTimeout)
-		x.store.cleanup(ctx, x.store.prefix(p.Tenant, id))
+		if err := x.store.cleanup(ctx, x.store.prefix(p.Tenant, id)); err != nil {
+			ans.SyncError = "the sandbox's files could not all be deleted from the object store"
+		}
 		cancel()
 	}
-	_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "success"})
+	_ = writeBareJSON(w, http.StatusOK, ans)
+}
+
+// agentStopResult is stop's answer.
+type agentStopResult struct {
+	Status string `json:"status"`
+	// SyncError says the deletion of the sandbox's stored files failed:
+	// absent when it did not.
+	SyncError string `json:"sync_error,omitempty"`
 }
 
 type agentUploadError struct {
@@ -592,6 +619,9 @@ type agentUploadResult struct {
 	Status   string             `json:"status"`
 	Uploaded []string           `json:"uploaded"`
 	Errors   []agentUploadError `json:"errors"`
+	// SyncError says the push of the downloaded files to the object
+	// store failed (as execute's): absent when it did not.
+	SyncError string `json:"sync_error,omitempty"`
 }
 
 // agentFilenameRE finds a filename in a Content-Disposition value, as the
@@ -696,8 +726,12 @@ func (x *agentSandboxAPI) uploadURLs(w http.ResponseWriter, r *http.Request) {
 			res.Errors = append(res.Errors, agentUploadError{SourceURL: e.URL, Error: e.Error})
 		}
 		if pfx := x.watch(s, id); x.store != nil && len(fr.Fetched) > 0 {
-			if files, err := workspaceFiles(fsys); err == nil {
-				_, _ = x.store.push(r.Context(), s, fsys, pfx, files) // a failure is logged; the next push retries
+			// A failure is logged and said; the next push retries.
+			if files, complete, err := workspaceFiles(fsys); err != nil {
+				x.d.Log.WarnContext(r.Context(), "compat_store_push_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
+				res.SyncError = "the sandbox's files could not be listed: nothing was stored in the object store"
+			} else if _, err := x.store.push(r.Context(), s, fsys, pfx, files, complete); err != nil {
+				res.SyncError = "the sandbox's files could not all be stored in the object store"
 			}
 		}
 	}
@@ -747,7 +781,7 @@ func (x *agentSandboxAPI) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
-	files, err := workspaceFiles(fsys)
+	files, _, err := workspaceFiles(fsys)
 	if err != nil {
 		x.d.fileError(w, r, err)
 		return
@@ -765,6 +799,10 @@ type agentDownloadURL struct {
 	Path        string `json:"path"`
 	ExpiresIn   int    `json:"expires_in"`
 	DownloadURL string `json:"download_url"`
+	// SyncError says, with an object store, that the file could not be
+	// stored there and download_url is the gateway's own link: absent
+	// when it is the store's.
+	SyncError string `json:"sync_error,omitempty"`
 }
 
 // downloadURL serves GET /v1/files/download-url: a presigned link to a
@@ -813,14 +851,21 @@ func (x *agentSandboxAPI) downloadURL(w http.ResponseWriter, r *http.Request) {
 	// changed) and the URL is the store's, as the seed's.
 	pfx, stored := x.watch(s, id), false
 	if x.store != nil {
-		if files, err := workspaceFiles(fsys); err == nil {
-			synced, _ := x.store.push(r.Context(), s, fsys, pfx, files)
+		if files, complete, err := workspaceFiles(fsys); err == nil {
+			synced, _ := x.store.push(r.Context(), s, fsys, pfx, files, complete)
 			stored = synced[p]
+		} else {
+			x.d.Log.WarnContext(r.Context(), "compat_store_push_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		}
 	}
 	exp := clampExpiry(expiresIn)
-	_ = writeBareJSON(w, http.StatusOK, agentDownloadURL{Status: "success", Path: p, ExpiresIn: exp,
-		DownloadURL: x.fileURL(r, s, pfx, p, stored, exp)})
+	ans := agentDownloadURL{Status: "success", Path: p, ExpiresIn: exp}
+	var fromStore bool
+	ans.DownloadURL, fromStore = x.fileURL(r, s, pfx, p, stored, exp)
+	if x.store != nil && !fromStore {
+		ans.SyncError = "the file could not be stored in the object store: download_url is the gateway's own link"
+	}
+	_ = writeBareJSON(w, http.StatusOK, ans)
 }
 
 // readPydanticBody reads a JSON object body as FastAPI does, answering a

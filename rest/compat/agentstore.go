@@ -7,7 +7,9 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"mime"
 	"net/url"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -81,8 +83,22 @@ type agentStore struct {
 	maxInput int64
 
 	mu       sync.Mutex
-	prefixes map[string]*prefixState         // prefix -> its lock, while held or awaited
-	pushed   map[string]map[string]fileStamp // live session id -> what the store holds of its files
+	prefixes map[string]*prefixState // prefix -> its lock, while held or awaited
+	pushed   map[string]*pushRecord  // live session id -> what the store holds of its files
+	closed   bool                    // Close was called: no more cleanups start
+
+	// cleanups are the cleanups of ended sessions running on their own,
+	// on base's contexts (Close cancels base when it cannot wait).
+	cleanups   sync.WaitGroup
+	base       context.Context
+	cancelBase context.CancelFunc
+}
+
+// pushRecord is what the store holds of one live session's files, under
+// its prefix.
+type pushRecord struct {
+	pfx   string
+	files map[string]fileStamp
 }
 
 // prefixState serialises the pulls, pushes and cleanups of one
@@ -97,8 +113,32 @@ type prefixState struct {
 }
 
 func newAgentStore(cfg AgentSandboxConfig, maxInput int64, log *slog.Logger) *agentStore {
+	base, cancel := context.WithCancel(context.Background())
 	return &agentStore{cfg: cfg, log: log, maxInput: maxInput,
-		prefixes: map[string]*prefixState{}, pushed: map[string]map[string]fileStamp{}}
+		prefixes: map[string]*prefixState{}, pushed: map[string]*pushRecord{}, base: base, cancelBase: cancel}
+}
+
+// Close waits for the cleanups under way (of sessions that ended) to
+// finish, and starts no more; when ctx ends first, they are canceled
+// (their files stay in the store) and Close says so.
+func (st *agentStore) Close(ctx context.Context) error {
+	st.mu.Lock()
+	st.closed = true
+	st.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		st.cleanups.Wait()
+		close(done)
+	}()
+	defer st.cancelBase()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		st.cancelBase()
+		<-done
+		return fmt.Errorf("agent sandbox: cleanups of the object store canceled: %w", ctx.Err())
+	}
 }
 
 // prefix is where the store keeps the files of tenant's sandbox id,
@@ -125,16 +165,18 @@ func (st *agentStore) ref(pfx string, cleanup bool) *prefixState {
 }
 
 // lock holds pfx (ps, referenced) for one operation; a cleanup marked
-// meanwhile, or forced, runs first. unlock lets it go.
-func (st *agentStore) lock(ctx context.Context, pfx string, ps *prefixState, force bool) {
+// meanwhile, or forced, runs first, and its failure is returned (and
+// logged). unlock lets it go.
+func (st *agentStore) lock(ctx context.Context, pfx string, ps *prefixState, force bool) error {
 	ps.mu.Lock()
 	st.mu.Lock()
 	clean := ps.cleanup || force
 	ps.cleanup = false
 	st.mu.Unlock()
 	if clean {
-		st.deletePrefix(ctx, pfx)
+		return st.deletePrefix(ctx, pfx)
 	}
+	return nil
 }
 
 func (st *agentStore) unlock(pfx string, ps *prefixState) {
@@ -147,11 +189,31 @@ func (st *agentStore) unlock(pfx string, ps *prefixState) {
 	st.mu.Unlock()
 }
 
-// deletePrefix deletes every object under pfx; a failure is logged (the
-// files stay in the store: nothing is lost).
-func (st *agentStore) deletePrefix(ctx context.Context, pfx string) {
-	keys, err := st.cfg.Store.List(ctx, pfx)
+// deletePrefix deletes every object under pfx; a failure is logged and
+// returned (the files stay in the store: nothing is lost), a panic of
+// the store's client too. A live session of the prefix (a new sandbox of
+// the same ids) then holds nothing stored: its next push uploads all its
+// files.
+func (st *agentStore) deletePrefix(ctx context.Context, pfx string) (err error) {
 	n := 0
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("object store: panic: %v", r)
+		}
+		if err != nil {
+			st.log.Warn("compat_store_cleanup_failed", "api", "agent-sandbox", "prefix", pfx, "deleted", n, "err", err)
+			return
+		}
+		st.log.Info("compat_store_cleaned", "api", "agent-sandbox", "prefix", pfx, "deleted", n)
+	}()
+	st.mu.Lock()
+	for _, rec := range st.pushed {
+		if rec.pfx == pfx {
+			rec.files = map[string]fileStamp{}
+		}
+	}
+	st.mu.Unlock()
+	keys, err := st.cfg.Store.List(ctx, pfx)
 	for _, k := range keys {
 		if err != nil {
 			break
@@ -160,11 +222,7 @@ func (st *agentStore) deletePrefix(ctx context.Context, pfx string) {
 			n++
 		}
 	}
-	if err != nil {
-		st.log.Warn("compat_store_cleanup_failed", "api", "agent-sandbox", "prefix", pfx, "deleted", n, "err", err)
-		return
-	}
-	st.log.Info("compat_store_cleaned", "api", "agent-sandbox", "prefix", pfx, "deleted", n)
+	return err
 }
 
 // watch ties s, the sandbox of prefix pfx, to the store: when s ends
@@ -174,51 +232,84 @@ func (st *agentStore) watch(s *gateway.Session, pfx string) {
 	st.mu.Lock()
 	_, known := st.pushed[s.ID]
 	if !known {
-		st.pushed[s.ID] = map[string]fileStamp{}
+		st.pushed[s.ID] = &pushRecord{pfx: pfx, files: map[string]fileStamp{}}
 	}
 	st.mu.Unlock()
 	if known {
 		return
 	}
-	if _, ok := s.AddConn(func() { st.ended(s.ID, pfx) }); !ok {
-		st.ended(s.ID, pfx)
+	if _, ok := s.AddConn(func() { st.ended(s, pfx) }); !ok {
+		// It ended before it was watched: forgotten, and its files are
+		// left alone (a cleanup now could delete those of the prefix's
+		// next sandbox).
+		st.mu.Lock()
+		delete(st.pushed, s.ID)
+		st.mu.Unlock()
 	}
 }
 
-// ended is watch's hook: it runs as the session ends, so it only marks
-// the cleanup (which any later pull or push of the prefix runs first) and
-// leaves the deletion to a goroutine of its own.
-func (st *agentStore) ended(id, pfx string) {
+// ended is watch's hook, which runs as the session's connections close:
+// when it ends (deleted or expired), and when it stops (its processes,
+// not its files) or fails (its files are kept, until a delete). Only an
+// end deletes its stored files (with DeleteOnCleanup); else what the
+// store knows of it is forgotten, and the next call watches it anew. It
+// only marks the cleanup (which any later pull or push of the prefix
+// runs first) and leaves the deletion to a goroutine of its own.
+func (st *agentStore) ended(s *gateway.Session, pfx string) {
 	st.mu.Lock()
-	delete(st.pushed, id)
+	delete(st.pushed, s.ID)
 	st.mu.Unlock()
-	if !st.cfg.DeleteOnCleanup {
+	if status := s.Status(); !st.cfg.DeleteOnCleanup || (status != gateway.StatusDeleted && status != gateway.StatusExpired) {
 		return
 	}
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		st.log.Warn("compat_store_cleanup_skipped", "api", "agent-sandbox", "session", s.ID, "prefix", pfx,
+			"why", "the gateway is shutting down: the files stay in the store")
+		return
+	}
+	st.cleanups.Add(1)
+	st.mu.Unlock()
 	ps := st.ref(pfx, true)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), agentCleanupTimeout)
+		defer st.cleanups.Done()
+		defer func() {
+			if r := recover(); r != nil {
+				st.log.Error("compat_store_cleanup_panic", "api", "agent-sandbox", "prefix", pfx, "panic", r)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(st.base, agentCleanupTimeout)
 		defer cancel()
-		st.lock(ctx, pfx, ps, false)
+		_ = st.lock(ctx, pfx, ps, false) // a failure is logged
 		st.unlock(pfx, ps)
 	}()
 }
 
-// cleanup deletes pfx's files now (stop, with DeleteOnCleanup).
-func (st *agentStore) cleanup(ctx context.Context, pfx string) {
+// cleanup deletes pfx's files now (stop, with DeleteOnCleanup), and
+// returns its failure.
+func (st *agentStore) cleanup(ctx context.Context, pfx string) error {
 	ps := st.ref(pfx, false)
-	st.lock(ctx, pfx, ps, true)
-	st.unlock(pfx, ps)
+	defer st.unlock(pfx, ps)
+	return st.lock(ctx, pfx, ps, true)
 }
 
 // pull copies the inputs (workspace paths) from the store into the
 // workspace, as the seed's sync_in does: an input the store does not
-// hold is skipped. What it writes counts as pushed.
+// hold is skipped. The store's copy never replaces newer work: an input
+// is pulled only when the workspace has no such file and never had one
+// since the last push (one deleted since is not brought back), or when
+// its file is as the last push or pull left it; else it is skipped, and
+// logged. What it writes counts as pushed.
 func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, inputs []string) error {
 	ps := st.ref(pfx, false)
-	st.lock(ctx, pfx, ps, false)
+	_ = st.lock(ctx, pfx, ps, false) // a failed cleanup is logged
 	defer st.unlock(pfx, ps)
 	for _, rel := range inputs {
+		if why := st.keepLocal(s, fsys, rel); why != "" {
+			st.log.Info("compat_store_pull_skipped", "api", "agent-sandbox", "session", s.ID, "path", rel, "why", why)
+			continue
+		}
 		rc, err := st.cfg.Store.Get(ctx, pfx+rel)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
@@ -238,25 +329,57 @@ func (st *agentStore) pull(ctx context.Context, s *gateway.Session, fsys *datapl
 			return fmt.Errorf("%s: could not be written", rel)
 		}
 		st.mu.Lock()
-		if m := st.pushed[s.ID]; m != nil {
-			m[rel] = fileStamp{size: e.SizeBytes, mtime: e.Mtime}
+		if rec := st.pushed[s.ID]; rec != nil {
+			rec.files[rel] = fileStamp{size: e.SizeBytes, mtime: e.Mtime}
 		}
 		st.mu.Unlock()
 	}
 	return nil
 }
 
+// keepLocal says why the workspace's rel must not be replaced by the
+// store's copy ("": it may be).
+func (st *agentStore) keepLocal(s *gateway.Session, fsys *dataplane.FS, rel string) string {
+	st.mu.Lock()
+	var last fileStamp
+	known := false
+	if rec := st.pushed[s.ID]; rec != nil {
+		last, known = rec.files[rel]
+	}
+	st.mu.Unlock()
+	e, err := fsys.Stat(rel)
+	var fe *dataplane.Error
+	switch {
+	case err != nil && errors.As(err, &fe) && fe.Kind == dataplane.KindNotFound:
+		if known {
+			return "deleted from the workspace since the last sync"
+		}
+		return ""
+	case err != nil:
+		return "the workspace's file could not be read: " + err.Error()
+	case e.Type != "file":
+		return "not a regular file in the workspace"
+	case !known || !last.same(fileStamp{size: e.SizeBytes, mtime: e.Mtime}):
+		return "the workspace's file changed since the last sync"
+	}
+	return ""
+}
+
 // push uploads the files of files (the workspace's, as listed now) that
 // changed since the last push of s, as the seed's sync_out_changed does,
-// and with DeleteOnDelete deletes the objects of files deleted since. It
-// returns the paths the store holds as they are now, and the first
-// failure.
-func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, files map[string]fileStamp) (map[string]bool, error) {
+// and with DeleteOnDelete deletes the objects of files deleted since;
+// only when the list is complete, else a file it misses is not known to
+// be deleted. It returns the paths the store holds as they are now, and
+// the first failure.
+func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *dataplane.FS, pfx string, files map[string]fileStamp, complete bool) (map[string]bool, error) {
 	ps := st.ref(pfx, false)
-	st.lock(ctx, pfx, ps, false)
+	_ = st.lock(ctx, pfx, ps, false) // a failed cleanup is logged
 	defer st.unlock(pfx, ps)
 	st.mu.Lock()
-	prev := st.pushed[s.ID]
+	var prev map[string]fileStamp
+	if rec := st.pushed[s.ID]; rec != nil {
+		prev = rec.files
+	}
 	last := make(map[string]fileStamp, len(prev))
 	for p, f := range prev {
 		last[p] = f
@@ -272,7 +395,7 @@ func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *datapl
 	uploaded, deleted := 0, 0
 	for _, p := range paths {
 		f := files[p]
-		if old, ok := last[p]; ok && old.size == f.size && old.mtime.Equal(f.mtime) {
+		if old, ok := last[p]; ok && old.same(f) {
 			synced[p] = true
 			continue
 		}
@@ -287,24 +410,32 @@ func (st *agentStore) push(ctx context.Context, s *gateway.Session, fsys *datapl
 		synced[p] = true
 		uploaded++
 	}
-	for p := range last {
-		if _, ok := files[p]; ok {
+	if !complete {
+		st.log.Warn("compat_store_listing_incomplete", "api", "agent-sandbox", "session", s.ID,
+			"note", "the workspace's list is incomplete: no stored file is deleted")
+	}
+	for p, old := range last {
+		if _, ok := files[p]; ok || !complete || old.gone {
 			continue
 		}
-		if st.cfg.DeleteOnDelete {
-			if err := st.cfg.Store.Delete(ctx, pfx+p); err != nil {
-				if firstErr == nil {
-					firstErr = err
-				}
-				continue
-			}
-			deleted++
+		if !st.cfg.DeleteOnDelete {
+			// Its object stays; the file is remembered as deleted, so
+			// that a pull does not bring it back.
+			last[p] = fileStamp{gone: true}
+			continue
 		}
+		if err := st.cfg.Store.Delete(ctx, pfx+p); err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		deleted++
 		delete(last, p)
 	}
 	st.mu.Lock()
-	if _, live := st.pushed[s.ID]; live {
-		st.pushed[s.ID] = last
+	if rec := st.pushed[s.ID]; rec != nil {
+		rec.files = last
 	}
 	st.mu.Unlock()
 	if firstErr != nil {
@@ -328,9 +459,14 @@ func (st *agentStore) upload(ctx context.Context, fsys *dataplane.FS, key, p str
 	return nil
 }
 
-// presign is the store's URL of the stored file p, for expiresIn seconds.
+// presign is the store's URL of the stored file p, for expiresIn seconds:
+// a download (attachment, its name and media type), never a page, as the
+// workspace store's artifacts' URLs.
 func (st *agentStore) presign(ctx context.Context, pfx, p string, expiresIn int) (string, error) {
-	return st.cfg.Store.PresignGet(ctx, pfx+p, time.Duration(expiresIn)*time.Second, nil)
+	params := url.Values{}
+	params.Set("response-content-disposition", mime.FormatMediaType("attachment", map[string]string{"filename": path.Base(p)}))
+	params.Set("response-content-type", mimeType(p))
+	return st.cfg.Store.PresignGet(ctx, pfx+p, time.Duration(expiresIn)*time.Second, params)
 }
 
 // agentInputPath maps an input as the seed's users send it to a path of

@@ -48,13 +48,36 @@ type Deps struct {
 	// these names get that image (package e2b).
 	ImageAliases []string
 	Log          *slog.Logger
+
+	// agentStore is Agent Sandbox's sync with its object store (nil:
+	// none), made by NewWithClose.
+	agentStore *agentStore
 }
 
 // New returns the seeds' APIs, each under its prefix /compat/<seed>.
-// Add a seed's API here.
+// Add a seed's API here. It is NewWithClose for callers with no
+// background work to wait for (no Agent Sandbox object store).
 func New(d Deps) []rest.Mount {
+	mounts, _ := NewWithClose(d)
+	return mounts
+}
+
+// NewWithClose is New, and the function that ends the APIs' background
+// work (Agent Sandbox's cleanups of ended sandboxes' stored files): it
+// waits for it, for at most ctx, then cancels it. Call it after the
+// session manager's shutdown.
+func NewWithClose(d Deps) ([]rest.Mount, func(context.Context) error) {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
+	}
+	closeFn := func(context.Context) error { return nil }
+	if d.AgentSandbox.Store != nil {
+		var maxFetch int64
+		if d.Plane != nil {
+			maxFetch = d.Plane.Bounds.MaxFetchBytes
+		}
+		d.agentStore = newAgentStore(d.AgentSandbox, maxFetch, d.Log)
+		closeFn = d.agentStore.Close
 	}
 	dp := &d
 	mounts := []rest.Mount{
@@ -65,7 +88,7 @@ func New(d Deps) []rest.Mount {
 	if ss, ok := d.Sessions.(e2b.Sessions); ok {
 		mounts = append(mounts, e2b.New(e2b.Deps{Sessions: ss, Plane: d.Plane, Key: d.Links.Key, ImageAliases: d.ImageAliases, Log: d.Log})...)
 	}
-	return mounts
+	return mounts, closeFn
 }
 
 // router is a router with the routes mount adds.

@@ -282,6 +282,16 @@ func (x *sandkastenAPI) session(w http.ResponseWriter, r *http.Request) (*gatewa
 		return nil, false
 	}
 	if !s.Live() {
+		// A failed session not yet tombstoned reads as crashed (render):
+		// it answers as one, as its tombstone will.
+		if snap := s.Snapshot(); snap.Status == gateway.StatusFailed {
+			msg := "the session crashed"
+			if snap.StatusReason != "" {
+				msg += ": " + snap.StatusReason
+			}
+			rest.WriteError(w, http.StatusGone, "session_crashed", msg)
+			return nil, false
+		}
 		rest.WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
 		return nil, false
 	}

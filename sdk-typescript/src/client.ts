@@ -2,6 +2,7 @@
 
 import { randomUUID } from "node:crypto";
 import { createWriteStream } from "node:fs";
+import { once } from "node:events";
 import { rm } from "node:fs/promises";
 import { Readable, Transform } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -344,18 +345,22 @@ export type SessionArray = Session[] & {
 /**
  * What `listSessions()` returns: await it for every session (an array,
  * fetched page by page), or iterate it for the pages:
- * `for await (const page of client.listSessions({ limit: 100 }))`.
+ * `for await (const page of client.listSessions())`. Given an explicit
+ * `limit` or `offset` it is that one page only (deprecated, for one
+ * release: use `listSessionsPage()`).
  */
 export class SessionListing implements Promise<SessionArray>, AsyncIterable<Session[]> {
   readonly [Symbol.toStringTag] = "SessionListing";
   readonly #fetchPage: (offset: number) => Promise<SessionList>;
   readonly #offset: number;
+  readonly #single: boolean;
   #all: Promise<SessionArray> | undefined;
 
   /** @internal */
-  constructor(fetchPage: (offset: number) => Promise<SessionList>, offset: number) {
+  constructor(fetchPage: (offset: number) => Promise<SessionList>, offset: number, single = false) {
     this.#fetchPage = fetchPage;
     this.#offset = offset;
+    this.#single = single;
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<Session[]> {
@@ -365,7 +370,7 @@ export class SessionListing implements Promise<SessionArray>, AsyncIterable<Sess
       if (page.sessions.length === 0) return;
       yield page.sessions;
       offset += page.sessions.length;
-      if (offset >= page.total) return;
+      if (this.#single || offset >= page.total) return;
     }
   }
 
@@ -380,7 +385,7 @@ export class SessionListing implements Promise<SessionArray>, AsyncIterable<Sess
       total = page.total;
       all.push(...page.sessions);
       offset += page.sessions.length;
-      if (page.sessions.length === 0 || offset >= page.total) break;
+      if (this.#single || page.sessions.length === 0 || offset >= page.total) break;
     }
     const arr = all as SessionArray;
     for (const [k, v] of [["sessions", all], ["total", total], ["limit", limit], ["offset", this.#offset]] as const) {
@@ -788,9 +793,13 @@ export class SandboxClient {
 
   /**
    * This tenant's sessions, oldest first (`GET /v1/sessions`): await it
-   * for all of them from `offset` on (an array, fetched `limit` per page,
-   * default 100), or iterate it for the pages
-   * (`for await (const page of client.listSessions())`).
+   * for all of them (an array, fetched 100 per page), or iterate it for the
+   * pages (`for await (const page of client.listSessions())`).
+   *
+   * @deprecated with `limit` or `offset`: given either, it is that one page
+   * only (an array of its sessions, with its `total`, `limit` and `offset`),
+   * as before this release, and for one release more; use
+   * `listSessionsPage({ limit, offset })` for one page.
    */
   listSessions(opts: { limit?: number; offset?: number } = {}): SessionListing {
     let limit: number;
@@ -802,7 +811,8 @@ export class SandboxClient {
       // Bad arguments reject (as they did when this returned a Promise), nothing is sent.
       return new SessionListing(() => Promise.reject(e), 0);
     }
-    return new SessionListing((off) => this.listSessionsPage({ limit, offset: off }), offset);
+    const single = opts.limit !== undefined || opts.offset !== undefined;
+    return new SessionListing((off) => this.listSessionsPage({ limit, offset: off }), offset, single);
   }
 
   /** One page of this tenant's sessions (`GET /v1/sessions?limit&offset`), as Python's `list_sessions`. */
@@ -924,6 +934,10 @@ export class SandboxClient {
         sessionScoped: true,
         json: body,
         headers: { Accept: "application/x-ndjson" },
+        // The command's own bound, not the client's: the gateway sends the
+        // headers when the command starts, but an older one only with its
+        // first output, which a quiet command writes late or never.
+        timeoutMs: commandWaitMs(body, this.timeoutMs),
       });
       try {
         if (!(headers["content-type"] ?? "").startsWith("application/x-ndjson")) {
@@ -1014,7 +1028,10 @@ export class SandboxClient {
   /**
    * Streams a sandbox file to the local file `dest` (`GET .../files`),
    * never holding it whole; returns the bytes written. The local file is
-   * removed again when the download fails.
+   * removed again when the download fails (only a file this call opened:
+   * a `dest` it could not open, a directory say, is left alone and that
+   * error thrown as it is). A body that sends nothing for the client's
+   * `timeoutMs` fails the download.
    */
   async readFileTo(sessionId: string, path: string, dest: string): Promise<number> {
     checkPath(path);
@@ -1025,26 +1042,44 @@ export class SandboxClient {
       sessionScoped: true,
       headers: { Accept: "application/octet-stream" },
     });
+    const idleMs = this.timeoutMs;
+    let stalled = false;
+    let idle: ReturnType<typeof setTimeout> | undefined;
+    const arm = () => {
+      clearTimeout(idle);
+      idle = setTimeout(() => {
+        stalled = true;
+        abort.abort(new DOMException("no data", "TimeoutError"));
+      }, idleMs);
+    };
     let written = 0;
     const counter = new Transform({
       transform(chunk: Buffer, _enc, done) {
         written += chunk.length;
+        arm();
         done(null, chunk);
       },
     });
+    let opened = false;
     try {
-      await pipeline(Readable.fromWeb(body as import("node:stream/web").ReadableStream<Uint8Array>), counter, createWriteStream(dest));
+      arm();
+      const out = createWriteStream(dest);
+      await once(out, "open");
+      opened = true;
+      await pipeline(Readable.fromWeb(body as import("node:stream/web").ReadableStream<Uint8Array>), counter, out);
       const expected = headers["content-length"];
       if (expected !== undefined && /^\d+$/.test(expected) && Number(expected) !== written) {
         throw new SandboxConnectionError(`${what}: got ${written} of ${expected} bytes`);
       }
     } catch (e) {
-      await rm(dest, { force: true });
+      if (opened) await rm(dest, { force: true }).catch(() => {}); // never hides e
       if (e instanceof SandboxAPIError) throw e;
-      // A local file's error (ENOENT, EACCES, ENOSPC...) is thrown as it is.
+      if (stalled) throw new SandboxConnectionError(`${what}: the download stalled: no data for ${idleMs} ms`, { cause: e });
+      // A local file's error (ENOENT, EACCES, EISDIR, ENOSPC...) is thrown as it is.
       if (/^E[A-Z]+$/.test(String((e as { code?: unknown }).code ?? ""))) throw e;
       throw new SandboxConnectionError(`${what}: the connection broke: ${(e as Error).message}`, { cause: e });
     } finally {
+      clearTimeout(idle);
       abort.abort();
     }
     return written;

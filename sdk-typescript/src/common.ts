@@ -108,6 +108,7 @@ export function checkInt(name: string, value: unknown, lo?: number, hi?: number)
 export function checkTimeout(name: string, value: unknown): number {
   if (typeof value !== "number" || Number.isNaN(value)) throw new TypeError(`${name} must be a number of milliseconds`);
   if (value <= 0) throw new RangeError(`${name} must be > 0, got ${value}`);
+  if (!Number.isFinite(value)) throw new RangeError(`${name} must be a finite number of milliseconds, got ${value}`);
   return value;
 }
 

@@ -53,7 +53,8 @@ export interface TunnelOptions extends TLSOptions {
  * default), `"websocket"` (`GET /v1/sessions/{id}/ssh`), or `"auto"`:
  * CONNECT, then the WebSocket when something between client and gateway
  * refuses the CONNECT (an answer that is not HTTP or not the gateway's, or
- * 400, 405 or 501). The gateway's own refusals (401, 404, 429...) are final.
+ * 400, 405 or 501). The gateway's own refusals (404, 429...) are final, and so
+ * are 401 and 403 from anyone.
  */
 export type Transport = "connect" | "websocket" | "auto";
 
@@ -62,7 +63,11 @@ const TRANSPORTS: readonly string[] = ["connect", "websocket", "auto"];
 /** Whether a failed CONNECT was refused by something in the way (so a WebSocket may pass), as `sandgate proxy --transport auto` decides. */
 export function connectRefused(e: unknown): boolean {
   if (!(e instanceof SandboxConnectionError) && !(e instanceof SandboxAPIError)) return false;
-  if (e.status !== undefined) return e.status === 400 || e.status === 405 || e.status === 501 || !e.code;
+  if (e.status !== undefined) {
+    // 401 and 403 are final, even without the gateway's envelope (a front's own authentication).
+    if (e.status === 401 || e.status === 403) return false;
+    return e.status === 400 || e.status === 405 || e.status === 501 || !e.code;
+  }
   // An answer that could not be read as HTTP, or none after the request was sent.
   return (e as { notHTTP?: boolean }).notHTTP === true;
 }

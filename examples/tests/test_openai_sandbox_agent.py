@@ -558,3 +558,49 @@ def test_an_agents_sdk_outside_the_pinned_range_is_warned_about(monkeypatch) -> 
     monkeypatch.setattr(agents, "__version__", "0.25.0")
     with pytest.warns(RuntimeWarning, match=r"openai-agents >=0.24,<0.25; 0.25.0 is installed"):
         openai_agents._check_agents_version()
+
+
+@in_loop
+async def test_a_drifted_named_session_resumes_from_its_snapshot(gateway, client: SessionsClient,
+                                                                snapshots_dir) -> None:
+    """A paused (stopped) session whose workspace changed after its snapshot
+    is replaced on resume by one created from the snapshot: with a name too
+    (the old session gives the name up first), and nothing is cleared before
+    the replacement exists."""
+    sandbox = sandgate_client(gateway)
+    name = "agents-drift-" + os.urandom(4).hex()
+    options = SandgateSandboxClientOptions(name=name, pause_on_exit=True, labels={"test": "agents-drift"})
+    session = await sandbox.create(options=options, snapshot=LocalSnapshotSpec(base_path=snapshots_dir))
+    await session.start()
+    sid = session._inner.sandgate_session_id
+    resumed = None
+    try:
+        await session.write(Path("keep.txt"), io.BytesIO(b"snapshotted"))
+        await session.aclose()  # persists a sandgate snapshot, then stops: files kept
+        assert client.get_session(sid).status == "stopped"
+        snap = session.state.sandgate_snapshot_id
+        assert snap
+        # The workspace drifts from the snapshot while the session is paused.
+        client.write_file(sid, "keep.txt", "drifted\n")
+        client.write_file(sid, "extra.txt", "drifted too\n")
+        state = sandbox.deserialize_session_state(sandbox.serialize_session_state(session.state))
+        resumed = await sandbox.resume(state)
+        await resumed.start()
+        new = resumed._inner.sandgate_session_id
+        assert new != sid
+        assert client.get_session(new).from_snapshot == snap
+        assert (await resumed.read(Path("keep.txt"))).read() == b"snapshotted"
+        assert (await resumed.exec("test -e extra.txt")).exit_code == 1
+        assert client.get_session(new).raw.get("name") == name
+        with pytest.raises(SessionNotFoundError):
+            client.get_session(sid)
+    finally:
+        if resumed is not None:
+            await sandbox.delete(resumed)
+        for s in client.list_sessions(limit=100)["sessions"]:
+            if s.metadata.get("test") == "agents-drift":
+                client.delete_session(s.session_id)
+        for s in client.list_snapshots():
+            if s.snapshot_id == session.state.sandgate_snapshot_id:
+                client.delete_snapshot(s.snapshot_id)
+    await sandbox.close()

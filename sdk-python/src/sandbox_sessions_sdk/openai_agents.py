@@ -74,6 +74,7 @@ import asyncio
 import base64
 import io
 import json
+import logging
 import re
 import shlex
 import signal as _signal
@@ -123,6 +124,8 @@ except ImportError as _e:  # pragma: no cover - exercised without the extra
     ) from _e
 
 from .aio import AsyncSessionsClient
+
+_log = logging.getLogger(__name__)
 
 #: The Agents SDK versions this module follows (the extra's pin).
 SUPPORTED_AGENTS_VERSIONS = ">=0.24,<0.25"
@@ -916,10 +919,11 @@ class SandgateSandboxSession(BaseSandboxSession):
             )
 
     async def _restore_snapshot_into_workspace_on_resume(self) -> None:
+        # The SDK's own restore clears the workspace, then hydrates it. A
+        # reference to a sandgate snapshot is not hydrated into this session
+        # but replaces it: read the state's snapshot first, and clear nothing
+        # then (the old session stays whole until its replacement exists).
         made_from, self._created_from_snapshot = self._created_from_snapshot, None
-        if made_from is None:
-            await super()._restore_snapshot_into_workspace_on_resume()
-            return
         data = await self.state.snapshot.restore(dependencies=self.dependencies)
         try:
             raw = data.read()
@@ -928,17 +932,43 @@ class SandgateSandboxSession(BaseSandboxSession):
                 data.close()
             except Exception:
                 pass
-        if isinstance(raw, (bytes, bytearray)) and _decode_snapshot_ref(bytes(raw)) == made_from:
-            return  # resume made this session from that very snapshot: its workspace is the snapshot
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8")
+        if not isinstance(raw, (bytes, bytearray)):
+            raise WorkspaceWriteTypeError(path=Path(self._root().as_posix()), actual_type=type(raw).__name__)
+        ref = _decode_snapshot_ref(bytes(raw))
+        if ref is not None:
+            if ref != made_from:  # else resume made this session from that very snapshot
+                await self._replace_from_snapshot(ref)
+            return
         await self._clear_workspace_root_on_resume()
-        await self.hydrate_workspace(io.BytesIO(raw if isinstance(raw, (bytes, bytearray)) else b""))
+        await self.hydrate_workspace(io.BytesIO(bytes(raw)))
+
+    async def _snapshot_exists(self, snapshot_id: str) -> bool:
+        return any(s.snapshot_id == snapshot_id for s in await self._sessions.list_snapshots())
 
     async def _replace_from_snapshot(self, snapshot_id: str) -> None:
-        """Put a session created ``fromSnapshot`` in place of this one."""
+        """Put a session created ``fromSnapshot`` in place of this one.
+
+        The new session is made first. When the old one stands in its way
+        (it holds the state's ``name``, or the tenant's last session slot:
+        ``name_taken``, ``quota_exceeded``), the old one is deleted first,
+        once the snapshot the new one is made from is known to exist (it
+        is the copy the old workspace is being replaced with), and the
+        create is tried again."""
         root = self._root()
-        old = self.sandgate_session_id
+        old: Optional[str] = self.sandgate_session_id
+        # The old session's processes end with it: forget them before the id changes.
+        await self.pty_terminate_all()
         try:
-            created = await _create_sandgate_session(self._sessions, self.state, from_snapshot=snapshot_id)
+            try:
+                created = await _create_sandgate_session(self._sessions, self.state, from_snapshot=snapshot_id)
+            except SandboxAPIError as e:
+                if e.code not in ("name_taken", "quota_exceeded") or not await self._snapshot_exists(snapshot_id):
+                    raise
+                await self._sessions.delete_session(old)  # type: ignore[arg-type]
+                old = None
+                created = await _create_sandgate_session(self._sessions, self.state, from_snapshot=snapshot_id)
         except SandboxAPIError as e:
             raise WorkspaceArchiveWriteError(
                 path=Path(root.as_posix()),
@@ -948,10 +978,13 @@ class SandgateSandboxSession(BaseSandboxSession):
             ) from e
         self.state.sandgate_session_id = created.session_id
         self.state.sandgate_snapshot_id = snapshot_id
-        try:
-            await self._sessions.delete_session(old)
-        except SandboxAPIError:
-            pass
+        if old is not None:
+            try:
+                await self._sessions.delete_session(old)
+            except SessionNotFoundError:
+                pass
+            except SandboxAPIError as e:
+                _log.warning("sandgate: could not delete the replaced session %s: %s", old, e)
         try:
             _adopt_root(self.state, await _workspace_root(self._sessions, created.session_id))
         except SandboxAPIError as e:

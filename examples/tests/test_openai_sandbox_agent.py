@@ -604,3 +604,36 @@ async def test_a_drifted_named_session_resumes_from_its_snapshot(gateway, client
             if s.snapshot_id == session.state.sandgate_snapshot_id:
                 client.delete_snapshot(s.snapshot_id)
     await sandbox.close()
+
+
+@in_loop
+async def test_environment_values_stay_out_of_the_command_history(gateway, client: SessionsClient) -> None:
+    """The options' and the manifest's environment reach commands and
+    processes, but their values are not in any argv the gateway records
+    (GET .../commands, GET .../processes)."""
+    sandbox = sandgate_client(gateway)
+    secret = "s3cret-" + os.urandom(8).hex()
+    manifest_secret = "m4nifest-" + os.urandom(8).hex()
+    options = SandgateSandboxClientOptions(env={"API_TOKEN": secret, "QUOTED": "a 'b' $c"})
+    session = await sandbox.create(manifest=Manifest(environment={"value": {"MAN_TOKEN": manifest_secret}}),
+                                   options=options)
+    await session.start()
+    sid = sandbox.sandgate_session_id(session)
+    try:
+        res = await session.exec('echo "$API_TOKEN $MAN_TOKEN $QUOTED"')
+        assert res.stdout == f"{secret} {manifest_secret} a 'b' $c\n".encode(), res
+        update = await session._inner.pty_exec_start('echo "p:$API_TOKEN"', yield_time_s=5)
+        assert f"p:{secret}".encode() in update.output, update
+        history = json.dumps(client.list_commands(sid)) + json.dumps(client.list_processes(sid))
+        assert "echo" in history
+        assert secret not in history and manifest_secret not in history
+        # The file is outside the workspace, its owner's only; lost (a
+        # restarted sandbox's /tmp), it is written again.
+        (path,) = [p for _, p in session._inner._env_files.values()]
+        assert not path.startswith(session.state.manifest.root)
+        res = await session.exec(f"stat -c %a {path} && rm {path}")
+        assert res.stdout == b"600\n", res
+        assert (await session.exec('echo "$API_TOKEN"')).stdout == f"{secret}\n".encode()
+    finally:
+        await sandbox.delete(session)
+        await sandbox.close()

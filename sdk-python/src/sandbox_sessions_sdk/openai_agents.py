@@ -35,7 +35,10 @@ one sandgate session):
   (``POST .../processes``): one that outlives the tool's yield time goes on,
   and the SDK's ``write_stdin`` tool polls it and writes to its standard
   input. They are pipes; ``tty=True`` runs the command on a terminal
-  through util-linux ``script`` where the sandbox has it.
+  through util-linux ``script`` where the sandbox has it. The options' and
+  the manifest's environment is written once (through standard input) to a
+  0600 file in the sandbox's ``/tmp`` that each command sources: the values
+  are in no argv, so not in the gateway's command history.
 - **Files** go through the REST files API for paths in the workspace, and
   through commands (``base64``, ``cat``) for paths outside it.
 - **Snapshots.** ``persist_workspace`` takes a sandgate snapshot
@@ -72,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import json
 import logging
@@ -388,6 +392,24 @@ _TTY_WRAPPER = (
 )
 
 
+#: A name the environment file can export.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: What the environment file's wrapper says when the file is gone.
+_ENV_MISSING = "sandgate-env-missing"
+_ENV_MISSING_EXIT = 197
+
+#: Sources the environment file "$1", then runs the rest of its arguments.
+_ENV_WRAPPER = (
+    'f=$1; shift; if [ ! -r "$f" ]; then echo "%s: $f" >&2; exit %d; fi; . "$f" && exec "$@"'
+    % (_ENV_MISSING, _ENV_MISSING_EXIT)
+)
+
+#: Writes its standard input to "$1", readable by its owner only (no
+#: clobbering: a file put in the temporary name's way fails the write).
+_ENV_WRITER = 'umask 077 && set -C && t="$1.$$" && cat > "$t" && mv -f -- "$t" "$1"'
+
+
 @dataclass
 class _Process:
     """A sandgate background process the SDK drives as an interactive exec."""
@@ -429,6 +451,8 @@ class SandgateSandboxSession(BaseSandboxSession):
         self._pty_lock = asyncio.Lock()
         self._processes: Dict[int, _Process] = {}
         self._reserved_process_ids: set = set()
+        #: (sandgate session, user) -> (digest, path) of the environment file written there.
+        self._env_files: Dict[Tuple[str, Optional[str]], Tuple[str, str]] = {}
 
     @classmethod
     def from_state(
@@ -523,6 +547,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         return s.status in ("running", "stopped", "creating", "starting")
 
     async def _shutdown_backend(self) -> None:
+        await self._remove_env_files()
         try:
             if self.state.pause_on_exit:
                 await self._sessions.stop_session(self.sandgate_session_id)
@@ -553,17 +578,78 @@ class SandgateSandboxSession(BaseSandboxSession):
             )
 
     async def _with_env(self, argv: list) -> list:
-        """*argv* under ``env NAME=VALUE ...`` for the options' and the
-        manifest's environment. (The REST ``env`` field takes only the
-        names the operator allows, as SSH's AcceptEnv; ``env`` in the
-        command is what the command itself could do.)"""
+        """*argv* with the options' and the manifest's environment.
+
+        The values never go into an argv (the gateway records each
+        command's in its history, and ``ps`` shows it): they are written
+        once, through a command's standard input, to a 0600 file outside
+        the workspace, which the command sources before it runs
+        (``sh -c '. "$F"; exec "$@"'``). Under the SDK's ``sudo -u USER --``
+        the wrapper goes after it (sudo resets the environment), with a file
+        of that user's. (The REST ``env`` field takes only the names the
+        operator allows, as SSH's AcceptEnv.)"""
         env = {**self.state.base_env, **(await self.state.manifest.environment.resolve())}
         if not env:
             return argv
         for k in env:
-            if not k or "=" in k or "\0" in k or k.startswith("-"):
+            if not _ENV_NAME.fullmatch(k):
                 raise ValueError(f"environment variable name {k!r} is not valid")
-        return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+        user: Optional[str] = None
+        rest = argv
+        if len(argv) >= 4 and argv[0] == "sudo" and argv[1] == "-u" and argv[3] == "--":
+            user, rest = argv[2], argv[4:]
+        path = await self._env_file(env, user)
+        wrapped = ["sh", "-c", _ENV_WRAPPER, "sh", path, *rest]
+        return ["sudo", "-u", user, "--", *wrapped] if user is not None else wrapped
+
+    async def _env_file(self, env: Dict[str, str], user: Optional[str]) -> str:
+        """The path of the 0600 file that exports *env* for *user*'s
+        commands, written (again) when it changed."""
+        content = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()).encode("utf-8")
+        digest = hashlib.sha256(content).hexdigest()
+        key = (self.sandgate_session_id, user)
+        known = self._env_files.get(key)
+        if known is not None and known[0] == digest:
+            return known[1]
+        path = known[1] if known is not None else f"/tmp/.sandgate-env-{uuid.uuid4().hex}"
+        argv = ["sh", "-c", _ENV_WRITER, "sh", path]
+        if user is not None:
+            argv = ["sudo", "-u", user, "--", *argv]
+        try:
+            res = await self._run(argv, timeout=60, stdin=content)
+        except SandboxAPIError as e:
+            raise ExecTransportError(
+                command=("<write environment>",), context=_context(e), cause=e,
+                message=f"sandgate: writing the commands' environment failed: {e}", retryable=_retryable(e),
+            ) from e
+        if res.exit_code != 0:
+            raise ExecTransportError(
+                command=("<write environment>",),
+                context={"backend": "sandgate", "exit_code": res.exit_code, "stderr": res.stderr[:4096]},
+                message=f"sandgate: writing the commands' environment exited {res.exit_code}",
+            )
+        self._env_files[key] = (digest, path)
+        return path
+
+    async def _remove_env_files(self) -> None:
+        files, self._env_files = self._env_files, {}
+        for (sid, user), (_, path) in files.items():
+            argv = ["rm", "-f", "--", path]
+            if user is not None:
+                argv = ["sudo", "-u", user, "--", *argv]
+            try:
+                await self._sessions.run(sid, argv=argv, timeout=30)
+            except SandboxAPIError:
+                pass
+
+    async def _run_with_env(self, argv: list, **options: Any) -> CommandResult:
+        res = await self._run(await self._with_env(argv), **options)
+        if res.exit_code == _ENV_MISSING_EXIT and _ENV_MISSING in res.stderr:
+            # The sandbox lost the file (its /tmp, across a stop and start):
+            # the command did not run; write the file again and run it.
+            self._env_files.clear()
+            res = await self._run(await self._with_env(argv), **options)
+        return res
 
     async def _exec_internal(self, *command: Union[str, Path], timeout: Optional[float] = None) -> ExecResult:
         argv = [str(c) for c in command]
@@ -571,7 +657,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         root = self._root().as_posix()
         cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
         try:
-            res = await self._run(await self._with_env(argv), timeout=t, cwd=cwd)
+            res = await self._run_with_env(argv, timeout=t, cwd=cwd)
         except SandboxAPIError as e:
             raise ExecTransportError(
                 command=command, context=_context(e), cause=e, message=f"sandgate exec failed: {e}",

@@ -637,3 +637,69 @@ async def test_environment_values_stay_out_of_the_command_history(gateway, clien
     finally:
         await sandbox.delete(session)
         await sandbox.close()
+
+
+@in_loop
+async def test_an_interactive_exec_is_killed_at_its_timeout(gateway, client: SessionsClient) -> None:
+    """pty_exec_start's timeout (else exec_timeout_s) ends the process."""
+    sandbox = sandgate_client(gateway)
+    session = await sandbox.create(options=SandgateSandboxClientOptions(exec_timeout_s=2))
+    await session.start()
+    inner = session._inner
+    try:
+        for timeout in (1, None):  # its own; exec_timeout_s
+            update = await inner.pty_exec_start("echo started; sleep 60", timeout=timeout, yield_time_s=0.3)
+            assert update.process_id is not None and update.exit_code is None, update
+            update = await inner.pty_write_stdin(session_id=update.process_id, chars="", yield_time_s=20)
+            assert update.process_id is None and update.exit_code is not None and update.exit_code != 0, update
+    finally:
+        await sandbox.delete(session)
+        await sandbox.close()
+
+
+@in_loop
+async def test_a_dropped_output_stream_is_not_the_process_ending(gateway, client: SessionsClient) -> None:
+    """An output stream that ends without its final line (a dropped
+    connection) is followed again from where it stopped; the process's
+    exit comes from the gateway's final line."""
+    sandbox = sandgate_client(gateway)
+    session = await sandbox.create()
+    await session.start()
+    inner = session._inner
+    real = inner._sessions.process_output
+    calls: List[int] = []
+
+    class Cut:
+        """The first stream ends after its first line, as a dropped connection would."""
+
+        def __init__(self, stream) -> None:
+            self.stream = stream
+
+        async def __aenter__(self):
+            await self.stream.__aenter__()
+            return self
+
+        async def __aexit__(self, *exc):
+            return await self.stream.__aexit__(*exc)
+
+        async def __aiter__(self):
+            async for line in self.stream:
+                yield line
+                return
+
+    async def cut_first(*args, **kwargs):
+        calls.append(kwargs.get("offset", 0))
+        stream = await real(*args, **kwargs)
+        return Cut(stream) if len(calls) == 1 else stream
+
+    inner._sessions.process_output = cut_first
+    try:
+        update = await inner.pty_exec_start("echo one; sleep 1; echo two; exit 3", yield_time_s=15)
+        assert b"one" in update.output and b"two" in update.output, update
+        assert update.output.count(b"one") == 1, update
+        assert update.exit_code == 3 and update.process_id is None, update
+        assert len(calls) >= 2 and calls[1] > 0, calls
+    finally:
+        del inner._sessions.process_output
+        await sandbox.delete(session)
+        await sandbox.close()

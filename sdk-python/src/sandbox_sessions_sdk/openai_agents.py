@@ -155,6 +155,8 @@ def _check_agents_version() -> None:
 _check_agents_version()
 from .errors import (
     FileNotFoundInSandboxError,
+    ProcessExitedError,
+    ProcessNotFoundError,
     SandboxAPIError,
     SandboxConnectionError,
     SessionNotFoundError,
@@ -420,7 +422,11 @@ class _Process:
     output_notify: asyncio.Event = field(default_factory=asyncio.Event)
     output_closed: asyncio.Event = field(default_factory=asyncio.Event)
     exit_code: Optional[int] = None
+    #: The gateway said the process ended (its output's final line, or its status).
+    exited: bool = False
     reader: Optional["asyncio.Task[None]"] = None
+    #: Kills the process when its timeout passes.
+    killer: Optional["asyncio.Task[None]"] = None
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -712,6 +718,8 @@ class SandgateSandboxSession(BaseSandboxSession):
             ) from e
         entry = _Process(process_id=str(started["processId"]))
         entry.reader = asyncio.create_task(self._read_output(entry))
+        limit = self.state.exec_timeout_s if timeout is None else max(float(timeout), 0.001)
+        entry.killer = asyncio.create_task(self._kill_after(entry, limit))
         async with self._pty_lock:
             pid = allocate_pty_process_id(self._reserved_process_ids)
             self._reserved_process_ids.add(pid)
@@ -758,28 +766,75 @@ class SandgateSandboxSession(BaseSandboxSession):
         for entry in entries:
             await self._terminate(entry)
 
-    async def _read_output(self, entry: _Process) -> None:
-        """Follow the process's output into its chunks, to its end."""
+    async def _kill_after(self, entry: _Process, seconds: float) -> None:
+        """The process's timeout: KILL it when *seconds* pass before it ends."""
+        await asyncio.sleep(seconds)
+        if entry.exited:
+            return
         try:
-            stream = await self._sessions.process_output(self.sandgate_session_id, entry.process_id, follow=True)
-            async with stream:
-                async for line in stream:
-                    data = b""
-                    for key in ("stdout", "stderr"):
-                        if isinstance(line.get(key), str):
-                            data += line[key].encode("utf-8")
-                        elif isinstance(line.get(key + "Base64"), str):
-                            data += base64.b64decode(line[key + "Base64"])
-                    if data:
-                        async with entry.output_lock:
-                            entry.output_chunks.append(data)
-                        entry.output_notify.set()
-                    if "done" in line:
-                        entry.exit_code = _exit_code(line) if line.get("done") else None
-                        break
-        except (SandboxAPIError, asyncio.CancelledError):
+            await self._sessions.signal_process(self.sandgate_session_id, entry.process_id, "KILL")
+        except (ProcessExitedError, ProcessNotFoundError):
+            pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not kill process %s at its timeout: %s", entry.process_id, e)
+
+    async def _read_output(self, entry: _Process) -> None:
+        """Follow the process's output into its chunks, to its end: the
+        output's final line (``done: true``), or the process or its
+        session gone. A stream that ends without it (a dropped connection)
+        is followed again from where it stopped."""
+        offset = 0
+        failures = 0
+        sid = self.sandgate_session_id
+        try:
+            while True:
+                try:
+                    stream = await self._sessions.process_output(sid, entry.process_id, offset=offset, follow=True)
+                    async with stream:
+                        async for line in stream:
+                            data = b""
+                            for key in ("stdout", "stderr"):
+                                if isinstance(line.get(key), str):
+                                    data += line[key].encode("utf-8")
+                                elif isinstance(line.get(key + "Base64"), str):
+                                    data += base64.b64decode(line[key + "Base64"])
+                            if data:
+                                async with entry.output_lock:
+                                    entry.output_chunks.append(data)
+                                entry.output_notify.set()
+                                if isinstance(line.get("offset"), int):
+                                    offset = max(offset, line["offset"] + len(data))
+                            elif isinstance(line.get("offset"), int):  # after droppedBytes
+                                offset = max(offset, line["offset"])
+                            if isinstance(line.get("nextOffset"), int):
+                                offset = max(offset, line["nextOffset"])
+                            if line.get("done") is True:
+                                entry.exit_code = _exit_code(line)
+                                entry.exited = True
+                                return
+                    failures = 0
+                except (ProcessNotFoundError, SessionNotFoundError):
+                    return
+                except SandboxAPIError:
+                    failures += 1
+                # The stream ended without its final line: the process may
+                # still run (follow it again) or have ended (its final line
+                # comes at once); gone, there is nothing more to read.
+                try:
+                    await self._sessions.get_process(sid, entry.process_id)
+                except (ProcessNotFoundError, SessionNotFoundError):
+                    return
+                except SandboxAPIError:
+                    failures += 1
+                if failures > 10:
+                    return
+                await asyncio.sleep(min(0.1 * (2 ** failures), 2.0))
+        except asyncio.CancelledError:
             pass
         finally:
+            killer = entry.killer
+            if entry.exited and killer is not None and not killer.done():
+                killer.cancel()
             entry.output_closed.set()
             entry.output_notify.set()
 
@@ -820,16 +875,25 @@ class SandgateSandboxSession(BaseSandboxSession):
         return self._processes.pop(pid, None)
 
     async def _terminate(self, entry: _Process) -> None:
-        if not entry.output_closed.is_set():
+        # KILL it unless the gateway said it ended (the reader may have
+        # stopped for another reason: a session gone, a connection lost).
+        if not entry.exited:
             try:
                 await self._sessions.signal_process(self.sandgate_session_id, entry.process_id, "KILL")
-            except SandboxAPIError:
+            except (ProcessExitedError, ProcessNotFoundError, SessionNotFoundError):
                 pass
-        reader, entry.reader = entry.reader, None
-        if reader is not None and reader is not asyncio.current_task():
-            if not reader.done():
-                reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            except SandboxAPIError as e:
+                _log.warning("sandgate: could not kill process %s: %s", entry.process_id, e)
+        tasks = []
+        for attr in ("reader", "killer"):
+            task = getattr(entry, attr)
+            setattr(entry, attr, None)
+            if task is not None and task is not asyncio.current_task():
+                if not task.done():
+                    task.cancel()
+                tasks.append(task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- files -------------------------------------------------------------
 

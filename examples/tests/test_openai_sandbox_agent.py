@@ -703,3 +703,39 @@ async def test_a_dropped_output_stream_is_not_the_process_ending(gateway, client
         del inner._sessions.process_output
         await sandbox.delete(session)
         await sandbox.close()
+
+
+@in_loop
+async def test_no_sandgate_snapshot_is_left_behind(gateway, client: SessionsClient, snapshots_dir) -> None:
+    """A sandgate snapshot the SDK failed to record is deleted; persisting
+    as a tar afterwards deletes the one recorded before (nothing refers to
+    it any more)."""
+    sandbox = sandgate_client(gateway)
+    blocker = snapshots_dir / "not-a-directory"
+    blocker.write_bytes(b"")
+    session = await sandbox.create(snapshot=LocalSnapshotSpec(base_path=blocker / "sub"))
+    await session.start()
+    sid = session._inner.sandgate_session_id
+    try:
+        await session.write(Path("f.txt"), io.BytesIO(b"x"))
+        with pytest.raises(Exception):
+            await session.stop()  # the SDK cannot store the reference
+        assert client.list_snapshots(session=sid) == []
+        assert session.state.sandgate_snapshot_id is None
+    finally:
+        await sandbox.delete(session)
+
+    session = await sandbox.create(snapshot=LocalSnapshotSpec(base_path=snapshots_dir))
+    await session.start()
+    sid = session._inner.sandgate_session_id
+    try:
+        await session.stop()
+        first = session.state.sandgate_snapshot_id
+        assert first and [s.snapshot_id for s in client.list_snapshots(session=sid)] == [first]
+        session.state.workspace_persistence = "tar"
+        await session.stop()
+        assert session.state.sandgate_snapshot_id is None
+        assert client.list_snapshots(session=sid) == []
+    finally:
+        await sandbox.delete(session)
+        await sandbox.close()

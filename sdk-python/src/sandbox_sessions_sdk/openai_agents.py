@@ -49,10 +49,15 @@ one sandgate session):
   (used as well when the session holds a named workspace, which cannot be
   combined with ``fromSnapshot``, or when the SDK asks to leave paths out).
   An SDK session keeps one sandgate snapshot: persisting again deletes the
-  one it replaces. The last one stays on the gateway for a later resume
-  (it counts against ``--max-snapshots-per-tenant``; delete it with
-  ``AsyncSessionsClient.delete_snapshot(state.sandgate_snapshot_id)``);
-  ``"tar"`` keeps nothing on the gateway.
+  one it replaces, a snapshot the SDK then fails to store is deleted, and a
+  tar persisted instead deletes it too. The last one stays on the gateway
+  for a later resume: it counts against ``--max-snapshots-per-tenant``
+  until it is deleted. When the application is done with the SDK session
+  (no resume to come), delete it with
+  ``await client.sessions.delete_snapshot(state.sandgate_snapshot_id)``;
+  ``GET /v1/snapshots`` lists them with the ``sessionId`` they were taken
+  of (sandgate snapshots carry no labels, so nothing names the SDK
+  session). ``"tar"`` keeps nothing on the gateway.
 - **Manifests.** The manifest's root is the session's workspace: the
   default root (``/workspace``) becomes the directory the session's commands
   start in, which is ``/workspace`` on the linux driver and the session's
@@ -451,6 +456,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         self.state = state
         self._sessions = sessions
         self._made_snapshot: Optional[str] = None
+        self._persisted_tar = False
         self._max_timeout: Optional[float] = None
         #: The sandgate snapshot resume started this session from, if any.
         self._created_from_snapshot: Optional[str] = None
@@ -969,19 +975,36 @@ class SandgateSandboxSession(BaseSandboxSession):
     async def _persist_snapshot(self) -> None:
         # One sandgate snapshot per SDK session: once the SDK has recorded a
         # new one, the one it replaces is deleted (snapshots count against
-        # the tenant's --max-snapshots-per-tenant).
+        # the tenant's --max-snapshots-per-tenant). One the SDK failed to
+        # record is deleted at once; a tar recorded instead deletes the
+        # previous one too (nothing refers to it any more).
         previous = self.state.sandgate_snapshot_id
         self._made_snapshot = None
-        await super()._persist_snapshot()
+        self._persisted_tar = False
+        try:
+            await super()._persist_snapshot()
+        except BaseException:
+            made, self._made_snapshot = self._made_snapshot, None
+            if made is not None:
+                await self._delete_snapshot_quietly(made)
+            raise
         made = self._made_snapshot
-        if made is None:
-            return
-        self.state.sandgate_snapshot_id = made
+        if made is not None:
+            self.state.sandgate_snapshot_id = made
+        elif self._persisted_tar:
+            self.state.sandgate_snapshot_id = None
+        else:
+            return  # nothing persisted (no snapshot configured)
         if previous is not None and previous != made:
-            try:
-                await self._sessions.delete_snapshot(previous)
-            except SandboxAPIError:
-                pass
+            await self._delete_snapshot_quietly(previous)
+
+    async def _delete_snapshot_quietly(self, snapshot_id: str) -> None:
+        try:
+            await self._sessions.delete_snapshot(snapshot_id)
+        except SnapshotNotFoundError:
+            pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not delete snapshot %s (delete_snapshot it later): %s", snapshot_id, e)
 
     async def persist_workspace(self) -> io.IOBase:
         root = self._root()
@@ -998,6 +1021,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         return await self._persist_tar()
 
     async def _persist_tar(self) -> io.IOBase:
+        self._persisted_tar = True
         root = self._root()
         name = f".sandgate-persist-{uuid.uuid4().hex}.tar"
         excludes = [f"--exclude=./{p.as_posix()}" for p in sorted(self._persist_workspace_skip_relpaths())]

@@ -739,3 +739,28 @@ async def test_no_sandgate_snapshot_is_left_behind(gateway, client: SessionsClie
     finally:
         await sandbox.delete(session)
         await sandbox.close()
+
+
+@in_loop
+async def test_a_bounded_read_reads_only_its_bound(gateway, client: SessionsClient) -> None:
+    """read_bounded asks for its bound only: a file outside the workspace
+    larger than what a whole read may bring back is still read."""
+    from agents.sandbox.workspace_paths import SandboxPathGrant
+
+    sandbox = sandgate_client(gateway)
+    outside = f"/tmp/sandgate-bounded-{os.urandom(6).hex()}"
+    big = f"{outside}/big"
+    session = await sandbox.create(manifest=Manifest(extra_path_grants=(SandboxPathGrant(path=outside),)))
+    await session.start()
+    try:
+        res = await session.exec(f"mkdir {outside} && head -c 12582912 /dev/zero | tr '\\0' x > {big}"
+                                 " && printf ok > in.txt")
+        assert res.exit_code == 0, res
+        assert await session.read_bounded(Path(big), max_bytes=10) == b"x" * 10
+        assert await session.read_bounded(Path("in.txt"), max_bytes=1) == b"o"
+        with pytest.raises(WorkspaceReadNotFoundError):
+            await session.read_bounded(Path(big + ".missing"), max_bytes=10)
+    finally:
+        await session.exec(f"rm -rf {outside}")
+        await sandbox.delete(session)
+        await sandbox.close()

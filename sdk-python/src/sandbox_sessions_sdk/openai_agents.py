@@ -933,6 +933,47 @@ class SandgateSandboxSession(BaseSandboxSession):
             )
         return io.BytesIO(base64.b64decode(res.stdout))
 
+    async def _read_bounded(self, path: Path, *, max_bytes: int) -> bytes:
+        """At most *max_bytes* of *path*, and no more asked for: the files
+        API's bound in the workspace, ``head -c`` outside it."""
+        error_path = posix_path_as_path(coerce_posix_path(path))
+        target = await self._validate_path_access(path)
+        rel = self._workspace_rel(target)
+        if rel is not None:
+            try:
+                return await self._sessions.read_file(self.sandgate_session_id, rel, max_bytes=max_bytes)
+            except FileNotFoundInSandboxError as e:
+                raise WorkspaceReadNotFoundError(path=error_path, context=_context(e), cause=e) from e
+            except SandboxAPIError as e:
+                raise WorkspaceArchiveReadError(
+                    path=error_path, context=_context(e), cause=e, retryable=_retryable(e)
+                ) from e
+        # base64 is 4/3 of the bytes, plus a newline every 76 characters.
+        wire = (max_bytes + 2) // 3 * 4 + max_bytes // 57 + 64
+        try:
+            res = await self._run(
+                ["sh", "-c", '[ -e "$1" ] || exit 44; [ -f "$1" ] || exit 45; head -c "$2" < "$1" | base64',
+                 "sh", target.as_posix(), str(max_bytes)],
+                timeout=60,
+                max_output_bytes=wire,
+            )
+        except SandboxAPIError as e:
+            raise WorkspaceArchiveReadError(
+                path=error_path, context=_context(e), cause=e, retryable=_retryable(e)
+            ) from e
+        if res.exit_code == 44:
+            raise WorkspaceReadNotFoundError(path=error_path, context={"backend": "sandgate"})
+        if res.truncated:
+            raise WorkspaceArchiveReadError(
+                path=error_path, context={"backend": "sandgate", "reason": "bounded_read_wire_limit"}
+            )
+        if res.exit_code != 0:
+            raise WorkspaceArchiveReadError(
+                path=error_path,
+                context={"backend": "sandgate", "exit_code": res.exit_code, "stderr": res.stderr[:4096]},
+            )
+        return base64.b64decode(res.stdout)[:max_bytes]
+
     async def write(self, path: Path, data: io.IOBase, *, user: Union[str, User, None] = None) -> None:
         error_path = posix_path_as_path(coerce_posix_path(path))
         if user is not None:

@@ -764,3 +764,20 @@ async def test_a_bounded_read_reads_only_its_bound(gateway, client: SessionsClie
         await session.exec(f"rm -rf {outside}")
         await sandbox.delete(session)
         await sandbox.close()
+
+
+def test_the_example_deletes_a_session_that_failed_to_start(gateway, client: SessionsClient) -> None:
+    """examples/openai-sandbox-agent: a start() that fails (here: an
+    environment variable name no shell takes) leaves no live session."""
+    from conftest import EXAMPLES, load
+
+    example = load(EXAMPLES / "openai-sandbox-agent" / "main.py", "openai_sandbox_agent_main")
+    label = "agents-example-" + os.urandom(4).hex()
+    options = SandgateSandboxClientOptions(env={"NOT A NAME": "x"}, labels={"test": label})
+    with pytest.raises(Exception):
+        asyncio.run(example.run_task("anything", model=ScriptedModel([]), options=options,
+                                     client=sandgate_client(gateway)))
+    left = [s for s in client.list_sessions(limit=100)["sessions"] if s.metadata.get("test") == label]
+    for s in left:
+        client.delete_session(s.session_id)
+    assert left == []

@@ -8,11 +8,12 @@ A ``SandboxAgent`` runs its shell, file and patch tools in a sandgate session::
     from sandbox_sessions_sdk.openai_agents import SandgateSandboxClient, SandgateSandboxClientOptions
 
     agent = SandboxAgent(name="coder", instructions="...")
-    run_config = RunConfig(sandbox=SandboxRunConfig(
-        client=SandgateSandboxClient(),              # $SANDBOX_API_URL, $SANDBOX_API_TOKEN
-        options=SandgateSandboxClientOptions(egress=("pypi.org", "files.pythonhosted.org")),
-    ))
-    result = await Runner.run(agent, "Write fib.py and run it", run_config=run_config)
+    async with SandgateSandboxClient() as client:    # $SANDBOX_API_URL, $SANDBOX_API_TOKEN
+        run_config = RunConfig(sandbox=SandboxRunConfig(
+            client=client,
+            options=SandgateSandboxClientOptions(egress=("pypi.org", "files.pythonhosted.org")),
+        ))
+        result = await Runner.run(agent, "Write fib.py and run it", run_config=run_config)
 
 Install it with the extra that pins the Agents SDK range this module follows
 (its sandbox interface changes often): ``pip install 'sandgate-sdk[openai-agents]'``

@@ -781,3 +781,27 @@ def test_the_example_deletes_a_session_that_failed_to_start(gateway, client: Ses
     for s in left:
         client.delete_session(s.session_id)
     assert left == []
+
+
+def test_teardown_failures_are_logged(sandgate_bin: str, scratch: Path, caplog) -> None:
+    """A delete (or stop) that fails at the end is a warning in the log, not
+    silence: here the gateway has gone away."""
+    import logging
+
+    gw = sdk_fixtures.start_gateway(sandgate_bin, scratch, "--sandbox", "workdir")
+
+    async def go() -> None:
+        sandbox = sandgate_client(gw)
+        session = await sandbox.create()
+        await session.start()
+        sid = session._inner.sandgate_session_id
+        gw.stop()
+        with caplog.at_level(logging.WARNING, logger="sandbox_sessions_sdk.openai_agents"):
+            await sandbox.delete(session)
+        assert any(sid in r.getMessage() for r in caplog.records), caplog.records
+        await sandbox.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        gw.stop()

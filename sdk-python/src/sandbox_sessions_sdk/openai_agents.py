@@ -561,13 +561,26 @@ class SandgateSandboxSession(BaseSandboxSession):
 
     async def _shutdown_backend(self) -> None:
         await self._remove_env_files()
+        sid = self.sandgate_session_id
+        what = "delete"
         try:
             if self.state.pause_on_exit:
-                await self._sessions.stop_session(self.sandgate_session_id)
-            else:
-                await self._sessions.delete_session(self.sandgate_session_id)
-        except SandboxAPIError:
+                what = "stop"
+                try:
+                    await self._sessions.stop_session(sid)
+                    return
+                except SandboxAPIError as e:
+                    # A driver that cannot stop, or a failed session (nothing
+                    # in it to keep): delete it rather than leave it running.
+                    if e.code not in ("stop_unsupported", "session_not_running"):
+                        raise
+                    _log.warning("sandgate: cannot stop session %s (%s): deleting it instead", sid, e.code)
+                    what = "delete"
+            await self._sessions.delete_session(sid)
+        except SessionNotFoundError:
             pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not %s session %s (it lives on until its ttl): %s", what, sid, e)
 
     # -- exec --------------------------------------------------------------
 
@@ -1339,8 +1352,10 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
     async def _delete_quietly(self, sid: str) -> None:
         try:
             await self.sessions.delete_session(sid)
-        except SandboxAPIError:
+        except SessionNotFoundError:
             pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not delete session %s (it lives on until its ttl): %s", sid, e)
 
     async def delete(self, session: SandboxSession) -> SandboxSession:
         inner = session._inner
@@ -1348,8 +1363,8 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
             raise TypeError("SandgateSandboxClient.delete expects a SandgateSandboxSession")
         try:
             await inner.shutdown()
-        except Exception:
-            pass
+        except Exception as e:
+            _log.warning("sandgate: shutting down session %s failed: %s", inner.sandgate_session_id, e)
         return session
 
     async def resume(self, state: SandboxSessionState) -> SandboxSession:

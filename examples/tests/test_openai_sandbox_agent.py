@@ -805,3 +805,34 @@ def test_teardown_failures_are_logged(sandgate_bin: str, scratch: Path, caplog) 
         asyncio.run(go())
     finally:
         gw.stop()
+
+
+@in_loop
+async def test_resume_errors_are_start_errors_and_another_gateway_is_warned_about(gateway,
+                                                                                  client: SessionsClient) -> None:
+    from agents.sandbox.errors import WorkspaceStartError
+
+    sandbox = sandgate_client(gateway)
+    session = await sandbox.create(options=SandgateSandboxClientOptions(labels={"test": "agents-resume-err"}))
+    payload = sandbox.serialize_session_state(session.state)
+    await sandbox.delete(session)
+
+    # The gateway cannot be reached: the SDK's start error, retryable, the transport error its cause.
+    elsewhere = SandgateSandboxClient(api_url="http://127.0.0.1:9", bearer_token="x")
+    with pytest.warns(RuntimeWarning, match="another gateway"):
+        with pytest.raises(WorkspaceStartError) as failed:
+            await elsewhere.resume(elsewhere.deserialize_session_state(payload))
+    assert failed.value.retryable is True and failed.value.cause is not None
+    await elsewhere.close()
+
+    # A state of another gateway URL: warned about, then resumed here.
+    state = sandbox.deserialize_session_state(payload)
+    state.api_url = "http://other.invalid:8080"
+    with pytest.warns(RuntimeWarning, match="another gateway"):
+        resumed = await sandbox.resume(state)
+    try:
+        await resumed.start()
+        assert (await resumed.exec("true")).exit_code == 0
+    finally:
+        await sandbox.delete(resumed)
+        await sandbox.close()

@@ -1371,6 +1371,16 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
         if not isinstance(state, SandgateSandboxSessionState):
             raise TypeError("SandgateSandboxClient.resume expects a SandgateSandboxSessionState")
         state.assert_path_grants_rebound()
+        if state.api_url and state.api_url.rstrip("/") != self.sessions.api_url.rstrip("/"):
+            import warnings
+
+            warnings.warn(
+                f"resuming a sandgate session state of another gateway ({state.api_url}) on "
+                f"{self.sessions.api_url}: its session and snapshot are unknown here, so a new, "
+                "empty session is made unless this is the same gateway under another URL",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         reconnected = False
         try:
             s = await self.sessions.get_session(state.sandgate_session_id)
@@ -1379,6 +1389,11 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
                 await self._delete_quietly(state.sandgate_session_id)  # failed: it holds nothing to keep
         except SessionNotFoundError:
             reconnected = False
+        except SandboxAPIError as e:
+            raise WorkspaceStartError(
+                path=Path(str(state.manifest.root)), context=_context(e), cause=e,
+                message=f"failed to resume session {state.sandgate_session_id}: {e}", retryable=_retryable(e),
+            ) from e
         from_snapshot: Optional[str] = None
         if not reconnected:
             # The SDK will restore the workspace from the state's snapshot:

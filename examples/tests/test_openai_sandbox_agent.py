@@ -841,3 +841,31 @@ async def test_resume_errors_are_start_errors_and_another_gateway_is_warned_abou
     finally:
         await sandbox.delete(resumed)
         await sandbox.close()
+
+
+@in_loop
+async def test_a_named_workspace_made_meanwhile_by_another_client(gateway, client: SessionsClient) -> None:
+    """Two clients starting on a new named workspace at once: the one whose
+    create_workspace loses the race (workspace_exists) uses the workspace
+    the other made."""
+    sandbox = sandgate_client(gateway)
+    name = "agents-race-" + os.urandom(4).hex()
+    real = sandbox.sessions.create_workspace
+
+    async def the_other_client_first(ws: str):
+        client.create_workspace(ws)  # the other client wins the race
+        return await real(ws)
+
+    sandbox.sessions.create_workspace = the_other_client_first
+    try:
+        session = await sandbox.create(options=SandgateSandboxClientOptions(workspace=name))
+        try:
+            await session.start()
+            await session.write(Path("x.txt"), io.BytesIO(b"x"))
+            assert client.get_session(session._inner.sandgate_session_id).workspace == name
+        finally:
+            await sandbox.delete(session)
+    finally:
+        del sandbox.sessions.create_workspace
+        await sandbox.close()
+        client.delete_workspace(name)

@@ -167,6 +167,7 @@ from .errors import (
     SandboxConnectionError,
     SessionNotFoundError,
     SnapshotNotFoundError,
+    WorkspaceExistsError,
     WorkspaceNotFoundError,
 )
 from .models import CommandResult, Session
@@ -355,8 +356,13 @@ async def _create_sandgate_session(
     try:
         return await sessions.create_session(**kwargs)
     except WorkspaceNotFoundError:
-        await sessions.create_workspace(state.workspace)  # type: ignore[arg-type]
-        return await sessions.create_session(**kwargs)
+        if from_snapshot is not None or state.workspace is None:
+            raise
+    try:
+        await sessions.create_workspace(state.workspace)
+    except WorkspaceExistsError:
+        pass  # another client made it meanwhile: use it
+    return await sessions.create_session(**kwargs)
 
 
 def _adopt_root(state: SandgateSandboxSessionState, root: str) -> None:
@@ -389,6 +395,9 @@ async def _workspace_root(sessions: AsyncSessionsClient, sid: str) -> str:
 _MAX_READ_OUTSIDE = 8 << 20
 
 #: The gateway's largest command timeout, in its invalid_timeout message.
+#: (The error envelope has no structured field for it, nor does any
+#: endpoint publish --max-command-timeout: the message is all there is. When
+#: it does not match, the error is raised as it is.)
 _MAX_TIMEOUT = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?) seconds")
 
 #: Runs "$1" on a pseudo-terminal with util-linux script(1) (-e: its exit

@@ -869,3 +869,40 @@ async def test_a_named_workspace_made_meanwhile_by_another_client(gateway, clien
         del sandbox.sessions.create_workspace
         await sandbox.close()
         client.delete_workspace(name)
+
+
+@in_loop
+async def test_reads_and_writes_as_a_user_are_that_users(gateway, client: SessionsClient) -> None:
+    """write(..., user=) makes a file of that user's (the I/O runs as the
+    user, through sudo, not as the session's default user)."""
+    sandbox = sandgate_client(gateway)
+    session = await sandbox.create()
+    await session.start()
+    # On the workdir driver the workspace is a host directory under this
+    # test's private scratch directory: let other users traverse to it.
+    opened = []
+    root = Path(session.state.workspace_root or "/workspace")
+    if root.is_dir() and str(root).startswith(tempfile.gettempdir()):
+        for d in [root, *root.parents]:
+            mode = d.stat().st_mode
+            if not mode & 0o001:
+                opened.append((d, mode))
+                d.chmod(mode | 0o001)
+    try:
+        res = await session.exec("mkdir -p shared && chmod 777 shared && sudo -n -u nobody -- test -w shared")
+        if b"no new privileges" in res.stderr:
+            pytest.skip("sandgate's linux sandboxes run with no_new_privs: sudo (user=) cannot work there")
+        if res.exit_code != 0:
+            sdk_fixtures.fail_or_skip(f"no sudo to nobody in the workspace of this sandbox: {res.stderr!r}")
+        await session.write(Path("shared/by-nobody.txt"), io.BytesIO(b"hi"), user="nobody")
+        owner = await session.exec("stat -c %U shared/by-nobody.txt")
+        assert owner.stdout == b"nobody\n", owner
+        assert (await session.read(Path("shared/by-nobody.txt"), user="nobody")).read() == b"hi"
+        await session.exec("printf root > shared/root-only.txt && chmod 600 shared/root-only.txt")
+        with pytest.raises(Exception):
+            await session.read(Path("shared/root-only.txt"), user="nobody")
+    finally:
+        for d, mode in opened:
+            d.chmod(mode & 0o7777)
+        await sandbox.delete(session)
+        await sandbox.close()

@@ -445,6 +445,14 @@ class _Process:
     last_used: float = field(default_factory=time.monotonic)
 
 
+def _as_user(user: Union[str, User, None], argv: list) -> list:
+    """*argv* as the SDK runs a command as *user* (``sudo -u USER --``)."""
+    if user is None:
+        return argv
+    name = user.name if isinstance(user, User) else user
+    return ["sudo", "-u", name, "--", *argv]
+
+
 def _exit_code(line: Dict[str, Any]) -> Optional[int]:
     if isinstance(line.get("exitCode"), int):
         return int(line["exitCode"])
@@ -932,12 +940,14 @@ class SandgateSandboxSession(BaseSandboxSession):
             target = await self._check_read_with_exec(path, user=user)
         else:
             target = await self._validate_path_access(path)
-        rel = self._workspace_rel(target)
+        # As a user: through a command of that user's (the files API reads
+        # as the session's default user).
+        rel = self._workspace_rel(target) if user is None else None
         try:
             if rel is not None:
                 return io.BytesIO(await self._sessions.read_file(self.sandgate_session_id, rel))
             res = await self._run(
-                ["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()],
+                _as_user(user, ["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()]),
                 max_output_bytes=_MAX_READ_OUTSIDE,
             )
         except FileNotFoundInSandboxError as e:
@@ -1007,13 +1017,16 @@ class SandgateSandboxSession(BaseSandboxSession):
         if not isinstance(payload, (bytes, bytearray)):
             raise WorkspaceWriteTypeError(path=error_path, actual_type=type(payload).__name__)
         target = await self._validate_path_access(path, for_write=True)
-        rel = self._workspace_rel(target)
+        # As a user: through a command of that user's (the files API writes
+        # as the session's default user).
+        rel = self._workspace_rel(target) if user is None else None
         try:
             if rel is not None:
                 await self._sessions.write_file(self.sandgate_session_id, rel, bytes(payload), mkdirs=True)
                 return
             res = await self._run(
-                ["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", target.as_posix()],
+                _as_user(user, ["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh",
+                                target.as_posix()]),
                 stdin=bytes(payload),
             )
         except SandboxAPIError as e:

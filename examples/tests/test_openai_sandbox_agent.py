@@ -876,7 +876,8 @@ async def test_reads_and_writes_as_a_user_are_that_users(gateway, client: Sessio
     """write(..., user=) makes a file of that user's (the I/O runs as the
     user, through sudo, not as the session's default user)."""
     sandbox = sandgate_client(gateway)
-    session = await sandbox.create()
+    secret = "s3cret-" + os.urandom(8).hex()
+    session = await sandbox.create(options=SandgateSandboxClientOptions(env={"API_TOKEN": secret}))
     await session.start()
     # On the workdir driver the workspace is a host directory under this
     # test's private scratch directory: let other users traverse to it.
@@ -901,6 +902,12 @@ async def test_reads_and_writes_as_a_user_are_that_users(gateway, client: Sessio
         await session.exec("printf root > shared/root-only.txt && chmod 600 shared/root-only.txt")
         with pytest.raises(Exception):
             await session.read(Path("shared/root-only.txt"), user="nobody")
+        # The environment reaches a user's commands too (sudo resets it:
+        # the file is sourced after sudo), and its value is in no argv.
+        res = await session.exec('echo "$(id -un) $API_TOKEN"', user="nobody")
+        assert res.stdout == f"nobody {secret}\n".encode(), res
+        history = json.dumps(client.list_commands(sandbox.sandgate_session_id(session)))
+        assert "sudo" in history and secret not in history
     finally:
         for d, mode in opened:
             d.chmod(mode & 0o7777)

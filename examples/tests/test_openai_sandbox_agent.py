@@ -913,3 +913,33 @@ async def test_reads_and_writes_as_a_user_are_that_users(gateway, client: Sessio
             d.chmod(mode & 0o7777)
         await sandbox.delete(session)
         await sandbox.close()
+
+
+def test_a_drifted_resume_at_the_session_quota(sandgate_bin: str, scratch: Path, snapshots_dir) -> None:
+    """--max-sessions-per-tenant 1: the replacement of a drifted session
+    cannot exist beside it (quota_exceeded), so the old one goes first."""
+    gw = sdk_fixtures.start_gateway(sandgate_bin, scratch, "--sandbox", "workdir", "--max-sessions-per-tenant", "1")
+
+    async def go() -> None:
+        sandbox = sandgate_client(gw)
+        session = await sandbox.create(options=SandgateSandboxClientOptions(pause_on_exit=True),
+                                       snapshot=LocalSnapshotSpec(base_path=snapshots_dir))
+        await session.start()
+        sid = session._inner.sandgate_session_id
+        await session.write(Path("keep.txt"), io.BytesIO(b"snapshotted"))
+        await session.aclose()
+        await sandbox.sessions.write_file(sid, "keep.txt", b"drifted")
+        resumed = await sandbox.resume(
+            sandbox.deserialize_session_state(sandbox.serialize_session_state(session.state)))
+        try:
+            await resumed.start()
+            assert resumed._inner.sandgate_session_id != sid
+            assert (await resumed.read(Path("keep.txt"))).read() == b"snapshotted"
+        finally:
+            await sandbox.delete(resumed)
+            await sandbox.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        gw.stop()

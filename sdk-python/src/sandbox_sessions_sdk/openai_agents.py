@@ -35,13 +35,16 @@ one sandgate session):
   commands (``pty_exec_start``) are sandgate background processes
   (``POST .../processes``): one that outlives the tool's yield time goes on,
   and the SDK's ``write_stdin`` tool polls it and writes to its standard
-  input. They are pipes; ``tty=True`` runs the command on a terminal
+  input; it is killed when its timeout (else ``exec_timeout_s``) passes. They are pipes; ``tty=True`` runs the command on a terminal
   through util-linux ``script`` where the sandbox has it. The options' and
   the manifest's environment is written once (through standard input) to a
   0600 file in the sandbox's ``/tmp`` that each command sources: the values
   are in no argv, so not in the gateway's command history.
 - **Files** go through the REST files API for paths in the workspace, and
-  through commands (``base64``, ``cat``) for paths outside it.
+  through commands (``base64``, ``cat``) for paths outside it and for a
+  ``user=`` (run as that user through ``sudo -u``, as the SDK runs its
+  commands; sandgate's linux sandboxes set no_new_privs, so there only the
+  workdir driver's sandboxes can).
 - **Snapshots.** ``persist_workspace`` takes a sandgate snapshot
   (``POST .../snapshots``) and hands the SDK a small reference to it instead
   of a tar stream (``workspace_persistence="snapshot"``, the default);

@@ -35,8 +35,9 @@ one sandgate session):
   commands (``pty_exec_start``) are sandgate background processes
   (``POST .../processes``): one that outlives the tool's yield time goes on,
   and the SDK's ``write_stdin`` tool polls it and writes to its standard
-  input; it is killed when its timeout (else ``exec_timeout_s``) passes. They are pipes; ``tty=True`` runs the command on a terminal
-  through util-linux ``script`` where the sandbox has it. The options' and
+  input; it is killed when its timeout (else ``exec_timeout_s``) passes.
+  They are pipes; ``tty=True`` runs the command on a terminal through
+  util-linux ``script`` where the sandbox has it. The options' and
   the manifest's environment is written once (through standard input) to a
   0600 file in the sandbox's ``/tmp`` that each command sources: the values
   are in no argv, so not in the gateway's command history.
@@ -824,10 +825,12 @@ class SandgateSandboxSession(BaseSandboxSession):
         session gone. A stream that ends without it (a dropped connection)
         is followed again from where it stopped."""
         offset = 0
-        failures = 0
+        errors = 0  # consecutive failed calls: 10 end the reading
+        idle = 0  # consecutive streams that brought nothing: a longer wait
         sid = self.sandgate_session_id
         try:
             while True:
+                before = offset
                 try:
                     stream = await self._sessions.process_output(sid, entry.process_id, offset=offset, follow=True)
                     async with stream:
@@ -852,11 +855,12 @@ class SandgateSandboxSession(BaseSandboxSession):
                                 entry.exit_code = _exit_code(line)
                                 entry.exited = True
                                 return
-                    failures = 0
+                    errors = 0
                 except (ProcessNotFoundError, SessionNotFoundError):
                     return
                 except SandboxAPIError:
-                    failures += 1
+                    errors += 1
+                idle = 0 if offset > before else idle + 1
                 # The stream ended without its final line: the process may
                 # still run (follow it again) or have ended (its final line
                 # comes at once); gone, there is nothing more to read.
@@ -865,10 +869,10 @@ class SandgateSandboxSession(BaseSandboxSession):
                 except (ProcessNotFoundError, SessionNotFoundError):
                     return
                 except SandboxAPIError:
-                    failures += 1
-                if failures > 10:
+                    errors += 1
+                if errors > 10:
                     return
-                await asyncio.sleep(min(0.1 * (2 ** failures), 2.0))
+                await asyncio.sleep(min(0.1 * (2 ** min(max(errors, idle), 5)), 2.0))
         except asyncio.CancelledError:
             pass
         finally:

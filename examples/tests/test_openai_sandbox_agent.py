@@ -779,7 +779,7 @@ def test_the_example_deletes_a_session_that_failed_to_start(gateway, client: Ses
     example = load(EXAMPLES / "openai-sandbox-agent" / "main.py", "openai_sandbox_agent_main")
     label = "agents-example-" + os.urandom(4).hex()
     options = SandgateSandboxClientOptions(env={"NOT A NAME": "x"}, labels={"test": label})
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="environment variable name"):  # start() failed
         asyncio.run(example.run_task("anything", model=ScriptedModel([]), options=options,
                                      client=sandgate_client(gateway)))
     left = [s for s in client.list_sessions(limit=100)["sessions"] if s.metadata.get("test") == label]

@@ -58,13 +58,19 @@ async def run_task(
     sandbox = client or SandgateSandboxClient()  # SANDBOX_API_URL, SANDBOX_API_TOKEN
     try:
         session = await sandbox.create(options=options or SandgateSandboxClientOptions())
-        async with session:  # start; at the end: stop, then delete (or stop with pause_on_exit)
-            if on_session is not None:
-                on_session(sandbox.sandgate_session_id(session), sandbox.ssh_command(session))
-            result = await Runner.run(
-                make_agent(model), task, max_turns=max_turns,
-                run_config=RunConfig(sandbox=SandboxRunConfig(session=session)),
-            )
+        started = False
+        try:
+            async with session:  # start; at the end: stop, then delete (or stop with pause_on_exit)
+                started = True
+                if on_session is not None:
+                    on_session(sandbox.sandgate_session_id(session), sandbox.ssh_command(session))
+                result = await Runner.run(
+                    make_agent(model), task, max_turns=max_turns,
+                    run_config=RunConfig(sandbox=SandboxRunConfig(session=session)),
+                )
+        finally:
+            if not started:  # start() failed: `async with` cleans up nothing it did not enter
+                await sandbox.delete(session)
         return str(result.final_output)
     finally:
         if own:

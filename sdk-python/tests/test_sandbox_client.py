@@ -321,3 +321,29 @@ def test_secrets_and_egress_reach_the_session(sandgate_bin: str, scratch: Path) 
                 run(sb.kill())
     finally:
         gw.stop()
+
+
+def test_an_older_sdk_creates_a_missing_workspace_too(gateway: Gateway) -> None:
+    """With a SessionsClient whose create_session has no ``name`` (an older
+    SDK), the request is sent here; a spec's workspace that does not exist
+    yet is still made first, as on the newer path."""
+
+    class OlderSessionsClient(SessionsClient):
+        def create_session(self, ttl=3600, image=None, metadata=None, ssh_public_key=None,  # type: ignore[override]
+                           idempotency_key=None, resources=None, labels=None, egress=None, secrets=None,
+                           workspace=None):
+            return super().create_session(ttl=ttl, image=image, metadata=metadata, ssh_public_key=ssh_public_key,
+                                          idempotency_key=idempotency_key, resources=resources, labels=labels,
+                                          egress=egress, secrets=secrets, workspace=workspace)
+
+    ws = unique("wsold")
+    with OlderSessionsClient(api_url=gateway.url, bearer_token=gateway.token) as c:
+        sandbox = SandgateSandboxClient(c, ttl=600, images={SEED_IMAGE: "default"})
+        name = unique("old")
+        handle = run(sandbox.create(SandboxSpec(name=name, workspace=ws)))
+        try:
+            assert c.get_session(handle.session_id).raw.get("name") == name
+            assert c.get_session(handle.session_id).workspace == ws
+        finally:
+            run(sandbox.remove(name))
+            c.delete_workspace(ws)

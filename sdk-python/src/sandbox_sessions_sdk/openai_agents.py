@@ -8,11 +8,12 @@ A ``SandboxAgent`` runs its shell, file and patch tools in a sandgate session::
     from sandbox_sessions_sdk.openai_agents import SandgateSandboxClient, SandgateSandboxClientOptions
 
     agent = SandboxAgent(name="coder", instructions="...")
-    run_config = RunConfig(sandbox=SandboxRunConfig(
-        client=SandgateSandboxClient(),              # $SANDBOX_API_URL, $SANDBOX_API_TOKEN
-        options=SandgateSandboxClientOptions(egress=("pypi.org", "files.pythonhosted.org")),
-    ))
-    result = await Runner.run(agent, "Write fib.py and run it", run_config=run_config)
+    async with SandgateSandboxClient() as client:    # $SANDBOX_API_URL, $SANDBOX_API_TOKEN
+        run_config = RunConfig(sandbox=SandboxRunConfig(
+            client=client,
+            options=SandgateSandboxClientOptions(egress=("pypi.org", "files.pythonhosted.org")),
+        ))
+        result = await Runner.run(agent, "Write fib.py and run it", run_config=run_config)
 
 Install it with the extra that pins the Agents SDK range this module follows
 (its sandbox interface changes often): ``pip install 'sandgate-sdk[openai-agents]'``
@@ -34,10 +35,17 @@ one sandgate session):
   commands (``pty_exec_start``) are sandgate background processes
   (``POST .../processes``): one that outlives the tool's yield time goes on,
   and the SDK's ``write_stdin`` tool polls it and writes to its standard
-  input. They are pipes; ``tty=True`` runs the command on a terminal
-  through util-linux ``script`` where the sandbox has it.
+  input; it is killed when its timeout (else ``exec_timeout_s``) passes.
+  They are pipes; ``tty=True`` runs the command on a terminal through
+  util-linux ``script`` where the sandbox has it. The options' and
+  the manifest's environment is written once (through standard input) to a
+  0600 file in the sandbox's ``/tmp`` that each command sources: the values
+  are in no argv, so not in the gateway's command history.
 - **Files** go through the REST files API for paths in the workspace, and
-  through commands (``base64``, ``cat``) for paths outside it.
+  through commands (``base64``, ``cat``) for paths outside it and for a
+  ``user=`` (run as that user through ``sudo -u``, as the SDK runs its
+  commands; sandgate's linux sandboxes set no_new_privs, so there only the
+  workdir driver's sandboxes can).
 - **Snapshots.** ``persist_workspace`` takes a sandgate snapshot
   (``POST .../snapshots``) and hands the SDK a small reference to it instead
   of a tar stream (``workspace_persistence="snapshot"``, the default);
@@ -46,10 +54,15 @@ one sandgate session):
   (used as well when the session holds a named workspace, which cannot be
   combined with ``fromSnapshot``, or when the SDK asks to leave paths out).
   An SDK session keeps one sandgate snapshot: persisting again deletes the
-  one it replaces. The last one stays on the gateway for a later resume
-  (it counts against ``--max-snapshots-per-tenant``; delete it with
-  ``AsyncSessionsClient.delete_snapshot(state.sandgate_snapshot_id)``);
-  ``"tar"`` keeps nothing on the gateway.
+  one it replaces, a snapshot the SDK then fails to store is deleted, and a
+  tar persisted instead deletes it too. The last one stays on the gateway
+  for a later resume: it counts against ``--max-snapshots-per-tenant``
+  until it is deleted. When the application is done with the SDK session
+  (no resume to come), delete it with
+  ``await client.sessions.delete_snapshot(state.sandgate_snapshot_id)``;
+  ``GET /v1/snapshots`` lists them with the ``sessionId`` they were taken
+  of (sandgate snapshots carry no labels, so nothing names the SDK
+  session). ``"tar"`` keeps nothing on the gateway.
 - **Manifests.** The manifest's root is the session's workspace: the
   default root (``/workspace``) becomes the directory the session's commands
   start in, which is ``/workspace`` on the linux driver and the session's
@@ -72,8 +85,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import io
 import json
+import logging
 import re
 import shlex
 import signal as _signal
@@ -124,6 +139,8 @@ except ImportError as _e:  # pragma: no cover - exercised without the extra
 
 from .aio import AsyncSessionsClient
 
+_log = logging.getLogger(__name__)
+
 #: The Agents SDK versions this module follows (the extra's pin).
 SUPPORTED_AGENTS_VERSIONS = ">=0.24,<0.25"
 
@@ -148,10 +165,13 @@ def _check_agents_version() -> None:
 _check_agents_version()
 from .errors import (
     FileNotFoundInSandboxError,
+    ProcessExitedError,
+    ProcessNotFoundError,
     SandboxAPIError,
     SandboxConnectionError,
     SessionNotFoundError,
     SnapshotNotFoundError,
+    WorkspaceExistsError,
     WorkspaceNotFoundError,
 )
 from .models import CommandResult, Session
@@ -340,8 +360,13 @@ async def _create_sandgate_session(
     try:
         return await sessions.create_session(**kwargs)
     except WorkspaceNotFoundError:
-        await sessions.create_workspace(state.workspace)  # type: ignore[arg-type]
-        return await sessions.create_session(**kwargs)
+        if from_snapshot is not None or state.workspace is None:
+            raise
+    try:
+        await sessions.create_workspace(state.workspace)
+    except WorkspaceExistsError:
+        pass  # another client made it meanwhile: use it
+    return await sessions.create_session(**kwargs)
 
 
 def _adopt_root(state: SandgateSandboxSessionState, root: str) -> None:
@@ -374,6 +399,9 @@ async def _workspace_root(sessions: AsyncSessionsClient, sid: str) -> str:
 _MAX_READ_OUTSIDE = 8 << 20
 
 #: The gateway's largest command timeout, in its invalid_timeout message.
+#: (The error envelope has no structured field for it, nor does any
+#: endpoint publish --max-command-timeout: the message is all there is. When
+#: it does not match, the error is raised as it is.)
 _MAX_TIMEOUT = re.compile(r"at most ([0-9.]+(?:e[+-]?[0-9]+)?) seconds")
 
 #: Runs "$1" on a pseudo-terminal with util-linux script(1) (-e: its exit
@@ -383,6 +411,24 @@ _TTY_WRAPPER = (
     'if script -qefc true /dev/null >/dev/null 2>&1; then exec script -qefc "$1" /dev/null; fi\n'
     'exec sh -c "$1"'
 )
+
+
+#: A name the environment file can export.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: What the environment file's wrapper says when the file is gone.
+_ENV_MISSING = "sandgate-env-missing"
+_ENV_MISSING_EXIT = 197
+
+#: Sources the environment file "$1", then runs the rest of its arguments.
+_ENV_WRAPPER = (
+    'f=$1; shift; if [ ! -r "$f" ]; then echo "%s: $f" >&2; exit %d; fi; . "$f" && exec "$@"'
+    % (_ENV_MISSING, _ENV_MISSING_EXIT)
+)
+
+#: Writes its standard input to "$1", readable by its owner only (no
+#: clobbering: a file put in the temporary name's way fails the write).
+_ENV_WRITER = 'umask 077 && set -C && t="$1.$$" && cat > "$t" && mv -f -- "$t" "$1"'
 
 
 @dataclass
@@ -395,8 +441,20 @@ class _Process:
     output_notify: asyncio.Event = field(default_factory=asyncio.Event)
     output_closed: asyncio.Event = field(default_factory=asyncio.Event)
     exit_code: Optional[int] = None
+    #: The gateway said the process ended (its output's final line, or its status).
+    exited: bool = False
     reader: Optional["asyncio.Task[None]"] = None
+    #: Kills the process when its timeout passes.
+    killer: Optional["asyncio.Task[None]"] = None
     last_used: float = field(default_factory=time.monotonic)
+
+
+def _as_user(user: Union[str, User, None], argv: list) -> list:
+    """*argv* as the SDK runs a command as *user* (``sudo -u USER --``)."""
+    if user is None:
+        return argv
+    name = user.name if isinstance(user, User) else user
+    return ["sudo", "-u", name, "--", *argv]
 
 
 def _exit_code(line: Dict[str, Any]) -> Optional[int]:
@@ -420,12 +478,15 @@ class SandgateSandboxSession(BaseSandboxSession):
         self.state = state
         self._sessions = sessions
         self._made_snapshot: Optional[str] = None
+        self._persisted_tar = False
         self._max_timeout: Optional[float] = None
         #: The sandgate snapshot resume started this session from, if any.
         self._created_from_snapshot: Optional[str] = None
         self._pty_lock = asyncio.Lock()
         self._processes: Dict[int, _Process] = {}
         self._reserved_process_ids: set = set()
+        #: (sandgate session, user) -> (digest, path) of the environment file written there.
+        self._env_files: Dict[Tuple[str, Optional[str]], Tuple[str, str]] = {}
 
     @classmethod
     def from_state(
@@ -520,13 +581,27 @@ class SandgateSandboxSession(BaseSandboxSession):
         return s.status in ("running", "stopped", "creating", "starting")
 
     async def _shutdown_backend(self) -> None:
+        await self._remove_env_files()
+        sid = self.sandgate_session_id
+        what = "delete"
         try:
             if self.state.pause_on_exit:
-                await self._sessions.stop_session(self.sandgate_session_id)
-            else:
-                await self._sessions.delete_session(self.sandgate_session_id)
-        except SandboxAPIError:
+                what = "stop"
+                try:
+                    await self._sessions.stop_session(sid)
+                    return
+                except SandboxAPIError as e:
+                    # A driver that cannot stop, or a failed session (nothing
+                    # in it to keep): delete it rather than leave it running.
+                    if e.code not in ("stop_unsupported", "session_not_running"):
+                        raise
+                    _log.warning("sandgate: cannot stop session %s (%s): deleting it instead", sid, e.code)
+                    what = "delete"
+            await self._sessions.delete_session(sid)
+        except SessionNotFoundError:
             pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not %s session %s (it lives on until its ttl): %s", what, sid, e)
 
     # -- exec --------------------------------------------------------------
 
@@ -550,17 +625,78 @@ class SandgateSandboxSession(BaseSandboxSession):
             )
 
     async def _with_env(self, argv: list) -> list:
-        """*argv* under ``env NAME=VALUE ...`` for the options' and the
-        manifest's environment. (The REST ``env`` field takes only the
-        names the operator allows, as SSH's AcceptEnv; ``env`` in the
-        command is what the command itself could do.)"""
+        """*argv* with the options' and the manifest's environment.
+
+        The values never go into an argv (the gateway records each
+        command's in its history, and ``ps`` shows it): they are written
+        once, through a command's standard input, to a 0600 file outside
+        the workspace, which the command sources before it runs
+        (``sh -c '. "$F"; exec "$@"'``). Under the SDK's ``sudo -u USER --``
+        the wrapper goes after it (sudo resets the environment), with a file
+        of that user's. (The REST ``env`` field takes only the names the
+        operator allows, as SSH's AcceptEnv.)"""
         env = {**self.state.base_env, **(await self.state.manifest.environment.resolve())}
         if not env:
             return argv
         for k in env:
-            if not k or "=" in k or "\0" in k or k.startswith("-"):
+            if not _ENV_NAME.fullmatch(k):
                 raise ValueError(f"environment variable name {k!r} is not valid")
-        return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+        user: Optional[str] = None
+        rest = argv
+        if len(argv) >= 4 and argv[0] == "sudo" and argv[1] == "-u" and argv[3] == "--":
+            user, rest = argv[2], argv[4:]
+        path = await self._env_file(env, user)
+        wrapped = ["sh", "-c", _ENV_WRAPPER, "sh", path, *rest]
+        return ["sudo", "-u", user, "--", *wrapped] if user is not None else wrapped
+
+    async def _env_file(self, env: Dict[str, str], user: Optional[str]) -> str:
+        """The path of the 0600 file that exports *env* for *user*'s
+        commands, written (again) when it changed."""
+        content = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()).encode("utf-8")
+        digest = hashlib.sha256(content).hexdigest()
+        key = (self.sandgate_session_id, user)
+        known = self._env_files.get(key)
+        if known is not None and known[0] == digest:
+            return known[1]
+        path = known[1] if known is not None else f"/tmp/.sandgate-env-{uuid.uuid4().hex}"
+        argv = ["sh", "-c", _ENV_WRITER, "sh", path]
+        if user is not None:
+            argv = ["sudo", "-u", user, "--", *argv]
+        try:
+            res = await self._run(argv, timeout=60, stdin=content)
+        except SandboxAPIError as e:
+            raise ExecTransportError(
+                command=("<write environment>",), context=_context(e), cause=e,
+                message=f"sandgate: writing the commands' environment failed: {e}", retryable=_retryable(e),
+            ) from e
+        if res.exit_code != 0:
+            raise ExecTransportError(
+                command=("<write environment>",),
+                context={"backend": "sandgate", "exit_code": res.exit_code, "stderr": res.stderr[:4096]},
+                message=f"sandgate: writing the commands' environment exited {res.exit_code}",
+            )
+        self._env_files[key] = (digest, path)
+        return path
+
+    async def _remove_env_files(self) -> None:
+        files, self._env_files = self._env_files, {}
+        for (sid, user), (_, path) in files.items():
+            argv = ["rm", "-f", "--", path]
+            if user is not None:
+                argv = ["sudo", "-u", user, "--", *argv]
+            try:
+                await self._sessions.run(sid, argv=argv, timeout=30)
+            except SandboxAPIError:
+                pass
+
+    async def _run_with_env(self, argv: list, **options: Any) -> CommandResult:
+        res = await self._run(await self._with_env(argv), **options)
+        if res.exit_code == _ENV_MISSING_EXIT and _ENV_MISSING in res.stderr:
+            # The sandbox lost the file (its /tmp, across a stop and start):
+            # the command did not run; write the file again and run it.
+            self._env_files.clear()
+            res = await self._run(await self._with_env(argv), **options)
+        return res
 
     async def _exec_internal(self, *command: Union[str, Path], timeout: Optional[float] = None) -> ExecResult:
         argv = [str(c) for c in command]
@@ -568,7 +704,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         root = self._root().as_posix()
         cwd = None if root == (self.state.workspace_root or DEFAULT_WORKSPACE_ROOT) else root
         try:
-            res = await self._run(await self._with_env(argv), timeout=t, cwd=cwd)
+            res = await self._run_with_env(argv, timeout=t, cwd=cwd)
         except SandboxAPIError as e:
             raise ExecTransportError(
                 command=command, context=_context(e), cause=e, message=f"sandgate exec failed: {e}",
@@ -623,6 +759,8 @@ class SandgateSandboxSession(BaseSandboxSession):
             ) from e
         entry = _Process(process_id=str(started["processId"]))
         entry.reader = asyncio.create_task(self._read_output(entry))
+        limit = self.state.exec_timeout_s if timeout is None else max(float(timeout), 0.001)
+        entry.killer = asyncio.create_task(self._kill_after(entry, limit))
         async with self._pty_lock:
             pid = allocate_pty_process_id(self._reserved_process_ids)
             self._reserved_process_ids.add(pid)
@@ -669,28 +807,78 @@ class SandgateSandboxSession(BaseSandboxSession):
         for entry in entries:
             await self._terminate(entry)
 
-    async def _read_output(self, entry: _Process) -> None:
-        """Follow the process's output into its chunks, to its end."""
+    async def _kill_after(self, entry: _Process, seconds: float) -> None:
+        """The process's timeout: KILL it when *seconds* pass before it ends."""
+        await asyncio.sleep(seconds)
+        if entry.exited:
+            return
         try:
-            stream = await self._sessions.process_output(self.sandgate_session_id, entry.process_id, follow=True)
-            async with stream:
-                async for line in stream:
-                    data = b""
-                    for key in ("stdout", "stderr"):
-                        if isinstance(line.get(key), str):
-                            data += line[key].encode("utf-8")
-                        elif isinstance(line.get(key + "Base64"), str):
-                            data += base64.b64decode(line[key + "Base64"])
-                    if data:
-                        async with entry.output_lock:
-                            entry.output_chunks.append(data)
-                        entry.output_notify.set()
-                    if "done" in line:
-                        entry.exit_code = _exit_code(line) if line.get("done") else None
-                        break
-        except (SandboxAPIError, asyncio.CancelledError):
+            await self._sessions.signal_process(self.sandgate_session_id, entry.process_id, "KILL")
+        except (ProcessExitedError, ProcessNotFoundError):
+            pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not kill process %s at its timeout: %s", entry.process_id, e)
+
+    async def _read_output(self, entry: _Process) -> None:
+        """Follow the process's output into its chunks, to its end: the
+        output's final line (``done: true``), or the process or its
+        session gone. A stream that ends without it (a dropped connection)
+        is followed again from where it stopped."""
+        offset = 0
+        errors = 0  # consecutive failed calls: 10 end the reading
+        idle = 0  # consecutive streams that brought nothing: a longer wait
+        sid = self.sandgate_session_id
+        try:
+            while True:
+                before = offset
+                try:
+                    stream = await self._sessions.process_output(sid, entry.process_id, offset=offset, follow=True)
+                    async with stream:
+                        async for line in stream:
+                            data = b""
+                            for key in ("stdout", "stderr"):
+                                if isinstance(line.get(key), str):
+                                    data += line[key].encode("utf-8")
+                                elif isinstance(line.get(key + "Base64"), str):
+                                    data += base64.b64decode(line[key + "Base64"])
+                            if data:
+                                async with entry.output_lock:
+                                    entry.output_chunks.append(data)
+                                entry.output_notify.set()
+                                if isinstance(line.get("offset"), int):
+                                    offset = max(offset, line["offset"] + len(data))
+                            elif isinstance(line.get("offset"), int):  # after droppedBytes
+                                offset = max(offset, line["offset"])
+                            if isinstance(line.get("nextOffset"), int):
+                                offset = max(offset, line["nextOffset"])
+                            if line.get("done") is True:
+                                entry.exit_code = _exit_code(line)
+                                entry.exited = True
+                                return
+                    errors = 0
+                except (ProcessNotFoundError, SessionNotFoundError):
+                    return
+                except SandboxAPIError:
+                    errors += 1
+                idle = 0 if offset > before else idle + 1
+                # The stream ended without its final line: the process may
+                # still run (follow it again) or have ended (its final line
+                # comes at once); gone, there is nothing more to read.
+                try:
+                    await self._sessions.get_process(sid, entry.process_id)
+                except (ProcessNotFoundError, SessionNotFoundError):
+                    return
+                except SandboxAPIError:
+                    errors += 1
+                if errors > 10:
+                    return
+                await asyncio.sleep(min(0.1 * (2 ** min(max(errors, idle), 5)), 2.0))
+        except asyncio.CancelledError:
             pass
         finally:
+            killer = entry.killer
+            if entry.exited and killer is not None and not killer.done():
+                killer.cancel()
             entry.output_closed.set()
             entry.output_notify.set()
 
@@ -731,16 +919,25 @@ class SandgateSandboxSession(BaseSandboxSession):
         return self._processes.pop(pid, None)
 
     async def _terminate(self, entry: _Process) -> None:
-        if not entry.output_closed.is_set():
+        # KILL it unless the gateway said it ended (the reader may have
+        # stopped for another reason: a session gone, a connection lost).
+        if not entry.exited:
             try:
                 await self._sessions.signal_process(self.sandgate_session_id, entry.process_id, "KILL")
-            except SandboxAPIError:
+            except (ProcessExitedError, ProcessNotFoundError, SessionNotFoundError):
                 pass
-        reader, entry.reader = entry.reader, None
-        if reader is not None and reader is not asyncio.current_task():
-            if not reader.done():
-                reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            except SandboxAPIError as e:
+                _log.warning("sandgate: could not kill process %s: %s", entry.process_id, e)
+        tasks = []
+        for attr in ("reader", "killer"):
+            task = getattr(entry, attr)
+            setattr(entry, attr, None)
+            if task is not None and task is not asyncio.current_task():
+                if not task.done():
+                    task.cancel()
+                tasks.append(task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- files -------------------------------------------------------------
 
@@ -750,12 +947,14 @@ class SandgateSandboxSession(BaseSandboxSession):
             target = await self._check_read_with_exec(path, user=user)
         else:
             target = await self._validate_path_access(path)
-        rel = self._workspace_rel(target)
+        # As a user: through a command of that user's (the files API reads
+        # as the session's default user).
+        rel = self._workspace_rel(target) if user is None else None
         try:
             if rel is not None:
                 return io.BytesIO(await self._sessions.read_file(self.sandgate_session_id, rel))
             res = await self._run(
-                ["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()],
+                _as_user(user, ["sh", "-c", 'test -e "$1" || exit 44; base64 < "$1"', "sh", target.as_posix()]),
                 max_output_bytes=_MAX_READ_OUTSIDE,
             )
         except FileNotFoundInSandboxError as e:
@@ -774,6 +973,47 @@ class SandgateSandboxSession(BaseSandboxSession):
             )
         return io.BytesIO(base64.b64decode(res.stdout))
 
+    async def _read_bounded(self, path: Path, *, max_bytes: int) -> bytes:
+        """At most *max_bytes* of *path*, and no more asked for: the files
+        API's bound in the workspace, ``head -c`` outside it."""
+        error_path = posix_path_as_path(coerce_posix_path(path))
+        target = await self._validate_path_access(path)
+        rel = self._workspace_rel(target)
+        if rel is not None:
+            try:
+                return await self._sessions.read_file(self.sandgate_session_id, rel, max_bytes=max_bytes)
+            except FileNotFoundInSandboxError as e:
+                raise WorkspaceReadNotFoundError(path=error_path, context=_context(e), cause=e) from e
+            except SandboxAPIError as e:
+                raise WorkspaceArchiveReadError(
+                    path=error_path, context=_context(e), cause=e, retryable=_retryable(e)
+                ) from e
+        # base64 is 4/3 of the bytes, plus a newline every 76 characters.
+        wire = (max_bytes + 2) // 3 * 4 + max_bytes // 57 + 64
+        try:
+            res = await self._run(
+                ["sh", "-c", '[ -e "$1" ] || exit 44; [ -f "$1" ] || exit 45; head -c "$2" < "$1" | base64',
+                 "sh", target.as_posix(), str(max_bytes)],
+                timeout=60,
+                max_output_bytes=wire,
+            )
+        except SandboxAPIError as e:
+            raise WorkspaceArchiveReadError(
+                path=error_path, context=_context(e), cause=e, retryable=_retryable(e)
+            ) from e
+        if res.exit_code == 44:
+            raise WorkspaceReadNotFoundError(path=error_path, context={"backend": "sandgate"})
+        if res.truncated:
+            raise WorkspaceArchiveReadError(
+                path=error_path, context={"backend": "sandgate", "reason": "bounded_read_wire_limit"}
+            )
+        if res.exit_code != 0:
+            raise WorkspaceArchiveReadError(
+                path=error_path,
+                context={"backend": "sandgate", "exit_code": res.exit_code, "stderr": res.stderr[:4096]},
+            )
+        return base64.b64decode(res.stdout)[:max_bytes]
+
     async def write(self, path: Path, data: io.IOBase, *, user: Union[str, User, None] = None) -> None:
         error_path = posix_path_as_path(coerce_posix_path(path))
         if user is not None:
@@ -784,13 +1024,16 @@ class SandgateSandboxSession(BaseSandboxSession):
         if not isinstance(payload, (bytes, bytearray)):
             raise WorkspaceWriteTypeError(path=error_path, actual_type=type(payload).__name__)
         target = await self._validate_path_access(path, for_write=True)
-        rel = self._workspace_rel(target)
+        # As a user: through a command of that user's (the files API writes
+        # as the session's default user).
+        rel = self._workspace_rel(target) if user is None else None
         try:
             if rel is not None:
                 await self._sessions.write_file(self.sandgate_session_id, rel, bytes(payload), mkdirs=True)
                 return
             res = await self._run(
-                ["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", target.as_posix()],
+                _as_user(user, ["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh",
+                                target.as_posix()]),
                 stdin=bytes(payload),
             )
         except SandboxAPIError as e:
@@ -816,19 +1059,36 @@ class SandgateSandboxSession(BaseSandboxSession):
     async def _persist_snapshot(self) -> None:
         # One sandgate snapshot per SDK session: once the SDK has recorded a
         # new one, the one it replaces is deleted (snapshots count against
-        # the tenant's --max-snapshots-per-tenant).
+        # the tenant's --max-snapshots-per-tenant). One the SDK failed to
+        # record is deleted at once; a tar recorded instead deletes the
+        # previous one too (nothing refers to it any more).
         previous = self.state.sandgate_snapshot_id
         self._made_snapshot = None
-        await super()._persist_snapshot()
+        self._persisted_tar = False
+        try:
+            await super()._persist_snapshot()
+        except BaseException:
+            made, self._made_snapshot = self._made_snapshot, None
+            if made is not None:
+                await self._delete_snapshot_quietly(made)
+            raise
         made = self._made_snapshot
-        if made is None:
-            return
-        self.state.sandgate_snapshot_id = made
+        if made is not None:
+            self.state.sandgate_snapshot_id = made
+        elif self._persisted_tar:
+            self.state.sandgate_snapshot_id = None
+        else:
+            return  # nothing persisted (no snapshot configured)
         if previous is not None and previous != made:
-            try:
-                await self._sessions.delete_snapshot(previous)
-            except SandboxAPIError:
-                pass
+            await self._delete_snapshot_quietly(previous)
+
+    async def _delete_snapshot_quietly(self, snapshot_id: str) -> None:
+        try:
+            await self._sessions.delete_snapshot(snapshot_id)
+        except SnapshotNotFoundError:
+            pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not delete snapshot %s (delete_snapshot it later): %s", snapshot_id, e)
 
     async def persist_workspace(self) -> io.IOBase:
         root = self._root()
@@ -845,6 +1105,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         return await self._persist_tar()
 
     async def _persist_tar(self) -> io.IOBase:
+        self._persisted_tar = True
         root = self._root()
         name = f".sandgate-persist-{uuid.uuid4().hex}.tar"
         excludes = [f"--exclude=./{p.as_posix()}" for p in sorted(self._persist_workspace_skip_relpaths())]
@@ -916,10 +1177,11 @@ class SandgateSandboxSession(BaseSandboxSession):
             )
 
     async def _restore_snapshot_into_workspace_on_resume(self) -> None:
+        # The SDK's own restore clears the workspace, then hydrates it. A
+        # reference to a sandgate snapshot is not hydrated into this session
+        # but replaces it: read the state's snapshot first, and clear nothing
+        # then (the old session stays whole until its replacement exists).
         made_from, self._created_from_snapshot = self._created_from_snapshot, None
-        if made_from is None:
-            await super()._restore_snapshot_into_workspace_on_resume()
-            return
         data = await self.state.snapshot.restore(dependencies=self.dependencies)
         try:
             raw = data.read()
@@ -928,17 +1190,43 @@ class SandgateSandboxSession(BaseSandboxSession):
                 data.close()
             except Exception:
                 pass
-        if isinstance(raw, (bytes, bytearray)) and _decode_snapshot_ref(bytes(raw)) == made_from:
-            return  # resume made this session from that very snapshot: its workspace is the snapshot
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8")
+        if not isinstance(raw, (bytes, bytearray)):
+            raise WorkspaceWriteTypeError(path=Path(self._root().as_posix()), actual_type=type(raw).__name__)
+        ref = _decode_snapshot_ref(bytes(raw))
+        if ref is not None:
+            if ref != made_from:  # else resume made this session from that very snapshot
+                await self._replace_from_snapshot(ref)
+            return
         await self._clear_workspace_root_on_resume()
-        await self.hydrate_workspace(io.BytesIO(raw if isinstance(raw, (bytes, bytearray)) else b""))
+        await self.hydrate_workspace(io.BytesIO(bytes(raw)))
+
+    async def _snapshot_exists(self, snapshot_id: str) -> bool:
+        return any(s.snapshot_id == snapshot_id for s in await self._sessions.list_snapshots())
 
     async def _replace_from_snapshot(self, snapshot_id: str) -> None:
-        """Put a session created ``fromSnapshot`` in place of this one."""
+        """Put a session created ``fromSnapshot`` in place of this one.
+
+        The new session is made first. When the old one stands in its way
+        (it holds the state's ``name``, or the tenant's last session slot:
+        ``name_taken``, ``quota_exceeded``), the old one is deleted first,
+        once the snapshot the new one is made from is known to exist (it
+        is the copy the old workspace is being replaced with), and the
+        create is tried again."""
         root = self._root()
-        old = self.sandgate_session_id
+        old: Optional[str] = self.sandgate_session_id
+        # The old session's processes end with it: forget them before the id changes.
+        await self.pty_terminate_all()
         try:
-            created = await _create_sandgate_session(self._sessions, self.state, from_snapshot=snapshot_id)
+            try:
+                created = await _create_sandgate_session(self._sessions, self.state, from_snapshot=snapshot_id)
+            except SandboxAPIError as e:
+                if e.code not in ("name_taken", "quota_exceeded") or not await self._snapshot_exists(snapshot_id):
+                    raise
+                await self._sessions.delete_session(old)  # type: ignore[arg-type]
+                old = None
+                created = await _create_sandgate_session(self._sessions, self.state, from_snapshot=snapshot_id)
         except SandboxAPIError as e:
             raise WorkspaceArchiveWriteError(
                 path=Path(root.as_posix()),
@@ -948,10 +1236,13 @@ class SandgateSandboxSession(BaseSandboxSession):
             ) from e
         self.state.sandgate_session_id = created.session_id
         self.state.sandgate_snapshot_id = snapshot_id
-        try:
-            await self._sessions.delete_session(old)
-        except SandboxAPIError:
-            pass
+        if old is not None:
+            try:
+                await self._sessions.delete_session(old)
+            except SessionNotFoundError:
+                pass
+            except SandboxAPIError as e:
+                _log.warning("sandgate: could not delete the replaced session %s: %s", old, e)
         try:
             _adopt_root(self.state, await _workspace_root(self._sessions, created.session_id))
         except SandboxAPIError as e:
@@ -1090,8 +1381,10 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
     async def _delete_quietly(self, sid: str) -> None:
         try:
             await self.sessions.delete_session(sid)
-        except SandboxAPIError:
+        except SessionNotFoundError:
             pass
+        except SandboxAPIError as e:
+            _log.warning("sandgate: could not delete session %s (it lives on until its ttl): %s", sid, e)
 
     async def delete(self, session: SandboxSession) -> SandboxSession:
         inner = session._inner
@@ -1099,14 +1392,24 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
             raise TypeError("SandgateSandboxClient.delete expects a SandgateSandboxSession")
         try:
             await inner.shutdown()
-        except Exception:
-            pass
+        except Exception as e:
+            _log.warning("sandgate: shutting down session %s failed: %s", inner.sandgate_session_id, e)
         return session
 
     async def resume(self, state: SandboxSessionState) -> SandboxSession:
         if not isinstance(state, SandgateSandboxSessionState):
             raise TypeError("SandgateSandboxClient.resume expects a SandgateSandboxSessionState")
         state.assert_path_grants_rebound()
+        if state.api_url and state.api_url.rstrip("/") != self.sessions.api_url.rstrip("/"):
+            import warnings
+
+            warnings.warn(
+                f"resuming a sandgate session state of another gateway ({state.api_url}) on "
+                f"{self.sessions.api_url}: its session and snapshot are unknown here, so a new, "
+                "empty session is made unless this is the same gateway under another URL",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         reconnected = False
         try:
             s = await self.sessions.get_session(state.sandgate_session_id)
@@ -1115,6 +1418,11 @@ class SandgateSandboxClient(BaseSandboxClient[Optional[SandgateSandboxClientOpti
                 await self._delete_quietly(state.sandgate_session_id)  # failed: it holds nothing to keep
         except SessionNotFoundError:
             reconnected = False
+        except SandboxAPIError as e:
+            raise WorkspaceStartError(
+                path=Path(str(state.manifest.root)), context=_context(e), cause=e,
+                message=f"failed to resume session {state.sandgate_session_id}: {e}", retryable=_retryable(e),
+            ) from e
         from_snapshot: Optional[str] = None
         if not reconnected:
             # The SDK will restore the workspace from the state's snapshot:

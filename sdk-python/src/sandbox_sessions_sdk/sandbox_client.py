@@ -461,19 +461,22 @@ class SandgateSandboxClient(SandboxClient):
         has it; else the same request (and the same retries, under one
         Idempotency-Key) sent here.
         """
-        fields = dict(body)
-        fields["metadata"] = fields.pop("labels")
+        try:
+            return self._create_session_once(body)
+        except WorkspaceNotFoundError:
+            if "workspace" not in body:
+                raise
+        # The spec's workspace does not exist yet: make it, then mount it.
+        try:
+            self.sessions.create_workspace(body["workspace"])
+        except WorkspaceExistsError:
+            pass  # made meanwhile by another client: use it
+        return self._create_session_once(body)
+
+    def _create_session_once(self, body: Dict[str, Any]) -> Session:
         if "name" in inspect.signature(self.sessions.create_session).parameters:
-            try:
-                return self.sessions.create_session(ttl=self.ttl, **fields)  # type: ignore[arg-type]
-            except WorkspaceNotFoundError:
-                if "workspace" not in fields:
-                    raise
-            # The spec's workspace does not exist yet: make it, then mount it.
-            try:
-                self.sessions.create_workspace(fields["workspace"])
-            except WorkspaceExistsError:
-                pass
+            fields = dict(body)
+            fields["metadata"] = fields.pop("labels")
             return self.sessions.create_session(ttl=self.ttl, **fields)  # type: ignore[arg-type]
         fields = dict(body, ttl=self.ttl)
         key = str(uuid.uuid4())

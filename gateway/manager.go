@@ -66,6 +66,9 @@ type Config struct {
 	// Workspaces keeps workspaces beyond sessions (nil: none; a create
 	// that names a workspace or snapshot is workspaces_unavailable).
 	Workspaces Workspaces
+	// WarmPool is how many sandboxes of the default root are kept built
+	// and idle for creates to claim, once Run runs (0: none; warmpool.go).
+	WarmPool int
 }
 
 // Manager owns every live session.
@@ -89,6 +92,8 @@ type Manager struct {
 	// tomb are the tombstones of ended sessions (tombstone.go).
 	tomb     *tombstones
 	tombOnce sync.Once
+	// pool holds the warm sandboxes (nil: Config.WarmPool is 0).
+	pool *warmPool
 }
 
 // watch marks s failed if its sandbox ends while the session still runs.
@@ -143,7 +148,13 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 		cfg.Store = NewMemStore()
 	}
 	cfg.Resources = cfg.Resources.withDefaults()
-	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{}}
+	m := &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{}}
+	if cfg.WarmPool > 0 {
+		m.pool = newWarmPool(cfg.WarmPool, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
+			return driver.Create(ctx, sandbox.Spec{ID: id})
+		}, log)
+	}
+	return m
 }
 
 // CreateParams are the caller's choices for a new session.
@@ -182,6 +193,7 @@ type CreateParams struct {
 // (idempotency_key_in_progress).
 func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
 	start := time.Now()
+	tr := sandbox.TraceOf(ctx)
 	c, err := m.checkCreate(p, &cp)
 	if err != nil {
 		return nil, "", err
@@ -191,6 +203,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if err != nil {
 		return nil, "", err
 	}
+	tr.Mark("check")
 	if prior != nil {
 		m.log.InfoContext(ctx, "session_create_replayed", "session", prior.ID, "tenant", p.Tenant)
 		return prior, "", nil
@@ -207,12 +220,22 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	}
 	u.push(func() { m.unclaimName(name) })
 
-	s, pw := m.newSession(p, cp, c)
+	lim := m.cfg.Resources.limits(cp.Resources)
+	w, warmed := m.takeWarm(c, lim)
+	s, pw := m.newSession(p, cp, c, w.id)
+	if warmed {
+		u.push(func() {
+			if s.sandbox == nil { // it never became the session's
+				m.destroyWarm(w)
+			}
+		})
+	}
 	if err := m.claimWorkspace(ctx, s); err != nil {
 		return nil, "", err
 	}
 	u.push(func() { m.detachWorkspace(ctx, s) })
-	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
+	tr.Mark("session")
+	spec := sandbox.Spec{ID: s.ID, Limits: lim}
 	if slices.ContainsFunc(c.secrets, SecretRef.Bound) {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
@@ -237,7 +260,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			m.releaseImage(s)
 		}
 	})
-	if sb, err = m.driver.Create(ctx, spec); err != nil {
+	if sb, err = m.sandboxFor(ctx, spec, w, warmed); err != nil {
 		sb = nil
 		return nil, "", m.sandboxCreateFailed(ctx, s, err)
 	}
@@ -246,6 +269,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		m.logCreateStep(ctx, "workspace_attach_failed", s, err)
 		return nil, "", err
 	}
+	tr.Mark("workspace_attach")
 	if s.needsProxy() {
 		if err := m.openProxy(ctx, s); err != nil {
 			m.logCreateStep(ctx, "egress_proxy_failed", s, err)
@@ -253,6 +277,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			return nil, "", err
 		}
 		u.push(s.closeProxy)
+		tr.Mark("egress_proxy")
 	}
 	// The record is durable before the client hears of the session; a crash
 	// before this point leaves only a sandbox without a record, which the
@@ -265,6 +290,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
 	}
 	u.push(func() { _ = m.cfg.Store.Delete(s.ID) })
+	tr.Mark("store")
 	s.savedActivity.Store(s.CreatedAt.UnixNano())
 	if err := m.publish(s, key, name); err != nil {
 		return nil, "", err
@@ -348,12 +374,16 @@ func (m *Manager) checkCreate(p Principal, cp *CreateParams) (c createChecked, e
 }
 
 // newSession is the session a create makes, and its SSH password.
-func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked) (*Session, string) {
+// id is the session's id ("": a new one).
+func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id string) (*Session, string) {
 	now := m.cfg.Now().UTC()
 	pw := newPassword()
 	res := c.res
+	if id == "" {
+		id = newID()
+	}
 	s := &Session{
-		ID: newID(), Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
+		ID: id, Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
 		SSHPublicKey: c.sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
 		Secrets: c.secrets, egressAllow: c.allow.Entries(),
@@ -721,8 +751,12 @@ func (m *Manager) retryDestroy(ctx context.Context) {
 	}
 }
 
-// Run expires sessions past their TTL or idle limit until ctx is done.
+// Run expires sessions past their TTL or idle limit, and keeps the warm
+// pool full, until ctx is done.
 func (m *Manager) Run(ctx context.Context) {
+	if m.pool != nil {
+		m.pool.start(ctx)
+	}
 	t := time.NewTicker(m.cfg.ReapInterval)
 	defer t.Stop()
 	for {

@@ -98,6 +98,9 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 	all := m.sessions
 	m.sessions = map[string]*Session{}
 	m.mu.Unlock()
+	if m.pool != nil { // warm sandboxes are no one's: none is kept
+		m.pool.close(ctx)
+	}
 	var wg sync.WaitGroup
 	for _, s := range all {
 		wg.Add(1)

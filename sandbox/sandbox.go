@@ -237,6 +237,22 @@ type Detacher interface {
 	Detach(ctx context.Context) error
 }
 
+// Rebinder is implemented by sandboxes whose limits can change while
+// they run (linuxns: memory, pids and CPUs are its cgroups'). The
+// gateway's warm pool uses it: a sandbox made ahead of any session, with
+// the driver's limits, gets the session's at claim.
+type Rebinder interface {
+	// Rebind makes l (zero fields: the driver's) the running sandbox's
+	// limits, as if it had been created with them. It fails with
+	// ErrNotLive, changing nothing, when one of them cannot change live
+	// (the size of /tmp or of the workspace).
+	Rebind(ctx context.Context, l Limits) error
+}
+
+// ErrNotLive is Rebinder.Rebind's answer for limits that only a new
+// sandbox can have.
+const ErrNotLive = Error("these limits cannot change in a running sandbox")
+
 // ErrNotKept is Keeper.Reattach's answer when the sandbox keeps no
 // process of that key (it was never kept, or a gateway already took its
 // exit).

@@ -75,14 +75,20 @@ func startGateway(t *testing.T, args ...string) *gatewayProc {
 	t.Helper()
 	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token"}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"}, args...)
-	hasKey := false
+	hasKey, hasPool := false, false
 	for _, a := range args {
 		if a == "--api-key" || strings.HasPrefix(a, "--api-key=") {
 			hasKey = true
 		}
+		hasPool = hasPool || a == "--warm-pool" || strings.HasPrefix(a, "--warm-pool=")
 	}
 	if !hasKey {
 		full = append(full, "--api-key", g.Token)
+	}
+	// Tests count sandboxes and time creates: no warm pool unless asked
+	// (warmpool_test.go).
+	if !hasPool {
+		full = append(full, "--warm-pool=0")
 	}
 	g.start(t, full)
 	return g

@@ -479,6 +479,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
 		Workspaces:   wsvc,
 		Images:       defaultImages,
+		WarmPool:     cfg.sandbox.warmPoolFor(driver),
 	}
 	var mgr *gateway.Manager
 	var node *cluster.Node

@@ -135,6 +135,15 @@ type Ready struct {
 	// BadImage says that Error is the image's fault, and may be shown to
 	// whoever chose it.
 	BadImage bool `json:"badImage,omitempty"`
+	// Steps time the init's own steps of building the sandbox (the
+	// gateway adds them to the create's sandbox.Trace).
+	Steps []Step `json:"steps,omitempty"`
+}
+
+// Step is one step of building a sandbox, as the init timed it.
+type Step struct {
+	Name   string `json:"name"`
+	Micros int64  `json:"us"`
 }
 
 // Request is a message from the gateway on a control connection.

@@ -299,7 +299,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	m.watch(s)
 	m.auditSession(ctx, s, "created", "", "")
 	m.log.InfoContext(ctx, "session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", c.image,
-		"egress", len(s.egressAllow), "secrets", len(c.secrets))
+		"egress", len(s.egressAllow), "secrets", len(c.secrets), "warm", warmed && s.sandbox == w.sb)
 	m.metrics().SessionCreated(time.Since(start))
 	return s, pw, nil
 }

@@ -125,6 +125,7 @@ func (p *warmPool) fillOne(ctx context.Context) error {
 	if !p.closed {
 		p.idle = append(p.idle, warm{id, sb})
 		p.mu.Unlock()
+		p.log.Debug("warm_sandbox_ready", "sandbox", id)
 		return nil
 	}
 	p.mu.Unlock()

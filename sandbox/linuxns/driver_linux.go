@@ -323,6 +323,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	fds, names = procsTasks, slices.Repeat([]string{"tasks"}, len(procsTasks))
 	tr.Mark("cgroups")
+	forkAt := time.Now()
 	cmd, conn, err := d.startInit(st.UIDBase, filepath.Join(d.dir(st.ID), "init.log"), cgfd, initTasks)
 	procio.CloseFDs(initTasks)
 	if cgfd >= 0 {
@@ -405,7 +406,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if img != nil {
 		name = img.Name
 	}
-	return d.handshake(ctx, conn, is, name, fds)
+	return d.handshake(ctx, conn, is, name, fds, forkAt)
 }
 
 // initNofileFor is what the init needs in a sandbox with pids processes:
@@ -432,7 +433,9 @@ func ctxErr(ctx context.Context, err error) error {
 }
 
 // handshake sends the init its spec and waits until the sandbox is built.
-func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int) error {
+// forkAt, when known, is when the init was started: the create's trace
+// shows how long it took to reach its main.
+func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int, forkAt time.Time) error {
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
@@ -448,6 +451,9 @@ func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spe
 	}
 	if tr := sandbox.TraceOf(ctx); tr != nil {
 		tr.Mark("init_handshake")
+		if !forkAt.IsZero() && ready.StartedMicros > 0 {
+			tr.Add("init.exec_to_main", time.UnixMicro(ready.StartedMicros).Sub(forkAt))
+		}
 		for _, s := range ready.Steps {
 			tr.Add("init."+s.Name, time.Duration(s.Micros)*time.Microsecond)
 		}
@@ -548,7 +554,7 @@ func (d *Driver) probe() error {
 	defer cancel()
 	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"},
 		AllowUserNS: d.cfg.AllowUserNS}
-	herr := d.handshake(ctx, conn, spec, "", []int{ws})
+	herr := d.handshake(ctx, conn, spec, "", []int{ws}, time.Time{})
 	if herr != nil {
 		_ = cmd.Process.Kill()
 	}

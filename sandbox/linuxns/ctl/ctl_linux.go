@@ -138,6 +138,9 @@ type Ready struct {
 	// Steps time the init's own steps of building the sandbox (the
 	// gateway adds them to the create's sandbox.Trace).
 	Steps []Step `json:"steps,omitempty"`
+	// StartedMicros is when the init's main began, in Unix microseconds:
+	// the gateway times the exec and the Go runtime's start from it.
+	StartedMicros int64 `json:"startedUs,omitempty"`
 }
 
 // Step is one step of building a sandbox, as the init timed it.

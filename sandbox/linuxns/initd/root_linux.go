@@ -45,6 +45,7 @@ const (
 // then serves its control socket: every command of the session is started
 // by the init, inside the sandbox, until the gateway kills it.
 func Main(args []string) int {
+	tm := newStepTimer()
 	// Nothing in the sandbox runs as the init's user, so no one there can
 	// signal it; the init has no terminal either. Still, a stray signal
 	// must not end it: catch and drop them. Caught (not ignored), so that
@@ -75,7 +76,6 @@ func Main(args []string) int {
 		return 2
 	}
 	var spec ctl.Spec
-	tm := newStepTimer()
 	fds, err := ctl.ReadFrame(c, &spec)
 	if err != nil {
 		// The gateway went away before the sandbox was built.
@@ -90,7 +90,7 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "sandbox-init:", err)
 		return 1
 	}
-	if err := ctl.WriteFrame(c, ctl.Ready{OK: true, Steps: tm.steps}); err != nil {
+	if err := ctl.WriteFrame(c, ctl.Ready{OK: true, Steps: tm.steps, StartedMicros: tm.start.UnixMicro()}); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-init: report ready:", err)
 		return 1
 	}
@@ -767,11 +767,15 @@ func addEntry(p, root, line string) error {
 // stepTimer times the init's steps of building a sandbox, for the
 // gateway's trace of the create (ctl.Ready.Steps).
 type stepTimer struct {
+	start time.Time
 	last  time.Time
 	steps []ctl.Step
 }
 
-func newStepTimer() *stepTimer { return &stepTimer{last: time.Now()} }
+func newStepTimer() *stepTimer {
+	now := time.Now()
+	return &stepTimer{start: now, last: now}
+}
 
 // mark ends the step name now.
 func (t *stepTimer) mark(name string) {

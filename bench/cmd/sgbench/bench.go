@@ -366,6 +366,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"8", b.rowImages},
 		{"9", b.rowEgress},
 		{"10", b.rowREST},
+		{"11", b.rowCreateTrace},
 	}
 	for _, row := range rows {
 		if !b.wantGroup(row.id) {
@@ -395,6 +396,9 @@ func (b *bench) runAll(start time.Time) int {
 	}
 	if c.scratch == "tmpfs" && c.tmpBase == "" {
 		base += "-tmpfs"
+	}
+	if c.name != "" {
+		base = c.name
 	}
 	mdPath, jsPath, err := r.Write(c.outDir, base)
 	if err != nil {

@@ -32,6 +32,15 @@ const (
 	warmRetryMax = 30 * time.Second
 )
 
+// A refill waits for the creates to pause (warmQuiet without a claim),
+// and at most warmMaxDelay: a sandbox being built competes for the CPU
+// and the disk with the session that just claimed one (its record's
+// fsync, its first command), and with the rest of a burst.
+const (
+	warmQuiet    = 100 * time.Millisecond
+	warmMaxDelay = time.Second
+)
+
 // warm is one idle sandbox of the pool, made for the session id id.
 type warm struct {
 	id string
@@ -39,7 +48,7 @@ type warm struct {
 }
 
 // warmPool keeps up to size warm sandboxes. One refill runs at a time, in
-// the background: a create never waits for it.
+// the background, once claims pause (settle): a create never waits for it.
 type warmPool struct {
 	size   int
 	create func(ctx context.Context, id string) (sandbox.Sandbox, error)
@@ -84,6 +93,11 @@ func (p *warmPool) run(ctx context.Context) {
 	backoff := warmRetryMin
 	for {
 		for p.short() {
+			select {
+			case <-p.kick: // claims go on: let them
+				p.settle(ctx)
+			default:
+			}
 			if err := p.fillOne(ctx); err != nil {
 				if ctx.Err() != nil {
 					return
@@ -101,6 +115,28 @@ func (p *warmPool) run(ctx context.Context) {
 		}
 		select {
 		case <-p.kick:
+			p.settle(ctx)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// settle waits until no claim came for warmQuiet, or warmMaxDelay has
+// passed.
+func (p *warmPool) settle(ctx context.Context) {
+	quiet := time.NewTimer(warmQuiet)
+	defer quiet.Stop()
+	limit := time.NewTimer(warmMaxDelay)
+	defer limit.Stop()
+	for {
+		select {
+		case <-p.kick:
+			quiet.Reset(warmQuiet)
+		case <-quiet.C:
+			return
+		case <-limit.C:
+			return
 		case <-ctx.Done():
 			return
 		}

@@ -69,6 +69,12 @@ type Config struct {
 	// WarmPool is how many sandboxes of the default root are kept built
 	// and idle for creates to claim, once Run runs (0: none; warmpool.go).
 	WarmPool int
+	// TeardownQueue is how many ended sessions' sandboxes may be released
+	// in the background at once: a Delete answers once the session cannot
+	// be reached (and its named workspace is synced), and a Delete past
+	// this bound releases its own sandbox before it answers (0: every
+	// Delete does, as before).
+	TeardownQueue int
 }
 
 // Manager owns every live session.
@@ -94,6 +100,10 @@ type Manager struct {
 	tombOnce sync.Once
 	// pool holds the warm sandboxes (nil: Config.WarmPool is 0).
 	pool *warmPool
+	// releasing holds a slot per sandbox being released in the
+	// background (cap Config.TeardownQueue); released waits for them.
+	releasing chan struct{}
+	released  sync.WaitGroup
 }
 
 // watch marks s failed if its sandbox ends while the session still runs.
@@ -148,7 +158,8 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 		cfg.Store = NewMemStore()
 	}
 	cfg.Resources = cfg.Resources.withDefaults()
-	m := &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{}}
+	m := &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{},
+		releasing: make(chan struct{}, max(cfg.TeardownQueue, 0))}
 	if cfg.WarmPool > 0 {
 		m.pool = newWarmPool(cfg.WarmPool, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
 			return driver.Create(ctx, sandbox.Spec{ID: id})
@@ -720,6 +731,25 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 		return nil
 	}
 	m.detachWorkspace(ctx, s)
+	// The session is unreachable now (no record, no connections, its
+	// workspace synced): its sandbox may go in the background.
+	select {
+	case m.releasing <- struct{}{}:
+		m.released.Add(1)
+		go func() {
+			defer m.released.Done()
+			defer func() { <-m.releasing }()
+			_ = m.destroy(context.WithoutCancel(ctx), s)
+		}()
+		return nil
+	default: // none configured, or all busy: this caller waits
+	}
+	return m.destroy(ctx, s)
+}
+
+// destroy destroys the sandbox of the ended session s; one that fails is
+// retried by Run.
+func (m *Manager) destroy(ctx context.Context, s *Session) error {
 	if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
 		m.mu.Lock()

@@ -120,6 +120,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 		}()
 	}
 	wg.Wait()
+	m.released.Wait()   // sandboxes being released in the background
 	m.retryDestroy(ctx) // deleted sessions end for good, whatever keep says
 	if keep && len(all) > 0 {
 		running := 0

@@ -75,20 +75,25 @@ func startGateway(t *testing.T, args ...string) *gatewayProc {
 	t.Helper()
 	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token"}
 	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir", "--keep-sandboxes-on-exit=false"}, args...)
-	hasKey, hasPool := false, false
+	hasKey, hasPool, hasQueue := false, false, false
 	for _, a := range args {
 		if a == "--api-key" || strings.HasPrefix(a, "--api-key=") {
 			hasKey = true
 		}
 		hasPool = hasPool || a == "--warm-pool" || strings.HasPrefix(a, "--warm-pool=")
+		hasQueue = hasQueue || a == "--teardown-queue" || strings.HasPrefix(a, "--teardown-queue=")
 	}
 	if !hasKey {
 		full = append(full, "--api-key", g.Token)
 	}
-	// Tests count sandboxes and time creates: no warm pool unless asked
-	// (warmpool_test.go).
+	// Tests count sandboxes and time creates, and look for what a DELETE
+	// released once it answers: no warm pool and no background teardown
+	// unless asked (warmpool_test.go).
 	if !hasPool {
 		full = append(full, "--warm-pool=0")
+	}
+	if !hasQueue {
+		full = append(full, "--teardown-queue=0")
 	}
 	g.start(t, full)
 	return g

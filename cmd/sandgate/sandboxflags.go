@@ -25,6 +25,9 @@ type sandboxFlags struct {
 	// warmPool is how many default-root sandboxes are kept built for
 	// creates to claim (linux; gateway.Config.WarmPool).
 	warmPool int
+	// teardownQueue is how many deleted sessions' sandboxes are released
+	// in the background at once (gateway.Config.TeardownQueue).
+	teardownQueue int
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -48,6 +51,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Uint64Var(&f.nofile.Hard, "sandbox-nofile-hard", sandbox.DefaultNofileHard, "open files a sandbox process may raise its limit to (RLIMIT_NOFILE hard limit, linux driver)")
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
 	fs.IntVar(&f.warmPool, "warm-pool", defaultWarmPool, "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables)")
+	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f
 }
@@ -90,8 +94,19 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 	if f.warmPool < 0 || f.warmPool > maxWarmPool {
 		return b, fmt.Errorf("--warm-pool must be between 0 and %d, got %d", maxWarmPool, f.warmPool)
 	}
+	if f.teardownQueue < 0 || f.teardownQueue > maxTeardownQueue {
+		return b, fmt.Errorf("--teardown-queue must be between 0 and %d, got %d", maxTeardownQueue, f.teardownQueue)
+	}
 	return b, nil
 }
+
+// defaultTeardownQueue and maxTeardownQueue are --teardown-queue's
+// default and bound: each release under way holds a goroutine and the
+// sandbox's host resources a little longer.
+const (
+	defaultTeardownQueue = 64
+	maxTeardownQueue     = 4096
+)
 
 // maxWarmPool bounds --warm-pool: each warm sandbox holds an idle init's
 // memory, a uid range and a workspace, for no session.

@@ -480,6 +480,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Workspaces:   wsvc,
 		Images:       defaultImages,
 		WarmPool:     cfg.sandbox.warmPoolFor(driver),
+		// Sandboxes of ended sessions released in the background.
+		TeardownQueue: cfg.sandbox.teardownQueue,
 	}
 	var mgr *gateway.Manager
 	var node *cluster.Node

@@ -33,6 +33,7 @@ const warmGap = 300 * time.Millisecond
 // traced is one create → first command of row 11.
 type traced struct {
 	create, first float64            // seconds
+	del           float64            // DELETE answered, seconds
 	steps         map[string]float64 // seconds, from Server-Timing
 	stepNames     []string           // in the header's order
 	warm          bool               // the create claimed a warm sandbox
@@ -47,15 +48,15 @@ func (b *bench) rowCreateTrace() error {
 	}
 	ways := []struct {
 		name string
-		pool string
 		g    *sandgate
 		rc   *restClient
 		runs []traced
-	}{{name: "warm", pool: "2"}, {name: "cold", pool: "0"}}
+		args []string
+	}{{name: "warm", args: []string{"--warm-pool", "2"}}, {name: "cold", args: []string{"--warm-pool", "0", "--teardown-queue", "0"}}}
 	for i := range ways {
 		w := &ways[i]
 		g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-11-"+w.name), "linux",
-			append(slices.Clone(b.cfg.serveArgs), "--warm-pool", w.pool))
+			append(slices.Clone(b.cfg.serveArgs), w.args...))
 		if err != nil {
 			r.add(&Row{ID: "11a", Name: "create → first REST command (linux driver)", Skipped: err.Error()})
 			return nil
@@ -99,13 +100,18 @@ func (b *bench) rowCreateTrace() error {
 			claimed++
 		}
 	}
-	via, refVia := "`--warm-pool 2`", "`--warm-pool 0`"
+	via, refVia := "`--warm-pool 2`", "`--warm-pool 0 --teardown-queue 0`"
 	name := "session create → first REST command done (`true`, same HTTP connection), linux driver"
 	note := fmt.Sprintf("%d of %d creates claimed a warm sandbox; %v between creates", claimed, len(warm), warmGap)
 	for _, st := range []string{"p50", "p99"} {
 		r.add(&Row{ID: "11a", Name: name, Stat: st, Unit: "s", SG: pick(warm, first), Ref: pick(cold, first), SGName: via, RefName: refVia, RefKind: "no pool", Note: note})
 	}
 	r.add(&Row{ID: "11a", Name: "… of which `POST /v1/sessions` (client side)", Stat: "p50", Unit: "s", SG: pick(warm, create), Ref: pick(cold, create), SGName: via, RefName: refVia, RefKind: "no pool"})
+	del := func(t traced) (float64, bool) { return t.del, true }
+	for _, st := range []string{"p50", "p99"} {
+		r.add(&Row{ID: "11c", Name: "`DELETE /v1/sessions/{id}` answered, just after the first command", Stat: st, Unit: "s", SG: pick(warm, del), Ref: pick(cold, del),
+			SGName: "default `--teardown-queue` (released in the background)", RefName: "`--teardown-queue 0` (released before the answer)", RefKind: "sync"})
+	}
 	// 11b: every step either way showed, in the order a cold create runs them.
 	var order []string
 	for _, ts := range [][]traced{cold, warm} {
@@ -183,9 +189,14 @@ func traceCreate(ctx context.Context, g *sandgate, rc *restClient) (traced, erro
 	createdMu.Unlock()
 	err = rc.command(ctx, s.SessionID, restTrue)
 	t.first = time.Since(t0).Seconds()
-	g.delete(s.SessionID)
+	t1 := time.Now()
+	derr := rc.delete(ctx, s.SessionID)
+	t.del = time.Since(t1).Seconds()
 	if err != nil {
 		return t, err
+	}
+	if derr != nil {
+		return t, derr
 	}
 	t.steps, t.stepNames = parseServerTiming(resp.Header.Get("Server-Timing"))
 	_, t.warm = t.steps["warm_claim"]
@@ -214,4 +225,20 @@ func parseServerTiming(h string) (map[string]float64, []string) {
 		}
 	}
 	return steps, names
+}
+
+// delete ends session id (DELETE, on rc's open connection) and checks the 204.
+func (rc *restClient) delete(ctx context.Context, id string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodDelete, rc.g.url+"/v1/sessions/"+id, nil)
+	req.Header.Set("Authorization", "Bearer "+rc.g.token)
+	resp, err := rc.http.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("DELETE session: %d %s", resp.StatusCode, bytes.TrimSpace(body))
+	}
+	return nil
 }

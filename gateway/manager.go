@@ -163,7 +163,7 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 	if cfg.WarmPool > 0 {
 		m.pool = newWarmPool(cfg.WarmPool, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
 			return driver.Create(ctx, sandbox.Spec{ID: id})
-		}, log)
+		}, m.destroyWarm, log)
 	}
 	return m
 }

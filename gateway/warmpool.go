@@ -52,7 +52,9 @@ type warm struct {
 type warmPool struct {
 	size   int
 	create func(ctx context.Context, id string) (sandbox.Sandbox, error)
-	log    *slog.Logger
+	// discard destroys a warm sandbox found dead, in the background.
+	discard func(warm)
+	log     *slog.Logger
 
 	mu     sync.Mutex
 	idle   []warm // oldest first
@@ -62,8 +64,8 @@ type warmPool struct {
 	wg     sync.WaitGroup
 }
 
-func newWarmPool(size int, create func(context.Context, string) (sandbox.Sandbox, error), log *slog.Logger) *warmPool {
-	return &warmPool{size: size, create: create, log: log, kick: make(chan struct{}, 1), done: make(chan struct{})}
+func newWarmPool(size int, create func(context.Context, string) (sandbox.Sandbox, error), discard func(warm), log *slog.Logger) *warmPool {
+	return &warmPool{size: size, create: create, discard: discard, log: log, kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // start runs the refill until ctx ends or the pool is closed.
@@ -190,7 +192,7 @@ func (p *warmPool) take() (warm, bool) {
 	}
 	for _, d := range dead {
 		p.log.Warn("warm_sandbox_lost", "sandbox", d.id, "reason", "it ended while idle")
-		go func() { _ = d.sb.Destroy(context.Background()) }()
+		p.discard(d)
 	}
 	return w, found
 }
@@ -246,9 +248,11 @@ func (m *Manager) takeWarm(c createChecked, l sandbox.Limits) (warm, bool) {
 }
 
 // destroyWarm destroys a warm sandbox that no session took after all, in
-// the background.
+// the background (Shutdown waits for it).
 func (m *Manager) destroyWarm(w warm) {
+	m.released.Add(1)
 	go func() {
+		defer m.released.Done()
 		if err := w.sb.Destroy(context.Background()); err != nil {
 			m.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)
 		}

@@ -32,13 +32,14 @@ const (
 	warmRetryMax = 30 * time.Second
 )
 
-// A refill waits for the creates to pause (warmQuiet without a claim),
+// A refill round waits for the claims to pause (warmQuiet without one),
 // and at most warmMaxDelay: a sandbox being built competes for the CPU
-// and the disk with the session that just claimed one (its record's
-// fsync, its first command), and with the rest of a burst.
+// and the disk with the create that just claimed one (its record's
+// fsync) and with the rest of a burst. Short, so that a steady stream
+// of creates still finds the pool refilled.
 const (
-	warmQuiet    = 100 * time.Millisecond
-	warmMaxDelay = time.Second
+	warmQuiet    = 20 * time.Millisecond
+	warmMaxDelay = 200 * time.Millisecond
 )
 
 // warm is one idle sandbox of the pool, made for the session id id.
@@ -95,11 +96,6 @@ func (p *warmPool) run(ctx context.Context) {
 	backoff := warmRetryMin
 	for {
 		for p.short() {
-			select {
-			case <-p.kick: // claims go on: let them
-				p.settle(ctx)
-			default:
-			}
 			if err := p.fillOne(ctx); err != nil {
 				if ctx.Err() != nil {
 					return

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -187,5 +188,50 @@ func TestWarmPoolClaimIsACreate(t *testing.T) {
 		if l := cgroupLimits(id); l != "" {
 			t.Errorf("cgroups of warm sandbox %s left behind:\n%s", id, l)
 		}
+	}
+}
+
+// TestWarmPoolEgress: a create with egress, an environment secret and
+// resources claims a warm sandbox too; its proxy, policy and secret are
+// the session's (it reaches what its list allows, no more), and what the
+// session sees is what a cold create of the same request shows.
+func TestWarmPoolEgress(t *testing.T) {
+	requireLinuxDriver(t)
+	gwtest.RequireTool(t, "curl")
+	f := newEgressFixture(t)
+	warmG := startGateway(t, append([]string{"--warm-pool", "1", "--log-level", "debug"}, f.args...)...)
+	coldG := startGateway(t, append([]string{"--warm-pool", "0"}, f.args...)...)
+	waitFor(t, time.Minute, "a warm sandbox", func() bool { return len(warmG.warmReady()) >= 1 })
+	hp := ":" + f.httpPort
+	body := map[string]any{"egress": []string{"pypi.test" + hp}, "secrets": []any{"CANARY_TOKEN"},
+		"resources": map[string]any{"memoryMiB": 300}}
+	create := func(g *gatewayProc) string {
+		var s sessionJSON
+		if code := g.api(t, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated {
+			t.Fatalf("create: %d", code)
+		}
+		return s.SessionID
+	}
+	wid, cid := create(warmG), create(coldG)
+	if !slices.Contains(warmG.warmReady(), wid) {
+		t.Fatalf("session %s did not claim a warm sandbox", wid)
+	}
+	probe := `curl -sS --max-time 20 http://pypi.test` + hp + `/hello; curl -sS --max-time 20 -o /dev/null -w '%{http_code}\n' http://other.test` + hp + `/hello;
+printenv CANARY_TOKEN; env | grep -i 'proxy\|ssl\|cert' | sort`
+	for _, x := range []struct {
+		g  *gatewayProc
+		id string
+	}{{warmG, wid}, {coldG, cid}} {
+		out := runREST(t, x.g, x.id, map[string]any{"command": probe}).out()
+		if !strings.Contains(out, "hello from pypi.test"+hp+"\n403\n"+canary+"\n") {
+			t.Errorf("egress and secret in %s: %q", x.id, out)
+		}
+	}
+	wp, cp := probeSandbox(t, warmG, wid), probeSandbox(t, coldG, cid)
+	if wp != cp {
+		t.Errorf("a warm session with egress differs from a cold one:\n--- warm\n%s\n--- cold\n%s", wp, cp)
+	}
+	if wl, cl := cgroupLimits(wid), cgroupLimits(cid); wl != cl {
+		t.Errorf("cgroup limits: warm\n%s cold\n%s", wl, cl)
 	}
 }

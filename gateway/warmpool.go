@@ -232,12 +232,10 @@ func (p *warmPool) close(ctx context.Context) {
 }
 
 // takeWarm claims a warm sandbox for a create checked as c whose sandbox
-// limits are l, when the pool can serve it: the default root, no secret
-// bound to a host (its CA is in the root's trust store, built with the
-// sandbox) and the default workspace size (a filesystem's).
+// limits are l, when the pool can serve it: the default root and the
+// default workspace size (a filesystem's).
 func (m *Manager) takeWarm(c createChecked, l sandbox.Limits) (warm, bool) {
-	if m.pool == nil || !slices.Contains(m.cfg.Images, c.image) || l.WorkspaceBytes != 0 ||
-		slices.ContainsFunc(c.secrets, SecretRef.Bound) {
+	if m.pool == nil || !slices.Contains(m.cfg.Images, c.image) || l.WorkspaceBytes != 0 {
 		return warm{}, false
 	}
 	return m.pool.take()
@@ -256,16 +254,16 @@ func (m *Manager) destroyWarm(w warm) {
 }
 
 // sandboxFor is the sandbox of a create with spec: the warm one w, bound
-// to spec's limits, when warmed; else, or when those limits cannot change
-// live, a new one from the driver.
+// to spec (its limits, its egress CA), when warmed; else, or when spec
+// cannot be applied live, a new one from the driver.
 func (m *Manager) sandboxFor(ctx context.Context, spec sandbox.Spec, w warm, warmed bool) (sandbox.Sandbox, error) {
 	if !warmed {
 		return m.driver.Create(ctx, spec)
 	}
 	var err error = sandbox.ErrNotLive
 	if rb, ok := w.sb.(sandbox.Rebinder); ok {
-		err = rb.Rebind(ctx, spec.Limits)
-	} else if spec.Limits == (sandbox.Limits{}) {
+		err = rb.Rebind(ctx, spec)
+	} else if spec.Limits == (sandbox.Limits{}) && spec.TrustPEM == nil {
 		err = nil
 	}
 	if err == nil {

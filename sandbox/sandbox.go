@@ -237,16 +237,18 @@ type Detacher interface {
 	Detach(ctx context.Context) error
 }
 
-// Rebinder is implemented by sandboxes whose limits can change while
-// they run (linuxns: memory, pids and CPUs are its cgroups'). The
-// gateway's warm pool uses it: a sandbox made ahead of any session, with
-// the driver's limits, gets the session's at claim.
+// Rebinder is implemented by sandboxes that can take a session's Spec
+// while they run (linuxns: memory, pids and CPUs are its cgroups', and
+// TrustPEM goes into its trust store). The gateway's warm pool uses it: a
+// sandbox made ahead of any session, from a Spec with its ID alone, gets
+// the session's limits and trust at claim.
 type Rebinder interface {
-	// Rebind makes l (zero fields: the driver's) the running sandbox's
-	// limits, as if it had been created with them. It fails with
-	// ErrNotLive, changing nothing, when one of them cannot change live
-	// (the size of /tmp or of the workspace).
-	Rebind(ctx context.Context, l Limits) error
+	// Rebind makes the running sandbox what spec (of the same ID) asks,
+	// as if it had been created from it: spec.Limits (zero fields: the
+	// driver's) and spec.TrustPEM. It fails with ErrNotLive, changing
+	// nothing, for what cannot change live (an image, the size of /tmp or
+	// of the workspace, a second TrustPEM).
+	Rebind(ctx context.Context, spec Spec) error
 }
 
 // ErrNotLive is Rebinder.Rebind's answer for limits that only a new

@@ -191,10 +191,12 @@ func TestWarmPoolClaimIsACreate(t *testing.T) {
 	}
 }
 
-// TestWarmPoolEgress: a create with egress, an environment secret and
-// resources claims a warm sandbox too; its proxy, policy and secret are
-// the session's (it reaches what its list allows, no more), and what the
-// session sees is what a cold create of the same request shows.
+// TestWarmPoolEgress: a create with egress, an environment secret, a
+// secret bound to a host (its session CA joins the trust store at claim)
+// and resources claims a warm sandbox too; its proxy, policy and secrets
+// are the session's (it reaches what its list allows, no more; the bound
+// secret is injected), and what the session sees is what a cold create of
+// the same request shows.
 func TestWarmPoolEgress(t *testing.T) {
 	requireLinuxDriver(t)
 	gwtest.RequireTool(t, "curl")
@@ -202,8 +204,9 @@ func TestWarmPoolEgress(t *testing.T) {
 	warmG := startGateway(t, append([]string{"--warm-pool", "1", "--log-level", "debug"}, f.args...)...)
 	coldG := startGateway(t, append([]string{"--warm-pool", "0"}, f.args...)...)
 	waitFor(t, time.Minute, "a warm sandbox", func() bool { return len(warmG.warmReady()) >= 1 })
-	hp := ":" + f.httpPort
-	body := map[string]any{"egress": []string{"pypi.test" + hp}, "secrets": []any{"CANARY_TOKEN"},
+	hp, tp := ":"+f.httpPort, ":"+f.tlsPort
+	body := map[string]any{"egress": []string{"pypi.test" + hp, "secret.test" + tp},
+		"secrets":   []any{"CANARY_TOKEN", map[string]any{"name": "GH_TOKEN", "hosts": []string{"secret.test" + tp}, "header": "Authorization", "format": "Bearer {value}"}},
 		"resources": map[string]any{"memoryMiB": 300}}
 	create := func(g *gatewayProc) string {
 		var s sessionJSON
@@ -217,13 +220,13 @@ func TestWarmPoolEgress(t *testing.T) {
 		t.Fatalf("session %s did not claim a warm sandbox", wid)
 	}
 	probe := `curl -sS --max-time 20 http://pypi.test` + hp + `/hello; curl -sS --max-time 20 -o /dev/null -w '%{http_code}\n' http://other.test` + hp + `/hello;
-printenv CANARY_TOKEN; env | grep -i 'proxy\|ssl\|cert' | sort`
+printenv CANARY_TOKEN; curl -sS --max-time 20 https://secret.test` + tp + `/auth; env | grep -i 'proxy\|ssl\|cert' | sort`
 	for _, x := range []struct {
 		g  *gatewayProc
 		id string
 	}{{warmG, wid}, {coldG, cid}} {
 		out := runREST(t, x.g, x.id, map[string]any{"command": probe}).out()
-		if !strings.Contains(out, "hello from pypi.test"+hp+"\n403\n"+canary+"\n") {
+		if !strings.Contains(out, "hello from pypi.test"+hp+"\n403\n"+canary+"\nauthorized\n") {
 			t.Errorf("egress and secret in %s: %q", x.id, out)
 		}
 	}

@@ -15,8 +15,9 @@ import (
 
 // A running sandbox takes new memory, pids and CPU limits (a warm
 // sandbox claimed by a session): up from the driver's, then down below
-// them, each enforced as if it had been created with it; the sizes of
-// /tmp and the workspace cannot change live (ErrNotLive), and the
+// them, each enforced as if it had been created with it; and a session
+// CA in its trust store. The sizes of /tmp and the workspace, an image,
+// a second CA or another id cannot change live (ErrNotLive), and the
 // sandbox keeps its limits then.
 func TestLinuxRebind(t *testing.T) {
 	dataDir := t.TempDir()
@@ -52,7 +53,7 @@ func TestLinuxRebind(t *testing.T) {
 		t.Fatalf("400 MiB fit in a 256 MiB sandbox")
 	}
 
-	if err := rb.Rebind(context.Background(), sandbox.Limits{MemoryBytes: 1024 << 20, Pids: 100, CPUs: 2}); err != nil {
+	if err := rb.Rebind(context.Background(), sandbox.Spec{ID: id, Limits: sandbox.Limits{MemoryBytes: 1024 << 20, Pids: 100, CPUs: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	cgroupV1(t, map[string]string{"memory.limit_in_bytes": "1073741824", "pids.max": "100", "cpu.cfs_quota_us": "200000"})
@@ -60,7 +61,7 @@ func TestLinuxRebind(t *testing.T) {
 		t.Fatalf("400 MiB after raising the limit to 1 GiB: %+v %q %q", exit, out, stderr)
 	}
 
-	if err := rb.Rebind(context.Background(), sandbox.Limits{MemoryBytes: 128 << 20, Pids: 32, CPUs: 0.5}); err != nil {
+	if err := rb.Rebind(context.Background(), sandbox.Spec{ID: id, Limits: sandbox.Limits{MemoryBytes: 128 << 20, Pids: 32, CPUs: 0.5}}); err != nil {
 		t.Fatal(err)
 	}
 	cgroupV1(t, map[string]string{"memory.limit_in_bytes": "134217728", "pids.max": "32", "cpu.cfs_quota_us": "50000"})
@@ -68,9 +69,29 @@ func TestLinuxRebind(t *testing.T) {
 		t.Fatalf("200 MiB fit after lowering the limit to 128 MiB")
 	}
 
-	for _, l := range []sandbox.Limits{{TmpBytes: 1 << 20}, {WorkspaceBytes: 64 << 20}} {
-		if err := rb.Rebind(context.Background(), l); !errors.Is(err, sandbox.ErrNotLive) {
-			t.Errorf("Rebind(%+v) = %v, want ErrNotLive", l, err)
+	// A session CA joins the trust store, as Spec.TrustPEM does at build;
+	// /etc stays read-only, and a second CA is refused.
+	pem := []byte(testPEM)
+	if err := rb.Rebind(context.Background(), sandbox.Spec{ID: id, Limits: sandbox.Limits{MemoryBytes: 128 << 20, Pids: 32, CPUs: 0.5}, TrustPEM: pem}); err != nil {
+		t.Fatal(err)
+	}
+	check := "grep -c 'BEGIN CERTIFICATE' " + sandbox.TrustBundle + " >/dev/null && tail -c 200 " + sandbox.TrustBundle + " | grep -q 'END CERTIFICATE' && " +
+		"cmp -s " + sandbox.TrustBundle + " /etc/ssl/certs/ca-certificates.crt && echo same; touch /etc/x 2>/dev/null || echo ro"
+	if out, stderr, _ := runIn(t, sb, check); out != "same\nro\n" {
+		t.Errorf("trust store after Rebind with TrustPEM: %q %q", out, stderr)
+	}
+	if out, _, _ := runIn(t, sb, "cat "+sandbox.TrustBundle); !strings.Contains(out, strings.TrimSpace(string(pem))) {
+		t.Errorf("the session CA is not in %s", sandbox.TrustBundle)
+	}
+	for _, spec := range []sandbox.Spec{
+		{ID: id, Limits: sandbox.Limits{TmpBytes: 1 << 20}},
+		{ID: id, Limits: sandbox.Limits{WorkspaceBytes: 64 << 20}},
+		{ID: id, Limits: sandbox.Limits{MemoryBytes: 128 << 20, Pids: 32, CPUs: 0.5}, TrustPEM: pem},
+		{ID: id, Image: &sandbox.Image{Name: "x"}},
+		{ID: "sbx-other"},
+	} {
+		if err := rb.Rebind(context.Background(), spec); !errors.Is(err, sandbox.ErrNotLive) {
+			t.Errorf("Rebind(%+v) = %v, want ErrNotLive", spec, err)
 		}
 	}
 	cgroupV1(t, map[string]string{"memory.limit_in_bytes": "134217728"})

@@ -159,6 +159,10 @@ type Request struct {
 	Env       []string     `json:"env,omitempty"`
 	PTY       *sandbox.PTY `json:"pty,omitempty"`
 	Signal    int          `json:"signal,omitempty"`
+	// TrustPEM is what a "trust" request adds to the sandbox's trust
+	// store, as Spec.TrustPEM at build (a warm sandbox bound to a
+	// session); the init answers "trusted" or "error".
+	TrustPEM string `json:"trustPEM,omitempty"`
 }
 
 // Reply is a message from the init on a control connection.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -53,10 +54,17 @@ func (b *bench) rowCreateTrace() error {
 		runs []traced
 		args []string
 	}{{name: "warm", args: []string{"--warm-pool", "2"}}, {name: "cold", args: []string{"--warm-pool", "0", "--teardown-queue", "0"}}}
+	// Both may give sessions egress (to 127.0.0.1 as big.test) and a
+	// secret, for 11d.
+	secrets := filepath.Join(b.tmp, "secrets-11")
+	if err := os.WriteFile(secrets, []byte(egressSecret+"=sgbench-"+randHex(16)+"\n"), 0o600); err != nil {
+		return err
+	}
+	egressArgs := []string{"--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", egressName + "=127.0.0.1", "--secrets-file", secrets}
 	for i := range ways {
 		w := &ways[i]
 		g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-11-"+w.name), "linux",
-			append(slices.Clone(b.cfg.serveArgs), w.args...))
+			append(append(slices.Clone(b.cfg.serveArgs), egressArgs...), w.args...))
 		if err != nil {
 			r.add(&Row{ID: "11a", Name: "create → first REST command (linux driver)", Skipped: err.Error()})
 			return nil
@@ -69,16 +77,26 @@ func (b *bench) rowCreateTrace() error {
 		w.g, w.rc = g, newRESTClient(g)
 		defer w.rc.close()
 	}
+	full := fmt.Sprintf(`{"egress": ["%s:9"], "secrets": ["%s"], "resources": {"memoryMiB": 256, "cpus": 0.5, "pids": 128}}`, egressName, egressSecret)
+	var fullRuns [2][]traced
 	for i := -3; i < b.cfg.createN; i++ { // three warm-up rounds
 		for k := range ways {
-			w := &ways[(k+max(i, 0))%len(ways)] // alternate which goes first
-			time.Sleep(warmGap)
-			t, err := traceCreate(b.ctx, w.g, w.rc)
-			if err != nil {
-				return fmt.Errorf("%s gateway: %w", w.name, err)
-			}
-			if i >= 0 {
-				w.runs = append(w.runs, t)
+			wi := (k + max(i, 0)) % len(ways) // alternate which goes first
+			w := &ways[wi]
+			for _, body := range []string{"{}", full} {
+				time.Sleep(warmGap)
+				t, err := traceCreate(b.ctx, w.g, w.rc, body)
+				if err != nil {
+					return fmt.Errorf("%s gateway: %w", w.name, err)
+				}
+				if i < 0 {
+					continue
+				}
+				if body == full {
+					fullRuns[wi] = append(fullRuns[wi], t)
+				} else {
+					w.runs = append(w.runs, t)
+				}
 			}
 		}
 	}
@@ -107,6 +125,17 @@ func (b *bench) rowCreateTrace() error {
 		r.add(&Row{ID: "11a", Name: name, Stat: st, Unit: "s", SG: pick(warm, first), Ref: pick(cold, first), SGName: via, RefName: refVia, RefKind: "no pool", Note: note})
 	}
 	r.add(&Row{ID: "11a", Name: "… of which `POST /v1/sessions` (client side)", Stat: "p50", Unit: "s", SG: pick(warm, create), Ref: pick(cold, create), SGName: via, RefName: refVia, RefKind: "no pool"})
+	claimedFull := 0
+	for _, t := range fullRuns[0] {
+		if t.warm {
+			claimedFull++
+		}
+	}
+	for _, st := range []string{"p50", "p99"} {
+		r.add(&Row{ID: "11d", Name: "the same with egress, a secret and resources: `" + strings.ReplaceAll(full, ":9", ":PORT") + "`", Stat: st, Unit: "s",
+			SG: pick(fullRuns[0], first), Ref: pick(fullRuns[1], first), SGName: via, RefName: refVia, RefKind: "no pool",
+			Note: fmt.Sprintf("%d of %d creates claimed a warm sandbox; alternating with 11a's `{}`", claimedFull, len(fullRuns[0]))})
+	}
 	del := func(t traced) (float64, bool) { return t.del, true }
 	for _, st := range []string{"p50", "p99"} {
 		r.add(&Row{ID: "11c", Name: "`DELETE /v1/sessions/{id}` answered, just after the first command", Stat: st, Unit: "s", SG: pick(warm, del), Ref: pick(cold, del),
@@ -162,26 +191,26 @@ var stepNotes = map[string]string{
 
 // traceCreate makes one session on g, runs `true` in it through rc, and
 // deletes it (untimed).
-func traceCreate(ctx context.Context, g *sandgate, rc *restClient) (traced, error) {
+func traceCreate(ctx context.Context, g *sandgate, rc *restClient, body string) (traced, error) {
 	var t traced
 	t0 := time.Now()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions", strings.NewReader("{}"))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+g.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := rc.http.Do(req)
 	if err != nil {
 		return t, err
 	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
-		return t, fmt.Errorf("create session: %d %s", resp.StatusCode, bytes.TrimSpace(body))
+		return t, fmt.Errorf("create session: %d %s", resp.StatusCode, bytes.TrimSpace(answer))
 	}
 	t.create = time.Since(t0).Seconds()
 	var s struct {
 		SessionID string `json:"sessionId"`
 	}
-	if err := json.Unmarshal(body, &s); err != nil {
+	if err := json.Unmarshal(answer, &s); err != nil {
 		return t, fmt.Errorf("create session: %w", err)
 	}
 	createdMu.Lock()

@@ -35,6 +35,9 @@ func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 		len(spec.TrustPEM) > 0 && oldTrust {
 		return sandbox.ErrNotLive
 	}
+	if lim == old && len(spec.TrustPEM) == 0 {
+		return nil // as built
+	}
 	if lim != old {
 		if err := s.d.cg.SetLimits(s.st.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs}); err != nil {
 			return fmt.Errorf("rebind sandbox %s: %w", s.st.ID, err)

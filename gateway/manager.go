@@ -66,6 +66,15 @@ type Config struct {
 	// Workspaces keeps workspaces beyond sessions (nil: none; a create
 	// that names a workspace or snapshot is workspaces_unavailable).
 	Workspaces Workspaces
+	// WarmPool is how many sandboxes of the default root are kept built
+	// and idle for creates to claim, once Run runs (0: none; warmpool.go).
+	WarmPool int
+	// TeardownQueue is how many ended sessions' sandboxes may be released
+	// in the background at once: a Delete answers once the session cannot
+	// be reached (and its named workspace is synced), and a Delete past
+	// this bound releases its own sandbox before it answers (0: every
+	// Delete does, as before).
+	TeardownQueue int
 }
 
 // Manager owns every live session.
@@ -89,6 +98,12 @@ type Manager struct {
 	// tomb are the tombstones of ended sessions (tombstone.go).
 	tomb     *tombstones
 	tombOnce sync.Once
+	// pool holds the warm sandboxes (nil: Config.WarmPool is 0).
+	pool *warmPool
+	// releasing holds a slot per sandbox being released in the
+	// background (cap Config.TeardownQueue); released waits for them.
+	releasing chan struct{}
+	released  sync.WaitGroup
 }
 
 // watch marks s failed if its sandbox ends while the session still runs.
@@ -143,7 +158,14 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 		cfg.Store = NewMemStore()
 	}
 	cfg.Resources = cfg.Resources.withDefaults()
-	return &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{}}
+	m := &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{},
+		releasing: make(chan struct{}, max(cfg.TeardownQueue, 0))}
+	if cfg.WarmPool > 0 {
+		m.pool = newWarmPool(cfg.WarmPool, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
+			return driver.Create(ctx, sandbox.Spec{ID: id})
+		}, m.destroyWarm, log)
+	}
+	return m
 }
 
 // CreateParams are the caller's choices for a new session.
@@ -182,6 +204,7 @@ type CreateParams struct {
 // (idempotency_key_in_progress).
 func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
 	start := time.Now()
+	tr := sandbox.TraceOf(ctx)
 	c, err := m.checkCreate(p, &cp)
 	if err != nil {
 		return nil, "", err
@@ -191,6 +214,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	if err != nil {
 		return nil, "", err
 	}
+	tr.Mark("check")
 	if prior != nil {
 		m.log.InfoContext(ctx, "session_create_replayed", "session", prior.ID, "tenant", p.Tenant)
 		return prior, "", nil
@@ -207,12 +231,22 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	}
 	u.push(func() { m.unclaimName(name) })
 
-	s, pw := m.newSession(p, cp, c)
+	lim := m.cfg.Resources.limits(cp.Resources)
+	w, warmed := m.takeWarm(c, lim)
+	s, pw := m.newSession(p, cp, c, w.id)
+	if warmed {
+		u.push(func() {
+			if s.sandbox == nil { // it never became the session's
+				m.destroyWarm(w)
+			}
+		})
+	}
 	if err := m.claimWorkspace(ctx, s); err != nil {
 		return nil, "", err
 	}
 	u.push(func() { m.detachWorkspace(ctx, s) })
-	spec := sandbox.Spec{ID: s.ID, Limits: m.cfg.Resources.limits(cp.Resources)}
+	tr.Mark("session")
+	spec := sandbox.Spec{ID: s.ID, Limits: lim}
 	if slices.ContainsFunc(c.secrets, SecretRef.Bound) {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
@@ -238,7 +272,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			m.releaseImage(s)
 		}
 	})
-	if sb, err = m.driver.Create(ctx, spec); err != nil {
+	if sb, err = m.sandboxFor(ctx, spec, w, warmed); err != nil {
 		sb = nil
 		return nil, "", m.sandboxCreateFailed(ctx, s, err)
 	}
@@ -247,6 +281,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		m.logCreateStep(ctx, "workspace_attach_failed", s, err)
 		return nil, "", err
 	}
+	tr.Mark("workspace_attach")
 	if s.needsProxy() {
 		if err := m.openProxy(ctx, s); err != nil {
 			m.logCreateStep(ctx, "egress_proxy_failed", s, err)
@@ -254,6 +289,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			return nil, "", err
 		}
 		u.push(s.closeProxy)
+		tr.Mark("egress_proxy")
 	}
 	// The record is durable before the client hears of the session; a crash
 	// before this point leaves only a sandbox without a record, which the
@@ -266,6 +302,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		return nil, "", &Error{Kind: KindUnavailable, Code: "store_failed", Message: "could not record the session", Err: err}
 	}
 	u.push(func() { _ = m.cfg.Store.Delete(s.ID) })
+	tr.Mark("store")
 	s.savedActivity.Store(s.CreatedAt.UnixNano())
 	if err := m.publish(s, key, name); err != nil {
 		return nil, "", err
@@ -274,7 +311,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	m.watch(s)
 	m.auditSession(ctx, s, "created", "", "")
 	m.log.InfoContext(ctx, "session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", c.image,
-		"egress", len(s.egressAllow), "secrets", len(c.secrets))
+		"egress", len(s.egressAllow), "secrets", len(c.secrets), "warm", warmed && s.sandbox == w.sb)
 	m.metrics().SessionCreated(time.Since(start))
 	return s, pw, nil
 }
@@ -349,12 +386,16 @@ func (m *Manager) checkCreate(p Principal, cp *CreateParams) (c createChecked, e
 }
 
 // newSession is the session a create makes, and its SSH password.
-func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked) (*Session, string) {
+// id is the session's id ("": a new one).
+func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id string) (*Session, string) {
 	now := m.cfg.Now().UTC()
 	pw := newPassword()
 	res := c.res
+	if id == "" {
+		id = newID()
+	}
 	s := &Session{
-		ID: newID(), Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
+		ID: id, Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
 		SSHPublicKey: c.sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
 		Secrets: c.secrets, egressAllow: c.allow.Entries(),
@@ -691,6 +732,25 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 		return nil
 	}
 	m.detachWorkspace(ctx, s)
+	// The session is unreachable now (no record, no connections, its
+	// workspace synced): its sandbox may go in the background.
+	select {
+	case m.releasing <- struct{}{}:
+		m.released.Add(1)
+		go func() {
+			defer m.released.Done()
+			defer func() { <-m.releasing }()
+			_ = m.destroy(context.WithoutCancel(ctx), s)
+		}()
+		return nil
+	default: // none configured, or all busy: this caller waits
+	}
+	return m.destroy(ctx, s)
+}
+
+// destroy destroys the sandbox of the ended session s; one that fails is
+// retried by Run.
+func (m *Manager) destroy(ctx context.Context, s *Session) error {
 	if err := s.sandbox.Destroy(context.WithoutCancel(ctx)); err != nil {
 		m.log.Error("sandbox_destroy_failed", "session", s.ID, "err", err)
 		m.mu.Lock()
@@ -722,8 +782,12 @@ func (m *Manager) retryDestroy(ctx context.Context) {
 	}
 }
 
-// Run expires sessions past their TTL or idle limit until ctx is done.
+// Run expires sessions past their TTL or idle limit, and keeps the warm
+// pool full, until ctx is done.
 func (m *Manager) Run(ctx context.Context) {
+	if m.pool != nil {
+		m.pool.start(ctx)
+	}
 	t := time.NewTicker(m.cfg.ReapInterval)
 	defer t.Stop()
 	for {

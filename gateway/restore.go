@@ -98,6 +98,9 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 	all := m.sessions
 	m.sessions = map[string]*Session{}
 	m.mu.Unlock()
+	if m.pool != nil { // warm sandboxes are no one's: none is kept
+		m.pool.close(ctx)
+	}
 	var wg sync.WaitGroup
 	for _, s := range all {
 		wg.Add(1)
@@ -117,6 +120,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 		}()
 	}
 	wg.Wait()
+	m.released.Wait()   // sandboxes being released in the background
 	m.retryDestroy(ctx) // deleted sessions end for good, whatever keep says
 	if keep && len(all) > 0 {
 		running := 0

@@ -19,6 +19,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/workspace"
 )
 
@@ -155,7 +156,8 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		a.cfg.Log.InfoContext(r.Context(), "session_create_abandoned", "tenant", p.Tenant)
 		return
 	}
-	s, pw, err := a.cfg.Sessions.Create(r.Context(), p, cp)
+	tr := sandbox.NewTrace()
+	s, pw, err := a.cfg.Sessions.Create(sandbox.WithTrace(r.Context(), tr), p, cp)
 	if err != nil {
 		WriteGatewayError(w, err)
 		return
@@ -168,6 +170,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		_ = WriteJSON(w, http.StatusOK, a.render(s, ""))
 		return
 	}
+	w.Header().Set("Server-Timing", serverTiming(tr))
 	// Nobody else can learn this session's password: if the answer cannot
 	// be delivered, the session would hold a quota slot for nothing.
 	err = r.Context().Err()
@@ -426,4 +429,18 @@ func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// serverTiming renders a create's trace as a Server-Timing header: each
+// step in milliseconds, in the order recorded, then the total. Steps
+// named *_bg ran beside others; init.* are the sandbox init's own, within
+// init_handshake.
+func serverTiming(tr *sandbox.Trace) string {
+	steps, total := tr.Steps()
+	var b strings.Builder
+	for _, st := range steps {
+		fmt.Fprintf(&b, "%s;dur=%.3f, ", st.Name, float64(st.Dur.Microseconds())/1000)
+	}
+	fmt.Fprintf(&b, "total;dur=%.3f", float64(total.Microseconds())/1000)
+	return b.String()
 }

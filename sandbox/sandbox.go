@@ -237,6 +237,24 @@ type Detacher interface {
 	Detach(ctx context.Context) error
 }
 
+// Rebinder is implemented by sandboxes that can take a session's Spec
+// while they run (linuxns: memory, pids and CPUs are its cgroups', and
+// TrustPEM goes into its trust store). The gateway's warm pool uses it: a
+// sandbox made ahead of any session, from a Spec with its ID alone, gets
+// the session's limits and trust at claim.
+type Rebinder interface {
+	// Rebind makes the running sandbox what spec (of the same ID) asks,
+	// as if it had been created from it: spec.Limits (zero fields: the
+	// driver's) and spec.TrustPEM. It fails with ErrNotLive, changing
+	// nothing, for what cannot change live (an image, the size of /tmp or
+	// of the workspace, a second TrustPEM).
+	Rebind(ctx context.Context, spec Spec) error
+}
+
+// ErrNotLive is Rebinder.Rebind's answer for limits that only a new
+// sandbox can have.
+const ErrNotLive = Error("these limits cannot change in a running sandbox")
+
 // ErrNotKept is Keeper.Reattach's answer when the sandbox keeps no
 // process of that key (it was never kept, or a gateway already took its
 // exit).

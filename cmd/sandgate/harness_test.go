@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -92,6 +93,16 @@ func startGateway(t *testing.T, args ...string) *gatewayProc {
 // stops it cleanly when the test ends.
 func (g *gatewayProc) start(t *testing.T, args []string) {
 	t.Helper()
+	// Tests count sandboxes and time creates, and look for what a DELETE
+	// released once it answers: no warm pool and no background teardown
+	// unless asked (warmpool_test.go, teardown_test.go).
+	if len(args) > 0 && args[0] == "serve" {
+		for _, f := range []string{"--warm-pool", "--teardown-queue"} {
+			if !slices.ContainsFunc(args, func(a string) bool { return a == f || strings.HasPrefix(a, f+"=") }) {
+				args = append(slices.Clone(args), f+"=0")
+			}
+		}
+	}
 	b := gwtest.StartBinary(t, sandgateBin, args...)
 	g.URL, g.cmd, g.stdout, g.stderr, g.done = b.URL, b.Cmd, b.Stdout, b.Stderr, b.Done
 	t.Cleanup(func() { g.stop(t) })

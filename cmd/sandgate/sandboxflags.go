@@ -22,6 +22,12 @@ type sandboxFlags struct {
 	allowUserNS bool
 	// nofile is every sandbox process's RLIMIT_NOFILE (linux).
 	nofile sandbox.Nofile
+	// warmPool is how many default-root sandboxes are kept built for
+	// creates to claim (linux; gateway.Config.WarmPool).
+	warmPool int
+	// teardownQueue is how many deleted sessions' sandboxes are released
+	// in the background at once (gateway.Config.TeardownQueue).
+	teardownQueue int
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -44,6 +50,8 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Uint64Var(&f.nofile.Soft, "sandbox-nofile", sandbox.DefaultNofileSoft, "open files per sandbox process (RLIMIT_NOFILE soft limit, linux driver)")
 	fs.Uint64Var(&f.nofile.Hard, "sandbox-nofile-hard", sandbox.DefaultNofileHard, "open files a sandbox process may raise its limit to (RLIMIT_NOFILE hard limit, linux driver)")
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
+	fs.IntVar(&f.warmPool, "warm-pool", defaultWarmPool, "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables)")
+	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f
 }
@@ -83,8 +91,26 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 	if n := f.nofile; n.Soft < minNofile || n.Hard < n.Soft {
 		return b, fmt.Errorf("--sandbox-nofile must be at least %d, and --sandbox-nofile-hard at least --sandbox-nofile (got %d and %d)", minNofile, n.Soft, n.Hard)
 	}
+	if f.warmPool < 0 || f.warmPool > maxWarmPool {
+		return b, fmt.Errorf("--warm-pool must be between 0 and %d, got %d", maxWarmPool, f.warmPool)
+	}
+	if f.teardownQueue < 0 || f.teardownQueue > maxTeardownQueue {
+		return b, fmt.Errorf("--teardown-queue must be between 0 and %d, got %d", maxTeardownQueue, f.teardownQueue)
+	}
 	return b, nil
 }
+
+// defaultTeardownQueue and maxTeardownQueue are --teardown-queue's
+// default and bound: each release under way holds a goroutine and the
+// sandbox's host resources a little longer.
+const (
+	defaultTeardownQueue = 64
+	maxTeardownQueue     = 4096
+)
+
+// maxWarmPool bounds --warm-pool: each warm sandbox holds an idle init's
+// memory, a uid range and a workspace, for no session.
+const maxWarmPool = 64
 
 // minNofile is the smallest --sandbox-nofile: a shell and its pipes.
 const minNofile = 64
@@ -163,4 +189,18 @@ func formatSize(n int64) string {
 		}
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// defaultWarmPool is --warm-pool's default: enough for a couple of
+// creates in a row to find a sandbox ready, at a couple of idle inits'
+// memory.
+const defaultWarmPool = 2
+
+// warmPoolFor is --warm-pool for driver d: the workdir driver's sandboxes
+// are directories, quick to make, so it keeps none.
+func (f *sandboxFlags) warmPoolFor(d sandbox.Driver) int {
+	if d.Name() != "linux" {
+		return 0
+	}
+	return f.warmPool
 }

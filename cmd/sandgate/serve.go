@@ -499,6 +499,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		TombstoneTTL: idleOrDisabled(cfg.tombstoneTTL),
 		Workspaces:   wsvc,
 		Images:       defaultImages,
+		WarmPool:     cfg.sandbox.warmPoolFor(driver),
+		// Sandboxes of ended sessions released in the background.
+		TeardownQueue: cfg.sandbox.teardownQueue,
 	}
 	var mgr *gateway.Manager
 	var node *cluster.Node

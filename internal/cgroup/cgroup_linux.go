@@ -229,8 +229,26 @@ func mkdirCgroup(dir string) error {
 	return nil
 }
 
+// setting is one value to write to one cgroup file.
+type setting struct{ dir, file, value string }
+
+func (x setting) write() error {
+	if err := os.WriteFile(filepath.Join(x.dir, x.file), []byte(x.value), 0); err != nil {
+		return fmt.Errorf("set %s: %w", x.file, err)
+	}
+	return nil
+}
+
 func limitV1(c, dir, procs string, l Limits) error {
-	type setting struct{ dir, file, value string }
+	for _, x := range settingsV1(c, dir, procs, l) {
+		if err := x.write(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func settingsV1(c, dir, procs string, l Limits) []setting {
 	var s []setting
 	switch c {
 	case "memory":
@@ -252,31 +270,66 @@ func limitV1(c, dir, procs string, l Limits) error {
 			{procs, "cpu.cfs_quota_us", strconv.FormatInt(cpuQuota(l.CPUs), 10)},
 		}
 	}
-	for _, x := range s {
-		if err := os.WriteFile(filepath.Join(x.dir, x.file), []byte(x.value), 0); err != nil {
-			return fmt.Errorf("set %s: %w", x.file, err)
+	return s
+}
+
+func limitV2(c, dir string, l Limits) error {
+	for _, x := range settingsV2(c, dir, l) {
+		if err := x.write(); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-func limitV2(c, dir string, l Limits) error {
-	files := map[string]string{}
+func settingsV2(c, dir string, l Limits) []setting {
+	var s []setting
 	switch c {
 	case "memory":
-		files["memory.max"] = strconv.FormatInt(l.MemoryBytes, 10)
+		s = append(s, setting{dir, "memory.max", strconv.FormatInt(l.MemoryBytes, 10)})
 		if _, err := os.Stat(filepath.Join(dir, "memory.swap.max")); err == nil {
-			files["memory.swap.max"] = "0"
+			s = append(s, setting{dir, "memory.swap.max", "0"})
 		}
 	case "pids":
-		files["pids.max"] = strconv.FormatInt(l.Pids, 10)
+		s = append(s, setting{dir, "pids.max", strconv.FormatInt(l.Pids, 10)})
 	case "cpu":
-		files["cpu.max"] = fmt.Sprintf("%d %d", cpuQuota(l.CPUs), cpuPeriodMicros)
+		s = append(s, setting{dir, "cpu.max", fmt.Sprintf("%d %d", cpuQuota(l.CPUs), cpuPeriodMicros)})
 	}
-	for f, v := range files {
-		if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0); err != nil {
-			return fmt.Errorf("set %s: %w", f, err)
+	return s
+}
+
+// SetLimits changes the limits of sandbox id's cgroups, which Create made,
+// while the sandbox runs (a warm sandbox bound to a session). Some files
+// must stay ordered (an init's cgroup above its commands', memory below
+// memory+swap), so the order that works depends on whether a limit goes
+// up or down: what the kernel refuses is written again once the rest is,
+// until nothing moves.
+func (p *Plan) SetLimits(id string, l Limits) error {
+	var pending []setting
+	for _, h := range p.v1 {
+		dir := filepath.Join(h.mount, "sandgate", id)
+		for _, c := range h.ctls {
+			pending = append(pending, settingsV1(c, dir, filepath.Join(dir, "procs"), l)...)
 		}
+	}
+	if p.v2 != "" {
+		dir := filepath.Join(p.v2, "sandgate", id)
+		for _, c := range p.v2Ctls {
+			pending = append(pending, settingsV2(c, dir, l)...)
+		}
+	}
+	for len(pending) > 0 {
+		var failed []setting
+		var last error
+		for _, x := range pending {
+			if err := x.write(); err != nil {
+				failed, last = append(failed, x), err
+			}
+		}
+		if len(failed) == len(pending) {
+			return last
+		}
+		pending = failed
 	}
 	return nil
 }

@@ -271,11 +271,16 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	if err := st.save(dir); err != nil {
 		return nil, err
 	}
+	tr := sandbox.TraceOf(ctx)
+	tr.Mark("driver_state")
 	// The workspace is made while the init starts (the init waits for
 	// its spec before it does anything).
 	wsDone := make(chan error, 1)
 	go func() {
-		wsDone <- d.ws.create(st.Workspace, st.Image, lim.WorkspaceBytes, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
+		t0 := time.Now()
+		err := d.ws.create(st.Workspace, st.Image, lim.WorkspaceBytes, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
+		tr.Add("workspace_image_bg", time.Since(t0))
+		wsDone <- err
 	}()
 	if err := d.bootInit(ctx, sb, spec.Image, lim, wsDone); err != nil {
 		return nil, err
@@ -289,6 +294,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 // is built. It returns only after wsDone has answered.
 func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Image, lim sandbox.Limits, wsDone <-chan error) (err error) {
 	st := sb.st
+	tr := sandbox.TraceOf(ctx)
 	var fds []int
 	var names []string
 	waited := false
@@ -316,6 +322,8 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return err
 	}
 	fds, names = procsTasks, slices.Repeat([]string{"tasks"}, len(procsTasks))
+	tr.Mark("cgroups")
+	forkAt := time.Now()
 	cmd, conn, err := d.startInit(st.UIDBase, filepath.Join(d.dir(st.ID), "init.log"), cgfd, initTasks)
 	procio.CloseFDs(initTasks)
 	if cgfd >= 0 {
@@ -346,6 +354,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if err := st.save(d.dir(st.ID)); err != nil {
 		return err
 	}
+	tr.Mark("init_fork")
 	ln, err := listenUnix(st.Socket)
 	if err != nil {
 		return err
@@ -367,6 +376,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if err := <-wsDone; err != nil {
 		return err
 	}
+	tr.Mark("workspace_wait")
 	home := st.Workspace
 	if img != nil {
 		if err := prepareImageWorkspace(st.Workspace, st.UIDBase); err != nil {
@@ -391,11 +401,12 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	fds, names = append(fds, ws), append(names, "workspace")
 	is.FDs = names
+	tr.Mark("workspace_mount")
 	name := ""
 	if img != nil {
 		name = img.Name
 	}
-	return d.handshake(ctx, conn, is, name, fds)
+	return d.handshake(ctx, conn, is, name, fds, forkAt)
 }
 
 // initNofileFor is what the init needs in a sandbox with pids processes:
@@ -422,7 +433,9 @@ func ctxErr(ctx context.Context, err error) error {
 }
 
 // handshake sends the init its spec and waits until the sandbox is built.
-func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int) error {
+// forkAt, when known, is when the init was started: the create's trace
+// shows how long it took to reach its main.
+func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int, forkAt time.Time) error {
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
@@ -435,6 +448,15 @@ func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spe
 	procio.CloseFDs(got)
 	if err != nil {
 		return fmt.Errorf("sandbox init: %w", ctxErr(ctx, err))
+	}
+	if tr := sandbox.TraceOf(ctx); tr != nil {
+		tr.Mark("init_handshake")
+		if !forkAt.IsZero() && ready.StartedMicros > 0 {
+			tr.Add("init.exec_to_main", time.UnixMicro(ready.StartedMicros).Sub(forkAt))
+		}
+		for _, s := range ready.Steps {
+			tr.Add("init."+s.Name, time.Duration(s.Micros)*time.Microsecond)
+		}
 	}
 	if !ready.OK && ready.BadImage {
 		return &sandbox.BadImageError{Image: image, Reason: ready.Error}
@@ -532,7 +554,7 @@ func (d *Driver) probe() error {
 	defer cancel()
 	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"},
 		AllowUserNS: d.cfg.AllowUserNS}
-	herr := d.handshake(ctx, conn, spec, "", []int{ws})
+	herr := d.handshake(ctx, conn, spec, "", []int{ws}, time.Time{})
 	if herr != nil {
 		_ = cmd.Process.Kill()
 	}

@@ -366,7 +366,8 @@ func (b *bench) runAll(start time.Time) int {
 		{"8", b.rowImages},
 		{"9", b.rowEgress},
 		{"10", b.rowREST},
-		{"11", b.rowKeystroke},
+		{"11", b.rowCreateTrace},
+		{"12", b.rowKeystroke},
 	}
 	for _, row := range rows {
 		if !b.wantGroup(row.id) {
@@ -396,6 +397,9 @@ func (b *bench) runAll(start time.Time) int {
 	}
 	if c.scratch == "tmpfs" && c.tmpBase == "" {
 		base += "-tmpfs"
+	}
+	if c.name != "" {
+		base = c.name
 	}
 	mdPath, jsPath, err := r.Write(c.outDir, base)
 	if err != nil {

@@ -47,6 +47,7 @@ type config struct {
 	imageSessions       int   // row 8c: sessions on one image
 	tmpBase             string
 	outDir              string
+	name                string
 	python              string
 	self                string
 	// refSandgate, when set, replaces sshd by a second sandgate binary in
@@ -122,7 +123,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-11; rows 8's, 9's and 10's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none) and 12 (sandgate only: keystroke echo, browser terminal vs SSH shell); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b; 11a,11b,11c,11d)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -140,6 +141,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.cipher, "cipher", "aes128-gcm@openssh.com", "cipher forced on both sides in the equal-footing rows")
 	fs.StringVar(&c.mac, "mac", "", "MAC forced on both sides in the equal-footing rows (default: none beside an AEAD cipher)")
 	fs.StringVar(&c.outDir, "out", "", "results dir (default <repo>/bench/results)")
+	fs.StringVar(&c.name, "name", "", "results file name without extension (default latest, latest-quick or latest-tmpfs), e.g. create-breakdown")
 	fs.StringVar(&c.python, "python", "python3", "Python for row 7")
 	fs.Func("serve-arg", "extra `sandgate serve` flag for every instance (repeatable), e.g. --serve-arg=--sandbox-memory=4294967296", func(v string) error {
 		c.serveArgs = append(c.serveArgs, v)
@@ -208,7 +210,7 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b"} {
+		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b", "11", "11a", "11b", "11c", "11d"} {
 			delete(c.rows, r)
 		}
 	}
@@ -437,6 +439,7 @@ func printPlan(c *config, b *bench) {
 	desc["9a"] = fmt.Sprintf("sandgate only: %s over HTTP from a loopback server, curl in a session through its egress proxy (-p: CONNECT) vs curl on the host, %d runs each, rotating (linux driver)", size, c.reps)
 	desc["9b"] = fmt.Sprintf("sandgate only: the same two at `curl --limit-rate %s`, %d runs each, alternating", limitRate, c.reps)
 	desc["9c"] = fmt.Sprintf("sandgate only: reference, curl on the host through a minimal Go io.Copy relay, %d runs (rotating with 9a)", c.reps)
+	desc["11"] = fmt.Sprintf("sandgate only: create -> first REST command, `--warm-pool 2` vs `--warm-pool 0`, %d each, alternating (11a), and each step of the create from its Server-Timing header, p50 and p99 (11b), DELETE answered with the default background teardown vs `--teardown-queue 0` (11c), and 11a with egress, a secret and resources (11d, alternating with 11a) (linux driver)", c.createN)
 	desc["9d"] = fmt.Sprintf("sandgate only: create -> first command with egress + a secret vs plain `{}`, %d each, alternating (linux driver)", c.createN)
 	desc["9"] = "(9a) " + desc["9a"] + "\n  row 9b: " + desc["9b"] + "\n  row 9c: " + desc["9c"] + "\n  row 9d: " + desc["9d"]
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)

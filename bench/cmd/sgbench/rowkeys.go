@@ -13,7 +13,7 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// --- row 11: keystroke echo, SSH shell vs browser terminal (sandgate only) ----
+// --- row 12: keystroke echo, SSH shell vs browser terminal (sandgate only) ----
 //
 // One byte typed, echoed back, on a shell with a PTY in one session: (a) an
 // SSH shell (Go x/crypto/ssh through a CONNECT tunnel, pty-req + shell, as
@@ -192,7 +192,7 @@ func (b *bench) rowKeystroke() error {
 	defer cancel()
 	term, err := b.webTerminal(ctx, b.sess)
 	if errors.Is(err, errNoTerminal) {
-		b.report.add(&Row{ID: "11", Name: "keystroke echo", Skipped: b.cfg.sandgateBin + ": " + err.Error()})
+		b.report.add(&Row{ID: "12", Name: "keystroke echo", Skipped: b.cfg.sandgateBin + ": " + err.Error()})
 		return nil
 	}
 	if err != nil {
@@ -246,9 +246,9 @@ func (b *bench) rowKeystroke() error {
 		return fmt.Sprintf("terminal adds %.2f ms (target ≤ %v: %s)", d.Seconds()*1e3, keystrokeTarget, ok)
 	}
 	r := b.report
-	r.add(&Row{ID: "11", Name: name, Stat: "p50", Unit: "s", SG: wst, Ref: sst, SGName: via, RefKind: "SSH", RefName: sshVia,
+	r.add(&Row{ID: "12", Name: name, Stat: "p50", Unit: "s", SG: wst, Ref: sst, SGName: via, RefKind: "SSH", RefName: sshVia,
 		Note: fmt.Sprintf("%s; p50: %s; both are in-process Go clients; each keystroke is erased (DEL, untimed) before the next", keysRef, verdict(wst.Median, sst.Median))})
-	r.add(&Row{ID: "11", Name: name, Stat: "p99", Unit: "s", SG: wst, Ref: sst, SGName: via, RefKind: "SSH", RefName: sshVia,
+	r.add(&Row{ID: "12", Name: name, Stat: "p99", Unit: "s", SG: wst, Ref: sst, SGName: via, RefKind: "SSH", RefName: sshVia,
 		Note: fmt.Sprintf("%s; p99: %s", keysRef, verdict(wst.P99, sst.P99))})
 	return nil
 }

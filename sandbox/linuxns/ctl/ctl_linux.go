@@ -135,6 +135,18 @@ type Ready struct {
 	// BadImage says that Error is the image's fault, and may be shown to
 	// whoever chose it.
 	BadImage bool `json:"badImage,omitempty"`
+	// Steps time the init's own steps of building the sandbox (the
+	// gateway adds them to the create's sandbox.Trace).
+	Steps []Step `json:"steps,omitempty"`
+	// StartedMicros is when the init's main began, in Unix microseconds:
+	// the gateway times the exec and the Go runtime's start from it.
+	StartedMicros int64 `json:"startedUs,omitempty"`
+}
+
+// Step is one step of building a sandbox, as the init timed it.
+type Step struct {
+	Name   string `json:"name"`
+	Micros int64  `json:"us"`
 }
 
 // Request is a message from the gateway on a control connection.
@@ -147,6 +159,10 @@ type Request struct {
 	Env       []string     `json:"env,omitempty"`
 	PTY       *sandbox.PTY `json:"pty,omitempty"`
 	Signal    int          `json:"signal,omitempty"`
+	// TrustPEM is what a "trust" request adds to the sandbox's trust
+	// store, as Spec.TrustPEM at build (a warm sandbox bound to a
+	// session); the init answers "trusted" or "error".
+	TrustPEM string `json:"trustPEM,omitempty"`
 }
 
 // Reply is a message from the init on a control connection.

@@ -342,6 +342,15 @@ func (in *initd) handle(fd int) {
 		in.attachKept(f, req.Keep)
 		return
 	}
+	if req.Op == "trust" {
+		procio.CloseFDs(fds)
+		if err := addTrust(req.TrustPEM); err != nil {
+			_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
+			return
+		}
+		_ = ctl.WriteFrame(conn, ctl.Reply{Op: "trusted"})
+		return
+	}
 	if req.Op != "exec" {
 		procio.CloseFDs(fds)
 		_ = ctl.WriteFrame(conn, ctl.Reply{Op: "error", Error: fmt.Sprintf("unexpected %q before exec", req.Op)})

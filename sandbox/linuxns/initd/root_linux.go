@@ -45,6 +45,7 @@ const (
 // then serves its control socket: every command of the session is started
 // by the init, inside the sandbox, until the gateway kills it.
 func Main(args []string) int {
+	tm := newStepTimer()
 	// Nothing in the sandbox runs as the init's user, so no one there can
 	// signal it; the init has no terminal either. Still, a stray signal
 	// must not end it: catch and drop them. Caught (not ignored), so that
@@ -81,14 +82,15 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "sandbox-init: read spec:", err)
 		return 2
 	}
-	in, err := buildSandbox(&spec, fds)
+	tm.mark("wait_spec")
+	in, err := buildSandbox(&spec, fds, tm)
 	if err != nil {
 		_, bad := errors.AsType[*ctl.ImageError](err)
 		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error(), BadImage: bad})
 		fmt.Fprintln(os.Stderr, "sandbox-init:", err)
 		return 1
 	}
-	if err := ctl.WriteFrame(c, ctl.Ready{OK: true}); err != nil {
+	if err := ctl.WriteFrame(c, ctl.Ready{OK: true, Steps: tm.steps, StartedMicros: tm.start.UnixMicro()}); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-init: report ready:", err)
 		return 1
 	}
@@ -147,7 +149,7 @@ func writableWorkDir(dir string) string {
 
 // buildSandbox turns the init's fresh namespaces into the sandbox and
 // returns the server of its control socket. It closes fds.
-func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
+func buildSandbox(spec *ctl.Spec, fds []int, tm *stepTimer) (*initd, error) {
 	defer procio.CloseFDs(fds)
 	if len(fds) != len(spec.FDs) {
 		return nil, fmt.Errorf("got %d descriptors for %d names", len(fds), len(spec.FDs))
@@ -176,7 +178,7 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	if listener == nil && !spec.Probe {
 		return nil, fmt.Errorf("no control socket")
 	}
-	if err := buildRoot(spec, workspace, rootfs); err != nil {
+	if err := buildRoot(spec, workspace, rootfs, tm); err != nil {
 		return nil, err
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
@@ -185,6 +187,7 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	if err := loopbackUp(); err != nil {
 		return nil, err
 	}
+	tm.mark("net")
 	// Nested user namespaces would hand sandbox processes a fresh set of
 	// capabilities over new namespaces: a large kernel surface for no need.
 	// The seccomp filter refuses them too (EPERM, where this limit answers
@@ -202,10 +205,12 @@ func buildSandbox(spec *ctl.Spec, fds []int) (*initd, error) {
 	if err := limitFiles(soft, max(spec.NofileHard, soft)); err != nil {
 		return nil, err
 	}
+	tm.mark("limits")
 	sp, err := startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
 	if err != nil {
 		return nil, err
 	}
+	tm.mark("seccomp")
 	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
 		env:    spec.Env, workDir: writableWorkDir(spec.WorkingDir),
@@ -251,7 +256,7 @@ func closeInherited(keep int) {
 // rootFD >= 0, the image root the gateway built (a detached overlay
 // mount). wsFD, when >= 0, is a detached mount (open_tree) of the
 // session's workspace; it is attached at /workspace.
-func buildRoot(spec *ctl.Spec, wsFD, rootFD int) error {
+func buildRoot(spec *ctl.Spec, wsFD, rootFD int, tm *stepTimer) error {
 	// Nothing mounted here may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -264,16 +269,28 @@ func buildRoot(spec *ctl.Spec, wsFD, rootFD int) error {
 		if err := imageRootAt(r, rootFD, spec.Hostname); err != nil {
 			return err
 		}
-	} else if err := hostRootAt(r, spec.Hostname, spec.TrustPEM); err != nil {
+		tm.mark("root")
+	} else {
+		if err := hostRootAt(r); err != nil {
+			return err
+		}
+		tm.mark("root")
+		if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname, spec.TrustPEM); err != nil {
+			return err
+		}
+		tm.mark("etc")
+	}
+	if err := finishRoot(r, spec, wsFD, rootFD >= 0); err != nil {
 		return err
 	}
-	return finishRoot(r, spec, wsFD, rootFD >= 0)
+	tm.mark("pivot")
+	return nil
 }
 
 // hostRootAt builds the default root at r: a tmpfs with read-only binds of
-// the host's /usr (and /bin, /lib... where they are directories) and the
-// sandbox's own /etc.
-func hostRootAt(r, hostname, trustPEM string) error {
+// the host's /usr (and /bin, /lib... where they are directories); buildRoot
+// then adds the sandbox's own /etc.
+func hostRootAt(r string) error {
 	if err := mount("tmpfs", r, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size=1m"); err != nil {
 		return err
 	}
@@ -307,10 +324,7 @@ func hostRootAt(r, hostname, trustPEM string) error {
 			}
 		}
 	}
-	if err := roBind("/usr", filepath.Join(r, "usr")); err != nil {
-		return err
-	}
-	return buildEtc(filepath.Join(r, "etc"), hostname, trustPEM)
+	return roBind("/usr", filepath.Join(r, "usr"))
 }
 
 // finishRoot adds /dev, /proc, /tmp and the workspace to the root at r,
@@ -748,4 +762,24 @@ func addEntry(p, root, line string) error {
 		return fmt.Errorf("image %s: %w", p, err)
 	}
 	return nil
+}
+
+// stepTimer times the init's steps of building a sandbox, for the
+// gateway's trace of the create (ctl.Ready.Steps).
+type stepTimer struct {
+	start time.Time
+	last  time.Time
+	steps []ctl.Step
+}
+
+func newStepTimer() *stepTimer {
+	now := time.Now()
+	return &stepTimer{start: now, last: now}
+}
+
+// mark ends the step name now.
+func (t *stepTimer) mark(name string) {
+	now := time.Now()
+	t.steps = append(t.steps, ctl.Step{Name: name, Micros: now.Sub(t.last).Microseconds()})
+	t.last = now
 }

@@ -118,3 +118,44 @@ func joinPEM(system []byte, pem string) []byte {
 	}
 	return append(out, pem...)
 }
+
+// addTrust adds pem to the trust store of a running sandbox of the
+// default root, as buildEtc does at build: a warm sandbox bound to a
+// session with secrets bound to hosts. /etc is writable only meanwhile.
+// It runs in a goroutine of its own, off the spawner thread that serves
+// the control socket (its goroutine holds it locked): that thread is under
+// the seccomp filter, which refuses mounts.
+func addTrust(pem string) error {
+	if pem == "" {
+		return errors.New("no certificate to trust")
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- addTrustHere(pem) }()
+	return <-errc
+}
+
+func addTrustHere(pem string) error {
+	if _, err := os.Lstat(sandbox.TrustBundle); err == nil {
+		return errors.New("the sandbox trusts a session CA already")
+	}
+	if err := setWritable("/etc"); err != nil {
+		return err
+	}
+	if err := hostTrust("/etc", pem); err != nil {
+		_ = setReadOnly("/etc")
+		return err
+	}
+	return setReadOnly("/etc")
+}
+
+// setWritable undoes setReadOnly on the mount at p.
+func setWritable(p string) error {
+	attr := &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}
+	if err := unix.MountSetattr(unix.AT_FDCWD, p, 0, attr); err != nil {
+		flags := (lockedFlags(p) &^ unix.MS_RDONLY) | unix.MS_BIND | unix.MS_REMOUNT
+		if err := unix.Mount("", p, "", flags, ""); err != nil {
+			return fmt.Errorf("make %s writable: %w", p, err)
+		}
+	}
+	return nil
+}

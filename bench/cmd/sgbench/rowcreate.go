@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// --- row 11: where a create's time goes, and the warm pool -------------------
+//
+// Two linux gateways, one with `--warm-pool 0` (every create builds its
+// sandbox) and one with `--warm-pool 2`, take creates in turn, each
+// followed at once by the first REST command (`true`, on the same open
+// HTTP connection) and an untimed DELETE. Row 11a is create → first REST
+// command done; row 11b is each step of the create as the gateway's
+// Server-Timing header tells it (POST /v1/sessions), p50 and p99 over the
+// same creates, so that a change shows which step it moved.
+
+// warmGap is the pause before each measured create, in which the warm
+// gateway's pool refills in the background (a create never waits for
+// it; one that finds the pool empty builds its sandbox, and 11a counts them).
+const warmGap = 300 * time.Millisecond
+
+// traced is one create → first command of row 11.
+type traced struct {
+	create, first float64            // seconds
+	del           float64            // DELETE answered, seconds
+	steps         map[string]float64 // seconds, from Server-Timing
+	stepNames     []string           // in the header's order
+	warm          bool               // the create claimed a warm sandbox
+}
+
+func (b *bench) rowCreateTrace() error {
+	r := b.report
+	help, _ := exec.Command(b.cfg.sandgateBin, "serve", "-h").CombinedOutput()
+	if !bytes.Contains(help, []byte("-warm-pool")) {
+		r.add(&Row{ID: "11a", Name: "create → first REST command, warm pool vs none", Skipped: "this sandgate has no --warm-pool"})
+		return nil
+	}
+	ways := []struct {
+		name string
+		g    *sandgate
+		rc   *restClient
+		runs []traced
+		args []string
+	}{{name: "warm", args: []string{"--warm-pool", "2"}}, {name: "cold", args: []string{"--warm-pool", "0", "--teardown-queue", "0"}}}
+	// Both may give sessions egress (to 127.0.0.1 as big.test) and a
+	// secret, for 11d.
+	secrets := filepath.Join(b.tmp, "secrets-11")
+	if err := os.WriteFile(secrets, []byte(egressSecret+"=sgbench-"+randHex(16)+"\n"), 0o600); err != nil {
+		return err
+	}
+	egressArgs := []string{"--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", egressName + "=127.0.0.1", "--secrets-file", secrets}
+	for i := range ways {
+		w := &ways[i]
+		g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-11-"+w.name), "linux",
+			append(append(slices.Clone(b.cfg.serveArgs), egressArgs...), w.args...))
+		if err != nil {
+			r.add(&Row{ID: "11a", Name: "create → first REST command (linux driver)", Skipped: err.Error()})
+			return nil
+		}
+		b.others = append(b.others, g)
+		if g.driver != "linux" {
+			r.add(&Row{ID: "11a", Name: "create → first REST command (linux driver)", Skipped: "serve --sandbox linux runs driver " + g.driver})
+			return nil
+		}
+		w.g, w.rc = g, newRESTClient(g)
+		defer w.rc.close()
+	}
+	full := fmt.Sprintf(`{"egress": ["%s:9"], "secrets": ["%s"], "resources": {"memoryMiB": 256, "cpus": 0.5, "pids": 128}}`, egressName, egressSecret)
+	var fullRuns [2][]traced
+	for i := -3; i < b.cfg.createN; i++ { // three warm-up rounds
+		for k := range ways {
+			wi := (k + max(i, 0)) % len(ways) // alternate which goes first
+			w := &ways[wi]
+			for _, body := range []string{"{}", full} {
+				time.Sleep(warmGap)
+				t, err := traceCreate(b.ctx, w.g, w.rc, body)
+				if err != nil {
+					return fmt.Errorf("%s gateway: %w", w.name, err)
+				}
+				if i < 0 {
+					continue
+				}
+				if body == full {
+					fullRuns[wi] = append(fullRuns[wi], t)
+				} else {
+					w.runs = append(w.runs, t)
+				}
+			}
+		}
+	}
+	warm, cold := ways[0].runs, ways[1].runs
+	pick := func(ts []traced, f func(traced) (float64, bool)) *Stats {
+		var xs []float64
+		for _, t := range ts {
+			if v, ok := f(t); ok {
+				xs = append(xs, v)
+			}
+		}
+		return NewStats(xs)
+	}
+	first := func(t traced) (float64, bool) { return t.first, true }
+	create := func(t traced) (float64, bool) { return t.create, true }
+	claimed := 0
+	for _, t := range warm {
+		if t.warm {
+			claimed++
+		}
+	}
+	via, refVia := "`--warm-pool 2`", "`--warm-pool 0 --teardown-queue 0`"
+	name := "session create → first REST command done (`true`, same HTTP connection), linux driver"
+	note := fmt.Sprintf("%d of %d creates claimed a warm sandbox; %v between creates", claimed, len(warm), warmGap)
+	for _, st := range []string{"p50", "p99"} {
+		r.add(&Row{ID: "11a", Name: name, Stat: st, Unit: "s", SG: pick(warm, first), Ref: pick(cold, first), SGName: via, RefName: refVia, RefKind: "no pool", Note: note})
+	}
+	r.add(&Row{ID: "11a", Name: "… of which `POST /v1/sessions` (client side)", Stat: "p50", Unit: "s", SG: pick(warm, create), Ref: pick(cold, create), SGName: via, RefName: refVia, RefKind: "no pool"})
+	claimedFull := 0
+	for _, t := range fullRuns[0] {
+		if t.warm {
+			claimedFull++
+		}
+	}
+	for _, st := range []string{"p50", "p99"} {
+		r.add(&Row{ID: "11d", Name: "the same with egress, a secret and resources: `" + strings.ReplaceAll(full, ":9", ":PORT") + "`", Stat: st, Unit: "s",
+			SG: pick(fullRuns[0], first), Ref: pick(fullRuns[1], first), SGName: via, RefName: refVia, RefKind: "no pool",
+			Note: fmt.Sprintf("%d of %d creates claimed a warm sandbox; alternating with 11a's `{}`", claimedFull, len(fullRuns[0]))})
+	}
+	del := func(t traced) (float64, bool) { return t.del, true }
+	for _, st := range []string{"p50", "p99"} {
+		r.add(&Row{ID: "11c", Name: "`DELETE /v1/sessions/{id}` answered, just after the first command", Stat: st, Unit: "s", SG: pick(warm, del), Ref: pick(cold, del),
+			SGName: "default `--teardown-queue` (released in the background)", RefName: "`--teardown-queue 0` (released before the answer)", RefKind: "sync"})
+	}
+	// 11b: every step either way showed, in the order a cold create runs them.
+	var order []string
+	for _, ts := range [][]traced{cold, warm} {
+		for _, t := range ts {
+			for _, s := range t.stepNames {
+				if !slices.Contains(order, s) {
+					order = append(order, s)
+				}
+			}
+		}
+	}
+	for _, step := range order {
+		f := func(t traced) (float64, bool) { v, ok := t.steps[step]; return v, ok }
+		for _, st := range []string{"p50", "p99"} {
+			r.add(&Row{ID: "11b", Name: "create step `" + step + "`", Stat: st, Unit: "s", SG: pick(warm, f), Ref: pick(cold, f), SGName: via, RefName: refVia, RefKind: "no pool",
+				Note: stepNotes[step]})
+		}
+	}
+	r.note("row 11b: the steps of `POST /v1/sessions` from its Server-Timing header; a warm claim has no driver steps (its sandbox was built before); `*_bg` ran beside the steps after it; `init.*` are the sandbox init's own steps, inside `init_handshake`")
+	return nil
+}
+
+// stepNotes say what a step of row 11b covers.
+var stepNotes = map[string]string{
+	"check":              "parameters, quota reservation",
+	"session":            "ids, password, workspace claim",
+	"warm_claim":         "a warm sandbox's limits set in its cgroups",
+	"driver_state":       "sandbox dir, uid range, state file",
+	"cgroups":            "cgroup dirs and limits",
+	"init_fork":          "clone into new namespaces + exec of the init, its pidfd, state saved",
+	"workspace_image_bg": "workspace filesystem (loop ext4 from a template), beside init_fork",
+	"workspace_wait":     "what remained of workspace_image_bg",
+	"workspace_mount":    "control socket, open_tree of the workspace",
+	"init_handshake":     "spec sent → init ready (init.* inside)",
+	"init.exec_to_main":  "fork → the init's main (exec + Go runtime start)",
+	"init.root":          "tmpfs root and read-only binds of /usr...",
+	"init.etc":           "the sandbox's own /etc",
+	"init.pivot":         "/dev, /proc, /tmp, /workspace, pivot_root, read-only remount",
+	"init.net":           "hostname, loopback up",
+	"init.seccomp":       "spawner thread: cgroup join, seccomp filter",
+	"workspace_attach":   "named workspace restored (none here)",
+	"store":              "session record written (bbolt, fsync)",
+	"total":              "the whole of Manager.Create as the gateway timed it",
+	"init.wait_spec":     "init's main → its spec received",
+	"init.limits":        "nested user namespaces off, RLIMIT_NOFILE",
+	"egress_proxy":       "the session's egress proxy",
+}
+
+// traceCreate makes one session on g, runs `true` in it through rc, and
+// deletes it (untimed).
+func traceCreate(ctx context.Context, g *sandgate, rc *restClient, body string) (traced, error) {
+	var t traced
+	t0 := time.Now()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/sessions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+g.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := rc.http.Do(req)
+	if err != nil {
+		return t, err
+	}
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return t, fmt.Errorf("create session: %d %s", resp.StatusCode, bytes.TrimSpace(answer))
+	}
+	t.create = time.Since(t0).Seconds()
+	var s struct {
+		SessionID string `json:"sessionId"`
+	}
+	if err := json.Unmarshal(answer, &s); err != nil {
+		return t, fmt.Errorf("create session: %w", err)
+	}
+	createdMu.Lock()
+	created = append(created, s.SessionID)
+	createdMu.Unlock()
+	err = rc.command(ctx, s.SessionID, restTrue)
+	t.first = time.Since(t0).Seconds()
+	t1 := time.Now()
+	derr := rc.delete(ctx, s.SessionID)
+	t.del = time.Since(t1).Seconds()
+	if err != nil {
+		return t, err
+	}
+	if derr != nil {
+		return t, derr
+	}
+	t.steps, t.stepNames = parseServerTiming(resp.Header.Get("Server-Timing"))
+	_, t.warm = t.steps["warm_claim"]
+	return t, nil
+}
+
+// parseServerTiming reads `name;dur=ms, ...` into seconds per name, and
+// the names in order.
+func parseServerTiming(h string) (map[string]float64, []string) {
+	steps := map[string]float64{}
+	var names []string
+	for _, part := range strings.Split(h, ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if name == "" {
+			continue
+		}
+		for _, p := range strings.Split(params, ";") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(p), "dur="); ok {
+				if ms, err := strconv.ParseFloat(v, 64); err == nil {
+					if _, seen := steps[name]; !seen {
+						names = append(names, name)
+					}
+					steps[name] += ms / 1000
+				}
+			}
+		}
+	}
+	return steps, names
+}
+
+// delete ends session id (DELETE, on rc's open connection) and checks the 204.
+func (rc *restClient) delete(ctx context.Context, id string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodDelete, rc.g.url+"/v1/sessions/"+id, nil)
+	req.Header.Set("Authorization", "Bearer "+rc.g.token)
+	resp, err := rc.http.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		return fmt.Errorf("DELETE session: %d %s", resp.StatusCode, bytes.TrimSpace(body))
+	}
+	return nil
+}

@@ -1,0 +1,281 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// The warm pool (Config.WarmPool) keeps sandboxes of the default root
+// built and idle, so that a create takes one instead of waiting for the
+// driver. A warm sandbox is made for an id drawn like any session's
+// (newID), which nobody has seen: the session that claims it takes that
+// id, so its hostname, directories and cgroups are what a cold create
+// would have made for it. Nothing runs in a warm sandbox before its
+// claim. What differs per session is applied at claim: the limits (the
+// driver's Rebinder, in place), and, by the create as for any sandbox,
+// the workspace, the egress proxy and policy, secrets and environment
+// (given to each command), labels and TTL (the gateway's own).
+//
+// Warm sandboxes are not sessions: they are in no list, count towards no
+// quota, have no record in the store (a restart's Restore removes any
+// left on disk), and Shutdown destroys them whatever --keep-sandboxes-on-exit says.
+
+// warmRetry bounds how often a failing refill tries again.
+const (
+	warmRetryMin = time.Second
+	warmRetryMax = 30 * time.Second
+)
+
+// A refill round waits for the claims to pause (warmQuiet without one),
+// and at most warmMaxDelay: a sandbox being built competes for the CPU
+// and the disk with the create that just claimed one (its record's
+// fsync) and with the rest of a burst. Short, so that a steady stream
+// of creates still finds the pool refilled.
+const (
+	warmQuiet    = 20 * time.Millisecond
+	warmMaxDelay = 200 * time.Millisecond
+)
+
+// warm is one idle sandbox of the pool, made for the session id id.
+type warm struct {
+	id string
+	sb sandbox.Sandbox
+}
+
+// warmPool keeps up to size warm sandboxes. One refill runs at a time, in
+// the background, once claims pause (settle): a create never waits for it.
+type warmPool struct {
+	size   int
+	create func(ctx context.Context, id string) (sandbox.Sandbox, error)
+	// discard destroys a warm sandbox found dead, in the background.
+	discard func(warm)
+	log     *slog.Logger
+
+	mu     sync.Mutex
+	idle   []warm // oldest first
+	closed bool
+	kick   chan struct{} // a claim was made: refill
+	done   chan struct{} // closed by close
+	wg     sync.WaitGroup
+}
+
+func newWarmPool(size int, create func(context.Context, string) (sandbox.Sandbox, error), discard func(warm), log *slog.Logger) *warmPool {
+	return &warmPool{size: size, create: create, discard: discard, log: log, kick: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// start runs the refill until ctx ends or the pool is closed.
+func (p *warmPool) start(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.run(ctx)
+	}()
+}
+
+func (p *warmPool) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // close cancels a refill under way
+		select {
+		case <-p.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	backoff := warmRetryMin
+	for {
+		for p.short() {
+			if err := p.fillOne(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				p.log.Warn("warm_sandbox_failed", "err", err, "retry_in", backoff)
+				select {
+				case <-time.After(backoff):
+				case <-ctx.Done():
+					return
+				}
+				backoff = min(2*backoff, warmRetryMax)
+				continue
+			}
+			backoff = warmRetryMin
+		}
+		select {
+		case <-p.kick:
+			p.settle(ctx)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// settle waits until no claim came for warmQuiet, or warmMaxDelay has
+// passed.
+func (p *warmPool) settle(ctx context.Context) {
+	quiet := time.NewTimer(warmQuiet)
+	defer quiet.Stop()
+	limit := time.NewTimer(warmMaxDelay)
+	defer limit.Stop()
+	for {
+		select {
+		case <-p.kick:
+			quiet.Reset(warmQuiet)
+		case <-quiet.C:
+			return
+		case <-limit.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// short reports whether the pool holds fewer than size sandboxes.
+func (p *warmPool) short() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.closed && len(p.idle) < p.size
+}
+
+// fillOne makes one warm sandbox and adds it to the pool.
+func (p *warmPool) fillOne(ctx context.Context) error {
+	id := newID()
+	sb, err := p.create(ctx, id)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if !p.closed {
+		p.idle = append(p.idle, warm{id, sb})
+		p.mu.Unlock()
+		p.log.Debug("warm_sandbox_ready", "sandbox", id)
+		return nil
+	}
+	p.mu.Unlock()
+	return errors.Join(context.Canceled, sb.Destroy(context.WithoutCancel(ctx)))
+}
+
+// take claims the oldest warm sandbox still running, if any, and asks for
+// a refill.
+func (p *warmPool) take() (warm, bool) {
+	p.mu.Lock()
+	var dead []warm
+	var w warm
+	found := false
+	for len(p.idle) > 0 && !found {
+		w, p.idle = p.idle[0], p.idle[1:]
+		if ended(w.sb) {
+			dead = append(dead, w)
+			continue
+		}
+		found = true
+	}
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	for _, d := range dead {
+		p.log.Warn("warm_sandbox_lost", "sandbox", d.id, "reason", "it ended while idle")
+		p.discard(d)
+	}
+	return w, found
+}
+
+// ended reports whether sb has ended on its own (sandbox.Ender).
+func ended(sb sandbox.Sandbox) bool {
+	e, ok := sb.(sandbox.Ender)
+	if !ok {
+		return false
+	}
+	select {
+	case <-e.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// close stops the refill and destroys every warm sandbox.
+func (p *warmPool) close(ctx context.Context) {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.done)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range idle {
+		wg.Go(func() {
+			if err := w.sb.Destroy(context.WithoutCancel(ctx)); err != nil {
+				p.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// takeWarm claims a warm sandbox for a create checked as c whose sandbox
+// limits are l, when the pool can serve it: the default root and the
+// default workspace size (a filesystem's).
+func (m *Manager) takeWarm(c createChecked, l sandbox.Limits) (warm, bool) {
+	if m.pool == nil || !slices.Contains(m.cfg.Images, c.image) || l.WorkspaceBytes != 0 {
+		return warm{}, false
+	}
+	return m.pool.take()
+}
+
+// destroyWarm destroys a warm sandbox that no session took after all, in
+// the background (Shutdown waits for it).
+func (m *Manager) destroyWarm(w warm) {
+	m.released.Add(1)
+	go func() {
+		defer m.released.Done()
+		if err := w.sb.Destroy(context.Background()); err != nil {
+			m.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)
+		}
+	}()
+}
+
+// sandboxFor is the sandbox of a create with spec: the warm one w, bound
+// to spec (its limits, its egress CA), when warmed; else, or when spec
+// cannot be applied live, a new one from the driver.
+func (m *Manager) sandboxFor(ctx context.Context, spec sandbox.Spec, w warm, warmed bool) (sandbox.Sandbox, error) {
+	if !warmed {
+		return m.driver.Create(ctx, spec)
+	}
+	var err error = sandbox.ErrNotLive
+	if rb, ok := w.sb.(sandbox.Rebinder); ok {
+		err = rb.Rebind(ctx, spec)
+	} else if spec.Limits == (sandbox.Limits{}) && spec.TrustPEM == nil {
+		err = nil
+	}
+	if err == nil {
+		sandbox.TraceOf(ctx).Mark("warm_claim")
+		return w.sb, nil
+	}
+	if !errors.Is(err, sandbox.ErrNotLive) {
+		return nil, err
+	}
+	// The same id for a new sandbox: the warm one must be gone first.
+	if err := w.sb.Destroy(context.WithoutCancel(ctx)); err != nil {
+		return nil, err
+	}
+	return m.driver.Create(ctx, spec)
+}

@@ -1,0 +1,85 @@
+package gateway_test
+
+import (
+	"context"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// dirNames lists root's entries.
+func dirNames(t *testing.T, root string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+func waitDirs(t *testing.T, root string, n int) []string {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if names := dirNames(t, root); len(names) == n {
+			return names
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("want %d sandboxes in %s, have %v", n, root, dirNames(t, root))
+		}
+	}
+}
+
+// TestWarmPool: creates claim the pool's sandboxes under the sandbox's own
+// id; a create whose limits cannot change in a running sandbox gets a new
+// one of the same id; warm sandboxes count towards no quota and are in no
+// list; the pool refills after claims, and a shutdown that keeps the
+// sessions' sandboxes removes the warm ones.
+func TestWarmPool(t *testing.T) {
+	m, root := newManager(t, gateway.Config{WarmPool: 2, MaxSessionsPerTenant: 2, ReapInterval: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+
+	warm := waitDirs(t, root, 2)
+	p := gateway.Principal{Tenant: "a"}
+	if _, total := m.List(ctx, p, 10, 0); total != 0 {
+		t.Fatalf("warm sandboxes listed: %d", total)
+	}
+	s1, _ := mustCreate(t, m, p, gateway.CreateParams{Metadata: map[string]any{"k": "v"}, TTL: 120})
+	if !slices.Contains(warm, s1.ID) {
+		t.Fatalf("session %s did not claim a warm sandbox of %v", s1.ID, warm)
+	}
+	// workdir sandboxes cannot take limits live: the claim makes a new
+	// sandbox for the warm one's id.
+	mem := int64(64)
+	s2, _ := mustCreate(t, m, p, gateway.CreateParams{Resources: &gateway.ResourceRequest{MemoryMiB: &mem}})
+	if s2.Sandbox() == nil || !exists(s2.Sandbox().Workdir()) {
+		t.Fatalf("session %s has no sandbox", s2.ID)
+	}
+	// The quota of 2 is the sessions': warm sandboxes take none of it.
+	_, _, err := m.Create(ctx, p, gateway.CreateParams{})
+	wantCode(t, err, gateway.KindQuota, "quota_exceeded")
+	if _, total := m.List(ctx, p, 10, 0); total != 2 {
+		t.Fatalf("listed %d sessions, want 2", total)
+	}
+	waitDirs(t, root, 4) // 2 sessions, the pool full again
+
+	cancel()
+	<-ran
+	m.Shutdown(context.Background(), true)
+	left := dirNames(t, root)
+	slices.Sort(left)
+	want := []string{s1.ID, s2.ID}
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Fatalf("after a shutdown keeping sessions: %v, want only the sessions' %v", left, want)
+	}
+}

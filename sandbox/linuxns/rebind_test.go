@@ -1,0 +1,101 @@
+//go:build linux
+
+package linuxns_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// A running sandbox takes new memory, pids and CPU limits (a warm
+// sandbox claimed by a session): up from the driver's, then down below
+// them, each enforced as if it had been created with it; and a session
+// CA in its trust store. The sizes of /tmp and the workspace, an image,
+// a second CA or another id cannot change live (ErrNotLive), and the
+// sandbox keeps its limits then.
+func TestLinuxRebind(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir, Limits: sandbox.Limits{MemoryBytes: 256 << 20, Pids: 64}})
+	const id = "sbx-rebind"
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	rb, ok := sb.(sandbox.Rebinder)
+	if !ok {
+		t.Fatal("a linux sandbox is not a sandbox.Rebinder")
+	}
+	cgroupV1 := func(t *testing.T, want map[string]string) {
+		t.Helper()
+		for file, w := range want {
+			ctrl, _, _ := strings.Cut(file, ".")
+			b, err := os.ReadFile("/sys/fs/cgroup/" + ctrl + "/sandgate/" + id + "/procs/" + file)
+			if err != nil {
+				t.Logf("%s: %v (not cgroup v1 here)", file, err)
+				continue
+			}
+			if got := strings.TrimSpace(string(b)); got != w {
+				t.Errorf("%s = %s, want %s", file, got, w)
+			}
+		}
+	}
+	// tail keeps the one 400 MiB line in memory.
+	const alloc = "head -c 400m /dev/zero | tail | wc -c"
+	if out, _, exit := runIn(t, sb, alloc); exit.Code == 0 && strings.TrimSpace(out) == strconv.Itoa(400<<20) {
+		t.Fatalf("400 MiB fit in a 256 MiB sandbox")
+	}
+
+	if err := rb.Rebind(context.Background(), sandbox.Spec{ID: id, Limits: sandbox.Limits{MemoryBytes: 1024 << 20, Pids: 100, CPUs: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	cgroupV1(t, map[string]string{"memory.limit_in_bytes": "1073741824", "pids.max": "100", "cpu.cfs_quota_us": "200000"})
+	if out, stderr, exit := runIn(t, sb, alloc); exit.Code != 0 || strings.TrimSpace(out) != strconv.Itoa(400<<20) {
+		t.Fatalf("400 MiB after raising the limit to 1 GiB: %+v %q %q", exit, out, stderr)
+	}
+
+	if err := rb.Rebind(context.Background(), sandbox.Spec{ID: id, Limits: sandbox.Limits{MemoryBytes: 128 << 20, Pids: 32, CPUs: 0.5}}); err != nil {
+		t.Fatal(err)
+	}
+	cgroupV1(t, map[string]string{"memory.limit_in_bytes": "134217728", "pids.max": "32", "cpu.cfs_quota_us": "50000"})
+	if out, _, exit := runIn(t, sb, "head -c 200m /dev/zero | tail | wc -c"); exit.Code == 0 && strings.TrimSpace(out) == strconv.Itoa(200<<20) {
+		t.Fatalf("200 MiB fit after lowering the limit to 128 MiB")
+	}
+
+	// A session CA joins the trust store, as Spec.TrustPEM does at build;
+	// /etc stays read-only, and a second CA is refused.
+	pem := []byte(testPEM)
+	if err := rb.Rebind(context.Background(), sandbox.Spec{ID: id, Limits: sandbox.Limits{MemoryBytes: 128 << 20, Pids: 32, CPUs: 0.5}, TrustPEM: pem}); err != nil {
+		t.Fatal(err)
+	}
+	check := "grep -c 'BEGIN CERTIFICATE' " + sandbox.TrustBundle + " >/dev/null && tail -c 200 " + sandbox.TrustBundle + " | grep -q 'END CERTIFICATE' && " +
+		"cmp -s " + sandbox.TrustBundle + " /etc/ssl/certs/ca-certificates.crt && echo same; touch /etc/x 2>/dev/null || echo ro"
+	if out, stderr, _ := runIn(t, sb, check); out != "same\nro\n" {
+		t.Errorf("trust store after Rebind with TrustPEM: %q %q", out, stderr)
+	}
+	if out, _, _ := runIn(t, sb, "cat "+sandbox.TrustBundle); !strings.Contains(out, strings.TrimSpace(string(pem))) {
+		t.Errorf("the session CA is not in %s", sandbox.TrustBundle)
+	}
+	for _, spec := range []sandbox.Spec{
+		{ID: id, Limits: sandbox.Limits{TmpBytes: 1 << 20}},
+		{ID: id, Limits: sandbox.Limits{WorkspaceBytes: 64 << 20}},
+		{ID: id, Limits: sandbox.Limits{MemoryBytes: 128 << 20, Pids: 32, CPUs: 0.5}, TrustPEM: pem},
+		{ID: id, Image: &sandbox.Image{Name: "x"}},
+		{ID: "sbx-other"},
+	} {
+		if err := rb.Rebind(context.Background(), spec); !errors.Is(err, sandbox.ErrNotLive) {
+			t.Errorf("Rebind(%+v) = %v, want ErrNotLive", spec, err)
+		}
+	}
+	cgroupV1(t, map[string]string{"memory.limit_in_bytes": "134217728"})
+	if out, _, _ := runIn(t, sb, "echo alive"); out != "alive\n" {
+		t.Fatalf("sandbox after the rebinds: %q", out)
+	}
+}

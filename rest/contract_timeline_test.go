@@ -111,6 +111,31 @@ func TestContractTimeline(t *testing.T) {
 		if es := r.timeline(t).Entries; len(es) != 2 || es[0].Seq != all[0].Seq || es[1].Seq != all[1].Seq {
 			t.Errorf("after the create: %+v, want the two commands", es)
 		}
+		// A follower's partial answer: after= with a limit below what is
+		// new answers a nextCursor, and the same after= with it pages on
+		// down to after, through all three.
+		from := strconv.FormatUint(all[2].Seq-1, 10)
+		var paged []audit.Event
+		q := base + "?limit=1&after=" + from
+		for pages := 0; ; pages++ {
+			if pages > 5 {
+				t.Fatal("the follow's pages do not end")
+			}
+			r := g.do(t, http.MethodGet, q, aliceKey, nil)
+			expect(t, r, http.StatusOK, "")
+			p := r.timeline(t)
+			if len(p.Entries) != 1 && p.NextCursor != "" {
+				t.Errorf("page %d: %+v, want 1 entry", pages, p)
+			}
+			paged = append(paged, p.Entries...)
+			if p.NextCursor == "" {
+				break
+			}
+			q = base + "?limit=1&after=" + from + "&cursor=" + url.QueryEscape(p.NextCursor)
+		}
+		if len(paged) != 3 || paged[0].Seq != all[0].Seq || paged[1].Seq != all[1].Seq || paged[2].Seq != all[2].Seq {
+			t.Errorf("after + limit=1 paged %+v, want all three entries newest first", paged)
+		}
 	})
 
 	t.Run("other-tenant", func(t *testing.T) {

@@ -235,6 +235,10 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("the form's session %s: %d %+v", id, code, created)
 	}
 	page.WaitFor(t, `document.getElementById("term-state").textContent === "connected"`, 20*time.Second, "the terminal connects")
+	// The timeline's follow reads one entry a call from here on: a poll
+	// that finds more new entries than that must page through them all
+	// (checked below, against the server's timeline).
+	page.Eval(t, `window.sandgateConsole.page().followLimit = 1`, nil)
 
 	// echo hi: a row that is just "hi".
 	rowIs := func(text string) string {
@@ -330,6 +334,34 @@ func TestConsoleBrowser(t *testing.T) {
 	// The upload is there too, with its bytes, and the lifecycle.
 	page.WaitFor(t, `document.querySelector("#timeline").textContent.includes("hello.txt") && document.querySelector("#timeline li[data-kind=session]")`,
 		10*time.Second, "the upload and the create in the timeline")
+	// Every entry the server's timeline has up to the page's newest is
+	// on the page: the follow's partial answers (one entry a call) were
+	// paged through, not skipped.
+	var tl0 struct {
+		Entries []struct{ Seq uint64 }
+	}
+	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id+"/timeline?limit=1000", nil, &tl0); code != 200 || len(tl0.Entries) == 0 {
+		t.Fatalf("timeline: %d %+v", code, tl0)
+	}
+	page.WaitFor(t, fmt.Sprintf(`window.sandgateConsole.page().maxSeq >= %d`, tl0.Entries[0].Seq), 15*time.Second, "the page follows to the server's newest entry")
+	var shown struct {
+		MaxSeq uint64
+		Seqs   []uint64
+	}
+	page.Eval(t, `(() => { const p = window.sandgateConsole.page(); return {maxSeq: p.maxSeq, seqs: p.entries.map(e => e.seq)}; })()`, &shown)
+	have := map[uint64]bool{}
+	for _, s := range shown.Seqs {
+		have[s] = true
+	}
+	var missing []uint64
+	for _, e := range tl0.Entries {
+		if e.Seq <= shown.MaxSeq && !have[e.Seq] {
+			missing = append(missing, e.Seq)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("the page's timeline lacks entries %v of the server's %d (it has %d, up to seq %d)", missing, len(tl0.Entries), len(shown.Seqs), shown.MaxSeq)
+	}
 	page.Eval(t, `document.getElementById("tl-h").scrollIntoView()`, nil)
 	page.Screenshot(t, filepath.Join(shots, "console-timeline.png"))
 	// Filter by kind: commands only.

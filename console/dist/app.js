@@ -358,7 +358,7 @@
     closePage();
     show("session");
     document.title = id + " · sandgate console";
-    const p = { id, timers: [], ctl: new AbortController(), maxSeq: 0, entries: [], samples: [], previews: {}, closed: false };
+    const p = { id, timers: [], ctl: new AbortController(), maxSeq: 0, followLimit: 1000, entries: [], cap: MAX_LIVE, samples: [], previews: {}, closed: false };
     page = p;
     $("s-id").textContent = id;
     $("s-meta").textContent = "";
@@ -661,22 +661,57 @@
   function kindsShown() {
     return new Set(Array.from(document.querySelectorAll("input[name=kind]:checked")).map((i) => i.value));
   }
+  // MAX_LIVE bounds the entries the live follow keeps (the pages loaded
+  // with the Older button come on top): past it the oldest go, and the
+  // button brings them back.
+  const MAX_LIVE = 5000;
+
+  // pollTimeline loads the newest page, then follows: after=maxSeq answers
+  // what is newer, in pages when there is more than one (its nextCursor,
+  // with the same after=, goes on below); maxSeq moves only once the
+  // last of them is in, so a partial answer loses nothing.
   async function pollTimeline(p) {
     if (p.polling) return;
     p.polling = true;
     try {
-      const q = p.maxSeq ? "after=" + p.maxSeq + "&limit=1000" : "limit=500";
-      const t = await api("GET", sid(p.id) + "/timeline?" + q, undefined, { signal: p.ctl.signal });
-      if (!p.maxSeq && !p.closed) setOlder(p, t.nextCursor);
-      if (t.entries.length && !p.closed) {
-        p.maxSeq = Math.max(p.maxSeq, t.entries[0].seq);
-        p.entries = t.entries.concat(p.entries);
-      if (p.entries.length > 5000) { // the oldest go; the button brings them back
-        p.entries.length = 5000;
-        setOlder(p, String(p.entries[4999].seq));
-      }
+      if (!p.maxSeq) {
+        const t = await api("GET", sid(p.id) + "/timeline?limit=500", undefined, { signal: p.ctl.signal });
+        if (p.closed || !t.entries.length) return;
+        p.maxSeq = t.entries[0].seq;
+        p.entries = t.entries;
+        setOlder(p, t.nextCursor);
         renderTimeline(p);
+        return;
       }
+      const fresh = [];
+      let cursor = "";
+      for (;;) {
+        const t = await api("GET", sid(p.id) + "/timeline?after=" + p.maxSeq + "&limit=" + p.followLimit + (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""),
+          undefined, { signal: p.ctl.signal });
+        if (p.closed) return;
+        fresh.push(...t.entries);
+        cursor = t.nextCursor || "";
+        if (!cursor) break;
+        if (fresh.length >= MAX_LIVE) {
+          // More new entries than the view keeps: they replace it, and
+          // the Older button goes on from where this stopped, down
+          // through the gap to what was shown.
+          p.maxSeq = fresh[0].seq;
+          p.entries = fresh;
+          p.cap = MAX_LIVE;
+          setOlder(p, cursor);
+          renderTimeline(p);
+          return;
+        }
+      }
+      if (!fresh.length) return;
+      p.maxSeq = Math.max(p.maxSeq, fresh[0].seq);
+      p.entries = fresh.concat(p.entries);
+      if (p.entries.length > p.cap) { // the oldest go; the Older button brings them back
+        p.entries.length = p.cap;
+        setOlder(p, String(p.entries[p.cap - 1].seq));
+      }
+      renderTimeline(p);
     } catch (err) {
       if (err.code !== "audit_unavailable") fail("Reading the timeline failed")(err);
     } finally {
@@ -717,6 +752,7 @@
       const t = await api("GET", sid(p.id) + "/timeline?limit=500&cursor=" + encodeURIComponent(p.older));
       if (p.closed) return;
       p.entries = p.entries.concat(t.entries);
+      p.cap = Math.max(p.cap, p.entries.length); // what was asked for stays
       setOlder(p, t.nextCursor);
       renderTimeline(p);
     } catch (err) { fail("Reading older entries failed")(err); }

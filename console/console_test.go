@@ -38,6 +38,12 @@ func TestPage(t *testing.T) {
 			t.Errorf("page nonce %q not in its markup, or the mark left: %s", nonce, csp)
 		}
 		nonces[nonce] = true
+		// The key is kept in sessionStorage only: the browser is not
+		// asked to save it as a password.
+		if body := w.Body.String(); !strings.Contains(body, `<input id="token" name="token" type="password" autocomplete="off" required>`) ||
+			strings.Contains(body, "current-password") {
+			t.Errorf("the key field lets the browser save the key: %.2000s", body)
+		}
 		for _, want := range []string{"script-src 'self';", "frame-ancestors 'none'", "connect-src 'self';", "default-src 'none'"} {
 			if !strings.Contains(csp, want) {
 				t.Errorf("CSP %q lacks %q", csp, want)

@@ -141,6 +141,16 @@ func TestConsoleBrowser(t *testing.T) {
 	if kind != "password" {
 		t.Errorf("the key field is type=%q, want password", kind)
 	}
+	// The key lives in the tab's sessionStorage only: no browser offers
+	// to save it as a password (no autocomplete, no username field).
+	var ac struct {
+		Autocomplete string
+		Inputs       int
+	}
+	page.Eval(t, `({autocomplete: document.getElementById("token").getAttribute("autocomplete"), inputs: document.querySelectorAll("#signin-form input").length})`, &ac)
+	if ac.Autocomplete != "off" || ac.Inputs != 1 {
+		t.Errorf("the sign-in form has autocomplete=%q and %d inputs, want off and the key's alone", ac.Autocomplete, ac.Inputs)
+	}
 	page.Type(t, "not-a-key\r")
 	page.WaitFor(t, `!document.getElementById("error").hidden && document.getElementById("error").textContent.includes("Sign-in failed")`,
 		10*time.Second, "a bad key shows an error")

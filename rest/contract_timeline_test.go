@@ -1,9 +1,11 @@
 package rest_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -167,4 +169,66 @@ func TestContractTimeline(t *testing.T) {
 	requireSeen(t, cov, func(path string) bool { return path == "/v1/sessions/{id}/timeline" }, map[string]string{
 		"getSessionTimeline 500": "a read error of the audit files; not reachable without breaking the disk under the test",
 	})
+}
+
+// TestTimelineScanBudget: one timeline call reads at most the audit log's
+// QueryScanBytes, its audit pages together. The session's command and
+// create lie behind more than that of its own REST calls (which the
+// timeline leaves out), each audit page of them under the budget: the
+// first call answers no entry and a cursor, and the cursors lead on to
+// both.
+func TestTimelineScanBudget(t *testing.T) {
+	const budget = 256 << 10
+	path := filepath.Join(t.TempDir(), "audit.log")
+	af, err := audit.OpenFile(audit.FileConfig{Path: path, SyncEvery: -1, QueryScanBytes: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { af.Close() })
+	g := newGateway(t, gwOptions{audit: af})
+	s := g.create(t, aliceKey, "")
+	body, _ := json.Marshal(map[string]string{"command": "true"})
+	expect(t, g.do(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/commands", aliceKey, body), http.StatusOK, "")
+	size := func() int64 {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	before := size()
+	const filler = 3 * audit.MaxQueryLimit
+	for range filler {
+		af.Record(context.Background(), audit.Event{Kind: audit.KindREST, Tenant: "alice", Session: s.SessionID, Auth: "api_key",
+			Method: http.MethodGet, Route: "/v1/sessions/{id}", Status: http.StatusOK, DurationMs: 1})
+	}
+	fill := size() - before
+	if page := fill * audit.MaxQueryLimit / filler; fill <= budget || page >= budget {
+		t.Fatalf("the filler is %d bytes, an audit page of it %d: want more than the budget (%d) in all, less in a page", fill, page, budget)
+	}
+	base := "/v1/sessions/" + s.SessionID + "/timeline"
+	r := g.do(t, http.MethodGet, base, aliceKey, nil)
+	expect(t, r, http.StatusOK, "")
+	first := r.timeline(t)
+	if len(first.Entries) != 0 || first.NextCursor == "" {
+		t.Fatalf("the first call answered %d entries and cursor %q: it read past its scan budget of %d bytes to reach them",
+			len(first.Entries), first.NextCursor, budget)
+	}
+	var got []audit.Event
+	for q, calls := base+"?cursor="+url.QueryEscape(first.NextCursor), 1; ; calls++ {
+		if calls > 6 {
+			t.Fatal("the cursors do not end")
+		}
+		r := g.do(t, http.MethodGet, q, aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		p := r.timeline(t)
+		got = append(got, p.Entries...)
+		if p.NextCursor == "" {
+			break
+		}
+		q = base + "?cursor=" + url.QueryEscape(p.NextCursor)
+	}
+	if len(got) != 2 || got[0].Kind != audit.KindCommand || got[1].Op != "created" {
+		t.Errorf("the cursors led to %+v, want the command and the create", got)
+	}
 }

@@ -34,7 +34,7 @@ type readAhead struct {
 	// readyOf(src), unless src has avail.
 	ready func() bool
 	// avail, for a src that has ReadAvailable, is it.
-	avail func() int
+	avail  func() int
 	probed bool
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/audit"
 )
@@ -230,5 +231,49 @@ func TestTimelineScanBudget(t *testing.T) {
 	}
 	if len(got) != 2 || got[0].Kind != audit.KindCommand || got[1].Op != "created" {
 		t.Errorf("the cursors led to %+v, want the command and the create", got)
+	}
+}
+
+// TestTimelineProcessID: a background process's command entry carries
+// its processId (what the console matches a process's output by), and a
+// command run otherwise carries none.
+func TestTimelineProcessID(t *testing.T) {
+	af, err := audit.OpenFile(audit.FileConfig{Path: filepath.Join(t.TempDir(), "audit.log"), SyncEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { af.Close() })
+	g := newGateway(t, gwOptions{audit: af})
+	s := g.create(t, aliceKey, "")
+	base := "/v1/sessions/" + s.SessionID
+	r := g.do(t, http.MethodPost, base+"/processes", aliceKey, []byte(`{"command": "echo same"}`))
+	expect(t, r, http.StatusCreated, "")
+	var pr struct{ ProcessID string }
+	if err := json.Unmarshal(r.body, &pr); err != nil || pr.ProcessID == "" {
+		t.Fatalf("start: %s %v", r.body, err)
+	}
+	expect(t, g.do(t, http.MethodPost, base+"/commands", aliceKey, []byte(`{"command": "echo same"}`)), http.StatusOK, "")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := g.do(t, http.MethodGet, base+"/timeline?kind=command", aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		var bg, fg []audit.Event
+		for _, e := range r.timeline(t).Entries {
+			if e.ProcessID != "" {
+				bg = append(bg, e)
+			} else {
+				fg = append(fg, e)
+			}
+		}
+		if len(bg)+len(fg) == 2 {
+			if len(bg) != 1 || bg[0].ProcessID != pr.ProcessID || bg[0].Command != "echo same" || len(fg) != 1 {
+				t.Errorf("command entries: with a processId %+v, without %+v; want the process's (%s) and the command's", bg, fg, pr.ProcessID)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the process's and the command's entries: %s", r.body)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -797,9 +797,9 @@
       const w = el("span", null, "what");
       w.append(el("span", what, e.kind === "egress" && e.result === "denied" ? "denied" : ""));
       if (detail) w.append(" ", el("span", "(" + detail + ")", "muted"));
-      // A background process's output is kept: the entry shows its start
-      // and can follow it.
-      const pr = e.kind === "command" && e.source === "rest" && (p.procs || []).find((x) => x.command === e.command && x.status !== "running");
+      // A background process's output is kept: the entry (which names
+      // its process) shows its start and can follow it.
+      const pr = e.kind === "command" && e.processId && (p.procs || []).find((x) => x.processId === e.processId && x.status !== "running");
       if (pr) {
         const prev = p.previews[pr.processId];
         if (prev === undefined) loadPreview(p, pr.processId);

@@ -338,6 +338,14 @@ func TestConsoleBrowser(t *testing.T) {
 	// The background process's entry, with a preview of its output.
 	page.WaitFor(t, `Array.from(document.querySelectorAll("#timeline li[data-kind=command]")).some(li => li.textContent.includes("for i in") && li.querySelector("q.preview") && li.querySelector("q.preview").textContent.includes("tick1 tick2 tick3"))`,
 		15*time.Second, "the process's output previewed in the timeline")
+	// The same text run as a command (POST /commands): its entry is not
+	// the process's (matched by processId, not by text): no output button.
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"command": "for i in 1 2 3; do echo tick$i; sleep 0.2; done"}, nil); code != 200 {
+		t.Fatalf("command: %d", code)
+	}
+	page.WaitFor(t, `(() => { const lis = Array.from(document.querySelectorAll("#timeline li[data-kind=command]")).filter(li => li.textContent.includes("for i in"));
+	  return lis.length === 2 && lis.filter(li => li.querySelector("button[data-act=follow]")).length === 1; })()`,
+		15*time.Second, "the process's entry, and the same command's without its output")
 	// The egress proxy's refusal of denied.test, with its reason.
 	page.WaitFor(t, `Array.from(document.querySelectorAll("#timeline li[data-kind=egress]")).some(li => li.textContent.includes("denied denied.test"))`,
 		15*time.Second, "the denied egress in the timeline")

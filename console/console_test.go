@@ -44,7 +44,11 @@ func TestPage(t *testing.T) {
 			strings.Contains(body, "current-password") {
 			t.Errorf("the key field lets the browser save the key: %.2000s", body)
 		}
-		for _, want := range []string{"script-src 'self';", "frame-ancestors 'none'", "connect-src 'self';", "default-src 'none'"} {
+		// Scripts: only the page's own, by its nonce, each <script> with it.
+		if scripts := strings.Count(w.Body.String(), "<script "); scripts != 3 || strings.Count(w.Body.String(), `nonce="`+nonce+`"></script>`) != scripts {
+			t.Errorf("%d <script> elements, not all with the nonce: %.1000s", scripts, w.Body.String())
+		}
+		for _, want := range []string{"script-src 'nonce-" + nonce + "';", "style-src 'self' 'nonce-" + nonce + "';", "frame-ancestors 'none'", "connect-src 'self';", "default-src 'none'"} {
 			if !strings.Contains(csp, want) {
 				t.Errorf("CSP %q lacks %q", csp, want)
 			}
@@ -55,6 +59,9 @@ func TestPage(t *testing.T) {
 	}
 	if len(nonces) != 2 {
 		t.Errorf("the nonce is not fresh per answer: %v", nonces)
+	}
+	if csp := get("/ui/app.js", "").Header().Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'none';") || !strings.Contains(csp, "style-src 'self';") || strings.Contains(csp, "NONCE") {
+		t.Errorf("a file's CSP: %q", csp)
 	}
 	w := get("/ui/xterm.js", "gzip, deflate")
 	if w.Code != 200 || w.Header().Get("Content-Encoding") != "gzip" || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/javascript") {

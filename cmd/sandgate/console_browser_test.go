@@ -413,6 +413,19 @@ func TestConsoleBrowser(t *testing.T) {
 	page.Eval(t, `(`+entry+`).querySelector("a").click()`, nil)
 	page.WaitFor(t, `!document.getElementById("record").hidden && document.getElementById("record-body").textContent.includes('"source": "ssh"') && document.getElementById("record-body").textContent.includes("`+marker+`")`,
 		10*time.Second, "the entry's full record")
+	// The same record at the session's address by name (a page opened
+	// that way reads the audit log by the session's id).
+	var recSeq int
+	page.Eval(t, `Number((`+entry+`).querySelector("a").textContent.slice(1))`, &recSeq)
+	page.Eval(t, fmt.Sprintf(`location.hash = "#/s/from-console/record/%d"`, recSeq), nil)
+	page.WaitFor(t, `window.sandgateConsole.page().id === "from-console" && !document.getElementById("record").hidden && document.getElementById("record-body").textContent.includes("`+marker+`")`,
+		15*time.Second, "the record at the session's address by name")
+	// A malformed address: an error, not a script error.
+	page.Eval(t, `location.hash = "#/s/%E0%A4%A"`, nil)
+	page.WaitFor(t, `!document.getElementById("error").hidden && document.getElementById("error").textContent.includes("names no session")`, 10*time.Second, "a malformed address's error")
+	page.Eval(t, `location.hash = "#/s/" + encodeURIComponent(`+strconvQuote(id)+`)`, nil)
+	page.WaitFor(t, `window.sandgateConsole.page() && window.sandgateConsole.page().id === `+strconvQuote(id)+` && document.querySelector("#timeline li[data-kind=command]")`,
+		15*time.Second, "back to the session's page")
 	axe("the session page, 1280x800")
 
 	// A narrow window.

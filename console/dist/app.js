@@ -186,8 +186,17 @@
     }
     const m = /^#\/s\/([^/]+)(?:\/record\/(\d+))?$/.exec(location.hash);
     if (m) {
+      let id;
+      try {
+        id = decodeURIComponent(m[1]);
+      } catch (_) { // a malformed escape in a typed or pasted address
+        closePage();
+        openList();
+        showError("The address names no session: " + m[1]);
+        return;
+      }
       stopList();
-      openSession(decodeURIComponent(m[1]), m[2] ? Number(m[2]) : 0);
+      openSession(id, m[2] ? Number(m[2]) : 0);
       return;
     }
     closePage();
@@ -364,7 +373,7 @@
     $("s-meta").textContent = "";
     $("session-h").focus();
     openTerminal(p);
-    refreshSession(p);
+    p.loaded = refreshSession(p);
     listFiles(p);
     listProcs(p);
     pollTimeline(p);
@@ -623,7 +632,9 @@
     if (p.follow) p.follow.abort();
     const ctl = new AbortController();
     p.follow = ctl;
-    p.ctl.signal.addEventListener("abort", () => ctl.abort());
+    // The page's end ends it; the listener goes when it ends.
+    const onClose = () => ctl.abort();
+    p.ctl.signal.addEventListener("abort", onClose, { once: true });
     const out = $("proc-out");
     out.hidden = false;
     out.textContent = "";
@@ -653,6 +664,8 @@
       }
     } catch (err) {
       fail("Following " + pid + " failed")(err);
+    } finally {
+      p.ctl.signal.removeEventListener("abort", onClose);
     }
     listProcs(p);
   }
@@ -826,7 +839,11 @@
     $("record-seq").textContent = "#" + seq;
     $("record-body").textContent = "loading…";
     try {
-      const r = await api("GET", "v1/audit?limit=1&session=" + encodeURIComponent(p.id) + "&cursor=" + (seq + 1));
+      // The page's id may be the session's name: the audit log knows
+      // its id.
+      if (!p.session) await p.loaded;
+      const id = p.session ? p.session.sessionId : p.id;
+      const r = await api("GET", "v1/audit?limit=1&session=" + encodeURIComponent(id) + "&cursor=" + (seq + 1));
       const e = r.events.find((x) => x.seq === seq);
       $("record-body").textContent = e ? JSON.stringify(e, null, 2) : "The audit log no longer holds this record.";
       $("record").scrollIntoView({ block: "nearest" });

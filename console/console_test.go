@@ -112,13 +112,31 @@ func TestDistIsBuilt(t *testing.T) {
 		"xterm.js":                 "web/node_modules/@xterm/xterm/lib/xterm.js",
 		"xterm.css":                "web/node_modules/@xterm/xterm/css/xterm.css",
 		"addon-fit.js":             "web/node_modules/@xterm/addon-fit/lib/addon-fit.js",
-		"THIRD-PARTY-LICENSES.txt": "web/node_modules/@xterm/xterm/LICENSE",
+	}
+	// The licenses of both npm packages, each under its name.
+	var licenses []byte
+	for i, pkg := range []struct{ name, files, license string }{
+		{"@xterm/xterm", "xterm.js, xterm.css", "web/node_modules/@xterm/xterm/LICENSE"},
+		{"@xterm/addon-fit", "addon-fit.js", "web/node_modules/@xterm/addon-fit/LICENSE"},
+	} {
+		text, err := os.ReadFile(pkg.license)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			licenses = append(licenses, '\n')
+		}
+		licenses = append(licenses, pkg.name+" ("+pkg.files+"):\n\n"...)
+		licenses = append(licenses, text...)
+	}
+	if got, err := os.ReadFile(filepath.Join("dist", "THIRD-PARTY-LICENSES.txt")); err != nil || !bytes.Equal(got, licenses) {
+		t.Errorf("dist/THIRD-PARTY-LICENSES.txt is not both packages' licenses: run make console and commit console/dist (%v)", err)
 	}
 	entries, err := os.ReadDir("dist")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries) != len(sources) {
+	if len(entries) != len(sources)+1 {
 		t.Errorf("dist has %d files, make console makes %d", len(entries), len(sources))
 	}
 	for name, src := range sources {

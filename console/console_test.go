@@ -106,12 +106,12 @@ func TestDistIsBuilt(t *testing.T) {
 		t.Skip("no console/web/node_modules (make console fills it)")
 	}
 	sources := map[string]string{
-		"index.html":               "web/src/index.html",
-		"app.js":                   "web/src/app.js",
-		"app.css":                  "web/src/app.css",
-		"xterm.js":                 "web/node_modules/@xterm/xterm/lib/xterm.js",
-		"xterm.css":                "web/node_modules/@xterm/xterm/css/xterm.css",
-		"addon-fit.js":             "web/node_modules/@xterm/addon-fit/lib/addon-fit.js",
+		"index.html":   "web/src/index.html",
+		"app.js":       "web/src/app.js",
+		"app.css":      "web/src/app.css",
+		"xterm.js":     "web/node_modules/@xterm/xterm/lib/xterm.js",
+		"xterm.css":    "web/node_modules/@xterm/xterm/css/xterm.css",
+		"addon-fit.js": "web/node_modules/@xterm/addon-fit/lib/addon-fit.js",
 	}
 	// The licenses of both npm packages, each under its name.
 	var licenses []byte

@@ -254,3 +254,30 @@ func TestWebSocketReadAvailableClose(t *testing.T) {
 		t.Errorf("%d available after Close", n)
 	}
 }
+
+// A client's write deadline holds for a large frame, which is gathered
+// below the library and written after the library's write returned: a
+// gateway that reads nothing makes the write fail at the deadline, not
+// block for ever.
+func TestWebSocketClientWriteDeadline(t *testing.T) {
+	c, _ := wsPair(t)
+	if err := c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 256<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		t.Logf("the write failed: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("a write to a gateway that reads nothing is still blocked, long past its deadline")
+	}
+}

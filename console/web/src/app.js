@@ -205,15 +205,26 @@
   window.addEventListener("hashchange", route);
 
   // ---- the sessions list ----
+  // The list reads its first page of 100 every 5 s; the More button adds
+  // a page to what it reads (a gateway's rate limit is per principal).
+  const LIST_PAGE = 100;
+  let listLimit = LIST_PAGE;
+  let listTotal = 0;
   async function loadSessions() {
     const all = [];
-    for (let offset = 0; ;) {
-      const p = await api("GET", "v1/sessions?limit=100&offset=" + offset);
+    for (let offset = 0; offset < listLimit;) {
+      const p = await api("GET", "v1/sessions?limit=" + Math.min(LIST_PAGE, listLimit - offset) + "&offset=" + offset);
       all.push(...p.sessions);
+      listTotal = p.total;
       offset += p.sessions.length;
-      if (!p.sessions.length || offset >= p.total) return all;
+      if (!p.sessions.length || offset >= p.total) break;
     }
+    return all;
   }
+  $("list-more").addEventListener("click", () => {
+    listLimit += LIST_PAGE;
+    refreshList();
+  });
 
   function openList() {
     const was = !$("list").hidden;
@@ -280,7 +291,9 @@
     body.className = "rows";
     body.innerHTML = html.join("");
     $("sessions").querySelector(".rows").replaceWith(body);
-    $("count").textContent = shown.length === list.length ? list.length + " sessions" : shown.length + " of " + list.length + " sessions";
+    const of = listTotal > list.length ? " (the first " + list.length + " of " + listTotal + ")" : "";
+    $("count").textContent = (shown.length === list.length ? list.length + " sessions" : shown.length + " of " + list.length + " sessions") + of;
+    $("list-more").hidden = listTotal <= list.length;
     return shown.length;
   }
 
@@ -348,6 +361,7 @@
     p.closed = true;
     p.ctl.abort();
     for (const t of p.timers) clearInterval(t);
+    clearTimeout(p.tlTimer);
     window.removeEventListener("resize", p.onResize);
     if (p.ws) p.ws.close();
     if (p.term) p.term.dispose();
@@ -376,12 +390,11 @@
     p.loaded = refreshSession(p);
     listFiles(p);
     listProcs(p);
-    pollTimeline(p);
+    followTimeline(p);
     pollStats(p);
     showRecord(p, recordSeq);
     const every = (fn, ms) => p.timers.push(setInterval(() => { if (!document.hidden && !p.closed && !p.ended) fn(p); }, ms));
     every(refreshSession, 5000);
-    every(pollTimeline, 1000);
     every(pollStats, 2000);
     every(listProcs, 5000);
   }
@@ -683,25 +696,52 @@
   // what is newer, in pages when there is more than one (its nextCursor,
   // with the same after=, goes on below); maxSeq moves only once the
   // last of them is in, so a partial answer loses nothing.
+  // followTimeline polls the timeline every second while entries come,
+  // and less often (up to every TL_IDLE ms) while none do; input on the
+  // page, or the page shown again, brings it back to every second. A
+  // hidden page does not poll.
+  const TL_BUSY = 1000, TL_IDLE = 5000;
+  function followTimeline(p) {
+    clearTimeout(p.tlTimer);
+    if (p.closed) return;
+    const gen = p.tlGen = (p.tlGen || 0) + 1; // one chain of polls at a time
+    const next = async () => {
+      let changed = false;
+      if (!document.hidden && !p.ended) changed = await pollTimeline(p);
+      if (p.closed || p.tlGen !== gen) return;
+      p.tlDelay = changed || !p.tlDelay ? TL_BUSY : Math.min(p.tlDelay * 2, TL_IDLE);
+      p.tlTimer = setTimeout(next, p.tlDelay);
+    };
+    next();
+  }
+  const wake = () => {
+    if (page && !page.closed && page.tlDelay > TL_BUSY) {
+      page.tlDelay = 0;
+      followTimeline(page);
+    }
+  };
+  for (const ev of ["keydown", "pointerdown", "visibilitychange"]) document.addEventListener(ev, wake, true);
+
+  // pollTimeline reads what is new; true when there was.
   async function pollTimeline(p) {
-    if (p.polling) return;
+    if (p.polling) return false;
     p.polling = true;
     try {
       if (!p.maxSeq) {
         const t = await api("GET", sid(p.id) + "/timeline?limit=500", undefined, { signal: p.ctl.signal });
-        if (p.closed || !t.entries.length) return;
+        if (p.closed || !t.entries.length) return false;
         p.maxSeq = t.entries[0].seq;
         p.entries = t.entries;
         setOlder(p, t.nextCursor);
         renderTimeline(p);
-        return;
+        return true;
       }
       const fresh = [];
       let cursor = "";
       for (;;) {
         const t = await api("GET", sid(p.id) + "/timeline?after=" + p.maxSeq + "&limit=" + p.followLimit + (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""),
           undefined, { signal: p.ctl.signal });
-        if (p.closed) return;
+        if (p.closed) return false;
         fresh.push(...t.entries);
         cursor = t.nextCursor || "";
         if (!cursor) break;
@@ -714,10 +754,10 @@
           p.cap = MAX_LIVE;
           setOlder(p, cursor);
           renderTimeline(p);
-          return;
+          return true;
         }
       }
-      if (!fresh.length) return;
+      if (!fresh.length) return false;
       p.maxSeq = Math.max(p.maxSeq, fresh[0].seq);
       p.entries = fresh.concat(p.entries);
       if (p.entries.length > p.cap) { // the oldest go; the Older button brings them back
@@ -725,8 +765,10 @@
         setOlder(p, String(p.entries[p.cap - 1].seq));
       }
       renderTimeline(p);
+      return true;
     } catch (err) {
       if (err.code !== "audit_unavailable") fail("Reading the timeline failed")(err);
+      return false;
     } finally {
       p.polling = false;
     }

@@ -30,7 +30,8 @@ console: $(CONSOLE_WEB)/node_modules/.installed
 	cp $(CONSOLE_WEB)/src/index.html $(CONSOLE_WEB)/src/app.js $(CONSOLE_WEB)/src/app.css $(CONSOLE_DIST)/
 	cp $(CONSOLE_WEB)/node_modules/@xterm/xterm/lib/xterm.js $(CONSOLE_WEB)/node_modules/@xterm/xterm/css/xterm.css \
 		$(CONSOLE_WEB)/node_modules/@xterm/addon-fit/lib/addon-fit.js $(CONSOLE_DIST)/
-	cat $(CONSOLE_WEB)/node_modules/@xterm/xterm/LICENSE > $(CONSOLE_DIST)/THIRD-PARTY-LICENSES.txt
+	{ echo "@xterm/xterm (xterm.js, xterm.css):"; echo; cat $(CONSOLE_WEB)/node_modules/@xterm/xterm/LICENSE; echo; \
+	  echo "@xterm/addon-fit (addon-fit.js):"; echo; cat $(CONSOLE_WEB)/node_modules/@xterm/addon-fit/LICENSE; } > $(CONSOLE_DIST)/THIRD-PARTY-LICENSES.txt
 
 $(CONSOLE_WEB)/node_modules/.installed: $(CONSOLE_WEB)/package-lock.json $(CONSOLE_WEB)/package.json
 	cd $(CONSOLE_WEB) && $(NPM) ci --ignore-scripts --no-audit --no-fund

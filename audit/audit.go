@@ -77,6 +77,9 @@ type Event struct {
 	ExitCode *int   `json:"exitCode,omitempty"`
 	Signal   string `json:"signal,omitempty"`
 	TimedOut bool   `json:"timedOut,omitempty"`
+	// ProcessID is a background process's id (POST
+	// /v1/sessions/{id}/processes), for the command it ran.
+	ProcessID string `json:"processId,omitempty"`
 
 	// File operations (Source sftp or rest) and session lifecycle.
 	Op     string `json:"op,omitempty"`

@@ -35,6 +35,10 @@ type Filter struct {
 	// older one: only newer events are returned (a follower's next poll
 	// reads what was written since, not the whole log).
 	After uint64
+	// ScanBytes, when > 0, lowers this query's scan budget below the
+	// log's QueryScanBytes: a caller that makes several queries for one
+	// answer passes on what the earlier ones left (Page.ScanLeft).
+	ScanBytes int64
 }
 
 // Page is one answer of Query: events newest first, and the cursor for
@@ -43,6 +47,9 @@ type Filter struct {
 type Page struct {
 	Events []Event
 	Next   string
+	// ScanLeft is what this query left of its scan budget (0: it used
+	// it up).
+	ScanLeft int64
 }
 
 // ErrBadCursor is returned for a cursor Query did not make.
@@ -147,6 +154,9 @@ func (a *File) Query(f Filter) (Page, error) {
 	tenantJSON, _ := json.Marshal(f.Tenant)
 	needle := append([]byte(`"tenant":`), tenantJSON...)
 	budget := a.cfg.QueryScanBytes
+	if f.ScanBytes > 0 {
+		budget = min(budget, f.ScanBytes)
+	}
 	var scanned int64
 	var out []Event
 	var last cursor // the last line passed or taken, for Next
@@ -202,7 +212,7 @@ func (a *File) Query(f Filter) (Page, error) {
 			return Page{}, fmt.Errorf("audit query: %w", err)
 		}
 	}
-	p := Page{Events: out}
+	p := Page{Events: out, ScanLeft: max(0, budget-scanned)}
 	if more {
 		p.Next = last.String()
 	}

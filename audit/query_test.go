@@ -285,3 +285,38 @@ func TestQueryAfter(t *testing.T) {
 		t.Fatalf("after the newest: %v %+v", err, p)
 	}
 }
+
+// TestQueryScanBytes: a filter's ScanBytes lowers the query's budget (not
+// above the log's), and ScanLeft says what the query left of it.
+func TestQueryScanBytes(t *testing.T) {
+	const budget = 64 << 10
+	f, err := OpenFile(FileConfig{Path: filepath.Join(t.TempDir(), "audit.log"), SyncEvery: -1, QueryScanBytes: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for i := range 2000 {
+		f.Record(context.Background(), Event{Kind: KindCommand, Tenant: "bob", Command: "echo " + strconv.Itoa(i)})
+	}
+	full, err := f.Query(Filter{Tenant: "alice", Limit: MaxQueryLimit})
+	if err != nil || full.Next == "" || full.ScanLeft != 0 {
+		t.Fatalf("the log's budget: next %q, left %d, %v", full.Next, full.ScanLeft, err)
+	}
+	small, err := f.Query(Filter{Tenant: "alice", Limit: MaxQueryLimit, ScanBytes: 4 << 10})
+	if err != nil || small.Next == "" || small.ScanLeft != 0 {
+		t.Fatalf("a 4 KiB budget: next %q, left %d, %v", small.Next, small.ScanLeft, err)
+	}
+	fs, _ := strconv.ParseUint(strings.SplitN(full.Next, ".", 2)[0], 10, 64)
+	ss, _ := strconv.ParseUint(strings.SplitN(small.Next, ".", 2)[0], 10, 64)
+	if ss <= fs || ss < 1900 {
+		t.Errorf("a 4 KiB budget stopped at seq %d, the log's %d-byte one at %d: want it far nearer the end", ss, budget, fs)
+	}
+	big, err := f.Query(Filter{Tenant: "alice", Limit: MaxQueryLimit, ScanBytes: budget * 4})
+	if err != nil || big.Next != full.Next {
+		t.Errorf("a ScanBytes over the log's budget raised it: next %q, want %q (%v)", big.Next, full.Next, err)
+	}
+	one, err := f.Query(Filter{Tenant: "bob", Limit: 1})
+	if err != nil || len(one.Events) != 1 || one.ScanLeft <= 0 || one.ScanLeft >= budget {
+		t.Errorf("one event read: left %d of %d (%v)", one.ScanLeft, budget, err)
+	}
+}

@@ -33,14 +33,19 @@ const Prefix = "/ui/"
 const nonceMark = "__CSP_NONCE__"
 
 // CSP is the console's Content-Security-Policy, NONCE standing for the
-// page's nonce: scripts and style sheets from the console's own files
-// only, connections (the API, the terminal's WebSocket) to its own
-// origin only, no frames, no plugins, and no page may frame it. The
-// nonce admits the style elements the terminal (xterm.js's DOM renderer)
+// page's nonce: scripts only those the page names with its nonce (its
+// three <script> elements: not any script of the origin, such as an
+// API answer), style sheets from the console's own files only,
+// connections (the API, the terminal's WebSocket) to its own origin
+// only, no frames, no plugins, and no page may frame it. The nonce also
+// admits the style elements the terminal (xterm.js's DOM renderer)
 // creates for its dimensions and colours, which the console stamps with
 // it; no inline script and no style attribute is allowed.
-const CSP = "default-src 'none'; script-src 'self'; style-src 'self' 'nonce-NONCE'; connect-src 'self'; " +
+const CSP = "default-src 'none'; script-src 'nonce-NONCE'; style-src 'self' 'nonce-NONCE'; connect-src 'self'; " +
 	"img-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// fileCSP is the CSP of the console's other files: no nonce, no script.
+var fileCSP = strings.NewReplacer("script-src 'nonce-NONCE'", "script-src 'none'", " 'nonce-NONCE'", "").Replace(CSP)
 
 // file is one embedded file, with its gzip form when that is smaller.
 type file struct {
@@ -97,11 +102,11 @@ func Handler() http.Handler {
 		body, gz := f.body, f.gz
 		if name == "index.html" {
 			nonce := newNonce()
-			h.Set("Content-Security-Policy", strings.Replace(CSP, "NONCE", nonce, 1))
+			h.Set("Content-Security-Policy", strings.ReplaceAll(CSP, "NONCE", nonce))
 			h.Set("Cache-Control", "no-store")
 			body, gz = bytes.ReplaceAll(f.body, []byte(nonceMark), []byte(nonce)), nil
 		} else {
-			h.Set("Content-Security-Policy", strings.Replace(CSP, " 'nonce-NONCE'", "", 1))
+			h.Set("Content-Security-Policy", fileCSP)
 		}
 		if gz != nil && acceptsGzip(r) {
 			h.Set("Content-Encoding", "gzip")

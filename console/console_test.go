@@ -38,7 +38,17 @@ func TestPage(t *testing.T) {
 			t.Errorf("page nonce %q not in its markup, or the mark left: %s", nonce, csp)
 		}
 		nonces[nonce] = true
-		for _, want := range []string{"script-src 'self';", "frame-ancestors 'none'", "connect-src 'self';", "default-src 'none'"} {
+		// The key is kept in sessionStorage only: the browser is not
+		// asked to save it as a password.
+		if body := w.Body.String(); !strings.Contains(body, `<input id="token" name="token" type="password" autocomplete="off" required>`) ||
+			strings.Contains(body, "current-password") {
+			t.Errorf("the key field lets the browser save the key: %.2000s", body)
+		}
+		// Scripts: only the page's own, by its nonce, each <script> with it.
+		if scripts := strings.Count(w.Body.String(), "<script "); scripts != 3 || strings.Count(w.Body.String(), `nonce="`+nonce+`"></script>`) != scripts {
+			t.Errorf("%d <script> elements, not all with the nonce: %.1000s", scripts, w.Body.String())
+		}
+		for _, want := range []string{"script-src 'nonce-" + nonce + "';", "style-src 'self' 'nonce-" + nonce + "';", "frame-ancestors 'none'", "connect-src 'self';", "default-src 'none'"} {
 			if !strings.Contains(csp, want) {
 				t.Errorf("CSP %q lacks %q", csp, want)
 			}
@@ -49,6 +59,9 @@ func TestPage(t *testing.T) {
 	}
 	if len(nonces) != 2 {
 		t.Errorf("the nonce is not fresh per answer: %v", nonces)
+	}
+	if csp := get("/ui/app.js", "").Header().Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'none';") || !strings.Contains(csp, "style-src 'self';") || strings.Contains(csp, "NONCE") {
+		t.Errorf("a file's CSP: %q", csp)
 	}
 	w := get("/ui/xterm.js", "gzip, deflate")
 	if w.Code != 200 || w.Header().Get("Content-Encoding") != "gzip" || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/javascript") {
@@ -93,19 +106,37 @@ func TestDistIsBuilt(t *testing.T) {
 		t.Skip("no console/web/node_modules (make console fills it)")
 	}
 	sources := map[string]string{
-		"index.html":               "web/src/index.html",
-		"app.js":                   "web/src/app.js",
-		"app.css":                  "web/src/app.css",
-		"xterm.js":                 "web/node_modules/@xterm/xterm/lib/xterm.js",
-		"xterm.css":                "web/node_modules/@xterm/xterm/css/xterm.css",
-		"addon-fit.js":             "web/node_modules/@xterm/addon-fit/lib/addon-fit.js",
-		"THIRD-PARTY-LICENSES.txt": "web/node_modules/@xterm/xterm/LICENSE",
+		"index.html":   "web/src/index.html",
+		"app.js":       "web/src/app.js",
+		"app.css":      "web/src/app.css",
+		"xterm.js":     "web/node_modules/@xterm/xterm/lib/xterm.js",
+		"xterm.css":    "web/node_modules/@xterm/xterm/css/xterm.css",
+		"addon-fit.js": "web/node_modules/@xterm/addon-fit/lib/addon-fit.js",
+	}
+	// The licenses of both npm packages, each under its name.
+	var licenses []byte
+	for i, pkg := range []struct{ name, files, license string }{
+		{"@xterm/xterm", "xterm.js, xterm.css", "web/node_modules/@xterm/xterm/LICENSE"},
+		{"@xterm/addon-fit", "addon-fit.js", "web/node_modules/@xterm/addon-fit/LICENSE"},
+	} {
+		text, err := os.ReadFile(pkg.license)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			licenses = append(licenses, '\n')
+		}
+		licenses = append(licenses, pkg.name+" ("+pkg.files+"):\n\n"...)
+		licenses = append(licenses, text...)
+	}
+	if got, err := os.ReadFile(filepath.Join("dist", "THIRD-PARTY-LICENSES.txt")); err != nil || !bytes.Equal(got, licenses) {
+		t.Errorf("dist/THIRD-PARTY-LICENSES.txt is not both packages' licenses: run make console and commit console/dist (%v)", err)
 	}
 	entries, err := os.ReadDir("dist")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries) != len(sources) {
+	if len(entries) != len(sources)+1 {
 		t.Errorf("dist has %d files, make console makes %d", len(entries), len(sources))
 	}
 	for name, src := range sources {

@@ -311,7 +311,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	if err := pr.save(); err != nil {
 		sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", id, "err", err)
 	}
-	p, err := s.Start(sctx, cmd, gateway.StartOptions{Resume: true, Record: true, Source: "rest"})
+	p, err := s.Start(sctx, cmd, gateway.StartOptions{Resume: true, Record: true, Source: "rest", ProcessID: id})
 	if err != nil {
 		_ = pr.remove()
 		if cmd.Keep != "" {

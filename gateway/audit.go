@@ -31,7 +31,7 @@ func (s *Session) auditCommand(ctx context.Context, r CommandRecord) {
 	}
 	audit.Or(s.auditor).Record(ctx, audit.Event{Kind: audit.KindCommand, Tenant: s.Tenant, Session: s.ID, Source: source,
 		Command: audit.Cut(s.redact(r.Command)), ExitCode: r.ExitCode, Signal: r.ExitSignal, TimedOut: r.TimedOut,
-		DurationMs: r.DurationMs, Bytes: r.BytesOut})
+		DurationMs: r.DurationMs, Bytes: r.BytesOut, ProcessID: r.ProcessID})
 }
 
 // Audit records e for s (its tenant and id filled in) through the

@@ -27,6 +27,8 @@ type CommandRecord struct {
 	ExitSignal string `json:"exitSignal,omitempty"`
 	TimedOut   bool   `json:"timedOut,omitempty"`
 	BytesOut   int64  `json:"bytesOut"` // stdout and stderr together
+	// ProcessID is a background process's id, for the audit trail.
+	ProcessID string `json:"-"`
 }
 
 // history is a session's ring of recent commands.
@@ -84,8 +86,9 @@ type recorded struct {
 
 // record returns p wrapped to record command, from source, in s's history
 // when it ends.
-func (s *Session) record(ctx context.Context, command, source string, p sandbox.Process) sandbox.Process {
-	r := &recorded{Process: p, s: s, ctx: context.WithoutCancel(ctx), rec: CommandRecord{Command: command, Source: source, StartedAt: time.Now().UTC()}}
+func (s *Session) record(ctx context.Context, command string, o StartOptions, p sandbox.Process) sandbox.Process {
+	r := &recorded{Process: p, s: s, ctx: context.WithoutCancel(ctx), rec: CommandRecord{Command: command, Source: o.Source,
+		ProcessID: o.ProcessID, StartedAt: time.Now().UTC()}}
 	r.stdout = countReader{p.Stdout(), &r.out}
 	if e := p.Stderr(); e != nil {
 		r.stderr = countReader{e, &r.out}

@@ -217,6 +217,10 @@ type StartOptions struct {
 	Record bool
 	// Source is where the command came from: "ssh" or "rest".
 	Source string
+	// ProcessID is the background process's id (POST
+	// /v1/sessions/{id}/processes) a recorded command runs as, which its
+	// audit event carries.
+	ProcessID string
 }
 
 // SSHStart are the options of an SSH channel's processes, and of the
@@ -246,7 +250,7 @@ func (s *Session) Start(ctx context.Context, cmd sandbox.Cmd, o StartOptions) (s
 	if !o.Record || cmd.Command == "" || cmd.Subsystem != "" {
 		return p, nil
 	}
-	return s.record(ctx, cmd.Command, o.Source, p), nil
+	return s.record(ctx, cmd.Command, o, p), nil
 }
 
 // Sandbox is the session's sandbox as the session's processes must be

@@ -1,12 +1,15 @@
 package rest_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/audit"
 )
@@ -111,6 +114,31 @@ func TestContractTimeline(t *testing.T) {
 		if es := r.timeline(t).Entries; len(es) != 2 || es[0].Seq != all[0].Seq || es[1].Seq != all[1].Seq {
 			t.Errorf("after the create: %+v, want the two commands", es)
 		}
+		// A follower's partial answer: after= with a limit below what is
+		// new answers a nextCursor, and the same after= with it pages on
+		// down to after, through all three.
+		from := strconv.FormatUint(all[2].Seq-1, 10)
+		var paged []audit.Event
+		q := base + "?limit=1&after=" + from
+		for pages := 0; ; pages++ {
+			if pages > 5 {
+				t.Fatal("the follow's pages do not end")
+			}
+			r := g.do(t, http.MethodGet, q, aliceKey, nil)
+			expect(t, r, http.StatusOK, "")
+			p := r.timeline(t)
+			if len(p.Entries) != 1 && p.NextCursor != "" {
+				t.Errorf("page %d: %+v, want 1 entry", pages, p)
+			}
+			paged = append(paged, p.Entries...)
+			if p.NextCursor == "" {
+				break
+			}
+			q = base + "?limit=1&after=" + from + "&cursor=" + url.QueryEscape(p.NextCursor)
+		}
+		if len(paged) != 3 || paged[0].Seq != all[0].Seq || paged[1].Seq != all[1].Seq || paged[2].Seq != all[2].Seq {
+			t.Errorf("after + limit=1 paged %+v, want all three entries newest first", paged)
+		}
 	})
 
 	t.Run("other-tenant", func(t *testing.T) {
@@ -142,4 +170,110 @@ func TestContractTimeline(t *testing.T) {
 	requireSeen(t, cov, func(path string) bool { return path == "/v1/sessions/{id}/timeline" }, map[string]string{
 		"getSessionTimeline 500": "a read error of the audit files; not reachable without breaking the disk under the test",
 	})
+}
+
+// TestTimelineScanBudget: one timeline call reads at most the audit log's
+// QueryScanBytes, its audit pages together. The session's command and
+// create lie behind more than that of its own REST calls (which the
+// timeline leaves out), each audit page of them under the budget: the
+// first call answers no entry and a cursor, and the cursors lead on to
+// both.
+func TestTimelineScanBudget(t *testing.T) {
+	const budget = 256 << 10
+	path := filepath.Join(t.TempDir(), "audit.log")
+	af, err := audit.OpenFile(audit.FileConfig{Path: path, SyncEvery: -1, QueryScanBytes: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { af.Close() })
+	g := newGateway(t, gwOptions{audit: af})
+	s := g.create(t, aliceKey, "")
+	body, _ := json.Marshal(map[string]string{"command": "true"})
+	expect(t, g.do(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/commands", aliceKey, body), http.StatusOK, "")
+	size := func() int64 {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	before := size()
+	const filler = 3 * audit.MaxQueryLimit
+	for range filler {
+		af.Record(context.Background(), audit.Event{Kind: audit.KindREST, Tenant: "alice", Session: s.SessionID, Auth: "api_key",
+			Method: http.MethodGet, Route: "/v1/sessions/{id}", Status: http.StatusOK, DurationMs: 1})
+	}
+	fill := size() - before
+	if page := fill * audit.MaxQueryLimit / filler; fill <= budget || page >= budget {
+		t.Fatalf("the filler is %d bytes, an audit page of it %d: want more than the budget (%d) in all, less in a page", fill, page, budget)
+	}
+	base := "/v1/sessions/" + s.SessionID + "/timeline"
+	r := g.do(t, http.MethodGet, base, aliceKey, nil)
+	expect(t, r, http.StatusOK, "")
+	first := r.timeline(t)
+	if len(first.Entries) != 0 || first.NextCursor == "" {
+		t.Fatalf("the first call answered %d entries and cursor %q: it read past its scan budget of %d bytes to reach them",
+			len(first.Entries), first.NextCursor, budget)
+	}
+	var got []audit.Event
+	for q, calls := base+"?cursor="+url.QueryEscape(first.NextCursor), 1; ; calls++ {
+		if calls > 6 {
+			t.Fatal("the cursors do not end")
+		}
+		r := g.do(t, http.MethodGet, q, aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		p := r.timeline(t)
+		got = append(got, p.Entries...)
+		if p.NextCursor == "" {
+			break
+		}
+		q = base + "?cursor=" + url.QueryEscape(p.NextCursor)
+	}
+	if len(got) != 2 || got[0].Kind != audit.KindCommand || got[1].Op != "created" {
+		t.Errorf("the cursors led to %+v, want the command and the create", got)
+	}
+}
+
+// TestTimelineProcessID: a background process's command entry carries
+// its processId (what the console matches a process's output by), and a
+// command run otherwise carries none.
+func TestTimelineProcessID(t *testing.T) {
+	af, err := audit.OpenFile(audit.FileConfig{Path: filepath.Join(t.TempDir(), "audit.log"), SyncEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { af.Close() })
+	g := newGateway(t, gwOptions{audit: af})
+	s := g.create(t, aliceKey, "")
+	base := "/v1/sessions/" + s.SessionID
+	r := g.do(t, http.MethodPost, base+"/processes", aliceKey, []byte(`{"command": "echo same"}`))
+	expect(t, r, http.StatusCreated, "")
+	var pr struct{ ProcessID string }
+	if err := json.Unmarshal(r.body, &pr); err != nil || pr.ProcessID == "" {
+		t.Fatalf("start: %s %v", r.body, err)
+	}
+	expect(t, g.do(t, http.MethodPost, base+"/commands", aliceKey, []byte(`{"command": "echo same"}`)), http.StatusOK, "")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := g.do(t, http.MethodGet, base+"/timeline?kind=command", aliceKey, nil)
+		expect(t, r, http.StatusOK, "")
+		var bg, fg []audit.Event
+		for _, e := range r.timeline(t).Entries {
+			if e.ProcessID != "" {
+				bg = append(bg, e)
+			} else {
+				fg = append(fg, e)
+			}
+		}
+		if len(bg)+len(fg) == 2 {
+			if len(bg) != 1 || bg[0].ProcessID != pr.ProcessID || bg[0].Command != "echo same" || len(fg) != 1 {
+				t.Errorf("command entries: with a processId %+v, without %+v; want the process's (%s) and the command's", bg, fg, pr.ProcessID)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the process's and the command's entries: %s", r.body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -38,10 +38,11 @@ var fileLookups = []string{"list", "stat", "realpath", "readlink"}
 
 // maxTimelineScans bounds the audit pages (of the session's events, up
 // to audit.MaxQueryLimit each) one timeline call reads to fill its page,
-// for a session whose events are mostly REST calls. A page that stops at
-// the audit query's scan budget ends the call: one budget per call, so a
-// session whose events are far apart in a busy log answers a short page
-// and a cursor.
+// for a session whose events are mostly REST calls. The audit query's
+// scan budget (the log's QueryScanBytes) is one for the whole call, its
+// pages together: each page is given what the ones before it left, and
+// the call ends when it is spent, so a session whose events are far
+// apart in a busy log answers a short page and a cursor.
 const maxTimelineScans = 8
 
 // timelineEntry maps an audit event to its timeline entry, or reports
@@ -139,12 +140,13 @@ func (a *api) sessionTimeline(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		next = page.Next
-		if next == "" || len(page.Events) < f.Limit {
+		if next == "" || len(page.Events) < f.Limit || page.ScanLeft <= 0 {
 			// The end, or the page stopped at the audit query's scan
-			// budget: one budget per call, as GET /v1/audit has.
+			// budget, or spent it: one budget per call, as GET
+			// /v1/audit has.
 			break
 		}
-		f.Cursor = next
+		f.Cursor, f.ScanBytes = next, page.ScanLeft
 	}
 	out := map[string]any{"entries": entries}
 	if next != "" {

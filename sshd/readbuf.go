@@ -19,7 +19,10 @@ import (
 // (ready), so it never blocks holding one; the buffer goes back as soon as
 // it is served. An idle connection holds no pooled buffer: it blocks in a
 // read into the transport's own. A source whose socket cannot be probed
-// gets no read-ahead.
+// gets no read-ahead. A tunnel that says itself how much a read returns
+// without waiting (ReadAvailable: a WebSocket, whose library reads a
+// frame's payload in full up to the size asked) is read ahead only when
+// that is more than the caller asks, and no further than it.
 type readAhead struct {
 	src   io.Reader
 	pool  *bufPool
@@ -28,8 +31,11 @@ type readAhead struct {
 	r, w  int
 	err   error // the source's error, returned with the last byte of big
 	// ready reports whether a read of src returns without waiting; nil:
-	// readyOf(src).
+	// readyOf(src), unless src has avail.
 	ready func() bool
+	// avail, for a src that has ReadAvailable, is it.
+	avail  func() int
+	probed bool
 }
 
 // readAheadMin is the smallest full read that turns read-ahead on: the
@@ -40,12 +46,25 @@ const readAheadMin = 4 << 10
 func (b *readAhead) Read(p []byte) (int, error) {
 	if b.big == nil && b.ahead {
 		b.ahead = false
-		if b.ready == nil {
-			b.ready = readyOf(b.src)
+		if !b.probed {
+			b.probed = true
+			if b.ready == nil {
+				if r := readAvailableOf(b.src); r != nil {
+					b.avail = r.ReadAvailable
+				} else {
+					b.ready = readyOf(b.src)
+				}
+			}
 		}
-		if b.ready() {
+		want := 0
+		if b.avail != nil {
+			want = b.avail()
+		} else if b.ready() {
+			want = copyBufMax
+		}
+		if want > len(p) {
 			b.big = b.pool.get()
-			n, err := b.src.Read(*b.big)
+			n, err := b.src.Read((*b.big)[:min(want, len(*b.big))])
 			if n == 0 {
 				b.pool.put(b.big)
 				b.big = nil
@@ -78,9 +97,6 @@ func (b *readAhead) Read(p []byte) (int, error) {
 // the read goes into the caller's buffer, which it fills at once. A src
 // with no socket: never ready (no read-ahead).
 func readyOf(src io.Reader) func() bool {
-	if r := readReadyOf(src); r != nil {
-		return r.ReadReady
-	}
 	rc := rawConnOf(src)
 	if rc == nil {
 		return func() bool { return false }
@@ -100,13 +116,14 @@ func readyOf(src io.Reader) func() bool {
 	}
 }
 
-// readReadyOf returns the layer of src (src itself, or one under the
-// layers that name what they wrap) that tells whether a read would wait
-// itself: a WebSocket tunnel, whose bytes may sit in its library's buffer
-// and whose socket also carries frame headers. Nil without one.
-func readReadyOf(src any) interface{ ReadReady() bool } {
+// readAvailableOf returns the layer of src (src itself, or one under the
+// layers that name what they wrap) that tells how much a read returns
+// without waiting: a WebSocket tunnel, whose bytes may sit in its
+// library's buffer, whose socket also carries frame headers, and whose
+// reads wait for a frame's payload in full. Nil without one.
+func readAvailableOf(src any) interface{ ReadAvailable() int } {
 	for range 8 {
-		if r, ok := src.(interface{ ReadReady() bool }); ok {
+		if r, ok := src.(interface{ ReadAvailable() int }); ok {
 			return r
 		}
 		nc, ok := src.(interface{ NetConn() net.Conn })

@@ -165,37 +165,77 @@ func TestReadAheadIdleAfterBurstHoldsNoBuffer(t *testing.T) {
 	<-done
 }
 
-// readyConn is a tunnel that says itself whether a read would wait (as a
-// WebSocket tunnel does), with no socket the read-ahead could probe.
-type readyConn struct {
+// availConn is a tunnel that says itself how much a read returns
+// without waiting (as a WebSocket tunnel does), with no socket the
+// read-ahead could probe; it tells the length of each Read's buffer.
+type availConn struct {
 	net.Conn
-	ready bool
+	avail int
+	lens  []int
 }
 
-func (c *readyConn) ReadReady() bool { return c.ready }
+func (c *availConn) ReadAvailable() int { return c.avail }
+
+func (c *availConn) Read(p []byte) (int, error) {
+	c.lens = append(c.lens, len(p))
+	return c.Conn.Read(p)
+}
 
 // TestReadyOfAsksTheTunnel: under the gateway's byte counters, a layer
-// with ReadReady answers the read-ahead's probe, rather than a socket
+// with ReadAvailable answers the read-ahead's probe, rather than a socket
 // (which a WebSocket tunnel's bytes may not be in: its library buffers
 // them, and the socket also carries frame headers).
 func TestReadyOfAsksTheTunnel(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	rc := &readyConn{Conn: a}
+	rc := &availConn{Conn: a}
 	wrapped, closed := audit.Tunnel(context.Background(), audit.Discard, rc, "sbx-test")
 	defer closed()
 	wrapped, done := metrics.New().Tunnel((&gateway.Session{}).CountTunnel(wrapped))
 	defer done()
-	ready := readyOf(wrapped)
-	if ready() {
-		t.Fatal("ready while the tunnel says a read would wait")
+	r := readAvailableOf(wrapped)
+	if r == nil || r.ReadAvailable() != 0 {
+		t.Fatal("the tunnel's ReadAvailable is not found under its wrappers")
 	}
-	rc.ready = true
-	if !ready() {
-		t.Fatal("not ready while the tunnel says a read would not wait")
+	rc.avail = 5000
+	if r.ReadAvailable() != 5000 {
+		t.Fatal("not the tunnel's answer")
 	}
-	if readReadyOf(a) != nil {
-		t.Error("a pipe has no ReadReady")
+	if readAvailableOf(a) != nil {
+		t.Error("a pipe has no ReadAvailable")
+	}
+}
+
+// TestReadAheadAvailable: over a tunnel that says how much a read returns
+// without waiting (a WebSocket: a burst, then a frame whose payload
+// stalls), the read-ahead takes a pooled buffer only for more than the
+// caller asks, and reads no more than that into it: it never waits for
+// the client with a pooled buffer.
+func TestReadAheadAvailable(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go func() { _, _ = b.Write(make([]byte, 64<<10)) }()
+	src := &availConn{Conn: a}
+	ra := &readAhead{src: src, pool: &bufPool{}}
+	p := make([]byte, 4<<10)
+	for i, avail := range []int{20 << 10, 1 << 10, 0, copyBufMax * 2} {
+		ra.ahead, src.avail, src.lens = true, avail, nil
+		if _, err := io.ReadFull(ra, p); err != nil {
+			t.Fatal(err)
+		}
+		want := min(avail, copyBufMax)
+		if avail <= len(p) {
+			want = len(p) // the caller's buffer
+		}
+		if len(src.lens) == 0 || src.lens[0] != want {
+			t.Errorf("read %d, %d bytes available: the first read asked %v, want %d", i, avail, src.lens, want)
+		}
+		for ra.big != nil { // serve what was read ahead
+			if _, err := ra.Read(p); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

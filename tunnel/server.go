@@ -224,7 +224,7 @@ func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net
 	// The connection outlives the request: its context is not the
 	// request's, whose end would close it. (A terminal reads c's messages
 	// itself, never this stream's; its Close ends c all the same.)
-	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw, br: hr.br}
+	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw, br: hr.br, frames: hr.frames}
 	if sc, ok := hr.raw.(syscall.Conn); ok {
 		conn.sock, _ = sc.SyscallConn()
 	}
@@ -238,23 +238,30 @@ func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net
 // hijackRecorder keeps the connection a WebSocket's Accept hijacks.
 type hijackRecorder struct {
 	http.ResponseWriter
-	raw net.Conn
-	br  *bufio.Reader // the library reads the frames through it
+	raw    net.Conn
+	br     *bufio.Reader // the library reads the frames through it
+	frames *frameTracker // what the library reads, frame by frame
 }
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, brw, err := http.NewResponseController(h.ResponseWriter).Hijack()
-	if err == nil {
-		// The library reads frames from the connection it is handed (after
-		// the bytes brw holds): raw system calls on a plain TCP socket, as
-		// a CONNECT tunnel's (internal/rawio).
-		c = rawio.Wrap(c)
+	if err != nil {
+		return c, brw, err
 	}
+	// The library reads frames from the connection it is handed (after
+	// the bytes brw holds): raw system calls on a plain TCP socket, as a
+	// CONNECT tunnel's (internal/rawio), through a tracker of the frames.
+	c = rawio.Wrap(c)
 	h.raw = c
+	h.frames = &frameTracker{Conn: c}
 	if brw != nil {
 		h.br = brw.Reader
+		if n := brw.Reader.Buffered(); n > 0 {
+			head, _ := brw.Reader.Peek(n)
+			h.frames.feed(head)
+		}
 	}
-	return c, brw, err
+	return h.frames, brw, nil
 }
 
 // wsCloseWait is how long closing a WebSocket tunnel waits for the
@@ -269,8 +276,14 @@ type wsConn struct {
 	net.Conn                 // the binary messages (websocket.NetConn)
 	raw      net.Conn        // the hijacked connection under it
 	br       *bufio.Reader   // the library's reader of raw (nil: unknown)
+	frames   *frameTracker   // the frames the library reads (nil: unknown)
 	sock     syscall.RawConn // raw's socket, when it is one (not TLS)
 	once     sync.Once
+	// mu orders ReadAvailable's look at br and frames before Close,
+	// whose close handshake reads br in another goroutine; closing is
+	// set under it, and ReadAvailable answers 0 from then on.
+	mu      sync.Mutex
+	closing bool
 }
 
 // Write sends p as one binary message. The library writes a frame through
@@ -281,21 +294,40 @@ func (c *wsConn) Write(p []byte) (int, error) {
 	return corkedWrite(c.sock, c.Conn, p)
 }
 
-// ReadReady reports whether a Read would find bytes without waiting for
-// the client: some are in the library's buffer, or in the socket. (A
-// control frame alone would still make it wait; it is only a hint.) The
-// SSH server's read-ahead asks it, as it asks a CONNECT tunnel's socket,
-// before it lends a big buffer to a read. Called by the one goroutine
-// that reads the stream.
-func (c *wsConn) ReadReady() bool {
-	if c.br != nil && c.br.Buffered() > 0 {
-		return true
+// ReadAvailable returns how many bytes a Read returns without waiting for
+// the client: the rest of the data frame being read, or of the next one
+// when its header is in, as far as its bytes are in the library's buffer
+// or the socket. The library reads a frame's payload in full up to the
+// size asked, so a larger read would wait for the client (holding its
+// buffer). The SSH server's read-ahead asks it before it lends a big
+// buffer to a read, and reads no more than it says. Called by the one
+// goroutine that reads the stream.
+func (c *wsConn) ReadAvailable() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing || c.br == nil || c.frames == nil || c.sock == nil {
+		return 0
 	}
-	return c.sock != nil && rawio.Ready(c.sock)
+	sock := int64(rawio.Available(c.sock))
+	t := c.frames
+	t.mu.Lock()
+	pos := t.in - int64(c.br.Buffered())
+	n := t.available(pos, t.in+sock)
+	t.mu.Unlock()
+	if n < 0 && sock > 0 {
+		// The next frame's header is in the socket: peek at it.
+		var head [14]byte
+		h := rawio.Peek(c.sock, head[:])
+		n = availableAt(head[:h], sock)
+	}
+	return int(min(max(n, 0), 1<<30))
 }
 
 func (c *wsConn) Close() error {
 	c.once.Do(func() {
+		c.mu.Lock()
+		c.closing = true
+		c.mu.Unlock()
 		done := make(chan struct{})
 		go func() {
 			_ = c.Conn.Close()

@@ -98,6 +98,9 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 		HTTPClient: &http.Client{Transport: tr}, HTTPHeader: h,
 	})
 	if err != nil {
+		// The refused upgrade's connection, if kept for reuse, is this
+		// transport's alone: nothing reuses it.
+		defer tr.CloseIdleConnections()
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			return nil, statusError(resp)
 		}
@@ -249,3 +252,22 @@ func (c *wsClientConn) Close() error {
 }
 
 func (c *wsClientConn) CloseWrite() error { return c.Close() }
+
+// SetWriteDeadline sets the library's write deadline and the connection
+// under it: a large frame gathered below the library (holdConn) is
+// written after the library's write has returned, out of its deadline's
+// reach.
+func (c *wsClientConn) SetWriteDeadline(t time.Time) error {
+	if c.under != nil {
+		_ = c.under.SetWriteDeadline(t)
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline is SetReadDeadline and SetWriteDeadline.
+func (c *wsClientConn) SetDeadline(t time.Time) error {
+	if c.under != nil {
+		_ = c.under.SetWriteDeadline(t)
+	}
+	return c.Conn.SetDeadline(t)
+}

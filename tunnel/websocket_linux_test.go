@@ -132,36 +132,152 @@ func TestWebSocketLargeWritesGathered(t *testing.T) {
 	}
 }
 
-// The gateway's end tells the SSH server's read-ahead whether a read would
-// wait: not while the client sends nothing, yes once bytes are in the
-// socket or in the library's buffer.
-func TestWebSocketReadReady(t *testing.T) {
+// waitAvailable waits until s's ReadAvailable says want.
+func waitAvailable(t *testing.T, s *wsConn, want int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.ReadAvailable() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: ReadAvailable says %d, want %d", what, s.ReadAvailable(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// The gateway's end tells the SSH server's read-ahead how much a read
+// returns without waiting: nothing while the client sends nothing; the
+// rest of a message once it is in; then a frame whose payload stalls
+// half-way (its header says more than is sent): what is in of it, and
+// a read of that much returns at once; nothing once it is read, until
+// the rest comes.
+func TestWebSocketReadAvailable(t *testing.T) {
 	c, s := wsPair(t)
-	if s.ReadReady() {
-		t.Fatal("ready before the client sent anything")
+	if n := s.ReadAvailable(); n != 0 {
+		t.Fatalf("%d available before the client sent anything", n)
 	}
 	if _, err := c.Write(make([]byte, 64<<10)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !s.ReadReady() {
-		if time.Now().After(deadline) {
-			t.Fatal("not ready after the client sent 64 KiB")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	buf := make([]byte, 100)
-	if _, err := io.ReadFull(s, buf); err != nil {
+	waitAvailable(t, s, 64<<10, "a 64 KiB message sent")
+	if _, err := io.ReadFull(s, make([]byte, 100)); err != nil {
 		t.Fatal(err)
 	}
-	if !s.ReadReady() {
-		t.Error("not ready with most of the message still unread")
+	if n := s.ReadAvailable(); n != 64<<10-100 {
+		t.Errorf("%d available with 100 bytes of 64 KiB read, want the rest", n)
 	}
 	if _, err := io.ReadFull(s, make([]byte, 64<<10-100)); err != nil {
 		t.Fatal(err)
 	}
-	if s.ReadReady() {
-		t.Error("ready after the whole message was read")
+	if n := s.ReadAvailable(); n != 0 {
+		t.Errorf("%d available after the whole message was read", n)
+	}
+	// A binary frame (masked with a zero key) of 60,000 bytes, of which
+	// 1,000 are sent, then a ping the library answers, in a frame
+	// header: only what is in of the payload is available.
+	const size, sent = 60000, 1000
+	hdr := []byte{0x82, 0x80 | 126, size >> 8, size & 0xff, 0, 0, 0, 0}
+	if _, err := c.under.Conn.Write(append(hdr, make([]byte, sent)...)); err != nil {
+		t.Fatal(err)
+	}
+	waitAvailable(t, s, sent, "a stalled frame")
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.ReadFull(s, make([]byte, sent))
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a read of what ReadAvailable said waits for the client")
+	}
+	if n := s.ReadAvailable(); n != 0 {
+		t.Errorf("%d available with the rest of the frame not sent", n)
+	}
+	if _, err := c.under.Conn.Write(make([]byte, size-sent)); err != nil {
+		t.Fatal(err)
+	}
+	waitAvailable(t, s, size-sent, "the frame's rest sent")
+	if _, err := io.ReadFull(s, make([]byte, size-sent)); err != nil {
+		t.Fatal(err)
+	}
+	// A ping (which the library answers itself) before a message, both
+	// in the library's buffer: the message's bytes are available past it.
+	ping := []byte{0x89, 0x80 | 4, 0, 0, 0, 0, 'p', 'i', 'n', 'g'}
+	msg := []byte{0x82, 0x80 | 5, 0, 0, 0, 0, 'h', 'e', 'l', 'l', 'o'}
+	if _, err := c.under.Conn.Write(append(append(msg, ping...), msg...)); err != nil {
+		t.Fatal(err)
+	}
+	waitAvailable(t, s, 5, "a 5-byte message")
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != "hello" {
+		t.Fatalf("read %q %v", got, err)
+	}
+	if n := s.ReadAvailable(); n != 5 {
+		t.Errorf("%d available past a ping, want the next message's 5", n)
+	}
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != "hello" {
+		t.Fatalf("read %q %v", got, err)
 	}
 	var _ net.Conn = s
+}
+
+// ReadAvailable, asked by the reading goroutine, and Close, whose close
+// handshake reads the library's buffer in another goroutine, do not race
+// (go test -race).
+func TestWebSocketReadAvailableClose(t *testing.T) {
+	c, s := wsPair(t)
+	if _, err := c.Write(make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	waitAvailable(t, s, 1000, "a message sent")
+	go func() { _, _ = io.Copy(io.Discard, c) }() // the client answers the close
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				s.ReadAvailable()
+			}
+		}
+	}()
+	s.Close()
+	close(stop)
+	<-done
+	if n := s.ReadAvailable(); n != 0 {
+		t.Errorf("%d available after Close", n)
+	}
+}
+
+// A client's write deadline holds for a large frame, which is gathered
+// below the library and written after the library's write returned: a
+// gateway that reads nothing makes the write fail at the deadline, not
+// block for ever.
+func TestWebSocketClientWriteDeadline(t *testing.T) {
+	c, _ := wsPair(t)
+	if err := c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 256<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		t.Logf("the write failed: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("a write to a gateway that reads nothing is still blocked, long past its deadline")
+	}
 }

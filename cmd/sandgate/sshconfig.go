@@ -100,12 +100,11 @@ pass CONNECT.
 	if u, err := url.Parse(cf.apiURL); err == nil && u.Scheme == "http" && tr == tunnel.TransportConnect {
 		fdpass = " --fdpass"
 	}
-	// The transport goes into the block only when it is not the default,
-	// so that a block for CONNECT reads as it always did.
-	trArg := ""
-	if tr != tunnel.TransportConnect {
-		trArg = " --transport " + tr
-	}
+	// The transport always goes into the block: the proxy would
+	// otherwise take SANDBOX_TRANSPORT from the environment ssh runs it
+	// in, which could differ from what the block was written for (and,
+	// with --fdpass, not be connect).
+	trArg := " --transport " + tr
 	block := fmt.Sprintf(`%s
 # sandgate sessions: ssh sbx-ID or NAME%s, sftp, scp; the token comes from SANDBOX_API_TOKEN.
 Host %s

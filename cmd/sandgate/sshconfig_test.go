@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -252,12 +253,26 @@ func TestSSHConfigTransportWebSocket(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "--transport websocket") {
 		t.Errorf("SANDBOX_TRANSPORT=websocket: %d %q", code, out)
 	}
-	// connect, the default, writes no --transport and keeps fdpass over http.
-	out, _, code = runClient(t, append(env, "SANDBOX_API_URL="+g.URL), nil, sandgateBin, "ssh-config", "--dry-run", "--transport", "connect")
-	if code != 0 || strings.Contains(out, "--transport") || !strings.Contains(out, "--fdpass") {
-		t.Errorf("--transport connect: %d %q", code, out)
+	// connect, the default, is written too (the proxy would take
+	// SANDBOX_TRANSPORT from ssh's environment) and keeps fdpass over
+	// http; so is the default with SANDBOX_TRANSPORT unset.
+	for _, args := range [][]string{{"--transport", "connect"}, nil} {
+		out, _, code = runClient(t, append(env, "SANDBOX_API_URL="+g.URL, "SANDBOX_TRANSPORT="), nil, sandgateBin, append([]string{"ssh-config", "--dry-run"}, args...)...)
+		if code != 0 || !strings.Contains(out, " --transport connect --fdpass %h\n") {
+			t.Errorf("ssh-config %v: %d %q", args, code, out)
+		}
 	}
-	_, errOut, code := runClient(t, env, nil, sandgateBin, "ssh-config", "--dry-run", "--transport", "bogus")
+	// A connect block (with --fdpass) works whatever SANDBOX_TRANSPORT
+	// the environment ssh runs the proxy in has.
+	direct := slices.Concat(env, []string{"SANDBOX_API_URL=" + g.URL})
+	if _, errOut, code := runClient(t, direct, nil, sandgateBin, "ssh-config", "--binary", sandgateBin, "--transport", "connect"); code != 0 {
+		t.Fatalf("--transport connect: %d %s", code, errOut)
+	}
+	out, errOut, code := runClient(t, slices.Concat(direct, []string{"SANDBOX_TRANSPORT=websocket"}), nil, sshBin, "-F", cfgFile, "-o", "BatchMode=yes", "-o", "IdentityFile=/dev/null", id, "echo via-connect")
+	if code != 0 || out != "via-connect\n" {
+		t.Errorf("ssh via the connect block with SANDBOX_TRANSPORT=websocket: %d %q %s", code, out, errOut)
+	}
+	_, errOut, code = runClient(t, env, nil, sandgateBin, "ssh-config", "--dry-run", "--transport", "bogus")
 	if code != 2 || !strings.Contains(errOut, "unknown transport") {
 		t.Errorf("--transport bogus: %d %q", code, errOut)
 	}

@@ -93,3 +93,31 @@ func Ready(rc syscall.RawConn) bool {
 	})
 	return ready || err != nil
 }
+
+// Available returns how many bytes a read of rc's socket returns at once
+// (SIOCINQ: the bytes queued to read), 0 when it cannot tell.
+func Available(rc syscall.RawConn) int {
+	n := 0
+	_ = rc.Control(func(fd uintptr) {
+		v, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		if err == nil && v > 0 {
+			n = v
+		}
+	})
+	return n
+}
+
+// Peek copies into p the bytes at the head of rc's socket without taking
+// them (a non-blocking MSG_PEEK), and returns how many; 0 when none.
+func Peek(rc syscall.RawConn, p []byte) int {
+	n := 0
+	_ = rc.Read(func(fd uintptr) bool {
+		r, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+			unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		if e == 0 {
+			n = int(r)
+		}
+		return true // never wait
+	})
+	return n
+}

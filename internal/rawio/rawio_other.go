@@ -20,3 +20,9 @@ func rawSafe(uintptr) bool                             { return false }
 func rawRead(uintptr, []byte) (int, syscall.Errno)     { return 0, syscall.ENOSYS }
 func read(uintptr, []byte) (int, syscall.Errno)        { return 0, syscall.ENOSYS }
 func rawWritev(uintptr, [][]byte) (int, syscall.Errno) { return 0, syscall.ENOSYS }
+
+// Available is 0 where raw calls are not supported.
+func Available(syscall.RawConn) int { return 0 }
+
+// Peek is 0 where raw calls are not supported.
+func Peek(syscall.RawConn, []byte) int { return 0 }

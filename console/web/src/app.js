@@ -186,8 +186,17 @@
     }
     const m = /^#\/s\/([^/]+)(?:\/record\/(\d+))?$/.exec(location.hash);
     if (m) {
+      let id;
+      try {
+        id = decodeURIComponent(m[1]);
+      } catch (_) { // a malformed escape in a typed or pasted address
+        closePage();
+        openList();
+        showError("The address names no session: " + m[1]);
+        return;
+      }
       stopList();
-      openSession(decodeURIComponent(m[1]), m[2] ? Number(m[2]) : 0);
+      openSession(id, m[2] ? Number(m[2]) : 0);
       return;
     }
     closePage();
@@ -196,15 +205,26 @@
   window.addEventListener("hashchange", route);
 
   // ---- the sessions list ----
+  // The list reads its first page of 100 every 5 s; the More button adds
+  // a page to what it reads (a gateway's rate limit is per principal).
+  const LIST_PAGE = 100;
+  let listLimit = LIST_PAGE;
+  let listTotal = 0;
   async function loadSessions() {
     const all = [];
-    for (let offset = 0; ;) {
-      const p = await api("GET", "v1/sessions?limit=100&offset=" + offset);
+    for (let offset = 0; offset < listLimit;) {
+      const p = await api("GET", "v1/sessions?limit=" + Math.min(LIST_PAGE, listLimit - offset) + "&offset=" + offset);
       all.push(...p.sessions);
+      listTotal = p.total;
       offset += p.sessions.length;
-      if (!p.sessions.length || offset >= p.total) return all;
+      if (!p.sessions.length || offset >= p.total) break;
     }
+    return all;
   }
+  $("list-more").addEventListener("click", () => {
+    listLimit += LIST_PAGE;
+    refreshList();
+  });
 
   function openList() {
     const was = !$("list").hidden;
@@ -271,7 +291,9 @@
     body.className = "rows";
     body.innerHTML = html.join("");
     $("sessions").querySelector(".rows").replaceWith(body);
-    $("count").textContent = shown.length === list.length ? list.length + " sessions" : shown.length + " of " + list.length + " sessions";
+    const of = listTotal > list.length ? " (the first " + list.length + " of " + listTotal + ")" : "";
+    $("count").textContent = (shown.length === list.length ? list.length + " sessions" : shown.length + " of " + list.length + " sessions") + of;
+    $("list-more").hidden = listTotal <= list.length;
     return shown.length;
   }
 
@@ -339,6 +361,7 @@
     p.closed = true;
     p.ctl.abort();
     for (const t of p.timers) clearInterval(t);
+    clearTimeout(p.tlTimer);
     window.removeEventListener("resize", p.onResize);
     if (p.ws) p.ws.close();
     if (p.term) p.term.dispose();
@@ -358,21 +381,20 @@
     closePage();
     show("session");
     document.title = id + " · sandgate console";
-    const p = { id, timers: [], ctl: new AbortController(), maxSeq: 0, entries: [], samples: [], previews: {}, closed: false };
+    const p = { id, timers: [], ctl: new AbortController(), maxSeq: 0, followLimit: 1000, entries: [], cap: MAX_LIVE, samples: [], previews: {}, closed: false };
     page = p;
     $("s-id").textContent = id;
     $("s-meta").textContent = "";
     $("session-h").focus();
     openTerminal(p);
-    refreshSession(p);
+    p.loaded = refreshSession(p);
     listFiles(p);
     listProcs(p);
-    pollTimeline(p);
+    followTimeline(p);
     pollStats(p);
     showRecord(p, recordSeq);
     const every = (fn, ms) => p.timers.push(setInterval(() => { if (!document.hidden && !p.closed && !p.ended) fn(p); }, ms));
     every(refreshSession, 5000);
-    every(pollTimeline, 1000);
     every(pollStats, 2000);
     every(listProcs, 5000);
   }
@@ -623,7 +645,9 @@
     if (p.follow) p.follow.abort();
     const ctl = new AbortController();
     p.follow = ctl;
-    p.ctl.signal.addEventListener("abort", () => ctl.abort());
+    // The page's end ends it; the listener goes when it ends.
+    const onClose = () => ctl.abort();
+    p.ctl.signal.addEventListener("abort", onClose, { once: true });
     const out = $("proc-out");
     out.hidden = false;
     out.textContent = "";
@@ -653,6 +677,8 @@
       }
     } catch (err) {
       fail("Following " + pid + " failed")(err);
+    } finally {
+      p.ctl.signal.removeEventListener("abort", onClose);
     }
     listProcs(p);
   }
@@ -661,24 +687,88 @@
   function kindsShown() {
     return new Set(Array.from(document.querySelectorAll("input[name=kind]:checked")).map((i) => i.value));
   }
+  // MAX_LIVE bounds the entries the live follow keeps (the pages loaded
+  // with the Older button come on top): past it the oldest go, and the
+  // button brings them back.
+  const MAX_LIVE = 5000;
+
+  // pollTimeline loads the newest page, then follows: after=maxSeq answers
+  // what is newer, in pages when there is more than one (its nextCursor,
+  // with the same after=, goes on below); maxSeq moves only once the
+  // last of them is in, so a partial answer loses nothing.
+  // followTimeline polls the timeline every second while entries come,
+  // and less often (up to every TL_IDLE ms) while none do; input on the
+  // page, or the page shown again, brings it back to every second. A
+  // hidden page does not poll.
+  const TL_BUSY = 1000, TL_IDLE = 5000;
+  function followTimeline(p) {
+    clearTimeout(p.tlTimer);
+    if (p.closed) return;
+    const gen = p.tlGen = (p.tlGen || 0) + 1; // one chain of polls at a time
+    const next = async () => {
+      let changed = false;
+      if (!document.hidden && !p.ended) changed = await pollTimeline(p);
+      if (p.closed || p.tlGen !== gen) return;
+      p.tlDelay = changed || !p.tlDelay ? TL_BUSY : Math.min(p.tlDelay * 2, TL_IDLE);
+      p.tlTimer = setTimeout(next, p.tlDelay);
+    };
+    next();
+  }
+  const wake = () => {
+    if (page && !page.closed && page.tlDelay > TL_BUSY) {
+      page.tlDelay = 0;
+      followTimeline(page);
+    }
+  };
+  for (const ev of ["keydown", "pointerdown", "visibilitychange"]) document.addEventListener(ev, wake, true);
+
+  // pollTimeline reads what is new; true when there was.
   async function pollTimeline(p) {
-    if (p.polling) return;
+    if (p.polling) return false;
     p.polling = true;
     try {
-      const q = p.maxSeq ? "after=" + p.maxSeq + "&limit=1000" : "limit=500";
-      const t = await api("GET", sid(p.id) + "/timeline?" + q, undefined, { signal: p.ctl.signal });
-      if (!p.maxSeq && !p.closed) setOlder(p, t.nextCursor);
-      if (t.entries.length && !p.closed) {
-        p.maxSeq = Math.max(p.maxSeq, t.entries[0].seq);
-        p.entries = t.entries.concat(p.entries);
-      if (p.entries.length > 5000) { // the oldest go; the button brings them back
-        p.entries.length = 5000;
-        setOlder(p, String(p.entries[4999].seq));
-      }
+      if (!p.maxSeq) {
+        const t = await api("GET", sid(p.id) + "/timeline?limit=500", undefined, { signal: p.ctl.signal });
+        if (p.closed || !t.entries.length) return false;
+        p.maxSeq = t.entries[0].seq;
+        p.entries = t.entries;
+        setOlder(p, t.nextCursor);
         renderTimeline(p);
+        return true;
       }
+      const fresh = [];
+      let cursor = "";
+      for (;;) {
+        const t = await api("GET", sid(p.id) + "/timeline?after=" + p.maxSeq + "&limit=" + p.followLimit + (cursor ? "&cursor=" + encodeURIComponent(cursor) : ""),
+          undefined, { signal: p.ctl.signal });
+        if (p.closed) return false;
+        fresh.push(...t.entries);
+        cursor = t.nextCursor || "";
+        if (!cursor) break;
+        if (fresh.length >= MAX_LIVE) {
+          // More new entries than the view keeps: they replace it, and
+          // the Older button goes on from where this stopped, down
+          // through the gap to what was shown.
+          p.maxSeq = fresh[0].seq;
+          p.entries = fresh;
+          p.cap = MAX_LIVE;
+          setOlder(p, cursor);
+          renderTimeline(p);
+          return true;
+        }
+      }
+      if (!fresh.length) return false;
+      p.maxSeq = Math.max(p.maxSeq, fresh[0].seq);
+      p.entries = fresh.concat(p.entries);
+      if (p.entries.length > p.cap) { // the oldest go; the Older button brings them back
+        p.entries.length = p.cap;
+        setOlder(p, String(p.entries[p.cap - 1].seq));
+      }
+      renderTimeline(p);
+      return true;
     } catch (err) {
       if (err.code !== "audit_unavailable") fail("Reading the timeline failed")(err);
+      return false;
     } finally {
       p.polling = false;
     }
@@ -717,6 +807,7 @@
       const t = await api("GET", sid(p.id) + "/timeline?limit=500&cursor=" + encodeURIComponent(p.older));
       if (p.closed) return;
       p.entries = p.entries.concat(t.entries);
+      p.cap = Math.max(p.cap, p.entries.length); // what was asked for stays
       setOlder(p, t.nextCursor);
       renderTimeline(p);
     } catch (err) { fail("Reading older entries failed")(err); }
@@ -761,9 +852,9 @@
       const w = el("span", null, "what");
       w.append(el("span", what, e.kind === "egress" && e.result === "denied" ? "denied" : ""));
       if (detail) w.append(" ", el("span", "(" + detail + ")", "muted"));
-      // A background process's output is kept: the entry shows its start
-      // and can follow it.
-      const pr = e.kind === "command" && e.source === "rest" && (p.procs || []).find((x) => x.command === e.command && x.status !== "running");
+      // A background process's output is kept: the entry (which names
+      // its process) shows its start and can follow it.
+      const pr = e.kind === "command" && e.processId && (p.procs || []).find((x) => x.processId === e.processId && x.status !== "running");
       if (pr) {
         const prev = p.previews[pr.processId];
         if (prev === undefined) loadPreview(p, pr.processId);
@@ -790,7 +881,11 @@
     $("record-seq").textContent = "#" + seq;
     $("record-body").textContent = "loading…";
     try {
-      const r = await api("GET", "v1/audit?limit=1&session=" + encodeURIComponent(p.id) + "&cursor=" + (seq + 1));
+      // The page's id may be the session's name: the audit log knows
+      // its id.
+      if (!p.session) await p.loaded;
+      const id = p.session ? p.session.sessionId : p.id;
+      const r = await api("GET", "v1/audit?limit=1&session=" + encodeURIComponent(id) + "&cursor=" + (seq + 1));
       const e = r.events.find((x) => x.seq === seq);
       $("record-body").textContent = e ? JSON.stringify(e, null, 2) : "The audit log no longer holds this record.";
       $("record").scrollIntoView({ block: "nearest" });

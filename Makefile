@@ -19,15 +19,14 @@ build:
 
 # The web console (package console, served at /ui/): its third-party files
 # (xterm.js and its fit addon) come from npm through the committed
-# console/web/package-lock.json, and are copied with the console's own
-# files (console/web/src) into console/dist, which git keeps and the binary
-# embeds: a plain copy, no bundler. make console-check (CI) fails when the
+# console/web/package-lock.json, and are copied into console/dist, which
+# git keeps and the binary embeds beside the console's own files
+# (console/web/src): a plain copy, no bundler. make console-check (CI) fails when the
 # committed console/dist is not what make console makes.
 CONSOLE_WEB  := console/web
 CONSOLE_DIST := console/dist
 console: $(CONSOLE_WEB)/node_modules/.installed
 	rm -rf $(CONSOLE_DIST) && mkdir -p $(CONSOLE_DIST)
-	cp $(CONSOLE_WEB)/src/index.html $(CONSOLE_WEB)/src/app.js $(CONSOLE_WEB)/src/app.css $(CONSOLE_DIST)/
 	cp $(CONSOLE_WEB)/node_modules/@xterm/xterm/lib/xterm.js $(CONSOLE_WEB)/node_modules/@xterm/xterm/css/xterm.css \
 		$(CONSOLE_WEB)/node_modules/@xterm/addon-fit/lib/addon-fit.js $(CONSOLE_DIST)/
 	{ echo "@xterm/xterm (xterm.js, xterm.css):"; echo; cat $(CONSOLE_WEB)/node_modules/@xterm/xterm/LICENSE; echo; \

@@ -1,6 +1,7 @@
 // Package console is the gateway's web console: a page, its scripts and
-// its style sheets, embedded in the binary (dist/, built from web/ by
-// make console) and served under /ui/. The console holds no credential
+// its style sheets, embedded in the binary (its own files from web/src,
+// the npm packages' from dist/, which make console copies) and served
+// under /ui/. The console holds no credential
 // of its own and no server-side logic: it signs in with the user's API
 // key or JWT, kept in the tab's sessionStorage, and calls the REST API
 // like any client, so every action has the API's auth, limits and audit.
@@ -23,8 +24,41 @@ import (
 	"strings"
 )
 
-//go:embed dist
-var dist embed.FS
+// assets are the console's files: its own (web/src) and the npm
+// packages' (dist: xterm.js, its fit addon, their licenses).
+//
+//go:embed web/src dist
+var assets embed.FS
+
+// assetDirs are the directories of assets whose files are served under
+// Prefix by their base names.
+var assetDirs = []string{"web/src", "dist"}
+
+// walkAssets calls fn with each served file's name and contents.
+func walkAssets(fn func(name string, body []byte)) {
+	for _, dir := range assetDirs {
+		_ = fs.WalkDir(assets, dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			body, err := assets.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			fn(strings.TrimPrefix(p, dir+"/"), body)
+			return nil
+		})
+	}
+}
+
+// gzipped is body compressed at the best level.
+func gzipped(body []byte) []byte {
+	var buf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	_, _ = zw.Write(body)
+	_ = zw.Close()
+	return buf.Bytes()
+}
 
 // Prefix is where the console is served.
 const Prefix = "/ui/"
@@ -59,24 +93,12 @@ type file struct {
 // API's 404 envelope (unknown_endpoint).
 func Handler() http.Handler {
 	files := map[string]*file{}
-	_ = fs.WalkDir(dist, "dist", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
+	walkAssets(func(name string, body []byte) {
+		f := &file{body: body, contentType: contentType(name)}
+		if gz := gzipped(body); len(gz) < len(body) {
+			f.gz = gz
 		}
-		body, err := dist.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		f := &file{body: body, contentType: contentType(p)}
-		var buf bytes.Buffer
-		zw, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
-		_, _ = zw.Write(body)
-		_ = zw.Close()
-		if buf.Len() < len(body) {
-			f.gz = buf.Bytes()
-		}
-		files[strings.TrimPrefix(p, "dist/")] = f
-		return nil
+		files[name] = f
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := strings.TrimPrefix(r.URL.Path, Prefix)
@@ -155,17 +177,8 @@ func contentType(name string) string {
 // gzip-compressed (what make console reports and its test bounds).
 func Assets() map[string][2]int {
 	out := map[string][2]int{}
-	_ = fs.WalkDir(dist, "dist", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		body, _ := dist.ReadFile(p)
-		var buf bytes.Buffer
-		zw, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
-		_, _ = zw.Write(body)
-		_ = zw.Close()
-		out[strings.TrimPrefix(p, "dist/")] = [2]int{len(body), buf.Len()}
-		return nil
+	walkAssets(func(name string, body []byte) {
+		out[name] = [2]int{len(body), len(gzipped(body))}
 	})
 	return out
 }

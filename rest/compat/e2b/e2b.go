@@ -77,6 +77,9 @@ type Deps struct {
 	// among them is the image; any other template gets the default image.
 	ImageAliases []string
 	Log          *slog.Logger
+	// WriteStall ends an /execute answer whose client takes nothing of a
+	// line for this long, interrupting its cell (0: a minute).
+	WriteStall time.Duration
 }
 
 // api is the facade's state.
@@ -93,6 +96,9 @@ type api struct {
 func New(d Deps) []rest.Mount {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.WriteStall <= 0 {
+		d.WriteStall = time.Minute
 	}
 	if len(d.Key) == 0 {
 		d.Key = make([]byte, 32)

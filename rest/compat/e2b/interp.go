@@ -327,10 +327,17 @@ type executeBody struct {
 }
 
 // execution streams /execute's answer: one JSON object a line, flushed.
+// Each line must be taken by the client within stall: a client that stops
+// reading fails the answer, which cancels the call's context (cancel), so
+// that its cell is interrupted and the kernel (or shell) and the Budget
+// slot are freed; the lines after that are dropped.
 type execution struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	enc     *json.Encoder
+	stall   time.Duration
+	cancel  context.CancelFunc
+	failed  bool
 	limit   int64     // output forwarded per stream, at most
 	sent    [2]int64  // stdout, stderr forwarded
 	noted   [2]bool   // the cut was said
@@ -343,13 +350,27 @@ func (e *execution) start() {
 	e.w.Header().Set("Content-Type", "application/x-ndjson")
 	e.w.Header().Set("Cache-Control", "no-store")
 	e.w.WriteHeader(http.StatusOK)
-	_ = e.rc.Flush()
+	_ = e.rc.SetWriteDeadline(time.Now().Add(e.stall))
+	if e.rc.Flush() != nil {
+		e.fail()
+	}
 }
 
-// line writes one line of the answer.
+// line writes one line of the answer, within stall.
 func (e *execution) line(v map[string]any) {
-	_ = e.enc.Encode(v)
-	_ = e.rc.Flush()
+	if e.failed {
+		return
+	}
+	_ = e.rc.SetWriteDeadline(time.Now().Add(e.stall))
+	if e.enc.Encode(v) != nil || e.rc.Flush() != nil {
+		e.fail()
+	}
+}
+
+// fail gives up the answer: its client is gone or takes nothing.
+func (e *execution) fail() {
+	e.failed = true
+	e.cancel()
 }
 
 // end is the answer's last line.
@@ -466,7 +487,12 @@ func (a *api) execute(w http.ResponseWriter, r *http.Request, s *gateway.Session
 		return
 	}
 	defer release()
-	ex := &execution{w: w, rc: http.NewResponseController(w), limit: maxOut}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	r = r.WithContext(ctx)
+	ex := &execution{w: w, rc: http.NewResponseController(w), limit: maxOut, stall: a.d.WriteStall, cancel: cancel}
+	// The deadline stays on a kept-alive connection: clear it for the next.
+	defer func() { _ = ex.rc.SetWriteDeadline(time.Time{}) }()
 	ex.enc = json.NewEncoder(w)
 	ex.enc.SetEscapeHTML(false)
 	ex.start()

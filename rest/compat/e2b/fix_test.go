@@ -1,0 +1,90 @@
+package e2b_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
+	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat/e2b"
+)
+
+// newGatewayDeps is newGateway with the facade's Deps adjusted by tune.
+func newGatewayDeps(t *testing.T, tune func(*e2b.Deps)) *testGateway {
+	t.Helper()
+	st := gwtest.Start(t, gwtest.Options{
+		Tokens: map[string]string{aliceKey: "alice", bobKey: "bob"},
+		Mounts: func(e gwtest.Engines) []rest.Mount {
+			d := e2b.Deps{Sessions: e.Sessions, Plane: e.Plane, Key: e.Links.Key, Log: e.Log}
+			tune(&d)
+			return e2b.New(d)
+		},
+	})
+	client := &http.Client{Timeout: 60 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	return &testGateway{url: st.URL, client: client}
+}
+
+// stuckExecute sends an /execute of code on a connection whose client
+// never reads the answer (a small receive buffer), and returns the
+// connection.
+func stuckExecute(t *testing.T, g *testGateway, hdr []string, body string) net.Conn {
+	t.Helper()
+	addr := strings.TrimPrefix(g.url, "http://")
+	d := net.Dialer{Control: nil}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	req := fmt.Sprintf("POST /compat/e2b/sandbox/execute HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", addr, len(body))
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req += hdr[i] + ": " + hdr[i+1] + "\r\n"
+	}
+	req += "\r\n" + body
+	if _, err := c.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestExecuteClientStopsReading: a client that stops reading /execute's
+// answer does not hold the kernel: the answer fails at the write stall,
+// its cell is interrupted, and the next call runs.
+func TestExecuteClientStopsReading(t *testing.T) {
+	for _, lang := range []string{"python", "bash"} {
+		t.Run(lang, func(t *testing.T) {
+			g := newGatewayDeps(t, func(d *e2b.Deps) { d.WriteStall = 2 * time.Second })
+			sb := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+			hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+			// 1 MiB of \x01 is 6 MiB of JSON (\u0001): more than the
+			// sockets' buffers hold; then the cell waits for ever.
+			code := `{"code":"import sys, time\nsys.stdout.write('\\x01' * (1 << 20))\nsys.stdout.flush()\ntime.sleep(3600)"}`
+			if lang == "bash" {
+				code = `{"language":"bash","code":"head -c 1048576 /dev/zero | tr '\\\\0' '\\\\1'; sleep 3600"}`
+			}
+			stuckExecute(t, g, hdr, code)
+			time.Sleep(time.Second) // the stuck call has the kernel first
+			next := map[string]any{"code": "1 + 1"}
+			if lang == "bash" {
+				next = map[string]any{"code": "echo 2", "language": "bash"}
+			}
+			done := make(chan answer, 1)
+			go func() { done <- g.do(t, "POST", "/compat/e2b/sandbox/execute", next, hdr...) }()
+			select {
+			case a := <-done:
+				ls := lines(t, a)
+				if len(ofType(ls, "error")) != 0 || len(ofType(ls, "end_of_execution")) != 1 {
+					t.Errorf("the next call: %v", ls)
+				}
+			case <-time.After(45 * time.Second):
+				t.Fatal("a client that stops reading holds the kernel")
+			}
+		})
+	}
+}

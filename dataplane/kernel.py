@@ -67,12 +67,28 @@ def _sandgate_kernel():
         os.dup2(devnull, fd)
 
     wlock = threading.Lock()
+    main_thread = threading.get_ident()
+    # An interrupt that comes while the main thread writes a frame waits
+    # for the frame's end (a torn frame would break the channel, and the
+    # kernel with it): on_sigint only notes it then.
+    sigint = {"sending": 0, "pending": False}
 
     def send(kind, payload):
         data = memoryview(kind + struct.pack(">I", len(payload)) + payload)
-        with wlock:
-            while data:
-                data = data[os.write(proto_out, data):]
+        on_main = threading.get_ident() == main_thread
+        if on_main:
+            sigint["sending"] += 1
+        try:
+            with wlock:
+                while data:
+                    data = data[os.write(proto_out, data):]
+        finally:
+            if on_main:
+                sigint["sending"] -= 1
+        if on_main and sigint["pending"] and not sigint["sending"]:
+            sigint["pending"] = False
+            if running["id"] is not None:
+                raise KeyboardInterrupt
 
     def send_json(obj):
         send(b"J", json.dumps(obj).encode("utf-8"))
@@ -86,7 +102,6 @@ def _sandgate_kernel():
             buf += chunk
         return buf
 
-    main_thread = threading.get_ident()
     runs = queue.Queue()
     running = {"id": None}
     state_lock = threading.Lock()
@@ -107,8 +122,12 @@ def _sandgate_kernel():
         os._exit(0)
 
     def on_sigint(signum, frame):
-        if running["id"] is not None:
-            raise KeyboardInterrupt
+        if running["id"] is None:
+            return
+        if sigint["sending"]:
+            sigint["pending"] = True
+            return
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
 

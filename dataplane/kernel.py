@@ -299,6 +299,8 @@ def _sandgate_kernel():
     builtins.display = display
 
     def flush_figures():
+        # The open figures as displays; an error (a figure that cannot be
+        # drawn) is the caller's: plt.show()'s, or the cell's.
         plt = sys.modules.get("matplotlib.pyplot")
         if plt is None or not cell["display"]:
             return
@@ -306,9 +308,8 @@ def _sandgate_kernel():
             for num in plt.get_fignums():
                 fig = plt.figure(num)
                 send_display({"image/png": figure_png(fig), "text/plain": repr(fig)})
+        finally:
             plt.close("all")
-        except Exception:
-            traceback.print_exc()
 
     class InlineBackend(importlib.abc.Loader):
         def create_module(self, spec):
@@ -384,17 +385,22 @@ def _sandgate_kernel():
         try:
             with state_lock:
                 running["id"] = msg.get("id")
-            tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST)
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
-            exec(compile(tree, filename, "exec"), ns)
-            if last is not None:
-                value = eval(compile(last, filename, "eval"), ns)
-                if value is not None:
-                    result = repr(value)
-                    if cell["display"]:
-                        send_display(mime_bundle(value, result), main=True)
+            try:
+                tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST)
+                last = None
+                if tree.body and isinstance(tree.body[-1], ast.Expr):
+                    last = ast.Expression(tree.body.pop().value)
+                exec(compile(tree, filename, "exec"), ns)
+                if last is not None:
+                    value = eval(compile(last, filename, "eval"), ns)
+                    if value is not None:
+                        result = repr(value)
+                        if cell["display"]:
+                            send_display(mime_bundle(value, result), main=True)
+            finally:
+                # The cell's figures, while it still runs: a slow savefig
+                # is interrupted as the cell is; its error is the cell's.
+                flush_figures()
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: the kernel stays
             with state_lock:
                 running["id"] = None
@@ -406,7 +412,6 @@ def _sandgate_kernel():
                 running["id"] = None
         if os.getpid() != pid:
             os._exit(0)
-        flush_figures()
         cell["display"] = False
         flush_std()
         restore_fds()

@@ -25,3 +25,42 @@ func TestKernelInterruptDuringDisplay(t *testing.T) {
 		}
 	}
 }
+
+// fakePyplot is a matplotlib.pyplot whose one figure takes savefig a
+// minute to draw, or fails to.
+const fakePyplot = `import sys, types, time
+_m = types.ModuleType('matplotlib.pyplot')
+class _F:
+    def savefig(self, *a, **k):
+        if _m.fail:
+            raise RuntimeError('cannot draw')
+        time.sleep(60)
+_m.fail = False
+_m.get_fignums = lambda: [1]
+_m.figure = lambda n: _F()
+_m.close = lambda *a: None
+sys.modules['matplotlib.pyplot'] = _m
+`
+
+// TestKernelSlowFigureInterrupted: the cell's figures are drawn while the
+// cell runs: a slow savefig is interrupted at the timeout (the kernel and
+// its state stay), and a figure that fails to draw is the cell's error.
+func TestKernelSlowFigureInterrupted(t *testing.T) {
+	s := newSession(t, "workdir")
+	k := newKernels(t, s)
+	kernelCall(t, k, s, "default", py("x = 1\n"+fakePyplot))
+	r := py("y = 2")
+	r.Display, r.Timeout = true, time.Second
+	res := kernelCall(t, k, s, "default", r)
+	if res.StateLost || errName(res) != "KeyboardInterrupt" || !res.TimedOut {
+		t.Fatalf("slow figure: error %+v, timedOut %v, stateLost %v", res.Error, res.TimedOut, res.StateLost)
+	}
+	r = py("_m.fail = True")
+	r.Display = true
+	if res := kernelCall(t, k, s, "default", r); errName(res) != "RuntimeError" {
+		t.Errorf("a failing figure: error %+v", res.Error)
+	}
+	if after := kernelCall(t, k, s, "default", py("del sys.modules['matplotlib.pyplot']\nx")); resultText(after) != "1" {
+		t.Fatalf("x is %s", resultText(after))
+	}
+}

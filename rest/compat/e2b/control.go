@@ -278,6 +278,7 @@ func (a *api) createParams(w http.ResponseWriter, req newSandbox) (gateway.Creat
 	if req.AutoPause != nil {
 		rec.AutoPause = *req.AutoPause
 	}
+	rec.Timeout = min(timeout, gateway.MaxTTL)
 	return cp, rec, true
 }
 

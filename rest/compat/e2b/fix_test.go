@@ -88,3 +88,31 @@ func TestExecuteClientStopsReading(t *testing.T) {
 		})
 	}
 }
+
+// TestAutoPauseAfterImplicitResume: an autoPause sandbox that a sandbox
+// URL call resumes (here /execute) pauses again at its timeout.
+func TestAutoPauseAfterImplicitResume(t *testing.T) {
+	g := newGateway(t)
+	key := []string{"X-API-Key", aliceKey}
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base", "timeout": 2, "autoPause": true})
+	state := func() string {
+		return decode[listed](t, g.do(t, "GET", "/compat/e2b/sandboxes/"+sb.SandboxID, nil, key...)).State
+	}
+	waitState := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for state() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("the sandbox is not %s", want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitState("paused")
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+	ls := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "1 + 1"}, hdr...))
+	if res := ofType(ls, "result"); len(res) != 1 || res[0]["text"] != "2" {
+		t.Fatalf("execute on a paused sandbox: %v", ls)
+	}
+	waitState("paused")
+}

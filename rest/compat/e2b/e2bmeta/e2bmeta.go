@@ -28,6 +28,10 @@ type Record struct {
 	Secure bool `json:"secure,omitempty"`
 	// AutoPause: the create asked that the timeout pause the sandbox.
 	AutoPause bool `json:"autoPause,omitempty"`
+	// Timeout is the create's timeout in seconds: an autoPause sandbox
+	// resumed by a sandbox URL call (not by connect, which gives its own)
+	// pauses again that long after.
+	Timeout int `json:"timeout,omitempty"`
 }
 
 // Of is s's record, or false for a session not created through the E2B

@@ -202,7 +202,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp.IdempotencyKey = r.Header.Get("Idempotency-Key")
-	md, err := rec.Metadata(req.Metadata)
+	md, err := a.sealer.Metadata(rec, req.Metadata)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_metadata", err.Error())
 		return

@@ -35,6 +35,7 @@ import (
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd"
 )
 
@@ -85,6 +86,7 @@ type Deps struct {
 // api is the facade's state.
 type api struct {
 	d        Deps
+	sealer   *e2bmeta.Sealer // the records' envVars (e2bmeta)
 	envd     *envd.Server
 	aliases  map[string]bool
 	contexts contexts   // the code interpreter's contexts (interp.go)
@@ -104,7 +106,8 @@ func New(d Deps) []rest.Mount {
 		d.Key = make([]byte, 32)
 		_, _ = rand.Read(d.Key)
 	}
-	a := &api{d: d, envd: envd.New(envd.Deps{Sessions: d.Sessions, Plane: d.Plane, Log: d.Log}), aliases: map[string]bool{}}
+	sealer := e2bmeta.NewSealer(d.Key)
+	a := &api{d: d, sealer: sealer, envd: envd.New(envd.Deps{Sessions: d.Sessions, Plane: d.Plane, Log: d.Log, Sealer: sealer}), aliases: map[string]bool{}}
 	for _, n := range d.ImageAliases {
 		a.aliases[n] = true
 	}

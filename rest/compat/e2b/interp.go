@@ -19,7 +19,6 @@ import (
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
-	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 )
 
 // The code interpreter (E2B's port 49999, the e2b-code-interpreter SDK):
@@ -507,7 +506,7 @@ func (a *api) execute(w http.ResponseWriter, r *http.Request, s *gateway.Session
 // this call: set before it, put back after it.
 func (a *api) executePython(r *http.Request, s *gateway.Session, cc codeContext, body executeBody, ex *execution, maxOut int64) {
 	ctx := r.Context()
-	if rec, ok := e2bmeta.Of(s); ok && len(rec.EnvVars) > 0 {
+	if rec, ok := a.sealer.Of(s); ok && len(rec.EnvVars) > 0 {
 		// The create's envVars, as every process of the sandbox has them:
 		// once per interpreter (a restarted one gets them again).
 		env, _ := json.Marshal(rec.EnvVars)
@@ -584,7 +583,7 @@ func (a *api) kernelFailed(ex *execution, r *http.Request, s *gateway.Session, e
 // the execution's error.
 func (a *api) executeBash(r *http.Request, s *gateway.Session, cc codeContext, body executeBody, ex *execution, maxOut int64) {
 	env := map[string]string{}
-	if rec, ok := e2bmeta.Of(s); ok {
+	if rec, ok := a.sealer.Of(s); ok {
 		maps.Copy(env, rec.EnvVars) // the create's, under the call's own
 	}
 	maps.Copy(env, body.EnvVars)

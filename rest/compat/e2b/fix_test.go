@@ -116,3 +116,32 @@ func TestAutoPauseAfterImplicitResume(t *testing.T) {
 	}
 	waitState("paused")
 }
+
+// TestEnvVarsNotShown: a create's envVars reach the sandbox's processes
+// but no API returns them: not /v1's GET or list of the session, nor
+// E2B's.
+func TestEnvVarsNotShown(t *testing.T) {
+	g := newGateway(t)
+	const secret = "s3cret-value-42"
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base", "envVars": map[string]string{"API_SECRET": secret}})
+	bearer := []string{"Authorization", "Bearer " + aliceKey}
+	for _, a := range []answer{
+		g.do(t, "GET", "/v1/sessions/"+sb.SandboxID, nil, bearer...),
+		g.do(t, "GET", "/v1/sessions", nil, bearer...),
+		g.do(t, "GET", "/compat/e2b/sandboxes/"+sb.SandboxID, nil, "X-API-Key", aliceKey),
+		g.do(t, "GET", "/compat/e2b/v2/sandboxes", nil, "X-API-Key", aliceKey),
+	} {
+		if a.status != http.StatusOK || strings.Contains(string(a.body), secret) || strings.Contains(string(a.body), "API_SECRET") {
+			t.Errorf("%d %s", a.status, a.body)
+		}
+	}
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+	ls := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "import os\nos.environ['API_SECRET']"}, hdr...))
+	if res := ofType(ls, "result"); len(res) != 1 || res[0]["text"] != "'"+secret+"'" {
+		t.Errorf("the sandbox's env: %v", ls)
+	}
+	bash := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "echo $API_SECRET", "language": "bash"}, hdr...))
+	if out := ofType(bash, "stdout"); len(out) != 1 || out[0]["text"] != secret+"\n" {
+		t.Errorf("bash's env: %v", bash)
+	}
+}

@@ -12,7 +12,11 @@
 #
 # Requests (gateway -> kernel, on the private stdin): a 4-byte big-endian
 # length, then that many bytes of JSON:
-#   {"op": "run", "id": N, "code": "...", "maxBytes": M, "display": D}
+#   {"op": "run", "id": N, "code": "...", "maxBytes": M, "display": D,
+#    "env": {...}, "baseEnv": {...}}
+#                                  env: os.environ for this cell only (put
+#                                  back after it); baseEnv: set once, at
+#                                  the first cell that has it
 #   {"op": "interrupt", "id": N}   SIGINT to this process's main thread
 #                                  if cell N is still running
 # Frames (kernel -> gateway, on the private stdout): one kind byte, a
@@ -362,6 +366,7 @@ def _sandgate_kernel():
     sys.modules["__main__"] = main
     ns = main.__dict__
     cells = [0]
+    base_env_set = [False]
 
     def run_cell(msg):
         limit = int(msg.get("maxBytes", 1 << 20))
@@ -382,6 +387,12 @@ def _sandgate_kernel():
         pumper.start()
         std_streams()
         result, error = None, None
+        if msg.get("baseEnv") and not base_env_set[0]:
+            os.environ.update(msg["baseEnv"])
+            base_env_set[0] = True
+        env = msg.get("env") or {}
+        env_saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             with state_lock:
                 running["id"] = msg.get("id")
@@ -412,6 +423,11 @@ def _sandgate_kernel():
                 running["id"] = None
         if os.getpid() != pid:
             os._exit(0)
+        for k, v in env_saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         cell["display"] = False
         flush_std()
         restore_fds()

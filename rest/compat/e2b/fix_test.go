@@ -145,3 +145,41 @@ func TestEnvVarsNotShown(t *testing.T) {
 		t.Errorf("bash's env: %v", bash)
 	}
 }
+
+// TestExecuteEnvVarsConcurrent: concurrent calls to one context each see
+// their own env_vars, and none outlives its call.
+func TestExecuteEnvVarsConcurrent(t *testing.T) {
+	g := newGateway(t)
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+	const n = 4
+	got := make(chan string, n)
+	for i := range n {
+		go func() {
+			a := g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{
+				"code":     "import os, time\ntime.sleep(0.3)\nos.environ['E2B_C']",
+				"env_vars": map[string]string{"E2B_C": fmt.Sprint("v", i)}}, hdr...)
+			var text string
+			for _, l := range lines(t, a) {
+				if l["type"] == "result" {
+					text = l["text"].(string)
+				}
+			}
+			if want := fmt.Sprintf("'v%d'", i); text != want {
+				text = fmt.Sprintf("call %d saw %s, want %s", i, text, want)
+			} else {
+				text = ""
+			}
+			got <- text
+		}()
+	}
+	for range n {
+		if e := <-got; e != "" {
+			t.Error(e)
+		}
+	}
+	ls := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "import os\nos.environ.get('E2B_C')"}, hdr...))
+	if len(ofType(ls, "result")) != 0 {
+		t.Errorf("env_vars outlived their calls: %v", ls)
+	}
+}

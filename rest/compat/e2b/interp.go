@@ -503,34 +503,18 @@ func (a *api) execute(w http.ResponseWriter, r *http.Request, s *gateway.Session
 }
 
 // executePython runs body's code in cc's kernel. The env_vars hold for
-// this call: set before it, put back after it.
+// this call: the kernel sets them for its cell and puts them back after
+// it, in the same turn. The create's envVars, as every process of the
+// sandbox has them, are set once per interpreter (a restarted one gets
+// them again).
 func (a *api) executePython(r *http.Request, s *gateway.Session, cc codeContext, body executeBody, ex *execution, maxOut int64) {
 	ctx := r.Context()
-	if rec, ok := a.sealer.Of(s); ok && len(rec.EnvVars) > 0 {
-		// The create's envVars, as every process of the sandbox has them:
-		// once per interpreter (a restarted one gets them again).
-		env, _ := json.Marshal(rec.EnvVars)
-		set := fmt.Sprintf("if not globals().get('_sg_create_env'):\n    import os as _sg_os, json as _sg_json\n    _sg_os.environ.update(_sg_json.loads(%s))\n    _sg_create_env = True\n    del _sg_os, _sg_json",
-			pyString(string(env)))
-		if err := a.pythonSetup(ctx, s, cc.ID, set); err != nil {
-			a.kernelFailed(ex, r, s, err)
-			return
-		}
-	}
-	if len(body.EnvVars) > 0 {
-		env, _ := json.Marshal(body.EnvVars)
-		set := fmt.Sprintf("import os as _sg_os, json as _sg_json\n_sg_env_saved = {k: _sg_os.environ.get(k) for k in _sg_json.loads(%s)}\n_sg_os.environ.update(_sg_json.loads(%s))\ndel _sg_os, _sg_json",
-			pyString(string(env)), pyString(string(env)))
-		if err := a.pythonSetup(ctx, s, cc.ID, set); err != nil {
-			a.kernelFailed(ex, r, s, err)
-			return
-		}
-		defer func() {
-			restore := "import os as _sg_os\nfor _sg_k, _sg_v in _sg_env_saved.items():\n    (_sg_os.environ.pop(_sg_k, None) if _sg_v is None else _sg_os.environ.__setitem__(_sg_k, _sg_v))\ndel _sg_os, _sg_k, _sg_v, _sg_env_saved"
-			_ = a.pythonSetup(context.WithoutCancel(ctx), s, cc.ID, restore)
-		}()
+	var base map[string]string
+	if rec, ok := a.sealer.Of(s); ok {
+		base = rec.EnvVars
 	}
 	req := dataplane.PythonRequest{Code: body.Code, Timeout: a.d.Plane.Bounds.MaxTimeout, MaxOutputBytes: maxOut, Display: true,
+		Env: body.EnvVars, BaseEnv: base,
 		OnOutput: ex.output,
 		OnDisplay: func(d dataplane.Display) {
 			ex.line(result(d))

@@ -1,6 +1,9 @@
 package e2b_test
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"net/http"
@@ -181,5 +184,31 @@ func TestExecuteEnvVarsConcurrent(t *testing.T) {
 	ls := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "import os\nos.environ.get('E2B_C')"}, hdr...))
 	if len(ofType(ls, "result")) != 0 {
 		t.Errorf("env_vars outlived their calls: %v", ls)
+	}
+}
+
+// TestAccessTokenKey: a sandbox's access token is not an HMAC under the
+// gateway's raw link key (its own key is derived from it), and it
+// differs for two sandboxes of one tenant even knowing tenant and id.
+func TestAccessTokenKey(t *testing.T) {
+	var key []byte
+	g := newGatewayDeps(t, func(d *e2b.Deps) { key = d.Key })
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("e2b-access-token\x00alice\x00" + sb.SandboxID))
+	raw := "e2bt_" + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+	if raw == sb.EnvdAccessToken {
+		t.Fatal("the access token is an HMAC of tenant and id under the raw link key")
+	}
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999"}
+	if a := g.do(t, "GET", "/compat/e2b/sandbox/contexts", nil, append(hdr, "X-Access-Token", raw)...); a.status != http.StatusUnauthorized {
+		t.Errorf("the raw key's token: %d", a.status)
+	}
+	if a := g.do(t, "GET", "/compat/e2b/sandbox/contexts", nil, append(hdr, "X-Access-Token", sb.EnvdAccessToken)...); a.status != http.StatusOK {
+		t.Errorf("the token: %d", a.status)
+	}
+	con := decode[sandboxAnswer](t, g.do(t, "POST", "/compat/e2b/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]int{"timeout": 300}, "X-API-Key", aliceKey))
+	if con.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Errorf("connect handed out another token")
 	}
 }

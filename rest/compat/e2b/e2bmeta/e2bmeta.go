@@ -42,6 +42,9 @@ type Record struct {
 	Secure bool `json:"secure,omitempty"`
 	// AutoPause: the create asked that the timeout pause the sandbox.
 	AutoPause bool `json:"autoPause,omitempty"`
+	// TokenNonce is mixed into the sandbox's access token (a random
+	// string).
+	TokenNonce string `json:"tokenNonce,omitempty"`
 	// Timeout is the create's timeout in seconds: an autoPause sandbox
 	// resumed by a sandbox URL call (not by connect, which gives its own)
 	// pauses again that long after.

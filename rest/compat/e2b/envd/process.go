@@ -149,6 +149,11 @@ func (ps *procService) procError(ctx context.Context, err error, what string) er
 	if errors.Is(err, dataplane.ErrProcessExited) {
 		return rpcError(connect.CodeNotFound, "process_exited", "the process has exited")
 	}
+	if errors.Is(err, dataplane.ErrStdinBlocked) {
+		// E2B's SDKs raise their TimeoutException for it.
+		return rpcError(connect.CodeDeadlineExceeded, "stdin_blocked",
+			"the process did not read its standard input within 10 s: the input was not (all) written")
+	}
 	return ps.s.toRPC(ctx, err, what)
 }
 

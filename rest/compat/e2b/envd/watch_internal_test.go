@@ -1,8 +1,15 @@
 package envd
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandgate/sandgate/dataplane"
 )
 
 // TestWatchPacing: a watcher waits at least PollFactor times its last
@@ -26,5 +33,16 @@ func TestWatchPacing(t *testing.T) {
 	// The gateway's budget is now spent too: tenant b waits for it.
 	if d := ws.charge("b", 10, 0); d < 500*time.Millisecond {
 		t.Errorf("over the gateway's budget: waits %s", d)
+	}
+}
+
+// TestSessionNotRunningCode: a session that ended under a call is
+// Unavailable saying it "was not found" running (E2B's SDKs raise their
+// SandboxNotRunningException), not FailedPrecondition.
+func TestSessionNotRunningCode(t *testing.T) {
+	s := New(Deps{})
+	ce := s.toRPC(context.Background(), fmt.Errorf("run: %w", dataplane.ErrSessionEnded), "run")
+	if ce.Code() != connect.CodeUnavailable || ce.Meta().Get(codeMeta) != "session_not_running" || !strings.Contains(ce.Message(), "was not found") {
+		t.Errorf("%v (code %v, %s)", ce, ce.Code(), ce.Meta().Get(codeMeta))
 	}
 }

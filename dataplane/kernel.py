@@ -286,10 +286,23 @@ def _sandgate_kernel():
         except Exception as e:
             payload = json.dumps({"data": {"text/plain": "<display not JSON: %s>" % e}, "main": main}).encode("utf-8")
         if len(payload) > cell["left"]:
-            note = "<display of %d bytes dropped: a cell's rich output is bounded>" % len(payload)
-            payload = json.dumps({"data": {"text/plain": note}, "main": main}).encode("utf-8")
-            if len(payload) > cell["left"]:
-                return
+            # Too large: its text/plain alone, cut to fit (the value of a
+            # long expression comes back cut, as its result does); else a
+            # note, which is not the cell's value.
+            plain, size, cut_payload = data.get("text/plain"), len(payload), None
+            room = cell["left"] - 256
+            while isinstance(plain, str) and room > 0:
+                p = json.dumps({"data": {"text/plain": cut(plain, room)[0].decode("utf-8")}, "main": main}).encode("utf-8")
+                if len(p) <= cell["left"]:
+                    cut_payload = p
+                    break
+                room = min(room // 2, room - (len(p) - cell["left"]))
+            payload = cut_payload
+            if payload is None:
+                note = "<display of %d bytes dropped: a cell's rich output is bounded>" % size
+                payload = json.dumps({"data": {"text/plain": note}, "main": False}).encode("utf-8")
+                if len(payload) > cell["left"]:
+                    return
         cell["left"] -= len(payload)
         send(b"D", payload)
 

@@ -212,3 +212,21 @@ func TestAccessTokenKey(t *testing.T) {
 		t.Errorf("connect handed out another token")
 	}
 }
+
+// TestExecuteLargeResult: the value of an expression larger than the
+// bound comes back cut, as the main result (not a note that it was
+// dropped).
+func TestExecuteLargeResult(t *testing.T) {
+	g := newGateway(t)
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+	ls := lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "'x' * 2_000_000"}, hdr...))
+	res := ofType(ls, "result")
+	if len(res) != 1 {
+		t.Fatalf("results: %d", len(res))
+	}
+	text, _ := res[0]["text"].(string)
+	if res[0]["is_main_result"] != true || !strings.HasPrefix(text, "'xxxx") || len(text) > rest.DefaultCommandOutput || len(text) < rest.DefaultCommandOutput/2 {
+		t.Errorf("main result: main %v, %d bytes: %.60q", res[0]["is_main_result"], len(text), text)
+	}
+}

@@ -185,6 +185,7 @@ type watcher struct {
 	err     error         // why it stopped, once it did
 	changed chan struct{} // closed and replaced when events or err change
 	fetched time.Time     // last GetWatcherEvents
+	reaper  *time.Timer   // closes a watcher that stopped on its own, unfetched
 }
 
 // start opens a watcher on dir for call c: it takes the first listing
@@ -279,14 +280,17 @@ func (ws *watchers) get(sessID, id string) (*watcher, bool) {
 	return w, true
 }
 
-// stop ends w's polling with err (nil: removed by its client) and waits
-// for it; the events not fetched stay readable until it is closed.
+// stop ends w's polling with err (nil: removed by its client); the
+// events not fetched stay readable until it is closed: by its client, or
+// Idle after a stop of its own (err), when nobody fetches them.
 func (w *watcher) stop(err error) {
 	w.mu.Lock()
 	if w.err == nil {
 		w.err = err
 		if err == nil {
 			w.err = errors.New("removed")
+		} else {
+			w.reaper = time.AfterFunc(w.ws.b.Idle, w.close)
 		}
 		close(w.changed)
 		w.changed = make(chan struct{})
@@ -301,6 +305,9 @@ func (w *watcher) close() {
 	<-w.done
 	w.mu.Lock()
 	remove := w.remove
+	if w.reaper != nil {
+		w.reaper.Stop()
+	}
 	w.mu.Unlock()
 	if remove != nil {
 		remove()
@@ -351,6 +358,7 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 	defer close(w.done)
 	t := time.NewTimer(s.watches.charge(w.c.sess.Tenant, len(prev), 0))
 	defer t.Stop()
+	failures := 0 // transient ones in a row
 	for {
 		select {
 		case <-ctx.Done():
@@ -373,6 +381,13 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 			if !errors.As(err, &ce) {
 				ce = s.toRPC(ctx, err, "watch directory")
 			}
+			if transient(ce) && failures < maxWatchRetries {
+				// The files service busy, or the sandbox briefly out of
+				// reach: try again, backing off.
+				failures++
+				t.Reset(min(s.watches.b.Interval<<failures, maxWatchBackoff))
+				continue
+			}
 			if ce.Code() == connect.CodeNotFound {
 				// The directory itself went: say so, and stop.
 				w.add(s, []*filesystem.FilesystemEvent{{Name: "", Type: filesystem.EventType_EVENT_TYPE_REMOVE}})
@@ -380,6 +395,7 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 			w.stop(ce)
 			return
 		}
+		failures = 0
 		if evs := s.diff(ctx, w, prev, cur); len(evs) > 0 {
 			if !w.add(s, evs) {
 				return
@@ -387,6 +403,24 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 		}
 		prev = cur
 	}
+}
+
+// A watcher whose listing fails transiently tries again, backing off,
+// up to maxWatchRetries times in a row.
+const (
+	maxWatchRetries = 8
+	maxWatchBackoff = 30 * time.Second
+)
+
+// transient reports whether a listing's failure may pass: the files
+// service unavailable or busy (not a sandbox that stopped: its watchers
+// are stopped with it).
+func transient(ce *connect.Error) bool {
+	switch ce.Meta().Get(codeMeta) {
+	case "files_unavailable", "too_many_file_transfers":
+		return true
+	}
+	return false
 }
 
 // idle reports whether w's events went unfetched for longer than idle

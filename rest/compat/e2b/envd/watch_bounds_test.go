@@ -2,6 +2,7 @@ package envd_test
 
 import (
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -33,4 +34,28 @@ func TestWatchTreeBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = sb.fs.RemoveWatcher(c, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: w.Msg.GetWatcherId()}))
+}
+
+// TestStoppedWatcherReaped: a watcher that stopped on its own (its
+// directory went) and whose error nobody fetches is closed after Idle,
+// freeing its place.
+func TestStoppedWatcherReaped(t *testing.T) {
+	g := newGateway(t, envd.WatchBounds{Interval: 50 * time.Millisecond, PerSession: 1, Idle: time.Second})
+	sb := g.newSandbox(t, aliceKey)
+	c := ctx(t)
+	sb.upload(t, "gone/f", "x")
+	if _, err := sb.fs.CreateWatcher(c, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "gone"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.fs.Remove(c, connect.NewRequest(&filesystem.RemoveRequest{Path: "gone"})); err != nil {
+		t.Fatal(err)
+	}
+	sb.upload(t, "other/f", "x")
+	eventually(t, "the stopped watcher's place is free", func() bool {
+		w, err := sb.fs.CreateWatcher(c, connect.NewRequest(&filesystem.CreateWatcherRequest{Path: "other"}))
+		if err == nil {
+			_, _ = sb.fs.RemoveWatcher(c, connect.NewRequest(&filesystem.RemoveWatcherRequest{WatcherId: w.Msg.GetWatcherId()}))
+		}
+		return err == nil
+	})
 }

@@ -313,7 +313,6 @@ def _sandgate_kernel():
             else:
                 print(repr(obj))
 
-    builtins.display = display
 
     def flush_figures():
         # The open figures as displays; an error (a figure that cannot be
@@ -347,13 +346,13 @@ def _sandgate_kernel():
         def find_spec(self, name, path, target=None):
             if name == "_sandgate_inline":
                 return importlib.machinery.ModuleSpec(name, InlineBackend())
-            if name != "matplotlib" or "MPLBACKEND" in os.environ:
+            if name != "matplotlib" or "MPLBACKEND" in os.environ or getattr(finding, "busy", False):
                 return None
-            sys.meta_path.remove(self)  # once: the real finder finds it
+            finding.busy = True  # this thread's find_spec below: the real finders
             try:
                 spec = importlib.util.find_spec(name)
             finally:
-                sys.meta_path.insert(0, self)
+                finding.busy = False
             if spec is None or spec.loader is None:
                 return spec
             real = spec.loader
@@ -372,7 +371,18 @@ def _sandgate_kernel():
             spec.loader = Loader()
             return spec
 
-    sys.meta_path.insert(0, MatplotlibHook())
+    finding = threading.local()
+    hooks = {"installed": False}
+
+    def install_display_hooks():
+        # At the first cell that asks for display: a kernel only /v1's
+        # plain calls use keeps Python's own builtins and matplotlib's
+        # own backend.
+        if hooks["installed"]:
+            return
+        hooks["installed"] = True
+        builtins.display = display
+        sys.meta_path.insert(0, MatplotlibHook())
 
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
@@ -384,6 +394,8 @@ def _sandgate_kernel():
     def run_cell(msg):
         limit = int(msg.get("maxBytes", 1 << 20))
         cell["display"], cell["left"] = bool(msg.get("display")), limit
+        if cell["display"]:
+            install_display_hooks()
         code = msg.get("code", "")
         cells[0] += 1
         filename = "<cell-%d>" % cells[0]

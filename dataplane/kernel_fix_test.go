@@ -64,3 +64,36 @@ func TestKernelSlowFigureInterrupted(t *testing.T) {
 		t.Fatalf("x is %s", resultText(after))
 	}
 }
+
+// TestKernelHooksOnlyForDisplay: a kernel that only plain calls (/v1's)
+// used has no display hooks: Python's builtins, no import hook; the first
+// call that asks for display installs them. A matplotlib import from
+// another thread meanwhile is safe (the hook keeps its place in
+// sys.meta_path).
+func TestKernelHooksOnlyForDisplay(t *testing.T) {
+	s := newSession(t, "workdir")
+	k := newKernels(t, s)
+	probe := py("import builtins, sys\n(hasattr(builtins, 'display'), any(type(f).__name__ == 'MatplotlibHook' for f in sys.meta_path))")
+	if got := resultText(kernelCall(t, k, s, "default", probe)); got != "(False, False)" {
+		t.Errorf("a plain kernel: %s", got)
+	}
+	r := py("1")
+	r.Display = true
+	kernelCall(t, k, s, "default", r)
+	if got := resultText(kernelCall(t, k, s, "default", probe)); got != "(True, True)" {
+		t.Errorf("after a display call: %s", got)
+	}
+	threads := py("import threading, importlib.util, sys\n" +
+		"errs = []\n" +
+		"def f():\n" +
+		"    try:\n" +
+		"        for _ in range(200): importlib.util.find_spec('matplotlib')\n" +
+		"    except Exception as e: errs.append(repr(e))\n" +
+		"ts = [threading.Thread(target=f) for _ in range(4)]\n" +
+		"[t.start() for t in ts]; [t.join() for t in ts]\n" +
+		"(errs, sum(type(f).__name__ == 'MatplotlibHook' for f in sys.meta_path))")
+	threads.Display = true
+	if got := resultText(kernelCall(t, k, s, "default", threads)); got != "([], 1)" {
+		t.Errorf("concurrent finds: %s", got)
+	}
+}

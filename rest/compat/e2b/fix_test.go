@@ -230,3 +230,18 @@ func TestExecuteLargeResult(t *testing.T) {
 		t.Errorf("main result: main %v, %d bytes: %.60q", res[0]["is_main_result"], len(text), text)
 	}
 }
+
+// TestDeleteDefaultContext: the default contexts cannot be deleted (their
+// kernel is /v1's default one): 400, and the kernel keeps its state.
+func TestDeleteDefaultContext(t *testing.T) {
+	g := newGateway(t)
+	sb := g.create(t, aliceKey, map[string]any{"templateID": "base"})
+	hdr := []string{"E2b-Sandbox-Id", sb.SandboxID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.EnvdAccessToken}
+	lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "kept = 1"}, hdr...))
+	for _, id := range []string{"default", "e2b-bash"} {
+		wantError(t, id, g.do(t, "DELETE", "/compat/e2b/sandbox/contexts/"+id, nil, hdr...), http.StatusBadRequest, "default_context")
+	}
+	if res := ofType(lines(t, g.do(t, "POST", "/compat/e2b/sandbox/execute", map[string]any{"code": "kept"}, hdr...)), "result"); len(res) != 1 || res[0]["text"] != "1" {
+		t.Errorf("the default kernel after the refused delete: %v", res)
+	}
+}

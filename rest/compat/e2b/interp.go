@@ -285,6 +285,13 @@ func (a *api) deleteContext(w http.ResponseWriter, r *http.Request, s *gateway.S
 		writeError(w, http.StatusNotFound, "context_not_found", fmt.Sprintf("no context %q in this sandbox", chi.URLParam(r, "cid")))
 		return
 	}
+	for _, d := range defaultContexts() {
+		if d.ID == cc.ID {
+			writeError(w, http.StatusBadRequest, "default_context",
+				fmt.Sprintf("context %q is a default one, which cannot be deleted; restart it instead", cc.ID))
+			return
+		}
+	}
 	a.dropContext(s, cc)
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -52,6 +52,7 @@ def _sandgate_kernel():
     import select
     import signal
     import struct
+    import termios
     import threading
     import time
     import traceback
@@ -135,6 +136,8 @@ def _sandgate_kernel():
 
     signal.signal(signal.SIGINT, on_sigint)
 
+    pump_lock = threading.Lock()  # held by the pump between a read and its frame
+
     def pump(fds, wake, grace=0.5):
         # Forward what fds (fd -> frame kind) carry until each is at EOF,
         # or until grace seconds after wake is readable (the cell ended;
@@ -155,13 +158,14 @@ def _sandgate_kernel():
                     continue
                 if fd not in fds:
                     continue
-                try:
-                    data = os.read(fd, 65536)
-                except OSError:
-                    data = b""
-                if data:
-                    send(fds[fd], data)
-                else:
+                with pump_lock:
+                    try:
+                        data = os.read(fd, 65536)
+                    except OSError:
+                        data = b""
+                    if data:
+                        send(fds[fd], data)
+                if not data:
                     poller.unregister(fd)
                     del fds[fd]
                     os.close(fd)
@@ -278,9 +282,28 @@ def _sandgate_kernel():
             data["text/plain"] = text if text is not None else repr(obj)
         return data
 
+    def drain():
+        # What the cell wrote to fds 1 and 2 so far, forwarded before what
+        # comes next (a display must not overtake earlier output); a
+        # second at most (a subprocess may write without end).
+        flush_std()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            pending = 0
+            with pump_lock:
+                for fd in cell.get("pipes", ()):
+                    try:
+                        pending += struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+                    except OSError:
+                        pass
+            if not pending:
+                return
+            time.sleep(0.001)
+
     def send_display(data, main=False):
         if not cell["display"]:
             return
+        drain()
         try:
             payload = json.dumps({"data": data, "main": main}, default=str).encode("utf-8")
         except Exception as e:
@@ -407,6 +430,7 @@ def _sandgate_kernel():
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
+        cell["pipes"] = (out_r, err_r)
         wake_r, wake_w = os.pipe()
         pumper = threading.Thread(target=pump, args=({out_r: b"O", err_r: b"E"}, wake_r), daemon=True)
         pumper.start()
@@ -458,6 +482,7 @@ def _sandgate_kernel():
         restore_fds()
         os.write(wake_w, b"x")
         pumper.join()
+        cell["pipes"] = ()
         os.close(wake_r)
         os.close(wake_w)
         truncated = False

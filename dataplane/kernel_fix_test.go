@@ -3,6 +3,8 @@ package dataplane_test
 import (
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/dataplane"
 )
 
 // TestKernelInterruptDuringDisplay: an interrupt that comes while the
@@ -95,5 +97,24 @@ func TestKernelHooksOnlyForDisplay(t *testing.T) {
 	threads.Display = true
 	if got := resultText(kernelCall(t, k, s, "default", threads)); got != "([], 1)" {
 		t.Errorf("concurrent finds: %s", got)
+	}
+}
+
+// TestKernelDisplayAfterOutput: a display comes after the output the
+// cell wrote before it.
+func TestKernelDisplayAfterOutput(t *testing.T) {
+	s := newSession(t, "workdir")
+	k := newKernels(t, s)
+	for i := range 3 {
+		var out int
+		var before []int
+		r := py("import os, sys\nos.write(1, b'a' * 300000)\nsys.stdout.write('b' * 300000)\ndisplay(1)\nprint('c' * 1000)\ndisplay(2)")
+		r.Display = true
+		r.OnOutput = func(stderr bool, data []byte) { out += len(data) }
+		r.OnDisplay = func(dataplane.Display) { before = append(before, out) }
+		res := kernelCall(t, k, s, "default", r)
+		if res.Error != nil || len(before) != 2 || before[0] != 600000 || before[1] != 601001 {
+			t.Fatalf("run %d: output before each display %v, want [600000 601001] (error %+v)", i, before, res.Error)
+		}
 	}
 }

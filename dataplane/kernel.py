@@ -444,6 +444,7 @@ def _sandgate_kernel():
         os.environ.update(env)
         try:
             with state_lock:
+                sigint["pending"] = False  # an interrupt of an earlier cell's
                 running["id"] = msg.get("id")
             try:
                 tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST)

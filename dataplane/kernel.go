@@ -92,6 +92,11 @@ type PythonRequest struct {
 	// them; both are called on the caller's goroutine, within Run.
 	OnOutput  func(stderr bool, data []byte)
 	OnDisplay func(Display)
+	// Env are environment variables (os.environ) set for this call's code
+	// only: the kernel puts back what they replaced when it ends.
+	// BaseEnv are set once in each interpreter, at its first call that
+	// carries them, and stay.
+	Env, BaseEnv map[string]string
 }
 
 // Display is one rich output of a cell: its MIME bundle (text/plain,
@@ -380,11 +385,13 @@ type kernelMessage struct {
 
 // kernelRequest is a request to the driver.
 type kernelRequest struct {
-	Op       string `json:"op"`
-	ID       uint64 `json:"id"`
-	Code     string `json:"code,omitempty"`
-	MaxBytes int64  `json:"maxBytes,omitempty"`
-	Display  bool   `json:"display,omitempty"`
+	Op       string            `json:"op"`
+	ID       uint64            `json:"id"`
+	Code     string            `json:"code,omitempty"`
+	MaxBytes int64             `json:"maxBytes,omitempty"`
+	Display  bool              `json:"display,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	BaseEnv  map[string]string `json:"baseEnv,omitempty"`
 }
 
 // kernelFrame is one frame from the driver: kind 'O' (stdout bytes), 'E'
@@ -647,7 +654,8 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 	}
 	kp := x.proc
 	kp.maxFrame.Store(req.MaxOutputBytes)
-	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: req.Code, MaxBytes: max(req.MaxOutputBytes, 1), Display: req.Display}); err != nil {
+	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: req.Code, MaxBytes: max(req.MaxOutputBytes, 1), Display: req.Display,
+		Env: req.Env, BaseEnv: req.BaseEnv}); err != nil {
 		x.lost(&res, "")
 		return finish(), nil
 	}

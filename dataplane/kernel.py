@@ -12,7 +12,11 @@
 #
 # Requests (gateway -> kernel, on the private stdin): a 4-byte big-endian
 # length, then that many bytes of JSON:
-#   {"op": "run", "id": N, "code": "...", "maxBytes": M, "display": D}
+#   {"op": "run", "id": N, "code": "...", "maxBytes": M, "display": D,
+#    "env": {...}, "baseEnv": {...}}
+#                                  env: os.environ for this cell only (put
+#                                  back after it); baseEnv: set once, at
+#                                  the first cell that has it
 #   {"op": "interrupt", "id": N}   SIGINT to this process's main thread
 #                                  if cell N is still running
 # Frames (kernel -> gateway, on the private stdout): one kind byte, a
@@ -48,6 +52,7 @@ def _sandgate_kernel():
     import select
     import signal
     import struct
+    import termios
     import threading
     import time
     import traceback
@@ -67,12 +72,28 @@ def _sandgate_kernel():
         os.dup2(devnull, fd)
 
     wlock = threading.Lock()
+    main_thread = threading.get_ident()
+    # An interrupt that comes while the main thread writes a frame waits
+    # for the frame's end (a torn frame would break the channel, and the
+    # kernel with it): on_sigint only notes it then.
+    sigint = {"sending": 0, "pending": False}
 
     def send(kind, payload):
         data = memoryview(kind + struct.pack(">I", len(payload)) + payload)
-        with wlock:
-            while data:
-                data = data[os.write(proto_out, data):]
+        on_main = threading.get_ident() == main_thread
+        if on_main:
+            sigint["sending"] += 1
+        try:
+            with wlock:
+                while data:
+                    data = data[os.write(proto_out, data):]
+        finally:
+            if on_main:
+                sigint["sending"] -= 1
+        if on_main and sigint["pending"] and not sigint["sending"]:
+            sigint["pending"] = False
+            if running["id"] is not None:
+                raise KeyboardInterrupt
 
     def send_json(obj):
         send(b"J", json.dumps(obj).encode("utf-8"))
@@ -86,7 +107,6 @@ def _sandgate_kernel():
             buf += chunk
         return buf
 
-    main_thread = threading.get_ident()
     runs = queue.Queue()
     running = {"id": None}
     state_lock = threading.Lock()
@@ -107,10 +127,16 @@ def _sandgate_kernel():
         os._exit(0)
 
     def on_sigint(signum, frame):
-        if running["id"] is not None:
-            raise KeyboardInterrupt
+        if running["id"] is None:
+            return
+        if sigint["sending"]:
+            sigint["pending"] = True
+            return
+        raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_sigint)
+
+    pump_lock = threading.Lock()  # held by the pump between a read and its frame
 
     def pump(fds, wake, grace=0.5):
         # Forward what fds (fd -> frame kind) carry until each is at EOF,
@@ -132,13 +158,14 @@ def _sandgate_kernel():
                     continue
                 if fd not in fds:
                     continue
-                try:
-                    data = os.read(fd, 65536)
-                except OSError:
-                    data = b""
-                if data:
-                    send(fds[fd], data)
-                else:
+                with pump_lock:
+                    try:
+                        data = os.read(fd, 65536)
+                    except OSError:
+                        data = b""
+                    if data:
+                        send(fds[fd], data)
+                if not data:
                     poller.unregister(fd)
                     del fds[fd]
                     os.close(fd)
@@ -255,18 +282,50 @@ def _sandgate_kernel():
             data["text/plain"] = text if text is not None else repr(obj)
         return data
 
+    def drain():
+        # What the cell wrote to fds 1 and 2 so far, forwarded before what
+        # comes next (a display must not overtake earlier output); a
+        # second at most (a subprocess may write without end).
+        flush_std()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            pending = 0
+            with pump_lock:
+                for fd in cell.get("pipes", ()):
+                    try:
+                        pending += struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+                    except OSError:
+                        pass
+            if not pending:
+                return
+            time.sleep(0.001)
+
     def send_display(data, main=False):
         if not cell["display"]:
             return
+        drain()
         try:
             payload = json.dumps({"data": data, "main": main}, default=str).encode("utf-8")
         except Exception as e:
             payload = json.dumps({"data": {"text/plain": "<display not JSON: %s>" % e}, "main": main}).encode("utf-8")
         if len(payload) > cell["left"]:
-            note = "<display of %d bytes dropped: a cell's rich output is bounded>" % len(payload)
-            payload = json.dumps({"data": {"text/plain": note}, "main": main}).encode("utf-8")
-            if len(payload) > cell["left"]:
-                return
+            # Too large: its text/plain alone, cut to fit (the value of a
+            # long expression comes back cut, as its result does); else a
+            # note, which is not the cell's value.
+            plain, size, cut_payload = data.get("text/plain"), len(payload), None
+            room = cell["left"] - 256
+            while isinstance(plain, str) and room > 0:
+                p = json.dumps({"data": {"text/plain": cut(plain, room)[0].decode("utf-8")}, "main": main}).encode("utf-8")
+                if len(p) <= cell["left"]:
+                    cut_payload = p
+                    break
+                room = min(room // 2, room - (len(p) - cell["left"]))
+            payload = cut_payload
+            if payload is None:
+                note = "<display of %d bytes dropped: a cell's rich output is bounded>" % size
+                payload = json.dumps({"data": {"text/plain": note}, "main": False}).encode("utf-8")
+                if len(payload) > cell["left"]:
+                    return
         cell["left"] -= len(payload)
         send(b"D", payload)
 
@@ -277,9 +336,10 @@ def _sandgate_kernel():
             else:
                 print(repr(obj))
 
-    builtins.display = display
 
     def flush_figures():
+        # The open figures as displays; an error (a figure that cannot be
+        # drawn) is the caller's: plt.show()'s, or the cell's.
         plt = sys.modules.get("matplotlib.pyplot")
         if plt is None or not cell["display"]:
             return
@@ -287,9 +347,8 @@ def _sandgate_kernel():
             for num in plt.get_fignums():
                 fig = plt.figure(num)
                 send_display({"image/png": figure_png(fig), "text/plain": repr(fig)})
+        finally:
             plt.close("all")
-        except Exception:
-            traceback.print_exc()
 
     class InlineBackend(importlib.abc.Loader):
         def create_module(self, spec):
@@ -310,13 +369,13 @@ def _sandgate_kernel():
         def find_spec(self, name, path, target=None):
             if name == "_sandgate_inline":
                 return importlib.machinery.ModuleSpec(name, InlineBackend())
-            if name != "matplotlib" or "MPLBACKEND" in os.environ:
+            if name != "matplotlib" or "MPLBACKEND" in os.environ or getattr(finding, "busy", False):
                 return None
-            sys.meta_path.remove(self)  # once: the real finder finds it
+            finding.busy = True  # this thread's find_spec below: the real finders
             try:
                 spec = importlib.util.find_spec(name)
             finally:
-                sys.meta_path.insert(0, self)
+                finding.busy = False
             if spec is None or spec.loader is None:
                 return spec
             real = spec.loader
@@ -335,17 +394,31 @@ def _sandgate_kernel():
             spec.loader = Loader()
             return spec
 
-    sys.meta_path.insert(0, MatplotlibHook())
+    finding = threading.local()
+    hooks = {"installed": False}
+
+    def install_display_hooks():
+        # At the first cell that asks for display: a kernel only /v1's
+        # plain calls use keeps Python's own builtins and matplotlib's
+        # own backend.
+        if hooks["installed"]:
+            return
+        hooks["installed"] = True
+        builtins.display = display
+        sys.meta_path.insert(0, MatplotlibHook())
 
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
     ns = main.__dict__
     cells = [0]
+    base_env_set = [False]
 
     def run_cell(msg):
         limit = int(msg.get("maxBytes", 1 << 20))
         cell["display"], cell["left"] = bool(msg.get("display")), limit
+        if cell["display"]:
+            install_display_hooks()
         code = msg.get("code", "")
         cells[0] += 1
         filename = "<cell-%d>" % cells[0]
@@ -357,25 +430,38 @@ def _sandgate_kernel():
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
+        cell["pipes"] = (out_r, err_r)
         wake_r, wake_w = os.pipe()
         pumper = threading.Thread(target=pump, args=({out_r: b"O", err_r: b"E"}, wake_r), daemon=True)
         pumper.start()
         std_streams()
         result, error = None, None
+        if msg.get("baseEnv") and not base_env_set[0]:
+            os.environ.update(msg["baseEnv"])
+            base_env_set[0] = True
+        env = msg.get("env") or {}
+        env_saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             with state_lock:
+                sigint["pending"] = False  # an interrupt of an earlier cell's
                 running["id"] = msg.get("id")
-            tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST)
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
-            exec(compile(tree, filename, "exec"), ns)
-            if last is not None:
-                value = eval(compile(last, filename, "eval"), ns)
-                if value is not None:
-                    result = repr(value)
-                    if cell["display"]:
-                        send_display(mime_bundle(value, result), main=True)
+            try:
+                tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST)
+                last = None
+                if tree.body and isinstance(tree.body[-1], ast.Expr):
+                    last = ast.Expression(tree.body.pop().value)
+                exec(compile(tree, filename, "exec"), ns)
+                if last is not None:
+                    value = eval(compile(last, filename, "eval"), ns)
+                    if value is not None:
+                        result = repr(value)
+                        if cell["display"]:
+                            send_display(mime_bundle(value, result), main=True)
+            finally:
+                # The cell's figures, while it still runs: a slow savefig
+                # is interrupted as the cell is; its error is the cell's.
+                flush_figures()
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: the kernel stays
             with state_lock:
                 running["id"] = None
@@ -387,12 +473,17 @@ def _sandgate_kernel():
                 running["id"] = None
         if os.getpid() != pid:
             os._exit(0)
-        flush_figures()
+        for k, v in env_saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         cell["display"] = False
         flush_std()
         restore_fds()
         os.write(wake_w, b"x")
         pumper.join()
+        cell["pipes"] = ()
         os.close(wake_r)
         os.close(wake_w)
         truncated = False

@@ -102,6 +102,7 @@ func (a *api) auditCalls(next http.Handler) http.Handler {
 		credential := credentialNone
 		if r.Header.Get("Authorization") != "" || r.Header.Get("Proxy-Authorization") != "" ||
 			r.Header.Get("X-API-Key") != "" || r.Header.Get("X-Access-Token") != "" || // E2B's sandbox token
+			r.Header.Get("E2B-Traffic-Access-Token") != "" || // the same token, as the code interpreter's calls carry it
 			strings.HasPrefix(r.URL.Path, "/links/") || a.isPreviewHost(r.Host) {
 			credential = credentialInvalid
 		}

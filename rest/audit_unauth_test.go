@@ -161,4 +161,9 @@ func TestAuditAccessTokenIsACredential(t *testing.T) {
 	if n := met.get("invalid/true"); n != 1 {
 		t.Errorf("counted %v, want one invalid credential", met.n)
 	}
+	// The same token as the code interpreter's calls carry it.
+	expect(t, g.do(t, http.MethodGet, "/v1/sessions", "", nil, "E2B-Traffic-Access-Token", "e2bt_wrong"), http.StatusUnauthorized, "unauthorized")
+	if n := met.get("invalid/true"); n != 2 {
+		t.Errorf("counted %v, want two invalid credentials", met.n)
+	}
 }

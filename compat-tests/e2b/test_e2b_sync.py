@@ -179,3 +179,18 @@ def test_network_and_metrics() -> None:
         assert m.cpu_count >= 1 and m.mem_total >= 0
     finally:
         sb.kill()
+
+
+def test_stdin_blocked_is_a_timeout() -> None:
+    # Input a process does not read is the SDK's TimeoutException (Connect
+    # deadline_exceeded, code stdin_blocked), not an internal error.
+    from e2b.exceptions import TimeoutException
+
+    sb = Sandbox.create()
+    try:
+        handle = sb.commands.run("sleep 600", background=True, stdin=True)
+        with pytest.raises(TimeoutException):
+            sb.commands.send_stdin(handle.pid, "x" * (2 << 20))
+        handle.kill()
+    finally:
+        sb.kill()

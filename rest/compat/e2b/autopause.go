@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 )
 
 // A sandbox created with autoPause pauses at its timeout instead of
@@ -76,6 +77,39 @@ func (a *api) pauseAt(id string) (time.Time, bool) {
 		return p.at, true
 	}
 	return time.Time{}, false
+}
+
+// resumeCheck is how often pauseOnResume looks at a stopped autoPause
+// sandbox while a sandbox URL call runs.
+const resumeCheck = 100 * time.Millisecond
+
+// pauseOnResume schedules stopped autoPause sandbox s's pause, at its
+// create's timeout, once a sandbox URL call (ctx) resumes it: an envd
+// process, a kernel, a file call with Resume starts it again as a
+// connect would, and it must pause again as after a connect.
+func (a *api) pauseOnResume(ctx context.Context, s *gateway.Session, rec e2bmeta.Record) {
+	t := time.NewTicker(resumeCheck)
+	defer t.Stop()
+	for s.Status() == gateway.StatusStopped {
+		select {
+		case <-ctx.Done():
+			if s.Status() == gateway.StatusStopped {
+				return
+			}
+		case <-t.C:
+		}
+	}
+	if !s.Live() {
+		return
+	}
+	if _, ok := a.pauseAt(s.ID); ok {
+		return // a connect or a timeout set it meanwhile
+	}
+	timeout := rec.Timeout
+	if timeout <= 0 {
+		timeout = defaultTimeout
+	}
+	a.schedulePause(s, time.Duration(min(timeout, gateway.MaxTTL))*time.Second)
 }
 
 // autoPause stops s, its timeout reached (p's timer).

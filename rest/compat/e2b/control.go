@@ -202,7 +202,7 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp.IdempotencyKey = r.Header.Get("Idempotency-Key")
-	md, err := rec.Metadata(req.Metadata)
+	md, err := a.sealer.Metadata(rec, req.Metadata)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_metadata", err.Error())
 		return
@@ -271,13 +271,14 @@ func (a *api) createParams(w http.ResponseWriter, req newSandbox) (gateway.Creat
 		return bad("invalid_network", msg)
 	}
 	cp.Egress = egress
-	rec := e2bmeta.Record{TemplateID: req.TemplateID, EnvVars: req.EnvVars}
+	rec := e2bmeta.Record{TemplateID: req.TemplateID, EnvVars: req.EnvVars, TokenNonce: newTokenNonce()}
 	if req.Secure != nil {
 		rec.Secure = *req.Secure
 	}
 	if req.AutoPause != nil {
 		rec.AutoPause = *req.AutoPause
 	}
+	rec.Timeout = min(timeout, gateway.MaxTTL)
 	return cp, rec, true
 }
 
@@ -428,7 +429,7 @@ func clampTTL(t int) int {
 func (a *api) sandboxAnswer(s *gateway.Session) sandboxAnswer {
 	tmpl := templateOf(s)
 	return sandboxAnswer{TemplateID: tmpl, SandboxID: s.ID, ClientID: clientID, EnvdVersion: EnvdVersion, Alias: tmpl,
-		EnvdAccessToken: a.token(s.Tenant, s.ID), TrafficAccessToken: a.token(s.Tenant, s.ID)}
+		EnvdAccessToken: a.sessionToken(s), TrafficAccessToken: a.sessionToken(s)}
 }
 
 // templateOf is the template s was created from: its E2B record's, or
@@ -494,7 +495,7 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	d := sandboxDetail{listedSandbox: a.listed(s), EnvdAccessToken: a.token(s.Tenant, s.ID),
+	d := sandboxDetail{listedSandbox: a.listed(s), EnvdAccessToken: a.sessionToken(s),
 		Lifecycle: lifecycle{OnTimeout: "kill"}}
 	if rec, ok := e2bmeta.Of(s); ok && rec.AutoPause {
 		d.Lifecycle.OnTimeout = "pause"

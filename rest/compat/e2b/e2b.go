@@ -35,6 +35,7 @@ import (
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd"
 )
 
@@ -77,11 +78,15 @@ type Deps struct {
 	// among them is the image; any other template gets the default image.
 	ImageAliases []string
 	Log          *slog.Logger
+	// WriteStall ends an /execute answer whose client takes nothing of a
+	// line for this long, interrupting its cell (0: a minute).
+	WriteStall time.Duration
 }
 
 // api is the facade's state.
 type api struct {
 	d        Deps
+	sealer   *e2bmeta.Sealer // the records' envVars (e2bmeta)
 	envd     *envd.Server
 	aliases  map[string]bool
 	contexts contexts   // the code interpreter's contexts (interp.go)
@@ -94,11 +99,15 @@ func New(d Deps) []rest.Mount {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
+	if d.WriteStall <= 0 {
+		d.WriteStall = time.Minute
+	}
 	if len(d.Key) == 0 {
 		d.Key = make([]byte, 32)
 		_, _ = rand.Read(d.Key)
 	}
-	a := &api{d: d, envd: envd.New(envd.Deps{Sessions: d.Sessions, Plane: d.Plane, Log: d.Log}), aliases: map[string]bool{}}
+	sealer := e2bmeta.NewSealer(d.Key)
+	a := &api{d: d, sealer: sealer, envd: envd.New(envd.Deps{Sessions: d.Sessions, Plane: d.Plane, Log: d.Log, Sealer: sealer}), aliases: map[string]bool{}}
 	for _, n := range d.ImageAliases {
 		a.aliases[n] = true
 	}

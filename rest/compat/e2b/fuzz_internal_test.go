@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -60,12 +61,18 @@ func (o owners) Owner(id string) (string, bool) {
 	return "", false
 }
 
+// Get finds no session: the token of a session without a record has no
+// nonce.
+func (o owners) Get(context.Context, gateway.Principal, string) (*gateway.Session, error) {
+	return nil, gateway.ErrNotFound
+}
+
 // FuzzAccessToken: only the sandbox's own token authenticates a request
 // for it.
 func FuzzAccessToken(f *testing.F) {
 	a := &api{d: Deps{Key: []byte("k"), Sessions: owners{id: "sbx-1", tenant: "alice"}}}
-	good := a.token("alice", "sbx-1")
-	for _, s := range []string{"", good, good[:len(good)-1], tokenPrefix, a.token("bob", "sbx-1"), a.token("alice", "sbx-2")} {
+	good := a.token("alice", "sbx-1", "")
+	for _, s := range []string{"", good, good[:len(good)-1], tokenPrefix, a.token("bob", "sbx-1", ""), a.token("alice", "sbx-2", "")} {
 		f.Add("sbx-1", s)
 	}
 	f.Fuzz(func(t *testing.T, id, tok string) {

@@ -19,7 +19,6 @@ import (
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
-	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 )
 
 // The code interpreter (E2B's port 49999, the e2b-code-interpreter SDK):
@@ -286,6 +285,13 @@ func (a *api) deleteContext(w http.ResponseWriter, r *http.Request, s *gateway.S
 		writeError(w, http.StatusNotFound, "context_not_found", fmt.Sprintf("no context %q in this sandbox", chi.URLParam(r, "cid")))
 		return
 	}
+	for _, d := range defaultContexts() {
+		if d.ID == cc.ID {
+			writeError(w, http.StatusBadRequest, "default_context",
+				fmt.Sprintf("context %q is a default one, which cannot be deleted; restart it instead", cc.ID))
+			return
+		}
+	}
 	a.dropContext(s, cc)
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -327,10 +333,17 @@ type executeBody struct {
 }
 
 // execution streams /execute's answer: one JSON object a line, flushed.
+// Each line must be taken by the client within stall: a client that stops
+// reading fails the answer, which cancels the call's context (cancel), so
+// that its cell is interrupted and the kernel (or shell) and the Budget
+// slot are freed; the lines after that are dropped.
 type execution struct {
 	w       http.ResponseWriter
 	rc      *http.ResponseController
 	enc     *json.Encoder
+	stall   time.Duration
+	cancel  context.CancelFunc
+	failed  bool
 	limit   int64     // output forwarded per stream, at most
 	sent    [2]int64  // stdout, stderr forwarded
 	noted   [2]bool   // the cut was said
@@ -343,13 +356,27 @@ func (e *execution) start() {
 	e.w.Header().Set("Content-Type", "application/x-ndjson")
 	e.w.Header().Set("Cache-Control", "no-store")
 	e.w.WriteHeader(http.StatusOK)
-	_ = e.rc.Flush()
+	_ = e.rc.SetWriteDeadline(time.Now().Add(e.stall))
+	if e.rc.Flush() != nil {
+		e.fail()
+	}
 }
 
-// line writes one line of the answer.
+// line writes one line of the answer, within stall.
 func (e *execution) line(v map[string]any) {
-	_ = e.enc.Encode(v)
-	_ = e.rc.Flush()
+	if e.failed {
+		return
+	}
+	_ = e.rc.SetWriteDeadline(time.Now().Add(e.stall))
+	if e.enc.Encode(v) != nil || e.rc.Flush() != nil {
+		e.fail()
+	}
+}
+
+// fail gives up the answer: its client is gone or takes nothing.
+func (e *execution) fail() {
+	e.failed = true
+	e.cancel()
 }
 
 // end is the answer's last line.
@@ -466,7 +493,12 @@ func (a *api) execute(w http.ResponseWriter, r *http.Request, s *gateway.Session
 		return
 	}
 	defer release()
-	ex := &execution{w: w, rc: http.NewResponseController(w), limit: maxOut}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	r = r.WithContext(ctx)
+	ex := &execution{w: w, rc: http.NewResponseController(w), limit: maxOut, stall: a.d.WriteStall, cancel: cancel}
+	// The deadline stays on a kept-alive connection: clear it for the next.
+	defer func() { _ = ex.rc.SetWriteDeadline(time.Time{}) }()
 	ex.enc = json.NewEncoder(w)
 	ex.enc.SetEscapeHTML(false)
 	ex.start()
@@ -478,34 +510,18 @@ func (a *api) execute(w http.ResponseWriter, r *http.Request, s *gateway.Session
 }
 
 // executePython runs body's code in cc's kernel. The env_vars hold for
-// this call: set before it, put back after it.
+// this call: the kernel sets them for its cell and puts them back after
+// it, in the same turn. The create's envVars, as every process of the
+// sandbox has them, are set once per interpreter (a restarted one gets
+// them again).
 func (a *api) executePython(r *http.Request, s *gateway.Session, cc codeContext, body executeBody, ex *execution, maxOut int64) {
 	ctx := r.Context()
-	if rec, ok := e2bmeta.Of(s); ok && len(rec.EnvVars) > 0 {
-		// The create's envVars, as every process of the sandbox has them:
-		// once per interpreter (a restarted one gets them again).
-		env, _ := json.Marshal(rec.EnvVars)
-		set := fmt.Sprintf("if not globals().get('_sg_create_env'):\n    import os as _sg_os, json as _sg_json\n    _sg_os.environ.update(_sg_json.loads(%s))\n    _sg_create_env = True\n    del _sg_os, _sg_json",
-			pyString(string(env)))
-		if err := a.pythonSetup(ctx, s, cc.ID, set); err != nil {
-			a.kernelFailed(ex, r, s, err)
-			return
-		}
-	}
-	if len(body.EnvVars) > 0 {
-		env, _ := json.Marshal(body.EnvVars)
-		set := fmt.Sprintf("import os as _sg_os, json as _sg_json\n_sg_env_saved = {k: _sg_os.environ.get(k) for k in _sg_json.loads(%s)}\n_sg_os.environ.update(_sg_json.loads(%s))\ndel _sg_os, _sg_json",
-			pyString(string(env)), pyString(string(env)))
-		if err := a.pythonSetup(ctx, s, cc.ID, set); err != nil {
-			a.kernelFailed(ex, r, s, err)
-			return
-		}
-		defer func() {
-			restore := "import os as _sg_os\nfor _sg_k, _sg_v in _sg_env_saved.items():\n    (_sg_os.environ.pop(_sg_k, None) if _sg_v is None else _sg_os.environ.__setitem__(_sg_k, _sg_v))\ndel _sg_os, _sg_k, _sg_v, _sg_env_saved"
-			_ = a.pythonSetup(context.WithoutCancel(ctx), s, cc.ID, restore)
-		}()
+	var base map[string]string
+	if rec, ok := a.sealer.Of(s); ok {
+		base = rec.EnvVars
 	}
 	req := dataplane.PythonRequest{Code: body.Code, Timeout: a.d.Plane.Bounds.MaxTimeout, MaxOutputBytes: maxOut, Display: true,
+		Env: body.EnvVars, BaseEnv: base,
 		OnOutput: ex.output,
 		OnDisplay: func(d dataplane.Display) {
 			ex.line(result(d))
@@ -558,7 +574,7 @@ func (a *api) kernelFailed(ex *execution, r *http.Request, s *gateway.Session, e
 // the execution's error.
 func (a *api) executeBash(r *http.Request, s *gateway.Session, cc codeContext, body executeBody, ex *execution, maxOut int64) {
 	env := map[string]string{}
-	if rec, ok := e2bmeta.Of(s); ok {
+	if rec, ok := a.sealer.Of(s); ok {
 		maps.Copy(env, rec.EnvVars) // the create's, under the call's own
 	}
 	maps.Copy(env, body.EnvVars)

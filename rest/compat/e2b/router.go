@@ -10,6 +10,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 )
 
 // serveSandbox serves the sandbox URL (E2B_SANDBOX_URL): the request's
@@ -48,6 +49,17 @@ func (a *api) serveSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hold(r.Context(), s)
+	if rec, ok := e2bmeta.Of(s); ok && rec.AutoPause && s.Status() == gateway.StatusStopped {
+		// The call may resume it (a process, a kernel, a file with
+		// Resume): it then pauses again at its timeout.
+		ctx, cancel := context.WithCancel(r.Context())
+		done := make(chan struct{})
+		defer func() { cancel(); <-done }()
+		go func() {
+			defer close(done)
+			a.pauseOnResume(ctx, s, rec)
+		}()
+	}
 	r = stripPrefix(r, SandboxPrefix)
 	if port == InterpreterPort {
 		a.serveInterpreter(w, r, s)

@@ -18,6 +18,7 @@ package envd
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"net/http"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/filesystem/filesystemconnect"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process/processconnect"
 )
@@ -50,6 +52,9 @@ type Deps struct {
 	// (zero values: the defaults).
 	Watch   WatchBounds
 	Streams StreamBounds
+	// Sealer opens the sandboxes' envVars (nil: a random key's, which
+	// opens none).
+	Sealer *e2bmeta.Sealer
 }
 
 // Server serves envd's API for sessions handed to it.
@@ -70,6 +75,11 @@ const maxMessageBytes = 4 << 20
 func New(d Deps) *Server {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Sealer == nil {
+		key := make([]byte, 32)
+		_, _ = rand.Read(key)
+		d.Sealer = e2bmeta.NewSealer(key)
 	}
 	s := &Server{d: d, mux: http.NewServeMux()}
 	s.watches = newWatchers(d.Watch.withDefaults())

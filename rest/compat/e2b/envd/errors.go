@@ -60,6 +60,11 @@ func (s *Server) toRPC(ctx context.Context, err error, what string) *connect.Err
 		}
 	}
 	var ge *gateway.Error
+	if errors.As(err, &ge) && ge.Code == "session_not_running" {
+		// Unavailable with "was not found": E2B's SDKs raise their
+		// SandboxNotRunningException.
+		return rpcError(connect.CodeUnavailable, ge.Code, notRunning(callOf(ctx)))
+	}
 	if errors.As(err, &ge) && ge.Kind != gateway.KindInternal {
 		return rpcError(gatewayCode(ge.Kind), ge.Code, ge.Message)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/rest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/filesystem/filesystemconnect"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process/processconnect"
@@ -38,6 +39,9 @@ const (
 	prefix   = "/compat/e2b/sandbox"
 )
 
+// testSealer seals the envVars of the records the tests make.
+var testSealer = e2bmeta.NewSealer([]byte("envd-tests-key-0123456789abcdef!"))
+
 type testGateway struct {
 	st *gwtest.Stack
 }
@@ -53,7 +57,7 @@ func newGateway(t *testing.T, watch envd.WatchBounds, streams ...envd.StreamBoun
 	st := gwtest.Start(t, gwtest.Options{
 		Tokens: map[string]string{aliceKey: "alice", bobKey: "bob"},
 		Mounts: func(e gwtest.Engines) []rest.Mount {
-			srv := envd.New(envd.Deps{Sessions: e.Sessions, Plane: e.Plane, Log: e.Log, Watch: watch, Streams: sb})
+			srv := envd.New(envd.Deps{Sessions: e.Sessions, Plane: e.Plane, Log: e.Log, Watch: watch, Streams: sb, Sealer: testSealer})
 			return []rest.Mount{{Prefix: prefix, Handler: http.StripPrefix(prefix, sandboxRouter(e.Sessions, srv))}}
 		},
 	})

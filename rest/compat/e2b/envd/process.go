@@ -17,7 +17,6 @@ import (
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
-	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process"
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -150,6 +149,11 @@ func (ps *procService) procError(ctx context.Context, err error, what string) er
 	if errors.Is(err, dataplane.ErrProcessExited) {
 		return rpcError(connect.CodeNotFound, "process_exited", "the process has exited")
 	}
+	if errors.Is(err, dataplane.ErrStdinBlocked) {
+		// E2B's SDKs raise their TimeoutException for it.
+		return rpcError(connect.CodeDeadlineExceeded, "stdin_blocked",
+			"the process did not read its standard input within 10 s: the input was not (all) written")
+	}
 	return ps.s.toRPC(ctx, err, what)
 }
 
@@ -235,7 +239,7 @@ func startRequest(m *process.StartRequest, base map[string]string) (dataplane.St
 // as envd does; without one it runs until it exits or the session ends.
 func (ps *procService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
 	c := callOf(ctx)
-	rec, _ := e2bmeta.Of(c.sess)
+	rec, _ := ps.s.d.Sealer.Of(c.sess)
 	sr, meta, err := startRequest(req.Msg, rec.EnvVars)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sandgate/sandgate/internal/gwtest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process"
 )
@@ -420,7 +421,11 @@ func TestSandboxEnvVars(t *testing.T) {
 	var s struct {
 		SessionID string `json:"sessionId"`
 	}
-	body := map[string]any{"metadata": map[string]any{"_e2b": map[string]any{"envVars": map[string]string{"A": "from-create", "B": "from-create"}}}}
+	md, err := testSealer.Metadata(e2bmeta.Record{EnvVars: map[string]string{"A": "from-create", "B": "from-create"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := map[string]any{"metadata": md}
 	if code := gwtest.DoJSON(t, g.st.URL, aliceKey, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated {
 		t.Fatalf("create: %d", code)
 	}

@@ -25,6 +25,12 @@ import (
 // change that keeps a file's size within the second it was last written
 // is seen only by a later change; a rename reads as a remove and a
 // create.
+//
+// Polling costs the gateway CPU in proportion to the entries listed, so
+// it is bounded three ways: a watched tree holds at most MaxEntries
+// entries; a watcher waits, between listings, at least PollFactor times
+// as long as its last listing took; and the entries listed per second are
+// budgeted per tenant and gateway-wide (a watcher over budget waits).
 
 // WatchBounds bound the directory watchers.
 type WatchBounds struct {
@@ -40,6 +46,17 @@ type WatchBounds struct {
 	// Idle removes a watcher (CreateWatcher's) whose events nobody fetched
 	// for this long (default 10 min).
 	Idle time.Duration
+	// MaxEntries bounds the entries a watched directory (its tree, when
+	// recursive) may hold (default 1000).
+	MaxEntries int
+	// PollFactor: a watcher waits at least PollFactor times its last
+	// listing's duration before the next (default 10: a watcher spends at
+	// most about a tenth of a core).
+	PollFactor int
+	// TenantEntriesPerSecond and EntriesPerSecond budget the entries the
+	// watchers list, per tenant and gateway-wide (defaults 20,000 and
+	// 100,000).
+	TenantEntriesPerSecond, EntriesPerSecond int
 }
 
 // Defaults of WatchBounds.
@@ -50,6 +67,10 @@ const (
 	DefaultWatchInterval      = 200 * time.Millisecond
 	DefaultWatchEvents        = 1024
 	DefaultWatchIdle          = 10 * time.Minute
+	DefaultWatchMaxEntries    = 1000
+	DefaultWatchPollFactor    = 10
+	DefaultWatchTenantRate    = 20_000
+	DefaultWatchRate          = 100_000
 )
 
 func (b WatchBounds) withDefaults() WatchBounds {
@@ -71,6 +92,18 @@ func (b WatchBounds) withDefaults() WatchBounds {
 	if b.Idle <= 0 {
 		b.Idle = DefaultWatchIdle
 	}
+	if b.MaxEntries <= 0 {
+		b.MaxEntries = DefaultWatchMaxEntries
+	}
+	if b.PollFactor <= 0 {
+		b.PollFactor = DefaultWatchPollFactor
+	}
+	if b.TenantEntriesPerSecond <= 0 {
+		b.TenantEntriesPerSecond = DefaultWatchTenantRate
+	}
+	if b.EntriesPerSecond <= 0 {
+		b.EntriesPerSecond = DefaultWatchRate
+	}
 	return b
 }
 
@@ -83,10 +116,46 @@ type watchers struct {
 	bySession map[string]int
 	byTenant  map[string]int
 	total     int
+	// The entries-listed budgets: the whole gateway's, and each tenant's
+	// with watchers open.
+	budget       entryBudget
+	tenantBudget map[string]*entryBudget
 }
 
 func newWatchers(b WatchBounds) *watchers {
-	return &watchers{b: b, byID: map[string]*watcher{}, bySession: map[string]int{}, byTenant: map[string]int{}}
+	return &watchers{b: b, byID: map[string]*watcher{}, bySession: map[string]int{}, byTenant: map[string]int{},
+		budget: entryBudget{rate: float64(b.EntriesPerSecond)}, tenantBudget: map[string]*entryBudget{}}
+}
+
+// entryBudget paces the entries listed to rate a second, with a second's
+// worth of burst.
+type entryBudget struct {
+	rate float64
+	free time.Time // when what was charged is paid off
+}
+
+// charge counts n entries listed at now, and is how long the next listing
+// should wait for the budget.
+func (b *entryBudget) charge(now time.Time, n int) time.Duration {
+	if b.free.Before(now) {
+		b.free = now
+	}
+	b.free = b.free.Add(time.Duration(float64(n) / b.rate * float64(time.Second)))
+	return max(0, b.free.Sub(now)-time.Second)
+}
+
+// charge counts a listing of n entries by tenant's watcher, which took
+// took, and is how long the watcher waits before its next listing.
+func (ws *watchers) charge(tenant string, n int, took time.Duration) time.Duration {
+	now := time.Now()
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	wait := max(ws.b.Interval, time.Duration(ws.b.PollFactor)*took)
+	wait = max(wait, ws.budget.charge(now, n))
+	if tb := ws.tenantBudget[tenant]; tb != nil {
+		wait = max(wait, tb.charge(now, n))
+	}
+	return wait
 }
 
 // fileState is what a listing tells of one entry.
@@ -116,6 +185,7 @@ type watcher struct {
 	err     error         // why it stopped, once it did
 	changed chan struct{} // closed and replaced when events or err change
 	fetched time.Time     // last GetWatcherEvents
+	reaper  *time.Timer   // closes a watcher that stopped on its own, unfetched
 }
 
 // start opens a watcher on dir for call c: it takes the first listing
@@ -137,7 +207,9 @@ func (s *Server) startWatch(ctx context.Context, c call, dir string, recursive, 
 		return nil, rpcError(connect.CodeResourceExhausted, "too_many_watchers", "the gateway watches as many directories as it may; try again later")
 	}
 	ws.bySession[c.sess.ID]++
-	ws.byTenant[c.sess.Tenant]++
+	if ws.byTenant[c.sess.Tenant]++; ws.tenantBudget[c.sess.Tenant] == nil {
+		ws.tenantBudget[c.sess.Tenant] = &entryBudget{rate: float64(ws.b.TenantEntriesPerSecond)}
+	}
 	ws.total++
 	ws.mu.Unlock()
 
@@ -190,6 +262,9 @@ func (ws *watchers) release(w *watcher, registered bool) {
 	}
 	dec(ws.bySession, w.c.sess.ID)
 	dec(ws.byTenant, w.c.sess.Tenant)
+	if ws.byTenant[w.c.sess.Tenant] == 0 {
+		delete(ws.tenantBudget, w.c.sess.Tenant)
+	}
 	ws.total--
 }
 
@@ -205,14 +280,17 @@ func (ws *watchers) get(sessID, id string) (*watcher, bool) {
 	return w, true
 }
 
-// stop ends w's polling with err (nil: removed by its client) and waits
-// for it; the events not fetched stay readable until it is closed.
+// stop ends w's polling with err (nil: removed by its client); the
+// events not fetched stay readable until it is closed: by its client, or
+// Idle after a stop of its own (err), when nobody fetches them.
 func (w *watcher) stop(err error) {
 	w.mu.Lock()
 	if w.err == nil {
 		w.err = err
 		if err == nil {
 			w.err = errors.New("removed")
+		} else {
+			w.reaper = time.AfterFunc(w.ws.b.Idle, w.close)
 		}
 		close(w.changed)
 		w.changed = make(chan struct{})
@@ -227,6 +305,9 @@ func (w *watcher) close() {
 	<-w.done
 	w.mu.Lock()
 	remove := w.remove
+	if w.reaper != nil {
+		w.reaper.Stop()
+	}
 	w.mu.Unlock()
 	if remove != nil {
 		remove()
@@ -242,13 +323,14 @@ func (s *Server) listWatched(ctx context.Context, w *watcher) (map[string]fileSt
 		return nil, err
 	}
 	defer fsys.Close()
-	entries, truncated, err := fsys.List(w.dir, w.recursive, maxListEntries)
+	limit := s.watches.b.MaxEntries
+	entries, truncated, err := fsys.List(w.dir, w.recursive, limit)
 	if err != nil {
 		return nil, err
 	}
 	if truncated {
 		return nil, rpcError(connect.CodeResourceExhausted, "too_many_entries",
-			fmt.Sprintf("%s holds more than %d entries: too many to watch", w.dir, maxListEntries))
+			fmt.Sprintf("%s holds more than %d entries: too many to watch", w.dir, limit))
 	}
 	out := make(map[string]fileState, len(entries))
 	for _, e := range entries {
@@ -269,12 +351,14 @@ func relTo(dir, p string) string {
 	return strings.TrimPrefix(p, dir+"/")
 }
 
-// poll lists w's directory every interval until w is stopped, turning
-// each difference into events.
+// poll lists w's directory until w is stopped, turning each difference
+// into events: every interval at most, paced by the listings' cost
+// (watchers.charge).
 func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState) {
 	defer close(w.done)
-	t := time.NewTicker(s.watches.b.Interval)
+	t := time.NewTimer(s.watches.charge(w.c.sess.Tenant, len(prev), 0))
 	defer t.Stop()
+	failures := 0 // transient ones in a row
 	for {
 		select {
 		case <-ctx.Done():
@@ -286,7 +370,9 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 			go w.close()
 			return
 		}
+		began := time.Now()
 		cur, err := s.listWatched(ctx, w)
+		t.Reset(s.watches.charge(w.c.sess.Tenant, len(cur), time.Since(began)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -295,6 +381,13 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 			if !errors.As(err, &ce) {
 				ce = s.toRPC(ctx, err, "watch directory")
 			}
+			if transient(ce) && failures < maxWatchRetries {
+				// The files service busy, or the sandbox briefly out of
+				// reach: try again, backing off.
+				failures++
+				t.Reset(min(s.watches.b.Interval<<failures, maxWatchBackoff))
+				continue
+			}
 			if ce.Code() == connect.CodeNotFound {
 				// The directory itself went: say so, and stop.
 				w.add(s, []*filesystem.FilesystemEvent{{Name: "", Type: filesystem.EventType_EVENT_TYPE_REMOVE}})
@@ -302,6 +395,7 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 			w.stop(ce)
 			return
 		}
+		failures = 0
 		if evs := s.diff(ctx, w, prev, cur); len(evs) > 0 {
 			if !w.add(s, evs) {
 				return
@@ -309,6 +403,24 @@ func (s *Server) poll(ctx context.Context, w *watcher, prev map[string]fileState
 		}
 		prev = cur
 	}
+}
+
+// A watcher whose listing fails transiently tries again, backing off,
+// up to maxWatchRetries times in a row.
+const (
+	maxWatchRetries = 8
+	maxWatchBackoff = 30 * time.Second
+)
+
+// transient reports whether a listing's failure may pass: the files
+// service unavailable or busy (not a sandbox that stopped: its watchers
+// are stopped with it).
+func transient(ce *connect.Error) bool {
+	switch ce.Meta().Get(codeMeta) {
+	case "files_unavailable", "too_many_file_transfers":
+		return true
+	}
+	return false
 }
 
 // idle reports whether w's events went unfetched for longer than idle

@@ -68,7 +68,11 @@ func TestKernelDisplays(t *testing.T) {
 // TestKernelMatplotlibPNG: a figure matplotlib draws comes back as an
 // image/png display, at plt.show() (the kernel's inline backend).
 func TestKernelMatplotlibPNG(t *testing.T) {
-	if err := exec.Command("python3", "-c", "import matplotlib").Run(); err != nil {
+	// The sandbox runs the python3 of its default PATH (sandbox/process.go),
+	// not this process's (a pyenv shim, say).
+	probe := exec.Command("/bin/sh", "-c", "python3 -c 'import matplotlib'")
+	probe.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	if err := probe.Run(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("the host's python3 has no matplotlib in CI (.ci/run installs python3-matplotlib)")
 		}

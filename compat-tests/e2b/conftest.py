@@ -75,10 +75,21 @@ def e2b_env(gateway) -> Iterator[None]:
                 os.environ[k] = v
 
 
+# The PATH a sandbox's processes start with (sandbox/process.go).
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
 @pytest.fixture(scope="session")
 def matplotlib_on_host() -> None:
-    """The workdir driver's sandboxes run the host's python3: the plot needs matplotlib there."""
-    res = subprocess.run(["python3", "-c", "import matplotlib"], capture_output=True, text=True)
+    """The workdir driver's sandboxes run the host's python3, found on the
+    sandboxes' default PATH (not this process's: a pyenv shim on it is not
+    what a sandbox runs): the plot needs matplotlib there."""
+    res = subprocess.run(
+        ["/bin/sh", "-c", "python3 -c 'import matplotlib'"],
+        capture_output=True,
+        text=True,
+        env={"PATH": SANDBOX_PATH},
+    )
     if res.returncode != 0:
         fail_or_skip(
             "the host's python3 has no matplotlib (the workdir sandboxes run it): "

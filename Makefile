@@ -137,6 +137,9 @@ sdk-dist: .venv-build/.installed $(TS_SDK)/node_modules/.installed
 	tar tzf sandgate_sdk-$$v.tar.gz | grep -q 'sandgate_sdk-'$$v'/README.md' && \
 	tar tzf sandgate-sdk-$$v.tgz | grep -q 'package/dist/index.d.ts' && \
 	tar tzf sandgate-sdk-$$v.tgz | grep -q 'package/README.md' && \
+	tar tzf sandgate-sdk-$$v.tgz | grep -q 'package/LICENSE' && \
+	tar tzf sandgate_sdk-$$v.tar.gz | grep -q 'sandgate_sdk-'$$v'/LICENSE' && \
+	$(CURDIR)/.venv-build/bin/python -m zipfile -l sandgate_sdk-$$v-py3-none-any.whl | grep -q 'licenses/LICENSE' && \
 	ls -l || { echo "an SDK artifact lacks a file it must carry" >&2; exit 1; }
 
 # make sdk-version V=X.Y.Z: the SDKs' one version, set in all three places.

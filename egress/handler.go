@@ -378,6 +378,10 @@ func (s *Session) reverseProxy(rec *record, target string, rewrite func(*http.Re
 				rec.deny(d.Reason)
 				writeLine(w, d.Status, denyMsg(target, d))
 			case errors.Is(context.Cause(r.Context()), errStalled):
+				// The watchdog's read deadline ended the connection's
+				// reads (and the server's context for it): it takes no
+				// next request.
+				w.Header().Set("Connection", "close")
 				writeLine(w, http.StatusGatewayTimeout, fmt.Sprintf("%s: closed: no byte moved either way for %v (serve --egress-idle-timeout)", target, s.p.cfg.IdleTimeout))
 			case r.Context().Err() != nil:
 				rec.fail("client gone")

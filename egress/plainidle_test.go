@@ -148,3 +148,50 @@ func TestPlainHTTPStallReclaimed(t *testing.T) {
 		})
 	}
 }
+
+// A 504 for a stalled exchange leaves the sandbox's connection usable, or
+// closes it: a keep-alive client's next request on it is served, not
+// answered for a "client gone" (the watchdog's read deadline once
+// cancelled the connection's context for good).
+func TestPlainHTTPStallKeepAlive(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	hold := func(c net.Conn, br *bufio.Reader) { readHead(br); io.Copy(io.Discard, br) }
+	holdPort, _ := rawUpstream(t, hold)
+	okPort, _ := rawUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		readHead(br)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		io.Copy(io.Discard, br)
+	})
+	p, _ := newTestProxy(t, Config{IdleTimeout: idle, HalfCloseTimeout: time.Hour, AllowCIDRs: loopback, Hosts: hostsFor("up.test")})
+	_, proxy := startSession(t, p, "s1", Policy{Allow: mustList(t, "up.test:"+holdPort, "up.test:"+okPort)}, nil)
+	c, err := net.Dial("tcp", proxy.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET http://up.test:"+holdPort+"/ HTTP/1.1\r\nHost: up.test:"+holdPort+"\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("stalled exchange: %d, want 504", res.StatusCode)
+	}
+	if res.Close {
+		return // the connection ends with the 504: a client opens another
+	}
+	io.WriteString(c, "GET http://up.test:"+okPort+"/ HTTP/1.1\r\nHost: up.test:"+okPort+"\r\n\r\n")
+	res, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the next request on the kept-alive connection: %v", err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || string(b) != "ok" {
+		t.Fatalf("the next request on the kept-alive connection: %d %q, want 200 \"ok\"", res.StatusCode, b)
+	}
+}

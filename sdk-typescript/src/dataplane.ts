@@ -131,6 +131,10 @@ export interface ProcessInfo {
   endedAt?: string;
   outputBytes: number;
   outputStartOffset: number;
+  /** Set once the output stopped being kept, and why (`disk_full`: the session's disk size was full); the process runs on. */
+  outputTruncated?: "disk_full";
+  /** With `outputTruncated`: the bytes the process wrote since, not kept. */
+  outputDiscardedBytes?: number;
   /** Only from `startProcess`: the `env` names that were not set. */
   envIgnored?: string[];
   [field: string]: unknown;
@@ -139,7 +143,8 @@ export interface ProcessInfo {
 /**
  * One line of a process's output (`processOutput`): bytes of one stream
  * (`offset` and `stdout`, `stderr`, `stdoutBase64` or `stderrBase64`), or
- * bytes no longer kept (`droppedBytes`), or last `done` with `nextOffset`
+ * bytes no longer kept (`droppedBytes`), once `truncated` (`disk_full`)
+ * where the output stopped being kept, or last `done` with `nextOffset`
  * (and `exitCode` or `exitSignal` when `done` is true).
  */
 export interface ProcessOutputLine {
@@ -149,6 +154,7 @@ export interface ProcessOutputLine {
   stdoutBase64?: string;
   stderrBase64?: string;
   droppedBytes?: number;
+  truncated?: "disk_full";
   done?: boolean;
   exitCode?: number;
   exitSignal?: string;

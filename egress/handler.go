@@ -110,7 +110,7 @@ func (s *Session) logRecord(r *record) {
 
 // Record is one connection's accounting, as its log line says it.
 type Record struct {
-	Kind     string // connect or http
+	Kind     string // connect, http, tcp (transparent) or dns (a name refused)
 	Host     string
 	Port     int
 	IP       string // the address dialled, "" when none was

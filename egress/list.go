@@ -408,3 +408,18 @@ func normalizeHost(host string) (string, netip.Addr, bool) {
 	}
 	return name, netip.Addr{}, true
 }
+
+// AllowsName reports whether l allows the hostname name on some port: the
+// transparent egress's resolver answers such names.
+func (l List) AllowsName(name string) bool {
+	h, ip, ok := normalizeHost(name)
+	if !ok || ip.IsValid() {
+		return false
+	}
+	for _, e := range l.entries {
+		if e.matchesHost(h, ip) {
+			return true
+		}
+	}
+	return false
+}

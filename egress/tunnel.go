@@ -26,6 +26,9 @@ type tunnel struct {
 	client   net.Conn // hijacked (*clientConn)
 	up       net.Conn // *countConn
 	buffered []byte   // client bytes the HTTP server read past the CONNECT
+	// transparent: a redirected connection (ServeTransparent), whose
+	// plain HTTP Host is checked too.
+	transparent bool
 
 	last       atomic.Int64 // unix nanoseconds: when a byte last moved
 	mu         sync.Mutex
@@ -202,6 +205,20 @@ func (s *Session) splice(t *tunnel) {
 		t.rec.deny(reason)
 		t.closeBoth()
 		return
+	}
+	if t.transparent && !hello.tls && len(hello.replay) > 0 {
+		replay, reason, err := t.checkHTTPHost(client, hello.replay)
+		if err == nil && reason != "" {
+			t.rec.deny(reason)
+			t.closeBoth()
+			return
+		}
+		if err != nil {
+			t.rec.fail(err.Error())
+			t.closeBoth()
+			return
+		}
+		hello.replay = replay
 	}
 	if len(hello.replay) > 0 {
 		n, err := up.Write(hello.replay)

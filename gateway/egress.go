@@ -307,6 +307,24 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 			m.log.Error("egress_proxy_failed", "session", s.ID, "err", err)
 		}
 	}()
+	// Transparent egress: every TCP connection and DNS, where the driver
+	// can route them. Without it the proxy variables still work.
+	if tn, ok := s.sandbox.(sandbox.TransparentNet); ok {
+		if t, err := tn.ListenTransparent(ctx); err != nil {
+			m.log.Warn("egress_transparent_failed", "session", s.ID, "err", err)
+		} else {
+			go func() {
+				if err := ps.ServeTransparent(t.TCP); err != nil {
+					m.log.Error("egress_transparent_failed", "session", s.ID, "err", err)
+				}
+			}()
+			go func() {
+				if err := ps.ServeDNS(t.DNSUDP, t.DNSTCP); err != nil {
+					m.log.Error("egress_resolver_failed", "session", s.ID, "err", err)
+				}
+			}()
+		}
+	}
 	s.setProxy(ps, addr)
 	return nil
 }

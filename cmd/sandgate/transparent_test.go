@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bufio"
+	"crypto/ed25519"
+	"crypto/rand"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
+)
+
+// lineEcho serves "echo: <line>" to each connection's first line on host
+// loopback, then closes it; it returns the port.
+func lineEcho(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				line, _ := bufio.NewReader(c).ReadString('\n')
+				c.Write([]byte("echo: " + line))
+			}()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
+
+// testSSHD is an SSH server on host loopback that lets anyone in and
+// answers every exec with "hello over ssh"; it returns the port.
+func testSSHD(t *testing.T) string {
+	t.Helper()
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	signer, err := gossh.NewSignerFromKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &gossh.ServerConfig{NoClientAuth: true}
+	cfg.AddHostKey(signer)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				_, chans, reqs, err := gossh.NewServerConn(nc, cfg)
+				if err != nil {
+					return
+				}
+				go gossh.DiscardRequests(reqs)
+				for nch := range chans {
+					ch, chReqs, err := nch.Accept()
+					if err != nil {
+						return
+					}
+					for r := range chReqs {
+						if r.Type != "exec" {
+							r.Reply(false, nil)
+							continue
+						}
+						r.Reply(true, nil)
+						ch.Write([]byte("hello over ssh\n"))
+						ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{0}))
+						ch.Close()
+						break
+					}
+				}
+			}()
+		}
+	}()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
+
+// TestLinuxTransparentEgress: clients that know nothing of the proxy (a
+// Python socket, nc, OpenSSH) reach allowed names through the gateway's
+// resolver and the namespace's redirect; other names are NXDOMAIN, and
+// literal addresses, Host mismatches and UDP are refused.
+func TestLinuxTransparentEgress(t *testing.T) {
+	requireLinuxDriver(t)
+	ssh := gwtest.RequireTool(t, "ssh")
+	gwtest.RequireTool(t, "busybox")
+	f := newEgressFixture(t)
+	echoPort, sshPort := lineEcho(t), testSSHD(t)
+	args := append(f.args, "--egress-resolve", "echo.test=127.0.0.1", "--egress-resolve", "git.test=127.0.0.1")
+	g := startGateway(t, args...)
+	var s egressSession
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{
+		"egress": []string{"echo.test:" + echoPort, "git.test:" + sshPort, "pypi.test:" + f.httpPort},
+	}, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	run := func(cmd string) (string, string) {
+		t.Helper()
+		out, errOut, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID,
+			"env -u HTTP_PROXY -u HTTPS_PROXY -u http_proxy -u https_proxy -u ALL_PROXY "+cmd)...)
+		return out, errOut
+	}
+	py := func(code string) string { return `python3 -c "` + code + `"` }
+	cases := []struct{ name, cmd, want string }{
+		{"python socket to an allowed name", py(`import socket; s=socket.create_connection(('echo.test', ` + echoPort + `), timeout=20); s.sendall(b'ping\n'); print(s.recv(100).decode(), end='')`), "echo: ping\n"},
+		{"nc to an allowed name", "sh -c '(echo nc; sleep 5) | busybox nc echo.test " + echoPort + "'", "echo: nc\n"},
+		{"OpenSSH to an allowed name", "ssh -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR -p " + sshPort + " git.test hi", "hello over ssh\n"},
+		{"the resolver answers from the private range", py(`import socket; print(socket.gethostbyname('echo.test').startswith('198.1'))`), "True\n"},
+		{"another name is NXDOMAIN", py(`import socket
+try:
+    socket.getaddrinfo('other.test', 80); print('resolved')
+except socket.gaierror as e:
+    print('nxdomain' if e.errno == socket.EAI_NONAME else e)`), "nxdomain\n"},
+		{"a literal IP outside the policy is refused", py(`import socket
+try:
+    s=socket.create_connection(('93.184.216.34', 80), timeout=20); s.sendall(b'GET / HTTP/1.0\r\n\r\n'); print('open', s.recv(100))
+except OSError as e:
+    print('refused')`), "refused\n"},
+		{"a Host other than the resolved name is refused", py(`import socket
+s=socket.create_connection(('pypi.test', `+f.httpPort+`), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: other.test\r\n\r\n')
+try:
+    print('open', s.recv(100))
+except OSError as e:
+    print('refused')`), "open b''\n"},
+		{"the resolved name's Host passes", py(`import socket
+s=socket.create_connection(('pypi.test', `+f.httpPort+`), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: pypi.test:`+f.httpPort+`\r\n\r\n')
+print(s.recv(1000).decode().split('\r\n')[0])`), " 200 OK\n"},
+		{"UDP other than DNS is refused", py(`import socket
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('93.184.216.34', 443)); print('sent')
+except OSError as e:
+    print('refused')`), "refused\n"},
+		{"DNS over TCP", py(`import socket,struct
+q=b'\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x04echo\x04test\x00\x00\x01\x00\x01'
+s=socket.create_connection(('127.0.0.1', 53), timeout=20); s.sendall(struct.pack('>H', len(q))+q)
+r=s.recv(512); print(r[5] & 15, r[9])`), "0 1\n"},
+	}
+	for _, c := range cases {
+		out, errOut := run(c.cmd)
+		if !strings.Contains(out, c.want) {
+			t.Errorf("%s: got (%q, %q), want %q", c.name, out, errOut, c.want)
+		}
+	}
+	// The proxy variables keep working.
+	out, errOut, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID,
+		"curl -sS --max-time 20 http://pypi.test:"+f.httpPort+"/hello")...)
+	if out != "hello from pypi.test:"+f.httpPort+"\n" {
+		t.Errorf("through HTTP_PROXY: %q %q", out, errOut)
+	}
+	logs := g.stderr.String()
+	for _, want := range []string{"kind=dns host=other.test", "kind=tcp host=93.184.216.34 port=80", "kind=tcp host=echo.test"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the gateway's log has no %q", want)
+		}
+	}
+}

@@ -134,13 +134,13 @@ try:
 except OSError as e:
     print('refused')`), "refused\n"},
 		{"a Host other than the resolved name is refused", py(`import socket
-s=socket.create_connection(('pypi.test', `+f.httpPort+`), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: other.test\r\n\r\n')
+s=socket.create_connection(('pypi.test', ` + f.httpPort + `), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: other.test\r\n\r\n')
 try:
     print('open', s.recv(100))
 except OSError as e:
     print('refused')`), "open b''\n"},
 		{"the resolved name's Host passes", py(`import socket
-s=socket.create_connection(('pypi.test', `+f.httpPort+`), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: pypi.test:`+f.httpPort+`\r\n\r\n')
+s=socket.create_connection(('pypi.test', ` + f.httpPort + `), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: pypi.test:` + f.httpPort + `\r\n\r\n')
 print(s.recv(1000).decode().split('\r\n')[0])`), " 200 OK\n"},
 		{"UDP other than DNS is refused", py(`import socket
 try:

@@ -104,7 +104,7 @@ func (s *Session) logRecord(r *record) {
 		}
 		(*fn)(Record{Kind: r.kind, Host: r.host, Port: int(r.port), IP: ip, Allowed: r.allowed,
 			Reason: r.reason, Error: r.err, BytesOut: r.out.Load(), BytesIn: r.in.Load(),
-			DurationMs: time.Since(r.start).Milliseconds()})
+			Start: r.start, DurationMs: time.Since(r.start).Milliseconds()})
 	}
 }
 
@@ -119,6 +119,8 @@ type Record struct {
 	Error    string // what failed after it was allowed
 	BytesOut int64  // sandbox -> upstream
 	BytesIn  int64  // upstream -> sandbox
+	// Start is when the connection was accepted or the request read.
+	Start time.Time
 	// DurationMs is how long the connection lasted.
 	DurationMs int64
 }

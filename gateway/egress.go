@@ -298,7 +298,10 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 		return &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's egress proxy", Err: err}
 	}
 	ps := m.cfg.Egress.Proxy.NewSession(s.Tenant, s.ID, m.policy(s), s.egressCA)
-	ps.OnRecord(func(r egress.Record) { m.auditEgress(s, r) })
+	ps.OnRecord(func(r egress.Record) {
+		s.noteEgress(r)
+		m.auditEgress(s, r)
+	})
 	if in, out := s.savedEgressBytes(); in > 0 || out > 0 {
 		ps.AddBytes(in, out)
 	}

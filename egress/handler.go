@@ -237,6 +237,11 @@ func (s *Session) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeLine(w, http.StatusBadGateway, target+": secrets are bound to this host but the session has no CA")
 		return
 	}
+	if !intercept && pol.Allow.OnlyRules(host, port) {
+		rec.deny(errRulesUnread)
+		writeLine(w, http.StatusForbidden, target+" denied: "+errRulesUnread)
+		return
+	}
 	up, ip, err := s.dialCounted(r.Context(), host, port)
 	rec.setIP(ip)
 	if err != nil {
@@ -314,6 +319,11 @@ func (s *Session) handlePlain(w http.ResponseWriter, r *http.Request) {
 	if !pol.Allow.Allows(host, port) {
 		rec.deny("not in this session's egress list")
 		writeLine(w, http.StatusForbidden, target+" denied: not in this session's egress list")
+		return
+	}
+	if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, u.Path); !ok {
+		rec.deny("refused by the rule " + rule)
+		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, u.EscapedPath(), rule))
 		return
 	}
 	rec.allow()

@@ -96,6 +96,11 @@ func (s *Session) handleTransparent(c net.Conn) {
 		refuse(c)
 		return
 	}
+	if !intercept && pol.Allow.OnlyRules(host, port) {
+		rec.deny(errRulesUnread)
+		refuse(c)
+		return
+	}
 	// The dial ends with the session.
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {

@@ -461,6 +461,11 @@ func (ic *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s denied: Host header %q does not match CONNECT host", ic.target, r.Host))
 		return
 	}
+	if ok, rule := pol.Allow.AllowsRequest(t.host, t.port, r.Method, r.URL.Path); !ok {
+		rec.deny("refused by the rule " + rule)
+		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, ic.target, r.URL.EscapedPath(), rule))
+		return
+	}
 	set := make(http.Header)
 	for _, sec := range pol.bound(t.host, t.port) {
 		name := http.CanonicalHeaderKey(sec.Header)

@@ -78,9 +78,69 @@ func (r *SecretRef) UnmarshalJSON(b []byte) error {
 // EgressView is a session's egress as the API shows it: the allow-list in
 // force and the bytes its connections carried each way.
 type EgressView struct {
-	Allow    []string `json:"allow"`
-	BytesIn  int64    `json:"bytesIn"`
-	BytesOut int64    `json:"bytesOut"`
+	Allow    EgressEntries `json:"allow"`
+	BytesIn  int64         `json:"bytesIn"`
+	BytesOut int64         `json:"bytesOut"`
+}
+
+// EgressEntries is an egress allow-list as the API spells it: each entry a
+// string ("host[:port]") or an object with rules per request ({"host",
+// "port", "methods", "paths"}), which the list holds as its compact JSON
+// text (egress.IsObjectEntry) and shows as the object again.
+type EgressEntries []string
+
+// UnmarshalJSON reads strings and objects.
+func (e *EgressEntries) UnmarshalJSON(b []byte) error {
+	var raws []json.RawMessage
+	if err := json.Unmarshal(b, &raws); err != nil {
+		return err
+	}
+	if raws == nil {
+		*e = nil
+		return nil
+	}
+	out := make(EgressEntries, 0, len(raws))
+	for _, r := range raws {
+		r = bytes.TrimSpace(r)
+		switch {
+		case len(r) > 0 && r[0] == '"':
+			var s string
+			if err := json.Unmarshal(r, &s); err != nil {
+				return err
+			}
+			out = append(out, s)
+		case len(r) > 0 && r[0] == '{':
+			s, err := egress.CompactEntry(r)
+			if err != nil {
+				return err
+			}
+			out = append(out, s)
+		default:
+			return fmt.Errorf("an egress entry is a string or an object, not %.20s", r)
+		}
+	}
+	*e = out
+	return nil
+}
+
+// MarshalJSON writes object entries as objects.
+func (e EgressEntries) MarshalJSON() ([]byte, error) {
+	if e == nil {
+		return []byte("[]"), nil
+	}
+	out := make([]json.RawMessage, len(e))
+	for i, s := range e {
+		if egress.IsObjectEntry(s) && json.Valid([]byte(s)) {
+			out[i] = json.RawMessage(s)
+			continue
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return json.Marshal(out)
 }
 
 // checkEgress parses a requested allow-list and holds it to the
@@ -201,7 +261,7 @@ func (m *Manager) checkBinding(r SecretRef, allow egress.List) (SecretRef, error
 // stays within it.
 func coverage(l egress.List) egress.Bounds {
 	var pats []string
-	for _, e := range l.Entries() {
+	for _, e := range l.HostEntries() {
 		if hasPort(e) {
 			pats = append(pats, e)
 			continue

@@ -4,8 +4,12 @@ import (
 	"bufio"
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -168,6 +172,79 @@ r=s.recv(512); print(r[5] & 15, r[9])`), "0 1\n"},
 	for _, want := range []string{"kind=dns host=other.test", "kind=tcp host=93.184.216.34 port=80", "kind=tcp host=echo.test"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the gateway's log has no %q", want)
+		}
+	}
+}
+
+// TestLinuxEgressRules: an object entry's methods and paths hold each
+// request, on plain http:// and on intercepted HTTPS; a tunnel the proxy
+// cannot read to a host only rules allow is refused.
+func TestLinuxEgressRules(t *testing.T) {
+	requireLinuxDriver(t)
+	ssh := gwtest.RequireTool(t, "ssh")
+	gwtest.RequireTool(t, "curl")
+	f := newEgressFixture(t)
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s\n", r.Method, r.URL.Path)
+	}))
+	t.Cleanup(echo.Close)
+	_, echoPort, _ := net.SplitHostPort(echo.Listener.Addr().String())
+	g := startGateway(t, append(f.args, "--egress-resolve", "api.test=127.0.0.1")...)
+	ep, _ := strconv.Atoi(echoPort)
+	tp, _ := strconv.Atoi(f.tlsPort)
+	rule := map[string]any{"host": "api.test", "port": ep, "methods": []string{"get", "POST"}, "paths": []string{"/repos/acme/*"}}
+	var s struct {
+		egressSession
+		Egress struct {
+			Allow []json.RawMessage `json:"allow"`
+		} `json:"egress"`
+	}
+	var raw json.RawMessage
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{
+		"egress": []any{rule,
+			map[string]any{"host": "secret.test", "port": tp, "methods": []string{"GET"}, "paths": []string{"/auth"}},
+			map[string]any{"host": "pypi.test", "port": tp, "paths": []string{"/hello"}}},
+		"secrets": []any{map[string]any{"name": "GH_TOKEN", "hosts": []string{"secret.test:" + f.tlsPort}}},
+	}, &raw); code != http.StatusCreated {
+		t.Fatalf("create: %d %s", code, raw)
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	want := `{"host":"api.test","port":` + echoPort + `,"methods":["GET","POST"],"paths":["/repos/acme/*"]}`
+	if len(s.Egress.Allow) != 3 || string(s.Egress.Allow[0]) != want {
+		t.Fatalf("egress.allow %s, want the object %s first", s.Egress.Allow, want)
+	}
+	curl := "curl -sS --max-time 20 "
+	api := "http://api.test:" + echoPort
+	for _, c := range []struct{ name, cmd, want string }{
+		{"GET under the path", curl + api + "/repos/acme/x", "GET /repos/acme/x\n"},
+		{"POST under the path", curl + "-X POST " + api + "/repos/acme/y", "POST /repos/acme/y\n"},
+		{"DELETE refused", curl + "-X DELETE " + api + "/repos/acme/x", "sandgate egress: DELETE api.test:" + echoPort + "/repos/acme/x denied by the rule " + want},
+		{"another path refused", curl + api + "/repos/other", "denied by the rule"},
+		{"a dot segment refused", curl + "--path-as-is " + api + "/repos/acme/../other", "denied by the rule"},
+		{"an encoded slash refused", curl + api + "/repos/acme%2F..%2Fother", "denied by the rule"},
+		{"intercepted HTTPS: the rule's request", curl + "https://secret.test:" + f.tlsPort + "/auth", "authorized\n"},
+		{"intercepted HTTPS: another path", curl + "https://secret.test:" + f.tlsPort + "/hello", "denied by the rule"},
+		{"a tunnel the proxy cannot read", curl + "--cacert /dev/null https://pypi.test:" + f.tlsPort + "/hello 2>&1; true", "CONNECT tunnel failed, response 403"},
+	} {
+		out, errOut, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID, c.cmd)...)
+		if !strings.Contains(out+errOut, c.want) {
+			t.Errorf("%s: %q got (%q, %q), want %q", c.name, c.cmd, out, errOut, c.want)
+		}
+	}
+	// Bad objects are refused, naming the entry.
+	var e apiError
+	for _, bad := range []any{
+		map[string]any{"host": "api.test", "paths": []string{"repos"}},
+		map[string]any{"host": "api.test", "methods": []string{"G E T"}},
+		map[string]any{"host": "api.test", "path": []string{"/x"}},
+		map[string]any{"port": 80},
+		42,
+	} {
+		code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"egress": []any{bad}}, &e)
+		if code != http.StatusBadRequest {
+			t.Errorf("create with %v: %d %+v, want 400", bad, code, e)
 		}
 	}
 }

@@ -137,6 +137,11 @@ try:
     s=socket.create_connection(('93.184.216.34', 80), timeout=20); s.sendall(b'GET / HTTP/1.0\r\n\r\n'); print('open', s.recv(100))
 except OSError as e:
     print('refused')`), "refused\n"},
+		{"an address of the range no name was given is refused", py(`import socket
+try:
+    s=socket.create_connection(('198.18.200.1', 80), timeout=20); s.sendall(b'x'); print('open', s.recv(100))
+except OSError as e:
+    print('refused')`), "refused\n"},
 		{"a Host other than the resolved name is refused", py(`import socket
 s=socket.create_connection(('pypi.test', ` + f.httpPort + `), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: other.test\r\n\r\n')
 try:
@@ -169,7 +174,8 @@ r=s.recv(512); print(r[5] & 15, r[9])`), "0 1\n"},
 		t.Errorf("through HTTP_PROXY: %q %q", out, errOut)
 	}
 	logs := g.stderr.String()
-	for _, want := range []string{"kind=dns host=other.test", "kind=tcp host=93.184.216.34 port=80", "kind=tcp host=echo.test"} {
+	for _, want := range []string{"kind=dns host=other.test", "kind=tcp host=93.184.216.34 port=80", "kind=tcp host=echo.test",
+		`host=198.18.200.1 port=80 ip="" allowed=false reason="address not given by this session's resolver"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the gateway's log has no %q", want)
 		}

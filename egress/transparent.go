@@ -206,20 +206,22 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 // ServeDNS serves the sandbox's resolver on pc (UDP) and ln (TCP) until
 // they or the session are closed; it returns nil then.
 func (s *Session) ServeDNS(pc net.PacketConn, ln net.Listener) error {
-	if !s.track(pc) {
-		ln.Close()
-		return nil
-	}
-	if !s.track(ln) {
-		s.untrack(pc)
-		pc.Close()
-		return nil
-	}
 	h := dns.HandlerFunc(s.answerDNS)
-	errs := make(chan error, 2)
 	udp := &dns.Server{PacketConn: pc, Handler: h}
 	tcp := &dns.Server{Listener: ln, Handler: h, ReadTimeout: s.p.cfg.HeaderTimeout, WriteTimeout: s.p.cfg.HeaderTimeout,
 		MaxTCPQueries: 128}
+	// Closing the session shuts both down, with their TCP connections.
+	stop := &closer{close: func() {
+		_ = udp.Shutdown()
+		_ = tcp.Shutdown()
+		pc.Close()
+		ln.Close()
+	}}
+	if !s.track(stop) {
+		return nil
+	}
+	defer s.untrack(stop)
+	errs := make(chan error, 2)
 	go func() { errs <- udp.ActivateAndServe() }()
 	go func() { errs <- tcp.ActivateAndServe() }()
 	var first error
@@ -232,14 +234,21 @@ func (s *Session) ServeDNS(pc net.PacketConn, ln net.Listener) error {
 			first = err
 		}
 	}
-	s.untrack(pc)
-	s.untrack(ln)
 	select {
 	case <-s.done:
 		return nil
 	default:
 		return first
 	}
+}
+
+// closer is a func as an io.Closer (a pointer: the session's set of
+// closers is a map).
+type closer struct{ close func() }
+
+func (c *closer) Close() error {
+	c.close()
+	return nil
 }
 
 // answerDNS answers one query: an allowed name's A record is its address

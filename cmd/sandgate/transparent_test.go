@@ -9,9 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -252,5 +256,96 @@ func TestLinuxEgressRules(t *testing.T) {
 		if code != http.StatusBadRequest {
 			t.Errorf("create with %v: %d %+v, want 400", bad, code, e)
 		}
+	}
+}
+
+// TestLinuxGitOverSSH: with git.test:<port> in its egress list, a sandbox
+// clones over SSH from an OpenSSH server on host loopback, no proxy
+// anywhere (issue 42 item 2, with a key of the sandbox's own).
+func TestLinuxGitOverSSH(t *testing.T) {
+	requireLinuxDriver(t)
+	ssh := gwtest.RequireTool(t, "ssh")
+	sshd := gwtest.RequireTool(t, "sshd")
+	git := gwtest.RequireTool(t, "git")
+	keygen := gwtest.RequireTool(t, "ssh-keygen")
+	dir := t.TempDir()
+	mustRun := func(name string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.Env = append(cleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	repo, work := filepath.Join(dir, "repo.git"), filepath.Join(dir, "work")
+	mustRun(git, "init", "-q", "--bare", repo)
+	mustRun(git, "init", "-q", work)
+	if err := os.WriteFile(filepath.Join(work, "README"), []byte("cloned over ssh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(git, "-C", work, "add", "README")
+	mustRun(git, "-C", work, "commit", "-q", "-m", "first")
+	mustRun(git, "-C", work, "push", "-q", repo, "HEAD:refs/heads/main")
+	mustRun(git, "-C", repo, "symbolic-ref", "HEAD", "refs/heads/main")
+	mustRun(keygen, "-q", "-t", "ed25519", "-N", "", "-f", filepath.Join(dir, "hostkey"))
+	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	f := newEgressFixture(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close()
+	g := startGateway(t, append(f.args, "--egress-resolve", "git.test=127.0.0.1")...)
+	var s egressSession
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"egress": []string{"git.test:" + port}}, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	run := func(cmd string) (string, string, int) {
+		t.Helper()
+		return runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID,
+			"env -u HTTP_PROXY -u HTTPS_PROXY -u http_proxy -u https_proxy "+cmd)...)
+	}
+	pub, errOut, code := run("ssh-keygen -q -t ed25519 -N '' -f /workspace/id && cat /workspace/id.pub")
+	if code != 0 {
+		t.Fatalf("key in the sandbox: %s", errOut)
+	}
+	authz := filepath.Join(dir, "authorized_keys")
+	if err := os.WriteFile(authz, []byte(pub), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "sshd_config")
+	if err := os.WriteFile(conf, []byte("Port "+port+"\nListenAddress 127.0.0.1\nHostKey "+filepath.Join(dir, "hostkey")+
+		"\nAuthorizedKeysFile "+authz+"\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin prohibit-password\nPidFile none\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := exec.Command(sshd, "-D", "-e", "-f", conf)
+	var dlog gwtest.Buffer
+	d.Stderr = &dlog
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Process.Kill()
+		d.Wait()
+	})
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", "127.0.0.1:"+port)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i == 200 {
+			t.Fatalf("sshd did not start: %s", dlog.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	out, errOut, _ := run("GIT_SSH_COMMAND='ssh -i /workspace/id -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR' " +
+		"git clone -q ssh://root@git.test:" + port + repo + " /workspace/clone && cat /workspace/clone/README")
+	if out != "cloned over ssh\n" {
+		t.Errorf("git clone over ssh: %q %q\nsshd: %s", out, errOut, dlog.String())
 	}
 }

@@ -16,10 +16,10 @@ import (
 // allows connecting to host:port as the string entry would, and then only
 // requests whose method is one of methods (none: any) and whose path
 // matches one of paths (none: any; a final "*" matches any rest). The
-// proxy enforces it on each request it reads: plain http:// requests, and
-// HTTPS requests it intercepts; a tunnel it cannot read (CONNECT, or a
-// transparent connection, without interception) to a host:port only rule
-// entries allow is refused.
+// proxy enforces it on each request it reads: plain http:// requests
+// (absolute-URI ones, and transparent connections, serveRules), and HTTPS
+// requests it intercepts; a tunnel it cannot read (CONNECT or TLS without
+// interception) to a host:port only rule entries allow is refused.
 
 // errRulesUnread refuses a tunnel whose requests the proxy cannot read
 // to a host:port that only object entries allow.

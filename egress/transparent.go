@@ -97,8 +97,7 @@ func (s *Session) handleTransparent(c net.Conn) {
 		return
 	}
 	if !intercept && pol.Allow.OnlyRules(host, port) {
-		rec.deny(errRulesUnread)
-		refuse(c)
+		s.serveRules(c, rec, host, port)
 		return
 	}
 	// The dial ends with the session.
@@ -129,6 +128,78 @@ func (s *Session) handleTransparent(c net.Conn) {
 	} else {
 		s.splice(t)
 	}
+}
+
+// serveRules serves a transparent connection to a host:port only rules
+// per request allow: plain HTTP is read request by request, each held to
+// the rules, its Host to the resolved name, and forwarded as an
+// absolute-URI http:// request is (handlePlain); anything else (TLS) is
+// refused, as the rules could not be read.
+func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) {
+	defer c.Close()
+	hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
+	switch {
+	case err != nil:
+		rec.deny(err.Error())
+		refuse(c)
+		return
+	case hello.tls || hello.eof:
+		rec.deny(errRulesUnread)
+		refuse(c)
+		return
+	}
+	rec.allow()
+	target := hostPort(host, port)
+	ln := newOneConnListener(&replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello.replay), c)})
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rq := newRecord("http")
+			defer s.logRecord(rq)
+			rq.setTarget(host, port)
+			if !hostMatches(r.Host, host, port) {
+				rq.deny("Host does not match the resolved name")
+				writeLine(w, http.StatusForbidden, fmt.Sprintf("%s denied: Host %q does not match the resolved name", target, r.Host))
+				return
+			}
+			pol := s.pol.Load()
+			if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, r.URL.Path); !ok {
+				if rule == "" {
+					rq.deny("not in this session's egress list")
+					writeLine(w, http.StatusForbidden, target+" denied: not in this session's egress list")
+					return
+				}
+				rq.deny("refused by the rule " + rule)
+				writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, r.URL.EscapedPath(), rule))
+				return
+			}
+			rq.allow()
+			ctx, x, stop := s.plainStall(r, rq, target)
+			defer stop()
+			rq.x = x
+			r = r.WithContext(ctx)
+			phs := pol.placeholders()
+			rp := s.reverseProxy(rq, target, func(out *http.Request) {
+				out.URL.Scheme = "http"
+				out.URL.Host = target
+				out.Host = hostHeader(host, port, 80)
+				stripPlaceholders(out.Header, phs)
+			}, s.plain)
+			rp.ServeHTTP(w, withTrace(r, rq))
+		}),
+		ReadHeaderTimeout: s.p.cfg.HeaderTimeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    s.p.cfg.MaxHeaderBytes,
+		ErrorLog:          s.srv.ErrorLog,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, clientConnKey{}, c)
+		},
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.Close()
+			}
+		},
+	}
+	srv.Serve(ln) // until the client's connection ends
 }
 
 // httpMethods are the request methods whose request line checkHTTPHost

@@ -237,6 +237,10 @@ func TestLinuxEgressRules(t *testing.T) {
 		{"intercepted HTTPS: the rule's request", curl + "https://secret.test:" + f.tlsPort + "/auth", "authorized\n"},
 		{"intercepted HTTPS: another path", curl + "https://secret.test:" + f.tlsPort + "/hello", "denied by the rule"},
 		{"a tunnel the proxy cannot read", curl + "--cacert /dev/null https://pypi.test:" + f.tlsPort + "/hello 2>&1; true", "CONNECT tunnel failed, response 403"},
+		{"transparent: GET under the path", "curl --noproxy '*' -sS --max-time 20 " + api + "/repos/acme/x", "GET /repos/acme/x\n"},
+		{"transparent: another path refused", "curl --noproxy '*' -sS --max-time 20 " + api + "/repos/other", "denied by the rule " + want},
+		{"transparent: a GET, then a DELETE refused on the same connection", "curl --noproxy '*' -sS --max-time 20 " + api + "/repos/acme/x --next -X DELETE " + api + "/repos/acme/y", "GET /repos/acme/x\nsandgate egress: DELETE api.test:" + echoPort + "/repos/acme/y denied by the rule"},
+		{"transparent: TLS to a host only rules allow", "curl --noproxy '*' -sS --max-time 20 -k https://pypi.test:" + f.tlsPort + "/hello 2>&1; true", "curl: (35)"},
 	} {
 		out, errOut, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID, c.cmd)...)
 		if !strings.Contains(out+errOut, c.want) {

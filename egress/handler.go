@@ -32,6 +32,8 @@ type record struct {
 	allowed bool
 	reason  string // why denied
 	err     string // why an allowed exchange failed
+	// tripwire is the secret whose placeholder was headed elsewhere.
+	tripwire string
 
 	// x is a plain http:// exchange's stall watchdog (nil for others),
 	// touched as its bodies move.
@@ -88,6 +90,9 @@ func (s *Session) logRecord(r *record) {
 	if !r.allowed {
 		attrs = append(attrs, slog.String("reason", r.reason))
 	}
+	if r.tripwire != "" {
+		attrs = append(attrs, slog.String("tripwire", r.tripwire))
+	}
 	if r.err != "" {
 		attrs = append(attrs, slog.String("error", r.err))
 	}
@@ -104,7 +109,7 @@ func (s *Session) logRecord(r *record) {
 		}
 		(*fn)(Record{Kind: r.kind, Host: r.host, Port: int(r.port), IP: ip, Allowed: r.allowed,
 			Reason: r.reason, Error: r.err, BytesOut: r.out.Load(), BytesIn: r.in.Load(),
-			Start: r.start, DurationMs: time.Since(r.start).Milliseconds()})
+			Start: r.start, DurationMs: time.Since(r.start).Milliseconds(), Tripwire: r.tripwire})
 	}
 }
 
@@ -119,6 +124,9 @@ type Record struct {
 	Error    string // what failed after it was allowed
 	BytesOut int64  // sandbox -> upstream
 	BytesIn  int64  // upstream -> sandbox
+	// Tripwire is the name of the secret bound to other hosts whose
+	// placeholder the refused request carried ("" for other refusals).
+	Tripwire string
 	// Start is when the connection was accepted or the request read.
 	Start time.Time
 	// DurationMs is how long the connection lasted.
@@ -324,6 +332,9 @@ func (s *Session) handlePlain(w http.ResponseWriter, r *http.Request) {
 	if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, u.Path); !ok {
 		rec.deny("refused by the rule " + rule)
 		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, u.EscapedPath(), rule))
+		return
+	}
+	if !s.checkTripwire(w, r, pol, rec, host, port) {
 		return
 	}
 	rec.allow()

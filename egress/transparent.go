@@ -132,11 +132,10 @@ func (s *Session) handleTransparent(c net.Conn) {
 
 // serveRules serves a transparent connection to a host:port only rules
 // per request allow: plain HTTP is read request by request, each held to
-// the rules, its Host to the resolved name, and forwarded as an
-// absolute-URI http:// request is (handlePlain); anything else (TLS) is
+// the rules, the tripwire, its Host to the resolved name, and forwarded as
+// an absolute-URI http:// request is (handlePlain); anything else (TLS) is
 // refused, as the rules could not be read.
 func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) {
-	defer c.Close()
 	hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
 	switch {
 	case err != nil:
@@ -148,6 +147,7 @@ func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) 
 		refuse(c)
 		return
 	}
+	defer c.Close()
 	rec.allow()
 	target := hostPort(host, port)
 	ln := newOneConnListener(&replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello.replay), c)})
@@ -170,6 +170,9 @@ func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) 
 				}
 				rq.deny("refused by the rule " + rule)
 				writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, r.URL.EscapedPath(), rule))
+				return
+			}
+			if !s.checkTripwire(w, r, pol, rq, host, port) {
 				return
 			}
 			rq.allow()
@@ -266,12 +269,26 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 		if n, ip, ok := normalizeHost(name); ok && !ip.IsValid() && !t.pol.Allow.Allows(n, t.port) {
 			return buf, fmt.Sprintf("Host %s is not in this session's egress list", n), nil
 		}
-		return buf, "", nil
+		return buf, t.tripwire(req), nil
 	}
 	if !hostMatches(req.Host, t.host, t.port) {
 		return buf, fmt.Sprintf("Host %q does not match the resolved name %s", req.Host, t.host), nil
 	}
-	return buf, "", nil
+	return buf, t.tripwire(req), nil
+}
+
+// tripwire applies the tripwire to a spliced connection's first request
+// (its URL, headers and the body bytes read with them): the reason to
+// refuse it, "" when none.
+func (t *tunnel) tripwire(req *http.Request) string {
+	name, err := t.pol.tripwire(req, t.host, t.port)
+	if err != nil || name == "" {
+		return ""
+	}
+	t.rec.mu.Lock()
+	t.rec.tripwire = name
+	t.rec.mu.Unlock()
+	return fmt.Sprintf("tripwire: the placeholder of secret %s, which is bound to other hosts", name)
 }
 
 // ServeDNS serves the sandbox's resolver on pc (UDP) and ln (TCP) until

@@ -466,6 +466,9 @@ func (ic *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, ic.target, r.URL.EscapedPath(), rule))
 		return
 	}
+	if !s.checkTripwire(w, r, pol, rec, t.host, t.port) {
+		return
+	}
 	set := make(http.Header)
 	for _, sec := range pol.bound(t.host, t.port) {
 		name := http.CanonicalHeaderKey(sec.Header)

@@ -21,6 +21,10 @@ import (
 type EgressConfig struct {
 	Proxy  *egress.Proxy
 	Bounds egress.Bounds
+	// TripwireStop stops a session whose request carried a bound secret's
+	// placeholder to a host the secret is not bound to (serve
+	// --tripwire-action stop); the request is refused either way.
+	TripwireStop bool
 }
 
 // Bounds of the egress and secrets fields.
@@ -361,6 +365,17 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 	ps.OnRecord(func(r egress.Record) {
 		s.noteEgress(r)
 		m.auditEgress(s, r)
+		if r.Tripwire != "" && m.cfg.Egress.TripwireStop {
+			// Not from the proxy's own goroutine: stopping closes the proxy,
+			// which waits for it.
+			go func() {
+				if _, err := m.Stop(context.Background(), Principal{Tenant: s.Tenant}, s.ID); err != nil {
+					m.log.Warn("tripwire_stop_failed", "session", s.ID, "err", err)
+				} else {
+					m.log.Warn("tripwire_stopped_session", "session", s.ID, "secret", r.Tripwire, "host", s.redact(r.Host))
+				}
+			}()
+		}
 	})
 	if in, out := s.savedEgressBytes(); in > 0 || out > 0 {
 		ps.AddBytes(in, out)

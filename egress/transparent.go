@@ -341,7 +341,7 @@ func (c *closer) Close() error {
 
 // answerDNS answers one query: an allowed name's A record is its address
 // of NamePrefix; its other records are empty; a name outside the policy
-// is NXDOMAIN, logged as a denial.
+// is NXDOMAIN, its A query logged as a denial.
 func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 	m := new(dns.Msg)
 	m.SetReply(r)
@@ -362,7 +362,8 @@ func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 	pol := s.pol.Load()
 	if !ok || !pol.Allow.AllowsName(name) {
 		m.Rcode = dns.RcodeNameError
-		if q.Qtype == dns.TypeA || q.Qtype == dns.TypeAAAA {
+		// One denial a lookup: resolvers ask A and AAAA together.
+		if q.Qtype == dns.TypeA {
 			rec := newRecord("dns")
 			rec.setTarget(strings.TrimSuffix(q.Name, "."), 0)
 			rec.deny("not in this session's egress list")

@@ -100,7 +100,8 @@ type Event struct {
 	// for egress allowed or denied.
 	Result     string `json:"result,omitempty"`
 	Reason     string `json:"reason,omitempty"`
-	By         string `json:"by,omitempty"` // who deleted a session: its tenant
+	Secret     string `json:"secret,omitempty"` // an egress tripwire's secret, by name
+	By         string `json:"by,omitempty"`     // who deleted a session: its tenant
 	DurationMs int64  `json:"durationMs,omitempty"`
 	// Count is how many calls a summary event stands for (the
 	// unauthenticated calls not recorded one by one).

@@ -32,6 +32,8 @@ type record struct {
 	allowed bool
 	reason  string // why denied
 	err     string // why an allowed exchange failed
+	// tripwire is the secret whose placeholder was headed elsewhere.
+	tripwire string
 
 	// x is a plain http:// exchange's stall watchdog (nil for others),
 	// touched as its bodies move.
@@ -88,6 +90,9 @@ func (s *Session) logRecord(r *record) {
 	if !r.allowed {
 		attrs = append(attrs, slog.String("reason", r.reason))
 	}
+	if r.tripwire != "" {
+		attrs = append(attrs, slog.String("tripwire", r.tripwire))
+	}
 	if r.err != "" {
 		attrs = append(attrs, slog.String("error", r.err))
 	}
@@ -104,13 +109,13 @@ func (s *Session) logRecord(r *record) {
 		}
 		(*fn)(Record{Kind: r.kind, Host: r.host, Port: int(r.port), IP: ip, Allowed: r.allowed,
 			Reason: r.reason, Error: r.err, BytesOut: r.out.Load(), BytesIn: r.in.Load(),
-			DurationMs: time.Since(r.start).Milliseconds()})
+			Start: r.start, DurationMs: time.Since(r.start).Milliseconds(), Tripwire: r.tripwire})
 	}
 }
 
 // Record is one connection's accounting, as its log line says it.
 type Record struct {
-	Kind     string // connect or http
+	Kind     string // connect, http, tcp (transparent) or dns (a name refused)
 	Host     string
 	Port     int
 	IP       string // the address dialled, "" when none was
@@ -119,6 +124,11 @@ type Record struct {
 	Error    string // what failed after it was allowed
 	BytesOut int64  // sandbox -> upstream
 	BytesIn  int64  // upstream -> sandbox
+	// Tripwire is the name of the secret bound to other hosts whose
+	// placeholder the refused request carried ("" for other refusals).
+	Tripwire string
+	// Start is when the connection was accepted or the request read.
+	Start time.Time
 	// DurationMs is how long the connection lasted.
 	DurationMs int64
 }
@@ -235,6 +245,11 @@ func (s *Session) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeLine(w, http.StatusBadGateway, target+": secrets are bound to this host but the session has no CA")
 		return
 	}
+	if !intercept && pol.Allow.OnlyRules(host, port) {
+		rec.deny(errRulesUnread)
+		writeLine(w, http.StatusForbidden, target+" denied: "+errRulesUnread)
+		return
+	}
 	up, ip, err := s.dialCounted(r.Context(), host, port)
 	rec.setIP(ip)
 	if err != nil {
@@ -312,6 +327,14 @@ func (s *Session) handlePlain(w http.ResponseWriter, r *http.Request) {
 	if !pol.Allow.Allows(host, port) {
 		rec.deny("not in this session's egress list")
 		writeLine(w, http.StatusForbidden, target+" denied: not in this session's egress list")
+		return
+	}
+	if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, u.Path); !ok {
+		rec.deny("refused by the rule " + rule)
+		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, u.EscapedPath(), rule))
+		return
+	}
+	if !s.checkTripwire(w, r, pol, rec, host, port) {
 		return
 	}
 	rec.allow()

@@ -41,6 +41,10 @@ type entry struct {
 	name string     // hostname, or the wildcard's suffix (without "*.")
 	addr netip.Addr // kindIP
 	port uint16     // 0: no port given
+	// methods and paths are an object entry's rules per request (rules.go):
+	// none means any.
+	methods []string
+	paths   []string
 }
 
 // hostString is the entry's host in canonical form (IPv6 in brackets).
@@ -61,6 +65,9 @@ func (e entry) hostString() string {
 }
 
 func (e entry) String() string {
+	if e.hasRules() {
+		return e.ruleString()
+	}
 	if e.port == 0 {
 		return e.hostString()
 	}
@@ -265,6 +272,12 @@ func parseEntry(raw string, pattern bool) (entry, error) {
 	if s == "" {
 		return entry{}, fmt.Errorf("empty")
 	}
+	if strings.HasPrefix(s, "{") {
+		if pattern {
+			return entry{}, fmt.Errorf("an operator pattern is host[:port], not an object")
+		}
+		return parseRule(s)
+	}
 	if strings.Contains(s, "://") {
 		return entry{}, fmt.Errorf("has a scheme: want a host, not a URL")
 	}
@@ -407,4 +420,19 @@ func normalizeHost(host string) (string, netip.Addr, bool) {
 		return "", netip.Addr{}, false
 	}
 	return name, netip.Addr{}, true
+}
+
+// AllowsName reports whether l allows the hostname name on some port: the
+// transparent egress's resolver answers such names.
+func (l List) AllowsName(name string) bool {
+	h, ip, ok := normalizeHost(name)
+	if !ok || ip.IsValid() {
+		return false
+	}
+	for _, e := range l.entries {
+		if e.matchesHost(h, ip) {
+			return true
+		}
+	}
+	return false
 }

@@ -232,6 +232,7 @@ type Session struct {
 	in     atomic.Int64 // upstream -> sandbox
 	out    atomic.Int64 // sandbox -> upstream
 	srv    *http.Server
+	names  *names          // the transparent egress's resolver's answers
 	plain  *http.Transport // absolute-URI http:// requests
 	active atomic.Int64    // accepted connections counted against MaxConns
 
@@ -257,6 +258,7 @@ func (p *Proxy) NewSession(tenant, id string, pol Policy, ca *CA) *Session {
 		log:    p.log.With("session", id),
 		conns:  make(map[io.Closer]bool),
 		done:   make(chan struct{}),
+		names:  newNames(),
 	}
 	s.SetPolicy(pol)
 	s.plain = &http.Transport{

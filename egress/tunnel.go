@@ -26,6 +26,9 @@ type tunnel struct {
 	client   net.Conn // hijacked (*clientConn)
 	up       net.Conn // *countConn
 	buffered []byte   // client bytes the HTTP server read past the CONNECT
+	// transparent: a redirected connection (ServeTransparent), whose
+	// plain HTTP Host is checked too.
+	transparent bool
 
 	last       atomic.Int64 // unix nanoseconds: when a byte last moved
 	mu         sync.Mutex
@@ -202,6 +205,20 @@ func (s *Session) splice(t *tunnel) {
 		t.rec.deny(reason)
 		t.closeBoth()
 		return
+	}
+	if t.transparent && !hello.tls && len(hello.replay) > 0 {
+		replay, reason, err := t.checkHTTPHost(client, hello.replay)
+		if err == nil && reason != "" {
+			t.rec.deny(reason)
+			t.closeBoth()
+			return
+		}
+		if err != nil {
+			t.rec.fail(err.Error())
+			t.closeBoth()
+			return
+		}
+		hello.replay = replay
 	}
 	if len(hello.replay) > 0 {
 		n, err := up.Write(hello.replay)
@@ -442,6 +459,14 @@ func (ic *interceptor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !hostMatches(r.Host, t.host, t.port) {
 		rec.deny("Host header does not match CONNECT host")
 		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s denied: Host header %q does not match CONNECT host", ic.target, r.Host))
+		return
+	}
+	if ok, rule := pol.Allow.AllowsRequest(t.host, t.port, r.Method, r.URL.Path); !ok {
+		rec.deny("refused by the rule " + rule)
+		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, ic.target, r.URL.EscapedPath(), rule))
+		return
+	}
+	if !s.checkTripwire(w, r, pol, rec, t.host, t.port) {
 		return
 	}
 	set := make(http.Header)

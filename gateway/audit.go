@@ -66,11 +66,14 @@ func (m *Manager) auditEgress(s *Session, r egress.Record) {
 	if !r.Allowed {
 		result = "denied"
 	}
+	if r.Tripwire != "" {
+		result = "tripwire"
+	}
 	reason := r.Reason
 	if reason == "" {
 		reason = r.Error
 	}
 	m.auditor().Record(context.Background(), audit.Event{Kind: audit.KindEgress, Tenant: s.Tenant, Session: s.ID,
 		Op: r.Kind, Host: s.redact(r.Host), Port: r.Port, Addr: r.IP, Result: result, Reason: reason,
-		BytesIn: r.BytesIn, BytesOut: r.BytesOut, DurationMs: r.DurationMs})
+		BytesIn: r.BytesIn, BytesOut: r.BytesOut, DurationMs: r.DurationMs, Secret: r.Tripwire})
 }

@@ -21,6 +21,10 @@ import (
 type EgressConfig struct {
 	Proxy  *egress.Proxy
 	Bounds egress.Bounds
+	// TripwireStop stops a session whose request carried a bound secret's
+	// placeholder to a host the secret is not bound to (serve
+	// --tripwire-action stop); the request is refused either way.
+	TripwireStop bool
 }
 
 // Bounds of the egress and secrets fields.
@@ -78,9 +82,69 @@ func (r *SecretRef) UnmarshalJSON(b []byte) error {
 // EgressView is a session's egress as the API shows it: the allow-list in
 // force and the bytes its connections carried each way.
 type EgressView struct {
-	Allow    []string `json:"allow"`
-	BytesIn  int64    `json:"bytesIn"`
-	BytesOut int64    `json:"bytesOut"`
+	Allow    EgressEntries `json:"allow"`
+	BytesIn  int64         `json:"bytesIn"`
+	BytesOut int64         `json:"bytesOut"`
+}
+
+// EgressEntries is an egress allow-list as the API spells it: each entry a
+// string ("host[:port]") or an object with rules per request ({"host",
+// "port", "methods", "paths"}), which the list holds as its compact JSON
+// text (egress.IsObjectEntry) and shows as the object again.
+type EgressEntries []string
+
+// UnmarshalJSON reads strings and objects.
+func (e *EgressEntries) UnmarshalJSON(b []byte) error {
+	var raws []json.RawMessage
+	if err := json.Unmarshal(b, &raws); err != nil {
+		return err
+	}
+	if raws == nil {
+		*e = nil
+		return nil
+	}
+	out := make(EgressEntries, 0, len(raws))
+	for _, r := range raws {
+		r = bytes.TrimSpace(r)
+		switch {
+		case len(r) > 0 && r[0] == '"':
+			var s string
+			if err := json.Unmarshal(r, &s); err != nil {
+				return err
+			}
+			out = append(out, s)
+		case len(r) > 0 && r[0] == '{':
+			s, err := egress.CompactEntry(r)
+			if err != nil {
+				return err
+			}
+			out = append(out, s)
+		default:
+			return fmt.Errorf("an egress entry is a string or an object, not %.20s", r)
+		}
+	}
+	*e = out
+	return nil
+}
+
+// MarshalJSON writes object entries as objects.
+func (e EgressEntries) MarshalJSON() ([]byte, error) {
+	if e == nil {
+		return []byte("[]"), nil
+	}
+	out := make([]json.RawMessage, len(e))
+	for i, s := range e {
+		if egress.IsObjectEntry(s) && json.Valid([]byte(s)) {
+			out[i] = json.RawMessage(s)
+			continue
+		}
+		b, err := json.Marshal(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return json.Marshal(out)
 }
 
 // checkEgress parses a requested allow-list and holds it to the
@@ -201,7 +265,7 @@ func (m *Manager) checkBinding(r SecretRef, allow egress.List) (SecretRef, error
 // stays within it.
 func coverage(l egress.List) egress.Bounds {
 	var pats []string
-	for _, e := range l.Entries() {
+	for _, e := range l.HostEntries() {
 		if hasPort(e) {
 			pats = append(pats, e)
 			continue
@@ -298,7 +362,21 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 		return &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's egress proxy", Err: err}
 	}
 	ps := m.cfg.Egress.Proxy.NewSession(s.Tenant, s.ID, m.policy(s), s.egressCA)
-	ps.OnRecord(func(r egress.Record) { m.auditEgress(s, r) })
+	ps.OnRecord(func(r egress.Record) {
+		s.noteEgress(r)
+		m.auditEgress(s, r)
+		if r.Tripwire != "" && m.cfg.Egress.TripwireStop {
+			// Not from the proxy's own goroutine: stopping closes the proxy,
+			// which waits for it.
+			go func() {
+				if _, err := m.Stop(context.Background(), Principal{Tenant: s.Tenant}, s.ID); err != nil {
+					m.log.Warn("tripwire_stop_failed", "session", s.ID, "err", err)
+				} else {
+					m.log.Warn("tripwire_stopped_session", "session", s.ID, "secret", r.Tripwire, "host", s.redact(r.Host))
+				}
+			}()
+		}
+	})
 	if in, out := s.savedEgressBytes(); in > 0 || out > 0 {
 		ps.AddBytes(in, out)
 	}
@@ -307,6 +385,24 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 			m.log.Error("egress_proxy_failed", "session", s.ID, "err", err)
 		}
 	}()
+	// Transparent egress: every TCP connection and DNS, where the driver
+	// can route them. Without it the proxy variables still work.
+	if tn, ok := s.sandbox.(sandbox.TransparentNet); ok {
+		if t, err := tn.ListenTransparent(ctx); err != nil {
+			m.log.Warn("egress_transparent_failed", "session", s.ID, "err", err)
+		} else {
+			go func() {
+				if err := ps.ServeTransparent(t.TCP); err != nil {
+					m.log.Error("egress_transparent_failed", "session", s.ID, "err", err)
+				}
+			}()
+			go func() {
+				if err := ps.ServeDNS(t.DNSUDP, t.DNSTCP); err != nil {
+					m.log.Error("egress_resolver_failed", "session", s.ID, "err", err)
+				}
+			}()
+		}
+	}
 	s.setProxy(ps, addr)
 	return nil
 }

@@ -67,6 +67,8 @@ type Session struct {
 
 	secrets SecretSource
 	hist    history
+	// egressLog keeps the latest egress decisions (egresslog.go).
+	egressLog egressLog
 	// egressCA signs the certificates the egress proxy shows for hosts
 	// with a bound secret; the sandbox trusts it (nil: no bound secret).
 	egressCA                 *egress.CA

@@ -34,7 +34,7 @@ type createRequest struct {
 	SSHPublicKey *string                  `json:"sshPublicKey"`
 	Resources    *gateway.ResourceRequest `json:"resources"`
 	// Egress is the allow-list of destinations (empty: no network).
-	Egress []string `json:"egress"`
+	Egress gateway.EgressEntries `json:"egress"`
 	// Secrets name operator secrets: "NAME" for the environment, or
 	// {"name", "hosts", "header", "format"} for a header the egress proxy
 	// sets on requests to those hosts.
@@ -363,8 +363,8 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 }
 
 type updateRequest struct {
-	TTL    *int      `json:"ttl"`
-	Egress *[]string `json:"egress"`
+	TTL    *int                   `json:"ttl"`
+	Egress *gateway.EgressEntries `json:"egress"`
 }
 
 // update applies a PATCH: {"ttl": N} makes the session expire N seconds
@@ -376,7 +376,7 @@ func (a *api) update(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, status, code, msg)
 		return
 	}
-	s, err := a.cfg.Sessions.Update(r.Context(), principal(r), chi.URLParam(r, "id"), gateway.UpdateParams{TTL: req.TTL, Egress: req.Egress})
+	s, err := a.cfg.Sessions.Update(r.Context(), principal(r), chi.URLParam(r, "id"), gateway.UpdateParams{TTL: req.TTL, Egress: (*[]string)(req.Egress)})
 	if err != nil {
 		WriteGatewayError(w, err)
 		return

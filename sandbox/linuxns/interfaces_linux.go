@@ -13,6 +13,7 @@ var (
 
 	_ sandbox.Sandbox        = (*linuxSandbox)(nil)
 	_ sandbox.ProxyListener  = (*linuxSandbox)(nil) // egress proxy inside its network namespace
+	_ sandbox.TransparentNet = (*linuxSandbox)(nil) // every TCP connection and DNS, to the egress proxy
 	_ sandbox.LoopbackDialer = (*linuxSandbox)(nil) // ssh -L and previews
 	_ sandbox.Detacher       = (*linuxSandbox)(nil) // --keep-sandboxes-on-exit
 	_ sandbox.Keeper         = (*linuxSandbox)(nil) // Cmd.Keep across gateway restarts

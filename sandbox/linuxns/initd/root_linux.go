@@ -442,16 +442,20 @@ var etcSecrets = []string{
 }
 
 // etcOwn are the /etc files the sandbox gets its own version of.
-var etcOwn = []string{"passwd", "group", "hostname", "hosts", "machine-id", bundleName}
+var etcOwn = []string{"passwd", "group", "hostname", "hosts", "machine-id", "resolv.conf", bundleName}
 
 // nameFiles are the /etc files that name the sandbox: hostname, hosts and
 // machine-id (its own, random: never the host's, which would tie every
-// session to the host and to each other).
+// session to the host and to each other), and resolv.conf, which names
+// the gateway's resolver on the sandbox's loopback (linuxns.ResolverAddr;
+// nothing answers there when the session has no egress).
 func nameFiles(hostname string) map[string]string {
 	return map[string]string{
 		"machine-id": machineID(),
 		"hostname":   hostname + "\n",
 		"hosts":      "127.0.0.1\tlocalhost\n127.0.1.1\t" + hostname + "\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		// TCP fallback works too (the resolver serves both).
+		"resolv.conf": "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n",
 	}
 }
 

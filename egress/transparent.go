@@ -1,0 +1,390 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// The transparent egress: the sandbox's network sends every TCP connection
+// to a listener served by ServeTransparent, and its DNS to ServeDNS. The
+// resolver answers a name the policy allows with an address of NamePrefix
+// that stands for the name in this session; a connection to that address
+// is checked and dialled by name, as a CONNECT to name:port is. A name
+// outside the policy gets NXDOMAIN, logged as a denial; a connection to
+// an IP literal is checked as a CONNECT to that literal.
+
+// dnsTTL is the TTL of the resolver's answers; an address keeps its name
+// for the session's life anyway.
+const dnsTTL = 60
+
+// ServeTransparent serves ln, whose connections are redirected ones
+// (their original destination read with SO_ORIGINAL_DST), until ln or the
+// session is closed; it returns nil then.
+func (s *Session) ServeTransparent(ln net.Listener) error {
+	if !s.track(ln) {
+		return nil
+	}
+	defer s.untrack(ln)
+	ll := &limitListener{Listener: ln, s: s}
+	for {
+		c, err := ll.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		if !s.goTracked(func() { s.handleTransparent(c) }) {
+			c.Close()
+			return nil
+		}
+	}
+}
+
+// refuse ends a refused connection with a reset, as a closed port would.
+func refuse(c net.Conn) {
+	if tc, ok := rawConn(c).(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+func (s *Session) handleTransparent(c net.Conn) {
+	rec := newRecord("tcp")
+	defer s.logRecord(rec)
+	dst, err := originalDst(rawConn(c))
+	if err != nil {
+		rec.deny("no original destination: " + err.Error())
+		refuse(c)
+		return
+	}
+	a, port := dst.Addr().Unmap(), dst.Port()
+	host := a.String()
+	if name, ok := s.names.nameAt(a); ok {
+		host = name
+	} else if NamePrefix.Contains(a) {
+		rec.setTarget(host, port)
+		rec.deny("address not given by this session's resolver")
+		refuse(c)
+		return
+	}
+	rec.setTarget(host, port)
+	pol := s.pol.Load()
+	if !pol.Allow.Allows(host, port) {
+		rec.deny("not in this session's egress list")
+		refuse(c)
+		return
+	}
+	intercept := len(pol.bound(host, port)) > 0
+	if intercept && s.ca == nil {
+		rec.deny("secrets are bound to this host but the session has no CA")
+		refuse(c)
+		return
+	}
+	if !intercept && pol.Allow.OnlyRules(host, port) {
+		s.serveRules(c, rec, host, port)
+		return
+	}
+	// The dial ends with the session.
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	up, ip, err := s.dialCounted(ctx, host, port)
+	cancel()
+	rec.setIP(ip)
+	if err != nil {
+		var d *denial
+		if !errors.As(err, &d) {
+			d = denied(http.StatusBadGateway, "%v", err)
+		}
+		rec.deny(d.Reason)
+		refuse(c)
+		return
+	}
+	rec.allow()
+	t := &tunnel{s: s, rec: rec, pol: pol, host: host, port: port, ip: ip, client: c, up: up, transparent: true}
+	if intercept {
+		s.intercept(t)
+	} else {
+		s.splice(t)
+	}
+}
+
+// serveRules serves a transparent connection to a host:port only rules
+// per request allow: plain HTTP is read request by request, each held to
+// the rules, the tripwire, its Host to the resolved name, and forwarded as
+// an absolute-URI http:// request is (handlePlain); anything else (TLS) is
+// refused, as the rules could not be read.
+func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) {
+	hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
+	switch {
+	case err != nil:
+		rec.deny(err.Error())
+		refuse(c)
+		return
+	case hello.tls || hello.eof:
+		rec.deny(errRulesUnread)
+		refuse(c)
+		return
+	}
+	defer c.Close()
+	rec.allow()
+	target := hostPort(host, port)
+	ln := newOneConnListener(&replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello.replay), c)})
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			rq := newRecord("http")
+			defer s.logRecord(rq)
+			rq.setTarget(host, port)
+			if !hostMatches(r.Host, host, port) {
+				rq.deny("Host does not match the resolved name")
+				writeLine(w, http.StatusForbidden, fmt.Sprintf("%s denied: Host %q does not match the resolved name", target, r.Host))
+				return
+			}
+			pol := s.pol.Load()
+			if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, r.URL.Path); !ok {
+				if rule == "" {
+					rq.deny("not in this session's egress list")
+					writeLine(w, http.StatusForbidden, target+" denied: not in this session's egress list")
+					return
+				}
+				rq.deny("refused by the rule " + rule)
+				writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, r.URL.EscapedPath(), rule))
+				return
+			}
+			if !s.checkTripwire(w, r, pol, rq, host, port) {
+				return
+			}
+			rq.allow()
+			ctx, x, stop := s.plainStall(r, rq, target)
+			defer stop()
+			rq.x = x
+			r = r.WithContext(ctx)
+			phs := pol.placeholders()
+			rp := s.reverseProxy(rq, target, func(out *http.Request) {
+				out.URL.Scheme = "http"
+				out.URL.Host = target
+				out.Host = hostHeader(host, port, 80)
+				stripPlaceholders(out.Header, phs)
+			}, s.plain)
+			rp.ServeHTTP(w, withTrace(r, rq))
+		}),
+		ReadHeaderTimeout: s.p.cfg.HeaderTimeout,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    s.p.cfg.MaxHeaderBytes,
+		ErrorLog:          s.srv.ErrorLog,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, clientConnKey{}, c)
+		},
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.Close()
+			}
+		},
+	}
+	srv.Serve(ln) // until the client's connection ends
+}
+
+// httpMethods are the request methods whose request line checkHTTPHost
+// reads.
+var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE "}
+
+// checkHTTPHost reads on from a transparent connection's first bytes
+// while they may still begin an HTTP request; an HTTP request's Host must
+// name the tunnel's host (an IP literal's: an allowed name). It returns
+// every byte read, to be sent on, and the reason for a refusal ("" when
+// none). Only the connection's first request is read.
+func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error) {
+	buf := append([]byte(nil), first...)
+	isPrefix := func() (prefix, full bool) {
+		for _, m := range httpMethods {
+			if len(buf) >= len(m) && string(buf[:len(m)]) == m {
+				return true, true
+			}
+			if len(buf) < len(m) && m[:len(buf)] == string(buf) {
+				prefix = true
+			}
+		}
+		return prefix, false
+	}
+	c.SetReadDeadline(time.Now().Add(t.s.p.cfg.HeaderTimeout))
+	defer c.SetReadDeadline(time.Time{})
+	var b [512]byte
+	for {
+		prefix, full := isPrefix()
+		if !prefix {
+			return buf, "", nil
+		}
+		if full {
+			break
+		}
+		n, err := c.Read(b[:1])
+		buf = append(buf, b[:n]...)
+		if err != nil {
+			return buf, "", err
+		}
+	}
+	for !bytes.Contains(buf, []byte("\r\n\r\n")) {
+		if len(buf) > t.s.p.cfg.MaxHeaderBytes {
+			return buf, "HTTP request header too large", nil
+		}
+		n, err := c.Read(b[:])
+		buf = append(buf, b[:n]...)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return buf, "", fmt.Errorf("reading the HTTP request header: %w", unwrapOpError(err))
+		}
+	}
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(buf)))
+	if err != nil {
+		return buf, "malformed HTTP request", nil
+	}
+	if _, err := netip.ParseAddr(t.host); err == nil {
+		name, _, _ := strings.Cut(req.Host, ":")
+		if h, _, _ := net.SplitHostPort(req.Host); h != "" {
+			name = h
+		}
+		if n, ip, ok := normalizeHost(name); ok && !ip.IsValid() && !t.pol.Allow.Allows(n, t.port) {
+			return buf, fmt.Sprintf("Host %s is not in this session's egress list", n), nil
+		}
+		return buf, t.tripwire(req), nil
+	}
+	if !hostMatches(req.Host, t.host, t.port) {
+		return buf, fmt.Sprintf("Host %q does not match the resolved name %s", req.Host, t.host), nil
+	}
+	return buf, t.tripwire(req), nil
+}
+
+// tripwire applies the tripwire to a spliced connection's first request
+// (its URL, headers and the body bytes read with them): the reason to
+// refuse it, "" when none.
+func (t *tunnel) tripwire(req *http.Request) string {
+	name, err := t.pol.tripwire(req, t.host, t.port)
+	if err != nil || name == "" {
+		return ""
+	}
+	t.rec.mu.Lock()
+	t.rec.tripwire = name
+	t.rec.mu.Unlock()
+	return fmt.Sprintf("tripwire: the placeholder of secret %s, which is bound to other hosts", name)
+}
+
+// ServeDNS serves the sandbox's resolver on pc (UDP) and ln (TCP) until
+// they or the session are closed; it returns nil then.
+func (s *Session) ServeDNS(pc net.PacketConn, ln net.Listener) error {
+	h := dns.HandlerFunc(s.answerDNS)
+	udp := &dns.Server{PacketConn: pc, Handler: h}
+	tcp := &dns.Server{Listener: ln, Handler: h, ReadTimeout: s.p.cfg.HeaderTimeout, WriteTimeout: s.p.cfg.HeaderTimeout,
+		MaxTCPQueries: 128}
+	// Closing the session shuts both down, with their TCP connections.
+	stop := &closer{close: func() {
+		_ = udp.Shutdown()
+		_ = tcp.Shutdown()
+		pc.Close()
+		ln.Close()
+	}}
+	if !s.track(stop) {
+		return nil
+	}
+	defer s.untrack(stop)
+	errs := make(chan error, 2)
+	go func() { errs <- udp.ActivateAndServe() }()
+	go func() { errs <- tcp.ActivateAndServe() }()
+	var first error
+	for range 2 {
+		err := <-errs
+		// Either ending ends both.
+		pc.Close()
+		ln.Close()
+		if err != nil && first == nil && !errors.Is(err, net.ErrClosed) {
+			first = err
+		}
+	}
+	select {
+	case <-s.done:
+		return nil
+	default:
+		return first
+	}
+}
+
+// closer is a func as an io.Closer (a pointer: the session's set of
+// closers is a map).
+type closer struct{ close func() }
+
+func (c *closer) Close() error {
+	c.close()
+	return nil
+}
+
+// answerDNS answers one query: an allowed name's A record is its address
+// of NamePrefix; its other records are empty; a name outside the policy
+// is NXDOMAIN, its A query logged as a denial.
+func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
+	m := new(dns.Msg)
+	m.SetReply(r)
+	m.RecursionAvailable = true
+	defer w.WriteMsg(m)
+	if r.Opcode != dns.OpcodeQuery || len(r.Question) != 1 {
+		m.Rcode = dns.RcodeFormatError
+		if r.Opcode != dns.OpcodeQuery {
+			m.Rcode = dns.RcodeNotImplemented
+		}
+		return
+	}
+	q := r.Question[0]
+	name, ip, ok := normalizeHost(strings.TrimSuffix(q.Name, "."))
+	if ok && ip.IsValid() {
+		ok = false
+	}
+	pol := s.pol.Load()
+	if !ok || !pol.Allow.AllowsName(name) {
+		m.Rcode = dns.RcodeNameError
+		// One denial a lookup: resolvers ask A and AAAA together.
+		if q.Qtype == dns.TypeA {
+			rec := newRecord("dns")
+			rec.setTarget(strings.TrimSuffix(q.Name, "."), 0)
+			rec.deny("not in this session's egress list")
+			s.logRecord(rec)
+		}
+		return
+	}
+	if q.Qtype != dns.TypeA || q.Qclass != dns.ClassINET {
+		return // NOERROR, no records: the name is reached over IPv4
+	}
+	a, err := s.names.addrFor(name)
+	if err != nil {
+		m.Rcode = dns.RcodeServerFailure
+		rec := newRecord("dns")
+		rec.setTarget(name, 0)
+		rec.deny(err.Error())
+		s.logRecord(rec)
+		return
+	}
+	m.Answer = append(m.Answer, &dns.A{
+		Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: dnsTTL},
+		A:   net.IP(a.AsSlice()),
+	})
+}

@@ -133,7 +133,10 @@ test('code interpreter: state, error traceback, plot', async (t) => {
     const failed = await sbx.runCode("raise ValueError('bad')")
     assert.equal(failed.error.name, 'ValueError')
     assert.match(failed.error.traceback, /Traceback/)
-    if (spawnSync('python3', ['-c', 'import matplotlib']).status !== 0) {
+    // The workdir sandboxes run the python3 of a sandbox's default PATH
+    // (sandbox/process.go), not this process's (a pyenv shim, say).
+    const sandboxPath = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+    if (spawnSync('/bin/sh', ['-c', "python3 -c 'import matplotlib'"], { env: { PATH: sandboxPath } }).status !== 0) {
       if (inCI) assert.fail("the host's python3 has no matplotlib in CI")
       t.diagnostic("the plot is skipped: the host's python3 has no matplotlib (apt-get install python3-matplotlib)")
       return

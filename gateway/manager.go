@@ -233,7 +233,11 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 
 	lim := m.cfg.Resources.limits(cp.Resources)
 	w, warmed := m.takeWarm(c, lim)
-	s, pw := m.newSession(p, cp, c, w.id)
+	id := "" // a fresh one
+	if warmed {
+		id = w.id
+	}
+	s, pw := m.newSession(p, cp, c, id)
 	if warmed {
 		u.push(func() {
 			if s.sandbox == nil { // it never became the session's

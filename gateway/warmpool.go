@@ -182,6 +182,11 @@ func (p *warmPool) take() (warm, bool) {
 		found = true
 	}
 	p.mu.Unlock()
+	if !found {
+		// Not the last dead one: its id is its teardown's, which runs
+		// beside the cold create that follows.
+		w = warm{}
+	}
 	select {
 	case p.kick <- struct{}{}:
 	default:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -236,5 +238,45 @@ printenv CANARY_TOKEN; curl -sS --max-time 20 https://secret.test` + tp + `/auth
 	}
 	if wl, cl := cgroupLimits(wid), cgroupLimits(cid); wl != cl {
 		t.Errorf("cgroup limits: warm\n%s cold\n%s", wl, cl)
+	}
+}
+
+// TestWarmPoolDeadSandboxNotReused: a warm sandbox whose init died while
+// idle is discarded at the next create, which builds a sandbox of its own
+// under a fresh id: never the dead one's, whose teardown (its directory,
+// cgroups and mounts, named by that id) runs beside the create.
+func TestWarmPoolDeadSandboxNotReused(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--warm-pool", "1", "--log-level", "debug")
+	waitFor(t, time.Minute, "a warm sandbox", func() bool { return len(g.warmReady()) >= 1 })
+	dead := g.warmReady()[0]
+	b, err := os.ReadFile(filepath.Join(g.DataDir, "sandboxes", dead, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("state.json of %s: %v %s", dead, err, b)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the warm init to die", func() bool { return syscall.Kill(st.Pid, 0) != nil })
+	time.Sleep(200 * time.Millisecond) // the driver sees its end
+	var s sessionJSON
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{}, &s); code != http.StatusCreated {
+		t.Fatalf("create with only a dead warm sandbox in the pool: %d\n%s", code, g.stderr.String())
+	}
+	if s.SessionID == dead {
+		t.Fatalf("the session took the id %s of the dead warm sandbox being torn down", dead)
+	}
+	waitFor(t, time.Minute, "the dead warm sandbox to be removed", func() bool {
+		_, err := os.Stat(filepath.Join(g.DataDir, "sandboxes", dead))
+		return os.IsNotExist(err)
+	})
+	if a := runREST(t, g, s.SessionID, map[string]any{"command": "echo alive"}); a.code() != 0 || a.out() != "alive\n" {
+		t.Fatalf("session after the dead warm sandbox's teardown: %+v", a)
 	}
 }

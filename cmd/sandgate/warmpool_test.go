@@ -250,21 +250,7 @@ func TestWarmPoolDeadSandboxNotReused(t *testing.T) {
 	g := startGateway(t, "--sandbox", "linux", "--warm-pool", "1", "--log-level", "debug")
 	waitFor(t, time.Minute, "a warm sandbox", func() bool { return len(g.warmReady()) >= 1 })
 	dead := g.warmReady()[0]
-	b, err := os.ReadFile(filepath.Join(g.DataDir, "sandboxes", dead, "state.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal(b, &st); err != nil || st.Pid <= 0 {
-		t.Fatalf("state.json of %s: %v %s", dead, err, b)
-	}
-	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Minute, "the warm init to die", func() bool { return syscall.Kill(st.Pid, 0) != nil })
-	time.Sleep(200 * time.Millisecond) // the driver sees its end
+	killWarmInit(t, g, dead)
 	var s sessionJSON
 	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{}, &s); code != http.StatusCreated {
 		t.Fatalf("create with only a dead warm sandbox in the pool: %d\n%s", code, g.stderr.String())
@@ -279,4 +265,44 @@ func TestWarmPoolDeadSandboxNotReused(t *testing.T) {
 	if a := runREST(t, g, s.SessionID, map[string]any{"command": "echo alive"}); a.code() != 0 || a.out() != "alive\n" {
 		t.Fatalf("session after the dead warm sandbox's teardown: %+v", a)
 	}
+}
+
+// TestWarmPoolReplacesDeadSandbox: a warm sandbox whose init dies while
+// idle is removed and replaced at once, not left in the pool, holding its
+// cgroups and workspace, until a create finds it dead.
+func TestWarmPoolReplacesDeadSandbox(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--warm-pool", "1", "--log-level", "debug")
+	waitFor(t, time.Minute, "a warm sandbox", func() bool { return len(g.warmReady()) >= 1 })
+	dead := g.warmReady()[0]
+	killWarmInit(t, g, dead)
+	waitFor(t, time.Minute, "the dead warm sandbox replaced, with no create", func() bool {
+		_, err := os.Stat(filepath.Join(g.DataDir, "sandboxes", dead))
+		dirs := sandboxDirs(g)
+		return os.IsNotExist(err) && len(g.warmReady()) == 2 && len(dirs) == 1 && dirs[0] == g.warmReady()[1]
+	})
+	if l := cgroupLimits(dead); l != "" {
+		t.Errorf("cgroups of the dead warm sandbox left behind:\n%s", l)
+	}
+}
+
+// killWarmInit kills the init of g's warm sandbox id and waits until it
+// is gone.
+func killWarmInit(t *testing.T, g *gatewayProc, id string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(g.DataDir, "sandboxes", id, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("state.json of %s: %v %s", id, err, b)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the warm init to die", func() bool { return syscall.Kill(st.Pid, 0) != nil })
+	time.Sleep(200 * time.Millisecond) // the driver sees its end
 }

@@ -288,14 +288,21 @@ func (m *Manager) takeWarm(c createChecked, l sandbox.Limits) (warm, bool) {
 }
 
 // destroyWarm destroys a warm sandbox that no session took after all, in
-// the background (Shutdown waits for it).
+// the background (Shutdown waits for it), or at once once Shutdown has
+// begun.
 func (m *Manager) destroyWarm(w warm) {
-	m.released.Add(1)
-	go func() {
-		defer m.released.Done()
+	destroy := func() {
 		if err := w.sb.Destroy(context.Background()); err != nil {
 			m.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)
 		}
+	}
+	if !m.releaseLater() { // Shutdown has begun: now
+		destroy()
+		return
+	}
+	go func() {
+		defer m.released.Done()
+		destroy()
 	}()
 }
 

@@ -233,7 +233,11 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 
 	lim := m.cfg.Resources.limits(cp.Resources)
 	w, warmed := m.takeWarm(c, lim)
-	s, pw := m.newSession(p, cp, c, w.id)
+	id := "" // a fresh one
+	if warmed {
+		id = w.id
+	}
+	s, pw := m.newSession(p, cp, c, id)
 	if warmed {
 		u.push(func() {
 			if s.sandbox == nil { // it never became the session's
@@ -736,7 +740,13 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 	// workspace synced): its sandbox may go in the background.
 	select {
 	case m.releasing <- struct{}{}:
-		m.released.Add(1)
+		// Not once Shutdown has begun: it may have waited for the
+		// releases already, and the process would end with this one
+		// half done.
+		if !m.releaseLater() {
+			<-m.releasing
+			break
+		}
 		go func() {
 			defer m.released.Done()
 			defer func() { <-m.releasing }()
@@ -746,6 +756,20 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 	default: // none configured, or all busy: this caller waits
 	}
 	return m.destroy(ctx, s)
+}
+
+// releaseLater counts a release about to run in the background, which
+// Shutdown waits for; false once Shutdown has begun (the caller releases
+// now). Under m.mu, as Shutdown sets stopping: every Add comes before its
+// Wait.
+func (m *Manager) releaseLater() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopping {
+		return false
+	}
+	m.released.Add(1)
+	return true
 }
 
 // destroy destroys the sandbox of the ended session s; one that fails is

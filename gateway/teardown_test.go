@@ -91,3 +91,55 @@ func TestAsyncTeardown(t *testing.T) {
 		}
 	}
 }
+
+// gateStore is a real MemStore whose Delete of one record waits until the
+// test lets it go, as a slow disk or a cluster store without quorum does.
+type gateStore struct {
+	*gateway.MemStore
+	id      string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *gateStore) Delete(id string) error {
+	if id == s.id {
+		close(s.entered)
+		<-s.release
+	}
+	return s.MemStore.Delete(id)
+}
+
+// A Delete that has taken its session out of the manager when Shutdown
+// begins (so Shutdown neither ends it nor waits for it) releases its
+// sandbox before it answers: a release left to the background then would
+// be cut short by the process's exit.
+func TestTeardownRacingShutdown(t *testing.T) {
+	wd, err := workdir.New(workdir.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := make(chan struct{})
+	st := &gateStore{MemStore: gateway.NewMemStore(), entered: make(chan struct{}), release: make(chan struct{})}
+	m := gateway.NewManager(gateway.Config{TeardownQueue: 4, Store: st}, slowTeardownDriver{wd, open}, discardLog())
+	p := gateway.Principal{Tenant: "a"}
+	s, _ := mustCreate(t, m, p, gateway.CreateParams{})
+	st.id = s.ID
+	ctx := context.Background()
+	deleted := make(chan error, 1)
+	go func() { deleted <- m.Delete(ctx, p, s.ID) }()
+	<-st.entered
+	m.Shutdown(ctx, false) // s is no longer the manager's: nothing to wait for
+	close(st.release)
+	select {
+	case err := <-deleted:
+		t.Fatalf("Delete answered (%v) after Shutdown with its sandbox's release still to come", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(open)
+	if err := <-deleted; err != nil {
+		t.Fatal(err)
+	}
+	if exists(s.Sandbox().Workdir()) {
+		t.Error("sandbox left after the Delete answered")
+	}
+}

@@ -95,6 +95,7 @@ func (p *warmPool) run(ctx context.Context) {
 	}()
 	backoff := warmRetryMin
 	for {
+		p.prune()
 		for p.short() {
 			if err := p.fillOne(ctx); err != nil {
 				if ctx.Err() != nil {
@@ -160,10 +161,50 @@ func (p *warmPool) fillOne(ctx context.Context) error {
 		p.idle = append(p.idle, warm{id, sb})
 		p.mu.Unlock()
 		p.log.Debug("warm_sandbox_ready", "sandbox", id)
+		p.watch(sb)
 		return nil
 	}
 	p.mu.Unlock()
 	return errors.Join(context.Canceled, sb.Destroy(context.WithoutCancel(ctx)))
+}
+
+// watch kicks the refill when sb ends (sandbox.Ender): one that ends
+// while idle is then replaced (prune) without waiting for a claim to find
+// it dead. The watch ends with sb, claimed or not, or with the pool.
+func (p *warmPool) watch(sb sandbox.Sandbox) {
+	e, ok := sb.(sandbox.Ender)
+	if !ok {
+		return
+	}
+	go func() {
+		select {
+		case <-e.Done():
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
+		case <-p.done:
+		}
+	}()
+}
+
+// prune takes the warm sandboxes that ended while idle out of the pool,
+// and destroys them.
+func (p *warmPool) prune() {
+	p.mu.Lock()
+	var dead []warm
+	p.idle = slices.DeleteFunc(p.idle, func(w warm) bool {
+		if ended(w.sb) {
+			dead = append(dead, w)
+			return true
+		}
+		return false
+	})
+	p.mu.Unlock()
+	for _, d := range dead {
+		p.log.Warn("warm_sandbox_lost", "sandbox", d.id, "reason", "it ended while idle")
+		p.discard(d)
+	}
 }
 
 // take claims the oldest warm sandbox still running, if any, and asks for
@@ -182,6 +223,11 @@ func (p *warmPool) take() (warm, bool) {
 		found = true
 	}
 	p.mu.Unlock()
+	if !found {
+		// Not the last dead one: its id is its teardown's, which runs
+		// beside the cold create that follows.
+		w = warm{}
+	}
 	select {
 	case p.kick <- struct{}{}:
 	default:
@@ -242,14 +288,21 @@ func (m *Manager) takeWarm(c createChecked, l sandbox.Limits) (warm, bool) {
 }
 
 // destroyWarm destroys a warm sandbox that no session took after all, in
-// the background (Shutdown waits for it).
+// the background (Shutdown waits for it), or at once once Shutdown has
+// begun.
 func (m *Manager) destroyWarm(w warm) {
-	m.released.Add(1)
-	go func() {
-		defer m.released.Done()
+	destroy := func() {
 		if err := w.sb.Destroy(context.Background()); err != nil {
 			m.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)
 		}
+	}
+	if !m.releaseLater() { // Shutdown has begun: now
+		destroy()
+		return
+	}
+	go func() {
+		defer m.released.Done()
+		destroy()
 	}()
 }
 

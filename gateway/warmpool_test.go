@@ -4,10 +4,13 @@ import (
 	"context"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/workdir"
 )
 
 // dirNames lists root's entries.
@@ -81,5 +84,87 @@ func TestWarmPool(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(left, want) {
 		t.Fatalf("after a shutdown keeping sessions: %v, want only the sessions' %v", left, want)
+	}
+}
+
+// endableDriver hands out real workdir sandboxes that end (sandbox.Ender)
+// when their test closes end, as a linux sandbox whose init was killed does.
+type endableDriver struct {
+	inner *workdir.Driver
+	mu    sync.Mutex
+	ends  map[string]chan struct{}
+}
+
+func (d *endableDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	sb, err := d.inner.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	end := make(chan struct{})
+	d.mu.Lock()
+	d.ends[spec.ID] = end
+	d.mu.Unlock()
+	return endableSandbox{sb, end, new(sync.Once)}, nil
+}
+
+// kill ends sandbox id.
+func (d *endableDriver) kill(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	close(d.ends[id])
+}
+
+type endableSandbox struct {
+	sandbox.Sandbox
+	end  chan struct{}
+	once *sync.Once
+}
+
+func (s endableSandbox) Done() <-chan struct{} { return s.end }
+
+func (s endableSandbox) Destroy(ctx context.Context) error {
+	err := s.Sandbox.Destroy(ctx)
+	s.once.Do(func() {
+		select {
+		case <-s.end:
+		default:
+			close(s.end)
+		}
+	})
+	return err
+}
+
+// A create that finds only warm sandboxes that ended while idle makes a
+// sandbox of its own under a fresh id, never a dead one's: that id is its
+// teardown's, which runs beside the create.
+func TestWarmPoolDeadOnlyFreshID(t *testing.T) {
+	wd, err := workdir.New(workdir.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &endableDriver{inner: wd, ends: map[string]chan struct{}{}}
+	m := gateway.NewManager(gateway.Config{WarmPool: 1, ReapInterval: time.Hour}, d, discardLog())
+	t.Cleanup(func() { m.Shutdown(context.Background(), false) })
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); m.Run(ctx) }()
+	var dead string
+	for deadline := time.Now().Add(30 * time.Second); dead == ""; time.Sleep(10 * time.Millisecond) {
+		d.mu.Lock()
+		for id := range d.ends {
+			dead = id
+		}
+		d.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("no warm sandbox")
+		}
+	}
+	// No refill from here on: the create alone finds the dead one.
+	cancel()
+	<-ran
+	d.kill(dead)
+	s, _ := mustCreate(t, m, gateway.Principal{Tenant: "a"}, gateway.CreateParams{})
+	if s.ID == dead {
+		t.Fatalf("the session took the id %s of the dead warm sandbox", dead)
 	}
 }

@@ -99,6 +99,11 @@ type Config struct {
 	// Console, when set, serves the web console's files under /ui/
 	// (cmd/sandgate passes package console's handler; nil: no console).
 	Console http.Handler
+	// ServerTiming shows each step of a create in the Server-Timing
+	// header of POST /v1/sessions (serve --server-timing); false: only
+	// the total, as the steps tell whether the warm pool had a sandbox,
+	// which other tenants' creates empty.
+	ServerTiming bool
 }
 
 // MaxBodyBytes bounds request bodies.

@@ -156,8 +156,14 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 		a.cfg.Log.InfoContext(r.Context(), "session_create_abandoned", "tenant", p.Tenant)
 		return
 	}
-	tr := sandbox.NewTrace()
-	s, pw, err := a.cfg.Sessions.Create(sandbox.WithTrace(r.Context(), tr), p, cp)
+	// The steps of a create show whether it found a warm sandbox, and so
+	// how busy the gateway's other tenants are: only the total is shown,
+	// unless the operator asks for the steps (serve --server-timing).
+	tr, ctx := sandbox.NewTrace(), r.Context()
+	if a.cfg.ServerTiming {
+		ctx = sandbox.WithTrace(ctx, tr)
+	}
+	s, pw, err := a.cfg.Sessions.Create(ctx, p, cp)
 	if err != nil {
 		WriteGatewayError(w, err)
 		return
@@ -432,9 +438,9 @@ func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 }
 
 // serverTiming renders a create's trace as a Server-Timing header: each
-// step in milliseconds, in the order recorded, then the total. Steps
-// named *_bg ran beside others; init.* are the sandbox init's own, within
-// init_handshake.
+// step in milliseconds, in the order recorded, then the total (a trace
+// the create did not carry: the total alone). Steps named *_bg ran beside
+// others; init.* are the sandbox init's own, within init_handshake.
 func serverTiming(tr *sandbox.Trace) string {
 	steps, total := tr.Steps()
 	var b strings.Builder

@@ -28,6 +28,9 @@ type sandboxFlags struct {
 	// teardownQueue is how many deleted sessions' sandboxes are released
 	// in the background at once (gateway.Config.TeardownQueue).
 	teardownQueue int
+	// serverTiming shows each step of a create in its Server-Timing
+	// header (rest.Config.ServerTiming).
+	serverTiming bool
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -51,6 +54,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Uint64Var(&f.nofile.Hard, "sandbox-nofile-hard", sandbox.DefaultNofileHard, "open files a sandbox process may raise its limit to (RLIMIT_NOFILE hard limit, linux driver)")
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
 	fs.IntVar(&f.warmPool, "warm-pool", defaultWarmPool, "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables)")
+	fs.BoolVar(&f.serverTiming, "server-timing", false, "show each step of a create (warm pool claim, cgroups, init...) in the Server-Timing header of POST /v1/sessions; off: the total only, as the steps tell a tenant whether other tenants emptied the warm pool")
 	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f

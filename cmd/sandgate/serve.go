@@ -567,6 +567,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		Workspaces:    wsvc,
 		Stopping:      stopping,
 		Console:       console.Handler(), // /ui/
+		ServerTiming:  cfg.sandbox.serverTiming,
 	})
 	var front *cluster.Front
 	if node != nil {

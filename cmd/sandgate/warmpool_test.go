@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,11 +59,11 @@ func probeSandbox(t *testing.T, g *gatewayProc, id string) string {
 	}
 	out := strings.NewReplacer(id, "ID", sandbox.ShortID(id), "SHORT").Replace(a.out())
 	// Host ids in mount options name the sandbox's uid range, which
-	// depends on how many sandboxes the gateway holds, warm or not.
+	// is drawn at random.
 	return hostIDsRE.ReplaceAllString(out, "${1}=HOST")
 }
 
-var hostIDsRE = regexp.MustCompile(`\b(uid|gid)=1\d{9}\b`)
+var hostIDsRE = regexp.MustCompile(`\b(uid|gid)=[12]\d{9}\b`)
 
 // cgroupLimits reads the host side of session id's cgroup limits (v1:
 // the commands' cgroup; v2: the sandbox's).
@@ -237,4 +239,70 @@ printenv CANARY_TOKEN; curl -sS --max-time 20 https://secret.test` + tp + `/auth
 	if wl, cl := cgroupLimits(wid), cgroupLimits(cid); wl != cl {
 		t.Errorf("cgroup limits: warm\n%s cold\n%s", wl, cl)
 	}
+}
+
+// TestWarmPoolDeadSandboxNotReused: a warm sandbox whose init died while
+// idle is discarded at the next create, which builds a sandbox of its own
+// under a fresh id: never the dead one's, whose teardown (its directory,
+// cgroups and mounts, named by that id) runs beside the create.
+func TestWarmPoolDeadSandboxNotReused(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--warm-pool", "1", "--log-level", "debug")
+	waitFor(t, time.Minute, "a warm sandbox", func() bool { return len(g.warmReady()) >= 1 })
+	dead := g.warmReady()[0]
+	killWarmInit(t, g, dead)
+	var s sessionJSON
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{}, &s); code != http.StatusCreated {
+		t.Fatalf("create with only a dead warm sandbox in the pool: %d\n%s", code, g.stderr.String())
+	}
+	if s.SessionID == dead {
+		t.Fatalf("the session took the id %s of the dead warm sandbox being torn down", dead)
+	}
+	waitFor(t, time.Minute, "the dead warm sandbox to be removed", func() bool {
+		_, err := os.Stat(filepath.Join(g.DataDir, "sandboxes", dead))
+		return os.IsNotExist(err)
+	})
+	if a := runREST(t, g, s.SessionID, map[string]any{"command": "echo alive"}); a.code() != 0 || a.out() != "alive\n" {
+		t.Fatalf("session after the dead warm sandbox's teardown: %+v", a)
+	}
+}
+
+// TestWarmPoolReplacesDeadSandbox: a warm sandbox whose init dies while
+// idle is removed and replaced at once, not left in the pool, holding its
+// cgroups and workspace, until a create finds it dead.
+func TestWarmPoolReplacesDeadSandbox(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--warm-pool", "1", "--log-level", "debug")
+	waitFor(t, time.Minute, "a warm sandbox", func() bool { return len(g.warmReady()) >= 1 })
+	dead := g.warmReady()[0]
+	killWarmInit(t, g, dead)
+	waitFor(t, time.Minute, "the dead warm sandbox replaced, with no create", func() bool {
+		_, err := os.Stat(filepath.Join(g.DataDir, "sandboxes", dead))
+		dirs := sandboxDirs(g)
+		return os.IsNotExist(err) && len(g.warmReady()) == 2 && len(dirs) == 1 && dirs[0] == g.warmReady()[1]
+	})
+	if l := cgroupLimits(dead); l != "" {
+		t.Errorf("cgroups of the dead warm sandbox left behind:\n%s", l)
+	}
+}
+
+// killWarmInit kills the init of g's warm sandbox id and waits until it
+// is gone.
+func killWarmInit(t *testing.T, g *gatewayProc, id string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(g.DataDir, "sandboxes", id, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("state.json of %s: %v %s", id, err, b)
+	}
+	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the warm init to die", func() bool { return syscall.Kill(st.Pid, 0) != nil })
+	time.Sleep(200 * time.Millisecond) // the driver sees its end
 }

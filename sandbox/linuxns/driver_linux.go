@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -198,11 +199,16 @@ func (d *Driver) buildReport() map[string]any {
 
 func (d *Driver) dir(id string) string { return filepath.Join(d.root, id) }
 
-// allocSlot reserves the lowest free uid range for id.
+// allocSlot reserves a free uid range for id, the first free one from a
+// random slot on: a sandbox sees its range's host ids (/proc/self/uid_map,
+// mount options), and the lowest free one would tell its tenant how many
+// sandboxes the host holds, other tenants' and the warm pool's included.
 func (d *Driver) allocSlot(id string) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for s := 1; s < maxSlots; s++ {
+	start := 1 + rand.IntN(maxSlots-1)
+	for i := range maxSlots - 1 {
+		s := 1 + (start-1+i)%(maxSlots-1)
 		if _, used := d.slots[s]; !used {
 			d.slots[s] = id
 			return s, nil

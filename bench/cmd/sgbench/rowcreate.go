@@ -53,7 +53,7 @@ func (b *bench) rowCreateTrace() error {
 		rc   *restClient
 		runs []traced
 		args []string
-	}{{name: "warm", args: []string{"--warm-pool", "2"}}, {name: "cold", args: []string{"--warm-pool", "0", "--teardown-queue", "0"}}}
+	}{{name: "warm", args: []string{"--warm-pool", "2", "--server-timing"}}, {name: "cold", args: []string{"--warm-pool", "0", "--teardown-queue", "0", "--server-timing"}}}
 	// Both may give sessions egress (to 127.0.0.1 as big.test) and a
 	// secret, for 11d.
 	secrets := filepath.Join(b.tmp, "secrets-11")

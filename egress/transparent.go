@@ -296,7 +296,10 @@ func (t *tunnel) tripwire(req *http.Request) string {
 func (s *Session) ServeDNS(pc net.PacketConn, ln net.Listener) error {
 	h := dns.HandlerFunc(s.answerDNS)
 	udp := &dns.Server{PacketConn: pc, Handler: h}
-	tcp := &dns.Server{Listener: ln, Handler: h, ReadTimeout: s.p.cfg.HeaderTimeout, WriteTimeout: s.p.cfg.HeaderTimeout,
+	// The resolver's TCP connections count against the session's
+	// connection bounds (per session, tenant, gateway) as the proxy's do:
+	// each holds a descriptor of the gateway.
+	tcp := &dns.Server{Listener: &limitListener{Listener: ln, s: s}, Handler: h, ReadTimeout: s.p.cfg.HeaderTimeout, WriteTimeout: s.p.cfg.HeaderTimeout,
 		MaxTCPQueries: 128}
 	// Closing the session shuts both down, with their TCP connections.
 	stop := &closer{close: func() {

@@ -1,0 +1,84 @@
+package egress
+
+import (
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// The resolver's TCP connections count against the session's connection
+// bound, as the proxy's do: a sandbox cannot hold open more descriptors
+// of the gateway than MaxConns by opening connections to its resolver.
+func TestResolverTCPConnsBounded(t *testing.T) {
+	p, _ := newTestProxy(t, Config{MaxConns: 2, RefusalsPerSecond: 1 << 20})
+	s, _ := startSession(t, p, "dnsconns", Policy{Allow: mustList(t, "pypi.test")}, nil)
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.ServeDNS(pc, ln) }()
+	addr := ln.Addr().String()
+	// Two connections held open, each answered once.
+	var held []*dns.Conn
+	for range 2 {
+		c, err := dns.DialTimeout("tcp", addr, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		m := new(dns.Msg)
+		m.SetQuestion("pypi.test.", dns.TypeA)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.ReadMsg(); err != nil || len(r.Answer) != 1 {
+			t.Fatalf("answer %v %v", r, err)
+		}
+		held = append(held, c)
+	}
+	// A third is refused and closed at once, not served.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("the third connection was not closed: %v (read %q)", err, b)
+	}
+	if !strings.Contains(string(b), "too many connections") {
+		t.Errorf("the third connection got %q, want the bound's refusal", b)
+	}
+	// Once one ends, a new one is served.
+	held[0].Close()
+	var r *dns.Msg
+	for range 100 {
+		cl := &dns.Client{Net: "tcp", Timeout: 10 * time.Second}
+		m := new(dns.Msg)
+		m.SetQuestion("pypi.test.", dns.TypeA)
+		if r, _, err = cl.Exchange(m, addr); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || len(r.Answer) != 1 {
+		t.Fatalf("after one ended: %v %v", r, err)
+	}
+	s.Close()
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("ServeDNS did not return after Close")
+	}
+}

@@ -1,9 +1,11 @@
 package egress
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,5 +82,69 @@ func TestResolverTCPConnsBounded(t *testing.T) {
 	case <-served:
 	case <-time.After(10 * time.Second):
 		t.Fatal("ServeDNS did not return after Close")
+	}
+}
+
+// A sandbox asking refused names as fast as it can gets NXDOMAIN for each,
+// but the log records them at the tenant's pace (after a burst), and the
+// next recorded says how many were left out.
+func TestResolverRefusedNamesPaced(t *testing.T) {
+	p, _ := newTestProxy(t, Config{})
+	s, _ := startSession(t, p, "dnsflood", Policy{Allow: mustList(t, "pypi.test")}, nil)
+	var mu sync.Mutex
+	var denied []Record
+	s.OnRecord(func(r Record) {
+		if r.Kind == "dns" {
+			mu.Lock()
+			denied = append(denied, r)
+			mu.Unlock()
+		}
+	})
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.ServeDNS(pc, ln)
+	defer s.Close()
+	c, err := dns.DialTimeout("tcp", ln.Addr().String(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const asked = 100
+	ask := func(i int) {
+		t.Helper()
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("n%d.other.test.", i), dns.TypeA)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.ReadMsg(); err != nil || r.Rcode != dns.RcodeNameError {
+			t.Fatalf("n%d: %v %v", i, r, err)
+		}
+	}
+	for i := range asked {
+		ask(i)
+	}
+	mu.Lock()
+	n := len(denied)
+	mu.Unlock()
+	// Generous: the burst, and whatever refilled meanwhile on a loaded machine.
+	if n >= asked/2 {
+		t.Fatalf("%d of %d refused names recorded; want them paced (%d a second)", n, asked, RefusedNamesLoggedPerSecond)
+	}
+	// After the pace refills, the next one recorded counts the ones left out.
+	time.Sleep(time.Second)
+	ask(asked)
+	mu.Lock()
+	last := denied[len(denied)-1]
+	mu.Unlock()
+	if last.Host != fmt.Sprintf("n%d.other.test", asked) || !strings.Contains(last.Reason, "more refused names not recorded") {
+		t.Errorf("the next recorded: %+v", last)
 	}
 }

@@ -342,6 +342,28 @@ func (c *closer) Close() error {
 	return nil
 }
 
+// RefusedNamesLoggedPerSecond paces the refused names (NXDOMAIN) the log
+// and the audit log record, per tenant (after a burst of as many): a
+// sandbox can ask names far faster than that. The ones past the pace are
+// counted, and the next one recorded says how many were left out.
+const RefusedNamesLoggedPerSecond = 8
+
+// logRefusedName records a refused name, within the tenant's pace of them.
+func (s *Session) logRefusedName(name string) {
+	if !s.p.namePace.take(s.tenant, time.Now()) {
+		s.unlogged.Add(1)
+		return
+	}
+	reason := "not in this session's egress list"
+	if n := s.unlogged.Swap(0); n > 0 {
+		reason = fmt.Sprintf("%s (and %d more refused names not recorded: past %d a second)", reason, n, RefusedNamesLoggedPerSecond)
+	}
+	rec := newRecord("dns")
+	rec.setTarget(name, 0)
+	rec.deny(reason)
+	s.logRecord(rec)
+}
+
 // answerDNS answers one query: an allowed name's A record is its address
 // of NamePrefix; its other records are empty; a name outside the policy
 // is NXDOMAIN, its A query logged as a denial.
@@ -367,10 +389,7 @@ func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 		m.Rcode = dns.RcodeNameError
 		// One denial a lookup: resolvers ask A and AAAA together.
 		if q.Qtype == dns.TypeA {
-			rec := newRecord("dns")
-			rec.setTarget(strings.TrimSuffix(q.Name, "."), 0)
-			rec.deny("not in this session's egress list")
-			s.logRecord(rec)
+			s.logRefusedName(strings.TrimSuffix(q.Name, "."))
 		}
 		return
 	}

@@ -148,3 +148,55 @@ func TestResolverRefusedNamesPaced(t *testing.T) {
 		t.Errorf("the next recorded: %+v", last)
 	}
 }
+
+// Past MaxNames, the new names a wildcard allows get SERVFAIL, recorded
+// at the same pace as refused names.
+func TestResolverFullNamesPaced(t *testing.T) {
+	p, _ := newTestProxy(t, Config{})
+	s, _ := startSession(t, p, "dnsfull", Policy{Allow: mustList(t, "*.wild.test")}, nil)
+	var mu sync.Mutex
+	var denied []Record
+	s.OnRecord(func(r Record) {
+		mu.Lock()
+		denied = append(denied, r)
+		mu.Unlock()
+	})
+	for i := range MaxNames {
+		if _, err := s.names.addrFor(fmt.Sprintf("n%d.wild.test", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.ServeDNS(pc, ln)
+	defer s.Close()
+	c, err := dns.DialTimeout("tcp", ln.Addr().String(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const asked = 100
+	for i := range asked {
+		m := new(dns.Msg)
+		m.SetQuestion(fmt.Sprintf("new%d.wild.test.", i), dns.TypeA)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.WriteMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := c.ReadMsg(); err != nil || r.Rcode != dns.RcodeServerFailure {
+			t.Fatalf("new%d: %v %v", i, r, err)
+		}
+	}
+	mu.Lock()
+	n := len(denied)
+	mu.Unlock()
+	if n >= asked/2 {
+		t.Fatalf("%d of %d SERVFAIL names recorded; want them paced (%d a second)", n, asked, RefusedNamesLoggedPerSecond)
+	}
+}

@@ -348,13 +348,13 @@ func (c *closer) Close() error {
 // counted, and the next one recorded says how many were left out.
 const RefusedNamesLoggedPerSecond = 8
 
-// logRefusedName records a refused name, within the tenant's pace of them.
-func (s *Session) logRefusedName(name string) {
+// logRefusedName records a refused name (NXDOMAIN, or SERVFAIL past
+// MaxNames), within the tenant's pace of them.
+func (s *Session) logRefusedName(name, reason string) {
 	if !s.p.namePace.take(s.tenant, time.Now()) {
 		s.unlogged.Add(1)
 		return
 	}
-	reason := "not in this session's egress list"
 	if n := s.unlogged.Swap(0); n > 0 {
 		reason = fmt.Sprintf("%s (and %d more refused names not recorded: past %d a second)", reason, n, RefusedNamesLoggedPerSecond)
 	}
@@ -389,7 +389,7 @@ func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 		m.Rcode = dns.RcodeNameError
 		// One denial a lookup: resolvers ask A and AAAA together.
 		if q.Qtype == dns.TypeA {
-			s.logRefusedName(strings.TrimSuffix(q.Name, "."))
+			s.logRefusedName(strings.TrimSuffix(q.Name, "."), "not in this session's egress list")
 		}
 		return
 	}
@@ -399,10 +399,7 @@ func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 	a, err := s.names.addrFor(name)
 	if err != nil {
 		m.Rcode = dns.RcodeServerFailure
-		rec := newRecord("dns")
-		rec.setTarget(name, 0)
-		rec.deny(err.Error())
-		s.logRecord(rec)
+		s.logRefusedName(name, err.Error())
 		return
 	}
 	m.Answer = append(m.Answer, &dns.A{

@@ -272,7 +272,9 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 		return buf, t.tripwire(req), nil
 	}
 	if !hostMatches(req.Host, t.host, t.port) {
-		return buf, fmt.Sprintf("Host %q does not match the resolved name %s", req.Host, t.host), nil
+		// The Host as far as a hostname goes: the reason is logged,
+		// audited and kept among the session's decisions.
+		return buf, fmt.Sprintf("Host %.255q does not match the resolved name %s", req.Host, t.host), nil
 	}
 	return buf, t.tripwire(req), nil
 }

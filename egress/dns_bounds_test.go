@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -162,7 +163,7 @@ func TestResolverFullNamesPaced(t *testing.T) {
 		mu.Unlock()
 	})
 	for i := range MaxNames {
-		if _, err := s.names.addrFor(fmt.Sprintf("n%d.wild.test", i)); err != nil {
+		if _, err := s.names.addrFor(fmt.Sprintf("n%d.wild.test", i), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -198,5 +199,70 @@ func TestResolverFullNamesPaced(t *testing.T) {
 	mu.Unlock()
 	if n >= asked/2 {
 		t.Fatalf("%d of %d SERVFAIL names recorded; want them paced (%d a second)", n, asked, RefusedNamesLoggedPerSecond)
+	}
+}
+
+// The names a tenant's sessions' resolvers remember are bounded in all
+// (MaxNamesPerTenant), not only per session; a session's end gives its
+// names back.
+func TestResolverNamesPerTenantBounded(t *testing.T) {
+	p, _ := newTestProxy(t, Config{})
+	pol := Policy{Allow: mustList(t, "*.wild.test")}
+	var full []*Session
+	for i := range MaxNamesPerTenant / MaxNames {
+		s, _ := startTenantSession(t, p, "acme", fmt.Sprintf("full%d", i), pol, nil)
+		for j := range MaxNames {
+			if _, err := s.addrFor(fmt.Sprintf("s%d-n%d.wild.test", i, j)); err != nil {
+				t.Fatalf("session %d name %d: %v", i, j, err)
+			}
+		}
+		full = append(full, s)
+	}
+	s, _ := startTenantSession(t, p, "acme", "last", pol, nil)
+	if _, err := s.addrFor("one.wild.test"); !errors.Is(err, errNamesTenantFull) {
+		t.Fatalf("past the tenant's names: %v", err)
+	}
+	// Another tenant is not held to acme's bound.
+	o, _ := startTenantSession(t, p, "other", "other", pol, nil)
+	if _, err := o.addrFor("one.wild.test"); err != nil {
+		t.Fatalf("another tenant: %v", err)
+	}
+	// The resolver says SERVFAIL.
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.ServeDNS(pc, ln)
+	c, err := dns.DialTimeout("tcp", ln.Addr().String(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := new(dns.Msg)
+	m.SetQuestion("two.wild.test.", dns.TypeA)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := c.WriteMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := c.ReadMsg(); err != nil || r.Rcode != dns.RcodeServerFailure {
+		t.Fatalf("past the tenant's names: %v %v", r, err)
+	}
+	full[0].Close()
+	if _, err := s.addrFor("one.wild.test"); err != nil {
+		t.Fatalf("after a session ended: %v", err)
+	}
+	s.Close()
+	o.Close()
+	for _, f := range full[1:] {
+		f.Close()
+	}
+	p.nameCount.mu.Lock()
+	defer p.nameCount.mu.Unlock()
+	if p.nameCount.total != 0 || len(p.nameCount.tenant) != 0 {
+		t.Errorf("after every session ended: %d names counted, %v", p.nameCount.total, p.nameCount.tenant)
 	}
 }

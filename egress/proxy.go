@@ -72,6 +72,7 @@ type Proxy struct {
 	tenants   map[string]int // connections per tenant, against MaxConnsPerTenant
 	pace      pacer          // each tenant's refusals
 	namePace  pacer          // each tenant's refused names the log records
+	nameCount nameCounts     // the resolvers' names, per tenant and in all
 }
 
 // New makes a Proxy. It records the host's interface addresses as the
@@ -352,6 +353,7 @@ func (s *Session) Close() error {
 	s.plain.CloseIdleConnections()
 	s.wg.Wait()
 	s.plain.CloseIdleConnections()
+	s.p.nameCount.release(s.tenant, s.names.close())
 	return nil
 }
 

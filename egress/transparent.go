@@ -366,6 +366,12 @@ func (s *Session) logRefusedName(name, reason string) {
 	s.logRecord(rec)
 }
 
+// addrFor is name's address in this session, a new name counted against
+// the tenant's and the gateway's bounds of names.
+func (s *Session) addrFor(name string) (netip.Addr, error) {
+	return s.names.addrFor(name, func() error { return s.p.nameCount.take(s.tenant) })
+}
+
 // answerDNS answers one query: an allowed name's A record is its address
 // of NamePrefix; its other records are empty; a name outside the policy
 // is NXDOMAIN, its A query logged as a denial.
@@ -398,7 +404,7 @@ func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 	if q.Qtype != dns.TypeA || q.Qclass != dns.ClassINET {
 		return // NOERROR, no records: the name is reached over IPv4
 	}
-	a, err := s.names.addrFor(name)
+	a, err := s.addrFor(name)
 	if err != nil {
 		m.Rcode = dns.RcodeServerFailure
 		s.logRefusedName(name, err.Error())

@@ -216,12 +216,18 @@ var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS
 // none). Only the connection's first request is read.
 func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error) {
 	buf := append([]byte(nil), first...)
+	// Empty lines before the request line are skipped, as servers do.
+	request := func() []byte { return bytes.TrimLeft(buf, "\r\n") }
 	isPrefix := func() (prefix, full bool) {
+		r := request()
+		if len(r) == 0 {
+			return true, false
+		}
 		for _, m := range httpMethods {
-			if len(buf) >= len(m) && string(buf[:len(m)]) == m {
+			if len(r) >= len(m) && string(r[:len(m)]) == m {
 				return true, true
 			}
-			if len(buf) < len(m) && m[:len(buf)] == string(buf) {
+			if len(r) < len(m) && m[:len(r)] == string(r) {
 				prefix = true
 			}
 		}
@@ -244,7 +250,7 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 			return buf, "", err
 		}
 	}
-	for !bytes.Contains(buf, []byte("\r\n\r\n")) {
+	for !bytes.Contains(request(), []byte("\r\n\r\n")) {
 		if len(buf) > t.s.p.cfg.MaxHeaderBytes {
 			return buf, "HTTP request header too large", nil
 		}
@@ -257,7 +263,7 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 			return buf, "", fmt.Errorf("reading the HTTP request header: %w", unwrapOpError(err))
 		}
 	}
-	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(buf)))
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(request())))
 	if err != nil {
 		return buf, "malformed HTTP request", nil
 	}

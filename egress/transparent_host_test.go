@@ -30,3 +30,28 @@ func TestTransparentHostReasonBounded(t *testing.T) {
 		t.Errorf("the reason is %d bytes long; want it bounded", len(reason))
 	}
 }
+
+// Empty lines before the request line (which servers skip, RFC 9112
+// 2.2) do not hide a spliced request's Host from the check.
+func TestTransparentHostLeadingEmptyLines(t *testing.T) {
+	p, _ := newTestProxy(t, Config{})
+	s, _ := startSession(t, p, "hostcrlf", Policy{Allow: mustList(t, "allowed.test")}, nil)
+	client, other := net.Pipe()
+	defer client.Close()
+	defer other.Close()
+	tn := &tunnel{s: s, rec: newRecord("tcp"), pol: s.pol.Load(), host: "allowed.test", port: 80, transparent: true}
+	for _, req := range []string{
+		"\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+		"\r\n\r\nPOST / HTTP/1.1\r\nHost: evil.test\r\nContent-Length: 0\r\n\r\n",
+		"\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+	} {
+		_, reason, err := tn.checkHTTPHost(client, []byte(req))
+		if err != nil || !strings.Contains(reason, "does not match the resolved name") {
+			t.Errorf("%q: reason %q, %v", req, reason, err)
+		}
+	}
+	_, reason, err := tn.checkHTTPHost(client, []byte("\r\nGET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"))
+	if err != nil || reason != "" {
+		t.Errorf("the resolved name's Host: %q %v", reason, err)
+	}
+}

@@ -207,7 +207,8 @@ func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) 
 
 // httpMethods are the request methods whose request line checkHTTPHost
 // reads.
-var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE "}
+var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE ", "CONNECT ",
+	"PROPFIND ", "PROPPATCH ", "MKCOL ", "COPY ", "MOVE ", "LOCK ", "UNLOCK ", "REPORT ", "SEARCH ", "PURGE ", "QUERY "}
 
 // checkHTTPHost reads on from a transparent connection's first bytes
 // while they may still begin an HTTP request; an HTTP request's Host must

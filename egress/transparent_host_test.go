@@ -44,6 +44,9 @@ func TestTransparentHostLeadingEmptyLines(t *testing.T) {
 		"\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
 		"\r\n\r\nPOST / HTTP/1.1\r\nHost: evil.test\r\nContent-Length: 0\r\n\r\n",
 		"\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+		// Methods other than the common ones are read too.
+		"PROPFIND / HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+		"CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n",
 	} {
 		_, reason, err := tn.checkHTTPHost(client, []byte(req))
 		if err != nil || !strings.Contains(reason, "does not match the resolved name") {

@@ -37,6 +37,29 @@ type bucket struct {
 func (pc *pacer) reserve(tenant string, now time.Time) time.Duration {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
+	b := pc.bucket(tenant, now)
+	b.tokens--
+	if b.tokens >= 0 {
+		return 0
+	}
+	return time.Duration(-b.tokens / pc.rate * float64(time.Second))
+}
+
+// take takes a token of tenant's bucket at now if one is there, without
+// reserving ahead: false when none is.
+func (pc *pacer) take(tenant string, now time.Time) bool {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	b := pc.bucket(tenant, now)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// bucket is tenant's bucket, refilled up to now (pc.mu held).
+func (pc *pacer) bucket(tenant string, now time.Time) *bucket {
 	if pc.buckets == nil {
 		pc.buckets = map[string]*bucket{}
 	}
@@ -50,11 +73,7 @@ func (pc *pacer) reserve(tenant string, now time.Time) time.Duration {
 	}
 	b.tokens = min(pc.rate, b.tokens+now.Sub(b.last).Seconds()*pc.rate)
 	b.last = now
-	b.tokens--
-	if b.tokens >= 0 {
-		return 0
-	}
-	return time.Duration(-b.tokens / pc.rate * float64(time.Second))
+	return b
 }
 
 // forgetFull drops the buckets that have refilled: they are as a new one.

@@ -71,6 +71,8 @@ type Proxy struct {
 	tmu       sync.Mutex
 	tenants   map[string]int // connections per tenant, against MaxConnsPerTenant
 	pace      pacer          // each tenant's refusals
+	namePace  pacer          // each tenant's refused names the log records
+	nameCount nameCounts     // the resolvers' names, per tenant and in all
 }
 
 // New makes a Proxy. It records the host's interface addresses as the
@@ -100,6 +102,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	p.pace.rate = float64(p.cfg.RefusalsPerSecond)
+	p.namePace.rate = RefusedNamesLoggedPerSecond
 	if p.resolver == nil {
 		p.resolver = net.DefaultResolver
 	}
@@ -232,9 +235,12 @@ type Session struct {
 	in     atomic.Int64 // upstream -> sandbox
 	out    atomic.Int64 // sandbox -> upstream
 	srv    *http.Server
-	names  *names          // the transparent egress's resolver's answers
-	plain  *http.Transport // absolute-URI http:// requests
-	active atomic.Int64    // accepted connections counted against MaxConns
+	names  *names // the transparent egress's resolver's answers
+	// unlogged counts the refused names past the tenant's pace of them
+	// (namePace) since the last one logged.
+	unlogged atomic.Int64
+	plain    *http.Transport // absolute-URI http:// requests
+	active   atomic.Int64    // accepted connections counted against MaxConns
 
 	onRecord      atomic.Pointer[func(Record)]
 	rejected      atomic.Int64 // connections refused for MaxConns, for the log
@@ -347,6 +353,7 @@ func (s *Session) Close() error {
 	s.plain.CloseIdleConnections()
 	s.wg.Wait()
 	s.plain.CloseIdleConnections()
+	s.p.nameCount.release(s.tenant, s.names.close())
 	return nil
 }
 

@@ -207,7 +207,8 @@ func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) 
 
 // httpMethods are the request methods whose request line checkHTTPHost
 // reads.
-var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE "}
+var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE ", "CONNECT ",
+	"PROPFIND ", "PROPPATCH ", "MKCOL ", "COPY ", "MOVE ", "LOCK ", "UNLOCK ", "REPORT ", "SEARCH ", "PURGE ", "QUERY "}
 
 // checkHTTPHost reads on from a transparent connection's first bytes
 // while they may still begin an HTTP request; an HTTP request's Host must
@@ -216,12 +217,18 @@ var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS
 // none). Only the connection's first request is read.
 func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error) {
 	buf := append([]byte(nil), first...)
+	// Empty lines before the request line are skipped, as servers do.
+	request := func() []byte { return bytes.TrimLeft(buf, "\r\n") }
 	isPrefix := func() (prefix, full bool) {
+		r := request()
+		if len(r) == 0 {
+			return true, false
+		}
 		for _, m := range httpMethods {
-			if len(buf) >= len(m) && string(buf[:len(m)]) == m {
+			if len(r) >= len(m) && string(r[:len(m)]) == m {
 				return true, true
 			}
-			if len(buf) < len(m) && m[:len(buf)] == string(buf) {
+			if len(r) < len(m) && m[:len(r)] == string(r) {
 				prefix = true
 			}
 		}
@@ -244,7 +251,7 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 			return buf, "", err
 		}
 	}
-	for !bytes.Contains(buf, []byte("\r\n\r\n")) {
+	for !bytes.Contains(request(), []byte("\r\n\r\n")) {
 		if len(buf) > t.s.p.cfg.MaxHeaderBytes {
 			return buf, "HTTP request header too large", nil
 		}
@@ -257,7 +264,7 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 			return buf, "", fmt.Errorf("reading the HTTP request header: %w", unwrapOpError(err))
 		}
 	}
-	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(buf)))
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(request())))
 	if err != nil {
 		return buf, "malformed HTTP request", nil
 	}
@@ -272,7 +279,9 @@ func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error)
 		return buf, t.tripwire(req), nil
 	}
 	if !hostMatches(req.Host, t.host, t.port) {
-		return buf, fmt.Sprintf("Host %q does not match the resolved name %s", req.Host, t.host), nil
+		// The Host as far as a hostname goes: the reason is logged,
+		// audited and kept among the session's decisions.
+		return buf, fmt.Sprintf("Host %.255q does not match the resolved name %s", req.Host, t.host), nil
 	}
 	return buf, t.tripwire(req), nil
 }
@@ -296,7 +305,10 @@ func (t *tunnel) tripwire(req *http.Request) string {
 func (s *Session) ServeDNS(pc net.PacketConn, ln net.Listener) error {
 	h := dns.HandlerFunc(s.answerDNS)
 	udp := &dns.Server{PacketConn: pc, Handler: h}
-	tcp := &dns.Server{Listener: ln, Handler: h, ReadTimeout: s.p.cfg.HeaderTimeout, WriteTimeout: s.p.cfg.HeaderTimeout,
+	// The resolver's TCP connections count against the session's
+	// connection bounds (per session, tenant, gateway) as the proxy's do:
+	// each holds a descriptor of the gateway.
+	tcp := &dns.Server{Listener: &limitListener{Listener: ln, s: s}, Handler: h, ReadTimeout: s.p.cfg.HeaderTimeout, WriteTimeout: s.p.cfg.HeaderTimeout,
 		MaxTCPQueries: 128}
 	// Closing the session shuts both down, with their TCP connections.
 	stop := &closer{close: func() {
@@ -339,6 +351,34 @@ func (c *closer) Close() error {
 	return nil
 }
 
+// RefusedNamesLoggedPerSecond paces the refused names (NXDOMAIN) the log
+// and the audit log record, per tenant (after a burst of as many): a
+// sandbox can ask names far faster than that. The ones past the pace are
+// counted, and the next one recorded says how many were left out.
+const RefusedNamesLoggedPerSecond = 8
+
+// logRefusedName records a refused name (NXDOMAIN, or SERVFAIL past
+// MaxNames), within the tenant's pace of them.
+func (s *Session) logRefusedName(name, reason string) {
+	if !s.p.namePace.take(s.tenant, time.Now()) {
+		s.unlogged.Add(1)
+		return
+	}
+	if n := s.unlogged.Swap(0); n > 0 {
+		reason = fmt.Sprintf("%s (and %d more refused names not recorded: past %d a second)", reason, n, RefusedNamesLoggedPerSecond)
+	}
+	rec := newRecord("dns")
+	rec.setTarget(name, 0)
+	rec.deny(reason)
+	s.logRecord(rec)
+}
+
+// addrFor is name's address in this session, a new name counted against
+// the tenant's and the gateway's bounds of names.
+func (s *Session) addrFor(name string) (netip.Addr, error) {
+	return s.names.addrFor(name, func() error { return s.p.nameCount.take(s.tenant) })
+}
+
 // answerDNS answers one query: an allowed name's A record is its address
 // of NamePrefix; its other records are empty; a name outside the policy
 // is NXDOMAIN, its A query logged as a denial.
@@ -364,23 +404,17 @@ func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 		m.Rcode = dns.RcodeNameError
 		// One denial a lookup: resolvers ask A and AAAA together.
 		if q.Qtype == dns.TypeA {
-			rec := newRecord("dns")
-			rec.setTarget(strings.TrimSuffix(q.Name, "."), 0)
-			rec.deny("not in this session's egress list")
-			s.logRecord(rec)
+			s.logRefusedName(strings.TrimSuffix(q.Name, "."), "not in this session's egress list")
 		}
 		return
 	}
 	if q.Qtype != dns.TypeA || q.Qclass != dns.ClassINET {
 		return // NOERROR, no records: the name is reached over IPv4
 	}
-	a, err := s.names.addrFor(name)
+	a, err := s.addrFor(name)
 	if err != nil {
 		m.Rcode = dns.RcodeServerFailure
-		rec := newRecord("dns")
-		rec.setTarget(name, 0)
-		rec.deny(err.Error())
-		s.logRecord(rec)
+		s.logRefusedName(name, err.Error())
 		return
 	}
 	m.Answer = append(m.Answer, &dns.A{

@@ -14,7 +14,7 @@ const TripwireBodyBytes = 64 << 10
 
 // tripwire returns the name of a secret bound to hosts whose placeholder r
 // carries (in its URL, Host, a header, or its body's first
-// TripwireBodyBytes) while it is headed for host:port, to which that
+// TripwireBodyBytes, in any case) while it is headed for host:port, to which that
 // secret is not bound; "" when none. The body bytes read are put back.
 // A placeholder is no secret, but one sent elsewhere is a sign that
 // something in the sandbox tries to send the credential where it does not
@@ -38,15 +38,18 @@ func (pol *Policy) tripwire(r *http.Request, host string, port uint16) (string, 
 		head = b
 		r.Body = &readCloser{Reader: io.MultiReader(bytes.NewReader(b), r.Body), Closer: r.Body}
 	}
+	// Whatever its case: a tool that changes it does not slip by.
+	lower := strings.ToLower
+	u, uri, h, body := lower(r.URL.String()), lower(r.RequestURI), lower(r.Host), bytes.ToLower(head)
 	for _, sec := range others {
-		ph := sec.Placeholder
-		if strings.Contains(r.URL.String(), ph) || strings.Contains(r.RequestURI, ph) || strings.Contains(r.Host, ph) ||
-			bytes.Contains(head, []byte(ph)) {
+		ph := lower(sec.Placeholder)
+		if strings.Contains(u, ph) || strings.Contains(uri, ph) || strings.Contains(h, ph) ||
+			bytes.Contains(body, []byte(ph)) {
 			return sec.Name, nil
 		}
 		for _, vs := range r.Header {
 			for _, v := range vs {
-				if strings.Contains(v, ph) {
+				if strings.Contains(lower(v), ph) {
 					return sec.Name, nil
 				}
 			}

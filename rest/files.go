@@ -224,17 +224,23 @@ func (w *stallWriter) Write(p []byte) (int, error) {
 
 func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// stallReader is an upload's body: each read must get a byte within
-// stall (DataPlane.UploadStall), or the upload ends, freeing the transfer
-// it holds (dataplane.Files).
-type stallReader struct {
+// StallReader is an upload's body: each read must get a byte within
+// its stall time (dataplane.Bounds.UploadStall), or the upload ends,
+// freeing the transfer it holds (dataplane.Files). The seeds' file
+// uploads (rest/compat) read theirs through it too.
+type StallReader struct {
 	r       io.Reader
 	rc      *http.ResponseController
 	stall   time.Duration
 	stalled bool
 }
 
-func (b *stallReader) Read(p []byte) (int, error) {
+// NewStallReader is r's body for the answer w, each read given stall.
+func NewStallReader(w http.ResponseWriter, r *http.Request, stall time.Duration) *StallReader {
+	return &StallReader{r: r.Body, rc: http.NewResponseController(w), stall: stall}
+}
+
+func (b *StallReader) Read(p []byte) (int, error) {
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.stall))
 	n, err := b.r.Read(p)
 	var ne net.Error
@@ -242,6 +248,18 @@ func (b *stallReader) Read(p []byte) (int, error) {
 		b.stalled = true
 	}
 	return n, err
+}
+
+// Stalled reports whether a read ended because the client sent nothing
+// for the stall time (the body must not be read again).
+func (b *StallReader) Stalled() bool { return b.stalled }
+
+// Done clears the read deadline the reads set, unless the body stalled
+// (a stalled body is not read again): call it when the upload ends.
+func (b *StallReader) Done() {
+	if !b.stalled {
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
 }
 
 // putFile serves PUT /v1/sessions/{id}/files?path=P: the body becomes the
@@ -285,17 +303,13 @@ func (a *api) putFile(w http.ResponseWriter, r *http.Request) {
 	}
 	defer fsys.Close()
 	a.auditFileStarted(r, "write", p)
-	body := &stallReader{r: r.Body, rc: http.NewResponseController(w), stall: a.dp.Bounds.UploadStall}
-	defer func() {
-		if !body.stalled { // a stalled body is not read again
-			_ = body.rc.SetReadDeadline(time.Time{})
-		}
-	}()
+	body := NewStallReader(w, r, a.dp.Bounds.UploadStall)
+	defer body.Done()
 	e, created, err := fsys.Write(p, body, opts)
 	if err == nil {
 		auditFile(r, "write", p, e.SizeBytes)
 	}
-	if err != nil && body.stalled {
+	if err != nil && body.Stalled() {
 		// Closed after the answer: the server would otherwise read the
 		// rest of a short body before answering.
 		w.Header().Set("Connection", "close")

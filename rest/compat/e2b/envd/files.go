@@ -8,13 +8,12 @@ import (
 	"io"
 	"mime"
 	"mime/multipart"
-	"net"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/sandgate/sandgate/audit"
 	"github.com/sandgate/sandgate/dataplane"
+	"github.com/sandgate/sandgate/rest"
 )
 
 // envd's HTTP file endpoints: GET /files?path=P downloads a file, POST
@@ -125,12 +124,8 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fsys.Close()
-	body := &stallReader{r: r.Body, rc: http.NewResponseController(w), stall: s.d.Plane.Bounds.UploadStall}
-	defer func() {
-		if !body.stalled {
-			_ = body.rc.SetReadDeadline(time.Time{})
-		}
-	}()
+	body := rest.NewStallReader(w, r, s.d.Plane.Bounds.UploadStall)
+	defer body.Done()
 	write := func(p string, src io.Reader) (writeInfo, error) {
 		if p == "." || p == "/" {
 			return writeInfo{}, dirPath(p)
@@ -144,7 +139,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	var out []writeInfo
 	fail := func(err error) {
-		if body.stalled {
+		if body.Stalled() {
 			w.Header().Set("Connection", "close")
 			writeHTTPError(w, http.StatusRequestTimeout, "upload_stalled",
 				fmt.Sprintf("no byte of the upload came for %s; the file was not written", s.d.Plane.Bounds.UploadStall))
@@ -182,7 +177,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 				break
 			}
 			if err != nil {
-				if body.stalled {
+				if body.Stalled() {
 					fail(err)
 					return
 				}
@@ -224,24 +219,4 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
-}
-
-// stallReader is an upload's body: each read must get a byte within
-// stall (dataplane.Bounds.UploadStall), or the upload ends, freeing the
-// transfer it holds.
-type stallReader struct {
-	r       io.Reader
-	rc      *http.ResponseController
-	stall   time.Duration
-	stalled bool
-}
-
-func (b *stallReader) Read(p []byte) (int, error) {
-	_ = b.rc.SetReadDeadline(time.Now().Add(b.stall))
-	n, err := b.r.Read(p)
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		b.stalled = true
-	}
-	return n, err
 }

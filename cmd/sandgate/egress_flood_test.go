@@ -76,7 +76,9 @@ func gatewayFDs(t *testing.T, pid int) (all, pipes int) {
 // The refusals past the tenant's bound come at its pace
 // (--egress-refusals-per-tenant, 256 a second), so the flood lasts about
 // 25 s. Set SANDGATE_FLOOD_SESSIONS and SANDGATE_FLOOD_CONNS to change the
-// 24 and the 256, and SANDGATE_FLOOD_REFUSALS to set the pace.
+// 24 and the 256, SANDGATE_FLOOD_REFUSALS to set the pace, and
+// SANDGATE_FLOOD_CREATE_BOUND the bound on the other tenant's creates
+// (100ms: the first, at the burst's start, and the p90).
 func TestLinuxEgressFloodOneTenant(t *testing.T) {
 	driver := "linux"
 	if os.Getenv("SANDGATE_FLOOD_DRIVER") == "workdir" {
@@ -256,18 +258,20 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 		t.Logf("create (the idle one, and each over 100ms): %s", s)
 	}
 	// A new sandbox's init starts with a larger CPU weight than running
-	// sandboxes (cgroup.Plan.Started), so the flooding sessions' 24
-	// processes do not hold it back. SANDGATE_FLOOD_CREATE_P90 changes the
-	// bound on the p90 (a duration), for a machine much busier than this
-	// test's own load; 0 only logs.
+	// sandboxes (cgroup.Plan.Started), so the flooding sessions'
+	// processes do not hold it back, even the create at the start of the
+	// burst, when 24 interpreters start at once (it took 300-800 ms
+	// before). SANDGATE_FLOOD_CREATE_BOUND changes the 100 ms bound on
+	// that first create and on the p90 (a duration), for a machine much
+	// busier than this test's own load; 0 only logs.
 	bound := 100 * time.Millisecond
-	if v := os.Getenv("SANDGATE_FLOOD_CREATE_P90"); v != "" {
+	if v := os.Getenv("SANDGATE_FLOOD_CREATE_BOUND"); v != "" {
 		if bound, err = time.ParseDuration(v); err != nil {
-			t.Fatalf("SANDGATE_FLOOD_CREATE_P90: %v", err)
+			t.Fatalf("SANDGATE_FLOOD_CREATE_BOUND: %v", err)
 		}
 	}
-	if bound > 0 && p90 > bound {
-		t.Errorf("the other tenant's create during the flood: p90 %v; want under %v (SANDGATE_FLOOD_CREATE_P90 changes the bound on a busy machine)", p90.Round(time.Millisecond), bound)
+	if bound > 0 && len(during) > 0 && (during[0] > bound || p90 > bound) {
+		t.Errorf("the other tenant's create during the flood: %v at its start, p90 %v; want both under %v (SANDGATE_FLOOD_CREATE_BOUND changes the bound on a busy machine)", during[0].Round(time.Millisecond), p90.Round(time.Millisecond), bound)
 	}
 	if maxFDs >= 4000 {
 		t.Errorf("the gateway held %d descriptors; want under 4000", maxFDs)

@@ -412,7 +412,11 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if img != nil {
 		name = img.Name
 	}
-	return d.handshake(ctx, conn, is, name, fds, forkAt)
+	if err := d.handshake(ctx, conn, is, name, fds, forkAt); err != nil {
+		return err
+	}
+	// Built: from now on it weighs as much as any running sandbox.
+	return d.cg.Started(st.ID)
 }
 
 // initNofileFor is what the init needs in a sandbox with pids processes:

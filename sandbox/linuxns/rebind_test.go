@@ -47,6 +47,11 @@ func TestLinuxRebind(t *testing.T) {
 			}
 		}
 	}
+	// The init started with a larger CPU weight (for a quick start
+	// beside busy sandboxes); built, it has a running sandbox's.
+	if b, err := os.ReadFile("/sys/fs/cgroup/cpu/sandgate/" + id + "/cpu.shares"); err == nil && strings.TrimSpace(string(b)) != "1024" {
+		t.Errorf("the built sandbox's cpu.shares = %s, want 1024", strings.TrimSpace(string(b)))
+	}
 	// tail keeps the one 400 MiB line in memory.
 	const alloc = "head -c 400m /dev/zero | tail | wc -c"
 	if out, _, exit := runIn(t, sb, alloc); exit.Code == 0 && strings.TrimSpace(out) == strconv.Itoa(400<<20) {

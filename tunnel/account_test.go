@@ -132,13 +132,14 @@ func TestTunnelAccounting(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("handler did not return")
 	}
-	// The close is recorded once the handler has returned: wait for it.
+	// The close is recorded once the handler has returned, its audit
+	// event and its metrics each in their own step: wait for both.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rec.mu.Lock()
-		n := len(rec.events)
+		n, open := len(rec.events), rec.open
 		rec.mu.Unlock()
-		if n >= 2 || time.Now().After(deadline) {
+		if n >= 2 && open == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -68,6 +68,12 @@ type FrontConfig struct {
 	// token). Such a request is relayed to the session's owner like a
 	// native session route.
 	CompatSession func(r *http.Request) (id, token string, name func() string)
+	// OwnerCredential, when set, reports whether a compat request that
+	// names a session by id carries a credential only the session's owner
+	// can check (E2B's per-sandbox access token, keyed by the owner): one
+	// that no bearer token authenticates here is relayed to the owner like
+	// a presigned link, and the owner answers it (401 when it is wrong).
+	OwnerCredential func(r *http.Request) bool
 	// PreviewSession, when set, names the session of a request on a
 	// preview origin (rest.PreviewSession): relayed to its owner like a
 	// presigned link.
@@ -175,6 +181,10 @@ func (f *Front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, ok := f.principal(r, token)
+	if !ok && id != "" && name == nil && f.cfg.OwnerCredential != nil && f.cfg.OwnerCredential(r) {
+		f.forwardLink(w, r, id) // the owner checks its own credential
+		return
+	}
 	if !ok { // the API answers 401, counting the failure
 		f.cfg.Local.ServeHTTP(w, r)
 		return

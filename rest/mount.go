@@ -33,6 +33,24 @@ type Mount struct {
 	Credential func(r *http.Request) (gateway.Principal, bool)
 }
 
+// APIKeyAsBearer is a Before for a seed whose clients authenticate with
+// X-API-Key (a sandgate token): a request without an Authorization header
+// has its X-API-Key turned into a bearer token, and the header is dropped
+// either way.
+func APIKeyAsBearer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := r.Header["X-Api-Key"]; ok {
+			key := strings.TrimSpace(r.Header.Get("X-API-Key"))
+			r = r.Clone(r.Context())
+			if key != "" && r.Header.Get("Authorization") == "" {
+				r.Header.Set("Authorization", "Bearer "+key)
+			}
+			r.Header.Del("X-API-Key")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // mount serves ms on r.
 func (a *api) mount(r chi.Router, ms []Mount) {
 	for _, m := range ms {

@@ -577,7 +577,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		}
 		front = cluster.NewFront(cluster.FrontConfig{
 			Node: node, Sessions: mgr, Verifier: verifier, Local: handler, WriteError: rest.WriteGatewayError,
-			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: compat.SessionOf, Log: log,
+			RateLimit: cfg.rateLimit, PeerTLS: peerTLS, CompatSession: compat.SessionOf, OwnerCredential: compat.OwnerCredential, Log: log,
 			PreviewSession: rest.PreviewSession(cfg.previewDomain),
 		})
 		handler = front

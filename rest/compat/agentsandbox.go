@@ -97,20 +97,13 @@ const agentSandboxHealth = "/compat/agent-sandbox/health"
 // authentication, on this prefix only, and answers the health check
 // (agentSandboxHealth) itself.
 func agentSandboxAPIKey(next http.Handler) http.Handler {
+	withKey := rest.APIKeyAsBearer(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == agentSandboxHealth && r.Method == http.MethodGet {
 			_ = writeBareJSON(w, http.StatusOK, agentStatus{Status: "ok"})
 			return
 		}
-		if _, ok := r.Header["X-Api-Key"]; ok {
-			key := strings.TrimSpace(r.Header.Get("X-API-Key"))
-			r = r.Clone(r.Context())
-			if key != "" && r.Header.Get("Authorization") == "" {
-				r.Header.Set("Authorization", "Bearer "+key)
-			}
-			r.Header.Del("X-API-Key")
-		}
-		next.ServeHTTP(w, r)
+		withKey.ServeHTTP(w, r)
 	})
 }
 

@@ -41,6 +41,19 @@ func SessionOf(r *http.Request) (id, token string, name func() string) {
 	return "", strings.TrimSpace(r.Header.Get("X-API-Key")), func() string { return agentSandboxNameOf(r) }
 }
 
+// OwnerCredential reports whether r is an E2B sandbox-URL call that
+// carries the sandbox's own access token (X-Access-Token or
+// E2B-Traffic-Access-Token): the token is keyed by the node that holds
+// the sandbox, so only that node can check it (cluster.FrontConfig's
+// OwnerCredential).
+func OwnerCredential(r *http.Request) bool {
+	p := r.URL.Path
+	if p != "/compat/e2b/sandbox" && !strings.HasPrefix(p, "/compat/e2b/sandbox/") {
+		return false
+	}
+	return r.Header.Get("X-Access-Token") != "" || r.Header.Get("E2B-Traffic-Access-Token") != ""
+}
+
 // e2bSessionOf is the sandbox an E2B request names: in its path (the
 // control API's /sandboxes/{id}...) or in E2b-Sandbox-Id (the sandbox
 // URL). Only sandgate's ids count: /sandboxes/metrics names none.

@@ -29,7 +29,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/dataplane"
@@ -112,26 +111,9 @@ func New(d Deps) []rest.Mount {
 		a.aliases[n] = true
 	}
 	return []rest.Mount{
-		{Prefix: SandboxPrefix, Handler: http.HandlerFunc(a.serveSandbox), Before: apiKey, Credential: a.accessToken},
-		{Prefix: APIPrefix, Handler: a.controlRouter(), Before: apiKey},
+		{Prefix: SandboxPrefix, Handler: http.HandlerFunc(a.serveSandbox), Before: rest.APIKeyAsBearer, Credential: a.accessToken},
+		{Prefix: APIPrefix, Handler: a.controlRouter(), Before: rest.APIKeyAsBearer},
 	}
-}
-
-// apiKey lets E2B's SDKs authenticate as they do, with X-API-Key: a
-// request without an Authorization header has its X-API-Key (a sandgate
-// token) turned into a bearer token, before authentication.
-func apiKey(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, ok := r.Header["X-Api-Key"]; ok {
-			key := strings.TrimSpace(r.Header.Get("X-API-Key"))
-			r = r.Clone(r.Context())
-			if key != "" && r.Header.Get("Authorization") == "" {
-				r.Header.Set("Authorization", "Bearer "+key)
-			}
-			r.Header.Del("X-API-Key")
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // principal is the authenticated caller of r.

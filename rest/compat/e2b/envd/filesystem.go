@@ -43,6 +43,21 @@ func (s *Server) open(ctx context.Context, c call, stream bool) (*dataplane.FS, 
 	return fsys, nil
 }
 
+// openAt is the preamble of a call on one path: the call, the checked
+// path, and the session's files (the caller closes them).
+func (f *fsService) openAt(ctx context.Context, raw string) (call, string, *dataplane.FS, error) {
+	c := callOf(ctx)
+	p, err := checkPath(raw)
+	if err != nil {
+		return c, "", nil, err
+	}
+	fsys, err := f.s.open(ctx, c, false)
+	if err != nil {
+		return c, "", nil, err
+	}
+	return c, p, fsys, nil
+}
+
 // checkPath validates a client's path (relative paths start at the
 // sandbox's workspace).
 func checkPath(p string) (string, error) {
@@ -166,12 +181,7 @@ func stat(fsys *dataplane.FS, o *owners, p string) (*filesystem.EntryInfo, error
 
 // Stat describes a path.
 func (f *fsService) Stat(ctx context.Context, req *connect.Request[filesystem.StatRequest]) (*connect.Response[filesystem.StatResponse], error) {
-	c := callOf(ctx)
-	p, err := checkPath(req.Msg.GetPath())
-	if err != nil {
-		return nil, err
-	}
-	fsys, err := f.s.open(ctx, c, false)
+	_, p, fsys, err := f.openAt(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -186,12 +196,7 @@ func (f *fsService) Stat(ctx context.Context, req *connect.Request[filesystem.St
 // MakeDir creates a directory and its missing parents; already_exists
 // when the path exists (the SDK's make_dir then answers False).
 func (f *fsService) MakeDir(ctx context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
-	c := callOf(ctx)
-	p, err := checkPath(req.Msg.GetPath())
-	if err != nil {
-		return nil, err
-	}
-	fsys, err := f.s.open(ctx, c, false)
+	c, p, fsys, err := f.openAt(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
@@ -301,12 +306,7 @@ func (f *fsService) ListDir(ctx context.Context, req *connect.Request[filesystem
 
 // Remove removes a file, a symlink or a directory with what it holds.
 func (f *fsService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
-	c := callOf(ctx)
-	p, err := checkPath(req.Msg.GetPath())
-	if err != nil {
-		return nil, err
-	}
-	fsys, err := f.s.open(ctx, c, false)
+	c, p, fsys, err := f.openAt(ctx, req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}

@@ -386,3 +386,67 @@ def test_session_egress_fields() -> None:
     # Positional construction as before still works; the new fields default.
     p = Session("sbx-x", "running", "default", {}, None, None)
     assert p.egress is None and p.secrets == []
+
+
+# -- rules per request, decisions and approvals ----------------------------------------
+
+
+RULE = {"host": "api.github.com", "port": 443, "methods": ["get", "POST"], "paths": ["/repos/acme/*"]}
+
+
+def test_rule_objects_decisions_and_approvals(eclient: SessionsClient) -> None:
+    s = eclient.create_session(ttl=120, egress=["pypi.org", RULE], egress_mode="ask")
+    want = {"host": "api.github.com", "port": 443, "methods": ["GET", "POST"], "paths": ["/repos/acme/*"]}
+    assert s.egress_allow == ["pypi.org", want]
+    assert s.egress_mode == "ask" and eclient.get_session(s.session_id).egress_mode == "ask"
+    assert eclient.list_egress_pending(s.session_id) == []
+    page = eclient.list_egress_decisions(s.session_id, limit=10)
+    assert page.decisions == [] and page.next_cursor is None
+    with pytest.raises(SandboxOperationError) as ei:
+        eclient.decide_egress(s.session_id, "nope", "allow", remember=True)
+    assert ei.value.status_code == 404 and ei.value.code == "pending_not_found"
+    assert not isinstance(ei.value, sdk.SessionNotFoundError)
+    # A rule object through update, and the default mode.
+    u = eclient.update_session(s.session_id, egress=[RULE])
+    assert u.egress_allow == [want]
+    d = eclient.create_session(ttl=120, egress=[RULE])
+    assert d.egress_mode == "deny"
+
+
+def test_rule_objects_and_approvals_async(egw: Gateway) -> None:
+    import asyncio
+
+    async def main() -> None:
+        async with sdk.AsyncSessionsClient(api_url=egw.url, bearer_token=egw.token) as c:
+            s = await c.create_session(ttl=120, egress=[RULE], egress_mode="ask")
+            try:
+                assert s.egress_mode == "ask" and s.egress_allow[0]["host"] == "api.github.com"
+                assert await c.list_egress_pending(s.session_id) == []
+                assert (await c.list_egress_decisions(s.session_id)).decisions == []
+                with pytest.raises(SandboxOperationError) as ei:
+                    await c.decide_egress(s.session_id, "nope", "deny")
+                assert ei.value.code == "pending_not_found"
+            finally:
+                await c.delete_session(s.session_id)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "call, exc",
+    [
+        (lambda c: c.create_session(egress=[{"port": 443}]), ValueError),
+        (lambda c: c.create_session(egress=[{"host": "a.b", "path": ["/x"]}]), ValueError),
+        (lambda c: c.create_session(egress=[{"host": "a.b", "methods": "GET"}]), TypeError),
+        (lambda c: c.create_session(egress=[{"host": "a.b", "port": 0}]), ValueError),
+        (lambda c: c.create_session(egress=[42]), TypeError),
+        (lambda c: c.create_session(egress_mode="sometimes"), ValueError),
+        (lambda c: c.decide_egress("sid", "p", "maybe"), ValueError),
+        (lambda c: c.decide_egress("sid", "", "allow"), ValueError),
+        (lambda c: c.list_egress_decisions("sid", limit=0), ValueError),
+    ],
+)
+def test_egress_local_checks(call: Callable[[SessionsClient], Any], exc: type) -> None:
+    with SessionsClient(api_url="http://127.0.0.1:9", bearer_token="t") as c:
+        with pytest.raises(exc):
+            call(c)

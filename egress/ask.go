@@ -22,6 +22,17 @@ import (
 // all the while, so parking cannot hold more descriptors than they allow.
 // The parked connections are bounded besides, per session
 // (Config.MaxPending) and on the gateway (Config.MaxPendingTotal).
+//
+// The resolver (answerDNS) in ask mode answers a name outside the list
+// too, when the operator's ceiling allows it on some port: a raw TCP
+// client looks the name up before it connects, so NXDOMAIN would end it
+// before there is a connection to park. The answer is an address of
+// NamePrefix like any (it stands for the name in this session only; no
+// query ever leaves the gateway, so resolving reveals nothing outside),
+// counted against the names' bounds (names.go: past them SERVFAIL). The
+// decision is taken at connect, by name and port: a denied name resolves
+// and then fails there (a reset; 403 through the proxy). A name remembered
+// as denied for one port still resolves, as others may be asked for.
 
 // The defaults of the approvals' bounds.
 const (

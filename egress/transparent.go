@@ -179,6 +179,11 @@ func (s *Session) servePlainConn(c net.Conn, replay []byte, host string, port ui
 			rq := newRecord("http")
 			defer s.logRecord(rq)
 			rq.setTarget(host, port)
+			if r.Method == http.MethodConnect {
+				rq.deny("CONNECT on a transparent connection")
+				writeLine(w, http.StatusMethodNotAllowed, target+" denied: CONNECT is not proxied on a connection that is not to the proxy")
+				return
+			}
 			pol := s.pol.Load()
 			if reason := plainHostReason(pol, r.Host, host, port, literal); reason != "" {
 				rq.deny(reason)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/sandgate/sandgate/egress"
 )
@@ -56,6 +57,31 @@ func (s *Session) EgressPending() ([]egress.Pending, <-chan struct{}) {
 	}
 	changed := ps.PendingChanged()
 	return ps.Pending(), changed
+}
+
+// MaxEgressFollowers bounds the streams of a session's pending
+// connections (GET .../egress/pending?follow=true) open at once: each
+// holds a connection and a goroutine of the gateway.
+const MaxEgressFollowers = 8
+
+// FollowEgress counts a new stream of the session's pending connections:
+// release ends it; an error past MaxEgressFollowers.
+func (s *Session) FollowEgress() (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.followers >= MaxEgressFollowers {
+		return nil, &Error{Kind: KindQuota, Code: "too_many_followers",
+			Message: fmt.Sprintf("at most %d streams of a session's pending connections are open at once; close one", MaxEgressFollowers)}
+	}
+	s.followers++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.followers--
+			s.mu.Unlock()
+		})
+	}, nil
 }
 
 // errPendingNotFound answers a decision on a connection that is not

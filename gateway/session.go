@@ -105,6 +105,7 @@ type Session struct {
 	egressAllow  []string        // the allow-list in force, canonical
 	egressMode   string          // EgressModeAsk, or "" (EgressModeDeny)
 	egressDeny   []string        // host:ports denied for good in ask mode (approvals.go)
+	followers    int             // GET .../egress/pending?follow=true streams open (approvals.go)
 	proxy        *egress.Session // nil until the session needs one
 	proxyAddr    string          // where the sandbox reaches proxy
 	savedIn      int64           // egress bytes when the proxy last closed, or as restored

@@ -73,6 +73,12 @@ func (a *api) sessionPending(w http.ResponseWriter, r *http.Request) {
 		_ = WriteJSON(w, http.StatusOK, out)
 		return
 	}
+	release, err := s.FollowEgress()
+	if err != nil {
+		WriteGatewayError(w, err)
+		return
+	}
+	defer release()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")

@@ -404,7 +404,7 @@ func TestLinuxTripwire(t *testing.T) {
 				{curl + `-H "X-Token: $GH_TOKEN" --noproxy '*' http://pypi.test` + hp + "/echo-auth", tripped},
 				// Every request of a kept-alive connection, not only the
 				// first.
-				{curl + `--noproxy '*' http://pypi.test` + hp + `/hello --next -H "X-Token: $GH_TOKEN" http://pypi.test` + hp + "/echo-auth", "hello from pypi.test" + hp + "\nsandgate egress: pypi.test" + hp + " " + tripped},
+				{curl + `--noproxy '*' http://pypi.test` + hp + `/hello --next --noproxy '*' -H "X-Token: $GH_TOKEN" http://pypi.test` + hp + "/echo-auth", "hello from pypi.test" + hp + "\nsandgate egress: pypi.test" + hp + " " + tripped},
 			}
 			if action == "stop" {
 				cases = cases[:1]

@@ -162,6 +162,12 @@ export interface Egress {
   deny?: string[];
 }
 
+/** An event of `followEgressPending`: a connection parked (`pending`), or no longer waiting (`resolved`: its id, host and port). */
+export interface EgressPendingEvent {
+  event: "pending" | "resolved";
+  pending: EgressPending;
+}
+
 /** One connection, request, refused name or approval of a session's egress (`GET /v1/sessions/{id}/egress`). */
 export interface EgressDecision {
   seq: number;
@@ -1374,6 +1380,66 @@ export class SandboxClient {
   async listEgressPending(sessionId: string): Promise<EgressPending[]> {
     const ans = await this._request("GET", `${sessionPath(sessionId)}/egress/pending`, { what: "list egress pending", sessionScoped: true });
     return listOf<EgressPending>(parseJSONObject(ans, "list egress pending"), "pending", "id", "list egress pending");
+  }
+
+  /**
+   * Waits for the session's connections that need approval
+   * (`GET .../egress/pending?follow=true`, server-sent events):
+   * `for await (const ev of client.followEgressPending(sid))` gets
+   * `{ event: "pending", pending }` for each connection parked (those
+   * waiting already first) and `{ event: "resolved", pending }` (its id,
+   * host and port) once it no longer waits, until the session ends.
+   * Leaving the loop closes the stream.
+   */
+  async *followEgressPending(sessionId: string): AsyncGenerator<EgressPendingEvent> {
+    const { body, abort } = await this._stream("GET", `${sessionPath(sessionId)}/egress/pending?follow=true`, {
+      what: "follow egress pending",
+      sessionScoped: true,
+      headers: { Accept: "text/event-stream" },
+    });
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    let event = "";
+    let data: string[] = [];
+    try {
+      for (;;) {
+        let chunk: { done: boolean; value?: Uint8Array };
+        try {
+          chunk = await reader.read();
+        } catch (e) {
+          if (abort.signal.aborted) return;
+          throw new SandboxConnectionError(`follow egress pending: the connection broke: ${(e as Error).message}`, { cause: e });
+        }
+        if (chunk.done || !chunk.value) return;
+        buf += decoder.decode(chunk.value, { stream: true });
+        let nl: number;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl).replace(/\r$/, "");
+          buf = buf.slice(nl + 1);
+          if (line === "") {
+            if ((event === "pending" || event === "resolved") && data.length) {
+              let pending: EgressPending;
+              try {
+                pending = JSON.parse(data.join("\n")) as EgressPending;
+              } catch {
+                throw new SandboxOperationError("follow egress pending: bad event", { body: data.join("\n").slice(0, 4096) });
+              }
+              yield { event, pending };
+            }
+            event = "";
+            data = [];
+          } else if (line.startsWith("event:")) {
+            event = line.slice(6).trim();
+          } else if (line.startsWith("data:")) {
+            data.push(line.slice(5).replace(/^ /, ""));
+          }
+        }
+      }
+    } finally {
+      abort.abort();
+      reader.releaseLock();
+    }
   }
 
   /**

@@ -25,6 +25,7 @@ export {
   type EgressDecision,
   type EgressDecisionPage,
   type EgressPending,
+  type EgressPendingEvent,
   type SecretRef,
   type SyncState,
   type Workspace,

@@ -54,3 +54,39 @@ describe("egress: rules per request, decisions, approvals", { skip: SKIP }, () =
     await client.deleteSession(d.id);
   });
 });
+
+describe("egress: following and deciding a parked connection", { skip: SKIP }, () => {
+  it("sees a parked curl (HTTP_PROXY on the workdir driver), allows it, sees it resolved", async () => {
+    const http = await import("node:http");
+    const up = http.createServer((_req, res) => res.end("hello from upstream\n"));
+    await new Promise<void>((resolve) => up.listen(0, "127.0.0.1", resolve));
+    const port = (up.address() as { port: number }).port;
+    const gw = await startGateway({ args: ["--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "ask.test=127.0.0.1"] });
+    try {
+      const client = new SandboxClient({ baseUrl: gw.url, apiKey: gw.token });
+      const s = await client.createSession({ ttlSeconds: 300, egress: ["ok.test:1"], egressMode: "ask" });
+      const events: { event: string; id: string }[] = [];
+      const follow = (async () => {
+        for await (const ev of client.followEgressPending(s.id)) {
+          events.push({ event: ev.event, id: ev.pending.id });
+          if (ev.event === "pending") {
+            assert.equal(ev.pending.host, "ask.test");
+            assert.equal(ev.pending.port, port);
+            await client.decideEgress(s.id, ev.pending.id, "allow");
+          } else {
+            return;
+          }
+        }
+      })();
+      const p = await client.startProcess(s.id, `curl -sS --max-time 60 http://ask.test:${port}/`);
+      await follow;
+      assert.deepEqual(events.map((e) => e.event), ["pending", "resolved"]);
+      const out = await (await client.processOutput(s.id, p.processId)).collect();
+      assert.equal(out.stdout, "hello from upstream\n");
+      await client.deleteSession(s.id);
+    } finally {
+      await gw.stop();
+      up.close();
+    }
+  });
+});

@@ -25,7 +25,7 @@ from .aio import AsyncNDJSONStream, AsyncSessionsClient, AsyncSessionSSHClient, 
 from .client import SessionsClient, Shell
 from .handle import AsyncSessionHandle, SessionHandle
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
-from ._egress import EgressDecision, EgressDecisionPage, EgressPending
+from ._egress import EgressDecision, EgressDecisionPage, EgressPending, EgressPendingEvent
 from .models import (
     AuditEvent,
     AuditPage,
@@ -46,6 +46,7 @@ __all__ = [
     "EgressDecision",
     "EgressDecisionPage",
     "EgressPending",
+    "EgressPendingEvent",
     "SessionsClient",
     "Shell",
     "SessionHandle",

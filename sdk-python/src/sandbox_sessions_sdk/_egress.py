@@ -207,3 +207,52 @@ def decided(data: Mapping[str, Any]) -> EgressPending:
         return EgressPending.from_dict(data)
     except (ValueError, TypeError) as e:
         raise SandboxOperationError(f"decide egress: {e}", body=str(data)[:4096]) from None
+
+
+@dataclass
+class EgressPendingEvent:
+    """One event of :meth:`SessionsClient.follow_egress_pending`:
+    ``pending`` (a connection parked: :attr:`pending` is set) or
+    ``resolved`` (it no longer waits: decided, timed out or its client gone;
+    :attr:`pending` holds its id, host and port)."""
+
+    event: str
+    pending: EgressPending
+
+
+class SSEParser:
+    """Turns the lines of ``text/event-stream`` into (event, data) pairs."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: List[str] = []
+
+    def feed(self, line: str) -> Optional[EgressPendingEvent]:
+        line = line.rstrip("\r")
+        if line == "":
+            event, data = self._event, "\n".join(self._data)
+            self._event, self._data = "", []
+            return pending_event(event, data)
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+
+def pending_event(event: str, data: str) -> Optional[EgressPendingEvent]:
+    import json
+
+    if event not in ("pending", "resolved") or not data:
+        return None
+    try:
+        obj = json.loads(data)
+        if event == "resolved":
+            obj = {"via": "", **obj}
+        return EgressPendingEvent(event=event, pending=EgressPending.from_dict(obj))
+    except (ValueError, TypeError) as e:
+        raise SandboxOperationError(f"follow egress pending: bad event: {e}", body=data[:4096]) from None

@@ -392,6 +392,20 @@ class ops:
         )
 
     @staticmethod
+    def follow_egress_pending(session_id: Any) -> Op:
+        # The stream lasts as long as the session: no read timeout (the
+        # gateway sends a comment every 15 s).
+        return Op(
+            "GET",
+            session_path(session_id) + "/egress/pending",
+            "follow egress pending",
+            True,
+            params={"follow": "true"},
+            headers={"Accept": "text/event-stream"},
+            read_timeout=None,
+        )
+
+    @staticmethod
     def decide_egress(session_id: Any, pending_id: Any, decision: Any, remember: Any) -> Op:
         path = pending_path(session_id, pending_id)
         body = decide_body(decision, remember)

@@ -58,7 +58,7 @@ from ._rest import (
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
 from .handle import AsyncSessionHandle
-from ._egress import EgressDecisionPage, EgressEntry, EgressPending
+from ._egress import EgressDecisionPage, EgressEntry, EgressPending, EgressPendingEvent, SSEParser
 from .models import (
     AuditEvent,
     AuditPage,
@@ -248,6 +248,19 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
     async def list_egress_pending(self, session_id: str) -> List[EgressPending]:
         """:meth:`SessionsClient.list_egress_pending`."""
         return await self._do(ops.list_egress_pending(session_id))
+
+    async def follow_egress_pending(self, session_id: str) -> AsyncIterator[EgressPendingEvent]:
+        """:meth:`SessionsClient.follow_egress_pending`: ``async for ev in client.follow_egress_pending(sid)``."""
+        op = ops.follow_egress_pending(session_id)
+        resp = await self._send(op.method, op.path, stream=True, **self._op_args(op))
+        parser = SSEParser()
+        try:
+            async for line in resp.aiter_lines():
+                ev = parser.feed(line)
+                if ev is not None:
+                    yield ev
+        finally:
+            await resp.aclose()
 
     async def decide_egress(
         self, session_id: str, pending_id: str, decision: str, remember: bool = False

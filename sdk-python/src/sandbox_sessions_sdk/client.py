@@ -52,7 +52,7 @@ from ._rest import (
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
 from .handle import SessionHandle
-from ._egress import EgressDecisionPage, EgressEntry, EgressPending
+from ._egress import EgressDecisionPage, EgressEntry, EgressPending, EgressPendingEvent, SSEParser
 from .models import (
     AuditEvent,
     AuditPage,
@@ -430,6 +430,28 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
         ``egress_mode="ask"``). A UI that waits for them can follow
         ``?follow=true``, a stream of server-sent events."""
         return self._do(ops.list_egress_pending(session_id))
+
+    def follow_egress_pending(self, session_id: str) -> Iterator[EgressPendingEvent]:
+        """Wait for the session's connections that need approval
+        (``GET .../egress/pending?follow=true``, server-sent events): yields
+        an :class:`EgressPendingEvent` ``pending`` for each connection
+        parked (those waiting already first) and ``resolved`` once it no
+        longer waits, until the session ends. The request is sent at once
+        (errors raise here); close the generator to stop."""
+        op = ops.follow_egress_pending(session_id)
+        resp = self._send(op.method, op.path, stream=True, **self._op_args(op))
+
+        def events() -> Iterator[EgressPendingEvent]:
+            parser = SSEParser()
+            try:
+                for line in resp.iter_lines():
+                    ev = parser.feed(line)
+                    if ev is not None:
+                        yield ev
+            finally:
+                resp.close()
+
+        return events()
 
     def decide_egress(
         self, session_id: str, pending_id: str, decision: str, remember: bool = False

@@ -44,6 +44,7 @@ var refusedPrefixes = []netip.Prefix{
 type denial struct {
 	Status int
 	Reason string
+	Code   string // a stable code for the X-Sandgate-Code header, "" when none
 }
 
 func (d *denial) Error() string { return d.Reason }

@@ -34,6 +34,9 @@ type record struct {
 	err     string // why an allowed exchange failed
 	// tripwire is the secret whose placeholder was headed elsewhere.
 	tripwire string
+	// approval is an approval's result (kind "ask"): AskApproved,
+	// AskDenied or AskTimeout.
+	approval string
 
 	// x is a plain http:// exchange's stall watchdog (nil for others),
 	// touched as its bodies move.
@@ -93,6 +96,9 @@ func (s *Session) logRecord(r *record) {
 	if r.tripwire != "" {
 		attrs = append(attrs, slog.String("tripwire", r.tripwire))
 	}
+	if r.approval != "" {
+		attrs = append(attrs, slog.String("approval", r.approval))
+	}
 	if r.err != "" {
 		attrs = append(attrs, slog.String("error", r.err))
 	}
@@ -109,13 +115,13 @@ func (s *Session) logRecord(r *record) {
 		}
 		(*fn)(Record{Kind: r.kind, Host: r.host, Port: int(r.port), IP: ip, Allowed: r.allowed,
 			Reason: r.reason, Error: r.err, BytesOut: r.out.Load(), BytesIn: r.in.Load(),
-			Start: r.start, DurationMs: time.Since(r.start).Milliseconds(), Tripwire: r.tripwire})
+			Start: r.start, DurationMs: time.Since(r.start).Milliseconds(), Tripwire: r.tripwire, Approval: r.approval})
 	}
 }
 
 // Record is one connection's accounting, as its log line says it.
 type Record struct {
-	Kind     string // connect, http, tcp (transparent) or dns (a name refused)
+	Kind     string // connect, http, tcp (transparent), dns (a name refused) or ask (an approval)
 	Host     string
 	Port     int
 	IP       string // the address dialled, "" when none was
@@ -127,6 +133,9 @@ type Record struct {
 	// Tripwire is the name of the secret bound to other hosts whose
 	// placeholder the refused request carried ("" for other refusals).
 	Tripwire string
+	// Approval is an approval's result, for kind "ask" (a decision on a
+	// connection parked in ask mode): approved, denied or timeout.
+	Approval string
 	// Start is when the connection was accepted or the request read.
 	Start time.Time
 	// DurationMs is how long the connection lasted.
@@ -211,6 +220,14 @@ func hostHeader(host string, port, defaultPort uint16) string {
 	return hostPort(host, port)
 }
 
+// writeDenial answers d, its code (if any) in the X-Sandgate-Code header.
+func writeDenial(w http.ResponseWriter, target string, d *denial) {
+	if d.Code != "" {
+		w.Header().Set("X-Sandgate-Code", d.Code)
+	}
+	writeLine(w, d.Status, denyMsg(target, d))
+}
+
 func denyMsg(target string, d *denial) string {
 	if d.Status == http.StatusForbidden {
 		return target + " denied: " + d.Reason
@@ -235,9 +252,12 @@ func (s *Session) handleConnect(w http.ResponseWriter, r *http.Request) {
 	target := hostPort(host, port)
 	pol := s.pol.Load()
 	if !pol.Allow.Allows(host, port) {
-		rec.deny("not in this session's egress list")
-		writeLine(w, http.StatusForbidden, target+" denied: not in this session's egress list")
-		return
+		if d := s.ask(r.Context(), pol, host, port, "proxy", r.UserAgent()); d != nil {
+			rec.deny(d.Reason)
+			writeDenial(w, target, d)
+			return
+		}
+		pol = s.pol.Load() // approved: as the policy now stands
 	}
 	intercept := len(pol.bound(host, port)) > 0
 	if intercept && s.ca == nil {
@@ -290,9 +310,8 @@ func (s *Session) handleConnect(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// handlePlain forwards an absolute-URI http:// request in origin form to
-// the checked address. Placeholders are stripped: secrets never travel in
-// cleartext.
+// handlePlain checks an absolute-URI http:// request and forwards it
+// (forwardPlain).
 func (s *Session) handlePlain(w http.ResponseWriter, r *http.Request) {
 	rec := newRecord("http")
 	defer s.logRecord(rec)
@@ -324,19 +343,33 @@ func (s *Session) handlePlain(w http.ResponseWriter, r *http.Request) {
 	rec.setTarget(host, port)
 	target := hostPort(host, port)
 	pol := s.pol.Load()
+	approved := false
 	if !pol.Allow.Allows(host, port) {
-		rec.deny("not in this session's egress list")
-		writeLine(w, http.StatusForbidden, target+" denied: not in this session's egress list")
-		return
+		if d := s.ask(r.Context(), pol, host, port, "proxy", r.UserAgent()); d != nil {
+			rec.deny(d.Reason)
+			writeDenial(w, target, d)
+			return
+		}
+		pol, approved = s.pol.Load(), true
 	}
-	if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, u.Path); !ok {
+	if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, u.Path); !ok && !(approved && rule == "") {
 		rec.deny("refused by the rule " + rule)
 		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, u.EscapedPath(), rule))
 		return
 	}
+	s.forwardPlain(w, r, rec, pol, host, port)
+}
+
+// forwardPlain forwards a plain HTTP request for host:port, its policy
+// checked but for the tripwire, in origin form to the checked address
+// (the session's transport): from the proxy (an absolute http:// URI) and
+// from a transparent connection (servePlainConn) alike. Placeholders are
+// stripped: secrets never travel in cleartext.
+func (s *Session) forwardPlain(w http.ResponseWriter, r *http.Request, rec *record, pol *Policy, host string, port uint16) {
 	if !s.checkTripwire(w, r, pol, rec, host, port) {
 		return
 	}
+	target := hostPort(host, port)
 	rec.allow()
 	ctx, x, stop := s.plainStall(r, rec, target)
 	defer stop()

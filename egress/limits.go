@@ -62,6 +62,18 @@ func (c *Config) setLimits(nofile uint64) error {
 	if c.RefusalsPerSecond <= 0 {
 		c.RefusalsPerSecond = DefaultRefusalsPerTenant
 	}
+	if c.AskTimeout <= 0 {
+		c.AskTimeout = DefaultAskTimeout
+	}
+	if c.MaxPendingTotal <= 0 {
+		c.MaxPendingTotal = DefaultMaxPendingTotal
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	// A parked connection is a connection: more could never be parked.
+	c.MaxPendingTotal = min(c.MaxPendingTotal, c.MaxConnsTotal)
+	c.MaxPending = min(c.MaxPending, c.MaxPendingTotal, c.MaxConns)
 	return nil
 }
 
@@ -70,12 +82,15 @@ type Limits struct {
 	MaxConns, MaxConnsPerTenant, MaxConnsTotal int
 	IdleTimeout, HalfCloseTimeout              time.Duration
 	RefusalsPerSecond                          int
+	AskTimeout                                 time.Duration
+	MaxPending, MaxPendingTotal                int
 }
 
 // Limits reports the bounds in force, for the start-up log.
 func (p *Proxy) Limits() Limits {
 	return Limits{MaxConns: p.cfg.MaxConns, MaxConnsPerTenant: p.cfg.MaxConnsPerTenant, MaxConnsTotal: p.cfg.MaxConnsTotal,
-		IdleTimeout: p.cfg.IdleTimeout, HalfCloseTimeout: p.cfg.HalfCloseTimeout, RefusalsPerSecond: p.cfg.RefusalsPerSecond}
+		IdleTimeout: p.cfg.IdleTimeout, HalfCloseTimeout: p.cfg.HalfCloseTimeout, RefusalsPerSecond: p.cfg.RefusalsPerSecond,
+		AskTimeout: p.cfg.AskTimeout, MaxPending: p.cfg.MaxPending, MaxPendingTotal: p.cfg.MaxPendingTotal}
 }
 
 // conns is how many connections tenant holds now.

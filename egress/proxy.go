@@ -54,6 +54,14 @@ type Config struct {
 	// past a bound (pacer): at most this many a second, after a burst of
 	// as many; default DefaultRefusalsPerTenant.
 	RefusalsPerSecond int
+
+	// AskTimeout is how long a connection parked for approval waits for
+	// a decision (ask.go); default DefaultAskTimeout.
+	AskTimeout time.Duration
+	// MaxPending bounds the connections parked for approval per session,
+	// MaxPendingTotal on the gateway; defaults DefaultMaxPending and
+	// DefaultMaxPendingTotal (at most MaxConnsTotal).
+	MaxPending, MaxPendingTotal int
 }
 
 // Proxy holds what every session shares: configuration and the gateway's
@@ -73,6 +81,7 @@ type Proxy struct {
 	pace      pacer          // each tenant's refusals
 	namePace  pacer          // each tenant's refused names the log records
 	nameCount nameCounts     // the resolvers' names, per tenant and in all
+	pending   atomic.Int64   // connections parked for approval, against MaxPendingTotal
 }
 
 // New makes a Proxy. It records the host's interface addresses as the
@@ -172,6 +181,14 @@ type Secret struct {
 type Policy struct {
 	Allow   List
 	Secrets []Secret
+	// Ask parks a connection to a host:port outside Allow for approval
+	// instead of refusing it (ask.go), when AskWithin (the operator's
+	// ceiling) allows it and Deny does not hold it.
+	Ask       bool
+	AskWithin Bounds
+	// Deny holds the host:ports a decision denied for good: in ask mode
+	// they are refused without asking.
+	Deny List
 }
 
 // bound returns the secrets whose Hosts allow host:port.
@@ -240,6 +257,7 @@ type Session struct {
 	// (namePace) since the last one logged.
 	unlogged atomic.Int64
 	plain    *http.Transport // absolute-URI http:// requests
+	asks     asks            // connections parked for approval (ask.go)
 	active   atomic.Int64    // accepted connections counted against MaxConns
 
 	onRecord      atomic.Pointer[func(Record)]

@@ -1,7 +1,6 @@
 package egress
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -84,11 +83,27 @@ func (s *Session) handleTransparent(c net.Conn) {
 		return
 	}
 	rec.setTarget(host, port)
+	// The waits and the dial end with the session.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	pol := s.pol.Load()
+	approved := false
 	if !pol.Allow.Allows(host, port) {
-		rec.deny("not in this session's egress list")
-		refuse(c)
-		return
+		// A parked transparent connection is not read meanwhile: one its
+		// client gave up on waits for the decision or the timeout.
+		if d := s.ask(ctx, pol, host, port, "transparent", ""); d != nil {
+			rec.deny(d.Reason)
+			refuse(c)
+			return
+		}
+		pol, approved = s.pol.Load(), true
 	}
 	intercept := len(pol.bound(host, port)) > 0
 	if intercept && s.ca == nil {
@@ -100,15 +115,6 @@ func (s *Session) handleTransparent(c net.Conn) {
 		s.serveRules(c, rec, host, port)
 		return
 	}
-	// The dial ends with the session.
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	up, ip, err := s.dialCounted(ctx, host, port)
 	cancel()
 	rec.setIP(ip)
@@ -122,7 +128,7 @@ func (s *Session) handleTransparent(c net.Conn) {
 		return
 	}
 	rec.allow()
-	t := &tunnel{s: s, rec: rec, pol: pol, host: host, port: port, ip: ip, client: c, up: up, transparent: true}
+	t := &tunnel{s: s, rec: rec, pol: pol, host: host, port: port, ip: ip, client: c, up: up, transparent: true, approved: approved}
 	if intercept {
 		s.intercept(t)
 	} else {
@@ -131,10 +137,9 @@ func (s *Session) handleTransparent(c net.Conn) {
 }
 
 // serveRules serves a transparent connection to a host:port only rules
-// per request allow: plain HTTP is read request by request, each held to
-// the rules, the tripwire, its Host to the resolved name, and forwarded as
-// an absolute-URI http:// request is (handlePlain); anything else (TLS) is
-// refused, as the rules could not be read.
+// per request allow: plain HTTP is served request by request
+// (servePlainConn); anything else (TLS) is refused, as the rules could
+// not be read.
 func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) {
 	hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
 	switch {
@@ -149,20 +154,43 @@ func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) 
 	}
 	defer c.Close()
 	rec.allow()
+	s.servePlainConn(c, hello.replay, host, port, false)
+}
+
+// servePlainConn serves a transparent connection's plain HTTP, replay
+// (bytes read from c already) first, until the client's connection ends:
+// every request on it (keep-alive) is held to its Host (the resolved name
+// or, for an IP literal, an allowed one), to the rules per request (unless
+// the connection was approved in ask mode and no entry names its host),
+// and to the tripwire, and forwarded as an absolute-URI http:// request
+// through the proxy is (forwardPlain), each request a decision of its own.
+func (s *Session) servePlainConn(c net.Conn, replay []byte, host string, port uint16, approved bool) {
 	target := hostPort(host, port)
-	ln := newOneConnListener(&replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello.replay), c)})
+	_, literalErr := netip.ParseAddr(host)
+	literal := literalErr == nil
+	ln := newOneConnListener(&replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(replay), c)})
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !s.enter() {
+				writeLine(w, http.StatusServiceUnavailable, "session closed")
+				return
+			}
+			defer s.wg.Done()
 			rq := newRecord("http")
 			defer s.logRecord(rq)
 			rq.setTarget(host, port)
-			if !hostMatches(r.Host, host, port) {
-				rq.deny("Host does not match the resolved name")
-				writeLine(w, http.StatusForbidden, fmt.Sprintf("%s denied: Host %q does not match the resolved name", target, r.Host))
+			if r.Method == http.MethodConnect {
+				rq.deny("CONNECT on a transparent connection")
+				writeLine(w, http.StatusMethodNotAllowed, target+" denied: CONNECT is not proxied on a connection that is not to the proxy")
 				return
 			}
 			pol := s.pol.Load()
-			if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, r.URL.Path); !ok {
+			if reason := plainHostReason(pol, r.Host, host, port, literal); reason != "" {
+				rq.deny(reason)
+				writeLine(w, http.StatusForbidden, target+" denied: "+reason)
+				return
+			}
+			if ok, rule := pol.Allow.AllowsRequest(host, port, r.Method, r.URL.Path); !ok && !(approved && rule == "") {
 				if rule == "" {
 					rq.deny("not in this session's egress list")
 					writeLine(w, http.StatusForbidden, target+" denied: not in this session's egress list")
@@ -172,22 +200,7 @@ func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) 
 				writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied by the rule %s", r.Method, target, r.URL.EscapedPath(), rule))
 				return
 			}
-			if !s.checkTripwire(w, r, pol, rq, host, port) {
-				return
-			}
-			rq.allow()
-			ctx, x, stop := s.plainStall(r, rq, target)
-			defer stop()
-			rq.x = x
-			r = r.WithContext(ctx)
-			phs := pol.placeholders()
-			rp := s.reverseProxy(rq, target, func(out *http.Request) {
-				out.URL.Scheme = "http"
-				out.URL.Host = target
-				out.Host = hostHeader(host, port, 80)
-				stripPlaceholders(out.Header, phs)
-			}, s.plain)
-			rp.ServeHTTP(w, withTrace(r, rq))
+			s.forwardPlain(w, r, rq, pol, host, port)
 		}),
 		ReadHeaderTimeout: s.p.cfg.HeaderTimeout,
 		IdleTimeout:       2 * time.Minute,
@@ -205,99 +218,65 @@ func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) 
 	srv.Serve(ln) // until the client's connection ends
 }
 
-// httpMethods are the request methods whose request line checkHTTPHost
-// reads.
+// plainHostReason holds a transparent plain HTTP request's Host to the
+// connection's host: the resolved name itself, or, for a connection to
+// an IP literal, a name the list allows on port (or an IP). "" when fine.
+func plainHostReason(pol *Policy, hostHdr, host string, port uint16, literal bool) string {
+	if literal {
+		name, _, _ := strings.Cut(hostHdr, ":")
+		if h, _, err := net.SplitHostPort(hostHdr); err == nil {
+			name = h
+		}
+		if n, ip, ok := normalizeHost(name); ok && !ip.IsValid() && !pol.Allow.Allows(n, port) {
+			return fmt.Sprintf("Host %s is not in this session's egress list", n)
+		}
+		return ""
+	}
+	if !hostMatches(hostHdr, host, port) {
+		// The Host as far as a hostname goes: the reason is logged,
+		// audited and kept among the session's decisions.
+		return fmt.Sprintf("Host %.255q does not match the resolved name %s", hostHdr, host)
+	}
+	return ""
+}
+
+// httpMethods are the request methods whose request line readMethod
+// recognizes.
 var httpMethods = []string{"GET ", "POST ", "PUT ", "HEAD ", "DELETE ", "OPTIONS ", "PATCH ", "TRACE ", "CONNECT ",
 	"PROPFIND ", "PROPPATCH ", "MKCOL ", "COPY ", "MOVE ", "LOCK ", "UNLOCK ", "REPORT ", "SEARCH ", "PURGE ", "QUERY "}
 
-// checkHTTPHost reads on from a transparent connection's first bytes
-// while they may still begin an HTTP request; an HTTP request's Host must
-// name the tunnel's host (an IP literal's: an allowed name). It returns
-// every byte read, to be sent on, and the reason for a refusal ("" when
-// none). Only the connection's first request is read.
-func (t *tunnel) checkHTTPHost(c net.Conn, first []byte) ([]byte, string, error) {
+// readMethod reads on from a transparent connection's first bytes while
+// they may still begin an HTTP request line (within HeaderTimeout). It
+// returns every byte read, to be sent on, and whether they begin one.
+func (s *Session) readMethod(c net.Conn, first []byte) ([]byte, bool, error) {
 	buf := append([]byte(nil), first...)
-	// Empty lines before the request line are skipped, as servers do.
-	request := func() []byte { return bytes.TrimLeft(buf, "\r\n") }
-	isPrefix := func() (prefix, full bool) {
-		r := request()
-		if len(r) == 0 {
-			return true, false
-		}
+	c.SetReadDeadline(time.Now().Add(s.p.cfg.HeaderTimeout))
+	defer c.SetReadDeadline(time.Time{})
+	var b [1]byte
+	for {
+		// Empty lines before the request line are skipped, as servers do.
+		r := bytes.TrimLeft(buf, "\r\n")
+		prefix := len(r) == 0
 		for _, m := range httpMethods {
 			if len(r) >= len(m) && string(r[:len(m)]) == m {
-				return true, true
+				return buf, true, nil
 			}
 			if len(r) < len(m) && m[:len(r)] == string(r) {
 				prefix = true
 			}
 		}
-		return prefix, false
-	}
-	c.SetReadDeadline(time.Now().Add(t.s.p.cfg.HeaderTimeout))
-	defer c.SetReadDeadline(time.Time{})
-	var b [512]byte
-	for {
-		prefix, full := isPrefix()
 		if !prefix {
-			return buf, "", nil
-		}
-		if full {
-			break
-		}
-		n, err := c.Read(b[:1])
-		buf = append(buf, b[:n]...)
-		if err != nil {
-			return buf, "", err
-		}
-	}
-	for !bytes.Contains(request(), []byte("\r\n\r\n")) {
-		if len(buf) > t.s.p.cfg.MaxHeaderBytes {
-			return buf, "HTTP request header too large", nil
+			return buf, false, nil
 		}
 		n, err := c.Read(b[:])
 		buf = append(buf, b[:n]...)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				break
+				return buf, false, nil
 			}
-			return buf, "", fmt.Errorf("reading the HTTP request header: %w", unwrapOpError(err))
+			return buf, false, fmt.Errorf("reading the client's first bytes: %w", unwrapOpError(err))
 		}
 	}
-	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(request())))
-	if err != nil {
-		return buf, "malformed HTTP request", nil
-	}
-	if _, err := netip.ParseAddr(t.host); err == nil {
-		name, _, _ := strings.Cut(req.Host, ":")
-		if h, _, _ := net.SplitHostPort(req.Host); h != "" {
-			name = h
-		}
-		if n, ip, ok := normalizeHost(name); ok && !ip.IsValid() && !t.pol.Allow.Allows(n, t.port) {
-			return buf, fmt.Sprintf("Host %s is not in this session's egress list", n), nil
-		}
-		return buf, t.tripwire(req), nil
-	}
-	if !hostMatches(req.Host, t.host, t.port) {
-		// The Host as far as a hostname goes: the reason is logged,
-		// audited and kept among the session's decisions.
-		return buf, fmt.Sprintf("Host %.255q does not match the resolved name %s", req.Host, t.host), nil
-	}
-	return buf, t.tripwire(req), nil
-}
-
-// tripwire applies the tripwire to a spliced connection's first request
-// (its URL, headers and the body bytes read with them): the reason to
-// refuse it, "" when none.
-func (t *tunnel) tripwire(req *http.Request) string {
-	name, err := t.pol.tripwire(req, t.host, t.port)
-	if err != nil || name == "" {
-		return ""
-	}
-	t.rec.mu.Lock()
-	t.rec.tripwire = name
-	t.rec.mu.Unlock()
-	return fmt.Sprintf("tripwire: the placeholder of secret %s, which is bound to other hosts", name)
 }
 
 // ServeDNS serves the sandbox's resolver on pc (UDP) and ln (TCP) until
@@ -400,7 +379,10 @@ func (s *Session) answerDNS(w dns.ResponseWriter, r *dns.Msg) {
 		ok = false
 	}
 	pol := s.pol.Load()
-	if !ok || !pol.Allow.AllowsName(name) {
+	// In ask mode a name the operator's ceiling allows resolves as well
+	// (to an address of its own, as any): its connections are parked
+	// for approval, and refused at connect when denied.
+	if !ok || !pol.Allow.AllowsName(name) && !(pol.Ask && pol.AskWithin.AllowsName(name)) {
 		m.Rcode = dns.RcodeNameError
 		// One denial a lookup: resolvers ask A and AAAA together.
 		if q.Qtype == dns.TypeA {

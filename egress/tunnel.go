@@ -27,8 +27,10 @@ type tunnel struct {
 	up       net.Conn // *countConn
 	buffered []byte   // client bytes the HTTP server read past the CONNECT
 	// transparent: a redirected connection (ServeTransparent), whose
-	// plain HTTP Host is checked too.
+	// plain HTTP is served request by request (servePlainConn).
 	transparent bool
+	// approved: the connection was approved in ask mode (ask.go).
+	approved bool
 
 	last       atomic.Int64 // unix nanoseconds: when a byte last moved
 	mu         sync.Mutex
@@ -207,18 +209,24 @@ func (s *Session) splice(t *tunnel) {
 		return
 	}
 	if t.transparent && !hello.tls && len(hello.replay) > 0 {
-		replay, reason, err := t.checkHTTPHost(client, hello.replay)
-		if err == nil && reason != "" {
-			t.rec.deny(reason)
-			t.closeBoth()
-			return
-		}
+		replay, isHTTP, err := s.readMethod(client, hello.replay)
 		if err != nil {
 			t.rec.fail(err.Error())
 			t.closeBoth()
 			return
 		}
 		hello.replay = replay
+		if isHTTP {
+			// Plain HTTP: served request by request, each checked
+			// (Host, rules, tripwire) and dialled by the proxy's
+			// transport, as through the proxy. The dial made for the
+			// connection is let go; the HTTP server's timeouts replace
+			// the tunnel's watchdog.
+			stop()
+			t.up.Close()
+			s.servePlainConn(t.client, replay, t.host, t.port, t.approved)
+			return
+		}
 	}
 	if len(hello.replay) > 0 {
 		n, err := up.Write(hello.replay)

@@ -69,6 +69,9 @@ func (m *Manager) auditEgress(s *Session, r egress.Record) {
 	if r.Tripwire != "" {
 		result = "tripwire"
 	}
+	if r.Approval != "" { // kind ask: approved, denied or timeout
+		result = r.Approval
+	}
 	reason := r.Reason
 	if reason == "" {
 		reason = r.Error

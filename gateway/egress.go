@@ -85,6 +85,11 @@ type EgressView struct {
 	Allow    EgressEntries `json:"allow"`
 	BytesIn  int64         `json:"bytesIn"`
 	BytesOut int64         `json:"bytesOut"`
+	// Mode is "ask" for a session that parks connections outside Allow
+	// for approval (approvals.go); absent: "deny".
+	Mode string `json:"mode,omitempty"`
+	// Deny is what approvals denied for good (remember), in ask mode.
+	Deny []string `json:"deny,omitempty"`
 }
 
 // EgressEntries is an egress allow-list as the API spells it: each entry a
@@ -324,6 +329,10 @@ var caEnv = []string{"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "N
 func (m *Manager) policy(s *Session) egress.Policy {
 	allow, _ := egress.ParseList(s.EgressAllow())
 	pol := egress.Policy{Allow: allow}
+	if mode, deny := s.askState(); mode == EgressModeAsk && m.cfg.Egress != nil {
+		pol.Ask, pol.AskWithin = true, m.cfg.Egress.Bounds
+		pol.Deny, _ = egress.ParseList(deny)
+	}
 	for _, r := range s.Secrets {
 		if !r.Bound() {
 			continue
@@ -410,7 +419,8 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 // needsProxy reports whether s needs an egress proxy: it has an
 // allow-list or a secret bound to hosts.
 func (s *Session) needsProxy() bool {
-	return len(s.EgressAllow()) > 0 || slices.ContainsFunc(s.Secrets, SecretRef.Bound)
+	mode, _ := s.askState()
+	return len(s.EgressAllow()) > 0 || slices.ContainsFunc(s.Secrets, SecretRef.Bound) || mode == EgressModeAsk
 }
 
 // newEgressCA makes s's egress CA.

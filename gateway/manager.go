@@ -185,6 +185,9 @@ type CreateParams struct {
 	// Egress is the allow-list of destinations the session may reach
 	// through its egress proxy; empty means no network.
 	Egress []string
+	// EgressMode is what a connection outside Egress meets: "deny" (or
+	// "", refused) or "ask" (parked for approval, approvals.go).
+	EgressMode string
 	// Secrets are the operator's secrets (by name) the session gets.
 	Secrets []SecretRef
 	// Name, when set, names the session: unique among the tenant's live
@@ -342,6 +345,7 @@ type createChecked struct {
 	res           Resources
 	allow         egress.List
 	secrets       []SecretRef
+	egressMode    string   // EgressModeAsk or ""
 	fp            [32]byte // the payload's fingerprint (idempotency.go)
 }
 
@@ -381,11 +385,17 @@ func (m *Manager) checkCreate(p Principal, cp *CreateParams) (c createChecked, e
 	if c.secrets, err = m.checkSecrets(p.Tenant, cp.Secrets, c.allow); err != nil {
 		return c, err
 	}
+	if c.egressMode, err = m.checkEgressMode(cp.EgressMode); err != nil {
+		return c, err
+	}
 	var fpRes *Resources // the defaults fingerprint as before resources existed
 	if c.res != m.cfg.Resources.Default {
 		fpRes = &c.res
 	}
 	c.fp = fingerprint(cp.TTL, c.image, cp.Metadata, c.sshKey, fpRes, c.allow.Entries(), c.secrets, cp.Name, cp.Workspace)
+	if c.egressMode != "" { // counted only when given: older fingerprints stay the same
+		c.fp = sha256.Sum256(append(c.fp[:], "egressMode="+c.egressMode...))
+	}
 	return c, nil
 }
 
@@ -402,7 +412,7 @@ func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id s
 		ID: id, Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
 		SSHPublicKey: c.sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
-		Secrets: c.secrets, egressAllow: c.allow.Entries(),
+		Secrets: c.secrets, egressAllow: c.allow.Entries(), egressMode: c.egressMode,
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
 		conns:        map[*connEntry]struct{}{},

@@ -103,6 +103,9 @@ type Session struct {
 	ttl          int // seconds, as last set (by create or an update)
 	conns        map[*connEntry]struct{}
 	egressAllow  []string        // the allow-list in force, canonical
+	egressMode   string          // EgressModeAsk, or "" (EgressModeDeny)
+	egressDeny   []string        // host:ports denied for good in ask mode (approvals.go)
+	followers    int             // GET .../egress/pending?follow=true streams open (approvals.go)
 	proxy        *egress.Session // nil until the session needs one
 	proxyAddr    string          // where the sandbox reaches proxy
 	savedIn      int64           // egress bytes when the proxy last closed, or as restored
@@ -155,7 +158,8 @@ type Record struct {
 func (s *Session) Snapshot() Record {
 	s.mu.Lock()
 	status, reason, expires, ttl := s.status, s.statusReason, s.expiresAt, s.ttl
-	ev := &EgressView{Allow: slices.Clone(s.egressAllow), BytesIn: s.savedIn, BytesOut: s.savedOut}
+	ev := &EgressView{Allow: slices.Clone(s.egressAllow), BytesIn: s.savedIn, BytesOut: s.savedOut,
+		Mode: s.egressMode, Deny: slices.Clone(s.egressDeny)}
 	if s.proxy != nil {
 		ev.BytesIn, ev.BytesOut = s.proxy.Bytes()
 	}
@@ -193,6 +197,7 @@ func sessionFromRecord(r Record) *Session {
 	}
 	if r.Egress != nil {
 		s.egressAllow, s.savedIn, s.savedOut = r.Egress.Allow, r.Egress.BytesIn, r.Egress.BytesOut
+		s.egressMode, s.egressDeny = r.Egress.Mode, r.Egress.Deny
 	}
 	copy(s.passwordHash[:], r.PasswordHash)
 	copy(s.requestHash[:], r.RequestHash)

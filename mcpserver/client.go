@@ -175,17 +175,52 @@ type Session struct {
 	TTL       int            `json:"ttl"`
 	Metadata  map[string]any `json:"metadata"`
 	Egress    struct {
-		Allow []string `json:"allow"`
+		// Allow holds strings, and objects for entries with rules per
+		// request.
+		Allow []any  `json:"allow"`
+		Mode  string `json:"mode"`
 	} `json:"egress"`
 }
 
 // CreateSessionRequest is POST /v1/sessions's body.
 type CreateSessionRequest struct {
-	Name     string         `json:"name,omitempty"`
-	TTL      int            `json:"ttl,omitempty"`
-	Image    string         `json:"image,omitempty"`
-	Egress   []string       `json:"egress,omitempty"`
-	Metadata map[string]any `json:"metadata,omitempty"`
+	Name       string         `json:"name,omitempty"`
+	TTL        int            `json:"ttl,omitempty"`
+	Image      string         `json:"image,omitempty"`
+	Egress     []string       `json:"egress,omitempty"`
+	EgressMode string         `json:"egressMode,omitempty"`
+	Metadata   map[string]any `json:"metadata,omitempty"`
+}
+
+// EgressPending is a connection waiting for approval.
+type EgressPending struct {
+	ID        string `json:"id"`
+	Host      string `json:"host"`
+	Port      int    `json:"port"`
+	Since     string `json:"since"`
+	Via       string `json:"via"`
+	UserAgent string `json:"userAgent,omitempty"`
+}
+
+// EgressPending lists session id's connections waiting for approval.
+func (c *Client) EgressPending(ctx context.Context, id string) ([]EgressPending, error) {
+	var out struct {
+		Pending []EgressPending `json:"pending"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, sessionPath(id)+"/egress/pending", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Pending, nil
+}
+
+// DecideEgress answers session id's parked connection pendingID.
+func (c *Client) DecideEgress(ctx context.Context, id, pendingID, decision string, remember bool) (*EgressPending, error) {
+	var out EgressPending
+	body := map[string]any{"decision": decision, "remember": remember}
+	if err := c.doJSON(ctx, http.MethodPost, sessionPath(id)+"/egress/pending/"+url.PathEscape(pendingID), body, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // CreateSession creates a session.

@@ -27,16 +27,18 @@ type CreateSessionInput struct {
 	Image  string   `json:"image,omitempty" jsonschema:"Root filesystem: 'default' (the gateway's own, the default) or an OCI image reference the gateway allows, e.g. python:3.12-slim."`
 	TTL    int      `json:"ttl,omitempty" jsonschema:"Lifetime in seconds, 60 to 28800 (default 3600)."`
 	Egress []string `json:"egress,omitempty" jsonschema:"Network destinations the sandbox may reach through its HTTP(S) proxy: hostnames (pypi.org), wildcards (*.pythonhosted.org), optional :port. Empty: no network at all."`
+	// EgressMode is "deny" or "ask".
+	EgressMode string `json:"egressMode,omitempty" jsonschema:"deny (default): a connection to a destination outside egress is refused. ask: it waits (up to the gateway's --egress-ask-timeout, 60 s by default) for a person to allow or deny it: see list_egress_pending and decide_egress."`
 }
 
 // CreateSessionOutput is create_session's result.
 type CreateSessionOutput struct {
-	SessionID string   `json:"sessionId"`
-	Name      string   `json:"name,omitempty"`
-	Image     string   `json:"image"`
-	ExpiresAt string   `json:"expiresAt"`
-	Egress    []string `json:"egress"`
-	Kept      bool     `json:"keptAfterDisconnect" jsonschema:"Whether the session survives the MCP client's disconnect."`
+	SessionID string `json:"sessionId"`
+	Name      string `json:"name,omitempty"`
+	Image     string `json:"image"`
+	ExpiresAt string `json:"expiresAt"`
+	Egress    []any  `json:"egress"`
+	Kept      bool   `json:"keptAfterDisconnect" jsonschema:"Whether the session survives the MCP client's disconnect."`
 }
 
 func (s *Server) createSession(ctx context.Context, _ *mcp.CallToolRequest, in CreateSessionInput) (*mcp.CallToolResult, CreateSessionOutput, error) {
@@ -48,7 +50,7 @@ func (s *Server) createSession(ctx context.Context, _ *mcp.CallToolRequest, in C
 	if in.Name != "" {
 		meta["name"] = in.Name
 	}
-	sess, err := s.client.CreateSession(ctx, CreateSessionRequest{Name: in.Name, TTL: in.TTL, Image: in.Image, Egress: in.Egress, Metadata: meta})
+	sess, err := s.client.CreateSession(ctx, CreateSessionRequest{Name: in.Name, TTL: in.TTL, Image: in.Image, Egress: in.Egress, EgressMode: in.EgressMode, Metadata: meta})
 	if err != nil {
 		return nil, out, err
 	}
@@ -56,7 +58,7 @@ func (s *Server) createSession(ctx context.Context, _ *mcp.CallToolRequest, in C
 	s.log.Info("mcp_session_created", "session", sess.SessionID, "name", in.Name)
 	out = CreateSessionOutput{SessionID: sess.SessionID, Name: in.Name, Image: sess.Image, ExpiresAt: sess.ExpiresAt, Egress: sess.Egress.Allow, Kept: in.Name != ""}
 	if out.Egress == nil {
-		out.Egress = []string{}
+		out.Egress = []any{}
 	}
 	return nil, out, nil
 }

@@ -184,9 +184,11 @@ func New(cfg Config) http.Handler {
 		r.Post("/sessions/{id}/files/fetch", a.fetchFiles)
 		r.Post("/sessions/{id}/files/link", a.createLink)
 		r.Get("/sessions/{id}/logs", a.sessionLogs)
-		r.Get("/sessions/{id}/stats", a.sessionStats)       // stats.go
-		r.Get("/sessions/{id}/egress", a.sessionEgress)     // egress.go
-		r.Get("/sessions/{id}/timeline", a.sessionTimeline) // timeline.go
+		r.Get("/sessions/{id}/stats", a.sessionStats)                        // stats.go
+		r.Get("/sessions/{id}/egress", a.sessionEgress)                      // egress.go
+		r.Get("/sessions/{id}/egress/pending", a.sessionPending)             // approvals.go
+		r.Post("/sessions/{id}/egress/pending/{pendingId}", a.decidePending) // approvals.go
+		r.Get("/sessions/{id}/timeline", a.sessionTimeline)                  // timeline.go
 		// Preview URLs (ports.go).
 		r.HandleFunc("/sessions/{id}/ports/link", a.portLink) // every method: "link" is no port
 		r.HandleFunc("/sessions/{id}/ports/{port}", portRedirect)

@@ -35,6 +35,9 @@ type createRequest struct {
 	Resources    *gateway.ResourceRequest `json:"resources"`
 	// Egress is the allow-list of destinations (empty: no network).
 	Egress gateway.EgressEntries `json:"egress"`
+	// EgressMode is "deny" (the default: a connection outside Egress is
+	// refused) or "ask" (it waits for approval: approvals.go).
+	EgressMode *string `json:"egressMode"`
 	// Secrets name operator secrets: "NAME" for the environment, or
 	// {"name", "hosts", "header", "format"} for a header the egress proxy
 	// sets on requests to those hosts.
@@ -131,6 +134,13 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 	}
 	cp.Resources = req.Resources
 	cp.Egress, cp.Secrets = req.Egress, req.Secrets
+	if req.EgressMode != nil {
+		if *req.EgressMode == "" {
+			WriteError(w, http.StatusBadRequest, "invalid_egress_mode", `egressMode must be "deny" or "ask"`)
+			return
+		}
+		cp.EgressMode = *req.EgressMode
+	}
 	for _, f := range []struct {
 		v   *string
 		dst *string

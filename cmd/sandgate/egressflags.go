@@ -30,6 +30,8 @@ type egressFlags struct {
 	idleTimeout, halfCloseTimeout             time.Duration
 	refusalsPerTenant                         int
 	tripwireAction                            string
+	askTimeout                                time.Duration
+	askMaxPending, askMaxPendingTotal         int
 }
 
 func (e *egressFlags) register(fs *flag.FlagSet) {
@@ -44,6 +46,9 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&e.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress tunnel, or a plain http:// request (504), that moved no byte either way for this long")
 	fs.IntVar(&e.refusalsPerTenant, "egress-refusals-per-tenant", egress.DefaultRefusalsPerTenant, "connections past an egress bound that one tenant's sessions answer 503 per second (after a burst of as many); beyond, a session accepts nothing until the next is due and new connections wait in its backlog")
 	fs.StringVar(&e.tripwireAction, "tripwire-action", "block", "what a request carrying a bound secret's placeholder to a host the secret is not bound to does besides being refused and audited: `block` (nothing more) or stop (the session is stopped)")
+	fs.DurationVar(&e.askTimeout, "egress-ask-timeout", egress.DefaultAskTimeout, "how long a connection of an egressMode \"ask\" session to a host outside its list waits for a decision (POST /v1/sessions/{id}/egress/pending/{pendingId}); a timeout is a denial")
+	fs.IntVar(&e.askMaxPending, "egress-ask-max-pending", egress.DefaultMaxPending, "connections one session may have waiting for approval; past it: 429")
+	fs.IntVar(&e.askMaxPendingTotal, "egress-ask-max-pending-total", egress.DefaultMaxPendingTotal, "connections waiting for approval on this gateway (at most --egress-max-conns); past it: 503")
 	fs.DurationVar(&e.halfCloseTimeout, "egress-half-close-timeout", egress.DefaultHalfCloseTimeout, "close an egress tunnel once one side has closed and the other moved no byte for this long")
 }
 
@@ -61,7 +66,7 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 		name string
 		v    int
 	}{{"--egress-max-conns-per-session", e.maxConnsSession}, {"--egress-max-conns-per-tenant", e.maxConnsTenant}, {"--egress-max-conns", e.maxConns},
-		{"--egress-refusals-per-tenant", e.refusalsPerTenant}} {
+		{"--egress-refusals-per-tenant", e.refusalsPerTenant}, {"--egress-ask-max-pending", e.askMaxPending}, {"--egress-ask-max-pending-total", e.askMaxPendingTotal}} {
 		if f.v < 0 {
 			return nil, fmt.Errorf("%s %d: want a count, or 0 for the default", f.name, f.v)
 		}
@@ -69,12 +74,13 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	if e.tripwireAction != "block" && e.tripwireAction != "stop" {
 		return nil, fmt.Errorf("--tripwire-action %q: want block or stop", e.tripwireAction)
 	}
-	if e.idleTimeout < 0 || e.halfCloseTimeout < 0 {
-		return nil, errors.New("--egress-idle-timeout and --egress-half-close-timeout must not be negative")
+	if e.idleTimeout < 0 || e.halfCloseTimeout < 0 || e.askTimeout < 0 {
+		return nil, errors.New("--egress-idle-timeout, --egress-half-close-timeout and --egress-ask-timeout must not be negative")
 	}
 	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}, Metrics: met,
 		MaxConns: e.maxConnsSession, MaxConnsPerTenant: e.maxConnsTenant, MaxConnsTotal: e.maxConns,
-		IdleTimeout: e.idleTimeout, HalfCloseTimeout: e.halfCloseTimeout, RefusalsPerSecond: e.refusalsPerTenant}
+		IdleTimeout: e.idleTimeout, HalfCloseTimeout: e.halfCloseTimeout, RefusalsPerSecond: e.refusalsPerTenant,
+		AskTimeout: e.askTimeout, MaxPending: e.askMaxPending, MaxPendingTotal: e.askMaxPendingTotal}
 	for _, c := range e.allowCIDR {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
@@ -116,7 +122,7 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	}
 	log.Info("egress", "allow", strings.Join(allow, ","), "allow_cidr", cidrs, "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
 		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout.String(), "half_close_timeout", l.HalfCloseTimeout.String(),
-		"refusals_per_tenant", l.RefusalsPerSecond)
+		"refusals_per_tenant", l.RefusalsPerSecond, "ask_timeout", l.AskTimeout.String(), "ask_max_pending", l.MaxPending, "ask_max_pending_total", l.MaxPendingTotal)
 	return &gateway.EgressConfig{Proxy: p, Bounds: bounds, TripwireStop: e.tripwireAction == "stop"}, nil
 }
 

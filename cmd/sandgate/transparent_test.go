@@ -149,9 +149,21 @@ except OSError as e:
 		{"a Host other than the resolved name is refused", py(`import socket
 s=socket.create_connection(('pypi.test', ` + f.httpPort + `), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: other.test\r\n\r\n')
 try:
-    print('open', s.recv(100))
+    print(s.recv(1000).decode().split('\r\n')[0])
 except OSError as e:
-    print('refused')`), "open b''\n"},
+    print('refused')`), " 403 Forbidden\n"},
+		// Every request on a kept-alive connection is checked, not only
+		// the first: the second one's Host is refused.
+		{"a second request's Host other than the resolved name is refused", py(`import socket,time
+s=socket.create_connection(('pypi.test', ` + f.httpPort + `), timeout=20); f=s.makefile('rb')
+s.sendall(b'GET /hello HTTP/1.1\r\nHost: pypi.test:` + f.httpPort + `\r\n\r\n')
+st=f.readline(); h=b''
+while True:
+    l=f.readline(); h+=l
+    if l in (b'\r\n', b''): break
+n=int([x for x in h.split(b'\r\n') if x.lower().startswith(b'content-length')][0].split(b':')[1]); f.read(n)
+s.sendall(b'GET /hello HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n')
+print(st.decode().strip(), f.read().decode().split('\r\n')[0])`), "200 OK HTTP/1.1 403 Forbidden\n"},
 		{"the resolved name's Host passes", py(`import socket
 s=socket.create_connection(('pypi.test', ` + f.httpPort + `), timeout=20); s.sendall(b'GET /hello HTTP/1.0\r\nHost: pypi.test:` + f.httpPort + `\r\n\r\n')
 print(s.recv(1000).decode().split('\r\n')[0])`), " 200 OK\n"},
@@ -388,8 +400,11 @@ func TestLinuxTripwire(t *testing.T) {
 			cases := []struct{ cmd, want string }{
 				{curl + `-d "token=$GH_TOKEN" http://pypi.test` + hp + "/echo-auth", tripped},
 				{curl + `"http://pypi.test` + hp + `/echo-auth?t=$GH_TOKEN"`, tripped},
-				// Without the proxy variables: the connection is cut.
-				{curl + `-H "X-Token: $GH_TOKEN" --noproxy '*' http://pypi.test` + hp + "/echo-auth", "curl: (52) Empty reply from server"},
+				// Without the proxy variables (transparent): refused alike.
+				{curl + `-H "X-Token: $GH_TOKEN" --noproxy '*' http://pypi.test` + hp + "/echo-auth", tripped},
+				// Every request of a kept-alive connection, not only the
+				// first.
+				{curl + `--noproxy '*' http://pypi.test` + hp + `/hello --next --noproxy '*' -H "X-Token: $GH_TOKEN" http://pypi.test` + hp + "/echo-auth", "hello from pypi.test" + hp + "\nsandgate egress: pypi.test" + hp + " " + tripped},
 			}
 			if action == "stop" {
 				cases = cases[:1]

@@ -386,3 +386,131 @@ def test_session_egress_fields() -> None:
     # Positional construction as before still works; the new fields default.
     p = Session("sbx-x", "running", "default", {}, None, None)
     assert p.egress is None and p.secrets == []
+
+
+# -- rules per request, decisions and approvals ----------------------------------------
+
+
+RULE = {"host": "api.github.com", "port": 443, "methods": ["get", "POST"], "paths": ["/repos/acme/*"]}
+
+
+def test_rule_objects_decisions_and_approvals(eclient: SessionsClient) -> None:
+    s = eclient.create_session(ttl=120, egress=["pypi.org", RULE], egress_mode="ask")
+    want = {"host": "api.github.com", "port": 443, "methods": ["GET", "POST"], "paths": ["/repos/acme/*"]}
+    assert s.egress_allow == ["pypi.org", want]
+    assert s.egress_mode == "ask" and eclient.get_session(s.session_id).egress_mode == "ask"
+    assert eclient.list_egress_pending(s.session_id) == []
+    page = eclient.list_egress_decisions(s.session_id, limit=10)
+    assert page.decisions == [] and page.next_cursor is None
+    with pytest.raises(SandboxOperationError) as ei:
+        eclient.decide_egress(s.session_id, "nope", "allow", remember=True)
+    assert ei.value.status_code == 404 and ei.value.code == "pending_not_found"
+    assert not isinstance(ei.value, sdk.SessionNotFoundError)
+    # A rule object through update, and the default mode.
+    u = eclient.update_session(s.session_id, egress=[RULE])
+    assert u.egress_allow == [want]
+    d = eclient.create_session(ttl=120, egress=[RULE])
+    assert d.egress_mode == "deny"
+
+
+def test_rule_objects_and_approvals_async(egw: Gateway) -> None:
+    import asyncio
+
+    async def main() -> None:
+        async with sdk.AsyncSessionsClient(api_url=egw.url, bearer_token=egw.token) as c:
+            s = await c.create_session(ttl=120, egress=[RULE], egress_mode="ask")
+            try:
+                assert s.egress_mode == "ask" and s.egress_allow[0]["host"] == "api.github.com"
+                assert await c.list_egress_pending(s.session_id) == []
+                assert (await c.list_egress_decisions(s.session_id)).decisions == []
+                with pytest.raises(SandboxOperationError) as ei:
+                    await c.decide_egress(s.session_id, "nope", "deny")
+                assert ei.value.code == "pending_not_found"
+            finally:
+                await c.delete_session(s.session_id)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "call, exc",
+    [
+        (lambda c: c.create_session(egress=[{"port": 443}]), ValueError),
+        (lambda c: c.create_session(egress=[{"host": "a.b", "path": ["/x"]}]), ValueError),
+        (lambda c: c.create_session(egress=[{"host": "a.b", "methods": "GET"}]), TypeError),
+        (lambda c: c.create_session(egress=[{"host": "a.b", "port": 0}]), ValueError),
+        (lambda c: c.create_session(egress=[42]), TypeError),
+        (lambda c: c.create_session(egress_mode="sometimes"), ValueError),
+        (lambda c: c.decide_egress("sid", "p", "maybe"), ValueError),
+        (lambda c: c.decide_egress("sid", "", "allow"), ValueError),
+        (lambda c: c.list_egress_decisions("sid", limit=0), ValueError),
+    ],
+)
+def test_egress_local_checks(call: Callable[[SessionsClient], Any], exc: type) -> None:
+    with SessionsClient(api_url="http://127.0.0.1:9", bearer_token="t") as c:
+        with pytest.raises(exc):
+            call(c)
+
+
+def test_follow_and_decide_a_parked_connection(sandgate_bin: str, scratch: Path) -> None:
+    """On the workdir driver a command's HTTP_PROXY is the session's proxy:
+    curl to a host outside an ask-mode session's list is parked; the
+    follower sees it, decide_egress lets it through, and the follower sees
+    it resolved."""
+    import http.server
+    import threading
+    import time
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"hello from upstream\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    up = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    port = up.server_address[1]
+    gw = start_gateway(
+        sandgate_bin, scratch, "--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "ask.test=127.0.0.1"
+    )
+    try:
+        with SessionsClient(api_url=gw.url, bearer_token=gw.token) as c:
+            s = c.create_session(ttl=300, egress=["ok.test:1"], egress_mode="ask")
+            events: List[Any] = []
+            follow = c.follow_egress_pending(s.session_id)
+
+            def read() -> None:
+                try:
+                    for ev in follow:
+                        events.append(ev)
+                        if ev.event == "resolved":
+                            return
+                except Exception as e:  # noqa: BLE001 (the assertion below names it)
+                    events.append(e)
+
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            p = c.start_process(s.session_id, f"curl -sS --max-time 60 http://ask.test:{port}/")
+            deadline = time.monotonic() + 60
+            while not events and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert events and events[0].event == "pending", events
+            pending = events[0].pending
+            assert pending.host == "ask.test" and pending.port == port and pending.via == "proxy"
+            assert [x.id for x in c.list_egress_pending(s.session_id)] == [pending.id]
+            c.decide_egress(s.session_id, pending.id, "allow")
+            reader.join(60)
+            assert [e.event for e in events] == ["pending", "resolved"] and events[1].pending.id == pending.id
+            out = "".join(line.get("stdout", "") for line in c.process_output(s.session_id, p["processId"], follow=True))
+            assert out == "hello from upstream\n"
+            decisions = c.list_egress_decisions(s.session_id).decisions
+            assert any(d.kind == "ask" and d.allowed and d.host == "ask.test" for d in decisions), decisions
+            c.delete_session(s.session_id)
+    finally:
+        gw.stop()
+        up.shutdown()

@@ -137,10 +137,72 @@ export interface Resources {
   diskMiB?: number;
 }
 
+/** An egress rule per request: only these methods (none: any) to these paths (none: any; a final `*` matches any rest). */
+export interface EgressRule {
+  host: string;
+  /** None: 80 and 443. */
+  port?: number;
+  methods?: string[];
+  paths?: string[];
+}
+
+/** An egress entry: `"host[:port]"`, `"*.domain"`, an IP literal, or a rule per request. */
+export type EgressEntry = string | EgressRule;
+
+/** What a connection to a destination outside a session's egress list meets: refused, or parked for approval. */
+export type EgressMode = "deny" | "ask";
+
 export interface Egress {
-  allow: string[];
+  allow: EgressEntry[];
   bytesIn?: number;
   bytesOut?: number;
+  /** `"ask"` for a session created with `egressMode: "ask"`; absent: deny. */
+  mode?: "ask";
+  /** In ask mode, the host:ports a remembered decision denied. */
+  deny?: string[];
+}
+
+/** An event of `followEgressPending`: a connection parked (`pending`), or no longer waiting (`resolved`: its id, host and port). */
+export interface EgressPendingEvent {
+  event: "pending" | "resolved";
+  pending: EgressPending;
+}
+
+/** One connection, request, refused name or approval of a session's egress (`GET /v1/sessions/{id}/egress`). */
+export interface EgressDecision {
+  seq: number;
+  kind: "connect" | "http" | "https" | "tcp" | "dns" | "ask";
+  host: string;
+  port: number;
+  /** The address dialled, absent when none was. */
+  address?: string;
+  allowed: boolean;
+  /** Why it was denied, or what failed once allowed. */
+  reason?: string;
+  bytesIn: number;
+  bytesOut: number;
+  start: string;
+  durationMs: number;
+}
+
+/** A page of egress decisions, newest first; `nextCursor` fetches older ones. */
+export interface EgressDecisionPage {
+  decisions: EgressDecision[];
+  nextCursor?: string;
+}
+
+/**
+ * A connection of an `egressMode: "ask"` session waiting for a decision
+ * (`GET /v1/sessions/{id}/egress/pending`). The process that asked is not
+ * known to the gateway; `userAgent` is a proxy request's, if any.
+ */
+export interface EgressPending {
+  id: string;
+  host: string;
+  port: number;
+  since: string;
+  via: "proxy" | "transparent";
+  userAgent?: string;
 }
 
 /** A secret given to a session: a name, or a secret bound to hosts. */
@@ -153,8 +215,10 @@ export interface CreateSessionOptions {
   ttlSeconds?: number;
   /** A JSON object stored with the session. */
   metadata?: Record<string, unknown>;
-  /** Hosts the sandbox may reach through the gateway's egress proxy. */
-  egress?: string[];
+  /** Hosts the sandbox may reach through the gateway's egress proxy: strings, or rules per request. */
+  egress?: EgressEntry[];
+  /** `"deny"` (default): a connection outside `egress` is refused; `"ask"`: it waits for approval (`listEgressPending`, `decideEgress`). */
+  egressMode?: EgressMode;
   /** Operator-defined secrets to give the session, by name. */
   secrets?: SecretRef[];
   /** The sandbox's limits, with the API's names; omitted ones: the gateway's defaults. */
@@ -747,7 +811,11 @@ export class SandboxClient {
       body["metadata"] = opts.metadata;
     }
     if (opts.resources !== undefined) body["resources"] = checkResources(opts.resources);
-    if (opts.egress !== undefined) body["egress"] = checkHosts("egress", opts.egress);
+    if (opts.egress !== undefined) body["egress"] = checkEgress("egress", opts.egress);
+    if (opts.egressMode !== undefined) {
+      if (opts.egressMode !== "deny" && opts.egressMode !== "ask") throw new RangeError('egressMode must be "deny" or "ask"');
+      body["egressMode"] = opts.egressMode;
+    }
     if (opts.secrets !== undefined) body["secrets"] = checkSecrets(opts.secrets);
     if (opts.sshPublicKey !== undefined) {
       if (typeof opts.sshPublicKey !== "string" || !opts.sshPublicKey.trim()) {
@@ -834,10 +902,10 @@ export class SandboxClient {
   }
 
   /** Changes a running session (`PATCH /v1/sessions/{id}`): a new ttl from now and/or a new egress list. */
-  async updateSession(id: string, opts: { ttlSeconds?: number; egress?: string[] }): Promise<Session> {
+  async updateSession(id: string, opts: { ttlSeconds?: number; egress?: EgressEntry[] }): Promise<Session> {
     const body: Record<string, unknown> = {};
     if (opts.ttlSeconds !== undefined) body["ttl"] = checkInt("ttlSeconds", opts.ttlSeconds, MIN_TTL, MAX_TTL);
-    if (opts.egress !== undefined) body["egress"] = checkHosts("egress", opts.egress);
+    if (opts.egress !== undefined) body["egress"] = checkEgress("egress", opts.egress);
     const ans = await this._request("PATCH", sessionPath(id), { what: "update session", sessionScoped: true, json: body });
     return this.#session(parseJSONObject(ans, "update session"), "update session");
   }
@@ -1292,6 +1360,104 @@ export class SandboxClient {
     return checked<SessionStats>(parseJSONObject(ans, "session stats"), "sessionId", "session stats");
   }
 
+  /** One page of the session's latest egress decisions, newest first (`GET /v1/sessions/{id}/egress`; at most 1000 kept). */
+  async listEgressDecisions(sessionId: string, opts: { limit?: number; cursor?: string } = {}): Promise<EgressDecisionPage> {
+    const q = new URLSearchParams({ limit: String(checkInt("limit", opts.limit ?? 100, 1, 1000)) });
+    if (opts.cursor !== undefined) q.set("cursor", checkName("cursor", opts.cursor));
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/egress?${q}`, { what: "list egress decisions", sessionScoped: true });
+    const data = parseJSONObject(ans, "list egress decisions");
+    const decisions = listOf<EgressDecision>(data, "decisions", "seq", "list egress decisions");
+    const next = data["nextCursor"];
+    return typeof next === "string" && next ? { decisions, nextCursor: next } : { decisions };
+  }
+
+  /**
+   * The session's connections waiting for approval, oldest first
+   * (`GET /v1/sessions/{id}/egress/pending`; a session created with
+   * `egressMode: "ask"`). A UI that waits for them can follow
+   * `?follow=true`, a stream of server-sent events.
+   */
+  async listEgressPending(sessionId: string): Promise<EgressPending[]> {
+    const ans = await this._request("GET", `${sessionPath(sessionId)}/egress/pending`, { what: "list egress pending", sessionScoped: true });
+    return listOf<EgressPending>(parseJSONObject(ans, "list egress pending"), "pending", "id", "list egress pending");
+  }
+
+  /**
+   * Waits for the session's connections that need approval
+   * (`GET .../egress/pending?follow=true`, server-sent events):
+   * `for await (const ev of client.followEgressPending(sid))` gets
+   * `{ event: "pending", pending }` for each connection parked (those
+   * waiting already first) and `{ event: "resolved", pending }` (its id,
+   * host and port) once it no longer waits, until the session ends.
+   * Leaving the loop closes the stream.
+   */
+  async *followEgressPending(sessionId: string): AsyncGenerator<EgressPendingEvent> {
+    const { body, abort } = await this._stream("GET", `${sessionPath(sessionId)}/egress/pending?follow=true`, {
+      what: "follow egress pending",
+      sessionScoped: true,
+      headers: { Accept: "text/event-stream" },
+    });
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    let event = "";
+    let data: string[] = [];
+    try {
+      for (;;) {
+        let chunk: { done: boolean; value?: Uint8Array };
+        try {
+          chunk = await reader.read();
+        } catch (e) {
+          if (abort.signal.aborted) return;
+          throw new SandboxConnectionError(`follow egress pending: the connection broke: ${(e as Error).message}`, { cause: e });
+        }
+        if (chunk.done || !chunk.value) return;
+        buf += decoder.decode(chunk.value, { stream: true });
+        let nl: number;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl).replace(/\r$/, "");
+          buf = buf.slice(nl + 1);
+          if (line === "") {
+            if ((event === "pending" || event === "resolved") && data.length) {
+              let pending: EgressPending;
+              try {
+                pending = JSON.parse(data.join("\n")) as EgressPending;
+              } catch {
+                throw new SandboxOperationError("follow egress pending: bad event", { body: data.join("\n").slice(0, 4096) });
+              }
+              yield { event, pending };
+            }
+            event = "";
+            data = [];
+          } else if (line.startsWith("event:")) {
+            event = line.slice(6).trim();
+          } else if (line.startsWith("data:")) {
+            data.push(line.slice(5).replace(/^ /, ""));
+          }
+        }
+      }
+    } finally {
+      abort.abort();
+      reader.releaseLock();
+    }
+  }
+
+  /**
+   * Allows or denies a connection waiting for approval
+   * (`POST /v1/sessions/{id}/egress/pending/{pendingId}`). With `remember`,
+   * the session keeps the decision for its host:port (its egress list, or
+   * its deny list). A connection that no longer waits: `SandboxOperationError`
+   * with code `pending_not_found`.
+   */
+  async decideEgress(sessionId: string, pendingId: string, decision: "allow" | "deny", opts: { remember?: boolean } = {}): Promise<EgressPending> {
+    if (decision !== "allow" && decision !== "deny") throw new RangeError('decision must be "allow" or "deny"');
+    const remember = opts.remember ?? false;
+    if (typeof remember !== "boolean") throw new TypeError("remember must be a boolean");
+    const path = `${sessionPath(sessionId)}/egress/pending/${encodeURIComponent(checkName("pendingId", pendingId))}`;
+    const ans = await this._request("POST", path, { what: "decide egress", sessionScoped: true, json: { decision, remember } });
+    return checked<EgressPending>(parseJSONObject(ans, "decide egress"), "id", "decide egress");
+  }
+
   /**
    * The URL of the session's preview of `port` at `path`
    * (`.../v1/sessions/{id}/ports/{port}/{path}`); nothing is sent. It needs
@@ -1633,6 +1799,34 @@ function checkHosts(name: string, value: unknown): string[] {
     if (typeof entry !== "string") throw new TypeError(`${name}[${i}] must be a string`);
     if (!entry.trim()) throw new RangeError(`${name}[${i}] must be a non-empty string`);
     return entry;
+  });
+}
+
+const RULE_KEYS = ["host", "port", "methods", "paths"];
+
+function checkEgress(name: string, value: unknown): EgressEntry[] {
+  if (!Array.isArray(value)) throw new TypeError(`${name} must be an array (e.g. ["pypi.org"])`);
+  return value.map((entry, i): EgressEntry => {
+    if (typeof entry === "string") {
+      if (!entry.trim()) throw new RangeError(`${name}[${i}] must be a non-empty string`);
+      return entry;
+    }
+    if (!isObject(entry)) throw new TypeError(`${name}[${i}] must be a string or an object`);
+    const unknown = Object.keys(entry).filter((k) => !RULE_KEYS.includes(k));
+    if (unknown.length) throw new RangeError(`${name}[${i}]: unknown key ${JSON.stringify(unknown[0])}; known: ${RULE_KEYS.join(", ")}`);
+    const host = entry["host"];
+    if (typeof host !== "string" || !host) throw new RangeError(`${name}[${i}] needs a host (a non-empty string)`);
+    const rule: EgressRule = { host };
+    if (entry["port"] !== undefined) rule.port = checkInt(`${name}[${i}].port`, entry["port"], 1, 65535);
+    for (const key of ["methods", "paths"] as const) {
+      const items = entry[key];
+      if (items === undefined) continue;
+      if (!Array.isArray(items) || !items.every((x) => typeof x === "string" && x)) {
+        throw new TypeError(`${name}[${i}].${key} must be an array of non-empty strings`);
+      }
+      rule[key] = items as string[];
+    }
+    return rule;
   });
 }
 

@@ -25,6 +25,7 @@ from .aio import AsyncNDJSONStream, AsyncSessionsClient, AsyncSessionSSHClient, 
 from .client import SessionsClient, Shell
 from .handle import AsyncSessionHandle, SessionHandle
 from .errors import *  # noqa: F403 (the exception classes, errors.__all__)
+from ._egress import EgressDecision, EgressDecisionPage, EgressPending, EgressPendingEvent
 from .models import (
     AuditEvent,
     AuditPage,
@@ -42,6 +43,10 @@ from .tunnel import HTTPConnectTunnel, TLSStream
 
 __all__ = [
     "__version__",
+    "EgressDecision",
+    "EgressDecisionPage",
+    "EgressPending",
+    "EgressPendingEvent",
     "SessionsClient",
     "Shell",
     "SessionHandle",

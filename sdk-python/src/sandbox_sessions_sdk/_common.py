@@ -75,7 +75,7 @@ _TYPED_CODES: Dict[str, Type[SandboxOperationError]] = {
 #: 404 codes that name something inside a session that exists (a file, a
 #: shell, a process): never SessionNotFoundError.
 _NOT_SESSION_404 = frozenset(
-    {"file_not_found", "shell_not_found", "process_not_found", "workspace_not_found", "snapshot_not_found"}
+    {"file_not_found", "shell_not_found", "process_not_found", "workspace_not_found", "snapshot_not_found", "pending_not_found"}
 )
 
 #: 429 codes with a class of their own (a RateLimitError, as every 429).
@@ -197,8 +197,11 @@ def create_session_body(
     workspace: Any = None,
     from_snapshot: Any = None,
     name: Any = None,
+    egress_mode: Any = None,
 ) -> Dict[str, Any]:
     """The JSON body of ``POST /v1/sessions``, checked locally."""
+    from ._egress import check_egress, check_egress_mode
+
     body: Dict[str, Any] = {"ttl": check_int("ttl", ttl, MIN_TTL, MAX_TTL)}
     if name is not None:
         if not isinstance(name, str) or not name:
@@ -218,7 +221,9 @@ def create_session_body(
     if resources is not None:
         body["resources"] = check_resources(resources)
     if egress is not None:
-        body["egress"] = check_hosts("egress", egress)
+        body["egress"] = check_egress("egress", egress)
+    if egress_mode is not None:
+        body["egressMode"] = check_egress_mode(egress_mode)
     if secrets is not None:
         body["secrets"] = check_secrets(secrets)
     if ssh_public_key is not None:
@@ -241,7 +246,9 @@ def update_session_body(ttl: Any, egress: Any) -> Dict[str, Any]:
     if ttl is not None:
         body["ttl"] = check_int("ttl", ttl, MIN_TTL, MAX_TTL)
     if egress is not None:
-        body["egress"] = check_hosts("egress", egress)
+        from ._egress import check_egress
+
+        body["egress"] = check_egress("egress", egress)
     return body
 
 

@@ -52,6 +52,14 @@ from ._common import (
     ssl_context,
     update_session_body,
 )
+from ._egress import (
+    decide_body,
+    decided,
+    egress_decision_page,
+    egress_decisions_params,
+    egress_pending_list,
+    pending_path,
+)
 from ._dataplane import (
     ChunkCallback,
     NDJSONSplitter,
@@ -361,6 +369,47 @@ class ops:
             True,
             parse=lambda d, h: parse_one(SessionStats, d, "session stats"),
         )
+
+    @staticmethod
+    def list_egress_decisions(session_id: Any, limit: Any, cursor: Any) -> Op:
+        return Op(
+            "GET",
+            session_path(session_id) + "/egress",
+            "list egress decisions",
+            True,
+            params=egress_decisions_params(limit, cursor),
+            parse=lambda d, h: egress_decision_page(d),
+        )
+
+    @staticmethod
+    def list_egress_pending(session_id: Any) -> Op:
+        return Op(
+            "GET",
+            session_path(session_id) + "/egress/pending",
+            "list egress pending",
+            True,
+            parse=lambda d, h: egress_pending_list(d),
+        )
+
+    @staticmethod
+    def follow_egress_pending(session_id: Any) -> Op:
+        # The stream lasts as long as the session: no read timeout (the
+        # gateway sends a comment every 15 s).
+        return Op(
+            "GET",
+            session_path(session_id) + "/egress/pending",
+            "follow egress pending",
+            True,
+            params={"follow": "true"},
+            headers={"Accept": "text/event-stream"},
+            read_timeout=None,
+        )
+
+    @staticmethod
+    def decide_egress(session_id: Any, pending_id: Any, decision: Any, remember: Any) -> Op:
+        path = pending_path(session_id, pending_id)
+        body = decide_body(decision, remember)
+        return Op("POST", path, "decide egress", True, json=body, parse=lambda d, h: decided(d))
 
     @staticmethod
     def port_link(session_id: Any, port: Any, expires_in: Any) -> Op:

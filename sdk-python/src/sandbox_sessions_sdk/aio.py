@@ -58,6 +58,7 @@ from ._rest import (
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
 from .handle import AsyncSessionHandle
+from ._egress import EgressDecisionPage, EgressEntry, EgressPending, EgressPendingEvent, SSEParser
 from .models import (
     AuditEvent,
     AuditPage,
@@ -150,15 +151,16 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
         idempotency_key: Optional[str] = None,
         resources: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, Any]] = None,
-        egress: Optional[Sequence[str]] = None,
+        egress: Optional[Sequence[EgressEntry]] = None,
         secrets: Optional[Sequence[Any]] = None,
         workspace: Optional[str] = None,
         from_snapshot: Optional[str] = None,
         name: Optional[str] = None,
+        egress_mode: Optional[str] = None,
     ) -> Session:
         """:meth:`SessionsClient.create_session` (with the same retries, same key)."""
         body = create_session_body(
-            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name
+            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name, egress_mode
         )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
         op = ops.create_session(body, key)
@@ -190,7 +192,7 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
         return await self._do(ops.get_session(session_id))
 
     async def update_session(
-        self, session_id: str, ttl: Optional[int] = None, egress: Optional[Sequence[str]] = None
+        self, session_id: str, ttl: Optional[int] = None, egress: Optional[Sequence[EgressEntry]] = None
     ) -> Session:
         """:meth:`SessionsClient.update_session`."""
         return await self._do(ops.update_session(session_id, ttl, egress))
@@ -236,6 +238,35 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
     async def session_stats(self, session_id: str) -> SessionStats:
         """:meth:`SessionsClient.session_stats`."""
         return await self._do(ops.session_stats(session_id))
+
+    async def list_egress_decisions(
+        self, session_id: str, limit: int = 100, cursor: Optional[str] = None
+    ) -> EgressDecisionPage:
+        """:meth:`SessionsClient.list_egress_decisions`."""
+        return await self._do(ops.list_egress_decisions(session_id, limit, cursor))
+
+    async def list_egress_pending(self, session_id: str) -> List[EgressPending]:
+        """:meth:`SessionsClient.list_egress_pending`."""
+        return await self._do(ops.list_egress_pending(session_id))
+
+    async def follow_egress_pending(self, session_id: str) -> AsyncIterator[EgressPendingEvent]:
+        """:meth:`SessionsClient.follow_egress_pending`: ``async for ev in client.follow_egress_pending(sid)``."""
+        op = ops.follow_egress_pending(session_id)
+        resp = await self._send(op.method, op.path, stream=True, **self._op_args(op))
+        parser = SSEParser()
+        try:
+            async for line in resp.aiter_lines():
+                ev = parser.feed(line)
+                if ev is not None:
+                    yield ev
+        finally:
+            await resp.aclose()
+
+    async def decide_egress(
+        self, session_id: str, pending_id: str, decision: str, remember: bool = False
+    ) -> EgressPending:
+        """:meth:`SessionsClient.decide_egress`."""
+        return await self._do(ops.decide_egress(session_id, pending_id, decision, remember))
 
     def preview_url(self, session_id: str, port: int, path: str = "/") -> str:
         """:meth:`SessionsClient.preview_url` (nothing is sent)."""

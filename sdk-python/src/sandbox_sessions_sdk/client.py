@@ -52,6 +52,7 @@ from ._rest import (
 from ._workspaces import preview_url
 from .errors import SandboxAPIError, SandboxOperationError
 from .handle import SessionHandle
+from ._egress import EgressDecisionPage, EgressEntry, EgressPending, EgressPendingEvent, SSEParser
 from .models import (
     AuditEvent,
     AuditPage,
@@ -127,11 +128,12 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
         idempotency_key: Optional[str] = None,
         resources: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, Any]] = None,
-        egress: Optional[Sequence[str]] = None,
+        egress: Optional[Sequence[EgressEntry]] = None,
         secrets: Optional[Sequence[Any]] = None,
         workspace: Optional[str] = None,
         from_snapshot: Optional[str] = None,
         name: Optional[str] = None,
+        egress_mode: Optional[str] = None,
     ) -> Session:
         """Create a session and its sandbox (``POST /v1/sessions``).
 
@@ -158,7 +160,9 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
                 egress proxy: hostnames (``"pypi.org"``), wildcards
                 (``"*.pythonhosted.org"``: any subdomain, not the apex), IP
                 literals (``"10.0.0.5"``, ``"[2001:db8::1]"``), each with an
-                optional ``:port`` (none: ports 80 and 443). None or ``[]``:
+                optional ``:port`` (none: ports 80 and 443), or a dict with
+                rules per request: ``{"host": "api.github.com", "port": 443,
+                "methods": ["GET"], "paths": ["/repos/acme/*"]}``. None or ``[]``:
                 no network. The Session's ``egress_allow`` shows the list in
                 canonical form. An entry that does not parse:
                 :class:`InvalidEgressError`; outside what the gateway's
@@ -199,6 +203,10 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
         ``image_pull_timeout`` and ``image_store_full`` (a retry would not
         change them) and other answers (4xx, 429 included) are raised at once.
 
+            egress_mode: ``"deny"`` (the default: a connection outside
+                ``egress`` is refused) or ``"ask"`` (it waits for approval:
+                :meth:`list_egress_pending`, :meth:`decide_egress`).
+
         Returns:
             The Session. Its ``password`` is set only in the answer that
             created it: keep it if you want SSH password authentication
@@ -214,7 +222,7 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
             SandboxConnectionError: see the README's error table.
         """
         body = create_session_body(
-            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name
+            ttl, image, metadata, ssh_public_key, resources, labels, egress, secrets, workspace, from_snapshot, name, egress_mode
         )
         key = check_idempotency_key(idempotency_key) if idempotency_key is not None else str(uuid.uuid4())
         op = ops.create_session(body, key)
@@ -262,7 +270,7 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
         return self._do(ops.get_session(session_id))
 
     def update_session(
-        self, session_id: str, ttl: Optional[int] = None, egress: Optional[Sequence[str]] = None
+        self, session_id: str, ttl: Optional[int] = None, egress: Optional[Sequence[EgressEntry]] = None
     ) -> Session:
         """Change a session (``PATCH /v1/sessions/{id}``).
 
@@ -402,6 +410,65 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
         memory, CPU, pids, disk, tunnel and egress bytes (what the driver
         can measure; the workdir driver only disk)."""
         return self._do(ops.session_stats(session_id))
+
+    def list_egress_decisions(
+        self, session_id: str, limit: int = 100, cursor: Optional[str] = None
+    ) -> EgressDecisionPage:
+        """One page of the session's latest egress decisions, newest first
+        (``GET /v1/sessions/{id}/egress``): each connection, request,
+        refused name and approval, as it ended (at most 1000 kept).
+
+        Args:
+            limit: At most this many, 1..1000.
+            cursor: A previous page's ``next_cursor``, for older ones.
+        """
+        return self._do(ops.list_egress_decisions(session_id, limit, cursor))
+
+    def list_egress_pending(self, session_id: str) -> List[EgressPending]:
+        """The session's connections waiting for approval, oldest first
+        (``GET /v1/sessions/{id}/egress/pending``; a session created with
+        ``egress_mode="ask"``). A UI that waits for them can follow
+        ``?follow=true``, a stream of server-sent events."""
+        return self._do(ops.list_egress_pending(session_id))
+
+    def follow_egress_pending(self, session_id: str) -> Iterator[EgressPendingEvent]:
+        """Wait for the session's connections that need approval
+        (``GET .../egress/pending?follow=true``, server-sent events): yields
+        an :class:`EgressPendingEvent` ``pending`` for each connection
+        parked (those waiting already first) and ``resolved`` once it no
+        longer waits, until the session ends. The request is sent at once
+        (errors raise here); close the generator to stop."""
+        op = ops.follow_egress_pending(session_id)
+        resp = self._send(op.method, op.path, stream=True, **self._op_args(op))
+
+        def events() -> Iterator[EgressPendingEvent]:
+            parser = SSEParser()
+            try:
+                for line in resp.iter_lines():
+                    ev = parser.feed(line)
+                    if ev is not None:
+                        yield ev
+            finally:
+                resp.close()
+
+        return events()
+
+    def decide_egress(
+        self, session_id: str, pending_id: str, decision: str, remember: bool = False
+    ) -> EgressPending:
+        """Allow or deny a connection waiting for approval
+        (``POST /v1/sessions/{id}/egress/pending/{pendingId}``).
+
+        Args:
+            decision: ``"allow"`` or ``"deny"``.
+            remember: Keep the decision for its host:port: ``allow`` adds it
+                to the session's egress list, ``deny`` to its deny list.
+
+        Raises:
+            SandboxOperationError: ``.code`` ``pending_not_found`` (404: it was
+                decided, timed out or its client left).
+        """
+        return self._do(ops.decide_egress(session_id, pending_id, decision, remember))
 
     def preview_url(self, session_id: str, port: int, path: str = "/") -> str:
         """The URL of the session's preview of *port* at *path*

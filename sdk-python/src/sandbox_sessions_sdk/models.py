@@ -125,11 +125,18 @@ class Session:
     isolation: Optional[str] = None
 
     @property
-    def egress_allow(self) -> List[str]:
-        """The egress allow-list in force (``egress["allow"]``); ``[]`` when
-        the session has no network or the gateway reports no egress."""
+    def egress_allow(self) -> List[Any]:
+        """The egress allow-list in force (``egress["allow"]``): strings, and
+        dicts for entries with rules per request; ``[]`` when the session
+        has no network or the gateway reports no egress."""
         allow = (self.egress or {}).get("allow")
-        return [e for e in allow if isinstance(e, str)] if isinstance(allow, list) else []
+        return [e for e in allow if isinstance(e, (str, dict))] if isinstance(allow, list) else []
+
+    @property
+    def egress_mode(self) -> str:
+        """``"ask"`` for a session created with ``egress_mode="ask"``
+        (connections outside the list wait for approval), else ``"deny"``."""
+        return "ask" if (self.egress or {}).get("mode") == "ask" else "deny"
 
     @property
     def egress_bytes_in(self) -> Optional[int]:

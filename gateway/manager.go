@@ -422,6 +422,7 @@ func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id s
 func (m *Manager) own(s *Session) {
 	s.secrets, s.auditor, s.metrics = m.cfg.Secrets, m.cfg.Audit, m.cfg.Metrics
 	s.resume = func(ctx context.Context) error { return m.resume(ctx, s) }
+	s.unpause = func(ctx context.Context) error { return m.unpause(ctx, s) }
 }
 
 // sandboxCreateFailed logs and audits a driver's failure to make s's

@@ -24,6 +24,9 @@ const (
 	// StatusStopped is a session whose processes were stopped (Manager.Stop):
 	// its files are kept, and its next process starts it again.
 	StatusStopped = "stopped"
+	// StatusPaused is a session whose processes are paused where they are
+	// (Manager.Pause, pause.go): its next use lets them run again.
+	StatusPaused  = "paused"
 	StatusDeleted = "deleted"
 	StatusExpired = "expired"
 	StatusFailed  = "failed"
@@ -89,6 +92,7 @@ type Session struct {
 	// auditor and metrics are the Manager's too (nil: none). The Manager
 	// sets them with hold; the session never calls back into it otherwise.
 	resume  func(ctx context.Context) error
+	unpause func(ctx context.Context) error // the holding Manager's unpause (pause.go)
 	auditor audit.Auditor
 	metrics Metrics
 	// life orders Stop and resume (held to write) against the start of
@@ -449,7 +453,7 @@ func (s *Session) setExpiry(ttl int, at time.Time) (oldTTL int, oldAt time.Time)
 }
 
 // Live reports whether the session still accepts connections: it is
-// running, or stopped (its next process starts it again).
+// running, or stopped or paused (its next use starts it again).
 func (s *Session) Live() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -458,7 +462,9 @@ func (s *Session) Live() bool {
 
 // live reports whether status is that of a session that holds its
 // sandbox.
-func live(status string) bool { return status == StatusRunning || status == StatusStopped }
+func live(status string) bool {
+	return status == StatusRunning || status == StatusStopped || status == StatusPaused
+}
 
 // Status is the session's status now.
 func (s *Session) Status() string {

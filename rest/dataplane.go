@@ -37,5 +37,9 @@ func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Sess
 		return nil, false
 	}
 	context.AfterFunc(r.Context(), s.Hold()) // the server cancels it when the handler returns
+	if err := s.Wake(r.Context()); err != nil { // a paused session resumes on its next call
+		WriteGatewayError(w, err)
+		return nil, false
+	}
 	return s, true
 }

@@ -523,7 +523,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	releaseStaleImageRefs(istore, mgr, log)
-	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusFailed)
+	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusPaused, gateway.StatusFailed)
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,

@@ -95,9 +95,11 @@ func (m *Manager) Unpause(ctx context.Context, p Principal, id string) (*Session
 	return s, nil
 }
 
-// markPaused makes a running session paused: its connections close (the
-// processes they talk to no longer run; a client would wait forever). It
-// reports false when the session was not running.
+// markPaused makes a running session paused: its connections from
+// outside close (AddPausedConn: the processes they talk to no longer run,
+// and a client would wait forever), while its kernels, shells and
+// background processes (AddConn) stay, paused with it. It reports false
+// when the session was not running.
 func (s *Session) markPaused() bool {
 	s.mu.Lock()
 	if s.status != StatusRunning {
@@ -105,10 +107,15 @@ func (s *Session) markPaused() bool {
 		return false
 	}
 	s.status = StatusPaused
-	conns := s.conns
-	s.conns = map[*connEntry]struct{}{}
+	var closing []*connEntry
+	for e := range s.conns {
+		if e.paused {
+			closing = append(closing, e)
+			delete(s.conns, e)
+		}
+	}
 	s.mu.Unlock()
-	for e := range conns {
+	for _, e := range closing {
 		e.close()
 	}
 	return true

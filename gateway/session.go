@@ -205,7 +205,12 @@ func sessionFromRecord(r Record) *Session {
 	return s
 }
 
-type connEntry struct{ close func() }
+type connEntry struct {
+	close func()
+	// paused says a pause closes it too (AddPausedConn), not only the
+	// session's end or stop.
+	paused bool
+}
 
 // StartOptions say what Session.Start does around the start of a
 // process, besides starting it in the session's sandbox with the
@@ -483,12 +488,24 @@ func (s *Session) CheckPassword(pw string) bool {
 // AddConn registers a connection to close when the session ends. It returns
 // a function that unregisters it, and false when the session has already ended.
 func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
+	return s.addConn(closeFn, false)
+}
+
+// AddPausedConn is AddConn for a connection from outside that a pause
+// ends as well (a CONNECT tunnel: the processes it talks to stop
+// answering). What AddConn registers (kernels, shells, background
+// processes) outlives a pause.
+func (s *Session) AddPausedConn(closeFn func()) (remove func(), ok bool) {
+	return s.addConn(closeFn, true)
+}
+
+func (s *Session) addConn(closeFn func(), paused bool) (remove func(), ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !live(s.status) {
 		return func() {}, false
 	}
-	e := &connEntry{close: closeFn}
+	e := &connEntry{close: closeFn, paused: paused}
 	s.conns[e] = struct{}{}
 	return func() {
 		s.mu.Lock()

@@ -154,7 +154,7 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer t.untrack(conn)
-	remove, live := s.AddConn(func() { conn.Close() })
+	remove, live := s.AddPausedConn(func() { conn.Close() })
 	defer remove()
 	if !live {
 		conn.Close()

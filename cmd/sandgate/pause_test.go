@@ -1,0 +1,179 @@
+package main
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
+)
+
+// pauseAnswer is POST /pause's answer: the session and the report.
+type pauseAnswer struct {
+	Status string `json:"status"`
+	Pause  struct {
+		Method        string   `json:"method"`
+		ResidentBytes *int64   `json:"residentBytes"`
+		NotKept       []string `json:"notKept"`
+	} `json:"pause"`
+}
+
+// pauseSession pauses session id and checks the answer.
+func pauseSession(t *testing.T, g *gatewayProc, id string) pauseAnswer {
+	t.Helper()
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	if a.Pause.Method != "freeze" || len(a.Pause.NotKept) == 0 || a.Pause.ResidentBytes == nil {
+		t.Errorf("pause report: %+v", a.Pause)
+	}
+	return a
+}
+
+// frozen reports whether session id's sandbox is frozen, as its freezer
+// cgroup (v1 or v2) says; ok is false when there is no such cgroup.
+func frozen(id string) (yes, ok bool) {
+	for _, f := range []struct{ pat, want string }{
+		{"/sys/fs/cgroup/freezer/sandgate/" + id + "/freezer.state", "FROZEN"},
+		{"/sys/fs/cgroup/sandgate/" + id + "/cgroup.freeze", "1"},
+	} {
+		if b, err := os.ReadFile(f.pat); err == nil {
+			return strings.TrimSpace(string(b)) == f.want, true
+		}
+	}
+	return false, false
+}
+
+// TestPauseAndResume: POST /pause parks a linux sandbox's processes with
+// their memory (the python kernel's variable, a background server on the
+// sandbox's loopback, a persistent shell's cd and export), POST /resume
+// and any later use (a REST command, a kernel call, an SSH connect) let
+// them run again where they were; a paused session stays paused across a
+// gateway restart; deleting it leaves no frozen cgroup behind.
+func TestPauseAndResume(t *testing.T) {
+	ssh := gwtest.RequireTool(t, "ssh")
+	requireLinuxDriver(t)
+	g := startGateway(t, "--keep-sandboxes-on-exit=true", "--sandbox", "linux")
+	s := g.createSession(t)
+	id := s.SessionID
+
+	// The state a pause must keep.
+	if a := runPython(t, g, id, map[string]any{"code": "x = 41 * 2\nx"}); a.result() != "82" {
+		t.Fatalf("python: %+v", a)
+	}
+	const server = "nohup python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 &"
+	runREST(t, g, id, map[string]any{"command": server})
+	const probe = `python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8765/").status)'`
+	deadline := time.Now().Add(20 * time.Second)
+	for runREST(t, g, id, map[string]any{"command": probe + " 2>/dev/null || true"}).out() != "200\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the background server never answered")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if a := runREST(t, g, id, map[string]any{"command": "mkdir -p /tmp/deep && cd /tmp/deep && export PAUSED_VAR=kept", "shell": "main"}); a.ExitCode == nil || *a.ExitCode != 0 {
+		t.Fatalf("shell setup: %+v", a)
+	}
+	check := func(t *testing.T, g *gatewayProc) {
+		t.Helper()
+		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != "82" {
+			t.Errorf("kernel after resume: %+v", a)
+		}
+		if out := runREST(t, g, id, map[string]any{"command": probe}).out(); out != "200\n" {
+			t.Errorf("server after resume: %q", out)
+		}
+		if out := runREST(t, g, id, map[string]any{"command": "pwd; echo $PAUSED_VAR", "shell": "main"}).out(); out != "/tmp/deep\nkept\n" {
+			t.Errorf("shell after resume: %q", out)
+		}
+	}
+
+	t.Run("explicit", func(t *testing.T) {
+		pauseSession(t, g, id)
+		if f, ok := frozen(id); !ok || !f {
+			t.Errorf("sandbox frozen = %v (cgroup found: %v)", f, ok)
+		}
+		if st := sessionStatus(t, g, id); st != "paused" {
+			t.Errorf("status %q after pause", st)
+		}
+		pauseSession(t, g, id) // a second pause changes nothing
+		var r fullSession
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, &r); code != http.StatusOK || r.Status != "running" {
+			t.Fatalf("resume: %d %+v", code, r)
+		}
+		if f, _ := frozen(id); f {
+			t.Error("still frozen after resume")
+		}
+		check(t, g)
+	})
+
+	t.Run("auto-resume-on-a-call", func(t *testing.T) {
+		pauseSession(t, g, id)
+		check(t, g) // its first call resumes it
+		if st := sessionStatus(t, g, id); st != "running" {
+			t.Errorf("status %q after a call", st)
+		}
+	})
+
+	t.Run("auto-resume-on-ssh", func(t *testing.T) {
+		pauseSession(t, g, id)
+		opts := append(g.sshOpts(t, s), id)
+		if out, e, code := runClient(t, g.clientEnv(), nil, ssh, append(opts, "echo hi")...); out != "hi\n" || code != 0 {
+			t.Errorf("ssh on a paused session: %q %d %s", out, code, e)
+		}
+		if st := sessionStatus(t, g, id); st != "running" {
+			t.Errorf("status %q after ssh", st)
+		}
+	})
+
+	t.Run("across-a-restart", func(t *testing.T) {
+		pauseSession(t, g, id)
+		g2 := restartWith(t, g, syscall.SIGTERM, "linux")
+		if st := sessionStatus(t, g2, id); st != "paused" {
+			t.Fatalf("status %q after a restart, want paused", st)
+		}
+		if f, _ := frozen(id); !f {
+			t.Error("the restarted gateway thawed the paused sandbox")
+		}
+		check(t, g2)
+		if st := sessionStatus(t, g2, id); st != "running" {
+			t.Errorf("status %q after resuming on the new gateway", st)
+		}
+
+		// Deleting a paused session removes its (frozen) cgroups.
+		pauseSession(t, g2, id)
+		if code := g2.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+			t.Fatalf("delete: %d", code)
+		}
+		if _, ok := frozen(id); ok {
+			t.Error("the freezer cgroup is left after delete")
+		}
+		if _, err := os.Stat(filepath.Join(g2.DataDir, "sandboxes", id)); !os.IsNotExist(err) {
+			t.Errorf("the sandbox's directory is left after delete: %v", err)
+		}
+	})
+}
+
+// TestPauseRefusals: the errors of /pause and /resume.
+func TestPauseRefusals(t *testing.T) {
+	g := startGateway(t) // workdir: it cannot pause
+	id := g.createSession(t).SessionID
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &e); code != http.StatusBadRequest || e.Error.Code != "pause_unsupported" {
+		t.Errorf("pause on workdir: %d %+v", code, e)
+	}
+	if code := g.api(t, http.MethodPost, "/v1/sessions/sbx-aaaaaaaaaaaaaaaaaaaa/pause", nil, nil); code != http.StatusNotFound {
+		t.Errorf("pause of an unknown session: %d", code)
+	}
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, nil); code != http.StatusOK {
+		t.Errorf("resume of a running session: %d", code)
+	}
+}

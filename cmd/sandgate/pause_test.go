@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -175,5 +177,61 @@ func TestPauseRefusals(t *testing.T) {
 	}
 	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, nil); code != http.StatusOK {
 		t.Errorf("resume of a running session: %d", code)
+	}
+}
+
+// TestE2BPauseKeepsProcesses: on the linux driver, E2B's pause is a pause
+// in place (the session is paused, not stopped: a background process and
+// the kernel live on), and E2B's resume lets it run again.
+func TestE2BPauseKeepsProcesses(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux")
+	e2b := func(method, path string, body string) (int, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(method, g.URL+"/compat/e2b"+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-API-Key", g.Token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	code, b := e2b(http.MethodPost, "/sandboxes", `{"templateID": "base", "timeout": 600}`)
+	if code != http.StatusCreated {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	var sb struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if err := json.Unmarshal(b, &sb); err != nil {
+		t.Fatal(err)
+	}
+	id := sb.SandboxID
+	if a := runPython(t, g, id, map[string]any{"code": "e2b_kept = 7"}); a.errName() != "" {
+		t.Fatalf("python: %+v", a)
+	}
+	if code, b := e2b(http.MethodPost, "/sandboxes/"+id+"/pause", ""); code != http.StatusNoContent {
+		t.Fatalf("pause: %d %s", code, b)
+	}
+	if st := sessionStatus(t, g, id); st != "paused" {
+		t.Errorf("status after E2B's pause: %q, want paused (in place, not stopped)", st)
+	}
+	if code, b := e2b(http.MethodPost, "/sandboxes/"+id+"/pause", ""); code != http.StatusConflict {
+		t.Errorf("second pause: %d %s", code, b)
+	}
+	if code, b := e2b(http.MethodPost, "/sandboxes/"+id+"/resume", `{"timeout": 600}`); code != http.StatusCreated {
+		t.Fatalf("resume: %d %s", code, b)
+	}
+	if st := sessionStatus(t, g, id); st != "running" {
+		t.Errorf("status after E2B's resume: %q", st)
+	}
+	if a := runPython(t, g, id, map[string]any{"code": "e2b_kept"}); a.result() != "7" {
+		t.Errorf("kernel after E2B's pause and resume: %+v", a)
 	}
 }

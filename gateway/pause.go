@@ -34,6 +34,11 @@ func (m *Manager) Pause(ctx context.Context, p Principal, id string) (*PauseResu
 	if err != nil {
 		return nil, err
 	}
+	return m.pause(ctx, s, p.Tenant)
+}
+
+// pause pauses s; by says who asked (a tenant, or "idle" for the reaper).
+func (m *Manager) pause(ctx context.Context, s *Session, by string) (*PauseResult, error) {
 	pa, ok := sandbox.As[sandbox.Pauser](s.sandbox)
 	if !ok || s.sandbox == nil {
 		return nil, Invalid("pause_unsupported", "this sandbox driver cannot pause sessions")
@@ -64,9 +69,9 @@ func (m *Manager) Pause(ctx context.Context, p Principal, id string) (*PauseResu
 	if err := m.putManaged(s); err != nil {
 		return nil, err
 	}
-	m.log.InfoContext(ctx, "session_paused", "session", s.ID, "tenant", p.Tenant, "method", rep.Method,
+	m.log.InfoContext(ctx, "session_paused", "session", s.ID, "tenant", s.Tenant, "by", by, "method", rep.Method,
 		"resident_bytes", rep.ResidentBytes, "ms", time.Since(start).Milliseconds())
-	m.auditSession(ctx, s, "paused", "", p.Tenant)
+	m.auditSession(ctx, s, "paused", "", by)
 	return &PauseResult{Session: s, Report: rep}, nil
 }
 
@@ -174,6 +179,19 @@ func (m *Manager) unpause(ctx context.Context, s *Session) error {
 	m.log.InfoContext(ctx, "session_unpaused", "session", s.ID, "tenant", s.Tenant, "ms", time.Since(start).Milliseconds())
 	m.auditSession(ctx, s, "unpaused", "", "")
 	return nil
+}
+
+// Idle actions (Config.IdleAction): what the reaper does to a session
+// idle for Config.IdleTimeout.
+const (
+	IdleExpire = "expire" // it expires (is deleted), the default
+	IdlePause  = "pause"  // it is paused in place, and expires once paused for Config.PausedTTL
+)
+
+// canPause reports whether s's sandbox can be paused.
+func (s *Session) canPause() bool {
+	_, ok := sandbox.As[sandbox.Pauser](s.sandbox)
+	return ok && s.sandbox != nil
 }
 
 // restorePaused makes the status of re-attached session s and its

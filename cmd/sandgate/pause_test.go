@@ -235,3 +235,57 @@ func TestE2BPauseKeepsProcesses(t *testing.T) {
 		t.Errorf("kernel after E2B's pause and resume: %+v", a)
 	}
 }
+
+// TestIdleActionPause: with --idle-action pause an idle session is paused
+// in place instead of expiring (its kernel's variable kept, its next call
+// resumes it), and expires once it has stayed paused for --paused-ttl.
+func TestIdleActionPause(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux", "--idle-timeout", "2s", "--idle-action", "pause", "--paused-ttl", "3s")
+	id := g.createSession(t).SessionID
+	if a := runPython(t, g, id, map[string]any{"code": "idle_kept = 5"}); a.errName() != "" {
+		t.Fatalf("python: %+v", a)
+	}
+	// Watch the freezer on the host: any API call would count as activity.
+	waitFrozen := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if f, _ := frozen(id); f == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox frozen never became %v", want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFrozen(true)
+	if a := runPython(t, g, id, map[string]any{"code": "idle_kept"}); a.result() != "5" {
+		t.Errorf("kernel after the idle pause: %+v", a)
+	}
+	if st := sessionStatus(t, g, id); st != "running" {
+		t.Errorf("status after a call on the idle-paused session: %q", st)
+	}
+	// Idle again: paused, then, 3 s later, expired and removed.
+	waitFrozen(true)
+	dir := filepath.Join(g.DataDir, "sandboxes", id)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := os.Stat(dir); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the paused session did not expire after --paused-ttl")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, &e); code != http.StatusGone || e.Error.Code != "session_gone" {
+		t.Errorf("GET after the paused TTL: %d %+v", code, e)
+	}
+}

@@ -113,6 +113,15 @@ func TestPauseAndResume(t *testing.T) {
 		check(t, g)
 	})
 
+	t.Run("cli", func(t *testing.T) {
+		if out := g.mustCLI(t, "session", "pause", id); !strings.Contains(out, "paused") {
+			t.Errorf("session pause:\n%s", out)
+		}
+		if out := g.mustCLI(t, "session", "resume", id); !strings.Contains(out, "running") {
+			t.Errorf("session resume:\n%s", out)
+		}
+	})
+
 	t.Run("auto-resume-on-a-call", func(t *testing.T) {
 		pauseSession(t, g, id)
 		check(t, g) // its first call resumes it

@@ -18,7 +18,11 @@ import (
 // limit still run. It stays paused across a gateway restart.
 
 // ConnClosedPaused is the reason given to connections that a pause ends.
-const ConnClosedPaused = "the session was paused"
+const ConnClosedPaused = "the session was paused: its processes wait where they are, and the next connection or call resumes them"
+
+// PauseNoticeWait bounds how long a pause waits for its notices
+// (AddPauseNotice) before it closes the connections.
+const PauseNoticeWait = 500 * time.Millisecond
 
 // PauseResult is a pause's answer: the session, and what the pause did.
 type PauseResult struct {
@@ -112,14 +116,36 @@ func (s *Session) markPaused() bool {
 		return false
 	}
 	s.status = StatusPaused
-	var closing []*connEntry
+	var notices, closing []*connEntry
 	for e := range s.conns {
-		if e.paused {
+		switch {
+		case e.notice:
+			notices = append(notices, e)
+		case e.paused:
 			closing = append(closing, e)
-			delete(s.conns, e)
+		default:
+			continue
 		}
+		delete(s.conns, e)
 	}
 	s.mu.Unlock()
+	// The notices first (a client whose window is full must not hold the
+	// pause up: each runs on its own, for PauseNoticeWait at most), then
+	// the connections they travel on.
+	done := make(chan struct{}, len(notices))
+	for _, e := range notices {
+		go func() { e.close(); done <- struct{}{} }()
+	}
+	wait := time.NewTimer(PauseNoticeWait)
+	defer wait.Stop()
+	for range notices {
+		select {
+		case <-done:
+			continue
+		case <-wait.C:
+		}
+		break
+	}
 	for _, e := range closing {
 		e.close()
 	}

@@ -208,8 +208,9 @@ func sessionFromRecord(r Record) *Session {
 type connEntry struct {
 	close func()
 	// paused says a pause closes it too (AddPausedConn), not only the
-	// session's end or stop.
-	paused bool
+	// session's end or stop; notice, that it is a pause notice
+	// (AddPauseNotice), run before the connections close.
+	paused, notice bool
 }
 
 // StartOptions say what Session.Start does around the start of a
@@ -488,7 +489,7 @@ func (s *Session) CheckPassword(pw string) bool {
 // AddConn registers a connection to close when the session ends. It returns
 // a function that unregisters it, and false when the session has already ended.
 func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
-	return s.addConn(closeFn, false)
+	return s.addConn(&connEntry{close: closeFn})
 }
 
 // AddPausedConn is AddConn for a connection from outside that a pause
@@ -496,16 +497,25 @@ func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
 // answering). What AddConn registers (kernels, shells, background
 // processes) outlives a pause.
 func (s *Session) AddPausedConn(closeFn func()) (remove func(), ok bool) {
-	return s.addConn(closeFn, true)
+	return s.addConn(&connEntry{close: closeFn, paused: true})
 }
 
-func (s *Session) addConn(closeFn func(), paused bool) (remove func(), ok bool) {
+// AddPauseNotice registers notify, which a pause calls (once, and before
+// it closes the connections AddPausedConn registered) to tell a client
+// why its connection is about to end: an SSH channel writes the reason
+// (ConnClosedPaused) to its stderr.
+// A pause waits at most PauseNoticeWait for them; an end or a stop does
+// not call them.
+func (s *Session) AddPauseNotice(notify func()) (remove func(), ok bool) {
+	return s.addConn(&connEntry{close: notify, paused: true, notice: true})
+}
+
+func (s *Session) addConn(e *connEntry) (remove func(), ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !live(s.status) {
 		return func() {}, false
 	}
-	e := &connEntry{close: closeFn, paused: paused}
 	s.conns[e] = struct{}{}
 	return func() {
 		s.mu.Lock()
@@ -527,7 +537,9 @@ func (s *Session) end(status, reason string) bool {
 	s.conns = nil
 	s.mu.Unlock()
 	for e := range conns {
-		e.close()
+		if !e.notice { // a pause's notice says "paused": not this
+			e.close()
+		}
 	}
 	s.closeProxy()
 	return true

@@ -76,7 +76,9 @@ func (s *Session) markStopped() bool {
 	s.conns = map[*connEntry]struct{}{}
 	s.mu.Unlock()
 	for e := range conns {
-		e.close()
+		if !e.notice { // a pause's notice says "paused": not this
+			e.close()
+		}
 	}
 	s.closeProxy()
 	return true

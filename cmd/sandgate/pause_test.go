@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -139,6 +140,44 @@ func TestPauseAndResume(t *testing.T) {
 		if st := sessionStatus(t, g, id); st != "running" {
 			t.Errorf("status %q after ssh", st)
 		}
+	})
+
+	t.Run("open-ssh-channel-ends-with-the-reason", func(t *testing.T) {
+		opts := append(g.sshOpts(t, s), id)
+		var errb bytes.Buffer
+		cmd := newCmd(g.clientEnv(), ssh, append(opts, "echo started; exec sleep 600")...)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, _ = io.Copy(io.Discard, stdout)
+			done <- cmd.Wait()
+		}()
+		// Wait until the command runs, then pause under it.
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(runREST(t, g, id, map[string]any{"command": "ps -eo args"}).out(), "sleep 600") {
+			if time.Now().After(deadline) {
+				t.Fatal("the ssh command never started")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		pauseSession(t, g, id)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatal("the open ssh connection did not end at the pause")
+		}
+		if !strings.Contains(errb.String(), "the session was paused") {
+			t.Errorf("ssh's stderr does not say why it ended: %q", errb.String())
+		}
+		runREST(t, g, id, map[string]any{"command": "pkill -f 'sleep 600' || true"})
 	})
 
 	t.Run("across-a-restart", func(t *testing.T) {

@@ -661,6 +661,16 @@ export class Session {
     return this.#client.stopSession(this.id);
   }
 
+  /** Pauses the session's processes in place, memory kept (`pauseSession`). */
+  pause(): Promise<Session> {
+    return this.#client.pauseSession(this.id);
+  }
+
+  /** Resumes the paused session (`resumeSession`). */
+  resume(): Promise<Session> {
+    return this.#client.resumeSession(this.id);
+  }
+
   /** Snapshots the session's workspace (`createSnapshot`). */
   snapshot(): Promise<Snapshot> {
     return this.#client.createSnapshot(this.id);

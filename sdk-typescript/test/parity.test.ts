@@ -218,8 +218,8 @@ describe("parity with the Python SDK", { skip: SKIP }, () => {
       assert.equal((paused.raw["pause"] as { method: string }).method, "freeze");
       assert.equal((await s.runPython("kept")).result, "42");
       assert.equal((await s.refresh()).status, "running");
-      assert.equal((await client.pauseSession(s.id)).status, "paused");
-      assert.equal((await client.resumeSession(s.id)).status, "running");
+      assert.equal((await s.pause()).status, "paused");
+      assert.equal((await s.resume()).status, "running");
       await assert.rejects(client.pauseSession("sbx-aaaaaaaaaaaaaaaaaaaa"), SessionNotFoundError);
     } finally {
       await s.destroy();

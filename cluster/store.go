@@ -102,7 +102,7 @@ func unavailable(err error) error {
 }
 
 func isLive(status string) bool {
-	return status == gateway.StatusRunning || status == gateway.StatusStopped
+	return status == gateway.StatusRunning || status == gateway.StatusStopped || status == gateway.StatusPaused
 }
 
 // Put records recs in etcd, then in the local cache. A record new to the

@@ -32,6 +32,14 @@ type Config struct {
 	// IdleTimeout expires a session with no REST or SSH activity for this
 	// long (default 30m; negative disables).
 	IdleTimeout time.Duration
+	// IdleAction is what happens to an idle session (pause.go): IdleExpire
+	// (default) or IdlePause, which pauses a running one whose driver can
+	// pause (others expire as before).
+	IdleAction string
+	// PausedTTL, with IdleAction IdlePause, expires a paused session
+	// after this long with no activity past its idle limit, that is, this
+	// long after an idle pause (default 1h; negative: only its TTL ends it).
+	PausedTTL time.Duration
 	// ReapInterval is how often the reaper looks for expired sessions (default 1s).
 	ReapInterval time.Duration
 	// Images are the names of the default root, accepted at create
@@ -147,6 +155,12 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 	}
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = time.Second
+	}
+	if cfg.IdleAction == "" {
+		cfg.IdleAction = IdleExpire
+	}
+	if cfg.PausedTTL == 0 {
+		cfg.PausedTTL = time.Hour
 	}
 	if len(cfg.Images) == 0 {
 		cfg.Images = []string{"default"}
@@ -432,6 +446,7 @@ func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id s
 func (m *Manager) own(s *Session) {
 	s.secrets, s.auditor, s.metrics = m.cfg.Secrets, m.cfg.Audit, m.cfg.Metrics
 	s.resume = func(ctx context.Context) error { return m.resume(ctx, s) }
+	s.unpause = func(ctx context.Context) error { return m.unpause(ctx, s) }
 }
 
 // sandboxCreateFailed logs and audits a driver's failure to make s's
@@ -845,13 +860,25 @@ func (m *Manager) Reap(ctx context.Context) {
 		reason string
 	}
 	var victims []victim
+	var toPause []*Session
+	pauseIdle := m.cfg.IdleAction == IdlePause
 	m.mu.Lock()
 	for id, s := range m.sessions {
 		reason := ""
+		idle := m.cfg.IdleTimeout > 0 && !s.Held() && now.Sub(s.LastActivity()) >= m.cfg.IdleTimeout
 		switch {
 		case !now.Before(s.ExpiresAt()):
 			reason = "ttl"
-		case m.cfg.IdleTimeout > 0 && !s.Held() && now.Sub(s.LastActivity()) >= m.cfg.IdleTimeout:
+		case idle && pauseIdle && s.Status() == StatusPaused:
+			// Paused, it expires PausedTTL after its idle pause.
+			if m.cfg.PausedTTL < 0 || now.Sub(s.LastActivity()) < m.cfg.IdleTimeout+m.cfg.PausedTTL {
+				continue
+			}
+			reason = "idle"
+		case idle && pauseIdle && s.Status() == StatusRunning && s.canPause():
+			toPause = append(toPause, s)
+			continue
+		case idle:
 			reason = "idle"
 		default:
 			continue
@@ -860,6 +887,11 @@ func (m *Manager) Reap(ctx context.Context) {
 		victims = append(victims, victim{s, reason})
 	}
 	m.mu.Unlock()
+	for _, s := range toPause {
+		if _, err := m.pause(context.WithoutCancel(ctx), s, "idle"); err != nil {
+			m.log.Warn("session_idle_pause_failed", "session", s.ID, "err", err)
+		}
+	}
 	for _, v := range victims {
 		m.bury(v.s, map[string]string{"ttl": GoneTTL, "idle": GoneIdle}[v.reason], nil)
 		_ = m.end(ctx, v.s, StatusExpired, v.reason)

@@ -41,7 +41,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 					s.sandbox = sb
 					keep[r.ID] = true
 					restored++
-					if m.restoreStopped(ctx, s) {
+					if m.restoreStopped(ctx, s) || m.restorePaused(ctx, s) {
 						changed = append(changed, s.Snapshot())
 					}
 					m.restoreEgress(ctx, s)

@@ -24,6 +24,9 @@ const (
 	// StatusStopped is a session whose processes were stopped (Manager.Stop):
 	// its files are kept, and its next process starts it again.
 	StatusStopped = "stopped"
+	// StatusPaused is a session whose processes are paused where they are
+	// (Manager.Pause, pause.go): its next use lets them run again.
+	StatusPaused  = "paused"
 	StatusDeleted = "deleted"
 	StatusExpired = "expired"
 	StatusFailed  = "failed"
@@ -89,6 +92,7 @@ type Session struct {
 	// auditor and metrics are the Manager's too (nil: none). The Manager
 	// sets them with hold; the session never calls back into it otherwise.
 	resume  func(ctx context.Context) error
+	unpause func(ctx context.Context) error // the holding Manager's unpause (pause.go)
 	auditor audit.Auditor
 	metrics Metrics
 	// life orders Stop and resume (held to write) against the start of
@@ -206,7 +210,13 @@ func sessionFromRecord(r Record) *Session {
 	return s
 }
 
-type connEntry struct{ close func() }
+type connEntry struct {
+	close func()
+	// paused says a pause closes it too (AddPausedConn), not only the
+	// session's end or stop; notice, that it is a pause notice
+	// (AddPauseNotice), run before the connections close.
+	paused, notice bool
+}
 
 // StartOptions say what Session.Start does around the start of a
 // process, besides starting it in the session's sandbox with the
@@ -454,7 +464,7 @@ func (s *Session) setExpiry(ttl int, at time.Time) (oldTTL int, oldAt time.Time)
 }
 
 // Live reports whether the session still accepts connections: it is
-// running, or stopped (its next process starts it again).
+// running, or stopped or paused (its next use starts it again).
 func (s *Session) Live() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -463,7 +473,9 @@ func (s *Session) Live() bool {
 
 // live reports whether status is that of a session that holds its
 // sandbox.
-func live(status string) bool { return status == StatusRunning || status == StatusStopped }
+func live(status string) bool {
+	return status == StatusRunning || status == StatusStopped || status == StatusPaused
+}
 
 // Status is the session's status now.
 func (s *Session) Status() string {
@@ -482,12 +494,33 @@ func (s *Session) CheckPassword(pw string) bool {
 // AddConn registers a connection to close when the session ends. It returns
 // a function that unregisters it, and false when the session has already ended.
 func (s *Session) AddConn(closeFn func()) (remove func(), ok bool) {
+	return s.addConn(&connEntry{close: closeFn})
+}
+
+// AddPausedConn is AddConn for a connection from outside that a pause
+// ends as well (a CONNECT tunnel: the processes it talks to stop
+// answering). What AddConn registers (kernels, shells, background
+// processes) outlives a pause.
+func (s *Session) AddPausedConn(closeFn func()) (remove func(), ok bool) {
+	return s.addConn(&connEntry{close: closeFn, paused: true})
+}
+
+// AddPauseNotice registers notify, which a pause calls (once, and before
+// it closes the connections AddPausedConn registered) to tell a client
+// why its connection is about to end: an SSH channel writes the reason
+// (ConnClosedPaused) to its stderr.
+// A pause waits at most PauseNoticeWait for them; an end or a stop does
+// not call them.
+func (s *Session) AddPauseNotice(notify func()) (remove func(), ok bool) {
+	return s.addConn(&connEntry{close: notify, paused: true, notice: true})
+}
+
+func (s *Session) addConn(e *connEntry) (remove func(), ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !live(s.status) {
 		return func() {}, false
 	}
-	e := &connEntry{close: closeFn}
 	s.conns[e] = struct{}{}
 	return func() {
 		s.mu.Lock()
@@ -509,7 +542,9 @@ func (s *Session) end(status, reason string) bool {
 	s.conns = nil
 	s.mu.Unlock()
 	for e := range conns {
-		e.close()
+		if !e.notice { // a pause's notice says "paused": not this
+			e.close()
+		}
 	}
 	s.closeProxy()
 	return true

@@ -28,7 +28,7 @@ func (m *Manager) Stop(ctx context.Context, p Principal, id string) (*Session, e
 	switch status := s.Status(); status {
 	case StatusStopped:
 		return s, nil
-	case StatusRunning:
+	case StatusRunning, StatusPaused: // the kill thaws a paused one
 	default:
 		if status == StatusFailed {
 			return nil, errNotRunning()
@@ -67,7 +67,7 @@ func errNotRunning() error {
 // the session is not running.
 func (s *Session) markStopped() bool {
 	s.mu.Lock()
-	if s.status != StatusRunning {
+	if s.status != StatusRunning && s.status != StatusPaused {
 		s.mu.Unlock()
 		return false
 	}
@@ -76,7 +76,9 @@ func (s *Session) markStopped() bool {
 	s.conns = map[*connEntry]struct{}{}
 	s.mu.Unlock()
 	for e := range conns {
-		e.close()
+		if !e.notice { // a pause's notice says "paused": not this
+			e.close()
+		}
 	}
 	s.closeProxy()
 	return true
@@ -105,16 +107,20 @@ func (m *Manager) putManaged(s *Session) error {
 func (s *Session) running(ctx context.Context, resume bool) (unlock func(), err error) {
 	for {
 		s.life.RLock()
-		if s.Status() != StatusStopped {
+		status := s.Status()
+		if status != StatusStopped && status != StatusPaused {
 			return s.life.RUnlock, nil
 		}
 		s.life.RUnlock()
-		if !resume || s.resume == nil {
+		if !resume || status == StatusStopped && s.resume == nil {
 			return nil, sandbox.ErrStopped
 		}
 		s.life.Lock()
-		if s.Status() == StatusStopped {
+		switch s.Status() {
+		case StatusStopped:
 			err = s.resume(ctx)
+		case StatusPaused:
+			err = s.unpauseLocked(ctx)
 		}
 		s.life.Unlock()
 		if err != nil {

@@ -259,7 +259,7 @@ func TestSpecCheckerRejectsDrift(t *testing.T) {
 	}{
 		{"good session", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(session)}, true},
 		{"extra field", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `"ttl"`, `"tenant":"x","ttl"`, 1))}, false},
-		{"bad status enum", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `"running"`, `"paused"`, 1))}, false},
+		{"bad status enum", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `"running"`, `"sleeping"`, 1))}, false},
 		{"bad date-time", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `2024-01-02T03:04:05Z`, `yesterday`, 1))}, false},
 		{"missing ssh", "GET", "/v1/sessions/" + id, result{200, jsonHdr, []byte(strings.Replace(session, `"ssh":`, `"sh":`, 1))}, false},
 		{"undocumented status", "GET", "/v1/sessions/" + id, result{409, jsonHdr, errBody("not_found")}, false},
@@ -906,7 +906,7 @@ func TestContract(t *testing.T) {
 // shells, files, processes, the kernel, links, stop, logs, ports, stats), the
 // audit's, or a seed's compat API, whose contract tests live in their own files.
 func dataPlanePath(path string) bool {
-	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/logs", "/links/", "/compat/", "/ports/", "/{path}", "/stats", "/egress", "/timeline", "/v1/audit", "/workspaces", "/snapshots"} {
+	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/pause", "/resume", "/logs", "/links/", "/compat/", "/ports/", "/{path}", "/stats", "/egress", "/timeline", "/v1/audit", "/workspaces", "/snapshots"} {
 		if strings.Contains(path, p) {
 			return true
 		}

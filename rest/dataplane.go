@@ -36,6 +36,10 @@ func (a *api) dataSession(w http.ResponseWriter, r *http.Request) (*gateway.Sess
 		WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
 		return nil, false
 	}
-	context.AfterFunc(r.Context(), s.Hold()) // the server cancels it when the handler returns
+	context.AfterFunc(r.Context(), s.Hold())    // the server cancels it when the handler returns
+	if err := s.Wake(r.Context()); err != nil { // a paused session resumes on its next call
+		WriteGatewayError(w, err)
+		return nil, false
+	}
 	return s, true
 }

@@ -472,6 +472,10 @@ func (a *api) servePort(w http.ResponseWriter, r *http.Request, s *gateway.Sessi
 	if refuseServiceWorker(w, r) {
 		return
 	}
+	if err := s.Wake(r.Context()); err != nil { // a paused session resumes on a preview request
+		WriteGatewayError(w, err)
+		return
+	}
 	dialer, ok := sandbox.As[sandbox.LoopbackDialer](s.Sandbox())
 	if !ok {
 		WriteError(w, http.StatusNotImplemented, "ports_unsupported", "this gateway's sandbox driver cannot reach a sandbox's ports")

@@ -168,6 +168,8 @@ func New(cfg Config) http.Handler {
 		r.Patch("/sessions/{id}", a.update)
 		r.Delete("/sessions/{id}", a.delete)
 		r.Post("/sessions/{id}/stop", a.stop)
+		r.Post("/sessions/{id}/pause", a.pause)
+		r.Post("/sessions/{id}/resume", a.resume)
 		r.Post("/sessions/{id}/snapshots", a.createSnapshot)
 		r.Post("/workspaces", a.createWorkspace)
 		r.Get("/workspaces", a.listWorkspaces)

@@ -7,7 +7,7 @@
 // learn which driver they run on: adding a driver changes no caller.
 //
 // Optional behaviour is a small interface below (Reporter, ProxyListener,
-// LoopbackDialer, Reattacher, Detacher, Ender, PIDer, Stopper, Statser, Keeper); each says who implements it and who uses it.
+// LoopbackDialer, Reattacher, Detacher, Ender, PIDer, Stopper, Pauser, Statser, Keeper); each says who implements it and who uses it.
 // docs/architecture.md has the package map.
 package sandbox
 
@@ -357,6 +357,35 @@ type Stopper interface {
 	// after a gateway restart may be stopped already (linuxns keeps the
 	// state on disk).
 	Stopped() bool
+}
+
+// Pauser is implemented by sandboxes whose processes can be parked in
+// place and go on later exactly where they were (linuxns: the cgroup
+// freezer; docs/pause.md says why not a CRIU checkpoint yet).
+// gateway.Manager.Pause pauses one; the gateway's session wrapper unpauses
+// it before it starts the session's next process.
+type Pauser interface {
+	// Pause stops every process of the sandbox where it is, and keeps it
+	// so, across a restart of the gateway too, until Unpause. Its memory
+	// is kept as it is; the report says what the pause could not keep or
+	// free. Pausing a paused sandbox does nothing.
+	Pause(ctx context.Context) (PauseReport, error)
+	// Unpause lets a paused sandbox's processes run again. Unpausing a
+	// running sandbox does nothing.
+	Unpause(ctx context.Context) error
+	// Paused reports whether the sandbox is paused.
+	Paused() bool
+}
+
+// PauseReport is what a Pause did.
+type PauseReport struct {
+	// Method names how the processes were parked ("freeze").
+	Method string
+	// ResidentBytes is the memory the paused sandbox still holds, as its
+	// cgroup counts it (-1: unknown).
+	ResidentBytes int64
+	// NotKept lists what the pause could not keep, one line each.
+	NotKept []string
 }
 
 // Freezer is implemented by sandboxes whose processes can be frozen at

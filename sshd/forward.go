@@ -96,6 +96,11 @@ func (s *Server) handleDirectTCPIP(_ *gliderssh.Server, _ *gossh.ServerConn, nc 
 		_ = nc.Reject(gossh.ConnectionFailed, fmt.Sprintf("port %d out of range", d.DestPort))
 		return
 	}
+	if err := sess.Wake(ctx); err != nil { // a paused session resumes on a forward
+		fw.refused("resume_failed", err.Error())
+		_ = nc.Reject(gossh.ConnectionFailed, "the paused session could not resume")
+		return
+	}
 	dialer := loopbackDialer(sess.Sandbox())
 	if dialer == nil {
 		log.Info("ssh_forward_refused", "reason", "sandbox cannot dial its loopback")

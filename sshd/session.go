@@ -347,6 +347,12 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	// A command running is work in progress, however quiet (a build, an
 	// idle shell): the idle timeout waits for it (the TTL still ends it).
 	defer c.sess.Hold()()
+	// A pause ends the connection: say why first, on the channel's stderr.
+	if remove, ok := c.sess.AddPauseNotice(func() {
+		_, _ = io.WriteString(c.ch.Stderr(), "\r\nsandgate: "+gateway.ConnClosedPaused+"\r\n")
+	}); ok {
+		defer remove()
+	}
 	began := time.Now()
 	a := &activity{sess: c.sess}
 	var stdout io.Writer = c.ch

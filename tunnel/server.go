@@ -112,14 +112,19 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t.writeError(w, err)
 		return
 	}
-	// A stopped session is live: its first process starts it again.
-	if snap := s.Snapshot(); snap.Status != gateway.StatusRunning && snap.Status != gateway.StatusStopped {
+	// A stopped session is live: its first process starts it again. A
+	// paused one resumes now, while the client's SSH handshake runs.
+	if snap := s.Snapshot(); snap.Status != gateway.StatusRunning && snap.Status != gateway.StatusStopped && snap.Status != gateway.StatusPaused {
 		if snap.Status != gateway.StatusFailed { // ended since the lookup
 			t.writeError(w, gateway.ErrNotFound)
 			return
 		}
 		t.writeError(w, &gateway.Error{Kind: gateway.KindConflict, Code: "session_not_running",
 			Message: "session " + s.ID + " has failed: " + snap.StatusReason})
+		return
+	}
+	if err := s.Wake(r.Context()); err != nil {
+		t.writeError(w, err)
 		return
 	}
 	if !t.track(nil) {
@@ -149,7 +154,7 @@ func (t *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer t.untrack(conn)
-	remove, live := s.AddConn(func() { conn.Close() })
+	remove, live := s.AddPausedConn(func() { conn.Close() })
 	defer remove()
 	if !live {
 		conn.Close()

@@ -51,6 +51,8 @@ type serveConfig struct {
 	maxSessions       int
 	maxPerTenant      int
 	idleTimeout       time.Duration
+	idleAction        string
+	pausedTTL         time.Duration
 	tombstoneTTL      time.Duration
 	rateLimit         int
 	sshAuth           listFlag
@@ -139,6 +141,8 @@ func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.maxSessions, "max-sessions", 1000, "live sessions on this gateway")
 	fs.IntVar(&c.maxPerTenant, "max-sessions-per-tenant", 100, "live sessions per tenant")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 30*time.Minute, "expire sessions idle for this long (0 disables)")
+	fs.StringVar(&c.idleAction, "idle-action", gateway.IdleExpire, "what --idle-timeout does to an idle session: expire (delete it), or pause (pause it in place, memory kept, where the sandbox driver can: docs/pause.md; it expires after --paused-ttl paused)")
+	fs.DurationVar(&c.pausedTTL, "paused-ttl", time.Hour, "with --idle-action pause, expire a session paused for being idle after this long still idle (0: only its ttl ends it)")
 	fs.DurationVar(&c.tombstoneTTL, "tombstone-ttl", gateway.DefaultTombstoneTTL, "deleted or expired sessions answer 410 session_gone, saying when and why, for this long (0 disables)")
 	fs.IntVar(&c.rateLimit, "rate-limit", 600, "requests per minute per principal (0 disables)")
 	fs.Var(&c.sshAuth, "ssh-auth", "SSH auth methods accepted on an authorised tunnel (default none,password,publickey)")
@@ -199,6 +203,12 @@ func (c *serveConfig) finish(fs *flag.FlagSet) (*serveConfig, error) {
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if c.idleAction != gateway.IdleExpire && c.idleAction != gateway.IdlePause {
+		return nil, fmt.Errorf("--idle-action must be %s or %s, got %q", gateway.IdleExpire, gateway.IdlePause, c.idleAction)
+	}
+	if c.pausedTTL < 0 {
+		return nil, errors.New("--paused-ttl must not be negative")
 	}
 	if c.publicURL != "" {
 		if err := rest.CheckPublicURL(c.publicURL); err != nil {
@@ -492,7 +502,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	mcfg := gateway.Config{
 		MaxSessions: cfg.maxSessions, MaxSessionsPerTenant: cfg.maxPerTenant,
-		IdleTimeout: idleOrDisabled(cfg.idleTimeout), Store: store, ImageSource: isrc,
+		IdleTimeout: idleOrDisabled(cfg.idleTimeout), IdleAction: cfg.idleAction, PausedTTL: idleOrDisabled(cfg.pausedTTL), Store: store, ImageSource: isrc,
 		Resources: forDriver(cfg.resources, driver), Egress: egressCfg, Secrets: secrets,
 		Metrics:      met,
 		Audit:        auditor,
@@ -523,7 +533,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	releaseStaleImageRefs(istore, mgr, log)
-	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusFailed)
+	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusPaused, gateway.StatusFailed)
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,

@@ -42,7 +42,7 @@ and SANDBOX_API_TOKEN, or --api-url and --token.`,
 	}
 	af.register(cmd)
 	cmd.AddCommand(newSessionCreateCmd(&af), newSessionLsCmd(&af), newSessionGetCmd(&af),
-		newSessionRmCmd(&af), newSessionStopCmd(&af), newSessionExecCmd(&af),
+		newSessionRmCmd(&af), newSessionStopCmd(&af), newSessionPauseCmd(&af), newSessionResumeCmd(&af), newSessionExecCmd(&af),
 		newSessionCpCmd(&af), newSessionLogsCmd(&af))
 	return cmd
 }

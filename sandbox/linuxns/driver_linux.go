@@ -662,6 +662,9 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	d.mu.Unlock()
 	sb := newLinuxSandbox(d, st)
 	sb.setInit(nil, os.NewFile(uintptr(pidfd), "init"))
+	if st.Paused { // frozen on purpose, and so until Unpause: its init cannot answer a dial
+		return sb, nil
+	}
 	// A gateway that died during a snapshot left the sandbox frozen:
 	// every command would hang. Adopting always thaws.
 	if err := d.thaw(id, d.cgroupsOf(st), "adopted"); err != nil {

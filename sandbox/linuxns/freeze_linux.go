@@ -35,12 +35,13 @@ func (s *linuxSandbox) Freeze(ctx context.Context) (func() error, error) {
 	s.life.Lock()
 	s.mu.Lock()
 	closed, stopped, cgs := s.closed, s.st.Stopped, slices.Clone(s.st.Cgroups)
+	paused := s.st.Paused
 	s.mu.Unlock()
 	if closed {
 		s.life.Unlock()
 		return nil, sandbox.ErrClosed
 	}
-	if stopped {
+	if stopped || paused { // a paused one is frozen already, and stays so
 		s.life.Unlock()
 		return func() error { return nil }, nil
 	}

@@ -19,6 +19,7 @@ var (
 	_ sandbox.Keeper         = (*linuxSandbox)(nil) // Cmd.Keep across gateway restarts
 	_ sandbox.Ender          = (*linuxSandbox)(nil) // its init may die
 	_ sandbox.Stopper        = (*linuxSandbox)(nil) // stop and resume (stop_linux.go)
+	_ sandbox.Pauser         = (*linuxSandbox)(nil) // pause in place (pause_linux.go)
 	_ sandbox.Freezer        = (*linuxSandbox)(nil) // snapshots (freeze_linux.go)
 	_ sandbox.WorkspaceHomer = (*linuxSandbox)(nil) // an image's /workspace is home/
 	_ sandbox.Statser        = (*linuxSandbox)(nil) // cgroups and statfs (stats_linux.go)

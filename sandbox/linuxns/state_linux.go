@@ -50,6 +50,9 @@ type sandboxState struct {
 	// Stopped says the sandbox was stopped (Stopper): it has no init and
 	// no cgroups, only its files; Pid is 0 once the init is gone.
 	Stopped bool `json:"stopped,omitempty"`
+	// Paused says the sandbox is paused (Pauser): its cgroups are frozen
+	// and stay so until Unpause, across gateway restarts too.
+	Paused bool `json:"paused,omitempty"`
 	// Boot is what a new init of the sandbox needs (Resume); nil for a
 	// sandbox made by a gateway without stop.
 	Boot *bootSpec `json:"boot,omitempty"`

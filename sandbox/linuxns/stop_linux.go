@@ -48,11 +48,13 @@ func (s *linuxSandbox) Stop(ctx context.Context) error {
 	}
 	s.stopping = true
 	s.st.Stopped = true
+	paused := s.st.Paused
+	s.st.Paused = false // the kill thaws it
 	s.mu.Unlock()
 	dir := s.d.dir(s.st.ID)
 	if err := s.st.save(dir); err != nil {
 		s.mu.Lock()
-		s.stopping, s.st.Stopped = false, false
+		s.stopping, s.st.Stopped, s.st.Paused = false, false, paused
 		s.mu.Unlock()
 		return fmt.Errorf("stop sandbox: %w", err)
 	}

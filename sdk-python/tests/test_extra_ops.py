@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandbox_sessions_sdk import PythonResult, Session, SessionNotFoundError, SessionsClient
+from sandbox_sessions_sdk import PythonResult, SandboxOperationError, Session, SessionNotFoundError, SessionsClient
 from sandbox_sessions_sdk._extra_ops import AsyncExtraOps, ExtraOps
 from sandbox_sessions_sdk.aio import AsyncSessionsClient
 
@@ -102,3 +102,33 @@ def test_list_images_names_the_aliases(sandgate_bin: str, scratch: Path) -> None
             c.delete_session(s.session_id)
     finally:
         gw.stop()
+
+
+def test_pause_and_resume(client: SessionsClient, session: Session, gateway: Gateway) -> None:
+    """pause_session parks the processes with their memory; the next call
+    (or resume_session) lets them run again, the kernel's variable kept."""
+    sid = session.session_id
+    assert client.run_python(sid, "kept = 6 * 7").error is None
+    if session.isolation == "none":  # the workdir driver cannot pause
+        with pytest.raises(SandboxOperationError) as e:
+            client.pause_session(sid)
+        assert e.value.code == "pause_unsupported"
+        return
+    p = client.pause_session(sid)
+    assert p.status == "paused" and p.raw["pause"]["method"] == "freeze" and p.raw["pause"]["notKept"]
+    assert client.get_session(sid).status == "paused"
+    assert client.run_python(sid, "kept").result == "42"  # the call resumed it
+    assert client.get_session(sid).status == "running"
+    assert client.pause_session(sid).status == "paused"
+    assert client.resume_session(sid).status == "running"
+    assert client.resume_session(sid).status == "running"  # a running one: unchanged
+    with pytest.raises(SessionNotFoundError):
+        client.pause_session("sbx-aaaaaaaaaaaaaaaaaaaa")
+
+    async def main() -> None:
+        async with AsyncSessionsClient(api_url=gateway.url, bearer_token=gateway.token) as c:
+            assert (await c.pause_session(sid)).status == "paused"
+            assert (await c.resume_session(sid)).status == "running"
+            assert (await c.run_python(sid, "kept")).result == "42"
+
+    asyncio.run(main())

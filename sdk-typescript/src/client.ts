@@ -725,6 +725,16 @@ export class Session {
     return this.#client.stopSession(this.id);
   }
 
+  /** Pauses the session's processes in place, memory kept (`pauseSession`). */
+  pause(): Promise<Session> {
+    return this.#client.pauseSession(this.id);
+  }
+
+  /** Resumes the paused session (`resumeSession`). */
+  resume(): Promise<Session> {
+    return this.#client.resumeSession(this.id);
+  }
+
   /** Snapshots the session's workspace (`createSnapshot`). */
   snapshot(): Promise<Snapshot> {
     return this.#client.createSnapshot(this.id);
@@ -940,6 +950,26 @@ export class SandboxClient {
   async stopSession(id: string): Promise<Session> {
     const ans = await this._request("POST", sessionPath(id) + "/stop", { what: "stop session", sessionScoped: true });
     return this.#session(parseJSONObject(ans, "stop session"), "stop session");
+  }
+
+  /**
+   * Pauses a session's processes where they are (`POST /v1/sessions/{id}/pause`):
+   * they keep their memory (kernel variables, background servers, shells'
+   * `cd` and `export`) and take no CPU; SSH connections open at the pause
+   * end. The next command, SSH session, kernel call or preview resumes it
+   * (or `resumeSession`); a gateway restart keeps it paused. The answer's
+   * `raw.pause` is the report (`method`, `residentBytes`, `notKept`).
+   * `400 pause_unsupported` where the driver cannot pause sessions.
+   */
+  async pauseSession(id: string): Promise<Session> {
+    const ans = await this._request("POST", sessionPath(id) + "/pause", { what: "pause session", sessionScoped: true });
+    return this.#session(parseJSONObject(ans, "pause session"), "pause session");
+  }
+
+  /** Resumes a paused session (`POST /v1/sessions/{id}/resume`); a running one is answered as it is. */
+  async resumeSession(id: string): Promise<Session> {
+    const ans = await this._request("POST", sessionPath(id) + "/resume", { what: "resume session", sessionScoped: true });
+    return this.#session(parseJSONObject(ans, "resume session"), "resume session");
   }
 
   /** The session's recent commands and process output, as text for people (`GET .../logs`); `tail` 1..10000 (default 100). */

@@ -204,6 +204,28 @@ describe("parity with the Python SDK", { skip: SKIP }, () => {
     }
   });
 
+  it("pauseSession keeps the kernel's memory; the next call resumes it", { timeout: 60_000 }, async () => {
+    const s = await client.createSession({ ttlSeconds: 600 });
+    try {
+      assert.equal((await s.runPython("kept = 6 * 7")).error, null);
+      if (s.raw["isolation"] === "none") {
+        // The workdir driver cannot pause.
+        await assert.rejects(client.pauseSession(s.id), (e: unknown) => (e as { code?: string }).code === "pause_unsupported");
+        return;
+      }
+      const paused = await client.pauseSession(s.id);
+      assert.equal(paused.status, "paused");
+      assert.equal((paused.raw["pause"] as { method: string }).method, "freeze");
+      assert.equal((await s.runPython("kept")).result, "42");
+      assert.equal((await s.refresh()).status, "running");
+      assert.equal((await s.pause()).status, "paused");
+      assert.equal((await s.resume()).status, "running");
+      await assert.rejects(client.pauseSession("sbx-aaaaaaaaaaaaaaaaaaaa"), SessionNotFoundError);
+    } finally {
+      await s.destroy();
+    }
+  });
+
   it("logs, images, host keys, file links, tickets", async () => {
     await session.exec("echo for-the-logs");
     const logs = await client.sessionLogs(session.id, { tail: 50 });

@@ -123,7 +123,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none) and 12 (sandgate only: keystroke echo, browser terminal vs SSH shell); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b; 11a,11b,11c,11d)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,15", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell) and 15 (sandgate only, linux driver: pause and resume in place); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b; 11a,11b,11c,11d)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -446,6 +446,7 @@ func printPlan(c *config, b *bench) {
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
 	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]
 	desc["11"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
+	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c); fork (15d) not built"
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])
 	}

@@ -90,10 +90,10 @@ const resumeCheck = 100 * time.Millisecond
 func (a *api) pauseOnResume(ctx context.Context, s *gateway.Session, rec e2bmeta.Record) {
 	t := time.NewTicker(resumeCheck)
 	defer t.Stop()
-	for s.Status() == gateway.StatusStopped {
+	for isPaused(s.Status()) {
 		select {
 		case <-ctx.Done():
-			if s.Status() == gateway.StatusStopped {
+			if isPaused(s.Status()) {
 				return
 			}
 		case <-t.C:
@@ -124,10 +124,9 @@ func (a *api) autoPause(s *gateway.Session, p *autoPause) {
 	ps.mu.Unlock()
 	p.unregister()
 	ctx := context.Background()
-	if _, err := a.d.Sessions.Stop(ctx, gateway.Principal{Tenant: s.Tenant, Method: "e2b_auto_pause"}, s.ID); err != nil {
+	if err := a.park(ctx, gateway.Principal{Tenant: s.Tenant, Method: "e2b_auto_pause"}, s.ID); err != nil {
 		a.d.Log.Info("e2b_auto_pause_failed", "session", s.ID, "err", err)
 		return
 	}
-	a.contexts.forget(s.ID)
 	a.d.Log.Info("e2b_sandbox_auto_paused", "session", s.ID, "tenant", s.Tenant)
 }

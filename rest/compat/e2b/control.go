@@ -19,6 +19,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/rest"
 	"github.com/sandgate/sandgate/rest/compat/e2b/e2bmeta"
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -32,7 +33,7 @@ import (
 //	DELETE /sandboxes/{id}                   delete it
 //	POST   /sandboxes/{id}/timeout           its TTL, from now
 //	POST   /sandboxes/{id}/refreshes         its TTL, from now, if longer
-//	POST   /sandboxes/{id}/pause             stop it (files kept)
+//	POST   /sandboxes/{id}/pause             pause it in place (memory kept; else stop it, files kept)
 //	POST   /sandboxes/{id}/resume            start it again
 //	POST   /sandboxes/{id}/connect, /v2/...  start it again if stopped
 //	PUT    /sandboxes/{id}/network           its egress allow-list
@@ -446,10 +447,36 @@ func templateOf(s *gateway.Session) string {
 
 // stateOf is E2B's state of a live session.
 func stateOf(status string) string {
-	if status == gateway.StatusStopped {
+	if isPaused(status) {
 		return "paused"
 	}
 	return "running"
+}
+
+// isPaused says a session of status is a paused sandbox to E2B: paused in
+// place (memory kept), or stopped (files kept) where the driver cannot
+// pause.
+func isPaused(status string) bool {
+	return status == gateway.StatusPaused || status == gateway.StatusStopped
+}
+
+// park pauses session id for E2B: in place, with its processes and
+// memory (gateway.Manager.Pause), where the manager and driver can; else
+// it stops it, keeping its files, and its kernels' contexts are
+// forgotten (they died with its processes).
+func (a *api) park(ctx context.Context, p gateway.Principal, id string) error {
+	if pa, ok := a.d.Sessions.(rest.SessionPauser); ok {
+		_, err := pa.Pause(ctx, p, id)
+		ge, isGE := errors.AsType[*gateway.Error](err)
+		if err == nil || !isGE || ge.Code != "pause_unsupported" {
+			return err
+		}
+	}
+	if _, err := a.d.Sessions.Stop(ctx, p, id); err != nil {
+		return err
+	}
+	a.contexts.forget(id)
+	return nil
 }
 
 // listed is s as a list shows it: it ends (endAt) when it pauses, for an
@@ -770,8 +797,9 @@ func (a *api) refresh(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// pause serves POST /sandboxes/{id}/pause: the session stops, keeping its
-// files (not its processes or memory); 409 when it is paused already.
+// pause serves POST /sandboxes/{id}/pause: the session pauses in place,
+// processes and memory kept (park; a driver that cannot pause stops it,
+// keeping its files only); 409 when it is paused already.
 func (a *api) pause(w http.ResponseWriter, r *http.Request) {
 	var body timeoutBody
 	if !decodeBody(w, r, &body) {
@@ -781,15 +809,14 @@ func (a *api) pause(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if s.Status() == gateway.StatusStopped {
+	if isPaused(s.Status()) {
 		writeError(w, http.StatusConflict, "already_paused", fmt.Sprintf("sandbox %q is already paused", s.ID))
 		return
 	}
-	if _, err := a.d.Sessions.Stop(r.Context(), principal(r), s.ID); err != nil {
+	if err := a.park(r.Context(), principal(r), s.ID); err != nil {
 		writeGatewayError(w, err)
 		return
 	}
-	a.contexts.forget(s.ID) // the kernels died with the processes
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -804,7 +831,7 @@ func (a *api) resume(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if s.Status() != gateway.StatusStopped {
+	if !isPaused(s.Status()) {
 		writeError(w, http.StatusConflict, "already_running", fmt.Sprintf("sandbox %q is already running", s.ID))
 		return
 	}
@@ -823,7 +850,7 @@ func (a *api) connect(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if s.Status() != gateway.StatusStopped {
+	if !isPaused(s.Status()) {
 		if body.Timeout != nil && *body.Timeout > 0 && !a.setTTL(w, r, s, *body.Timeout) {
 			return
 		}

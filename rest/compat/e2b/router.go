@@ -49,7 +49,7 @@ func (a *api) serveSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hold(r.Context(), s)
-	if rec, ok := e2bmeta.Of(s); ok && rec.AutoPause && s.Status() == gateway.StatusStopped {
+	if rec, ok := e2bmeta.Of(s); ok && rec.AutoPause && isPaused(s.Status()) {
 		// The call may resume it (a process, a kernel, a file with
 		// Resume): it then pauses again at its timeout.
 		ctx, cancel := context.WithCancel(r.Context())

@@ -272,6 +272,26 @@ class ops:
         )
 
     @staticmethod
+    def pause_session(session_id: Any) -> Op:
+        return Op(
+            "POST",
+            session_path(session_id) + "/pause",
+            "pause session",
+            True,
+            parse=lambda d, h: parse_session(d, "pause session"),
+        )
+
+    @staticmethod
+    def resume_session(session_id: Any) -> Op:
+        return Op(
+            "POST",
+            session_path(session_id) + "/resume",
+            "resume session",
+            True,
+            parse=lambda d, h: parse_session(d, "resume session"),
+        )
+
+    @staticmethod
     def run_python(
         session_id: Any, code: Any, kernel: Any, timeout: Any, max_output_bytes: Any, client_timeout: Optional[float]
     ) -> Op:

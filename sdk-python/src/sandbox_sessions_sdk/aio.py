@@ -207,6 +207,14 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
         """:meth:`SessionsClient.stop_session`."""
         return await self._do(ops.stop_session(session_id))
 
+    async def pause_session(self, session_id: str) -> Session:
+        """:meth:`SessionsClient.pause_session`."""
+        return await self._do(ops.pause_session(session_id))
+
+    async def resume_session(self, session_id: str) -> Session:
+        """:meth:`SessionsClient.resume_session`."""
+        return await self._do(ops.resume_session(session_id))
+
     # -- workspaces and snapshots --------------------------------------------
 
     async def create_workspace(self, name: str) -> Workspace:

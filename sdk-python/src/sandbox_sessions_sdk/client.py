@@ -345,6 +345,43 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
         """
         return self._do(ops.stop_session(session_id))
 
+    def pause_session(self, session_id: str) -> Session:
+        """Pause a session's processes where they are (``POST /v1/sessions/{id}/pause``).
+
+        Every process stays as it is, with its memory (the Python kernels'
+        variables, background servers, persistent shells' ``cd`` and
+        ``export``), and takes no CPU; SSH connections open at the pause
+        end. The next command, SSH connection, kernel call or preview
+        resumes it (or :meth:`resume_session`). A gateway restart keeps it
+        paused. Pausing a paused session changes nothing.
+
+        Returns:
+            The session, ``status`` ``paused``; ``raw["pause"]`` is the
+            pause's report: ``method``, ``residentBytes`` (the memory it
+            still holds), ``notKept`` (what the pause does not keep).
+
+        Raises:
+            SessionNotFoundError: no such session for this token's tenant.
+            SandboxOperationError: ``.code`` ``pause_unsupported`` (the
+                gateway's sandbox driver cannot pause sessions),
+                ``session_stopped`` or ``session_not_running``.
+        """
+        return self._do(ops.pause_session(session_id))
+
+    def resume_session(self, session_id: str) -> Session:
+        """Resume a paused session (``POST /v1/sessions/{id}/resume``).
+
+        Its processes run again where they were (status ``running``).
+        Resuming a running session changes nothing; any use of a paused
+        session resumes it as well.
+
+        Raises:
+            SessionNotFoundError: no such session for this token's tenant.
+            SandboxOperationError: ``.code`` ``session_stopped`` or
+                ``session_not_running``.
+        """
+        return self._do(ops.resume_session(session_id))
+
     # -- workspaces and snapshots --------------------------------------------
 
     def create_workspace(self, name: str) -> Workspace:

@@ -1,0 +1,250 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// A paused session (StatusPaused) keeps its processes exactly where they
+// were, with their memory, but they take no CPU (sandbox.Pauser; linuxns
+// freezes the sandbox's cgroups: docs/pause.md). Manager.Pause pauses
+// it; Manager.Unpause, or the next use of it (a process started through
+// Session.Start, a REST data-plane call, a CONNECT, a preview or a
+// forwarded port: Session.Wake), lets it run again. Like a stopped one it
+// counts as live, keeps its place in the quotas, and its TTL and idle
+// limit still run. It stays paused across a gateway restart.
+
+// ConnClosedPaused is the reason given to connections that a pause ends.
+const ConnClosedPaused = "the session was paused: its processes wait where they are, and the next connection or call resumes them"
+
+// PauseNoticeWait bounds how long a pause waits for its notices
+// (AddPauseNotice) before it closes the connections.
+const PauseNoticeWait = 500 * time.Millisecond
+
+// PauseResult is a pause's answer: the session, and what the pause did.
+type PauseResult struct {
+	Session *Session
+	Report  sandbox.PauseReport
+}
+
+// Pause pauses p's session id. Pausing a paused session does nothing but
+// answer. A stopped session cannot be paused (session_stopped): it has no
+// process; a failed one is session_not_running.
+func (m *Manager) Pause(ctx context.Context, p Principal, id string) (*PauseResult, error) {
+	s, err := m.Get(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	return m.pause(ctx, s, p.Tenant)
+}
+
+// pause pauses s; by says who asked (a tenant, or "idle" for the reaper).
+func (m *Manager) pause(ctx context.Context, s *Session, by string) (*PauseResult, error) {
+	pa, ok := sandbox.As[sandbox.Pauser](s.sandbox)
+	if !ok || s.sandbox == nil {
+		return nil, Invalid("pause_unsupported", "this sandbox driver cannot pause sessions")
+	}
+	s.life.Lock()
+	defer s.life.Unlock()
+	switch status := s.Status(); status {
+	case StatusRunning, StatusPaused:
+	case StatusStopped:
+		return nil, &Error{Kind: KindConflict, Code: "session_stopped", Message: "the session is stopped: it has no process to pause"}
+	case StatusFailed:
+		return nil, errNotRunning()
+	default:
+		return nil, ErrNotFound // ended since the lookup
+	}
+	start := time.Now()
+	rep, err := pa.Pause(context.WithoutCancel(ctx))
+	if err != nil {
+		m.log.Error("sandbox_pause_failed", "session", s.ID, "err", err)
+		if errors.Is(err, sandbox.ErrClosed) {
+			return nil, ErrNotFound
+		}
+		return nil, &Error{Kind: KindInternal, Code: "sandbox_failed", Message: "could not pause the sandbox", Err: err}
+	}
+	if !s.markPaused() { // paused already: nothing closed, nothing to record
+		return &PauseResult{Session: s, Report: rep}, nil
+	}
+	if err := m.putManaged(s); err != nil {
+		return nil, err
+	}
+	m.log.InfoContext(ctx, "session_paused", "session", s.ID, "tenant", s.Tenant, "by", by, "method", rep.Method,
+		"resident_bytes", rep.ResidentBytes, "ms", time.Since(start).Milliseconds())
+	m.auditSession(ctx, s, "paused", "", by)
+	return &PauseResult{Session: s, Report: rep}, nil
+}
+
+// Unpause lets p's paused session id run again. Unpausing a running
+// session does nothing; a stopped one is session_stopped.
+func (m *Manager) Unpause(ctx context.Context, p Principal, id string) (*Session, error) {
+	s, err := m.Get(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	switch s.Status() {
+	case StatusRunning, StatusPaused:
+	case StatusStopped:
+		return nil, &Error{Kind: KindConflict, Code: "session_stopped", Message: "the session is stopped, not paused: start a process in it to start it again"}
+	case StatusFailed:
+		return nil, errNotRunning()
+	default:
+		return nil, ErrNotFound
+	}
+	if err := s.Wake(ctx); err != nil {
+		if errors.Is(err, sandbox.ErrClosed) {
+			return nil, ErrNotFound
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// markPaused makes a running session paused: its connections from
+// outside close (AddPausedConn: the processes they talk to no longer run,
+// and a client would wait forever), while its kernels, shells and
+// background processes (AddConn) stay, paused with it. It reports false
+// when the session was not running.
+func (s *Session) markPaused() bool {
+	s.mu.Lock()
+	if s.status != StatusRunning {
+		s.mu.Unlock()
+		return false
+	}
+	s.status = StatusPaused
+	var notices, closing []*connEntry
+	for e := range s.conns {
+		switch {
+		case e.notice:
+			notices = append(notices, e)
+		case e.paused:
+			closing = append(closing, e)
+		default:
+			continue
+		}
+		delete(s.conns, e)
+	}
+	s.mu.Unlock()
+	// The notices first (a client whose window is full must not hold the
+	// pause up: each runs on its own, for PauseNoticeWait at most), then
+	// the connections they travel on.
+	done := make(chan struct{}, len(notices))
+	for _, e := range notices {
+		go func() { e.close(); done <- struct{}{} }()
+	}
+	wait := time.NewTimer(PauseNoticeWait)
+	defer wait.Stop()
+	for range notices {
+		select {
+		case <-done:
+			continue
+		case <-wait.C:
+		}
+		break
+	}
+	for _, e := range closing {
+		e.close()
+	}
+	return true
+}
+
+// Wake lets a paused session run again before it is used (a CONNECT, a
+// REST data-plane call, a preview, a forwarded port): it returns at once
+// for a session that is not paused. Many first calls unpause it once.
+func (s *Session) Wake(ctx context.Context) error {
+	if s.Status() != StatusPaused {
+		return nil
+	}
+	s.life.Lock()
+	defer s.life.Unlock()
+	return s.unpauseLocked(ctx)
+}
+
+// unpauseLocked unpauses s if it is paused; s.life is held to write.
+func (s *Session) unpauseLocked(ctx context.Context) error {
+	if s.Status() != StatusPaused {
+		return nil
+	}
+	if s.unpause == nil {
+		return sandbox.ErrStopped
+	}
+	return s.unpause(ctx)
+}
+
+// unpause lets paused session s run again; s.life is held. It is the
+// session's unpause (own).
+func (m *Manager) unpause(ctx context.Context, s *Session) error {
+	pa, ok := sandbox.As[sandbox.Pauser](s.sandbox)
+	if !ok {
+		return sandbox.ErrStopped
+	}
+	start := time.Now()
+	if err := pa.Unpause(ctx); err != nil {
+		m.log.Error("sandbox_unpause_failed", "session", s.ID, "err", err)
+		if errors.Is(err, sandbox.ErrClosed) {
+			return err
+		}
+		return &Error{Kind: KindUnavailable, Code: "sandbox_failed", Message: "could not resume the paused session", Err: err}
+	}
+	s.mu.Lock()
+	resumed := s.status == StatusPaused
+	if resumed {
+		s.status = StatusRunning
+	}
+	s.mu.Unlock()
+	if !resumed {
+		return sandbox.ErrClosed
+	}
+	if err := m.putManaged(s); err != nil {
+		return err
+	}
+	m.log.InfoContext(ctx, "session_unpaused", "session", s.ID, "tenant", s.Tenant, "ms", time.Since(start).Milliseconds())
+	m.auditSession(ctx, s, "unpaused", "", "")
+	return nil
+}
+
+// Idle actions (Config.IdleAction): what the reaper does to a session
+// idle for Config.IdleTimeout.
+const (
+	IdleExpire = "expire" // it expires (is deleted), the default
+	IdlePause  = "pause"  // it is paused in place, and expires once paused for Config.PausedTTL
+)
+
+// canPause reports whether s's sandbox can be paused.
+func (s *Session) canPause() bool {
+	_, ok := sandbox.As[sandbox.Pauser](s.sandbox)
+	return ok && s.sandbox != nil
+}
+
+// restorePaused makes the status of re-attached session s and its
+// sandbox agree after a restart: a paused session's sandbox stays paused
+// (a crash between the freeze and the record pauses it again), and a
+// sandbox paused when the gateway went down makes its session paused.
+// It reports whether the status changed.
+func (m *Manager) restorePaused(ctx context.Context, s *Session) bool {
+	pa, ok := sandbox.As[sandbox.Pauser](s.sandbox)
+	if !ok {
+		if s.status == StatusPaused { // a driver that cannot pause never paused it
+			s.status = StatusRunning
+			return true
+		}
+		return false
+	}
+	switch {
+	case s.status == StatusPaused && !pa.Paused():
+		if _, err := pa.Pause(ctx); err != nil {
+			m.log.Error("sandbox_pause_failed", "session", s.ID, "err", err)
+			s.status = StatusRunning
+			return true
+		}
+	case s.status == StatusRunning && pa.Paused():
+		s.status = StatusPaused
+		m.log.Warn("session_paused", "session", s.ID, "reason", "its sandbox was paused when the gateway went down")
+		return true
+	}
+	return false
+}

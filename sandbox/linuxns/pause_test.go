@@ -1,0 +1,106 @@
+//go:build linux
+
+package linuxns_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// frozenState is the v1 freezer state of sandbox id ("" without one).
+func frozenState(id string) string {
+	b, _ := os.ReadFile("/sys/fs/cgroup/freezer/sandgate/" + id + "/freezer.state")
+	if len(b) == 0 {
+		b, _ = os.ReadFile("/sys/fs/cgroup/sandgate/" + id + "/cgroup.freeze")
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Pause freezes every process of a sandbox where it is; a new driver
+// adopts it paused (still frozen, its init not dialled), Unpause lets it
+// run on where it was, and Destroy of a paused sandbox leaves nothing.
+func TestLinuxPauseUnpause(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	id := "sbx-pause-default"
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	destroyed := false
+	t.Cleanup(func() {
+		if !destroyed {
+			_ = sb.Destroy(context.Background())
+		}
+	})
+	// A counter that runs on: it moves while running, not while paused.
+	if _, stderr, e := runIn(t, sb, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done) >/dev/null 2>&1 &"); e.Code != 0 {
+		t.Fatalf("setup: %+v %s", e, stderr)
+	}
+	pa := sb.(sandbox.Pauser)
+	rep, err := pa.Pause(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pa.Paused() || rep.Method != "freeze" || len(rep.NotKept) == 0 || rep.ResidentBytes <= 0 {
+		t.Errorf("Paused() = %v, report %+v", pa.Paused(), rep)
+	}
+	if s := frozenState(id); s != "FROZEN" && s != "1" {
+		t.Errorf("freezer state %q after Pause", s)
+	}
+	if _, err := pa.Pause(context.Background()); err != nil {
+		t.Errorf("second Pause: %v", err)
+	}
+	// A snapshot's freeze and thaw leave a paused sandbox frozen.
+	thaw, err := sb.(sandbox.Freezer).Freeze(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if s := frozenState(id); s != "FROZEN" && s != "1" {
+		t.Errorf("a snapshot's thaw woke the paused sandbox: %q", s)
+	}
+
+	// Across a driver restart: adopted paused, still frozen.
+	if err := sb.(sandbox.Detacher).Detach(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	destroyed = true
+	d2 := openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	ad, err := d2.Adopt(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ad.Destroy(context.Background()) })
+	if !ad.(sandbox.Pauser).Paused() {
+		t.Error("adopted sandbox is not paused")
+	}
+	if s := frozenState(id); s != "FROZEN" && s != "1" {
+		t.Errorf("Adopt thawed the paused sandbox: %q", s)
+	}
+	if err := ad.(sandbox.Pauser).Unpause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ad.(sandbox.Pauser).Paused() {
+		t.Error("Paused() after Unpause")
+	}
+	out1, _, _ := runIn(t, ad, "cat /tmp/n; sleep 0.5; cat /tmp/n")
+	if f := strings.Fields(out1); len(f) != 2 || f[0] == f[1] {
+		t.Errorf("the counter does not run on after Unpause: %q", out1)
+	}
+	// Destroy of a paused sandbox (checkNoLeaks: nothing left).
+	if _, err := ad.(sandbox.Pauser).Pause(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := ad.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -8,7 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"net"
+	"io"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -106,7 +106,7 @@ type Session struct {
 	egressAllow  []string        // the allow-list in force, canonical
 	proxy        *egress.Session // nil until the session needs one
 	proxyAddr    string          // where the sandbox reaches proxy
-	agent        net.Listener    // the SSH agent of its ssh-key secrets, with proxy
+	agent        io.Closer       // the SSH agent of its ssh-key secrets, with proxy
 	agentPath    string          // where the sandbox reaches agent (SSH_AUTH_SOCK)
 	savedIn      int64           // egress bytes when the proxy last closed, or as restored
 	savedOut     int64
@@ -356,7 +356,7 @@ func (s *Session) egressProxy() *egress.Session {
 	return s.proxy
 }
 
-func (s *Session) setProxy(p *egress.Session, addr string, agent net.Listener, agentPath string) {
+func (s *Session) setProxy(p *egress.Session, addr string, agent io.Closer, agentPath string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.proxy, s.proxyAddr, s.agent, s.agentPath = p, addr, agent, agentPath

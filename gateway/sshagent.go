@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 const AgentEnv = "SSH_AUTH_SOCK"
 
 // maxAgentConns bounds the agent connections a session holds open at
-// once; more wait to be accepted.
+// once; more are closed as they come.
 const maxAgentConns = 16
 
 // errAgentReadOnly answers what would change the agent's keys.
@@ -42,7 +43,7 @@ func (s *Session) hasSSHKey() bool {
 // openAgent serves s's SSH agent, when s has an ssh-key secret, on a
 // socket its sandbox reaches (sandbox.AgentListener); ps is s's egress
 // proxy, whose open connections gate each signature.
-func (m *Manager) openAgent(ctx context.Context, s *Session, ps *egress.Session) (net.Listener, string, error) {
+func (m *Manager) openAgent(ctx context.Context, s *Session, ps *egress.Session) (io.Closer, string, error) {
 	if !s.hasSSHKey() {
 		return nil, "", nil
 	}
@@ -55,8 +56,25 @@ func (m *Manager) openAgent(ctx context.Context, s *Session, ps *egress.Session)
 		return nil, "", &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's SSH agent", Err: err}
 	}
 	a := &sessionAgent{m: m, s: s, ps: ps}
-	go a.serve(ln)
-	return ln, path, nil
+	srv := &agentServer{ln: ln, done: make(chan struct{})}
+	go func() {
+		defer close(srv.done)
+		a.serve(ln)
+	}()
+	return srv, path, nil
+}
+
+// agentServer is a session's agent being served.
+type agentServer struct {
+	ln   net.Listener
+	done chan struct{}
+}
+
+// Close closes the listener and every connection, and waits for them.
+func (a *agentServer) Close() error {
+	err := a.ln.Close()
+	<-a.done
+	return err
 }
 
 // sessionAgent is the SSH agent of a session's ssh-key secrets. It holds
@@ -84,10 +102,15 @@ func (a *sessionAgent) serve(ln net.Listener) {
 		mu.Unlock()
 	}()
 	for {
-		sem <- struct{}{}
 		c, err := ln.Accept()
 		if err != nil {
 			return
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			c.Close() // too many at once: the client sees the agent hang up
+			continue
 		}
 		mu.Lock()
 		conns[c] = true

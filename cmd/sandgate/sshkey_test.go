@@ -141,6 +141,11 @@ func TestLinuxSSHKeySecret(t *testing.T) {
 		" /workspace/clone && cat /workspace/clone/README"); out != "cloned over ssh\n" {
 		t.Fatalf("git clone over ssh with the agent: %q %q", out, errOut)
 	}
+	// The scp-like form, its port from the ssh command.
+	if out, errOut, _ := run(s.sessionJSON, "GIT_SSH_COMMAND='"+sshCmd+" -p "+port+"' git clone -q root@git.test:"+repo+
+		" /workspace/clone2 && cat /workspace/clone2/README"); out != "cloned over ssh\n" {
+		t.Fatalf("git clone root@git.test:repo with the agent: %q %q", out, errOut)
+	}
 
 	// Signing with no connection open to git.test, or with one open to
 	// another host only, is refused; with one open to git.test it is not.

@@ -176,7 +176,7 @@ func (b *bench) rowTransparent(g *sandgate, srv *blobServer, allow string) error
 			key string
 			run func() (float64, error)
 		}{{"transparent", curl("--noproxy", "*")}, {"proxy", curl("-p", "-x", "http://127.0.0.1:3128")}}
-		got := map[string][]float64{}
+		got, cpu := map[string][]float64{}, map[string][]float64{}
 		for _, v := range variants { // warm-up
 			if _, err := v.run(); err != nil {
 				return fmt.Errorf("9e %s: %w", v.key, err)
@@ -185,19 +185,23 @@ func (b *bench) rowTransparent(g *sandgate, srv *blobServer, allow string) error
 		for i := 0; i < b.cfg.reps; i++ {
 			for j := range variants {
 				v := variants[(i+j)%len(variants)]
+				c0 := ownCPU(g.pid())
 				x, err := v.run()
 				if err != nil {
 					return fmt.Errorf("9e %s: %w", v.key, err)
 				}
 				got[v.key] = append(got[v.key], x)
+				cpu[v.key] = append(cpu[v.key], ownCPU(g.pid())-c0)
 			}
 		}
+		perGiB := func(k string) float64 { return NewStats(cpu[k]).Median / (float64(b.cfg.size) / (1 << 30)) }
 		tr, px := NewStats(got["transparent"]), NewStats(got["proxy"])
 		r.add(&Row{ID: "9e", Name: b.sizeName() + " over HTTP from a loopback server: transparent egress vs the explicit proxy", Stat: "median", Unit: "s",
 			SG: tr, Ref: px, Bytes: b.cfg.size, RefKind: "proxy",
 			SGName:  "curl in a session with no proxy (`--noproxy '*'`): the sandbox's resolver, nftables redirect, spliced tunnel",
 			RefName: "curl in the same session through the explicit proxy (`-p`: CONNECT, spliced tunnel)",
-			Note:    fmt.Sprintf("sandgate only; MB/s transparent/proxy = %.2f (target >= 0.9)", px.Median/tr.Median)})
+			Note: fmt.Sprintf("sandgate only; MB/s transparent/proxy = %.2f (target >= 0.9); gateway CPU per GiB %.2f s transparent, %.2f s proxy (less sensitive to the machine's load than the times)",
+				px.Median/tr.Median, perGiB("transparent"), perGiB("proxy"))})
 	}
 	if b.cfg.wantRow("9f") {
 		py, err := exec.LookPath("python3")

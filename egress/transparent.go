@@ -96,9 +96,16 @@ func (s *Session) handleTransparent(c net.Conn) {
 		refuse(c)
 		return
 	}
+	var buffered []byte
 	if !intercept && pol.Allow.OnlyRules(host, port) {
-		s.serveRules(c, rec, host, port)
-		return
+		// Plain HTTP is read request by request; TLS is intercepted with
+		// the session's CA, if it has one, and its requests read there.
+		hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
+		if err != nil || !hello.tls || s.ca == nil {
+			s.serveRules(c, rec, host, port, hello, err)
+			return
+		}
+		intercept, buffered = true, hello.replay
 	}
 	// The dial ends with the session.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -122,7 +129,7 @@ func (s *Session) handleTransparent(c net.Conn) {
 		return
 	}
 	rec.allow()
-	t := &tunnel{s: s, rec: rec, pol: pol, host: host, port: port, ip: ip, client: c, up: up, transparent: true}
+	t := &tunnel{s: s, rec: rec, pol: pol, host: host, port: port, ip: ip, client: c, up: up, buffered: buffered, transparent: true}
 	if intercept {
 		s.intercept(t)
 	} else {
@@ -131,12 +138,11 @@ func (s *Session) handleTransparent(c net.Conn) {
 }
 
 // serveRules serves a transparent connection to a host:port only rules
-// per request allow: plain HTTP is read request by request, each held to
+// per request allow, whose first bytes peekHello read (hello, err): plain HTTP is read request by request, each held to
 // the rules, the tripwire, its Host to the resolved name, and forwarded as
 // an absolute-URI http:// request is (handlePlain); anything else (TLS) is
 // refused, as the rules could not be read.
-func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) {
-	hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
+func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16, hello hello, err error) {
 	switch {
 	case err != nil:
 		rec.deny(err.Error())

@@ -356,7 +356,7 @@ func (s *Session) intercept(t *tunnel) {
 		return
 	}
 	if !hello.tls {
-		t.rec.deny("not TLS on a connection with bound secrets")
+		t.rec.deny("not TLS on an intercepted connection (bound secrets or rules per request)")
 		return
 	}
 	if reason := t.checkSNI(hello.sni); reason != "" {

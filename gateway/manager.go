@@ -251,7 +251,10 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	u.push(func() { m.detachWorkspace(ctx, s) })
 	tr.Mark("session")
 	spec := sandbox.Spec{ID: s.ID, Limits: lim}
-	if slices.ContainsFunc(c.secrets, SecretRef.Bound) {
+	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
+	// hosts only rules per request allow, whose requests it reads.
+	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
+	if slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
 		}
@@ -276,7 +279,16 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			m.releaseImage(s)
 		}
 	})
-	if sb, err = m.sandboxFor(ctx, spec, w, warmed); err != nil {
+	sb, err = m.sandboxFor(ctx, spec, w, warmed)
+	if err != nil && rulesOnlyCA && errors.Is(err, sandbox.ErrNoTrust) {
+		// A driver with no trust store (workdir, whose sessions share the
+		// host's network): rules are read on plain http:// only. The warm
+		// sandbox, if any, is gone already (only linux rebinds).
+		s.egressCA, s.egressCAPEM, s.egressCAKey = nil, nil, nil
+		spec.TrustPEM = nil
+		sb, err = m.driver.Create(ctx, spec)
+	}
+	if err != nil {
 		sb = nil
 		return nil, "", m.sandboxCreateFailed(ctx, s, err)
 	}

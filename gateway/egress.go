@@ -418,12 +418,13 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 			}()
 		}
 	}
-	agentLn, agentPath, err := m.openAgent(ctx, s, ps)
+	// The SSH agent of its ssh-key secrets: without it the rest of egress
+	// still works (a create refuses the session: Create checks).
+	agent, agentPath, err := m.openAgent(ctx, s, ps)
 	if err != nil {
-		ps.Close()
-		return err
+		m.log.Error("ssh_agent_failed", "session", s.ID, "err", err)
 	}
-	s.setProxy(ps, addr, agentLn, agentPath)
+	s.setProxy(ps, addr, agent, agentPath)
 	return nil
 }
 

@@ -305,6 +305,12 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			return nil, "", err
 		}
 		u.push(s.closeProxy)
+		if s.hasSSHKey() && s.agentSocket() == "" {
+			if _, ok := sandbox.As[sandbox.AgentListener](s.sandbox); !ok {
+				return nil, "", Invalid("egress_unsupported", "ssh-key secrets need a sandbox driver that can give sessions an SSH agent; the linux driver can")
+			}
+			return nil, "", &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's SSH agent (ssh-key secrets)"}
+		}
 		tr.Mark("egress_proxy")
 	}
 	// The record is durable before the client hears of the session; a crash

@@ -42,18 +42,19 @@ func (s *Session) hasSSHKey() bool {
 
 // openAgent serves s's SSH agent, when s has an ssh-key secret, on a
 // socket its sandbox reaches (sandbox.AgentListener); ps is s's egress
-// proxy, whose open connections gate each signature.
+// proxy, whose open connections gate each signature. It answers nil, ""
+// when s has no ssh-key secret.
 func (m *Manager) openAgent(ctx context.Context, s *Session, ps *egress.Session) (io.Closer, string, error) {
 	if !s.hasSSHKey() {
 		return nil, "", nil
 	}
 	al, ok := sandbox.As[sandbox.AgentListener](s.sandbox)
 	if !ok {
-		return nil, "", Invalid("egress_unsupported", "this sandbox driver cannot give sessions an SSH agent (ssh-key secrets); the linux driver can")
+		return nil, "", errors.New("this sandbox driver cannot give sessions an SSH agent")
 	}
 	ln, path, err := al.ListenAgent(ctx)
 	if err != nil {
-		return nil, "", &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's SSH agent", Err: err}
+		return nil, "", fmt.Errorf("SSH agent: %w", err)
 	}
 	a := &sessionAgent{m: m, s: s, ps: ps}
 	srv := &agentServer{ln: ln, done: make(chan struct{})}

@@ -182,6 +182,14 @@ func TestLinuxSSHKeySecret(t *testing.T) {
 		t.Errorf("audit: refused %v, signed %v: %+v", refused, signed, page.Events)
 	}
 
+	// Stopped and resumed (by the next command): the agent is back.
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/stop", nil, nil); code != http.StatusOK {
+		t.Fatalf("stop: %d", code)
+	}
+	if out, errOut, _ := run(s.sessionJSON, `ssh-add -l`); !strings.Contains(out, "DEPLOY_KEY") {
+		t.Errorf("ssh-add -l after a stop and resume: %q %q", out, errOut)
+	}
+
 	// The key is nowhere in the sandbox: not in its files (the workspace,
 	// /tmp, /run, /etc, the home) nor any process's environment.
 	dump, _, _ := run(s.sessionJSON, "tar -cf - /workspace /tmp /run /etc /home $HOME 2>/dev/null; cat /proc/[0-9]*/environ 2>/dev/null; env")

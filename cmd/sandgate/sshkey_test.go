@@ -15,8 +15,9 @@ import (
 
 // gitSSHD serves a bare git repository (one commit, README "cloned over
 // ssh") with OpenSSH's sshd on host loopback, letting in the public key
-// file authz as root; it returns the repository's path and the port.
-func gitSSHD(t *testing.T, authz string) (repo, port string) {
+// file authz as root; it returns the repository's path and the port. It
+// listens on each of also (host:port) too.
+func gitSSHD(t *testing.T, authz string, also ...string) (repo, port string) {
 	t.Helper()
 	sshd := gwtest.RequireTool(t, "sshd")
 	git := gwtest.RequireTool(t, "git")
@@ -51,7 +52,11 @@ func gitSSHD(t *testing.T, authz string) (repo, port string) {
 	_, port, _ = net.SplitHostPort(ln.Addr().String())
 	ln.Close()
 	conf := filepath.Join(dir, "sshd_config")
-	if err := os.WriteFile(conf, []byte("Port "+port+"\nListenAddress 127.0.0.1\nHostKey "+filepath.Join(dir, "hostkey")+
+	listen := "ListenAddress 127.0.0.1:" + port + "\n"
+	for _, a := range also {
+		listen += "ListenAddress " + a + "\n"
+	}
+	if err := os.WriteFile(conf, []byte(listen+"HostKey "+filepath.Join(dir, "hostkey")+
 		"\nAuthorizedKeysFile "+authz+"\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin prohibit-password\nPidFile none\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +84,9 @@ func gitSSHD(t *testing.T, authz string) (repo, port string) {
 	return repo, port
 }
 
+// git22Addr is where the test's sshd listens on port 22 when it is free.
+const git22Addr = "127.0.0.22:22"
+
 // TestLinuxSSHKeySecret: an ssh-key secret is offered by the gateway's
 // agent at SSH_AUTH_SOCK, so git clones over SSH with a key that is not
 // readable anywhere in the sandbox; the agent signs only while the
@@ -94,14 +102,23 @@ func TestLinuxSSHKeySecret(t *testing.T) {
 	if out, err := exec.Command(keygen, "-q", "-t", "ed25519", "-N", "", "-C", "deploy", "-f", key).CombinedOutput(); err != nil {
 		t.Fatalf("ssh-keygen: %v %s", err, out)
 	}
-	repo, port := gitSSHD(t, key+".pub")
+	// git.test:22 too, on an address of its own, where port 22 is free:
+	// the clone of the issue, `git clone user@host:repo.git`, with no port.
+	var also []string
+	if ln, err := net.Listen("tcp", git22Addr); err == nil {
+		ln.Close()
+		also = append(also, git22Addr)
+	} else {
+		t.Logf("%s is taken (%v): no clone on port 22", git22Addr, err)
+	}
+	repo, port := gitSSHD(t, key+".pub", also...)
 	echoPort := lineEcho(t)
 	secrets := filepath.Join(dir, "secrets")
-	if err := os.WriteFile(secrets, []byte("DEPLOY_KEY@git.test:"+port+"=ssh-key:"+key+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(secrets, []byte("DEPLOY_KEY@git.test:"+port+",git22.test:22=ssh-key:"+key+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g := startGateway(t, "--sandbox", "linux", "--egress-allow-cidr", "127.0.0.1/32", "--secrets-file", secrets,
-		"--egress-resolve", "git.test=127.0.0.1", "--egress-resolve", "echo.test=127.0.0.1")
+	g := startGateway(t, "--sandbox", "linux", "--egress-allow-cidr", "127.0.0.1/32", "--egress-allow-cidr", "127.0.0.22/32", "--secrets-file", secrets,
+		"--egress-resolve", "git.test=127.0.0.1", "--egress-resolve", "echo.test=127.0.0.1", "--egress-resolve", "git22.test=127.0.0.22")
 
 	// Asked for with a header, or as an environment variable: refused.
 	for _, c := range []struct {
@@ -119,8 +136,8 @@ func TestLinuxSSHKeySecret(t *testing.T) {
 
 	var s egressSession
 	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{
-		"egress":  []string{"git.test:" + port, "echo.test:" + echoPort},
-		"secrets": []any{map[string]any{"name": "DEPLOY_KEY", "hosts": []string{"git.test:" + port}}},
+		"egress":  []string{"git.test:" + port, "echo.test:" + echoPort, "git22.test:22"},
+		"secrets": []any{map[string]any{"name": "DEPLOY_KEY", "hosts": []string{"git.test:" + port, "git22.test:22"}}},
 	}, &s); code != http.StatusCreated {
 		t.Fatalf("create: %d", code)
 	}
@@ -145,6 +162,13 @@ func TestLinuxSSHKeySecret(t *testing.T) {
 	if out, errOut, _ := run(s.sessionJSON, "GIT_SSH_COMMAND='"+sshCmd+" -p "+port+"' git clone -q root@git.test:"+repo+
 		" /workspace/clone2 && cat /workspace/clone2/README"); out != "cloned over ssh\n" {
 		t.Fatalf("git clone root@git.test:repo with the agent: %q %q", out, errOut)
+	}
+
+	if len(also) > 0 {
+		if out, errOut, _ := run(s.sessionJSON, "GIT_SSH_COMMAND='"+sshCmd+"' git clone -q root@git22.test:"+repo+
+			" /workspace/clone22 && cat /workspace/clone22/README"); out != "cloned over ssh\n" {
+			t.Errorf("git clone root@git22.test:repo (port 22) with the agent: %q %q", out, errOut)
+		}
 	}
 
 	// Signing with no connection open to git.test, or with one open to

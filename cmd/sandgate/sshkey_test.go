@@ -153,6 +153,9 @@ func TestLinuxSSHKeySecret(t *testing.T) {
 	if out, errOut, _ := run(s.sessionJSON, `ssh-add -L`); !strings.HasPrefix(out, strings.Join(strings.Fields(string(pub))[:2], " ")+" DEPLOY_KEY") {
 		t.Fatalf("ssh-add -L in the sandbox: %q %q, want the key's public half", out, errOut)
 	}
+	if out, errOut, _ := run(s.sessionJSON, `stat -c '%u %a' "${SSH_AUTH_SOCK%/*}" "$SSH_AUTH_SOCK"`); out != "1000 700\n1000 755\n" {
+		t.Errorf("the agent's directory and socket: %q %q, want the sandbox user's, the directory 0700", out, errOut)
+	}
 	sshCmd := "ssh -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=/tmp/known_hosts -o BatchMode=yes -o LogLevel=ERROR"
 	if out, errOut, _ := run(s.sessionJSON, "GIT_SSH_COMMAND='"+sshCmd+"' git clone -q ssh://root@git.test:"+port+repo+
 		" /workspace/clone && cat /workspace/clone/README"); out != "cloned over ssh\n" {

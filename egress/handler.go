@@ -265,6 +265,8 @@ func (s *Session) handleConnect(w http.ResponseWriter, r *http.Request) {
 		writeLine(w, http.StatusBadGateway, target+": secrets are bound to this host but the session has no CA")
 		return
 	}
+	// Rules per request are read in what the CA intercepts.
+	intercept = intercept || s.ca != nil && pol.Allow.OnlyRules(host, port)
 	if !intercept && pol.Allow.OnlyRules(host, port) {
 		rec.deny(errRulesUnread)
 		writeLine(w, http.StatusForbidden, target+" denied: "+errRulesUnread)

@@ -266,9 +266,10 @@ type Session struct {
 
 	mu     sync.Mutex
 	closed bool
-	done   chan struct{}      // closed with closed
-	conns  map[io.Closer]bool // every open client and upstream connection
-	wg     sync.WaitGroup     // every goroutine the session started itself
+	done   chan struct{}       // closed with closed
+	conns  map[io.Closer]bool  // every open client and upstream connection
+	open   map[destination]int // the open tunnels by destination (OpenTo)
+	wg     sync.WaitGroup      // every goroutine the session started itself
 }
 
 // NewSession makes the proxy of tenant's session id. ca may be nil when

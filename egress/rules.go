@@ -23,7 +23,7 @@ import (
 
 // errRulesUnread refuses a tunnel whose requests the proxy cannot read
 // to a host:port that only object entries allow.
-const errRulesUnread = "only rules per request allow this host:port, and the proxy reads requests on plain http:// and on intercepted HTTPS (a host with a bound secret) only"
+const errRulesUnread = "only rules per request allow this host:port, and the proxy reads requests on plain http:// and on HTTPS it intercepts only (this session has no egress CA: one is made at create for a session with rules or bound secrets, on the linux driver)"
 
 // Bounds of an object entry.
 const (

@@ -111,9 +111,16 @@ func (s *Session) handleTransparent(c net.Conn) {
 		refuse(c)
 		return
 	}
+	var buffered []byte
 	if !intercept && pol.Allow.OnlyRules(host, port) {
-		s.serveRules(c, rec, host, port)
-		return
+		// Plain HTTP is read request by request; TLS is intercepted with
+		// the session's CA, if it has one, and its requests read there.
+		hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
+		if err != nil || !hello.tls || s.ca == nil {
+			s.serveRules(c, rec, host, port, hello, err)
+			return
+		}
+		intercept, buffered = true, hello.replay
 	}
 	up, ip, err := s.dialCounted(ctx, host, port)
 	cancel()
@@ -128,7 +135,7 @@ func (s *Session) handleTransparent(c net.Conn) {
 		return
 	}
 	rec.allow()
-	t := &tunnel{s: s, rec: rec, pol: pol, host: host, port: port, ip: ip, client: c, up: up, transparent: true, approved: approved}
+	t := &tunnel{s: s, rec: rec, pol: pol, host: host, port: port, ip: ip, client: c, up: up, buffered: buffered, transparent: true, approved: approved}
 	if intercept {
 		s.intercept(t)
 	} else {
@@ -137,11 +144,10 @@ func (s *Session) handleTransparent(c net.Conn) {
 }
 
 // serveRules serves a transparent connection to a host:port only rules
-// per request allow: plain HTTP is served request by request
-// (servePlainConn); anything else (TLS) is refused, as the rules could
-// not be read.
-func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16) {
-	hello, err := peekHello(c, nil, s.p.cfg.HeaderTimeout)
+// per request allow, whose first bytes peekHello read (hello, err): plain
+// HTTP is served request by request (servePlainConn); anything else (TLS
+// without the session's CA) is refused, as the rules could not be read.
+func (s *Session) serveRules(c net.Conn, rec *record, host string, port uint16, hello hello, err error) {
 	switch {
 	case err != nil:
 		rec.deny(err.Error())

@@ -175,6 +175,7 @@ func (t *tunnel) checkSNI(sni string) string {
 // by relay (splice(2) through pipes of the tunnel's own, closed when it
 // ends); the idle watchdog ends a tunnel nobody uses.
 func (s *Session) splice(t *tunnel) {
+	defer s.opened(t)()
 	client, up := rawConn(t.client), rawConn(t.up)
 	stop := t.watchIdle()
 	defer stop()
@@ -352,6 +353,7 @@ func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // CA and serves HTTP/1.1 on it, forwarding each request over verified TLS
 // to the checked upstream with the bound secrets set.
 func (s *Session) intercept(t *tunnel) {
+	defer s.opened(t)()
 	defer t.closeBoth()
 	stop := t.watchIdle()
 	defer stop()
@@ -362,7 +364,7 @@ func (s *Session) intercept(t *tunnel) {
 		return
 	}
 	if !hello.tls {
-		t.rec.deny("not TLS on a connection with bound secrets")
+		t.rec.deny("not TLS on an intercepted connection (bound secrets or rules per request)")
 		return
 	}
 	if reason := t.checkSNI(hello.sni); reason != "" {

@@ -219,9 +219,16 @@ func (m *Manager) checkSecrets(tenant string, refs []SecretRef, allow egress.Lis
 			out = append(out, SecretRef{Name: r.Name})
 			continue
 		}
+		_, isKey := secretKey(m.cfg.Secrets, tenant, r.Name)
+		if isKey && (r.Header != "" || r.Format != "") {
+			return nil, Invalid("invalid_secret", fmt.Sprintf("secret %s is an ssh-key (offered by the session's SSH agent): it has no header or format", r.Name))
+		}
 		b, err := m.checkBinding(r, allow)
 		if err != nil {
 			return nil, err
+		}
+		if isKey {
+			b.Header, b.Format = "", ""
 		}
 		if pinned {
 			hosts, _ := egress.ParseList(b.Hosts)
@@ -337,8 +344,13 @@ func (m *Manager) policy(s *Session) egress.Policy {
 		if !r.Bound() {
 			continue
 		}
-		hosts, _ := egress.ParseList(r.Hosts)
 		tenant, name := s.Tenant, r.Name
+		if m.cfg.Secrets != nil {
+			if _, isKey := secretKey(m.cfg.Secrets, tenant, name); isKey {
+				continue // the SSH agent's, never a header
+			}
+		}
+		hosts, _ := egress.ParseList(r.Hosts)
 		pol.Secrets = append(pol.Secrets, egress.Secret{
 			Name: r.Name, Hosts: hosts, Header: r.Header, Format: r.Format, Placeholder: egress.Placeholder(r.Name),
 			Value: func() (string, bool) {
@@ -349,6 +361,9 @@ func (m *Manager) policy(s *Session) egress.Policy {
 				// hold too.
 				if pins, pinned := secretPins(m.cfg.Secrets, tenant, name); pinned && len(pins.Outside(hosts)) > 0 {
 					return "", false
+				}
+				if _, isKey := secretKey(m.cfg.Secrets, tenant, name); isKey {
+					return "", false // made an ssh-key by a reload since
 				}
 				return m.cfg.Secrets.Lookup(tenant, name)
 			},
@@ -412,7 +427,13 @@ func (m *Manager) openProxy(ctx context.Context, s *Session) error {
 			}()
 		}
 	}
-	s.setProxy(ps, addr)
+	// The SSH agent of its ssh-key secrets: without it the rest of egress
+	// still works (a create refuses the session: Create checks).
+	agent, agentPath, err := m.openAgent(ctx, s, ps)
+	if err != nil {
+		m.log.Error("ssh_agent_failed", "session", s.ID, "err", err)
+	}
+	s.setProxy(ps, addr, agent, agentPath)
 	return nil
 }
 

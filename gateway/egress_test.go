@@ -250,3 +250,17 @@ func TestManagerEgress(t *testing.T) {
 		t.Error("the proxy of a deleted session still answers")
 	}
 }
+
+// Rules per request ask for the egress CA; on a driver with no trust
+// store (workdir) the session is made without it, its rules read on plain
+// http:// only.
+func TestManagerRulesWithoutTrust(t *testing.T) {
+	m, _ := newManager(t, gateway.Config{Egress: egressConfig(t, "*.test")})
+	s, _ := mustCreate(t, m, alice, gateway.CreateParams{Egress: []string{`{"host":"up.test","port":80,"paths":["/x"]}`}})
+	if got := output(t, s, "printenv SSL_CERT_FILE; true"); got != "" {
+		t.Errorf("SSL_CERT_FILE = %q on a driver with no trust store", got)
+	}
+	if s.ProxyAddr() == "" {
+		t.Error("no proxy")
+	}
+}

@@ -268,7 +268,10 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	u.push(func() { m.detachWorkspace(ctx, s) })
 	tr.Mark("session")
 	spec := sandbox.Spec{ID: s.ID, Limits: lim}
-	if slices.ContainsFunc(c.secrets, SecretRef.Bound) {
+	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
+	// hosts only rules per request allow, whose requests it reads.
+	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
+	if slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
 		}
@@ -293,7 +296,16 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			m.releaseImage(s)
 		}
 	})
-	if sb, err = m.sandboxFor(ctx, spec, w, warmed); err != nil {
+	sb, err = m.sandboxFor(ctx, spec, w, warmed)
+	if err != nil && rulesOnlyCA && errors.Is(err, sandbox.ErrNoTrust) {
+		// A driver with no trust store (workdir, whose sessions share the
+		// host's network): rules are read on plain http:// only. The warm
+		// sandbox, if any, is gone already (only linux rebinds).
+		s.egressCA, s.egressCAPEM, s.egressCAKey = nil, nil, nil
+		spec.TrustPEM = nil
+		sb, err = m.driver.Create(ctx, spec)
+	}
+	if err != nil {
 		sb = nil
 		return nil, "", m.sandboxCreateFailed(ctx, s, err)
 	}
@@ -310,6 +322,12 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			return nil, "", err
 		}
 		u.push(s.closeProxy)
+		if s.hasSSHKey() && s.agentSocket() == "" {
+			if _, ok := sandbox.As[sandbox.AgentListener](s.sandbox); !ok {
+				return nil, "", Invalid("egress_unsupported", "ssh-key secrets need a sandbox driver that can give sessions an SSH agent; the linux driver can")
+			}
+			return nil, "", &Error{Kind: KindUnavailable, Code: "egress_failed", Message: "could not start the session's SSH agent (ssh-key secrets)"}
+		}
 		tr.Mark("egress_proxy")
 	}
 	// The record is durable before the client hears of the session; a crash

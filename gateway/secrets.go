@@ -3,10 +3,16 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/sandgate/sandgate/egress"
 )
@@ -36,6 +42,23 @@ func secretPins(src SecretSource, tenant, name string) (egress.Bounds, bool) {
 	return egress.Bounds{}, false
 }
 
+// SecretKeys is implemented by a SecretSource whose secrets may be SSH
+// private keys (the secrets file's ssh-key: values). Such a secret is
+// always pinned to hosts, and is never a header nor an environment
+// variable: the session's SSH agent signs with it (sshagent.go), and
+// Lookup answers "" for it.
+type SecretKeys interface {
+	SSHKey(tenant, name string) (ssh.Signer, bool)
+}
+
+// secretKey is src's SSH key tenant's secret name, if it is one.
+func secretKey(src SecretSource, tenant, name string) (ssh.Signer, bool) {
+	if k, ok := src.(SecretKeys); ok {
+		return k.SSHKey(tenant, name)
+	}
+	return nil, false
+}
+
 // SecretsFile is a SecretSource read from a file (serve --secrets-file):
 // one NAME=value per line, visible to every tenant, or tenant/NAME=value,
 // visible to that tenant only, where it wins over a NAME=value. Either
@@ -43,7 +66,11 @@ func secretPins(src SecretSource, tenant, name string) (egress.Bounds, bool) {
 // patterns (api.github.com, *.example.com, with an optional :port), and
 // the secret then only goes to them, bound (SecretPins). Blank lines and
 // lines starting with # are skipped; the value is the rest of the line,
-// as it is. Reload re-reads it; a file that does not parse keeps the
+// as it is. A value ssh-key:/abs/path/to/key or ssh-key:base64:<the key
+// file in base64> is an SSH private key (unencrypted, in OpenSSH or PEM
+// form), which must be pinned (NAME@git.example.com:22=ssh-key:...) and
+// is offered to sessions through their SSH agent (SecretKeys); the key
+// file is read by each Reload. Reload re-reads it; a file that does not parse keeps the
 // previous definitions.
 type SecretsFile struct {
 	path string
@@ -58,7 +85,14 @@ type secretEntry struct {
 	value  string
 	pinned bool
 	pins   egress.Bounds
+	key    ssh.Signer // an ssh-key secret (value is then "")
 }
+
+// sshKeyPrefix marks a secrets file value that is an SSH private key.
+const sshKeyPrefix = "ssh-key:"
+
+// maxKeyFile bounds an ssh-key secret's key file.
+const maxKeyFile = 64 << 10
 
 // maxSecretsFile bounds the file read.
 const maxSecretsFile = 4 << 20
@@ -124,6 +158,16 @@ func (f *SecretsFile) Reload() error {
 			}
 			e.pins = b
 		}
+		if v, isKey := strings.CutPrefix(value, sshKeyPrefix); isKey {
+			if !pinned {
+				return fmt.Errorf("secrets file %s line %d: %s is an ssh-key: pin it to the hosts it signs for (%s@git.example.com:22=ssh-key:...)", f.path, n, key, key)
+			}
+			k, err := loadSSHKey(v)
+			if err != nil {
+				return fmt.Errorf("secrets file %s line %d: %s: %w", f.path, n, key, err)
+			}
+			e.key, e.value = k, ""
+		}
 		if !validEnvName(name) || (scoped && tenant == "") {
 			return fmt.Errorf("secrets file %s line %d: %q is not a valid secret name (letters, digits and _, not starting with a digit)", f.path, n, key)
 		}
@@ -152,6 +196,52 @@ func (f *SecretsFile) Reload() error {
 func (f *SecretsFile) Lookup(tenant, name string) (string, bool) {
 	e, ok := f.entry(tenant, name)
 	return e.value, ok
+}
+
+// SSHKey implements SecretKeys.
+func (f *SecretsFile) SSHKey(tenant, name string) (ssh.Signer, bool) {
+	e, ok := f.entry(tenant, name)
+	return e.key, ok && e.key != nil
+}
+
+// loadSSHKey parses an ssh-key value (after "ssh-key:"): base64:<the key
+// file's bytes in base64>, or the absolute path of the key file. Its
+// errors never hold the key.
+func loadSSHKey(v string) (ssh.Signer, error) {
+	var pemBytes []byte
+	if b64, ok := strings.CutPrefix(v, "base64:"); ok {
+		b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
+		if err != nil {
+			return nil, errors.New("ssh-key:base64: is not valid base64")
+		}
+		pemBytes = b
+	} else {
+		if !filepath.IsAbs(v) {
+			return nil, errors.New("ssh-key: wants an absolute path to a key file or base64:<key>")
+		}
+		kf, err := os.Open(v)
+		if err != nil {
+			return nil, fmt.Errorf("ssh-key: %w", err)
+		}
+		defer kf.Close()
+		b, err := io.ReadAll(io.LimitReader(kf, maxKeyFile+1))
+		if err != nil {
+			return nil, fmt.Errorf("ssh-key: %w", err)
+		}
+		if len(b) > maxKeyFile {
+			return nil, fmt.Errorf("ssh-key: %s is larger than %d bytes", v, maxKeyFile)
+		}
+		pemBytes = b
+	}
+	k, err := ssh.ParsePrivateKey(pemBytes)
+	var pass *ssh.PassphraseMissingError
+	switch {
+	case errors.As(err, &pass):
+		return nil, errors.New("ssh-key: the key is passphrase-protected; give the gateway an unencrypted key (ssh-keygen -p -N '')")
+	case err != nil:
+		return nil, errors.New("ssh-key: not an SSH private key sandgate can read (OpenSSH or PEM; RSA, ECDSA or Ed25519)")
+	}
+	return k, nil
 }
 
 // Pins implements SecretPins.

@@ -1,10 +1,16 @@
 package gateway_test
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/crypto/ssh"
 
 	"github.com/sandgate/sandgate/gateway"
 )
@@ -117,4 +123,83 @@ func TestSecretsFilePins(t *testing.T) {
 			t.Errorf("%q: %v; want the line, never the value", bad, err)
 		}
 	}
+}
+
+// An ssh-key secret (NAME@host:22=ssh-key:/path or ssh-key:base64:...)
+// is a key the agent signs with: pinned, never a value, and its errors
+// never show the key.
+func TestSecretsFileSSHKeys(t *testing.T) {
+	dir := t.TempDir()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM := pem.EncodeToMemory(block)
+	keyFile := filepath.Join(dir, "deploy")
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := ssh.MarshalPrivateKeyWithPassphrase(priv, "deploy", []byte("pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	encFile := filepath.Join(dir, "encrypted")
+	if err := os.WriteFile(encFile, pem.EncodeToMemory(enc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "secrets")
+	writeSecrets(t, path, "DEPLOY@git.test:22=ssh-key:"+keyFile+"\nalice/INLINE@git.test:22,*.git.test:22=ssh-key:base64:"+
+		base64.StdEncoding.EncodeToString(keyPEM)+"\nTOKEN@api.test=tok\n")
+	f, err := gateway.OpenSecrets(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := string(ssh.MarshalAuthorizedKey(mustSigner(t, priv).PublicKey()))
+	for _, c := range []struct{ tenant, name string }{{"bob", "DEPLOY"}, {"alice", "INLINE"}} {
+		k, ok := f.SSHKey(c.tenant, c.name)
+		if !ok || string(ssh.MarshalAuthorizedKey(k.PublicKey())) != want {
+			t.Errorf("SSHKey(%s, %s): %v", c.tenant, c.name, ok)
+		}
+		if v, ok := f.Lookup(c.tenant, c.name); !ok || v != "" {
+			t.Errorf("Lookup(%s, %s) = %q, %v: an ssh-key's value is never looked up", c.tenant, c.name, v, ok)
+		}
+		if _, pinned := f.Pins(c.tenant, c.name); !pinned {
+			t.Errorf("%s is not pinned", c.name)
+		}
+	}
+	if _, ok := f.SSHKey("bob", "TOKEN"); ok {
+		t.Error("a token is an ssh-key")
+	}
+	secret := base64.StdEncoding.EncodeToString(keyPEM)
+	for _, c := range []struct{ line, want string }{
+		{"DEPLOY=ssh-key:" + keyFile, "pin it to the hosts"},
+		{"DEPLOY@git.test:22=ssh-key:relative/key", "absolute path"},
+		{"DEPLOY@git.test:22=ssh-key:" + filepath.Join(dir, "missing"), "no such file"},
+		{"DEPLOY@git.test:22=ssh-key:" + encFile, "passphrase-protected"},
+		{"DEPLOY@git.test:22=ssh-key:base64:%%%" + secret, "not valid base64"},
+		{"DEPLOY@git.test:22=ssh-key:base64:" + base64.StdEncoding.EncodeToString([]byte("not a key "+secret)), "not an SSH private key"},
+	} {
+		writeSecrets(t, path, c.line+"\n")
+		err := f.Reload()
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "line 1") {
+			t.Errorf("%.60q: %v; want %q", c.line, err, c.want)
+			continue
+		}
+		if strings.Contains(err.Error(), secret[20:60]) {
+			t.Errorf("%.60q: the error shows the key", c.line)
+		}
+	}
+}
+
+func mustSigner(t *testing.T, priv ed25519.PrivateKey) ssh.Signer {
+	t.Helper()
+	s, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

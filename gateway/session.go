@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"io"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -112,6 +113,8 @@ type Session struct {
 	followers    int             // GET .../egress/pending?follow=true streams open (approvals.go)
 	proxy        *egress.Session // nil until the session needs one
 	proxyAddr    string          // where the sandbox reaches proxy
+	agent        io.Closer       // the SSH agent of its ssh-key secrets, with proxy
+	agentPath    string          // where the sandbox reaches agent (SSH_AUTH_SOCK)
 	savedIn      int64           // egress bytes when the proxy last closed, or as restored
 	savedOut     int64
 	recIn        int64 // egress bytes as last written to the store
@@ -303,6 +306,11 @@ func (s *Session) env() []string {
 	var env []string
 	for _, r := range s.Secrets {
 		if r.Bound() {
+			if s.secrets != nil {
+				if _, isKey := secretKey(s.secrets, s.Tenant, r.Name); isKey {
+					continue // the agent's: no placeholder
+				}
+			}
 			env = append(env, r.Name+"="+egress.Placeholder(r.Name))
 			continue
 		}
@@ -320,6 +328,9 @@ func (s *Session) env() []string {
 		u := "http://" + addr
 		env = append(env, "HTTP_PROXY="+u, "HTTPS_PROXY="+u, "http_proxy="+u, "https_proxy="+u,
 			"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1")
+	}
+	if p := s.agentSocket(); p != "" {
+		env = append(env, AgentEnv+"="+p)
 	}
 	if s.egressCA != nil {
 		for _, k := range caEnv {
@@ -360,10 +371,18 @@ func (s *Session) egressProxy() *egress.Session {
 	return s.proxy
 }
 
-func (s *Session) setProxy(p *egress.Session, addr string) {
+func (s *Session) setProxy(p *egress.Session, addr string, agent io.Closer, agentPath string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.proxy, s.proxyAddr = p, addr
+	s.proxy, s.proxyAddr, s.agent, s.agentPath = p, addr, agent, agentPath
+}
+
+// agentSocket is where the sandbox reaches the session's SSH agent, ""
+// when it has none.
+func (s *Session) agentSocket() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.agentPath
 }
 
 // egressUnsaved reports whether the proxy carried bytes since the record
@@ -398,12 +417,15 @@ func (s *Session) savedEgressBytes() (in, out int64) {
 // closeProxy stops the session's egress proxy, keeping its byte totals.
 func (s *Session) closeProxy() {
 	s.mu.Lock()
-	p := s.proxy
-	s.proxy = nil
+	p, ag := s.proxy, s.agent
+	s.proxy, s.agent, s.agentPath = nil, nil, ""
 	if p != nil {
 		s.savedIn, s.savedOut = p.Bytes()
 	}
 	s.mu.Unlock()
+	if ag != nil {
+		_ = ag.Close()
+	}
 	if p != nil {
 		_ = p.Close()
 	}

@@ -230,6 +230,17 @@ type Transparent struct {
 	Source netip.Addr
 }
 
+// AgentListener is implemented by sandboxes whose processes can reach a
+// Unix socket the gateway listens on (linuxns: in a directory of the
+// sandbox's own /tmp that only the sandbox user may enter).
+// gateway.Manager serves a session's SSH agent on it, the agent of its
+// ssh-key secrets, whose keys stay in the gateway.
+type AgentListener interface {
+	// ListenAgent opens the listener; path is where the sandbox's
+	// processes reach it (SSH_AUTH_SOCK). The caller closes ln.
+	ListenAgent(ctx context.Context) (ln net.Listener, path string, err error)
+}
+
 // LoopbackDialer is implemented by sandboxes whose loopback the gateway
 // can connect to, for SSH local port forwarding (ssh -L) into the sandbox
 // (linuxns: 127.0.0.1 or ::1 inside the sandbox's network namespace, the

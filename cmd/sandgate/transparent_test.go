@@ -199,8 +199,9 @@ r=s.recv(512); print(r[5] & 15, r[9])`), "0 1\n"},
 }
 
 // TestLinuxEgressRules: an object entry's methods and paths hold each
-// request, on plain http:// and on intercepted HTTPS; a tunnel the proxy
-// cannot read to a host only rules allow is refused.
+// request, on plain http:// and on intercepted HTTPS, a host with a bound
+// secret or not (TestLinuxEgressRulesNoSecret: a session with rules and no
+// secret).
 func TestLinuxEgressRules(t *testing.T) {
 	requireLinuxDriver(t)
 	ssh := gwtest.RequireTool(t, "ssh")
@@ -248,11 +249,13 @@ func TestLinuxEgressRules(t *testing.T) {
 		{"an encoded slash refused", curl + api + "/repos/acme%2F..%2Fother", "denied by the rule"},
 		{"intercepted HTTPS: the rule's request", curl + "https://secret.test:" + f.tlsPort + "/auth", "authorized\n"},
 		{"intercepted HTTPS: another path", curl + "https://secret.test:" + f.tlsPort + "/hello", "denied by the rule"},
-		{"a tunnel the proxy cannot read", curl + "--cacert /dev/null https://pypi.test:" + f.tlsPort + "/hello 2>&1; true", "CONNECT tunnel failed, response 403"},
+		{"intercepted HTTPS to a host only rules allow, no secret: the rule's path", curl + "https://pypi.test:" + f.tlsPort + "/hello", "hello from pypi.test:" + f.tlsPort + "\n"},
+		{"intercepted HTTPS to a host only rules allow, no secret: another path", curl + "https://pypi.test:" + f.tlsPort + "/auth", "denied by the rule"},
 		{"transparent: GET under the path", "curl --noproxy '*' -sS --max-time 20 " + api + "/repos/acme/x", "GET /repos/acme/x\n"},
 		{"transparent: another path refused", "curl --noproxy '*' -sS --max-time 20 " + api + "/repos/other", "denied by the rule " + want},
 		{"transparent: a GET, then a DELETE refused on the same connection", "curl --noproxy '*' -sS --max-time 20 " + api + "/repos/acme/x --next -X DELETE " + api + "/repos/acme/y", "GET /repos/acme/x\nsandgate egress: DELETE api.test:" + echoPort + "/repos/acme/y denied by the rule"},
-		{"transparent: TLS to a host only rules allow", "curl --noproxy '*' -sS --max-time 20 -k https://pypi.test:" + f.tlsPort + "/hello 2>&1; true", "curl: (35)"},
+		{"transparent: TLS to a host only rules allow, intercepted", "curl --noproxy '*' -sS --max-time 20 https://pypi.test:" + f.tlsPort + "/hello", "hello from pypi.test:" + f.tlsPort + "\n"},
+		{"transparent: TLS to a host only rules allow, another path", "curl --noproxy '*' -sS --max-time 20 https://pypi.test:" + f.tlsPort + "/auth", "denied by the rule"},
 	} {
 		out, errOut, _ := runClient(t, g.clientEnv(), nil, ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID, c.cmd)...)
 		if !strings.Contains(out+errOut, c.want) {

@@ -205,7 +205,12 @@ export interface EgressPending {
   userAgent?: string;
 }
 
-/** A secret given to a session: a name, or a secret bound to hosts. */
+/**
+ * A secret given to a session: a name, or a secret bound to hosts. An
+ * operator's `ssh-key` secret is bound to its hosts with no header or
+ * format (`{ name: "DEPLOY_KEY", hosts: ["github.com:22"] }`): the gateway's
+ * SSH agent at `SSH_AUTH_SOCK` signs with it, the key never in the sandbox.
+ */
 export type SecretRef = string | { name: string; hosts?: string[]; header?: string; format?: string };
 
 export interface CreateSessionOptions {

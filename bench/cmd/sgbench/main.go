@@ -123,7 +123,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,15", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell) and 15 (sandgate only, linux driver: pause and resume in place); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b; 11a,11b,11c,11d)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,15", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell) and 15 (sandgate only, linux driver: pause and resume in place); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d,9e,9f; 10a,10b; 11a,11b,11c,11d)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -441,7 +441,9 @@ func printPlan(c *config, b *bench) {
 	desc["9c"] = fmt.Sprintf("sandgate only: reference, curl on the host through a minimal Go io.Copy relay, %d runs (rotating with 9a)", c.reps)
 	desc["11"] = fmt.Sprintf("sandgate only: create -> first REST command, `--warm-pool 2` vs `--warm-pool 0`, %d each, alternating (11a), and each step of the create from its Server-Timing header, p50 and p99 (11b), DELETE answered with the default background teardown vs `--teardown-queue 0` (11c), and 11a with egress, a secret and resources (11d, alternating with 11a) (linux driver)", c.createN)
 	desc["9d"] = fmt.Sprintf("sandgate only: create -> first command with egress + a secret vs plain `{}`, %d each, alternating (linux driver)", c.createN)
-	desc["9"] = "(9a) " + desc["9a"] + "\n  row 9b: " + desc["9b"] + "\n  row 9c: " + desc["9c"] + "\n  row 9d: " + desc["9d"]
+	desc["9e"] = fmt.Sprintf("sandgate only: %s over HTTP, curl in a session with no proxy (transparent egress) vs through the explicit proxy (-p), %d runs each, rotating; target >= 0.9x (linux driver)", size, c.reps)
+	desc["9f"] = fmt.Sprintf("sandgate only: first DNS answer for a new allowed name, the sandbox's resolver vs a minimal UDP responder on host loopback, %d queries each (Python client), p50/p99; target: adds <= 1 ms (linux driver)", dnsQueries)
+	desc["9"] = "(9a) " + desc["9a"] + "\n  row 9b: " + desc["9b"] + "\n  row 9c: " + desc["9c"] + "\n  row 9d: " + desc["9d"] + "\n  row 9e: " + desc["9e"] + "\n  row 9f: " + desc["9f"]
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
 	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]

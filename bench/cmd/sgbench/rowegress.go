@@ -283,7 +283,7 @@ func (b *bench) egressGateway() (*sandgate, error) {
 func (b *bench) rowEgress() error {
 	r := b.report
 	skip := func(why string) {
-		for _, id := range []string{"9a", "9b", "9c", "9d"} {
+		for _, id := range []string{"9a", "9b", "9c", "9d", "9e", "9f"} {
 			if b.cfg.wantRow(id) {
 				r.add(&Row{ID: id, Name: "per-session network egress", Skipped: why})
 			}
@@ -308,6 +308,11 @@ func (b *bench) rowEgress() error {
 	if b.cfg.wantRow("9a") || b.cfg.wantRow("9b") || b.cfg.wantRow("9c") {
 		if err := b.egressThroughput(g, srv, allow); err != nil {
 			return fmt.Errorf("9a-c: %w", err)
+		}
+	}
+	if b.cfg.wantRow("9e") || b.cfg.wantRow("9f") {
+		if err := b.rowTransparent(g, srv, allow); err != nil {
+			return fmt.Errorf("9e-f: %w", err)
 		}
 	}
 	if b.cfg.wantRow("9d") {

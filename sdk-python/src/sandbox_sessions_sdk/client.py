@@ -177,7 +177,13 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
                 placeholder and the egress proxy sets ``header`` (default
                 ``Authorization``) to ``format`` (default ``Bearer
                 {value}``) on HTTPS requests to ``hosts``, which ``egress``
-                must cover. Names the gateway does not define:
+                must cover. A secret the operator defined as an SSH key
+                (``ssh-key``) is given the same way, bound to its hosts
+                (``{"name": "DEPLOY_KEY", "hosts": ["github.com:22"]}``,
+                no header or format): the gateway's SSH agent, at
+                ``SSH_AUTH_SOCK`` in every process, signs with it while
+                the session is connected to those hosts, and the key
+                never enters the sandbox. Names the gateway does not define:
                 :class:`UnknownSecretError`; a malformed reference:
                 :class:`InvalidSecretError`; hosts outside ``egress``:
                 :class:`EgressNotAllowedError`. Values never appear in the

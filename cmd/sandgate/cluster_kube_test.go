@@ -114,3 +114,35 @@ func TestClusterKube(t *testing.T) {
 		t.Errorf("list after deletes: %v", ids)
 	}
 }
+
+// A node on the Kubernetes store restarted by SIGTERM (a rolling upgrade,
+// the chart's preStop drain) keeps its sessions: its restarting marker
+// holds them while it is away, and it takes them back.
+func TestClusterKubeRollingRestart(t *testing.T) {
+	n := startKubeCluster(t, 2, "--keep-sandboxes-on-exit=true")
+	var ss []sessionJSON
+	for i, g := range n {
+		s := g.createSession(t)
+		if code, out := runCommand(t, g.gatewayProc, s.SessionID, "echo node"+strconv.Itoa(i)+" > mark"); code != http.StatusOK {
+			t.Fatalf("command: %d %q", code, out)
+		}
+		ss = append(ss, s)
+	}
+	for i, g := range n {
+		g.restart(t, syscall.SIGTERM)
+		for j, s := range ss {
+			via := n[(i+j+1)%2]
+			if code, out := runCommand(t, via.gatewayProc, s.SessionID, "cat mark"); code != http.StatusOK || strings.TrimSpace(out) != "node"+strconv.Itoa(j) {
+				t.Errorf("after restarting node %d: session %d through %s: %d %q", i, j, via.URL, code, out)
+			}
+			if code, st := getStatus(t, via.gatewayProc, s.SessionID); code != http.StatusOK || st.Status != "running" {
+				t.Errorf("after restarting node %d: session %d: %d %+v", i, j, code, st)
+			}
+		}
+	}
+	for _, s := range ss {
+		if code := n[0].api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
+			t.Errorf("delete: %d", code)
+		}
+	}
+}

@@ -92,6 +92,7 @@ func TestClusterKube(t *testing.T) {
 		}
 	}
 
+	killed := time.Now()
 	_ = a.cmd.Process.Signal(syscall.SIGKILL)
 	<-a.done
 	// The limit only bounds a broken run: the lease is 3s.
@@ -99,6 +100,7 @@ func TestClusterKube(t *testing.T) {
 		_, st := getStatus(t, b.gatewayProc, lost.SessionID)
 		return st.Status == "failed"
 	})
+	t.Logf("the lost node's session was failed %v after the kill (lease TTL 3s)", time.Since(killed).Round(time.Millisecond))
 	if code, st := getStatus(t, b.gatewayProc, lost.SessionID); code != http.StatusOK || st.StatusReason != "node lost" {
 		t.Errorf("lost session: %d %+v", code, st)
 	}

@@ -83,7 +83,7 @@ type Config struct {
 	// LeaseNamespace holds the election's Lease.
 	LeaseNamespace string
 	// PublicURL is the gateway's URL as clients reach it: the base of
-	// the endpoints written into statuses and Secrets.
+	// the endpoints written into statuses and Secrets (Run may set it).
 	PublicURL string
 	// SSHUsername and HostKey go into the credentials Secret.
 	SSHUsername string
@@ -153,7 +153,10 @@ func (c *Controller) Leading() bool {
 
 // Run takes part in the election until ctx ends, reconciling while it
 // leads. It returns when ctx is done (and the Lease is released).
-func (c *Controller) Run(ctx context.Context) error {
+func (c *Controller) Run(ctx context.Context, publicURL string) error {
+	if publicURL != "" {
+		c.cfg.PublicURL = publicURL
+	}
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: c.cfg.LeaseNamespace},
 		Client:     c.core.CoordinationV1(),

@@ -24,7 +24,7 @@ import (
 type SessionSpec struct {
 	Image        string                   `json:"image,omitempty"`
 	TTL          int                      `json:"ttl,omitempty"` // seconds
-	Egress       []string                 `json:"egress,omitempty"`
+	Egress       gateway.EgressEntries    `json:"egress,omitempty"`
 	Resources    *gateway.ResourceRequest `json:"resources,omitempty"`
 	Workspace    string                   `json:"workspace,omitempty"`
 	FromSnapshot string                   `json:"fromSnapshot,omitempty"`

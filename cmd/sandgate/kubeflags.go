@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"strings"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/kube"
+	"github.com/sandgate/sandgate/rest/compat"
 )
 
 // kubeFlags are the flags of the Kubernetes controller (docs/kubernetes.md).
@@ -89,4 +91,22 @@ func runKube(ctx context.Context, ctl *kube.Controller, publicURL string, log *s
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// sandboxRouter serves agent-sandbox's sandbox-router requests (they name
+// a session in X-Sandbox-ID and carry the runtime's paths at the root)
+// under compat.SandboxRouterPrefix; every other request goes to next, a
+// preview origin's (preview) included.
+func sandboxRouter(next http.Handler, preview func(*http.Request) (string, bool)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, isPreview := preview(r); isPreview {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if p := compat.RouterPath(r); p != "" {
+			r = r.Clone(r.Context())
+			r.URL.Path, r.URL.RawPath = p, ""
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -602,6 +602,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 			mounted.ServeHTTP(w, r)
 		})
 	}
+	handler = sandboxRouter(handler, rest.PreviewSession(cfg.previewDomain))
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,

@@ -1,0 +1,488 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sandgate/sandgate/internal/kubetest"
+	"github.com/sandgate/sandgate/kube"
+	"github.com/sandgate/sandgate/tunnel"
+)
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// kubeEnv is a control plane with sandgate's CRDs (and agent-sandbox's,
+// as the tests write them) and one node agent running the controller.
+type kubeEnv struct {
+	srv  *kubetest.Server
+	core kubernetes.Interface
+	dyn  dynamic.Interface
+	gw   *gatewayProc
+	ns   string
+	key  string // the tenant's API key (tenant = namespace)
+}
+
+func startKube(t *testing.T, extra ...string) *kubeEnv {
+	t.Helper()
+	srv := kubetest.Start(t, kubetest.Options{})
+	e := &kubeEnv{srv: srv, core: srv.Client(t), ns: "team-a", key: "team-a-key"}
+	var err error
+	if e.dyn, err = dynamic.NewForConfig(srv.Config); err != nil {
+		t.Fatal(err)
+	}
+	applyCRDs(t, e.dyn, "../../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "../../kube/testdata/agent-sandbox-crds.yaml")
+	srv.Namespace(t, e.ns)
+	kc := srv.Kubeconfig(t, kubetest.AdminUser, "")
+	args := append([]string{"--kube-controller", "--kube-controller-kubeconfig", kc, "--kube-identity", "node-a",
+		"--api-key", e.ns + ":" + e.key}, extra...)
+	e.gw = startGateway(t, args...)
+	e.gw.Token = e.key
+	kubeWait(t, 60*time.Second, "the node agent to lead", func() bool {
+		l, err := e.core.CoordinationV1().Leases("default").Get(context.Background(), kube.LeaseName, metav1.GetOptions{})
+		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == "node-a" &&
+			strings.Contains(e.gw.stderr.String(), "kube_controller_synced")
+	})
+	return e
+}
+
+// applyCRDs creates the CustomResourceDefinitions in files and waits until
+// they are established.
+func applyCRDs(t *testing.T, dyn dynamic.Interface, files ...string) {
+	t.Helper()
+	ctx := context.Background()
+	var names []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+		for {
+			var o map[string]any
+			if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if o == nil {
+				continue
+			}
+			u := &unstructured.Unstructured{Object: o}
+			if _, err := dyn.Resource(crdGVR).Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("%s: create %s: %v", f, u.GetName(), err)
+			}
+			names = append(names, u.GetName())
+		}
+	}
+	for _, n := range names {
+		kubeWait(t, 30*time.Second, "CRD "+n+" established", func() bool {
+			u, err := dyn.Resource(crdGVR).Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return false
+			}
+			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+			for _, c := range conds {
+				if m, _ := c.(map[string]any); m["type"] == "Established" && m["status"] == "True" {
+					return true
+				}
+			}
+			return false
+		})
+	}
+}
+
+func kubeWait(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *kubeEnv) create(t *testing.T, gvr schema.GroupVersionResource, obj map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	u, err := e.dyn.Resource(gvr).Namespace(e.ns).Create(context.Background(), &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create %v: %v", gvr.Resource, err)
+	}
+	return u
+}
+
+// waitStatus waits until name's status satisfies ok, and returns it.
+func (e *kubeEnv) waitStatus(t *testing.T, gvr schema.GroupVersionResource, name string, ok func(*unstructured.Unstructured) bool) *unstructured.Unstructured {
+	t.Helper()
+	var u *unstructured.Unstructured
+	kubeWait(t, 60*time.Second, gvr.Resource+" "+name+"'s status", func() bool {
+		var err error
+		u, err = e.dyn.Resource(gvr).Namespace(e.ns).Get(context.Background(), name, metav1.GetOptions{})
+		return err == nil && ok(u)
+	})
+	return u
+}
+
+func (e *kubeEnv) secret(t *testing.T, name string) map[string]string {
+	t.Helper()
+	s, err := e.core.CoreV1().Secrets(e.ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("secret %s: %v", name, err)
+	}
+	out := map[string]string{}
+	for k, v := range s.Data {
+		out[k] = string(v)
+	}
+	return out
+}
+
+// ssh runs cmd in session id over the tunnel with the password.
+func (e *kubeEnv) ssh(t *testing.T, id, password, cmd string) string {
+	t.Helper()
+	d := &tunnel.Dialer{APIURL: e.gw.URL, Token: e.key, Timeout: 10 * time.Second}
+	conn, err := d.Dial(context.Background(), id)
+	if err != nil {
+		t.Fatalf("tunnel to %s: %v", id, err)
+	}
+	cfg := &gossh.ClientConfig{User: "sandbox", Auth: []gossh.AuthMethod{gossh.Password(password)},
+		HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second} // the host key is checked apart (knownHosts)
+	cc, chans, reqs, err := gossh.NewClientConn(conn, id, cfg)
+	if err != nil {
+		conn.Close()
+		t.Fatalf("ssh to %s: %v", id, err)
+	}
+	c := gossh.NewClient(cc, chans, reqs)
+	defer c.Close()
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out, err := s.Output(cmd)
+	if err != nil {
+		t.Fatalf("ssh %q: %v", cmd, err)
+	}
+	return string(out)
+}
+
+// command runs cmd in session id through REST and returns its stdout.
+func (e *kubeEnv) command(t *testing.T, id, cmd string) string {
+	t.Helper()
+	var out struct {
+		Stdout   string `json:"stdout"`
+		ExitCode *int   `json:"exitCode"`
+	}
+	if code := e.gw.api(t, http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"command": cmd}, &out); code != http.StatusOK {
+		t.Fatalf("command in %s: %d", id, code)
+	}
+	return out.Stdout
+}
+
+func phase(u *unstructured.Unstructured) string {
+	p, _, _ := unstructured.NestedString(u.Object, "status", "phase")
+	return p
+}
+
+func readyCond(u *unstructured.Unstructured) (status, reason string) {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, _ := c.(map[string]any); m["type"] == "Ready" {
+			s, _ := m["status"].(string)
+			r, _ := m["reason"].(string)
+			return s, r
+		}
+	}
+	return "", ""
+}
+
+// TestKubeSession: a Session becomes a session of the namespace's tenant,
+// with its Kubernetes Secret in the environment, credentials in a Secret
+// the Session owns and a status kubectl shows; REST and SSH reach it;
+// deleting the Session ends the session and takes the Secret away.
+func TestKubeSession(t *testing.T) {
+	e := startKube(t)
+	ctx := context.Background()
+	if _, err := e.core.CoreV1().Secrets(e.ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "gh"}, StringData: map[string]string{"token": "s3cret-from-k8s"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.create(t, kube.SessionGVR, map[string]any{
+		"apiVersion": "sandgate.dev/v1alpha1", "kind": "Session",
+		"metadata": map[string]any{"name": "work"},
+		"spec": map[string]any{
+			"ttl": 600, "labels": map[string]any{"team": "a"},
+			"resources": map[string]any{"memoryMiB": 256},
+			"secrets":   []any{map[string]any{"name": "GH_TOKEN", "secretRef": map[string]any{"name": "gh", "key": "token"}}},
+		},
+	})
+	u := e.waitStatus(t, kube.SessionGVR, "work", func(u *unstructured.Unstructured) bool { return phase(u) != "" && phase(u) != kube.PhasePending })
+	if phase(u) != kube.PhaseRunning {
+		t.Fatalf("phase %q, status %v", phase(u), u.Object["status"])
+	}
+	id, _, _ := unstructured.NestedString(u.Object, "status", "sessionId")
+	node, _, _ := unstructured.NestedString(u.Object, "status", "node")
+	secretName, _, _ := unstructured.NestedString(u.Object, "status", "credentialsSecret")
+	if st, reason := readyCond(u); st != "True" || node != "node-a" || secretName == "" {
+		t.Fatalf("Ready %s (%s), node %q, secret %q", st, reason, node, secretName)
+	}
+	if !slices.Contains(u.GetFinalizers(), "sandgate.dev/session") {
+		t.Errorf("finalizers %v", u.GetFinalizers())
+	}
+	creds := e.secret(t, secretName)
+	if creds["sessionId"] != id || creds["password"] == "" || !strings.HasSuffix(creds["endpoint"], "/v1/sessions/"+id) {
+		t.Fatalf("credentials secret: %v", slices.Sorted(func(yield func(string) bool) {
+			for k := range creds {
+				if !yield(k) {
+					return
+				}
+			}
+		}))
+	}
+	// REST, as the namespace's tenant: the session and its labels.
+	var got struct {
+		Metadata  map[string]any `json:"metadata"`
+		Resources struct {
+			MemoryMiB int `json:"memoryMiB"`
+		} `json:"resources"`
+		TTL int `json:"ttl"`
+	}
+	if code := e.gw.api(t, http.MethodGet, "/v1/sessions/"+id, nil, &got); code != http.StatusOK {
+		t.Fatalf("GET session: %d", code)
+	}
+	if got.Metadata["team"] != "a" || got.Resources.MemoryMiB != 256 || got.TTL != 600 {
+		t.Errorf("session as REST shows it: %+v", got)
+	}
+	if out := e.command(t, id, "echo rest-ok"); out != "rest-ok\n" {
+		t.Errorf("REST command: %q", out)
+	}
+	// SSH with the Secret's password; the Kubernetes Secret's value is in
+	// the environment.
+	if out := e.ssh(t, id, creds["password"], "printf %s \"$GH_TOKEN\""); out != "s3cret-from-k8s" {
+		t.Errorf("GH_TOKEN over SSH: %q", out)
+	}
+
+	// Deleting the Session ends the session and its Secret.
+	if err := e.dyn.Resource(kube.SessionGVR).Namespace(e.ns).Delete(ctx, "work", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubeWait(t, 60*time.Second, "the Session to be gone", func() bool {
+		_, err := e.dyn.Resource(kube.SessionGVR).Namespace(e.ns).Get(ctx, "work", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if code := e.gw.api(t, http.MethodGet, "/v1/sessions/"+id, nil, nil); code == http.StatusOK {
+		t.Errorf("session %s still there after its Session was deleted", id)
+	}
+	if _, err := e.core.CoreV1().Secrets(e.ns).Get(ctx, secretName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("credentials Secret after delete: %v", err)
+	}
+}
+
+// TestKubeSessionRefused: a Session the gateway refuses (an image it does
+// not have) is Failed with the error code as its reason, and nothing is
+// left once it is deleted.
+func TestKubeSessionRefused(t *testing.T) {
+	e := startKube(t)
+	e.create(t, kube.SessionGVR, map[string]any{
+		"apiVersion": "sandgate.dev/v1alpha1", "kind": "Session",
+		"metadata": map[string]any{"name": "bad"},
+		"spec":     map[string]any{"image": "no-such-image:1"},
+	})
+	u := e.waitStatus(t, kube.SessionGVR, "bad", func(u *unstructured.Unstructured) bool { return phase(u) == kube.PhaseFailed })
+	if st, reason := readyCond(u); st != "False" || reason == "" {
+		t.Errorf("Ready %s %s", st, reason)
+	}
+	ctx := context.Background()
+	if err := e.dyn.Resource(kube.SessionGVR).Namespace(e.ns).Delete(ctx, "bad", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubeWait(t, 60*time.Second, "the Session to be gone", func() bool {
+		_, err := e.dyn.Resource(kube.SessionGVR).Namespace(e.ns).Get(ctx, "bad", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+}
+
+// TestKubeSandboxClaim: a claim on a warm pool marked for sandgate is
+// fulfilled by a session (no Pod), with the claim's env in it, Ready as
+// agent-sandbox's API has it, and its endpoint and token in a Secret the
+// claim owns; a claim on an unmarked pool is left to agent-sandbox.
+func TestKubeSandboxClaim(t *testing.T) {
+	e := startKube(t, "--warm-pool=2")
+	ctx := context.Background()
+	e.create(t, kube.TemplateGVR, map[string]any{
+		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+		"metadata": map[string]any{"name": "py"},
+		"spec":     map[string]any{"podTemplate": map[string]any{"spec": map[string]any{"containers": []any{map[string]any{"name": "c", "image": "python:3.12-slim"}}}}},
+	})
+	for _, p := range []struct {
+		name   string
+		marked bool
+	}{{"sg-pool", true}, {"pod-pool", false}} {
+		meta := map[string]any{"name": p.name}
+		if p.marked {
+			meta["labels"] = map[string]any{kube.RuntimeKey: kube.RuntimeValue}
+		}
+		e.create(t, kube.WarmPoolGVR, map[string]any{
+			"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool", "metadata": meta,
+			"spec": map[string]any{"replicas": 2, "sandboxTemplateRef": map[string]any{"name": "py"}},
+		})
+	}
+	e.create(t, kube.ClaimGVR, map[string]any{
+		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+		"metadata": map[string]any{"name": "agent-1"},
+		"spec": map[string]any{
+			"warmPoolRef": map[string]any{"name": "sg-pool"},
+			"env":         []any{map[string]any{"name": "TASK", "value": "claim-env"}},
+		},
+	})
+	e.create(t, kube.ClaimGVR, map[string]any{
+		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+		"metadata": map[string]any{"name": "other"},
+		"spec":     map[string]any{"warmPoolRef": map[string]any{"name": "pod-pool"}},
+	})
+	u := e.waitStatus(t, kube.ClaimGVR, "agent-1", func(u *unstructured.Unstructured) bool { st, _ := readyCond(u); return st != "" })
+	if st, reason := readyCond(u); st != "True" || reason != "DependenciesReady" {
+		t.Fatalf("Ready %s (%s): %v", st, reason, u.Object["status"])
+	}
+	id, _, _ := unstructured.NestedString(u.Object, "status", "sandbox", "name")
+	creds := e.secret(t, "agent-1-sandgate")
+	if creds["sandboxId"] != id || creds["token"] == "" || creds["endpoint"] == "" {
+		t.Fatalf("claim secret: sandboxId %q token set %v endpoint %q", creds["sandboxId"], creds["token"] != "", creds["endpoint"])
+	}
+	if out := e.ssh(t, id, creds["token"], "printf %s \"$TASK\""); out != "claim-env" {
+		t.Errorf("claim env over SSH: %q", out)
+	}
+	if out := e.command(t, id, "printf %s \"$TASK\""); out != "claim-env" {
+		t.Errorf("claim env over REST: %q", out)
+	}
+	// The sandbox-router's way in: X-Sandbox-ID and the claim's token.
+	if code, body := routerExec(t, e.gw.URL, id, creds["token"], `printf %s "$TASK"`); code != http.StatusOK || body["stdout"] != "claim-env" || body["exit_code"] != float64(0) {
+		t.Errorf("router /execute: %d %v", code, body)
+	}
+	if code, _ := routerExec(t, e.gw.URL, id, "wrong-token", "true"); code != http.StatusUnauthorized {
+		t.Errorf("router /execute with a wrong token: %d, want 401", code)
+	}
+	// The unmarked pool's claim is not sandgate's.
+	o, err := e.dyn.Resource(kube.ClaimGVR).Namespace(e.ns).Get(ctx, "other", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.GetFinalizers()) > 0 || o.Object["status"] != nil {
+		t.Errorf("a claim of an unmarked pool was touched: finalizers %v status %v", o.GetFinalizers(), o.Object["status"])
+	}
+
+	if err := e.dyn.Resource(kube.ClaimGVR).Namespace(e.ns).Delete(ctx, "agent-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubeWait(t, 60*time.Second, "the claim to be gone", func() bool {
+		_, err := e.dyn.Resource(kube.ClaimGVR).Namespace(e.ns).Get(ctx, "agent-1", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if code := e.gw.api(t, http.MethodGet, "/v1/sessions/"+id, nil, nil); code == http.StatusOK {
+		t.Errorf("session %s still there after its claim was deleted", id)
+	}
+	if _, err := e.core.CoreV1().Secrets(e.ns).Get(ctx, "agent-1-sandgate", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("claim Secret after delete: %v", err)
+	}
+}
+
+// TestKubeCreateLatency logs the p50 of Session create (and SandboxClaim
+// fulfil) to the first command answered through REST; it asserts nothing
+// of the times (bench/ has the rows).
+func TestKubeCreateLatency(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	e := startKube(t, "--warm-pool=4")
+	ctx := context.Background()
+	e.create(t, kube.WarmPoolGVR, map[string]any{
+		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+		"metadata": map[string]any{"name": "sg", "annotations": map[string]any{kube.RuntimeKey: kube.RuntimeValue}},
+		"spec":     map[string]any{"replicas": 4},
+	})
+	const n = 15
+	measure := func(gvr schema.GroupVersionResource, obj func(i int) map[string]any, idOf func(*unstructured.Unstructured) string) []time.Duration {
+		var ds []time.Duration
+		for i := range n {
+			o := obj(i)
+			name := o["metadata"].(map[string]any)["name"].(string)
+			w, err := e.dyn.Resource(gvr).Namespace(e.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			u := e.create(t, gvr, o)
+			var id string
+			timeout := time.After(60 * time.Second)
+			for id == "" {
+				select {
+				case ev := <-w.ResultChan():
+					if g, ok := ev.Object.(*unstructured.Unstructured); ok {
+						id = idOf(g)
+					}
+				case <-timeout:
+					t.Fatalf("%s %s not fulfilled in 60s", gvr.Resource, name)
+				}
+			}
+			w.Stop()
+			e.command(t, id, "true")
+			ds = append(ds, time.Since(start))
+			_ = e.dyn.Resource(gvr).Namespace(e.ns).Delete(ctx, u.GetName(), metav1.DeleteOptions{})
+			time.Sleep(100 * time.Millisecond) // the warm pool refills
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ds
+	}
+	sessions := measure(kube.SessionGVR, func(i int) map[string]any {
+		return map[string]any{"apiVersion": "sandgate.dev/v1alpha1", "kind": "Session",
+			"metadata": map[string]any{"name": "lat-" + string(rune('a'+i))}, "spec": map[string]any{}}
+	}, func(u *unstructured.Unstructured) string { s, _, _ := unstructured.NestedString(u.Object, "status", "sessionId"); return s })
+	claims := measure(kube.ClaimGVR, func(i int) map[string]any {
+		return map[string]any{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+			"metadata": map[string]any{"name": "lat-" + string(rune('a'+i))}, "spec": map[string]any{"warmPoolRef": map[string]any{"name": "sg"}}}
+	}, func(u *unstructured.Unstructured) string { s, _, _ := unstructured.NestedString(u.Object, "status", "sandbox", "name"); return s })
+	t.Logf("Session create -> first command: p50 %v (min %v, max %v, n=%d)", sessions[n/2], sessions[0], sessions[n-1], n)
+	t.Logf("SandboxClaim fulfil -> first command: p50 %v (min %v, max %v, n=%d)", claims[n/2], claims[0], claims[n-1], n)
+}
+
+// routerExec sends POST /execute as agent-sandbox's sandbox-router does.
+func routerExec(t *testing.T, base, id, token, cmd string) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(map[string]string{"command": cmd})
+	req, err := http.NewRequest(http.MethodPost, base+"/execute", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Sandbox-ID", id)
+	req.Header.Set("X-Sandbox-Namespace", "team-a")
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}

@@ -1,16 +1,20 @@
-package main
+package kube_test
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,10 +28,80 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/internal/kubetest"
 	"github.com/sandgate/sandgate/kube"
 	"github.com/sandgate/sandgate/tunnel"
 )
+
+// sandgateBin is the binary the tests run: $SANDGATE_BIN, or one TestMain
+// builds.
+var sandgateBin string
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if sandgateBin = os.Getenv("SANDGATE_BIN"); sandgateBin == "" {
+			dir, err := os.MkdirTemp("", "sandgate-bin-")
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			defer os.RemoveAll(dir)
+			sandgateBin = filepath.Join(dir, "sandgate")
+			build := exec.Command("go", "build", "-o", sandgateBin, "../cmd/sandgate")
+			build.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := build.CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "build sandgate: %v\n%s", err, out)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// gatewayProc is a node agent: `sandgate serve` as the chart runs it,
+// here on loopback with the workdir driver.
+type gatewayProc struct {
+	*gwtest.Binary
+	DataDir, Token string
+}
+
+func startGateway(t *testing.T, token string, args ...string) *gatewayProc {
+	t.Helper()
+	g := &gatewayProc{DataDir: t.TempDir(), Token: token}
+	full := append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--sandbox", "workdir",
+		"--keep-sandboxes-on-exit=false", "--teardown-queue=0"}, args...)
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--warm-pool") }) {
+		full = append(full, "--warm-pool=0")
+	}
+	g.Binary = gwtest.StartBinary(t, sandgateBin, full...)
+	t.Cleanup(func() {
+		_ = g.Cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-g.Done:
+		case <-time.After(30 * time.Second):
+			_ = g.Cmd.Process.Kill()
+			<-g.Done
+			t.Errorf("sandgate serve ignored SIGTERM for 30s")
+		}
+		if code := g.Cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("sandgate serve exited %d: %s", code, g.Stderr.String())
+		}
+		entries, _ := os.ReadDir(filepath.Join(g.DataDir, "sessions"))
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), ".") {
+				t.Errorf("session %s left behind", e.Name())
+			}
+		}
+	})
+	return g
+}
+
+func (g *gatewayProc) api(t *testing.T, method, path string, body any, out any) int {
+	t.Helper()
+	return gwtest.DoJSON(t, g.URL, g.Token, method, path, body, out)
+}
 
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
@@ -50,17 +124,16 @@ func startKube(t *testing.T, extra ...string) *kubeEnv {
 	if e.dyn, err = dynamic.NewForConfig(srv.Config); err != nil {
 		t.Fatal(err)
 	}
-	applyCRDs(t, e.dyn, "../../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "../../kube/testdata/agent-sandbox-crds.yaml")
+	applyCRDs(t, e.dyn, "../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "testdata/agent-sandbox-crds.yaml")
 	srv.Namespace(t, e.ns)
 	kc := srv.Kubeconfig(t, kubetest.AdminUser, "")
 	args := append([]string{"--kube-controller", "--kube-controller-kubeconfig", kc, "--kube-identity", "node-a",
 		"--api-key", e.ns + ":" + e.key}, extra...)
-	e.gw = startGateway(t, args...)
-	e.gw.Token = e.key
+	e.gw = startGateway(t, e.key, args...)
 	kubeWait(t, 60*time.Second, "the node agent to lead", func() bool {
 		l, err := e.core.CoordinationV1().Leases("default").Get(context.Background(), kube.LeaseName, metav1.GetOptions{})
 		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == "node-a" &&
-			strings.Contains(e.gw.stderr.String(), "kube_controller_synced")
+			strings.Contains(e.gw.Stderr.String(), "kube_controller_synced")
 	})
 	return e
 }
@@ -456,11 +529,17 @@ func TestKubeCreateLatency(t *testing.T) {
 	sessions := measure(kube.SessionGVR, func(i int) map[string]any {
 		return map[string]any{"apiVersion": "sandgate.dev/v1alpha1", "kind": "Session",
 			"metadata": map[string]any{"name": "lat-" + string(rune('a'+i))}, "spec": map[string]any{}}
-	}, func(u *unstructured.Unstructured) string { s, _, _ := unstructured.NestedString(u.Object, "status", "sessionId"); return s })
+	}, func(u *unstructured.Unstructured) string {
+		s, _, _ := unstructured.NestedString(u.Object, "status", "sessionId")
+		return s
+	})
 	claims := measure(kube.ClaimGVR, func(i int) map[string]any {
 		return map[string]any{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
 			"metadata": map[string]any{"name": "lat-" + string(rune('a'+i))}, "spec": map[string]any{"warmPoolRef": map[string]any{"name": "sg"}}}
-	}, func(u *unstructured.Unstructured) string { s, _, _ := unstructured.NestedString(u.Object, "status", "sandbox", "name"); return s })
+	}, func(u *unstructured.Unstructured) string {
+		s, _, _ := unstructured.NestedString(u.Object, "status", "sandbox", "name")
+		return s
+	})
 	t.Logf("Session create -> first command: p50 %v (min %v, max %v, n=%d)", sessions[n/2], sessions[0], sessions[n-1], n)
 	t.Logf("SandboxClaim fulfil -> first command: p50 %v (min %v, max %v, n=%d)", claims[n/2], claims[0], claims[n-1], n)
 }

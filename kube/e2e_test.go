@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,30 +35,43 @@ import (
 	"github.com/sandgate/sandgate/tunnel"
 )
 
-// sandgateBin is the binary the tests run: $SANDGATE_BIN, or one TestMain
-// builds.
-var sandgateBin string
+// sandgate is the binary the tests run: $SANDGATE_BIN, or one built once
+// (binDir) by the first test that needs it.
+var (
+	buildOnce   sync.Once
+	binDir      string
+	sandgateBin string
+	buildErr    error
+)
 
 func TestMain(m *testing.M) {
-	code := func() int {
-		if sandgateBin = os.Getenv("SANDGATE_BIN"); sandgateBin == "" {
-			dir, err := os.MkdirTemp("", "sandgate-bin-")
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
-			}
-			defer os.RemoveAll(dir)
-			sandgateBin = filepath.Join(dir, "sandgate")
-			build := exec.Command("go", "build", "-o", sandgateBin, "../cmd/sandgate")
-			build.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := build.CombinedOutput(); err != nil {
-				fmt.Fprintf(os.Stderr, "build sandgate: %v\n%s", err, out)
-				return 1
-			}
-		}
-		return m.Run()
-	}()
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
 	os.Exit(code)
+}
+
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if sandgateBin = os.Getenv("SANDGATE_BIN"); sandgateBin != "" {
+			return
+		}
+		if binDir, buildErr = os.MkdirTemp("", "sandgate-bin-"); buildErr != nil {
+			return
+		}
+		sandgateBin = filepath.Join(binDir, "sandgate")
+		build := exec.Command("go", "build", "-o", sandgateBin, "../cmd/sandgate")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build sandgate: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return sandgateBin
 }
 
 // gatewayProc is a node agent: `sandgate serve` as the chart runs it,
@@ -75,7 +89,7 @@ func startGateway(t *testing.T, token string, args ...string) *gatewayProc {
 	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--warm-pool") }) {
 		full = append(full, "--warm-pool=0")
 	}
-	g.Binary = gwtest.StartBinary(t, sandgateBin, full...)
+	g.Binary = gwtest.StartBinary(t, binary(t), full...)
 	t.Cleanup(func() {
 		_ = g.Cmd.Process.Signal(syscall.SIGTERM)
 		select {

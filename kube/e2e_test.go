@@ -141,7 +141,7 @@ func startKube(t *testing.T, extra ...string) *kubeEnv {
 	applyCRDs(t, e.dyn, "../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "testdata/agent-sandbox-crds.yaml")
 	srv.Namespace(t, e.ns)
 	kc := srv.Kubeconfig(t, kubetest.AdminUser, "")
-	args := append([]string{"--kube-controller", "--kube-controller-kubeconfig", kc, "--kube-identity", "node-a",
+	args := append([]string{"--kube-controller", "--kubeconfig", kc, "--kube-identity", "node-a",
 		"--api-key", e.ns + ":" + e.key}, extra...)
 	e.gw = startGateway(t, e.key, args...)
 	kubeWait(t, 60*time.Second, "the node agent to lead", func() bool {

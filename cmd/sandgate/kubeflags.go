@@ -19,7 +19,6 @@ import (
 // kubeFlags are the flags of the Kubernetes controller (docs/kubernetes.md).
 type kubeFlags struct {
 	controller     bool
-	kubeconfig     string
 	tenantLabel    string
 	leaseNamespace string
 	identity       string
@@ -27,7 +26,6 @@ type kubeFlags struct {
 
 func (k *kubeFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&k.controller, "kube-controller", false, "run the Kubernetes controller: Session resources (sessions.sandgate.dev) and SandboxClaims of warm pools marked sandgate.dev/runtime=sandgate become sessions of this gateway; the node agents elect one to run it (a Lease)")
-	fs.StringVar(&k.kubeconfig, "kube-controller-kubeconfig", "", "kubeconfig file the controller reaches the API server with (default: the in-cluster config)")
 	fs.StringVar(&k.tenantLabel, "kube-tenant-label", kube.DefaultTenantLabel, "namespace label whose value names the sandgate tenant of the namespace's Sessions and claims; without the label, the tenant is the namespace's name")
 	fs.StringVar(&k.leaseNamespace, "kube-lease-namespace", "", "namespace of the controller's election Lease (default: the pod's namespace, else default)")
 	fs.StringVar(&k.identity, "kube-identity", "", "this node agent's name in the election and in Session statuses (default: $NODE_NAME, else the host name)")
@@ -44,13 +42,14 @@ func (k *kubeFlags) secrets(src gateway.SecretSource) (gateway.SecretSource, *ku
 }
 
 // open makes the controller (nil without --kube-controller); run starts it.
-func (k *kubeFlags) open(mgr *gateway.Manager, overlay *kube.SecretOverlay, hostKey string, log *slog.Logger) (*kube.Controller, error) {
+// kubeconfig is --kubeconfig ("": the pod's in-cluster config).
+func (k *kubeFlags) open(kubeconfig string, mgr *gateway.Manager, overlay *kube.SecretOverlay, hostKey string, log *slog.Logger) (*kube.Controller, error) {
 	if !k.controller {
 		return nil, nil
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", k.kubeconfig)
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("--kube-controller: no API server to reach (give --kube-controller-kubeconfig outside a pod): %w", err)
+		return nil, fmt.Errorf("--kube-controller: no API server to reach (give --kubeconfig outside a pod): %w", err)
 	}
 	ns := k.leaseNamespace
 	if ns == "" {

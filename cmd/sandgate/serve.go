@@ -527,7 +527,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	releaseStaleImageRefs(istore, mgr, log)
-	kubeCtl, err := cfg.kube.open(mgr, kubeSecrets, sshd.AuthorizedKeys(signers)[0], log)
+	kubeCtl, err := cfg.kube.open(cfg.cluster.kubeconfig, mgr, kubeSecrets, sshd.AuthorizedKeys(signers)[0], log)
 	if err != nil {
 		return err
 	}

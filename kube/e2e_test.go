@@ -12,7 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -493,69 +493,168 @@ func TestKubeSandboxClaim(t *testing.T) {
 	}
 }
 
-// TestKubeCreateLatency logs the p50 of Session create (and SandboxClaim
-// fulfil) to the first command answered through REST; it asserts nothing
-// of the times (bench/ has the rows).
-func TestKubeCreateLatency(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
+// benchConfig is what bench/run's row 13 asks of TestKubeBench
+// ($SANDGATE_KUBE_BENCH, JSON); without it the test runs a few of each
+// and only logs the times.
+type benchConfig struct {
+	N    int `json:"n"`    // creates per way (13a, 13b)
+	Many int `json:"many"` // Sessions held at once (13c); 0: not run
+}
+
+// benchOut prints one result line for bench/run (samples in seconds).
+func benchOut(t *testing.T, v map[string]any) {
+	b, _ := json.Marshal(v)
+	fmt.Printf("SGBENCH %s\n", b)
+	t.Logf("%s", b)
+}
+
+// TestKubeBench: a Session's create, and a SandboxClaim's fulfilment, to
+// the first command answered (REST), through the API server; and many
+// Sessions held by one node agent. It asserts nothing of the times.
+func TestKubeBench(t *testing.T) {
+	cfg := benchConfig{N: 5}
+	if v := os.Getenv("SANDGATE_KUBE_BENCH"); v != "" {
+		if err := json.Unmarshal([]byte(v), &cfg); err != nil {
+			t.Fatalf("SANDGATE_KUBE_BENCH: %v", err)
+		}
 	}
-	e := startKube(t, "--warm-pool=4")
+	limit := strconv.Itoa(max(cfg.Many+50, 200))
+	e := startKube(t, "--warm-pool=4", "--max-sessions="+limit, "--max-sessions-per-tenant="+limit)
 	ctx := context.Background()
 	e.create(t, kube.WarmPoolGVR, map[string]any{
 		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
 		"metadata": map[string]any{"name": "sg", "annotations": map[string]any{kube.RuntimeKey: kube.RuntimeValue}},
 		"spec":     map[string]any{"replicas": 4},
 	})
-	const n = 15
-	measure := func(gvr schema.GroupVersionResource, obj func(i int) map[string]any, idOf func(*unstructured.Unstructured) string) []time.Duration {
-		var ds []time.Duration
-		for i := range n {
-			o := obj(i)
-			name := o["metadata"].(map[string]any)["name"].(string)
-			w, err := e.dyn.Resource(gvr).Namespace(e.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			start := time.Now()
-			u := e.create(t, gvr, o)
-			var id string
-			timeout := time.After(60 * time.Second)
-			for id == "" {
-				select {
-				case ev := <-w.ResultChan():
-					if g, ok := ev.Object.(*unstructured.Unstructured); ok {
-						id = idOf(g)
-					}
-				case <-timeout:
-					t.Fatalf("%s %s not fulfilled in 60s", gvr.Resource, name)
-				}
-			}
-			w.Stop()
-			e.command(t, id, "true")
-			ds = append(ds, time.Since(start))
-			_ = e.dyn.Resource(gvr).Namespace(e.ns).Delete(ctx, u.GetName(), metav1.DeleteOptions{})
-			time.Sleep(100 * time.Millisecond) // the warm pool refills
-		}
-		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-		return ds
-	}
-	sessions := measure(kube.SessionGVR, func(i int) map[string]any {
-		return map[string]any{"apiVersion": "sandgate.dev/v1alpha1", "kind": "Session",
-			"metadata": map[string]any{"name": "lat-" + string(rune('a'+i))}, "spec": map[string]any{}}
-	}, func(u *unstructured.Unstructured) string {
+	sessionID := func(u *unstructured.Unstructured) string {
 		s, _, _ := unstructured.NestedString(u.Object, "status", "sessionId")
 		return s
-	})
-	claims := measure(kube.ClaimGVR, func(i int) map[string]any {
-		return map[string]any{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
-			"metadata": map[string]any{"name": "lat-" + string(rune('a'+i))}, "spec": map[string]any{"warmPoolRef": map[string]any{"name": "sg"}}}
-	}, func(u *unstructured.Unstructured) string {
+	}
+	claimID := func(u *unstructured.Unstructured) string {
 		s, _, _ := unstructured.NestedString(u.Object, "status", "sandbox", "name")
 		return s
+	}
+	session := func(name string) map[string]any {
+		return map[string]any{"apiVersion": "sandgate.dev/v1alpha1", "kind": "Session", "metadata": map[string]any{"name": name}, "spec": map[string]any{}}
+	}
+	claim := func(name string) map[string]any {
+		return map[string]any{"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+			"metadata": map[string]any{"name": name}, "spec": map[string]any{"warmPoolRef": map[string]any{"name": "sg"}}}
+	}
+	// fulfil creates obj and waits (a watch) until idOf finds its session.
+	fulfil := func(gvr schema.GroupVersionResource, obj map[string]any, idOf func(*unstructured.Unstructured) string) string {
+		name := obj["metadata"].(map[string]any)["name"].(string)
+		w, err := e.dyn.Resource(gvr).Namespace(e.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		e.create(t, gvr, obj)
+		timeout := time.After(120 * time.Second)
+		for {
+			select {
+			case ev := <-w.ResultChan():
+				if g, ok := ev.Object.(*unstructured.Unstructured); ok {
+					if id := idOf(g); id != "" {
+						return id
+					}
+				}
+			case <-timeout:
+				t.Fatalf("%s %s not fulfilled in 120s", gvr.Resource, name)
+			}
+		}
+	}
+	measure := func(gvr schema.GroupVersionResource, obj func(string) map[string]any, idOf func(*unstructured.Unstructured) string, prefix string) []float64 {
+		var xs []float64
+		for i := range cfg.N {
+			name := fmt.Sprintf("%s-%d", prefix, i)
+			start := time.Now()
+			id := fulfil(gvr, obj(name), idOf)
+			e.command(t, id, "true")
+			xs = append(xs, time.Since(start).Seconds())
+			_ = e.dyn.Resource(gvr).Namespace(e.ns).Delete(ctx, name, metav1.DeleteOptions{})
+			time.Sleep(200 * time.Millisecond) // the warm pool refills
+		}
+		return xs
+	}
+	benchOut(t, map[string]any{"row": "13a", "samples": measure(kube.SessionGVR, session, sessionID, "lat")})
+	benchOut(t, map[string]any{"row": "13b", "samples": measure(kube.ClaimGVR, claim, claimID, "claim")})
+	if cfg.Many == 0 {
+		return
+	}
+	// 13c: Many Sessions at once, created by a pool of clients; each
+	// one's create -> Running, the agent's and the API server's memory.
+	apiPid := pidOf(t, "kube-apiserver", e.srv.Dir)
+	rss0, api0 := rssKiB(e.gw.Cmd.Process.Pid), rssKiB(apiPid)
+	ids := make([]string, cfg.Many)
+	lat := make([]float64, cfg.Many)
+	start := time.Now()
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range next {
+				t0 := time.Now()
+				ids[i] = fulfil(kube.SessionGVR, session(fmt.Sprintf("many-%d", i)), sessionID)
+				lat[i] = time.Since(t0).Seconds()
+			}
+		})
+	}
+	for i := range cfg.Many {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	all := time.Since(start).Seconds()
+	// The first command of a few, with all of them held.
+	var cmds []float64
+	for i := 0; i < cfg.Many; i += max(cfg.Many/20, 1) {
+		t0 := time.Now()
+		e.command(t, ids[i], "true")
+		cmds = append(cmds, time.Since(t0).Seconds())
+	}
+	rss1, api1 := rssKiB(e.gw.Cmd.Process.Pid), rssKiB(apiPid)
+	benchOut(t, map[string]any{"row": "13c", "samples": lat, "commands": cmds, "seconds": all, "many": cfg.Many,
+		"agentRSSKiB": []int64{rss0, rss1}, "apiserverRSSKiB": []int64{api0, api1}})
+	if err := e.dyn.Resource(kube.SessionGVR).Namespace(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubeWait(t, 10*time.Minute, "every Session to be gone", func() bool {
+		l, err := e.dyn.Resource(kube.SessionGVR).Namespace(e.ns).List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0
 	})
-	t.Logf("Session create -> first command: p50 %v (min %v, max %v, n=%d)", sessions[n/2], sessions[0], sessions[n-1], n)
-	t.Logf("SandboxClaim fulfil -> first command: p50 %v (min %v, max %v, n=%d)", claims[n/2], claims[0], claims[n-1], n)
+}
+
+// pidOf is the process named comm whose command line holds arg (0: none).
+func pidOf(t *testing.T, comm, arg string) int {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, en := range entries {
+		pid, err := strconv.Atoi(en.Name())
+		if err != nil {
+			continue
+		}
+		cl, _ := os.ReadFile(filepath.Join("/proc", en.Name(), "cmdline"))
+		if strings.Contains(string(cl), comm) && strings.Contains(string(cl), arg) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// rssKiB is pid's resident set (VmRSS), 0 when unknown.
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // routerExec sends POST /execute as agent-sandbox's sandbox-router does.

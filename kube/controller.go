@@ -102,6 +102,7 @@ type Controller struct {
 	dyn  dynamic.Interface
 	log  *slog.Logger
 
+	leads   sync.WaitGroup // terms of leadership still winding down
 	mu      sync.Mutex
 	leading bool
 	claims  bool // agent-sandbox's API is served
@@ -169,6 +170,8 @@ func (c *Controller) Run(ctx context.Context, publicURL string) error {
 			LeaseDuration: d, RenewDeadline: d * 2 / 3, RetryPeriod: d / 7,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
+					c.leads.Add(1)
+					defer c.leads.Done()
 					c.setLeading(true)
 					c.log.Info("kube_controller_leading", "identity", c.cfg.Identity)
 					if err := c.lead(ctx); err != nil && ctx.Err() == nil {
@@ -185,6 +188,7 @@ func (c *Controller) Run(ctx context.Context, publicURL string) error {
 			return fmt.Errorf("kube: leader election: %w", err)
 		}
 		le.Run(ctx) // returns when ctx ends or the lease is lost
+		c.leads.Wait() // no reconcile outlives its term
 	}
 	return nil
 }

@@ -187,7 +187,7 @@ func (c *Controller) Run(ctx context.Context, publicURL string) error {
 		if err != nil {
 			return fmt.Errorf("kube: leader election: %w", err)
 		}
-		le.Run(ctx) // returns when ctx ends or the lease is lost
+		le.Run(ctx)    // returns when ctx ends or the lease is lost
 		c.leads.Wait() // no reconcile outlives its term
 	}
 	return nil

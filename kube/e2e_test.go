@@ -544,7 +544,12 @@ func TestKubeBench(t *testing.T) {
 	// fulfil creates obj and waits (a watch) until idOf finds its session.
 	fulfil := func(gvr schema.GroupVersionResource, obj map[string]any, idOf func(*unstructured.Unstructured) string) string {
 		name := obj["metadata"].(map[string]any)["name"].(string)
-		w, err := e.dyn.Resource(gvr).Namespace(e.ns).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
+		res := e.dyn.Resource(gvr).Namespace(e.ns)
+		l, err := res.List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := res.Watch(ctx, metav1.ListOptions{ResourceVersion: l.GetResourceVersion()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -553,14 +558,24 @@ func TestKubeBench(t *testing.T) {
 		timeout := time.After(120 * time.Second)
 		for {
 			select {
-			case ev := <-w.ResultChan():
-				if g, ok := ev.Object.(*unstructured.Unstructured); ok {
+			case ev, ok := <-w.ResultChan():
+				if !ok { // the watch ended: read it instead
+					w.Stop()
+					kubeWait(t, 120*time.Second, name+" fulfilled", func() bool {
+						g, err := res.Get(ctx, name, metav1.GetOptions{})
+						return err == nil && idOf(g) != ""
+					})
+					g, _ := res.Get(ctx, name, metav1.GetOptions{})
+					return idOf(g)
+				}
+				if g, ok := ev.Object.(*unstructured.Unstructured); ok && g.GetName() == name {
 					if id := idOf(g); id != "" {
 						return id
 					}
 				}
 			case <-timeout:
-				t.Fatalf("%s %s not fulfilled in 120s", gvr.Resource, name)
+				u, _ := res.Get(ctx, name, metav1.GetOptions{})
+				t.Fatalf("%s %s not fulfilled in 120s: %v\ngateway log:\n%s", gvr.Resource, name, u, lastLog(e.gw.Stderr.String(), 30))
 			}
 		}
 	}
@@ -677,4 +692,10 @@ func routerExec(t *testing.T, base, id, token, cmd string) (int, map[string]any)
 	var out map[string]any
 	_ = json.NewDecoder(resp.Body).Decode(&out)
 	return resp.StatusCode, out
+}
+
+// lastLog is the last n lines of a log.
+func lastLog(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }

@@ -117,6 +117,9 @@ func (g *gatewayProc) api(t *testing.T, method, path string, body any, out any) 
 	return gwtest.DoJSON(t, g.URL, g.Token, method, path, body, out)
 }
 
+// agentNS is the node agents' namespace (their service account, the Lease).
+const agentNS = "sandgate-system"
+
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // kubeEnv is a control plane with sandgate's CRDs (and agent-sandbox's,
@@ -140,12 +143,15 @@ func startKube(t *testing.T, extra ...string) *kubeEnv {
 	}
 	applyCRDs(t, e.dyn, "../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "testdata/agent-sandbox-crds.yaml")
 	srv.Namespace(t, e.ns)
-	kc := srv.Kubeconfig(t, kubetest.AdminUser, "")
-	args := append([]string{"--kube-controller", "--kubeconfig", kc, "--kube-identity", "node-a",
+	// The node agent runs as the service account deploy/rbac-controller.yaml
+	// binds, as the chart's pods do: a rule missing there fails the tests.
+	srv.ApplyRBAC(t, "../deploy/rbac-controller.yaml", agentNS)
+	kc := srv.TokenKubeconfig(t, srv.ServiceAccountToken(t, agentNS, "sandgate"), "")
+	args := append([]string{"--kube-controller", "--kubeconfig", kc, "--kube-identity", "node-a", "--kube-lease-namespace", agentNS,
 		"--api-key", e.ns + ":" + e.key}, extra...)
 	e.gw = startGateway(t, e.key, args...)
 	kubeWait(t, 60*time.Second, "the node agent to lead", func() bool {
-		l, err := e.core.CoordinationV1().Leases("default").Get(context.Background(), kube.LeaseName, metav1.GetOptions{})
+		l, err := e.core.CoordinationV1().Leases(agentNS).Get(context.Background(), kube.LeaseName, metav1.GetOptions{})
 		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == "node-a" &&
 			strings.Contains(e.gw.Stderr.String(), "kube_controller_synced")
 	})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -209,6 +210,9 @@ type CreateParams struct {
 	Name string
 	// Workspace, when set, is what /workspace starts from (workspaces.go).
 	Workspace WorkspaceRef
+	// Env is put into every process's environment (env.go: at most
+	// MaxEnvVars, not the gateway's own variables); a SandboxClaim's env.
+	Env map[string]string
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -417,6 +421,9 @@ func (m *Manager) checkCreate(p Principal, cp *CreateParams) (c createChecked, e
 	if c.secrets, err = m.checkSecrets(p.Tenant, cp.Secrets, c.allow); err != nil {
 		return c, err
 	}
+	if err := checkEnv(cp.Env); err != nil {
+		return c, err
+	}
 	if c.egressMode, err = m.checkEgressMode(cp.EgressMode); err != nil {
 		return c, err
 	}
@@ -455,6 +462,7 @@ func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id s
 	}
 	s.lastActivity.Store(now.UnixNano())
 	s.Workspace = cp.Workspace
+	s.Env = maps.Clone(cp.Env)
 	return s, pw
 }
 

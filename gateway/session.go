@@ -53,6 +53,8 @@ type Session struct {
 	// Workspace is what /workspace started from: a named workspace the
 	// session holds, or a snapshot.
 	Workspace WorkspaceRef
+	// Env is the session's own environment (CreateParams.Env).
+	Env map[string]string
 	// ImageDigest is the manifest digest of the image the sandbox runs
 	// ("" for the default root).
 	ImageDigest string
@@ -159,6 +161,8 @@ type Record struct {
 	// its sandbox trusts, kept so a restarted gateway signs with it again.
 	EgressCA    []byte `json:"egressCA,omitempty"`
 	EgressCAKey []byte `json:"egressCAKey,omitempty"`
+	// Env is the session's own environment (CreateParams.Env).
+	Env map[string]string `json:"env,omitempty"`
 }
 
 // Snapshot returns the session's current state.
@@ -183,7 +187,7 @@ func (s *Session) Snapshot() Record {
 			StatusReason: reason, WorkspaceRef: s.Workspace,
 		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
-		EgressCA: s.egressCAPEM, EgressCAKey: s.egressCAKey,
+		EgressCA: s.egressCAPEM, EgressCAKey: s.egressCAKey, Env: s.Env,
 	}
 	if s.IdempotencyKey != "" {
 		r.IdempotencyKey, r.RequestHash = s.IdempotencyKey, bytes.Clone(s.requestHash[:])
@@ -200,7 +204,7 @@ func sessionFromRecord(r Record) *Session {
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
 		Secrets: r.Secrets, egressCAPEM: r.EgressCA, egressCAKey: r.EgressCAKey,
-		Workspace: r.WorkspaceRef,
+		Workspace: r.WorkspaceRef, Env: r.Env,
 	}
 	if r.Egress != nil {
 		s.egressAllow, s.savedIn, s.savedOut = r.Egress.Allow, r.Egress.BytesIn, r.Egress.BytesOut
@@ -303,7 +307,7 @@ func (sb sessionSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 // file applies), each bound secret's placeholder, the proxy variables and
 // the trust store's.
 func (s *Session) env() []string {
-	var env []string
+	env := sortedEnv(s.Env) // first: what the gateway adds below wins
 	for _, r := range s.Secrets {
 		if r.Bound() {
 			if s.secrets != nil {

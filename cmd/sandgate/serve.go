@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -86,6 +87,7 @@ type serveConfig struct {
 	metricsListen     string
 	audit             auditFlags
 	cluster           clusterFlags
+	kube              kubeFlags
 	configFile        string
 	printConfig       bool
 	flags             *flag.FlagSet // as parsed: --print-config prints it
@@ -175,6 +177,7 @@ func serveFlagSet(c *serveConfig) *flag.FlagSet {
 	c.dataPlane.register(fs)
 	c.audit.register(fs)
 	c.cluster.register(fs)
+	c.kube.register(fs)
 	c.workspaces.register(fs)
 	c.agentSandbox.register(fs)
 	return fs
@@ -496,6 +499,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	if err != nil {
 		return err
 	}
+	secrets, kubeSecrets := cfg.kube.secrets(secrets)
 	wsvc, err := cfg.workspaces.open(cfg.dataDir, log)
 	if err != nil {
 		return err
@@ -533,6 +537,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	releaseStaleImageRefs(istore, mgr, log)
+	kubeCtl, err := cfg.kube.open(cfg.cluster.kubeconfig, mgr, kubeSecrets, sshd.AuthorizedKeys(signers)[0], log)
+	if err != nil {
+		return err
+	}
 	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusPaused, gateway.StatusFailed)
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
@@ -604,6 +612,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 			mounted.ServeHTTP(w, r)
 		})
 	}
+	handler = sandboxRouter(handler, rest.PreviewSession(cfg.previewDomain))
 	srv := &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.readHeaderTimeout,
@@ -667,6 +676,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}()
 	log.Info("listening", "url", url, "data_dir", cfg.dataDir, "sandbox", driver.Name())
 	warnPreviewReach(log, cfg, ln.Addr())
+	stopKube := runKube(ctx, kubeCtl, cmp.Or(cfg.publicURL, url), log)
 
 	var serveErr error
 	select {
@@ -677,6 +687,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		}
 	case serveErr = <-served:
 	}
+	stopKube() // the Lease is let go; no create races the shutdown
 	drain, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(drain); err != nil { // stop accepting; REST requests in flight finish

@@ -39,7 +39,10 @@ var forbidden = map[string][]string{
 	"audit":              {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "internal", "egress", "dataplane"},
 	// cluster wraps the gateway's store and relays requests by HTTP: it
 	// reaches sessions only through gateway, never the API's or SSH's code.
-	"cluster":          {"rest", "tunnel", "sshd", "cmd", "sftpd", "sandbox/", "images", "dataplane", "workspace"},
+	"cluster": {"rest", "tunnel", "sshd", "cmd", "sftpd", "sandbox/", "images", "dataplane", "workspace"},
+	// kube is the gateway's Kubernetes controller: it drives the Manager
+	// in process, never the API or the tunnel.
+	"kube":             {"rest", "tunnel", "sshd", "cmd", "sftpd", "sandbox/", "dataplane", "cluster"},
 	"internal/metrics": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "images", "egress", "audit", "cluster", "workspace"},
 	// connlimit may import droplog (a leaf), and no other internal package.
 	"internal/connlimit": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/cgroup", "internal/procio",

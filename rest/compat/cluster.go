@@ -30,6 +30,9 @@ func SessionOf(r *http.Request) (id, token string, name func() string) {
 		id, _, _ = strings.Cut(rest, "/")
 		return id, "", nil
 	}
+	if strings.HasPrefix(p, SandboxRouterPrefix+"/") || p == SandboxRouterPrefix {
+		return r.Header.Get(SandboxIDHeader), "", nil
+	}
 	if id, ok := e2bSessionOf(r); ok {
 		// E2B's SDKs send the API key as X-API-Key; the sandbox URL's own
 		// access token is checked by the owner only (docs/compat.md).

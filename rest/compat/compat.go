@@ -85,6 +85,8 @@ func NewWithClose(d Deps) ([]rest.Mount, func(context.Context) error) {
 		{Prefix: "/compat/sandkasten", Handler: router(newSandkasten(dp).mount)},
 		{Prefix: "/compat/agent-sandbox", Handler: router(dp.mountAgentSandbox), Before: agentSandboxAPIKey},
 	}
+	rt := &routerAPI{d: dp}
+	mounts = append(mounts, rest.Mount{Prefix: SandboxRouterPrefix, Handler: router(rt.mount), Credential: rt.credential})
 	if ss, ok := d.Sessions.(e2b.Sessions); ok {
 		mounts = append(mounts, e2b.New(e2b.Deps{Sessions: ss, Plane: d.Plane, Key: d.Links.Key, ImageAliases: d.ImageAliases, Log: d.Log})...)
 	}

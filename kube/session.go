@@ -1,0 +1,409 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/sandgate/sandgate/gateway"
+)
+
+// SessionSpec is a Session's spec: the REST create body's fields, with
+// the same names and units, secrets naming Kubernetes Secrets.
+type SessionSpec struct {
+	Image        string                   `json:"image,omitempty"`
+	TTL          int                      `json:"ttl,omitempty"` // seconds
+	Egress       gateway.EgressEntries    `json:"egress,omitempty"`
+	Resources    *gateway.ResourceRequest `json:"resources,omitempty"`
+	Workspace    string                   `json:"workspace,omitempty"`
+	FromSnapshot string                   `json:"fromSnapshot,omitempty"`
+	Labels       map[string]string        `json:"labels,omitempty"`
+	SSHPublicKey string                   `json:"sshPublicKey,omitempty"`
+	Secrets      []SessionSecret          `json:"secrets,omitempty"`
+}
+
+// SessionSecret is one secret of a Session: its value is key of the
+// Kubernetes Secret secretRef.name in the Session's namespace. Without
+// hosts it is the environment variable name; with hosts the egress proxy
+// sets it as a header on requests to them (REST's bound secret).
+type SessionSecret struct {
+	Name      string    `json:"name"`
+	SecretRef SecretRef `json:"secretRef"`
+	Hosts     []string  `json:"hosts,omitempty"`
+	Header    string    `json:"header,omitempty"`
+	Format    string    `json:"format,omitempty"`
+}
+
+// SecretRef names a key of a Kubernetes Secret.
+type SecretRef struct {
+	Name string `json:"name"`
+	Key  string `json:"key"`
+}
+
+// Phases of a Session.
+const (
+	PhasePending = "Pending"
+	PhaseRunning = "Running"
+	PhaseFailed  = "Failed"
+	PhaseEnded   = "Ended"
+)
+
+// credentialsSecret is the name of the Secret holding obj's credentials.
+func credentialsSecret(obj *unstructured.Unstructured, suffix string) string {
+	n := obj.GetName() + suffix
+	if len(n) > 253 {
+		n = n[:253]
+	}
+	return n
+}
+
+func (c *Controller) reconcileSession(ctx context.Context, ns, name string) error {
+	obj, err := c.get(ns, name, SessionGVR)
+	if obj == nil || err != nil {
+		return err
+	}
+	res := c.dyn.Resource(SessionGVR).Namespace(ns)
+	p := c.principal(ns)
+	id, _, _ := unstructured.NestedString(obj.Object, "status", "sessionId")
+	secretName := credentialsSecret(obj, "-sandgate")
+	if obj.GetDeletionTimestamp() != nil {
+		return c.finish(ctx, res, obj, sessionFinalizer, p, id, secretName)
+	}
+	if !slices.Contains(obj.GetFinalizers(), sessionFinalizer) {
+		obj.SetFinalizers(append(obj.GetFinalizers(), sessionFinalizer))
+		if obj, err = res.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
+			return ignoreGone(err)
+		}
+	}
+	if id != "" {
+		return c.refresh(ctx, res, obj, p, id)
+	}
+	if phase, _, _ := unstructured.NestedString(obj.Object, "status", "phase"); phase == PhaseFailed {
+		return nil // a spec the gateway refused: the user deletes or replaces it
+	}
+	var spec SessionSpec
+	if err := convert(obj.Object["spec"], &spec); err != nil {
+		return c.fail(ctx, res, obj, "InvalidSpec", err.Error())
+	}
+	cp := gateway.CreateParams{
+		TTL: spec.TTL, Image: spec.Image, SSHPublicKey: spec.SSHPublicKey, Resources: spec.Resources, Egress: spec.Egress,
+		Workspace: gateway.WorkspaceRef{Name: spec.Workspace, FromSnapshot: spec.FromSnapshot},
+		// A retry after a failure past the create finds the session (a
+		// replay) instead of making another one.
+		IdempotencyKey: "k8s-" + string(obj.GetUID()),
+		Metadata:       map[string]any{"kubernetes": map[string]any{"namespace": ns, "name": name, "kind": "Session"}},
+	}
+	for k, v := range spec.Labels {
+		cp.Metadata[k] = v
+	}
+	for _, s := range spec.Secrets {
+		v, err := c.secretValue(ctx, ns, s.SecretRef)
+		if err != nil {
+			return c.secretProblem(ctx, res, obj, err)
+		}
+		c.cfg.Secrets.Set(p.Tenant, s.Name, v)
+		cp.Secrets = append(cp.Secrets, gateway.SecretRef{Name: s.Name, Hosts: s.Hosts, Header: s.Header, Format: s.Format})
+	}
+	return c.createSession(ctx, res, obj, p, cp, secretName, nil)
+}
+
+// createSession makes cp's session for obj, the credentials Secret
+// (with extra keys) and the status.
+func (c *Controller) createSession(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, p gateway.Principal,
+	cp gateway.CreateParams, secretName string, extra map[string]string,
+) error {
+	s, pw, err := c.cfg.Sessions.Create(ctx, p, cp)
+	if err != nil {
+		ge, ok := errors.AsType[*gateway.Error](err)
+		if ok && permanent(ge) {
+			return c.fail(ctx, res, obj, reasonOf(ge.Code), ge.Message)
+		}
+		if ok && ge.Kind == gateway.KindQuota { // waits for room, with backoff
+			st := map[string]any{"phase": PhasePending, "observedGeneration": obj.GetGeneration()}
+			if perr := c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, reasonOf(ge.Code), ge.Message)); perr != nil {
+				return perr
+			}
+		}
+		return err // retried
+	}
+	if pw != "" { // made now: its password is only here
+		if err := c.writeCredentials(ctx, obj, secretName, s.ID, pw, extra); err != nil {
+			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
+			return err
+		}
+	} else if _, err := c.core.CoreV1().Secrets(obj.GetNamespace()).Get(ctx, secretName, metav1.GetOptions{}); err != nil {
+		// A replay whose Secret is gone: the password is lost; end the
+		// session and make another on the next pass.
+		if apierrors.IsNotFound(err) {
+			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
+			return fmt.Errorf("session %s: credentials Secret %s missing", s.ID, secretName)
+		}
+		return err
+	}
+	return c.writeStatus(ctx, res, obj, s, secretName)
+}
+
+// writeCredentials creates (or replaces) the Secret, owned by obj.
+func (c *Controller) writeCredentials(ctx context.Context, obj *unstructured.Unstructured, name, id, pw string, extra map[string]string) error {
+	data := map[string]string{
+		"sessionId":   id,
+		"username":    c.cfg.SSHUsername,
+		"password":    pw,
+		"endpoint":    c.restURL(id),
+		"connectPath": "/v1/sessions/" + id,
+	}
+	if c.cfg.HostKey != "" {
+		data["knownHosts"] = "* " + c.cfg.HostKey
+	}
+	for k, v := range extra {
+		data[k] = v
+	}
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: obj.GetNamespace(),
+			Labels:          map[string]string{"app.kubernetes.io/managed-by": "sandgate", "sandgate.dev/session": id},
+			OwnerReferences: []metav1.OwnerReference{ownerRef(obj)},
+		},
+		Type:       "sandgate.dev/session",
+		StringData: data,
+	}
+	secrets := c.core.CoreV1().Secrets(obj.GetNamespace())
+	_, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("credentials Secret %s/%s: %w", obj.GetNamespace(), name, err)
+	}
+	return nil
+}
+
+func ownerRef(obj *unstructured.Unstructured) metav1.OwnerReference {
+	t := true
+	return metav1.OwnerReference{APIVersion: obj.GetAPIVersion(), Kind: obj.GetKind(), Name: obj.GetName(), UID: obj.GetUID(), Controller: &t, BlockOwnerDeletion: &t}
+}
+
+func (c *Controller) restURL(id string) string {
+	return strings.TrimSuffix(c.cfg.PublicURL, "/") + "/v1/sessions/" + id
+}
+
+// writeStatus records s in obj's status.
+func (c *Controller) writeStatus(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, s *gateway.Session, secretName string) error {
+	snap := s.Snapshot()
+	phase, ready, reason := PhaseRunning, metav1.ConditionTrue, "SessionRunning"
+	switch snap.Status {
+	case gateway.StatusRunning, gateway.StatusStopped:
+	case gateway.StatusFailed:
+		phase, ready, reason = PhaseFailed, metav1.ConditionFalse, "SessionFailed"
+	default:
+		phase, ready, reason = PhaseEnded, metav1.ConditionFalse, "SessionEnded"
+	}
+	st := map[string]any{
+		"sessionId":          snap.ID,
+		"phase":              phase,
+		"node":               c.cfg.Identity,
+		"expiresAt":          snap.ExpiresAt.UTC().Format(time.RFC3339),
+		"credentialsSecret":  secretName,
+		"endpoint":           map[string]any{"rest": c.restURL(snap.ID), "ssh": c.cfg.SSHUsername + "@" + snap.ID, "connectPath": "/v1/sessions/" + snap.ID},
+		"observedGeneration": obj.GetGeneration(),
+	}
+	msg := "the session runs"
+	if snap.StatusReason != "" {
+		msg = snap.StatusReason
+	} else if phase == PhaseEnded {
+		msg = "the session " + snap.Status
+	}
+	return c.putStatus(ctx, res, obj, st, condition(obj, "Ready", ready, reason, msg))
+}
+
+// refresh brings the status of obj, whose session is id, up to date.
+func (c *Controller) refresh(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, p gateway.Principal, id string) error {
+	s, err := c.cfg.Sessions.Get(ctx, p, id)
+	if errors.Is(err, gateway.ErrNotFound) {
+		if phase, _, _ := unstructured.NestedString(obj.Object, "status", "phase"); phase == PhaseEnded || phase == PhaseFailed {
+			return nil
+		}
+		st, _, _ := unstructured.NestedMap(obj.Object, "status")
+		st["phase"] = PhaseEnded
+		return c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, "SessionEnded", "the session is gone (its TTL passed, or it was deleted)"))
+	}
+	if err != nil {
+		return err
+	}
+	st, _, _ := unstructured.NestedMap(obj.Object, "status")
+	if st["phase"] == PhaseRunning && s.Live() && st["expiresAt"] == s.ExpiresAt().UTC().Format(time.RFC3339) {
+		return nil
+	}
+	secretName, _ := st["credentialsSecret"].(string)
+	return c.writeStatus(ctx, res, obj, s, secretName)
+}
+
+// fail marks obj failed for reason; the gateway is not asked again.
+func (c *Controller) fail(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, reason, msg string) error {
+	st := map[string]any{"phase": PhaseFailed, "observedGeneration": obj.GetGeneration()}
+	return c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, reason, msg))
+}
+
+// secretProblem records a Secret that could not be read; a missing one
+// is looked for again (it may be created later).
+func (c *Controller) secretProblem(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, err error) error {
+	st := map[string]any{"phase": PhasePending, "observedGeneration": obj.GetGeneration()}
+	if perr := c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, "SecretNotFound", err.Error())); perr != nil {
+		return perr
+	}
+	return err
+}
+
+// putStatus writes st, with cond among its conditions, as obj's status.
+func (c *Controller) putStatus(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, st map[string]any, cond map[string]any) error {
+	obj = obj.DeepCopy()
+	old, _, _ := unstructured.NestedSlice(obj.Object, "status", "conditions")
+	st["conditions"] = setCondition(old, cond)
+	obj.Object["status"] = st
+	_, err := res.UpdateStatus(ctx, obj, metav1.UpdateOptions{})
+	return ignoreGone(err)
+}
+
+// finish ends obj's session and Secret, then lets the deletion go on.
+func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, finalizer string, p gateway.Principal, id, secretName string) error {
+	if !slices.Contains(obj.GetFinalizers(), finalizer) {
+		return nil
+	}
+	if id == "" {
+		// A create may have made the session before its status was
+		// written: the create's key finds it.
+		if sid := c.sessionOfSecret(ctx, obj.GetNamespace(), secretName); sid != "" {
+			id = sid
+		}
+	}
+	if id != "" {
+		if err := c.cfg.Sessions.Delete(ctx, p, id); err != nil && !errors.Is(err, gateway.ErrNotFound) {
+			return fmt.Errorf("delete session %s: %w", id, err)
+		}
+	}
+	// Owner references would collect it too, where a garbage collector
+	// runs; the controller does not wait for one.
+	err := c.core.CoreV1().Secrets(obj.GetNamespace()).Delete(ctx, secretName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	obj.SetFinalizers(slices.DeleteFunc(obj.GetFinalizers(), func(f string) bool { return f == finalizer }))
+	_, err = res.Update(ctx, obj, metav1.UpdateOptions{})
+	return ignoreGone(err)
+}
+
+func (c *Controller) sessionOfSecret(ctx context.Context, ns, name string) string {
+	s, err := c.core.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	return string(s.Data["sessionId"])
+}
+
+// secretValue reads ref in namespace ns.
+func (c *Controller) secretValue(ctx context.Context, ns string, ref SecretRef) (string, error) {
+	s, err := c.core.CoreV1().Secrets(ns).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("secret %s/%s: %w", ns, ref.Name, err)
+	}
+	v, ok := s.Data[ref.Key]
+	if !ok {
+		return "", fmt.Errorf("secret %s/%s has no key %q", ns, ref.Name, ref.Key)
+	}
+	return string(v), nil
+}
+
+// get reads ns/name of gvr from the informer's cache (nil: gone).
+func (c *Controller) get(ns, name string, gvr schema.GroupVersionResource) (*unstructured.Unstructured, error) {
+	o, err := c.dynInf.ForResource(gvr).Lister().ByNamespace(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	u, ok := o.(*unstructured.Unstructured)
+	if !ok {
+		return nil, nil
+	}
+	return u.DeepCopy(), nil
+}
+
+func ignoreGone(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// convert decodes an unstructured value into v, by JSON.
+func convert(in any, v any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// permanent reports whether another try of the same create fails the
+// same way: a refused spec, not a full or failing gateway.
+func permanent(ge *gateway.Error) bool {
+	switch ge.Kind {
+	case gateway.KindUnavailable, gateway.KindInternal, gateway.KindQuota, gateway.KindUpstream:
+		return false
+	}
+	return true
+}
+
+// reasonOf turns an error code (quota_exceeded) into a condition reason
+// (QuotaExceeded).
+func reasonOf(code string) string {
+	var b strings.Builder
+	for w := range strings.SplitSeq(code, "_") {
+		if w != "" {
+			b.WriteString(strings.ToUpper(w[:1]) + w[1:])
+		}
+	}
+	if b.Len() == 0 {
+		return "Failed"
+	}
+	return b.String()
+}
+
+// condition is a metav1.Condition as unstructured, keeping the old
+// transition time when the status is unchanged.
+func condition(obj *unstructured.Unstructured, typ string, status metav1.ConditionStatus, reason, msg string) map[string]any {
+	return map[string]any{
+		"type": typ, "status": string(status), "reason": reason, "message": msg,
+		"observedGeneration": obj.GetGeneration(),
+		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+	}
+}
+
+// setCondition puts cond into conds, replacing one of its type (and
+// keeping that one's transition time when the status did not change).
+func setCondition(conds []any, cond map[string]any) []any {
+	for i, o := range conds {
+		m, ok := o.(map[string]any)
+		if !ok || m["type"] != cond["type"] {
+			continue
+		}
+		if m["status"] == cond["status"] {
+			cond["lastTransitionTime"] = m["lastTransitionTime"]
+		}
+		conds[i] = cond
+		return conds
+	}
+	return append(conds, cond)
+}

@@ -283,11 +283,11 @@ s.close(); print('left')"`
 		c.Process.Kill()
 		t.Fatal("the client did not end")
 	}
-	for range 1200 { // a minute, far below the ask timeout
+	for range 120 { // a minute, far below the ask timeout (and the API's rate limit)
 		if pending() == 0 {
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond)
 	}
 	t.Fatal("the client left, but its connection stays parked")
 }

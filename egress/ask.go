@@ -21,7 +21,9 @@ import (
 // connection bounds (per session, per tenant, gateway-wide; limits.go)
 // all the while, so parking cannot hold more descriptors than they allow.
 // The parked connections are bounded besides, per session
-// (Config.MaxPending) and on the gateway (Config.MaxPendingTotal).
+// (Config.MaxPending), per tenant (Config.MaxPendingPerTenant: one
+// tenant's sessions cannot take every place the gateway has) and on the
+// gateway (Config.MaxPendingTotal).
 //
 // The resolver (answerDNS) in ask mode answers a name outside the list
 // too, when the operator's ceiling allows it on some port: a raw TCP
@@ -36,9 +38,10 @@ import (
 
 // The defaults of the approvals' bounds.
 const (
-	DefaultAskTimeout      = 60 * time.Second
-	DefaultMaxPending      = 64
-	DefaultMaxPendingTotal = 1024
+	DefaultAskTimeout          = 60 * time.Second
+	DefaultMaxPending          = 64
+	DefaultMaxPendingPerTenant = 256
+	DefaultMaxPendingTotal     = 1024
 )
 
 // The results of an approval, as the audit trail records them.
@@ -52,6 +55,7 @@ const (
 // answers them in the X-Sandgate-Code header of its 429 or 503.
 const (
 	CodeAskPendingSession = "ask_pending_limit"
+	CodeAskPendingTenant  = "ask_pending_tenant_limit"
 	CodeAskPendingGateway = "ask_pending_gateway_limit"
 )
 
@@ -161,8 +165,8 @@ func (s *Session) Decide(id string, allow, all bool) bool {
 	}
 	for _, q := range take {
 		delete(s.asks.m, q.ID)
-		s.p.pending.Add(-1)
 	}
+	s.releasePending(len(take))
 	s.asks.notifyLocked()
 	s.asks.mu.Unlock()
 	for _, q := range take {
@@ -188,10 +192,8 @@ func (s *Session) park(host string, port uint16, via, ua string) (*parked, *deni
 		return nil, &denial{Status: http.StatusTooManyRequests, Code: CodeAskPendingSession,
 			Reason: fmt.Sprintf("too many connections waiting for approval (at most %d per session; serve --egress-ask-max-pending)", s.p.cfg.MaxPending)}
 	}
-	if s.p.pending.Add(1) > int64(s.p.cfg.MaxPendingTotal) {
-		s.p.pending.Add(-1)
-		return nil, &denial{Status: http.StatusServiceUnavailable, Code: CodeAskPendingGateway,
-			Reason: fmt.Sprintf("too many connections waiting for approval on this gateway (at most %d; serve --egress-ask-max-pending-total); try again later", s.p.cfg.MaxPendingTotal)}
+	if d := s.takePending(); d != nil {
+		return nil, d
 	}
 	if s.asks.m == nil {
 		s.asks.m = make(map[string]*parked)
@@ -210,9 +212,40 @@ func (s *Session) unpark(p *parked) bool {
 		return false
 	}
 	delete(s.asks.m, p.ID)
-	s.p.pending.Add(-1)
+	s.releasePending(1)
 	s.asks.notifyLocked()
 	return true
+}
+
+// takePending counts a parked connection of s's tenant against the
+// tenant's and the gateway's bounds: the denial past one, nil when
+// counted.
+func (s *Session) takePending() *denial {
+	p := s.p
+	p.tmu.Lock()
+	defer p.tmu.Unlock()
+	if p.pendingTenants[s.tenant] >= p.cfg.MaxPendingPerTenant {
+		return &denial{Status: http.StatusTooManyRequests, Code: CodeAskPendingTenant,
+			Reason: fmt.Sprintf("too many connections of this tenant's sessions waiting for approval (at most %d; serve --egress-ask-max-pending-per-tenant)", p.cfg.MaxPendingPerTenant)}
+	}
+	if p.pending.Load() >= int64(p.cfg.MaxPendingTotal) {
+		return &denial{Status: http.StatusServiceUnavailable, Code: CodeAskPendingGateway,
+			Reason: fmt.Sprintf("too many connections waiting for approval on this gateway (at most %d; serve --egress-ask-max-pending-total); try again later", p.cfg.MaxPendingTotal)}
+	}
+	p.pending.Add(1)
+	p.pendingTenants[s.tenant]++
+	return nil
+}
+
+// releasePending uncounts n parked connections of s's tenant.
+func (s *Session) releasePending(n int) {
+	p := s.p
+	p.tmu.Lock()
+	defer p.tmu.Unlock()
+	p.pending.Add(-int64(n))
+	if p.pendingTenants[s.tenant] -= n; p.pendingTenants[s.tenant] <= 0 {
+		delete(p.pendingTenants, s.tenant)
+	}
 }
 
 // ask is the approval of a connection to host:port, which pol's

@@ -168,3 +168,38 @@ func TestAskSessionClose(t *testing.T) {
 		t.Errorf("%d pending after Close", n)
 	}
 }
+
+// The parked connections are bounded per tenant too (429
+// ask_pending_tenant_limit): one tenant's sessions cannot take every
+// place the gateway has, another tenant's session still parks.
+func TestAskTenantBound(t *testing.T) {
+	up := okTLSServer(t, "ok")
+	port := serverPort(t, up.URL)
+	p, _ := newTestProxy(t, Config{AllowCIDRs: loopback, Hosts: hostsFor("ask.test"), MaxPending: 2, MaxPendingPerTenant: 3, MaxPendingTotal: 10, AskTimeout: time.Minute})
+	a, aURL := startTenantSession(t, p, "one", "a", askPolicy(t, "none.test"), nil)
+	b, bURL := startTenantSession(t, p, "one", "b", askPolicy(t, "none.test"), nil)
+	c, cURL := startTenantSession(t, p, "two", "c", askPolicy(t, "none.test"), nil)
+	target := "ask.test:" + port
+	sendConnect(t, aURL, target)
+	sendConnect(t, aURL, target)
+	sendConnect(t, bURL, target)
+	waitPending(t, a, 2)
+	waitPending(t, b, 1)
+	resp, body := sendConnect(t, bURL, target)()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("X-Sandgate-Code") != CodeAskPendingTenant || !strings.Contains(body, "--egress-ask-max-pending-per-tenant") {
+		t.Errorf("past the tenant's bound: %d %q %q", resp.StatusCode, resp.Header.Get("X-Sandgate-Code"), body)
+	}
+	sendConnect(t, cURL, target)
+	waitPending(t, c, 1)
+	for _, s := range []*Session{a, b, c} {
+		for _, pd := range s.Pending() {
+			s.Decide(pd.ID, false, false)
+		}
+	}
+	p.tmu.Lock()
+	left := len(p.pendingTenants)
+	p.tmu.Unlock()
+	if n := p.pending.Load(); n != 0 || left != 0 {
+		t.Errorf("%d pending, %d tenants counted after every decision", n, left)
+	}
+}

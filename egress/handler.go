@@ -220,6 +220,19 @@ func hostHeader(host string, port, defaultPort uint16) string {
 	return hostPort(host, port)
 }
 
+// upgradeOf returns the protocol a request asks to switch to (its
+// Upgrade header, when Connection names it), "" when none.
+func upgradeOf(h http.Header) string {
+	for _, v := range h.Values("Connection") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return strings.TrimSpace(h.Get("Upgrade"))
+			}
+		}
+	}
+	return ""
+}
+
 // writeDenial answers d, its code (if any) in the X-Sandgate-Code header.
 func writeDenial(w http.ResponseWriter, target string, d *denial) {
 	if d.Code != "" {
@@ -368,10 +381,18 @@ func (s *Session) handlePlain(w http.ResponseWriter, r *http.Request) {
 // from a transparent connection (servePlainConn) alike. Placeholders are
 // stripped: secrets never travel in cleartext.
 func (s *Session) forwardPlain(w http.ResponseWriter, r *http.Request, rec *record, pol *Policy, host string, port uint16) {
+	target := hostPort(host, port)
+	if up := upgradeOf(r.Header); up != "" && !strings.EqualFold(up, "websocket") && pol.Allow.OnlyRules(host, port) {
+		// After a protocol switch the rules could not read the requests
+		// (h2c would carry any method and path): only WebSocket, whose
+		// opening request the rules judged, goes on.
+		rec.deny("an Upgrade to a host held to rules per request")
+		writeLine(w, http.StatusForbidden, fmt.Sprintf("%s %s%s denied: Upgrade %.64q to a host held to rules per request (only websocket)", r.Method, target, r.URL.EscapedPath(), up))
+		return
+	}
 	if !s.checkTripwire(w, r, pol, rec, host, port) {
 		return
 	}
-	target := hostPort(host, port)
 	rec.allow()
 	ctx, x, stop := s.plainStall(r, rec, target)
 	defer stop()

@@ -68,12 +68,16 @@ func (c *Config) setLimits(nofile uint64) error {
 	if c.MaxPendingTotal <= 0 {
 		c.MaxPendingTotal = DefaultMaxPendingTotal
 	}
+	if c.MaxPendingPerTenant <= 0 {
+		c.MaxPendingPerTenant = DefaultMaxPendingPerTenant
+	}
 	if c.MaxPending <= 0 {
 		c.MaxPending = DefaultMaxPending
 	}
 	// A parked connection is a connection: more could never be parked.
 	c.MaxPendingTotal = min(c.MaxPendingTotal, c.MaxConnsTotal)
-	c.MaxPending = min(c.MaxPending, c.MaxPendingTotal, c.MaxConns)
+	c.MaxPendingPerTenant = min(c.MaxPendingPerTenant, c.MaxPendingTotal, c.MaxConnsPerTenant)
+	c.MaxPending = min(c.MaxPending, c.MaxPendingPerTenant, c.MaxConns)
 	return nil
 }
 
@@ -83,14 +87,16 @@ type Limits struct {
 	IdleTimeout, HalfCloseTimeout              time.Duration
 	RefusalsPerSecond                          int
 	AskTimeout                                 time.Duration
-	MaxPending, MaxPendingTotal                int
+	MaxPending, MaxPendingPerTenant            int
+	MaxPendingTotal                            int
 }
 
 // Limits reports the bounds in force, for the start-up log.
 func (p *Proxy) Limits() Limits {
 	return Limits{MaxConns: p.cfg.MaxConns, MaxConnsPerTenant: p.cfg.MaxConnsPerTenant, MaxConnsTotal: p.cfg.MaxConnsTotal,
 		IdleTimeout: p.cfg.IdleTimeout, HalfCloseTimeout: p.cfg.HalfCloseTimeout, RefusalsPerSecond: p.cfg.RefusalsPerSecond,
-		AskTimeout: p.cfg.AskTimeout, MaxPending: p.cfg.MaxPending, MaxPendingTotal: p.cfg.MaxPendingTotal}
+		AskTimeout: p.cfg.AskTimeout, MaxPending: p.cfg.MaxPending, MaxPendingPerTenant: p.cfg.MaxPendingPerTenant,
+		MaxPendingTotal: p.cfg.MaxPendingTotal}
 }
 
 // conns is how many connections tenant holds now.

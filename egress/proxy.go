@@ -59,9 +59,10 @@ type Config struct {
 	// a decision (ask.go); default DefaultAskTimeout.
 	AskTimeout time.Duration
 	// MaxPending bounds the connections parked for approval per session,
-	// MaxPendingTotal on the gateway; defaults DefaultMaxPending and
-	// DefaultMaxPendingTotal (at most MaxConnsTotal).
-	MaxPending, MaxPendingTotal int
+	// MaxPendingPerTenant per tenant, MaxPendingTotal on the gateway;
+	// defaults DefaultMaxPending, DefaultMaxPendingPerTenant and
+	// DefaultMaxPendingTotal (at most MaxConnsPerTenant, MaxConnsTotal).
+	MaxPending, MaxPendingPerTenant, MaxPendingTotal int
 }
 
 // Proxy holds what every session shares: configuration and the gateway's
@@ -81,7 +82,10 @@ type Proxy struct {
 	pace      pacer          // each tenant's refusals
 	namePace  pacer          // each tenant's refused names the log records
 	nameCount nameCounts     // the resolvers' names, per tenant and in all
-	pending   atomic.Int64   // connections parked for approval, against MaxPendingTotal
+	pending   atomic.Int64   // connections parked for approval, against MaxPendingTotal (changed under tmu)
+	// pendingTenants is the parked connections per tenant, against
+	// MaxPendingPerTenant (under tmu).
+	pendingTenants map[string]int
 }
 
 // New makes a Proxy. It records the host's interface addresses as the
@@ -100,12 +104,13 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
-		cfg:      cfg,
-		log:      cfg.Log,
-		resolver: cfg.Resolver,
-		hosts:    make(map[string][]netip.Addr),
-		own:      make(map[netip.Addr]bool),
-		tenants:  make(map[string]int),
+		cfg:            cfg,
+		log:            cfg.Log,
+		resolver:       cfg.Resolver,
+		hosts:          make(map[string][]netip.Addr),
+		own:            make(map[netip.Addr]bool),
+		tenants:        make(map[string]int),
+		pendingTenants: make(map[string]int),
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)

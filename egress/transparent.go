@@ -96,9 +96,13 @@ func (s *Session) handleTransparent(c net.Conn) {
 	pol := s.pol.Load()
 	approved := false
 	if !pol.Allow.Allows(host, port) {
-		// A parked transparent connection is not read meanwhile: one its
-		// client gave up on waits for the decision or the timeout.
-		if d := s.ask(ctx, pol, host, port, "transparent", ""); d != nil {
+		// A parked transparent connection is not read meanwhile (its
+		// first bytes wait in the socket); one its client closes or
+		// resets is let go at once (whilePeerOpen).
+		askCtx, stopWatch := whilePeerOpen(ctx, c)
+		d := s.ask(askCtx, pol, host, port, "transparent", "")
+		stopWatch()
+		if d != nil {
 			rec.deny(d.Reason)
 			refuse(c)
 			return
@@ -140,6 +144,40 @@ func (s *Session) handleTransparent(c net.Conn) {
 		s.intercept(t)
 	} else {
 		s.splice(t)
+	}
+}
+
+// peerPoll is how often a parked transparent connection is looked at for
+// its client leaving (whilePeerOpen).
+const peerPoll = 500 * time.Millisecond
+
+// whilePeerOpen returns a context that ends with ctx, or as soon as c's
+// peer has closed or reset the connection (peerClosed, polled every
+// peerPoll), and its stop, which ends the poll and waits for it. A client
+// that only half-closes (shutdown(SHUT_WR), as nc -N does) while it waits
+// looks the same as one that left, and is let go too.
+func whilePeerOpen(ctx context.Context, c net.Conn) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(peerPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if peerClosed(c) {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() {
+		cancel()
+		<-done
 	}
 }
 

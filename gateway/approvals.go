@@ -59,13 +59,65 @@ func (s *Session) EgressPending() ([]egress.Pending, <-chan struct{}) {
 	return ps.Pending(), changed
 }
 
-// MaxEgressFollowers bounds the streams of a session's pending
-// connections (GET .../egress/pending?follow=true) open at once: each
-// holds a connection and a goroutine of the gateway.
-const MaxEgressFollowers = 8
+// The bounds of the streams of pending connections (GET
+// .../egress/pending?follow=true) open at once: each holds a connection
+// and a goroutine of the gateway. Per session and per tenant past them:
+// 429 too_many_followers; on the gateway: 503 followers_gateway_limit.
+const (
+	MaxEgressFollowers          = 8
+	MaxEgressFollowersPerTenant = 64
+	MaxEgressFollowersTotal     = 1024
+)
 
-// FollowEgress counts a new stream of the session's pending connections:
-// release ends it; an error past MaxEgressFollowers.
+// followers counts the streams of pending connections per tenant and in
+// all.
+type followers struct {
+	mu       sync.Mutex
+	byTenant map[string]int
+	total    int
+}
+
+// FollowEgress counts a new stream of s's pending connections against
+// the session's, its tenant's and the gateway's bounds: release ends it;
+// an error past one.
+func (m *Manager) FollowEgress(s *Session) (release func(), err error) {
+	f := &m.followers
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.byTenant[s.Tenant] >= MaxEgressFollowersPerTenant:
+		return nil, &Error{Kind: KindQuota, Code: "too_many_followers",
+			Message: fmt.Sprintf("at most %d streams of pending connections are open at once in all of a tenant's sessions; close one", MaxEgressFollowersPerTenant)}
+	case f.total >= MaxEgressFollowersTotal:
+		return nil, &Error{Kind: KindUnavailable, Code: "followers_gateway_limit",
+			Message: fmt.Sprintf("this gateway has %d streams of pending connections open, as many as it may; try again later", MaxEgressFollowersTotal)}
+	}
+	rs, err := s.FollowEgress()
+	if err != nil {
+		return nil, err
+	}
+	if f.byTenant == nil {
+		f.byTenant = make(map[string]int)
+	}
+	f.byTenant[s.Tenant]++
+	f.total++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			rs()
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.total--
+			if f.byTenant[s.Tenant]--; f.byTenant[s.Tenant] <= 0 {
+				delete(f.byTenant, s.Tenant)
+			}
+		})
+	}, nil
+}
+
+// FollowEgress counts a new stream of the session's pending connections
+// against MaxEgressFollowers only (Manager.FollowEgress counts the
+// tenant's and the gateway's as well): release ends it; an error past it.
 func (s *Session) FollowEgress() (release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -98,6 +98,9 @@ type Manager struct {
 	inflight map[idemKey][32]byte // idempotency keys of creates in progress, to their payload's fingerprint
 	naming   map[nameKey]struct{} // names of creates in progress (names.go)
 	stopping bool                 // Shutdown has begun: sandboxes end on purpose
+	// followers counts the streams of pending connections per tenant
+	// and in all (approvals.go).
+	followers followers
 	// writeMu orders the writes of records that Update and saveActivity
 	// make from snapshots, so an older snapshot never overwrites a newer one.
 	writeMu sync.Mutex

@@ -11,6 +11,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/internal/gwtest"
@@ -39,8 +41,9 @@ func TestServerEgressApprovals(t *testing.T) {
 	bounds, _ := egress.ParseBounds([]string{"*"})
 	st := gwtest.Start(t, gwtest.Options{Manager: gateway.Config{Egress: &gateway.EgressConfig{Proxy: proxy, Bounds: bounds}}})
 	srv := mcpserver.New(mcpserver.Options{
-		Client: &mcpserver.Client{BaseURL: st.URL + "/v1", Token: st.Token},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Client:          &mcpserver.Client{BaseURL: st.URL + "/v1", Token: st.Token},
+		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		EgressDecisions: true,
 	})
 	cs, _ := connect(t, srv)
 	var created mcpserver.CreateSessionOutput
@@ -77,4 +80,33 @@ func TestServerEgressApprovals(t *testing.T) {
 		t.Error("deciding it again: want pending_not_found")
 	}
 	call(t, cs, "delete_session", map[string]any{"session": created.SessionID}, nil)
+}
+
+// TestServerEgressDecisionsOff: without Options.EgressDecisions (sandgate
+// mcp without --egress-decisions, the default) decide_egress is neither
+// listed nor callable: the model cannot approve its own sandbox's
+// connections; list_egress_pending is offered either way.
+func TestServerEgressDecisionsOff(t *testing.T) {
+	st := gwtest.Start(t, gwtest.Options{})
+	for _, on := range []bool{false, true} {
+		srv := mcpserver.New(mcpserver.Options{Client: &mcpserver.Client{BaseURL: st.URL + "/v1", Token: st.Token}, EgressDecisions: on})
+		cs, _ := connect(t, srv)
+		tools, err := cs.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := map[string]bool{}
+		for _, tl := range tools.Tools {
+			names[tl.Name] = true
+		}
+		if names["decide_egress"] != on || !names["list_egress_pending"] {
+			t.Errorf("EgressDecisions %v: decide_egress listed %v, list_egress_pending %v", on, names["decide_egress"], names["list_egress_pending"])
+		}
+		if !on {
+			res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "decide_egress", Arguments: map[string]any{"pendingId": "x", "decision": "allow"}})
+			if err == nil && !res.IsError {
+				t.Error("decide_egress answered without EgressDecisions")
+			}
+		}
+	}
 }

@@ -90,15 +90,17 @@ Returns at most %d KiB per call: when truncated is true, call again with offset=
 	mcp.AddTool(s.mcp, &mcp.Tool{
 		Name:        "list_egress_pending",
 		Title:       "List connections waiting for approval",
-		Description: `Lists the sandbox's network connections waiting for approval: a session created with egressMode "ask" parks a connection to a destination outside its egress list until it is allowed or denied (decide_egress), or until the gateway's ask timeout (60 s by default), which denies it. Each has an id, host, port, since, via (proxy or transparent) and, for proxy requests, the userAgent. With wait (seconds, at most 45) it waits until at least one is waiting. ` + lifecycle,
+		Description: `Lists the sandbox's network connections waiting for approval: a session created with egressMode "ask" parks a connection to a destination outside its egress list until it is allowed or denied (through the gateway's API or console, or decide_egress when this MCP server offers it), or until the gateway's ask timeout (60 s by default), which denies it. Each has an id, host, port, since, via (proxy or transparent) and, for proxy requests, the userAgent. With wait (seconds, at most 45) it waits until at least one is waiting. ` + lifecycle,
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: ptr(false)},
 	}, bind(s, s.listEgressPending))
-	mcp.AddTool(s.mcp, &mcp.Tool{
-		Name:        "decide_egress",
-		Title:       "Allow or deny a waiting connection",
-		Description: `Allows or denies a connection list_egress_pending returned. Opening the network is the user's decision: ask the user before allowing a destination. With remember, the session keeps the decision for that host:port (allow adds it to the egress list, deny to a deny list), and other connections waiting for it get the same answer. A connection that no longer waits (decided, timed out) answers pending_not_found. Without a "session" argument it uses this connection's default session, if any.`,
-		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), OpenWorldHint: ptr(true)},
-	}, bind(s, s.decideEgress))
+	if s.decide { // sandgate mcp --egress-decisions (Options.EgressDecisions)
+		mcp.AddTool(s.mcp, &mcp.Tool{
+			Name:        "decide_egress",
+			Title:       "Allow or deny a waiting connection",
+			Description: `Allows or denies a connection list_egress_pending returned. Opening the network is the user's decision: ask the user before allowing a destination. With remember, the session keeps the decision for that host:port (allow adds it to the egress list, deny to a deny list), and other connections waiting for it get the same answer. A connection that no longer waits (decided, timed out) answers pending_not_found. Without a "session" argument it uses this connection's default session, if any.`,
+			Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), OpenWorldHint: ptr(true)},
+		}, bind(s, s.decideEgress))
+	}
 	mcp.AddTool(s.mcp, &mcp.Tool{
 		Name:        "delete_session",
 		Title:       "Delete a sandbox session",

@@ -47,6 +47,13 @@ type Options struct {
 	OutputBytes int
 	// ReadFileBytes caps what read_file returns at once (0: DefaultReadFileBytes).
 	ReadFileBytes int
+	// EgressDecisions offers decide_egress, which allows or denies a
+	// connection an egressMode "ask" session parked. Off by default (the
+	// tool is not listed): approvals exist so that a person decides, and
+	// the MCP client is the model, which reads what the sandbox prints and
+	// can be talked by the very code whose connection waits into letting
+	// it out. list_egress_pending is offered either way.
+	EgressDecisions bool
 }
 
 // Server is one MCP server over one connection: its default session
@@ -58,6 +65,7 @@ type Server struct {
 	mcp      *mcp.Server
 	outBytes int
 	readMax  int
+	decide   bool // offer decide_egress (Options.EgressDecisions)
 	// halt ends when Run's context does: the tools' calls end with it
 	// (bind).
 	halt    context.Context
@@ -76,6 +84,7 @@ func New(opts Options) *Server {
 		sess:     newSessions(opts.Client, log, opts.Attach),
 		outBytes: opts.OutputBytes,
 		readMax:  opts.ReadFileBytes,
+		decide:   opts.EgressDecisions,
 	}
 	s.halt, s.haltNow = context.WithCancel(context.Background())
 	// A session the gateway says is gone (404, 410) is forgotten: the

@@ -24,6 +24,12 @@ type EgressDecider interface {
 	DecideEgress(ctx context.Context, p gateway.Principal, id, pendingID string, allow, remember bool) (egress.Pending, error)
 }
 
+// EgressFollowers bounds the streams of pending connections per session,
+// per tenant and on the gateway (gateway.Manager has it).
+type EgressFollowers interface {
+	FollowEgress(s *gateway.Session) (release func(), err error)
+}
+
 // pendingJSON is one parked connection.
 type pendingJSON struct {
 	ID    string    `json:"id"`
@@ -73,7 +79,11 @@ func (a *api) sessionPending(w http.ResponseWriter, r *http.Request) {
 		_ = WriteJSON(w, http.StatusOK, out)
 		return
 	}
-	release, err := s.FollowEgress()
+	followFn := s.FollowEgress // the session's bound only
+	if f, ok := a.cfg.Sessions.(EgressFollowers); ok {
+		followFn = func() (func(), error) { return f.FollowEgress(s) }
+	}
+	release, err := followFn()
 	if err != nil {
 		WriteGatewayError(w, err)
 		return

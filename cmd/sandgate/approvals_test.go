@@ -228,3 +228,66 @@ except OSError:
 		t.Errorf("follow stream: %s", stream)
 	}
 }
+
+// TestLinuxEgressAskClientGone: a parked transparent connection whose
+// client closes it (here a Python socket that gives up after 2 s) is let
+// go at once, not at --egress-ask-timeout (5 minutes here): it leaves the
+// pending list, its descriptor is released, and no decision is recorded.
+func TestLinuxEgressAskClientGone(t *testing.T) {
+	requireLinuxDriver(t)
+	ssh := gwtest.RequireTool(t, "ssh")
+	f := newEgressFixture(t)
+	g := startGateway(t, append(f.args, "--egress-ask-timeout", "5m")...)
+	var s egressSession
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"egress": []string{"pypi.test:" + f.httpPort}, "egressMode": "ask"}, &s); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	base := "/v1/sessions/" + s.SessionID + "/egress/pending"
+	pending := func() int {
+		var page struct {
+			Pending []pendingItem `json:"pending"`
+		}
+		if code := g.api(t, http.MethodGet, base, nil, &page); code != http.StatusOK {
+			t.Fatalf("pending: %d", code)
+		}
+		return len(page.Pending)
+	}
+	cmd := `env -u HTTP_PROXY -u HTTPS_PROXY -u http_proxy -u https_proxy python3 -c "import socket
+s=socket.create_connection(('other.test', ` + f.httpPort + `), timeout=30); s.sendall(b'GET / HTTP/1.0\r\n\r\n'); s.settimeout(2)
+try:
+    s.recv(100)
+except OSError:
+    pass
+s.close(); print('left')"`
+	c := exec.Command(ssh, append(g.sshOpts(t, s.sessionJSON), s.SessionID, cmd)...)
+	c.Env = g.clientEnv()
+	done := make(chan []byte, 1)
+	go func() { out, _ := c.CombinedOutput(); done <- out }()
+	parked := false
+	for range 1200 {
+		if pending() == 1 {
+			parked = true
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !parked {
+		t.Fatal("the connection was not parked")
+	}
+	select {
+	case out := <-done:
+		if !strings.Contains(string(out), "left") {
+			t.Fatalf("the client: %s", out)
+		}
+	case <-time.After(120 * time.Second):
+		c.Process.Kill()
+		t.Fatal("the client did not end")
+	}
+	for range 120 { // a minute, far below the ask timeout (and the API's rate limit)
+		if pending() == 0 {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Fatal("the client left, but its connection stays parked")
+}

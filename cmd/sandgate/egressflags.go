@@ -32,6 +32,7 @@ type egressFlags struct {
 	tripwireAction                            string
 	askTimeout                                time.Duration
 	askMaxPending, askMaxPendingTotal         int
+	askMaxPendingTenant                       int
 }
 
 func (e *egressFlags) register(fs *flag.FlagSet) {
@@ -48,6 +49,7 @@ func (e *egressFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.tripwireAction, "tripwire-action", "block", "what a request carrying a bound secret's placeholder to a host the secret is not bound to does besides being refused and audited: `block` (nothing more) or stop (the session is stopped)")
 	fs.DurationVar(&e.askTimeout, "egress-ask-timeout", egress.DefaultAskTimeout, "how long a connection of an egressMode \"ask\" session to a host outside its list waits for a decision (POST /v1/sessions/{id}/egress/pending/{pendingId}); a timeout is a denial")
 	fs.IntVar(&e.askMaxPending, "egress-ask-max-pending", egress.DefaultMaxPending, "connections one session may have waiting for approval; past it: 429")
+	fs.IntVar(&e.askMaxPendingTenant, "egress-ask-max-pending-per-tenant", egress.DefaultMaxPendingPerTenant, "connections one tenant's sessions may have waiting for approval in all (at most --egress-max-conns-per-tenant); past it: 429")
 	fs.IntVar(&e.askMaxPendingTotal, "egress-ask-max-pending-total", egress.DefaultMaxPendingTotal, "connections waiting for approval on this gateway (at most --egress-max-conns); past it: 503")
 	fs.DurationVar(&e.halfCloseTimeout, "egress-half-close-timeout", egress.DefaultHalfCloseTimeout, "close an egress tunnel once one side has closed and the other moved no byte for this long")
 }
@@ -66,7 +68,7 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 		name string
 		v    int
 	}{{"--egress-max-conns-per-session", e.maxConnsSession}, {"--egress-max-conns-per-tenant", e.maxConnsTenant}, {"--egress-max-conns", e.maxConns},
-		{"--egress-refusals-per-tenant", e.refusalsPerTenant}, {"--egress-ask-max-pending", e.askMaxPending}, {"--egress-ask-max-pending-total", e.askMaxPendingTotal}} {
+		{"--egress-refusals-per-tenant", e.refusalsPerTenant}, {"--egress-ask-max-pending", e.askMaxPending}, {"--egress-ask-max-pending-per-tenant", e.askMaxPendingTenant}, {"--egress-ask-max-pending-total", e.askMaxPendingTotal}} {
 		if f.v < 0 {
 			return nil, fmt.Errorf("%s %d: want a count, or 0 for the default", f.name, f.v)
 		}
@@ -80,7 +82,7 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	cfg := egress.Config{Log: log, Hosts: map[string][]netip.Addr{}, Metrics: met,
 		MaxConns: e.maxConnsSession, MaxConnsPerTenant: e.maxConnsTenant, MaxConnsTotal: e.maxConns,
 		IdleTimeout: e.idleTimeout, HalfCloseTimeout: e.halfCloseTimeout, RefusalsPerSecond: e.refusalsPerTenant,
-		AskTimeout: e.askTimeout, MaxPending: e.askMaxPending, MaxPendingTotal: e.askMaxPendingTotal}
+		AskTimeout: e.askTimeout, MaxPending: e.askMaxPending, MaxPendingPerTenant: e.askMaxPendingTenant, MaxPendingTotal: e.askMaxPendingTotal}
 	for _, c := range e.allowCIDR {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
@@ -122,7 +124,7 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	}
 	log.Info("egress", "allow", strings.Join(allow, ","), "allow_cidr", cidrs, "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
 		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout.String(), "half_close_timeout", l.HalfCloseTimeout.String(),
-		"refusals_per_tenant", l.RefusalsPerSecond, "ask_timeout", l.AskTimeout.String(), "ask_max_pending", l.MaxPending, "ask_max_pending_total", l.MaxPendingTotal)
+		"refusals_per_tenant", l.RefusalsPerSecond, "ask_timeout", l.AskTimeout.String(), "ask_max_pending", l.MaxPending, "ask_max_pending_per_tenant", l.MaxPendingPerTenant, "ask_max_pending_total", l.MaxPendingTotal)
 	return &gateway.EgressConfig{Proxy: p, Bounds: bounds, TripwireStop: e.tripwireAction == "stop"}, nil
 }
 

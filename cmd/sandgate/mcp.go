@@ -24,6 +24,7 @@ func mcpMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cf.register(fs)
 	attach := fs.String("session", "", "use this existing session as the default session (never deleted by sandgate mcp)")
 	logLevel := fs.String("log-level", "info", "log level on stderr: debug, info, warn, error")
+	decisions := fs.Bool("egress-decisions", false, "offer the decide_egress tool, with which the model allows or denies a connection an egressMode \"ask\" session parked (off: only a person decides, through the API or console; list_egress_pending is offered either way)")
 	pos, code, done := parseCommandFlags(fs, args, `Usage: sandgate mcp [flags]
 
 An MCP server on stdin and stdout whose tools drive the gateway's REST API
@@ -67,7 +68,8 @@ An MCP server on stdin and stdout whose tools drive the gateway's REST API
 			return 1
 		}
 	}
-	srv := mcpserver.New(mcpserver.Options{Client: client, Logger: log, SDKLogger: sdkLog, Attach: *attach, Version: version})
+	srv := mcpserver.New(mcpserver.Options{Client: client, Logger: log, SDKLogger: sdkLog, Attach: *attach, Version: version,
+		EgressDecisions: *decisions})
 	t := &mcp.IOTransport{Reader: readCloser{stdin}, Writer: writeCloser{stdout}, MaxLineLength: mcpserver.MaxMessageBytes}
 	if err := srv.Run(ctx, t); err != nil {
 		log.Error("mcp_server_ended", "err", err)

@@ -133,6 +133,8 @@ func TestMCPTools(t *testing.T) {
 		"start_process":  {"command"},
 		"process_output": {"processId"},
 		"delete_session": nil,
+		// decide_egress only with --egress-decisions.
+		"list_egress_pending": nil,
 	}
 	seen := map[string]bool{}
 	for _, tool := range res.Tools {

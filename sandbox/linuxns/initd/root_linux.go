@@ -98,6 +98,9 @@ func Main(args []string) int {
 	if spec.Probe {
 		return 0
 	}
+	// Building the root left garbage (the spec, the seccomp program,
+	// /etc's files): the sandbox idles on what remains.
+	trimMemory()
 	in.serve()
 	return 1
 }

@@ -96,3 +96,7 @@ func TestLinuxIdleInitMemory(t *testing.T) {
 		}
 	}
 }
+
+// smallInitUsage is what cmd/sandgate-init says when run by hand: a binary
+// that contains it embeds the small init.
+const smallInitUsage = "sandgate-init: the sandbox side of sandgate"

@@ -416,6 +416,25 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	is.NofileSoft, is.NofileHard = d.cfg.Nofile.Soft, d.cfg.Nofile.Hard
 	is.InitNofile = initNofileFor(lim.Pids)
+	// The spec goes out now, without the workspace (and an image's root),
+	// which follow once made (ctl.Attach): meanwhile the init builds what
+	// needs neither, the default root's /etc above all.
+	is.Late = []string{"workspace"}
+	name := ""
+	if img != nil {
+		is.Env, is.WorkingDir = img.Env, img.WorkingDir
+		is.Late = []string{"rootfs", "workspace"}
+		name = img.Name
+	}
+	is.FDs = names
+	hs, err := d.startHandshake(ctx, conn, is, fds)
+	if err != nil {
+		return err
+	}
+	defer hs.stop()
+	procio.CloseFDs(fds)
+	fds, names = nil, nil
+	tr.Mark("init_spec")
 	waited = true
 	if err := <-wsDone; err != nil {
 		return err
@@ -437,20 +456,14 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 			return err
 		}
 		fds, names = append(fds, rootfs), append(names, "rootfs")
-		is.Env, is.WorkingDir = img.Env, img.WorkingDir
 	}
 	ws, err := unix.OpenTree(unix.AT_FDCWD, home, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("workspace mount: %w", err)
 	}
 	fds, names = append(fds, ws), append(names, "workspace")
-	is.FDs = names
 	tr.Mark("workspace_mount")
-	name := ""
-	if img != nil {
-		name = img.Name
-	}
-	if err := d.handshake(ctx, conn, is, name, fds, forkAt); err != nil {
+	if err := hs.finish(ctl.Attach{FDs: names}, fds, name, forkAt); err != nil {
 		return err
 	}
 	// Built: from now on it weighs as much as any running sandbox.
@@ -484,12 +497,43 @@ func ctxErr(ctx context.Context, err error) error {
 // forkAt, when known, is when the init was started: the create's trace
 // shows how long it took to reach its main.
 func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int, forkAt time.Time) error {
+	hs, err := d.startHandshake(ctx, conn, spec, fds)
+	if err != nil {
+		return err
+	}
+	defer hs.stop()
+	return hs.finish(nil, nil, image, forkAt)
+}
+
+// initHandshake is a handshake with a new init under way: its spec is
+// sent, the rest (finish) is to come.
+type initHandshake struct {
+	ctx  context.Context
+	conn *net.UnixConn
+	stop func()
+}
+
+// startHandshake sends the init its spec (and fds), under ctx's deadline
+// until the handshake's stop.
+func (d *Driver) startHandshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, fds []int) (*initHandshake, error) {
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
-	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
-	defer stop()
+	hs := &initHandshake{ctx: ctx, conn: conn, stop: procio.DeadlineOnCancel(ctx, conn.SetDeadline)}
 	if err := ctl.WriteFrame(conn, spec, fds...); err != nil {
-		return fmt.Errorf("send sandbox spec: %w", ctxErr(ctx, err))
+		hs.stop()
+		return nil, fmt.Errorf("send sandbox spec: %w", ctxErr(ctx, err))
+	}
+	return hs, nil
+}
+
+// finish sends what the spec left for later (attach, with fds; nil when
+// it left nothing), and waits until the sandbox is built.
+func (hs *initHandshake) finish(attach any, fds []int, image string, forkAt time.Time) error {
+	ctx, conn := hs.ctx, hs.conn
+	if attach != nil {
+		if err := ctl.WriteFrame(conn, attach, fds...); err != nil {
+			return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, err))
+		}
 	}
 	var ready ctl.Ready
 	got, err := ctl.ReadFrame(conn, &ready)

@@ -93,6 +93,10 @@ type Driver struct {
 	// (tests only, to measure its cost).
 	seccomp   ctl.Seccomp
 	noSeccomp bool
+	// beforeAttach, when set (tests), runs with a new init's pid just
+	// before the gateway moves it into its CPU cgroup and sends its
+	// workspace.
+	beforeAttach func(pid int)
 
 	mu    sync.Mutex
 	slots map[int]string // slot -> sandbox id
@@ -463,6 +467,15 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	fds, names = append(fds, ws), append(names, "workspace")
 	tr.Mark("workspace_mount")
+	// The init goes under the sandboxes' CPU parent before it gets its
+	// workspace, so before its spawner thread joins the commands' cgroups
+	// and anything of the sandbox runs (cgroup.Set.JoinCPU).
+	if d.beforeAttach != nil {
+		d.beforeAttach(st.Pid)
+	}
+	if err := cgs.JoinCPU(st.Pid); err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
 	if err := hs.finish(ctl.Attach{FDs: names}, fds, name, forkAt); err != nil {
 		return err
 	}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // smapsKB reads the fields of /proc/<pid>/smaps_rollup, in KiB.
@@ -88,6 +90,15 @@ func TestLinuxIdleInitMemory(t *testing.T) {
 		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 		if err != nil || !strings.HasPrefix(exe, "/memfd:sandgate-init") {
 			t.Errorf("init of %s runs %q (%v), want the embedded init's memfd", id, exe, err)
+		}
+		if f, err := os.Open(fmt.Sprintf("/proc/%d/exe", pid)); err == nil {
+			seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+			f.Close()
+			if want := unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL; err != nil || seals&want != want {
+				t.Errorf("the init's memfd has seals %#x (%v), want %#x", seals, err, want)
+			}
+		} else {
+			t.Errorf("the init's binary: %v", err)
 		}
 		m := smapsKB(t, pid)
 		t.Logf("init of %s: Pss %d KiB (anon %d, shmem %d), Rss %d KiB", id, m["Pss"], m["Pss_Anon"], m["Pss_Shmem"], m["Rss"])

@@ -136,11 +136,19 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
 		return nil, err
 	}
-	if err := d.useSmallInit(); err != nil {
-		return nil, err
-	}
+	d.useSmallInit()
 	if err := d.probe(); err != nil {
-		return nil, err
+		if d.initFile == nil {
+			return nil, err
+		}
+		// A host that refuses to exec a memfd (vm.memfd_noexec=2) still
+		// runs sandboxes, on the gateway's own binary.
+		d.log.Warn("sandbox init: the embedded small init failed the probe; sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox", "err", err.Error())
+		d.initFile.Close()
+		d.initFile, d.exe = nil, "/proc/self/exe"
+		if err := d.probe(); err != nil {
+			return nil, err
+		}
 	}
 	d.cg = cgroup.Detect()
 	d.removeTemplates()
@@ -159,20 +167,19 @@ func New(cfg sandbox.Config) (*Driver, error) {
 // runs its own binary (no Config.SelfExe) and has it: the probe checks it.
 // A binary built without it (go install) keeps running itself as the init,
 // about 20 ms slower to start and several MiB heavier per sandbox.
-func (d *Driver) useSmallInit() error {
+func (d *Driver) useSmallInit() {
 	if d.cfg.SelfExe != "" {
-		return nil
+		return
 	}
 	f, err := initexe.Open()
-	if err != nil {
-		return err
-	}
-	if f == nil {
+	switch {
+	case err != nil:
+		d.log.Warn("sandbox init: the embedded small init cannot be used; sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox", "err", err.Error())
+	case f == nil:
 		d.log.Info("sandbox init: this sandgate was built without the small init (make build embeds it); sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox")
-		return nil
+	default:
+		d.initFile, d.exe = f, "/proc/self/fd/"+strconv.Itoa(int(f.Fd()))
 	}
-	d.initFile, d.exe = f, "/proc/self/fd/"+strconv.Itoa(int(f.Fd()))
-	return nil
 }
 
 // initKind names the init's binary in the driver's report.

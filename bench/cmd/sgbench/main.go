@@ -460,7 +460,7 @@ func printPlan(c *config, b *bench) {
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
 	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]
-	desc["13"] = fmt.Sprintf("sandgate only: idle density, %v idle sessions (linux driver, no warm pool): PSS of the sandbox processes per session, and the gateway's PSS growth per session", c.density)
+	desc["13"] = fmt.Sprintf("sandgate only: idle density, %v idle sessions (linux driver, no warm pool): PSS of the sandbox processes per session, and the growth of the gateway's anonymous PSS per session", c.density)
 	desc["12"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])

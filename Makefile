@@ -14,8 +14,23 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
+# The sandbox's init is a small binary of its own (cmd/sandgate-init), built
+# first and embedded in sandgate through go build -overlay (initexe_build:
+# it never lands in the source tree, so no later build embeds a stale one;
+# sandbox/linuxns/initexe). Without it (go install) sandgate runs itself as
+# the init, slower to start and heavier per sandbox.
+INITEXE_BLOB := sandbox/linuxns/initexe/blob/sandgate-init
+# $(call initexe_build,GOENV,GOFLAGS,OUT): the init for GOENV, then sandgate
+# embedding it, both built with GOFLAGS.
+define initexe_build
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(1) CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o "$$tmp/sandgate-init" ./cmd/sandgate-init; \
+	printf '{"Replace":{"%s":"%s"}}' "$(CURDIR)/$(INITEXE_BLOB)" "$$tmp/sandgate-init" > "$$tmp/overlay.json"; \
+	$(1) CGO_ENABLED=0 $(GO) build -overlay "$$tmp/overlay.json" $(2) -o $(3) ./cmd/sandgate
+endef
+
 build:
-	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/sandgate
+	$(call initexe_build,,-ldflags "-X main.version=$(VERSION)",$(BIN))
 
 # The web console (package console, served at /ui/): its third-party files
 # (xterm.js and its fit addon) come from npm through the committed
@@ -53,7 +68,7 @@ dist:
 	set -e; for p in $(DIST_PLATFORMS); do \
 		os=$${p%/*}; arch=$${p#*/}; out=$(DIST_DIR)/sandgate-$(VERSION)-$$os-$$arch; \
 		echo "build $$out"; \
-		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $$out ./cmd/sandgate; \
+		( $(call initexe_build,GOOS=$$os GOARCH=$$arch,-trimpath -ldflags "-s -w -X main.version=$(VERSION)",$$out) ); \
 		$(GO) run ./internal/sbom -version $(VERSION) $$out > $$out.cdx.json; \
 		$(GO) run ./internal/ociimage -arch $$arch -version $(VERSION) -o $$out.image.tar $$out; \
 	done

@@ -450,7 +450,8 @@ func (a *api) delete(w http.ResponseWriter, r *http.Request) {
 // serverTiming renders a create's trace as a Server-Timing header: each
 // step in milliseconds, in the order recorded, then the total (a trace
 // the create did not carry: the total alone). Steps named *_bg ran beside
-// others; init.* are the sandbox init's own, within init_handshake.
+// others; init.* are the sandbox init's own, beside the gateway's steps
+// from init_fork to init_handshake.
 func serverTiming(tr *sandbox.Trace) string {
 	steps, total := tr.Steps()
 	var b strings.Builder

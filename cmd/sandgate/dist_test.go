@@ -154,6 +154,11 @@ func TestMakeDist(t *testing.T) {
 			t.Errorf("%s: machine %v", arch, f.Machine)
 		}
 		f.Close()
+		// The small sandbox init (cmd/sandgate-init) is embedded: only its
+		// own main has this usage line.
+		if b, err := os.ReadFile(bin); err != nil || !bytes.Contains(b, []byte(smallInitUsage)) {
+			t.Errorf("%s: the small sandbox init is not embedded (%v)", arch, err)
+		}
 		var sbom struct {
 			BOMFormat string `json:"bomFormat"`
 			Metadata  struct {

@@ -106,7 +106,8 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 	// No request rate limit: the test polls each flooding session's
 	// output while its refusals are paced (--egress-refusals-per-tenant).
 	args := []string{"--sandbox", driver, "--api-key", "flood:test-token", "--api-key", "other:" + otherToken,
-		"--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "hole.test=127.0.0.1", "--rate-limit", "0"}
+		"--egress-allow-cidr", "127.0.0.1/32", "--egress-resolve", "hole.test=127.0.0.1", "--rate-limit", "0",
+		"--server-timing"} // slow creates are logged with their steps
 	if v := os.Getenv("SANDGATE_FLOOD_REFUSALS"); v != "" {
 		args = append(args, "--egress-refusals-per-tenant", v) // a huge value: the refusals unpaced
 	}

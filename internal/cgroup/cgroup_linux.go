@@ -170,6 +170,9 @@ type Set struct {
 	// inits are the v1 cgroups the init joins (one per hierarchy); procs
 	// are the v1 cgroups of the commands, in the same order.
 	inits, procs []string
+	// cpuInit is, of inits, the one in the v1 hierarchy of the cpu
+	// controller: the init joins it only once its root is built (JoinCPU).
+	cpuInit string
 	// v2 is the cgroup v2 of the init and its commands.
 	v2 string
 }
@@ -197,6 +200,9 @@ func (p *Plan) Create(id string, l Limits) (*Set, error) {
 		}
 		sc.inits = append(sc.inits, dir)
 		sc.procs = append(sc.procs, procs)
+		if slices.Contains(h.ctls, "cpu") {
+			sc.cpuInit = dir
+		}
 		for _, c := range h.ctls {
 			if err := limitV1(c, dir, procs, l); err != nil {
 				return sc, err
@@ -375,7 +381,9 @@ func cpuQuota(cpus float64) int64 {
 // TaskFiles opens the tasks files of the init's cgroups (v1), for the
 // thread that starts the init to join them first, and of the commands'
 // cgroups, for the init's spawner thread. They are opened by the gateway,
-// whose credentials the kernel checks for the moves.
+// whose credentials the kernel checks for the moves. The init's cgroup of
+// the cpu hierarchy is not among them: JoinCPU moves the init there once
+// its root is built.
 func (c *Set) TaskFiles() (inits, procs []int, err error) {
 	open := func(dirs []string) ([]int, error) {
 		var fds []int
@@ -389,7 +397,7 @@ func (c *Set) TaskFiles() (inits, procs []int, err error) {
 		}
 		return fds, nil
 	}
-	if inits, err = open(c.inits); err != nil {
+	if inits, err = open(slices.DeleteFunc(slices.Clone(c.inits), func(d string) bool { return d == c.cpuInit })); err != nil {
 		return nil, nil, err
 	}
 	if procs, err = open(c.procs); err != nil {
@@ -397,6 +405,25 @@ func (c *Set) TaskFiles() (inits, procs []int, err error) {
 		return nil, nil, err
 	}
 	return inits, procs, nil
+}
+
+// JoinCPU moves process pid, every thread of it, into the sandbox's cgroup
+// of the v1 cpu hierarchy, which TaskFiles leaves out of the init's.
+//
+// A new init starts in the gateway's own CPU cgroup, not under the
+// "sandgate" parent that every sandbox of the host shares: there, it would
+// get a share of that parent's single weight only, which busy sandboxes
+// (other tenants', other gateways') use up, and on a loaded host its start
+// would wait for them (issue 34: another tenant's create under a flood).
+// The init has no CPU limit of its own (its commands' cgroup has), so
+// nothing is enforced later than before; the driver moves it before its
+// spawner thread joins the commands' cgroups, and threads made later
+// inherit the cgroup of the thread that makes them.
+func (c *Set) JoinCPU(pid int) error {
+	if c.cpuInit == "" {
+		return nil
+	}
+	return setting{c.cpuInit, "cgroup.procs", strconv.Itoa(pid)}.write()
 }
 
 // threadTasks opens, for each v1 hierarchy of p, the tasks file of the

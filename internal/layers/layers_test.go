@@ -20,7 +20,15 @@ var forbidden = map[string][]string{
 	"sandbox/linuxns/initd": {"=sandbox/linuxns", "sandbox/workdir", "internal/cgroup"},
 	"sandbox/linuxns/ctl":   {"=sandbox/linuxns", "sandbox/linuxns/initd", "sandbox/workdir", "internal/cgroup"},
 	"sandbox/workdir":       {"sandbox/linuxns"},
-	"gateway":               {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images"},
+	// initexe only carries the small init's bytes: it links none of its code.
+	"sandbox/linuxns/initexe": {"sandbox/linuxns/initd", "sftpd", "=sandbox/linuxns", "sandbox/linuxns/ctl", "internal"},
+	// cmd/sandgate-init is the small binary every sandbox's init runs: the
+	// sandbox side and sftp-server, none of the gateway (each package it
+	// links adds its init() to every sandbox's start; initexe).
+	"cmd/sandgate-init": {"gateway", "rest", "tunnel", "sshd", "=cmd/sandgate", "=sandbox/linuxns", "sandbox/workdir",
+		"sandbox/linuxns/initexe", "internal/cgroup", "images", "egress", "audit", "cluster", "workspace", "dataplane", "mcpserver",
+		"console", "api-spec"},
+	"gateway": {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images"},
 	// rest serves /v1 and knows nothing of the compat APIs mounted on it.
 	"rest": {"tunnel", "sshd", "cmd", "sandbox/", "images", "rest/compat"},
 	// rest/compat maps the seeds' APIs onto the engines /v1 serves, through

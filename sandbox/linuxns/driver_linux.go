@@ -29,6 +29,7 @@ import (
 	"github.com/sandgate/sandgate/internal/procio"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
+	"github.com/sandgate/sandgate/sandbox/linuxns/initexe"
 )
 
 // Host uids and gids of sandboxes: sandbox n maps its ids 0..65535 to
@@ -78,16 +79,24 @@ type Driver struct {
 	limits sandbox.Limits
 	root   string // <DataDir>/sandboxes
 	exe    string
-	log    *slog.Logger
-	cg     *cgroup.Plan
-	ws     *workspaces
-	report map[string]any
+	// initFile is the small embedded init (package initexe) that exe
+	// names through /proc/self/fd, or nil when the init is the gateway's
+	// own binary.
+	initFile *os.File
+	log      *slog.Logger
+	cg       *cgroup.Plan
+	ws       *workspaces
+	report   map[string]any
 	// sockCheck is socketCheck, shortened by tests.
 	sockCheck time.Duration
 	// seccomp is the filter every sandbox gets; noSeccomp turns it off
 	// (tests only, to measure its cost).
 	seccomp   ctl.Seccomp
 	noSeccomp bool
+	// beforeAttach, when set (tests), runs with a new init's pid just
+	// before the gateway moves it into its CPU cgroup and sends its
+	// workspace.
+	beforeAttach func(pid int)
 
 	mu    sync.Mutex
 	slots map[int]string // slot -> sandbox id
@@ -127,8 +136,19 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
 		return nil, err
 	}
+	d.useSmallInit()
 	if err := d.probe(); err != nil {
-		return nil, err
+		if d.initFile == nil {
+			return nil, err
+		}
+		// A host that refuses to exec a memfd (vm.memfd_noexec=2) still
+		// runs sandboxes, on the gateway's own binary.
+		d.log.Warn("sandbox init: the embedded small init failed the probe; sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox", "err", err.Error())
+		d.initFile.Close()
+		d.initFile, d.exe = nil, "/proc/self/exe"
+		if err := d.probe(); err != nil {
+			return nil, err
+		}
 	}
 	d.cg = cgroup.Detect()
 	d.removeTemplates()
@@ -140,6 +160,34 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	d.ws = prepareWorkspaces(root, d.limits.WorkspaceBytes)
 	d.report = d.buildReport()
 	return d, nil
+}
+
+// useSmallInit makes sandboxes start the small init make build embeds
+// (package initexe) instead of the gateway's own binary, when the gateway
+// runs its own binary (no Config.SelfExe) and has it: the probe checks it.
+// A binary built without it (go install) keeps running itself as the init,
+// about 20 ms slower to start and several MiB heavier per sandbox.
+func (d *Driver) useSmallInit() {
+	if d.cfg.SelfExe != "" {
+		return
+	}
+	f, err := initexe.Open()
+	switch {
+	case err != nil:
+		d.log.Warn("sandbox init: the embedded small init cannot be used; sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox", "err", err.Error())
+	case f == nil:
+		d.log.Info("sandbox init: this sandgate was built without the small init (make build embeds it); sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox")
+	default:
+		d.initFile, d.exe = f, "/proc/self/fd/"+strconv.Itoa(int(f.Fd()))
+	}
+}
+
+// initKind names the init's binary in the driver's report.
+func (d *Driver) initKind() string {
+	if d.initFile != nil {
+		return "embedded"
+	}
+	return "self"
 }
 
 // Name implements Driver.
@@ -192,6 +240,7 @@ func (d *Driver) buildReport() map[string]any {
 		"namespaces": "user,mount,pid,net,ipc,uts,cgroup",
 		"user":       fmt.Sprintf("uid %d in the sandbox (host uids from %d), no_new_privs, no capabilities", ctl.SandboxUID, hostIDBase),
 		"network":    "none (loopback only)",
+		"init":       d.initKind(),
 		"limits":     limits,
 		"unenforced": unenforced,
 	}
@@ -378,6 +427,25 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	is.NofileSoft, is.NofileHard = d.cfg.Nofile.Soft, d.cfg.Nofile.Hard
 	is.InitNofile = initNofileFor(lim.Pids)
+	// The spec goes out now, without the workspace (and an image's root),
+	// which follow once made (ctl.Attach): meanwhile the init builds what
+	// needs neither, the default root's /etc above all.
+	is.Late = []string{"workspace"}
+	name := ""
+	if img != nil {
+		is.Env, is.WorkingDir = img.Env, img.WorkingDir
+		is.Late = []string{"rootfs", "workspace"}
+		name = img.Name
+	}
+	is.FDs = names
+	hs, err := d.startHandshake(ctx, conn, is, fds)
+	if err != nil {
+		return err
+	}
+	defer hs.stop()
+	procio.CloseFDs(fds)
+	fds, names = nil, nil
+	tr.Mark("init_spec")
 	waited = true
 	if err := <-wsDone; err != nil {
 		return err
@@ -399,20 +467,23 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 			return err
 		}
 		fds, names = append(fds, rootfs), append(names, "rootfs")
-		is.Env, is.WorkingDir = img.Env, img.WorkingDir
 	}
 	ws, err := unix.OpenTree(unix.AT_FDCWD, home, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("workspace mount: %w", err)
 	}
 	fds, names = append(fds, ws), append(names, "workspace")
-	is.FDs = names
 	tr.Mark("workspace_mount")
-	name := ""
-	if img != nil {
-		name = img.Name
+	// The init goes under the sandboxes' CPU parent before it gets its
+	// workspace, so before its spawner thread joins the commands' cgroups
+	// and anything of the sandbox runs (cgroup.Set.JoinCPU).
+	if d.beforeAttach != nil {
+		d.beforeAttach(st.Pid)
 	}
-	if err := d.handshake(ctx, conn, is, name, fds, forkAt); err != nil {
+	if err := cgs.JoinCPU(st.Pid); err != nil {
+		return fmt.Errorf("sandbox init: %w", err)
+	}
+	if err := hs.finish(ctl.Attach{FDs: names}, fds, name, forkAt); err != nil {
 		return err
 	}
 	// Built: from now on it weighs as much as any running sandbox.
@@ -446,12 +517,43 @@ func ctxErr(ctx context.Context, err error) error {
 // forkAt, when known, is when the init was started: the create's trace
 // shows how long it took to reach its main.
 func (d *Driver) handshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, image string, fds []int, forkAt time.Time) error {
+	hs, err := d.startHandshake(ctx, conn, spec, fds)
+	if err != nil {
+		return err
+	}
+	defer hs.stop()
+	return hs.finish(nil, nil, image, forkAt)
+}
+
+// initHandshake is a handshake with a new init under way: its spec is
+// sent, the rest (finish) is to come.
+type initHandshake struct {
+	ctx  context.Context
+	conn *net.UnixConn
+	stop func()
+}
+
+// startHandshake sends the init its spec (and fds), under ctx's deadline
+// until the handshake's stop.
+func (d *Driver) startHandshake(ctx context.Context, conn *net.UnixConn, spec ctl.Spec, fds []int) (*initHandshake, error) {
 	dl, _ := ctx.Deadline()
 	_ = conn.SetDeadline(dl)
-	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
-	defer stop()
+	hs := &initHandshake{ctx: ctx, conn: conn, stop: procio.DeadlineOnCancel(ctx, conn.SetDeadline)}
 	if err := ctl.WriteFrame(conn, spec, fds...); err != nil {
-		return fmt.Errorf("send sandbox spec: %w", ctxErr(ctx, err))
+		hs.stop()
+		return nil, fmt.Errorf("send sandbox spec: %w", ctxErr(ctx, err))
+	}
+	return hs, nil
+}
+
+// finish sends what the spec left for later (attach, with fds; nil when
+// it left nothing), and waits until the sandbox is built.
+func (hs *initHandshake) finish(attach any, fds []int, image string, forkAt time.Time) error {
+	ctx, conn := hs.ctx, hs.conn
+	if attach != nil {
+		if err := ctl.WriteFrame(conn, attach, fds...); err != nil {
+			return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, err))
+		}
 	}
 	var ready ctl.Ready
 	got, err := ctl.ReadFrame(conn, &ready)

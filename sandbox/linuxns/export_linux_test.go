@@ -26,6 +26,10 @@ func (d *Driver) UseCgroupV2(mount string) error {
 	return err
 }
 
+// BeforeAttach makes d call f with each new init's pid just before it
+// moves the init into its CPU cgroup and sends it its workspace.
+func (d *Driver) BeforeAttach(f func(pid int)) { d.beforeAttach = f }
+
 // DisableSeccomp starts the driver's next sandboxes without the seccomp
 // filter, to measure what it costs.
 func (d *Driver) DisableSeccomp() { d.noSeccomp = true }

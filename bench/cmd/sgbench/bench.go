@@ -370,6 +370,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"12", b.rowKeystroke},
 		{"13", b.rowKube},
 		{"15", b.rowPause},
+		{"16", b.rowDensity},
 	}
 	for _, row := range rows {
 		if !b.wantGroup(row.id) {

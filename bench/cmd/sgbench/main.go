@@ -46,6 +46,7 @@ type config struct {
 	pullReps            int   // row 8b: first pulls per way
 	pullSize            int64 // row 8b: bytes of the random layer
 	imageSessions       int   // row 8c: sessions on one image
+	density             []int // row 13: idle sessions, one run per count
 	tmpBase             string
 	outDir              string
 	name                string
@@ -124,7 +125,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,13,15", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell), 13 (sandgate only: Session and SandboxClaim through a real kube-apiserver, 13a-b; 13c, only when named, --kube-many Sessions per node agent) and 15 (sandgate only, linux driver: pause and resume in place); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d,9e,9f; 10a,10b; 11a,11b,11c,11d)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,13,15,16", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell), 13 (sandgate only: Session and SandboxClaim through a real kube-apiserver, 13a-b; 13c, only when named, --kube-many Sessions per node agent), 15 (sandgate only, linux driver: pause and resume in place) and 16 (sandgate only, linux driver: idle density); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d,9e,9f; 10a,10b; 11a,11b,11c,11d)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -132,6 +133,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.execN, "exec", 0, "execs per side in rows 2 and 10a (default 200, quick 40)")
 	fs.IntVar(&c.keysN, "keys", 0, "keystrokes per side in row 11 (default 300, quick 60)")
 	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5, per way in rows 8a and 9d (default 100, quick 20)")
+	density := fs.String("density", "", "idle sessions in row 13, each count a run of its own (default 100,1000; quick 100)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
 	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
 	fs.IntVar(&c.pyN, "paramiko", 0, "run_command calls per side in row 7 (default 100, quick 20)")
@@ -193,6 +195,19 @@ func parseFlags(args []string) (*config, error) {
 	def(&c.pyN, 100, 20)
 	def(&c.pullReps, 3, 1)
 	def(&c.imageSessions, 100, 20)
+	if *density == "" {
+		*density = "100,1000"
+		if c.quick {
+			*density = "100"
+		}
+	}
+	for _, v := range splitList(*density) {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("--density %q: want counts of sessions, like 100,1000", *density)
+		}
+		c.density = append(c.density, n)
+	}
 	if c.pullSize, err = parseSize(*pullSize); err != nil {
 		return nil, err
 	}
@@ -212,7 +227,7 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b", "11", "11a", "11b", "11c", "11d", "13", "13a", "13b", "13c"} {
+		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b", "11", "11a", "11b", "11c", "11d", "13", "13a", "13b", "13c", "16"} {
 			delete(c.rows, r)
 		}
 	}
@@ -449,10 +464,11 @@ func printPlan(c *config, b *bench) {
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
 	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]
-	desc["11"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
+	desc["12"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
 	desc["13"] = "sandgate only: a Session's create, and a SandboxClaim's fulfilment (warm pool marked sandgate), to the first REST command, through a real kube-apiserver (internal/kubetest) and the node agent's controller (13a, 13b; kube's TestKubeBench)"
 	desc["13c"] = fmt.Sprintf("sandgate only: %d Sessions held by one node agent: each create -> Running, the agent's and the API server's memory", c.kubeMany)
 	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c); fork (15d) not built"
+	desc["16"] = fmt.Sprintf("sandgate only: idle density, %v idle sessions (linux driver, no warm pool): PSS of the sandbox processes per session, and the growth of the gateway's anonymous PSS per session", c.density)
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])
 	}

@@ -159,34 +159,36 @@ func (b *bench) rowCreateTrace() error {
 				Note: stepNotes[step]})
 		}
 	}
-	r.note("row 11b: the steps of `POST /v1/sessions` from its Server-Timing header; a warm claim has no driver steps (its sandbox was built before); `*_bg` ran beside the steps after it; `init.*` are the sandbox init's own steps, inside `init_handshake`")
+	r.note("row 11b: the steps of `POST /v1/sessions` from its Server-Timing header; a warm claim has no driver steps (its sandbox was built before); `*_bg` ran beside the steps after it; `init.*` are the sandbox init's own steps, from `init_fork` to `init_handshake`, beside the gateway's")
 	return nil
 }
 
 // stepNotes say what a step of row 11b covers.
 var stepNotes = map[string]string{
-	"check":              "parameters, quota reservation",
-	"session":            "ids, password, workspace claim",
-	"warm_claim":         "a warm sandbox's limits set in its cgroups",
-	"driver_state":       "sandbox dir, uid range, state file",
-	"cgroups":            "cgroup dirs and limits",
-	"init_fork":          "clone into new namespaces + exec of the init, its pidfd, state saved",
-	"workspace_image_bg": "workspace filesystem (loop ext4 from a template), beside init_fork",
-	"workspace_wait":     "what remained of workspace_image_bg",
-	"workspace_mount":    "control socket, open_tree of the workspace",
-	"init_handshake":     "spec sent → init ready (init.* inside)",
-	"init.exec_to_main":  "fork → the init's main (exec + Go runtime start)",
-	"init.root":          "tmpfs root and read-only binds of /usr...",
-	"init.etc":           "the sandbox's own /etc",
-	"init.pivot":         "/dev, /proc, /tmp, /workspace, pivot_root, read-only remount",
-	"init.net":           "hostname, loopback up",
-	"init.seccomp":       "spawner thread: cgroup join, seccomp filter",
-	"workspace_attach":   "named workspace restored (none here)",
-	"store":              "session record written (bbolt, fsync)",
-	"total":              "the whole of Manager.Create as the gateway timed it",
-	"init.wait_spec":     "init's main → its spec received",
-	"init.limits":        "nested user namespaces off, RLIMIT_NOFILE",
-	"egress_proxy":       "the session's egress proxy",
+	"check":               "parameters, quota reservation",
+	"session":             "ids, password, workspace claim",
+	"warm_claim":          "a warm sandbox's limits set in its cgroups",
+	"driver_state":        "sandbox dir, uid range, state file",
+	"cgroups":             "cgroup dirs and limits",
+	"init_fork":           "clone into new namespaces + exec of the init, its pidfd, state saved",
+	"workspace_image_bg":  "workspace filesystem (loop ext4 from a template), beside init_fork",
+	"init_spec":           "control socket; spec sent (the init builds its root and /etc meanwhile)",
+	"workspace_wait":      "what remained of workspace_image_bg",
+	"workspace_mount":     "control socket, open_tree of the workspace",
+	"init_handshake":      "workspace sent → init ready",
+	"init.exec_to_main":   "fork → the init's main (exec + Go runtime start)",
+	"init.root":           "tmpfs root and read-only binds of /usr...",
+	"init.etc":            "the sandbox's own /etc",
+	"init.pivot":          "/dev, /proc, /tmp, /workspace, pivot_root, read-only remount",
+	"init.net":            "hostname, loopback up",
+	"init.seccomp":        "spawner thread: cgroup join, seccomp filter",
+	"workspace_attach":    "named workspace restored (none here)",
+	"store":               "session record written (bbolt, fsync)",
+	"total":               "the whole of Manager.Create as the gateway timed it",
+	"init.wait_spec":      "init's main → its spec received",
+	"init.wait_workspace": "root and /etc built → the workspace received",
+	"init.limits":         "nested user namespaces off, RLIMIT_NOFILE",
+	"egress_proxy":        "the session's egress proxy",
 }
 
 // traceCreate makes one session on g, runs `true` in it through rc, and

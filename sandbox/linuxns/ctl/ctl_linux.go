@@ -126,6 +126,18 @@ type Spec struct {
 	// detached mount of an image's root: the sandbox's / instead of the
 	// host-derived one).
 	FDs []string `json:"fds"`
+	// Late names descriptors that are not sent with the spec but in an
+	// Attach frame after it ("workspace", and "rootfs" for an image): the
+	// gateway sends the spec as soon as the init runs, and the init builds
+	// what needs neither (the default root, its /etc, /dev, /proc, /tmp)
+	// while the gateway makes the workspace.
+	Late []string `json:"late,omitempty"`
+}
+
+// Attach follows a Spec that named Late descriptors: they come with it,
+// in the order FDs names them.
+type Attach struct {
+	FDs []string `json:"fds"`
 }
 
 // Ready is the init's answer to Spec.

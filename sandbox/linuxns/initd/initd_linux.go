@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,9 @@ type initd struct {
 	// the host (-1: none), checked every sockCheck.
 	sockFile  int
 	sockCheck time.Duration
+	// handled counts control connections: the idle trim (watchSocketFile)
+	// gives the heap back to the kernel once after each burst of them.
+	handled atomic.Uint64
 
 	// mu orders fork against reap, so that a child that exits at once is
 	// never reaped before it is registered in waiters.
@@ -271,11 +275,26 @@ func (in *initd) serve() {
 	})
 }
 
+// trimMemory collects the init's garbage and gives every free page of its
+// heap back to the kernel at once (the runtime's scavenger would keep some
+// of it for minutes): an idle sandbox's init is most of its memory, and a
+// host holds many of them (issue 41: at most 2 MiB per idle sandbox).
+func trimMemory() { debug.FreeOSMemory() }
+
 // watchSocketFile ends the sandbox once its control socket's file is gone
 // from the host (its data dir was deleted): no gateway can ever reach it
 // again, so it must not live on as an orphan.
+//
+// On the same tick it trims the init's memory: when commands started since
+// the last tick, it returns the heap they left to the kernel (trimMemory),
+// so that an idle sandbox holds only what its init still uses.
 func (in *initd) watchSocketFile() {
+	var trimmed uint64
 	for range time.Tick(in.sockCheck) {
+		if n := in.handled.Load(); n != trimmed {
+			trimmed = n
+			trimMemory()
+		}
 		var st unix.Stat_t
 		if err := unix.Fstat(in.sockFile, &st); err == nil && st.Nlink > 0 {
 			continue
@@ -328,6 +347,7 @@ const requestTimeout = 5 * time.Second
 func (in *initd) handle(fd int) {
 	// f owns fd (and closes it, whatever happens); the blocking reads and
 	// writes before "started" go through conn.
+	in.handled.Add(1)
 	f := os.NewFile(uintptr(fd), "control")
 	defer f.Close()
 	conn := ctl.FD(fd)

@@ -83,7 +83,18 @@ func Main(args []string) int {
 		return 2
 	}
 	tm.mark("wait_spec")
-	in, err := buildSandbox(&spec, fds, tm)
+	// The descriptors the spec left for later (ctl.Spec.Late): the
+	// gateway sends them once the workspace is made.
+	late := func() ([]string, []int, error) {
+		var a ctl.Attach
+		fds, err := ctl.ReadFrame(c, &a)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read the workspace: %w", err)
+		}
+		tm.mark("wait_workspace")
+		return a.FDs, fds, nil
+	}
+	in, err := buildSandbox(&spec, fds, late, tm)
 	if err != nil {
 		_, bad := errors.AsType[*ctl.ImageError](err)
 		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error(), BadImage: bad})
@@ -98,6 +109,9 @@ func Main(args []string) int {
 	if spec.Probe {
 		return 0
 	}
+	// Building the root left garbage (the spec, the seccomp program,
+	// /etc's files): the sandbox idles on what remains.
+	trimMemory()
 	in.serve()
 	return 1
 }
@@ -148,8 +162,9 @@ func writableWorkDir(dir string) string {
 }
 
 // buildSandbox turns the init's fresh namespaces into the sandbox and
-// returns the server of its control socket. It closes fds.
-func buildSandbox(spec *ctl.Spec, fds []int, tm *stepTimer) (*initd, error) {
+// returns the server of its control socket. It closes fds. late reads the
+// descriptors the spec names in Late, when the root needs them.
+func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error), tm *stepTimer) (*initd, error) {
 	defer procio.CloseFDs(fds)
 	if len(fds) != len(spec.FDs) {
 		return nil, fmt.Errorf("got %d descriptors for %d names", len(fds), len(spec.FDs))
@@ -157,28 +172,58 @@ func buildSandbox(spec *ctl.Spec, fds []int, tm *stepTimer) (*initd, error) {
 	var listener *os.File
 	workspace, sockFile, rootfs := -1, -1, -1
 	var tasks []int
-	for i, name := range spec.FDs {
-		switch name {
-		case "listener":
-			// An *os.File owns its descriptor from here on.
-			listener, fds[i] = os.NewFile(uintptr(fds[i]), "control.sock"), -1
-			defer listener.Close()
-		case "workspace":
-			workspace = fds[i]
-		case "socket-file":
-			sockFile = fds[i]
-		case "rootfs":
-			rootfs = fds[i]
-		case "tasks":
-			tasks = append(tasks, fds[i])
-		default:
-			return nil, fmt.Errorf("unknown descriptor %q", name)
+	take := func(names []string, fds []int) error {
+		for i, name := range names {
+			switch name {
+			case "listener":
+				// An *os.File owns its descriptor from here on.
+				listener, fds[i] = os.NewFile(uintptr(fds[i]), "control.sock"), -1
+			case "workspace":
+				workspace = fds[i]
+			case "socket-file":
+				sockFile = fds[i]
+			case "rootfs":
+				rootfs = fds[i]
+			case "tasks":
+				tasks = append(tasks, fds[i])
+			default:
+				return fmt.Errorf("unknown descriptor %q", name)
+			}
 		}
+		return nil
+	}
+	defer func() {
+		if listener != nil {
+			listener.Close()
+		}
+	}()
+	if err := take(spec.FDs, fds); err != nil {
+		return nil, err
 	}
 	if listener == nil && !spec.Probe {
 		return nil, fmt.Errorf("no control socket")
 	}
-	if err := buildRoot(spec, workspace, rootfs, tm); err != nil {
+	var lateFDs []int
+	defer func() { procio.CloseFDs(lateFDs) }()
+	attached := len(spec.Late) == 0
+	attach := func() (ws, root int, err error) {
+		if !attached {
+			attached = true
+			names, fds, err := late()
+			if err != nil {
+				return -1, -1, err
+			}
+			lateFDs = fds
+			if len(fds) != len(names) || !slices.Equal(names, spec.Late) {
+				return -1, -1, fmt.Errorf("got descriptors %q (%d) for %q", names, len(fds), spec.Late)
+			}
+			if err := take(names, fds); err != nil {
+				return -1, -1, err
+			}
+		}
+		return workspace, rootfs, nil
+	}
+	if err := buildRoot(spec, attach, tm); err != nil {
 		return nil, err
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
@@ -251,12 +296,14 @@ func closeInherited(keep int) {
 	}
 }
 
-// buildRoot assembles the sandbox's root filesystem and pivot_roots into
+// buildRoot assembles the sandbox's root filesystem and pivots into
 // it: a tmpfs with the host's /usr and the sandbox's own /etc, or, when
-// rootFD >= 0, the image root the gateway built (a detached overlay
-// mount). wsFD, when >= 0, is a detached mount (open_tree) of the
-// session's workspace; it is attached at /workspace.
-func buildRoot(spec *ctl.Spec, wsFD, rootFD int, tm *stepTimer) error {
+// the spec has a "rootfs", the image root the gateway built (a detached
+// overlay mount). The workspace, when there is one, is a detached mount
+// (open_tree); it is attached at /workspace. attach returns both (-1:
+// none), waiting for them if the gateway sends them late: the default
+// root is built before that.
+func buildRoot(spec *ctl.Spec, attach func() (ws, root int, err error), tm *stepTimer) error {
 	// Nothing mounted here may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -265,7 +312,15 @@ func buildRoot(spec *ctl.Spec, wsFD, rootFD int, tm *stepTimer) error {
 	if fi, err := os.Lstat(r); err != nil || !fi.IsDir() {
 		r = "/mnt"
 	}
-	if rootFD >= 0 {
+	image := slices.Contains(spec.FDs, "rootfs") || slices.Contains(spec.Late, "rootfs")
+	if image {
+		_, rootFD, err := attach()
+		if err != nil {
+			return err
+		}
+		if rootFD < 0 {
+			return errors.New("no image root")
+		}
 		if err := imageRootAt(r, rootFD, spec.Hostname); err != nil {
 			return err
 		}
@@ -280,7 +335,7 @@ func buildRoot(spec *ctl.Spec, wsFD, rootFD int, tm *stepTimer) error {
 		}
 		tm.mark("etc")
 	}
-	if err := finishRoot(r, spec, wsFD, rootFD >= 0); err != nil {
+	if err := finishRoot(r, spec, attach, image); err != nil {
 		return err
 	}
 	tm.mark("pivot")
@@ -330,7 +385,7 @@ func hostRootAt(r string) error {
 // finishRoot adds /dev, /proc, /tmp and the workspace to the root at r,
 // pivots into it and makes what must be read-only so (the whole root but
 // for an image's, whose writable layer is the session's).
-func finishRoot(r string, spec *ctl.Spec, wsFD int, image bool) error {
+func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error), image bool) error {
 	if err := buildDev(r, spec.ShmBytes); err != nil {
 		return err
 	}
@@ -339,6 +394,10 @@ func finishRoot(r string, spec *ctl.Spec, wsFD int, image bool) error {
 	}
 	if err := mount("tmpfs", filepath.Join(r, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV,
 		fmt.Sprintf("mode=1777,size=%d", spec.TmpBytes)); err != nil {
+		return err
+	}
+	wsFD, _, err := attach()
+	if err != nil {
 		return err
 	}
 	if wsFD >= 0 {

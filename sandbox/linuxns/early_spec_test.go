@@ -1,0 +1,104 @@
+//go:build linux
+
+package linuxns_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// The init gets its spec before the workspace is made, and builds the
+// default root and its /etc meanwhile (ctl.Spec.Late): a create then
+// costs the longer of the two, not their sum. Its steps say so: /etc is
+// built before the init waits for the workspace.
+func TestLinuxInitBuildsRootBeforeWorkspace(t *testing.T) {
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	tr := sandbox.NewTrace()
+	sb, err := d.Create(sandbox.WithTrace(context.Background(), tr), sandbox.Spec{ID: "sbx-early-spec"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, _ := tr.Steps()
+	var names []string
+	for _, s := range steps {
+		names = append(names, s.Name)
+	}
+	etc, wait := slices.Index(names, "init.etc"), slices.Index(names, "init.wait_workspace")
+	if etc < 0 || wait < 0 || etc > wait || !slices.Contains(names, "init_spec") {
+		t.Errorf("create steps %q: want init_spec, then the init's /etc (init.etc) before it waits for the workspace (init.wait_workspace)", names)
+	}
+	if _, _, e := runIn(t, sb, "test -w /workspace && test -s /etc/hostname"); e.Code != 0 {
+		t.Errorf("workspace or /etc missing: exit %+v", e)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, dataDir)
+}
+
+// cpuCgroups are the v1 cpu cgroups of every thread of pid.
+func cpuCgroups(t *testing.T, pid int) []string {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/cgroup", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if f := strings.SplitN(line, ":", 3); len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "cpu") {
+				out = append(out, f[2])
+			}
+		}
+	}
+	return out
+}
+
+// A new init starts outside the "sandgate" CPU parent that every sandbox
+// shares (cgroup.Set.JoinCPU), where busy sandboxes would hold up its
+// start, and is under it, in its own cgroup, before it gets its
+// workspace; its commands start in the sandbox's CPU-limited cgroup.
+func TestLinuxInitStartsOutsideSandboxesCPU(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
+		t.Skip("no cgroup v1 cpu hierarchy here")
+	}
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	const id = "sbx-cpu-late"
+	var before []string
+	d.BeforeAttach(func(pid int) { before = cpuCgroups(t, pid) })
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+		checkNoLeaks(t, dataDir)
+	}()
+	if len(before) == 0 || slices.ContainsFunc(before, func(c string) bool { return strings.HasPrefix(c, "/sandgate/") }) {
+		t.Errorf("the init's threads were in cpu cgroups %q while it built its root, want the gateway's, not under /sandgate", before)
+	}
+	after := cpuCgroups(t, sb.(interface{ InitPID() int }).InitPID())
+	for _, c := range after {
+		if c != "/sandgate/"+id && c != "/sandgate/"+id+"/procs" {
+			t.Errorf("a thread of the built init is in cpu cgroup %s (all: %q)", c, after)
+		}
+	}
+	// The spawner thread, which forks the commands, is in their cgroup.
+	if !slices.Contains(after, "/sandgate/"+id+"/procs") {
+		t.Errorf("no thread of the init is in the commands' cpu cgroup: %q", after)
+	}
+}

@@ -72,7 +72,7 @@ func TestRenderDefaults(t *testing.T) {
 	spec := dig(ds.Body, "spec", "template", "spec").(map[string]any)
 	c := spec["containers"].([]any)[0].(map[string]any)
 	args := strings.Join(toStrings(c["args"]), " ")
-	for _, want := range []string{"serve", "--sandbox=linux", "--sandbox-require-limits", "--cluster-kube",
+	for _, want := range []string{"serve", "--sandbox=linux", "--sandbox-require-limits", "--cluster-kube", "--kube-controller",
 		"--cluster-advertise=http://$(POD_IP):8080", "--cluster-token-file=/etc/sandgate/cluster/token", "--shutdown-timeout=10s"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)

@@ -213,6 +213,13 @@ test-e2b: build .venv-e2b/.installed $(E2B_JS)/node_modules/.installed
 test-schema: build .venv-schema/.installed
 	api-spec/run-schemathesis $(CURDIR)/$(BIN) $(CURDIR)/.venv-schema/bin/schemathesis
 
+# kube-apiserver for the Kubernetes tests (internal/kubetest), built from the
+# Go module proxy by its own module (internal/kubetest/apiserver) into
+# $(HOME)/.cache/sandgate; skipped when the binary is there.
+.PHONY: kube-apiserver
+kube-apiserver:
+	internal/kubetest/apiserver/build >/dev/null
+
 # The product module only; bench/ is its own module (make bench-check vets it).
 vet:
 	$(GO) vet ./...

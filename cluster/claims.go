@@ -6,8 +6,6 @@ import (
 	"net/url"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/sandgate/sandgate/gateway"
 )
 
@@ -41,18 +39,18 @@ var errKeyElsewhere = &gateway.Error{Kind: gateway.KindConflict, Code: "idempote
 	Message: "a request with this Idempotency-Key is in progress on another node of the cluster; retry later"}
 
 // claimOps are the compares and writes of a new record's name and key.
-func claimOps(r gateway.Record) (cmp []clientv3.Cmp, put []clientv3.Op, get []clientv3.Op) {
+func claimOps(r gateway.Record) (cmp []Cmp, put []Op, get []Op) {
 	if r.Name != "" && isLive(r.Status) {
 		k := keyName(r.Tenant, r.Name)
-		cmp = append(cmp, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
-		put = append(put, clientv3.OpPut(k, r.ID))
-		get = append(get, clientv3.OpGet(k))
+		cmp = append(cmp, CompareCreate(k, "=", 0))
+		put = append(put, OpPut(k, r.ID, 0))
+		get = append(get, OpGet(k))
 	}
 	if r.IdempotencyKey != "" {
 		k := keyIdem(r.Tenant, r.IdempotencyKey)
-		cmp = append(cmp, clientv3.Compare(clientv3.CreateRevision(k), "=", 0))
-		put = append(put, clientv3.OpPut(k, r.ID))
-		get = append(get, clientv3.OpGet(k))
+		cmp = append(cmp, CompareCreate(k, "=", 0))
+		put = append(put, OpPut(k, r.ID, 0))
+		get = append(get, OpGet(k))
 	}
 	return cmp, put, get
 }
@@ -62,19 +60,18 @@ func claimOps(r gateway.Record) (cmp []clientv3.Cmp, put []clientv3.Op, get []cl
 // gone (its name: no longer live; its key: deleted or past the window) is
 // removed, and the create tries again (nil); a claim still held is the
 // answer.
-func (s *Store) claimConflict(ctx context.Context, r gateway.Record, resps []*clientv3.GetResponse) error {
-	for _, g := range resps {
-		if len(g.Kvs) == 0 {
+func (s *Store) claimConflict(ctx context.Context, r gateway.Record, resps []*KeyValue) error {
+	for _, kv := range resps {
+		if kv == nil {
 			continue
 		}
-		kv := g.Kvs[0]
-		holder := string(kv.Value)
+		holder := kv.Value
 		if holder == r.ID {
 			continue
 		}
 		var held bool
 		var err error
-		if string(kv.Key) == keyName(r.Tenant, r.Name) {
+		if kv.Key == keyName(r.Tenant, r.Name) {
 			held, err = s.n.exists(ctx, keyLive(r.Tenant, holder))
 		} else {
 			held, err = s.n.recentRecord(ctx, r.Tenant, holder)
@@ -83,13 +80,12 @@ func (s *Store) claimConflict(ctx context.Context, r gateway.Record, resps []*cl
 			return unavailable(err)
 		}
 		if held {
-			if string(kv.Key) == keyName(r.Tenant, r.Name) {
+			if kv.Key == keyName(r.Tenant, r.Name) {
 				return errNameTaken(r.Name)
 			}
 			return errKeyElsewhere
 		}
-		if _, err := s.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
-			Then(clientv3.OpDelete(string(kv.Key))).Commit(); err != nil {
+		if _, err := s.n.cli.Txn(ctx, []Cmp{CompareMod(kv.Key, "=", kv.ModRev)}, []Op{OpDelete(kv.Key)}, nil); err != nil {
 			return unavailable(err)
 		}
 	}
@@ -97,22 +93,22 @@ func (s *Store) claimConflict(ctx context.Context, r gateway.Record, resps []*cl
 }
 
 func (n *Node) exists(ctx context.Context, key string) (bool, error) {
-	resp, err := n.cli.Get(ctx, key, clientv3.WithCountOnly())
+	kv, err := n.cli.Get(ctx, key)
 	if err != nil {
 		return false, err
 	}
-	return resp.Count > 0, nil
+	return kv != nil, nil
 }
 
 // recentRecord reports whether tenant's session id exists and was made
 // within the idempotency window.
 func (n *Node) recentRecord(ctx context.Context, tenant, id string) (bool, error) {
-	resp, err := n.cli.Get(ctx, keyRecord(tenant, id))
-	if err != nil || len(resp.Kvs) == 0 {
+	kv, err := n.cli.Get(ctx, keyRecord(tenant, id))
+	if err != nil || kv == nil {
 		return false, err
 	}
 	var r gateway.Record
-	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+	if err := json.Unmarshal([]byte(kv.Value), &r); err != nil {
 		return false, nil
 	}
 	return time.Since(r.CreatedAt) < gateway.IdempotencyWindow, nil
@@ -120,10 +116,10 @@ func (n *Node) recentRecord(ctx context.Context, tenant, id string) (bool, error
 
 // releaseOps let go of r's claims, each only if r holds it: its name
 // once it is not live, its key (with everything) when deleted.
-func releaseOps(r gateway.Record, deleted bool) []clientv3.Op {
-	var ops []clientv3.Op
+func releaseOps(r gateway.Record, deleted bool) []Op {
+	var ops []Op
 	drop := func(k string) {
-		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(k), "=", r.ID)}, []clientv3.Op{clientv3.OpDelete(k)}, nil))
+		ops = append(ops, OpTxn([]Cmp{CompareValue(k, "=", r.ID)}, []Op{OpDelete(k)}))
 	}
 	if r.Name != "" && (deleted || !isLive(r.Status)) {
 		drop(keyName(r.Tenant, r.Name))
@@ -136,12 +132,12 @@ func releaseOps(r gateway.Record, deleted bool) []clientv3.Op {
 
 // recordOf reads tenant's session id from etcd (found false: none).
 func (n *Node) recordOf(ctx context.Context, tenant, id string) (gateway.Record, bool, error) {
-	resp, err := n.cli.Get(ctx, keyRecord(tenant, id))
-	if err != nil || len(resp.Kvs) == 0 {
+	kv, err := n.cli.Get(ctx, keyRecord(tenant, id))
+	if err != nil || kv == nil {
 		return gateway.Record{}, false, err
 	}
 	var r gateway.Record
-	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+	if err := json.Unmarshal([]byte(kv.Value), &r); err != nil {
 		return gateway.Record{}, false, nil
 	}
 	return r, true, nil
@@ -152,11 +148,11 @@ func (n *Node) recordOf(ctx context.Context, tenant, id string) (gateway.Record,
 func (n *Node) lookupName(ctx context.Context, tenant, name string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
-	resp, err := n.cli.Get(ctx, keyName(tenant, name))
-	if err != nil || len(resp.Kvs) == 0 {
+	kv, err := n.cli.Get(ctx, keyName(tenant, name))
+	if err != nil || kv == nil {
 		return "", err
 	}
-	return string(resp.Kvs[0].Value), nil
+	return kv.Value, nil
 }
 
 // lookupIdem returns the id of the session tenant's Idempotency-Key made
@@ -164,9 +160,9 @@ func (n *Node) lookupName(ctx context.Context, tenant, name string) (string, err
 func (n *Node) lookupIdem(ctx context.Context, tenant, key string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
-	resp, err := n.cli.Get(ctx, keyIdem(tenant, key))
-	if err != nil || len(resp.Kvs) == 0 {
+	kv, err := n.cli.Get(ctx, keyIdem(tenant, key))
+	if err != nil || kv == nil {
 		return "", err
 	}
-	return string(resp.Kvs[0].Value), nil
+	return kv.Value, nil
 }

@@ -33,10 +33,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // Prefix is where every key of the cluster lives in etcd.
@@ -54,6 +50,8 @@ const ReasonNodeLost = "node lost"
 
 // Config makes a node.
 type Config struct {
+	// KV is the shared store; nil: etcd at Endpoints.
+	KV KV
 	// Endpoints are etcd's client URLs.
 	Endpoints []string
 	// TLS, when set, is used towards etcd (its CA, and a client certificate).
@@ -99,10 +97,10 @@ type Info struct {
 // Node is this gateway's membership of the cluster.
 type Node struct {
 	cfg Config
-	cli *clientv3.Client
+	cli KV
 	log *slog.Logger
 
-	lease    atomic.Int64 // the clientv3.LeaseID, renewed by keepAlive
+	lease    atomic.Int64 // the store lease, renewed by keepAlive
 	healthy  atomic.Int64 // unix nanos of the last keepalive answer
 	draining atomic.Bool
 	sessions func() int // live sessions on this node
@@ -123,7 +121,7 @@ type owner struct{ tenant, node string }
 // Open connects to etcd, takes a lease and registers the node. sessions
 // reports the node's live sessions (for placement).
 func Open(ctx context.Context, cfg Config, sessions func() int) (*Node, error) {
-	if len(cfg.Endpoints) == 0 {
+	if cfg.KV == nil && len(cfg.Endpoints) == 0 {
 		return nil, errors.New("cluster: no etcd endpoints")
 	}
 	if cfg.LeaseTTL <= 0 {
@@ -154,13 +152,13 @@ func Open(ctx context.Context, cfg Config, sessions func() int) (*Node, error) {
 	if strings.ContainsAny(cfg.NodeID, "/\x00") {
 		return nil, fmt.Errorf("cluster: node id %q may not hold / or NUL", cfg.NodeID)
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: cfg.Endpoints, TLS: cfg.TLS, Username: cfg.Username, Password: cfg.Password,
-		DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialKeepAliveTime: 2 * time.Second, DialKeepAliveTimeout: 2 * time.Second,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cluster: etcd client: %w", err)
+	cli := cfg.KV
+	if cli == nil {
+		e, err := OpenEtcd(EtcdConfig{Endpoints: cfg.Endpoints, TLS: cfg.TLS, Username: cfg.Username, Password: cfg.Password})
+		if err != nil {
+			return nil, err
+		}
+		cli = e
 	}
 	n := &Node{cfg: cfg, cli: cli, log: cfg.Log, sessions: sessions, owners: map[string]owner{}, stop: make(chan struct{})}
 	if err := n.register(ctx); err != nil {
@@ -193,7 +191,7 @@ func nodeID(dataDir string) (string, error) {
 	return id, nil
 }
 
-func (n *Node) leaseID() clientv3.LeaseID { return clientv3.LeaseID(n.lease.Load()) }
+func (n *Node) leaseID() int64 { return n.lease.Load() }
 
 // ID is the node's id.
 func (n *Node) ID() string { return n.cfg.NodeID }
@@ -207,16 +205,16 @@ func (n *Node) op() (context.Context, context.CancelFunc) {
 func (n *Node) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	l, err := n.cli.Grant(ctx, int64((n.cfg.LeaseTTL+time.Second-1)/time.Second))
+	l, err := n.cli.Grant(ctx, n.cfg.LeaseTTL)
 	if err != nil {
 		return fmt.Errorf("cluster: grant lease: %w", err)
 	}
-	n.lease.Store(int64(l.ID))
+	n.lease.Store(l)
 	data := n.signedInfo()
-	if _, err := n.cli.Txn(ctx).Then(
-		clientv3.OpPut(Prefix+"nodes/"+n.cfg.NodeID, string(data), clientv3.WithLease(l.ID)),
-		clientv3.OpDelete(Prefix+"restarting/"+n.cfg.NodeID),
-	).Commit(); err != nil {
+	if _, err := n.cli.Txn(ctx, nil, []Op{
+		OpPut(Prefix+"nodes/"+n.cfg.NodeID, string(data), l),
+		OpDelete(Prefix + "restarting/" + n.cfg.NodeID),
+	}, nil); err != nil {
 		return fmt.Errorf("cluster: register node: %w", err)
 	}
 	n.healthy.Store(time.Now().UnixNano())
@@ -301,9 +299,9 @@ func (n *Node) keepAlive() {
 		case <-t.C:
 		}
 		ctx, cancel := n.op()
-		_, err := n.cli.KeepAliveOnce(ctx, n.leaseID())
+		err := n.cli.KeepAlive(ctx, n.leaseID())
 		if err == nil {
-			_, err = n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(n.signedInfo()), clientv3.WithLease(n.leaseID()))
+			err = n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(n.signedInfo()), n.leaseID())
 		}
 		cancel()
 		switch {
@@ -316,7 +314,7 @@ func (n *Node) keepAlive() {
 			if st != nil {
 				st.flush()
 			}
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		case errors.Is(err, ErrLeaseNotFound):
 			n.log.Warn("cluster_lease_lost", "node", n.cfg.NodeID, "err", err)
 			if rerr := n.register(context.Background()); rerr != nil {
 				n.log.Error("cluster_register_failed", "err", rerr)
@@ -334,14 +332,14 @@ func (n *Node) Healthy() bool {
 
 // Nodes returns the live nodes.
 func (n *Node) Nodes(ctx context.Context) ([]Info, error) {
-	resp, err := n.cli.Get(ctx, Prefix+"nodes/", clientv3.WithPrefix())
+	kvs, err := n.cli.List(ctx, Prefix+"nodes/")
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Info, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		key := strings.TrimPrefix(string(kv.Key), Prefix+"nodes/")
-		i, err := openInfo(n.cfg.Token, key, kv.Value, kv.Lease)
+	out := make([]Info, 0, len(kvs))
+	for _, kv := range kvs {
+		key := strings.TrimPrefix(kv.Key, Prefix+"nodes/")
+		i, err := openInfo(n.cfg.Token, key, []byte(kv.Value), kv.Lease)
 		if err != nil {
 			n.refused(key, err)
 			continue
@@ -378,7 +376,7 @@ func recordMAC(token, id string, info []byte) []byte {
 // signedInfo is the node's record, signed, bound to its current lease.
 func (n *Node) signedInfo() []byte {
 	i := n.info()
-	i.Lease = int64(n.leaseID())
+	i.Lease = n.leaseID()
 	info, _ := json.Marshal(i)
 	data, _ := json.Marshal(signedRecord{Info: info, MAC: hex.EncodeToString(recordMAC(n.cfg.Token, n.cfg.NodeID, info))})
 	return data
@@ -394,8 +392,8 @@ type restartMark struct {
 }
 
 // signedMark is the node's restarting marker on grace lease lease.
-func (n *Node) signedMark(lease clientv3.LeaseID) []byte {
-	mark, _ := json.Marshal(restartMark{Node: n.cfg.NodeID, Lease: int64(lease), At: time.Now().UTC()})
+func (n *Node) signedMark(lease int64) []byte {
+	mark, _ := json.Marshal(restartMark{Node: n.cfg.NodeID, Lease: lease, At: time.Now().UTC()})
 	data, _ := json.Marshal(signedRecord{Info: mark, MAC: hex.EncodeToString(recordMAC(n.cfg.Token, "restarting\x00"+n.cfg.NodeID, mark))})
 	return data
 }
@@ -424,16 +422,16 @@ func openMark(token, node string, value []byte, lease int64) error {
 // marker holds, and the mod revision of each marker refused (which a
 // sweep must not take for a restarting node, nor let block it).
 func (n *Node) restartingNodes(ctx context.Context) (valid map[string]bool, refused map[string]int64, err error) {
-	resp, err := n.cli.Get(ctx, Prefix+"restarting/", clientv3.WithPrefix())
+	kvs, err := n.cli.List(ctx, Prefix+"restarting/")
 	if err != nil {
 		return nil, nil, err
 	}
 	valid, refused = map[string]bool{}, map[string]int64{}
-	for _, kv := range resp.Kvs {
-		node := strings.TrimPrefix(string(kv.Key), Prefix+"restarting/")
-		if err := openMark(n.cfg.Token, node, kv.Value, kv.Lease); err != nil {
+	for _, kv := range kvs {
+		node := strings.TrimPrefix(kv.Key, Prefix+"restarting/")
+		if err := openMark(n.cfg.Token, node, []byte(kv.Value), kv.Lease); err != nil {
 			n.refused("restarting/"+node, err)
-			refused[node] = kv.ModRevision
+			refused[node] = kv.ModRev
 			continue
 		}
 		valid[node] = true
@@ -493,7 +491,7 @@ func (n *Node) Drain() {
 	n.draining.Store(true)
 	ctx, cancel := n.op()
 	defer cancel()
-	if _, err := n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(n.signedInfo()), clientv3.WithLease(n.leaseID())); err != nil {
+	if err := n.cli.Put(ctx, Prefix+"nodes/"+n.cfg.NodeID, string(n.signedInfo()), n.leaseID()); err != nil {
 		n.log.Warn("cluster_drain_failed", "err", err)
 	}
 	n.log.Info("cluster_draining", "node", n.cfg.NodeID)
@@ -509,14 +507,14 @@ func (n *Node) Close(restarting bool) {
 	ctx, cancel := n.op()
 	defer cancel()
 	if restarting {
-		if l, err := n.cli.Grant(ctx, int64(n.cfg.RestartGrace/time.Second)); err == nil {
-			_, err = n.cli.Put(ctx, Prefix+"restarting/"+n.cfg.NodeID, string(n.signedMark(l.ID)), clientv3.WithLease(l.ID))
+		if l, err := n.cli.Grant(ctx, n.cfg.RestartGrace); err == nil {
+			err = n.cli.Put(ctx, Prefix+"restarting/"+n.cfg.NodeID, string(n.signedMark(l)), l)
 			if err != nil {
 				n.log.Warn("cluster_restart_mark_failed", "err", err)
 			}
 		}
 	}
-	if _, err := n.cli.Revoke(ctx, n.leaseID()); err != nil {
+	if err := n.cli.Revoke(ctx, n.leaseID()); err != nil {
 		n.log.Warn("cluster_revoke_failed", "err", err)
 	}
 	_ = n.cli.Close()

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/sandgate/sandgate/gateway"
 )
 
@@ -142,28 +140,28 @@ func (s *Store) put(r gateway.Record) error {
 
 func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) (bool, error) {
 	ok, live := keyOwner(r.ID), keyLive(r.Tenant, r.ID)
-	resp, err := s.n.cli.Get(ctx, ok)
+	cur, err := s.n.cli.Get(ctx, ok)
 	if err != nil {
 		return false, unavailable(err)
 	}
-	if len(resp.Kvs) > 0 { // known: only its owner writes it
-		if string(resp.Kvs[0].Value) != me {
+	if cur != nil { // known: only its owner writes it
+		if cur.Value != me {
 			return false, &gateway.Error{Kind: gateway.KindConflict, Code: "session_not_owned", Message: "the session is held by another node"}
 		}
-		ops := []clientv3.Op{clientv3.OpPut(keyRecord(r.Tenant, r.ID), data)}
+		ops := []Op{OpPut(keyRecord(r.Tenant, r.ID), data, 0)}
 		if isLive(r.Status) {
-			ops = append(ops, clientv3.OpPut(live, s.n.cfg.NodeID))
+			ops = append(ops, OpPut(live, s.n.cfg.NodeID, 0))
 		} else {
-			ops = append(ops, clientv3.OpDelete(live))
+			ops = append(ops, OpDelete(live))
 		}
 		// A session another node marked failed (this node was taken for
 		// lost) stays failed: its live key is gone.
 		ops = append(ops, releaseOps(r, false)...)
-		cmp := []clientv3.Cmp{clientv3.Compare(clientv3.Value(ok), "=", me)}
+		cmp := []Cmp{CompareValue(ok, "=", me)}
 		if isLive(r.Status) {
-			cmp = append(cmp, clientv3.Compare(clientv3.CreateRevision(live), ">", 0))
+			cmp = append(cmp, CompareCreate(live, ">", 0))
 		}
-		tr, err := s.n.cli.Txn(ctx).If(cmp...).Then(ops...).Commit()
+		tr, err := s.n.cli.Txn(ctx, cmp, ops, nil)
 		if err != nil {
 			return false, unavailable(err)
 		}
@@ -178,34 +176,34 @@ func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) 
 		return false, unavailable(err)
 	}
 	var guardRev int64
-	if len(g.Kvs) > 0 {
-		guardRev = g.Kvs[0].ModRevision
+	if g != nil {
+		guardRev = g.ModRev
 	}
 	if isLive(r.Status) && s.n.cfg.MaxSessionsPerTenant > 0 {
-		c, err := s.n.cli.Get(ctx, Prefix+"live/"+tenantKey(r.Tenant)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		c, err := s.n.cli.Count(ctx, Prefix+"live/"+tenantKey(r.Tenant)+"/")
 		if err != nil {
 			return false, unavailable(err)
 		}
-		if c.Count >= int64(s.n.cfg.MaxSessionsPerTenant) {
+		if c >= int64(s.n.cfg.MaxSessionsPerTenant) {
 			return false, &gateway.Error{Kind: gateway.KindQuota, Code: "quota_exceeded",
 				Message: fmt.Sprintf("tenant session limit reached across the cluster (max-sessions-per-tenant=%d)", s.n.cfg.MaxSessionsPerTenant)}
 		}
 	}
-	ops := []clientv3.Op{
-		clientv3.OpPut(ok, me),
-		clientv3.OpPut(keyRecord(r.Tenant, r.ID), data),
-		clientv3.OpPut(keyGuard(r.Tenant), r.ID),
+	ops := []Op{
+		OpPut(ok, me, 0),
+		OpPut(keyRecord(r.Tenant, r.ID), data, 0),
+		OpPut(keyGuard(r.Tenant), r.ID, 0),
 	}
 	if isLive(r.Status) {
-		ops = append(ops, clientv3.OpPut(live, s.n.cfg.NodeID))
+		ops = append(ops, OpPut(live, s.n.cfg.NodeID, 0))
 	}
 	claimCmp, claimPut, claimGet := claimOps(r)
 	wsCmp, wsGet := workspaceClaimOps(r) // workspaces.go
 	claimCmp, claimGet = append(claimCmp, wsCmp...), append(claimGet, wsGet...)
-	tr, err := s.n.cli.Txn(ctx).If(append([]clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(ok), "=", 0),
-		clientv3.Compare(clientv3.ModRevision(keyGuard(r.Tenant)), "=", guardRev),
-	}, claimCmp...)...).Then(append(ops, claimPut...)...).Else(claimGet...).Commit()
+	tr, err := s.n.cli.Txn(ctx, append([]Cmp{
+		CompareCreate(ok, "=", 0),
+		CompareMod(keyGuard(r.Tenant), "=", guardRev),
+	}, claimCmp...), append(ops, claimPut...), claimGet)
 	if err != nil {
 		return false, unavailable(err)
 	}
@@ -214,10 +212,7 @@ func (s *Store) putOnce(ctx context.Context, r gateway.Record, data, me string) 
 		return true, nil
 	}
 	// The guard moved (another create: count again), or a claim is taken.
-	resps := make([]*clientv3.GetResponse, 0, len(tr.Responses))
-	for _, rp := range tr.Responses {
-		resps = append(resps, (*clientv3.GetResponse)(rp.GetResponseRange()))
-	}
+	resps := tr.Gets
 	if resps, err = workspaceConflict(r, resps); err != nil {
 		return false, err
 	}
@@ -259,11 +254,11 @@ func (n *Node) dropSession(ctx context.Context, o owner, id string) error {
 	if err != nil {
 		return err
 	}
-	ops := []clientv3.Op{clientv3.OpDelete(keyOwner(id)), clientv3.OpDelete(keyRecord(o.tenant, id)), clientv3.OpDelete(keyLive(o.tenant, id))}
+	ops := []Op{OpDelete(keyOwner(id)), OpDelete(keyRecord(o.tenant, id)), OpDelete(keyLive(o.tenant, id))}
 	if found {
 		ops = append(ops, releaseOps(rec, true)...)
 	}
-	_, err = n.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(keyOwner(id)), "=", ownerValue(o.tenant, o.node))).Then(ops...).Commit()
+	_, err = n.cli.Txn(ctx, []Cmp{CompareValue(keyOwner(id), "=", ownerValue(o.tenant, o.node))}, ops, nil)
 	return err
 }
 
@@ -283,16 +278,16 @@ func (s *Store) All() ([]gateway.Record, error) {
 	defer cancel()
 	out := recs[:0]
 	for _, r := range recs {
-		resp, err := s.n.cli.Get(ctx, keyRecord(r.Tenant, r.ID))
+		kv, err := s.n.cli.Get(ctx, keyRecord(r.Tenant, r.ID))
 		if err != nil {
 			s.n.log.Warn("cluster_restore_from_cache", "err", err)
 			return recs, nil
 		}
-		if len(resp.Kvs) == 0 {
+		if kv == nil {
 			continue
 		}
 		var er gateway.Record
-		if json.Unmarshal(resp.Kvs[0].Value, &er) != nil {
+		if json.Unmarshal([]byte(kv.Value), &er) != nil {
 			continue
 		}
 		if !isLive(er.Status) {
@@ -314,7 +309,7 @@ func (s *Store) PutTombstone(t gateway.Tombstone) error {
 	}
 	ctx, cancel := s.n.op()
 	defer cancel()
-	if _, err := s.n.cli.Put(ctx, keyTombstone(t.ID), string(data)); err != nil {
+	if err := s.n.cli.Put(ctx, keyTombstone(t.ID), string(data), 0); err != nil {
 		return unavailable(err)
 	}
 	return nil
@@ -327,11 +322,11 @@ func (s *Store) DeleteTombstones(ids ...string) error {
 	for len(ids) > 0 {
 		batch := ids[:min(len(ids), 100)]
 		ids = ids[len(batch):]
-		ops := make([]clientv3.Op, 0, len(batch))
+		ops := make([]Op, 0, len(batch))
 		for _, id := range batch {
-			ops = append(ops, clientv3.OpDelete(keyTombstone(id)))
+			ops = append(ops, OpDelete(keyTombstone(id)))
 		}
-		if _, err := s.n.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		if _, err := s.n.cli.Txn(ctx, nil, ops, nil); err != nil {
 			return unavailable(err)
 		}
 	}
@@ -342,14 +337,14 @@ func (s *Store) DeleteTombstones(ids ...string) error {
 func (s *Store) Tombstones() ([]gateway.Tombstone, error) {
 	ctx, cancel := s.n.op()
 	defer cancel()
-	resp, err := s.n.cli.Get(ctx, Prefix+"tombstones/", clientv3.WithPrefix())
+	kvs, err := s.n.cli.List(ctx, Prefix+"tombstones/")
 	if err != nil {
 		return nil, unavailable(err)
 	}
-	out := make([]gateway.Tombstone, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	out := make([]gateway.Tombstone, 0, len(kvs))
+	for _, kv := range kvs {
 		var t gateway.Tombstone
-		if json.Unmarshal(kv.Value, &t) == nil {
+		if json.Unmarshal([]byte(kv.Value), &t) == nil {
 			out = append(out, t)
 		}
 	}
@@ -358,12 +353,12 @@ func (s *Store) Tombstones() ([]gateway.Tombstone, error) {
 
 // Tombstone returns session id's tombstone, if any.
 func (n *Node) Tombstone(ctx context.Context, id string) (gateway.Tombstone, bool, error) {
-	resp, err := n.cli.Get(ctx, keyTombstone(id))
-	if err != nil || len(resp.Kvs) == 0 {
+	kv, err := n.cli.Get(ctx, keyTombstone(id))
+	if err != nil || kv == nil {
 		return gateway.Tombstone{}, false, err
 	}
 	var t gateway.Tombstone
-	if err := json.Unmarshal(resp.Kvs[0].Value, &t); err != nil {
+	if err := json.Unmarshal([]byte(kv.Value), &t); err != nil {
 		return gateway.Tombstone{}, false, err
 	}
 	return t, true, nil
@@ -373,14 +368,14 @@ func (n *Node) Tombstone(ctx context.Context, id string) (gateway.Tombstone, boo
 func (n *Node) Records(ctx context.Context, tenant string) ([]gateway.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
-	resp, err := n.cli.Get(ctx, Prefix+"sessions/"+tenantKey(tenant)+"/", clientv3.WithPrefix())
+	kvs, err := n.cli.List(ctx, Prefix+"sessions/"+tenantKey(tenant)+"/")
 	if err != nil {
 		return nil, unavailable(err)
 	}
-	out := make([]gateway.Record, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	out := make([]gateway.Record, 0, len(kvs))
+	for _, kv := range kvs {
 		var r gateway.Record
-		if json.Unmarshal(kv.Value, &r) == nil && r.Tenant == tenant {
+		if json.Unmarshal([]byte(kv.Value), &r) == nil && r.Tenant == tenant {
 			out = append(out, r)
 		}
 	}
@@ -398,15 +393,15 @@ func (n *Node) Record(ctx context.Context, id string) (gateway.Record, bool, err
 	if o.node == "" {
 		return gateway.Record{}, false, nil
 	}
-	resp, err := n.cli.Get(ctx, keyRecord(o.tenant, id))
+	kv, err := n.cli.Get(ctx, keyRecord(o.tenant, id))
 	if err != nil {
 		return gateway.Record{}, false, unavailable(err)
 	}
-	if len(resp.Kvs) == 0 {
+	if kv == nil {
 		return gateway.Record{}, false, nil
 	}
 	var r gateway.Record
-	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+	if err := json.Unmarshal([]byte(kv.Value), &r); err != nil {
 		return gateway.Record{}, false, err
 	}
 	return r, true, nil
@@ -421,14 +416,14 @@ func (n *Node) lookupOwner(ctx context.Context, id string) (owner, error) {
 	if ok {
 		return o, nil
 	}
-	resp, err := n.cli.Get(ctx, keyOwner(id))
+	kv, err := n.cli.Get(ctx, keyOwner(id))
 	if err != nil {
 		return owner{}, err
 	}
-	if len(resp.Kvs) == 0 {
+	if kv == nil {
 		return owner{}, nil
 	}
-	t, node, ok := strings.Cut(string(resp.Kvs[0].Value), "\x00")
+	t, node, ok := strings.Cut(kv.Value, "\x00")
 	if !ok || t == "" || node == "" || strings.ContainsRune(node, 0) {
 		// Never cached: a node that wrote it right later, or an operator
 		// who repairs it, is seen at the next lookup.

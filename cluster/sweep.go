@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/sandgate/sandgate/gateway"
 )
 
@@ -24,10 +22,10 @@ func (n *Node) sweep() {
 	defer t.Stop()
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var gone clientv3.WatchChan
+	var gone <-chan struct{}
 	for {
 		if gone == nil {
-			gone = n.cli.Watch(clientv3.WithRequireLeader(wctx), Prefix+"nodes/", clientv3.WithPrefix(), clientv3.WithFilterPut())
+			gone = n.cli.WatchGone(wctx, Prefix+"nodes/")
 		}
 		select {
 		case <-n.stop:
@@ -60,15 +58,15 @@ func (n *Node) SweepOnce(ctx context.Context) (int, error) {
 	// neither keeps its node present nor, by existing, blocks the sweep
 	// (markLost compares its revision, not its absence).
 	present, refusedNode := map[string]bool{}, map[string]int64{}
-	ns, err := n.cli.Get(ctx, Prefix+"nodes/", clientv3.WithPrefix())
+	ns, err := n.cli.List(ctx, Prefix+"nodes/")
 	if err != nil {
 		return 0, err
 	}
-	for _, kv := range ns.Kvs {
-		node := strings.TrimPrefix(string(kv.Key), Prefix+"nodes/")
-		if _, err := openInfo(n.cfg.Token, node, kv.Value, kv.Lease); err != nil {
+	for _, kv := range ns {
+		node := strings.TrimPrefix(kv.Key, Prefix+"nodes/")
+		if _, err := openInfo(n.cfg.Token, node, []byte(kv.Value), kv.Lease); err != nil {
 			n.refused(node, err)
-			refusedNode[node] = kv.ModRevision
+			refusedNode[node] = kv.ModRev
 			continue
 		}
 		present[node] = true
@@ -80,23 +78,23 @@ func (n *Node) SweepOnce(ctx context.Context) (int, error) {
 	for node := range rs {
 		present[node] = true
 	}
-	resp, err := n.cli.Get(ctx, Prefix+"live/", clientv3.WithPrefix())
+	lives, err := n.cli.List(ctx, Prefix+"live/")
 	if err != nil {
 		return 0, err
 	}
 	marked := 0
-	for _, kv := range resp.Kvs {
-		node := string(kv.Value)
+	for _, kv := range lives {
+		node := kv.Value
 		if present[node] {
 			continue
 		}
 		// live/<tenant>/<id>
-		rest := strings.TrimPrefix(string(kv.Key), Prefix+"live/")
+		rest := strings.TrimPrefix(kv.Key, Prefix+"live/")
 		tk, id, ok := strings.Cut(rest, "/")
 		if !ok {
 			continue
 		}
-		if ok, err := n.markLost(ctx, tk, id, node, kv.ModRevision, refusedNode[node], refusedMark[node]); err != nil {
+		if ok, err := n.markLost(ctx, tk, id, node, kv.ModRev, refusedNode[node], refusedMark[node]); err != nil {
 			return marked, err
 		} else if ok {
 			marked++
@@ -114,26 +112,26 @@ func (n *Node) SweepOnce(ctx context.Context) (int, error) {
 func (n *Node) markLost(ctx context.Context, tk, id, node string, liveRev, nodeRev, markRev int64) (bool, error) {
 	recKey := Prefix + "sessions/" + tk + "/" + id
 	liveKey := Prefix + "live/" + tk + "/" + id
-	resp, err := n.cli.Get(ctx, recKey)
+	rec, err := n.cli.Get(ctx, recKey)
 	if err != nil {
 		return false, err
 	}
-	if len(resp.Kvs) == 0 {
-		_, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(liveKey), "=", liveRev)).Then(clientv3.OpDelete(liveKey)).Commit()
+	if rec == nil {
+		_, err := n.cli.Txn(ctx, []Cmp{CompareMod(liveKey, "=", liveRev)}, []Op{OpDelete(liveKey)}, nil)
 		return false, err
 	}
 	var r gateway.Record
-	if err := json.Unmarshal(resp.Kvs[0].Value, &r); err != nil {
+	if err := json.Unmarshal([]byte(rec.Value), &r); err != nil {
 		return false, err
 	}
 	r.Status, r.StatusReason = gateway.StatusFailed, ReasonNodeLost
 	data, _ := json.Marshal(r)
-	tr, err := n.cli.Txn(ctx).If(
-		clientv3.Compare(clientv3.ModRevision(recKey), "=", resp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.ModRevision(liveKey), "=", liveRev),
-		clientv3.Compare(clientv3.ModRevision(Prefix+"nodes/"+node), "=", nodeRev),
-		clientv3.Compare(clientv3.ModRevision(Prefix+"restarting/"+node), "=", markRev),
-	).Then(append([]clientv3.Op{clientv3.OpPut(recKey, string(data)), clientv3.OpDelete(liveKey)}, releaseOps(r, false)...)...).Commit()
+	tr, err := n.cli.Txn(ctx, []Cmp{
+		CompareMod(recKey, "=", rec.ModRev),
+		CompareMod(liveKey, "=", liveRev),
+		CompareMod(Prefix+"nodes/"+node, "=", nodeRev),
+		CompareMod(Prefix+"restarting/"+node, "=", markRev),
+	}, append([]Op{OpPut(recKey, string(data), 0), OpDelete(liveKey)}, releaseOps(r, false)...), nil)
 	if err != nil {
 		return false, err
 	}

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/sandgate/sandgate/gateway"
 )
 
@@ -32,11 +30,11 @@ func keyWorkspace(t, name string) string { return Prefix + "workspaces/" + tenan
 // wsClaim is a workspaces/ key's value.
 type wsClaim struct {
 	session, node string
-	lease         clientv3.LeaseID
+	lease         int64
 }
 
 func (c wsClaim) String() string {
-	return c.session + "\x00" + c.node + "\x00" + strconv.FormatInt(int64(c.lease), 16)
+	return c.session + "\x00" + c.node + "\x00" + strconv.FormatInt(c.lease, 16)
 }
 
 func parseClaim(v string) wsClaim {
@@ -45,14 +43,14 @@ func parseClaim(v string) wsClaim {
 		return wsClaim{session: v}
 	}
 	l, _ := strconv.ParseInt(parts[2], 16, 64)
-	return wsClaim{parts[0], parts[1], clientv3.LeaseID(l)}
+	return wsClaim{parts[0], parts[1], l}
 }
 
 // bySession compares a workspaces/ key's value with session's claims.
-func bySession(k, session string) []clientv3.Cmp {
-	return []clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(k), ">", session+"\x00"),
-		clientv3.Compare(clientv3.Value(k), "<", session+"\x01"),
+func bySession(k, session string) []Cmp {
+	return []Cmp{
+		CompareValue(k, ">", session+"\x00"),
+		CompareValue(k, "<", session+"\x01"),
 	}
 }
 
@@ -72,18 +70,18 @@ func (n *Node) held(ctx context.Context, tenant string, c wsClaim) (bool, error)
 	if ok, err := n.exists(ctx, keyLive(tenant, c.session)); err != nil || ok {
 		return ok, err
 	}
-	resp, err := n.cli.Get(ctx, Prefix+"nodes/"+c.node)
+	kv, err := n.cli.Get(ctx, Prefix+"nodes/"+c.node)
 	if err != nil {
 		return false, err
 	}
-	if len(resp.Kvs) > 0 && clientv3.LeaseID(resp.Kvs[0].Lease) == c.lease {
+	if kv != nil && kv.Lease == c.lease {
 		return true, nil
 	}
 	mark, err := n.cli.Get(ctx, Prefix+"restarting/"+c.node)
-	if err != nil || len(mark.Kvs) == 0 {
+	if err != nil || mark == nil {
 		return false, err
 	}
-	return openMark(n.cfg.Token, c.node, mark.Kvs[0].Value, mark.Kvs[0].Lease) == nil, nil
+	return openMark(n.cfg.Token, c.node, []byte(mark.Value), mark.Lease) == nil, nil
 }
 
 // Acquire reserves tenant's workspace name for session. A claim of this
@@ -95,14 +93,13 @@ func (l *WorkspaceLocks) Acquire(ctx context.Context, tenant, name, session stri
 	defer cancel()
 	k := keyWorkspace(tenant, name)
 	for range 8 {
-		resp, err := n.cli.Get(ctx, k)
+		kv, err := n.cli.Get(ctx, k)
 		if err != nil {
 			return unavailable(err)
 		}
-		cmp := clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
-		if len(resp.Kvs) > 0 {
-			kv := resp.Kvs[0]
-			c := parseClaim(string(kv.Value))
+		cmp := CompareCreate(k, "=", 0)
+		if kv != nil {
+			c := parseClaim(kv.Value)
 			if c.session != session && c.node != n.cfg.NodeID {
 				held, err := n.held(ctx, tenant, c)
 				if err != nil {
@@ -112,10 +109,10 @@ func (l *WorkspaceLocks) Acquire(ctx context.Context, tenant, name, session stri
 					return errWorkspaceBusy(name)
 				}
 			}
-			cmp = clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)
+			cmp = CompareMod(k, "=", kv.ModRev)
 		}
 		v := wsClaim{session, n.cfg.NodeID, n.leaseID()}.String()
-		tr, err := n.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(k, v)).Commit()
+		tr, err := n.cli.Txn(ctx, []Cmp{cmp}, []Op{OpPut(k, v, 0)}, nil)
 		if err != nil {
 			return unavailable(err)
 		}
@@ -134,7 +131,7 @@ func (l *WorkspaceLocks) Release(ctx context.Context, tenant, name, session stri
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
 	k := keyWorkspace(tenant, name)
-	if _, err := n.cli.Txn(ctx).If(bySession(k, session)...).Then(clientv3.OpDelete(k)).Commit(); err != nil {
+	if _, err := n.cli.Txn(ctx, bySession(k, session), []Op{OpDelete(k)}, nil); err != nil {
 		n.log.Warn("cluster_workspace_release_failed", "workspace", name, "session", session, "err", err)
 		return unavailable(err)
 	}
@@ -152,17 +149,17 @@ func (l *WorkspaceLocks) Tidy(ctx context.Context, keep func(tenant, name, sessi
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
 	prefix := Prefix + "workspaces/"
-	resp, err := n.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	kvs, err := n.cli.List(ctx, prefix)
 	if err != nil {
 		return unavailable(err)
 	}
 	var errs []error
-	for _, kv := range resp.Kvs {
-		c := parseClaim(string(kv.Value))
+	for _, kv := range kvs {
+		c := parseClaim(kv.Value)
 		if c.node != n.cfg.NodeID {
 			continue
 		}
-		tk, name, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), prefix), "/")
+		tk, name, ok := strings.Cut(strings.TrimPrefix(kv.Key, prefix), "/")
 		tenant, err := url.PathUnescape(tk)
 		if !ok || err != nil {
 			continue // not a key this code writes
@@ -174,18 +171,18 @@ func (l *WorkspaceLocks) Tidy(ctx context.Context, keep func(tenant, name, sessi
 				continue
 			}
 		}
-		k := string(kv.Key)
-		same := clientv3.Compare(clientv3.ModRevision(k), "=", kv.ModRevision)
-		var op clientv3.Op
+		k := kv.Key
+		same := CompareMod(k, "=", kv.ModRev)
+		var op Op
 		switch {
 		case hold && c.lease == n.leaseID():
 			continue
 		case hold:
-			op = clientv3.OpPut(k, wsClaim{c.session, n.cfg.NodeID, n.leaseID()}.String())
+			op = OpPut(k, wsClaim{c.session, n.cfg.NodeID, n.leaseID()}.String(), 0)
 		default:
-			op = clientv3.OpDelete(k)
+			op = OpDelete(k)
 		}
-		if _, err := n.cli.Txn(ctx).If(same).Then(op).Commit(); err != nil {
+		if _, err := n.cli.Txn(ctx, []Cmp{same}, []Op{op}, nil); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -202,14 +199,14 @@ func (l *WorkspaceLocks) Holder(ctx context.Context, tenant, name string) (strin
 	n := l.n
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.OpTimeout)
 	defer cancel()
-	resp, err := n.cli.Get(ctx, keyWorkspace(tenant, name))
+	kv, err := n.cli.Get(ctx, keyWorkspace(tenant, name))
 	if err != nil {
 		return "", unavailable(err)
 	}
-	if len(resp.Kvs) == 0 {
+	if kv == nil {
 		return "", nil
 	}
-	c := parseClaim(string(resp.Kvs[0].Value))
+	c := parseClaim(kv.Value)
 	held, err := n.held(ctx, tenant, c)
 	if err != nil {
 		return "", unavailable(err)
@@ -223,23 +220,23 @@ func (l *WorkspaceLocks) Holder(ctx context.Context, tenant, name string) (strin
 // workspaceClaimOps are the compare and read a new live record's create
 // transaction adds for its named workspace: the claim must still be the
 // session's (no other node took it over since).
-func workspaceClaimOps(r gateway.Record) ([]clientv3.Cmp, []clientv3.Op) {
+func workspaceClaimOps(r gateway.Record) ([]Cmp, []Op) {
 	if r.WorkspaceRef.Name == "" || !isLive(r.Status) {
 		return nil, nil
 	}
 	k := keyWorkspace(r.Tenant, r.WorkspaceRef.Name)
-	return bySession(k, r.ID), []clientv3.Op{clientv3.OpGet(k)}
+	return bySession(k, r.ID), []Op{OpGet(k)}
 }
 
 // workspaceConflict looks at the last of a failed create transaction's
 // reads (resps), the workspace claim's when workspaceClaimOps added one,
 // and returns the others, for claimConflict.
-func workspaceConflict(r gateway.Record, resps []*clientv3.GetResponse) ([]*clientv3.GetResponse, error) {
+func workspaceConflict(r gateway.Record, resps []*KeyValue) ([]*KeyValue, error) {
 	if _, get := workspaceClaimOps(r); get == nil || len(resps) == 0 {
 		return resps, nil
 	}
 	last := resps[len(resps)-1]
-	if len(last.Kvs) == 0 || parseClaim(string(last.Kvs[0].Value)).session != r.ID {
+	if last == nil || parseClaim(last.Value).session != r.ID {
 		return nil, errWorkspaceBusy(r.WorkspaceRef.Name)
 	}
 	return resps[:len(resps)-1], nil

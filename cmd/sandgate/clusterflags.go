@@ -15,13 +15,20 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/sandgate/sandgate/cluster"
+	"github.com/sandgate/sandgate/cluster/kubestore"
 	"github.com/sandgate/sandgate/gateway"
 )
 
 // clusterFlags are the flags of cluster mode (docs/cluster.md).
 type clusterFlags struct {
 	etcd         listFlag
+	kube         bool
+	kubeconfig   string
+	kubeNS       string
 	etcdCA       string
 	etcdCert     string
 	etcdKey      string
@@ -39,6 +46,9 @@ type clusterFlags struct {
 
 func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.Var(&c.etcd, "cluster-etcd", "etcd client URLs (comma-separated or repeated): run as a node of the cluster they hold; unset, the gateway stands alone")
+	fs.BoolVar(&c.kube, "cluster-kube", false, "run as a node of the cluster whose shared store is the Kubernetes API (instead of --cluster-etcd): Leases and ConfigMaps in --cluster-kube-namespace (docs/kubernetes.md; RBAC: deploy/rbac-store.yaml)")
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "with --cluster-kube: kubeconfig file to reach the API server with (default: the pod's in-cluster service account)")
+	fs.StringVar(&c.kubeNS, "cluster-kube-namespace", "", "with --cluster-kube: namespace of the store (default: the kubeconfig context's namespace, else the pod's, else \"sandgate\")")
 	fs.StringVar(&c.etcdCA, "cluster-etcd-ca", "", "PEM CA that signed etcd's server certificates")
 	fs.StringVar(&c.etcdCert, "cluster-etcd-cert", "", "PEM client certificate for etcd (with --cluster-etcd-key)")
 	fs.StringVar(&c.etcdKey, "cluster-etcd-key", "", "PEM client key for etcd")
@@ -53,7 +63,39 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.restartGrace, "cluster-restart-grace", cluster.DefaultRestartGrace, "how long a node drained by SIGTERM (with --keep-sandboxes-on-exit) may take to come back before its sessions are marked failed")
 }
 
-func (c *clusterFlags) enabled() bool { return len(c.etcd) > 0 }
+func (c *clusterFlags) enabled() bool { return len(c.etcd) > 0 || c.kube }
+
+// kubeStore opens the Kubernetes store (--cluster-kube).
+func (c *clusterFlags) kubeStore() (*kubestore.Store, error) {
+	var cfg *rest.Config
+	ns := c.kubeNS
+	if c.kubeconfig != "" {
+		loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.kubeconfig}, &clientcmd.ConfigOverrides{})
+		var err error
+		if cfg, err = loader.ClientConfig(); err != nil {
+			return nil, fmt.Errorf("--kubeconfig: %w", err)
+		}
+		if ns == "" {
+			if n, _, err := loader.Namespace(); err == nil && n != "default" {
+				ns = n
+			}
+		}
+	} else {
+		var err error
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			return nil, fmt.Errorf("--cluster-kube without --kubeconfig needs the pod's service account: %w", err)
+		}
+	}
+	if ns == "" {
+		ns = kubestore.InClusterNamespace()
+	}
+	if ns == "" {
+		ns = "sandgate"
+	}
+	cfg.UserAgent = "sandgate/" + version
+	return kubestore.Open(cfg, ns)
+}
 
 // checkEgress refuses egress CIDRs (--egress-allow-cidr) that contain the
 // address of an etcd endpoint, unless --force-egress-to-etcd: sandboxes
@@ -128,8 +170,14 @@ func (c *clusterFlags) config(dataDir string, maxSessions, maxPerTenant int, log
 		RestartGrace: c.restartGrace, MaxSessions: maxSessions, MaxSessionsPerTenant: maxPerTenant, Log: log,
 	}
 	cc.Endpoints = etcdEndpoints(c.etcd)
+	if c.kube && len(cc.Endpoints) > 0 {
+		return cc, errors.New("--cluster-kube and --cluster-etcd are two stores: pass one")
+	}
+	if !c.kube && (c.kubeconfig != "" || c.kubeNS != "") {
+		return cc, errors.New("--kubeconfig and --cluster-kube-namespace go with --cluster-kube")
+	}
 	if c.tokenFile == "" {
-		return cc, errors.New("--cluster-etcd needs --cluster-token-file")
+		return cc, errors.New("cluster mode (--cluster-etcd, --cluster-kube) needs --cluster-token-file")
 	}
 	b, err := os.ReadFile(c.tokenFile)
 	if err != nil {
@@ -182,6 +230,18 @@ func (c *clusterFlags) open(ctx context.Context, cfg *serveConfig, log *slog.Log
 	cc, err := c.config(cfg.dataDir, cfg.maxSessions, cfg.maxPerTenant, log)
 	if err != nil {
 		return nil, err
+	}
+	if c.kube {
+		kv, err := c.kubeStore()
+		if err != nil {
+			return nil, err
+		}
+		cc.KV = kv
+		n, err := cluster.Open(ctx, cc, sessions)
+		if err != nil {
+			_ = kv.Close()
+		}
+		return n, err
 	}
 	return cluster.Open(ctx, cc, sessions)
 }

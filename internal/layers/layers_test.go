@@ -54,6 +54,8 @@ var forbidden = map[string][]string{
 	"internal/sbom":      {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/"},           // make dist: the standard library only
 	"internal/ociimage":  {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "internal/", "images"}, // make dist
 	"internal/s3test":    {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "workspace", "cluster"},
+	// kubetest runs a control plane (etcd, kube-apiserver) for tests: none of the gateway's code.
+	"internal/kubetest": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "workspace", "cluster", "internal/"},
 	// console is static files a browser runs: they call the REST API like
 	// any client, so the package needs none of the gateway's code.
 	"console": {"sandbox", "gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress", "dataplane", "images", "internal", "api-spec",

@@ -1,0 +1,784 @@
+// Package kubestore is the cluster's shared store (cluster.KV) on the
+// Kubernetes API: `serve --cluster-kube`. It keeps etcd's guarantees, so
+// that the cluster's code is the same on both stores:
+//
+//   - Each key is a ConfigMap of the store's namespace, named
+//     sgkv-<hash of the key>, holding the key, its value, its create and
+//     mod revisions and its lease. A ConfigMap carries a label per
+//     directory of its key (sandgate.dev/kv-d<depth>: hash of the
+//     directory), so a list by prefix is one labelled list.
+//   - Node liveness is coordination.k8s.io Leases (sgkv-lease-<id>): a
+//     key put on a lease is absent once its Lease's renewTime plus its
+//     duration is past, or the Lease is gone.
+//   - Transactions are serialized through one object, the ConfigMap
+//     sgkv-commit, that holds the store's revision and the last
+//     transaction's writes. A transaction reads the keys it compares,
+//     then commits by writing sgkv-commit with resourceVersion
+//     compare-and-swap (a concurrent commit makes it start again), and
+//     only then applies its writes to the keys. A write is applied only
+//     over an older mod revision, and a delete leaves a tombstone (removed
+//     a while later), so a late or repeated apply changes nothing; a
+//     transaction that finds the previous one's writes not all applied
+//     (its writer died) applies them first, and every read overlays them.
+//     So compares and writes are atomic, as in an etcd transaction: a
+//     tenant's quota is exact, and a session's owner is written once.
+//
+// ConfigMaps rather than a CRD: nothing to install before a node starts
+// (the chart's CRDs are the Session and claim resources), and RBAC confined
+// to the one namespace. The cost is one write of sgkv-commit per
+// transaction for the whole cluster: creates are serialized through it.
+package kubestore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/sandgate/sandgate/cluster"
+)
+
+const (
+	commitName  = "sgkv-commit"
+	labelStore  = "sandgate.dev/kv"
+	labelLease  = "sandgate.dev/kv-lease"
+	leasePrefix = "sgkv-lease-"
+	// tombstoneAge is how long a deleted key's tombstone stays: longer
+	// than any apply of a transaction that committed before the delete.
+	tombstoneAge = 2 * time.Minute
+)
+
+// Store is a cluster.KV on the Kubernetes API.
+type Store struct {
+	c  *http.Client
+	ns string
+	// base is the API server's URL.
+	base string
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// Open returns the store over cfg in namespace ns.
+func Open(cfg *rest.Config, ns string) (*Store, error) {
+	if ns == "" {
+		return nil, errors.New("kubestore: no namespace")
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubestore: %w", err)
+	}
+	host := cfg.Host
+	if !strings.Contains(host, "://") {
+		host = "https://" + host
+	}
+	s := &Store{c: hc, ns: ns, base: strings.TrimSuffix(host, "/") + strings.TrimSuffix(cfg.APIPath, "/"), stop: make(chan struct{})}
+	s.wg.Add(1)
+	go s.collect()
+	return s, nil
+}
+
+// InClusterNamespace is the pod's namespace (from its service account),
+// or "" outside a pod.
+func InClusterNamespace() string {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// ---- the API, as plain JSON over client-go's authenticated transport ----
+
+type objectMeta struct {
+	Name            string            `json:"name"`
+	Namespace       string            `json:"namespace,omitempty"`
+	ResourceVersion string            `json:"resourceVersion,omitempty"`
+	Labels          map[string]string `json:"labels,omitempty"`
+}
+
+type configMap struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   objectMeta        `json:"metadata"`
+	Data       map[string]string `json:"data,omitempty"`
+}
+
+type configMapList struct {
+	Items []configMap `json:"items"`
+}
+
+type leaseSpec struct {
+	HolderIdentity       string `json:"holderIdentity,omitempty"`
+	LeaseDurationSeconds int64  `json:"leaseDurationSeconds"`
+	RenewTime            string `json:"renewTime,omitempty"`
+}
+
+type lease struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       string     `json:"kind"`
+	Metadata   objectMeta `json:"metadata"`
+	Spec       leaseSpec  `json:"spec"`
+}
+
+type leaseList struct {
+	Items []lease `json:"items"`
+}
+
+// apiError is a non-2xx answer.
+type apiError struct {
+	Code int
+	Body string
+}
+
+func (e *apiError) Error() string {
+	return fmt.Sprintf("kubestore: the API server answered %d: %s", e.Code, strings.TrimSpace(e.Body))
+}
+
+func isCode(err error, code int) bool {
+	var ae *apiError
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+func (s *Store) cmPath(name string) string {
+	p := "/api/v1/namespaces/" + url.PathEscape(s.ns) + "/configmaps"
+	if name != "" {
+		p += "/" + name
+	}
+	return p
+}
+
+func (s *Store) leasePath(name string) string {
+	p := "/apis/coordination.k8s.io/v1/namespaces/" + url.PathEscape(s.ns) + "/leases"
+	if name != "" {
+		p += "/" + name
+	}
+	return p
+}
+
+func (s *Store) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := s.c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return &apiError{Code: resp.StatusCode, Body: string(b)}
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// ---- keys ----
+
+var b32 = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
+
+func objName(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return "sgkv-" + b32.EncodeToString(h[:20])
+}
+
+func dirHash(dir string) string {
+	h := sha256.Sum256([]byte(dir))
+	return hex.EncodeToString(h[:12])
+}
+
+// dirLabels labels a key with each of its directories.
+func dirLabels(key string) map[string]string {
+	l := map[string]string{labelStore: "1"}
+	depth := 0
+	for i := 0; i < len(key); i++ {
+		if key[i] == '/' {
+			l["sandgate.dev/kv-d"+strconv.Itoa(depth)] = dirHash(key[:i+1])
+			depth++
+		}
+	}
+	return l
+}
+
+// prefixSelector is the label selector of every key under prefix (a
+// superset when prefix does not end in /).
+func prefixSelector(prefix string) string {
+	dir := prefix[:strings.LastIndexByte(prefix, '/')+1]
+	if dir == "" {
+		return labelStore + "=1"
+	}
+	return labelStore + "=1,sandgate.dev/kv-d" + strconv.Itoa(strings.Count(dir, "/")-1) + "=" + dirHash(dir)
+}
+
+// record is a key's ConfigMap, decoded.
+type record struct {
+	kv        cluster.KeyValue
+	deleted   bool
+	deletedAt int64
+	rv        string
+}
+
+func decode(cm *configMap) record {
+	d := cm.Data
+	r := record{rv: cm.Metadata.ResourceVersion, deleted: d["deleted"] != ""}
+	r.kv.Key, r.kv.Value = d["key"], d["value"]
+	r.kv.CreateRev, _ = strconv.ParseInt(d["create"], 10, 64)
+	r.kv.ModRev, _ = strconv.ParseInt(d["mod"], 10, 64)
+	r.kv.Lease, _ = strconv.ParseInt(d["lease"], 10, 64)
+	r.deletedAt, _ = strconv.ParseInt(d["deleted"], 10, 64)
+	return r
+}
+
+func encode(key string, r record) configMap {
+	d := map[string]string{"key": key, "value": r.kv.Value, "create": strconv.FormatInt(r.kv.CreateRev, 10), "mod": strconv.FormatInt(r.kv.ModRev, 10)}
+	if r.kv.Lease != 0 {
+		d["lease"] = strconv.FormatInt(r.kv.Lease, 10)
+	}
+	if r.deleted {
+		d["deleted"] = strconv.FormatInt(time.Now().Unix(), 10)
+		d["value"] = ""
+	}
+	return configMap{APIVersion: "v1", Kind: "ConfigMap", Metadata: objectMeta{Name: objName(key), ResourceVersion: r.rv, Labels: dirLabels(key)}, Data: d}
+}
+
+// ---- the commit object ----
+
+// write is one write of a committed transaction.
+type write struct {
+	Key    string `json:"k"`
+	Value  string `json:"v,omitempty"`
+	Lease  int64  `json:"l,omitempty"`
+	Delete bool   `json:"d,omitempty"`
+}
+
+// commit is sgkv-commit: the store's revision and its transaction's writes.
+type commit struct {
+	rev    int64
+	writes []write
+	rv     string
+}
+
+func (s *Store) readCommit(ctx context.Context) (commit, error) {
+	var cm configMap
+	err := s.do(ctx, http.MethodGet, s.cmPath(commitName), nil, &cm)
+	if isCode(err, http.StatusNotFound) {
+		init := configMap{APIVersion: "v1", Kind: "ConfigMap", Metadata: objectMeta{Name: commitName, Labels: map[string]string{labelStore: "commit"}},
+			Data: map[string]string{"rev": "1"}}
+		err = s.do(ctx, http.MethodPost, s.cmPath(""), init, &cm)
+		if isCode(err, http.StatusConflict) {
+			err = s.do(ctx, http.MethodGet, s.cmPath(commitName), nil, &cm)
+		}
+	}
+	if err != nil {
+		return commit{}, err
+	}
+	c := commit{rv: cm.Metadata.ResourceVersion}
+	c.rev, _ = strconv.ParseInt(cm.Data["rev"], 10, 64)
+	if w := cm.Data["writes"]; w != "" {
+		if err := json.Unmarshal([]byte(w), &c.writes); err != nil {
+			return commit{}, fmt.Errorf("kubestore: %s is malformed: %w", commitName, err)
+		}
+	}
+	return c, nil
+}
+
+// ---- leases ----
+
+// leases answers whether a lease is alive, each read once per operation.
+type leases struct {
+	s    *Store
+	seen map[int64]bool
+}
+
+func (s *Store) leases() *leases { return &leases{s: s, seen: map[int64]bool{}} }
+
+func leaseName(id int64) string { return leasePrefix + strconv.FormatUint(uint64(id), 16) }
+
+func (l lease) alive(now time.Time) bool {
+	t, err := time.Parse(time.RFC3339Nano, l.Spec.RenewTime)
+	return err == nil && now.Before(t.Add(time.Duration(l.Spec.LeaseDurationSeconds)*time.Second))
+}
+
+func (ls *leases) alive(ctx context.Context, id int64) (bool, error) {
+	if id == 0 {
+		return true, nil
+	}
+	if a, ok := ls.seen[id]; ok {
+		return a, nil
+	}
+	var l lease
+	err := ls.s.do(ctx, http.MethodGet, ls.s.leasePath(leaseName(id)), nil, &l)
+	a := err == nil && l.alive(time.Now())
+	if err != nil && !isCode(err, http.StatusNotFound) {
+		return false, err
+	}
+	ls.seen[id] = a
+	return a, nil
+}
+
+// present is r as a key (nil: absent, deleted or on a dead lease).
+func (ls *leases) present(ctx context.Context, r *record) (*cluster.KeyValue, error) {
+	if r == nil || r.deleted {
+		return nil, nil
+	}
+	if ok, err := ls.alive(ctx, r.kv.Lease); err != nil || !ok {
+		return nil, err
+	}
+	kv := r.kv
+	return &kv, nil
+}
+
+// ---- reads ----
+
+func (s *Store) readRecord(ctx context.Context, key string) (*record, error) {
+	var cm configMap
+	err := s.do(ctx, http.MethodGet, s.cmPath(objName(key)), nil, &cm)
+	if isCode(err, http.StatusNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r := decode(&cm)
+	if r.kv.Key != key {
+		return nil, fmt.Errorf("kubestore: %s holds key %q, not %q", cm.Metadata.Name, r.kv.Key, key)
+	}
+	return &r, nil
+}
+
+// overlay is r with c's write of the same key, if it is newer.
+func overlay(c commit, key string, r *record) *record {
+	for _, w := range c.writes {
+		if w.Key != key || (r != nil && r.kv.ModRev >= c.rev) {
+			continue
+		}
+		n := applied(w, c.rev, r)
+		return &n
+	}
+	return r
+}
+
+// applied is r (nil: absent) after write w of revision rev.
+func applied(w write, rev int64, r *record) record {
+	n := record{}
+	if r != nil {
+		n.rv = r.rv
+	}
+	n.kv = cluster.KeyValue{Key: w.Key, Value: w.Value, ModRev: rev, CreateRev: rev, Lease: w.Lease}
+	if r != nil && !r.deleted {
+		n.kv.CreateRev = r.kv.CreateRev
+	}
+	n.deleted = w.Delete
+	if w.Delete {
+		n.kv.Value, n.kv.Lease = "", 0
+	}
+	return n
+}
+
+// Get implements cluster.KV.
+func (s *Store) Get(ctx context.Context, key string) (*cluster.KeyValue, error) {
+	c, err := s.readCommit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.readRecord(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return s.leases().present(ctx, overlay(c, key, r))
+}
+
+// List implements cluster.KV.
+func (s *Store) List(ctx context.Context, prefix string) ([]cluster.KeyValue, error) {
+	c, err := s.readCommit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var l configMapList
+	if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(prefixSelector(prefix)), nil, &l); err != nil {
+		return nil, err
+	}
+	recs := map[string]*record{}
+	for i := range l.Items {
+		r := decode(&l.Items[i])
+		if strings.HasPrefix(r.kv.Key, prefix) {
+			recs[r.kv.Key] = &r
+		}
+	}
+	for _, w := range c.writes {
+		if strings.HasPrefix(w.Key, prefix) {
+			recs[w.Key] = overlay(c, w.Key, recs[w.Key])
+		}
+	}
+	ls := s.leases()
+	out := make([]cluster.KeyValue, 0, len(recs))
+	for _, r := range recs {
+		kv, err := ls.present(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		if kv != nil {
+			out = append(out, *kv)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// Count implements cluster.KV.
+func (s *Store) Count(ctx context.Context, prefix string) (int64, error) {
+	kvs, err := s.List(ctx, prefix)
+	return int64(len(kvs)), err
+}
+
+// ---- writes ----
+
+// applyWrite writes w of revision rev to its key's ConfigMap, unless the
+// key is already at rev or newer.
+func (s *Store) applyWrite(ctx context.Context, w write, rev int64) error {
+	for range 16 {
+		r, err := s.readRecord(ctx, w.Key)
+		if err != nil {
+			return err
+		}
+		if r != nil && r.kv.ModRev >= rev {
+			return nil
+		}
+		if w.Delete && (r == nil || r.deleted) {
+			return nil
+		}
+		if r != nil && !r.deleted {
+			// A key on a dead lease is absent: a put makes it anew.
+			if ok, err := s.leases().alive(ctx, r.kv.Lease); err != nil {
+				return err
+			} else if !ok {
+				r.deleted = true
+			}
+		}
+		n := applied(w, rev, r)
+		cm := encode(w.Key, n)
+		if r == nil {
+			err = s.do(ctx, http.MethodPost, s.cmPath(""), cm, nil)
+		} else {
+			err = s.do(ctx, http.MethodPut, s.cmPath(cm.Metadata.Name), cm, nil)
+		}
+		if isCode(err, http.StatusConflict) {
+			continue // another apply of the same write, or a newer one
+		}
+		return err
+	}
+	return fmt.Errorf("kubestore: too much contention applying %q", w.Key)
+}
+
+func (s *Store) applyAll(ctx context.Context, writes []write, rev int64) error {
+	errs := make([]error, len(writes))
+	var wg sync.WaitGroup
+	for i, w := range writes {
+		wg.Go(func() { errs[i] = s.applyWrite(ctx, w, rev) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Put implements cluster.KV.
+func (s *Store) Put(ctx context.Context, key, value string, lease int64) error {
+	_, err := s.Txn(ctx, nil, []cluster.Op{cluster.OpPut(key, value, lease)}, nil)
+	return err
+}
+
+// Txn implements cluster.KV.
+func (s *Store) Txn(ctx context.Context, cmps []cluster.Cmp, then, els []cluster.Op) (cluster.TxnResult, error) {
+	for {
+		c, err := s.readCommit(ctx)
+		if err != nil {
+			return cluster.TxnResult{}, err
+		}
+		// The previous transaction's writes first (its writer may have died).
+		if err := s.applyAll(ctx, c.writes, c.rev); err != nil {
+			return cluster.TxnResult{}, err
+		}
+		ls := s.leases()
+		seen := map[string]*cluster.KeyValue{}
+		read := func(key string) (*cluster.KeyValue, error) {
+			if kv, ok := seen[key]; ok {
+				return kv, nil
+			}
+			r, err := s.readRecord(ctx, key)
+			if err != nil {
+				return nil, err
+			}
+			kv, err := ls.present(ctx, r)
+			if err != nil {
+				return nil, err
+			}
+			seen[key] = kv
+			return kv, nil
+		}
+		holds := func(cs []cluster.Cmp) (bool, error) {
+			for _, cmp := range cs {
+				kv, err := read(cmp.Key)
+				if err != nil {
+					return false, err
+				}
+				if !cmp.Holds(kv) {
+					return false, nil
+				}
+			}
+			return true, nil
+		}
+		ok, err := holds(cmps)
+		if err != nil {
+			return cluster.TxnResult{}, err
+		}
+		res := cluster.TxnResult{Succeeded: ok}
+		ops := then
+		if !ok {
+			ops = els
+		}
+		var writes []write
+		var collect func([]cluster.Op) error
+		collect = func(ops []cluster.Op) error {
+			for _, o := range ops {
+				switch o.Kind {
+				case cluster.OpKindPut:
+					writes = append(writes, write{Key: o.Key, Value: o.Value, Lease: o.Lease})
+				case cluster.OpKindDelete:
+					writes = append(writes, write{Key: o.Key, Delete: true})
+				case cluster.OpKindGet:
+					kv, err := read(o.Key)
+					if err != nil {
+						return err
+					}
+					res.Gets = append(res.Gets, kv)
+				case cluster.OpKindTxn:
+					ok, err := holds(o.If)
+					if err != nil {
+						return err
+					}
+					if ok {
+						if err := collect(o.Then); err != nil {
+							return err
+						}
+					}
+				}
+			}
+			return nil
+		}
+		if err := collect(ops); err != nil {
+			return cluster.TxnResult{}, err
+		}
+		if len(writes) == 0 {
+			// Nothing to write: the reads were of one state if no commit
+			// moved in between.
+			if c2, err := s.readCommit(ctx); err != nil {
+				return cluster.TxnResult{}, err
+			} else if c2.rv != c.rv {
+				continue
+			}
+			return res, nil
+		}
+		rev := c.rev + 1
+		wj, _ := json.Marshal(writes)
+		next := configMap{APIVersion: "v1", Kind: "ConfigMap",
+			Metadata: objectMeta{Name: commitName, ResourceVersion: c.rv, Labels: map[string]string{labelStore: "commit"}},
+			Data:     map[string]string{"rev": strconv.FormatInt(rev, 10), "writes": string(wj)}}
+		err = s.do(ctx, http.MethodPut, s.cmPath(commitName), next, nil)
+		if isCode(err, http.StatusConflict) {
+			continue // another transaction committed: evaluate again
+		}
+		if err != nil {
+			return cluster.TxnResult{}, err
+		}
+		// Committed: the writes are the truth now (reads overlay them);
+		// applying them is idempotent, and the next transaction finishes
+		// what this one does not.
+		_ = s.applyAll(ctx, writes, rev)
+		return res, nil
+	}
+}
+
+// ---- leases ----
+
+// Grant implements cluster.KV.
+func (s *Store) Grant(ctx context.Context, ttl time.Duration) (int64, error) {
+	var b [8]byte
+	var id int64
+	for id == 0 {
+		_, _ = rand.Read(b[:])
+		id = int64(binary.BigEndian.Uint64(b[:]) >> 1)
+	}
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	l := lease{APIVersion: "coordination.k8s.io/v1", Kind: "Lease",
+		Metadata: objectMeta{Name: leaseName(id), Labels: map[string]string{labelLease: "1"}},
+		Spec:     leaseSpec{HolderIdentity: "sandgate", LeaseDurationSeconds: secs, RenewTime: now()}}
+	if err := s.do(ctx, http.MethodPost, s.leasePath(""), l, nil); err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+func now() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000000Z07:00") }
+
+// KeepAlive implements cluster.KV.
+func (s *Store) KeepAlive(ctx context.Context, id int64) error {
+	for range 8 {
+		var l lease
+		err := s.do(ctx, http.MethodGet, s.leasePath(leaseName(id)), nil, &l)
+		if isCode(err, http.StatusNotFound) {
+			return cluster.ErrLeaseNotFound
+		}
+		if err != nil {
+			return err
+		}
+		if !l.alive(time.Now()) {
+			_ = s.do(ctx, http.MethodDelete, s.leasePath(leaseName(id)), nil, nil)
+			return cluster.ErrLeaseNotFound
+		}
+		l.Spec.RenewTime = now()
+		err = s.do(ctx, http.MethodPut, s.leasePath(leaseName(id)), l, nil)
+		if isCode(err, http.StatusConflict) {
+			continue
+		}
+		return err
+	}
+	return fmt.Errorf("kubestore: too much contention on lease %x", id)
+}
+
+// Revoke implements cluster.KV.
+func (s *Store) Revoke(ctx context.Context, id int64) error {
+	err := s.do(ctx, http.MethodDelete, s.leasePath(leaseName(id)), nil, nil)
+	if isCode(err, http.StatusNotFound) {
+		return nil
+	}
+	return err
+}
+
+// WatchGone implements cluster.KV: it polls the store's Leases every
+// second and signals when one stops being alive (a key put on it is then
+// gone).
+func (s *Store) WatchGone(ctx context.Context, prefix string) <-chan struct{} {
+	out := make(chan struct{}, 1)
+	go func() {
+		defer close(out)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		var was map[string]bool
+		for {
+			var l leaseList
+			if err := s.do(ctx, http.MethodGet, s.leasePath("")+"?labelSelector="+url.QueryEscape(labelLease+"=1"), nil, &l); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+			} else {
+				alive, now := map[string]bool{}, time.Now()
+				for _, it := range l.Items {
+					if it.alive(now) {
+						alive[it.Metadata.Name] = true
+					}
+				}
+				for name := range was {
+					if !alive[name] {
+						select {
+						case out <- struct{}{}:
+						default:
+						}
+						break
+					}
+				}
+				was = alive
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return out
+}
+
+// collect removes, every minute, tombstones older than tombstoneAge and
+// Leases dead for as long.
+func (s *Store) collect() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s.collectOnce(ctx)
+		cancel()
+	}
+}
+
+func (s *Store) collectOnce(ctx context.Context) {
+	var l configMapList
+	if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(labelStore+"=1"), nil, &l); err == nil {
+		for i := range l.Items {
+			r := decode(&l.Items[i])
+			if r.deleted && time.Since(time.Unix(r.deletedAt, 0)) > tombstoneAge {
+				pre := map[string]any{"preconditions": map[string]string{"resourceVersion": r.rv}}
+				_ = s.do(ctx, http.MethodDelete, s.cmPath(l.Items[i].Metadata.Name), pre, nil)
+			}
+		}
+	}
+	var ll leaseList
+	if err := s.do(ctx, http.MethodGet, s.leasePath("")+"?labelSelector="+url.QueryEscape(labelLease+"=1"), nil, &ll); err == nil {
+		for _, it := range ll.Items {
+			if !it.alive(time.Now().Add(-tombstoneAge)) {
+				pre := map[string]any{"preconditions": map[string]string{"resourceVersion": it.Metadata.ResourceVersion}}
+				_ = s.do(ctx, http.MethodDelete, s.leasePath(it.Metadata.Name), pre, nil)
+			}
+		}
+	}
+}
+
+// Close implements cluster.KV.
+func (s *Store) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.wg.Wait()
+	s.c.CloseIdleConnections()
+	return nil
+}

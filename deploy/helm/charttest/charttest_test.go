@@ -68,6 +68,12 @@ func TestRenderDefaults(t *testing.T) {
 			t.Errorf("%s rendered with the default values; it is optional", k)
 		}
 	}
+	// A DaemonSet has no scale: its budget must be minAvailable (an
+	// integer), which the disruption controller counts pods against.
+	pdb := kinds["PodDisruptionBudget"]
+	if got := dig(pdb.Body, "spec", "minAvailable"); got != float64(1) || dig(pdb.Body, "spec", "maxUnavailable") != nil {
+		t.Errorf("DaemonSet's PodDisruptionBudget spec %v, want minAvailable 1 only", pdb.Body["spec"])
+	}
 	ds := kinds["DaemonSet"]
 	spec := dig(ds.Body, "spec", "template", "spec").(map[string]any)
 	c := spec["containers"].([]any)[0].(map[string]any)
@@ -122,6 +128,11 @@ func TestRenderStatefulSet(t *testing.T) {
 	}
 	if sts == nil {
 		t.Fatal("no StatefulSet")
+	}
+	for _, o := range objs {
+		if o.Kind() == "PodDisruptionBudget" && dig(o.Body, "spec", "maxUnavailable") != float64(1) {
+			t.Errorf("StatefulSet's PodDisruptionBudget spec %v, want maxUnavailable 1", o.Body["spec"])
+		}
 	}
 	if got := dig(sts.Body, "spec", "serviceName"); got != "sg-sandgate-nodes" {
 		t.Errorf("serviceName %v", got)

@@ -1,6 +1,8 @@
 package charttest
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -107,6 +109,64 @@ func TestRenderDefaults(t *testing.T) {
 	if got := c["image"]; got != "sandgate:dev" {
 		t.Errorf("image %v, want sandgate:dev (internal/ociimage's tag, appVersion)", got)
 	}
+}
+
+// TestRoleCoversStore: the chart's Role (release namespace) grants every
+// rule of deploy/rbac-store.yaml, the Role the cluster store's tests run
+// their nodes under (cluster/kubestore, cmd/sandgate TestClusterKube).
+func TestRoleCoversStore(t *testing.T) {
+	objs, err := Render(ChartDir(), "sg", "sandgate", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := map[string]bool{}
+	for _, o := range objs {
+		if o.Kind() == "Role" {
+			for _, r := range rules(o.Body) {
+				granted[r] = true
+			}
+		}
+	}
+	ref, err := os.ReadFile(filepath.Join(ChartDir(), "..", "..", "rbac-store.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := split("rbac-store.yaml", string(ref))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range docs {
+		if d.Kind() != "Role" {
+			continue
+		}
+		for _, r := range rules(d.Body) {
+			n++
+			if !granted[r] {
+				t.Errorf("deploy/rbac-store.yaml grants %s; the chart's Role does not", r)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no rules read from deploy/rbac-store.yaml")
+	}
+}
+
+// rules flattens a Role's rules to group/resource:verb strings.
+func rules(body map[string]any) []string {
+	var out []string
+	rs, _ := body["rules"].([]any)
+	for _, r := range rs {
+		m := r.(map[string]any)
+		for _, g := range toStrings(m["apiGroups"]) {
+			for _, res := range toStrings(m["resources"]) {
+				for _, v := range toStrings(m["verbs"]) {
+					out = append(out, g+"/"+res+":"+v)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // TestRenderStatefulSet checks the StatefulSet shape: a headless service,

@@ -3,6 +3,7 @@ module github.com/sandgate/sandgate/deploy/helm/charttest
 go 1.26.0
 
 require (
+	github.com/google/go-containerregistry v0.22.1
 	github.com/sandgate/sandgate v0.0.0-00010101000000-000000000000
 	helm.sh/helm/v4 v4.3.1
 	k8s.io/api v0.37.2
@@ -65,6 +66,7 @@ require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/jmoiron/sqlx v1.4.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
+	github.com/klauspost/compress v1.19.2 // indirect
 	github.com/lann/builder v0.0.0-20180802200727-47ae307949d0 // indirect
 	github.com/lann/ps v0.0.0-20150810152359-62de8c46ede0 // indirect
 	github.com/lib/pq v1.12.3 // indirect

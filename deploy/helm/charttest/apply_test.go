@@ -180,7 +180,7 @@ func TestApplyDefaults(t *testing.T) {
 		}},
 		{"record an event", func() error {
 			_, err := agent.CoreV1().Events(tenant).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"},
-				InvolvedObject: corev1.ObjectReference{Kind: "Namespace", Name: tenant}, Reason: "Probe", Message: "rbac probe"}, metav1.CreateOptions{})
+				InvolvedObject: corev1.ObjectReference{Kind: "Secret", Namespace: tenant, Name: "rbac-probe"}, Reason: "Probe", Message: "rbac probe"}, metav1.CreateOptions{})
 			return err
 		}},
 	}

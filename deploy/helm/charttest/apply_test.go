@@ -225,6 +225,33 @@ func TestApplyDefaults(t *testing.T) {
 			t.Errorf("the agents' service account could %s (err %v): the chart grants more than it needs", r.what, err)
 		}
 	}
+
+	// The other shapes the values select, validated by the API server
+	// too: a StatefulSet of unprivileged agents (capabilities, seccomp and
+	// AppArmor profiles, host mounts), the NetworkPolicy, the Ingress, and
+	// every Secret reference. (The ServiceMonitor's CRD is the Prometheus
+	// Operator's, not installed here.)
+	const ns2 = "sandgate-pool"
+	srv.Namespace(t, ns2)
+	vals := everything()
+	vals["nodeAgent"] = map[string]any{"kind": "StatefulSet", "replicas": 2, "privileged": false, "hostDev": true,
+		"nodeSelector": map[string]any{"sandgate.dev/pool": "agents"}}
+	variant, err := Render(ChartDir(), "pool", ns2, vals, srv.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range variant {
+		if o.Kind() == "CustomResourceDefinition" || o.Kind() == "ServiceMonitor" {
+			continue
+		}
+		ri, name := apply(o)
+		if _, err := ri.Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Errorf("%s %s not there after apply: %v", o.Kind(), name, err)
+		}
+		n++
+	}
+	t.Logf("applied %d objects of the StatefulSet/unprivileged/everything render", n)
 }
 
 // waitEstablished waits for CRD name's Established condition.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,14 +43,21 @@ var requiredCaps = []struct {
 
 // namespaces are those every sandbox gets, each probed on its own so the
 // refusal names the one that is denied.
-var namespaces = []struct {
-	name string
-	flag uintptr
-}{
-	{"user", unix.CLONE_NEWUSER}, {"mount", unix.CLONE_NEWNS}, {"pid", unix.CLONE_NEWPID},
-	{"network", unix.CLONE_NEWNET}, {"ipc", unix.CLONE_NEWIPC}, {"uts", unix.CLONE_NEWUTS},
-	{"cgroup", unix.CLONE_NEWCGROUP},
+var namespaces = []nsType{
+	{"user", "user", unix.CLONE_NEWUSER}, {"mount", "mnt", unix.CLONE_NEWNS}, {"pid", "pid", unix.CLONE_NEWPID},
+	{"network", "net", unix.CLONE_NEWNET}, {"ipc", "ipc", unix.CLONE_NEWIPC}, {"uts", "uts", unix.CLONE_NEWUTS},
+	{"cgroup", "cgroup", unix.CLONE_NEWCGROUP},
 }
+
+// nsType is a namespace type: its name, its user.max_<sysctl>_namespaces
+// limit, its clone flag.
+type nsType struct {
+	name, sysctl string
+	flag         uintptr
+}
+
+// errNSLimit is clone's ENOSPC: a namespace count limit is reached.
+var errNSLimit = errors.New("the kernel's limit on them, /proc/sys/user/max_*_namespaces, is 0 or reached")
 
 // preflightCmd is the hidden command the namespace probes run: it exits 0
 // at once, or with "mount", mounts a tmpfs in its own mount namespace.
@@ -97,6 +105,10 @@ func checkLinuxPrivileges(requireLimits bool) error {
 				firstErr = err
 			}
 		}
+	}
+	if len(denied) > 0 && errors.Is(firstErr, errNSLimit) {
+		return fmt.Errorf("the linux sandbox driver cannot create %s namespaces (%v): raise the node's sysctl user.max_%s_namespaces (no container setting grants it)",
+			strings.Join(denied, ", "), firstErr, namespaces[slices.IndexFunc(namespaces, func(n nsType) bool { return n.name == denied[0] })].sysctl)
 	}
 	if len(denied) > 0 {
 		return fmt.Errorf("the linux sandbox driver cannot create %s namespaces (%v): %s", strings.Join(denied, ", "), firstErr,
@@ -154,6 +166,9 @@ func runPreflight(flags uintptr, what string) error {
 	var out strings.Builder
 	cmd.Stderr = &out
 	if err := cmd.Start(); err != nil {
+		if errors.Is(err, syscall.ENOSPC) { // clone's answer past a namespace count limit
+			return errNSLimit
+		}
 		return err
 	}
 	done := make(chan error, 1)

@@ -14,7 +14,8 @@ import (
 // privileges before anything starts, and refuses with exit status 2 and
 // one line on stderr naming what is missing and what grants it (in a
 // Kubernetes pod, the Helm chart's value): no root, a capability dropped,
-// cgroups read-only under --sandbox-require-limits. With them all, it
+// a namespace type refused, cgroups read-only under
+// --sandbox-require-limits. With them all, it
 // starts.
 func TestServePreflight_Root(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -48,6 +49,15 @@ exec "$@"`
 			[]string{"CAP_SYS_ADMIN", "dist/sandgate.service"}},
 		{"no CAP_SYS_ADMIN in a pod", []string{"setpriv", "--bounding-set=-sys_admin,-setuid"}, []string{"KUBERNETES_SERVICE_HOST=10.0.0.1"},
 			[]string{"CAP_SYS_ADMIN, CAP_SETUID", "Helm chart's nodeAgent.privileged=true"}},
+		// In a user namespace of the test's own, whose limit on new
+		// namespaces of one type is 0: root there with every capability,
+		// but the kernel refuses that namespace (as seccomp would).
+		{"no user namespaces", []string{"unshare", "--user", "--map-root-user", "sh", "-c",
+			`echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"`, "sh"}, nil,
+			[]string{"cannot create user namespaces", "max_user_namespaces"}},
+		{"no network namespaces in a pod", []string{"unshare", "--user", "--map-root-user", "sh", "-c",
+			`echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"`, "sh"}, []string{"KUBERNETES_SERVICE_HOST=10.0.0.1"},
+			[]string{"cannot create network namespaces", "sysctl user.max_net_namespaces"}},
 		{"read-only cgroups in a pod", []string{"unshare", "--mount", "--propagation", "private", "sh", "-c", roCgroups, "sh"},
 			[]string{"KUBERNETES_SERVICE_HOST=10.0.0.1"},
 			[]string{"--sandbox-require-limits", "memory", "nodeAgent.hostCgroup=true"}},

@@ -48,6 +48,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -71,6 +72,10 @@ type Store struct {
 	ns string
 	// base is the API server's URL.
 	base string
+
+	// applied is the newest revision whose writes this store applied
+	// all of: a transaction after it need not apply them again.
+	applied atomic.Int64
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -413,11 +418,20 @@ func applied(w write, rev int64, r *record) record {
 
 // Get implements cluster.KV.
 func (s *Store) Get(ctx context.Context, key string) (*cluster.KeyValue, error) {
-	c, err := s.readCommit(ctx)
-	if err != nil {
-		return nil, err
-	}
+	// The commit object and the key at once: a write committed after the
+	// commit object was read is at most not seen yet (as if read before).
+	var c commit
+	var cerr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c, cerr = s.readCommit(ctx)
+	}()
 	r, err := s.readRecord(ctx, key)
+	<-done
+	if err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -529,19 +543,30 @@ func (s *Store) Txn(ctx context.Context, cmps []cluster.Cmp, then, els []cluster
 		if err != nil {
 			return cluster.TxnResult{}, err
 		}
-		// The previous transaction's writes first (its writer may have died).
-		if err := s.applyAll(ctx, c.writes, c.rev); err != nil {
-			return cluster.TxnResult{}, err
+		// The previous transaction's writes first (its writer may have
+		// died), unless this store applied them.
+		if c.rev > s.applied.Load() {
+			if err := s.applyAll(ctx, c.writes, c.rev); err != nil {
+				return cluster.TxnResult{}, err
+			}
+			s.markApplied(c.rev)
 		}
 		ls := s.leases()
+		recs, err := s.readAll(ctx, txnKeys(cmps, then, els))
+		if err != nil {
+			return cluster.TxnResult{}, err
+		}
 		seen := map[string]*cluster.KeyValue{}
 		read := func(key string) (*cluster.KeyValue, error) {
 			if kv, ok := seen[key]; ok {
 				return kv, nil
 			}
-			r, err := s.readRecord(ctx, key)
-			if err != nil {
-				return nil, err
+			r, ok := recs[key]
+			if !ok {
+				var err error
+				if r, err = s.readRecord(ctx, key); err != nil {
+					return nil, err
+				}
 			}
 			kv, err := ls.present(ctx, r)
 			if err != nil {
@@ -628,9 +653,67 @@ func (s *Store) Txn(ctx context.Context, cmps []cluster.Cmp, then, els []cluster
 		// Committed: the writes are the truth now (reads overlay them);
 		// applying them is idempotent, and the next transaction finishes
 		// what this one does not.
-		_ = s.applyAll(ctx, writes, rev)
+		if s.applyAll(ctx, writes, rev) == nil {
+			s.markApplied(rev)
+		}
 		return res, nil
 	}
+}
+
+func (s *Store) markApplied(rev int64) {
+	for {
+		cur := s.applied.Load()
+		if rev <= cur || s.applied.CompareAndSwap(cur, rev) {
+			return
+		}
+	}
+}
+
+// txnKeys are the keys a transaction reads (its compares' and gets').
+func txnKeys(cmps []cluster.Cmp, ops ...[]cluster.Op) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(k string) {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	for _, c := range cmps {
+		add(c.Key)
+	}
+	for _, list := range ops {
+		for _, o := range list {
+			switch o.Kind {
+			case cluster.OpKindGet:
+				add(o.Key)
+			case cluster.OpKindTxn:
+				for _, k := range txnKeys(o.If, o.Then) {
+					add(k)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// readAll reads keys' records at once.
+func (s *Store) readAll(ctx context.Context, keys []string) (map[string]*record, error) {
+	recs := make([]*record, len(keys))
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Go(func() { recs[i], errs[i] = s.readRecord(ctx, k) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	out := make(map[string]*record, len(keys))
+	for i, k := range keys {
+		out[k] = recs[i]
+	}
+	return out, nil
 }
 
 // ---- leases ----

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,6 +123,20 @@ func TestApplyDefaults(t *testing.T) {
 		}
 	}
 	t.Logf("applied %d CRDs and %d objects", len(crds), len(got))
+
+	// Chart.yaml's kubeVersion is checked against the server's, as
+	// `helm install` does: a chart asking for a newer one is refused.
+	ch, err := Load(ChartDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := renderChart(ch, "sg", ns, nil, srv.Config); err != nil {
+		t.Fatalf("the chart's kubeVersion %q against the server's: %v", ch.Metadata.KubeVersion, err)
+	}
+	ch.Metadata.KubeVersion = ">=99.0.0-0"
+	if _, err := renderChart(ch, "sg", ns, nil, srv.Config); err == nil || !strings.Contains(err.Error(), "kubeVersion") {
+		t.Errorf("a chart for kubeVersion >=99 rendered against %s: %v", kubetest.Version, err)
+	}
 
 	// A second render reads the cluster token back (lookup): an upgrade
 	// keeps it.

@@ -17,7 +17,9 @@ import (
 	"helm.sh/helm/v4/pkg/chart/common/util"
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	chartutil "helm.sh/helm/v4/pkg/chart/v2/util"
 	"helm.sh/helm/v4/pkg/engine"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 )
@@ -77,7 +79,32 @@ func Render(dir, release, namespace string, vals map[string]any, cfg *rest.Confi
 	if err != nil {
 		return nil, err
 	}
+	return renderChart(ch, release, namespace, vals, cfg)
+}
+
+func renderChart(ch *chart.Chart, release, namespace string, vals map[string]any, cfg *rest.Config) ([]Object, error) {
 	caps := common.DefaultCapabilities
+	if cfg != nil {
+		// As `helm install` does: the server's version is the
+		// templates' and Chart.yaml's kubeVersion constraint's.
+		dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		sv, err := dc.ServerVersion()
+		if err != nil {
+			return nil, fmt.Errorf("the API server's version: %w", err)
+		}
+		kv, err := common.ParseKubeVersion(sv.GitVersion)
+		if err != nil {
+			return nil, fmt.Errorf("the API server's version %q: %w", sv.GitVersion, err)
+		}
+		if c := ch.Metadata.KubeVersion; c != "" && !chartutil.IsCompatibleRange(c, kv.String()) {
+			return nil, fmt.Errorf("chart requires kubeVersion %s, which the API server's %s is not", c, sv.GitVersion)
+		}
+		caps = caps.Copy()
+		caps.KubeVersion = *kv
+	}
 	rv, err := util.ToRenderValues(ch, vals, common.ReleaseOptions{Name: release, Namespace: namespace, IsInstall: true, Revision: 1}, caps)
 	if err != nil {
 		return nil, err

@@ -173,3 +173,9 @@ func stripComments(doc string) string {
 	}
 	return b.String()
 }
+
+// yamlOf is body as a YAML document.
+func yamlOf(body map[string]any) (string, error) {
+	b, err := yaml.Marshal(body)
+	return string(b), err
+}

@@ -241,10 +241,11 @@ bench-check: build
 
 # The Helm chart (deploy/helm/sandgate): helm lint and renders through the
 # Helm SDK, and its default render applied to a real kube-apiserver
-# (internal/kubetest; make kube-apiserver). Its own module
+# (internal/kubetest; make kube-apiserver), and a node agent run with the
+# render's arguments as its service account. Its own module
 # (deploy/helm/charttest), so Helm stays out of the product's.
-chart-check:
-	cd deploy/helm/charttest && $(GO) vet ./... && $(GO) test -count=1 ./...
+chart-check: build
+	cd deploy/helm/charttest && $(GO) vet ./... && SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
 
 # make proto: regenerate the Go code of envd's protobuf files (the E2B
 # facade, rest/compat/e2b/envd/proto) with protoc (apt: protobuf-compiler)

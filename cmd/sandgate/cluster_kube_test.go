@@ -92,6 +92,7 @@ func TestClusterKube(t *testing.T) {
 		}
 	}
 
+	killed := time.Now()
 	_ = a.cmd.Process.Signal(syscall.SIGKILL)
 	<-a.done
 	// The limit only bounds a broken run: the lease is 3s.
@@ -99,6 +100,7 @@ func TestClusterKube(t *testing.T) {
 		_, st := getStatus(t, b.gatewayProc, lost.SessionID)
 		return st.Status == "failed"
 	})
+	t.Logf("the lost node's session was failed %v after the kill (lease TTL 3s)", time.Since(killed).Round(time.Millisecond))
 	if code, st := getStatus(t, b.gatewayProc, lost.SessionID); code != http.StatusOK || st.StatusReason != "node lost" {
 		t.Errorf("lost session: %d %+v", code, st)
 	}
@@ -112,5 +114,37 @@ func TestClusterKube(t *testing.T) {
 	}
 	if ids := listIDs(t, b.gatewayProc); len(ids) != 0 {
 		t.Errorf("list after deletes: %v", ids)
+	}
+}
+
+// A node on the Kubernetes store restarted by SIGTERM (a rolling upgrade,
+// the chart's preStop drain) keeps its sessions: its restarting marker
+// holds them while it is away, and it takes them back.
+func TestClusterKubeRollingRestart(t *testing.T) {
+	n := startKubeCluster(t, 2, "--keep-sandboxes-on-exit=true")
+	var ss []sessionJSON
+	for i, g := range n {
+		s := g.createSession(t)
+		if code, out := runCommand(t, g.gatewayProc, s.SessionID, "echo node"+strconv.Itoa(i)+" > mark"); code != http.StatusOK {
+			t.Fatalf("command: %d %q", code, out)
+		}
+		ss = append(ss, s)
+	}
+	for i, g := range n {
+		g.restart(t, syscall.SIGTERM)
+		for j, s := range ss {
+			via := n[(i+j+1)%2]
+			if code, out := runCommand(t, via.gatewayProc, s.SessionID, "cat mark"); code != http.StatusOK || strings.TrimSpace(out) != "node"+strconv.Itoa(j) {
+				t.Errorf("after restarting node %d: session %d through %s: %d %q", i, j, via.URL, code, out)
+			}
+			if code, st := getStatus(t, via.gatewayProc, s.SessionID); code != http.StatusOK || st.Status != "running" {
+				t.Errorf("after restarting node %d: session %d: %d %+v", i, j, code, st)
+			}
+		}
+	}
+	for _, s := range ss {
+		if code := n[0].api(t, http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent {
+			t.Errorf("delete: %d", code)
+		}
 	}
 }

@@ -65,6 +65,23 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 
 func (c *clusterFlags) enabled() bool { return len(c.etcd) > 0 || c.kube }
 
+// kubeServer is the API server --cluster-kube reaches ("": unknown yet;
+// opening the store says why).
+func (c *clusterFlags) kubeServer() string {
+	if c.kubeconfig == "" {
+		if h, p := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT"); h != "" && p != "" {
+			return "https://" + net.JoinHostPort(h, p)
+		}
+		return ""
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: c.kubeconfig}, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return ""
+	}
+	return cfg.Host
+}
+
 // kubeStore opens the Kubernetes store (--cluster-kube).
 func (c *clusterFlags) kubeStore() (*kubestore.Store, error) {
 	var cfg *rest.Config
@@ -114,7 +131,19 @@ func (c *clusterFlags) checkEgress(ctx context.Context, cidrs []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	type endpoint struct{ what, url string }
+	var eps []endpoint
 	for _, ep := range etcdEndpoints(c.etcd) {
+		eps = append(eps, endpoint{"etcd endpoint", ep})
+	}
+	if c.kube {
+		// The store is the API server: the kubeconfig's, or the pod's.
+		if api := c.kubeServer(); api != "" {
+			eps = append(eps, endpoint{"the Kubernetes API server (--cluster-kube's store)", api})
+		}
+	}
+	for _, e := range eps {
+		ep := e.url
 		host := ep
 		if u, err := url.Parse(ep); err == nil && u.Host != "" {
 			host = u.Hostname()
@@ -130,7 +159,7 @@ func (c *clusterFlags) checkEgress(ctx context.Context, cidrs []string) error {
 		for _, a := range addrs {
 			for _, p := range prefixes {
 				if p.Contains(a.Unmap()) {
-					return fmt.Errorf("--egress-allow-cidr %s contains etcd endpoint %s (%s): sandboxes could reach the cluster's state; narrow the range, or pass --force-egress-to-etcd if etcd refuses them by other means", p, ep, a.Unmap())
+					return fmt.Errorf("--egress-allow-cidr %s contains %s %s (%s): sandboxes could reach the cluster's state; narrow the range, or pass --force-egress-to-etcd if the store refuses them by other means", p, e.what, ep, a.Unmap())
 				}
 			}
 		}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sandgate/sandgate/internal/kubetest"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -89,6 +91,10 @@ func TestSandboxNofileFlags(t *testing.T) {
 // An egress range that holds an etcd endpoint would let sandboxes reach
 // the cluster's state: refused unless forced.
 func TestEgressCIDRRefusesEtcd(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := kubetest.WriteKubeconfig(kubeconfig, "https://127.0.0.1:6443", []byte("ca"), "token", ""); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		args []string
 		err  string
@@ -99,6 +105,10 @@ func TestEgressCIDRRefusesEtcd(t *testing.T) {
 		{[]string{"--cluster-etcd", "http://127.0.0.1:2379", "--egress-allow-cidr", "127.0.0.0/8", "--force-egress-to-etcd"}, ""},
 		{[]string{"--cluster-etcd", "http://127.0.0.1:2379", "--egress-allow-cidr", "10.0.0.0/8"}, ""},
 		{[]string{"--egress-allow-cidr", "127.0.0.0/8"}, ""},
+		// --cluster-kube's store is the API server.
+		{[]string{"--cluster-kube", "--kubeconfig", kubeconfig, "--egress-allow-cidr", "127.0.0.0/8"}, "contains the Kubernetes API server (--cluster-kube's store) https://127.0.0.1:6443"},
+		{[]string{"--cluster-kube", "--kubeconfig", kubeconfig, "--egress-allow-cidr", "127.0.0.0/8", "--force-egress-to-etcd"}, ""},
+		{[]string{"--cluster-kube", "--kubeconfig", kubeconfig, "--egress-allow-cidr", "10.0.0.0/8"}, ""},
 	} {
 		_, err := parseServe(tt.args, io.Discard)
 		if tt.err == "" && err != nil || tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)) {

@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: console console-check dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples test-e2b ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: console console-check chart-check dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples test-e2b ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -253,6 +253,14 @@ bench: build
 bench-check: build
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 	bench/run --quick --dry-run
+
+# The Helm chart (deploy/helm/sandgate): helm lint and renders through the
+# Helm SDK, and its default render applied to a real kube-apiserver
+# (internal/kubetest; make kube-apiserver), and a node agent run with the
+# render's arguments as its service account. Its own module
+# (deploy/helm/charttest), so Helm stays out of the product's.
+chart-check: build
+	cd deploy/helm/charttest && $(GO) vet ./... && SANDGATE_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 ./...
 
 # make proto: regenerate the Go code of envd's protobuf files (the E2B
 # facade, rest/compat/e2b/envd/proto) with protoc (apt: protobuf-compiler)

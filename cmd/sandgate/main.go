@@ -28,6 +28,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return sftpd.Main(args[1:])
 		case "sandbox-init":
 			return initd.Main(args[1:])
+		case preflightCmd: // the startup check's namespace probes (preflight_linux.go)
+			return preflightMain(args[1:])
 		}
 	}
 	return cli(args, stdin, stdout, stderr)

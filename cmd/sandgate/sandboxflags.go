@@ -28,6 +28,9 @@ type sandboxFlags struct {
 	// teardownQueue is how many deleted sessions' sandboxes are released
 	// in the background at once (gateway.Config.TeardownQueue).
 	teardownQueue int
+	// requireLimits refuses to start when the linux driver cannot
+	// enforce the memory, cpu and pids limits (preflight_linux.go).
+	requireLimits bool
 	// serverTiming shows each step of a create in its Server-Timing
 	// header (rest.Config.ServerTiming).
 	serverTiming bool
@@ -53,6 +56,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Uint64Var(&f.nofile.Soft, "sandbox-nofile", sandbox.DefaultNofileSoft, "open files per sandbox process (RLIMIT_NOFILE soft limit, linux driver)")
 	fs.Uint64Var(&f.nofile.Hard, "sandbox-nofile-hard", sandbox.DefaultNofileHard, "open files a sandbox process may raise its limit to (RLIMIT_NOFILE hard limit, linux driver)")
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
+	fs.BoolVar(&f.requireLimits, "sandbox-require-limits", false, "with --sandbox linux, refuse to start when the memory, cpus and pids limits cannot be enforced (no writable cgroup for them) instead of running sandboxes without them; the Helm chart sets it")
 	fs.IntVar(&f.warmPool, "warm-pool", defaultWarmPool, "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables)")
 	fs.BoolVar(&f.serverTiming, "server-timing", false, "show each step of a create (warm pool claim, cgroups, init...) in the Server-Timing header of POST /v1/sessions; off: the total only, as the steps tell a tenant whether other tenants emptied the warm pool")
 	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")

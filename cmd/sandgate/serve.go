@@ -282,6 +282,14 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandgate serve:", err)
 		return 2
 	}
+	// --sandbox linux refuses to start without its privileges, naming the
+	// one missing (preflight_linux.go, docs/kubernetes.md).
+	if cfg.sandboxDriver == "linux" {
+		if err := checkLinuxPrivileges(cfg.sandbox.requireLimits); err != nil {
+			fmt.Fprintln(stderr, "sandgate serve:", err)
+			return 2
+		}
+	}
 	// x/crypto/ssh copies every packet it receives into a fresh buffer, so
 	// an upload makes 32 KiB of garbage per packet. A less eager collector
 	// saves 10-20% of the gateway's CPU on uploads (bench/ rows 3a, 3c, 4a)

@@ -38,6 +38,16 @@ const (
 	agentIO         = 10 * time.Second
 )
 
+// The audit events (and logged refusals) of a session's agent are paced:
+// a sandbox process can ask for signatures far faster than a log should
+// take them. Past a burst of agentAuditBurst, agentAuditPerSecond are
+// recorded; the others are counted, and the next one recorded says how
+// many were left out.
+const (
+	agentAuditPerSecond = 8
+	agentAuditBurst     = 32
+)
+
 // errAgentReadOnly answers what would change the agent's keys.
 var errAgentReadOnly = errors.New("sandgate's agent is read-only: its keys are the session's ssh-key secrets")
 
@@ -102,6 +112,11 @@ type sessionAgent struct {
 	// idle bounds the wait for a connection's next request, io the rest
 	// of a request once begun and the writing of its answer.
 	idle, io time.Duration
+
+	paceMu  sync.Mutex // guards the pace of audit events
+	tokens  float64
+	last    time.Time
+	skipped int
 }
 
 // serve answers each connection of ln until ln is closed.
@@ -251,16 +266,10 @@ func (a *sessionAgent) SignWithFlags(key ssh.PublicKey, data []byte, flags agent
 		}
 		hosts := strings.Join(k.hosts.Entries(), ",")
 		if !a.ps.OpenTo(k.hosts) {
-			reason := "no open connection to " + hosts
-			a.audit(k.name, hosts, "refused", reason)
-			a.m.log.Warn("ssh_agent_refused", "session", a.s.ID, "secret", k.name, "reason", reason)
-			return nil, fmt.Errorf("ssh-key %s: %s", k.name, reason)
+			return nil, a.refuse(k.name, hosts, "no open connection to "+hosts)
 		}
 		if !sshLogin(data, blob) {
-			reason := "not an SSH login (the agent signs publickey authentication requests only)"
-			a.audit(k.name, hosts, "refused", reason)
-			a.m.log.Warn("ssh_agent_refused", "session", a.s.ID, "secret", k.name, "reason", reason)
-			return nil, fmt.Errorf("ssh-key %s: %s", k.name, reason)
+			return nil, a.refuse(k.name, hosts, "not an SSH login (the agent signs publickey authentication requests only)")
 		}
 		sig, err := sign(k.signer, data, flags)
 		if err != nil {
@@ -358,10 +367,43 @@ func sign(s ssh.Signer, data []byte, flags agent.SignatureFlags) (*ssh.Signature
 	return s.Sign(nil, data)
 }
 
-// audit records an agent's signature or refusal (never a key).
-func (a *sessionAgent) audit(name, hosts, result, reason string) {
+// refuse audits and logs a refused signature, and answers the error.
+func (a *sessionAgent) refuse(name, hosts, reason string) error {
+	if a.audit(name, hosts, "refused", reason) {
+		a.m.log.Warn("ssh_agent_refused", "session", a.s.ID, "secret", name, "reason", reason)
+	}
+	return fmt.Errorf("ssh-key %s: %s", name, reason)
+}
+
+// audit records an agent's signature or refusal (never a key), within the
+// session's pace of them; it reports whether it did.
+func (a *sessionAgent) audit(name, hosts, result, reason string) bool {
+	now := time.Now()
+	a.paceMu.Lock()
+	if a.last.IsZero() {
+		a.tokens = agentAuditBurst
+	} else {
+		a.tokens = min(agentAuditBurst, a.tokens+now.Sub(a.last).Seconds()*agentAuditPerSecond)
+	}
+	a.last = now
+	ok := a.tokens >= 1
+	skipped := 0
+	if ok {
+		a.tokens--
+		skipped, a.skipped = a.skipped, 0
+	} else {
+		a.skipped++
+	}
+	a.paceMu.Unlock()
+	if !ok {
+		return false
+	}
+	if skipped > 0 {
+		reason = strings.TrimSpace(fmt.Sprintf("%s (and %d more agent events not recorded: past %d a second)", reason, skipped, agentAuditPerSecond))
+	}
 	a.m.auditor().Record(context.Background(), audit.Event{Kind: audit.KindEgress, Tenant: a.s.Tenant, Session: a.s.ID,
 		Op: "ssh-agent", Host: hosts, Result: result, Reason: reason, Secret: name})
+	return true
 }
 
 // Extension implements agent.ExtendedAgent: none.

@@ -3,17 +3,24 @@ package gateway
 import (
 	"crypto/ed25519"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/binary"
+	"encoding/pem"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
+
+	"github.com/sandgate/sandgate/audit"
+	"github.com/sandgate/sandgate/egress"
 )
 
 // serveTestAgent serves a session agent with no keys on a Unix socket of
@@ -165,5 +172,60 @@ func TestSSHLogin(t *testing.T) {
 		if got := sshLogin(c.data, blob); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// A sandbox asking for signatures in a loop gets its refusals recorded
+// at the agent's pace, not one audit event (and log line) each; the
+// next one recorded says how many were left out.
+func TestAgentAuditPaced(t *testing.T) {
+	dir := t.TempDir()
+	_, priv, _ := ed25519.GenerateKey(rand.Reader)
+	block, err := ssh.MarshalPrivateKey(priv, "deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "secrets")
+	line := "DEPLOY@git.test:22=ssh-key:base64:" + base64.StdEncoding.EncodeToString(pem.EncodeToMemory(block)) + "\n"
+	if err := os.WriteFile(path, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secrets, err := OpenSecrets(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := audit.OpenFile(audit.FileConfig{Path: filepath.Join(dir, "audit.log")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	p, err := egress.New(egress.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := p.NewSession("acme", "s1", egress.Policy{}, nil)
+	defer ps.Close()
+	s := &Session{ID: "s1", Tenant: "acme", Secrets: []SecretRef{{Name: "DEPLOY", Hosts: []string{"git.test:22"}}}, secrets: secrets}
+	a := &sessionAgent{m: &Manager{cfg: Config{Audit: log}, log: slog.New(slog.DiscardHandler)}, s: s, ps: ps}
+	signer, _ := ssh.NewSignerFromKey(priv)
+	const asked = 200
+	for range asked {
+		if _, err := a.Sign(signer.PublicKey(), loginData(loginPublicKey, signer.PublicKey(), nil)); err == nil {
+			t.Fatal("signed with no connection open")
+		}
+	}
+	time.Sleep(time.Second) // the pace lets the next one through
+	if _, err := a.Sign(signer.PublicKey(), loginData(loginPublicKey, signer.PublicKey(), nil)); err == nil {
+		t.Fatal("signed with no connection open")
+	}
+	page, err := log.Query(audit.Filter{Tenant: "acme", Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(page.Events); n == 0 || n > agentAuditBurst+20 {
+		t.Fatalf("%d refusals recorded for %d asked, want at most about %d", n, asked+1, agentAuditBurst)
+	}
+	if newest := page.Events[0]; newest.Result != "refused" || !strings.Contains(newest.Reason, "more agent events not recorded") {
+		t.Errorf("the newest event: %+v, want it to count those left out", newest)
 	}
 }

@@ -140,6 +140,11 @@ func (f *SecretsFile) Reload() error {
 		} else {
 			key = name
 		}
+		// Checked first, and not shown: a line that is no NAME=value (a
+		// key file pasted in, its base64 padding "=") must not be echoed.
+		if !validEnvName(name) || (scoped && tenant == "") {
+			return fmt.Errorf("secrets file %s line %d: what stands before \"=\" is not a valid secret name (letters, digits and _, not starting with a digit, after an optional tenant/)", f.path, n)
+		}
 		e := secretEntry{value: value, pinned: pinned}
 		if pinned {
 			var pats []string
@@ -167,9 +172,6 @@ func (f *SecretsFile) Reload() error {
 				return fmt.Errorf("secrets file %s line %d: %s: %w", f.path, n, key, err)
 			}
 			e.key, e.value = k, ""
-		}
-		if !validEnvName(name) || (scoped && tenant == "") {
-			return fmt.Errorf("secrets file %s line %d: %q is not a valid secret name (letters, digits and _, not starting with a digit)", f.path, n, key)
 		}
 		m := global
 		if scoped {

@@ -195,6 +195,25 @@ func TestSecretsFileSSHKeys(t *testing.T) {
 	}
 }
 
+// A line that is no NAME=value but holds "=" (a key file's base64 pasted
+// into the secrets file, its padding) is refused without the error
+// showing what stands before the "=".
+func TestSecretsFileBadNameHidden(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "secrets")
+	material := "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ+AAAAAAAABAAAAMwAAAAtzc2gtZWQyNTUxOQ"
+	for _, line := range []string{material + "==", "alice/" + material + "=x", material + "@git.test:22=ssh-key:base64:AAAA"} {
+		writeSecrets(t, path, "OK=1\n"+line+"\n")
+		_, err := gateway.OpenSecrets(path)
+		if err == nil || !strings.Contains(err.Error(), "line 2") {
+			t.Errorf("%.40q: %v, want an error naming line 2", line, err)
+			continue
+		}
+		if strings.Contains(err.Error(), material[10:40]) {
+			t.Errorf("%.40q: the error shows the line: %v", line, err)
+		}
+	}
+}
+
 func mustSigner(t *testing.T, priv ed25519.PrivateKey) ssh.Signer {
 	t.Helper()
 	s, err := ssh.NewSignerFromKey(priv)

@@ -27,8 +27,11 @@ const agentSocket = "agent.sock"
 // sandbox's /tmp belongs to its user namespace, where the gateway's own
 // uid has no mapping.
 func (s *linuxSandbox) ListenAgent(ctx context.Context) (net.Listener, string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
 	s.mu.Lock()
-	done, pid, stopped, uidBase := s.initDone, s.st.Pid, s.st.Stopped, s.st.UIDBase
+	done, pidfd, pid, stopped, uidBase := s.initDone, s.pidfd, s.st.Pid, s.st.Stopped, s.st.UIDBase
 	s.mu.Unlock()
 	if stopped {
 		return nil, "", sandbox.ErrStopped
@@ -38,11 +41,24 @@ func (s *linuxSandbox) ListenAgent(ctx context.Context) (net.Listener, string, e
 		return nil, "", sandbox.ErrClosed
 	default:
 	}
+	if pidfd == nil {
+		return nil, "", sandbox.ErrClosed
+	}
 	root, err := os.OpenFile(fmt.Sprintf("/proc/%d/root", pid), unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, "", fmt.Errorf("sandbox root: %w", err)
 	}
 	defer root.Close()
+	// The init was not reaped when its root was opened, so its pid was
+	// not another process's then: the root is the sandbox's, not the
+	// host's of a process that took the pid of an init gone since.
+	alive := false
+	if rc, err := pidfd.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { alive = unix.PidfdSendSignal(int(fd), 0, nil, 0) == nil })
+	}
+	if !alive {
+		return nil, "", sandbox.ErrClosed
+	}
 	tmpFD, err := unix.Openat2(int(root.Fd()), "tmp", &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -108,18 +124,13 @@ func (s *linuxSandbox) ListenAgent(ctx context.Context) (net.Listener, string, e
 		runtime.UnlockOSThread()
 		res <- result{ln, err}
 	}()
-	select {
-	case r := <-res:
-		if r.err != nil {
-			return nil, "", r.err
-		}
-		return r.ln, "/tmp/" + dir + "/" + agentSocket, nil
-	case <-ctx.Done():
-		go func() {
-			if r := <-res; r.ln != nil {
-				r.ln.Close()
-			}
-		}()
-		return nil, "", ctx.Err()
+	// Waited for whatever ctx says (a few system calls): tmpFD and root
+	// are the goroutine's until then, and closed only after; closed
+	// while it ran, their numbers could name another directory, the
+	// host's, by the time it used them.
+	r := <-res
+	if r.err != nil {
+		return nil, "", r.err
 	}
+	return r.ln, "/tmp/" + dir + "/" + agentSocket, nil
 }

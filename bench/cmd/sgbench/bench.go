@@ -368,6 +368,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"10", b.rowREST},
 		{"11", b.rowCreateTrace},
 		{"12", b.rowKeystroke},
+		{"14", b.rowSoak},
 	}
 	for _, row := range rows {
 		if !b.wantGroup(row.id) {

@@ -29,6 +29,7 @@ type config struct {
 	quick, dryRun, keep bool
 	hold                bool
 	repo                string
+	soakN               int
 	sandgateBin         string
 	driver              string
 	drivers             []string
@@ -123,7 +124,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none) and 12 (sandgate only: keystroke echo, browser terminal vs SSH shell); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b; 11a,11b,11c,11d)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none) and 12 (sandgate only: keystroke echo, browser terminal vs SSH shell); not by default: 14 (the soak, --soak-sessions sessions, ~10 minutes for 10,000 on 2 cores); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d; 10a,10b; 11a,11b,11c,11d)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -132,6 +133,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5, per way in rows 8a and 9d (default 100, quick 20)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
 	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
+	fs.IntVar(&c.soakN, "soak-sessions", 0, "sessions row 14 churns (default 10000, quick 1000)")
 	fs.IntVar(&c.pyN, "paramiko", 0, "run_command calls per side in row 7 (default 100, quick 20)")
 	fs.IntVar(&c.pullReps, "pull-reps", 0, "first pulls per way in row 8b (default 3, quick 1)")
 	pullSize := fs.String("pull-size", "50MB", "size of row 8b's random layer; suffixes MB (10^6) KiB MiB GiB")

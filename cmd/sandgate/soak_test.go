@@ -78,17 +78,20 @@ type soakReport struct {
 
 // soakState is what the gateway holds at one moment.
 type soakState struct {
-	RSSKiB     int64          `json:"rssKiB"`
-	RSSAnonKiB int64          `json:"rssAnonKiB"` // of which the heap, stacks
-	RSSFileKiB int64          `json:"rssFileKiB"` // of which mapped files (the binary, the store's)
-	HeapInuse  int64          `json:"heapInuseBytes"`
-	FDs        map[string]int `json:"fds"` // by kind
-	Goroutines int            `json:"goroutines"`
-	Mounts     []string       `json:"mounts"` // under the data dir or of a sandbox, host's and gateway's
-	Loops      []string       `json:"loops"`  // backing files under the data dir
-	Cgroups    []string       `json:"cgroups"`
-	Files      []string       `json:"files"` // in the data dir (outside live sandboxes) and TMPDIR
-	Sandboxes  []string       `json:"sandboxes"`
+	RSSKiB     int64              `json:"rssKiB"`
+	RSSAnonKiB int64              `json:"rssAnonKiB"` // of which the heap, stacks
+	RSSFileKiB int64              `json:"rssFileKiB"` // of which mapped files (the binary, the store's)
+	HeapInuse  int64              `json:"heapInuseBytes"`
+	Allocated  float64            `json:"allocatedBytes"` // since the start
+	Threads    int                `json:"threads"`
+	Runtime    map[string]float64 `json:"runtime"` // go_memstats_*
+	FDs        map[string]int     `json:"fds"`     // by kind
+	Goroutines int                `json:"goroutines"`
+	Mounts     []string           `json:"mounts"` // under the data dir or of a sandbox, host's and gateway's
+	Loops      []string           `json:"loops"`  // backing files under the data dir
+	Cgroups    []string           `json:"cgroups"`
+	Files      []string           `json:"files"` // in the data dir (outside live sandboxes) and TMPDIR
+	Sandboxes  []string           `json:"sandboxes"`
 	// What the live (warm) sandboxes hold, which shows that each of the
 	// checks above sees what it looks for.
 	LiveMounts, LiveLoops, LiveCgroups int
@@ -318,6 +321,9 @@ func runSoak(t *testing.T, sessions, conc int) soakReport {
 	for _, l := range rep.Leaks {
 		t.Errorf("leak: %s", l)
 	}
+	if p := os.Getenv("SANDGATE_SOAK_GATEWAY_LOG"); p != "" {
+		_ = os.WriteFile(p, []byte(g.stderr.String()), 0o644)
+	}
 	return rep
 }
 
@@ -404,8 +410,11 @@ func netnsHeld(g *gatewayProc, pid int, netns map[string]string) []string {
 // more than want, for at most a minute), and returns what it holds.
 func settleSoak(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string, want *soakState) soakState {
 	t.Helper()
+	// The gateway gives a burst's memory back (memreturn.go).
+	returned := strings.Count(g.stderr.String(), "msg=memory_returned")
 	deadline := time.Now().Add(90 * time.Second)
-	var s soakState
+	var s, prev soakState
+	var prevAt time.Time
 	for {
 		s = soakSnapshot(t, g, pid, tmp, metricsAddr)
 		var list struct {
@@ -413,7 +422,7 @@ func settleSoak(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string, 
 		}
 		g.api(t, http.MethodGet, "/v1/sessions", nil, &list)
 		http.DefaultClient.CloseIdleConnections()
-		ready := list.Total == 0 && len(s.Sandboxes) == 2
+		ready := list.Total == 0 && len(s.Sandboxes) == 2 && strings.Count(g.stderr.String(), "msg=memory_returned") > returned
 		if ready && want != nil {
 			ready = s.Goroutines <= want.Goroutines && len(s.Mounts) <= len(want.Mounts) &&
 				len(s.Loops) <= len(want.Loops) && len(s.Cgroups) <= len(want.Cgroups) && len(s.Files) <= len(want.Files) &&
@@ -425,7 +434,12 @@ func settleSoak(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string, 
 		if ready || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(500 * time.Millisecond)
+		if prev.Allocated > 0 {
+			t.Logf("settle: %.1f MiB allocated in %v, heap in use %d MiB, rss %d MiB", (s.Allocated-prev.Allocated)/(1<<20),
+				time.Since(prevAt).Round(time.Millisecond), s.HeapInuse>>20, s.RSSKiB>>10)
+		}
+		prev, prevAt = s, time.Now()
+		time.Sleep(time.Second)
 	}
 	if want == nil {
 		// The baseline: two more seconds, for a stable count.
@@ -448,6 +462,9 @@ func soakSnapshot(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string
 		return false
 	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		if m := regexp.MustCompile(`Threads:\s+(\d+)`).FindSubmatch(b); m != nil {
+			s.Threads, _ = strconv.Atoi(string(m[1]))
+		}
 		for name, v := range map[string]*int64{"VmRSS": &s.RSSKiB, "RssAnon": &s.RSSAnonKiB, "RssFile": &s.RSSFileKiB} {
 			if m := regexp.MustCompile(name + `:\s+(\d+)`).FindSubmatch(b); m != nil {
 				*v, _ = strconv.ParseInt(string(m[1]), 10, 64)
@@ -479,6 +496,15 @@ func soakSnapshot(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
 			s.Goroutines, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+		if f := strings.Fields(sc.Text()); len(f) == 2 && strings.HasPrefix(f[0], "go_memstats_") {
+			if s.Runtime == nil {
+				s.Runtime = map[string]float64{}
+			}
+			s.Runtime[f[0]], _ = strconv.ParseFloat(f[1], 64)
+		}
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_alloc_bytes_total "); ok {
+			s.Allocated, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
 		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
 			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)

@@ -447,7 +447,8 @@ func printPlan(c *config, b *bench) {
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
 	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]
-	desc["11"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
+	desc["14"] = fmt.Sprintf("sandgate only: the soak, go test -run TestSoak ./cmd/sandgate/ with %d sessions (--soak-sessions) at concurrency 50: create, one REST command, DELETE (egress, image, named workspace, plain); leaks and the gateway's RSS after it (linux driver)", soakSessions(c))
+	desc["12"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])
 	}

@@ -42,13 +42,7 @@ type soakResult struct {
 
 func (b *bench) rowSoak() error {
 	r := b.report
-	n := b.cfg.soakN
-	if n <= 0 {
-		n = 10000
-		if b.cfg.quick {
-			n = 1000
-		}
-	}
+	n := soakSessions(b.cfg)
 	if _, err := os.Stat(filepath.Join(b.cfg.repo, "cmd", "sandgate", "soak_test.go")); err != nil {
 		r.add(&Row{ID: "14", Name: "soak", Skipped: "this checkout has no cmd/sandgate/soak_test.go"})
 		return nil
@@ -86,4 +80,15 @@ func (b *bench) rowSoak() error {
 		return fmt.Errorf("the soak failed: %v", err)
 	}
 	return nil
+}
+
+// soakSessions is how many sessions row 14 churns.
+func soakSessions(c *config) int {
+	switch {
+	case c.soakN > 0:
+		return c.soakN
+	case c.quick:
+		return 1000
+	}
+	return 10000
 }

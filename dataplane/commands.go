@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -275,26 +276,42 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 }
 
 // drain waits for the readers to reach the end of their streams, for at
-// most grace, then closes the streams and waits for them.
+// most grace, then closes the streams and waits for them. Output the
+// command wrote before it ended is not lost to a reader that the
+// machine's load held back: while a stream still has bytes buffered
+// unread, drain waits a grace more, up to drainRounds graces in all (a
+// background process that keeps writing cannot hold the answer longer).
 func drain(readers *sync.WaitGroup, grace time.Duration, streams ...io.Closer) {
 	ended := make(chan struct{})
 	go func() {
 		readers.Wait()
 		close(ended)
 	}()
-	select {
-	case <-ended:
-	case <-time.After(grace):
-		// A background process holds the output open.
-		for _, c := range streams {
-			_ = c.Close()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	for round := 1; ; round++ {
+		select {
+		case <-ended:
+		case <-t.C:
+			if round < drainRounds && slices.ContainsFunc(streams, buffered) {
+				t.Reset(grace)
+				continue
+			}
+			// A background process holds the output open.
+			for _, c := range streams {
+				_ = c.Close()
+			}
+			<-ended
 		}
-		<-ended
+		break
 	}
 	for _, c := range streams {
 		_ = c.Close()
 	}
 }
+
+// drainRounds bounds drain's wait for buffered output, in graces.
+const drainRounds = 20
 
 // streamReader copies one stream of a command into its capture and its
 // client, taking a first line that starts with prefixTok (the token, then

@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
@@ -247,3 +249,71 @@ func docJSON(t *testing.T, d *doc) []byte {
 }
 
 func jsonDecode(resp *http.Response, v any) error { return json.NewDecoder(resp.Body).Decode(v) }
+
+// TestReplacedVersionsAreCollected: a named workspace rewritten by one
+// session after another keeps in its store only what its last version
+// names (and what a snapshot names): the objects of the versions it
+// replaced are collected in the background, not kept until the
+// workspace is deleted (the soak's leak: the store grew with each
+// session).
+func TestReplacedVersionsAreCollected(t *testing.T) {
+	s := newServiceCfg(t, Config{CollectInterval: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); s.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+	if _, err := s.CreateWorkspace(ctx, "t", "w"); err != nil {
+		t.Fatal(err)
+	}
+	objects := func() int {
+		keys, err := s.local.List(ctx, "objects/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(keys)
+	}
+	session := func(i int) {
+		id := "s" + strconv.Itoa(i)
+		sb := &dirSandbox{dir: t.TempDir()}
+		if err := s.Claim(ctx, "t", id, gateway.WorkspaceRef{Name: "w"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Attach(ctx, "t", id, gateway.WorkspaceRef{Name: "w"}, sb, true); err != nil {
+			t.Fatal(err)
+		}
+		write(t, filepath.Join(sb.dir, "log"), strings.Repeat("version "+strconv.Itoa(i)+"\n", 100))
+		write(t, filepath.Join(sb.dir, "same"), "unchanged")
+		s.Detach(ctx, id)
+	}
+	session(0)
+	one := objects()
+	// A snapshot of the first version keeps its objects.
+	snapSB := &dirSandbox{dir: t.TempDir()}
+	write(t, filepath.Join(snapSB.dir, "log"), strings.Repeat("version 0\n", 100))
+	write(t, filepath.Join(snapSB.dir, "same"), "unchanged")
+	snap, err := s.Snapshot(ctx, "t", "snap", snapSB, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 5; i++ {
+		session(i)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	// The last version's objects, and the snapshot's: the first version's
+	// log and the snapshot's own manifest page ("same" is shared).
+	want := one + 2
+	for objects() > want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := objects(); n > want {
+		t.Errorf("%d objects in the store after 6 versions of one workspace; its first version alone took %d", n, one)
+	}
+	dst := t.TempDir()
+	if err := s.Attach(ctx, "t", "check", gateway.WorkspaceRef{FromSnapshot: snap.SnapshotID}, &dirSandbox{dir: dst}, true); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "log")); err != nil || !strings.HasPrefix(string(b), "version 0\n") {
+		t.Errorf("the snapshot's files after the collection: %.20q %v", b, err)
+	}
+	s.Detach(ctx, "check")
+}

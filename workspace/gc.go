@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"strings"
+	"time"
 )
 
 // collect deletes the objects (files and manifest pages) that no doc
@@ -22,6 +23,43 @@ import (
 // its files (data).
 func (s *Service) collect(ctx context.Context) error {
 	return s.store.collect(ctx, s.readDoc, s.clustered())
+}
+
+// DefaultCollectInterval is Config.CollectInterval's default.
+const DefaultCollectInterval = 10 * time.Second
+
+// wantCollect asks collectLoop for a collection: a workspace's new
+// version was stored (and, with an object store, pushed), and the
+// objects only its old version named are garbage. Without it they stayed
+// until the workspace was deleted: a workspace rewritten by one session
+// after another grew the store (and the bucket) without bound.
+func (s *Service) wantCollect() {
+	select {
+	case s.collectWake <- struct{}{}:
+	default: // one is asked for already
+	}
+}
+
+// collectLoop collects when asked, at most once per CollectInterval (a
+// collection reads every doc), until ctx is done.
+func (s *Service) collectLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.collectWake:
+		}
+		if err := s.collect(ctx); err != nil && ctx.Err() == nil {
+			s.cfg.Log.Warn("workspace_collect_failed", "err", err)
+		}
+		t := time.NewTimer(s.cfg.CollectInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // collect is Service.collect in the content store: readDoc reads a doc

@@ -43,7 +43,11 @@ type Config struct {
 	// is quota_exceeded's kin: workspace_limit, snapshot_limit (limits.go).
 	MaxWorkspaces int
 	MaxSnapshots  int
-	Log           *slog.Logger
+	// CollectInterval is the least time between two collections of the
+	// objects that a workspace's newer versions no longer name (0:
+	// DefaultCollectInterval).
+	CollectInterval time.Duration
+	Log             *slog.Logger
 }
 
 // Service is the workspace engine. It implements gateway.Workspaces.
@@ -69,6 +73,9 @@ type Service struct {
 	discard  map[string]bool        // sessions that end without a last sync
 	detached map[string]time.Time   // sessions that ended lately -> when
 	uploaded map[string]time.Time   // artifact key -> when this gateway uploaded it
+
+	// collectWake asks collectLoop for a collection (gc.go).
+	collectWake chan struct{}
 }
 
 // attachment is a live session's tie to the engine.
@@ -137,6 +144,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.MaxSnapshots <= 0 {
 		cfg.MaxSnapshots = DefaultMaxSnapshots
 	}
+	if cfg.CollectInterval <= 0 {
+		cfg.CollectInterval = DefaultCollectInterval
+	}
 	local, err := newLocalBackend(filepath.Join(cfg.Dir, "store"))
 	if err != nil {
 		return nil, err
@@ -152,7 +162,9 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, store: newStore(cfg, local, tmp), syncer: sy,
 		claims: newClaims(cfg.Log, sy.pendingPush), limits: newLimits(cfg),
 		sessions: map[string]*attachment{}, drop: map[string]bool{}, discard: map[string]bool{}, detached: map[string]time.Time{},
-		uploaded: map[string]time.Time{}}
+		uploaded: map[string]time.Time{}, collectWake: make(chan struct{}, 1)}
+	// What an earlier run's replaced versions left is collected once it runs.
+	s.wantCollect()
 	if cfg.Remote != nil {
 		// Whatever an earlier run left unpushed goes now.
 		keys, err := local.List(context.Background(), "tenants/")
@@ -843,11 +855,13 @@ func (s *Service) finishCapture(ctx context.Context, a *attachment, key string, 
 	if err := s.setEntries(d, m.Entries, pins); err != nil {
 		return nil, err
 	}
+	replaced := false
 	if old, err := s.readDoc(ctx, key); err == nil {
 		if slices.Equal(old.Pages, d.Pages) && !strings.Contains(key, "/snapshots/") {
 			return info, nil // unchanged: nothing to store or upload
 		}
 		d.Name, d.CreatedAt = old.Name, old.CreatedAt
+		replaced = true
 	}
 	if a.name != "" && strings.Contains(key, "/workspaces/") {
 		d.Name = a.name
@@ -860,6 +874,9 @@ func (s *Service) finishCapture(ctx context.Context, a *attachment, key string, 
 	}
 	if s.cfg.Remote == nil {
 		s.markSynced(key)
+		if replaced {
+			s.wantCollect() // the objects only the old version named
+		}
 	}
 	return info, nil
 }

@@ -178,6 +178,12 @@ func (s *Service) Run(ctx context.Context) {
 		s.tidyLoop(ctx, s.cfg.SyncInterval)
 	}()
 	defer func() { <-tidied }()
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		s.collectLoop(ctx)
+	}()
+	defer func() { <-collected }()
 	t := time.NewTicker(s.cfg.SyncInterval)
 	defer t.Stop()
 	for {
@@ -278,6 +284,11 @@ func (s *Service) pushAll(ctx context.Context) error {
 		s.syncer.finish(key, j, err)
 		if err != nil {
 			return err
+		}
+		if !j.del {
+			// The object store's copy of the doc is the new version: what
+			// only the old one named there can go.
+			s.wantCollect()
 		}
 		s.pushed(ctx, key)
 	}

@@ -674,6 +674,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		defer close(synced)
 		wsvc.Run(reapCtx)
 	}()
+	go returnMemory(reapCtx, log)
 	served := make(chan error, 1)
 	go func() {
 		if cfg.tlsCert != "" {

@@ -371,6 +371,7 @@ func (b *bench) runAll(start time.Time) int {
 		{"13", b.rowKube},
 		{"15", b.rowPause},
 		{"16", b.rowDensity},
+		{"14", b.rowSoak},
 	}
 	for _, row := range rows {
 		if !b.wantGroup(row.id) {

@@ -30,6 +30,7 @@ type config struct {
 	hold                bool
 	repo                string
 	kubeMany            int
+	soakN               int
 	sandgateBin         string
 	driver              string
 	drivers             []string
@@ -125,7 +126,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,13,15,16", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell), 13 (sandgate only: Session and SandboxClaim through a real kube-apiserver, 13a-b; 13c, only when named, --kube-many Sessions per node agent), 15 (sandgate only, linux driver: pause and resume in place) and 16 (sandgate only, linux driver: idle density); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d,9e,9f; 10a,10b; 11a,11b,11c,11d)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,13,15,16", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell), 13 (sandgate only: Session and SandboxClaim through a real kube-apiserver, 13a-b; 13c, only when named, --kube-many Sessions per node agent), 15 (sandgate only, linux driver: pause and resume in place) and 16 (sandgate only, linux driver: idle density); not by default: 14 (the soak, --soak-sessions sessions, ~10 minutes for 10,000 on 2 cores); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d,9e,9f; 10a,10b; 11a,11b,11c,11d)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -136,6 +137,7 @@ func parseFlags(args []string) (*config, error) {
 	density := fs.String("density", "", "idle sessions in row 13, each count a run of its own (default 100,1000; quick 100)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
 	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
+	fs.IntVar(&c.soakN, "soak-sessions", 0, "sessions row 14 churns (default 10000, quick 1000)")
 	fs.IntVar(&c.pyN, "paramiko", 0, "run_command calls per side in row 7 (default 100, quick 20)")
 	fs.IntVar(&c.pullReps, "pull-reps", 0, "first pulls per way in row 8b (default 3, quick 1)")
 	pullSize := fs.String("pull-size", "50MB", "size of row 8b's random layer; suffixes MB (10^6) KiB MiB GiB")
@@ -469,6 +471,7 @@ func printPlan(c *config, b *bench) {
 	desc["13c"] = fmt.Sprintf("sandgate only: %d Sessions held by one node agent: each create -> Running, the agent's and the API server's memory", c.kubeMany)
 	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c); fork (15d) not built"
 	desc["16"] = fmt.Sprintf("sandgate only: idle density, %v idle sessions (linux driver, no warm pool): PSS of the sandbox processes per session, and the growth of the gateway's anonymous PSS per session", c.density)
+	desc["14"] = fmt.Sprintf("sandgate only: the soak, go test -run TestSoak ./cmd/sandgate/ with %d sessions (--soak-sessions) at concurrency 50: create, one REST command, DELETE (egress, image, named workspace, plain); leaks and the gateway's RSS after it (linux driver)", soakSessions(c))
 	for _, r := range rows {
 		fmt.Printf("  row %s: %s\n", r, desc[r])
 	}

@@ -107,7 +107,10 @@ type Driver struct {
 
 // New returns the linux driver after checking that this host can run
 // it (a probe sandbox is built and torn down).
-func New(cfg sandbox.Config) (*Driver, error) {
+func New(cfg sandbox.Config) (*Driver, error) { return newDriver(cfg, initexe.Bytes()) }
+
+// newDriver is New with smallInit as the embedded small init (nil: none).
+func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -136,7 +139,7 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
 		return nil, err
 	}
-	d.useSmallInit()
+	d.useSmallInit(smallInit)
 	if err := d.probe(); err != nil {
 		if d.initFile == nil {
 			return nil, err
@@ -167,11 +170,11 @@ func New(cfg sandbox.Config) (*Driver, error) {
 // runs its own binary (no Config.SelfExe) and has it: the probe checks it.
 // A binary built without it (go install) keeps running itself as the init,
 // about 20 ms slower to start and several MiB heavier per sandbox.
-func (d *Driver) useSmallInit() {
+func (d *Driver) useSmallInit(b []byte) {
 	if d.cfg.SelfExe != "" {
 		return
 	}
-	f, err := initexe.Open()
+	f, err := initexe.OpenBytes(b)
 	switch {
 	case err != nil:
 		d.log.Warn("sandbox init: the embedded small init cannot be used; sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox", "err", err.Error())

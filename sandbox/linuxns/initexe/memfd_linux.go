@@ -15,8 +15,10 @@ import (
 // runs its own binary as the init. The gateway execs it through
 // /proc/self/fd/<fd>; every sandbox maps the same pages, and nobody can
 // change them (F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL).
-func Open() (*os.File, error) {
-	b := Bytes()
+func Open() (*os.File, error) { return OpenBytes(Bytes()) }
+
+// OpenBytes is Open for the init binary b (nil: none).
+func OpenBytes(b []byte) (*os.File, error) {
 	if b == nil {
 		return nil, nil
 	}

@@ -553,15 +553,19 @@ func (d *Driver) startHandshake(ctx context.Context, conn *net.UnixConn, spec ct
 // it left nothing), and waits until the sandbox is built.
 func (hs *initHandshake) finish(attach any, fds []int, image string, forkAt time.Time) error {
 	ctx, conn := hs.ctx, hs.conn
+	var werr error
 	if attach != nil {
-		if err := ctl.WriteFrame(conn, attach, fds...); err != nil {
-			return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, err))
-		}
+		// An init that failed before it needed these has answered and
+		// gone (the write then fails): its answer says why.
+		werr = ctl.WriteFrame(conn, attach, fds...)
 	}
 	var ready ctl.Ready
 	got, err := ctl.ReadFrame(conn, &ready)
 	procio.CloseFDs(got)
-	if err != nil {
+	switch {
+	case werr != nil && (err != nil || ready.OK):
+		return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, werr))
+	case err != nil:
 		return fmt.Errorf("sandbox init: %w", ctxErr(ctx, err))
 	}
 	if tr := sandbox.TraceOf(ctx); tr != nil {

@@ -556,8 +556,11 @@ func (hs *initHandshake) finish(attach any, fds []int, image string, forkAt time
 	var werr error
 	if attach != nil {
 		// An init that failed before it needed these has answered and
-		// gone (the write then fails): its answer says why.
+		// gone (the write finds the socket closed): its answer says why.
 		werr = ctl.WriteFrame(conn, attach, fds...)
+		if werr != nil && !errors.Is(werr, unix.EPIPE) && !errors.Is(werr, unix.ECONNRESET) {
+			return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, werr))
+		}
 	}
 	var ready ctl.Ready
 	got, err := ctl.ReadFrame(conn, &ready)

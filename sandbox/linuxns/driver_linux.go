@@ -107,7 +107,10 @@ type Driver struct {
 
 // New returns the linux driver after checking that this host can run
 // it (a probe sandbox is built and torn down).
-func New(cfg sandbox.Config) (*Driver, error) {
+func New(cfg sandbox.Config) (*Driver, error) { return newDriver(cfg, initexe.Bytes()) }
+
+// newDriver is New with smallInit as the embedded small init (nil: none).
+func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -136,7 +139,7 @@ func New(cfg sandbox.Config) (*Driver, error) {
 	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
 		return nil, err
 	}
-	d.useSmallInit()
+	d.useSmallInit(smallInit)
 	if err := d.probe(); err != nil {
 		if d.initFile == nil {
 			return nil, err
@@ -167,11 +170,11 @@ func New(cfg sandbox.Config) (*Driver, error) {
 // runs its own binary (no Config.SelfExe) and has it: the probe checks it.
 // A binary built without it (go install) keeps running itself as the init,
 // about 20 ms slower to start and several MiB heavier per sandbox.
-func (d *Driver) useSmallInit() {
+func (d *Driver) useSmallInit(b []byte) {
 	if d.cfg.SelfExe != "" {
 		return
 	}
-	f, err := initexe.Open()
+	f, err := initexe.OpenBytes(b)
 	switch {
 	case err != nil:
 		d.log.Warn("sandbox init: the embedded small init cannot be used; sandboxes run the gateway's own binary, which starts slower and holds more memory per sandbox", "err", err.Error())
@@ -550,15 +553,22 @@ func (d *Driver) startHandshake(ctx context.Context, conn *net.UnixConn, spec ct
 // it left nothing), and waits until the sandbox is built.
 func (hs *initHandshake) finish(attach any, fds []int, image string, forkAt time.Time) error {
 	ctx, conn := hs.ctx, hs.conn
+	var werr error
 	if attach != nil {
-		if err := ctl.WriteFrame(conn, attach, fds...); err != nil {
-			return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, err))
+		// An init that failed before it needed these has answered and
+		// gone (the write finds the socket closed): its answer says why.
+		werr = ctl.WriteFrame(conn, attach, fds...)
+		if werr != nil && !errors.Is(werr, unix.EPIPE) && !errors.Is(werr, unix.ECONNRESET) {
+			return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, werr))
 		}
 	}
 	var ready ctl.Ready
 	got, err := ctl.ReadFrame(conn, &ready)
 	procio.CloseFDs(got)
-	if err != nil {
+	switch {
+	case werr != nil && (err != nil || ready.OK):
+		return fmt.Errorf("send sandbox workspace: %w", ctxErr(ctx, werr))
+	case err != nil:
 		return fmt.Errorf("sandbox init: %w", ctxErr(ctx, err))
 	}
 	if tr := sandbox.TraceOf(ctx); tr != nil {

@@ -9,6 +9,10 @@ import (
 	"github.com/sandgate/sandgate/sandbox"
 )
 
+// NewWithInit is New with init as the embedded small init, as make build
+// embeds one (the test binary has none).
+func NewWithInit(cfg sandbox.Config, init []byte) (*Driver, error) { return newDriver(cfg, init) }
+
 // SetSocketCheck shortens how often d's new inits check their control socket.
 func (d *Driver) SetSocketCheck(every time.Duration) { d.sockCheck = every }
 

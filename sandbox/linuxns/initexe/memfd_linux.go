@@ -15,8 +15,10 @@ import (
 // runs its own binary as the init. The gateway execs it through
 // /proc/self/fd/<fd>; every sandbox maps the same pages, and nobody can
 // change them (F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL).
-func Open() (*os.File, error) {
-	b := Bytes()
+func Open() (*os.File, error) { return OpenBytes(Bytes()) }
+
+// OpenBytes is Open for the init binary b (nil: none).
+func OpenBytes(b []byte) (*os.File, error) {
 	if b == nil {
 		return nil, nil
 	}
@@ -42,10 +44,23 @@ func Open() (*os.File, error) {
 	}
 	// exec refuses a file open for writing (ETXTBSY): keep a read-only
 	// descriptor only.
-	ro, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	rofd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("reopen the sandbox init: %w", err)
 	}
-	return ro, nil
+	// The init is exec'd as /proc/self/fd/<fd> by a child that first
+	// moves its stdio and extra files to descriptors 0 and up: a memfd
+	// there (a gateway started with a closed stdin) would be replaced
+	// before the exec. Keep it above them.
+	high, err := unix.FcntlInt(uintptr(rofd), unix.F_DUPFD_CLOEXEC, minFD)
+	unix.Close(rofd)
+	if err != nil {
+		return nil, fmt.Errorf("reopen the sandbox init: %w", err)
+	}
+	return os.NewFile(uintptr(high), "sandgate-init"), nil
 }
+
+// minFD is the lowest descriptor the memfd may have: above those a child
+// of the driver gets (stdio, and its extra files from 3).
+const minFD = 16

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -25,8 +26,7 @@ func TestOpenTo(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
-				b := make([]byte, 1)
-				c.Read(b) // until the client goes
+				io.Copy(io.Discard, c) // until the client goes (one Read would end at its first bytes)
 			}()
 		}
 	}()

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/procio"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -223,10 +223,11 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 
 	stdout := newStreamReader("stdout", req, nil)
 	stderr := newStreamReader("stderr", req, []byte(tok))
+	outs := []*procio.Output{procio.NewOutput(proc.Stdout()), procio.NewOutput(proc.Stderr())}
 	var readers sync.WaitGroup
 	readers.Add(2)
-	go func() { defer readers.Done(); stdout.copyFrom(proc.Stdout()) }()
-	go func() { defer readers.Done(); stderr.copyFrom(proc.Stderr()) }()
+	go func() { defer readers.Done(); stdout.copyFrom(outs[0]) }()
+	go func() { defer readers.Done(); stderr.copyFrom(outs[1]) }()
 
 	type waited struct {
 		exit sandbox.Exit
@@ -251,7 +252,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 		proc.Kill()
 		w = <-done
 	}
-	drain(&readers, OutputGrace, proc.Stdout(), proc.Stderr())
+	drain(&readers, outs...)
 
 	res := Result{TimedOut: timedOut, Duration: time.Since(began), Cwd: stderr.prefix}
 	res.Stdout, res.Stderr = stdout.cap.output(), stderr.cap.output()
@@ -275,43 +276,17 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	return res, nil
 }
 
-// drain waits for the readers to reach the end of their streams, for at
-// most grace, then closes the streams and waits for them. Output the
-// command wrote before it ended is not lost to a reader that the
-// machine's load held back: while a stream still has bytes buffered
-// unread, drain waits a grace more, up to drainRounds graces in all (a
-// background process that keeps writing cannot hold the answer longer).
-func drain(readers *sync.WaitGroup, grace time.Duration, streams ...io.Closer) {
+// drain waits for the readers of a command's output to reach the end
+// of their streams, or for what procio.Drain grants them after the
+// command ended (OutputGrace), and closes the streams.
+func drain(readers *sync.WaitGroup, outs ...*procio.Output) {
 	ended := make(chan struct{})
 	go func() {
 		readers.Wait()
 		close(ended)
 	}()
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	for round := 1; ; round++ {
-		select {
-		case <-ended:
-		case <-t.C:
-			if round < drainRounds && slices.ContainsFunc(streams, buffered) {
-				t.Reset(grace)
-				continue
-			}
-			// A background process holds the output open.
-			for _, c := range streams {
-				_ = c.Close()
-			}
-			<-ended
-		}
-		break
-	}
-	for _, c := range streams {
-		_ = c.Close()
-	}
+	procio.Drain(ended, OutputGrace, outs...)
 }
-
-// drainRounds bounds drain's wait for buffered output, in graces.
-const drainRounds = 20
 
 // streamReader copies one stream of a command into its capture and its
 // client, taking a first line that starts with prefixTok (the token, then

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/procio"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -216,7 +217,7 @@ func (x *shell) resume(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
-	x.proc, x.out, x.err = p, &markerReader{src: p.Stdout()}, &markerReader{src: p.Stderr()}
+	x.proc, x.out, x.err = p, newMarkerReader(p.Stdout()), newMarkerReader(p.Stderr())
 	x.started, x.stale = true, true
 	return true
 }
@@ -288,10 +289,11 @@ func (x *shell) close() {
 		if p, err := x.s.Start(ctx, sandbox.Cmd{Command: rm}, gateway.StartOptions{}); err == nil {
 			_ = p.Stdin().Close()
 			var readers sync.WaitGroup
-			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stdout()) })
-			readers.Go(func() { _, _ = io.Copy(io.Discard, p.Stderr()) })
+			outs := []*procio.Output{procio.NewOutput(p.Stdout()), procio.NewOutput(p.Stderr())}
+			readers.Go(func() { _, _ = io.Copy(io.Discard, outs[0]) })
+			readers.Go(func() { _, _ = io.Copy(io.Discard, outs[1]) })
 			_, _ = p.Wait()
-			drain(&readers, OutputGrace, p.Stdout(), p.Stderr()) // and closes them
+			drain(&readers, outs...) // and closes them
 		}
 	})
 }
@@ -374,7 +376,7 @@ func (x *shell) start() error {
 		return fmt.Errorf("start shell: %w", err)
 	}
 	x.saveRecord(cmd.Keep)
-	x.proc, x.out, x.err = p, &markerReader{src: p.Stdout()}, &markerReader{src: p.Stderr()}
+	x.proc, x.out, x.err = p, newMarkerReader(p.Stdout()), newMarkerReader(p.Stderr())
 	x.started = true
 	init := shellInit + fmt.Sprintf(shellRestore, Quote(x.state))
 	if _, err := io.WriteString(p.Stdin(), init); err != nil {
@@ -493,7 +495,7 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 		_ = p.Stdin().Close()
 		exit, waitErr = p.Wait()
 		sandbox.Ack(p)
-		drain(&readers, OutputGrace, p.Stdout(), p.Stderr())
+		drain(&readers, x.out.src, x.err.src)
 		x.proc, x.out, x.err = nil, nil, nil
 		x.lost = true
 	}
@@ -570,8 +572,12 @@ func printfEscape(b []byte) string {
 
 // markerReader reads a shell's stream across its commands.
 type markerReader struct {
-	src  io.Reader
+	src  *procio.Output
 	left []byte // read past the last command's end marker
+}
+
+func newMarkerReader(r io.ReadCloser) *markerReader {
+	return &markerReader{src: procio.NewOutput(r)}
 }
 
 // until copies the stream into w until tok + ":" ... ":" + tok + "\n",

@@ -2,9 +2,11 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
@@ -139,4 +141,13 @@ func (c countReader) Read(p []byte) (int, error) {
 	n, err := c.ReadCloser.Read(p)
 	c.n.Add(int64(n))
 	return n, err
+}
+
+// SyscallConn passes the stream's descriptor through (syscall.Conn): the
+// reader of a command's output asks it how much is still buffered.
+func (c countReader) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.ReadCloser.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }

@@ -45,6 +45,8 @@ type Config struct {
 	MaxAuthTries int
 	// OutputGrace is how long output is still forwarded after the command
 	// exits while something else holds its stdout open (default 500ms).
+	// What the command wrote before it exited is always forwarded first,
+	// however slowly the client reads (procio.Drain).
 	OutputGrace time.Duration
 	// MaxStartups bounds the tunnels in SSH authentication at once
 	// (default DefaultStartups).

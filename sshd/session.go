@@ -18,6 +18,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/internal/procio"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -366,7 +367,7 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	// closes it (no goroutine waits for them, so an exit whose output is
 	// already through goes straight on to its status).
 	drained := make(chan struct{})
-	stderr := proc.Stderr()
+	stdoutR, stderr := procio.NewOutput(proc.Stdout()), procio.NewOutput(proc.Stderr())
 	var outLeft atomic.Int32
 	outLeft.Store(1)
 	if stderr != nil {
@@ -383,7 +384,7 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 			_, _ = copyStream(a.writer(dst), src, &c.srv.bufs)
 		}()
 	}
-	copyOut("stdout", stdout, proc.Stdout())
+	copyOut("stdout", stdout, stdoutR)
 	if stderr != nil {
 		copyOut("stderr", c.ch.Stderr(), stderr)
 	}
@@ -399,26 +400,10 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	c.exited = true
 	c.mu.Unlock()
 
-	select {
-	case <-drained:
-	default:
-		grace := time.NewTimer(c.srv.cfg.OutputGrace)
-		select {
-		case <-drained:
-		case <-grace.C:
-			// A background process holds the output open; stop forwarding it.
-			_ = proc.Stdout().Close()
-			if stderr != nil {
-				_ = stderr.Close()
-			}
-			<-drained
-		}
-		grace.Stop()
-	}
-	_ = proc.Stdout().Close()
-	if stderr != nil {
-		_ = stderr.Close()
-	}
+	// Everything the command wrote is forwarded, however slowly the
+	// client reads; output a background process holds open is forwarded
+	// for OutputGrace more.
+	procio.Drain(drained, c.srv.cfg.OutputGrace, stdoutR, stderr)
 
 	if tap != nil {
 		tap.close()

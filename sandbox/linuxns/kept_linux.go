@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -55,6 +56,10 @@ func (r *keptReader) Read(p []byte) (int, error) {
 }
 
 func (r *keptReader) Close() error { return r.f.Close() }
+
+// SyscallConn is the pipe's (syscall.Conn): the reader of a command's
+// output asks it how much is still buffered.
+func (r *keptReader) SyscallConn() (syscall.RawConn, error) { return r.f.SyscallConn() }
 
 // stop ends reading as described above, waiting at most until deadline
 // for the caller to store what it read.

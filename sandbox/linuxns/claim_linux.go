@@ -1,0 +1,145 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// claimTrees are the filesystems a sandbox's build makes and writes (the
+// default root's tmpfs, its /etc, /dev, /dev/shm, /dev/pts and /tmp, and
+// the workspace, the sandbox user's home). Only their own files are
+// touched: what is bound in from the host (/usr, /etc's directories and
+// large files) is on another device and left alone.
+var claimTrees = []string{"/", "/etc", "/dev", "/dev/shm", "/dev/pts", "/tmp", "/workspace"}
+
+// refreshTimes gives every file of claimTrees the current time as its
+// access, modification and change time, so that a sandbox built ahead
+// (the gateway's warm pool) shows the time of the create that claimed it,
+// as one built for that create would, not the time the pool filled. It
+// runs on a thread of its own in the sandbox's mount namespace (entered
+// through the init's pidfd), which is thrown away after: the thread
+// leaves the gateway's filesystem context for the sandbox's. Read-only
+// mounts are made writable for the moment and read-only again. Nothing
+// runs in a warm sandbox before its claim, and no path is followed
+// through a symlink.
+func (s *linuxSandbox) refreshTimes() error {
+	s.mu.Lock()
+	pidfd := s.pidfd
+	var fd int = -1
+	var derr error = errors.New("the sandbox has no init")
+	if pidfd != nil {
+		rc, err := pidfd.SyscallConn()
+		if err != nil {
+			derr = err
+		} else if err := rc.Control(func(p uintptr) { fd, derr = unix.FcntlInt(p, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+			derr = err
+		}
+	}
+	s.mu.Unlock()
+	if fd < 0 {
+		return fmt.Errorf("claim times: %w", derr)
+	}
+	defer unix.Close(fd)
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread with the goroutine,
+		// so no other goroutine ever runs in the sandbox's namespace.
+		runtime.LockOSThread()
+		errc <- touchTrees(fd)
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("claim times: %w", err)
+	}
+	return nil
+}
+
+// touchTrees enters the mount namespace of the init of pidfd on the
+// calling thread, which must be locked and discarded after, and touches
+// claimTrees there.
+func touchTrees(pidfd int) error {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare fs: %w", err)
+	}
+	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("enter the sandbox's mounts: %w", err)
+	}
+	var errs []error
+	for _, root := range claimTrees {
+		errs = append(errs, touchTree(root))
+	}
+	return errors.Join(errs...)
+}
+
+// touchTree touches every file below root (itself included) that is on
+// root's filesystem, making that mount writable meanwhile when it is
+// read-only. A root that is missing is skipped.
+func touchTree(root string) (err error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(root, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("%s: %w", root, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(root, &sfs); err != nil {
+		return fmt.Errorf("%s: %w", root, err)
+	}
+	if sfs.Flags&unix.ST_RDONLY != 0 {
+		if err := setMountRO(root, false); err != nil {
+			return err
+		}
+		defer func() {
+			if rerr := setMountRO(root, true); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}()
+	}
+	dev := st.Dev
+	now := []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if st.Dev != dev { // a mount point: another filesystem
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, now, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("touch %s: %w", p, err)
+		}
+		return nil
+	})
+}
+
+// setMountRO makes the mount at p read-only, or writable (not its
+// submounts).
+func setMountRO(p string, ro bool) error {
+	attr := &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}
+	if ro {
+		attr = &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	}
+	if err := unix.MountSetattr(unix.AT_FDCWD, p, 0, attr); err != nil {
+		return fmt.Errorf("make %s read-only=%v: %w", p, ro, err)
+	}
+	return nil
+}

@@ -63,13 +63,27 @@ func (s *linuxSandbox) refreshTimes() error {
 // touchTrees enters the mount namespace of the init of pidfd on the
 // calling thread, which must be locked and discarded after, and touches
 // claimTrees there.
-func touchTrees(pidfd int) error {
+func touchTrees(pidfd int) (err error) {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare fs: %w", err)
 	}
+	// The thread goes back to the gateway's mounts after: the runtime
+	// ends a locked thread with its goroutine, but the process's main
+	// thread is parked instead, and it would hold the sandbox's mounts
+	// (its workspace's loop device) for good.
+	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the gateway's mounts: %w", err)
+	}
+	defer unix.Close(home)
 	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
 		return fmt.Errorf("enter the sandbox's mounts: %w", err)
 	}
+	defer func() {
+		if herr := unix.Setns(home, unix.CLONE_NEWNS); herr != nil {
+			err = errors.Join(err, fmt.Errorf("leave the sandbox's mounts: %w", herr))
+		}
+	}()
 	var errs []error
 	for _, root := range claimTrees {
 		errs = append(errs, touchTree(root))

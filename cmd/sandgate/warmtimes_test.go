@@ -80,6 +80,13 @@ func TestWarmPoolClaimTimes(t *testing.T) {
 			t.Errorf("%s in the warm session: mtime %d ctime %d, before the create (%d); cold: %v", p, v[0], v[1], asked, ct[p])
 		}
 	}
+	// What the claim cannot change (docs/architecture.md, "What a warm
+	// sandbox still shows"), logged: pid 1's start (boot-relative ticks
+	// and seconds since), files' birth times, the host's uptime.
+	const rest = `echo "pid1_start=$(cut -d' ' -f22 /proc/1/stat) pid1_age=$(ps -o etimes= -p 1 | tr -d ' ')" \
+"hostname_btime=$(stat -c %W /etc/hostname) uptime=$(cut -d' ' -f1 /proc/uptime) now=$(date +%s)"`
+	t.Logf("warm: %s", runREST(t, warmG, wid, map[string]any{"command": rest}).out())
+	t.Logf("cold: %s", runREST(t, coldG, cid, map[string]any{"command": rest}).out())
 	for p, v := range ct {
 		if _, ok := wt[p]; !ok && !strings.Contains(p, wid) && !strings.Contains(p, cid) {
 			t.Errorf("%s (times %v) in the cold session only", p, v)

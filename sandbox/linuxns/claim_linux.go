@@ -5,7 +5,7 @@ package linuxns
 import (
 	"errors"
 	"fmt"
-	"io/fs"
+	"os"
 	"path/filepath"
 	"runtime"
 
@@ -116,33 +116,56 @@ func touchTree(root string) (err error) {
 			}
 		}()
 	}
-	dev := st.Dev
-	now := []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
-	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, root, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("touch %s: %w", root, err)
+	}
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", root, err)
+	}
+	return touchBelow(fd, root, st.Dev)
+}
+
+// claimNow is utimensat's "now" for both times.
+var claimNow = []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+
+// touchBelow touches the entries of the directory dirfd (named dir, for
+// errors) that are on the device dev, and below them; it consumes dirfd.
+// Every step is relative to a descriptor, and none follows a symlink.
+func touchBelow(dirfd int, dir string, dev uint64) error {
+	f := os.NewFile(uintptr(dirfd), dir)
+	defer f.Close()
+	entries, err := f.ReadDir(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
 		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
+		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			if errors.Is(err, unix.ENOENT) {
-				return nil
+				continue
 			}
-			return fmt.Errorf("%s: %w", p, err)
+			return fmt.Errorf("%s/%s: %w", dir, name, err)
 		}
 		if st.Dev != dev { // a mount point: another filesystem
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
+			continue
 		}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, now, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("touch %s: %w", p, err)
+		if err := unix.UtimesNanoAt(dirfd, name, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("touch %s/%s: %w", dir, name, err)
 		}
-		return nil
-	})
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		sub, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
+		if err := touchBelow(sub, filepath.Join(dir, name), dev); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // setMountRO makes the mount at p read-only, or writable (not its

@@ -18,7 +18,8 @@ import (
 // init. The sizes of /tmp and of the workspace are its filesystems', and
 // the open files limit its init set from its pids for every command: a
 // change of those, an image or a trust store that has its CA already is
-// sandbox.ErrNotLive.
+// sandbox.ErrNotLive. The files the sandbox's build wrote get the time
+// of the claim (refreshTimes).
 func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 	lim := spec.Limits.Or(s.d.limits)
 	s.mu.Lock()
@@ -34,6 +35,9 @@ func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 		max(soft, initNofileFor(lim.Pids)) != max(soft, initNofileFor(old.Pids)) ||
 		len(spec.TrustPEM) > 0 && oldTrust {
 		return sandbox.ErrNotLive
+	}
+	if err := s.refreshTimes(); err != nil {
+		return fmt.Errorf("rebind sandbox %s: %w", s.st.ID, err)
 	}
 	if lim == old && len(spec.TrustPEM) == 0 {
 		return nil // as built

@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -102,5 +105,49 @@ func TestLinuxRebind(t *testing.T) {
 	cgroupV1(t, map[string]string{"memory.limit_in_bytes": "134217728"})
 	if out, _, _ := runIn(t, sb, "echo alive"); out != "alive\n" {
 		t.Fatalf("sandbox after the rebinds: %q", out)
+	}
+}
+
+// A Rebind (a warm sandbox's claim) gives the files the sandbox's build
+// wrote the time of the claim, leaves the read-only mounts read-only and
+// the host's files bound in untouched, and holds nothing of the sandbox
+// after (checkNoLeaks: the thread that entered its mounts left them).
+func TestLinuxRebindTimes(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	const id = "sbx-rebind-times"
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	var usr unix.Stat_t
+	if err := unix.Stat("/usr", &usr); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2100 * time.Millisecond) // whole seconds: the build's time must show
+	claimed := time.Now().Unix()
+	start := time.Now()
+	if err := sb.(sandbox.Rebinder).Rebind(context.Background(), sandbox.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Rebind with the same limits (the times alone): %v", time.Since(start))
+	paths := []string{"/", "/etc", "/etc/hostname", "/etc/hosts", "/etc/passwd", "/dev", "/dev/shm", "/tmp", "/workspace"}
+	out, stderr, _ := runIn(t, sb, "stat -c '%n %Y %Z' "+strings.Join(paths, " ")+"; stat -c '%Y' /usr; for d in / /etc /dev; do touch $d/x 2>/dev/null && echo $d writable; done")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != len(paths)+1 {
+		t.Fatalf("stat in the sandbox: %q %q", out, stderr)
+	}
+	for _, l := range lines[:len(paths)] {
+		f := strings.Fields(l)
+		m, _ := strconv.ParseInt(f[1], 10, 64)
+		c, _ := strconv.ParseInt(f[2], 10, 64)
+		if m < claimed || c < claimed {
+			t.Errorf("%s: mtime %d ctime %d, before the claim at %d", f[0], m, c, claimed)
+		}
+	}
+	if got := lines[len(paths)]; got != strconv.FormatInt(usr.Mtim.Sec, 10) {
+		t.Errorf("the host's /usr has mtime %d, the sandbox shows %s", usr.Mtim.Sec, got)
 	}
 }

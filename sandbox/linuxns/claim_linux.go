@@ -1,0 +1,182 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// claimTrees are the filesystems a sandbox's build makes and writes (the
+// default root's tmpfs, its /etc, /dev, /dev/shm, /dev/pts and /tmp, and
+// the workspace, the sandbox user's home). Only their own files are
+// touched: what is bound in from the host (/usr, /etc's directories and
+// large files) is on another device and left alone.
+var claimTrees = []string{"/", "/etc", "/dev", "/dev/shm", "/dev/pts", "/tmp", "/workspace"}
+
+// refreshTimes gives every file of claimTrees the current time as its
+// access, modification and change time, so that a sandbox built ahead
+// (the gateway's warm pool) shows the time of the create that claimed it,
+// as one built for that create would, not the time the pool filled. It
+// runs on a thread of its own in the sandbox's mount namespace (entered
+// through the init's pidfd), which is thrown away after: the thread
+// leaves the gateway's filesystem context for the sandbox's. Read-only
+// mounts are made writable for the moment and read-only again. Nothing
+// runs in a warm sandbox before its claim, and no path is followed
+// through a symlink.
+func (s *linuxSandbox) refreshTimes() error {
+	s.mu.Lock()
+	pidfd := s.pidfd
+	var fd int = -1
+	var derr error = errors.New("the sandbox has no init")
+	if pidfd != nil {
+		rc, err := pidfd.SyscallConn()
+		if err != nil {
+			derr = err
+		} else if err := rc.Control(func(p uintptr) { fd, derr = unix.FcntlInt(p, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+			derr = err
+		}
+	}
+	s.mu.Unlock()
+	if fd < 0 {
+		return fmt.Errorf("claim times: %w", derr)
+	}
+	defer unix.Close(fd)
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread with the goroutine,
+		// so no other goroutine ever runs in the sandbox's namespace.
+		runtime.LockOSThread()
+		errc <- touchTrees(fd)
+	}()
+	if err := <-errc; err != nil {
+		return fmt.Errorf("claim times: %w", err)
+	}
+	return nil
+}
+
+// touchTrees enters the mount namespace of the init of pidfd on the
+// calling thread, which must be locked and discarded after, and touches
+// claimTrees there.
+func touchTrees(pidfd int) (err error) {
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unshare fs: %w", err)
+	}
+	// The thread goes back to the gateway's mounts after: the runtime
+	// ends a locked thread with its goroutine, but the process's main
+	// thread is parked instead, and it would hold the sandbox's mounts
+	// (its workspace's loop device) for good.
+	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the gateway's mounts: %w", err)
+	}
+	defer unix.Close(home)
+	if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("enter the sandbox's mounts: %w", err)
+	}
+	defer func() {
+		if herr := unix.Setns(home, unix.CLONE_NEWNS); herr != nil {
+			err = errors.Join(err, fmt.Errorf("leave the sandbox's mounts: %w", herr))
+		}
+	}()
+	var errs []error
+	for _, root := range claimTrees {
+		errs = append(errs, touchTree(root))
+	}
+	return errors.Join(errs...)
+}
+
+// touchTree touches every file below root (itself included) that is on
+// root's filesystem, making that mount writable meanwhile when it is
+// read-only. A root that is missing is skipped.
+func touchTree(root string) (err error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(root, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("%s: %w", root, err)
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(root, &sfs); err != nil {
+		return fmt.Errorf("%s: %w", root, err)
+	}
+	if sfs.Flags&unix.ST_RDONLY != 0 {
+		if err := setMountRO(root, false); err != nil {
+			return err
+		}
+		defer func() {
+			if rerr := setMountRO(root, true); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}()
+	}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, root, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("touch %s: %w", root, err)
+	}
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", root, err)
+	}
+	return touchBelow(fd, root, st.Dev)
+}
+
+// claimNow is utimensat's "now" for both times.
+var claimNow = []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+
+// touchBelow touches the entries of the directory dirfd (named dir, for
+// errors) that are on the device dev, and below them; it consumes dirfd.
+// Every step is relative to a descriptor, and none follows a symlink.
+func touchBelow(dirfd int, dir string, dev uint64) error {
+	f := os.NewFile(uintptr(dirfd), dir)
+	defer f.Close()
+	entries, err := f.ReadDir(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		var st unix.Stat_t
+		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
+		if st.Dev != dev { // a mount point: another filesystem
+			continue
+		}
+		if err := unix.UtimesNanoAt(dirfd, name, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("touch %s/%s: %w", dir, name, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		sub, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
+		if err := touchBelow(sub, filepath.Join(dir, name), dev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setMountRO makes the mount at p read-only, or writable (not its
+// submounts).
+func setMountRO(p string, ro bool) error {
+	attr := &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}
+	if ro {
+		attr = &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	}
+	if err := unix.MountSetattr(unix.AT_FDCWD, p, 0, attr); err != nil {
+		return fmt.Errorf("make %s read-only=%v: %w", p, ro, err)
+	}
+	return nil
+}

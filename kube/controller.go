@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -64,6 +65,8 @@ type Sessions interface {
 	Create(ctx context.Context, p gateway.Principal, cp gateway.CreateParams) (*gateway.Session, string, error)
 	Get(ctx context.Context, p gateway.Principal, id string) (*gateway.Session, error)
 	Delete(ctx context.Context, p gateway.Principal, id string) error
+	// Owner is the tenant of session id, if this gateway holds it.
+	Owner(id string) (tenant string, ok bool)
 }
 
 // Config configures a Controller.
@@ -315,4 +318,26 @@ func (c *Controller) tenant(ns string) string {
 
 func (c *Controller) principal(ns string) gateway.Principal {
 	return gateway.Principal{Tenant: c.tenant(ns), Method: principalMethod}
+}
+
+// scopeOf is obj's idempotency key and the scope of its secret values:
+// one per object (its UID), never reused.
+func scopeOf(obj *unstructured.Unstructured) string {
+	return "k8s-" + string(obj.GetUID())
+}
+
+// principalFor is the principal of obj, whose session is id: the tenant
+// the session was created for (its owner, when the session is obj's own
+// by its idempotency key), so that a namespace relabelled since still
+// finds it; otherwise the namespace's tenant now.
+func (c *Controller) principalFor(ctx context.Context, obj *unstructured.Unstructured, id string) gateway.Principal {
+	if id != "" {
+		if t, ok := c.cfg.Sessions.Owner(id); ok {
+			p := gateway.Principal{Tenant: t, Method: principalMethod}
+			if s, err := c.cfg.Sessions.Get(ctx, p, id); err == nil && s.IdempotencyKey == scopeOf(obj) {
+				return p
+			}
+		}
+	}
+	return c.principal(obj.GetNamespace())
 }

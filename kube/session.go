@@ -74,12 +74,12 @@ func (c *Controller) reconcileSession(ctx context.Context, ns, name string) erro
 		return err
 	}
 	res := c.dyn.Resource(SessionGVR).Namespace(ns)
-	p := c.principal(ns)
 	id, _, _ := unstructured.NestedString(obj.Object, "status", "sessionId")
 	secretName := credentialsSecret(obj, "-sandgate")
 	if obj.GetDeletionTimestamp() != nil {
-		return c.finish(ctx, res, obj, sessionFinalizer, p, id, secretName)
+		return c.finish(ctx, res, obj, sessionFinalizer, id, secretName)
 	}
+	p := c.principalFor(ctx, obj, id)
 	if !slices.Contains(obj.GetFinalizers(), sessionFinalizer) {
 		obj.SetFinalizers(append(obj.GetFinalizers(), sessionFinalizer))
 		if obj, err = res.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
@@ -101,20 +101,24 @@ func (c *Controller) reconcileSession(ctx context.Context, ns, name string) erro
 		Workspace: gateway.WorkspaceRef{Name: spec.Workspace, FromSnapshot: spec.FromSnapshot},
 		// A retry after a failure past the create finds the session (a
 		// replay) instead of making another one.
-		IdempotencyKey: "k8s-" + string(obj.GetUID()),
+		IdempotencyKey: scopeOf(obj),
+		// The Secrets' values are this session's alone.
+		SecretScope: scopeOf(obj),
 		Metadata:       map[string]any{"kubernetes": map[string]any{"namespace": ns, "name": name, "kind": "Session"}},
 	}
 	for k, v := range spec.Labels {
 		cp.Metadata[k] = v
 	}
+	vals := map[string]string{}
 	for _, s := range spec.Secrets {
 		v, err := c.secretValue(ctx, ns, s.SecretRef)
 		if err != nil {
 			return c.secretProblem(ctx, res, obj, err)
 		}
-		c.cfg.Secrets.Set(p.Tenant, s.Name, v)
+		vals[s.Name] = v
 		cp.Secrets = append(cp.Secrets, gateway.SecretRef{Name: s.Name, Hosts: s.Hosts, Header: s.Header, Format: s.Format})
 	}
+	c.cfg.Secrets.Set(cp.SecretScope, vals)
 	return c.createSession(ctx, res, obj, p, cp, secretName, nil)
 }
 
@@ -127,6 +131,7 @@ func (c *Controller) createSession(ctx context.Context, res dynamic.ResourceInte
 	if err != nil {
 		ge, ok := errors.AsType[*gateway.Error](err)
 		if ok && permanent(ge) {
+			c.cfg.Secrets.Drop(cp.SecretScope)
 			return c.fail(ctx, res, obj, reasonOf(ge.Code), ge.Message)
 		}
 		if ok && ge.Kind == gateway.KindQuota { // waits for room, with backoff
@@ -235,6 +240,13 @@ func (c *Controller) refresh(ctx context.Context, res dynamic.ResourceInterface,
 			return nil
 		}
 		st, _, _ := unstructured.NestedMap(obj.Object, "status")
+		if node, _ := st["node"].(string); node != "" && node != c.cfg.Identity {
+			// Made by another node agent, which is gone (this one leads
+			// now) and took the session with it: a failure, not an end.
+			st["phase"] = PhaseFailed
+			return c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, "NodeLost",
+				"the node agent "+node+" that held the session is gone"))
+		}
 		st["phase"] = PhaseEnded
 		return c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, "SessionEnded", "the session is gone (its TTL passed, or it was deleted)"))
 	}
@@ -276,7 +288,7 @@ func (c *Controller) putStatus(ctx context.Context, res dynamic.ResourceInterfac
 }
 
 // finish ends obj's session and Secret, then lets the deletion go on.
-func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, finalizer string, p gateway.Principal, id, secretName string) error {
+func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, finalizer string, id, secretName string) error {
 	if !slices.Contains(obj.GetFinalizers(), finalizer) {
 		return nil
 	}
@@ -288,10 +300,14 @@ func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, 
 		}
 	}
 	if id != "" {
+		// As the tenant the session was made for, not the namespace's
+		// tenant now (its label may have changed since).
+		p := c.principalFor(ctx, obj, id)
 		if err := c.cfg.Sessions.Delete(ctx, p, id); err != nil && !errors.Is(err, gateway.ErrNotFound) {
 			return fmt.Errorf("delete session %s: %w", id, err)
 		}
 	}
+	c.cfg.Secrets.Drop(scopeOf(obj))
 	// Owner references would collect it too, where a garbage collector
 	// runs; the controller does not wait for one.
 	err := c.core.CoreV1().Secrets(obj.GetNamespace()).Delete(ctx, secretName, metav1.DeleteOptions{})

@@ -95,6 +95,10 @@ type Config struct {
 	Workers int
 	// LeaseDuration is the election's lease (default 15 s).
 	LeaseDuration time.Duration
+	// DiscoveryInterval is how often a leader that found agent-sandbox's
+	// API not served looks again, so that CRDs installed later are
+	// watched without a change of leader (default 10 s).
+	DiscoveryInterval time.Duration
 	Log           *slog.Logger
 }
 
@@ -126,6 +130,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.LeaseDuration <= 0 {
 		cfg.LeaseDuration = 15 * time.Second
+	}
+	if cfg.DiscoveryInterval <= 0 {
+		cfg.DiscoveryInterval = 10 * time.Second
 	}
 	if cfg.LeaseNamespace == "" {
 		cfg.LeaseNamespace = "default"
@@ -177,8 +184,16 @@ func (c *Controller) Run(ctx context.Context, publicURL string) error {
 					defer c.leads.Done()
 					c.setLeading(true)
 					c.log.Info("kube_controller_leading", "identity", c.cfg.Identity)
-					if err := c.lead(ctx); err != nil && ctx.Err() == nil {
-						c.log.Error("kube_controller_failed", "err", err)
+					for {
+						err := c.lead(ctx)
+						if errors.Is(err, errRediscover) && ctx.Err() == nil {
+							c.log.Info("kube_controller_rediscover", "group", agentSandbox, "detail", "SandboxClaims are served now: watching them")
+							continue
+						}
+						if err != nil && ctx.Err() == nil {
+							c.log.Error("kube_controller_failed", "err", err)
+						}
+						return
 					}
 				},
 				OnStoppedLeading: func() {
@@ -262,11 +277,38 @@ func (c *Controller) lead(ctx context.Context) error {
 			}
 		})
 	}
-	<-ctx.Done()
+	appeared := make(chan struct{})
+	if !c.claims {
+		go func() {
+			t := time.NewTicker(c.cfg.DiscoveryInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if c.served(agentSandbox, "sandboxclaims") {
+						close(appeared)
+						return
+					}
+				}
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case <-appeared:
+	}
 	q.ShutDown()
 	wg.Wait()
+	if ctx.Err() == nil {
+		return errRediscover // lead again, with the claims' informers
+	}
 	return nil
 }
+
+// errRediscover ends a term's lead when agent-sandbox's API appeared.
+var errRediscover = errors.New("kube: agent-sandbox's API appeared")
 
 // served reports whether the API server serves resource in groupVersion.
 func (c *Controller) served(groupVersion, resource string) bool {

@@ -135,13 +135,20 @@ type kubeEnv struct {
 
 func startKube(t *testing.T, extra ...string) *kubeEnv {
 	t.Helper()
+	return startKubeCRDs(t, []string{"../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "testdata/agent-sandbox-crds.yaml"}, extra...)
+}
+
+// startKubeCRDs is startKube with only crds installed before the node
+// agent starts.
+func startKubeCRDs(t *testing.T, crds []string, extra ...string) *kubeEnv {
+	t.Helper()
 	srv := kubetest.Start(t, kubetest.Options{})
 	e := &kubeEnv{srv: srv, core: srv.Client(t), ns: "team-a", key: "team-a-key"}
 	var err error
 	if e.dyn, err = dynamic.NewForConfig(srv.Config); err != nil {
 		t.Fatal(err)
 	}
-	applyCRDs(t, e.dyn, "../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "testdata/agent-sandbox-crds.yaml")
+	applyCRDs(t, e.dyn, crds...)
 	srv.Namespace(t, e.ns)
 	// The node agent runs as the service account deploy/rbac-controller.yaml
 	// binds, as the chart's pods do: a rule missing there fails the tests.

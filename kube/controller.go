@@ -99,7 +99,7 @@ type Config struct {
 	// API not served looks again, so that CRDs installed later are
 	// watched without a change of leader (default 10 s).
 	DiscoveryInterval time.Duration
-	Log           *slog.Logger
+	Log               *slog.Logger
 }
 
 // Controller reconciles Sessions and sandgate's SandboxClaims.

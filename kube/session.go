@@ -104,7 +104,7 @@ func (c *Controller) reconcileSession(ctx context.Context, ns, name string) erro
 		IdempotencyKey: scopeOf(obj),
 		// The Secrets' values are this session's alone.
 		SecretScope: scopeOf(obj),
-		Metadata:       map[string]any{"kubernetes": map[string]any{"namespace": ns, "name": name, "kind": "Session"}},
+		Metadata:    map[string]any{"kubernetes": map[string]any{"namespace": ns, "name": name, "kind": "Session"}},
 	}
 	for k, v := range spec.Labels {
 		cp.Metadata[k] = v

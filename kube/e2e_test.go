@@ -131,6 +131,7 @@ type kubeEnv struct {
 	gw   *gatewayProc
 	ns   string
 	key  string // the tenant's API key (tenant = namespace)
+	kc   string // the node agents' kubeconfig
 }
 
 func startKube(t *testing.T, extra ...string) *kubeEnv {
@@ -154,6 +155,7 @@ func startKubeCRDs(t *testing.T, crds []string, extra ...string) *kubeEnv {
 	// binds, as the chart's pods do: a rule missing there fails the tests.
 	srv.ApplyRBAC(t, "../deploy/rbac-controller.yaml", agentNS)
 	kc := srv.TokenKubeconfig(t, srv.ServiceAccountToken(t, agentNS, "sandgate"), "")
+	e.kc = kc
 	args := append([]string{"--kube-controller", "--kubeconfig", kc, "--kube-identity", "node-a", "--kube-lease-namespace", agentNS,
 		"--api-key", e.ns + ":" + e.key}, extra...)
 	e.gw = startGateway(t, e.key, args...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,4 +155,24 @@ func TestKubeClaimCRDsLater(t *testing.T) {
 		_, err := e.dyn.Resource(kube.ClaimGVR).Namespace(e.ns).Get(ctx, "late", metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
+}
+
+// TestKubeNodeLost: when the node agent that held a Session's session
+// goes, the next leader marks the Session Failed (NodeLost), not Ended as
+// if its TTL had passed.
+func TestKubeNodeLost(t *testing.T) {
+	e := startKube(t)
+	e.session(t, "work")
+	e.running(t, "work")
+	b := startGateway(t, e.key, "--kube-controller", "--kubeconfig", e.kc, "--kube-identity", "node-b", "--kube-lease-namespace", agentNS,
+		"--api-key", e.ns+":"+e.key)
+	_ = e.gw.Cmd.Process.Signal(syscall.SIGTERM) // node-a goes, and its sessions with it
+	<-e.gw.Done
+	kubeWait(t, 90*time.Second, "node-b to lead", func() bool { return strings.Contains(b.Stderr.String(), "kube_controller_synced") })
+	u := e.waitStatus(t, kube.SessionGVR, "work", func(u *unstructured.Unstructured) bool { return phase(u) != kube.PhaseRunning })
+	if st, reason := readyCond(u); phase(u) != kube.PhaseFailed || st != "False" || reason != "NodeLost" {
+		t.Errorf("Session after its node agent went: phase %q, Ready %s (%s)", phase(u), st, reason)
+	}
+	e.gw = b
+	e.deleteSession(t, "work")
 }

@@ -128,9 +128,13 @@ func (c *Controller) reconcileClaim(ctx context.Context, ns, name string) error 
 		extra := map[string]string{"token": pw, "sandboxId": s.ID}
 		if err := c.writeCredentials(ctx, claim, secretName, s.ID, pw, extra); err != nil {
 			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
+			if errors.Is(err, errSecretTaken) {
+				c.cfg.Secrets.Drop(cp.SecretScope)
+				return c.claimStatus(ctx, claim, "", metav1.ConditionFalse, "SecretConflict", err.Error())
+			}
 			return err
 		}
-	} else if c.sessionOfSecret(ctx, ns, secretName) != s.ID {
+	} else if c.sessionOfSecret(ctx, claim, secretName) != s.ID {
 		_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
 		return fmt.Errorf("session %s: credentials Secret %s missing", s.ID, secretName)
 	}

@@ -176,3 +176,29 @@ func TestKubeNodeLost(t *testing.T) {
 	e.gw = b
 	e.deleteSession(t, "work")
 }
+
+// TestKubeCredentialsSecretTaken: a Secret of the credentials Secret's
+// name that is not the Session's (the user's own, or a SandboxClaim's of
+// the same name) is neither overwritten nor deleted with the Session.
+func TestKubeCredentialsSecretTaken(t *testing.T) {
+	e := startKube(t)
+	e.kubeSecret(t, "mine-sandgate", "the-users-own")
+	e.session(t, "mine")
+	u := e.waitStatus(t, kube.SessionGVR, "mine", func(u *unstructured.Unstructured) bool { return phase(u) != "" && phase(u) != kube.PhasePending })
+	if st, reason := readyCond(u); phase(u) != kube.PhaseFailed || st != "False" || reason != "SecretConflict" {
+		t.Errorf("Session whose credentials Secret name is taken: phase %q, Ready %s (%s)", phase(u), st, reason)
+	}
+	if got := e.secret(t, "mine-sandgate"); got["token"] != "the-users-own" || got["password"] != "" {
+		t.Errorf("the user's Secret was overwritten: keys %d", len(got))
+	}
+	e.deleteSession(t, "mine")
+	if got := e.secret(t, "mine-sandgate"); got["token"] != "the-users-own" {
+		t.Errorf("the user's Secret after the Session was deleted: %v", got)
+	}
+	var list struct {
+		Sessions []any `json:"sessions"`
+	}
+	if code := e.gw.api(t, http.MethodGet, "/v1/sessions", nil, &list); code != http.StatusOK || len(list.Sessions) != 0 {
+		t.Errorf("sessions left: %d %d", code, len(list.Sessions))
+	}
+}

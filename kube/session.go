@@ -145,12 +145,16 @@ func (c *Controller) createSession(ctx context.Context, res dynamic.ResourceInte
 	if pw != "" { // made now: its password is only here
 		if err := c.writeCredentials(ctx, obj, secretName, s.ID, pw, extra); err != nil {
 			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
+			if errors.Is(err, errSecretTaken) {
+				c.cfg.Secrets.Drop(cp.SecretScope)
+				return c.fail(ctx, res, obj, "SecretConflict", err.Error())
+			}
 			return err
 		}
-	} else if _, err := c.core.CoreV1().Secrets(obj.GetNamespace()).Get(ctx, secretName, metav1.GetOptions{}); err != nil {
-		// A replay whose Secret is gone: the password is lost; end the
-		// session and make another on the next pass.
-		if apierrors.IsNotFound(err) {
+	} else if sec, err := c.core.CoreV1().Secrets(obj.GetNamespace()).Get(ctx, secretName, metav1.GetOptions{}); err != nil || !ownedBy(sec, obj) {
+		// A replay whose Secret is gone (or not ours): the password is
+		// lost; end the session and make another on the next pass.
+		if err == nil || apierrors.IsNotFound(err) {
 			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
 			return fmt.Errorf("session %s: credentials Secret %s missing", s.ID, secretName)
 		}
@@ -186,12 +190,30 @@ func (c *Controller) writeCredentials(ctx context.Context, obj *unstructured.Uns
 	secrets := c.core.CoreV1().Secrets(obj.GetNamespace())
 	_, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
+		// Replaced only when it is obj's own (a retry's): a Secret of
+		// that name that someone else made (the user, or a Session and a
+		// SandboxClaim of one name) is never overwritten.
+		var old *corev1.Secret
+		if old, err = secrets.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			if !ownedBy(old, obj) {
+				return fmt.Errorf("%w: %s/%s is not this %s's", errSecretTaken, obj.GetNamespace(), name, obj.GetKind())
+			}
+			sec.ResourceVersion = old.ResourceVersion
+			_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("credentials Secret %s/%s: %w", obj.GetNamespace(), name, err)
 	}
 	return nil
+}
+
+// errSecretTaken: the credentials Secret's name is another's Secret.
+var errSecretTaken = errors.New("the credentials Secret's name is taken")
+
+// ownedBy reports whether sec is obj's (an owner reference to its UID).
+func ownedBy(sec *corev1.Secret, obj *unstructured.Unstructured) bool {
+	return slices.ContainsFunc(sec.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == obj.GetUID() })
 }
 
 func ownerRef(obj *unstructured.Unstructured) metav1.OwnerReference {
@@ -295,7 +317,7 @@ func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, 
 	if id == "" {
 		// A create may have made the session before its status was
 		// written: the create's key finds it.
-		if sid := c.sessionOfSecret(ctx, obj.GetNamespace(), secretName); sid != "" {
+		if sid := c.sessionOfSecret(ctx, obj, secretName); sid != "" {
 			id = sid
 		}
 	}
@@ -309,9 +331,14 @@ func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, 
 	}
 	c.cfg.Secrets.Drop(scopeOf(obj))
 	// Owner references would collect it too, where a garbage collector
-	// runs; the controller does not wait for one.
-	err := c.core.CoreV1().Secrets(obj.GetNamespace()).Delete(ctx, secretName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	// runs; the controller does not wait for one. A Secret of that name
+	// that is not obj's is left alone.
+	secrets := c.core.CoreV1().Secrets(obj.GetNamespace())
+	sec, err := secrets.Get(ctx, secretName, metav1.GetOptions{})
+	if err == nil && ownedBy(sec, obj) {
+		err = secrets.Delete(ctx, secretName, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &sec.UID}})
+	}
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return err
 	}
 	obj.SetFinalizers(slices.DeleteFunc(obj.GetFinalizers(), func(f string) bool { return f == finalizer }))
@@ -319,9 +346,9 @@ func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, 
 	return ignoreGone(err)
 }
 
-func (c *Controller) sessionOfSecret(ctx context.Context, ns, name string) string {
-	s, err := c.core.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+func (c *Controller) sessionOfSecret(ctx context.Context, obj *unstructured.Unstructured, name string) string {
+	s, err := c.core.CoreV1().Secrets(obj.GetNamespace()).Get(ctx, name, metav1.GetOptions{})
+	if err != nil || !ownedBy(s, obj) {
 		return ""
 	}
 	return string(s.Data["sessionId"])

@@ -428,7 +428,7 @@ func (m *Manager) checkCreate(p Principal, cp *CreateParams) (c createChecked, e
 	if c.secrets, err = m.checkSecrets(m.secretSource(cp.SecretScope), p.Tenant, cp.Secrets, c.allow); err != nil {
 		return c, err
 	}
-	if err := checkEnv(cp.Env); err != nil {
+	if err := checkEnv(cp.Env, c.secrets); err != nil {
 		return c, err
 	}
 	if c.egressMode, err = m.checkEgressMode(cp.EgressMode); err != nil {

@@ -181,7 +181,7 @@ func (m *Manager) checkEgress(entries []string) (egress.List, error) {
 // checkSecrets checks a create's secrets for tenant: valid, distinct,
 // defined for the tenant (unknown_secret names every one that is not),
 // and, for secrets bound to hosts, with hosts the allow-list covers.
-func (m *Manager) checkSecrets(tenant string, refs []SecretRef, allow egress.List) ([]SecretRef, error) {
+func (m *Manager) checkSecrets(src SecretSource, tenant string, refs []SecretRef, allow egress.List) ([]SecretRef, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
@@ -199,15 +199,15 @@ func (m *Manager) checkSecrets(tenant string, refs []SecretRef, allow egress.Lis
 			return nil, Invalid("invalid_secret", fmt.Sprintf("secret %s is listed twice", r.Name))
 		}
 		seen[r.Name] = true
-		if m.cfg.Secrets == nil {
+		if src == nil {
 			unknown = append(unknown, r.Name)
 			continue
 		}
-		if _, ok := m.cfg.Secrets.Lookup(tenant, r.Name); !ok {
+		if _, ok := src.Lookup(tenant, r.Name); !ok {
 			unknown = append(unknown, r.Name)
 			continue
 		}
-		pins, pinned := secretPins(m.cfg.Secrets, tenant, r.Name)
+		pins, pinned := secretPins(src, tenant, r.Name)
 		if !r.Bound() {
 			if r.Header != "" || r.Format != "" {
 				return nil, Invalid("invalid_secret", fmt.Sprintf("secret %s has a header or format but no hosts", r.Name))
@@ -219,7 +219,7 @@ func (m *Manager) checkSecrets(tenant string, refs []SecretRef, allow egress.Lis
 			out = append(out, SecretRef{Name: r.Name})
 			continue
 		}
-		_, isKey := secretKey(m.cfg.Secrets, tenant, r.Name)
+		_, isKey := secretKey(src, tenant, r.Name)
 		if isKey && (r.Header != "" || r.Format != "") {
 			return nil, Invalid("invalid_secret", fmt.Sprintf("secret %s is an ssh-key (offered by the session's SSH agent): it has no header or format", r.Name))
 		}
@@ -340,13 +340,14 @@ func (m *Manager) policy(s *Session) egress.Policy {
 		pol.Ask, pol.AskWithin = true, m.cfg.Egress.Bounds
 		pol.Deny, _ = egress.ParseList(deny)
 	}
+	src := m.secretSource(s.secretScope)
 	for _, r := range s.Secrets {
 		if !r.Bound() {
 			continue
 		}
 		tenant, name := s.Tenant, r.Name
-		if m.cfg.Secrets != nil {
-			if _, isKey := secretKey(m.cfg.Secrets, tenant, name); isKey {
+		if src != nil {
+			if _, isKey := secretKey(src, tenant, name); isKey {
 				continue // the SSH agent's, never a header
 			}
 		}
@@ -354,18 +355,18 @@ func (m *Manager) policy(s *Session) egress.Policy {
 		pol.Secrets = append(pol.Secrets, egress.Secret{
 			Name: r.Name, Hosts: hosts, Header: r.Header, Format: r.Format, Placeholder: egress.Placeholder(r.Name),
 			Value: func() (string, bool) {
-				if m.cfg.Secrets == nil {
+				if src == nil {
 					return "", false
 				}
 				// Pins set by a reload since the session was created
 				// hold too.
-				if pins, pinned := secretPins(m.cfg.Secrets, tenant, name); pinned && len(pins.Outside(hosts)) > 0 {
+				if pins, pinned := secretPins(src, tenant, name); pinned && len(pins.Outside(hosts)) > 0 {
 					return "", false
 				}
-				if _, isKey := secretKey(m.cfg.Secrets, tenant, name); isKey {
+				if _, isKey := secretKey(src, tenant, name); isKey {
 					return "", false // made an ssh-key by a reload since
 				}
-				return m.cfg.Secrets.Lookup(tenant, name)
+				return src.Lookup(tenant, name)
 			},
 		})
 	}

@@ -18,18 +18,19 @@ const (
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// reservedEnv are the variables the gateway sets itself (the egress proxy
-// and the trust store): a session's env may not set them.
+// reservedEnv are the variables the gateway sets itself (the egress proxy,
+// the trust store, the SSH agent's socket): a session's env may not set them.
 func reservedEnv(name string) bool {
 	switch strings.ToUpper(name) {
-	case "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY":
+	case "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", AgentEnv:
 		return true
 	}
 	return slices.Contains(caEnv, name)
 }
 
-// checkEnv checks a session's environment variables.
-func checkEnv(env map[string]string) error {
+// checkEnv checks a session's environment variables (secrets are the
+// session's: their names are the gateway's to set).
+func checkEnv(env map[string]string, secrets []SecretRef) error {
 	if len(env) > MaxEnvVars {
 		return Invalid("invalid_env", fmt.Sprintf("at most %d environment variables, got %d", MaxEnvVars, len(env)))
 	}
@@ -37,6 +38,9 @@ func checkEnv(env map[string]string) error {
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		if !envName.MatchString(k) {
 			return Invalid("invalid_env", fmt.Sprintf("environment variable name %q: want letters, digits and _, not starting with a digit", k))
+		}
+		if slices.ContainsFunc(secrets, func(r SecretRef) bool { return r.Name == k }) {
+			return Invalid("invalid_env", fmt.Sprintf("environment variable %s is one of the session's secrets", k))
 		}
 		if reservedEnv(k) {
 			return Invalid("invalid_env", fmt.Sprintf("environment variable %s is the gateway's own (egress proxy, trust store)", k))

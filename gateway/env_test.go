@@ -3,6 +3,8 @@ package gateway_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -25,9 +27,23 @@ func TestManagerEnv(t *testing.T) {
 	}
 	for _, env := range []map[string]string{
 		{"1BAD": "x"}, {"A-B": "x"}, {"HTTP_PROXY": "http://elsewhere"}, {"https_proxy": "x"}, {"SSL_CERT_FILE": "/tmp/ca"},
-		{"A": "nul\x00"}, many, {"BIG": string(make([]byte, gateway.MaxEnvBytes))},
+		{"A": "nul\x00"}, {"SSH_AUTH_SOCK": "/tmp/agent"}, many, {"BIG": string(make([]byte, gateway.MaxEnvBytes))},
 	} {
 		_, _, err := m.Create(context.Background(), alice, gateway.CreateParams{Env: env})
 		wantCode(t, err, gateway.KindInvalid, "invalid_env")
 	}
+	// A variable named as one of the session's secrets is the secret's.
+	path := filepath.Join(t.TempDir(), "secrets")
+	if err := os.WriteFile(path, []byte("GH_TOKEN=s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sec, err := gateway.OpenSecrets(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, _ := newManager(t, gateway.Config{Secrets: sec})
+	_, _, err = m2.Create(context.Background(), alice, gateway.CreateParams{
+		Env: map[string]string{"GH_TOKEN": "shadow"}, Secrets: []gateway.SecretRef{{Name: "GH_TOKEN"}},
+	})
+	wantCode(t, err, gateway.KindInvalid, "invalid_env")
 }

@@ -216,6 +216,10 @@ type CreateParams struct {
 	// Env is put into every process's environment (env.go: at most
 	// MaxEnvVars, not the gateway's own variables); a SandboxClaim's env.
 	Env map[string]string
+	// SecretScope, when set and the SecretSource is ScopedSecrets, is
+	// where the session's secrets are looked up: values given for this
+	// session alone (a Kubernetes Session's Secrets), not the tenant's.
+	SecretScope string
 }
 
 // Create makes a session and its sandbox for p. It returns the session and
@@ -421,10 +425,10 @@ func (m *Manager) checkCreate(p Principal, cp *CreateParams) (c createChecked, e
 	if c.allow, err = m.checkEgress(cp.Egress); err != nil {
 		return c, err
 	}
-	if c.secrets, err = m.checkSecrets(p.Tenant, cp.Secrets, c.allow); err != nil {
+	if c.secrets, err = m.checkSecrets(m.secretSource(cp.SecretScope), p.Tenant, cp.Secrets, c.allow); err != nil {
 		return c, err
 	}
-	if err := checkEnv(cp.Env); err != nil {
+	if err := checkEnv(cp.Env, c.secrets); err != nil {
 		return c, err
 	}
 	if c.egressMode, err = m.checkEgressMode(cp.EgressMode); err != nil {
@@ -453,7 +457,7 @@ func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id s
 	s := &Session{
 		ID: id, Tenant: p.Tenant, Name: cp.Name, Image: c.image, Metadata: cp.Metadata,
 		CreatedAt: now, expiresAt: now.Add(time.Duration(cp.TTL) * time.Second), ttl: cp.TTL,
-		SSHPublicKey: c.sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res,
+		SSHPublicKey: c.sshKey, IdempotencyKey: cp.IdempotencyKey, Resources: &res, secretScope: cp.SecretScope,
 		Secrets: c.secrets, egressAllow: c.allow.Entries(), egressMode: c.egressMode,
 		passwordHash: sha256.Sum256([]byte(pw)),
 		status:       StatusRunning,
@@ -473,7 +477,7 @@ func (m *Manager) newSession(p Principal, cp CreateParams, c createChecked, id s
 // secrets, the auditor, the metrics, and the resume of a stopped session.
 // The session keeps no pointer to m.
 func (m *Manager) own(s *Session) {
-	s.secrets, s.auditor, s.metrics = m.cfg.Secrets, m.cfg.Audit, m.cfg.Metrics
+	s.secrets, s.auditor, s.metrics = m.secretSource(s.secretScope), m.cfg.Audit, m.cfg.Metrics
 	s.resume = func(ctx context.Context) error { return m.resume(ctx, s) }
 	s.unpause = func(ctx context.Context) error { return m.unpause(ctx, s) }
 }

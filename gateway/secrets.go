@@ -24,6 +24,25 @@ type SecretSource interface {
 	Lookup(tenant, name string) (value string, ok bool)
 }
 
+// ScopedSecrets is implemented by a SecretSource that also holds values
+// given for one session alone (CreateParams.SecretScope): Scoped is the
+// source such a session looks its secrets up in.
+type ScopedSecrets interface {
+	Scoped(scope string) SecretSource
+}
+
+// secretSource is the source of the secrets of a session created with
+// scope (nil when the gateway has none).
+func (m *Manager) secretSource(scope string) SecretSource {
+	if m.cfg.Secrets == nil {
+		return nil
+	}
+	if sc, ok := m.cfg.Secrets.(ScopedSecrets); ok && scope != "" {
+		return sc.Scoped(scope)
+	}
+	return m.cfg.Secrets
+}
+
 // SecretPins is implemented by a SecretSource whose operator may pin a
 // secret to hosts: such a secret is only ever sent as a header to those
 // hosts (a session must bind it to some of them), never put in a

@@ -55,6 +55,8 @@ type Session struct {
 	Workspace WorkspaceRef
 	// Env is the session's own environment (CreateParams.Env).
 	Env map[string]string
+	// secretScope is CreateParams.SecretScope.
+	secretScope string
 	// ImageDigest is the manifest digest of the image the sandbox runs
 	// ("" for the default root).
 	ImageDigest string
@@ -163,6 +165,8 @@ type Record struct {
 	EgressCAKey []byte `json:"egressCAKey,omitempty"`
 	// Env is the session's own environment (CreateParams.Env).
 	Env map[string]string `json:"env,omitempty"`
+	// SecretScope is CreateParams.SecretScope (the scope, never a value).
+	SecretScope string `json:"secretScope,omitempty"`
 }
 
 // Snapshot returns the session's current state.
@@ -187,7 +191,7 @@ func (s *Session) Snapshot() Record {
 			StatusReason: reason, WorkspaceRef: s.Workspace,
 		},
 		SSHPublicKey: s.SSHPublicKey, PasswordHash: bytes.Clone(s.passwordHash[:]),
-		EgressCA: s.egressCAPEM, EgressCAKey: s.egressCAKey, Env: s.Env,
+		EgressCA: s.egressCAPEM, EgressCAKey: s.egressCAKey, Env: s.Env, SecretScope: s.secretScope,
 	}
 	if s.IdempotencyKey != "" {
 		r.IdempotencyKey, r.RequestHash = s.IdempotencyKey, bytes.Clone(s.requestHash[:])
@@ -204,7 +208,7 @@ func sessionFromRecord(r Record) *Session {
 		IdempotencyKey: r.IdempotencyKey,
 		status:         r.Status, statusReason: r.StatusReason, conns: map[*connEntry]struct{}{},
 		Secrets: r.Secrets, egressCAPEM: r.EgressCA, egressCAKey: r.EgressCAKey,
-		Workspace: r.WorkspaceRef, Env: r.Env,
+		Workspace: r.WorkspaceRef, Env: r.Env, secretScope: r.SecretScope,
 	}
 	if r.Egress != nil {
 		s.egressAllow, s.savedIn, s.savedOut = r.Egress.Allow, r.Egress.BytesIn, r.Egress.BytesOut

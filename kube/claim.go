@@ -82,12 +82,12 @@ func (c *Controller) reconcileClaim(ctx context.Context, ns, name string) error 
 		return err
 	}
 	res := c.dyn.Resource(ClaimGVR).Namespace(ns)
-	p := c.principal(ns)
 	id, _, _ := unstructured.NestedString(claim.Object, "status", "sandbox", "name")
 	secretName := credentialsSecret(claim, claimSecretSuffix)
 	if claim.GetDeletionTimestamp() != nil {
-		return c.finish(ctx, res, claim, claimFinalizer, p, id, secretName)
+		return c.finish(ctx, res, claim, claimFinalizer, id, secretName)
 	}
+	p := c.principalFor(ctx, claim, id)
 	src, ours, err := c.sources(claim)
 	if err != nil {
 		return err
@@ -115,10 +115,11 @@ func (c *Controller) reconcileClaim(ctx context.Context, ns, name string) error 
 		}
 		return err
 	}
-	cp.IdempotencyKey = "k8s-" + string(claim.GetUID())
+	cp.IdempotencyKey = scopeOf(claim)
 	s, pw, err := c.cfg.Sessions.Create(ctx, p, cp)
 	if err != nil {
 		if ge, ok := errors.AsType[*gateway.Error](err); ok && permanent(ge) {
+			c.cfg.Secrets.Drop(cp.SecretScope)
 			return c.claimStatus(ctx, claim, "", metav1.ConditionFalse, reasonOf(ge.Code), ge.Message)
 		}
 		return err
@@ -127,9 +128,13 @@ func (c *Controller) reconcileClaim(ctx context.Context, ns, name string) error 
 		extra := map[string]string{"token": pw, "sandboxId": s.ID}
 		if err := c.writeCredentials(ctx, claim, secretName, s.ID, pw, extra); err != nil {
 			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
+			if errors.Is(err, errSecretTaken) {
+				c.cfg.Secrets.Drop(cp.SecretScope)
+				return c.claimStatus(ctx, claim, "", metav1.ConditionFalse, "SecretConflict", err.Error())
+			}
 			return err
 		}
-	} else if c.sessionOfSecret(ctx, ns, secretName) != s.ID {
+	} else if c.sessionOfSecret(ctx, claim, secretName) != s.ID {
 		_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
 		return fmt.Errorf("session %s: credentials Secret %s missing", s.ID, secretName)
 	}
@@ -192,7 +197,7 @@ func (c *Controller) claimParams(ctx context.Context, src claimSources) (gateway
 		}
 	}
 	if v := src.annotation(AnnotationSecrets); v != "" {
-		tenant := c.tenant(claim.GetNamespace())
+		vals := map[string]string{}
 		for e := range strings.SplitSeq(v, ",") {
 			if e = strings.TrimSpace(e); e == "" {
 				continue
@@ -206,9 +211,12 @@ func (c *Controller) claimParams(ctx context.Context, src claimSources) (gateway
 			if err != nil {
 				return cp, &gateway.Error{Kind: gateway.KindNotFound, Code: "secret_not_found", Message: err.Error()}
 			}
-			c.cfg.Secrets.Set(tenant, n, val)
+			vals[n] = val
 			cp.Secrets = append(cp.Secrets, gateway.SecretRef{Name: n})
 		}
+		// The values are this claim's session's alone.
+		cp.SecretScope = scopeOf(claim)
+		c.cfg.Secrets.Set(cp.SecretScope, vals)
 	}
 	return cp, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -64,6 +65,8 @@ type Sessions interface {
 	Create(ctx context.Context, p gateway.Principal, cp gateway.CreateParams) (*gateway.Session, string, error)
 	Get(ctx context.Context, p gateway.Principal, id string) (*gateway.Session, error)
 	Delete(ctx context.Context, p gateway.Principal, id string) error
+	// Owner is the tenant of session id, if this gateway holds it.
+	Owner(id string) (tenant string, ok bool)
 }
 
 // Config configures a Controller.
@@ -92,7 +95,11 @@ type Config struct {
 	Workers int
 	// LeaseDuration is the election's lease (default 15 s).
 	LeaseDuration time.Duration
-	Log           *slog.Logger
+	// DiscoveryInterval is how often a leader that found agent-sandbox's
+	// API not served looks again, so that CRDs installed later are
+	// watched without a change of leader (default 10 s).
+	DiscoveryInterval time.Duration
+	Log               *slog.Logger
 }
 
 // Controller reconciles Sessions and sandgate's SandboxClaims.
@@ -123,6 +130,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.LeaseDuration <= 0 {
 		cfg.LeaseDuration = 15 * time.Second
+	}
+	if cfg.DiscoveryInterval <= 0 {
+		cfg.DiscoveryInterval = 10 * time.Second
 	}
 	if cfg.LeaseNamespace == "" {
 		cfg.LeaseNamespace = "default"
@@ -174,8 +184,16 @@ func (c *Controller) Run(ctx context.Context, publicURL string) error {
 					defer c.leads.Done()
 					c.setLeading(true)
 					c.log.Info("kube_controller_leading", "identity", c.cfg.Identity)
-					if err := c.lead(ctx); err != nil && ctx.Err() == nil {
-						c.log.Error("kube_controller_failed", "err", err)
+					for {
+						err := c.lead(ctx)
+						if errors.Is(err, errRediscover) && ctx.Err() == nil {
+							c.log.Info("kube_controller_rediscover", "group", agentSandbox, "detail", "SandboxClaims are served now: watching them")
+							continue
+						}
+						if err != nil && ctx.Err() == nil {
+							c.log.Error("kube_controller_failed", "err", err)
+						}
+						return
 					}
 				},
 				OnStoppedLeading: func() {
@@ -259,11 +277,38 @@ func (c *Controller) lead(ctx context.Context) error {
 			}
 		})
 	}
-	<-ctx.Done()
+	appeared := make(chan struct{})
+	if !c.claims {
+		go func() {
+			t := time.NewTicker(c.cfg.DiscoveryInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					if c.served(agentSandbox, "sandboxclaims") {
+						close(appeared)
+						return
+					}
+				}
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+	case <-appeared:
+	}
 	q.ShutDown()
 	wg.Wait()
+	if ctx.Err() == nil {
+		return errRediscover // lead again, with the claims' informers
+	}
 	return nil
 }
+
+// errRediscover ends a term's lead when agent-sandbox's API appeared.
+var errRediscover = errors.New("kube: agent-sandbox's API appeared")
 
 // served reports whether the API server serves resource in groupVersion.
 func (c *Controller) served(groupVersion, resource string) bool {
@@ -315,4 +360,26 @@ func (c *Controller) tenant(ns string) string {
 
 func (c *Controller) principal(ns string) gateway.Principal {
 	return gateway.Principal{Tenant: c.tenant(ns), Method: principalMethod}
+}
+
+// scopeOf is obj's idempotency key and the scope of its secret values:
+// one per object (its UID), never reused.
+func scopeOf(obj *unstructured.Unstructured) string {
+	return "k8s-" + string(obj.GetUID())
+}
+
+// principalFor is the principal of obj, whose session is id: the tenant
+// the session was created for (its owner, when the session is obj's own
+// by its idempotency key), so that a namespace relabelled since still
+// finds it; otherwise the namespace's tenant now.
+func (c *Controller) principalFor(ctx context.Context, obj *unstructured.Unstructured, id string) gateway.Principal {
+	if id != "" {
+		if t, ok := c.cfg.Sessions.Owner(id); ok {
+			p := gateway.Principal{Tenant: t, Method: principalMethod}
+			if s, err := c.cfg.Sessions.Get(ctx, p, id); err == nil && s.IdempotencyKey == scopeOf(obj) {
+				return p
+			}
+		}
+	}
+	return c.principal(obj.GetNamespace())
 }

@@ -131,9 +131,17 @@ type kubeEnv struct {
 	gw   *gatewayProc
 	ns   string
 	key  string // the tenant's API key (tenant = namespace)
+	kc   string // the node agents' kubeconfig
 }
 
 func startKube(t *testing.T, extra ...string) *kubeEnv {
+	t.Helper()
+	return startKubeCRDs(t, []string{"../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "testdata/agent-sandbox-crds.yaml"}, extra...)
+}
+
+// startKubeCRDs is startKube with only crds installed before the node
+// agent starts.
+func startKubeCRDs(t *testing.T, crds []string, extra ...string) *kubeEnv {
 	t.Helper()
 	srv := kubetest.Start(t, kubetest.Options{})
 	e := &kubeEnv{srv: srv, core: srv.Client(t), ns: "team-a", key: "team-a-key"}
@@ -141,12 +149,13 @@ func startKube(t *testing.T, extra ...string) *kubeEnv {
 	if e.dyn, err = dynamic.NewForConfig(srv.Config); err != nil {
 		t.Fatal(err)
 	}
-	applyCRDs(t, e.dyn, "../deploy/helm/sandgate/crds/sessions.sandgate.dev.yaml", "testdata/agent-sandbox-crds.yaml")
+	applyCRDs(t, e.dyn, crds...)
 	srv.Namespace(t, e.ns)
 	// The node agent runs as the service account deploy/rbac-controller.yaml
 	// binds, as the chart's pods do: a rule missing there fails the tests.
 	srv.ApplyRBAC(t, "../deploy/rbac-controller.yaml", agentNS)
 	kc := srv.TokenKubeconfig(t, srv.ServiceAccountToken(t, agentNS, "sandgate"), "")
+	e.kc = kc
 	args := append([]string{"--kube-controller", "--kubeconfig", kc, "--kube-identity", "node-a", "--kube-lease-namespace", agentNS,
 		"--api-key", e.ns + ":" + e.key}, extra...)
 	e.gw = startGateway(t, e.key, args...)

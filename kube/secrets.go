@@ -3,64 +3,124 @@ package kube
 import (
 	"sync"
 
+	"golang.org/x/crypto/ssh"
+
 	"github.com/sandgate/sandgate/egress"
 	"github.com/sandgate/sandgate/gateway"
 )
 
-// SecretOverlay is a gateway.SecretSource: the values the controller read
-// from Kubernetes Secrets (and SandboxClaims' env) for a tenant, by the
-// name a session asks for, over the operator's source (--secrets-file).
-// A tenant's value of a name is the one last read: Sessions of one
-// namespace that give the same name different values get the latest.
+// SecretOverlay is a gateway.SecretSource over the operator's source
+// (--secrets-file) that also holds the values the controller read from
+// Kubernetes Secrets (and SandboxClaims' env) for one session each: a
+// scope (gateway.CreateParams.SecretScope, the Session's or claim's UID)
+// maps names to values. A session sees only its own scope's values, over
+// the operator's; two Sessions of a tenant that give one name different
+// values each get their own.
 type SecretOverlay struct {
 	base gateway.SecretSource // nil: none
 
 	mu     sync.RWMutex
-	values map[string]map[string]string // tenant -> name -> value
+	scopes map[string]map[string]string // scope -> name -> value
 }
+
+var (
+	_ gateway.ScopedSecrets = (*SecretOverlay)(nil)
+	_ gateway.SecretPins    = (*SecretOverlay)(nil)
+	_ gateway.SecretKeys    = (*SecretOverlay)(nil)
+)
 
 // NewSecretOverlay returns an overlay over base (which may be nil).
 func NewSecretOverlay(base gateway.SecretSource) *SecretOverlay {
-	return &SecretOverlay{base: base, values: map[string]map[string]string{}}
+	return &SecretOverlay{base: base, scopes: map[string]map[string]string{}}
 }
 
-// Set makes name's value for tenant v.
-func (o *SecretOverlay) Set(tenant, name, v string) {
+// Set makes scope's values vals (replacing what scope had).
+func (o *SecretOverlay) Set(scope string, vals map[string]string) {
+	m := make(map[string]string, len(vals))
+	for k, v := range vals {
+		m[k] = v
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	m := o.values[tenant]
-	if m == nil {
-		m = map[string]string{}
-		o.values[tenant] = m
-	}
-	m[name] = v
+	o.scopes[scope] = m
 }
 
-// Lookup implements gateway.SecretSource.
-func (o *SecretOverlay) Lookup(tenant, name string) (string, bool) {
+// Drop forgets scope's values (its session is gone).
+func (o *SecretOverlay) Drop(scope string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.scopes, scope)
+}
+
+// Len is how many scopes hold values.
+func (o *SecretOverlay) Len() int {
 	o.mu.RLock()
-	v, ok := o.values[tenant][name]
-	o.mu.RUnlock()
-	if ok {
-		return v, true
-	}
+	defer o.mu.RUnlock()
+	return len(o.scopes)
+}
+
+func (o *SecretOverlay) value(scope, name string) (string, bool) {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	v, ok := o.scopes[scope][name]
+	return v, ok
+}
+
+// Scoped implements gateway.ScopedSecrets.
+func (o *SecretOverlay) Scoped(scope string) gateway.SecretSource {
+	return scopedSecrets{o: o, scope: scope}
+}
+
+// Lookup implements gateway.SecretSource: the operator's values only.
+func (o *SecretOverlay) Lookup(tenant, name string) (string, bool) {
 	if o.base == nil {
 		return "", false
 	}
 	return o.base.Lookup(tenant, name)
 }
 
-// Pins implements gateway.SecretPins: a value from Kubernetes is the
-// tenant's own and pinned nowhere; the operator's keep their pins.
+// Pins implements gateway.SecretPins: the operator's pins.
 func (o *SecretOverlay) Pins(tenant, name string) (egress.Bounds, bool) {
-	o.mu.RLock()
-	_, ok := o.values[tenant][name]
-	o.mu.RUnlock()
-	if ok {
-		return egress.Bounds{}, false
-	}
-	if p, isPins := o.base.(gateway.SecretPins); isPins {
+	if p, ok := o.base.(gateway.SecretPins); ok {
 		return p.Pins(tenant, name)
 	}
 	return egress.Bounds{}, false
+}
+
+// SSHKey implements gateway.SecretKeys: the operator's keys.
+func (o *SecretOverlay) SSHKey(tenant, name string) (ssh.Signer, bool) {
+	if k, ok := o.base.(gateway.SecretKeys); ok {
+		return k.SSHKey(tenant, name)
+	}
+	return nil, false
+}
+
+// scopedSecrets is one session's view: its scope's values, over the
+// operator's.
+type scopedSecrets struct {
+	o     *SecretOverlay
+	scope string
+}
+
+func (s scopedSecrets) Lookup(tenant, name string) (string, bool) {
+	if v, ok := s.o.value(s.scope, name); ok {
+		return v, true
+	}
+	return s.o.Lookup(tenant, name)
+}
+
+// Pins: a value from Kubernetes is the tenant's own and pinned nowhere;
+// the operator's keep their pins.
+func (s scopedSecrets) Pins(tenant, name string) (egress.Bounds, bool) {
+	if _, ok := s.o.value(s.scope, name); ok {
+		return egress.Bounds{}, false
+	}
+	return s.o.Pins(tenant, name)
+}
+
+func (s scopedSecrets) SSHKey(tenant, name string) (ssh.Signer, bool) {
+	if _, ok := s.o.value(s.scope, name); ok {
+		return nil, false
+	}
+	return s.o.SSHKey(tenant, name)
 }

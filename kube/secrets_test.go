@@ -20,20 +20,34 @@ func TestSecretOverlay(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := NewSecretOverlay(f)
-	o.Set("team-a", "SHARED", "mine")
-	o.Set("team-a", "GH", "k8s")
-	for _, c := range []struct{ tenant, name, want string }{
-		{"team-a", "SHARED", "mine"}, {"team-b", "SHARED", "op"}, {"team-a", "GH", "k8s"}, {"team-b", "GH", ""},
+	o.Set("k8s-one", map[string]string{"SHARED": "mine", "GH": "k8s-one"})
+	o.Set("k8s-two", map[string]string{"GH": "k8s-two"})
+	one, two, none := o.Scoped("k8s-one"), o.Scoped("k8s-two"), o.Scoped("k8s-gone")
+	for _, c := range []struct {
+		src          gateway.SecretSource
+		tenant, name string
+		want         string
+	}{
+		{one, "team-a", "SHARED", "mine"}, {two, "team-a", "SHARED", "op"}, {one, "team-a", "GH", "k8s-one"},
+		// Two sessions of one tenant naming one secret each see their own.
+		{two, "team-a", "GH", "k8s-two"},
+		// Nothing else sees a session's values: not another session, not
+		// the tenant's REST creates (the unscoped overlay).
+		{none, "team-a", "GH", ""}, {o, "team-a", "GH", ""}, {o, "team-a", "SHARED", "op"},
 	} {
-		if v, _ := o.Lookup(c.tenant, c.name); v != c.want {
-			t.Errorf("Lookup(%s, %s) = %q, want %q", c.tenant, c.name, v, c.want)
+		if v, _ := c.src.Lookup(c.tenant, c.name); v != c.want {
+			t.Errorf("%v.Lookup(%s, %s) = %q, want %q", c.src, c.tenant, c.name, v, c.want)
 		}
 	}
-	if _, pinned := o.Pins("team-b", "PINNED"); !pinned {
+	if _, pinned := two.(gateway.SecretPins).Pins("team-b", "PINNED"); !pinned {
 		t.Error("the operator's pin is lost")
 	}
-	if _, pinned := o.Pins("team-a", "GH"); pinned {
+	if _, pinned := one.(gateway.SecretPins).Pins("team-a", "GH"); pinned {
 		t.Error("a Kubernetes value is pinned")
+	}
+	o.Drop("k8s-one")
+	if v, ok := one.Lookup("team-a", "GH"); ok || v != "" || o.Len() != 1 {
+		t.Errorf("after Drop: %q %v, %d scopes", v, ok, o.Len())
 	}
 	if v, ok := NewSecretOverlay(nil).Lookup("t", "X"); ok || v != "" {
 		t.Error("an empty overlay found a value")

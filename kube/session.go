@@ -74,12 +74,12 @@ func (c *Controller) reconcileSession(ctx context.Context, ns, name string) erro
 		return err
 	}
 	res := c.dyn.Resource(SessionGVR).Namespace(ns)
-	p := c.principal(ns)
 	id, _, _ := unstructured.NestedString(obj.Object, "status", "sessionId")
 	secretName := credentialsSecret(obj, "-sandgate")
 	if obj.GetDeletionTimestamp() != nil {
-		return c.finish(ctx, res, obj, sessionFinalizer, p, id, secretName)
+		return c.finish(ctx, res, obj, sessionFinalizer, id, secretName)
 	}
+	p := c.principalFor(ctx, obj, id)
 	if !slices.Contains(obj.GetFinalizers(), sessionFinalizer) {
 		obj.SetFinalizers(append(obj.GetFinalizers(), sessionFinalizer))
 		if obj, err = res.Update(ctx, obj, metav1.UpdateOptions{}); err != nil {
@@ -101,20 +101,24 @@ func (c *Controller) reconcileSession(ctx context.Context, ns, name string) erro
 		Workspace: gateway.WorkspaceRef{Name: spec.Workspace, FromSnapshot: spec.FromSnapshot},
 		// A retry after a failure past the create finds the session (a
 		// replay) instead of making another one.
-		IdempotencyKey: "k8s-" + string(obj.GetUID()),
-		Metadata:       map[string]any{"kubernetes": map[string]any{"namespace": ns, "name": name, "kind": "Session"}},
+		IdempotencyKey: scopeOf(obj),
+		// The Secrets' values are this session's alone.
+		SecretScope: scopeOf(obj),
+		Metadata:    map[string]any{"kubernetes": map[string]any{"namespace": ns, "name": name, "kind": "Session"}},
 	}
 	for k, v := range spec.Labels {
 		cp.Metadata[k] = v
 	}
+	vals := map[string]string{}
 	for _, s := range spec.Secrets {
 		v, err := c.secretValue(ctx, ns, s.SecretRef)
 		if err != nil {
 			return c.secretProblem(ctx, res, obj, err)
 		}
-		c.cfg.Secrets.Set(p.Tenant, s.Name, v)
+		vals[s.Name] = v
 		cp.Secrets = append(cp.Secrets, gateway.SecretRef{Name: s.Name, Hosts: s.Hosts, Header: s.Header, Format: s.Format})
 	}
+	c.cfg.Secrets.Set(cp.SecretScope, vals)
 	return c.createSession(ctx, res, obj, p, cp, secretName, nil)
 }
 
@@ -127,6 +131,7 @@ func (c *Controller) createSession(ctx context.Context, res dynamic.ResourceInte
 	if err != nil {
 		ge, ok := errors.AsType[*gateway.Error](err)
 		if ok && permanent(ge) {
+			c.cfg.Secrets.Drop(cp.SecretScope)
 			return c.fail(ctx, res, obj, reasonOf(ge.Code), ge.Message)
 		}
 		if ok && ge.Kind == gateway.KindQuota { // waits for room, with backoff
@@ -140,12 +145,16 @@ func (c *Controller) createSession(ctx context.Context, res dynamic.ResourceInte
 	if pw != "" { // made now: its password is only here
 		if err := c.writeCredentials(ctx, obj, secretName, s.ID, pw, extra); err != nil {
 			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
+			if errors.Is(err, errSecretTaken) {
+				c.cfg.Secrets.Drop(cp.SecretScope)
+				return c.fail(ctx, res, obj, "SecretConflict", err.Error())
+			}
 			return err
 		}
-	} else if _, err := c.core.CoreV1().Secrets(obj.GetNamespace()).Get(ctx, secretName, metav1.GetOptions{}); err != nil {
-		// A replay whose Secret is gone: the password is lost; end the
-		// session and make another on the next pass.
-		if apierrors.IsNotFound(err) {
+	} else if sec, err := c.core.CoreV1().Secrets(obj.GetNamespace()).Get(ctx, secretName, metav1.GetOptions{}); err != nil || !ownedBy(sec, obj) {
+		// A replay whose Secret is gone (or not ours): the password is
+		// lost; end the session and make another on the next pass.
+		if err == nil || apierrors.IsNotFound(err) {
 			_ = c.cfg.Sessions.Delete(context.WithoutCancel(ctx), p, s.ID)
 			return fmt.Errorf("session %s: credentials Secret %s missing", s.ID, secretName)
 		}
@@ -181,12 +190,30 @@ func (c *Controller) writeCredentials(ctx context.Context, obj *unstructured.Uns
 	secrets := c.core.CoreV1().Secrets(obj.GetNamespace())
 	_, err := secrets.Create(ctx, sec, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
+		// Replaced only when it is obj's own (a retry's): a Secret of
+		// that name that someone else made (the user, or a Session and a
+		// SandboxClaim of one name) is never overwritten.
+		var old *corev1.Secret
+		if old, err = secrets.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			if !ownedBy(old, obj) {
+				return fmt.Errorf("%w: %s/%s is not this %s's", errSecretTaken, obj.GetNamespace(), name, obj.GetKind())
+			}
+			sec.ResourceVersion = old.ResourceVersion
+			_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("credentials Secret %s/%s: %w", obj.GetNamespace(), name, err)
 	}
 	return nil
+}
+
+// errSecretTaken: the credentials Secret's name is another's Secret.
+var errSecretTaken = errors.New("the credentials Secret's name is taken")
+
+// ownedBy reports whether sec is obj's (an owner reference to its UID).
+func ownedBy(sec *corev1.Secret, obj *unstructured.Unstructured) bool {
+	return slices.ContainsFunc(sec.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == obj.GetUID() })
 }
 
 func ownerRef(obj *unstructured.Unstructured) metav1.OwnerReference {
@@ -235,6 +262,13 @@ func (c *Controller) refresh(ctx context.Context, res dynamic.ResourceInterface,
 			return nil
 		}
 		st, _, _ := unstructured.NestedMap(obj.Object, "status")
+		if node, _ := st["node"].(string); node != "" && node != c.cfg.Identity {
+			// Made by another node agent, which is gone (this one leads
+			// now) and took the session with it: a failure, not an end.
+			st["phase"] = PhaseFailed
+			return c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, "NodeLost",
+				"the node agent "+node+" that held the session is gone"))
+		}
 		st["phase"] = PhaseEnded
 		return c.putStatus(ctx, res, obj, st, condition(obj, "Ready", metav1.ConditionFalse, "SessionEnded", "the session is gone (its TTL passed, or it was deleted)"))
 	}
@@ -276,26 +310,35 @@ func (c *Controller) putStatus(ctx context.Context, res dynamic.ResourceInterfac
 }
 
 // finish ends obj's session and Secret, then lets the deletion go on.
-func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, finalizer string, p gateway.Principal, id, secretName string) error {
+func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, obj *unstructured.Unstructured, finalizer string, id, secretName string) error {
 	if !slices.Contains(obj.GetFinalizers(), finalizer) {
 		return nil
 	}
 	if id == "" {
 		// A create may have made the session before its status was
 		// written: the create's key finds it.
-		if sid := c.sessionOfSecret(ctx, obj.GetNamespace(), secretName); sid != "" {
+		if sid := c.sessionOfSecret(ctx, obj, secretName); sid != "" {
 			id = sid
 		}
 	}
 	if id != "" {
+		// As the tenant the session was made for, not the namespace's
+		// tenant now (its label may have changed since).
+		p := c.principalFor(ctx, obj, id)
 		if err := c.cfg.Sessions.Delete(ctx, p, id); err != nil && !errors.Is(err, gateway.ErrNotFound) {
 			return fmt.Errorf("delete session %s: %w", id, err)
 		}
 	}
+	c.cfg.Secrets.Drop(scopeOf(obj))
 	// Owner references would collect it too, where a garbage collector
-	// runs; the controller does not wait for one.
-	err := c.core.CoreV1().Secrets(obj.GetNamespace()).Delete(ctx, secretName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	// runs; the controller does not wait for one. A Secret of that name
+	// that is not obj's is left alone.
+	secrets := c.core.CoreV1().Secrets(obj.GetNamespace())
+	sec, err := secrets.Get(ctx, secretName, metav1.GetOptions{})
+	if err == nil && ownedBy(sec, obj) {
+		err = secrets.Delete(ctx, secretName, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &sec.UID}})
+	}
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return err
 	}
 	obj.SetFinalizers(slices.DeleteFunc(obj.GetFinalizers(), func(f string) bool { return f == finalizer }))
@@ -303,9 +346,9 @@ func (c *Controller) finish(ctx context.Context, res dynamic.ResourceInterface, 
 	return ignoreGone(err)
 }
 
-func (c *Controller) sessionOfSecret(ctx context.Context, ns, name string) string {
-	s, err := c.core.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+func (c *Controller) sessionOfSecret(ctx context.Context, obj *unstructured.Unstructured, name string) string {
+	s, err := c.core.CoreV1().Secrets(obj.GetNamespace()).Get(ctx, name, metav1.GetOptions{})
+	if err != nil || !ownedBy(s, obj) {
 		return ""
 	}
 	return string(s.Data["sessionId"])

@@ -38,17 +38,29 @@ func (m *Manager) Pause(ctx context.Context, p Principal, id string) (*PauseResu
 	if err != nil {
 		return nil, err
 	}
-	return m.pause(ctx, s, p.Tenant)
+	return m.pause(ctx, s, p.Tenant, nil)
 }
 
+// errNotIdle is an idle pause's answer for a session used since the
+// reaper chose it.
+var errNotIdle = errors.New("the session is in use again")
+
 // pause pauses s; by says who asked (a tenant, or "idle" for the reaper).
-func (m *Manager) pause(ctx context.Context, s *Session, by string) (*PauseResult, error) {
+// still, when set, is asked once s.life is held whether the pause is
+// still wanted (the reaper's: is s still idle?); if not, the pause
+// answers errNotIdle and nothing is paused.
+func (m *Manager) pause(ctx context.Context, s *Session, by string, still func() bool) (*PauseResult, error) {
 	pa, ok := sandbox.As[sandbox.Pauser](s.sandbox)
 	if !ok || s.sandbox == nil {
 		return nil, Invalid("pause_unsupported", "this sandbox driver cannot pause sessions")
 	}
 	s.life.Lock()
 	defer s.life.Unlock()
+	// A call that took hold of s after the reaper chose it (Hold, then
+	// Wake, which waits for s.life) keeps it running.
+	if still != nil && !still() {
+		return nil, errNotIdle
+	}
 	switch status := s.Status(); status {
 	case StatusRunning, StatusPaused:
 	case StatusStopped:
@@ -155,8 +167,16 @@ func (s *Session) markPaused() bool {
 // Wake lets a paused session run again before it is used (a CONNECT, a
 // REST data-plane call, a preview, a forwarded port): it returns at once
 // for a session that is not paused. Many first calls unpause it once.
+//
+// It reads the status under s.life: a pause holds s.life from before its
+// freeze until the status says paused, so a call that comes meanwhile
+// waits for it and then resumes the session, instead of going on into a
+// frozen sandbox while the status still says running.
 func (s *Session) Wake(ctx context.Context) error {
-	if s.Status() != StatusPaused {
+	s.life.RLock()
+	paused := s.Status() == StatusPaused
+	s.life.RUnlock()
+	if !paused {
 		return nil
 	}
 	s.life.Lock()

@@ -4,9 +4,11 @@ package linuxns_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -56,6 +58,20 @@ func TestLinuxPauseUnpause(t *testing.T) {
 	}
 	if _, err := pa.Pause(context.Background()); err != nil {
 		t.Errorf("second Pause: %v", err)
+	}
+	// Its init is frozen: a start or a reattach fails at once, with
+	// ErrPaused, and never waits on it (a gateway restarting with paused
+	// sessions re-attaches their kept processes; it must not hang there).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if p, err := sb.Start(ctx, sandbox.Cmd{Command: "true"}); !errors.Is(err, sandbox.ErrPaused) {
+		if p != nil {
+			p.Kill()
+		}
+		t.Errorf("Start on a paused sandbox: %v, want ErrPaused", err)
+	}
+	if _, err := sb.(sandbox.Keeper).Reattach(ctx, "process/none"); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("Reattach on a paused sandbox: %v, want ErrPaused", err)
 	}
 	// A snapshot's freeze and thaw leave a paused sandbox frozen.
 	thaw, err := sb.(sandbox.Freezer).Freeze(context.Background())

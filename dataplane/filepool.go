@@ -215,6 +215,16 @@ func (p *Files) startLocked(ctx context.Context, id string, s FileSession) *pool
 				p.dropLocked(id, e)
 				p.mu.Unlock()
 			})
+			if ps, can := s.(pausedConns); ok && can {
+				// A pause freezes the server: the operations in flight on
+				// it (a download, an upload) would wait for the resume.
+				// It is dropped, and its connection closed at once, so
+				// that they fail now (the API says session_paused); the
+				// next operation, which resumes the session, starts another.
+				onEnd := remove
+				onPause, _ := ps.AddPausedConn(func() { p.dropPaused(id, e, srv) })
+				remove = func() { onPause(); onEnd() }
+			}
 			if !ok {
 				go srv.close()
 				srv, err = nil, fileErr(KindUnavailable, nil, "the session has ended")
@@ -237,6 +247,24 @@ func (p *Files) startLocked(ctx context.Context, id string, s FileSession) *pool
 		p.mu.Unlock()
 	}()
 	return e
+}
+
+// pausedConns is implemented by sessions that can be paused
+// (gateway.Session): what AddPausedConn registers, a pause calls.
+type pausedConns interface {
+	AddPausedConn(closeFn func()) (remove func(), ok bool)
+}
+
+// dropPaused drops e, session id's server srv, which a pause froze, and
+// closes its connection now, whoever uses it: their operations fail at
+// once instead of waiting for the resume. The server process itself ends
+// as a dropped one does, once its last FS is closed (it sees the end of
+// its input when the session resumes).
+func (p *Files) dropPaused(id string, e *pooled, srv *server) {
+	p.mu.Lock()
+	p.dropLocked(id, e)
+	p.mu.Unlock()
+	_ = srv.c.Close()
 }
 
 // put hands back one FS of entry e.

@@ -20,6 +20,30 @@ import (
 // ConnClosedPaused is the reason given to connections that a pause ends.
 const ConnClosedPaused = "the session was paused: its processes wait where they are, and the next connection or call resumes them"
 
+// ErrPaused is the answer of a call that a pause ended (a REST data-plane
+// call in flight when the session was paused: the context that
+// AddPausedCall gives ends with it as its cause), or that met a paused
+// sandbox (sandbox.ErrPaused). The next call resumes the session.
+var ErrPaused = &Error{Kind: KindConflict, Code: "session_paused",
+	Message: "the session was paused during the call: its processes wait where they are; call again to resume it"}
+
+// AddPausedCall is AddPausedConn for a call in flight (a REST data-plane
+// call): a pause ends the context it returns, with ErrPaused as its
+// cause, so that the call ends, and answers so, instead of waiting on a
+// frozen sandbox. remove unregisters it (the call is over); ok is false
+// when the session has ended already.
+func (s *Session) AddPausedCall(ctx context.Context) (callCtx context.Context, remove func(), ok bool) {
+	callCtx, cancel := context.WithCancelCause(ctx)
+	unreg, ok := s.AddPausedConn(func() { cancel(ErrPaused) })
+	return callCtx, func() { unreg(); cancel(nil) }, ok
+}
+
+// PausedCause reports whether ctx (AddPausedCall's) ended because the
+// session was paused.
+func PausedCause(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), ErrPaused)
+}
+
 // PauseNoticeWait bounds how long a pause waits for its notices
 // (AddPauseNotice) before it closes the connections.
 const PauseNoticeWait = 500 * time.Millisecond

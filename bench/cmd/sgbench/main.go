@@ -128,7 +128,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
 	fs.IntVar(&c.execN, "exec", 0, "execs per side in rows 2 and 10a (default 200, quick 40)")
-	fs.IntVar(&c.keysN, "keys", 0, "keystrokes per side in row 11 (default 300, quick 60)")
+	fs.IntVar(&c.keysN, "keys", 0, "keystrokes per side in row 12 (default 300, quick 60)")
 	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5, per way in rows 8a and 9d (default 100, quick 20)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
 	fs.IntVar(&c.latN, "lat", 0, "execs per side while row 6's sessions are open (default 1000, quick 40)")
@@ -420,6 +420,23 @@ func printPlan(c *config, b *bench) {
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool { return rowLess(rows[i], rows[j]) })
+	desc := rowDescriptions(c)
+	for _, r := range rows {
+		fmt.Printf("  row %s: %s\n", r, desc[r])
+	}
+	var found []string
+	for _, k := range []string{"ssh", "sftp", "scp", "nc", c.python} {
+		if p := b.tools[k]; p != "" {
+			found = append(found, p)
+		} else {
+			found = append(found, k+" (missing)")
+		}
+	}
+	fmt.Printf("  tools: %s\n", strings.Join(found, ", "))
+}
+
+// rowDescriptions is what the plan says of each row, by its id.
+func rowDescriptions(c *config) map[string]string {
 	size := fmt.Sprintf("%d MiB", c.size>>20)
 	desc := map[string]string{
 		"e":  fmt.Sprintf("equal footing (headline): cipher %s both sides, sshd with a TCP_NODELAY shim, one %s filesystem: e1 new connection, e2 exec on an open connection (%d), e3 sftp put/get and e4 cat up/down of %d MiB (%d runs, sync between), e5 ssh -L up/down; sandgate both via ssh-config (fd passing) and the copying proxy; e4e-f and e5e-f: the copying proxy vs sshd behind the same hop (sgbench nc, the same relay); e6 SSH over WebSocket (`proxy --transport websocket`) vs CONNECT and vs sshd behind the same hop", c.cipher, c.scratch, c.execN, c.size>>20, c.reps),
@@ -447,18 +464,7 @@ func printPlan(c *config, b *bench) {
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
 	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]
-	desc["11"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
+	desc["12"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
 	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c); fork (15d) not built"
-	for _, r := range rows {
-		fmt.Printf("  row %s: %s\n", r, desc[r])
-	}
-	var found []string
-	for _, k := range []string{"ssh", "sftp", "scp", "nc", c.python} {
-		if p := b.tools[k]; p != "" {
-			found = append(found, p)
-		} else {
-			found = append(found, k+" (missing)")
-		}
-	}
-	fmt.Printf("  tools: %s\n", strings.Join(found, ", "))
+	return desc
 }

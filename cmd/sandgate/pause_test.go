@@ -465,3 +465,56 @@ stream:
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// TestPauseKeepsKernelThroughTimeout: a kernel call in flight at the
+// pause whose timeout runs out while the session is paused does not get
+// the kernel killed (its interrupt cannot land on a frozen process): the
+// session stays paused, and once resumed the cell is interrupted and the
+// kernel keeps its state.
+func TestPauseKeepsKernelThroughTimeout(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux")
+	id := g.createSession(t).SessionID
+	if a := runPython(t, g, id, map[string]any{"code": "kept = 5"}); a.errName() != "" {
+		t.Fatalf("python: %+v", a)
+	}
+	type answer struct {
+		code int
+		a    pyAnswer
+	}
+	call := make(chan answer, 1)
+	go func() {
+		var a pyAnswer
+		code := gwtest.DoJSON(t, g.URL, g.Token, http.MethodPost, "/v1/sessions/"+id+"/python",
+			map[string]any{"code": "open('/tmp/cell', 'w').close()\nimport time\ntime.sleep(60)", "timeout": 15}, &a)
+		call <- answer{code, a}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for runREST(t, g, id, map[string]any{"command": "test -e /tmp/cell && echo yes || true"}).out() != "yes\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the cell never started")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	pauseSession(t, g, id)
+	// Past the cell's timeout and its interrupt's grace (15 s + 2 s).
+	time.Sleep(22 * time.Second)
+	if st := sessionStatus(t, g, id); st != "paused" {
+		t.Errorf("status %q while paused past the cell's timeout, want paused (the kernel was restarted?)", st)
+	}
+	var r fullSession
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, &r); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	select {
+	case a := <-call:
+		if a.code != http.StatusOK || a.a.StateLost {
+			t.Errorf("the cell in flight answered %d %+v", a.code, a.a)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the cell in flight never answered after the resume")
+	}
+	if a := runPython(t, g, id, map[string]any{"code": "kept"}); a.result() != "5" {
+		t.Errorf("the kernel lost its state: %+v", a)
+	}
+}

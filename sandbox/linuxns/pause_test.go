@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,39 @@ func TestLinuxPauseUnpause(t *testing.T) {
 	}
 	if err := ad.Destroy(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A sandbox adopted paused from an init without the seccomp filter is
+// listed as unfiltered (/readyz), as one adopted running is.
+func TestLinuxAdoptPausedUnfiltered(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	d.DisableSeccomp()
+	id := "sbx-pause-unfiltered"
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.(sandbox.Pauser).Pause(context.Background()); err != nil {
+		_ = sb.Destroy(context.Background())
+		t.Fatal(err)
+	}
+	if err := sb.(sandbox.Detacher).Detach(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d2 := openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	ad, err := d2.Adopt(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ad.Destroy(context.Background()) }()
+	if !ad.(sandbox.Pauser).Paused() {
+		t.Error("adopted sandbox is not paused")
+	}
+	if un, _ := d2.Seccomp()["unfiltered"].([]string); !slices.Contains(un, id) {
+		t.Errorf("unfiltered %v: the paused sandbox without seccomp is not listed", un)
 	}
 }

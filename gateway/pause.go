@@ -30,11 +30,12 @@ var ErrPaused = &Error{Kind: KindConflict, Code: "session_paused",
 // AddPausedCall is AddPausedConn for a call in flight (a REST data-plane
 // call): a pause ends the context it returns, with ErrPaused as its
 // cause, so that the call ends, and answers so, instead of waiting on a
-// frozen sandbox. remove unregisters it (the call is over); ok is false
-// when the session has ended already.
+// frozen sandbox. An end or a stop of the session does not end it (the
+// call then ends as the sandbox's processes do). remove unregisters it
+// (the call is over); ok is false when the session has ended already.
 func (s *Session) AddPausedCall(ctx context.Context) (callCtx context.Context, remove func(), ok bool) {
 	callCtx, cancel := context.WithCancelCause(ctx)
-	unreg, ok := s.AddPausedConn(func() { cancel(ErrPaused) })
+	unreg, ok := s.addConn(&connEntry{close: func() { cancel(ErrPaused) }, paused: true, pauseOnly: true})
 	return callCtx, func() { unreg(); cancel(nil) }, ok
 }
 

@@ -124,3 +124,34 @@ func TestIdlePauseSkipsSessionHeldSince(t *testing.T) {
 		t.Errorf("status %q: the reaper paused a session held since it chose it", st)
 	}
 }
+
+// A pause ends the calls in flight (AddPausedCall) with ErrPaused as the
+// cause; a delete does not say "paused" to them.
+func TestPausedCallEndsOnPauseOnly(t *testing.T) {
+	m, _ := newPausingManager(t, gateway.Config{})
+	s, _ := mustCreate(t, m, alice, gateway.CreateParams{})
+	ctx, remove, ok := s.AddPausedCall(context.Background())
+	if !ok {
+		t.Fatal("AddPausedCall on a running session")
+	}
+	defer remove()
+	if _, err := m.Pause(context.Background(), alice, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if !gateway.PausedCause(ctx) {
+		t.Errorf("after the pause: cause %v, want ErrPaused", context.Cause(ctx))
+	}
+
+	s2, _ := mustCreate(t, m, alice, gateway.CreateParams{})
+	ctx2, remove2, ok := s2.AddPausedCall(context.Background())
+	if !ok {
+		t.Fatal("AddPausedCall on a running session")
+	}
+	defer remove2()
+	if err := m.Delete(context.Background(), alice, s2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if gateway.PausedCause(ctx2) {
+		t.Error("a delete ended the call as paused")
+	}
+}

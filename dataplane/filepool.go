@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -260,11 +261,21 @@ type pausedConns interface {
 // once instead of waiting for the resume. The server process itself ends
 // as a dropped one does, once its last FS is closed (it sees the end of
 // its input when the session resumes).
+//
+// Never in the pause's way: the SFTP client's Close waits for its reader,
+// which a frozen server never answers, so the reader's pipe is closed
+// first (its Read fails, and so do the operations waiting on it), and all
+// of it runs on its own.
 func (p *Files) dropPaused(id string, e *pooled, srv *server) {
 	p.mu.Lock()
 	p.dropLocked(id, e)
 	p.mu.Unlock()
-	_ = srv.c.Close()
+	go func() {
+		if rc, ok := srv.proc.Stdout().(io.Closer); ok {
+			_ = rc.Close()
+		}
+		_ = srv.c.Close()
+	}()
 }
 
 // put hands back one FS of entry e.

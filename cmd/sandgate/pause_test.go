@@ -518,3 +518,59 @@ func TestPauseKeepsKernelThroughTimeout(t *testing.T) {
 		t.Errorf("the kernel lost its state: %+v", a)
 	}
 }
+
+// TestPauseCutsDownloadInFlight: a pause cuts a file download under way
+// (the paused SFTP server's connection closes) instead of leaving it to
+// wait on the frozen server until a resume; the next file call resumes
+// the session and works.
+func TestPauseCutsDownloadInFlight(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux")
+	id := g.createSession(t).SessionID
+	runREST(t, g, id, map[string]any{"command": "truncate -s 1G /tmp/big && echo small > /tmp/small"})
+	req, err := http.NewRequest(http.MethodGet, g.URL+"/v1/sessions/"+id+"/files?path=/tmp/big", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("download: %d", resp.StatusCode)
+	}
+	if _, err := io.CopyN(io.Discard, resp.Body, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	pauseSession(t, g, id)
+	got := make(chan int64, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, resp.Body)
+		got <- n
+	}()
+	select {
+	case n := <-got:
+		if n+1<<20 >= 1<<30 {
+			t.Errorf("the whole file came while the session was paused (%d bytes)", n)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("the download under way did not end at the pause")
+	}
+	if st := sessionStatus(t, g, id); st != "paused" {
+		t.Errorf("status %q after the download was cut", st)
+	}
+	var body bytes.Buffer
+	req2, _ := http.NewRequest(http.MethodGet, g.URL+"/v1/sessions/"+id+"/files?path=/tmp/small", nil)
+	req2.Header.Set("Authorization", "Bearer "+g.Token)
+	resp2, err := http.DefaultClient.Do(req2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp2.Body.Close()
+	_, _ = io.Copy(&body, resp2.Body)
+	if resp2.StatusCode != http.StatusOK || body.String() != "small\n" {
+		t.Errorf("the next file call: %d %q", resp2.StatusCode, body.String())
+	}
+}

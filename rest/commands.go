@@ -229,7 +229,9 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		}
 		done <- o
 	}()
-	o, why := awaitCommand(done, pauseContext(r).Done(), a.cfg.Stopping) // the client leaves, or a pause ends the call
+	// The client leaves (r's own Done: what derives from it may hear of
+	// it only once the handler has returned), or a pause ends the call.
+	o, why := awaitCommand(done, eitherDone(r.Context().Done(), pauseContext(r).Done()), a.cfg.Stopping)
 	stopping := false
 	switch why {
 	case commandGone:
@@ -301,6 +303,19 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = writeAnswer(w, http.StatusOK, resultBody(o.res, false), o.res.Stdout, o.res.Stderr)
 	o.res.Release() // written: the buffers serve the next command
+}
+
+// eitherDone is closed once a or b is (both close when the request ends).
+func eitherDone(a, b <-chan struct{}) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		select {
+		case <-a:
+		case <-b:
+		}
+		close(ch)
+	}()
+	return ch
 }
 
 // Why awaitCommand returned.

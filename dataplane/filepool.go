@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -215,6 +216,16 @@ func (p *Files) startLocked(ctx context.Context, id string, s FileSession) *pool
 				p.dropLocked(id, e)
 				p.mu.Unlock()
 			})
+			if ps, can := s.(pausedConns); ok && can {
+				// A pause freezes the server: the operations in flight on
+				// it (a download, an upload) would wait for the resume.
+				// It is dropped, and its connection closed at once, so
+				// that they fail now (the API says session_paused); the
+				// next operation, which resumes the session, starts another.
+				onEnd := remove
+				onPause, _ := ps.AddPausedConn(func() { p.dropPaused(id, e, srv) })
+				remove = func() { onPause(); onEnd() }
+			}
 			if !ok {
 				go srv.close()
 				srv, err = nil, fileErr(KindUnavailable, nil, "the session has ended")
@@ -237,6 +248,34 @@ func (p *Files) startLocked(ctx context.Context, id string, s FileSession) *pool
 		p.mu.Unlock()
 	}()
 	return e
+}
+
+// pausedConns is implemented by sessions that can be paused
+// (gateway.Session): what AddPausedConn registers, a pause calls.
+type pausedConns interface {
+	AddPausedConn(closeFn func()) (remove func(), ok bool)
+}
+
+// dropPaused drops e, session id's server srv, which a pause froze, and
+// closes its connection now, whoever uses it: their operations fail at
+// once instead of waiting for the resume. The server process itself ends
+// as a dropped one does, once its last FS is closed (it sees the end of
+// its input when the session resumes).
+//
+// Never in the pause's way: the SFTP client's Close waits for its reader,
+// which a frozen server never answers, so the reader's pipe is closed
+// first (its Read fails, and so do the operations waiting on it), and all
+// of it runs on its own.
+func (p *Files) dropPaused(id string, e *pooled, srv *server) {
+	p.mu.Lock()
+	p.dropLocked(id, e)
+	p.mu.Unlock()
+	go func() {
+		if rc, ok := srv.proc.Stdout().(io.Closer); ok {
+			_ = rc.Close()
+		}
+		_ = srv.c.Close()
+	}()
 }
 
 // put hands back one FS of entry e.

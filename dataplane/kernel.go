@@ -663,6 +663,7 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 	defer timer.Stop()
 	timeout, done := timer.C, ctx.Done()
 	var grace <-chan time.Time
+	pausedInGrace := false // the session was paused when the grace last ran out
 	interrupt := func() {
 		timeout, done = nil, nil
 		if grace == nil {
@@ -718,6 +719,16 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 		case <-done:
 			interrupt()
 		case <-grace:
+			if paused := sessionPaused(x.s); paused || pausedInGrace {
+				// The session is (or was, during this grace) paused: the
+				// gateway's clock ran on, the kernel did not, and the
+				// interrupt waits in its input until the resume. Killing
+				// it now would lose the state the pause keeps: it has its
+				// whole grace again once the session runs.
+				pausedInGrace = paused
+				grace = time.After(KernelInterruptGrace)
+				continue
+			}
 			// The code did not stop: kill the interpreter, start another.
 			kp.kill()
 			x.proc = nil
@@ -755,4 +766,11 @@ func (x *kernel) lost(res *PythonResult, why string) {
 	x.proc, x.died = nil, true
 	res.StateLost = true
 	res.Error = &PythonError{Name: "KernelDied", Value: why + "; its state is lost and the next call starts a new kernel"}
+}
+
+// sessionPaused reports whether s is a gateway session paused in place
+// (gateway.StatusPaused): its processes are frozen, however long.
+func sessionPaused(s Session) bool {
+	st, ok := s.(interface{ Status() string })
+	return ok && st.Status() == gateway.StatusPaused
 }

@@ -1138,6 +1138,12 @@ func (sp *sessionProcs) reattachLater(dir string, keeper sandbox.Keeper, delay t
 		switch {
 		case errors.Is(err, errReattachLater):
 			sp.mu.Unlock()
+			if errors.Is(err, sandbox.ErrPaused) {
+				// Its session is paused (the try failed at once): try
+				// again every reattachRetry, to take it back soon after
+				// the resume, however long the pause.
+				delay = reattachRetry / 2
+			}
 			continue
 		case err != nil:
 			sp.cfg.Log.Warn("process_restore_failed", "session", sp.id, "process", filepath.Base(dir), "err", err)

@@ -3,6 +3,8 @@ package gateway
 import (
 	"errors"
 	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 // Error is a gateway error with a stable code for API clients.
@@ -108,6 +110,9 @@ func OrInternal(err error, msg string) error {
 	var e *Error
 	if errors.As(err, &e) {
 		return err
+	}
+	if errors.Is(err, sandbox.ErrPaused) { // paused under the call (pause.go)
+		return ErrPaused
 	}
 	return &Error{Kind: KindInternal, Code: "internal", Message: msg, Err: err}
 }

@@ -921,7 +921,11 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	m.mu.Unlock()
 	for _, s := range toPause {
-		if _, err := m.pause(context.WithoutCancel(ctx), s, "idle"); err != nil {
+		stillIdle := func() bool {
+			now := m.cfg.Now()
+			return !s.Held() && now.Sub(s.LastActivity()) >= m.cfg.IdleTimeout
+		}
+		if _, err := m.pause(context.WithoutCancel(ctx), s, "idle", stillIdle); err != nil && !errors.Is(err, errNotIdle) {
 			m.log.Warn("session_idle_pause_failed", "session", s.ID, "err", err)
 		}
 	}

@@ -20,6 +20,31 @@ import (
 // ConnClosedPaused is the reason given to connections that a pause ends.
 const ConnClosedPaused = "the session was paused: its processes wait where they are, and the next connection or call resumes them"
 
+// ErrPaused is the answer of a call that a pause ended (a REST data-plane
+// call in flight when the session was paused: the context that
+// AddPausedCall gives ends with it as its cause), or that met a paused
+// sandbox (sandbox.ErrPaused). The next call resumes the session.
+var ErrPaused = &Error{Kind: KindConflict, Code: "session_paused",
+	Message: "the session was paused during the call: its processes wait where they are; call again to resume it"}
+
+// AddPausedCall is AddPausedConn for a call in flight (a REST data-plane
+// call): a pause ends the context it returns, with ErrPaused as its
+// cause, so that the call ends, and answers so, instead of waiting on a
+// frozen sandbox. An end or a stop of the session does not end it (the
+// call then ends as the sandbox's processes do). remove unregisters it
+// (the call is over); ok is false when the session has ended already.
+func (s *Session) AddPausedCall(ctx context.Context) (callCtx context.Context, remove func(), ok bool) {
+	callCtx, cancel := context.WithCancelCause(ctx)
+	unreg, ok := s.addConn(&connEntry{close: func() { cancel(ErrPaused) }, paused: true, pauseOnly: true})
+	return callCtx, func() { unreg(); cancel(nil) }, ok
+}
+
+// PausedCause reports whether ctx (AddPausedCall's) ended because the
+// session was paused.
+func PausedCause(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), ErrPaused)
+}
+
 // PauseNoticeWait bounds how long a pause waits for its notices
 // (AddPauseNotice) before it closes the connections.
 const PauseNoticeWait = 500 * time.Millisecond
@@ -38,17 +63,29 @@ func (m *Manager) Pause(ctx context.Context, p Principal, id string) (*PauseResu
 	if err != nil {
 		return nil, err
 	}
-	return m.pause(ctx, s, p.Tenant)
+	return m.pause(ctx, s, p.Tenant, nil)
 }
 
+// errNotIdle is an idle pause's answer for a session used since the
+// reaper chose it.
+var errNotIdle = errors.New("the session is in use again")
+
 // pause pauses s; by says who asked (a tenant, or "idle" for the reaper).
-func (m *Manager) pause(ctx context.Context, s *Session, by string) (*PauseResult, error) {
+// still, when set, is asked once s.life is held whether the pause is
+// still wanted (the reaper's: is s still idle?); if not, the pause
+// answers errNotIdle and nothing is paused.
+func (m *Manager) pause(ctx context.Context, s *Session, by string, still func() bool) (*PauseResult, error) {
 	pa, ok := sandbox.As[sandbox.Pauser](s.sandbox)
 	if !ok || s.sandbox == nil {
 		return nil, Invalid("pause_unsupported", "this sandbox driver cannot pause sessions")
 	}
 	s.life.Lock()
 	defer s.life.Unlock()
+	// A call that took hold of s after the reaper chose it (Hold, then
+	// Wake, which waits for s.life) keeps it running.
+	if still != nil && !still() {
+		return nil, errNotIdle
+	}
 	switch status := s.Status(); status {
 	case StatusRunning, StatusPaused:
 	case StatusStopped:
@@ -155,8 +192,16 @@ func (s *Session) markPaused() bool {
 // Wake lets a paused session run again before it is used (a CONNECT, a
 // REST data-plane call, a preview, a forwarded port): it returns at once
 // for a session that is not paused. Many first calls unpause it once.
+//
+// It reads the status under s.life: a pause holds s.life from before its
+// freeze until the status says paused, so a call that comes meanwhile
+// waits for it and then resumes the session, instead of going on into a
+// frozen sandbox while the status still says running.
 func (s *Session) Wake(ctx context.Context) error {
-	if s.Status() != StatusPaused {
+	s.life.RLock()
+	paused := s.Status() == StatusPaused
+	s.life.RUnlock()
+	if !paused {
 		return nil
 	}
 	s.life.Lock()

@@ -227,6 +227,9 @@ type connEntry struct {
 	// session's end or stop; notice, that it is a pause notice
 	// (AddPauseNotice), run before the connections close.
 	paused, notice bool
+	// pauseOnly says only a pause calls it (AddPausedCall: its cause says
+	// "paused"); an end or a stop does not.
+	pauseOnly bool
 }
 
 // StartOptions say what Session.Start does around the start of a
@@ -572,7 +575,7 @@ func (s *Session) end(status, reason string) bool {
 	s.conns = nil
 	s.mu.Unlock()
 	for e := range conns {
-		if !e.notice { // a pause's notice says "paused": not this
+		if !e.notice && !e.pauseOnly { // a pause's notice says "paused": not this
 			e.close()
 		}
 	}

@@ -76,7 +76,7 @@ func (s *Session) markStopped() bool {
 	s.conns = map[*connEntry]struct{}{}
 	s.mu.Unlock()
 	for e := range conns {
-		if !e.notice { // a pause's notice says "paused": not this
+		if !e.notice && !e.pauseOnly { // a pause's notice says "paused": not this
 			e.close()
 		}
 	}

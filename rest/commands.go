@@ -180,9 +180,9 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	ndjson := wantsNDJSON(r)
 	// The command's memory is charged from before it starts until both
 	// it has ended and its answer is written or abandoned.
-	release, err := a.dp.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
+	release, err := a.dp.Budget.Acquire(pauseContext(r), s.Tenant, dataplane.CommandCost(req.MaxOutputBytes, ndjson))
 	if err != nil {
-		if r.Context().Err() == nil {
+		if !pausedAnswer(w, r) && r.Context().Err() == nil {
 			WriteGatewayError(w, err) // the budget's errors say 429 or 503
 		}
 		return
@@ -229,7 +229,9 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		}
 		done <- o
 	}()
-	o, why := awaitCommand(done, r.Context().Done(), a.cfg.Stopping)
+	// The client leaves (r's own Done: what derives from it may hear of
+	// it only once the handler has returned), or a pause ends the call.
+	o, why := awaitCommand(done, eitherDone(r.Context().Done(), pauseContext(r).Done()), a.cfg.Stopping)
 	stopping := false
 	switch why {
 	case commandGone:
@@ -239,6 +241,24 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		// before it cancels what derives from it), and the handler's
 		// return stopping it then left the command running. A background
 		// command carries on alone, its end in the history.
+		if gateway.PausedCause(pauseContext(r)) && r.Context().Err() == nil {
+			// The session was paused under the call (dataSession): the
+			// answer ends, saying why, but the command is left to go on
+			// when the session resumes (a shell or a kernel keeps its
+			// state), its end in the history, as a background one's. It
+			// is not waited for: it cannot end while the session is
+			// paused.
+			if stream != nil && stream.started() {
+				noteErrorCode(w, gateway.ErrPaused.Code)
+				stream.final(map[string]any{"error": errorDetail{Code: gateway.ErrPaused.Code, Message: gateway.ErrPaused.Message}})
+				return
+			}
+			if stream != nil {
+				stream.stop()
+			}
+			WriteGatewayError(w, gateway.ErrPaused)
+			return
+		}
 		if !cr.Background {
 			cancel()
 		}
@@ -283,6 +303,19 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = writeAnswer(w, http.StatusOK, resultBody(o.res, false), o.res.Stdout, o.res.Stderr)
 	o.res.Release() // written: the buffers serve the next command
+}
+
+// eitherDone is closed once a or b is (both close when the request ends).
+func eitherDone(a, b <-chan struct{}) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		select {
+		case <-a:
+		case <-b:
+		}
+		close(ch)
+	}()
+	return ch
 }
 
 // Why awaitCommand returned.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 // The files part of the data plane: every operation goes through an SFTP
@@ -27,6 +28,12 @@ import (
 // of r's {id}, found through sessions; log gets what the client is not
 // told. The compat APIs answer theirs with it too.
 func WriteDataError(w http.ResponseWriter, r *http.Request, sessions Sessions, log *slog.Logger, err error) {
+	// A pause under the call closed the SFTP connection it used (or the
+	// sandbox refused a start, being paused): say that, not 500 nor 503.
+	if gateway.PausedCause(pauseContext(r)) || errors.Is(err, sandbox.ErrPaused) {
+		WriteGatewayError(w, gateway.ErrPaused)
+		return
+	}
 	var fe *dataplane.Error
 	if ge, ok := gateway.AsError(err); ok && errors.As(err, &fe) {
 		if fe.Kind == dataplane.KindUnavailable {
@@ -45,6 +52,9 @@ func WriteDataError(w http.ResponseWriter, r *http.Request, sessions Sessions, l
 			return
 		case !s.Live():
 			WriteError(w, http.StatusConflict, "session_not_running", "the session stopped during the call")
+			return
+		case s.Status() == gateway.StatusPaused:
+			WriteGatewayError(w, gateway.ErrPaused)
 			return
 		}
 	}
@@ -130,7 +140,9 @@ func (a *api) sweepUploads(stale []dataplane.StaleUpload) {
 		if err != nil {
 			return nil, "", false, true
 		}
-		return s, tenant, s.Live(), true
+		// A paused one's SFTP server cannot start: its entries wait for
+		// the next start (the sweep must not resume it).
+		return s, tenant, s.Live() && s.Status() != gateway.StatusPaused, true
 	})
 	a.cfg.Log.Info("stale_uploads_removed", "journaled", len(stale), "removed", n)
 }

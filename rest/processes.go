@@ -177,6 +177,10 @@ type outputLine struct {
 	ExitCode     *int   `json:"exitCode,omitempty"`
 	ExitSignal   string `json:"exitSignal,omitempty"`
 	NextOffset   *int64 `json:"nextOffset,omitempty"`
+	// Error, on a last line with done false, says why the stream ended
+	// early: session_paused when the session was paused under it (follow
+	// again from nextOffset: that resumes it).
+	Error *errorDetail `json:"error,omitempty"`
 }
 
 func (a *api) processOutput(w http.ResponseWriter, r *http.Request) {
@@ -231,7 +235,7 @@ func (a *api) processOutput(w http.ResponseWriter, r *http.Request) {
 		}
 		return err
 	}
-	ctx := r.Context()
+	ctx := pauseContext(r) // a pause ends the stream (dataSession), as the client leaving does
 	for {
 		// Send what is there before waiting for more.
 		c, err := rd.Next(ctx, false)
@@ -259,6 +263,15 @@ func (a *api) processOutput(w http.ResponseWriter, r *http.Request) {
 			// The process's record was dropped (the session ended).
 			next := rd.Offset()
 			_ = enc.Encode(outputLine{Done: new(bool), NextOffset: &next})
+			_ = flush()
+			return
+		case err != nil && gateway.PausedCause(ctx):
+			// Paused under the stream (dataSession): it ends, saying so,
+			// where a follower picks it up again.
+			next := rd.Offset()
+			noteErrorCode(w, gateway.ErrPaused.Code)
+			_ = enc.Encode(outputLine{Done: new(bool), NextOffset: &next,
+				Error: &errorDetail{Code: gateway.ErrPaused.Code, Message: gateway.ErrPaused.Message}})
 			_ = flush()
 			return
 		case err != nil:

@@ -349,6 +349,11 @@ type PIDer interface {
 // (Stopper): Resume it first.
 const ErrStopped = Error("sandbox is stopped")
 
+// ErrPaused is returned by Start and Reattach while the sandbox is
+// paused (Pauser): its init is frozen and would never answer, so they
+// fail at once instead of waiting on it. Unpause it first.
+const ErrPaused = Error("sandbox is paused")
+
 // Stopper is implemented by sandboxes that can be stopped and started
 // again on the same files (linuxns, workdir). gateway.Manager.Stop stops
 // one; the gateway's session wrapper resumes it before it starts the

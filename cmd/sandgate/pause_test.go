@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
@@ -335,5 +336,241 @@ func TestIdleActionPause(t *testing.T) {
 	}
 	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, &e); code != http.StatusGone || e.Error.Code != "session_gone" {
 		t.Errorf("GET after the paused TTL: %d %+v", code, e)
+	}
+}
+
+// TestPauseEndsCallsInFlight: a pause ends the REST calls in flight on
+// the session, saying session_paused, instead of leaving them to wait on
+// a frozen sandbox until the next resume: a followed process output ends
+// with done false, the error and where to pick it up; a command's answer
+// is 409 session_paused, and the command goes on once the session
+// resumes.
+func TestPauseEndsCallsInFlight(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux")
+	id := g.createSession(t).SessionID
+	do := func(method, path string, body any) *http.Response {
+		t.Helper()
+		var rd io.Reader
+		if body != nil {
+			b, _ := json.Marshal(body)
+			rd = bytes.NewReader(b)
+		}
+		req, err := http.NewRequest(method, g.URL+path, rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+g.Token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	var proc struct {
+		ProcessID string `json:"processId"`
+	}
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/processes", map[string]any{"command": "echo started; exec sleep 600"}, &proc); code != http.StatusCreated && code != http.StatusOK {
+		t.Fatalf("process: %d", code)
+	}
+	follow := do(http.MethodGet, "/v1/sessions/"+id+"/processes/"+proc.ProcessID+"/output?follow=true", nil)
+	defer follow.Body.Close()
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(follow.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	type answer struct {
+		code int
+		body []byte
+	}
+	cmd := make(chan answer, 1)
+	go func() {
+		resp := do(http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"command": "touch /tmp/in-flight; sleep 20; echo late > /tmp/late"})
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		cmd <- answer{resp.StatusCode, b}
+	}()
+	// Both calls are under way before the pause.
+	deadline := time.Now().Add(30 * time.Second)
+	for runREST(t, g, id, map[string]any{"command": "test -e /tmp/in-flight && echo yes || true"}).out() != "yes\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the command never started")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case l := <-lines:
+		if !strings.Contains(l, "started") {
+			t.Fatalf("first output line %q", l)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no output on the followed stream")
+	}
+
+	pauseSession(t, g, id)
+	// Each ends within a generous bound (the old code: not until a resume).
+	const bound = 60 * time.Second
+	var last string
+	timeout := time.After(bound)
+stream:
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				break stream
+			}
+			last = l
+		case <-timeout:
+			t.Fatalf("the followed output stream did not end at the pause (last line %q)", last)
+		}
+	}
+	var end struct {
+		Done       *bool  `json:"done"`
+		NextOffset *int64 `json:"nextOffset"`
+		Error      struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(last), &end); err != nil || end.Done == nil || *end.Done || end.NextOffset == nil || end.Error.Code != "session_paused" {
+		t.Errorf("the stream's last line %q: want done false, nextOffset and error session_paused", last)
+	}
+	select {
+	case a := <-cmd:
+		var e struct {
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(a.body, &e)
+		if a.code != http.StatusConflict || e.Error.Code != "session_paused" {
+			t.Errorf("the command in flight answered %d %s, want 409 session_paused", a.code, a.body)
+		}
+	case <-time.After(bound):
+		t.Fatal("the command in flight did not answer at the pause")
+	}
+	if st := sessionStatus(t, g, id); st != "paused" {
+		t.Errorf("status %q after the calls ended", st)
+	}
+	// The next call resumes the session; the command went on, and ends.
+	deadline = time.Now().Add(60 * time.Second)
+	for runREST(t, g, id, map[string]any{"command": "cat /tmp/late 2>/dev/null || true"}).out() != "late\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the command paused in flight did not go on after the resume")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestPauseKeepsKernelThroughTimeout: a kernel call in flight at the
+// pause whose timeout runs out while the session is paused does not get
+// the kernel killed (its interrupt cannot land on a frozen process): the
+// session stays paused, and once resumed the cell is interrupted and the
+// kernel keeps its state.
+func TestPauseKeepsKernelThroughTimeout(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux")
+	id := g.createSession(t).SessionID
+	if a := runPython(t, g, id, map[string]any{"code": "kept = 5"}); a.errName() != "" {
+		t.Fatalf("python: %+v", a)
+	}
+	type answer struct {
+		code int
+		a    pyAnswer
+	}
+	call := make(chan answer, 1)
+	go func() {
+		var a pyAnswer
+		code := gwtest.DoJSON(t, g.URL, g.Token, http.MethodPost, "/v1/sessions/"+id+"/python",
+			map[string]any{"code": "open('/tmp/cell', 'w').close()\nimport time\ntime.sleep(60)", "timeout": 15}, &a)
+		call <- answer{code, a}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for runREST(t, g, id, map[string]any{"command": "test -e /tmp/cell && echo yes || true"}).out() != "yes\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the cell never started")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	pauseSession(t, g, id)
+	// Past the cell's timeout and its interrupt's grace (15 s + 2 s).
+	time.Sleep(22 * time.Second)
+	if st := sessionStatus(t, g, id); st != "paused" {
+		t.Errorf("status %q while paused past the cell's timeout, want paused (the kernel was restarted?)", st)
+	}
+	var r fullSession
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, &r); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	select {
+	case a := <-call:
+		if a.code != http.StatusOK || a.a.StateLost {
+			t.Errorf("the cell in flight answered %d %+v", a.code, a.a)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the cell in flight never answered after the resume")
+	}
+	if a := runPython(t, g, id, map[string]any{"code": "kept"}); a.result() != "5" {
+		t.Errorf("the kernel lost its state: %+v", a)
+	}
+}
+
+// TestPauseCutsDownloadInFlight: a pause cuts a file download under way
+// (the paused SFTP server's connection closes) instead of leaving it to
+// wait on the frozen server until a resume; the next file call resumes
+// the session and works.
+func TestPauseCutsDownloadInFlight(t *testing.T) {
+	requireLinuxDriver(t)
+	g := startGateway(t, "--sandbox", "linux")
+	id := g.createSession(t).SessionID
+	runREST(t, g, id, map[string]any{"command": "truncate -s 1G /tmp/big && echo small > /tmp/small"})
+	req, err := http.NewRequest(http.MethodGet, g.URL+"/v1/sessions/"+id+"/files?path=/tmp/big", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("download: %d", resp.StatusCode)
+	}
+	if _, err := io.CopyN(io.Discard, resp.Body, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	pauseSession(t, g, id)
+	got := make(chan int64, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, resp.Body)
+		got <- n
+	}()
+	select {
+	case n := <-got:
+		if n+1<<20 >= 1<<30 {
+			t.Errorf("the whole file came while the session was paused (%d bytes)", n)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatal("the download under way did not end at the pause")
+	}
+	if st := sessionStatus(t, g, id); st != "paused" {
+		t.Errorf("status %q after the download was cut", st)
+	}
+	var body bytes.Buffer
+	req2, _ := http.NewRequest(http.MethodGet, g.URL+"/v1/sessions/"+id+"/files?path=/tmp/small", nil)
+	req2.Header.Set("Authorization", "Bearer "+g.Token)
+	resp2, err := http.DefaultClient.Do(req2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp2.Body.Close()
+	_, _ = io.Copy(&body, resp2.Body)
+	if resp2.StatusCode != http.StatusOK || body.String() != "small\n" {
+		t.Errorf("the next file call: %d %q", resp2.StatusCode, body.String())
 	}
 }

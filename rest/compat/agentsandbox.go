@@ -197,7 +197,9 @@ func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id a
 	deadline := time.Now().Add(agentSandboxCreateWait)
 	for {
 		if ss, _ := rest.ListNamed(ctx, x.d.Sessions, p, name, 1, 0); len(ss) == 1 && ss[0].Live() {
-			holdSession(ctx, ss[0])
+			if err := holdSession(ctx, ss[0]); err != nil {
+				return nil, err
+			}
 			return ss[0], nil
 		}
 		if !create {
@@ -206,7 +208,9 @@ func (x *agentSandboxAPI) sandbox(ctx context.Context, p gateway.Principal, id a
 		s, _, err := x.d.Sessions.Create(ctx, p, gateway.CreateParams{Name: name, TTL: agentSandboxTTL, Image: x.d.AgentSandbox.Image})
 		if err == nil {
 			x.d.Log.InfoContext(ctx, "compat_session_created", "api", "agent-sandbox", "session", s.ID, "tenant", p.Tenant, "name", name)
-			holdSession(ctx, s)
+			if err := holdSession(ctx, s); err != nil {
+				return nil, err
+			}
 			return s, nil
 		}
 		var ge *gateway.Error

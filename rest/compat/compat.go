@@ -128,7 +128,10 @@ func (d *Deps) session(w http.ResponseWriter, r *http.Request) (*gateway.Session
 		rest.WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
 		return nil, false
 	}
-	holdSession(r.Context(), s)
+	if err := holdSession(r.Context(), s); err != nil {
+		writeCompatError(w, err)
+		return nil, false
+	}
 	return s, true
 }
 
@@ -152,8 +155,12 @@ func (d *Deps) fileError(w http.ResponseWriter, r *http.Request, err error) {
 // ends when its handler returns) ends: what a call does in s, however
 // long, is activity, and the idle timeout never ends s under it
 // (gateway.Session.Hold), as dataSession does for /v1.
-func holdSession(ctx context.Context, s *gateway.Session) {
+//
+// A paused session resumes (gateway.Session.Wake), as for /v1: its
+// error, if it cannot, is holdSession's.
+func holdSession(ctx context.Context, s *gateway.Session) error {
 	context.AfterFunc(ctx, s.Hold())
+	return s.Wake(ctx)
 }
 
 // writeCompatError is WriteGatewayError for the compat APIs, whose

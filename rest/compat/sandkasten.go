@@ -295,7 +295,10 @@ func (x *sandkastenAPI) session(w http.ResponseWriter, r *http.Request) (*gatewa
 		rest.WriteError(w, http.StatusConflict, "session_not_running", "the session is not running; delete it")
 		return nil, false
 	}
-	holdSession(r.Context(), s)
+	if err := holdSession(r.Context(), s); err != nil {
+		writeCompatError(w, err)
+		return nil, false
+	}
 	return s, true
 }
 

@@ -183,7 +183,10 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusConflict, "Session is not running")
 		return
 	}
-	holdSession(r.Context(), s) // a long step is activity while it runs
+	if err := holdSession(r.Context(), s); err != nil { // a long step is activity while it runs
+		writeGatewayDetail(w, err)
+		return
+	}
 
 	timeout := x.d.Plane.Bounds.StepTimeout
 	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes)}

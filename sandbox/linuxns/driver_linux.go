@@ -775,6 +775,7 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	sb := newLinuxSandbox(d, st)
 	sb.setInit(nil, os.NewFile(uintptr(pidfd), "init"))
 	if st.Paused { // frozen on purpose, and so until Unpause: its init cannot answer a dial
+		d.noteUnfiltered(st)
 		return sb, nil
 	}
 	// A gateway that died during a snapshot left the sandbox frozen:
@@ -791,14 +792,22 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 		return nil, fmt.Errorf("adopt %s: %w", id, err)
 	}
 	c.Close()
-	if !st.Seccomp && !d.noSeccomp {
-		d.mu.Lock()
-		d.unfiltered[id] = true
-		d.mu.Unlock()
-		d.log.Warn("sandbox_without_seccomp", "sandbox", id,
-			"reason", "adopted from an init that predates the seccomp filter; it runs without it until it ends")
-	}
+	d.noteUnfiltered(st)
 	return sb, nil
+}
+
+// noteUnfiltered lists adopted sandbox st as running without the seccomp
+// filter (Seccomp's "unfiltered", in /readyz) when its init predates it,
+// paused or not.
+func (d *Driver) noteUnfiltered(st *sandboxState) {
+	if st.Seccomp || d.noSeccomp {
+		return
+	}
+	d.mu.Lock()
+	d.unfiltered[st.ID] = true
+	d.mu.Unlock()
+	d.log.Warn("sandbox_without_seccomp", "sandbox", st.ID,
+		"reason", "adopted from an init that predates the seccomp filter; it runs without it until it ends")
 }
 
 // Remove kills sandbox id of a previous run, if its init still runs, and

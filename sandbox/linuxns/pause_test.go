@@ -4,9 +4,12 @@ package linuxns_test
 
 import (
 	"context"
+	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -57,6 +60,20 @@ func TestLinuxPauseUnpause(t *testing.T) {
 	if _, err := pa.Pause(context.Background()); err != nil {
 		t.Errorf("second Pause: %v", err)
 	}
+	// Its init is frozen: a start or a reattach fails at once, with
+	// ErrPaused, and never waits on it (a gateway restarting with paused
+	// sessions re-attaches their kept processes; it must not hang there).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if p, err := sb.Start(ctx, sandbox.Cmd{Command: "true"}); !errors.Is(err, sandbox.ErrPaused) {
+		if p != nil {
+			p.Kill()
+		}
+		t.Errorf("Start on a paused sandbox: %v, want ErrPaused", err)
+	}
+	if _, err := sb.(sandbox.Keeper).Reattach(ctx, "process/none"); !errors.Is(err, sandbox.ErrPaused) {
+		t.Errorf("Reattach on a paused sandbox: %v, want ErrPaused", err)
+	}
 	// A snapshot's freeze and thaw leave a paused sandbox frozen.
 	thaw, err := sb.(sandbox.Freezer).Freeze(context.Background())
 	if err != nil {
@@ -102,5 +119,39 @@ func TestLinuxPauseUnpause(t *testing.T) {
 	}
 	if err := ad.Destroy(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A sandbox adopted paused from an init without the seccomp filter is
+// listed as unfiltered (/readyz), as one adopted running is.
+func TestLinuxAdoptPausedUnfiltered(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	d.DisableSeccomp()
+	id := "sbx-pause-unfiltered"
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sb.(sandbox.Pauser).Pause(context.Background()); err != nil {
+		_ = sb.Destroy(context.Background())
+		t.Fatal(err)
+	}
+	if err := sb.(sandbox.Detacher).Detach(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d2 := openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	ad, err := d2.Adopt(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ad.Destroy(context.Background()) }()
+	if !ad.(sandbox.Pauser).Paused() {
+		t.Error("adopted sandbox is not paused")
+	}
+	if un, _ := d2.Seccomp()["unfiltered"].([]string); !slices.Contains(un, id) {
+		t.Errorf("unfiltered %v: the paused sandbox without seccomp is not listed", un)
 	}
 }

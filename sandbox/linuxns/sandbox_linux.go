@@ -175,13 +175,16 @@ func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proc
 		return nil, fmt.Errorf("unknown subsystem %q", cmd.Subsystem)
 	}
 	s.mu.Lock()
-	closed, stopped := s.closed, s.st.Stopped
+	closed, stopped, paused := s.closed, s.st.Stopped, s.st.Paused
 	s.mu.Unlock()
 	if closed {
 		return nil, sandbox.ErrClosed
 	}
 	if stopped {
 		return nil, sandbox.ErrStopped
+	}
+	if paused { // its init is frozen: a dial would wait on it for good
+		return nil, sandbox.ErrPaused
 	}
 	if cmd.Keep != "" && (!s.Keeps() || cmd.PTY != nil || cmd.Subsystem != "") {
 		cmd.Keep = "" // this init cannot keep it: it ends with the gateway
@@ -213,10 +216,13 @@ func (s *linuxSandbox) Keeps() bool {
 // key's pid and the gateway's ends of its pipes.
 func (s *linuxSandbox) Reattach(ctx context.Context, key string) (sandbox.Process, error) {
 	s.mu.Lock()
-	closed, stopped := s.closed, s.st.Stopped
+	closed, stopped, paused := s.closed, s.st.Stopped, s.st.Paused
 	s.mu.Unlock()
 	if closed || stopped || !s.Keeps() {
 		return nil, sandbox.ErrNotKept
+	}
+	if paused { // its init is frozen: it may well keep key, but cannot say so now
+		return nil, sandbox.ErrPaused
 	}
 	conn, err := s.dial(ctx)
 	if err != nil {

@@ -145,7 +145,9 @@ export interface ProcessInfo {
  * (`offset` and `stdout`, `stderr`, `stdoutBase64` or `stderrBase64`), or
  * bytes no longer kept (`droppedBytes`), once `truncated` (`disk_full`)
  * where the output stopped being kept, or last `done` with `nextOffset`
- * (and `exitCode` or `exitSignal` when `done` is true).
+ * (and `exitCode` or `exitSignal` when `done` is true; `error` with code
+ * `session_paused` when `done` is false because the session was paused:
+ * following again from `nextOffset` resumes it).
  */
 export interface ProcessOutputLine {
   offset?: number;
@@ -159,6 +161,7 @@ export interface ProcessOutputLine {
   exitCode?: number;
   exitSignal?: string;
   nextOffset?: number;
+  error?: { code: string; message: string };
 }
 
 /** Options of `processOutput`. */

@@ -132,7 +132,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
 	fs.IntVar(&c.kubeMany, "kube-many", 1000, "Sessions one node agent holds at once in row 13c")
 	fs.IntVar(&c.execN, "exec", 0, "execs per side in rows 2 and 10a (default 200, quick 40)")
-	fs.IntVar(&c.keysN, "keys", 0, "keystrokes per side in row 11 (default 300, quick 60)")
+	fs.IntVar(&c.keysN, "keys", 0, "keystrokes per side in row 12 (default 300, quick 60)")
 	fs.IntVar(&c.createN, "creates", 0, "creates per driver in row 5, per way in rows 8a and 9d (default 100, quick 20)")
 	density := fs.String("density", "", "idle sessions in row 13, each count a run of its own (default 100,1000; quick 100)")
 	fs.IntVar(&c.sessions, "sessions", 0, "concurrent sessions in row 6 (default 1000, quick 100)")
@@ -439,6 +439,23 @@ func printPlan(c *config, b *bench) {
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool { return rowLess(rows[i], rows[j]) })
+	desc := rowDescriptions(c)
+	for _, r := range rows {
+		fmt.Printf("  row %s: %s\n", r, desc[r])
+	}
+	var found []string
+	for _, k := range []string{"ssh", "sftp", "scp", "nc", c.python} {
+		if p := b.tools[k]; p != "" {
+			found = append(found, p)
+		} else {
+			found = append(found, k+" (missing)")
+		}
+	}
+	fmt.Printf("  tools: %s\n", strings.Join(found, ", "))
+}
+
+// rowDescriptions is what the plan says of each row, by its id.
+func rowDescriptions(c *config) map[string]string {
 	size := fmt.Sprintf("%d MiB", c.size>>20)
 	desc := map[string]string{
 		"e":  fmt.Sprintf("equal footing (headline): cipher %s both sides, sshd with a TCP_NODELAY shim, one %s filesystem: e1 new connection, e2 exec on an open connection (%d), e3 sftp put/get and e4 cat up/down of %d MiB (%d runs, sync between), e5 ssh -L up/down; sandgate both via ssh-config (fd passing) and the copying proxy; e4e-f and e5e-f: the copying proxy vs sshd behind the same hop (sgbench nc, the same relay); e6 SSH over WebSocket (`proxy --transport websocket`) vs CONNECT and vs sshd behind the same hop", c.cipher, c.scratch, c.execN, c.size>>20, c.reps),
@@ -469,19 +486,8 @@ func printPlan(c *config, b *bench) {
 	desc["12"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
 	desc["13"] = "sandgate only: a Session's create, and a SandboxClaim's fulfilment (warm pool marked sandgate), to the first REST command, through a real kube-apiserver (internal/kubetest) and the node agent's controller (13a, 13b; kube's TestKubeBench)"
 	desc["13c"] = fmt.Sprintf("sandgate only: %d Sessions held by one node agent: each create -> Running, the agent's and the API server's memory", c.kubeMany)
-	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c); fork (15d) not built"
 	desc["16"] = fmt.Sprintf("sandgate only: idle density, %v idle sessions (linux driver, no warm pool): PSS of the sandbox processes per session, and the growth of the gateway's anonymous PSS per session", c.density)
 	desc["14"] = fmt.Sprintf("sandgate only: the soak, go test -run TestSoak ./cmd/sandgate/ with %d sessions (--soak-sessions) at concurrency 50: create, one REST command, DELETE (egress, image, named workspace, plain); leaks and the gateway's RSS after it (linux driver)", soakSessions(c))
-	for _, r := range rows {
-		fmt.Printf("  row %s: %s\n", r, desc[r])
-	}
-	var found []string
-	for _, k := range []string{"ssh", "sftp", "scp", "nc", c.python} {
-		if p := b.tools[k]; p != "" {
-			found = append(found, p)
-		} else {
-			found = append(found, k+" (missing)")
-		}
-	}
-	fmt.Printf("  tools: %s\n", strings.Join(found, ", "))
+	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c); fork (15d) not built"
+	return desc
 }

@@ -60,6 +60,13 @@ func (a *api) serveSandbox(w http.ResponseWriter, r *http.Request) {
 			a.pauseOnResume(ctx, s, rec)
 		}()
 	}
+	// A session paused in place resumes before envd or the interpreter
+	// touch it (its frozen processes, file server and kernels would not
+	// answer); one that autoPause pauses again at its timeout.
+	if err := s.Wake(r.Context()); err != nil {
+		writeGatewayError(w, err)
+		return
+	}
 	r = stripPrefix(r, SandboxPrefix)
 	if port == InterpreterPort {
 		a.serveInterpreter(w, r, s)

@@ -1034,7 +1034,9 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
             output stopped being kept (the session's disk size was full;
             the process runs on), and last ``{"done": True, "exitCode" or "exitSignal",
             "nextOffset"}`` (``{"done": False, "nextOffset"}`` when it is
-            still running without ``follow``, or the session ended). Use it
+            still running without ``follow``, or the session ended; with
+            ``"error": {"code": "session_paused", ...}`` when the session
+            was paused: following again from ``nextOffset`` resumes it). Use it
             in a ``with`` block, or call ``.close()``, to drop the
             connection early (the process is not affected).
 

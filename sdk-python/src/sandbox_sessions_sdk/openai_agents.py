@@ -823,7 +823,9 @@ class SandgateSandboxSession(BaseSandboxSession):
         """Follow the process's output into its chunks, to its end: the
         output's final line (``done: true``), or the process or its
         session gone. A stream that ends without it (a dropped connection)
-        is followed again from where it stopped."""
+        is followed again from where it stopped; one that a pause of the
+        session ended (``error.code`` ``session_paused``) only once the
+        session runs again: following it would resume it."""
         offset = 0
         errors = 0  # consecutive failed calls: 10 end the reading
         idle = 0  # consecutive streams that brought nothing: a longer wait
@@ -831,6 +833,7 @@ class SandgateSandboxSession(BaseSandboxSession):
         try:
             while True:
                 before = offset
+                paused = False
                 try:
                     stream = await self._sessions.process_output(sid, entry.process_id, offset=offset, follow=True)
                     async with stream:
@@ -851,6 +854,9 @@ class SandgateSandboxSession(BaseSandboxSession):
                                 offset = max(offset, line["offset"])
                             if isinstance(line.get("nextOffset"), int):
                                 offset = max(offset, line["nextOffset"])
+                            err = line.get("error")
+                            if isinstance(err, dict) and err.get("code") == "session_paused":
+                                paused = True
                             if line.get("done") is True:
                                 entry.exit_code = _exit_code(line)
                                 entry.exited = True
@@ -860,6 +866,17 @@ class SandgateSandboxSession(BaseSandboxSession):
                     return
                 except SandboxAPIError:
                     errors += 1
+                if paused:
+                    # The session was paused: wait, asking only its status
+                    # (which does not resume it), until it runs again.
+                    try:
+                        while (await self._sessions.get_session(sid)).status == "paused":
+                            await asyncio.sleep(1.0)
+                    except SessionNotFoundError:
+                        return
+                    except SandboxAPIError:
+                        errors += 1
+                    continue
                 idle = 0 if offset > before else idle + 1
                 # The stream ended without its final line: the process may
                 # still run (follow it again) or have ended (its final line

@@ -418,20 +418,16 @@ func applied(w write, rev int64, r *record) record {
 
 // Get implements cluster.KV.
 func (s *Store) Get(ctx context.Context, key string) (*cluster.KeyValue, error) {
-	// The commit object and the key at once: a write committed after the
-	// commit object was read is at most not seen yet (as if read before).
-	var c commit
-	var cerr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c, cerr = s.readCommit(ctx)
-	}()
-	r, err := s.readRecord(ctx, key)
-	<-done
-	if err == nil {
-		err = cerr
+	// The commit object, then the key: a transaction committed before
+	// the commit object was read is either that commit (overlaid) or was
+	// applied before a later one committed, so before the key is read.
+	// (Read at once, a key read before a commit was applied and a commit
+	// object read after the next one would miss a committed write.)
+	c, err := s.readCommit(ctx)
+	if err != nil {
+		return nil, err
 	}
+	r, err := s.readRecord(ctx, key)
 	if err != nil {
 		return nil, err
 	}
@@ -503,6 +499,21 @@ func (s *Store) applyWrite(ctx context.Context, w write, rev int64) error {
 				return err
 			} else if !ok {
 				r.deleted = true
+			}
+		}
+		if r == nil {
+			// No object: creating one is right only while rev is the
+			// store's last commit. Past it, the next committer applied
+			// rev's writes before committing, so the object was made and
+			// then deleted, its tombstone collected: made again, a late
+			// apply (a writer stalled past tombstoneAge) would bring a
+			// deleted key back.
+			c, err := s.readCommit(ctx)
+			if err != nil {
+				return err
+			}
+			if c.rev > rev {
+				return nil
 			}
 		}
 		n := applied(w, rev, r)

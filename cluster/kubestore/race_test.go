@@ -1,0 +1,148 @@
+package kubestore
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/cluster"
+	"github.com/sandgate/sandgate/internal/kubetest"
+)
+
+func openTest(t *testing.T, srv *kubetest.Server, ns string) *Store {
+	t.Helper()
+	s, err := Open(srv.Config, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// A writer that stalls between its commit and its apply for longer than a
+// tombstone lives must not bring back a key a later transaction deleted:
+// the next committer applied its write, the delete left a tombstone, and
+// the collector removed it. Its late apply finds no object at all.
+func TestLateApplyAfterTombstoneCollected(t *testing.T) {
+	srv := kubetest.Start(t, kubetest.Options{})
+	const ns = "late"
+	srv.Namespace(t, ns)
+	s := openTest(t, srv, ns)
+	ctx := context.Background()
+
+	if err := s.Put(ctx, "/late/k", "old", 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.readCommit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putRev := c.rev
+	if _, err := s.Txn(ctx, nil, []cluster.Op{cluster.OpDelete("/late/k")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, "/late/other", "x", 0); err != nil {
+		t.Fatal(err)
+	}
+	// What the collector does once the tombstone is tombstoneAge old.
+	if err := s.do(ctx, http.MethodDelete, s.cmPath(objName("/late/k")), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The stalled writer of the put wakes up.
+	if err := s.applyWrite(ctx, write{Key: "/late/k", Value: "old"}, putRev); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := s.Get(ctx, "/late/k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kv != nil {
+		t.Fatalf("a deleted key came back from a late apply: %+v", *kv)
+	}
+}
+
+// roundTripper runs before ahead of each request it forwards and after
+// once it has the answer.
+type roundTripper struct {
+	next          http.RoundTripper
+	before, after func(*http.Request)
+}
+
+func (r roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.before(req)
+	resp, err := r.next.RoundTrip(req)
+	r.after(req)
+	return resp, err
+}
+
+// A Get of a key whose committed write is not applied yet (its writer
+// died) returns the committed value even when the next transaction
+// commits, applying it, while the Get runs: a key read before that apply
+// together with a commit object read after the next commit (whose writes
+// are others) would return the value the committed write replaced.
+func TestGetSeesCommittedUnappliedWrite(t *testing.T) {
+	srv := kubetest.Start(t, kubetest.Options{})
+	const ns = "halfapplied"
+	srv.Namespace(t, ns)
+	w := openTest(t, srv, ns)
+	ctx := context.Background()
+	if err := w.Put(ctx, "/h/b", "old", 0); err != nil {
+		t.Fatal(err)
+	}
+	// A transaction committed, its writer gone before applying it.
+	c, err := w.readCommit(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wj, _ := json.Marshal([]write{{Key: "/h/b", Value: "new"}})
+	next := configMap{APIVersion: "v1", Kind: "ConfigMap",
+		Metadata: objectMeta{Name: commitName, ResourceVersion: c.rv, Labels: map[string]string{labelStore: "commit"}},
+		Data:     map[string]string{"rev": strconv.FormatInt(c.rev+1, 10), "writes": string(wj)}}
+	if err := w.do(ctx, http.MethodPut, w.cmPath(commitName), next, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reader: its read of the commit object waits for its read of the
+	// key (when both are under way at once), then another node commits.
+	r := openTest(t, srv, ns)
+	keyRead := make(chan struct{})
+	var once sync.Once
+	var other error
+	isGet := func(req *http.Request, name string) bool {
+		return req.Method == http.MethodGet && strings.HasSuffix(req.URL.Path, "/"+name)
+	}
+	r.c.Transport = roundTripper{next: r.c.Transport,
+		before: func(req *http.Request) {
+			if !isGet(req, commitName) {
+				return
+			}
+			select {
+			case <-keyRead:
+			case <-time.After(2 * time.Second):
+			}
+			if other == nil {
+				other = w.Put(ctx, "/h/other", "x", 0)
+			}
+		},
+		after: func(req *http.Request) {
+			if isGet(req, objName("/h/b")) {
+				once.Do(func() { close(keyRead) })
+			}
+		},
+	}
+	kv, err := r.Get(ctx, "/h/b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other != nil {
+		t.Fatal(other)
+	}
+	if kv == nil || kv.Value != "new" {
+		t.Fatalf("Get /h/b = %+v, want the committed value new", kv)
+	}
+}

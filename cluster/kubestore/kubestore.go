@@ -77,6 +77,15 @@ type Store struct {
 	// all of: a transaction after it need not apply them again.
 	applied atomic.Int64
 
+	// clock is this host's clock (a test sets it); offset is the API
+	// server's clock minus it, from the Date of the server's last answer.
+	// A Lease's renewTime is stamped, and its expiry and a tombstone's age
+	// judged, on the server's clock: every node then agrees on when a
+	// lease ended, whatever the skew between their clocks.
+	clock      func() time.Time
+	offset     atomic.Int64
+	haveOffset atomic.Bool
+
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -95,7 +104,7 @@ func Open(cfg *rest.Config, ns string) (*Store, error) {
 	if !strings.Contains(host, "://") {
 		host = "https://" + host
 	}
-	s := &Store{c: hc, ns: ns, base: strings.TrimSuffix(host, "/") + strings.TrimSuffix(cfg.APIPath, "/"), stop: make(chan struct{})}
+	s := &Store{c: hc, ns: ns, base: strings.TrimSuffix(host, "/") + strings.TrimSuffix(cfg.APIPath, "/"), stop: make(chan struct{}), clock: time.Now}
 	s.wg.Add(1)
 	go s.collect()
 	return s, nil
@@ -201,6 +210,11 @@ func (s *Store) do(ctx context.Context, method, path string, in, out any) error 
 		return err
 	}
 	defer resp.Body.Close()
+	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+		// Date is in whole seconds: its middle is the best guess.
+		s.offset.Store(int64(d.Add(500 * time.Millisecond).Sub(s.clock())))
+		s.haveOffset.Store(true)
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return err
@@ -270,13 +284,13 @@ func decode(cm *configMap) record {
 	return r
 }
 
-func encode(key string, r record) configMap {
+func encode(key string, r record, now time.Time) configMap {
 	d := map[string]string{"key": key, "value": r.kv.Value, "create": strconv.FormatInt(r.kv.CreateRev, 10), "mod": strconv.FormatInt(r.kv.ModRev, 10)}
 	if r.kv.Lease != 0 {
 		d["lease"] = strconv.FormatInt(r.kv.Lease, 10)
 	}
 	if r.deleted {
-		d["deleted"] = strconv.FormatInt(time.Now().Unix(), 10)
+		d["deleted"] = strconv.FormatInt(now.Unix(), 10)
 		d["value"] = ""
 	}
 	return configMap{APIVersion: "v1", Kind: "ConfigMap", Metadata: objectMeta{Name: objName(key), ResourceVersion: r.rv, Labels: dirLabels(key)}, Data: d}
@@ -349,7 +363,7 @@ func (ls *leases) alive(ctx context.Context, id int64) (bool, error) {
 	}
 	var l lease
 	err := ls.s.do(ctx, http.MethodGet, ls.s.leasePath(leaseName(id)), nil, &l)
-	a := err == nil && l.alive(time.Now())
+	a := err == nil && l.alive(ls.s.now())
 	if err != nil && !isCode(err, http.StatusNotFound) {
 		return false, err
 	}
@@ -517,7 +531,7 @@ func (s *Store) applyWrite(ctx context.Context, w write, rev int64) error {
 			}
 		}
 		n := applied(w, rev, r)
-		cm := encode(w.Key, n)
+		cm := encode(w.Key, n, s.now())
 		if r == nil {
 			err = s.do(ctx, http.MethodPost, s.cmPath(""), cm, nil)
 		} else {
@@ -738,16 +752,25 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (int64, error) {
 		id = int64(binary.BigEndian.Uint64(b[:]) >> 1)
 	}
 	secs := int64((ttl + time.Second - 1) / time.Second)
+	if !s.haveOffset.Load() {
+		// Learn the server's clock before stamping the first Lease.
+		if err := s.do(ctx, http.MethodGet, s.leasePath("")+"?limit=1", nil, nil); err != nil {
+			return 0, err
+		}
+	}
 	l := lease{APIVersion: "coordination.k8s.io/v1", Kind: "Lease",
 		Metadata: objectMeta{Name: leaseName(id), Labels: map[string]string{labelLease: "1"}},
-		Spec:     leaseSpec{HolderIdentity: "sandgate", LeaseDurationSeconds: secs, RenewTime: now()}}
+		Spec:     leaseSpec{HolderIdentity: "sandgate", LeaseDurationSeconds: secs, RenewTime: stamp(s.now())}}
 	if err := s.do(ctx, http.MethodPost, s.leasePath(""), l, nil); err != nil {
 		return 0, err
 	}
 	return id, nil
 }
 
-func now() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000000Z07:00") }
+// now is the API server's time, as this store last learnt it.
+func (s *Store) now() time.Time { return s.clock().Add(time.Duration(s.offset.Load())) }
+
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z07:00") }
 
 // KeepAlive implements cluster.KV.
 func (s *Store) KeepAlive(ctx context.Context, id int64) error {
@@ -760,11 +783,11 @@ func (s *Store) KeepAlive(ctx context.Context, id int64) error {
 		if err != nil {
 			return err
 		}
-		if !l.alive(time.Now()) {
+		if !l.alive(s.now()) {
 			_ = s.do(ctx, http.MethodDelete, s.leasePath(leaseName(id)), nil, nil)
 			return cluster.ErrLeaseNotFound
 		}
-		l.Spec.RenewTime = now()
+		l.Spec.RenewTime = stamp(s.now())
 		err = s.do(ctx, http.MethodPut, s.leasePath(leaseName(id)), l, nil)
 		if isCode(err, http.StatusConflict) {
 			continue
@@ -800,7 +823,7 @@ func (s *Store) WatchGone(ctx context.Context, prefix string) <-chan struct{} {
 					return
 				}
 			} else {
-				alive, now := map[string]bool{}, time.Now()
+				alive, now := map[string]bool{}, s.now()
 				for _, it := range l.Items {
 					if it.alive(now) {
 						alive[it.Metadata.Name] = true
@@ -852,7 +875,7 @@ func (s *Store) collectOnce(ctx context.Context) {
 	if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(labelStore+"=1"), nil, &l); err == nil {
 		for i := range l.Items {
 			r := decode(&l.Items[i])
-			if r.deleted && time.Since(time.Unix(r.deletedAt, 0)) > tombstoneAge {
+			if r.deleted && s.now().Sub(time.Unix(r.deletedAt, 0)) > tombstoneAge {
 				pre := map[string]any{"preconditions": map[string]string{"resourceVersion": r.rv}}
 				_ = s.do(ctx, http.MethodDelete, s.cmPath(l.Items[i].Metadata.Name), pre, nil)
 			}
@@ -861,7 +884,7 @@ func (s *Store) collectOnce(ctx context.Context) {
 	var ll leaseList
 	if err := s.do(ctx, http.MethodGet, s.leasePath("")+"?labelSelector="+url.QueryEscape(labelLease+"=1"), nil, &ll); err == nil {
 		for _, it := range ll.Items {
-			if !it.alive(time.Now().Add(-tombstoneAge)) {
+			if !it.alive(s.now().Add(-tombstoneAge)) {
 				pre := map[string]any{"preconditions": map[string]string{"resourceVersion": it.Metadata.ResourceVersion}}
 				_ = s.do(ctx, http.MethodDelete, s.leasePath(it.Metadata.Name), pre, nil)
 			}

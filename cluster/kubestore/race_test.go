@@ -146,3 +146,45 @@ func TestGetSeesCommittedUnappliedWrite(t *testing.T) {
 		t.Fatalf("Get /h/b = %+v, want the committed value new", kv)
 	}
 }
+
+// Nodes whose clocks disagree by more than a lease's TTL agree on whether
+// a lease is alive: a node 30 s behind grants a 10 s lease and puts a key
+// on it, and a node with the right time (and one 30 s ahead) sees the key;
+// once the lease is revoked, nobody does.
+func TestLeaseAliveAcrossClockSkew(t *testing.T) {
+	srv := kubetest.Start(t, kubetest.Options{})
+	const ns = "skew"
+	srv.Namespace(t, ns)
+	behind := openTest(t, srv, ns)
+	behind.clock = func() time.Time { return time.Now().Add(-30 * time.Second) }
+	right := openTest(t, srv, ns)
+	ahead := openTest(t, srv, ns)
+	ahead.clock = func() time.Time { return time.Now().Add(30 * time.Second) }
+	ctx := context.Background()
+
+	id, err := behind.Grant(ctx, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := behind.Put(ctx, "/skew/node", "up", id); err != nil {
+		t.Fatal(err)
+	}
+	if err := behind.KeepAlive(ctx, id); err != nil {
+		t.Fatalf("keepalive by the node behind: %v", err)
+	}
+	for name, s := range map[string]*Store{"behind": behind, "right": right, "ahead": ahead} {
+		kv, err := s.Get(ctx, "/skew/node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kv == nil {
+			t.Errorf("the node %s does not see a key on a live lease", name)
+		}
+	}
+	if err := behind.Revoke(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if kv, err := right.Get(ctx, "/skew/node"); err != nil || kv != nil {
+		t.Errorf("a key on a revoked lease: %+v %v", kv, err)
+	}
+}

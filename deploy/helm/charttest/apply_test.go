@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
 	"github.com/sandgate/sandgate/internal/kubetest"
@@ -288,5 +290,38 @@ func waitEstablished(ctx context.Context, t *testing.T, ri dynamic.ResourceInter
 			t.Fatalf("CRD %s not established: %v", name, err)
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// readObjects reads the YAML documents of file.
+func readObjects(file string) ([]Object, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return split(file, string(b))
+}
+
+// applyCRDs applies CRDs (server-side, as the admin) and waits until each
+// is established.
+func applyCRDs(ctx context.Context, t *testing.T, cfg *rest.Config, crds []Object) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	force := true
+	for _, o := range crds {
+		body, err := json.Marshal(o.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ri.Patch(ctx, o.Name(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "sandgate-chart-test", Force: &force}); err != nil {
+			t.Fatalf("apply CRD %s (%s): %v", o.Name(), o.Source, err)
+		}
+	}
+	for _, o := range crds {
+		waitEstablished(ctx, t, ri, o.Name())
 	}
 }

@@ -85,6 +85,16 @@ type Store struct {
 	clock      func() time.Time
 	offset     atomic.Int64
 	haveOffset atomic.Bool
+	// offLo and offHi bound the offset: every answer narrows them (its
+	// Date is whole seconds, stamped between the request and the answer),
+	// so the estimate, their middle, settles instead of jumping by up to
+	// a second with each answer.
+	offMu        sync.Mutex
+	offLo, offHi time.Duration
+	// dead holds the leases this store saw end: an ended lease stays
+	// ended (as in etcd), even if a later estimate of the server's clock
+	// is a little earlier.
+	dead sync.Map
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -205,15 +215,14 @@ func (s *Store) do(ctx context.Context, method, path string, in, out any) error 
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	sent := s.clock()
 	resp, err := s.c.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-		// Date is in whole seconds: its middle is the best guess.
-		s.offset.Store(int64(d.Add(500 * time.Millisecond).Sub(s.clock())))
-		s.haveOffset.Store(true)
+		s.learnOffset(d, sent, s.clock())
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
@@ -361,11 +370,17 @@ func (ls *leases) alive(ctx context.Context, id int64) (bool, error) {
 	if a, ok := ls.seen[id]; ok {
 		return a, nil
 	}
+	if _, dead := ls.s.dead.Load(id); dead {
+		return false, nil
+	}
 	var l lease
 	err := ls.s.do(ctx, http.MethodGet, ls.s.leasePath(leaseName(id)), nil, &l)
 	a := err == nil && l.alive(ls.s.now())
 	if err != nil && !isCode(err, http.StatusNotFound) {
 		return false, err
+	}
+	if !a {
+		ls.s.dead.Store(id, struct{}{})
 	}
 	ls.seen[id] = a
 	return a, nil
@@ -448,41 +463,58 @@ func (s *Store) Get(ctx context.Context, key string) (*cluster.KeyValue, error) 
 	return s.leases().present(ctx, overlay(c, key, r))
 }
 
-// List implements cluster.KV.
+// List implements cluster.KV. Its keys are of one revision: the commit
+// object is read before and after the list. Unchanged, the list holds
+// every write up to it but its own (overlaid). One commit later, the list
+// may hold part of that commit's writes (applied while listing), and
+// overlaying all of them gives the state after it. Further: list again.
 func (s *Store) List(ctx context.Context, prefix string) ([]cluster.KeyValue, error) {
 	c, err := s.readCommit(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var l configMapList
-	if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(prefixSelector(prefix)), nil, &l); err != nil {
-		return nil, err
-	}
-	recs := map[string]*record{}
-	for i := range l.Items {
-		r := decode(&l.Items[i])
-		if strings.HasPrefix(r.kv.Key, prefix) {
-			recs[r.kv.Key] = &r
+	for range 16 {
+		var l configMapList
+		if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(prefixSelector(prefix)), nil, &l); err != nil {
+			return nil, err
 		}
-	}
-	for _, w := range c.writes {
-		if strings.HasPrefix(w.Key, prefix) {
-			recs[w.Key] = overlay(c, w.Key, recs[w.Key])
-		}
-	}
-	ls := s.leases()
-	out := make([]cluster.KeyValue, 0, len(recs))
-	for _, r := range recs {
-		kv, err := ls.present(ctx, r)
+		c2, err := s.readCommit(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if kv != nil {
-			out = append(out, *kv)
+		if c2.rev > c.rev+1 {
+			c = c2
+			continue
 		}
+		recs := map[string]*record{}
+		for i := range l.Items {
+			r := decode(&l.Items[i])
+			if strings.HasPrefix(r.kv.Key, prefix) {
+				recs[r.kv.Key] = &r
+			}
+		}
+		for _, cc := range []commit{c, c2} {
+			for _, w := range cc.writes {
+				if strings.HasPrefix(w.Key, prefix) {
+					recs[w.Key] = overlay(cc, w.Key, recs[w.Key])
+				}
+			}
+		}
+		ls := s.leases()
+		out := make([]cluster.KeyValue, 0, len(recs))
+		for _, r := range recs {
+			kv, err := ls.present(ctx, r)
+			if err != nil {
+				return nil, err
+			}
+			if kv != nil {
+				out = append(out, *kv)
+			}
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+		return out, nil
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
-	return out, nil
+	return nil, fmt.Errorf("kubestore: too many commits while listing %q", prefix)
 }
 
 // Count implements cluster.KV.
@@ -767,6 +799,20 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (int64, error) {
 	return id, nil
 }
 
+// learnOffset narrows the server's clock offset with an answer dated d,
+// to a request sent at sent and answered at got (this host's clock).
+func (s *Store) learnOffset(d, sent, got time.Time) {
+	lo, hi := d.Sub(got), d.Add(time.Second).Sub(sent)
+	s.offMu.Lock()
+	defer s.offMu.Unlock()
+	if s.haveOffset.Load() && lo <= s.offHi && hi >= s.offLo {
+		lo, hi = max(lo, s.offLo), min(hi, s.offHi)
+	} // else the first answer, or a clock stepped: start again
+	s.offLo, s.offHi = lo, hi
+	s.offset.Store(int64(lo + (hi-lo)/2))
+	s.haveOffset.Store(true)
+}
+
 // now is the API server's time, as this store last learnt it.
 func (s *Store) now() time.Time { return s.clock().Add(time.Duration(s.offset.Load())) }
 
@@ -775,6 +821,10 @@ func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.0000
 // KeepAlive implements cluster.KV.
 func (s *Store) KeepAlive(ctx context.Context, id int64) error {
 	for range 8 {
+		if _, dead := s.dead.Load(id); dead {
+			_ = s.do(ctx, http.MethodDelete, s.leasePath(leaseName(id)), nil, nil)
+			return cluster.ErrLeaseNotFound
+		}
 		var l lease
 		err := s.do(ctx, http.MethodGet, s.leasePath(leaseName(id)), nil, &l)
 		if isCode(err, http.StatusNotFound) {

@@ -188,3 +188,58 @@ func TestLeaseAliveAcrossClockSkew(t *testing.T) {
 		t.Errorf("a key on a revoked lease: %+v %v", kv, err)
 	}
 }
+
+// A List never shows half of a transaction: while it lists, another node
+// commits a transaction writing two keys and applies one of them (then
+// stalls). The list holds both new values.
+func TestListSeesNoHalfAppliedTransaction(t *testing.T) {
+	srv := kubetest.Start(t, kubetest.Options{})
+	const ns = "halflist"
+	srv.Namespace(t, ns)
+	w := openTest(t, srv, ns)
+	ctx := context.Background()
+	if _, err := w.Txn(ctx, nil, []cluster.Op{cluster.OpPut("/l/a", "old", 0), cluster.OpPut("/l/b", "old", 0)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r := openTest(t, srv, ns)
+	var once sync.Once
+	var other error
+	r.c.Transport = roundTripper{next: r.c.Transport,
+		before: func(req *http.Request) {
+			if req.Method != http.MethodGet || !strings.HasSuffix(req.URL.Path, "/configmaps") {
+				return
+			}
+			once.Do(func() {
+				// The other node commits a and b, applies a, and stalls.
+				c, err := w.readCommit(ctx)
+				if err != nil {
+					other = err
+					return
+				}
+				writes := []write{{Key: "/l/a", Value: "new"}, {Key: "/l/b", Value: "new"}}
+				wj, _ := json.Marshal(writes)
+				next := configMap{APIVersion: "v1", Kind: "ConfigMap",
+					Metadata: objectMeta{Name: commitName, ResourceVersion: c.rv, Labels: map[string]string{labelStore: "commit"}},
+					Data:     map[string]string{"rev": strconv.FormatInt(c.rev+1, 10), "writes": string(wj)}}
+				if other = w.do(ctx, http.MethodPut, w.cmPath(commitName), next, nil); other == nil {
+					other = w.applyWrite(ctx, writes[0], c.rev+1)
+				}
+			})
+		},
+		after: func(*http.Request) {},
+	}
+	kvs, err := r.List(ctx, "/l/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other != nil {
+		t.Fatal(other)
+	}
+	got := map[string]string{}
+	for _, kv := range kvs {
+		got[kv.Key] = kv.Value
+	}
+	if got["/l/a"] != got["/l/b"] {
+		t.Fatalf("List saw half a transaction: %v", got)
+	}
+}

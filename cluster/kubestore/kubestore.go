@@ -2,15 +2,15 @@
 // Kubernetes API: `serve --cluster-kube`. It keeps etcd's guarantees, so
 // that the cluster's code is the same on both stores:
 //
-//   - Each key is a ConfigMap of the store's namespace, named
+//   - Each key is a Secret (type sandgate.dev/kv) of the store's namespace, named
 //     sgkv-<hash of the key>, holding the key, its value, its create and
-//     mod revisions and its lease. A ConfigMap carries a label per
+//     mod revisions and its lease. A Secret carries a label per
 //     directory of its key (sandgate.dev/kv-d<depth>: hash of the
 //     directory), so a list by prefix is one labelled list.
 //   - Node liveness is coordination.k8s.io Leases (sgkv-lease-<id>): a
 //     key put on a lease is absent once its Lease's renewTime plus its
 //     duration is past, or the Lease is gone.
-//   - Transactions are serialized through one object, the ConfigMap
+//   - Transactions are serialized through one object, the Secret
 //     sgkv-commit, that holds the store's revision and the last
 //     transaction's writes. A transaction reads the keys it compares,
 //     then commits by writing sgkv-commit with resourceVersion
@@ -23,7 +23,8 @@
 //     So compares and writes are atomic, as in an etcd transaction: a
 //     tenant's quota is exact, and a session's owner is written once.
 //
-// ConfigMaps rather than a CRD: nothing to install before a node starts
+// Secrets rather than a CRD or ConfigMaps (values hold credentials, and
+// Kubernetes' view role reads ConfigMaps): nothing to install before a node starts
 // (the chart's CRDs are the Session and claim resources), and RBAC confined
 // to the one namespace. The cost is one write of sgkv-commit per
 // transaction for the whole cluster: creates are serialized through it.
@@ -139,12 +140,28 @@ type objectMeta struct {
 	Labels          map[string]string `json:"labels,omitempty"`
 }
 
+// configMap is a key's object: a Secret of type secretType (not a
+// ConfigMap: session records hold credentials, such as the egress CA's
+// key, and the built-in view role reads ConfigMaps, not Secrets). It is
+// written with stringData and read back as data.
 type configMap struct {
 	APIVersion string            `json:"apiVersion"`
 	Kind       string            `json:"kind"`
 	Metadata   objectMeta        `json:"metadata"`
-	Data       map[string]string `json:"data,omitempty"`
+	Type       string            `json:"type,omitempty"`
+	StringData map[string]string `json:"stringData,omitempty"`
+	Data       map[string][]byte `json:"data,omitempty"`
 }
+
+const secretType = "sandgate.dev/kv"
+
+// newObject is the object name with labels and data d.
+func newObject(name, rv string, labels, d map[string]string) configMap {
+	return configMap{APIVersion: "v1", Kind: "Secret", Type: secretType,
+		Metadata: objectMeta{Name: name, ResourceVersion: rv, Labels: labels}, StringData: d}
+}
+
+func (cm *configMap) get(k string) string { return string(cm.Data[k]) }
 
 type configMapList struct {
 	Items []configMap `json:"items"`
@@ -183,7 +200,7 @@ func isCode(err error, code int) bool {
 }
 
 func (s *Store) cmPath(name string) string {
-	p := "/api/v1/namespaces/" + url.PathEscape(s.ns) + "/configmaps"
+	p := "/api/v1/namespaces/" + url.PathEscape(s.ns) + "/secrets"
 	if name != "" {
 		p += "/" + name
 	}
@@ -274,7 +291,7 @@ func prefixSelector(prefix string) string {
 	return labelStore + "=1,sandgate.dev/kv-d" + strconv.Itoa(strings.Count(dir, "/")-1) + "=" + dirHash(dir)
 }
 
-// record is a key's ConfigMap, decoded.
+// record is a key's Secret, decoded.
 type record struct {
 	kv        cluster.KeyValue
 	deleted   bool
@@ -283,13 +300,13 @@ type record struct {
 }
 
 func decode(cm *configMap) record {
-	d := cm.Data
-	r := record{rv: cm.Metadata.ResourceVersion, deleted: d["deleted"] != ""}
-	r.kv.Key, r.kv.Value = d["key"], d["value"]
-	r.kv.CreateRev, _ = strconv.ParseInt(d["create"], 10, 64)
-	r.kv.ModRev, _ = strconv.ParseInt(d["mod"], 10, 64)
-	r.kv.Lease, _ = strconv.ParseInt(d["lease"], 10, 64)
-	r.deletedAt, _ = strconv.ParseInt(d["deleted"], 10, 64)
+	d := cm.get
+	r := record{rv: cm.Metadata.ResourceVersion, deleted: d("deleted") != ""}
+	r.kv.Key, r.kv.Value = d("key"), d("value")
+	r.kv.CreateRev, _ = strconv.ParseInt(d("create"), 10, 64)
+	r.kv.ModRev, _ = strconv.ParseInt(d("mod"), 10, 64)
+	r.kv.Lease, _ = strconv.ParseInt(d("lease"), 10, 64)
+	r.deletedAt, _ = strconv.ParseInt(d("deleted"), 10, 64)
 	return r
 }
 
@@ -302,7 +319,7 @@ func encode(key string, r record, now time.Time) configMap {
 		d["deleted"] = strconv.FormatInt(now.Unix(), 10)
 		d["value"] = ""
 	}
-	return configMap{APIVersion: "v1", Kind: "ConfigMap", Metadata: objectMeta{Name: objName(key), ResourceVersion: r.rv, Labels: dirLabels(key)}, Data: d}
+	return newObject(objName(key), r.rv, dirLabels(key), d)
 }
 
 // ---- the commit object ----
@@ -326,8 +343,7 @@ func (s *Store) readCommit(ctx context.Context) (commit, error) {
 	var cm configMap
 	err := s.do(ctx, http.MethodGet, s.cmPath(commitName), nil, &cm)
 	if isCode(err, http.StatusNotFound) {
-		init := configMap{APIVersion: "v1", Kind: "ConfigMap", Metadata: objectMeta{Name: commitName, Labels: map[string]string{labelStore: "commit"}},
-			Data: map[string]string{"rev": "1"}}
+		init := newObject(commitName, "", map[string]string{labelStore: "commit"}, map[string]string{"rev": "1"})
 		err = s.do(ctx, http.MethodPost, s.cmPath(""), init, &cm)
 		if isCode(err, http.StatusConflict) {
 			err = s.do(ctx, http.MethodGet, s.cmPath(commitName), nil, &cm)
@@ -337,8 +353,8 @@ func (s *Store) readCommit(ctx context.Context) (commit, error) {
 		return commit{}, err
 	}
 	c := commit{rv: cm.Metadata.ResourceVersion}
-	c.rev, _ = strconv.ParseInt(cm.Data["rev"], 10, 64)
-	if w := cm.Data["writes"]; w != "" {
+	c.rev, _ = strconv.ParseInt(cm.get("rev"), 10, 64)
+	if w := cm.get("writes"); w != "" {
 		if err := json.Unmarshal([]byte(w), &c.writes); err != nil {
 			return commit{}, fmt.Errorf("kubestore: %s is malformed: %w", commitName, err)
 		}
@@ -525,7 +541,7 @@ func (s *Store) Count(ctx context.Context, prefix string) (int64, error) {
 
 // ---- writes ----
 
-// applyWrite writes w of revision rev to its key's ConfigMap, unless the
+// applyWrite writes w of revision rev to its key's Secret, unless the
 // key is already at rev or newer.
 func (s *Store) applyWrite(ctx context.Context, w write, rev int64) error {
 	for range 16 {
@@ -697,9 +713,8 @@ func (s *Store) Txn(ctx context.Context, cmps []cluster.Cmp, then, els []cluster
 		}
 		rev := c.rev + 1
 		wj, _ := json.Marshal(writes)
-		next := configMap{APIVersion: "v1", Kind: "ConfigMap",
-			Metadata: objectMeta{Name: commitName, ResourceVersion: c.rv, Labels: map[string]string{labelStore: "commit"}},
-			Data:     map[string]string{"rev": strconv.FormatInt(rev, 10), "writes": string(wj)}}
+		next := newObject(commitName, c.rv, map[string]string{labelStore: "commit"},
+			map[string]string{"rev": strconv.FormatInt(rev, 10), "writes": string(wj)})
 		err = s.do(ctx, http.MethodPut, s.cmPath(commitName), next, nil)
 		if isCode(err, http.StatusConflict) {
 			continue // another transaction committed: evaluate again

@@ -100,9 +100,8 @@ func TestGetSeesCommittedUnappliedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	wj, _ := json.Marshal([]write{{Key: "/h/b", Value: "new"}})
-	next := configMap{APIVersion: "v1", Kind: "ConfigMap",
-		Metadata: objectMeta{Name: commitName, ResourceVersion: c.rv, Labels: map[string]string{labelStore: "commit"}},
-		Data:     map[string]string{"rev": strconv.FormatInt(c.rev+1, 10), "writes": string(wj)}}
+	next := newObject(commitName, c.rv, map[string]string{labelStore: "commit"},
+		map[string]string{"rev": strconv.FormatInt(c.rev+1, 10), "writes": string(wj)})
 	if err := w.do(ctx, http.MethodPut, w.cmPath(commitName), next, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +205,7 @@ func TestListSeesNoHalfAppliedTransaction(t *testing.T) {
 	var other error
 	r.c.Transport = roundTripper{next: r.c.Transport,
 		before: func(req *http.Request) {
-			if req.Method != http.MethodGet || !strings.HasSuffix(req.URL.Path, "/configmaps") {
+			if req.Method != http.MethodGet || !strings.HasSuffix(req.URL.Path, "/secrets") {
 				return
 			}
 			once.Do(func() {
@@ -218,9 +217,8 @@ func TestListSeesNoHalfAppliedTransaction(t *testing.T) {
 				}
 				writes := []write{{Key: "/l/a", Value: "new"}, {Key: "/l/b", Value: "new"}}
 				wj, _ := json.Marshal(writes)
-				next := configMap{APIVersion: "v1", Kind: "ConfigMap",
-					Metadata: objectMeta{Name: commitName, ResourceVersion: c.rv, Labels: map[string]string{labelStore: "commit"}},
-					Data:     map[string]string{"rev": strconv.FormatInt(c.rev+1, 10), "writes": string(wj)}}
+				next := newObject(commitName, c.rv, map[string]string{labelStore: "commit"},
+					map[string]string{"rev": strconv.FormatInt(c.rev+1, 10), "writes": string(wj)})
 				if other = w.do(ctx, http.MethodPut, w.cmPath(commitName), next, nil); other == nil {
 					other = w.applyWrite(ctx, writes[0], c.rev+1)
 				}

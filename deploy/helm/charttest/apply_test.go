@@ -33,7 +33,7 @@ import (
 // CRDs first), and checks that each exists. Then, as the chart's service
 // account (a TokenRequest token, the identity the agents' pods get), it
 // does what a node agent does, through the chart's RBAC: the cluster
-// store's ConfigMaps and Leases in the release's namespace, Sessions and
+// store's Secrets and Leases in the release's namespace, Sessions and
 // Secrets in a tenant's; and is refused what the chart does not grant.
 // The DaemonSet's pods never run: there is no kubelet (docs/kubernetes.md
 // says what that would take).
@@ -183,8 +183,8 @@ func TestApplyDefaults(t *testing.T) {
 			_, err := agent.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"}}, metav1.CreateOptions{})
 			return err
 		}},
-		{"create a ConfigMap (the cluster store) in the release's namespace", func() error {
-			_, err := agent.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"}}, metav1.CreateOptions{})
+		{"create a Secret (the cluster store) in the release's namespace", func() error {
+			_, err := agent.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe-store"}}, metav1.CreateOptions{})
 			return err
 		}},
 		{"write a credentials Secret in a tenant's namespace", func() error {

@@ -224,6 +224,14 @@ func TestApplyDefaults(t *testing.T) {
 			_, err := agent.CoordinationV1().Leases(tenant).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"}}, metav1.CreateOptions{})
 			return err
 		}},
+		{"list Secrets in a tenant's namespace", func() error {
+			_, err := agent.CoreV1().Secrets(tenant).List(ctx, metav1.ListOptions{})
+			return err
+		}},
+		{"list Secrets in every namespace", func() error {
+			_, err := agent.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+			return err
+		}},
 		{"create a ConfigMap in a tenant's namespace", func() error {
 			_, err := agent.CoreV1().ConfigMaps(tenant).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"}}, metav1.CreateOptions{})
 			return err

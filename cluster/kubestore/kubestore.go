@@ -65,6 +65,11 @@ const (
 	// tombstoneAge is how long a deleted key's tombstone stays: longer
 	// than any apply of a transaction that committed before the delete.
 	tombstoneAge = 2 * time.Minute
+	// maxTxnBytes bounds a transaction's writes (and so a value): they
+	// are held whole in sgkv-commit, a Secret, whose data the API server
+	// caps at 1 MiB. Refused here with a clear error, not by the server
+	// half way.
+	maxTxnBytes = 900 << 10
 )
 
 // Store is a cluster.KV on the Kubernetes API.
@@ -713,6 +718,9 @@ func (s *Store) Txn(ctx context.Context, cmps []cluster.Cmp, then, els []cluster
 		}
 		rev := c.rev + 1
 		wj, _ := json.Marshal(writes)
+		if len(wj) > maxTxnBytes {
+			return cluster.TxnResult{}, fmt.Errorf("kubestore: a transaction writing %d bytes is over the store's %d (a Secret holds 1 MiB)", len(wj), maxTxnBytes)
+		}
 		next := newObject(commitName, c.rv, map[string]string{labelStore: "commit"},
 			map[string]string{"rev": strconv.FormatInt(rev, 10), "writes": string(wj)})
 		err = s.do(ctx, http.MethodPut, s.cmPath(commitName), next, nil)

@@ -241,3 +241,23 @@ func TestListSeesNoHalfAppliedTransaction(t *testing.T) {
 		t.Fatalf("List saw half a transaction: %v", got)
 	}
 }
+
+// A value too large for the Secret that holds the transaction is refused
+// with an error naming the bound, and nothing of it is written.
+func TestValueOverSecretSize(t *testing.T) {
+	srv := kubetest.Start(t, kubetest.Options{})
+	const ns = "big"
+	srv.Namespace(t, ns)
+	s := openTest(t, srv, ns)
+	ctx := context.Background()
+	err := s.Put(ctx, "/big/k", strings.Repeat("x", 1<<20), 0)
+	if err == nil || !strings.Contains(err.Error(), "over the store's") {
+		t.Fatalf("Put of 1 MiB: %v", err)
+	}
+	if kv, err := s.Get(ctx, "/big/k"); err != nil || kv != nil {
+		t.Fatalf("Get after a refused Put: %+v %v", kv, err)
+	}
+	if err := s.Put(ctx, "/big/k", strings.Repeat("x", 512<<10), 0); err != nil {
+		t.Fatalf("Put of 512 KiB: %v", err)
+	}
+}

@@ -2,15 +2,15 @@
 // Kubernetes API: `serve --cluster-kube`. It keeps etcd's guarantees, so
 // that the cluster's code is the same on both stores:
 //
-//   - Each key is a ConfigMap of the store's namespace, named
+//   - Each key is a Secret (type sandgate.dev/kv) of the store's namespace, named
 //     sgkv-<hash of the key>, holding the key, its value, its create and
-//     mod revisions and its lease. A ConfigMap carries a label per
+//     mod revisions and its lease. A Secret carries a label per
 //     directory of its key (sandgate.dev/kv-d<depth>: hash of the
 //     directory), so a list by prefix is one labelled list.
 //   - Node liveness is coordination.k8s.io Leases (sgkv-lease-<id>): a
 //     key put on a lease is absent once its Lease's renewTime plus its
 //     duration is past, or the Lease is gone.
-//   - Transactions are serialized through one object, the ConfigMap
+//   - Transactions are serialized through one object, the Secret
 //     sgkv-commit, that holds the store's revision and the last
 //     transaction's writes. A transaction reads the keys it compares,
 //     then commits by writing sgkv-commit with resourceVersion
@@ -23,7 +23,8 @@
 //     So compares and writes are atomic, as in an etcd transaction: a
 //     tenant's quota is exact, and a session's owner is written once.
 //
-// ConfigMaps rather than a CRD: nothing to install before a node starts
+// Secrets rather than a CRD or ConfigMaps (values hold credentials, and
+// Kubernetes' view role reads ConfigMaps): nothing to install before a node starts
 // (the chart's CRDs are the Session and claim resources), and RBAC confined
 // to the one namespace. The cost is one write of sgkv-commit per
 // transaction for the whole cluster: creates are serialized through it.
@@ -64,6 +65,11 @@ const (
 	// tombstoneAge is how long a deleted key's tombstone stays: longer
 	// than any apply of a transaction that committed before the delete.
 	tombstoneAge = 2 * time.Minute
+	// maxTxnBytes bounds a transaction's writes (and so a value): they
+	// are held whole in sgkv-commit, a Secret, whose data the API server
+	// caps at 1 MiB. Refused here with a clear error, not by the server
+	// half way.
+	maxTxnBytes = 900 << 10
 )
 
 // Store is a cluster.KV on the Kubernetes API.
@@ -76,6 +82,25 @@ type Store struct {
 	// applied is the newest revision whose writes this store applied
 	// all of: a transaction after it need not apply them again.
 	applied atomic.Int64
+
+	// clock is this host's clock (a test sets it); offset is the API
+	// server's clock minus it, from the Date of the server's last answer.
+	// A Lease's renewTime is stamped, and its expiry and a tombstone's age
+	// judged, on the server's clock: every node then agrees on when a
+	// lease ended, whatever the skew between their clocks.
+	clock      func() time.Time
+	offset     atomic.Int64
+	haveOffset atomic.Bool
+	// offLo and offHi bound the offset: every answer narrows them (its
+	// Date is whole seconds, stamped between the request and the answer),
+	// so the estimate, their middle, settles instead of jumping by up to
+	// a second with each answer.
+	offMu        sync.Mutex
+	offLo, offHi time.Duration
+	// dead holds the leases this store saw end: an ended lease stays
+	// ended (as in etcd), even if a later estimate of the server's clock
+	// is a little earlier.
+	dead sync.Map
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -95,7 +120,7 @@ func Open(cfg *rest.Config, ns string) (*Store, error) {
 	if !strings.Contains(host, "://") {
 		host = "https://" + host
 	}
-	s := &Store{c: hc, ns: ns, base: strings.TrimSuffix(host, "/") + strings.TrimSuffix(cfg.APIPath, "/"), stop: make(chan struct{})}
+	s := &Store{c: hc, ns: ns, base: strings.TrimSuffix(host, "/") + strings.TrimSuffix(cfg.APIPath, "/"), stop: make(chan struct{}), clock: time.Now}
 	s.wg.Add(1)
 	go s.collect()
 	return s, nil
@@ -120,12 +145,28 @@ type objectMeta struct {
 	Labels          map[string]string `json:"labels,omitempty"`
 }
 
+// configMap is a key's object: a Secret of type secretType (not a
+// ConfigMap: session records hold credentials, such as the egress CA's
+// key, and the built-in view role reads ConfigMaps, not Secrets). It is
+// written with stringData and read back as data.
 type configMap struct {
 	APIVersion string            `json:"apiVersion"`
 	Kind       string            `json:"kind"`
 	Metadata   objectMeta        `json:"metadata"`
-	Data       map[string]string `json:"data,omitempty"`
+	Type       string            `json:"type,omitempty"`
+	StringData map[string]string `json:"stringData,omitempty"`
+	Data       map[string][]byte `json:"data,omitempty"`
 }
+
+const secretType = "sandgate.dev/kv"
+
+// newObject is the object name with labels and data d.
+func newObject(name, rv string, labels, d map[string]string) configMap {
+	return configMap{APIVersion: "v1", Kind: "Secret", Type: secretType,
+		Metadata: objectMeta{Name: name, ResourceVersion: rv, Labels: labels}, StringData: d}
+}
+
+func (cm *configMap) get(k string) string { return string(cm.Data[k]) }
 
 type configMapList struct {
 	Items []configMap `json:"items"`
@@ -164,7 +205,7 @@ func isCode(err error, code int) bool {
 }
 
 func (s *Store) cmPath(name string) string {
-	p := "/api/v1/namespaces/" + url.PathEscape(s.ns) + "/configmaps"
+	p := "/api/v1/namespaces/" + url.PathEscape(s.ns) + "/secrets"
 	if name != "" {
 		p += "/" + name
 	}
@@ -196,11 +237,15 @@ func (s *Store) do(ctx context.Context, method, path string, in, out any) error 
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	sent := s.clock()
 	resp, err := s.c.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
+	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+		s.learnOffset(d, sent, s.clock())
+	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return err
@@ -251,7 +296,7 @@ func prefixSelector(prefix string) string {
 	return labelStore + "=1,sandgate.dev/kv-d" + strconv.Itoa(strings.Count(dir, "/")-1) + "=" + dirHash(dir)
 }
 
-// record is a key's ConfigMap, decoded.
+// record is a key's Secret, decoded.
 type record struct {
 	kv        cluster.KeyValue
 	deleted   bool
@@ -260,26 +305,26 @@ type record struct {
 }
 
 func decode(cm *configMap) record {
-	d := cm.Data
-	r := record{rv: cm.Metadata.ResourceVersion, deleted: d["deleted"] != ""}
-	r.kv.Key, r.kv.Value = d["key"], d["value"]
-	r.kv.CreateRev, _ = strconv.ParseInt(d["create"], 10, 64)
-	r.kv.ModRev, _ = strconv.ParseInt(d["mod"], 10, 64)
-	r.kv.Lease, _ = strconv.ParseInt(d["lease"], 10, 64)
-	r.deletedAt, _ = strconv.ParseInt(d["deleted"], 10, 64)
+	d := cm.get
+	r := record{rv: cm.Metadata.ResourceVersion, deleted: d("deleted") != ""}
+	r.kv.Key, r.kv.Value = d("key"), d("value")
+	r.kv.CreateRev, _ = strconv.ParseInt(d("create"), 10, 64)
+	r.kv.ModRev, _ = strconv.ParseInt(d("mod"), 10, 64)
+	r.kv.Lease, _ = strconv.ParseInt(d("lease"), 10, 64)
+	r.deletedAt, _ = strconv.ParseInt(d("deleted"), 10, 64)
 	return r
 }
 
-func encode(key string, r record) configMap {
+func encode(key string, r record, now time.Time) configMap {
 	d := map[string]string{"key": key, "value": r.kv.Value, "create": strconv.FormatInt(r.kv.CreateRev, 10), "mod": strconv.FormatInt(r.kv.ModRev, 10)}
 	if r.kv.Lease != 0 {
 		d["lease"] = strconv.FormatInt(r.kv.Lease, 10)
 	}
 	if r.deleted {
-		d["deleted"] = strconv.FormatInt(time.Now().Unix(), 10)
+		d["deleted"] = strconv.FormatInt(now.Unix(), 10)
 		d["value"] = ""
 	}
-	return configMap{APIVersion: "v1", Kind: "ConfigMap", Metadata: objectMeta{Name: objName(key), ResourceVersion: r.rv, Labels: dirLabels(key)}, Data: d}
+	return newObject(objName(key), r.rv, dirLabels(key), d)
 }
 
 // ---- the commit object ----
@@ -303,8 +348,7 @@ func (s *Store) readCommit(ctx context.Context) (commit, error) {
 	var cm configMap
 	err := s.do(ctx, http.MethodGet, s.cmPath(commitName), nil, &cm)
 	if isCode(err, http.StatusNotFound) {
-		init := configMap{APIVersion: "v1", Kind: "ConfigMap", Metadata: objectMeta{Name: commitName, Labels: map[string]string{labelStore: "commit"}},
-			Data: map[string]string{"rev": "1"}}
+		init := newObject(commitName, "", map[string]string{labelStore: "commit"}, map[string]string{"rev": "1"})
 		err = s.do(ctx, http.MethodPost, s.cmPath(""), init, &cm)
 		if isCode(err, http.StatusConflict) {
 			err = s.do(ctx, http.MethodGet, s.cmPath(commitName), nil, &cm)
@@ -314,8 +358,8 @@ func (s *Store) readCommit(ctx context.Context) (commit, error) {
 		return commit{}, err
 	}
 	c := commit{rv: cm.Metadata.ResourceVersion}
-	c.rev, _ = strconv.ParseInt(cm.Data["rev"], 10, 64)
-	if w := cm.Data["writes"]; w != "" {
+	c.rev, _ = strconv.ParseInt(cm.get("rev"), 10, 64)
+	if w := cm.get("writes"); w != "" {
 		if err := json.Unmarshal([]byte(w), &c.writes); err != nil {
 			return commit{}, fmt.Errorf("kubestore: %s is malformed: %w", commitName, err)
 		}
@@ -347,11 +391,17 @@ func (ls *leases) alive(ctx context.Context, id int64) (bool, error) {
 	if a, ok := ls.seen[id]; ok {
 		return a, nil
 	}
+	if _, dead := ls.s.dead.Load(id); dead {
+		return false, nil
+	}
 	var l lease
 	err := ls.s.do(ctx, http.MethodGet, ls.s.leasePath(leaseName(id)), nil, &l)
-	a := err == nil && l.alive(time.Now())
+	a := err == nil && l.alive(ls.s.now())
 	if err != nil && !isCode(err, http.StatusNotFound) {
 		return false, err
+	}
+	if !a {
+		ls.s.dead.Store(id, struct{}{})
 	}
 	ls.seen[id] = a
 	return a, nil
@@ -418,61 +468,74 @@ func applied(w write, rev int64, r *record) record {
 
 // Get implements cluster.KV.
 func (s *Store) Get(ctx context.Context, key string) (*cluster.KeyValue, error) {
-	// The commit object and the key at once: a write committed after the
-	// commit object was read is at most not seen yet (as if read before).
-	var c commit
-	var cerr error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		c, cerr = s.readCommit(ctx)
-	}()
-	r, err := s.readRecord(ctx, key)
-	<-done
-	if err == nil {
-		err = cerr
+	// The commit object, then the key: a transaction committed before
+	// the commit object was read is either that commit (overlaid) or was
+	// applied before a later one committed, so before the key is read.
+	// (Read at once, a key read before a commit was applied and a commit
+	// object read after the next one would miss a committed write.)
+	c, err := s.readCommit(ctx)
+	if err != nil {
+		return nil, err
 	}
+	r, err := s.readRecord(ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	return s.leases().present(ctx, overlay(c, key, r))
 }
 
-// List implements cluster.KV.
+// List implements cluster.KV. Its keys are of one revision: the commit
+// object is read before and after the list. Unchanged, the list holds
+// every write up to it but its own (overlaid). One commit later, the list
+// may hold part of that commit's writes (applied while listing), and
+// overlaying all of them gives the state after it. Further: list again.
 func (s *Store) List(ctx context.Context, prefix string) ([]cluster.KeyValue, error) {
 	c, err := s.readCommit(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var l configMapList
-	if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(prefixSelector(prefix)), nil, &l); err != nil {
-		return nil, err
-	}
-	recs := map[string]*record{}
-	for i := range l.Items {
-		r := decode(&l.Items[i])
-		if strings.HasPrefix(r.kv.Key, prefix) {
-			recs[r.kv.Key] = &r
+	for range 16 {
+		var l configMapList
+		if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(prefixSelector(prefix)), nil, &l); err != nil {
+			return nil, err
 		}
-	}
-	for _, w := range c.writes {
-		if strings.HasPrefix(w.Key, prefix) {
-			recs[w.Key] = overlay(c, w.Key, recs[w.Key])
-		}
-	}
-	ls := s.leases()
-	out := make([]cluster.KeyValue, 0, len(recs))
-	for _, r := range recs {
-		kv, err := ls.present(ctx, r)
+		c2, err := s.readCommit(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if kv != nil {
-			out = append(out, *kv)
+		if c2.rev > c.rev+1 {
+			c = c2
+			continue
 		}
+		recs := map[string]*record{}
+		for i := range l.Items {
+			r := decode(&l.Items[i])
+			if strings.HasPrefix(r.kv.Key, prefix) {
+				recs[r.kv.Key] = &r
+			}
+		}
+		for _, cc := range []commit{c, c2} {
+			for _, w := range cc.writes {
+				if strings.HasPrefix(w.Key, prefix) {
+					recs[w.Key] = overlay(cc, w.Key, recs[w.Key])
+				}
+			}
+		}
+		ls := s.leases()
+		out := make([]cluster.KeyValue, 0, len(recs))
+		for _, r := range recs {
+			kv, err := ls.present(ctx, r)
+			if err != nil {
+				return nil, err
+			}
+			if kv != nil {
+				out = append(out, *kv)
+			}
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+		return out, nil
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
-	return out, nil
+	return nil, fmt.Errorf("kubestore: too many commits while listing %q", prefix)
 }
 
 // Count implements cluster.KV.
@@ -483,7 +546,7 @@ func (s *Store) Count(ctx context.Context, prefix string) (int64, error) {
 
 // ---- writes ----
 
-// applyWrite writes w of revision rev to its key's ConfigMap, unless the
+// applyWrite writes w of revision rev to its key's Secret, unless the
 // key is already at rev or newer.
 func (s *Store) applyWrite(ctx context.Context, w write, rev int64) error {
 	for range 16 {
@@ -505,8 +568,23 @@ func (s *Store) applyWrite(ctx context.Context, w write, rev int64) error {
 				r.deleted = true
 			}
 		}
+		if r == nil {
+			// No object: creating one is right only while rev is the
+			// store's last commit. Past it, the next committer applied
+			// rev's writes before committing, so the object was made and
+			// then deleted, its tombstone collected: made again, a late
+			// apply (a writer stalled past tombstoneAge) would bring a
+			// deleted key back.
+			c, err := s.readCommit(ctx)
+			if err != nil {
+				return err
+			}
+			if c.rev > rev {
+				return nil
+			}
+		}
 		n := applied(w, rev, r)
-		cm := encode(w.Key, n)
+		cm := encode(w.Key, n, s.now())
 		if r == nil {
 			err = s.do(ctx, http.MethodPost, s.cmPath(""), cm, nil)
 		} else {
@@ -640,9 +718,11 @@ func (s *Store) Txn(ctx context.Context, cmps []cluster.Cmp, then, els []cluster
 		}
 		rev := c.rev + 1
 		wj, _ := json.Marshal(writes)
-		next := configMap{APIVersion: "v1", Kind: "ConfigMap",
-			Metadata: objectMeta{Name: commitName, ResourceVersion: c.rv, Labels: map[string]string{labelStore: "commit"}},
-			Data:     map[string]string{"rev": strconv.FormatInt(rev, 10), "writes": string(wj)}}
+		if len(wj) > maxTxnBytes {
+			return cluster.TxnResult{}, fmt.Errorf("kubestore: a transaction writing %d bytes is over the store's %d (a Secret holds 1 MiB)", len(wj), maxTxnBytes)
+		}
+		next := newObject(commitName, c.rv, map[string]string{labelStore: "commit"},
+			map[string]string{"rev": strconv.FormatInt(rev, 10), "writes": string(wj)})
 		err = s.do(ctx, http.MethodPut, s.cmPath(commitName), next, nil)
 		if isCode(err, http.StatusConflict) {
 			continue // another transaction committed: evaluate again
@@ -727,20 +807,47 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (int64, error) {
 		id = int64(binary.BigEndian.Uint64(b[:]) >> 1)
 	}
 	secs := int64((ttl + time.Second - 1) / time.Second)
+	if !s.haveOffset.Load() {
+		// Learn the server's clock before stamping the first Lease.
+		if err := s.do(ctx, http.MethodGet, s.leasePath("")+"?limit=1", nil, nil); err != nil {
+			return 0, err
+		}
+	}
 	l := lease{APIVersion: "coordination.k8s.io/v1", Kind: "Lease",
 		Metadata: objectMeta{Name: leaseName(id), Labels: map[string]string{labelLease: "1"}},
-		Spec:     leaseSpec{HolderIdentity: "sandgate", LeaseDurationSeconds: secs, RenewTime: now()}}
+		Spec:     leaseSpec{HolderIdentity: "sandgate", LeaseDurationSeconds: secs, RenewTime: stamp(s.now())}}
 	if err := s.do(ctx, http.MethodPost, s.leasePath(""), l, nil); err != nil {
 		return 0, err
 	}
 	return id, nil
 }
 
-func now() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000000Z07:00") }
+// learnOffset narrows the server's clock offset with an answer dated d,
+// to a request sent at sent and answered at got (this host's clock).
+func (s *Store) learnOffset(d, sent, got time.Time) {
+	lo, hi := d.Sub(got), d.Add(time.Second).Sub(sent)
+	s.offMu.Lock()
+	defer s.offMu.Unlock()
+	if s.haveOffset.Load() && lo <= s.offHi && hi >= s.offLo {
+		lo, hi = max(lo, s.offLo), min(hi, s.offHi)
+	} // else the first answer, or a clock stepped: start again
+	s.offLo, s.offHi = lo, hi
+	s.offset.Store(int64(lo + (hi-lo)/2))
+	s.haveOffset.Store(true)
+}
+
+// now is the API server's time, as this store last learnt it.
+func (s *Store) now() time.Time { return s.clock().Add(time.Duration(s.offset.Load())) }
+
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z07:00") }
 
 // KeepAlive implements cluster.KV.
 func (s *Store) KeepAlive(ctx context.Context, id int64) error {
 	for range 8 {
+		if _, dead := s.dead.Load(id); dead {
+			_ = s.do(ctx, http.MethodDelete, s.leasePath(leaseName(id)), nil, nil)
+			return cluster.ErrLeaseNotFound
+		}
 		var l lease
 		err := s.do(ctx, http.MethodGet, s.leasePath(leaseName(id)), nil, &l)
 		if isCode(err, http.StatusNotFound) {
@@ -749,11 +856,11 @@ func (s *Store) KeepAlive(ctx context.Context, id int64) error {
 		if err != nil {
 			return err
 		}
-		if !l.alive(time.Now()) {
+		if !l.alive(s.now()) {
 			_ = s.do(ctx, http.MethodDelete, s.leasePath(leaseName(id)), nil, nil)
 			return cluster.ErrLeaseNotFound
 		}
-		l.Spec.RenewTime = now()
+		l.Spec.RenewTime = stamp(s.now())
 		err = s.do(ctx, http.MethodPut, s.leasePath(leaseName(id)), l, nil)
 		if isCode(err, http.StatusConflict) {
 			continue
@@ -789,7 +896,7 @@ func (s *Store) WatchGone(ctx context.Context, prefix string) <-chan struct{} {
 					return
 				}
 			} else {
-				alive, now := map[string]bool{}, time.Now()
+				alive, now := map[string]bool{}, s.now()
 				for _, it := range l.Items {
 					if it.alive(now) {
 						alive[it.Metadata.Name] = true
@@ -841,7 +948,7 @@ func (s *Store) collectOnce(ctx context.Context) {
 	if err := s.do(ctx, http.MethodGet, s.cmPath("")+"?labelSelector="+url.QueryEscape(labelStore+"=1"), nil, &l); err == nil {
 		for i := range l.Items {
 			r := decode(&l.Items[i])
-			if r.deleted && time.Since(time.Unix(r.deletedAt, 0)) > tombstoneAge {
+			if r.deleted && s.now().Sub(time.Unix(r.deletedAt, 0)) > tombstoneAge {
 				pre := map[string]any{"preconditions": map[string]string{"resourceVersion": r.rv}}
 				_ = s.do(ctx, http.MethodDelete, s.cmPath(l.Items[i].Metadata.Name), pre, nil)
 			}
@@ -850,7 +957,7 @@ func (s *Store) collectOnce(ctx context.Context) {
 	var ll leaseList
 	if err := s.do(ctx, http.MethodGet, s.leasePath("")+"?labelSelector="+url.QueryEscape(labelLease+"=1"), nil, &ll); err == nil {
 		for _, it := range ll.Items {
-			if !it.alive(time.Now().Add(-tombstoneAge)) {
+			if !it.alive(s.now().Add(-tombstoneAge)) {
 				pre := map[string]any{"preconditions": map[string]string{"resourceVersion": it.Metadata.ResourceVersion}}
 				_ = s.do(ctx, http.MethodDelete, s.leasePath(it.Metadata.Name), pre, nil)
 			}

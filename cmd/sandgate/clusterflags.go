@@ -46,7 +46,7 @@ type clusterFlags struct {
 
 func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.Var(&c.etcd, "cluster-etcd", "etcd client URLs (comma-separated or repeated): run as a node of the cluster they hold; unset, the gateway stands alone")
-	fs.BoolVar(&c.kube, "cluster-kube", false, "run as a node of the cluster whose shared store is the Kubernetes API (instead of --cluster-etcd): Leases and ConfigMaps in --cluster-kube-namespace (docs/kubernetes.md; RBAC: deploy/rbac-store.yaml)")
+	fs.BoolVar(&c.kube, "cluster-kube", false, "run as a node of the cluster whose shared store is the Kubernetes API (instead of --cluster-etcd): Leases and Secrets in --cluster-kube-namespace (docs/kubernetes.md; RBAC: deploy/rbac-store.yaml)")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "with --cluster-kube or --kube-controller: kubeconfig file to reach the API server with (default: the pod's in-cluster service account)")
 	fs.StringVar(&c.kubeNS, "cluster-kube-namespace", "", "with --cluster-kube: namespace of the store (default: the kubeconfig context's namespace, else the pod's, else \"sandgate\")")
 	fs.StringVar(&c.etcdCA, "cluster-etcd-ca", "", "PEM CA that signed etcd's server certificates")

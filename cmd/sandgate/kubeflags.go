@@ -27,7 +27,7 @@ type kubeFlags struct {
 func (k *kubeFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&k.controller, "kube-controller", false, "run the Kubernetes controller: Session resources (sessions.sandgate.dev) and SandboxClaims of warm pools marked sandgate.dev/runtime=sandgate become sessions of this gateway; the node agents elect one to run it (a Lease)")
 	fs.StringVar(&k.tenantLabel, "kube-tenant-label", kube.DefaultTenantLabel, "namespace label whose value names the sandgate tenant of the namespace's Sessions and claims; without the label, the tenant is the namespace's name")
-	fs.StringVar(&k.leaseNamespace, "kube-lease-namespace", "", "namespace of the controller's election Lease (default: the pod's namespace, else default)")
+	fs.StringVar(&k.leaseNamespace, "kube-lease-namespace", "", "namespace of the controller's election Lease (default: --kubeconfig's namespace, else the pod's, else default)")
 	fs.StringVar(&k.identity, "kube-identity", "", "this node agent's name in the election and in Session statuses (default: $NODE_NAME, else the host name)")
 }
 
@@ -51,7 +51,17 @@ func (k *kubeFlags) open(kubeconfig string, mgr *gateway.Manager, overlay *kube.
 	if err != nil {
 		return nil, fmt.Errorf("--kube-controller: no API server to reach (give --kubeconfig outside a pod): %w", err)
 	}
+	// The Lease's namespace is found as the cluster store's is
+	// (--cluster-kube-namespace): the kubeconfig's namespace, else the
+	// pod's; the chart's Role grants Leases there only.
 	ns := k.leaseNamespace
+	if ns == "" && kubeconfig != "" {
+		loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig}, &clientcmd.ConfigOverrides{})
+		if n, _, err := loader.Namespace(); err == nil && n != "default" {
+			ns = n
+		}
+	}
 	if ns == "" {
 		ns = "default"
 		if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil && len(b) > 0 {

@@ -28,8 +28,10 @@ import (
 // loopback, the in-cluster config a kubeconfig holding the service
 // account's token. The agent must pass its startup check, become ready
 // (/readyz), and hold its node Lease in the release's namespace. A flag
-// the chart passes that the binary does not know fails here (but
-// --kube-controller, left out: see below).
+// the chart passes that the binary does not know fails here, and so does
+// the controller (--kube-controller) failing to start: the chart's CRDs
+// and agent-sandbox's (the test copy kube/ uses, which the chart does not
+// install) are applied first, as on a cluster running agent-sandbox.
 func TestAgentAsChartRunsIt(t *testing.T) {
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
@@ -51,8 +53,11 @@ func TestAgentAsChartRunsIt(t *testing.T) {
 	var docs []string
 	var container map[string]any
 	var token []byte
+	var crds []Object
 	for _, o := range objs {
 		switch o.Kind() {
+		case "CustomResourceDefinition":
+			crds = append(crds, o)
 		case "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding":
 			b, err := yamlOf(o.Body)
 			if err != nil {
@@ -71,6 +76,11 @@ func TestAgentAsChartRunsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.ApplyRBAC(t, rbac, ns)
+	sandboxCRDs, err := readObjects(filepath.Join(ChartDir(), "..", "..", "..", "kube", "testdata", "agent-sandbox-crds.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyCRDs(ctx, t, srv.Config, append(crds, sandboxCRDs...))
 	kubeconfig := srv.TokenKubeconfig(t, srv.ServiceAccountToken(t, ns, release+"-sandgate"), ns)
 
 	// The pod's files and addresses, on this host.
@@ -82,12 +92,6 @@ func TestAgentAsChartRunsIt(t *testing.T) {
 	port := freePort(t)
 	var args []string
 	for _, a := range toStrings(container["args"]) {
-		if a == "--kube-controller" {
-			// The controller (kube/) is tested end to end on its own
-			// (kube/e2e_test.go, with agent-sandbox's CRDs, which the
-			// chart does not install); here: the agent and its store.
-			continue
-		}
 		a = strings.ReplaceAll(a, "$(POD_IP)", "127.0.0.1")
 		a = strings.ReplaceAll(a, "/var/lib/sandgate", data)
 		a = strings.ReplaceAll(a, "/etc/sandgate/cluster/token", tokenFile)
@@ -141,12 +145,21 @@ func TestAgentAsChartRunsIt(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("/readyz %d", resp.StatusCode)
 	}
-	// Its node Lease, renewed under the chart's Role.
+	// Its node Lease, renewed under the chart's Role, and the controller's
+	// election Lease (kube.LeaseName), won by this agent: the controller
+	// started under the chart's RBAC.
 	admin := srv.Client(t)
 	for {
 		leases, err := admin.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
-		if err == nil && len(leases.Items) > 0 {
-			t.Logf("lease %s held by the agent", leases.Items[0].Name)
+		var node, leader bool
+		if err == nil {
+			for _, l := range leases.Items {
+				node = node || strings.HasPrefix(l.Name, "sgkv-lease-")
+				leader = leader || l.Name == "sandgate-controller" && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != ""
+			}
+		}
+		if node && leader {
+			t.Logf("the agent holds its node Lease and leads the controller")
 			break
 		}
 		select {

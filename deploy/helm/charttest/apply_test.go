@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
 	"github.com/sandgate/sandgate/internal/kubetest"
@@ -31,7 +33,7 @@ import (
 // CRDs first), and checks that each exists. Then, as the chart's service
 // account (a TokenRequest token, the identity the agents' pods get), it
 // does what a node agent does, through the chart's RBAC: the cluster
-// store's ConfigMaps and Leases in the release's namespace, Sessions and
+// store's Secrets and Leases in the release's namespace, Sessions and
 // Secrets in a tenant's; and is refused what the chart does not grant.
 // The DaemonSet's pods never run: there is no kubelet (docs/kubernetes.md
 // says what that would take).
@@ -181,8 +183,8 @@ func TestApplyDefaults(t *testing.T) {
 			_, err := agent.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"}}, metav1.CreateOptions{})
 			return err
 		}},
-		{"create a ConfigMap (the cluster store) in the release's namespace", func() error {
-			_, err := agent.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"}}, metav1.CreateOptions{})
+		{"create a Secret (the cluster store) in the release's namespace", func() error {
+			_, err := agent.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe-store"}}, metav1.CreateOptions{})
 			return err
 		}},
 		{"write a credentials Secret in a tenant's namespace", func() error {
@@ -220,6 +222,14 @@ func TestApplyDefaults(t *testing.T) {
 	}{
 		{"create a Lease in a tenant's namespace", func() error {
 			_, err := agent.CoordinationV1().Leases(tenant).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "rbac-probe"}}, metav1.CreateOptions{})
+			return err
+		}},
+		{"list Secrets in a tenant's namespace", func() error {
+			_, err := agent.CoreV1().Secrets(tenant).List(ctx, metav1.ListOptions{})
+			return err
+		}},
+		{"list Secrets in every namespace", func() error {
+			_, err := agent.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
 			return err
 		}},
 		{"create a ConfigMap in a tenant's namespace", func() error {
@@ -288,5 +298,38 @@ func waitEstablished(ctx context.Context, t *testing.T, ri dynamic.ResourceInter
 			t.Fatalf("CRD %s not established: %v", name, err)
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// readObjects reads the YAML documents of file.
+func readObjects(file string) ([]Object, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return split(file, string(b))
+}
+
+// applyCRDs applies CRDs (server-side, as the admin) and waits until each
+// is established.
+func applyCRDs(ctx context.Context, t *testing.T, cfg *rest.Config, crds []Object) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	force := true
+	for _, o := range crds {
+		body, err := json.Marshal(o.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ri.Patch(ctx, o.Name(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "sandgate-chart-test", Force: &force}); err != nil {
+			t.Fatalf("apply CRD %s (%s): %v", o.Name(), o.Source, err)
+		}
+	}
+	for _, o := range crds {
+		waitEstablished(ctx, t, ri, o.Name())
 	}
 }

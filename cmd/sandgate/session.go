@@ -308,10 +308,16 @@ func newSessionRmCmd(af *apiFlags) *cobra.Command {
 }
 
 func newSessionStopCmd(af *apiFlags) *cobra.Command {
+	return sessionPostCmd(af, "stop", "stop a session's processes, keeping its files (the next use starts it again)")
+}
+
+// sessionPostCmd is a session command that POSTs to /v1/sessions/{id}/op
+// and prints the session it answers.
+func sessionPostCmd(af *apiFlags, op, short string) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:               "stop ID|NAME",
-		Short:             "stop a session's processes, keeping its files (the next use starts it again)",
+		Use:               op + " ID|NAME",
+		Short:             short,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSessions(af, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -319,7 +325,7 @@ func newSessionStopCmd(af *apiFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			raw, err := c.do(cmd.Context(), http.MethodPost, sessPath(args[0])+"/stop", nil)
+			raw, err := c.do(cmd.Context(), http.MethodPost, sessPath(args[0])+"/"+op, nil)
 			if err != nil {
 				return err
 			}

@@ -16,7 +16,9 @@ import (
 // gitSSHD serves a bare git repository (one commit, README "cloned over
 // ssh") with OpenSSH's sshd on host loopback, letting in the public key
 // file authz as root; it returns the repository's path and the port. It
-// listens on each of also (host:port) too.
+// listens on each of also (host:port) too. sshd reads authz at each
+// login, so the file may be written after this returns. A failed test
+// logs sshd's output.
 func gitSSHD(t *testing.T, authz string, also ...string) (repo, port string) {
 	t.Helper()
 	sshd := gwtest.RequireTool(t, "sshd")
@@ -69,6 +71,9 @@ func gitSSHD(t *testing.T, authz string, also ...string) (repo, port string) {
 	t.Cleanup(func() {
 		d.Process.Kill()
 		d.Wait()
+		if t.Failed() {
+			t.Logf("sshd: %s", dlog.String())
+		}
 	})
 	for i := 0; ; i++ {
 		c, err := net.Dial("tcp", "127.0.0.1:"+port)

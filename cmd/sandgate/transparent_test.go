@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -284,40 +283,13 @@ func TestLinuxEgressRules(t *testing.T) {
 func TestLinuxGitOverSSH(t *testing.T) {
 	requireLinuxDriver(t)
 	ssh := gwtest.RequireTool(t, "ssh")
-	sshd := gwtest.RequireTool(t, "sshd")
-	git := gwtest.RequireTool(t, "git")
-	keygen := gwtest.RequireTool(t, "ssh-keygen")
 	dir := t.TempDir()
-	mustRun := func(name string, args ...string) {
-		t.Helper()
-		cmd := exec.Command(name, args...)
-		cmd.Env = append(cleanEnv(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-	}
-	repo, work := filepath.Join(dir, "repo.git"), filepath.Join(dir, "work")
-	mustRun(git, "init", "-q", "--bare", repo)
-	mustRun(git, "init", "-q", work)
-	if err := os.WriteFile(filepath.Join(work, "README"), []byte("cloned over ssh\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	mustRun(git, "-C", work, "add", "README")
-	mustRun(git, "-C", work, "commit", "-q", "-m", "first")
-	mustRun(git, "-C", work, "push", "-q", repo, "HEAD:refs/heads/main")
-	mustRun(git, "-C", repo, "symbolic-ref", "HEAD", "refs/heads/main")
-	mustRun(keygen, "-q", "-t", "ed25519", "-N", "", "-f", filepath.Join(dir, "hostkey"))
-	if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
-		t.Fatal(err)
-	}
+	// The key is made in the sandbox below; sshd reads the file at each
+	// login, so it may come after sshd starts.
+	authz := filepath.Join(dir, "authorized_keys")
+	repo, port := gitSSHD(t, authz)
 
 	f := newEgressFixture(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	ln.Close()
 	g := startGateway(t, append(f.args, "--egress-resolve", "git.test=127.0.0.1")...)
 	var s egressSession
 	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"egress": []string{"git.test:" + port}}, &s); code != http.StatusCreated {
@@ -332,40 +304,13 @@ func TestLinuxGitOverSSH(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("key in the sandbox: %s", errOut)
 	}
-	authz := filepath.Join(dir, "authorized_keys")
 	if err := os.WriteFile(authz, []byte(pub), 0o600); err != nil {
 		t.Fatal(err)
-	}
-	conf := filepath.Join(dir, "sshd_config")
-	if err := os.WriteFile(conf, []byte("Port "+port+"\nListenAddress 127.0.0.1\nHostKey "+filepath.Join(dir, "hostkey")+
-		"\nAuthorizedKeysFile "+authz+"\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin prohibit-password\nPidFile none\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d := exec.Command(sshd, "-D", "-e", "-f", conf)
-	var dlog gwtest.Buffer
-	d.Stderr = &dlog
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Process.Kill()
-		d.Wait()
-	})
-	for i := 0; ; i++ {
-		c, err := net.Dial("tcp", "127.0.0.1:"+port)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if i == 200 {
-			t.Fatalf("sshd did not start: %s", dlog.String())
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	out, errOut, _ := run("GIT_SSH_COMMAND='ssh -i /workspace/id -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR' " +
 		"git clone -q ssh://root@git.test:" + port + repo + " /workspace/clone && cat /workspace/clone/README")
 	if out != "cloned over ssh\n" {
-		t.Errorf("git clone over ssh: %q %q\nsshd: %s", out, errOut, dlog.String())
+		t.Errorf("git clone over ssh: %q %q", out, errOut)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 )
@@ -31,23 +30,12 @@ const (
 // post sends body to path with POST on rc's connection and decodes a 200
 // answer into out (nil: discarded).
 func (rc *restClient) post(ctx context.Context, path string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rc.g.url+path, bytes.NewReader(body))
+	status, b, err := rc.postRaw(ctx, path, body)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+rc.g.token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := rc.http.Do(req)
-	if err != nil {
-		return err
-	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	resp.Body.Close()
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST %s: %d %s", path, resp.StatusCode, bytes.TrimSpace(b))
+	if status != http.StatusOK {
+		return fmt.Errorf("POST %s: %d %s", path, status, bytes.TrimSpace(b))
 	}
 	if out != nil {
 		return json.Unmarshal(b, out)

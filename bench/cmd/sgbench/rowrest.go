@@ -70,22 +70,33 @@ type commandResult struct {
 // whole answer (so the connection goes back to the pool) and checks that
 // the command exited 0.
 func (rc *restClient) command(ctx context.Context, id string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rc.g.url+"/v1/sessions/"+id+"/commands", bytes.NewReader(body))
+	status, out, err := rc.postRaw(ctx, "/v1/sessions/"+id+"/commands", body)
 	if err != nil {
 		return err
+	}
+	return checkCommand(status, out)
+}
+
+// postRaw sends body (JSON) to path with POST on rc's connection and
+// reads the whole answer (at most 1 MiB), so the connection goes back to
+// the pool; it returns the status and the body.
+func (rc *restClient) postRaw(ctx context.Context, path string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rc.g.url+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+rc.g.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := rc.http.Do(req)
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
 	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
-	return checkCommand(resp.StatusCode, out)
+	return resp.StatusCode, out, nil
 }
 
 // checkCommand accepts a 200 CommandResult with exitCode 0.

@@ -92,3 +92,28 @@ func TestRowOrderAndSelection(t *testing.T) {
 		t.Error("rows 1 selects row 10")
 	}
 }
+
+// TestRESTClientPost: post (row 15's pause and resume) decodes a 200
+// answer and refuses another status, naming the path, on one connection.
+func TestRESTClientPost(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Header.Get("Authorization") != "Bearer tok" || r.URL.Path != "/v1/sessions/s1/pause" {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		io.WriteString(w, `{"status": "paused"}`)
+	}))
+	defer srv.Close()
+	rc := newRESTClient(&sandgate{url: srv.URL, token: "tok"})
+	defer rc.close()
+	var a pauseAnswer
+	if err := rc.post(t.Context(), "/v1/sessions/s1/pause", nil, &a); err != nil || a.Status != "paused" {
+		t.Fatalf("post: %v %+v", err, a)
+	}
+	if err := rc.post(t.Context(), "/v1/sessions/s2/pause", nil, nil); err == nil || !strings.Contains(err.Error(), "/v1/sessions/s2/pause: 400") {
+		t.Errorf("an HTTP 400: %v", err)
+	}
+	if n := rc.dials.Load(); n != 1 {
+		t.Errorf("%d connections for 2 requests, want 1", n)
+	}
+}

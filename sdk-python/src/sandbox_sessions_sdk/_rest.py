@@ -210,6 +210,12 @@ def check_kernel(kernel: Any) -> str:
     return kernel
 
 
+def _session_post(session_id: Any, op: str) -> Op:
+    """POST /v1/sessions/{id}/<op> (stop, pause, resume), answered by the session."""
+    what = op + " session"
+    return Op("POST", session_path(session_id) + "/" + op, what, True, parse=lambda d, h: parse_session(d, what))
+
+
 class ops:
     """The builders of every plain call (arguments are checked here, before anything is sent)."""
 
@@ -263,33 +269,15 @@ class ops:
 
     @staticmethod
     def stop_session(session_id: Any) -> Op:
-        return Op(
-            "POST",
-            session_path(session_id) + "/stop",
-            "stop session",
-            True,
-            parse=lambda d, h: parse_session(d, "stop session"),
-        )
+        return _session_post(session_id, "stop")
 
     @staticmethod
     def pause_session(session_id: Any) -> Op:
-        return Op(
-            "POST",
-            session_path(session_id) + "/pause",
-            "pause session",
-            True,
-            parse=lambda d, h: parse_session(d, "pause session"),
-        )
+        return _session_post(session_id, "pause")
 
     @staticmethod
     def resume_session(session_id: Any) -> Op:
-        return Op(
-            "POST",
-            session_path(session_id) + "/resume",
-            "resume session",
-            True,
-            parse=lambda d, h: parse_session(d, "resume session"),
-        )
+        return _session_post(session_id, "resume")
 
     @staticmethod
     def run_python(

@@ -90,7 +90,7 @@ func ownerValue(t, node string) string { return t + "\x00" + node }
 
 // ErrUnavailable is the answer while etcd cannot be reached (no quorum).
 var ErrUnavailable = &gateway.Error{Kind: gateway.KindUnavailable, Code: "cluster_unavailable",
-	Message: "the cluster's shared store (etcd) cannot be reached, so no session can be created or changed now; running sessions keep working; retry later"}
+	Message: "the cluster's shared store (etcd, or the Kubernetes API with --cluster-kube) cannot be reached, so no session can be created or changed now; running sessions keep working; retry later"}
 
 // unavailable wraps an etcd failure as cluster_unavailable.
 func unavailable(err error) error {

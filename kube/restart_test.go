@@ -1,6 +1,7 @@
 package kube_test
 
 import (
+	"context"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"github.com/sandgate/sandgate/internal/gwtest"
+	"github.com/sandgate/sandgate/kube"
 )
 
 // restartGateway stops e's node agent (its sessions kept) and starts
@@ -64,11 +69,42 @@ func TestKubeSessionSecretsAfterRestart(t *testing.T) {
 	e.kubeSecret(t, "gh-one", "value-one")
 	e.session(t, "one", ghSecret("gh-one"))
 	id := e.running(t, "one")
-	if out := e.command(t, id, `printf %s "$GH_TOKEN"`); out != "value-one" {
-		t.Fatalf("GH_TOKEN before the restart: %q", out)
+	// A SandboxClaim's secrets annotation is the same.
+	e.create(t, kube.WarmPoolGVR, map[string]any{
+		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+		"metadata": map[string]any{"name": "sg-pool", "labels": map[string]any{kube.RuntimeKey: kube.RuntimeValue}},
+		"spec":     map[string]any{"replicas": 0},
+	})
+	e.create(t, kube.ClaimGVR, map[string]any{
+		"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+		"metadata": map[string]any{"name": "agent-1", "annotations": map[string]any{kube.AnnotationSecrets: "GH_TOKEN=gh-one/token"}},
+		"spec":     map[string]any{"warmPoolRef": map[string]any{"name": "sg-pool"}},
+	})
+	u := e.waitStatus(t, kube.ClaimGVR, "agent-1", func(u *unstructured.Unstructured) bool { st, _ := readyCond(u); return st != "" })
+	if st, reason := readyCond(u); st != "True" {
+		t.Fatalf("claim Ready %s (%s): %v", st, reason, u.Object["status"])
+	}
+	claimID, _, _ := unstructured.NestedString(u.Object, "status", "sandbox", "name")
+	for _, sid := range []string{id, claimID} {
+		if out := e.command(t, sid, `printf %s "$GH_TOKEN"`); out != "value-one" {
+			t.Fatalf("GH_TOKEN in %s before the restart: %q", sid, out)
+		}
 	}
 	e.restartGateway(t)
-	kubeWait(t, 60*time.Second, "the restored session's command to see the Secret's value", func() bool {
+	for _, sid := range []string{id, claimID} {
+		e.waitSecret(t, sid)
+	}
+	if err := e.dyn.Resource(kube.ClaimGVR).Namespace(e.ns).Delete(context.Background(), "agent-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.deleteSession(t, "one")
+}
+
+// waitSecret waits until a command in session id sees GH_TOKEN's
+// Kubernetes value; meanwhile it may only answer 503 secret_unavailable.
+func (e *kubeEnv) waitSecret(t *testing.T, id string) {
+	t.Helper()
+	kubeWait(t, 60*time.Second, "the restored session "+id+"'s command to see the Secret's value", func() bool {
 		var out struct {
 			Stdout string `json:"stdout"`
 			Error  struct {
@@ -90,5 +126,4 @@ func TestKubeSessionSecretsAfterRestart(t *testing.T) {
 		}
 		return false
 	})
-	e.deleteSession(t, "one")
 }

@@ -31,6 +31,32 @@ type ScopedSecrets interface {
 	Scoped(scope string) SecretSource
 }
 
+// SecretsLoaded is implemented by a scoped SecretSource whose values may
+// not be loaded yet (kube's, after a gateway restart, until its controller
+// reads the Kubernetes Secrets again). While Loaded is false a process of
+// a session with secrets does not start (secret_unavailable): it never
+// runs without, or with another, value of its secrets.
+type SecretsLoaded interface {
+	Loaded() bool
+}
+
+// errSecretUnavailable is a process start refused while the session's
+// scoped secrets are not loaded.
+var errSecretUnavailable = &Error{Kind: KindUnavailable, Code: "secret_unavailable",
+	Message: "the session's secrets are not loaded yet (the gateway restarted and is reading them again); retry shortly"}
+
+// secretsReady is errSecretUnavailable while s has secrets its source has
+// not loaded.
+func (s *Session) secretsReady() error {
+	if len(s.Secrets) == 0 {
+		return nil
+	}
+	if l, ok := s.secrets.(SecretsLoaded); ok && !l.Loaded() {
+		return errSecretUnavailable
+	}
+	return nil
+}
+
 // secretSource is the source of the secrets of a session created with
 // scope (nil when the gateway has none).
 func (m *Manager) secretSource(scope string) SecretSource {

@@ -266,6 +266,9 @@ func (s *Session) Start(ctx context.Context, cmd sandbox.Cmd, o StartOptions) (s
 	if s.sandbox == nil {
 		return nil, sandbox.ErrClosed
 	}
+	if err := s.secretsReady(); err != nil {
+		return nil, err
+	}
 	unlock, err := s.running(ctx, o.Resume)
 	if err != nil {
 		return nil, err

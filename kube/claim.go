@@ -103,6 +103,9 @@ func (c *Controller) reconcileClaim(ctx context.Context, ns, name string) error 
 		src.claim = claim
 	}
 	if id != "" {
+		if err := c.reloadClaimSecrets(ctx, src, p, id); err != nil {
+			return err
+		}
 		return c.refreshClaim(ctx, claim, p, id)
 	}
 	if failed(claim) {
@@ -197,21 +200,11 @@ func (c *Controller) claimParams(ctx context.Context, src claimSources) (gateway
 		}
 	}
 	if v := src.annotation(AnnotationSecrets); v != "" {
-		vals := map[string]string{}
-		for e := range strings.SplitSeq(v, ",") {
-			if e = strings.TrimSpace(e); e == "" {
-				continue
-			}
-			n, ref, ok := strings.Cut(e, "=")
-			sec, key, ok2 := strings.Cut(ref, "/")
-			if !ok || !ok2 || n == "" || sec == "" || key == "" {
-				return cp, gateway.Invalid("invalid_secret", fmt.Sprintf("%s: want NAME=secret/key, got %q", AnnotationSecrets, e))
-			}
-			val, err := c.secretValue(ctx, claim.GetNamespace(), SecretRef{Name: sec, Key: key})
-			if err != nil {
-				return cp, &gateway.Error{Kind: gateway.KindNotFound, Code: "secret_not_found", Message: err.Error()}
-			}
-			vals[n] = val
+		vals, names, err := c.claimSecrets(ctx, claim, v)
+		if err != nil {
+			return cp, err
+		}
+		for _, n := range names {
 			cp.Secrets = append(cp.Secrets, gateway.SecretRef{Name: n})
 		}
 		// The values are this claim's session's alone.
@@ -219,6 +212,47 @@ func (c *Controller) claimParams(ctx context.Context, src claimSources) (gateway
 		c.cfg.Secrets.Set(cp.SecretScope, vals)
 	}
 	return cp, nil
+}
+
+// claimSecrets reads the values the secrets annotation v of claim names
+// (names in the annotation's order).
+func (c *Controller) claimSecrets(ctx context.Context, claim *unstructured.Unstructured, v string) (vals map[string]string, names []string, err error) {
+	vals = map[string]string{}
+	for e := range strings.SplitSeq(v, ",") {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		n, ref, ok := strings.Cut(e, "=")
+		sec, key, ok2 := strings.Cut(ref, "/")
+		if !ok || !ok2 || n == "" || sec == "" || key == "" {
+			return nil, nil, gateway.Invalid("invalid_secret", fmt.Sprintf("%s: want NAME=secret/key, got %q", AnnotationSecrets, e))
+		}
+		val, err := c.secretValue(ctx, claim.GetNamespace(), SecretRef{Name: sec, Key: key})
+		if err != nil {
+			return nil, nil, &gateway.Error{Kind: gateway.KindNotFound, Code: "secret_not_found", Message: err.Error()}
+		}
+		vals[n] = val
+		names = append(names, n)
+	}
+	return vals, names, nil
+}
+
+// reloadClaimSecrets is reloadSessionSecrets for a claim whose session id
+// exists.
+func (c *Controller) reloadClaimSecrets(ctx context.Context, src claimSources, p gateway.Principal, id string) error {
+	v := src.annotation(AnnotationSecrets)
+	if v == "" || c.cfg.Secrets.Has(scopeOf(src.claim)) {
+		return nil
+	}
+	if _, err := c.cfg.Sessions.Get(ctx, p, id); err != nil {
+		return nil // gone: refreshClaim says so
+	}
+	vals, _, err := c.claimSecrets(ctx, src.claim, v)
+	if err != nil {
+		return fmt.Errorf("claim session %s: reading its secrets again: %w", id, err) // retried
+	}
+	c.cfg.Secrets.Set(scopeOf(src.claim), vals)
+	return nil
 }
 
 // clampTTL keeps a claim's remaining lifetime within the gateway's bounds.

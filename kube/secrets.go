@@ -27,6 +27,7 @@ var (
 	_ gateway.ScopedSecrets = (*SecretOverlay)(nil)
 	_ gateway.SecretPins    = (*SecretOverlay)(nil)
 	_ gateway.SecretKeys    = (*SecretOverlay)(nil)
+	_ gateway.SecretsLoaded = scopedSecrets{}
 )
 
 // NewSecretOverlay returns an overlay over base (which may be nil).
@@ -52,6 +53,16 @@ func (o *SecretOverlay) Drop(scope string) {
 	delete(o.scopes, scope)
 }
 
+// Has reports whether scope's values are loaded (Set and not dropped
+// since): after a gateway restart none are until the controller reads its
+// Secrets again.
+func (o *SecretOverlay) Has(scope string) bool {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	_, ok := o.scopes[scope]
+	return ok
+}
+
 // Len is how many scopes hold values.
 func (o *SecretOverlay) Len() int {
 	o.mu.RLock()
@@ -59,11 +70,14 @@ func (o *SecretOverlay) Len() int {
 	return len(o.scopes)
 }
 
-func (o *SecretOverlay) value(scope, name string) (string, bool) {
+// value is scope's value of name; loaded is false when scope's values are
+// not loaded at all.
+func (o *SecretOverlay) value(scope, name string) (v string, ok, loaded bool) {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
-	v, ok := o.scopes[scope][name]
-	return v, ok
+	m, loaded := o.scopes[scope]
+	v, ok = m[name]
+	return v, ok, loaded
 }
 
 // Scoped implements gateway.ScopedSecrets.
@@ -96,15 +110,25 @@ func (o *SecretOverlay) SSHKey(tenant, name string) (ssh.Signer, bool) {
 }
 
 // scopedSecrets is one session's view: its scope's values, over the
-// operator's.
+// operator's. While the scope is not loaded (a gateway restarted and its
+// controller has not read the Secrets again yet) it answers nothing: the
+// operator's value of the same name never stands in for the session's
+// (and Session.Start refuses with secret_unavailable, SecretsLoaded).
 type scopedSecrets struct {
 	o     *SecretOverlay
 	scope string
 }
 
+// Loaded implements gateway.SecretsLoaded.
+func (s scopedSecrets) Loaded() bool { return s.o.Has(s.scope) }
+
 func (s scopedSecrets) Lookup(tenant, name string) (string, bool) {
-	if v, ok := s.o.value(s.scope, name); ok {
+	v, ok, loaded := s.o.value(s.scope, name)
+	if ok {
 		return v, true
+	}
+	if !loaded {
+		return "", false
 	}
 	return s.o.Lookup(tenant, name)
 }
@@ -112,14 +136,14 @@ func (s scopedSecrets) Lookup(tenant, name string) (string, bool) {
 // Pins: a value from Kubernetes is the tenant's own and pinned nowhere;
 // the operator's keep their pins.
 func (s scopedSecrets) Pins(tenant, name string) (egress.Bounds, bool) {
-	if _, ok := s.o.value(s.scope, name); ok {
+	if _, ok, loaded := s.o.value(s.scope, name); ok || !loaded {
 		return egress.Bounds{}, false
 	}
 	return s.o.Pins(tenant, name)
 }
 
 func (s scopedSecrets) SSHKey(tenant, name string) (ssh.Signer, bool) {
-	if _, ok := s.o.value(s.scope, name); ok {
+	if _, ok, loaded := s.o.value(s.scope, name); ok || !loaded {
 		return nil, false
 	}
 	return s.o.SSHKey(tenant, name)

@@ -39,6 +39,15 @@ func TestSecretOverlay(t *testing.T) {
 			t.Errorf("%v.Lookup(%s, %s) = %q, want %q", c.src, c.tenant, c.name, v, c.want)
 		}
 	}
+	// A scope not loaded (a restarted gateway, before its controller read
+	// the Secrets again) answers nothing: the operator's value of a name
+	// never stands in for the session's, and the session says so.
+	if v, ok := none.Lookup("team-a", "SHARED"); ok || v != "" {
+		t.Errorf("an unloaded scope fell back to the operator's value: %q", v)
+	}
+	if none.(gateway.SecretsLoaded).Loaded() || !one.(gateway.SecretsLoaded).Loaded() || o.Has("k8s-gone") {
+		t.Error("Loaded/Has")
+	}
 	if _, pinned := two.(gateway.SecretPins).Pins("team-b", "PINNED"); !pinned {
 		t.Error("the operator's pin is lost")
 	}

@@ -87,6 +87,9 @@ func (c *Controller) reconcileSession(ctx context.Context, ns, name string) erro
 		}
 	}
 	if id != "" {
+		if err := c.reloadSessionSecrets(ctx, obj, p, id); err != nil {
+			return err
+		}
 		return c.refresh(ctx, res, obj, p, id)
 	}
 	if phase, _, _ := unstructured.NestedString(obj.Object, "status", "phase"); phase == PhaseFailed {
@@ -120,6 +123,34 @@ func (c *Controller) reconcileSession(ctx context.Context, ns, name string) erro
 	}
 	c.cfg.Secrets.Set(cp.SecretScope, vals)
 	return c.createSession(ctx, res, obj, p, cp, secretName, nil)
+}
+
+// reloadSessionSecrets sets the values of the Secrets of obj, whose
+// session id exists, again when the overlay has none for its scope (the
+// gateway restarted: they were in memory only). Until then the session's
+// processes do not start (secret_unavailable).
+func (c *Controller) reloadSessionSecrets(ctx context.Context, obj *unstructured.Unstructured, p gateway.Principal, id string) error {
+	scope := scopeOf(obj)
+	if c.cfg.Secrets.Has(scope) {
+		return nil
+	}
+	if _, err := c.cfg.Sessions.Get(ctx, p, id); err != nil {
+		return nil // gone: refresh says so
+	}
+	var spec SessionSpec
+	if err := convert(obj.Object["spec"], &spec); err != nil {
+		return nil
+	}
+	vals := map[string]string{}
+	for _, s := range spec.Secrets {
+		v, err := c.secretValue(ctx, obj.GetNamespace(), s.SecretRef)
+		if err != nil {
+			return fmt.Errorf("session %s: reading its secret %s again: %w", id, s.Name, err) // retried
+		}
+		vals[s.Name] = v
+	}
+	c.cfg.Secrets.Set(scope, vals)
+	return nil
 }
 
 // createSession makes cp's session for obj, the credentials Secret

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -32,10 +33,10 @@ func writeAnswer(w http.ResponseWriter, status int, v any, stdout, stderr datapl
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
 	dw := &deadlineWriter{w: w, rc: http.NewResponseController(w)}
 	defer dw.done()
-	bw := bufio.NewWriterSize(dw, answerChunk)
+	hw := &headerWriter{rw: w, status: status, next: dw}
+	bw := bufio.NewWriterSize(hw, answerChunk)
 	bw.WriteByte('{')
 	writeOutputField(bw, "stdout", stdout)
 	bw.WriteByte(',')
@@ -45,10 +46,42 @@ func writeAnswer(w http.ResponseWriter, status int, v any, stdout, stderr datapl
 	}
 	bw.Write(rest[1:])
 	bw.WriteByte('\n')
+	hw.last = true
 	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("write answer: %w", err)
 	}
+	hw.writeHeader(0)
 	return nil
+}
+
+// headerWriter writes an answer's status line and headers before its
+// first bytes. An answer whose bytes all come in its last write (one that
+// fits in answerChunk) gets a Content-Length: it leaves in one write, with
+// no chunked encoding, so the client has all of it as soon as it is
+// flushed, not only once the handler has returned and the final empty
+// chunk follows.
+type headerWriter struct {
+	rw     http.ResponseWriter
+	status int
+	next   io.Writer
+	last   bool // the next write is the answer's last
+	sent   bool
+}
+
+func (h *headerWriter) writeHeader(n int) {
+	if h.sent {
+		return
+	}
+	h.sent = true
+	if h.last {
+		h.rw.Header().Set("Content-Length", strconv.Itoa(n))
+	}
+	h.rw.WriteHeader(h.status)
+}
+
+func (h *headerWriter) Write(p []byte) (int, error) {
+	h.writeHeader(len(p))
+	return h.next.Write(p)
 }
 
 // writeOutputField writes "name": text, or "nameBase64": base64.

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -73,4 +75,46 @@ func TestWriteAnswerIsJSON(t *testing.T) {
 func outputOf(t *testing.T, s string) dataplane.Output {
 	t.Helper()
 	return dataplane.OutputOf([]byte(s), false)
+}
+
+// A small answer is sent whole, with its length, in one write: not
+// chunked, so the client has its end without waiting for the handler to
+// return. One larger than a write is chunked, and is the same JSON.
+func TestWriteAnswerLength(t *testing.T) {
+	code := 0
+	big := strings.Repeat("x", 3*answerChunk)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		out := "hi\n"
+		if r.URL.Query().Has("big") {
+			out = big
+		}
+		_ = writeAnswer(w, 200, commandResult{ExitCode: &code}, outputOf(t, out), outputOf(t, ""))
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		query   string
+		out     string
+		chunked bool
+	}{{"", "hi\n", false}, {"?big", big, true}} {
+		resp, err := http.Get(srv.URL + tc.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunked := len(resp.TransferEncoding) > 0
+		if chunked != tc.chunked || (!chunked && resp.ContentLength != int64(len(body))) {
+			t.Errorf("%q: content length %d for %d bytes, transfer encoding %v", tc.query, resp.ContentLength, len(body), resp.TransferEncoding)
+		}
+		var got struct {
+			Stdout   string `json:"stdout"`
+			ExitCode *int   `json:"exitCode"`
+		}
+		if err := json.Unmarshal(body, &got); err != nil || got.Stdout != tc.out || got.ExitCode == nil || *got.ExitCode != 0 {
+			t.Errorf("%q: answer %.200s: %v", tc.query, body, err)
+		}
+	}
 }

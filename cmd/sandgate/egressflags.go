@@ -124,7 +124,10 @@ func (e *egressFlags) config(log *slog.Logger, met egress.Metrics) (*gateway.Egr
 	}
 	log.Info("egress", "allow", strings.Join(allow, ","), "allow_cidr", cidrs, "max_conns_per_session", l.MaxConns, "max_conns_per_tenant", l.MaxConnsPerTenant,
 		"max_conns", l.MaxConnsTotal, "idle_timeout", l.IdleTimeout.String(), "half_close_timeout", l.HalfCloseTimeout.String(),
-		"refusals_per_tenant", l.RefusalsPerSecond, "ask_timeout", l.AskTimeout.String(), "ask_max_pending", l.MaxPending, "ask_max_pending_per_tenant", l.MaxPendingPerTenant, "ask_max_pending_total", l.MaxPendingTotal)
+		"refusals_per_tenant", l.RefusalsPerSecond)
+	// Approvals (egressMode "ask") on a line of their own: one summary
+	// line stays short enough to read.
+	log.Info("egress_ask", "timeout", l.AskTimeout.String(), "max_pending", l.MaxPending, "max_pending_per_tenant", l.MaxPendingPerTenant, "max_pending_total", l.MaxPendingTotal)
 	return &gateway.EgressConfig{Proxy: p, Bounds: bounds, TripwireStop: e.tripwireAction == "stop"}, nil
 }
 

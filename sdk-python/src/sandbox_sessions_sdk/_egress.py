@@ -228,7 +228,8 @@ class SSEParser:
         self._data: List[str] = []
 
     def feed(self, line: str) -> Optional[EgressPendingEvent]:
-        line = line.rstrip("\r")
+        # httpx before 0.24 yields lines with their endings; later ones without.
+        line = line.rstrip("\r\n")
         if line == "":
             event, data = self._event, "\n".join(self._data)
             self._event, self._data = "", []

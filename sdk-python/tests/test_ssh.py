@@ -459,9 +459,13 @@ def test_late_eof_never_reaches_a_newer_channel_with_its_number(gateway: Gateway
     with SessionSSHClient(gateway.url, gateway.token, session.session_id, "sandbox") as ssh:
         t = ssh.transport
         a = t.open_session()
-        a.exec_command("true")
+        # The command outlives the EOF's building: with "true" the server's
+        # CLOSE could come first, Paramiko then sends its own EOF and
+        # _send_eof builds none (CI saw None).
+        a.exec_command("sleep 0.3")
         with a.lock:  # what shutdown_write does before it lets go of the lock
             stale_eof = a._send_eof()
+        assert stale_eof is not None, "the channel closed before its EOF was built"
         deadline = time.monotonic() + 10
         while not a.closed and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -150,6 +150,11 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 			slowCreates = append(slowCreates, fmt.Sprintf("%v at +%v: %s", d.Round(time.Millisecond), time.Since(testStart).Round(time.Millisecond), resp.Header.Get("Server-Timing")))
 		}
 		otherSessions = append(otherSessions, s.SessionID)
+		// On a quiet machine the flood outlasts 100 creates: each one
+		// ends, or the tenant's session limit would refuse the next.
+		if code, _ := other(http.MethodDelete, "/v1/sessions/"+s.SessionID, nil, nil); code != http.StatusNoContent && code != http.StatusOK {
+			t.Errorf("delete the other tenant's session: %d", code)
+		}
 		return d
 	}
 	idle := createOther()
@@ -296,13 +301,10 @@ func TestLinuxEgressFloodOneTenant(t *testing.T) {
 	after, afterPipes := gatewayFDs(t, pid)
 	t.Logf("after the deletes: %d descriptors, %d pipes", after, afterPipes)
 	// The sessions' own descriptors (their listeners, control
-	// connections) went too; allow a little for the other tenant's
-	// sessions created since.
-	if after > baseFDs+8*len(otherSessions) || afterPipes > basePipes+4*len(otherSessions) {
+	// connections) went too (the other tenant's sessions ended as they
+	// were made); allow a little for descriptors the runtime keeps.
+	if after > baseFDs+32 || afterPipes > basePipes+16 {
 		t.Errorf("after the deletes the gateway holds %d descriptors (%d pipes); before the flood %d (%d pipes)", after, afterPipes, baseFDs, basePipes)
-	}
-	for _, id := range otherSessions {
-		other(http.MethodDelete, "/v1/sessions/"+id, nil, nil)
 	}
 }
 

@@ -1,5 +1,6 @@
 // Package procgov sizes the gateway's GOMAXPROCS to its load, between
-// one and the runtime's default.
+// one and the runtime's default (Governor), and its GOGC to its live
+// heap (HeapGovernor, heap.go).
 //
 // With a P for every core, the runtime keeps the spare Ps busy: a
 // goroutine made runnable while a P is idle (the SSH transport's read

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/cgroup"
@@ -26,9 +27,11 @@ import (
 // notKept is what a freeze does not keep across a pause, for the pause's
 // answer.
 var notKept = []string{
-	"memory: the paused processes' memory stays resident (a freeze frees their CPU; without swap the kernel cannot reclaim anonymous memory)",
 	"connections from outside the sandbox (SSH channels, REST streams, forwarded ports, egress connections) are closed by the gateway at pause",
 }
+
+// residentNote is the line the answer adds on a host without swap.
+const residentNote = "memory: the paused processes' memory stays resident (a freeze frees their CPU; without swap on the host the kernel cannot reclaim anonymous memory)"
 
 // Paused implements sandbox.Pauser.
 func (s *linuxSandbox) Paused() bool {
@@ -43,6 +46,9 @@ func (s *linuxSandbox) Paused() bool {
 // the kernel is asked to reclaim what it can of their memory.
 func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 	rep := sandbox.PauseReport{Method: "freeze", ResidentBytes: -1, NotKept: slices.Clone(notKept)}
+	if !swapOn() {
+		rep.NotKept = append([]string{residentNote}, rep.NotKept...)
+	}
 	s.life.Lock()
 	defer s.life.Unlock()
 	s.mu.Lock()
@@ -116,17 +122,45 @@ func (s *linuxSandbox) setPaused(dir string, paused bool) error {
 // cgs: v2's memory.reclaim, v1's memory.force_empty (which, with tasks
 // in the cgroup, reclaims what it can and leaves the rest). Page cache
 // goes; anonymous memory goes only to swap. Best effort: the answer is
-// what resident then says.
+// what resident then says. The files are opened, never created: on v1
+// an attempt to create memory.reclaim fails with EACCES, not ENOENT.
 func reclaim(cgs []string) {
 	for _, dir := range cgs {
 		if filepath.Base(dir) == "procs" {
 			continue
 		}
-		if err := os.WriteFile(filepath.Join(dir, "memory.reclaim"), []byte("1G"), 0); err == nil || !errors.Is(err, os.ErrNotExist) {
+		err := writeExisting(filepath.Join(dir, "memory.reclaim"), "1G")
+		if err == nil || !errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		_ = os.WriteFile(filepath.Join(dir, "memory.force_empty"), []byte("0"), 0)
+		_ = writeExisting(filepath.Join(dir, "memory.force_empty"), "0")
 	}
+}
+
+// writeExisting writes v to the file at path, which must exist.
+func writeExisting(path, v string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(v)
+	return errors.Join(err, f.Close())
+}
+
+// swapOn reports whether the host has swap: without it a pause cannot
+// move anonymous memory out (/proc/meminfo's SwapTotal).
+func swapOn() bool {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "SwapTotal:"); ok {
+			f := strings.Fields(v)
+			return len(f) > 0 && f[0] != "0"
+		}
+	}
+	return false
 }
 
 // resident is the memory the cgroups cgs hold (-1: unknown).

@@ -1,0 +1,267 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// needBash skips without the sandbox's bash, and fails under CI.
+func needBash(t *testing.T) string {
+	t.Helper()
+	sh := FindShell()
+	if filepath.Base(sh) != "bash" || !DirectShell(sh) {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no bash 5.1 or later at %s", sh)
+		}
+		t.Skipf("no bash 5.1 or later at %s", sh)
+	}
+	return sh
+}
+
+// TestBashWords checks the generated table (gen_bashwords.sh) against
+// the bash here.
+func TestBashWords(t *testing.T) {
+	sh := needBash(t)
+	out, err := exec.Command(sh, "-c", "compgen -b; compgen -k").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range strings.Fields(string(out)) {
+		if !bashWords[w] {
+			t.Errorf("bash's builtin or keyword %q is not in bashWords: run go generate ./sandbox/", w)
+		}
+	}
+	cmd := exec.Command(sh, "-c", "compgen -v")
+	cmd.Env = []string{}
+	out, err = cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range strings.Fields(string(out)) {
+		if !bashVars[v] {
+			t.Errorf("bash's variable %q is not in bashVars: run go generate ./sandbox/", v)
+		}
+	}
+}
+
+func TestDirectWords(t *testing.T) {
+	for cmd, want := range map[string][]string{
+		"ls -la /tmp":          {"ls", "-la", "/tmp"},
+		"  env\tA=b  ":         {"env", "A=b"},
+		"date +%Y-%m-%d":       {"date", "+%Y-%m-%d"},
+		"./run.sh a,b:c@d":     {"./run.sh", "a,b:c@d"},
+		"true":                 nil, // builtin
+		"echo hi":              nil,
+		"[ 1 ]":                nil,
+		"if":                   nil,
+		"A=1 env":              nil,
+		"%1":                   nil,
+		"-x":                   nil,
+		"ls *":                 nil,
+		"ls ?":                 nil,
+		"ls [a]":               nil,
+		"echo $HOME":           nil,
+		"ls ~":                 nil,
+		"ls a~":                nil,
+		"ls 'a'":               nil,
+		`ls "a"`:               nil,
+		`ls a\ b`:              nil,
+		"ls `x`":               nil,
+		"ls #c":                nil,
+		"ls {a,b}":             nil,
+		"ls >x":                nil,
+		"ls <x":                nil,
+		"ls | cat":             nil,
+		"ls;":                  nil,
+		"ls &":                 nil,
+		"ls\nls":               nil,
+		"ls !x":                nil,
+		"ls (x)":               nil,
+		"":                     nil,
+		"   ":                  nil,
+		"ls é":                 nil,
+		"env\u00a0x":           nil,
+		"exec env":             nil,
+		"command env":          nil,
+		"ls ^x":                nil,
+		"sh -c exit":           {"sh", "-c", "exit"},
+		"env -u PATH printenv": {"env", "-u", "PATH", "printenv"},
+	} {
+		got, ok := DirectWords(cmd)
+		if ok != (want != nil) || !slices.Equal(got, want) {
+			t.Errorf("DirectWords(%q) = %q, %v; want %q", cmd, got, ok, want)
+		}
+	}
+}
+
+// run is how a driver runs words: DirectExec's program when it may, the
+// shell when it may not or the exec fails; it says which it did.
+func runEither(t *testing.T, sh, dir string, env []string, command string, direct bool) (stdout, stderr string, code int, wasDirect bool) {
+	t.Helper()
+	var c *exec.Cmd
+	if words, ok := DirectWords(command); ok && direct {
+		if path, xenv, _, ok := DirectExec(words, env, dir, os.Getuid(), os.Getgid()); ok {
+			c = &exec.Cmd{Path: path, Args: words, Env: xenv, Dir: dir}
+			wasDirect = true
+		}
+	}
+	for {
+		if c == nil {
+			c = exec.Command(sh, "-c", command)
+			c.Env, c.Dir = env, dir
+			wasDirect = false
+		}
+		var o, e bytes.Buffer
+		c.Stdout, c.Stderr = &o, &e
+		err := c.Run()
+		var xe *exec.ExitError
+		switch {
+		case err == nil:
+		case errors.As(err, &xe):
+			code = xe.ExitCode()
+		case wasDirect:
+			c = nil // the exec failed: the shell runs it
+			continue
+		default:
+			t.Fatalf("%q: %v", command, err)
+		}
+		return o.String(), e.String(), code, wasDirect
+	}
+}
+
+// TestDirectExecLikeBash runs a table of commands both through bash -c
+// and directly where DirectExec allows, and compares what the command
+// saw and did: output, errors, exit code, environment (in its order),
+// directory.
+func TestDirectExecLikeBash(t *testing.T) {
+	sh := needBash(t)
+	dir := t.TempDir()
+	dir, _ = filepath.EvalSymlinks(dir)
+	if err := os.WriteFile(filepath.Join(dir, "noshebang"), []byte("echo from-bash $0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "script"), []byte("#!/bin/sh\necho script \"$@\" $PWD\nexit 7\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "noexec"), []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	base := BaseEnv(dir, sh)
+	many := slices.Clone(base)
+	for i := range 300 { // bucket collisions in bash's table: its order within one
+		many = append(many, fmt.Sprintf("V%d=%d", i, i))
+	}
+	envs := map[string][]string{
+		"base":       base,
+		"client":     mergeEnv(base, []string{"FOO=bar", "TERM=xterm", "HOSTNAME=h"}),
+		"shlvl":      mergeEnv(base, []string{"SHLVL=3"}),
+		"shlvl-odd":  mergeEnv(base, []string{"SHLVL=007"}),
+		"underscore": mergeEnv(base, []string{"_=/x"}),
+		"pwd":        mergeEnv(base, []string{"PWD=" + dir}),
+		"pwd-wrong":  mergeEnv(base, []string{"PWD=/"}),
+		"oldpwd":     mergeEnv(base, []string{"OLDPWD=/"}),
+		"ifs":        mergeEnv(base, []string{"IFS=:"}),
+		"optind":     mergeEnv(base, []string{"OPTIND=3"}),
+		"bash-env":   mergeEnv(base, []string{"BASH_ENV=/dev/null"}),
+		"shellopts":  mergeEnv(base, []string{"SHELLOPTS=xtrace"}),
+		"ps4":        mergeEnv(base, []string{"PS4=++"}),
+		"path-slash": mergeEnv(base, []string{"PATH=/usr/bin/:/bin"}),
+		"path-dot":   mergeEnv(base, []string{"PATH=.:/usr/bin:/bin"}),
+		"path-empty": mergeEnv(base, []string{"PATH="}),
+		"many":       many,
+		"no-path":    {"HOME=" + dir},
+	}
+	commands := []struct {
+		cmd    string
+		direct bool // in the base environment
+	}{
+		{"env", true},
+		{"/usr/bin/env", true},
+		{"env -0", true},
+		{"env A=b", true},
+		{"env -u PATH", true},
+		{"printenv SHLVL", true},
+		{"printenv _", true},
+		{"printenv PWD", true},
+		{"id -u", true},
+		{"ls -a", true},
+		{"ls /nonexistent", true},
+		{"ls -l noexec", true},
+		{"sh -c exit", true},
+		{"/bin/true", true},
+		{"/bin/false", true},
+		{"sleep 0", true},
+		{"uname -s", true},
+		{"seq 3", true},
+		{"expr 1 + 2", true},
+		{"expr 1 / 0", true},
+		{"date +%Y -d @0", true},
+		{"basename /a/b.c .c", true},
+		{"cat", true},
+		{"wc -c", true},
+		{"stat -c %F sub", true},
+		{"./script a b", true},
+		{"sub/../script", true},
+		{"./noshebang", false}, // ENOEXEC: bash runs it
+		{"./noexec", false},
+		{"sub", false},
+		{"./sub", false},
+		{"nosuchcommand", false},
+		{"./nosuch", false},
+		{"/nonexistent/x", false},
+		{"true", false},
+		{"false", false},
+		{"pwd", false},
+		{"echo a  b", false},
+		{"A=1 env", false},
+		{"env;", false},
+		{"env >/dev/null", false},
+		{"exec env", false},
+	}
+	for name, env := range envs {
+		for _, c := range commands {
+			o1, e1, x1, _ := runEither(t, sh, dir, env, c.cmd, false)
+			o2, e2, x2, d := runEither(t, sh, dir, env, c.cmd, true)
+			if name == "base" && d != c.direct {
+				t.Errorf("%s: %q ran directly: %v, want %v", name, c.cmd, d, c.direct)
+			}
+			if o1 != o2 || e1 != e2 || x1 != x2 {
+				t.Errorf("%s: %q (direct %v):\nbash:   %q %q %d\ndirect: %q %q %d", name, c.cmd, d, o1, e1, x1, o2, e2, x2)
+			}
+		}
+	}
+	// The environments bash refuses are the shell's.
+	for _, name := range []string{"pwd-wrong", "oldpwd", "ifs", "optind", "bash-env", "shellopts", "ps4", "path-dot", "path-empty", "no-path", "shlvl-odd"} {
+		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", true); d {
+			t.Errorf("%s: env ran directly", name)
+		}
+	}
+	for _, name := range []string{"base", "client", "shlvl", "underscore", "pwd", "many", "path-slash"} {
+		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", true); !d {
+			t.Errorf("%s: env did not run directly", name)
+		}
+	}
+}
+
+func TestDirectShell(t *testing.T) {
+	for v, want := range map[string]bool{"5.2.15": true, "5.1": true, "5.0.17": false, "4.4.20": false, "6.0": false, "x": false} {
+		if got := bashVersionOK(v); got != want {
+			t.Errorf("bashVersionOK(%q) = %v", v, got)
+		}
+	}
+	if DirectShell("/bin/sh") && filepath.Base("/bin/sh") != "bash" {
+		t.Error("DirectShell(/bin/sh)")
+	}
+}

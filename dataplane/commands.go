@@ -84,6 +84,12 @@ type Request struct {
 	// What it gets is not kept too: the Result's Stdout and Stderr then
 	// only say whether they were truncated.
 	Stream func(stream string, data []byte)
+	// NoDirect runs the command through the shell always: without it a
+	// plain list of words (sandbox.DirectWords) in the start directory
+	// may run without the shell where the sandbox finds that bash would
+	// exec it as it is (sandbox.DirectExec), which nothing but the
+	// time taken tells apart.
+	NoDirect bool
 	// Started, when set, is called once, as soon as the command has
 	// started (before any output), so that a streamed answer can begin.
 	Started func()
@@ -205,11 +211,23 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	}
 	fmt.Fprintf(&script, "printf '%%s%%s\\n' %s \"$PWD\" >&2\n", tok)
 	script.WriteString(req.script(true))
+	cmd := sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}
+	if words, ok := sandbox.DirectWords(req.Command); ok && req.Argv == nil && req.Cwd == "" && !req.NoDirect {
+		// The sandbox may run it without the shell, as bash would.
+		cmd.Direct = words
+	}
 	began := time.Now()
-	proc, err := s.Start(context.WithoutCancel(ctx),
-		sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}, startOwn)
+	proc, err := s.Start(context.WithoutCancel(ctx), cmd, startOwn)
 	if err != nil {
 		return Result{}, fmt.Errorf("start command: %w", err)
+	}
+	tokPrefix := []byte(tok)
+	dpwd, direct := "", false
+	if dp, ok := proc.(sandbox.DirectProcess); ok {
+		dpwd, direct = dp.DirectPWD()
+	}
+	if direct {
+		tokPrefix = nil // no shell wrote the token line: the sandbox said where it runs
 	}
 	if req.Started != nil {
 		req.Started()
@@ -222,7 +240,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	}()
 
 	stdout := newStreamReader("stdout", req, nil)
-	stderr := newStreamReader("stderr", req, []byte(tok))
+	stderr := newStreamReader("stderr", req, tokPrefix)
 	outs := []*procio.Output{procio.NewOutput(proc.Stdout()), procio.NewOutput(proc.Stderr())}
 	var readers sync.WaitGroup
 	readers.Add(2)
@@ -255,6 +273,9 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	drain(&readers, outs...)
 
 	res := Result{TimedOut: timedOut, Duration: time.Since(began), Cwd: stderr.prefix}
+	if direct {
+		res.Cwd = dpwd
+	}
 	res.Stdout, res.Stderr = stdout.cap.output(), stderr.cap.output()
 	rec := gateway.CommandRecord{Command: req.text(), Source: "rest", StartedAt: began.UTC(),
 		DurationMs: res.Duration.Milliseconds(), TimedOut: timedOut, BytesOut: stdout.cap.total + stderr.cap.total}

@@ -88,6 +88,7 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 		req.Command = *cr.Command
 	}
 	req.Argv = cr.Argv
+	req.NoDirect = cfg.CommandShell
 	switch {
 	case cr.Stdin != nil && cr.StdinBase64 != nil:
 		return bad("invalid_stdin", "give either stdin or stdinBase64, not both")

@@ -157,6 +157,18 @@ type Cmd struct {
 	// that cannot keep processes (see Keeper) ignores it: the process
 	// ends with the gateway.
 	Keep string
+	// Direct, when set (by the gateway, for a REST command: DirectWords),
+	// are Command's words: the sandbox runs them without the shell when
+	// DirectExec says that bash would exec them as they are, and reports
+	// it (DirectProcess). Without a PTY only.
+	Direct []string
+}
+
+// DirectProcess is a Process that says whether it ran its command
+// without the shell (Cmd.Direct), and then in which directory, as bash's
+// $PWD would have named it.
+type DirectProcess interface {
+	DirectPWD() (pwd string, direct bool)
 }
 
 // Exit is how a process ended.

@@ -113,6 +113,11 @@ type Result struct {
 	// directory, exported variables, functions, aliases), without the
 	// plain variables and jobs of the one before.
 	StateLost bool
+	// Direct says that the command ran without the shell (see
+	// Request.NoDirect), and StartTook is how long its start took (until
+	// the sandbox said it runs).
+	Direct    bool
+	StartTook time.Duration
 }
 
 // Truncated reports whether either stream was cut.
@@ -221,6 +226,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("start command: %w", err)
 	}
+	startTook := time.Since(began)
 	tokPrefix := []byte(tok)
 	dpwd, direct := "", false
 	if dp, ok := proc.(sandbox.DirectProcess); ok {
@@ -273,6 +279,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	drain(&readers, outs...)
 
 	res := Result{TimedOut: timedOut, Duration: time.Since(began), Cwd: stderr.prefix}
+	res.StartTook, res.Direct = startTook, direct
 	if direct {
 		res.Cwd = dpwd
 	}

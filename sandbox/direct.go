@@ -25,6 +25,8 @@ import (
 // runs a script without #! itself). SSH exec always runs the shell, as
 // OpenSSH does.
 
+//go:generate ./gen_bashwords.sh
+
 // directMaxEnv bounds the environment DirectExec replicates: bash's
 // variable table (1024 buckets) grows, and reorders, past 2048 entries.
 const directMaxEnv = 512

@@ -152,6 +152,9 @@ func TestDirectExecLikeBash(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "script"), []byte("#!/bin/sh\necho script \"$@\" $PWD\nexit 7\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "envscript"), []byte("#!/bin/sh\nexec printenv\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "noexec"), []byte("#!/bin/sh\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -214,6 +217,8 @@ func TestDirectExecLikeBash(t *testing.T) {
 		{"stat -c %F sub", true},
 		{"./script a b", true},
 		{"sub/../script", true},
+		{"./envscript", true},
+		{"sub/../envscript", true},
 		{"./noshebang", false}, // ENOEXEC: bash runs it
 		{"./noexec", false},
 		{"sub", false},

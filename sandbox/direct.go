@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Direct exec: a REST command that is a plain list of words runs without
@@ -63,11 +64,15 @@ func DirectShell(shell string) bool {
 	if filepath.Base(shell) != "bash" {
 		return false
 	}
-	f, err := os.Open(shell)
+	// Never blocks: a regular file only (not a FIFO put in its place).
+	f, err := os.OpenFile(shell, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() > 64<<20 {
+		return false
+	}
 	const mark = "@(#)Bash version "
 	buf := make([]byte, 64<<10)
 	var carry []byte

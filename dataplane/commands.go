@@ -217,9 +217,17 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	fmt.Fprintf(&script, "printf '%%s%%s\\n' %s \"$PWD\" >&2\n", tok)
 	script.WriteString(req.script(true))
 	cmd := sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}
-	if words, ok := sandbox.DirectWords(req.Command); ok && req.Argv == nil && req.Cwd == "" && !req.NoDirect {
-		// The sandbox may run it without the shell, as bash would.
-		cmd.Direct = words
+	switch {
+	case req.NoDirect || req.Cwd != "":
+	case req.Argv != nil:
+		if sandbox.DirectArgvOK(req.Argv) {
+			cmd.Direct, cmd.DirectArgv = req.Argv, true
+		}
+	default:
+		if words, ok := sandbox.DirectWords(req.Command); ok {
+			// The sandbox may run it without the shell, as bash would.
+			cmd.Direct = words
+		}
 	}
 	began := time.Now()
 	proc, err := s.Start(context.WithoutCancel(ctx), cmd, startOwn)

@@ -116,13 +116,30 @@ func bashVersionOK(v string) bool {
 	return mj == 5 && mn >= 1
 }
 
+// DirectArgvOK reports whether argv, run by the shell as `exec 'a' 'b'`
+// (its words quoted), may run without it (DirectExec with execBuiltin):
+// a program name bash's exec builtin would not take for an option, no NUL.
+func DirectArgvOK(argv []string) bool {
+	if len(argv) == 0 || argv[0] == "" || argv[0][0] == '-' {
+		return false
+	}
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // DirectExec is how `bash -c` would run words (DirectWords) as user
 // uid:gid (no supplementary groups) in dir with env: the program's path,
 // the environment bash would give it, in bash's order, and the value of
-// bash's $PWD. ok is false when bash could do anything else than exec
-// that program with that environment: the caller then runs the shell.
-// It looks at the filesystem of the caller's root.
-func DirectExec(words, env []string, dir string, uid, gid int) (path string, execEnv []string, pwd string, ok bool) {
+// bash's $PWD. With execBuiltin the words come from `exec 'a' 'b'`
+// (DirectArgvOK), whose exec leaves _ as it is. ok is false when bash
+// could do anything else than exec that program with that environment:
+// the caller then runs the shell. It looks at the filesystem of the
+// caller's root.
+func DirectExec(words, env []string, dir string, uid, gid int, execBuiltin bool) (path string, execEnv []string, pwd string, ok bool) {
 	if len(words) == 0 || len(env) > directMaxEnv || !filepath.IsAbs(dir) {
 		return "", nil, "", false
 	}
@@ -194,12 +211,14 @@ func DirectExec(words, env []string, dir string, uid, gid int) (path string, exe
 		return b.seq - a.seq
 	})
 	_, underscore := vals["_"]
-	vals["_"] = path
+	if !execBuiltin {
+		vals["_"] = path
+	}
 	execEnv = make([]string, 0, len(entries)+1)
 	for _, e := range entries {
 		execEnv = append(execEnv, e.name+"="+vals[e.name])
 	}
-	if !underscore {
+	if !underscore && !execBuiltin {
 		execEnv = append(execEnv, "_="+path)
 	}
 	return path, execEnv, pwd, true

@@ -109,7 +109,7 @@ func runEither(t *testing.T, sh, dir string, env []string, command string, direc
 	t.Helper()
 	var c *exec.Cmd
 	if words, ok := DirectWords(command); ok && direct {
-		if path, xenv, _, ok := DirectExec(words, env, dir, os.Getuid(), os.Getgid()); ok {
+		if path, xenv, _, ok := DirectExec(words, env, dir, os.Getuid(), os.Getgid(), false); ok {
 			c = &exec.Cmd{Path: path, Args: words, Env: xenv, Dir: dir}
 			wasDirect = true
 		}
@@ -268,5 +268,54 @@ func TestDirectShell(t *testing.T) {
 	}
 	if DirectShell("/bin/sh") && filepath.Base("/bin/sh") != "bash" {
 		t.Error("DirectShell(/bin/sh)")
+	}
+}
+
+// TestDirectExecArgvLikeBash compares argv run by bash as `exec 'a' 'b'`
+// (a REST command's argv) with DirectExec's execBuiltin.
+func TestDirectExecArgvLikeBash(t *testing.T) {
+	sh := needBash(t)
+	dir, _ := filepath.EvalSymlinks(t.TempDir())
+	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+	for _, env := range [][]string{BaseEnv(dir, sh), mergeEnv(BaseEnv(dir, sh), []string{"_=/x", "SHLVL=2"})} {
+		for _, c := range []struct {
+			argv   []string
+			direct bool
+		}{
+			{[]string{"env"}, true},
+			{[]string{"printenv", "_"}, true},
+			{[]string{"sh", "-c", `echo "$0" "$1" $HOME; exit 3`, "a b", "*"}, true},
+			{[]string{"/usr/bin/env", "-0"}, true},
+			{[]string{"true"}, true}, // exec runs the program, never the builtin
+			{[]string{"nosuchcommand"}, false},
+			{[]string{"-a"}, false},
+			{[]string{""}, false},
+		} {
+			script := "exec"
+			for _, a := range c.argv {
+				script += " " + quote(a)
+			}
+			b := exec.Command(sh, "-c", script)
+			b.Env, b.Dir = env, dir
+			var o1, e1 bytes.Buffer
+			b.Stdout, b.Stderr = &o1, &e1
+			err1 := b.Run()
+			d := false
+			var o2, e2 bytes.Buffer
+			var err2 error
+			if path, xenv, _, ok := DirectExec(c.argv, env, dir, os.Getuid(), os.Getgid(), true); ok && DirectArgvOK(c.argv) {
+				d = true
+				x := &exec.Cmd{Path: path, Args: c.argv, Env: xenv, Dir: dir, Stdout: &o2, Stderr: &e2}
+				err2 = x.Run()
+			} else {
+				o2, e2, err2 = o1, e1, err1
+			}
+			if d != c.direct {
+				t.Errorf("%q: direct %v, want %v", c.argv, d, c.direct)
+			}
+			if o1.String() != o2.String() || e1.String() != e2.String() || fmt.Sprint(err1) != fmt.Sprint(err2) {
+				t.Errorf("%q:\nbash:   %q %q %v\ndirect: %q %q %v", c.argv, o1.String(), e1.String(), err1, o2.String(), e2.String(), err2)
+			}
+		}
 	}
 }

@@ -162,6 +162,9 @@ type Cmd struct {
 	// DirectExec says that bash would exec them as they are, and reports
 	// it (DirectProcess). Without a PTY only.
 	Direct []string
+	// DirectArgv says that Direct is an argv that Command runs as
+	// `exec 'a' 'b'` (DirectArgvOK), not Command's words.
+	DirectArgv bool
 }
 
 // DirectProcess is a Process that says whether it ran its command

@@ -108,7 +108,13 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"command": "env;"}, false},
 				{map[string]any{"command": "env", "cwd": "sub"}, false},
 				{map[string]any{"command": "env", "env": map[string]string{"LANG": "C"}}, true},
-				{map[string]any{"argv": []string{"env"}}, false},
+				{map[string]any{"argv": []string{"env"}}, true},
+				{map[string]any{"argv": []string{"printenv", "_"}}, true},
+				{map[string]any{"argv": []string{"sh", "-c", `echo "$0" "$1" $HOME; exit 3`, "a b", "*"}}, true},
+				{map[string]any{"argv": []string{"true"}}, true},
+				{map[string]any{"argv": []string{"nosuchcommand"}}, false},
+				{map[string]any{"argv": []string{"-x"}}, false},
+				{map[string]any{"argv": []string{"env"}, "cwd": "sub"}, false},
 			} {
 				a1, how1 := directAnswer(t, direct, ds, c.body)
 				a2, how2 := directAnswer(t, shell, ss, c.body)

@@ -165,7 +165,7 @@ func (s *workdirSandbox) startDirect(cmd sandbox.Cmd, c *exec.Cmd) (*hostProcess
 	if cmd.Direct == nil || cmd.PTY != nil || cmd.Subsystem != "" || !s.d.directShell() {
 		return nil, nil
 	}
-	path, env, pwd, ok := sandbox.DirectExec(cmd.Direct, c.Env, c.Dir, os.Geteuid(), os.Getegid())
+	path, env, pwd, ok := sandbox.DirectExec(cmd.Direct, c.Env, c.Dir, os.Geteuid(), os.Getegid(), cmd.DirectArgv)
 	if !ok {
 		return nil, nil
 	}

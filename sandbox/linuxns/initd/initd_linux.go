@@ -640,7 +640,7 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	attr := &syscall.ProcAttr{Dir: in.dir(), Env: env, Files: files, Sys: sys}
 	c := &child{}
 	if req.Direct != nil && req.PTY == nil && req.Subsystem == "" && req.Command != "" && in.directShell() {
-		if dpath, denv, pwd, ok := sandbox.DirectExec(req.Direct, env, attr.Dir, ctl.SandboxUID, ctl.SandboxGID); ok {
+		if dpath, denv, pwd, ok := sandbox.DirectExec(req.Direct, env, attr.Dir, ctl.SandboxUID, ctl.SandboxGID, req.DirectArgv); ok {
 			dattr := *attr
 			dattr.Env = denv
 			if err := in.fork(c, dpath, req.Direct, &dattr); err == nil {

@@ -132,10 +132,11 @@ func DirectArgvOK(argv []string) bool {
 }
 
 // DirectExec is how `bash -c` would run words (DirectWords) as user
-// uid:gid (no supplementary groups) in dir with env: the program's path,
-// the environment bash would give it, in bash's order, and the value of
-// bash's $PWD. With execBuiltin the words come from `exec 'a' 'b'`
-// (DirectArgvOK), whose exec leaves _ as it is. ok is false when bash
+// uid:gid (no supplementary groups) in dir with env, as the last line of
+// a script whose lines before it run builtins only (the gateway's, which
+// prints $PWD first): the program's path, the environment bash would give
+// it, in bash's order, and the value of bash's $PWD. With execBuiltin the
+// words come from `exec 'a' 'b'` (DirectArgvOK), which gives no _. ok is false when bash
 // could do anything else than exec that program with that environment:
 // the caller then runs the shell. It looks at the filesystem of the
 // caller's root.
@@ -185,15 +186,19 @@ func DirectExec(words, env []string, dir string, uid, gid int, execBuiltin bool)
 	// The variables bash exports: the imported ones, then those it
 	// creates (PWD, SHLVL), in the order of its variable table: bucket
 	// by bucket (FNV-1 of the name, 1024 buckets), the latest inserted
-	// first within a bucket. _ (the program's path) goes last unless it
-	// was imported, where it stays.
+	// first within a bucket. _ is not among them: the gateway's script
+	// runs a builtin (printf) before the command, which takes an imported
+	// _ out of its place; bash then adds _ (the program's path) last, or,
+	// for its exec builtin, not at all.
 	type entry struct {
 		name string
 		seq  int
 	}
 	entries := make([]entry, 0, len(names)+2)
 	for i, k := range names {
-		entries = append(entries, entry{k, i})
+		if k != "_" {
+			entries = append(entries, entry{k, i})
+		}
 	}
 	if _, set := vals["SHLVL"]; !set {
 		vals["SHLVL"] = "0"
@@ -210,15 +215,11 @@ func DirectExec(words, env []string, dir string, uid, gid int, execBuiltin bool)
 		}
 		return b.seq - a.seq
 	})
-	_, underscore := vals["_"]
-	if !execBuiltin {
-		vals["_"] = path
-	}
 	execEnv = make([]string, 0, len(entries)+1)
 	for _, e := range entries {
 		execEnv = append(execEnv, e.name+"="+vals[e.name])
 	}
-	if !underscore && !execBuiltin {
+	if !execBuiltin {
 		execEnv = append(execEnv, "_="+path)
 	}
 	return path, execEnv, pwd, true

@@ -103,6 +103,21 @@ func TestDirectWords(t *testing.T) {
 	}
 }
 
+// restPrelude is what the gateway's script runs before a REST command
+// (dataplane.Run): a builtin that prints a token and $PWD on stderr.
+const restPrelude = "printf '%s%s\\n' TOK \"$PWD\" >&2\n"
+
+// cutPrelude takes restPrelude's line out of the shell's stderr.
+func cutPrelude(t *testing.T, e *bytes.Buffer, dir string) {
+	t.Helper()
+	before, after, ok := strings.Cut(e.String(), "TOK"+dir+"\n")
+	if !ok {
+		t.Fatalf("no prelude line in stderr %q", e.String())
+	}
+	e.Reset()
+	e.WriteString(before + after)
+}
+
 // run is how a driver runs words: DirectExec's program when it may, the
 // shell when it may not or the exec fails; it says which it did.
 func runEither(t *testing.T, sh, dir string, env []string, command string, direct bool) (stdout, stderr string, code int, wasDirect bool) {
@@ -116,13 +131,16 @@ func runEither(t *testing.T, sh, dir string, env []string, command string, direc
 	}
 	for {
 		if c == nil {
-			c = exec.Command(sh, "-c", command)
+			c = exec.Command(sh, "-c", restPrelude+command)
 			c.Env, c.Dir = env, dir
 			wasDirect = false
 		}
 		var o, e bytes.Buffer
 		c.Stdout, c.Stderr = &o, &e
 		err := c.Run()
+		if !wasDirect {
+			cutPrelude(t, &e, dir)
+		}
 		var xe *exec.ExitError
 		switch {
 		case err == nil:
@@ -291,7 +309,7 @@ func TestDirectExecArgvLikeBash(t *testing.T) {
 			{[]string{"-a"}, false},
 			{[]string{""}, false},
 		} {
-			script := "exec"
+			script := restPrelude + "exec"
 			for _, a := range c.argv {
 				script += " " + quote(a)
 			}
@@ -300,6 +318,7 @@ func TestDirectExecArgvLikeBash(t *testing.T) {
 			var o1, e1 bytes.Buffer
 			b.Stdout, b.Stderr = &o1, &e1
 			err1 := b.Run()
+			cutPrelude(t, &e1, dir)
 			d := false
 			var o2, e2 bytes.Buffer
 			var err2 error

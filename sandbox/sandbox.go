@@ -158,9 +158,10 @@ type Cmd struct {
 	// ends with the gateway.
 	Keep string
 	// Direct, when set (by the gateway, for a REST command: DirectWords),
-	// are Command's words: the sandbox runs them without the shell when
-	// DirectExec says that bash would exec them as they are, and reports
-	// it (DirectProcess). Without a PTY only.
+	// are the words of Command's last line, every line before it running
+	// builtins only (dataplane.Run's script): the sandbox runs them
+	// without the shell when DirectExec says that bash would exec them as
+	// they are, and reports it (DirectProcess). Without a PTY only.
 	Direct []string
 	// DirectArgv says that Direct is an argv that Command runs as
 	// `exec 'a' 'b'` (DirectArgvOK), not Command's words.

@@ -218,7 +218,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	script.WriteString(req.script(true))
 	cmd := sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}
 	switch {
-	case req.NoDirect || req.Cwd != "":
+	case req.NoDirect:
 	case req.Argv != nil:
 		if sandbox.DirectArgvOK(req.Argv) {
 			cmd.Direct, cmd.DirectArgv = req.Argv, true
@@ -228,6 +228,9 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 			// The sandbox may run it without the shell, as bash would.
 			cmd.Direct = words
 		}
+	}
+	if cmd.Direct != nil {
+		cmd.DirectCwd = req.Cwd // the script's cd (cdScript)
 	}
 	began := time.Now()
 	proc, err := s.Start(context.WithoutCancel(ctx), cmd, startOwn)

@@ -131,16 +131,32 @@ func DirectArgvOK(argv []string) bool {
 	return true
 }
 
-// DirectExec is how `bash -c` would run words (DirectWords) as user
-// uid:gid (no supplementary groups) in dir with env, as the last line of
-// a script whose lines before it run builtins only (the gateway's, which
-// prints $PWD first): the program's path, the environment bash would give
-// it, in bash's order, and the value of bash's $PWD. With execBuiltin the
-// words come from `exec 'a' 'b'` (DirectArgvOK), which gives no _. ok is false when bash
+// DirectSpec is a command for DirectExec.
+type DirectSpec struct {
+	// Words are DirectWords' or, with ExecBuiltin, an argv that the shell
+	// runs as `exec 'a' 'b'` (DirectArgvOK).
+	Words       []string
+	ExecBuiltin bool
+	// Env is the shell's environment, Dir where it starts.
+	Env []string
+	Dir string
+	// Cwd, when set, is where the script's `cd --` goes before the
+	// command: absolute, or relative to $HOME (dataplane's cdScript).
+	Cwd string
+	// UID and GID are the user's (no supplementary groups).
+	UID, GID int
+}
+
+// DirectExec is how `bash -c` would run s's words as the last line of a
+// script whose lines before it run builtins only (the gateway's, which
+// may cd and then prints $PWD): the program's path, the environment bash
+// would give it, in bash's order, and the directory it runs in, which is
+// bash's $PWD. ExecBuiltin's exec gives no _. ok is false when bash
 // could do anything else than exec that program with that environment:
 // the caller then runs the shell. It looks at the filesystem of the
 // caller's root.
-func DirectExec(words, env []string, dir string, uid, gid int, execBuiltin bool) (path string, execEnv []string, pwd string, ok bool) {
+func DirectExec(s DirectSpec) (path string, execEnv []string, pwd string, ok bool) {
+	words, env, dir, uid, gid := s.Words, s.Env, s.Dir, s.UID, s.GID
 	if len(words) == 0 || len(env) > directMaxEnv || !filepath.IsAbs(dir) {
 		return "", nil, "", false
 	}
@@ -174,6 +190,30 @@ func DirectExec(words, env []string, dir string, uid, gid int, execBuiltin bool)
 			return "", nil, "", false
 		}
 	}
+	// cd -- DIR: bash's PWD becomes DIR (logical: one with no symbolic
+	// link, ., .. or // in it is also the physical one), and OLDPWD, so
+	// far exported but unset, the directory before.
+	oldpwd := ""
+	if s.Cwd != "" {
+		target := s.Cwd
+		if !filepath.IsAbs(target) {
+			home := vals["HOME"]
+			if !filepath.IsAbs(home) {
+				return "", nil, "", false
+			}
+			target = home + "/" + target
+		}
+		if target != filepath.Clean(target) || strings.HasPrefix(target, "//") {
+			return "", nil, "", false
+		}
+		if real, err := filepath.EvalSymlinks(target); err != nil || real != target {
+			return "", nil, "", false
+		}
+		if fi, err := os.Stat(target); err != nil || !fi.IsDir() {
+			return "", nil, "", false
+		}
+		oldpwd, pwd, dir = pwd, target, target
+	}
 	pathVar, set := vals["PATH"]
 	if !set {
 		return "", nil, "", false
@@ -205,8 +245,12 @@ func DirectExec(words, env []string, dir string, uid, gid int, execBuiltin bool)
 		entries = append(entries, entry{"SHLVL", len(entries)})
 	}
 	if _, set := vals["PWD"]; !set {
-		vals["PWD"] = pwd
 		entries = append(entries, entry{"PWD", len(entries)})
+	}
+	vals["PWD"] = pwd
+	if oldpwd != "" {
+		vals["OLDPWD"] = oldpwd
+		entries = append(entries, entry{"OLDPWD", len(entries)})
 	}
 	slices.SortStableFunc(entries, func(a, b entry) int {
 		ha, hb := bashHash(a.name)&1023, bashHash(b.name)&1023
@@ -219,7 +263,7 @@ func DirectExec(words, env []string, dir string, uid, gid int, execBuiltin bool)
 	for _, e := range entries {
 		execEnv = append(execEnv, e.name+"="+vals[e.name])
 	}
-	if !execBuiltin {
+	if !s.ExecBuiltin {
 		execEnv = append(execEnv, "_="+path)
 	}
 	return path, execEnv, pwd, true

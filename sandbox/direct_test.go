@@ -107,31 +107,48 @@ func TestDirectWords(t *testing.T) {
 // (dataplane.Run): a builtin that prints a token and $PWD on stderr.
 const restPrelude = "printf '%s%s\\n' TOK \"$PWD\" >&2\n"
 
-// cutPrelude takes restPrelude's line out of the shell's stderr.
-func cutPrelude(t *testing.T, e *bytes.Buffer, dir string) {
-	t.Helper()
-	before, after, ok := strings.Cut(e.String(), "TOK"+dir+"\n")
-	if !ok {
-		t.Fatalf("no prelude line in stderr %q", e.String())
+// cdLine is the gateway's cd before a command with a cwd (dataplane's
+// cdScript).
+func cdLine(cwd string) string {
+	quote := func(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+	switch {
+	case cwd == "":
+		return ""
+	case strings.HasPrefix(cwd, "/"):
+		return "cd -- " + quote(cwd) + " || exit 1\n"
+	default:
+		return `cd -- "$HOME"/` + quote(cwd) + " || exit 1\n"
 	}
+}
+
+// cutPrelude takes restPrelude's line out of the shell's stderr (when
+// the shell got that far).
+func cutPrelude(t *testing.T, e *bytes.Buffer) {
+	t.Helper()
+	s := e.String()
+	i := strings.Index(s, "TOK/")
+	if i < 0 || i > 0 && s[i-1] != '\n' {
+		return
+	}
+	end := strings.IndexByte(s[i:], '\n')
 	e.Reset()
-	e.WriteString(before + after)
+	e.WriteString(s[:i] + s[i+end+1:])
 }
 
 // run is how a driver runs words: DirectExec's program when it may, the
 // shell when it may not or the exec fails; it says which it did.
-func runEither(t *testing.T, sh, dir string, env []string, command string, direct bool) (stdout, stderr string, code int, wasDirect bool) {
+func runEither(t *testing.T, sh, dir string, env []string, command, cwd string, direct bool) (stdout, stderr string, code int, wasDirect bool) {
 	t.Helper()
 	var c *exec.Cmd
 	if words, ok := DirectWords(command); ok && direct {
-		if path, xenv, _, ok := DirectExec(words, env, dir, os.Getuid(), os.Getgid(), false); ok {
-			c = &exec.Cmd{Path: path, Args: words, Env: xenv, Dir: dir}
+		if path, xenv, pwd, ok := DirectExec(DirectSpec{Words: words, Env: env, Dir: dir, Cwd: cwd, UID: os.Getuid(), GID: os.Getgid()}); ok {
+			c = &exec.Cmd{Path: path, Args: words, Env: xenv, Dir: pwd}
 			wasDirect = true
 		}
 	}
 	for {
 		if c == nil {
-			c = exec.Command(sh, "-c", restPrelude+command)
+			c = exec.Command(sh, "-c", cdLine(cwd)+restPrelude+command)
 			c.Env, c.Dir = env, dir
 			wasDirect = false
 		}
@@ -139,7 +156,7 @@ func runEither(t *testing.T, sh, dir string, env []string, command string, direc
 		c.Stdout, c.Stderr = &o, &e
 		err := c.Run()
 		if !wasDirect {
-			cutPrelude(t, &e, dir)
+			cutPrelude(t, &e)
 		}
 		var xe *exec.ExitError
 		switch {
@@ -255,8 +272,8 @@ func TestDirectExecLikeBash(t *testing.T) {
 	}
 	for name, env := range envs {
 		for _, c := range commands {
-			o1, e1, x1, _ := runEither(t, sh, dir, env, c.cmd, false)
-			o2, e2, x2, d := runEither(t, sh, dir, env, c.cmd, true)
+			o1, e1, x1, _ := runEither(t, sh, dir, env, c.cmd, "", false)
+			o2, e2, x2, d := runEither(t, sh, dir, env, c.cmd, "", true)
 			if name == "base" && d != c.direct {
 				t.Errorf("%s: %q ran directly: %v, want %v", name, c.cmd, d, c.direct)
 			}
@@ -267,12 +284,12 @@ func TestDirectExecLikeBash(t *testing.T) {
 	}
 	// The environments bash refuses are the shell's.
 	for _, name := range []string{"pwd-wrong", "oldpwd", "ifs", "optind", "bash-env", "shellopts", "ps4", "path-dot", "path-empty", "no-path", "shlvl-odd"} {
-		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", true); d {
+		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", "", true); d {
 			t.Errorf("%s: env ran directly", name)
 		}
 	}
 	for _, name := range []string{"base", "client", "shlvl", "underscore", "pwd", "many", "path-slash"} {
-		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", true); !d {
+		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", "", true); !d {
 			t.Errorf("%s: env did not run directly", name)
 		}
 	}
@@ -318,13 +335,13 @@ func TestDirectExecArgvLikeBash(t *testing.T) {
 			var o1, e1 bytes.Buffer
 			b.Stdout, b.Stderr = &o1, &e1
 			err1 := b.Run()
-			cutPrelude(t, &e1, dir)
+			cutPrelude(t, &e1)
 			d := false
 			var o2, e2 bytes.Buffer
 			var err2 error
-			if path, xenv, _, ok := DirectExec(c.argv, env, dir, os.Getuid(), os.Getgid(), true); ok && DirectArgvOK(c.argv) {
+			if path, xenv, pwd, ok := DirectExec(DirectSpec{Words: c.argv, ExecBuiltin: true, Env: env, Dir: dir, UID: os.Getuid(), GID: os.Getgid()}); ok && DirectArgvOK(c.argv) {
 				d = true
-				x := &exec.Cmd{Path: path, Args: c.argv, Env: xenv, Dir: dir, Stdout: &o2, Stderr: &e2}
+				x := &exec.Cmd{Path: path, Args: c.argv, Env: xenv, Dir: pwd, Stdout: &o2, Stderr: &e2}
 				err2 = x.Run()
 			} else {
 				o2, e2, err2 = o1, e1, err1
@@ -336,5 +353,63 @@ func TestDirectExecArgvLikeBash(t *testing.T) {
 				t.Errorf("%q:\nbash:   %q %q %v\ndirect: %q %q %v", c.argv, o1.String(), e1.String(), err1, o2.String(), e2.String(), err2)
 			}
 		}
+	}
+}
+
+// TestDirectExecCwdLikeBash compares commands with a cwd (the gateway's
+// cd before them) run by bash and directly.
+func TestDirectExecCwdLikeBash(t *testing.T) {
+	sh := needBash(t)
+	home, _ := filepath.EvalSymlinks(t.TempDir())
+	for _, d := range []string{"sub/deep", "other", "sp ace"} {
+		if err := os.MkdirAll(filepath.Join(home, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("sub", filepath.Join(home, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home, "file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := filepath.Join(home, "other")
+	base := BaseEnv(home, sh)
+	many := slices.Clone(base)
+	for i := range 300 {
+		many = append(many, fmt.Sprintf("V%d=%d", i, i))
+	}
+	for _, env := range [][]string{base, many, mergeEnv(base, []string{"PWD=" + start, "_=/x"})} {
+		for _, c := range []struct {
+			cwd    string
+			direct bool
+		}{
+			{"sub", true},
+			{"sub/deep", true},
+			{"sp ace", true},
+			{home + "/sub", true},
+			{"/", true},
+			{"link", false}, // bash keeps the link's name in PWD
+			{"sub/", false},
+			{"./sub", false},
+			{"sub/..", false},
+			{"nosuch", false},
+			{"file", false},
+			{"/nonexistent/../tmp", false},
+		} {
+			for _, cmd := range []string{"env", "printenv PWD OLDPWD", "ls -a"} {
+				o1, e1, x1, _ := runEither(t, sh, start, env, cmd, c.cwd, false)
+				o2, e2, x2, d := runEither(t, sh, start, env, cmd, c.cwd, true)
+				if d != c.direct {
+					t.Errorf("cwd %q %q: direct %v, want %v", c.cwd, cmd, d, c.direct)
+				}
+				if o1 != o2 || e1 != e2 || x1 != x2 {
+					t.Errorf("cwd %q %q (direct %v):\nbash:   %q %q %d\ndirect: %q %q %d", c.cwd, cmd, d, o1, e1, x1, o2, e2, x2)
+				}
+			}
+		}
+	}
+	// HOME not absolute: bash's "$HOME"/sub is another directory.
+	if _, _, _, d := runEither(t, sh, start, mergeEnv(base, []string{"HOME=rel"}), "env", "sub", true); d {
+		t.Error("a relative HOME ran directly")
 	}
 }

@@ -166,6 +166,9 @@ type Cmd struct {
 	// DirectArgv says that Direct is an argv that Command runs as
 	// `exec 'a' 'b'` (DirectArgvOK), not Command's words.
 	DirectArgv bool
+	// DirectCwd is where Command's script cds before the words
+	// (dataplane.Request.Cwd: absolute, or relative to $HOME).
+	DirectCwd string
 }
 
 // DirectProcess is a Process that says whether it ran its command

@@ -106,7 +106,11 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"command": "echo a  b"}, false},
 				{map[string]any{"command": "A=1 env"}, false},
 				{map[string]any{"command": "env;"}, false},
-				{map[string]any{"command": "env", "cwd": "sub"}, false},
+				{map[string]any{"command": "env", "cwd": "sub"}, true},
+				{map[string]any{"command": "printenv PWD OLDPWD", "cwd": "sub"}, true},
+				{map[string]any{"command": "ls -a", "cwd": "/"}, true},
+				{map[string]any{"command": "env", "cwd": "nosuch"}, false},
+				{map[string]any{"command": "env", "cwd": "sub/.."}, false},
 				{map[string]any{"command": "env", "env": map[string]string{"LANG": "C"}}, true},
 				{map[string]any{"argv": []string{"env"}}, true},
 				{map[string]any{"argv": []string{"printenv", "_"}}, true},
@@ -114,7 +118,7 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"argv": []string{"true"}}, true},
 				{map[string]any{"argv": []string{"nosuchcommand"}}, false},
 				{map[string]any{"argv": []string{"-x"}}, false},
-				{map[string]any{"argv": []string{"env"}, "cwd": "sub"}, false},
+				{map[string]any{"argv": []string{"env"}, "cwd": "sub"}, true},
 			} {
 				a1, how1 := directAnswer(t, direct, ds, c.body)
 				a2, how2 := directAnswer(t, shell, ss, c.body)

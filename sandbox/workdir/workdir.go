@@ -165,11 +165,12 @@ func (s *workdirSandbox) startDirect(cmd sandbox.Cmd, c *exec.Cmd) (*hostProcess
 	if cmd.Direct == nil || cmd.PTY != nil || cmd.Subsystem != "" || !s.d.directShell() {
 		return nil, nil
 	}
-	path, env, pwd, ok := sandbox.DirectExec(cmd.Direct, c.Env, c.Dir, os.Geteuid(), os.Getegid(), cmd.DirectArgv)
+	path, env, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: cmd.Direct, ExecBuiltin: cmd.DirectArgv,
+		Env: c.Env, Dir: c.Dir, Cwd: cmd.DirectCwd, UID: os.Geteuid(), GID: os.Getegid()})
 	if !ok {
 		return nil, nil
 	}
-	p, err := startHost(&exec.Cmd{Path: path, Args: cmd.Direct, Env: env, Dir: c.Dir}, nil)
+	p, err := startHost(&exec.Cmd{Path: path, Args: cmd.Direct, Env: env, Dir: pwd}, nil)
 	if err != nil {
 		return nil, nil // the exec failed (a script without #!): bash runs it and says what it says
 	}

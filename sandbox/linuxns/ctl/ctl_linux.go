@@ -171,11 +171,13 @@ type Request struct {
 	// the shell where bash would exec them as they are (sandbox.Cmd.Direct).
 	Direct []string `json:"direct,omitempty"`
 	// DirectArgv: Direct is an argv run as `exec 'a' 'b'`.
-	DirectArgv bool         `json:"directArgv,omitempty"`
-	Subsystem  string       `json:"subsystem,omitempty"`
-	Env        []string     `json:"env,omitempty"`
-	PTY        *sandbox.PTY `json:"pty,omitempty"`
-	Signal     int          `json:"signal,omitempty"`
+	DirectArgv bool `json:"directArgv,omitempty"`
+	// DirectCwd is where Command cds before the words (Cmd.DirectCwd).
+	DirectCwd string       `json:"directCwd,omitempty"`
+	Subsystem string       `json:"subsystem,omitempty"`
+	Env       []string     `json:"env,omitempty"`
+	PTY       *sandbox.PTY `json:"pty,omitempty"`
+	Signal    int          `json:"signal,omitempty"`
 	// TrustPEM is what a "trust" request adds to the sandbox's trust
 	// store, as Spec.TrustPEM at build (a warm sandbox bound to a
 	// session); the init answers "trusted" or "error".

@@ -640,9 +640,10 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	attr := &syscall.ProcAttr{Dir: in.dir(), Env: env, Files: files, Sys: sys}
 	c := &child{}
 	if req.Direct != nil && req.PTY == nil && req.Subsystem == "" && req.Command != "" && in.directShell() {
-		if dpath, denv, pwd, ok := sandbox.DirectExec(req.Direct, env, attr.Dir, ctl.SandboxUID, ctl.SandboxGID, req.DirectArgv); ok {
+		if dpath, denv, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: req.Direct, ExecBuiltin: req.DirectArgv,
+			Env: env, Dir: attr.Dir, Cwd: req.DirectCwd, UID: ctl.SandboxUID, GID: ctl.SandboxGID}); ok {
 			dattr := *attr
-			dattr.Env = denv
+			dattr.Env, dattr.Dir = denv, pwd
 			if err := in.fork(c, dpath, req.Direct, &dattr); err == nil {
 				c.directPWD = pwd
 				return c, master, nil

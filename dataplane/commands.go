@@ -85,8 +85,8 @@ type Request struct {
 	// only say whether they were truncated.
 	Stream func(stream string, data []byte)
 	// NoDirect runs the command through the shell always: without it a
-	// plain list of words (sandbox.DirectWords) in the start directory
-	// may run without the shell where the sandbox finds that bash would
+	// plain list of words (sandbox.DirectWords), or an Argv, may run
+	// without the shell where the sandbox finds that bash would
 	// exec it as it is (sandbox.DirectExec), which nothing but the
 	// time taken tells apart.
 	NoDirect bool

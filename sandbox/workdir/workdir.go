@@ -140,7 +140,8 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 	s.started++
 	tag := fmt.Sprintf("%s=%s.%d", CommandEnvVar, s.id, s.started)
 	c.Env = append(c.Env, SessionEnvVar+"="+s.id, tag)
-	p, err := s.startDirect(cmd, c)
+	var err error
+	p := s.startDirect(cmd, c)
 	if p == nil {
 		p, err = startHost(c, cmd.PTY)
 	}
@@ -161,21 +162,21 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 // startDirect starts cmd's words without the shell when bash would exec
 // them as they are (sandbox.Cmd.Direct), with what bash would give them;
 // nil when the shell must run it (c, the shell's command, then does).
-func (s *workdirSandbox) startDirect(cmd sandbox.Cmd, c *exec.Cmd) (*hostProcess, error) {
+func (s *workdirSandbox) startDirect(cmd sandbox.Cmd, c *exec.Cmd) *hostProcess {
 	if cmd.Direct == nil || cmd.PTY != nil || cmd.Subsystem != "" || !s.d.directShell() {
-		return nil, nil
+		return nil
 	}
 	path, env, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: cmd.Direct, ExecBuiltin: cmd.DirectArgv,
 		Env: c.Env, Dir: c.Dir, Cwd: cmd.DirectCwd, UID: os.Geteuid(), GID: os.Getegid()})
 	if !ok {
-		return nil, nil
+		return nil
 	}
 	p, err := startHost(&exec.Cmd{Path: path, Args: cmd.Direct, Env: env, Dir: pwd}, nil)
 	if err != nil {
-		return nil, nil // the exec failed (a script without #!): bash runs it and says what it says
+		return nil // the exec failed (a script without #!): bash runs it and says what it says
 	}
 	p.directPWD = pwd
-	return p, nil
+	return p
 }
 
 // Destroy kills every process of the sandbox, including ones that left their

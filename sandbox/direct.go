@@ -11,8 +11,8 @@ import (
 	"syscall"
 )
 
-// Direct exec: a REST command that is a plain list of words runs without
-// the shell, as `bash -c` would run it, with nothing the command or its
+// Direct exec: a REST command that is a plain list of words (or an argv;
+// with or without a cwd) runs without the shell, as `bash -c` would run it, with nothing the command or its
 // user can tell apart: bash -c execs the last simple command of its
 // string in place of itself (no fork; bash 5.1 and later), so the only
 // difference is the ~1 ms bash spends starting. The gateway marks the

@@ -84,6 +84,12 @@ type Request struct {
 	// What it gets is not kept too: the Result's Stdout and Stderr then
 	// only say whether they were truncated.
 	Stream func(stream string, data []byte)
+	// NoDirect runs the command through the shell always: without it a
+	// plain list of words (sandbox.DirectWords), or an Argv, may run
+	// without the shell where the sandbox finds that bash would
+	// exec it as it is (sandbox.DirectExec), which nothing but the
+	// time taken tells apart.
+	NoDirect bool
 	// Started, when set, is called once, as soon as the command has
 	// started (before any output), so that a streamed answer can begin.
 	Started func()
@@ -107,6 +113,11 @@ type Result struct {
 	// directory, exported variables, functions, aliases), without the
 	// plain variables and jobs of the one before.
 	StateLost bool
+	// Direct says that the command ran without the shell (see
+	// Request.NoDirect), and StartTook is how long its start took (until
+	// the sandbox said it runs).
+	Direct    bool
+	StartTook time.Duration
 }
 
 // Truncated reports whether either stream was cut.
@@ -205,11 +216,35 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	}
 	fmt.Fprintf(&script, "printf '%%s%%s\\n' %s \"$PWD\" >&2\n", tok)
 	script.WriteString(req.script(true))
+	cmd := sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}
+	switch {
+	case req.NoDirect:
+	case req.Argv != nil:
+		if sandbox.DirectArgvOK(req.Argv) {
+			cmd.Direct, cmd.DirectArgv = req.Argv, true
+		}
+	default:
+		if words, ok := sandbox.DirectWords(req.Command); ok {
+			// The sandbox may run it without the shell, as bash would.
+			cmd.Direct = words
+		}
+	}
+	if cmd.Direct != nil {
+		cmd.DirectCwd = req.Cwd // the script's cd (cdScript)
+	}
 	began := time.Now()
-	proc, err := s.Start(context.WithoutCancel(ctx),
-		sandbox.Cmd{Command: script.String(), Env: envList(req.Env)}, startOwn)
+	proc, err := s.Start(context.WithoutCancel(ctx), cmd, startOwn)
 	if err != nil {
 		return Result{}, fmt.Errorf("start command: %w", err)
+	}
+	startTook := time.Since(began)
+	tokPrefix := []byte(tok)
+	dpwd, direct := "", false
+	if dp, ok := proc.(sandbox.DirectProcess); ok {
+		dpwd, direct = dp.DirectPWD()
+	}
+	if direct {
+		tokPrefix = nil // no shell wrote the token line: the sandbox said where it runs
 	}
 	if req.Started != nil {
 		req.Started()
@@ -222,7 +257,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	}()
 
 	stdout := newStreamReader("stdout", req, nil)
-	stderr := newStreamReader("stderr", req, []byte(tok))
+	stderr := newStreamReader("stderr", req, tokPrefix)
 	outs := []*procio.Output{procio.NewOutput(proc.Stdout()), procio.NewOutput(proc.Stderr())}
 	var readers sync.WaitGroup
 	readers.Add(2)
@@ -255,6 +290,10 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	drain(&readers, outs...)
 
 	res := Result{TimedOut: timedOut, Duration: time.Since(began), Cwd: stderr.prefix}
+	res.StartTook, res.Direct = startTook, direct
+	if direct {
+		res.Cwd = dpwd
+	}
 	res.Stdout, res.Stderr = stdout.cap.output(), stderr.cap.output()
 	rec := gateway.CommandRecord{Command: req.text(), Source: "rest", StartedAt: began.UTC(),
 		DurationMs: res.Duration.Milliseconds(), TimedOut: timedOut, BytesOut: stdout.cap.total + stderr.cap.total}

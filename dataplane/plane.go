@@ -119,6 +119,10 @@ type Bounds struct {
 	// UploadStall ends a PUT of a file whose client sends no byte for
 	// this long (0: DefaultUploadStall).
 	UploadStall time.Duration
+	// CommandShell runs every command through the sandbox's shell
+	// (Request.NoDirect; serve --command-shell): by default a plain list
+	// of words that bash would exec as it is skips bash's start.
+	CommandShell bool
 }
 
 // DefaultUploadStall is Bounds.UploadStall's default.

@@ -88,6 +88,7 @@ func (cr commandRequest) parse(cfg DataPlane) (dataplane.Request, int, string, s
 		req.Command = *cr.Command
 	}
 	req.Argv = cr.Argv
+	req.NoDirect = cfg.CommandShell
 	switch {
 	case cr.Stdin != nil && cr.StdinBase64 != nil:
 		return bad("invalid_stdin", "give either stdin or stdinBase64, not both")
@@ -301,8 +302,25 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		stream.final(resultBody(o.res, false))
 		return
 	}
+	if a.cfg.ServerTiming && cr.Shell == "" {
+		w.Header().Set("Server-Timing", commandTiming(o.res))
+	}
 	_ = writeAnswer(w, http.StatusOK, resultBody(o.res, false), o.res.Stdout, o.res.Stderr)
 	o.res.Release() // written: the buffers serve the next command
+}
+
+// commandTiming renders a command's Server-Timing header (serve
+// --server-timing): its start (until the sandbox said it runs), its run
+// (from then until its end and its output's), and whether the shell ran
+// it ("shell") or the sandbox exec'd its words as bash would have
+// ("direct").
+func commandTiming(res dataplane.Result) string {
+	how := "shell"
+	if res.Direct {
+		how = "direct"
+	}
+	return fmt.Sprintf("start;dur=%.3f, run;dur=%.3f, exec;desc=%s",
+		float64(res.StartTook.Microseconds())/1000, float64((res.Duration-res.StartTook).Microseconds())/1000, how)
 }
 
 // eitherDone is closed once a or b is (both close when the request ends).

@@ -102,7 +102,9 @@ type Config struct {
 	// ServerTiming shows each step of a create in the Server-Timing
 	// header of POST /v1/sessions (serve --server-timing); false: only
 	// the total, as the steps tell whether the warm pool had a sandbox,
-	// which other tenants' creates empty.
+	// which other tenants' creates empty. It also times a command's
+	// start and run, and says whether the shell ran it, in the header
+	// of a command's JSON answer (not a stream's, nor a shell's).
 	ServerTiming bool
 }
 

@@ -157,6 +157,25 @@ type Cmd struct {
 	// that cannot keep processes (see Keeper) ignores it: the process
 	// ends with the gateway.
 	Keep string
+	// Direct, when set (by the gateway, for a REST command: DirectWords),
+	// are the words of Command's last line, every line before it running
+	// builtins only (dataplane.Run's script): the sandbox runs them
+	// without the shell when DirectExec says that bash would exec them as
+	// they are, and reports it (DirectProcess). Without a PTY only.
+	Direct []string
+	// DirectArgv says that Direct is an argv that Command runs as
+	// `exec 'a' 'b'` (DirectArgvOK), not Command's words.
+	DirectArgv bool
+	// DirectCwd is where Command's script cds before the words
+	// (dataplane.Request.Cwd: absolute, or relative to $HOME).
+	DirectCwd string
+}
+
+// DirectProcess is a Process that says whether it ran its command
+// without the shell (Cmd.Direct), and then in which directory, as bash's
+// $PWD would have named it.
+type DirectProcess interface {
+	DirectPWD() (pwd string, direct bool)
 }
 
 // Exit is how a process ended.

@@ -34,6 +34,7 @@ type dataPlaneFlags struct {
 	linkFetchesPerLink, linkFetchesPerIP                        int
 	trustedProxies                                              prefixListFlag
 	uploadStall                                                 time.Duration
+	commandShell                                                bool
 }
 
 // prefixListFlag is a repeatable flag of CIDR ranges (or single addresses).
@@ -83,6 +84,7 @@ func (d *dataPlaneFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&d.linkFetchesPerLink, "link-fetches-per-minute", rest.DefaultLinkFetchesPerLink, "fetches of one presigned file link per minute; past it 429 (0 disables)")
 	fs.IntVar(&d.linkFetchesPerIP, "link-fetches-per-ip", rest.DefaultLinkFetchesPerIP, "presigned file link fetches per client address per minute; past it 429 (0 disables)")
 	fs.DurationVar(&d.uploadStall, "upload-stall-timeout", rest.DefaultUploadStall, "a REST file upload (PUT .../files) whose client sends no byte for this long ends with 408 upload_stalled, freeing its transfer")
+	fs.BoolVar(&d.commandShell, "command-shell", false, "run every REST command through the sandbox's shell; by default a plain list of words (no quote, $, glob, redirection, ;, |...) whose program bash would exec as it is runs without bash's start, with what bash would give it (SSH exec always runs the shell)")
 	fs.Var(&d.trustedProxies, "trusted-proxy", "CIDR range of a reverse proxy in front of the gateway (repeatable; default none): a connection from one is counted for --link-fetches-per-ip under the rightmost X-Forwarded-For address outside these ranges")
 }
 
@@ -106,6 +108,7 @@ func (d *dataPlaneFlags) config(cfg *serveConfig, egress publicDialer) rest.Data
 	dp.MaxFileStreams, dp.MaxFileStreamsPerTenant, dp.MaxFileStreamsPerSession = d.maxTransfers, d.maxTransfersPerTenant, d.maxTransfersPerSession
 	dp.LinkFetchesPerLink, dp.LinkFetchesPerIP = unlimitedIfZero(d.linkFetchesPerLink), unlimitedIfZero(d.linkFetchesPerIP)
 	dp.TrustedProxies, dp.UploadStall = d.trustedProxies, d.uploadStall
+	dp.CommandShell = d.commandShell
 	if egress != nil {
 		dp.DialPublic = egress.DialPublic
 	}

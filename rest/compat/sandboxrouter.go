@@ -110,7 +110,7 @@ func (x *routerAPI) execute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dreq := dataplane.Request{Command: *req.Command, Timeout: x.d.Plane.Bounds.MaxTimeout,
-		MaxOutputBytes: min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes)}
+		MaxOutputBytes: min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes), NoDirect: x.d.Plane.Bounds.CommandShell}
 	release, err := x.d.Plane.Budget.Acquire(r.Context(), s.Tenant, dataplane.CommandCost(dreq.MaxOutputBytes, false))
 	if err != nil {
 		if r.Context().Err() == nil {

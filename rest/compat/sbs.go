@@ -189,7 +189,8 @@ func (x *sbsAPI) step(w http.ResponseWriter, r *http.Request) {
 	}
 
 	timeout := x.d.Plane.Bounds.StepTimeout
-	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes)}
+	req := dataplane.Request{Timeout: timeout, MaxOutputBytes: min(rest.DefaultCommandOutput, x.d.Plane.Bounds.MaxOutputBytes),
+		NoDirect: x.d.Plane.Bounds.CommandShell}
 	switch st.Type {
 	case "bash":
 		req.Command = st.Source

@@ -325,6 +325,9 @@ type initProcess struct {
 	// pid is the command's pid in the sandbox's pid namespace, as the
 	// init's "started" reply says (0: not told).
 	pid int
+	// directPWD is the command's directory when it runs without the
+	// shell (sandbox.Cmd.Direct), "" when the shell runs it.
+	directPWD string
 	// kept says the init keeps the process across gateway restarts
 	// (sandbox.Cmd.Keep).
 	kept bool
@@ -342,6 +345,9 @@ type initProcess struct {
 	ack sync.Once
 }
 
+// DirectPWD implements sandbox.DirectProcess.
+func (p *initProcess) DirectPWD() (string, bool) { return p.directPWD, p.directPWD != "" }
+
 func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*initProcess, error) {
 	dl, ok := ctx.Deadline()
 	if !ok {
@@ -351,7 +357,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 
-	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep}
+	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep, Direct: cmd.Direct, DirectArgv: cmd.DirectArgv, DirectCwd: cmd.DirectCwd}
 	p := &initProcess{conn: conn, kept: cmd.Keep != ""}
 	if cmd.PTY == nil || cmd.Subsystem != "" {
 		req.PTY = nil
@@ -424,6 +430,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 		procio.CloseFDs(fds)
 	}
 	p.pid = rep.Pid
+	p.directPWD = rep.DirectPWD
 	stop() // so that a cancel from now on does not set it again
 	_ = conn.SetDeadline(time.Time{})
 	return p, nil

@@ -27,9 +27,12 @@ type hostProcess struct {
 	pty    *os.File
 	// tag is in the environment of every process of the command's tree,
 	// unless one clears its own: how Kill finds the ones that left the group.
-	tag  string
-	done chan struct{}
-	once sync.Once
+	tag string
+	// directPWD is the command's directory when it runs without the
+	// shell (sandbox.Cmd.Direct), "" when the shell runs it.
+	directPWD string
+	done      chan struct{}
+	once      sync.Once
 }
 
 // startHost starts c in a new process group, or a new session with c's
@@ -100,6 +103,9 @@ func startHost(c *exec.Cmd, p *sandbox.PTY) (*hostProcess, error) {
 	hp.stdin, hp.stdout, hp.stderr = parentEnds[0], parentEnds[1], parentEnds[2]
 	return hp, nil
 }
+
+// DirectPWD implements sandbox.DirectProcess.
+func (p *hostProcess) DirectPWD() (string, bool) { return p.directPWD, p.directPWD != "" }
 
 // PID is the process's host pid, which is how the workdir sandbox's
 // processes see it (sandbox.PIDer).

@@ -42,6 +42,9 @@ type Config struct {
 type Driver struct {
 	cfg   Config
 	shell string
+	// direct says whether the shell is a bash whose start commands may
+	// skip (sandbox.DirectShell), asked once.
+	direct func() bool
 }
 
 // New returns a workdir driver. It creates cfg.Root if needed.
@@ -56,8 +59,12 @@ func New(cfg Config) (*Driver, error) {
 		}
 		cfg.SelfExe = exe
 	}
-	return &Driver{cfg: cfg, shell: sandbox.FindShell()}, nil
+	shell := sandbox.FindShell()
+	return &Driver{cfg: cfg, shell: shell, direct: sync.OnceValue(func() bool { return sandbox.DirectShell(shell) })}, nil
 }
+
+// directShell says whether commands may skip the shell (Cmd.Direct).
+func (d *Driver) directShell() bool { return d.direct != nil && d.direct() }
 
 // Name implements sandbox.Driver.
 func (d *Driver) Name() string { return "workdir" }
@@ -133,7 +140,11 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 	s.started++
 	tag := fmt.Sprintf("%s=%s.%d", CommandEnvVar, s.id, s.started)
 	c.Env = append(c.Env, SessionEnvVar+"="+s.id, tag)
-	p, err := startHost(c, cmd.PTY)
+	var err error
+	p := s.startDirect(cmd, c)
+	if p == nil {
+		p, err = startHost(c, cmd.PTY)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +157,26 @@ func (s *workdirSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Pr
 		s.mu.Unlock()
 	}()
 	return p, nil
+}
+
+// startDirect starts cmd's words without the shell when bash would exec
+// them as they are (sandbox.Cmd.Direct), with what bash would give them;
+// nil when the shell must run it (c, the shell's command, then does).
+func (s *workdirSandbox) startDirect(cmd sandbox.Cmd, c *exec.Cmd) *hostProcess {
+	if cmd.Direct == nil || cmd.PTY != nil || cmd.Subsystem != "" || !s.d.directShell() {
+		return nil
+	}
+	path, env, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: cmd.Direct, ExecBuiltin: cmd.DirectArgv,
+		Env: c.Env, Dir: c.Dir, Cwd: cmd.DirectCwd, UID: os.Geteuid(), GID: os.Getegid()})
+	if !ok {
+		return nil
+	}
+	p, err := startHost(&exec.Cmd{Path: path, Args: cmd.Direct, Env: env, Dir: pwd}, nil)
+	if err != nil {
+		return nil // the exec failed (a script without #!): bash runs it and says what it says
+	}
+	p.directPWD = pwd
+	return p
 }
 
 // Destroy kills every process of the sandbox, including ones that left their

@@ -21,14 +21,17 @@ import (
 func sshMarshal(k ssh.PublicKey) []byte { return ssh.MarshalAuthorizedKey(k) }
 
 // execTrue runs `true` on a new session channel of c.
-func execTrue(c *ssh.Client) error {
+func execTrue(c *ssh.Client) error { return execRun(c, "true") }
+
+// execRun runs command on a new channel of c.
+func execRun(c *ssh.Client, command string) error {
 	s, err := c.NewSession()
 	if err != nil {
 		return fmt.Errorf("new session: %w", err)
 	}
 	defer s.Close()
-	if err := s.Run("true"); err != nil {
-		return fmt.Errorf("exec true: %w", err)
+	if err := s.Run(command); err != nil {
+		return fmt.Errorf("exec %s: %w", command, err)
 	}
 	return nil
 }

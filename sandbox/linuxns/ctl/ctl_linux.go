@@ -165,8 +165,15 @@ type Step struct {
 type Request struct {
 	Op string `json:"op"` // exec, attach, signal, kill, eof
 	// Keep names a kept command (exec, attach): see above.
-	Keep      string       `json:"keep,omitempty"`
-	Command   string       `json:"command,omitempty"`
+	Keep    string `json:"keep,omitempty"`
+	Command string `json:"command,omitempty"`
+	// Direct, when set, are Command's words, which the init runs without
+	// the shell where bash would exec them as they are (sandbox.Cmd.Direct).
+	Direct []string `json:"direct,omitempty"`
+	// DirectArgv: Direct is an argv run as `exec 'a' 'b'`.
+	DirectArgv bool `json:"directArgv,omitempty"`
+	// DirectCwd is where Command cds before the words (Cmd.DirectCwd).
+	DirectCwd string       `json:"directCwd,omitempty"`
 	Subsystem string       `json:"subsystem,omitempty"`
 	Env       []string     `json:"env,omitempty"`
 	PTY       *sandbox.PTY `json:"pty,omitempty"`
@@ -189,6 +196,9 @@ type Reply struct {
 	// StdinClosed says that an attach's descriptors hold no stdin: the
 	// command's input was closed (eof).
 	StdinClosed bool `json:"stdinClosed,omitempty"`
+	// DirectPWD ("started") says that the command runs without the shell
+	// (Request.Direct), in this directory, as bash's $PWD would name it.
+	DirectPWD string `json:"directPWD,omitempty"`
 }
 
 // ImageError marks a build failure that is the image's fault (see

@@ -57,12 +57,19 @@ type initd struct {
 	// that no command has inherited yet (see newCommandNS). Only the
 	// spawner thread uses it.
 	utsReady bool
+	// bashDirect says whether the shell is a bash whose start a command
+	// may skip (sandbox.DirectShell): 0 not known yet, 1 yes, -1 no. Only
+	// the spawner thread uses it.
+	bashDirect int8
 }
 
 // child is a command started for one control connection.
 type child struct {
 	pid int
-	uts nsID // the command's own UTS namespace: its tree
+	// directPWD is the $PWD bash would have had, when the command ran
+	// without it (ctl.Request.Direct); "" when the shell ran it.
+	directPWD string
+	uts       nsID // the command's own UTS namespace: its tree
 	// utsFD holds that namespace open until the command is done with, so
 	// that its inode (uts) cannot name the next command's namespace while
 	// a delayed killTree may still look for it.
@@ -413,7 +420,7 @@ func (in *initd) handle(fd int) {
 		if master >= 0 {
 			err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid}, master)
 		} else {
-			err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid})
+			err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid, DirectPWD: c.directPWD})
 		}
 	}
 	if master >= 0 {
@@ -632,6 +639,20 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	}
 	attr := &syscall.ProcAttr{Dir: in.dir(), Env: env, Files: files, Sys: sys}
 	c := &child{}
+	if req.Direct != nil && req.PTY == nil && req.Subsystem == "" && req.Command != "" && in.directShell() {
+		if dpath, denv, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: req.Direct, ExecBuiltin: req.DirectArgv,
+			Env: env, Dir: attr.Dir, Cwd: req.DirectCwd, UID: ctl.SandboxUID, GID: ctl.SandboxGID}); ok {
+			dattr := *attr
+			dattr.Env, dattr.Dir = denv, pwd
+			if err := in.fork(c, dpath, req.Direct, &dattr); err == nil {
+				c.directPWD = pwd
+				return c, master, nil
+			}
+			// The exec failed (a script without #!, a noexec mount...):
+			// bash runs it and says what it says.
+			c = &child{}
+		}
+	}
 	err := in.fork(c, path, argv, attr)
 	if err != nil {
 		if master >= 0 {
@@ -668,6 +689,18 @@ func (in *initd) fork(c *child, path string, argv []string, attr *syscall.ProcAt
 	default:
 	}
 	return nil
+}
+
+// directShell says whether commands may skip the sandbox's shell
+// (sandbox.DirectShell), asking once. Spawner thread only.
+func (in *initd) directShell() bool {
+	if in.bashDirect == 0 {
+		in.bashDirect = -1
+		if sandbox.DirectShell(in.shell) {
+			in.bashDirect = 1
+		}
+	}
+	return in.bashDirect > 0
 }
 
 // dir is where commands start: the image's working directory, or the

@@ -112,6 +112,10 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"command": "env", "cwd": "nosuch"}, false},
 				{map[string]any{"command": "env", "cwd": "sub/.."}, false},
 				{map[string]any{"command": "env", "env": map[string]string{"LANG": "C"}}, true},
+				// bash warns on stderr about a locale it cannot set, before
+				// the gateway's first line: the warning stays, the line goes
+				{map[string]any{"command": "env", "env": map[string]string{"LC_ALL": "xx_YY.UTF-8"}}, false},
+				{map[string]any{"command": "env", "env": map[string]string{"LC_ALL": "xx_YY.UTF-8"}, "cwd": "sub"}, false},
 				{map[string]any{"argv": []string{"env"}}, true},
 				{map[string]any{"argv": []string{"printenv", "_"}}, true},
 				{map[string]any{"argv": []string{"sh", "-c", `echo "$0" "$1" $HOME; exit 3`, "a b", "*"}}, true},

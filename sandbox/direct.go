@@ -295,6 +295,8 @@ func directRefused(k string) bool {
 		return false // kept as imported (PWD, SHLVL and _ see DirectExec)
 	case "ENV", "POSIXLY_CORRECT", "OLDPWD", "CDPATH":
 		return true
+	case "EXECIGNORE": // the PATH search's; 5.2 ignores it imported, not assigned
+		return true
 	}
 	return bashVars[k] || strings.HasPrefix(k, "BASH") || strings.HasPrefix(k, "COMP_")
 }

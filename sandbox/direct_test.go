@@ -222,6 +222,7 @@ func TestDirectExecLikeBash(t *testing.T) {
 		"path-empty": mergeEnv(base, []string{"PATH="}),
 		"lcall-none": mergeEnv(base, []string{"LC_ALL=xx_YY.UTF-8"}), // bash warns: no such locale
 		"lcall-c":    mergeEnv(base, []string{"LC_ALL=C"}),
+		"execignore": mergeEnv(base, []string{"EXECIGNORE=*/env"}),
 		"many":       many,
 		"no-path":    {"HOME=" + dir},
 	}
@@ -287,7 +288,7 @@ func TestDirectExecLikeBash(t *testing.T) {
 		}
 	}
 	// The environments bash refuses are the shell's.
-	for _, name := range []string{"pwd-wrong", "oldpwd", "ifs", "optind", "bash-env", "shellopts", "ps4", "path-dot", "path-empty", "no-path", "shlvl-odd", "lcall-none"} {
+	for _, name := range []string{"pwd-wrong", "oldpwd", "ifs", "optind", "bash-env", "shellopts", "ps4", "path-dot", "path-empty", "no-path", "shlvl-odd", "lcall-none", "execignore"} {
 		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", "", true); d {
 			t.Errorf("%s: env ran directly", name)
 		}

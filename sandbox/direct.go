@@ -227,7 +227,7 @@ func DirectExec(s DirectSpec) (path string, execEnv []string, pwd string, ok boo
 		if real, err := filepath.EvalSymlinks(target); err != nil || real != target {
 			return "", nil, "", false
 		}
-		if fi, err := os.Stat(target); err != nil || !fi.IsDir() {
+		if fi, err := statPath(target); err != nil || !fi.IsDir() {
 			return "", nil, "", false
 		}
 		oldpwd, pwd, dir = pwd, target, target
@@ -328,7 +328,7 @@ func directLookup(name, pathVar, dir string, uid, gid int) (string, bool) {
 		if strings.HasSuffix(d, "/") {
 			full = d + name
 		}
-		fi, err := os.Stat(full)
+		fi, err := statPath(full)
 		if err != nil || fi.IsDir() {
 			continue
 		}
@@ -345,7 +345,7 @@ func directLookup(name, pathVar, dir string, uid, gid int) (string, bool) {
 // executable reports whether p is a regular file that uid:gid (no
 // supplementary groups) may execute by its mode.
 func executable(p string, uid, gid int) bool {
-	fi, err := os.Stat(p)
+	fi, err := statPath(p)
 	if err != nil || !fi.Mode().IsRegular() {
 		return false
 	}

@@ -259,6 +259,8 @@ func TestDirectExecLikeBash(t *testing.T) {
 		{"sub/../script", true},
 		{"./envscript", true},
 		{"sub/../envscript", true},
+		{"/proc/self/exe --version", false}, // bash itself for bash, the caller for the caller
+		{"/dev/fd/0", false},
 		{"./noshebang", false}, // ENOEXEC: bash runs it
 		{"./noexec", false},
 		{"sub", false},

@@ -96,6 +96,8 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"command": "/bin/kill -9 0"}, true},
 				{map[string]any{"command": "sleep 5", "timeout": 0.5}, true},
 				{map[string]any{"command": "timeout -s KILL 0.1 sleep 5"}, true},
+				// bash itself for bash; before, the init's (the gateway's) binary
+				{map[string]any{"command": "/proc/self/exe -c printenv", "stdin": "x"}, false},
 				{map[string]any{"command": "./noshebang"}, false}, // ENOEXEC: bash runs it
 				{map[string]any{"command": "./noexec"}, false},
 				{map[string]any{"command": "sub"}, false},

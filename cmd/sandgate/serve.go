@@ -529,6 +529,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		// Sandboxes of ended sessions released in the background.
 		TeardownQueue: cfg.sandbox.teardownQueue,
 	}
+	mcfg.WarmPoolImageTTL, mcfg.WarmPoolImages, mcfg.WarmPoolMemory = cfg.sandbox.warmImageTTL, cfg.sandbox.warmImages, cfg.sandbox.warmMemory
 	var mgr *gateway.Manager
 	var node *cluster.Node
 	if cfg.cluster.enabled() {

@@ -51,7 +51,7 @@ func TestWarmPoolImageClaimIsACreate(t *testing.T) {
 	reg := imagestest.NewRegistry(t)
 	ref := pushToolImage(t, reg, "alpha")
 	common := []string{"--sandbox", "linux", "--image-allow", reg.Host + "/tools/*"}
-	warmG := startGateway(t, append([]string{"--warm-pool", "2", "--log-level", "debug"}, common...)...)
+	warmG := startGateway(t, append([]string{"--warm-pool", "2", "--log-level", "debug", "--metrics-token", "m"}, common...)...)
 	coldG := startGateway(t, append([]string{"--warm-pool", "0"}, common...)...)
 	waitFor(t, time.Minute, "the default pool", func() bool { return len(warmG.warmReady()) >= 2 })
 
@@ -126,7 +126,7 @@ func TestWarmPoolImageClaimIsACreate(t *testing.T) {
 	wt, ct := mtimes(warmG, ws.SessionID), mtimes(coldG, cs.SessionID)
 	for i, n := range wt[:5] {
 		if n < claimAt {
-			t.Errorf("file %d the build wrote in the warm session has mtime %d, before the claim at %d: %v\n%s", i, n, claimAt, wt, warmG.stderr.String())
+			t.Errorf("file %d the build wrote in the warm session has mtime %d, before the claim at %d: %v", i, n, claimAt, wt)
 		}
 	}
 	if wt[5] != ct[5] || wt[5] >= claimAt-1 {
@@ -141,6 +141,12 @@ func TestWarmPoolImageClaimIsACreate(t *testing.T) {
 	if _, stderr, code := runImage(t, warmG.DataDir, "rm", ref); code == 0 {
 		t.Errorf("image rm while sessions and a pool hold it: exit 0, %s", stderr)
 	}
+	// The pools' sizes by image.
+	waitFor(t, time.Minute, "the warm sandboxes by image in /metrics", func() bool {
+		_, _, body := scrapeMetrics(t, warmG.URL+"/metrics", "m")
+		return strings.Contains(body, "\n"+`sandgate_warm_sandboxes{image="default"} 2`+"\n") &&
+			strings.Contains(body, "\n"+`sandgate_warm_sandboxes{image="`+ref+`"} 2`+"\n")
+	})
 	warmG.stop(t)
 	for _, id := range warmG.warmImageReady(ref) {
 		if slices.Contains(warmG.sessionIDs(), id) {

@@ -215,7 +215,11 @@ func (ip *imagePools) admit() bool {
 	if measured > 0 {
 		per = used / measured
 	}
-	return used+per*(unmeasured+1) <= ip.memory
+	if total := used + per*(unmeasured+1); total > ip.memory {
+		ip.m.log.Debug("warm_pool_memory_full", "warm_sandboxes", measured+unmeasured, "bytes_with_one_more", total, "bound", ip.memory)
+		return false
+	}
+	return true
 }
 
 // memoryOf is the memory sb's cgroups count now.

@@ -16,11 +16,12 @@ import (
 // a create takes one instead of waiting for the driver. A warm sandbox
 // is made for an id drawn like any session's (newID), which nobody has
 // seen: the session that claims it takes that id, so its hostname,
-// directories and cgroups are what a cold create would have made for
-// it. Nothing runs in a warm sandbox before its claim. What differs per session is applied at claim: the limits (the
-// driver's Rebinder, in place), and, by the create as for any sandbox,
-// the workspace, the egress proxy and policy, secrets and environment
-// (given to each command), labels and TTL (the gateway's own).
+// directories and cgroups are what a cold create would have made for it.
+// Nothing runs in a warm sandbox before its claim. What differs per
+// session is applied at claim: the limits (the driver's Rebinder, in
+// place), and, by the create as for any sandbox, the workspace, the
+// egress proxy and policy, secrets and environment (given to each
+// command), labels and TTL (the gateway's own).
 //
 // Warm sandboxes are not sessions: they are in no list, count towards no
 // quota, have no record in the store (a restart's Restore removes any

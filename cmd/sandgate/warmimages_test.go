@@ -126,7 +126,7 @@ func TestWarmPoolImageClaimIsACreate(t *testing.T) {
 	wt, ct := mtimes(warmG, ws.SessionID), mtimes(coldG, cs.SessionID)
 	for i, n := range wt[:5] {
 		if n < claimAt {
-			t.Errorf("file %d the build wrote in the warm session has mtime %d, before the claim at %d: %v", i, n, claimAt, wt)
+			t.Errorf("file %d the build wrote in the warm session %s has mtime %d, before the claim at %d: %v (pool %v)", i, ws.SessionID, n, claimAt, wt, pooled)
 		}
 	}
 	if wt[5] != ct[5] || wt[5] >= claimAt-1 {

@@ -77,9 +77,13 @@ func TestWarmPoolImageClaimIsACreate(t *testing.T) {
 	// coarse clock, a tick behind).
 	time.Sleep(2500 * time.Millisecond)
 	claimAt := time.Now().Unix()
+	start := time.Now()
 	ws := create(warmG)
+	warmTook := time.Since(start)
 	create(coldG) // the pull
+	start = time.Now()
 	cs := create(coldG)
+	t.Logf("create of %s: %v claiming a warm sandbox, %v cold (for information: nothing is asserted of times)", ref, warmTook, time.Since(start))
 	if !slices.Contains(pooled, ws.SessionID) {
 		t.Fatalf("session %s on %s did not claim a warm sandbox of %v", ws.SessionID, ref, pooled)
 	}

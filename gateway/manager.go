@@ -78,6 +78,17 @@ type Config struct {
 	// WarmPool is how many sandboxes of the default root are kept built
 	// and idle for creates to claim, once Run runs (0: none; warmpool.go).
 	WarmPool int
+	// WarmPoolImageTTL, with WarmPool, gives each image other than the
+	// default root that a create used within this long a pool of its own
+	// (0: none; warmimages.go).
+	WarmPoolImageTTL time.Duration
+	// WarmPoolImages bounds the images with a pool at once (0:
+	// DefaultWarmPoolImages).
+	WarmPoolImages int
+	// WarmPoolMemory bounds the memory of the warm sandboxes: an image's
+	// pool adds one only while all of them stay within it (0:
+	// DefaultWarmPoolMemory).
+	WarmPoolMemory int64
 	// TeardownQueue is how many ended sessions' sandboxes may be released
 	// in the background at once: a Delete answers once the session cannot
 	// be reached (and its named workspace is synced), and a Delete past
@@ -112,6 +123,9 @@ type Manager struct {
 	tombOnce sync.Once
 	// pool holds the warm sandboxes (nil: Config.WarmPool is 0).
 	pool *warmPool
+	// imagePools hold the warm sandboxes of images (nil: none;
+	// warmimages.go).
+	imagePools *imagePools
 	// releasing holds a slot per sandbox being released in the
 	// background (cap Config.TeardownQueue); released waits for them.
 	releasing chan struct{}
@@ -183,6 +197,7 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 			return driver.Create(ctx, sandbox.Spec{ID: id})
 		}, m.destroyWarm, log)
 	}
+	m.imagePools = newImagePools(m)
 	return m
 }
 
@@ -260,7 +275,14 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	u.push(func() { m.unclaimName(name) })
 
 	lim := m.cfg.Resources.limits(cp.Resources)
-	w, warmed := m.takeWarm(c, lim)
+	var img *sandbox.Image
+	if !slices.Contains(m.cfg.Images, c.image) {
+		// The principal goes along: the source bounds each tenant's pulls.
+		if img, err = m.cfg.ImageSource.Resolve(WithPrincipal(ctx, p), c.image); err != nil {
+			return nil, "", err
+		}
+	}
+	w, warmed := m.takeWarm(img, lim)
 	id := "" // a fresh one
 	if warmed {
 		id = w.id
@@ -288,19 +310,20 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 		}
 		spec.TrustPEM = s.egressCAPEM
 	}
-	if !slices.Contains(m.cfg.Images, c.image) {
-		// The principal goes along: the source bounds each tenant's pulls.
-		img, err := m.cfg.ImageSource.Resolve(WithPrincipal(ctx, p), c.image)
-		if err != nil {
-			return nil, "", err
-		}
-		if err := m.cfg.ImageSource.Hold(s.ID, img); err != nil {
-			return nil, "", &Error{Kind: KindUnavailable, Code: "image_failed", Message: "could not hold the image for the session", Err: err}
+	if img != nil {
+		// A warm sandbox of the image holds it under its id already.
+		if !w.held {
+			if err := m.cfg.ImageSource.Hold(s.ID, img); err != nil {
+				return nil, "", &Error{Kind: KindUnavailable, Code: "image_failed", Message: "could not hold the image for the session", Err: err}
+			}
 		}
 		spec.Image, s.ImageDigest = img, img.Digest
 	}
 	var sb sandbox.Sandbox
 	u.push(func() {
+		if w.held && sb == nil {
+			return // the warm sandbox's destroy (destroyWarm) lets go of it
+		}
 		// The image is let go once no sandbox uses it: none was made, or
 		// it was destroyed.
 		if sb == nil || sb.Destroy(context.WithoutCancel(ctx)) == nil {
@@ -870,6 +893,7 @@ func (m *Manager) Run(ctx context.Context) {
 	if m.pool != nil {
 		m.pool.start(ctx)
 	}
+	m.imagePools.start(ctx)
 	t := time.NewTicker(m.cfg.ReapInterval)
 	defer t.Stop()
 	for {
@@ -881,6 +905,7 @@ func (m *Manager) Run(ctx context.Context) {
 			m.retryDestroy(ctx)
 			m.saveActivity()
 			m.PruneTombstones()
+			m.imagePools.tend(m.cfg.Now())
 		}
 	}
 }

@@ -413,17 +413,29 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return err
 	}
 	tr.Mark("init_fork")
-	ln, err := listenUnix(st.Socket)
-	if err != nil {
-		return err
+	if d.cfg.Checkpoint {
+		// The control socket is made in the sandbox's network namespace,
+		// where a checkpoint finds it; the gateway still reaches it by its
+		// path. No "socket-file": it is a file of the host.
+		ln, err := listenUnixIn(st.Pid, st.Socket)
+		if err != nil {
+			return err
+		}
+		fds, names = append(fds, ln), append(names, "listener")
+	} else {
+		ln, err := listenUnix(st.Socket)
+		if err != nil {
+			return err
+		}
+		fds, names = append(fds, ln), append(names, "listener")
+		sf, err := unix.Open(st.Socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("control socket: %w", err)
+		}
+		fds, names = append(fds, sf), append(names, "socket-file")
 	}
-	fds, names = append(fds, ln), append(names, "listener")
-	sf, err := unix.Open(st.Socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	fds, names = append(fds, sf), append(names, "socket-file")
 	is := ctl.Spec{
+		Checkpoint: d.cfg.Checkpoint,
 		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
@@ -619,8 +631,18 @@ func (d *Driver) startInit(uidBase int, logPath string, cgroupFD int, cgroupTask
 		cmd.Stderr = &bytes.Buffer{}
 	}
 	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: uidBase, Size: idRange}}
+	flags := uintptr(initFlags)
+	if d.cfg.Checkpoint {
+		// The Go runtime keeps the cgroup's CPU files open (of the host's
+		// cgroupfs) to follow the quota: a checkpoint cannot carry them.
+		cmd.Env = append(cmd.Env, "GODEBUG=containermaxprocs=0,updatemaxprocs=0")
+		// One cgroup namespace for the whole sandbox, rooted at the init's
+		// cgroup: CRIU cannot dump the nested one the spawner thread makes
+		// otherwise.
+		flags |= syscall.CLONE_NEWCGROUP
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:                 initFlags,
+		Cloneflags:                 flags,
 		UidMappings:                ids,
 		GidMappings:                ids,
 		GidMappingsEnableSetgroups: true,
@@ -717,6 +739,32 @@ func listenUnix(path string) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("listen on control socket: %w", err)
 	}
+	return fd, nil
+}
+
+// listenUnixIn is listenUnix from the network namespace of process pid.
+func listenUnixIn(pid int, path string) (int, error) {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return -1, fmt.Errorf("sandbox network namespace: %w", err)
+	}
+	defer ns.Close()
+	f, err := inNetNS(ns, func() (*os.File, error) {
+		fd, err := listenUnix(path)
+		if err != nil {
+			return nil, err
+		}
+		return os.NewFile(uintptr(fd), "control.sock"), nil
+	})
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		return -1, fmt.Errorf("control socket: %w", err)
+	}
+	unix.CloseOnExec(fd)
 	return fd, nil
 }
 

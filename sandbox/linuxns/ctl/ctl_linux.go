@@ -106,6 +106,11 @@ type Spec struct {
 	// NoSeccomp starts the sandbox without its seccomp filter. Only tests
 	// set it, to measure what the filter costs; the gateway never does.
 	NoSeccomp bool `json:"noSeccomp,omitempty"`
+	// Checkpoint builds a sandbox CRIU can checkpoint (sandbox.Config.
+	// Checkpoint): no UTS namespace per command (a command's tree is its
+	// descendants and its process group), stdio reopened on the sandbox's
+	// own /dev/null, and no "socket-file".
+	Checkpoint bool `json:"checkpoint,omitempty"`
 	// NofileSoft and NofileHard are the RLIMIT_NOFILE of every command
 	// the init starts (sandbox.Config.Nofile), and of the init itself when
 	// InitNofile is zero (a gateway before it); zero keeps the inherited

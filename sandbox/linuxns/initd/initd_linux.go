@@ -57,12 +57,19 @@ type initd struct {
 	// that no command has inherited yet (see newCommandNS). Only the
 	// spawner thread uses it.
 	utsReady bool
+	// checkpoint (ctl.Spec.Checkpoint): commands get no UTS namespace of
+	// their own, which CRIU cannot dump; a command's tree is then found
+	// by ancestry and process group (killDescendants).
+	checkpoint bool
 }
 
 // child is a command started for one control connection.
 type child struct {
 	pid int
-	uts nsID // the command's own UTS namespace: its tree
+	// checkpoint: the tree is found by ancestry (killDescendants), not
+	// by uts.
+	checkpoint bool
+	uts        nsID // the command's own UTS namespace: its tree
 	// utsFD holds that namespace open until the command is done with, so
 	// that its inode (uts) cannot name the next command's namespace while
 	// a delayed killTree may still look for it.
@@ -175,6 +182,15 @@ func (c *child) end() {
 			unix.Close(c.utsFD)
 			return
 		}
+		if c.checkpoint {
+			// The tree as it is now: once the first process ends, its
+			// children are the init's and their ancestry is gone.
+			tree := descendants(c.pid)
+			_ = unix.Kill(-c.pid, unix.SIGHUP)
+			_ = unix.Kill(-c.pid, unix.SIGCONT)
+			time.AfterFunc(sandbox.KillGrace, func() { killDescendants(c.pid, tree) })
+			return
+		}
 		_ = unix.Kill(-c.pid, unix.SIGHUP)
 		_ = unix.Kill(-c.pid, unix.SIGCONT)
 		time.AfterFunc(sandbox.KillGrace, func() {
@@ -241,6 +257,79 @@ func killTree(uts nsID) {
 	}
 }
 
+// descendants returns pid's process tree (pid included), by the parents
+// /proc shows now.
+func descendants(pid int) map[int]bool {
+	parent := map[int]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil || p == 1 {
+			continue
+		}
+		if pp, _, err := procParentGroup(p); err == nil {
+			parent[p] = pp
+		}
+	}
+	tree := map[int]bool{pid: true}
+	for grew := true; grew; {
+		grew = false
+		for p, pp := range parent {
+			if !tree[p] && tree[pp] {
+				tree[p], grew = true, true
+			}
+		}
+	}
+	return tree
+}
+
+// procParentGroup reads pid's parent and process group from its stat.
+func procParentGroup(pid int) (ppid, pgid int, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// After the command's name, in parentheses: state ppid pgrp.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 3 {
+		return 0, 0, fmt.Errorf("bad stat of %d", pid)
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	pgid, _ = strconv.Atoi(f[2])
+	return ppid, pgid, nil
+}
+
+// killDescendants is killTree for a checkpointable sandbox, whose commands
+// share the sandbox's UTS namespace: SIGKILL to every process of the tree
+// seen at the kill (tree), to what descends from it now, and to the
+// command's process group. It repeats while it finds some, as a process
+// may fork while the tree is killed. A process that left both the tree
+// (its parent ended first: a double fork) and the group (setsid) before
+// the kill outlives its command, never the sandbox.
+func killDescendants(pid int, tree map[int]bool) {
+	for range 100 {
+		found := false
+		for p := range descendants(pid) {
+			tree[p] = true
+		}
+		for p := range tree {
+			if p != 1 && unix.Kill(p, unix.SIGKILL) == nil {
+				found = true
+			} else {
+				delete(tree, p)
+			}
+		}
+		if unix.Kill(-pid, unix.SIGKILL) == nil {
+			found = true
+		}
+		if !found {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // serve serves the control socket; it never returns. Each connection's
 // request is read and its command forked on the spawner thread itself,
 // with blocking system calls, so that a command starts with no hand-off
@@ -253,7 +342,9 @@ func (in *initd) serve() {
 	}
 	go in.reap()
 	in.sp.run(func() {
-		_ = in.newCommandNS()
+		if !in.checkpoint {
+			_ = in.newCommandNS()
+		}
 		for {
 			fd, _, err := unix.Accept4(in.ln, unix.SOCK_CLOEXEC)
 			switch {
@@ -645,12 +736,16 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 // fork starts c's process, in a UTS namespace of its own (newCommandNS),
 // from the spawner thread, where it must run.
 func (in *initd) fork(c *child, path string, argv []string, attr *syscall.ProcAttr) error {
-	if err := in.newCommandNS(); err != nil {
-		return err
-	}
 	var err error
-	if c.utsFD, c.uts, err = openNS("/proc/thread-self/ns/uts"); err != nil {
-		return err
+	if in.checkpoint {
+		c.checkpoint, c.utsFD = true, -1
+	} else {
+		if err := in.newCommandNS(); err != nil {
+			return err
+		}
+		if c.utsFD, c.uts, err = openNS("/proc/thread-self/ns/uts"); err != nil {
+			return err
+		}
 	}
 	in.mu.Lock()
 	c.pid, err = syscall.ForkExec(path, argv, attr)
@@ -744,7 +839,7 @@ type spawner struct {
 
 // spawnFilter says whether the spawner thread loads the seccomp filter,
 // and which.
-type spawnFilter struct{ on, allowUserNS bool }
+type spawnFilter struct{ on, allowUserNS, checkpoint bool }
 
 func startSpawner(tasks []int, filter spawnFilter) (*spawner, error) {
 	s := &spawner{fns: make(chan func())}
@@ -783,8 +878,12 @@ func prepareSpawnThread(tasks []int, filter spawnFilter) error {
 			return fmt.Errorf("join the commands' cgroup: %w", err)
 		}
 	}
-	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return fmt.Errorf("cgroup namespace: %w", err)
+	// A checkpointable sandbox's init was born in a cgroup namespace of
+	// its own, which the commands share (CRIU dumps no nested one).
+	if !filter.checkpoint {
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			return fmt.Errorf("cgroup namespace: %w", err)
+		}
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("no_new_privs: %w", err)

@@ -251,12 +251,20 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		return nil, err
 	}
 	tm.mark("limits")
-	sp, err := startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
+	sp, err := startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS, checkpoint: spec.Checkpoint})
 	if err != nil {
 		return nil, err
 	}
 	tm.mark("seccomp")
-	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
+	if spec.Checkpoint {
+		// The host's /dev/null and init.log are outside the sandbox's
+		// mounts, where a checkpoint cannot find them: stdio is the
+		// sandbox's own /dev/null from here on.
+		if err := stdioDevNull(); err != nil {
+			return nil, err
+		}
+	}
+	in := &initd{checkpoint: spec.Checkpoint, sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
 		env:    spec.Env, workDir: writableWorkDir(spec.WorkingDir),
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
@@ -275,6 +283,21 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		}
 	}
 	return in, nil
+}
+
+// stdioDevNull points the init's stdin, stdout and stderr at /dev/null.
+func stdioDevNull() error {
+	fd, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("stdio: %w", err)
+	}
+	defer unix.Close(fd)
+	for i := range 3 {
+		if err := unix.Dup3(fd, i, 0); err != nil {
+			return fmt.Errorf("stdio: %w", err)
+		}
+	}
+	return nil
 }
 
 // closeInherited closes the descriptors this process inherited without

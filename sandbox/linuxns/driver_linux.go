@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -103,6 +104,9 @@ type Driver struct {
 	// unfiltered holds the running sandboxes adopted without the seccomp
 	// filter (their init predates it): Seccomp reports them.
 	unfiltered map[string]bool
+	// initPath is the init's binary for checkpointable sandboxes
+	// (writeInitBinary).
+	initPath string
 }
 
 // New returns the linux driver after checking that this host can run
@@ -153,6 +157,11 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 			return nil, err
 		}
 	}
+	if cfg.Checkpoint {
+		if err := d.writeInitBinary(); err != nil {
+			return nil, err
+		}
+	}
 	d.cg = cgroup.Detect()
 	d.removeTemplates()
 	if cfg.KeepOrphans {
@@ -183,6 +192,37 @@ func (d *Driver) useSmallInit(b []byte) {
 	default:
 		d.initFile, d.exe = f, "/proc/self/fd/"+strconv.Itoa(int(f.Fd()))
 	}
+}
+
+// writeInitBinary copies the init's binary to a file under the driver's
+// dir, which checkpointable sandboxes bind at /.sandgate-init
+// (ctl.Spec.InitPath).
+func (d *Driver) writeInitBinary() error {
+	src, err := os.Open(d.exe)
+	if err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	}
+	defer src.Close()
+	d.initPath = filepath.Join(d.root, ".sandgate-init")
+	tmp, err := os.CreateTemp(d.root, ".sandgate-init-")
+	if err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, src)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o755)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), d.initPath)
+	}
+	if err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	}
+	return nil
 }
 
 // initKind names the init's binary in the driver's report.
@@ -422,6 +462,15 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 			return err
 		}
 		fds, names = append(fds, ln), append(names, "listener")
+		self, err := unix.OpenTree(unix.AT_FDCWD, d.initPath, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("init binary: %w", err)
+		}
+		fds, names = append(fds, self), append(names, "init")
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+		if err := unix.MountSetattr(self, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			return fmt.Errorf("init binary: %w", err)
+		}
 	} else {
 		ln, err := listenUnix(st.Socket)
 		if err != nil {
@@ -436,7 +485,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	is := ctl.Spec{
 		Checkpoint: d.cfg.Checkpoint,
-		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
+		ID:         st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
 	}

@@ -61,6 +61,9 @@ type initd struct {
 	// their own, which CRIU cannot dump; a command's tree is then found
 	// by ancestry and process group (killDescendants).
 	checkpoint bool
+	// tasks are the commands' cgroup tasks files, kept open across the
+	// re-exec of a checkpointable init for its spawner (reexec).
+	tasks []int
 }
 
 // child is a command started for one control connection.

@@ -29,6 +29,9 @@ type Config struct {
 	// by a UTS namespace of its own and holds nothing of the host that a
 	// checkpoint cannot carry (docs/pause.md, "Fork").
 	Checkpoint bool
+	// CRIU is the criu binary checkpoints run ("": criu, looked up in
+	// PATH).
+	CRIU string
 }
 
 // Nofile is an RLIMIT_NOFILE: Soft is what a process starts with, Hard is

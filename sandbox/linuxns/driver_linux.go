@@ -439,6 +439,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	st.Pid = cmd.Process.Pid
 	st.Seccomp = !d.noSeccomp
+	st.Checkpoint = d.cfg.Checkpoint
 	sb.mu.Lock()
 	st.KeepJobs = true // Keeps reads it under mu
 	sb.mu.Unlock()

@@ -52,6 +52,12 @@ type checkpoint struct {
 	// leaves out (--external unix) and a restore replaces by the new
 	// sandbox's (--inherit-fd).
 	listener uint64
+	// conns are the init's control connections open at the dump (the
+	// gateway's commands in flight, followed kept processes): a restore
+	// gives each a socket whose peer is closed, so that the new init sees
+	// its gateway gone: it ends those commands, and keeps kept ones for
+	// a Reattach.
+	conns []uint64
 	// controllers are the cgroup controllers the sandbox's cgroups use.
 	controllers []string
 
@@ -115,7 +121,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	if c.root, err = rootEntries(st.Pid); err != nil {
 		return nil, err
 	}
-	if c.listener, err = listenerInode(st.Pid); err != nil {
+	if c.listener, c.conns, err = initSockets(st.Pid); err != nil {
 		return nil, err
 	}
 	c.controllers = controllersOf(st.Cgroups)
@@ -141,6 +147,9 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	args := []string{"dump", "-t", strconv.Itoa(st.Pid), "-D", c.dir, "-o", "dump.log", "-v4",
 		"--leave-running", "--tcp-established", "--action-script", script,
 		"--external", fmt.Sprintf("unix[%d]", c.listener)}
+	for _, ino := range c.conns {
+		args = append(args, "--external", fmt.Sprintf("unix[%d]", ino))
+	}
 	for _, ctl := range c.controllers {
 		args = append(args, "--cgroup-dump-controller", ctl)
 	}
@@ -298,12 +307,13 @@ func rootEntries(pid int) ([]rootEntry, error) {
 	return out, nil
 }
 
-// listenerInode finds the inode of the init's control socket: the one
-// listening Unix socket among its descriptors.
-func listenerInode(pid int) (uint64, error) {
+// initSockets finds the inode of the init's control socket (the one
+// listening Unix socket among its descriptors) and those of its other Unix
+// sockets: control connections, whose peer is the gateway.
+func initSockets(pid int) (listener uint64, conns []uint64, err error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/net/unix", pid))
 	if err != nil {
-		return 0, fmt.Errorf("checkpoint: %w", err)
+		return 0, nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	defer f.Close()
 	listening := map[uint64]bool{}
@@ -316,13 +326,13 @@ func listenerInode(pid int) (uint64, error) {
 		}
 		flags, err1 := strconv.ParseUint(fl[3], 16, 32)
 		ino, err2 := strconv.ParseUint(fl[6], 10, 64)
-		if err1 == nil && err2 == nil && flags&soAcceptCon != 0 {
-			listening[ino] = true
+		if err1 == nil && err2 == nil {
+			listening[ino] = flags&soAcceptCon != 0
 		}
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
-		return 0, fmt.Errorf("checkpoint: %w", err)
+		return 0, nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	for _, e := range fds {
 		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
@@ -330,11 +340,19 @@ func listenerInode(pid int) (uint64, error) {
 			continue
 		}
 		ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"), 10, 64)
-		if err == nil && listening[ino] {
-			return ino, nil
+		isListener, unixSocket := listening[ino]
+		switch {
+		case err != nil || !unixSocket:
+		case isListener && listener == 0:
+			listener = ino
+		case !slices.Contains(conns, ino):
+			conns = append(conns, ino)
 		}
 	}
-	return 0, errors.New("checkpoint: the init has no control socket")
+	if listener == 0 {
+		return 0, nil, errors.New("checkpoint: the init has no control socket in its network namespace (a fork of a fork is not supported yet)")
+	}
+	return listener, conns, nil
 }
 
 // controllersOf names the cgroup v1 controllers of the sandbox's cgroup
@@ -444,6 +462,20 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	args := []string{"restore", "-D", c.dir, "-o", log, "-v4", "-d", "--pidfile", pidFile,
 		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close",
 		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
+	extra := []*os.File{lnf}
+	for _, ino := range c.conns {
+		// One end of a new pair, the other closed at once: the new init
+		// reads the end of a gateway that is gone.
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		unix.Close(pair[1])
+		f := os.NewFile(uintptr(pair[0]), "gone")
+		defer f.Close()
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:socket:[%d]", 3+len(extra), ino))
+		extra = append(extra, f)
+	}
 	for _, mp := range c.mounts {
 		host := mp
 		switch mp {
@@ -460,7 +492,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		return nil, err
 	}
 	t0 := time.Now()
-	err = c.run(ctx, criu, args, log, []*os.File{lnf})
+	err = c.run(ctx, criu, args, log, extra)
 	if oerr := ownImages(c.dir, 0, 0o600); oerr != nil {
 		return nil, errors.Join(err, oerr)
 	}

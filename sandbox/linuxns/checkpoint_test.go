@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
@@ -111,6 +112,19 @@ func TestLinuxCheckpointFork(t *testing.T) {
 	if _, stderr, e := runIn(t, src, "echo src > /workspace/src.txt\n"+varServer); e.Code != 0 {
 		t.Fatalf("setup: %+v %s", e, stderr)
 	}
+	// At the checkpoint, a kept process and a command run, each with its
+	// control connection open: in a fork the kept one is there for a
+	// Reattach, the command is ended.
+	kept, err := src.Start(ctx, sandbox.Cmd{Command: "echo kept-started; exec sleep 1000", Keep: "job/k1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kept.Kill() })
+	running, err := src.Start(ctx, sandbox.Cmd{Command: "exec sleep 1001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { running.Kill() })
 	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +153,20 @@ func TestLinuxCheckpointFork(t *testing.T) {
 			ls, _, _ := runIn(t, f, "ls -lan /workspace; id")
 			t.Errorf("fork %d: /workspace/src.txt = %q (%s); %s", i, out, stderr, ls)
 		}
+	}
+	for i, f := range forks {
+		p, err := f.(sandbox.Keeper).Reattach(ctx, "job/k1")
+		if err != nil {
+			t.Errorf("fork %d: reattach the kept process: %v", i, err)
+			continue
+		}
+		p.Kill()
+		if !waitFor(10*time.Second, func() bool { _, _, e := runIn(t, f, "pgrep -f 'sleep 1001'"); return e.Code != 0 }) {
+			t.Errorf("fork %d: the command in flight at the fork still runs", i)
+		}
+	}
+	if _, _, e := runIn(t, src, "pgrep -f 'sleep 1001'"); e.Code != 0 {
+		t.Errorf("source: its command in flight ended with the fork")
 	}
 	setVar(t, forks[0], "a")
 	setVar(t, forks[1], "b")

@@ -345,9 +345,7 @@ func (in *initd) serve() {
 	}
 	go in.reap()
 	in.sp.run(func() {
-		if !in.checkpoint {
-			_ = in.newCommandNS()
-		}
+		_ = in.newCommandNS()
 		for {
 			fd, _, err := unix.Accept4(in.ln, unix.SOCK_CLOEXEC)
 			switch {
@@ -674,7 +672,7 @@ func slicesWithout(fds []int, drop int) []int {
 // the next command inherits: it names that command's tree (see killTree).
 // Same hostname; nobody in the sandbox may change it.
 func (in *initd) newCommandNS() error {
-	if in.utsReady {
+	if in.utsReady || in.checkpoint { // a checkpointable init's commands share one
 		return nil
 	}
 	if err := unix.Unshare(unix.CLONE_NEWUTS); err != nil {

@@ -170,6 +170,34 @@ func (k *Kernels) Run(ctx context.Context, id string, s Session, name string, re
 	return x.run(ctx, req)
 }
 
+// Fork gives session dst (s), a fork of session src, the kernels src has
+// recorded: dst's sandbox holds copies of src's interpreters, kept under
+// the same keys, and each is taken back at its first call, its state
+// included, as after a gateway restart. Without StateDir (kernels not
+// kept) dst starts with none.
+func (k *Kernels) Fork(src, dst string, s Session) {
+	if k.StateDir == "" || !sandbox.ValidID(dst) {
+		return
+	}
+	for _, name := range recorded(k.StateDir, src, "kernel-") {
+		if !ValidKernelName(name) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(k.StateDir, src, "kernel-"+name))
+		if err != nil {
+			continue
+		}
+		dir := filepath.Join(k.StateDir, dst)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return
+		}
+		if err := os.WriteFile(filepath.Join(dir, "kernel-"+name), b, 0o600); err != nil {
+			continue
+		}
+		_, _ = k.get(dst, s, name)
+	}
+}
+
 // Restore registers the kernels an earlier gateway recorded for session
 // id (s), so that a reset reaches them before any call does; each is
 // taken back at its first call.

@@ -27,6 +27,8 @@ const MaxForkCount = 8
 type ForkedSession struct {
 	Session  *Session
 	Password string
+	// From is the source session's id.
+	From string
 }
 
 // forkSource is what a fork's creates take from the source (Manager.create).
@@ -120,7 +122,7 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 			return nil, err
 		}
 		m.auditSession(ctx, s, "forked", "from "+src.ID, "")
-		out = append(out, ForkedSession{Session: s, Password: pw})
+		out = append(out, ForkedSession{Session: s, Password: pw, From: src.ID})
 	}
 	m.log.InfoContext(ctx, "session_forked", "session", src.ID, "tenant", p.Tenant, "count", count,
 		"checkpoint_ms", checkpointed.Milliseconds(), "ms", time.Since(start).Milliseconds())

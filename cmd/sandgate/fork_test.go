@@ -1,0 +1,125 @@
+package main
+
+import (
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// criuForTest returns a criu 4.x for serve --criu ($SANDGATE_CRIU, else the
+// one .ci/run builds in ~/.cache/sandgate); it skips without one and fails
+// under CI=true, where .ci/run builds it.
+func criuForTest(t *testing.T) string {
+	t.Helper()
+	cands := []string{os.Getenv("SANDGATE_CRIU")}
+	if home, err := os.UserHomeDir(); err == nil {
+		cands = append(cands, filepath.Join(home, ".cache/sandgate/criu-4.2/criu"))
+	}
+	for _, c := range cands {
+		if c == "" {
+			continue
+		}
+		if out, err := exec.Command(c, "--version").CombinedOutput(); err == nil && strings.Contains(string(out), "Version: 4.") {
+			return c
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("no criu 4.x: .ci/run builds one in ~/.cache/sandgate/criu-4.2")
+	}
+	t.Skip("no criu 4.x: set SANDGATE_CRIU")
+	return ""
+}
+
+type forkAnswer struct {
+	Sessions []sessionJSON `json:"sessions"`
+}
+
+// TestForkCarriesKernel: POST /fork {"count": 2} copies a running linux
+// session twice: each fork's Python kernel has the source's variable,
+// then its own; files written in one fork are in no other session; each
+// fork's egress follows its own policy; the checkpoint's images are gone
+// once the fork answers; the source runs on.
+func TestForkCarriesKernel(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	f := newEgressFixture(t)
+	g := startGateway(t, append(f.args, "--checkpoint", "--criu", criu)...)
+	hp := ":" + f.httpPort
+	var src egressSession
+	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"egress": []string{"pypi.test" + hp}}, &src); code != http.StatusCreated {
+		t.Fatalf("create: %d", code)
+	}
+	if a := runPython(t, g, src.SessionID, map[string]any{"code": "x = 4242\nblob = bytearray(16 << 20)\nx"}); a.result() != "4242" {
+		t.Fatalf("python: %+v", a)
+	}
+	if a := runREST(t, g, src.SessionID, map[string]any{"command": "echo src > /workspace/src.txt"}); a.code() != 0 {
+		t.Fatalf("write: %+v", a)
+	}
+
+	// Bad counts first.
+	for _, n := range []int{0, 9} {
+		var e apiError
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+src.SessionID+"/fork", map[string]any{"count": n}, &e); code != http.StatusBadRequest || e.Error.Code != "invalid_count" {
+			t.Errorf("fork count %d: %d %+v", n, code, e)
+		}
+	}
+	var fa forkAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+src.SessionID+"/fork", map[string]any{"count": 2}, &fa); code != http.StatusCreated || len(fa.Sessions) != 2 {
+		t.Fatalf("fork: %d %+v\n%s", code, fa, g.stderr.String())
+	}
+	if left, _ := filepath.Glob(filepath.Join(g.DataDir, "sandboxes", ".checkpoints", "*")); len(left) != 0 {
+		t.Errorf("checkpoint images left after the fork: %v", left)
+	}
+	ids := []string{fa.Sessions[0].SessionID, fa.Sessions[1].SessionID}
+	for i, s := range fa.Sessions {
+		if s.SessionID == src.SessionID || s.SSH.Password == "" {
+			t.Fatalf("fork %d: %+v", i, s)
+		}
+	}
+	for i, id := range ids {
+		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != "4242" || a.StateLost {
+			t.Errorf("fork %d: x = %+v", i, a)
+		}
+		if a := runREST(t, g, id, map[string]any{"command": "cat /workspace/src.txt"}); a.out() != "src\n" {
+			t.Errorf("fork %d: src.txt %+v", i, a)
+		}
+	}
+	// They diverge.
+	for i, id := range ids {
+		runPython(t, g, id, map[string]any{"code": "x = " + string(rune('1'+i))})
+	}
+	runREST(t, g, ids[0], map[string]any{"command": "echo a > /workspace/a.txt"})
+	for i, id := range ids {
+		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != string(rune('1'+i)) {
+			t.Errorf("fork %d: x = %+v after setting it", i, a)
+		}
+	}
+	if a := runPython(t, g, src.SessionID, map[string]any{"code": "x"}); a.result() != "4242" {
+		t.Errorf("source: x = %+v after the forks set theirs", a)
+	}
+	for _, id := range []string{src.SessionID, ids[1]} {
+		if a := runREST(t, g, id, map[string]any{"command": "test -e /workspace/a.txt"}); a.code() == 0 {
+			t.Errorf("%s sees fork 0's file", id)
+		}
+	}
+	// Egress: each follows its own policy (by default the source's).
+	if code := g.api(t, http.MethodPatch, "/v1/sessions/"+ids[1], map[string]any{"egress": []string{}}, nil); code != http.StatusOK {
+		t.Fatalf("patch fork 1's egress: %d", code)
+	}
+	get := "curl -sS --max-time 20 http://pypi.test" + hp + "/hello"
+	for _, c := range []struct {
+		id, want string
+	}{
+		{src.SessionID, "hello from pypi.test" + hp},
+		{ids[0], "hello from pypi.test" + hp},
+		{ids[1], "denied"},
+	} {
+		a := runREST(t, g, c.id, map[string]any{"command": get + " 2>&1; true"})
+		if !strings.Contains(a.out(), c.want) {
+			t.Errorf("%s: %q, want %q", c.id, a.out(), c.want)
+		}
+	}
+}

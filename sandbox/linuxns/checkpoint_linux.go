@@ -486,9 +486,11 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		}
 		args = append(args, "--external", "mnt["+mountKey(mp)+"]:"+host)
 	}
-	// CRIU reads some images from inside the new user namespace: they are
-	// its root's (read-only) for the restore, root's again after it.
-	if err := ownImages(c.dir, st.UIDBase, 0o400); err != nil {
+	// CRIU reads some images from inside the new user namespace, some
+	// before its ids are mapped (as the overflow uid): they are readable
+	// by all for the restore (only root reaches the directory's path: the
+	// data dir is 0700), 0600 again after it.
+	if err := ownImages(c.dir, 0, 0o644); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()

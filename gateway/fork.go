@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/sandgate/sandgate/egress"
@@ -109,20 +110,39 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	}()
 	cp := forkParams(src)
 	from := &forkSource{src: src, ck: ck}
-	var out []ForkedSession
-	for range count {
-		s, pw, err := m.create(ctx, p, cp, from)
-		if err != nil {
-			for _, f := range out {
-				if derr := m.Delete(context.WithoutCancel(ctx), p, f.Session.ID); derr != nil {
-					m.log.Error("session_fork_rollback_failed", "session", f.Session.ID, "err", derr)
-				}
+	// The restores run at once: each is a create of its own.
+	out := make([]ForkedSession, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Go(func() {
+			s, pw, err := m.create(ctx, p, cp, from)
+			if err != nil {
+				errs[i] = err
+				return
 			}
-			m.log.ErrorContext(ctx, "session_fork_failed", "session", src.ID, "tenant", p.Tenant, "made", len(out), "err", err)
-			return nil, err
+			m.auditSession(ctx, s, "forked", "from "+src.ID, "")
+			out[i] = ForkedSession{Session: s, Password: pw, From: src.ID}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		made := 0
+		for _, f := range out {
+			if f.Session == nil {
+				continue
+			}
+			made++
+			if derr := m.Delete(context.WithoutCancel(ctx), p, f.Session.ID); derr != nil {
+				m.log.Error("session_fork_rollback_failed", "session", f.Session.ID, "err", derr)
+			}
 		}
-		m.auditSession(ctx, s, "forked", "from "+src.ID, "")
-		out = append(out, ForkedSession{Session: s, Password: pw, From: src.ID})
+		m.log.ErrorContext(ctx, "session_fork_failed", "session", src.ID, "tenant", p.Tenant, "made", made, "err", err)
+		for _, e := range errs { // the first failure's own error, for its code
+			if e != nil {
+				return nil, e
+			}
+		}
 	}
 	m.log.InfoContext(ctx, "session_forked", "session", src.ID, "tenant", p.Tenant, "count", count,
 		"checkpoint_ms", checkpointed.Milliseconds(), "ms", time.Since(start).Milliseconds())

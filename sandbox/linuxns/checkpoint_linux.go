@@ -61,9 +61,9 @@ type checkpoint struct {
 	// controllers are the cgroup controllers the sandbox's cgroups use.
 	controllers []string
 
-	mu     sync.Mutex // one restore at a time: each rewrites the user namespace's image
-	closed bool
-	mapped int // the uid range the user namespace's image maps now (0: the source's)
+	mu      sync.Mutex
+	closed  bool
+	readers int // restores under way: the images are 0644 while there are some
 }
 
 type rootEntry struct {
@@ -144,7 +144,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	if err := os.WriteFile(script, []byte(postDumpScript(st.Workspace, st.Image, c.workspaceImage())), 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	args := []string{"dump", "-t", strconv.Itoa(st.Pid), "-D", c.dir, "-o", "dump.log", "-v4",
+	args := []string{"dump", "-t", strconv.Itoa(st.Pid), "-D", c.dir, "-o", "dump.log", "-v2",
 		"--leave-running", "--tcp-established", "--action-script", script,
 		"--external", fmt.Sprintf("unix[%d]", c.listener)}
 	for _, ino := range c.conns {
@@ -157,7 +157,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
 	t0 := time.Now()
-	if err := c.run(ctx, criu, args, "dump.log", nil); err != nil {
+	if err := c.run(ctx, criu, args, filepath.Join(c.dir, "dump.log"), nil); err != nil {
 		return nil, fmt.Errorf("checkpoint of %s: %w", st.ID, err)
 	}
 	if _, err := os.Stat(c.workspaceImage()); err != nil {
@@ -195,7 +195,7 @@ func (c *checkpoint) run(ctx context.Context, criu string, args []string, log st
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("criu %s: %w: %s", args[0], err, criuErrors(filepath.Join(c.dir, log), out.String()))
+		return fmt.Errorf("criu %s: %w: %s", args[0], err, criuErrors(log, out.String()))
 	}
 	return nil
 }
@@ -395,8 +395,9 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
 		return nil, sandbox.ErrClosed
 	}
 	criu, err := d.criuPath()
@@ -443,9 +444,11 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	if _, err := d.cg.Create(st.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs}); err != nil {
 		return nil, err
 	}
-	if err := c.mapUsers(st.UIDBase); err != nil {
+	imgs, err := c.restoreImages(st)
+	if err != nil {
 		return nil, err
 	}
+	defer os.RemoveAll(imgs)
 	stage, err := c.stage(st)
 	if err != nil {
 		return nil, err
@@ -458,8 +461,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	lnf := os.NewFile(uintptr(ln), "control.sock")
 	defer lnf.Close()
 	pidFile := filepath.Join(dir, "restore.pid")
-	log := "restore-" + st.ID + ".log"
-	args := []string{"restore", "-D", c.dir, "-o", log, "-v4", "-d", "--pidfile", pidFile,
+	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--pidfile", pidFile,
 		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close",
 		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
 	extra := []*os.File{lnf}
@@ -486,16 +488,12 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		}
 		args = append(args, "--external", "mnt["+mountKey(mp)+"]:"+host)
 	}
-	// CRIU reads some images from inside the new user namespace, some
-	// before its ids are mapped (as the overflow uid): they are readable
-	// by all for the restore (only root reaches the directory's path: the
-	// data dir is 0700), 0600 again after it.
-	if err := ownImages(c.dir, 0, 0o644); err != nil {
+	if err := c.readable(true); err != nil {
 		return nil, err
 	}
 	t0 := time.Now()
-	err = c.run(ctx, criu, args, log, extra)
-	if oerr := ownImages(c.dir, 0, 0o600); oerr != nil {
+	err = c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra)
+	if oerr := c.readable(false); oerr != nil {
 		return nil, errors.Join(err, oerr)
 	}
 	if err != nil {
@@ -584,30 +582,71 @@ func shiftOwners(dir string, from, to int) error {
 	})
 }
 
-// mapUsers rewrites the image's user namespace so that the restored one
-// maps the sandbox's ids onto the uid range at base: CRIU keeps every
-// other id as the sandbox sees it.
-func (c *checkpoint) mapUsers(base int) error {
-	files, err := filepath.Glob(filepath.Join(c.dir, "userns-*.img"))
-	if err != nil || len(files) != 1 {
-		return fmt.Errorf("restore: %d user namespace images: %w", len(files), err)
+// restoreImages makes the image set of one restore: a directory of the
+// checkpoint's holding hard links to its images (so that restores run at
+// once), but for the user namespace's, rewritten so that the restored one
+// maps the sandbox's ids onto st's uid range (CRIU keeps every other id as
+// the sandbox sees it).
+func (c *checkpoint) restoreImages(st *sandboxState) (string, error) {
+	dir := filepath.Join(c.dir, "r-"+st.ID)
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return "", fmt.Errorf("restore: %w", err)
 	}
-	b, err := os.ReadFile(files[0])
+	entries, err := os.ReadDir(c.dir)
 	if err != nil {
-		return fmt.Errorf("restore: %w", err)
+		return "", fmt.Errorf("restore: %w", err)
 	}
-	if c.mapped == 0 {
-		c.mapped = c.src.UIDBase
+	userns := 0
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(name, ".img") || name == "workspace.img" {
+			continue
+		}
+		src, dst := filepath.Join(c.dir, name), filepath.Join(dir, name)
+		if !strings.HasPrefix(name, "userns-") {
+			if err := os.Link(src, dst); err != nil {
+				return "", fmt.Errorf("restore: %w", err)
+			}
+			continue
+		}
+		userns++
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return "", fmt.Errorf("restore: %w", err)
+		}
+		out, err := remapUserns(b, uint64(c.src.UIDBase), uint64(st.UIDBase))
+		if err != nil {
+			return "", fmt.Errorf("restore: user namespace image: %w", err)
+		}
+		if err := os.WriteFile(dst, out, 0o644); err != nil {
+			return "", fmt.Errorf("restore: %w", err)
+		}
 	}
-	out, err := remapUserns(b, uint64(c.mapped), uint64(base))
-	if err != nil {
-		return fmt.Errorf("restore: user namespace image: %w", err)
+	if userns != 1 {
+		return "", fmt.Errorf("restore: %d user namespace images", userns)
 	}
-	if err := os.WriteFile(files[0], out, 0o600); err != nil {
-		return fmt.Errorf("restore: %w", err)
+	return dir, nil
+}
+
+// readable makes the images readable by all while restores are under
+// way (on), 0600 again once none is (off): CRIU reads some from inside the
+// new user namespace, some before its ids are mapped (as the overflow
+// uid). Only root reaches the directory's path (the data dir is 0700).
+func (c *checkpoint) readable(on bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if on {
+		c.readers++
+		if c.readers > 1 {
+			return nil
+		}
+		return ownImages(c.dir, 0, 0o644)
 	}
-	c.mapped = base
-	return nil
+	c.readers--
+	if c.readers > 0 {
+		return nil
+	}
+	return ownImages(c.dir, 0, 0o600)
 }
 
 // remapUserns rewrites a CRIU userns image (two magic words, then one

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -192,6 +193,10 @@ func mountKey(mp string) string { return "m" + mp }
 func (c *checkpoint) run(ctx context.Context, criu string, args []string, log string, extra []*os.File) error {
 	cmd := exec.CommandContext(ctx, criu, args...)
 	cmd.ExtraFiles = extra
+	// A mount namespace of its own (private: Go remounts / so): CRIU
+	// mounts its cgroup yard and its mount namespace's workings there,
+	// never where the host, or a gateway detecting cgroups, sees them.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

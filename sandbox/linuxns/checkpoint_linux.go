@@ -146,7 +146,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	args := []string{"dump", "-t", strconv.Itoa(st.Pid), "-D", c.dir, "-o", "dump.log", "-v2",
-		"--leave-running", "--tcp-established", "--action-script", script,
+		"--leave-running", "--tcp-close", "--network-lock", "skip", "--action-script", script,
 		"--external", fmt.Sprintf("unix[%d]", c.listener)}
 	for _, ino := range c.conns {
 		args = append(args, "--external", fmt.Sprintf("unix[%d]", ino))
@@ -467,7 +467,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	defer lnf.Close()
 	pidFile := filepath.Join(dir, "restore.pid")
 	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--pidfile", pidFile,
-		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close",
+		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close", "--network-lock", "skip",
 		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
 	extra := []*os.File{lnf}
 	for _, ino := range c.conns {

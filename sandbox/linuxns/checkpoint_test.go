@@ -186,6 +186,11 @@ func TestLinuxCheckpointFork(t *testing.T) {
 			t.Errorf("%s sees fork 0's file", name)
 		}
 	}
+	// A fork's control socket is not in its network namespace: it cannot
+	// be checkpointed again (yet), and says so.
+	if _, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx); err == nil || !strings.Contains(err.Error(), "fork of a fork") {
+		t.Errorf("checkpoint of a fork: %v", err)
+	}
 	// Each fork is a sandbox of its own: its own user ids on the host.
 	if out, _, _ := runIn(t, forks[0], "cat /proc/self/uid_map"); strings.Fields(out)[1] == strings.Fields(mustRun(t, src, "cat /proc/self/uid_map"))[1] {
 		t.Errorf("the fork maps the source's host uids: %s", out)

@@ -50,7 +50,8 @@ func TestForkCarriesKernel(t *testing.T) {
 	hp := ":" + f.httpPort
 	var src egressSession
 	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"egress": []string{"pypi.test" + hp}}, &src); code != http.StatusCreated {
-		t.Fatalf("create: %d", code)
+		logs, _ := exec.Command("sh", "-c", "tail -n 20 "+g.DataDir+"/sandboxes/*/init.log").CombinedOutput()
+		t.Fatalf("create: %d\n%s\n%s", code, g.stderr.String(), logs)
 	}
 	if a := runPython(t, g, src.SessionID, map[string]any{"code": "x = 4242\nblob = bytearray(16 << 20)\nx"}); a.result() != "4242" {
 		t.Fatalf("python: %+v", a)

@@ -104,6 +104,12 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "sandbox-init:", err)
 		return 1
 	}
+	if spec.Checkpoint {
+		// The gateway hears Ready from the re-executed init (serveMain),
+		// so that it never looks at the init in the middle of its exec
+		// (/proc/<pid>/ns/* can be missing then).
+		return reexec(in, &spec, c, tm)
+	}
 	if err := ctl.WriteFrame(c, ctl.Ready{OK: true, Steps: tm.steps, StartedMicros: tm.start.UnixMicro()}); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-init: report ready:", err)
 		return 1
@@ -111,9 +117,6 @@ func Main(args []string) int {
 	c.Close()
 	if spec.Probe {
 		return 0
-	}
-	if spec.Checkpoint {
-		return reexec(in, &spec)
 	}
 	// Building the root left garbage (the spec, the seccomp program,
 	// /etc's files): the sandbox idles on what remains.

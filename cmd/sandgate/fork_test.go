@@ -47,9 +47,13 @@ func TestForkCarriesKernel(t *testing.T) {
 	criu := criuForTest(t)
 	f := newEgressFixture(t)
 	g := startGateway(t, append(f.args, "--checkpoint", "--criu", criu)...)
-	hp := ":" + f.httpPort
+	hp, tp := ":"+f.httpPort, ":"+f.tlsPort
 	var src egressSession
-	if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{"egress": []string{"pypi.test" + hp}}, &src); code != http.StatusCreated {
+	body := map[string]any{
+		"egress":  []string{"pypi.test" + hp, "secret.test" + tp},
+		"secrets": []any{map[string]any{"name": "GH_TOKEN", "hosts": []string{"secret.test" + tp}, "header": "Authorization", "format": "Bearer {value}"}},
+	}
+	if code := g.api(t, http.MethodPost, "/v1/sessions", body, &src); code != http.StatusCreated {
 		logs, _ := exec.Command("sh", "-c", "tail -n 20 "+g.DataDir+"/sandboxes/*/init.log").CombinedOutput()
 		t.Fatalf("create: %d\n%s\n%s", code, g.stderr.String(), logs)
 	}
@@ -105,6 +109,11 @@ func TestForkCarriesKernel(t *testing.T) {
 		if a := runREST(t, g, id, map[string]any{"command": "test -e /workspace/a.txt"}); a.code() == 0 {
 			t.Errorf("%s sees fork 0's file", id)
 		}
+	}
+	// A bound secret reaches its host from a fork too: bound again to the
+	// fork's own proxy, which the fork trusts (its source's CA).
+	if a := runREST(t, g, ids[0], map[string]any{"command": "curl -sS --max-time 20 https://secret.test" + tp + "/auth 2>&1; true"}); a.out() != "authorized\n" {
+		t.Errorf("bound secret from fork 0: %q", a.out())
 	}
 	// Egress: each follows its own policy (by default the source's).
 	if code := g.api(t, http.MethodPatch, "/v1/sessions/"+ids[1], map[string]any{"egress": []string{}}, nil); code != http.StatusOK {

@@ -146,7 +146,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	args := []string{"dump", "-t", strconv.Itoa(st.Pid), "-D", c.dir, "-o", "dump.log", "-v2",
-		"--leave-running", "--tcp-close", "--network-lock", "skip", "--action-script", script,
+		"--leave-running", "--tcp-close", "--network-lock", "skip", "--empty-ns", "net", "--action-script", script,
 		"--external", fmt.Sprintf("unix[%d]", c.listener)}
 	for _, ino := range c.conns {
 		args = append(args, "--external", fmt.Sprintf("unix[%d]", ino))
@@ -183,6 +183,15 @@ func postDumpScript(mnt, image, dst string) string {
 		"[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n" +
 		"sync -f " + shellQuote(mnt) + " && cp --sparse=always --reflink=auto " + shellQuote(image) + " " + shellQuote(dst) + "\n"
 }
+
+// restoreScript is CRIU's action script for a restore: the network
+// namespace is restored empty (--empty-ns net: CRIU saves and restores
+// no addresses, routes or firewall rules, each an external command), so
+// it brings the loopback up before the sockets are restored; the gateway
+// sets the rest up as for a new sandbox (its egress, TransparentNet).
+const restoreScript = "#!/bin/sh\n" +
+	"[ \"$CRTOOLS_SCRIPT_ACTION\" = setup-namespaces ] || exit 0\n" +
+	"exec nsenter -t \"$CRTOOLS_INIT_PID\" -n ip link set lo up\n"
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
@@ -468,6 +477,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	pidFile := filepath.Join(dir, "restore.pid")
 	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--pidfile", pidFile,
 		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close", "--network-lock", "skip",
+		"--empty-ns", "net", "--action-script", filepath.Join(imgs, "restore.sh"),
 		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
 	extra := []*os.File{lnf}
 	for _, ino := range c.conns {
@@ -629,6 +639,9 @@ func (c *checkpoint) restoreImages(st *sandboxState) (string, error) {
 	}
 	if userns != 1 {
 		return "", fmt.Errorf("restore: %d user namespace images", userns)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "restore.sh"), []byte(restoreScript), 0o700); err != nil {
+		return "", fmt.Errorf("restore: %w", err)
 	}
 	return dir, nil
 }

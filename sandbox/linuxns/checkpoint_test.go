@@ -191,6 +191,17 @@ func TestLinuxCheckpointFork(t *testing.T) {
 	if _, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx); err == nil || !strings.Contains(err.Error(), "fork of a fork") {
 		t.Errorf("checkpoint of a fork: %v", err)
 	}
+	// A fork stops and resumes as any sandbox: a new init, on its files.
+	st := forks[1].(sandbox.Stopper)
+	if err := st.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, forks[1], "cat /workspace/src.txt"); out != "src\n" {
+		t.Errorf("fork 1 after a stop and resume: %q", out)
+	}
 	// Each fork is a sandbox of its own: its own user ids on the host.
 	if out, _, _ := runIn(t, forks[0], "cat /proc/self/uid_map"); strings.Fields(out)[1] == strings.Fields(mustRun(t, src, "cat /proc/self/uid_map"))[1] {
 		t.Errorf("the fork maps the source's host uids: %s", out)

@@ -163,7 +163,7 @@ func (b *bench) rowPause() error {
 	r.add(&Row{ID: "15a", Name: fmt.Sprintf("POST /pause of a session whose python kernel holds 100 MiB, %d runs", n), Stat: "p50", Unit: "s", SG: ps,
 		SGName: "cgroup freezer + memory reclaim (memory.force_empty / memory.reclaim)", Note: fmt.Sprintf("kernel's 100 MiB intact after %d pause/resume cycles: %v", n, kept)})
 	r.add(&Row{ID: "15a", Name: "memory still resident after the pause (the pause answer's residentBytes)", Stat: "p50", Unit: "B", SG: rs,
-		Note: fmt.Sprintf("target < 1 MiB: %s (a freeze keeps anonymous memory; without swap nothing can take it; CRIU, which would, cannot dump a sandbox here: docs/pause.md)", verdict(rs.Median < pauseResidentTarget))})
+		Note: fmt.Sprintf("target < 1 MiB: %s (a freeze keeps anonymous memory; without swap nothing can take it; a CRIU pause, which would, is not built: docs/pause.md)", verdict(rs.Median < pauseResidentTarget))})
 	r.add(&Row{ID: "15b", Name: fmt.Sprintf("first REST command `true` on the paused session (the call resumes it) vs on it running, %d each", n), Stat: "p50", Unit: "s",
 		SG: pst, Ref: rst, SGName: "paused", RefKind: "running", RefName: "the same session running",
 		Note: fmt.Sprintf("resume to first command answered, target ≤ %v: %s", resumeTarget, verdict(pst.Median <= resumeTarget.Seconds()))})

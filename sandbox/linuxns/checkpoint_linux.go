@@ -85,6 +85,31 @@ func (d *Driver) criuPath() (string, error) {
 	return p, nil
 }
 
+// checkCRIU checks, for Config.Checkpoint, that the criu binary is 4.x
+// or newer (Debian bookworm's 3.17 cannot start on newer kernels), and
+// that nsenter and ip, which a restore runs, are there.
+func (d *Driver) checkCRIU() error {
+	criu, err := d.criuPath()
+	if err != nil {
+		return fmt.Errorf("--checkpoint: %w", err)
+	}
+	out, err := exec.Command(criu, "--version").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("--checkpoint: %s --version: %w", criu, err)
+	}
+	v, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(string(out)), "Version: "), "\n")
+	major, _, _ := strings.Cut(v, ".")
+	if n, err := strconv.Atoi(major); err != nil || n < 4 {
+		return fmt.Errorf("--checkpoint needs CRIU 4.x or newer: %s is %q", criu, v)
+	}
+	for _, tool := range []string{"nsenter", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("--checkpoint: %w (util-linux's nsenter and iproute2's ip)", err)
+		}
+	}
+	return nil
+}
+
 // Checkpoint implements sandbox.Checkpointer: CRIU dumps the sandbox's
 // whole process tree, which keeps running (--leave-running), and, while
 // CRIU holds it stopped, a post-dump script copies the workspace's image.

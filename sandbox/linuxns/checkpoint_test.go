@@ -216,3 +216,20 @@ func mustRun(t *testing.T, sb sandbox.Sandbox, cmd string) string {
 	}
 	return out
 }
+
+// TestLinuxCheckpointNeedsCRIU4: serve --checkpoint refuses to start with
+// a criu older than 4 (Debian bookworm's 3.17 cannot run on newer
+// kernels), or none, rather than fail every fork later.
+func TestLinuxCheckpointNeedsCRIU4(t *testing.T) {
+	requireLinux(t)
+	old := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(old, []byte("#!/bin/sh\necho 'Version: 3.17.1'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for crit, want := range map[string]string{old: `needs CRIU 4.x or newer: ` + old + ` is "3.17.1"`, "/nonexistent/criu": "criu"} {
+		_, err := linuxns.New(sandbox.Config{DataDir: t.TempDir(), Checkpoint: true, CRIU: crit})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("criu %s: %v, want %q", crit, err, want)
+		}
+	}
+}

@@ -158,6 +158,9 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 		}
 	}
 	if cfg.Checkpoint {
+		if err := d.checkCRIU(); err != nil {
+			return nil, err
+		}
 		if err := d.writeInitBinary(); err != nil {
 			return nil, err
 		}

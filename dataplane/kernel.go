@@ -176,26 +176,34 @@ func (k *Kernels) Run(ctx context.Context, id string, s Session, name string, re
 // included, as after a gateway restart. Without StateDir (kernels not
 // kept) dst starts with none.
 func (k *Kernels) Fork(src, dst string, s Session) {
-	if k.StateDir == "" || !sandbox.ValidID(dst) {
-		return
-	}
-	for _, name := range recorded(k.StateDir, src, "kernel-") {
-		if !ValidKernelName(name) {
-			continue
+	for _, name := range forkRecords(k.StateDir, src, dst, "kernel-") {
+		if ValidKernelName(name) {
+			_, _ = k.get(dst, s, name)
 		}
-		b, err := os.ReadFile(filepath.Join(k.StateDir, src, "kernel-"+name))
+	}
+}
+
+// forkRecords copies session src's records of kind (a file name prefix)
+// under dir to session dst's, for a fork (Kernels.Fork, Shells.Fork), and
+// returns the names copied.
+func forkRecords(dir, src, dst, kind string) []string {
+	if dir == "" || !sandbox.ValidID(dst) {
+		return nil
+	}
+	var names []string
+	for _, name := range recorded(dir, src, kind) {
+		b, err := os.ReadFile(filepath.Join(dir, src, kind+name))
 		if err != nil {
 			continue
 		}
-		dir := filepath.Join(k.StateDir, dst)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return
+		if err := os.MkdirAll(filepath.Join(dir, dst), 0o700); err != nil {
+			return names
 		}
-		if err := os.WriteFile(filepath.Join(dir, "kernel-"+name), b, 0o600); err != nil {
-			continue
+		if err := os.WriteFile(filepath.Join(dir, dst, kind+name), b, 0o600); err == nil {
+			names = append(names, name)
 		}
-		_, _ = k.get(dst, s, name)
 	}
+	return names
 }
 
 // Restore registers the kernels an earlier gateway recorded for session

@@ -58,9 +58,10 @@ func (a *api) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	out := forkJSON{Sessions: make([]sessionJSON, 0, len(forks))}
 	for _, f := range forks {
-		// The fork's Python kernels are its source's, taken back at
-		// their first call.
+		// The fork's Python kernels and persistent shells are its
+		// source's, taken back at their first use.
 		a.dp.Kernels.Fork(f.From, f.Session.ID, f.Session)
+		a.dp.Shells.Fork(f.From, f.Session.ID, f.Session)
 		f.Session.Touch(time.Now())
 		out.Sessions = append(out.Sessions, a.render(f.Session, f.Password))
 	}

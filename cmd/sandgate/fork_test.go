@@ -63,6 +63,9 @@ func TestForkCarriesKernel(t *testing.T) {
 	if a := runREST(t, g, src.SessionID, map[string]any{"command": "echo src > /workspace/src.txt"}); a.code() != 0 {
 		t.Fatalf("write: %+v", a)
 	}
+	if a := runREST(t, g, src.SessionID, map[string]any{"command": "mkdir -p /tmp/deep && cd /tmp/deep && export FORK_VAR=kept && plain=1", "shell": "main"}); a.code() != 0 {
+		t.Fatalf("shell: %+v", a)
+	}
 
 	// Bad counts first.
 	for _, n := range []int{0, 9} {
@@ -90,6 +93,9 @@ func TestForkCarriesKernel(t *testing.T) {
 		}
 		if a := runREST(t, g, id, map[string]any{"command": "cat /workspace/src.txt"}); a.out() != "src\n" {
 			t.Errorf("fork %d: src.txt %+v", i, a)
+		}
+		if out := runREST(t, g, id, map[string]any{"command": "pwd; echo $FORK_VAR $plain", "shell": "main"}).out(); out != "/tmp/deep\nkept 1\n" {
+			t.Errorf("fork %d: its persistent shell says %q", i, out)
 		}
 	}
 	// They diverge.

@@ -58,10 +58,13 @@ func (a *api) fork(w http.ResponseWriter, r *http.Request) {
 	}
 	out := forkJSON{Sessions: make([]sessionJSON, 0, len(forks))}
 	for _, f := range forks {
-		// The fork's Python kernels and persistent shells are its
-		// source's, taken back at their first use.
+		// The fork's Python kernels, persistent shells and background
+		// processes are its source's, taken back as after a restart.
 		a.dp.Kernels.Fork(f.From, f.Session.ID, f.Session)
 		a.dp.Shells.Fork(f.From, f.Session.ID, f.Session)
+		if err := a.dp.Processes.Fork(a.processConfig(), f.From, f.Session); err != nil {
+			a.cfg.Log.WarnContext(r.Context(), "process_fork_failed", "session", f.Session.ID, "from", f.From, "err", err)
+		}
 		f.Session.Touch(time.Now())
 		out.Sessions = append(out.Sessions, a.render(f.Session, f.Password))
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // criuForTest returns a criu 4.x for serve --criu ($SANDGATE_CRIU, else the
@@ -67,6 +68,9 @@ func TestForkCarriesKernel(t *testing.T) {
 		t.Fatalf("shell: %+v", a)
 	}
 
+	bg := procClient{g: g, base: "/v1/sessions/" + src.SessionID + "/processes"}.start(t,
+		map[string]any{"command": "i=0; while :; do echo tick$i; i=$((i+1)); sleep 0.2; done"})
+
 	// Bad counts first.
 	for _, n := range []int{0, 9} {
 		var e apiError
@@ -96,6 +100,27 @@ func TestForkCarriesKernel(t *testing.T) {
 		}
 		if out := runREST(t, g, id, map[string]any{"command": "pwd; echo $FORK_VAR $plain", "shell": "main"}).out(); out != "/tmp/deep\nkept 1\n" {
 			t.Errorf("fork %d: its persistent shell says %q", i, out)
+		}
+	}
+	// The background process goes on in each fork, its output with it.
+	for i, id := range ids {
+		c := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+		if p := c.get(t, bg.ProcessID); p.Status != "running" {
+			t.Errorf("fork %d: background process %+v", i, p)
+			continue
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for c.get(t, bg.ProcessID).OutputBytes < 200 && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		lines, cancel := c.output(t, bg.ProcessID, 0, false)
+		var out strings.Builder
+		for l := range lines {
+			out.WriteString(l.Stdout)
+		}
+		cancel()
+		if !strings.HasPrefix(out.String(), "tick0\n") || out.Len() < 200 {
+			t.Errorf("fork %d: background output %q", i, out.String())
 		}
 	}
 	// They diverge.

@@ -233,3 +233,21 @@ func TestLinuxCheckpointNeedsCRIU4(t *testing.T) {
 		}
 	}
 }
+
+// TestLinuxCheckpointLeftoversRemoved: checkpoint images a crashed gateway
+// left (a sandbox's memory) are deleted when the driver starts again.
+func TestLinuxCheckpointLeftoversRemoved(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	left := filepath.Join(dataDir, "sandboxes", ".checkpoints", "ck-1", "pages-1.img")
+	if err := os.MkdirAll(filepath.Dir(left), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(left, []byte("memory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	if _, err := os.Stat(filepath.Dir(filepath.Dir(left))); !os.IsNotExist(err) {
+		t.Errorf("checkpoint images left after a start: %v", err)
+	}
+}

@@ -167,6 +167,9 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	}
 	d.cg = cgroup.Detect()
 	d.removeTemplates()
+	// A fork's images never outlive its call: those a crash left (they
+	// hold a sandbox's memory) go.
+	_ = os.RemoveAll(filepath.Join(root, checkpointsDir))
 	if cfg.KeepOrphans {
 		d.reserveExisting()
 	} else {

@@ -246,6 +246,12 @@ type CreateParams struct {
 // (idempotency_key_reused) or its first create is still running
 // (idempotency_key_in_progress).
 func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
+	return m.create(ctx, p, cp, nil)
+}
+
+// create is Create; from, when set, makes the sandbox from a fork's
+// checkpoint instead of the driver (fork.go).
+func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from *forkSource) (*Session, string, error) {
 	start := time.Now()
 	tr := sandbox.TraceOf(ctx)
 	c, err := m.checkCreate(p, &cp)
@@ -282,7 +288,11 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			return nil, "", err
 		}
 	}
-	w, warmed := m.takeWarm(img, lim)
+	var w warm
+	warmed := false
+	if from == nil {
+		w, warmed = m.takeWarm(img, lim)
+	}
 	id := "" // a fresh one
 	if warmed {
 		id = w.id
@@ -304,7 +314,13 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
 	// hosts only rules per request allow, whose requests it reads.
 	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
-	if slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA {
+	if from != nil {
+		// A fork's trust store is its source's, restored with it.
+		if err := from.shareCA(s); err != nil {
+			return nil, "", err
+		}
+		spec.TrustPEM = s.egressCAPEM
+	} else if slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
 		}
@@ -330,8 +346,12 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			m.releaseImage(s)
 		}
 	})
-	sb, err = m.sandboxFor(ctx, spec, w, warmed)
-	if err != nil && rulesOnlyCA && errors.Is(err, sandbox.ErrNoTrust) {
+	if from != nil {
+		sb, err = from.restore(ctx, spec)
+	} else {
+		sb, err = m.sandboxFor(ctx, spec, w, warmed)
+	}
+	if err != nil && from == nil && rulesOnlyCA && errors.Is(err, sandbox.ErrNoTrust) {
 		// A driver with no trust store (workdir, whose sessions share the
 		// host's network): rules are read on plain http:// only. The warm
 		// sandbox, if any, is gone already (only linux rebinds).

@@ -40,6 +40,10 @@ type sandboxFlags struct {
 	// serverTiming shows each step of a create in its Server-Timing
 	// header (rest.Config.ServerTiming).
 	serverTiming bool
+	// checkpoint builds checkpointable sandboxes, which fork can copy
+	// (linux; sandbox.Config.Checkpoint), with the criu binary at criu.
+	checkpoint bool
+	criu       string
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -70,6 +74,8 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Var((*sizeFlag)(&f.warmMemory), "warm-pool-memory", "memory the warm sandboxes may use in all (their cgroups' count) before the images' pools stop adding: bytes or a size such as 256MiB")
 	fs.BoolVar(&f.serverTiming, "server-timing", false, "show each step of a create (warm pool claim, cgroups, init...) in the Server-Timing header of POST /v1/sessions; off: the total only, as the steps tell a tenant whether other tenants emptied the warm pool")
 	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
+	fs.BoolVar(&f.checkpoint, "checkpoint", false, "build sandboxes that CRIU can checkpoint, so that POST /v1/sessions/{id}/fork can copy a running session (linux driver; needs CRIU 4.x: --criu; docs/fork.md)")
+	fs.StringVar(&f.criu, "criu", "criu", "the criu binary --checkpoint runs (4.x)")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f
 }

@@ -1,0 +1,253 @@
+//go:build linux
+
+package linuxns_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
+)
+
+// criuForTest returns a criu (4.x: Debian bookworm's 3.17 cannot run on
+// newer kernels) to run checkpoints with: $SANDGATE_CRIU, else the one
+// .ci/run builds. It skips without one, and fails in CI, where .ci/run
+// builds it.
+func criuForTest(t testing.TB) string {
+	t.Helper()
+	cands := []string{os.Getenv("SANDGATE_CRIU")}
+	if home, err := os.UserHomeDir(); err == nil {
+		cands = append(cands, filepath.Join(home, ".cache/sandgate/criu-4.2/criu"))
+	}
+	for _, c := range cands {
+		if c == "" {
+			continue
+		}
+		if out, err := exec.Command(c, "--version").CombinedOutput(); err == nil && strings.Contains(string(out), "Version: 4.") {
+			return c
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("no criu 4.x (SANDGATE_CRIU, or ~/.cache/sandgate/criu-4.2/criu, which .ci/run builds)")
+	}
+	t.Skip("no criu 4.x: set SANDGATE_CRIU")
+	return ""
+}
+
+// smallInit builds the small init (cmd/sandgate-init) as make build does:
+// a checkpointable sandbox's init must be static (no host libc mapped).
+func smallInit(t testing.TB) []byte {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "sandgate-init")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", p, "github.com/sandgate/sandgate/cmd/sandgate-init")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the small init: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// varServer is a Python process that holds a value in its memory and
+// serves it on the sandbox's loopback: GET answers it, POST sets it.
+const varServer = `nohup python3 -c '
+import http.server
+v = [b"from-source-" + b"x" * 10]
+blob = bytearray(32 << 20)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(v[0])
+    def do_POST(self):
+        v[0] = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8001), H).serve_forever()
+' >/dev/null 2>&1 &
+for i in $(seq 100); do python3 -c 'import urllib.request; urllib.request.urlopen("http://127.0.0.1:8001")' 2>/dev/null && exit 0; sleep 0.1; done; exit 1`
+
+func getVar(t *testing.T, sb sandbox.Sandbox) string {
+	t.Helper()
+	out, stderr, e := runIn(t, sb, `python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8001").read().decode())'`)
+	if e.Code != 0 {
+		t.Fatalf("get the variable: %+v %s", e, stderr)
+	}
+	return strings.TrimSpace(out)
+}
+
+func setVar(t *testing.T, sb sandbox.Sandbox, v string) {
+	t.Helper()
+	if _, stderr, e := runIn(t, sb, `python3 -c 'import urllib.request,sys; urllib.request.urlopen("http://127.0.0.1:8001", data=sys.argv[1].encode())' `+v); e.Code != 0 {
+		t.Fatalf("set the variable: %+v %s", e, stderr)
+	}
+}
+
+// TestLinuxCheckpointFork checkpoints a running sandbox once and restores
+// it twice: each copy has the source's process and its memory, then its
+// own, and its own workspace; the source runs on; the images are gone
+// once the checkpoint is closed.
+func TestLinuxCheckpointFork(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-fork-src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	if _, stderr, e := runIn(t, src, "echo src > /workspace/src.txt\n"+varServer); e.Code != 0 {
+		t.Fatalf("setup: %+v %s", e, stderr)
+	}
+	// At the checkpoint, a kept process and a command run, each with its
+	// control connection open: in a fork the kept one is there for a
+	// Reattach, the command is ended.
+	kept, err := src.Start(ctx, sandbox.Cmd{Command: "echo kept-started; exec sleep 1000", Keep: "job/k1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kept.Kill() })
+	running, err := src.Start(ctx, sandbox.Cmd{Command: "exec sleep 1001"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { running.Kill() })
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forks []sandbox.Sandbox
+	for _, id := range []string{"sbx-fork-a", "sbx-fork-b"} {
+		f, err := ck.Restore(ctx, sandbox.Spec{ID: id})
+		if err != nil {
+			ck.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = f.Destroy(ctx) })
+		forks = append(forks, f)
+	}
+	if err := ck.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".checkpoints", "*")); len(left) != 0 {
+		t.Errorf("checkpoint images left after Close: %v", left)
+	}
+	for i, f := range forks {
+		if v := getVar(t, f); v != "from-source-xxxxxxxxxx" {
+			t.Errorf("fork %d: variable %q, want the source's", i, v)
+		}
+		if out, stderr, _ := runIn(t, f, "cat /workspace/src.txt"); out != "src\n" {
+			ls, _, _ := runIn(t, f, "ls -lan /workspace; id")
+			t.Errorf("fork %d: /workspace/src.txt = %q (%s); %s", i, out, stderr, ls)
+		}
+	}
+	for i, f := range forks {
+		p, err := f.(sandbox.Keeper).Reattach(ctx, "job/k1")
+		if err != nil {
+			t.Errorf("fork %d: reattach the kept process: %v", i, err)
+			continue
+		}
+		p.Kill()
+		if !waitFor(10*time.Second, func() bool { _, _, e := runIn(t, f, "pgrep -f 'sleep 1001'"); return e.Code != 0 }) {
+			t.Errorf("fork %d: the command in flight at the fork still runs", i)
+		}
+	}
+	if _, _, e := runIn(t, src, "pgrep -f 'sleep 1001'"); e.Code != 0 {
+		t.Errorf("source: its command in flight ended with the fork")
+	}
+	setVar(t, forks[0], "a")
+	setVar(t, forks[1], "b")
+	if _, stderr, e := runIn(t, forks[0], "echo a > /workspace/a.txt"); e.Code != 0 {
+		t.Fatal(stderr)
+	}
+	for i, want := range []string{"a", "b"} {
+		if v := getVar(t, forks[i]); v != want {
+			t.Errorf("fork %d: variable %q, want %q", i, v, want)
+		}
+	}
+	if v := getVar(t, src); v != "from-source-xxxxxxxxxx" {
+		t.Errorf("source: variable %q after the forks changed theirs", v)
+	}
+	for name, sb := range map[string]sandbox.Sandbox{"source": src, "fork 1": forks[1]} {
+		if _, _, e := runIn(t, sb, "test -e /workspace/a.txt"); e.Code == 0 {
+			t.Errorf("%s sees fork 0's file", name)
+		}
+	}
+	// A fork's control socket is not in its network namespace: it cannot
+	// be checkpointed again (yet), and says so.
+	if _, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx); err == nil || !strings.Contains(err.Error(), "fork of a fork") {
+		t.Errorf("checkpoint of a fork: %v", err)
+	}
+	// A fork stops and resumes as any sandbox: a new init, on its files.
+	st := forks[1].(sandbox.Stopper)
+	if err := st.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, forks[1], "cat /workspace/src.txt"); out != "src\n" {
+		t.Errorf("fork 1 after a stop and resume: %q", out)
+	}
+	// Each fork is a sandbox of its own: its own user ids on the host.
+	if out, _, _ := runIn(t, forks[0], "cat /proc/self/uid_map"); strings.Fields(out)[1] == strings.Fields(mustRun(t, src, "cat /proc/self/uid_map"))[1] {
+		t.Errorf("the fork maps the source's host uids: %s", out)
+	}
+}
+
+func mustRun(t *testing.T, sb sandbox.Sandbox, cmd string) string {
+	t.Helper()
+	out, stderr, e := runIn(t, sb, cmd)
+	if e.Code != 0 {
+		t.Fatalf("%s: %+v %s", cmd, e, stderr)
+	}
+	return out
+}
+
+// TestLinuxCheckpointNeedsCRIU4: serve --checkpoint refuses to start with
+// a criu older than 4 (Debian bookworm's 3.17 cannot run on newer
+// kernels), or none, rather than fail every fork later.
+func TestLinuxCheckpointNeedsCRIU4(t *testing.T) {
+	requireLinux(t)
+	old := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(old, []byte("#!/bin/sh\necho 'Version: 3.17.1'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for crit, want := range map[string]string{old: `needs CRIU 4.x or newer: ` + old + ` is "3.17.1"`, "/nonexistent/criu": "criu"} {
+		_, err := linuxns.New(sandbox.Config{DataDir: t.TempDir(), Checkpoint: true, CRIU: crit})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("criu %s: %v, want %q", crit, err, want)
+		}
+	}
+}
+
+// TestLinuxCheckpointLeftoversRemoved: checkpoint images a crashed gateway
+// left (a sandbox's memory) are deleted when the driver starts again.
+func TestLinuxCheckpointLeftoversRemoved(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	left := filepath.Join(dataDir, "sandboxes", ".checkpoints", "ck-1", "pages-1.img")
+	if err := os.MkdirAll(filepath.Dir(left), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(left, []byte("memory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	if _, err := os.Stat(filepath.Dir(filepath.Dir(left))); !os.IsNotExist(err) {
+		t.Errorf("checkpoint images left after a start: %v", err)
+	}
+}

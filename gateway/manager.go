@@ -282,7 +282,11 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 			return nil, "", err
 		}
 	}
-	w, warmed := m.takeWarm(img, lim)
+	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
+	// hosts only rules per request allow, whose requests it reads.
+	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
+	withCA := slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA
+	w, warmed := m.takeWarm(img, lim, withCA)
 	id := "" // a fresh one
 	if warmed {
 		id = w.id
@@ -301,10 +305,7 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	u.push(func() { m.detachWorkspace(ctx, s) })
 	tr.Mark("session")
 	spec := sandbox.Spec{ID: s.ID, Limits: lim}
-	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
-	// hosts only rules per request allow, whose requests it reads.
-	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
-	if slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA {
+	if withCA {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
 		}

@@ -143,8 +143,9 @@ func touchUpper(upper int) error {
 
 // touchMirror touches, below the directory dst (on the device dev), each
 // entry of the directory src (consumed), and recurses into the
-// directories of both. A directory of dst on another device is a mount
-// point (/proc, /dev...): claimTrees' or none of the claim's.
+// directories of both. An entry of dst on another device is a mount
+// point (/proc, /dev..., or a file bound over one the build wrote):
+// claimTrees' or none of the claim's, never touched through.
 func touchMirror(src, dst int, dir string, dev uint64) error {
 	f := os.NewFile(uintptr(src), dir)
 	defer f.Close()
@@ -167,17 +168,17 @@ func touchMirror(src, dst int, dir string, dev uint64) error {
 		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 { // a whiteout
 			continue
 		}
-		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			var dt unix.Stat_t
-			if err := unix.Fstatat(dst, name, &dt, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				if errors.Is(err, unix.ENOENT) {
-					continue
-				}
-				return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
-			}
-			if dt.Dev != dev || dt.Mode&unix.S_IFMT != unix.S_IFDIR {
+		// What the root shows at name: a mount point (another device, a
+		// file bound in as well as a directory) is not the build's.
+		var dt unix.Stat_t
+		if err := unix.Fstatat(dst, name, &dt, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
 				continue
 			}
+			return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
+		}
+		if dt.Dev != dev || st.Mode&unix.S_IFMT == unix.S_IFDIR && dt.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
 		}
 		if err := unix.UtimesNanoAt(dst, name, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			if errors.Is(err, unix.ENOENT) {

@@ -82,12 +82,12 @@ func TestLinuxRebindTouchSkipsBoundFiles(t *testing.T) {
 				return err
 			}
 			defer unix.Close(dst)
-			var st unix.Stat_t
-			if err := unix.Fstat(dst, &st); err != nil {
+			mnt, _, err := mountOf(dst, "")
+			if err != nil {
 				unix.Close(src)
 				return err
 			}
-			if err := touchMirror(src, dst, "/", st.Dev); err != nil {
+			if err := touchMirror(src, dst, "/", mnt); err != nil {
 				return err
 			}
 			fi, err := os.Stat(filepath.Join(root, "etc", "own"))

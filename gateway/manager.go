@@ -288,10 +288,14 @@ func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from
 			return nil, "", err
 		}
 	}
+	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
+	// hosts only rules per request allow, whose requests it reads.
+	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
+	withCA := slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA
 	var w warm
 	warmed := false
 	if from == nil {
-		w, warmed = m.takeWarm(img, lim)
+		w, warmed = m.takeWarm(img, lim, withCA)
 	}
 	id := "" // a fresh one
 	if warmed {
@@ -311,16 +315,13 @@ func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from
 	u.push(func() { m.detachWorkspace(ctx, s) })
 	tr.Mark("session")
 	spec := sandbox.Spec{ID: s.ID, Limits: lim}
-	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
-	// hosts only rules per request allow, whose requests it reads.
-	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
 	if from != nil {
 		// A fork's trust store is its source's, restored with it.
 		if err := from.shareCA(s); err != nil {
 			return nil, "", err
 		}
 		spec.TrustPEM = s.egressCAPEM
-	} else if slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA {
+	} else if withCA {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
 		}

@@ -14,7 +14,9 @@ import (
 // an image that a create used within the TTL has a pool of its own, of
 // min(WarmPool, imagePoolSize) sandboxes built from it, which creates of
 // that image claim as the default root's claim the default pool's. The
-// first create of an image starts its pool (and is itself cold); a pool
+// first create of an image starts its pool (and is itself cold); a
+// create whose sandbox trusts an egress CA is cold and leaves the pools
+// alone (takeWarm: an image's trust store is its build's); a pool
 // no create used for the TTL drains (its sandboxes are destroyed and
 // their image holds released), and so does the least recently used one
 // when a create needs a pool for one more image than WarmPoolImages.

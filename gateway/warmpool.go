@@ -337,12 +337,19 @@ func (p *warmPool) close(ctx context.Context) {
 // takeWarm claims a warm sandbox for a create whose sandbox limits are l
 // and whose image is img (nil: the default root), when a pool can serve
 // it: the default workspace size (a filesystem's), and the default pool
-// or img's (warmimages.go), which a create of img starts.
-func (m *Manager) takeWarm(img *sandbox.Image, l sandbox.Limits) (warm, bool) {
+// or img's (warmimages.go), which a create of img starts. A create of an
+// image whose sandbox trusts an egress CA (withCA) neither claims nor
+// starts img's pool: an image's trust store is written by its build, so
+// no warm sandbox of an image can take one (linuxns.Rebind), and the
+// claim would only destroy it in the create's time before a cold create.
+func (m *Manager) takeWarm(img *sandbox.Image, l sandbox.Limits, withCA bool) (warm, bool) {
 	if l.WorkspaceBytes != 0 {
 		return warm{}, false
 	}
 	if img != nil {
+		if withCA {
+			return warm{}, false
+		}
 		return m.imagePools.take(img, m.cfg.Now())
 	}
 	if m.pool == nil {

@@ -127,8 +127,8 @@ func touchUpper(upper int) error {
 		return fmt.Errorf("the image root: %w", err)
 	}
 	defer unix.Close(root)
-	var st unix.Stat_t
-	if err := unix.Fstat(root, &st); err != nil {
+	mnt, _, err := mountOf(root, "")
+	if err != nil {
 		return fmt.Errorf("the image root: %w", err)
 	}
 	if err := unix.UtimesNanoAt(root, ".", claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -138,14 +138,34 @@ func touchUpper(upper int) error {
 	if err != nil {
 		return err
 	}
-	return touchMirror(up, root, "/", st.Dev)
+	return touchMirror(up, root, "/", mnt)
 }
 
-// touchMirror touches, below the directory dst (on the device dev), each
+// mountOf is the id of the mount that name (below the directory dirfd;
+// "": dirfd itself) is on, not following a symlink, and its file type.
+// It tells a mount point from the files of a filesystem where st_dev
+// cannot: overlayfs reports its files' layers' devices.
+func mountOf(dirfd int, name string) (mnt uint64, mode uint16, err error) {
+	flags := unix.AT_SYMLINK_NOFOLLOW
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(dirfd, name, flags, unix.STATX_TYPE|unix.STATX_MNT_ID, &stx); err != nil {
+		return 0, 0, err
+	}
+	if stx.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, 0, errors.New("statx gives no mount id (linux 5.8 or later)")
+	}
+	return stx.Mnt_id, stx.Mode & unix.S_IFMT, nil
+}
+
+// touchMirror touches, below the directory dst (on the mount mnt), each
 // entry of the directory src (consumed), and recurses into the
-// directories of both. A directory of dst on another device is a mount
-// point (/proc, /dev...): claimTrees' or none of the claim's.
-func touchMirror(src, dst int, dir string, dev uint64) error {
+// directories of both. An entry of dst on another mount is a mount point
+// (/proc, /dev..., or a file bound over one the build wrote): claimTrees'
+// or none of the claim's, never touched through.
+func touchMirror(src, dst int, dir string, mnt uint64) error {
 	f := os.NewFile(uintptr(src), dir)
 	defer f.Close()
 	if _, err := unix.Seek(src, 0, 0); err != nil {
@@ -167,17 +187,17 @@ func touchMirror(src, dst int, dir string, dev uint64) error {
 		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 { // a whiteout
 			continue
 		}
-		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			var dt unix.Stat_t
-			if err := unix.Fstatat(dst, name, &dt, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				if errors.Is(err, unix.ENOENT) {
-					continue
-				}
-				return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
-			}
-			if dt.Dev != dev || dt.Mode&unix.S_IFMT != unix.S_IFDIR {
+		// What the root shows at name: a mount point (a file bound in as
+		// well as a directory) is not the build's.
+		dmnt, dmode, err := mountOf(dst, name)
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) {
 				continue
 			}
+			return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
+		}
+		if dmnt != mnt || st.Mode&unix.S_IFMT == unix.S_IFDIR && dmode != unix.S_IFDIR {
+			continue
 		}
 		if err := unix.UtimesNanoAt(dst, name, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			if errors.Is(err, unix.ENOENT) {
@@ -197,7 +217,7 @@ func touchMirror(src, dst int, dir string, dev uint64) error {
 			unix.Close(sub)
 			return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
 		}
-		err = touchMirror(sub, dsub, filepath.Join(dir, name), dev)
+		err = touchMirror(sub, dsub, filepath.Join(dir, name), mnt)
 		unix.Close(dsub)
 		if err != nil {
 			return err

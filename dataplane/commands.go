@@ -362,18 +362,7 @@ func (r *streamReader) copyFrom(src io.Reader) {
 		p := buf[:n]
 		if looking && n > 0 {
 			pending = append(pending, p...)
-			p = nil
-			switch {
-			case len(pending) < len(r.prefixTok) && bytes.HasPrefix(r.prefixTok, pending):
-				// Not enough yet.
-			case !bytes.HasPrefix(pending, r.prefixTok):
-				looking, p, pending = false, pending, nil
-			default:
-				if i := bytes.IndexByte(pending, '\n'); i >= 0 {
-					r.prefix = string(pending[len(r.prefixTok):i])
-					looking, p, pending = false, pending[i+1:], nil
-				}
-			}
+			p, pending, looking = r.takePrefix(pending)
 		}
 		if len(p) > 0 {
 			r.write(p)
@@ -385,6 +374,37 @@ func (r *streamReader) copyFrom(src io.Reader) {
 			r.flush()
 			return
 		}
+	}
+}
+
+// maxBeforePrefix bounds what a stream may hold before its prefix line
+// while that line is looked for.
+const maxBeforePrefix = 64 << 10
+
+// takePrefix looks for the prefix line in pending, the start of the
+// stream: it returns what may be written now, what must wait for more,
+// and whether the line is still looked for. Whole lines before it are
+// the shell's own (a startup warning such as bash's about a locale it
+// cannot set: nothing of the command's comes before the line) and pass
+// through.
+func (r *streamReader) takePrefix(pending []byte) (out, rest []byte, looking bool) {
+	for {
+		i := bytes.IndexByte(pending, '\n')
+		switch {
+		case bytes.HasPrefix(pending, r.prefixTok):
+			if i < 0 {
+				return out, pending, true
+			}
+			r.prefix = string(pending[len(r.prefixTok):i])
+			return append(out, pending[i+1:]...), nil, false
+		case len(pending) < len(r.prefixTok) && bytes.HasPrefix(r.prefixTok, pending):
+			return out, pending, true // not enough yet
+		case i < 0 && len(pending) < maxBeforePrefix:
+			return out, pending, true
+		case i < 0:
+			return append(out, pending...), nil, false
+		}
+		out, pending = append(out, pending[:i+1]...), pending[i+1:]
 	}
 }
 

@@ -32,6 +32,15 @@ import (
 // variable table (1024 buckets) grows, and reorders, past 2048 entries.
 const directMaxEnv = 512
 
+// directMaxExec bounds the size of the shell's exec (its argv and
+// environment, strings and pointers) below which DirectExec may run a
+// command without it: the kernel takes at least 128 KiB (ARG_MAX; one
+// string at most MAX_ARG_STRLEN, also 128 KiB) from any exec, so below
+// it the shell's exec cannot fail with E2BIG. Above, the shell's may
+// fail where the words' alone would not: the shell runs it, and fails as
+// it would.
+const directMaxExec = 120 << 10
+
 // DirectWords returns the words of command when bash would split it into
 // exactly those words and run the first as a program found on PATH (or
 // named by a path): only letters, digits and _ . / , : @ % + - = between
@@ -145,6 +154,9 @@ type DirectSpec struct {
 	Cwd string
 	// UID and GID are the user's (no supplementary groups).
 	UID, GID int
+	// ShellArgv is the argv the shell would run with (its path, -c, the
+	// script): a shell exec too big for the kernel stays the shell's.
+	ShellArgv []string
 }
 
 // DirectExec is how `bash -c` would run s's words as the last line of a
@@ -157,7 +169,8 @@ type DirectSpec struct {
 // caller's root.
 func DirectExec(s DirectSpec) (path string, execEnv []string, pwd string, ok bool) {
 	words, env, dir, uid, gid := s.Words, s.Env, s.Dir, s.UID, s.GID
-	if len(words) == 0 || len(env) > directMaxEnv || !filepath.IsAbs(dir) {
+	if len(words) == 0 || len(env) > directMaxEnv || !filepath.IsAbs(dir) ||
+		execSize(s.ShellArgv, env) > directMaxExec {
 		return "", nil, "", false
 	}
 	// $PWD: bash's getcwd(), the physical directory.
@@ -170,6 +183,11 @@ func DirectExec(s DirectSpec) (path string, execEnv []string, pwd string, ok boo
 	for _, kv := range env {
 		k, v, found := strings.Cut(kv, "=")
 		if !found || !validName(k) || directRefused(k) {
+			return "", nil, "", false
+		}
+		// bash calls setlocale(LC_ALL, v) at startup and warns on stderr
+		// when the locale is missing: only those that never are.
+		if k == "LC_ALL" && v != "" && v != "C" && v != "POSIX" {
 			return "", nil, "", false
 		}
 		if _, dup := vals[k]; dup {
@@ -209,7 +227,7 @@ func DirectExec(s DirectSpec) (path string, execEnv []string, pwd string, ok boo
 		if real, err := filepath.EvalSymlinks(target); err != nil || real != target {
 			return "", nil, "", false
 		}
-		if fi, err := os.Stat(target); err != nil || !fi.IsDir() {
+		if fi, err := statPath(target); err != nil || !fi.IsDir() {
 			return "", nil, "", false
 		}
 		oldpwd, pwd, dir = pwd, target, target
@@ -277,6 +295,8 @@ func directRefused(k string) bool {
 		return false // kept as imported (PWD, SHLVL and _ see DirectExec)
 	case "ENV", "POSIXLY_CORRECT", "OLDPWD", "CDPATH":
 		return true
+	case "EXECIGNORE": // the PATH search's; 5.2 ignores it imported, not assigned
+		return true
 	}
 	return bashVars[k] || strings.HasPrefix(k, "BASH") || strings.HasPrefix(k, "COMP_")
 }
@@ -308,7 +328,7 @@ func directLookup(name, pathVar, dir string, uid, gid int) (string, bool) {
 		if strings.HasSuffix(d, "/") {
 			full = d + name
 		}
-		fi, err := os.Stat(full)
+		fi, err := statPath(full)
 		if err != nil || fi.IsDir() {
 			continue
 		}
@@ -325,7 +345,7 @@ func directLookup(name, pathVar, dir string, uid, gid int) (string, bool) {
 // executable reports whether p is a regular file that uid:gid (no
 // supplementary groups) may execute by its mode.
 func executable(p string, uid, gid int) bool {
-	fi, err := os.Stat(p)
+	fi, err := statPath(p)
 	if err != nil || !fi.Mode().IsRegular() {
 		return false
 	}
@@ -344,6 +364,18 @@ func executable(p string, uid, gid int) bool {
 	default:
 		return m&0o001 != 0
 	}
+}
+
+// execSize is what an exec of argv with env takes of the kernel's
+// ARG_MAX: the strings with their NULs, and a pointer to each.
+func execSize(argv, env []string) int {
+	n := 8 * (len(argv) + len(env) + 2)
+	for _, l := range [][]string{argv, env} {
+		for _, a := range l {
+			n += len(a) + 1
+		}
+	}
+	return n
 }
 
 // validName reports whether k is a shell variable name.

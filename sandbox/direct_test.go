@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -141,7 +142,8 @@ func runEither(t *testing.T, sh, dir string, env []string, command, cwd string, 
 	t.Helper()
 	var c *exec.Cmd
 	if words, ok := DirectWords(command); ok && direct {
-		if path, xenv, pwd, ok := DirectExec(DirectSpec{Words: words, Env: env, Dir: dir, Cwd: cwd, UID: os.Getuid(), GID: os.Getgid()}); ok {
+		if path, xenv, pwd, ok := DirectExec(DirectSpec{Words: words, Env: env, Dir: dir, Cwd: cwd, UID: os.Getuid(), GID: os.Getgid(),
+			ShellArgv: []string{sh, "-c", cdLine(cwd) + restPrelude + command}}); ok {
 			c = &exec.Cmd{Path: path, Args: words, Env: xenv, Dir: pwd}
 			wasDirect = true
 		}
@@ -218,6 +220,9 @@ func TestDirectExecLikeBash(t *testing.T) {
 		"path-slash": mergeEnv(base, []string{"PATH=/usr/bin/:/bin"}),
 		"path-dot":   mergeEnv(base, []string{"PATH=.:/usr/bin:/bin"}),
 		"path-empty": mergeEnv(base, []string{"PATH="}),
+		"lcall-none": mergeEnv(base, []string{"LC_ALL=xx_YY.UTF-8"}), // bash warns: no such locale
+		"lcall-c":    mergeEnv(base, []string{"LC_ALL=C"}),
+		"execignore": mergeEnv(base, []string{"EXECIGNORE=*/env"}),
 		"many":       many,
 		"no-path":    {"HOME=" + dir},
 	}
@@ -254,6 +259,8 @@ func TestDirectExecLikeBash(t *testing.T) {
 		{"sub/../script", true},
 		{"./envscript", true},
 		{"sub/../envscript", true},
+		{"/proc/self/exe --version", false}, // bash itself for bash, the caller for the caller
+		{"/dev/fd/0", false},
 		{"./noshebang", false}, // ENOEXEC: bash runs it
 		{"./noexec", false},
 		{"sub", false},
@@ -283,14 +290,47 @@ func TestDirectExecLikeBash(t *testing.T) {
 		}
 	}
 	// The environments bash refuses are the shell's.
-	for _, name := range []string{"pwd-wrong", "oldpwd", "ifs", "optind", "bash-env", "shellopts", "ps4", "path-dot", "path-empty", "no-path", "shlvl-odd"} {
+	for _, name := range []string{"pwd-wrong", "oldpwd", "ifs", "optind", "bash-env", "shellopts", "ps4", "path-dot", "path-empty", "no-path", "shlvl-odd", "lcall-none", "execignore"} {
 		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", "", true); d {
 			t.Errorf("%s: env ran directly", name)
 		}
 	}
-	for _, name := range []string{"base", "client", "shlvl", "underscore", "pwd", "many", "path-slash"} {
+	for _, name := range []string{"base", "client", "shlvl", "underscore", "pwd", "many", "path-slash", "lcall-c"} {
 		if _, _, _, d := runEither(t, sh, dir, envs[name], "env", "", true); !d {
 			t.Errorf("%s: env did not run directly", name)
+		}
+	}
+}
+
+// TestDirectExecE2BIG: a command whose shell exec is too big for the
+// kernel (here one -c string past MAX_ARG_STRLEN) fails to start through
+// the shell; its words alone would start, so they must not run directly.
+func TestDirectExecE2BIG(t *testing.T) {
+	sh := needBash(t)
+	dir, _ := filepath.EvalSymlinks(t.TempDir())
+	env := BaseEnv(dir, sh)
+	for _, c := range []struct {
+		n      int
+		direct bool
+	}{{1000, true}, {50 << 10, true}, {70 << 10, false}, {200 << 10, false}} {
+		command := "/bin/true" + strings.Repeat(" a", c.n)
+		words, ok := DirectWords(command)
+		if !ok {
+			t.Fatalf("DirectWords refused %d words", c.n)
+		}
+		shellArgv := []string{sh, "-c", restPrelude + command}
+		b := exec.Command(sh, "-c", restPrelude+command)
+		b.Env, b.Dir = env, dir
+		shellErr := b.Run()
+		_, _, _, d := DirectExec(DirectSpec{Words: words, Env: env, Dir: dir, UID: os.Getuid(), GID: os.Getgid(), ShellArgv: shellArgv})
+		if d != c.direct {
+			t.Errorf("%d words: direct %v, want %v (the shell's exec: %v)", c.n, d, c.direct, shellErr)
+		}
+		if !d && c.n >= 70<<10 && !errors.Is(shellErr, syscall.E2BIG) {
+			t.Errorf("%d words: the shell's exec gave %v, want E2BIG", c.n, shellErr)
+		}
+		if d && shellErr != nil {
+			t.Errorf("%d words ran directly, but the shell gave %v", c.n, shellErr)
 		}
 	}
 }

@@ -96,6 +96,8 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"command": "/bin/kill -9 0"}, true},
 				{map[string]any{"command": "sleep 5", "timeout": 0.5}, true},
 				{map[string]any{"command": "timeout -s KILL 0.1 sleep 5"}, true},
+				// bash itself for bash; before, the init's (the gateway's) binary
+				{map[string]any{"command": "/proc/self/exe -c printenv", "stdin": "x"}, false},
 				{map[string]any{"command": "./noshebang"}, false}, // ENOEXEC: bash runs it
 				{map[string]any{"command": "./noexec"}, false},
 				{map[string]any{"command": "sub"}, false},
@@ -112,6 +114,10 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"command": "env", "cwd": "nosuch"}, false},
 				{map[string]any{"command": "env", "cwd": "sub/.."}, false},
 				{map[string]any{"command": "env", "env": map[string]string{"LANG": "C"}}, true},
+				// bash warns on stderr about a locale it cannot set, before
+				// the gateway's first line: the warning stays, the line goes
+				{map[string]any{"command": "env", "env": map[string]string{"LC_ALL": "xx_YY.UTF-8"}}, false},
+				{map[string]any{"command": "env", "env": map[string]string{"LC_ALL": "xx_YY.UTF-8"}, "cwd": "sub"}, false},
 				{map[string]any{"argv": []string{"env"}}, true},
 				{map[string]any{"argv": []string{"printenv", "_"}}, true},
 				{map[string]any{"argv": []string{"sh", "-c", `echo "$0" "$1" $HOME; exit 3`, "a b", "*"}}, true},

@@ -167,7 +167,7 @@ func (s *workdirSandbox) startDirect(cmd sandbox.Cmd, c *exec.Cmd) *hostProcess 
 		return nil
 	}
 	path, env, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: cmd.Direct, ExecBuiltin: cmd.DirectArgv,
-		Env: c.Env, Dir: c.Dir, Cwd: cmd.DirectCwd, UID: os.Geteuid(), GID: os.Getegid()})
+		Env: c.Env, Dir: c.Dir, Cwd: cmd.DirectCwd, UID: os.Geteuid(), GID: os.Getegid(), ShellArgv: c.Args})
 	if !ok {
 		return nil
 	}

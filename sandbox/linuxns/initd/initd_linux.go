@@ -733,7 +733,7 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 	c := &child{}
 	if req.Direct != nil && req.PTY == nil && req.Subsystem == "" && req.Command != "" && in.directShell() {
 		if dpath, denv, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: req.Direct, ExecBuiltin: req.DirectArgv,
-			Env: env, Dir: attr.Dir, Cwd: req.DirectCwd, UID: ctl.SandboxUID, GID: ctl.SandboxGID}); ok {
+			Env: env, Dir: attr.Dir, Cwd: req.DirectCwd, UID: ctl.SandboxUID, GID: ctl.SandboxGID, ShellArgv: argv}); ok {
 			dattr := *attr
 			dattr.Env, dattr.Dir = denv, pwd
 			if err := in.fork(c, dpath, req.Direct, &dattr); err == nil {

@@ -471,6 +471,10 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	adopted := false
 	defer func() {
 		if !adopted {
+			// A criu that failed, or was killed (ctx), after it made some
+			// of the processes (restore -d runs them detached) leaves them
+			// in the new cgroups, where no pid of st's names them.
+			cgroup.KillProcs(st.Cgroups)
 			err = errors.Join(err, sb.teardown())
 		}
 	}()

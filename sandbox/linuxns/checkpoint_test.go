@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -249,5 +251,77 @@ func TestLinuxCheckpointLeftoversRemoved(t *testing.T) {
 	openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
 	if _, err := os.Stat(filepath.Dir(filepath.Dir(left))); !os.IsNotExist(err) {
 		t.Errorf("checkpoint images left after a start: %v", err)
+	}
+}
+
+// procsInCgroupOf lists the host pids whose cgroups are sandbox id's.
+func procsInCgroupOf(id string) []string {
+	var pids []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err == nil && (strings.Contains(string(b), "/sandgate/"+id+"\n") || strings.Contains(string(b), "/sandgate/"+id+"/")) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// TestLinuxCheckpointRestoreFailureKills: a restore whose criu fails
+// after it made the processes (restore -d runs them detached; a criu
+// killed by the context's deadline leaves them so too) kills them: no
+// process, cgroup or directory of the fork is left.
+func TestLinuxCheckpointRestoreFailureKills(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	// The real criu, which says it failed once a restore is done.
+	wrapper := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\n" + `"` + criu + `" "$@"; rc=$?` + "\n[ \"$1\" = restore ] && exit 1\nexit $rc\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: wrapper}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-fork-fsrc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	if _, stderr, e := runIn(t, src, "nohup sleep 1003 >/dev/null 2>&1 &"); e.Code != 0 {
+		t.Fatalf("setup: %+v %s", e, stderr)
+	}
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	const id = "sbx-fork-fail"
+	t.Cleanup(func() { // the old code's leftovers, not to burden the host
+		for _, p := range procsInCgroupOf(id) {
+			if pid, err := strconv.Atoi(p); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+		for _, c := range append(cgroupsOf(id+"/procs"), cgroupsOf(id)...) {
+			_ = os.Remove(c)
+		}
+	})
+	if f, err := ck.Restore(ctx, sandbox.Spec{ID: id}); err == nil {
+		_ = f.Destroy(ctx)
+		t.Fatal("the restore succeeded with a criu that fails")
+	} else if !strings.Contains(err.Error(), "restore of sbx-fork-fsrc") {
+		t.Errorf("restore: %v", err)
+	}
+	if left := procsInCgroupOf(id); len(left) != 0 {
+		t.Errorf("the failed restore left processes %v", left)
+	}
+	if left := cgroupsOf(id); len(left) != 0 {
+		t.Errorf("the failed restore left cgroups %v", left)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -782,7 +783,11 @@ type restoreStage struct {
 }
 
 func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
-	dir, err := os.MkdirTemp("", "sandgate-restore-")
+	parent := c.d.stagesDir()
+	if err := os.Mkdir(parent, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, "s-")
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
@@ -846,12 +851,42 @@ func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
 	return s, nil
 }
 
+// stagesDir holds the driver's restore stages: a dir of the host's
+// temporary dir (which the restored namespace's root must traverse: the
+// driver's is 0700), named after the driver's dir, so that a driver
+// starting again finds the stages a crash left (removeStages) and no
+// other gateway's.
+func (d *Driver) stagesDir() string {
+	h := fnv.New64a()
+	h.Write([]byte(d.root))
+	return filepath.Join(os.TempDir(), fmt.Sprintf("sandgate-restore-%x", h.Sum64()))
+}
+
+// removeStages removes the restore stages a crashed gateway left: their
+// mounts (a fork's workspace, the root tmpfs, the init's binary) in the
+// host's namespace, then their dirs. A dir still mounted stays.
+func (d *Driver) removeStages() {
+	parent := d.stagesDir()
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		dir := filepath.Join(parent, e.Name())
+		s := &restoreStage{dir: dir, root: filepath.Join(dir, "root"), ws: filepath.Join(dir, "ws"), init: filepath.Join(dir, "init")}
+		s.mounted = []string{s.ws, s.init, s.root}
+		s.remove()
+		d.log.Warn("restore_stage_removed", "dir", dir)
+	}
+	_ = os.Remove(parent)
+}
+
 // remove unmounts the stage (the restored namespace keeps its own
 // mounts) and deletes it.
 func (s *restoreStage) remove() {
 	for _, m := range slices.Backward(s.mounted) {
-		if err := unix.Unmount(m, 0); err != nil {
-			_ = unix.Unmount(m, unix.MNT_DETACH)
+		if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW); err != nil {
+			_ = unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 		}
 	}
 	for _, p := range []string{s.root, s.ws, s.init, s.dir} {

@@ -325,3 +325,52 @@ func TestLinuxCheckpointRestoreFailureKills(t *testing.T) {
 		t.Errorf("the failed restore left cgroups %v", left)
 	}
 }
+
+// TestLinuxCheckpointStageLeftoversRemoved: the restore stage a crashed
+// gateway left (mounts in the host's namespace: a fork's workspace, a
+// root tmpfs) is unmounted and deleted when the driver starts again, and
+// what its workspace bind showed is kept.
+func TestLinuxCheckpointStageLeftoversRemoved(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	stage := filepath.Join(d.RestoreStagesDir(), "s-crashed")
+	ws := t.TempDir()
+	kept := filepath.Join(ws, "file")
+	if err := os.WriteFile(kept, []byte("fork's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(stage, "root"), filepath.Join(stage, "ws")} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(stage, "init"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", filepath.Join(stage, "root"), "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(ws, filepath.Join(stage, "ws"), "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // the old code's leftovers
+		_ = syscall.Unmount(filepath.Join(stage, "ws"), syscall.MNT_DETACH)
+		_ = syscall.Unmount(filepath.Join(stage, "root"), syscall.MNT_DETACH)
+		_ = os.RemoveAll(d.RestoreStagesDir())
+	})
+	if err := os.WriteFile(filepath.Join(stage, "root", "etc"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	if _, err := os.Stat(stage); !os.IsNotExist(err) {
+		t.Errorf("restore stage left after a start: %v", err)
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), stage) {
+		t.Errorf("restore stage's mounts left after a start")
+	}
+	if b, err := os.ReadFile(kept); err != nil || string(b) != "fork's" {
+		t.Errorf("the stage's workspace lost its file: %q %v", b, err)
+	}
+}

@@ -33,6 +33,10 @@ import (
 // sandbox reaches.
 const checkpointsDir = ".checkpoints"
 
+// dumpTimeout bounds one CRIU dump, which the caller's context does not
+// cut short (Checkpoint).
+const dumpTimeout = 5 * time.Minute
+
 // checkpoint is a checkpointable sandbox's CRIU image, and its workspace
 // (sandbox.Checkpoint).
 type checkpoint struct {
@@ -184,7 +188,12 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
 	t0 := time.Now()
-	if err := c.run(ctx, criu, args, filepath.Join(c.dir, "dump.log"), nil); err != nil {
+	// The caller going away (a client that hangs up) must not kill criu
+	// in the middle of a dump: the source's processes are seized then,
+	// its parasite code in them. Only a dump that hangs is killed.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dumpTimeout)
+	defer cancel()
+	if err := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil); err != nil {
 		return nil, fmt.Errorf("checkpoint of %s: %w", st.ID, err)
 	}
 	if _, err := os.Stat(c.workspaceImage()); err != nil {

@@ -374,3 +374,58 @@ func TestLinuxCheckpointStageLeftoversRemoved(t *testing.T) {
 		t.Errorf("the stage's workspace lost its file: %q %v", b, err)
 	}
 }
+
+// TestLinuxCheckpointOutlivesCaller: a caller that goes away in the
+// middle of a dump (a client hanging up on its fork) does not kill criu
+// while it holds the source's processes: the dump completes, and the
+// source runs on.
+func TestLinuxCheckpointOutlivesCaller(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	tmp := t.TempDir()
+	marker := filepath.Join(tmp, "dumping")
+	slow := filepath.Join(tmp, "slow.sh")
+	if err := os.WriteFile(slow, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\ntouch "+marker+"\nsleep 2\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The real criu, whose dumps wait 2 s once the processes are dumped
+	// (and still held).
+	wrapper := filepath.Join(tmp, "criu")
+	script := "#!/bin/sh\n[ \"$1\" = dump ] && exec \"" + criu + "\" \"$@\" --action-script " + slow + "\nexec \"" + criu + "\" \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: wrapper}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-fork-gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(context.Background()) })
+	if _, stderr, e := runIn(t, src, "nohup sleep 1004 >/dev/null 2>&1 &"); e.Code != 0 {
+		t.Fatalf("setup: %+v %s", e, stderr)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		waitFor(60*time.Second, func() bool { _, err := os.Stat(marker); return err == nil })
+		cancel()
+	}()
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("checkpoint whose caller went away: %v", err)
+	}
+	if err := ck.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the dump did not run the slow script: %v", err)
+	}
+	if out := mustRun(t, src, "pgrep -c -f 'sleep 1004'"); strings.TrimSpace(out) != "1" {
+		t.Errorf("source after the dump: %q processes", out)
+	}
+}

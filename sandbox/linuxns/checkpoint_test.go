@@ -4,6 +4,7 @@ package linuxns_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -427,5 +428,83 @@ func TestLinuxCheckpointOutlivesCaller(t *testing.T) {
 	}
 	if out := mustRun(t, src, "pgrep -c -f 'sleep 1004'"); strings.TrimSpace(out) != "1" {
 		t.Errorf("source after the dump: %q processes", out)
+	}
+}
+
+// TestLinuxCheckpointForkConfined: a fork's processes, those restored and
+// those it starts, are confined as any sandbox's: the seccomp filter,
+// no_new_privs, no capability, the fork's own cgroups with the fork's
+// limits, and the fork's host uid range (never the source's, never root).
+func TestLinuxCheckpointForkConfined(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-fork-csrc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	if _, stderr, e := runIn(t, src, "nohup sleep 1005 >/dev/null 2>&1 &"); e.Code != 0 {
+		t.Fatalf("setup: %+v %s", e, stderr)
+	}
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "sbx-fork-conf"
+	f, err := ck.Restore(ctx, sandbox.Spec{ID: id, Limits: sandbox.Limits{Pids: 77}})
+	ck.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Destroy(ctx) })
+	status := `set -e; p=%s; test -n "$p"; grep -E '^(Uid|Seccomp|NoNewPrivs|CapEff|CapPrm|CapBnd|CapAmb):' /proc/$p/status | tr -s ' \t' ' ' | sort`
+	want := mustRun(t, src, strings.ReplaceAll(status, "%s", "self"))
+	if !strings.Contains(want, "NoNewPrivs: 1\nSeccomp: 2\n") || !strings.Contains(want, "CapEff: 0000000000000000\n") {
+		t.Fatalf("the source's commands: %q", want)
+	}
+	for what, pid := range map[string]string{"a new command": "self", "the restored process": "$(pgrep -x sleep)"} {
+		if out := mustRun(t, f, strings.ReplaceAll(status, "%s", pid)); out != want {
+			t.Errorf("%s in the fork: %q, want the source's %q", what, out, want)
+		}
+	}
+	// On the host: the restored sleep is in the fork's cgroups, as the
+	// fork's uid, which is neither the source's nor root.
+	var srcUID, forkUID = -1, -1
+	for _, p := range hostProcesses() {
+		if p.args != "sleep 1005" {
+			continue
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid))
+		switch {
+		case strings.Contains(string(b), "/sandgate/"+id+"/") || strings.Contains(string(b), "/sandgate/"+id+"\n"):
+			forkUID = p.uid
+			if !strings.Contains(string(b), ":pids:/sandgate/"+id+"/procs\n") && strings.Contains(string(b), ":pids:") {
+				t.Errorf("the fork's process is not in its commands' pids cgroup:\n%s", b)
+			}
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				if strings.Contains(line, ":/sandgate/") && !strings.Contains(line, "/sandgate/"+id) {
+					t.Errorf("the fork's process is in a cgroup not its own: %s", line)
+				}
+			}
+		case strings.Contains(string(b), "/sandgate/sbx-fork-csrc"):
+			srcUID = p.uid
+		default:
+			t.Errorf("a sleep 1005 in no sandbox's cgroups: pid %d uid %d\n%s", p.pid, p.uid, b)
+		}
+	}
+	if forkUID <= 0 || srcUID <= 0 || forkUID == srcUID {
+		t.Errorf("host uids: fork %d, source %d", forkUID, srcUID)
+	}
+	if v1, _ := filepath.Glob("/sys/fs/cgroup/pids/sandgate/" + id + "/procs/pids.max"); len(v1) == 1 {
+		if b, _ := os.ReadFile(v1[0]); strings.TrimSpace(string(b)) != "77" {
+			t.Errorf("the fork's pids.max: %q, want its own limit 77", b)
+		}
 	}
 }

@@ -149,6 +149,9 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	if c.mounts, err = hostMounts(st.Pid); err != nil {
 		return nil, err
 	}
+	if err := checkHostBinds(st.Pid, c.mounts); err != nil {
+		return nil, err
+	}
 	if c.root, err = rootEntries(st.Pid); err != nil {
 		return nil, err
 	}
@@ -315,6 +318,39 @@ func hostMounts(pid int) ([]string, error) {
 		mps = append(mps, mp)
 	}
 	return mps, nil
+}
+
+// checkHostBinds checks that each bind of a host file in process pid's
+// mount namespace (hostMounts; but for the workspace and the init's
+// binary, which a restore binds from its own) shows the host's file at
+// the same path: a restore binds the host's path named by the mountpoint
+// (--external mnt), so no mount of the sandbox's state may choose what of
+// the host a fork sees.
+func checkHostBinds(pid int, mps []string) error {
+	root, err := unix.Open(fmt.Sprintf("/proc/%d/root", pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer unix.Close(root)
+	for _, mp := range mps {
+		if mp == "/workspace" || mp == selfMount {
+			continue
+		}
+		var in, host unix.Stat_t
+		fd, err := unix.Openat2(root, strings.TrimPrefix(mp, "/"), &unix.OpenHow{
+			Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+		if err == nil {
+			err = unix.Fstat(fd, &in)
+			unix.Close(fd)
+		}
+		if err == nil {
+			err = unix.Stat(mp, &host)
+		}
+		if err != nil || in.Dev != host.Dev || in.Ino != host.Ino {
+			return fmt.Errorf("%w: its mount at %s is not the host's %s (%v)", sandbox.ErrNoCheckpoint, mp, mp, err)
+		}
+	}
+	return nil
 }
 
 // unescapeMount undoes mountinfo's octal escapes (\040 for a space).

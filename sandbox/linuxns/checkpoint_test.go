@@ -4,6 +4,7 @@ package linuxns_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -506,5 +507,66 @@ func TestLinuxCheckpointForkConfined(t *testing.T) {
 		if b, _ := os.ReadFile(v1[0]); strings.TrimSpace(string(b)) != "77" {
 			t.Errorf("the fork's pids.max: %q, want its own limit 77", b)
 		}
+	}
+}
+
+// TestLinuxCheckpointRefusesForeignMount: a restore binds the host's path
+// named by each of the source's mounts of a host file; a mount in the
+// source's namespace that is not the host's file at that path (here one
+// host root plants: the sandbox itself may not mount) is refused, never
+// bound from the host into a fork.
+func TestLinuxCheckpointRefusesForeignMount(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Skip("no nsenter")
+	}
+	// A host dir the source does not have, at a path the source names.
+	hostDir, err := os.MkdirTemp("/tmp", "sandgate-hostonly-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(hostDir) })
+	if err := os.WriteFile(filepath.Join(hostDir, "secret"), []byte("host-only"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-fork-msrc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	mustRun(t, src, "mkdir -p /workspace/d "+hostDir)
+	initPid := "" // the init: the one process in the sandbox's outer cgroups
+	for _, p := range hostProcesses() {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid)); strings.Contains(string(b), "/sandgate/sbx-fork-msrc\n") && initPid == "" {
+			initPid = strconv.Itoa(p.pid)
+		}
+	}
+	if initPid == "" {
+		t.Fatal("no init found")
+	}
+	if out, err := exec.Command("nsenter", "-t", initPid, "-m", "mount", "--bind", "/workspace/d", hostDir).CombinedOutput(); err != nil {
+		t.Fatalf("plant a mount: %v %s", err, out)
+	}
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err == nil {
+		f, rerr := ck.Restore(ctx, sandbox.Spec{ID: "sbx-fork-mnt"})
+		ck.Close()
+		if rerr == nil {
+			out, _, _ := runIn(t, f, "cat "+hostDir+"/secret")
+			_ = f.Destroy(ctx)
+			t.Fatalf("a foreign mount was checkpointed; the fork reads the host's %s: %q", hostDir, out)
+		}
+		t.Fatalf("a foreign mount was checkpointed (the restore failed: %v)", rerr)
+	}
+	if !errors.Is(err, sandbox.ErrNoCheckpoint) || !strings.Contains(err.Error(), hostDir) {
+		t.Errorf("checkpoint: %v", err)
 	}
 }

@@ -733,7 +733,12 @@ func (c *checkpoint) readable(on bool) error {
 		if c.readers > 1 {
 			return nil
 		}
-		return ownImages(c.dir, 0, 0o644)
+		if err := ownImages(c.dir, 0, 0o644); err != nil {
+			// The restore fails and calls no readable(false).
+			c.readers--
+			return errors.Join(err, ownImages(c.dir, 0, 0o600))
+		}
+		return nil
 	}
 	c.readers--
 	if c.readers > 0 {

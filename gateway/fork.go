@@ -23,6 +23,12 @@ import (
 // MaxForkCount bounds the sessions one fork makes.
 const MaxForkCount = 8
 
+// MaxConcurrentForks bounds the forks under way on the gateway at once
+// (each a CRIU dump of a session's memory and workspace to the data dir,
+// then up to MaxForkCount restores at once); past it, a fork is refused
+// (503 fork_gateway_limit).
+const MaxConcurrentForks = 2
+
 // ForkedSession is one session a fork made, and its SSH password (shown
 // once, as a create's).
 type ForkedSession struct {
@@ -77,6 +83,12 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	if !ok {
 		return nil, Invalid("fork_unsupported", "this gateway cannot fork sessions: it needs the linux sandbox driver and serve --checkpoint (CRIU)")
 	}
+	if m.forking.Add(1) > MaxConcurrentForks {
+		m.forking.Add(-1)
+		return nil, &Error{Kind: KindUnavailable, Code: "fork_gateway_limit",
+			Message: fmt.Sprintf("this gateway runs %d forks already, as many as it may at once; try again later", MaxConcurrentForks)}
+	}
+	defer m.forking.Add(-1)
 	switch src.Status() {
 	case StatusStopped:
 		return nil, &Error{Kind: KindConflict, Code: "session_stopped", Message: "the session is stopped: it has no process to fork; resume it first"}

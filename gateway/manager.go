@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/audit"
@@ -112,6 +113,8 @@ type Manager struct {
 	// followers counts the streams of pending connections per tenant
 	// and in all (approvals.go).
 	followers followers
+	// forking counts the forks under way (MaxConcurrentForks).
+	forking atomic.Int32
 	// writeMu orders the writes of records that Update and saveActivity
 	// make from snapshots, so an older snapshot never overwrites a newer one.
 	writeMu sync.Mutex

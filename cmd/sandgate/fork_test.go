@@ -164,3 +164,63 @@ func TestForkCarriesKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestForkGatewayLimit: at most gateway.MaxConcurrentForks forks run on
+// the gateway at once (each dumps a session's memory and workspace, then
+// restores it up to 8 times): one more is refused with 503
+// fork_gateway_limit, and those under way complete.
+func TestForkGatewayLimit(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	dir := t.TempDir()
+	release := filepath.Join(dir, "release")
+	// The real criu, whose dumps wait for the test's word before they
+	// start (no process is held meanwhile).
+	wrapper := filepath.Join(dir, "criu")
+	script := "#!/bin/sh\nif [ \"$1\" = dump ]; then touch " + dir + "/dumping.$$; while [ ! -e " + release + " ]; do sleep 0.1; done; fi\nexec \"" + criu + "\" \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", wrapper)
+	srcs := []sessionJSON{g.createSession(t), g.createSession(t)}
+	codes := make(chan int, len(srcs))
+	var forks [2]forkAnswer
+	for i, s := range srcs {
+		go func() {
+			codes <- g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/fork", map[string]any{"count": 1}, &forks[i])
+		}()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if m, _ := filepath.Glob(filepath.Join(dir, "dumping.*")); len(m) == len(srcs) {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = os.WriteFile(release, nil, 0o644)
+			t.Fatalf("the two forks did not reach their dumps\n%s", g.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A gateway without the bound queues the third behind the first
+	// (same source): the dumps go on after a while, not to hang.
+	late := time.AfterFunc(20*time.Second, func() { _ = os.WriteFile(release, nil, 0o644) })
+	defer late.Stop()
+	var e apiError
+	code := g.api(t, http.MethodPost, "/v1/sessions/"+srcs[0].SessionID+"/fork", map[string]any{"count": 1}, &e)
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code != http.StatusServiceUnavailable || e.Error.Code != "fork_gateway_limit" {
+		t.Errorf("a third fork at once: %d %+v", code, e)
+	}
+	for range srcs {
+		if c := <-codes; c != http.StatusCreated {
+			t.Errorf("a fork under way: %d\n%s", c, g.stderr.String())
+		}
+	}
+	// Once they are done, a fork runs again.
+	var fa forkAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+srcs[0].SessionID+"/fork", map[string]any{"count": 1}, &fa); code != http.StatusCreated {
+		t.Errorf("a fork after the others: %d", code)
+	}
+}

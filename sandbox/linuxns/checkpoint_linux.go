@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -31,6 +32,10 @@ import (
 // checkpoints under way: the gateway's own files (root, 0700), which no
 // sandbox reaches.
 const checkpointsDir = ".checkpoints"
+
+// dumpTimeout bounds one CRIU dump, which the caller's context does not
+// cut short (Checkpoint).
+const dumpTimeout = 5 * time.Minute
 
 // checkpoint is a checkpointable sandbox's CRIU image, and its workspace
 // (sandbox.Checkpoint).
@@ -144,6 +149,9 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	if c.mounts, err = hostMounts(st.Pid); err != nil {
 		return nil, err
 	}
+	if err := checkHostBinds(st.Pid, c.mounts); err != nil {
+		return nil, err
+	}
 	if c.root, err = rootEntries(st.Pid); err != nil {
 		return nil, err
 	}
@@ -183,7 +191,12 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
 	t0 := time.Now()
-	if err := c.run(ctx, criu, args, filepath.Join(c.dir, "dump.log"), nil); err != nil {
+	// The caller going away (a client that hangs up) must not kill criu
+	// in the middle of a dump: the source's processes are seized then,
+	// its parasite code in them. Only a dump that hangs is killed.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dumpTimeout)
+	defer cancel()
+	if err := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil); err != nil {
 		return nil, fmt.Errorf("checkpoint of %s: %w", st.ID, err)
 	}
 	if _, err := os.Stat(c.workspaceImage()); err != nil {
@@ -305,6 +318,39 @@ func hostMounts(pid int) ([]string, error) {
 		mps = append(mps, mp)
 	}
 	return mps, nil
+}
+
+// checkHostBinds checks that each bind of a host file in process pid's
+// mount namespace (hostMounts; but for the workspace and the init's
+// binary, which a restore binds from its own) shows the host's file at
+// the same path: a restore binds the host's path named by the mountpoint
+// (--external mnt), so no mount of the sandbox's state may choose what of
+// the host a fork sees.
+func checkHostBinds(pid int, mps []string) error {
+	root, err := unix.Open(fmt.Sprintf("/proc/%d/root", pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer unix.Close(root)
+	for _, mp := range mps {
+		if mp == "/workspace" || mp == selfMount {
+			continue
+		}
+		var in, host unix.Stat_t
+		fd, err := unix.Openat2(root, strings.TrimPrefix(mp, "/"), &unix.OpenHow{
+			Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+		if err == nil {
+			err = unix.Fstat(fd, &in)
+			unix.Close(fd)
+		}
+		if err == nil {
+			err = unix.Stat(mp, &host)
+		}
+		if err != nil || in.Dev != host.Dev || in.Ino != host.Ino {
+			return fmt.Errorf("%w: its mount at %s is not the host's %s (%v)", sandbox.ErrNoCheckpoint, mp, mp, err)
+		}
+	}
+	return nil
 }
 
 // unescapeMount undoes mountinfo's octal escapes (\040 for a space).
@@ -471,6 +517,10 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	adopted := false
 	defer func() {
 		if !adopted {
+			// A criu that failed, or was killed (ctx), after it made some
+			// of the processes (restore -d runs them detached) leaves them
+			// in the new cgroups, where no pid of st's names them.
+			cgroup.KillProcs(st.Cgroups)
 			err = errors.Join(err, sb.teardown())
 		}
 	}()
@@ -683,7 +733,12 @@ func (c *checkpoint) readable(on bool) error {
 		if c.readers > 1 {
 			return nil
 		}
-		return ownImages(c.dir, 0, 0o644)
+		if err := ownImages(c.dir, 0, 0o644); err != nil {
+			// The restore fails and calls no readable(false).
+			c.readers--
+			return errors.Join(err, ownImages(c.dir, 0, 0o600))
+		}
+		return nil
 	}
 	c.readers--
 	if c.readers > 0 {
@@ -778,7 +833,11 @@ type restoreStage struct {
 }
 
 func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
-	dir, err := os.MkdirTemp("", "sandgate-restore-")
+	parent := c.d.stagesDir()
+	if err := os.Mkdir(parent, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, "s-")
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
@@ -842,12 +901,42 @@ func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
 	return s, nil
 }
 
+// stagesDir holds the driver's restore stages: a dir of the host's
+// temporary dir (which the restored namespace's root must traverse: the
+// driver's is 0700), named after the driver's dir, so that a driver
+// starting again finds the stages a crash left (removeStages) and no
+// other gateway's.
+func (d *Driver) stagesDir() string {
+	h := fnv.New64a()
+	h.Write([]byte(d.root))
+	return filepath.Join(os.TempDir(), fmt.Sprintf("sandgate-restore-%x", h.Sum64()))
+}
+
+// removeStages removes the restore stages a crashed gateway left: their
+// mounts (a fork's workspace, the root tmpfs, the init's binary) in the
+// host's namespace, then their dirs. A dir still mounted stays.
+func (d *Driver) removeStages() {
+	parent := d.stagesDir()
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		dir := filepath.Join(parent, e.Name())
+		s := &restoreStage{dir: dir, root: filepath.Join(dir, "root"), ws: filepath.Join(dir, "ws"), init: filepath.Join(dir, "init")}
+		s.mounted = []string{s.ws, s.init, s.root}
+		s.remove()
+		d.log.Warn("restore_stage_removed", "dir", dir)
+	}
+	_ = os.Remove(parent)
+}
+
 // remove unmounts the stage (the restored namespace keeps its own
 // mounts) and deletes it.
 func (s *restoreStage) remove() {
 	for _, m := range slices.Backward(s.mounted) {
-		if err := unix.Unmount(m, 0); err != nil {
-			_ = unix.Unmount(m, unix.MNT_DETACH)
+		if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW); err != nil {
+			_ = unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 		}
 	}
 	for _, p := range []string{s.root, s.ws, s.init, s.dir} {

@@ -170,6 +170,7 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	// A fork's images never outlive its call: those a crash left (they
 	// hold a sandbox's memory) go.
 	_ = os.RemoveAll(filepath.Join(root, checkpointsDir))
+	d.removeStages()
 	if cfg.KeepOrphans {
 		d.reserveExisting()
 	} else {

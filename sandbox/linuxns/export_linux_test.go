@@ -77,3 +77,6 @@ func NftRules(sb sandbox.Sandbox) (map[string]int, error) {
 	}
 	return out, nil
 }
+
+// RestoreStagesDir is where d stages its restores (stagesDir).
+func (d *Driver) RestoreStagesDir() string { return d.stagesDir() }

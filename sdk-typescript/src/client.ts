@@ -989,7 +989,8 @@ export class SandboxClient {
    * with their memory, its workspace); the source keeps running. Each has
    * its own id, password, egress proxy and secret bindings, with the
    * source's settings. `400 fork_unsupported` unless the gateway runs
-   * `serve --checkpoint`; `400 invalid_count` past 8.
+   * `serve --checkpoint`; `400 invalid_count` past 8; `503
+   * fork_gateway_limit` while 2 forks run on the gateway already.
    */
   async forkSession(id: string, opts: { count?: number } = {}): Promise<Session[]> {
     const count = checkInt("count", opts.count ?? 1, 1);

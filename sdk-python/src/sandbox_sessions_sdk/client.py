@@ -406,7 +406,8 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
             SessionNotFoundError: no such session for this token's tenant.
             SandboxOperationError: ``.code`` ``invalid_count`` (more than
                 8), ``fork_unsupported`` (this gateway or session cannot be
-                forked), ``session_stopped``, ``fork_failed``.
+                forked), ``session_stopped``, ``fork_failed``,
+                ``fork_gateway_limit`` (2 forks run on the gateway already).
         """
         return self._do(ops.fork_session(session_id, count))
 

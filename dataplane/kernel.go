@@ -170,6 +170,42 @@ func (k *Kernels) Run(ctx context.Context, id string, s Session, name string, re
 	return x.run(ctx, req)
 }
 
+// Fork gives session dst (s), a fork of session src, the kernels src has
+// recorded: dst's sandbox holds copies of src's interpreters, kept under
+// the same keys, and each is taken back at its first call, its state
+// included, as after a gateway restart. Without StateDir (kernels not
+// kept) dst starts with none.
+func (k *Kernels) Fork(src, dst string, s Session) {
+	for _, name := range forkRecords(k.StateDir, src, dst, "kernel-") {
+		if ValidKernelName(name) {
+			_, _ = k.get(dst, s, name)
+		}
+	}
+}
+
+// forkRecords copies session src's records of kind (a file name prefix)
+// under dir to session dst's, for a fork (Kernels.Fork, Shells.Fork), and
+// returns the names copied.
+func forkRecords(dir, src, dst, kind string) []string {
+	if dir == "" || !sandbox.ValidID(dst) {
+		return nil
+	}
+	var names []string
+	for _, name := range recorded(dir, src, kind) {
+		b, err := os.ReadFile(filepath.Join(dir, src, kind+name))
+		if err != nil {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Join(dir, dst), 0o700); err != nil {
+			return names
+		}
+		if err := os.WriteFile(filepath.Join(dir, dst, kind+name), b, 0o600); err == nil {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
 // Restore registers the kernels an earlier gateway recorded for session
 // id (s), so that a reset reaches them before any call does; each is
 // taken back at its first call.

@@ -1277,6 +1277,77 @@ func (ps *Processes) Restore(cfg ProcessConfig, known func(id string) bool, sess
 	}
 }
 
+// Fork gives session dst, a fork of session src, src's background
+// processes: dst's sandbox holds copies of src's kept processes, under the
+// same keys, so their records and the output kept so far are copied and
+// taken back as after a gateway restart; each goes on with the output its
+// copy makes. Without cfg.StateDir (processes not kept) dst has none.
+func (ps *Processes) Fork(cfg ProcessConfig, src string, dst *gateway.Session) error {
+	if cfg.StateDir == "" || !sandbox.ValidID(src) || !sandbox.ValidID(dst.ID) {
+		return nil
+	}
+	from, to := filepath.Join(cfg.StateDir, src), filepath.Join(cfg.StateDir, dst.ID)
+	if _, err := os.Stat(filepath.Join(from, sessionFile)); err != nil {
+		return nil // src never had a background process
+	}
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(to, 0o700); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		switch {
+		case e.Name() == sessionFile:
+			if err := copyFile(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+				return err
+			}
+		case e.IsDir():
+			if err := copyDir(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	_, err = ps.session(dst, cfg)
+	return err
+}
+
+// copyDir copies the regular files of directory from into a new
+// directory to.
+func copyDir(from, to string) error {
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(to, 0o700); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			if err := copyFile(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// copyFile copies file from to a new file to (0600).
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	return errors.Join(err, out.Close())
+}
+
 // tenantOf is s's tenant, when s is a gateway session.
 func tenantOf(s Session) string {
 	if gs, ok := s.(*gateway.Session); ok {

@@ -85,6 +85,18 @@ func (sh *Shells) Restore(id string, s Session) {
 	}
 }
 
+// Fork gives session dst (s), a fork of session src, the shells src has
+// recorded: dst's sandbox holds copies of src's bash processes, kept under
+// the same keys, and their saved state; each is taken back at its first
+// command, its cd, exports and variables included.
+func (sh *Shells) Fork(src, dst string, s Session) {
+	for _, name := range forkRecords(sh.StateDir, src, dst, "shell-") {
+		if ValidShellName(name) {
+			_, _ = sh.get(dst, s, name)
+		}
+	}
+}
+
 // Delete ends the session's shell name, killing a command it runs.
 func (sh *Shells) Delete(id, name string) error {
 	x, ok := sh.reg.take(id, name)

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandgate/sandgate/audit"
@@ -78,6 +79,17 @@ type Config struct {
 	// WarmPool is how many sandboxes of the default root are kept built
 	// and idle for creates to claim, once Run runs (0: none; warmpool.go).
 	WarmPool int
+	// WarmPoolImageTTL, with WarmPool, gives each image other than the
+	// default root that a create used within this long a pool of its own
+	// (0: none; warmimages.go).
+	WarmPoolImageTTL time.Duration
+	// WarmPoolImages bounds the images with a pool at once (0:
+	// DefaultWarmPoolImages).
+	WarmPoolImages int
+	// WarmPoolMemory bounds the memory of the warm sandboxes: an image's
+	// pool adds one only while all of them stay within it (0:
+	// DefaultWarmPoolMemory).
+	WarmPoolMemory int64
 	// TeardownQueue is how many ended sessions' sandboxes may be released
 	// in the background at once: a Delete answers once the session cannot
 	// be reached (and its named workspace is synced), and a Delete past
@@ -101,6 +113,8 @@ type Manager struct {
 	// followers counts the streams of pending connections per tenant
 	// and in all (approvals.go).
 	followers followers
+	// forking counts the forks under way (MaxConcurrentForks).
+	forking atomic.Int32
 	// writeMu orders the writes of records that Update and saveActivity
 	// make from snapshots, so an older snapshot never overwrites a newer one.
 	writeMu sync.Mutex
@@ -112,6 +126,9 @@ type Manager struct {
 	tombOnce sync.Once
 	// pool holds the warm sandboxes (nil: Config.WarmPool is 0).
 	pool *warmPool
+	// imagePools hold the warm sandboxes of images (nil: none;
+	// warmimages.go).
+	imagePools *imagePools
 	// releasing holds a slot per sandbox being released in the
 	// background (cap Config.TeardownQueue); released waits for them.
 	releasing chan struct{}
@@ -183,6 +200,7 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 			return driver.Create(ctx, sandbox.Spec{ID: id})
 		}, m.destroyWarm, log)
 	}
+	m.imagePools = newImagePools(m)
 	return m
 }
 
@@ -231,6 +249,12 @@ type CreateParams struct {
 // (idempotency_key_reused) or its first create is still running
 // (idempotency_key_in_progress).
 func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Session, string, error) {
+	return m.create(ctx, p, cp, nil)
+}
+
+// create is Create; from, when set, makes the sandbox from a fork's
+// checkpoint instead of the driver (fork.go).
+func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from *forkSource) (*Session, string, error) {
 	start := time.Now()
 	tr := sandbox.TraceOf(ctx)
 	c, err := m.checkCreate(p, &cp)
@@ -260,7 +284,22 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	u.push(func() { m.unclaimName(name) })
 
 	lim := m.cfg.Resources.limits(cp.Resources)
-	w, warmed := m.takeWarm(c, lim)
+	var img *sandbox.Image
+	if !slices.Contains(m.cfg.Images, c.image) {
+		// The principal goes along: the source bounds each tenant's pulls.
+		if img, err = m.cfg.ImageSource.Resolve(WithPrincipal(ctx, p), c.image); err != nil {
+			return nil, "", err
+		}
+	}
+	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
+	// hosts only rules per request allow, whose requests it reads.
+	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
+	withCA := slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA
+	var w warm
+	warmed := false
+	if from == nil {
+		w, warmed = m.takeWarm(img, lim, withCA)
+	}
 	id := "" // a fresh one
 	if warmed {
 		id = w.id
@@ -279,36 +318,44 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 	u.push(func() { m.detachWorkspace(ctx, s) })
 	tr.Mark("session")
 	spec := sandbox.Spec{ID: s.ID, Limits: lim}
-	// The egress CA intercepts HTTPS to hosts with bound secrets, and to
-	// hosts only rules per request allow, whose requests it reads.
-	rulesOnlyCA := !slices.ContainsFunc(c.secrets, SecretRef.Bound) && slices.ContainsFunc(c.allow.Entries(), egress.IsObjectEntry)
-	if slices.ContainsFunc(c.secrets, SecretRef.Bound) || rulesOnlyCA {
+	if from != nil {
+		// A fork's trust store is its source's, restored with it.
+		if err := from.shareCA(s); err != nil {
+			return nil, "", err
+		}
+		spec.TrustPEM = s.egressCAPEM
+	} else if withCA {
 		if err := s.newEgressCA(); err != nil {
 			return nil, "", &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not make the session's egress CA", Err: err}
 		}
 		spec.TrustPEM = s.egressCAPEM
 	}
-	if !slices.Contains(m.cfg.Images, c.image) {
-		// The principal goes along: the source bounds each tenant's pulls.
-		img, err := m.cfg.ImageSource.Resolve(WithPrincipal(ctx, p), c.image)
-		if err != nil {
-			return nil, "", err
-		}
-		if err := m.cfg.ImageSource.Hold(s.ID, img); err != nil {
-			return nil, "", &Error{Kind: KindUnavailable, Code: "image_failed", Message: "could not hold the image for the session", Err: err}
+	if img != nil {
+		// A warm sandbox of the image holds it under its id already.
+		if !w.held {
+			if err := m.cfg.ImageSource.Hold(s.ID, img); err != nil {
+				return nil, "", &Error{Kind: KindUnavailable, Code: "image_failed", Message: "could not hold the image for the session", Err: err}
+			}
 		}
 		spec.Image, s.ImageDigest = img, img.Digest
 	}
 	var sb sandbox.Sandbox
 	u.push(func() {
+		if w.held && sb == nil {
+			return // the warm sandbox's destroy (destroyWarm) lets go of it
+		}
 		// The image is let go once no sandbox uses it: none was made, or
 		// it was destroyed.
 		if sb == nil || sb.Destroy(context.WithoutCancel(ctx)) == nil {
 			m.releaseImage(s)
 		}
 	})
-	sb, err = m.sandboxFor(ctx, spec, w, warmed)
-	if err != nil && rulesOnlyCA && errors.Is(err, sandbox.ErrNoTrust) {
+	if from != nil {
+		sb, err = from.restore(ctx, spec)
+	} else {
+		sb, err = m.sandboxFor(ctx, spec, w, warmed)
+	}
+	if err != nil && from == nil && rulesOnlyCA && errors.Is(err, sandbox.ErrNoTrust) {
 		// A driver with no trust store (workdir, whose sessions share the
 		// host's network): rules are read on plain http:// only. The warm
 		// sandbox, if any, is gone already (only linux rebinds).
@@ -870,6 +917,7 @@ func (m *Manager) Run(ctx context.Context) {
 	if m.pool != nil {
 		m.pool.start(ctx)
 	}
+	m.imagePools.start(ctx)
 	t := time.NewTicker(m.cfg.ReapInterval)
 	defer t.Stop()
 	for {
@@ -881,6 +929,7 @@ func (m *Manager) Run(ctx context.Context) {
 			m.retryDestroy(ctx)
 			m.saveActivity()
 			m.PruneTombstones()
+			m.imagePools.tend(m.cfg.Now())
 		}
 	}
 }

@@ -101,6 +101,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 	if m.pool != nil { // warm sandboxes are no one's: none is kept
 		m.pool.close(ctx)
 	}
+	m.imagePools.close(ctx)
 	var wg sync.WaitGroup
 	for _, s := range all {
 		wg.Add(1)

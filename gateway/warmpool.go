@@ -12,15 +12,16 @@ import (
 )
 
 // The warm pool (Config.WarmPool) keeps sandboxes of the default root
-// built and idle, so that a create takes one instead of waiting for the
-// driver. A warm sandbox is made for an id drawn like any session's
-// (newID), which nobody has seen: the session that claims it takes that
-// id, so its hostname, directories and cgroups are what a cold create
-// would have made for it. Nothing runs in a warm sandbox before its
-// claim. What differs per session is applied at claim: the limits (the
-// driver's Rebinder, in place), and, by the create as for any sandbox,
-// the workspace, the egress proxy and policy, secrets and environment
-// (given to each command), labels and TTL (the gateway's own).
+// built and idle (warmimages.go: and of the images used lately), so that
+// a create takes one instead of waiting for the driver. A warm sandbox
+// is made for an id drawn like any session's (newID), which nobody has
+// seen: the session that claims it takes that id, so its hostname,
+// directories and cgroups are what a cold create would have made for it.
+// Nothing runs in a warm sandbox before its claim. What differs per
+// session is applied at claim: the limits (the driver's Rebinder, in
+// place), and, by the create as for any sandbox, the workspace, the
+// egress proxy and policy, secrets and environment (given to each
+// command), labels and TTL (the gateway's own).
 //
 // Warm sandboxes are not sessions: they are in no list, count towards no
 // quota, have no record in the store (a restart's Restore removes any
@@ -42,10 +43,14 @@ const (
 	warmMaxDelay = 200 * time.Millisecond
 )
 
-// warm is one idle sandbox of the pool, made for the session id id.
+// warm is one idle sandbox of the pool, made for the session id id. A
+// warm sandbox of an image (warmimages.go) holds that image under its id
+// (ImageSource.Hold), as the session that claims it will: held says so,
+// and whoever destroys it unclaimed releases the hold.
 type warm struct {
-	id string
-	sb sandbox.Sandbox
+	id   string
+	sb   sandbox.Sandbox
+	held bool
 }
 
 // warmPool keeps up to size warm sandboxes. One refill runs at a time, in
@@ -55,7 +60,18 @@ type warmPool struct {
 	create func(ctx context.Context, id string) (sandbox.Sandbox, error)
 	// discard destroys a warm sandbox found dead, in the background.
 	discard func(warm)
-	log     *slog.Logger
+	// release lets go of the image hold of a warm sandbox destroyed
+	// (nil: the pool's sandboxes hold none).
+	release func(id string)
+	// admit, when set, is asked before each fill: false leaves the pool
+	// short until its next kick (a claim, or the image pools' tend).
+	admit func() bool
+	// fill, when set, is a slot that each fill holds: one sandbox at a
+	// time is built for all the image pools.
+	fill chan struct{}
+	// image names the pool's image in its log lines ("": the default root).
+	image string
+	log   *slog.Logger
 
 	mu     sync.Mutex
 	idle   []warm // oldest first
@@ -96,7 +112,7 @@ func (p *warmPool) run(ctx context.Context) {
 	backoff := warmRetryMin
 	for {
 		p.prune()
-		for p.short() {
+		for p.short() && (p.admit == nil || p.admit()) {
 			if err := p.fillOne(ctx); err != nil {
 				if ctx.Err() != nil {
 					return
@@ -151,21 +167,62 @@ func (p *warmPool) short() bool {
 
 // fillOne makes one warm sandbox and adds it to the pool.
 func (p *warmPool) fillOne(ctx context.Context) error {
+	if p.fill != nil {
+		select {
+		case p.fill <- struct{}{}:
+			defer func() { <-p.fill }()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	id := newID()
 	sb, err := p.create(ctx, id)
 	if err != nil {
 		return err
 	}
+	w := warm{id, sb, p.release != nil}
 	p.mu.Lock()
 	if !p.closed {
-		p.idle = append(p.idle, warm{id, sb})
+		p.idle = append(p.idle, w)
 		p.mu.Unlock()
-		p.log.Debug("warm_sandbox_ready", "sandbox", id)
+		if p.image != "" {
+			p.log.Debug("warm_sandbox_ready", "sandbox", id, "image", p.image)
+		} else {
+			p.log.Debug("warm_sandbox_ready", "sandbox", id)
+		}
 		p.watch(sb)
 		return nil
 	}
 	p.mu.Unlock()
-	return errors.Join(context.Canceled, sb.Destroy(context.WithoutCancel(ctx)))
+	return errors.Join(context.Canceled, p.destroy(context.WithoutCancel(ctx), w))
+}
+
+// destroy destroys the warm sandbox w now, and lets go of its image.
+func (p *warmPool) destroy(ctx context.Context, w warm) error {
+	err := w.sb.Destroy(ctx)
+	if err == nil && w.held && p.release != nil {
+		p.release(w.id)
+	}
+	return err
+}
+
+// idleSandboxes are the pool's warm sandboxes now.
+func (p *warmPool) idleSandboxes() []sandbox.Sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]sandbox.Sandbox, len(p.idle))
+	for i, w := range p.idle {
+		out[i] = w.sb
+	}
+	return out
+}
+
+// kickNow asks for a refill round, if one is not asked for already.
+func (p *warmPool) kickNow() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
 }
 
 // watch kicks the refill when sb ends (sandbox.Ender): one that ends
@@ -269,7 +326,7 @@ func (p *warmPool) close(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, w := range idle {
 		wg.Go(func() {
-			if err := w.sb.Destroy(context.WithoutCancel(ctx)); err != nil {
+			if err := p.destroy(context.WithoutCancel(ctx), w); err != nil {
 				p.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)
 			}
 		})
@@ -277,11 +334,25 @@ func (p *warmPool) close(ctx context.Context) {
 	wg.Wait()
 }
 
-// takeWarm claims a warm sandbox for a create checked as c whose sandbox
-// limits are l, when the pool can serve it: the default root and the
-// default workspace size (a filesystem's).
-func (m *Manager) takeWarm(c createChecked, l sandbox.Limits) (warm, bool) {
-	if m.pool == nil || !slices.Contains(m.cfg.Images, c.image) || l.WorkspaceBytes != 0 {
+// takeWarm claims a warm sandbox for a create whose sandbox limits are l
+// and whose image is img (nil: the default root), when a pool can serve
+// it: the default workspace size (a filesystem's), and the default pool
+// or img's (warmimages.go), which a create of img starts. A create of an
+// image whose sandbox trusts an egress CA (withCA) neither claims nor
+// starts img's pool: an image's trust store is written by its build, so
+// no warm sandbox of an image can take one (linuxns.Rebind), and the
+// claim would only destroy it in the create's time before a cold create.
+func (m *Manager) takeWarm(img *sandbox.Image, l sandbox.Limits, withCA bool) (warm, bool) {
+	if l.WorkspaceBytes != 0 {
+		return warm{}, false
+	}
+	if img != nil {
+		if withCA {
+			return warm{}, false
+		}
+		return m.imagePools.take(img, m.cfg.Now())
+	}
+	if m.pool == nil {
 		return warm{}, false
 	}
 	return m.pool.take()
@@ -294,6 +365,10 @@ func (m *Manager) destroyWarm(w warm) {
 	destroy := func() {
 		if err := w.sb.Destroy(context.Background()); err != nil {
 			m.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)
+			return
+		}
+		if w.held {
+			m.cfg.ImageSource.Release(w.id)
 		}
 	}
 	if !m.releaseLater() { // Shutdown has begun: now

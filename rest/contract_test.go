@@ -906,7 +906,7 @@ func TestContract(t *testing.T) {
 // shells, files, processes, the kernel, links, stop, logs, ports, stats), the
 // audit's, or a seed's compat API, whose contract tests live in their own files.
 func dataPlanePath(path string) bool {
-	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/pause", "/resume", "/logs", "/links/", "/compat/", "/ports/", "/{path}", "/stats", "/egress", "/timeline", "/v1/audit", "/workspaces", "/snapshots"} {
+	for _, p := range []string{"/commands", "/shells/", "/files", "/processes", "/python", "/stop", "/pause", "/resume", "/fork", "/logs", "/links/", "/compat/", "/ports/", "/{path}", "/stats", "/egress", "/timeline", "/v1/audit", "/workspaces", "/snapshots"} {
 		if strings.Contains(path, p) {
 			return true
 		}

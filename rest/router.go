@@ -172,6 +172,7 @@ func New(cfg Config) http.Handler {
 		r.Post("/sessions/{id}/stop", a.stop)
 		r.Post("/sessions/{id}/pause", a.pause)
 		r.Post("/sessions/{id}/resume", a.resume)
+		r.Post("/sessions/{id}/fork", a.fork) // fork.go
 		r.Post("/sessions/{id}/snapshots", a.createSnapshot)
 		r.Post("/workspaces", a.createWorkspace)
 		r.Get("/workspaces", a.listWorkspaces)

@@ -24,6 +24,14 @@ type Config struct {
 	// set it (linux): never the gateway's own, raised one. Zero fields get
 	// DefaultNofileSoft and DefaultNofileHard.
 	Nofile Nofile
+	// Checkpoint, for the linuxns driver, builds sandboxes that CRIU can
+	// checkpoint (serve --checkpoint): their init names no command's tree
+	// by a UTS namespace of its own and holds nothing of the host that a
+	// checkpoint cannot carry (docs/pause.md, "Fork").
+	Checkpoint bool
+	// CRIU is the criu binary checkpoints run ("": criu, looked up in
+	// PATH).
+	CRIU string
 }
 
 // Nofile is an RLIMIT_NOFILE: Soft is what a process starts with, Hard is

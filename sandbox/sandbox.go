@@ -13,6 +13,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -422,6 +423,29 @@ type PauseReport struct {
 	// NotKept lists what the pause could not keep, one line each.
 	NotKept []string
 }
+
+// Checkpointer is implemented by sandboxes that can be copied while they
+// run, processes and memory included (linuxns with Config.Checkpoint,
+// through CRIU): one Checkpoint, then a Restore per copy. The sandbox
+// keeps running.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context) (Checkpoint, error)
+}
+
+// Checkpoint is a running sandbox's processes, memory and workspace as
+// they were at one instant.
+type Checkpoint interface {
+	// Restore makes a new sandbox from it, as Driver.Create does from
+	// spec (its ID and Limits; the image and trust store are the
+	// checkpoint's).
+	Restore(ctx context.Context, spec Spec) (Sandbox, error)
+	// Close deletes the checkpoint's images.
+	Close() error
+}
+
+// ErrNoCheckpoint says a sandbox cannot be checkpointed: its driver or
+// host cannot (no CRIU, a sandbox not built for it, an image root).
+var ErrNoCheckpoint = errors.New("this sandbox cannot be checkpointed")
 
 // Freezer is implemented by sandboxes whose processes can be frozen at
 // once (linuxns: the cgroup freezer, v1 or v2), so that a snapshot of the

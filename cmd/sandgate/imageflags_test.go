@@ -21,6 +21,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/images"
 	"github.com/sandgate/sandgate/images/imagestest"
 )
 
@@ -358,5 +359,42 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// Hold holds the image a create resolved, by its digest: once its name
+// was pulled again (another digest), a hold of the image resolved before
+// (a warm pool's build, long after its pool started) is refused and
+// leaves no reference, which would keep the new image's layers and not
+// those the sandbox runs on.
+func TestImageHoldByDigest(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	ref := reg.Push(t, "tools/moving:1", imagestest.Image(t, v1.Config{}, imagestest.TarLayer(t, imagestest.Entry{Name: "a", Body: "1"})))
+	src := imageSourceFor(t, "--image-allow", reg.Host+"/tools/*")
+	old, err := src.Resolve(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id1, id2 = "sbx-aaaaaaaaaaaaaaaaaaaaaaaa", "sbx-bbbbbbbbbbbbbbbbbbbbbbbb"
+	if err := src.Hold(id1, old); err != nil {
+		t.Fatalf("hold of the image resolved: %v", err)
+	}
+	src.Release(id1)
+	reg.Push(t, "tools/moving:1", imagestest.Image(t, v1.Config{}, imagestest.TarLayer(t, imagestest.Entry{Name: "a", Body: "2"})))
+	if _, err := src.store.Pull(context.Background(), ref, images.PullOptions{InsecureRegistries: src.insecure}); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Hold(id2, old); err == nil {
+		t.Errorf("hold of %s's old digest %s after a pull of a new one: no error", ref, old.Digest)
+	}
+	if refs, err := src.store.Refs(); err != nil || len(refs) != 0 {
+		t.Errorf("references after the refused hold: %v %v", refs, err)
+	}
+	cur, err := src.Resolve(context.Background(), ref)
+	if err != nil || cur.Digest == old.Digest {
+		t.Fatalf("resolve after the pull: %v %v", cur, err)
+	}
+	if err := src.Hold(id2, cur); err != nil {
+		t.Errorf("hold of the image resolved now: %v", err)
 	}
 }

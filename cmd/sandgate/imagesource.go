@@ -246,10 +246,20 @@ func pullError(name string, err error) error {
 	return &gateway.Error{Kind: gateway.KindUpstream, Code: "image_pull_failed", Message: msg, Err: err}
 }
 
-// Hold implements gateway.ImageSource.
+// Hold implements gateway.ImageSource: the hold is of img's digest. The
+// store holds what the name is now; when it was pulled again since img
+// was resolved (a warm pool's builds come long after), that is another
+// image, whose layers the hold would keep instead of img's: refused.
 func (s *imageSource) Hold(id string, img *sandbox.Image) error {
-	_, err := s.store.Acquire(id, img.Name)
-	return err
+	got, err := s.store.Acquire(id, img.Name)
+	if err != nil {
+		return err
+	}
+	if got.Digest != img.Digest {
+		s.Release(id)
+		return fmt.Errorf("image %s is %s now, not %s: it was pulled again", img.Name, got.Digest, img.Digest)
+	}
+	return nil
 }
 
 // Release implements gateway.ImageSource.

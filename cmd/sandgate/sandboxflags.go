@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
@@ -25,6 +26,11 @@ type sandboxFlags struct {
 	// warmPool is how many default-root sandboxes are kept built for
 	// creates to claim (linux; gateway.Config.WarmPool).
 	warmPool int
+	// warmImageTTL, warmImages and warmMemory are the pools of the
+	// images used lately (gateway.Config.WarmPoolImageTTL and friends).
+	warmImageTTL time.Duration
+	warmImages   int
+	warmMemory   int64
 	// teardownQueue is how many deleted sessions' sandboxes are released
 	// in the background at once (gateway.Config.TeardownQueue).
 	teardownQueue int
@@ -34,6 +40,10 @@ type sandboxFlags struct {
 	// serverTiming shows each step of a create in its Server-Timing
 	// header (rest.Config.ServerTiming).
 	serverTiming bool
+	// checkpoint builds checkpointable sandboxes, which fork can copy
+	// (linux; sandbox.Config.Checkpoint), with the criu binary at criu.
+	checkpoint bool
+	criu       string
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -58,8 +68,14 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
 	fs.BoolVar(&f.requireLimits, "sandbox-require-limits", false, "with --sandbox linux, refuse to start when the memory, cpus and pids limits cannot be enforced (no writable cgroup for them) instead of running sandboxes without them; the Helm chart sets it")
 	fs.IntVar(&f.warmPool, "warm-pool", defaultWarmPool, "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables)")
+	fs.DurationVar(&f.warmImageTTL, "warm-pool-image-ttl", defaultWarmImageTTL, "with --warm-pool, an image a create used within this long keeps min(--warm-pool, 2) sandboxes of its own built and idle (0 disables)")
+	fs.IntVar(&f.warmImages, "warm-pool-images", gateway.DefaultWarmPoolImages, "images with a warm pool of their own at once; the least recently used pool drains for a new one")
+	f.warmMemory = gateway.DefaultWarmPoolMemory
+	fs.Var((*sizeFlag)(&f.warmMemory), "warm-pool-memory", "memory the warm sandboxes may use in all (their cgroups' count) before the images' pools stop adding: bytes or a size such as 256MiB")
 	fs.BoolVar(&f.serverTiming, "server-timing", false, "show each step of a create (warm pool claim, cgroups, init...) in the Server-Timing header of POST /v1/sessions; off: the total only, as the steps tell a tenant whether other tenants emptied the warm pool")
 	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
+	fs.BoolVar(&f.checkpoint, "checkpoint", false, "build sandboxes that CRIU can checkpoint, so that POST /v1/sessions/{id}/fork can copy a running session (linux driver; needs CRIU 4.x: --criu; docs/fork.md)")
+	fs.StringVar(&f.criu, "criu", "criu", "the criu binary --checkpoint runs (4.x)")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f
 }
@@ -101,6 +117,10 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 	}
 	if f.warmPool < 0 || f.warmPool > maxWarmPool {
 		return b, fmt.Errorf("--warm-pool must be between 0 and %d, got %d", maxWarmPool, f.warmPool)
+	}
+	if f.warmImageTTL < 0 || f.warmImages < 1 || f.warmImages > maxWarmPool || f.warmMemory < 0 {
+		return b, fmt.Errorf("--warm-pool-image-ttl must not be negative, --warm-pool-images must be between 1 and %d, --warm-pool-memory not negative (got %v, %d, %d)",
+			maxWarmPool, f.warmImageTTL, f.warmImages, f.warmMemory)
 	}
 	if f.teardownQueue < 0 || f.teardownQueue > maxTeardownQueue {
 		return b, fmt.Errorf("--teardown-queue must be between 0 and %d, got %d", maxTeardownQueue, f.teardownQueue)
@@ -203,6 +223,10 @@ func formatSize(n int64) string {
 // creates in a row to find a sandbox ready, at a couple of idle inits'
 // memory.
 const defaultWarmPool = 2
+
+// defaultWarmImageTTL is --warm-pool-image-ttl's default: an image in
+// use keeps its pool through the pauses of an agent's work.
+const defaultWarmImageTTL = 10 * time.Minute
 
 // warmPoolFor is --warm-pool for driver d: the workdir driver's sandboxes
 // are directories, quick to make, so it keeps none.

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/gateway"
 	"github.com/sandgate/sandgate/sandbox"
@@ -139,6 +140,34 @@ func TestServeWorkspaceLimitFlags(t *testing.T) {
 	} {
 		if _, err := parseServe(args, io.Discard); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "-")) {
 			t.Errorf("%s: %v", strings.Join(args, " "), err)
+		}
+	}
+}
+
+// The warm pools of images: defaults, values, and the bounds' refusals.
+func TestServeWarmImageFlags(t *testing.T) {
+	c, err := parseServe(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := c.sandbox; f.warmImageTTL != 10*time.Minute || f.warmImages != gateway.DefaultWarmPoolImages || f.warmMemory != gateway.DefaultWarmPoolMemory {
+		t.Errorf("defaults: ttl %v, images %d, memory %d", f.warmImageTTL, f.warmImages, f.warmMemory)
+	}
+	c, err = parseServe([]string{"--warm-pool-image-ttl", "0", "--warm-pool-images", "8", "--warm-pool-memory", "1GiB"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := c.sandbox; f.warmImageTTL != 0 || f.warmImages != 8 || f.warmMemory != 1<<30 {
+		t.Errorf("given: ttl %v, images %d, memory %d", f.warmImageTTL, f.warmImages, f.warmMemory)
+	}
+	for _, args := range [][]string{
+		{"--warm-pool-image-ttl", "-1s"},
+		{"--warm-pool-images", "0"},
+		{"--warm-pool-images", "65"},
+		{"--warm-pool-memory", "-1"},
+	} {
+		if _, err := parseServe(args, io.Discard); err == nil {
+			t.Errorf("%s: accepted", strings.Join(args, " "))
 		}
 	}
 }

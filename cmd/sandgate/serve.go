@@ -451,7 +451,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	driver, err := openDriver(cfg.sandboxDriver, sandbox.Config{
 		DataDir: cfg.dataDir, Log: log, Limits: cfg.sandbox.limits, AllowUserNS: cfg.sandbox.allowUserNS,
-		Nofile: cfg.sandbox.nofile,
+		Nofile: cfg.sandbox.nofile, Checkpoint: cfg.sandbox.checkpoint, CRIU: cfg.sandbox.criu,
 		// Restore below re-attaches what the store knows and removes the rest.
 		KeepOrphans: true,
 	})
@@ -529,6 +529,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		// Sandboxes of ended sessions released in the background.
 		TeardownQueue: cfg.sandbox.teardownQueue,
 	}
+	mcfg.WarmPoolImageTTL, mcfg.WarmPoolImages, mcfg.WarmPoolMemory = cfg.sandbox.warmImageTTL, cfg.sandbox.warmImages, cfg.sandbox.warmMemory
 	var mgr *gateway.Manager
 	var node *cluster.Node
 	if cfg.cluster.enabled() {
@@ -554,6 +555,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 		return err
 	}
 	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusPaused, gateway.StatusFailed)
+	met.WatchWarm(mgr)
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,

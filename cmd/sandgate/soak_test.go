@@ -405,7 +405,11 @@ func netnsHeld(g *gatewayProc, pid int, netns map[string]string) []string {
 	return held
 }
 
-// settleSoak waits until the gateway holds no session, its warm pool is
+// soakWarm is how many warm sandboxes the soak's gateway holds when its
+// pools are full: two of the default root and two of the soak's image.
+const soakWarm = 4
+
+// settleSoak waits until the gateway holds no session, its warm pools are
 // full and its background work is done (or, with want, until it holds no
 // more than want, for at most a minute), and returns what it holds.
 func settleSoak(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string, want *soakState) soakState {
@@ -422,7 +426,10 @@ func settleSoak(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string, 
 		}
 		g.api(t, http.MethodGet, "/v1/sessions", nil, &list)
 		http.DefaultClient.CloseIdleConnections()
-		ready := list.Total == 0 && len(s.Sandboxes) == 2 && strings.Count(g.stderr.String(), "msg=memory_returned") > returned
+		// Full pools: --warm-pool 2 for the default root, and the soak's
+		// image, used within --warm-pool-image-ttl, has a pool of
+		// min(--warm-pool, 2) of its own.
+		ready := list.Total == 0 && len(s.Sandboxes) == soakWarm && strings.Count(g.stderr.String(), "msg=memory_returned") > returned
 		if ready && want != nil {
 			ready = s.Goroutines <= want.Goroutines && len(s.Mounts) <= len(want.Mounts) &&
 				len(s.Loops) <= len(want.Loops) && len(s.Cgroups) <= len(want.Cgroups) && len(s.Files) <= len(want.Files) &&

@@ -142,6 +142,32 @@ func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// WarmCounter reports the warm sandboxes ready, by image
+// (gateway.Manager implements it).
+type WarmCounter interface {
+	WarmSandboxes() map[string]int
+}
+
+// WatchWarm adds sandgate_warm_sandboxes{image}, read from wc at each
+// scrape: the warm pools' sandboxes ready to be claimed, by image.
+func (m *Metrics) WatchWarm(wc WarmCounter) {
+	m.reg.MustRegister(&warmCollector{wc: wc,
+		desc: prometheus.NewDesc("sandgate_warm_sandboxes", "Warm sandboxes ready to be claimed, by image (default: the default root).", []string{"image"}, nil)})
+}
+
+type warmCollector struct {
+	wc   WarmCounter
+	desc *prometheus.Desc
+}
+
+func (c *warmCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *warmCollector) Collect(ch chan<- prometheus.Metric) {
+	for image, n := range c.wc.WarmSandboxes() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), image)
+	}
+}
+
 // SessionCreated implements gateway.Metrics.
 func (m *Metrics) SessionCreated(d time.Duration) {
 	m.creates.Inc()

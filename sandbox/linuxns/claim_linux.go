@@ -28,10 +28,17 @@ var claimTrees = []string{"/", "/etc", "/dev", "/dev/shm", "/dev/pts", "/tmp", "
 // leaves the gateway's filesystem context for the sandbox's. Read-only
 // mounts are made writable for the moment and read-only again. Nothing
 // runs in a warm sandbox before its claim, and no path is followed
-// through a symlink.
+// through a symlink. An image sandbox's root is the image's overlay:
+// there only what the build wrote, the files of its writable layer, is
+// touched (imageTreeTimes), never the image's own files (the touch would
+// copy each one up, and a cold create shows the image's times).
 func (s *linuxSandbox) refreshTimes() error {
 	s.mu.Lock()
 	pidfd := s.pidfd
+	upperDir := ""
+	if s.st.Boot != nil && s.st.Boot.Image != nil {
+		upperDir = filepath.Join(s.st.Workspace, imageUpper)
+	}
 	var fd int = -1
 	var derr error = errors.New("the sandbox has no init")
 	if pidfd != nil {
@@ -46,13 +53,21 @@ func (s *linuxSandbox) refreshTimes() error {
 	if fd < 0 {
 		return fmt.Errorf("claim times: %w", derr)
 	}
+	var err error
 	defer unix.Close(fd)
+	upper := -1
+	if upperDir != "" {
+		// Opened on the host, read after entering the sandbox's mounts.
+		if upper, err = unix.Open(upperDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err != nil {
+			return fmt.Errorf("claim times: the image's writable layer: %w", err)
+		}
+	}
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the runtime ends the thread with the goroutine,
 		// so no other goroutine ever runs in the sandbox's namespace.
 		runtime.LockOSThread()
-		errc <- touchTrees(fd)
+		errc <- touchTrees(fd, upper)
 	}()
 	if err := <-errc; err != nil {
 		return fmt.Errorf("claim times: %w", err)
@@ -62,8 +77,13 @@ func (s *linuxSandbox) refreshTimes() error {
 
 // touchTrees enters the mount namespace of the init of pidfd on the
 // calling thread, which must be locked and discarded after, and touches
-// claimTrees there.
-func touchTrees(pidfd int) (err error) {
+// claimTrees there; with upper, the open writable layer of an image
+// sandbox (which it consumes), the root and /etc are the image's: only
+// the paths upper holds are touched, through the sandbox's root.
+func touchTrees(pidfd, upper int) (err error) {
+	if upper >= 0 {
+		defer unix.Close(upper)
+	}
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare fs: %w", err)
 	}
@@ -86,9 +106,124 @@ func touchTrees(pidfd int) (err error) {
 	}()
 	var errs []error
 	for _, root := range claimTrees {
+		if upper >= 0 && (root == "/" || root == "/etc") {
+			continue
+		}
 		errs = append(errs, touchTree(root))
 	}
+	if upper >= 0 {
+		errs = append(errs, touchUpper(upper))
+	}
 	return errors.Join(errs...)
+}
+
+// touchUpper touches, in the image root mounted at /, each path that the
+// writable layer upper (an open directory, not consumed) holds: what the
+// sandbox's build wrote over the image. Whiteouts (character devices 0:0)
+// are no file of the root, and are skipped.
+func touchUpper(upper int) error {
+	root, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the image root: %w", err)
+	}
+	defer unix.Close(root)
+	mnt, _, err := mountOf(root, "")
+	if err != nil {
+		return fmt.Errorf("the image root: %w", err)
+	}
+	if err := unix.UtimesNanoAt(root, ".", claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("touch /: %w", err)
+	}
+	up, err := unix.Dup(upper)
+	if err != nil {
+		return err
+	}
+	return touchMirror(up, root, "/", mnt)
+}
+
+// mountOf is the id of the mount that name (below the directory dirfd;
+// "": dirfd itself) is on, not following a symlink, and its file type.
+// It tells a mount point from the files of a filesystem where st_dev
+// cannot: overlayfs reports its files' layers' devices.
+func mountOf(dirfd int, name string) (mnt uint64, mode uint16, err error) {
+	flags := unix.AT_SYMLINK_NOFOLLOW
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(dirfd, name, flags, unix.STATX_TYPE|unix.STATX_MNT_ID, &stx); err != nil {
+		return 0, 0, err
+	}
+	if stx.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, 0, errors.New("statx gives no mount id (linux 5.8 or later)")
+	}
+	return stx.Mnt_id, stx.Mode & unix.S_IFMT, nil
+}
+
+// touchMirror touches, below the directory dst (on the mount mnt), each
+// entry of the directory src (consumed), and recurses into the
+// directories of both. An entry of dst on another mount is a mount point
+// (/proc, /dev..., or a file bound over one the build wrote): claimTrees'
+// or none of the claim's, never touched through.
+func touchMirror(src, dst int, dir string, mnt uint64) error {
+	f := os.NewFile(uintptr(src), dir)
+	defer f.Close()
+	if _, err := unix.Seek(src, 0, 0); err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	entries, err := f.ReadDir(-1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		var st unix.Stat_t
+		if err := unix.Fstatat(src, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 { // a whiteout
+			continue
+		}
+		// What the root shows at name: a mount point (a file bound in as
+		// well as a directory) is not the build's.
+		dmnt, dmode, err := mountOf(dst, name)
+		if err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
+		}
+		if dmnt != mnt || st.Mode&unix.S_IFMT == unix.S_IFDIR && dmode != unix.S_IFDIR {
+			continue
+		}
+		if err := unix.UtimesNanoAt(dst, name, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return fmt.Errorf("touch %s: %w", filepath.Join(dir, name), err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		sub, err := unix.Openat(src, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
+		}
+		dsub, err := unix.Openat(dst, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(sub)
+			return fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
+		}
+		err = touchMirror(sub, dsub, filepath.Join(dir, name), mnt)
+		unix.Close(dsub)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // touchTree touches every file below root (itself included) that is on

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -103,6 +104,9 @@ type Driver struct {
 	// unfiltered holds the running sandboxes adopted without the seccomp
 	// filter (their init predates it): Seccomp reports them.
 	unfiltered map[string]bool
+	// initPath is the init's binary for checkpointable sandboxes
+	// (writeInitBinary).
+	initPath string
 }
 
 // New returns the linux driver after checking that this host can run
@@ -153,8 +157,20 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 			return nil, err
 		}
 	}
+	if cfg.Checkpoint {
+		if err := d.checkCRIU(); err != nil {
+			return nil, err
+		}
+		if err := d.writeInitBinary(); err != nil {
+			return nil, err
+		}
+	}
 	d.cg = cgroup.Detect()
 	d.removeTemplates()
+	// A fork's images never outlive its call: those a crash left (they
+	// hold a sandbox's memory) go.
+	_ = os.RemoveAll(filepath.Join(root, checkpointsDir))
+	d.removeStages()
 	if cfg.KeepOrphans {
 		d.reserveExisting()
 	} else {
@@ -183,6 +199,37 @@ func (d *Driver) useSmallInit(b []byte) {
 	default:
 		d.initFile, d.exe = f, "/proc/self/fd/"+strconv.Itoa(int(f.Fd()))
 	}
+}
+
+// writeInitBinary copies the init's binary to a file under the driver's
+// dir, which checkpointable sandboxes bind at /.sandgate-init
+// (ctl.Spec.InitPath).
+func (d *Driver) writeInitBinary() error {
+	src, err := os.Open(d.exe)
+	if err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	}
+	defer src.Close()
+	d.initPath = filepath.Join(d.root, ".sandgate-init")
+	tmp, err := os.CreateTemp(d.root, ".sandgate-init-")
+	if err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, src)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o755)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), d.initPath)
+	}
+	if err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	}
+	return nil
 }
 
 // initKind names the init's binary in the driver's report.
@@ -399,6 +446,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	st.Pid = cmd.Process.Pid
 	st.Seccomp = !d.noSeccomp
+	st.Checkpoint = d.cfg.Checkpoint
 	sb.mu.Lock()
 	st.KeepJobs = true // Keeps reads it under mu
 	sb.mu.Unlock()
@@ -413,18 +461,39 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return err
 	}
 	tr.Mark("init_fork")
-	ln, err := listenUnix(st.Socket)
-	if err != nil {
-		return err
+	if d.cfg.Checkpoint {
+		// The control socket is made in the sandbox's network namespace,
+		// where a checkpoint finds it; the gateway still reaches it by its
+		// path. No "socket-file": it is a file of the host.
+		ln, err := listenUnixIn(st.Pid, st.Socket)
+		if err != nil {
+			return err
+		}
+		fds, names = append(fds, ln), append(names, "listener")
+		self, err := unix.OpenTree(unix.AT_FDCWD, d.initPath, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("init binary: %w", err)
+		}
+		fds, names = append(fds, self), append(names, "init")
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+		if err := unix.MountSetattr(self, "", unix.AT_EMPTY_PATH, attr); err != nil {
+			return fmt.Errorf("init binary: %w", err)
+		}
+	} else {
+		ln, err := listenUnix(st.Socket)
+		if err != nil {
+			return err
+		}
+		fds, names = append(fds, ln), append(names, "listener")
+		sf, err := unix.Open(st.Socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("control socket: %w", err)
+		}
+		fds, names = append(fds, sf), append(names, "socket-file")
 	}
-	fds, names = append(fds, ln), append(names, "listener")
-	sf, err := unix.Open(st.Socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	fds, names = append(fds, sf), append(names, "socket-file")
 	is := ctl.Spec{
-		ID: st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
+		Checkpoint: d.cfg.Checkpoint,
+		ID:         st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
 	}
@@ -619,8 +688,18 @@ func (d *Driver) startInit(uidBase int, logPath string, cgroupFD int, cgroupTask
 		cmd.Stderr = &bytes.Buffer{}
 	}
 	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: uidBase, Size: idRange}}
+	flags := uintptr(initFlags)
+	if d.cfg.Checkpoint {
+		// The Go runtime keeps the cgroup's CPU files open (of the host's
+		// cgroupfs) to follow the quota: a checkpoint cannot carry them.
+		cmd.Env = append(cmd.Env, "GODEBUG=containermaxprocs=0,updatemaxprocs=0")
+		// One cgroup namespace for the whole sandbox, rooted at the init's
+		// cgroup: CRIU cannot dump the nested one the spawner thread makes
+		// otherwise.
+		flags |= syscall.CLONE_NEWCGROUP
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:                 initFlags,
+		Cloneflags:                 flags,
 		UidMappings:                ids,
 		GidMappings:                ids,
 		GidMappingsEnableSetgroups: true,
@@ -717,6 +796,32 @@ func listenUnix(path string) (int, error) {
 		unix.Close(fd)
 		return -1, fmt.Errorf("listen on control socket: %w", err)
 	}
+	return fd, nil
+}
+
+// listenUnixIn is listenUnix from the network namespace of process pid.
+func listenUnixIn(pid int, path string) (int, error) {
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return -1, fmt.Errorf("sandbox network namespace: %w", err)
+	}
+	defer ns.Close()
+	f, err := inNetNS(ns, func() (*os.File, error) {
+		fd, err := listenUnix(path)
+		if err != nil {
+			return nil, err
+		}
+		return os.NewFile(uintptr(fd), "control.sock"), nil
+	})
+	if err != nil {
+		return -1, err
+	}
+	fd, err := unix.Dup(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		return -1, fmt.Errorf("control socket: %w", err)
+	}
+	unix.CloseOnExec(fd)
 	return fd, nil
 }
 

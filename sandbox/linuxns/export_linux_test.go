@@ -3,7 +3,11 @@
 package linuxns
 
 import (
+	"fmt"
+	"os"
 	"time"
+
+	"github.com/google/nftables"
 
 	"github.com/sandgate/sandgate/internal/cgroup"
 	"github.com/sandgate/sandgate/sandbox"
@@ -45,3 +49,34 @@ func DropControl(p sandbox.Process) {
 	ip.conn.Close() // first: closing a kept stdin sends nothing then
 	ip.closeStdio()
 }
+
+// NftRules counts the rules of the sandbox's transparent-egress nftables
+// table, by chain.
+func NftRules(sb sandbox.Sandbox) (map[string]int, error) {
+	s := sb.(*linuxSandbox)
+	s.mu.Lock()
+	pid := s.st.Pid
+	s.mu.Unlock()
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Fd())))
+	if err != nil {
+		return nil, err
+	}
+	tbl := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: nftTable}
+	out := map[string]int{}
+	for _, chain := range []string{"nat_out", "filter_out"} {
+		rules, err := c.GetRules(tbl, &nftables.Chain{Name: chain, Table: tbl})
+		if err != nil {
+			return nil, err
+		}
+		out[chain] = len(rules)
+	}
+	return out, nil
+}
+
+// RestoreStagesDir is where d stages its restores (stagesDir).
+func (d *Driver) RestoreStagesDir() string { return d.stagesDir() }

@@ -21,6 +21,7 @@ var (
 	_ sandbox.Stopper        = (*linuxSandbox)(nil) // stop and resume (stop_linux.go)
 	_ sandbox.Pauser         = (*linuxSandbox)(nil) // pause in place (pause_linux.go)
 	_ sandbox.Freezer        = (*linuxSandbox)(nil) // snapshots (freeze_linux.go)
+	_ sandbox.Checkpointer   = (*linuxSandbox)(nil) // fork (checkpoint_linux.go, with Config.Checkpoint)
 	_ sandbox.WorkspaceHomer = (*linuxSandbox)(nil) // an image's /workspace is home/
 	_ sandbox.Statser        = (*linuxSandbox)(nil) // cgroups and statfs (stats_linux.go)
 

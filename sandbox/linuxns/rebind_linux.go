@@ -17,23 +17,25 @@ import (
 // the sandbox's cgroups, and TrustPEM is added to its trust store by its
 // init. The sizes of /tmp and of the workspace are its filesystems', and
 // the open files limit its init set from its pids for every command: a
-// change of those, an image or a trust store that has its CA already is
-// sandbox.ErrNotLive. The files the sandbox's build wrote get the time
+// change of those, another image than the one the sandbox was built from
+// (or none), a trust store that has its CA already, or a CA for an image
+// sandbox (whose trust store the build writes) is sandbox.ErrNotLive. The files the sandbox's build wrote get the time
 // of the claim (refreshTimes).
 func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 	lim := spec.Limits.Or(s.d.limits)
 	s.mu.Lock()
 	var old sandbox.Limits
-	var oldImage, oldTrust bool
+	var oldImage *sandbox.Image
+	var oldTrust bool
 	ok := !s.closed && !s.st.Stopped && s.st.Boot != nil && spec.ID == s.st.ID
 	if ok {
-		old, oldImage, oldTrust = s.st.Boot.Limits, s.st.Boot.Image != nil, len(s.st.Boot.TrustPEM) > 0
+		old, oldImage, oldTrust = s.st.Boot.Limits, s.st.Boot.Image, len(s.st.Boot.TrustPEM) > 0
 	}
 	s.mu.Unlock()
 	soft := s.d.cfg.Nofile.Soft
-	if !ok || spec.Image != nil || oldImage || lim.TmpBytes != old.TmpBytes || lim.WorkspaceBytes != old.WorkspaceBytes ||
+	if !ok || !sameImage(spec.Image, oldImage) || lim.TmpBytes != old.TmpBytes || lim.WorkspaceBytes != old.WorkspaceBytes ||
 		max(soft, initNofileFor(lim.Pids)) != max(soft, initNofileFor(old.Pids)) ||
-		len(spec.TrustPEM) > 0 && oldTrust {
+		len(spec.TrustPEM) > 0 && (oldTrust || oldImage != nil) {
 		return sandbox.ErrNotLive
 	}
 	if err := s.refreshTimes(); err != nil {
@@ -89,4 +91,13 @@ func (s *linuxSandbox) trust(ctx context.Context, pem []byte) error {
 		return fmt.Errorf("trust: %s", rep.Error)
 	}
 	return nil
+}
+
+// sameImage reports whether a sandbox built from b (nil: the default
+// root) is what a create of a asks for: the same image, by its digest.
+func sameImage(a, b *sandbox.Image) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Digest == b.Digest && a.Name == b.Name
 }

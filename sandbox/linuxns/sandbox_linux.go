@@ -142,7 +142,11 @@ func (s *linuxSandbox) dial(ctx context.Context) (*net.UnixConn, error) {
 	}
 	defer done()
 	var dl net.Dialer
-	c, err := dl.DialContext(ctx, "unix", addr)
+	connect := func() (net.Conn, error) { return dl.DialContext(ctx, "unix", addr) }
+	if s.st.Checkpoint {
+		connect = func() (net.Conn, error) { return s.dialFromNetNS(addr) }
+	}
+	c, err := connect()
 	// A full backlog (a burst of starts) answers EAGAIN at once: wait for
 	// the init to take some, as long as the start may last (initTimeout
 	// without a deadline).
@@ -153,7 +157,7 @@ func (s *linuxSandbox) dial(ctx context.Context) (*net.UnixConn, error) {
 			return nil, fmt.Errorf("control socket: %w", context.Cause(ctx))
 		case <-time.After(wait):
 		}
-		c, err = dl.DialContext(ctx, "unix", addr)
+		c, err = connect()
 	}
 	if err != nil {
 		_, done := s.current()
@@ -166,6 +170,40 @@ func (s *linuxSandbox) dial(ctx context.Context) (*net.UnixConn, error) {
 	}
 	return c.(*net.UnixConn), nil
 }
+
+// dialFromNetNS connects to the control socket at addr with a socket made
+// in the sandbox's network namespace: the init's end, which the kernel
+// makes in the connecting socket's namespace, is then one a checkpoint
+// finds there (checkpoint_linux.go).
+func (s *linuxSandbox) dialFromNetNS(addr string) (net.Conn, error) {
+	s.mu.Lock()
+	pid := s.st.Pid
+	s.mu.Unlock()
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	sk, err := inNetNS(ns, func() (fdCloser, error) {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
+		return fdCloser(fd), err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Connect(int(sk), &unix.SockaddrUnix{Name: addr}); err != nil {
+		sk.Close()
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", err)}
+	}
+	f := os.NewFile(uintptr(sk), "control")
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// fdCloser is a descriptor that inNetNS can close.
+type fdCloser int
+
+func (fd fdCloser) Close() error { return unix.Close(int(fd)) }
 
 // Start implements Sandbox: the init starts the command inside the
 // sandbox; its stdio are pipes made here, or a terminal the init opens in

@@ -53,6 +53,9 @@ type sandboxState struct {
 	// Paused says the sandbox is paused (Pauser): its cgroups are frozen
 	// and stay so until Unpause, across gateway restarts too.
 	Paused bool `json:"paused,omitempty"`
+	// Checkpoint says the init was built to be checkpointed
+	// (sandbox.Config.Checkpoint).
+	Checkpoint bool `json:"checkpoint,omitempty"`
 	// Boot is what a new init of the sandbox needs (Resume); nil for a
 	// sandbox made by a gateway without stop.
 	Boot *bootSpec `json:"boot,omitempty"`

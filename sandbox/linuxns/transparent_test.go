@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
 )
 
 // Transparent egress: a TCP connection to any address off the loopback
@@ -37,6 +38,10 @@ func TestLinuxTransparentNet(t *testing.T) {
 	defer tr.TCP.Close()
 	defer tr.DNSTCP.Close()
 	defer tr.DNSUDP.Close()
+	// The second setup rewrote the table whole: its rules are there once.
+	if n, err := linuxns.NftRules(sb); err != nil || n["nat_out"] != 4 || n["filter_out"] != 4 {
+		t.Errorf("nftables rules after two setups: %v %v, want 4 in each chain", n, err)
+	}
 	if tr.Source.String() != "198.18.0.1" {
 		t.Errorf("source %v", tr.Source)
 	}

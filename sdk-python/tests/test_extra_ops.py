@@ -132,3 +132,62 @@ def test_pause_and_resume(client: SessionsClient, session: Session, gateway: Gat
             assert (await c.run_python(sid, "kept")).result == "42"
 
     asyncio.run(main())
+
+
+def _criu() -> str:
+    """A criu 4.x for serve --checkpoint ($SANDGATE_CRIU, else .ci/build-criu's), or ""."""
+    import os
+    import subprocess
+
+    for c in (os.environ.get("SANDGATE_CRIU", ""), os.path.expanduser("~/.cache/sandgate/criu-4.2/criu")):
+        if c and os.access(c, os.X_OK):
+            out = subprocess.run([c, "--version"], capture_output=True, text=True).stdout
+            if "Version: 4." in out:
+                return c
+    return ""
+
+
+def test_fork_session_refusals(client: SessionsClient, session: Session) -> None:
+    """fork_session on a gateway without --checkpoint: fork_unsupported;
+    a count past 8 is invalid_count; below 1 is refused before sending."""
+    sid = session.session_id
+    with pytest.raises(SandboxOperationError) as e:
+        client.fork_session(sid, 2)
+    assert e.value.code == "fork_unsupported"
+    with pytest.raises(SandboxOperationError) as e:
+        client.fork_session(sid, 9)
+    assert e.value.code == "invalid_count"
+    with pytest.raises(ValueError):
+        client.fork_session(sid, 0)
+    with pytest.raises(SessionNotFoundError):
+        client.fork_session("sbx-aaaaaaaaaaaaaaaaaaaa")
+
+
+def test_fork_session_carries_the_kernel(sandgate_bin: str, scratch: Path) -> None:
+    """fork_session on a linux gateway with --checkpoint: each fork's kernel
+    has the source's variable (skipped without root or a criu 4.x)."""
+    import os
+
+    criu = _criu()
+    if os.geteuid() != 0 or not criu:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root with .ci/build-criu's criu 4.x")
+        pytest.skip("needs root and a criu 4.x (SANDGATE_CRIU)")
+    gw = start_gateway(sandgate_bin, scratch, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+    try:
+        with SessionsClient(api_url=gw.url, bearer_token=gw.token) as c:
+            s = c.create_session(ttl=300)
+            assert c.run_python(s.session_id, "kept = 6 * 7").error is None
+            forks = c.fork_session(s.session_id, 2)
+            assert len(forks) == 2 and all(f.session_id != s.session_id for f in forks)
+            for f in forks:
+                assert c.run_python(f.session_id, "kept").result == "42"
+
+            async def main() -> None:
+                async with AsyncSessionsClient(api_url=gw.url, bearer_token=gw.token) as ac:
+                    (f,) = await ac.fork_session(s.session_id)
+                    assert (await ac.run_python(f.session_id, "kept")).result == "42"
+
+            asyncio.run(main())
+    finally:
+        gw.stop()

@@ -740,6 +740,11 @@ export class Session {
     return this.#client.resumeSession(this.id);
   }
 
+  /** Copies the running session, processes and memory included (`forkSession`). */
+  fork(opts: { count?: number } = {}): Promise<Session[]> {
+    return this.#client.forkSession(this.id, opts);
+  }
+
   /** Snapshots the session's workspace (`createSnapshot`). */
   snapshot(): Promise<Snapshot> {
     return this.#client.createSnapshot(this.id);
@@ -975,6 +980,27 @@ export class SandboxClient {
   async resumeSession(id: string): Promise<Session> {
     const ans = await this._request("POST", sessionPath(id) + "/resume", { what: "resume session", sessionScoped: true });
     return this.#session(parseJSONObject(ans, "resume session"), "resume session");
+  }
+
+  /**
+   * Copies a running session, processes and memory included
+   * (`POST /v1/sessions/{id}/fork`): `count` new sessions (1 to 8, default
+   * 1), each a copy of this one as it was at one instant (its processes
+   * with their memory, its workspace); the source keeps running. Each has
+   * its own id, password, egress proxy and secret bindings, with the
+   * source's settings. `400 fork_unsupported` unless the gateway runs
+   * `serve --checkpoint`; `400 invalid_count` past 8; `503
+   * fork_gateway_limit` while 2 forks run on the gateway already.
+   */
+  async forkSession(id: string, opts: { count?: number } = {}): Promise<Session[]> {
+    const count = checkInt("count", opts.count ?? 1, 1);
+    const ans = await this._request("POST", sessionPath(id) + "/fork", { what: "fork session", sessionScoped: true, json: { count } });
+    const data = parseJSONObject(ans, "fork session");
+    const items = data["sessions"];
+    if (!Array.isArray(items)) {
+      throw new SandboxOperationError("fork session: answer has no 'sessions' list", { body: JSON.stringify(data).slice(0, 4096) });
+    }
+    return items.map((it) => this.#session(it, "fork session"));
   }
 
   /** The session's recent commands and process output, as text for people (`GET .../logs`); `tail` 1..10000 (default 100). */

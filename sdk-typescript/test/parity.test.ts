@@ -226,6 +226,14 @@ describe("parity with the Python SDK", { skip: SKIP }, () => {
     }
   });
 
+  it("forkSession: fork_unsupported without serve --checkpoint, invalid_count past 8", async () => {
+    await assert.rejects(client.forkSession(session.id, { count: 2 }), (e: unknown) => (e as { code?: string }).code === "fork_unsupported");
+    await assert.rejects(session.fork(), (e: unknown) => (e as { code?: string }).code === "fork_unsupported");
+    await assert.rejects(client.forkSession(session.id, { count: 9 }), (e: unknown) => (e as { code?: string }).code === "invalid_count");
+    await assert.rejects(client.forkSession(session.id, { count: 0 }), RangeError);
+    await assert.rejects(client.forkSession("sbx-aaaaaaaaaaaaaaaaaaaa"), SessionNotFoundError);
+  });
+
   it("logs, images, host keys, file links, tickets", async () => {
     await session.exec("echo for-the-logs");
     const logs = await client.sessionLogs(session.id, { tail: 50 });

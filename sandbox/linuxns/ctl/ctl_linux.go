@@ -106,6 +106,17 @@ type Spec struct {
 	// NoSeccomp starts the sandbox without its seccomp filter. Only tests
 	// set it, to measure what the filter costs; the gateway never does.
 	NoSeccomp bool `json:"noSeccomp,omitempty"`
+	// Checkpoint builds a sandbox CRIU can checkpoint (sandbox.Config.
+	// Checkpoint): no UTS namespace per command (a command's tree is its
+	// descendants and its process group), stdio reopened on the sandbox's
+	// own /dev/null, and no "socket-file".
+	Checkpoint bool `json:"checkpoint,omitempty"`
+	// InitPath is set by the init itself: the path of the "init"
+	// descriptor, which a checkpointable sandbox's root binds at
+	// /.sandgate-init before the init re-executes itself from there, so
+	// that its executable is a file of the sandbox's own mounts (CRIU
+	// restores no executable from a memfd).
+	InitPath string `json:"-"`
 	// NofileSoft and NofileHard are the RLIMIT_NOFILE of every command
 	// the init starts (sandbox.Config.Nofile), and of the init itself when
 	// InitNofile is zero (a gateway before it); zero keeps the inherited
@@ -124,7 +135,8 @@ type Spec struct {
 	// descriptor of the control socket's file: once it is unlinked, no
 	// gateway can reach the init, which then ends the sandbox), "rootfs" (a
 	// detached mount of an image's root: the sandbox's / instead of the
-	// host-derived one).
+	// host-derived one). With Checkpoint, "init" is an O_PATH descriptor
+	// of a host file holding the init's binary (InitPath).
 	FDs []string `json:"fds"`
 	// Late names descriptors that are not sent with the spec but in an
 	// Attach frame after it ("workspace", and "rootfs" for an image): the

@@ -61,6 +61,13 @@ type initd struct {
 	// may skip (sandbox.DirectShell): 0 not known yet, 1 yes, -1 no. Only
 	// the spawner thread uses it.
 	bashDirect int8
+	// checkpoint (ctl.Spec.Checkpoint): commands get no UTS namespace of
+	// their own, which CRIU cannot dump; a command's tree is then found
+	// by ancestry and process group (killDescendants).
+	checkpoint bool
+	// tasks are the commands' cgroup tasks files, kept open across the
+	// re-exec of a checkpointable init for its spawner (reexec).
+	tasks []int
 }
 
 // child is a command started for one control connection.
@@ -69,7 +76,10 @@ type child struct {
 	// directPWD is the $PWD bash would have had, when the command ran
 	// without it (ctl.Request.Direct); "" when the shell ran it.
 	directPWD string
-	uts       nsID // the command's own UTS namespace: its tree
+	// checkpoint: the tree is found by ancestry (killDescendants), not
+	// by uts.
+	checkpoint bool
+	uts        nsID // the command's own UTS namespace: its tree
 	// utsFD holds that namespace open until the command is done with, so
 	// that its inode (uts) cannot name the next command's namespace while
 	// a delayed killTree may still look for it.
@@ -182,6 +192,15 @@ func (c *child) end() {
 			unix.Close(c.utsFD)
 			return
 		}
+		if c.checkpoint {
+			// The tree as it is now: once the first process ends, its
+			// children are the init's and their ancestry is gone.
+			tree := descendants(c.pid)
+			_ = unix.Kill(-c.pid, unix.SIGHUP)
+			_ = unix.Kill(-c.pid, unix.SIGCONT)
+			time.AfterFunc(sandbox.KillGrace, func() { killDescendants(c.pid, tree) })
+			return
+		}
 		_ = unix.Kill(-c.pid, unix.SIGHUP)
 		_ = unix.Kill(-c.pid, unix.SIGCONT)
 		time.AfterFunc(sandbox.KillGrace, func() {
@@ -240,6 +259,79 @@ func killTree(uts nsID) {
 				_ = unix.Kill(pid, unix.SIGKILL)
 				found = true
 			}
+		}
+		if !found {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// descendants returns pid's process tree (pid included), by the parents
+// /proc shows now.
+func descendants(pid int) map[int]bool {
+	parent := map[int]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil || p == 1 {
+			continue
+		}
+		if pp, _, err := procParentGroup(p); err == nil {
+			parent[p] = pp
+		}
+	}
+	tree := map[int]bool{pid: true}
+	for grew := true; grew; {
+		grew = false
+		for p, pp := range parent {
+			if !tree[p] && tree[pp] {
+				tree[p], grew = true, true
+			}
+		}
+	}
+	return tree
+}
+
+// procParentGroup reads pid's parent and process group from its stat.
+func procParentGroup(pid int) (ppid, pgid int, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	// After the command's name, in parentheses: state ppid pgrp.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 3 {
+		return 0, 0, fmt.Errorf("bad stat of %d", pid)
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	pgid, _ = strconv.Atoi(f[2])
+	return ppid, pgid, nil
+}
+
+// killDescendants is killTree for a checkpointable sandbox, whose commands
+// share the sandbox's UTS namespace: SIGKILL to every process of the tree
+// seen at the kill (tree), to what descends from it now, and to the
+// command's process group. It repeats while it finds some, as a process
+// may fork while the tree is killed. A process that left both the tree
+// (its parent ended first: a double fork) and the group (setsid) before
+// the kill outlives its command, never the sandbox.
+func killDescendants(pid int, tree map[int]bool) {
+	for range 100 {
+		found := false
+		for p := range descendants(pid) {
+			tree[p] = true
+		}
+		for p := range tree {
+			if p != 1 && unix.Kill(p, unix.SIGKILL) == nil {
+				found = true
+			} else {
+				delete(tree, p)
+			}
+		}
+		if unix.Kill(-pid, unix.SIGKILL) == nil {
+			found = true
 		}
 		if !found {
 			return
@@ -587,7 +679,7 @@ func slicesWithout(fds []int, drop int) []int {
 // the next command inherits: it names that command's tree (see killTree).
 // Same hostname; nobody in the sandbox may change it.
 func (in *initd) newCommandNS() error {
-	if in.utsReady {
+	if in.utsReady || in.checkpoint { // a checkpointable init's commands share one
 		return nil
 	}
 	if err := unix.Unshare(unix.CLONE_NEWUTS); err != nil {
@@ -666,12 +758,16 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 // fork starts c's process, in a UTS namespace of its own (newCommandNS),
 // from the spawner thread, where it must run.
 func (in *initd) fork(c *child, path string, argv []string, attr *syscall.ProcAttr) error {
-	if err := in.newCommandNS(); err != nil {
-		return err
-	}
 	var err error
-	if c.utsFD, c.uts, err = openNS("/proc/thread-self/ns/uts"); err != nil {
-		return err
+	if in.checkpoint {
+		c.checkpoint, c.utsFD = true, -1
+	} else {
+		if err := in.newCommandNS(); err != nil {
+			return err
+		}
+		if c.utsFD, c.uts, err = openNS("/proc/thread-self/ns/uts"); err != nil {
+			return err
+		}
 	}
 	in.mu.Lock()
 	c.pid, err = syscall.ForkExec(path, argv, attr)
@@ -777,7 +873,7 @@ type spawner struct {
 
 // spawnFilter says whether the spawner thread loads the seccomp filter,
 // and which.
-type spawnFilter struct{ on, allowUserNS bool }
+type spawnFilter struct{ on, allowUserNS, checkpoint bool }
 
 func startSpawner(tasks []int, filter spawnFilter) (*spawner, error) {
 	s := &spawner{fns: make(chan func())}
@@ -816,8 +912,12 @@ func prepareSpawnThread(tasks []int, filter spawnFilter) error {
 			return fmt.Errorf("join the commands' cgroup: %w", err)
 		}
 	}
-	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
-		return fmt.Errorf("cgroup namespace: %w", err)
+	// A checkpointable sandbox's init was born in a cgroup namespace of
+	// its own, which the commands share (CRIU dumps no nested one).
+	if !filter.checkpoint {
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			return fmt.Errorf("cgroup namespace: %w", err)
+		}
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("no_new_privs: %w", err)

@@ -54,6 +54,9 @@ func Main(args []string) int {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
 		syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2,
 		syscall.SIGALRM, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGVTALRM, syscall.SIGPROF)
+	if len(args) == 2 && args[0] == serveArg {
+		return serveMain(args[1])
+	}
 	if len(args) > 0 {
 		fmt.Fprintln(os.Stderr, "sandbox-init: takes no arguments; the gateway starts it")
 		return 2
@@ -100,6 +103,12 @@ func Main(args []string) int {
 		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error(), BadImage: bad})
 		fmt.Fprintln(os.Stderr, "sandbox-init:", err)
 		return 1
+	}
+	if spec.Checkpoint {
+		// The gateway hears Ready from the re-executed init (serveMain),
+		// so that it never looks at the init in the middle of its exec
+		// (/proc/<pid>/ns/* can be missing then).
+		return reexec(in, &spec, c, tm)
 	}
 	if err := ctl.WriteFrame(c, ctl.Ready{OK: true, Steps: tm.steps, StartedMicros: tm.start.UnixMicro()}); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox-init: report ready:", err)
@@ -170,6 +179,8 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		return nil, fmt.Errorf("got %d descriptors for %d names", len(fds), len(spec.FDs))
 	}
 	var listener *os.File
+	var keptTasks []int
+	initFD := -1
 	workspace, sockFile, rootfs := -1, -1, -1
 	var tasks []int
 	take := func(names []string, fds []int) error {
@@ -186,6 +197,8 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 				rootfs = fds[i]
 			case "tasks":
 				tasks = append(tasks, fds[i])
+			case "init":
+				initFD = fds[i]
 			default:
 				return fmt.Errorf("unknown descriptor %q", name)
 			}
@@ -223,6 +236,9 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		}
 		return workspace, rootfs, nil
 	}
+	if initFD >= 0 {
+		spec.InitPath = "/proc/self/fd/" + strconv.Itoa(initFD)
+	}
 	if err := buildRoot(spec, attach, tm); err != nil {
 		return nil, err
 	}
@@ -251,12 +267,30 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		return nil, err
 	}
 	tm.mark("limits")
-	sp, err := startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
-	if err != nil {
-		return nil, err
+	var sp *spawner
+	var err error
+	if spec.Checkpoint {
+		// The host's /dev/null and init.log are outside the sandbox's
+		// mounts, where a checkpoint cannot find them: stdio is the
+		// sandbox's own /dev/null from here on. The spawner starts after
+		// the re-exec (reexec), which keeps the tasks files open for it.
+		if err := stdioDevNull(); err != nil {
+			return nil, err
+		}
+		for _, fd := range tasks {
+			kept, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD, 3)
+			if err != nil {
+				return nil, err
+			}
+			keptTasks = append(keptTasks, kept)
+		}
+	} else {
+		if sp, err = startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS}); err != nil {
+			return nil, err
+		}
 	}
 	tm.mark("seccomp")
-	in := &initd{sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
+	in := &initd{checkpoint: spec.Checkpoint, tasks: keptTasks, sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
 		env:    spec.Env, workDir: writableWorkDir(spec.WorkingDir),
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
@@ -275,6 +309,21 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		}
 	}
 	return in, nil
+}
+
+// stdioDevNull points the init's stdin, stdout and stderr at /dev/null.
+func stdioDevNull() error {
+	fd, err := unix.Open("/dev/null", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("stdio: %w", err)
+	}
+	defer unix.Close(fd)
+	for i := range 3 {
+		if err := unix.Dup3(fd, i, 0); err != nil {
+			return fmt.Errorf("stdio: %w", err)
+		}
+	}
+	return nil
 }
 
 // closeInherited closes the descriptors this process inherited without
@@ -403,6 +452,19 @@ func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error
 	if wsFD >= 0 {
 		if err := unix.MoveMount(wsFD, "", unix.AT_FDCWD, filepath.Join(r, "workspace"), unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 			return fmt.Errorf("attach workspace: %w", err)
+		}
+	}
+	if spec.Checkpoint && spec.InitPath != "" {
+		p := filepath.Join(r, selfPath)
+		if err := os.WriteFile(p, nil, 0o755); err != nil {
+			return fmt.Errorf("init binary: %w", err)
+		}
+		fd, err := strconv.Atoi(strings.TrimPrefix(spec.InitPath, "/proc/self/fd/"))
+		if err != nil {
+			return fmt.Errorf("init binary: %w", err)
+		}
+		if err := unix.MoveMount(fd, "", unix.AT_FDCWD, p, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("init binary: %w", err)
 		}
 	}
 	if err := unix.Chdir(r); err != nil {

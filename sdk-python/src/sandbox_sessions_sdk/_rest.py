@@ -101,6 +101,7 @@ from .errors import (
     IsolationWarning,
     SandboxAPIError,
     SandboxConnectionError,
+    SandboxOperationError,
     SandboxPermissionError,
 )
 from .models import CommandResult, PythonResult, Session, SessionStats, Snapshot, Workspace
@@ -278,6 +279,19 @@ class ops:
     @staticmethod
     def resume_session(session_id: Any) -> Op:
         return _session_post(session_id, "resume")
+
+    @staticmethod
+    def fork_session(session_id: Any, count: Any) -> Op:
+        n = check_int("count", count, 1)
+        what = "fork session"
+
+        def parse(data: Dict[str, Any], headers: Mapping[str, str]) -> List[Session]:
+            items = data.get("sessions") if isinstance(data, dict) else None
+            if not isinstance(items, list):
+                raise SandboxOperationError(f"{what}: unexpected answer: no sessions", body=str(data)[:4096])
+            return [parse_session(x, what) for x in items]
+
+        return Op("POST", session_path(session_id) + "/fork", what, True, json={"count": n}, parse=parse)
 
     @staticmethod
     def run_python(

@@ -215,6 +215,10 @@ class AsyncSessionsClient(RestCore, AsyncExtraOps):
         """:meth:`SessionsClient.resume_session`."""
         return await self._do(ops.resume_session(session_id))
 
+    async def fork_session(self, session_id: str, count: int = 1) -> List[Session]:
+        """:meth:`SessionsClient.fork_session`."""
+        return await self._do(ops.fork_session(session_id, count))
+
     # -- workspaces and snapshots --------------------------------------------
 
     async def create_workspace(self, name: str) -> Workspace:

@@ -388,6 +388,29 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
         """
         return self._do(ops.resume_session(session_id))
 
+    def fork_session(self, session_id: str, count: int = 1) -> List[Session]:
+        """Copy a running session, processes and memory included (``POST /v1/sessions/{id}/fork``).
+
+        Makes ``count`` new sessions (1 to 8), each a copy of this one as it
+        was at one instant: its processes with their memory (the Python
+        kernels' variables, background servers) and its workspace. The
+        source keeps running. Each fork has its own id, password, egress
+        proxy and secret bindings, with the source's settings. Needs a
+        gateway run with ``serve --checkpoint`` (the linux driver and CRIU).
+
+        Returns:
+            The new sessions, each with its ``password`` (shown only here).
+
+        Raises:
+            ValueError: ``count`` below 1 (nothing is sent).
+            SessionNotFoundError: no such session for this token's tenant.
+            SandboxOperationError: ``.code`` ``invalid_count`` (more than
+                8), ``fork_unsupported`` (this gateway or session cannot be
+                forked), ``session_stopped``, ``fork_failed``,
+                ``fork_gateway_limit`` (2 forks run on the gateway already).
+        """
+        return self._do(ops.fork_session(session_id, count))
+
     # -- workspaces and snapshots --------------------------------------------
 
     def create_workspace(self, name: str) -> Workspace:

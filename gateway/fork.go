@@ -1,0 +1,191 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/sandgate/sandgate/egress"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// A fork copies a running session, its processes and their memory
+// included: the sandbox is checkpointed once (sandbox.Checkpointer; the
+// linux driver under serve --checkpoint, through CRIU) and each new
+// session is restored from that checkpoint, with a copy of the workspace
+// as it was then. The source runs on. Each fork is a session as a create
+// makes one: its own id, password, uid range, cgroups, egress proxy and
+// secret bindings, with the source's settings (docs/fork.md).
+
+// MaxForkCount bounds the sessions one fork makes.
+const MaxForkCount = 8
+
+// MaxConcurrentForks bounds the forks under way on the gateway at once
+// (each a CRIU dump of a session's memory and workspace to the data dir,
+// then up to MaxForkCount restores at once); past it, a fork is refused
+// (503 fork_gateway_limit).
+const MaxConcurrentForks = 2
+
+// ForkedSession is one session a fork made, and its SSH password (shown
+// once, as a create's).
+type ForkedSession struct {
+	Session  *Session
+	Password string
+	// From is the source session's id.
+	From string
+}
+
+// forkSource is what a fork's creates take from the source (Manager.create).
+type forkSource struct {
+	src *Session
+	ck  sandbox.Checkpoint
+}
+
+// restore makes a fork's sandbox from the checkpoint.
+func (f *forkSource) restore(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	return f.ck.Restore(ctx, spec)
+}
+
+// shareCA gives s the source's egress CA, if it has one: the fork's trust
+// store is the source's, restored with its /etc. The CA's key stays the
+// gateway's.
+func (f *forkSource) shareCA(s *Session) error {
+	if f.src.egressCAPEM == nil {
+		return nil
+	}
+	ca, err := egress.ParseCA(f.src.egressCAPEM, f.src.egressCAKey)
+	if err != nil {
+		return &Error{Kind: KindInternal, Code: "egress_failed", Message: "could not share the source's egress CA", Err: err}
+	}
+	s.egressCA, s.egressCAPEM, s.egressCAKey = ca, f.src.egressCAPEM, f.src.egressCAKey
+	return nil
+}
+
+// Fork makes count new sessions of p from p's running session id, each a
+// copy of it as it was at one instant: processes, memory and workspace.
+// The source keeps running (a paused one is resumed first). Each fork
+// has the source's image, resources, TTL, metadata, environment, egress
+// policy and secrets; bound secrets are bound again to the fork's own
+// egress proxy, never copied. The forks count towards the tenant's quota.
+// When one cannot be made, those already made are deleted.
+func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) ([]ForkedSession, error) {
+	if count < 1 || count > MaxForkCount {
+		return nil, Invalid("invalid_count", fmt.Sprintf("count must be between 1 and %d, got %d", MaxForkCount, count))
+	}
+	src, err := m.Get(ctx, p, id)
+	if err != nil {
+		return nil, err
+	}
+	ckr, ok := sandbox.As[sandbox.Checkpointer](src.sandbox)
+	if !ok {
+		return nil, Invalid("fork_unsupported", "this gateway cannot fork sessions: it needs the linux sandbox driver and serve --checkpoint (CRIU)")
+	}
+	if m.forking.Add(1) > MaxConcurrentForks {
+		m.forking.Add(-1)
+		return nil, &Error{Kind: KindUnavailable, Code: "fork_gateway_limit",
+			Message: fmt.Sprintf("this gateway runs %d forks already, as many as it may at once; try again later", MaxConcurrentForks)}
+	}
+	defer m.forking.Add(-1)
+	switch src.Status() {
+	case StatusStopped:
+		return nil, &Error{Kind: KindConflict, Code: "session_stopped", Message: "the session is stopped: it has no process to fork; resume it first"}
+	case StatusPaused:
+		if err := m.unpause(ctx, src); err != nil {
+			return nil, err
+		}
+	case StatusRunning:
+	default:
+		return nil, &Error{Kind: KindConflict, Code: "session_not_running", Message: "the session is not running"}
+	}
+	start := time.Now()
+	src.life.RLock() // no stop while the checkpoint is made
+	ck, err := ckr.Checkpoint(ctx)
+	src.life.RUnlock()
+	if err != nil {
+		m.log.ErrorContext(ctx, "session_fork_failed", "session", src.ID, "tenant", p.Tenant, "err", err)
+		switch {
+		case errors.Is(err, sandbox.ErrNoCheckpoint):
+			return nil, Invalid("fork_unsupported", err.Error())
+		case errors.Is(err, sandbox.ErrPaused):
+			return nil, ErrPaused
+		}
+		return nil, &Error{Kind: KindUnavailable, Code: "fork_failed", Message: "could not checkpoint the session", Err: err}
+	}
+	checkpointed := time.Since(start)
+	defer func() {
+		if err := ck.Close(); err != nil {
+			m.log.Error("checkpoint_remove_failed", "session", src.ID, "err", err)
+		}
+	}()
+	cp := forkParams(src)
+	from := &forkSource{src: src, ck: ck}
+	// The restores run at once: each is a create of its own.
+	out := make([]ForkedSession, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Go(func() {
+			s, pw, err := m.create(ctx, p, cp, from)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			m.auditSession(ctx, s, "forked", "from "+src.ID, "")
+			out[i] = ForkedSession{Session: s, Password: pw, From: src.ID}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		made := 0
+		for _, f := range out {
+			if f.Session == nil {
+				continue
+			}
+			made++
+			if derr := m.Delete(context.WithoutCancel(ctx), p, f.Session.ID); derr != nil {
+				m.log.Error("session_fork_rollback_failed", "session", f.Session.ID, "err", derr)
+			}
+		}
+		m.log.ErrorContext(ctx, "session_fork_failed", "session", src.ID, "tenant", p.Tenant, "made", made, "err", err)
+		for _, e := range errs { // the first failure's own error, for its code
+			if e != nil {
+				return nil, e
+			}
+		}
+	}
+	m.log.InfoContext(ctx, "session_forked", "session", src.ID, "tenant", p.Tenant, "count", count,
+		"checkpoint_ms", checkpointed.Milliseconds(), "ms", time.Since(start).Milliseconds())
+	return out, nil
+}
+
+// forkParams are the create parameters of a fork of src.
+func forkParams(src *Session) CreateParams {
+	snap := src.Snapshot()
+	cp := CreateParams{
+		TTL: snap.TTL, Image: src.Image, Metadata: maps.Clone(src.Metadata), SSHPublicKey: src.SSHPublicKey,
+		Secrets: src.Secrets, Env: maps.Clone(src.Env), SecretScope: src.secretScope,
+	}
+	src.mu.Lock()
+	cp.Egress, cp.EgressMode = append([]string(nil), src.egressAllow...), src.egressMode
+	src.mu.Unlock()
+	if r := src.Resources; r != nil {
+		req := &ResourceRequest{}
+		if r.MemoryMiB != 0 {
+			req.MemoryMiB = &r.MemoryMiB
+		}
+		if r.CPUs != 0 {
+			req.CPUs = &r.CPUs
+		}
+		if r.Pids != 0 {
+			req.Pids = &r.Pids
+		}
+		if r.DiskMiB != 0 {
+			req.DiskMiB = &r.DiskMiB
+		}
+		cp.Resources = req
+	}
+	return cp
+}

@@ -1,0 +1,949 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/sandgate/sandgate/internal/cgroup"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// checkpointsDir, under the driver's dir, holds the CRIU images of the
+// checkpoints under way: the gateway's own files (root, 0700), which no
+// sandbox reaches.
+const checkpointsDir = ".checkpoints"
+
+// dumpTimeout bounds one CRIU dump, which the caller's context does not
+// cut short (Checkpoint).
+const dumpTimeout = 5 * time.Minute
+
+// checkpoint is a checkpointable sandbox's CRIU image, and its workspace
+// (sandbox.Checkpoint).
+type checkpoint struct {
+	d *Driver
+	// dir holds the images (0711, so that the restored processes, in
+	// their user namespace, find that an image they may look for is
+	// missing; every file 0600 root).
+	dir string
+	src sandboxState
+	// mounts are the mountpoints of the sandbox's binds of host files
+	// (the host's /usr, /etc's entries, /dev's devices, the workspace,
+	// the init's binary): CRIU leaves them out of the image, and a
+	// restore binds them again.
+	mounts []string
+	// root is the top of the sandbox's root tmpfs (CRIU keeps no root
+	// mount's files): a restore makes it again.
+	root []rootEntry
+	// listener is the inode of the init's control socket, which CRIU
+	// leaves out (--external unix) and a restore replaces by the new
+	// sandbox's (--inherit-fd).
+	listener uint64
+	// conns are the init's control connections open at the dump (the
+	// gateway's commands in flight, followed kept processes): a restore
+	// gives each a socket whose peer is closed, so that the new init sees
+	// its gateway gone: it ends those commands, and keeps kept ones for
+	// a Reattach.
+	conns []uint64
+	// controllers are the cgroup controllers the sandbox's cgroups use.
+	controllers []string
+
+	mu      sync.Mutex
+	closed  bool
+	readers int // restores under way: the images are 0644 while there are some
+}
+
+type rootEntry struct {
+	name, link string
+	dir        bool
+}
+
+// criuPath is the criu binary (sandbox.Config.CRIU).
+func (d *Driver) criuPath() (string, error) {
+	name := d.cfg.CRIU
+	if name == "" {
+		name = "criu"
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: criu: %w", sandbox.ErrNoCheckpoint, err)
+	}
+	return p, nil
+}
+
+// checkCRIU checks, for Config.Checkpoint, that the criu binary is 4.x
+// or newer (Debian bookworm's 3.17 cannot start on newer kernels), and
+// that nsenter and ip, which a restore runs, are there.
+func (d *Driver) checkCRIU() error {
+	criu, err := d.criuPath()
+	if err != nil {
+		return fmt.Errorf("--checkpoint: %w", err)
+	}
+	out, err := exec.Command(criu, "--version").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("--checkpoint: %s --version: %w", criu, err)
+	}
+	v, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(string(out)), "Version: "), "\n")
+	major, _, _ := strings.Cut(v, ".")
+	if n, err := strconv.Atoi(major); err != nil || n < 4 {
+		return fmt.Errorf("--checkpoint needs CRIU 4.x or newer: %s is %q", criu, v)
+	}
+	for _, tool := range []string{"nsenter", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("--checkpoint: %w (util-linux's nsenter and iproute2's ip)", err)
+		}
+	}
+	return nil
+}
+
+// Checkpoint implements sandbox.Checkpointer: CRIU dumps the sandbox's
+// whole process tree, which keeps running (--leave-running), and, while
+// CRIU holds it stopped, a post-dump script copies the workspace's image.
+func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, err error) {
+	d := s.d
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.mu.Lock()
+	st := *s.st
+	closed := s.closed
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return nil, sandbox.ErrClosed
+	case st.Paused:
+		return nil, sandbox.ErrPaused
+	case st.Stopped:
+		return nil, fmt.Errorf("%w: it is stopped", sandbox.ErrNoCheckpoint)
+	case !st.Checkpoint:
+		return nil, fmt.Errorf("%w: its init was not built for it (serve --checkpoint)", sandbox.ErrNoCheckpoint)
+	case st.Boot == nil || st.Boot.Image != nil:
+		return nil, fmt.Errorf("%w: a sandbox on an image is not checkpointed yet", sandbox.ErrNoCheckpoint)
+	case st.Image == "":
+		return nil, fmt.Errorf("%w: its workspace is a tmpfs (no ext4 image on this host)", sandbox.ErrNoCheckpoint)
+	}
+	criu, err := d.criuPath()
+	if err != nil {
+		return nil, err
+	}
+	c := &checkpoint{d: d, src: st}
+	c.src.Cgroups = slices.Clone(st.Cgroups)
+	if c.mounts, err = hostMounts(st.Pid); err != nil {
+		return nil, err
+	}
+	if err := checkHostBinds(st.Pid, c.mounts); err != nil {
+		return nil, err
+	}
+	if c.root, err = rootEntries(st.Pid); err != nil {
+		return nil, err
+	}
+	if c.listener, c.conns, err = initSockets(st.Pid); err != nil {
+		return nil, err
+	}
+	c.controllers = controllersOf(st.Cgroups)
+	parent := filepath.Join(d.root, checkpointsDir)
+	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if c.dir, err = os.MkdirTemp(parent, "ck-"); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(c.dir)
+		}
+	}()
+	if err := os.Chmod(c.dir, 0o711); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	script := filepath.Join(c.dir, "post-dump.sh")
+	if err := os.WriteFile(script, []byte(postDumpScript(st.Workspace, st.Image, c.workspaceImage())), 0o700); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	args := []string{"dump", "-t", strconv.Itoa(st.Pid), "-D", c.dir, "-o", "dump.log", "-v2",
+		"--leave-running", "--tcp-close", "--network-lock", "skip", "--empty-ns", "net", "--action-script", script,
+		"--external", fmt.Sprintf("unix[%d]", c.listener)}
+	for _, ino := range c.conns {
+		args = append(args, "--external", fmt.Sprintf("unix[%d]", ino))
+	}
+	for _, ctl := range c.controllers {
+		args = append(args, "--cgroup-dump-controller", ctl)
+	}
+	for _, mp := range c.mounts {
+		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
+	}
+	t0 := time.Now()
+	// The caller going away (a client that hangs up) must not kill criu
+	// in the middle of a dump: the source's processes are seized then,
+	// its parasite code in them. Only a dump that hangs is killed.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dumpTimeout)
+	defer cancel()
+	if err := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil); err != nil {
+		return nil, fmt.Errorf("checkpoint of %s: %w", st.ID, err)
+	}
+	if _, err := os.Stat(c.workspaceImage()); err != nil {
+		return nil, fmt.Errorf("checkpoint of %s: the workspace was not copied: %w", st.ID, err)
+	}
+	if err := chmodImages(c.dir); err != nil {
+		return nil, err
+	}
+	d.log.Info("sandbox_checkpointed", "sandbox", st.ID, "ms", time.Since(t0).Milliseconds())
+	return c, nil
+}
+
+// workspaceImage is the copy of the workspace's image the dump made.
+func (c *checkpoint) workspaceImage() string { return filepath.Join(c.dir, "workspace.img") }
+
+// postDumpScript is CRIU's action script for a dump: once the processes
+// are dumped, and before CRIU lets them run again, it copies the
+// workspace's image (its filesystem synced first): the copy is the
+// workspace exactly as the dumped processes saw it.
+func postDumpScript(mnt, image, dst string) string {
+	return "#!/bin/sh\n" +
+		"[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n" +
+		"sync -f " + shellQuote(mnt) + " && cp --sparse=always --reflink=auto " + shellQuote(image) + " " + shellQuote(dst) + "\n"
+}
+
+// restoreScript is CRIU's action script for a restore: the network
+// namespace is restored empty (--empty-ns net: CRIU saves and restores
+// no addresses, routes or firewall rules, each an external command), so
+// it brings the loopback up before the sockets are restored; the gateway
+// sets the rest up as for a new sandbox (its egress, TransparentNet).
+const restoreScript = "#!/bin/sh\n" +
+	"[ \"$CRTOOLS_SCRIPT_ACTION\" = setup-namespaces ] || exit 0\n" +
+	"exec nsenter -t \"$CRTOOLS_INIT_PID\" -n ip link set lo up\n"
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// mountKey names a bind of a host file in the image (--external mnt).
+func mountKey(mp string) string { return "m" + mp }
+
+// run runs criu with args, and on failure returns its log's errors.
+func (c *checkpoint) run(ctx context.Context, criu string, args []string, log string, extra []*os.File) error {
+	cmd := exec.CommandContext(ctx, criu, args...)
+	cmd.ExtraFiles = extra
+	// A mount namespace of its own (private: Go remounts / so): CRIU
+	// mounts its cgroup yard and its mount namespace's workings there,
+	// never where the host, or a gateway detecting cgroups, sees them.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("criu %s: %w: %s", args[0], err, criuErrors(log, out.String()))
+	}
+	return nil
+}
+
+// criuErrors is the error lines of CRIU's log (at most 10), for an error
+// message; the whole log stays in the checkpoint's dir until Close.
+func criuErrors(log, out string) string {
+	b, _ := os.ReadFile(log)
+	var lines []string
+	for l := range strings.SplitSeq(string(b)+"\n"+out, "\n") {
+		if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	if len(lines) > 10 {
+		lines = lines[len(lines)-10:]
+	}
+	return strings.Join(lines, "; ")
+}
+
+// chmodImages makes every file of the images root's, 0600.
+func chmodImages(dir string) error { return ownImages(dir, 0, 0o600) }
+
+// ownImages gives every file of the images to uid, with mode.
+func ownImages(dir string, uid int, mode os.FileMode) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("checkpoint images: %w", err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.Chown(p, uid, uid); err != nil {
+			return fmt.Errorf("checkpoint images: %w", err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			return fmt.Errorf("checkpoint images: %w", err)
+		}
+	}
+	return nil
+}
+
+// hostMounts lists the mountpoints, in process pid's mount namespace, of
+// what is not the sandbox's own (tmpfs, proc, devpts): binds of the
+// host's files.
+func hostMounts(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var mps []string
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(g) < 1 {
+			return nil, fmt.Errorf("checkpoint: mountinfo line %q", line)
+		}
+		switch g[0] {
+		case "tmpfs", "proc", "devpts", "mqueue":
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if mp == "/" {
+			return nil, fmt.Errorf("%w: its root is a %s mount", sandbox.ErrNoCheckpoint, g[0])
+		}
+		mps = append(mps, mp)
+	}
+	return mps, nil
+}
+
+// checkHostBinds checks that each bind of a host file in process pid's
+// mount namespace (hostMounts; but for the workspace and the init's
+// binary, which a restore binds from its own) shows the host's file at
+// the same path: a restore binds the host's path named by the mountpoint
+// (--external mnt), so no mount of the sandbox's state may choose what of
+// the host a fork sees.
+func checkHostBinds(pid int, mps []string) error {
+	root, err := unix.Open(fmt.Sprintf("/proc/%d/root", pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer unix.Close(root)
+	for _, mp := range mps {
+		if mp == "/workspace" || mp == selfMount {
+			continue
+		}
+		var in, host unix.Stat_t
+		fd, err := unix.Openat2(root, strings.TrimPrefix(mp, "/"), &unix.OpenHow{
+			Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+		if err == nil {
+			err = unix.Fstat(fd, &in)
+			unix.Close(fd)
+		}
+		if err == nil {
+			err = unix.Stat(mp, &host)
+		}
+		if err != nil || in.Dev != host.Dev || in.Ino != host.Ino {
+			return fmt.Errorf("%w: its mount at %s is not the host's %s (%v)", sandbox.ErrNoCheckpoint, mp, mp, err)
+		}
+	}
+	return nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// rootEntries lists the top of process pid's root.
+func rootEntries(pid int) ([]rootEntry, error) {
+	root := fmt.Sprintf("/proc/%d/root", pid)
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var out []rootEntry
+	for _, e := range entries {
+		r := rootEntry{name: e.Name(), dir: e.IsDir()}
+		if e.Type()&fs.ModeSymlink != 0 {
+			if r.link, err = os.Readlink(filepath.Join(root, e.Name())); err != nil {
+				return nil, fmt.Errorf("checkpoint: %w", err)
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// initSockets finds the inode of the init's control socket (the one
+// listening Unix socket among its descriptors) and those of its other Unix
+// sockets: control connections, whose peer is the gateway.
+func initSockets(pid int) (listener uint64, conns []uint64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/net/unix", pid))
+	if err != nil {
+		return 0, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer f.Close()
+	listening := map[uint64]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// Num RefCount Protocol Flags Type St Inode [Path]
+		fl := strings.Fields(sc.Text())
+		if len(fl) < 7 {
+			continue
+		}
+		flags, err1 := strconv.ParseUint(fl[3], 16, 32)
+		ino, err2 := strconv.ParseUint(fl[6], 10, 64)
+		if err1 == nil && err2 == nil {
+			listening[ino] = flags&soAcceptCon != 0
+		}
+	}
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	for _, e := range fds {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+		if err != nil || !strings.HasPrefix(l, "socket:[") {
+			continue
+		}
+		ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"), 10, 64)
+		isListener, unixSocket := listening[ino]
+		switch {
+		case err != nil || !unixSocket:
+		case isListener && listener == 0:
+			listener = ino
+		case !slices.Contains(conns, ino):
+			conns = append(conns, ino)
+		}
+	}
+	if listener == 0 {
+		return 0, nil, errors.New("checkpoint: the init has no control socket in its network namespace (a fork of a fork is not supported yet)")
+	}
+	return listener, conns, nil
+}
+
+// controllersOf names the cgroup v1 controllers of the sandbox's cgroup
+// directories (/sys/fs/cgroup/<controllers>/sandgate/<id>...).
+func controllersOf(dirs []string) []string {
+	var out []string
+	for _, dir := range dirs {
+		i := strings.Index(dir, "/sandgate/")
+		if i < 0 {
+			continue
+		}
+		for c := range strings.SplitSeq(filepath.Base(dir[:i]), ",") {
+			if c != "" && c != "unified" && !strings.HasPrefix(c, "cgroup") && !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// Close implements sandbox.Checkpoint: the images are deleted.
+func (c *checkpoint) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return os.RemoveAll(c.dir)
+}
+
+// Restore implements sandbox.Checkpoint. The new sandbox gets a uid range,
+// cgroups (with spec's limits), control socket and workspace of its own
+// (a copy of the checkpoint's, owned by its range); CRIU restores the
+// processes in new namespaces, with the new user namespace's map, then the
+// driver adopts the new init as it would after a restart.
+func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.Sandbox, err error) {
+	d := c.d
+	if !sandbox.ValidID(spec.ID) {
+		return nil, fmt.Errorf("invalid sandbox id %q", spec.ID)
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, sandbox.ErrClosed
+	}
+	criu, err := d.criuPath()
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, initTimeout)
+		defer cancel()
+	}
+	slot, err := d.allocSlot(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	dir := d.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		d.freeSlot(slot, spec.ID)
+		return nil, fmt.Errorf("sandbox dir: %w", err)
+	}
+	st := &sandboxState{
+		ID: spec.ID, Slot: slot, UIDBase: hostIDBase + slot*idRange,
+		Workspace: filepath.Join(dir, "workspace"), Image: filepath.Join(dir, "workspace.img"),
+		Socket:  filepath.Join(dir, "control.sock"),
+		Cgroups: d.cg.DirsFor(spec.ID), Created: time.Now().UTC(), Protocol: c.src.Protocol,
+		Seccomp: c.src.Seccomp, KeepJobs: c.src.KeepJobs, Checkpoint: true,
+	}
+	lim := spec.Limits.Or(d.limits)
+	lim.WorkspaceBytes = c.src.Boot.Limits.WorkspaceBytes // the copy's size
+	st.Boot = &bootSpec{Limits: lim, TrustPEM: c.src.Boot.TrustPEM}
+	sb := newLinuxSandbox(d, st)
+	adopted := false
+	defer func() {
+		if !adopted {
+			// A criu that failed, or was killed (ctx), after it made some
+			// of the processes (restore -d runs them detached) leaves them
+			// in the new cgroups, where no pid of st's names them.
+			cgroup.KillProcs(st.Cgroups)
+			err = errors.Join(err, sb.teardown())
+		}
+	}()
+	if err := st.save(dir); err != nil {
+		return nil, err
+	}
+	if err := c.copyWorkspace(st); err != nil {
+		return nil, err
+	}
+	if _, err := d.cg.Create(st.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs}); err != nil {
+		return nil, err
+	}
+	imgs, err := c.restoreImages(st)
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(imgs)
+	stage, err := c.stage(st)
+	if err != nil {
+		return nil, err
+	}
+	defer stage.remove()
+	ln, err := listenUnix(st.Socket)
+	if err != nil {
+		return nil, err
+	}
+	lnf := os.NewFile(uintptr(ln), "control.sock")
+	defer lnf.Close()
+	pidFile := filepath.Join(dir, "restore.pid")
+	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--pidfile", pidFile,
+		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close", "--network-lock", "skip",
+		"--empty-ns", "net", "--action-script", filepath.Join(imgs, "restore.sh"),
+		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
+	extra := []*os.File{lnf}
+	for _, ino := range c.conns {
+		// One end of a new pair, the other closed at once: the new init
+		// reads the end of a gateway that is gone.
+		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		unix.Close(pair[1])
+		f := os.NewFile(uintptr(pair[0]), "gone")
+		defer f.Close()
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:socket:[%d]", 3+len(extra), ino))
+		extra = append(extra, f)
+	}
+	for _, mp := range c.mounts {
+		host := mp
+		switch mp {
+		case "/workspace":
+			host = stage.ws
+		case selfMount:
+			host = stage.init
+		}
+		args = append(args, "--external", "mnt["+mountKey(mp)+"]:"+host)
+	}
+	if err := c.readable(true); err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	err = c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra)
+	if oerr := c.readable(false); oerr != nil {
+		return nil, errors.Join(err, oerr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	_ = os.Remove(pidFile)
+	if st.Pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return nil, fmt.Errorf("restore: pid file: %w", err)
+	}
+	if _, st.StartTime, err = procStat(st.Pid); err != nil {
+		return nil, fmt.Errorf("restored init: %w", err)
+	}
+	if err := st.save(dir); err != nil {
+		return nil, err
+	}
+	out, err := d.Adopt(ctx, st.ID)
+	if err != nil {
+		_ = d.Remove(context.WithoutCancel(ctx), st.ID)
+		adopted = true // Remove did the teardown
+		return nil, err
+	}
+	adopted = true
+	_ = d.cg.Started(st.ID)
+	d.log.Info("sandbox_restored", "sandbox", st.ID, "from", c.src.ID, "ms", time.Since(t0).Milliseconds())
+	return out, nil
+}
+
+// selfMount is where a checkpointable sandbox's root binds the init's
+// binary (initd's selfPath).
+const selfMount = "/.sandgate-init"
+
+// copyWorkspace gives st a copy of the checkpoint's workspace, mounted,
+// its files moved from the source's uid range to st's.
+func (c *checkpoint) copyWorkspace(st *sandboxState) error {
+	in, err := unix.Open(c.workspaceImage(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("workspace copy: %w", err)
+	}
+	err = copySparse(in, st.Image)
+	unix.Close(in)
+	if err != nil {
+		return fmt.Errorf("workspace copy: %w", err)
+	}
+	if err := os.Mkdir(st.Workspace, 0o700); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	if err := mountImage(st.Image, st.Workspace); err != nil {
+		return err
+	}
+	return shiftOwners(st.Workspace, c.src.UIDBase, st.UIDBase)
+}
+
+// shiftOwners moves the owners of every file under dir from the uid range
+// at from to the one at to (same offsets).
+func shiftOwners(dir string, from, to int) error {
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		uid, gid := int(st.Uid), int(st.Gid)
+		if uid >= from && uid < from+idRange {
+			uid += to - from
+		}
+		if gid >= from && gid < from+idRange {
+			gid += to - from
+		}
+		if uid == int(st.Uid) && gid == int(st.Gid) {
+			return nil
+		}
+		if err := unix.Lchown(p, uid, gid); err != nil {
+			return fmt.Errorf("workspace copy: %w", err)
+		}
+		// chown clears set-id bits: put them back.
+		if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 && st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			return unix.Chmod(p, st.Mode&07777)
+		}
+		return nil
+	})
+}
+
+// restoreImages makes the image set of one restore: a directory of the
+// checkpoint's holding hard links to its images (so that restores run at
+// once), but for the user namespace's, rewritten so that the restored one
+// maps the sandbox's ids onto st's uid range (CRIU keeps every other id as
+// the sandbox sees it).
+func (c *checkpoint) restoreImages(st *sandboxState) (string, error) {
+	dir := filepath.Join(c.dir, "r-"+st.ID)
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	entries, err := os.ReadDir(c.dir)
+	if err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	userns := 0
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(name, ".img") || name == "workspace.img" {
+			continue
+		}
+		src, dst := filepath.Join(c.dir, name), filepath.Join(dir, name)
+		if !strings.HasPrefix(name, "userns-") {
+			if err := os.Link(src, dst); err != nil {
+				return "", fmt.Errorf("restore: %w", err)
+			}
+			continue
+		}
+		userns++
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return "", fmt.Errorf("restore: %w", err)
+		}
+		out, err := remapUserns(b, uint64(c.src.UIDBase), uint64(st.UIDBase))
+		if err != nil {
+			return "", fmt.Errorf("restore: user namespace image: %w", err)
+		}
+		if err := os.WriteFile(dst, out, 0o644); err != nil {
+			return "", fmt.Errorf("restore: %w", err)
+		}
+	}
+	if userns != 1 {
+		return "", fmt.Errorf("restore: %d user namespace images", userns)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "restore.sh"), []byte(restoreScript), 0o700); err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	return dir, nil
+}
+
+// readable makes the images readable by all while restores are under
+// way (on), 0600 again once none is (off): CRIU reads some from inside the
+// new user namespace, some before its ids are mapped (as the overflow
+// uid). Only root reaches the directory's path (the data dir is 0700).
+func (c *checkpoint) readable(on bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if on {
+		c.readers++
+		if c.readers > 1 {
+			return nil
+		}
+		if err := ownImages(c.dir, 0, 0o644); err != nil {
+			// The restore fails and calls no readable(false).
+			c.readers--
+			return errors.Join(err, ownImages(c.dir, 0, 0o600))
+		}
+		return nil
+	}
+	c.readers--
+	if c.readers > 0 {
+		return nil
+	}
+	return ownImages(c.dir, 0, 0o600)
+}
+
+// remapUserns rewrites a CRIU userns image (two magic words, then one
+// UsernsEntry: a size and its protobuf) so that each extent of its uid and
+// gid maps at from+n maps at to+n instead.
+func remapUserns(b []byte, from, to uint64) ([]byte, error) {
+	if len(b) < 12 {
+		return nil, errors.New("short")
+	}
+	size := binary.LittleEndian.Uint32(b[8:12])
+	if uint64(len(b)) < 12+uint64(size) {
+		return nil, errors.New("short entry")
+	}
+	msg, rest := b[12:12+size], b[12+size:]
+	var entry []byte
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		if (num == 1 || num == 2) && typ == protowire.BytesType {
+			ext, n := protowire.ConsumeBytes(msg)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			msg = msg[n:]
+			out, err := remapExtent(ext, from, to)
+			if err != nil {
+				return nil, err
+			}
+			entry = protowire.AppendTag(entry, num, typ)
+			entry = protowire.AppendBytes(entry, out)
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, msg)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		entry = protowire.AppendTag(entry, num, typ)
+		entry = append(entry, msg[:n]...)
+		msg = msg[n:]
+	}
+	out := slices.Clone(b[:8])
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(entry)))
+	out = append(out, entry...)
+	return append(out, rest...), nil
+}
+
+// remapExtent rewrites one UidGidExtent (first, lower_first, count).
+func remapExtent(ext []byte, from, to uint64) ([]byte, error) {
+	var out []byte
+	for len(ext) > 0 {
+		num, typ, n := protowire.ConsumeTag(ext)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		ext = ext[n:]
+		if typ != protowire.VarintType {
+			return nil, fmt.Errorf("extent field %d of type %d", num, typ)
+		}
+		v, n := protowire.ConsumeVarint(ext)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		ext = ext[n:]
+		if num == 2 {
+			if v < from || v >= from+idRange {
+				return nil, fmt.Errorf("extent at %d is not the sandbox's range at %d", v, from)
+			}
+			v = v - from + to
+		}
+		out = protowire.AppendTag(out, num, typ)
+		out = protowire.AppendVarint(out, v)
+	}
+	return out, nil
+}
+
+// restoreStage is what a restore binds where the restored processes, in
+// their new user namespace, can reach it: CRIU mounts the image's
+// external mounts from there, as the new namespace's root. Its dir is
+// owned by that namespace's root (st.UIDBase), 0700.
+type restoreStage struct {
+	dir, root, ws, init string
+	mounted             []string
+}
+
+func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
+	parent := c.d.stagesDir()
+	if err := os.Mkdir(parent, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, "s-")
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	s := &restoreStage{dir: dir, root: filepath.Join(dir, "root"), ws: filepath.Join(dir, "ws"), init: filepath.Join(dir, "init")}
+	defer func() {
+		if err != nil {
+			s.remove()
+		}
+	}()
+	if err := os.Chown(dir, st.UIDBase, st.UIDBase); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	for _, p := range []string{s.root, s.ws} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+	}
+	if err := os.WriteFile(s.init, nil, 0o755); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	bind := func(src, dst string) error {
+		if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("restore: bind %s: %w", src, err)
+		}
+		s.mounted = append(s.mounted, dst)
+		return nil
+	}
+	if err := bind(st.Workspace, s.ws); err != nil {
+		return nil, err
+	}
+	if err := bind(c.d.initPath, s.init); err != nil {
+		return nil, err
+	}
+	// The root tmpfs as the sandbox's init made it (hostRootAt).
+	data := fmt.Sprintf("mode=0755,size=1m,uid=%d,gid=%d", st.UIDBase, st.UIDBase)
+	if err := unix.Mount("tmpfs", s.root, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
+		return nil, fmt.Errorf("restore: root: %w", err)
+	}
+	s.mounted = append(s.mounted, s.root)
+	for _, e := range c.root {
+		p := filepath.Join(s.root, e.name)
+		switch {
+		case e.link != "":
+			err = os.Symlink(e.link, p)
+		case e.dir:
+			err = os.Mkdir(p, 0o755)
+		default:
+			err = os.WriteFile(p, nil, 0o755)
+		}
+		if err == nil {
+			err = os.Lchown(p, st.UIDBase, st.UIDBase)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("restore: root: %w", err)
+		}
+	}
+	// The new namespace's root reaches the stage; nobody else does.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	return s, nil
+}
+
+// stagesDir holds the driver's restore stages: a dir of the host's
+// temporary dir (which the restored namespace's root must traverse: the
+// driver's is 0700), named after the driver's dir, so that a driver
+// starting again finds the stages a crash left (removeStages) and no
+// other gateway's.
+func (d *Driver) stagesDir() string {
+	h := fnv.New64a()
+	h.Write([]byte(d.root))
+	return filepath.Join(os.TempDir(), fmt.Sprintf("sandgate-restore-%x", h.Sum64()))
+}
+
+// removeStages removes the restore stages a crashed gateway left: their
+// mounts (a fork's workspace, the root tmpfs, the init's binary) in the
+// host's namespace, then their dirs. A dir still mounted stays.
+func (d *Driver) removeStages() {
+	parent := d.stagesDir()
+	entries, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		dir := filepath.Join(parent, e.Name())
+		s := &restoreStage{dir: dir, root: filepath.Join(dir, "root"), ws: filepath.Join(dir, "ws"), init: filepath.Join(dir, "init")}
+		s.mounted = []string{s.ws, s.init, s.root}
+		s.remove()
+		d.log.Warn("restore_stage_removed", "dir", dir)
+	}
+	_ = os.Remove(parent)
+}
+
+// remove unmounts the stage (the restored namespace keeps its own
+// mounts) and deletes it.
+func (s *restoreStage) remove() {
+	for _, m := range slices.Backward(s.mounted) {
+		if err := unix.Unmount(m, unix.UMOUNT_NOFOLLOW); err != nil {
+			_ = unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
+		}
+	}
+	for _, p := range []string{s.root, s.ws, s.init, s.dir} {
+		_ = os.Remove(p)
+	}
+}
+
+// soAcceptCon is __SO_ACCEPTCON, the flag /proc/net/unix shows on a
+// listening socket.
+const soAcceptCon = 1 << 16

@@ -146,7 +146,7 @@ func (g *gatewayProc) assertNoLeftovers(t *testing.T) {
 			}
 		}
 	}
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && bytes.Contains(mi, []byte(g.DataDir)) {
+	if mi, err := os.ReadFile("/proc/thread-self/mountinfo"); err == nil && bytes.Contains(mi, []byte(g.DataDir)) {
 		t.Errorf("mounts under %s left behind", g.DataDir)
 	}
 	if pids := sessionProcesses(g.sessionIDs()); len(pids) > 0 {

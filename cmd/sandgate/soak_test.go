@@ -391,7 +391,7 @@ func netnsHeld(g *gatewayProc, pid int, netns map[string]string) []string {
 			note(l, "the gateway's descriptor")
 		}
 	}
-	for _, mi := range []string{"/proc/self/mountinfo", fmt.Sprintf("/proc/%d/mountinfo", pid)} {
+	for _, mi := range []string{"/proc/thread-self/mountinfo", fmt.Sprintf("/proc/%d/mountinfo", pid)} {
 		b, _ := os.ReadFile(mi)
 		for line := range strings.SplitSeq(string(b), "\n") {
 			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], g.DataDir) {
@@ -520,7 +520,7 @@ func soakSnapshot(t *testing.T, g *gatewayProc, pid int, tmp, metricsAddr string
 	}
 	resp.Body.Close()
 	http.DefaultClient.CloseIdleConnections()
-	for _, mi := range []string{"/proc/self/mountinfo", fmt.Sprintf("/proc/%d/mountinfo", pid)} {
+	for _, mi := range []string{"/proc/thread-self/mountinfo", fmt.Sprintf("/proc/%d/mountinfo", pid)} {
 		b, _ := os.ReadFile(mi)
 		for line := range strings.SplitSeq(string(b), "\n") {
 			f := strings.Fields(line)

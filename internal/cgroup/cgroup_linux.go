@@ -117,9 +117,10 @@ func Detect() *Plan {
 }
 
 // cgroupMounts reads the v1 hierarchies (controller -> mount point) and the
-// v2 mount from /proc/self/mountinfo.
+// v2 mount from the calling thread's mountinfo (/proc/self is the main
+// thread's, which may be parked in another mount namespace).
 func cgroupMounts() (v1 map[string]string, v2 string, err error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, "", err
 	}

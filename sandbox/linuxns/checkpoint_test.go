@@ -368,7 +368,7 @@ func TestLinuxCheckpointStageLeftoversRemoved(t *testing.T) {
 	if _, err := os.Stat(stage); !os.IsNotExist(err) {
 		t.Errorf("restore stage left after a start: %v", err)
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	mi, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	if strings.Contains(string(mi), stage) {
 		t.Errorf("restore stage's mounts left after a start")
 	}

@@ -4,6 +4,7 @@ package linuxns
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -42,13 +43,27 @@ func TestLinuxRebindTouchSkipsBoundFiles(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the thread, in a mount namespace of its own,
-		// ends with the goroutine.
+		// Never unlocked, and back in the test's mount namespace before
+		// the goroutine ends: the runtime ends a locked thread with its
+		// goroutine, but parks the main thread instead, and /proc/self
+		// is the main thread's (the driver's unmountUnder once read a
+		// private namespace's stale mounts there, and later tests leaked
+		// their workspaces).
 		runtime.LockOSThread()
-		errc <- func() error {
+		errc <- func() (err error) {
+			home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(home)
 			if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
 				return err
 			}
+			defer func() {
+				if herr := unix.Setns(home, unix.CLONE_NEWNS); herr != nil {
+					err = errors.Join(err, fmt.Errorf("back to the test's mounts: %w", herr))
+				}
+			}()
 			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 				return err
 			}

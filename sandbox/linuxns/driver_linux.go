@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1031,9 +1032,14 @@ func (d *Driver) thaw(id string, cgs []string, why string) error {
 	return nil
 }
 
-// unmountUnder unmounts every mount at or below dir, deepest first.
+// unmountUnder unmounts every mount at or below dir, deepest first. It
+// reads the mounts of the thread that unmounts them: /proc/self is the
+// main thread's, which a locked goroutine that ended in another mount
+// namespace leaves parked there.
 func unmountUnder(dir string) error {
-	f, err := os.Open("/proc/self/mountinfo")
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return err
 	}

@@ -230,7 +230,7 @@ func checkNoLeaks(t *testing.T, dataDir string) {
 func leaksUnder(dataDir string) []string {
 	var leaks []string
 	root := filepath.Join(dataDir, "sandboxes")
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	mi, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	sc := bufio.NewScanner(bytes.NewReader(mi))
 	for sc.Scan() {
 		if f := strings.Fields(sc.Text()); len(f) > 4 && strings.HasPrefix(f[4], dataDir) {

@@ -218,7 +218,7 @@ func cleanupLeftovers(dir string) (procs, mounts int) {
 			}
 		}
 	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	mi, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	var points []string
 	for _, l := range strings.Split(string(mi), "\n") {
 		f := strings.Fields(l)

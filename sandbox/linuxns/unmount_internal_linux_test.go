@@ -1,0 +1,96 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestLinuxUnmountUnderReadsItsThreadsMounts: unmountUnder unmounts what
+// the calling thread's mount namespace has below dir, even when the
+// process's main thread (what /proc/self names) sees other mounts. A
+// locked goroutine that ends in another namespace leaves the main thread
+// parked there; reading /proc/self/mountinfo then missed every mount made
+// since, and deletes left workspaces mounted, their loop devices attached.
+func TestLinuxUnmountUnderReadsItsThreadsMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the unmount test needs root in CI")
+		}
+		t.Skip("needs root (mounts)")
+	}
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "a", "b")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread goes home before the goroutine ends.
+		runtime.LockOSThread()
+		errc <- func() (err error) {
+			home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(home)
+			if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
+				return err
+			}
+			defer func() {
+				if herr := unix.Setns(home, unix.CLONE_NEWNS); herr != nil {
+					err = errors.Join(err, fmt.Errorf("back to the test's mounts: %w", herr))
+				}
+			}()
+			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+				return err
+			}
+			// Mounts only this thread's namespace has: /proc/self (the
+			// main thread, in the test's namespace) has neither.
+			for _, p := range []string{filepath.Join(dir, "a"), sub} {
+				if err := unix.Mount("tmpfs", p, "tmpfs", 0, "size=1m"); err != nil {
+					return err
+				}
+				if p != sub {
+					if err := os.Mkdir(sub, 0o755); err != nil {
+						return err
+					}
+				}
+			}
+			if err := unmountUnder(dir); err != nil {
+				return err
+			}
+			mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+			if err != nil {
+				return err
+			}
+			for _, p := range []string{filepath.Join(dir, "a"), sub} {
+				if mountedAt(string(mi), p) {
+					return fmt.Errorf("%s is still mounted in the calling thread's namespace", p)
+				}
+			}
+			return nil
+		}()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mountedAt says whether mountinfo text mi has a mount at point.
+func mountedAt(mi, point string) bool {
+	for line := range strings.SplitSeq(mi, "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == point {
+			return true
+		}
+	}
+	return false
+}

@@ -4,6 +4,7 @@ package linuxns_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -568,5 +569,52 @@ func TestLinuxCheckpointRefusesForeignMount(t *testing.T) {
 	}
 	if !errors.Is(err, sandbox.ErrNoCheckpoint) || !strings.Contains(err.Error(), hostDir) {
 		t.Errorf("checkpoint: %v", err)
+	}
+}
+
+// TestLinuxCheckpointKeepsKerndat: the first criu run gives the driver
+// CRIU's kerndat cache, which the host's /run (not a tmpfs here) cannot
+// keep, and the next runs get it from the driver instead of probing the
+// kernel again (some 25 ms each, an iptables run among them); criu's
+// private /run is never the gateway's.
+func TestLinuxCheckpointKeepsKerndat(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-kdat-src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	mounts := func() string {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	before := mounts()
+	for i := range 2 {
+		ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ck.Close(); err != nil {
+			t.Fatal(err)
+		}
+		k := d.Kerndat()
+		// struct kerndat_s starts with KDAT_MAGIC.
+		if len(k) < 8 || binary.LittleEndian.Uint32(k) != 0x57023458 {
+			t.Fatalf("checkpoint %d: the driver has no kerndat cache (%d bytes)", i, len(k))
+		}
+	}
+	if after := mounts(); after != before {
+		t.Fatalf("criu's mounts leaked into the gateway's:\nbefore %s\nafter %s", before, after)
 	}
 }

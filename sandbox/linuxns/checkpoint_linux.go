@@ -267,8 +267,9 @@ const (
 // the host, or a gateway detecting cgroups, sees them. Its /run there is
 // a tmpfs of its own holding the driver's copy of CRIU's kerndat cache:
 // CRIU probes the kernel (some 25 ms) only when it has none, and keeps it
-// only on a tmpfs, which the host's /run need not be; the first criu to
-// write one gives the driver its copy.
+// only on a tmpfs, which the host's /run need not be; a criu that writes
+// a new one (the first; one of a new criu binary) gives the driver its
+// copy. Without a /run to mount on, criu runs without the cache.
 func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases) (err error) {
 	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -286,13 +287,11 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("criu: private mounts: %w", err)
 	}
-	if err := unix.Mount("tmpfs", filepath.Dir(kdatFile), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=4m"); err != nil {
-		return fmt.Errorf("criu: /run: %w", err)
-	}
+	cache := unix.Mount("tmpfs", filepath.Dir(kdatFile), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=4m") == nil
 	d.kdatMu.Lock()
 	kdat := d.kdat
 	d.kdatMu.Unlock()
-	if kdat != nil {
+	if cache && kdat != nil {
 		if err := os.WriteFile(kdatFile, kdat, 0o600); err != nil {
 			return fmt.Errorf("criu: %w", err)
 		}
@@ -308,8 +307,8 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	if err != nil {
 		return fmt.Errorf("criu %s: %w: %s", args[0], err, criuErrors(log, out.String()))
 	}
-	if kdat == nil {
-		if b, err := os.ReadFile(kdatFile); err == nil && len(b) > 0 && len(b) <= kdatMax {
+	if cache {
+		if b, err := os.ReadFile(kdatFile); err == nil && len(b) > 0 && len(b) <= kdatMax && !bytes.Equal(b, kdat) {
 			d.kdatMu.Lock()
 			d.kdat = b
 			d.kdatMu.Unlock()

@@ -269,7 +269,8 @@ const (
 // CRIU probes the kernel (some 25 ms) only when it has none, and keeps it
 // only on a tmpfs, which the host's /run need not be; a criu that writes
 // a new one (the first; one of a new criu binary) gives the driver its
-// copy. Without a /run to mount on, criu runs without the cache.
+// copy. Where the host's /run is a tmpfs (CRIU keeps its cache there
+// itself), or holds a path criu needs (ownRun), criu sees the host's.
 func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases) (err error) {
 	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -287,7 +288,7 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("criu: private mounts: %w", err)
 	}
-	cache := unix.Mount("tmpfs", filepath.Dir(kdatFile), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=4m") == nil
+	cache := d.ownRun(criu) && unix.Mount("tmpfs", filepath.Dir(kdatFile), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=4m") == nil
 	d.kdatMu.Lock()
 	kdat := d.kdat
 	d.kdatMu.Unlock()
@@ -315,6 +316,27 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 		}
 	}
 	return nil
+}
+
+// ownRun says whether criu gets a /run of its own (runCRIU): not where
+// the host's is a tmpfs already, nor where it would hide what criu
+// needs there: the criu binary (NixOS keeps binaries under /run), the
+// images (the data dir), the restores' stages (the temporary dir).
+func (d *Driver) ownRun(criu string) bool {
+	run := filepath.Dir(kdatFile)
+	var fs unix.Statfs_t
+	if err := unix.Statfs(run, &fs); err != nil || fs.Type == unix.TMPFS_MAGIC {
+		return false
+	}
+	for _, p := range []string{criu, d.root, d.stagesDir()} {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		if p == run || strings.HasPrefix(p, run+"/") {
+			return false
+		}
+	}
+	return true
 }
 
 // criuErrors is the error lines of CRIU's log (at most 10), for an error

@@ -87,3 +87,6 @@ func (d *Driver) Kerndat() []byte {
 	defer d.kdatMu.Unlock()
 	return d.kdat
 }
+
+// OwnRun says whether d's criu runs get a /run of their own (runCRIU).
+func (d *Driver) OwnRun(criu string) bool { return d.ownRun(criu) }

@@ -100,6 +100,10 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	default:
 		return nil, &Error{Kind: KindConflict, Code: "session_not_running", Message: "the session is not running"}
 	}
+	// The fork's trace times its steps; its creates, which run at once,
+	// mark none of theirs in it.
+	tr := sandbox.TraceOf(ctx)
+	ctx = sandbox.WithTrace(ctx, nil)
 	start := time.Now()
 	src.life.RLock() // no stop while the checkpoint is made
 	ck, err := ckr.Checkpoint(ctx)
@@ -115,11 +119,15 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 		return nil, &Error{Kind: KindUnavailable, Code: "fork_failed", Message: "could not checkpoint the session", Err: err}
 	}
 	checkpointed := time.Since(start)
-	defer func() {
+	// The images are deleted before the answer, also when the fork fails.
+	closeCk := func() time.Duration {
+		t := time.Now()
 		if err := ck.Close(); err != nil {
 			m.log.Error("checkpoint_remove_failed", "session", src.ID, "err", err)
 		}
-	}()
+		return time.Since(t)
+	}
+	defer closeCk() // idempotent
 	cp := forkParams(src)
 	from := &forkSource{src: src, ck: ck}
 	// The restores run at once: each is a create of its own.
@@ -138,6 +146,7 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 		})
 	}
 	wg.Wait()
+	created := time.Since(start) - checkpointed
 	if err := errors.Join(errs...); err != nil {
 		made := 0
 		for _, f := range out {
@@ -156,8 +165,13 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 			}
 		}
 	}
+	closed := closeCk()
+	tr.Add("checkpoint", checkpointed)
+	tr.Add("restores", created)
+	tr.Add("images_removed", closed)
 	m.log.InfoContext(ctx, "session_forked", "session", src.ID, "tenant", p.Tenant, "count", count,
-		"checkpoint_ms", checkpointed.Milliseconds(), "ms", time.Since(start).Milliseconds())
+		"checkpoint_ms", checkpointed.Milliseconds(), "restores_ms", created.Milliseconds(), "remove_ms", closed.Milliseconds(),
+		"ms", time.Since(start).Milliseconds())
 	return out, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 // SessionForker is implemented by session managers that can fork a
@@ -51,11 +52,18 @@ func (a *api) fork(w http.ResponseWriter, r *http.Request) {
 		count = *req.Count
 	}
 	p := principal(r)
-	forks, err := fk.Fork(r.Context(), p, chi.URLParam(r, "id"), count)
+	// The steps of a fork (checkpoint, restores, images removed), as a
+	// create's, only when the operator asks for them (serve --server-timing).
+	tr, ctx := sandbox.NewTrace(), r.Context()
+	if a.cfg.ServerTiming {
+		ctx = sandbox.WithTrace(ctx, tr)
+	}
+	forks, err := fk.Fork(ctx, p, chi.URLParam(r, "id"), count)
 	if err != nil {
 		WriteGatewayError(w, err)
 		return
 	}
+	w.Header().Set("Server-Timing", serverTiming(tr))
 	out := forkJSON{Sessions: make([]sessionJSON, 0, len(forks))}
 	for _, f := range forks {
 		// The fork's Python kernels, persistent shells and background

@@ -105,6 +105,7 @@ type Config struct {
 	// which other tenants' creates empty. It also times a command's
 	// start and run, and says whether the shell ran it, in the header
 	// of a command's JSON answer (not a stream's, nor a shell's).
+	// A fork's answer times its checkpoint, restores and images' removal.
 	ServerTiming bool
 }
 

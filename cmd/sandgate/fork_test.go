@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -222,5 +223,45 @@ func TestForkGatewayLimit(t *testing.T) {
 	var fa forkAnswer
 	if code := g.api(t, http.MethodPost, "/v1/sessions/"+srcs[0].SessionID+"/fork", map[string]any{"count": 1}, &fa); code != http.StatusCreated {
 		t.Errorf("a fork after the others: %d", code)
+	}
+}
+
+// TestForkServerTiming: with --server-timing, a fork's answer times its
+// steps (checkpoint, restores, images removed), and none of its creates'
+// own steps, which run at once; by default, the total alone.
+func TestForkServerTiming(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	for _, timed := range []bool{false, true} {
+		args := []string{"--sandbox", "linux", "--checkpoint", "--criu", criu, "--warm-pool", "0"}
+		if timed {
+			args = append(args, "--server-timing")
+		}
+		g := startGateway(t, args...)
+		var src sessionJSON
+		if code := g.api(t, http.MethodPost, "/v1/sessions", map[string]any{}, &src); code != http.StatusCreated {
+			t.Fatalf("create: %d\n%s", code, g.stderr.String())
+		}
+		req, err := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions/"+src.SessionID+"/fork", strings.NewReader(`{"count": 2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+g.Token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("fork: %d\n%s", resp.StatusCode, g.stderr.String())
+		}
+		h := resp.Header.Get("Server-Timing")
+		want := regexp.MustCompile(`^total;dur=[0-9.]+$`)
+		if timed {
+			want = regexp.MustCompile(`^checkpoint;dur=[0-9.]+, restores;dur=[0-9.]+, images_removed;dur=[0-9.]+, total;dur=[0-9.]+$`)
+		}
+		if !want.MatchString(h) {
+			t.Errorf("--server-timing %v: the fork's Server-Timing is %q, want %s", timed, h, want)
+		}
 	}
 }

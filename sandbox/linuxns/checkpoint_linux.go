@@ -14,11 +14,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -144,6 +144,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	if err != nil {
 		return nil, err
 	}
+	ph := newPhases()
 	c := &checkpoint{d: d, src: st}
 	c.src.Cgroups = slices.Clone(st.Cgroups)
 	if c.mounts, err = hostMounts(st.Pid); err != nil {
@@ -190,22 +191,24 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	for _, mp := range c.mounts {
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
-	t0 := time.Now()
+	ph.mark("prepare")
 	// The caller going away (a client that hangs up) must not kill criu
 	// in the middle of a dump: the source's processes are seized then,
 	// its parasite code in them. Only a dump that hangs is killed.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dumpTimeout)
 	defer cancel()
-	if err := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil); err != nil {
+	if err := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil, ph); err != nil {
 		return nil, fmt.Errorf("checkpoint of %s: %w", st.ID, err)
 	}
+	ph.mark("criu")
 	if _, err := os.Stat(c.workspaceImage()); err != nil {
 		return nil, fmt.Errorf("checkpoint of %s: the workspace was not copied: %w", st.ID, err)
 	}
 	if err := chmodImages(c.dir); err != nil {
 		return nil, err
 	}
-	d.log.Info("sandbox_checkpointed", "sandbox", st.ID, "ms", time.Since(t0).Milliseconds())
+	ph.mark("chmod")
+	d.log.Info("sandbox_checkpointed", append([]any{"sandbox", st.ID}, ph.attrs()...)...)
 	return c, nil
 }
 
@@ -237,19 +240,103 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 func mountKey(mp string) string { return "m" + mp }
 
 // run runs criu with args, and on failure returns its log's errors.
-func (c *checkpoint) run(ctx context.Context, criu string, args []string, log string, extra []*os.File) error {
+// ph, if not nil, gets the CPU time criu and its children took.
+func (c *checkpoint) run(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread with the goroutine
+		// (runCRIU takes it back to the gateway's mounts first, for the
+		// main thread, which is parked instead).
+		runtime.LockOSThread()
+		errc <- c.d.runCRIU(ctx, criu, args, log, extra, ph)
+	}()
+	return <-errc
+}
+
+// kdatFile is CRIU's cache of what it probed of the kernel (its
+// kerndat), which it keeps only on a tmpfs; kdatMax bounds what the
+// driver keeps of it.
+const (
+	kdatFile = "/run/criu.kdat"
+	kdatMax  = 1 << 20
+)
+
+// runCRIU runs criu on the calling thread, which must be locked and
+// discarded after, in a mount namespace of its own (private): CRIU mounts
+// its cgroup yard and its mount namespace's workings there, never where
+// the host, or a gateway detecting cgroups, sees them. Its /run there is
+// a tmpfs of its own holding the driver's copy of CRIU's kerndat cache:
+// CRIU probes the kernel (some 25 ms) only when it has none, and keeps it
+// only on a tmpfs, which the host's /run need not be; a criu that writes
+// a new one (the first; one of a new criu binary) gives the driver its
+// copy. Where the host's /run is a tmpfs (CRIU keeps its cache there
+// itself), or holds a path criu needs (ownRun), criu sees the host's.
+func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases) (err error) {
+	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("criu: the gateway's mounts: %w", err)
+	}
+	defer unix.Close(home)
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("criu: unshare mounts: %w", err)
+	}
+	defer func() {
+		if herr := unix.Setns(home, unix.CLONE_NEWNS); herr != nil {
+			err = errors.Join(err, fmt.Errorf("criu: back to the gateway's mounts: %w", herr))
+		}
+	}()
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("criu: private mounts: %w", err)
+	}
+	cache := d.ownRun(criu) && unix.Mount("tmpfs", filepath.Dir(kdatFile), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=4m") == nil
+	d.kdatMu.Lock()
+	kdat := d.kdat
+	d.kdatMu.Unlock()
+	if cache && kdat != nil {
+		if err := os.WriteFile(kdatFile, kdat, 0o600); err != nil {
+			return fmt.Errorf("criu: %w", err)
+		}
+	}
 	cmd := exec.CommandContext(ctx, criu, args...)
 	cmd.ExtraFiles = extra
-	// A mount namespace of its own (private: Go remounts / so): CRIU
-	// mounts its cgroup yard and its mount namespace's workings there,
-	// never where the host, or a gateway detecting cgroups, sees them.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
+	err = cmd.Run()
+	if ph != nil && cmd.ProcessState != nil {
+		ph.add("criu_cpu", cmd.ProcessState.UserTime()+cmd.ProcessState.SystemTime())
+	}
+	if err != nil {
 		return fmt.Errorf("criu %s: %w: %s", args[0], err, criuErrors(log, out.String()))
 	}
+	if cache {
+		if b, err := os.ReadFile(kdatFile); err == nil && len(b) > 0 && len(b) <= kdatMax && !bytes.Equal(b, kdat) {
+			d.kdatMu.Lock()
+			d.kdat = b
+			d.kdatMu.Unlock()
+		}
+	}
 	return nil
+}
+
+// ownRun says whether criu gets a /run of its own (runCRIU): not where
+// the host's is a tmpfs already, nor where it would hide what criu
+// needs there: the criu binary (NixOS keeps binaries under /run), the
+// images (the data dir), the restores' stages (the temporary dir).
+func (d *Driver) ownRun(criu string) bool {
+	run := filepath.Dir(kdatFile)
+	var fs unix.Statfs_t
+	if err := unix.Statfs(run, &fs); err != nil || fs.Type == unix.TMPFS_MAGIC {
+		return false
+	}
+	for _, p := range []string{criu, d.root, d.stagesDir()} {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			p = r
+		}
+		if p == run || strings.HasPrefix(p, run+"/") {
+			return false
+		}
+	}
+	return true
 }
 
 // criuErrors is the error lines of CRIU's log (at most 10), for an error
@@ -527,12 +614,15 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	if err := st.save(dir); err != nil {
 		return nil, err
 	}
+	ph := newPhases()
 	if err := c.copyWorkspace(st); err != nil {
 		return nil, err
 	}
+	ph.mark("workspace")
 	if _, err := d.cg.Create(st.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs}); err != nil {
 		return nil, err
 	}
+	ph.mark("cgroups")
 	imgs, err := c.restoreImages(st)
 	if err != nil {
 		return nil, err
@@ -543,6 +633,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		return nil, err
 	}
 	defer stage.remove()
+	ph.mark("stage")
 	ln, err := listenUnix(st.Socket)
 	if err != nil {
 		return nil, err
@@ -581,8 +672,8 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	if err := c.readable(true); err != nil {
 		return nil, err
 	}
-	t0 := time.Now()
-	err = c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra)
+	ph.mark("prepare")
+	err = c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra, ph)
 	if oerr := c.readable(false); oerr != nil {
 		return nil, errors.Join(err, oerr)
 	}
@@ -603,6 +694,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	if err := st.save(dir); err != nil {
 		return nil, err
 	}
+	ph.mark("criu")
 	out, err := d.Adopt(ctx, st.ID)
 	if err != nil {
 		_ = d.Remove(context.WithoutCancel(ctx), st.ID)
@@ -611,7 +703,8 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	}
 	adopted = true
 	_ = d.cg.Started(st.ID)
-	d.log.Info("sandbox_restored", "sandbox", st.ID, "from", c.src.ID, "ms", time.Since(t0).Milliseconds())
+	ph.mark("adopt")
+	d.log.Info("sandbox_restored", append([]any{"sandbox", st.ID, "from", c.src.ID}, ph.attrs()...)...)
 	return out, nil
 }
 
@@ -947,3 +1040,32 @@ func (s *restoreStage) remove() {
 // soAcceptCon is __SO_ACCEPTCON, the flag /proc/net/unix shows on a
 // listening socket.
 const soAcceptCon = 1 << 16
+
+// phases times the steps of a checkpoint or a restore, for its log line
+// (docs/fork.md's breakdown, bench row 15d).
+type phases struct {
+	start, last time.Time
+	steps       []any
+}
+
+func newPhases() *phases {
+	now := time.Now()
+	return &phases{start: now, last: now}
+}
+
+// mark ends step name now.
+func (p *phases) mark(name string) {
+	now := time.Now()
+	p.add(name, now.Sub(p.last))
+	p.last = now
+}
+
+// add records a duration measured elsewhere.
+func (p *phases) add(name string, d time.Duration) {
+	p.steps = append(p.steps, name+"_ms", float64(d.Microseconds())/1e3)
+}
+
+// attrs are the steps' durations, then the total, as log attributes.
+func (p *phases) attrs() []any {
+	return append(p.steps, "ms", float64(time.Since(p.start).Microseconds())/1e3)
+}

@@ -4,6 +4,7 @@ package linuxns_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -568,5 +569,92 @@ func TestLinuxCheckpointRefusesForeignMount(t *testing.T) {
 	}
 	if !errors.Is(err, sandbox.ErrNoCheckpoint) || !strings.Contains(err.Error(), hostDir) {
 		t.Errorf("checkpoint: %v", err)
+	}
+}
+
+// TestLinuxCheckpointKeepsKerndat: the first criu run gives the driver
+// CRIU's kerndat cache, which the host's /run (not a tmpfs here) cannot
+// keep, and the next runs get it from the driver instead of probing the
+// kernel again (some 25 ms each, an iptables run among them); criu's
+// private /run is never the gateway's.
+func TestLinuxCheckpointKeepsKerndat(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.OwnRun(criu) {
+		t.Skip("this host's /run is a tmpfs: CRIU keeps its kerndat cache there itself")
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-kdat-src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	// The mounts on /run the gateway sees (other tests' mounts come and
+	// go elsewhere).
+	mounts := func() string {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var run []string
+		for l := range strings.SplitSeq(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && f[4] == "/run" {
+				run = append(run, l)
+			}
+		}
+		return strings.Join(run, "\n")
+	}
+	before := mounts()
+	for i := range 2 {
+		ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ck.Close(); err != nil {
+			t.Fatal(err)
+		}
+		k := d.Kerndat()
+		// struct kerndat_s starts with KDAT_MAGIC.
+		if len(k) < 8 || binary.LittleEndian.Uint32(k) != 0x57023458 {
+			t.Fatalf("checkpoint %d: the driver has no kerndat cache (%d bytes)", i, len(k))
+		}
+	}
+	if after := mounts(); after != before {
+		t.Fatalf("criu's mounts leaked into the gateway's:\nbefore %s\nafter %s", before, after)
+	}
+}
+
+// TestLinuxCheckpointRunKeptWhereNeeded: criu gets no /run of its own
+// where it would hide what criu needs: a data dir (the images) under
+// /run.
+func TestLinuxCheckpointRunKeptWhereNeeded(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs("/run", &fs); err != nil || fs.Type == 0x01021994 { // TMPFS_MAGIC
+		t.Skip("this host's /run is a tmpfs: criu always sees it")
+	}
+	under, err := os.MkdirTemp("/run", "sandgate-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(under) })
+	for _, c := range []struct {
+		dataDir string
+		own     bool
+	}{{t.TempDir(), true}, {under, false}} {
+		d, err := linuxns.NewWithInit(sandbox.Config{DataDir: c.dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.OwnRun(criu); got != c.own {
+			t.Errorf("data dir %s: criu gets a /run of its own: %v, want %v", c.dataDir, got, c.own)
+		}
 	}
 }

@@ -108,6 +108,11 @@ type Driver struct {
 	// initPath is the init's binary for checkpointable sandboxes
 	// (writeInitBinary).
 	initPath string
+
+	// kdat is CRIU's kerndat cache, as the first criu run wrote it
+	// (runCRIU).
+	kdatMu sync.Mutex
+	kdat   []byte
 }
 
 // New returns the linux driver after checking that this host can run

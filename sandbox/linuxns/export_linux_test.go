@@ -80,3 +80,13 @@ func NftRules(sb sandbox.Sandbox) (map[string]int, error) {
 
 // RestoreStagesDir is where d stages its restores (stagesDir).
 func (d *Driver) RestoreStagesDir() string { return d.stagesDir() }
+
+// Kerndat is d's copy of CRIU's kerndat cache (runCRIU), or nil.
+func (d *Driver) Kerndat() []byte {
+	d.kdatMu.Lock()
+	defer d.kdatMu.Unlock()
+	return d.kdat
+}
+
+// OwnRun says whether d's criu runs get a /run of their own (runCRIU).
+func (d *Driver) OwnRun(criu string) bool { return d.ownRun(criu) }

@@ -488,6 +488,6 @@ func rowDescriptions(c *config) map[string]string {
 	desc["13c"] = fmt.Sprintf("sandgate only: %d Sessions held by one node agent: each create -> Running, the agent's and the API server's memory", c.kubeMany)
 	desc["16"] = fmt.Sprintf("sandgate only: idle density, %v idle sessions (linux driver, no warm pool): PSS of the sandbox processes per session, and the growth of the gateway's anonymous PSS per session", c.density)
 	desc["14"] = fmt.Sprintf("sandgate only: the soak, go test -run TestSoak ./cmd/sandgate/ with %d sessions (--soak-sessions) at concurrency 50: create, one REST command, DELETE (egress, image, named workspace, plain); leaks and the gateway's RSS after it (linux driver)", soakSessions(c))
-	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c); fork (15d) not built"
+	desc["15"] = "sandgate only (linux driver): POST /pause of a session whose kernel holds 100 MiB and the memory left resident (15a), first REST command on it paused vs running (15b), `ssh true` on the main session paused vs running (15c), and fork ×4 of that session to the first REST command in each fork (15d; serve --checkpoint, criu 4.x)"
 	return desc
 }

@@ -204,7 +204,7 @@ func (b *bench) rowFork() error {
 		r.add(&Row{ID: "15d", Name: "fork ×4 to first command in each", Skipped: "no criu 4.x (SANDGATE_CRIU, or .ci/build-criu's ~/.cache/sandgate/criu-4.2/criu)"})
 		return nil
 	}
-	args := append([]string{"--warm-pool", "0", "--checkpoint", "--criu", criu, "--sandbox-workspace-size", strconv.FormatInt(1<<30, 10)}, b.cfg.serveArgs...)
+	args := append([]string{"--warm-pool", "0", "--checkpoint", "--criu", criu, "--sandbox-workspace-size", strconv.FormatInt(1<<30, 10), "--server-timing"}, b.cfg.serveArgs...)
 	g, err := startSandgate(b.cfg.sandgateBin, filepath.Join(b.tmp, "sandgate-fork"), "linux", args)
 	if err != nil {
 		return err
@@ -227,12 +227,17 @@ func (b *bench) rowFork() error {
 	const count = 4
 	n := max(b.cfg.execN/20, 3)
 	var perFork, answers []float64
+	steps := map[string][]float64{} // the fork's Server-Timing steps
 	kernelKept, serverKept := true, true
 	for round := range n {
 		t0 := time.Now()
-		status, body, err := rc.postRaw(ctx, base+"/fork", []byte(`{"count": 4}`))
+		status, body, hdr, err := rc.postHeader(ctx, base+"/fork", []byte(`{"count": 4}`))
 		if err != nil {
 			return err
+		}
+		st, _ := parseServerTiming(hdr.Get("Server-Timing"))
+		for k, v := range st {
+			steps[k] = append(steps[k], v)
 		}
 		if status != http.StatusCreated {
 			return fmt.Errorf("POST /fork: %d %s", status, bytes.TrimSpace(body))
@@ -276,6 +281,12 @@ func (b *bench) rowFork() error {
 			}
 		}
 	}
+	var breakdown []string
+	for _, k := range []string{"checkpoint", "restores", "images_removed"} {
+		if len(steps[k]) > 0 {
+			breakdown = append(breakdown, fmt.Sprintf("%s %.0f ms", k, NewStats(steps[k]).Median*1e3))
+		}
+	}
 	st, at := NewStats(perFork), NewStats(answers)
 	met := "missed"
 	if st.Median <= forkTarget.Seconds() {
@@ -283,7 +294,7 @@ func (b *bench) rowFork() error {
 	}
 	r.add(&Row{ID: "15d", Name: fmt.Sprintf("fork ×4 (POST /fork {\"count\": 4}) of a session whose python kernel holds 100 MiB, to the first REST command answered in each fork, %d forks", len(perFork)), Stat: "p50", Unit: "s",
 		SG: st, SGName: "serve --checkpoint: one CRIU dump (--leave-running), 4 restores",
-		Note: fmt.Sprintf("target ≤ %v: %s; the fork's answer (4 sessions) p50 %.0f ms; restored kernel keeps its variable: %v; restored server answers on its port: %v", forkTarget, met, at.Median*1e3, kernelKept, serverKept)})
+		Note: fmt.Sprintf("target ≤ %v: %s; the fork's answer (4 sessions) p50 %.0f ms (its Server-Timing, p50: %s); restored kernel keeps its variable: %v; restored server answers on its port: %v", forkTarget, met, at.Median*1e3, strings.Join(breakdown, ", "), kernelKept, serverKept)})
 	return nil
 }
 

@@ -81,22 +81,28 @@ func (rc *restClient) command(ctx context.Context, id string, body []byte) error
 // reads the whole answer (at most 1 MiB), so the connection goes back to
 // the pool; it returns the status and the body.
 func (rc *restClient) postRaw(ctx context.Context, path string, body []byte) (int, []byte, error) {
+	status, out, _, err := rc.postHeader(ctx, path, body)
+	return status, out, err
+}
+
+// postHeader is postRaw, with the answer's header.
+func (rc *restClient) postHeader(ctx context.Context, path string, body []byte) (int, []byte, http.Header, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rc.g.url+path, bytes.NewReader(body))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+rc.g.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := rc.http.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
-	return resp.StatusCode, out, nil
+	return resp.StatusCode, out, resp.Header, nil
 }
 
 // checkCommand accepts a 200 CommandResult with exitCode 0.

@@ -24,7 +24,7 @@ import (
 const (
 	memReturnEvery = 5 * time.Second
 	memQuietBytes  = 16 << 20
-	memFreeBytes   = 16 << 20
+	memFreeBytes   = 4 << 20
 )
 
 // returnMemory runs until ctx ends.

@@ -227,9 +227,12 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 		if words, ok := sandbox.DirectWords(req.Command); ok {
 			// The sandbox may run it without the shell, as bash would.
 			cmd.Direct = words
+		} else if words, ok := sandbox.DirectBuiltinWords(req.Command); ok {
+			// The sandbox may answer for it, as bash would end.
+			cmd.Builtin = words
 		}
 	}
-	if cmd.Direct != nil {
+	if cmd.Direct != nil || cmd.Builtin != nil {
 		cmd.DirectCwd = req.Cwd // the script's cd (cdScript)
 	}
 	began := time.Now()

@@ -395,7 +395,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 
-	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep, Direct: cmd.Direct, DirectArgv: cmd.DirectArgv, DirectCwd: cmd.DirectCwd}
+	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep, Direct: cmd.Direct, DirectArgv: cmd.DirectArgv, DirectCwd: cmd.DirectCwd, Builtin: cmd.Builtin}
 	p := &initProcess{conn: conn, kept: cmd.Keep != ""}
 	if cmd.PTY == nil || cmd.Subsystem != "" {
 		req.PTY = nil

@@ -357,7 +357,10 @@ func newStreamReader(name string, req Request, prefixTok []byte) *streamReader {
 }
 
 func (r *streamReader) copyFrom(src io.Reader) {
-	buf := make([]byte, 32<<10)
+	// Lent by the request's pool (the capture's): a fresh 32 KiB per
+	// stream per command was a large allocation, zeroed page by page.
+	buf := r.cap.pool.get(readBufSize)[:readBufSize]
+	defer r.cap.pool.put(buf)
 	var pending []byte // the start of the stream, while the prefix line is looked for
 	looking := r.prefixTok != nil
 	for {
@@ -379,6 +382,9 @@ func (r *streamReader) copyFrom(src io.Reader) {
 		}
 	}
 }
+
+// readBufSize is the size of the buffer a stream is read with.
+const readBufSize = 32 << 10
 
 // maxBeforePrefix bounds what a stream may hold before its prefix line
 // while that line is looked for.

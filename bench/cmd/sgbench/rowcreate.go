@@ -167,7 +167,8 @@ func (b *bench) rowCreateTrace() error {
 var stepNotes = map[string]string{
 	"check":               "parameters, quota reservation",
 	"session":             "ids, password, workspace claim",
-	"warm_claim":          "a warm sandbox's limits set in its cgroups",
+	"claim_times":         "the files a warm sandbox's build wrote get the claim's time (a walk of /, /etc, /dev, /tmp, /workspace in its mounts)",
+	"warm_claim":          "the rest of a claim: the session's limits set in the warm sandbox's cgroups, its trust store",
 	"driver_state":        "sandbox dir, uid range, state file",
 	"cgroups":             "cgroup dirs and limits",
 	"init_fork":           "clone into new namespaces + exec of the init, its pidfd, state saved",

@@ -118,58 +118,12 @@ func DirectBuiltin(s DirectSpec) (code int, pwd string, ok bool) {
 		return 0, "", false
 	}
 	shell := s.ShellArgv[0]
-	if !filepath.IsAbs(shell) || !executable(shell, s.UID, s.GID) || hasACL(shell) ||
-		!searchable(filepath.Dir(shell), s.UID, s.GID) ||
-		!searchable(s.Dir, s.UID, s.GID) || !searchable(st.dir, s.UID, s.GID) {
+	look := searcher{uid: s.UID, gid: s.GID, ok: map[string]bool{}}
+	if !look.lookup(shell, false) || !executable(shell, s.UID, s.GID) || hasACL(shell) ||
+		!look.lookup(s.Dir, true) || !look.lookup(st.dir, true) {
 		return 0, "", false
 	}
 	return code, st.pwd, true
-}
-
-// searchable reports whether uid:gid (no supplementary groups) may go
-// through every directory of path dir, as it is named and as it
-// resolves, by their mode bits, none of them with an ACL.
-func searchable(dir string, uid, gid int) bool {
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		return false
-	}
-	for _, p := range []string{filepath.Clean(dir), real} {
-		if !filepath.IsAbs(p) {
-			return false
-		}
-		for {
-			fi, err := statPath(p)
-			if err != nil || !fi.IsDir() || hasACL(p) {
-				return false
-			}
-			st, ok := statOwner(fi)
-			if !ok {
-				return false
-			}
-			m := fi.Mode().Perm()
-			switch {
-			case uid == 0:
-			case st.uid == uid:
-				if m&0o100 == 0 {
-					return false
-				}
-			case st.gid == gid:
-				if m&0o010 == 0 {
-					return false
-				}
-			default:
-				if m&0o001 == 0 {
-					return false
-				}
-			}
-			if p == "/" {
-				break
-			}
-			p = filepath.Dir(p)
-		}
-	}
-	return true
 }
 
 // DirectShell reports whether shell is a bash that execs a -c string's

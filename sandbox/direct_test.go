@@ -572,17 +572,42 @@ func TestDirectBuiltinUserDirs(t *testing.T) {
 	if err := os.WriteFile(noexec, nil, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	// A shell behind a symbolic link: the directories the link's
+	// target goes through count, as the kernel's lookup searches them.
+	closedSub := filepath.Join(closed, "sub")
+	if err := os.Mkdir(closedSub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{closedSub, open} {
+		if err := os.WriteFile(filepath.Join(d, "bash"), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("closed/sub", filepath.Join(dir, "via-closed")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("open", filepath.Join(dir, "via-open")); err != nil {
+		t.Fatal(err)
+	}
 	env := BaseEnv(open, sh)
 	spec := func(d, cwd, shell string) DirectSpec {
 		return DirectSpec{Words: []string{"true"}, Env: env, Dir: d, Cwd: cwd, UID: 1000, GID: 1000, ShellArgv: []string{shell, "-c", "true"}}
 	}
-	if _, _, ok := DirectBuiltin(spec(open, "", sh)); !ok {
-		t.Fatal("an open directory was refused")
+	for name, s := range map[string]DirectSpec{
+		"open dir":         spec(open, "", sh),
+		"shell via a link": spec(open, "", filepath.Join(dir, "via-open", "bash")),
+	} {
+		if _, _, ok := DirectBuiltin(s); !ok {
+			t.Errorf("%s: refused", name)
+		}
 	}
 	for name, s := range map[string]DirectSpec{
-		"closed dir":        spec(closed, "", sh),
-		"closed cwd":        spec(open, closed, sh),
-		"shell not allowed": spec(open, "", noexec),
+		"closed dir":            spec(closed, "", sh),
+		"closed cwd":            spec(open, closed, sh),
+		"below a closed dir":    spec(closedSub, "", sh),
+		"shell not allowed":     spec(open, "", noexec),
+		"shell below closed":    spec(open, "", filepath.Join(closedSub, "bash")),
+		"shell via closed link": spec(open, "", filepath.Join(dir, "via-closed", "bash")),
 	} {
 		if _, _, ok := DirectBuiltin(s); ok {
 			t.Errorf("%s: answered directly", name)

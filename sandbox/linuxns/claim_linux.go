@@ -8,11 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sandgate/sandgate/internal/mountinfo"
 )
 
 // claimTrees are the filesystems a sandbox's build makes and writes (the
@@ -37,7 +34,7 @@ var claimTrees = []string{"/", "/etc", "/dev", "/dev/shm", "/dev/pts", "/tmp", "
 // copy each one up, and a cold create shows the image's times).
 func (s *linuxSandbox) refreshTimes() error {
 	s.mu.Lock()
-	pidfd, pid := s.pidfd, s.st.Pid
+	pidfd := s.pidfd
 	upperDir := ""
 	if s.st.Boot != nil && s.st.Boot.Image != nil {
 		upperDir = filepath.Join(s.st.Workspace, imageUpper)
@@ -65,13 +62,12 @@ func (s *linuxSandbox) refreshTimes() error {
 			return fmt.Errorf("claim times: the image's writable layer: %w", err)
 		}
 	}
-	mounts := initMountPoints(pid, fd)
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the runtime ends the thread with the goroutine,
 		// so no other goroutine ever runs in the sandbox's namespace.
 		runtime.LockOSThread()
-		errc <- touchTrees(fd, upper, mounts)
+		errc <- touchTrees(fd, upper)
 	}()
 	if err := <-errc; err != nil {
 		return fmt.Errorf("claim times: %w", err)
@@ -84,7 +80,7 @@ func (s *linuxSandbox) refreshTimes() error {
 // claimTrees there; with upper, the open writable layer of an image
 // sandbox (which it consumes), the root and /etc are the image's: only
 // the paths upper holds are touched, through the sandbox's root.
-func touchTrees(pidfd, upper int, mounts map[string]bool) (err error) {
+func touchTrees(pidfd, upper int) (err error) {
 	if upper >= 0 {
 		defer unix.Close(upper)
 	}
@@ -113,7 +109,7 @@ func touchTrees(pidfd, upper int, mounts map[string]bool) (err error) {
 		if upper >= 0 && (root == "/" || root == "/etc") {
 			continue
 		}
-		errs = append(errs, touchTree(root, mounts))
+		errs = append(errs, touchTree(root))
 	}
 	if upper >= 0 {
 		errs = append(errs, touchUpper(upper))
@@ -233,7 +229,7 @@ func touchMirror(src, dst int, dir string, mnt uint64) error {
 // touchTree touches every file below root (itself included) that is on
 // root's filesystem, making that mount writable meanwhile when it is
 // read-only. A root that is missing is skipped.
-func touchTree(root string, mounts map[string]bool) (err error) {
+func touchTree(root string) (err error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(root, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -262,35 +258,7 @@ func touchTree(root string, mounts map[string]bool) (err error) {
 	if err != nil {
 		return fmt.Errorf("%s: %w", root, err)
 	}
-	if sfs.Type == unix.OVERLAYFS_SUPER_MAGIC {
-		mounts = nil // its files may show their layer's device: stat them all
-	}
-	return touchBelow(fd, root, st.Dev, mounts)
-}
-
-// initMountPoints returns the mount points of the sandbox as its init
-// (pid, whose pidfd is pidfd) sees them, from its own root, or nil when
-// they cannot be read: only where something is mounted can an entry of
-// the claim's trees be on another filesystem, so only those need a stat
-// (touchBelow). The init still runs after the read, so the pid was its
-// own while it was read.
-func initMountPoints(pid, pidfd int) map[string]bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
-	if err != nil || unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
-		return nil
-	}
-	points := map[string]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if line == "" {
-			continue
-		}
-		m, ok := mountinfo.Parse(line)
-		if !ok {
-			return nil
-		}
-		points[m.Point] = true
-	}
-	return points
+	return touchBelow(fd, root, st.Dev)
 }
 
 // claimNow is utimensat's "now" for both times.
@@ -299,7 +267,7 @@ var claimNow = []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
 // touchBelow touches the entries of the directory dirfd (named dir, for
 // errors) that are on the device dev, and below them; it consumes dirfd.
 // Every step is relative to a descriptor, and none follows a symlink.
-func touchBelow(dirfd int, dir string, dev uint64, mounts map[string]bool) error {
+func touchBelow(dirfd int, dir string, dev uint64) error {
 	f := os.NewFile(uintptr(dirfd), dir)
 	defer f.Close()
 	entries, err := f.ReadDir(-1)
@@ -308,36 +276,27 @@ func touchBelow(dirfd int, dir string, dev uint64, mounts map[string]bool) error
 	}
 	for _, e := range entries {
 		name := e.Name()
-		isDir := e.IsDir()
-		// An entry where nothing is mounted is on dir's filesystem: its
-		// type is the directory's to tell. A mount point is stat'ed.
-		if mounts == nil || mounts[filepath.Join(dir, name)] {
-			var st unix.Stat_t
-			if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				if errors.Is(err, unix.ENOENT) {
-					continue
-				}
-				return fmt.Errorf("%s/%s: %w", dir, name, err)
-			}
-			if st.Dev != dev { // a mount point: another filesystem
-				continue
-			}
-			isDir = st.Mode&unix.S_IFMT == unix.S_IFDIR
-		}
-		if err := unix.UtimesNanoAt(dirfd, name, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		var st unix.Stat_t
+		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			if errors.Is(err, unix.ENOENT) {
 				continue
 			}
+			return fmt.Errorf("%s/%s: %w", dir, name, err)
+		}
+		if st.Dev != dev { // a mount point: another filesystem
+			continue
+		}
+		if err := unix.UtimesNanoAt(dirfd, name, claimNow, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("touch %s/%s: %w", dir, name, err)
 		}
-		if !isDir {
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
 		sub, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("%s/%s: %w", dir, name, err)
 		}
-		if err := touchBelow(sub, filepath.Join(dir, name), dev, mounts); err != nil {
+		if err := touchBelow(sub, filepath.Join(dir, name), dev); err != nil {
 			return err
 		}
 	}

@@ -227,9 +227,12 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 		if words, ok := sandbox.DirectWords(req.Command); ok {
 			// The sandbox may run it without the shell, as bash would.
 			cmd.Direct = words
+		} else if words, ok := sandbox.DirectBuiltinWords(req.Command); ok {
+			// The sandbox may answer for it, as bash would end.
+			cmd.Builtin = words
 		}
 	}
-	if cmd.Direct != nil {
+	if cmd.Direct != nil || cmd.Builtin != nil {
 		cmd.DirectCwd = req.Cwd // the script's cd (cdScript)
 	}
 	began := time.Now()
@@ -354,7 +357,10 @@ func newStreamReader(name string, req Request, prefixTok []byte) *streamReader {
 }
 
 func (r *streamReader) copyFrom(src io.Reader) {
-	buf := make([]byte, 32<<10)
+	// Lent by the request's pool (the capture's): a fresh 32 KiB per
+	// stream per command was a large allocation, zeroed page by page.
+	buf := r.cap.pool.get(readBufSize)[:readBufSize]
+	defer r.cap.pool.put(buf)
 	var pending []byte // the start of the stream, while the prefix line is looked for
 	looking := r.prefixTok != nil
 	for {
@@ -376,6 +382,9 @@ func (r *streamReader) copyFrom(src io.Reader) {
 		}
 	}
 }
+
+// readBufSize is the size of the buffer a stream is read with.
+const readBufSize = 32 << 10
 
 // maxBeforePrefix bounds what a stream may hold before its prefix line
 // while that line is looked for.

@@ -48,14 +48,7 @@ const directMaxExec = 120 << 10
 // character), a first word that is no builtin or keyword of bash, no
 // assignment and no job spec.
 func DirectWords(command string) ([]string, bool) {
-	for i := 0; i < len(command); i++ {
-		c := command[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
-			strings.IndexByte("_./,:@%+-= \t", c) >= 0) {
-			return nil, false
-		}
-	}
-	words := strings.FieldsFunc(command, func(r rune) bool { return r == ' ' || r == '\t' })
+	words := plainWords(command)
 	if len(words) == 0 {
 		return nil, false
 	}
@@ -64,6 +57,73 @@ func DirectWords(command string) ([]string, bool) {
 		return nil, false
 	}
 	return words, true
+}
+
+// plainWords returns command's words when bash would split it into
+// exactly those (DirectWords' characters only), else nil.
+func plainWords(command string) []string {
+	for i := 0; i < len(command); i++ {
+		c := command[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			strings.IndexByte("_./,:@%+-= \t", c) >= 0) {
+			return nil
+		}
+	}
+	return strings.FieldsFunc(command, func(r rune) bool { return r == ' ' || r == '\t' })
+}
+
+// directBuiltins are the builtins of bash that do nothing but exit, with
+// this status, whatever their arguments: they take no option (bash 5.2
+// answers `true --help` with 0 and nothing written), read nothing and
+// write nothing.
+var directBuiltins = map[string]int{"true": 0, ":": 0, "false": 1}
+
+// DirectBuiltinWords returns the words of command when bash would split
+// it into exactly those words (DirectWords' characters only) and run the
+// first as one of its builtins that do nothing but exit (true, : and
+// false): DirectBuiltin may then answer for it.
+func DirectBuiltinWords(command string) ([]string, bool) {
+	words := plainWords(command)
+	if len(words) == 0 {
+		return nil, false
+	}
+	if _, ok := directBuiltins[words[0]]; !ok {
+		return nil, false
+	}
+	return words, true
+}
+
+// DirectBuiltin is how `bash -c` would end s's words (DirectBuiltinWords)
+// as the last line of the gateway's script: with code, in directory pwd,
+// having written nothing, read nothing and started nothing, which is
+// what running nothing does too. ok is false when bash could do anything
+// else on the way there: what DirectExec refuses of the environment and
+// of the directories, a shell the user may not run, a directory the user
+// may not enter (checked by the mode bits, without supplementary groups,
+// and refused when an ACL could say otherwise); the caller then runs the
+// shell. What no process at all leaves out, and which the caller must
+// accept as no difference: the pid the shell would take, the CPU time
+// and memory charged to the sandbox's cgroups, and a start that fails
+// only because those are at their limits. It looks at the filesystem of
+// the caller's root.
+func DirectBuiltin(s DirectSpec) (code int, pwd string, ok bool) {
+	if s.ExecBuiltin || len(s.Words) == 0 || len(s.ShellArgv) == 0 {
+		return 0, "", false
+	}
+	if code, ok = directBuiltins[s.Words[0]]; !ok {
+		return 0, "", false
+	}
+	st, ok := directStartup(s)
+	if !ok {
+		return 0, "", false
+	}
+	shell := s.ShellArgv[0]
+	look := searcher{uid: s.UID, gid: s.GID, ok: map[string]bool{}}
+	if !look.lookup(shell, false) || !executable(shell, s.UID, s.GID) || hasACL(shell) ||
+		!look.lookup(s.Dir, true) || !look.lookup(st.dir, true) {
+		return 0, "", false
+	}
+	return code, st.pwd, true
 }
 
 // DirectShell reports whether shell is a bash that execs a -c string's
@@ -168,75 +228,24 @@ type DirectSpec struct {
 // the caller then runs the shell. It looks at the filesystem of the
 // caller's root.
 func DirectExec(s DirectSpec) (path string, execEnv []string, pwd string, ok bool) {
-	words, env, dir, uid, gid := s.Words, s.Env, s.Dir, s.UID, s.GID
-	if len(words) == 0 || len(env) > directMaxEnv || !filepath.IsAbs(dir) ||
-		execSize(s.ShellArgv, env) > directMaxExec {
+	words := s.Words
+	// A builtin's name is bash's to run (the program of that name on
+	// PATH may well differ: /usr/bin/true --help), but with the exec
+	// builtin, which runs programs only.
+	if len(words) == 0 || !s.ExecBuiltin && bashWords[words[0]] {
 		return "", nil, "", false
 	}
-	// $PWD: bash's getcwd(), the physical directory.
-	if real, err := filepath.EvalSymlinks(dir); err != nil || real != filepath.Clean(dir) {
+	st, ok := directStartup(s)
+	if !ok {
 		return "", nil, "", false
 	}
-	pwd = filepath.Clean(dir)
-	vals := map[string]string{}
-	names := make([]string, 0, len(env)+3)
-	for _, kv := range env {
-		k, v, found := strings.Cut(kv, "=")
-		if !found || !validName(k) || directRefused(k) {
-			return "", nil, "", false
-		}
-		// bash calls setlocale(LC_ALL, v) at startup and warns on stderr
-		// when the locale is missing: only those that never are.
-		if k == "LC_ALL" && v != "" && v != "C" && v != "POSIX" {
-			return "", nil, "", false
-		}
-		if _, dup := vals[k]; dup {
-			return "", nil, "", false
-		}
-		vals[k] = v
-		names = append(names, k)
-	}
-	// bash keeps an imported PWD that names its directory as it is.
-	if v, set := vals["PWD"]; set && v != pwd {
-		return "", nil, "", false
-	}
-	// SHLVL: bash adds one at startup and takes it back when it execs
-	// the command; a value it would rewrite is left to it.
-	if v, set := vals["SHLVL"]; set {
-		n, err := strconv.Atoi(v)
-		if err != nil || strconv.Itoa(n) != v || n < 0 || n >= 998 {
-			return "", nil, "", false
-		}
-	}
-	// cd -- DIR: bash's PWD becomes DIR (logical: one with no symbolic
-	// link, ., .. or // in it is also the physical one), and OLDPWD, so
-	// far exported but unset, the directory before.
-	oldpwd := ""
-	if s.Cwd != "" {
-		target := s.Cwd
-		if !filepath.IsAbs(target) {
-			home := vals["HOME"]
-			if !filepath.IsAbs(home) {
-				return "", nil, "", false
-			}
-			target = home + "/" + target
-		}
-		if target != filepath.Clean(target) || strings.HasPrefix(target, "//") {
-			return "", nil, "", false
-		}
-		if real, err := filepath.EvalSymlinks(target); err != nil || real != target {
-			return "", nil, "", false
-		}
-		if fi, err := statPath(target); err != nil || !fi.IsDir() {
-			return "", nil, "", false
-		}
-		oldpwd, pwd, dir = pwd, target, target
-	}
+	vals, names, oldpwd, dir := st.vals, st.names, st.oldpwd, st.dir
+	pwd = st.pwd
 	pathVar, set := vals["PATH"]
 	if !set {
 		return "", nil, "", false
 	}
-	path, ok = directLookup(words[0], pathVar, dir, uid, gid)
+	path, ok = directLookup(words[0], pathVar, dir, s.UID, s.GID)
 	if !ok {
 		return "", nil, "", false
 	}
@@ -285,6 +294,89 @@ func DirectExec(s DirectSpec) (path string, execEnv []string, pwd string, ok boo
 		execEnv = append(execEnv, "_="+path)
 	}
 	return path, execEnv, pwd, true
+}
+
+// directState is what bash's startup, and the gateway's script before
+// the command (its cd), leave: the environment's values and names (in
+// their order), the directories ($PWD, $OLDPWD when the script cds, and
+// where the command runs).
+type directState struct {
+	vals        map[string]string
+	names       []string
+	pwd, oldpwd string
+	dir         string
+}
+
+// directStartup checks that bash -c would start with s's environment
+// and reach s's command as DirectExec and DirectBuiltin assume (nothing
+// read, printed or refused on the way), and returns what it would hold
+// then. It looks at the filesystem of the caller's root.
+func directStartup(s DirectSpec) (directState, bool) {
+	env, dir := s.Env, s.Dir
+	if len(env) > directMaxEnv || !filepath.IsAbs(dir) || execSize(s.ShellArgv, env) > directMaxExec {
+		return directState{}, false
+	}
+	var pwd string
+	// $PWD: bash's getcwd(), the physical directory.
+	if real, err := filepath.EvalSymlinks(dir); err != nil || real != filepath.Clean(dir) {
+		return directState{}, false
+	}
+	pwd = filepath.Clean(dir)
+	vals := map[string]string{}
+	names := make([]string, 0, len(env)+3)
+	for _, kv := range env {
+		k, v, found := strings.Cut(kv, "=")
+		if !found || !validName(k) || directRefused(k) {
+			return directState{}, false
+		}
+		// bash calls setlocale(LC_ALL, v) at startup and warns on stderr
+		// when the locale is missing: only those that never are.
+		if k == "LC_ALL" && v != "" && v != "C" && v != "POSIX" {
+			return directState{}, false
+		}
+		if _, dup := vals[k]; dup {
+			return directState{}, false
+		}
+		vals[k] = v
+		names = append(names, k)
+	}
+	// bash keeps an imported PWD that names its directory as it is.
+	if v, set := vals["PWD"]; set && v != pwd {
+		return directState{}, false
+	}
+	// SHLVL: bash adds one at startup and takes it back when it execs
+	// the command; a value it would rewrite is left to it.
+	if v, set := vals["SHLVL"]; set {
+		n, err := strconv.Atoi(v)
+		if err != nil || strconv.Itoa(n) != v || n < 0 || n >= 998 {
+			return directState{}, false
+		}
+	}
+	// cd -- DIR: bash's PWD becomes DIR (logical: one with no symbolic
+	// link, ., .. or // in it is also the physical one), and OLDPWD, so
+	// far exported but unset, the directory before.
+	oldpwd := ""
+	if s.Cwd != "" {
+		target := s.Cwd
+		if !filepath.IsAbs(target) {
+			home := vals["HOME"]
+			if !filepath.IsAbs(home) {
+				return directState{}, false
+			}
+			target = home + "/" + target
+		}
+		if target != filepath.Clean(target) || strings.HasPrefix(target, "//") {
+			return directState{}, false
+		}
+		if real, err := filepath.EvalSymlinks(target); err != nil || real != target {
+			return directState{}, false
+		}
+		if fi, err := statPath(target); err != nil || !fi.IsDir() {
+			return directState{}, false
+		}
+		oldpwd, pwd, dir = pwd, target, target
+	}
+	return directState{vals: vals, names: names, pwd: pwd, oldpwd: oldpwd, dir: dir}, true
 }
 
 // directRefused says whether bash reads or sets variable k at startup

@@ -20,3 +20,11 @@ func statPath(p string) (fs.FileInfo, error) {
 	defer f.Close()
 	return f.Stat()
 }
+
+// hasACL reports whether p may carry an access ACL (the kernel's
+// permission check then reads it, not the mode bits alone): it has one,
+// or whether it does cannot be told.
+func hasACL(p string) bool {
+	_, err := unix.Getxattr(p, "system.posix_acl_access", nil)
+	return err != unix.ENODATA && err != unix.EOPNOTSUPP
+}

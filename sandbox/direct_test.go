@@ -453,3 +453,164 @@ func TestDirectExecCwdLikeBash(t *testing.T) {
 		t.Error("a relative HOME ran directly")
 	}
 }
+
+// TestDirectBuiltinLikeBash runs true, : and false (with arguments, in
+// several environments and directories) through bash -c, as the
+// gateway's script does, and checks that wherever DirectBuiltin answers
+// for them its answer is bash's: the exit status, the directory, and
+// nothing written.
+func TestDirectBuiltinLikeBash(t *testing.T) {
+	sh := needBash(t)
+	dir := t.TempDir()
+	dir, _ = filepath.EvalSymlinks(dir)
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	base := BaseEnv(dir, sh)
+	envs := map[string][]string{
+		"base":      base,
+		"client":    mergeEnv(base, []string{"FOO=bar", "TERM=xterm"}),
+		"shellopts": mergeEnv(base, []string{"SHELLOPTS=xtrace"}),
+		"ps4":       mergeEnv(base, []string{"PS4=++"}),
+		"bash-env":  mergeEnv(base, []string{"BASH_ENV=/dev/null"}),
+		"lcall":     mergeEnv(base, []string{"LC_ALL=xx_YY.UTF-8"}),
+		"no-path":   {"HOME=" + dir},
+		"pwd-wrong": mergeEnv(base, []string{"PWD=/"}),
+	}
+	commands := []string{"true", "false", ":", "true --help", "false --help", ": a b", "true -x", "false a=b"}
+	for name, env := range envs {
+		for _, cwd := range []string{"", "sub", dir + "/sub", "link", "nosuch"} {
+			for _, command := range commands {
+				words, ok := DirectBuiltinWords(command)
+				if !ok {
+					t.Fatalf("DirectBuiltinWords(%q) refused", command)
+				}
+				b := exec.Command(sh, "-c", cdLine(cwd)+restPrelude+command)
+				b.Env, b.Dir = env, dir
+				var o, e bytes.Buffer
+				b.Stdout, b.Stderr = &o, &e
+				err := b.Run()
+				code := 0
+				var xe *exec.ExitError
+				if errors.As(err, &xe) {
+					code = xe.ExitCode()
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				bashPWD := ""
+				if s := e.String(); strings.HasPrefix(s, "TOK") {
+					bashPWD, _, _ = strings.Cut(s[len("TOK"):], "\n")
+				}
+				cutPrelude(t, &e)
+				c, pwd, d := DirectBuiltin(DirectSpec{Words: words, Env: env, Dir: dir, Cwd: cwd, UID: os.Getuid(), GID: os.Getgid(),
+					ShellArgv: []string{sh, "-c", cdLine(cwd) + restPrelude + command}})
+				if name == "base" && cwd == "" && !d {
+					t.Errorf("%s: %q was not answered directly", name, command)
+				}
+				if !d {
+					continue
+				}
+				if o.Len() != 0 || e.Len() != 0 || c != code || pwd != bashPWD {
+					t.Errorf("%s, cwd %q: %q:\nbash:   %q %q %d in %q\ndirect: %d in %q", name, cwd, command, o.String(), e.String(), code, bashPWD, c, pwd)
+				}
+			}
+		}
+	}
+	for _, name := range []string{"shellopts", "ps4", "bash-env", "lcall", "pwd-wrong"} {
+		if _, _, d := DirectBuiltin(DirectSpec{Words: []string{"true"}, Env: envs[name], Dir: dir, UID: os.Getuid(), GID: os.Getgid(),
+			ShellArgv: []string{sh, "-c", restPrelude + "true"}}); d {
+			t.Errorf("%s: true was answered directly", name)
+		}
+	}
+	// Not builtins that do nothing, or not plain words.
+	for _, command := range []string{"echo", "pwd", "true;", "true >x", "/bin/true", "truex", "exec true", "A=1 true", ""} {
+		if _, ok := DirectBuiltinWords(command); ok {
+			t.Errorf("DirectBuiltinWords(%q) accepted", command)
+		}
+	}
+	// The exec builtin runs programs: an argv is DirectExec's.
+	if _, _, d := DirectBuiltin(DirectSpec{Words: []string{"true"}, ExecBuiltin: true, Env: base, Dir: dir, UID: os.Getuid(), GID: os.Getgid(),
+		ShellArgv: []string{sh, "-c", "exec 'true'"}}); d {
+		t.Error("an argv was answered as a builtin")
+	}
+	// DirectExec leaves a builtin's name to bash (the program of that
+	// name on PATH answers --help differently).
+	if _, _, _, d := DirectExec(DirectSpec{Words: []string{"true", "--help"}, Env: base, Dir: dir, UID: os.Getuid(), GID: os.Getgid(),
+		ShellArgv: []string{sh, "-c", "true --help"}}); d {
+		t.Error("DirectExec ran a builtin's name")
+	}
+}
+
+// TestDirectBuiltinUserDirs: a directory, or a shell, that the command's
+// user may not go through or run is the shell's to fail in.
+func TestDirectBuiltinUserDirs(t *testing.T) {
+	sh := needBash(t)
+	if os.Getuid() != 0 {
+		t.Skip("needs root: directories owned by another user")
+	}
+	dir := t.TempDir()
+	dir, _ = filepath.EvalSymlinks(dir)
+	closed := filepath.Join(dir, "closed")
+	open := filepath.Join(dir, "open")
+	for _, d := range []string{closed, open} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(closed, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, filepath.Dir(dir)} { // TempDir's are 0700
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noexec := filepath.Join(dir, "bash")
+	if err := os.WriteFile(noexec, nil, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A shell behind a symbolic link: the directories the link's
+	// target goes through count, as the kernel's lookup searches them.
+	closedSub := filepath.Join(closed, "sub")
+	if err := os.Mkdir(closedSub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{closedSub, open} {
+		if err := os.WriteFile(filepath.Join(d, "bash"), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("closed/sub", filepath.Join(dir, "via-closed")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("open", filepath.Join(dir, "via-open")); err != nil {
+		t.Fatal(err)
+	}
+	env := BaseEnv(open, sh)
+	spec := func(d, cwd, shell string) DirectSpec {
+		return DirectSpec{Words: []string{"true"}, Env: env, Dir: d, Cwd: cwd, UID: 1000, GID: 1000, ShellArgv: []string{shell, "-c", "true"}}
+	}
+	for name, s := range map[string]DirectSpec{
+		"open dir":         spec(open, "", sh),
+		"shell via a link": spec(open, "", filepath.Join(dir, "via-open", "bash")),
+	} {
+		if _, _, ok := DirectBuiltin(s); !ok {
+			t.Errorf("%s: refused", name)
+		}
+	}
+	for name, s := range map[string]DirectSpec{
+		"closed dir":            spec(closed, "", sh),
+		"closed cwd":            spec(open, closed, sh),
+		"below a closed dir":    spec(closedSub, "", sh),
+		"shell not allowed":     spec(open, "", noexec),
+		"shell below closed":    spec(open, "", filepath.Join(closedSub, "bash")),
+		"shell via closed link": spec(open, "", filepath.Join(dir, "via-closed", "bash")),
+	} {
+		if _, _, ok := DirectBuiltin(s); ok {
+			t.Errorf("%s: answered directly", name)
+		}
+	}
+}

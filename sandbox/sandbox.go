@@ -170,6 +170,14 @@ type Cmd struct {
 	// DirectCwd is where Command's script cds before the words
 	// (dataplane.Request.Cwd: absolute, or relative to $HOME).
 	DirectCwd string
+	// Builtin, when set (by the gateway, for a REST command:
+	// DirectBuiltinWords), are the words of Command's last line when they
+	// call a builtin of bash that does nothing but exit (true, :, false):
+	// the sandbox may answer for them without starting anything where
+	// DirectBuiltin says that it may, and reports it as it reports Direct
+	// (DirectProcess). Without a PTY, and not kept, only. A sandbox that
+	// does not know it runs the shell.
+	Builtin []string
 }
 
 // DirectProcess is a Process that says whether it ran its command

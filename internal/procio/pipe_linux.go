@@ -13,6 +13,13 @@ import (
 // bench/). Pages are only allocated while data waits in the pipe.
 const bulkPipeSize = 1 << 20
 
+// GrowPipeFD is GrowPipe for a pipe's raw descriptor.
+func GrowPipeFD(fd int) {
+	if os.Geteuid() == 0 {
+		_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, bulkPipeSize)
+	}
+}
+
 // GrowPipe raises the capacity of the pipe f belongs to. Only a privileged
 // gateway does it: an unprivileged user's pipes count against
 // fs.pipe-user-pages-soft, past which new pipes shrink to two pages.

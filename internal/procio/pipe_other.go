@@ -6,3 +6,6 @@ import "os"
 
 // GrowPipe is a no-op where pipes cannot be resized.
 func GrowPipe(*os.File) {}
+
+// GrowPipeFD is a no-op where pipes cannot be resized.
+func GrowPipeFD(int) {}

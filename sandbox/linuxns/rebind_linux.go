@@ -41,6 +41,7 @@ func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 	if err := s.refreshTimes(); err != nil {
 		return fmt.Errorf("rebind sandbox %s: %w", s.st.ID, err)
 	}
+	sandbox.TraceOf(ctx).Mark("claim_times")
 	if lim == old && len(spec.TrustPEM) == 0 {
 		return nil // as built
 	}

@@ -150,4 +150,13 @@ func TestLinuxRebindTimes(t *testing.T) {
 	if got := lines[len(paths)]; got != strconv.FormatInt(usr.Mtim.Sec, 10) {
 		t.Errorf("the host's /usr has mtime %d, the sandbox shows %s", usr.Mtim.Sec, got)
 	}
+	// A host directory bound into the sandbox's /etc keeps the host's
+	// times too: the claim's walk stats what is mounted (touchBelow).
+	var apt unix.Stat_t
+	if err := unix.Stat("/etc/apt", &apt); err == nil && apt.Mtim.Sec < claimed-1 {
+		out, _, _ := runIn(t, sb, "stat -c '%Y' /etc/apt")
+		if got := strings.TrimSpace(out); got != strconv.FormatInt(apt.Mtim.Sec, 10) {
+			t.Errorf("the host's /etc/apt has mtime %d, the sandbox shows %s", apt.Mtim.Sec, got)
+		}
+	}
 }

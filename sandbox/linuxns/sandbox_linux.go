@@ -395,30 +395,34 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	stop := procio.DeadlineOnCancel(ctx, conn.SetDeadline)
 	defer stop()
 
-	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep, Direct: cmd.Direct, DirectArgv: cmd.DirectArgv, DirectCwd: cmd.DirectCwd}
+	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep, Direct: cmd.Direct, DirectArgv: cmd.DirectArgv, DirectCwd: cmd.DirectCwd, Builtin: cmd.Builtin}
 	p := &initProcess{conn: conn, kept: cmd.Keep != ""}
 	if cmd.PTY == nil || cmd.Subsystem != "" {
 		req.PTY = nil
-		var child [3]*os.File
+		// The child's ends stay raw descriptors, blocking as a command
+		// expects, never in the runtime's poller: they only go to the
+		// init. Ours are non-blocking, so that the runtime polls them.
+		child := [3]int{-1, -1, -1}
 		var parent [3]*os.File
 		for i := range 3 {
-			r, w, err := os.Pipe()
-			if err != nil {
-				closeFiles(child[:])
+			var p [2]int
+			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+				procio.CloseFDs(child[:])
 				closeFiles(parent[:])
-				return nil, fmt.Errorf("pipe: %w", err)
+				return nil, fmt.Errorf("pipe: %w", os.NewSyscallError("pipe2", err))
 			}
 			if i < 2 {
-				procio.GrowPipe(r)
+				procio.GrowPipeFD(p[0])
 			}
+			mine, theirs, name := p[0], p[1], "|0"
 			if i == 0 {
-				child[i], parent[i] = r, w
-			} else {
-				child[i], parent[i] = w, r
+				mine, theirs, name = p[1], p[0], "|1"
 			}
+			child[i] = theirs
+			_ = unix.SetNonblock(mine, true)
+			parent[i] = os.NewFile(uintptr(mine), name)
 		}
-		// Fd puts the child's ends in blocking mode, as a command expects.
-		fds := []int{int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd())}
+		fds := []int{child[0], child[1], child[2]}
 		if req.Keep != "" {
 			// The init holds copies of our ends too (SyscallConn leaves
 			// ours non-blocking, as the runtime polls them).
@@ -427,7 +431,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 			}
 		}
 		err := ctl.WriteFrame(conn, req, fds...)
-		closeFiles(child[:])
+		procio.CloseFDs(child[:])
 		if err != nil {
 			closeFiles(parent[:])
 			return nil, fmt.Errorf("send command: %w", err)

@@ -126,7 +126,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.sandgateBin, "sandgate", "", "sandgate binary (default <repo>/bin/sandgate)")
 	fs.StringVar(&c.driver, "sandbox", "auto", "sandbox driver for rows 1-4, 6, 7, 10: auto, workdir or linux")
 	drivers := fs.String("drivers", "workdir,linux", "drivers for row 5 (create -> first command); a driver whose serve fails is skipped")
-	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,13,15,16", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell), 13 (sandgate only: Session and SandboxClaim through a real kube-apiserver, 13a-b; 13c, only when named, --kube-many Sessions per node agent), 15 (sandgate only, linux driver: pause and resume in place) and 16 (sandgate only, linux driver: idle density); not by default: 14 (the soak, --soak-sessions sessions, ~10 minutes for 10,000 on 2 cores); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d,9e,9f; 10a,10b; 11a,11b,11c,11d)")
+	rows := fs.String("rows", "e,1,2,3,4,5,6,7,8,9,10,11,12,13,15,16", "rows to run: e (the equal-footing rows e1-e6, also one by one) and the stock-sshd rows 1-10, 11 (sandgate only: a create's steps, warm pool vs none), 12 (sandgate only: keystroke echo, browser terminal vs SSH shell), 13 (sandgate only: Session and SandboxClaim through a real kube-apiserver, 13a-b; 13c, only when named, --kube-many Sessions per node agent), 15 (sandgate only, linux driver: pause and resume in place) and 16 (sandgate only, linux driver: idle density); not by default: 14 (the soak, --soak-sessions sessions, ~10 minutes for 10,000 on 2 cores); rows 8's, 9's, 10's and 11's parts also one by one (8a,8b,8c; 9a,9b,9c,9d,9e,9f; 10a,10b; 11a,11b,11c,11d,11e)")
 	size := fs.String("size", "", "bytes per transfer in rows 3-4 and 10b and per download in row 9 (default 1GiB, quick 64MiB); suffixes KiB MiB GiB")
 	fs.IntVar(&c.reps, "reps", 0, "runs per side of each transfer, rows 3, 4, 9a-c and 10b (default 3)")
 	fs.IntVar(&c.newConnN, "new-conn", 0, "runs per variant of row 1 and of 10b's fixed-cost breakdown (default 30, quick 10)")
@@ -229,7 +229,7 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b", "11", "11a", "11b", "11c", "11d", "13", "13a", "13b", "13c", "16"} {
+		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b", "11", "11a", "11b", "11c", "11d", "11e", "13", "13a", "13b", "13c", "16"} {
 			delete(c.rows, r)
 		}
 	}
@@ -475,7 +475,7 @@ func rowDescriptions(c *config) map[string]string {
 	desc["9a"] = fmt.Sprintf("sandgate only: %s over HTTP from a loopback server, curl in a session through its egress proxy (-p: CONNECT) vs curl on the host, %d runs each, rotating (linux driver)", size, c.reps)
 	desc["9b"] = fmt.Sprintf("sandgate only: the same two at `curl --limit-rate %s`, %d runs each, alternating", limitRate, c.reps)
 	desc["9c"] = fmt.Sprintf("sandgate only: reference, curl on the host through a minimal Go io.Copy relay, %d runs (rotating with 9a)", c.reps)
-	desc["11"] = fmt.Sprintf("sandgate only: create -> first REST command, `--warm-pool 2` vs `--warm-pool 0`, %d each, alternating (11a), and each step of the create from its Server-Timing header, p50 and p99 (11b), DELETE answered with the default background teardown vs `--teardown-queue 0` (11c), and 11a with egress, a secret and resources (11d, alternating with 11a) (linux driver)", c.createN)
+	desc["11"] = fmt.Sprintf("sandgate only: create -> first REST command, `--warm-pool 2` vs `--warm-pool 0`, %d each, alternating (11a), and each step of the create from its Server-Timing header, p50 and p99 (11b), DELETE answered with the default background teardown vs `--teardown-queue 0` (11c), and 11a with egress, a secret and resources (11d, alternating with 11a), and the issue's plain-client check: Python http.client, creates back to back, best of 3 runs of 60, and the command round trip (11e) (linux driver)", c.createN)
 	desc["9d"] = fmt.Sprintf("sandgate only: create -> first command with egress + a secret vs plain `{}`, %d each, alternating (linux driver)", c.createN)
 	desc["9e"] = fmt.Sprintf("sandgate only: %s over HTTP, curl in a session with no proxy (transparent egress) vs through the explicit proxy (-p), %d runs each, rotating; target >= 0.9x (linux driver)", size, c.reps)
 	desc["9f"] = fmt.Sprintf("sandgate only: first DNS answer for a new allowed name, the sandbox's resolver vs a minimal UDP responder on host loopback, %d queries each (Python client), p50/p99; target: adds <= 1 ms (linux driver)", dnsQueries)

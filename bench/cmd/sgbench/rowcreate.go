@@ -141,6 +141,11 @@ func (b *bench) rowCreateTrace() error {
 		r.add(&Row{ID: "11c", Name: "`DELETE /v1/sessions/{id}` answered, just after the first command", Stat: st, Unit: "s", SG: pick(warm, del), Ref: pick(cold, del),
 			SGName: "default `--teardown-queue` (released in the background)", RefName: "`--teardown-queue 0` (released before the answer)", RefKind: "sync"})
 	}
+	if b.cfg.wantRow("11e") {
+		if err := b.rowPlainClient(ways[0].g, ways[1].g, via, refVia); err != nil {
+			return fmt.Errorf("11e: %w", err)
+		}
+	}
 	// 11b: every step either way showed, in the order a cold create runs them.
 	var order []string
 	for _, ts := range [][]traced{cold, warm} {
@@ -167,7 +172,8 @@ func (b *bench) rowCreateTrace() error {
 var stepNotes = map[string]string{
 	"check":               "parameters, quota reservation",
 	"session":             "ids, password, workspace claim",
-	"warm_claim":          "a warm sandbox's limits set in its cgroups",
+	"claim_times":         "the files a warm sandbox's build wrote get the claim's time (a walk of /, /etc, /dev, /tmp, /workspace in its mounts)",
+	"warm_claim":          "the rest of a claim: the session's limits set in the warm sandbox's cgroups, its trust store",
 	"driver_state":        "sandbox dir, uid range, state file",
 	"cgroups":             "cgroup dirs and limits",
 	"init_fork":           "clone into new namespaces + exec of the init, its pidfd, state saved",
@@ -270,6 +276,76 @@ func (rc *restClient) delete(ctx context.Context, id string) error {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
 		return fmt.Errorf("DELETE session: %d %s", resp.StatusCode, bytes.TrimSpace(body))
+	}
+	return nil
+}
+
+// plainRuns and plainN are row 11e's sizes: the issue's check, the best of
+// three runs of 60.
+const (
+	plainRuns = 3
+	plainN    = 60
+)
+
+// rowPlainClient is row 11e: 11a's create → first command, the DELETE
+// after it, and 10a's command round trip as a plain client sees them
+// (bench/plain_client.py: Python's http.client, one keep-alive
+// connection, creates back to back with no pause for the pool), the best
+// of plainRuns runs of plainN by p50, on the warm gateway and the cold one.
+func (b *bench) rowPlainClient(warm, cold *sandgate, via, refVia string) error {
+	r := b.report
+	name := "plain client (Python http.client, loopback, back to back), best of 3 runs of 60: "
+	if _, err := exec.LookPath(b.cfg.python); err != nil {
+		r.add(&Row{ID: "11e", Name: name + "create → first REST command", Skipped: b.cfg.python + " not found"})
+		return nil
+	}
+	script := filepath.Join(b.cfg.repo, "bench", "plain_client.py")
+	run := func(g *sandgate, mode, body string) (best, del *Stats, err error) {
+		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, b.cfg.python, script, g.url, g.token, mode, strconv.Itoa(plainN), strconv.Itoa(plainRuns), body)
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return nil, nil, fmt.Errorf("plain_client.py %s: %w", mode, err)
+		}
+		var res struct{ Runs, Delete [][]float64 }
+		if err := json.Unmarshal(out, &res); err != nil {
+			return nil, nil, fmt.Errorf("plain_client.py %s: %w: %s", mode, err, out)
+		}
+		for i, xs := range res.Runs {
+			if st := NewStats(xs); best == nil || st.Median < best.Median {
+				best = st
+				if i < len(res.Delete) && len(res.Delete[i]) > 0 {
+					del = NewStats(res.Delete[i])
+				}
+			}
+		}
+		return best, del, nil
+	}
+	wf, wd, err := run(warm, "first", string(restTrue))
+	if err != nil {
+		return err
+	}
+	cf, cd, err := run(cold, "first", string(restTrue))
+	if err != nil {
+		return err
+	}
+	note := "targets: warm p50 ≤ 5 ms, p99 ≤ 15 ms; cold p50 ≤ 12 ms; back to back, the pool of 2 refills behind the creates, so some of the warm side's creates build their sandbox"
+	for _, st := range []string{"p50", "p99"} {
+		r.add(&Row{ID: "11e", Name: name + "create → first REST command `true`", Stat: st, Unit: "s", SG: wf, Ref: cf, SGName: via, RefName: refVia, RefKind: "no pool", Note: note})
+	}
+	if wd != nil && cd != nil {
+		r.add(&Row{ID: "11e", Name: name + "`DELETE` answered, after the first command", Stat: "p50", Unit: "s", SG: wd, Ref: cd, SGName: via, RefName: refVia, RefKind: "sync",
+			Note: "target ≤ 2 ms; the reference releases the sandbox before it answers (`--teardown-queue 0`)"})
+	}
+	for _, body := range []string{string(restTrue), string(restBinTrue)} {
+		rt, _, err := run(warm, "rtt", body)
+		if err != nil {
+			return err
+		}
+		r.add(&Row{ID: "11e", Name: name + "command round trip on an open connection, `" + body + "`", Stat: "p50", Unit: "s", SG: rt, SGName: via,
+			Note: "target ≤ 1.0 ms; `true` is answered by the init without a process, `/bin/true` runs without bash's start"})
 	}
 	return nil
 }

@@ -185,7 +185,12 @@ type Request struct {
 	// DirectArgv: Direct is an argv run as `exec 'a' 'b'`.
 	DirectArgv bool `json:"directArgv,omitempty"`
 	// DirectCwd is where Command cds before the words (Cmd.DirectCwd).
-	DirectCwd string       `json:"directCwd,omitempty"`
+	DirectCwd string `json:"directCwd,omitempty"`
+	// Builtin, when set, are Command's words when they call a builtin
+	// that does nothing but exit (sandbox.Cmd.Builtin): the init answers
+	// for it without a process where sandbox.DirectBuiltin says it may.
+	// An init that predates it ignores it, and runs the shell.
+	Builtin   []string     `json:"builtin,omitempty"`
 	Subsystem string       `json:"subsystem,omitempty"`
 	Env       []string     `json:"env,omitempty"`
 	PTY       *sandbox.PTY `json:"pty,omitempty"`

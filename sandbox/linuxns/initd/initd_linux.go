@@ -189,7 +189,9 @@ func (c *child) sendExit(conn *net.UnixConn, ws syscall.WaitStatus) {
 func (c *child) end() {
 	c.kill.Do(func() {
 		if c.exited.Load() {
-			unix.Close(c.utsFD)
+			if c.utsFD >= 0 { // none for a builtin's answer
+				unix.Close(c.utsFD)
+			}
 			return
 		}
 		if c.checkpoint {
@@ -730,6 +732,19 @@ func (in *initd) start(req *ctl.Request, fds []int) (*child, int, error) {
 		sys.Setpgid = true
 	}
 	attr := &syscall.ProcAttr{Dir: in.dir(), Env: env, Files: files, Sys: sys}
+	if req.Builtin != nil && req.PTY == nil && req.Subsystem == "" && req.Command != "" && req.Keep == "" && in.directShell() {
+		// true, : or false: bash would start, run the builtin and exit,
+		// which nothing in the sandbox can tell from no process at all
+		// (sandbox.DirectBuiltin says what it checks): the command has
+		// ended already, its pipes closed (fds, here), its exit ready.
+		if code, pwd, ok := sandbox.DirectBuiltin(sandbox.DirectSpec{Words: req.Builtin, Env: env, Dir: attr.Dir,
+			Cwd: req.DirectCwd, UID: ctl.SandboxUID, GID: ctl.SandboxGID, ShellArgv: argv}); ok {
+			ws := syscall.WaitStatus(code << 8)
+			c := &child{utsFD: -1, directPWD: pwd, status: &ws}
+			c.exited.Store(true)
+			return c, master, nil
+		}
+	}
 	c := &child{}
 	if req.Direct != nil && req.PTY == nil && req.Subsystem == "" && req.Command != "" && in.directShell() {
 		if dpath, denv, pwd, ok := sandbox.DirectExec(sandbox.DirectSpec{Words: req.Direct, ExecBuiltin: req.DirectArgv,

@@ -118,8 +118,12 @@ func Main(args []string) int {
 	if spec.Probe {
 		return 0
 	}
+	// Whether commands may skip the shell is asked now, while the
+	// gateway answers the create (or the sandbox waits in the warm pool),
+	// rather than by the first command: it reads the shell's binary.
+	in.sp.run(func() { in.directShell() })
 	// Building the root left garbage (the spec, the seccomp program,
-	// /etc's files): the sandbox idles on what remains.
+	// /etc's files, that read): the sandbox idles on what remains.
 	trimMemory()
 	in.serve()
 	return 1

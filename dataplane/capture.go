@@ -280,6 +280,14 @@ type BufferPool struct {
 	sizes map[int]*sync.Pool
 }
 
+// maxPoolSizes bounds the sizes a BufferPool keeps buffers of. A
+// buffer's size follows its request's maxOutputBytes, which the client
+// picks: one pool per size ever asked for grew without bound. Buffers of
+// a size past these are allocated and dropped, as without a pool.
+const maxPoolSizes = 32
+
+// pool returns the pool of buffers of size, nil when size has none and
+// maxPoolSizes are taken.
 func (p *BufferPool) pool(size int) *sync.Pool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -288,6 +296,9 @@ func (p *BufferPool) pool(size int) *sync.Pool {
 	}
 	sp := p.sizes[size]
 	if sp == nil {
+		if len(p.sizes) >= maxPoolSizes {
+			return nil
+		}
 		sp = &sync.Pool{}
 		p.sizes[size] = sp
 	}
@@ -297,8 +308,10 @@ func (p *BufferPool) pool(size int) *sync.Pool {
 // get returns an empty buffer of capacity size.
 func (p *BufferPool) get(size int) []byte {
 	if p != nil {
-		if b, ok := p.pool(size).Get().(*[]byte); ok {
-			return (*b)[:0]
+		if sp := p.pool(size); sp != nil {
+			if b, ok := sp.Get().(*[]byte); ok {
+				return (*b)[:0]
+			}
 		}
 	}
 	return make([]byte, 0, size)
@@ -310,7 +323,9 @@ func (p *BufferPool) put(b []byte) {
 		return
 	}
 	b = b[:0]
-	p.pool(cap(b)).Put(&b)
+	if sp := p.pool(cap(b)); sp != nil {
+		sp.Put(&b)
+	}
 }
 
 // OutputOf returns b as an Output: Text when it is valid UTF-8. The

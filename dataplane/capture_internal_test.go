@@ -153,3 +153,30 @@ func TestOutputBudget(t *testing.T) {
 		t.Errorf("left charged: %d, %d", total, of)
 	}
 }
+
+// TestBufferPoolSizesBounded: the output buffers' sizes follow each
+// request's maxOutputBytes, which the client picks; a pool per size ever
+// asked for grew without bound (a sync.Pool and a map entry each, kept
+// for the gateway's life), however few commands ran at once.
+func TestBufferPoolSizesBounded(t *testing.T) {
+	pool := &BufferPool{}
+	out := make([]byte, smallBuf+2000)
+	for i := range 1000 {
+		c := newCapture(int64(2*smallBuf + i)) // past smallBuf: the buffer takes the limit's size
+		c.pool = pool
+		c.Write(out)
+		if got := c.output().Bytes(); len(got) != len(out) {
+			t.Fatalf("limit %d: kept %d bytes of %d", 2*smallBuf+i, len(got), len(out))
+		}
+		c.release()
+	}
+	pool.mu.Lock()
+	n := len(pool.sizes)
+	pool.mu.Unlock()
+	if n > maxPoolSizes {
+		t.Fatalf("the pool keeps buffers of %d sizes, want at most %d", n, maxPoolSizes)
+	}
+	// The sizes it has keep being reused.
+	b := pool.get(readBufSize)
+	pool.put(b)
+}

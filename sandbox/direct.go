@@ -389,6 +389,12 @@ func directRefused(k string) bool {
 		return true
 	case "EXECIGNORE": // the PATH search's; 5.2 ignores it imported, not assigned
 		return true
+	case "SSH_CLIENT", "SSH2_CLIENT":
+		// Debian's bash (SSH_SOURCE_BASHRC) takes a -c shell started with
+		// either set, at SHLVL 1, for one run by sshd: it reads
+		// /etc/bash.bashrc and ~/.bashrc first, which may print, exit,
+		// or define a function of the command's name.
+		return true
 	}
 	return bashVars[k] || strings.HasPrefix(k, "BASH") || strings.HasPrefix(k, "COMP_")
 }

@@ -469,16 +469,22 @@ func TestDirectBuiltinLikeBash(t *testing.T) {
 	if err := os.Symlink("sub", filepath.Join(dir, "link")); err != nil {
 		t.Fatal(err)
 	}
+	// Debian's bash reads it for a -c shell that SSH_CLIENT says sshd ran.
+	if err := os.WriteFile(filepath.Join(dir, ".bashrc"), []byte("echo bashrc >&2; exit 3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	base := BaseEnv(dir, sh)
 	envs := map[string][]string{
-		"base":      base,
-		"client":    mergeEnv(base, []string{"FOO=bar", "TERM=xterm"}),
-		"shellopts": mergeEnv(base, []string{"SHELLOPTS=xtrace"}),
-		"ps4":       mergeEnv(base, []string{"PS4=++"}),
-		"bash-env":  mergeEnv(base, []string{"BASH_ENV=/dev/null"}),
-		"lcall":     mergeEnv(base, []string{"LC_ALL=xx_YY.UTF-8"}),
-		"no-path":   {"HOME=" + dir},
-		"pwd-wrong": mergeEnv(base, []string{"PWD=/"}),
+		"base":        base,
+		"client":      mergeEnv(base, []string{"FOO=bar", "TERM=xterm"}),
+		"ssh-client":  mergeEnv(base, []string{"SSH_CLIENT=192.0.2.1 1 2"}),
+		"ssh2-client": mergeEnv(base, []string{"SSH2_CLIENT=192.0.2.1 1 2"}),
+		"shellopts":   mergeEnv(base, []string{"SHELLOPTS=xtrace"}),
+		"ps4":         mergeEnv(base, []string{"PS4=++"}),
+		"bash-env":    mergeEnv(base, []string{"BASH_ENV=/dev/null"}),
+		"lcall":       mergeEnv(base, []string{"LC_ALL=xx_YY.UTF-8"}),
+		"no-path":     {"HOME=" + dir},
+		"pwd-wrong":   mergeEnv(base, []string{"PWD=/"}),
 	}
 	commands := []string{"true", "false", ":", "true --help", "false --help", ": a b", "true -x", "false a=b"}
 	for name, env := range envs {
@@ -519,7 +525,11 @@ func TestDirectBuiltinLikeBash(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{"shellopts", "ps4", "bash-env", "lcall", "pwd-wrong"} {
+	for _, name := range []string{"shellopts", "ps4", "bash-env", "lcall", "pwd-wrong", "ssh-client", "ssh2-client"} {
+		if _, _, _, d := DirectExec(DirectSpec{Words: []string{"env"}, Env: envs[name], Dir: dir, UID: os.Getuid(), GID: os.Getgid(),
+			ShellArgv: []string{sh, "-c", restPrelude + "env"}}); d {
+			t.Errorf("%s: env was run directly", name)
+		}
 		if _, _, d := DirectBuiltin(DirectSpec{Words: []string{"true"}, Env: envs[name], Dir: dir, UID: os.Getuid(), GID: os.Getgid(),
 			ShellArgv: []string{sh, "-c", restPrelude + "true"}}); d {
 			t.Errorf("%s: true was answered directly", name)

@@ -47,15 +47,17 @@ func TestRESTDirectExec(t *testing.T) {
 			if driver == "linux" {
 				requireLinuxDriver(t)
 			}
-			direct := startGateway(t, "--sandbox", driver, "--server-timing")
-			shell := startGateway(t, "--sandbox", driver, "--server-timing", "--command-shell")
+			// SSH_CLIENT and SSH2_CLIENT, which an operator may let clients set.
+			allow := []string{"--ssh-env-allow", "SSH_CLIENT", "--ssh-env-allow", "SSH2_CLIENT"}
+			direct := startGateway(t, append([]string{"--sandbox", driver, "--server-timing"}, allow...)...)
+			shell := startGateway(t, append([]string{"--sandbox", driver, "--server-timing", "--command-shell"}, allow...)...)
 			ds, ss := direct.createSession(t).SessionID, shell.createSession(t).SessionID
 			for _, g := range []*gatewayProc{direct, shell} {
 				id := ds
 				if g == shell {
 					id = ss
 				}
-				setup := "mkdir -p sub && printf 'echo from-bash $0\\n' >noshebang && printf '#!/bin/sh\\necho script \"$@\" \"$PWD\"\\nexit 7\\n' >script && chmod +x noshebang script && printf x >noexec && ln -sf /bin/true link"
+				setup := "mkdir -p sub && printf 'echo from-bash $0\\n' >noshebang && printf '#!/bin/sh\\necho script \"$@\" \"$PWD\"\\nexit 7\\n' >script && chmod +x noshebang script && printf x >noexec && ln -sf /bin/true link && printf 'echo bashrc >&2; exit 3\\n' >.bashrc"
 				if a := runREST(t, g, id, map[string]any{"command": setup}); a.code() != 0 {
 					t.Fatalf("setup: %+v", a)
 				}
@@ -137,6 +139,11 @@ func TestRESTDirectExec(t *testing.T) {
 				{map[string]any{"command": "true", "cwd": "nosuch"}, false, false},
 				{map[string]any{"command": "true", "env": map[string]string{"LC_ALL": "xx_YY.UTF-8"}}, false, false},
 				{map[string]any{"command": "true;"}, false, false},
+				// Debian's bash reads ~/.bashrc for a bash -c that SSH_CLIENT
+				// (or SSH2_CLIENT) says sshd ran.
+				{map[string]any{"command": "true", "env": map[string]string{"SSH_CLIENT": "192.0.2.1 1 2"}}, false, false},
+				{map[string]any{"command": "false", "env": map[string]string{"SSH2_CLIENT": "192.0.2.1 1 2"}}, false, false},
+				{map[string]any{"command": "env", "env": map[string]string{"SSH_CLIENT": "192.0.2.1 1 2"}}, false, false},
 				{map[string]any{"argv": []string{"true", "--help"}}, true, false}, // exec runs the program
 			} {
 				a1, how1 := directAnswer(t, direct, ds, c.body)

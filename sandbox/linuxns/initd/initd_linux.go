@@ -556,7 +556,9 @@ func follow(conn *net.UnixConn, c *child) {
 		}
 		switch m.Op {
 		case "signal":
-			if m.Signal > 0 && m.Signal < 65 {
+			// No pid (a builtin's answer, which ran nothing): -0 would
+			// signal the init's own process group.
+			if m.Signal > 0 && m.Signal < 65 && c.pid > 0 {
 				_ = unix.Kill(-c.pid, syscall.Signal(m.Signal))
 			}
 		case "kill":

@@ -31,7 +31,7 @@ const (
 func returnMemory(ctx context.Context, log *slog.Logger) {
 	sample := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/memory/classes/heap/free:bytes"},
 		{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
-	read := func() (allocs, free uint64) {
+	read := func() (allocs, free, live uint64) {
 		metrics.Read(sample)
 		var v [4]uint64
 		for i := range sample {
@@ -45,9 +45,9 @@ func returnMemory(ctx context.Context, log *slog.Logger) {
 		if v[2] > v[3] {
 			free += v[2] - v[3]
 		}
-		return v[0], free
+		return v[0], free, v[3]
 	}
-	last, _ := read()
+	last, _, _ := read()
 	t := time.NewTicker(memReturnEvery)
 	defer t.Stop()
 	for {
@@ -56,13 +56,24 @@ func returnMemory(ctx context.Context, log *slog.Logger) {
 			return
 		case <-t.C:
 		}
-		now, free := read()
-		if now-last < memQuietBytes && free >= memFreeBytes {
+		now, free, live := read()
+		if shouldReturn(now-last, free, live) {
 			start := time.Now()
 			debug.FreeOSMemory()
-			log.Debug("memory_returned", "free_heap_bytes", free, "took", time.Since(start).Round(time.Microsecond).String())
-			now, _ = read()
+			log.Debug("memory_returned", "free_heap_bytes", free, "live_heap_bytes", live,
+				"took", time.Since(start).Round(time.Microsecond).String())
+			now, _, _ = read()
 		}
 		last = now
 	}
+}
+
+// shouldReturn says whether a gateway that allocated allocated bytes in
+// the last memReturnEvery, holding free bytes of free heap and garbage
+// and a live heap of live bytes, collects and returns memory now: when
+// it is quiet and holds at least memFreeBytes, and a quarter of its live
+// heap (a forced collection costs CPU in proportion to the live heap: a
+// large one is collected no more often than the runtime would at GOGC 25).
+func shouldReturn(allocated, free, live uint64) bool {
+	return allocated < memQuietBytes && free >= max(memFreeBytes, live/4)
 }

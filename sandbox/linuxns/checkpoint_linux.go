@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/sandgate/sandgate/internal/cgroup"
+	"github.com/sandgate/sandgate/internal/mountinfo"
 	"github.com/sandgate/sandgate/sandbox"
 )
 
@@ -389,20 +390,18 @@ func hostMounts(pid int) ([]string, error) {
 	}
 	var mps []string
 	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(f) < 5 || len(g) < 1 {
+		m, ok := mountinfo.Parse(line)
+		if !ok {
 			return nil, fmt.Errorf("checkpoint: mountinfo line %q", line)
 		}
-		switch g[0] {
+		switch m.FSType {
 		case "tmpfs", "proc", "devpts", "mqueue":
 			continue
 		}
-		mp := unescapeMount(f[4])
-		if mp == "/" {
-			return nil, fmt.Errorf("%w: its root is a %s mount", sandbox.ErrNoCheckpoint, g[0])
+		if m.Point == "/" {
+			return nil, fmt.Errorf("%w: its root is a %s mount", sandbox.ErrNoCheckpoint, m.FSType)
 		}
-		mps = append(mps, mp)
+		mps = append(mps, m.Point)
 	}
 	return mps, nil
 }
@@ -438,25 +437,6 @@ func checkHostBinds(pid int, mps []string) error {
 		}
 	}
 	return nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // rootEntries lists the top of process pid's root.
@@ -576,19 +556,11 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, initTimeout)
-		defer cancel()
-	}
-	slot, err := d.allocSlot(spec.ID)
+	ctx, cancel := withInitTimeout(ctx)
+	defer cancel()
+	slot, dir, err := d.newSandboxDir(spec.ID)
 	if err != nil {
 		return nil, err
-	}
-	dir := d.dir(spec.ID)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		d.freeSlot(slot, spec.ID)
-		return nil, fmt.Errorf("sandbox dir: %w", err)
 	}
 	st := &sandboxState{
 		ID: spec.ID, Slot: slot, UIDBase: hostIDBase + slot*idRange,

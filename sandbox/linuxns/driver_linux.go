@@ -343,19 +343,11 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 			}
 		}
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, initTimeout)
-		defer cancel()
-	}
-	slot, err := d.allocSlot(spec.ID)
+	ctx, cancel := withInitTimeout(ctx)
+	defer cancel()
+	slot, dir, err := d.newSandboxDir(spec.ID)
 	if err != nil {
 		return nil, err
-	}
-	dir := d.dir(spec.ID)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		d.freeSlot(slot, spec.ID)
-		return nil, fmt.Errorf("sandbox dir: %w", err)
 	}
 	st := &sandboxState{
 		ID: spec.ID, Slot: slot, UIDBase: hostIDBase + slot*idRange,
@@ -1035,6 +1027,27 @@ func (d *Driver) thaw(id string, cgs []string, why string) error {
 			"reason", "left frozen by a snapshot the previous gateway did not finish")
 	}
 	return nil
+}
+
+// withInitTimeout bounds ctx by initTimeout unless it has a deadline.
+func withInitTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, initTimeout)
+}
+
+// newSandboxDir takes a uid slot for sandbox id and makes its directory.
+func (d *Driver) newSandboxDir(id string) (slot int, dir string, err error) {
+	if slot, err = d.allocSlot(id); err != nil {
+		return 0, "", err
+	}
+	dir = d.dir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		d.freeSlot(slot, id)
+		return 0, "", fmt.Errorf("sandbox dir: %w", err)
+	}
+	return slot, dir, nil
 }
 
 // unmountUnder unmounts every mount at or below dir, deepest first. It

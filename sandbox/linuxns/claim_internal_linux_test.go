@@ -4,10 +4,8 @@ package linuxns
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -41,81 +39,54 @@ func TestLinuxRebindTouchSkipsBoundFiles(t *testing.T) {
 	if err := os.Chtimes(host, old, old); err != nil {
 		t.Fatal(err)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked, and back in the test's mount namespace before
-		// the goroutine ends: the runtime ends a locked thread with its
-		// goroutine, but parks the main thread instead, and /proc/self
-		// is the main thread's (the driver's unmountUnder once read a
-		// private namespace's stale mounts there, and later tests leaked
-		// their workspaces).
-		runtime.LockOSThread()
-		errc <- func() (err error) {
-			home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
+	if err := inPrivateMounts(func() error {
+		// The root: a filesystem of its own, as the overlay is, with
+		// what the build wrote, and the host file bound over one.
+		if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=1m"); err != nil {
+			return err
+		}
+		if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
+			return err
+		}
+		for _, f := range []string{"own", "bound"} {
+			p := filepath.Join(root, "etc", f)
+			if err := os.WriteFile(p, nil, 0o644); err != nil {
 				return err
 			}
-			defer unix.Close(home)
-			if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
+			if err := os.Chtimes(p, old, old); err != nil {
 				return err
 			}
-			defer func() {
-				if herr := unix.Setns(home, unix.CLONE_NEWNS); herr != nil {
-					err = errors.Join(err, fmt.Errorf("back to the test's mounts: %w", herr))
-				}
-			}()
-			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-				return err
-			}
-			// The root: a filesystem of its own, as the overlay is, with
-			// what the build wrote, and the host file bound over one.
-			if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=1m"); err != nil {
-				return err
-			}
-			if err := os.Mkdir(filepath.Join(root, "etc"), 0o755); err != nil {
-				return err
-			}
-			for _, f := range []string{"own", "bound"} {
-				p := filepath.Join(root, "etc", f)
-				if err := os.WriteFile(p, nil, 0o644); err != nil {
-					return err
-				}
-				if err := os.Chtimes(p, old, old); err != nil {
-					return err
-				}
-			}
-			if err := unix.Mount(host, filepath.Join(root, "etc", "bound"), "", unix.MS_BIND, ""); err != nil {
-				return err
-			}
-			src, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return err
-			}
-			dst, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				unix.Close(src)
-				return err
-			}
-			defer unix.Close(dst)
-			mnt, _, err := mountOf(dst, "")
-			if err != nil {
-				unix.Close(src)
-				return err
-			}
-			if err := touchMirror(src, dst, "/", mnt); err != nil {
-				return err
-			}
-			fi, err := os.Stat(filepath.Join(root, "etc", "own"))
-			if err != nil {
-				return err
-			}
-			if !fi.ModTime().After(old) {
-				return errors.New("the build's /etc/own was not touched")
-			}
-			return nil
-		}()
-	}()
-	if err := <-errc; err != nil {
+		}
+		if err := unix.Mount(host, filepath.Join(root, "etc", "bound"), "", unix.MS_BIND, ""); err != nil {
+			return err
+		}
+		src, err := unix.Open(upper, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		dst, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(src)
+			return err
+		}
+		defer unix.Close(dst)
+		mnt, _, err := mountOf(dst, "")
+		if err != nil {
+			unix.Close(src)
+			return err
+		}
+		if err := touchMirror(src, dst, "/", mnt); err != nil {
+			return err
+		}
+		fi, err := os.Stat(filepath.Join(root, "etc", "own"))
+		if err != nil {
+			return err
+		}
+		if !fi.ModTime().After(old) {
+			return errors.New("the build's /etc/own was not touched")
+		}
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(host)

@@ -32,10 +32,57 @@ func TestLinuxUnmountUnderReadsItsThreadsMounts(t *testing.T) {
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := inPrivateMounts(func() error {
+		// Mounts only this thread's namespace has: /proc/self (the
+		// main thread, in the test's namespace) has neither.
+		for _, p := range []string{filepath.Join(dir, "a"), sub} {
+			if err := unix.Mount("tmpfs", p, "tmpfs", 0, "size=1m"); err != nil {
+				return err
+			}
+			if p != sub {
+				if err := os.Mkdir(sub, 0o755); err != nil {
+					return err
+				}
+			}
+		}
+		if err := unmountUnder(dir); err != nil {
+			return err
+		}
+		mi, err := os.ReadFile("/proc/thread-self/mountinfo")
+		if err != nil {
+			return err
+		}
+		for _, p := range []string{filepath.Join(dir, "a"), sub} {
+			if mountedAt(string(mi), p) {
+				return fmt.Errorf("%s is still mounted in the calling thread's namespace", p)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mountedAt says whether mountinfo text mi has a mount at point.
+func mountedAt(mi, point string) bool {
+	for line := range strings.SplitSeq(mi, "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == point {
+			return true
+		}
+	}
+	return false
+}
+
+// inPrivateMounts runs fn on a locked thread in a private mount namespace
+// of its own, and brings the thread back to the test's namespace before
+// it ends: the runtime ends a locked thread with its goroutine, but parks
+// the main thread instead, and /proc/self is the main thread's (the
+// driver's unmountUnder once read a private namespace's stale mounts
+// there, and later tests leaked their workspaces).
+func inPrivateMounts(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the thread goes home before the goroutine ends.
-		runtime.LockOSThread()
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
 		errc <- func() (err error) {
 			home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -53,44 +100,8 @@ func TestLinuxUnmountUnderReadsItsThreadsMounts(t *testing.T) {
 			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 				return err
 			}
-			// Mounts only this thread's namespace has: /proc/self (the
-			// main thread, in the test's namespace) has neither.
-			for _, p := range []string{filepath.Join(dir, "a"), sub} {
-				if err := unix.Mount("tmpfs", p, "tmpfs", 0, "size=1m"); err != nil {
-					return err
-				}
-				if p != sub {
-					if err := os.Mkdir(sub, 0o755); err != nil {
-						return err
-					}
-				}
-			}
-			if err := unmountUnder(dir); err != nil {
-				return err
-			}
-			mi, err := os.ReadFile("/proc/thread-self/mountinfo")
-			if err != nil {
-				return err
-			}
-			for _, p := range []string{filepath.Join(dir, "a"), sub} {
-				if mountedAt(string(mi), p) {
-					return fmt.Errorf("%s is still mounted in the calling thread's namespace", p)
-				}
-			}
-			return nil
+			return fn()
 		}()
 	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-}
-
-// mountedAt says whether mountinfo text mi has a mount at point.
-func mountedAt(mi, point string) bool {
-	for line := range strings.SplitSeq(mi, "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == point {
-			return true
-		}
-	}
-	return false
+	return <-errc
 }

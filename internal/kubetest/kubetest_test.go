@@ -44,8 +44,16 @@ func TestControlPlane(t *testing.T) {
 	if _, err := admin.RbacV1().RoleBindings("kt").Create(ctx, rb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := alice.CoreV1().ConfigMaps("kt").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("alice with a role: %v", err)
+	// The API server's RBAC authorizer reads bindings through a cache:
+	// a new binding takes effect a moment later (CI once saw forbidden).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := alice.CoreV1().ConfigMaps("kt").Create(ctx, cm, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+			t.Fatalf("alice with a role: %v", err)
+		}
 	}
 	if _, err := alice.CoreV1().ConfigMaps("default").Get(ctx, "x", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("alice outside her namespace: want forbidden, got %v", err)

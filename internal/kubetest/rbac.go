@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	authzv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,13 @@ func (s *Server) ApplyRBAC(t testing.TB, path, namespace string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := s.Client(t).RbacV1()
+	rules := map[string][]rbacv1.PolicyRule{} // "Role/name" or "ClusterRole/name"
+	type bound struct {
+		ref       string
+		namespace string // "" for a ClusterRoleBinding
+		subjects  []rbacv1.Subject
+	}
+	var bindings []bound
 	for i, doc := range strings.Split("\n"+string(b), "\n---") {
 		var head struct{ Kind string }
 		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
@@ -48,6 +56,7 @@ func (s *Server) ApplyRBAC(t testing.TB, path, namespace string) {
 			err = yaml.UnmarshalStrict([]byte(doc), &o)
 			if err == nil {
 				o.Namespace = namespace
+				rules["Role/"+o.Name] = o.Rules
 				_, err = c.Roles(namespace).Create(ctx, &o, metav1.CreateOptions{})
 			}
 		case "RoleBinding":
@@ -56,12 +65,14 @@ func (s *Server) ApplyRBAC(t testing.TB, path, namespace string) {
 			if err == nil {
 				o.Namespace = namespace
 				fix(o.Subjects)
+				bindings = append(bindings, bound{o.RoleRef.Kind + "/" + o.RoleRef.Name, namespace, o.Subjects})
 				_, err = c.RoleBindings(namespace).Create(ctx, &o, metav1.CreateOptions{})
 			}
 		case "ClusterRole":
 			var o rbacv1.ClusterRole
 			err = yaml.UnmarshalStrict([]byte(doc), &o)
 			if err == nil {
+				rules["ClusterRole/"+o.Name] = o.Rules
 				_, err = c.ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
 			}
 		case "ClusterRoleBinding":
@@ -69,6 +80,7 @@ func (s *Server) ApplyRBAC(t testing.TB, path, namespace string) {
 			err = yaml.UnmarshalStrict([]byte(doc), &o)
 			if err == nil {
 				fix(o.Subjects)
+				bindings = append(bindings, bound{o.RoleRef.Kind + "/" + o.RoleRef.Name, "", o.Subjects})
 				_, err = c.ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
 			}
 		default:
@@ -76,6 +88,55 @@ func (s *Server) ApplyRBAC(t testing.TB, path, namespace string) {
 		}
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("%s document %d: %v", path, i, err)
+		}
+	}
+	// The API server's RBAC authorizer reads bindings through a cache: a
+	// new binding takes effect a moment later. Wait until each binding's
+	// subjects are allowed the first rule of its role.
+	for _, b := range bindings {
+		rs := rules[b.ref]
+		if len(rs) == 0 || len(rs[0].Verbs) == 0 || len(rs[0].Resources) == 0 {
+			continue
+		}
+		attrs := &authzv1.ResourceAttributes{Namespace: b.namespace, Verb: rs[0].Verbs[0], Resource: rs[0].Resources[0]}
+		if len(rs[0].APIGroups) > 0 {
+			attrs.Group = rs[0].APIGroups[0]
+		}
+		attrs.Resource, attrs.Subresource, _ = strings.Cut(attrs.Resource, "/")
+		if len(rs[0].ResourceNames) > 0 {
+			attrs.Name = rs[0].ResourceNames[0]
+		}
+		for _, sub := range b.subjects {
+			s.waitAllowed(t, ctx, sub, attrs)
+		}
+	}
+}
+
+// waitAllowed waits until the API server allows subject what attrs say.
+func (s *Server) waitAllowed(t testing.TB, ctx context.Context, sub rbacv1.Subject, attrs *authzv1.ResourceAttributes) {
+	t.Helper()
+	spec := authzv1.SubjectAccessReviewSpec{ResourceAttributes: attrs}
+	switch sub.Kind {
+	case "User":
+		spec.User = sub.Name
+	case "Group":
+		spec.User, spec.Groups = "kubetest:probe", []string{sub.Name}
+	case "ServiceAccount":
+		spec.User = "system:serviceaccount:" + sub.Namespace + ":" + sub.Name
+		spec.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:" + sub.Namespace, "system:authenticated"}
+	default:
+		return
+	}
+	c := s.Client(t).AuthorizationV1().SubjectAccessReviews()
+	for {
+		r, err := c.Create(ctx, &authzv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
+		if err == nil && r.Status.Allowed {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("RBAC: %s %s never allowed %+v: %v", sub.Kind, sub.Name, *attrs, err)
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

@@ -21,6 +21,11 @@ type ImageSource interface {
 	// Hold records that session id's sandbox uses img, so
 	// that it is not removed; it survives a restart of the gateway.
 	Hold(id string, img *sandbox.Image) error
+	// HoldWarm is Hold for warm sandbox id, which no session has claimed
+	// yet: an operator's image removal does not wait for it (the image's
+	// layers stay while it lives). Hold of the same id, at the claim,
+	// makes it a session's hold.
+	HoldWarm(id string, img *sandbox.Image) error
 	// Release forgets session id's hold.
 	Release(id string)
 }

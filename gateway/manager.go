@@ -331,11 +331,15 @@ func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from
 		spec.TrustPEM = s.egressCAPEM
 	}
 	if img != nil {
-		// A warm sandbox of the image holds it under its id already.
-		if !w.held {
-			if err := m.cfg.ImageSource.Hold(s.ID, img); err != nil {
+		// A warm sandbox of the image holds it under its id already, as a
+		// warm hold: Hold makes it the session's (an image removal then
+		// waits for the session).
+		if err := m.cfg.ImageSource.Hold(s.ID, img); err != nil {
+			if !w.held {
 				return nil, "", &Error{Kind: KindUnavailable, Code: "image_failed", Message: "could not hold the image for the session", Err: err}
 			}
+			// The warm hold stays: the layers are kept all the same.
+			m.log.Warn("image_hold_failed", "session", s.ID, "image", img.Name, "err", err)
 		}
 		spec.Image, s.ImageDigest = img, img.Digest
 	}

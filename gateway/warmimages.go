@@ -26,8 +26,10 @@ import (
 // another digest (the tag was pulled again) drains the pool and starts
 // one for the new digest. Each warm sandbox holds its image under its id
 // from its build on (ImageSource.Hold), as its session will, so the store
-// never removes an image a warm sandbox runs on (an `image rm` without
-// --force is refused while a pool holds it, until it drains).
+// never prunes the layers a warm sandbox runs on; the hold is a warm one
+// (ImageSource.HoldWarm): an `image rm` does not wait for the pool, whose
+// sandboxes a create of the name then no longer finds, and the claim
+// makes it the session's hold.
 //
 // The image pools are bounded by memory: a pool builds one more sandbox
 // only while the warm sandboxes of every pool, the default's included,
@@ -149,7 +151,7 @@ func (ip *imagePools) take(img *sandbox.Image, now time.Time) (warm, bool) {
 func (ip *imagePools) newPool(img *sandbox.Image) *warmPool {
 	m, src := ip.m, ip.m.cfg.ImageSource
 	p := newWarmPool(ip.size, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
-		if err := src.Hold(id, img); err != nil {
+		if err := src.HoldWarm(id, img); err != nil {
 			return nil, err
 		}
 		sb, err := m.driver.Create(ctx, sandbox.Spec{ID: id, Image: img})

@@ -18,6 +18,7 @@ import (
 type heldImages struct {
 	mu    sync.Mutex
 	holds map[string]string // session id -> image name
+	warm  map[string]bool   // the holds of unclaimed warm sandboxes
 }
 
 func (h *heldImages) Check(string) error { return nil }
@@ -30,13 +31,32 @@ func (h *heldImages) Hold(id string, img *sandbox.Image) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.holds[id] = img.Name
+	delete(h.warm, id)
 	return nil
+}
+
+func (h *heldImages) HoldWarm(id string, img *sandbox.Image) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.warm == nil {
+		h.warm = map[string]bool{}
+	}
+	h.holds[id], h.warm[id] = img.Name, true
+	return nil
+}
+
+// warmHeld says whether id's hold is a warm sandbox's.
+func (h *heldImages) warmHeld(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.warm[id]
 }
 
 func (h *heldImages) Release(id string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.holds, id)
+	delete(h.warm, id)
 }
 
 func (h *heldImages) held() map[string]string {
@@ -119,6 +139,21 @@ func TestWarmPoolImageWithCA(t *testing.T) {
 	}
 	if h := src.held(); h[s.ID] != "tools/a:1" || h[s2.ID] != "tools/a:1" {
 		t.Errorf("holds %v: want the sessions' %s and %s", h, s.ID, s2.ID)
+	}
+	// The pool's holds are warm ones (an image removal does not wait for
+	// them); the claim made s2's a session's.
+	if src.warmHeld(s2.ID) || src.warmHeld(s.ID) {
+		t.Errorf("a session's image hold is still a warm sandbox's (s %v, s2 %v)", src.warmHeld(s.ID), src.warmHeld(s2.ID))
+	}
+	waitWarm(t, m, "tools/a:1", 1)
+	warm := 0
+	for id := range src.held() {
+		if src.warmHeld(id) {
+			warm++
+		}
+	}
+	if warm != 1 {
+		t.Errorf("warm holds: %d, want 1 (the refilled pool's sandbox)", warm)
 	}
 	cancel()
 	<-ran

@@ -550,6 +550,9 @@ type Ref struct {
 	Digest     string    `json:"digest"`
 	DiffIDs    []string  `json:"diffIDs"`
 	AcquiredAt time.Time `json:"acquiredAt"`
+	// Warm is a hold of a warm sandbox that no session has claimed yet
+	// (AcquireWarm): Remove does not wait for it.
+	Warm bool `json:"warm,omitempty"`
 }
 
 var sessionIDRe = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$`)
@@ -567,6 +570,18 @@ func checkSessionID(id string) error {
 // and across restarts: the reference is the file refs/<sessionID>. A
 // session holds one image; a second Acquire replaces the first reference.
 func (s *Store) Acquire(sessionID, name string) (Image, error) {
+	return s.acquire(sessionID, name, false)
+}
+
+// AcquireWarm is Acquire for a warm sandbox that no session has claimed
+// yet: its layers are kept (Prune) as a session's, but Remove without
+// force does not wait for it, as the pool that built it is the gateway's
+// own. A later Acquire of the same id (the claim) makes it a session's.
+func (s *Store) AcquireWarm(sessionID, name string) (Image, error) {
+	return s.acquire(sessionID, name, true)
+}
+
+func (s *Store) acquire(sessionID, name string, warm bool) (Image, error) {
 	if err := checkSessionID(sessionID); err != nil {
 		return Image{}, err
 	}
@@ -578,7 +593,7 @@ func (s *Store) Acquire(sessionID, name string) (Image, error) {
 		}
 		img = s.image(idx.Images[i])
 		b, err := json.Marshal(Ref{SessionID: sessionID, Name: img.Name, Digest: img.Digest,
-			DiffIDs: img.DiffIDs, AcquiredAt: time.Now().UTC()})
+			DiffIDs: img.DiffIDs, AcquiredAt: time.Now().UTC(), Warm: warm})
 		if err != nil {
 			return err
 		}
@@ -633,8 +648,9 @@ func (s *Store) Refs() ([]Ref, error) {
 }
 
 // Remove drops the image name from the index. It refuses (ErrInUse) while
-// a session holds a reference to it, unless force. Its layers stay on disk
-// until Prune.
+// a session holds a reference to it, unless force; a warm sandbox's
+// (AcquireWarm) does not count. Its layers stay on disk until Prune, which
+// keeps them while any reference, a warm one included, uses them.
 func (s *Store) Remove(name string, force bool) (Image, error) {
 	var img Image
 	err := s.updateIndex(func(idx *indexFile) error {
@@ -650,7 +666,7 @@ func (s *Store) Remove(name string, force bool) (Image, error) {
 			}
 			var users []string
 			for _, r := range refs {
-				if r.Digest == img.Digest || r.Name == img.Name {
+				if !r.Warm && (r.Digest == img.Digest || r.Name == img.Name) {
 					users = append(users, r.SessionID)
 				}
 			}

@@ -754,3 +754,51 @@ func TestPruneWaitsForPullInProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoveDoesNotWaitForWarmHolds: a warm sandbox's hold (AcquireWarm)
+// does not refuse an `image rm`, but keeps the layers from Prune; the
+// claim's Acquire of the same id makes it a session's hold, which does.
+func TestRemoveDoesNotWaitForWarmHolds(t *testing.T) {
+	reg := imagestest.NewRegistry(t)
+	ref := reg.Push(t, "test/warm:1", imagestest.Image(t, v1.Config{}, imagestest.TarLayer(t, imagestest.Entry{Name: "f", Body: "x"})))
+	ctx := context.Background()
+	s, _ := newStore(t)
+	if _, err := s.Pull(ctx, ref, PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The claim: the same id, now a session's.
+	if _, err := s.AcquireWarm("warm-1", ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire("warm-1", ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Remove(ref, false); !errors.Is(err, ErrInUse) {
+		t.Fatalf("remove of an image a claimed warm sandbox runs: %v; want ErrInUse", err)
+	}
+	if err := s.Release("warm-1"); err != nil {
+		t.Fatal(err)
+	}
+	// Unclaimed: the remove goes on, the layers stay while it lives.
+	img, err := s.AcquireWarm("warm-2", ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Remove(ref, false); err != nil {
+		t.Fatalf("remove of an image only a warm sandbox holds: %v", err)
+	}
+	if res, err := s.Prune(); err != nil || len(res.Layers) != 0 {
+		t.Fatalf("prune with a warm hold: %+v, %v; want nothing removed", res, err)
+	}
+	for _, d := range img.LayerDirs {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("layer of a warm sandbox's image: %v", err)
+		}
+	}
+	if err := s.Release("warm-2"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Prune(); err != nil || len(res.Layers) != 1 {
+		t.Errorf("prune after the warm sandbox went: %+v, %v; want its layer removed", res, err)
+	}
+}

@@ -1056,5 +1056,6 @@ func (t *testImages) Resolve(_ context.Context, name string) (*sandbox.Image, er
 		Message: "pull " + name + ": MANIFEST_UNKNOWN: manifest unknown"}
 }
 
-func (t *testImages) Hold(string, *sandbox.Image) error { return nil }
-func (t *testImages) Release(string)                    {}
+func (t *testImages) Hold(string, *sandbox.Image) error     { return nil }
+func (t *testImages) HoldWarm(string, *sandbox.Image) error { return nil }
+func (t *testImages) Release(string)                        {}

@@ -229,7 +229,9 @@ func imageList(store *images.Store, asJSON bool, stdout, stderr io.Writer) int {
 	}
 	users := map[string]int{}
 	for _, r := range refs {
-		users[r.Digest]++
+		if !r.Warm { // a warm sandbox no session has claimed yet is the gateway's
+			users[r.Digest]++
+		}
 	}
 	if asJSON {
 		type entry struct {

@@ -251,7 +251,17 @@ func pullError(name string, err error) error {
 // was resolved (a warm pool's builds come long after), that is another
 // image, whose layers the hold would keep instead of img's: refused.
 func (s *imageSource) Hold(id string, img *sandbox.Image) error {
-	got, err := s.store.Acquire(id, img.Name)
+	return s.hold(id, img, s.store.Acquire)
+}
+
+// HoldWarm implements gateway.ImageSource: Hold for a warm sandbox, which
+// `image rm` does not wait for (images.Store.AcquireWarm).
+func (s *imageSource) HoldWarm(id string, img *sandbox.Image) error {
+	return s.hold(id, img, s.store.AcquireWarm)
+}
+
+func (s *imageSource) hold(id string, img *sandbox.Image, acquire func(id, name string) (images.Image, error)) error {
+	got, err := acquire(id, img.Name)
 	if err != nil {
 		return err
 	}

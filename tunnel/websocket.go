@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,7 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 	// The connection under the WebSocket (and TLS), which gathers a large
 	// frame's writes (wsClientConn.Write).
 	var under *holdConn
+	plain := canPeek && u.Scheme == "http"
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := nd.DialContext(ctx, network, addr)
@@ -86,6 +88,17 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 			return nil, err
 		}
 		under = &holdConn{Conn: c}
+		if plain {
+			// The answer's reader takes no byte past its head: the
+			// frames after it stay in the socket, for Socket.
+			under.head = &headReader{}
+			if sc, ok := c.(syscall.Conn); ok {
+				under.head.rc, _ = sc.SyscallConn()
+			}
+			if under.head.rc == nil {
+				under.head = nil
+			}
+		}
 		return under, nil
 	}
 	h := http.Header{}
@@ -107,7 +120,11 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 		return nil, fmt.Errorf("websocket to gateway: %w", err)
 	}
 	nc := websocket.NetConn(context.WithoutCancel(ctx), c, websocket.MessageBinary)
-	return &wsClientConn{Conn: nc, under: under}, nil
+	wc := &wsClientConn{Conn: nc, under: under, ws: c}
+	// The socket can be handed over only when the answer's reader took
+	// nothing past the answer's head (Socket).
+	wc.plain = under != nil && under.head != nil && under.head.done
+	return wc, nil
 }
 
 // statusError turns a refused upgrade into a *StatusError.
@@ -133,8 +150,28 @@ func statusError(resp *http.Response) *StatusError {
 // does (the library's says "context canceled").
 type wsClientConn struct {
 	net.Conn
-	under  *holdConn // the connection under the WebSocket, or nil
+	under  *holdConn       // the connection under the WebSocket, or nil
+	ws     *websocket.Conn // kept reachable: its finalizer closes the socket
+	plain  bool            // under is the TCP socket, at a frame's start after the handshake
+	read   atomic.Bool     // Read was called: the library may hold bytes of the socket
+	taken  atomic.Bool     // Socket handed the socket over: Close only closes it
 	closed atomic.Bool
+}
+
+// Socket hands the TCP socket under the WebSocket to a caller that
+// speaks the frames itself (piperelay.RelayWebSocket: the gateway's data
+// frames spliced into ssh's pipe, as a CONNECT tunnel's bytes are): the
+// library reads nothing from then on, and Close closes the socket without
+// the close handshake (the caller's to make). It reports false, handing
+// nothing over, over TLS, where the handshake's reader may have taken
+// bytes past the answer, or once Read was called. Writes (Write, one
+// binary message each) stay the library's: the caller must not write to
+// the socket while one is under way.
+func (c *wsClientConn) Socket() (net.Conn, bool) {
+	if !c.plain || c.read.Load() || c.closed.Load() || !c.taken.CompareAndSwap(false, true) {
+		return nil, false
+	}
+	return c.under.Conn, true
 }
 
 // corkMin is the smallest write that is gathered (wsClientConn) or corked
@@ -174,6 +211,48 @@ type holdConn struct {
 	mu   sync.Mutex
 	held bool
 	buf  []byte
+	head *headReader // until the handshake's answer is read, or nil
+}
+
+// headReader reads the handshake's answer from a socket without taking a
+// byte past its head (up to the empty line): it peeks at what is in and
+// takes up to the line's end. Go's HTTP client reads an answer through a
+// buffer of its own, which would otherwise take the first frames with it.
+type headReader struct {
+	rc    syscall.RawConn
+	match int  // bytes of "\r\n\r\n" matched so far
+	done  bool // the head's end was read: reads go straight through
+}
+
+// Read implements the answer's reads (see headReader).
+func (c *holdConn) Read(p []byte) (int, error) {
+	h := c.head
+	if h == nil || h.done || len(p) == 0 {
+		return c.Conn.Read(p)
+	}
+	n, err := peekWait(h.rc, p)
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return c.Conn.Read(p) // the peer's end: let the read say so
+	}
+	take := n
+	for i, b := range p[:n] {
+		switch {
+		case b == "\r\n\r\n"[h.match]:
+			h.match++
+		case b == '\r':
+			h.match = 1
+		default:
+			h.match = 0
+		}
+		if h.match == 4 {
+			take, h.done = i+1, true
+			break
+		}
+	}
+	return io.ReadFull(c.Conn, p[:take])
 }
 
 func (c *holdConn) Write(p []byte) (int, error) {
@@ -239,6 +318,10 @@ func corkedWrite(sock syscall.RawConn, w io.Writer, p []byte) (int, error) {
 }
 
 func (c *wsClientConn) Read(p []byte) (int, error) {
+	c.read.Store(true)
+	if c.taken.Load() {
+		return 0, net.ErrClosed
+	}
 	n, err := c.Conn.Read(p)
 	if err != nil && err != io.EOF && c.closed.Load() {
 		err = net.ErrClosed
@@ -248,6 +331,13 @@ func (c *wsClientConn) Read(p []byte) (int, error) {
 
 func (c *wsClientConn) Close() error {
 	c.closed.Store(true)
+	if c.taken.Load() {
+		// The frames are the caller's: no close handshake through the
+		// library, which would wait for an answer it no longer reads.
+		err := c.under.Conn.Close()
+		runtime.KeepAlive(c.ws)
+		return err
+	}
 	return c.Conn.Close()
 }
 

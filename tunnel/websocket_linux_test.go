@@ -2,6 +2,9 @@ package tunnel
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -280,4 +283,71 @@ func TestWebSocketClientWriteDeadline(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("a write to a gateway that reads nothing is still blocked, long past its deadline")
 	}
+}
+
+// A WebSocket over plain http hands its socket over at the start of the
+// gateway's first frame, even when that frame came in the same segment
+// as the 101 answer (the HTTP client's buffered reader would have taken
+// it): the handshake reads no byte past the answer's head. Once the
+// socket is handed over, the library reads nothing and Close only closes
+// it; after a Read, or over TLS, nothing is handed over.
+func TestWebSocketSocketHandOver(t *testing.T) {
+	frame := []byte{0x82, 0x06, 'b', 'a', 'n', 'n', 'e', 'r'}
+	after := make(chan int64, 2) // bytes the server got after the handshake, to the client's close
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+		answer := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
+			base64.StdEncoding.EncodeToString(h[:]) + "\r\n\r\n"
+		_, _ = conn.Write(append([]byte(answer), frame...)) // one write: one segment on loopback
+		n, _ := io.Copy(io.Discard, brw)                    // until the client closes
+		after <- n
+	}))
+	t.Cleanup(srv.Close)
+	dial := func() *wsClientConn {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := (&Dialer{APIURL: srv.URL, Transport: TransportWebSocket}).Dial(ctx, "sbx-test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*wsClientConn)
+	}
+
+	c := dial()
+	sock, ok := c.Socket()
+	if !ok {
+		t.Fatal("the socket of a plain http WebSocket was not handed over")
+	}
+	_ = sock.SetReadDeadline(time.Now().Add(10 * time.Second)) // bounds a failure only
+	got := make([]byte, len(frame))
+	if _, err := io.ReadFull(sock, got); err != nil || string(got) != string(frame) {
+		t.Fatalf("the handed-over socket starts with %x (%v), want the first frame %x", got, err, frame)
+	}
+	if _, ok := c.Socket(); ok {
+		t.Fatal("the socket was handed over twice")
+	}
+	if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("a Read after the hand-over: %d, %v; want net.ErrClosed", n, err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-after; n != 0 {
+		t.Fatalf("Close after the hand-over sent %d bytes (a close frame through the library), want none", n)
+	}
+
+	c = dial()
+	if _, err := c.Read(make([]byte, 64)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.Socket(); ok {
+		t.Fatal("the socket was handed over after the library had read from it")
+	}
+	c.under.Conn.Close() // (the library's Close would wait for an answer to its close frame)
+	<-after
 }

@@ -174,10 +174,10 @@ func (c *wsClientConn) Socket() (net.Conn, bool) {
 	return c.under.Conn, true
 }
 
-// corkMin is the smallest write that is gathered (wsClientConn) or corked
-// (corkedWrite): one that fits in the library's 4 KiB write buffer leaves
-// in one write(2) anyway.
-const corkMin = 4 << 10
+// gatherMin is the smallest message whose frame is gathered (wsClientConn,
+// wsConn): one that fits in the library's 4 KiB write buffer leaves in
+// one write(2) anyway.
+const gatherMin = 4 << 10
 
 // Write sends p as one binary message. The library masks a client's frame
 // into a 4 KiB buffer and writes each buffer as it fills: 64 write(2)s
@@ -185,7 +185,7 @@ const corkMin = 4 << 10
 // segments, a wake-up each. A large frame's writes are gathered below the
 // library (holdConn) and leave in one write(2) once the frame is complete.
 func (c *wsClientConn) Write(p []byte) (int, error) {
-	if len(p) < corkMin || c.under == nil {
+	if len(p) < gatherMin || c.under == nil {
 		return c.Conn.Write(p)
 	}
 	c.under.hold()
@@ -297,24 +297,6 @@ func (c *holdConn) flushLocked() error {
 	_, err := c.Conn.Write(c.buf)
 	c.buf = c.buf[:0]
 	return err
-}
-
-// corkedWrite writes p, one WebSocket message, to w, whose frames go out
-// on the TCP socket sock (nil: unknown) 4 KiB at a time: a large one with
-// TCP_CORK set, so that the kernel sends it in full segments, uncorked
-// (sent at once) when the frame is complete. Not for a socket that
-// another writer corks as well. (The gateway's end: its library writes
-// through the hijacked connection's own buffer, out of holdConn's reach.)
-func corkedWrite(sock syscall.RawConn, w io.Writer, p []byte) (int, error) {
-	if len(p) < corkMin || sock == nil {
-		return w.Write(p)
-	}
-	corked := sock.Control(func(fd uintptr) { _ = setCork(fd, true) }) == nil
-	n, err := w.Write(p)
-	if corked {
-		_ = sock.Control(func(fd uintptr) { _ = setCork(fd, false) })
-	}
-	return n, err
 }
 
 func (c *wsClientConn) Read(p []byte) (int, error) {

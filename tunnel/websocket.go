@@ -299,6 +299,9 @@ func (c *holdConn) flushLocked() error {
 	return err
 }
 
+// HandedOver reports whether Socket handed the socket over.
+func (c *wsClientConn) HandedOver() bool { return c.taken.Load() }
+
 func (c *wsClientConn) Read(p []byte) (int, error) {
 	c.read.Store(true)
 	if c.taken.Load() {

@@ -121,9 +121,12 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 	}
 	nc := websocket.NetConn(context.WithoutCancel(ctx), c, websocket.MessageBinary)
 	wc := &wsClientConn{Conn: nc, under: under, ws: c}
-	// The socket can be handed over only when the answer's reader took
-	// nothing past the answer's head (Socket).
-	wc.plain = under != nil && under.head != nil && under.head.done
+	if under != nil && under.head != nil {
+		// The answer's reader took nothing past the answer's head: the
+		// socket is at the first frame, and can be handed over (Socket).
+		under.head.done.Store(true)
+		wc.plain = true
+	}
 	return wc, nil
 }
 
@@ -216,18 +219,19 @@ type holdConn struct {
 
 // headReader reads the handshake's answer from a socket without taking a
 // byte past its head (up to the empty line): it peeks at what is in and
-// takes up to the line's end. Go's HTTP client reads an answer through a
-// buffer of its own, which would otherwise take the first frames with it.
+// takes up to the line's end (of every head, should an informational
+// answer come first). Go's HTTP client reads an answer through a buffer
+// of its own, which would otherwise take the first frames with it.
 type headReader struct {
 	rc    syscall.RawConn
-	match int  // bytes of "\r\n\r\n" matched so far
-	done  bool // the head's end was read: reads go straight through
+	match int         // bytes of "\r\n\r\n" matched so far
+	done  atomic.Bool // the handshake is over: reads go straight through
 }
 
 // Read implements the answer's reads (see headReader).
 func (c *holdConn) Read(p []byte) (int, error) {
 	h := c.head
-	if h == nil || h.done || len(p) == 0 {
+	if h == nil || h.done.Load() || len(p) == 0 {
 		return c.Conn.Read(p)
 	}
 	n, err := peekWait(h.rc, p)
@@ -248,7 +252,7 @@ func (c *holdConn) Read(p []byte) (int, error) {
 			h.match = 0
 		}
 		if h.match == 4 {
-			take, h.done = i+1, true
+			take, h.match = i+1, 0
 			break
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -283,45 +284,50 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 		h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
 		answer := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
 			base64.StdEncoding.EncodeToString(h[:]) + "\r\n\r\n"
+		if strings.Contains(r.URL.Path, "sbx-hints") { // an informational answer first
+			answer = "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + answer
+		}
 		_, _ = conn.Write(append([]byte(answer), frame...)) // one write: one segment on loopback
 		n, _ := io.Copy(io.Discard, brw)                    // until the client closes
 		after <- n
 	}))
 	t.Cleanup(srv.Close)
-	dial := func() *wsClientConn {
+	dial := func(id string) *wsClientConn {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := (&Dialer{APIURL: srv.URL, Transport: TransportWebSocket}).Dial(ctx, "sbx-test")
+		c, err := (&Dialer{APIURL: srv.URL, Transport: TransportWebSocket}).Dial(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return c.(*wsClientConn)
 	}
 
-	c := dial()
-	sock, ok := c.Socket()
-	if !ok {
-		t.Fatal("the socket of a plain http WebSocket was not handed over")
-	}
-	_ = sock.SetReadDeadline(time.Now().Add(10 * time.Second)) // bounds a failure only
-	got := make([]byte, len(frame))
-	if _, err := io.ReadFull(sock, got); err != nil || string(got) != string(frame) {
-		t.Fatalf("the handed-over socket starts with %x (%v), want the first frame %x", got, err, frame)
-	}
-	if _, ok := c.Socket(); ok {
-		t.Fatal("the socket was handed over twice")
-	}
-	if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
-		t.Fatalf("a Read after the hand-over: %d, %v; want net.ErrClosed", n, err)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n := <-after; n != 0 {
-		t.Fatalf("Close after the hand-over sent %d bytes (a close frame through the library), want none", n)
+	for _, id := range []string{"sbx-test", "sbx-hints"} {
+		c := dial(id)
+		sock, ok := c.Socket()
+		if !ok {
+			t.Fatalf("%s: the socket of a plain http WebSocket was not handed over", id)
+		}
+		_ = sock.SetReadDeadline(time.Now().Add(10 * time.Second)) // bounds a failure only
+		got := make([]byte, len(frame))
+		if _, err := io.ReadFull(sock, got); err != nil || string(got) != string(frame) {
+			t.Fatalf("%s: the handed-over socket starts with %x (%v), want the first frame %x", id, got, err, frame)
+		}
+		if _, ok := c.Socket(); ok {
+			t.Fatalf("%s: the socket was handed over twice", id)
+		}
+		if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("%s: a Read after the hand-over: %d, %v; want net.ErrClosed", id, n, err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := <-after; n != 0 {
+			t.Fatalf("%s: Close after the hand-over sent %d bytes (a close frame through the library), want none", id, n)
+		}
 	}
 
-	c = dial()
+	c := dial("sbx-test")
 	if _, err := c.Read(make([]byte, 64)); err != nil {
 		t.Fatal(err)
 	}

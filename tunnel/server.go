@@ -229,7 +229,7 @@ func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net
 	// The connection outlives the request: its context is not the
 	// request's, whose end would close it. (A terminal reads c's messages
 	// itself, never this stream's; its Close ends c all the same.)
-	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw, br: hr.br, frames: hr.frames}
+	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw, br: hr.br, frames: hr.frames, gather: hr.gather}
 	if sc, ok := hr.raw.(syscall.Conn); ok {
 		conn.sock, _ = sc.SyscallConn()
 	}
@@ -246,6 +246,7 @@ type hijackRecorder struct {
 	raw    net.Conn
 	br     *bufio.Reader // the library reads the frames through it
 	frames *frameTracker // what the library reads, frame by frame
+	gather *gatherConn   // the library writes the frames through it (nil: straight to raw)
 }
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
@@ -259,6 +260,15 @@ func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c = rawio.Wrap(c)
 	h.raw = c
 	h.frames = &frameTracker{Conn: c}
+	// It writes them through a buffer of ours (net/http's is as large)
+	// over a gatherConn, so that wsConn.Write sends a frame in one
+	// writev(2): a socket's only (TLS writes records of its own).
+	if sc, ok := c.(syscall.Conn); ok && brw != nil && brw.Writer.Buffered() == 0 {
+		if rc, err := sc.SyscallConn(); err == nil {
+			h.gather = &gatherConn{Conn: c, rc: rc}
+			brw.Writer = bufio.NewWriterSize(h.gather, wsWriteBuf)
+		}
+	}
 	if brw != nil {
 		h.br = brw.Reader
 		if n := brw.Reader.Buffered(); n > 0 {
@@ -283,6 +293,7 @@ type wsConn struct {
 	br       *bufio.Reader   // the library's reader of raw (nil: unknown)
 	frames   *frameTracker   // the frames the library reads (nil: unknown)
 	sock     syscall.RawConn // raw's socket, when it is one (not TLS)
+	gather   *gatherConn     // under the library's writes, or nil
 	once     sync.Once
 	// mu orders ReadAvailable's look at br and frames before Close,
 	// whose close handshake reads br in another goroutine; closing is
@@ -292,11 +303,21 @@ type wsConn struct {
 }
 
 // Write sends p as one binary message. The library writes a frame through
-// the 4 KiB buffer of the hijacked connection, one write(2) each time it
-// fills; a large frame is written with TCP_CORK set, so that the kernel
-// sends it in full segments, and uncorked (sent) once complete.
+// a 4 KiB buffer, one write each time it fills and the rest of a large
+// payload at once: gathered below it (gatherConn), the frame leaves in
+// one writev(2) once complete. (Over TLS, which writes records of its
+// own, and for a small message, which fits in the buffer, the library's
+// writes go as they are.)
 func (c *wsConn) Write(p []byte) (int, error) {
-	return corkedWrite(c.sock, c.Conn, p)
+	if c.gather == nil || len(p) < gatherMin {
+		return c.Conn.Write(p)
+	}
+	c.gather.hold()
+	n, err := c.Conn.Write(p)
+	if rerr := c.gather.release(); err == nil && rerr != nil {
+		n, err = 0, rerr
+	}
+	return n, err
 }
 
 // ReadAvailable returns how many bytes a Read returns without waiting for

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,7 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 	// The connection under the WebSocket (and TLS), which gathers a large
 	// frame's writes (wsClientConn.Write).
 	var under *holdConn
+	plain := canPeek && u.Scheme == "http"
 	nd := &net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := nd.DialContext(ctx, network, addr)
@@ -86,6 +88,17 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 			return nil, err
 		}
 		under = &holdConn{Conn: c}
+		if plain {
+			// The answer's reader takes no byte past its head: the
+			// frames after it stay in the socket, for Socket.
+			under.head = &headReader{}
+			if sc, ok := c.(syscall.Conn); ok {
+				under.head.rc, _ = sc.SyscallConn()
+			}
+			if under.head.rc == nil {
+				under.head = nil
+			}
+		}
 		return under, nil
 	}
 	h := http.Header{}
@@ -107,7 +120,14 @@ func (d *Dialer) dialWebSocket(ctx context.Context, u *url.URL, id string, timeo
 		return nil, fmt.Errorf("websocket to gateway: %w", err)
 	}
 	nc := websocket.NetConn(context.WithoutCancel(ctx), c, websocket.MessageBinary)
-	return &wsClientConn{Conn: nc, under: under}, nil
+	wc := &wsClientConn{Conn: nc, under: under, ws: c}
+	if under != nil && under.head != nil {
+		// The answer's reader took nothing past the answer's head: the
+		// socket is at the first frame, and can be handed over (Socket).
+		under.head.done.Store(true)
+		wc.plain = true
+	}
+	return wc, nil
 }
 
 // statusError turns a refused upgrade into a *StatusError.
@@ -133,14 +153,34 @@ func statusError(resp *http.Response) *StatusError {
 // does (the library's says "context canceled").
 type wsClientConn struct {
 	net.Conn
-	under  *holdConn // the connection under the WebSocket, or nil
+	under  *holdConn       // the connection under the WebSocket, or nil
+	ws     *websocket.Conn // kept reachable: its finalizer closes the socket
+	plain  bool            // under is the TCP socket, at a frame's start after the handshake
+	read   atomic.Bool     // Read was called: the library may hold bytes of the socket
+	taken  atomic.Bool     // Socket handed the socket over: Close only closes it
 	closed atomic.Bool
 }
 
-// corkMin is the smallest write that is gathered (wsClientConn) or corked
-// (corkedWrite): one that fits in the library's 4 KiB write buffer leaves
-// in one write(2) anyway.
-const corkMin = 4 << 10
+// Socket hands the TCP socket under the WebSocket to a caller that
+// speaks the frames itself (piperelay.RelayWebSocket: the gateway's data
+// frames spliced into ssh's pipe, as a CONNECT tunnel's bytes are): the
+// library reads nothing from then on, and Close closes the socket without
+// the close handshake (the caller's to make). It reports false, handing
+// nothing over, over TLS, where the handshake's reader may have taken
+// bytes past the answer, or once Read was called. Writes (Write, one
+// binary message each) stay the library's: the caller must not write to
+// the socket while one is under way.
+func (c *wsClientConn) Socket() (net.Conn, bool) {
+	if !c.plain || c.read.Load() || c.closed.Load() || !c.taken.CompareAndSwap(false, true) {
+		return nil, false
+	}
+	return c.under.Conn, true
+}
+
+// gatherMin is the smallest message whose frame is gathered (wsClientConn,
+// wsConn): one that fits in the library's 4 KiB write buffer leaves in
+// one write(2) anyway.
+const gatherMin = 4 << 10
 
 // Write sends p as one binary message. The library masks a client's frame
 // into a 4 KiB buffer and writes each buffer as it fills: 64 write(2)s
@@ -148,7 +188,7 @@ const corkMin = 4 << 10
 // segments, a wake-up each. A large frame's writes are gathered below the
 // library (holdConn) and leave in one write(2) once the frame is complete.
 func (c *wsClientConn) Write(p []byte) (int, error) {
-	if len(p) < corkMin || c.under == nil {
+	if len(p) < gatherMin || c.under == nil {
 		return c.Conn.Write(p)
 	}
 	c.under.hold()
@@ -174,6 +214,49 @@ type holdConn struct {
 	mu   sync.Mutex
 	held bool
 	buf  []byte
+	head *headReader // until the handshake's answer is read, or nil
+}
+
+// headReader reads the handshake's answer from a socket without taking a
+// byte past its head (up to the empty line): it peeks at what is in and
+// takes up to the line's end (of every head, should an informational
+// answer come first). Go's HTTP client reads an answer through a buffer
+// of its own, which would otherwise take the first frames with it.
+type headReader struct {
+	rc    syscall.RawConn
+	match int         // bytes of "\r\n\r\n" matched so far
+	done  atomic.Bool // the handshake is over: reads go straight through
+}
+
+// Read implements the answer's reads (see headReader).
+func (c *holdConn) Read(p []byte) (int, error) {
+	h := c.head
+	if h == nil || h.done.Load() || len(p) == 0 {
+		return c.Conn.Read(p)
+	}
+	n, err := peekWait(h.rc, p)
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return c.Conn.Read(p) // the peer's end: let the read say so
+	}
+	take := n
+	for i, b := range p[:n] {
+		switch {
+		case b == "\r\n\r\n"[h.match]:
+			h.match++
+		case b == '\r':
+			h.match = 1
+		default:
+			h.match = 0
+		}
+		if h.match == 4 {
+			take, h.match = i+1, 0
+			break
+		}
+	}
+	return io.ReadFull(c.Conn, p[:take])
 }
 
 func (c *holdConn) Write(p []byte) (int, error) {
@@ -220,25 +303,14 @@ func (c *holdConn) flushLocked() error {
 	return err
 }
 
-// corkedWrite writes p, one WebSocket message, to w, whose frames go out
-// on the TCP socket sock (nil: unknown) 4 KiB at a time: a large one with
-// TCP_CORK set, so that the kernel sends it in full segments, uncorked
-// (sent at once) when the frame is complete. Not for a socket that
-// another writer corks as well. (The gateway's end: its library writes
-// through the hijacked connection's own buffer, out of holdConn's reach.)
-func corkedWrite(sock syscall.RawConn, w io.Writer, p []byte) (int, error) {
-	if len(p) < corkMin || sock == nil {
-		return w.Write(p)
-	}
-	corked := sock.Control(func(fd uintptr) { _ = setCork(fd, true) }) == nil
-	n, err := w.Write(p)
-	if corked {
-		_ = sock.Control(func(fd uintptr) { _ = setCork(fd, false) })
-	}
-	return n, err
-}
+// HandedOver reports whether Socket handed the socket over.
+func (c *wsClientConn) HandedOver() bool { return c.taken.Load() }
 
 func (c *wsClientConn) Read(p []byte) (int, error) {
+	c.read.Store(true)
+	if c.taken.Load() {
+		return 0, net.ErrClosed
+	}
 	n, err := c.Conn.Read(p)
 	if err != nil && err != io.EOF && c.closed.Load() {
 		err = net.ErrClosed
@@ -248,6 +320,13 @@ func (c *wsClientConn) Read(p []byte) (int, error) {
 
 func (c *wsClientConn) Close() error {
 	c.closed.Store(true)
+	if c.taken.Load() {
+		// The frames are the caller's: no close handshake through the
+		// library, which would wait for an answer it no longer reads.
+		err := c.under.Conn.Close()
+		runtime.KeepAlive(c.ws)
+		return err
+	}
 	return c.Conn.Close()
 }
 

@@ -2,16 +2,17 @@ package tunnel
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"syscall"
+	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // wsPair is a WebSocket tunnel's two ends as the proxy (Dialer) and the
@@ -36,27 +37,6 @@ func wsPair(t *testing.T) (*wsClientConn, *wsConn) {
 	return c.(*wsClientConn), sc
 }
 
-// corkOf is the socket's TCP_CORK, or -1 if it cannot be read.
-func corkOf(rc syscall.RawConn) int {
-	v, gerr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_CORK) }); err != nil || gerr != nil {
-		return -1
-	}
-	return v
-}
-
-// spyWriter records the socket's TCP_CORK while each write runs.
-type spyWriter struct {
-	w     io.Writer
-	rc    syscall.RawConn
-	corks []int
-}
-
-func (s *spyWriter) Write(p []byte) (int, error) {
-	s.corks = append(s.corks, corkOf(s.rc))
-	return s.w.Write(p)
-}
-
 // countConn counts the writes that reach it.
 type countConn struct {
 	net.Conn
@@ -69,9 +49,9 @@ func (c *countConn) Write(p []byte) (int, error) {
 }
 
 // A large message, which the library writes 4 KiB at a time, leaves the
-// client in one write(2) (gathered under the library), and the gateway
-// with TCP_CORK set (full segments), uncorked once it is written; a small
-// one is neither held nor corked. The bytes arrive intact, both ways.
+// client in one write(2) and the gateway in one writev(2) (gathered
+// under the library); a small one is not held. The bytes arrive intact,
+// both ways.
 func TestWebSocketLargeWritesGathered(t *testing.T) {
 	c, s := wsPair(t)
 	if c.under == nil || s.sock == nil {
@@ -106,13 +86,17 @@ func TestWebSocketLargeWritesGathered(t *testing.T) {
 			t.Errorf("client to gateway, %d bytes: %d writes to the socket, want 1", size, counter.writes)
 		}
 	}
-	// Gateway to client: corked while the frame is written.
+	// Gateway to client: one writev(2) of the whole frame (gathered
+	// under the library), a small one straight through.
+	if s.gather == nil {
+		t.Fatal("the gateway's WebSocket writes through no gatherConn")
+	}
 	for _, size := range []int{100, 256 << 10} {
-		spy := &spyWriter{w: s.Conn, rc: s.sock}
+		before := s.gather.flushes
 		want := msg(size)
 		done := make(chan error, 1)
 		go func() {
-			_, err := corkedWrite(s.sock, spy, want)
+			_, err := s.Write(want)
 			done <- err
 		}()
 		got := make([]byte, size)
@@ -122,12 +106,12 @@ func TestWebSocketLargeWritesGathered(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		wantCork := 0
-		if size >= corkMin {
-			wantCork = 1
+		wantFlushes := 0
+		if size >= gatherMin {
+			wantFlushes = 1
 		}
-		if len(spy.corks) != 1 || spy.corks[0] != wantCork || corkOf(s.sock) != 0 {
-			t.Errorf("gateway to client, %d bytes: TCP_CORK %v during the write (want %d), %d after", size, spy.corks, wantCork, corkOf(s.sock))
+		if n := s.gather.flushes - before; n != wantFlushes {
+			t.Errorf("gateway to client, %d bytes: %d gathered writes, want %d", size, n, wantFlushes)
 		}
 	}
 }
@@ -280,4 +264,76 @@ func TestWebSocketClientWriteDeadline(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("a write to a gateway that reads nothing is still blocked, long past its deadline")
 	}
+}
+
+// A WebSocket over plain http hands its socket over at the start of the
+// gateway's first frame, even when that frame came in the same segment
+// as the 101 answer (the HTTP client's buffered reader would have taken
+// it): the handshake reads no byte past the answer's head. Once the
+// socket is handed over, the library reads nothing and Close only closes
+// it; after a Read, or over TLS, nothing is handed over.
+func TestWebSocketSocketHandOver(t *testing.T) {
+	frame := []byte{0x82, 0x06, 'b', 'a', 'n', 'n', 'e', 'r'}
+	after := make(chan int64, 2) // bytes the server got after the handshake, to the client's close
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+		answer := "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
+			base64.StdEncoding.EncodeToString(h[:]) + "\r\n\r\n"
+		if strings.Contains(r.URL.Path, "sbx-hints") { // an informational answer first
+			answer = "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + answer
+		}
+		_, _ = conn.Write(append([]byte(answer), frame...)) // one write: one segment on loopback
+		n, _ := io.Copy(io.Discard, brw)                    // until the client closes
+		after <- n
+	}))
+	t.Cleanup(srv.Close)
+	dial := func(id string) *wsClientConn {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := (&Dialer{APIURL: srv.URL, Transport: TransportWebSocket}).Dial(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*wsClientConn)
+	}
+
+	for _, id := range []string{"sbx-test", "sbx-hints"} {
+		c := dial(id)
+		sock, ok := c.Socket()
+		if !ok {
+			t.Fatalf("%s: the socket of a plain http WebSocket was not handed over", id)
+		}
+		_ = sock.SetReadDeadline(time.Now().Add(10 * time.Second)) // bounds a failure only
+		got := make([]byte, len(frame))
+		if _, err := io.ReadFull(sock, got); err != nil || string(got) != string(frame) {
+			t.Fatalf("%s: the handed-over socket starts with %x (%v), want the first frame %x", id, got, err, frame)
+		}
+		if _, ok := c.Socket(); ok {
+			t.Fatalf("%s: the socket was handed over twice", id)
+		}
+		if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("%s: a Read after the hand-over: %d, %v; want net.ErrClosed", id, n, err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := <-after; n != 0 {
+			t.Fatalf("%s: Close after the hand-over sent %d bytes (a close frame through the library), want none", id, n)
+		}
+	}
+
+	c := dial("sbx-test")
+	if _, err := c.Read(make([]byte, 64)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.Socket(); ok {
+		t.Fatal("the socket was handed over after the library had read from it")
+	}
+	c.under.Conn.Close() // (the library's Close would wait for an answer to its close frame)
+	<-after
 }

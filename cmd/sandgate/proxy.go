@@ -178,8 +178,10 @@ func describeDialError(err error, id string) string {
 // banner, usually) go to stdout first; from then on the proxy moves data
 // with the socket itself. With ssh's pipes on one side and a TCP socket
 // on the other (plain http), piperelay.Relay moves both ways on one
-// thread (splice(2) down, one buffer up); otherwise (https, or no pipes)
-// two copies run.
+// thread (splice(2) down, one buffer up); so does RelayWebSocket over a
+// plain http WebSocket (the frames' payload spliced down, each read of
+// ssh's pipe one message up); otherwise (https, or no pipes) two copies
+// run.
 func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 	conn, head := tunnel.Unwrap(conn)
 	if len(head) > 0 {
@@ -189,6 +191,17 @@ func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 	}
 	if handled, err := piperelay.Relay(conn, stdin, stdout); handled {
 		return err
+	}
+	// A WebSocket over plain http: the gateway's frames are read here and
+	// their payload spliced to ssh, as a CONNECT tunnel's bytes are; ssh's
+	// go up through the library, which masks them.
+	if ws, ok := conn.(interface{ Socket() (net.Conn, bool) }); ok {
+		if handled, err := piperelay.RelayWebSocket(ws.Socket, conn, stdin, stdout); handled {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
 	}
 	piperelay.GrowPipe(stdout)
 	if f, ok := stdin.(*os.File); ok {

@@ -37,8 +37,8 @@ type sandboxFlags struct {
 	// requireLimits refuses to start when the linux driver cannot
 	// enforce the memory, cpu and pids limits (preflight_linux.go).
 	requireLimits bool
-	// serverTiming shows each step of a create in its Server-Timing
-	// header (rest.Config.ServerTiming).
+	// serverTiming shows each step of a create, and of a fork, in its
+	// Server-Timing header, and times commands (rest.Config.ServerTiming).
 	serverTiming bool
 	// checkpoint builds checkpointable sandboxes, which fork can copy
 	// (linux; sandbox.Config.Checkpoint), with the criu binary at criu.
@@ -72,7 +72,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.IntVar(&f.warmImages, "warm-pool-images", gateway.DefaultWarmPoolImages, "images with a warm pool of their own at once; the least recently used pool drains for a new one")
 	f.warmMemory = gateway.DefaultWarmPoolMemory
 	fs.Var((*sizeFlag)(&f.warmMemory), "warm-pool-memory", "memory the warm sandboxes may use in all (their cgroups' count) before the images' pools stop adding: bytes or a size such as 256MiB")
-	fs.BoolVar(&f.serverTiming, "server-timing", false, "show each step of a create (warm pool claim, cgroups, init...) in the Server-Timing header of POST /v1/sessions; off: the total only, as the steps tell a tenant whether other tenants emptied the warm pool")
+	fs.BoolVar(&f.serverTiming, "server-timing", false, "show each step of a create (warm pool claim, cgroups, init...) in the Server-Timing header of POST /v1/sessions, and of a fork (checkpoint, restores, images removed) in POST /v1/sessions/{id}/fork's; time a command's start and run, and say whether the shell ran it, in its JSON answer's; off: the totals only, as a create's steps tell a tenant whether other tenants emptied the warm pool")
 	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
 	fs.BoolVar(&f.checkpoint, "checkpoint", false, "build sandboxes that CRIU can checkpoint, so that POST /v1/sessions/{id}/fork can copy a running session (linux driver; needs CRIU 4.x: --criu; docs/fork.md)")
 	fs.StringVar(&f.criu, "criu", "criu", "the criu binary --checkpoint runs (4.x)")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"io"
 	"path/filepath"
 	"runtime"
@@ -168,6 +169,22 @@ func TestServeWarmImageFlags(t *testing.T) {
 	} {
 		if _, err := parseServe(args, io.Discard); err == nil {
 			t.Errorf("%s: accepted", strings.Join(args, " "))
+		}
+	}
+}
+
+// TestServerTimingHelp: --server-timing's help names every answer it
+// times: a create's, a fork's and a command's.
+func TestServerTimingHelp(t *testing.T) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	registerSandboxFlags(fs)
+	f := fs.Lookup("server-timing")
+	if f == nil {
+		t.Fatal("no --server-timing flag")
+	}
+	for _, want := range []string{"POST /v1/sessions", "fork", "command"} {
+		if !strings.Contains(f.Usage, want) {
+			t.Errorf("--server-timing's help does not mention %q: %s", want, f.Usage)
 		}
 	}
 }

@@ -5,6 +5,9 @@
 // bench can show what the hop itself costs.
 //
 // On Linux, Relay moves both ways on one thread with poll(2), splice(2)
-// downstream and one buffer upstream; elsewhere it reports that it did
-// nothing, and the caller copies.
+// downstream and one buffer upstream; RelayWebSocket does the same for
+// a WebSocket's socket (the proxy's --transport websocket over plain
+// http): it reads the gateway's frame headers, splices their payload, and
+// sends ssh's bytes through the WebSocket library's writer. Elsewhere both
+// report that they did nothing, and the caller copies.
 package piperelay

@@ -1,0 +1,214 @@
+package piperelay
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// wsFrame is a server's frame (unmasked).
+func wsFrame(fin bool, op byte, payload []byte) []byte {
+	h := []byte{op, 0}
+	if fin {
+		h[0] |= 0x80
+	}
+	switch n := len(payload); {
+	case n < 126:
+		h[1] = byte(n)
+	case n < 1<<16:
+		h[1] = 126
+		h = binary.BigEndian.AppendUint16(h, uint16(n))
+	default:
+		h[1] = 127
+		h = binary.BigEndian.AppendUint64(h, uint64(n))
+	}
+	return append(h, payload...)
+}
+
+// readClientFrame reads one masked frame from r (the relay's side).
+func readClientFrame(r io.Reader) (op byte, payload []byte, err error) {
+	var h [2]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	if h[1]&0x80 == 0 {
+		return 0, nil, errors.New("an unmasked frame from the client")
+	}
+	n := int(h[1] & 0x7f)
+	if n >= 126 {
+		return 0, nil, errors.New("a long control frame")
+	}
+	var key [4]byte
+	if _, err := io.ReadFull(r, key[:]); err != nil {
+		return 0, nil, err
+	}
+	payload = make([]byte, n)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return 0, nil, err
+	}
+	for i := range payload {
+		payload[i] ^= key[i%4]
+	}
+	return h[0] & 0x0f, payload, nil
+}
+
+// recorder is the relay's up: what ssh sent, one message per write.
+type recorder struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.buf.Write(p)
+}
+
+func (r *recorder) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.buf.String()
+}
+
+// The gateway's data frames (a message in fragments, an empty frame, the
+// three length encodings, a ping between them, each written in pieces)
+// reach ssh's pipe whole and in order; the ping is answered with a
+// masked pong; the gateway's close frame is answered and ends the relay;
+// ssh's bytes go through up.
+func TestRelayWebSocket(t *testing.T) {
+	client, server := relayPair(t)
+	inR, inW := pipe(t)
+	outR, outW := pipe(t)
+	parts := [][]byte{make([]byte, 100), make([]byte, 40<<10), make([]byte, 3<<20+7), make([]byte, 70<<10)}
+	var want []byte
+	for _, p := range parts {
+		_, _ = rand.Read(p)
+		want = append(want, p...)
+	}
+	stream := wsFrame(false, opBinary, parts[0])
+	stream = append(stream, wsFrame(true, opPing, []byte("hi"))...) // between a message's frames, as RFC 6455 allows
+	stream = append(stream, wsFrame(false, opContinuation, parts[1])...)
+	stream = append(stream, wsFrame(true, opContinuation, nil)...)
+	stream = append(stream, wsFrame(true, opBinary, parts[2])...)
+	stream = append(stream, wsFrame(true, opBinary, parts[3])...)
+	closeFrame := wsFrame(true, opClose, []byte{0x03, 0xe8, 'b', 'y', 'e'})
+
+	up := &recorder{}
+	done := make(chan error, 1)
+	go func() {
+		handled, err := RelayWebSocket(func() (net.Conn, bool) { return client, true }, up, inR, outW)
+		if !handled {
+			err = errors.New("not handled")
+		}
+		done <- err
+	}()
+	// What ssh gets.
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(io.LimitReader(outR, int64(len(want))))
+		got <- b
+	}()
+	if _, err := inW.Write([]byte("ssh says hello")); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway writes its frames in pieces that cut headers in two.
+	for p := stream; len(p) > 0; {
+		n := min(len(p), 1+len(p)%4093)
+		if _, err := server.Write(p[:n]); err != nil {
+			t.Fatal(err)
+		}
+		p = p[n:]
+	}
+	op, payload, err := readClientFrame(server)
+	if err != nil || op != opPong || string(payload) != "hi" {
+		t.Fatalf("answer to the ping: opcode %d %q %v, want a pong \"hi\"", op, payload, err)
+	}
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("ssh got %d bytes, not the %d the data frames carried", len(b), len(want))
+	}
+	if _, err := server.Write(closeFrame); err != nil {
+		t.Fatal(err)
+	}
+	op, payload, err = readClientFrame(server)
+	if err != nil || op != opClose || !bytes.Equal(payload, []byte{0x03, 0xe8}) {
+		t.Fatalf("answer to the close: opcode %d %x %v, want a close 1000", op, payload, err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay did not end at the gateway's close frame")
+	}
+	if s := up.String(); s != "ssh says hello" {
+		t.Fatalf("up got %q", s)
+	}
+}
+
+// EOF on stdin sends a close frame; the relay still moves what the
+// gateway sends until its own close, which it does not answer again.
+func TestRelayWebSocketStdinEOF(t *testing.T) {
+	client, server := relayPair(t)
+	inR, inW := pipe(t)
+	outR, outW := pipe(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := RelayWebSocket(func() (net.Conn, bool) { return client, true }, &recorder{}, inR, outW)
+		done <- err
+	}()
+	inW.Close()
+	op, payload, err := readClientFrame(server)
+	if err != nil || op != opClose || !bytes.Equal(payload, []byte{0x03, 0xe8}) {
+		t.Fatalf("after stdin's EOF: opcode %d %x %v, want a close 1000", op, payload, err)
+	}
+	if _, err := server.Write(append(wsFrame(true, opBinary, []byte("last words")), wsFrame(true, opClose, []byte{0x03, 0xe8})...)); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, len("last words"))
+	if _, err := io.ReadFull(outR, b); err != nil || string(b) != "last words" {
+		t.Fatalf("ssh got %q %v", b, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := server.Read(make([]byte, 16)); n != 0 || err == nil {
+		t.Fatalf("the relay answered the gateway's close after its own (%d bytes, %v)", n, err)
+	}
+}
+
+// A frame the gateway must not send (text, masked, reserved bits) is an
+// error; a relay without pipes takes nothing.
+func TestRelayWebSocketRefuses(t *testing.T) {
+	for name, f := range map[string][]byte{
+		"text":      wsFrame(true, opText, []byte("x")),
+		"masked":    {0x82, 0x81, 1, 2, 3, 4, 'x'},
+		"reserved":  {0xc2, 0x01, 'x'},
+		"long ping": wsFrame(true, opPing, make([]byte, 126)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			client, server := relayPair(t)
+			inR, _ := pipe(t)
+			_, outW := pipe(t)
+			if _, err := server.Write(f); err != nil {
+				t.Fatal(err)
+			}
+			handled, err := RelayWebSocket(func() (net.Conn, bool) { return client, true }, &recorder{}, inR, outW)
+			if !handled || err == nil {
+				t.Fatalf("handled %v, err %v: want an error", handled, err)
+			}
+		})
+	}
+	taken := false
+	handled, err := RelayWebSocket(func() (net.Conn, bool) { taken = true; return nil, false }, &recorder{}, bytes.NewReader(nil), io.Discard)
+	if handled || err != nil || taken {
+		t.Fatalf("without pipes: handled %v, err %v, socket taken %v", handled, err, taken)
+	}
+}

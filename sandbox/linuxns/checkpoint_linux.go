@@ -208,6 +208,11 @@ func checkpointable(st *sandboxState) error {
 		return fmt.Errorf("%w: a sandbox on an image is not checkpointed yet", sandbox.ErrNoCheckpoint)
 	case st.Image == "":
 		return fmt.Errorf("%w: its workspace is a tmpfs (no ext4 image on this host)", sandbox.ErrNoCheckpoint)
+	case st.Restored:
+		// CRIU 4.2: "Can't open <init>/ns/net on procfs: Permission
+		// denied; One or more namespaces doesn't belong to the target
+		// user namespace" (docs/pause.md).
+		return fmt.Errorf("%w: its processes were restored from a checkpoint (a fork, or a resume from a pause by checkpoint), which CRIU cannot dump again (a fork of a fork); a stop and a start make it checkpointable again", sandbox.ErrNoCheckpoint)
 	}
 	return nil
 }
@@ -636,7 +641,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		Workspace: filepath.Join(dir, "workspace"), Image: filepath.Join(dir, "workspace.img"),
 		Socket:  filepath.Join(dir, "control.sock"),
 		Cgroups: d.cg.DirsFor(spec.ID), Created: time.Now().UTC(), Protocol: c.src.Protocol,
-		Seccomp: c.src.Seccomp, KeepJobs: c.src.KeepJobs, Checkpoint: true,
+		Seccomp: c.src.Seccomp, KeepJobs: c.src.KeepJobs, Checkpoint: true, Restored: true,
 	}
 	lim := spec.Limits.Or(d.limits)
 	lim.WorkspaceBytes = c.src.Boot.Limits.WorkspaceBytes // the copy's size

@@ -863,6 +863,11 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	if st.Protocol != ctl.Protocol {
 		return nil, fmt.Errorf("adopt %s: its init speaks control protocol %d, not %d", id, st.Protocol, ctl.Protocol)
 	}
+	if st.Paused && st.PauseImages != "" {
+		if sb, ok, err := d.adoptPausedCheckpoint(st); ok || err != nil {
+			return sb, err
+		}
+	}
 	pidfd, err := openInit(st, unix.O_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("adopt %s: %w: %w", id, os.ErrNotExist, err)

@@ -1,0 +1,261 @@
+//go:build linux
+
+package linuxns_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
+)
+
+// shellLoop is a bash that keeps its cd and export, running each line
+// written to /tmp/cmd (a FIFO) and writing what it prints to
+// /workspace/shell.out.
+const shellLoop = `mkfifo /tmp/cmd
+nohup bash -c 'cd /etc; export FOO=bar-$$; exec 3<>/tmp/cmd; while read -r l <&3; do eval "$l" >> /workspace/shell.out 2>&1; done' >/dev/null 2>&1 &
+echo started`
+
+// pids lists the pids, inside the sandbox, of its python3 and bash.
+func pids(t *testing.T, sb sandbox.Sandbox) string {
+	t.Helper()
+	return mustRun(t, sb, "pgrep -f '[H]TTPServer|[e]xport FOO' | sort -n | tr '\\n' ' '")
+}
+
+// A checkpointable sandbox pauses by checkpoint: its processes end, its
+// memory is free (< 1 MiB left in its cgroups), its images are in its
+// own dir, 0600; Unpause restores it in place with the same pids, the
+// server's memory and socket on its loopback, the shell's cd and export;
+// a new driver (a gateway restart) adopts it paused and restores it; it
+// can pause again after a restore; Stop and Destroy delete the images.
+func TestLinuxPauseCheckpoint(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	init := smallInit(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	destroyed := false
+	t.Cleanup(func() {
+		if !destroyed {
+			_ = sb.Destroy(ctx)
+		}
+	})
+	mustRun(t, sb, varServer)
+	mustRun(t, sb, shellLoop)
+	setVar(t, sb, "before-pause")
+	before := pids(t, sb)
+	images := filepath.Join(dataDir, "sandboxes", id, "pause")
+
+	pa := sb.(sandbox.Pauser)
+	rep, err := pa.Pause(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Method != "checkpoint" || !pa.Paused() {
+		t.Fatalf("pause: %+v, paused %v", rep, pa.Paused())
+	}
+	if rep.ResidentBytes < 0 || rep.ResidentBytes >= 1<<20 {
+		t.Errorf("resident after the pause: %d bytes, want < 1 MiB", rep.ResidentBytes)
+	}
+	t.Logf("pause: %+v", rep)
+	if procs := procsInCgroupOf(id); len(procs) != 0 {
+		t.Errorf("processes left after the pause: %v", procs)
+	}
+	checkImages(t, images)
+	if _, err := sb.Start(ctx, sandbox.Cmd{Command: "true"}); err == nil {
+		t.Error("Start on a sandbox paused by checkpoint succeeded")
+	}
+
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pa.Paused() {
+		t.Error("Paused() after Unpause")
+	}
+	if _, err := os.Stat(images); !os.IsNotExist(err) {
+		t.Errorf("images after the restore: %v", err)
+	}
+	if after := pids(t, sb); after != before {
+		t.Errorf("pids %q after the restore, %q before", after, before)
+	}
+	if v := getVar(t, sb); v != "before-pause" {
+		t.Errorf("server's variable %q after the restore", v)
+	}
+	mustRun(t, sb, `echo 'echo "$PWD $FOO"' > /tmp/cmd; for i in $(seq 100); do [ -s /workspace/shell.out ] && break; sleep 0.05; done`)
+	if out := mustRun(t, sb, "cat /workspace/shell.out"); !strings.HasPrefix(out, "/etc bar-") {
+		t.Errorf("shell state after the restore: %q, want /etc bar-<pid>", out)
+	}
+
+	// A restored sandbox cannot be dumped again (CRIU: "One or more
+	// namespaces doesn't belong to the target user namespace"): its
+	// pause is a freeze, and says why.
+	setVar(t, sb, "second")
+	rep2, err := pa.Pause(ctx)
+	if err != nil || rep2.Method != "freeze" || !strings.Contains(strings.Join(rep2.NotKept, "\n"), "not checkpointed") {
+		t.Errorf("second pause (of a restored sandbox): %+v %v", rep2, err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := getVar(t, sb); v != "second" {
+		t.Errorf("server's variable %q after a freeze of a restored sandbox", v)
+	}
+	if err := sb.(sandbox.Stopper).Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.(sandbox.Stopper).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Across a driver restart: adopted paused by checkpoint, restored by
+	// the new driver.
+	mustRun(t, sb, varServer)
+	setVar(t, sb, "second")
+	before = pids(t, sb)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause after a stop and a resume: %+v %v", rep, err)
+	}
+	if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	destroyed = true
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := d2.Adopt(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adDestroyed := false
+	t.Cleanup(func() {
+		if !adDestroyed {
+			_ = ad.Destroy(ctx)
+		}
+	})
+	apa := ad.(sandbox.Pauser)
+	if !apa.Paused() {
+		t.Fatal("adopted sandbox is not paused")
+	}
+	if err := apa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := getVar(t, ad); v != "second" {
+		t.Errorf("server's variable %q after a restore by a new driver", v)
+	}
+	if after := pids(t, ad); after != before {
+		t.Errorf("pids %q after the second restore, %q before", after, before)
+	}
+
+	// Stop of a sandbox paused by checkpoint deletes its images; so does
+	// Destroy. (A restored sandbox pauses by a freeze: a stop and resume
+	// make it checkpointable again.)
+	if err := ad.(sandbox.Stopper).Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ad.(sandbox.Stopper).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := apa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	checkImages(t, images)
+	if err := ad.(sandbox.Stopper).Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(images); !os.IsNotExist(err) {
+		t.Errorf("images after Stop: %v", err)
+	}
+	if err := ad.(sandbox.Stopper).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := apa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	checkImages(t, images)
+	adDestroyed = true
+	if err := ad.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(images); !os.IsNotExist(err) {
+		t.Errorf("images after Destroy: %v", err)
+	}
+}
+
+// checkImages checks that a pause's images are there: a 0700 dir of
+// 0600 files.
+func checkImages(t *testing.T, dir string) {
+	t.Helper()
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatalf("pause images: %v", err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("images dir mode %v", fi.Mode())
+	}
+	entries, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range entries {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n++
+			if fi.Mode().Perm() != 0o600 {
+				t.Errorf("image %s mode %v", e.Name(), fi.Mode())
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("no images")
+	}
+}
+
+// A sandbox whose gateway holds a connection to one of its processes (a
+// command under way) is paused by a freeze, and the answer says why.
+func TestLinuxPauseCheckpointFallsBack(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-fb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	p, err := sb.Start(ctx, sandbox.Cmd{Command: "exec sleep 1000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	pa := sb.(sandbox.Pauser)
+	rep, err := pa.Pause(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Method != "freeze" || !strings.Contains(strings.Join(rep.NotKept, "\n"), "not checkpointed") {
+		t.Errorf("pause with a command under way: %+v", rep)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, sb, "echo ok"); out != "ok\n" {
+		t.Errorf("after the unpause: %q", out)
+	}
+}

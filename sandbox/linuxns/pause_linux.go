@@ -40,6 +40,20 @@ func (s *linuxSandbox) Paused() bool {
 	return s.st.Paused
 }
 
+// PauseMethod says how the sandbox is paused: "checkpoint" (its
+// processes are in its images), "freeze", or "" when it is not paused.
+func (s *linuxSandbox) PauseMethod() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !s.st.Paused:
+		return ""
+	case s.st.PauseImages != "":
+		return "checkpoint"
+	}
+	return "freeze"
+}
+
 // Pause implements sandbox.Pauser: the state file says Paused first (a
 // gateway that dies half-way adopts the sandbox paused, and the next
 // Unpause thaws whatever was frozen), then the cgroups are frozen and

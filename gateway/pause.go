@@ -95,6 +95,9 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 	default:
 		return nil, ErrNotFound // ended since the lookup
 	}
+	if cp, ok := sandbox.As[sandbox.CheckpointPauser](s.sandbox); ok && cp.CanCheckpointPause() {
+		s.letGoForCheckpoint()
+	}
 	start := time.Now()
 	rep, err := pa.Pause(context.WithoutCancel(ctx))
 	if err != nil {
@@ -275,6 +278,39 @@ type pauseMethoder interface{ PauseMethod() string }
 func (s *Session) checkpointPaused() bool {
 	pm, ok := sandbox.As[pauseMethoder](s.sandbox)
 	return ok && pm.PauseMethod() == PauseCheckpoint
+}
+
+// OnCheckpoint registers fn, which a pause that may checkpoint the
+// session's sandbox calls first (s.life held): fn lets go of the kept
+// processes it holds (sandbox.Releaser), to take them back by key once
+// the session runs again, and reports whether it did (false: busy; it
+// keeps them, and the pause is then a freeze). remove unregisters it.
+// The REST data plane's kernels use it.
+func (s *Session) OnCheckpoint(fn func() bool) (remove func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ckHooks == nil {
+		s.ckHooks = map[*func() bool]struct{}{}
+	}
+	s.ckHooks[&fn] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		delete(s.ckHooks, &fn)
+		s.mu.Unlock()
+	}
+}
+
+// letGoForCheckpoint calls the OnCheckpoint hooks.
+func (s *Session) letGoForCheckpoint() {
+	s.mu.Lock()
+	hooks := make([]func() bool, 0, len(s.ckHooks))
+	for fn := range s.ckHooks {
+		hooks = append(hooks, *fn)
+	}
+	s.mu.Unlock()
+	for _, fn := range hooks {
+		fn()
+	}
 }
 
 // Idle actions (Config.IdleAction): what the reaper does to a session

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -367,6 +368,37 @@ func (d *Driver) adoptPausedCheckpoint(st *sandboxState) (_ sandbox.Sandbox, ok 
 	sb.stopping = true // no init until Unpause
 	d.noteUnfiltered(st)
 	return sb, true, nil
+}
+
+// CanCheckpointPause implements sandbox.CheckpointPauser.
+func (s *linuxSandbox) CanCheckpointPause() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.d.cfg.Checkpoint && !s.closed && !s.st.Paused && checkpointable(s.st) == nil
+}
+
+// Release implements sandbox.Releaser for a kept process: its streams and
+// control connection close here, without the EOF or kill a Close or Kill
+// would send; the init keeps it for a Reattach.
+func (p *initProcess) Release() {
+	if !p.kept {
+		return
+	}
+	if ks, ok := p.stdin.(*keptStdin); ok {
+		ks.once.Do(func() {}) // no EOF
+		ks.File.Close()
+	} else if p.stdin != nil {
+		p.stdin.Close()
+	}
+	for _, r := range []io.Closer{p.stdout, p.stderr} {
+		if r != nil {
+			r.Close()
+		}
+	}
+	p.conn.Close()
+	if p.untrack != nil {
+		p.untrack()
+	}
 }
 
 // openConns counts the control connections among socks (the init's, with

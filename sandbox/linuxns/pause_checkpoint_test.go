@@ -259,3 +259,47 @@ func TestLinuxPauseCheckpointFallsBack(t *testing.T) {
 		t.Errorf("after the unpause: %q", out)
 	}
 }
+
+// A dump that fails leaves the sandbox running as it was, paused by a
+// freeze, and the answer carries CRIU's error.
+func TestLinuxPauseCheckpointDumpFails(t *testing.T) {
+	requireLinux(t)
+	real := criuForTest(t)
+	fake := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\n[ \"$1\" = dump ] && { echo 'Error (test): this dump is refused' >&2; exit 1; }\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-df"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, varServer)
+	setVar(t, sb, "kept")
+	pa := sb.(sandbox.Pauser)
+	rep, err := pa.Pause(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Method != "freeze" || !strings.Contains(strings.Join(rep.NotKept, "\n"), "this dump is refused") {
+		t.Errorf("pause with a failing dump: %+v", rep)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "sandboxes", id, "pause")); !os.IsNotExist(err) {
+		t.Errorf("images dir after a failed dump: %v", err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := getVar(t, sb); v != "kept" {
+		t.Errorf("variable %q after a failed dump and a freeze", v)
+	}
+}

@@ -374,7 +374,7 @@ func (d *Driver) adoptPausedCheckpoint(st *sandboxState) (_ sandbox.Sandbox, ok 
 func (s *linuxSandbox) CanCheckpointPause() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.d.cfg.Checkpoint && !s.closed && !s.st.Paused && checkpointable(s.st) == nil
+	return s.d.cfg.Checkpoint && !s.d.cfg.PauseFreeze && !s.closed && !s.st.Paused && checkpointable(s.st) == nil
 }
 
 // Release implements sandbox.Releaser for a kept process: its streams and

@@ -303,3 +303,33 @@ func TestLinuxPauseCheckpointDumpFails(t *testing.T) {
 		t.Errorf("variable %q after a failed dump and a freeze", v)
 	}
 }
+
+// With PauseFreeze (serve --pause-freeze) a checkpointable sandbox is
+// paused by a freeze, as without --checkpoint.
+func TestLinuxPauseFreezeUnderCheckpoint(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, PauseFreeze: true}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-frz"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	pa := sb.(sandbox.Pauser)
+	rep, err := pa.Pause(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Method != "freeze" || strings.Contains(strings.Join(rep.NotKept, "\n"), "not checkpointed") {
+		t.Errorf("pause under PauseFreeze: %+v", rep)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

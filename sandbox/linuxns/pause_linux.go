@@ -77,7 +77,7 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 		rep.ResidentBytes = resident(cgs)
 		return rep, nil
 	}
-	if s.d.cfg.Checkpoint {
+	if s.d.cfg.Checkpoint && !s.d.cfg.PauseFreeze {
 		err := s.pauseCheckpoint(ctx, &rep)
 		switch {
 		case err == nil:

@@ -129,6 +129,8 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	switch {
 	case closed:
 		return nil, sandbox.ErrClosed
+	case st.Paused && st.PauseImages != "":
+		return d.pausedCheckpoint(st) // its processes are in its images already
 	case st.Paused:
 		return nil, sandbox.ErrPaused
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -224,6 +225,75 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	return nil
 }
 
+// loadPauseCheckpoint is the checkpoint of sandbox st, paused by
+// checkpoint, as its images dir holds it.
+func (d *Driver) loadPauseCheckpoint(st sandboxState) (*checkpoint, error) {
+	b, err := os.ReadFile(filepath.Join(st.PauseImages, pauseMetaFile))
+	if err != nil {
+		return nil, fmt.Errorf("the pause's checkpoint: %w", err)
+	}
+	var meta pauseMeta
+	if err := json.Unmarshal(b, &meta); err != nil {
+		return nil, fmt.Errorf("the pause's checkpoint: %w", err)
+	}
+	c := &checkpoint{d: d, dir: st.PauseImages, src: st, mounts: meta.Mounts, listener: meta.Listener,
+		conns: meta.Conns, controllers: meta.Controllers}
+	for _, e := range meta.Root {
+		c.root = append(c.root, rootEntry{name: e.Name, link: e.Link, dir: e.Dir})
+	}
+	return c, nil
+}
+
+// pausedCheckpoint is Checkpoint of sandbox st, paused by checkpoint
+// (s.life held): a fork's checkpoint made of its images (hard links, in
+// a checkpoint dir of its own, so that an Unpause meanwhile may delete
+// them) and a copy of its workspace image, which nothing changes while
+// its processes are gone. The sandbox stays paused.
+func (d *Driver) pausedCheckpoint(st sandboxState) (_ sandbox.Checkpoint, err error) {
+	c, err := d.loadPauseCheckpoint(st)
+	if err != nil {
+		return nil, err
+	}
+	c.src.Cgroups = slices.Clone(st.Cgroups)
+	parent := filepath.Join(d.root, checkpointsDir)
+	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if c.dir, err = os.MkdirTemp(parent, "ck-"); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(c.dir)
+		}
+	}()
+	if err := os.Chmod(c.dir, 0o711); err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	entries, err := os.ReadDir(st.PauseImages)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() && filepath.Ext(e.Name()) == ".img" {
+			if err := os.Link(filepath.Join(st.PauseImages, e.Name()), filepath.Join(c.dir, e.Name())); err != nil {
+				return nil, fmt.Errorf("checkpoint: %w", err)
+			}
+		}
+	}
+	script := postDumpScript(st.Workspace, st.Image, c.workspaceImage())
+	cp := exec.Command("sh", "-c", script)
+	cp.Env = append(os.Environ(), "CRTOOLS_SCRIPT_ACTION=post-dump")
+	if out, err := cp.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("checkpoint: copy the workspace: %w: %s", err, out)
+	}
+	if err := chmodImages(c.dir); err != nil {
+		return nil, err
+	}
+	d.log.Info("sandbox_checkpointed", "sandbox", st.ID, "from", "pause")
+	return c, nil
+}
+
 // unpauseCheckpoint restores sandbox s, paused by checkpoint, in place
 // (s.life held). A restore that fails leaves it paused, its images
 // there for the next try.
@@ -235,18 +305,9 @@ func (s *linuxSandbox) unpauseCheckpoint(ctx context.Context) (err error) {
 	held := s.held
 	s.mu.Unlock()
 	sdir := d.dir(st.ID)
-	b, err := os.ReadFile(filepath.Join(st.PauseImages, pauseMetaFile))
+	c, err := d.loadPauseCheckpoint(st)
 	if err != nil {
-		return fmt.Errorf("resume: the pause's checkpoint: %w", err)
-	}
-	var meta pauseMeta
-	if err := json.Unmarshal(b, &meta); err != nil {
-		return fmt.Errorf("resume: the pause's checkpoint: %w", err)
-	}
-	c := &checkpoint{d: d, dir: st.PauseImages, src: st, mounts: meta.Mounts, listener: meta.Listener,
-		conns: meta.Conns, controllers: meta.Controllers}
-	for _, e := range meta.Root {
-		c.root = append(c.root, rootEntry{name: e.Name, link: e.Link, dir: e.Dir})
+		return fmt.Errorf("resume: %w", err)
 	}
 	criu, err := d.criuPath()
 	if err != nil {

@@ -356,3 +356,52 @@ func TestLinuxPauseFreezeUnderCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A restore that fails leaves the sandbox paused with its images, and
+// says why; the next Unpause restores it.
+func TestLinuxPauseCheckpointRestoreFails(t *testing.T) {
+	requireLinux(t)
+	real := criuForTest(t)
+	tmp := t.TempDir()
+	fake, once := filepath.Join(tmp, "criu"), filepath.Join(tmp, "failed-once")
+	script := "#!/bin/sh\nif [ \"$1\" = restore ] && [ ! -e " + once + " ]; then touch " + once + "; echo 'Error (test): this restore is refused' >&2; exit 1; fi\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-rf"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, varServer)
+	setVar(t, sb, "kept")
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	images := filepath.Join(dataDir, "sandboxes", id, "pause")
+	if err := pa.Unpause(ctx); err == nil || !strings.Contains(err.Error(), "this restore is refused") {
+		t.Errorf("failing restore: %v", err)
+	}
+	if !pa.Paused() {
+		t.Error("not paused after a failed restore")
+	}
+	checkImages(t, images)
+	if procs := procsInCgroupOf(id); len(procs) != 0 {
+		t.Errorf("processes left by the failed restore: %v", procs)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := getVar(t, sb); v != "kept" {
+		t.Errorf("variable %q after the second try", v)
+	}
+}

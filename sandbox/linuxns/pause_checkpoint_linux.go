@@ -48,6 +48,11 @@ import (
 // pauses it again; one whose init is gone restores from the images if
 // the dump finished (pauseMetaFile is written last), and is lost if not.
 
+// MaxPauseDumps bounds the pauses by checkpoint under way at once on a
+// gateway (each a CRIU dump of a session's memory to the data dir): one
+// more is a freeze, whose answer says so, rather than wait.
+const MaxPauseDumps = 2
+
 // pauseImagesDir, in the sandbox's dir, holds a pause's images (0700,
 // each file 0600 root).
 const pauseImagesDir = "pause"
@@ -97,6 +102,12 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	criu, err := d.criuPath()
 	if err != nil {
 		return err
+	}
+	select {
+	case d.pauseDumps <- struct{}{}:
+		defer func() { <-d.pauseDumps }()
+	default:
+		return fmt.Errorf("%w: the gateway dumps %d sessions already, as many as it may at once", sandbox.ErrNoCheckpoint, MaxPauseDumps)
 	}
 	ph := newPhases()
 	c, err := d.prepareCheckpoint(st)

@@ -246,7 +246,8 @@ func checkImages(t *testing.T, dir string) {
 }
 
 // A sandbox whose gateway holds a connection to one of its processes (a
-// command under way) is paused by a freeze, and the answer says why.
+// command under way), or paused while MaxPauseDumps others dump, is
+// paused by a freeze, and the answer says why.
 func TestLinuxPauseCheckpointFallsBack(t *testing.T) {
 	requireLinux(t)
 	criu := criuForTest(t)
@@ -262,17 +263,30 @@ func TestLinuxPauseCheckpointFallsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sb.Destroy(ctx)
+	pa := sb.(sandbox.Pauser)
+	// MaxPauseDumps dumps under way: a freeze, which says so.
+	release := d.HoldPauseDumps()
+	rep, err := pa.Pause(ctx)
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Method != "freeze" || !strings.Contains(strings.Join(rep.NotKept, "\n"), "sessions already") {
+		t.Errorf("pause with every dump slot taken: %+v", rep)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
 	p, err := sb.Start(ctx, sandbox.Cmd{Command: "exec sleep 1000"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Kill()
-	pa := sb.(sandbox.Pauser)
-	rep, err := pa.Pause(ctx)
+	rep, err = pa.Pause(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Method != "freeze" || !strings.Contains(strings.Join(rep.NotKept, "\n"), "not checkpointed") {
+	if rep.Method != "freeze" || !strings.Contains(strings.Join(rep.NotKept, "\n"), "open connection") {
 		t.Errorf("pause with a command under way: %+v", rep)
 	}
 	if err := pa.Unpause(ctx); err != nil {

@@ -239,11 +239,48 @@ func (k *Kernels) get(id string, s Session, name string) (*kernel, error) {
 			x.dir = filepath.Join(k.StateDir, id)
 			x.record = filepath.Join(x.dir, "kernel-"+name)
 		}
+		if oc, ok := s.(checkpointNotifier); ok {
+			x.offCheckpoint = oc.OnCheckpoint(x.letGo)
+		}
 		return x
 	})
 }
 
 func (x *kernel) setUnregister(remove func()) { x.unregister = remove }
+
+// checkpointNotifier is implemented by sessions that tell their kernels
+// before a pause that may checkpoint the sandbox (gateway.Session).
+type checkpointNotifier interface {
+	OnCheckpoint(fn func() bool) (remove func())
+}
+
+// letGo lets go of the kernel's interpreter before a checkpoint, when no
+// call runs: it runs on in the sandbox, kept under the record's key, and
+// the next call takes it back with its state (resume), as after a
+// gateway restart. It reports false when a call runs, or the
+// interpreter cannot be let go (not kept).
+func (x *kernel) letGo() bool {
+	select {
+	case x.turn <- struct{}{}:
+	default:
+		return false // a call runs: the pause is a freeze
+	}
+	defer func() { <-x.turn }()
+	if x.proc == nil {
+		return true
+	}
+	r, ok := x.proc.p.(sandbox.Releaser)
+	if !ok || x.record == "" {
+		return false
+	}
+	if b, err := os.ReadFile(x.record); err != nil || !strings.Contains(string(b), `"keep"`) {
+		return false
+	}
+	x.proc.stopOnce.Do(func() { close(x.proc.gone) })
+	r.Release()
+	x.proc, x.resumed = nil, false
+	return true
+}
 
 // sessionEnded ends the kernel with its session.
 func (x *kernel) sessionEnded() {
@@ -261,6 +298,8 @@ type kernel struct {
 	closed     chan struct{}
 	closeOnce  sync.Once
 	unregister func()
+	// offCheckpoint unregisters letGo from the session.
+	offCheckpoint func()
 
 	mu      sync.Mutex // guards waiting
 	waiting int
@@ -283,6 +322,9 @@ func (x *kernel) close() {
 		close(x.closed)
 		if x.unregister != nil {
 			x.unregister()
+		}
+		if x.offCheckpoint != nil {
+			x.offCheckpoint()
 		}
 		// Wait for the running call to see closed and kill its kernel.
 		x.turn <- struct{}{}

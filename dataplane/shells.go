@@ -117,11 +117,41 @@ func (sh *Shells) get(id string, s Session, name string) (*shell, error) {
 			x.record = filepath.Join(x.dir, "shell-"+name)
 			x.loadRecord()
 		}
+		if oc, ok := s.(checkpointNotifier); ok {
+			x.offCheckpoint = oc.OnCheckpoint(x.letGo)
+		}
 		return x
 	})
 }
 
 func (x *shell) setUnregister(remove func()) { x.unregister = remove }
+
+// letGo lets go of the shell's bash before a checkpoint (kernel.letGo):
+// the next command takes it back by its key, with its cd and exports.
+func (x *shell) letGo() bool {
+	select {
+	case x.turn <- struct{}{}:
+	default:
+		return false // a command runs: the pause is a freeze
+	}
+	defer func() { <-x.turn }()
+	if x.proc == nil {
+		return true
+	}
+	r, ok := x.proc.(sandbox.Releaser)
+	if !ok || x.record == "" {
+		return false
+	}
+	b, err := os.ReadFile(x.record)
+	var rec shellRecord
+	if err != nil || json.Unmarshal(b, &rec) != nil || rec.Keep == "" {
+		return false
+	}
+	r.Release()
+	x.proc, x.out, x.err = nil, nil, nil
+	x.started, x.keep, x.resumed = false, rec.Keep, true
+	return true
+}
 
 // sessionEnded ends the shell with its session.
 func (x *shell) sessionEnded() {
@@ -144,6 +174,8 @@ type shell struct {
 	closed     chan struct{}
 	closeOnce  sync.Once
 	unregister func()
+	// offCheckpoint unregisters letGo from the session.
+	offCheckpoint func()
 
 	mu      sync.Mutex // guards waiting
 	waiting int
@@ -274,6 +306,9 @@ func (x *shell) close() {
 		close(x.closed)
 		if x.unregister != nil {
 			x.unregister()
+		}
+		if x.offCheckpoint != nil {
+			x.offCheckpoint()
 		}
 		// Wait for the running command to see closed and kill the shell.
 		x.turn <- struct{}{}

@@ -66,7 +66,8 @@ func (f *forkSource) shareCA(s *Session) error {
 
 // Fork makes count new sessions of p from p's running session id, each a
 // copy of it as it was at one instant: processes, memory and workspace.
-// The source keeps running (a paused one is resumed first). Each fork
+// The source keeps running (a paused one is resumed first, but for one
+// paused by checkpoint: forked from its images, it stays paused). Each fork
 // has the source's image, resources, TTL, metadata, environment, egress
 // policy and secrets; bound secrets are bound again to the fork's own
 // egress proxy, never copied. The forks count towards the tenant's quota.
@@ -93,8 +94,12 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	case StatusStopped:
 		return nil, &Error{Kind: KindConflict, Code: "session_stopped", Message: "the session is stopped: it has no process to fork; resume it first"}
 	case StatusPaused:
-		if err := m.unpause(ctx, src); err != nil {
-			return nil, err
+		// One paused by checkpoint is forked from its images, and stays
+		// paused; a frozen one is resumed first.
+		if !src.checkpointPaused() {
+			if err := m.unpause(ctx, src); err != nil {
+				return nil, err
+			}
 		}
 	case StatusRunning:
 	default:

@@ -95,6 +95,9 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 	default:
 		return nil, ErrNotFound // ended since the lookup
 	}
+	if cp, ok := sandbox.As[sandbox.CheckpointPauser](s.sandbox); ok && cp.CanCheckpointPause() {
+		s.letGoForCheckpoint()
+	}
 	start := time.Now()
 	rep, err := pa.Pause(context.WithoutCancel(ctx))
 	if err != nil {
@@ -106,6 +109,11 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 	}
 	if !s.markPaused() { // paused already: nothing closed, nothing to record
 		return &PauseResult{Session: s, Report: rep}, nil
+	}
+	if rep.Method == PauseCheckpoint {
+		// Its network namespace went with its processes: the egress
+		// proxy opens again in the restored one (unpause).
+		s.closeProxy()
 	}
 	if err := m.putManaged(s); err != nil {
 		return nil, err
@@ -244,12 +252,65 @@ func (m *Manager) unpause(ctx context.Context, s *Session) error {
 	if !resumed {
 		return sandbox.ErrClosed
 	}
+	if s.needsProxy() && s.egressProxy() == nil { // restored from a checkpoint: a new network namespace
+		if err := m.openProxy(ctx, s); err != nil {
+			m.log.Error("egress_proxy_failed", "session", s.ID, "err", err)
+		}
+	}
 	if err := m.putManaged(s); err != nil {
 		return err
 	}
 	m.log.InfoContext(ctx, "session_unpaused", "session", s.ID, "tenant", s.Tenant, "ms", time.Since(start).Milliseconds())
 	m.auditSession(ctx, s, "unpaused", "", "")
 	return nil
+}
+
+// PauseCheckpoint is the pause method (sandbox.PauseReport.Method) of a
+// sandbox checkpointed to disk, its processes ended (linuxns with
+// serve --checkpoint): it has no network namespace until it is resumed.
+const PauseCheckpoint = "checkpoint"
+
+// pauseMethoder is implemented by sandboxes that say how they are paused
+// ("" when not paused; linuxns).
+type pauseMethoder interface{ PauseMethod() string }
+
+// checkpointPaused reports whether s's sandbox is paused by checkpoint.
+func (s *Session) checkpointPaused() bool {
+	pm, ok := sandbox.As[pauseMethoder](s.sandbox)
+	return ok && pm.PauseMethod() == PauseCheckpoint
+}
+
+// OnCheckpoint registers fn, which a pause that may checkpoint the
+// session's sandbox calls first (s.life held): fn lets go of the kept
+// processes it holds (sandbox.Releaser), to take them back by key once
+// the session runs again, and reports whether it did (false: busy; it
+// keeps them, and the pause is then a freeze). remove unregisters it.
+// The REST data plane's kernels use it.
+func (s *Session) OnCheckpoint(fn func() bool) (remove func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ckHooks == nil {
+		s.ckHooks = map[*func() bool]struct{}{}
+	}
+	s.ckHooks[&fn] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		delete(s.ckHooks, &fn)
+		s.mu.Unlock()
+	}
+}
+
+// letGoForCheckpoint calls the OnCheckpoint hooks.
+func (s *Session) letGoForCheckpoint() {
+	s.mu.Lock()
+	hooks := make([]func() bool, 0, len(s.ckHooks))
+	for fn := range s.ckHooks {
+		hooks = append(hooks, *fn)
+	}
+	s.mu.Unlock()
+	for _, fn := range hooks {
+		fn()
+	}
 }
 
 // Idle actions (Config.IdleAction): what the reaper does to a session

@@ -148,7 +148,7 @@ func (m *Manager) restoreEgress(ctx context.Context, s *Session) {
 		}
 		s.egressCA = ca
 	}
-	if !s.needsProxy() || s.Status() == StatusStopped { // it opens when the session resumes
+	if !s.needsProxy() || s.Status() == StatusStopped || s.checkpointPaused() { // it opens when the session resumes
 		return
 	}
 	if err := m.openProxy(ctx, s); err != nil {

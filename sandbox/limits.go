@@ -32,6 +32,10 @@ type Config struct {
 	// CRIU is the criu binary checkpoints run ("": criu, looked up in
 	// PATH).
 	CRIU string
+	// PauseFreeze keeps pauses a freeze under Checkpoint (serve
+	// --pause-freeze): by default a checkpointable sandbox is paused by
+	// a checkpoint to disk (docs/pause.md).
+	PauseFreeze bool
 }
 
 // Nofile is an RLIMIT_NOFILE: Soft is what a process starts with, Hard is

@@ -421,9 +421,27 @@ type Pauser interface {
 	Paused() bool
 }
 
+// Releaser is implemented by kept processes (Cmd.Keep; linuxns) that the
+// gateway can let go of without ending them: its streams and control
+// connection close, and the process runs on, its output waiting, for a
+// Keeper.Reattach (as after a gateway restart). A pause by checkpoint
+// needs it: a restore cannot hand the gateway's streams back.
+type Releaser interface {
+	Release()
+}
+
+// CheckpointPauser is implemented by sandboxes whose next Pause would be
+// a checkpoint (linuxns with Config.Checkpoint), if nothing of the
+// gateway's holds their processes: the gateway lets go of its kept
+// processes (Releaser) before such a pause.
+type CheckpointPauser interface {
+	CanCheckpointPause() bool
+}
+
 // PauseReport is what a Pause did.
 type PauseReport struct {
-	// Method names how the processes were parked ("freeze").
+	// Method names how the processes were parked: "checkpoint" (dumped
+	// to disk, ended; linuxns) or "freeze".
 	Method string
 	// ResidentBytes is the memory the paused sandbox still holds, as its
 	// cgroup counts it (-1: unknown).

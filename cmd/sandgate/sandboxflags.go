@@ -42,8 +42,9 @@ type sandboxFlags struct {
 	serverTiming bool
 	// checkpoint builds checkpointable sandboxes, which fork can copy
 	// (linux; sandbox.Config.Checkpoint), with the criu binary at criu.
-	checkpoint bool
-	criu       string
+	checkpoint  bool
+	criu        string
+	pauseFreeze bool
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -76,6 +77,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
 	fs.BoolVar(&f.checkpoint, "checkpoint", false, "build sandboxes that CRIU can checkpoint, so that POST /v1/sessions/{id}/fork can copy a running session (linux driver; needs CRIU 4.x: --criu; docs/fork.md)")
 	fs.StringVar(&f.criu, "criu", "criu", "the criu binary --checkpoint runs (4.x)")
+	fs.BoolVar(&f.pauseFreeze, "pause-freeze", false, "with --checkpoint, pause sessions by a freeze (fast to resume, memory kept) rather than a CRIU checkpoint to disk (memory freed, resume ~0.15-0.5 s; docs/pause.md)")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f
 }

@@ -3,7 +3,6 @@
 package linuxns
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -130,37 +129,23 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	switch {
 	case closed:
 		return nil, sandbox.ErrClosed
+	case st.Paused && st.PauseImages != "":
+		return d.pausedCheckpoint(st) // its processes are in its images already
 	case st.Paused:
 		return nil, sandbox.ErrPaused
-	case st.Stopped:
-		return nil, fmt.Errorf("%w: it is stopped", sandbox.ErrNoCheckpoint)
-	case !st.Checkpoint:
-		return nil, fmt.Errorf("%w: its init was not built for it (serve --checkpoint)", sandbox.ErrNoCheckpoint)
-	case st.Boot == nil || st.Boot.Image != nil:
-		return nil, fmt.Errorf("%w: a sandbox on an image is not checkpointed yet", sandbox.ErrNoCheckpoint)
-	case st.Image == "":
-		return nil, fmt.Errorf("%w: its workspace is a tmpfs (no ext4 image on this host)", sandbox.ErrNoCheckpoint)
+	}
+	if err := checkpointable(&st); err != nil {
+		return nil, err
 	}
 	criu, err := d.criuPath()
 	if err != nil {
 		return nil, err
 	}
 	ph := newPhases()
-	c := &checkpoint{d: d, src: st}
-	c.src.Cgroups = slices.Clone(st.Cgroups)
-	if c.mounts, err = hostMounts(st.Pid); err != nil {
+	c, err := d.prepareCheckpoint(st)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkHostBinds(st.Pid, c.mounts); err != nil {
-		return nil, err
-	}
-	if c.root, err = rootEntries(st.Pid); err != nil {
-		return nil, err
-	}
-	if c.listener, c.conns, err = initSockets(st.Pid); err != nil {
-		return nil, err
-	}
-	c.controllers = controllersOf(st.Cgroups)
 	parent := filepath.Join(d.root, checkpointsDir)
 	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("checkpoint: %w", err)
@@ -210,6 +195,50 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	}
 	ph.mark("chmod")
 	d.log.Info("sandbox_checkpointed", append([]any{"sandbox", st.ID}, ph.attrs()...)...)
+	return c, nil
+}
+
+// checkpointable says why sandbox st cannot be checkpointed (nil: it
+// can): Checkpoint's and a pause's conditions.
+func checkpointable(st *sandboxState) error {
+	switch {
+	case st.Stopped:
+		return fmt.Errorf("%w: it is stopped", sandbox.ErrNoCheckpoint)
+	case !st.Checkpoint:
+		return fmt.Errorf("%w: its init was not built for it (serve --checkpoint)", sandbox.ErrNoCheckpoint)
+	case st.Boot == nil || st.Boot.Image != nil:
+		return fmt.Errorf("%w: a sandbox on an image is not checkpointed yet", sandbox.ErrNoCheckpoint)
+	case st.Image == "":
+		return fmt.Errorf("%w: its workspace is a tmpfs (no ext4 image on this host)", sandbox.ErrNoCheckpoint)
+	case st.Restored:
+		// CRIU 4.2: "Can't open <init>/ns/net on procfs: Permission
+		// denied; One or more namespaces doesn't belong to the target
+		// user namespace" (docs/pause.md).
+		return fmt.Errorf("%w: its processes were restored from a checkpoint (a fork, or a resume from a pause by checkpoint), which CRIU cannot dump again (a fork of a fork); a stop and a start make it checkpointable again", sandbox.ErrNoCheckpoint)
+	}
+	return nil
+}
+
+// prepareCheckpoint reads what a dump of running sandbox st leaves out
+// and a restore puts back: its binds of host files, its root's top, its
+// init's control sockets, its cgroup controllers.
+func (d *Driver) prepareCheckpoint(st sandboxState) (*checkpoint, error) {
+	c := &checkpoint{d: d, src: st}
+	c.src.Cgroups = slices.Clone(st.Cgroups)
+	var err error
+	if c.mounts, err = hostMounts(st.Pid); err != nil {
+		return nil, err
+	}
+	if err := checkHostBinds(st.Pid, c.mounts); err != nil {
+		return nil, err
+	}
+	if c.root, err = rootEntries(st.Pid); err != nil {
+		return nil, err
+	}
+	if c.listener, c.conns, err = initSockets(st.Pid); err != nil {
+		return nil, err
+	}
+	c.controllers = controllersOf(st.Cgroups)
 	return c, nil
 }
 
@@ -463,48 +492,95 @@ func rootEntries(pid int) ([]rootEntry, error) {
 // listening Unix socket among its descriptors) and those of its other Unix
 // sockets: control connections, whose peer is the gateway.
 func initSockets(pid int) (listener uint64, conns []uint64, err error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/net/unix", pid))
+	socks, err := initUnixSockets(pid, false)
 	if err != nil {
-		return 0, nil, fmt.Errorf("checkpoint: %w", err)
+		return 0, nil, err
 	}
-	defer f.Close()
-	listening := map[uint64]bool{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// Num RefCount Protocol Flags Type St Inode [Path]
-		fl := strings.Fields(sc.Text())
-		if len(fl) < 7 {
-			continue
-		}
-		flags, err1 := strconv.ParseUint(fl[3], 16, 32)
-		ino, err2 := strconv.ParseUint(fl[6], 10, 64)
-		if err1 == nil && err2 == nil {
-			listening[ino] = flags&soAcceptCon != 0
+	for _, sk := range socks {
+		switch {
+		case sk.listening && listener == 0:
+			listener = sk.ino
+		case !slices.Contains(conns, sk.ino):
+			conns = append(conns, sk.ino)
 		}
 	}
+	if listener == 0 {
+		return 0, nil, errors.New("checkpoint: the init has no listening control socket")
+	}
+	return listener, conns, nil
+}
+
+// initSock is one Unix socket among the init's descriptors.
+type initSock struct {
+	fd        int    // the init's descriptor
+	ino       uint64 // the socket's inode
+	listening bool
+	// dup is the gateway's own descriptor of it (initUnixSockets' keep),
+	// or nil.
+	dup *os.File
+}
+
+// initUnixSockets lists the Unix sockets among process pid's descriptors.
+// Each is asked itself, through a copy of the descriptor (pidfd_getfd),
+// whether it is a Unix socket and whether it listens: wherever the
+// socket was made (the sandbox's network namespace, the host's for a
+// restored init's control socket, which the gateway made, or a namespace
+// gone since), so that a restored sandbox can be checkpointed again.
+// With keep, each socket's copy is kept (dup); the caller closes them.
+func initUnixSockets(pid int, keep bool) (_ []initSock, err error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer unix.Close(pidfd)
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
-		return 0, nil, fmt.Errorf("checkpoint: %w", err)
+		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
+	var out []initSock
+	defer func() {
+		if err != nil {
+			closeSocks(out)
+		}
+	}()
 	for _, e := range fds {
 		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
 		if err != nil || !strings.HasPrefix(l, "socket:[") {
 			continue
 		}
-		ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"), 10, 64)
-		isListener, unixSocket := listening[ino]
-		switch {
-		case err != nil || !unixSocket:
-		case isListener && listener == 0:
-			listener = ino
-		case !slices.Contains(conns, ino):
-			conns = append(conns, ino)
+		ino, err1 := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]"), 10, 64)
+		fd, err2 := strconv.Atoi(e.Name())
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		dup, err := unix.PidfdGetfd(pidfd, fd, 0)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: the init's descriptor %d: %w", fd, err)
+		}
+		domain, derr := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_DOMAIN)
+		acc, aerr := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+		if derr != nil || aerr != nil || domain != unix.AF_UNIX {
+			unix.Close(dup)
+			continue
+		}
+		sk := initSock{fd: fd, ino: ino, listening: acc != 0}
+		if keep {
+			sk.dup = os.NewFile(uintptr(dup), "socket:["+strconv.FormatUint(ino, 10)+"]")
+		} else {
+			unix.Close(dup)
+		}
+		out = append(out, sk)
+	}
+	return out, nil
+}
+
+// closeSocks closes the gateway's copies of socks.
+func closeSocks(socks []initSock) {
+	for _, sk := range socks {
+		if sk.dup != nil {
+			sk.dup.Close()
 		}
 	}
-	if listener == 0 {
-		return 0, nil, errors.New("checkpoint: the init has no control socket in its network namespace (a fork of a fork is not supported yet)")
-	}
-	return listener, conns, nil
 }
 
 // controllersOf names the cgroup v1 controllers of the sandbox's cgroup
@@ -567,7 +643,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		Workspace: filepath.Join(dir, "workspace"), Image: filepath.Join(dir, "workspace.img"),
 		Socket:  filepath.Join(dir, "control.sock"),
 		Cgroups: d.cg.DirsFor(spec.ID), Created: time.Now().UTC(), Protocol: c.src.Protocol,
-		Seccomp: c.src.Seccomp, KeepJobs: c.src.KeepJobs, Checkpoint: true,
+		Seccomp: c.src.Seccomp, KeepJobs: c.src.KeepJobs, Checkpoint: true, Restored: true,
 	}
 	lim := spec.Limits.Or(d.limits)
 	lim.WorkspaceBytes = c.src.Boot.Limits.WorkspaceBytes // the copy's size
@@ -606,62 +682,8 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	}
 	defer stage.remove()
 	ph.mark("stage")
-	ln, err := listenUnix(st.Socket)
-	if err != nil {
+	if err := c.criuRestore(ctx, criu, st, imgs, stage, nil, ph); err != nil {
 		return nil, err
-	}
-	lnf := os.NewFile(uintptr(ln), "control.sock")
-	defer lnf.Close()
-	pidFile := filepath.Join(dir, "restore.pid")
-	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--pidfile", pidFile,
-		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close", "--network-lock", "skip",
-		"--empty-ns", "net", "--action-script", filepath.Join(imgs, "restore.sh"),
-		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
-	extra := []*os.File{lnf}
-	for _, ino := range c.conns {
-		// One end of a new pair, the other closed at once: the new init
-		// reads the end of a gateway that is gone.
-		pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("restore: %w", err)
-		}
-		unix.Close(pair[1])
-		f := os.NewFile(uintptr(pair[0]), "gone")
-		defer f.Close()
-		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:socket:[%d]", 3+len(extra), ino))
-		extra = append(extra, f)
-	}
-	for _, mp := range c.mounts {
-		host := mp
-		switch mp {
-		case "/workspace":
-			host = stage.ws
-		case selfMount:
-			host = stage.init
-		}
-		args = append(args, "--external", "mnt["+mountKey(mp)+"]:"+host)
-	}
-	if err := c.readable(true); err != nil {
-		return nil, err
-	}
-	ph.mark("prepare")
-	err = c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra, ph)
-	if oerr := c.readable(false); oerr != nil {
-		return nil, errors.Join(err, oerr)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
-	}
-	b, err := os.ReadFile(pidFile)
-	if err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
-	}
-	_ = os.Remove(pidFile)
-	if st.Pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
-		return nil, fmt.Errorf("restore: pid file: %w", err)
-	}
-	if _, st.StartTime, err = procStat(st.Pid); err != nil {
-		return nil, fmt.Errorf("restored init: %w", err)
 	}
 	if err := st.save(dir); err != nil {
 		return nil, err
@@ -678,6 +700,80 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	ph.mark("adopt")
 	d.log.Info("sandbox_restored", append([]any{"sandbox", st.ID, "from", c.src.ID}, ph.attrs()...)...)
 	return out, nil
+}
+
+// criuRestore restores the checkpoint's processes into sandbox st with
+// criu, from the image set imgs and the stage, and records the new init
+// in st (Pid, StartTime). held, when not nil, gives the sockets the init
+// had at the dump, by inode, kept open by the gateway (a pause's): the
+// restored init gets them back, its gateway's connections as they were.
+// Without, the init gets a new control socket at st.Socket, and each of
+// its control connections a socket whose peer is closed.
+func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxState, imgs string, stage *restoreStage, held map[uint64]*os.File, ph *phases) error {
+	lnf := held[c.listener]
+	if lnf == nil {
+		ln, err := listenUnix(st.Socket)
+		if err != nil {
+			return err
+		}
+		lnf = os.NewFile(uintptr(ln), "control.sock")
+		defer lnf.Close()
+	}
+	pidFile := filepath.Join(c.d.dir(st.ID), "restore.pid")
+	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--pidfile", pidFile,
+		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close", "--network-lock", "skip",
+		"--empty-ns", "net", "--action-script", filepath.Join(imgs, "restore.sh"),
+		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
+	extra := []*os.File{lnf}
+	for _, ino := range c.conns {
+		f := held[ino]
+		if f == nil {
+			// One end of a new pair, the other closed at once: the new init
+			// reads the end of a gateway that is gone.
+			pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("restore: %w", err)
+			}
+			unix.Close(pair[1])
+			f = os.NewFile(uintptr(pair[0]), "gone")
+			defer f.Close()
+		}
+		args = append(args, "--inherit-fd", fmt.Sprintf("fd[%d]:socket:[%d]", 3+len(extra), ino))
+		extra = append(extra, f)
+	}
+	for _, mp := range c.mounts {
+		host := mp
+		switch mp {
+		case "/workspace":
+			host = stage.ws
+		case selfMount:
+			host = stage.init
+		}
+		args = append(args, "--external", "mnt["+mountKey(mp)+"]:"+host)
+	}
+	if err := c.readable(true); err != nil {
+		return err
+	}
+	ph.mark("prepare")
+	err := c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra, ph)
+	if oerr := c.readable(false); oerr != nil {
+		return errors.Join(err, oerr)
+	}
+	if err != nil {
+		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	_ = os.Remove(pidFile)
+	if st.Pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return fmt.Errorf("restore: pid file: %w", err)
+	}
+	if _, st.StartTime, err = procStat(st.Pid); err != nil {
+		return fmt.Errorf("restored init: %w", err)
+	}
+	return nil
 }
 
 // selfMount is where a checkpointable sandbox's root binds the init's
@@ -1008,10 +1104,6 @@ func (s *restoreStage) remove() {
 		_ = os.Remove(p)
 	}
 }
-
-// soAcceptCon is __SO_ACCEPTCON, the flag /proc/net/unix shows on a
-// listening socket.
-const soAcceptCon = 1 << 16
 
 // phases times the steps of a checkpoint or a restore, for its log line
 // (docs/fork.md's breakdown, bench row 15d).

@@ -113,6 +113,9 @@ type Driver struct {
 	// (runCRIU).
 	kdatMu sync.Mutex
 	kdat   []byte
+	// pauseDumps bounds the pauses by checkpoint dumping at once
+	// (MaxPauseDumps); one more pauses by a freeze.
+	pauseDumps chan struct{}
 }
 
 // New returns the linux driver after checking that this host can run
@@ -145,6 +148,7 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	d := &Driver{
 		cfg: cfg, limits: cfg.Limits.WithDefaults(), root: root, exe: exe, log: cfg.Log,
 		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, sockCheck: socketCheck,
+		pauseDumps: make(chan struct{}, MaxPauseDumps),
 	}
 	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
 		return nil, err
@@ -862,6 +866,11 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 	}
 	if st.Protocol != ctl.Protocol {
 		return nil, fmt.Errorf("adopt %s: its init speaks control protocol %d, not %d", id, st.Protocol, ctl.Protocol)
+	}
+	if st.Paused && st.PauseImages != "" {
+		if sb, ok, err := d.adoptPausedCheckpoint(st); ok || err != nil {
+			return sb, err
+		}
 	}
 	pidfd, err := openInit(st, unix.O_NONBLOCK)
 	if err != nil {

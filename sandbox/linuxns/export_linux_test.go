@@ -90,3 +90,16 @@ func (d *Driver) Kerndat() []byte {
 
 // OwnRun says whether d's criu runs get a /run of their own (runCRIU).
 func (d *Driver) OwnRun(criu string) bool { return d.ownRun(criu) }
+
+// HoldPauseDumps takes every slot of MaxPauseDumps, as that many pauses
+// by checkpoint under way would; the returned function lets them go.
+func (d *Driver) HoldPauseDumps() func() {
+	for range MaxPauseDumps {
+		d.pauseDumps <- struct{}{}
+	}
+	return func() {
+		for range MaxPauseDumps {
+			<-d.pauseDumps
+		}
+	}
+}

@@ -20,9 +20,9 @@ import (
 // frozen: every process stays where it was, with its memory, open files,
 // pipes, terminals and listening sockets, and takes no CPU. The state
 // file says Paused, so that a gateway restart adopts it frozen (Adopt
-// does not thaw it, nor dial its init). Unpause thaws it. docs/pause.md
-// says why this is a freeze and not a CRIU checkpoint: CRIU cannot dump
-// a sandbox on this kernel and with this init yet.
+// does not thaw it, nor dial its init). Unpause thaws it. A sandbox that
+// can be checkpointed is paused by checkpoint instead
+// (pause_checkpoint_linux.go); a freeze is what is left when it cannot.
 
 // notKept is what a freeze does not keep across a pause, for the pause's
 // answer.
@@ -38,6 +38,20 @@ func (s *linuxSandbox) Paused() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.st.Paused
+}
+
+// PauseMethod says how the sandbox is paused: "checkpoint" (its
+// processes are in its images), "freeze", or "" when it is not paused.
+func (s *linuxSandbox) PauseMethod() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !s.st.Paused:
+		return ""
+	case s.st.PauseImages != "":
+		return "checkpoint"
+	}
+	return "freeze"
 }
 
 // Pause implements sandbox.Pauser: the state file says Paused first (a
@@ -62,6 +76,19 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 	case paused:
 		rep.ResidentBytes = resident(cgs)
 		return rep, nil
+	}
+	if s.d.cfg.Checkpoint && !s.d.cfg.PauseFreeze {
+		err := s.pauseCheckpoint(ctx, &rep)
+		switch {
+		case err == nil:
+			return rep, nil
+		case errors.Is(err, errSandboxLost):
+			s.d.log.Error("sandbox_pause_failed", "sandbox", s.st.ID, "method", "checkpoint", "err", err)
+			return rep, fmt.Errorf("pause sandbox: %w", err)
+		}
+		// What CRIU cannot do, a freeze does: the answer says why.
+		s.d.log.Warn("sandbox_pause_checkpoint_failed", "sandbox", s.st.ID, "fallback", "freeze", "err", err)
+		rep.NotKept = append(rep.NotKept, "memory: not checkpointed, so the pause is a freeze: "+err.Error())
 	}
 	dir := s.d.dir(s.st.ID)
 	if err := s.setPaused(dir, true); err != nil {
@@ -90,6 +117,15 @@ func (s *linuxSandbox) Unpause(ctx context.Context) error {
 		return sandbox.ErrClosed
 	}
 	if !paused {
+		return nil
+	}
+	s.mu.Lock()
+	byCheckpoint := s.st.PauseImages != ""
+	s.mu.Unlock()
+	if byCheckpoint {
+		if err := s.unpauseCheckpoint(ctx); err != nil {
+			return fmt.Errorf("unpause sandbox: %w", err)
+		}
 		return nil
 	}
 	start := time.Now()

@@ -50,8 +50,11 @@ type linuxSandbox struct {
 	kept     map[*initProcess]struct{} // kept processes this gateway reads (trackKept)
 	closed   bool
 	stopping bool // the init's exit is wanted (Stop): the sandbox does not end
-	end      sync.Once
-	err      error
+	// held are the init's Unix sockets, by inode, that a pause by
+	// checkpoint keeps open for its restore (pause_checkpoint_linux.go).
+	held map[uint64]*os.File
+	end  sync.Once
+	err  error
 }
 
 func newLinuxSandbox(d *Driver, st *sandboxState) *linuxSandbox {
@@ -312,7 +315,7 @@ func (s *linuxSandbox) Detach(ctx context.Context) error {
 }
 
 func (s *linuxSandbox) teardown() error {
-	errs := []error{s.killCurrent()}
+	errs := []error{s.killCurrent(), s.dropPause()}
 	dir := s.d.dir(s.st.ID)
 	errs = append(errs,
 		cgroup.Remove(s.st.Cgroups),

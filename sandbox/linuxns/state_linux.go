@@ -53,6 +53,14 @@ type sandboxState struct {
 	// Paused says the sandbox is paused (Pauser): its cgroups are frozen
 	// and stay so until Unpause, across gateway restarts too.
 	Paused bool `json:"paused,omitempty"`
+	// PauseImages, on a paused sandbox, is the dir of the CRIU images of
+	// a pause by checkpoint (pause_checkpoint_linux.go): its processes
+	// are gone, and Unpause restores them from there. "" for a freeze.
+	PauseImages string `json:"pauseImages,omitempty"`
+	// Restored says the init was restored by CRIU (a fork's, or one
+	// resumed from a pause by checkpoint): CRIU cannot dump it again
+	// (checkpointable), until a stop and resume boot a new one.
+	Restored bool `json:"restored,omitempty"`
 	// Checkpoint says the init was built to be checkpointed
 	// (sandbox.Config.Checkpoint).
 	Checkpoint bool `json:"checkpoint,omitempty"`

@@ -58,7 +58,7 @@ func (s *linuxSandbox) Stop(ctx context.Context) error {
 		s.mu.Unlock()
 		return fmt.Errorf("stop sandbox: %w", err)
 	}
-	err := s.killInit()
+	err := errors.Join(s.killInit(), s.dropPause())
 	s.mu.Lock()
 	s.st.Pid, s.st.StartTime = 0, 0
 	s.mu.Unlock()
@@ -135,7 +135,7 @@ func (s *linuxSandbox) Resume(ctx context.Context) error {
 		return errors.Join(fmt.Errorf("resume sandbox: %w", err), kerr, s.st.save(s.d.dir(s.st.ID)))
 	}
 	s.mu.Lock()
-	s.st.Stopped, s.stopping = false, false
+	s.st.Stopped, s.stopping, s.st.Restored = false, false, false
 	s.mu.Unlock()
 	if err := s.st.save(s.d.dir(s.st.ID)); err != nil {
 		return fmt.Errorf("resume sandbox: %w", err)

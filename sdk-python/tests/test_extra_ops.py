@@ -191,3 +191,54 @@ def test_fork_session_carries_the_kernel(sandgate_bin: str, scratch: Path) -> No
             asyncio.run(main())
     finally:
         gw.stop()
+
+
+def _criu() -> str:
+    """A criu 4.x for serve --checkpoint ($SANDGATE_CRIU, else .ci/build-criu's)."""
+    import os
+    import subprocess
+
+    for c in (os.environ.get("SANDGATE_CRIU"), os.path.expanduser("~/.cache/sandgate/criu-4.2/criu")):
+        if not c or not os.access(c, os.X_OK):
+            continue
+        res = subprocess.run([c, "--version"], capture_output=True, text=True, timeout=30)
+        if res.returncode == 0 and "Version: 4." in res.stdout:
+            return c
+    return ""
+
+
+def test_pause_checkpoint(sandgate_bin: str, scratch: Path) -> None:
+    """Under serve --checkpoint, pause_session checkpoints the session to
+    disk (method "checkpoint", its memory freed); the next call restores it
+    with the kernel's variable, a background server and the shell's cd and
+    export."""
+    from conftest import fail_or_skip
+
+    criu = _criu()
+    if not criu:
+        fail_or_skip("no criu 4.x (SANDGATE_CRIU, or .ci/build-criu's ~/.cache/sandgate/criu-4.2/criu)")
+        return
+    gw = start_gateway(sandgate_bin, scratch, "--checkpoint", "--criu", criu)
+    try:
+        with SessionsClient(api_url=gw.url, bearer_token=gw.token) as c:
+            s = c.create_session(ttl=300)
+            sid = s.session_id
+            if s.isolation == "none":
+                fail_or_skip("pause by checkpoint needs the linux driver")
+                return
+            assert c.run_python(sid, "x = 4242\nblob = bytearray(32 << 20)").error is None
+            c.run(sid, "nohup python3 -m http.server 8766 --bind 127.0.0.1 >/dev/null 2>&1 &")
+            probe = "python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:8766/\").status)'"
+            for _ in range(100):
+                if c.run(sid, probe + " 2>/dev/null || true").stdout == "200\n":
+                    break
+            assert c.run(sid, "mkdir -p /tmp/deep && cd /tmp/deep && export SDK_VAR=kept", shell="main").exit_code == 0
+            p = c.pause_session(sid)
+            assert p.status == "paused" and p.raw["pause"]["method"] == "checkpoint", p.raw["pause"]
+            assert p.raw["pause"]["residentBytes"] < 8 << 20  # of a 32 MiB kernel
+            assert c.run_python(sid, "x").result == "4242"  # the call restored it
+            assert c.run(sid, probe).stdout == "200\n"
+            assert c.run(sid, "pwd; echo $SDK_VAR", shell="main").stdout == "/tmp/deep\nkept\n"
+            c.delete_session(sid)
+    finally:
+        gw.stop()

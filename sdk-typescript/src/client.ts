@@ -968,7 +968,9 @@ export class SandboxClient {
    * `cd` and `export`) and take no CPU; SSH connections open at the pause
    * end. The next command, SSH session, kernel call or preview resumes it
    * (or `resumeSession`); a gateway restart keeps it paused. The answer's
-   * `raw.pause` is the report (`method`, `residentBytes`, `notKept`).
+   * `raw.pause` is the report (`method`: `checkpoint`, dumped to disk and
+   * ended, its memory freed, or `freeze`, parked in memory; `residentBytes`;
+   * `notKept`).
    * `400 pause_unsupported` where the driver cannot pause sessions.
    */
   async pauseSession(id: string): Promise<Session> {

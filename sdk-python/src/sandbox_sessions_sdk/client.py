@@ -363,8 +363,10 @@ class SessionsClient(RestCore, ExtraOps, ClosesOnExit):
 
         Returns:
             The session, ``status`` ``paused``; ``raw["pause"]`` is the
-            pause's report: ``method``, ``residentBytes`` (the memory it
-            still holds), ``notKept`` (what the pause does not keep).
+            pause's report: ``method`` (``checkpoint``: dumped to disk and
+            ended, its memory freed; ``freeze``: parked in memory),
+            ``residentBytes`` (the memory it still holds), ``notKept``
+            (what the pause does not keep).
 
         Raises:
             SessionNotFoundError: no such session for this token's tenant.

@@ -381,7 +381,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	wsDone := make(chan error, 1)
 	go func() {
 		t0 := time.Now()
-		err := d.ws.create(st.Workspace, st.Image, lim.WorkspaceBytes, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
+		err := d.ws.create(st.Workspace, st.Image, lim.WorkspaceBytes, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID, tr)
 		tr.Add("workspace_image_bg", time.Since(t0))
 		wsDone <- err
 	}()
@@ -507,6 +507,22 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		is.Late = []string{"rootfs", "workspace"}
 		name = img.Name
 	}
+	// The init goes under the sandboxes' CPU parent once it has its
+	// workspace, before its spawner thread joins the commands' cgroups
+	// and anything of the sandbox runs: it moves itself, thread by thread
+	// (cgroup.Set.CPUTasks).
+	cpuTasks, err := cgs.CPUTasks()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cpuTasks >= 0 {
+			unix.Close(cpuTasks)
+		}
+	}()
+	if cpuTasks >= 0 {
+		is.Late = append(is.Late, "cputasks")
+	}
 	is.FDs = names
 	hs, err := d.startHandshake(ctx, conn, is, fds)
 	if err != nil {
@@ -543,15 +559,13 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return fmt.Errorf("workspace mount: %w", err)
 	}
 	fds, names = append(fds, ws), append(names, "workspace")
+	if cpuTasks >= 0 {
+		fds, names = append(fds, cpuTasks), append(names, "cputasks")
+		cpuTasks = -1
+	}
 	tr.Mark("workspace_mount")
-	// The init goes under the sandboxes' CPU parent before it gets its
-	// workspace, so before its spawner thread joins the commands' cgroups
-	// and anything of the sandbox runs (cgroup.Set.JoinCPU).
 	if d.beforeAttach != nil {
 		d.beforeAttach(st.Pid)
-	}
-	if err := cgs.JoinCPU(st.Pid); err != nil {
-		return fmt.Errorf("sandbox init: %w", err)
 	}
 	if err := hs.finish(ctl.Attach{FDs: names}, fds, name, forkAt); err != nil {
 		return err

@@ -10,8 +10,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 // workspaces makes each sandbox's /workspace: a filesystem of its own, so
@@ -222,7 +225,7 @@ func makeTemplate(tpl string, size int64) error {
 // create makes the workspace of one sandbox, of size bytes (zero: the
 // default): image (ext4 only) and the host mount at mnt, owned by the
 // sandbox user (host uid:gid). On failure it leaves none of them.
-func (w *workspaces) create(mnt, image string, size int64, uid, gid int) (err error) {
+func (w *workspaces) create(mnt, image string, size int64, uid, gid int, tr *sandbox.Trace) (err error) {
 	if size <= 0 {
 		size = w.size
 	}
@@ -241,6 +244,7 @@ func (w *workspaces) create(mnt, image string, size int64, uid, gid int) (err er
 		}
 		return nil
 	}
+	t0 := time.Now()
 	tpl, release, err := w.openTemplate(size)
 	if err != nil {
 		return fmt.Errorf("workspace template of %d bytes: %w", size, err)
@@ -250,12 +254,17 @@ func (w *workspaces) create(mnt, image string, size int64, uid, gid int) (err er
 	if err != nil {
 		return fmt.Errorf("workspace image: %w", err)
 	}
+	t1 := time.Now()
+	tr.Add("workspace.copy_bg", t1.Sub(t0))
 	if err := mountImage(image, mnt); err != nil {
 		return err
 	}
+	t2 := time.Now()
+	tr.Add("workspace.mount_bg", t2.Sub(t1))
 	if err := os.Chown(mnt, uid, gid); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
+	tr.Add("workspace.chown_bg", time.Since(t2))
 	return nil
 }
 

@@ -19,11 +19,13 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -185,7 +187,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	var listener *os.File
 	var keptTasks []int
 	initFD := -1
-	workspace, sockFile, rootfs := -1, -1, -1
+	workspace, sockFile, rootfs, cpuTasks := -1, -1, -1, -1
 	var tasks []int
 	take := func(names []string, fds []int) error {
 		for i, name := range names {
@@ -199,6 +201,8 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 				sockFile = fds[i]
 			case "rootfs":
 				rootfs = fds[i]
+			case "cputasks":
+				cpuTasks = fds[i]
 			case "tasks":
 				tasks = append(tasks, fds[i])
 			case "init":
@@ -245,6 +249,12 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	}
 	if err := buildRoot(spec, attach, tm); err != nil {
 		return nil, err
+	}
+	if cpuTasks >= 0 {
+		if err := joinCgroup(cpuTasks); err != nil {
+			return nil, err
+		}
+		tm.mark("cpu_join")
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return nil, fmt.Errorf("set hostname: %w", err)
@@ -313,6 +323,52 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		}
 	}
 	return in, nil
+}
+
+// joinCgroup moves every thread of the init into the cgroup whose tasks
+// file is open at fd (the sandbox's cgroup of the v1 cpu hierarchy,
+// cgroup.Set.CPUTasks), each thread writing "0", which moves the writing
+// thread alone: the kernel then skips its global threadgroup lock, whose
+// RCU grace period (5-20 ms) writing a thread id waits for. Threads made
+// later inherit the cgroup of the thread that makes them. A runtime that
+// cannot run a syscall on every thread (an init linked with cgo: the
+// gateway's own binary built so) writes each thread's id instead.
+func joinCgroup(fd int) error {
+	zero := []byte("0")
+	_, _, errno := syscall.AllThreadsSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&zero[0])), 1)
+	runtime.KeepAlive(zero)
+	switch {
+	case errno == 0:
+		return nil
+	case errno != syscall.ENOTSUP:
+		return fmt.Errorf("join the sandbox's cpu cgroup: %w", errno)
+	}
+	// Until a pass finds no thread it had not moved: one made meanwhile
+	// by a thread not yet moved is moved by the next pass.
+	moved := map[string]bool{}
+	for pass := 0; ; pass++ {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return fmt.Errorf("join the sandbox's cpu cgroup: %w", err)
+		}
+		fresh := false
+		for _, t := range tasks {
+			if moved[t.Name()] {
+				continue
+			}
+			fresh = true
+			if _, err := unix.Write(fd, []byte(t.Name())); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("join the sandbox's cpu cgroup: %w", err)
+			}
+			moved[t.Name()] = true
+		}
+		if !fresh {
+			return nil
+		}
+		if pass > 100 {
+			return errors.New("join the sandbox's cpu cgroup: its threads keep changing")
+		}
+	}
 }
 
 // stdioDevNull points the init's stdin, stdout and stderr at /dev/null.
@@ -388,7 +444,7 @@ func buildRoot(spec *ctl.Spec, attach func() (ws, root int, err error), tm *step
 		}
 		tm.mark("etc")
 	}
-	if err := finishRoot(r, spec, attach, image); err != nil {
+	if err := finishRoot(r, spec, attach, image, tm); err != nil {
 		return err
 	}
 	tm.mark("pivot")
@@ -438,10 +494,11 @@ func hostRootAt(r string) error {
 // finishRoot adds /dev, /proc, /tmp and the workspace to the root at r,
 // pivots into it and makes what must be read-only so (the whole root but
 // for an image's, whose writable layer is the session's).
-func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error), image bool) error {
+func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error), image bool, tm *stepTimer) error {
 	if err := buildDev(r, spec.ShmBytes); err != nil {
 		return err
 	}
+	tm.mark("dev")
 	if err := mount("proc", filepath.Join(r, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
@@ -449,6 +506,7 @@ func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error
 		fmt.Sprintf("mode=1777,size=%d", spec.TmpBytes)); err != nil {
 		return err
 	}
+	tm.mark("proc_tmp")
 	wsFD, _, err := attach()
 	if err != nil {
 		return err

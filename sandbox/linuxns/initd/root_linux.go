@@ -760,22 +760,44 @@ func bindEtc(h, d string) error {
 	return nil
 }
 
-// copyEtcFile copies the host file h to d with mode perm. A file the
-// sandbox's init may not read (host root's, mode 0600) becomes an empty
-// entry of mode 0: unreadable in the sandbox too.
+// copyEtcFile copies the host file h to d with mode perm, in the kernel
+// (sendfile: no buffer of the init's, whose heap every idle sandbox
+// keeps). A file the sandbox's init may not read (host root's, mode
+// 0600) becomes an empty entry of mode 0: unreadable in the sandbox too.
 func copyEtcFile(h, d string, perm os.FileMode) error {
-	b, err := os.ReadFile(h)
+	in, err := unix.Open(h, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	switch {
-	case errors.Is(err, fs.ErrPermission):
+	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
 		return maskEntry(d, false)
 	case err != nil:
-		return nil // gone meanwhile
+		return nil // gone meanwhile (or no longer a file)
 	}
-	if err := os.WriteFile(d, b, perm); err != nil {
+	defer unix.Close(in)
+	out, err := unix.Open(d, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
 		return fmt.Errorf("etc: %w", err)
 	}
-	// WriteFile's mode goes through the umask.
-	return os.Chmod(d, perm)
+	defer unix.Close(out)
+	for {
+		n, err := unix.Sendfile(out, in, nil, etcCopyMax)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EISDIR) {
+			break // not a regular file any more: left empty
+		}
+		if err != nil {
+			return fmt.Errorf("etc: copy %s: %w", h, err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	// The mode set on the descriptor, not through the umask.
+	if err := unix.Fchmod(out, uint32(perm)); err != nil {
+		return fmt.Errorf("etc: %w", err)
+	}
+	return nil
 }
 
 // maskEntry makes d an empty file or directory of mode 0.

@@ -88,6 +88,7 @@ type Driver struct {
 	log      *slog.Logger
 	cg       *cgroup.Plan
 	ws       *workspaces
+	etc      *etcTemplate
 	report   map[string]any
 	// sockCheck is socketCheck, shortened by tests.
 	sockCheck time.Duration
@@ -183,6 +184,10 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 		d.reapAll()
 	}
 	d.ws = prepareWorkspaces(root, d.limits.WorkspaceBytes)
+	d.etc = newEtcTemplate(d.log)
+	if !cfg.Checkpoint {
+		d.etc.prepare()
+	}
 	d.report = d.buildReport()
 	return d, nil
 }
@@ -452,6 +457,14 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init
 	d.mu.Unlock()
 	sb.setInit(cmd, os.NewFile(uintptr(pidfd), "init"))
+	// The default root's /etc: a clone of the gateway's template.
+	st.EtcTemplate = false
+	if img == nil && !d.cfg.Checkpoint && d.etc != nil {
+		if etc := d.etc.clone(); etc >= 0 {
+			fds, names = append(fds, etc), append(names, "etc")
+			st.EtcTemplate = true
+		}
+	}
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
 	}

@@ -136,8 +136,14 @@ type Spec struct {
 	// gateway can reach the init, which then ends the sandbox), "rootfs" (a
 	// detached mount of an image's root: the sandbox's / instead of the
 	// host-derived one). With Checkpoint, "init" is an O_PATH descriptor
-	// of a host file holding the init's binary (InitPath).
+	// of a host file holding the init's binary (InitPath). "etc" is a
+	// detached, read-only mount of the gateway's /etc template (initd's
+	// BuildEtcTemplate): the default root's /etc, to which the init adds
+	// only the files naming the sandbox; without it, the init builds its
+	// /etc from the host's.
 	FDs []string `json:"fds"`
+	// CPUTasks, sent late ("cputasks", after "workspace"), is the v1 cpu
+	// cgroup's tasks file the init's threads move into themselves.
 	// Late names descriptors that are not sent with the spec but in an
 	// Attach frame after it ("workspace", and "rootfs" for an image): the
 	// gateway sends the spec as soon as the init runs, and the init builds

@@ -187,7 +187,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	var listener *os.File
 	var keptTasks []int
 	initFD := -1
-	workspace, sockFile, rootfs, cpuTasks := -1, -1, -1, -1
+	workspace, sockFile, rootfs, cpuTasks, etc := -1, -1, -1, -1, -1
 	var tasks []int
 	take := func(names []string, fds []int) error {
 		for i, name := range names {
@@ -203,6 +203,8 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 				rootfs = fds[i]
 			case "cputasks":
 				cpuTasks = fds[i]
+			case "etc":
+				etc = fds[i]
 			case "tasks":
 				tasks = append(tasks, fds[i])
 			case "init":
@@ -247,7 +249,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	if initFD >= 0 {
 		spec.InitPath = "/proc/self/fd/" + strconv.Itoa(initFD)
 	}
-	if err := buildRoot(spec, attach, tm); err != nil {
+	if err := buildRoot(spec, etc, attach, tm); err != nil {
 		return nil, err
 	}
 	if cpuTasks >= 0 {
@@ -304,7 +306,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		}
 	}
 	tm.mark("seccomp")
-	in := &initd{checkpoint: spec.Checkpoint, tasks: keptTasks, sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
+	in := &initd{etcTemplate: etc >= 0 && !slices.Contains(spec.FDs, "rootfs") && !slices.Contains(spec.Late, "rootfs"), checkpoint: spec.Checkpoint, tasks: keptTasks, sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
 		env:    spec.Env, workDir: writableWorkDir(spec.WorkingDir),
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
@@ -412,7 +414,7 @@ func closeInherited(keep int) {
 // (open_tree); it is attached at /workspace. attach returns both (-1:
 // none), waiting for them if the gateway sends them late: the default
 // root is built before that.
-func buildRoot(spec *ctl.Spec, attach func() (ws, root int, err error), tm *stepTimer) error {
+func buildRoot(spec *ctl.Spec, etc int, attach func() (ws, root int, err error), tm *stepTimer) error {
 	// Nothing mounted here may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -439,7 +441,11 @@ func buildRoot(spec *ctl.Spec, attach func() (ws, root int, err error), tm *step
 			return err
 		}
 		tm.mark("root")
-		if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname, spec.TrustPEM); err != nil {
+		if etc >= 0 {
+			if err := etcFromTemplate(r, etc, spec.Hostname, spec.TrustPEM); err != nil {
+				return err
+			}
+		} else if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname, spec.TrustPEM); err != nil {
 			return err
 		}
 		tm.mark("etc")
@@ -650,6 +656,17 @@ func machineID() string {
 	return hex.EncodeToString(b[:]) + "\n"
 }
 
+// ownEtc are the sandbox's own passwd and group, the same in every
+// default root.
+func ownEtc() map[string]string {
+	return map[string]string{
+		"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
+			fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/bash\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir) +
+			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"group": "root:x:0:\ntty:x:5:\n" + fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID) + "nogroup:x:65534:\n",
+	}
+}
+
 // etcCopyMax is the size up to which a host /etc file is copied into the
 // sandbox's /etc; larger ones are bound.
 const etcCopyMax = 64 << 10
@@ -668,12 +685,7 @@ func buildEtc(dst, hostname, trustPEM string) error {
 	if err := copyEtcDir("/etc", dst, ""); err != nil {
 		return err
 	}
-	own := map[string]string{
-		"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
-			fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/bash\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir) +
-			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		"group": "root:x:0:\ntty:x:5:\n" + fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID) + "nogroup:x:65534:\n",
-	}
+	own := ownEtc()
 	maps.Copy(own, nameFiles(hostname))
 	for name, content := range own {
 		if err := os.WriteFile(filepath.Join(dst, name), []byte(content), 0o644); err != nil {
@@ -688,10 +700,131 @@ func buildEtc(dst, hostname, trustPEM string) error {
 	return setReadOnly(dst)
 }
 
+// BuildEtcTemplate fills the tmpfs whose root is open at root, a mount
+// that no namespace holds (fsmount), with what every default root's /etc
+// shares: what buildEtc makes but for the files that name a sandbox
+// (hostname, hosts, machine-id, resolv.conf), which are empty files there
+// for each sandbox's own to be bound over (etcFromTemplate). It returns
+// the host paths whose contents the template copied (files, and the
+// directories whose entries it listed), for the gateway to notice when
+// one changes. The gateway makes the whole tree read-only.
+func BuildEtcTemplate(root int) ([]string, error) {
+	dir := "/proc/self/fd/" + strconv.Itoa(root)
+	read := []string{"/etc"}
+	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{bind: treeBind, read: &read}); err != nil {
+		return nil, err
+	}
+	for name, content := range ownEtc() {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
+	for _, name := range templateOwn() {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
+	return read, nil
+}
+
+// templateOwn are the files of the /etc template that each sandbox binds
+// its own over: those that name it, and the trust bundle (empty, but for
+// a session with a CA: sandbox.TrustBundle).
+func templateOwn() []string {
+	return append(slices.Sorted(maps.Keys(nameFiles(""))), bundleName)
+}
+
+// treeBind binds src at dst as roBind does, with the mount API, which
+// also binds into a detached mount (Linux 6.15 and later).
+func treeBind(src, dst string) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := &unix.MountAttr{Attr_set: hostBindPerms}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// etcFromTemplate attaches the /etc template the gateway sent (a detached
+// read-only mount, open at etc) at r/etc, and binds over its empty
+// hostname, hosts, machine-id and resolv.conf the sandbox's own, and,
+// with trustPEM, the trust bundle over the empty TrustBundle and the
+// host's store (hostTrust): each is written in the root's tmpfs at r and
+// unlinked there once bound, so that only /etc names it.
+func etcFromTemplate(r string, etc int, hostname, trustPEM string) error {
+	dst := filepath.Join(r, "etc")
+	if err := unix.MoveMount(etc, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach /etc: %w", err)
+	}
+	for name, content := range nameFiles(hostname) {
+		if err := bindOwn(r, []byte(content), filepath.Join(dst, name)); err != nil {
+			return err
+		}
+	}
+	if trustPEM != "" {
+		return templateTrust(r, dst, trustPEM)
+	}
+	return nil
+}
+
+// templateTrust binds the trust bundle made of the host's store (in the
+// sandbox's /etc at etc, a template's) and pem over TrustBundle and the
+// store, from the tmpfs at root (the sandbox's /, writable).
+func templateTrust(root, etc, pem string) error {
+	system, store := systemBundle(etc)
+	bundle := joinPEM(system, pem)
+	targets := []string{filepath.Join(etc, bundleName)}
+	if store != "" {
+		targets = append(targets, filepath.Join(etc, store))
+	}
+	for _, t := range targets {
+		if err := bindOwn(root, bundle, t); err != nil {
+			return fmt.Errorf("trust store: %w", err)
+		}
+	}
+	return nil
+}
+
+// bindOwn writes content to a new file in the writable directory dir,
+// binds it read-only at dst, and unlinks it from dir.
+func bindOwn(dir string, content []byte, dst string) error {
+	own := filepath.Join(dir, ".etc-own")
+	_ = os.Remove(own)
+	if err := os.WriteFile(own, content, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", dst, err)
+	}
+	err := roBind(own, dst)
+	if rerr := os.Remove(own); err == nil && rerr != nil {
+		err = fmt.Errorf("write %s: %w", dst, rerr)
+	}
+	return err
+}
+
 // copyEtcDir fills dst, a directory of the sandbox's /etc, from the host
 // directory host, which is /etc/rel. Entries that vanish meanwhile are
 // skipped; devices, FIFOs and sockets are never carried over.
 func copyEtcDir(host, dst, rel string) error {
+	return copyEtcDirNoting(host, dst, rel, &etcCopy{bind: roBind})
+}
+
+// etcCopy is how copyEtcDirNoting binds (roBind, or treeBind into a
+// detached mount), and what it notes: the host files it copied and the
+// directories below /etc it listed, when read is not nil.
+type etcCopy struct {
+	bind func(src, dst string) error
+	read *[]string
+}
+
+// copyEtcDirNoting is copyEtcDir with c's bind and notes.
+func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
+	read := c.read
 	entries, err := os.ReadDir(host)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", host, err)
@@ -725,17 +858,23 @@ func copyEtcDir(host, dst, rel string) error {
 			if err := os.Mkdir(d, fi.Mode().Perm()); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
-			if err := copyEtcDir(h, d, name); err != nil {
+			if read != nil {
+				*read = append(*read, h)
+			}
+			if err := copyEtcDirNoting(h, d, name, c); err != nil {
 				return err
 			}
 		case fi.IsDir():
 			if err := os.Mkdir(d, 0o755); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
-			if err := bindEtc(h, d); err != nil {
+			if err := bindEtc(c.bind, h, d); err != nil {
 				return err
 			}
 		case fi.Mode().IsRegular() && fi.Size() <= etcCopyMax:
+			if read != nil {
+				*read = append(*read, h)
+			}
 			if err := copyEtcFile(h, d, fi.Mode().Perm()); err != nil {
 				return err
 			}
@@ -743,7 +882,7 @@ func copyEtcDir(host, dst, rel string) error {
 			if err := os.WriteFile(d, nil, 0o644); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
-			if err := bindEtc(h, d); err != nil {
+			if err := bindEtc(c.bind, h, d); err != nil {
 				return err
 			}
 		}
@@ -753,8 +892,8 @@ func copyEtcDir(host, dst, rel string) error {
 
 // bindEtc binds the host's h at d, read-only. An entry the host removed
 // meanwhile is left empty.
-func bindEtc(h, d string) error {
-	if err := roBind(h, d); err != nil && !errors.Is(err, unix.ENOENT) {
+func bindEtc(bind func(src, dst string) error, h, d string) error {
+	if err := bind(h, d); err != nil && !errors.Is(err, unix.ENOENT) {
 		return err
 	}
 	return nil

@@ -97,8 +97,8 @@ type Driver struct {
 	seccomp   ctl.Seccomp
 	noSeccomp bool
 	// beforeAttach, when set (tests), runs with a new init's pid just
-	// before the gateway moves it into its CPU cgroup and sends its
-	// workspace.
+	// before the gateway sends its workspace (and its CPU cgroup, which
+	// it then moves into).
 	beforeAttach func(pid int)
 
 	mu    sync.Mutex

@@ -440,6 +440,9 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if err != nil {
 		return err
 	}
+	// Started: cloned into its namespaces, its ids mapped, the init's
+	// binary exec'd (exec.Cmd.Start returns once the exec succeeded).
+	tr.Add("init_exec_bg", time.Since(forkAt))
 	defer conn.Close()
 	// An unreaped child: the pid cannot have been reused.
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, unix.O_NONBLOCK)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -53,10 +54,14 @@ type warm struct {
 	held bool
 }
 
-// warmPool keeps up to size warm sandboxes. One refill runs at a time, in
-// the background, once claims pause (settle): a create never waits for it.
+// warmPool keeps up to size warm sandboxes. A refill round runs in the
+// background, once claims pause (settle): a create never waits for it. It
+// builds up to par sandboxes at once (the default root's pool: as many as
+// the host has CPUs, so that a burst that emptied the pool finds it full
+// again sooner; an image's pool: one, and one for all of them, fill).
 type warmPool struct {
 	size   int
+	par    int
 	create func(ctx context.Context, id string) (sandbox.Sandbox, error)
 	// discard destroys a warm sandbox found dead, in the background.
 	discard func(warm)
@@ -82,7 +87,7 @@ type warmPool struct {
 }
 
 func newWarmPool(size int, create func(context.Context, string) (sandbox.Sandbox, error), discard func(warm), log *slog.Logger) *warmPool {
-	return &warmPool{size: size, create: create, discard: discard, log: log, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	return &warmPool{size: size, par: min(size, max(runtime.NumCPU(), 1)), create: create, discard: discard, log: log, kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // start runs the refill until ctx ends or the pool is closed.
@@ -113,7 +118,7 @@ func (p *warmPool) run(ctx context.Context) {
 	for {
 		p.prune()
 		for p.short() && (p.admit == nil || p.admit()) {
-			if err := p.fillOne(ctx); err != nil {
+			if err := p.fillSome(ctx); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -178,6 +183,32 @@ func (p *warmPool) short() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return !p.closed && len(p.idle) < p.size
+}
+
+// fillSome makes as many warm sandboxes as the pool lacks, at most par
+// (one for an image's pool, whose admit is asked for each) at once, and
+// adds them to the pool. It returns the first error once all are done.
+func (p *warmPool) fillSome(ctx context.Context) error {
+	p.mu.Lock()
+	n := min(p.size-len(p.idle), p.par)
+	p.mu.Unlock()
+	if p.admit != nil || p.fill != nil {
+		n = 1
+	}
+	if n <= 1 {
+		return p.fillOne(ctx)
+	}
+	errs := make(chan error, n)
+	for range n {
+		go func() { errs <- p.fillOne(ctx) }()
+	}
+	var first error
+	for range n {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // fillOne makes one warm sandbox and adds it to the pool.

@@ -86,5 +86,25 @@ func TestLinuxEtcTemplateFollowsHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	look("absent")
+
+	// A host file that others may not read is an empty entry of mode 0,
+	// as when the init (no owner of the host's files) copied /etc: the
+	// gateway, host root, copies no more than it could.
+	secret := host + "-private"
+	t.Cleanup(func() { os.Remove(secret) })
+	if err := os.WriteFile(secret, []byte("host only\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-etc-private"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, _ := runIn(t, sb, "stat -c '%s %a' "+secret)
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Error(err)
+	}
+	if out != "0 0\n" {
+		t.Errorf("a host file of mode 0640 in the sandbox's /etc: %q, want an empty entry of mode 0", out)
+	}
 	checkNoLeaks(t, dataDir)
 }

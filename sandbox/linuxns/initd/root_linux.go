@@ -711,7 +711,7 @@ func buildEtc(dst, hostname, trustPEM string) error {
 func BuildEtcTemplate(root int) ([]string, error) {
 	dir := "/proc/self/fd/" + strconv.Itoa(root)
 	read := []string{"/etc"}
-	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{bind: treeBind, read: &read}); err != nil {
+	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{bind: treeBind, read: &read, asOther: true}); err != nil {
 		return nil, err
 	}
 	for name, content := range ownEtc() {
@@ -820,6 +820,10 @@ func copyEtcDir(host, dst, rel string) error {
 type etcCopy struct {
 	bind func(src, dst string) error
 	read *[]string
+	// asOther copies only the files that others may read, and masks the
+	// rest, as for an init (which reads the host's /etc as no owner of
+	// its files): the gateway builds the template as host root.
+	asOther bool
 }
 
 // copyEtcDirNoting is copyEtcDir with c's bind and notes.
@@ -874,6 +878,12 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 		case fi.Mode().IsRegular() && fi.Size() <= etcCopyMax:
 			if read != nil {
 				*read = append(*read, h)
+			}
+			if c.asOther && fi.Mode().Perm()&0o004 == 0 {
+				if err := maskEntry(d, false); err != nil {
+					return err
+				}
+				continue
 			}
 			if err := copyEtcFile(h, d, fi.Mode().Perm()); err != nil {
 				return err

@@ -269,12 +269,13 @@ func touchTree(root string) (err error) {
 
 // touchOwnEtc touches the files of /etc that are the sandbox's own, in a
 // default root whose /etc is the gateway's template: those bound over it
-// from the root's tmpfs (initd's etcFromTemplate), on /'s device. Each
-// is a read-only mount of its own, writable for the moment.
+// from a tmpfs of the sandbox's (initd's etcFromTemplate), on
+// /etc/hostname's device. Each is a read-only mount of its own, writable
+// for the moment.
 func touchOwnEtc() error {
 	var root unix.Stat_t
-	if err := unix.Stat("/", &root); err != nil {
-		return fmt.Errorf("/: %w", err)
+	if err := unix.Stat("/etc/hostname", &root); err != nil {
+		return fmt.Errorf("/etc/hostname: %w", err)
 	}
 	entries, err := os.ReadDir("/etc")
 	if err != nil {

@@ -17,8 +17,8 @@ import (
 // The default root's /etc comes from the gateway's template (one clone
 // per create, the init adds the files that name the sandbox), yet it is
 // what the init built before: each sandbox has its own hostname and
-// machine-id, /etc is read-only, nothing of the init's own files is left
-// in /, and a change of a host /etc file (new, rewritten in place,
+// machine-id (the sandbox root's files, one link each), /etc is
+// read-only, nothing of the init's own files is left in /, and a change of a host /etc file (new, rewritten in place,
 // removed) shows in the sandboxes created after it, as it did when each
 // init copied the host's /etc.
 func TestLinuxEtcTemplateFollowsHost(t *testing.T) {
@@ -41,12 +41,12 @@ func TestLinuxEtcTemplateFollowsHost(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		out, _, e := runIn(t, sb, "cat "+host+" 2>/dev/null || echo absent; cat /etc/hostname /etc/machine-id; ls -a / | grep -c '^\\.etc-' ; touch /etc/x 2>&1 | grep -c 'Read-only'")
+		out, _, e := runIn(t, sb, "cat "+host+" 2>/dev/null || echo absent; cat /etc/hostname /etc/machine-id; ls -a / | grep -c '^\\.etc-' ; touch /etc/x 2>&1 | grep -c 'Read-only'; stat -c '%h %U %a' /etc/hostname")
 		if e.Code != 0 {
 			t.Fatalf("%s: exit %+v: %s", id, e, out)
 		}
 		lines := strings.Split(strings.TrimSpace(out), "\n")
-		if len(lines) != 5 {
+		if len(lines) != 6 {
 			t.Fatalf("%s: %q", id, out)
 		}
 		if lines[0] != want {
@@ -60,6 +60,9 @@ func TestLinuxEtcTemplateFollowsHost(t *testing.T) {
 		}
 		if lines[4] != "1" {
 			t.Errorf("%s: /etc is not read-only: %q", id, out)
+		}
+		if lines[5] != "1 root 644" {
+			t.Errorf("%s: /etc/hostname has links, owner and mode %q, want the sandbox root's file with its one link", id, lines[5])
 		}
 		return lines[2] // machine-id
 	}

@@ -756,55 +756,73 @@ func treeBind(src, dst string) error {
 // read-only mount, open at etc) at r/etc, and binds over its empty
 // hostname, hosts, machine-id and resolv.conf the sandbox's own, and,
 // with trustPEM, the trust bundle over the empty TrustBundle and the
-// host's store (hostTrust): each is written in the root's tmpfs at r and
-// unlinked there once bound, so that only /etc names it.
+// host's store (bindOwn).
 func etcFromTemplate(r string, etc int, hostname, trustPEM string) error {
 	dst := filepath.Join(r, "etc")
 	if err := unix.MoveMount(etc, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attach /etc: %w", err)
 	}
+	own := map[string][]byte{}
 	for name, content := range nameFiles(hostname) {
-		if err := bindOwn(r, []byte(content), filepath.Join(dst, name)); err != nil {
+		own[filepath.Join(dst, name)] = []byte(content)
+	}
+	if trustPEM != "" {
+		maps.Copy(own, trustFiles(dst, trustPEM))
+	}
+	return bindOwn(r, own)
+}
+
+// trustFiles are the trust bundle made of the host's store (in the
+// sandbox's /etc at etc, a template's) and pem, at TrustBundle and over
+// the store.
+func trustFiles(etc, pem string) map[string][]byte {
+	system, store := systemBundle(etc)
+	bundle := joinPEM(system, pem)
+	files := map[string][]byte{filepath.Join(etc, bundleName): bundle}
+	if store != "" {
+		files[filepath.Join(etc, store)] = bundle
+	}
+	return files
+}
+
+// bindOwn binds, read-only, each file of own (path -> content) over the
+// path, from a tmpfs of the sandbox's own made for them at dir/.etc-own
+// (dir, writable, is the sandbox's root) and detached once they are bound:
+// they are the sandbox root's files, each with its one link, and only
+// /etc names them.
+func bindOwn(dir string, own map[string][]byte) (err error) {
+	holder := filepath.Join(dir, ".etc-own")
+	if err := os.Mkdir(holder, 0o700); err != nil {
+		return fmt.Errorf("/etc: %w", err)
+	}
+	defer func() {
+		if rerr := os.Remove(holder); err == nil && rerr != nil {
+			err = fmt.Errorf("/etc: %w", rerr)
+		}
+	}()
+	if err := mount("tmpfs", holder, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=16m"); err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := unix.Unmount(holder, unix.MNT_DETACH); err == nil && uerr != nil {
+			err = fmt.Errorf("/etc: %w", uerr)
+		}
+	}()
+	i := 0
+	for _, dst := range slices.Sorted(maps.Keys(own)) {
+		i++
+		src := filepath.Join(holder, strconv.Itoa(i))
+		if err := os.WriteFile(src, own[dst], 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", dst, err)
+		}
+		if err := unix.Chmod(src, 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", dst, err)
+		}
+		if err := roBind(src, dst); err != nil {
 			return err
 		}
 	}
-	if trustPEM != "" {
-		return templateTrust(r, dst, trustPEM)
-	}
 	return nil
-}
-
-// templateTrust binds the trust bundle made of the host's store (in the
-// sandbox's /etc at etc, a template's) and pem over TrustBundle and the
-// store, from the tmpfs at root (the sandbox's /, writable).
-func templateTrust(root, etc, pem string) error {
-	system, store := systemBundle(etc)
-	bundle := joinPEM(system, pem)
-	targets := []string{filepath.Join(etc, bundleName)}
-	if store != "" {
-		targets = append(targets, filepath.Join(etc, store))
-	}
-	for _, t := range targets {
-		if err := bindOwn(root, bundle, t); err != nil {
-			return fmt.Errorf("trust store: %w", err)
-		}
-	}
-	return nil
-}
-
-// bindOwn writes content to a new file in the writable directory dir,
-// binds it read-only at dst, and unlinks it from dir.
-func bindOwn(dir string, content []byte, dst string) error {
-	own := filepath.Join(dir, ".etc-own")
-	_ = os.Remove(own)
-	if err := os.WriteFile(own, content, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", dst, err)
-	}
-	err := roBind(own, dst)
-	if rerr := os.Remove(own); err == nil && rerr != nil {
-		err = fmt.Errorf("write %s: %w", dst, rerr)
-	}
-	return err
 }
 
 // copyEtcDir fills dst, a directory of the sandbox's /etc, from the host

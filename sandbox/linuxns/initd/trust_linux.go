@@ -145,7 +145,7 @@ func addTrustHere(pem string, template bool) error {
 		if err := setWritable("/"); err != nil {
 			return err
 		}
-		err := templateTrust("/", "/etc", pem)
+		err := bindOwn("/", trustFiles("/etc", pem))
 		return errors.Join(err, setReadOnly("/"))
 	}
 	if _, err := os.Lstat(sandbox.TrustBundle); err == nil {

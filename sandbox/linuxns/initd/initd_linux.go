@@ -893,12 +893,7 @@ type spawner struct {
 
 // spawnFilter says whether the spawner thread loads the seccomp filter,
 // and which.
-type spawnFilter struct {
-	on, allowUserNS, checkpoint bool
-	// ahead, when not nil, gives the filter assembled ahead (for one
-	// allowUserNS), which is loaded when it is the one wanted.
-	ahead <-chan seccompProgram
-}
+type spawnFilter struct{ on, allowUserNS, checkpoint bool }
 
 func startSpawner(tasks []int, filter spawnFilter) (*spawner, error) {
 	s := &spawner{fns: make(chan func())}
@@ -958,11 +953,6 @@ func prepareSpawnThread(tasks []int, filter spawnFilter) error {
 	// Last: the filter is per thread, so this one alone has it, and every
 	// process forked from here inherits it. The thread itself still calls
 	// unshare(CLONE_NEWUTS) per command, which the filter allows.
-	if filter.on && filter.ahead != nil {
-		if sp := <-filter.ahead; sp.allowUserNS == filter.allowUserNS && sp.err == nil {
-			return sp.load()
-		}
-	}
 	if filter.on {
 		return loadSeccomp(filter.allowUserNS)
 	}

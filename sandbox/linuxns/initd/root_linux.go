@@ -80,11 +80,6 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "sandbox-init: fd 3 is not a unix socket")
 		return 2
 	}
-	// The seccomp filter of the usual policy is assembled while the init
-	// waits for its spec (the runtime runs this while Main blocks on the
-	// socket), ready when its spawner thread starts.
-	ahead := make(chan seccompProgram, 1)
-	go func() { ahead <- assembleSeccomp(false) }()
 	var spec ctl.Spec
 	fds, err := ctl.ReadFrame(c, &spec)
 	if err != nil {
@@ -104,7 +99,7 @@ func Main(args []string) int {
 		tm.mark("wait_workspace")
 		return a.FDs, fds, nil
 	}
-	in, err := buildSandbox(&spec, fds, late, tm, ahead)
+	in, err := buildSandbox(&spec, fds, late, tm)
 	if err != nil {
 		_, bad := errors.AsType[*ctl.ImageError](err)
 		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error(), BadImage: bad})
@@ -184,7 +179,7 @@ func writableWorkDir(dir string) string {
 // buildSandbox turns the init's fresh namespaces into the sandbox and
 // returns the server of its control socket. It closes fds. late reads the
 // descriptors the spec names in Late, when the root needs them.
-func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error), tm *stepTimer, ahead <-chan seccompProgram) (*initd, error) {
+func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error), tm *stepTimer) (*initd, error) {
 	defer procio.CloseFDs(fds)
 	if len(fds) != len(spec.FDs) {
 		return nil, fmt.Errorf("got %d descriptors for %d names", len(fds), len(spec.FDs))
@@ -306,7 +301,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 			keptTasks = append(keptTasks, kept)
 		}
 	} else {
-		if sp, err = startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS, ahead: ahead}); err != nil {
+		if sp, err = startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS}); err != nil {
 			return nil, err
 		}
 	}

@@ -3,16 +3,12 @@
 package initd
 
 import (
-	"errors"
 	"fmt"
 	"maps"
-	"runtime"
 	"slices"
-	"unsafe"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
-	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
@@ -117,61 +113,6 @@ func loadSeccomp(allowUserNS bool) error {
 	}
 	if err := seccomp.LoadFilter(seccomp.Filter{NoNewPrivs: true, Policy: *p}); err != nil {
 		return fmt.Errorf("seccomp filter: %w", err)
-	}
-	return nil
-}
-
-// seccompProgram is the filter of the policy for allowUserNS, assembled
-// ahead (assembleSeccomp), or why it could not be.
-type seccompProgram struct {
-	allowUserNS bool
-	filter      []unix.SockFilter
-	err         error
-}
-
-// assembleSeccomp assembles the filter of the policy for allowUserNS, as
-// seccomp.LoadFilter does before it loads it: about 1 ms, which the init
-// spends while it waits for its spec (Main), not when its spawner starts.
-func assembleSeccomp(allowUserNS bool) seccompProgram {
-	sp := seccompProgram{allowUserNS: allowUserNS}
-	p, err := seccompPolicy(allowUserNS)
-	if err != nil {
-		sp.err = err
-		return sp
-	}
-	insts, err := p.Assemble()
-	if err != nil {
-		sp.err = fmt.Errorf("seccomp filter: %w", err)
-		return sp
-	}
-	raw, err := bpf.Assemble(insts)
-	if err != nil {
-		sp.err = fmt.Errorf("seccomp filter: %w", err)
-		return sp
-	}
-	for _, r := range raw {
-		sp.filter = append(sp.filter, unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K})
-	}
-	return sp
-}
-
-// load sets no_new_privs and loads the filter on the calling thread
-// alone, as seccomp.LoadFilter does (flags 0: no TSYNC).
-func (sp seccompProgram) load() error {
-	if sp.err != nil {
-		return sp.err
-	}
-	if len(sp.filter) == 0 {
-		return errors.New("seccomp filter: empty")
-	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
-	}
-	prog := unix.SockFprog{Len: uint16(len(sp.filter)), Filter: &sp.filter[0]}
-	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&prog)))
-	runtime.KeepAlive(sp.filter)
-	if errno != 0 {
-		return fmt.Errorf("seccomp filter: %w", errno)
 	}
 	return nil
 }

@@ -4,8 +4,6 @@ package initd
 
 import (
 	"encoding/binary"
-	"errors"
-	"fmt"
 	"runtime"
 	"slices"
 	"testing"
@@ -164,61 +162,4 @@ func BenchmarkSeccompLoad(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-}
-
-// The filter assembled ahead (while the init waits for its spec) is the
-// one seccomp.LoadFilter assembles from the same policy, and loading it
-// on a thread refuses there what the policy refuses: keyctl (EPERM) and a
-// new user namespace (EPERM, by argument), while the thread still runs.
-func TestSeccompAssembledAhead(t *testing.T) {
-	if _, err := arch.GetInfo(""); err != nil {
-		t.Skip(err)
-	}
-	for _, allowUserNS := range []bool{false, true} {
-		sp := assembleSeccomp(allowUserNS)
-		if sp.err != nil {
-			t.Fatal(sp.err)
-		}
-		p, err := seccompPolicy(allowUserNS)
-		if err != nil {
-			t.Fatal(err)
-		}
-		insts, err := p.Assemble()
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, err := bpf.Assemble(insts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(raw) != len(sp.filter) {
-			t.Fatalf("allowUserNS=%v: %d instructions ahead, %d from the policy", allowUserNS, len(sp.filter), len(raw))
-		}
-		for i, r := range raw {
-			if f := sp.filter[i]; f.Code != r.Op || f.Jt != r.Jt || f.Jf != r.Jf || f.K != r.K {
-				t.Fatalf("allowUserNS=%v: instruction %d ahead %+v, from the policy %+v", allowUserNS, i, f, r)
-			}
-		}
-	}
-	errc := make(chan error)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends here
-		if err := assembleSeccomp(false).load(); err != nil {
-			errc <- err
-			return
-		}
-		_, _, kerr := unix.Syscall(unix.SYS_KEYCTL, 0, 0, 0)
-		uerr := unix.Unshare(unix.CLONE_NEWUSER)
-		errc <- errors.Join(wantErrno("keyctl", kerr, unix.EPERM), wantErrno("unshare(CLONE_NEWUSER)", uerr, unix.EPERM))
-	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-}
-
-func wantErrno(what string, got error, want unix.Errno) error {
-	if !errors.Is(got, want) {
-		return fmt.Errorf("%s under the filter assembled ahead: %v, want %v", what, got, want)
-	}
-	return nil
 }

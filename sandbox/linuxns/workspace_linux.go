@@ -193,7 +193,10 @@ func makeTemplate(tpl string, size int64) error {
 		return fmt.Errorf("workspace template: %w", err)
 	}
 	// No journal: a workspace does not outlive its host, and mounts faster.
-	out, err := exec.Command(mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
+	// No resize inode: its reserved group descriptor blocks (4 MiB of a
+	// 16 GiB image's 4.3) are data that every create copies, for an online
+	// growth no workspace gets; the image is 264 KiB of data without them.
+	out, err := exec.Command(mkfs, "-q", "-F", "-O", "^has_journal,^resize_inode", "-m", "0",
 		"-E", "root_owner=0:0", "-L", "workspace", tmp).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)

@@ -74,15 +74,15 @@ type idleSandbox struct{ sandbox.Sandbox }
 func (idleSandbox) Destroy(context.Context) error { return nil }
 
 // TestWarmPoolFillsInParallel: an empty pool builds the sandboxes it lacks
-// at once, as many as the host has CPUs and never more than it lacks
-// (issue 41: back to back, a pool of 2 refilled one sandbox at a time
-// behind the creates, which then mostly built their own); an image's pool
-// (admit, one fill slot for all) builds one at a time.
+// at once, at most par (one CPU fewer than the host has) and never more
+// than it lacks (issue 41: back to back, a pool refilled one sandbox at a
+// time behind the creates, which then mostly built their own); an image's
+// pool (admit, one fill slot for all) builds one at a time.
 func TestWarmPoolFillsInParallel(t *testing.T) {
 	for _, image := range []bool{false, true} {
 		b := &blockingCreate{release: make(chan struct{})}
 		p := newWarmPool(3, b.create, func(warm) {}, slog.New(slog.DiscardHandler))
-		p.par = 2 // as on a host with 2 CPUs
+		p.par = 2 // as on a host with 3 CPUs
 		want := 2
 		if image {
 			p.admit, p.fill, want = func() bool { return true }, make(chan struct{}, 1), 1

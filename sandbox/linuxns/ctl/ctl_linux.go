@@ -142,10 +142,10 @@ type Spec struct {
 	// only the files naming the sandbox; without it, the init builds its
 	// /etc from the host's.
 	FDs []string `json:"fds"`
-	// CPUTasks, sent late ("cputasks", after "workspace"), is the v1 cpu
-	// cgroup's tasks file the init's threads move into themselves.
 	// Late names descriptors that are not sent with the spec but in an
-	// Attach frame after it ("workspace", and "rootfs" for an image): the
+	// Attach frame after it ("workspace", and "rootfs" for an image; and
+	// "cputasks", the tasks file of the sandbox's v1 cpu cgroup, which the
+	// init's threads move into themselves once its root is built): the
 	// gateway sends the spec as soon as the init runs, and the init builds
 	// what needs neither (the default root, its /etc, /dev, /proc, /tmp)
 	// while the gateway makes the workspace.

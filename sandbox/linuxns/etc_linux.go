@@ -26,9 +26,9 @@ const etcCheckEvery = time.Second
 // that no mount namespace holds: a detached, read-only mount tree. Each
 // create clones it (one open_tree) for the init to attach, which adds the
 // files that name the sandbox: ~0.2 ms where building /etc took the init
-// 3-5 ms of syscalls. Not for images (their root has its own /etc), nor
-// sessions with a trust store (the init writes its bundle into /etc), nor
-// checkpointable sandboxes (CRIU would dump one shared tmpfs per sandbox).
+// 3-5 ms of syscalls (a session CA's bundle is bound over it too). Not for
+// images (their root has its own /etc), nor checkpointable sandboxes (CRIU
+// would dump one shared tmpfs per sandbox).
 type etcTemplate struct {
 	log   *slog.Logger
 	every time.Duration // etcCheckEvery; shorter in tests
@@ -38,7 +38,14 @@ type etcTemplate struct {
 	read    map[string]etcStamp
 	checked time.Time
 	failed  error // why it could not be built (then the inits build /etc)
+	// failedAt is when; a build is tried again etcRetry later.
+	failedAt time.Time
 }
+
+// etcRetry is how long after a failed build of the template the next is
+// tried: meanwhile each init builds its /etc, as on a kernel that cannot
+// clone a detached mount.
+const etcRetry = time.Minute
 
 // etcStamp is what changes when a host file or directory does.
 type etcStamp struct {
@@ -70,15 +77,18 @@ func (t *etcTemplate) prepare() {
 // buildLocked builds the template when there is none, and it has not
 // failed before. Callers hold t.mu.
 func (t *etcTemplate) buildLocked() {
-	if t.fd >= 0 || t.failed != nil {
+	if t.fd >= 0 || t.failed != nil && time.Since(t.failedAt) < etcRetry {
 		return
 	}
 	fd, read, err := buildEtcTemplate()
 	if err != nil {
-		t.failed = err
-		t.log.Warn("sandbox /etc: no template; each sandbox's init builds its own, slower", "err", err.Error())
+		if t.failed == nil || t.failed.Error() != err.Error() {
+			t.log.Warn("sandbox /etc: no template; each sandbox's init builds its own, slower", "err", err.Error(), "retry_in", etcRetry)
+		}
+		t.failed, t.failedAt = err, time.Now()
 		return
 	}
+	t.failed = nil
 	t.fd, t.read, t.checked = fd, read, time.Now()
 }
 
@@ -102,9 +112,9 @@ func (t *etcTemplate) clone() int {
 	c, err := unix.OpenTree(t.fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_EMPTY_PATH)
 	if err != nil {
 		// A kernel that cannot clone a detached tree (before 6.15?): no
-		// template from now on.
-		t.failed = fmt.Errorf("clone the /etc template: %w", err)
-		t.log.Warn("sandbox /etc: no template; each sandbox's init builds its own, slower", "err", t.failed.Error())
+		// template, until a build is tried again.
+		t.failed, t.failedAt = fmt.Errorf("clone the /etc template: %w", err), time.Now()
+		t.log.Warn("sandbox /etc: no template; each sandbox's init builds its own, slower", "err", t.failed.Error(), "retry_in", etcRetry)
 		unix.Close(t.fd)
 		t.fd = -1
 		return -1

@@ -111,3 +111,27 @@ func TestLinuxEtcTemplateFollowsHost(t *testing.T) {
 	}
 	checkNoLeaks(t, dataDir)
 }
+
+// Without the template (a kernel before 6.15), each init builds its /etc
+// from the host's, as before: its files the sandbox root's, read-only,
+// with a session CA's bundle.
+func TestLinuxEtcWithoutTemplate(t *testing.T) {
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	d.NoEtcTemplate()
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-etc-own", TrustPEM: []byte(testPEM)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+		checkNoLeaks(t, dataDir)
+	}()
+	out, stderr, e := runIn(t, sb, "stat -c '%U %a' /etc /etc/passwd; cat /etc/hostname; grep -c 'BEGIN CERTIFICATE' "+sandbox.TrustBundle+" >/dev/null && echo trusted; touch /etc/x 2>/dev/null || echo ro")
+	want := "root 755\nroot 644\n" + sandbox.ShortID("sbx-etc-own") + "\ntrusted\nro\n"
+	if e.Code != 0 || out != want {
+		t.Errorf("/etc built by the init: %q (%q, exit %+v), want %q", out, stderr, e, want)
+	}
+}

@@ -34,6 +34,10 @@ func (d *Driver) UseCgroupV2(mount string) error {
 	return err
 }
 
+// NoEtcTemplate makes d's new sandboxes build their /etc in their init,
+// as on a kernel that cannot clone a detached mount.
+func (d *Driver) NoEtcTemplate() { d.etc = nil }
+
 // SetEtcCheck shortens how often d's creates check that the host files
 // its /etc template copied are unchanged.
 func (d *Driver) SetEtcCheck(every time.Duration) {

@@ -172,7 +172,7 @@ type Set struct {
 	// are the v1 cgroups of the commands, in the same order.
 	inits, procs []string
 	// cpuInit is, of inits, the one in the v1 hierarchy of the cpu
-	// controller: the init joins it only once its root is built (JoinCPU).
+	// controller: the init joins it only once its root is built (CPUTasks).
 	cpuInit string
 	// v2 is the cgroup v2 of the init and its commands.
 	v2 string
@@ -383,7 +383,7 @@ func cpuQuota(cpus float64) int64 {
 // thread that starts the init to join them first, and of the commands'
 // cgroups, for the init's spawner thread. They are opened by the gateway,
 // whose credentials the kernel checks for the moves. The init's cgroup of
-// the cpu hierarchy is not among them: JoinCPU moves the init there once
+// the cpu hierarchy is not among them: the init moves there (CPUTasks) once
 // its root is built.
 func (c *Set) TaskFiles() (inits, procs []int, err error) {
 	open := func(dirs []string) ([]int, error) {
@@ -408,8 +408,12 @@ func (c *Set) TaskFiles() (inits, procs []int, err error) {
 	return inits, procs, nil
 }
 
-// JoinCPU moves process pid, every thread of it, into the sandbox's cgroup
-// of the v1 cpu hierarchy, which TaskFiles leaves out of the init's.
+// CPUTasks opens, for writing, the tasks file of the sandbox's cgroup of
+// the v1 cpu hierarchy, which TaskFiles leaves out of the init's: -1 when
+// there is none. The init joins it itself, once its root is built, each of
+// its threads writing "0" (the writing thread alone), which skips the
+// kernel's global threadgroup lock and its RCU grace period (5-20 ms here)
+// that writing its pid to cgroup.procs from the gateway costs.
 //
 // A new init starts in the gateway's own CPU cgroup, not under the
 // "sandgate" parent that every sandbox of the host shares: there, it would
@@ -417,14 +421,18 @@ func (c *Set) TaskFiles() (inits, procs []int, err error) {
 // (other tenants', other gateways') use up, and on a loaded host its start
 // would wait for them (issue 34: another tenant's create under a flood).
 // The init has no CPU limit of its own (its commands' cgroup has), so
-// nothing is enforced later than before; the driver moves it before its
+// nothing is enforced later than before; the init moves before its
 // spawner thread joins the commands' cgroups, and threads made later
 // inherit the cgroup of the thread that makes them.
-func (c *Set) JoinCPU(pid int) error {
+func (c *Set) CPUTasks() (int, error) {
 	if c.cpuInit == "" {
-		return nil
+		return -1, nil
 	}
-	return setting{c.cpuInit, "cgroup.procs", strconv.Itoa(pid)}.write()
+	fd, err := unix.Open(filepath.Join(c.cpuInit, "tasks"), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open cgroup file: %w", err)
+	}
+	return fd, nil
 }
 
 // threadTasks opens, for each v1 hierarchy of p, the tasks file of the

@@ -35,7 +35,7 @@ var claimTrees = []string{"/", "/etc", "/dev", "/dev/shm", "/dev/pts", "/tmp", "
 func (s *linuxSandbox) refreshTimes() error {
 	s.mu.Lock()
 	pidfd := s.pidfd
-	upperDir := ""
+	upperDir, etcTemplate := "", s.st.EtcTemplate
 	if s.st.Boot != nil && s.st.Boot.Image != nil {
 		upperDir = filepath.Join(s.st.Workspace, imageUpper)
 	}
@@ -67,7 +67,7 @@ func (s *linuxSandbox) refreshTimes() error {
 		// Never unlocked: the runtime ends the thread with the goroutine,
 		// so no other goroutine ever runs in the sandbox's namespace.
 		runtime.LockOSThread()
-		errc <- touchTrees(fd, upper)
+		errc <- touchTrees(fd, upper, etcTemplate)
 	}()
 	if err := <-errc; err != nil {
 		return fmt.Errorf("claim times: %w", err)
@@ -79,8 +79,10 @@ func (s *linuxSandbox) refreshTimes() error {
 // calling thread, which must be locked and discarded after, and touches
 // claimTrees there; with upper, the open writable layer of an image
 // sandbox (which it consumes), the root and /etc are the image's: only
-// the paths upper holds are touched, through the sandbox's root.
-func touchTrees(pidfd, upper int) (err error) {
+// the paths upper holds are touched, through the sandbox's root. With
+// etcTemplate, /etc is the gateway's template, shared by every sandbox:
+// only the sandbox's own files bound over it are touched (touchOwnEtc).
+func touchTrees(pidfd, upper int, etcTemplate bool) (err error) {
 	if upper >= 0 {
 		defer unix.Close(upper)
 	}
@@ -107,6 +109,10 @@ func touchTrees(pidfd, upper int) (err error) {
 	var errs []error
 	for _, root := range claimTrees {
 		if upper >= 0 && (root == "/" || root == "/etc") {
+			continue
+		}
+		if etcTemplate && root == "/etc" {
+			errs = append(errs, touchOwnEtc())
 			continue
 		}
 		errs = append(errs, touchTree(root))
@@ -259,6 +265,40 @@ func touchTree(root string) (err error) {
 		return fmt.Errorf("%s: %w", root, err)
 	}
 	return touchBelow(fd, root, st.Dev)
+}
+
+// touchOwnEtc touches the files of /etc that are the sandbox's own, in a
+// default root whose /etc is the gateway's template: those bound over it
+// from a tmpfs of the sandbox's (initd's etcFromTemplate), on
+// /etc/hostname's device. Each is a read-only mount of its own, writable
+// for the moment.
+func touchOwnEtc() error {
+	var root unix.Stat_t
+	if err := unix.Stat("/etc/hostname", &root); err != nil {
+		return fmt.Errorf("/etc/hostname: %w", err)
+	}
+	entries, err := os.ReadDir("/etc")
+	if err != nil {
+		return fmt.Errorf("read /etc: %w", err)
+	}
+	for _, e := range entries {
+		p := filepath.Join("/etc", e.Name())
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil || st.Dev != root.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		if err := setMountRO(p, false); err != nil {
+			return err
+		}
+		err := unix.UtimesNanoAt(unix.AT_FDCWD, p, claimNow, unix.AT_SYMLINK_NOFOLLOW)
+		if rerr := setMountRO(p, true); err == nil {
+			err = rerr
+		}
+		if err != nil {
+			return fmt.Errorf("touch %s: %w", p, err)
+		}
+	}
+	return nil
 }
 
 // claimNow is utimensat's "now" for both times.

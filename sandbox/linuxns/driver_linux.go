@@ -88,6 +88,7 @@ type Driver struct {
 	log      *slog.Logger
 	cg       *cgroup.Plan
 	ws       *workspaces
+	etc      *etcTemplate
 	report   map[string]any
 	// sockCheck is socketCheck, shortened by tests.
 	sockCheck time.Duration
@@ -96,8 +97,8 @@ type Driver struct {
 	seccomp   ctl.Seccomp
 	noSeccomp bool
 	// beforeAttach, when set (tests), runs with a new init's pid just
-	// before the gateway moves it into its CPU cgroup and sends its
-	// workspace.
+	// before the gateway sends its workspace (and its CPU cgroup, which
+	// it then moves into).
 	beforeAttach func(pid int)
 
 	mu    sync.Mutex
@@ -187,6 +188,10 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 		d.reapAll()
 	}
 	d.ws = prepareWorkspaces(root, d.limits.WorkspaceBytes)
+	d.etc = newEtcTemplate(d.log)
+	if !cfg.Checkpoint {
+		d.etc.prepare()
+	}
 	d.report = d.buildReport()
 	return d, nil
 }
@@ -385,7 +390,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	wsDone := make(chan error, 1)
 	go func() {
 		t0 := time.Now()
-		err := d.ws.create(st.Workspace, st.Image, lim.WorkspaceBytes, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID)
+		err := d.ws.create(st.Workspace, st.Image, lim.WorkspaceBytes, st.UIDBase+ctl.SandboxUID, st.UIDBase+ctl.SandboxGID, tr)
 		tr.Add("workspace_image_bg", time.Since(t0))
 		wsDone <- err
 	}()
@@ -439,6 +444,9 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if err != nil {
 		return err
 	}
+	// Started: cloned into its namespaces, its ids mapped, the init's
+	// binary exec'd (exec.Cmd.Start returns once the exec succeeded).
+	tr.Add("init_exec_bg", time.Since(forkAt))
 	defer conn.Close()
 	// An unreaped child: the pid cannot have been reused.
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, unix.O_NONBLOCK)
@@ -456,6 +464,14 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init
 	d.mu.Unlock()
 	sb.setInit(cmd, os.NewFile(uintptr(pidfd), "init"))
+	// The default root's /etc: a clone of the gateway's template.
+	st.EtcTemplate = false
+	if img == nil && !d.cfg.Checkpoint && d.etc != nil {
+		if etc := d.etc.clone(); etc >= 0 {
+			fds, names = append(fds, etc), append(names, "etc")
+			st.EtcTemplate = true
+		}
+	}
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {
 		return fmt.Errorf("sandbox init: %w", err)
 	}
@@ -511,6 +527,22 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		is.Late = []string{"rootfs", "workspace"}
 		name = img.Name
 	}
+	// The init goes under the sandboxes' CPU parent once it has its
+	// workspace, before its spawner thread joins the commands' cgroups
+	// and anything of the sandbox runs: it moves itself, thread by thread
+	// (cgroup.Set.CPUTasks).
+	cpuTasks, err := cgs.CPUTasks()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cpuTasks >= 0 {
+			unix.Close(cpuTasks)
+		}
+	}()
+	if cpuTasks >= 0 {
+		is.Late = append(is.Late, "cputasks")
+	}
 	is.FDs = names
 	hs, err := d.startHandshake(ctx, conn, is, fds)
 	if err != nil {
@@ -547,15 +579,13 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return fmt.Errorf("workspace mount: %w", err)
 	}
 	fds, names = append(fds, ws), append(names, "workspace")
+	if cpuTasks >= 0 {
+		fds, names = append(fds, cpuTasks), append(names, "cputasks")
+		cpuTasks = -1
+	}
 	tr.Mark("workspace_mount")
-	// The init goes under the sandboxes' CPU parent before it gets its
-	// workspace, so before its spawner thread joins the commands' cgroups
-	// and anything of the sandbox runs (cgroup.Set.JoinCPU).
 	if d.beforeAttach != nil {
 		d.beforeAttach(st.Pid)
-	}
-	if err := cgs.JoinCPU(st.Pid); err != nil {
-		return fmt.Errorf("sandbox init: %w", err)
 	}
 	if err := hs.finish(ctl.Attach{FDs: names}, fds, name, forkAt); err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
 )
 
 // The init gets its spec before the workspace is made, and builds the
@@ -66,16 +67,45 @@ func cpuCgroups(t *testing.T, pid int) []string {
 }
 
 // A new init starts outside the "sandgate" CPU parent that every sandbox
-// shares (cgroup.Set.JoinCPU), where busy sandboxes would hold up its
+// shares (cgroup.Set.CPUTasks), where busy sandboxes would hold up its
 // start, and is under it, in its own cgroup, before it gets its
-// workspace; its commands start in the sandbox's CPU-limited cgroup.
+// workspace; its commands start in the sandbox's CPU-limited cgroup. The
+// init moves itself: here the test binary, linked with cgo, one thread
+// id at a time.
 func TestLinuxInitStartsOutsideSandboxesCPU(t *testing.T) {
 	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
 		t.Skip("no cgroup v1 cpu hierarchy here")
 	}
 	dataDir := t.TempDir()
-	d := openLinux(t, sandbox.Config{DataDir: dataDir})
-	const id = "sbx-cpu-late"
+	checkInitJoinsCPU(t, openLinux(t, sandbox.Config{DataDir: dataDir}), dataDir, "sbx-cpu-late")
+}
+
+// The small init (cmd/sandgate-init, without cgo, as make build embeds
+// it) moves every one of its threads with one write of "0" each
+// (syscall.AllThreadsSyscall), skipping the kernel's grace period.
+func TestLinuxSmallInitJoinsCPUEveryThread(t *testing.T) {
+	requireLinux(t)
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
+		t.Skip("no cgroup v1 cpu hierarchy here")
+	}
+	dataDir := t.TempDir()
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Report()["init"]; got != "embedded" {
+		t.Fatalf("report init %v, want embedded", got)
+	}
+	for i := range 3 {
+		checkInitJoinsCPU(t, d, dataDir, fmt.Sprintf("sbx-cpu-small-%d", i))
+	}
+}
+
+// checkInitJoinsCPU creates sandbox id on d and checks where its init's
+// threads are, in the v1 cpu hierarchy, before it gets its workspace and
+// once built.
+func checkInitJoinsCPU(t *testing.T, d *linuxns.Driver, dataDir, id string) {
+	t.Helper()
 	var before []string
 	d.BeforeAttach(func(pid int) { before = cpuCgroups(t, pid) })
 	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id})
@@ -100,5 +130,11 @@ func TestLinuxInitStartsOutsideSandboxesCPU(t *testing.T) {
 	// The spawner thread, which forks the commands, is in their cgroup.
 	if !slices.Contains(after, "/sandgate/"+id+"/procs") {
 		t.Errorf("no thread of the init is in the commands' cpu cgroup: %q", after)
+	}
+	// And so are the commands: the root of their cgroup namespace, which
+	// the spawner thread made there.
+	out, _, e := runIn(t, sb, "grep -E '^[0-9]+:cpu[,:]' /proc/self/cgroup")
+	if e.Code != 0 || !strings.HasSuffix(strings.TrimSpace(out), ":/") {
+		t.Errorf("a command's cpu cgroup: %q (exit %+v), want the commands' one, its namespace's root", out, e)
 	}
 }

@@ -34,8 +34,20 @@ func (d *Driver) UseCgroupV2(mount string) error {
 	return err
 }
 
+// NoEtcTemplate makes d's new sandboxes build their /etc in their init,
+// as on a kernel that cannot clone a detached mount.
+func (d *Driver) NoEtcTemplate() { d.etc = nil }
+
+// SetEtcCheck shortens how often d's creates check that the host files
+// its /etc template copied are unchanged.
+func (d *Driver) SetEtcCheck(every time.Duration) {
+	d.etc.mu.Lock()
+	defer d.etc.mu.Unlock()
+	d.etc.every = every
+}
+
 // BeforeAttach makes d call f with each new init's pid just before it
-// moves the init into its CPU cgroup and sends it its workspace.
+// sends it its workspace (and its CPU cgroup to move into).
 func (d *Driver) BeforeAttach(f func(pid int)) { d.beforeAttach = f }
 
 // DisableSeccomp starts the driver's next sandboxes without the seccomp

@@ -133,7 +133,9 @@ func TestLinuxRebindTimes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("Rebind with the same limits (the times alone): %v", time.Since(start))
-	paths := []string{"/", "/etc", "/etc/hostname", "/etc/hosts", "/etc/passwd", "/dev", "/dev/shm", "/tmp", "/workspace"}
+	// /etc itself and passwd are the gateway's /etc template's, every
+	// sandbox's (below); hostname and hosts are the sandbox's own.
+	paths := []string{"/", "/etc/hostname", "/etc/hosts", "/etc/machine-id", "/dev", "/dev/shm", "/tmp", "/workspace"}
 	out, stderr, _ := runIn(t, sb, "stat -c '%n %Y %Z' "+strings.Join(paths, " ")+"; stat -c '%Y' /usr; for d in / /etc /dev; do touch $d/x 2>/dev/null && echo $d writable; done")
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	if len(lines) != len(paths)+1 {
@@ -149,6 +151,19 @@ func TestLinuxRebindTimes(t *testing.T) {
 	}
 	if got := lines[len(paths)]; got != strconv.FormatInt(usr.Mtim.Sec, 10) {
 		t.Errorf("the host's /usr has mtime %d, the sandbox shows %s", usr.Mtim.Sec, got)
+	}
+	// What the /etc template holds shows the same times in the claimed
+	// sandbox as in one created after the claim: nothing tells them apart.
+	cold, err := d.Create(context.Background(), sandbox.Spec{ID: id + "-cold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cold.Destroy(context.Background())
+	const shared = "stat -c '%n %Y %Z' /etc /etc/passwd /etc/group"
+	claimedEtc, _, _ := runIn(t, sb, shared)
+	coldEtc, _, _ := runIn(t, cold, shared)
+	if claimedEtc != coldEtc || claimedEtc == "" {
+		t.Errorf("/etc's shared files in the claimed sandbox:\n%s\nin a sandbox created after the claim:\n%s", claimedEtc, coldEtc)
 	}
 	// A host directory bound into the sandbox's /etc keeps the host's
 	// times too: the claim's walk stats what is mounted (touchBelow).

@@ -64,6 +64,10 @@ type sandboxState struct {
 	// Checkpoint says the init was built to be checkpointed
 	// (sandbox.Config.Checkpoint).
 	Checkpoint bool `json:"checkpoint,omitempty"`
+	// EtcTemplate says that the sandbox's /etc is a clone of the
+	// gateway's template (etcTemplate), whose files are every sandbox's:
+	// a claim's times go to the files bound over it alone.
+	EtcTemplate bool `json:"etcTemplate,omitempty"`
 	// Boot is what a new init of the sandbox needs (Resume); nil for a
 	// sandbox made by a gateway without stop.
 	Boot *bootSpec `json:"boot,omitempty"`

@@ -10,8 +10,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/sandbox"
 )
 
 // workspaces makes each sandbox's /workspace: a filesystem of its own, so
@@ -190,7 +193,10 @@ func makeTemplate(tpl string, size int64) error {
 		return fmt.Errorf("workspace template: %w", err)
 	}
 	// No journal: a workspace does not outlive its host, and mounts faster.
-	out, err := exec.Command(mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
+	// No resize inode: its reserved group descriptor blocks (4 MiB of a
+	// 16 GiB image's 4.3) are data that every create copies, for an online
+	// growth no workspace gets; the image is 264 KiB of data without them.
+	out, err := exec.Command(mkfs, "-q", "-F", "-O", "^has_journal,^resize_inode", "-m", "0",
 		"-E", "root_owner=0:0", "-L", "workspace", tmp).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)
@@ -222,7 +228,7 @@ func makeTemplate(tpl string, size int64) error {
 // create makes the workspace of one sandbox, of size bytes (zero: the
 // default): image (ext4 only) and the host mount at mnt, owned by the
 // sandbox user (host uid:gid). On failure it leaves none of them.
-func (w *workspaces) create(mnt, image string, size int64, uid, gid int) (err error) {
+func (w *workspaces) create(mnt, image string, size int64, uid, gid int, tr *sandbox.Trace) (err error) {
 	if size <= 0 {
 		size = w.size
 	}
@@ -241,6 +247,7 @@ func (w *workspaces) create(mnt, image string, size int64, uid, gid int) (err er
 		}
 		return nil
 	}
+	t0 := time.Now()
 	tpl, release, err := w.openTemplate(size)
 	if err != nil {
 		return fmt.Errorf("workspace template of %d bytes: %w", size, err)
@@ -250,12 +257,17 @@ func (w *workspaces) create(mnt, image string, size int64, uid, gid int) (err er
 	if err != nil {
 		return fmt.Errorf("workspace image: %w", err)
 	}
+	t1 := time.Now()
+	tr.Add("workspace.copy_bg", t1.Sub(t0))
 	if err := mountImage(image, mnt); err != nil {
 		return err
 	}
+	t2 := time.Now()
+	tr.Add("workspace.mount_bg", t2.Sub(t1))
 	if err := os.Chown(mnt, uid, gid); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
+	tr.Add("workspace.chown_bg", time.Since(t2))
 	return nil
 }
 

@@ -136,10 +136,16 @@ type Spec struct {
 	// gateway can reach the init, which then ends the sandbox), "rootfs" (a
 	// detached mount of an image's root: the sandbox's / instead of the
 	// host-derived one). With Checkpoint, "init" is an O_PATH descriptor
-	// of a host file holding the init's binary (InitPath).
+	// of a host file holding the init's binary (InitPath). "etc" is a
+	// detached, read-only mount of the gateway's /etc template (initd's
+	// BuildEtcTemplate): the default root's /etc, to which the init adds
+	// only the files naming the sandbox; without it, the init builds its
+	// /etc from the host's.
 	FDs []string `json:"fds"`
 	// Late names descriptors that are not sent with the spec but in an
-	// Attach frame after it ("workspace", and "rootfs" for an image): the
+	// Attach frame after it ("workspace", and "rootfs" for an image; and
+	// "cputasks", the tasks file of the sandbox's v1 cpu cgroup, which the
+	// init's threads move into themselves once its root is built): the
 	// gateway sends the spec as soon as the init runs, and the init builds
 	// what needs neither (the default root, its /etc, /dev, /proc, /tmp)
 	// while the gateway makes the workspace.

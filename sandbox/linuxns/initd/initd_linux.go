@@ -25,6 +25,9 @@ import (
 // initd is the running init: it starts commands for the gateway, reports
 // how they end, and reaps every process of the sandbox (it is pid 1).
 type initd struct {
+	// etcTemplate says that /etc is the gateway's shared template
+	// (etcFromTemplate): what is the sandbox's own is bound over it.
+	etcTemplate bool
 	// ln is the control socket, listening and blocking: the spawner
 	// thread accepts on it (serve).
 	ln    int
@@ -465,7 +468,7 @@ func (in *initd) handle(fd int) {
 	}
 	if req.Op == "trust" {
 		procio.CloseFDs(fds)
-		if err := addTrust(req.TrustPEM); err != nil {
+		if err := addTrust(req.TrustPEM, in.etcTemplate); err != nil {
 			_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
 			return
 		}

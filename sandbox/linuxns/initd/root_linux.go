@@ -19,11 +19,13 @@ import (
 	"os/signal"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -185,7 +187,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	var listener *os.File
 	var keptTasks []int
 	initFD := -1
-	workspace, sockFile, rootfs := -1, -1, -1
+	workspace, sockFile, rootfs, cpuTasks, etc := -1, -1, -1, -1, -1
 	var tasks []int
 	take := func(names []string, fds []int) error {
 		for i, name := range names {
@@ -199,6 +201,10 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 				sockFile = fds[i]
 			case "rootfs":
 				rootfs = fds[i]
+			case "cputasks":
+				cpuTasks = fds[i]
+			case "etc":
+				etc = fds[i]
 			case "tasks":
 				tasks = append(tasks, fds[i])
 			case "init":
@@ -243,8 +249,14 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	if initFD >= 0 {
 		spec.InitPath = "/proc/self/fd/" + strconv.Itoa(initFD)
 	}
-	if err := buildRoot(spec, attach, tm); err != nil {
+	if err := buildRoot(spec, etc, attach, tm); err != nil {
 		return nil, err
+	}
+	if cpuTasks >= 0 {
+		if err := joinCgroup(cpuTasks); err != nil {
+			return nil, err
+		}
+		tm.mark("cpu_join")
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return nil, fmt.Errorf("set hostname: %w", err)
@@ -294,7 +306,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		}
 	}
 	tm.mark("seccomp")
-	in := &initd{checkpoint: spec.Checkpoint, tasks: keptTasks, sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
+	in := &initd{etcTemplate: etc >= 0 && !slices.Contains(spec.FDs, "rootfs") && !slices.Contains(spec.Late, "rootfs"), checkpoint: spec.Checkpoint, tasks: keptTasks, sp: sp, shell: sandbox.FindShell(), waiters: map[int]*child{}, jobs: map[string]*child{}, sockFile: -1, ln: -1,
 		forked: make(chan struct{}, 1),
 		env:    spec.Env, workDir: writableWorkDir(spec.WorkingDir),
 		sockCheck: max(time.Duration(spec.SocketCheckMillis)*time.Millisecond, 100*time.Millisecond)}
@@ -313,6 +325,52 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		}
 	}
 	return in, nil
+}
+
+// joinCgroup moves every thread of the init into the cgroup whose tasks
+// file is open at fd (the sandbox's cgroup of the v1 cpu hierarchy,
+// cgroup.Set.CPUTasks), each thread writing "0", which moves the writing
+// thread alone: the kernel then skips its global threadgroup lock, whose
+// RCU grace period (5-20 ms) writing a thread id waits for. Threads made
+// later inherit the cgroup of the thread that makes them. A runtime that
+// cannot run a syscall on every thread (an init linked with cgo: the
+// gateway's own binary built so) writes each thread's id instead.
+func joinCgroup(fd int) error {
+	zero := []byte("0")
+	_, _, errno := syscall.AllThreadsSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&zero[0])), 1)
+	runtime.KeepAlive(zero)
+	switch {
+	case errno == 0:
+		return nil
+	case errno != syscall.ENOTSUP:
+		return fmt.Errorf("join the sandbox's cpu cgroup: %w", errno)
+	}
+	// Until a pass finds no thread it had not moved: one made meanwhile
+	// by a thread not yet moved is moved by the next pass.
+	moved := map[string]bool{}
+	for pass := 0; ; pass++ {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return fmt.Errorf("join the sandbox's cpu cgroup: %w", err)
+		}
+		fresh := false
+		for _, t := range tasks {
+			if moved[t.Name()] {
+				continue
+			}
+			fresh = true
+			if _, err := unix.Write(fd, []byte(t.Name())); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("join the sandbox's cpu cgroup: %w", err)
+			}
+			moved[t.Name()] = true
+		}
+		if !fresh {
+			return nil
+		}
+		if pass > 100 {
+			return errors.New("join the sandbox's cpu cgroup: its threads keep changing")
+		}
+	}
 }
 
 // stdioDevNull points the init's stdin, stdout and stderr at /dev/null.
@@ -356,7 +414,7 @@ func closeInherited(keep int) {
 // (open_tree); it is attached at /workspace. attach returns both (-1:
 // none), waiting for them if the gateway sends them late: the default
 // root is built before that.
-func buildRoot(spec *ctl.Spec, attach func() (ws, root int, err error), tm *stepTimer) error {
+func buildRoot(spec *ctl.Spec, etc int, attach func() (ws, root int, err error), tm *stepTimer) error {
 	// Nothing mounted here may propagate back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -383,12 +441,16 @@ func buildRoot(spec *ctl.Spec, attach func() (ws, root int, err error), tm *step
 			return err
 		}
 		tm.mark("root")
-		if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname, spec.TrustPEM); err != nil {
+		if etc >= 0 {
+			if err := etcFromTemplate(r, etc, spec.Hostname, spec.TrustPEM); err != nil {
+				return err
+			}
+		} else if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname, spec.TrustPEM); err != nil {
 			return err
 		}
 		tm.mark("etc")
 	}
-	if err := finishRoot(r, spec, attach, image); err != nil {
+	if err := finishRoot(r, spec, attach, image, tm); err != nil {
 		return err
 	}
 	tm.mark("pivot")
@@ -438,10 +500,11 @@ func hostRootAt(r string) error {
 // finishRoot adds /dev, /proc, /tmp and the workspace to the root at r,
 // pivots into it and makes what must be read-only so (the whole root but
 // for an image's, whose writable layer is the session's).
-func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error), image bool) error {
+func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error), image bool, tm *stepTimer) error {
 	if err := buildDev(r, spec.ShmBytes); err != nil {
 		return err
 	}
+	tm.mark("dev")
 	if err := mount("proc", filepath.Join(r, "proc"), "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return err
 	}
@@ -449,6 +512,7 @@ func finishRoot(r string, spec *ctl.Spec, attach func() (ws, root int, err error
 		fmt.Sprintf("mode=1777,size=%d", spec.TmpBytes)); err != nil {
 		return err
 	}
+	tm.mark("proc_tmp")
 	wsFD, _, err := attach()
 	if err != nil {
 		return err
@@ -592,6 +656,17 @@ func machineID() string {
 	return hex.EncodeToString(b[:]) + "\n"
 }
 
+// ownEtc are the sandbox's own passwd and group, the same in every
+// default root.
+func ownEtc() map[string]string {
+	return map[string]string{
+		"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
+			fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/bash\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir) +
+			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		"group": "root:x:0:\ntty:x:5:\n" + fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID) + "nogroup:x:65534:\n",
+	}
+}
+
 // etcCopyMax is the size up to which a host /etc file is copied into the
 // sandbox's /etc; larger ones are bound.
 const etcCopyMax = 64 << 10
@@ -610,12 +685,7 @@ func buildEtc(dst, hostname, trustPEM string) error {
 	if err := copyEtcDir("/etc", dst, ""); err != nil {
 		return err
 	}
-	own := map[string]string{
-		"passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n" +
-			fmt.Sprintf("sandbox:x:%d:%d:sandbox:%s:/bin/bash\n", ctl.SandboxUID, ctl.SandboxGID, ctl.WorkspaceDir) +
-			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		"group": "root:x:0:\ntty:x:5:\n" + fmt.Sprintf("sandbox:x:%d:\n", ctl.SandboxGID) + "nogroup:x:65534:\n",
-	}
+	own := ownEtc()
 	maps.Copy(own, nameFiles(hostname))
 	for name, content := range own {
 		if err := os.WriteFile(filepath.Join(dst, name), []byte(content), 0o644); err != nil {
@@ -630,10 +700,153 @@ func buildEtc(dst, hostname, trustPEM string) error {
 	return setReadOnly(dst)
 }
 
+// BuildEtcTemplate fills the tmpfs whose root is open at root, a mount
+// that no namespace holds (fsmount), with what every default root's /etc
+// shares: what buildEtc makes but for the files that name a sandbox
+// (hostname, hosts, machine-id, resolv.conf), which are empty files there
+// for each sandbox's own to be bound over (etcFromTemplate). It returns
+// the host paths whose contents the template copied (files, and the
+// directories whose entries it listed), for the gateway to notice when
+// one changes. The gateway makes the whole tree read-only.
+func BuildEtcTemplate(root int) ([]string, error) {
+	dir := "/proc/self/fd/" + strconv.Itoa(root)
+	read := []string{"/etc"}
+	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{bind: treeBind, read: &read, asOther: true}); err != nil {
+		return nil, err
+	}
+	for name, content := range ownEtc() {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
+	for _, name := range templateOwn() {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
+	return read, nil
+}
+
+// templateOwn are the files of the /etc template that each sandbox binds
+// its own over: those that name it, and the trust bundle (empty, but for
+// a session with a CA: sandbox.TrustBundle).
+func templateOwn() []string {
+	return append(slices.Sorted(maps.Keys(nameFiles(""))), bundleName)
+}
+
+// treeBind binds src at dst as roBind does, with the mount API, which
+// also binds into a detached mount (Linux 6.15 and later).
+func treeBind(src, dst string) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := &unix.MountAttr{Attr_set: hostBindPerms}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+		return fmt.Errorf("bind %s: %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// etcFromTemplate attaches the /etc template the gateway sent (a detached
+// read-only mount, open at etc) at r/etc, and binds over its empty
+// hostname, hosts, machine-id and resolv.conf the sandbox's own, and,
+// with trustPEM, the trust bundle over the empty TrustBundle and the
+// host's store (bindOwn).
+func etcFromTemplate(r string, etc int, hostname, trustPEM string) error {
+	dst := filepath.Join(r, "etc")
+	if err := unix.MoveMount(etc, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach /etc: %w", err)
+	}
+	own := map[string][]byte{}
+	for name, content := range nameFiles(hostname) {
+		own[filepath.Join(dst, name)] = []byte(content)
+	}
+	if trustPEM != "" {
+		maps.Copy(own, trustFiles(dst, trustPEM))
+	}
+	return bindOwn(r, own)
+}
+
+// trustFiles are the trust bundle made of the host's store (in the
+// sandbox's /etc at etc, a template's) and pem, at TrustBundle and over
+// the store.
+func trustFiles(etc, pem string) map[string][]byte {
+	system, store := systemBundle(etc)
+	bundle := joinPEM(system, pem)
+	files := map[string][]byte{filepath.Join(etc, bundleName): bundle}
+	if store != "" {
+		files[filepath.Join(etc, store)] = bundle
+	}
+	return files
+}
+
+// bindOwn binds, read-only, each file of own (path -> content) over the
+// path, from a tmpfs of the sandbox's own made for them at dir/.etc-own
+// (dir, writable, is the sandbox's root) and detached once they are bound:
+// they are the sandbox root's files, each with its one link, and only
+// /etc names them.
+func bindOwn(dir string, own map[string][]byte) (err error) {
+	holder := filepath.Join(dir, ".etc-own")
+	if err := os.Mkdir(holder, 0o700); err != nil {
+		return fmt.Errorf("/etc: %w", err)
+	}
+	defer func() {
+		if rerr := os.Remove(holder); err == nil && rerr != nil {
+			err = fmt.Errorf("/etc: %w", rerr)
+		}
+	}()
+	if err := mount("tmpfs", holder, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=16m"); err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := unix.Unmount(holder, unix.MNT_DETACH); err == nil && uerr != nil {
+			err = fmt.Errorf("/etc: %w", uerr)
+		}
+	}()
+	i := 0
+	for _, dst := range slices.Sorted(maps.Keys(own)) {
+		i++
+		src := filepath.Join(holder, strconv.Itoa(i))
+		if err := os.WriteFile(src, own[dst], 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", dst, err)
+		}
+		if err := unix.Chmod(src, 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", dst, err)
+		}
+		if err := roBind(src, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // copyEtcDir fills dst, a directory of the sandbox's /etc, from the host
 // directory host, which is /etc/rel. Entries that vanish meanwhile are
 // skipped; devices, FIFOs and sockets are never carried over.
 func copyEtcDir(host, dst, rel string) error {
+	return copyEtcDirNoting(host, dst, rel, &etcCopy{bind: roBind})
+}
+
+// etcCopy is how copyEtcDirNoting binds (roBind, or treeBind into a
+// detached mount), and what it notes: the host files it copied and the
+// directories below /etc it listed, when read is not nil.
+type etcCopy struct {
+	bind func(src, dst string) error
+	read *[]string
+	// asOther copies only the files that others may read, and masks the
+	// rest, as for an init (which reads the host's /etc as no owner of
+	// its files): the gateway builds the template as host root.
+	asOther bool
+}
+
+// copyEtcDirNoting is copyEtcDir with c's bind and notes.
+func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
+	read := c.read
 	entries, err := os.ReadDir(host)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", host, err)
@@ -667,17 +880,29 @@ func copyEtcDir(host, dst, rel string) error {
 			if err := os.Mkdir(d, fi.Mode().Perm()); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
-			if err := copyEtcDir(h, d, name); err != nil {
+			if read != nil {
+				*read = append(*read, h)
+			}
+			if err := copyEtcDirNoting(h, d, name, c); err != nil {
 				return err
 			}
 		case fi.IsDir():
 			if err := os.Mkdir(d, 0o755); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
-			if err := bindEtc(h, d); err != nil {
+			if err := bindEtc(c.bind, h, d); err != nil {
 				return err
 			}
 		case fi.Mode().IsRegular() && fi.Size() <= etcCopyMax:
+			if read != nil {
+				*read = append(*read, h)
+			}
+			if c.asOther && fi.Mode().Perm()&0o004 == 0 {
+				if err := maskEntry(d, false); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := copyEtcFile(h, d, fi.Mode().Perm()); err != nil {
 				return err
 			}
@@ -685,7 +910,7 @@ func copyEtcDir(host, dst, rel string) error {
 			if err := os.WriteFile(d, nil, 0o644); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
-			if err := bindEtc(h, d); err != nil {
+			if err := bindEtc(c.bind, h, d); err != nil {
 				return err
 			}
 		}
@@ -695,29 +920,51 @@ func copyEtcDir(host, dst, rel string) error {
 
 // bindEtc binds the host's h at d, read-only. An entry the host removed
 // meanwhile is left empty.
-func bindEtc(h, d string) error {
-	if err := roBind(h, d); err != nil && !errors.Is(err, unix.ENOENT) {
+func bindEtc(bind func(src, dst string) error, h, d string) error {
+	if err := bind(h, d); err != nil && !errors.Is(err, unix.ENOENT) {
 		return err
 	}
 	return nil
 }
 
-// copyEtcFile copies the host file h to d with mode perm. A file the
-// sandbox's init may not read (host root's, mode 0600) becomes an empty
-// entry of mode 0: unreadable in the sandbox too.
+// copyEtcFile copies the host file h to d with mode perm, in the kernel
+// (sendfile: no buffer of the init's, whose heap every idle sandbox
+// keeps). A file the sandbox's init may not read (host root's, mode
+// 0600) becomes an empty entry of mode 0: unreadable in the sandbox too.
 func copyEtcFile(h, d string, perm os.FileMode) error {
-	b, err := os.ReadFile(h)
+	in, err := unix.Open(h, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	switch {
-	case errors.Is(err, fs.ErrPermission):
+	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
 		return maskEntry(d, false)
 	case err != nil:
-		return nil // gone meanwhile
+		return nil // gone meanwhile (or no longer a file)
 	}
-	if err := os.WriteFile(d, b, perm); err != nil {
+	defer unix.Close(in)
+	out, err := unix.Open(d, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
 		return fmt.Errorf("etc: %w", err)
 	}
-	// WriteFile's mode goes through the umask.
-	return os.Chmod(d, perm)
+	defer unix.Close(out)
+	for {
+		n, err := unix.Sendfile(out, in, nil, etcCopyMax)
+		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+			continue
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EISDIR) {
+			break // not a regular file any more: left empty
+		}
+		if err != nil {
+			return fmt.Errorf("etc: copy %s: %w", h, err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	// The mode set on the descriptor, not through the umask.
+	if err := unix.Fchmod(out, uint32(perm)); err != nil {
+		return fmt.Errorf("etc: %w", err)
+	}
+	return nil
 }
 
 // maskEntry makes d an empty file or directory of mode 0.

@@ -125,16 +125,29 @@ func joinPEM(system []byte, pem string) []byte {
 // It runs in a goroutine of its own, off the spawner thread that serves
 // the control socket (its goroutine holds it locked): that thread is under
 // the seccomp filter, which refuses mounts.
-func addTrust(pem string) error {
+func addTrust(pem string, template bool) error {
 	if pem == "" {
 		return errors.New("no certificate to trust")
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- addTrustHere(pem) }()
+	go func() { errc <- addTrustHere(pem, template) }()
 	return <-errc
 }
 
-func addTrustHere(pem string) error {
+func addTrustHere(pem string, template bool) error {
+	if template {
+		// The gateway's shared /etc template: TrustBundle is there, empty
+		// until a bundle is bound over it, from the sandbox's own / (made
+		// writable for the moment).
+		if fi, err := os.Stat(sandbox.TrustBundle); err != nil || fi.Size() > 0 {
+			return errors.New("the sandbox trusts a session CA already")
+		}
+		if err := setWritable("/"); err != nil {
+			return err
+		}
+		err := bindOwn("/", trustFiles("/etc", pem))
+		return errors.Join(err, setReadOnly("/"))
+	}
 	if _, err := os.Lstat(sandbox.TrustBundle); err == nil {
 		return errors.New("the sandbox trusts a session CA already")
 	}

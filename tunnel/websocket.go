@@ -163,13 +163,14 @@ type wsClientConn struct {
 
 // Socket hands the TCP socket under the WebSocket to a caller that
 // speaks the frames itself (piperelay.RelayWebSocket: the gateway's data
-// frames spliced into ssh's pipe, as a CONNECT tunnel's bytes are): the
-// library reads nothing from then on, and Close closes the socket without
-// the close handshake (the caller's to make). It reports false, handing
-// nothing over, over TLS, where the handshake's reader may have taken
-// bytes past the answer, or once Read was called. Writes (Write, one
-// binary message each) stay the library's: the caller must not write to
-// the socket while one is under way.
+// frames spliced into ssh's pipe, as a CONNECT tunnel's bytes are, and
+// ssh's written up as masked frames): the library reads and writes
+// nothing from then on (Read and Write report net.ErrClosed, so that no
+// frame of the library's lands inside one of the caller's), and Close
+// closes the socket without the close handshake (the caller's to make).
+// It reports false, handing nothing over, over TLS, where the
+// handshake's reader may have taken bytes past the answer, or once Read
+// was called.
 func (c *wsClientConn) Socket() (net.Conn, bool) {
 	if !c.plain || c.read.Load() || c.closed.Load() || !c.taken.CompareAndSwap(false, true) {
 		return nil, false
@@ -188,6 +189,9 @@ const gatherMin = 4 << 10
 // segments, a wake-up each. A large frame's writes are gathered below the
 // library (holdConn) and leave in one write(2) once the frame is complete.
 func (c *wsClientConn) Write(p []byte) (int, error) {
+	if c.taken.Load() {
+		return 0, net.ErrClosed // the socket's frames are the caller's (Socket)
+	}
 	if len(p) < gatherMin || c.under == nil {
 		return c.Conn.Write(p)
 	}

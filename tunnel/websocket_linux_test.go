@@ -271,7 +271,8 @@ func TestWebSocketClientWriteDeadline(t *testing.T) {
 // as the 101 answer (the HTTP client's buffered reader would have taken
 // it): the handshake reads no byte past the answer's head. Once the
 // socket is handed over, the library reads nothing and Close only closes
-// it; after a Read, or over TLS, nothing is handed over.
+// it, and Write refuses; after a Read, or over TLS, nothing is handed
+// over.
 func TestWebSocketSocketHandOver(t *testing.T) {
 	frame := []byte{0x82, 0x06, 'b', 'a', 'n', 'n', 'e', 'r'}
 	after := make(chan int64, 2) // bytes the server got after the handshake, to the client's close
@@ -318,6 +319,13 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 		}
 		if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
 			t.Fatalf("%s: a Read after the hand-over: %d, %v; want net.ErrClosed", id, n, err)
+		}
+		// The caller is the socket's only writer: a frame of the library's
+		// would land among its own.
+		for _, size := range []int{10, 64 << 10} {
+			if n, err := c.Write(make([]byte, size)); n != 0 || !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("%s: a Write of %d bytes after the hand-over: %d, %v; want net.ErrClosed", id, size, n, err)
+			}
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)

@@ -195,25 +195,90 @@ func TestRelayWebSocketStdinEOF(t *testing.T) {
 	}
 }
 
-// A frame the gateway must not send (text, masked, reserved bits) is an
-// error; a relay without pipes takes nothing.
+// A frame the gateway must not send (RFC 6455: text, masked, reserved
+// bits, a 64-bit length with its top bit set, a long ping, fragments out
+// of order, a close frame with a 1-byte payload, a status a peer may not
+// send or a reason that is not UTF-8) is an error, and the relay's close
+// frame says why (1002, or 1007 for the reason; never 1005 or 1006).
+// The gateway's end inside a frame or a fragmented message is an error
+// too (ssh would otherwise take a cut stream for a finished one); at a
+// message's boundary it is the relay's end. A relay without pipes takes
+// nothing.
 func TestRelayWebSocketRefuses(t *testing.T) {
-	for name, f := range map[string][]byte{
-		"text":      wsFrame(true, opText, []byte("x")),
-		"masked":    {0x82, 0x81, 1, 2, 3, 4, 'x'},
-		"reserved":  {0xc2, 0x01, 'x'},
-		"long ping": wsFrame(true, opPing, make([]byte, 126)),
+	closeOf := func(code uint16, reason string) []byte {
+		return wsFrame(true, opClose, append(binary.BigEndian.AppendUint16(nil, code), reason...))
+	}
+	cat := func(frames ...[]byte) []byte { return bytes.Join(frames, nil) }
+	for _, c := range []struct {
+		name   string
+		stream []byte
+		code   uint16 // the relay's close frame's status; 0: none sent, nor an error
+		eof    bool   // a cut stream: an error, no close frame
+	}{
+		{"text", wsFrame(true, opText, []byte("x")), closeProtocol, false},
+		{"masked", []byte{0x82, 0x81, 1, 2, 3, 4, 'x'}, closeProtocol, false},
+		{"reserved", []byte{0xc2, 0x01, 'x'}, closeProtocol, false},
+		{"opcode 3", []byte{0x83, 0x00}, closeProtocol, false},
+		{"64-bit length top bit", []byte{0x82, 127, 0x80, 0, 0, 0, 0, 0, 0, 1, 'x'}, closeProtocol, false},
+		{"long ping", wsFrame(true, opPing, make([]byte, 126)), closeProtocol, false},
+		{"fragmented ping", wsFrame(false, opPing, []byte("x")), closeProtocol, false},
+		{"continuation first", wsFrame(true, opContinuation, []byte("x")), closeProtocol, false},
+		{"continuation after a whole message", cat(wsFrame(true, opBinary, []byte("a")), wsFrame(true, opContinuation, []byte("b"))), closeProtocol, false},
+		{"new message inside one", cat(wsFrame(false, opBinary, []byte("a")), wsFrame(true, opPing, nil), wsFrame(true, opBinary, []byte("b"))), closeProtocol, false},
+		{"close of 1 byte", wsFrame(true, opClose, []byte{0x03}), closeProtocol, false},
+		{"close 1005", closeOf(1005, ""), closeProtocol, false},
+		{"close 1006", closeOf(1006, ""), closeProtocol, false},
+		{"close 999", closeOf(999, ""), closeProtocol, false},
+		{"close 1015", closeOf(1015, ""), closeProtocol, false},
+		{"close 5000", closeOf(5000, ""), closeProtocol, false},
+		{"close reason not UTF-8", closeOf(1000, "\xff\xfe"), closeBadData, false},
+		{"EOF in a header", []byte{0x82, 126, 0x01}, 0, true},
+		{"EOF in a payload", wsFrame(true, opBinary, make([]byte, 300))[:100], 0, true},
+		{"EOF in a ping's payload", wsFrame(true, opPing, []byte("hello"))[:4], 0, true},
+		{"EOF in a fragmented message", wsFrame(false, opBinary, []byte("a")), 0, true},
+		{"EOF at a message's end", cat(wsFrame(false, opBinary, []byte("a")), wsFrame(true, opContinuation, []byte("b"))), 0, false},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			client, server := relayPair(t)
 			inR, _ := pipe(t)
 			_, outW := pipe(t)
-			if _, err := server.Write(f); err != nil {
+			if _, err := server.Write(c.stream); err != nil {
 				t.Fatal(err)
 			}
-			handled, err := RelayWebSocket(func() (net.Conn, bool) { return client, true }, inR, outW)
-			if !handled || err == nil {
-				t.Fatalf("handled %v, err %v: want an error", handled, err)
+			_ = server.CloseWrite() // a relay that took the stream for good ends at its end
+			done := make(chan error, 1)
+			go func() {
+				handled, err := RelayWebSocket(func() (net.Conn, bool) { return client, true }, inR, outW)
+				if !handled {
+					err = errors.New("not handled")
+				}
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("the relay did not end")
+			}
+			if wantErr := c.code != 0 || c.eof; (err != nil) != wantErr {
+				t.Fatalf("error %v, want one: %v", err, wantErr)
+			}
+			if c.eof && !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("error %v, want io.ErrUnexpectedEOF", err)
+			}
+			client.Close()
+			op, payload, rerr := readClientFrame(server)
+			for rerr == nil && op == opPong { // a ping's answer, before the close
+				op, payload, rerr = readClientFrame(server)
+			}
+			if c.code == 0 {
+				if rerr == nil {
+					t.Fatalf("the relay sent a frame (opcode %d %x), want none", op, payload)
+				}
+				return
+			}
+			if rerr != nil || op != opClose || len(payload) != 2 || binary.BigEndian.Uint16(payload) != c.code {
+				t.Fatalf("the relay's last frame: opcode %d %x %v, want a close %d", op, payload, rerr, c.code)
 			}
 		})
 	}
@@ -221,6 +286,36 @@ func TestRelayWebSocketRefuses(t *testing.T) {
 	handled, err := RelayWebSocket(func() (net.Conn, bool) { taken = true; return nil, false }, bytes.NewReader(nil), io.Discard)
 	if handled || err != nil || taken {
 		t.Fatalf("without pipes: handled %v, err %v, socket taken %v", handled, err, taken)
+	}
+}
+
+// A close frame is answered with its status alone (none for none: 1005
+// is never sent), and a ping after the relay's own close is not.
+func TestRelayWebSocketCloseAnswer(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		in     []byte
+		answer []byte
+	}{
+		{"no status", nil, []byte{}},
+		{"3000 with a reason", append([]byte{0x0b, 0xb8}, "bye"...), []byte{0x0b, 0xb8}},
+		{"1001", []byte{0x03, 0xe9}, []byte{0x03, 0xe9}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client, server := relayPair(t)
+			inR, _ := pipe(t)
+			_, outW := pipe(t)
+			if _, err := server.Write(wsFrame(true, opClose, c.in)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := RelayWebSocket(func() (net.Conn, bool) { return client, true }, inR, outW); err != nil {
+				t.Fatal(err)
+			}
+			op, payload, err := readClientFrame(server)
+			if err != nil || op != opClose || !bytes.Equal(payload, c.answer) {
+				t.Fatalf("answer: opcode %d %x %v, want a close %x", op, payload, err, c.answer)
+			}
+		})
 	}
 }
 

@@ -345,3 +345,35 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 	c.under.Conn.Close() // (the library's Close would wait for an answer to its close frame)
 	<-after
 }
+
+// The gateway's write deadline holds for a large frame too, which is
+// gathered below the library and written (writev) after the library's
+// write returned: a client that reads nothing makes the write fail at
+// the deadline, not block for ever.
+func TestWebSocketGatewayWriteDeadline(t *testing.T) {
+	_, s := wsPair(t)
+	if s.gather == nil {
+		t.Fatal("the gateway's WebSocket writes through no gatherConn")
+	}
+	for _, set := range []func(time.Time) error{s.SetWriteDeadline, s.SetDeadline} {
+		if err := set(time.Now().Add(500 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			buf := make([]byte, 256<<10)
+			for {
+				if _, err := s.Write(buf); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		select {
+		case err := <-done:
+			t.Logf("the write failed: %v", err)
+		case <-time.After(60 * time.Second):
+			t.Fatal("a write to a client that reads nothing is still blocked, long past its deadline")
+		}
+	}
+}

@@ -272,7 +272,8 @@ func TestWebSocketClientWriteDeadline(t *testing.T) {
 // it): the handshake reads no byte past the answer's head. Once the
 // socket is handed over, the library reads nothing and Close only closes
 // it, and Write refuses; after a Read, or over TLS, nothing is handed
-// over.
+// over. The same with a head cut in many segments, or far larger than
+// any buffer on the way.
 func TestWebSocketSocketHandOver(t *testing.T) {
 	frame := []byte{0x82, 0x06, 'b', 'a', 'n', 'n', 'e', 'r'}
 	after := make(chan int64, 2) // bytes the server got after the handshake, to the client's close
@@ -287,6 +288,16 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 			base64.StdEncoding.EncodeToString(h[:]) + "\r\n\r\n"
 		if strings.Contains(r.URL.Path, "sbx-hints") { // an informational answer first
 			answer = "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + answer
+		}
+		if strings.Contains(r.URL.Path, "sbx-bighead") { // a head far larger than any buffer on the way
+			answer = strings.Replace(answer, "\r\n\r\n", "\r\n"+strings.Repeat("X-Big: "+strings.Repeat("a", 1000)+"\r\n", 100)+"\r\n", 1)
+		}
+		if strings.Contains(r.URL.Path, "sbx-dribble") { // the head in many segments, "\r\n\r\n" cut apart
+			for len(answer) > 3 {
+				_, _ = conn.Write([]byte(answer[:3]))
+				answer = answer[3:]
+				time.Sleep(time.Millisecond)
+			}
 		}
 		_, _ = conn.Write(append([]byte(answer), frame...)) // one write: one segment on loopback
 		n, _ := io.Copy(io.Discard, brw)                    // until the client closes
@@ -303,7 +314,7 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 		return c.(*wsClientConn)
 	}
 
-	for _, id := range []string{"sbx-test", "sbx-hints"} {
+	for _, id := range []string{"sbx-test", "sbx-hints", "sbx-bighead", "sbx-dribble"} {
 		c := dial(id)
 		sock, ok := c.Socket()
 		if !ok {

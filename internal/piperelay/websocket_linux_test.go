@@ -428,3 +428,30 @@ func TestRelayWebSocketBothWaysAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// maskBytes is RFC 6455's masking (byte i XOR key[i%4]) at any length.
+func TestMaskBytes(t *testing.T) {
+	key := []byte{0x12, 0x34, 0x56, 0x78}
+	for n := range 70 {
+		p := make([]byte, n)
+		_, _ = rand.Read(p)
+		want := bytes.Clone(p)
+		for i := range want {
+			want[i] ^= key[i%4]
+		}
+		maskBytes(key, p)
+		if !bytes.Equal(p, want) {
+			t.Fatalf("%d bytes: %x, want %x", n, p, want)
+		}
+	}
+}
+
+// The relay masks every byte ssh sends (the library did, in assembly).
+func BenchmarkMaskBytes(b *testing.B) {
+	p := make([]byte, upBufSize)
+	key := []byte{1, 2, 3, 4}
+	b.SetBytes(int64(len(p)))
+	for b.Loop() {
+		maskBytes(key, p)
+	}
+}

@@ -129,6 +129,7 @@ type wsUp struct {
 	pend   []byte // the data frame's bytes not yet written
 	ctl    []byte // control frames not yet written, behind pend
 	ctlBuf []byte
+	fresh  bool // a frame was queued since the last flush
 	broken bool // a write failed: the gateway reads no more
 }
 
@@ -165,6 +166,7 @@ func (u *wsUp) data(n int) error {
 	start := wsMaxHeader - hl
 	copy(u.buf[start:], h[:hl])
 	u.pend = u.buf[start : wsMaxHeader+n]
+	u.fresh = true
 	return nil
 }
 
@@ -185,6 +187,7 @@ func (u *wsUp) control(op byte, payload []byte) error {
 		u.ctl = u.ctlBuf[:0]
 	}
 	u.ctl = append(u.ctl, f[:6+n]...)
+	u.fresh = true
 	return nil
 }
 
@@ -192,6 +195,7 @@ func (u *wsUp) control(op byte, payload []byte) error {
 // the control frames. A peer that reset or closed the connection makes
 // the writer broken (what it sent before is still read).
 func (u *wsUp) flush(sock int) error {
+	u.fresh = false
 	for u.pending() && !u.broken {
 		p := &u.pend
 		if len(u.pend) == 0 {
@@ -319,7 +323,7 @@ func wsRelayLoop(in, out, sock int) error {
 				}
 			}
 		}
-		if u.pending() {
+		if u.fresh || ready(iSock, unix.POLLOUT) {
 			if err := u.flush(sock); err != nil {
 				return err
 			}
@@ -337,6 +341,11 @@ func wsRelayLoop(in, out, sock int) error {
 			case wsEnd:
 				u.drain(sock)
 				return nil
+			}
+			if u.fresh { // a ping's answer
+				if err := u.flush(sock); err != nil {
+					return err
+				}
 			}
 		}
 	}

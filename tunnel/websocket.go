@@ -228,9 +228,18 @@ type holdConn struct {
 // of its own, which would otherwise take the first frames with it.
 type headReader struct {
 	rc    syscall.RawConn
-	match int         // bytes of "\r\n\r\n" matched so far
+	state int         // where the last byte taken left the head (headMid...)
 	done  atomic.Bool // the handshake is over: reads go straight through
 }
+
+// A headReader's states: the head ends at an empty line, "\n" or "\r\n"
+// after a line's "\n" (Go's HTTP client takes a bare LF as a line's end,
+// as RFC 9112 §2.2 lets it).
+const (
+	headMid       = iota // inside a line
+	headLineStart        // just after a line's '\n'
+	headLineCR           // after a line's '\n' and a '\r'
+)
 
 // Read implements the answer's reads (see headReader).
 func (c *holdConn) Read(p []byte) (int, error) {
@@ -247,16 +256,19 @@ func (c *holdConn) Read(p []byte) (int, error) {
 	}
 	take := n
 	for i, b := range p[:n] {
+		end := false
 		switch {
-		case b == "\r\n\r\n"[h.match]:
-			h.match++
-		case b == '\r':
-			h.match = 1
+		case b == '\n' && h.state != headMid:
+			end, h.state = true, headMid // the empty line: the next answer, if any, starts
+		case b == '\n':
+			h.state = headLineStart
+		case b == '\r' && h.state == headLineStart:
+			h.state = headLineCR
 		default:
-			h.match = 0
+			h.state = headMid
 		}
-		if h.match == 4 {
-			take, h.match = i+1, 0
+		if end {
+			take = i + 1
 			break
 		}
 	}

@@ -272,8 +272,8 @@ func TestWebSocketClientWriteDeadline(t *testing.T) {
 // it): the handshake reads no byte past the answer's head. Once the
 // socket is handed over, the library reads nothing and Close only closes
 // it, and Write refuses; after a Read, or over TLS, nothing is handed
-// over. The same with a head cut in many segments, or far larger than
-// any buffer on the way.
+// over. The same with a head cut in many segments, far larger than any
+// buffer on the way, or with bare LF line ends.
 func TestWebSocketSocketHandOver(t *testing.T) {
 	frame := []byte{0x82, 0x06, 'b', 'a', 'n', 'n', 'e', 'r'}
 	after := make(chan int64, 2) // bytes the server got after the handshake, to the client's close
@@ -291,6 +291,9 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 		}
 		if strings.Contains(r.URL.Path, "sbx-bighead") { // a head far larger than any buffer on the way
 			answer = strings.Replace(answer, "\r\n\r\n", "\r\n"+strings.Repeat("X-Big: "+strings.Repeat("a", 1000)+"\r\n", 100)+"\r\n", 1)
+		}
+		if strings.Contains(r.URL.Path, "-lf/") { // bare LF line ends, which Go's HTTP client reads as well
+			answer = strings.ReplaceAll(answer, "\r\n", "\n")
 		}
 		if strings.Contains(r.URL.Path, "sbx-dribble") { // the head in many segments, "\r\n\r\n" cut apart
 			for len(answer) > 3 {
@@ -314,7 +317,7 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 		return c.(*wsClientConn)
 	}
 
-	for _, id := range []string{"sbx-test", "sbx-hints", "sbx-bighead", "sbx-dribble"} {
+	for _, id := range []string{"sbx-test", "sbx-hints", "sbx-bighead", "sbx-dribble", "sbx-lf", "sbx-hints-lf"} {
 		c := dial(id)
 		sock, ok := c.Socket()
 		if !ok {

@@ -3,6 +3,7 @@ package tunnel
 import (
 	"context"
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/base64"
 	"errors"
 	"io"
@@ -388,6 +389,68 @@ func TestWebSocketGatewayWriteDeadline(t *testing.T) {
 			t.Logf("the write failed: %v", err)
 		case <-time.After(60 * time.Second):
 			t.Fatal("a write to a client that reads nothing is still blocked, long past its deadline")
+		}
+	}
+}
+
+// Messages the gateway writes from several goroutines at once, large
+// (gathered, some of their pieces by reference) and small (straight
+// through, or gathered with another's frame), arrive whole and unmixed,
+// each writer's in order, although the gathering buffers go back to
+// their pool and are reused between them, and each writer clears its
+// message once Write returned.
+func TestWebSocketGatewayConcurrentWrites(t *testing.T) {
+	c, s := wsPair(t)
+	if s.gather == nil {
+		t.Fatal("the gateway's WebSocket writes through no gatherConn")
+	}
+	const writers, perWriter = 4, 40
+	sizes := []int{100, 5000, 70 << 10, 300 << 10}
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for seq := range perWriter {
+				size := sizes[(w+seq)%len(sizes)]
+				m := make([]byte, 12+size)
+				binary.BigEndian.PutUint32(m, uint32(w))
+				binary.BigEndian.PutUint32(m[4:], uint32(seq))
+				binary.BigEndian.PutUint32(m[8:], uint32(size))
+				for i := range size {
+					m[12+i] = byte(w*31 + seq + i)
+				}
+				if _, err := s.Write(m); err != nil {
+					errs <- err
+					return
+				}
+				clear(m) // the caller's buffer is its own again: nothing may still send it
+			}
+			errs <- nil
+		}()
+	}
+	next := make([]int, writers)
+	for range writers * perWriter {
+		var h [12]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			t.Fatal(err)
+		}
+		w, seq, size := int(binary.BigEndian.Uint32(h[:])), int(binary.BigEndian.Uint32(h[4:])), int(binary.BigEndian.Uint32(h[8:]))
+		if w >= writers || seq != next[w] || size > 300<<10 {
+			t.Fatalf("a message of writer %d, number %d, %d bytes: want writer < %d in order (next %v)", w, seq, size, writers, next)
+		}
+		next[w]++
+		p := make([]byte, size)
+		if _, err := io.ReadFull(c, p); err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range p {
+			if b != byte(w*31+seq+i) {
+				t.Fatalf("writer %d's message %d: byte %d is %d, want %d", w, seq, i, b, byte(w*31+seq+i))
+			}
+		}
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -3,8 +3,8 @@ package tunnel
 import (
 	"context"
 	"crypto/sha1"
-	"encoding/binary"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"

@@ -320,6 +320,24 @@ func (c *wsConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// SetWriteDeadline sets the library's write deadline and the socket's: a
+// large frame gathered below the library (gatherConn) is written after
+// the library's write has returned, out of its deadline's reach.
+func (c *wsConn) SetWriteDeadline(t time.Time) error {
+	if c.gather != nil {
+		_ = c.raw.SetWriteDeadline(t)
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline is SetReadDeadline and SetWriteDeadline.
+func (c *wsConn) SetDeadline(t time.Time) error {
+	if c.gather != nil {
+		_ = c.raw.SetWriteDeadline(t)
+	}
+	return c.Conn.SetDeadline(t)
+}
+
 // ReadAvailable returns how many bytes a Read returns without waiting for
 // the client: the rest of the data frame being read, or of the next one
 // when its header is in, as far as its bytes are in the library's buffer

@@ -163,13 +163,14 @@ type wsClientConn struct {
 
 // Socket hands the TCP socket under the WebSocket to a caller that
 // speaks the frames itself (piperelay.RelayWebSocket: the gateway's data
-// frames spliced into ssh's pipe, as a CONNECT tunnel's bytes are): the
-// library reads nothing from then on, and Close closes the socket without
-// the close handshake (the caller's to make). It reports false, handing
-// nothing over, over TLS, where the handshake's reader may have taken
-// bytes past the answer, or once Read was called. Writes (Write, one
-// binary message each) stay the library's: the caller must not write to
-// the socket while one is under way.
+// frames spliced into ssh's pipe, as a CONNECT tunnel's bytes are, and
+// ssh's written up as masked frames): the library reads and writes
+// nothing from then on (Read and Write report net.ErrClosed, so that no
+// frame of the library's lands inside one of the caller's), and Close
+// closes the socket without the close handshake (the caller's to make).
+// It reports false, handing nothing over, over TLS, where the
+// handshake's reader may have taken bytes past the answer, or once Read
+// was called.
 func (c *wsClientConn) Socket() (net.Conn, bool) {
 	if !c.plain || c.read.Load() || c.closed.Load() || !c.taken.CompareAndSwap(false, true) {
 		return nil, false
@@ -188,6 +189,9 @@ const gatherMin = 4 << 10
 // segments, a wake-up each. A large frame's writes are gathered below the
 // library (holdConn) and leave in one write(2) once the frame is complete.
 func (c *wsClientConn) Write(p []byte) (int, error) {
+	if c.taken.Load() {
+		return 0, net.ErrClosed // the socket's frames are the caller's (Socket)
+	}
 	if len(p) < gatherMin || c.under == nil {
 		return c.Conn.Write(p)
 	}
@@ -224,9 +228,18 @@ type holdConn struct {
 // of its own, which would otherwise take the first frames with it.
 type headReader struct {
 	rc    syscall.RawConn
-	match int         // bytes of "\r\n\r\n" matched so far
+	state int         // where the last byte taken left the head (headMid...)
 	done  atomic.Bool // the handshake is over: reads go straight through
 }
+
+// A headReader's states: the head ends at an empty line, "\n" or "\r\n"
+// after a line's "\n" (Go's HTTP client takes a bare LF as a line's end,
+// as RFC 9112 §2.2 lets it).
+const (
+	headMid       = iota // inside a line
+	headLineStart        // just after a line's '\n'
+	headLineCR           // after a line's '\n' and a '\r'
+)
 
 // Read implements the answer's reads (see headReader).
 func (c *holdConn) Read(p []byte) (int, error) {
@@ -243,16 +256,19 @@ func (c *holdConn) Read(p []byte) (int, error) {
 	}
 	take := n
 	for i, b := range p[:n] {
+		end := false
 		switch {
-		case b == "\r\n\r\n"[h.match]:
-			h.match++
-		case b == '\r':
-			h.match = 1
+		case b == '\n' && h.state != headMid:
+			end, h.state = true, headMid // the empty line: the next answer, if any, starts
+		case b == '\n':
+			h.state = headLineStart
+		case b == '\r' && h.state == headLineStart:
+			h.state = headLineCR
 		default:
-			h.match = 0
+			h.state = headMid
 		}
-		if h.match == 4 {
-			take, h.match = i+1, 0
+		if end {
+			take = i + 1
 			break
 		}
 	}

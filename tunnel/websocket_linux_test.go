@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -271,7 +272,9 @@ func TestWebSocketClientWriteDeadline(t *testing.T) {
 // as the 101 answer (the HTTP client's buffered reader would have taken
 // it): the handshake reads no byte past the answer's head. Once the
 // socket is handed over, the library reads nothing and Close only closes
-// it; after a Read, or over TLS, nothing is handed over.
+// it, and Write refuses; after a Read, or over TLS, nothing is handed
+// over. The same with a head cut in many segments, far larger than any
+// buffer on the way, or with bare LF line ends.
 func TestWebSocketSocketHandOver(t *testing.T) {
 	frame := []byte{0x82, 0x06, 'b', 'a', 'n', 'n', 'e', 'r'}
 	after := make(chan int64, 2) // bytes the server got after the handshake, to the client's close
@@ -286,6 +289,19 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 			base64.StdEncoding.EncodeToString(h[:]) + "\r\n\r\n"
 		if strings.Contains(r.URL.Path, "sbx-hints") { // an informational answer first
 			answer = "HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n" + answer
+		}
+		if strings.Contains(r.URL.Path, "sbx-bighead") { // a head far larger than any buffer on the way
+			answer = strings.Replace(answer, "\r\n\r\n", "\r\n"+strings.Repeat("X-Big: "+strings.Repeat("a", 1000)+"\r\n", 100)+"\r\n", 1)
+		}
+		if strings.Contains(r.URL.Path, "-lf/") { // bare LF line ends, which Go's HTTP client reads as well
+			answer = strings.ReplaceAll(answer, "\r\n", "\n")
+		}
+		if strings.Contains(r.URL.Path, "sbx-dribble") { // the head in many segments, "\r\n\r\n" cut apart
+			for len(answer) > 3 {
+				_, _ = conn.Write([]byte(answer[:3]))
+				answer = answer[3:]
+				time.Sleep(time.Millisecond)
+			}
 		}
 		_, _ = conn.Write(append([]byte(answer), frame...)) // one write: one segment on loopback
 		n, _ := io.Copy(io.Discard, brw)                    // until the client closes
@@ -302,7 +318,7 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 		return c.(*wsClientConn)
 	}
 
-	for _, id := range []string{"sbx-test", "sbx-hints"} {
+	for _, id := range []string{"sbx-test", "sbx-hints", "sbx-bighead", "sbx-dribble", "sbx-lf", "sbx-hints-lf"} {
 		c := dial(id)
 		sock, ok := c.Socket()
 		if !ok {
@@ -318,6 +334,13 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 		}
 		if n, err := c.Read(make([]byte, 8)); n != 0 || !errors.Is(err, net.ErrClosed) {
 			t.Fatalf("%s: a Read after the hand-over: %d, %v; want net.ErrClosed", id, n, err)
+		}
+		// The caller is the socket's only writer: a frame of the library's
+		// would land among its own.
+		for _, size := range []int{10, 64 << 10} {
+			if n, err := c.Write(make([]byte, size)); n != 0 || !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("%s: a Write of %d bytes after the hand-over: %d, %v; want net.ErrClosed", id, size, n, err)
+			}
 		}
 		if err := c.Close(); err != nil {
 			t.Fatal(err)
@@ -336,4 +359,98 @@ func TestWebSocketSocketHandOver(t *testing.T) {
 	}
 	c.under.Conn.Close() // (the library's Close would wait for an answer to its close frame)
 	<-after
+}
+
+// The gateway's write deadline holds for a large frame too, which is
+// gathered below the library and written (writev) after the library's
+// write returned: a client that reads nothing makes the write fail at
+// the deadline, not block for ever.
+func TestWebSocketGatewayWriteDeadline(t *testing.T) {
+	_, s := wsPair(t)
+	if s.gather == nil {
+		t.Fatal("the gateway's WebSocket writes through no gatherConn")
+	}
+	for _, set := range []func(time.Time) error{s.SetWriteDeadline, s.SetDeadline} {
+		if err := set(time.Now().Add(500 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			buf := make([]byte, 256<<10)
+			for {
+				if _, err := s.Write(buf); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		select {
+		case err := <-done:
+			t.Logf("the write failed: %v", err)
+		case <-time.After(60 * time.Second):
+			t.Fatal("a write to a client that reads nothing is still blocked, long past its deadline")
+		}
+	}
+}
+
+// Messages the gateway writes from several goroutines at once, large
+// (gathered, some of their pieces by reference) and small (straight
+// through, or gathered with another's frame), arrive whole and unmixed,
+// each writer's in order, although the gathering buffers go back to
+// their pool and are reused between them, and each writer clears its
+// message once Write returned.
+func TestWebSocketGatewayConcurrentWrites(t *testing.T) {
+	c, s := wsPair(t)
+	if s.gather == nil {
+		t.Fatal("the gateway's WebSocket writes through no gatherConn")
+	}
+	const writers, perWriter = 4, 40
+	sizes := []int{100, 5000, 70 << 10, 300 << 10}
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for seq := range perWriter {
+				size := sizes[(w+seq)%len(sizes)]
+				m := make([]byte, 12+size)
+				binary.BigEndian.PutUint32(m, uint32(w))
+				binary.BigEndian.PutUint32(m[4:], uint32(seq))
+				binary.BigEndian.PutUint32(m[8:], uint32(size))
+				for i := range size {
+					m[12+i] = byte(w*31 + seq + i)
+				}
+				if _, err := s.Write(m); err != nil {
+					errs <- err
+					return
+				}
+				clear(m) // the caller's buffer is its own again: nothing may still send it
+			}
+			errs <- nil
+		}()
+	}
+	next := make([]int, writers)
+	for range writers * perWriter {
+		var h [12]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			t.Fatal(err)
+		}
+		w, seq, size := int(binary.BigEndian.Uint32(h[:])), int(binary.BigEndian.Uint32(h[4:])), int(binary.BigEndian.Uint32(h[8:]))
+		if w >= writers || seq != next[w] || size > 300<<10 {
+			t.Fatalf("a message of writer %d, number %d, %d bytes: want writer < %d in order (next %v)", w, seq, size, writers, next)
+		}
+		next[w]++
+		p := make([]byte, size)
+		if _, err := io.ReadFull(c, p); err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range p {
+			if b != byte(w*31+seq+i) {
+				t.Fatalf("writer %d's message %d: byte %d is %d, want %d", w, seq, i, b, byte(w*31+seq+i))
+			}
+		}
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
 }

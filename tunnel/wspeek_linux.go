@@ -14,16 +14,18 @@ func peekWait(rc syscall.RawConn, p []byte) (int, error) {
 	var n int
 	var errno syscall.Errno
 	err := rc.Read(func(fd uintptr) bool {
-		r, _, e := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
-			unix.MSG_PEEK, 0, 0)
-		if e == unix.EAGAIN {
-			return false // wait for the socket to be readable
+		for {
+			r, _, e := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+				unix.MSG_PEEK, 0, 0)
+			switch e {
+			case unix.EINTR:
+				continue // again now: waiting for readability could miss bytes already in
+			case unix.EAGAIN:
+				return false // wait for the socket to be readable
+			}
+			n, errno = int(r), e
+			return true
 		}
-		if e == unix.EINTR {
-			return false
-		}
-		n, errno = int(r), e
-		return true
 	})
 	if err != nil {
 		return 0, err

@@ -180,7 +180,7 @@ func describeDialError(err error, id string) string {
 // on the other (plain http), piperelay.Relay moves both ways on one
 // thread (splice(2) down, one buffer up); so does RelayWebSocket over a
 // plain http WebSocket (the frames' payload spliced down, each read of
-// ssh's pipe one message up); otherwise (https, or no pipes) two copies
+// ssh's pipe one masked message up, written by the relay); otherwise (https, or no pipes) two copies
 // run.
 func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 	conn, head := tunnel.Unwrap(conn)
@@ -194,9 +194,10 @@ func splice(conn net.Conn, stdin io.Reader, stdout io.Writer) error {
 	}
 	// A WebSocket over plain http: the gateway's frames are read here and
 	// their payload spliced to ssh, as a CONNECT tunnel's bytes are; ssh's
-	// go up through the library, which masks them.
+	// go up as masked binary messages the relay writes itself (the only
+	// writer of the socket once it has it).
 	if ws, ok := conn.(interface{ Socket() (net.Conn, bool) }); ok {
-		if handled, err := piperelay.RelayWebSocket(ws.Socket, conn, stdin, stdout); handled {
+		if handled, err := piperelay.RelayWebSocket(ws.Socket, stdin, stdout); handled {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}

@@ -8,6 +8,7 @@
 // downstream and one buffer upstream; RelayWebSocket does the same for
 // a WebSocket's socket (the proxy's --transport websocket over plain
 // http): it reads the gateway's frame headers, splices their payload, and
-// sends ssh's bytes through the WebSocket library's writer. Elsewhere both
+// writes ssh's bytes up as masked binary messages itself (from then on the
+// socket's only reader and writer). Elsewhere both
 // report that they did nothing, and the caller copies.
 package piperelay

@@ -14,6 +14,6 @@ func Relay(io.Writer, io.Reader, io.Writer) (bool, error) { return false, nil }
 func GrowPipe(io.Writer) {}
 
 // RelayWebSocket is Linux only: elsewhere it takes nothing and the caller copies.
-func RelayWebSocket(func() (net.Conn, bool), io.Writer, io.Reader, io.Writer) (bool, error) {
+func RelayWebSocket(func() (net.Conn, bool), io.Reader, io.Writer) (bool, error) {
 	return false, nil
 }

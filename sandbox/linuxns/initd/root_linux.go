@@ -903,7 +903,7 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 				}
 				continue
 			}
-			if err := copyEtcFile(h, d, fi.Mode().Perm()); err != nil {
+			if err := copyEtcFile(h, d, fi.Mode().Perm(), c.asOther); err != nil {
 				return err
 			}
 		case fi.Mode().IsRegular():
@@ -931,7 +931,10 @@ func bindEtc(bind func(src, dst string) error, h, d string) error {
 // (sendfile: no buffer of the init's, whose heap every idle sandbox
 // keeps). A file the sandbox's init may not read (host root's, mode
 // 0600) becomes an empty entry of mode 0: unreadable in the sandbox too.
-func copyEtcFile(h, d string, perm os.FileMode) error {
+// With asOther (the gateway, host root, copies), so does a file that
+// others may not read, judged on the file opened: not on what a look at
+// h found before, which a file renamed over h since (a 0600 one) belies.
+func copyEtcFile(h, d string, perm os.FileMode, asOther bool) error {
 	in, err := unix.Open(h, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	switch {
 	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
@@ -940,6 +943,16 @@ func copyEtcFile(h, d string, perm os.FileMode) error {
 		return nil // gone meanwhile (or no longer a file)
 	}
 	defer unix.Close(in)
+	if asOther {
+		var st unix.Stat_t
+		if err := unix.Fstat(in, &st); err != nil {
+			return fmt.Errorf("etc: %s: %w", h, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o004 == 0 {
+			return maskEntry(d, false)
+		}
+		perm = os.FileMode(st.Mode & 0o7777).Perm()
+	}
 	out, err := unix.Open(d, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("etc: %w", err)

@@ -1,0 +1,47 @@
+//go:build linux
+
+package initd
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// The gateway copies the host's /etc into the template as host root: a
+// file that others may not read is masked, judged on the file it opened,
+// not on an earlier look (here: mode 0644 seen, a 0600 file renamed over
+// it since), or host root's secret would be in every sandbox.
+func TestCopyEtcFileAsOtherChecksOpenedFile(t *testing.T) {
+	dir := t.TempDir()
+	h, d := filepath.Join(dir, "host"), filepath.Join(dir, "copy")
+	if err := os.WriteFile(h, []byte("host root only\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyEtcFile(h, d, 0o644, true); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != 0 || fi.Mode().Perm() != 0 {
+		t.Errorf("a 0600 host file copied as other: size %d mode %v, want an empty entry of mode 0", fi.Size(), fi.Mode())
+	}
+	// A readable one is copied, with its mode as opened.
+	if err := os.WriteFile(h+"2", []byte("all\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(h+"2", 0o604); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyEtcFile(h+"2", d+"2", 0o644, true); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(d + "2"); err != nil || string(b) != "all\n" {
+		t.Errorf("a readable host file copied: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(d + "2"); err != nil || fi.Mode().Perm() != 0o604 {
+		t.Errorf("copied with mode %v (%v), want the opened file's, 0604", fi.Mode(), err)
+	}
+}

@@ -45,3 +45,29 @@ func TestCopyEtcFileAsOtherChecksOpenedFile(t *testing.T) {
 		t.Errorf("copied with mode %v (%v), want the opened file's, 0604", fi.Mode(), err)
 	}
 }
+
+// A directory holding secrets that others may not list (here /etc/ssh of
+// mode 0700) is masked in the template, not copied with the names of its
+// entries: the init, no owner of the host's files, could not list it.
+func TestCopyEtcDirAsOtherMasksUnlistable(t *testing.T) {
+	host, dst := t.TempDir(), t.TempDir()
+	if err := os.Mkdir(filepath.Join(host, "ssh"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(host, "ssh", "ssh_config"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyEtcDirNoting(host, dst, "", &etcCopy{bind: treeBind, asOther: true}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dst, "ssh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0 {
+		t.Errorf("a host directory of mode 0700 in the template: mode %v, want a masked one, 0", fi.Mode())
+	}
+	if _, err := os.Lstat(filepath.Join(dst, "ssh", "ssh_config")); err == nil {
+		t.Error("the template lists an entry of a host directory that others may not list")
+	}
+}

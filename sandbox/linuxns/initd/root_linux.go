@@ -876,6 +876,12 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 			if err := os.Symlink(target, d); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
+		case fi.IsDir() && etcSecretBelow(name) && c.asOther && fi.Mode().Perm()&0o005 != 0o005:
+			// A directory others may not list: the init could not copy
+			// it; the gateway, host root, does not either.
+			if err := maskEntry(d, true); err != nil {
+				return err
+			}
 		case fi.IsDir() && etcSecretBelow(name):
 			if err := os.Mkdir(d, fi.Mode().Perm()); err != nil {
 				return fmt.Errorf("etc: %w", err)

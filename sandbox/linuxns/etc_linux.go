@@ -3,6 +3,7 @@
 package linuxns
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -128,6 +129,9 @@ func (t *etcTemplate) clone(pid int) int {
 	}
 	if err := idmapTo(c, pid); err != nil {
 		unix.Close(c)
+		if errors.Is(err, errNoUserNS) {
+			return -1 // this init is gone: its create fails anyway
+		}
 		t.failed, t.failedAt = err, time.Now()
 		t.log.Warn("sandbox /etc: no template; each sandbox's init builds its own, slower", "err", err.Error(), "retry_in", etcRetry)
 		unix.Close(t.fd)
@@ -137,12 +141,16 @@ func (t *etcTemplate) clone(pid int) int {
 	return c
 }
 
+// errNoUserNS is idmapTo's error when the init's user namespace is not
+// there to open (the init ended).
+var errNoUserNS = errors.New("no user namespace")
+
 // idmapTo idmaps the top mount of the detached tree at fd to the user
 // namespace of pid (the host's root, 0, is then the namespace's 0).
 func idmapTo(fd, pid int) error {
 	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("idmap the /etc template: %w", err)
+		return fmt.Errorf("idmap the /etc template: %w: %w", errNoUserNS, err)
 	}
 	defer unix.Close(ns)
 	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns)}

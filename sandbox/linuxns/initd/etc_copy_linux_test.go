@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // The gateway copies the host's /etc into the template as host root: a
@@ -69,5 +71,33 @@ func TestCopyEtcDirAsOtherMasksUnlistable(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(dst, "ssh", "ssh_config")); err == nil {
 		t.Error("the template lists an entry of a host directory that others may not list")
+	}
+}
+
+// treeBind, which binds as host root into the /etc template, does not
+// follow a symlink: a host entry replaced by one (to a directory others
+// may not enter) after the look binds nothing of what it names.
+func TestTreeBindNoFollow(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	host, dst := t.TempDir(), t.TempDir()
+	secret := filepath.Join(host, "private")
+	if err := os.Mkdir(secret, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secret, "key"), []byte("k\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, filepath.Join(host, "conf.d")); err != nil {
+		t.Fatal(err)
+	}
+	err := treeBind(filepath.Join(host, "conf.d"), dst)
+	if err == nil {
+		defer unix.Unmount(dst, unix.MNT_DETACH)
+	}
+	t.Logf("treeBind of a symlink: %v", err)
+	if _, serr := os.Stat(filepath.Join(dst, "key")); serr == nil {
+		t.Errorf("treeBind of a symlink bound what it names (err %v)", err)
 	}
 }

@@ -735,9 +735,12 @@ func templateOwn() []string {
 }
 
 // treeBind binds src at dst as roBind does, with the mount API, which
-// also binds into a detached mount (Linux 6.15 and later).
+// also binds into a detached mount (Linux 6.15 and later). src is never
+// followed if it is a symlink: the gateway binds as host root, and an
+// entry of the host's /etc made a symlink since it was looked at must not
+// bind what it names (host root's /root, say) into every sandbox.
 func treeBind(src, dst string) error {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_SYMLINK_NOFOLLOW)
 	if err != nil {
 		return fmt.Errorf("bind %s: %w", src, err)
 	}

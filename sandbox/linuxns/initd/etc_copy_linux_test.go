@@ -101,3 +101,27 @@ func TestTreeBindNoFollow(t *testing.T) {
 		t.Errorf("treeBind of a symlink bound what it names (err %v)", err)
 	}
 }
+
+// A directory of the host's /etc that the copy descends into (one holding
+// secrets) is not followed when it has become a symlink since it was
+// looked at: nothing of what it names is listed or copied.
+func TestCopyEtcDirNoFollow(t *testing.T) {
+	host, dst := t.TempDir(), t.TempDir()
+	elsewhere := filepath.Join(host, "elsewhere")
+	if err := os.Mkdir(elsewhere, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(elsewhere, "notes"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, filepath.Join(host, "ssl")); err != nil {
+		t.Fatal(err)
+	}
+	err := copyEtcDirNoting(filepath.Join(host, "ssl"), dst, "ssl", &etcCopy{bind: treeBind, asOther: true})
+	if err == nil {
+		t.Error("copied a directory that is a symlink")
+	}
+	if _, serr := os.Lstat(filepath.Join(dst, "notes")); serr == nil {
+		t.Error("copied what a symlinked directory names")
+	}
+}

@@ -850,7 +850,7 @@ type etcCopy struct {
 // copyEtcDirNoting is copyEtcDir with c's bind and notes.
 func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 	read := c.read
-	entries, err := os.ReadDir(host)
+	entries, err := readDir(host, rel != "")
 	if err != nil {
 		return fmt.Errorf("read %s: %w", host, err)
 	}
@@ -925,6 +925,26 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 		}
 	}
 	return nil
+}
+
+// readDir is os.ReadDir; with noFollow, of a directory that must not be
+// a symlink: an entry of the host's /etc looked at as a directory, and
+// turned into a symlink since, is not followed (to a directory that only
+// host root, as whom the gateway copies, may list). /etc itself is.
+func readDir(dir string, noFollow bool) ([]os.DirEntry, error) {
+	flags := unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC
+	if noFollow {
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Open(dir, flags, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	entries, err := f.ReadDir(-1)
+	slices.SortFunc(entries, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return entries, err
 }
 
 // bindEtc binds the host's h at d, read-only. An entry the host removed

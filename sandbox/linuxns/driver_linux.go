@@ -467,7 +467,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	// The default root's /etc: a clone of the gateway's template.
 	st.EtcTemplate = false
 	if img == nil && !d.cfg.Checkpoint && d.etc != nil {
-		if etc := d.etc.clone(); etc >= 0 {
+		if etc := d.etc.clone(st.Pid); etc >= 0 {
 			fds, names = append(fds, etc), append(names, "etc")
 			st.EtcTemplate = true
 		}

@@ -6,9 +6,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
@@ -137,4 +141,44 @@ func checkInitJoinsCPU(t *testing.T, d *linuxns.Driver, dataDir, id string) {
 	if e.Code != 0 || !strings.HasSuffix(strings.TrimSpace(out), ":/") {
 		t.Errorf("a command's cpu cgroup: %q (exit %+v), want the commands' one, its namespace's root", out, e)
 	}
+}
+
+// When the init cannot join its cpu cgroup (here: removed under it, so
+// the write answers ENODEV), the create fails saying so, and leaves no
+// process, mount or loop device; the driver creates again after.
+func TestLinuxInitCPUJoinFails(t *testing.T) {
+	requireLinux(t)
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
+		t.Skip("no cgroup v1 cpu hierarchy here")
+	}
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	var initPid int
+	d.BeforeAttach(func(pid int) {
+		initPid = pid
+		dir := "/sys/fs/cgroup/cpu/sandgate/sbx-cpu-gone"
+		if err := os.Remove(dir + "/procs"); err != nil {
+			t.Error(err)
+		}
+		if err := os.Remove(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	_, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-cpu-gone"})
+	if err == nil || !strings.Contains(err.Error(), "cpu cgroup") {
+		t.Fatalf("create whose init cannot join its cpu cgroup: %v, want an error naming it", err)
+	}
+	t.Logf("create: %v", err)
+	if initPid == 0 {
+		t.Fatal("no init started")
+	}
+	if !waitFor(5*time.Second, func() bool { return unix.Kill(initPid, 0) != nil }) {
+		t.Errorf("the init %d outlives its failed create", initPid)
+	}
+	checkNoLeaks(t, dataDir)
+	if left, _ := filepath.Glob("/sys/fs/cgroup/*/sandgate/sbx-cpu-gone"); len(left) > 0 {
+		t.Errorf("cgroups left by the failed create: %q", left)
+	}
+	d.BeforeAttach(nil)
+	checkInitJoinsCPU(t, d, dataDir, "sbx-cpu-after")
 }

@@ -3,6 +3,7 @@
 package linuxns
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -92,10 +93,17 @@ func (t *etcTemplate) buildLocked() {
 	t.fd, t.read, t.checked = fd, read, time.Now()
 }
 
-// clone returns a new detached copy of the template for one sandbox, or
-// -1 when there is none (the init then builds its /etc). The template is
-// built on first use, and again once a host file it copied has changed.
-func (t *etcTemplate) clone() int {
+// clone returns a new detached copy of the template for the sandbox whose
+// init is pid, or -1 when there is none (the init then builds its /etc).
+// The template is built on first use, and again once a host file it copied
+// has changed.
+//
+// The copy's top mount is idmapped to the init's user namespace: the
+// template's files are host root's, which the sandbox would see as
+// nobody's; through the copy they are the sandbox root's, as when the
+// init wrote them. (The host directories bound in it are not idmapped:
+// nobody's, as they always were.)
+func (t *etcTemplate) clone(pid int) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.fd >= 0 && time.Since(t.checked) >= t.every {
@@ -119,7 +127,37 @@ func (t *etcTemplate) clone() int {
 		t.fd = -1
 		return -1
 	}
+	if err := idmapTo(c, pid); err != nil {
+		unix.Close(c)
+		if errors.Is(err, errNoUserNS) {
+			return -1 // this init is gone: its create fails anyway
+		}
+		t.failed, t.failedAt = err, time.Now()
+		t.log.Warn("sandbox /etc: no template; each sandbox's init builds its own, slower", "err", err.Error(), "retry_in", etcRetry)
+		unix.Close(t.fd)
+		t.fd = -1
+		return -1
+	}
 	return c
+}
+
+// errNoUserNS is idmapTo's error when the init's user namespace is not
+// there to open (the init ended).
+var errNoUserNS = errors.New("no user namespace")
+
+// idmapTo idmaps the top mount of the detached tree at fd to the user
+// namespace of pid (the host's root, 0, is then the namespace's 0).
+func idmapTo(fd, pid int) error {
+	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("idmap the /etc template: %w: %w", errNoUserNS, err)
+	}
+	defer unix.Close(ns)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
+		return fmt.Errorf("idmap the /etc template: %w", err)
+	}
+	return nil
 }
 
 // freshLocked reports whether every host path the template read is as
@@ -178,6 +216,14 @@ func buildEtcTemplate() (int, map[string]etcStamp, error) {
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
 		return -1, nil, fmt.Errorf("/etc template: %w", err)
 	}
+	// The tmpfs itself read-only too, not only each mount of it: it is
+	// every tenant's, and a mount flag is the mount holder's to change (a
+	// sandbox's init is the owner of its mount namespace, and its clone
+	// of the template is not locked as the mounts a namespace copies
+	// are). Only host root can make the tmpfs writable again.
+	if err := readOnlySuper(fd); err != nil {
+		return -1, nil, fmt.Errorf("/etc template: %w", err)
+	}
 	// Stamped after the copy: a host change in the few milliseconds of
 	// the build is not noticed until the next one.
 	stamps := make(map[string]etcStamp, len(read))
@@ -186,4 +232,21 @@ func buildEtcTemplate() (int, map[string]etcStamp, error) {
 	}
 	ok = true
 	return fd, stamps, nil
+}
+
+// readOnlySuper makes the filesystem of the mount at fd read-only (its
+// superblock: every mount of it).
+func readOnlySuper(fd int) error {
+	fs, err := unix.Fspick(fd, "", unix.FSPICK_EMPTY_PATH|unix.FSPICK_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("make read-only: %w", err)
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigSetFlag(fs, "ro"); err != nil {
+		return fmt.Errorf("make read-only: %w", err)
+	}
+	if err := unix.FsconfigReconfigure(fs); err != nil {
+		return fmt.Errorf("make read-only: %w", err)
+	}
+	return nil
 }

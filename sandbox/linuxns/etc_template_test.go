@@ -135,3 +135,28 @@ func TestLinuxEtcWithoutTemplate(t *testing.T) {
 		t.Errorf("/etc built by the init: %q (%q, exit %+v), want %q", out, stderr, e, want)
 	}
 }
+
+// The template's files are the sandbox root's, as when each init built its
+// /etc (the gateway, host root, wrote them: without the copy's idmap the
+// sandbox sees them as nobody's, which tools that want root's config files
+// refuse), and the tmpfs under the sandbox's /etc, every tenant's, is
+// read-only itself, not only the sandbox's mount of it.
+func TestLinuxEtcTemplateOwnerAndReadOnly(t *testing.T) {
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-etc-owner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+		checkNoLeaks(t, dataDir)
+	}()
+	out, stderr, e := runIn(t, sb, "stat -c '%U:%G %a' /etc /etc/passwd /etc/shadow /etc/hostname; awk '$5 == \"/etc\" { print $NF }' /proc/self/mountinfo | cut -d, -f1")
+	want := "root:root 755\nroot:root 644\nroot:root 0\nroot:root 644\nro\n"
+	if e.Code != 0 || out != want {
+		t.Errorf("/etc from the template: %q (%q, exit %+v), want %q", out, stderr, e, want)
+	}
+}

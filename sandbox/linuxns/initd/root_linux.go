@@ -735,9 +735,12 @@ func templateOwn() []string {
 }
 
 // treeBind binds src at dst as roBind does, with the mount API, which
-// also binds into a detached mount (Linux 6.15 and later).
+// also binds into a detached mount (Linux 6.15 and later). src is never
+// followed if it is a symlink: the gateway binds as host root, and an
+// entry of the host's /etc made a symlink since it was looked at must not
+// bind what it names (host root's /root, say) into every sandbox.
 func treeBind(src, dst string) error {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE|unix.AT_SYMLINK_NOFOLLOW)
 	if err != nil {
 		return fmt.Errorf("bind %s: %w", src, err)
 	}
@@ -847,7 +850,7 @@ type etcCopy struct {
 // copyEtcDirNoting is copyEtcDir with c's bind and notes.
 func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 	read := c.read
-	entries, err := os.ReadDir(host)
+	entries, err := readDir(host, rel != "")
 	if err != nil {
 		return fmt.Errorf("read %s: %w", host, err)
 	}
@@ -876,6 +879,12 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 			if err := os.Symlink(target, d); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
+		case fi.IsDir() && etcSecretBelow(name) && c.asOther && fi.Mode().Perm()&0o005 != 0o005:
+			// A directory others may not list: the init could not copy
+			// it; the gateway, host root, does not either.
+			if err := maskEntry(d, true); err != nil {
+				return err
+			}
 		case fi.IsDir() && etcSecretBelow(name):
 			if err := os.Mkdir(d, fi.Mode().Perm()); err != nil {
 				return fmt.Errorf("etc: %w", err)
@@ -903,7 +912,7 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 				}
 				continue
 			}
-			if err := copyEtcFile(h, d, fi.Mode().Perm()); err != nil {
+			if err := copyEtcFile(h, d, fi.Mode().Perm(), c.asOther); err != nil {
 				return err
 			}
 		case fi.Mode().IsRegular():
@@ -916,6 +925,26 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 		}
 	}
 	return nil
+}
+
+// readDir is os.ReadDir; with noFollow, of a directory that must not be
+// a symlink: an entry of the host's /etc looked at as a directory, and
+// turned into a symlink since, is not followed (to a directory that only
+// host root, as whom the gateway copies, may list). /etc itself is.
+func readDir(dir string, noFollow bool) ([]os.DirEntry, error) {
+	flags := unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC
+	if noFollow {
+		flags |= unix.O_NOFOLLOW
+	}
+	fd, err := unix.Open(dir, flags, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	entries, err := f.ReadDir(-1)
+	slices.SortFunc(entries, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return entries, err
 }
 
 // bindEtc binds the host's h at d, read-only. An entry the host removed
@@ -931,7 +960,10 @@ func bindEtc(bind func(src, dst string) error, h, d string) error {
 // (sendfile: no buffer of the init's, whose heap every idle sandbox
 // keeps). A file the sandbox's init may not read (host root's, mode
 // 0600) becomes an empty entry of mode 0: unreadable in the sandbox too.
-func copyEtcFile(h, d string, perm os.FileMode) error {
+// With asOther (the gateway, host root, copies), so does a file that
+// others may not read, judged on the file opened: not on what a look at
+// h found before, which a file renamed over h since (a 0600 one) belies.
+func copyEtcFile(h, d string, perm os.FileMode, asOther bool) error {
 	in, err := unix.Open(h, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	switch {
 	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
@@ -940,6 +972,16 @@ func copyEtcFile(h, d string, perm os.FileMode) error {
 		return nil // gone meanwhile (or no longer a file)
 	}
 	defer unix.Close(in)
+	if asOther {
+		var st unix.Stat_t
+		if err := unix.Fstat(in, &st); err != nil {
+			return fmt.Errorf("etc: %s: %w", h, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o004 == 0 {
+			return maskEntry(d, false)
+		}
+		perm = os.FileMode(st.Mode & 0o7777).Perm()
+	}
 	out, err := unix.Open(d, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("etc: %w", err)

@@ -955,9 +955,15 @@ func remapUserns(b []byte, from, to uint64) ([]byte, error) {
 	return append(out, rest...), nil
 }
 
-// remapExtent rewrites one UidGidExtent (first, lower_first, count).
+// remapExtent rewrites one UidGidExtent (first, lower_first, count). The
+// extent must lie within the sandbox's range, [from, from+idRange), and
+// its ids inside within [0, idRange), as a fresh sandbox maps them: an
+// image that maps more (a tampered one) is refused, never restored into
+// host ids outside the sandbox's own (another sandbox's, or root).
 func remapExtent(ext []byte, from, to uint64) ([]byte, error) {
 	var out []byte
+	var first, lower, count uint64
+	seen := 0
 	for len(ext) > 0 {
 		num, typ, n := protowire.ConsumeTag(ext)
 		if n < 0 {
@@ -972,14 +978,29 @@ func remapExtent(ext []byte, from, to uint64) ([]byte, error) {
 			return nil, protowire.ParseError(n)
 		}
 		ext = ext[n:]
-		if num == 2 {
+		switch num {
+		case 1:
+			first = v
+		case 2:
+			lower = v
 			if v < from || v >= from+idRange {
 				return nil, fmt.Errorf("extent at %d is not the sandbox's range at %d", v, from)
 			}
 			v = v - from + to
+		case 3:
+			count = v
+		default:
+			return nil, fmt.Errorf("extent field %d", num)
 		}
+		seen |= 1 << num
 		out = protowire.AppendTag(out, num, typ)
 		out = protowire.AppendVarint(out, v)
+	}
+	if seen&(1<<2|1<<3) != 1<<2|1<<3 {
+		return nil, errors.New("extent without its host ids or count")
+	}
+	if count > idRange || lower+count > from+idRange || first+count > idRange {
+		return nil, fmt.Errorf("extent of %d ids at %d (inside at %d) overruns the sandbox's range of %d at %d", count, lower, first, idRange, from)
 	}
 	return out, nil
 }

@@ -172,11 +172,20 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	for _, mp := range c.mounts {
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
+	// criu holds the dump's lock until it ends, the gateway's death
+	// notwithstanding: the next gateway's Adopt waits for it
+	// (waitDump) rather than judge the sandbox, and delete its images,
+	// under a criu that still dumps it.
+	lock, err := lockDump(c.dir)
+	if err != nil {
+		return errors.Join(err, undo())
+	}
 	ph.mark("prepare")
 	// As Checkpoint's: a caller that goes away does not kill criu.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dumpTimeout)
 	defer cancel()
-	derr := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil, ph)
+	derr := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), []*os.File{lock}, ph)
+	lock.Close()
 	_, done := s.current()
 	if derr != nil {
 		// A failed dump lets the processes run on.
@@ -418,6 +427,19 @@ func (s *linuxSandbox) dropPause() error {
 // state no longer says paused, and the gateway pauses it again).
 func (d *Driver) adoptPausedCheckpoint(st *sandboxState) (_ sandbox.Sandbox, ok bool, err error) {
 	dir := d.dir(st.ID)
+	waited, err := waitDump(st.PauseImages, dumpTimeout)
+	if err != nil {
+		return nil, true, fmt.Errorf("adopt %s: %w", st.ID, err)
+	}
+	if fd, err := openInit(st, 0); err == nil {
+		if waited {
+			// A dump that ended after all kills the processes: the
+			// init may still be on its way out.
+			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			_, _ = unix.Poll(p, int((5 * time.Second).Milliseconds()))
+		}
+		unix.Close(fd)
+	}
 	if fd, err := openInit(st, 0); err == nil {
 		unix.Close(fd)
 		d.log.Warn("pause_checkpoint_dropped", "sandbox", st.ID, "reason", "its init still runs: the pause's dump did not end it")
@@ -508,4 +530,50 @@ func dirBytes(dir string) int64 {
 		}
 	}
 	return n
+}
+
+// dumpLockFile, among a pause's images, is locked (flock) by the gateway
+// and the criu that dumps the sandbox, for as long as either runs.
+const dumpLockFile = "dump.lock"
+
+// lockDump creates and locks the dump's lock file in images dir dir; the
+// caller gives it to criu and closes its own.
+func lockDump(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, dumpLockFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("checkpoint: lock the dump: %w", err)
+	}
+	return f, nil
+}
+
+// waitDump waits, up to timeout, for the criu that dumps into images dir
+// dir to end (a dump that an earlier gateway began, and that outlived
+// it). waited says there was one.
+func waitDump(dir string, timeout time.Duration) (waited bool, err error) {
+	f, err := os.Open(filepath.Join(dir, dumpLockFile))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("the pause's dump: %w", err)
+	}
+	defer f.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return waited, unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		case !errors.Is(err, unix.EWOULDBLOCK):
+			return waited, fmt.Errorf("the pause's dump: %w", err)
+		case time.Now().After(deadline):
+			return waited, fmt.Errorf("the pause's dump still runs after %v", timeout)
+		}
+		waited = true
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
@@ -418,4 +419,59 @@ func TestLinuxPauseCheckpointRestoreFails(t *testing.T) {
 	if v := getVar(t, sb); v != "kept" {
 		t.Errorf("variable %q after the second try", v)
 	}
+}
+
+// A gateway that restarts while criu dumps a sandbox it pauses leaves
+// that criu running: the next gateway's Adopt waits for it to end before
+// it judges the sandbox (running, or paused in whole images), rather than
+// adopt it running, and delete its images, under a criu that goes on to
+// end its processes.
+func TestLinuxAdoptWaitsForPauseDump(t *testing.T) {
+	requireLinux(t)
+	real := criuForTest(t)
+	tmp := t.TempDir()
+	fake, started, ended := filepath.Join(tmp, "criu"), filepath.Join(tmp, "started"), filepath.Join(tmp, "ended")
+	script := "#!/bin/sh\nif [ \"$1\" = dump ]; then touch " + started + "; sleep 2; \"" + real + "\" \"$@\"; rc=$?; touch " + ended + "; exit $rc; fi\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	init := smallInit(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-adw"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	paused := make(chan error, 1)
+	go func() { _, err := sb.(sandbox.Pauser).Pause(ctx); paused <- err }()
+	for {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		select {
+		case err := <-paused:
+			t.Fatalf("pause ended before its dump began: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// The gateway that paused it is gone, as far as the next one knows.
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, aerr := d2.Adopt(ctx, id)
+	if _, err := os.Stat(ended); err != nil {
+		t.Errorf("Adopt answered (%v) while criu still dumped the sandbox", aerr)
+	}
+	if ad != nil {
+		_ = ad.(sandbox.Detacher).Detach(ctx) // d's to destroy
+	}
+	<-paused
 }

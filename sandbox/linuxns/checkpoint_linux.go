@@ -773,6 +773,12 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {
 		return fmt.Errorf("restored init: %w", err)
 	}
+	// What the images made, whatever they say (a tampered image).
+	if pids, err := checkConfined(st); err != nil {
+		killTree(pids)
+		return fmt.Errorf("restore of %s as %s refused: %w", c.src.ID, st.ID, err)
+	}
+	ph.mark("confined")
 	return nil
 }
 

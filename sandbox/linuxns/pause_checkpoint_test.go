@@ -475,3 +475,59 @@ func TestLinuxAdoptWaitsForPauseDump(t *testing.T) {
 	}
 	<-paused
 }
+
+// A resume from a pause by checkpoint restores into the sandbox's own
+// cgroups as they are (--manage-cgroups=soft): a limit changed while it
+// was paused holds after the resume, not the one the images recorded, and
+// its processes are under it.
+func TestLinuxPauseCheckpointKeepsCgroupLimits(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-cg"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id, Limits: sandbox.Limits{Pids: 91}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, "nohup sleep 1008 >/dev/null 2>&1 &")
+	var limits []string
+	for _, p := range []string{"/sys/fs/cgroup/pids/sandgate/" + id + "/pids.max", "/sys/fs/cgroup/pids/sandgate/" + id + "/procs/pids.max",
+		"/sys/fs/cgroup/sandgate/" + id + "/pids.max", "/sys/fs/cgroup/sandgate/" + id + "/procs/pids.max"} {
+		if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == "91" {
+			limits = append(limits, p)
+		}
+	}
+	if len(limits) == 0 {
+		t.Fatal("no pids.max of 91 found for the sandbox")
+	}
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	for _, p := range limits {
+		if err := os.WriteFile(p, []byte("57"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range limits {
+		if b, _ := os.ReadFile(p); strings.TrimSpace(string(b)) != "57" {
+			t.Errorf("%s after the resume: %q, want the 57 set while paused", p, b)
+		}
+	}
+	if out := mustRun(t, sb, "pgrep -x sleep | wc -l"); strings.TrimSpace(out) != "1" {
+		t.Errorf("restored sleep: %q", out)
+	}
+	if procs := procsInCgroupOf(id); len(procs) < 2 {
+		t.Errorf("processes in the sandbox's cgroups after the resume: %v", procs)
+	}
+}

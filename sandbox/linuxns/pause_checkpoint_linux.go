@@ -127,8 +127,15 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 			sandbox.ErrNoCheckpoint, open)
 	}
 	held := map[uint64]*os.File{}
+	// The init's connections as of now, the held ones, are those the
+	// dump takes as external (prepareCheckpoint's list is older: one
+	// accepted since would be "not found" by criu).
+	c.conns = c.conns[:0]
 	for _, sk := range socks {
 		held[sk.ino] = sk.dup
+		if sk.ino != c.listener && !slices.Contains(c.conns, sk.ino) {
+			c.conns = append(c.conns, sk.ino)
+		}
 	}
 	keepHeld := false
 	defer func() {

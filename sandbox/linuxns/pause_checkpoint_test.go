@@ -80,6 +80,10 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 		t.Errorf("processes left after the pause: %v", procs)
 	}
 	checkImages(t, images)
+	// Pausing it again answers as the pause that made it so.
+	if again, err := pa.Pause(ctx); err != nil || again.Method != "checkpoint" || strings.Join(again.NotKept, "\n") != strings.Join(rep.NotKept, "\n") {
+		t.Errorf("a second pause: %+v %v, want the first's method and notKept (%+v)", again, err, rep)
+	}
 	if _, err := sb.Start(ctx, sandbox.Cmd{Command: "true"}); err == nil {
 		t.Error("Start on a sandbox paused by checkpoint succeeded")
 	}

@@ -535,3 +535,67 @@ func TestLinuxPauseCheckpointKeepsCgroupLimits(t *testing.T) {
 		t.Errorf("processes in the sandbox's cgroups after the resume: %v", procs)
 	}
 }
+
+// socketFDs counts the sockets among this process's descriptors.
+func socketFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
+}
+
+// A gateway that lets go of a sandbox paused by checkpoint (Detach, at a
+// shutdown that keeps sandboxes) closes the init's sockets it held for
+// the restore: the next gateway restores without them.
+func TestLinuxPauseCheckpointDetachClosesHeld(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	init := smallInit(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-det"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, sb, "true")
+	before := socketFDs(t)
+	if rep, err := sb.(sandbox.Pauser).Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if held := socketFDs(t); held <= before {
+		t.Fatalf("%d sockets open while paused, %d before: none held?", held, before)
+	}
+	if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := socketFDs(t); after > before {
+		t.Errorf("%d sockets open after Detach, %d before the pause", after, before)
+	}
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := d2.Adopt(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ad.Destroy(ctx)
+	if err := ad.(sandbox.Pauser).Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, ad, "true")
+}

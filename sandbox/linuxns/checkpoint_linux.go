@@ -70,6 +70,19 @@ type checkpoint struct {
 	mu      sync.Mutex
 	closed  bool
 	readers int // restores under way: the images are 0644 while there are some
+	// shared, when set, names the images whose files (inodes) this
+	// checkpoint shares with others: a pause's and the forks' made of it
+	// (pausedCheckpoint's hard links). Their restores count together
+	// (Driver.sharedReaders), so that one ending does not make the
+	// images 0600 under another's criu.
+	shared string
+}
+
+// sharedReaders counts the restores under way of images that checkpoints
+// share (checkpoint.shared), and the dirs they read them from.
+type sharedReaders struct {
+	n    int
+	dirs map[string]int
 }
 
 type rootEntry struct {
@@ -893,6 +906,9 @@ func (c *checkpoint) restoreImages(st *sandboxState) (string, error) {
 // new user namespace, some before its ids are mapped (as the overflow
 // uid). Only root reaches the directory's path (the data dir is 0700).
 func (c *checkpoint) readable(on bool) error {
+	if c.shared != "" {
+		return c.readableShared(on)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if on {
@@ -912,6 +928,49 @@ func (c *checkpoint) readable(on bool) error {
 		return nil
 	}
 	return ownImages(c.dir, 0, 0o600)
+}
+
+// readableShared is readable for images shared with other checkpoints
+// (c.shared): 0644 while a restore of any of them is under way, 0600 in
+// every dir once none is.
+func (c *checkpoint) readableShared(on bool) error {
+	d := c.d
+	d.sharedMu.Lock()
+	defer d.sharedMu.Unlock()
+	if d.shared == nil {
+		d.shared = map[string]*sharedReaders{}
+	}
+	r := d.shared[c.shared]
+	if r == nil {
+		r = &sharedReaders{dirs: map[string]int{}}
+		d.shared[c.shared] = r
+	}
+	if on {
+		if err := ownImages(c.dir, 0, 0o644); err != nil {
+			if r.n == 0 {
+				delete(d.shared, c.shared)
+			}
+			return errors.Join(err, ownImages(c.dir, 0, 0o600))
+		}
+		r.n++
+		r.dirs[c.dir]++
+		return nil
+	}
+	r.n--
+	if r.dirs[c.dir]--; r.dirs[c.dir] <= 0 {
+		delete(r.dirs, c.dir)
+	}
+	if r.n > 0 {
+		return nil
+	}
+	delete(d.shared, c.shared)
+	err := ownImages(c.dir, 0, 0o600)
+	for dir := range r.dirs {
+		if oerr := ownImages(dir, 0, 0o600); oerr != nil && !errors.Is(oerr, fs.ErrNotExist) {
+			err = errors.Join(err, oerr)
+		}
+	}
+	return err
 }
 
 // remapUserns rewrites a CRIU userns image (two magic words, then one

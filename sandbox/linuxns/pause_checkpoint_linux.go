@@ -264,7 +264,7 @@ func (d *Driver) loadPauseCheckpoint(st sandboxState) (*checkpoint, error) {
 		return nil, fmt.Errorf("the pause's checkpoint: %w", err)
 	}
 	c := &checkpoint{d: d, dir: st.PauseImages, src: st, mounts: meta.Mounts, listener: meta.Listener,
-		conns: meta.Conns, controllers: meta.Controllers}
+		conns: meta.Conns, controllers: meta.Controllers, shared: st.PauseImages}
 	for _, e := range meta.Root {
 		c.root = append(c.root, rootEntry{name: e.Name, link: e.Link, dir: e.Dir})
 	}

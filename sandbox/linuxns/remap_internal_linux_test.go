@@ -4,6 +4,8 @@ package linuxns
 
 import (
 	"encoding/binary"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -55,5 +57,57 @@ func TestRemapUsernsRefusesOverrun(t *testing.T) {
 		if _, err := remapUserns(usernsImage(tc.first, tc.lower, tc.size), from, to); err == nil {
 			t.Errorf("%s: remapped, want refused", tc.name)
 		}
+	}
+}
+
+// A fork of a session paused by checkpoint is restored from hard links of
+// the pause's images (pausedCheckpoint), while the session itself may be
+// resumed from them: one restore ending must not make the images 0600
+// under the other's criu, and once both end every image is 0600 again.
+func TestSharedImagesReadable(t *testing.T) {
+	d := &Driver{}
+	pauseDir, forkDir := t.TempDir(), t.TempDir()
+	for _, name := range []string{"pages-1.img", "core-1.img"} {
+		if err := os.WriteFile(filepath.Join(pauseDir, name), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Link(filepath.Join(pauseDir, name), filepath.Join(forkDir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(forkDir, "workspace.img"), []byte("w"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mode := func(dir, name string) os.FileMode {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Mode().Perm()
+	}
+	pause := &checkpoint{d: d, dir: pauseDir, shared: pauseDir}
+	fork := &checkpoint{d: d, dir: forkDir, shared: pauseDir}
+	if err := fork.readable(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := pause.readable(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := pause.readable(false); err != nil { // the resume ends first
+		t.Fatal(err)
+	}
+	if m := mode(forkDir, "pages-1.img"); m != 0o644 {
+		t.Errorf("the fork's image under its restore: %v, want 0644", m)
+	}
+	if err := fork.readable(false); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][2]string{{pauseDir, "pages-1.img"}, {pauseDir, "core-1.img"}, {forkDir, "workspace.img"}} {
+		if m := mode(p[0], p[1]); m != 0o600 {
+			t.Errorf("%s after both restores: %v, want 0600", p[1], m)
+		}
+	}
+	if len(d.shared) != 0 {
+		t.Errorf("shared readers left: %v", d.shared)
 	}
 }

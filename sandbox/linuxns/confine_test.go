@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
@@ -32,9 +33,11 @@ func TestLinuxRestoreCheckConfined(t *testing.T) {
 	}
 	defer sb.Destroy(ctx)
 	mustRun(t, sb, "nohup sleep 1006 >/dev/null 2>&1 &")
+	start := time.Now()
 	if err := linuxns.CheckConfined(sb, 0, 0, ""); err != nil {
 		t.Fatalf("a fresh sandbox: %v", err)
 	}
+	t.Logf("check of a fresh sandbox (init, a shell, a sleep): %v", time.Since(start))
 	host := exec.Command("sleep", "1007")
 	if err := host.Start(); err != nil {
 		t.Fatal(err)

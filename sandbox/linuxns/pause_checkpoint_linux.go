@@ -235,7 +235,9 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	}
 	if err != nil {
 		// The processes are gone and the images not whole: the sandbox
-		// is lost.
+		// is lost, and ends (its session fails) rather than stay, with
+		// no init, running as far as the gateway knows.
+		s.markEnded()
 		return fmt.Errorf("%w: %w", errSandboxLost, err)
 	}
 	keepHeld = true

@@ -599,3 +599,39 @@ func TestLinuxPauseCheckpointDetachClosesHeld(t *testing.T) {
 	}
 	mustRun(t, ad, "true")
 }
+
+// A pause whose dump ended the processes but whose images could not be
+// completed (pause.json not written) loses the sandbox: the pause says so
+// and the sandbox ends (Done), so that its session fails, rather than
+// stay running, as far as the gateway knows, with no init.
+func TestLinuxPauseCheckpointLostEnds(t *testing.T) {
+	requireLinux(t)
+	real := criuForTest(t)
+	fake := filepath.Join(t.TempDir(), "criu")
+	// After a real dump, a directory where pause.json goes.
+	script := "#!/bin/sh\nif [ \"$1\" = dump ]; then \"" + real + "\" \"$@\" || exit $?; mkdir \"$5/pause.json\"; exit 0; fi\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-lost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, "true")
+	if rep, err := sb.(sandbox.Pauser).Pause(ctx); err == nil {
+		t.Fatalf("pause with no pause.json written: %+v, want an error", rep)
+	}
+	select {
+	case <-sb.(sandbox.Ender).Done():
+	case <-time.After(10 * time.Second):
+		t.Error("the lost sandbox did not end")
+	}
+}

@@ -635,3 +635,42 @@ func TestLinuxPauseCheckpointLostEnds(t *testing.T) {
 		t.Error("the lost sandbox did not end")
 	}
 }
+
+// A zombie (a child its parent has not reaped) is dumped and restored as
+// one: the restore's confinement check passes over it (it runs nothing,
+// and has no namespaces to read) rather than refuse the resume for good.
+func TestLinuxPauseCheckpointZombie(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-zomb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	// sleep 1010 never reaps the shell's true: a zombie under it.
+	mustRun(t, sb, "nohup sh -c 'true & exec sleep 1010' >/dev/null 2>&1 &")
+	deadline := time.Now().Add(10 * time.Second)
+	for mustRun(t, sb, "ps -eo stat= | grep -c '^Z' || true") == "0\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("no zombie")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, sb, "pgrep -x sleep | wc -l"); strings.TrimSpace(out) != "1" {
+		t.Errorf("restored sleep: %q", out)
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"github.com/sandgate/sandgate/internal/cgroup"
 	"github.com/sandgate/sandgate/internal/mountinfo"
 	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
 )
 
 // checkpointsDir, under the driver's dir, holds the CRIU images of the
@@ -873,6 +874,26 @@ func (c *checkpoint) restoreImages(st *sandboxState) (string, error) {
 			continue
 		}
 		src, dst := filepath.Join(c.dir, name), filepath.Join(dir, name)
+		if name == "files.img" && st.ID == c.src.ID {
+			// In place (a resume from a pause): the workspace is the
+			// very mount the processes had, which a call may have
+			// written to since; CRIU would refuse a file held open
+			// whose size changed ("bad size"), and the session could
+			// never resume. The processes see the file as it is now,
+			// as after a freeze.
+			b, err := os.ReadFile(src)
+			if err != nil {
+				return "", fmt.Errorf("restore: %w", err)
+			}
+			out, err := dropSizesUnder(b, ctl.WorkspaceDir+"/")
+			if err != nil {
+				return "", fmt.Errorf("restore: files image: %w", err)
+			}
+			if err := os.WriteFile(dst, out, 0o644); err != nil {
+				return "", fmt.Errorf("restore: %w", err)
+			}
+			continue
+		}
 		if !strings.HasPrefix(name, "userns-") {
 			if err := os.Link(src, dst); err != nil {
 				return "", fmt.Errorf("restore: %w", err)
@@ -1018,6 +1039,114 @@ func remapUserns(b []byte, from, to uint64) ([]byte, error) {
 	out = binary.LittleEndian.AppendUint32(out, uint32(len(entry)))
 	out = append(out, entry...)
 	return append(out, rest...), nil
+}
+
+// dropSizesUnder rewrites a CRIU files image (two magic words, then
+// FileEntry records, each a size and its protobuf) so that the regular
+// files whose path starts with prefix carry no size (RegFileEntry field
+// 8), which CRIU would otherwise check against the file's size at the
+// restore.
+func dropSizesUnder(b []byte, prefix string) ([]byte, error) {
+	if len(b) < 8 {
+		return nil, errors.New("short")
+	}
+	out := slices.Clone(b[:8])
+	for rest := b[8:]; len(rest) > 0; {
+		if len(rest) < 4 {
+			return nil, errors.New("short record")
+		}
+		size := binary.LittleEndian.Uint32(rest[:4])
+		if uint64(len(rest)) < 4+uint64(size) {
+			return nil, errors.New("short entry")
+		}
+		entry, err := rewriteField(rest[4:4+size], 3, func(reg []byte) ([]byte, error) {
+			name := ""
+			if err := eachField(reg, func(num protowire.Number, typ protowire.Type, v []byte) {
+				if num == 6 && typ == protowire.BytesType {
+					name = string(v)
+				}
+			}); err != nil {
+				return nil, err
+			}
+			if !strings.HasPrefix(name, prefix) {
+				return reg, nil
+			}
+			return rewriteField(reg, 8, func([]byte) ([]byte, error) { return nil, nil })
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(entry)))
+		out = append(out, entry...)
+		rest = rest[4+size:]
+	}
+	return out, nil
+}
+
+// eachField calls fn with each field of protobuf msg: its number, type
+// and, for a length-delimited one, its bytes.
+func eachField(msg []byte, fn func(num protowire.Number, typ protowire.Type, v []byte)) error {
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		var v []byte
+		if typ == protowire.BytesType {
+			b, m := protowire.ConsumeBytes(msg)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			v, n = b, m
+		} else if n = protowire.ConsumeFieldValue(num, typ, msg); n < 0 {
+			return protowire.ParseError(n)
+		}
+		fn(num, typ, v)
+		msg = msg[n:]
+	}
+	return nil
+}
+
+// rewriteField rewrites protobuf msg with fn applied to each occurrence of
+// field num: to its bytes if length-delimited, to nil otherwise; fn's nil
+// answer drops the field.
+func rewriteField(msg []byte, num protowire.Number, fn func([]byte) ([]byte, error)) ([]byte, error) {
+	var out []byte
+	for len(msg) > 0 {
+		fnum, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		tag := msg[:n]
+		msg = msg[n:]
+		m := protowire.ConsumeFieldValue(fnum, typ, msg)
+		if m < 0 {
+			return nil, protowire.ParseError(m)
+		}
+		val := msg[:m]
+		msg = msg[m:]
+		if fnum != num {
+			out = append(append(out, tag...), val...)
+			continue
+		}
+		var in []byte
+		if typ == protowire.BytesType {
+			in, _ = protowire.ConsumeBytes(val)
+		}
+		v, err := fn(in)
+		switch {
+		case err != nil:
+			return nil, err
+		case v == nil:
+			continue // dropped
+		case typ == protowire.BytesType:
+			out = protowire.AppendBytes(append(out, tag...), v)
+		default:
+			out = append(append(out, tag...), val...)
+		}
+	}
+	return out, nil
 }
 
 // remapExtent rewrites one UidGidExtent (first, lower_first, count). The

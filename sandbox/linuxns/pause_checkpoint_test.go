@@ -674,3 +674,44 @@ func TestLinuxPauseCheckpointZombie(t *testing.T) {
 		t.Errorf("restored sleep: %q", out)
 	}
 }
+
+// A file of the workspace that a process holds open, changed while the
+// sandbox is paused by checkpoint (a call that wrote to the workspace as
+// the pause came), does not make the resume fail for good (CRIU's "bad
+// size"): the process goes on with the file as it is now, as after a
+// freeze.
+func TestLinuxPauseCheckpointFileChanged(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-fch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, "echo hi > /workspace/held.txt; nohup sleep 1011 < /workspace/held.txt >/dev/null 2>&1 &")
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	f, err := os.OpenFile(filepath.Join(sb.Workdir(), "held.txt"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, werr := f.WriteString("more\n")
+	if err := errors.Join(werr, f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, sb, "cat /proc/$(pgrep -x sleep)/fd/0"); out != "hi\nmore\n" {
+		t.Errorf("the restored sleep's stdin reads %q", out)
+	}
+}

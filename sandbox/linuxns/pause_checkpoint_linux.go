@@ -61,6 +61,14 @@ const pauseImagesDir = "pause"
 // (pauseMeta); it is written once the dump is complete.
 const pauseMetaFile = "pause.json"
 
+// pauseMetaPending is pauseMetaFile before the dump is complete;
+// criuDumped marks a complete dump (CRIU writes it last, once the dump
+// succeeded).
+const (
+	pauseMetaPending = "pause.json.pending"
+	criuDumped       = "stats-dump"
+)
+
 // checkpointNotKept is what a pause by checkpoint does not keep.
 var checkpointNotKept = []string{
 	"connections from outside the sandbox (SSH channels, REST streams, forwarded ports, egress connections) are closed by the gateway at pause",
@@ -179,6 +187,20 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	for _, mp := range c.mounts {
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
+	// What a restore needs besides the images, there before the dump:
+	// a gateway that dies once criu has dumped (stats-dump) but before
+	// it renamed it pause.json finds it (adoptPausedCheckpoint).
+	meta := pauseMeta{Mounts: c.mounts, Listener: c.listener, Conns: c.conns, Controllers: c.controllers}
+	for _, e := range c.root {
+		meta.Root = append(meta.Root, pauseRoot{Name: e.name, Link: e.link, Dir: e.dir})
+	}
+	b, err := json.Marshal(meta)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(c.dir, pauseMetaPending), b, 0o600)
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("checkpoint: %w", err), undo())
+	}
 	// criu holds the dump's lock until it ends, the gateway's death
 	// notwithstanding: the next gateway's Adopt waits for it
 	// (waitDump) rather than judge the sandbox, and delete its images,
@@ -219,14 +241,7 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	s.cmd, s.pidfd = nil, nil
 	s.st.Pid, s.st.StartTime = 0, 0
 	s.mu.Unlock()
-	meta := pauseMeta{Mounts: c.mounts, Listener: c.listener, Conns: c.conns, Controllers: c.controllers}
-	for _, e := range c.root {
-		meta.Root = append(meta.Root, pauseRoot{Name: e.name, Link: e.link, Dir: e.dir})
-	}
-	b, err := json.Marshal(meta)
-	if err == nil {
-		err = os.WriteFile(filepath.Join(c.dir, pauseMetaFile), b, 0o600)
-	}
+	err = os.Rename(filepath.Join(c.dir, pauseMetaPending), filepath.Join(c.dir, pauseMetaFile))
 	if err == nil {
 		err = chmodImages(c.dir)
 	}
@@ -456,7 +471,18 @@ func (d *Driver) adoptPausedCheckpoint(st *sandboxState) (_ sandbox.Sandbox, ok 
 		st.Paused, st.PauseImages = false, ""
 		return nil, false, errors.Join(st.save(dir), os.RemoveAll(images))
 	}
-	if _, err := os.Stat(filepath.Join(st.PauseImages, pauseMetaFile)); err != nil {
+	meta, pending := filepath.Join(st.PauseImages, pauseMetaFile), filepath.Join(st.PauseImages, pauseMetaPending)
+	if _, err := os.Stat(meta); errors.Is(err, os.ErrNotExist) {
+		// Its gateway died after the dump, before it said so: criu's
+		// own mark says whether the images are whole.
+		if _, derr := os.Stat(filepath.Join(st.PauseImages, criuDumped)); derr == nil {
+			if err := errors.Join(os.Rename(pending, meta), chmodImages(st.PauseImages)); err != nil {
+				return nil, true, fmt.Errorf("adopt %s: %w", st.ID, err)
+			}
+			d.log.Warn("pause_checkpoint_recovered", "sandbox", st.ID, "reason", "its gateway ended after the dump, before it completed the pause")
+		}
+	}
+	if _, err := os.Stat(meta); err != nil {
 		return nil, true, fmt.Errorf("adopt %s: %w: its processes ended in a pause whose checkpoint is not whole: %w", st.ID, os.ErrNotExist, err)
 	}
 	d.mu.Lock()

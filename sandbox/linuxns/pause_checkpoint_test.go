@@ -715,3 +715,58 @@ func TestLinuxPauseCheckpointFileChanged(t *testing.T) {
 		t.Errorf("the restored sleep's stdin reads %q", out)
 	}
 }
+
+// A gateway that dies once criu has dumped a sandbox it pauses, but
+// before it completed the pause (pause.json), leaves whole images: the
+// next gateway adopts the sandbox paused (criu's stats-dump says the dump
+// succeeded) and restores it, rather than lose it.
+func TestLinuxAdoptPauseDumpedNotCompleted(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	init := smallInit(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-rec"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, sb, varServer)
+	setVar(t, sb, "dumped")
+	if rep, err := sb.(sandbox.Pauser).Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As the images were when criu ended, before the gateway's rename.
+	images := filepath.Join(dataDir, "sandboxes", id, "pause")
+	if err := os.Rename(filepath.Join(images, "pause.json"), filepath.Join(images, "pause.json.pending")); err != nil {
+		t.Fatal(err)
+	}
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := d2.Adopt(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ad.Destroy(ctx)
+	pa := ad.(sandbox.Pauser)
+	if !pa.Paused() {
+		t.Fatal("adopted sandbox is not paused")
+	}
+	checkImages(t, images)
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := getVar(t, ad); v != "dumped" {
+		t.Errorf("variable %q after the recovered pause", v)
+	}
+}

@@ -97,7 +97,8 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 		// One paused by checkpoint is forked from its images, and stays
 		// paused; a frozen one is resumed first.
 		if !src.checkpointPaused() {
-			if err := m.unpause(ctx, src); err != nil {
+			// Wake: under src.life, once, whatever else resumes it.
+			if err := src.Wake(ctx); err != nil {
 				return nil, err
 			}
 		}

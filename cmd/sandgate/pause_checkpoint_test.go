@@ -149,3 +149,39 @@ func TestPauseCheckpoint(t *testing.T) {
 		t.Errorf("the sandbox's directory (and images) left after delete: %v", err)
 	}
 }
+
+// TestIdlePauseCheckpointExpires: under --checkpoint and --idle-action
+// pause an idle session is paused by checkpoint (its images in its dir,
+// its processes gone); once it has stayed paused for --paused-ttl it
+// expires, and its images go with its directory.
+func TestIdlePauseCheckpointExpires(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu,
+		"--idle-timeout", "2s", "--idle-action", "pause", "--paused-ttl", "3s")
+	id := g.createSession(t).SessionID
+	runREST(t, g, id, map[string]any{"command": "nohup sleep 1009 >/dev/null 2>&1 &"})
+	dir := filepath.Join(g.DataDir, "sandboxes", id)
+	images := filepath.Join(dir, "pause", "pause.json")
+	// Watch the host: any API call would count as activity.
+	sawImages := false
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(images); err == nil {
+			sawImages = true
+		}
+		if _, err := os.Stat(dir); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle session paused by checkpoint (images seen: %v) did not expire after --paused-ttl\n%s", sawImages, g.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !sawImages {
+		t.Errorf("the idle pause made no checkpoint images\n%s", g.stderr.String())
+	}
+	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id, nil, nil); code != http.StatusGone {
+		t.Errorf("GET after the paused TTL: %d", code)
+	}
+}

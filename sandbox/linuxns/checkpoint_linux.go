@@ -26,6 +26,7 @@ import (
 	"github.com/sandgate/sandgate/internal/cgroup"
 	"github.com/sandgate/sandgate/internal/mountinfo"
 	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
 )
 
 // checkpointsDir, under the driver's dir, holds the CRIU images of the
@@ -70,6 +71,19 @@ type checkpoint struct {
 	mu      sync.Mutex
 	closed  bool
 	readers int // restores under way: the images are 0644 while there are some
+	// shared, when set, names the images whose files (inodes) this
+	// checkpoint shares with others: a pause's and the forks' made of it
+	// (pausedCheckpoint's hard links). Their restores count together
+	// (Driver.sharedReaders), so that one ending does not make the
+	// images 0600 under another's criu.
+	shared string
+}
+
+// sharedReaders counts the restores under way of images that checkpoints
+// share (checkpoint.shared), and the dirs they read them from.
+type sharedReaders struct {
+	n    int
+	dirs map[string]int
 }
 
 type rootEntry struct {
@@ -773,6 +787,12 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {
 		return fmt.Errorf("restored init: %w", err)
 	}
+	// What the images made, whatever they say (a tampered image).
+	if pids, err := checkConfined(st); err != nil {
+		killTree(pids)
+		return fmt.Errorf("restore of %s as %s refused: %w", c.src.ID, st.ID, err)
+	}
+	ph.mark("confined")
 	return nil
 }
 
@@ -854,6 +874,26 @@ func (c *checkpoint) restoreImages(st *sandboxState) (string, error) {
 			continue
 		}
 		src, dst := filepath.Join(c.dir, name), filepath.Join(dir, name)
+		if name == "files.img" && st.ID == c.src.ID {
+			// In place (a resume from a pause): the workspace is the
+			// very mount the processes had, which a call may have
+			// written to since; CRIU would refuse a file held open
+			// whose size changed ("bad size"), and the session could
+			// never resume. The processes see the file as it is now,
+			// as after a freeze.
+			b, err := os.ReadFile(src)
+			if err != nil {
+				return "", fmt.Errorf("restore: %w", err)
+			}
+			out, err := dropSizesUnder(b, ctl.WorkspaceDir+"/")
+			if err != nil {
+				return "", fmt.Errorf("restore: files image: %w", err)
+			}
+			if err := os.WriteFile(dst, out, 0o644); err != nil {
+				return "", fmt.Errorf("restore: %w", err)
+			}
+			continue
+		}
 		if !strings.HasPrefix(name, "userns-") {
 			if err := os.Link(src, dst); err != nil {
 				return "", fmt.Errorf("restore: %w", err)
@@ -887,6 +927,9 @@ func (c *checkpoint) restoreImages(st *sandboxState) (string, error) {
 // new user namespace, some before its ids are mapped (as the overflow
 // uid). Only root reaches the directory's path (the data dir is 0700).
 func (c *checkpoint) readable(on bool) error {
+	if c.shared != "" {
+		return c.readableShared(on)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if on {
@@ -906,6 +949,49 @@ func (c *checkpoint) readable(on bool) error {
 		return nil
 	}
 	return ownImages(c.dir, 0, 0o600)
+}
+
+// readableShared is readable for images shared with other checkpoints
+// (c.shared): 0644 while a restore of any of them is under way, 0600 in
+// every dir once none is.
+func (c *checkpoint) readableShared(on bool) error {
+	d := c.d
+	d.sharedMu.Lock()
+	defer d.sharedMu.Unlock()
+	if d.shared == nil {
+		d.shared = map[string]*sharedReaders{}
+	}
+	r := d.shared[c.shared]
+	if r == nil {
+		r = &sharedReaders{dirs: map[string]int{}}
+		d.shared[c.shared] = r
+	}
+	if on {
+		if err := ownImages(c.dir, 0, 0o644); err != nil {
+			if r.n == 0 {
+				delete(d.shared, c.shared)
+			}
+			return errors.Join(err, ownImages(c.dir, 0, 0o600))
+		}
+		r.n++
+		r.dirs[c.dir]++
+		return nil
+	}
+	r.n--
+	if r.dirs[c.dir]--; r.dirs[c.dir] <= 0 {
+		delete(r.dirs, c.dir)
+	}
+	if r.n > 0 {
+		return nil
+	}
+	delete(d.shared, c.shared)
+	err := ownImages(c.dir, 0, 0o600)
+	for dir := range r.dirs {
+		if oerr := ownImages(dir, 0, 0o600); oerr != nil && !errors.Is(oerr, fs.ErrNotExist) {
+			err = errors.Join(err, oerr)
+		}
+	}
+	return err
 }
 
 // remapUserns rewrites a CRIU userns image (two magic words, then one
@@ -955,9 +1041,123 @@ func remapUserns(b []byte, from, to uint64) ([]byte, error) {
 	return append(out, rest...), nil
 }
 
-// remapExtent rewrites one UidGidExtent (first, lower_first, count).
+// dropSizesUnder rewrites a CRIU files image (two magic words, then
+// FileEntry records, each a size and its protobuf) so that the regular
+// files whose path starts with prefix carry no size (RegFileEntry field
+// 8), which CRIU would otherwise check against the file's size at the
+// restore.
+func dropSizesUnder(b []byte, prefix string) ([]byte, error) {
+	if len(b) < 8 {
+		return nil, errors.New("short")
+	}
+	out := slices.Clone(b[:8])
+	for rest := b[8:]; len(rest) > 0; {
+		if len(rest) < 4 {
+			return nil, errors.New("short record")
+		}
+		size := binary.LittleEndian.Uint32(rest[:4])
+		if uint64(len(rest)) < 4+uint64(size) {
+			return nil, errors.New("short entry")
+		}
+		entry, err := rewriteField(rest[4:4+size], 3, func(reg []byte) ([]byte, error) {
+			name := ""
+			if err := eachField(reg, func(num protowire.Number, typ protowire.Type, v []byte) {
+				if num == 6 && typ == protowire.BytesType {
+					name = string(v)
+				}
+			}); err != nil {
+				return nil, err
+			}
+			if !strings.HasPrefix(name, prefix) {
+				return reg, nil
+			}
+			return rewriteField(reg, 8, func([]byte) ([]byte, error) { return nil, nil })
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(entry)))
+		out = append(out, entry...)
+		rest = rest[4+size:]
+	}
+	return out, nil
+}
+
+// eachField calls fn with each field of protobuf msg: its number, type
+// and, for a length-delimited one, its bytes.
+func eachField(msg []byte, fn func(num protowire.Number, typ protowire.Type, v []byte)) error {
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		var v []byte
+		if typ == protowire.BytesType {
+			b, m := protowire.ConsumeBytes(msg)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			v, n = b, m
+		} else if n = protowire.ConsumeFieldValue(num, typ, msg); n < 0 {
+			return protowire.ParseError(n)
+		}
+		fn(num, typ, v)
+		msg = msg[n:]
+	}
+	return nil
+}
+
+// rewriteField rewrites protobuf msg with fn applied to each occurrence of
+// field num: to its bytes if length-delimited, to nil otherwise; fn's nil
+// answer drops the field.
+func rewriteField(msg []byte, num protowire.Number, fn func([]byte) ([]byte, error)) ([]byte, error) {
+	var out []byte
+	for len(msg) > 0 {
+		fnum, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		tag := msg[:n]
+		msg = msg[n:]
+		m := protowire.ConsumeFieldValue(fnum, typ, msg)
+		if m < 0 {
+			return nil, protowire.ParseError(m)
+		}
+		val := msg[:m]
+		msg = msg[m:]
+		if fnum != num {
+			out = append(append(out, tag...), val...)
+			continue
+		}
+		var in []byte
+		if typ == protowire.BytesType {
+			in, _ = protowire.ConsumeBytes(val)
+		}
+		v, err := fn(in)
+		switch {
+		case err != nil:
+			return nil, err
+		case v == nil:
+			continue // dropped
+		case typ == protowire.BytesType:
+			out = protowire.AppendBytes(append(out, tag...), v)
+		default:
+			out = append(append(out, tag...), val...)
+		}
+	}
+	return out, nil
+}
+
+// remapExtent rewrites one UidGidExtent (first, lower_first, count). The
+// extent must lie within the sandbox's range, [from, from+idRange), and
+// its ids inside within [0, idRange), as a fresh sandbox maps them: an
+// image that maps more (a tampered one) is refused, never restored into
+// host ids outside the sandbox's own (another sandbox's, or root).
 func remapExtent(ext []byte, from, to uint64) ([]byte, error) {
 	var out []byte
+	var first, lower, count uint64
+	seen := 0
 	for len(ext) > 0 {
 		num, typ, n := protowire.ConsumeTag(ext)
 		if n < 0 {
@@ -972,14 +1172,29 @@ func remapExtent(ext []byte, from, to uint64) ([]byte, error) {
 			return nil, protowire.ParseError(n)
 		}
 		ext = ext[n:]
-		if num == 2 {
+		switch num {
+		case 1:
+			first = v
+		case 2:
+			lower = v
 			if v < from || v >= from+idRange {
 				return nil, fmt.Errorf("extent at %d is not the sandbox's range at %d", v, from)
 			}
 			v = v - from + to
+		case 3:
+			count = v
+		default:
+			return nil, fmt.Errorf("extent field %d", num)
 		}
+		seen |= 1 << num
 		out = protowire.AppendTag(out, num, typ)
 		out = protowire.AppendVarint(out, v)
+	}
+	if seen&(1<<2|1<<3) != 1<<2|1<<3 {
+		return nil, errors.New("extent without its host ids or count")
+	}
+	if count > idRange || lower+count > from+idRange || first+count > idRange {
+		return nil, fmt.Errorf("extent of %d ids at %d (inside at %d) overruns the sandbox's range of %d at %d", count, lower, first, idRange, from)
 	}
 	return out, nil
 }

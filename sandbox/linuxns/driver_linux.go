@@ -117,6 +117,10 @@ type Driver struct {
 	// pauseDumps bounds the pauses by checkpoint dumping at once
 	// (MaxPauseDumps); one more pauses by a freeze.
 	pauseDumps chan struct{}
+	// shared counts the restores of images that checkpoints share
+	// (checkpoint.shared), by images.
+	sharedMu sync.Mutex
+	shared   map[string]*sharedReaders
 }
 
 // New returns the linux driver after checking that this host can run

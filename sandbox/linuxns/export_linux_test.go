@@ -5,6 +5,8 @@ package linuxns
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/nftables"
@@ -114,4 +116,28 @@ func (d *Driver) HoldPauseDumps() func() {
 			<-d.pauseDumps
 		}
 	}
+}
+
+// CheckConfined runs a restore's confinement check (checkConfined) on
+// running sandbox sb, as its state says, but for pid, uidBase and the
+// cgroups of sandbox id in place of its own where not zero.
+func CheckConfined(sb sandbox.Sandbox, pid, uidBase int, id string) error {
+	s := sb.(*linuxSandbox)
+	s.mu.Lock()
+	st := *s.st
+	st.Cgroups = slices.Clone(st.Cgroups)
+	s.mu.Unlock()
+	if pid != 0 {
+		st.Pid = pid
+	}
+	if uidBase != 0 {
+		st.UIDBase = uidBase
+	}
+	if id != "" {
+		for i, dir := range st.Cgroups {
+			st.Cgroups[i] = strings.Replace(dir, "/sandgate/"+st.ID, "/sandgate/"+id, 1)
+		}
+	}
+	_, err := checkConfined(&st)
+	return err
 }

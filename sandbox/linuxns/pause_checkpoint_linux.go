@@ -61,6 +61,14 @@ const pauseImagesDir = "pause"
 // (pauseMeta); it is written once the dump is complete.
 const pauseMetaFile = "pause.json"
 
+// pauseMetaPending is pauseMetaFile before the dump is complete;
+// criuDumped marks a complete dump (CRIU writes it last, once the dump
+// succeeded).
+const (
+	pauseMetaPending = "pause.json.pending"
+	criuDumped       = "stats-dump"
+)
+
 // checkpointNotKept is what a pause by checkpoint does not keep.
 var checkpointNotKept = []string{
 	"connections from outside the sandbox (SSH channels, REST streams, forwarded ports, egress connections) are closed by the gateway at pause",
@@ -127,8 +135,15 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 			sandbox.ErrNoCheckpoint, open)
 	}
 	held := map[uint64]*os.File{}
+	// The init's connections as of now, the held ones, are those the
+	// dump takes as external (prepareCheckpoint's list is older: one
+	// accepted since would be "not found" by criu).
+	c.conns = c.conns[:0]
 	for _, sk := range socks {
 		held[sk.ino] = sk.dup
+		if sk.ino != c.listener && !slices.Contains(c.conns, sk.ino) {
+			c.conns = append(c.conns, sk.ino)
+		}
 	}
 	keepHeld := false
 	defer func() {
@@ -172,11 +187,34 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	for _, mp := range c.mounts {
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
+	// What a restore needs besides the images, there before the dump:
+	// a gateway that dies once criu has dumped (stats-dump) but before
+	// it renamed it pause.json finds it (adoptPausedCheckpoint).
+	meta := pauseMeta{Mounts: c.mounts, Listener: c.listener, Conns: c.conns, Controllers: c.controllers}
+	for _, e := range c.root {
+		meta.Root = append(meta.Root, pauseRoot{Name: e.name, Link: e.link, Dir: e.dir})
+	}
+	b, err := json.Marshal(meta)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(c.dir, pauseMetaPending), b, 0o600)
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("checkpoint: %w", err), undo())
+	}
+	// criu holds the dump's lock until it ends, the gateway's death
+	// notwithstanding: the next gateway's Adopt waits for it
+	// (waitDump) rather than judge the sandbox, and delete its images,
+	// under a criu that still dumps it.
+	lock, err := lockDump(c.dir)
+	if err != nil {
+		return errors.Join(err, undo())
+	}
 	ph.mark("prepare")
 	// As Checkpoint's: a caller that goes away does not kill criu.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dumpTimeout)
 	defer cancel()
-	derr := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil, ph)
+	derr := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), []*os.File{lock}, ph)
+	lock.Close()
 	_, done := s.current()
 	if derr != nil {
 		// A failed dump lets the processes run on.
@@ -203,14 +241,7 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	s.cmd, s.pidfd = nil, nil
 	s.st.Pid, s.st.StartTime = 0, 0
 	s.mu.Unlock()
-	meta := pauseMeta{Mounts: c.mounts, Listener: c.listener, Conns: c.conns, Controllers: c.controllers}
-	for _, e := range c.root {
-		meta.Root = append(meta.Root, pauseRoot{Name: e.name, Link: e.link, Dir: e.dir})
-	}
-	b, err := json.Marshal(meta)
-	if err == nil {
-		err = os.WriteFile(filepath.Join(c.dir, pauseMetaFile), b, 0o600)
-	}
+	err = os.Rename(filepath.Join(c.dir, pauseMetaPending), filepath.Join(c.dir, pauseMetaFile))
 	if err == nil {
 		err = chmodImages(c.dir)
 	}
@@ -219,7 +250,9 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	}
 	if err != nil {
 		// The processes are gone and the images not whole: the sandbox
-		// is lost.
+		// is lost, and ends (its session fails) rather than stay, with
+		// no init, running as far as the gateway knows.
+		s.markEnded()
 		return fmt.Errorf("%w: %w", errSandboxLost, err)
 	}
 	keepHeld = true
@@ -248,7 +281,7 @@ func (d *Driver) loadPauseCheckpoint(st sandboxState) (*checkpoint, error) {
 		return nil, fmt.Errorf("the pause's checkpoint: %w", err)
 	}
 	c := &checkpoint{d: d, dir: st.PauseImages, src: st, mounts: meta.Mounts, listener: meta.Listener,
-		conns: meta.Conns, controllers: meta.Controllers}
+		conns: meta.Conns, controllers: meta.Controllers, shared: st.PauseImages}
 	for _, e := range meta.Root {
 		c.root = append(c.root, rootEntry{name: e.Name, link: e.Link, dir: e.Dir})
 	}
@@ -418,6 +451,19 @@ func (s *linuxSandbox) dropPause() error {
 // state no longer says paused, and the gateway pauses it again).
 func (d *Driver) adoptPausedCheckpoint(st *sandboxState) (_ sandbox.Sandbox, ok bool, err error) {
 	dir := d.dir(st.ID)
+	waited, err := waitDump(st.PauseImages, dumpTimeout)
+	if err != nil {
+		return nil, true, fmt.Errorf("adopt %s: %w", st.ID, err)
+	}
+	if fd, err := openInit(st, 0); err == nil {
+		if waited {
+			// A dump that ended after all kills the processes: the
+			// init may still be on its way out.
+			p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			_, _ = unix.Poll(p, int((5 * time.Second).Milliseconds()))
+		}
+		unix.Close(fd)
+	}
 	if fd, err := openInit(st, 0); err == nil {
 		unix.Close(fd)
 		d.log.Warn("pause_checkpoint_dropped", "sandbox", st.ID, "reason", "its init still runs: the pause's dump did not end it")
@@ -425,7 +471,18 @@ func (d *Driver) adoptPausedCheckpoint(st *sandboxState) (_ sandbox.Sandbox, ok 
 		st.Paused, st.PauseImages = false, ""
 		return nil, false, errors.Join(st.save(dir), os.RemoveAll(images))
 	}
-	if _, err := os.Stat(filepath.Join(st.PauseImages, pauseMetaFile)); err != nil {
+	meta, pending := filepath.Join(st.PauseImages, pauseMetaFile), filepath.Join(st.PauseImages, pauseMetaPending)
+	if _, err := os.Stat(meta); errors.Is(err, os.ErrNotExist) {
+		// Its gateway died after the dump, before it said so: criu's
+		// own mark says whether the images are whole.
+		if _, derr := os.Stat(filepath.Join(st.PauseImages, criuDumped)); derr == nil {
+			if err := errors.Join(os.Rename(pending, meta), chmodImages(st.PauseImages)); err != nil {
+				return nil, true, fmt.Errorf("adopt %s: %w", st.ID, err)
+			}
+			d.log.Warn("pause_checkpoint_recovered", "sandbox", st.ID, "reason", "its gateway ended after the dump, before it completed the pause")
+		}
+	}
+	if _, err := os.Stat(meta); err != nil {
 		return nil, true, fmt.Errorf("adopt %s: %w: its processes ended in a pause whose checkpoint is not whole: %w", st.ID, os.ErrNotExist, err)
 	}
 	d.mu.Lock()
@@ -508,4 +565,50 @@ func dirBytes(dir string) int64 {
 		}
 	}
 	return n
+}
+
+// dumpLockFile, among a pause's images, is locked (flock) by the gateway
+// and the criu that dumps the sandbox, for as long as either runs.
+const dumpLockFile = "dump.lock"
+
+// lockDump creates and locks the dump's lock file in images dir dir; the
+// caller gives it to criu and closes its own.
+func lockDump(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, dumpLockFile), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("checkpoint: lock the dump: %w", err)
+	}
+	return f, nil
+}
+
+// waitDump waits, up to timeout, for the criu that dumps into images dir
+// dir to end (a dump that an earlier gateway began, and that outlived
+// it). waited says there was one.
+func waitDump(dir string, timeout time.Duration) (waited bool, err error) {
+	f, err := os.Open(filepath.Join(dir, dumpLockFile))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("the pause's dump: %w", err)
+	}
+	defer f.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			return waited, unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		case !errors.Is(err, unix.EWOULDBLOCK):
+			return waited, fmt.Errorf("the pause's dump: %w", err)
+		case time.Now().After(deadline):
+			return waited, fmt.Errorf("the pause's dump still runs after %v", timeout)
+		}
+		waited = true
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
@@ -79,6 +81,10 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 		t.Errorf("processes left after the pause: %v", procs)
 	}
 	checkImages(t, images)
+	// Pausing it again answers as the pause that made it so.
+	if again, err := pa.Pause(ctx); err != nil || again.Method != "checkpoint" || strings.Join(again.NotKept, "\n") != strings.Join(rep.NotKept, "\n") {
+		t.Errorf("a second pause: %+v %v, want the first's method and notKept (%+v)", again, err, rep)
+	}
 	if _, err := sb.Start(ctx, sandbox.Cmd{Command: "true"}); err == nil {
 		t.Error("Start on a sandbox paused by checkpoint succeeded")
 	}
@@ -418,4 +424,370 @@ func TestLinuxPauseCheckpointRestoreFails(t *testing.T) {
 	if v := getVar(t, sb); v != "kept" {
 		t.Errorf("variable %q after the second try", v)
 	}
+}
+
+// A gateway that restarts while criu dumps a sandbox it pauses leaves
+// that criu running: the next gateway's Adopt waits for it to end before
+// it judges the sandbox (running, or paused in whole images), rather than
+// adopt it running, and delete its images, under a criu that goes on to
+// end its processes.
+func TestLinuxAdoptWaitsForPauseDump(t *testing.T) {
+	requireLinux(t)
+	real := criuForTest(t)
+	tmp := t.TempDir()
+	fake, started := filepath.Join(tmp, "criu"), filepath.Join(tmp, "started")
+	// criu itself (exec'd) holds the lock: nothing else does.
+	script := "#!/bin/sh\nif [ \"$1\" = dump ]; then touch " + started + "; sleep 2; exec \"" + real + "\" \"$@\"; fi\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	init := smallInit(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-adw"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	paused := make(chan error, 1)
+	go func() { _, err := sb.(sandbox.Pauser).Pause(ctx); paused <- err }()
+	for {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		select {
+		case err := <-paused:
+			t.Fatalf("pause ended before its dump began: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// The gateway that paused it is gone, as far as the next one knows.
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, aerr := d2.Adopt(ctx, id)
+	if pids := dumpsOf(t, filepath.Join(dataDir, "sandboxes", id, "pause")); len(pids) > 0 {
+		t.Errorf("Adopt answered (%v) while criu (%v) still dumped the sandbox", aerr, pids)
+	}
+	if ad != nil {
+		_ = ad.(sandbox.Detacher).Detach(ctx) // d's to destroy
+	}
+	<-paused
+}
+
+// A resume from a pause by checkpoint restores into the sandbox's own
+// cgroups as they are (--manage-cgroups=soft): a limit changed while it
+// was paused holds after the resume, not the one the images recorded, and
+// its processes are under it.
+func TestLinuxPauseCheckpointKeepsCgroupLimits(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-cg"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id, Limits: sandbox.Limits{Pids: 91}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, "nohup sleep 1008 >/dev/null 2>&1 &")
+	var limits []string
+	for _, p := range []string{"/sys/fs/cgroup/pids/sandgate/" + id + "/pids.max", "/sys/fs/cgroup/pids/sandgate/" + id + "/procs/pids.max",
+		"/sys/fs/cgroup/sandgate/" + id + "/pids.max", "/sys/fs/cgroup/sandgate/" + id + "/procs/pids.max"} {
+		if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == "91" {
+			limits = append(limits, p)
+		}
+	}
+	if len(limits) == 0 {
+		t.Fatal("no pids.max of 91 found for the sandbox")
+	}
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	for _, p := range limits {
+		if err := os.WriteFile(p, []byte("57"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range limits {
+		if b, _ := os.ReadFile(p); strings.TrimSpace(string(b)) != "57" {
+			t.Errorf("%s after the resume: %q, want the 57 set while paused", p, b)
+		}
+	}
+	if out := mustRun(t, sb, "pgrep -x sleep | wc -l"); strings.TrimSpace(out) != "1" {
+		t.Errorf("restored sleep: %q", out)
+	}
+	if procs := procsInCgroupOf(id); len(procs) < 2 {
+		t.Errorf("processes in the sandbox's cgroups after the resume: %v", procs)
+	}
+}
+
+// socketFDs counts the sockets among this process's descriptors.
+func socketFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range entries {
+		if l, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
+}
+
+// A gateway that lets go of a sandbox paused by checkpoint (Detach, at a
+// shutdown that keeps sandboxes) closes the init's sockets it held for
+// the restore: the next gateway restores without them.
+func TestLinuxPauseCheckpointDetachClosesHeld(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	init := smallInit(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-det"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, sb, "true")
+	before := socketFDs(t)
+	if rep, err := sb.(sandbox.Pauser).Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if held := socketFDs(t); held <= before {
+		t.Fatalf("%d sockets open while paused, %d before: none held?", held, before)
+	}
+	if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := socketFDs(t); after > before {
+		t.Errorf("%d sockets open after Detach, %d before the pause", after, before)
+	}
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := d2.Adopt(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ad.Destroy(ctx)
+	if err := ad.(sandbox.Pauser).Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, ad, "true")
+}
+
+// A pause whose dump ended the processes but whose images could not be
+// completed (pause.json not written) loses the sandbox: the pause says so
+// and the sandbox ends (Done), so that its session fails, rather than
+// stay running, as far as the gateway knows, with no init.
+func TestLinuxPauseCheckpointLostEnds(t *testing.T) {
+	requireLinux(t)
+	real := criuForTest(t)
+	fake := filepath.Join(t.TempDir(), "criu")
+	// After a real dump, a directory where pause.json goes.
+	script := "#!/bin/sh\nif [ \"$1\" = dump ]; then \"" + real + "\" \"$@\" || exit $?; mkdir \"$5/pause.json\"; exit 0; fi\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-lost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, "true")
+	if rep, err := sb.(sandbox.Pauser).Pause(ctx); err == nil {
+		t.Fatalf("pause with no pause.json written: %+v, want an error", rep)
+	}
+	select {
+	case <-sb.(sandbox.Ender).Done():
+	case <-time.After(10 * time.Second):
+		t.Error("the lost sandbox did not end")
+	}
+}
+
+// A zombie (a child its parent has not reaped) is dumped and restored as
+// one: the restore's confinement check passes over it (it runs nothing,
+// and has no namespaces to read) rather than refuse the resume for good.
+func TestLinuxPauseCheckpointZombie(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-zomb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	// sleep 1010 never reaps the shell's true: a zombie under it.
+	mustRun(t, sb, "nohup sh -c 'true & exec sleep 1010' >/dev/null 2>&1 &")
+	deadline := time.Now().Add(10 * time.Second)
+	for mustRun(t, sb, "ps -eo stat= | grep -c '^Z' || true") == "0\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("no zombie")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, sb, "pgrep -x sleep | wc -l"); strings.TrimSpace(out) != "1" {
+		t.Errorf("restored sleep: %q", out)
+	}
+}
+
+// A file of the workspace that a process holds open, changed while the
+// sandbox is paused by checkpoint (a call that wrote to the workspace as
+// the pause came), does not make the resume fail for good (CRIU's "bad
+// size"): the process goes on with the file as it is now, as after a
+// freeze.
+func TestLinuxPauseCheckpointFileChanged(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-pause-ck-fch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	mustRun(t, sb, "echo hi > /workspace/held.txt; nohup sleep 1011 < /workspace/held.txt >/dev/null 2>&1 &")
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	f, err := os.OpenFile(filepath.Join(sb.Workdir(), "held.txt"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, werr := f.WriteString("more\n")
+	if err := errors.Join(werr, f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, sb, "cat /proc/$(pgrep -x sleep)/fd/0"); out != "hi\nmore\n" {
+		t.Errorf("the restored sleep's stdin reads %q", out)
+	}
+}
+
+// A gateway that dies once criu has dumped a sandbox it pauses, but
+// before it completed the pause (pause.json), leaves whole images: the
+// next gateway adopts the sandbox paused (criu's stats-dump says the dump
+// succeeded) and restores it, rather than lose it.
+func TestLinuxAdoptPauseDumpedNotCompleted(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	init := smallInit(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-rec"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, sb, varServer)
+	setVar(t, sb, "dumped")
+	if rep, err := sb.(sandbox.Pauser).Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As the images were when criu ended, before the gateway's rename.
+	images := filepath.Join(dataDir, "sandboxes", id, "pause")
+	if err := os.Rename(filepath.Join(images, "pause.json"), filepath.Join(images, "pause.json.pending")); err != nil {
+		t.Fatal(err)
+	}
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := d2.Adopt(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ad.Destroy(ctx)
+	pa := ad.(sandbox.Pauser)
+	if !pa.Paused() {
+		t.Fatal("adopted sandbox is not paused")
+	}
+	checkImages(t, images)
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := getVar(t, ad); v != "dumped" {
+		t.Errorf("variable %q after the recovered pause", v)
+	}
+}
+
+// dumpsOf lists the processes that dump into images dir dir (criu, or
+// the test's wrapper of it).
+func dumpsOf(t *testing.T, dir string) []string {
+	t.Helper()
+	var pids []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if slices.Contains(args, "dump") && slices.Contains(args, dir) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
 }

@@ -67,6 +67,7 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 	defer s.life.Unlock()
 	s.mu.Lock()
 	closed, stopped, paused, cgs := s.closed, s.st.Stopped, s.st.Paused, slices.Clone(s.st.Cgroups)
+	byCheckpoint := s.st.PauseImages != ""
 	s.mu.Unlock()
 	switch {
 	case closed:
@@ -74,6 +75,9 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 	case stopped:
 		return rep, sandbox.ErrStopped
 	case paused:
+		if byCheckpoint { // the answer of the pause that made it so
+			rep.Method, rep.NotKept = "checkpoint", slices.Clone(checkpointNotKept)
+		}
 		rep.ResidentBytes = resident(cgs)
 		return rep, nil
 	}

@@ -304,6 +304,13 @@ func (s *linuxSandbox) Detach(ctx context.Context) error {
 	s.life.Lock()
 	defer s.life.Unlock()
 	s.stopKept() // their output stays in their pipes, not half read
+	s.mu.Lock()
+	held := s.held // a pause by checkpoint's: the next gateway has none
+	s.held = nil
+	s.mu.Unlock()
+	for _, f := range held {
+		f.Close()
+	}
 	s.end.Do(func() {
 		if pidfd, done := s.current(); pidfd != nil {
 			pidfd.Close()

@@ -90,9 +90,10 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 			s.d.log.Error("sandbox_pause_failed", "sandbox", s.st.ID, "method", "checkpoint", "err", err)
 			return rep, fmt.Errorf("pause sandbox: %w", err)
 		}
-		// What CRIU cannot do, a freeze does: the answer says why.
+		// What CRIU cannot do, a freeze does: the answer says why. CRIU's
+		// own lines (host paths, inode numbers) go to the log only.
 		s.d.log.Warn("sandbox_pause_checkpoint_failed", "sandbox", s.st.ID, "fallback", "freeze", "err", err)
-		rep.NotKept = append(rep.NotKept, "memory: not checkpointed, so the pause is a freeze: "+err.Error())
+		rep.NotKept = append(rep.NotKept, "memory: not checkpointed, so the pause is a freeze: "+pauseFallbackReason(err))
 	}
 	dir := s.d.dir(s.st.ID)
 	if err := s.setPaused(dir, true); err != nil {
@@ -107,6 +108,17 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 	s.d.log.Info("sandbox_paused", "sandbox", s.st.ID, "method", rep.Method, "resident_bytes", rep.ResidentBytes,
 		"ms", time.Since(start).Milliseconds())
 	return rep, nil
+}
+
+// pauseFallbackReason is what a pause's answer says of a checkpoint that
+// did not happen: the driver's own reason where the sandbox cannot be
+// checkpointed (sandbox.ErrNoCheckpoint), a fixed sentence where CRIU
+// failed, whose error lines name host paths and inodes and are logged.
+func pauseFallbackReason(err error) string {
+	if errors.Is(err, sandbox.ErrNoCheckpoint) {
+		return err.Error()
+	}
+	return "the checkpoint failed (the gateway's log has CRIU's error, as sandbox_pause_checkpoint_failed)"
 }
 
 // Unpause implements sandbox.Pauser: it thaws the cgroups, then the state

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // CRIU, which runs as root, makes a restored sandbox's mounts from the
@@ -124,15 +126,13 @@ func checkMounts(st *sandboxState, pids []int, want []mountRec) error {
 	if err != nil {
 		return err
 	}
-	wsDev := ""
-	if host, err := readMounts(os.Getpid()); err == nil {
-		for _, m := range host {
-			if m.Point == st.Workspace {
-				wsDev = m.dev // the last one mounted there shows
-			}
-		}
+	// The device of the filesystem the driver mounted at st.Workspace
+	// (its loop device's), as mountinfo writes it.
+	var ws unix.Stat_t
+	if err := unix.Stat(st.Workspace, &ws); err != nil {
+		return fmt.Errorf("the workspace: %w", err)
 	}
-	return compareMounts(got, want, wsDev)
+	return compareMounts(got, want, fmt.Sprintf("%d:%d", unix.Major(ws.Dev), unix.Minor(ws.Dev)))
 }
 
 // compareMounts compares the restored mount table got with want (see

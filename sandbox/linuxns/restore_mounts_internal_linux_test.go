@@ -46,6 +46,7 @@ func TestCompareMounts(t *testing.T) {
 		{"another root", []string{root, strings.Replace(usr, "/usr /usr", "/ /usr", 1), ws, dev}, "7:0", "the mount at /usr"},
 		{"another source", []string{root, usr, ws, strings.Replace(dev, "devtmpfs devtmpfs", "devtmpfs /dev/sda1", 1)}, "7:0", "the mount at /dev/null"},
 		{"another fs type", []string{root, usr, ws, strings.Replace(dev, "devtmpfs devtmpfs", "ext4 devtmpfs", 1)}, "7:0", "the mount at /dev/null"},
+		{"a slave of a host mount", []string{root, strings.Replace(usr, "relatime -", "relatime master:7 -", 1), ws, dev}, "7:0", "the mount at /usr"},
 		{"another workspace", []string{root, usr, ws, dev}, "7:1", "the mount at /workspace"},
 		{"one missing", []string{root, usr, ws}, "7:0", "mount at /dev/null (devtmpfs) is missing"},
 		{"a second at a point", []string{root, usr, ws, dev, dev}, "7:0", "a mount at /dev/null"},
@@ -60,5 +61,8 @@ func TestCompareMounts(t *testing.T) {
 	}
 	if got := parse("1 0 0:5 / /x rw - ext4 /dev/vda ro")[0].Flags; got != "ro" {
 		t.Errorf("a read-only superblock: flags %q, want ro", got)
+	}
+	if got := parse("1 0 0:5 / /x rw shared:3 master:1 - ext4 /dev/vda rw")[0].Propagation; got != "master,shared" {
+		t.Errorf("a shared slave: propagation %q", got)
 	}
 }

@@ -33,6 +33,11 @@ type mountRec struct {
 	// Flags are those of ro, nosuid, nodev, noexec the mount has (ro
 	// also when its superblock is read-only), in that order.
 	Flags string `json:"flags,omitempty"`
+	// Propagation is how the mount shares mounts with others: "" (a
+	// private one), or those of shared, master, unbindable it is (the
+	// peer group numbers left out). A slave of a host mount would
+	// receive what the host mounts there.
+	Propagation string `json:"propagation,omitempty"`
 	// dev is the mount's device (major:minor), for the workspace's check.
 	dev string
 }
@@ -55,8 +60,16 @@ func parseMountLine(line string) (mountRec, error) {
 			flags = append(flags, f)
 		}
 	}
+	var prop []string
+	for _, f := range a[6:] {
+		kind, _, _ := strings.Cut(f, ":")
+		if !slices.Contains(prop, kind) {
+			prop = append(prop, kind)
+		}
+	}
+	slices.Sort(prop)
 	return mountRec{Point: unescapeMount(a[4]), FSType: b[0], Root: unescapeMount(a[3]), Source: unescapeMount(b[1]),
-		Flags: strings.Join(flags, ","), dev: a[2]}, nil
+		Flags: strings.Join(flags, ","), Propagation: strings.Join(prop, ","), dev: a[2]}, nil
 }
 
 // unescapeMount undoes mountinfo's octal escapes (\040 for a space).
@@ -100,8 +113,8 @@ func readMounts(pid int) ([]mountRec, error) {
 // (checkConfined's) of sandbox st against want, the sandbox's at the
 // dump: every process (but a zombie's, which has none) in its init's
 // mount namespace, and that namespace with the same mounts, none added,
-// none missing, none with another filesystem, root or source, none that
-// lost ro, nosuid, nodev or noexec. The workspace, which a restore
+// none missing, none with another filesystem, root, source or
+// propagation, none that lost ro, nosuid, nodev or noexec. The workspace, which a restore
 // mounts anew (a fork's own copy, on its own loop device), must be the
 // filesystem mounted at st.Workspace on the host instead of the dump's
 // source.
@@ -153,8 +166,8 @@ func compareMounts(got, want []mountRec, wsDev string) error {
 		}
 		w := left[j]
 		left = slices.Delete(left, j, j+1)
-		errs = append(errs, fmt.Errorf("the mount at %s is %s %s root %s (%s), not the sandbox's %s %s root %s (%s)",
-			g.Point, g.FSType, g.Source, g.Root, g.Flags, w.FSType, w.Source, w.Root, w.Flags))
+		errs = append(errs, fmt.Errorf("the mount at %s is %s %s root %s (%s; %s), not the sandbox's %s %s root %s (%s; %s)",
+			g.Point, g.FSType, g.Source, g.Root, g.Flags, g.Propagation, w.FSType, w.Source, w.Root, w.Flags, w.Propagation))
 	}
 	for _, w := range left {
 		errs = append(errs, fmt.Errorf("the sandbox's mount at %s (%s) is missing", w.Point, w.FSType))
@@ -165,7 +178,7 @@ func compareMounts(got, want []mountRec, wsDev string) error {
 // sameMount says whether restored mount g exposes what w did, as
 // restricted.
 func sameMount(g, w mountRec, wsDev string) bool {
-	if g.FSType != w.FSType || g.Root != w.Root {
+	if g.FSType != w.FSType || g.Root != w.Root || g.Propagation != w.Propagation {
 		return false
 	}
 	if g.Point == "/workspace" {

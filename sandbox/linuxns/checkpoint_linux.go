@@ -52,6 +52,9 @@ type checkpoint struct {
 	// the init's binary): CRIU leaves them out of the image, and a
 	// restore binds them again.
 	mounts []string
+	// mountTable is the sandbox's whole mount table at the dump, which a
+	// restore's must match (checkMounts).
+	mountTable []mountRec
 	// root is the top of the sandbox's root tmpfs (CRIU keeps no root
 	// mount's files): a restore makes it again.
 	root []rootEntry
@@ -244,6 +247,9 @@ func (d *Driver) prepareCheckpoint(st sandboxState) (*checkpoint, error) {
 		return nil, err
 	}
 	if err := checkHostBinds(st.Pid, c.mounts); err != nil {
+		return nil, err
+	}
+	if c.mountTable, err = readMounts(st.Pid); err != nil {
 		return nil, err
 	}
 	if c.root, err = rootEntries(st.Pid); err != nil {
@@ -788,7 +794,11 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 		return fmt.Errorf("restored init: %w", err)
 	}
 	// What the images made, whatever they say (a tampered image).
-	if pids, err := checkConfined(st); err != nil {
+	pids, err := checkConfined(st)
+	if err == nil {
+		err = checkMounts(st, pids, c.mountTable)
+	}
+	if err != nil {
 		killTree(pids)
 		return fmt.Errorf("restore of %s as %s refused: %w", c.src.ID, st.ID, err)
 	}

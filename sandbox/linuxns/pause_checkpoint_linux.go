@@ -164,11 +164,11 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	}
 	// The record first: the dump ends the processes.
 	s.mu.Lock()
-	s.st.Paused, s.st.PauseImages, s.stopping = true, c.dir, true
+	s.st.Paused, s.st.PauseImages, s.st.PauseMounts, s.stopping = true, c.dir, c.mountTable, true
 	s.mu.Unlock()
 	undo := func() error {
 		s.mu.Lock()
-		s.st.Paused, s.st.PauseImages, s.stopping = false, "", false
+		s.st.Paused, s.st.PauseImages, s.st.PauseMounts, s.stopping = false, "", nil, false
 		s.mu.Unlock()
 		return errors.Join(s.st.save(sdir), os.RemoveAll(c.dir))
 	}
@@ -281,7 +281,7 @@ func (d *Driver) loadPauseCheckpoint(st sandboxState) (*checkpoint, error) {
 		return nil, fmt.Errorf("the pause's checkpoint: %w", err)
 	}
 	c := &checkpoint{d: d, dir: st.PauseImages, src: st, mounts: meta.Mounts, listener: meta.Listener,
-		conns: meta.Conns, controllers: meta.Controllers, shared: st.PauseImages}
+		conns: meta.Conns, controllers: meta.Controllers, shared: st.PauseImages, mountTable: st.PauseMounts}
 	for _, e := range meta.Root {
 		c.root = append(c.root, rootEntry{name: e.Name, link: e.Link, dir: e.Dir})
 	}

@@ -57,6 +57,10 @@ type sandboxState struct {
 	// a pause by checkpoint (pause_checkpoint_linux.go): its processes
 	// are gone, and Unpause restores them from there. "" for a freeze.
 	PauseImages string `json:"pauseImages,omitempty"`
+	// PauseMounts, on a paused sandbox, is its mount table at the dump
+	// (restore_mounts_linux.go), kept out of the images dir: a resume's
+	// must match it.
+	PauseMounts []mountRec `json:"pauseMounts,omitempty"`
 	// Restored says the init was restored by CRIU (a fork's, or one
 	// resumed from a pause by checkpoint): CRIU cannot dump it again
 	// (checkpointable), until a stop and resume boot a new one.

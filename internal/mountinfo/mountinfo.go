@@ -6,9 +6,15 @@ import (
 	"strings"
 )
 
-// Entry is a line of /proc/self/mountinfo.
+// Entry is a line of /proc/self/mountinfo. Point and Root are unescaped;
+// Source is as the kernel wrote it (Unescape undoes that).
 type Entry struct {
 	Point, FSType, Source, SuperOpts string
+	// Root is the mount's root within its filesystem, Dev its device
+	// (major:minor), MountOpts the per-mount options (ro, nosuid...).
+	Root, Dev, MountOpts string
+	// Optional are the optional fields: shared:N, master:N, unbindable...
+	Optional []string
 }
 
 // Parse parses one line of /proc/self/mountinfo.
@@ -18,14 +24,15 @@ func Parse(line string) (Entry, bool) {
 		return Entry{}, false
 	}
 	a, b := strings.Fields(pre), strings.Fields(post)
-	if len(a) < 5 || len(b) < 3 {
+	if len(a) < 6 || len(b) < 3 {
 		return Entry{}, false
 	}
-	return Entry{Point: unescape(a[4]), FSType: b[0], Source: b[1], SuperOpts: b[2]}, true
+	return Entry{Point: Unescape(a[4]), FSType: b[0], Source: b[1], SuperOpts: b[2],
+		Root: Unescape(a[3]), Dev: a[2], MountOpts: a[5], Optional: a[6:]}, true
 }
 
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
+// Unescape undoes mountinfo's octal escapes (\040 for a space).
+func Unescape(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}

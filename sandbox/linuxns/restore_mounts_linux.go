@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/internal/mountinfo"
 )
 
 // CRIU, which runs as root, makes a restored sandbox's mounts from the
@@ -47,13 +49,12 @@ var restrictFlags = []string{"ro", "nosuid", "nodev", "noexec"}
 
 // parseMountLine parses a line of /proc/<pid>/mountinfo.
 func parseMountLine(line string) (mountRec, error) {
-	pre, post, ok := strings.Cut(line, " - ")
-	a, b := strings.Fields(pre), strings.Fields(post)
-	if !ok || len(a) < 6 || len(b) < 3 {
+	e, ok := mountinfo.Parse(line)
+	if !ok {
 		return mountRec{}, fmt.Errorf("mountinfo line %q", line)
 	}
-	opts := strings.Split(a[5], ",")
-	super := strings.Split(b[2], ",")
+	opts := strings.Split(e.MountOpts, ",")
+	super := strings.Split(e.SuperOpts, ",")
 	var flags []string
 	for _, f := range restrictFlags {
 		if slices.Contains(opts, f) || (f == "ro" && slices.Contains(super, "ro")) {
@@ -61,34 +62,15 @@ func parseMountLine(line string) (mountRec, error) {
 		}
 	}
 	var prop []string
-	for _, f := range a[6:] {
+	for _, f := range e.Optional {
 		kind, _, _ := strings.Cut(f, ":")
 		if !slices.Contains(prop, kind) {
 			prop = append(prop, kind)
 		}
 	}
 	slices.Sort(prop)
-	return mountRec{Point: unescapeMount(a[4]), FSType: b[0], Root: unescapeMount(a[3]), Source: unescapeMount(b[1]),
-		Flags: strings.Join(flags, ","), Propagation: strings.Join(prop, ","), dev: a[2]}, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var out strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				out.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		out.WriteByte(s[i])
-	}
-	return out.String()
+	return mountRec{Point: e.Point, FSType: e.FSType, Root: e.Root, Source: mountinfo.Unescape(e.Source),
+		Flags: strings.Join(flags, ","), Propagation: strings.Join(prop, ","), dev: e.Dev}, nil
 }
 
 // readMounts reads the mount table of process pid's mount namespace, as

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
@@ -112,6 +113,7 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 	if _, err := os.Stat(images); !os.IsNotExist(err) {
 		t.Errorf("images after the restore: %v", err)
 	}
+	checkResumedImagesGone(t, dataDir)
 	if after := pids(t, sb); after != before {
 		t.Errorf("pids %q after the restore, %q before", after, before)
 	}
@@ -180,6 +182,7 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 	if v := getVar(t, ad); v != "second" {
 		t.Errorf("server's variable %q after a restore by a new driver", v)
 	}
+	checkResumedImagesGone(t, dataDir)
 	if after := pids(t, ad); after != before {
 		t.Errorf("pids %q after the second restore, %q before", after, before)
 	}
@@ -216,6 +219,25 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 	}
 	if _, err := os.Stat(images); !os.IsNotExist(err) {
 		t.Errorf("images after Destroy: %v", err)
+	}
+}
+
+// checkResumedImagesGone checks that the images of a pause just resumed,
+// which go after the resume's answer, soon leave the driver's checkpoints
+// dir, where they wait meanwhile.
+func checkResumedImagesGone(t *testing.T, dataDir string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".checkpoints", "resumed-*"))
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("images of a resumed pause left: %v", left)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -141,6 +141,7 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	}
 	sdir := d.dir(st.ID)
 	c.dir = filepath.Join(sdir, pauseImagesDir)
+	s.waitImagesGone() // the last resumed pause's, deleted in the background
 	if err := os.RemoveAll(c.dir); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -388,41 +389,40 @@ func (s *linuxSandbox) unpauseCheckpoint(ctx context.Context) (err error) {
 	if err := s.st.save(sdir); err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
-	d.removeImagesLater(st.ID, c.dir)
+	s.removeImagesLater(c.dir)
 	ph.mark("cleanup")
 	d.log.Info("sandbox_unpaused", append([]any{"sandbox", st.ID, "method", "checkpoint"}, ph.attrs()...)...)
 	return nil
 }
 
-// removeImagesLater deletes dir, the images of a pause just resumed,
-// after the resume's answer rather than before (a 100 MiB session's take
-// ~10 ms to delete): it moves at once into the driver's checkpoints dir,
-// which a starting driver empties (a crash meanwhile leaves nothing), so
-// that a new pause of the sandbox never meets it, and goes from there in
-// the background. Where it cannot move, it goes here and now.
-func (d *Driver) removeImagesLater(id, dir string) {
-	logErr := func(err error) {
-		if err != nil {
-			d.log.Error("pause_images_remove_failed", "sandbox", id, "err", err)
+// removeImagesLater deletes dir, the images of s's pause just resumed
+// (s.life held), after the resume's answer rather than before: a 100 MiB
+// session's take ~10 ms to delete. The next pause of s waits for it
+// (waitImagesGone) before it dumps into the same dir; a gateway that dies
+// meanwhile leaves the dir to that pause, or to the sandbox's removal.
+func (s *linuxSandbox) removeImagesLater(dir string) {
+	gone := make(chan struct{})
+	s.mu.Lock()
+	s.imagesGone = gone
+	id := s.st.ID
+	s.mu.Unlock()
+	go func() {
+		defer close(gone)
+		if err := os.RemoveAll(dir); err != nil {
+			s.d.log.Error("pause_images_remove_failed", "sandbox", id, "err", err)
 		}
+	}()
+}
+
+// waitImagesGone waits until the images of s's last pause by checkpoint,
+// resumed, are deleted (s.life held).
+func (s *linuxSandbox) waitImagesGone() {
+	s.mu.Lock()
+	gone := s.imagesGone
+	s.mu.Unlock()
+	if gone != nil {
+		<-gone
 	}
-	parent := filepath.Join(d.root, checkpointsDir)
-	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		logErr(os.RemoveAll(dir))
-		return
-	}
-	gone, err := os.MkdirTemp(parent, "resumed-")
-	if err == nil {
-		err = os.Rename(dir, gone) // onto the empty dir
-	}
-	if err != nil {
-		if gone != "" {
-			_ = os.Remove(gone)
-		}
-		logErr(os.RemoveAll(dir))
-		return
-	}
-	go func() { logErr(os.RemoveAll(gone)) }()
 }
 
 // dropPause forgets a pause by checkpoint of s (s.life held; the caller

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -311,6 +312,10 @@ const (
 	kdatMax  = 1 << 20
 )
 
+// criuWaitDelay bounds how long a criu run waits, once criu has ended
+// or its deadline has passed, for what it forked to let go of its output.
+const criuWaitDelay = 5 * time.Second
+
 // runCRIU runs criu on the calling thread, which must be locked and
 // discarded after, in a mount namespace of its own (private): CRIU mounts
 // its cgroup yard and its mount namespace's workings there, never where
@@ -349,6 +354,14 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	}
 	cmd := exec.CommandContext(ctx, criu, args...)
 	cmd.ExtraFiles = extra
+	// criu forks helpers (its cgroup and user namespace daemons, the
+	// tasks it restores) that share its output pipe: a criu killed at the
+	// deadline left them holding it, and Wait waiting for them forever. Its
+	// whole process group goes, and Wait gives up on the pipe criuWaitDelay
+	// after criu ended.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
+	cmd.WaitDelay = criuWaitDelay
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Run()

@@ -156,6 +156,7 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	}
 	sdir := d.dir(st.ID)
 	c.dir = filepath.Join(sdir, pauseImagesDir)
+	s.waitImagesGone() // the last resumed pause's, deleted in the background
 	if err := os.RemoveAll(c.dir); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -421,12 +422,40 @@ func (s *linuxSandbox) unpauseCheckpoint(ctx context.Context) (err error) {
 	if err := s.st.save(sdir); err != nil {
 		return fmt.Errorf("resume: %w", err)
 	}
-	if err := os.RemoveAll(c.dir); err != nil {
-		d.log.Error("pause_images_remove_failed", "sandbox", st.ID, "err", err)
-	}
+	s.removeImagesLater(c.dir)
 	ph.mark("cleanup")
 	d.log.Info("sandbox_unpaused", append([]any{"sandbox", st.ID, "method", "checkpoint"}, ph.attrs()...)...)
 	return nil
+}
+
+// removeImagesLater deletes dir, the images of s's pause just resumed
+// (s.life held), after the resume's answer rather than before: a 100 MiB
+// session's take ~10 ms to delete. The next pause of s waits for it
+// (waitImagesGone) before it dumps into the same dir; a gateway that dies
+// meanwhile leaves the dir to that pause, or to the sandbox's removal.
+func (s *linuxSandbox) removeImagesLater(dir string) {
+	gone := make(chan struct{})
+	s.mu.Lock()
+	s.imagesGone = gone
+	id := s.st.ID
+	s.mu.Unlock()
+	go func() {
+		defer close(gone)
+		if err := os.RemoveAll(dir); err != nil {
+			s.d.log.Error("pause_images_remove_failed", "sandbox", id, "err", err)
+		}
+	}()
+}
+
+// waitImagesGone waits until the images of s's last pause by checkpoint,
+// resumed, are deleted (s.life held).
+func (s *linuxSandbox) waitImagesGone() {
+	s.mu.Lock()
+	gone := s.imagesGone
+	s.mu.Unlock()
+	if gone != nil {
+		<-gone
+	}
 }
 
 // dropPause forgets a pause by checkpoint of s (s.life held; the caller

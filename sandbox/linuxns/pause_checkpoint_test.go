@@ -115,9 +115,7 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 	if pa.Paused() {
 		t.Error("Paused() after Unpause")
 	}
-	if _, err := os.Stat(images); !os.IsNotExist(err) {
-		t.Errorf("images after the restore: %v", err)
-	}
+	checkResumedImagesGone(t, images)
 	if after := pids(t, sb); after != before {
 		t.Errorf("pids %q after the restore, %q before", after, before)
 	}
@@ -186,6 +184,7 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 	if v := getVar(t, ad); v != "second" {
 		t.Errorf("server's variable %q after a restore by a new driver", v)
 	}
+	checkResumedImagesGone(t, images)
 	if after := pids(t, ad); after != before {
 		t.Errorf("pids %q after the second restore, %q before", after, before)
 	}
@@ -222,6 +221,24 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 	}
 	if _, err := os.Stat(images); !os.IsNotExist(err) {
 		t.Errorf("images after Destroy: %v", err)
+	}
+}
+
+// checkResumedImagesGone checks that the images of a pause just resumed,
+// which go after the resume's answer, are soon gone.
+func checkResumedImagesGone(t *testing.T, images string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := os.Stat(images)
+		if os.IsNotExist(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("images of a resumed pause still there: %v", err)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

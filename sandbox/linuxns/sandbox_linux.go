@@ -55,6 +55,10 @@ type linuxSandbox struct {
 	held map[uint64]*os.File
 	end  sync.Once
 	err  error
+
+	// imagesGone, once a resume from a pause by checkpoint has returned,
+	// closes when that pause's images are deleted (removeImagesLater).
+	imagesGone <-chan struct{}
 }
 
 func newLinuxSandbox(d *Driver, st *sandboxState) *linuxSandbox {

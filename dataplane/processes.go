@@ -631,6 +631,10 @@ func (pr *Process) run() {
 	if err != nil {
 		exit = sandbox.Exit{Signal: "KILL"}
 	}
+	// Its output is all in: from here it counts what it keeps, before a
+	// client can see it ended (one that starts another at once, as the
+	// tenant's bound asks, must find the room freed).
+	pr.sp.settle(pr)
 	pr.mu.Lock()
 	pr.running, pr.exit, pr.endedAt = false, exit, time.Now().UTC()
 	pr.stdinClosed = true
@@ -712,6 +716,16 @@ func (sp *sessionProcs) dropFinishedOutput() bool {
 	}
 	sp.cfg.Log.Info("process_output_dropped", "session", sp.id, "process", old.info.ProcessID, "reason", "disk_quota", "bytes", freed)
 	return true
+}
+
+// settle charges pr, whose output is all in, what it keeps rather than
+// what it might, unless its session has let it go.
+func (sp *sessionProcs) settle(pr *Process) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if !sp.closed && sp.procs[pr.info.ProcessID] == pr {
+		sp.ps.charge(sp.tenant, pr, pr.out.Stored(), 0)
+	}
 }
 
 // finish files pr among the finished processes, dropping the oldest

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -190,5 +191,30 @@ func TestShellDeleteLeavesNoDescriptor(t *testing.T) {
 	// Delete closes them itself (a garbage collection would, later).
 	if after := openFDs(t); after > before {
 		t.Errorf("5 shells made and deleted left %d descriptors open", after-before)
+	}
+}
+
+// TestProcessesEndedFreesRoomFirst: once a process is seen ended (its
+// Info), its charge is already what it keeps, not its cap: a client that
+// polls for the end and starts another at once, as the tenant's bound
+// asks, is not refused for room the ended one no longer holds.
+func TestProcessesEndedFreesRoomFirst(t *testing.T) {
+	_, s := newManagedSession(t, "workdir")
+	ctx := context.Background()
+	ps := &Processes{}
+	cfg := ProcessConfig{StateDir: t.TempDir(), OutputCap: 1 << 20}
+	for i := range 20 {
+		info, err := ps.Start(ctx, s, cfg, StartRequest{Command: "echo hi"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := ps.Get(s.ID, info.ProcessID)
+		for p.Info().Status == StatusRunning {
+			runtime.Gosched()
+		}
+		if got := ps.Charged(s.Tenant); got >= 1<<20 {
+			t.Fatalf("run %d: a process seen ended still counts %d (its cap), not what it keeps", i, got)
+		}
+		<-p.Done()
 	}
 }

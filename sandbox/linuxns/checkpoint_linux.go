@@ -164,21 +164,14 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	if err != nil {
 		return nil, err
 	}
-	parent := filepath.Join(d.root, checkpointsDir)
-	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
-	if c.dir, err = os.MkdirTemp(parent, "ck-"); err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+	if c.dir, err = d.newCheckpointDir(); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			_ = os.RemoveAll(c.dir)
 		}
 	}()
-	if err := os.Chmod(c.dir, 0o711); err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
 	script := filepath.Join(c.dir, "post-dump.sh")
 	if err := os.WriteFile(script, []byte(postDumpScript(st.Workspace, st.Image, c.workspaceImage())), 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
@@ -261,6 +254,23 @@ func (d *Driver) prepareCheckpoint(st sandboxState) (*checkpoint, error) {
 	}
 	c.controllers = controllersOf(st.Cgroups)
 	return c, nil
+}
+
+// newCheckpointDir makes a checkpoint's images dir under the driver's
+// checkpoints dir, 0711 (see checkpoint.dir).
+func (d *Driver) newCheckpointDir() (string, error) {
+	parent := filepath.Join(d.root, checkpointsDir)
+	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("checkpoint: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, "ck-")
+	if err != nil {
+		return "", fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return "", errors.Join(fmt.Errorf("checkpoint: %w", err), os.RemoveAll(dir))
+	}
+	return dir, nil
 }
 
 // workspaceImage is the copy of the workspace's image the dump made.

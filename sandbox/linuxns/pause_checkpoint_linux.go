@@ -300,21 +300,14 @@ func (d *Driver) pausedCheckpoint(st sandboxState) (_ sandbox.Checkpoint, err er
 		return nil, err
 	}
 	c.src.Cgroups = slices.Clone(st.Cgroups)
-	parent := filepath.Join(d.root, checkpointsDir)
-	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
-	if c.dir, err = os.MkdirTemp(parent, "ck-"); err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+	if c.dir, err = d.newCheckpointDir(); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			_ = os.RemoveAll(c.dir)
 		}
 	}()
-	if err := os.Chmod(c.dir, 0o711); err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
-	}
 	entries, err := os.ReadDir(st.PauseImages)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)

@@ -197,7 +197,7 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 		releasing: make(chan struct{}, max(cfg.TeardownQueue, 0))}
 	if cfg.WarmPool > 0 {
 		m.pool = newWarmPool(cfg.WarmPool, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
-			return driver.Create(ctx, sandbox.Spec{ID: id})
+			return driver.Create(ctx, sandbox.Spec{ID: id, Warm: true})
 		}, m.destroyWarm, log)
 	}
 	m.imagePools = newImagePools(m)

@@ -154,7 +154,7 @@ func (ip *imagePools) newPool(img *sandbox.Image) *warmPool {
 		if err := src.HoldWarm(id, img); err != nil {
 			return nil, err
 		}
-		sb, err := m.driver.Create(ctx, sandbox.Spec{ID: id, Image: img})
+		sb, err := m.driver.Create(ctx, sandbox.Spec{ID: id, Image: img, Warm: true})
 		if err != nil {
 			src.Release(id)
 			return nil, err

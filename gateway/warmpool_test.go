@@ -168,3 +168,59 @@ func TestWarmPoolDeadOnlyFreshID(t *testing.T) {
 		t.Fatalf("the session took the id %s of the dead warm sandbox", dead)
 	}
 }
+
+// warmSpecDriver hands out workdir sandboxes and records, per id, whether
+// the create asked for a warm sandbox (sandbox.Spec.Warm).
+type warmSpecDriver struct {
+	*workdir.Driver
+	mu   sync.Mutex
+	warm map[string]bool
+}
+
+func (d *warmSpecDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	d.mu.Lock()
+	d.warm[spec.ID] = spec.Warm
+	d.mu.Unlock()
+	return d.Driver.Create(ctx, spec)
+}
+
+// The pool builds its sandboxes as warm ones (sandbox.Spec.Warm: the
+// linux driver gives them the least CPU weight until their claim), and
+// is full again, of warm ones, after a burst that emptied it.
+func TestWarmPoolSpecWarm(t *testing.T) {
+	root := t.TempDir()
+	wd, err := workdir.New(workdir.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &warmSpecDriver{Driver: wd, warm: map[string]bool{}}
+	m := gateway.NewManager(gateway.Config{WarmPool: 2, ReapInterval: time.Hour}, d, discardLog())
+	t.Cleanup(func() { m.Shutdown(context.Background(), false) })
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	warm := waitDirs(t, root, 2)
+	d.mu.Lock()
+	for _, id := range warm {
+		if !d.warm[id] {
+			t.Errorf("warm sandbox %s was not built with Spec.Warm", id)
+		}
+	}
+	d.mu.Unlock()
+	p := gateway.Principal{Tenant: "a"}
+	var ids []string
+	for range 5 { // a burst past the pool's size
+		s, _ := mustCreate(t, m, p, gateway.CreateParams{})
+		ids = append(ids, s.ID)
+	}
+	// The sessions, and the pool full again: of warm sandboxes.
+	for _, id := range waitDirs(t, root, len(ids)+2) {
+		d.mu.Lock()
+		w := d.warm[id]
+		d.mu.Unlock()
+		if !slices.Contains(ids, id) && !w {
+			t.Errorf("the refilled pool's sandbox %s was not built with Spec.Warm", id)
+		}
+	}
+}

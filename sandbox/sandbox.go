@@ -73,6 +73,11 @@ type Spec struct {
 	// to the root's trust store and writes the whole store to TrustBundle.
 	// A driver that cannot refuses it with ErrNoTrust.
 	TrustPEM []byte
+	// Warm says the sandbox is built ahead for a pool, to be claimed
+	// later (sandbox.Rebinder): a driver may build it, and keep it while
+	// idle, at a low CPU priority, which the claim raises to any
+	// sandbox's (linuxns: its cgroup's CPU weight).
+	Warm bool
 }
 
 // Image is an OCI image unpacked into layers, as the image store

@@ -221,10 +221,13 @@ func formatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// defaultWarmPool is --warm-pool's default: enough for a couple of
-// creates in a row to find a sandbox ready, at a couple of idle inits'
-// memory.
-const defaultWarmPool = 2
+// defaultWarmPool is --warm-pool's default: enough for a burst of
+// creates back to back to find sandboxes ready while the refill (one at a
+// time on 2 cores) catches up, at about 10 MiB of idle inits' memory
+// (row 16: some 1.3 MiB PSS each). Issue 41, row 11e (a plain client,
+// best of 3 runs of 60, 2 cores under load): p50 7-10 ms with 8 against
+// 11-17 ms with 2; 16 did no better than 8.
+const defaultWarmPool = 8
 
 // defaultWarmImageTTL is --warm-pool-image-ttl's default: an image in
 // use keeps its pool through the pauses of an agent's work.

@@ -35,6 +35,10 @@ const (
 	// (the kernel's defaults), for cgroup v1 and v2: see Started.
 	startSharesV1, runSharesV1 = 64 * 1024, 1024
 	startWeightV2, runWeightV2 = 6400, 100
+	// The CPU weight of a warm sandbox (gateway's warm pool) while it is
+	// built and while it waits to be claimed: the kernel's least, so that
+	// a refill yields the CPU to the creates that claim and run (Idle).
+	idleSharesV1, idleWeightV2 = 2, 1
 )
 
 // cgroupControllers are the controllers the linux driver limits with;
@@ -325,16 +329,26 @@ func settingsV2(c, dir string, l Limits) []setting {
 // busy sandboxes (it is the only process in its cgroup then, and its
 // commands' cgroup keeps its CPU limit), so a create stays quick while
 // others' sandboxes keep the CPUs busy.
-func (p *Plan) Started(id string) error {
+func (p *Plan) Started(id string) error { return p.weigh(id, runSharesV1, runWeightV2) }
+
+// Idle gives sandbox id's init the least CPU weight: a warm sandbox's,
+// from its build until its claim (Started then). A refill then takes
+// only the CPU that the creates claiming warm sandboxes, their first
+// commands and the running sandboxes leave (issue 41, row 11e).
+func (p *Plan) Idle(id string) error { return p.weigh(id, idleSharesV1, idleWeightV2) }
+
+// weigh sets the CPU weight of sandbox id's init cgroup: shares on v1,
+// weight on v2.
+func (p *Plan) weigh(id string, shares, weight int) error {
 	for _, h := range p.v1 {
 		if slices.Contains(h.ctls, "cpu") {
-			if err := (setting{filepath.Join(h.mount, "sandgate", id), "cpu.shares", strconv.Itoa(runSharesV1)}).write(); err != nil {
+			if err := (setting{filepath.Join(h.mount, "sandgate", id), "cpu.shares", strconv.Itoa(shares)}).write(); err != nil {
 				return err
 			}
 		}
 	}
 	if p.v2 != "" && slices.Contains(p.v2Ctls, "cpu") {
-		return setting{filepath.Join(p.v2, "sandgate", id), "cpu.weight", strconv.Itoa(runWeightV2)}.write()
+		return setting{filepath.Join(p.v2, "sandgate", id), "cpu.weight", strconv.Itoa(weight)}.write()
 	}
 	return nil
 }

@@ -376,6 +376,7 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	st.Boot = &bootSpec{Image: spec.Image, Limits: lim, TrustPEM: spec.TrustPEM}
 	sb := newLinuxSandbox(d, st)
 	sb.trustPEM = spec.TrustPEM
+	sb.warm = spec.Warm
 	ok := false
 	defer func() {
 		if !ok {
@@ -425,6 +426,14 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	cgs, err := d.cg.Create(st.ID, cgroup.Limits{MemoryBytes: lim.MemoryBytes, Pids: lim.Pids, CPUs: lim.CPUs})
 	if err != nil {
 		return err
+	}
+	sb.mu.Lock()
+	warm := sb.warm
+	sb.mu.Unlock()
+	if warm { // a warm sandbox yields the CPU from the start
+		if err := d.cg.Idle(st.ID); err != nil {
+			return err
+		}
 	}
 	cgfd, err := cgs.OpenV2()
 	if err != nil {
@@ -594,7 +603,11 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if err := hs.finish(ctl.Attach{FDs: names}, fds, name, forkAt); err != nil {
 		return err
 	}
-	// Built: from now on it weighs as much as any running sandbox.
+	// Built: from now on it weighs as much as any running sandbox, or,
+	// warm, the least until its claim (Rebind).
+	if warm {
+		return d.cg.Idle(st.ID)
+	}
 	return d.cg.Started(st.ID)
 }
 

@@ -38,6 +38,9 @@ func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 		len(spec.TrustPEM) > 0 && (oldTrust || oldImage != nil) {
 		return sandbox.ErrNotLive
 	}
+	if err := s.claimCPU(); err != nil {
+		return fmt.Errorf("rebind sandbox %s: %w", s.st.ID, err)
+	}
 	if err := s.refreshTimes(); err != nil {
 		return fmt.Errorf("rebind sandbox %s: %w", s.st.ID, err)
 	}
@@ -63,6 +66,19 @@ func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 		s.trustPEM, s.st.Boot.TrustPEM = spec.TrustPEM, spec.TrustPEM
 	}
 	return s.st.save(s.d.dir(s.st.ID))
+}
+
+// claimCPU gives a warm sandbox, claimed, the CPU weight of any running
+// sandbox (cgroup.Plan.Started): it had the least while it waited.
+func (s *linuxSandbox) claimCPU() error {
+	s.mu.Lock()
+	warm := s.warm
+	s.warm = false
+	s.mu.Unlock()
+	if !warm {
+		return nil
+	}
+	return s.d.cg.Started(s.st.ID)
 }
 
 // trust asks the init to add pem to the sandbox's trust store.

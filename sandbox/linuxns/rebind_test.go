@@ -175,3 +175,47 @@ func TestLinuxRebindTimes(t *testing.T) {
 		}
 	}
 }
+
+// A warm sandbox (Spec.Warm) is built, and waits, with the least CPU
+// weight, so that a refill of the gateway's pool yields the CPU to the
+// creates that claim and run (issue 41, row 11e); its claim, even one
+// that changes no limit, gives it a running sandbox's weight. Checked on
+// the host's real cgroups (v1 cpu.shares, v2 cpu.weight).
+func TestLinuxRebindWarmCPUWeight(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	const id = "sbx-warmcpu"
+	weight := func() (file, value string) {
+		for _, f := range []string{"/sys/fs/cgroup/cpu/sandgate/" + id + "/cpu.shares", "/sys/fs/cgroup/sandgate/" + id + "/cpu.weight"} {
+			if b, err := os.ReadFile(f); err == nil {
+				return f, strings.TrimSpace(string(b))
+			}
+		}
+		return "", ""
+	}
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	file, got := weight()
+	if file == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no cpu cgroup for the sandbox (cpu.shares or cpu.weight)")
+		}
+		t.Skip("no cpu controller for sandboxes here")
+	}
+	if got != "2" && got != "1" {
+		t.Errorf("the idle warm sandbox's %s = %s, want the least (2 on v1, 1 on v2)", file, got)
+	}
+	if err := sb.(sandbox.Rebinder).Rebind(context.Background(), sandbox.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if file, got = weight(); got != "1024" && got != "100" {
+		t.Errorf("the claimed sandbox's %s = %s, want a running sandbox's (1024 on v1, 100 on v2)", file, got)
+	}
+	if out, _, _ := runIn(t, sb, "echo alive"); out != "alive\n" {
+		t.Fatalf("claimed sandbox: %q", out)
+	}
+}

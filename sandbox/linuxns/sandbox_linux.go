@@ -30,6 +30,10 @@ type linuxSandbox struct {
 	st *sandboxState
 	// trustPEM is what Create was asked to add to the trust store.
 	trustPEM []byte
+	// warm: built for a warm pool (sandbox.Spec.Warm), not claimed yet;
+	// its init has the least CPU weight until Rebind (cgroup.Plan.Idle).
+	// Under mu.
+	warm bool
 
 	// The init is the gateway's child (cmd, reaped here) when this run
 	// created it; an adopted one is a child of the host's init. Either way

@@ -222,7 +222,11 @@ func (d *Driver) useSmallInit(b []byte) {
 
 // writeInitBinary copies the init's binary to a file under the driver's
 // dir, which checkpointable sandboxes bind at /.sandgate-init
-// (ctl.Spec.InitPath).
+// (ctl.Spec.InitPath). A file there with the same bytes is kept, not
+// replaced: the sandboxes a restarted gateway adopts bind its inode, and
+// one replaced would leave them an unlinked file, which CRIU will not
+// dump (a ghost file past its size limit) and a restore could not bind
+// again.
 func (d *Driver) writeInitBinary() error {
 	src, err := os.Open(d.exe)
 	if err != nil {
@@ -230,6 +234,14 @@ func (d *Driver) writeInitBinary() error {
 	}
 	defer src.Close()
 	d.initPath = filepath.Join(d.root, ".sandgate-init")
+	if same, err := sameContent(src, d.initPath); err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	} else if same {
+		return nil
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("init binary: %w", err)
+	}
 	tmp, err := os.CreateTemp(d.root, ".sandgate-init-")
 	if err != nil {
 		return fmt.Errorf("init binary: %w", err)
@@ -249,6 +261,45 @@ func (d *Driver) writeInitBinary() error {
 		return fmt.Errorf("init binary: %w", err)
 	}
 	return nil
+}
+
+// sameContent reports whether the file at path, a regular file of mode
+// 0755, holds exactly what src holds (read from its start).
+func sameContent(src *os.File, path string) (bool, error) {
+	dst, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer dst.Close()
+	a, err1 := src.Stat()
+	b, err2 := dst.Stat()
+	if err1 != nil || err2 != nil {
+		return false, errors.Join(err1, err2)
+	}
+	if !b.Mode().IsRegular() || b.Mode().Perm() != 0o755 || a.Size() != b.Size() {
+		return false, nil
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return false, err
+	}
+	x, y := make([]byte, 64<<10), make([]byte, 64<<10)
+	for {
+		n, err := io.ReadFull(src, x)
+		if n > 0 {
+			if m, _ := io.ReadFull(dst, y[:n]); m != n || !bytes.Equal(x[:n], y[:n]) {
+				return false, nil
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
 }
 
 // initKind names the init's binary in the driver's report.

@@ -273,7 +273,7 @@ func (x *kernel) letGo() bool {
 	if !ok || x.record == "" {
 		return false
 	}
-	if b, err := os.ReadFile(x.record); err != nil || !strings.Contains(string(b), `"keep"`) {
+	if rec, _ := x.readRecord(); rec.Keep == "" {
 		return false
 	}
 	x.proc.stopOnce.Do(func() { close(x.proc.gone) })
@@ -354,6 +354,18 @@ type kernelRecord struct {
 	Keep string `json:"keep,omitempty"`
 }
 
+// readRecord reads the kernel's record; false when there is none (no
+// kernel of this name before).
+func (x *kernel) readRecord() (kernelRecord, bool) {
+	var rec kernelRecord
+	b, err := os.ReadFile(x.record)
+	if err != nil {
+		return rec, false
+	}
+	_ = json.Unmarshal(b, &rec)
+	return rec, true
+}
+
 // resume runs before the kernel's first interpreter in this gateway: an
 // interpreter an earlier gateway left (its record) is taken back with its
 // state; one that cannot be was lost with that gateway, which res says.
@@ -362,12 +374,10 @@ func (x *kernel) resume(ctx context.Context, res *PythonResult) {
 	if x.record == "" {
 		return
 	}
-	b, err := os.ReadFile(x.record)
-	if err != nil {
+	rec, ok := x.readRecord()
+	if !ok {
 		return // no kernel of this name before
 	}
-	var rec kernelRecord
-	_ = json.Unmarshal(b, &rec)
 	if rec.Keep != "" {
 		if k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox()); ok {
 			rctx, cancel := context.WithTimeout(ctx, KernelStartTimeout)

@@ -10,7 +10,7 @@ NPM     ?= npm
 TS_SDK  := sdk-typescript
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: console console-check chart-check dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples test-e2b ts-deps venv check vet fmt-check bench bench-check clean xcrypto-check
+.PHONY: console console-check chart-check dist build install test test-tour example-offline sdk-dist sdk-version test-go test-python test-python-oldest test-schema test-ts test-examples test-e2b ts-deps venv check vet fmt-check cross-check bench bench-check clean xcrypto-check
 
 # Static (no cgo): the binary also runs as sftp-server inside image
 # sandboxes, whose root has no host C library.
@@ -239,11 +239,20 @@ kube-apiserver:
 vet:
 	$(GO) vet ./...
 
+# The client commands (proxy, ssh-config, the session CLI) run on a
+# developer's Mac too: the binary must build there, and for FreeBSD.
+CROSS_PLATFORMS ?= darwin/arm64 darwin/amd64 freebsd/amd64
+cross-check:
+	set -e; for p in $(CROSS_PLATFORMS); do \
+		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) build -o /dev/null ./cmd/sandgate; \
+		GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet ./tunnel/; \
+	done
+
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' ':!third_party/golang.org' 2>/dev/null || find . -name '*.go' -not -path './third_party/golang.org/*')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-check: vet fmt-check test-go
+check: vet fmt-check cross-check test-go
 
 bench: build
 	bench/run

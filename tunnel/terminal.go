@@ -173,7 +173,15 @@ func (t *Server) runShell(ctx context.Context, c *websocket.Conn, conn net.Conn)
 
 // socketPair returns the two ends of a connected Unix stream socket pair.
 func socketPair() (net.Conn, net.Conn, error) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	// SOCK_CLOEXEC is Linux's; the fork lock and CloseOnExec do the same
+	// everywhere (the client side of this package builds for macOS too).
+	syscall.ForkLock.RLock()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fds[0])
+		syscall.CloseOnExec(fds[1])
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -724,6 +724,7 @@ func (w *window) reserve(win uint32) (uint32, error) {
 		if w.win > 0 { // held back by the pacing alone
 			w.armStall()
 		}
+		w.pace.limited = true
 		w.Wait()
 	}
 	w.writeWaiters--
@@ -733,6 +734,7 @@ func (w *window) reserve(win uint32) (uint32, error) {
 	}
 	if avail < win {
 		win = avail
+		w.pace.limited = true
 	}
 	w.win -= win
 	w.pace.reserved(win, time.Now())

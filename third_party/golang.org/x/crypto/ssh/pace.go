@@ -52,6 +52,12 @@ type pacer struct {
 	steps [paceSteps]uint32
 	step  int
 
+	// limited is set when the sender wanted to send more than the limit
+	// or the window let it, since the current rate interval began: only
+	// then does the rate say what the peer can take, and may the limit
+	// come down (a sender with little to send says nothing of it).
+	limited bool
+
 	minRTT    time.Duration // shortest time from a send to its adjustment
 	rateAt    time.Time     // the start of the current rate interval
 	rateAcked uint64        // acked at rateAt
@@ -140,8 +146,12 @@ func (p *pacer) adjusted(n uint32, now time.Time) {
 		return
 	}
 	rate := float64(p.acked-p.rateAcked) / span.Seconds()
-	p.rateAt, p.rateAcked = now, p.acked
+	limited := p.limited
+	p.rateAt, p.rateAcked, p.limited = now, p.acked, false
 	need := 2 * rate * p.minRTT.Seconds()
+	if !limited && need < float64(p.limit) {
+		return
+	}
 	floor := uint64(paceFloor)
 	for _, st := range p.steps {
 		floor = max(floor, 2*uint64(st)+32<<10)

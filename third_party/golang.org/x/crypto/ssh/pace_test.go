@@ -14,6 +14,12 @@ import (
 // at most rate bytes per second, with window adjustments of step bytes;
 // it returns the limit after d of simulated time.
 func simulate(t *testing.T, init uint32, rtt time.Duration, rate float64, step uint32, d time.Duration) *pacer {
+	return simulateSends(t, init, rtt, rate, step, d, false)
+}
+
+// simulateSends is simulate; with sparse, the sender has one packet to
+// send every millisecond, never more than the pacer allows.
+func simulateSends(t *testing.T, init uint32, rtt time.Duration, rate float64, step uint32, d time.Duration, sparse bool) *pacer {
 	t.Helper()
 	const pkt = 32 << 10
 	p := &pacer{}
@@ -28,6 +34,7 @@ func simulate(t *testing.T, init uint32, rtt time.Duration, rate float64, step u
 	var pending []ack // the peer's adjustments to come, in time order
 	var consumed time.Time
 	var owed uint32
+	var lastSend time.Time
 	tick := 100 * time.Microsecond
 	for now.Before(end) {
 		for len(pending) > 0 && !pending[0].at.After(now) {
@@ -35,7 +42,8 @@ func simulate(t *testing.T, init uint32, rtt time.Duration, rate float64, step u
 			p.adjusted(pending[0].n, pending[0].at)
 			pending = pending[1:]
 		}
-		for win > p.hold() && win-p.hold() >= pkt {
+		for win > p.hold() && win-p.hold() >= pkt && (!sparse || now.Sub(lastSend) >= time.Millisecond) {
+			lastSend = now
 			win -= pkt
 			p.reserved(pkt, now)
 			// The peer takes it after rtt, or once it is through what
@@ -50,6 +58,9 @@ func simulate(t *testing.T, init uint32, rtt time.Duration, rate float64, step u
 				pending = append(pending, ack{at, owed})
 				owed = 0
 			}
+		}
+		if !sparse {
+			p.limited = true // it has more to send than it may
 		}
 		now = now.Add(tick)
 	}
@@ -69,6 +80,16 @@ func TestPacerHoldsBackFromABusyPeer(t *testing.T) {
 	p := simulate(t, 2<<20, 50*time.Microsecond, 300e6, 96<<10, time.Second)
 	if p.limit > 512<<10 {
 		t.Errorf("limit %d KiB for a peer 50 µs away that is the bottleneck", p.limit>>10)
+	}
+}
+
+func TestPacerKeepsTheLimitOfASenderWithLittleToSend(t *testing.T) {
+	// 32 KiB a millisecond to a near peer: the rate it sees is the
+	// sender's, not the peer's, and must not bring the limit down (a
+	// burst after it, to a far peer, would start from the floor).
+	p := simulateSends(t, 2<<20, 50*time.Microsecond, 300e6, 32<<10, time.Second, true)
+	if p.limit != p.init {
+		t.Errorf("limit %d KiB after a second of sparse sends", p.limit>>10)
 	}
 }
 

@@ -141,3 +141,45 @@ func sessionPair(t *testing.T) (client, server gossh.Channel, serverReqs <-chan 
 	}
 	return ch, a.ch, a.reqs
 }
+
+// A peer that takes channel data in more slowly than the link could carry
+// it must not be handed the whole of its window (pace.go): OpenSSH's ssh
+// grows a channel's buffer one packet at a time up to all it is sent.
+// Here the client reads 32 KiB every half millisecond, over loopback: the
+// link needs far less than the 2 MiB window in flight, and the data
+// written and not yet read must stay well below it.
+func TestChannelPacesASlowReader(t *testing.T) {
+	client, server, _ := sessionPair(t)
+	const total = 24 << 20
+	var written atomic.Int64
+	werr := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 32<<10)
+		var err error
+		for n := 0; n < total && err == nil; n += len(buf) {
+			_, err = server.Write(buf)
+			written.Add(int64(len(buf)))
+		}
+		werr <- err
+	}()
+	buf := make([]byte, 32<<10)
+	var read, worst int64
+	for read < total {
+		n, err := client.Read(buf)
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", read, err)
+		}
+		read += int64(n)
+		if read > total/2 { // past the start, before which nothing is paced
+			worst = max(worst, written.Load()-read)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("most written and not yet read in the second half: %d KiB", worst>>10)
+	if worst > 1<<20 {
+		t.Errorf("%d KiB written and not yet read: the slow reader was handed most of its 2 MiB window", worst>>10)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	_ "crypto/sha1"
 	_ "crypto/sha256"
@@ -673,6 +674,7 @@ type window struct {
 	win          uint32 // RFC 4254 5.2 says the window size can grow to 2^32-1
 	writeWaiters int
 	closed       bool
+	pace         pacer // sandgate: pace.go
 }
 
 // add adds win to the amount of window available
@@ -688,6 +690,11 @@ func (w *window) add(win uint32) bool {
 		return false
 	}
 	w.win += win
+	if w.pace.started {
+		w.pace.adjusted(win, time.Now())
+	} else {
+		w.pace.opened(win)
+	}
 	// It is unusual that multiple goroutines would be attempting to reserve
 	// window space, but not guaranteed. Use broadcast to notify all waiters
 	// that additional window is available.
@@ -713,14 +720,24 @@ func (w *window) reserve(win uint32) (uint32, error) {
 	w.L.Lock()
 	w.writeWaiters++
 	w.Broadcast()
-	for w.win == 0 && !w.closed {
+	for !w.closed && w.win <= w.pace.hold() {
+		if w.win > 0 { // held back by the pacing alone
+			w.armStall()
+		}
+		w.pace.limited = true
 		w.Wait()
 	}
 	w.writeWaiters--
-	if w.win < win {
-		win = w.win
+	avail := w.win
+	if !w.closed {
+		avail -= w.pace.hold()
+	}
+	if avail < win {
+		win = avail
+		w.pace.limited = true
 	}
 	w.win -= win
+	w.pace.reserved(win, time.Now())
 	if w.closed {
 		err = io.EOF
 	}

@@ -164,6 +164,25 @@ func TestForkCarriesKernel(t *testing.T) {
 			t.Errorf("%s: %q, want %q", c.id, a.out(), c.want)
 		}
 	}
+	// A fork is forked again: the fork of a fork has fork 0's kernel
+	// variable, files and shell, as they are now.
+	var ff forkAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+ids[0]+"/fork", map[string]any{"count": 1}, &ff); code != http.StatusCreated || len(ff.Sessions) != 1 {
+		t.Fatalf("fork of a fork: %d %+v\n%s", code, ff, g.stderr.String())
+	}
+	fid := ff.Sessions[0].SessionID
+	if a := runPython(t, g, fid, map[string]any{"code": "x"}); a.result() != "1" || a.StateLost {
+		t.Errorf("fork of a fork: x = %+v, want fork 0's 1", a)
+	}
+	if a := runREST(t, g, fid, map[string]any{"command": "cat /workspace/a.txt"}); a.out() != "a\n" {
+		t.Errorf("fork of a fork: a.txt %+v", a)
+	}
+	if out := runREST(t, g, fid, map[string]any{"command": "pwd; echo $FORK_VAR", "shell": "main"}).out(); out != "/tmp/deep\nkept\n" {
+		t.Errorf("fork of a fork: its persistent shell says %q", out)
+	}
+	if left, _ := filepath.Glob(filepath.Join(g.DataDir, "sandboxes", ".checkpoints", "*")); len(left) != 0 {
+		t.Errorf("checkpoint images left after the fork of a fork: %v", left)
+	}
 }
 
 // TestForkGatewayLimit: at most gateway.MaxConcurrentForks forks run on

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -234,9 +235,9 @@ func (d *Driver) checkpointable(st *sandboxState) error {
 // task whose memory map belongs to the host's user namespace (CRIU made
 // it by fork from itself); and it cannot dump the init's control socket,
 // which the restore handed it from the gateway's network namespace.
-var criuNoRedump = []string{
-	"doesn't belong to the target user namespace",
-	"unix: Unix socket",
+var criuNoRedump = []*regexp.Regexp{
+	regexp.MustCompile(`doesn't belong to the target user namespace`),
+	regexp.MustCompile(`unix: Unix socket \d+ not found`),
 }
 
 var errNoRedump = fmt.Errorf("%w: its processes were restored from a checkpoint (a fork, or a resume from a pause by checkpoint), which this criu cannot dump again (a fork of a fork: it needs the patches .ci/build-criu applies); a stop and a start make it checkpointable again", sandbox.ErrNoCheckpoint)
@@ -246,7 +247,7 @@ var errNoRedump = fmt.Errorf("%w: its processes were restored from a checkpoint 
 // the driver stops trying for every restored sandbox, logs CRIU's lines,
 // and says why (sandbox.ErrNoCheckpoint) without them (host paths, pids).
 func (d *Driver) redumpFailed(st *sandboxState, err error) error {
-	if !st.Restored || !slices.ContainsFunc(criuNoRedump, func(s string) bool { return strings.Contains(err.Error(), s) }) {
+	if !st.Restored || !slices.ContainsFunc(criuNoRedump, func(re *regexp.Regexp) bool { return re.MatchString(err.Error()) }) {
 		return err
 	}
 	if !d.noRedump.Swap(true) {

@@ -214,7 +214,22 @@ func TestLinuxCheckpointFork(t *testing.T) {
 	if v := getVar(t, forks[0]); v != "a" {
 		t.Errorf("fork 0: variable %q after its fork changed its own", v)
 	}
-	if err := ff.Destroy(ctx); err != nil {
+	// And a third generation.
+	ck3, err := ff.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint of a fork of a fork: %v", err)
+	}
+	fff, err := ck3.Restore(ctx, sandbox.Spec{ID: "sbx-fork-a-a-a"})
+	if cerr := ck3.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("fork of a fork of a fork: %v", err)
+	}
+	if v := getVar(t, fff); v != "aa" {
+		t.Errorf("fork of a fork of a fork: variable %q, want %q", v, "aa")
+	}
+	if err := errors.Join(fff.Destroy(ctx), ff.Destroy(ctx)); err != nil {
 		t.Error(err)
 	}
 	// A fork stops and resumes as any sandbox: a new init, on its files.

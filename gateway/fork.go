@@ -89,7 +89,14 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 		return nil, &Error{Kind: KindUnavailable, Code: "fork_gateway_limit",
 			Message: fmt.Sprintf("this gateway runs %d forks already, as many as it may at once; try again later", MaxConcurrentForks)}
 	}
-	defer m.forking.Add(-1)
+	// The slot is the fork's until its images are removed, which may be
+	// after the answer (below).
+	release := true
+	defer func() {
+		if release {
+			m.forking.Add(-1)
+		}
+	}()
 	switch src.Status() {
 	case StatusStopped:
 		return nil, &Error{Kind: KindConflict, Code: "session_stopped", Message: "the session is stopped: it has no process to fork; resume it first"}
@@ -125,7 +132,10 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 		return nil, &Error{Kind: KindUnavailable, Code: "fork_failed", Message: "could not checkpoint the session", Err: err}
 	}
 	checkpointed := time.Since(start)
-	// The images are deleted before the answer, also when the fork fails.
+	// The images are deleted before the answer when the fork fails, and
+	// right after it when it succeeds (a 100 MiB kernel's images take
+	// some 10 ms to delete), the fork's slot held until then and Shutdown
+	// waiting for it.
 	closeCk := func() time.Duration {
 		t := time.Now()
 		if err := ck.Close(); err != nil {
@@ -133,7 +143,12 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 		}
 		return time.Since(t)
 	}
-	defer closeCk() // idempotent
+	later := false
+	defer func() {
+		if !later {
+			closeCk() // idempotent
+		}
+	}()
 	cp := forkParams(src)
 	from := &forkSource{src: src, ck: ck}
 	// The restores run at once: each is a create of its own.
@@ -171,13 +186,24 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 			}
 		}
 	}
-	closed := closeCk()
 	tr.Add("checkpoint", checkpointed)
 	tr.Add("restores", created)
-	tr.Add("images_removed", closed)
-	m.log.InfoContext(ctx, "session_forked", "session", src.ID, "tenant", p.Tenant, "count", count,
-		"checkpoint_ms", checkpointed.Milliseconds(), "restores_ms", created.Milliseconds(), "remove_ms", closed.Milliseconds(),
-		"ms", time.Since(start).Milliseconds())
+	total := time.Since(start)
+	logForked := func(closed time.Duration) {
+		m.log.InfoContext(ctx, "session_forked", "session", src.ID, "tenant", p.Tenant, "count", count,
+			"checkpoint_ms", checkpointed.Milliseconds(), "restores_ms", created.Milliseconds(), "remove_ms", closed.Milliseconds(),
+			"ms", total.Milliseconds())
+	}
+	if !m.releaseLater() { // shutting down: before the answer
+		logForked(closeCk())
+		return out, nil
+	}
+	later, release = true, false
+	go func() {
+		defer m.released.Done()
+		defer m.forking.Add(-1)
+		logForked(closeCk())
+	}()
 	return out, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -152,7 +153,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	case st.Paused:
 		return nil, sandbox.ErrPaused
 	}
-	if err := checkpointable(&st); err != nil {
+	if err := d.checkpointable(&st); err != nil {
 		return nil, err
 	}
 	criu, err := d.criuPath()
@@ -195,7 +196,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dumpTimeout)
 	defer cancel()
 	if err := c.run(dctx, criu, args, filepath.Join(c.dir, "dump.log"), nil, ph); err != nil {
-		return nil, fmt.Errorf("checkpoint of %s: %w", st.ID, err)
+		return nil, d.redumpFailed(&st, fmt.Errorf("checkpoint of %s: %w", st.ID, err))
 	}
 	ph.mark("criu")
 	if _, err := os.Stat(c.workspaceImage()); err != nil {
@@ -211,7 +212,7 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 
 // checkpointable says why sandbox st cannot be checkpointed (nil: it
 // can): Checkpoint's and a pause's conditions.
-func checkpointable(st *sandboxState) error {
+func (d *Driver) checkpointable(st *sandboxState) error {
 	switch {
 	case st.Stopped:
 		return fmt.Errorf("%w: it is stopped", sandbox.ErrNoCheckpoint)
@@ -221,13 +222,38 @@ func checkpointable(st *sandboxState) error {
 		return fmt.Errorf("%w: a sandbox on an image is not checkpointed yet", sandbox.ErrNoCheckpoint)
 	case st.Image == "":
 		return fmt.Errorf("%w: its workspace is a tmpfs (no ext4 image on this host)", sandbox.ErrNoCheckpoint)
-	case st.Restored:
-		// CRIU 4.2: "Can't open <init>/ns/net on procfs: Permission
-		// denied; One or more namespaces doesn't belong to the target
-		// user namespace" (docs/pause.md).
-		return fmt.Errorf("%w: its processes were restored from a checkpoint (a fork, or a resume from a pause by checkpoint), which CRIU cannot dump again (a fork of a fork); a stop and a start make it checkpointable again", sandbox.ErrNoCheckpoint)
+	case st.Restored && d.noRedump.Load():
+		return errNoRedump
 	}
 	return nil
+}
+
+// criuNoRedump are what a CRIU 4.2 without .ci/criu-patches says when it
+// cannot dump a tree it restored (docs/pause.md, "CRIU on this kernel"):
+// it opens the init's namespaces from inside the sandbox's user
+// namespace, which the kernel's ptrace check refuses for a non-dumpable
+// task whose memory map belongs to the host's user namespace (CRIU made
+// it by fork from itself); and it cannot dump the init's control socket,
+// which the restore handed it from the gateway's network namespace.
+var criuNoRedump = []*regexp.Regexp{
+	regexp.MustCompile(`doesn't belong to the target user namespace`),
+	regexp.MustCompile(`unix: Unix socket \d+ not found`),
+}
+
+var errNoRedump = fmt.Errorf("%w: its processes were restored from a checkpoint (a fork, or a resume from a pause by checkpoint), which this criu cannot dump again (a fork of a fork: it needs the patches .ci/build-criu applies); a stop and a start make it checkpointable again", sandbox.ErrNoCheckpoint)
+
+// redumpFailed is the error of a dump of sandbox st that failed with err:
+// where CRIU restored st's tree and says it cannot dump it (criuNoRedump),
+// the driver stops trying for every restored sandbox, logs CRIU's lines,
+// and says why (sandbox.ErrNoCheckpoint) without them (host paths, pids).
+func (d *Driver) redumpFailed(st *sandboxState, err error) error {
+	if !st.Restored || !slices.ContainsFunc(criuNoRedump, func(re *regexp.Regexp) bool { return re.MatchString(err.Error()) }) {
+		return err
+	}
+	if !d.noRedump.Swap(true) {
+		d.log.Warn("criu_cannot_redump", "sandbox", st.ID, "err", err)
+	}
+	return errNoRedump
 }
 
 // prepareCheckpoint reads what a dump of running sandbox st leaves out

@@ -191,10 +191,46 @@ func TestLinuxCheckpointFork(t *testing.T) {
 			t.Errorf("%s sees fork 0's file", name)
 		}
 	}
-	// A fork's control socket is not in its network namespace: it cannot
-	// be checkpointed again (yet), and says so.
-	if _, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx); err == nil || !strings.Contains(err.Error(), "fork of a fork") {
-		t.Errorf("checkpoint of a fork: %v", err)
+	// A fork is checkpointed again (CRIU dumps a tree it restored): a
+	// fork of a fork has its source's memory and files as they were.
+	ck2, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint of a fork: %v", err)
+	}
+	ff, err := ck2.Restore(ctx, sandbox.Spec{ID: "sbx-fork-a-a"})
+	if cerr := ck2.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("fork of a fork: %v", err)
+	}
+	if v := getVar(t, ff); v != "a" {
+		t.Errorf("fork of a fork: variable %q, want its source's %q", v, "a")
+	}
+	if out := mustRun(t, ff, "cat /workspace/a.txt"); out != "a\n" {
+		t.Errorf("fork of a fork: /workspace/a.txt = %q", out)
+	}
+	setVar(t, ff, "aa")
+	if v := getVar(t, forks[0]); v != "a" {
+		t.Errorf("fork 0: variable %q after its fork changed its own", v)
+	}
+	// And a third generation.
+	ck3, err := ff.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint of a fork of a fork: %v", err)
+	}
+	fff, err := ck3.Restore(ctx, sandbox.Spec{ID: "sbx-fork-a-a-a"})
+	if cerr := ck3.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatalf("fork of a fork of a fork: %v", err)
+	}
+	if v := getVar(t, fff); v != "aa" {
+		t.Errorf("fork of a fork of a fork: variable %q, want %q", v, "aa")
+	}
+	if err := errors.Join(fff.Destroy(ctx), ff.Destroy(ctx)); err != nil {
+		t.Error(err)
 	}
 	// A fork stops and resumes as any sandbox: a new init, on its files.
 	st := forks[1].(sandbox.Stopper)

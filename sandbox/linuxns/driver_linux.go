@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -121,6 +122,9 @@ type Driver struct {
 	// (checkpoint.shared), by images.
 	sharedMu sync.Mutex
 	shared   map[string]*sharedReaders
+	// noRedump is set once criu failed to dump a tree it had restored
+	// (redumpFailed): restored sandboxes are not dumped again.
+	noRedump atomic.Bool
 }
 
 // New returns the linux driver after checking that this host can run

@@ -104,7 +104,7 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	st := *s.st
 	st.Cgroups = slices.Clone(s.st.Cgroups)
 	s.mu.Unlock()
-	if err := checkpointable(&st); err != nil {
+	if err := d.checkpointable(&st); err != nil {
 		return err
 	}
 	criu, err := d.criuPath()
@@ -225,7 +225,7 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 			return errors.Join(fmt.Errorf("%w: %w", errSandboxLost, derr), undo())
 		default:
 		}
-		return errors.Join(fmt.Errorf("checkpoint of %s: %w", st.ID, derr), undo())
+		return errors.Join(d.redumpFailed(&st, fmt.Errorf("checkpoint of %s: %w", st.ID, derr)), undo())
 	}
 	ph.mark("criu")
 	// CRIU kills the dumped processes: the init ends with them.
@@ -525,7 +525,7 @@ func (d *Driver) adoptPausedCheckpoint(st *sandboxState) (_ sandbox.Sandbox, ok 
 func (s *linuxSandbox) CanCheckpointPause() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.d.cfg.Checkpoint && !s.d.cfg.PauseFreeze && !s.closed && !s.st.Paused && checkpointable(s.st) == nil
+	return s.d.cfg.Checkpoint && !s.d.cfg.PauseFreeze && !s.closed && !s.st.Paused && s.d.checkpointable(s.st) == nil
 }
 
 // Release implements sandbox.Releaser for a kept process: its streams and

@@ -127,19 +127,29 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 		t.Errorf("shell state after the restore: %q, want /etc bar-<pid>", out)
 	}
 
-	// A restored sandbox cannot be dumped again (CRIU: "One or more
-	// namespaces doesn't belong to the target user namespace"): its
-	// pause is a freeze, and says why.
+	// A restored sandbox is checkpointed again: its second pause is a
+	// checkpoint too, and the resume finds the processes as they were.
 	setVar(t, sb, "second")
+	before = pids(t, sb)
 	rep2, err := pa.Pause(ctx)
-	if err != nil || rep2.Method != "freeze" || !strings.Contains(strings.Join(rep2.NotKept, "\n"), "not checkpointed") {
-		t.Errorf("second pause (of a restored sandbox): %+v %v", rep2, err)
+	if err != nil || rep2.Method != "checkpoint" {
+		t.Fatalf("second pause (of a restored sandbox): %+v %v", rep2, err)
+	}
+	if rep2.ResidentBytes < 0 || rep2.ResidentBytes >= 8<<20 {
+		t.Errorf("resident after the second pause: %d bytes, want a few KiB", rep2.ResidentBytes)
+	}
+	if procs := procsInCgroupOf(id); len(procs) != 0 {
+		t.Errorf("processes left after the second pause: %v", procs)
 	}
 	if err := pa.Unpause(ctx); err != nil {
 		t.Fatal(err)
 	}
+	checkResumedImagesGone(t, images)
 	if v := getVar(t, sb); v != "second" {
-		t.Errorf("server's variable %q after a freeze of a restored sandbox", v)
+		t.Errorf("server's variable %q after a second pause by checkpoint", v)
+	}
+	if after := pids(t, sb); after != before {
+		t.Errorf("pids %q after the second restore, %q before", after, before)
 	}
 	if err := sb.(sandbox.Stopper).Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -190,8 +200,7 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 	}
 
 	// Stop of a sandbox paused by checkpoint deletes its images; so does
-	// Destroy. (A restored sandbox pauses by a freeze: a stop and resume
-	// make it checkpointable again.)
+	// Destroy.
 	if err := ad.(sandbox.Stopper).Stop(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,49 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// TestRedumpFailed: a dump of a restored sandbox that fails as a criu
+// without .ci/criu-patches fails makes the driver stop dumping restored
+// sandboxes (their pause is a freeze, their fork fork_unsupported), and
+// says why without CRIU's lines; other failures, and sandboxes that were
+// not restored, keep their error and change nothing.
+func TestRedumpFailed(t *testing.T) {
+	d := &Driver{log: slog.New(slog.DiscardHandler)}
+	st := &sandboxState{ID: "sbx-r", Restored: true, Checkpoint: true, Image: "/x", Boot: &bootSpec{}}
+	booted := *st
+	booted.Restored = false
+	other := errors.New("checkpoint of sbx-r: criu dump: exit status 1: Error (criu/cr-dump.c:1975): Dumping FAILED.")
+	if err := d.redumpFailed(st, other); err != other || d.noRedump.Load() {
+		t.Fatalf("another failure: %v (noRedump %v)", err, d.noRedump.Load())
+	}
+	for _, line := range []string{
+		"Error (criu/namespaces.c:997): One or more namespaces doesn't belong to the target user namespace",
+		"Error (criu/sk-unix.c:351): unix: Unix socket 30832159 not found",
+	} {
+		d.noRedump.Store(false)
+		err := fmt.Errorf("checkpoint of sbx-r: criu dump: exit status 1: %s; Error (criu/cr-dump.c:1975): Dumping FAILED.", line)
+		if got := d.redumpFailed(&booted, err); got != err || d.noRedump.Load() {
+			t.Errorf("%q of a booted sandbox: %v (noRedump %v)", line, got, d.noRedump.Load())
+		}
+		got := d.redumpFailed(st, err)
+		if !errors.Is(got, sandbox.ErrNoCheckpoint) || strings.Contains(got.Error(), "criu/") || !d.noRedump.Load() {
+			t.Errorf("%q: %v (noRedump %v)", line, got, d.noRedump.Load())
+		}
+		if err := d.checkpointable(st); !errors.Is(err, sandbox.ErrNoCheckpoint) {
+			t.Errorf("restored sandbox checkpointable after %q: %v", line, err)
+		}
+		if err := d.checkpointable(&booted); err != nil {
+			t.Errorf("booted sandbox not checkpointable after %q: %v", line, err)
+		}
+	}
+}

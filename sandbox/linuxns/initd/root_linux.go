@@ -226,6 +226,19 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	if listener == nil && !spec.Probe {
 		return nil, fmt.Errorf("no control socket")
 	}
+	// The spawner thread confines itself (the seccomp filter above all)
+	// while this one builds the root; it joins the commands' cgroups once
+	// the init is in its cpu cgroup (below). A checkpointable init starts
+	// its spawner after its re-exec (reexec).
+	var sp *spawner
+	if !spec.Checkpoint {
+		sp = newSpawner(spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
+		defer func() {
+			if sp != nil {
+				sp.stop()
+			}
+		}()
+	}
 	var lateFDs []int
 	defer func() { procio.CloseFDs(lateFDs) }()
 	attached := len(spec.Late) == 0
@@ -283,7 +296,6 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		return nil, err
 	}
 	tm.mark("limits")
-	var sp *spawner
 	var err error
 	if spec.Checkpoint {
 		// The host's /dev/null and init.log are outside the sandbox's
@@ -301,7 +313,10 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 			keptTasks = append(keptTasks, kept)
 		}
 	} else {
-		if sp, err = startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS}); err != nil {
+		err = sp.join(tasks)
+		tm.steps = append(tm.steps, ctl.Step{Name: "seccomp_bg", Micros: sp.filterTime.Microseconds()})
+		if err != nil {
+			sp = nil // its thread has ended
 			return nil, err
 		}
 	}
@@ -324,6 +339,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 			return nil, fmt.Errorf("control socket: %w", err)
 		}
 	}
+	sp = nil // in's from here on
 	return in, nil
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
 	"github.com/sandgate/sandgate/sandbox/linuxns/initexe"
+	"github.com/sandgate/sandgate/sandbox/linuxns/seccompprog"
 )
 
 // Host uids and gids of sandboxes: sandbox n maps its ids 0..65535 to
@@ -92,10 +93,12 @@ type Driver struct {
 	report   map[string]any
 	// sockCheck is socketCheck, shortened by tests.
 	sockCheck time.Duration
-	// seccomp is the filter every sandbox gets; noSeccomp turns it off
-	// (tests only, to measure its cost).
-	seccomp   ctl.Seccomp
-	noSeccomp bool
+	// seccomp is the filter every sandbox gets, seccompProg its program
+	// (assembled once, sent in every spec); noSeccomp turns it off (tests
+	// only, to measure its cost).
+	seccomp     seccompprog.Description
+	seccompProg []byte
+	noSeccomp   bool
 	// beforeAttach, when set (tests), runs with a new init's pid just
 	// before the gateway sends its workspace (and its CPU cgroup, which
 	// it then moves into).
@@ -155,7 +158,10 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, sockCheck: socketCheck,
 		pauseDumps: make(chan struct{}, MaxPauseDumps),
 	}
-	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
+	if d.seccomp, err = seccompprog.Describe(cfg.AllowUserNS); err != nil {
+		return nil, err
+	}
+	if d.seccompProg, err = seccompprog.Program(cfg.AllowUserNS); err != nil {
 		return nil, err
 	}
 	d.useSmallInit(smallInit)
@@ -579,6 +585,9 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
 	}
+	if !d.noSeccomp {
+		is.Seccomp = d.seccompProg
+	}
 	is.NofileSoft, is.NofileHard = d.cfg.Nofile.Soft, d.cfg.Nofile.Hard
 	is.InitNofile = initNofileFor(lim.Pids)
 	// The spec goes out now, without the workspace (and an image's root),
@@ -854,7 +863,7 @@ func (d *Driver) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
 	defer cancel()
 	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"},
-		AllowUserNS: d.cfg.AllowUserNS}
+		AllowUserNS: d.cfg.AllowUserNS, Seccomp: d.seccompProg}
 	herr := d.handshake(ctx, conn, spec, "", []int{ws}, time.Time{})
 	if herr != nil {
 		_ = cmd.Process.Kill()

@@ -106,6 +106,11 @@ type Spec struct {
 	// NoSeccomp starts the sandbox without its seccomp filter. Only tests
 	// set it, to measure what the filter costs; the gateway never does.
 	NoSeccomp bool `json:"noSeccomp,omitempty"`
+	// Seccomp is the seccomp filter's program (package seccompprog),
+	// which the gateway assembles once: struct sock_filter entries of 8
+	// bytes in the host's byte order. The init loads it on its spawner
+	// thread; unless NoSeccomp, a spec without one fails the build.
+	Seccomp []byte `json:"seccomp,omitempty"`
 	// Checkpoint builds a sandbox CRIU can checkpoint (sandbox.Config.
 	// Checkpoint): no UTS namespace per command (a command's tree is its
 	// descendants and its process group), stdio reopened on the sandbox's

@@ -898,8 +898,12 @@ type spawner struct {
 }
 
 // spawnFilter says whether the spawner thread loads the seccomp filter,
-// and which.
-type spawnFilter struct{ on, allowUserNS, checkpoint bool }
+// and its program (ctl.Spec.Seccomp).
+type spawnFilter struct {
+	on         bool
+	program    []byte
+	checkpoint bool
+}
 
 func startSpawner(tasks []int, filter spawnFilter) (*spawner, error) {
 	s := newSpawner(filter)
@@ -983,7 +987,7 @@ func prepareSpawnThread(filter spawnFilter) error {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
 	}
 	if filter.on {
-		return loadSeccomp(filter.allowUserNS)
+		return loadSeccomp(filter.program)
 	}
 	return nil
 }

@@ -232,7 +232,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	// its spawner after its re-exec (reexec).
 	var sp *spawner
 	if !spec.Checkpoint {
-		sp = newSpawner(spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS})
+		sp = newSpawner(spawnFilter{on: !spec.NoSeccomp, program: spec.Seccomp})
 		defer func() {
 			if sp != nil {
 				sp.stop()

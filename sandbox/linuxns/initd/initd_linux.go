@@ -881,7 +881,8 @@ func ptyPeer(master int, tty string) (int, error) {
 // spawner forks every command from one OS thread that carries what the
 // commands must inherit and the init itself must not have: membership of
 // the commands' cgroups, a cgroup namespace rooted there, no_new_privs, an
-// empty capability bounding set and the seccomp filter (seccomp_linux.go).
+// empty capability bounding set and the seccomp filter (seccomp_linux.go;
+// the gateway's program, package seccompprog).
 // The thread also accepts and reads the command requests (serve), so a
 // sandbox using up its CPU quota slows its own command starts; the init's
 // other threads (the reaper, the connections' readers) stay outside the

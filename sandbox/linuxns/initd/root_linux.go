@@ -407,14 +407,14 @@ func stdioDevNull() error {
 // closeInherited closes the descriptors this process inherited without
 // close-on-exec (other than stdio and keep): whatever the gateway's own
 // parent left open must not reach the sandbox.
-func closeInherited(keep int) {
+func closeInherited(keep ...int) {
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
 		fd, err := strconv.Atoi(e.Name())
-		if err != nil || fd <= 2 || fd == keep {
+		if err != nil || fd <= 2 || slices.Contains(keep, fd) {
 			continue
 		}
 		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {

@@ -178,7 +178,7 @@ var stepNotes = map[string]string{
 	"driver_state":        "sandbox dir, uid range, state file",
 	"cgroups":             "cgroup dirs and limits",
 	"init_fork":           "clone into new namespaces + exec of the init, its pidfd, state saved",
-	"init_exec_bg":        "of init_fork: v1 cgroups joined, clone into new namespaces, ids mapped, exec done (exec.Cmd.Start)",
+	"init_exec_bg":        "of init_fork: by the spawn server (sandbox-spawner): v1 cgroups joined, clone into new namespaces, ids mapped, exec done, pidfd sent back",
 	"workspace_image_bg":  "workspace filesystem (loop ext4 from a template), beside init_fork",
 	"workspace.copy_bg":   "of workspace_image_bg: the template copied (FICLONE, or its data extents)",
 	"workspace.mount_bg":  "of workspace_image_bg: loop device attached, ext4 mounted",

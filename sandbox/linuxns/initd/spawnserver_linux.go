@@ -177,5 +177,11 @@ func spawnInit(req *ctl.SpawnRequest, initSock, log *os.File, cgroupFD int, task
 	// The kernel reaps it (SIGCHLD ignored); os/exec's own pidfd goes.
 	pid := cmd.Process.Pid
 	_ = cmd.Process.Release()
+	if pidfd < 0 {
+		// A kernel without CLONE_PIDFD (before 5.2, which the driver
+		// refuses anyway): the driver forks its inits itself.
+		_ = unix.Kill(pid, unix.SIGKILL)
+		return 0, 0, errors.New("no pidfd from the clone")
+	}
 	return pid, pidfd, nil
 }

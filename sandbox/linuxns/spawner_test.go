@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
 )
@@ -62,6 +64,23 @@ func TestLinuxSpawnServerStartsInits(t *testing.T) {
 		}
 		if out, _, e := runIn(t, sb, "id -u"); e.Code != 0 || strings.TrimSpace(out) == "0" {
 			t.Errorf("id -u: %q %+v", out, e)
+		}
+		// The server ignores SIGCHLD (the kernel reaps its children); the
+		// init must not (it reaps its commands for their exit codes), nor
+		// its commands, which would inherit an ignored one across exec.
+		status, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		out, _, e := runIn(t, sb, "grep SigIgn /proc/self/status; sh -c 'exit 3'; echo $?")
+		for name, s := range map[string]string{"the init": string(status), "a command": out} {
+			for _, l := range strings.Split(s, "\n") {
+				if hex, ok := strings.CutPrefix(l, "SigIgn:"); ok {
+					if mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64); err != nil || mask&(1<<(uint(unix.SIGCHLD)-1)) != 0 {
+						t.Errorf("%s ignores SIGCHLD (SigIgn %s, %v)", name, strings.TrimSpace(hex), err)
+					}
+				}
+			}
+		}
+		if e.Code != 0 || !strings.HasSuffix(strings.TrimSpace(out), "3") {
+			t.Errorf("a child's exit code in a command: %q %+v", out, e)
 		}
 		if err := sb.Destroy(context.Background()); err != nil {
 			t.Fatal(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -53,8 +54,10 @@ func TestLinuxSmallInitCannotBeWritten(t *testing.T) {
 			t.Errorf("the init holds %s (%s)", l, fd)
 		}
 	}
-	// With no sandbox running it, the gateway's memfd opens for writing
-	// (to root on the host): its seals still refuse every change.
+	// With no sandbox running it, the gateway's memfd would open for
+	// writing (to root on the host), but the spawn server runs it for as
+	// long as the gateway does (ETXTBSY); either way its seals refuse
+	// every change.
 	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
 		t.Fatalf("delete: %d", code)
 	}
@@ -63,6 +66,11 @@ func TestLinuxSmallInitCannotBeWritten(t *testing.T) {
 	for _, fd := range fds {
 		if l, _ := os.Readlink(fd); strings.HasPrefix(l, "/memfd:sandgate-init") {
 			f, err := os.OpenFile(fd, os.O_RDWR, 0)
+			if errors.Is(err, syscall.ETXTBSY) {
+				opened = true
+				mustBeSealed(t, fd)
+				continue
+			}
 			if err != nil {
 				t.Fatalf("open the gateway's %s (%s) for writing: %v", l, fd, err)
 			}
@@ -72,6 +80,24 @@ func TestLinuxSmallInitCannotBeWritten(t *testing.T) {
 	}
 	if !opened {
 		t.Errorf("the gateway holds no memfd of the small init")
+	}
+}
+
+// mustBeSealed checks that the memfd at path carries every seal that
+// refuses a change (initexe.Open), through a read-only descriptor.
+func mustBeSealed(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	want := unix.F_SEAL_WRITE | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&want != want {
+		t.Errorf("the small init's seals are %#x (%v), want %#x", seals, err, want)
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_EXEC); err == nil {
+		t.Errorf("changed the small init's seals through %s", path)
 	}
 }
 

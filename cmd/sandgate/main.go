@@ -28,6 +28,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return sftpd.Main(args[1:])
 		case "sandbox-init":
 			return initd.Main(args[1:])
+		case "sandbox-spawner": // the linux driver's spawn server, when this binary is its small init
+			return initd.SpawnMain(args[1:])
 		case preflightCmd: // the startup check's namespace probes (preflight_linux.go)
 			return preflightMain(args[1:])
 		}

@@ -48,6 +48,8 @@ func Dispatch() {
 		os.Exit(sftpd.Main(os.Args[2:]))
 	case "sandbox-init":
 		os.Exit(initd.Main(os.Args[2:]))
+	case "sandbox-spawner":
+		os.Exit(initd.SpawnMain(os.Args[2:]))
 	}
 }
 

@@ -19,14 +19,16 @@ var forbidden = map[string][]string{
 	"sandbox":               {"gateway", "rest", "tunnel", "sshd", "cmd", "sftpd", "egress"},
 	"sandbox/linuxns/initd": {"=sandbox/linuxns", "sandbox/workdir", "internal/cgroup"},
 	"sandbox/linuxns/ctl":   {"=sandbox/linuxns", "sandbox/linuxns/initd", "sandbox/workdir", "internal/cgroup"},
-	"sandbox/workdir":       {"sandbox/linuxns"},
+	// seccompprog assembles the filter in the gateway; the init only loads it.
+	"sandbox/linuxns/seccompprog": {"=sandbox/linuxns", "sandbox/linuxns/initd", "sandbox/linuxns/ctl", "sandbox/workdir", "internal"},
+	"sandbox/workdir":             {"sandbox/linuxns"},
 	// initexe only carries the small init's bytes: it links none of its code.
 	"sandbox/linuxns/initexe": {"sandbox/linuxns/initd", "sftpd", "=sandbox/linuxns", "sandbox/linuxns/ctl", "internal"},
 	// cmd/sandgate-init is the small binary every sandbox's init runs: the
 	// sandbox side and sftp-server, none of the gateway (each package it
 	// links adds its init() to every sandbox's start; initexe).
 	"cmd/sandgate-init": {"gateway", "rest", "tunnel", "sshd", "=cmd/sandgate", "=sandbox/linuxns", "sandbox/workdir",
-		"sandbox/linuxns/initexe", "internal/cgroup", "images", "egress", "audit", "cluster", "workspace", "dataplane", "mcpserver",
+		"sandbox/linuxns/initexe", "sandbox/linuxns/seccompprog", "internal/cgroup", "images", "egress", "audit", "cluster", "workspace", "dataplane", "mcpserver",
 		"console", "api-spec"},
 	"gateway": {"rest", "tunnel", "sshd", "cmd", "sandbox/", "images"},
 	// rest serves /v1 and knows nothing of the compat APIs mounted on it.

@@ -33,6 +33,7 @@ import (
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns/ctl"
 	"github.com/sandgate/sandgate/sandbox/linuxns/initexe"
+	"github.com/sandgate/sandgate/sandbox/linuxns/seccompprog"
 )
 
 // Host uids and gids of sandboxes: sandbox n maps its ids 0..65535 to
@@ -93,10 +94,15 @@ type Driver struct {
 	report   map[string]any
 	// sockCheck is socketCheck, shortened by tests.
 	sockCheck time.Duration
-	// seccomp is the filter every sandbox gets; noSeccomp turns it off
-	// (tests only, to measure its cost).
-	seccomp   ctl.Seccomp
-	noSeccomp bool
+	// seccomp is the filter every sandbox gets, seccompProg its program
+	// (assembled once, sent in every spec); noSeccomp turns it off (tests
+	// only, to measure its cost).
+	seccomp     seccompprog.Description
+	seccompProg []byte
+	noSeccomp   bool
+	// spawner starts the inits (spawner_linux.go); nil: the gateway forks
+	// them itself (no small init, or it failed to start).
+	spawner *spawnServer
 	// beforeAttach, when set (tests), runs with a new init's pid just
 	// before the gateway sends its workspace (and its CPU cgroup, which
 	// it then moves into).
@@ -159,7 +165,10 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, sockCheck: socketCheck,
 		pauseDumps: make(chan struct{}, MaxPauseDumps),
 	}
-	if d.seccomp, err = ctl.SeccompFor(cfg.AllowUserNS); err != nil {
+	if d.seccomp, err = seccompprog.Describe(cfg.AllowUserNS); err != nil {
+		return nil, err
+	}
+	if d.seccompProg, err = seccompprog.Program(cfg.AllowUserNS); err != nil {
 		return nil, err
 	}
 	d.useSmallInit(smallInit)
@@ -174,6 +183,14 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 		d.initFile, d.exe = nil, "/proc/self/exe"
 		if err := d.probe(); err != nil {
 			return nil, err
+		}
+	}
+	if d.initFile != nil {
+		if d.spawner, err = startSpawnServer(d.initFile, spawnerLog(root)); err != nil {
+			d.log.Warn("sandbox spawner: not started; the gateway forks every init itself, which costs more per sandbox the larger the gateway", "err", err.Error())
+		} else {
+			// A Driver no one holds any more ends its server.
+			runtime.AddCleanup(d, func(s *spawnServer) { s.close() }, d.spawner)
 		}
 	}
 	if cfg.Checkpoint {
@@ -504,7 +521,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	fds, names = procsTasks, slices.Repeat([]string{"tasks"}, len(procsTasks))
 	tr.Mark("cgroups")
 	forkAt := time.Now()
-	cmd, conn, err := d.startInit(st.UIDBase, filepath.Join(d.dir(st.ID), "init.log"), cgfd, initTasks)
+	in, conn, err := d.launchInit(ctx, st.UIDBase, filepath.Join(d.dir(st.ID), "init.log"), cgfd, initTasks)
 	procio.CloseFDs(initTasks)
 	if cgfd >= 0 {
 		unix.Close(cgfd)
@@ -513,16 +530,11 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return err
 	}
 	// Started: cloned into its namespaces, its ids mapped, the init's
-	// binary exec'd (exec.Cmd.Start returns once the exec succeeded).
+	// binary exec'd (exec.Cmd.Start returns once the exec succeeded), by
+	// the spawn server or by the gateway itself.
 	tr.Add("init_exec_bg", time.Since(forkAt))
 	defer conn.Close()
-	// An unreaped child: the pid cannot have been reused.
-	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, unix.O_NONBLOCK)
-	if err != nil {
-		killWait(cmd)
-		return fmt.Errorf("pidfd of sandbox init: %w", err)
-	}
-	st.Pid = cmd.Process.Pid
+	st.Pid = in.pid
 	st.Seccomp = !d.noSeccomp
 	st.Checkpoint = d.cfg.Checkpoint
 	sb.mu.Lock()
@@ -531,7 +543,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	d.mu.Lock()
 	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init
 	d.mu.Unlock()
-	sb.setInit(cmd, os.NewFile(uintptr(pidfd), "init"))
+	sb.setInit(in.cmd, in.pidfd)
 	// The default root's /etc: a clone of the gateway's template.
 	st.EtcTemplate = false
 	if img == nil && !d.cfg.Checkpoint && d.etc != nil {
@@ -582,6 +594,9 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		ID:         st.ID, Hostname: sandbox.ShortID(st.ID), TmpBytes: lim.TmpBytes,
 		ShmBytes: min(lim.TmpBytes, 64<<20), SocketCheckMillis: d.sockCheck.Milliseconds(),
 		TrustPEM: string(sb.trustPEM), AllowUserNS: d.cfg.AllowUserNS, NoSeccomp: d.noSeccomp,
+	}
+	if !d.noSeccomp {
+		is.Seccomp = d.seccompProg
 	}
 	is.NofileSoft, is.NofileHard = d.cfg.Nofile.Soft, d.cfg.Nofile.Hard
 	is.InitNofile = initNofileFor(lim.Pids)
@@ -777,7 +792,7 @@ func (d *Driver) startInit(uidBase int, logPath string, cgroupFD int, cgroupTask
 	cmd := &exec.Cmd{
 		Path:       d.exe,
 		Args:       []string{"sandgate", "sandbox-init"},
-		Env:        []string{"GOMAXPROCS=1"},
+		Env:        d.initEnv(),
 		Dir:        "/",
 		ExtraFiles: []*os.File{theirs}, // fd 3
 	}
@@ -792,16 +807,7 @@ func (d *Driver) startInit(uidBase int, logPath string, cgroupFD int, cgroupTask
 		cmd.Stderr = &bytes.Buffer{}
 	}
 	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: uidBase, Size: idRange}}
-	flags := uintptr(initFlags)
-	if d.cfg.Checkpoint {
-		// The Go runtime keeps the cgroup's CPU files open (of the host's
-		// cgroupfs) to follow the quota: a checkpoint cannot carry them.
-		cmd.Env = append(cmd.Env, "GODEBUG=containermaxprocs=0,updatemaxprocs=0")
-		// One cgroup namespace for the whole sandbox, rooted at the init's
-		// cgroup: CRIU cannot dump the nested one the spawner thread makes
-		// otherwise.
-		flags |= syscall.CLONE_NEWCGROUP
-	}
+	flags := d.initCloneflags()
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:                 flags,
 		UidMappings:                ids,
@@ -826,6 +832,29 @@ func (d *Driver) startInit(uidBase int, logPath string, cgroupFD int, cgroupTask
 		return nil, nil, err
 	}
 	return cmd, fc.(*net.UnixConn), nil
+}
+
+// initEnv is a new init's environment.
+func (d *Driver) initEnv() []string {
+	env := []string{"GOMAXPROCS=1"}
+	if d.cfg.Checkpoint {
+		// The Go runtime keeps the cgroup's CPU files open (of the host's
+		// cgroupfs) to follow the quota: a checkpoint cannot carry them.
+		env = append(env, "GODEBUG=containermaxprocs=0,updatemaxprocs=0")
+	}
+	return env
+}
+
+// initCloneflags are the namespaces a new init is born in.
+func (d *Driver) initCloneflags() uintptr {
+	flags := uintptr(initFlags)
+	if d.cfg.Checkpoint {
+		// One cgroup namespace for the whole sandbox, rooted at the init's
+		// cgroup: CRIU cannot dump the nested one the spawner thread makes
+		// otherwise.
+		flags |= syscall.CLONE_NEWCGROUP
+	}
+	return flags
 }
 
 // killWait kills an init this gateway started and has not handed over
@@ -858,7 +887,7 @@ func (d *Driver) probe() error {
 	ctx, cancel := context.WithTimeout(context.Background(), initTimeout)
 	defer cancel()
 	spec := ctl.Spec{ID: "probe", Hostname: "probe", TmpBytes: 1 << 20, ShmBytes: 1 << 20, Probe: true, FDs: []string{"workspace"},
-		AllowUserNS: d.cfg.AllowUserNS}
+		AllowUserNS: d.cfg.AllowUserNS, Seccomp: d.seccompProg}
 	herr := d.handshake(ctx, conn, spec, "", []int{ws}, time.Time{})
 	if herr != nil {
 		_ = cmd.Process.Kill()

@@ -106,6 +106,11 @@ type Spec struct {
 	// NoSeccomp starts the sandbox without its seccomp filter. Only tests
 	// set it, to measure what the filter costs; the gateway never does.
 	NoSeccomp bool `json:"noSeccomp,omitempty"`
+	// Seccomp is the seccomp filter's program (package seccompprog),
+	// which the gateway assembles once: struct sock_filter entries of 8
+	// bytes in the host's byte order. The init loads it on its spawner
+	// thread; unless NoSeccomp, a spec without one fails the build.
+	Seccomp []byte `json:"seccomp,omitempty"`
 	// Checkpoint builds a sandbox CRIU can checkpoint (sandbox.Config.
 	// Checkpoint): no UTS namespace per command (a command's tree is its
 	// descendants and its process group), stdio reopened on the sandbox's
@@ -426,3 +431,43 @@ func parseRights(oob []byte) ([]int, error) {
 // pipes) beyond the two of any running command, until its exit is
 // acknowledged.
 const MaxKept = 96
+
+// The spawn server (`sandgate-init sandbox-spawner`, initd.SpawnMain) is
+// a small process the linux driver starts once, which starts every new
+// sandbox init on the driver's behalf. A clone into a new user namespace
+// cannot share the caller's memory (the child waits for its id maps), so
+// Go forks the whole caller: from the gateway, with its heap and page
+// tables, that cost milliseconds per sandbox, growing with the gateway,
+// and held the gateway's memory map locked meanwhile. The server is a few
+// MiB: the same clone costs it a fraction of that.
+const (
+	// SpawnConnFD is the server's end of its socketpair with the driver.
+	SpawnConnFD = 3
+	// SpawnInitFD is the init binary the server execs, open read-only.
+	SpawnInitFD = 4
+)
+
+// SpawnRequest asks the spawn server to start one sandbox init, exactly
+// as the driver would (driver_linux.go, startInit). Its descriptors, named
+// by FDs in order: "reply" (a socket the server answers SpawnReply on,
+// with the init's pidfd), "init" (the init's end of its set-up
+// socketpair, its fd 3), "log" (its stderr), "cgroup" (the cgroup v2
+// directory it is born in, optional), and "tasks" (each a v1 tasks file the
+// forking thread joins first, optional).
+type SpawnRequest struct {
+	// UIDBase and IDs map the init's ids 0..IDs-1 to UIDBase onwards.
+	UIDBase int `json:"uidBase"`
+	IDs     int `json:"ids"`
+	// Cloneflags are the namespaces it is born in (CLONE_NEWUSER and
+	// others).
+	Cloneflags uintptr  `json:"cloneflags"`
+	Env        []string `json:"env"`
+	FDs        []string `json:"fds"`
+}
+
+// SpawnReply answers a SpawnRequest: the init's host pid, with its pidfd,
+// or why it did not start.
+type SpawnReply struct {
+	Pid   int    `json:"pid,omitempty"`
+	Error string `json:"error,omitempty"`
+}

@@ -881,7 +881,8 @@ func ptyPeer(master int, tty string) (int, error) {
 // spawner forks every command from one OS thread that carries what the
 // commands must inherit and the init itself must not have: membership of
 // the commands' cgroups, a cgroup namespace rooted there, no_new_privs, an
-// empty capability bounding set and the seccomp filter (seccomp_linux.go).
+// empty capability bounding set and the seccomp filter (seccomp_linux.go;
+// the gateway's program, package seccompprog).
 // The thread also accepts and reads the command requests (serve), so a
 // sandbox using up its CPU quota slows its own command starts; the init's
 // other threads (the reaper, the connections' readers) stay outside the
@@ -889,30 +890,72 @@ func ptyPeer(master int, tty string) (int, error) {
 // or kill the init.
 type spawner struct {
 	fns chan func()
+	// tasks hands the thread the commands' cgroups (join); errc answers.
+	tasks chan []int
+	errc  chan error
+	// filterTime is how long the thread took to confine itself (set
+	// before it answers join).
+	filterTime time.Duration
 }
 
 // spawnFilter says whether the spawner thread loads the seccomp filter,
-// and which.
-type spawnFilter struct{ on, allowUserNS, checkpoint bool }
+// and its program (ctl.Spec.Seccomp).
+type spawnFilter struct {
+	on         bool
+	program    []byte
+	checkpoint bool
+}
 
 func startSpawner(tasks []int, filter spawnFilter) (*spawner, error) {
-	s := &spawner{fns: make(chan func())}
-	errc := make(chan error, 1)
+	s := newSpawner(filter)
+	return s, s.join(tasks)
+}
+
+// newSpawner starts the spawner thread, which at once confines itself
+// (prepareSpawnThread: no_new_privs, the capability bounding set, the
+// seccomp filter) while the caller goes on building the sandbox: loading
+// the filter is the kernel's work of about a millisecond (it compiles the
+// program), which need not wait for the root. The thread joins the
+// commands' cgroups only when join hands it their tasks files; stop ends a
+// spawner that was never joined.
+func newSpawner(filter spawnFilter) *spawner {
+	s := &spawner{fns: make(chan func()), tasks: make(chan []int, 1), errc: make(chan error, 1)}
 	go func() {
-		// Never unlocked: the thread ends with the process, and the Go
+		// Never unlocked: the thread ends with the process (or with this
+		// goroutine when the spawner is stopped or fails), and the Go
 		// runtime starts new threads from a clean template thread.
 		runtime.LockOSThread()
-		if err := prepareSpawnThread(tasks, filter); err != nil {
-			errc <- err
+		t0 := time.Now()
+		err := prepareSpawnThread(filter)
+		s.filterTime = time.Since(t0)
+		tasks, ok := <-s.tasks
+		if !ok {
 			return
 		}
-		errc <- nil
+		if err == nil {
+			err = joinSpawnCgroups(tasks, filter)
+		}
+		s.errc <- err
+		if err != nil {
+			return
+		}
 		for f := range s.fns {
 			f()
 		}
 	}()
-	return s, <-errc
+	return s
 }
+
+// join hands the spawner thread the commands' cgroups (their tasks files)
+// and waits until it has confined itself and joined them. The thread has
+// read filterTime once join returns.
+func (s *spawner) join(tasks []int) error {
+	s.tasks <- tasks
+	return <-s.errc
+}
+
+// stop ends a spawner that join was never called on (its thread exits).
+func (s *spawner) stop() { close(s.tasks) }
 
 // run runs f on the spawner thread and waits for it.
 func (s *spawner) run(f func()) {
@@ -924,7 +967,37 @@ func (s *spawner) run(f func()) {
 	<-done
 }
 
-func prepareSpawnThread(tasks []int, filter spawnFilter) error {
+// prepareSpawnThread confines the calling thread, which must be locked
+// to its goroutine: no_new_privs, an empty capability bounding set, no
+// ambient capabilities, and last the seccomp filter. The filter is per
+// thread, so this one alone has it, and every process forked from it
+// inherits it. The thread keeps its effective capabilities (a bounding set
+// limits only what an exec may gain): it still joins the commands' cgroup
+// namespace (joinSpawnCgroups) and calls unshare(CLONE_NEWUTS) per
+// command, which the filter allows.
+func prepareSpawnThread(filter spawnFilter) error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	for c := 0; c <= capLastCap(); c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+			return fmt.Errorf("drop capability %d: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && err != unix.EINVAL {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	if filter.on {
+		return loadSeccomp(filter.program)
+	}
+	return nil
+}
+
+// joinSpawnCgroups moves the calling thread (the spawner's, confined by
+// prepareSpawnThread) into the commands' cgroups, whose tasks files are
+// open at tasks, and, unless the sandbox is checkpointable, into a cgroup
+// namespace of its own rooted there.
+func joinSpawnCgroups(tasks []int, filter spawnFilter) error {
 	// "0" moves the writing thread alone: this one. (Moving oneself skips
 	// the kernel's global threadgroup lock, and its RCU grace period.)
 	for _, fd := range tasks {
@@ -938,23 +1011,6 @@ func prepareSpawnThread(tasks []int, filter spawnFilter) error {
 		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 			return fmt.Errorf("cgroup namespace: %w", err)
 		}
-	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
-	}
-	for c := 0; c <= capLastCap(); c++ {
-		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
-			return fmt.Errorf("drop capability %d: %w", c, err)
-		}
-	}
-	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && err != unix.EINVAL {
-		return fmt.Errorf("clear ambient capabilities: %w", err)
-	}
-	// Last: the filter is per thread, so this one alone has it, and every
-	// process forked from here inherits it. The thread itself still calls
-	// unshare(CLONE_NEWUTS) per command, which the filter allows.
-	if filter.on {
-		return loadSeccomp(filter.allowUserNS)
 	}
 	return nil
 }

@@ -14,3 +14,9 @@ func Main(args []string) int {
 	fmt.Fprintln(os.Stderr, "sandbox-init: the linux sandbox driver needs Linux")
 	return 2
 }
+
+// SpawnMain is `sandgate-init sandbox-spawner`, which needs Linux.
+func SpawnMain(args []string) int {
+	fmt.Fprintln(os.Stderr, "sandbox-spawner: the linux sandbox driver needs Linux")
+	return 2
+}

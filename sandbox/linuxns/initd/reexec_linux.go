@@ -29,16 +29,16 @@ const selfPath = "/.sandgate-init"
 type serveState struct {
 	// Conn is the gateway's connection, which the second stage answers
 	// Ready on (Steps and Started are the first stage's, for it).
-	Conn        int        `json:"conn"`
-	Steps       []ctl.Step `json:"steps,omitempty"`
-	Started     int64      `json:"startedUs,omitempty"`
-	Listener    int        `json:"listener"`
-	Tasks       []int      `json:"tasks"`
-	NoSeccomp   bool       `json:"noSeccomp,omitempty"`
-	AllowUserNS bool       `json:"allowUserNS,omitempty"`
-	Env         []string   `json:"env,omitempty"`
-	WorkDir     string     `json:"workDir,omitempty"`
-	SockCheck   int64      `json:"sockCheckMillis"`
+	Conn      int        `json:"conn"`
+	Steps     []ctl.Step `json:"steps,omitempty"`
+	Started   int64      `json:"startedUs,omitempty"`
+	Listener  int        `json:"listener"`
+	Tasks     []int      `json:"tasks"`
+	NoSeccomp bool       `json:"noSeccomp,omitempty"`
+	Seccomp   []byte     `json:"seccomp,omitempty"`
+	Env       []string   `json:"env,omitempty"`
+	WorkDir   string     `json:"workDir,omitempty"`
+	SockCheck int64      `json:"sockCheckMillis"`
 }
 
 // reexec replaces a checkpointable init, its sandbox built, by its binary
@@ -47,7 +47,7 @@ type serveState struct {
 // not. The listener and the tasks files cross the exec; the second stage
 // (serveMain) starts the spawner and serves. It returns only on failure.
 func reexec(in *initd, spec *ctl.Spec, c *net.UnixConn, tm *stepTimer) int {
-	st := serveState{Tasks: in.tasks, NoSeccomp: spec.NoSeccomp, AllowUserNS: spec.AllowUserNS,
+	st := serveState{Tasks: in.tasks, NoSeccomp: spec.NoSeccomp, Seccomp: spec.Seccomp,
 		Env: in.env, WorkDir: in.workDir, SockCheck: in.sockCheck.Milliseconds(),
 		Steps: tm.steps, Started: tm.start.UnixMicro()}
 	fail := func(err error) int {
@@ -105,7 +105,7 @@ func serveMain(arg string) int {
 	}
 	c := fc.(*net.UnixConn)
 	defer c.Close()
-	sp, err := startSpawner(st.Tasks, spawnFilter{on: !st.NoSeccomp, allowUserNS: st.AllowUserNS, checkpoint: true})
+	sp, err := startSpawner(st.Tasks, spawnFilter{on: !st.NoSeccomp, program: st.Seccomp, checkpoint: true})
 	procio.CloseFDs(st.Tasks)
 	if err != nil {
 		_ = ctl.WriteFrame(c, ctl.Ready{Error: err.Error()})

@@ -48,15 +48,8 @@ const (
 // by the init, inside the sandbox, until the gateway kills it.
 func Main(args []string) int {
 	tm := newStepTimer()
-	// Nothing in the sandbox runs as the init's user, so no one there can
-	// signal it; the init has no terminal either. Still, a stray signal
-	// must not end it: catch and drop them. Caught (not ignored), so that
-	// commands start with the default dispositions, as exec resets
-	// handlers but keeps SIG_IGN (the gateway may run under nohup).
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
-		syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2,
-		syscall.SIGALRM, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGVTALRM, syscall.SIGPROF)
 	if len(args) == 2 && args[0] == serveArg {
+		catchSignals()
 		return serveMain(args[1])
 	}
 	if len(args) > 0 {
@@ -110,6 +103,7 @@ func Main(args []string) int {
 		// The gateway hears Ready from the re-executed init (serveMain),
 		// so that it never looks at the init in the middle of its exec
 		// (/proc/<pid>/ns/* can be missing then).
+		catchSignals()
 		return reexec(in, &spec, c, tm)
 	}
 	if err := ctl.WriteFrame(c, ctl.Ready{OK: true, Steps: tm.steps, StartedMicros: tm.start.UnixMicro()}); err != nil {
@@ -120,6 +114,9 @@ func Main(args []string) int {
 	if spec.Probe {
 		return 0
 	}
+	// Before the first command, which the gateway may ask for as soon as
+	// it reads Ready: serve starts none before this.
+	catchSignals()
 	// Whether commands may skip the shell is asked now, while the
 	// gateway answers the create (or the sandbox waits in the warm pool),
 	// rather than by the first command: it reads the shell's binary.
@@ -129,6 +126,21 @@ func Main(args []string) int {
 	trimMemory()
 	in.serve()
 	return 1
+}
+
+// catchSignals catches and drops the signals that would end the init.
+// Nothing in the sandbox runs as the init's user, so no one there can
+// signal it; the init has no terminal either. Still, a stray signal must
+// not end it. Caught (not ignored), so that commands start with the
+// default dispositions, as exec resets handlers but keeps SIG_IGN (the
+// gateway may run under nohup). Called once the sandbox is built, not at
+// start: os/signal's first use starts a thread of its own (about 0.4 ms
+// of a cold create, issue 41 row 11b), and until the sandbox answers
+// Ready only root on the host could signal the init, failing that create.
+func catchSignals() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
+		syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR1, syscall.SIGUSR2,
+		syscall.SIGALRM, syscall.SIGXCPU, syscall.SIGXFSZ, syscall.SIGVTALRM, syscall.SIGPROF)
 }
 
 // ptyMax caps the terminals open at once in one sandbox (its devpts's
@@ -226,6 +238,19 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 	if listener == nil && !spec.Probe {
 		return nil, fmt.Errorf("no control socket")
 	}
+	// The spawner thread confines itself (the seccomp filter above all)
+	// while this one builds the root; it joins the commands' cgroups once
+	// the init is in its cpu cgroup (below). A checkpointable init starts
+	// its spawner after its re-exec (reexec).
+	var sp *spawner
+	if !spec.Checkpoint {
+		sp = newSpawner(spawnFilter{on: !spec.NoSeccomp, program: spec.Seccomp})
+		defer func() {
+			if sp != nil {
+				sp.stop()
+			}
+		}()
+	}
 	var lateFDs []int
 	defer func() { procio.CloseFDs(lateFDs) }()
 	attached := len(spec.Late) == 0
@@ -283,7 +308,6 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 		return nil, err
 	}
 	tm.mark("limits")
-	var sp *spawner
 	var err error
 	if spec.Checkpoint {
 		// The host's /dev/null and init.log are outside the sandbox's
@@ -301,7 +325,10 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 			keptTasks = append(keptTasks, kept)
 		}
 	} else {
-		if sp, err = startSpawner(tasks, spawnFilter{on: !spec.NoSeccomp, allowUserNS: spec.AllowUserNS}); err != nil {
+		err = sp.join(tasks)
+		tm.steps = append(tm.steps, ctl.Step{Name: "seccomp_bg", Micros: sp.filterTime.Microseconds()})
+		if err != nil {
+			sp = nil // its thread has ended
 			return nil, err
 		}
 	}
@@ -324,6 +351,7 @@ func buildSandbox(spec *ctl.Spec, fds []int, late func() ([]string, []int, error
 			return nil, fmt.Errorf("control socket: %w", err)
 		}
 	}
+	sp = nil // in's from here on
 	return in, nil
 }
 
@@ -391,14 +419,14 @@ func stdioDevNull() error {
 // closeInherited closes the descriptors this process inherited without
 // close-on-exec (other than stdio and keep): whatever the gateway's own
 // parent left open must not reach the sandbox.
-func closeInherited(keep int) {
+func closeInherited(keep ...int) {
 	entries, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
 		fd, err := strconv.Atoi(e.Name())
-		if err != nil || fd <= 2 || fd == keep {
+		if err != nil || fd <= 2 || slices.Contains(keep, fd) {
 			continue
 		}
 		if flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && flags&unix.FD_CLOEXEC == 0 {

@@ -1,6 +1,6 @@
 //go:build linux
 
-package ctl
+package seccompprog
 
 import (
 	"runtime"
@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-func TestSeccompFor(t *testing.T) {
-	s, err := SeccompFor(false)
+func TestDescribe(t *testing.T) {
+	s, err := Describe(false)
 	if err != nil {
 		t.Skipf("no seccomp filter on this architecture: %v", err)
 	}
@@ -22,11 +22,11 @@ func TestSeccompFor(t *testing.T) {
 		t.Error("user namespaces allowed by default")
 	}
 	// The description is true for x32: the library answers it ENOSYS
-	// (initd's TestSeccompPolicy runs the program).
+	// (TestPolicy runs the program).
 	if x32 := slices.Contains(s.Blocked, "x32 ABI (ENOSYS)"); x32 != (runtime.GOARCH == "amd64") {
 		t.Errorf("blocked = %v: x32 listed %v on %s", s.Blocked, x32, runtime.GOARCH)
 	}
-	s, _ = SeccompFor(true)
+	s, _ = Describe(true)
 	if !s.UserNS || slices.Contains(s.Blocked, "unshare(CLONE_NEWUSER)") || !slices.Contains(s.Blocked, "keyctl") {
 		t.Errorf("with user namespaces allowed: %+v", s)
 	}

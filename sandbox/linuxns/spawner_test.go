@@ -1,0 +1,102 @@
+//go:build linux
+
+package linuxns_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
+)
+
+// With the small init, a sandbox's init is started by the spawn server
+// (`sandbox-spawner`), not forked from the gateway: its parent is the
+// server, it is born in its user namespace with the sandbox's id map, it
+// runs commands, and once destroyed it is gone (reaped by the kernel, no
+// zombie), leaving nothing behind.
+func TestLinuxSpawnServerStartsInits(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	var log bytes.Buffer
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Log: slog.New(slog.NewTextHandler(&log, nil))}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			spawnerLog, _ := os.ReadFile(filepath.Join(dataDir, "sandboxes", ".spawner.log"))
+			t.Logf("driver log:\n%s\nspawner log:\n%s", log.String(), spawnerLog)
+		}
+	}()
+	for i := range 3 {
+		sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-spawned-" + strconv.Itoa(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := sb.(interface{ InitPID() int }).InitPID()
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		ppid, _ := strconv.Atoi(fields[1])
+		if ppid == os.Getpid() {
+			t.Errorf("the init (pid %d) is the gateway's own child, want the spawn server's", pid)
+		} else if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(ppid) + "/cmdline"); !strings.Contains(string(cmdline), "sandbox-spawner") {
+			t.Errorf("the init's parent %d runs %q, want the spawn server", ppid, cmdline)
+		}
+		uidMap, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/uid_map")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(string(uidMap)); len(f) != 3 || f[0] != "0" || f[1] == "0" || f[2] != "65536" {
+			t.Errorf("the init's uid map: %q, want 0 <its range> 65536", uidMap)
+		}
+		if out, _, e := runIn(t, sb, "id -u"); e.Code != 0 || strings.TrimSpace(out) == "0" {
+			t.Errorf("id -u: %q %+v", out, e)
+		}
+		// The server ignores SIGCHLD (the kernel reaps its children); the
+		// init must not (it reaps its commands for their exit codes), nor
+		// its commands, which would inherit an ignored one across exec.
+		status, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		out, _, e := runIn(t, sb, "grep SigIgn /proc/self/status; sh -c 'exit 3'; echo $?")
+		for name, s := range map[string]string{"the init": string(status), "a command": out} {
+			for _, l := range strings.Split(s, "\n") {
+				if hex, ok := strings.CutPrefix(l, "SigIgn:"); ok {
+					if mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64); err != nil || mask&(1<<(uint(unix.SIGCHLD)-1)) != 0 {
+						t.Errorf("%s ignores SIGCHLD (SigIgn %s, %v)", name, strings.TrimSpace(hex), err)
+					}
+				}
+			}
+		}
+		if e.Code != 0 || !strings.HasSuffix(strings.TrimSpace(out), "3") {
+			t.Errorf("a child's exit code in a command: %q %+v", out, e)
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+			if os.IsNotExist(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+				t.Fatalf("the destroyed sandbox's init %d is still there: %s", pid, st)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	checkNoLeaks(t, dataDir)
+}

@@ -88,3 +88,14 @@ func TestRedumpFailedPatchedCRIU(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseFallbackReasonNoRedump: the pause's answer says why a restored
+// sandbox was frozen (errNoRedump) and nothing of the undo's error joined
+// to it, which names the gateway's files.
+func TestPauseFallbackReasonNoRedump(t *testing.T) {
+	undo := errors.New("open /var/lib/sandgate/sandboxes/sbx-r/state.json.tmp: no space left on device")
+	got := pauseFallbackReason(errors.Join(errNoRedump, undo))
+	if got != errNoRedump.Error() {
+		t.Errorf("pause fallback reason %q, want %q", got, errNoRedump.Error())
+	}
+}

@@ -290,7 +290,7 @@ func TestLinuxRedumpHostileFailure(t *testing.T) {
 	}
 	// A deleted file held open and larger than CRIU's ghost limit (1 MiB):
 	// "Can't dump ghost file /tmp/unix: Unix socket 1 not found ...".
-	mustRun(t, forks[0], `f='/tmp/unix: Unix socket 1 not found'; head -c 3000000 /dev/zero >"$f" && { nohup sleep 1000 3<"$f" >/dev/null 2>&1 & } && sleep 0.2 && rm "$f"`)
+	mustRun(t, forks[0], `f='/tmp/unix: Unix socket 1 not found'; head -c 3000000 /dev/zero >"$f" && exec 3<"$f" && rm "$f" && { nohup sleep 1000 >/dev/null 2>&1 & }`)
 	ck1, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx)
 	if err == nil {
 		ck1.Close()

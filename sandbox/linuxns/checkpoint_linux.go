@@ -260,9 +260,10 @@ func criuPatched(path string) bool {
 // every restored sandbox, logs CRIU's lines, and says why
 // (sandbox.ErrNoCheckpoint) without them (host paths, pids). The lines
 // alone do not decide it: a sandbox's own processes can make CRIU print
-// them (a unix socket of a network namespace of their own, a file's name
-// that CRIU's log quotes), and one sandbox's failure must not turn the
-// dumps of every other restored one off.
+// them (a file's name, which CRIU's log quotes, such as that of a deleted
+// file too big to dump; a unix socket of a network namespace not the
+// sandbox's, where its processes could make one), and one sandbox's
+// failure must not turn the dumps of every other restored one off.
 func (d *Driver) redumpFailed(st *sandboxState, err error) error {
 	if !st.Restored || !slices.ContainsFunc(criuNoRedump, func(re *regexp.Regexp) bool { return re.MatchString(err.Error()) }) {
 		return err

@@ -58,9 +58,8 @@ func TestRedumpFailed(t *testing.T) {
 
 // TestRedumpFailedPatchedCRIU: with the criu .ci/build-criu builds, the
 // lines of criuNoRedump change nothing: that criu dumps restored trees,
-// and a sandbox's own processes can make it print them (a unix socket of
-// a network namespace of their own; a file's name, in CRIU's log:
-// TestLinuxRedumpHostileFailure).
+// and a sandbox's own processes can make it print them (a file's name, in
+// CRIU's log: TestLinuxRedumpHostileFailure).
 func TestRedumpFailedPatchedCRIU(t *testing.T) {
 	criu := os.Getenv("SANDGATE_CRIU")
 	if home, err := os.UserHomeDir(); criu == "" && err == nil {

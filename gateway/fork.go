@@ -208,16 +208,22 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	go func() {
 		defer m.released.Done()
 		logForked(closeCk())
-		m.forking.Add(-1)
-		m.forkMu.Lock()
-		m.forkRemoving--
-		if m.forkFreed != nil {
-			close(m.forkFreed)
-			m.forkFreed = nil
-		}
-		m.forkMu.Unlock()
+		m.forkRemoved()
 	}()
 	return out, nil
+}
+
+// forkRemoved frees the slot of a fork answered once its images are
+// removed, and wakes the forks waiting for one (takeForkSlot).
+func (m *Manager) forkRemoved() {
+	m.forking.Add(-1)
+	m.forkMu.Lock()
+	defer m.forkMu.Unlock()
+	m.forkRemoving--
+	if m.forkFreed != nil {
+		close(m.forkFreed)
+		m.forkFreed = nil
+	}
 }
 
 // takeForkSlot takes one of the MaxConcurrentForks slots; false when the

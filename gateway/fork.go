@@ -29,6 +29,10 @@ const MaxForkCount = 8
 // (503 fork_gateway_limit).
 const MaxConcurrentForks = 2
 
+// forkRemovalWait bounds how long a fork waits for a slot that a fork
+// already answered holds until its images are removed (some 10 ms).
+const forkRemovalWait = 5 * time.Second
+
 // ForkedSession is one session a fork made, and its SSH password (shown
 // once, as a create's).
 type ForkedSession struct {
@@ -84,8 +88,7 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	if !ok {
 		return nil, Invalid("fork_unsupported", "this gateway cannot fork sessions: it needs the linux sandbox driver and serve --checkpoint (CRIU)")
 	}
-	if m.forking.Add(1) > MaxConcurrentForks {
-		m.forking.Add(-1)
+	if !m.takeForkSlot(ctx) {
 		return nil, &Error{Kind: KindUnavailable, Code: "fork_gateway_limit",
 			Message: fmt.Sprintf("this gateway runs %d forks already, as many as it may at once; try again later", MaxConcurrentForks)}
 	}
@@ -199,12 +202,67 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 		return out, nil
 	}
 	later, release = true, false
+	m.forkMu.Lock()
+	m.forkRemoving++
+	m.forkMu.Unlock()
 	go func() {
 		defer m.released.Done()
-		defer m.forking.Add(-1)
 		logForked(closeCk())
+		m.forkRemoved()
 	}()
 	return out, nil
+}
+
+// forkRemoved frees the slot of a fork answered once its images are
+// removed, and wakes the forks waiting for one (takeForkSlot).
+func (m *Manager) forkRemoved() {
+	m.forking.Add(-1)
+	m.forkMu.Lock()
+	defer m.forkMu.Unlock()
+	m.forkRemoving--
+	if m.forkFreed != nil {
+		close(m.forkFreed)
+		m.forkFreed = nil
+	}
+}
+
+// takeForkSlot takes one of the MaxConcurrentForks slots; false when the
+// forks under way hold them all. A slot held only for the removal of an
+// answered fork's images (after its answer) is waited for, up to
+// forkRemovalWait: a client is not refused for a fork it saw done.
+func (m *Manager) takeForkSlot(ctx context.Context) bool {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		m.forkMu.Lock()
+		removing := m.forkRemoving
+		if m.forkFreed == nil {
+			m.forkFreed = make(chan struct{})
+		}
+		freed := m.forkFreed
+		m.forkMu.Unlock()
+		if m.forking.Add(1) <= MaxConcurrentForks {
+			return true
+		}
+		m.forking.Add(-1)
+		if removing == 0 {
+			return false
+		}
+		if timer == nil {
+			timer = time.NewTimer(forkRemovalWait)
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return false
+		}
+	}
 }
 
 // forkParams are the create parameters of a fork of src.

@@ -113,8 +113,15 @@ type Manager struct {
 	// followers counts the streams of pending connections per tenant
 	// and in all (approvals.go).
 	followers followers
-	// forking counts the forks under way (MaxConcurrentForks).
+	// forking counts the forks under way (MaxConcurrentForks), and those
+	// answered whose images are being removed.
 	forking atomic.Int32
+	// forkMu guards forkRemoving, the forks answered whose images are
+	// being removed (their slots held), and forkFreed, closed (then
+	// replaced) when one of those removals ends (takeForkSlot).
+	forkMu       sync.Mutex
+	forkRemoving int
+	forkFreed    chan struct{}
 	// writeMu orders the writes of records that Update and saveActivity
 	// make from snapshots, so an older snapshot never overwrites a newer one.
 	writeMu sync.Mutex

@@ -258,6 +258,53 @@ func TestForkGatewayLimit(t *testing.T) {
 	}
 }
 
+// TestForkSlotHeldForRemoval: a fork answered holds its slot of
+// gateway.MaxConcurrentForks until its images are removed, after the
+// answer; a fork that finds the slots held, one of them only for such a
+// removal, waits for it rather than being refused (503
+// fork_gateway_limit) for a fork its client saw done.
+func TestForkSlotHeldForRemoval(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	dir := t.TempDir()
+	// The real criu, whose dump leaves many files beside its images
+	// (which no restore reads): their removal takes a while.
+	wrapper := filepath.Join(dir, "criu")
+	script := "#!/bin/sh\n\"" + criu + "\" \"$@\"; rc=$?\n" +
+		"if [ \"$1\" = dump ] && [ $rc = 0 ]; then prev=; for a in \"$@\"; do [ \"$prev\" = -D ] && d=$a; prev=$a; done; " +
+		"mkdir \"$d/slow\" && cd \"$d/slow\" && seq 1 20000 | xargs touch; fi\nexit $rc\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", wrapper)
+	srcs := []sessionJSON{g.createSession(t), g.createSession(t)}
+	var first forkAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+srcs[0].SessionID+"/fork", map[string]any{"count": 1}, &first); code != http.StatusCreated {
+		t.Fatalf("fork: %d\n%s", code, g.stderr.String())
+	}
+	// Right after the answer, its images still being removed: two more.
+	type answer struct {
+		code int
+		e    apiError
+	}
+	answers := make(chan answer, len(srcs))
+	for _, s := range srcs {
+		go func() {
+			var a answer
+			a.code = g.api(t, http.MethodPost, "/v1/sessions/"+s.SessionID+"/fork", map[string]any{"count": 1}, &a.e)
+			answers <- a
+		}()
+	}
+	for range srcs {
+		if a := <-answers; a.code != http.StatusCreated {
+			t.Errorf("a fork while an answered one's images are removed: %d %+v", a.code, a.e)
+		}
+	}
+	if left := checkpointsLeft(g); len(left) != 0 {
+		t.Errorf("checkpoint images left after the forks: %v", left)
+	}
+}
+
 // TestForkServerTiming: with --server-timing, a fork's answer times its
 // steps (checkpoint, restores, images removed), and none of its creates'
 // own steps, which run at once; by default, the total alone.

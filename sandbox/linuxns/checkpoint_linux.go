@@ -242,12 +242,33 @@ var criuNoRedump = []*regexp.Regexp{
 
 var errNoRedump = fmt.Errorf("%w: its processes were restored from a checkpoint (a fork, or a resume from a pause by checkpoint), which this criu cannot dump again (a fork of a fork: it needs the patches .ci/build-criu applies); a stop and a start make it checkpointable again", sandbox.ErrNoCheckpoint)
 
+// criuPatchMark is a string patch 0002 of .ci/criu-patches adds to criu
+// (a line of its log): a criu binary that holds it was built with the
+// patches, and dumps a tree it restored.
+const criuPatchMark = "of a foreign netns at %d as external"
+
+// criuPatched says whether the criu binary at path has .ci/criu-patches
+// (criuPatchMark).
+func criuPatched(path string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && bytes.Contains(b, []byte(criuPatchMark))
+}
+
 // redumpFailed is the error of a dump of sandbox st that failed with err:
 // where CRIU restored st's tree and says it cannot dump it (criuNoRedump),
-// the driver stops trying for every restored sandbox, logs CRIU's lines,
-// and says why (sandbox.ErrNoCheckpoint) without them (host paths, pids).
+// and the criu is one without .ci/criu-patches, the driver stops trying for
+// every restored sandbox, logs CRIU's lines, and says why
+// (sandbox.ErrNoCheckpoint) without them (host paths, pids). The lines
+// alone do not decide it: a sandbox's own processes can make CRIU print
+// them (a file's name, which CRIU's log quotes, such as that of a deleted
+// file too big to dump; a unix socket of a network namespace not the
+// sandbox's, where its processes could make one), and one sandbox's
+// failure must not turn the dumps of every other restored one off.
 func (d *Driver) redumpFailed(st *sandboxState, err error) error {
 	if !st.Restored || !slices.ContainsFunc(criuNoRedump, func(re *regexp.Regexp) bool { return re.MatchString(err.Error()) }) {
+		return err
+	}
+	if criu, cerr := d.criuPath(); cerr == nil && criuPatched(criu) {
 		return err
 	}
 	if !d.noRedump.Swap(true) {

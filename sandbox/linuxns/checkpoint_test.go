@@ -249,6 +249,63 @@ func TestLinuxCheckpointFork(t *testing.T) {
 	}
 }
 
+// TestLinuxRedumpHostileFailure: a restored sandbox whose own processes
+// make its dump fail with the very line a criu without .ci/criu-patches
+// prints when it cannot dump a tree it restored ("unix: Unix socket N not
+// found", here in a deleted file's name that CRIU's log quotes) does not
+// stop the gateway's criu, which has the patches, from dumping the other
+// restored sandboxes: a tenant cannot turn off forks of forks and pauses
+// by checkpoint after a resume for everyone.
+func TestLinuxRedumpHostileFailure(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-redump-src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forks []sandbox.Sandbox
+	for _, id := range []string{"sbx-redump-evil", "sbx-redump-ok"} {
+		f, err := ck.Restore(ctx, sandbox.Spec{ID: id})
+		if err != nil {
+			ck.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = f.Destroy(ctx) })
+		forks = append(forks, f)
+	}
+	if err := ck.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A deleted file held open and larger than CRIU's ghost limit (1 MiB):
+	// "Can't dump ghost file /tmp/unix: Unix socket 1 not found ...".
+	mustRun(t, forks[0], `f='/tmp/unix: Unix socket 1 not found'; head -c 3000000 /dev/zero >"$f" && exec 3<"$f" && rm "$f" && { nohup sleep 1000 >/dev/null 2>&1 & }`)
+	ck1, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx)
+	if err == nil {
+		ck1.Close()
+		t.Fatal("the dump of a sandbox holding a deleted 3 MB file succeeded: CRIU's ghost limit is not what the test needs")
+	}
+	t.Logf("the hostile sandbox's dump: %v", err)
+	ck2, err := forks[1].(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatalf("another restored sandbox, after a hostile one's dump failed: %v", err)
+	}
+	if err := ck2.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func mustRun(t *testing.T, sb sandbox.Sandbox, cmd string) string {
 	t.Helper()
 	out, stderr, e := runIn(t, sb, cmd)

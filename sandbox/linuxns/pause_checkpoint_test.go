@@ -199,6 +199,39 @@ func TestLinuxPauseCheckpoint(t *testing.T) {
 		t.Errorf("pids %q after the second restore, %q before", after, before)
 	}
 
+	// A sandbox the new driver restored is paused by checkpoint again,
+	// and across another restart: a third driver adopts and restores it.
+	setVar(t, ad, "third")
+	if rep, err := apa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause of a sandbox a new driver restored: %+v %v", rep, err)
+	}
+	if err := ad.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	adDestroyed = true
+	d3, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ad, err = d3.Adopt(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	adDestroyed = false
+	apa = ad.(sandbox.Pauser)
+	if !apa.Paused() {
+		t.Fatal("sandbox adopted by a third driver is not paused")
+	}
+	if err := apa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := getVar(t, ad); v != "third" {
+		t.Errorf("server's variable %q after a pause of a restored sandbox and a restart", v)
+	}
+	checkResumedImagesGone(t, images)
+	if after := pids(t, ad); after != before {
+		t.Errorf("pids %q after the third restore, %q before", after, before)
+	}
+
 	// Stop of a sandbox paused by checkpoint deletes its images; so does
 	// Destroy.
 	if err := ad.(sandbox.Stopper).Stop(ctx); err != nil {

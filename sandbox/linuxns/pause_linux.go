@@ -115,6 +115,9 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 // checkpointed (sandbox.ErrNoCheckpoint), a fixed sentence where CRIU
 // failed, whose error lines name host paths and inodes and are logged.
 func pauseFallbackReason(err error) string {
+	if errors.Is(err, errNoRedump) { // joined with its undo's error, which names the gateway's files
+		return errNoRedump.Error()
+	}
 	if errors.Is(err, sandbox.ErrNoCheckpoint) {
 		return err.Error()
 	}

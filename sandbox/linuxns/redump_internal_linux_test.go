@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -18,7 +20,13 @@ import (
 // says why without CRIU's lines; other failures, and sandboxes that were
 // not restored, keep their error and change nothing.
 func TestRedumpFailed(t *testing.T) {
-	d := &Driver{log: slog.New(slog.DiscardHandler)}
+	// A criu without the patches: a binary without criuPatchMark (what
+	// redumpFailed reads of it).
+	unpatched := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(unpatched, []byte("#!/bin/sh\necho Version: 4.2\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{log: slog.New(slog.DiscardHandler), cfg: sandbox.Config{CRIU: unpatched}}
 	st := &sandboxState{ID: "sbx-r", Restored: true, Checkpoint: true, Image: "/x", Boot: &bootSpec{}}
 	booted := *st
 	booted.Restored = false
@@ -45,5 +53,48 @@ func TestRedumpFailed(t *testing.T) {
 		if err := d.checkpointable(&booted); err != nil {
 			t.Errorf("booted sandbox not checkpointable after %q: %v", line, err)
 		}
+	}
+}
+
+// TestRedumpFailedPatchedCRIU: with the criu .ci/build-criu builds, the
+// lines of criuNoRedump change nothing: that criu dumps restored trees,
+// and a sandbox's own processes can make it print them (a file's name, in
+// CRIU's log: TestLinuxRedumpHostileFailure).
+func TestRedumpFailedPatchedCRIU(t *testing.T) {
+	criu := os.Getenv("SANDGATE_CRIU")
+	if home, err := os.UserHomeDir(); criu == "" && err == nil {
+		criu = filepath.Join(home, ".cache/sandgate/criu-4.2/criu")
+	}
+	if _, err := os.Stat(criu); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no criu built by .ci/build-criu: %v", err)
+		}
+		t.Skip("no criu built by .ci/build-criu")
+	}
+	if !criuPatched(criu) {
+		t.Fatalf("%s has no %q: .ci/criu-patches' 0002 no longer says it (criuPatchMark)", criu, criuPatchMark)
+	}
+	d := &Driver{log: slog.New(slog.DiscardHandler), cfg: sandbox.Config{CRIU: criu}}
+	st := &sandboxState{ID: "sbx-r", Restored: true, Checkpoint: true, Image: "/x", Boot: &bootSpec{}}
+	for _, line := range []string{
+		"Error (criu/namespaces.c:997): One or more namespaces doesn't belong to the target user namespace",
+		"Error (criu/sk-unix.c:351): unix: Unix socket 30832159 not found",
+		"Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/unix: Unix socket 1 not found of 3002368 size, increase limit",
+	} {
+		err := fmt.Errorf("checkpoint of sbx-r: criu dump: exit status 1: %s; Error (criu/cr-dump.c:1975): Dumping FAILED.", line)
+		if got := d.redumpFailed(st, err); got != err || d.noRedump.Load() {
+			t.Errorf("%q with a patched criu: %v (noRedump %v)", line, got, d.noRedump.Load())
+		}
+	}
+}
+
+// TestPauseFallbackReasonNoRedump: the pause's answer says why a restored
+// sandbox was frozen (errNoRedump) and nothing of the undo's error joined
+// to it, which names the gateway's files.
+func TestPauseFallbackReasonNoRedump(t *testing.T) {
+	undo := errors.New("open /var/lib/sandgate/sandboxes/sbx-r/state.json.tmp: no space left on device")
+	got := pauseFallbackReason(errors.Join(errNoRedump, undo))
+	if got != errNoRedump.Error() {
+		t.Errorf("pause fallback reason %q, want %q", got, errNoRedump.Error())
 	}
 }

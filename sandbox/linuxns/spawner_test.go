@@ -100,3 +100,52 @@ func TestLinuxSpawnServerStartsInits(t *testing.T) {
 	}
 	checkNoLeaks(t, dataDir)
 }
+
+// ourChildren returns the pids whose parent is this process, with their
+// state (R, S, Z...), zombies included.
+func ourChildren(t *testing.T) map[int]string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]string{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(os.Getpid()) {
+			out[pid] = f[0]
+		}
+	}
+	return out
+}
+
+// A driver that fails to start (here: --checkpoint without CRIU) leaves
+// no spawn server behind: no one could ever use or end it (the gateway
+// falls back to the workdir driver and runs on).
+func TestLinuxFailedNewLeavesNoSpawnServer(t *testing.T) {
+	requireLinux(t)
+	init := smallInit(t)
+	before := ourChildren(t)
+	_, err := linuxns.NewWithInit(sandbox.Config{DataDir: t.TempDir(), Checkpoint: true, CRIU: "/nonexistent/criu"}, init)
+	if err == nil {
+		t.Fatal("New without CRIU succeeded")
+	}
+	for pid, state := range ourChildren(t) {
+		if _, ok := before[pid]; !ok {
+			cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+			t.Errorf("the failed New left child %d (state %s, %q)", pid, state, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
+		}
+	}
+}

@@ -213,7 +213,7 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	// Last, once nothing here can fail: a Driver New does not return
 	// would leave its server running, with no one to use or end it.
 	if d.initFile != nil {
-		if d.spawner, err = startSpawnServer(d.initFile, spawnerLog(root)); err != nil {
+		if d.spawner, err = startSpawnServer(d.initFile, spawnerLog(root), d.log); err != nil {
 			d.log.Warn("sandbox spawner: not started; the gateway forks every init itself, which costs more per sandbox the larger the gateway", "err", err.Error())
 		} else {
 			// A Driver no one holds any more ends its server.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -33,14 +34,18 @@ type spawnServer struct {
 	mu   sync.Mutex // one request written at a time
 	conn *net.UnixConn
 	cmd  *exec.Cmd
-	// gone is set once a request could not be written (the server
-	// ended): the driver forks its inits itself from then on.
+	// gone is set once the server has ended (reaped, or a request could
+	// not be written): the driver forks its inits itself from then on.
 	gone atomic.Bool
+	// closing is set by close; exited is closed once the server is
+	// reaped (by the goroutine startSpawnServer starts).
+	closing atomic.Bool
+	exited  chan struct{}
 }
 
 // startSpawnServer starts the server from the small init's memfd, with
 // its stderr appended to logPath.
-func startSpawnServer(initFile *os.File, logPath string) (*spawnServer, error) {
+func startSpawnServer(initFile *os.File, logPath string, log *slog.Logger) (*spawnServer, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)
@@ -73,13 +78,25 @@ func startSpawnServer(initFile *os.File, logPath string) (*spawnServer, error) {
 		_ = cmd.Wait()
 		return nil, err
 	}
-	return &spawnServer{conn: fc.(*net.UnixConn), cmd: cmd}, nil
+	s := &spawnServer{conn: fc.(*net.UnixConn), cmd: cmd, exited: make(chan struct{})}
+	// Reaped as soon as it ends, however it ends: a server that died
+	// (killed, OOM) is no zombie of the gateway for as long as it runs.
+	go func() {
+		err := cmd.Wait()
+		s.gone.Store(true)
+		if !s.closing.Load() {
+			log.Warn("sandbox spawner ended; the gateway forks every init itself from now on", "err", fmt.Sprint(err))
+		}
+		close(s.exited)
+	}()
+	return s, nil
 }
 
-// close ends the server (its inits run on) and reaps it.
+// close ends the server (its inits run on) and waits until it is reaped.
 func (s *spawnServer) close() {
+	s.closing.Store(true)
 	s.conn.Close()
-	_ = s.cmd.Wait()
+	<-s.exited
 }
 
 // start asks the server for an init as startInit describes, and returns

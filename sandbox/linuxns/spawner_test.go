@@ -149,3 +149,49 @@ func TestLinuxFailedNewLeavesNoSpawnServer(t *testing.T) {
 		}
 	}
 }
+
+// A spawn server that dies is reaped (no zombie held by the gateway for
+// as long as it runs), and the driver goes on forking inits itself.
+func TestLinuxSpawnServerDeathReaped(t *testing.T) {
+	requireLinux(t)
+	init := smallInit(t)
+	dataDir := t.TempDir()
+	before := ourChildren(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := 0
+	for pid := range ourChildren(t) {
+		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
+			server = pid
+		}
+	}
+	if server == 0 {
+		t.Fatal("no spawn server started")
+	}
+	if err := unix.Kill(server, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(server)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the killed spawn server %d is still there (state %q)", server, ourChildren(t)[server])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-after-spawner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, e := runIn(t, sb, "echo ok"); e.Code != 0 || strings.TrimSpace(out) != "ok" {
+		t.Errorf("a command after the server died: %q %+v", out, e)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, dataDir)
+}

@@ -121,11 +121,22 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 		unix.Close(pair[1])
 		return 0, nil, errSpawnerGone
 	}
+	// The server answers within milliseconds: one that has not answered
+	// within spawnReplyWait (or ctx's deadline, if sooner) is stuck.
+	dl := time.Now().Add(spawnReplyWait)
+	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
+		dl = cdl
+	}
 	s.mu.Lock()
+	_ = s.conn.SetWriteDeadline(dl)
 	werr := ctl.WriteFrame(s.conn, req, fds...)
 	s.mu.Unlock()
-	if werr != nil && !s.gone.Swap(true) {
-		werr = fmt.Errorf("%w: %w", errSpawnerGone, werr)
+	if werr != nil {
+		// Ended, stuck, or a frame cut short: it is not asked again.
+		if !s.gone.Swap(true) {
+			werr = fmt.Errorf("%w: %w", errSpawnerGone, werr)
+		}
+		_ = s.cmd.Process.Kill()
 	}
 	runtime.KeepAlive(initSock)
 	runtime.KeepAlive(logf)
@@ -139,16 +150,23 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 	}
 	rc := fc.(*net.UnixConn)
 	defer rc.Close()
-	// The server answers within milliseconds; ctx bounds a stuck one.
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Now().Add(initTimeout)
-	}
 	_ = rc.SetDeadline(dl)
+	// A create given up on stops waiting at once.
+	stop := context.AfterFunc(ctx, func() { _ = rc.SetDeadline(time.Now()) })
+	defer stop()
 	var r ctl.SpawnReply
 	got, err := ctl.ReadFrame(rc, &r)
 	if err != nil {
 		procio.CloseFDs(got)
+		if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
+			// Stuck (stopped, wedged): ended, so that neither this
+			// create nor the next ones wait for it; the driver forks
+			// the inits itself from now on. The init it may still
+			// start exits: its set-up socket closes with this create.
+			s.gone.Store(true)
+			_ = s.cmd.Process.Kill()
+			return 0, nil, fmt.Errorf("sandbox spawner: no answer within %v: %w", spawnReplyWait, err)
+		}
 		return 0, nil, fmt.Errorf("sandbox spawner: %w", err)
 	}
 	if r.Error != "" || len(got) != 1 || r.Pid <= 0 {
@@ -166,6 +184,11 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 	}
 	return r.Pid, os.NewFile(uintptr(got[0]), "init"), nil
 }
+
+// spawnReplyWait bounds the spawn server's answer to one request (it
+// takes milliseconds, tens under heavy load); past it the server is taken
+// for stuck and ended.
+const spawnReplyWait = 5 * time.Second
 
 // errSpawnerGone: the spawn server has ended.
 var errSpawnerGone = errors.New("the sandbox spawner has ended")

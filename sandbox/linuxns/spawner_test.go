@@ -195,3 +195,56 @@ func TestLinuxSpawnServerDeathReaped(t *testing.T) {
 	}
 	checkNoLeaks(t, dataDir)
 }
+
+// A spawn server that stops answering (stopped, wedged) costs one create
+// a few seconds at most: the driver gives up on it, ends it, and forks
+// that init and the next ones itself, rather than have every create wait
+// for its deadline and fail.
+func TestLinuxSpawnServerStuck(t *testing.T) {
+	requireLinux(t)
+	init := smallInit(t)
+	dataDir := t.TempDir()
+	before := ourChildren(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := 0
+	for pid := range ourChildren(t) {
+		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
+			server = pid
+		}
+	}
+	if server == 0 {
+		t.Fatal("no spawn server started")
+	}
+	if err := unix.Kill(server, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Kill(server, unix.SIGCONT)
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+		sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-stuck-spawner-" + strconv.Itoa(i)})
+		cancel()
+		if err != nil {
+			t.Fatalf("create %d with the server stopped: %v", i, err)
+		}
+		if out, _, e := runIn(t, sb, "echo ok"); e.Code != 0 || strings.TrimSpace(out) != "ok" {
+			t.Errorf("a command: %q %+v", out, e)
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(server)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stuck spawn server %d is still there (state %q)", server, ourChildren(t)[server])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	checkNoLeaks(t, dataDir)
+}

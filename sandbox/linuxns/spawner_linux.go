@@ -224,6 +224,10 @@ func (d *Driver) launchInit(ctx context.Context, uidBase int, logPath string, cg
 		if err == nil {
 			return in, conn, nil
 		}
+		if ctx.Err() != nil {
+			// Given up on: no init to fork.
+			return startedInit{}, nil, fmt.Errorf("sandbox init: %w", ctxErr(ctx, err))
+		}
 		// Logged for each request it failed, and once when it ended:
 		// every init is then forked here.
 		if err != errSpawnerGone {

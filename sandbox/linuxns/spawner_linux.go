@@ -92,11 +92,14 @@ func startSpawnServer(initFile *os.File, logPath string, log *slog.Logger) (*spa
 	return s, nil
 }
 
-// close ends the server (its inits run on) and waits until it is reaped.
+// close ends the server (its inits run on; no create is waiting for it
+// when the Driver is unreachable), even a stuck one, and returns at once:
+// it runs as a runtime cleanup, which must not block the others. The
+// goroutine startSpawnServer started reaps it.
 func (s *spawnServer) close() {
 	s.closing.Store(true)
 	s.conn.Close()
-	<-s.exited
+	_ = s.cmd.Process.Kill()
 }
 
 // start asks the server for an init as startInit describes, and returns

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -247,4 +248,42 @@ func TestLinuxSpawnServerStuck(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	checkNoLeaks(t, dataDir)
+}
+
+// A Driver no one holds any more ends its spawn server, even a stuck one,
+// without blocking the runtime's cleanups on it.
+func TestLinuxDroppedDriverEndsSpawnServer(t *testing.T) {
+	requireLinux(t)
+	init := smallInit(t)
+	server := func() int {
+		before := ourChildren(t)
+		d, err := linuxns.NewWithInit(sandbox.Config{DataDir: t.TempDir()}, init)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = d
+		for pid := range ourChildren(t) {
+			if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
+				return pid
+			}
+		}
+		t.Fatal("no spawn server started")
+		return 0
+	}()
+	// Stopped: it cannot read its socket's end, so only being killed ends it.
+	if err := unix.Kill(server, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Kill(server, unix.SIGCONT)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		runtime.GC()
+		if _, err := os.Stat("/proc/" + strconv.Itoa(server)); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dropped driver's spawn server %d is still there (state %q)", server, ourChildren(t)[server])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -126,9 +126,9 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 	}
 	// The server answers within milliseconds: one that has not answered
 	// within spawnReplyWait (or ctx's deadline, if sooner) is stuck.
-	dl := time.Now().Add(spawnReplyWait)
+	dl, byCtx := time.Now().Add(spawnReplyWait), false
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
-		dl = cdl
+		dl, byCtx = cdl, true
 	}
 	s.mu.Lock()
 	_ = s.conn.SetWriteDeadline(dl)
@@ -161,7 +161,7 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 	got, err := ctl.ReadFrame(rc, &r)
 	if err != nil {
 		procio.CloseFDs(got)
-		if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) && !byCtx && ctx.Err() == nil {
 			// Stuck (stopped, wedged): ended, so that neither this
 			// create nor the next ones wait for it; the driver forks
 			// the inits itself from now on. The init it may still

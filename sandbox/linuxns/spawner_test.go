@@ -287,3 +287,54 @@ func TestLinuxDroppedDriverEndsSpawnServer(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A create whose own deadline passes while the spawn server works does
+// not end the server (it was not stuck: the create was short of time),
+// and the next create is the server's again.
+func TestLinuxSpawnServerOutlivesCreateDeadline(t *testing.T) {
+	requireLinux(t)
+	init := smallInit(t)
+	dataDir := t.TempDir()
+	before := ourChildren(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := 0
+	for pid := range ourChildren(t) {
+		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
+			server = pid
+		}
+	}
+	if server == 0 {
+		t.Fatal("no spawn server started")
+	}
+	for i := range 3 {
+		// Stopped for the create's whole deadline: slow, as far as the
+		// driver can tell, but within what a create allows.
+		if err := unix.Kill(server, unix.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		if sb, err := d.Create(ctx, sandbox.Spec{ID: "sbx-short-" + strconv.Itoa(i)}); err == nil {
+			_ = sb.Destroy(context.Background())
+		}
+		cancel()
+		if err := unix.Kill(server, unix.SIGCONT); err != nil {
+			t.Fatalf("create %d, short of time: the spawn server is gone (%v)", i, err)
+		}
+	}
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-after-short"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	pid := sb.(interface{ InitPID() int }).InitPID()
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ppid := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[1]; ppid != strconv.Itoa(server) {
+		t.Errorf("the init's parent is %s, want the spawn server %d (ended by a create short of time?)", ppid, server)
+	}
+}

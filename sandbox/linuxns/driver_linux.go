@@ -185,14 +185,6 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 			return nil, err
 		}
 	}
-	if d.initFile != nil {
-		if d.spawner, err = startSpawnServer(d.initFile, spawnerLog(root)); err != nil {
-			d.log.Warn("sandbox spawner: not started; the gateway forks every init itself, which costs more per sandbox the larger the gateway", "err", err.Error())
-		} else {
-			// A Driver no one holds any more ends its server.
-			runtime.AddCleanup(d, func(s *spawnServer) { s.close() }, d.spawner)
-		}
-	}
 	if cfg.Checkpoint {
 		if err := d.checkCRIU(); err != nil {
 			return nil, err
@@ -218,6 +210,16 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 		d.etc.prepare()
 	}
 	d.report = d.buildReport()
+	// Last, once nothing here can fail: a Driver New does not return
+	// would leave its server running, with no one to use or end it.
+	if d.initFile != nil {
+		if d.spawner, err = startSpawnServer(d.initFile, spawnerLog(root), d.log); err != nil {
+			d.log.Warn("sandbox spawner: not started; the gateway forks every init itself, which costs more per sandbox the larger the gateway", "err", err.Error())
+		} else {
+			// A Driver no one holds any more ends its server.
+			runtime.AddCleanup(d, func(s *spawnServer) { s.close() }, d.spawner)
+		}
+	}
 	return d, nil
 }
 

@@ -56,6 +56,10 @@ func (d *Driver) BeforeAttach(f func(pid int)) { d.beforeAttach = f }
 // filter, to measure what it costs.
 func (d *Driver) DisableSeccomp() { d.noSeccomp = true }
 
+// DropSeccompProgram sends the driver's next sandboxes specs without the
+// filter's program (and without NoSeccomp), as a broken gateway would.
+func (d *Driver) DropSeccompProgram() { d.seccompProg = nil }
+
 // DropControl closes p's control connection and its stdio as a gateway
 // that dies does, without asking the init for anything.
 func DropControl(p sandbox.Process) {

@@ -362,3 +362,36 @@ func TestLinuxSeccompReportsAdoptedUnfiltered(t *testing.T) {
 		t.Fatalf("unfiltered after the sandboxes ended = %v", got)
 	}
 }
+
+// A spec without the filter's program fails the create (the init's
+// spawner thread refuses to go on unfiltered), through the gateway's own
+// fork and through the spawn server, and leaves nothing behind.
+func TestLinuxSeccompNoProgramFailsClosed(t *testing.T) {
+	requireLinux(t)
+	for name, small := range map[string]bool{"forked": false, "spawned": true} {
+		t.Run(name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			var d *linuxns.Driver
+			var err error
+			if small {
+				d, err = linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, smallInit(t))
+			} else {
+				d, err = linuxns.New(sandbox.Config{DataDir: dataDir})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.DropSeccompProgram()
+			sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-no-program"})
+			if err == nil {
+				out, _, _ := runIn(t, sb, "grep ^Seccomp /proc/self/status")
+				_ = sb.Destroy(context.Background())
+				t.Fatalf("a sandbox started without its seccomp program:\n%s", out)
+			}
+			if !strings.Contains(err.Error(), "seccomp") {
+				t.Errorf("create without a program: %v, want an error naming the seccomp filter", err)
+			}
+			checkNoLeaks(t, dataDir)
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -33,14 +34,18 @@ type spawnServer struct {
 	mu   sync.Mutex // one request written at a time
 	conn *net.UnixConn
 	cmd  *exec.Cmd
-	// gone is set once a request could not be written (the server
-	// ended): the driver forks its inits itself from then on.
+	// gone is set once the server has ended (reaped, or a request could
+	// not be written): the driver forks its inits itself from then on.
 	gone atomic.Bool
+	// closing is set by close; exited is closed once the server is
+	// reaped (by the goroutine startSpawnServer starts).
+	closing atomic.Bool
+	exited  chan struct{}
 }
 
 // startSpawnServer starts the server from the small init's memfd, with
 // its stderr appended to logPath.
-func startSpawnServer(initFile *os.File, logPath string) (*spawnServer, error) {
+func startSpawnServer(initFile *os.File, logPath string, log *slog.Logger) (*spawnServer, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)
@@ -73,13 +78,28 @@ func startSpawnServer(initFile *os.File, logPath string) (*spawnServer, error) {
 		_ = cmd.Wait()
 		return nil, err
 	}
-	return &spawnServer{conn: fc.(*net.UnixConn), cmd: cmd}, nil
+	s := &spawnServer{conn: fc.(*net.UnixConn), cmd: cmd, exited: make(chan struct{})}
+	// Reaped as soon as it ends, however it ends: a server that died
+	// (killed, OOM) is no zombie of the gateway for as long as it runs.
+	go func() {
+		err := cmd.Wait()
+		s.gone.Store(true)
+		if !s.closing.Load() {
+			log.Warn("sandbox spawner ended; the gateway forks every init itself from now on", "err", fmt.Sprint(err))
+		}
+		close(s.exited)
+	}()
+	return s, nil
 }
 
-// close ends the server (its inits run on) and reaps it.
+// close ends the server (its inits run on; no create is waiting for it
+// when the Driver is unreachable), even a stuck one, and returns at once:
+// it runs as a runtime cleanup, which must not block the others. The
+// goroutine startSpawnServer started reaps it.
 func (s *spawnServer) close() {
+	s.closing.Store(true)
 	s.conn.Close()
-	_ = s.cmd.Wait()
+	_ = s.cmd.Process.Kill()
 }
 
 // start asks the server for an init as startInit describes, and returns
@@ -104,11 +124,22 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 		unix.Close(pair[1])
 		return 0, nil, errSpawnerGone
 	}
+	// The server answers within milliseconds: one that has not answered
+	// within spawnReplyWait (or ctx's deadline, if sooner) is stuck.
+	dl, byCtx := time.Now().Add(spawnReplyWait), false
+	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
+		dl, byCtx = cdl, true
+	}
 	s.mu.Lock()
+	_ = s.conn.SetWriteDeadline(dl)
 	werr := ctl.WriteFrame(s.conn, req, fds...)
 	s.mu.Unlock()
-	if werr != nil && !s.gone.Swap(true) {
-		werr = fmt.Errorf("%w: %w", errSpawnerGone, werr)
+	if werr != nil {
+		// Ended, stuck, or a frame cut short: it is not asked again.
+		if !s.gone.Swap(true) {
+			werr = fmt.Errorf("%w: %w", errSpawnerGone, werr)
+		}
+		_ = s.cmd.Process.Kill()
 	}
 	runtime.KeepAlive(initSock)
 	runtime.KeepAlive(logf)
@@ -122,16 +153,23 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 	}
 	rc := fc.(*net.UnixConn)
 	defer rc.Close()
-	// The server answers within milliseconds; ctx bounds a stuck one.
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Now().Add(initTimeout)
-	}
 	_ = rc.SetDeadline(dl)
+	// A create given up on stops waiting at once.
+	stop := context.AfterFunc(ctx, func() { _ = rc.SetDeadline(time.Now()) })
+	defer stop()
 	var r ctl.SpawnReply
 	got, err := ctl.ReadFrame(rc, &r)
 	if err != nil {
 		procio.CloseFDs(got)
+		if errors.Is(err, os.ErrDeadlineExceeded) && !byCtx && ctx.Err() == nil {
+			// Stuck (stopped, wedged): ended, so that neither this
+			// create nor the next ones wait for it; the driver forks
+			// the inits itself from now on. The init it may still
+			// start exits: its set-up socket closes with this create.
+			s.gone.Store(true)
+			_ = s.cmd.Process.Kill()
+			return 0, nil, fmt.Errorf("sandbox spawner: no answer within %v: %w", spawnReplyWait, err)
+		}
 		return 0, nil, fmt.Errorf("sandbox spawner: %w", err)
 	}
 	if r.Error != "" || len(got) != 1 || r.Pid <= 0 {
@@ -149,6 +187,11 @@ func (s *spawnServer) start(ctx context.Context, req ctl.SpawnRequest, initSock,
 	}
 	return r.Pid, os.NewFile(uintptr(got[0]), "init"), nil
 }
+
+// spawnReplyWait bounds the spawn server's answer to one request (it
+// takes milliseconds, tens under heavy load); past it the server is taken
+// for stuck and ended.
+const spawnReplyWait = 5 * time.Second
 
 // errSpawnerGone: the spawn server has ended.
 var errSpawnerGone = errors.New("the sandbox spawner has ended")
@@ -183,6 +226,10 @@ func (d *Driver) launchInit(ctx context.Context, uidBase int, logPath string, cg
 		in, conn, err := d.spawnInit(ctx, uidBase, logPath, cgroupFD, cgroupTasks)
 		if err == nil {
 			return in, conn, nil
+		}
+		if ctx.Err() != nil {
+			// Given up on: no init to fork.
+			return startedInit{}, nil, fmt.Errorf("sandbox init: %w", ctxErr(ctx, err))
 		}
 		// Logged for each request it failed, and once when it ended:
 		// every init is then forked here.

@@ -172,7 +172,7 @@ func Policy(allowUserNS bool) (*seccomp.Policy, error) {
 	// library's program has loaded an argument to compare, it goes on
 	// comparing that argument, not the call's number, against what
 	// follows (go-seccomp-bpf v1.6.0), so a condition that fails must lead
-	// to nothing but the default. TestSeccompPolicy checks the program.
+	// to nothing but the default. TestPolicy checks the program.
 	if len(userNS) > 0 {
 		groups = append(groups, seccomp.SyscallGroup{NamesWithCondtions: userNS, Action: seccomp.ActionAllow})
 	}

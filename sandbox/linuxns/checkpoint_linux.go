@@ -131,6 +131,12 @@ func (d *Driver) checkCRIU() error {
 			return fmt.Errorf("--checkpoint: %w (util-linux's nsenter and iproute2's ip)", err)
 		}
 	}
+	if !criuPatched(criu) {
+		// Said once at start, not first at a failed dump: the operator
+		// learns what this criu cannot do before a user asks for it.
+		d.log.Warn("criu_unpatched", "criu", criu, "version", v,
+			"effect", "a fork of a fork and a pause after a resume by checkpoint fall back (fork_unsupported, a freeze): build criu with .ci/build-criu (docs/fork.md)")
+	}
 	return nil
 }
 

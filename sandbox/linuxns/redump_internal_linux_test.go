@@ -3,10 +3,12 @@
 package linuxns
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -96,5 +98,42 @@ func TestPauseFallbackReasonNoRedump(t *testing.T) {
 	got := pauseFallbackReason(errors.Join(errNoRedump, undo))
 	if got != errNoRedump.Error() {
 		t.Errorf("pause fallback reason %q, want %q", got, errNoRedump.Error())
+	}
+}
+
+// TestCheckCRIUSaysUnpatched: a criu without .ci/criu-patches is said at
+// start (criu_unpatched), once, with what falls back; a patched one is not.
+func TestCheckCRIUSaysUnpatched(t *testing.T) {
+	for _, tool := range []string{"nsenter", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s: %v", tool, err)
+			}
+			t.Skipf("%s: %v", tool, err)
+		}
+	}
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, script string
+		warned       bool
+	}{
+		{"unpatched", "#!/bin/sh\necho Version: 4.2\n", true},
+		{"patched", "#!/bin/sh\necho Version: 4.2\n# " + criuPatchMark + "\n", false},
+	} {
+		path := filepath.Join(dir, c.name)
+		if err := os.WriteFile(path, []byte(c.script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		d := &Driver{log: slog.New(slog.NewTextHandler(&logs, nil)), cfg: sandbox.Config{CRIU: path}}
+		if err := d.checkCRIU(); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := strings.Count(logs.String(), "criu_unpatched"); got != map[bool]int{true: 1, false: 0}[c.warned] {
+			t.Errorf("%s criu: %d criu_unpatched lines in %q", c.name, got, logs.String())
+		}
+		if c.warned && !strings.Contains(logs.String(), ".ci/build-criu") {
+			t.Errorf("the notice does not say how to get a patched criu: %q", logs.String())
+		}
 	}
 }

@@ -36,6 +36,16 @@ import (
 // while the limit (not its window) held the sender back turns the pacing
 // off for the channel. Until the peer's first adjustment, nothing is
 // paced.
+//
+// The rule holds only while the round trip stays near its shortest: the
+// rate the limit lets through is the limit divided by the round trip, so
+// where the round trip is more than twice its shortest (a queue on the
+// way that another flow filled, a jittery link) the limit it sets is
+// below the one it had, and each measure takes it lower, down to the
+// floor. Nothing tells a peer that is the bottleneck from such a link but
+// what the rate does as the limit comes down, so a channel held back for
+// paceStall at under half the best rate it had over such a span, with
+// the limit below the window, turns the pacing off.
 type pacer struct {
 	started bool   // the first window (the channel's open) was seen
 	init    uint32 // the peer's window at the channel's open
@@ -61,6 +71,13 @@ type pacer struct {
 	minRTT    time.Duration // shortest time from a send to its adjustment
 	rateAt    time.Time     // the start of the current rate interval
 	rateAcked uint64        // acked at rateAt
+
+	// spanAt and spanAcked start the current span of at least paceStall
+	// in which the sender was held back (zero: none); best is the highest
+	// rate over such a span.
+	spanAt    time.Time
+	spanAcked uint64
+	best      float64
 
 	// stall is armed while a writer waits on the limit alone; it turns
 	// the pacing off unless an adjustment comes first.
@@ -147,7 +164,23 @@ func (p *pacer) adjusted(n uint32, now time.Time) {
 	}
 	rate := float64(p.acked-p.rateAcked) / span.Seconds()
 	limited := p.limited
+	if !limited {
+		p.spanAt = time.Time{}
+	} else if p.spanAt.IsZero() {
+		p.spanAt, p.spanAcked = p.rateAt, p.rateAcked
+	}
 	p.rateAt, p.rateAcked, p.limited = now, p.acked, false
+	if long := now.Sub(p.spanAt); limited && long >= paceStall {
+		r := float64(p.acked-p.spanAcked) / long.Seconds()
+		if r < p.best/2 && p.limit < p.init {
+			// The rate came down with the limit: the link, not the
+			// peer, needs the data in flight.
+			p.off, p.limit = true, p.init
+			return
+		}
+		p.best = max(p.best, r)
+		p.spanAt, p.spanAcked = now, p.acked
+	}
 	need := 2 * rate * p.minRTT.Seconds()
 	if !limited && need < float64(p.limit) {
 		return

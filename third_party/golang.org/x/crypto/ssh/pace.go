@@ -41,11 +41,16 @@ import (
 // rate the limit lets through is the limit divided by the round trip, so
 // where the round trip is more than twice its shortest (a queue on the
 // way that another flow filled, a jittery link) the limit it sets is
-// below the one it had, and each measure takes it lower, down to the
-// floor. Nothing tells a peer that is the bottleneck from such a link but
-// what the rate does as the limit comes down, so a channel held back for
-// paceStall at under half the best rate it had over such a span, with
-// the limit below the window, turns the pacing off.
+// below the one it had, each measure takes it lower, down to the floor,
+// and a limit set for a near peer stays there when the link gets longer.
+// The rate alone does not tell such a link from a peer that is the
+// bottleneck (either way, it is what is in flight divided by the time it
+// takes to come back); what tells them apart is what the rate does when
+// the limit moves. So every paceProbeEvery spans of at least paceProbe
+// (and four shortest round trips) in which the limit held the sender
+// back, the sender lets twice as much in flight for such a span: if the
+// rate rises by half, the link, not the peer, needed it, and the pacing
+// is turned off for the channel.
 type pacer struct {
 	started bool   // the first window (the channel's open) was seen
 	init    uint32 // the peer's window at the channel's open
@@ -72,12 +77,16 @@ type pacer struct {
 	rateAt    time.Time     // the start of the current rate interval
 	rateAcked uint64        // acked at rateAt
 
-	// spanAt and spanAcked start the current span of at least paceStall
-	// in which the sender was held back (zero: none); best is the highest
-	// rate over such a span.
-	spanAt    time.Time
-	spanAcked uint64
-	best      float64
+	// spanAt and spanAcked start the current span in which the sender
+	// was held back (zero: none); spans counts those spans since the
+	// last probe; while probing (the limit doubled from probeLimit),
+	// probeRate is the rate over the span before.
+	spanAt     time.Time
+	spanAcked  uint64
+	spans      int
+	probing    bool
+	probeLimit uint32
+	probeRate  float64
 
 	// stall is armed while a writer waits on the limit alone; it turns
 	// the pacing off unless an adjustment comes first.
@@ -103,6 +112,11 @@ const (
 	// paceStall: a writer held back by the limit alone for this long,
 	// without an adjustment, turns the pacing off for the channel.
 	paceStall = 50 * time.Millisecond
+	// paceProbe is the shortest span over which the rate is compared with
+	// twice the limit and without; paceProbeEvery is how many such spans
+	// the limit holds the sender back for between two probes.
+	paceProbe      = 50 * time.Millisecond
+	paceProbeEvery = 4
 )
 
 // opened records the peer's initial window.
@@ -164,22 +178,40 @@ func (p *pacer) adjusted(n uint32, now time.Time) {
 	}
 	rate := float64(p.acked-p.rateAcked) / span.Seconds()
 	limited := p.limited
-	if !limited {
-		p.spanAt = time.Time{}
+	base := p.limit // the limit, the probe's aside
+	if p.probing {
+		base = p.probeLimit
+	}
+	if !limited || base >= p.init {
+		p.spanAt, p.spans = time.Time{}, 0
+		if p.probing {
+			p.probing, p.limit = false, p.probeLimit
+		}
 	} else if p.spanAt.IsZero() {
 		p.spanAt, p.spanAcked = p.rateAt, p.rateAcked
 	}
 	p.rateAt, p.rateAcked, p.limited = now, p.acked, false
-	if long := now.Sub(p.spanAt); limited && long >= paceStall {
+	if long := now.Sub(p.spanAt); !p.spanAt.IsZero() && long >= max(paceProbe, 4*p.minRTT) {
 		r := float64(p.acked-p.spanAcked) / long.Seconds()
-		if r < p.best/2 && p.limit < p.init {
-			// The rate came down with the limit: the link, not the
-			// peer, needs the data in flight.
-			p.off, p.limit = true, p.init
-			return
-		}
-		p.best = max(p.best, r)
 		p.spanAt, p.spanAcked = now, p.acked
+		switch {
+		case p.probing && r >= p.probeRate*3/2:
+			// Twice the limit, half as much again through: the
+			// link needs the data in flight.
+			p.off, p.limit, p.probing = true, p.init, false
+			return
+		case p.probing:
+			p.probing, p.limit, p.spans = false, p.probeLimit, 0
+		default:
+			if p.spans++; p.spans >= paceProbeEvery {
+				p.probing, p.probeLimit, p.probeRate = true, p.limit, r
+				p.limit = uint32(min(uint64(p.init), 2*uint64(p.limit)))
+				return
+			}
+		}
+	}
+	if p.probing {
+		return // the limit stays doubled through the probe
 	}
 	need := 2 * rate * p.minRTT.Seconds()
 	if !limited && need < float64(p.limit) {

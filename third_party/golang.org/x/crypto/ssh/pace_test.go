@@ -275,3 +275,22 @@ func TestPacerLeavesAJitteryLinkItsWindow(t *testing.T) {
 
 // fast is a link that carries 1 GB/s.
 func fast(time.Time) float64 { return 1e9 }
+
+func TestPacerHoldsBackFromAPeerThatSlowsDown(t *testing.T) {
+	// Beside the sender, a peer that takes 300 MB/s, then a third of it
+	// (busier): its rate falls with the limit unchanged, which is no
+	// sign that the link needs more in flight.
+	rtt := func(time.Time) time.Duration { return 50 * time.Microsecond }
+	rate := func(now time.Time) float64 {
+		if now.Sub(time.Unix(0, 0)) < 500*time.Millisecond {
+			return 300e6
+		}
+		return 100e6
+	}
+	for _, step := range []uint32{32 << 10, 96 << 10} {
+		_, p := simulateLink(t, 2<<20, rtt, rate, step, 2*time.Second, true)
+		if p.off || p.limit > 512<<10 {
+			t.Errorf("adjustments of %d KiB: limit %d KiB, off %v, for a peer 50 µs away that slowed down", step>>10, p.limit>>10, p.off)
+		}
+	}
+}

@@ -57,9 +57,9 @@ type pacer struct {
 	limit   uint32 // data in flight allowed; the whole window while off
 	off     bool
 
-	sent, acked uint64 // bytes reserved, and window given back after init
-	marks       [paceMarks]paceMark
-	head, n     int // the marks not yet given back, oldest at head
+	sent, acked uint64               // bytes reserved, and window given back after init
+	marks       *[paceMarks]paceMark // from the first send paced: 8 KiB
+	head, n     int                  // the marks not yet given back, oldest at head
 
 	// steps are the sizes of the last adjustments: a peer that gives
 	// window back in steps of at least some size gives back each of
@@ -140,6 +140,9 @@ func (p *pacer) reserved(n uint32, now time.Time) {
 		return
 	}
 	p.sent += uint64(n)
+	if p.marks == nil {
+		p.marks = new([paceMarks]paceMark)
+	}
 	if p.n == paceMarks { // too many small sends in flight: merge into the newest
 		p.marks[(p.head+p.n-1)%paceMarks].end = p.sent
 		return

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // simulate runs a sender that keeps as much in flight as the pacer allows
@@ -292,5 +293,22 @@ func TestPacerHoldsBackFromAPeerThatSlowsDown(t *testing.T) {
 		if p.off || p.limit > 512<<10 {
 			t.Errorf("adjustments of %d KiB: limit %d KiB, off %v, for a peer 50 µs away that slowed down", step>>10, p.limit>>10, p.off)
 		}
+	}
+}
+
+// A channel that sends nothing, or is not paced, does not carry the
+// pacing's marks of data in flight (8 KiB): a gateway holds a channel for
+// every open session.
+func TestPacerMarksOnlyOnceItPaces(t *testing.T) {
+	if size := unsafe.Sizeof(window{}); size > 1<<10 {
+		t.Errorf("a channel's window takes %d bytes before it sends", size)
+	}
+	w := &window{Cond: newCond()}
+	w.add(64 << 10) // under paceMinWindow: not paced
+	if _, err := w.reserve(32 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if w.pace.marks != nil {
+		t.Error("an unpaced channel holds the marks")
 	}
 }

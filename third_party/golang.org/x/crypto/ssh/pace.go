@@ -36,15 +36,30 @@ import (
 // while the limit (not its window) held the sender back turns the pacing
 // off for the channel. Until the peer's first adjustment, nothing is
 // paced.
+//
+// The rule holds only while the round trip stays near its shortest: the
+// rate the limit lets through is the limit divided by the round trip, so
+// where the round trip is more than twice its shortest (a queue on the
+// way that another flow filled, a jittery link) the limit it sets is
+// below the one it had, each measure takes it lower, down to the floor,
+// and a limit set for a near peer stays there when the link gets longer.
+// The rate alone does not tell such a link from a peer that is the
+// bottleneck (either way, it is what is in flight divided by the time it
+// takes to come back); what tells them apart is what the rate does when
+// the limit moves. So every paceProbeEvery spans of at least paceProbe
+// (and four shortest round trips) in which the limit held the sender
+// back, the sender lets twice as much in flight for such a span: if the
+// rate rises by half, the link, not the peer, needed it, and the pacing
+// is turned off for the channel.
 type pacer struct {
 	started bool   // the first window (the channel's open) was seen
 	init    uint32 // the peer's window at the channel's open
 	limit   uint32 // data in flight allowed; the whole window while off
 	off     bool
 
-	sent, acked uint64 // bytes reserved, and window given back after init
-	marks       [paceMarks]paceMark
-	head, n     int // the marks not yet given back, oldest at head
+	sent, acked uint64               // bytes reserved, and window given back after init
+	marks       *[paceMarks]paceMark // from the first send paced: 8 KiB
+	head, n     int                  // the marks not yet given back, oldest at head
 
 	// steps are the sizes of the last adjustments: a peer that gives
 	// window back in steps of at least some size gives back each of
@@ -61,6 +76,17 @@ type pacer struct {
 	minRTT    time.Duration // shortest time from a send to its adjustment
 	rateAt    time.Time     // the start of the current rate interval
 	rateAcked uint64        // acked at rateAt
+
+	// spanAt and spanAcked start the current span in which the sender
+	// was held back (zero: none); spans counts those spans since the
+	// last probe; while probing (the limit doubled from probeLimit),
+	// probeRate is the rate over the span before.
+	spanAt     time.Time
+	spanAcked  uint64
+	spans      int
+	probing    bool
+	probeLimit uint32
+	probeRate  float64
 
 	// stall is armed while a writer waits on the limit alone; it turns
 	// the pacing off unless an adjustment comes first.
@@ -86,6 +112,11 @@ const (
 	// paceStall: a writer held back by the limit alone for this long,
 	// without an adjustment, turns the pacing off for the channel.
 	paceStall = 50 * time.Millisecond
+	// paceProbe is the shortest span over which the rate is compared with
+	// twice the limit and without; paceProbeEvery is how many such spans
+	// the limit holds the sender back for between two probes.
+	paceProbe      = 50 * time.Millisecond
+	paceProbeEvery = 4
 )
 
 // opened records the peer's initial window.
@@ -109,6 +140,9 @@ func (p *pacer) reserved(n uint32, now time.Time) {
 		return
 	}
 	p.sent += uint64(n)
+	if p.marks == nil {
+		p.marks = new([paceMarks]paceMark)
+	}
 	if p.n == paceMarks { // too many small sends in flight: merge into the newest
 		p.marks[(p.head+p.n-1)%paceMarks].end = p.sent
 		return
@@ -147,7 +181,41 @@ func (p *pacer) adjusted(n uint32, now time.Time) {
 	}
 	rate := float64(p.acked-p.rateAcked) / span.Seconds()
 	limited := p.limited
+	base := p.limit // the limit, the probe's aside
+	if p.probing {
+		base = p.probeLimit
+	}
+	if !limited || base >= p.init {
+		p.spanAt, p.spans = time.Time{}, 0
+		if p.probing {
+			p.probing, p.limit = false, p.probeLimit
+		}
+	} else if p.spanAt.IsZero() {
+		p.spanAt, p.spanAcked = p.rateAt, p.rateAcked
+	}
 	p.rateAt, p.rateAcked, p.limited = now, p.acked, false
+	if long := now.Sub(p.spanAt); !p.spanAt.IsZero() && long >= max(paceProbe, 4*p.minRTT) {
+		r := float64(p.acked-p.spanAcked) / long.Seconds()
+		p.spanAt, p.spanAcked = now, p.acked
+		switch {
+		case p.probing && r >= p.probeRate*3/2:
+			// Twice the limit, half as much again through: the
+			// link needs the data in flight.
+			p.off, p.limit, p.probing = true, p.init, false
+			return
+		case p.probing:
+			p.probing, p.limit, p.spans = false, p.probeLimit, 0
+		default:
+			if p.spans++; p.spans >= paceProbeEvery {
+				p.probing, p.probeLimit, p.probeRate = true, p.limit, r
+				p.limit = uint32(min(uint64(p.init), 2*uint64(p.limit)))
+				return
+			}
+		}
+	}
+	if p.probing {
+		return // the limit stays doubled through the probe
+	}
 	need := 2 * rate * p.minRTT.Seconds()
 	if !limited && need < float64(p.limit) {
 		return

@@ -102,6 +102,24 @@ func TestLinuxSpawnServerStartsInits(t *testing.T) {
 	checkNoLeaks(t, dataDir)
 }
 
+// newWithSpawner makes a driver on dataDir with the small init init, and
+// returns it with the pid of the spawn server it started.
+func newWithSpawner(t *testing.T, dataDir string, init []byte) (*linuxns.Driver, int) {
+	t.Helper()
+	before := ourChildren(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pid := range ourChildren(t) {
+		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
+			return d, pid
+		}
+	}
+	t.Fatal("no spawn server started")
+	return nil, 0
+}
+
 // ourChildren returns the pids whose parent is this process, with their
 // state (R, S, Z...), zombies included.
 func ourChildren(t *testing.T) map[int]string {
@@ -157,20 +175,7 @@ func TestLinuxSpawnServerDeathReaped(t *testing.T) {
 	requireLinux(t)
 	init := smallInit(t)
 	dataDir := t.TempDir()
-	before := ourChildren(t)
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, init)
-	if err != nil {
-		t.Fatal(err)
-	}
-	server := 0
-	for pid := range ourChildren(t) {
-		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
-			server = pid
-		}
-	}
-	if server == 0 {
-		t.Fatal("no spawn server started")
-	}
+	d, server := newWithSpawner(t, dataDir, init)
 	if err := unix.Kill(server, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -205,20 +210,7 @@ func TestLinuxSpawnServerStuck(t *testing.T) {
 	requireLinux(t)
 	init := smallInit(t)
 	dataDir := t.TempDir()
-	before := ourChildren(t)
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, init)
-	if err != nil {
-		t.Fatal(err)
-	}
-	server := 0
-	for pid := range ourChildren(t) {
-		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
-			server = pid
-		}
-	}
-	if server == 0 {
-		t.Fatal("no spawn server started")
-	}
+	d, server := newWithSpawner(t, dataDir, init)
 	if err := unix.Kill(server, unix.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -256,19 +248,8 @@ func TestLinuxDroppedDriverEndsSpawnServer(t *testing.T) {
 	requireLinux(t)
 	init := smallInit(t)
 	server := func() int {
-		before := ourChildren(t)
-		d, err := linuxns.NewWithInit(sandbox.Config{DataDir: t.TempDir()}, init)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = d
-		for pid := range ourChildren(t) {
-			if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
-				return pid
-			}
-		}
-		t.Fatal("no spawn server started")
-		return 0
+		_, pid := newWithSpawner(t, t.TempDir(), init) // the driver dropped at once
+		return pid
 	}()
 	// Stopped: it cannot read its socket's end, so only being killed ends it.
 	if err := unix.Kill(server, unix.SIGSTOP); err != nil {
@@ -295,20 +276,7 @@ func TestLinuxSpawnServerOutlivesCreateDeadline(t *testing.T) {
 	requireLinux(t)
 	init := smallInit(t)
 	dataDir := t.TempDir()
-	before := ourChildren(t)
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, init)
-	if err != nil {
-		t.Fatal(err)
-	}
-	server := 0
-	for pid := range ourChildren(t) {
-		if cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); before[pid] == "" && strings.Contains(string(cmdline), "sandbox-spawner") {
-			server = pid
-		}
-	}
-	if server == 0 {
-		t.Fatal("no spawn server started")
-	}
+	d, server := newWithSpawner(t, dataDir, init)
 	for i := range 3 {
 		// Stopped for the create's whole deadline: slow, as far as the
 		// driver can tell, but within what a create allows.

@@ -130,23 +130,7 @@ func TestLinuxCheckpointFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { running.Kill() })
-	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var forks []sandbox.Sandbox
-	for _, id := range []string{"sbx-fork-a", "sbx-fork-b"} {
-		f, err := ck.Restore(ctx, sandbox.Spec{ID: id})
-		if err != nil {
-			ck.Close()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = f.Destroy(ctx) })
-		forks = append(forks, f)
-	}
-	if err := ck.Close(); err != nil {
-		t.Fatal(err)
-	}
+	forks := forkAll(ctx, t, src, "sbx-fork-a", "sbx-fork-b")
 	if left, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".checkpoints", "*")); len(left) != 0 {
 		t.Errorf("checkpoint images left after Close: %v", left)
 	}
@@ -193,17 +177,7 @@ func TestLinuxCheckpointFork(t *testing.T) {
 	}
 	// A fork is checkpointed again (CRIU dumps a tree it restored): a
 	// fork of a fork has its source's memory and files as they were.
-	ck2, err := forks[0].(sandbox.Checkpointer).Checkpoint(ctx)
-	if err != nil {
-		t.Fatalf("checkpoint of a fork: %v", err)
-	}
-	ff, err := ck2.Restore(ctx, sandbox.Spec{ID: "sbx-fork-a-a"})
-	if cerr := ck2.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatalf("fork of a fork: %v", err)
-	}
+	ff := forkAll(ctx, t, forks[0], "sbx-fork-a-a")[0]
 	if v := getVar(t, ff); v != "a" {
 		t.Errorf("fork of a fork: variable %q, want its source's %q", v, "a")
 	}
@@ -215,17 +189,7 @@ func TestLinuxCheckpointFork(t *testing.T) {
 		t.Errorf("fork 0: variable %q after its fork changed its own", v)
 	}
 	// And a third generation.
-	ck3, err := ff.(sandbox.Checkpointer).Checkpoint(ctx)
-	if err != nil {
-		t.Fatalf("checkpoint of a fork of a fork: %v", err)
-	}
-	fff, err := ck3.Restore(ctx, sandbox.Spec{ID: "sbx-fork-a-a-a"})
-	if cerr := ck3.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatalf("fork of a fork of a fork: %v", err)
-	}
+	fff := forkAll(ctx, t, ff, "sbx-fork-a-a-a")[0]
 	if v := getVar(t, fff); v != "aa" {
 		t.Errorf("fork of a fork of a fork: variable %q, want %q", v, "aa")
 	}
@@ -271,23 +235,7 @@ func TestLinuxRedumpHostileFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Destroy(ctx) })
-	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var forks []sandbox.Sandbox
-	for _, id := range []string{"sbx-redump-evil", "sbx-redump-ok"} {
-		f, err := ck.Restore(ctx, sandbox.Spec{ID: id})
-		if err != nil {
-			ck.Close()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = f.Destroy(ctx) })
-		forks = append(forks, f)
-	}
-	if err := ck.Close(); err != nil {
-		t.Fatal(err)
-	}
+	forks := forkAll(ctx, t, src, "sbx-redump-evil", "sbx-redump-ok")
 	// A deleted file held open and larger than CRIU's ghost limit (1 MiB):
 	// "Can't dump ghost file /tmp/unix: Unix socket 1 not found ...".
 	mustRun(t, forks[0], `f='/tmp/unix: Unix socket 1 not found'; head -c 3000000 /dev/zero >"$f" && exec 3<"$f" && rm "$f" && { nohup sleep 1000 >/dev/null 2>&1 & }`)
@@ -750,4 +698,29 @@ func TestLinuxCheckpointRunKeptWhereNeeded(t *testing.T) {
 			t.Errorf("data dir %s: criu gets a /run of its own: %v, want %v", c.dataDir, got, c.own)
 		}
 	}
+}
+
+// forkAll checkpoints src once and restores it as a fork for each id (each
+// destroyed at the test's end), then closes the checkpoint; any failure
+// ends the test, naming the forks.
+func forkAll(ctx context.Context, t *testing.T, src sandbox.Sandbox, ids ...string) []sandbox.Sandbox {
+	t.Helper()
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatalf("checkpoint of the source of %v: %v", ids, err)
+	}
+	var forks []sandbox.Sandbox
+	for _, id := range ids {
+		f, err := ck.Restore(ctx, sandbox.Spec{ID: id})
+		if err != nil {
+			ck.Close()
+			t.Fatalf("fork %s: %v", id, err)
+		}
+		t.Cleanup(func() { _ = f.Destroy(ctx) })
+		forks = append(forks, f)
+	}
+	if err := ck.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return forks
 }

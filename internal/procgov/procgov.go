@@ -63,6 +63,11 @@ type Config struct {
 	CPU func() (time.Duration, error)
 	// Tick is how often the Governor looks (default 50 ms).
 	Tick time.Duration
+	// IdleTick is how often it looks once the process has been idle
+	// for a Hold (default 250 ms): an idle gateway then wakes four
+	// times a second for it rather than twenty. The first tick that is
+	// not idle brings Tick back.
+	IdleTick time.Duration
 	// Hold is how long the load must stay low before a P is taken away
 	// (default 1 s).
 	Hold time.Duration
@@ -103,6 +108,9 @@ const (
 	// With two Ps a bulk transfer uses 0.85-1 cores, much of it the
 	// cost of the second P, and 0.7-0.8 with one.
 	downAt = 1.0
+	// idleAt: ticks in which the process used less than this share of
+	// one core, with no measured wait for a P, are idle.
+	idleAt = 0.02
 	// maxHold bounds how far Hold grows (as a multiple of Config.Hold)
 	// when a P taken away is soon needed back.
 	maxHold = 16
@@ -132,6 +140,9 @@ type Governor struct {
 	// now is the sum of the ticks' lengths; down is now at the last step
 	// down (negative: none yet).
 	now, down time.Duration
+	// idle is how long the process has been idle (idleAt), in ticks in
+	// a row.
+	idle time.Duration
 }
 
 // New returns a Governor; the runtime is at its default.
@@ -141,6 +152,9 @@ func New(cfg Config) *Governor {
 	}
 	if cfg.Hold <= 0 {
 		cfg.Hold = time.Second
+	}
+	if cfg.IdleTick <= 0 {
+		cfg.IdleTick = max(cfg.Tick, 250*time.Millisecond)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -163,6 +177,11 @@ func (g *Governor) Observe(s Sample) int {
 	}
 	g.now += s.Wall
 	cores := float64(s.CPU) / float64(s.Wall)
+	if cores < idleAt && s.Wait == 0 {
+		g.idle += s.Wall
+	} else {
+		g.idle = 0
+	}
 	if cores >= upAt*float64(g.procs) || s.Wait >= upWait {
 		g.busy++
 	} else {
@@ -198,6 +217,15 @@ func (g *Governor) Observe(s Sample) int {
 	return g.procs
 }
 
+// Next is how long to wait before the next tick: IdleTick once the
+// process has been idle for a Hold, Tick otherwise.
+func (g *Governor) Next() time.Duration {
+	if g.idle >= g.cfg.Hold {
+		return g.cfg.IdleTick
+	}
+	return g.cfg.Tick
+}
+
 // set changes GOMAXPROCS to n, or to the runtime's default when n
 // reaches it.
 func (g *Governor) set(n int, cores float64, wait time.Duration) {
@@ -215,9 +243,10 @@ func (g *Governor) set(n int, cores float64, wait time.Duration) {
 	g.winCPU, g.winWall, g.winBusy = 0, 0, false
 }
 
-// Run looks every Tick until ctx is done, then puts GOMAXPROCS back to
-// the runtime's default. A failing CPU clock, or a runtime without the
-// scheduler's latencies, stops it there too.
+// Run looks every Tick (IdleTick while idle: Next) until ctx is done,
+// then puts GOMAXPROCS back to the runtime's default. A failing CPU
+// clock, or a runtime without the scheduler's latencies, stops it there
+// too.
 func (g *Governor) Run(ctx context.Context) {
 	defer func() {
 		if !g.atMax {
@@ -235,7 +264,7 @@ func (g *Governor) Run(ctx context.Context) {
 		return
 	}
 	last := time.Now()
-	t := time.NewTicker(g.cfg.Tick)
+	t := time.NewTimer(g.Next())
 	defer t.Stop()
 	for {
 		select {
@@ -250,6 +279,7 @@ func (g *Governor) Run(ctx context.Context) {
 			}
 			g.Observe(Sample{Wall: now.Sub(last), CPU: cpu - lastCPU, Wait: waits.next()})
 			lastCPU, last = cpu, now
+			t.Reset(g.Next())
 		}
 	}
 }

@@ -49,6 +49,34 @@ func feed(g *Governor, n int, s Sample) []int {
 	return ps
 }
 
+// TestIdleTicksSlower: a process idle for a Hold is looked at every
+// IdleTick; the first tick with work, or with goroutines waiting for a
+// P, brings Tick back.
+func TestIdleTicksSlower(t *testing.T) {
+	g, _ := governor(2)
+	if got := g.Next(); got != tick {
+		t.Fatalf("at start: next tick in %v, want %v", got, tick)
+	}
+	var nexts []time.Duration
+	for range 5 {
+		g.Observe(sample(0.001, 0))
+		nexts = append(nexts, g.Next())
+	}
+	idle := 250 * time.Millisecond
+	if want := []time.Duration{tick, tick, tick, idle, idle}; !slices.Equal(nexts, want) {
+		t.Fatalf("next ticks while idle %v, want %v", nexts, want)
+	}
+	g.Observe(sample(0.05, 0))
+	if got := g.Next(); got != tick {
+		t.Fatalf("after a tick with work: next in %v, want %v", got, tick)
+	}
+	feed(g, 4, sample(0, 0))
+	g.Observe(sample(0, 2*time.Millisecond))
+	if got := g.Next(); got != tick {
+		t.Fatalf("after a tick with waits: next in %v, want %v", got, tick)
+	}
+}
+
 // TestStepDown: an idle process loses one P per Hold, down to one.
 func TestStepDown(t *testing.T) {
 	g, set := governor(4)

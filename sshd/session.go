@@ -453,9 +453,9 @@ func closeOutputs(outs ...*procio.Output) {
 }
 
 // sendEnd sends the exit status (or signal), EOF and close. They leave in
-// one TCP segment, as OpenSSH's one buffered write sends them: the tunnel
-// is corked only around these three writes, none of which waits for the
-// peer.
+// one write, as OpenSSH's one buffered write sends them: the tunnel is
+// held (boundConn.hold) only around these three packets, none of which
+// waits for the peer.
 func (c *channel) sendEnd(exit sandbox.Exit, err error) {
 	c.answering.Lock() // a reply being sent goes first
 	c.answering.Unlock()

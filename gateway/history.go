@@ -68,6 +68,12 @@ func (s *Session) RecordCommand(ctx context.Context, r CommandRecord) {
 // nanosecond, for the metrics.
 func (s *Session) recordCommand(ctx context.Context, r CommandRecord, d time.Duration) {
 	s.hist.add(r)
+	s.reportCommand(ctx, r, d)
+}
+
+// reportCommand is the part of recordCommand after the history: the
+// audit event and the metrics.
+func (s *Session) reportCommand(ctx context.Context, r CommandRecord, d time.Duration) {
 	s.auditCommand(ctx, r)
 	if s.metrics != nil {
 		s.metrics.CommandDone(r.Source, d)
@@ -84,6 +90,12 @@ type recorded struct {
 	stdout io.ReadCloser
 	stderr io.ReadCloser
 	once   sync.Once
+
+	// With deferred (ReportLater), Wait adds the command to the history
+	// only and keeps in report what its end still owes (the audit event
+	// and the metrics) for the function ReportLater returned.
+	deferred atomic.Bool
+	report   func()
 }
 
 // record returns p wrapped to record command, from source, in s's history
@@ -127,9 +139,37 @@ func (r *recorded) Wait() (sandbox.Exit, error) {
 				rec.ExitCode = &code
 			}
 		}
-		r.s.recordCommand(r.ctx, rec, time.Since(rec.StartedAt))
+		d := time.Since(rec.StartedAt)
+		if r.deferred.Load() {
+			r.s.hist.add(rec)
+			r.report = func() { r.s.reportCommand(r.ctx, rec, d) }
+			return
+		}
+		r.s.recordCommand(r.ctx, rec, d)
 	})
 	return exit, err
+}
+
+// ReportLater takes the audit event and the metrics of p's end off its
+// Wait, for a caller that answers its client first (an SSH exec sends its
+// exit status, then reports): p's Wait still adds the command to the
+// session's history before it returns, and the returned function, called
+// once Wait has returned, records the rest. For a process Start did not
+// record (StartOptions.Record), the function does nothing. Call it before
+// Wait.
+func ReportLater(p sandbox.Process) (report func()) {
+	r, ok := p.(*recorded)
+	if !ok {
+		return func() {}
+	}
+	r.deferred.Store(true)
+	return func() {
+		f := r.report // set by Wait, which has returned
+		r.report = nil
+		if f != nil {
+			f()
+		}
+	}
 }
 
 type countReader struct {

@@ -69,3 +69,50 @@ func TestStartOptions(t *testing.T) {
 		t.Errorf("commands counted %v, want the history's 4", met.commands)
 	}
 }
+
+// TestReportLater: a recorded command whose caller reports it later
+// (an SSH exec, which answers its client first) is in the history when
+// Wait returns, and counted only once the report is made; a process Start
+// did not record has nothing to report.
+func TestReportLater(t *testing.T) {
+	met := &recMetrics{}
+	m, _ := newManager(t, gateway.Config{Metrics: met})
+	s, _ := mustCreate(t, m, alice, gateway.CreateParams{})
+	counted := func() int {
+		met.mu.Lock()
+		defer met.mu.Unlock()
+		return len(met.commands)
+	}
+	run := func(command string, o gateway.StartOptions) (report func()) {
+		t.Helper()
+		p, err := s.Start(context.Background(), sandbox.Cmd{Command: command}, o)
+		if err != nil {
+			t.Fatalf("start %q: %v", command, err)
+		}
+		report = gateway.ReportLater(p)
+		_ = p.Stdin().Close()
+		go func() { _, _ = io.Copy(io.Discard, p.Stderr()) }()
+		_, _ = io.Copy(io.Discard, p.Stdout())
+		if _, err := p.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		return report
+	}
+	report := run("exit 4", gateway.SSHStart)
+	h := s.History()
+	if len(h) != 1 || h[0].Command != "exit 4" || h[0].ExitCode == nil || *h[0].ExitCode != 4 {
+		t.Fatalf("history after Wait %+v, want the command with its status", h)
+	}
+	if n := counted(); n != 0 {
+		t.Fatalf("%d commands counted before the report", n)
+	}
+	report()
+	report() // once only
+	if n := counted(); n != 1 {
+		t.Fatalf("%d commands counted after the report, want 1", n)
+	}
+	run("echo unlisted", gateway.StartOptions{Resume: true})()
+	if n, h := counted(), s.History(); n != 1 || len(h) != 1 {
+		t.Fatalf("an unrecorded command was counted (%d) or listed (%+v)", n, h)
+	}
+}

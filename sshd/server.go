@@ -6,7 +6,6 @@ package sshd
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -192,6 +191,11 @@ type boundConn struct {
 	startup *ticket // its place among the tunnels in authentication
 
 	in readAhead // x/crypto/ssh's transport reads through it
+
+	// A hold's packets (see hold), guarded by wmu.
+	wmu     sync.Mutex
+	holding bool
+	held    []byte
 }
 
 // Read reads the tunnel through the read-ahead buffer (see readAhead).
@@ -226,28 +230,60 @@ func (c *boundConn) CloseWrite() error {
 	return nil
 }
 
-// cork holds back the tunnel's TCP segments until the returned function
-// is called (TCP_CORK), so that packets written in between leave
-// together, as OpenSSH's buffered output sends them. The kernel sends
-// what is held after 200 ms whatever happens, so a write that waits for
-// the peer in between costs a delay, never a deadlock. It does nothing
-// on a nil connection or one not over TCP.
-func (c *boundConn) cork() (uncork func()) {
+// maxHeld bounds what a hold keeps back (see hold): past it, what is held
+// and the write that overflows go out at once.
+const maxHeld = 64 << 10
+
+// Write writes p to the tunnel, or keeps it back while the connection is
+// held (see hold). x/crypto/ssh writes each packet with one Write, one at
+// a time; wmu also orders them with a release's write.
+func (c *boundConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.holding {
+		if len(c.held)+len(p) <= maxHeld {
+			c.held = append(c.held, p...)
+			return len(p), nil
+		}
+		if err := c.flushHeld(); err != nil {
+			return 0, err
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// flushHeld writes what a hold kept back. wmu is held.
+func (c *boundConn) flushHeld() error {
+	if len(c.held) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.held)
+	c.held = c.held[:0]
+	return err
+}
+
+// hold keeps the packets written to the tunnel back until the returned
+// function is called, which writes them all with one write(2), so that
+// they leave in one TCP segment, as OpenSSH's buffered output sends them
+// (a channel's exit-status, EOF and close: sendEnd). Nothing written in
+// between may wait for the peer; at most maxHeld bytes are kept. It does
+// nothing on a nil connection.
+func (c *boundConn) hold() (release func()) {
 	if c == nil {
 		return func() {}
 	}
-	rc := rawConnOf(c.Conn)
-	if rc == nil {
-		return func() {}
+	c.wmu.Lock()
+	c.holding = true
+	c.wmu.Unlock()
+	return func() {
+		c.wmu.Lock()
+		defer c.wmu.Unlock()
+		c.holding = false
+		_ = c.flushHeld() // a failed write fails the packets after it too
+		if cap(c.held) > 4<<10 {
+			c.held = nil
+		}
 	}
-	set := func(on bool) (err error) {
-		cerr := rc.Control(func(fd uintptr) { err = setCork(fd, on) })
-		return errors.Join(cerr, err)
-	}
-	if set(true) != nil {
-		return func() {}
-	}
-	return func() { _ = set(false) }
 }
 
 // ServeConn runs SSH on conn, which the tunnel authorised for sess. It

@@ -395,6 +395,10 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		_, _ = copyIn(proc.Stdin(), c.ch, seeIn, a.touch, &c.srv.bufs)
 	}()
 
+	// The command's audit event and metrics follow the end, off the
+	// client's wait (its history entry does not: a client that asks for
+	// the history once it has the exit status finds the command there).
+	report := gateway.ReportLater(proc)
 	exit, err := proc.Wait()
 	c.mu.Lock()
 	c.exited = true
@@ -402,13 +406,23 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 
 	// Everything the command wrote is forwarded, however slowly the
 	// client reads; output a background process holds open is forwarded
-	// for OutputGrace more.
-	procio.Drain(drained, c.srv.cfg.OutputGrace, stdoutR, stderr)
+	// for OutputGrace more. When the copiers are through already (they
+	// read to EOF as the command exited), the streams are closed after
+	// the end, off the client's wait.
+	select {
+	case <-drained:
+		defer closeOutputs(stdoutR, stderr)
+	default:
+		procio.Drain(drained, c.srv.cfg.OutputGrace, stdoutR, stderr)
+	}
 
 	if tap != nil {
 		tap.close()
 	}
 	took := time.Since(began).Milliseconds()
+	c.notices.Wait() // exited is set: no new notice starts
+	c.sendEnd(exit, err)
+	report()
 	if kind == "shell" { // an exec is recorded by the session's history
 		var code *int
 		if err == nil && exit.Signal == "" {
@@ -416,8 +430,6 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		}
 		c.auditCommand("shell", "", code, exit.Signal, "", took)
 	}
-	c.notices.Wait() // exited is set: no new notice starts
-	c.sendEnd(exit, err)
 	// The log line follows the end, off the client's wait.
 	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
 	switch {
@@ -430,14 +442,24 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	}
 }
 
+// closeOutputs closes a command's output streams (stderr is nil with a
+// PTY).
+func closeOutputs(outs ...*procio.Output) {
+	for _, o := range outs {
+		if o != nil {
+			_ = o.Close()
+		}
+	}
+}
+
 // sendEnd sends the exit status (or signal), EOF and close. They leave in
-// one TCP segment, as OpenSSH's one buffered write sends them: the tunnel
-// is corked only around these three writes, none of which waits for the
-// peer.
+// one write, as OpenSSH's one buffered write sends them: the tunnel is
+// held (boundConn.hold) only around these three packets, none of which
+// waits for the peer.
 func (c *channel) sendEnd(exit sandbox.Exit, err error) {
 	c.answering.Lock() // a reply being sent goes first
 	c.answering.Unlock()
-	defer c.conn.cork()()
+	defer c.conn.hold()()
 	switch {
 	case err != nil:
 		_, _ = c.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{255}))

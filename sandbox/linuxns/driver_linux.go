@@ -513,7 +513,9 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if err != nil {
 		return err
 	}
-	initTasks, procsTasks, err := cgs.TaskFiles()
+	// A warm init is born in its CPU cgroup, at the least weight: all
+	// of its build yields to the creates that claim (cgroup.Set.TaskFiles).
+	initTasks, procsTasks, err := cgs.TaskFiles(warm)
 	if err != nil {
 		if cgfd >= 0 {
 			unix.Close(cgfd)
@@ -616,9 +618,11 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	// workspace, before its spawner thread joins the commands' cgroups
 	// and anything of the sandbox runs: it moves itself, thread by thread
 	// (cgroup.Set.CPUTasks).
-	cpuTasks, err := cgs.CPUTasks()
-	if err != nil {
-		return err
+	cpuTasks := -1
+	if !warm { // a warm init was born there
+		if cpuTasks, err = cgs.CPUTasks(); err != nil {
+			return err
+		}
 	}
 	defer func() {
 		if cpuTasks >= 0 {

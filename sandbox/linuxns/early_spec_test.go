@@ -256,3 +256,50 @@ func TestLinuxWarmInitBornInCPUCgroup(t *testing.T) {
 		t.Errorf("a command's cpu cgroup: %q (exit %+v), want the commands' one, its namespace's root", out, e)
 	}
 }
+
+// A checkpointable warm sandbox's init is not born in its cpu cgroup: its
+// cgroup namespace (CLONE_NEWCGROUP) is rooted where it is born, so it
+// moves itself there as a cold create's does, and its commands see the
+// same cgroups as a cold create's.
+func TestLinuxCheckpointWarmInitMovesIntoCPU(t *testing.T) {
+	requireLinux(t)
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
+		t.Skip("no cgroup v1 cpu hierarchy here")
+	}
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[bool]string{}
+	for _, warm := range []bool{false, true} {
+		id := fmt.Sprintf("sbx-cpu-ckpt-%v", warm)
+		var before []string
+		d.BeforeAttach(func(pid int) { before = cpuCgroups(t, pid) })
+		sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: warm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(before, func(c string) bool { return strings.HasPrefix(c, "/sandgate/") }) {
+			t.Errorf("warm %v: the init's threads were in cpu cgroups %q while it built its root, want the gateway's", warm, before)
+		}
+		if warm {
+			if err := sb.(sandbox.Rebinder).Rebind(context.Background(), sandbox.Spec{ID: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, _, e := runIn(t, sb, "grep -E '^[0-9]+:cpu[,:]' /proc/self/cgroup")
+		if e.Code != 0 {
+			t.Errorf("warm %v: exit %+v", warm, e)
+		}
+		seen[warm] = strings.ReplaceAll(out, id, "ID")
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+	if seen[true] != seen[false] {
+		t.Errorf("a command's cpu cgroup: %q in a claimed warm sandbox, %q in a cold one", seen[true], seen[false])
+	}
+	checkNoLeaks(t, dataDir)
+}

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"bytes"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -143,15 +142,19 @@ func DirectShell(shell string) bool {
 		return false
 	}
 	const mark = "@(#)Bash version "
+	// One buffer, read into after what the last read left that may be the
+	// start of the mark (or the mark and part of the version): the binary
+	// is read once, without a copy of each read (bash 5.2 carries the mark
+	// 1 MB in, which a new init reads before its first command).
 	buf := make([]byte, 64<<10)
-	var carry []byte
+	keep := 0
 	for {
-		n, err := f.Read(buf)
-		b := append(carry, buf[:n]...)
+		n, err := f.Read(buf[keep:])
+		b := buf[:keep+n]
 		if i := bytes.Index(b, []byte(mark)); i >= 0 {
 			rest := b[i+len(mark):]
 			if len(rest) < 8 && err == nil {
-				carry = append([]byte(nil), b[i:]...)
+				keep = copy(buf, b[i:])
 				continue
 			}
 			return bashVersionOK(string(rest[:min(len(rest), 8)]))
@@ -159,10 +162,7 @@ func DirectShell(shell string) bool {
 		if err != nil {
 			return false
 		}
-		carry = append(carry[:0], b[max(len(b)-len(mark), 0):]...)
-		if err == io.EOF {
-			return false
-		}
+		keep = copy(buf, b[max(len(b)-(len(mark)-1), 0):])
 	}
 }
 

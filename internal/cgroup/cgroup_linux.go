@@ -398,8 +398,12 @@ func cpuQuota(cpus float64) int64 {
 // cgroups, for the init's spawner thread. They are opened by the gateway,
 // whose credentials the kernel checks for the moves. The init's cgroup of
 // the cpu hierarchy is not among them: the init moves there (CPUTasks) once
-// its root is built.
-func (c *Set) TaskFiles() (inits, procs []int, err error) {
+// its root is built, unless withCPU: a warm sandbox's init (built for a
+// pool, at the least CPU weight, Plan.Idle) is born there too, as it
+// should yield the CPU from its first instruction, and then need not move
+// itself (CPUTasks), whose wait for each of its threads costs CPU on a
+// busy host (issue 41: 1.6 ms per build, spinning in sched_yield).
+func (c *Set) TaskFiles(withCPU bool) (inits, procs []int, err error) {
 	open := func(dirs []string) ([]int, error) {
 		var fds []int
 		for _, dir := range dirs {
@@ -412,7 +416,11 @@ func (c *Set) TaskFiles() (inits, procs []int, err error) {
 		}
 		return fds, nil
 	}
-	if inits, err = open(slices.DeleteFunc(slices.Clone(c.inits), func(d string) bool { return d == c.cpuInit })); err != nil {
+	initDirs := c.inits
+	if !withCPU {
+		initDirs = slices.DeleteFunc(slices.Clone(c.inits), func(d string) bool { return d == c.cpuInit })
+	}
+	if inits, err = open(initDirs); err != nil {
 		return nil, nil, err
 	}
 	if procs, err = open(c.procs); err != nil {

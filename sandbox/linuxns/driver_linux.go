@@ -513,7 +513,13 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	if err != nil {
 		return err
 	}
-	initTasks, procsTasks, err := cgs.TaskFiles()
+	// A warm init is born in its CPU cgroup, at the least weight: all
+	// of its build yields to the creates that claim (cgroup.Set.TaskFiles).
+	// Not a checkpointable one: its cgroup namespace (CLONE_NEWCGROUP) is
+	// rooted where it is born, and its commands must see the cgroups a
+	// cold create's see.
+	bornInCPU := warm && !d.cfg.Checkpoint
+	initTasks, procsTasks, err := cgs.TaskFiles(bornInCPU)
 	if err != nil {
 		if cgfd >= 0 {
 			unix.Close(cgfd)
@@ -615,10 +621,12 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	// The init goes under the sandboxes' CPU parent once it has its
 	// workspace, before its spawner thread joins the commands' cgroups
 	// and anything of the sandbox runs: it moves itself, thread by thread
-	// (cgroup.Set.CPUTasks).
-	cpuTasks, err := cgs.CPUTasks()
-	if err != nil {
-		return err
+	// (cgroup.Set.CPUTasks), unless it was born there.
+	cpuTasks := -1
+	if !bornInCPU {
+		if cpuTasks, err = cgs.CPUTasks(); err != nil {
+			return err
+		}
 	}
 	defer func() {
 		if cpuTasks >= 0 {

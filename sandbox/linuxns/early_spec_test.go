@@ -182,3 +182,124 @@ func TestLinuxInitCPUJoinFails(t *testing.T) {
 	d.BeforeAttach(nil)
 	checkInitJoinsCPU(t, d, dataDir, "sbx-cpu-after")
 }
+
+// A warm sandbox's init (built for a pool, sandbox.Spec.Warm) is born in
+// its own cgroup of the cpu hierarchy, at the least weight, instead of
+// moving there once its root is built: its whole build yields the CPU to
+// the creates that claim, and it skips the move, whose wait for each of
+// its threads spun in sched_yield on a busy host (issue 41, row 11e). Once
+// built, and once claimed, its threads are where a cold create's are.
+func TestLinuxWarmInitBornInCPUCgroup(t *testing.T) {
+	requireLinux(t)
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
+		t.Skip("no cgroup v1 cpu hierarchy here")
+	}
+	dataDir := t.TempDir()
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "sbx-cpu-warm"
+	var before []string
+	d.BeforeAttach(func(pid int) { before = cpuCgroups(t, pid) })
+	tr := sandbox.NewTrace()
+	sb, err := d.Create(sandbox.WithTrace(context.Background(), tr), sandbox.Spec{ID: id, Warm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+		checkNoLeaks(t, dataDir)
+	}()
+	if len(before) == 0 || slices.ContainsFunc(before, func(c string) bool { return c != "/sandgate/"+id }) {
+		t.Errorf("the warm init's threads were in cpu cgroups %q while it built its root, want all in /sandgate/%s", before, id)
+	}
+	steps, _ := tr.Steps()
+	for _, s := range steps {
+		if s.Name == "init.cpu_join" {
+			t.Errorf("a warm init moved itself into its cpu cgroup (step %s), want it born there", s.Name)
+		}
+	}
+	shares := func() string {
+		b, err := os.ReadFile("/sys/fs/cgroup/cpu/sandgate/" + id + "/cpu.shares")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := shares(); got != "2" {
+		t.Errorf("a warm sandbox's cpu.shares is %s, want 2 (the least) until its claim", got)
+	}
+	check := func(when string) {
+		after := cpuCgroups(t, sb.(interface{ InitPID() int }).InitPID())
+		for _, c := range after {
+			if c != "/sandgate/"+id && c != "/sandgate/"+id+"/procs" {
+				t.Errorf("%s: a thread of the init is in cpu cgroup %s (all: %q)", when, c, after)
+			}
+		}
+		if !slices.Contains(after, "/sandgate/"+id+"/procs") {
+			t.Errorf("%s: no thread of the init is in the commands' cpu cgroup: %q", when, after)
+		}
+	}
+	check("built")
+	if err := sb.(sandbox.Rebinder).Rebind(context.Background(), sandbox.Spec{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	check("claimed")
+	if got := shares(); got != "1024" {
+		t.Errorf("a claimed sandbox's cpu.shares is %s, want 1024 (any running sandbox's)", got)
+	}
+	out, _, e := runIn(t, sb, "grep -E '^[0-9]+:cpu[,:]' /proc/self/cgroup")
+	if e.Code != 0 || !strings.HasSuffix(strings.TrimSpace(out), ":/") {
+		t.Errorf("a command's cpu cgroup: %q (exit %+v), want the commands' one, its namespace's root", out, e)
+	}
+}
+
+// A checkpointable warm sandbox's init is not born in its cpu cgroup: its
+// cgroup namespace (CLONE_NEWCGROUP) is rooted where it is born, so it
+// moves itself there as a cold create's does, and its commands see the
+// same cgroups as a cold create's.
+func TestLinuxCheckpointWarmInitMovesIntoCPU(t *testing.T) {
+	requireLinux(t)
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
+		t.Skip("no cgroup v1 cpu hierarchy here")
+	}
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[bool]string{}
+	for _, warm := range []bool{false, true} {
+		id := fmt.Sprintf("sbx-cpu-ckpt-%v", warm)
+		var before []string
+		d.BeforeAttach(func(pid int) { before = cpuCgroups(t, pid) })
+		sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: warm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(before, func(c string) bool { return strings.HasPrefix(c, "/sandgate/") }) {
+			t.Errorf("warm %v: the init's threads were in cpu cgroups %q while it built its root, want the gateway's", warm, before)
+		}
+		if warm {
+			if err := sb.(sandbox.Rebinder).Rebind(context.Background(), sandbox.Spec{ID: id}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, _, e := runIn(t, sb, "grep -E '^[0-9]+:cpu[,:]' /proc/self/cgroup")
+		if e.Code != 0 {
+			t.Errorf("warm %v: exit %+v", warm, e)
+		}
+		seen[warm] = strings.ReplaceAll(out, id, "ID")
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+	if seen[true] != seen[false] {
+		t.Errorf("a command's cpu cgroup: %q in a claimed warm sandbox, %q in a cold one", seen[true], seen[false])
+	}
+	checkNoLeaks(t, dataDir)
+}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
+)
+
+// TestPauseCheckpointKeepsProcesses: under serve --checkpoint a pause is
+// a checkpoint (less than 1 MiB left resident) even while the gateway
+// holds the session's background processes (/processes: a counter and a
+// server) and an OpenSSH shell is open: the shell's client is told why
+// and its connection closes, the processes are let go of and taken back
+// after the resume, the server answers on its port, the kernel keeps its
+// variable, and the counter's output goes on at its offset, nothing lost
+// or repeated; the same across a gateway restart while paused.
+func TestPauseCheckpointKeepsProcesses(t *testing.T) {
+	ssh := gwtest.RequireTool(t, "ssh")
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	args := []string{"--sandbox", "linux", "--checkpoint", "--criu", criu}
+	g := startGateway(t, append(args, "--keep-sandboxes-on-exit=true")...)
+	s := g.createSession(t)
+	id := s.SessionID
+	// Deleted before the gateway stops, even when the test fails (the
+	// gateway keeps sandboxes on exit).
+	t.Cleanup(func() { g.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil) })
+	base := "/v1/sessions/" + id + "/processes"
+	pc := procClient{g: g, base: base}
+
+	if a := runPython(t, g, id, map[string]any{"code": "x = 4242\nx"}); a.result() != "4242" {
+		t.Fatalf("python: %+v", a)
+	}
+	counter := pc.start(t, map[string]any{"name": "counter",
+		"command": `i=0; while :; do echo "n=$i"; i=$((i+1)); sleep 0.02; done`})
+	server := pc.start(t, map[string]any{"name": "server",
+		"command": "exec python3 -m http.server 8765 --bind 127.0.0.1"})
+	const probe = `python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8765/").status)'`
+	deadline := time.Now().Add(30 * time.Second)
+	for runREST(t, g, id, map[string]any{"command": probe + " 2>/dev/null || true"}).out() != "200\n" {
+		if time.Now().After(deadline) {
+			t.Fatal("the background server never answered")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var lastBytes int64
+	grows := func(pc procClient, what string) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			p := pc.get(t, counter.ProcessID)
+			if p.Status != "running" || p.PID != counter.PID {
+				t.Fatalf("%s: counter is %s, pid %d (was %d)", what, p.Status, p.PID, counter.PID)
+			}
+			if p.OutputBytes > lastBytes+200 {
+				lastBytes = p.OutputBytes
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the counter's output stays at %d bytes", what, p.OutputBytes)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	grows(pc, "before the pause")
+
+	// An interactive OpenSSH shell, open at the pause.
+	cmd := newCmd(g.clientEnv(), ssh, append(g.sshOpts(t, s), "-tt", id)...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	ready := make(chan struct{})
+	var sshOut bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		sc := bufio.NewReader(stdout)
+		var once bool
+		for {
+			line, err := sc.ReadString('\n')
+			sshOut.WriteString(line)
+			if !once && strings.Contains(line, "shell-ready-") && !strings.Contains(line, "echo") {
+				once = true
+				close(ready)
+			}
+			if err != nil {
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		done <- cmd.Wait()
+	}()
+	if _, err := io.WriteString(stdin, "echo shell-ready-$((6*7))\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the ssh shell never answered: %q %q", sshOut.String(), errb.String())
+	}
+
+	pause := func(t *testing.T, g *gatewayProc) {
+		t.Helper()
+		var a pauseAnswer
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+			t.Fatalf("pause: %d %+v", code, a)
+		}
+		if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 1<<20 {
+			t.Fatalf("pause report: %+v (resident %v)\n%s", a.Pause, a.Pause.ResidentBytes, g.stderr.String())
+		}
+		t.Logf("paused by checkpoint: %d bytes resident", *a.Pause.ResidentBytes)
+	}
+	check := func(t *testing.T, g *gatewayProc, pc procClient) {
+		t.Helper()
+		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != "4242" || a.StateLost {
+			t.Errorf("kernel after resume: %+v", a)
+		}
+		if out := runREST(t, g, id, map[string]any{"command": probe}).out(); out != "200\n" {
+			t.Errorf("server after resume: %q", out)
+		}
+		if p := pc.get(t, server.ProcessID); p.Status != "running" || p.PID != server.PID {
+			t.Errorf("server process after resume: %+v (pid was %d)", p, server.PID)
+		}
+		grows(pc, "after the resume")
+	}
+
+	pause(t, g)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the open ssh shell did not end at the pause")
+	}
+	if !strings.Contains(errb.String(), "the session was paused") && !strings.Contains(sshOut.String(), "the session was paused") {
+		t.Errorf("ssh did not say why it ended: stdout %q stderr %q", sshOut.String(), errb.String())
+	}
+	check(t, g, pc)
+
+	// Paused again, across a gateway restart.
+	pause(t, g)
+	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	<-g.done
+	g2.start(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--api-key", g.Token, "--keep-sandboxes-on-exit=false"}, args...))
+	g = g2
+	if st := sessionStatus(t, g, id); st != "paused" {
+		t.Fatalf("status %q after a restart, want paused\n%s", st, g.stderr.String())
+	}
+	pc = procClient{g: g, base: base}
+	check(t, g, pc)
+
+	// The counter's whole output, from offset 0: nothing lost or twice.
+	if code := g.api(t, http.MethodPost, base+"/"+counter.ProcessID+"/signal", map[string]any{"signal": "TERM"}, nil); code != http.StatusNoContent {
+		t.Fatalf("signal: %d", code)
+	}
+	if p := pc.waitEnd(t, counter.ProcessID); p.Status != "killed" || p.ExitSignal != "TERM" {
+		t.Errorf("the counter after TERM: %+v", p)
+	}
+	lines, _ := pc.output(t, counter.ProcessID, 0, false)
+	data, _, _, _ := collect(t, lines)
+	n := counterLines(t, string(data), "n=")
+	t.Logf("the counter wrote %d lines across two pauses by checkpoint and a restart", n)
+}

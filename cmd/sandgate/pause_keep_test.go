@@ -177,3 +177,130 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 	n := counterLines(t, string(data), "n=")
 	t.Logf("the counter wrote %d lines across two pauses by checkpoint and a restart", n)
 }
+
+// openSSH starts ssh with args for session s and returns its stdin, a
+// channel closed once a line of its output contains want, what it wrote,
+// and a channel that gets its end.
+func openSSH(t *testing.T, g *gatewayProc, s sessionJSON, want string, args ...string) (io.WriteCloser, <-chan struct{}, *gwtest.Buffer, *gwtest.Buffer, <-chan error) {
+	t.Helper()
+	ssh := gwtest.RequireTool(t, "ssh")
+	cmd := newCmd(g.clientEnv(), ssh, append(append(g.sshOpts(t, s), s.SessionID), args...)...)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	errb := &gwtest.Buffer{}
+	cmd.Stderr = errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	out := &gwtest.Buffer{}
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		r := bufio.NewReader(stdout)
+		seen := false
+		for {
+			line, err := r.ReadString('\n')
+			_, _ = out.Write([]byte(line))
+			if !seen && strings.Contains(line, want) {
+				seen = true
+				close(ready)
+			}
+			if err != nil {
+				break
+			}
+		}
+		done <- cmd.Wait()
+	}()
+	return stdin, ready, out, errb, done
+}
+
+// TestPauseCheckpointSSH: an OpenSSH shell open at a pause under serve
+// --checkpoint no longer makes it a freeze: its client is told why, its
+// connection closes, its shell ends (SIGHUP), and the pause is a
+// checkpoint that keeps the kernel's variable. An SSH command that
+// ignores SIGHUP outlives the pause's wait (linuxns.PauseConnWait): that
+// pause is a freeze, and its notKept names the command.
+func TestPauseCheckpointSSH(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	s := g.createSession(t)
+	id := s.SessionID
+	if a := runPython(t, g, id, map[string]any{"code": "x = 4242\nx"}); a.result() != "4242" {
+		t.Fatalf("python: %+v", a)
+	}
+	pause := func(t *testing.T) pauseAnswer {
+		t.Helper()
+		var a pauseAnswer
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+			t.Fatalf("pause: %d %+v", code, a)
+		}
+		return a
+	}
+	ended := func(t *testing.T, done <-chan error, out, errb *gwtest.Buffer) {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the open ssh connection did not end at the pause")
+		}
+		if !strings.Contains(errb.String()+out.String(), "the session was paused") {
+			t.Errorf("ssh did not say why it ended: stdout %q stderr %q", out.String(), errb.String())
+		}
+	}
+
+	t.Run("shell", func(t *testing.T) {
+		stdin, ready, out, errb, done := openSSH(t, g, s, "shell-ready-42", "-tt")
+		if _, err := io.WriteString(stdin, "echo shell-ready-$((6*7))\n"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ready:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the ssh shell never answered: %q %q", out.String(), errb.String())
+		}
+		a := pause(t)
+		if a.Pause.Method != "checkpoint" {
+			t.Errorf("pause with an ssh shell open: %+v", a.Pause)
+		}
+		ended(t, done, out, errb)
+		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != "4242" || a.StateLost {
+			t.Errorf("kernel after resume: %+v", a)
+		}
+	})
+
+	t.Run("ignores-sighup", func(t *testing.T) {
+		_, ready, out, errb, done := openSSH(t, g, s, "hup-ignored", "trap '' HUP; echo hup-ignored; exec sleep 600")
+		select {
+		case <-ready:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("the ssh command never started: %q %q", out.String(), errb.String())
+		}
+		a := pause(t)
+		ended(t, done, out, errb)
+		notKept := strings.Join(a.Pause.NotKept, "\n")
+		t.Logf("notKept: %q", a.Pause.NotKept)
+		if a.Pause.Method != "freeze" || !strings.Contains(notKept, "memory: not checkpointed") ||
+			!strings.Contains(notKept, `ssh command "trap '' HUP; echo hup-ignored; exec sleep 600"`) {
+			t.Errorf("pause with an ssh command that ignores SIGHUP: %+v", a.Pause)
+		}
+		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != "4242" || a.StateLost {
+			t.Errorf("kernel after resume: %+v", a)
+		}
+		// The pause's SIGKILL after sandbox.KillGrace lands at the resume.
+		deadline := time.Now().Add(30 * time.Second)
+		for strings.Contains(runREST(t, g, id, map[string]any{"command": "ps -eo args"}).out(), "sleep 600") {
+			if time.Now().After(deadline) {
+				t.Fatal("the ssh command that ignored SIGHUP outlived its connection")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+}

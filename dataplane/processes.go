@@ -311,7 +311,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 		return ProcessInfo{}, ErrSessionEnded
 	}
 	cmd := sandbox.Cmd{Command: command, Env: req.Env, PTY: req.PTY}
-	if k, ok := sandbox.As[sandbox.Keeper](sb); ok && k.Keeps() && sp.dir != "" && req.PTY == nil {
+	if k, ok := sandbox.As[sandbox.Keeper](sb); ok && k.Keeps() && sp.dir != "" && (req.PTY == nil || keepsPTY(sb)) {
 		cmd.Keep = pr.keep // it outlives this gateway: a next one takes it back
 	} else {
 		pr.keep = ""
@@ -362,6 +362,12 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	go pr.run()
 	sp.cfg.Log.Info("process_started", "session", sp.id, "process", id, "pid", pr.info.PID, "kept", pr.keep != "")
 	return pr.Info(), nil
+}
+
+// keepsPTY reports whether sb keeps processes on a terminal too.
+func keepsPTY(sb sandbox.Sandbox) bool {
+	k, ok := sandbox.As[sandbox.PTYKeeper](sb)
+	return ok && k.KeepsPTY()
 }
 
 // killKept ends kept process key, if the sandbox keeps one: a start that
@@ -1029,6 +1035,8 @@ type processRecord struct {
 	Keep string `json:"keep,omitempty"`
 	// StdinClosed says the client closed its input (eof).
 	StdinClosed bool `json:"stdinClosed,omitempty"`
+	// PTY says it runs on a terminal (StartRequest.PTY).
+	PTY bool `json:"pty,omitempty"`
 	// OutputTruncated and OutputDiscarded: the output stopped being
 	// kept (OutputLog.Truncate), and what was not kept since.
 	OutputTruncated string `json:"outputTruncated,omitempty"`
@@ -1057,7 +1065,7 @@ func (pr *Process) save() error {
 	if pr.dropped {
 		return nil
 	}
-	rec := processRecord{Info: pr.info, Keep: pr.keep}
+	rec := processRecord{Info: pr.info, Keep: pr.keep, PTY: pr.pty}
 	if pr.out != nil {
 		rec.OutputTruncated, rec.OutputDiscarded = pr.out.Truncated()
 		rec.OutputEnd = pr.out.End()
@@ -1265,7 +1273,7 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 	if err != nil {
 		return nil, err
 	}
-	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, info: rec.Info, done: make(chan struct{})}
+	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, pty: rec.PTY, info: rec.Info, done: make(chan struct{})}
 	if rec.OutputTruncated != "" {
 		out.restoreTruncated(rec.OutputTruncated, rec.OutputDiscarded)
 	}

@@ -31,7 +31,7 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 	id := s.SessionID
 	// Deleted before the gateway stops, even when the test fails (the
 	// gateway keeps sandboxes on exit).
-	t.Cleanup(func() { g.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil) })
+	t.Cleanup(func() { deleteQuietly(g, id) })
 	base := "/v1/sessions/" + id + "/processes"
 	pc := procClient{g: g, base: base}
 
@@ -176,6 +176,9 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 	data, _, _, _ := collect(t, lines)
 	n := counterLines(t, string(data), "n=")
 	t.Logf("the counter wrote %d lines across two pauses by checkpoint and a restart", n)
+	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+		t.Errorf("delete: %d", code)
+	}
 }
 
 // openSSH starts ssh with args for session s and returns its stdin, a

@@ -119,9 +119,11 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 	pause := func(t *testing.T, g *gatewayProc) {
 		t.Helper()
 		var a pauseAnswer
+		start := time.Now()
 		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
 			t.Fatalf("pause: %d %+v", code, a)
 		}
+		t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
 		if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 1<<20 {
 			t.Fatalf("pause report: %+v (resident %v)\n%s", a.Pause, a.Pause.ResidentBytes, g.stderr.String())
 		}
@@ -242,9 +244,11 @@ func TestPauseCheckpointSSH(t *testing.T) {
 	pause := func(t *testing.T) pauseAnswer {
 		t.Helper()
 		var a pauseAnswer
+		start := time.Now()
 		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
 			t.Fatalf("pause: %d %+v", code, a)
 		}
+		t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
 		return a
 	}
 	ended := func(t *testing.T, done <-chan error, out, errb *gwtest.Buffer) {

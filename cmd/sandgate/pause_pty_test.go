@@ -120,9 +120,11 @@ func TestPauseCheckpointPTY(t *testing.T) {
 	pause := func(t *testing.T, g *gatewayProc) {
 		t.Helper()
 		var a pauseAnswer
+		start := time.Now()
 		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
 			t.Fatalf("pause: %d %+v", code, a)
 		}
+		t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
 		if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 1<<20 {
 			t.Fatalf("pause report: %+v (resident %v)\n%s", a.Pause, a.Pause.ResidentBytes, g.stderr.String())
 		}
@@ -152,6 +154,7 @@ func TestPauseCheckpointPTY(t *testing.T) {
 
 	pause(t, g)
 	check(t, g, 1)
+	_ = st.Close() // an open stream would hold the gateway's shutdown up
 
 	// Paused again, across a gateway restart (that keeps sandboxes).
 	pause(t, g)

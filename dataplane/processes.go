@@ -225,6 +225,9 @@ type Process struct {
 	// takeBack takes it back, then closes back; guarded by mu.
 	released bool
 	back     chan struct{}
+	// ending says run is recording its end (guarded by mu): too late to
+	// let go of it.
+	ending bool
 }
 
 // Start starts a background process in s's sandbox, detached from ctx
@@ -656,7 +659,11 @@ func (pr *Process) run() {
 	if stderr != nil {
 		stderr.Close()
 	}
-	if pr.isReleased() {
+	pr.mu.Lock()
+	released := pr.released
+	pr.ending = !released // from here a pause does not let go of it
+	pr.mu.Unlock()
+	if released {
 		// Let go of for a pause by checkpoint: not its end. Its output
 		// waits in its pipes, and its exit with the init.
 		go pr.takeBack()

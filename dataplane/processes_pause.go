@@ -45,7 +45,7 @@ func (pr *Process) release() bool {
 	}
 	defer pr.stdinMu.Unlock()
 	pr.mu.Lock()
-	if !pr.running || pr.released || pr.p == nil {
+	if !pr.running || pr.ending || pr.released || pr.p == nil {
 		pr.mu.Unlock()
 		return true
 	}
@@ -61,13 +61,6 @@ func (pr *Process) release() bool {
 	r.Release()
 	pr.sp.cfg.Log.Info("process_released", "session", pr.sp.id, "process", pr.info.ProcessID, "offset", pr.out.End())
 	return true
-}
-
-// isReleased reports whether pr was let go of and not taken back yet.
-func (pr *Process) isReleased() bool {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	return pr.released
 }
 
 // releasedWait bounds how long a call on a process let go of (its input,

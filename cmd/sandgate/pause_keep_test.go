@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -10,16 +11,20 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/sandgate/sandgate/internal/gwtest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process"
 )
 
 // TestPauseCheckpointKeepsProcesses: under serve --checkpoint a pause is
 // a checkpoint (less than 1 MiB left resident) even while the gateway
 // holds the session's background processes (/processes: a counter and a
-// server) and an OpenSSH shell is open: the shell's client is told why
+// server; a shell on a terminal, started with the E2B API) and an OpenSSH
+// shell is open: the shell's client is told why
 // and its connection closes, the processes are let go of and taken back
 // after the resume, the server answers on its port, the kernel keeps its
-// variable, and the counter's output goes on at its offset, nothing lost
+// variable, the terminal's shell its variable and directory, and the counter's output goes on at its offset, nothing lost
 // or repeated; the same across a gateway restart while paused.
 func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 	ssh := gwtest.RequireTool(t, "ssh")
@@ -70,6 +75,38 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 		}
 	}
 	grows(pc, "before the pause")
+
+	// A shell on a terminal (the E2B API's pty.create), its stream closed.
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	st, err := envdClient(t, g, id).Start(c, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"}, Envs: map[string]string{"PS1": "$ "}},
+		Pty:     &process.PTY{Size: &process.PTY_Size{Cols: 80, Rows: 24}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("no start event: %v", st.Err())
+	}
+	term := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: st.Msg().GetEvent().GetStart().GetPid()}}
+	typeIn := func(t *testing.T, g *gatewayProc, in, want string) {
+		t.Helper()
+		pc := envdClient(t, g, id)
+		cs, err := pc.Connect(c, connect.NewRequest(&process.ConnectRequest{Process: term}))
+		if err != nil {
+			t.Fatalf("connect to the terminal: %v", err)
+		}
+		defer cs.Close()
+		r := readPTY(cs)
+		if _, err := pc.SendInput(c, connect.NewRequest(&process.SendInputRequest{Process: term,
+			Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte(in)}}})); err != nil {
+			t.Fatalf("terminal input: %v", err)
+		}
+		r.wait(t, want)
+	}
+	_ = st.Close()
+	typeIn(t, g, "cd /tmp && TV=kept; echo tv-$((6*7))\n", "tv-42")
 
 	// An interactive OpenSSH shell, open at the pause.
 	cmd := newCmd(g.clientEnv(), ssh, append(g.sshOpts(t, s), "-tt", id)...)
@@ -141,6 +178,7 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 			t.Errorf("server process after resume: %+v (pid was %d)", p, server.PID)
 		}
 		grows(pc, "after the resume")
+		typeIn(t, g, "echo \"$TV-$(pwd)-$((40+2))\"\n", "kept-/tmp-42")
 	}
 
 	pause(t, g)

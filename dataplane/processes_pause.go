@@ -108,6 +108,11 @@ func (pr *Process) takeBack() {
 		case <-sp.gone:
 			return
 		}
+		select {
+		case <-sp.gone: // the session ended (Resumed says so too)
+			return
+		default:
+		}
 		sb := sp.s.Sandbox()
 		var keeper sandbox.Keeper
 		if sb != nil {

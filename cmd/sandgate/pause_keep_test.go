@@ -287,6 +287,9 @@ func TestPauseCheckpointSSH(t *testing.T) {
 			t.Fatalf("pause: %d %+v", code, a)
 		}
 		t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
+		if a.Pause.ResidentBytes != nil {
+			t.Logf("pause (%s): %d bytes left resident", a.Pause.Method, *a.Pause.ResidentBytes)
+		}
 		return a
 	}
 	ended := func(t *testing.T, done <-chan error, out, errb *gwtest.Buffer) {

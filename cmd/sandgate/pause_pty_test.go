@@ -81,7 +81,7 @@ func (r *ptyReader) wait(t *testing.T, want string) {
 // running; after the resume, after a gateway restart while paused, and
 // after a gateway restart while it runs,
 // the same shell answers on its terminal with its variables and
-// directory, and a resize reaches it.
+// directory, its terminal keeps its size, and a resize reaches it.
 func TestPauseCheckpointPTY(t *testing.T) {
 	requireLinuxDriver(t)
 	criu := criuForTest(t)
@@ -130,6 +130,7 @@ func TestPauseCheckpointPTY(t *testing.T) {
 		}
 		t.Logf("paused by checkpoint: %d bytes resident", *a.Pause.ResidentBytes)
 	}
+	prevSize := "24x80"
 	check := func(t *testing.T, g *gatewayProc, round int) {
 		t.Helper()
 		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, nil); code != http.StatusOK {
@@ -142,7 +143,11 @@ func TestPauseCheckpointPTY(t *testing.T) {
 		}
 		defer cs.Close()
 		r := readPTY(cs)
+		// The size it had is kept (the terminal was dumped and restored).
+		input(t, pc, "echo \"size-$(stty size | tr ' ' x)\"\n")
+		r.wait(t, "size-"+prevSize)
 		cols := 90 + round
+		prevSize = "33x" + strconv.Itoa(cols)
 		if _, err := pc.Update(c, connect.NewRequest(&process.UpdateRequest{Process: sel,
 			Pty: &process.PTY{Size: &process.PTY_Size{Cols: uint32(cols), Rows: 33}}})); err != nil {
 			t.Fatalf("resize after the resume: %v", err)

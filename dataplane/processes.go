@@ -174,6 +174,11 @@ type sessionProcs struct {
 	cfg    ProcessConfig
 	dir    string // <StateDir>/<session>, "" in memory
 	remove func() // unregisters from the session's connections
+	// s is the session; gone is closed when its processes end (end),
+	// offCheckpoint unregisters letGo (processes_pause.go).
+	s             *gateway.Session
+	gone          chan struct{}
+	offCheckpoint func()
 	// disk charges the output kept under dir to the session's disk
 	// quota (nil in memory).
 	disk *sessionDisk
@@ -215,6 +220,14 @@ type Process struct {
 	endedAt     time.Time
 	stdinMu     sync.Mutex // serialises writes to stdin
 	stdinClosed bool       // guarded by mu
+	// released says the gateway let go of the process for a pause by
+	// checkpoint (sandbox.Releaser): it runs on, kept by the init, until
+	// takeBack takes it back, then closes back; guarded by mu.
+	released bool
+	back     chan struct{}
+	// ending says run is recording its end (guarded by mu): too late to
+	// let go of it.
+	ending bool
 }
 
 // Start starts a background process in s's sandbox, detached from ctx
@@ -301,7 +314,7 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 		return ProcessInfo{}, ErrSessionEnded
 	}
 	cmd := sandbox.Cmd{Command: command, Env: req.Env, PTY: req.PTY}
-	if k, ok := sandbox.As[sandbox.Keeper](sb); ok && k.Keeps() && sp.dir != "" && req.PTY == nil {
+	if k, ok := sandbox.As[sandbox.Keeper](sb); ok && k.Keeps() && sp.dir != "" && (req.PTY == nil || keepsPTY(sb)) {
 		cmd.Keep = pr.keep // it outlives this gateway: a next one takes it back
 	} else {
 		pr.keep = ""
@@ -352,6 +365,12 @@ func (ps *Processes) Start(ctx context.Context, s *gateway.Session, cfg ProcessC
 	go pr.run()
 	sp.cfg.Log.Info("process_started", "session", sp.id, "process", id, "pid", pr.info.PID, "kept", pr.keep != "")
 	return pr.Info(), nil
+}
+
+// keepsPTY reports whether sb keeps processes on a terminal too.
+func keepsPTY(sb sandbox.Sandbox) bool {
+	k, ok := sandbox.As[sandbox.PTYKeeper](sb)
+	return ok && k.KeepsPTY()
 }
 
 // killKept ends kept process key, if the sandbox keeps one: a start that
@@ -513,7 +532,8 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 		return sp, nil
 	}
 	cfg = cfg.withDefaults()
-	sp := &sessionProcs{ps: ps, id: s.ID, tenant: s.Tenant, cfg: cfg, procs: map[string]*Process{}, seq: ps.lastSeq[s.ID]}
+	sp := &sessionProcs{ps: ps, id: s.ID, tenant: s.Tenant, cfg: cfg, procs: map[string]*Process{}, seq: ps.lastSeq[s.ID],
+		s: s, gone: make(chan struct{})}
 	if cfg.StateDir != "" {
 		if !sandbox.ValidID(s.ID) {
 			ps.mu.Unlock()
@@ -528,6 +548,7 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 		return nil, ErrSessionEnded
 	}
 	sp.remove = remove
+	sp.offCheckpoint = s.OnCheckpoint(sp.letGo)
 	if ps.sessions == nil {
 		ps.sessions = map[string]*sessionProcs{}
 	}
@@ -548,6 +569,10 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 // ended, or stopped (then its process numbers go on after the resume).
 func (ps *Processes) end(sp *sessionProcs, stopped bool) {
 	sp.mu.Lock()
+	if !sp.closed && sp.gone != nil {
+		close(sp.gone)
+		sp.offCheckpoint()
+	}
 	sp.closed = true
 	procs := sp.procs
 	sp.procs, sp.finished = map[string]*Process{}, nil
@@ -571,8 +596,11 @@ func (ps *Processes) end(sp *sessionProcs, stopped bool) {
 		// session is gone, not the process's own end), whichever of
 		// the kill and the process's exit it would otherwise see first.
 		p.discard()
-		if p.p != nil {
-			p.p.Kill()
+		p.mu.Lock()
+		proc := p.p
+		p.mu.Unlock()
+		if proc != nil {
+			proc.Kill()
 		}
 	}
 	if sp.dir != "" && !stopped {
@@ -603,14 +631,17 @@ func (pr *Process) run() {
 			}
 		}
 	}
-	stdout, stderr := pr.p.Stdout(), pr.p.Stderr()
+	pr.mu.Lock()
+	proc := pr.p
+	pr.mu.Unlock()
+	stdout, stderr := proc.Stdout(), proc.Stderr()
 	pumps.Add(1)
 	go pump(stdout, Stdout)
 	if stderr != nil {
 		pumps.Add(1)
 		go pump(stderr, Stderr)
 	}
-	exit, err := pr.p.Wait()
+	exit, err := proc.Wait()
 	drained := make(chan struct{})
 	go func() { pumps.Wait(); close(drained) }()
 	select {
@@ -627,6 +658,16 @@ func (pr *Process) run() {
 	stdout.Close()
 	if stderr != nil {
 		stderr.Close()
+	}
+	pr.mu.Lock()
+	released := pr.released
+	pr.ending = !released // from here a pause does not let go of it
+	pr.mu.Unlock()
+	if released {
+		// Let go of for a pause by checkpoint: not its end. Its output
+		// waits in its pipes, and its exit with the init.
+		go pr.takeBack()
+		return
 	}
 	if err != nil {
 		exit = sandbox.Exit{Signal: "KILL"}
@@ -646,7 +687,7 @@ func (pr *Process) run() {
 		// Only now may a keeping sandbox forget the process: a gateway
 		// that died before this leaves the exit, and the output not yet
 		// stored, to the next one.
-		sandbox.Ack(pr.p)
+		sandbox.Ack(proc)
 	}
 	// Filed before Done: a caller woken by Done lists the process among
 	// the finished, in the order they ended (and the oldest beyond the cap
@@ -855,7 +896,11 @@ func (pr *Process) Signal(sig syscall.Signal) error {
 	if !pr.isRunning() {
 		return ErrProcessExited
 	}
-	if err := pr.p.Signal(sig); err != nil {
+	p, err := pr.proc(context.Background())
+	if err != nil {
+		return err
+	}
+	if err := p.Signal(sig); err != nil {
 		if !pr.isRunning() || errors.Is(err, syscall.ESRCH) {
 			return ErrProcessExited
 		}
@@ -874,10 +919,17 @@ func (pr *Process) Resize(w sandbox.Window) error {
 	if !pr.pty {
 		return newClientError("the process has no terminal", gateway.KindInvalid, "invalid_field", "the process has no terminal to resize")
 	}
-	if !pr.isRunning() || pr.p == nil {
+	if !pr.isRunning() {
 		return ErrProcessExited
 	}
-	if err := pr.p.Resize(w); err != nil {
+	p, err := pr.proc(context.Background())
+	if err != nil {
+		return err
+	}
+	if p == nil {
+		return ErrProcessExited
+	}
+	if err := p.Resize(w); err != nil {
 		if !pr.isRunning() {
 			return ErrProcessExited
 		}
@@ -905,7 +957,11 @@ func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, 
 	case closed:
 		return 0, ErrStdinClosed
 	}
-	w := pr.p.Stdin()
+	p, err := pr.proc(ctx)
+	if err != nil {
+		return 0, err
+	}
+	w := p.Stdin()
 	n := 0
 	if len(data) > 0 {
 		type deadliner interface{ SetWriteDeadline(time.Time) error }
@@ -986,6 +1042,8 @@ type processRecord struct {
 	Keep string `json:"keep,omitempty"`
 	// StdinClosed says the client closed its input (eof).
 	StdinClosed bool `json:"stdinClosed,omitempty"`
+	// PTY says it runs on a terminal (StartRequest.PTY).
+	PTY bool `json:"pty,omitempty"`
 	// OutputTruncated and OutputDiscarded: the output stopped being
 	// kept (OutputLog.Truncate), and what was not kept since.
 	OutputTruncated string `json:"outputTruncated,omitempty"`
@@ -1014,7 +1072,7 @@ func (pr *Process) save() error {
 	if pr.dropped {
 		return nil
 	}
-	rec := processRecord{Info: pr.info, Keep: pr.keep}
+	rec := processRecord{Info: pr.info, Keep: pr.keep, PTY: pr.pty}
 	if pr.out != nil {
 		rec.OutputTruncated, rec.OutputDiscarded = pr.out.Truncated()
 		rec.OutputEnd = pr.out.End()
@@ -1113,6 +1171,10 @@ func (sp *sessionProcs) restore(s *gateway.Session) {
 		}
 		if pr.running {
 			sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, 0)
+			if pr.released {
+				go pr.takeBack()
+				continue
+			}
 			go pr.run()
 			sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End())
 		} else {
@@ -1172,6 +1234,10 @@ func (sp *sessionProcs) reattachLater(dir string, keeper sandbox.Keeper, delay t
 		case pr.running:
 			sp.procs[pr.info.ProcessID] = pr
 			sp.ps.charge(sp.tenant, pr, sp.cfg.OutputCap, 0)
+			if pr.released {
+				go pr.takeBack()
+				break
+			}
 			go pr.run()
 			sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End())
 		default:
@@ -1214,7 +1280,7 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 	if err != nil {
 		return nil, err
 	}
-	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, info: rec.Info, done: make(chan struct{})}
+	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, pty: rec.PTY, info: rec.Info, done: make(chan struct{})}
 	if rec.OutputTruncated != "" {
 		out.restoreTruncated(rec.OutputTruncated, rec.OutputDiscarded)
 	}
@@ -1231,6 +1297,13 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 		p, err = keeper.Reattach(ctx, rec.Keep)
 		cancel()
+	}
+	if errors.Is(err, sandbox.ErrPaused) && sp.s != nil {
+		// Its session is paused (by checkpoint, its init gone until the
+		// resume): listed as running, it is taken back once the session
+		// runs again (takeBack).
+		pr.running, pr.stdinClosed, pr.released, pr.back = true, rec.StdinClosed, true, make(chan struct{})
+		return pr, nil
 	}
 	if err != nil && !errors.Is(err, sandbox.ErrNotKept) {
 		out.Close()

@@ -3,7 +3,10 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -96,6 +99,9 @@ type recorded struct {
 	// and the metrics) for the function ReportLater returned.
 	deferred atomic.Bool
 	report   func()
+	// released says the process was let go of (Release): its Wait
+	// returning is not its end.
+	released atomic.Bool
 }
 
 // record returns p wrapped to record command, from source, in s's history
@@ -107,6 +113,92 @@ func (s *Session) record(ctx context.Context, command string, o StartOptions, p 
 	if e := p.Stderr(); e != nil {
 		r.stderr = countReader{e, &r.out}
 	}
+	s.mu.Lock()
+	if s.cmds == nil {
+		s.cmds = map[*recorded]struct{}{}
+	}
+	s.cmds[r] = struct{}{}
+	s.mu.Unlock()
+	return r
+}
+
+// heldCommandsMax bounds how many commands heldCommands names.
+const heldCommandsMax = 5
+
+// heldCommands names the recorded commands under way (a pause that could
+// not checkpoint says which), "" when none: each by its source, its
+// process id when it has one, its command (cut at 60 bytes) and how long
+// it has run.
+func (s *Session) heldCommands() string {
+	s.mu.Lock()
+	recs := make([]CommandRecord, 0, len(s.cmds))
+	for r := range s.cmds {
+		if !r.released.Load() {
+			recs = append(recs, r.rec)
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(recs, func(a, b CommandRecord) int { return a.StartedAt.Compare(b.StartedAt) })
+	var parts []string
+	for i, r := range recs {
+		if i == heldCommandsMax {
+			parts = append(parts, fmt.Sprintf("and %d more", len(recs)-i))
+			break
+		}
+		cmd := r.Command
+		if len(cmd) > 60 {
+			cmd = cmd[:60] + "…"
+		}
+		what := r.Source + " command"
+		if r.ProcessID != "" {
+			what = r.Source + " process " + r.ProcessID
+		}
+		parts = append(parts, fmt.Sprintf("%s %q (running %s)", what, cmd, time.Since(r.StartedAt).Round(time.Second)))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Release passes a kept process's release through (sandbox.Releaser):
+// the process runs on, so its end is not recorded here; Reattached wraps
+// the process taken back, which records it.
+func (r *recorded) Release() {
+	rel, ok := r.Process.(sandbox.Releaser)
+	if !ok {
+		return
+	}
+	r.released.Store(true)
+	r.untrack()
+	rel.Release()
+}
+
+// untrack removes r from its session's commands under way.
+func (r *recorded) untrack() {
+	r.s.mu.Lock()
+	delete(r.s.cmds, r)
+	r.s.mu.Unlock()
+}
+
+// Reattached is p, a kept process taken back (sandbox.Keeper.Reattach)
+// after old was let go of (sandbox.Releaser), recorded as old was: its
+// end goes in the session's history once, with its whole output counted.
+// It is p as it is when old was not recorded.
+func Reattached(old, p sandbox.Process) sandbox.Process {
+	o, ok := old.(*recorded)
+	if !ok || !o.released.Load() {
+		return p
+	}
+	r := &recorded{Process: p, s: o.s, ctx: o.ctx, rec: o.rec}
+	r.out.Store(o.out.Load())
+	r.stdout = countReader{p.Stdout(), &r.out}
+	if e := p.Stderr(); e != nil {
+		r.stderr = countReader{e, &r.out}
+	}
+	r.s.mu.Lock()
+	if r.s.cmds == nil {
+		r.s.cmds = map[*recorded]struct{}{}
+	}
+	r.s.cmds[r] = struct{}{}
+	r.s.mu.Unlock()
 	return r
 }
 
@@ -127,6 +219,10 @@ func (r *recorded) Stderr() io.ReadCloser { return r.stderr }
 
 func (r *recorded) Wait() (sandbox.Exit, error) {
 	exit, err := r.Process.Wait()
+	if r.released.Load() {
+		return exit, err
+	}
+	r.untrack()
 	r.once.Do(func() {
 		rec := r.rec
 		rec.DurationMs = time.Since(rec.StartedAt).Milliseconds()

@@ -95,11 +95,24 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 	default:
 		return nil, ErrNotFound // ended since the lookup
 	}
-	if cp, ok := sandbox.As[sandbox.CheckpointPauser](s.sandbox); ok && cp.CanCheckpointPause() {
+	tried := false
+	if cp, ok := sandbox.As[sandbox.CheckpointPauser](s.sandbox); ok && cp.CanCheckpointPause() && s.Status() == StatusRunning {
+		tried = true
+		// The connections a pause ends go first, their processes with
+		// them (an SSH shell or exec gets SIGHUP, as when a connection
+		// drops), so that the dump does not find them holding the
+		// sandbox (the driver waits a little for them: linuxns
+		// PauseConnWait); then the kept processes are let go of.
+		s.closeForPause()
 		s.letGoForCheckpoint()
 	}
 	start := time.Now()
 	rep, err := pa.Pause(context.WithoutCancel(ctx))
+	if err == nil && tried && rep.Method != PauseCheckpoint {
+		if held := s.heldCommands(); held != "" {
+			rep.NotKept = append(rep.NotKept, "commands under way at the pause, which keep their connection to the gateway: "+held)
+		}
+	}
 	if err != nil {
 		m.log.Error("sandbox_pause_failed", "session", s.ID, "err", err)
 		if errors.Is(err, sandbox.ErrClosed) {
@@ -161,6 +174,15 @@ func (s *Session) markPaused() bool {
 		return false
 	}
 	s.status = StatusPaused
+	s.mu.Unlock()
+	s.closeForPause()
+	return true
+}
+
+// closeForPause closes the connections a pause ends (AddPausedConn), each
+// told first (AddPauseNotice).
+func (s *Session) closeForPause() {
+	s.mu.Lock()
 	var notices, closing []*connEntry
 	for e := range s.conns {
 		switch {
@@ -194,7 +216,34 @@ func (s *Session) markPaused() bool {
 	for _, e := range closing {
 		e.close()
 	}
-	return true
+}
+
+// Resumed returns a channel closed once s runs again: at once when it
+// is not paused (a pause under way is waited for), else at its next
+// resume, or its end. A process the gateway let go of for a pause by
+// checkpoint (OnCheckpoint) waits on it to be taken back.
+func (s *Session) Resumed() <-chan struct{} {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.status != StatusPaused {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	if s.resumed == nil {
+		s.resumed = make(chan struct{})
+	}
+	return s.resumed
+}
+
+// wakeResumedLocked closes Resumed's channel; s.mu is held.
+func (s *Session) wakeResumedLocked() {
+	if s.resumed != nil {
+		close(s.resumed)
+		s.resumed = nil
+	}
 }
 
 // Wake lets a paused session run again before it is used (a CONNECT, a
@@ -247,6 +296,7 @@ func (m *Manager) unpause(ctx context.Context, s *Session) error {
 	resumed := s.status == StatusPaused
 	if resumed {
 		s.status = StatusRunning
+		s.wakeResumedLocked()
 	}
 	s.mu.Unlock()
 	if !resumed {

@@ -112,6 +112,8 @@ type Session struct {
 	ttl          int // seconds, as last set (by create or an update)
 	conns        map[*connEntry]struct{}
 	ckHooks      map[*func() bool]struct{} // OnCheckpoint's
+	resumed      chan struct{}             // Resumed's: closed at the next unpause or end
+	cmds         map[*recorded]struct{}    // recorded commands under way (heldCommands)
 	egressAllow  []string                  // the allow-list in force, canonical
 	egressMode   string                    // EgressModeAsk, or "" (EgressModeDeny)
 	egressDeny   []string                  // host:ports denied for good in ask mode (approvals.go)
@@ -577,6 +579,7 @@ func (s *Session) end(status, reason string) bool {
 	s.status, s.statusReason = status, reason
 	conns := s.conns
 	s.conns = nil
+	s.wakeResumedLocked()
 	s.mu.Unlock()
 	for e := range conns {
 		if !e.notice && !e.pauseOnly { // a pause's notice says "paused": not this

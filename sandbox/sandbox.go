@@ -156,7 +156,8 @@ type Cmd struct {
 	// PTY, when non-nil, runs the process on a new pseudo-terminal as its
 	// controlling terminal. Stdout then carries the terminal output and Stderr is nil.
 	PTY *PTY
-	// Keep, when set (without PTY), asks the sandbox to keep the process
+	// Keep, when set, asks the sandbox to keep the process (on a PTY only
+	// where the sandbox is a PTYKeeper)
 	// under this key across gateway restarts (a REST background process):
 	// when the gateway goes away the process runs on, its pipes held open,
 	// and a later gateway takes it back with Keeper.Reattach. A sandbox
@@ -342,6 +343,14 @@ type Keeper interface {
 	// no gateway held it. Closing its Stdin sends EOF. ErrNotKept when
 	// there is no such process.
 	Reattach(ctx context.Context, key string) (Process, error)
+}
+
+// PTYKeeper is implemented by Keepers that also keep processes on a
+// terminal (Cmd.PTY with Cmd.Keep; linuxns: the init holds a copy of the
+// terminal's master, and Reattach hands one back). Without it a process
+// on a terminal is not kept.
+type PTYKeeper interface {
+	KeepsPTY() bool
 }
 
 // Acker is implemented by kept processes (Cmd.Keep) whose sandbox holds

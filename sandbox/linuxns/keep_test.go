@@ -198,3 +198,81 @@ func TestDetachKeepsOutputWhole(t *testing.T) {
 	}
 	t.Logf("%d lines, %d bytes of them read before the detach", len(lines), before)
 }
+
+// TestKeptPTYReattach: a kept process on a terminal (sandbox.PTYKeeper)
+// outlives its gateway and a release (sandbox.Releaser): the init holds
+// the terminal's master, and Reattach hands one back, on which the same
+// shell reads its input, answers with its state, and is resized; its
+// exit is kept for the gateway that takes it back.
+func TestKeptPTYReattach(t *testing.T) {
+	sb := killTestSandbox(t, "linux")
+	k, ok := sandbox.As[sandbox.Keeper](sb)
+	pk, pok := sandbox.As[sandbox.PTYKeeper](sb)
+	if !ok || !pok || !pk.KeepsPTY() {
+		t.Fatal("a linux sandbox does not keep processes on a terminal")
+	}
+	ctx := context.Background()
+	p, err := sb.Start(ctx, sandbox.Cmd{Keep: "term", PTY: &sandbox.PTY{Term: "xterm", Window: sandbox.Window{Cols: 80, Rows: 24}},
+		Command: `PS1='$ ' exec sh -i`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readUntil := func(t *testing.T, p sandbox.Process, want string) string {
+		t.Helper()
+		var got strings.Builder
+		buf := make([]byte, 256)
+		for !strings.Contains(got.String(), want) {
+			n, err := p.Stdout().Read(buf)
+			got.Write(buf[:n])
+			if err != nil {
+				t.Fatalf("terminal output %q (want %q): %v", got.String(), want, err)
+			}
+		}
+		return got.String()
+	}
+	if _, err := p.Stdin().Write([]byte("cd /tmp; V=kept; echo one-$((40+2))\n")); err != nil {
+		t.Fatal(err)
+	}
+	readUntil(t, p, "one-42")
+
+	// Released (a pause by checkpoint's way), then dropped (a gateway
+	// that dies): each time the next attach gets the same terminal.
+	p.(sandbox.Releaser).Release()
+	p2, err := k.Reattach(ctx, "term")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Resize(sandbox.Window{Cols: 101, Rows: 33}); err != nil {
+		t.Fatalf("resize after the reattach: %v", err)
+	}
+	if _, err := p2.Stdin().Write([]byte("echo \"$V-$(pwd)\"; stty size\n")); err != nil {
+		t.Fatal(err)
+	}
+	readUntil(t, p2, "33 101")
+	linuxns.DropControl(p2)
+	time.Sleep(300 * time.Millisecond)
+	p3, err := k.Reattach(ctx, "term")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p3.Stdin().Write([]byte("echo \"$V-$(pwd)\"; exit 5\n")); err != nil {
+		t.Fatal(err)
+	}
+	readUntil(t, p3, "kept-/tmp")
+	go func() { _, _ = io.Copy(io.Discard, p3.Stdout()) }()
+	exit, err := p3.Wait()
+	sandbox.Ack(p3)
+	if err != nil || exit.Code != 5 {
+		t.Errorf("exit %+v %v, want 5", exit, err)
+	}
+	// The init forgets it once the ack reaches it.
+	if !waitFor(5*time.Second, func() bool {
+		p, err := k.Reattach(ctx, "term")
+		if err == nil {
+			linuxns.DropControl(p)
+		}
+		return errors.Is(err, sandbox.ErrNotKept)
+	}) {
+		t.Error("the init still keeps a process on a terminal whose exit a gateway took")
+	}
+}

@@ -131,8 +131,8 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 		// Their stdio are pipes (or a terminal) to the gateway, which a
 		// restore would give the processes new, with no gateway at the
 		// other end.
-		return fmt.Errorf("%w: the gateway holds %d open connection(s) to its processes (commands, shells, kernels or background processes it reads), which a restore cannot hand back yet",
-			sandbox.ErrNoCheckpoint, open)
+		return fmt.Errorf("%w: the gateway holds %d open connection(s) to its processes after %s (a command under way, a shell command or kernel call under way, a process the pause's SIGHUP did not end, or a process on a terminal), which a restore cannot hand back",
+			sandbox.ErrNoCheckpoint, open, PauseConnWait)
 	}
 	held := map[uint64]*os.File{}
 	// The init's connections as of now, the held ones, are those the
@@ -552,12 +552,18 @@ func (p *initProcess) Release() {
 	}
 }
 
+// PauseConnWait bounds how long a pause by checkpoint waits for the
+// gateway's connections to the sandbox's processes to close: those of
+// commands whose channel the pause ended (an SSH shell or exec, which
+// gets SIGHUP as when its connection drops, and ends), and of commands
+// that just ended. One still open then makes the pause a freeze.
+const PauseConnWait = time.Second
+
 // openConns counts the control connections among socks (the init's, with
-// their copies) whose gateway end is open. One the gateway has just
-// closed (a command that ended) is waited for a little, as the init
-// closes its end soon after.
+// their copies) whose gateway end is open, waiting up to PauseConnWait
+// for them to close.
 func openConns(socks []initSock) int {
-	deadline := time.Now().Add(200 * time.Millisecond)
+	deadline := time.Now().Add(PauseConnWait)
 	for {
 		n := 0
 		for _, sk := range socks {

@@ -235,7 +235,7 @@ func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proc
 	if paused { // its init is frozen: a dial would wait on it for good
 		return nil, sandbox.ErrPaused
 	}
-	if cmd.Keep != "" && (!s.Keeps() || cmd.PTY != nil || cmd.Subsystem != "") {
+	if cmd.Keep != "" && (!s.Keeps() || cmd.PTY != nil && !s.KeepsPTY() || cmd.Subsystem != "") {
 		cmd.Keep = "" // this init cannot keep it: it ends with the gateway
 	}
 	conn, err := s.dial(ctx)
@@ -259,6 +259,14 @@ func (s *linuxSandbox) Keeps() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.st.KeepJobs
+}
+
+// KeepsPTY implements sandbox.PTYKeeper: inits started by this binary
+// keep processes on a terminal too (they hold a copy of its master).
+func (s *linuxSandbox) KeepsPTY() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st.KeepJobs && s.st.KeepPTY
 }
 
 // Reattach implements sandbox.Keeper: the init hands back kept process
@@ -486,6 +494,9 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 		}
 		p.pty = os.NewFile(uintptr(fds[0]), "ptmx")
 		p.stdin, p.stdout = procio.NopWriteCloser{Writer: p.pty}, p.pty
+		if p.kept {
+			p.stdout = newKeptReader(p.pty)
+		}
 	} else {
 		procio.CloseFDs(fds)
 	}
@@ -522,7 +533,10 @@ func attachInSandbox(ctx context.Context, conn *net.UnixConn, key string) (*init
 		return nil, fmt.Errorf("attach: %w", rep.Err())
 	}
 	want := 3
-	if rep.StdinClosed {
+	switch {
+	case rep.PTY:
+		want = 1
+	case rep.StdinClosed:
 		want = 2
 	}
 	if rep.Op != "started" || len(fds) != want {
@@ -536,7 +550,10 @@ func attachInSandbox(ctx context.Context, conn *net.UnixConn, key string) (*init
 		files[i] = os.NewFile(uintptr(fd), "kept")
 	}
 	p := &initProcess{conn: conn, pid: rep.Pid, kept: true}
-	if rep.StdinClosed {
+	if rep.PTY {
+		p.pty = files[0]
+		p.stdin, p.stdout = procio.NopWriteCloser{Writer: p.pty}, newKeptReader(p.pty)
+	} else if rep.StdinClosed {
 		p.stdin = procio.NopWriteCloser{Writer: io.Discard}
 		p.stdout, p.stderr = newKeptReader(files[0]), newKeptReader(files[1])
 	} else {

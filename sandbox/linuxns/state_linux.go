@@ -47,6 +47,9 @@ type sandboxState struct {
 	// (sandbox.Cmd.Keep) across gateway restarts; false for an init
 	// started by an older binary.
 	KeepJobs bool `json:"keepJobs,omitempty"`
+	// KeepPTY says the init keeps commands on a terminal too (it holds a
+	// copy of the terminal's master); false for an older binary's.
+	KeepPTY bool `json:"keepPTY,omitempty"`
 	// Stopped says the sandbox was stopped (Stopper): it has no init and
 	// no cgroups, only its files; Pid is 0 once the init is gone.
 	Stopped bool `json:"stopped,omitempty"`

@@ -224,6 +224,9 @@ type Reply struct {
 	// StdinClosed says that an attach's descriptors hold no stdin: the
 	// command's input was closed (eof).
 	StdinClosed bool `json:"stdinClosed,omitempty"`
+	// PTY says that an attach's one descriptor is the command's terminal
+	// (a kept command on a PTY), which the init holds a copy of.
+	PTY bool `json:"pty,omitempty"`
 	// DirectPWD ("started") says that the command runs without the shell
 	// (Request.Direct), in this directory, as bash's $PWD would name it.
 	DirectPWD string `json:"directPWD,omitempty"`

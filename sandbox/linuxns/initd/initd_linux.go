@@ -105,6 +105,7 @@ type child struct {
 	// gateway has its exit. Guarded by mu.
 	keep      string
 	held      []int
+	pty       bool // held is the terminal's master (a kept command on a PTY)
 	forgotten bool
 	forget    func()
 }
@@ -156,7 +157,7 @@ func (c *child) detach(conn *net.UnixConn) {
 func (c *child) closeStdin() {
 	c.mu.Lock()
 	fd := -1
-	if len(c.held) > 0 {
+	if len(c.held) > 0 && !c.pty {
 		fd, c.held[0] = c.held[0], -1
 	}
 	c.mu.Unlock()
@@ -510,7 +511,17 @@ func (in *initd) handle(fd int) {
 		return
 	}
 	var held []int
-	if req.Keep != "" {
+	keptPTY := req.Keep != "" && req.PTY != nil && req.Subsystem == ""
+	if keptPTY {
+		// A kept command on a terminal: the init holds a copy of the
+		// master (below), which an attach hands out.
+		procio.CloseFDs(fds)
+		fds = nil
+		if err := in.reserveKept(req.Keep); err != nil {
+			_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
+			return
+		}
+	} else if req.Keep != "" {
 		if len(fds) != 6 || req.PTY != nil {
 			procio.CloseFDs(fds)
 			_ = ctl.WriteFrame(conn, ctl.Reply{Op: "error", Error: fmt.Sprintf("a kept command needs 6 descriptors and no terminal, got %d", len(fds))})
@@ -530,6 +541,18 @@ func (in *initd) handle(fd int) {
 		procio.CloseFDs(held)
 		_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
 		return
+	}
+	if keptPTY {
+		dup, err := unix.FcntlInt(uintptr(master), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(master)
+			c.end()
+			in.keptDone(req.Keep, nil)
+			_ = ctl.WriteFrame(conn, ctl.ErrorReply(fmt.Errorf("hold the terminal: %w", err)))
+			return
+		}
+		c.pty = true
+		held = []int{dup}
 	}
 	if req.Keep != "" {
 		in.keep(c, req.Keep, held)
@@ -690,7 +713,7 @@ func (in *initd) attachKept(f *os.File, key string) {
 		return
 	}
 	fds := slicesWithout(c.held, -1)
-	err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid, StdinClosed: c.held[0] < 0}, fds...)
+	err = ctl.WriteFrame(uc, ctl.Reply{Op: "started", Pid: c.pid, StdinClosed: !c.pty && c.held[0] < 0, PTY: c.pty}, fds...)
 	c.mu.Unlock()
 	if err != nil {
 		uc.Close()

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
+	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process"
+	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process/processconnect"
+)
+
+// headerTransport adds hdr to every request.
+type headerTransport struct {
+	base http.RoundTripper
+	hdr  map[string]string
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	for k, v := range h.hdr {
+		r.Header.Set(k, v)
+	}
+	return h.base.RoundTrip(r)
+}
+
+// envdClient is the E2B envd process client of session id on g.
+func envdClient(t *testing.T, g *gatewayProc, id string) processconnect.ProcessClient {
+	t.Helper()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: headerTransport{base: tr, hdr: map[string]string{
+		"Authorization": "Bearer " + g.Token, "E2b-Sandbox-Id": id, "E2b-Sandbox-Port": "49983",
+	}}}
+	return processconnect.NewProcessClient(hc, g.URL+"/compat/e2b/sandbox", connect.WithProtoJSON())
+}
+
+// ptyReader collects the terminal output of a Start or Connect stream.
+type ptyReader struct {
+	out  gwtest.Buffer
+	done chan struct{}
+}
+
+func readPTY[T interface{ GetEvent() *process.ProcessEvent }](st interface {
+	Receive() bool
+	Msg() T
+}) *ptyReader {
+	r := &ptyReader{done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for st.Receive() {
+			if d := st.Msg().GetEvent().GetData(); d != nil {
+				_, _ = r.out.Write(d.GetPty())
+			}
+		}
+	}()
+	return r
+}
+
+// wait waits until the terminal output holds want.
+func (r *ptyReader) wait(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(r.out.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal never showed %q: %q", want, r.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPauseCheckpointPTY: a process on a terminal (the E2B envd API's
+// pty.create) is kept by the sandbox's init, so a pause under serve
+// --checkpoint is a checkpoint (less than 1 MiB left resident) with it
+// running; after the resume, after a gateway restart while paused, and
+// after a gateway restart while it runs,
+// the same shell answers on its terminal with its variables and
+// directory, its terminal keeps its size, and a resize reaches it.
+func TestPauseCheckpointPTY(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	args := []string{"--sandbox", "linux", "--checkpoint", "--criu", criu}
+	g := startGateway(t, append(args, "--keep-sandboxes-on-exit=true")...)
+	id := g.createSession(t).SessionID
+	t.Cleanup(func() { deleteQuietly(g, id) })
+	c, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	pc := envdClient(t, g, id)
+	st, err := pc.Start(c, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"},
+			Envs: map[string]string{"TERM": "xterm-256color", "PS1": "$ "}},
+		Pty: &process.PTY{Size: &process.PTY_Size{Cols: 80, Rows: 24}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("no start event: %v", st.Err())
+	}
+	pid := st.Msg().GetEvent().GetStart().GetPid()
+	r := readPTY(st)
+	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
+	input := func(t *testing.T, pc processconnect.ProcessClient, s string) {
+		t.Helper()
+		if _, err := pc.SendInput(c, connect.NewRequest(&process.SendInputRequest{Process: sel,
+			Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte(s)}}})); err != nil {
+			t.Fatalf("input: %v", err)
+		}
+	}
+	input(t, pc, "cd /tmp && PTYVAR=kept; echo ready-$((6*7))\n")
+	r.wait(t, "ready-42")
+
+	pause := func(t *testing.T, g *gatewayProc) {
+		t.Helper()
+		var a pauseAnswer
+		start := time.Now()
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+			t.Fatalf("pause: %d %+v", code, a)
+		}
+		t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
+		if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 1<<20 {
+			t.Fatalf("pause report: %+v (resident %v)\n%s", a.Pause, a.Pause.ResidentBytes, g.stderr.String())
+		}
+		t.Logf("paused by checkpoint: %d bytes resident", *a.Pause.ResidentBytes)
+	}
+	prevSize := "24x80"
+	check := func(t *testing.T, g *gatewayProc, round int) {
+		t.Helper()
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, nil); code != http.StatusOK {
+			t.Fatalf("resume: %d", code)
+		}
+		pc := envdClient(t, g, id)
+		cs, err := pc.Connect(c, connect.NewRequest(&process.ConnectRequest{Process: sel}))
+		if err != nil {
+			t.Fatalf("connect after the resume: %v\n%s", err, g.stderr.String())
+		}
+		defer cs.Close()
+		r := readPTY(cs)
+		// The size it had is kept (the terminal was dumped and restored).
+		input(t, pc, "echo \"size-$(stty size | tr ' ' x)\"\n")
+		r.wait(t, "size-"+prevSize)
+		cols := 90 + round
+		prevSize = "33x" + strconv.Itoa(cols)
+		if _, err := pc.Update(c, connect.NewRequest(&process.UpdateRequest{Process: sel,
+			Pty: &process.PTY{Size: &process.PTY_Size{Cols: uint32(cols), Rows: 33}}})); err != nil {
+			t.Fatalf("resize after the resume: %v", err)
+		}
+		input(t, pc, "echo \"$PTYVAR-$(pwd)-$((40+2))\"; stty size\n")
+		r.wait(t, "kept-/tmp-42")
+		r.wait(t, "33 "+strconv.Itoa(cols))
+	}
+
+	pause(t, g)
+	check(t, g, 1)
+	_ = st.Close() // an open stream would hold the gateway's shutdown up
+
+	// Paused again, across a gateway restart (that keeps sandboxes).
+	pause(t, g)
+	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	<-g.done
+	g2.start(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--api-key", g.Token, "--keep-sandboxes-on-exit=true"}, args...))
+	g = g2
+	check(t, g, 2)
+
+	// A gateway restart with the session running: the terminal is kept
+	// by the init and handed back to the next gateway.
+	g3 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	<-g.done
+	g3.start(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--api-key", g.Token, "--keep-sandboxes-on-exit=false"}, args...))
+	g = g3
+	check(t, g, 3)
+	if code := g.api(t, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+		t.Errorf("delete: %d", code)
+	}
+}
+
+// deleteQuietly deletes session id on g if g still answers (a test's
+// cleanup: the gateway keeps sandboxes on exit).
+func deleteQuietly(g *gatewayProc, id string) {
+	req, err := http.NewRequest(http.MethodDelete, g.URL+"/v1/sessions/"+id, nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set("Authorization", "Bearer "+g.Token)
+	if res, err := http.DefaultClient.Do(req); err == nil {
+		res.Body.Close()
+	}
+}

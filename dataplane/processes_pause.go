@@ -1,0 +1,180 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/sandgate/sandgate/gateway"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// A pause by checkpoint (docs/pause.md) cannot hand the gateway's pipes
+// to a background process back after the restore: before the dump the
+// gateway lets go of each running kept process (letGo, an OnCheckpoint
+// hook, as kernels and shells do), which runs on, kept by the sandbox's
+// init under its key, its output waiting in its pipes and its exit with
+// the init. Once the session runs again, takeBack takes it back
+// (sandbox.Keeper.Reattach, as after a gateway restart) and its output
+// goes on at the offset it had: no byte lost or read twice.
+
+// letGo lets go of the session's running kept processes before a pause
+// that may checkpoint the sandbox. It reports false when one could not
+// be let go of (not kept, a PTY, or a write to its input under way): it
+// then holds the sandbox, and the pause is a freeze.
+func (sp *sessionProcs) letGo() bool {
+	sp.mu.Lock()
+	procs := make([]*Process, 0, len(sp.procs))
+	for _, pr := range sp.procs {
+		procs = append(procs, pr)
+	}
+	sp.mu.Unlock()
+	ok := true
+	for _, pr := range procs {
+		if !pr.release() {
+			ok = false
+		}
+	}
+	return ok
+}
+
+// release lets go of pr if it runs: false when it cannot.
+func (pr *Process) release() bool {
+	if !pr.stdinMu.TryLock() {
+		return false // a write to its input under way
+	}
+	defer pr.stdinMu.Unlock()
+	pr.mu.Lock()
+	if !pr.running || pr.ending || pr.released || pr.p == nil {
+		pr.mu.Unlock()
+		return true
+	}
+	r, ok := pr.p.(sandbox.Releaser)
+	if !ok || pr.keep == "" {
+		pr.mu.Unlock()
+		return false
+	}
+	pr.released, pr.back = true, make(chan struct{})
+	pr.mu.Unlock()
+	// Its readers stop (run then sees it released, and takes it back
+	// once the session runs), and its control connection closes.
+	r.Release()
+	pr.sp.cfg.Log.Info("process_released", "session", pr.sp.id, "process", pr.info.ProcessID, "offset", pr.out.End())
+	return true
+}
+
+// releasedWait bounds how long a call on a process let go of (its input,
+// a signal, a resize) waits for it to be taken back once the session runs
+// again.
+const releasedWait = 30 * time.Second
+
+// proc is pr's process, waiting (at most releasedWait, or until ctx
+// ends) for it to be taken back when it was let go of for a pause.
+func (pr *Process) proc(ctx context.Context) (sandbox.Process, error) {
+	pr.mu.Lock()
+	p, released, back := pr.p, pr.released, pr.back
+	pr.mu.Unlock()
+	if !released {
+		return p, nil
+	}
+	t := time.NewTimer(releasedWait)
+	defer t.Stop()
+	select {
+	case <-back:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		return nil, errors.New("the process was not taken back after the session's pause")
+	case <-pr.sp.gone:
+		return nil, ErrSessionEnded
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if !pr.running {
+		return nil, ErrProcessExited
+	}
+	return pr.p, nil
+}
+
+// takeBack takes pr, let go of for a pause, back once its session runs
+// again, and reads it on (run). A process the init no longer keeps ended
+// with its processes (a failed restore): it is recorded killed.
+func (pr *Process) takeBack() {
+	sp := pr.sp
+	delay := 100 * time.Millisecond
+	for {
+		select {
+		case <-sp.s.Resumed():
+		case <-sp.gone:
+			return
+		}
+		select {
+		case <-sp.gone: // the session ended (Resumed says so too)
+			return
+		default:
+		}
+		sb := sp.s.Sandbox()
+		var keeper sandbox.Keeper
+		if sb != nil {
+			keeper, _ = sandbox.As[sandbox.Keeper](sb)
+		}
+		if keeper == nil {
+			pr.lost(sandbox.ErrNotKept)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+		p, err := keeper.Reattach(ctx, pr.keep)
+		cancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, sandbox.ErrNotKept):
+			pr.lost(err)
+			return
+		default:
+			// Paused again, or the init did not answer: try again.
+			if !errors.Is(err, sandbox.ErrPaused) {
+				sp.cfg.Log.Warn("process_reattach_deferred", "session", sp.id, "process", pr.info.ProcessID, "err", err)
+			}
+			select {
+			case <-time.After(delay):
+			case <-sp.gone:
+				return
+			}
+			delay = min(2*delay, 5*time.Second)
+			continue
+		}
+		sp.mu.Lock()
+		closed := sp.closed
+		sp.mu.Unlock()
+		if closed {
+			p.Kill()
+			return
+		}
+		pr.mu.Lock()
+		pr.p = gateway.Reattached(pr.p, p)
+		pr.released = false
+		close(pr.back)
+		pr.mu.Unlock()
+		sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End(), "after", "pause")
+		go pr.run()
+		return
+	}
+}
+
+// lost records pr, which the init no longer keeps, killed.
+func (pr *Process) lost(err error) {
+	sp := pr.sp
+	sp.cfg.Log.Warn("process_lost", "session", sp.id, "process", pr.info.ProcessID, "err", err)
+	pr.sp.settle(pr)
+	pr.mu.Lock()
+	pr.running, pr.exit, pr.endedAt = false, sandbox.Exit{Signal: "KILL"}, time.Now().UTC()
+	pr.stdinClosed, pr.released = true, false
+	close(pr.back)
+	pr.mu.Unlock()
+	pr.out.Close()
+	if err := pr.save(); err != nil {
+		sp.cfg.Log.Warn("process_record_failed", "session", sp.id, "process", pr.info.ProcessID, "err", err)
+	}
+	sp.finish(pr)
+	close(pr.done)
+}

@@ -2,10 +2,15 @@ package sshd
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
 	"io"
 	"net"
 	"sync"
 	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
 )
 
 // countingConn counts the writes that reach the connection under it.
@@ -105,4 +110,107 @@ func TestHold(t *testing.T) {
 
 	var none *boundConn
 	none.hold()()
+}
+
+// TestHoldKeyExchange: a hold that a key exchange meets does not stall the
+// connection. While a re-key is under way, x/crypto/ssh queues a
+// connection's packets (64 at most), then makes a writer wait for the new
+// keys, which need the server's key exchange packets to reach the client:
+// with those held, a sendEnd that waited there never released its hold,
+// and every channel of the connection stopped for good. The hold lets
+// them go after a while, as TCP_CORK did.
+func TestHoldKeyExchange(t *testing.T) {
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := gossh.NewSignerFromKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type served struct {
+		bc   *boundConn
+		conn *gossh.ServerConn
+		ch   gossh.Channel
+		err  error
+	}
+	srvc := make(chan served, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			srvc <- served{err: err}
+			return
+		}
+		bc := &boundConn{Conn: c}
+		bc.in = readAhead{src: c, pool: &bufPool{}}
+		// The server re-keys every 256 bytes it writes.
+		cfg := &gossh.ServerConfig{NoClientAuth: true, Config: gossh.Config{RekeyThreshold: 256}}
+		cfg.AddHostKey(signer)
+		conn, chans, reqs, err := gossh.NewServerConn(bc, cfg)
+		if err != nil {
+			c.Close()
+			srvc <- served{err: err}
+			return
+		}
+		go gossh.DiscardRequests(reqs)
+		nc := <-chans
+		ch, creqs, err := nc.Accept()
+		if err == nil {
+			go gossh.DiscardRequests(creqs)
+		}
+		srvc <- served{bc: bc, conn: conn, ch: ch, err: err}
+		for nc := range chans {
+			_ = nc.Reject(gossh.Prohibited, "one channel")
+		}
+	}()
+	client, err := gossh.Dial("tcp", ln.Addr().String(), &gossh.ClientConfig{
+		User: "u", HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	cch, creqs, err := client.OpenChannel("session", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gossh.DiscardRequests(creqs)
+	go func() { _, _ = io.Copy(io.Discard, cch) }()
+	s := <-srvc
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	defer s.conn.Close()
+
+	// Under a hold, the packets of the connection's other channels (here,
+	// a burst of requests), then the end of this one, as sendEnd sends it.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer s.bc.hold()()
+		for range 1000 {
+			if _, err := s.ch.SendRequest("keepalive@openssh.com", false, nil); err != nil {
+				return
+			}
+		}
+		_, _ = s.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{0}))
+		_ = s.ch.CloseWrite()
+		_ = s.ch.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		s.conn.Close() // lets the writer go
+		<-done
+		t.Fatal("a hold met a key exchange: the connection stalled")
+	}
+	// The client still gets the channel's end.
+	if _, err := io.Copy(io.Discard, cch); err != nil {
+		t.Fatal(err)
+	}
 }

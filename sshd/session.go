@@ -455,7 +455,8 @@ func closeOutputs(outs ...*procio.Output) {
 // sendEnd sends the exit status (or signal), EOF and close. They leave in
 // one write, as OpenSSH's one buffered write sends them: the tunnel is
 // held (boundConn.hold) only around these three packets, none of which
-// waits for the peer.
+// waits for the peer but in a key exchange (the hold then ends after
+// maxHold).
 func (c *channel) sendEnd(exit sandbox.Exit, err error) {
 	c.answering.Lock() // a reply being sent goes first
 	c.answering.Unlock()

@@ -397,9 +397,15 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 
 	// The command's audit event and metrics follow the end, off the
 	// client's wait (its history entry does not: a client that asks for
-	// the history once it has the exit status finds the command there).
+	// the history once it has the exit status finds the command there),
+	// but never wait on the client for more than maxReportDelay: one that
+	// does not read would otherwise put them off until the connection
+	// closes (and a crash in between would lose them).
 	report := gateway.ReportLater(proc)
 	exit, err := proc.Wait()
+	var reported sync.Once
+	reportNow := func() { reported.Do(report) }
+	late := time.AfterFunc(maxReportDelay, reportNow)
 	c.mu.Lock()
 	c.exited = true
 	c.mu.Unlock()
@@ -422,7 +428,8 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	took := time.Since(began).Milliseconds()
 	c.notices.Wait() // exited is set: no new notice starts
 	c.sendEnd(exit, err)
-	report()
+	late.Stop()
+	reportNow()
 	if kind == "shell" { // an exec is recorded by the session's history
 		var code *int
 		if err == nil && exit.Signal == "" {
@@ -441,6 +448,10 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "signal", exit.Signal)...)
 	}
 }
+
+// maxReportDelay bounds how long after its exit an exec's audit event and
+// metrics wait for its end to be sent (see run).
+const maxReportDelay = time.Second
 
 // closeOutputs closes a command's output streams (stderr is nil with a
 // PTY).

@@ -41,16 +41,29 @@ func (l *eventLog) commands() int {
 	return n
 }
 
-// TestExecReportClientNotReading: an exec's audit event follows its end,
-// but does not wait on a client that does not read: a command whose
-// output fills the client's window and stays unread is recorded soon after
-// it exits, not when the client reads or the connection closes (which a
-// client could put off, and a crash then never comes to). Once.
+// TestExecReportClientNotReading: an exec's (a shell's) audit event
+// follows its end, but does not wait on a client that does not read: a
+// command whose output fills the client's window and stays unread is
+// recorded soon after it exits, not when the client reads or the
+// connection closes (which a client could put off, and a crash then never
+// comes to). Once.
 func TestExecReportClientNotReading(t *testing.T) {
+	for _, shell := range []bool{false, true} {
+		name := "exec"
+		if shell {
+			name = "shell"
+		}
+		t.Run(name, func(t *testing.T) { testReportClientNotReading(t, shell) })
+	}
+}
+
+func testReportClientNotReading(t *testing.T, shell bool) {
 	events := &eventLog{}
 	sb := newFakeSandbox()
 	window := 2 << 20 // x/crypto's client window
+	exited := make(chan struct{})
 	sb.run = func(p *fakeProc) sandbox.Exit {
+		defer close(exited)
 		_, _ = p.Out.Write(bytes.Repeat([]byte{'x'}, window))
 		_, _ = p.Out.Write([]byte("!")) // taken by the copier, which then waits for the window
 		return sandbox.Exit{Code: 7}
@@ -66,19 +79,24 @@ func TestExecReportClientNotReading(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sess.Start("cmd"); err != nil {
+	if shell {
+		err = sess.Shell()
+	} else {
+		err = sess.Start("cmd")
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not in 30 s", what)
-			}
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the command did not end")
+	}
+	for deadline := time.Now().Add(30 * time.Second); events.commands() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no audit event while the client does not read, 30 s after the command's end")
 		}
 	}
-	waitFor("the command's end (its history entry)", func() bool { return len(h.sess.History()) == 1 })
-	waitFor("the command's audit event while the client does not read", func() bool { return events.commands() == 1 })
 	if n, err := io.Copy(io.Discard, out); err != nil || n != int64(window)+1 {
 		t.Fatalf("stdout: %d bytes, %v", n, err)
 	}
@@ -88,5 +106,8 @@ func TestExecReportClientNotReading(t *testing.T) {
 	}
 	if n := events.commands(); n != 1 {
 		t.Fatalf("%d command events, want 1", n)
+	}
+	if shell != (len(h.sess.History()) == 0) {
+		t.Fatalf("history %+v", h.sess.History())
 	}
 }

@@ -395,16 +395,28 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		_, _ = copyIn(proc.Stdin(), c.ch, seeIn, a.touch, &c.srv.bufs)
 	}()
 
-	// The command's audit event and metrics follow the end, off the
-	// client's wait (its history entry does not: a client that asks for
-	// the history once it has the exit status finds the command there),
-	// but never wait on the client for more than maxReportDelay: one that
-	// does not read would otherwise put them off until the connection
-	// closes (and a crash in between would lose them).
+	// The command's audit event and metrics (a shell's event) follow the
+	// end, off the client's wait (an exec's history entry does not: a
+	// client that asks for the history once it has the exit status finds
+	// the command there), but never wait on the client for more than
+	// maxReportDelay: one that does not read would otherwise put them
+	// off until the connection closes (and a crash in between would lose
+	// them).
 	report := gateway.ReportLater(proc)
 	exit, err := proc.Wait()
 	var reported sync.Once
-	reportNow := func() { reported.Do(report) }
+	reportNow := func() {
+		reported.Do(func() {
+			report()
+			if kind == "shell" { // an exec is recorded by the session's history
+				var code *int
+				if err == nil && exit.Signal == "" {
+					code = &exit.Code
+				}
+				c.auditCommand("shell", "", code, exit.Signal, "", time.Since(began).Milliseconds())
+			}
+		})
+	}
 	late := time.AfterFunc(maxReportDelay, reportNow)
 	c.mu.Lock()
 	c.exited = true
@@ -430,13 +442,6 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	c.sendEnd(exit, err)
 	late.Stop()
 	reportNow()
-	if kind == "shell" { // an exec is recorded by the session's history
-		var code *int
-		if err == nil && exit.Signal == "" {
-			code = &exit.Code
-		}
-		c.auditCommand("shell", "", code, exit.Signal, "", took)
-	}
 	// The log line follows the end, off the client's wait.
 	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
 	switch {

@@ -60,7 +60,8 @@ func TestHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := &countingConn{Conn: tc}
-	bc := &boundConn{Conn: cc}
+	// No hold ends on its own here, however slow the machine.
+	bc := &boundConn{Conn: cc, holdMax: time.Hour}
 	var want bytes.Buffer
 	write := func(s string) {
 		t.Helper()
@@ -102,6 +103,20 @@ func TestHold(t *testing.T) {
 	release() // a second call has nothing to write
 	if cc.count() != 5 {
 		t.Fatal("a second release wrote again")
+	}
+	// Two channels' ends at once: the first release leaves the second's
+	// hold on; the second lets both go.
+	first := bc.hold()
+	write("a-end;")
+	second := bc.hold()
+	write("b-end;")
+	first()
+	if cc.count() != 5 {
+		t.Fatal("the first of two holds let the packets go")
+	}
+	second()
+	if cc.count() != 6 || string(cc.writes[5]) != "a-end;b-end;" {
+		t.Fatalf("the second release: %d writes, want the two ends in one", cc.count()-5)
 	}
 	tc.Close()
 	if b := <-got; !bytes.Equal(b, want.Bytes()) {

@@ -198,6 +198,7 @@ type boundConn struct {
 	holding bool
 	holds   uint64
 	held    []byte
+	holdMax time.Duration // how long a hold lasts at most; 0: maxHold
 }
 
 // Read reads the tunnel through the read-ahead buffer (see readAhead).
@@ -298,7 +299,11 @@ func (c *boundConn) hold() (release func()) {
 			c.held = nil
 		}
 	}
-	timer := time.AfterFunc(maxHold, end)
+	d := c.holdMax
+	if d == 0 {
+		d = maxHold
+	}
+	timer := time.AfterFunc(d, end)
 	return func() {
 		timer.Stop()
 		end()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,12 +184,58 @@ func TestHoldKeyExchange(t *testing.T) {
 			_ = nc.Reject(gossh.Prohibited, "one channel")
 		}
 	}()
-	client, err := gossh.Dial("tcp", ln.Addr().String(), &gossh.ClientConfig{
+	// The client reaches the server through a relay whose way to the
+	// server can be stopped: the client's key exchange packets then wait
+	// in it, and the server's exchange stays under way.
+	tc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	cliEnd, relEnd := net.Pipe()
+	defer cliEnd.Close()
+	defer relEnd.Close()
+	go func() { _, _ = io.Copy(relEnd, tc) }() // to the client
+	var (
+		mu      sync.Mutex
+		stopped bool
+		waiting []byte
+	)
+	resume := make(chan struct{})
+	go func() { // to the server
+		b := make([]byte, 64<<10)
+		for {
+			n, err := relEnd.Read(b)
+			if err != nil {
+				return
+			}
+			mu.Lock() // held over the write: what waited goes first
+			if stopped {
+				waiting = append(waiting, b[:n]...)
+			} else {
+				_, err = tc.Write(b[:n])
+			}
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		<-resume
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = false
+		_, _ = tc.Write(waiting)
+		waiting = nil
+	}()
+	cc, chans, reqs, err := gossh.NewClientConn(cliEnd, "relay", &gossh.ClientConfig{
 		User: "u", HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	client := gossh.NewClient(cc, chans, reqs)
 	defer client.Close()
 	cch, creqs, err := client.OpenChannel("session", nil)
 	if err != nil {
@@ -202,30 +249,62 @@ func TestHoldKeyExchange(t *testing.T) {
 	}
 	defer s.conn.Close()
 
-	// Under a hold, the packets of the connection's other channels (here,
-	// a burst of requests), then the end of this one, as sendEnd sends it.
+	// A re-key, its answer kept in the relay: the server writes until
+	// the client answers its KEXINIT (the client writes nothing else).
+	mu.Lock()
+	stopped = true
+	mu.Unlock()
+	answered := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(waiting) > 0
+	}
+	for deadline := time.Now().Add(30 * time.Second); !answered(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not re-key")
+		}
+		if _, err := s.ch.SendRequest("keepalive@openssh.com", false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The other channels' packets fill x/crypto's queue (64): the writer
+	// that finds it full waits for the exchange's end.
+	var written atomic.Int32
+	go func() {
+		for range 64 {
+			if _, err := s.ch.SendRequest("keepalive@openssh.com", false, nil); err != nil {
+				return
+			}
+			written.Add(1)
+		}
+	}()
+	for last, still := int32(-1), 0; still < 10; time.Sleep(20 * time.Millisecond) {
+		if n := written.Load(); n == 64 || n != last {
+			last, still = n, 0
+			if n == 64 {
+				break
+			}
+		} else {
+			still++
+		}
+	}
+
+	// The end of this channel, as sendEnd sends it, under a hold; the
+	// client's answer reaches the server meanwhile.
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer s.bc.hold()()
-		for range 1000 {
-			if _, err := s.ch.SendRequest("keepalive@openssh.com", false, nil); err != nil {
-				return
-			}
-		}
 		_, _ = s.ch.SendRequest("exit-status", false, gossh.Marshal(struct{ Status uint32 }{0}))
 		_ = s.ch.CloseWrite()
 		_ = s.ch.Close()
 	}()
+	close(resume)
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		s.conn.Close() // lets the writer go
+		s.conn.Close() // lets the writers go
 		<-done
 		t.Fatal("a hold met a key exchange: the connection stalled")
-	}
-	// The client still gets the channel's end.
-	if _, err := io.Copy(io.Discard, cch); err != nil {
-		t.Fatal(err)
 	}
 }

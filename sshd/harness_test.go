@@ -39,6 +39,13 @@ type harness struct {
 // for a session on sb. Everything stops when the test ends.
 func newHarness(t *testing.T, cfg sshd.Config, sb *fakeSandbox) *harness {
 	t.Helper()
+	return newHarnessGateway(t, cfg, gateway.Config{}, sb)
+}
+
+// newHarnessGateway is newHarness with the gateway's configuration gcfg
+// (its auditor, its metrics).
+func newHarnessGateway(t *testing.T, cfg sshd.Config, gcfg gateway.Config, sb *fakeSandbox) *harness {
+	t.Helper()
 	h := &harness{sb: sb, log: &gwtest.Buffer{}}
 	log := slog.New(slog.NewTextHandler(h.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if len(cfg.HostSigners) == 0 {
@@ -57,7 +64,7 @@ func newHarness(t *testing.T, cfg sshd.Config, sb *fakeSandbox) *harness {
 	if h.srv, err = sshd.New(cfg); err != nil {
 		t.Fatal(err)
 	}
-	mgr := gateway.NewManager(gateway.Config{}, fakeDriver{sb}, log)
+	mgr := gateway.NewManager(gcfg, fakeDriver{sb}, log)
 	if h.sess, _, err = mgr.Create(context.Background(), gateway.Principal{Tenant: "t"}, gateway.CreateParams{}); err != nil {
 		t.Fatal(err)
 	}

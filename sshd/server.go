@@ -192,10 +192,13 @@ type boundConn struct {
 
 	in readAhead // x/crypto/ssh's transport reads through it
 
-	// A hold's packets (see hold), guarded by wmu.
+	// A hold's packets (see hold), guarded by wmu; holds counts the
+	// holds, so that only the last one's end lets them go.
 	wmu     sync.Mutex
 	holding bool
+	holds   uint64
 	held    []byte
+	holdMax time.Duration // how long a hold lasts at most; 0: maxHold
 }
 
 // Read reads the tunnel through the read-ahead buffer (see readAhead).
@@ -262,27 +265,48 @@ func (c *boundConn) flushHeld() error {
 	return err
 }
 
+// maxHold bounds how long a hold keeps packets back, as the kernel's
+// TCP_CORK does (200 ms): a write in a hold that waits for the peer (one
+// x/crypto/ssh makes wait for a key exchange's end, which needs the
+// server's key exchange packets to reach the client) costs a delay, never
+// a stalled connection.
+const maxHold = 200 * time.Millisecond
+
 // hold keeps the packets written to the tunnel back until the returned
 // function is called, which writes them all with one write(2), so that
 // they leave in one TCP segment, as OpenSSH's buffered output sends them
-// (a channel's exit-status, EOF and close: sendEnd). Nothing written in
-// between may wait for the peer; at most maxHeld bytes are kept. It does
-// nothing on a nil connection.
+// (a channel's exit-status, EOF and close: sendEnd). At most maxHeld bytes
+// are kept, for at most maxHold; a hold taken while another is on ends
+// with the later one. It does nothing on a nil connection.
 func (c *boundConn) hold() (release func()) {
 	if c == nil {
 		return func() {}
 	}
 	c.wmu.Lock()
+	c.holds++
+	n := c.holds
 	c.holding = true
 	c.wmu.Unlock()
-	return func() {
+	end := func() {
 		c.wmu.Lock()
 		defer c.wmu.Unlock()
+		if c.holds != n || !c.holding {
+			return // a later hold is on, or this one ended
+		}
 		c.holding = false
 		_ = c.flushHeld() // a failed write fails the packets after it too
 		if cap(c.held) > 4<<10 {
 			c.held = nil
 		}
+	}
+	d := c.holdMax
+	if d == 0 {
+		d = maxHold
+	}
+	timer := time.AfterFunc(d, end)
+	return func() {
+		timer.Stop()
+		end()
 	}
 }
 

@@ -395,11 +395,29 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		_, _ = copyIn(proc.Stdin(), c.ch, seeIn, a.touch, &c.srv.bufs)
 	}()
 
-	// The command's audit event and metrics follow the end, off the
-	// client's wait (its history entry does not: a client that asks for
-	// the history once it has the exit status finds the command there).
+	// The command's audit event and metrics (a shell's event) follow the
+	// end, off the client's wait (an exec's history entry does not: a
+	// client that asks for the history once it has the exit status finds
+	// the command there), but never wait on the client for more than
+	// maxReportDelay: one that does not read would otherwise put them
+	// off until the connection closes (and a crash in between would lose
+	// them).
 	report := gateway.ReportLater(proc)
 	exit, err := proc.Wait()
+	var reported sync.Once
+	reportNow := func() {
+		reported.Do(func() {
+			report()
+			if kind == "shell" { // an exec is recorded by the session's history
+				var code *int
+				if err == nil && exit.Signal == "" {
+					code = &exit.Code
+				}
+				c.auditCommand("shell", "", code, exit.Signal, "", time.Since(began).Milliseconds())
+			}
+		})
+	}
+	late := time.AfterFunc(maxReportDelay, reportNow)
 	c.mu.Lock()
 	c.exited = true
 	c.mu.Unlock()
@@ -422,14 +440,8 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	took := time.Since(began).Milliseconds()
 	c.notices.Wait() // exited is set: no new notice starts
 	c.sendEnd(exit, err)
-	report()
-	if kind == "shell" { // an exec is recorded by the session's history
-		var code *int
-		if err == nil && exit.Signal == "" {
-			code = &exit.Code
-		}
-		c.auditCommand("shell", "", code, exit.Signal, "", took)
-	}
+	late.Stop()
+	reportNow()
 	// The log line follows the end, off the client's wait.
 	attrs := []any{"session", c.sess.ID, "kind", kind, "duration_ms", took}
 	switch {
@@ -441,6 +453,10 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 		c.srv.cfg.Log.InfoContext(c.ctx, "exec_finished", append(attrs, "signal", exit.Signal)...)
 	}
 }
+
+// maxReportDelay bounds how long after its exit an exec's audit event and
+// metrics wait for its end to be sent (see run).
+const maxReportDelay = time.Second
 
 // closeOutputs closes a command's output streams (stderr is nil with a
 // PTY).
@@ -455,7 +471,8 @@ func closeOutputs(outs ...*procio.Output) {
 // sendEnd sends the exit status (or signal), EOF and close. They leave in
 // one write, as OpenSSH's one buffered write sends them: the tunnel is
 // held (boundConn.hold) only around these three packets, none of which
-// waits for the peer.
+// waits for the peer but in a key exchange (the hold then ends after
+// maxHold).
 func (c *channel) sendEnd(exit sandbox.Exit, err error) {
 	c.answering.Lock() // a reply being sent goes first
 	c.answering.Unlock()

@@ -460,8 +460,9 @@ type kernelSigaction struct {
 // also interrupted whichever thread the kernel picked, most often the
 // spawner thread in accept4, which ran the handler and restarted its call
 // on the way of the reaper's wake (about 12 µs per exec in a trace of the
-// init, issue 41 row e2). Nothing in the init asks for SIGCHLD (os/signal
-// would put the runtime's handler back).
+// init, issue 41 row e2). Nothing in the init asks for SIGCHLD, and
+// nothing may: the runtime counts its handler as installed, so a later
+// signal.Notify for SIGCHLD would not put it back and would get nothing.
 func defaultChildSignal() error {
 	sa := kernelSigaction{} // handler 0 is SIG_DFL
 	if _, _, errno := unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(unix.SIGCHLD),

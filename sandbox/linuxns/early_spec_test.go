@@ -303,3 +303,55 @@ func TestLinuxCheckpointWarmInitMovesIntoCPU(t *testing.T) {
 	}
 	checkNoLeaks(t, dataDir)
 }
+
+// A warm sandbox's init is forked at the weight of its cgroup that Create
+// gave it (cgroup.Plan.Create), and gets the least (cgroup.Plan.Idle) only
+// once started: the thread that forks it (the spawn server's, or the
+// gateway's) joins the cgroups the init is born in (v1), and waits for
+// its exec. At the least weight, among busy sandboxes, the spawn server's
+// fork took seconds, past its bound (spawnReplyWait), and the driver
+// ended the server for good (issue 41's warm init born in its cpu
+// cgroup: 10 to 20 busy sandboxes here, init_exec_bg 4.4 s and 6.4 s,
+// "the gateway forks every init itself from now on").
+func TestLinuxWarmInitForkedBeforeIdle(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	const id = "sbx-warm-fork"
+	weight := func() (file, value string) {
+		for _, f := range []string{"/sys/fs/cgroup/cpu/sandgate/" + id + "/cpu.shares", "/sys/fs/cgroup/sandgate/" + id + "/cpu.weight"} {
+			if b, err := os.ReadFile(f); err == nil {
+				return f, strings.TrimSpace(string(b))
+			}
+		}
+		return "", ""
+	}
+	var atFork, atForkFile string
+	d.BeforeLaunch(func(got string) {
+		if got == id {
+			atForkFile, atFork = weight()
+		}
+	})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+		checkNoLeaks(t, dataDir)
+	}()
+	if atForkFile == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no cpu cgroup for the sandbox (cpu.shares or cpu.weight)")
+		}
+		t.Skip("no cpu controller for sandboxes here")
+	}
+	if atFork == "2" || atFork == "1" {
+		t.Errorf("the warm init was forked with %s = %s, the least: its fork waits for every busy sandbox", atForkFile, atFork)
+	}
+	if file, got := weight(); got != "2" && got != "1" {
+		t.Errorf("the built warm sandbox's %s = %s, want the least (2 on v1, 1 on v2)", file, got)
+	}
+}

@@ -110,6 +110,9 @@ type Driver struct {
 	// beforeLaunch, when set (tests), runs with a new sandbox's id just
 	// before its init is forked, in the cgroups made for it.
 	beforeLaunch func(id string)
+	// beforeKill, when set (tests), runs with a sandbox's id just before
+	// its teardown kills its init.
+	beforeKill func(id string)
 
 	mu    sync.Mutex
 	slots map[int]string // slot -> sandbox id

@@ -355,3 +355,44 @@ func TestLinuxWarmInitForkedBeforeIdle(t *testing.T) {
 		t.Errorf("the built warm sandbox's %s = %s, want the least (2 on v1, 1 on v2)", file, got)
 	}
 }
+
+// A warm sandbox destroyed unclaimed (the pool's shrink or close) is
+// killed at a running sandbox's CPU weight, not at the least it waited
+// at: its init's exit, the teardown of its namespaces, runs in its
+// cgroups, and at the least weight it waited for every busy sandbox (20
+// busy sandboxes here: 3.5 s against 0.15 s for a claimed one), towards
+// the bounds past which the destroy fails and leaves its cgroups.
+func TestLinuxWarmDestroyedAtRunningWeight(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	const id = "sbx-warm-destroy"
+	var atKill, atKillFile string
+	d.BeforeKill(func(got string) {
+		if got != id {
+			return
+		}
+		for _, f := range []string{"/sys/fs/cgroup/cpu/sandgate/" + id + "/cpu.shares", "/sys/fs/cgroup/sandgate/" + id + "/cpu.weight"} {
+			if b, err := os.ReadFile(f); err == nil {
+				atKillFile, atKill = f, strings.TrimSpace(string(b))
+			}
+		}
+	})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, dataDir)
+	if atKillFile == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no cpu cgroup for the sandbox (cpu.shares or cpu.weight)")
+		}
+		t.Skip("no cpu controller for sandboxes here")
+	}
+	if atKill != "1024" && atKill != "100" {
+		t.Errorf("the unclaimed warm sandbox was killed with %s = %s, want a running sandbox's (1024 on v1, 100 on v2)", atKillFile, atKill)
+	}
+}

@@ -56,6 +56,10 @@ func (d *Driver) BeforeAttach(f func(pid int)) { d.beforeAttach = f }
 // forks its init, in the cgroups made for it.
 func (d *Driver) BeforeLaunch(f func(id string)) { d.beforeLaunch = f }
 
+// BeforeKill makes d call f with a sandbox's id just before its teardown
+// (Destroy, a failed Create) kills its init.
+func (d *Driver) BeforeKill(f func(id string)) { d.beforeKill = f }
+
 // DisableSeccomp starts the driver's next sandboxes without the seccomp
 // filter, to measure what it costs.
 func (d *Driver) DisableSeccomp() { d.noSeccomp = true }

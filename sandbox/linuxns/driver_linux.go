@@ -111,7 +111,7 @@ type Driver struct {
 	// before its init is forked, in the cgroups made for it.
 	beforeLaunch func(id string)
 	// beforeKill, when set (tests), runs with a sandbox's id just before
-	// its teardown kills its init.
+	// its teardown (or a reap) kills its init.
 	beforeKill func(id string)
 
 	mu    sync.Mutex
@@ -1145,6 +1145,13 @@ func (d *Driver) reap(id string) error {
 		st = &sandboxState{ID: id, Workspace: filepath.Join(dir, "workspace")}
 	}
 	cgs := d.cgroupsOf(st)
+	// A running sandbox's CPU weight first: one left warm (a pool's, which
+	// a restart removes) has the least, at which its init's exit waited
+	// for every busy sandbox (teardown).
+	_ = d.cg.Started(id)
+	if d.beforeKill != nil {
+		d.beforeKill(id)
+	}
 	errs := []error{d.killLeft(st, cgs, "reaped")}
 	errs = append(errs, cgroup.Remove(cgs), unmountUnder(dir), os.RemoveAll(dir))
 	d.freeSlot(st.Slot, id)

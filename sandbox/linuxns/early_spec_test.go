@@ -356,8 +356,9 @@ func TestLinuxWarmInitForkedBeforeIdle(t *testing.T) {
 	}
 }
 
-// A warm sandbox destroyed unclaimed (the pool's shrink or close) is
-// killed at a running sandbox's CPU weight, not at the least it waited
+// A warm sandbox destroyed unclaimed (the pool's shrink or close), or
+// left by a gateway and removed by the next (Restore), is killed at a
+// running sandbox's CPU weight, not at the least it waited
 // at: its init's exit, the teardown of its namespaces, runs in its
 // cgroups, and at the least weight it waited for every busy sandbox (20
 // busy sandboxes here: 3.5 s against 0.15 s for a claimed one), towards
@@ -378,14 +379,27 @@ func TestLinuxWarmDestroyedAtRunningWeight(t *testing.T) {
 			}
 		}
 	})
-	sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: true})
-	if err != nil {
-		t.Fatal(err)
+	for _, how := range []string{"destroyed", "left by a restart, removed"} {
+		atKill, atKillFile = "", ""
+		sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if how == "destroyed" {
+			err = sb.Destroy(context.Background())
+		} else if err = sb.(sandbox.Detacher).Detach(context.Background()); err == nil {
+			err = d.Remove(context.Background(), id)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, dataDir)
+		checkKilledAtRunningWeight(t, how, atKillFile, atKill)
 	}
-	if err := sb.Destroy(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	checkNoLeaks(t, dataDir)
+}
+
+func checkKilledAtRunningWeight(t *testing.T, how, atKillFile, atKill string) {
+	t.Helper()
 	if atKillFile == "" {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("no cpu cgroup for the sandbox (cpu.shares or cpu.weight)")
@@ -393,6 +407,6 @@ func TestLinuxWarmDestroyedAtRunningWeight(t *testing.T) {
 		t.Skip("no cpu controller for sandboxes here")
 	}
 	if atKill != "1024" && atKill != "100" {
-		t.Errorf("the unclaimed warm sandbox was killed with %s = %s, want a running sandbox's (1024 on v1, 100 on v2)", atKillFile, atKill)
+		t.Errorf("an unclaimed warm sandbox %s: its init was killed with %s = %s, want a running sandbox's (1024 on v1, 100 on v2)", how, atKillFile, atKill)
 	}
 }

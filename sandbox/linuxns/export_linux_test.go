@@ -57,7 +57,7 @@ func (d *Driver) BeforeAttach(f func(pid int)) { d.beforeAttach = f }
 func (d *Driver) BeforeLaunch(f func(id string)) { d.beforeLaunch = f }
 
 // BeforeKill makes d call f with a sandbox's id just before its teardown
-// (Destroy, a failed Create) kills its init.
+// (Destroy, a failed Create) or a reap (Remove, Open's) kills its init.
 func (d *Driver) BeforeKill(f func(id string)) { d.beforeKill = f }
 
 // DisableSeccomp starts the driver's next sandboxes without the seccomp

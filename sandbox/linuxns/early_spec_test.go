@@ -410,3 +410,44 @@ func checkKilledAtRunningWeight(t *testing.T, how, atKillFile, atKill string) {
 		t.Errorf("an unclaimed warm sandbox %s: its init was killed with %s = %s, want a running sandbox's (1024 on v1, 100 on v2)", how, atKillFile, atKill)
 	}
 }
+
+// The init's main thread, the thread group's leader, stays out of the
+// commands' cgroups, whatever thread its spawner runs on: /proc/1/cgroup
+// (the leader's) is then the same in every sandbox, and, on cgroup v1,
+// the init's memory is charged to its own memory cgroup (the kernel
+// charges a process's memory to its leader's), not to the commands', whose
+// OOM killer would count the init among its candidates. Unlocked, the main
+// goroutine let the spawner's goroutine lock the leader in most sandboxes.
+func TestLinuxInitMainThreadOutsideCommandsCgroups(t *testing.T) {
+	requireLinux(t)
+	if _, err := os.Stat("/sys/fs/cgroup/memory/sandgate"); err != nil {
+		t.Skip("no cgroup v1 here: the init and its commands share one cgroup")
+	}
+	dataDir := t.TempDir()
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer checkNoLeaks(t, dataDir)
+	for i := range 6 {
+		id := fmt.Sprintf("sbx-leader-%d", i)
+		sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: i%2 == 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, e := runIn(t, sb, "true"); e.Code != 0 {
+			t.Errorf("%s: a command: exit %+v", id, e)
+		}
+		pid := sb.(interface{ InitPID() int }).InitPID()
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), "/"+id+"/procs") {
+			t.Errorf("%s: the init's main thread is in the commands' cgroups:\n%s", id, b)
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -48,6 +48,18 @@ func TestLinuxInitBuildsRootBeforeWorkspace(t *testing.T) {
 	checkNoLeaks(t, dataDir)
 }
 
+// requireV1 skips a test of the cgroup v1 hierarchy of controller c on a
+// host without one. Not by the "sandgate" parent in it: cgroup.Remove
+// removes that with the host's last sandbox, and the test then skipped
+// wherever no other sandbox ran (CI).
+func requireV1(t *testing.T, c string) {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup/"+c, &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+		t.Skip("no cgroup v1 " + c + " hierarchy here")
+	}
+}
+
 // cpuCgroups are the v1 cpu cgroups of every thread of pid.
 func cpuCgroups(t *testing.T, pid int) []string {
 	t.Helper()
@@ -77,9 +89,7 @@ func cpuCgroups(t *testing.T, pid int) []string {
 // init moves itself: here the test binary, linked with cgo, one thread
 // id at a time.
 func TestLinuxInitStartsOutsideSandboxesCPU(t *testing.T) {
-	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
-		t.Skip("no cgroup v1 cpu hierarchy here")
-	}
+	requireV1(t, "cpu")
 	dataDir := t.TempDir()
 	checkInitJoinsCPU(t, openLinux(t, sandbox.Config{DataDir: dataDir}), dataDir, "sbx-cpu-late")
 }
@@ -89,9 +99,7 @@ func TestLinuxInitStartsOutsideSandboxesCPU(t *testing.T) {
 // (syscall.AllThreadsSyscall), skipping the kernel's grace period.
 func TestLinuxSmallInitJoinsCPUEveryThread(t *testing.T) {
 	requireLinux(t)
-	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
-		t.Skip("no cgroup v1 cpu hierarchy here")
-	}
+	requireV1(t, "cpu")
 	dataDir := t.TempDir()
 	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, smallInit(t))
 	if err != nil {
@@ -148,9 +156,7 @@ func checkInitJoinsCPU(t *testing.T, d *linuxns.Driver, dataDir, id string) {
 // process, mount or loop device; the driver creates again after.
 func TestLinuxInitCPUJoinFails(t *testing.T) {
 	requireLinux(t)
-	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
-		t.Skip("no cgroup v1 cpu hierarchy here")
-	}
+	requireV1(t, "cpu")
 	dataDir := t.TempDir()
 	d := openLinux(t, sandbox.Config{DataDir: dataDir})
 	var initPid int
@@ -191,9 +197,7 @@ func TestLinuxInitCPUJoinFails(t *testing.T) {
 // built, and once claimed, its threads are where a cold create's are.
 func TestLinuxWarmInitBornInCPUCgroup(t *testing.T) {
 	requireLinux(t)
-	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
-		t.Skip("no cgroup v1 cpu hierarchy here")
-	}
+	requireV1(t, "cpu")
 	dataDir := t.TempDir()
 	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, smallInit(t))
 	if err != nil {
@@ -263,9 +267,7 @@ func TestLinuxWarmInitBornInCPUCgroup(t *testing.T) {
 // same cgroups as a cold create's.
 func TestLinuxCheckpointWarmInitMovesIntoCPU(t *testing.T) {
 	requireLinux(t)
-	if _, err := os.Stat("/sys/fs/cgroup/cpu/sandgate"); err != nil {
-		t.Skip("no cgroup v1 cpu hierarchy here")
-	}
+	requireV1(t, "cpu")
 	criu := criuForTest(t)
 	dataDir := t.TempDir()
 	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
@@ -420,9 +422,7 @@ func checkKilledAtRunningWeight(t *testing.T, how, atKillFile, atKill string) {
 // goroutine let the spawner's goroutine lock the leader in most sandboxes.
 func TestLinuxInitMainThreadOutsideCommandsCgroups(t *testing.T) {
 	requireLinux(t)
-	if _, err := os.Stat("/sys/fs/cgroup/memory/sandgate"); err != nil {
-		t.Skip("no cgroup v1 here: the init and its commands share one cgroup")
-	}
+	requireV1(t, "memory") // on v2, the init and its commands share one cgroup
 	dataDir := t.TempDir()
 	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir}, smallInit(t))
 	if err != nil {

@@ -333,8 +333,9 @@ func (s *linuxSandbox) teardown() error {
 	// A warm sandbox never claimed (a pool's shrink or close, a build that
 	// failed) gets a running sandbox's CPU weight back first: its init's
 	// exit, its namespaces' teardown, runs in its cgroups, and at the
-	// least weight it waited for every busy sandbox (seconds here), past
-	// killCurrent's and cgroup.Remove's bounds.
+	// least weight it waited for every busy sandbox (seconds here), up to
+	// killCurrent's and cgroup.Remove's bounds, past which the destroy
+	// fails and leaves the cgroups.
 	s.mu.Lock()
 	warm := s.warm
 	s.mu.Unlock()

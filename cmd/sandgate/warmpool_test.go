@@ -51,7 +51,8 @@ echo "--ps"; ps -eo pid,user,args | grep -v ' ps -eo\|grep\|sed\|sort\|\[exe\]$'
 echo "--env"; env | sort | grep -v '^_=\|^SHLVL=\|^PWD=';
 echo "--files"; find /tmp /workspace /dev/shm /run 2>/dev/null | sort;
 echo "--limits"; ulimit -a; id; pwd;
-echo "--mounts"; cut -d' ' -f2-4 /proc/self/mounts | sort`
+echo "--mounts"; cut -d' ' -f2-4 /proc/self/mounts | sort;
+echo "--cgroups"; cat /proc/self/cgroup /proc/1/cgroup`
 
 func probeSandbox(t *testing.T, g *gatewayProc, id string) string {
 	t.Helper()
@@ -68,7 +69,8 @@ func probeSandbox(t *testing.T, g *gatewayProc, id string) string {
 var hostIDsRE = regexp.MustCompile(`\b(uid|gid)=[12]\d{9}\b`)
 
 // cgroupLimits reads the host side of session id's cgroup limits (v1:
-// the commands' cgroup; v2: the sandbox's).
+// the commands' cgroup; v2: the sandbox's), and its CPU weight (a warm
+// sandbox has the least until its claim).
 func cgroupLimits(id string) string {
 	var b strings.Builder
 	for _, f := range []string{
@@ -76,6 +78,7 @@ func cgroupLimits(id string) string {
 		"pids/sandgate/%s/procs/pids.max", "pids/sandgate/%s/pids.max",
 		"cpu/sandgate/%s/procs/cpu.cfs_quota_us", "cpu,cpuacct/sandgate/%s/procs/cpu.cfs_quota_us",
 		"sandgate/%s/memory.max", "sandgate/%s/pids.max", "sandgate/%s/cpu.max",
+		"cpu/sandgate/%s/cpu.shares", "cpu,cpuacct/sandgate/%s/cpu.shares", "sandgate/%s/cpu.weight",
 	} {
 		p := filepath.Join("/sys/fs/cgroup", fmt.Sprintf(f, id))
 		if v, err := os.ReadFile(p); err == nil {

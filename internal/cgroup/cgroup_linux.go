@@ -399,10 +399,12 @@ func cpuQuota(cpus float64) int64 {
 // whose credentials the kernel checks for the moves. The init's cgroup of
 // the cpu hierarchy is not among them: the init moves there (CPUTasks) once
 // its root is built, unless withCPU: a warm sandbox's init (built for a
-// pool, at the least CPU weight, Plan.Idle) is born there too, as it
-// should yield the CPU from its first instruction, and then need not move
-// itself (CPUTasks), whose wait for each of its threads costs CPU on a
-// busy host (issue 41: 1.6 ms per build, spinning in sched_yield).
+// pool, at the least CPU weight, Plan.Idle, once started) is born there
+// too, as it should yield the CPU for all of its build, and then need not
+// move itself (CPUTasks), whose wait for each of its threads costs CPU on
+// a busy host (issue 41: 1.6 ms per build, spinning in sched_yield). The
+// thread that starts it is in these cgroups until its exec: the least
+// weight must wait until then (its fork took seconds among busy sandboxes).
 func (c *Set) TaskFiles(withCPU bool) (inits, procs []int, err error) {
 	open := func(dirs []string) ([]int, error) {
 		var fds []int

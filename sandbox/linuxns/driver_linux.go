@@ -107,6 +107,12 @@ type Driver struct {
 	// before the gateway sends its workspace (and its CPU cgroup, which
 	// it then moves into).
 	beforeAttach func(pid int)
+	// beforeLaunch, when set (tests), runs with a new sandbox's id just
+	// before its init is forked, in the cgroups made for it.
+	beforeLaunch func(id string)
+	// beforeKill, when set (tests), runs with a sandbox's id just before
+	// its teardown (or a reap) kills its init.
+	beforeKill func(id string)
 
 	mu    sync.Mutex
 	slots map[int]string // slot -> sandbox id
@@ -504,17 +510,13 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	sb.mu.Lock()
 	warm := sb.warm
 	sb.mu.Unlock()
-	if warm { // a warm sandbox yields the CPU from the start
-		if err := d.cg.Idle(st.ID); err != nil {
-			return err
-		}
-	}
 	cgfd, err := cgs.OpenV2()
 	if err != nil {
 		return err
 	}
-	// A warm init is born in its CPU cgroup, at the least weight: all
-	// of its build yields to the creates that claim (cgroup.Set.TaskFiles).
+	// A warm init is born in its CPU cgroup, at the least weight once
+	// started (below): all of its build yields to the creates that claim
+	// (cgroup.Set.TaskFiles).
 	// Not a checkpointable one: its cgroup namespace (CLONE_NEWCGROUP) is
 	// rooted where it is born, and its commands must see the cgroups a
 	// cold create's see.
@@ -528,6 +530,9 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	fds, names = procsTasks, slices.Repeat([]string{"tasks"}, len(procsTasks))
 	tr.Mark("cgroups")
+	if d.beforeLaunch != nil {
+		d.beforeLaunch(st.ID)
+	}
 	forkAt := time.Now()
 	in, conn, err := d.launchInit(ctx, st.UIDBase, filepath.Join(d.dir(st.ID), "init.log"), cgfd, initTasks)
 	procio.CloseFDs(initTasks)
@@ -536,6 +541,18 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	if err != nil {
 		return err
+	}
+	// A warm sandbox yields the CPU from here on: its init runs, but has
+	// not its spec yet. Not before: the thread that forks it (the spawn
+	// server's, or the gateway's) joins the v1 cgroups it is born in, and
+	// waits for its exec (v2: the child alone is there). At the least
+	// weight, among busy sandboxes, that took seconds, past the spawn
+	// server's bound (spawnReplyWait), which then ends the server for
+	// good; the gateway's own thread (no server) waited as long.
+	if warm {
+		if err := d.cg.Idle(st.ID); err != nil {
+			return err
+		}
 	}
 	// Started: cloned into its namespaces, its ids mapped, the init's
 	// binary exec'd (exec.Cmd.Start returns once the exec succeeded), by
@@ -1128,6 +1145,13 @@ func (d *Driver) reap(id string) error {
 		st = &sandboxState{ID: id, Workspace: filepath.Join(dir, "workspace")}
 	}
 	cgs := d.cgroupsOf(st)
+	// A running sandbox's CPU weight first: one left warm (a pool's, which
+	// a restart removes) has the least, at which its init's exit waited
+	// for every busy sandbox (teardown).
+	_ = d.cg.Started(id)
+	if d.beforeKill != nil {
+		d.beforeKill(id)
+	}
 	errs := []error{d.killLeft(st, cgs, "reaped")}
 	errs = append(errs, cgroup.Remove(cgs), unmountUnder(dir), os.RemoveAll(dir))
 	d.freeSlot(st.Slot, id)

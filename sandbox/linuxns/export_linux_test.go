@@ -52,6 +52,14 @@ func (d *Driver) SetEtcCheck(every time.Duration) {
 // sends it its workspace (and its CPU cgroup to move into).
 func (d *Driver) BeforeAttach(f func(pid int)) { d.beforeAttach = f }
 
+// BeforeLaunch makes d call f with each new sandbox's id just before it
+// forks its init, in the cgroups made for it.
+func (d *Driver) BeforeLaunch(f func(id string)) { d.beforeLaunch = f }
+
+// BeforeKill makes d call f with a sandbox's id just before its teardown
+// (Destroy, a failed Create) or a reap (Remove, Open's) kills its init.
+func (d *Driver) BeforeKill(f func(id string)) { d.beforeKill = f }
+
 // DisableSeccomp starts the driver's next sandboxes without the seccomp
 // filter, to measure what it costs.
 func (d *Driver) DisableSeccomp() { d.noSeccomp = true }

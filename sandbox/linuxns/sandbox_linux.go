@@ -338,6 +338,21 @@ func (s *linuxSandbox) Detach(ctx context.Context) error {
 }
 
 func (s *linuxSandbox) teardown() error {
+	// A warm sandbox never claimed (a pool's shrink or close, a build that
+	// failed) gets a running sandbox's CPU weight back first: its init's
+	// exit, its namespaces' teardown, runs in its cgroups, and at the
+	// least weight it waited for every busy sandbox (seconds here), up to
+	// killCurrent's and cgroup.Remove's bounds, past which the destroy
+	// fails and leaves the cgroups.
+	s.mu.Lock()
+	warm := s.warm
+	s.mu.Unlock()
+	if warm {
+		_ = s.d.cg.Started(s.st.ID) // no cgroups yet: nothing to weigh
+	}
+	if s.d.beforeKill != nil {
+		s.d.beforeKill(s.st.ID)
+	}
 	errs := []error{s.killCurrent(), s.dropPause()}
 	dir := s.d.dir(s.st.ID)
 	errs = append(errs,

@@ -47,6 +47,12 @@ const (
 // then serves its control socket: every command of the session is started
 // by the init, inside the sandbox, until the gateway kills it.
 func Main(args []string) int {
+	// The main goroutine keeps the main thread, the thread group's leader,
+	// for good: the spawner's goroutine, which locks a thread and moves it
+	// into the commands' cgroups, then never takes it. The leader's cgroups
+	// are the ones /proc/<pid>/cgroup shows, and, on cgroup v1, the init's
+	// memory is charged to the leader's memory cgroup: not the commands'.
+	runtime.LockOSThread()
 	tm := newStepTimer()
 	if len(args) == 2 && args[0] == serveArg {
 		catchSignals()

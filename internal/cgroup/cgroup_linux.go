@@ -36,9 +36,12 @@ const (
 	startSharesV1, runSharesV1 = 64 * 1024, 1024
 	startWeightV2, runWeightV2 = 6400, 100
 	// The CPU weight of a warm sandbox (gateway's warm pool) while it is
-	// built and while it waits to be claimed: the kernel's least, so that
-	// a refill yields the CPU to the creates that claim and run (Idle).
-	idleSharesV1, idleWeightV2 = 2, 1
+	// built and while it waits to be claimed: a sixteenth of a running
+	// sandbox's, so that a refill yields the CPU to the creates that
+	// claim and run (Idle), but still gets some beside busy sandboxes.
+	// The kernel's least (2) starved it: beside 20 busy sandboxes a
+	// build took 2.8-17 s, near the init's 30 s bound.
+	idleSharesV1, idleWeightV2 = 64, 6
 )
 
 // cgroupControllers are the controllers the linux driver limits with;
@@ -331,7 +334,7 @@ func settingsV2(c, dir string, l Limits) []setting {
 // others' sandboxes keep the CPUs busy.
 func (p *Plan) Started(id string) error { return p.weigh(id, runSharesV1, runWeightV2) }
 
-// Idle gives sandbox id's init the least CPU weight: a warm sandbox's,
+// Idle gives sandbox id's init a low CPU weight (idleSharesV1): a warm sandbox's,
 // from its build until its claim (Started then). A refill then takes
 // only the CPU that the creates claiming warm sandboxes, their first
 // commands and the running sandboxes leave (issue 41, row 11e).

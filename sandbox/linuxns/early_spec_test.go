@@ -233,8 +233,8 @@ func TestLinuxWarmInitBornInCPUCgroup(t *testing.T) {
 		}
 		return strings.TrimSpace(string(b))
 	}
-	if got := shares(); got != "2" {
-		t.Errorf("a warm sandbox's cpu.shares is %s, want 2 (the least) until its claim", got)
+	if got := shares(); got != "64" {
+		t.Errorf("a warm sandbox's cpu.shares is %s, want 64 (a warm one's) until its claim", got)
 	}
 	check := func(when string) {
 		after := cpuCgroups(t, sb.(interface{ InitPID() int }).InitPID())
@@ -350,11 +350,11 @@ func TestLinuxWarmInitForkedBeforeIdle(t *testing.T) {
 		}
 		t.Skip("no cpu controller for sandboxes here")
 	}
-	if atFork == "2" || atFork == "1" {
-		t.Errorf("the warm init was forked with %s = %s, the least: its fork waits for every busy sandbox", atForkFile, atFork)
+	if atFork == "64" || atFork == "6" {
+		t.Errorf("the warm init was forked with %s = %s, a warm one's: its fork waits for every busy sandbox", atForkFile, atFork)
 	}
-	if file, got := weight(); got != "2" && got != "1" {
-		t.Errorf("the built warm sandbox's %s = %s, want the least (2 on v1, 1 on v2)", file, got)
+	if file, got := weight(); got != "64" && got != "6" {
+		t.Errorf("the built warm sandbox's %s = %s, want a warm one's (64 on v1, 6 on v2)", file, got)
 	}
 }
 

@@ -18,7 +18,11 @@ import (
 // limit still run. It stays paused across a gateway restart.
 
 // ConnClosedPaused is the reason given to connections that a pause ends.
-const ConnClosedPaused = "the session was paused: its processes wait where they are, and the next connection or call resumes them"
+// It goes out before the pause is sure (under --checkpoint, before the
+// dump, which the connection's processes must not hold up), so it says
+// the pause is under way: one that then fails leaves the session
+// running, and the next connection finds it so.
+const ConnClosedPaused = "the session is being paused: this connection ends (its commands get SIGHUP, as when a connection drops); the session's other processes wait where they are, and the next connection or call resumes them"
 
 // ErrPaused is the answer of a call that a pause ended (a REST data-plane
 // call in flight when the session was paused: the context that

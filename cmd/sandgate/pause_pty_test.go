@@ -195,3 +195,87 @@ func deleteQuietly(g *gatewayProc, id string) {
 		res.Body.Close()
 	}
 }
+
+// TestForkPTY: a fork of a session with a shell on a terminal (the E2B
+// API's pty) has that shell, as the source had it (its variables, its
+// directory, its terminal's size), under the same pid, and the source's
+// goes on apart from it; so does a fork of the session paused by
+// checkpoint (forked from its images).
+func TestForkPTY(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	c, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	pc := envdClient(t, g, id)
+	st, err := pc.Start(c, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"},
+			Envs: map[string]string{"TERM": "xterm-256color", "PS1": "$ "}},
+		Pty: &process.PTY{Size: &process.PTY_Size{Cols: 81, Rows: 25}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("no start event: %v", st.Err())
+	}
+	pid := st.Msg().GetEvent().GetStart().GetPid()
+	r := readPTY(st)
+	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
+	input := func(t *testing.T, pc processconnect.ProcessClient, s string) {
+		t.Helper()
+		if _, err := pc.SendInput(c, connect.NewRequest(&process.SendInputRequest{Process: sel,
+			Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte(s)}}})); err != nil {
+			t.Fatalf("input: %v", err)
+		}
+	}
+	input(t, pc, "cd /tmp && PTYVAR=forked; echo ready-$((6*7))\n")
+	r.wait(t, "ready-42")
+
+	// checkFork finds the shell in fork fid as the source had it, and
+	// sets its own variable there.
+	checkFork := func(t *testing.T, fid, mark string) {
+		t.Helper()
+		fc := envdClient(t, g, fid)
+		cs, err := fc.Connect(c, connect.NewRequest(&process.ConnectRequest{Process: sel}))
+		if err != nil {
+			t.Fatalf("connect in the fork: %v\n%s", err, g.stderr.String())
+		}
+		defer cs.Close()
+		fr := readPTY(cs)
+		input(t, fc, "echo \"$PTYVAR-$(pwd)-$(stty size | tr ' ' x)-$((40+2))\"; PTYVAR="+mark+"\n")
+		fr.wait(t, "forked-/tmp-25x81-42")
+	}
+	fork := func(t *testing.T) string {
+		t.Helper()
+		var fa forkAnswer
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/fork", map[string]any{"count": 1}, &fa); code != http.StatusCreated || len(fa.Sessions) != 1 {
+			t.Fatalf("fork: %d %+v\n%s", code, fa, g.stderr.String())
+		}
+		return fa.Sessions[0].SessionID
+	}
+	checkFork(t, fork(t), "fork1")
+	// The source's shell is its own.
+	input(t, pc, "echo \"src-$PTYVAR\"\n")
+	r.wait(t, "src-forked")
+
+	// Forked while paused by checkpoint: from its images.
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Pause.Method != "checkpoint" {
+		t.Fatalf("pause: %d %+v\n%s", code, a, g.stderr.String())
+	}
+	checkFork(t, fork(t), "fork2")
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, nil); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	cs, err := pc.Connect(c, connect.NewRequest(&process.ConnectRequest{Process: sel}))
+	if err != nil {
+		t.Fatalf("connect after the resume: %v", err)
+	}
+	defer cs.Close()
+	sr := readPTY(cs)
+	input(t, pc, "echo \"src-again-$PTYVAR\"\n")
+	sr.wait(t, "src-again-forked")
+}

@@ -279,3 +279,70 @@ func TestForkPTY(t *testing.T) {
 	input(t, pc, "echo \"src-again-$PTYVAR\"\n")
 	sr.wait(t, "src-again-forked")
 }
+
+// TestPauseCheckpointPTYOutput: what a process on a terminal writes
+// around a pause by checkpoint, its reader let go of before the dump, is
+// all in its output after the resume, once and in order.
+func TestPauseCheckpointPTYOutput(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	c, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	pc := envdClient(t, g, id)
+	st, err := pc.Start(c, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", `stty -echo -onlcr; i=0; while :; do for j in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do echo "p=$i"; i=$((i+1)); done; sleep 0.01; done`}},
+		Pty:     &process.PTY{Size: &process.PTY_Size{Cols: 80, Rows: 24}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("no start event: %v", st.Err())
+	}
+	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: st.Msg().GetEvent().GetStart().GetPid()}}
+	_ = st.Close()
+	var listed struct {
+		Processes []restProcess `json:"processes"`
+	}
+	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id+"/processes", nil, &listed); code != http.StatusOK || len(listed.Processes) != 1 {
+		t.Fatalf("processes: %d %+v", code, listed)
+	}
+	list := listed.Processes
+	proc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	grows := func(what string) {
+		t.Helper()
+		start := proc.get(t, list[0].ProcessID).OutputBytes
+		deadline := time.Now().Add(60 * time.Second)
+		for proc.get(t, list[0].ProcessID).OutputBytes < start+2000 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the output does not grow", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	grows("before the pauses")
+	for i := range 2 {
+		var a pauseAnswer
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Pause.Method != "checkpoint" {
+			t.Fatalf("pause %d: %d %+v\n%s", i, code, a, g.stderr.String())
+		}
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, nil); code != http.StatusOK {
+			t.Fatalf("resume %d: %d", i, code)
+		}
+		grows("after a resume")
+	}
+	if _, err := pc.SendSignal(c, connect.NewRequest(&process.SendSignalRequest{Process: sel, Signal: process.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+	proc.waitEnd(t, list[0].ProcessID)
+	lines, _ := proc.output(t, list[0].ProcessID, 0, false)
+	data, _, _, _ := collect(t, lines)
+	text := string(data)
+	if i := strings.LastIndexByte(text, '\n'); i >= 0 {
+		text = text[:i+1] // the line the kill cut
+	}
+	n := counterLines(t, text, "p=")
+	t.Logf("the terminal showed %d lines across two pauses by checkpoint", n)
+}

@@ -24,6 +24,8 @@ import (
 // then holds the sandbox, and the pause is a freeze.
 func (sp *sessionProcs) letGo() bool {
 	sp.mu.Lock()
+	sp.ckGen++
+	gen := sp.ckGen
 	procs := make([]*Process, 0, len(sp.procs))
 	for _, pr := range sp.procs {
 		procs = append(procs, pr)
@@ -31,15 +33,16 @@ func (sp *sessionProcs) letGo() bool {
 	sp.mu.Unlock()
 	ok := true
 	for _, pr := range procs {
-		if !pr.release() {
+		if !pr.release(gen) {
 			ok = false
 		}
 	}
 	return ok
 }
 
-// release lets go of pr if it runs: false when it cannot.
-func (pr *Process) release() bool {
+// release lets go of pr if it runs, for the checkpoint letGo's call gen
+// comes before: false when it cannot.
+func (pr *Process) release(gen int) bool {
 	if !pr.stdinMu.TryLock() {
 		return false // a write to its input under way
 	}
@@ -55,6 +58,7 @@ func (pr *Process) release() bool {
 		return false
 	}
 	pr.released, pr.back = true, make(chan struct{})
+	pr.relGen, pr.relDone, pr.relStored = gen, make(chan struct{}), false
 	pr.mu.Unlock()
 	// Its readers stop (run then sees it released, and takes it back
 	// once the session runs), and its control connection closes.
@@ -177,4 +181,44 @@ func (pr *Process) lost(err error) {
 	}
 	sp.finish(pr)
 	close(pr.done)
+}
+
+// checkpointEnds is, for each process of session src that the gateway let
+// go of for its last checkpoint (letGo), the end of the output it had
+// read then: the rest was in its pipes, which the checkpoint holds. A
+// fork made from that checkpoint copies the output up to there
+// (Processes.Fork), not what the source read since, and goes on with
+// what its copy of the pipes holds: nothing lost, nothing twice.
+func (ps *Processes) checkpointEnds(src string) map[string]int64 {
+	ps.mu.Lock()
+	sp := ps.sessions[src]
+	ps.mu.Unlock()
+	if sp == nil {
+		return nil
+	}
+	sp.mu.Lock()
+	gen := sp.ckGen
+	procs := make([]*Process, 0, len(sp.procs))
+	for _, pr := range sp.procs {
+		procs = append(procs, pr)
+	}
+	sp.mu.Unlock()
+	ends := map[string]int64{}
+	for _, pr := range procs {
+		pr.mu.Lock()
+		done, relGen := pr.relDone, pr.relGen
+		pr.mu.Unlock()
+		if done == nil || relGen != gen || gen == 0 {
+			continue // not let go of for that checkpoint: copied whole
+		}
+		select {
+		case <-done: // run stored what it had read (within drainGrace)
+		case <-time.After(drainGrace + time.Second):
+			continue
+		}
+		pr.mu.Lock()
+		ends[pr.info.ProcessID] = pr.relEnd
+		pr.mu.Unlock()
+	}
+	return ends
 }

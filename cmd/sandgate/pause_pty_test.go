@@ -199,8 +199,9 @@ func deleteQuietly(g *gatewayProc, id string) {
 // TestForkPTY: a fork of a session with a shell on a terminal (the E2B
 // API's pty) has that shell, as the source had it (its variables, its
 // directory, its terminal's size), under the same pid, and the source's
-// goes on apart from it; so does a fork of the session paused by
-// checkpoint (forked from its images).
+// goes on apart from it, and its background process (/v1) with its
+// output; so does a fork of the session paused by checkpoint (forked from
+// its images).
 func TestForkPTY(t *testing.T) {
 	requireLinuxDriver(t)
 	criu := criuForTest(t)
@@ -233,6 +234,9 @@ func TestForkPTY(t *testing.T) {
 	}
 	input(t, pc, "cd /tmp && PTYVAR=forked; echo ready-$((6*7))\n")
 	r.wait(t, "ready-42")
+	// And a background process (/v1), its output read by the gateway.
+	bg := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}.start(t,
+		map[string]any{"command": "i=0; while :; do echo \"n=$i\"; i=$((i+1)); sleep 0.05; done"})
 
 	// checkFork finds the shell in fork fid as the source had it, and
 	// sets its own variable there.
@@ -247,6 +251,24 @@ func TestForkPTY(t *testing.T) {
 		fr := readPTY(cs)
 		input(t, fc, "echo \"$PTYVAR-$(pwd)-$(stty size | tr ' ' x)-$((40+2))\"; PTYVAR="+mark+"\n")
 		fr.wait(t, "forked-/tmp-25x81-42")
+		// The background process runs on in the fork, its output kept
+		// from the start, once and in order.
+		fp := procClient{g: g, base: "/v1/sessions/" + fid + "/processes"}
+		start := fp.get(t, bg.ProcessID).OutputBytes
+		deadline := time.Now().Add(30 * time.Second)
+		for p := fp.get(t, bg.ProcessID); p.Status != "running" || p.OutputBytes < start+100; p = fp.get(t, bg.ProcessID) {
+			if p.Status != "running" || time.Now().After(deadline) {
+				t.Fatalf("the fork's background process: %+v (from %d bytes)", p, start)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if code := g.api(t, http.MethodPost, fp.base+"/"+bg.ProcessID+"/signal", map[string]any{"signal": "KILL"}, nil); code != http.StatusNoContent {
+			t.Fatalf("signal: %d", code)
+		}
+		fp.waitEnd(t, bg.ProcessID)
+		lines, _ := fp.output(t, bg.ProcessID, 0, false)
+		data, _, _, _ := collect(t, lines)
+		counterLines(t, string(data), "n=")
 	}
 	fork := func(t *testing.T) string {
 		t.Helper()

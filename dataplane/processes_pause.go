@@ -72,6 +72,13 @@ func (pr *Process) release(gen int) bool {
 // again.
 const releasedWait = 30 * time.Second
 
+// errNotTakenBack answers a call on a process let go of for a pause that
+// was not taken back within releasedWait of the call (the sandbox's init
+// did not hand it back yet): 503, to be tried again.
+var errNotTakenBack = &clientError{err: errors.New("the process was not taken back after the session's pause"),
+	api: gateway.Error{Kind: gateway.KindUnavailable, Code: "process_unavailable", RetryAfter: time.Second,
+		Message: "the process is not yet taken back after the session's pause; try again"}}
+
 // proc is pr's process, waiting (at most releasedWait, or until ctx
 // ends) for it to be taken back when it was let go of for a pause.
 func (pr *Process) proc(ctx context.Context) (sandbox.Process, error) {
@@ -88,7 +95,7 @@ func (pr *Process) proc(ctx context.Context) (sandbox.Process, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-t.C:
-		return nil, errors.New("the process was not taken back after the session's pause")
+		return nil, errNotTakenBack
 	case <-pr.sp.gone:
 		return nil, ErrSessionEnded
 	}

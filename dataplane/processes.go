@@ -1319,6 +1319,10 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 		// resume): listed as running, it is taken back once the session
 		// runs again (takeBack).
 		pr.running, pr.stdinClosed, pr.released, pr.back = true, rec.StdinClosed, true, make(chan struct{})
+		// What the gateway before read of it is all stored: a fork of
+		// the paused session copies that (checkpointEnds).
+		pr.relDone, pr.relEnd, pr.relStored = make(chan struct{}), out.End(), true
+		close(pr.relDone)
 		return pr, nil
 	}
 	if err != nil && !errors.Is(err, sandbox.ErrNotKept) {

@@ -48,7 +48,15 @@ func (pr *Process) release(gen int) bool {
 	}
 	defer pr.stdinMu.Unlock()
 	pr.mu.Lock()
-	if !pr.running || pr.ending || pr.released || pr.p == nil {
+	if pr.running && pr.released {
+		// Still let go of (not yet taken back since a pause): its
+		// output, not read since, ends where it did for this checkpoint
+		// too.
+		pr.relGen = gen
+		pr.mu.Unlock()
+		return true
+	}
+	if !pr.running || pr.ending || pr.p == nil {
 		pr.mu.Unlock()
 		return true
 	}

@@ -223,7 +223,8 @@ func (s *Session) closeForPause() {
 }
 
 // Resumed returns a channel closed once s runs again: at once when it
-// is not paused (a pause under way is waited for), else at its next
+// is not paused (a pause, or a fork's checkpoint, under way is waited
+// for), else at its next
 // resume, or its end. A process the gateway let go of for a pause by
 // checkpoint (OnCheckpoint) waits on it to be taken back.
 func (s *Session) Resumed() <-chan struct{} {

@@ -132,53 +132,70 @@ func (pr *Process) takeBack() {
 			return
 		default:
 		}
-		sb := sp.s.Sandbox()
-		var keeper sandbox.Keeper
-		if sb != nil {
-			keeper, _ = sandbox.As[sandbox.Keeper](sb)
-		}
-		if keeper == nil {
-			pr.lost(sandbox.ErrNotKept)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		p, err := keeper.Reattach(ctx, pr.keep)
-		cancel()
+		// Under the session's lifecycle lock (WhileRunning): no pause, and
+		// no fork's checkpoint, finds the process taken back half way (a
+		// connection the init just opened, which the dump cannot hold).
+		var (
+			p    sandbox.Process
+			err  = errNotRunningNow
+			done bool
+		)
+		sp.s.WhileRunning(func() {
+			sb := sp.s.Sandbox()
+			var keeper sandbox.Keeper
+			if sb != nil {
+				keeper, _ = sandbox.As[sandbox.Keeper](sb)
+			}
+			if keeper == nil {
+				err = sandbox.ErrNotKept
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+			p, err = keeper.Reattach(ctx, pr.keep)
+			cancel()
+			if err != nil {
+				return
+			}
+			done = true
+			sp.mu.Lock()
+			closed := sp.closed
+			sp.mu.Unlock()
+			if closed {
+				p.Kill()
+				return
+			}
+			pr.mu.Lock()
+			pr.p = gateway.Reattached(pr.p, p)
+			pr.released = false
+			close(pr.back)
+			pr.mu.Unlock()
+			sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End(), "after", "pause")
+			go pr.run()
+		})
 		switch {
-		case err == nil:
+		case done:
+			return
 		case errors.Is(err, sandbox.ErrNotKept):
 			pr.lost(err)
 			return
-		default:
-			// Paused again, or the init did not answer: try again.
-			if !errors.Is(err, sandbox.ErrPaused) {
-				sp.cfg.Log.Warn("process_reattach_deferred", "session", sp.id, "process", pr.info.ProcessID, "err", err)
-			}
-			select {
-			case <-time.After(delay):
-			case <-sp.gone:
-				return
-			}
-			delay = min(2*delay, 5*time.Second)
-			continue
 		}
-		sp.mu.Lock()
-		closed := sp.closed
-		sp.mu.Unlock()
-		if closed {
-			p.Kill()
+		// Paused again (or under way), or the init did not answer: try
+		// again.
+		if !errors.Is(err, sandbox.ErrPaused) && !errors.Is(err, errNotRunningNow) {
+			sp.cfg.Log.Warn("process_reattach_deferred", "session", sp.id, "process", pr.info.ProcessID, "err", err)
+		}
+		select {
+		case <-time.After(delay):
+		case <-sp.gone:
 			return
 		}
-		pr.mu.Lock()
-		pr.p = gateway.Reattached(pr.p, p)
-		pr.released = false
-		close(pr.back)
-		pr.mu.Unlock()
-		sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End(), "after", "pause")
-		go pr.run()
-		return
+		delay = min(2*delay, 5*time.Second)
 	}
 }
+
+// errNotRunningNow says takeBack found the session not running (paused
+// again since it resumed, or ending).
+var errNotRunningNow = errors.New("the session is not running")
 
 // lost records pr, which the init no longer keeps, killed.
 func (pr *Process) lost(err error) {

@@ -243,6 +243,21 @@ func (s *Session) Resumed() <-chan struct{} {
 	return s.resumed
 }
 
+// WhileRunning calls fn if s runs, under its lifecycle lock held to
+// read (as Start does), so that no pause, stop or fork's checkpoint runs
+// meanwhile; it reports whether it called fn. fn must not wait on s's
+// lifecycle (a Start, a Wake). A process the gateway let go of for a
+// pause by checkpoint is taken back so.
+func (s *Session) WhileRunning(fn func()) bool {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.Status() != StatusRunning {
+		return false
+	}
+	fn()
+	return true
+}
+
 // wakeResumedLocked closes Resumed's channel; s.mu is held.
 func (s *Session) wakeResumedLocked() {
 	if s.resumed != nil {

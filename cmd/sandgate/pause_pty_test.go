@@ -368,3 +368,69 @@ func TestPauseCheckpointPTYOutput(t *testing.T) {
 	n := counterLines(t, text, "p=")
 	t.Logf("the terminal showed %d lines across two pauses by checkpoint", n)
 }
+
+// TestForkAfterFreezeFallback: a fork of a session paused by a freeze
+// after its background process was let go of (a command under way held
+// the pause back from a checkpoint) resumes it, forks it, and the fork
+// has the background process with all its output, once and in order: the
+// process is taken back either before the fork's checkpoint or after it,
+// never during it.
+func TestForkAfterFreezeFallback(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	bg := pc.start(t, map[string]any{"command": `i=0; while :; do echo "n=$i"; i=$((i+1)); sleep 0.01; done`})
+	deadline := time.Now().Add(30 * time.Second)
+	for pc.get(t, bg.ProcessID).OutputBytes < 500 {
+		if time.Now().After(deadline) {
+			t.Fatal("the background process writes nothing")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A command under way: it keeps its connection, so the pause is a
+	// freeze (after the background process was let go of).
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions/"+id+"/commands", strings.NewReader(`{"command":"sleep 15"}`))
+		req.Header.Set("Authorization", "Bearer "+g.Token)
+		req.Header.Set("Content-Type", "application/json")
+		if res, err := http.DefaultClient.Do(req); err == nil {
+			res.Body.Close()
+		}
+	}()
+	time.Sleep(time.Second)
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Pause.Method != "freeze" {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	for round := range 3 {
+		var fa forkAnswer
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/fork", map[string]any{"count": 1}, &fa); code != http.StatusCreated || len(fa.Sessions) != 1 {
+			t.Fatalf("fork %d: %d %+v\n%s", round, code, fa, g.stderr.String())
+		}
+		fid := fa.Sessions[0].SessionID
+		fp := procClient{g: g, base: "/v1/sessions/" + fid + "/processes"}
+		start := fp.get(t, bg.ProcessID).OutputBytes
+		deadline := time.Now().Add(30 * time.Second)
+		for p := fp.get(t, bg.ProcessID); p.OutputBytes < start+200; p = fp.get(t, bg.ProcessID) {
+			if p.Status != "running" || time.Now().After(deadline) {
+				t.Fatalf("fork %d: its background process: %+v (from %d bytes)", round, p, start)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if code := g.api(t, http.MethodPost, fp.base+"/"+bg.ProcessID+"/signal", map[string]any{"signal": "KILL"}, nil); code != http.StatusNoContent {
+			t.Fatalf("signal: %d", code)
+		}
+		fp.waitEnd(t, bg.ProcessID)
+		lines, _ := fp.output(t, bg.ProcessID, 0, false)
+		data, _, _, _ := collect(t, lines)
+		counterLines(t, string(data), "n=")
+		deleteQuietly(g, fid)
+		// Paused again, by a freeze (the command still runs), for the
+		// next round.
+		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK {
+			t.Fatalf("pause: %d %+v", code, a)
+		}
+	}
+}

@@ -559,7 +559,8 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 		return nil, ErrSessionEnded
 	}
 	sp.remove = remove
-	sp.offCheckpoint = s.OnCheckpoint(sp.letGo)
+	offCk, offFork := s.OnCheckpoint(sp.letGo), s.OnForkCheckpoint(sp.letGo)
+	sp.offCheckpoint = func() { offCk(); offFork() }
 	if ps.sessions == nil {
 		ps.sessions = map[string]*sessionProcs{}
 	}

@@ -127,11 +127,11 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	src.life.Lock()
 	if src.Status() == StatusRunning {
 		// As a pause by checkpoint does: the background processes whose
-		// output the gateway reads are let go of, so that the output a
-		// fork copies ends where the dump's copy of their pipes begins
-		// (dataplane Processes.Fork); kernels and shells let go of
-		// theirs too, and take them back at their next call.
-		src.letGoForCheckpoint()
+		// output the gateway reads are let go of (OnForkCheckpoint), so
+		// that the output a fork copies ends where the dump's copy of
+		// their pipes begins (dataplane Processes.Fork). Kernels and
+		// shells keep theirs: the dump holds their connections.
+		src.letGoForFork()
 	}
 	ck, err := ckr.Checkpoint(ctx)
 	src.life.Unlock()

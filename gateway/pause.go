@@ -370,6 +370,39 @@ func (s *Session) OnCheckpoint(fn func() bool) (remove func()) {
 	}
 }
 
+// OnForkCheckpoint registers fn, which a fork of the running session
+// calls before its checkpoint (s.life held): fn lets go of what the
+// gateway reads from the session's processes (the background processes'
+// output: dataplane), so that a fork's copy of it ends where the dump's
+// copy of their pipes begins, to take it back once the checkpoint is made
+// (WhileRunning). remove unregisters it.
+func (s *Session) OnForkCheckpoint(fn func() bool) (remove func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.forkHooks == nil {
+		s.forkHooks = map[*func() bool]struct{}{}
+	}
+	s.forkHooks[&fn] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		delete(s.forkHooks, &fn)
+		s.mu.Unlock()
+	}
+}
+
+// letGoForFork calls the OnForkCheckpoint hooks.
+func (s *Session) letGoForFork() {
+	s.mu.Lock()
+	hooks := make([]func() bool, 0, len(s.forkHooks))
+	for fn := range s.forkHooks {
+		hooks = append(hooks, *fn)
+	}
+	s.mu.Unlock()
+	for _, fn := range hooks {
+		fn()
+	}
+}
+
 // letGoForCheckpoint calls the OnCheckpoint hooks.
 func (s *Session) letGoForCheckpoint() {
 	s.mu.Lock()

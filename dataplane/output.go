@@ -797,3 +797,66 @@ func (s *fileStore) remove() error {
 	}
 	return cerr
 }
+
+// copyOutputUpTo copies the segments of the output kept in directory
+// from into directory to, up to data offset end (a fork's copy of a
+// process's output as it was at its checkpoint: Processes.Fork).
+func copyOutputUpTo(from, to string, end int64) error {
+	entries, err := os.ReadDir(from)
+	if err != nil {
+		return fmt.Errorf("output directory: %w", err)
+	}
+	for _, e := range entries {
+		var seq int
+		var base int64
+		if n, _ := fmt.Sscanf(e.Name(), "seg-%08d-%d", &seq, &base); n != 2 || fmt.Sprintf("seg-%08d-%d", seq, base) != e.Name() || base >= end {
+			continue
+		}
+		if err := copySegmentUpTo(filepath.Join(from, e.Name()), filepath.Join(to, e.Name()), end-base); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copySegmentUpTo copies segment file from to a new file to, its frames
+// up to limit data bytes (the last one cut there). A torn frame ends it,
+// as OpenOutputLog would.
+func copySegmentUpTo(from, to string, limit int64) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return fmt.Errorf("output segment: %w", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("output segment: %w", err)
+	}
+	br := bufio.NewReaderSize(in, 64<<10)
+	bw := bufio.NewWriterSize(out, 64<<10)
+	var hdr [frameHeader]byte
+	for limit > 0 {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			break
+		}
+		n := int64(binary.BigEndian.Uint32(hdr[1:]))
+		if n > maxFrame || (Stream(hdr[0]) != Stdout && Stream(hdr[0]) != Stderr) {
+			break
+		}
+		n = min(n, limit)
+		binary.BigEndian.PutUint32(hdr[1:], uint32(n))
+		if _, err := bw.Write(hdr[:]); err != nil {
+			out.Close()
+			return fmt.Errorf("output segment: %w", err)
+		}
+		if _, err := io.CopyN(bw, br, n); err != nil {
+			break // torn: the copy's last frame is too, and dropped when opened
+		}
+		limit -= n
+	}
+	if err := bw.Flush(); err != nil {
+		out.Close()
+		return fmt.Errorf("output segment: %w", err)
+	}
+	return out.Close()
+}

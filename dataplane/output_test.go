@@ -354,3 +354,52 @@ func show(chunks []Chunk) string {
 	}
 	return b.String()
 }
+
+// TestCopyOutputUpTo: a fork's copy of a process's output (Processes.Fork)
+// holds exactly the bytes before the offset the process had at the
+// checkpoint, across segments and cut inside a frame, and is written on
+// from there.
+func TestCopyOutputUpTo(t *testing.T) {
+	from := t.TempDir() + "/out"
+	o, err := NewOutputLog(from, 1600) // segments of 100 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	for i := range 60 {
+		line := []byte(fmt.Sprintf("line %02d\n", i))
+		stream := Stdout
+		if i%3 == 0 {
+			stream = Stderr
+		}
+		if err := o.Write(stream, line); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, line...)
+	}
+	o.Close()
+	for _, end := range []int64{0, 1, 8, 100, 133, 250, 479, 480} {
+		to := t.TempDir()
+		if err := copyOutputUpTo(from, to, end); err != nil {
+			t.Fatal(err)
+		}
+		c, err := OpenOutputLog(to, 1600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.End() != end && !(end == 0 && c.End() == 0) {
+			t.Errorf("copy up to %d ends at %d", end, c.End())
+		}
+		got, _ := checkChunks(t, readAll(t, c, 0))
+		if !bytes.Equal(got, want[:end]) {
+			t.Errorf("copy up to %d holds %q, want %q", end, got, want[:end])
+		}
+		if err := c.Write(Stdout, []byte("more\n")); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := checkChunks(t, readAll(t, c, end)); string(got) != "more\n" {
+			t.Errorf("copy up to %d, written on: %q", end, got)
+		}
+		c.Close()
+	}
+}

@@ -179,6 +179,9 @@ type sessionProcs struct {
 	s             *gateway.Session
 	gone          chan struct{}
 	offCheckpoint func()
+	// ckGen counts letGo's calls (a checkpoint each): the processes let
+	// go of by the last one carry it in relGen (guarded by mu).
+	ckGen int
 	// disk charges the output kept under dir to the session's disk
 	// quota (nil in memory).
 	disk *sessionDisk
@@ -225,6 +228,14 @@ type Process struct {
 	// takeBack takes it back, then closes back; guarded by mu.
 	released bool
 	back     chan struct{}
+	// relGen is the sessionProcs.ckGen of the last letGo that let go of
+	// the process; relDone is closed once run has stored the output it
+	// read before, which then ends at relEnd (guarded by mu): a fork of
+	// that checkpoint copies the output up to there (Processes.Fork).
+	relGen    int
+	relDone   chan struct{}
+	relEnd    int64
+	relStored bool
 	// ending says run is recording its end (guarded by mu): too late to
 	// let go of it.
 	ending bool
@@ -548,7 +559,8 @@ func (ps *Processes) session(s *gateway.Session, cfg ProcessConfig) (*sessionPro
 		return nil, ErrSessionEnded
 	}
 	sp.remove = remove
-	sp.offCheckpoint = s.OnCheckpoint(sp.letGo)
+	offCk, offFork := s.OnCheckpoint(sp.letGo), s.OnForkCheckpoint(sp.letGo)
+	sp.offCheckpoint = func() { offCk(); offFork() }
 	if ps.sessions == nil {
 		ps.sessions = map[string]*sessionProcs{}
 	}
@@ -659,9 +671,14 @@ func (pr *Process) run() {
 	if stderr != nil {
 		stderr.Close()
 	}
+	end := pr.out.End() // all it read is stored
 	pr.mu.Lock()
 	released := pr.released
 	pr.ending = !released // from here a pause does not let go of it
+	if released && pr.relDone != nil && !pr.relStored {
+		pr.relEnd, pr.relStored = end, true
+		close(pr.relDone)
+	}
 	pr.mu.Unlock()
 	if released {
 		// Let go of for a pause by checkpoint: not its end. Its output
@@ -1303,6 +1320,10 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 		// resume): listed as running, it is taken back once the session
 		// runs again (takeBack).
 		pr.running, pr.stdinClosed, pr.released, pr.back = true, rec.StdinClosed, true, make(chan struct{})
+		// What the gateway before read of it is all stored: a fork of
+		// the paused session copies that (checkpointEnds).
+		pr.relDone, pr.relEnd, pr.relStored = make(chan struct{}), out.End(), true
+		close(pr.relDone)
 		return pr, nil
 	}
 	if err != nil && !errors.Is(err, sandbox.ErrNotKept) {
@@ -1377,6 +1398,9 @@ func (ps *Processes) Fork(cfg ProcessConfig, src string, dst *gateway.Session) e
 	if _, err := os.Stat(filepath.Join(from, sessionFile)); err != nil {
 		return nil // src never had a background process
 	}
+	// A process let go of for the checkpoint has the output it had then
+	// (checkpointEnds).
+	ends := ps.checkpointEnds(src)
 	entries, err := os.ReadDir(from)
 	if err != nil {
 		return err
@@ -1385,9 +1409,14 @@ func (ps *Processes) Fork(cfg ProcessConfig, src string, dst *gateway.Session) e
 		return err
 	}
 	for _, e := range entries {
+		end, cut := ends[e.Name()]
 		switch {
 		case e.Name() == sessionFile:
 			if err := copyFile(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+				return err
+			}
+		case e.IsDir() && cut:
+			if err := copyProcessAt(filepath.Join(from, e.Name()), filepath.Join(to, e.Name()), end); err != nil {
 				return err
 			}
 		case e.IsDir():
@@ -1418,6 +1447,31 @@ func copyDir(from, to string) error {
 		}
 	}
 	return nil
+}
+
+// copyProcessAt copies process directory from into a new directory to
+// as the process was when its output ended at end and it ran (a fork's
+// checkpoint): its output up to end, and its record saying so.
+func copyProcessAt(from, to string, end int64) error {
+	b, err := os.ReadFile(filepath.Join(from, recordFile))
+	if err != nil {
+		return err
+	}
+	var rec processRecord
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return fmt.Errorf("process record: %w", err)
+	}
+	// It ran at the checkpoint, its output where it was then: what the
+	// source saw since (its end too) is not the fork's.
+	rec.OutputEnd = min(rec.OutputEnd, end)
+	rec.Ended, rec.Exit, rec.EndedAt = false, nil, time.Time{}
+	if err := os.Mkdir(to, 0o700); err != nil {
+		return err
+	}
+	if err := writeJSONFile(filepath.Join(to, recordFile), rec); err != nil {
+		return err
+	}
+	return copyOutputUpTo(from, to, end)
 }
 
 // copyFile copies file from to a new file to (0600).

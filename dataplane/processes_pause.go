@@ -24,6 +24,8 @@ import (
 // then holds the sandbox, and the pause is a freeze.
 func (sp *sessionProcs) letGo() bool {
 	sp.mu.Lock()
+	sp.ckGen++
+	gen := sp.ckGen
 	procs := make([]*Process, 0, len(sp.procs))
 	for _, pr := range sp.procs {
 		procs = append(procs, pr)
@@ -31,21 +33,30 @@ func (sp *sessionProcs) letGo() bool {
 	sp.mu.Unlock()
 	ok := true
 	for _, pr := range procs {
-		if !pr.release() {
+		if !pr.release(gen) {
 			ok = false
 		}
 	}
 	return ok
 }
 
-// release lets go of pr if it runs: false when it cannot.
-func (pr *Process) release() bool {
+// release lets go of pr if it runs, for the checkpoint letGo's call gen
+// comes before: false when it cannot.
+func (pr *Process) release(gen int) bool {
 	if !pr.stdinMu.TryLock() {
 		return false // a write to its input under way
 	}
 	defer pr.stdinMu.Unlock()
 	pr.mu.Lock()
-	if !pr.running || pr.ending || pr.released || pr.p == nil {
+	if pr.running && pr.released {
+		// Still let go of (not yet taken back since a pause): its
+		// output, not read since, ends where it did for this checkpoint
+		// too.
+		pr.relGen = gen
+		pr.mu.Unlock()
+		return true
+	}
+	if !pr.running || pr.ending || pr.p == nil {
 		pr.mu.Unlock()
 		return true
 	}
@@ -55,6 +66,7 @@ func (pr *Process) release() bool {
 		return false
 	}
 	pr.released, pr.back = true, make(chan struct{})
+	pr.relGen, pr.relDone, pr.relStored = gen, make(chan struct{}), false
 	pr.mu.Unlock()
 	// Its readers stop (run then sees it released, and takes it back
 	// once the session runs), and its control connection closes.
@@ -67,6 +79,13 @@ func (pr *Process) release() bool {
 // a signal, a resize) waits for it to be taken back once the session runs
 // again.
 const releasedWait = 30 * time.Second
+
+// errNotTakenBack answers a call on a process let go of for a pause that
+// was not taken back within releasedWait of the call (the sandbox's init
+// did not hand it back yet): 503, to be tried again.
+var errNotTakenBack = &clientError{err: errors.New("the process was not taken back after the session's pause"),
+	api: gateway.Error{Kind: gateway.KindUnavailable, Code: "process_unavailable", RetryAfter: time.Second,
+		Message: "the process is not yet taken back after the session's pause; try again"}}
 
 // proc is pr's process, waiting (at most releasedWait, or until ctx
 // ends) for it to be taken back when it was let go of for a pause.
@@ -84,7 +103,7 @@ func (pr *Process) proc(ctx context.Context) (sandbox.Process, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case <-t.C:
-		return nil, errors.New("the process was not taken back after the session's pause")
+		return nil, errNotTakenBack
 	case <-pr.sp.gone:
 		return nil, ErrSessionEnded
 	}
@@ -113,53 +132,70 @@ func (pr *Process) takeBack() {
 			return
 		default:
 		}
-		sb := sp.s.Sandbox()
-		var keeper sandbox.Keeper
-		if sb != nil {
-			keeper, _ = sandbox.As[sandbox.Keeper](sb)
-		}
-		if keeper == nil {
-			pr.lost(sandbox.ErrNotKept)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-		p, err := keeper.Reattach(ctx, pr.keep)
-		cancel()
+		// Under the session's lifecycle lock (WhileRunning): no pause, and
+		// no fork's checkpoint, finds the process taken back half way (a
+		// connection the init just opened, which the dump cannot hold).
+		var (
+			p    sandbox.Process
+			err  = errNotRunningNow
+			done bool
+		)
+		sp.s.WhileRunning(func() {
+			sb := sp.s.Sandbox()
+			var keeper sandbox.Keeper
+			if sb != nil {
+				keeper, _ = sandbox.As[sandbox.Keeper](sb)
+			}
+			if keeper == nil {
+				err = sandbox.ErrNotKept
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+			p, err = keeper.Reattach(ctx, pr.keep)
+			cancel()
+			if err != nil {
+				return
+			}
+			done = true
+			sp.mu.Lock()
+			closed := sp.closed
+			sp.mu.Unlock()
+			if closed {
+				p.Kill()
+				return
+			}
+			pr.mu.Lock()
+			pr.p = gateway.Reattached(pr.p, p)
+			pr.released = false
+			close(pr.back)
+			pr.mu.Unlock()
+			sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End(), "after", "pause")
+			go pr.run()
+		})
 		switch {
-		case err == nil:
+		case done:
+			return
 		case errors.Is(err, sandbox.ErrNotKept):
 			pr.lost(err)
 			return
-		default:
-			// Paused again, or the init did not answer: try again.
-			if !errors.Is(err, sandbox.ErrPaused) {
-				sp.cfg.Log.Warn("process_reattach_deferred", "session", sp.id, "process", pr.info.ProcessID, "err", err)
-			}
-			select {
-			case <-time.After(delay):
-			case <-sp.gone:
-				return
-			}
-			delay = min(2*delay, 5*time.Second)
-			continue
 		}
-		sp.mu.Lock()
-		closed := sp.closed
-		sp.mu.Unlock()
-		if closed {
-			p.Kill()
+		// Paused again (or under way), or the init did not answer: try
+		// again.
+		if !errors.Is(err, sandbox.ErrPaused) && !errors.Is(err, errNotRunningNow) {
+			sp.cfg.Log.Warn("process_reattach_deferred", "session", sp.id, "process", pr.info.ProcessID, "err", err)
+		}
+		select {
+		case <-time.After(delay):
+		case <-sp.gone:
 			return
 		}
-		pr.mu.Lock()
-		pr.p = gateway.Reattached(pr.p, p)
-		pr.released = false
-		close(pr.back)
-		pr.mu.Unlock()
-		sp.cfg.Log.Info("process_reattached", "session", sp.id, "process", pr.info.ProcessID, "offset", pr.out.End(), "after", "pause")
-		go pr.run()
-		return
+		delay = min(2*delay, 5*time.Second)
 	}
 }
+
+// errNotRunningNow says takeBack found the session not running (paused
+// again since it resumed, or ending).
+var errNotRunningNow = errors.New("the session is not running")
 
 // lost records pr, which the init no longer keeps, killed.
 func (pr *Process) lost(err error) {
@@ -177,4 +213,44 @@ func (pr *Process) lost(err error) {
 	}
 	sp.finish(pr)
 	close(pr.done)
+}
+
+// checkpointEnds is, for each process of session src that the gateway let
+// go of for its last checkpoint (letGo), the end of the output it had
+// read then: the rest was in its pipes, which the checkpoint holds. A
+// fork made from that checkpoint copies the output up to there
+// (Processes.Fork), not what the source read since, and goes on with
+// what its copy of the pipes holds: nothing lost, nothing twice.
+func (ps *Processes) checkpointEnds(src string) map[string]int64 {
+	ps.mu.Lock()
+	sp := ps.sessions[src]
+	ps.mu.Unlock()
+	if sp == nil {
+		return nil
+	}
+	sp.mu.Lock()
+	gen := sp.ckGen
+	procs := make([]*Process, 0, len(sp.procs))
+	for _, pr := range sp.procs {
+		procs = append(procs, pr)
+	}
+	sp.mu.Unlock()
+	ends := map[string]int64{}
+	for _, pr := range procs {
+		pr.mu.Lock()
+		done, relGen := pr.relDone, pr.relGen
+		pr.mu.Unlock()
+		if done == nil || relGen != gen || gen == 0 {
+			continue // not let go of for that checkpoint: copied whole
+		}
+		select {
+		case <-done: // run stored what it had read (within drainGrace)
+		case <-time.After(drainGrace + time.Second):
+			continue
+		}
+		pr.mu.Lock()
+		ends[pr.info.ProcessID] = pr.relEnd
+		pr.mu.Unlock()
+	}
+	return ends
 }

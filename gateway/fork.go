@@ -121,9 +121,20 @@ func (m *Manager) Fork(ctx context.Context, p Principal, id string, count int) (
 	tr := sandbox.TraceOf(ctx)
 	ctx = sandbox.WithTrace(ctx, nil)
 	start := time.Now()
-	src.life.RLock() // no stop while the checkpoint is made
+	// Held to write while the checkpoint is made: no stop, no start,
+	// and what the gateway let go of for it (below) is taken back only
+	// once it is made (Session.Resumed waits for s.life).
+	src.life.Lock()
+	if src.Status() == StatusRunning {
+		// As a pause by checkpoint does: the background processes whose
+		// output the gateway reads are let go of (OnForkCheckpoint), so
+		// that the output a fork copies ends where the dump's copy of
+		// their pipes begins (dataplane Processes.Fork). Kernels and
+		// shells keep theirs: the dump holds their connections.
+		src.letGoForFork()
+	}
 	ck, err := ckr.Checkpoint(ctx)
-	src.life.RUnlock()
+	src.life.Unlock()
 	if err != nil {
 		m.log.ErrorContext(ctx, "session_fork_failed", "session", src.ID, "tenant", p.Tenant, "err", err)
 		switch {

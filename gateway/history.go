@@ -102,6 +102,9 @@ type recorded struct {
 	// released says the process was let go of (Release): its Wait
 	// returning is not its end.
 	released atomic.Bool
+	// ended says its end is in the history (Wait saw it before a
+	// Release: Reattached then records it no more).
+	ended atomic.Bool
 }
 
 // record returns p wrapped to record command, from source, in s's history
@@ -181,10 +184,11 @@ func (r *recorded) untrack() {
 // Reattached is p, a kept process taken back (sandbox.Keeper.Reattach)
 // after old was let go of (sandbox.Releaser), recorded as old was: its
 // end goes in the session's history once, with its whole output counted.
-// It is p as it is when old was not recorded.
+// It is p as it is when old was not recorded, or its end is recorded
+// already (it ended just before it was let go of).
 func Reattached(old, p sandbox.Process) sandbox.Process {
 	o, ok := old.(*recorded)
-	if !ok || !o.released.Load() {
+	if !ok || !o.released.Load() || o.ended.Load() {
 		return p
 	}
 	r := &recorded{Process: p, s: o.s, ctx: o.ctx, rec: o.rec}
@@ -224,6 +228,7 @@ func (r *recorded) Wait() (sandbox.Exit, error) {
 	}
 	r.untrack()
 	r.once.Do(func() {
+		r.ended.Store(true)
 		rec := r.rec
 		rec.DurationMs = time.Since(rec.StartedAt).Milliseconds()
 		rec.BytesOut = r.out.Load()

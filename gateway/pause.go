@@ -18,7 +18,11 @@ import (
 // limit still run. It stays paused across a gateway restart.
 
 // ConnClosedPaused is the reason given to connections that a pause ends.
-const ConnClosedPaused = "the session was paused: its processes wait where they are, and the next connection or call resumes them"
+// It goes out before the pause is sure (under --checkpoint, before the
+// dump, which the connection's processes must not hold up), so it says
+// the pause is under way: one that then fails leaves the session
+// running, and the next connection finds it so.
+const ConnClosedPaused = "the session is being paused: this connection ends (its commands get SIGHUP, as when a connection drops); the session's other processes wait where they are, and the next connection or call resumes them"
 
 // ErrPaused is the answer of a call that a pause ended (a REST data-plane
 // call in flight when the session was paused: the context that
@@ -219,7 +223,8 @@ func (s *Session) closeForPause() {
 }
 
 // Resumed returns a channel closed once s runs again: at once when it
-// is not paused (a pause under way is waited for), else at its next
+// is not paused (a pause, or a fork's checkpoint, under way is waited
+// for), else at its next
 // resume, or its end. A process the gateway let go of for a pause by
 // checkpoint (OnCheckpoint) waits on it to be taken back.
 func (s *Session) Resumed() <-chan struct{} {
@@ -236,6 +241,21 @@ func (s *Session) Resumed() <-chan struct{} {
 		s.resumed = make(chan struct{})
 	}
 	return s.resumed
+}
+
+// WhileRunning calls fn if s runs, under its lifecycle lock held to
+// read (as Start does), so that no pause, stop or fork's checkpoint runs
+// meanwhile; it reports whether it called fn. fn must not wait on s's
+// lifecycle (a Start, a Wake). A process the gateway let go of for a
+// pause by checkpoint is taken back so.
+func (s *Session) WhileRunning(fn func()) bool {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.Status() != StatusRunning {
+		return false
+	}
+	fn()
+	return true
 }
 
 // wakeResumedLocked closes Resumed's channel; s.mu is held.
@@ -347,6 +367,39 @@ func (s *Session) OnCheckpoint(fn func() bool) (remove func()) {
 		s.mu.Lock()
 		delete(s.ckHooks, &fn)
 		s.mu.Unlock()
+	}
+}
+
+// OnForkCheckpoint registers fn, which a fork of the running session
+// calls before its checkpoint (s.life held): fn lets go of what the
+// gateway reads from the session's processes (the background processes'
+// output: dataplane), so that a fork's copy of it ends where the dump's
+// copy of their pipes begins, to take it back once the checkpoint is made
+// (WhileRunning). remove unregisters it.
+func (s *Session) OnForkCheckpoint(fn func() bool) (remove func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.forkHooks == nil {
+		s.forkHooks = map[*func() bool]struct{}{}
+	}
+	s.forkHooks[&fn] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		delete(s.forkHooks, &fn)
+		s.mu.Unlock()
+	}
+}
+
+// letGoForFork calls the OnForkCheckpoint hooks.
+func (s *Session) letGoForFork() {
+	s.mu.Lock()
+	hooks := make([]func() bool, 0, len(s.forkHooks))
+	for fn := range s.forkHooks {
+		hooks = append(hooks, *fn)
+	}
+	s.mu.Unlock()
+	for _, fn := range hooks {
+		fn()
 	}
 }
 

@@ -187,7 +187,7 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the open ssh shell did not end at the pause")
 	}
-	if !strings.Contains(errb.String(), "the session was paused") && !strings.Contains(sshOut.String(), "the session was paused") {
+	if !strings.Contains(errb.String(), "the session is being paused") && !strings.Contains(sshOut.String(), "the session is being paused") {
 		t.Errorf("ssh did not say why it ended: stdout %q stderr %q", sshOut.String(), errb.String())
 	}
 	check(t, g, pc)
@@ -299,7 +299,7 @@ func TestPauseCheckpointSSH(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("the open ssh connection did not end at the pause")
 		}
-		if !strings.Contains(errb.String()+out.String(), "the session was paused") {
+		if !strings.Contains(errb.String()+out.String(), "the session is being paused") {
 			t.Errorf("ssh did not say why it ended: stdout %q stderr %q", out.String(), errb.String())
 		}
 	}

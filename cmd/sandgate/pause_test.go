@@ -175,7 +175,7 @@ func TestPauseAndResume(t *testing.T) {
 			_ = cmd.Process.Kill()
 			t.Fatal("the open ssh connection did not end at the pause")
 		}
-		if !strings.Contains(errb.String(), "the session was paused") {
+		if !strings.Contains(errb.String(), "the session is being paused") {
 			t.Errorf("ssh's stderr does not say why it ended: %q", errb.String())
 		}
 		runREST(t, g, id, map[string]any{"command": "pkill -f 'sleep 600' || true"})

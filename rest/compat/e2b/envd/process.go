@@ -310,9 +310,23 @@ func (ps *procService) Connect(ctx context.Context, req *connect.Request[process
 // terminal), a keepalive event after every quiet interval, then its end
 // event once it ended.
 func (ps *procService) follow(ctx context.Context, send func(*process.ProcessEvent) error, pr *dataplane.Process, off int64, pty bool, keepalive time.Duration) error {
+	// A pause of the session ends the stream, saying so (session_paused),
+	// as it ends /v1's follow (docs/pause.md): the process waits with the
+	// session, and a Connect after the resume follows it again. Left
+	// open, the stream would stay quiet for as long as the session is
+	// paused, and hold a gateway's shutdown up.
+	sess := callOf(ctx).sess
+	pctx, remove, ok := sess.AddPausedCall(ctx)
+	defer remove()
+	if !ok {
+		return rpcError(connect.CodeUnavailable, "session_not_running", notRunning(callOf(ctx)))
+	}
+	if sess.Status() == gateway.StatusPaused { // paused since the call woke it
+		return ps.s.toRPC(ctx, gateway.ErrPaused, "follow process")
+	}
 	rd := pr.Output().NewReader(off)
 	for {
-		wctx, cancel := context.WithTimeout(ctx, keepalive)
+		wctx, cancel := context.WithTimeout(pctx, keepalive)
 		chunk, err := rd.Next(wctx, true)
 		cancel()
 		switch {
@@ -320,12 +334,17 @@ func (ps *procService) follow(ctx context.Context, send func(*process.ProcessEve
 		case errors.Is(err, io.EOF):
 			select {
 			case <-pr.Done():
-			case <-ctx.Done():
+			case <-pctx.Done():
+				if gateway.PausedCause(pctx) {
+					return ps.s.toRPC(ctx, gateway.ErrPaused, "follow process")
+				}
 				return ctx.Err()
 			}
 			return send(endEvent(pr.Info()))
 		case errors.Is(err, dataplane.ErrOutputGone):
 			return rpcError(connect.CodeUnavailable, "session_not_running", notRunning(callOf(ctx)))
+		case gateway.PausedCause(pctx) && ctx.Err() == nil:
+			return ps.s.toRPC(ctx, gateway.ErrPaused, "follow process")
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded):

@@ -193,6 +193,56 @@ func processTree(pid int) ([]int, error) {
 	return out, nil
 }
 
+// continueTree lets the restored tree pids (checkConfined's, the init
+// first), left stopped by CRIU, run: each task but those stopped at the
+// dump (stopped, by pid in the sandbox's pid namespace), the deepest
+// first, so that a parent, when it runs, finds its children running (no
+// stop of theirs to wait for, only their continue). SIGCONT wakes every
+// thread of a task.
+func continueTree(pids []int, stopped map[int]bool) error {
+	if len(pids) == 0 {
+		return nil
+	}
+	level := len(nsPids(pids[0])) // the init's depth: its pid there is 1
+	if level == 0 {
+		return fmt.Errorf("restored init %d: no NSpid in its status", pids[0])
+	}
+	for i := len(pids) - 1; i >= 0; i-- {
+		if ns := nsPids(pids[i]); len(ns) >= level && stopped[ns[level-1]] {
+			continue
+		}
+		if err := unix.Kill(pids[i], unix.SIGCONT); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("continue restored process %d: %w", pids[i], err)
+		}
+	}
+	return nil
+}
+
+// nsPids is the NSpid line of pid's status: its pid in each pid namespace
+// from the gateway's down; nil if it cannot be read (ended).
+func nsPids(pid int) []int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		v, ok := strings.CutPrefix(line, "NSpid:")
+		if !ok {
+			continue
+		}
+		var out []int
+		for f := range strings.FieldsSeq(v) {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				return nil
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	return nil
+}
+
 // killTree kills pids (checkConfined's, of a restore refused).
 func killTree(pids []int) {
 	for _, pid := range pids {

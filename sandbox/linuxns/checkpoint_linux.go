@@ -862,6 +862,7 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if err != nil {
 		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
 	}
+	ph.mark("criu_restore")
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)

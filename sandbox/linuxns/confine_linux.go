@@ -19,7 +19,8 @@ import (
 // filters those processes have: an image tampered with could ask CRIU,
 // which runs as root, to restore them in the host's namespaces, as host
 // ids, without the seccomp filter. checkConfined checks what CRIU made,
-// before the gateway uses it, against what a fresh sandbox has.
+// left stopped (--leave-stopped) so that none of it has run yet, against
+// what a fresh sandbox has; continueTree then lets it run.
 
 // checkConfined checks that the processes restored into sandbox st, the
 // tree under its init st.Pid, are confined as a fresh sandbox's are: each

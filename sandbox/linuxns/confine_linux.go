@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -244,9 +245,34 @@ func nsPids(pid int) []int {
 	return nil
 }
 
-// killTree kills pids (checkConfined's, of a restore refused).
+// killTree kills pids (checkConfined's, of a restore refused), and waits,
+// at most killTreeWait, for each to end (gone, or a zombie: the init's
+// once every process of its pid namespace has ended; the host's init
+// reaps it), so that the refusal leaves no process running.
 func killTree(pids []int) {
-	for _, pid := range pids {
+	starts := make([]uint64, len(pids)) // 0: already gone
+	for i, pid := range pids {
+		_, starts[i], _ = procStat(pid)
 		_ = unix.Kill(pid, unix.SIGKILL)
 	}
+	for deadline := time.Now().Add(killTreeWait); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if ended(pids, starts) {
+			return
+		}
+	}
+}
+
+// killTreeWait bounds killTree's wait for what it killed to end.
+const killTreeWait = 5 * time.Second
+
+// ended says whether the processes pids, started at starts and killed,
+// have ended: each gone (or another process by now), or a zombie.
+func ended(pids []int, starts []uint64) bool {
+	for i, pid := range pids {
+		state, start, err := procStat(pid)
+		if err == nil && starts[i] != 0 && start == starts[i] && state != 'Z' && state != 'X' {
+			return false
+		}
+	}
+	return true
 }

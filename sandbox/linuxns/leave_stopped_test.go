@@ -77,10 +77,9 @@ func TestLinuxRestoreKeepsStopped(t *testing.T) {
 	mustRun(t, src, `nohup sleep 1041 >/dev/null 2>&1 & s=$!
 nohup python3 -c '`+threads+`' stopped-threads >/dev/null 2>&1 & p=$!
 nohup sleep 1042 >/dev/null 2>&1 &
-nohup python3 -c '`+threads+`' running-threads >/dev/null 2>&1 &
-while [ "$(cat /proc/$s/comm)" != sleep ] || [ "$(ls /proc/$p/task | wc -l)" != 2 ]; do sleep 0.05; done
+nohup python3 -c '`+threads+`' running-threads >/dev/null 2>&1 & r=$!
+while [ "$(cat /proc/$s/comm)" != sleep ] || [ "$(ls /proc/$p/task | wc -l)" != 2 ] || [ "$(ls /proc/$r/task | wc -l)" != 2 ]; do sleep 0.05; done
 kill -STOP $s $p`)
-	time.Sleep(100 * time.Millisecond) // the other python's thread started
 	checkStoppedMarks(t, src, "the source")
 	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
 	if err != nil {

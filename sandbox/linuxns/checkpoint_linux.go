@@ -816,7 +816,11 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 		defer lnf.Close()
 	}
 	pidFile := filepath.Join(c.d.dir(st.ID), "restore.pid")
-	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--pidfile", pidFile,
+	// --leave-stopped: CRIU stops every restored task (SIGSTOP, sent while
+	// it still holds them at the end of their restore, before they run an
+	// instruction of the image's) and so leaves them, for the check below
+	// to look at a tree that cannot have acted yet.
+	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--leave-stopped", "--pidfile", pidFile,
 		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close", "--network-lock", "skip",
 		"--empty-ns", "net", "--action-script", filepath.Join(imgs, "restore.sh"),
 		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
@@ -858,6 +862,7 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if err != nil {
 		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
 	}
+	ph.mark("criu_restore")
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)
@@ -869,17 +874,105 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {
 		return fmt.Errorf("restored init: %w", err)
 	}
-	// What the images made, whatever they say (a tampered image).
+	// What the images made, whatever they say (a tampered image), still
+	// stopped: a refusal kills processes that never ran.
 	pids, err := checkConfined(st)
 	if err == nil {
 		err = checkMounts(st, pids, c.mountTable)
+	}
+	var stopped map[int]bool
+	if err == nil {
+		stopped, err = stoppedAtDump(imgs)
 	}
 	if err != nil {
 		killTree(pids)
 		return fmt.Errorf("restore of %s as %s refused: %w", c.src.ID, st.ID, err)
 	}
 	ph.mark("confined")
+	if err := continueTree(pids, stopped); err != nil {
+		killTree(pids)
+		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
+	}
+	ph.mark("continue")
 	return nil
+}
+
+// taskStopped is CRIU's task_state of a task stopped at the dump
+// (COMPEL_TASK_STOPPED).
+const taskStopped = 3
+
+// stoppedAtDump reads, from the core images in imgs (core-<pid>.img, a
+// task's CoreEntry), the pids (in the sandbox's pid namespace, which CRIU
+// restores unchanged) of the tasks that were stopped at the dump (kill
+// -STOP, a shell's job stopped with ^Z): with --leave-stopped CRIU stops
+// them as it stops every task, and only a continue of the others leaves
+// them as they were. Its answer only chooses which of the checked tasks
+// stay stopped.
+func stoppedAtDump(imgs string) (map[int]bool, error) {
+	names, err := filepath.Glob(filepath.Join(imgs, "core-*.img"))
+	if err != nil {
+		return nil, fmt.Errorf("core images: %w", err)
+	}
+	stopped := map[int]bool{}
+	for _, name := range names {
+		pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(name), "core-"), ".img"))
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return nil, fmt.Errorf("core images: %w", err)
+		}
+		state, err := coreTaskState(b)
+		if err != nil {
+			return nil, fmt.Errorf("core image of %d: %w", pid, err)
+		}
+		if state == taskStopped {
+			stopped[pid] = true
+		}
+	}
+	return stopped, nil
+}
+
+// coreTaskState reads a CRIU core image (two magic words, then one
+// CoreEntry: a size and its protobuf) for its task's state (tc, field 3,
+// a TaskCoreEntry whose task_state is field 1); 0 for a thread's image,
+// which has no tc.
+func coreTaskState(b []byte) (uint64, error) {
+	if len(b) < 12 {
+		return 0, errors.New("short")
+	}
+	size := binary.LittleEndian.Uint32(b[8:12])
+	if uint64(len(b)) < 12+uint64(size) {
+		return 0, errors.New("short entry")
+	}
+	var tc []byte
+	if err := eachField(b[12:12+size], func(num protowire.Number, typ protowire.Type, v []byte) {
+		if num == 3 && typ == protowire.BytesType {
+			tc = v
+		}
+	}); err != nil {
+		return 0, err
+	}
+	var state uint64
+	for len(tc) > 0 {
+		num, typ, n := protowire.ConsumeTag(tc)
+		if n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		tc = tc[n:]
+		if num == 1 && typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(tc)
+			if m < 0 {
+				return 0, protowire.ParseError(m)
+			}
+			state, n = v, m
+		} else if n = protowire.ConsumeFieldValue(num, typ, tc); n < 0 {
+			return 0, protowire.ParseError(n)
+		}
+		tc = tc[n:]
+	}
+	return state, nil
 }
 
 // selfMount is where a checkpointable sandbox's root binds the init's

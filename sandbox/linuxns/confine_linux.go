@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,7 +20,8 @@ import (
 // filters those processes have: an image tampered with could ask CRIU,
 // which runs as root, to restore them in the host's namespaces, as host
 // ids, without the seccomp filter. checkConfined checks what CRIU made,
-// before the gateway uses it, against what a fresh sandbox has.
+// left stopped (--leave-stopped) so that none of it has run yet, against
+// what a fresh sandbox has; continueTree then lets it run.
 
 // checkConfined checks that the processes restored into sandbox st, the
 // tree under its init st.Pid, are confined as a fresh sandbox's are: each
@@ -193,9 +195,84 @@ func processTree(pid int) ([]int, error) {
 	return out, nil
 }
 
-// killTree kills pids (checkConfined's, of a restore refused).
+// continueTree lets the restored tree pids (checkConfined's, the init
+// first), left stopped by CRIU, run: each task but those stopped at the
+// dump (stopped, by pid in the sandbox's pid namespace), the deepest
+// first, so that a parent, when it runs, finds its children running (no
+// stop of theirs to wait for, only their continue). SIGCONT wakes every
+// thread of a task.
+func continueTree(pids []int, stopped map[int]bool) error {
+	if len(pids) == 0 {
+		return nil
+	}
+	level := len(nsPids(pids[0])) // the init's depth: its pid there is 1
+	if level == 0 {
+		return fmt.Errorf("restored init %d: no NSpid in its status", pids[0])
+	}
+	for i := len(pids) - 1; i >= 0; i-- {
+		if ns := nsPids(pids[i]); len(ns) >= level && stopped[ns[level-1]] {
+			continue
+		}
+		if err := unix.Kill(pids[i], unix.SIGCONT); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("continue restored process %d: %w", pids[i], err)
+		}
+	}
+	return nil
+}
+
+// nsPids is the NSpid line of pid's status: its pid in each pid namespace
+// from the gateway's down; nil if it cannot be read (ended).
+func nsPids(pid int) []int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		v, ok := strings.CutPrefix(line, "NSpid:")
+		if !ok {
+			continue
+		}
+		var out []int
+		for f := range strings.FieldsSeq(v) {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				return nil
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	return nil
+}
+
+// killTree kills pids (checkConfined's, of a restore refused), and waits,
+// at most killTreeWait, for each to end (gone, or a zombie: the init's
+// once every process of its pid namespace has ended; the host's init
+// reaps it), so that the refusal leaves no process running.
 func killTree(pids []int) {
-	for _, pid := range pids {
+	starts := make([]uint64, len(pids)) // 0: already gone
+	for i, pid := range pids {
+		_, starts[i], _ = procStat(pid)
 		_ = unix.Kill(pid, unix.SIGKILL)
 	}
+	for deadline := time.Now().Add(killTreeWait); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if ended(pids, starts) {
+			return
+		}
+	}
+}
+
+// killTreeWait bounds killTree's wait for what it killed to end.
+const killTreeWait = 5 * time.Second
+
+// ended says whether the processes pids, started at starts and killed,
+// have ended: each gone (or another process by now), or a zombie.
+func ended(pids []int, starts []uint64) bool {
+	for i, pid := range pids {
+		state, start, err := procStat(pid)
+		if err == nil && starts[i] != 0 && start == starts[i] && state != 'Z' && state != 'X' {
+			return false
+		}
+	}
+	return true
 }

@@ -1,0 +1,78 @@
+//go:build linux
+
+package linuxns
+
+import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// coreImage is a CRIU core image: its CoreEntry has mtype, and, unless
+// state is 0 (a thread's), a tc whose task_state is state, between other
+// fields.
+func coreImage(state uint64) []byte {
+	var entry []byte
+	entry = protowire.AppendTag(entry, 1, protowire.VarintType)
+	entry = protowire.AppendVarint(entry, 1) // x86_64
+	if state != 0 {
+		var tc []byte
+		tc = protowire.AppendTag(tc, 1, protowire.VarintType)
+		tc = protowire.AppendVarint(tc, state)
+		tc = protowire.AppendTag(tc, 6, protowire.BytesType)
+		tc = protowire.AppendBytes(tc, []byte("sleep"))
+		tc = protowire.AppendTag(tc, 21, protowire.VarintType)
+		tc = protowire.AppendVarint(tc, 19) // stop_signo
+		entry = protowire.AppendTag(entry, 3, protowire.BytesType)
+		entry = protowire.AppendBytes(entry, tc)
+	}
+	entry = protowire.AppendTag(entry, 5, protowire.BytesType)
+	entry = protowire.AppendBytes(entry, []byte{0x08, 0x01})
+	b := make([]byte, 8) // the two magic words
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(entry)))
+	return append(b, entry...)
+}
+
+// stoppedAtDump finds, by the pid in their images' names, the tasks whose
+// core image says stopped; not the running, dead or threads'; a core
+// image it cannot read fails it.
+func TestStoppedAtDump(t *testing.T) {
+	dir := t.TempDir()
+	for name, b := range map[string][]byte{
+		"core-1.img":  coreImage(1),           // alive
+		"core-7.img":  coreImage(taskStopped), // stopped
+		"core-8.img":  coreImage(0),           // a thread of 7
+		"core-9.img":  coreImage(2),           // dead
+		"core-12.img": coreImage(taskStopped),
+		"mm-7.img":    coreImage(taskStopped), // not a core image
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := stoppedAtDump(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !got[7] || !got[12] {
+		t.Errorf("stopped: %v, want 7 and 12", got)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "core-13.img"), coreImage(1)[:10], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stoppedAtDump(dir); err == nil {
+		t.Error("a short core image: no error")
+	}
+}
+
+func FuzzCoreTaskState(f *testing.F) {
+	f.Add(coreImage(taskStopped))
+	f.Add(coreImage(0))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = coreTaskState(b)
+	})
+}

@@ -153,19 +153,7 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 		t.Fatalf("the ssh shell never answered: %q %q", sshOut.String(), errb.String())
 	}
 
-	pause := func(t *testing.T, g *gatewayProc) {
-		t.Helper()
-		var a pauseAnswer
-		start := time.Now()
-		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
-			t.Fatalf("pause: %d %+v", code, a)
-		}
-		t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
-		if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 1<<20 {
-			t.Fatalf("pause report: %+v (resident %v)\n%s", a.Pause, a.Pause.ResidentBytes, g.stderr.String())
-		}
-		t.Logf("paused by checkpoint: %d bytes resident", *a.Pause.ResidentBytes)
-	}
+	pause := func(t *testing.T, g *gatewayProc) { t.Helper(); pauseByCheckpoint(t, g, id) }
 	check := func(t *testing.T, g *gatewayProc, pc procClient) {
 		t.Helper()
 		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != "4242" || a.StateLost {

@@ -107,29 +107,11 @@ func TestPauseCheckpointPTY(t *testing.T) {
 	pid := st.Msg().GetEvent().GetStart().GetPid()
 	r := readPTY(st)
 	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
-	input := func(t *testing.T, pc processconnect.ProcessClient, s string) {
-		t.Helper()
-		if _, err := pc.SendInput(c, connect.NewRequest(&process.SendInputRequest{Process: sel,
-			Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte(s)}}})); err != nil {
-			t.Fatalf("input: %v", err)
-		}
-	}
+	input := func(t *testing.T, pc processconnect.ProcessClient, s string) { t.Helper(); ptyInput(c, t, pc, sel, s) }
 	input(t, pc, "cd /tmp && PTYVAR=kept; echo ready-$((6*7))\n")
 	r.wait(t, "ready-42")
 
-	pause := func(t *testing.T, g *gatewayProc) {
-		t.Helper()
-		var a pauseAnswer
-		start := time.Now()
-		if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
-			t.Fatalf("pause: %d %+v", code, a)
-		}
-		t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
-		if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 1<<20 {
-			t.Fatalf("pause report: %+v (resident %v)\n%s", a.Pause, a.Pause.ResidentBytes, g.stderr.String())
-		}
-		t.Logf("paused by checkpoint: %d bytes resident", *a.Pause.ResidentBytes)
-	}
+	pause := func(t *testing.T, g *gatewayProc) { t.Helper(); pauseByCheckpoint(t, g, id) }
 	prevSize := "24x80"
 	check := func(t *testing.T, g *gatewayProc, round int) {
 		t.Helper()
@@ -225,13 +207,7 @@ func TestForkPTY(t *testing.T) {
 	pid := st.Msg().GetEvent().GetStart().GetPid()
 	r := readPTY(st)
 	sel := &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: pid}}
-	input := func(t *testing.T, pc processconnect.ProcessClient, s string) {
-		t.Helper()
-		if _, err := pc.SendInput(c, connect.NewRequest(&process.SendInputRequest{Process: sel,
-			Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte(s)}}})); err != nil {
-			t.Fatalf("input: %v", err)
-		}
-	}
+	input := func(t *testing.T, pc processconnect.ProcessClient, s string) { t.Helper(); ptyInput(c, t, pc, sel, s) }
 	input(t, pc, "cd /tmp && PTYVAR=forked; echo ready-$((6*7))\n")
 	r.wait(t, "ready-42")
 	// And a background process (/v1), its output read by the gateway.
@@ -300,6 +276,31 @@ func TestForkPTY(t *testing.T) {
 	sr := readPTY(cs)
 	input(t, pc, "echo \"src-again-$PTYVAR\"\n")
 	sr.wait(t, "src-again-forked")
+}
+
+// ptyInput writes s to the terminal of the process sel (E2B's SendInput).
+func ptyInput(ctx context.Context, t *testing.T, pc processconnect.ProcessClient, sel *process.ProcessSelector, s string) {
+	t.Helper()
+	if _, err := pc.SendInput(ctx, connect.NewRequest(&process.SendInputRequest{Process: sel,
+		Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte(s)}}})); err != nil {
+		t.Fatalf("input: %v", err)
+	}
+}
+
+// pauseByCheckpoint pauses session id and fails unless the pause was a
+// checkpoint that left under 1 MiB resident.
+func pauseByCheckpoint(t *testing.T, g *gatewayProc, id string) {
+	t.Helper()
+	var a pauseAnswer
+	start := time.Now()
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	t.Logf("pause (%s) answered in %s", a.Pause.Method, time.Since(start).Round(time.Millisecond))
+	if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 1<<20 {
+		t.Fatalf("pause report: %+v (resident %v)\n%s", a.Pause, a.Pause.ResidentBytes, g.stderr.String())
+	}
+	t.Logf("paused by checkpoint: %d bytes resident", *a.Pause.ResidentBytes)
 }
 
 // TestPauseCheckpointPTYOutput: what a process on a terminal writes

@@ -117,3 +117,20 @@ func TestContinueTreeContinuesInit(t *testing.T) {
 		t.Error("the init, said stopped at the dump, left stopped")
 	}
 }
+
+// stoppedAtDump refuses a core image whose CoreEntry is larger than
+// maxCoreEntry (a tampered image), rather than read it whole.
+func TestStoppedAtDumpBoundsCoreEntry(t *testing.T) {
+	var entry []byte
+	entry = protowire.AppendTag(entry, 40, protowire.BytesType) // a field nobody reads
+	entry = protowire.AppendBytes(entry, make([]byte, maxCoreEntry))
+	b := make([]byte, 8)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(entry)))
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "core-5.img"), append(b, entry...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stoppedAtDump(dir); err == nil {
+		t.Error("a core entry over the bound: no error")
+	}
+}

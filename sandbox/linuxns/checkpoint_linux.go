@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -919,7 +920,7 @@ func stoppedAtDump(imgs string) (map[int]bool, error) {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(name)
+		b, err := readCoreImage(name)
 		if err != nil {
 			return nil, fmt.Errorf("core images: %w", err)
 		}
@@ -932,6 +933,34 @@ func stoppedAtDump(imgs string) (map[int]bool, error) {
 		}
 	}
 	return stopped, nil
+}
+
+// maxCoreEntry bounds the CoreEntry stoppedAtDump reads from a core image
+// (a few KiB: registers, the FPU's state, the task's few fields), so that
+// an image tampered with cannot make the gateway read gigabytes.
+const maxCoreEntry = 1 << 20
+
+// readCoreImage reads the core image at name up to the end of its
+// CoreEntry (two magic words, its size, it), at most maxCoreEntry of it.
+func readCoreImage(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, 12)
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, fmt.Errorf("%s: short: %w", filepath.Base(name), err)
+	}
+	size := binary.LittleEndian.Uint32(b[8:12])
+	if size > maxCoreEntry {
+		return nil, fmt.Errorf("%s: core entry of %d bytes, more than %d", filepath.Base(name), size, maxCoreEntry)
+	}
+	b = append(b, make([]byte, size)...)
+	if _, err := io.ReadFull(f, b[12:]); err != nil {
+		return nil, fmt.Errorf("%s: short entry: %w", filepath.Base(name), err)
+	}
+	return b, nil
 }
 
 // coreTaskState reads a CRIU core image (two magic words, then one

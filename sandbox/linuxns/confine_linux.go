@@ -210,7 +210,10 @@ func continueTree(pids []int, stopped map[int]bool) error {
 		return fmt.Errorf("restored init %d: no NSpid in its status", pids[0])
 	}
 	for i := len(pids) - 1; i >= 0; i-- {
-		if ns := nsPids(pids[i]); len(ns) >= level && stopped[ns[level-1]] {
+		// The init is continued whatever the images say: it is never
+		// stopped at a dump (a signal from its own pid namespace cannot
+		// stop it), and the gateway dials it next.
+		if ns := nsPids(pids[i]); i > 0 && len(ns) >= level && stopped[ns[level-1]] {
 			continue
 		}
 		if err := unix.Kill(pids[i], unix.SIGCONT); err != nil && !errors.Is(err, unix.ESRCH) {

@@ -5,9 +5,12 @@ package linuxns
 import (
 	"encoding/binary"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -75,4 +78,59 @@ func FuzzCoreTaskState(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = coreTaskState(b)
 	})
+}
+
+// continueTree continues the init even where the images (tampered) say
+// it was stopped at the dump: a stopped init would leave the gateway's
+// dial of its control socket waiting until its timeout.
+func TestContinueTreeContinuesInit(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitState := func(want func(byte) bool) byte {
+		var state byte
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			var err error
+			if state, _, err = procStat(pid); err == nil && want(state) {
+				break
+			}
+		}
+		return state
+	}
+	if state := waitState(func(s byte) bool { return s == 'T' }); state != 'T' {
+		t.Fatalf("state %c after SIGSTOP", state)
+	}
+	ns := nsPids(pid)
+	if len(ns) == 0 {
+		t.Fatal("no NSpid")
+	}
+	if err := continueTree([]int{pid}, map[int]bool{ns[len(ns)-1]: true}); err != nil {
+		t.Fatal(err)
+	}
+	if state := waitState(func(s byte) bool { return s != 'T' }); state == 'T' {
+		t.Error("the init, said stopped at the dump, left stopped")
+	}
+}
+
+// stoppedAtDump refuses a core image whose CoreEntry is larger than
+// maxCoreEntry (a tampered image), rather than read it whole.
+func TestStoppedAtDumpBoundsCoreEntry(t *testing.T) {
+	var entry []byte
+	entry = protowire.AppendTag(entry, 40, protowire.BytesType) // a field nobody reads
+	entry = protowire.AppendBytes(entry, make([]byte, maxCoreEntry))
+	b := make([]byte, 8)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(entry)))
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "core-5.img"), append(b, entry...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stoppedAtDump(dir); err == nil {
+		t.Error("a core entry over the bound: no error")
+	}
 }

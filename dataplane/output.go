@@ -143,9 +143,8 @@ func OpenOutputLog(dir string, capBytes int64) (*OutputLog, error) {
 		return nil, fmt.Errorf("output directory: %w", err)
 	}
 	for _, e := range entries { // sorted by name: by sequence
-		var seq int
-		var base int64
-		if n, _ := fmt.Sscanf(e.Name(), "seg-%08d-%d", &seq, &base); n != 2 || fmt.Sprintf("seg-%08d-%d", seq, base) != e.Name() {
+		seq, base, ok := segmentName(e.Name())
+		if !ok {
 			continue
 		}
 		f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDWR, 0)
@@ -172,18 +171,39 @@ func OpenOutputLog(dir string, capBytes int64) (*OutputLog, error) {
 	return o, nil
 }
 
+// segmentName parses a segment file's name (seg-SEQ-BASE): its sequence
+// and the data offset it starts at; ok false for any other name.
+func segmentName(name string) (seq int, base int64, ok bool) {
+	if n, _ := fmt.Sscanf(name, "seg-%08d-%d", &seq, &base); n != 2 || fmt.Sprintf("seg-%08d-%d", seq, base) != name {
+		return 0, 0, false
+	}
+	return seq, base, true
+}
+
+// readFrameHeader reads the next frame's header from a recovered segment:
+// its stream and data length; ok false at the segment's end, a torn
+// header, or one no writer made (a stream other than stdout or stderr, a
+// length over maxFrame), where the segment's good frames end.
+func readFrameHeader(br *bufio.Reader) (stream Stream, n int64, ok bool) {
+	var hdr [frameHeader]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return 0, 0, false
+	}
+	stream, n = Stream(hdr[0]), int64(binary.BigEndian.Uint32(hdr[1:]))
+	if n > maxFrame || (stream != Stdout && stream != Stderr) {
+		return 0, 0, false
+	}
+	return stream, n, true
+}
+
 // scan reads a recovered segment's frames: its size, stored bytes and
 // last stream; a torn last frame is cut off.
 func (seg *segment) scan(f *os.File) error {
 	fs := seg.store.(*fileStore)
 	br := bufio.NewReaderSize(f, 64<<10)
-	var hdr [frameHeader]byte
 	for {
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			break
-		}
-		n := int64(binary.BigEndian.Uint32(hdr[1:]))
-		if n > maxFrame || (Stream(hdr[0]) != Stdout && Stream(hdr[0]) != Stderr) {
+		stream, n, ok := readFrameHeader(br)
+		if !ok {
 			break
 		}
 		if _, err := br.Discard(int(n)); err != nil {
@@ -191,7 +211,7 @@ func (seg *segment) scan(f *os.File) error {
 		}
 		seg.stored += frameHeader + n
 		seg.size += n
-		seg.last = Stream(hdr[0])
+		seg.last = stream
 	}
 	fs.size = seg.stored
 	if err := f.Truncate(seg.stored); err != nil {
@@ -807,9 +827,8 @@ func copyOutputUpTo(from, to string, end int64) error {
 		return fmt.Errorf("output directory: %w", err)
 	}
 	for _, e := range entries {
-		var seq int
-		var base int64
-		if n, _ := fmt.Sscanf(e.Name(), "seg-%08d-%d", &seq, &base); n != 2 || fmt.Sprintf("seg-%08d-%d", seq, base) != e.Name() || base >= end {
+		_, base, ok := segmentName(e.Name())
+		if !ok || base >= end {
 			continue
 		}
 		if err := copySegmentUpTo(filepath.Join(from, e.Name()), filepath.Join(to, e.Name()), end-base); err != nil {
@@ -836,14 +855,12 @@ func copySegmentUpTo(from, to string, limit int64) error {
 	bw := bufio.NewWriterSize(out, 64<<10)
 	var hdr [frameHeader]byte
 	for limit > 0 {
-		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			break
-		}
-		n := int64(binary.BigEndian.Uint32(hdr[1:]))
-		if n > maxFrame || (Stream(hdr[0]) != Stdout && Stream(hdr[0]) != Stderr) {
+		stream, n, ok := readFrameHeader(br)
+		if !ok {
 			break
 		}
 		n = min(n, limit)
+		hdr[0] = byte(stream)
 		binary.BigEndian.PutUint32(hdr[1:], uint32(n))
 		if _, err := bw.Write(hdr[:]); err != nil {
 			out.Close()

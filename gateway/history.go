@@ -112,16 +112,7 @@ type recorded struct {
 func (s *Session) record(ctx context.Context, command string, o StartOptions, p sandbox.Process) sandbox.Process {
 	r := &recorded{Process: p, s: s, ctx: context.WithoutCancel(ctx), rec: CommandRecord{Command: command, Source: o.Source,
 		ProcessID: o.ProcessID, StartedAt: time.Now().UTC()}}
-	r.stdout = countReader{p.Stdout(), &r.out}
-	if e := p.Stderr(); e != nil {
-		r.stderr = countReader{e, &r.out}
-	}
-	s.mu.Lock()
-	if s.cmds == nil {
-		s.cmds = map[*recorded]struct{}{}
-	}
-	s.cmds[r] = struct{}{}
-	s.mu.Unlock()
+	r.track()
 	return r
 }
 
@@ -193,8 +184,15 @@ func Reattached(old, p sandbox.Process) sandbox.Process {
 	}
 	r := &recorded{Process: p, s: o.s, ctx: o.ctx, rec: o.rec}
 	r.out.Store(o.out.Load())
-	r.stdout = countReader{p.Stdout(), &r.out}
-	if e := p.Stderr(); e != nil {
+	r.track()
+	return r
+}
+
+// track counts r's output as it is read and adds r to its session's
+// commands under way.
+func (r *recorded) track() {
+	r.stdout = countReader{r.Process.Stdout(), &r.out}
+	if e := r.Process.Stderr(); e != nil {
 		r.stderr = countReader{e, &r.out}
 	}
 	r.s.mu.Lock()
@@ -203,7 +201,6 @@ func Reattached(old, p sandbox.Process) sandbox.Process {
 	}
 	r.s.cmds[r] = struct{}{}
 	r.s.mu.Unlock()
-	return r
 }
 
 // PID passes the wrapped process's pid through (sandbox.PIDer): the

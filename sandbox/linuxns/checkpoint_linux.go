@@ -864,6 +864,12 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
 	}
 	ph.mark("criu_restore")
+	// The CPU the restored tasks took in the sandbox's cgroups so far:
+	// none of the image's code has run (they are stopped), so it is the
+	// restore's own work in them, mostly reading their memory back.
+	if u := cgroup.ReadUsage(st.Cgroups); u.CPUSeconds != nil {
+		ph.add("restored_cpu", time.Duration(*u.CPUSeconds*float64(time.Second)))
+	}
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)

@@ -37,7 +37,8 @@ for i in $(seq 200); do python3 -c 'import urllib.request; urllib.request.urlope
 // (sandbox_checkpointed), each restore's (sandbox_restored, restored_cpu_ms
 // the CPU its tasks took while CRIU restored them), and each round's wall
 // time. Each fork's blob must hash as the source's. It only runs when
-// SANDGATE_MEASURE=1 (SANDGATE_CRIU picks the criu, for an A/B):
+// SANDGATE_MEASURE=1 (SANDGATE_CRIU picks the criu, SANDGATE_MEASURE_ROUNDS
+// the rounds, SANDGATE_MEASURE_PAR how many restores run at once, for A/Bs):
 //
 //	SANDGATE_MEASURE=1 go test -count=1 -run TestForkX4Measure -v ./sandbox/linuxns/
 func TestForkX4Measure(t *testing.T) {
@@ -67,6 +68,11 @@ func TestForkX4Measure(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("SANDGATE_MEASURE_ROUNDS")); err == nil && n > 0 {
 		rounds = n
 	}
+	// SANDGATE_MEASURE_PAR: how many restores run at once (default 4).
+	sem := make(chan struct{}, 4)
+	if n, err := strconv.Atoi(os.Getenv("SANDGATE_MEASURE_PAR")); err == nil && n > 0 && n < 4 {
+		sem = make(chan struct{}, n)
+	}
 	for r := range rounds {
 		t0 := time.Now()
 		ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
@@ -79,6 +85,8 @@ func TestForkX4Measure(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range forks {
 			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
 				forks[i], errs[i] = ck.Restore(ctx, sandbox.Spec{ID: "sbx-fmeasure-" + strconv.Itoa(r) + "-" + strconv.Itoa(i), Limits: sandbox.Limits{MemoryBytes: 1 << 30}})
 			})
 		}

@@ -83,6 +83,10 @@ type checkpoint struct {
 	// (Driver.sharedReaders), so that one ending does not make the
 	// images 0600 under another's criu.
 	shared string
+	// loUp, once loUpOnce has run, says whether the criu brings the
+	// loopback of the restored network namespace up itself (criuLoUp).
+	loUpOnce sync.Once
+	loUp     bool
 }
 
 // sharedReaders counts the restores under way of images that checkpoints
@@ -197,6 +201,8 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 		args = append(args, "--external", "mnt["+mp+"]:"+mountKey(mp))
 	}
 	ph.mark("prepare")
+	// Read while criu dumps (it runs on one core), for the restores.
+	go c.criuLoUp(criu)
 	// The caller going away (a client that hangs up) must not kill criu
 	// in the middle of a dump: the source's processes are seized then,
 	// its parasite code in them. Only a dump that hangs is killed.
@@ -340,14 +346,32 @@ func postDumpScript(mnt, image, dst string) string {
 		"sync -f " + shellQuote(mnt) + " && cp --sparse=always --reflink=auto " + shellQuote(image) + " " + shellQuote(dst) + "\n"
 }
 
-// restoreScript is CRIU's action script for a restore: the network
-// namespace is restored empty (--empty-ns net: CRIU saves and restores
-// no addresses, routes or firewall rules, each an external command), so
-// it brings the loopback up before the sockets are restored; the gateway
-// sets the rest up as for a new sandbox (its egress, TransparentNet).
+// restoreScript is CRIU's action script for a restore by a criu without
+// patch 0005 of .ci/criu-patches (criuLoUp): the network namespace is
+// restored empty (--empty-ns net: CRIU saves and restores no addresses,
+// routes or firewall rules, each an external command), so it brings the
+// loopback up before the sockets are restored; the gateway sets the rest
+// up as for a new sandbox (its egress, TransparentNet).
 const restoreScript = "#!/bin/sh\n" +
 	"[ \"$CRTOOLS_SCRIPT_ACTION\" = setup-namespaces ] || exit 0\n" +
 	"exec nsenter -t \"$CRTOOLS_INIT_PID\" -n ip link set lo up\n"
+
+// criuLoUpMark is the line patch 0005 of .ci/criu-patches adds to criu's
+// log: a criu that holds it brings the loopback of a network namespace it
+// restores empty up itself, as restoreScript does, and a restore runs no
+// action script (CRIU ran it at each of its 7 steps, a /bin/sh each, and
+// nsenter and ip once).
+const criuLoUpMark = "empty netns: lo up"
+
+// criuLoUp says whether the criu binary at path holds criuLoUpMark, read
+// once per checkpoint (some 6 MB).
+func (c *checkpoint) criuLoUp(path string) bool {
+	c.loUpOnce.Do(func() {
+		b, err := os.ReadFile(path)
+		c.loUp = err == nil && bytes.Contains(b, []byte(criuLoUpMark))
+	})
+	return c.loUp
+}
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
@@ -823,8 +847,10 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	// to look at a tree that cannot have acted yet.
 	args := []string{"restore", "-D", imgs, "-o", "restore.log", "-v2", "-d", "--leave-stopped", "--pidfile", pidFile,
 		"--root", stage.root, "--manage-cgroups=soft", "--cgroup-root", "/sandgate/" + st.ID, "--tcp-close", "--network-lock", "skip",
-		"--empty-ns", "net", "--action-script", filepath.Join(imgs, "restore.sh"),
-		"--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
+		"--empty-ns", "net", "--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
+	if !c.criuLoUp(criu) {
+		args = append(args, "--action-script", filepath.Join(imgs, "restore.sh"))
+	}
 	extra := []*os.File{lnf}
 	for _, ino := range c.conns {
 		f := held[ino]
@@ -864,6 +890,12 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
 	}
 	ph.mark("criu_restore")
+	// The CPU the restored tasks took in the sandbox's cgroups so far:
+	// none of the image's code has run (they are stopped), so it is the
+	// restore's own work in them, mostly reading their memory back.
+	if u := cgroup.ReadUsage(st.Cgroups); u.CPUSeconds != nil {
+		ph.add("restored_cpu", time.Duration(*u.CPUSeconds*float64(time.Second)))
+	}
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		return fmt.Errorf("restore: %w", err)

@@ -351,6 +351,7 @@ func (s *linuxSandbox) unpauseCheckpoint(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	go c.criuLoUp(criu) // read while the restore is prepared
 	ctx, cancel := withInitTimeout(ctx)
 	defer cancel()
 	ph := newPhases()

@@ -112,6 +112,7 @@ type Session struct {
 	ttl          int // seconds, as last set (by create or an update)
 	conns        map[*connEntry]struct{}
 	ckHooks      map[*func() bool]struct{} // OnCheckpoint's
+	handoffs     map[*HandoffEntry]struct{} // AddHandoff's
 	forkHooks    map[*func() bool]struct{} // OnForkCheckpoint's
 	resumed      chan struct{}             // Resumed's: closed at the next unpause or end
 	cmds         map[*recorded]struct{}    // recorded commands under way (heldCommands)

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestPauseCheckpointHandsOffSSHExec: an OpenSSH exec under way at a
+// pause under serve --checkpoint is not killed with its connection: its
+// channel ends saying which background process it is now, the pause is a
+// checkpoint (not a freeze) that lists it in keptCommands, and after the
+// resume the command finishes (the file it writes holds every line, its
+// output from the pause on is the process's, its exit is recorded there
+// and in the history).
+func TestPauseCheckpointHandsOffSSHExec(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	s := g.createSession(t)
+	id := s.SessionID
+	pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	const loop = `for i in $(seq 30); do echo $i >> /workspace/out; echo line-$i; sleep 0.2; done; echo end`
+	_, ready, out, errb, done := openSSH(t, g, s, "line-3", loop)
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the ssh command never started: %q %q", out.String(), errb.String())
+	}
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	t.Logf("pause: %+v", a.Pause)
+	if a.Pause.Method != "checkpoint" {
+		t.Errorf("pause with an ssh command under way: method %q, notKept %q", a.Pause.Method, a.Pause.NotKept)
+	}
+	if len(a.Pause.KeptCommands) != 1 || a.Pause.KeptCommands[0].Command != loop || a.Pause.KeptCommands[0].Source != "ssh" {
+		t.Fatalf("keptCommands: %+v", a.Pause.KeptCommands)
+	}
+	pid := a.Pause.KeptCommands[0].ProcessID
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the ssh connection did not end at the pause")
+	}
+	if want := "goes on in the sandbox as background process " + pid; !strings.Contains(errb.String(), want) {
+		t.Errorf("ssh's stderr does not say %q: %q", want, errb.String())
+	}
+	// The process API's wait resumes the session; the loop finishes.
+	p := pc.waitEnd(t, pid)
+	if p.Status != "exited" || p.ExitCode == nil || *p.ExitCode != 0 {
+		t.Fatalf("the handed-over command: %+v", p)
+	}
+	var want strings.Builder
+	for i := 1; i <= 30; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	if got := runREST(t, g, id, map[string]any{"command": "cat /workspace/out"}).out(); got != want.String() {
+		t.Errorf("/workspace/out after the resume: %q, want 1..30", got)
+	}
+	lines, cancel := pc.output(t, pid, 0, false)
+	data, _, _, _ := collect(t, lines)
+	cancel()
+	if !strings.HasSuffix(string(data), "line-30\nend\n") {
+		t.Errorf("the process's output does not end with the loop's: %q (ssh had %q)", data, out.String())
+	}
+	var h struct {
+		Commands []struct {
+			Command  string
+			Source   string
+			ExitCode *int
+		}
+	}
+	if code := g.api(t, http.MethodGet, "/v1/sessions/"+id+"/commands", nil, &h); code != http.StatusOK {
+		t.Fatalf("history: %d", code)
+	}
+	found := false
+	for _, c := range h.Commands {
+		if c.Command == loop && c.Source == "ssh" && c.ExitCode != nil && *c.ExitCode == 0 {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("the history lacks the handed-over command's end: %+v", h.Commands)
+	}
+}

@@ -305,7 +305,9 @@ func (ps *Processes) Adopt(s *gateway.Session, cfg ProcessConfig, h gateway.Hand
 	}()
 	pr := &Process{
 		sp: sp, done: make(chan struct{}), running: true, keep: "process/" + id, pty: h.PTY,
-		stdinClosed: true, dir: filepath.Join(sp.dir, id),
+		// Its input was closed by the hand-over (EOF); one on a terminal
+		// is typed on it (WriteStdin), as its client did.
+		stdinClosed: !h.PTY, dir: filepath.Join(sp.dir, id),
 		info: ProcessInfo{ProcessID: id, PID: h.PID, Command: h.Command, StartedAt: h.StartedAt.UTC()},
 	}
 	if err := sp.reserve(pr); err != nil {

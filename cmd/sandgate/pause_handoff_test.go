@@ -87,3 +87,55 @@ func TestPauseCheckpointHandsOffSSHExec(t *testing.T) {
 		t.Errorf("the history lacks the handed-over command's end: %+v", h.Commands)
 	}
 }
+
+// TestPauseCheckpointHandsOffSSHExecPTY: the same for an exec on a
+// terminal (ssh -tt): the init keeps its terminal, and the loop finishes
+// after the resume.
+func TestPauseCheckpointHandsOffSSHExecPTY(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	s := g.createSession(t)
+	id := s.SessionID
+	pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	const loop = `for i in $(seq 20); do echo $i >> /workspace/out; echo line-$i; sleep 0.2; done; echo end`
+	_, ready, out, errb, done := openSSH(t, g, s, "line-3", "-tt", loop)
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the ssh command never started: %q %q", out.String(), errb.String())
+	}
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	if a.Pause.Method != "checkpoint" || len(a.Pause.KeptCommands) != 1 || a.Pause.KeptCommands[0].Command != loop {
+		t.Fatalf("pause with an ssh command on a terminal under way: %+v", a.Pause)
+	}
+	pid := a.Pause.KeptCommands[0].ProcessID
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the ssh connection did not end at the pause")
+	}
+	if want := "background process " + pid; !strings.Contains(errb.String()+out.String(), want) {
+		t.Errorf("ssh does not say %q: %q %q", want, out.String(), errb.String())
+	}
+	p := pc.waitEnd(t, pid)
+	if p.Status != "exited" || p.ExitCode == nil || *p.ExitCode != 0 {
+		t.Fatalf("the handed-over command: %+v", p)
+	}
+	var want strings.Builder
+	for i := 1; i <= 20; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	if got := runREST(t, g, id, map[string]any{"command": "cat /workspace/out"}).out(); got != want.String() {
+		t.Errorf("/workspace/out after the resume: %q, want 1..20", got)
+	}
+	lines, cancel := pc.output(t, pid, 0, false)
+	data, _, _, _ := collect(t, lines)
+	cancel()
+	if !strings.Contains(string(data), "line-20\r\nend\r\n") {
+		t.Errorf("the process's output does not end with the loop's: %q", data)
+	}
+}

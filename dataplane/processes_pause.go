@@ -118,6 +118,35 @@ func (pr *Process) proc(ctx context.Context) (sandbox.Process, error) {
 	return pr.p, nil
 }
 
+// onProc calls fn with pr's process (proc). When fn fails because the
+// process was let go of meanwhile (a pause's release raced the call: its
+// control connection or terminal closed under fn), it waits for the
+// process to be taken back and calls fn again, rather than answer the
+// failure of a process that runs on. It answers what proc answers
+// (errNotTakenBack, ErrSessionEnded, ErrProcessExited) as they are.
+func (pr *Process) onProc(ctx context.Context, fn func(sandbox.Process) error) error {
+	for range 3 {
+		p, err := pr.proc(ctx)
+		if err != nil {
+			return err
+		}
+		if p == nil {
+			return ErrProcessExited
+		}
+		err = fn(p)
+		if err == nil {
+			return nil
+		}
+		pr.mu.Lock()
+		raced := pr.released || pr.p != p
+		pr.mu.Unlock()
+		if !raced {
+			return err
+		}
+	}
+	return errNotTakenBack
+}
+
 // takeBack takes pr, let go of for a pause, back once its session runs
 // again, and reads it on (run). A process the init no longer keeps ended
 // with its processes (a failed restore): it is recorded killed.

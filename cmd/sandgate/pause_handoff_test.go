@@ -139,3 +139,66 @@ func TestPauseCheckpointHandsOffSSHExecPTY(t *testing.T) {
 		t.Errorf("the process's output does not end with the loop's: %q", data)
 	}
 }
+
+// TestPauseCheckpointHandsOffRESTCommand: a REST command under way
+// (POST /commands) at a pause under serve --checkpoint is handed to the
+// process API too: its answer is 409 session_paused naming the process,
+// the pause is a checkpoint listing it, and after the resume the command
+// finishes there.
+func TestPauseCheckpointHandsOffRESTCommand(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	s := g.createSession(t)
+	id := s.SessionID
+	pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	const loop = `for i in $(seq 30); do echo $i >> /workspace/out; echo line-$i; sleep 0.2; done; echo end`
+	type answer struct {
+		code int
+		body map[string]any
+	}
+	ans := make(chan answer, 1)
+	go func() {
+		var body map[string]any
+		code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"command": loop, "timeout": 120}, &body)
+		ans <- answer{code, body}
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(runREST(t, g, id, map[string]any{"command": "cat /workspace/out 2>/dev/null || true"}).out(), "3\n") {
+		if time.Now().After(deadline) {
+			t.Fatal("the REST command never wrote its third line")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	t.Logf("pause: %+v", a.Pause)
+	if a.Pause.Method != "checkpoint" || len(a.Pause.KeptCommands) != 1 || a.Pause.KeptCommands[0].Source != "rest" ||
+		a.Pause.KeptCommands[0].Command != loop {
+		t.Fatalf("pause with a REST command under way: %+v", a.Pause)
+	}
+	pid := a.Pause.KeptCommands[0].ProcessID
+	var got answer
+	select {
+	case got = <-ans:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the REST command's call did not end at the pause")
+	}
+	if msg := fmt.Sprint(got.body); got.code != http.StatusConflict || !strings.Contains(msg, "session_paused") ||
+		!strings.Contains(msg, "background process "+pid) {
+		t.Errorf("the command's answer: %d %v", got.code, got.body)
+	}
+	p := pc.waitEnd(t, pid)
+	if p.Status != "exited" || p.ExitCode == nil || *p.ExitCode != 0 {
+		t.Fatalf("the handed-over command: %+v", p)
+	}
+	var want strings.Builder
+	for i := 1; i <= 30; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	if out := runREST(t, g, id, map[string]any{"command": "cat /workspace/out"}).out(); out != want.String() {
+		t.Errorf("/workspace/out after the resume: %q, want 1..30", out)
+	}
+}

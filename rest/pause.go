@@ -35,7 +35,8 @@ type pauseReportJSON struct {
 	// NotKept lists what the pause did not keep, one sentence each.
 	NotKept []string `json:"notKept"`
 	// KeptCommands are the commands under way that the pause handed to
-	// the process API (an SSH exec under --checkpoint): they run on as
+	// the process API (an SSH exec, a REST command, under --checkpoint):
+	// they run on as
 	// background processes.
 	KeptCommands []gateway.HandedOff `json:"keptCommands,omitempty"`
 	// Ms is how long the pause took.

@@ -114,7 +114,7 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 		// PauseConnWait); then the kept processes are let go of. The
 		// commands under way on those connections (an SSH exec) are
 		// handed to the process API first: they run on, kept.
-		handed = m.handOff(ctx, s)
+		handed = m.handOff(context.WithoutCancel(ctx), s)
 		s.closeForPause()
 		s.letGoForCheckpoint()
 	}

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/gwtest"
 )
 
 // TestPauseCheckpointHandsOffSSHExec: an OpenSSH exec under way at a
@@ -200,5 +203,50 @@ func TestPauseCheckpointHandsOffRESTCommand(t *testing.T) {
 	}
 	if out := runREST(t, g, id, map[string]any{"command": "cat /workspace/out"}).out(); out != want.String() {
 		t.Errorf("/workspace/out after the resume: %q, want 1..30", out)
+	}
+}
+
+// TestPauseCheckpointHandsOffSSHExecRestart: a command handed over at a
+// pause is the process API's across a gateway restart while the session
+// is paused: the restarted gateway lists it, resumes the session, and
+// the command finishes.
+func TestPauseCheckpointHandsOffSSHExecRestart(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	args := []string{"--sandbox", "linux", "--checkpoint", "--criu", criu}
+	g := startGateway(t, append(args, "--keep-sandboxes-on-exit=true")...)
+	s := g.createSession(t)
+	id := s.SessionID
+	t.Cleanup(func() { deleteQuietly(g, id) })
+	const loop = `for i in $(seq 20); do echo $i >> /workspace/out; echo line-$i; sleep 0.2; done; echo end`
+	_, ready, out, errb, done := openSSH(t, g, s, "line-3", loop)
+	select {
+	case <-ready:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the ssh command never started: %q %q", out.String(), errb.String())
+	}
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK ||
+		a.Pause.Method != "checkpoint" || len(a.Pause.KeptCommands) != 1 {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	pid := a.Pause.KeptCommands[0].ProcessID
+	<-done
+	g2 := &gatewayProc{DataDir: g.DataDir, Token: g.Token, stdout: &gwtest.Buffer{}, stderr: &gwtest.Buffer{}, done: make(chan struct{})}
+	_ = g.cmd.Process.Signal(syscall.SIGTERM)
+	<-g.done
+	g2.start(t, append([]string{"serve", "--listen", "127.0.0.1:0", "--data-dir", g.DataDir, "--api-key", g.Token, "--keep-sandboxes-on-exit=false"}, args...))
+	g = g2
+	pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	p := pc.waitEnd(t, pid)
+	if p.Status != "exited" || p.ExitCode == nil || *p.ExitCode != 0 {
+		t.Fatalf("the handed-over command after a restart: %+v\n%s", p, g.stderr.String())
+	}
+	var want strings.Builder
+	for i := 1; i <= 20; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	if got := runREST(t, g, id, map[string]any{"command": "cat /workspace/out"}).out(); got != want.String() {
+		t.Errorf("/workspace/out: %q, want 1..20", got)
 	}
 }

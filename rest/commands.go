@@ -305,6 +305,21 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		o.res.Release()
 		return
 	}
+	if ho := (*dataplane.HandedOffError)(nil); errors.As(o.err, &ho) {
+		// Handed over by a pause (its answer came before the pause ended
+		// the call): answered as the pause's end would answer it.
+		pe := pausedErr()
+		if stream != nil && stream.started() {
+			noteErrorCode(w, pe.Code)
+			stream.final(map[string]any{"error": errorDetail{Code: pe.Code, Message: pe.Message}})
+			return
+		}
+		if stream != nil {
+			stream.stop()
+		}
+		WriteGatewayError(w, pe)
+		return
+	}
 	if o.err != nil {
 		if stream != nil && stream.started() {
 			stream.final(map[string]any{"error": errorDetail{Code: "internal", Message: "the command could not run"}})

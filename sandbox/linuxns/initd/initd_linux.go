@@ -672,11 +672,14 @@ func (in *initd) keepRunning(conn *net.UnixConn, c *child, key string, fds []int
 		held[1], held[2] = fds[0], fds[1]
 	}
 	in.keepLocked(c, key, held)
-	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "kept"})
-	c.mu.Unlock()
+	// Registered before "kept" goes out: an attach that follows it (the
+	// gateway's, after a pause's restore) must find it. in.mu is never
+	// held while c.mu is taken, so it nests here.
 	in.mu.Lock()
 	in.jobs[key] = c
 	in.mu.Unlock()
+	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "kept"})
+	c.mu.Unlock()
 }
 
 // maxKept bounds the kept commands of a sandbox (ctl.MaxKept: the init's

@@ -93,6 +93,27 @@ type Request struct {
 	// Started, when set, is called once, as soon as the command has
 	// started (before any output), so that a streamed answer can begin.
 	Started func()
+	// HandedOff, when set, is called (by Run) with the background process
+	// id a pause by checkpoint handed the command over as (see
+	// ErrHandedOff): its caller's answer, which the pause ends, names it.
+	HandedOff func(processID string)
+}
+
+// HandedOffError is Run's answer for a command that a pause by
+// checkpoint handed to the session's background processes
+// (gateway.HandoffEntry) as process ProcessID: it did not end, and runs
+// on there (its output from then on, its exit); its answer ends with the
+// call, as the pause ends it (session_paused).
+type HandedOffError struct{ ProcessID string }
+
+func (e *HandedOffError) Error() string {
+	return "the command was handed over to the session's background processes as " + e.ProcessID
+}
+
+// handoffSession is a session whose commands under way a pause may hand
+// over (gateway.Session).
+type handoffSession interface {
+	AddHandoff(e *gateway.HandoffEntry) (remove func(), ok bool)
 }
 
 // Result is how a command ended and what it wrote.
@@ -252,6 +273,24 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	if req.Started != nil {
 		req.Started()
 	}
+	// A pause by checkpoint hands the command to the background
+	// processes rather than hold the session (a freeze) on it.
+	var handedID string
+	handed := make(chan struct{})
+	if hs, ok := s.(handoffSession); ok {
+		e := &gateway.HandoffEntry{Command: req.text(), Source: "rest", StartedAt: began, Process: proc,
+			Begin: func() {},
+			Done: func(id string) {
+				handedID = id
+				close(handed)
+				if id != "" && req.HandedOff != nil {
+					req.HandedOff(id)
+				}
+			}}
+		if remove, ok := hs.AddHandoff(e); ok {
+			defer remove()
+		}
+	}
 	go func() {
 		if len(req.Stdin) > 0 {
 			_, _ = proc.Stdin().Write(req.Stdin)
@@ -291,6 +330,14 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 		w = <-done
 	}
 	drain(&readers, outs...)
+	if errors.Is(w.err, sandbox.ErrHandedOff) {
+		select {
+		case <-handed: // handedID is set
+			return Result{}, &HandedOffError{ProcessID: handedID}
+		case <-time.After(10 * time.Second):
+			return Result{}, &HandedOffError{}
+		}
+	}
 
 	res := Result{TimedOut: timedOut, Duration: time.Since(began), Cwd: stderr.prefix}
 	res.StartTook, res.Direct = startTook, direct

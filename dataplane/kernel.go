@@ -5,6 +5,7 @@ import (
 	_ "embed" // the kernel's driver script
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -332,7 +333,7 @@ func (x *kernel) close() {
 			// An earlier gateway's interpreter, not taken back yet: to
 			// end it.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			x.resume(ctx, &PythonResult{})
+			_ = x.resume(ctx, &PythonResult{})
 			cancel()
 		}
 		if x.proc != nil {
@@ -369,29 +370,40 @@ func (x *kernel) readRecord() (kernelRecord, bool) {
 // resume runs before the kernel's first interpreter in this gateway: an
 // interpreter an earlier gateway left (its record) is taken back with its
 // state; one that cannot be was lost with that gateway, which res says.
-func (x *kernel) resume(ctx context.Context, res *PythonResult) {
-	x.resumed = true
+// A sandbox paused again meanwhile (sandbox.ErrPaused: the interpreter is
+// kept, but its init cannot hand it back now) loses nothing: resume
+// answers gateway.ErrPaused, the record kept, and the next call takes
+// it back.
+func (x *kernel) resume(ctx context.Context, res *PythonResult) error {
 	if x.record == "" {
-		return
+		x.resumed = true
+		return nil
 	}
 	rec, ok := x.readRecord()
 	if !ok {
-		return // no kernel of this name before
+		x.resumed = true
+		return nil // no kernel of this name before
 	}
 	if rec.Keep != "" {
 		if k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox()); ok {
 			rctx, cancel := context.WithTimeout(ctx, KernelStartTimeout)
 			p, err := k.Reattach(rctx, rec.Keep)
 			cancel()
+			if errors.Is(err, sandbox.ErrPaused) {
+				return gateway.ErrPaused
+			}
 			if err == nil {
+				x.resumed = true
 				x.proc = newKernelProc(p)
 				x.proc.stale = true
-				return
+				return nil
 			}
 		}
 	}
+	x.resumed = true
 	_ = os.Remove(x.record)
 	res.Restarted, res.StateLost = true, true
+	return nil
 }
 
 // sync reads away what a taken-back interpreter still had to say for a
@@ -703,7 +715,9 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 	defer func() { <-x.turn }()
 	var res PythonResult
 	if !x.resumed {
-		x.resume(ctx, &res)
+		if err := x.resume(ctx, &res); err != nil {
+			return PythonResult{}, err
+		}
 	}
 	if x.proc != nil && x.proc.stale {
 		x.seq++

@@ -913,13 +913,13 @@ func (pr *Process) Signal(sig syscall.Signal) error {
 	if !pr.isRunning() {
 		return ErrProcessExited
 	}
-	p, err := pr.proc(context.Background())
+	err := pr.onProc(context.Background(), func(p sandbox.Process) error { return p.Signal(sig) })
 	if err != nil {
-		return err
-	}
-	if err := p.Signal(sig); err != nil {
 		if !pr.isRunning() || errors.Is(err, syscall.ESRCH) {
 			return ErrProcessExited
+		}
+		if _, ok := gateway.AsError(err); ok {
+			return err
 		}
 		return fmt.Errorf("signal process: %w", err)
 	}
@@ -939,16 +939,13 @@ func (pr *Process) Resize(w sandbox.Window) error {
 	if !pr.isRunning() {
 		return ErrProcessExited
 	}
-	p, err := pr.proc(context.Background())
+	err := pr.onProc(context.Background(), func(p sandbox.Process) error { return p.Resize(w) })
 	if err != nil {
-		return err
-	}
-	if p == nil {
-		return ErrProcessExited
-	}
-	if err := p.Resize(w); err != nil {
 		if !pr.isRunning() {
 			return ErrProcessExited
+		}
+		if _, ok := gateway.AsError(err); ok {
+			return err
 		}
 		return fmt.Errorf("resize terminal: %w", err)
 	}
@@ -963,7 +960,34 @@ const stdinTimeout = 10 * time.Second
 // when eof. It returns how many bytes went through; ErrStdinBlocked when
 // the process did not take them within 10 s (or before ctx ended).
 func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, error) {
-	pr.stdinMu.Lock()
+	// A process let go of for a pause is waited for (proc) before its
+	// input's lock is taken, not under it: a write waiting for the take
+	// back would hold up every other write, and make the next pause a
+	// freeze (release cannot let go of it).
+	var p sandbox.Process
+	for {
+		pr.mu.Lock()
+		running, closed := pr.running, pr.stdinClosed
+		pr.mu.Unlock()
+		switch {
+		case !running:
+			return 0, ErrProcessExited
+		case closed:
+			return 0, ErrStdinClosed
+		}
+		if _, err := pr.proc(ctx); err != nil {
+			return 0, err
+		}
+		pr.stdinMu.Lock()
+		pr.mu.Lock()
+		released := pr.released
+		p = pr.p
+		pr.mu.Unlock()
+		if !released {
+			break
+		}
+		pr.stdinMu.Unlock() // let go of again meanwhile: wait again
+	}
 	defer pr.stdinMu.Unlock()
 	pr.mu.Lock()
 	running, closed := pr.running, pr.stdinClosed
@@ -973,10 +997,6 @@ func (pr *Process) WriteStdin(ctx context.Context, data []byte, eof bool) (int, 
 		return 0, ErrProcessExited
 	case closed:
 		return 0, ErrStdinClosed
-	}
-	p, err := pr.proc(ctx)
-	if err != nil {
-		return 0, err
 	}
 	w := p.Stdin()
 	n := 0

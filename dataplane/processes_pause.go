@@ -3,6 +3,9 @@ package dataplane
 import (
 	"context"
 	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/sandgate/sandgate/gateway"
@@ -113,6 +116,35 @@ func (pr *Process) proc(ctx context.Context) (sandbox.Process, error) {
 		return nil, ErrProcessExited
 	}
 	return pr.p, nil
+}
+
+// onProc calls fn with pr's process (proc). When fn fails because the
+// process was let go of meanwhile (a pause's release raced the call: its
+// control connection or terminal closed under fn), it waits for the
+// process to be taken back and calls fn again, rather than answer the
+// failure of a process that runs on. It answers what proc answers
+// (errNotTakenBack, ErrSessionEnded, ErrProcessExited) as they are.
+func (pr *Process) onProc(ctx context.Context, fn func(sandbox.Process) error) error {
+	for range 3 {
+		p, err := pr.proc(ctx)
+		if err != nil {
+			return err
+		}
+		if p == nil {
+			return ErrProcessExited
+		}
+		err = fn(p)
+		if err == nil {
+			return nil
+		}
+		pr.mu.Lock()
+		raced := pr.released || pr.p != p
+		pr.mu.Unlock()
+		if !raced {
+			return err
+		}
+	}
+	return errNotTakenBack
 }
 
 // takeBack takes pr, let go of for a pause, back once its session runs
@@ -253,4 +285,103 @@ func (ps *Processes) checkpointEnds(src string) map[string]int64 {
 		pr.mu.Unlock()
 	}
 	return ends
+}
+
+// ErrNotAdoptable says a command under way cannot be handed to the
+// session's processes: they keep no output on disk (no state dir), so
+// the sandbox would keep it for no gateway to take back.
+var ErrNotAdoptable = errors.New("background processes are not kept on disk: a command under way cannot be handed over")
+
+// Adopt takes a command under way that a pause by checkpoint hands over
+// (gateway.Handoff, an SSH exec) into s's background processes, as if
+// it had been started by POST /processes and then let go of for the
+// pause (letGo): it gets the next id, a record and an output log (from
+// the pause on: what the command wrote before went to its client), the
+// sandbox keeps it under that id's key (h.Keep: its stdin closed), and it
+// is taken back once the session runs again (takeBack): listed, its
+// output readable, signals and wait working, its end recorded. It
+// answers the process id. It runs under the pause's lifecycle lock, and
+// does not wait on it.
+func (ps *Processes) Adopt(s *gateway.Session, cfg ProcessConfig, h gateway.Handoff) (string, error) {
+	sp, err := ps.session(s, cfg)
+	if err != nil {
+		return "", err
+	}
+	if sp.dir == "" {
+		return "", ErrNotAdoptable
+	}
+	sp.mu.Lock()
+	if sp.closed {
+		sp.mu.Unlock()
+		return "", ErrSessionEnded
+	}
+	if sp.running()+sp.starting >= sp.cfg.MaxRunning {
+		sp.mu.Unlock()
+		return "", fmt.Errorf("%w (at most %d)", ErrTooManyProcesses, sp.cfg.MaxRunning)
+	}
+	sp.seq++
+	sp.starting++
+	id := "p" + strconv.Itoa(sp.seq)
+	seq := sp.seq
+	sp.mu.Unlock()
+	adopted := false
+	defer func() {
+		if !adopted {
+			sp.mu.Lock()
+			sp.starting--
+			sp.mu.Unlock()
+		}
+	}()
+	pr := &Process{
+		sp: sp, done: make(chan struct{}), running: true, keep: "process/" + id, pty: h.PTY,
+		// Its input was closed by the hand-over (EOF); one on a terminal
+		// is typed on it (WriteStdin), as its client did.
+		stdinClosed: !h.PTY, dir: filepath.Join(sp.dir, id),
+		info: ProcessInfo{ProcessID: id, PID: h.PID, Command: h.Command, StartedAt: h.StartedAt.UTC()},
+	}
+	if err := sp.reserve(pr); err != nil {
+		return "", err
+	}
+	fail := func(err error) (string, error) {
+		_ = pr.remove()
+		sp.ps.uncharge(sp.tenant, pr)
+		return "", err
+	}
+	if err := sp.saveSeq(seq); err != nil {
+		return fail(err)
+	}
+	out, err := NewOutputLog(pr.dir, sp.cfg.OutputCap)
+	if err != nil {
+		return fail(err)
+	}
+	if sp.disk != nil {
+		out.SetQuota(sp.disk)
+	}
+	pr.out = out
+	// Recorded before it is kept: a gateway that dies from here on leaves
+	// the next one a record to take it back by.
+	if err := pr.save(); err != nil {
+		return fail(err)
+	}
+	if err := h.Keep(pr.keep); err != nil {
+		return fail(err)
+	}
+	pr.p = h.Process
+	pr.released, pr.back = true, make(chan struct{})
+	sp.mu.Lock()
+	sp.starting--
+	adopted = true
+	closed := sp.closed
+	if !closed {
+		sp.procs[id] = pr
+	}
+	sp.mu.Unlock()
+	if closed { // the session ended meanwhile: its sandbox went with it
+		_ = pr.remove()
+		sp.ps.uncharge(sp.tenant, pr)
+		return "", ErrSessionEnded
+	}
+	go pr.takeBack()
+	sp.cfg.Log.Info("process_adopted", "session", sp.id, "process", id, "pid", pr.info.PID, "source", h.Source)
+	return id, nil
 }

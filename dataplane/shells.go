@@ -242,28 +242,35 @@ func (x *shell) saveRecord(key string) {
 	}
 }
 
-// resume takes back the bash an earlier gateway left, before the first
-// command: it reports false when there was one that could not be taken
-// back (it ended with that gateway).
-func (x *shell) resume(ctx context.Context) bool {
+// resume takes back the bash an earlier gateway (or a pause by
+// checkpoint) left, before the first command: it reports false when
+// there was one that could not be taken back (it ended with that
+// gateway). A sandbox paused again meanwhile (sandbox.ErrPaused) keeps
+// it where it is, to be taken back by the next call: resume then answers
+// gateway.ErrPaused, the state not lost.
+func (x *shell) resume(ctx context.Context) (bool, error) {
 	key := x.keep
 	x.keep = ""
 	if key == "" {
-		return false
+		return false, nil
 	}
 	k, ok := sandbox.As[sandbox.Keeper](x.s.Sandbox())
 	if !ok {
-		return false
+		return false, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	p, err := k.Reattach(rctx, key)
+	if errors.Is(err, sandbox.ErrPaused) {
+		x.keep = key
+		return false, gateway.ErrPaused
+	}
 	if err != nil {
-		return false
+		return false, nil
 	}
 	x.proc, x.out, x.err = p, newMarkerReader(p.Stdout()), newMarkerReader(p.Stderr())
 	x.started, x.stale = true, true
-	return true
+	return true, nil
 }
 
 // sync reads away what a taken-back bash still had to say for a command
@@ -315,7 +322,7 @@ func (x *shell) close() {
 		if x.keep != "" {
 			// An earlier gateway's bash, not taken back yet: to end it.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			x.resume(ctx)
+			_, _ = x.resume(ctx)
 			cancel()
 		}
 		if x.proc != nil {
@@ -440,7 +447,11 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	}
 	defer func() { <-x.turn }()
 	if x.resumed && x.keep != "" || x.resumed && !x.started {
-		x.lost = !x.resume(ctx) // a shell of an earlier gateway
+		back, err := x.resume(ctx) // a shell of an earlier gateway
+		if err != nil {
+			return Result{}, err
+		}
+		x.lost = !back
 	}
 	if x.proc != nil && x.stale && !x.sync(ctx, req.Timeout) {
 		// Still busy with a command of the earlier gateway, or gone.

@@ -165,6 +165,23 @@ func (r *recorded) Release() {
 	rel.Release()
 }
 
+// KeepAs passes a hand-over through (sandbox.KeepLater): once the
+// sandbox keeps the process it runs on, so its end is not recorded here
+// (Wait returns sandbox.ErrHandedOff); Reattached wraps the process taken
+// back, which records it.
+func (r *recorded) KeepAs(ctx context.Context, key string) error {
+	kl, ok := r.Process.(sandbox.KeepLater)
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	if err := kl.KeepAs(ctx, key); err != nil {
+		return err
+	}
+	r.released.Store(true)
+	r.untrack()
+	return nil
+}
+
 // untrack removes r from its session's commands under way.
 func (r *recorded) untrack() {
 	r.s.mu.Lock()
@@ -220,7 +237,7 @@ func (r *recorded) Stderr() io.ReadCloser { return r.stderr }
 
 func (r *recorded) Wait() (sandbox.Exit, error) {
 	exit, err := r.Process.Wait()
-	if r.released.Load() {
+	if r.released.Load() || errors.Is(err, sandbox.ErrHandedOff) {
 		return exit, err
 	}
 	r.untrack()

@@ -116,6 +116,9 @@ type Manager struct {
 	// forking counts the forks under way (MaxConcurrentForks), and those
 	// answered whose images are being removed.
 	forking atomic.Int32
+	// adopter takes the commands a pause by checkpoint hands over
+	// (SetAdopter, handoff.go).
+	adopter atomic.Pointer[Adopter]
 	// forkMu guards forkRemoving, the forks answered whose images are
 	// being removed (their slots held), and forkFreed, closed (then
 	// replaced) when one of those removals ends (takeForkSlot).

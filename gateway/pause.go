@@ -57,6 +57,10 @@ const PauseNoticeWait = 500 * time.Millisecond
 type PauseResult struct {
 	Session *Session
 	Report  sandbox.PauseReport
+	// Handed are the commands under way that the pause handed to the
+	// process API (handoff.go): they run on as background processes,
+	// kept across the checkpoint.
+	Handed []HandedOff
 }
 
 // Pause pauses p's session id. Pausing a paused session does nothing but
@@ -100,13 +104,17 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 		return nil, ErrNotFound // ended since the lookup
 	}
 	tried := false
+	var handed []HandedOff
 	if cp, ok := sandbox.As[sandbox.CheckpointPauser](s.sandbox); ok && cp.CanCheckpointPause() && s.Status() == StatusRunning {
 		tried = true
 		// The connections a pause ends go first, their processes with
 		// them (an SSH shell or exec gets SIGHUP, as when a connection
 		// drops), so that the dump does not find them holding the
 		// sandbox (the driver waits a little for them: linuxns
-		// PauseConnWait); then the kept processes are let go of.
+		// PauseConnWait); then the kept processes are let go of. The
+		// commands under way on those connections (an SSH exec) are
+		// handed to the process API first: they run on, kept.
+		handed = m.handOff(context.WithoutCancel(ctx), s)
 		s.closeForPause()
 		s.letGoForCheckpoint()
 	}
@@ -125,7 +133,7 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 		return nil, &Error{Kind: KindInternal, Code: "sandbox_failed", Message: "could not pause the sandbox", Err: err}
 	}
 	if !s.markPaused() { // paused already: nothing closed, nothing to record
-		return &PauseResult{Session: s, Report: rep}, nil
+		return &PauseResult{Session: s, Report: rep, Handed: handed}, nil
 	}
 	if rep.Method == PauseCheckpoint {
 		// Its network namespace went with its processes: the egress
@@ -138,7 +146,7 @@ func (m *Manager) pause(ctx context.Context, s *Session, by string, still func()
 	m.log.InfoContext(ctx, "session_paused", "session", s.ID, "tenant", s.Tenant, "by", by, "method", rep.Method,
 		"resident_bytes", rep.ResidentBytes, "ms", time.Since(start).Milliseconds())
 	m.auditSession(ctx, s, "paused", "", by)
-	return &PauseResult{Session: s, Report: rep}, nil
+	return &PauseResult{Session: s, Report: rep, Handed: handed}, nil
 }
 
 // Unpause lets p's paused session id run again. Unpausing a running

@@ -111,19 +111,20 @@ type Session struct {
 	expiresAt    time.Time
 	ttl          int // seconds, as last set (by create or an update)
 	conns        map[*connEntry]struct{}
-	ckHooks      map[*func() bool]struct{} // OnCheckpoint's
-	forkHooks    map[*func() bool]struct{} // OnForkCheckpoint's
-	resumed      chan struct{}             // Resumed's: closed at the next unpause or end
-	cmds         map[*recorded]struct{}    // recorded commands under way (heldCommands)
-	egressAllow  []string                  // the allow-list in force, canonical
-	egressMode   string                    // EgressModeAsk, or "" (EgressModeDeny)
-	egressDeny   []string                  // host:ports denied for good in ask mode (approvals.go)
-	followers    int                       // GET .../egress/pending?follow=true streams open (approvals.go)
-	proxy        *egress.Session           // nil until the session needs one
-	proxyAddr    string                    // where the sandbox reaches proxy
-	agent        io.Closer                 // the SSH agent of its ssh-key secrets, with proxy
-	agentPath    string                    // where the sandbox reaches agent (SSH_AUTH_SOCK)
-	savedIn      int64                     // egress bytes when the proxy last closed, or as restored
+	ckHooks      map[*func() bool]struct{}  // OnCheckpoint's
+	handoffs     map[*HandoffEntry]struct{} // AddHandoff's
+	forkHooks    map[*func() bool]struct{}  // OnForkCheckpoint's
+	resumed      chan struct{}              // Resumed's: closed at the next unpause or end
+	cmds         map[*recorded]struct{}     // recorded commands under way (heldCommands)
+	egressAllow  []string                   // the allow-list in force, canonical
+	egressMode   string                     // EgressModeAsk, or "" (EgressModeDeny)
+	egressDeny   []string                   // host:ports denied for good in ask mode (approvals.go)
+	followers    int                        // GET .../egress/pending?follow=true streams open (approvals.go)
+	proxy        *egress.Session            // nil until the session needs one
+	proxyAddr    string                     // where the sandbox reaches proxy
+	agent        io.Closer                  // the SSH agent of its ssh-key secrets, with proxy
+	agentPath    string                     // where the sandbox reaches agent (SSH_AUTH_SOCK)
+	savedIn      int64                      // egress bytes when the proxy last closed, or as restored
 	savedOut     int64
 	recIn        int64 // egress bytes as last written to the store
 	recOut       int64

@@ -201,6 +201,19 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	// go), unless it runs in the background.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	req.Buffers = a.dp.Buffers
+	// A pause by checkpoint hands a command under way to the background
+	// processes (dataplane.HandedOffError): the pause's answer names it.
+	var handedID atomic.Pointer[string]
+	req.HandedOff = func(id string) { handedID.Store(&id) }
+	pausedErr := func() *gateway.Error {
+		if p := handedID.Load(); p != nil {
+			e := *gateway.ErrPaused
+			e.Message = "the session was paused during the call: the command goes on in the sandbox as background process " +
+				*p + " (GET /v1/sessions/" + s.ID + "/processes/" + *p + "); call again to resume the session"
+			return &e
+		}
+		return gateway.ErrPaused
+	}
 
 	var stream *ndjsonWriter
 	if ndjson {
@@ -225,7 +238,8 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		} else {
 			o.res, o.err = dataplane.Run(ctx, s, req)
 		}
-		if o.err != nil && !errors.Is(o.err, context.Canceled) {
+		var ho *dataplane.HandedOffError
+		if o.err != nil && !errors.Is(o.err, context.Canceled) && !errors.As(o.err, &ho) {
 			a.cfg.Log.WarnContext(r.Context(), "command_failed", "session", s.ID, "shell", cr.Shell, "err", o.err)
 		}
 		done <- o
@@ -249,15 +263,16 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			// state), its end in the history, as a background one's. It
 			// is not waited for: it cannot end while the session is
 			// paused.
+			pe := pausedErr()
 			if stream != nil && stream.started() {
-				noteErrorCode(w, gateway.ErrPaused.Code)
-				stream.final(map[string]any{"error": errorDetail{Code: gateway.ErrPaused.Code, Message: gateway.ErrPaused.Message}})
+				noteErrorCode(w, pe.Code)
+				stream.final(map[string]any{"error": errorDetail{Code: pe.Code, Message: pe.Message}})
 				return
 			}
 			if stream != nil {
 				stream.stop()
 			}
-			WriteGatewayError(w, gateway.ErrPaused)
+			WriteGatewayError(w, pe)
 			return
 		}
 		if !cr.Background {
@@ -288,6 +303,21 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		}
 		_ = writeAnswer(w, http.StatusServiceUnavailable, ans, o.res.Stdout, o.res.Stderr)
 		o.res.Release()
+		return
+	}
+	if ho := (*dataplane.HandedOffError)(nil); errors.As(o.err, &ho) {
+		// Handed over by a pause (its answer came before the pause ended
+		// the call): answered as the pause's end would answer it.
+		pe := pausedErr()
+		if stream != nil && stream.started() {
+			noteErrorCode(w, pe.Code)
+			stream.final(map[string]any{"error": errorDetail{Code: pe.Code, Message: pe.Message}})
+			return
+		}
+		if stream != nil {
+			stream.stop()
+		}
+		WriteGatewayError(w, pe)
 		return
 	}
 	if o.err != nil {

@@ -34,6 +34,11 @@ type pauseReportJSON struct {
 	ResidentBytes *int64 `json:"residentBytes,omitempty"`
 	// NotKept lists what the pause did not keep, one sentence each.
 	NotKept []string `json:"notKept"`
+	// KeptCommands are the commands under way that the pause handed to
+	// the process API (an SSH exec, a REST command, under --checkpoint):
+	// they run on as
+	// background processes.
+	KeptCommands []gateway.HandedOff `json:"keptCommands,omitempty"`
 	// Ms is how long the pause took.
 	Ms int64 `json:"ms"`
 }
@@ -55,7 +60,7 @@ func (a *api) pause(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res.Session.Touch(time.Now())
-	rep := pauseReportJSON{Method: res.Report.Method, NotKept: res.Report.NotKept, Ms: time.Since(start).Milliseconds()}
+	rep := pauseReportJSON{Method: res.Report.Method, NotKept: res.Report.NotKept, KeptCommands: res.Handed, Ms: time.Since(start).Milliseconds()}
 	if res.Report.ResidentBytes >= 0 {
 		rep.ResidentBytes = &res.Report.ResidentBytes
 	}

@@ -131,6 +131,13 @@ func New(cfg Config) http.Handler {
 	a.linkLimits = newLinkLimits(a.dp.Bounds)
 	a.ports = newPortsProxy(a)
 	a.restoreProcesses()
+	if m, ok := cfg.Sessions.(interface{ SetAdopter(gateway.Adopter) }); ok {
+		// A pause by checkpoint hands the commands under way (an SSH
+		// exec) to the background processes (docs/pause.md).
+		m.SetAdopter(func(s *gateway.Session, h gateway.Handoff) (string, error) {
+			return a.dp.Processes.Adopt(s, a.processConfig(), h)
+		})
+	}
 	r := chi.NewRouter()
 	r.Use(requestID, a.auditCalls, a.recoverer, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {

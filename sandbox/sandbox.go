@@ -444,6 +444,28 @@ type Releaser interface {
 	Release()
 }
 
+// KeepLater is implemented by processes started without Cmd.Keep (an SSH
+// exec; linuxns) that the sandbox can keep from now on, as if they had
+// been started with it, without stopping them: a pause by checkpoint
+// hands a command under way to the REST process API so (gateway.Handoff),
+// instead of ending it. KeepAs asks the sandbox to keep the process under
+// key, its standard input closed (EOF), and lets go of it as Releaser
+// does: its streams close, Wait returns ErrHandedOff, and a
+// Keeper.Reattach by key takes it back (its output, and its exit, waiting
+// till then). It fails with ErrExited when the process ended first (Wait
+// returns its exit as usual), and changes nothing on any other error.
+// Wait must be under way.
+type KeepLater interface {
+	KeepAs(ctx context.Context, key string) error
+}
+
+// ErrHandedOff is Wait's answer for a process that the gateway let go of
+// to be kept by the sandbox (KeepLater): it did not end.
+const ErrHandedOff = Error("the process was handed over to be kept: it runs on")
+
+// ErrExited is KeepLater.KeepAs's answer for a process that ended first.
+const ErrExited = Error("the process has exited")
+
 // CheckpointPauser is implemented by sandboxes whose next Pause would be
 // a checkpoint (linuxns with Config.Checkpoint), if nothing of the
 // gateway's holds their processes: the gateway lets go of its kept

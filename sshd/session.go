@@ -56,10 +56,18 @@ type channel struct {
 	pty     *sandbox.PTY
 	started bool
 
+	// command is an exec's command (a pause may hand it over: handoff.go).
+	command string
+
 	mu          sync.Mutex
 	proc        sandbox.Process
 	exited      bool
 	interactive bool // the process runs on a pty
+	// handing says a pause is handing the exec's command to the process
+	// API, handedID which process it is now ("" while it is not, or was
+	// not, handed over): guarded by mu (handoff.go).
+	handing  bool
+	handedID string
 	// notices are notify's writes in flight: run waits for them before
 	// CloseWrite, as x/crypto's channel must not write and close at once.
 	notices sync.WaitGroup
@@ -278,6 +286,7 @@ func (c *channel) start(kind string, payload []byte) (func(), bool) {
 	c.mu.Lock()
 	c.proc = proc
 	c.interactive = cmd.PTY != nil
+	c.command = cmd.Command
 	c.mu.Unlock()
 	c.sess.Touch(time.Now())
 	c.srv.cfg.Log.InfoContext(c.ctx, "exec_started", "session", c.sess.ID, "kind", kind, "pty", cmd.PTY != nil)
@@ -348,8 +357,21 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	// A command running is work in progress, however quiet (a build, an
 	// idle shell): the idle timeout waits for it (the TTL still ends it).
 	defer c.sess.Hold()()
-	// A pause ends the connection: say why first, on the channel's stderr.
+	// A pause by checkpoint hands an exec's command to the process API
+	// rather than end it (handoff.go).
+	var ho *handoff
+	if kind == "exec" {
+		ho = c.offerHandoff(proc)
+		if ho != nil {
+			defer ho.remove()
+		}
+	}
+	// A pause ends the connection: say why first, on the channel's stderr
+	// (a command handed over says it itself: endHandedOff).
 	if remove, ok := c.sess.AddPauseNotice(func() {
+		if ho.waitWritten(c) {
+			return
+		}
 		_, _ = io.WriteString(c.ch.Stderr(), "\r\nsandgate: "+gateway.ConnClosedPaused+"\r\n")
 	}); ok {
 		defer remove()
@@ -404,6 +426,10 @@ func (c *channel) run(kind string, proc sandbox.Process) {
 	// them).
 	report := gateway.ReportLater(proc)
 	exit, err := proc.Wait()
+	if errors.Is(err, sandbox.ErrHandedOff) && ho != nil {
+		c.endHandedOff(ho, drained, stdoutR, stderr, began)
+		return
+	}
 	var reported sync.Once
 	reportNow := func() {
 		reported.Do(func() {

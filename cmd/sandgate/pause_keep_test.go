@@ -256,8 +256,8 @@ func openSSH(t *testing.T, g *gatewayProc, s sessionJSON, want string, args ...s
 // --checkpoint no longer makes it a freeze: its client is told why, its
 // connection closes, its shell ends (SIGHUP), and the pause is a
 // checkpoint that keeps the kernel's variable. An SSH command that
-// ignores SIGHUP outlives the pause's wait (linuxns.PauseConnWait): that
-// pause is a freeze, and its notKept names the command.
+// ignores SIGHUP is handed to the process API (as every exec is): the
+// pause is a checkpoint, and the process can be signalled after it.
 func TestPauseCheckpointSSH(t *testing.T) {
 	requireLinuxDriver(t)
 	criu := criuForTest(t)
@@ -313,6 +313,10 @@ func TestPauseCheckpointSSH(t *testing.T) {
 	})
 
 	t.Run("ignores-sighup", func(t *testing.T) {
+		// An exec that would outlive its connection (it ignores SIGHUP),
+		// which made the pause a freeze before commands under way were
+		// handed over: it is handed to the process API like any exec, the
+		// pause is a checkpoint, and the process can be signalled after.
 		_, ready, out, errb, done := openSSH(t, g, s, "hup-ignored", "trap '' HUP; echo hup-ignored; exec sleep 600")
 		select {
 		case <-ready:
@@ -320,23 +324,32 @@ func TestPauseCheckpointSSH(t *testing.T) {
 			t.Fatalf("the ssh command never started: %q %q", out.String(), errb.String())
 		}
 		a := pause(t)
-		ended(t, done, out, errb)
-		notKept := strings.Join(a.Pause.NotKept, "\n")
-		t.Logf("notKept: %q", a.Pause.NotKept)
-		if a.Pause.Method != "freeze" || !strings.Contains(notKept, "memory: not checkpointed") ||
-			!strings.Contains(notKept, `ssh command "trap '' HUP; echo hup-ignored; exec sleep 600"`) {
-			t.Errorf("pause with an ssh command that ignores SIGHUP: %+v", a.Pause)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the open ssh connection did not end at the pause")
+		}
+		t.Logf("pause: %+v", a.Pause)
+		if a.Pause.Method != "checkpoint" || len(a.Pause.KeptCommands) != 1 ||
+			a.Pause.KeptCommands[0].Command != "trap '' HUP; echo hup-ignored; exec sleep 600" {
+			t.Fatalf("pause with an ssh command that ignores SIGHUP: %+v", a.Pause)
+		}
+		pid := a.Pause.KeptCommands[0].ProcessID
+		if !strings.Contains(errb.String(), "background process "+pid) {
+			t.Errorf("ssh did not say where its command went: %q", errb.String())
 		}
 		if a := runPython(t, g, id, map[string]any{"code": "x"}); a.result() != "4242" || a.StateLost {
 			t.Errorf("kernel after resume: %+v", a)
 		}
-		// The pause's SIGKILL after sandbox.KillGrace lands at the resume.
-		deadline := time.Now().Add(30 * time.Second)
-		for strings.Contains(runREST(t, g, id, map[string]any{"command": "ps -eo args"}).out(), "sleep 600") {
-			if time.Now().After(deadline) {
-				t.Fatal("the ssh command that ignored SIGHUP outlived its connection")
-			}
-			time.Sleep(200 * time.Millisecond)
+		pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+		if p := pc.get(t, pid); p.Status != "running" {
+			t.Fatalf("the handed-over command after the resume: %+v", p)
+		}
+		if code := g.api(t, http.MethodPost, pc.base+"/"+pid+"/signal", map[string]any{"signal": "TERM"}, nil); code != http.StatusNoContent {
+			t.Fatalf("signal: %d", code)
+		}
+		if p := pc.waitEnd(t, pid); p.Status != "killed" || p.ExitSignal != "TERM" {
+			t.Errorf("the handed-over command after its TERM: %+v", p)
 		}
 	})
 }

@@ -390,10 +390,11 @@ func TestForkAfterFreezeFallback(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// A command under way: it keeps its connection, so the pause is a
-	// freeze (after the background process was let go of).
+	// A persistent shell's command under way (a REST command would be
+	// handed over: docs/pause.md): the shell keeps its connection, so the
+	// pause is a freeze (after the background process was let go of).
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions/"+id+"/commands", strings.NewReader(`{"command":"sleep 15"}`))
+		req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions/"+id+"/commands", strings.NewReader(`{"command":"sleep 15","shell":"main"}`))
 		req.Header.Set("Authorization", "Bearer "+g.Token)
 		req.Header.Set("Content-Type", "application/json")
 		if res, err := http.DefaultClient.Do(req); err == nil {

@@ -23,6 +23,11 @@ type pauseAnswer struct {
 		Method        string   `json:"method"`
 		ResidentBytes *int64   `json:"residentBytes"`
 		NotKept       []string `json:"notKept"`
+		KeptCommands  []struct {
+			ProcessID string `json:"processId"`
+			Command   string `json:"command"`
+			Source    string `json:"source"`
+		} `json:"keptCommands"`
 	} `json:"pause"`
 }
 

@@ -25,6 +25,7 @@ var (
 	_ sandbox.WorkspaceHomer = (*linuxSandbox)(nil) // an image's /workspace is home/
 	_ sandbox.Statser        = (*linuxSandbox)(nil) // cgroups and statfs (stats_linux.go)
 
-	_ sandbox.Process = (*initProcess)(nil)
-	_ sandbox.PIDer   = (*initProcess)(nil)
+	_ sandbox.Process   = (*initProcess)(nil)
+	_ sandbox.PIDer     = (*initProcess)(nil)
+	_ sandbox.KeepLater = (*initProcess)(nil) // a pause by checkpoint keeps an SSH exec (keepas_linux.go)
 )

@@ -418,6 +418,16 @@ type initProcess struct {
 	// go to the next gateway.
 	detached atomic.Bool
 
+	// keeping is set while KeepAs waits for the init's answer, which
+	// Wait (the connection's reader) hands it on keepReply; handedOff,
+	// once the init keeps the command (KeepAs): Wait then returns
+	// sandbox.ErrHandedOff, and nothing more is sent for it. waiting
+	// says Wait reads the connection; waitDone is closed when it
+	// returns.
+	keeping, handedOff, waiting atomic.Bool
+	keepReply                   chan ctl.Reply
+	waitDone                    chan struct{}
+
 	wmu  sync.Mutex
 	kill sync.Once
 	// ack sends a kept command's "ack" and closes its connection (Ack).
@@ -437,7 +447,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	defer stop()
 
 	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep, Direct: cmd.Direct, DirectArgv: cmd.DirectArgv, DirectCwd: cmd.DirectCwd, Builtin: cmd.Builtin}
-	p := &initProcess{conn: conn, kept: cmd.Keep != ""}
+	p := &initProcess{conn: conn, kept: cmd.Keep != "", keepReply: make(chan ctl.Reply, 1), waitDone: make(chan struct{})}
 	if cmd.PTY == nil || cmd.Subsystem != "" {
 		req.PTY = nil
 		// The child's ends stay raw descriptors, blocking as a command
@@ -640,7 +650,7 @@ func (p *initProcess) Resize(w sandbox.Window) error {
 }
 
 func (p *initProcess) send(m ctl.Request) error {
-	if p.detached.Load() {
+	if p.detached.Load() || p.handedOff.Load() {
 		return nil
 	}
 	p.wmu.Lock()
@@ -667,7 +677,11 @@ func (p *initProcess) Kill() {
 // Ack (sandbox.Acker), which the caller sends once the exit is stored.
 func (p *initProcess) Wait() (sandbox.Exit, error) {
 	keepConn := false
+	p.waiting.Store(true)
 	defer func() {
+		if p.waitDone != nil {
+			close(p.waitDone)
+		}
 		if p.untrack != nil {
 			p.untrack()
 		}
@@ -685,7 +699,22 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 		if p.detached.Load() {
 			select {} // the next gateway learns how it ended
 		}
+		if p.keeping.Load() && (rep.Op == "kept" || rep.Op == "error") {
+			if rep.Op == "kept" {
+				// The init keeps it from here: its exit goes to the
+				// gateway that takes it back (KeepAs).
+				p.handedOff.Store(true)
+			}
+			p.keepReply <- rep // buffered: KeepAs's one answer
+			if rep.Op == "kept" {
+				return sandbox.Exit{}, sandbox.ErrHandedOff
+			}
+			continue
+		}
 		if err != nil {
+			if p.handedOff.Load() {
+				return sandbox.Exit{}, sandbox.ErrHandedOff
+			}
 			return sandbox.Exit{Signal: "KILL"}, nil
 		}
 		if rep.Op == "exit" && rep.Exit != nil {

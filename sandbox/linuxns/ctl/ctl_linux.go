@@ -54,6 +54,14 @@ import (
 //	                 or {Op: "error", Errno: ENOENT} when the init keeps no such command
 //	...              then as for exec; "exit" at once if it ended meanwhile
 //
+// A command started without Keep becomes a kept one, as it runs, with
+// {Op: "keep", Keep} on its connection, carrying the gateway's ends of
+// its output (stdout's and stderr's read ends: two descriptors; or its
+// terminal's master: one), which the init then holds; its stdin is the
+// gateway's to close (EOF). The init answers {Op: "kept"} (never after the
+// command's "exit") or an error (it ended, is kept already, or MaxKept).
+// A pause by checkpoint hands an SSH exec to the process API so.
+//
 // {Op: "eof"} on a kept command's connection closes the init's end of its
 // stdin, so that the command sees EOF once the gateway closed its own.
 // After a kept command's "exit" the gateway answers {Op: "ack"}: only then
@@ -186,7 +194,7 @@ type Step struct {
 
 // Request is a message from the gateway on a control connection.
 type Request struct {
-	Op string `json:"op"` // exec, attach, signal, kill, eof
+	Op string `json:"op"` // exec, attach, signal, kill, eof, keep
 	// Keep names a kept command (exec, attach): see above.
 	Keep    string `json:"keep,omitempty"`
 	Command string `json:"command,omitempty"`
@@ -214,7 +222,7 @@ type Request struct {
 
 // Reply is a message from the init on a control connection.
 type Reply struct {
-	Op    string `json:"op"` // started, error, exit
+	Op    string `json:"op"` // started, error, exit, kept
 	Pid   int    `json:"pid,omitempty"`
 	Error string `json:"error,omitempty"`
 	// Errno is the system error behind Error, when there is one (ENOENT

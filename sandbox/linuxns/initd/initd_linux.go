@@ -585,7 +585,7 @@ func (in *initd) handle(fd int) {
 			c.forget()
 		}
 	} else {
-		go follow(uc, c)
+		go in.follow(uc, c)
 		c.attach(uc)
 	}
 	// The next command's namespace, made now rather than on its way.
@@ -596,10 +596,14 @@ func (in *initd) handle(fd int) {
 // and kill from the gateway. The gateway closing it before the exit frame
 // means the command's client is gone; either way end releases the
 // command's namespace, and kills what still runs.
-func follow(conn *net.UnixConn, c *child) {
+func (in *initd) follow(conn *net.UnixConn, c *child) {
 	for {
 		var m ctl.Request
 		fds, err := ctl.ReadFrame(conn, &m)
+		if err == nil && m.Op == "keep" {
+			in.keepRunning(conn, c, m.Keep, fds) // consumes fds
+			continue
+		}
 		procio.CloseFDs(fds)
 		if err != nil {
 			if c.keep != "" {
@@ -629,6 +633,53 @@ func follow(conn *net.UnixConn, c *child) {
 			}
 		}
 	}
+}
+
+// keepRunning serves a "keep" on the connection of command c, started
+// without Request.Keep (an SSH exec): from now on it is kept under key,
+// as if it had been started so, with fds, the gateway's ends of its
+// output (stdout's and stderr's read ends; or the terminal's master),
+// its stdin closed (the gateway closes its end: EOF). It answers "kept",
+// or an error: c ended already (its exit goes out, or went out, on conn
+// as usual), is kept already, or the init keeps maxKept commands. The
+// answer is written under c.mu, which the reaper's exit takes to find
+// the connection: "kept" never follows the command's exit on conn, and a
+// command whose exit came first is never kept. It consumes fds.
+func (in *initd) keepRunning(conn *net.UnixConn, c *child, key string, fds []int) {
+	refuse := func(err error) {
+		procio.CloseFDs(fds)
+		_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
+	}
+	if key == "" || c.pid <= 0 || (len(fds) != 1 && len(fds) != 2) {
+		refuse(fmt.Errorf("a keep needs a key, a process and its output's descriptors, got %d: %w", len(fds), unix.EINVAL))
+		return
+	}
+	if err := in.reserveKept(key); err != nil {
+		refuse(err)
+		return
+	}
+	c.mu.Lock()
+	if c.status != nil || c.exited.Load() || c.keep != "" {
+		c.mu.Unlock()
+		in.keptDone(key, nil)
+		refuse(fmt.Errorf("the command ended, or is kept already: %w", unix.ESRCH))
+		return
+	}
+	held := []int{-1, -1, -1}
+	if len(fds) == 1 {
+		held, c.pty = []int{fds[0]}, true
+	} else {
+		held[1], held[2] = fds[0], fds[1]
+	}
+	in.keepLocked(c, key, held)
+	// Registered before "kept" goes out: an attach that follows it (the
+	// gateway's, after a pause's restore) must find it. in.mu is never
+	// held while c.mu is taken, so it nests here.
+	in.mu.Lock()
+	in.jobs[key] = c
+	in.mu.Unlock()
+	_ = ctl.WriteFrame(conn, ctl.Reply{Op: "kept"})
+	c.mu.Unlock()
 }
 
 // maxKept bounds the kept commands of a sandbox (ctl.MaxKept: the init's
@@ -665,6 +716,16 @@ func (in *initd) keptDone(key string, c *child) {
 // ends of its pipes.
 func (in *initd) keep(c *child, key string, held []int) {
 	c.mu.Lock()
+	in.keepLocked(c, key, held)
+	c.mu.Unlock()
+	in.mu.Lock()
+	in.jobs[key] = c
+	in.mu.Unlock()
+}
+
+// keepLocked is keep's part under c.mu, which is held: it does not
+// register c in in.jobs.
+func (in *initd) keepLocked(c *child, key string, held []int) {
 	c.keep, c.held = key, held
 	c.forget = func() {
 		c.mu.Lock()
@@ -680,10 +741,6 @@ func (in *initd) keep(c *child, key string, held []int) {
 		procio.CloseFDs(slicesWithout(held, -1))
 		c.end() // it has exited: this releases its namespace
 	}
-	c.mu.Unlock()
-	in.mu.Lock()
-	in.jobs[key] = c
-	in.mu.Unlock()
 }
 
 // attachKept serves an attach: the kept command key's pid and the
@@ -720,7 +777,7 @@ func (in *initd) attachKept(f *os.File, key string) {
 		uc.Close()
 		return
 	}
-	go follow(uc, c)
+	go in.follow(uc, c)
 	c.attach(uc)
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,5 +223,132 @@ func TestWarmPoolSpecWarm(t *testing.T) {
 		if !slices.Contains(ids, id) && !w {
 			t.Errorf("the refilled pool's sandbox %s was not built with Spec.Warm", id)
 		}
+	}
+}
+
+// overtakeDriver hands out workdir sandboxes; a warm build waits while
+// hold is set (entered gets its id); it records every create's spec and
+// the builds hurried (sandbox.Hurrier).
+type overtakeDriver struct {
+	*workdir.Driver
+	hold    atomic.Pointer[chan struct{}]
+	entered chan string
+	mu      sync.Mutex
+	specs   []sandbox.Spec
+	hurried []string
+}
+
+func (d *overtakeDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	d.mu.Lock()
+	d.specs = append(d.specs, spec)
+	d.mu.Unlock()
+	if h := d.hold.Load(); h != nil && spec.Warm {
+		d.entered <- spec.ID
+		<-*h
+	}
+	return d.Driver.Create(ctx, spec)
+}
+
+func (d *overtakeDriver) Hurry(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.hurried = append(d.hurried, id)
+}
+
+// A create that finds the pool empty takes over the warm build under way
+// (its id, hurried) instead of building a sandbox of its own beside it;
+// one whose context ends first gives it back to the pool.
+func TestWarmPoolTakesOverBuild(t *testing.T) {
+	root := t.TempDir()
+	wd, err := workdir.New(workdir.Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &overtakeDriver{Driver: wd, entered: make(chan string, 1)}
+	m := gateway.NewManager(gateway.Config{WarmPool: 1, ReapInterval: time.Hour}, d, discardLog())
+	t.Cleanup(func() { m.Shutdown(context.Background(), false) })
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+	waitDirs(t, root, 1)
+	hold := make(chan struct{})
+	d.hold.Store(&hold)
+	release := sync.OnceFunc(func() { d.hold.Store(nil); close(hold) })
+	t.Cleanup(release) // before the Shutdown, which waits for the build
+	p := gateway.Principal{Tenant: "a"}
+	mustCreate(t, m, p, gateway.CreateParams{}) // the idle one; its refill waits
+	building := <-d.entered
+	type result struct {
+		s   *gateway.Session
+		err error
+	}
+	created := make(chan result, 1)
+	go func() {
+		s, _, err := m.Create(ctx, p, gateway.CreateParams{})
+		created <- result{s, err}
+	}()
+	// The create waits for the build; it builds none of its own.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d.mu.Lock()
+		hurried := slices.Contains(d.hurried, building)
+		d.mu.Unlock()
+		if hurried {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the build %s under way was not hurried by the create that found the pool empty", building)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	release()
+	r := <-created
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.s.ID != building {
+		t.Fatalf("the create got sandbox %s, not the build under way %s", r.s.ID, building)
+	}
+	d.mu.Lock()
+	for _, spec := range d.specs {
+		if !spec.Warm {
+			t.Errorf("a sandbox was built for the create itself (%s) beside the warm build", spec.ID)
+		}
+	}
+	d.mu.Unlock()
+
+	// A create whose context ends while it waits gives the build back.
+	waitDirs(t, root, 3) // two sessions, the pool full
+	hold2 := make(chan struct{})
+	d.hold.Store(&hold2)
+	release2 := sync.OnceFunc(func() { d.hold.Store(nil); close(hold2) })
+	t.Cleanup(release2)
+	mustCreate(t, m, p, gateway.CreateParams{})
+	building = <-d.entered
+	cctx, ccancel := context.WithCancel(ctx)
+	go func() {
+		s, _, err := m.Create(cctx, p, gateway.CreateParams{})
+		created <- result{s, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		d.mu.Lock()
+		hurried := slices.Contains(d.hurried, building)
+		d.mu.Unlock()
+		if hurried {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the build %s under way was not taken over", building)
+		}
+	}
+	ccancel()
+	if r := <-created; r.err == nil {
+		t.Fatalf("a create whose context ended got session %s", r.s.ID)
+	}
+	release2()
+	waitDirs(t, root, 4) // three sessions, and the build given back in the pool
+	if s, _ := mustCreate(t, m, p, gateway.CreateParams{}); s.ID != building {
+		t.Fatalf("the next create got %s, not the build given back %s", s.ID, building)
 	}
 }

@@ -119,6 +119,9 @@ type Driver struct {
 	// unfiltered holds the running sandboxes adopted without the seccomp
 	// filter (their init predates it): Seccomp reports them.
 	unfiltered map[string]bool
+	// building are the warm sandboxes being built (Create with
+	// Spec.Warm), by id, for Hurry.
+	building map[string]*linuxSandbox
 	// initPath is the init's binary for checkpointable sandboxes
 	// (writeInitBinary).
 	initPath string
@@ -168,7 +171,7 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	}
 	d := &Driver{
 		cfg: cfg, limits: cfg.Limits.WithDefaults(), root: root, exe: exe, log: cfg.Log,
-		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, sockCheck: socketCheck,
+		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, building: map[string]*linuxSandbox{}, sockCheck: socketCheck,
 		pauseDumps: make(chan struct{}, MaxPauseDumps),
 	}
 	if d.seccomp, err = seccompprog.Describe(cfg.AllowUserNS); err != nil {
@@ -457,6 +460,16 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	sb := newLinuxSandbox(d, st)
 	sb.trustPEM = spec.TrustPEM
 	sb.warm = spec.Warm
+	if spec.Warm {
+		d.mu.Lock()
+		d.building[spec.ID] = sb
+		d.mu.Unlock()
+		defer func() {
+			d.mu.Lock()
+			delete(d.building, spec.ID)
+			d.mu.Unlock()
+		}()
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -550,7 +563,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	// server's bound (spawnReplyWait), which then ends the server for
 	// good; the gateway's own thread (no server) waited as long.
 	if warm {
-		if err := d.cg.Idle(st.ID); err != nil {
+		if err := sb.weigh(); err != nil { // Hurry may have come first
 			return err
 		}
 	}
@@ -701,11 +714,40 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return err
 	}
 	// Built: from now on it weighs as much as any running sandbox, or,
-	// warm, the least until its claim (Rebind).
-	if warm {
-		return d.cg.Idle(st.ID)
+	// warm, the least until its claim (Rebind) or Hurry.
+	return sb.weigh()
+}
+
+// weigh gives the sandbox's init the least CPU weight while it is warm,
+// a running sandbox's otherwise (claimed, or hurried).
+func (s *linuxSandbox) weigh() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.warm {
+		return s.d.cg.Idle(s.st.ID)
 	}
-	return d.cg.Started(st.ID)
+	return s.d.cg.Started(s.st.ID)
+}
+
+// Hurry implements sandbox.Hurrier: the warm sandbox id, still being
+// built, weighs from now on as a running sandbox does, as if claimed
+// (its claim's Rebind then leaves the weight as it is). Before its
+// cgroups exist, its build gives it that weight when it would have given
+// it the least (weigh).
+func (d *Driver) Hurry(id string) {
+	d.mu.Lock()
+	sb := d.building[id]
+	d.mu.Unlock()
+	if sb == nil {
+		return
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if !sb.warm {
+		return
+	}
+	sb.warm = false
+	_ = d.cg.Started(id) // no cgroups yet: weigh, later
 }
 
 // initNofileFor is what the init needs in a sandbox with pids processes:

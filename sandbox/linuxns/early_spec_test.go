@@ -451,3 +451,70 @@ func TestLinuxInitMainThreadOutsideCommandsCgroups(t *testing.T) {
 		}
 	}
 }
+
+// A warm sandbox hurried while it is built (a create took its build over,
+// sandbox.Hurrier) weighs as a running sandbox from then on, and its
+// build's end leaves it so, instead of the least a warm one waits at:
+// hurried once its cgroups exist (at its init's attach), and before its
+// init's fork (its build then skips the warm weight).
+func TestLinuxWarmHurried(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	weight := func(id string) (file, value string) {
+		for _, f := range []string{"/sys/fs/cgroup/cpu/sandgate/" + id + "/cpu.shares", "/sys/fs/cgroup/sandgate/" + id + "/cpu.weight"} {
+			if b, err := os.ReadFile(f); err == nil {
+				return f, strings.TrimSpace(string(b))
+			}
+		}
+		return "", ""
+	}
+	for _, at := range []string{"attach", "launch"} {
+		id := "sbx-hurry-" + at
+		var hurried, hurriedFile string
+		if at == "attach" {
+			d.BeforeAttach(func(int) {
+				d.Hurry(id)
+				hurriedFile, hurried = weight(id)
+			})
+		} else {
+			d.BeforeLaunch(func(got string) {
+				if got == id {
+					d.Hurry(id)
+				}
+			})
+		}
+		sb, err := d.Create(context.Background(), sandbox.Spec{ID: id, Warm: true})
+		d.BeforeAttach(nil)
+		d.BeforeLaunch(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file, got := weight(id)
+		if file == "" {
+			sb.Destroy(context.Background())
+			if os.Getenv("CI") == "true" {
+				t.Fatal("no cpu cgroup for the sandbox (cpu.shares or cpu.weight)")
+			}
+			t.Skip("no cpu controller for sandboxes here")
+		}
+		if got == "64" || got == "6" {
+			t.Errorf("hurried at its %s, the built warm sandbox's %s = %s, a warm one's", at, file, got)
+		}
+		if at == "attach" && (hurried == "64" || hurried == "6") {
+			t.Errorf("hurried at its attach, the warm sandbox's %s = %s right after, a warm one's", hurriedFile, hurried)
+		}
+		// A claim leaves it so.
+		if err := sb.(sandbox.Rebinder).Rebind(context.Background(), sandbox.Spec{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, after := weight(id); after != got {
+			t.Errorf("hurried at its %s, the claim changed its weight from %s to %s", at, got, after)
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+	d.Hurry("sbx-none") // no build of that id: nothing
+	checkNoLeaks(t, dataDir)
+}

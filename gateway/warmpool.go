@@ -59,8 +59,8 @@ type warm struct {
 
 // building is a warm sandbox being built (fillOne). When the pool is
 // empty, a create takes over the oldest build under way (take) instead of
-// starting one of its own beside it: that build, raised to a running
-// sandbox's CPU weight (hurry), ends sooner than a new one would, which
+// starting one of its own beside it: that build, raised to a cold
+// create's CPU weight (hurry), ends sooner than a new one would, which
 // on a small host would share the CPUs with it (issue 41, row 11e). done
 // is closed once the build ends, sb and err set; taken is under the
 // pool's mu.
@@ -97,8 +97,8 @@ type warmPool struct {
 	fill chan struct{}
 	// image names the pool's image in its log lines ("": the default root).
 	image string
-	// hurry, when set, gives the warm sandbox id being built a running
-	// sandbox's CPU weight (sandbox.Hurrier): a create took it over.
+	// hurry, when set, gives the warm sandbox id being built a cold
+	// create's CPU weight (sandbox.Hurrier): a create took it over.
 	hurry func(id string)
 	log   *slog.Logger
 

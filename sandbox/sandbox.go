@@ -308,8 +308,8 @@ type Detacher interface {
 }
 
 // Hurrier is implemented by drivers that can give a warm sandbox still
-// being built (Spec.Warm, Create under way) a running sandbox's CPU
-// weight, which a warm one has only from its claim (linuxns). The
+// being built (Spec.Warm, Create under way) the CPU weight of a cold
+// create's sandbox, which a warm one has only from its claim (linuxns). The
 // gateway's warm pool hurries a build that a create took over.
 type Hurrier interface {
 	// Hurry raises the weight of the warm sandbox id being built; nothing

@@ -563,7 +563,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	// server's bound (spawnReplyWait), which then ends the server for
 	// good; the gateway's own thread (no server) waited as long.
 	if warm {
-		if err := sb.weigh(); err != nil { // Hurry may have come first
+		if err := sb.weigh(false); err != nil { // Hurry may have come first
 			return err
 		}
 	}
@@ -715,25 +715,31 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	}
 	// Built: from now on it weighs as much as any running sandbox, or,
 	// warm, the least until its claim (Rebind) or Hurry.
-	return sb.weigh()
+	return sb.weigh(true)
 }
 
-// weigh gives the sandbox's init the least CPU weight while it is warm,
-// a running sandbox's otherwise (claimed, or hurried).
-func (s *linuxSandbox) weigh() error {
+// weigh gives the sandbox's init the least CPU weight while it is warm;
+// otherwise (claimed, or hurried) a running sandbox's once built, and a
+// starting one's (as a cold create's) before.
+func (s *linuxSandbox) weigh(built bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.warm {
+	switch {
+	case s.warm:
 		return s.d.cg.Idle(s.st.ID)
+	case built:
+		return s.d.cg.Started(s.st.ID)
+	default:
+		return s.d.cg.Starting(s.st.ID)
 	}
-	return s.d.cg.Started(s.st.ID)
 }
 
 // Hurry implements sandbox.Hurrier: the warm sandbox id, still being
-// built, weighs from now on as a running sandbox does, as if claimed
-// (its claim's Rebind then leaves the weight as it is). Before its
-// cgroups exist, its build gives it that weight when it would have given
-// it the least (weigh).
+// built, weighs from now on as a cold create's sandbox does, as if
+// claimed: a starting sandbox's weight until built, a running one's then
+// (its claim's Rebind leaves it as it is). Before its cgroups exist, its
+// build gives it that weight when it would have given it the least
+// (weigh).
 func (d *Driver) Hurry(id string) {
 	d.mu.Lock()
 	sb := d.building[id]
@@ -747,7 +753,7 @@ func (d *Driver) Hurry(id string) {
 		return
 	}
 	sb.warm = false
-	_ = d.cg.Started(id) // no cgroups yet: weigh, later
+	_ = d.cg.Starting(id) // no cgroups yet: weigh, later
 }
 
 // initNofileFor is what the init needs in a sandbox with pids processes:

@@ -215,9 +215,6 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 		m.pool = newWarmPool(cfg.WarmPool, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
 			return driver.Create(ctx, sandbox.Spec{ID: id, Warm: true})
 		}, m.destroyWarm, log)
-		if h, ok := driver.(sandbox.Hurrier); ok {
-			m.pool.hurry = h.Hurry
-		}
 	}
 	m.imagePools = newImagePools(m)
 	return m
@@ -378,17 +375,7 @@ func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from
 	if from != nil {
 		sb, err = from.restore(ctx, spec)
 	} else {
-		if warmed && w.pending != nil {
-			// A build taken over: its end, or, failed, a create of its own.
-			if err = m.pool.await(ctx, &w); err != nil && ctx.Err() == nil {
-				m.log.WarnContext(ctx, "warm_sandbox_not_taken", "session", s.ID, "err", err)
-				warmed, err = false, nil
-			}
-			tr.Mark("warm_build_wait")
-		}
-		if err == nil {
-			sb, err = m.sandboxFor(ctx, spec, w, warmed)
-		}
+		sb, err = m.sandboxFor(ctx, spec, w, warmed)
 	}
 	if err != nil && from == nil && rulesOnlyCA && errors.Is(err, sandbox.ErrNoTrust) {
 		// A driver with no trust store (workdir, whose sessions share the

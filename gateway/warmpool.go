@@ -52,24 +52,6 @@ type warm struct {
 	id   string
 	sb   sandbox.Sandbox
 	held bool
-	// pending, when set, is the build of sb still under way, which a
-	// create took over (take): sb is nil until await.
-	pending *building
-}
-
-// building is a warm sandbox being built (fillOne). When the pool is
-// empty, a create takes over the oldest build under way (take) instead of
-// starting one of its own beside it: that build, raised to a cold
-// create's CPU weight (hurry), ends sooner than a new one would, which
-// on a small host would share the CPUs with it (issue 41, row 11e). done
-// is closed once the build ends, sb and err set; taken is under the
-// pool's mu.
-type building struct {
-	id    string
-	done  chan struct{}
-	sb    sandbox.Sandbox
-	err   error
-	taken bool
 }
 
 // warmPool keeps up to size warm sandboxes. A refill round runs in the
@@ -97,16 +79,10 @@ type warmPool struct {
 	fill chan struct{}
 	// image names the pool's image in its log lines ("": the default root).
 	image string
-	// hurry, when set, gives the warm sandbox id being built a cold
-	// create's CPU weight (sandbox.Hurrier): a create took it over.
-	hurry func(id string)
 	log   *slog.Logger
 
-	mu   sync.Mutex
-	idle []warm // oldest first
-	// builds are the fills under way, oldest first (the default root's
-	// pool only: an image's pool is never taken over).
-	builds []*building
+	mu     sync.Mutex
+	idle   []warm // oldest first
 	closed bool
 	kick   chan struct{} // a claim was made: refill
 	done   chan struct{} // closed by close
@@ -249,29 +225,11 @@ func (p *warmPool) fillOne(ctx context.Context) error {
 		}
 	}
 	id := newID()
-	b := &building{id: id, done: make(chan struct{})}
-	overtake := p.admit == nil && p.fill == nil && p.release == nil
-	if overtake {
-		p.mu.Lock()
-		p.builds = append(p.builds, b)
-		p.mu.Unlock()
-	}
 	sb, err := p.create(ctx, id)
-	if overtake {
-		p.mu.Lock()
-		p.builds = slices.DeleteFunc(p.builds, func(x *building) bool { return x == b })
-		b.sb, b.err = sb, err
-		close(b.done)
-		taken := b.taken
-		p.mu.Unlock()
-		if taken { // the create's now, built or not (await)
-			return err
-		}
-	}
 	if err != nil {
 		return err
 	}
-	w := warm{id: id, sb: sb, held: p.release != nil}
+	w := warm{id, sb, p.release != nil}
 	p.mu.Lock()
 	if !p.closed {
 		p.idle = append(p.idle, w)
@@ -370,22 +328,11 @@ func (p *warmPool) take() (warm, bool) {
 		}
 		found = true
 	}
+	p.mu.Unlock()
 	if !found {
 		// Not the last dead one: its id is its teardown's, which runs
 		// beside the cold create that follows.
 		w = warm{}
-		// None idle: the oldest build under way that no create took yet.
-		for _, b := range p.builds {
-			if !b.taken {
-				b.taken = true
-				w, found = warm{id: b.id, pending: b}, true
-				break
-			}
-		}
-	}
-	p.mu.Unlock()
-	if w.pending != nil && p.hurry != nil {
-		p.hurry(w.id)
 	}
 	select {
 	case p.kick <- struct{}{}:
@@ -396,39 +343,6 @@ func (p *warmPool) take() (warm, bool) {
 		p.discard(d)
 	}
 	return w, found
-}
-
-// await waits for the build that w, taken over, is (w.pending), and sets
-// w.sb. When the build failed, or ctx ends first (the build then goes to
-// the pool as if never taken, or, done meanwhile, is destroyed), it
-// returns an error and w.sb stays nil: the create builds its own.
-func (p *warmPool) await(ctx context.Context, w *warm) error {
-	b := w.pending
-	if b == nil {
-		return nil
-	}
-	select {
-	case <-b.done:
-	case <-ctx.Done():
-		p.mu.Lock()
-		select {
-		case <-b.done:
-		default:
-			b.taken = false // fillOne adds it to the pool
-			p.mu.Unlock()
-			return ctx.Err()
-		}
-		p.mu.Unlock()
-		if b.err == nil {
-			p.discard(warm{id: b.id, sb: b.sb})
-		}
-		return ctx.Err()
-	}
-	if b.err != nil {
-		return b.err
-	}
-	w.sb, w.pending = b.sb, nil
-	return nil
 }
 
 // ended reports whether sb has ended on its own (sandbox.Ender).
@@ -497,9 +411,6 @@ func (m *Manager) takeWarm(img *sandbox.Image, l sandbox.Limits, withCA bool) (w
 // the background (Shutdown waits for it), or at once once Shutdown has
 // begun.
 func (m *Manager) destroyWarm(w warm) {
-	if w.sb == nil { // a build taken over that never became the create's (await)
-		return
-	}
 	destroy := func() {
 		if err := w.sb.Destroy(context.Background()); err != nil {
 			m.log.Error("sandbox_destroy_failed", "sandbox", w.id, "err", err)

@@ -307,16 +307,6 @@ type Detacher interface {
 	Detach(ctx context.Context) error
 }
 
-// Hurrier is implemented by drivers that can give a warm sandbox still
-// being built (Spec.Warm, Create under way) the CPU weight of a cold
-// create's sandbox, which a warm one has only from its claim (linuxns). The
-// gateway's warm pool hurries a build that a create took over.
-type Hurrier interface {
-	// Hurry raises the weight of the warm sandbox id being built; nothing
-	// when none is.
-	Hurry(id string)
-}
-
 // Halter is implemented by sandboxes whose processes can be ended at
 // once, apart from the release of the rest (linuxns: its init is killed,
 // and with it every process of its pid namespace; its mounts, cgroups,

@@ -334,11 +334,6 @@ func settingsV2(c, dir string, l Limits) []setting {
 // others' sandboxes keep the CPUs busy.
 func (p *Plan) Started(id string) error { return p.weigh(id, runSharesV1, runWeightV2) }
 
-// Starting gives sandbox id's init the weight Create gives it for its
-// start again: a warm sandbox still being built that a create took over
-// (linuxns Driver.Hurry) then builds as fast as a cold one.
-func (p *Plan) Starting(id string) error { return p.weigh(id, startSharesV1, startWeightV2) }
-
 // Idle gives sandbox id's init a low CPU weight (idleSharesV1): a warm sandbox's,
 // from its build until its claim (Started then). A refill then takes
 // only the CPU that the creates claiming warm sandboxes, their first

@@ -119,9 +119,6 @@ type Driver struct {
 	// unfiltered holds the running sandboxes adopted without the seccomp
 	// filter (their init predates it): Seccomp reports them.
 	unfiltered map[string]bool
-	// building are the warm sandboxes being built (Create with
-	// Spec.Warm), by id, for Hurry.
-	building map[string]*linuxSandbox
 	// initPath is the init's binary for checkpointable sandboxes
 	// (writeInitBinary).
 	initPath string
@@ -171,7 +168,7 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	}
 	d := &Driver{
 		cfg: cfg, limits: cfg.Limits.WithDefaults(), root: root, exe: exe, log: cfg.Log,
-		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, building: map[string]*linuxSandbox{}, sockCheck: socketCheck,
+		slots: map[int]string{0: ""}, unfiltered: map[string]bool{}, sockCheck: socketCheck,
 		pauseDumps: make(chan struct{}, MaxPauseDumps),
 	}
 	if d.seccomp, err = seccompprog.Describe(cfg.AllowUserNS); err != nil {
@@ -460,16 +457,6 @@ func (d *Driver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	sb := newLinuxSandbox(d, st)
 	sb.trustPEM = spec.TrustPEM
 	sb.warm = spec.Warm
-	if spec.Warm {
-		d.mu.Lock()
-		d.building[spec.ID] = sb
-		d.mu.Unlock()
-		defer func() {
-			d.mu.Lock()
-			delete(d.building, spec.ID)
-			d.mu.Unlock()
-		}()
-	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -563,7 +550,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	// server's bound (spawnReplyWait), which then ends the server for
 	// good; the gateway's own thread (no server) waited as long.
 	if warm {
-		if err := sb.weigh(false); err != nil { // Hurry may have come first
+		if err := d.cg.Idle(st.ID); err != nil {
 			return err
 		}
 	}
@@ -714,46 +701,11 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 		return err
 	}
 	// Built: from now on it weighs as much as any running sandbox, or,
-	// warm, the least until its claim (Rebind) or Hurry.
-	return sb.weigh(true)
-}
-
-// weigh gives the sandbox's init the least CPU weight while it is warm;
-// otherwise (claimed, or hurried) a running sandbox's once built, and a
-// starting one's (as a cold create's) before.
-func (s *linuxSandbox) weigh(built bool) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case s.warm:
-		return s.d.cg.Idle(s.st.ID)
-	case built:
-		return s.d.cg.Started(s.st.ID)
-	default:
-		return s.d.cg.Starting(s.st.ID)
+	// warm, the least until its claim (Rebind).
+	if warm {
+		return d.cg.Idle(st.ID)
 	}
-}
-
-// Hurry implements sandbox.Hurrier: the warm sandbox id, still being
-// built, weighs from now on as a cold create's sandbox does, as if
-// claimed: a starting sandbox's weight until built, a running one's then
-// (its claim's Rebind leaves it as it is). Before its cgroups exist, its
-// build gives it that weight when it would have given it the least
-// (weigh).
-func (d *Driver) Hurry(id string) {
-	d.mu.Lock()
-	sb := d.building[id]
-	d.mu.Unlock()
-	if sb == nil {
-		return
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	if !sb.warm {
-		return
-	}
-	sb.warm = false
-	_ = d.cg.Starting(id) // no cgroups yet: weigh, later
+	return d.cg.Started(st.ID)
 }
 
 // initNofileFor is what the init needs in a sandbox with pids processes:

@@ -175,7 +175,6 @@ var stepNotes = map[string]string{
 	"session":             "ids, password, workspace claim",
 	"claim_times":         "the files a warm sandbox's build wrote get the claim's time (a walk of /, /etc, /dev, /tmp, /workspace in its mounts)",
 	"warm_claim":          "the rest of a claim: the session's limits set in the warm sandbox's cgroups, its trust store",
-	"warm_build_wait":     "the pool empty: the wait for the warm build under way that the create took over (hurried to a running sandbox's weight)",
 	"driver_state":        "sandbox dir, uid range, state file",
 	"cgroups":             "cgroup dirs and limits",
 	"init_fork":           "clone into new namespaces + exec of the init, its pidfd, state saved",
@@ -341,7 +340,7 @@ func (b *bench) rowPlainClient(warm, cold *sandgate, via, refVia string) error {
 	if err != nil {
 		return err
 	}
-	note := "targets: warm p50 ≤ 5 ms, p99 ≤ 15 ms; cold p50 ≤ 12 ms; back to back, the default pool (8) refills behind the creates, one build at a time on 2 cores, so some of the warm side's creates find it empty and take over the build under way"
+	note := "targets: warm p50 ≤ 5 ms, p99 ≤ 15 ms; cold p50 ≤ 12 ms; back to back, the default pool (8) refills behind the creates, one build at a time on 2 cores, so some of the warm side's creates build their sandbox"
 	for _, st := range []string{"p50", "p99"} {
 		r.add(&Row{ID: "11e", Name: name + "create → first REST command `true`", Stat: st, Unit: "s", SG: wf, Ref: cf, SGName: via, RefName: refVia, RefKind: "no pool", Note: note})
 	}

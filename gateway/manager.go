@@ -143,6 +143,15 @@ type Manager struct {
 	// background (cap Config.TeardownQueue); released waits for them.
 	releasing chan struct{}
 	released  sync.WaitGroup
+	// The releases deferred during a burst of creates (teardown.go):
+	// tdQueue, oldest first, is run by one runReleases while tdRunning;
+	// creating and lastCreate (unix ns) say whether creates are under way.
+	tdMu       sync.Mutex
+	tdQueue    []deferredRelease
+	tdRunning  bool
+	tdKick     chan struct{}
+	creating   atomic.Int32
+	lastCreate atomic.Int64
 }
 
 // watch marks s failed if its sandbox ends while the session still runs.
@@ -204,7 +213,7 @@ func NewManager(cfg Config, driver Driver, log *slog.Logger) *Manager {
 	}
 	cfg.Resources = cfg.Resources.withDefaults()
 	m := &Manager{cfg: cfg, driver: driver, log: log, sessions: map[string]*Session{}, pending: map[string]int{}, inflight: map[idemKey][32]byte{},
-		releasing: make(chan struct{}, max(cfg.TeardownQueue, 0))}
+		releasing: make(chan struct{}, max(cfg.TeardownQueue, 0)), tdKick: make(chan struct{}, 1)}
 	if cfg.WarmPool > 0 {
 		m.pool = newWarmPool(cfg.WarmPool, func(ctx context.Context, id string) (sandbox.Sandbox, error) {
 			return driver.Create(ctx, sandbox.Spec{ID: id, Warm: true})
@@ -266,6 +275,8 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 // checkpoint instead of the driver (fork.go).
 func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from *forkSource) (*Session, string, error) {
 	start := time.Now()
+	m.createActivity(true)
+	defer m.createActivity(false)
 	tr := sandbox.TraceOf(ctx)
 	c, err := m.checkCreate(p, &cp)
 	if err != nil {
@@ -866,11 +877,14 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 			<-m.releasing
 			break
 		}
-		go func() {
+		// Its processes end now; the rest waits for the creates to
+		// pause (teardown.go).
+		halt(s.sandbox)
+		m.deferRelease(func() {
 			defer m.released.Done()
 			defer func() { <-m.releasing }()
 			_ = m.destroy(context.WithoutCancel(ctx), s)
-		}()
+		})
 		return nil
 	default: // none configured, or all busy: this caller waits
 	}

@@ -98,6 +98,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 	all := m.sessions
 	m.sessions = map[string]*Session{}
 	m.mu.Unlock()
+	m.kickReleases()   // the deferred ones start now
 	if m.pool != nil { // warm sandboxes are no one's: none is kept
 		m.pool.close(ctx)
 	}

@@ -3,6 +3,8 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,5 +143,149 @@ func TestTeardownRacingShutdown(t *testing.T) {
 	}
 	if exists(s.Sandbox().Workdir()) {
 		t.Error("sandbox left after the Delete answered")
+	}
+}
+
+// burstDriver hands out real workdir sandboxes that record their Halt and
+// Destroy; a Create waits while hold is set, as a create under way does.
+type burstDriver struct {
+	inner   *workdir.Driver
+	hold    atomic.Pointer[chan struct{}]
+	entered chan struct{}
+}
+
+func (d *burstDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if h := d.hold.Load(); h != nil {
+		d.entered <- struct{}{}
+		<-*h
+	}
+	sb, err := d.inner.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &burstSandbox{Sandbox: sb, destroyed: make(chan struct{})}, nil
+}
+
+type burstSandbox struct {
+	sandbox.Sandbox
+	halted    atomic.Bool
+	once      sync.Once
+	destroyed chan struct{}
+}
+
+func (s *burstSandbox) Halt() { s.halted.Store(true) }
+
+func (s *burstSandbox) Destroy(ctx context.Context) error {
+	err := s.Sandbox.Destroy(ctx)
+	s.once.Do(func() { close(s.destroyed) })
+	return err
+}
+
+// burstOf is session s's sandbox, under the session's wrapper.
+func burstOf(s *gateway.Session) *burstSandbox {
+	return s.Sandbox().(interface{ Unwrap() sandbox.Sandbox }).Unwrap().(*burstSandbox)
+}
+
+func isDestroyed(s *gateway.Session) bool {
+	select {
+	case <-burstOf(s).destroyed:
+		return true
+	default:
+		return false
+	}
+}
+
+// While a create is under way, a deleted session's processes end at once
+// (Halt) but its sandbox's release waits; past three quarters of the
+// teardown queue the oldest go; the rest go once the creates pause, or
+// when Shutdown begins.
+func TestTeardownDeferredDuringCreates(t *testing.T) {
+	wd, err := workdir.New(workdir.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &burstDriver{inner: wd, entered: make(chan struct{}, 1)}
+	m := gateway.NewManager(gateway.Config{TeardownQueue: 4}, d, discardLog())
+	p := gateway.Principal{Tenant: "a"}
+	ctx := context.Background()
+	var ss []*gateway.Session
+	for range 6 {
+		s, _ := mustCreate(t, m, p, gateway.CreateParams{})
+		ss = append(ss, s)
+	}
+	// A create under way.
+	hold := make(chan struct{})
+	d.hold.Store(&hold)
+	created := make(chan error, 1)
+	go func() {
+		_, _, err := m.Create(ctx, p, gateway.CreateParams{})
+		created <- err
+	}()
+	<-d.entered
+	d.hold.Store(nil)
+	for _, s := range ss[:4] {
+		if err := m.Delete(ctx, p, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		if !burstOf(s).halted.Load() {
+			t.Fatalf("Delete of %s answered before its sandbox was halted", s.ID)
+		}
+	}
+	// Four queued, over three quarters of 4: the oldest goes.
+	select {
+	case <-burstOf(ss[0]).destroyed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the oldest deferred release did not start past three quarters of the queue")
+	}
+	time.Sleep(100 * time.Millisecond) // five times teardownQuiet
+	for _, s := range ss[1:4] {
+		if isDestroyed(s) {
+			t.Fatalf("the sandbox of %s was released while a create was under way", s.ID)
+		}
+		if !exists(s.Sandbox().Workdir()) {
+			t.Fatalf("the sandbox of %s is gone while a create was under way", s.ID)
+		}
+	}
+	// The create ends: after a pause, the rest go.
+	close(hold)
+	if err := <-created; err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss[1:4] {
+		select {
+		case <-burstOf(s).destroyed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the sandbox of %s was not released once the creates paused", s.ID)
+		}
+	}
+	// Shutdown starts a release deferred behind a create under way, and
+	// waits for it.
+	hold = make(chan struct{})
+	d.hold.Store(&hold)
+	go func() {
+		_, _, err := m.Create(ctx, p, gateway.CreateParams{})
+		created <- err
+	}()
+	<-d.entered
+	d.hold.Store(nil)
+	if err := m.Delete(ctx, p, ss[4].ID); err != nil {
+		t.Fatal(err)
+	}
+	shut := make(chan struct{})
+	go func() { defer close(shut); m.Shutdown(ctx, false) }()
+	select {
+	case <-shut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown did not return with a create under way")
+	}
+	if !isDestroyed(ss[4]) {
+		t.Error("Shutdown returned before the deferred release")
+	}
+	close(hold)
+	<-created // fails or not, after Shutdown: its sandbox is destroyed either way
+	for _, s := range ss {
+		if exists(s.Sandbox().Workdir()) {
+			t.Errorf("sandbox of %s left after Shutdown", s.ID)
+		}
 	}
 }

@@ -307,6 +307,18 @@ type Detacher interface {
 	Detach(ctx context.Context) error
 }
 
+// Halter is implemented by sandboxes whose processes can be ended at
+// once, apart from the release of the rest (linuxns: its init is killed,
+// and with it every process of its pid namespace; its mounts, cgroups,
+// loop device and directory stay until Destroy). The gateway halts a
+// deleted session's sandbox when it defers its release (Destroy) during a
+// burst of creates: nothing of the session runs meanwhile.
+type Halter interface {
+	// Halt ends every process of the sandbox without waiting for them to
+	// exit. Destroy must still be called; it waits for them.
+	Halt()
+}
+
 // Rebinder is implemented by sandboxes that can take a session's Spec
 // while they run (linuxns: memory, pids and CPUs are its cgroups', and
 // TrustPEM goes into its trust store). The gateway's warm pool uses it: a

@@ -439,3 +439,59 @@ func TestLinuxPerSessionLimits(t *testing.T) {
 		})
 	}
 }
+
+// Halt ends every process of the sandbox at once (the init, and a
+// command running in it, are gone before Destroy), makes Start fail, and
+// leaves the release to Destroy, which then leaves nothing behind.
+func TestLinuxHalt(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-halt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	p, err := sb.Start(context.Background(), sandbox.Cmd{Command: "echo up; exec sleep 100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(p.Stdout(), buf); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan sandbox.Exit, 1)
+	go func() {
+		e, _ := p.Wait()
+		done <- e
+	}()
+	init := sb.(interface{ InitPID() int }).InitPID()
+	sb.(sandbox.Halter).Halt()
+	select {
+	case <-sb.(sandbox.Ender).Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sandbox did not end after Halt")
+	}
+	if alive(init) {
+		t.Fatalf("the init (pid %d) is still alive after Halt", init)
+	}
+	select {
+	case e := <-done:
+		if e.Signal != "KILL" {
+			t.Fatalf("command ended %+v, want KILL", e)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the command's Wait did not return after Halt")
+	}
+	p.Stdout().Close()
+	p.Stderr().Close()
+	if _, err := sb.Start(context.Background(), sandbox.Cmd{Command: "true"}); !errors.Is(err, sandbox.ErrClosed) {
+		t.Fatalf("Start after Halt: %v, want ErrClosed", err)
+	}
+	if leaks := leaksUnder(dataDir); len(leaks) == 0 {
+		t.Fatal("Halt released the sandbox's mounts and directories; that is Destroy's")
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy after Halt: %v", err)
+	}
+}

@@ -308,6 +308,18 @@ func (s *linuxSandbox) Destroy(ctx context.Context) error {
 	return s.err
 }
 
+// Halt implements sandbox.Halter: the init (thawed first if frozen) gets
+// SIGKILL, which ends every process of the sandbox, and nothing waits for
+// it; Destroy, later, waits for the init and releases the rest. Start
+// fails from now on.
+func (s *linuxSandbox) Halt() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.thawForKill()
+	s.signalInit(unix.SIGKILL)
+}
+
 // Detach implements Detacher: the gateway lets go of the sandbox, which
 // keeps running, with its state on disk, for the next gateway process to
 // adopt. Commands still running lose their client (their connections to

@@ -2,13 +2,22 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // The end of a tunnel as OpenSSH makes it: ssh writes its last packets
@@ -32,6 +41,8 @@ func TestProxyHangupEndsTheTunnel(t *testing.T) {
 	}
 	gw := make(chan result, 1)
 	go func() {
+		up := sync.OnceFunc(func() { close(connected) })
+		defer up() // a failure is reported below, at gw
 		c, err := ln.Accept()
 		if err != nil {
 			gw <- result{err: err}
@@ -54,7 +65,7 @@ func TestProxyHangupEndsTheTunnel(t *testing.T) {
 			gw <- result{err: err}
 			return
 		}
-		close(connected)
+		up()
 		// ssh's last packets, up to the proxy's half-close.
 		b, err := io.ReadAll(br)
 		// The gateway's last bytes go out once ssh has hung up.
@@ -63,7 +74,27 @@ func TestProxyHangupEndsTheTunnel(t *testing.T) {
 		gw <- result{got: string(b), err: err, writeTo: werr}
 	}()
 
-	cmd := exec.Command(sandgateBin, "proxy", "--api-url", "http://"+ln.Addr().String(), "--transport", "connect", "sbx-hup")
+	out, werr, stderr := hangUpProxy(t, "http://"+ln.Addr().String(), "connect", connected, hupSent)
+	r := <-gw
+	if r.err != nil || r.got != "channel close, disconnect" {
+		t.Errorf("the gateway read %q, %v; want ssh's last packets, then EOF", r.got, r.err)
+	}
+	if werr != nil || stderr != "" {
+		t.Errorf("the proxy ended with %v, stderr %q; want exit 0 and nothing", werr, stderr)
+	}
+	if r.writeTo != nil || out != "gateway's last words" {
+		t.Errorf("ssh's pipe got %q (the gateway's write: %v), want the gateway's last bytes", out, r.writeTo)
+	}
+}
+
+// hangUpProxy runs sandgate proxy --transport transport to apiURL between
+// pipes and, once the gateway says the tunnel is up (connected), ends it
+// as ssh's exit does: its last packets on stdin, stdin closed, SIGHUP
+// (then hupSent is closed). It returns what reached stdout, the proxy's
+// end and its stderr.
+func hangUpProxy(t *testing.T, apiURL, transport string, connected, hupSent chan struct{}) (string, error, string) {
+	t.Helper()
+	cmd := exec.Command(sandgateBin, "proxy", "--api-url", apiURL, "--transport", transport, "sbx-hup")
 	cmd.Env = cleanEnv()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -80,12 +111,10 @@ func TestProxyHangupEndsTheTunnel(t *testing.T) {
 	}
 	timer := time.AfterFunc(60*time.Second, func() { _ = cmd.Process.Kill() })
 	defer timer.Stop()
-	// Once the tunnel is up: ssh's last packets, its pipes closed,
-	// SIGHUP, as ssh's exit does it.
 	select {
 	case <-connected:
-	case r := <-gw:
-		t.Fatalf("the gateway: %v", r.err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("no tunnel in 60 s")
 	}
 	if _, err := io.WriteString(stdin, "channel close, disconnect"); err != nil {
 		t.Fatal(err)
@@ -97,14 +126,62 @@ func TestProxyHangupEndsTheTunnel(t *testing.T) {
 	close(hupSent)
 	out, _ := io.ReadAll(stdout)
 	werr := cmd.Wait()
+	return string(out), werr, stderr.String()
+}
+
+// The same end through a WebSocket: ssh's last packets arrive as a
+// message, then the proxy's close frame; the gateway's last message
+// still reaches ssh's pipe and its close answer ends the relay.
+func TestProxyHangupEndsTheWebSocket(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the splicing relay is Linux only")
+	}
+	hupSent, connected := make(chan struct{}), make(chan struct{})
+	type result struct {
+		got string
+		err error
+	}
+	gw := make(chan result, 1)
+	up := sync.OnceFunc(func() { close(connected) })
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer up() // a failure is reported below, at gw
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			gw <- result{err: err}
+			return
+		}
+		defer c.CloseNow()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		up()
+		_, p, err := c.Read(ctx)
+		if err != nil {
+			gw <- result{err: fmt.Errorf("read ssh's last packets: %w", err)}
+			return
+		}
+		<-hupSent
+		if err := c.Write(ctx, websocket.MessageBinary, []byte("gateway's last words")); err != nil {
+			gw <- result{got: string(p), err: fmt.Errorf("write: %w", err)}
+			return
+		}
+		_, _, err = c.Read(ctx) // the proxy's close, answered by the library
+		var ce websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.StatusNormalClosure {
+			gw <- result{got: string(p), err: fmt.Errorf("the read after ssh's packets: %v, want the proxy's close 1000", err)}
+			return
+		}
+		gw <- result{got: string(p)}
+	}))
+	t.Cleanup(srv.Close)
+	out, werr, stderr := hangUpProxy(t, srv.URL, "websocket", connected, hupSent)
 	r := <-gw
 	if r.err != nil || r.got != "channel close, disconnect" {
-		t.Errorf("the gateway read %q, %v; want ssh's last packets, then EOF", r.got, r.err)
+		t.Errorf("the gateway got %q, %v; want ssh's last packets, then the proxy's close frame", r.got, r.err)
 	}
-	if werr != nil || stderr.String() != "" {
-		t.Errorf("the proxy ended with %v, stderr %q; want exit 0 and nothing", werr, stderr.String())
+	if werr != nil || stderr != "" {
+		t.Errorf("the proxy ended with %v, stderr %q; want exit 0 and nothing", werr, stderr)
 	}
-	if r.writeTo == nil && string(out) != "gateway's last words" {
-		t.Errorf("ssh's pipe got %q, want the gateway's last bytes", out)
+	if out != "gateway's last words" {
+		t.Errorf("ssh's pipe got %q, want the gateway's last message", out)
 	}
 }

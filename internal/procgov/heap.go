@@ -29,12 +29,15 @@ import (
 // that start at once: 4 MB live, then 45 MB) met GOGC 400 and a goal of
 // five times 45 MB until the governor caught up: 274 MB of RSS once,
 // against 170 MB usually. So the governor also sets the runtime's soft
-// memory limit (debug.SetMemoryLimit) after each cycle, to the memory
+// memory limit (debug.SetMemoryLimit) after a cycle (one whose live heap
+// moved by more than a sixteenth, or whose GOGC changed), to the memory
 // outside the heap plus the goal the new GOGC gives and a quarter of it
-// more: never the binding goal while the live heap holds, an absolute
-// ceiling when it jumps, which a governor that is late only makes
-// lower (the collector then runs sooner, its CPU capped by the
-// runtime's limiter). A GOMEMLIMIT of the environment stays the ceiling.
+// more, or Slack more if that is more: never the binding goal while the
+// live heap holds, so that a small heap's transfers run as they did
+// (bench rows 3a-3d: the same CPU per run as without it), an absolute
+// ceiling when it jumps, which a governor that is late only makes lower
+// (the collector then runs sooner, its CPU capped by the runtime's
+// limiter). A GOMEMLIMIT of the environment stays the ceiling.
 type HeapConfig struct {
 	// MaxPercent is GOGC while the live heap is small (default 400).
 	MaxPercent int
@@ -62,8 +65,10 @@ type HeapConfig struct {
 type HeapGovernor struct {
 	cfg     HeapConfig
 	percent int
-	ceiling int64 // the limit found at Run (GOMEMLIMIT; math.MaxInt64: none)
-	limit   int64 // the limit last set
+	ceiling int64  // the limit found at Run (GOMEMLIMIT; math.MaxInt64: none)
+	limit   int64  // the limit last set
+	limLive uint64 // the live heap it was set for
+	limPct  int    // and the GOGC
 }
 
 // NewHeap returns a HeapGovernor with cfg's defaults filled in.
@@ -108,10 +113,11 @@ func (h *HeapGovernor) PercentFor(live uint64) int {
 
 // LimitFor is the memory limit for a live heap of live bytes under
 // GOGC percent, with nonHeap bytes outside the heap: the heap goal that
-// percent gives, a quarter of it more, and nonHeap; at most ceiling.
-func LimitFor(live uint64, percent int, nonHeap uint64, ceiling int64) int64 {
+// percent gives, a quarter of it or slack more (the larger), and
+// nonHeap; at most ceiling.
+func LimitFor(live uint64, percent int, slack, nonHeap uint64, ceiling int64) int64 {
 	goal := live + live*uint64(percent)/100
-	l := nonHeap + goal + goal/4
+	l := nonHeap + goal + max(goal/4, slack)
 	if l >= uint64(ceiling) {
 		return ceiling
 	}
@@ -148,7 +154,8 @@ func (h *HeapGovernor) Run(ctx context.Context) {
 
 // step sets GOGC for the live heap the last cycle found, when it moved
 // by more than a tenth (each change is a cheap call, but no need), and
-// the memory limit for it (LimitFor), whenever it moved.
+// the memory limit for it (LimitFor), when the live heap moved by more
+// than a sixteenth since the last or GOGC changed.
 func (h *HeapGovernor) step() {
 	live := h.cfg.Live()
 	p := h.PercentFor(live)
@@ -160,7 +167,12 @@ func (h *HeapGovernor) step() {
 	if live == 0 {
 		return // no cycle has marked anything yet
 	}
-	if l := LimitFor(live, h.percent, h.cfg.NonHeap(), h.ceiling); l != h.limit {
+	d := max(live, h.limLive) - min(live, h.limLive)
+	if h.limLive != 0 && h.limPct == h.percent && d <= h.limLive/16 {
+		return
+	}
+	h.limLive, h.limPct = live, h.percent
+	if l := LimitFor(live, h.percent, h.cfg.Slack, h.cfg.NonHeap(), h.ceiling); l != h.limit {
 		h.limit = l
 		h.cfg.SetLimit(l)
 	}

@@ -90,20 +90,24 @@ func TestHeapLimitFor(t *testing.T) {
 	for _, c := range []struct {
 		live    uint64
 		percent int
+		slack   uint64
 		nonHeap uint64
 		ceiling int64
 		want    int64
 	}{
-		// 4 MiB under GOGC 400: a 20 MiB goal, 25 with its quarter.
-		{4 << 20, 400, 0, noLimit, 25 << 20},
-		{4 << 20, 400, 3 << 20, noLimit, 28 << 20},
-		// 64 MiB under GOGC 100: 128 MiB, 160 with its quarter.
-		{64 << 20, 100, 0, noLimit, 160 << 20},
+		// 4 MiB under GOGC 400: a 20 MiB goal, and 64 MiB of slack (more
+		// than its quarter).
+		{4 << 20, 400, 64 << 20, 0, noLimit, 84 << 20},
+		{4 << 20, 400, 64 << 20, 3 << 20, noLimit, 87 << 20},
+		{4 << 20, 400, 0, 0, noLimit, 25 << 20},
+		// 512 MiB under GOGC 100: 1 GiB, and its quarter (more than the
+		// slack).
+		{512 << 20, 100, 64 << 20, 0, noLimit, 1280 << 20},
 		// GOMEMLIMIT stays the ceiling.
-		{64 << 20, 100, 0, 100 << 20, 100 << 20},
+		{512 << 20, 100, 64 << 20, 0, 1 << 30, 1 << 30},
 	} {
-		if got := LimitFor(c.live, c.percent, c.nonHeap, c.ceiling); got != c.want {
-			t.Errorf("LimitFor(%d MiB, %d, %d MiB, %d) = %d MiB, want %d MiB", c.live>>20, c.percent, c.nonHeap>>20, c.ceiling, got>>20, c.want>>20)
+		if got := LimitFor(c.live, c.percent, c.slack, c.nonHeap, c.ceiling); got != c.want {
+			t.Errorf("LimitFor(%d MiB, %d, %d MiB, %d MiB, %d) = %d MiB, want %d MiB", c.live>>20, c.percent, c.slack>>20, c.nonHeap>>20, c.ceiling, got>>20, c.want>>20)
 		}
 	}
 }
@@ -122,7 +126,8 @@ func heapGoal() uint64 {
 // cycle yet, armCycleSignal) while the live heap jumps to 40 MiB and a
 // cycle runs: GOGC alone, still at 300 for 8 MiB, let the heap grow to
 // four times 40 MiB (160 MiB) before the next one; the memory limit
-// for 8 MiB keeps the goal under 48 MiB.
+// for 8 MiB (its 32 MiB goal and 24 MiB of slack) keeps the goal under
+// 64 MiB.
 func TestHeapGovernorBoundsAJump(t *testing.T) {
 	origPercent := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(origPercent)
@@ -156,8 +161,8 @@ func TestHeapGovernorBoundsAJump(t *testing.T) {
 	runtime.GC()
 	goal := heapGoal()
 	runtime.KeepAlive(held)
-	if goal > 48<<20 {
-		t.Errorf("with 40 MiB live and the governor's view at 8 MiB, the heap goal is %d MiB, want at most 48 MiB (the limit for 8 MiB)", goal>>20)
+	if goal > 64<<20 {
+		t.Errorf("with 40 MiB live and the governor's view at 8 MiB, the heap goal is %d MiB, want at most 64 MiB (the limit for 8 MiB)", goal>>20)
 	}
 }
 
@@ -201,7 +206,7 @@ func TestHeapGovernorRestoresLimit(t *testing.T) {
 		t.Errorf("limits set %v, want 640 MiB and a little more, then 1 GiB back", limits)
 	}
 	// A live heap that asks for more than the ceiling gets the ceiling.
-	if got := LimitFor(1<<30, 100, 0, 1<<30); got != 1<<30 {
+	if got := LimitFor(1<<30, 100, 64<<20, 0, 1<<30); got != 1<<30 {
 		t.Errorf("LimitFor past the ceiling = %d", got)
 	}
 	if got := debug.SetMemoryLimit(-1); got != 1<<30 {

@@ -11,7 +11,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sandgate/sandgate/internal/piperelay"
@@ -140,6 +143,8 @@ ssh-config' writes a ~/.ssh/config block that uses it.
 		}
 		return 0
 	}
+	hungUp, stop := lingerOnHangup(proxyLinger, func() { os.Exit(0) })
+	defer stop()
 	conn, err := d.Dial(context.Background(), id)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandgate proxy:", describeDialError(err, id))
@@ -147,10 +152,54 @@ ssh-config' writes a ~/.ssh/config block that uses it.
 	}
 	defer conn.Close()
 	if err := splice(conn, stdin, stdout); err != nil {
+		if hungUp.Load() {
+			return 0 // ssh has gone: the tunnel's end is nobody's to report
+		}
 		fmt.Fprintln(stderr, "sandgate proxy:", err)
 		return 1
 	}
 	return 0
+}
+
+// proxyLinger bounds how long the proxy outlives ssh. OpenSSH sends its
+// ProxyCommand SIGHUP as it exits (ssh_kill_proxy_command), just after
+// closing the command's pipes, in which its last packets (the channel's
+// close, its disconnect) may still wait. Dying at once dropped them, and
+// the gateway's last frame (its answer to the end of the tunnel) then
+// met a closed socket, which answered it with a reset: most tunnels
+// ended so, the gateway seeing its SSH connection cut instead of ended.
+// So the proxy lets its relay finish, as it would without the signal
+// (stdin's EOF half-closes the tunnel, or sends a WebSocket's close
+// frame, and the relay ends at the gateway's end), for at most
+// proxyLinger; and, ssh being gone, it reports no error from then on.
+const proxyLinger = 5 * time.Second
+
+// lingerOnHangup catches SIGHUP until stop is called: once one comes,
+// hungUp is set, and exit is called after linger unless stop came first.
+func lingerOnHangup(linger time.Duration, exit func()) (hungUp *atomic.Bool, stop func()) {
+	hungUp = new(atomic.Bool)
+	hup := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		select {
+		case <-hup:
+		case <-done:
+			return
+		}
+		hungUp.Store(true)
+		t := time.NewTimer(linger)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			exit()
+		case <-done:
+		}
+	}()
+	return hungUp, func() {
+		signal.Stop(hup)
+		close(done)
+	}
 }
 
 // upCopyBuf is splice's buffer each way when piperelay does not move the

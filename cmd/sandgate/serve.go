@@ -295,7 +295,9 @@ func serveMain(args []string, stdout, stderr io.Writer) int {
 	// fresh buffer. A lazy collector (GOGC 400) saves 10-20% of the
 	// gateway's CPU on uploads (bench/ rows 3a, 3c, 4a); the governor
 	// lowers it as the live heap grows, so the garbage stays near
-	// 64 MiB (internal/procgov). GOGC, when set, wins.
+	// 64 MiB, and sets a soft memory limit above that goal after
+	// collections, so a live heap that jumps does not meet a GOGC set
+	// for a smaller one (internal/procgov). GOGC, when set, wins.
 	if _, ok := os.LookupEnv("GOGC"); !ok {
 		heap := procgov.NewHeap(procgov.HeapConfig{Log: log})
 		heapCtx, stopHeap := context.WithCancel(ctx)

@@ -2,8 +2,8 @@ package dataplane_test
 
 import (
 	"context"
-	"io"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"

@@ -281,9 +281,12 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 		e := &gateway.HandoffEntry{Command: req.text(), Source: "rest", StartedAt: began, Process: proc,
 			Begin: func() {},
 			Done: func(id string) {
+				if id == "" {
+					return // not handed over: it runs on here (a next pause may try again)
+				}
 				handedID = id
-				close(handed)
-				if id != "" && req.HandedOff != nil {
+				close(handed) // at most once: Done has an id at most once
+				if req.HandedOff != nil {
 					req.HandedOff(id)
 				}
 			}}

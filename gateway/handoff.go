@@ -33,9 +33,15 @@ type HandoffEntry struct {
 	// Begin is called before the pause asks the sandbox to keep it; Done
 	// after, with its process id, or "" when it was not handed over (it
 	// ended first, or could not be kept: it then ends with its
-	// connection, as before).
+	// connection, as before). Each pause that tries it calls both once:
+	// a command not handed over that runs on (a REST command, whose pause
+	// then was a freeze) is tried again by the next pause, so Done("")
+	// may come any number of times; Done with an id comes at most once,
+	// and no pause tries the entry after it.
 	Begin func()
 	Done  func(processID string)
+
+	handed bool // Done had an id; guarded by the session's mu
 }
 
 // AddHandoff registers e while its command runs; remove unregisters it
@@ -103,7 +109,9 @@ func (m *Manager) handOff(ctx context.Context, s *Session) []HandedOff {
 	s.mu.Lock()
 	entries := make([]*HandoffEntry, 0, len(s.handoffs))
 	for e := range s.handoffs {
-		entries = append(entries, e)
+		if !e.handed {
+			entries = append(entries, e)
+		}
 	}
 	s.mu.Unlock()
 	if ad == nil || len(entries) == 0 {
@@ -130,6 +138,9 @@ func (m *Manager) handOff(ctx context.Context, s *Session) []HandedOff {
 			continue
 		}
 		m.log.Info("command_handed_off", "session", s.ID, "source", e.Source, "process", id)
+		s.mu.Lock()
+		e.handed = true
+		s.mu.Unlock()
 		e.Done(id)
 		out = append(out, HandedOff{ProcessID: id, Command: e.Command, Source: e.Source})
 	}

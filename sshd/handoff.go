@@ -24,8 +24,8 @@ import (
 // handoff is a channel's exec offered to a pause (offerHandoff).
 type handoff struct {
 	remove func()
-	// done is closed once the pause said whether it handed the command
-	// over (c.handedID); written once the channel told its client.
+	// done is closed once the pause handed the command over
+	// (c.handedID); written once the channel told its client.
 	done, written chan struct{}
 }
 
@@ -50,7 +50,9 @@ func (c *channel) offerHandoff(proc sandbox.Process) *handoff {
 			c.mu.Lock()
 			c.handedID, c.handing = id, id != ""
 			c.mu.Unlock()
-			close(ho.done)
+			if id != "" {
+				close(ho.done) // at most once: Done has an id at most once
+			}
 		},
 	}
 	remove, ok := c.sess.AddHandoff(e)

@@ -764,7 +764,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 		Workspace: filepath.Join(dir, "workspace"), Image: filepath.Join(dir, "workspace.img"),
 		Socket:  filepath.Join(dir, "control.sock"),
 		Cgroups: d.cg.DirsFor(spec.ID), Created: time.Now().UTC(), Protocol: c.src.Protocol,
-		Seccomp: c.src.Seccomp, KeepJobs: c.src.KeepJobs, KeepPTY: c.src.KeepPTY, Checkpoint: true, Restored: true,
+		Seccomp: c.src.Seccomp, KeepJobs: c.src.KeepJobs, KeepPTY: c.src.KeepPTY, KeepLater: c.src.KeepLater, Checkpoint: true, Restored: true,
 	}
 	lim := spec.Limits.Or(d.limits)
 	lim.WorkspaceBytes = c.src.Boot.Limits.WorkspaceBytes // the copy's size

@@ -563,7 +563,7 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	st.Seccomp = !d.noSeccomp
 	st.Checkpoint = d.cfg.Checkpoint
 	sb.mu.Lock()
-	st.KeepJobs, st.KeepPTY = true, true // Keeps reads them under mu
+	st.KeepJobs, st.KeepPTY, st.KeepLater = true, true, true // Keeps reads them under mu
 	sb.mu.Unlock()
 	d.mu.Lock()
 	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init

@@ -242,7 +242,10 @@ func (s *linuxSandbox) Start(ctx context.Context, cmd sandbox.Cmd) (sandbox.Proc
 	if err != nil {
 		return nil, err
 	}
-	p, err := startInSandbox(ctx, conn, cmd)
+	s.mu.Lock()
+	keepLater := s.st.KeepLater
+	s.mu.Unlock()
+	p, err := startInSandbox(ctx, conn, cmd, keepLater)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -431,14 +434,22 @@ type initProcess struct {
 	detached atomic.Bool
 
 	// keeping is set while KeepAs waits for the init's answer, which
-	// Wait (the connection's reader) hands it on keepReply; handedOff,
+	// Wait (the connection's reader) hands it on keepReply (one answer:
+	// what else an init sends is dropped, never waited on); handedOff,
 	// once the init keeps the command (KeepAs): Wait then returns
-	// sandbox.ErrHandedOff, and nothing more is sent for it. waiting
-	// says Wait reads the connection; waitDone is closed when it
-	// returns.
-	keeping, handedOff, waiting atomic.Bool
-	keepReply                   chan ctl.Reply
-	waitDone                    chan struct{}
+	// sandbox.ErrHandedOff, and nothing more is sent for it. A "kept"
+	// that comes once KeepAs gave up (lateKept: the command was killed)
+	// is answered "ack" at its exit, so that the init forgets it. kmu
+	// guards keeping and lateKept, and orders them with handedOff.
+	// waiting says Wait reads the connection; waitDone is closed when
+	// it returns. canKeepLater says the init knows "keep" (KeepLater).
+	kmu                sync.Mutex
+	keeping, lateKept  bool
+	handedOff, waiting atomic.Bool
+	keepReply          chan ctl.Reply
+	waitDone           chan struct{}
+	canKeepLater       bool
+	keepWait           time.Duration // how long KeepAs waits (0: keepAsWait)
 
 	wmu  sync.Mutex
 	kill sync.Once
@@ -449,7 +460,9 @@ type initProcess struct {
 // DirectPWD implements sandbox.DirectProcess.
 func (p *initProcess) DirectPWD() (string, bool) { return p.directPWD, p.directPWD != "" }
 
-func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*initProcess, error) {
+// startInSandbox starts cmd through the init on conn; keepLater says the
+// init knows "keep" (sandboxState.KeepLater).
+func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd, keepLater bool) (*initProcess, error) {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(initTimeout)
@@ -459,7 +472,7 @@ func startInSandbox(ctx context.Context, conn *net.UnixConn, cmd sandbox.Cmd) (*
 	defer stop()
 
 	req := ctl.Request{Op: "exec", Command: cmd.Command, Subsystem: cmd.Subsystem, Env: cmd.Env, PTY: cmd.PTY, Keep: cmd.Keep, Direct: cmd.Direct, DirectArgv: cmd.DirectArgv, DirectCwd: cmd.DirectCwd, Builtin: cmd.Builtin}
-	p := &initProcess{conn: conn, kept: cmd.Keep != "", keepReply: make(chan ctl.Reply, 1), waitDone: make(chan struct{})}
+	p := &initProcess{conn: conn, kept: cmd.Keep != "", keepReply: make(chan ctl.Reply, 1), waitDone: make(chan struct{}), canKeepLater: keepLater}
 	if cmd.PTY == nil || cmd.Subsystem != "" {
 		req.PTY = nil
 		// The child's ends stay raw descriptors, blocking as a command
@@ -711,14 +724,26 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 		if p.detached.Load() {
 			select {} // the next gateway learns how it ended
 		}
-		if p.keeping.Load() && (rep.Op == "kept" || rep.Op == "error") {
+		if err == nil && (rep.Op == "kept" || rep.Op == "error") {
+			p.kmu.Lock()
+			asked := p.keeping
 			if rep.Op == "kept" {
-				// The init keeps it from here: its exit goes to the
-				// gateway that takes it back (KeepAs).
-				p.handedOff.Store(true)
+				if asked {
+					// The init keeps it from here: its exit goes to the
+					// gateway that takes it back (KeepAs).
+					p.handedOff.Store(true)
+				} else {
+					p.lateKept = true // KeepAs gave up on it: killed
+				}
 			}
-			p.keepReply <- rep // buffered: KeepAs's one answer
-			if rep.Op == "kept" {
+			if asked {
+				select {
+				case p.keepReply <- rep: // KeepAs's one answer
+				default: // an init that answers twice is not waited on
+				}
+			}
+			p.kmu.Unlock()
+			if rep.Op == "kept" && asked {
 				return sandbox.Exit{}, sandbox.ErrHandedOff
 			}
 			continue
@@ -733,6 +758,14 @@ func (p *initProcess) Wait() (sandbox.Exit, error) {
 			// The init keeps a kept command's exit until it hears (Ack)
 			// that it is safe with the gateway.
 			keepConn = p.kept
+			p.kmu.Lock()
+			late := p.lateKept
+			p.kmu.Unlock()
+			if late && !p.kept {
+				// Kept by a "keep" answered too late (KeepAs killed it):
+				// its exit is here, and nobody else will ask for it.
+				_ = p.send(ctl.Request{Op: "ack"})
+			}
 			return *rep.Exit, nil
 		}
 	}

@@ -50,6 +50,11 @@ type sandboxState struct {
 	// KeepPTY says the init keeps commands on a terminal too (it holds a
 	// copy of the terminal's master); false for an older binary's.
 	KeepPTY bool `json:"keepPTY,omitempty"`
+	// KeepLater says the init keeps a command started without a key
+	// when asked to as it runs ("keep": sandbox.KeepLater); false for an
+	// older binary's, which ignores the request: KeepAs then refuses at
+	// once rather than wait for an answer that never comes.
+	KeepLater bool `json:"keepLater,omitempty"`
 	// Stopped says the sandbox was stopped (Stopper): it has no init and
 	// no cgroups, only its files; Pid is 0 once the init is gone.
 	Stopped bool `json:"stopped,omitempty"`

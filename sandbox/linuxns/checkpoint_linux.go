@@ -881,6 +881,9 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if err := c.readable(true); err != nil {
 		return err
 	}
+	// The cgroups' CPU so far: an in-place restore's (a resume from a
+	// pause) hold what the session took before its pause.
+	cpu0 := cgroup.ReadUsage(st.Cgroups).CPUSeconds
 	ph.mark("prepare")
 	err := c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra, ph)
 	if oerr := c.readable(false); oerr != nil {
@@ -890,11 +893,12 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
 	}
 	ph.mark("criu_restore")
-	// The CPU the restored tasks took in the sandbox's cgroups so far:
-	// none of the image's code has run (they are stopped), so it is the
-	// restore's own work in them, mostly reading their memory back.
-	if u := cgroup.ReadUsage(st.Cgroups); u.CPUSeconds != nil {
-		ph.add("restored_cpu", time.Duration(*u.CPUSeconds*float64(time.Second)))
+	// The CPU the restored tasks took in the sandbox's cgroups during
+	// criu's run: none of the image's code has run (they are stopped), so
+	// it is the restore's own work in them, mostly reading their memory
+	// back.
+	if u := cgroup.ReadUsage(st.Cgroups); u.CPUSeconds != nil && cpu0 != nil {
+		ph.add("restored_cpu", time.Duration((*u.CPUSeconds-*cpu0)*float64(time.Second)))
 	}
 	b, err := os.ReadFile(pidFile)
 	if err != nil {

@@ -5,13 +5,16 @@ package linuxns_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/cgroup"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
 )
@@ -851,4 +854,64 @@ func dumpsOf(t *testing.T, dir string) []string {
 		}
 	}
 	return pids
+}
+
+// TestLinuxPauseCheckpointRestoredCPU: a resume's restored_cpu_ms is the
+// CPU its restore took in the session's cgroups, not also what the
+// session took there before its pause (a resume restores into the same
+// cgroups).
+func TestLinuxPauseCheckpointRestoredCPU(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	var logs lockedBuffer
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-cpu"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	// Far more CPU in the session's cgroups than a restore of it takes.
+	mustRun(t, sb, "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	u := cgroup.ReadUsage(cgroupsOf(id))
+	if u.CPUSeconds == nil {
+		t.Fatalf("no CPU counter in %v", cgroupsOf(id))
+	}
+	before := time.Duration(*u.CPUSeconds * float64(time.Second))
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var restored time.Duration
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if !strings.Contains(line, "msg=sandbox_unpaused") {
+			continue
+		}
+		for f := range strings.FieldsSeq(line) {
+			if v, ok := strings.CutPrefix(f, "restored_cpu_ms="); ok {
+				ms, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				restored = time.Duration(ms * float64(time.Millisecond))
+			}
+		}
+	}
+	if restored <= 0 {
+		t.Fatalf("no restored_cpu_ms in the resume's line: %s", logs.String())
+	}
+	if restored >= before {
+		t.Errorf("restored_cpu_ms %v counts the %v the session took before its pause", restored, before)
+	}
+	t.Logf("restored_cpu %v, the session's CPU before its pause %v", restored, before)
 }

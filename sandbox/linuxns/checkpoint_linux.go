@@ -491,7 +491,9 @@ func (d *Driver) ownRun(criu string) bool {
 }
 
 // criuErrors is the error lines of CRIU's log (at most 10), for an error
-// message; the whole log stays in the checkpoint's dir until Close.
+// message. A dump's whole log stays in the checkpoint's dir until Close; a
+// restore's goes with its image set, its end kept in the gateway's log
+// (criuRestore).
 func criuErrors(log, out string) string {
 	b, _ := os.ReadFile(log)
 	var lines []string
@@ -504,6 +506,34 @@ func criuErrors(log, out string) string {
 		lines = lines[len(lines)-10:]
 	}
 	return strings.Join(lines, "; ")
+}
+
+// criuLogTail bounds what the gateway's log keeps of a failed restore's
+// CRIU log: its last lines.
+const criuLogTail = 8 << 10
+
+// logTail is the end of the file at path, at most limit bytes of it, from
+// the start of a line; "" when it cannot be read.
+func logTail(path string, limit int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(fi.Size()-limit, 0)
+	b := make([]byte, fi.Size()-off)
+	n, _ := f.ReadAt(b, off)
+	b = b[:n]
+	if off > 0 {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return string(bytes.TrimRight(b, "\n"))
 }
 
 // chmodImages makes every file of the images root's, 0600.
@@ -885,7 +915,14 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	// pause) hold what the session took before its pause.
 	cpu0 := cgroup.ReadUsage(st.Cgroups).CPUSeconds
 	ph.mark("prepare")
-	err := c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra, ph)
+	log := filepath.Join(imgs, "restore.log")
+	err := c.run(ctx, criu, args, log, extra, ph)
+	if err != nil {
+		// CRIU's log goes with imgs (the caller removes them): its end
+		// stays in the gateway's, for a restore that failed or hung
+		// until killed, whose error says little.
+		c.d.log.Warn("criu_restore_failed", "sandbox", st.ID, "from", c.src.ID, "err", err, "criu_log", logTail(log, criuLogTail))
+	}
 	if oerr := c.readable(false); oerr != nil {
 		return errors.Join(err, oerr)
 	}

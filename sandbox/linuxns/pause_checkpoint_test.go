@@ -448,13 +448,18 @@ func TestLinuxPauseCheckpointRestoreFails(t *testing.T) {
 	real := criuForTest(t)
 	tmp := t.TempDir()
 	fake, once := filepath.Join(tmp, "criu"), filepath.Join(tmp, "failed-once")
-	script := "#!/bin/sh\nif [ \"$1\" = restore ] && [ ! -e " + once + " ]; then touch " + once + "; echo 'Error (test): this restore is refused' >&2; exit 1; fi\nexec " + real + " \"$@\"\n"
+	// Its log ("restore -D <images> ..."), which goes with the images,
+	// says where it stopped.
+	script := "#!/bin/sh\nif [ \"$1\" = restore ] && [ ! -e " + once + " ]; then touch " + once + "; echo 'Error (test): this restore is refused' >&2; " +
+		"printf '(00.001) restore: a step\\n(00.002) restore: stuck in the last step\\n' > \"$3/restore.log\"; exit 1; fi\nexec " + real + " \"$@\"\n"
 	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	dataDir := t.TempDir()
 	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, smallInit(t))
+	var logs lockedBuffer
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}, smallInit(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,6 +479,10 @@ func TestLinuxPauseCheckpointRestoreFails(t *testing.T) {
 	images := filepath.Join(dataDir, "sandboxes", id, "pause")
 	if err := pa.Unpause(ctx); err == nil || !strings.Contains(err.Error(), "this restore is refused") {
 		t.Errorf("failing restore: %v", err)
+	}
+	// CRIU's log of the failed restore is kept in the gateway's.
+	if l := logs.String(); !strings.Contains(l, "criu_restore_failed") || !strings.Contains(l, "stuck in the last step") {
+		t.Errorf("the gateway's log lacks the failed restore's CRIU log: %s", l)
 	}
 	if !pa.Paused() {
 		t.Error("not paused after a failed restore")

@@ -4,7 +4,9 @@ package linuxns_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -923,4 +925,62 @@ func TestLinuxPauseCheckpointRestoredCPU(t *testing.T) {
 		t.Errorf("restored_cpu_ms %v counts the %v the session took before its pause", restored, before)
 	}
 	t.Logf("restored_cpu %v, the session's CPU before its pause %v", restored, before)
+}
+
+// TestLinuxPauseCheckpointReleasedKept: kept processes let go of just
+// before a pause by checkpoint (as the gateway does, sandbox.Releaser)
+// leave the init control connections whose gateway end is closed, which
+// the dump may catch before the init closes its own: the image then holds
+// connections with no peer, and the resume must not wait for a peer CRIU
+// makes up for them (handed back with --inherit-fd, it hung until the
+// timeout killed criu, at every try). Several sandboxes, each with many
+// releases, so that dumps catch some; each resume must succeed. (A new
+// sandbox each round: each kept process holds pipes whose size, 1 MiB, a
+// restore sets again, which fails past the sandbox user's share of pipe
+// memory, fs.pipe-user-pages-soft.)
+func TestLinuxPauseCheckpointReleasedKept(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	caught := 0
+	for r := range 6 {
+		id := fmt.Sprintf("sbx-pause-ck-rel%d", r)
+		sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pa := sb.(sandbox.Pauser)
+		for i := range 12 {
+			p, err := sb.Start(ctx, sandbox.Cmd{Keep: fmt.Sprintf("k%d", i), Command: "sleep 1000"})
+			if err != nil {
+				_ = sb.Destroy(ctx)
+				t.Fatal(err)
+			}
+			p.(sandbox.Releaser).Release()
+		}
+		if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+			_ = sb.Destroy(ctx)
+			t.Fatalf("pause %d: %+v %v", r, rep, err)
+		}
+		var meta struct {
+			Conns []uint64 `json:"conns"`
+		}
+		if b, err := os.ReadFile(filepath.Join(dataDir, "sandboxes", id, "pause", "pause.json")); err == nil && json.Unmarshal(b, &meta) == nil && len(meta.Conns) > 0 {
+			caught++
+		}
+		uctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err = pa.Unpause(uctx)
+		cancel()
+		_ = sb.Destroy(ctx)
+		if err != nil {
+			t.Fatalf("resume %d (connections closed by the gateway at the dump: %v): %v", r, meta.Conns, err)
+		}
+	}
+	t.Logf("%d of 6 pauses caught connections the gateway had closed", caught)
 }

@@ -491,7 +491,9 @@ func (d *Driver) ownRun(criu string) bool {
 }
 
 // criuErrors is the error lines of CRIU's log (at most 10), for an error
-// message; the whole log stays in the checkpoint's dir until Close.
+// message. A dump's whole log stays in the checkpoint's dir until Close; a
+// restore's goes with its image set, its end kept in the gateway's log
+// (criuRestore).
 func criuErrors(log, out string) string {
 	b, _ := os.ReadFile(log)
 	var lines []string
@@ -504,6 +506,34 @@ func criuErrors(log, out string) string {
 		lines = lines[len(lines)-10:]
 	}
 	return strings.Join(lines, "; ")
+}
+
+// criuLogTail bounds what the gateway's log keeps of a failed restore's
+// CRIU log: its last lines.
+const criuLogTail = 8 << 10
+
+// logTail is the end of the file at path, at most limit bytes of it, from
+// the start of a line; "" when it cannot be read.
+func logTail(path string, limit int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(fi.Size()-limit, 0)
+	b := make([]byte, fi.Size()-off)
+	n, _ := f.ReadAt(b, off)
+	b = b[:n]
+	if off > 0 {
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return string(bytes.TrimRight(b, "\n"))
 }
 
 // chmodImages makes every file of the images root's, 0600.
@@ -851,8 +881,21 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if !c.criuLoUp(criu) {
 		args = append(args, "--action-script", filepath.Join(imgs, "restore.sh"))
 	}
+	// The connections whose peer was gone at the dump: CRIU restores them
+	// itself (peerlessConns).
+	files, err := os.ReadFile(filepath.Join(imgs, "files.img"))
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	peerless, err := peerlessConns(files)
+	if err != nil {
+		return fmt.Errorf("restore: files image: %w", err)
+	}
 	extra := []*os.File{lnf}
 	for _, ino := range c.conns {
+		if peerless[ino] {
+			continue
+		}
 		f := held[ino]
 		if f == nil {
 			// One end of a new pair, the other closed at once: the new init
@@ -881,8 +924,18 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 	if err := c.readable(true); err != nil {
 		return err
 	}
+	// The cgroups' CPU so far: an in-place restore's (a resume from a
+	// pause) hold what the session took before its pause.
+	cpu0 := cgroup.ReadUsage(st.Cgroups).CPUSeconds
 	ph.mark("prepare")
-	err := c.run(ctx, criu, args, filepath.Join(imgs, "restore.log"), extra, ph)
+	log := filepath.Join(imgs, "restore.log")
+	err = c.run(ctx, criu, args, log, extra, ph)
+	if err != nil {
+		// CRIU's log goes with imgs (the caller removes them): its end
+		// stays in the gateway's, for a restore that failed or hung
+		// until killed, whose error says little.
+		c.d.log.Warn("criu_restore_failed", "sandbox", st.ID, "from", c.src.ID, "err", err, "criu_log", logTail(log, criuLogTail))
+	}
 	if oerr := c.readable(false); oerr != nil {
 		return errors.Join(err, oerr)
 	}
@@ -890,11 +943,12 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 		return fmt.Errorf("restore of %s as %s: %w", c.src.ID, st.ID, err)
 	}
 	ph.mark("criu_restore")
-	// The CPU the restored tasks took in the sandbox's cgroups so far:
-	// none of the image's code has run (they are stopped), so it is the
-	// restore's own work in them, mostly reading their memory back.
-	if u := cgroup.ReadUsage(st.Cgroups); u.CPUSeconds != nil {
-		ph.add("restored_cpu", time.Duration(*u.CPUSeconds*float64(time.Second)))
+	// The CPU the restored tasks took in the sandbox's cgroups during
+	// criu's run: none of the image's code has run (they are stopped), so
+	// it is the restore's own work in them, mostly reading their memory
+	// back.
+	if u := cgroup.ReadUsage(st.Cgroups); u.CPUSeconds != nil && cpu0 != nil {
+		ph.add("restored_cpu", time.Duration((*u.CPUSeconds-*cpu0)*float64(time.Second)))
 	}
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
@@ -1321,6 +1375,86 @@ func dropSizesUnder(b []byte, prefix string) ([]byte, error) {
 		rest = rest[4+size:]
 	}
 	return out, nil
+}
+
+// tcpEstablished is a socket's TCP_ESTABLISHED state, in a CRIU image.
+const tcpEstablished = 1
+
+// peerlessConns reads a CRIU files image (as dropSizesUnder) for the Unix
+// stream connections it holds with no peer (UnixSkEntry, FileEntry field
+// 16: state, field 4, established; peer, field 8, 0), by inode (field 2):
+// a control connection whose gateway end had closed before the init
+// closed its own (a command that just ended), which CRIU dumps as a
+// semi-closed connection. CRIU restores such a socket itself (a
+// socketpair whose other end it closes), and it must not be handed back
+// with --inherit-fd: CRIU 4.2 also makes up a peer to refill its queue
+// (add_fake_unix_queuers), which only its own opening of the socket
+// serves, and the task holding it (the init) waited for that until the
+// restore's timeout killed criu.
+func peerlessConns(b []byte) (map[uint64]bool, error) {
+	if len(b) < 8 {
+		return nil, errors.New("short")
+	}
+	out := map[uint64]bool{}
+	for rest := b[8:]; len(rest) > 0; {
+		if len(rest) < 4 {
+			return nil, errors.New("short record")
+		}
+		size := binary.LittleEndian.Uint32(rest[:4])
+		if uint64(len(rest)) < 4+uint64(size) {
+			return nil, errors.New("short entry")
+		}
+		var usk []byte
+		if err := eachField(rest[4:4+size], func(num protowire.Number, typ protowire.Type, v []byte) {
+			if num == 16 && typ == protowire.BytesType {
+				usk = v
+			}
+		}); err != nil {
+			return nil, err
+		}
+		rest = rest[4+size:]
+		if usk == nil {
+			continue
+		}
+		ino, state, peer, err := uskFields(usk)
+		if err != nil {
+			return nil, err
+		}
+		if state == tcpEstablished && peer == 0 {
+			out[ino] = true
+		}
+	}
+	return out, nil
+}
+
+// uskFields reads a UnixSkEntry's inode (field 2), state (4) and peer (8).
+func uskFields(msg []byte) (ino, state, peer uint64, err error) {
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return 0, 0, 0, protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		if typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(msg)
+			if m < 0 {
+				return 0, 0, 0, protowire.ParseError(m)
+			}
+			switch num {
+			case 2:
+				ino = v
+			case 4:
+				state = v
+			case 8:
+				peer = v
+			}
+			n = m
+		} else if n = protowire.ConsumeFieldValue(num, typ, msg); n < 0 {
+			return 0, 0, 0, protowire.ParseError(n)
+		}
+		msg = msg[n:]
+	}
+	return ino, state, peer, nil
 }
 
 // eachField calls fn with each field of protobuf msg: its number, type

@@ -4,14 +4,19 @@ package linuxns_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/cgroup"
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
 )
@@ -445,13 +450,18 @@ func TestLinuxPauseCheckpointRestoreFails(t *testing.T) {
 	real := criuForTest(t)
 	tmp := t.TempDir()
 	fake, once := filepath.Join(tmp, "criu"), filepath.Join(tmp, "failed-once")
-	script := "#!/bin/sh\nif [ \"$1\" = restore ] && [ ! -e " + once + " ]; then touch " + once + "; echo 'Error (test): this restore is refused' >&2; exit 1; fi\nexec " + real + " \"$@\"\n"
+	// Its log ("restore -D <images> ..."), which goes with the images,
+	// says where it stopped.
+	script := "#!/bin/sh\nif [ \"$1\" = restore ] && [ ! -e " + once + " ]; then touch " + once + "; echo 'Error (test): this restore is refused' >&2; " +
+		"printf '(00.001) restore: a step\\n(00.002) restore: stuck in the last step\\n' > \"$3/restore.log\"; exit 1; fi\nexec " + real + " \"$@\"\n"
 	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	dataDir := t.TempDir()
 	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake}, smallInit(t))
+	var logs lockedBuffer
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: fake,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}, smallInit(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,6 +481,10 @@ func TestLinuxPauseCheckpointRestoreFails(t *testing.T) {
 	images := filepath.Join(dataDir, "sandboxes", id, "pause")
 	if err := pa.Unpause(ctx); err == nil || !strings.Contains(err.Error(), "this restore is refused") {
 		t.Errorf("failing restore: %v", err)
+	}
+	// CRIU's log of the failed restore is kept in the gateway's.
+	if l := logs.String(); !strings.Contains(l, "criu_restore_failed") || !strings.Contains(l, "stuck in the last step") {
+		t.Errorf("the gateway's log lacks the failed restore's CRIU log: %s", l)
 	}
 	if !pa.Paused() {
 		t.Error("not paused after a failed restore")
@@ -851,4 +865,122 @@ func dumpsOf(t *testing.T, dir string) []string {
 		}
 	}
 	return pids
+}
+
+// TestLinuxPauseCheckpointRestoredCPU: a resume's restored_cpu_ms is the
+// CPU its restore took in the session's cgroups, not also what the
+// session took there before its pause (a resume restores into the same
+// cgroups).
+func TestLinuxPauseCheckpointRestoredCPU(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	var logs lockedBuffer
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := "sbx-pause-ck-cpu"
+	sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(ctx)
+	// Far more CPU in the session's cgroups than a restore of it takes.
+	mustRun(t, sb, "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	u := cgroup.ReadUsage(cgroupsOf(id))
+	if u.CPUSeconds == nil {
+		t.Fatalf("no CPU counter in %v", cgroupsOf(id))
+	}
+	before := time.Duration(*u.CPUSeconds * float64(time.Second))
+	pa := sb.(sandbox.Pauser)
+	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause: %+v %v", rep, err)
+	}
+	if err := pa.Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var restored time.Duration
+	for line := range strings.SplitSeq(logs.String(), "\n") {
+		if !strings.Contains(line, "msg=sandbox_unpaused") {
+			continue
+		}
+		for f := range strings.FieldsSeq(line) {
+			if v, ok := strings.CutPrefix(f, "restored_cpu_ms="); ok {
+				ms, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("%s: %v", f, err)
+				}
+				restored = time.Duration(ms * float64(time.Millisecond))
+			}
+		}
+	}
+	if restored <= 0 {
+		t.Fatalf("no restored_cpu_ms in the resume's line: %s", logs.String())
+	}
+	if restored >= before {
+		t.Errorf("restored_cpu_ms %v counts the %v the session took before its pause", restored, before)
+	}
+	t.Logf("restored_cpu %v, the session's CPU before its pause %v", restored, before)
+}
+
+// TestLinuxPauseCheckpointReleasedKept: kept processes let go of just
+// before a pause by checkpoint (as the gateway does, sandbox.Releaser)
+// leave the init control connections whose gateway end is closed, which
+// the dump may catch before the init closes its own: the image then holds
+// connections with no peer, and the resume must not wait for a peer CRIU
+// makes up for them (handed back with --inherit-fd, it hung until the
+// timeout killed criu, at every try). Several sandboxes, each with many
+// releases, so that dumps catch some; each resume must succeed. (A new
+// sandbox each round: each kept process holds pipes whose size, 1 MiB, a
+// restore sets again, which fails past the sandbox user's share of pipe
+// memory, fs.pipe-user-pages-soft.)
+func TestLinuxPauseCheckpointReleasedKept(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	caught := 0
+	for r := range 6 {
+		id := fmt.Sprintf("sbx-pause-ck-rel%d", r)
+		sb, err := d.Create(ctx, sandbox.Spec{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pa := sb.(sandbox.Pauser)
+		for i := range 12 {
+			p, err := sb.Start(ctx, sandbox.Cmd{Keep: fmt.Sprintf("k%d", i), Command: "sleep 1000"})
+			if err != nil {
+				_ = sb.Destroy(ctx)
+				t.Fatal(err)
+			}
+			p.(sandbox.Releaser).Release()
+		}
+		if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
+			_ = sb.Destroy(ctx)
+			t.Fatalf("pause %d: %+v %v", r, rep, err)
+		}
+		var meta struct {
+			Conns []uint64 `json:"conns"`
+		}
+		if b, err := os.ReadFile(filepath.Join(dataDir, "sandboxes", id, "pause", "pause.json")); err == nil && json.Unmarshal(b, &meta) == nil && len(meta.Conns) > 0 {
+			caught++
+		}
+		uctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err = pa.Unpause(uctx)
+		cancel()
+		_ = sb.Destroy(ctx)
+		if err != nil {
+			t.Fatalf("resume %d (connections closed by the gateway at the dump: %v): %v", r, meta.Conns, err)
+		}
+	}
+	t.Logf("%d of 6 pauses caught connections the gateway had closed", caught)
 }

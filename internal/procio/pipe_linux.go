@@ -34,3 +34,19 @@ func GrowPipe(f *os.File) {
 		})
 	}
 }
+
+// defaultPipeSize is the kernel's default pipe capacity (16 pages).
+const defaultPipeSize = 64 << 10
+
+// ShrinkPipeFD gives the pipe fd belongs to the kernel's default capacity
+// back, when what waits in it fits (else it keeps its size: EBUSY). A
+// pipe the gateway grew and hands to a sandbox for good (a kept command's
+// output, let go of before a pause by checkpoint) is recreated at its
+// size by the restore, as the sandbox's unprivileged user, whose pipes
+// count against fs.pipe-user-pages-soft: 64 such pipes of 1 MiB reach it,
+// and the restore fails.
+func ShrinkPipeFD(fd int) {
+	if size, err := unix.FcntlInt(uintptr(fd), unix.F_GETPIPE_SZ, 0); err == nil && size > defaultPipeSize {
+		_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETPIPE_SZ, defaultPipeSize)
+	}
+}

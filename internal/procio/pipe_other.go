@@ -9,3 +9,6 @@ func GrowPipe(*os.File) {}
 
 // GrowPipeFD is a no-op where pipes cannot be resized.
 func GrowPipeFD(int) {}
+
+// ShrinkPipeFD is a no-op where pipes cannot be resized.
+func ShrinkPipeFD(int) {}

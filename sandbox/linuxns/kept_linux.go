@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandgate/sandgate/internal/procio"
 )
 
 // keptReader is a kept process's stdout or stderr in the gateway. When
@@ -78,6 +80,25 @@ func (r *keptReader) stop(deadline time.Time) {
 	defer r.mu.Unlock()
 	for (r.reading || r.busy) && time.Now().Before(deadline) {
 		r.changed.Wait()
+	}
+}
+
+// shrinkOutput gives the command's output pipes the kernel's default
+// capacity back before the gateway lets go of them for good (Release,
+// KeepAs): the gateway grew them (procio.GrowPipeFD) as a privileged
+// user, but a restore recreates them at their size as the sandbox's
+// unprivileged user, whose pipes count against fs.pipe-user-pages-soft,
+// and 30-odd kept commands' 1 MiB pipes made every resume fail. A pipe
+// holding more than the default keeps its size.
+func (p *initProcess) shrinkOutput() {
+	for _, r := range []any{p.stdout, p.stderr} {
+		sc, ok := r.(syscall.Conn)
+		if !ok {
+			continue
+		}
+		if rc, err := sc.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) { procio.ShrinkPipeFD(int(fd)) })
+		}
 	}
 }
 

@@ -535,3 +535,28 @@ func TestLinuxHaltDuringResume(t *testing.T) {
 		t.Fatalf("Destroy after Halt: %v", err)
 	}
 }
+
+// A sandbox halted whose release never came (the gateway went down with
+// the release deferred) is removed whole by the next gateway's Remove.
+func TestLinuxHaltedThenRemoved(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-halt-rm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.(sandbox.Halter).Halt()
+	select {
+	case <-sb.(sandbox.Ender).Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sandbox did not end after Halt")
+	}
+	if err := sb.(sandbox.Detacher).Detach(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d2 := openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	if err := d2.Remove(context.Background(), "sbx-halt-rm"); err != nil {
+		t.Fatalf("Remove of a halted sandbox: %v", err)
+	}
+}

@@ -877,14 +877,19 @@ func (m *Manager) end(ctx context.Context, s *Session, status, reason string) er
 			<-m.releasing
 			break
 		}
-		// Its processes end now; the rest waits for the creates to
-		// pause (teardown.go).
-		halt(s.sandbox)
-		m.deferRelease(func() {
+		release := func() {
 			defer m.released.Done()
 			defer func() { <-m.releasing }()
 			_ = m.destroy(context.WithoutCancel(ctx), s)
-		})
+		}
+		// Its processes end now; the rest waits for the creates to
+		// pause (teardown.go). A sandbox that cannot end them apart
+		// is released at once: they would run on meanwhile.
+		if !halt(s.sandbox) {
+			go release()
+			return nil
+		}
+		m.deferRelease(release)
 		return nil
 	default: // none configured, or all busy: this caller waits
 	}

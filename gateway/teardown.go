@@ -13,7 +13,8 @@ import (
 // claims, and on a small host it would delay the creates and the warm
 // pool's refill that the burst is waiting for (issue 41, row 11e). The
 // session's processes end at once all the same (sandbox.Halter): only the
-// release of what they leave is deferred.
+// release of what they leave is deferred. A sandbox that is no Halter is
+// never deferred: its processes would run on until its release.
 //
 // A deferred release starts once no create has run for teardownQuiet, or
 // teardownMaxDelay after its Delete, or at once when more than three
@@ -123,9 +124,12 @@ func (m *Manager) releaseWait(now, oldest time.Time, queued int) time.Duration {
 }
 
 // halt ends the processes of sb at once, when its driver can apart from
-// its release (sandbox.Halter).
-func halt(sb sandbox.Sandbox) {
-	if h, ok := sb.(sandbox.Halter); ok {
+// its release (sandbox.Halter), and reports whether it could: only then
+// may the release wait.
+func halt(sb sandbox.Sandbox) bool {
+	h, ok := sb.(sandbox.Halter)
+	if ok {
 		h.Halt()
 	}
+	return ok
 }

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"io"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -287,5 +288,93 @@ func TestTeardownDeferredDuringCreates(t *testing.T) {
 		if exists(s.Sandbox().Workdir()) {
 			t.Errorf("sandbox of %s left after Shutdown", s.ID)
 		}
+	}
+}
+
+// haltForwardSandbox is a real workdir sandbox whose Destroy waits for
+// open to be closed (a release deferred or slow); its Halt is the
+// driver's own, when the driver has one.
+type haltForwardSandbox struct {
+	sandbox.Sandbox
+	open chan struct{}
+}
+
+func (s haltForwardSandbox) Halt() {
+	if h, ok := s.Sandbox.(sandbox.Halter); ok {
+		h.Halt()
+	}
+}
+
+func (s haltForwardSandbox) Destroy(ctx context.Context) error {
+	<-s.open
+	return s.Sandbox.Destroy(ctx)
+}
+
+type haltForwardDriver struct {
+	inner *workdir.Driver
+	open  chan struct{}
+}
+
+func (d haltForwardDriver) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	sb, err := d.inner.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return haltForwardSandbox{sb, d.open}, nil
+}
+
+// A deleted workdir session's processes end when its Delete answers,
+// while the release of its sandbox is still to come: they are host
+// processes (the host's network, ports and files), and a release deferred
+// behind a burst of creates must not leave them running meanwhile.
+func TestTeardownHaltsWorkdirProcesses(t *testing.T) {
+	wd, err := workdir.New(workdir.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := make(chan struct{})
+	m := gateway.NewManager(gateway.Config{TeardownQueue: 4}, haltForwardDriver{wd, open}, discardLog())
+	p := gateway.Principal{Tenant: "a"}
+	s, _ := mustCreate(t, m, p, gateway.CreateParams{})
+	ctx := context.Background()
+	proc, err := s.Sandbox().Start(ctx, sandbox.Cmd{Command: "echo up; exec sleep 100"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(proc.Stdout(), buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Delete(ctx, p, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan sandbox.Exit, 1)
+	go func() {
+		e, _ := proc.Wait()
+		done <- e
+	}()
+	var exit *sandbox.Exit
+	select {
+	case e := <-done:
+		exit = &e
+		if e.Signal != "KILL" {
+			t.Errorf("the command ended %+v, want KILL", e)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the command of a deleted session still runs while its sandbox's release waits")
+	}
+	if _, err := s.Sandbox().Start(ctx, sandbox.Cmd{Command: "true"}); !errors.Is(err, sandbox.ErrClosed) {
+		t.Errorf("Start in a deleted session's sandbox: %v, want ErrClosed", err)
+	}
+	if !exists(s.Sandbox().Workdir()) {
+		t.Error("the sandbox was released with its Destroy blocked")
+	}
+	close(open)
+	m.Shutdown(ctx, false)
+	if exit == nil {
+		<-done
+	}
+	if exists(s.Sandbox().Workdir()) {
+		t.Error("sandbox left after Shutdown")
 	}
 }

@@ -495,3 +495,68 @@ func TestLinuxHalt(t *testing.T) {
 		t.Fatalf("Destroy after Halt: %v", err)
 	}
 }
+
+// A Halt that comes while a Resume boots a new init (the gateway deletes
+// a session whose resume is under way) ends that init too: the Resume
+// fails or returns, and no process of the sandbox runs on until Destroy.
+func TestLinuxHaltDuringResume(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-halt-resume"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	st := sb.(sandbox.Stopper)
+	if err := st.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.BeforeLaunch(func(id string) {
+		if id == "sbx-halt-resume" {
+			sb.(sandbox.Halter).Halt()
+		}
+	})
+	err = st.Resume(context.Background())
+	d.BeforeLaunch(nil)
+	t.Logf("Resume with a Halt under way: %v", err)
+	if pid := sb.(interface{ InitPID() int }).InitPID(); pid != 0 {
+		for i := 0; alive(pid); i++ {
+			if i == 1000 {
+				t.Fatalf("the init (pid %d) a Resume booted runs on after a Halt", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if _, err := sb.Start(context.Background(), sandbox.Cmd{Command: "true"}); err == nil {
+		t.Fatal("Start after Halt succeeded")
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatalf("Destroy after Halt: %v", err)
+	}
+}
+
+// A sandbox halted whose release never came (the gateway went down with
+// the release deferred) is removed whole by the next gateway's Remove.
+func TestLinuxHaltedThenRemoved(t *testing.T) {
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	d := openLinux(t, sandbox.Config{DataDir: dataDir})
+	sb, err := d.Create(context.Background(), sandbox.Spec{ID: "sbx-halt-rm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.(sandbox.Halter).Halt()
+	select {
+	case <-sb.(sandbox.Ender).Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sandbox did not end after Halt")
+	}
+	if err := sb.(sandbox.Detacher).Detach(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d2 := openLinux(t, sandbox.Config{DataDir: dataDir, KeepOrphans: true})
+	if err := d2.Remove(context.Background(), "sbx-halt-rm"); err != nil {
+		t.Fatalf("Remove of a halted sandbox: %v", err)
+	}
+}

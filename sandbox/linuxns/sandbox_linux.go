@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,9 +51,12 @@ type linuxSandbox struct {
 	// life orders Stop and Resume.
 	life sync.Mutex
 
-	mu       sync.Mutex
-	kept     map[*initProcess]struct{} // kept processes this gateway reads (trackKept)
-	closed   bool
+	mu     sync.Mutex
+	kept   map[*initProcess]struct{} // kept processes this gateway reads (trackKept)
+	closed bool
+	// halted: Halt was called; an init that a Resume or an unpause
+	// started since is killed as it is set (setInit).
+	halted   bool
 	stopping bool // the init's exit is wanted (Stop): the sandbox does not end
 	// held are the init's Unix sockets, by inode, that a pause by
 	// checkpoint keeps open for its restore (pause_checkpoint_linux.go).
@@ -77,8 +81,12 @@ func (s *linuxSandbox) setInit(cmd *exec.Cmd, pidfd *os.File) {
 	done := make(chan struct{})
 	s.mu.Lock()
 	s.cmd, s.pidfd, s.initDone = cmd, pidfd, done
+	halted := s.halted
 	s.mu.Unlock()
 	go s.watch(cmd, pidfd, done)
+	if halted { // a Halt came while it started: it would run on until Destroy
+		s.signalInit(unix.SIGKILL)
+	}
 }
 
 // current returns the sandbox's init: its pidfd (nil: none) and the
@@ -314,12 +322,16 @@ func (s *linuxSandbox) Destroy(ctx context.Context) error {
 // Halt implements sandbox.Halter: the init (thawed first if frozen) gets
 // SIGKILL, which ends every process of the sandbox, and nothing waits for
 // it; Destroy, later, waits for the init and releases the rest. Start
-// fails from now on.
+// fails from now on. A Resume or an unpause under way (they hold life,
+// which Halt does not wait for) has its new init killed as it is set.
 func (s *linuxSandbox) Halt() {
 	s.mu.Lock()
-	s.closed = true
+	s.closed, s.halted = true, true
+	cgs := slices.Clone(s.st.Cgroups)
 	s.mu.Unlock()
-	s.thawForKill()
+	if frozen, err := cgroup.Thaw(cgs); frozen || err != nil {
+		s.d.log.Warn("sandbox_thawed", "sandbox", s.st.ID, "reason", "frozen when it was to be killed", "err", err)
+	}
 	s.signalInit(unix.SIGKILL)
 }
 

@@ -121,7 +121,9 @@ func (s *linuxSandbox) Resume(ctx context.Context) error {
 		return fmt.Errorf("resume sandbox: %w", err)
 	}
 	s.trustPEM = boot.TrustPEM
+	s.mu.Lock() // Halt reads them without life
 	s.st.Cgroups = s.d.cg.DirsFor(s.st.ID)
+	s.mu.Unlock()
 	wsDone := make(chan error, 1)
 	wsDone <- nil // the workspace is mounted already
 	start := time.Now()

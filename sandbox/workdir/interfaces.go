@@ -16,6 +16,7 @@ var (
 	_ sandbox.Detacher       = (*workdirSandbox)(nil) // restart.go
 	_ sandbox.Stopper        = (*workdirSandbox)(nil) // kills the tagged processes, keeps the directory
 	_ sandbox.Statser        = (*workdirSandbox)(nil) // disk use only (stats.go)
+	_ sandbox.Halter         = (*workdirSandbox)(nil) // its processes end before its release
 
 	_ sandbox.Process = (*hostProcess)(nil)
 	_ sandbox.PIDer   = (*hostProcess)(nil)

@@ -190,6 +190,24 @@ func (s *workdirSandbox) Destroy(ctx context.Context) error {
 	return nil
 }
 
+// Halt implements sandbox.Halter: the sandbox takes no new process, and
+// every process it has (those tagged with its session too, in one pass)
+// gets SIGKILL; nothing waits for them. Destroy, later, kills what is
+// left, waits for them and removes the workdir.
+func (s *workdirSandbox) Halt() {
+	s.mu.Lock()
+	s.closed = true
+	procs := make([]*hostProcess, 0, len(s.procs))
+	for p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	killTagged(SessionEnvVar + "=" + s.id)
+}
+
 // kill closes the sandbox to new processes and kills every process it has.
 func (s *workdirSandbox) kill(ctx context.Context) {
 	s.mu.Lock()

@@ -275,8 +275,6 @@ func (m *Manager) Create(ctx context.Context, p Principal, cp CreateParams) (*Se
 // checkpoint instead of the driver (fork.go).
 func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from *forkSource) (*Session, string, error) {
 	start := time.Now()
-	m.createActivity(true)
-	defer m.createActivity(false)
 	tr := sandbox.TraceOf(ctx)
 	c, err := m.checkCreate(p, &cp)
 	if err != nil {
@@ -292,6 +290,10 @@ func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from
 		m.log.InfoContext(ctx, "session_create_replayed", "session", prior.ID, "tenant", p.Tenant)
 		return prior, "", nil
 	}
+	// Only a create that will build holds teardowns back: one refused
+	// above (a tenant's invalid creates, or a replay) does not.
+	m.createActivity(true)
+	defer m.createActivity(false)
 	// Each step that holds something pushes its undoing; a create that
 	// fails (or panics) takes them back in reverse, one that succeeds
 	// disarms them.

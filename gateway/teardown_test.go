@@ -378,3 +378,51 @@ func TestTeardownHaltsWorkdirProcesses(t *testing.T) {
 		t.Error("sandbox left after Shutdown")
 	}
 }
+
+// A tenant's refused creates (an invalid TTL, answered before anything is
+// built) do not hold other sessions' releases back: only a create that
+// builds does. Before, every create counted, so one tenant sending invalid
+// creates kept every release waiting its full 2 s (maxDefer).
+func TestTeardownNotHeldByRefusedCreates(t *testing.T) {
+	wd, err := workdir.New(workdir.Config{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &burstDriver{inner: wd, entered: make(chan struct{}, 1)}
+	m := gateway.NewManager(gateway.Config{TeardownQueue: 64}, d, discardLog())
+	defer m.Shutdown(context.Background(), false)
+	ctx := context.Background()
+	s, _ := mustCreate(t, m, gateway.Principal{Tenant: "a"}, gateway.CreateParams{})
+	stop := make(chan struct{})
+	spam := make(chan int)
+	go func() {
+		n := 0
+		defer func() { spam <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, _, err := m.Create(ctx, gateway.Principal{Tenant: "b"}, gateway.CreateParams{TTL: -1}); err == nil {
+				t.Error("a create with ttl -1 was accepted")
+				return
+			}
+			n++
+		}
+	}()
+	start := time.Now()
+	if err := m.Delete(ctx, gateway.Principal{Tenant: "a"}, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Well under the 2 s a deferred release may wait: refused creates
+	// are no burst.
+	select {
+	case <-burstOf(s).destroyed:
+	case <-time.After(1500 * time.Millisecond):
+		t.Error("a release waited behind another tenant's refused creates")
+	}
+	close(stop)
+	n := <-spam
+	t.Logf("released %v after the delete, %d refused creates meanwhile", time.Since(start).Round(time.Millisecond), n)
+}

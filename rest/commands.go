@@ -263,16 +263,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			// state), its end in the history, as a background one's. It
 			// is not waited for: it cannot end while the session is
 			// paused.
-			pe := pausedErr()
-			if stream != nil && stream.started() {
-				noteErrorCode(w, pe.Code)
-				stream.final(map[string]any{"error": errorDetail{Code: pe.Code, Message: pe.Message}})
-				return
-			}
-			if stream != nil {
-				stream.stop()
-			}
-			WriteGatewayError(w, pe)
+			answerPaused(w, stream, pausedErr())
 			return
 		}
 		if !cr.Background {
@@ -308,16 +299,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	if ho := (*dataplane.HandedOffError)(nil); errors.As(o.err, &ho) {
 		// Handed over by a pause (its answer came before the pause ended
 		// the call): answered as the pause's end would answer it.
-		pe := pausedErr()
-		if stream != nil && stream.started() {
-			noteErrorCode(w, pe.Code)
-			stream.final(map[string]any{"error": errorDetail{Code: pe.Code, Message: pe.Message}})
-			return
-		}
-		if stream != nil {
-			stream.stop()
-		}
-		WriteGatewayError(w, pe)
+		answerPaused(w, stream, pausedErr())
 		return
 	}
 	if o.err != nil {
@@ -596,4 +578,19 @@ func (a *api) deleteShell(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// answerPaused answers a command the session's pause ended or handed over
+// with pe (session_paused): as a stream's last line when the stream has
+// begun, else as the answer.
+func answerPaused(w http.ResponseWriter, stream *ndjsonWriter, pe *gateway.Error) {
+	if stream != nil && stream.started() {
+		noteErrorCode(w, pe.Code)
+		stream.final(map[string]any{"error": errorDetail{Code: pe.Code, Message: pe.Message}})
+		return
+	}
+	if stream != nil {
+		stream.stop()
+	}
+	WriteGatewayError(w, pe)
 }

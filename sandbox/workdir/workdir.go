@@ -197,6 +197,15 @@ func (s *workdirSandbox) Destroy(ctx context.Context) error {
 func (s *workdirSandbox) Halt() {
 	s.mu.Lock()
 	s.closed = true
+	s.mu.Unlock()
+	s.killGroups()
+	killTagged(SessionEnvVar + "=" + s.id)
+}
+
+// killGroups sends SIGKILL to the process group of every process the
+// sandbox has, and returns them.
+func (s *workdirSandbox) killGroups() []*hostProcess {
+	s.mu.Lock()
 	procs := make([]*hostProcess, 0, len(s.procs))
 	for p := range s.procs {
 		procs = append(procs, p)
@@ -205,7 +214,7 @@ func (s *workdirSandbox) Halt() {
 	for _, p := range procs {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	}
-	killTagged(SessionEnvVar + "=" + s.id)
+	return procs
 }
 
 // kill closes the sandbox to new processes and kills every process it has.
@@ -252,16 +261,7 @@ func (s *workdirSandbox) Stopped() bool {
 // their process group but kept the session tag, and waits a while for
 // them to be reaped.
 func (s *workdirSandbox) killProcs(ctx context.Context) {
-	s.mu.Lock()
-	procs := make([]*hostProcess, 0, len(s.procs))
-	for p := range s.procs {
-		procs = append(procs, p)
-	}
-	s.mu.Unlock()
-
-	for _, p := range procs {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	}
+	procs := s.killGroups()
 	killAllTagged(SessionEnvVar + "=" + s.id)
 	for _, p := range procs {
 		select {

@@ -176,8 +176,14 @@ const proxyLinger = 5 * time.Second
 
 // lingerOnHangup catches SIGHUP until stop is called: once one comes,
 // hungUp is set, and exit is called after linger unless stop came first.
+// A proxy started with SIGHUP ignored (under nohup, or by an ssh run so)
+// keeps ignoring it: catching it would end, after linger, the tunnel of
+// an ssh that was told to outlive its terminal.
 func lingerOnHangup(linger time.Duration, exit func()) (hungUp *atomic.Bool, stop func()) {
 	hungUp = new(atomic.Bool)
+	if signal.Ignored(syscall.SIGHUP) {
+		return hungUp, func() {}
+	}
 	hup := make(chan os.Signal, 1)
 	done := make(chan struct{})
 	signal.Notify(hup, syscall.SIGHUP)

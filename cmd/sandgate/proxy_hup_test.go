@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"os/signal"
 	"runtime"
 	"strings"
 	"sync"
@@ -183,5 +184,22 @@ func TestProxyHangupEndsTheWebSocket(t *testing.T) {
 	}
 	if out != "gateway's last words" {
 		t.Errorf("ssh's pipe got %q, want the gateway's last message", out)
+	}
+}
+
+// A proxy started with SIGHUP ignored (nohup ssh ...: ssh and its
+// ProxyCommand inherit the ignored signal) must keep ignoring it: the
+// terminal's hangup reaches the proxy too, and catching it ended the
+// tunnel of the ssh that nohup kept alive, linger later.
+func TestProxyHangupIgnoredStaysIgnored(t *testing.T) {
+	signal.Ignore(syscall.SIGHUP)
+	t.Cleanup(func() { signal.Reset(syscall.SIGHUP) })
+	hungUp, stop := lingerOnHangup(time.Hour, func() { t.Error("exit called") })
+	defer stop()
+	if !signal.Ignored(syscall.SIGHUP) {
+		t.Fatal("lingerOnHangup un-ignored SIGHUP: a nohup'd ssh loses its tunnel when the terminal closes")
+	}
+	if hungUp.Load() {
+		t.Fatal("hungUp set without a hangup")
 	}
 }

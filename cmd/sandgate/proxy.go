@@ -152,7 +152,7 @@ ssh-config' writes a ~/.ssh/config block that uses it.
 	}
 	defer conn.Close()
 	if err := splice(conn, stdin, stdout); err != nil {
-		if hungUp.Load() {
+		if hangsUpWithin(hungUp, proxyErrGrace) {
 			return 0 // ssh has gone: the tunnel's end is nobody's to report
 		}
 		fmt.Fprintln(stderr, "sandgate proxy:", err)
@@ -205,6 +205,28 @@ func lingerOnHangup(linger time.Duration, exit func()) (hungUp *atomic.Bool, sto
 	return hungUp, func() {
 		signal.Stop(hup)
 		close(done)
+	}
+}
+
+// proxyErrGrace is how long an error from the tunnel waits for ssh to
+// hang up before it is reported. When ssh's session has ended, the
+// gateway may end the tunnel with a reset (its socket closed with ssh's
+// last packets, its disconnect, unread) a moment before ssh exits and
+// sends SIGHUP: ssh has had all it needed by then, and the reset is no
+// error of the session's. A tunnel lost under a live session makes ssh
+// exit with its own error too, so this only drops the proxy's second
+// line about it; with SIGHUP ignored, the error is reported after it.
+const proxyErrGrace = time.Second
+
+// hangsUpWithin reports whether hungUp is set now or within d.
+func hangsUpWithin(hungUp *atomic.Bool, d time.Duration) bool {
+	for end := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		if hungUp.Load() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
 	}
 }
 

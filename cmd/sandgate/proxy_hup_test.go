@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -201,5 +202,23 @@ func TestProxyHangupIgnoredStaysIgnored(t *testing.T) {
 	}
 	if hungUp.Load() {
 		t.Fatal("hungUp set without a hangup")
+	}
+}
+
+// An error from the tunnel is not reported when ssh hangs up within the
+// grace after it (the gateway's reset at the end of an ended session),
+// and is reported when it does not.
+func TestProxyErrorWaitsForHangup(t *testing.T) {
+	var hungUp atomic.Bool
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		hungUp.Store(true)
+	}()
+	if !hangsUpWithin(&hungUp, 5*time.Second) {
+		t.Error("a hang-up 50 ms after the error was not seen")
+	}
+	var never atomic.Bool
+	if hangsUpWithin(&never, 20*time.Millisecond) {
+		t.Error("no hang-up, yet the error would not be reported")
 	}
 }

@@ -343,7 +343,26 @@ func (c *wsClientConn) Close() error {
 		runtime.KeepAlive(c.ws)
 		return err
 	}
-	return c.Conn.Close()
+	if c.under == nil {
+		return c.Conn.Close()
+	}
+	// The library's close handshake first reads the rest of a frame it
+	// is inside, with no deadline: a gateway that stopped in the middle
+	// of one (its write deadline passed) would hold Close for ever. Wait
+	// for the handshake as the gateway does (wsCloseWait), then close
+	// the socket under it.
+	done := make(chan error, 1)
+	go func() { done <- c.Conn.Close() }()
+	timer := time.NewTimer(wsCloseWait)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		err := c.under.Conn.Close()
+		<-done
+		return err
+	}
 }
 
 func (c *wsClientConn) CloseWrite() error { return c.Close() }

@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/base64"
@@ -452,5 +453,33 @@ func TestWebSocketGatewayConcurrentWrites(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A client's Close returns although the gateway stopped inside a frame
+// (its write deadline passed half-way): the library's close handshake
+// reads the rest of the frame first, with no deadline of its own.
+func TestWebSocketClientCloseInsideFrame(t *testing.T) {
+	c, s := wsPair(t)
+	if c.under == nil {
+		t.Fatal("the client's WebSocket has no connection under it")
+	}
+	// A binary frame's header announcing 1,000 bytes, and 10 of them.
+	frame := append([]byte{0x82, 126, 0x03, 0xe8}, bytes.Repeat([]byte{'x'}, 10)...)
+	if _, err := s.raw.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 10)
+	if _, err := io.ReadFull(c, p); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- c.Close() }()
+	select {
+	case err := <-done:
+		t.Logf("Close returned after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close is still blocked 20 s after a gateway stopped inside a frame")
 	}
 }

@@ -434,9 +434,16 @@ func (m *Manager) create(ctx context.Context, p Principal, cp CreateParams, from
 	u.disarm()
 	m.watch(s)
 	m.auditSession(ctx, s, "created", "", "")
+	source := SandboxCold
+	switch {
+	case from != nil:
+		source = SandboxFork
+	case warmed && s.sandbox == w.sb:
+		source = SandboxWarm
+	}
 	m.log.InfoContext(ctx, "session_created", "session", s.ID, "tenant", p.Tenant, "name", cp.Name, "ttl", cp.TTL, "image", c.image,
-		"egress", len(s.egressAllow), "secrets", len(c.secrets), "warm", warmed && s.sandbox == w.sb)
-	m.metrics().SessionCreated(time.Since(start))
+		"egress", len(s.egressAllow), "secrets", len(c.secrets), "warm", source == SandboxWarm)
+	m.metrics().SessionCreated(time.Since(start), source)
 	return s, pw, nil
 }
 

@@ -5,8 +5,9 @@ import "time"
 // Metrics receives the manager's events (internal/metrics implements it);
 // Config.Metrics nil counts nothing. Calls must be cheap and must not block.
 type Metrics interface {
-	// SessionCreated: a create made a session, in d.
-	SessionCreated(d time.Duration)
+	// SessionCreated: a create made a session, in d, its sandbox from
+	// source (SandboxWarm, SandboxCold or SandboxFork).
+	SessionCreated(d time.Duration, source string)
 	// SessionDeleted: Delete ended a session.
 	SessionDeleted()
 	// SessionExpired: the reaper ended a session (reason ttl or idle).
@@ -20,11 +21,28 @@ type Metrics interface {
 
 type noMetrics struct{}
 
-func (noMetrics) SessionCreated(time.Duration)      {}
-func (noMetrics) SessionDeleted()                   {}
-func (noMetrics) SessionExpired(string)             {}
-func (noMetrics) TeardownRetried(bool)              {}
-func (noMetrics) CommandDone(string, time.Duration) {}
+func (noMetrics) SessionCreated(time.Duration, string) {}
+func (noMetrics) SessionDeleted()                      {}
+func (noMetrics) SessionExpired(string)                {}
+func (noMetrics) TeardownRetried(bool)                 {}
+func (noMetrics) CommandDone(string, time.Duration)    {}
+
+// Where a created session's sandbox came from (Metrics.SessionCreated).
+const (
+	SandboxWarm = "warm" // claimed from a warm pool
+	SandboxCold = "cold" // built for the create
+	SandboxFork = "fork" // restored from a running session's checkpoint
+)
+
+// Teardowns counts the sandbox releases in the background (Config.
+// TeardownQueue): deferred, waiting for the creates to pause
+// (teardown.go), and running.
+func (m *Manager) Teardowns() (deferred, running int) {
+	m.tdMu.Lock()
+	deferred = len(m.tdQueue)
+	m.tdMu.Unlock()
+	return deferred, max(len(m.releasing)-deferred, 0)
+}
 
 // metrics is where m's events go; safe on a nil Manager (sessions made
 // by hand in tests have none).

@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,16 +15,18 @@ import (
 type recMetrics struct {
 	mu       sync.Mutex
 	created  []time.Duration
+	sources  []string
 	deleted  int
 	expired  []string
 	retries  []bool
 	commands []string
 }
 
-func (r *recMetrics) SessionCreated(d time.Duration) {
+func (r *recMetrics) SessionCreated(d time.Duration, source string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.created = append(r.created, d)
+	r.sources = append(r.sources, source)
 }
 
 func (r *recMetrics) SessionDeleted() {
@@ -53,7 +56,7 @@ func (r *recMetrics) CommandDone(source string, d time.Duration) {
 func (r *recMetrics) snapshot() recMetrics {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return recMetrics{created: append([]time.Duration(nil), r.created...), deleted: r.deleted,
+	return recMetrics{created: append([]time.Duration(nil), r.created...), sources: append([]string(nil), r.sources...), deleted: r.deleted,
 		expired: append([]string(nil), r.expired...), retries: append([]bool(nil), r.retries...),
 		commands: append([]string(nil), r.commands...)}
 }
@@ -88,6 +91,9 @@ func TestManagerMetrics(t *testing.T) {
 	got := rec.snapshot()
 	if len(got.created) != 3 {
 		t.Errorf("%d creates counted, want 3", len(got.created))
+	}
+	if want := []string{"cold", "cold", "cold"}; !slices.Equal(got.sources, want) {
+		t.Errorf("sandbox sources %v, want %v (no warm pool)", got.sources, want)
 	}
 	for _, d := range got.created {
 		if d <= 0 {

@@ -247,6 +247,9 @@ func TestTeardownDeferredDuringCreates(t *testing.T) {
 			t.Fatalf("the sandbox of %s is gone while a create was under way", s.ID)
 		}
 	}
+	if deferred, _ := m.Teardowns(); deferred != 3 {
+		t.Errorf("Teardowns reports %d deferred, want 3", deferred)
+	}
 	// The create ends: after a pause, the rest go.
 	close(hold)
 	if err := <-created; err != nil {

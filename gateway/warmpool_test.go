@@ -45,7 +45,8 @@ func waitDirs(t *testing.T, root string, n int) []string {
 // list; the pool refills after claims, and a shutdown that keeps the
 // sessions' sandboxes removes the warm ones.
 func TestWarmPool(t *testing.T) {
-	m, root := newManager(t, gateway.Config{WarmPool: 2, MaxSessionsPerTenant: 2, ReapInterval: time.Hour})
+	rec := &recMetrics{}
+	m, root := newManager(t, gateway.Config{WarmPool: 2, MaxSessionsPerTenant: 2, ReapInterval: time.Hour, Metrics: rec})
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan struct{})
 	go func() { defer close(ran); m.Run(ctx) }()
@@ -74,6 +75,10 @@ func TestWarmPool(t *testing.T) {
 		t.Fatalf("listed %d sessions, want 2", total)
 	}
 	waitDirs(t, root, 4) // 2 sessions, the pool full again
+	// The metrics tell a claim from a create that built its own sandbox.
+	if got, want := rec.snapshot().sources, []string{"warm", "cold"}; !slices.Equal(got, want) {
+		t.Errorf("sandbox sources %v, want %v", got, want)
+	}
 
 	cancel()
 	<-ran

@@ -558,6 +558,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	met.WatchSessions(mgr, gateway.StatusRunning, gateway.StatusStopped, gateway.StatusPaused, gateway.StatusFailed)
 	met.WatchWarm(mgr)
+	met.WatchTeardowns(mgr)
 	ssh, err := sshd.New(sshd.Config{
 		HostSigners: signers, AuthMethods: cfg.sshAuth, EnvAllow: cfg.sshEnvAllow,
 		HandshakeTimeout: cfg.handshakeTimeout, MaxStartups: sshd.Startups(cfg.sshMaxStartups), Log: log,

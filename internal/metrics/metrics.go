@@ -29,6 +29,7 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	creates         prometheus.Counter
+	createSources   *prometheus.CounterVec
 	createLatency   prometheus.Histogram
 	deletes         prometheus.Counter
 	expiries        *prometheus.CounterVec
@@ -52,6 +53,9 @@ func New() *Metrics {
 		creates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sandgate_session_creates_total", Help: "Sessions created (replays of an idempotent create not counted).",
 		}),
+		createSources: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sandgate_session_sandboxes_total", Help: "Sessions created, by where their sandbox came from: warm (claimed from a warm pool), cold (built for the create: the pool was empty, or cannot serve it), fork (restored from a running session).",
+		}, []string{"source"}),
 		createLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "sandgate_session_create_duration_seconds", Help: "Time a successful create took, sandbox and store included.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
@@ -94,7 +98,7 @@ func New() *Metrics {
 			Name: "sandgate_unauthenticated_requests_total", Help: "REST calls that ended without a caller, by credential (none, invalid) and audited (true: an audit event was written; false: only counted and summed up per minute).",
 		}, []string{"credential", "audited"}),
 	}
-	m.reg.MustRegister(m.creates, m.createLatency, m.deletes, m.expiries, m.teardownRetries,
+	m.reg.MustRegister(m.creates, m.createSources, m.createLatency, m.deletes, m.expiries, m.teardownRetries,
 		m.commands, m.commandLatency, m.tunnelsOpen, m.tunnelBytes, m.egressBytes, m.sshAuthFailures, m.rateLimited, m.auditFailures,
 		m.unauthenticated,
 		collectors.NewGoCollector(),
@@ -106,6 +110,9 @@ func New() *Metrics {
 	}
 	for _, l := range []string{"tenant", "auth_failures"} {
 		m.rateLimited.WithLabelValues(l)
+	}
+	for _, s := range []string{"warm", "cold", "fork"} {
+		m.createSources.WithLabelValues(s)
 	}
 	for _, r := range []string{"ok", "failed"} {
 		m.teardownRetries.WithLabelValues(r)
@@ -168,9 +175,37 @@ func (c *warmCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// TeardownCounter reports the sandbox releases in the background
+// (gateway.Manager implements it).
+type TeardownCounter interface {
+	Teardowns() (deferred, running int)
+}
+
+// WatchTeardowns adds sandgate_teardowns{state}, read from tc at each
+// scrape: the deleted sessions' sandboxes being released in the
+// background, deferred behind a burst of creates or running.
+func (m *Metrics) WatchTeardowns(tc TeardownCounter) {
+	m.reg.MustRegister(&teardownCollector{tc: tc,
+		desc: prometheus.NewDesc("sandgate_teardowns", "Deleted sessions' sandboxes being released in the background (--teardown-queue slots): deferred while creates arrive, or running.", []string{"state"}, nil)})
+}
+
+type teardownCollector struct {
+	tc   TeardownCounter
+	desc *prometheus.Desc
+}
+
+func (c *teardownCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *teardownCollector) Collect(ch chan<- prometheus.Metric) {
+	deferred, running := c.tc.Teardowns()
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(deferred), "deferred")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(running), "running")
+}
+
 // SessionCreated implements gateway.Metrics.
-func (m *Metrics) SessionCreated(d time.Duration) {
+func (m *Metrics) SessionCreated(d time.Duration, source string) {
 	m.creates.Inc()
+	m.createSources.WithLabelValues(source).Inc()
 	m.createLatency.Observe(d.Seconds())
 }
 

@@ -27,6 +27,10 @@ type fixedCounts map[string]int
 
 func (f fixedCounts) SessionsByStatus() map[string]int { return f }
 
+type fixedTeardowns [2]int
+
+func (f fixedTeardowns) Teardowns() (int, int) { return f[0], f[1] }
+
 func scrape(t *testing.T, h http.Handler, token string) (int, string) {
 	t.Helper()
 	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
@@ -54,8 +58,9 @@ func wantLines(t *testing.T, body string, lines ...string) {
 func TestCollectors(t *testing.T) {
 	m := New()
 	m.WatchSessions(fixedCounts{"running": 2, "failed": 1}, "running", "stopped", "failed")
-	m.SessionCreated(30 * time.Millisecond)
-	m.SessionCreated(2 * time.Second)
+	m.WatchTeardowns(fixedTeardowns{3, 1})
+	m.SessionCreated(30*time.Millisecond, "warm")
+	m.SessionCreated(2*time.Second, "cold")
 	m.SessionDeleted()
 	m.SessionExpired("ttl")
 	m.TeardownRetried(false)
@@ -77,6 +82,11 @@ func TestCollectors(t *testing.T) {
 		`sandgate_sessions{status="stopped"} 0`,
 		`sandgate_sessions{status="failed"} 1`,
 		`sandgate_session_creates_total 2`,
+		`sandgate_session_sandboxes_total{source="warm"} 1`,
+		`sandgate_session_sandboxes_total{source="cold"} 1`,
+		`sandgate_session_sandboxes_total{source="fork"} 0`,
+		`sandgate_teardowns{state="deferred"} 3`,
+		`sandgate_teardowns{state="running"} 1`,
 		`sandgate_session_create_duration_seconds_count 2`,
 		`sandgate_session_create_duration_seconds_bucket{le="0.05"} 1`,
 		`sandgate_session_create_duration_seconds_bucket{le="+Inf"} 2`,

@@ -412,10 +412,15 @@ umask 077
 `
 
 // shellRestore is what a new shell runs after shellInit: the state its
-// predecessor saved, if any (%[1]s is the state file).
-const shellRestore = `[ -f %[1]s ] && . %[1]s >/dev/null 2>&1
+// predecessor saved, if any (%[1]s is the state file), but for the
+// driver's tag of the shell's own tree (%[2]s, sandbox.CommandTagEnv),
+// which stays the new shell's: with its predecessor's, the commands it
+// runs would end with the predecessor's late kill (a timeout's).
+const shellRestore = `__sandgate_t=${%[2]s-}
+[ -f %[1]s ] && . %[1]s >/dev/null 2>&1
+[ -n "$__sandgate_t" ] && export %[2]s="$__sandgate_t"
 [ -f %[1]s.cwd ] && IFS= command read -r __sandgate_d < %[1]s.cwd && command cd -- "$__sandgate_d" 2>/dev/null
-unset __sandgate_d
+unset __sandgate_d __sandgate_t
 `
 
 // start starts the shell, from the saved state if there is one; a
@@ -432,7 +437,7 @@ func (x *shell) start() error {
 	x.saveRecord(cmd.Keep)
 	x.proc, x.out, x.err = p, newMarkerReader(p.Stdout()), newMarkerReader(p.Stderr())
 	x.started = true
-	init := shellInit + fmt.Sprintf(shellRestore, Quote(x.state))
+	init := shellInit + fmt.Sprintf(shellRestore, Quote(x.state), sandbox.CommandTagEnv)
 	if _, err := io.WriteString(p.Stdin(), init); err != nil {
 		x.stop()
 		return fmt.Errorf("start shell: %w", err)

@@ -8,6 +8,14 @@ import (
 	"time"
 )
 
+// CommandTagEnv is the variable a driver may set in each command's
+// environment to find the command's whole tree when it kills it (the
+// workdir driver, whose commands share the host's process table). It is
+// the command's own: a persistent shell that restores the variables its
+// predecessor exported keeps its own value, or the next command would
+// carry the old tree's tag and end with it.
+const CommandTagEnv = "SANDGATE_COMMAND"
+
 // KillGrace is how long Process.Kill waits after SIGHUP before SIGKILL, in
 // every driver.
 const KillGrace = 2 * time.Second

@@ -26,7 +26,7 @@ const SessionEnvVar = "SANDGATE_SESSION"
 
 // CommandEnvVar tags every process of one command's tree likewise, so that
 // Process.Kill can find them.
-const CommandEnvVar = "SANDGATE_COMMAND"
+const CommandEnvVar = sandbox.CommandTagEnv
 
 // Config configures the portable workdir driver.
 type Config struct {

@@ -127,30 +127,58 @@ func (sh *Shells) get(id string, s Session, name string) (*shell, error) {
 func (x *shell) setUnregister(remove func()) { x.unregister = remove }
 
 // letGo lets go of the shell's bash before a checkpoint (kernel.letGo):
-// the next command takes it back by its key, with its cd and exports.
+// the next command takes it back by its key, with its cd and exports. A
+// command under way lets go of it itself (run: its answer is
+// ErrShellLetGo, and it goes on in the bash; the next command's sync
+// reads away the rest of its output).
 func (x *shell) letGo() bool {
-	select {
-	case x.turn <- struct{}{}:
-	default:
-		return false // a command runs: the pause is a freeze
+	deadline := time.Now().Add(letGoWait)
+	for {
+		select {
+		case x.turn <- struct{}{}:
+			defer func() { <-x.turn }()
+			if x.proc == nil {
+				return true
+			}
+			r, key := x.releaser()
+			if r == nil {
+				return false
+			}
+			r.Release()
+			x.forget(key)
+			return true
+		default:
+		}
+		if ok, asked := askLetGo(&x.mu, &x.call); asked {
+			return ok
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	defer func() { <-x.turn }()
-	if x.proc == nil {
-		return true
-	}
+}
+
+// releaser returns the shell's bash as a Releaser and the key it is kept
+// under; nil when it is not kept.
+func (x *shell) releaser() (sandbox.Releaser, string) {
 	r, ok := x.proc.(sandbox.Releaser)
 	if !ok || x.record == "" {
-		return false
+		return nil, ""
 	}
 	b, err := os.ReadFile(x.record)
 	var rec shellRecord
 	if err != nil || json.Unmarshal(b, &rec) != nil || rec.Keep == "" {
-		return false
+		return nil, ""
 	}
-	r.Release()
+	return r, rec.Keep
+}
+
+// forget forgets the bash let go of, kept under key, for the next
+// command to take back; the turn is held.
+func (x *shell) forget(key string) {
 	x.proc, x.out, x.err = nil, nil, nil
-	x.started, x.keep, x.resumed = false, rec.Keep, true
-	return true
+	x.started, x.keep, x.resumed = false, key, true
 }
 
 // sessionEnded ends the shell with its session.
@@ -177,8 +205,11 @@ type shell struct {
 	// offCheckpoint unregisters letGo from the session.
 	offCheckpoint func()
 
-	mu      sync.Mutex // guards waiting
+	mu      sync.Mutex // guards waiting and call
 	waiting int
+	// call is the command under way, which a pause by checkpoint asks to
+	// let go of the bash (letGo).
+	call *callLetGo
 
 	// record is the file that names the shell across gateway restarts,
 	// in dir ("": none).
@@ -533,14 +564,37 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	timer := time.NewTimer(req.Timeout)
 	defer timer.Stop()
 	timedOut, killed := false, false
-	select {
-	case <-ended:
-	case <-timer.C:
-		timedOut = true
-	case <-ctx.Done():
-		killed = true
-	case <-x.closed:
-		killed = true
+	call, leave := enterCall(&x.mu, &x.call)
+	defer leave()
+wait:
+	for {
+		select {
+		case <-ended:
+		case <-timer.C:
+			timedOut = true
+		case <-ctx.Done():
+			killed = true
+		case <-x.closed:
+			killed = true
+		case reply := <-call.ask:
+			// A pause by checkpoint: the bash is let go of, the command
+			// running on in it; the next command takes it back, and its
+			// sync reads away the rest of this one's output.
+			r, key := x.releaser()
+			if r == nil {
+				reply <- false
+				continue
+			}
+			r.Release() // its streams close: the readers end
+			select {
+			case <-ended:
+			case <-time.After(OutputGrace):
+			}
+			x.forget(key)
+			reply <- true
+			return Result{}, shellLetGo(x.name)
+		}
+		break wait
 	}
 	res := Result{TimedOut: timedOut}
 	var exit sandbox.Exit

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// waitWorkspaceFile polls the session (REST commands) until file exists
+// in its workspace: a call under way wrote it.
+func waitWorkspaceFile(t *testing.T, g *gatewayProc, id, file string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for runREST(t, g, id, map[string]any{"command": "test -e " + file + " && echo yes || true"}).out() != "yes\n" {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared: the call under way did not start", file)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// pausedCallAnswer checks that a call the pause ended answered 409
+// session_paused, saying that its code goes on in the sandbox.
+func pausedCallAnswer(t *testing.T, ans <-chan apiAnswer, what string) {
+	t.Helper()
+	var got apiAnswer
+	select {
+	case got = <-ans:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the %s under way did not end at the pause", what)
+	}
+	msg := fmt.Sprint(got.body)
+	if got.code != http.StatusConflict || !strings.Contains(msg, "session_paused") || !strings.Contains(msg, "goes on in the sandbox") {
+		t.Errorf("the %s's answer: %d %v", what, got.code, got.body)
+	}
+	t.Logf("the %s's answer: %d %v", what, got.code, got.body)
+}
+
+type apiAnswer struct {
+	code int
+	body map[string]any
+}
+
+// TestPauseCheckpointKernelCallUnderWay: a Python kernel call under way
+// at a pause under serve --checkpoint no longer makes the pause a freeze:
+// the pause is a checkpoint (memory freed), the call answers 409
+// session_paused, and its cell goes on after the resume, in the kernel
+// taken back with its state: the next call sees the variables set before
+// the call and what the interrupted cell set after the resume (x == 42),
+// and its output is only its own (the interrupted cell's late output is
+// dropped).
+func TestPauseCheckpointKernelCallUnderWay(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	if a := runPython(t, g, id, map[string]any{"code": "y = 7\ny"}); a.result() != "7" {
+		t.Fatalf("python: %+v", a)
+	}
+	ans := make(chan apiAnswer, 1)
+	go func() {
+		var body map[string]any
+		code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/python", map[string]any{"timeout": 120,
+			"code": "import time\nprint('before')\nx = 41\nopen('/workspace/kstarted', 'w').close()\n" +
+				"time.sleep(3)\nx += 1\nprint('late-output')\n'late-result'"}, &body)
+		ans <- apiAnswer{code, body}
+	}()
+	waitWorkspaceFile(t, g, id, "/workspace/kstarted")
+	pauseByCheckpoint(t, g, id)
+	pausedCallAnswer(t, ans, "kernel call")
+
+	a := runPython(t, g, id, map[string]any{"code": "print('own')\n(x, y)"})
+	if a.result() != "(42, 7)" || a.StateLost || a.Restarted || a.Error != nil {
+		t.Errorf("the next call after the resume: %+v (result %s)", a, a.result())
+	}
+	if a.Stdout == nil || *a.Stdout != "own\n" {
+		t.Errorf("the next call's stdout is not only its own: %v", a.Stdout)
+	}
+	// And again: the kernel is an ordinary one from then on.
+	if a := runPython(t, g, id, map[string]any{"code": "x + y"}); a.result() != "49" || a.StateLost {
+		t.Errorf("a later call: %+v", a)
+	}
+}
+
+// TestPauseCheckpointShellCommandUnderWay: the same for a persistent
+// shell's command under way ({"shell": "main"}): the pause is a
+// checkpoint, the command's answer 409 session_paused, and after the
+// resume the next command in that shell finds the shell's state as the
+// interrupted command left it once it ended (its cd and both exports),
+// with only its own output.
+func TestPauseCheckpointShellCommandUnderWay(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	if out := runREST(t, g, id, map[string]any{"command": "export Z=0; echo ready", "shell": "main"}).out(); out != "ready\n" {
+		t.Fatalf("shell: %q", out)
+	}
+	ans := make(chan apiAnswer, 1)
+	go func() {
+		var body map[string]any
+		code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"shell": "main", "timeout": 120,
+			"command": "cd /tmp; export A=1; echo before; : > /workspace/sstarted; sleep 3; export B=2; echo late-output"}, &body)
+		ans <- apiAnswer{code, body}
+	}()
+	waitWorkspaceFile(t, g, id, "/workspace/sstarted")
+	pauseByCheckpoint(t, g, id)
+	pausedCallAnswer(t, ans, "shell command")
+
+	a := runREST(t, g, id, map[string]any{"command": `echo own; echo "$Z-$A-$B-$(pwd)"`, "shell": "main"})
+	if a.out() != "own\n0-1-2-/tmp\n" || a.code() != 0 {
+		t.Errorf("the next command after the resume: %q (exit %d)", a.out(), a.code())
+	}
+	if a := runREST(t, g, id, map[string]any{"command": `echo "$A$B"`, "shell": "main"}); a.out() != "12\n" {
+		t.Errorf("a later command: %q", a.out())
+	}
+}

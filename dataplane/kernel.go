@@ -383,6 +383,11 @@ type kernel struct {
 	// resumed says that the record was looked at: an interpreter of an
 	// earlier gateway was taken back, or its loss said.
 	resumed bool
+	// letGoCell says that a pause let go of the interpreter while a cell
+	// ran (its call answered ErrKernelLetGo), cellMax that cell's
+	// MaxOutputBytes: the next call waits for it (syncTakenBack).
+	letGoCell bool
+	cellMax   int64
 }
 
 func (x *kernel) close() {
@@ -473,6 +478,9 @@ func (x *kernel) resume(ctx context.Context, res *PythonResult) error {
 				}
 				x.proc = newKernelProcAt(p, mark)
 				x.proc.stale = true
+				if x.letGoCell {
+					x.proc.maxFrame.Store(x.cellMax) // its frames may be as long
+				}
 				return nil
 			}
 		}
@@ -487,32 +495,50 @@ func (x *kernel) resume(ctx context.Context, res *PythonResult) error {
 // cell of the earlier gateway (or of the call a pause let go of it
 // under): an empty cell, and every frame up to its end (with a mark, the
 // channel's bytes up to the mark's frame, then the frames up to the
-// cell's end). It fails when that does not come before ctx ends or
-// timeout.
-func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration) bool {
+// cell's end). It ends syncWaiting when that does not come before ctx
+// ends or timeout (0: none), syncGone when the channel ends first, and
+// syncAsked (with the reply channel) when a pause asks the call to let
+// go (ask).
+func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration, ask <-chan chan bool) (syncEnd, chan bool) {
 	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: "", MaxBytes: 1, Mark: kp.mark}); err != nil {
-		return false
+		return syncGone, nil
 	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	var expired <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	for {
 		select {
 		case f, ok := <-kp.frames:
 			if !ok {
-				return false
+				return syncGone, nil
 			}
 			var m kernelMessage
 			if f.kind == 'J' && json.Unmarshal(f.data, &m) == nil && m.Op == "done" && m.ID == id {
 				kp.stale = false
-				return true
+				return syncDone, nil
 			}
-		case <-timer.C:
-			return false
+		case <-expired:
+			return syncWaiting, nil
 		case <-ctx.Done():
-			return false
+			return syncWaiting, nil
+		case reply := <-ask:
+			return syncAsked, reply
 		}
 	}
 }
+
+// syncEnd is how a sync ended.
+type syncEnd int
+
+const (
+	syncDone    syncEnd = iota // the earlier cell (command) is over: the channel is the call's
+	syncGone                   // the process ended
+	syncWaiting                // the earlier cell runs on: the timeout or the call's context ended
+	syncAsked                  // a pause asked the call to let go of the process
+)
 
 // saveRecord names the kernel's interpreter (key) in its record.
 func (x *kernel) saveRecord(key string) {
@@ -844,15 +870,13 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 		if err := x.resume(ctx, &res); err != nil {
 			return PythonResult{}, err
 		}
+		if x.proc == nil {
+			x.letGoCell = false // not taken back: nothing to wait for
+		}
 	}
 	if x.proc != nil && x.proc.stale {
-		x.seq++
-		if !x.proc.sync(ctx, x.seq, req.Timeout) {
-			// Still busy with a cell of the earlier gateway, or gone:
-			// a new interpreter, without the state.
-			x.proc.kill()
-			x.proc = nil
-			res.Restarted, res.StateLost = true, true
+		if err := x.syncTakenBack(ctx, req.Timeout, &res); err != nil {
+			return PythonResult{}, err
 		}
 	}
 	if x.proc != nil && x.proc.ended() {
@@ -988,9 +1012,52 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 			ok := x.release()
 			reply <- ok
 			if ok {
+				x.letGoCell, x.cellMax = true, req.MaxOutputBytes
 				return PythonResult{}, kernelLetGo(x.name)
 			}
 		}
+	}
+}
+
+// syncTakenBack reads away what interpreter x.proc, taken back, still had
+// to say for an earlier cell (kernelProc.sync). A cell that a pause let
+// go of under its call in this gateway (letGoCell) is waited for as a
+// call queued before this one would be: until it ends, or this call's
+// context does (the kernel kept: the next call waits again), or a pause
+// asks to let go again (this call answers as that cell's did). One of
+// an earlier gateway is given timeout, then the interpreter is killed
+// and another started, without the state (res says so).
+func (x *kernel) syncTakenBack(ctx context.Context, timeout time.Duration, res *PythonResult) error {
+	call, leave := enterCall(&x.mu, &x.call)
+	defer leave()
+	if x.letGoCell {
+		timeout = 0
+	}
+	for {
+		x.seq++
+		end, reply := x.proc.sync(ctx, x.seq, timeout, call.ask)
+		switch {
+		case end == syncDone:
+			x.letGoCell = false
+			return nil
+		case end == syncAsked:
+			ok := x.release()
+			reply <- ok
+			if ok {
+				return kernelLetGo(x.name)
+			}
+			continue // another sync: the one sent answers first, ignored
+		case end == syncWaiting && x.letGoCell:
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		// Still busy with a cell of the earlier gateway, or gone: a new
+		// interpreter, without the state.
+		x.proc.kill()
+		x.proc, x.letGoCell = nil, false
+		res.Restarted, res.StateLost = true, true
+		return nil
 	}
 }
 

@@ -38,6 +38,25 @@ func pausedCallAnswer(t *testing.T, ans <-chan apiAnswer, what string) {
 	t.Logf("the %s's answer: %d %v", what, got.code, got.body)
 }
 
+// pauseWhileWriting pauses session id while a call under way writes
+// fast, and checks that the pause is a checkpoint. What the cgroups
+// still count right at its answer is then a little higher than
+// pauseByCheckpoint's bound: the kernel frees the pipe buffers' memory
+// lazily (measured: 1.06–1.1 MiB at the answer, 0.55 MiB a moment later,
+// the cgroup's rss and cache both 0), so the bound here is 2 MiB; a
+// freeze keeps the whole kernel (tens of MiB).
+func pauseWhileWriting(t *testing.T, g *gatewayProc, id string) {
+	t.Helper()
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Status != "paused" {
+		t.Fatalf("pause: %d %+v", code, a)
+	}
+	if a.Pause.Method != "checkpoint" || a.Pause.ResidentBytes == nil || *a.Pause.ResidentBytes >= 2<<20 {
+		t.Fatalf("pause report: %+v (resident %v)", a.Pause, a.Pause.ResidentBytes)
+	}
+	t.Logf("paused by checkpoint: %d bytes resident", *a.Pause.ResidentBytes)
+}
+
 type apiAnswer struct {
 	code int
 	body map[string]any
@@ -82,6 +101,36 @@ func TestPauseCheckpointKernelCallUnderWay(t *testing.T) {
 	if a := runPython(t, g, id, map[string]any{"code": "x + y"}); a.result() != "49" || a.StateLost {
 		t.Errorf("a later call: %+v", a)
 	}
+
+	// A cell that writes all the time (the channel is cut anywhere, in
+	// a frame too) and runs on for longer than the next call's timeout:
+	// that call waits for it (as for a call queued before it), then
+	// answers with only its own output, the state whole.
+	go func() {
+		var body map[string]any
+		code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/python", map[string]any{"timeout": 120,
+			"code": "import sys, time\nopen('/workspace/kstarted2', 'w').close()\n" +
+				"for i in range(500):\n    sys.stdout.write('z' * 3000 + '\\n')\n    time.sleep(0.008)\nz_done = i"}, &body)
+		ans <- apiAnswer{code, body}
+	}()
+	waitWorkspaceFile(t, g, id, "/workspace/kstarted2")
+	time.Sleep(300 * time.Millisecond) // well into its output
+	pauseWhileWriting(t, g, id)
+	pausedCallAnswer(t, ans, "writing kernel call")
+	a = runPython(t, g, id, map[string]any{"code": "print('own2')\n(z_done, x)", "timeout": 1})
+	if a.result() != "(499, 42)" || a.StateLost || a.Restarted || a.Error != nil || a.TimedOut {
+		t.Errorf("the call after the writing cell: %+v (result %s)", a, a.result())
+	}
+	if a.Stdout == nil || *a.Stdout != "own2\n" {
+		t.Errorf("the call after the writing cell: stdout is not only its own: %.200q", derefOr(a.Stdout))
+	}
+}
+
+func derefOr(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return *p
 }
 
 // TestPauseCheckpointShellCommandUnderWay: the same for a persistent
@@ -115,5 +164,23 @@ func TestPauseCheckpointShellCommandUnderWay(t *testing.T) {
 	}
 	if a := runREST(t, g, id, map[string]any{"command": `echo "$A$B"`, "shell": "main"}); a.out() != "12\n" {
 		t.Errorf("a later command: %q", a.out())
+	}
+
+	// A command that writes all the time and runs on for longer than
+	// the next command's timeout: that one waits for it, then answers
+	// with only its own output, the state whole.
+	go func() {
+		var body map[string]any
+		code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"shell": "main", "timeout": 120,
+			"command": `: > /workspace/sstarted2; for i in $(seq 300); do printf '%03000d\n' 0; sleep 0.01; done; export C=3`}, &body)
+		ans <- apiAnswer{code, body}
+	}()
+	waitWorkspaceFile(t, g, id, "/workspace/sstarted2")
+	time.Sleep(300 * time.Millisecond)
+	pauseWhileWriting(t, g, id)
+	pausedCallAnswer(t, ans, "writing shell command")
+	a = runREST(t, g, id, map[string]any{"command": `echo own2; echo "$A$B$C"`, "shell": "main", "timeout": 1})
+	if a.out() != "own2\n123\n" || a.code() != 0 || a.TimedOut {
+		t.Errorf("the command after the writing one: %.200q (exit %d, timed out %v)", a.out(), a.code(), a.TimedOut)
 	}
 }

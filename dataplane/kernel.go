@@ -496,10 +496,10 @@ func (x *kernel) resume(ctx context.Context, res *PythonResult) error {
 // under): an empty cell, and every frame up to its end (with a mark, the
 // channel's bytes up to the mark's frame, then the frames up to the
 // cell's end). It ends syncWaiting when that does not come before ctx
-// ends or timeout (0: none), syncGone when the channel ends first, and
-// syncAsked (with the reply channel) when a pause asks the call to let
-// go (ask).
-func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration, ask <-chan chan bool) (syncEnd, chan bool) {
+// ends or timeout (0: none), syncClosed when closed is, syncGone when the
+// channel ends first, and syncAsked (with the reply channel) when a pause
+// asks the call to let go (ask).
+func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration, ask <-chan chan bool, closed <-chan struct{}) (syncEnd, chan bool) {
 	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: "", MaxBytes: 1, Mark: kp.mark}); err != nil {
 		return syncGone, nil
 	}
@@ -524,6 +524,8 @@ func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration
 			return syncWaiting, nil
 		case <-ctx.Done():
 			return syncWaiting, nil
+		case <-closed:
+			return syncClosed, nil
 		case reply := <-ask:
 			return syncAsked, reply
 		}
@@ -538,6 +540,7 @@ const (
 	syncGone                   // the process ended
 	syncWaiting                // the earlier cell runs on: the timeout or the call's context ended
 	syncAsked                  // a pause asked the call to let go of the process
+	syncClosed                 // the kernel (shell) is being reset or deleted
 )
 
 // saveRecord names the kernel's interpreter (key) in its record.
@@ -1035,11 +1038,13 @@ func (x *kernel) syncTakenBack(ctx context.Context, timeout time.Duration, res *
 	}
 	for {
 		x.seq++
-		end, reply := x.proc.sync(ctx, x.seq, timeout, call.ask)
+		end, reply := x.proc.sync(ctx, x.seq, timeout, call.ask, x.closed)
 		switch {
 		case end == syncDone:
 			x.letGoCell = false
 			return nil
+		case end == syncClosed:
+			return ErrKernelClosed // close kills the interpreter
 		case end == syncAsked:
 			ok := x.release()
 			reply <- ok

@@ -54,7 +54,7 @@ func TestKernelTakenBackInsideFrame(t *testing.T) {
 	kp.stale = true
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if end, _ := kp.sync(ctx, 2, 20*time.Second, nil); end != syncDone {
+	if end, _ := kp.sync(ctx, 2, 20*time.Second, nil, nil); end != syncDone {
 		t.Fatalf("sync of an interpreter taken back inside a frame: %d, want syncDone", end)
 	}
 	if err := kp.send(kernelRequest{Op: "run", ID: 3, Code: "print('own')\nv", MaxBytes: 1 << 20}); err != nil {

@@ -314,8 +314,9 @@ func (x *shell) resume(ctx context.Context) (bool, error) {
 // a marker, and everything up to it. It ends syncWaiting when that does
 // not come within timeout (0: none; the command still runs) or before
 // ctx ends (its readers go on: the next sync waits for them, x.syncing),
-// syncGone when the bash ended, and syncAsked (with the reply channel)
-// when a pause asks the call to let go (ask).
+// syncClosed when the shell is being deleted, syncGone when the bash
+// ended, and syncAsked (with the reply channel) when a pause asks the
+// call to let go (ask).
 func (x *shell) sync(ctx context.Context, timeout time.Duration, ask <-chan chan bool) (syncEnd, chan bool) {
 	if x.syncing == nil {
 		tok := newToken()
@@ -352,6 +353,8 @@ func (x *shell) sync(ctx context.Context, timeout time.Duration, ask <-chan chan
 		return syncWaiting, nil
 	case <-ctx.Done():
 		return syncWaiting, nil
+	case <-x.closed:
+		return syncClosed, nil
 	case reply := <-ask:
 		return syncAsked, reply
 	}
@@ -375,6 +378,8 @@ func (x *shell) syncTakenBack(ctx context.Context, timeout time.Duration) error 
 		case end == syncDone:
 			x.letGoCmd = false
 			return nil
+		case end == syncClosed:
+			return ErrShellClosed // close kills the bash
 		case end == syncAsked:
 			r, key := x.releaser()
 			if r == nil {

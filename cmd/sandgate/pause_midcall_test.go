@@ -184,3 +184,48 @@ func TestPauseCheckpointShellCommandUnderWay(t *testing.T) {
 		t.Errorf("the command after the writing one: %.200q (exit %d, timed out %v)", a.out(), a.code(), a.TimedOut)
 	}
 }
+
+// TestPauseCheckpointKernelCallUnderWayReset: a call that waits, after
+// the resume, for the cell a pause let go of does not hold a reset of
+// the kernel: the reset ends the interpreter (and the cell), the waiting
+// call answers kernel_reset, and the next call gets a fresh kernel.
+func TestPauseCheckpointKernelCallUnderWayReset(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	ans := make(chan apiAnswer, 2)
+	post := func(code string) {
+		var body map[string]any
+		c := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/python", map[string]any{"timeout": 900, "code": code}, &body)
+		ans <- apiAnswer{c, body}
+	}
+	go post("import time\nx = 1\nopen('/workspace/kstarted', 'w').close()\ntime.sleep(600)")
+	waitWorkspaceFile(t, g, id, "/workspace/kstarted")
+	pauseByCheckpoint(t, g, id)
+	pausedCallAnswer(t, ans, "kernel call")
+	go post("x") // resumes the session, then waits for the sleeping cell
+	deadline := time.Now().Add(60 * time.Second)
+	for sessionStatus(t, g, id) != "running" {
+		if time.Now().After(deadline) {
+			t.Fatal("the next call did not resume the session")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // into its wait
+	var reset map[string]any
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/python/reset", map[string]any{}, &reset); code != http.StatusOK || reset["existed"] != true {
+		t.Fatalf("reset: %d %v", code, reset)
+	}
+	select {
+	case got := <-ans:
+		if got.code != http.StatusConflict || !strings.Contains(fmt.Sprint(got.body), "kernel_reset") {
+			t.Errorf("the waiting call after the reset: %d %v", got.code, got.body)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the waiting call did not end with the reset")
+	}
+	if a := runPython(t, g, id, map[string]any{"code": "'x' in globals()"}); a.result() != "False" {
+		t.Errorf("after the reset: %+v (result %s)", a, a.result())
+	}
+}

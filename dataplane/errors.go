@@ -109,3 +109,43 @@ func (e *KernelStartError) As(target any) bool {
 	}
 	return ok
 }
+
+// KernelPausedMessage is the answer of a call on kernel name that a pause
+// ended (409 session_paused): under serve --checkpoint the pause let go
+// of the kernel under it (ErrKernelLetGo), its cell running on.
+func KernelPausedMessage(name string) string {
+	return fmt.Sprintf("the session was paused during the call: the code goes on in the sandbox, in kernel %q, which keeps its state; "+
+		"the next call on that kernel resumes the session, waits for this code to end, and then sees what it set "+
+		"(this call's output from the pause on is not kept)", name)
+}
+
+// ShellPausedMessage is the answer of a command of shell name that a
+// pause ended (409 session_paused): it goes on in that shell when the
+// session resumes.
+func ShellPausedMessage(name string) string {
+	return fmt.Sprintf("the session was paused during the call: the command goes on in the sandbox, in shell %q; "+
+		"the next command in that shell resumes the session, waits for this one to end, and then finds the shell's state "+
+		"(directory, exports) as it left it (this command's output from the pause on is not kept)", name)
+}
+
+// ErrKernelLetGo (errors.Is) is the answer of a kernel call whose kernel
+// a pause by checkpoint let go of under it, and ErrShellLetGo of a
+// shell's command: the code goes on in the sandbox, and the next call
+// takes the kernel (the shell) back. Both are gateway.ErrPaused too.
+var (
+	ErrKernelLetGo = fmt.Errorf("the kernel was let go of for a pause by checkpoint during the call: %w", gateway.ErrPaused)
+	ErrShellLetGo  = fmt.Errorf("the shell was let go of for a pause by checkpoint during the command: %w", gateway.ErrPaused)
+)
+
+// kernelLetGo is ErrKernelLetGo for kernel name, told to the client as
+// 409 session_paused.
+func kernelLetGo(name string) error {
+	return &clientError{err: ErrKernelLetGo, api: gateway.Error{Kind: gateway.KindConflict, Code: "session_paused",
+		Message: KernelPausedMessage(name)}}
+}
+
+// shellLetGo is ErrShellLetGo for shell name.
+func shellLetGo(name string) error {
+	return &clientError{err: ErrShellLetGo, api: gateway.Error{Kind: gateway.KindConflict, Code: "session_paused",
+		Message: ShellPausedMessage(name)}}
+}

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	_ "embed" // the kernel's driver script
 	"encoding/binary"
@@ -232,7 +233,7 @@ func (k *Kernels) Reset(id, name string) bool {
 
 func (k *Kernels) get(id string, s Session, name string) (*kernel, error) {
 	return k.reg.get(id, s, name, MaxKernels, ErrTooManyKernels, func() *kernel {
-		x := &kernel{s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
+		x := &kernel{name: name, s: s, turn: make(chan struct{}, 1), closed: make(chan struct{}),
 			// Cell ids never repeat one an interpreter taken back from an
 			// earlier gateway may still answer.
 			seq: uint64(time.Now().UnixNano())}
@@ -255,21 +256,83 @@ type checkpointNotifier interface {
 	OnCheckpoint(fn func() bool) (remove func())
 }
 
-// letGo lets go of the kernel's interpreter before a checkpoint, when no
-// call runs: it runs on in the sandbox, kept under the record's key, and
-// the next call takes it back with its state (resume), as after a
-// gateway restart. It reports false when a call runs, or the
-// interpreter cannot be let go (not kept).
+// letGo lets go of the kernel's interpreter before a checkpoint: it runs
+// on in the sandbox, kept under the record's key, and the next call takes
+// it back with its state (resume), as after a gateway restart. A call
+// whose cell runs lets go of it itself (run: its answer is
+// ErrKernelLetGo, its cell goes on in the interpreter). It reports false
+// when the interpreter cannot be let go (not kept), or a call holds it
+// but runs no cell (it starts or takes back the interpreter) for
+// letGoWait: the pause is then a freeze.
 func (x *kernel) letGo() bool {
+	deadline := time.Now().Add(letGoWait)
+	for {
+		select {
+		case x.turn <- struct{}{}:
+			defer func() { <-x.turn }()
+			return x.proc == nil || x.release()
+		default:
+		}
+		if ok, asked := askLetGo(&x.mu, &x.call); asked {
+			return ok
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// letGoWait bounds how long a let-go for a checkpoint (kernel.letGo,
+// shell.letGo) waits for a call that holds its kernel or shell but is not
+// in the part of it that can let go (starting or taking back the process,
+// or ending).
+const letGoWait = 500 * time.Millisecond
+
+// callLetGo is a kernel call or shell command under way, which a pause by
+// checkpoint asks to let go of its process (askLetGo): it answers on the
+// channel it is sent whether it did, or leaves (left closed) first.
+type callLetGo struct {
+	ask  chan chan bool
+	left chan struct{}
+}
+
+// enterCall registers a call that can let go of its process in *cur
+// (guarded by mu) until the returned function.
+func enterCall(mu *sync.Mutex, cur **callLetGo) (*callLetGo, func()) {
+	c := &callLetGo{ask: make(chan chan bool), left: make(chan struct{})}
+	mu.Lock()
+	*cur = c
+	mu.Unlock()
+	return c, func() {
+		mu.Lock()
+		*cur = nil
+		mu.Unlock()
+		close(c.left)
+	}
+}
+
+// askLetGo asks the call in *cur to let go of its process: asked is false
+// when there is none, or it left before it heard.
+func askLetGo(mu *sync.Mutex, cur **callLetGo) (ok, asked bool) {
+	mu.Lock()
+	c := *cur
+	mu.Unlock()
+	if c == nil {
+		return false, false
+	}
+	reply := make(chan bool, 1)
 	select {
-	case x.turn <- struct{}{}:
-	default:
-		return false // a call runs: the pause is a freeze
+	case c.ask <- reply:
+		return <-reply, true
+	case <-c.left:
+		return false, false
 	}
-	defer func() { <-x.turn }()
-	if x.proc == nil {
-		return true
-	}
+}
+
+// release lets go of the interpreter (letGo; the turn is held): false
+// when it is not kept.
+func (x *kernel) release() bool {
 	r, ok := x.proc.p.(sandbox.Releaser)
 	if !ok || x.record == "" {
 		return false
@@ -294,6 +357,7 @@ func (x *kernel) sessionEnded() {
 // kernel is one named kernel of a session: its current interpreter, if
 // any, and the queue of calls for it.
 type kernel struct {
+	name       string
 	s          Session
 	turn       chan struct{} // held by the running call
 	closed     chan struct{}
@@ -302,8 +366,11 @@ type kernel struct {
 	// offCheckpoint unregisters letGo from the session.
 	offCheckpoint func()
 
-	mu      sync.Mutex // guards waiting
+	mu      sync.Mutex // guards waiting and call
 	waiting int
+	// call is the call whose cell runs, which a pause by checkpoint asks
+	// to let go of the interpreter (letGo).
+	call *callLetGo
 
 	// record is the file that names the kernel's interpreter across
 	// gateway restarts, in dir ("": none).
@@ -316,6 +383,11 @@ type kernel struct {
 	// resumed says that the record was looked at: an interpreter of an
 	// earlier gateway was taken back, or its loss said.
 	resumed bool
+	// letGoCell says that a pause let go of the interpreter while a cell
+	// ran (its call answered ErrKernelLetGo), cellMax that cell's
+	// MaxOutputBytes: the next call waits for it (syncTakenBack).
+	letGoCell bool
+	cellMax   int64
 }
 
 func (x *kernel) close() {
@@ -353,6 +425,12 @@ type kernelRecord struct {
 	// Keep is the key the sandbox keeps the interpreter under; "" when it
 	// does not keep it (it ended with its gateway).
 	Keep string `json:"keep,omitempty"`
+	// Mark says that the interpreter's driver sends a run's mark
+	// (kernel.py): a gateway that takes it back finds its channel again
+	// at a frame boundary however it was cut (a pause let go of it during
+	// a cell, a reader stopped inside a frame). Drivers before it do not:
+	// their channel is taken back as it is.
+	Mark bool `json:"mark,omitempty"`
 }
 
 // readRecord reads the kernel's record; false when there is none (no
@@ -394,8 +472,15 @@ func (x *kernel) resume(ctx context.Context, res *PythonResult) error {
 			}
 			if err == nil {
 				x.resumed = true
-				x.proc = newKernelProc(p)
+				mark := ""
+				if rec.Mark {
+					mark = newToken()[len("__sandgate_"):]
+				}
+				x.proc = newKernelProcAt(p, mark)
 				x.proc.stale = true
+				if x.letGoCell {
+					x.proc.maxFrame.Store(x.cellMax) // its frames may be as long
+				}
 				return nil
 			}
 		}
@@ -407,32 +492,56 @@ func (x *kernel) resume(ctx context.Context, res *PythonResult) error {
 }
 
 // sync reads away what a taken-back interpreter still had to say for a
-// cell of the earlier gateway: an empty cell, and every frame up to its
-// end. It fails when that does not come before ctx ends or timeout.
-func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration) bool {
-	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: "", MaxBytes: 1}); err != nil {
-		return false
+// cell of the earlier gateway (or of the call a pause let go of it
+// under): an empty cell, and every frame up to its end (with a mark, the
+// channel's bytes up to the mark's frame, then the frames up to the
+// cell's end). It ends syncWaiting when that does not come before ctx
+// ends or timeout (0: none), syncClosed when closed is, syncGone when the
+// channel ends first, and syncAsked (with the reply channel) when a pause
+// asks the call to let go (ask).
+func (kp *kernelProc) sync(ctx context.Context, id uint64, timeout time.Duration, ask <-chan chan bool, closed <-chan struct{}) (syncEnd, chan bool) {
+	if err := kp.send(kernelRequest{Op: "run", ID: id, Code: "", MaxBytes: 1, Mark: kp.mark}); err != nil {
+		return syncGone, nil
 	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	var expired <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
 	for {
 		select {
 		case f, ok := <-kp.frames:
 			if !ok {
-				return false
+				return syncGone, nil
 			}
 			var m kernelMessage
 			if f.kind == 'J' && json.Unmarshal(f.data, &m) == nil && m.Op == "done" && m.ID == id {
 				kp.stale = false
-				return true
+				return syncDone, nil
 			}
-		case <-timer.C:
-			return false
+		case <-expired:
+			return syncWaiting, nil
 		case <-ctx.Done():
-			return false
+			return syncWaiting, nil
+		case <-closed:
+			return syncClosed, nil
+		case reply := <-ask:
+			return syncAsked, reply
 		}
 	}
 }
+
+// syncEnd is how a sync ended.
+type syncEnd int
+
+const (
+	syncDone    syncEnd = iota // the earlier cell (command) is over: the channel is the call's
+	syncGone                   // the process ended
+	syncWaiting                // the earlier cell runs on: the timeout or the call's context ended
+	syncAsked                  // a pause asked the call to let go of the process
+	syncClosed                 // the kernel (shell) is being reset or deleted
+)
 
 // saveRecord names the kernel's interpreter (key) in its record.
 func (x *kernel) saveRecord(key string) {
@@ -440,7 +549,7 @@ func (x *kernel) saveRecord(key string) {
 		return
 	}
 	if err := os.MkdirAll(x.dir, 0o700); err == nil {
-		_ = writeJSONFile(x.record, kernelRecord{Tenant: tenantOf(x.s), Keep: key})
+		_ = writeJSONFile(x.record, kernelRecord{Tenant: tenantOf(x.s), Keep: key, Mark: true})
 	}
 }
 
@@ -492,6 +601,7 @@ type kernelRequest struct {
 	Display  bool              `json:"display,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	BaseEnv  map[string]string `json:"baseEnv,omitempty"`
+	Mark     string            `json:"mark,omitempty"`
 }
 
 // kernelFrame is one frame from the driver: kind 'O' (stdout bytes), 'E'
@@ -518,6 +628,9 @@ type kernelProc struct {
 	// stale says that the interpreter was taken back from an earlier
 	// gateway and may still send frames of a cell of that gateway.
 	stale bool
+	// mark, when set, is the mark of the first cell sync sends: the
+	// reader skips the channel's bytes up to that mark's frame.
+	mark string
 }
 
 // kernelCommand is the shell text that starts a kernel: exit status 127
@@ -527,12 +640,45 @@ func kernelCommand() string {
 }
 
 // newKernelProc starts reading interpreter p's channel.
-func newKernelProc(p sandbox.Process) *kernelProc {
+func newKernelProc(p sandbox.Process) *kernelProc { return newKernelProcAt(p, "") }
+
+// newKernelProcAt starts reading the channel of interpreter p, taken
+// back: from mark's frame on, when mark is set (kernelRecord.Mark).
+func newKernelProcAt(p sandbox.Process, mark string) *kernelProc {
 	kp := &kernelProc{p: p, frames: make(chan kernelFrame, 16), gone: make(chan struct{}),
-		stderr: newCapture(4 << 10), errEnd: make(chan struct{})}
+		stderr: newCapture(4 << 10), errEnd: make(chan struct{}), mark: mark}
 	go kp.readFrames()
 	go kp.readStderr()
 	return kp
+}
+
+// markFrame is the exact frame kernel.py sends for a run's mark.
+func markFrame(mark string) []byte {
+	payload := `{"op":"mark","mark":"` + mark + `"}`
+	f := make([]byte, 5, 5+len(payload))
+	f[0] = 'J'
+	binary.BigEndian.PutUint32(f[1:], uint32(len(payload)))
+	return append(f, payload...)
+}
+
+// skipTo reads r up to and with pat, and returns what it read past it;
+// false when r ends first.
+func skipTo(r io.Reader, pat []byte) ([]byte, bool) {
+	var buf []byte
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(chunk)
+		buf = append(buf, chunk[:n]...)
+		if i := bytes.Index(buf, pat); i >= 0 {
+			return buf[i+len(pat):], true
+		}
+		if keep := len(pat) - 1; len(buf) > keep {
+			buf = append(buf[:0], buf[len(buf)-keep:]...)
+		}
+		if err != nil {
+			return nil, false
+		}
+	}
 }
 
 // startKernel starts x's interpreter in its session's sandbox and waits
@@ -585,7 +731,16 @@ func startKernel(ctx context.Context, s Session, cmd sandbox.Cmd) (*kernelProc, 
 // readFrames delivers the driver's frames until its channel ends.
 func (kp *kernelProc) readFrames() {
 	defer close(kp.frames)
-	r := kp.p.Stdout()
+	var r io.Reader = kp.p.Stdout()
+	if kp.mark != "" {
+		// What comes before the mark is an earlier cell's, maybe from
+		// inside a frame: it is dropped.
+		rest, ok := skipTo(r, markFrame(kp.mark))
+		if !ok {
+			return
+		}
+		r = io.MultiReader(bytes.NewReader(rest), r)
+	}
 	var hdr [5]byte
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -718,15 +873,13 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 		if err := x.resume(ctx, &res); err != nil {
 			return PythonResult{}, err
 		}
+		if x.proc == nil {
+			x.letGoCell = false // not taken back: nothing to wait for
+		}
 	}
 	if x.proc != nil && x.proc.stale {
-		x.seq++
-		if !x.proc.sync(ctx, x.seq, req.Timeout) {
-			// Still busy with a cell of the earlier gateway, or gone:
-			// a new interpreter, without the state.
-			x.proc.kill()
-			x.proc = nil
-			res.Restarted, res.StateLost = true, true
+		if err := x.syncTakenBack(ctx, req.Timeout, &res); err != nil {
+			return PythonResult{}, err
 		}
 	}
 	if x.proc != nil && x.proc.ended() {
@@ -766,6 +919,8 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 	timeout, done := timer.C, ctx.Done()
 	var grace <-chan time.Time
 	pausedInGrace := false // the session was paused when the grace last ran out
+	call, leave := enterCall(&x.mu, &x.call)
+	defer leave()
 	interrupt := func() {
 		timeout, done = nil, nil
 		if grace == nil {
@@ -853,7 +1008,61 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 			res.StateLost = true
 			res.Error = &PythonError{Name: "KernelReset", Value: "the kernel was reset while this code ran"}
 			return finish(), nil
+		case reply := <-call.ask:
+			// A pause by checkpoint: the interpreter is let go of, its
+			// cell running on; the next call takes it back and reads
+			// away the rest of this cell (sync).
+			ok := x.release()
+			reply <- ok
+			if ok {
+				x.letGoCell, x.cellMax = true, req.MaxOutputBytes
+				return PythonResult{}, kernelLetGo(x.name)
+			}
 		}
+	}
+}
+
+// syncTakenBack reads away what interpreter x.proc, taken back, still had
+// to say for an earlier cell (kernelProc.sync). A cell that a pause let
+// go of under its call in this gateway (letGoCell) is waited for as a
+// call queued before this one would be: until it ends, or this call's
+// context does (the kernel kept: the next call waits again), or a pause
+// asks to let go again (this call answers as that cell's did). One of
+// an earlier gateway is given timeout, then the interpreter is killed
+// and another started, without the state (res says so).
+func (x *kernel) syncTakenBack(ctx context.Context, timeout time.Duration, res *PythonResult) error {
+	call, leave := enterCall(&x.mu, &x.call)
+	defer leave()
+	if x.letGoCell {
+		timeout = 0
+	}
+	for {
+		x.seq++
+		end, reply := x.proc.sync(ctx, x.seq, timeout, call.ask, x.closed)
+		switch {
+		case end == syncDone:
+			x.letGoCell = false
+			return nil
+		case end == syncClosed:
+			return ErrKernelClosed // close kills the interpreter
+		case end == syncAsked:
+			ok := x.release()
+			reply <- ok
+			if ok {
+				return kernelLetGo(x.name)
+			}
+			continue // another sync: the one sent answers first, ignored
+		case end == syncWaiting && x.letGoCell:
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		// Still busy with a cell of the earlier gateway, or gone: a new
+		// interpreter, without the state.
+		x.proc.kill()
+		x.proc, x.letGoCell = nil, false
+		res.Restarted, res.StateLost = true, true
+		return nil
 	}
 }
 

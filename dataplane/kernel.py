@@ -17,6 +17,13 @@
 #                                  env: os.environ for this cell only (put
 #                                  back after it); baseEnv: set once, at
 #                                  the first cell that has it
+#                                  mark: optional, 1-64 ASCII letters and
+#                                  digits: the cell first sends the frame
+#                                  J {"op":"mark","mark":"<mark>"}, these
+#                                  exact bytes, so that a gateway that
+#                                  took the kernel back, its channel cut
+#                                  anywhere (a pause let go of it during
+#                                  a cell), finds a frame boundary again
 #   {"op": "interrupt", "id": N}   SIGINT to this process's main thread
 #                                  if cell N is still running
 # Frames (kernel -> gateway, on the private stdout): one kind byte, a
@@ -415,6 +422,11 @@ def _sandgate_kernel():
     base_env_set = [False]
 
     def run_cell(msg):
+        mark = msg.get("mark")
+        if isinstance(mark, str) and 0 < len(mark) <= 64 and mark.isascii() and mark.isalnum():
+            # Before anything of this cell: the gateway that took this
+            # kernel back finds its channel again here (kernel.go, sync).
+            send(b"J", ('{"op":"mark","mark":"%s"}' % mark).encode("ascii"))
         limit = int(msg.get("maxBytes", 1 << 20))
         cell["display"], cell["left"] = bool(msg.get("display")), limit
         if cell["display"]:

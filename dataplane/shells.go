@@ -127,30 +127,58 @@ func (sh *Shells) get(id string, s Session, name string) (*shell, error) {
 func (x *shell) setUnregister(remove func()) { x.unregister = remove }
 
 // letGo lets go of the shell's bash before a checkpoint (kernel.letGo):
-// the next command takes it back by its key, with its cd and exports.
+// the next command takes it back by its key, with its cd and exports. A
+// command under way lets go of it itself (run: its answer is
+// ErrShellLetGo, and it goes on in the bash; the next command's sync
+// reads away the rest of its output).
 func (x *shell) letGo() bool {
-	select {
-	case x.turn <- struct{}{}:
-	default:
-		return false // a command runs: the pause is a freeze
+	deadline := time.Now().Add(letGoWait)
+	for {
+		select {
+		case x.turn <- struct{}{}:
+			defer func() { <-x.turn }()
+			if x.proc == nil {
+				return true
+			}
+			r, key := x.releaser()
+			if r == nil {
+				return false
+			}
+			r.Release()
+			x.forget(key)
+			return true
+		default:
+		}
+		if ok, asked := askLetGo(&x.mu, &x.call); asked {
+			return ok
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	defer func() { <-x.turn }()
-	if x.proc == nil {
-		return true
-	}
+}
+
+// releaser returns the shell's bash as a Releaser and the key it is kept
+// under; nil when it is not kept.
+func (x *shell) releaser() (sandbox.Releaser, string) {
 	r, ok := x.proc.(sandbox.Releaser)
 	if !ok || x.record == "" {
-		return false
+		return nil, ""
 	}
 	b, err := os.ReadFile(x.record)
 	var rec shellRecord
 	if err != nil || json.Unmarshal(b, &rec) != nil || rec.Keep == "" {
-		return false
+		return nil, ""
 	}
-	r.Release()
-	x.proc, x.out, x.err = nil, nil, nil
-	x.started, x.keep, x.resumed = false, rec.Keep, true
-	return true
+	return r, rec.Keep
+}
+
+// forget forgets the bash let go of, kept under key, for the next
+// command to take back; the turn is held.
+func (x *shell) forget(key string) {
+	x.proc, x.out, x.err, x.syncing = nil, nil, nil, nil
+	x.started, x.keep, x.resumed = false, key, true
 }
 
 // sessionEnded ends the shell with its session.
@@ -177,8 +205,11 @@ type shell struct {
 	// offCheckpoint unregisters letGo from the session.
 	offCheckpoint func()
 
-	mu      sync.Mutex // guards waiting
+	mu      sync.Mutex // guards waiting and call
 	waiting int
+	// call is the command under way, which a pause by checkpoint asks to
+	// let go of the bash (letGo).
+	call *callLetGo
 
 	// record is the file that names the shell across gateway restarts,
 	// in dir ("": none).
@@ -196,6 +227,11 @@ type shell struct {
 	keep    string
 	resumed bool
 	stale   bool
+	// syncing is a sync's end, when its call left before it (sync).
+	syncing chan bool
+	// letGoCmd says that a pause let go of the bash while a command ran
+	// (its call answered ErrShellLetGo): the next command waits for it.
+	letGoCmd bool
 	// lost says that the shell's bash ended under it (a timeout, an exit,
 	// a restart that could not keep it): the next one, started from the
 	// saved state, says stateLost.
@@ -274,38 +310,100 @@ func (x *shell) resume(ctx context.Context) (bool, error) {
 }
 
 // sync reads away what a taken-back bash still had to say for a command
-// of the earlier gateway: a marker, and everything up to it. It fails
-// when that does not come within timeout (the command still runs) or
-// before ctx ends.
-func (x *shell) sync(ctx context.Context, timeout time.Duration) bool {
-	tok := newToken()
-	if _, err := fmt.Fprintf(x.proc.Stdin(), "__sandgate_done %s 0 %s\n", tok, Quote(x.state)); err != nil {
-		return false
-	}
-	discard := Request{MaxOutputBytes: 1}
-	ended := make(chan bool, 2)
-	for _, m := range []*markerReader{x.out, x.err} {
-		go func() {
-			_, ok := m.until(tok, newStreamReader("discard", discard, nil))
-			ended <- ok
-		}()
-	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for range 2 {
-		select {
-		case ok := <-ended:
-			if !ok {
-				return false
-			}
-		case <-timer.C:
-			return false
-		case <-ctx.Done():
-			return false
+// of the earlier gateway (or of the command a pause let go of it under):
+// a marker, and everything up to it. It ends syncWaiting when that does
+// not come within timeout (0: none; the command still runs) or before
+// ctx ends (its readers go on: the next sync waits for them, x.syncing),
+// syncClosed when the shell is being deleted, syncGone when the bash
+// ended, and syncAsked (with the reply channel) when a pause asks the
+// call to let go (ask).
+func (x *shell) sync(ctx context.Context, timeout time.Duration, ask <-chan chan bool) (syncEnd, chan bool) {
+	if x.syncing == nil {
+		tok := newToken()
+		if _, err := fmt.Fprintf(x.proc.Stdin(), "__sandgate_done %s 0 %s\n", tok, Quote(x.state)); err != nil {
+			return syncGone, nil
 		}
+		discard := Request{MaxOutputBytes: 1}
+		ended := make(chan bool, 2)
+		for _, m := range []*markerReader{x.out, x.err} {
+			go func() {
+				_, ok := m.until(tok, newStreamReader("discard", discard, nil))
+				ended <- ok
+			}()
+		}
+		synced := make(chan bool, 1)
+		go func() { a, b := <-ended, <-ended; synced <- a && b }()
+		x.syncing = synced
 	}
-	x.stale = false
-	return true
+	var expired <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		expired = timer.C
+	}
+	select {
+	case ok := <-x.syncing:
+		x.syncing = nil
+		if !ok {
+			return syncGone, nil
+		}
+		x.stale = false
+		return syncDone, nil
+	case <-expired:
+		return syncWaiting, nil
+	case <-ctx.Done():
+		return syncWaiting, nil
+	case <-x.closed:
+		return syncClosed, nil
+	case reply := <-ask:
+		return syncAsked, reply
+	}
+}
+
+// syncTakenBack reads away what bash x.proc, taken back, still had to
+// say for an earlier command (sync), as kernel.syncTakenBack does: a
+// command that a pause let go of under its call in this gateway
+// (letGoCmd) is waited for until it ends or this call's context does;
+// one of an earlier gateway is given timeout, then the bash is killed
+// (the next one starts from the saved state, x.lost).
+func (x *shell) syncTakenBack(ctx context.Context, timeout time.Duration) error {
+	call, leave := enterCall(&x.mu, &x.call)
+	defer leave()
+	if x.letGoCmd {
+		timeout = 0
+	}
+	for {
+		end, reply := x.sync(ctx, timeout, call.ask)
+		switch {
+		case end == syncDone:
+			x.letGoCmd = false
+			return nil
+		case end == syncClosed:
+			return ErrShellClosed // close kills the bash
+		case end == syncAsked:
+			r, key := x.releaser()
+			if r == nil {
+				reply <- false
+				continue
+			}
+			r.Release() // the pending sync's readers end
+			select {
+			case <-x.syncing:
+			case <-time.After(OutputGrace):
+			}
+			x.syncing = nil
+			x.forget(key)
+			reply <- true
+			return shellLetGo(x.name)
+		case end == syncWaiting && x.letGoCmd:
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		x.stop()
+		x.lost, x.letGoCmd = true, false
+		return nil
+	}
 }
 
 func (x *shell) close() {
@@ -360,7 +458,7 @@ func (x *shell) stop() {
 	sandbox.Ack(x.proc)
 	_ = x.proc.Stdout().Close()
 	_ = x.proc.Stderr().Close()
-	x.proc, x.out, x.err = nil, nil, nil
+	x.proc, x.out, x.err, x.syncing = nil, nil, nil, nil
 }
 
 // acquire waits for the shell's turn.
@@ -458,10 +556,13 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 		}
 		x.lost = !back
 	}
-	if x.proc != nil && x.stale && !x.sync(ctx, req.Timeout) {
-		// Still busy with a command of the earlier gateway, or gone.
-		x.stop()
-		x.lost = true
+	if x.proc == nil {
+		x.letGoCmd = false // not taken back: nothing to wait for
+	}
+	if x.proc != nil && x.stale {
+		if err := x.syncTakenBack(ctx, req.Timeout); err != nil {
+			return Result{}, err
+		}
 	}
 	if x.proc == nil {
 		if err := x.start(); err != nil {
@@ -538,14 +639,38 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	timer := time.NewTimer(req.Timeout)
 	defer timer.Stop()
 	timedOut, killed := false, false
-	select {
-	case <-ended:
-	case <-timer.C:
-		timedOut = true
-	case <-ctx.Done():
-		killed = true
-	case <-x.closed:
-		killed = true
+	call, leave := enterCall(&x.mu, &x.call)
+	defer leave()
+wait:
+	for {
+		select {
+		case <-ended:
+		case <-timer.C:
+			timedOut = true
+		case <-ctx.Done():
+			killed = true
+		case <-x.closed:
+			killed = true
+		case reply := <-call.ask:
+			// A pause by checkpoint: the bash is let go of, the command
+			// running on in it; the next command takes it back, and its
+			// sync reads away the rest of this one's output.
+			r, key := x.releaser()
+			if r == nil {
+				reply <- false
+				continue
+			}
+			r.Release() // its streams close: the readers end
+			select {
+			case <-ended:
+			case <-time.After(OutputGrace):
+			}
+			x.forget(key)
+			x.letGoCmd = true
+			reply <- true
+			return Result{}, shellLetGo(x.name)
+		}
+		break wait
 	}
 	res := Result{TimedOut: timedOut}
 	var exit sandbox.Exit

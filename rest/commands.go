@@ -212,6 +212,14 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 				*p + " (GET /v1/sessions/" + s.ID + "/processes/" + *p + "); call again to resume the session"
 			return &e
 		}
+		if cr.Shell != "" {
+			// It goes on in its shell, at the resume (a freeze), or in
+			// the bash the pause let go of (a checkpoint: its answer may
+			// be dataplane.ErrShellLetGo's, the same).
+			e := *gateway.ErrPaused
+			e.Message = dataplane.ShellPausedMessage(cr.Shell)
+			return &e
+		}
 		return gateway.ErrPaused
 	}
 
@@ -294,6 +302,12 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		}
 		_ = writeAnswer(w, http.StatusServiceUnavailable, ans, o.res.Stdout, o.res.Stderr)
 		o.res.Release()
+		return
+	}
+	if errors.Is(o.err, dataplane.ErrShellLetGo) {
+		// Let go of by a pause (its answer came before the pause ended
+		// the call): answered as the pause's end answers it.
+		answerPaused(w, stream, pausedErr())
 		return
 	}
 	if ho := (*dataplane.HandedOffError)(nil); errors.As(o.err, &ho) {

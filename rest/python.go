@@ -117,6 +117,8 @@ func (a *api) runPython(w http.ResponseWriter, r *http.Request) {
 	res, err := a.dp.Kernels.Run(r.Context(), s.ID, s, name, req)
 	result := "ok"
 	switch {
+	case errors.Is(err, dataplane.ErrKernelLetGo):
+		result = "paused" // its cell goes on in the sandbox
 	case err != nil:
 		result = "not_run"
 	case res.TimedOut:

@@ -430,6 +430,11 @@ func (x *agentSandboxAPI) execute(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			return // gone
 		}
+		if errors.Is(err, dataplane.ErrKernelLetGo) {
+			// A pause by checkpoint let go of the kernel under the call.
+			_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Execution interrupted: " + kernelProblem(err)})
+			return
+		}
 		x.d.Log.WarnContext(r.Context(), "compat_execute_failed", "api", "agent-sandbox", "session", s.ID, "err", err)
 		_ = writeBareJSON(w, http.StatusOK, agentError{Error: "Execution failed (kernel unavailable): " + kernelProblem(err)})
 		return
@@ -476,6 +481,8 @@ func kernelProblem(err error) string {
 		return "too many calls wait for this kernel"
 	case errors.Is(err, dataplane.ErrKernelClosed):
 		return "the kernel was reset while the call waited for it"
+	case errors.Is(err, dataplane.ErrKernelLetGo):
+		return dataplane.KernelPausedMessage(rest.DefaultKernel)
 	}
 	return "the kernel could not be started"
 }

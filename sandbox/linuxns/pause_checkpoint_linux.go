@@ -263,9 +263,12 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	ph.mark("images")
 	reclaim(st.Cgroups)
 	rep.Method = "checkpoint"
-	rep.ResidentBytes = resident(st.Cgroups)
+	settle := time.Now()
+	var residentFirst int64
+	rep.ResidentBytes, residentFirst = residentSettled(st.Cgroups)
 	rep.NotKept = slices.Clone(checkpointNotKept)
 	d.log.Info("sandbox_paused", append([]any{"sandbox", st.ID, "method", rep.Method, "resident_bytes", rep.ResidentBytes,
+		"resident_first_bytes", residentFirst, "resident_settle_ms", time.Since(settle).Milliseconds(),
 		"images_bytes", dirBytes(c.dir)}, ph.attrs()...)...)
 	return nil
 }

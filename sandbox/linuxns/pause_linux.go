@@ -218,6 +218,38 @@ func swapOn() bool {
 	return false
 }
 
+// Once a sandbox's processes have ended, the kernel frees some of what
+// its cgroups were charged lazily (slab objects after an RCU grace
+// period, such as the pipes' and files' of the processes, and the memory
+// cgroup's per-CPU charge caches): right at the end the count can be
+// twice what it is a moment later (1.06 against 0.55 MiB, measured),
+// longer on a loaded host. residentSettled reads it until it holds still
+// for settleSteady, at most settleMax: the answer says what stays held.
+const (
+	settleStep   = 5 * time.Millisecond
+	settleSteady = 15 * time.Millisecond
+	settleMax    = 150 * time.Millisecond
+)
+
+// residentSettled is resident once the count settles (see settleMax),
+// for cgroups cgs with no process left in them, and what it was at first.
+func residentSettled(cgs []string) (r, first int64) {
+	r = resident(cgs)
+	first = r
+	steady := time.Duration(0)
+	for end := time.Now().Add(settleMax); r > 0 && steady < settleSteady && time.Now().Before(end); {
+		time.Sleep(settleStep)
+		n := resident(cgs)
+		if n == r {
+			steady += settleStep
+		} else {
+			steady = 0
+		}
+		r = n
+	}
+	return r, first
+}
+
 // resident is the memory the cgroups cgs hold (-1: unknown).
 func resident(cgs []string) int64 {
 	if u := cgroup.ReadUsage(cgs); u.MemoryBytes != nil {

@@ -4,10 +4,12 @@
 Python's http.client over loopback, one keep-alive connection, no SDK:
   first: POST /v1/sessions {}, then POST .../commands {"command": "true"}
          (timed together), then DELETE (timed alone);
-  rtt:   POST .../commands with BODY on one session, N times.
+  rtt:   POST .../commands with BODY on one session, N times (ENDPOINT
+         instead of commands: python for the kernel; the first call, which
+         starts the kernel or shell, is not timed).
 Prints JSON: {"runs": [[seconds...], ...], "delete": [[seconds...], ...]}.
 
-usage: plain_client.py URL TOKEN first|rtt N RUNS [BODY]
+usage: plain_client.py URL TOKEN first|rtt N RUNS [BODY [ENDPOINT]]
 """
 import http.client
 import json
@@ -19,6 +21,7 @@ import urllib.parse
 def main():
     url, token, mode, n, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     body = sys.argv[6] if len(sys.argv) > 6 else '{"command": "true"}'
+    endpoint = sys.argv[7] if len(sys.argv) > 7 else "commands"
     u = urllib.parse.urlsplit(url)
     c = http.client.HTTPConnection(u.hostname, u.port)
     h = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
@@ -45,9 +48,10 @@ def main():
                 ds.append(time.perf_counter() - t1)
         else:
             sid = json.loads(call("POST", "/v1/sessions", "{}"))["sessionId"]
+            call("POST", f"/v1/sessions/{sid}/{endpoint}", body)
             for _ in range(n):
                 t0 = time.perf_counter()
-                call("POST", f"/v1/sessions/{sid}/commands", body)
+                call("POST", f"/v1/sessions/{sid}/{endpoint}", body)
                 ts.append(time.perf_counter() - t0)
             call("DELETE", f"/v1/sessions/{sid}")
         out["runs"].append(ts)

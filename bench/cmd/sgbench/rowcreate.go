@@ -309,10 +309,11 @@ func (b *bench) rowPlainClient(warm, cold *sandgate, via, refVia string) error {
 		return nil
 	}
 	script := filepath.Join(b.cfg.repo, "bench", "plain_client.py")
-	run := func(g *sandgate, mode, body string) (best, del *Stats, err error) {
+	run := func(g *sandgate, mode, body string, endpoint ...string) (best, del *Stats, err error) {
 		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, b.cfg.python, script, g.url, g.token, mode, strconv.Itoa(plainN), strconv.Itoa(plainRuns), body)
+		args := append([]string{script, g.url, g.token, mode, strconv.Itoa(plainN), strconv.Itoa(plainRuns), body}, endpoint...)
+		cmd := exec.CommandContext(ctx, b.cfg.python, args...)
 		cmd.Stderr = os.Stderr
 		out, err := cmd.Output()
 		if err != nil {
@@ -355,6 +356,19 @@ func (b *bench) rowPlainClient(warm, cold *sandgate, via, refVia string) error {
 		}
 		r.add(&Row{ID: "11e", Name: name + "command round trip on an open connection, `" + body + "`", Stat: "p50", Unit: "s", SG: rt, SGName: via,
 			Note: "target ≤ 1.0 ms; `true` is answered by the init without a process, `/bin/true` runs without bash's start"})
+	}
+	// The calls on a process that lives across calls (each registered
+	// for a pause to let go of mid-call, docs/pause.md): a persistent
+	// shell's command and a Python kernel's cell.
+	for _, c := range []struct{ body, endpoint, note string }{
+		{`{"command": "true", "shell": "main"}`, "commands", "one bash for the session's calls: the command sourced from a file, the state saved after it"},
+		{`{"code": "1"}`, "python", "the session's Python kernel (started by the first call, not timed)"},
+	} {
+		rt, _, err := run(warm, "rtt", c.body, c.endpoint)
+		if err != nil {
+			return err
+		}
+		r.add(&Row{ID: "11e", Name: name + "call round trip on an open connection, `POST /" + c.endpoint + " " + c.body + "`", Stat: "p50", Unit: "s", SG: rt, SGName: via, Note: c.note})
 	}
 	return nil
 }

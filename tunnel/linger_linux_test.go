@@ -237,14 +237,17 @@ func TestTunnelEndBounded(t *testing.T) {
 					wait = 10 * time.Minute
 				}
 				handled := make(chan struct{})
+				// ended: the gateway has ended the tunnel (its reads fail
+				// from the end on, at once).
+				var ended atomic.Bool
+				var total, afterEnd atomic.Int64
 				g := startLingerGateway(t, st, wait, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
 					defer close(handled)
 					// The session reads what the client sends until its end.
 					_, _ = io.Copy(io.Discard, conn)
+					ended.Store(true)
 				})
 				c := g.dial(t, transport, id)
-				var ended atomic.Bool
-				var total, afterEnd atomic.Int64
 				sent := make(chan error, 1)
 				go func() {
 					chunk := bytes.Repeat([]byte{'s'}, 32<<10)
@@ -271,7 +274,6 @@ func TestTunnelEndBounded(t *testing.T) {
 				if code := st.Do(t, st.Token, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
 					t.Fatalf("delete: %d", code)
 				}
-				ended.Store(true)
 				select {
 				case err := <-sent:
 					t.Logf("the client's writes failed after %d bytes past the end: %v", afterEnd.Load(), err)

@@ -296,3 +296,52 @@ func TestTunnelEndBounded(t *testing.T) {
 		}
 	}
 }
+
+// A client that stops reading (and never closes) while the gateway
+// writes does not hold the gateway's write, socket or goroutines past the
+// end's time bound: the write under way when the session ends fails at
+// the bound, and the socket is closed.
+func TestTunnelEndClientStopsReading(t *testing.T) {
+	st := gwtest.Start(t, gwtest.Options{})
+	for _, transport := range []string{tunnel.TransportConnect, tunnel.TransportWebSocket} {
+		t.Run(transport, func(t *testing.T) {
+			id := st.CreateSession(t, nil).SessionID
+			var written atomic.Int64
+			wrote := make(chan error, 1)
+			g := startLingerGateway(t, st, 200*time.Millisecond, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
+				chunk := bytes.Repeat([]byte{'o'}, 64<<10)
+				for {
+					n, err := conn.Write(chunk)
+					written.Add(int64(n))
+					if err != nil {
+						wrote <- err
+						return
+					}
+				}
+			})
+			c := g.dial(t, transport, id)
+			local, remote := g.ports(t)
+			// The client reads nothing: the gateway's writes fill the
+			// socket buffers and block.
+			waitUntil(t, "the gateway's writes to fill the client's buffer", func() bool {
+				tx, _, _, _ := tcpQueues(t, remote, local) // the gateway's
+				_, rx, _, _ := tcpQueues(t, local, remote) // the client's
+				return rx > 0 && tx > 0 && written.Load() > 0
+			})
+			if code := st.Do(t, st.Token, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+				t.Fatalf("delete: %d", code)
+			}
+			select {
+			case err := <-wrote:
+				t.Logf("the gateway's write failed after %d bytes: %v", written.Load(), err)
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the gateway's write to a client that reads nothing is still blocked 2 minutes after the end")
+			}
+			waitUntil(t, "the gateway's socket to be closed", func() bool {
+				_, _, inode, ok := tcpQueues(t, remote, local)
+				return !ok || inode == 0
+			})
+			c.Close()
+		})
+	}
+}

@@ -44,6 +44,7 @@ type lingerConn struct {
 	wait     time.Duration
 
 	rmu, wmu sync.Mutex // held by a read, a write under way
+	mu       sync.Mutex // orders wakeReader's deadline with closeBy's
 	closing  atomic.Bool
 	until    atomic.Int64 // a deadline closeBy set (Unix ns), or 0
 	// budget, once set (budgeted), is what reads may still take: a
@@ -138,12 +139,35 @@ func (c *lingerConn) setDeadline(d time.Time) { c.until.Store(d.UnixNano()) }
 // closeBy starts the lingering close, over by deadline at the latest.
 func (c *lingerConn) closeBy(deadline time.Time) {
 	c.once.Do(func() {
+		c.mu.Lock()
 		c.closing.Store(true)
 		// Wake a read under way: it fails, and leaves the socket to the
 		// linger (see Read).
 		_ = c.Conn.SetReadDeadline(aLongTimeAgo)
+		c.mu.Unlock()
 		go c.linger(deadline)
 	})
+}
+
+// wakeReader makes a read under way fail at once (a timeout), and the
+// reads after it fail at deadline: a WebSocket's Close ends x/crypto's
+// read, which the library would otherwise hold until the client answers
+// its close frame, so that the SSH connection ends now (a pause waits
+// for its shells' SIGHUP), while the close handshake reads on. It does
+// nothing once Close was called: the linger has the socket.
+func (c *lingerConn) wakeReader(deadline time.Time) {
+	c.mu.Lock()
+	if c.closing.Load() {
+		c.mu.Unlock()
+		return
+	}
+	_ = c.Conn.SetReadDeadline(aLongTimeAgo)
+	c.mu.Unlock()
+	c.rmu.Lock() // the read under way has returned
+	defer c.rmu.Unlock()
+	if !c.closing.Load() {
+		_ = c.Conn.SetReadDeadline(deadline)
+	}
 }
 
 // Done is closed once the connection is closed.

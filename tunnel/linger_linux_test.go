@@ -117,6 +117,29 @@ func (g *lingerGateway) ports(t *testing.T) (local, remote int) {
 	return 0, 0
 }
 
+// tcpState returns the state (/proc/net/tcp's hex: 01 established, 04
+// and 05 FIN_WAIT1 and 2...) of the loopback TCP socket from port local
+// to port remote, or "".
+func tcpState(t *testing.T, local, remote int) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 10 {
+			continue
+		}
+		lp, _ := strconv.ParseInt(f[1][strings.IndexByte(f[1], ':')+1:], 16, 32)
+		rp, _ := strconv.ParseInt(f[2][strings.IndexByte(f[2], ':')+1:], 16, 32)
+		if int(lp) == local && int(rp) == remote {
+			return f[3]
+		}
+	}
+	return ""
+}
+
 // waitUntil polls cond (a state the test waits for, not a timing) for up
 // to a minute.
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -342,6 +365,48 @@ func TestTunnelEndClientStopsReading(t *testing.T) {
 				return !ok || inode == 0
 			})
 			c.Close()
+		})
+	}
+}
+
+// The session's side of a tunnel (the SSH connection: its reads) ends
+// when the gateway ends the tunnel, not when the linger after it does: a
+// pause waits for the SIGHUP of the shells whose connection it ended. A
+// WebSocket's close handshake waits for the client's answer, which a
+// client that reads nothing never sends: the session's read ends while
+// the handshake is still on (the gateway's socket has sent no FIN yet).
+// (Left to the library, the read ended with its own 5 s bound on the
+// handshake, and the socket's linger began then.)
+func TestTunnelEndEndsTheSessionAtOnce(t *testing.T) {
+	st := gwtest.Start(t, gwtest.Options{})
+	for _, transport := range []string{tunnel.TransportConnect, tunnel.TransportWebSocket} {
+		t.Run(transport, func(t *testing.T) {
+			id := st.CreateSession(t, nil).SessionID
+			readEnded := make(chan error, 1)
+			g := startLingerGateway(t, st, 10*time.Minute, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
+				_, err := conn.Read(make([]byte, 1))
+				readEnded <- err
+			})
+			c := g.dial(t, transport, id)
+			local, remote := g.ports(t)
+			if code := st.Do(t, st.Token, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+				t.Fatalf("delete: %d", code)
+			}
+			select {
+			case err := <-readEnded:
+				t.Logf("the session's read ended: %v", err)
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the session's read is still under way 2 minutes after the end")
+			}
+			// The tunnel lingers on: the client has neither answered nor
+			// closed.
+			if _, _, inode, ok := tcpQueues(t, remote, local); !ok || inode == 0 {
+				t.Errorf("the gateway's socket is closed already (ok %v, inode %d): the linger cannot have been on", ok, inode)
+			}
+			if st := tcpState(t, remote, local); transport == tunnel.TransportWebSocket && st != "01" {
+				t.Errorf("the gateway's socket is in state %s, want 01 (established: the close handshake still on) once the session's read ended", st)
+			}
+			c.Close() // the linger ends with the client's end
 		})
 	}
 }

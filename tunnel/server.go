@@ -391,7 +391,11 @@ func (c *wsConn) Read(p []byte) (int, error) {
 	if c.ended.Load() {
 		return 0, net.ErrClosed
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if err != nil && c.ended.Load() {
+		err = net.ErrClosed // woken by Close (wakeReader)
+	}
+	return n, err
 }
 
 // Close ends the tunnel (see wsConn) and returns; Done says when it is
@@ -430,6 +434,9 @@ func (c *wsConn) closeHandshake(deadline time.Time) {
 		_ = c.ws.Close(websocket.StatusNormalClosure, "")
 		close(done)
 	}()
+	// x/crypto's read under way (there always is one) ends now: it
+	// ends the SSH connection, as a closed socket did.
+	c.raw.wakeReader(deadline)
 	timer := time.NewTimer(time.Until(deadline))
 	select {
 	case <-done:

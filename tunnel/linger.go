@@ -46,6 +46,7 @@ type lingerConn struct {
 	rmu, wmu sync.Mutex // held by a read, a write under way
 	mu       sync.Mutex // orders wakeReader's deadline with closeBy's
 	closing  atomic.Bool
+	rearm    atomic.Int64 // a read deadline (Unix ns) the next read sets first (wakeReader), or 0
 	until    atomic.Int64 // a deadline closeBy set (Unix ns), or 0
 	// budget, once set (budgeted), is what reads may still take: a
 	// WebSocket's close handshake reads and drops the client's frames
@@ -73,6 +74,9 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 	defer c.rmu.Unlock()
 	if c.closing.Load() {
 		return 0, net.ErrClosed
+	}
+	if d := c.rearm.Swap(0); d != 0 {
+		_ = c.Conn.SetReadDeadline(time.Unix(0, d)) // after wakeReader's: see there
 	}
 	n, err := c.Conn.Read(p)
 	if c.closing.Load() {
@@ -153,21 +157,18 @@ func (c *lingerConn) closeBy(deadline time.Time) {
 // reads after it fail at deadline: a WebSocket's Close ends x/crypto's
 // read, which the library would otherwise hold until the client answers
 // its close frame, so that the SSH connection ends now (a pause waits
-// for its shells' SIGHUP), while the close handshake reads on. It does
-// nothing once Close was called: the linger has the socket.
+// for its shells' SIGHUP), while the close handshake reads on. The next
+// read sets the deadline before it reads (rearm), so that the
+// handshake's read, which waited for the woken one, is not woken too.
+// It does nothing once Close was called: the linger has the socket.
 func (c *lingerConn) wakeReader(deadline time.Time) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.closing.Load() {
-		c.mu.Unlock()
 		return
 	}
 	_ = c.Conn.SetReadDeadline(aLongTimeAgo)
-	c.mu.Unlock()
-	c.rmu.Lock() // the read under way has returned
-	defer c.rmu.Unlock()
-	if !c.closing.Load() {
-		_ = c.Conn.SetReadDeadline(deadline)
-	}
+	c.rearm.Store(deadline.UnixNano())
 }
 
 // Done is closed once the connection is closed.

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"net"
@@ -31,28 +33,43 @@ type lingerGateway struct {
 	st  *gwtest.Stack
 	srv *tunnel.Server
 	url string
+	tls *tls.Config // the client's, over https; nil over http
 }
 
 func startLingerGateway(t *testing.T, st *gwtest.Stack, wait time.Duration, handle tunnel.ConnHandler) *lingerGateway {
+	return startLingerGatewayTLS(t, st, wait, false, handle)
+}
+
+// startLingerGatewayTLS is startLingerGateway, over https when overTLS.
+func startLingerGatewayTLS(t *testing.T, st *gwtest.Stack, wait time.Duration, overTLS bool, handle tunnel.ConnHandler) *lingerGateway {
 	t.Helper()
 	srv := tunnel.NewServer(st.Manager, handle, rest.WriteGatewayError, slog.New(slog.DiscardHandler), tunnel.WithLingerWait(wait))
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		srv.ServeHTTP(w, r.WithContext(gateway.WithPrincipal(r.Context(), gateway.Principal{Tenant: "default", Method: "api_key"})))
 	}))
+	var cfg *tls.Config
+	if overTLS {
+		hs.StartTLS()
+		pool := x509.NewCertPool()
+		pool.AddCert(hs.Certificate())
+		cfg = &tls.Config{RootCAs: pool}
+	} else {
+		hs.Start()
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		srv.Shutdown(ctx)
 		hs.Close()
 	})
-	return &lingerGateway{st: st, srv: srv, url: hs.URL}
+	return &lingerGateway{st: st, srv: srv, url: hs.URL, tls: cfg}
 }
 
 func (g *lingerGateway) dial(t *testing.T, transport, id string) net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := (&tunnel.Dialer{APIURL: g.url, Token: "unused", Transport: transport}).Dial(ctx, id)
+	c, err := (&tunnel.Dialer{APIURL: g.url, Token: "unused", Transport: transport, TLSConfig: g.tls}).Dial(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +177,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // its exit status) and made the client see ECONNRESET. Every way the
 // gateway ends a tunnel: its handler (the SSH connection) returns, the
 // session is deleted (or paused, or expires: the same close), the
-// server shuts down.
+// server shuts down. Over TLS too: a close_notify, then the FIN.
 func TestTunnelEndIsGraceful(t *testing.T) {
 	st := gwtest.Start(t, gwtest.Options{})
 	const size = 4 << 20
@@ -168,16 +185,17 @@ func TestTunnelEndIsGraceful(t *testing.T) {
 	for i := range payload {
 		payload[i] = byte(i*7 + i>>13)
 	}
-	for _, transport := range []string{tunnel.TransportConnect, tunnel.TransportWebSocket} {
+	for _, transport := range []string{tunnel.TransportConnect, tunnel.TransportWebSocket, "tls+" + tunnel.TransportConnect, "tls+" + tunnel.TransportWebSocket} {
 		for _, end := range []string{"handler returns", "session deleted", "server shut down"} {
 			t.Run(transport+"/"+end, func(t *testing.T) {
+				transport, overTLS := strings.CutPrefix(transport, "tls+")
 				id := st.CreateSession(t, nil).SessionID
 				type result struct {
 					n   int
 					err error
 				}
 				wrote := make(chan result, 1)
-				g := startLingerGateway(t, st, time.Minute, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
+				g := startLingerGatewayTLS(t, st, time.Minute, overTLS, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
 					// The session's last output, in one write; the
 					// client's bytes are never read.
 					n, err := conn.Write(payload)

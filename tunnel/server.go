@@ -15,6 +15,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -60,6 +61,7 @@ type Server struct {
 	admit      Admitter      // nil: every CONNECT is admitted
 	metrics    Metrics       // nil: not counted (account.go)
 	audit      audit.Auditor // nil: not recorded
+	lingerWait time.Duration // bounds a tunnel's end (linger.go)
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -70,7 +72,7 @@ type Server struct {
 // NewServer returns a CONNECT server that finds sessions with lookup,
 // answers failures with writeError and hands established tunnels to handle.
 func NewServer(lookup Lookup, handle ConnHandler, writeError func(http.ResponseWriter, error), log *slog.Logger, opts ...Option) *Server {
-	t := &Server{lookup: lookup, handle: handle, writeError: writeError, log: log, conns: map[net.Conn]struct{}{}}
+	t := &Server{lookup: lookup, handle: handle, writeError: writeError, log: log, conns: map[net.Conn]struct{}{}, lingerWait: lingerWait}
 	for _, o := range opts {
 		o(t)
 	}
@@ -195,8 +197,10 @@ func (t *Server) hijack(w http.ResponseWriter, r *http.Request, id string) net.C
 		return nil
 	}
 	// A plain TCP tunnel moves its bulk data with raw system calls (see
-	// internal/rawio); TLS stays as it is.
-	conn = rawio.Wrap(conn)
+	// internal/rawio); TLS stays as it is. Its end is a lingering close
+	// (linger.go).
+	lc := newLingerConn(rawio.Wrap(conn), t.lingerWait)
+	conn = lc
 	// Bytes the client sent with the request (often its SSH version line)
 	// sit in the server's buffer; they must come first.
 	if n := brw.Reader.Buffered(); n > 0 {
@@ -207,6 +211,7 @@ func (t *Server) hijack(w http.ResponseWriter, r *http.Request, id string) net.C
 	// that arrives while the server shuts down is closed at once.
 	if !t.track(conn) {
 		conn.Close()
+		<-lc.Done()
 		return nil
 	}
 	_ = conn.SetDeadline(time.Time{})
@@ -220,7 +225,7 @@ func (t *Server) hijack(w http.ResponseWriter, r *http.Request, id string) net.C
 // upgrade accepts a WebSocket (the caller has checked its Origin) and
 // returns its binary messages as a byte stream, or nil.
 func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net.Conn, *websocket.Conn) {
-	hr := &hijackRecorder{ResponseWriter: w}
+	hr := &hijackRecorder{ResponseWriter: w, lingerWait: t.lingerWait}
 	c, err := websocket.Accept(hr, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil { // Accept has answered
 		t.log.InfoContext(r.Context(), "tunnel_upgrade_failed", "session", id, "err", err)
@@ -229,12 +234,11 @@ func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net
 	// The connection outlives the request: its context is not the
 	// request's, whose end would close it. (A terminal reads c's messages
 	// itself, never this stream's; its Close ends c all the same.)
-	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), raw: hr.raw, br: hr.br, frames: hr.frames, gather: hr.gather}
-	if sc, ok := hr.raw.(syscall.Conn); ok {
-		conn.sock, _ = sc.SyscallConn()
-	}
+	conn := &wsConn{Conn: websocket.NetConn(context.WithoutCancel(r.Context()), c, websocket.MessageBinary), ws: c,
+		raw: hr.raw, sock: hr.sock, br: hr.br, frames: hr.frames, gather: hr.gather, wait: t.lingerWait, done: make(chan struct{})}
 	if !t.track(conn) {
 		c.CloseNow()
+		<-hr.raw.Done()
 		return nil, nil
 	}
 	return conn, c
@@ -243,10 +247,12 @@ func (t *Server) upgrade(w http.ResponseWriter, r *http.Request, id string) (net
 // hijackRecorder keeps the connection a WebSocket's Accept hijacks.
 type hijackRecorder struct {
 	http.ResponseWriter
-	raw    net.Conn
-	br     *bufio.Reader // the library reads the frames through it
-	frames *frameTracker // what the library reads, frame by frame
-	gather *gatherConn   // the library writes the frames through it (nil: straight to raw)
+	lingerWait time.Duration
+	raw        *lingerConn     // the hijacked connection
+	sock       syscall.RawConn // its socket, when it is one (not TLS)
+	br         *bufio.Reader   // the library reads the frames through it
+	frames     *frameTracker   // what the library reads, frame by frame
+	gather     *gatherConn     // the library writes the frames through it (nil: straight to raw)
 }
 
 func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
@@ -257,17 +263,19 @@ func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	// The library reads frames from the connection it is handed (after
 	// the bytes brw holds): raw system calls on a plain TCP socket, as a
 	// CONNECT tunnel's (internal/rawio), through a tracker of the frames.
+	// The library's Close closes it: a lingering close (linger.go).
 	c = rawio.Wrap(c)
-	h.raw = c
-	h.frames = &frameTracker{Conn: c}
+	if sc, ok := c.(syscall.Conn); ok {
+		h.sock, _ = sc.SyscallConn()
+	}
+	h.raw = newLingerConn(c, h.lingerWait)
+	h.frames = &frameTracker{Conn: h.raw}
 	// It writes them through a buffer of ours (net/http's is as large)
 	// over a gatherConn, so that wsConn.Write sends a frame in one
 	// writev(2): a socket's only (TLS writes records of its own).
-	if sc, ok := c.(syscall.Conn); ok && brw != nil && brw.Writer.Buffered() == 0 {
-		if rc, err := sc.SyscallConn(); err == nil {
-			h.gather = &gatherConn{Conn: c, rc: rc}
-			brw.Writer = bufio.NewWriterSize(h.gather, wsWriteBuf)
-		}
+	if h.sock != nil && brw != nil && brw.Writer.Buffered() == 0 {
+		h.gather = &gatherConn{Conn: h.raw, rc: h.sock}
+		brw.Writer = bufio.NewWriterSize(h.gather, wsWriteBuf)
 	}
 	if brw != nil {
 		h.br = brw.Reader
@@ -279,22 +287,30 @@ func (h *hijackRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return h.frames, brw, nil
 }
 
-// wsCloseWait is how long closing a WebSocket tunnel waits for the
-// client's answer to its close frame before it drops the connection.
+// wsCloseWait is how long a client's Close waits for the gateway's
+// answer to its close frame before it drops the connection
+// (wsClientConn.Close).
 const wsCloseWait = time.Second
 
-// wsConn is a WebSocket tunnel's byte stream. Close sends a close frame
-// and waits at most wsCloseWait for the client's (the library would wait
-// 5 s), so that a session's end, or a shutdown, is not held up by a
-// client that does not answer.
+// wsConn is a WebSocket tunnel's byte stream. Close returns at once; in
+// the background it sends a close frame, reads and drops the client's
+// frames up to its answer, then closes the connection under it, which
+// lingers (lingerConn): all of it within one deadline, wait from Close
+// (the library would wait 5 s for the answer, and 5 s more to write the
+// close frame), so that a session's end, or a shutdown, is not held up
+// by a client that does not answer, nor one closed after another.
 type wsConn struct {
 	net.Conn                 // the binary messages (websocket.NetConn)
-	raw      net.Conn        // the hijacked connection under it
+	ws       *websocket.Conn // the library's connection
+	raw      *lingerConn     // the hijacked connection under it
 	br       *bufio.Reader   // the library's reader of raw (nil: unknown)
 	frames   *frameTracker   // the frames the library reads (nil: unknown)
 	sock     syscall.RawConn // raw's socket, when it is one (not TLS)
 	gather   *gatherConn     // under the library's writes, or nil
+	wait     time.Duration   // bounds Close's handshake and linger
 	once     sync.Once
+	ended    atomic.Bool   // Close was called: reads fail (Read)
+	done     chan struct{} // closed once Close has closed raw
 	// mu orders ReadAvailable's look at br and frames before Close,
 	// whose close handshake reads br in another goroutine; closing is
 	// set under it, and ReadAvailable answers 0 from then on.
@@ -367,28 +383,73 @@ func (c *wsConn) ReadAvailable() int {
 	return int(min(max(n, 0), 1<<30))
 }
 
+// Read reads the binary messages' bytes; once Close was called, it
+// fails (net.ErrClosed): what the client still sends is the close
+// handshake's to read and drop. (A read under way when Close came ends
+// with the next bytes, or the handshake's end.)
+func (c *wsConn) Read(p []byte) (int, error) {
+	if c.ended.Load() {
+		return 0, net.ErrClosed
+	}
+	n, err := c.Conn.Read(p)
+	if err != nil && c.ended.Load() {
+		err = net.ErrClosed // woken by Close (wakeReader)
+	}
+	return n, err
+}
+
+// Close ends the tunnel (see wsConn) and returns; Done says when it is
+// over.
 func (c *wsConn) Close() error {
 	c.once.Do(func() {
+		c.ended.Store(true)
 		c.mu.Lock()
 		c.closing = true
 		c.mu.Unlock()
-		done := make(chan struct{})
-		go func() {
-			_ = c.Conn.Close()
-			close(done)
-		}()
-		timer := time.NewTimer(wsCloseWait)
-		defer timer.Stop()
-		select {
-		case <-done:
-		case <-timer.C:
-			if c.raw != nil {
-				_ = c.raw.Close()
-			}
-			<-done
-		}
+		go c.closeHandshake(time.Now().Add(c.wait))
 	})
 	return nil
+}
+
+// Done is closed once the connection under the WebSocket is closed.
+func (c *wsConn) Done() <-chan struct{} { return c.done }
+
+// closeHandshake is Close's work: the library's close handshake, whose
+// end closes raw (a lingering close), all by deadline. Not the NetConn's
+// Close, which cancels a read under way (x/crypto's, which always has
+// one while the connection is open): the library then closes the socket
+// at once, without waiting for the client's close frame, nor reading
+// what the client still sends, so that the kernel answered it with a
+// reset.
+func (c *wsConn) closeHandshake(deadline time.Time) {
+	defer close(c.done)
+	c.raw.setDeadline(deadline)
+	// What the handshake reads and drops of a client that goes on
+	// sending is bounded as the linger's is.
+	c.raw.limitReads(lingerMaxBytes)
+	done := make(chan struct{})
+	go func() {
+		// The close frame (after a data frame under way), then the
+		// client's frames up to its answer; then the library closes raw.
+		_ = c.ws.Close(websocket.StatusNormalClosure, "")
+		close(done)
+	}()
+	// x/crypto's read under way (there always is one) ends now: it
+	// ends the SSH connection, as a closed socket did.
+	c.raw.wakeReader(deadline)
+	timer := time.NewTimer(time.Until(deadline))
+	select {
+	case <-done:
+	case <-timer.C:
+		// No answer in time: raw's close (past its deadline: at once)
+		// wakes the library's read or write under way.
+		_ = c.raw.Close()
+		<-done
+	}
+	timer.Stop()
+	_ = c.Conn.Close() // the NetConn's own timers; the library is closed
+	_ = c.raw.Close()  // the library closed it already: a no-op
+	<-c.raw.Done()
 }
 
 // IsWebSocket reports whether r asks for a WebSocket upgrade.
@@ -426,15 +487,22 @@ func (t *Server) track(conn net.Conn) bool {
 	return true
 }
 
+// untrack closes conn, forgets it, and waits for its close to be over
+// (a lingering close, bounded: linger.go).
 func (t *Server) untrack(conn net.Conn) {
 	conn.Close()
 	t.mu.Lock()
 	delete(t.conns, conn)
 	t.mu.Unlock()
+	if done := lingerDone(conn); done != nil {
+		<-done
+	}
 }
 
 // Shutdown refuses new tunnels and waits for open ones to end until ctx is
-// done, then closes those still open and waits for their handlers.
+// done, then closes those still open and waits for their handlers. The
+// tunnels' ends linger side by side (linger.go): one lingerWait at most
+// past ctx.
 func (t *Server) Shutdown(ctx context.Context) {
 	t.mu.Lock()
 	t.closed = true
@@ -489,6 +557,9 @@ func Unwrap(c net.Conn) (net.Conn, []byte) {
 	}
 	return c, nil
 }
+
+// Done is the connection's under c (lingerConn.Done), or nil.
+func (c *prefixConn) Done() <-chan struct{} { return lingerDone(c.Conn) }
 
 // CloseWrite half-closes the underlying connection when it can.
 func (c *prefixConn) CloseWrite() error {

@@ -279,7 +279,7 @@ func Run(ctx context.Context, s Session, req Request) (Result, error) {
 	handed := make(chan struct{})
 	if hs, ok := s.(handoffSession); ok {
 		e := &gateway.HandoffEntry{Command: req.text(), Source: "rest", StartedAt: began, Process: proc,
-			Begin: func() {},
+			Deadline: began.Add(req.Timeout), Begin: func() {},
 			Done: func(id string) {
 				if id == "" {
 					return // not handed over: it runs on here (a next pause may try again)

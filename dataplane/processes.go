@@ -239,6 +239,64 @@ type Process struct {
 	// ending says run is recording its end (guarded by mu): too late to
 	// let go of it.
 	ending bool
+	// A REST command handed over at a pause keeps what was left of its
+	// timeout (gateway.Handoff.TimeLeft) as running time: limitLeft,
+	// counted down from limitFrom while this gateway runs it (limitTimer
+	// set), held while it is let go of; at zero, limitTimer kills it as
+	// the timeout would have. Guarded by mu; 0: no limit.
+	limitLeft  time.Duration
+	limitFrom  time.Time
+	limitTimer *time.Timer
+}
+
+// armLimit starts counting pr's running-time limit down, if it has one,
+// for its process p (run's).
+func (pr *Process) armLimit(p sandbox.Process) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.limitLeft <= 0 || pr.limitTimer != nil || !pr.running || pr.released {
+		return
+	}
+	pr.limitFrom = time.Now()
+	pr.limitTimer = time.AfterFunc(pr.limitLeft, func() { pr.timeUp(p) })
+}
+
+// holdLimitLocked stops the count down (its process let go of, or
+// ended), keeping what is left; pr.mu is held.
+func (pr *Process) holdLimitLocked() {
+	if pr.limitTimer == nil {
+		return
+	}
+	if pr.limitTimer.Stop() {
+		pr.limitLeft = max(pr.limitLeft-time.Since(pr.limitFrom), time.Millisecond)
+	} else {
+		pr.limitLeft = time.Millisecond // it ran out as it was held: at once, when it runs again
+	}
+	pr.limitTimer = nil
+}
+
+// limitNowLocked is what is left of pr's limit now; pr.mu is held.
+func (pr *Process) limitNowLocked() time.Duration {
+	if pr.limitTimer == nil || pr.limitLeft <= 0 {
+		return pr.limitLeft
+	}
+	return max(pr.limitLeft-time.Since(pr.limitFrom), time.Millisecond)
+}
+
+// timeUp ends p, pr's process, whose running-time limit ran out, as its
+// command's timeout would have: its whole tree, SIGHUP then SIGKILL.
+func (pr *Process) timeUp(p sandbox.Process) {
+	pr.mu.Lock()
+	live := pr.running && !pr.released && pr.limitTimer != nil
+	if live {
+		pr.limitTimer, pr.limitLeft = nil, 0
+	}
+	pr.mu.Unlock()
+	if !live {
+		return
+	}
+	pr.sp.cfg.Log.Info("process_timed_out", "session", pr.sp.id, "process", pr.info.ProcessID)
+	p.Kill()
 }
 
 // Start starts a background process in s's sandbox, detached from ctx
@@ -646,6 +704,7 @@ func (pr *Process) run() {
 	pr.mu.Lock()
 	proc := pr.p
 	pr.mu.Unlock()
+	pr.armLimit(proc)
 	stdout, stderr := proc.Stdout(), proc.Stderr()
 	pumps.Add(1)
 	go pump(stdout, Stdout)
@@ -694,6 +753,7 @@ func (pr *Process) run() {
 	// tenant's bound asks, must find the room freed).
 	pr.sp.settle(pr)
 	pr.mu.Lock()
+	pr.holdLimitLocked()
 	pr.running, pr.exit, pr.endedAt = false, exit, time.Now().UTC()
 	pr.stdinClosed = true
 	pr.mu.Unlock()
@@ -1092,6 +1152,9 @@ type processRecord struct {
 	Ended     bool          `json:"ended,omitempty"`
 	Exit      *sandbox.Exit `json:"exit,omitempty"`
 	EndedAt   time.Time     `json:"endedAt,omitzero"`
+	// TimeLeftMs is what is left of a handed-over command's timeout, in
+	// running time (Process.limitLeft; 0: none).
+	TimeLeftMs int64 `json:"timeLeftMs,omitempty"`
 }
 
 type sessionRecord struct {
@@ -1116,6 +1179,9 @@ func (pr *Process) save() error {
 	}
 	pr.mu.Lock()
 	rec.StdinClosed = pr.stdinClosed
+	if left := pr.limitNowLocked(); left > 0 {
+		rec.TimeLeftMs = max(left.Milliseconds(), 1)
+	}
 	if !pr.running {
 		exit := pr.exit
 		rec.Ended, rec.Exit, rec.EndedAt = true, &exit, pr.endedAt
@@ -1317,7 +1383,8 @@ func (sp *sessionProcs) restoreOne(dir string, keeper sandbox.Keeper) (*Process,
 	if err != nil {
 		return nil, err
 	}
-	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, pty: rec.PTY, info: rec.Info, done: make(chan struct{})}
+	pr := &Process{sp: sp, out: out, dir: dir, keep: rec.Keep, pty: rec.PTY, info: rec.Info, done: make(chan struct{}),
+		limitLeft: time.Duration(max(rec.TimeLeftMs, 0)) * time.Millisecond}
 	if rec.OutputTruncated != "" {
 		out.restoreTruncated(rec.OutputTruncated, rec.OutputDiscarded)
 	}

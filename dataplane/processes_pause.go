@@ -70,7 +70,15 @@ func (pr *Process) release(gen int) bool {
 	}
 	pr.released, pr.back = true, make(chan struct{})
 	pr.relGen, pr.relDone, pr.relStored = gen, make(chan struct{}), false
+	limited := pr.limitTimer != nil
+	pr.holdLimitLocked()
 	pr.mu.Unlock()
+	if limited {
+		// What is left of its limit outlives this gateway too.
+		if err := pr.save(); err != nil {
+			pr.sp.cfg.Log.Warn("process_record_failed", "session", pr.sp.id, "process", pr.info.ProcessID, "err", err)
+		}
+	}
 	// Its readers stop (run then sees it released, and takes it back
 	// once the session runs), and its control connection closes.
 	r.Release()
@@ -337,7 +345,8 @@ func (ps *Processes) Adopt(s *gateway.Session, cfg ProcessConfig, h gateway.Hand
 		// Its input was closed by the hand-over (EOF); one on a terminal
 		// is typed on it (WriteStdin), as its client did.
 		stdinClosed: !h.PTY, dir: filepath.Join(sp.dir, id),
-		info: ProcessInfo{ProcessID: id, PID: h.PID, Command: h.Command, StartedAt: h.StartedAt.UTC()},
+		info:      ProcessInfo{ProcessID: id, PID: h.PID, Command: h.Command, StartedAt: h.StartedAt.UTC()},
+		limitLeft: h.TimeLeft,
 	}
 	if err := sp.reserve(pr); err != nil {
 		return "", err

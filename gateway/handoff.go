@@ -40,6 +40,10 @@ type HandoffEntry struct {
 	// and no pause tries the entry after it.
 	Begin func()
 	Done  func(processID string)
+	// Deadline is when the command's timeout ends it (zero: none, as an
+	// SSH exec has): handed over, it keeps what is left as running time
+	// (Handoff.TimeLeft).
+	Deadline time.Time
 
 	handed bool // Done had an id; guarded by the session's mu
 }
@@ -70,6 +74,10 @@ type Handoff struct {
 	StartedAt time.Time
 	PTY       bool
 	PID       int // in the sandbox, 0 when unknown
+	// TimeLeft is what was left of the command's timeout at the hand-over
+	// (0: none): the Adopter ends it once it has run that much longer,
+	// the time its session is paused not counted.
+	TimeLeft time.Duration
 	// Process is the command's process, to be taken back by key (its
 	// Reattached wrapper records its end in the history).
 	Process sandbox.Process
@@ -128,6 +136,9 @@ func (m *Manager) handOff(ctx context.Context, s *Session) []HandedOff {
 			Keep: func(key string) error { return kl.KeepAs(ctx, key) }}
 		if p, ok := e.Process.(sandbox.PIDer); ok {
 			h.PID = p.PID()
+		}
+		if !e.Deadline.IsZero() {
+			h.TimeLeft = max(time.Until(e.Deadline), time.Millisecond)
 		}
 		id, err := (*ad)(s, h)
 		if err != nil {

@@ -250,3 +250,50 @@ func TestPauseCheckpointHandsOffSSHExecRestart(t *testing.T) {
 		t.Errorf("/workspace/out: %q, want 1..20", got)
 	}
 }
+
+// TestPauseCheckpointHandedRESTCommandKeepsItsTimeout: a REST command
+// handed over at a pause keeps what was left of its timeout, as running
+// time (the pause not counted): once the session runs again, it is ended
+// as its timeout would have ended it, rather than run on for ever as a
+// background process.
+func TestPauseCheckpointHandedRESTCommandKeepsItsTimeout(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	ans := make(chan int, 1)
+	go func() {
+		var body map[string]any
+		ans <- g.api(t, http.MethodPost, "/v1/sessions/"+id+"/commands", map[string]any{"command": "echo x > /workspace/started; sleep 600", "timeout": 8}, &body)
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(runREST(t, g, id, map[string]any{"command": "cat /workspace/started 2>/dev/null || true"}).out(), "x") {
+		if time.Now().After(deadline) {
+			t.Fatal("the REST command never started")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var a pauseAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/pause", nil, &a); code != http.StatusOK || a.Pause.Method != "checkpoint" || len(a.Pause.KeptCommands) != 1 {
+		t.Fatalf("pause: %d %+v", code, a.Pause)
+	}
+	pid := a.Pause.KeptCommands[0].ProcessID
+	if code := <-ans; code != http.StatusConflict {
+		t.Errorf("the command's answer: %d, want 409", code)
+	}
+	resumed := time.Now()
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/resume", nil, nil); code != http.StatusOK {
+		t.Fatalf("resume: %d", code)
+	}
+	p := pc.waitEnd(t, pid)
+	if p.Status != "killed" || (p.ExitSignal != "HUP" && p.ExitSignal != "KILL") {
+		t.Fatalf("the handed-over command past its timeout: %+v, want killed by HUP or KILL", p)
+	}
+	if p.EndedAt == nil || p.EndedAt.Before(resumed) {
+		t.Errorf("ended at %v, before the resume (%v): the pause's time counted", p.EndedAt, resumed)
+	}
+	if !strings.Contains(g.stderr.String(), "process_timed_out") {
+		t.Error("no process_timed_out in the gateway's log")
+	}
+}

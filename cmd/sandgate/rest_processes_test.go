@@ -18,12 +18,13 @@ import (
 )
 
 type restProcess struct {
-	ProcessID   string `json:"processId"`
-	PID         int    `json:"pid"`
-	Status      string `json:"status"`
-	ExitCode    *int   `json:"exitCode"`
-	ExitSignal  string `json:"exitSignal"`
-	OutputBytes int64  `json:"outputBytes"`
+	ProcessID   string     `json:"processId"`
+	PID         int        `json:"pid"`
+	Status      string     `json:"status"`
+	ExitCode    *int       `json:"exitCode"`
+	ExitSignal  string     `json:"exitSignal"`
+	OutputBytes int64      `json:"outputBytes"`
+	EndedAt     *time.Time `json:"endedAt"`
 }
 
 type restOutLine struct {

@@ -171,6 +171,17 @@ func (c *lingerConn) wakeReader(deadline time.Time) {
 	c.rearm.Store(deadline.UnixNano())
 }
 
+// readBy makes reads fail at deadline, the read under way too, unless
+// Close was called (the linger has the socket then).
+func (c *lingerConn) readBy(deadline time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing.Load() {
+		return
+	}
+	_ = c.Conn.SetReadDeadline(deadline)
+}
+
 // Done is closed once the connection is closed.
 func (c *lingerConn) Done() <-chan struct{} { return c.done }
 

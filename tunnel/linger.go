@@ -171,11 +171,29 @@ func (c *lingerConn) wakeReader(deadline time.Time) {
 	c.rearm.Store(deadline.UnixNano())
 }
 
+// readBy makes reads fail at deadline, the read under way too, unless
+// Close was called (the linger has the socket then).
+func (c *lingerConn) readBy(deadline time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing.Load() {
+		return
+	}
+	_ = c.Conn.SetReadDeadline(deadline)
+}
+
 // Done is closed once the connection is closed.
 func (c *lingerConn) Done() <-chan struct{} { return c.done }
 
 func (c *lingerConn) linger(deadline time.Time) {
 	defer close(c.done)
+	// At the deadline the socket closes, whatever is still under way:
+	// the deadlines set on it below bound the reads and writes only as
+	// long as nothing sets others (a SetDeadline after Close, or
+	// crypto/tls, which gives a close_notify 5 s of its own to find room
+	// in the send buffer, and whose Close waits for it).
+	stop := time.AfterFunc(time.Until(deadline), func() { _ = c.tcp.Close() })
+	defer stop.Stop()
 	// A write under way (to a client that reads slowly) may finish until
 	// the deadline; then the FIN follows what was written. In another
 	// goroutine: a client that writes and only then reads needs its
@@ -199,16 +217,10 @@ func (c *lingerConn) linger(deadline time.Time) {
 		}
 	}
 	c.rmu.Unlock()
-	// The FIN is out (or the deadline passed: a TLS close_notify still
-	// waiting for room is dropped with the socket).
-	timer := time.NewTimer(time.Until(deadline))
-	select {
-	case <-fin:
-	case <-timer.C:
-	}
-	timer.Stop()
-	_ = c.Conn.Close()
+	// The FIN is out, or the deadline passed: a TLS close_notify still
+	// waiting for room is dropped with the socket.
 	<-fin
+	_ = c.Conn.Close()
 }
 
 // lingerDone returns when conn (a tunnel's connection, as the server

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -426,5 +427,111 @@ func TestTunnelEndEndsTheSessionAtOnce(t *testing.T) {
 			}
 			c.Close() // the linger ends with the client's end
 		})
+	}
+}
+
+// wsClientFrame is a client's WebSocket frame (masked, with a zero key)
+// of opcode op whose header says n payload bytes, with payload (all or
+// the first part of them).
+func wsClientFrame(op byte, n int, payload []byte) []byte {
+	b := []byte{0x80 | op}
+	switch {
+	case n < 126:
+		b = append(b, 0x80|byte(n))
+	case n < 1<<16:
+		b = append(b, 0x80|126, byte(n>>8), byte(n))
+	default:
+		b = append(b, 0x80|127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	b = append(b, 0, 0, 0, 0) // the mask key: zero, the payload as it is
+	return append(b, payload...)
+}
+
+// A WebSocket tunnel that ends while the client is in the middle of a
+// frame (an upload under way) still has its close handshake: once the
+// client has sent the rest of its message and answered the gateway's
+// close frame, the gateway ends the connection (its FIN), without
+// waiting for the client's own end or the linger's bound. (Woken in the
+// middle of the frame's payload, the library's read returned part of it
+// without counting it; the handshake then skipped that many bytes too
+// many, into the client's close frame, and waited for bytes that never
+// came: the FIN came only at the bound, 1 s.)
+func TestTunnelEndMidFrameKeepsTheCloseHandshake(t *testing.T) {
+	st := gwtest.Start(t, gwtest.Options{})
+	id := st.CreateSession(t, nil).SessionID
+	readEnded := make(chan error, 1)
+	var read atomic.Int64
+	g := startLingerGateway(t, st, 10*time.Minute, func(ctx context.Context, conn net.Conn, s *gateway.Session) {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := conn.Read(buf)
+			read.Add(int64(n))
+			if err != nil {
+				readEnded <- err
+				return
+			}
+		}
+	})
+	u, err := url.Parse(g.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /v1/sessions/"+id+"/ssh HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %s", resp.Status)
+	}
+	// One binary message of 1 MiB, of which the first 10 KiB only.
+	const size, first = 1 << 20, 10 << 10
+	if _, err := c.Write(wsClientFrame(2, size, make([]byte, first))); err != nil {
+		t.Fatal(err)
+	}
+	// The session's read under way takes them (the library's read waits
+	// for the rest of the frame, up to the size asked).
+	local, remote := g.ports(t)
+	waitUntil(t, "the gateway to read the first part", func() bool {
+		_, rx, _, ok := tcpQueues(t, remote, local)
+		return ok && rx == 0
+	})
+	if code := st.Do(t, st.Token, http.MethodDelete, "/v1/sessions/"+id, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete: %d", code)
+	}
+	// The gateway's close frame (unmasked, status 1000).
+	head := make([]byte, 4)
+	if _, err := io.ReadFull(br, head); err != nil {
+		t.Fatal(err)
+	}
+	if head[0] != 0x88 || head[1] != 2 {
+		t.Fatalf("the gateway sent %x, want its close frame", head)
+	}
+	// The rest of the message, then the answer to the close frame.
+	if _, err := c.Write(make([]byte, size-first)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(wsClientFrame(8, 2, []byte{0x03, 0xe8})); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second)) // the bound is 10 min
+	if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
+		t.Fatalf("after the client's answer to the close frame the gateway sent %d bytes more, then %v; want its FIN at once", len(rest), err)
+	}
+	select {
+	case err := <-readEnded:
+		t.Logf("the session's read ended after %d bytes: %v", read.Load(), err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the session's read is still under way 2 minutes after the end")
 	}
 }

@@ -435,8 +435,17 @@ func (c *wsConn) closeHandshake(deadline time.Time) {
 		close(done)
 	}()
 	// x/crypto's read under way (there always is one) ends now: it
-	// ends the SSH connection, as a closed socket did.
-	c.raw.wakeReader(deadline)
+	// ends the SSH connection, as a closed socket did. Not in the middle
+	// of a frame: the library's read would return what it has of the
+	// payload without counting it, and the handshake would then skip
+	// that many bytes too many, into the client's answer. That read ends
+	// with the frame (a client sends its frames whole), and the next
+	// fails (Read).
+	if c.frames != nil && c.frames.midFrame() {
+		c.raw.readBy(deadline)
+	} else {
+		c.raw.wakeReader(deadline)
+	}
 	timer := time.NewTimer(time.Until(deadline))
 	select {
 	case <-done:

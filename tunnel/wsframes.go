@@ -69,6 +69,16 @@ func (t *frameTracker) feed(p []byte) {
 	}
 }
 
+// midFrame reports whether what was read ends inside a frame, its
+// header or its payload: a read of the library's under way then waits
+// for the rest of that frame (a read at the frame's start holds none of
+// it yet).
+func (t *frameTracker) midFrame() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.hn > 0 || t.left > 0
+}
+
 // headerLen is the length of the frame header h starts (0: not known yet).
 func headerLen(h []byte) int {
 	if len(h) < 2 {

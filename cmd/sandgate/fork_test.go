@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandgate/sandgate/dataplane"
 )
 
 // criuForTest returns a criu 4.x for serve --criu ($SANDGATE_CRIU, else the
@@ -342,5 +344,41 @@ func TestForkServerTiming(t *testing.T) {
 		if !want.MatchString(h) {
 			t.Errorf("--server-timing %v: the fork's Server-Timing is %q, want %s", timed, h, want)
 		}
+	}
+}
+
+// TestForkWithMostBackgroundProcesses: a session running as many
+// background processes as it may (dataplane.DefaultMaxRunning), each
+// with its input open, forks: the gateway grew their input and output
+// pipes to 1 MiB, which the restore recreates as the sandbox's
+// unprivileged user, whose pipes count against fs.pipe-user-pages-soft
+// (64 pipes of 1 MiB); the gateway gives them the default size back as it
+// lets go of them. (Every such fork's restore failed: CRIU's "Can't
+// restore pipe size: Operation not permitted".)
+func TestForkWithMostBackgroundProcesses(t *testing.T) {
+	requireLinuxDriver(t)
+	criu := criuForTest(t)
+	g := startGateway(t, "--sandbox", "linux", "--checkpoint", "--criu", criu)
+	id := g.createSession(t).SessionID
+	pc := procClient{g: g, base: "/v1/sessions/" + id + "/processes"}
+	var last restProcess
+	for range dataplane.DefaultMaxRunning {
+		last = pc.start(t, map[string]any{"command": "read line; echo got-$line"})
+	}
+	var fa forkAnswer
+	if code := g.api(t, http.MethodPost, "/v1/sessions/"+id+"/fork", map[string]any{"count": 1}, &fa); code != http.StatusCreated || len(fa.Sessions) != 1 {
+		t.Fatalf("fork: %d %+v\n%s", code, fa, g.stderr.String())
+	}
+	// The fork's copy of a process reads its input and answers.
+	fp := procClient{g: g, base: "/v1/sessions/" + fa.Sessions[0].SessionID + "/processes"}
+	if code := g.api(t, http.MethodPost, fp.base+"/"+last.ProcessID+"/stdin", map[string]any{"data": "fork\n"}, nil); code != http.StatusNoContent {
+		t.Fatalf("stdin of the fork's %s: %d", last.ProcessID, code)
+	}
+	if p := fp.waitEnd(t, last.ProcessID); p.Status != "exited" || p.ExitCode == nil || *p.ExitCode != 0 {
+		t.Fatalf("the fork's %s: %+v", last.ProcessID, p)
+	}
+	lines, _ := fp.output(t, last.ProcessID, 0, false)
+	if data, _, _, _ := collect(t, lines); string(data) != "got-fork\n" {
+		t.Errorf("the fork's %s wrote %q", last.ProcessID, data)
 	}
 }

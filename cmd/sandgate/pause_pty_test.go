@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sandgate/sandgate/dataplane"
 	"github.com/sandgate/sandgate/internal/gwtest"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process"
 	"github.com/sandgate/sandgate/rest/compat/e2b/envd/gen/process/processconnect"
@@ -390,11 +391,15 @@ func TestForkAfterFreezeFallback(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// A persistent shell's command under way (a REST command would be
-	// handed over: docs/pause.md): the shell keeps its connection, so the
-	// pause is a freeze (after the background process was let go of).
+	// A REST command under way that the process API cannot take (it runs
+	// its most, dataplane.DefaultMaxRunning, so the hand-over is refused:
+	// docs/pause.md) keeps its connection, so the pause is a freeze (after
+	// the background processes were let go of).
+	for range dataplane.DefaultMaxRunning - 1 {
+		pc.start(t, map[string]any{"command": "sleep 1000"})
+	}
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions/"+id+"/commands", strings.NewReader(`{"command":"sleep 15","shell":"main"}`))
+		req, _ := http.NewRequest(http.MethodPost, g.URL+"/v1/sessions/"+id+"/commands", strings.NewReader(`{"command":"sleep 15"}`))
 		req.Header.Set("Authorization", "Bearer "+g.Token)
 		req.Header.Set("Content-Type", "application/json")
 		if res, err := http.DefaultClient.Do(req); err == nil {

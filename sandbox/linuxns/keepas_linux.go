@@ -113,7 +113,7 @@ func (p *initProcess) KeepAs(ctx context.Context, key string) error {
 	}
 	// Kept: the gateway's ends close (stdin's too: EOF), and so does the
 	// connection, which the init lets go of as a gateway's that went away.
-	p.shrinkOutput()
+	p.shrinkPipes()
 	p.closeStdio()
 	p.conn.Close()
 	return nil

@@ -83,15 +83,17 @@ func (r *keptReader) stop(deadline time.Time) {
 	}
 }
 
-// shrinkOutput gives the command's output pipes the kernel's default
-// capacity back before the gateway lets go of them for good (Release,
-// KeepAs): the gateway grew them (procio.GrowPipeFD) as a privileged
-// user, but a restore recreates them at their size as the sandbox's
-// unprivileged user, whose pipes count against fs.pipe-user-pages-soft,
-// and 30-odd kept commands' 1 MiB pipes made every resume fail. A pipe
-// holding more than the default keeps its size.
-func (p *initProcess) shrinkOutput() {
-	for _, r := range []any{p.stdout, p.stderr} {
+// shrinkPipes gives the command's pipes the kernel's default capacity
+// back before the gateway lets go of them for good (Release, KeepAs):
+// the gateway grew its input and output pipes (procio.GrowPipeFD) as a
+// privileged user, but a restore recreates them at their size as the
+// sandbox's unprivileged user, whose pipes count against
+// fs.pipe-user-pages-soft (16,384 pages: 64 pipes of 1 MiB). 30-odd kept
+// commands' output pipes made every resume fail; the input pipes of 64
+// background processes (their most, open for input) made every fork's
+// restore fail. A pipe holding more than the default keeps its size.
+func (p *initProcess) shrinkPipes() {
+	for _, r := range []any{p.stdin, p.stdout, p.stderr} {
 		sc, ok := r.(syscall.Conn)
 		if !ok {
 			continue

@@ -539,7 +539,7 @@ func (p *initProcess) Release() {
 	if !p.kept {
 		return
 	}
-	p.shrinkOutput()
+	p.shrinkPipes()
 	if ks, ok := p.stdin.(*keptStdin); ok {
 		ks.once.Do(func() {}) // no EOF
 		ks.File.Close()

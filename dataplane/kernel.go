@@ -262,8 +262,8 @@ type checkpointNotifier interface {
 // whose cell runs lets go of it itself (run: its answer is
 // ErrKernelLetGo, its cell goes on in the interpreter). It reports false
 // when the interpreter cannot be let go (not kept), or a call holds it
-// but runs no cell (it starts or takes back the interpreter) for
-// letGoWait: the pause is then a freeze.
+// but runs no cell (it starts, restarts or takes back the interpreter)
+// for letGoWait: the pause is then a freeze.
 func (x *kernel) letGo() bool {
 	deadline := time.Now().Add(letGoWait)
 	for {
@@ -273,7 +273,7 @@ func (x *kernel) letGo() bool {
 			return x.proc == nil || x.release()
 		default:
 		}
-		if ok, asked := askLetGo(&x.mu, &x.call); asked {
+		if ok, asked := askLetGo(&x.mu, &x.call, deadline); asked {
 			return ok
 		}
 		if time.Now().After(deadline) {
@@ -313,19 +313,27 @@ func enterCall(mu *sync.Mutex, cur **callLetGo) (*callLetGo, func()) {
 }
 
 // askLetGo asks the call in *cur to let go of its process: asked is false
-// when there is none, or it left before it heard.
-func askLetGo(mu *sync.Mutex, cur **callLetGo) (ok, asked bool) {
+// when there is none, or it left before it heard, or it did not hear by
+// deadline. A call hears only where it waits on its process; elsewhere
+// (it restarts its interpreter, it ends) it may wait for what the pause
+// holds (the session's lifecycle lock, for a start): the ask must not
+// wait for it without end.
+func askLetGo(mu *sync.Mutex, cur **callLetGo, deadline time.Time) (ok, asked bool) {
 	mu.Lock()
 	c := *cur
 	mu.Unlock()
 	if c == nil {
 		return false, false
 	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
 	reply := make(chan bool, 1)
 	select {
 	case c.ask <- reply:
 		return <-reply, true
 	case <-c.left:
+		return false, false
+	case <-timer.C:
 		return false, false
 	}
 }

@@ -149,7 +149,7 @@ func (x *shell) letGo() bool {
 			return true
 		default:
 		}
-		if ok, asked := askLetGo(&x.mu, &x.call); asked {
+		if ok, asked := askLetGo(&x.mu, &x.call, deadline); asked {
 			return ok
 		}
 		if time.Now().After(deadline) {

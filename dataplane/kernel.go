@@ -1035,7 +1035,8 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 // go of under its call in this gateway (letGoCell) is waited for as a
 // call queued before this one would be: until it ends, or this call's
 // context does (the kernel kept: the next call waits again), or a pause
-// asks to let go again (this call answers as that cell's did). One of
+// asks to let go again (this call answers session_paused, its code not
+// run: kernelWaitPaused). One of
 // an earlier gateway is given timeout, then the interpreter is killed
 // and another started, without the state (res says so).
 func (x *kernel) syncTakenBack(ctx context.Context, timeout time.Duration, res *PythonResult) error {
@@ -1057,7 +1058,9 @@ func (x *kernel) syncTakenBack(ctx context.Context, timeout time.Duration, res *
 			ok := x.release()
 			reply <- ok
 			if ok {
-				return kernelLetGo(x.name)
+				// This call's code was not sent: it does not run (the
+				// earlier cell does, and the next call waits for it).
+				return kernelWaitPaused(x.name)
 			}
 			continue // another sync: the one sent answers first, ignored
 		case end == syncWaiting && x.letGoCell:

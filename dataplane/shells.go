@@ -394,7 +394,7 @@ func (x *shell) syncTakenBack(ctx context.Context, timeout time.Duration) error 
 			x.syncing = nil
 			x.forget(key)
 			reply <- true
-			return shellLetGo(x.name)
+			return shellWaitPaused(x.name) // this command was not sent
 		case end == syncWaiting && x.letGoCmd:
 			if err := ctx.Err(); err != nil {
 				return err

@@ -621,14 +621,18 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	var status string
 	var readers sync.WaitGroup
 	readers.Add(2)
+	// Read here, not in the readers: a pause's let-go (below) forgets
+	// them (x.out = nil) after OutputGrace even if a reader has not run
+	// yet.
+	outR, errR := x.out, x.err
 	go func() {
 		defer readers.Done()
-		status, _ = x.out.until(tok, stdout)
+		status, _ = outR.until(tok, stdout)
 		stdout.flush()
 	}()
 	go func() {
 		defer readers.Done()
-		_, _ = x.err.until(tok, stderr)
+		_, _ = errR.until(tok, stderr)
 		stderr.flush()
 	}()
 	ended := make(chan struct{})

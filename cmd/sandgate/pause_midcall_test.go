@@ -263,7 +263,10 @@ func TestPauseCheckpointWhileWaitingForInterruptedCall(t *testing.T) {
 			started = "/workspace/started2"
 		}
 		waitWorkspaceFile(t, g, id, started)
-		pauseByCheckpoint(t, g, id)
+		// pauseWhileWriting's bound (2 MiB): what the cgroup counts
+		// right at the answer of these pauses was measured up to 1.3 MiB
+		// under load (lazily freed buffers); a freeze keeps tens of MiB.
+		pauseWhileWriting(t, g, id)
 		pausedCallAnswer(t, ans, c.what)
 
 		go post(c.next) // resumes the session, then waits for the interrupted one
@@ -275,7 +278,7 @@ func TestPauseCheckpointWhileWaitingForInterruptedCall(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		time.Sleep(500 * time.Millisecond) // into its wait
-		pauseByCheckpoint(t, g, id)
+		pauseWhileWriting(t, g, id)
 		var got apiAnswer
 		select {
 		case got = <-ans:

@@ -325,9 +325,14 @@ func askLetGo(mu *sync.Mutex, cur **callLetGo, deadline time.Time) (ok, asked bo
 	if c == nil {
 		return false, false
 	}
+	reply := make(chan bool, 1)
+	select {
+	case c.ask <- reply: // a call that hears now is asked, deadline or not
+		return <-reply, true
+	default:
+	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	reply := make(chan bool, 1)
 	select {
 	case c.ask <- reply:
 		return <-reply, true

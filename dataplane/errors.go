@@ -149,3 +149,20 @@ func shellLetGo(name string) error {
 	return &clientError{err: ErrShellLetGo, api: gateway.Error{Kind: gateway.KindConflict, Code: "session_paused",
 		Message: ShellPausedMessage(name)}}
 }
+
+// kernelWaitPaused is the answer of a call on kernel name that a pause
+// by checkpoint ended while it waited for the cell an earlier pause let
+// go of (syncTakenBack): 409 session_paused, as ErrKernelLetGo's, but
+// this call's code was never sent: it did not run, and does not.
+func kernelWaitPaused(name string) error {
+	return &clientError{err: gateway.ErrPaused, api: gateway.Error{Kind: gateway.KindConflict, Code: "session_paused",
+		Message: fmt.Sprintf("the session was paused while the call waited for the code an earlier pause interrupted in kernel %q: "+
+			"this call's code did not run; call again (the next call resumes the session and waits for that code to end)", name)}}
+}
+
+// shellWaitPaused is kernelWaitPaused for a command of shell name.
+func shellWaitPaused(name string) error {
+	return &clientError{err: gateway.ErrPaused, api: gateway.Error{Kind: gateway.KindConflict, Code: "session_paused",
+		Message: fmt.Sprintf("the session was paused while the command waited for the one an earlier pause interrupted in shell %q: "+
+			"this command did not run; run it again (the next command resumes the session and waits for that one to end)", name)}}
+}

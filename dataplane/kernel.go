@@ -262,8 +262,8 @@ type checkpointNotifier interface {
 // whose cell runs lets go of it itself (run: its answer is
 // ErrKernelLetGo, its cell goes on in the interpreter). It reports false
 // when the interpreter cannot be let go (not kept), or a call holds it
-// but runs no cell (it starts or takes back the interpreter) for
-// letGoWait: the pause is then a freeze.
+// but runs no cell (it starts, restarts or takes back the interpreter)
+// for letGoWait: the pause is then a freeze.
 func (x *kernel) letGo() bool {
 	deadline := time.Now().Add(letGoWait)
 	for {
@@ -273,7 +273,7 @@ func (x *kernel) letGo() bool {
 			return x.proc == nil || x.release()
 		default:
 		}
-		if ok, asked := askLetGo(&x.mu, &x.call); asked {
+		if ok, asked := askLetGo(&x.mu, &x.call, deadline); asked {
 			return ok
 		}
 		if time.Now().After(deadline) {
@@ -313,8 +313,12 @@ func enterCall(mu *sync.Mutex, cur **callLetGo) (*callLetGo, func()) {
 }
 
 // askLetGo asks the call in *cur to let go of its process: asked is false
-// when there is none, or it left before it heard.
-func askLetGo(mu *sync.Mutex, cur **callLetGo) (ok, asked bool) {
+// when there is none, or it left before it heard, or it did not hear by
+// deadline. A call hears only where it waits on its process; elsewhere
+// (it restarts its interpreter, it ends) it may wait for what the pause
+// holds (the session's lifecycle lock, for a start): the ask must not
+// wait for it without end.
+func askLetGo(mu *sync.Mutex, cur **callLetGo, deadline time.Time) (ok, asked bool) {
 	mu.Lock()
 	c := *cur
 	mu.Unlock()
@@ -323,9 +327,18 @@ func askLetGo(mu *sync.Mutex, cur **callLetGo) (ok, asked bool) {
 	}
 	reply := make(chan bool, 1)
 	select {
+	case c.ask <- reply: // a call that hears now is asked, deadline or not
+		return <-reply, true
+	default:
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
 	case c.ask <- reply:
 		return <-reply, true
 	case <-c.left:
+		return false, false
+	case <-timer.C:
 		return false, false
 	}
 }
@@ -1027,7 +1040,8 @@ func (x *kernel) run(ctx context.Context, req PythonRequest) (PythonResult, erro
 // go of under its call in this gateway (letGoCell) is waited for as a
 // call queued before this one would be: until it ends, or this call's
 // context does (the kernel kept: the next call waits again), or a pause
-// asks to let go again (this call answers as that cell's did). One of
+// asks to let go again (this call answers session_paused, its code not
+// run: kernelWaitPaused). One of
 // an earlier gateway is given timeout, then the interpreter is killed
 // and another started, without the state (res says so).
 func (x *kernel) syncTakenBack(ctx context.Context, timeout time.Duration, res *PythonResult) error {
@@ -1049,7 +1063,9 @@ func (x *kernel) syncTakenBack(ctx context.Context, timeout time.Duration, res *
 			ok := x.release()
 			reply <- ok
 			if ok {
-				return kernelLetGo(x.name)
+				// This call's code was not sent: it does not run (the
+				// earlier cell does, and the next call waits for it).
+				return kernelWaitPaused(x.name)
 			}
 			continue // another sync: the one sent answers first, ignored
 		case end == syncWaiting && x.letGoCell:

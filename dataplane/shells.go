@@ -149,7 +149,7 @@ func (x *shell) letGo() bool {
 			return true
 		default:
 		}
-		if ok, asked := askLetGo(&x.mu, &x.call); asked {
+		if ok, asked := askLetGo(&x.mu, &x.call, deadline); asked {
 			return ok
 		}
 		if time.Now().After(deadline) {
@@ -394,7 +394,7 @@ func (x *shell) syncTakenBack(ctx context.Context, timeout time.Duration) error 
 			x.syncing = nil
 			x.forget(key)
 			reply <- true
-			return shellLetGo(x.name)
+			return shellWaitPaused(x.name) // this command was not sent
 		case end == syncWaiting && x.letGoCmd:
 			if err := ctx.Err(); err != nil {
 				return err
@@ -621,14 +621,18 @@ func (x *shell) run(ctx context.Context, req Request) (Result, error) {
 	var status string
 	var readers sync.WaitGroup
 	readers.Add(2)
+	// Read here, not in the readers: a pause's let-go (below) forgets
+	// them (x.out = nil) after OutputGrace even if a reader has not run
+	// yet.
+	outR, errR := x.out, x.err
 	go func() {
 		defer readers.Done()
-		status, _ = x.out.until(tok, stdout)
+		status, _ = outR.until(tok, stdout)
 		stdout.flush()
 	}()
 	go func() {
 		defer readers.Done()
-		_, _ = x.err.until(tok, stderr)
+		_, _ = errR.until(tok, stderr)
 		stderr.flush()
 	}()
 	ended := make(chan struct{})
@@ -768,29 +772,65 @@ func newMarkerReader(r io.ReadCloser) *markerReader {
 	return &markerReader{src: procio.NewOutput(r)}
 }
 
+// maxMarkerStatus bounds what a shell's end marker holds between its
+// start and its end (the exit status and the directory): a start with no
+// end within it is output (the command wrote it; it can learn the
+// token), not held back without bound.
+const maxMarkerStatus = 64 << 10
+
 // until copies the stream into w until tok + ":" ... ":" + tok + "\n",
-// returning what is between. It holds back what may be the start of the
-// marker until it knows. At the end of the stream it returns ok=false.
+// returning what is between (at most maxMarkerStatus bytes). It holds
+// back what may be the start of the marker until it knows. At the end of
+// the stream it returns ok=false.
 func (m *markerReader) until(tok string, w *streamReader) (string, bool) {
 	start := []byte(tok + ":")
 	end := []byte(":" + tok + "\n")
 	buf := m.left
 	m.left = nil
 	chunk := make([]byte, 32<<10)
+	// from: when buf begins with a start, no end begins in
+	// buf[len(start):from] (searched already: each byte is searched once).
+	from := 0
+	skip := 0 // buf[:skip] holds no marker's start (a start found not one)
 	for {
-		if i := bytes.Index(buf, start); i >= 0 {
+		i := bytes.Index(buf[skip:], start)
+		if i >= 0 {
+			i += skip
+		}
+		skip = 0
+		if i >= 0 {
 			if i > 0 {
 				w.write(buf[:i])
 				buf = buf[i:]
 			}
-			if j := bytes.Index(buf[len(start):], end); j >= 0 {
-				status := string(buf[len(start) : len(start)+j])
-				m.left = append([]byte(nil), buf[len(start)+j+len(end):]...)
-				return status, true
+			from = max(from-i, len(start))
+			j := bytes.Index(buf[from:], end)
+			if j >= 0 {
+				j += from
+				if j-len(start) <= maxMarkerStatus {
+					status := string(buf[len(start):j])
+					m.left = append([]byte(nil), buf[j+len(end):]...)
+					return status, true
+				}
 			}
+			if j >= 0 || len(buf)-len(start) > maxMarkerStatus+len(end) {
+				// Not a marker: its end is not within the longest status.
+				// The start is output, with what follows up to the next.
+				skip = 1
+				if j < 0 {
+					from = len(buf) - len(end) + 1
+				} else {
+					from = j
+				}
+				continue
+			}
+			from = max(len(buf)-len(end)+1, len(start))
 		} else if keep := len(start) - 1; len(buf) > keep {
 			w.write(buf[:len(buf)-keep])
 			buf = append([]byte(nil), buf[len(buf)-keep:]...)
+			from = 0
+		} else {
+			from = 0
 		}
 		n, err := m.src.Read(chunk)
 		buf = append(buf, chunk[:n]...)

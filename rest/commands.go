@@ -204,6 +204,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 	// A pause by checkpoint hands a command under way to the background
 	// processes (dataplane.HandedOffError): the pause's answer names it.
 	var handedID atomic.Pointer[string]
+	var sent atomic.Bool // the command was sent to its shell (req.Started, below)
 	req.HandedOff = func(id string) { handedID.Store(&id) }
 	pausedErr := func() *gateway.Error {
 		if p := handedID.Load(); p != nil {
@@ -212,10 +213,13 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 				*p + " (GET /v1/sessions/" + s.ID + "/processes/" + *p + "); call again to resume the session"
 			return &e
 		}
-		if cr.Shell != "" {
+		if cr.Shell != "" && sent.Load() {
 			// It goes on in its shell, at the resume (a freeze), or in
 			// the bash the pause let go of (a checkpoint: its answer may
-			// be dataplane.ErrShellLetGo's, the same).
+			// be dataplane.ErrShellLetGo's, the same). One not yet sent
+			// to its shell may not run at all (a checkpoint ends a
+			// command that waits for the one an earlier pause let go
+			// of): the answer does not say it goes on.
 			e := *gateway.ErrPaused
 			e.Message = dataplane.ShellPausedMessage(cr.Shell)
 			return &e
@@ -232,6 +236,13 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 		// command's first output, which a quiet command may never write.
 		req.Started = stream.begin
 	}
+	begin := req.Started
+	req.Started = func() {
+		sent.Store(true)
+		if begin != nil {
+			begin()
+		}
+	}
 	type outcome struct {
 		res dataplane.Result
 		err error
@@ -247,7 +258,7 @@ func (a *api) runCommand(w http.ResponseWriter, r *http.Request) {
 			o.res, o.err = dataplane.Run(ctx, s, req)
 		}
 		var ho *dataplane.HandedOffError
-		if o.err != nil && !errors.Is(o.err, context.Canceled) && !errors.As(o.err, &ho) {
+		if o.err != nil && !errors.Is(o.err, context.Canceled) && !errors.Is(o.err, gateway.ErrPaused) && !errors.As(o.err, &ho) {
 			a.cfg.Log.WarnContext(r.Context(), "command_failed", "session", s.ID, "shell", cr.Shell, "err", o.err)
 		}
 		done <- o

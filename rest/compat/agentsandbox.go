@@ -483,6 +483,12 @@ func kernelProblem(err error) string {
 		return "the kernel was reset while the call waited for it"
 	case errors.Is(err, dataplane.ErrKernelLetGo):
 		return dataplane.KernelPausedMessage(rest.DefaultKernel)
+	case errors.Is(err, gateway.ErrPaused):
+		// Paused before its code ran (it waited for the kernel): it
+		// did not run.
+		if ge, ok := errors.AsType[*gateway.Error](err); ok {
+			return ge.Message
+		}
 	}
 	return "the kernel could not be started"
 }

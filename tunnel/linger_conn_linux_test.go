@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandgate/sandgate/internal/tcptest"
 	"github.com/sandgate/sandgate/tunnel"
 )
 
@@ -23,27 +24,9 @@ func tlsPair(t *testing.T) (srv *tls.Conn, srvTCP *net.TCPConn, cli *tls.Conn) {
 	pool.AddCert(hs.Certificate())
 	scfg := hs.TLS.Clone()
 	hs.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	cc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := <-accepted
-	if sc == nil {
-		t.Fatal("accept failed")
-	}
+	cc, sc := tcptest.Pair(t)
 	srv = tls.Server(sc, scfg)
 	cli = tls.Client(cc, &tls.Config{RootCAs: pool, ServerName: "example.com"})
-	t.Cleanup(func() { cli.NetConn().Close(); sc.Close() })
 	done := make(chan error, 1)
 	go func() { done <- srv.Handshake() }()
 	if err := cli.Handshake(); err != nil {
@@ -52,7 +35,7 @@ func tlsPair(t *testing.T) (srv *tls.Conn, srvTCP *net.TCPConn, cli *tls.Conn) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	return srv, sc.(*net.TCPConn), cli
+	return srv, sc, cli
 }
 
 // A tunnel's end over TLS holds its socket no longer than its bound

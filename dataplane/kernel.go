@@ -265,15 +265,23 @@ type checkpointNotifier interface {
 // but runs no cell (it starts, restarts or takes back the interpreter)
 // for letGoWait: the pause is then a freeze.
 func (x *kernel) letGo() bool {
+	return letGoTurn(x.turn, &x.mu, &x.call, func() bool { return x.proc == nil || x.release() })
+}
+
+// letGoTurn lets go of a kernel's or shell's process for a checkpoint:
+// by release, called holding turn, when no call holds it; else by asking
+// the call under way (askLetGo), which lets go of it itself; for at most
+// letGoWait.
+func letGoTurn(turn chan struct{}, mu *sync.Mutex, call **callLetGo, release func() bool) bool {
 	deadline := time.Now().Add(letGoWait)
 	for {
 		select {
-		case x.turn <- struct{}{}:
-			defer func() { <-x.turn }()
-			return x.proc == nil || x.release()
+		case turn <- struct{}{}:
+			defer func() { <-turn }()
+			return release()
 		default:
 		}
-		if ok, asked := askLetGo(&x.mu, &x.call, deadline); asked {
+		if ok, asked := askLetGo(mu, call, deadline); asked {
 			return ok
 		}
 		if time.Now().After(deadline) {

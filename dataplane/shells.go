@@ -132,31 +132,18 @@ func (x *shell) setUnregister(remove func()) { x.unregister = remove }
 // ErrShellLetGo, and it goes on in the bash; the next command's sync
 // reads away the rest of its output).
 func (x *shell) letGo() bool {
-	deadline := time.Now().Add(letGoWait)
-	for {
-		select {
-		case x.turn <- struct{}{}:
-			defer func() { <-x.turn }()
-			if x.proc == nil {
-				return true
-			}
-			r, key := x.releaser()
-			if r == nil {
-				return false
-			}
-			r.Release()
-			x.forget(key)
+	return letGoTurn(x.turn, &x.mu, &x.call, func() bool {
+		if x.proc == nil {
 			return true
-		default:
 		}
-		if ok, asked := askLetGo(&x.mu, &x.call, deadline); asked {
-			return ok
-		}
-		if time.Now().After(deadline) {
+		r, key := x.releaser()
+		if r == nil {
 			return false
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		r.Release()
+		x.forget(key)
+		return true
+	})
 }
 
 // releaser returns the shell's bash as a Releaser and the key it is kept

@@ -98,7 +98,7 @@ func TestPauseCheckpointKeepsProcesses(t *testing.T) {
 			t.Fatalf("connect to the terminal: %v", err)
 		}
 		defer cs.Close()
-		r := readPTY(cs)
+		r := readPTY(cs).connected(t)
 		if _, err := pc.SendInput(c, connect.NewRequest(&process.SendInputRequest{Process: term,
 			Input: &process.ProcessInput{Input: &process.ProcessInput_Pty{Pty: []byte(in)}}})); err != nil {
 			t.Fatalf("terminal input: %v", err)

@@ -44,23 +44,46 @@ func envdClient(t *testing.T, g *gatewayProc, id string) processconnect.ProcessC
 
 // ptyReader collects the terminal output of a Start or Connect stream.
 type ptyReader struct {
-	out  gwtest.Buffer
-	done chan struct{}
+	out     gwtest.Buffer
+	done    chan struct{}
+	started chan struct{} // closed at the stream's start event
 }
 
 func readPTY[T interface{ GetEvent() *process.ProcessEvent }](st interface {
 	Receive() bool
 	Msg() T
 }) *ptyReader {
-	r := &ptyReader{done: make(chan struct{})}
+	r := &ptyReader{done: make(chan struct{}), started: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		for st.Receive() {
+			if st.Msg().GetEvent().GetStart() != nil {
+				select {
+				case <-r.started:
+				default:
+					close(r.started)
+				}
+			}
 			if d := st.Msg().GetEvent().GetData(); d != nil {
 				_, _ = r.out.Write(d.GetPty())
 			}
 		}
 	}()
+	return r
+}
+
+// connected waits for a Connect stream's start event, which the gateway
+// sends once it follows the process's output from where it ends then:
+// input typed before it may be answered before the stream follows.
+func (r *ptyReader) connected(t *testing.T) *ptyReader {
+	t.Helper()
+	select {
+	case <-r.started:
+	case <-r.done:
+		t.Fatal("the terminal's stream ended before its start event")
+	case <-time.After(60 * time.Second):
+		t.Fatal("no start event on the terminal's stream")
+	}
 	return r
 }
 
@@ -125,7 +148,7 @@ func TestPauseCheckpointPTY(t *testing.T) {
 			t.Fatalf("connect after the resume: %v\n%s", err, g.stderr.String())
 		}
 		defer cs.Close()
-		r := readPTY(cs)
+		r := readPTY(cs).connected(t)
 		// The size it had is kept (the terminal was dumped and restored).
 		input(t, pc, "echo \"size-$(stty size | tr ' ' x)\"\n")
 		r.wait(t, "size-"+prevSize)
@@ -225,7 +248,7 @@ func TestForkPTY(t *testing.T) {
 			t.Fatalf("connect in the fork: %v\n%s", err, g.stderr.String())
 		}
 		defer cs.Close()
-		fr := readPTY(cs)
+		fr := readPTY(cs).connected(t)
 		input(t, fc, "echo \"$PTYVAR-$(pwd)-$(stty size | tr ' ' x)-$((40+2))\"; PTYVAR="+mark+"\n")
 		fr.wait(t, "forked-/tmp-25x81-42")
 		// The background process runs on in the fork, its output kept
@@ -274,7 +297,7 @@ func TestForkPTY(t *testing.T) {
 		t.Fatalf("connect after the resume: %v", err)
 	}
 	defer cs.Close()
-	sr := readPTY(cs)
+	sr := readPTY(cs).connected(t)
 	input(t, pc, "echo \"src-again-$PTYVAR\"\n")
 	sr.wait(t, "src-again-forked")
 }

@@ -87,6 +87,13 @@ type checkpoint struct {
 	// loopback of the restored network namespace up itself (criuLoUp).
 	loUpOnce sync.Once
 	loUp     bool
+	// lazy, once lazyOnce has run, says whether a fork's restore copies
+	// memory on demand (criuLazy); lazyRuns counts the lazy-pages
+	// daemons still serving restores of the images, which Close waits
+	// for.
+	lazyOnce sync.Once
+	lazy     bool
+	lazyRuns sync.WaitGroup
 }
 
 // sharedReaders counts the restores under way of images that checkpoints
@@ -165,6 +172,9 @@ func (s *linuxSandbox) Checkpoint(ctx context.Context) (_ sandbox.Checkpoint, er
 		return nil, sandbox.ErrPaused
 	}
 	if err := d.checkpointable(&st); err != nil {
+		return nil, err
+	}
+	if err := s.waitLazy(ctx); err != nil {
 		return nil, err
 	}
 	criu, err := d.criuPath()
@@ -387,7 +397,7 @@ func (c *checkpoint) run(ctx context.Context, criu string, args []string, log st
 		// (runCRIU takes it back to the gateway's mounts first, for the
 		// main thread, which is parked instead).
 		runtime.LockOSThread()
-		errc <- c.d.runCRIU(ctx, criu, args, log, extra, ph)
+		errc <- c.d.runCRIU(ctx, criu, args, log, extra, ph, nil)
 	}()
 	return <-errc
 }
@@ -414,7 +424,7 @@ const criuWaitDelay = 5 * time.Second
 // a new one (the first; one of a new criu binary) gives the driver its
 // copy. Where the host's /run is a tmpfs (CRIU keeps its cache there
 // itself), or holds a path criu needs (ownRun), criu sees the host's.
-func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases) (err error) {
+func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases, started func()) (err error) {
 	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("criu: the gateway's mounts: %w", err)
@@ -452,7 +462,13 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	cmd.WaitDelay = criuWaitDelay
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err = cmd.Start()
+	if err == nil {
+		if started != nil {
+			started()
+		}
+		err = cmd.Wait()
+	}
 	if ph != nil && cmd.ProcessState != nil {
 		ph.add("criu_cpu", cmd.ProcessState.UserTime()+cmd.ProcessState.SystemTime())
 	}
@@ -752,14 +768,17 @@ func controllersOf(dirs []string) []string {
 	return out
 }
 
-// Close implements sandbox.Checkpoint: the images are deleted.
+// Close implements sandbox.Checkpoint: the images are deleted, once no
+// lazy-pages daemon reads them.
 func (c *checkpoint) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
+	c.mu.Unlock()
+	c.lazyRuns.Wait()
 	return os.RemoveAll(c.dir)
 }
 
@@ -826,27 +845,59 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(imgs)
+	var lp, lazy *lazyPages
+	defer func() {
+		if lazy == nil {
+			if lp != nil {
+				lp.stop()
+			}
+			os.RemoveAll(imgs)
+		}
+	}()
+	if c.criuLazy(criu) {
+		// Its start overlaps the stage's making.
+		if err := markLazy(dir); err != nil {
+			return nil, err
+		}
+		if lp, err = c.startLazyPages(criu, imgs); err != nil {
+			return nil, err
+		}
+	}
 	stage, err := c.stage(st)
 	if err != nil {
 		return nil, err
 	}
 	defer stage.remove()
 	ph.mark("stage")
-	if err := c.criuRestore(ctx, criu, st, imgs, stage, nil, ph); err != nil {
+	if lp != nil {
+		if err := lp.listening(ctx); err != nil {
+			return nil, err
+		}
+		ph.mark("lazy_pages")
+	}
+	if err := c.criuRestore(ctx, criu, st, imgs, stage, nil, lp, ph); err != nil {
 		return nil, err
+	}
+	if lp != nil {
+		// The daemon owns imgs from here: it copies the rest of the
+		// memory in, then they go.
+		lazy = lp
+		go c.finishLazy(lp, st, imgs)
 	}
 	if err := st.save(dir); err != nil {
 		return nil, err
 	}
 	ph.mark("criu")
-	out, err := d.Adopt(ctx, st.ID)
+	out, err := d.adopt(ctx, st.ID, true)
 	if err != nil {
 		_ = d.Remove(context.WithoutCancel(ctx), st.ID)
 		adopted = true // Remove did the teardown
 		return nil, err
 	}
 	adopted = true
+	if ls, ok := out.(*linuxSandbox); ok && lazy != nil {
+		ls.lazy = lazy.done
+	}
 	_ = d.cg.Started(st.ID)
 	ph.mark("adopt")
 	d.log.Info("sandbox_restored", append([]any{"sandbox", st.ID, "from", c.src.ID}, ph.attrs()...)...)
@@ -860,7 +911,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 // restored init gets them back, its gateway's connections as they were.
 // Without, the init gets a new control socket at st.Socket, and each of
 // its control connections a socket whose peer is closed.
-func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxState, imgs string, stage *restoreStage, held map[uint64]*os.File, ph *phases) error {
+func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxState, imgs string, stage *restoreStage, held map[uint64]*os.File, lazy *lazyPages, ph *phases) error {
 	lnf := held[c.listener]
 	if lnf == nil {
 		ln, err := listenUnix(st.Socket)
@@ -880,6 +931,9 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 		"--empty-ns", "net", "--inherit-fd", fmt.Sprintf("fd[3]:socket:[%d]", c.listener)}
 	if !c.criuLoUp(criu) {
 		args = append(args, "--action-script", filepath.Join(imgs, "restore.sh"))
+	}
+	if lazy != nil {
+		args = append(args, "--lazy-pages")
 	}
 	// The connections whose peer was gone at the dump: CRIU restores them
 	// itself (peerlessConns).

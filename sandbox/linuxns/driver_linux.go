@@ -1012,6 +1012,12 @@ func (d *Driver) List(ctx context.Context) ([]string, error) {
 // with an error wrapping os.ErrNotExist when there is no such sandbox or
 // its init is gone (Remove then cleans up after it).
 func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return d.adopt(ctx, id, false)
+}
+
+// adopt is Adopt; restoring says a restore of this driver's made the
+// sandbox just now (its lazy-pages daemon, if any, is this driver's).
+func (d *Driver) adopt(ctx context.Context, id string, restoring bool) (sandbox.Sandbox, error) {
 	if !sandbox.ValidID(id) {
 		return nil, fmt.Errorf("invalid sandbox id %q", id)
 	}
@@ -1029,6 +1035,12 @@ func (d *Driver) Adopt(ctx context.Context, id string) (sandbox.Sandbox, error) 
 		if sb, ok, err := d.adoptPausedCheckpoint(st); ok || err != nil {
 			return sb, err
 		}
+	}
+	if !restoring && lazyUnfinished(d.dir(id)) {
+		// Restored with lazy pages by a gateway that stopped before its
+		// daemon copied every page: what is missing reads as zeros.
+		cgroup.KillProcs(d.cgroupsOf(st))
+		return nil, fmt.Errorf("adopt %s: %w: its memory was still being restored (lazy pages) when the gateway stopped, and may be incomplete: its processes were killed", id, os.ErrNotExist)
 	}
 	pidfd, err := openInit(st, unix.O_NONBLOCK)
 	if err != nil {

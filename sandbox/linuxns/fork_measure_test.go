@@ -108,7 +108,7 @@ func TestForkX4Measure(t *testing.T) {
 		t.Logf("round %d: checkpoint %v, fork x4 %v", r, tck.Round(time.Millisecond), total.Round(time.Millisecond))
 	}
 	for line := range strings.SplitSeq(logs.String(), "\n") {
-		if strings.Contains(line, "sandbox_restored") || strings.Contains(line, "sandbox_checkpointed") {
+		if strings.Contains(line, "sandbox_restored") || strings.Contains(line, "sandbox_checkpointed") || strings.Contains(line, "lazy_pages") {
 			t.Log(line[strings.Index(line, "msg="):])
 		}
 	}

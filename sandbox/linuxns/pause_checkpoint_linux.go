@@ -107,6 +107,9 @@ func (s *linuxSandbox) pauseCheckpoint(ctx context.Context, rep *sandbox.PauseRe
 	if err := d.checkpointable(&st); err != nil {
 		return err
 	}
+	if err := s.waitLazy(ctx); err != nil {
+		return err
+	}
 	criu, err := d.criuPath()
 	if err != nil {
 		return err
@@ -390,7 +393,7 @@ func (s *linuxSandbox) unpauseCheckpoint(ctx context.Context) (err error) {
 		s.mu.Unlock()
 		return errors.Join(err, s.st.save(sdir))
 	}
-	if err := c.criuRestore(ctx, criu, &st, imgs, stage, held, ph); err != nil {
+	if err := c.criuRestore(ctx, criu, &st, imgs, stage, held, nil, ph); err != nil {
 		return fail(err)
 	}
 	ph.mark("criu")

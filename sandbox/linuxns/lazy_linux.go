@@ -1,0 +1,192 @@
+package linuxns
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/sandgate/sandgate/internal/cgroup"
+	"github.com/sandgate/sandgate/sandbox"
+)
+
+// A fork's restore copies its processes' memory on demand (CRIU's lazy
+// pages): criu restores everything but the private anonymous memory,
+// whose areas it registers with a userfaultfd of each restored process;
+// a "criu lazy-pages" daemon, reading the same images, answers each
+// fault with the page, and once the restore is done copies every page
+// left, then ends. So a fork of a session holding 100 MiB runs its first
+// command before its memory is back, and its restores on a 2-core host do
+// not wait for each other's copies.
+//
+// The restored processes are in the sandbox's user namespace, where the
+// userfaultfd system call is refused (it needs CAP_SYS_PTRACE in the
+// host's, or vm.unprivileged_userfaultfd, which would open it to every
+// process on the host): patch 0006 of .ci/criu-patches has CRIU's user
+// namespace daemon (root on the host) open /dev/userfaultfd (Linux 6.1,
+// 0600 root) for each task, which asks it for a userfaultfd of its own
+// memory, and the API handshake, which asks for fork and unmap events,
+// stays with that daemon as before. The task holds no userfaultfd once
+// its restore is done.
+//
+// A page the daemon never copied would read as zeros: a daemon that fails
+// or is killed before it is done kills the fork's processes
+// (finishLazy), and the images stay until it ends (Close waits).
+
+// criuLazyMark is the path patch 0006 has criu open: a criu holding it
+// restores a task in a user namespace with lazy pages.
+const criuLazyMark = "/dev/userfaultfd"
+
+// lazyPagesWait bounds a lazy-pages daemon's run: the restore and the
+// copy of every page after it. A daemon at the bound is killed, and with
+// it the fork's processes.
+const lazyPagesWait = 10 * time.Minute
+
+// lazyReadyWait bounds the wait for a daemon to listen.
+const lazyReadyWait = 10 * time.Second
+
+// criuLazy says whether forks restore with lazy pages: the criu holds
+// criuLazyMark and the host has /dev/userfaultfd.
+func (c *checkpoint) criuLazy(path string) bool {
+	c.lazyOnce.Do(func() {
+		if _, err := os.Stat("/dev/userfaultfd"); err != nil {
+			return
+		}
+		b, err := os.ReadFile(path)
+		c.lazy = err == nil && bytes.Contains(b, []byte(criuLazyMark))
+	})
+	return c.lazy
+}
+
+// lazyPages is a criu lazy-pages daemon serving one restore's memory.
+type lazyPages struct {
+	cancel context.CancelFunc
+	ready  chan error // what reading its status pipe gave (a byte: nil)
+	done   chan struct{}
+	err    error   // once done is closed
+	cpu    *phases // the daemon's CPU
+}
+
+// startLazyPages starts a lazy-pages daemon for the restore from imgs
+// (its socket, lazy-pages.socket, is there, where the restore finds it);
+// listening waits until it listens.
+func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, sandbox.ErrClosed
+	}
+	c.lazyRuns.Add(1)
+	c.mu.Unlock()
+	r, w, err := os.Pipe()
+	if err != nil {
+		c.lazyRuns.Done()
+		return nil, fmt.Errorf("lazy pages: %w", err)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), lazyPagesWait)
+	lp := &lazyPages{cancel: cancel, ready: make(chan error, 1), done: make(chan struct{}), cpu: newPhases()}
+	args := []string{"lazy-pages", "-D", imgs, "-o", "lazy-pages.log", "-v2", "--status-fd", "3"}
+	go func() {
+		defer c.lazyRuns.Done()
+		defer cancel()
+		// As c.run: the thread ends with the goroutine. The gateway's end
+		// of the status pipe goes once criu has it (or never will), so
+		// that the reader below sees the end of a criu that failed.
+		runtime.LockOSThread()
+		lp.err = c.d.runCRIU(dctx, criu, args, filepath.Join(imgs, "lazy-pages.log"), []*os.File{w}, lp.cpu, func() { w.Close() })
+		w.Close()
+		close(lp.done)
+	}()
+	go func() {
+		var b [1]byte
+		_, err := r.Read(b[:])
+		r.Close()
+		lp.ready <- err
+	}()
+	return lp, nil
+}
+
+// listening waits for the daemon to listen, and stops it if it does not.
+func (lp *lazyPages) listening(ctx context.Context) error {
+	wait := time.NewTimer(lazyReadyWait)
+	defer wait.Stop()
+	var err error
+	select {
+	case err = <-lp.ready:
+	case <-lp.done:
+		err = errors.New("ended before it listened")
+	case <-wait.C:
+		err = fmt.Errorf("not listening after %v", lazyReadyWait)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		lp.stop()
+		return fmt.Errorf("lazy pages: criu lazy-pages: %w", errors.Join(err, lp.err))
+	}
+	return nil
+}
+
+// stop kills the daemon and waits for it.
+func (lp *lazyPages) stop() {
+	lp.cancel()
+	<-lp.done
+}
+
+// finishLazy waits for the daemon serving sandbox st's restore to end,
+// then removes the restore's images imgs. A daemon that failed leaves
+// pages never copied: the sandbox's processes are killed, never left to
+// read zeros.
+func (c *checkpoint) finishLazy(lp *lazyPages, st *sandboxState, imgs string) {
+	<-lp.done
+	if lp.err != nil {
+		cgroup.KillProcs(st.Cgroups)
+		c.d.log.Error("sandbox_lazy_pages_failed", "sandbox", st.ID, "from", c.src.ID, "err", lp.err,
+			"criu_log", logTail(filepath.Join(imgs, "lazy-pages.log"), criuLogTail))
+	} else {
+		// criu_cpu_ms: the daemon's CPU; ms: its run, the restore's
+		// and the copy of the rest.
+		c.d.log.Info("sandbox_lazy_pages_done", append([]any{"sandbox", st.ID, "from", c.src.ID}, lp.cpu.attrs()...)...)
+	}
+	_ = os.RemoveAll(imgs)
+	_ = os.Remove(filepath.Join(c.d.dir(st.ID), lazyMarker))
+}
+
+// lazyMarker, in a sandbox's dir, says its memory is being copied in by
+// a lazy-pages daemon: a gateway that finds it at Adopt stopped before
+// the daemon was done (or could tell), and the sandbox's memory may miss
+// pages.
+const lazyMarker = "lazy-pages"
+
+// markLazy leaves lazyMarker in sandbox dir dir.
+func markLazy(dir string) error {
+	if err := os.WriteFile(filepath.Join(dir, lazyMarker), nil, 0o600); err != nil {
+		return fmt.Errorf("lazy pages: %w", err)
+	}
+	return nil
+}
+
+// lazyUnfinished says whether sandbox dir dir holds lazyMarker.
+func lazyUnfinished(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, lazyMarker))
+	return err == nil
+}
+
+// waitLazy waits, on a fork restored with lazy pages, for its daemon to
+// have copied every page in (a dump reads only the pages present: one
+// made before would hold zeros for the others).
+func (s *linuxSandbox) waitLazy(ctx context.Context) error {
+	if s.lazy == nil {
+		return nil
+	}
+	select {
+	case <-s.lazy:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("checkpoint: the sandbox's memory is still being restored (lazy pages): %w", ctx.Err())
+	}
+}

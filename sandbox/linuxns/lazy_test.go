@@ -1,0 +1,251 @@
+//go:build linux
+
+package linuxns_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandgate/sandgate/sandbox"
+	"github.com/sandgate/sandgate/sandbox/linuxns"
+)
+
+// requireLazyCriu skips (fails under CI, whose criu .ci/build-criu builds
+// with patch 0006) when forks cannot restore with lazy pages here.
+func requireLazyCriu(t *testing.T, criu string) {
+	t.Helper()
+	b, err := os.ReadFile(criu)
+	why := ""
+	switch {
+	case err != nil:
+		why = err.Error()
+	case !bytes.Contains(b, []byte("/dev/userfaultfd")):
+		why = criu + " lacks .ci/criu-patches/0006 (run .ci/build-criu)"
+	default:
+		if _, err := os.Stat("/dev/userfaultfd"); err != nil {
+			why = "no /dev/userfaultfd (Linux 6.1)"
+		}
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("lazy pages: " + why)
+	}
+	t.Skip("lazy pages: " + why)
+}
+
+// lazyDaemons are the pids of the criu lazy-pages daemons serving a
+// restore of sandbox id (their images dir, r-<id>, is in their command
+// line).
+func lazyDaemons(id string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 3 && args[1] == "lazy-pages" && strings.HasSuffix(args[3], "/r-"+id) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestLinuxForkLazyPages forks a sandbox whose Python process holds
+// 768 MiB, restoring with lazy pages (a criu lazy-pages daemon copies
+// the memory in after the restore, a page on demand before):
+//   - a fork gets every byte: the blob hashes as the source's;
+//   - a fork whose daemon is killed before it copied everything is
+//     killed too, never left reading zeros where its memory was;
+//   - a fork destroyed at once leaves no daemon behind;
+//   - a fork of a fork, and a pause by checkpoint of that, made at once,
+//     wait for the copy: their memory is whole too;
+//   - Close waits for the daemons, then the images are gone, and
+//     nothing leaks;
+//   - a gateway restarted before a daemon was done does not adopt its
+//     fork (it may miss pages): its processes are killed.
+func TestLinuxForkLazyPages(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	requireLazyCriu(t, criu)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	var logs lockedBuffer
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lim := sandbox.Limits{MemoryBytes: 2 << 30}
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-lazy-src", Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	// blobServer's blob, 768 MiB: its copy takes some 300 ms on a 2-core
+	// host, time enough to kill the daemon before it is done.
+	mustRun(t, src, strings.Replace(blobServer, "(400 << 10)", "(3072 << 10)", 1))
+	get := `python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8002").read().decode())'`
+	want := strings.TrimSpace(mustRun(t, src, get))
+	if f := strings.Fields(want); len(f) != 2 || f[0] != f[1] {
+		t.Fatalf("source's blob: %q", want)
+	}
+	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			ck.Close()
+		}
+	})
+
+	// A daemon killed half-way: its fork's processes go with it.
+	killed, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-killed", Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killed.Destroy(ctx) })
+	pids := lazyDaemons("sbx-lazy-killed")
+	if len(pids) != 1 {
+		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one (its copy of 768 MiB done already?)", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ran := func() bool {
+		p, err := killed.Start(ctx, sandbox.Cmd{Command: "true"})
+		if err != nil {
+			return false
+		}
+		p.Stdin().Close()
+		e, err := p.Wait()
+		return err == nil && e.Code == 0 && e.Signal == ""
+	}
+	if !waitFor(10*time.Second, func() bool { return !ran() }) {
+		t.Fatal("the fork whose lazy-pages daemon was killed still runs commands")
+	}
+	if !waitFor(10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-killed")
+	}) {
+		t.Errorf("no sandbox_lazy_pages_failed for the killed daemon's fork: %s", logs.String())
+	}
+
+	// Destroyed at once: its daemon ends.
+	gone, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-gone", Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A fork that runs gets every byte, served on demand while the
+	// daemon copies the rest.
+	ok, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-ok", Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ok.Destroy(ctx) })
+	// At once, before its daemon is done: a fork of it, then a pause by
+	// checkpoint (each dump waits for the copy: CRIU dumps only the pages
+	// present), and a resume.
+	ck3, err := ok.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok2, err := ck3.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-ok2", Limits: lim})
+	ck3.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ok2.Destroy(ctx) })
+	if rep, err := ok2.(sandbox.Pauser).Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Fatalf("pause of a fork of a fork: %+v, %v; want a pause by checkpoint", rep, err)
+	}
+	if err := ok2.(sandbox.Pauser).Unpause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range []sandbox.Sandbox{ok, ok2} {
+		if got := strings.TrimSpace(mustRun(t, f, get)); got != want {
+			t.Errorf("blob of fork %d (1: a fork of it, paused and resumed): %q, want %q", i, got, want)
+		}
+	}
+	if err := ck.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	for _, id := range []string{"sbx-lazy-killed", "sbx-lazy-gone", "sbx-lazy-ok", "sbx-lazy-ok2"} {
+		if pids := lazyDaemons(id); len(pids) != 0 {
+			t.Errorf("lazy-pages daemons of %s after Close: %v", id, pids)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".checkpoints", "*")); len(left) != 0 {
+		t.Errorf("checkpoint images left after Close: %v", left)
+	}
+	if !strings.Contains(logs.String(), "sandbox_lazy_pages_done sandbox=sbx-lazy-ok") {
+		t.Errorf("no sandbox_lazy_pages_done for the fork that ran: %s", logs.String())
+	}
+	if got := strings.TrimSpace(mustRun(t, src, get)); got != want {
+		t.Errorf("source's blob after the forks: %q, want %q", got, want)
+	}
+
+	// A gateway restarted while a daemon copies (stopped here, so that it
+	// cannot finish) does not adopt the fork: its processes are killed.
+	ck2, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck2.Close() })
+	if _, err := ck2.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-restart", Limits: lim}); err != nil {
+		t.Fatal(err)
+	}
+	pids = lazyDaemons("sbx-lazy-restart")
+	if len(pids) != 1 {
+		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pids[0], syscall.SIGKILL) })
+	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d2.Adopt(ctx, "sbx-lazy-restart")
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "lazy pages") {
+		t.Fatalf("Adopt of a fork whose memory was still being copied: %v, want os.ErrNotExist naming lazy pages", err)
+	}
+	left := func() (out []string) {
+		procs, _ := filepath.Glob("/sys/fs/cgroup/*/sandgate/sbx-lazy-restart/*/cgroup.procs")
+		more, _ := filepath.Glob("/sys/fs/cgroup/*/sandgate/sbx-lazy-restart/cgroup.procs")
+		for _, p := range append(procs, more...) {
+			if b, _ := os.ReadFile(p); len(bytes.TrimSpace(b)) != 0 {
+				out = append(out, p+": "+strings.Join(strings.Fields(string(b)), " "))
+			}
+		}
+		return out
+	}
+	if !waitFor(5*time.Second, func() bool { return len(left()) == 0 }) {
+		t.Errorf("processes left after the refused Adopt: %v", left())
+	}
+	_ = syscall.Kill(pids[0], syscall.SIGKILL)
+	if err := d2.Remove(ctx, "sbx-lazy-restart"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -279,4 +279,64 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	if err := d2.Remove(ctx, "sbx-lazy-restart"); err != nil {
 		t.Fatal(err)
 	}
+
+	// A fork stopped while its daemon copies (stopped here, so that it
+	// cannot finish, as if the gateway had died) has no process left
+	// that could miss a page: a restarted gateway adopts it stopped and
+	// resumes it, and neither the next restart nor the daemon's end (a
+	// failure) kills what runs in it then.
+	ck4, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck4.Close() })
+	stopped, err := ck4.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-stopped", Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids = lazyDaemons("sbx-lazy-stopped")
+	if len(pids) != 1 {
+		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pids[0], syscall.SIGKILL) })
+	if err := stopped.(sandbox.Stopper).Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d3, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumed, err := d3.Adopt(ctx, "sbx-lazy-stopped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = resumed.Destroy(ctx) })
+	if err := resumed.(sandbox.Stopper).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d4, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := d4.Adopt(ctx, "sbx-lazy-stopped")
+	if err != nil {
+		t.Fatalf("Adopt of a fork stopped, then resumed, while its daemon could not finish: %v", err)
+	}
+	if err := again.(sandbox.Detacher).Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-stopped")
+	}) {
+		t.Errorf("no sandbox_lazy_pages_failed for the stopped fork's daemon: %s", logs.String())
+	}
+	if got := strings.TrimSpace(mustRun(t, resumed, "echo up")); got != "up" {
+		t.Errorf("the resumed fork after its old daemon's end: %q", got)
+	}
 }

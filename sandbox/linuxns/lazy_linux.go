@@ -150,14 +150,18 @@ func (lp *lazyPages) stop() {
 // finishLazy waits for the daemon serving sandbox st's restore to end,
 // then removes the restore's images imgs. A daemon that failed leaves
 // pages never copied: the sandbox's processes are killed, never left to
-// read zeros. Only then are a dump of the sandbox (waitLazy) and the
-// checkpoint's Close let go on.
+// read zeros, unless its marker is gone already (a Stop killed them, and
+// the processes now there, after a resume, are new). Only then are a
+// dump of the sandbox (waitLazy) and the checkpoint's Close let go on.
 func (c *checkpoint) finishLazy(lp *lazyPages, st *sandboxState, imgs string) {
 	defer c.lazyRuns.Done()
 	defer close(lp.finished)
 	<-lp.done
+	dir := c.d.dir(st.ID)
 	if lp.err != nil {
-		cgroup.KillProcs(st.Cgroups)
+		if lazyUnfinished(dir) {
+			cgroup.KillProcs(st.Cgroups)
+		}
 		c.d.log.Error("sandbox_lazy_pages_failed", "sandbox", st.ID, "from", c.src.ID, "err", lp.err,
 			"criu_log", logTail(filepath.Join(imgs, "lazy-pages.log"), criuLogTail))
 	} else {
@@ -166,7 +170,7 @@ func (c *checkpoint) finishLazy(lp *lazyPages, st *sandboxState, imgs string) {
 		c.d.log.Info("sandbox_lazy_pages_done", append([]any{"sandbox", st.ID, "from", c.src.ID}, lp.cpu.attrs()...)...)
 	}
 	_ = os.RemoveAll(imgs)
-	_ = os.Remove(filepath.Join(c.d.dir(st.ID), lazyMarker))
+	_ = dropLazyMarker(dir)
 }
 
 // lazyMarker, in a sandbox's dir, says its memory is being copied in by
@@ -178,6 +182,14 @@ const lazyMarker = "lazy-pages"
 // markLazy leaves lazyMarker in sandbox dir dir.
 func markLazy(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, lazyMarker), nil, 0o600); err != nil {
+		return fmt.Errorf("lazy pages: %w", err)
+	}
+	return nil
+}
+
+// dropLazyMarker removes lazyMarker from sandbox dir dir, if there.
+func dropLazyMarker(dir string) error {
+	if err := os.Remove(filepath.Join(dir, lazyMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("lazy pages: %w", err)
 	}
 	return nil

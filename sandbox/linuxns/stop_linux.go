@@ -59,6 +59,11 @@ func (s *linuxSandbox) Stop(ctx context.Context) error {
 		return fmt.Errorf("stop sandbox: %w", err)
 	}
 	err := errors.Join(s.killInit(), s.dropPause())
+	if err == nil {
+		// No process is left that a lazy-pages daemon still serves: a
+		// restart after a resume must not take the new ones for them.
+		err = dropLazyMarker(dir)
+	}
 	s.mu.Lock()
 	s.st.Pid, s.st.StartTime = 0, 0
 	s.mu.Unlock()

@@ -282,9 +282,10 @@ func TestLinuxForkLazyPages(t *testing.T) {
 
 	// A fork stopped while its daemon copies (stopped here, so that it
 	// cannot finish, as if the gateway had died) has no process left
-	// that could miss a page: a restarted gateway adopts it stopped and
-	// resumes it, and neither the next restart nor the daemon's end (a
-	// failure) kills what runs in it then.
+	// that could miss a page: a restarted gateway adopts it stopped, and
+	// once resumed neither the next restart nor the daemon's end (a
+	// failure) kills what runs in it then, nor does that end keep it
+	// from a pause by checkpoint.
 	ck4, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -294,6 +295,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = stopped.Destroy(ctx) })
 	pids = lazyDaemons("sbx-lazy-stopped")
 	if len(pids) != 1 {
 		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
@@ -305,29 +307,25 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	if err := stopped.(sandbox.Stopper).Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	d3, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
-	if err != nil {
+	restarted := func() {
+		t.Helper()
+		dr, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, err := dr.Adopt(ctx, "sbx-lazy-stopped")
+		if err != nil {
+			t.Fatalf("Adopt after a restart of a fork stopped while its daemon could not finish: %v", err)
+		}
+		if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restarted()
+	if err := stopped.(sandbox.Stopper).Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	resumed, err := d3.Adopt(ctx, "sbx-lazy-stopped")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = resumed.Destroy(ctx) })
-	if err := resumed.(sandbox.Stopper).Resume(ctx); err != nil {
-		t.Fatal(err)
-	}
-	d4, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := d4.Adopt(ctx, "sbx-lazy-stopped")
-	if err != nil {
-		t.Fatalf("Adopt of a fork stopped, then resumed, while its daemon could not finish: %v", err)
-	}
-	if err := again.(sandbox.Detacher).Detach(ctx); err != nil {
-		t.Fatal(err)
-	}
+	restarted()
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +334,10 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	}) {
 		t.Errorf("no sandbox_lazy_pages_failed for the stopped fork's daemon: %s", logs.String())
 	}
-	if got := strings.TrimSpace(mustRun(t, resumed, "echo up")); got != "up" {
+	if got := strings.TrimSpace(mustRun(t, stopped, "echo up")); got != "up" {
 		t.Errorf("the resumed fork after its old daemon's end: %q", got)
+	}
+	if rep, err := stopped.(sandbox.Pauser).Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Errorf("pause of the resumed fork after its old daemon's end: %+v, %v; want a pause by checkpoint", rep, err)
 	}
 }

@@ -38,7 +38,7 @@ type linuxSandbox struct {
 	// lazy, on a fork restored with lazy pages, is its lazy-pages
 	// daemon (lazy_linux.go): a dump waits for its end (waitLazy), since
 	// one before would miss the pages not copied in yet. Set by Restore
-	// before the sandbox is anyone's.
+	// before the sandbox is anyone's; cleared by Stop, under life.
 	lazy *lazyPages
 
 	// The init is the gateway's child (cmd, reaped here) when this run

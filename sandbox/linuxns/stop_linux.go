@@ -61,8 +61,10 @@ func (s *linuxSandbox) Stop(ctx context.Context) error {
 	err := errors.Join(s.killInit(), s.dropPause())
 	if err == nil {
 		// No process is left that a lazy-pages daemon still serves: a
-		// restart after a resume must not take the new ones for them.
+		// restart after a resume must not take the new ones for them,
+		// nor a dump wait for (or refuse after) the daemon's end.
 		err = dropLazyMarker(dir)
+		s.lazy = nil // under s.life, as waitLazy's callers
 	}
 	s.mu.Lock()
 	s.st.Pid, s.st.StartTime = 0, 0

@@ -89,8 +89,8 @@ type checkpoint struct {
 	loUp     bool
 	// lazy, once lazyOnce has run, says whether a fork's restore copies
 	// memory on demand (criuLazy); lazyRuns counts the lazy-pages
-	// daemons still serving restores of the images, which Close waits
-	// for.
+	// daemons still serving restores of the images, or whose end
+	// finishLazy is dealing with, which Close waits for.
 	lazyOnce sync.Once
 	lazy     bool
 	lazyRuns sync.WaitGroup
@@ -852,6 +852,9 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 				lp.stop()
 			}
 			os.RemoveAll(imgs)
+			if lp != nil {
+				c.lazyRuns.Done()
+			}
 		}
 	}()
 	if c.criuLazy(criu) {
@@ -896,7 +899,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	}
 	adopted = true
 	if ls, ok := out.(*linuxSandbox); ok && lazy != nil {
-		ls.lazy = lazy.done
+		ls.lazy = lazy
 	}
 	_ = d.cg.Started(st.ID)
 	ph.mark("adopt")

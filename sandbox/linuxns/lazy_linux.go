@@ -35,7 +35,8 @@ import (
 //
 // A page the daemon never copied would read as zeros: a daemon that fails
 // or is killed before it is done kills the fork's processes
-// (finishLazy), and the images stay until it ends (Close waits).
+// (finishLazy), a dump of the fork waits for that and then refuses
+// (waitLazy), and the images stay until it ends (Close waits).
 
 // criuLazyMark is the path patch 0006 has criu open: a criu holding it
 // restores a task in a user namespace with lazy pages.
@@ -69,11 +70,20 @@ type lazyPages struct {
 	done   chan struct{}
 	err    error   // once done is closed
 	cpu    *phases // the daemon's CPU
+	// finished is closed once finishLazy has dealt with the daemon's
+	// end: the fork's processes killed if it failed, its marker gone.
+	finished chan struct{}
 }
+
+// errLazyFailed says a fork's lazy-pages daemon ended before it copied
+// every page in: its processes were killed.
+var errLazyFailed = errors.New("the sandbox's memory could not all be restored (lazy pages): its processes were killed")
 
 // startLazyPages starts a lazy-pages daemon for the restore from imgs
 // (its socket, lazy-pages.socket, is there, where the restore finds it);
-// listening waits until it listens.
+// listening waits until it listens. The daemon counts in c.lazyRuns
+// until finishLazy is through with it, or, for a restore that failed,
+// until the caller has stopped it (lp.stop) and called c.lazyRuns.Done.
 func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
 	c.mu.Lock()
 	if c.closed {
@@ -88,10 +98,10 @@ func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
 		return nil, fmt.Errorf("lazy pages: %w", err)
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), lazyPagesWait)
-	lp := &lazyPages{cancel: cancel, ready: make(chan error, 1), done: make(chan struct{}), cpu: newPhases()}
+	lp := &lazyPages{cancel: cancel, ready: make(chan error, 1), done: make(chan struct{}), cpu: newPhases(),
+		finished: make(chan struct{})}
 	args := []string{"lazy-pages", "-D", imgs, "-o", "lazy-pages.log", "-v2", "--status-fd", "3"}
 	go func() {
-		defer c.lazyRuns.Done()
 		defer cancel()
 		// As c.run: the thread ends with the goroutine. The gateway's end
 		// of the status pipe goes once criu has it (or never will), so
@@ -140,11 +150,18 @@ func (lp *lazyPages) stop() {
 // finishLazy waits for the daemon serving sandbox st's restore to end,
 // then removes the restore's images imgs. A daemon that failed leaves
 // pages never copied: the sandbox's processes are killed, never left to
-// read zeros.
+// read zeros, unless its marker is gone already (a Stop killed them, and
+// the processes now there, after a resume, are new). Only then are a
+// dump of the sandbox (waitLazy) and the checkpoint's Close let go on.
 func (c *checkpoint) finishLazy(lp *lazyPages, st *sandboxState, imgs string) {
+	defer c.lazyRuns.Done()
+	defer close(lp.finished)
 	<-lp.done
+	dir := c.d.dir(st.ID)
 	if lp.err != nil {
-		cgroup.KillProcs(st.Cgroups)
+		if lazyUnfinished(dir) {
+			cgroup.KillProcs(st.Cgroups)
+		}
 		c.d.log.Error("sandbox_lazy_pages_failed", "sandbox", st.ID, "from", c.src.ID, "err", lp.err,
 			"criu_log", logTail(filepath.Join(imgs, "lazy-pages.log"), criuLogTail))
 	} else {
@@ -153,7 +170,7 @@ func (c *checkpoint) finishLazy(lp *lazyPages, st *sandboxState, imgs string) {
 		c.d.log.Info("sandbox_lazy_pages_done", append([]any{"sandbox", st.ID, "from", c.src.ID}, lp.cpu.attrs()...)...)
 	}
 	_ = os.RemoveAll(imgs)
-	_ = os.Remove(filepath.Join(c.d.dir(st.ID), lazyMarker))
+	_ = dropLazyMarker(dir)
 }
 
 // lazyMarker, in a sandbox's dir, says its memory is being copied in by
@@ -170,6 +187,14 @@ func markLazy(dir string) error {
 	return nil
 }
 
+// dropLazyMarker removes lazyMarker from sandbox dir dir, if there.
+func dropLazyMarker(dir string) error {
+	if err := os.Remove(filepath.Join(dir, lazyMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("lazy pages: %w", err)
+	}
+	return nil
+}
+
 // lazyUnfinished says whether sandbox dir dir holds lazyMarker.
 func lazyUnfinished(dir string) bool {
 	_, err := os.Stat(filepath.Join(dir, lazyMarker))
@@ -178,15 +203,21 @@ func lazyUnfinished(dir string) bool {
 
 // waitLazy waits, on a fork restored with lazy pages, for its daemon to
 // have copied every page in (a dump reads only the pages present: one
-// made before would hold zeros for the others).
+// made before would hold zeros for the others). A daemon that failed
+// gives errLazyFailed: the pages it never copied read as zeros, and
+// must not be dumped.
 func (s *linuxSandbox) waitLazy(ctx context.Context) error {
-	if s.lazy == nil {
+	lp := s.lazy
+	if lp == nil {
 		return nil
 	}
 	select {
-	case <-s.lazy:
-		return nil
+	case <-lp.finished:
 	case <-ctx.Done():
 		return fmt.Errorf("checkpoint: the sandbox's memory is still being restored (lazy pages): %w", ctx.Err())
 	}
+	if lp.err != nil {
+		return fmt.Errorf("checkpoint: %w: %w", errLazyFailed, lp.err)
+	}
+	return nil
 }

@@ -115,7 +115,11 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		}
 	})
 
-	// A daemon killed half-way: its fork's processes go with it.
+	// A daemon killed half-way: its fork's processes go with it, and a
+	// checkpoint of the fork (made while the daemon, stopped here, has
+	// not copied everything in, so it waits for it) fails, as does a
+	// pause by checkpoint: neither dumps the pages never copied (zeros
+	// once the daemon is gone).
 	killed, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-killed", Limits: lim})
 	if err != nil {
 		t.Fatal(err)
@@ -125,8 +129,25 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	if len(pids) != 1 {
 		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one (its copy of 768 MiB done already?)", pids)
 	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	ckErr := make(chan error, 1)
+	go func() {
+		c, err := killed.(sandbox.Checkpointer).Checkpoint(ctx)
+		if err == nil {
+			c.Close()
+		}
+		ckErr <- err
+	}()
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
+	}
+	if err := <-ckErr; err == nil || !strings.Contains(err.Error(), "lazy pages") {
+		t.Errorf("checkpoint of the fork whose lazy-pages daemon was killed: %v, want an error naming lazy pages", err)
+	}
+	if rep, err := killed.(sandbox.Pauser).Pause(ctx); err == nil || !strings.Contains(err.Error(), "lazy pages") {
+		t.Errorf("pause of the fork whose lazy-pages daemon was killed: %+v, %v, want an error naming lazy pages", rep, err)
 	}
 	ran := func() bool {
 		p, err := killed.Start(ctx, sandbox.Cmd{Command: "true"})
@@ -198,6 +219,16 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", ".checkpoints", "*")); len(left) != 0 {
 		t.Errorf("checkpoint images left after Close: %v", left)
 	}
+	// Close waited for each daemon's end to be dealt with: the forks'
+	// markers are gone (a restart adopts them).
+	for _, id := range []string{"sbx-lazy-ok", "sbx-lazy-ok2"} {
+		if _, err := os.Stat(filepath.Join(dataDir, "sandboxes", id, "lazy-pages")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("lazy-pages marker of %s after Close: %v, want none", id, err)
+		}
+	}
+	if strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-gone") {
+		t.Errorf("the lazy-pages daemon of a fork destroyed at once failed: %s", logs.String())
+	}
 	if !strings.Contains(logs.String(), "sandbox_lazy_pages_done sandbox=sbx-lazy-ok") {
 		t.Errorf("no sandbox_lazy_pages_done for the fork that ran: %s", logs.String())
 	}
@@ -247,5 +278,66 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	_ = syscall.Kill(pids[0], syscall.SIGKILL)
 	if err := d2.Remove(ctx, "sbx-lazy-restart"); err != nil {
 		t.Fatal(err)
+	}
+
+	// A fork stopped while its daemon copies (stopped here, so that it
+	// cannot finish, as if the gateway had died) has no process left
+	// that could miss a page: a restarted gateway adopts it stopped, and
+	// once resumed neither the next restart nor the daemon's end (a
+	// failure) kills what runs in it then, nor does that end keep it
+	// from a pause by checkpoint.
+	ck4, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck4.Close() })
+	stopped, err := ck4.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-stopped", Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stopped.Destroy(ctx) })
+	pids = lazyDaemons("sbx-lazy-stopped")
+	if len(pids) != 1 {
+		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pids[0], syscall.SIGKILL) })
+	if err := stopped.(sandbox.Stopper).Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted := func() {
+		t.Helper()
+		dr, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, err := dr.Adopt(ctx, "sbx-lazy-stopped")
+		if err != nil {
+			t.Fatalf("Adopt after a restart of a fork stopped while its daemon could not finish: %v", err)
+		}
+		if err := sb.(sandbox.Detacher).Detach(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restarted()
+	if err := stopped.(sandbox.Stopper).Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restarted()
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-stopped")
+	}) {
+		t.Errorf("no sandbox_lazy_pages_failed for the stopped fork's daemon: %s", logs.String())
+	}
+	if got := strings.TrimSpace(mustRun(t, stopped, "echo up")); got != "up" {
+		t.Errorf("the resumed fork after its old daemon's end: %q", got)
+	}
+	if rep, err := stopped.(sandbox.Pauser).Pause(ctx); err != nil || rep.Method != "checkpoint" {
+		t.Errorf("pause of the resumed fork after its old daemon's end: %+v, %v; want a pause by checkpoint", rep, err)
 	}
 }

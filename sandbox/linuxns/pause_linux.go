@@ -86,7 +86,7 @@ func (s *linuxSandbox) Pause(ctx context.Context) (sandbox.PauseReport, error) {
 		switch {
 		case err == nil:
 			return rep, nil
-		case errors.Is(err, errSandboxLost):
+		case errors.Is(err, errSandboxLost), errors.Is(err, errLazyFailed):
 			s.d.log.Error("sandbox_pause_failed", "sandbox", s.st.ID, "method", "checkpoint", "err", err)
 			return rep, fmt.Errorf("pause sandbox: %w", err)
 		}

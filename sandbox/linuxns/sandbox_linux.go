@@ -35,11 +35,11 @@ type linuxSandbox struct {
 	// its init has the least CPU weight until Rebind (cgroup.Plan.Idle).
 	// Under mu.
 	warm bool
-	// lazy, on a fork restored with lazy pages, is closed once its
-	// lazy-pages daemon has ended (lazy_linux.go): a dump before would
-	// miss the pages not copied in yet. Set by Restore before the
-	// sandbox is anyone's.
-	lazy <-chan struct{}
+	// lazy, on a fork restored with lazy pages, is its lazy-pages
+	// daemon (lazy_linux.go): a dump waits for its end (waitLazy), since
+	// one before would miss the pages not copied in yet. Set by Restore
+	// before the sandbox is anyone's; cleared by Stop, under life.
+	lazy *lazyPages
 
 	// The init is the gateway's child (cmd, reaped here) when this run
 	// created it; an adopted one is a child of the host's init. Either way

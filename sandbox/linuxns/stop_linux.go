@@ -59,6 +59,13 @@ func (s *linuxSandbox) Stop(ctx context.Context) error {
 		return fmt.Errorf("stop sandbox: %w", err)
 	}
 	err := errors.Join(s.killInit(), s.dropPause())
+	if err == nil {
+		// No process is left that a lazy-pages daemon still serves: a
+		// restart after a resume must not take the new ones for them,
+		// nor a dump wait for (or refuse after) the daemon's end.
+		err = dropLazyMarker(dir)
+		s.lazy = nil // under s.life, as waitLazy's callers
+	}
 	s.mu.Lock()
 	s.st.Pid, s.st.StartTime = 0, 0
 	s.mu.Unlock()

@@ -36,6 +36,12 @@ type Config struct {
 	// --pause-freeze): by default a checkpointable sandbox is paused by
 	// a checkpoint to disk (docs/pause.md).
 	PauseFreeze bool
+	// EagerForks has a fork's restore copy its processes' memory in
+	// before they run (serve --fork-eager), rather than on demand with
+	// CRIU's lazy pages where the criu can (docs/fork.md): slower forks,
+	// but a forked process that forks while its memory comes in shares
+	// its pages with its children, as after a plain fork.
+	EagerForks bool
 }
 
 // Nofile is an RLIMIT_NOFILE: Soft is what a process starts with, Hard is

@@ -45,6 +45,7 @@ type sandboxFlags struct {
 	checkpoint  bool
 	criu        string
 	pauseFreeze bool
+	forkEager   bool
 }
 
 // registerSandboxFlags adds the per-sandbox limit flags to fs. The linux
@@ -77,6 +78,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.IntVar(&f.teardownQueue, "teardown-queue", defaultTeardownQueue, "sandboxes of ended sessions released in the background at once: DELETE answers once the session is unreachable (0: DELETE waits for the release)")
 	fs.BoolVar(&f.checkpoint, "checkpoint", false, "build sandboxes that CRIU can checkpoint, so that POST /v1/sessions/{id}/fork can copy a running session (linux driver; needs CRIU 4.x: --criu; docs/fork.md)")
 	fs.StringVar(&f.criu, "criu", "criu", "the criu binary --checkpoint runs (4.x)")
+	fs.BoolVar(&f.forkEager, "fork-eager", false, "with --checkpoint, a fork's restore copies all of its processes' memory in before they run, rather than on demand (CRIU lazy pages, with .ci/criu-patches 0006): forks take longer, but a forked process that forks while its memory is being copied does not give its children copies of their own of the pages not there yet (docs/fork.md)")
 	fs.BoolVar(&f.pauseFreeze, "pause-freeze", false, "with --checkpoint, pause sessions by a freeze (fast to resume, memory kept) rather than a CRIU checkpoint to disk (memory freed, resume ~0.15-0.5 s; docs/pause.md)")
 	fs.Var((*sizeFlag)(&m.WorkspaceBytes), "sandbox-max-disk", "largest resources.diskMiB a create may ask for: bytes or a size such as 4GiB (default 4 x --sandbox-workspace-size)")
 	return f

@@ -453,7 +453,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, stdout io.Wr
 	}
 	driver, err := openDriver(cfg.sandboxDriver, sandbox.Config{
 		DataDir: cfg.dataDir, Log: log, Limits: cfg.sandbox.limits, AllowUserNS: cfg.sandbox.allowUserNS,
-		Nofile: cfg.sandbox.nofile, Checkpoint: cfg.sandbox.checkpoint, CRIU: cfg.sandbox.criu, PauseFreeze: cfg.sandbox.pauseFreeze,
+		Nofile: cfg.sandbox.nofile, Checkpoint: cfg.sandbox.checkpoint, CRIU: cfg.sandbox.criu, PauseFreeze: cfg.sandbox.pauseFreeze, EagerForks: cfg.sandbox.forkEager,
 		// Restore below re-attaches what the store knows and removes the rest.
 		KeepOrphans: true,
 	})

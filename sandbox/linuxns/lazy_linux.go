@@ -50,10 +50,14 @@ const lazyPagesWait = 10 * time.Minute
 // lazyReadyWait bounds the wait for a daemon to listen.
 const lazyReadyWait = 10 * time.Second
 
-// criuLazy says whether forks restore with lazy pages: the criu holds
-// criuLazyMark and the host has /dev/userfaultfd.
+// criuLazy says whether forks restore with lazy pages: not asked
+// otherwise (Config.EagerForks), the criu holds criuLazyMark and the host
+// has /dev/userfaultfd.
 func (c *checkpoint) criuLazy(path string) bool {
 	c.lazyOnce.Do(func() {
+		if c.d.cfg.EagerForks {
+			return
+		}
 		if _, err := os.Stat("/dev/userfaultfd"); err != nil {
 			return
 		}

@@ -341,3 +341,41 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Errorf("pause of the resumed fork after its old daemon's end: %+v, %v; want a pause by checkpoint", rep, err)
 	}
 }
+
+// TestLinuxForkEager: with Config.EagerForks a fork's restore copies the
+// memory in before its processes run, with no lazy-pages daemon, even
+// where the criu could restore lazily.
+func TestLinuxForkEager(t *testing.T) {
+	requireLinux(t)
+	criu := criuForTest(t)
+	requireLazyCriu(t, criu)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	var logs lockedBuffer
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, EagerForks: true,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-eager-src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	mustRun(t, src, varServer)
+	forks := forkAll(ctx, t, src, "sbx-eager-a")
+	if v := getVar(t, forks[0]); v != "from-source-xxxxxxxxxx" {
+		t.Errorf("fork's variable %q, want the source's", v)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "msg=sandbox_restored sandbox=sbx-eager-a") {
+		t.Fatalf("no sandbox_restored line: %s", out)
+	}
+	if strings.Contains(out, "lazy_pages") {
+		t.Errorf("an eager fork's restore ran a lazy-pages daemon: %s", out)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "sandboxes", "sbx-eager-a", "lazy-pages")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an eager fork has a lazy-pages marker: %v", err)
+	}
+}

@@ -44,6 +44,50 @@ func requireLazyCriu(t *testing.T, criu string) {
 	t.Skip("lazy pages: " + why)
 }
 
+// slowLazyCriu is a criu for the driver that runs criu: it runs the
+// lazy-pages daemons of the restores of sandboxes whose id holds "-slow-"
+// in a cgroup of their own limited to 5% of a CPU (so that a copy of
+// 256 MiB takes seconds), the rest as criu does. It holds the strings the
+// driver looks for in a criu binary (the real one has them:
+// requireLazyCriu).
+func slowLazyCriu(t *testing.T, criu string) string {
+	t.Helper()
+	var cg string
+	for _, c := range []string{"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup"} {
+		if _, err := os.Stat(filepath.Join(c, "cgroup.procs")); err == nil {
+			cg = c
+			break
+		}
+	}
+	dir := filepath.Join(cg, "sandgate-test-slow-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		waitFor(10*time.Second, func() bool { return os.Remove(dir) == nil })
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("the slow daemons' cgroup %s: not empty after the test", dir)
+		}
+	})
+	quota := map[string]string{"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "5000"}
+	if cg == "/sys/fs/cgroup" {
+		quota = map[string]string{"cpu.max": "5000 100000"}
+	}
+	for f, v := range quota {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0o644); err != nil {
+			t.Fatalf("a CPU limit for the slow daemons: %v", err)
+		}
+	}
+	script := "#!/bin/sh\n# The real criu's marks: /dev/userfaultfd, empty netns: lo up\n" +
+		"if [ \"$1\" = lazy-pages ]; then case \"$3\" in *-slow-*) echo $$ > " + filepath.Join(dir, "cgroup.procs") + ";; esac; fi\n" +
+		"exec " + criu + " \"$@\"\n"
+	p := filepath.Join(t.TempDir(), "criu")
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // lazyDaemons are the pids of the criu lazy-pages daemons serving a
 // restore of sandbox id (their images dir, r-<id>, is in their command
 // line).
@@ -65,7 +109,7 @@ func lazyDaemons(id string) []int {
 }
 
 // TestLinuxForkLazyPages forks a sandbox whose Python process holds
-// 768 MiB, restoring with lazy pages (a criu lazy-pages daemon copies
+// 256 MiB, restoring with lazy pages (a criu lazy-pages daemon copies
 // the memory in after the restore, a page on demand before):
 //   - a fork gets every byte: the blob hashes as the source's;
 //   - a fork whose daemon is killed before it copied everything is
@@ -81,24 +125,26 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	requireLinux(t)
 	criu := criuForTest(t)
 	requireLazyCriu(t, criu)
+	// The daemons of the forks named "-slow-" copy slowly (5% of a CPU),
+	// so that the test acts while they still copy.
+	slow := slowLazyCriu(t, criu)
 	dataDir := t.TempDir()
 	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
 	var logs lockedBuffer
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu,
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: slow,
 		Log: slog.New(slog.NewTextHandler(&logs, nil))}, smallInit(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	lim := sandbox.Limits{MemoryBytes: 2 << 30}
+	lim := sandbox.Limits{MemoryBytes: 1 << 30}
 	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-lazy-src", Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Destroy(ctx) })
-	// blobServer's blob, 768 MiB: its copy takes some 300 ms on a 2-core
-	// host, time enough to kill the daemon before it is done.
-	mustRun(t, src, strings.Replace(blobServer, "(400 << 10)", "(3072 << 10)", 1))
+	// blobServer's blob, 256 MiB: its copy at 5% of a CPU takes seconds.
+	mustRun(t, src, strings.Replace(blobServer, "(400 << 10)", "(1024 << 10)", 1))
 	get := `python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:8002").read().decode())'`
 	want := strings.TrimSpace(mustRun(t, src, get))
 	if f := strings.Fields(want); len(f) != 2 || f[0] != f[1] {
@@ -120,14 +166,14 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	// not copied everything in, so it waits for it) fails, as does a
 	// pause by checkpoint: neither dumps the pages never copied (zeros
 	// once the daemon is gone).
-	killed, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-killed", Limits: lim})
+	killed, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-slow-killed", Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = killed.Destroy(ctx) })
-	pids := lazyDaemons("sbx-lazy-killed")
+	pids := lazyDaemons("sbx-lazy-slow-killed")
 	if len(pids) != 1 {
-		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one (its copy of 768 MiB done already?)", pids)
+		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
 	}
 	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -162,7 +208,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal("the fork whose lazy-pages daemon was killed still runs commands")
 	}
 	if !waitFor(10*time.Second, func() bool {
-		return strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-killed")
+		return strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-slow-killed")
 	}) {
 		t.Errorf("no sandbox_lazy_pages_failed for the killed daemon's fork: %s", logs.String())
 	}
@@ -178,7 +224,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 
 	// A fork that runs gets every byte, served on demand while the
 	// daemon copies the rest.
-	ok, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-ok", Limits: lim})
+	ok, err := ck.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-slow-ok", Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +257,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed = true
-	for _, id := range []string{"sbx-lazy-killed", "sbx-lazy-gone", "sbx-lazy-ok", "sbx-lazy-ok2"} {
+	for _, id := range []string{"sbx-lazy-slow-killed", "sbx-lazy-gone", "sbx-lazy-slow-ok", "sbx-lazy-ok2"} {
 		if pids := lazyDaemons(id); len(pids) != 0 {
 			t.Errorf("lazy-pages daemons of %s after Close: %v", id, pids)
 		}
@@ -221,7 +267,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	}
 	// Close waited for each daemon's end to be dealt with: the forks'
 	// markers are gone (a restart adopts them).
-	for _, id := range []string{"sbx-lazy-ok", "sbx-lazy-ok2"} {
+	for _, id := range []string{"sbx-lazy-slow-ok", "sbx-lazy-ok2"} {
 		if _, err := os.Stat(filepath.Join(dataDir, "sandboxes", id, "lazy-pages")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("lazy-pages marker of %s after Close: %v, want none", id, err)
 		}
@@ -243,10 +289,10 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ck2.Close() })
-	if _, err := ck2.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-restart", Limits: lim}); err != nil {
+	if _, err := ck2.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-slow-restart", Limits: lim}); err != nil {
 		t.Fatal(err)
 	}
-	pids = lazyDaemons("sbx-lazy-restart")
+	pids = lazyDaemons("sbx-lazy-slow-restart")
 	if len(pids) != 1 {
 		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
 	}
@@ -258,13 +304,13 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = d2.Adopt(ctx, "sbx-lazy-restart")
+	_, err = d2.Adopt(ctx, "sbx-lazy-slow-restart")
 	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "lazy pages") {
 		t.Fatalf("Adopt of a fork whose memory was still being copied: %v, want os.ErrNotExist naming lazy pages", err)
 	}
 	left := func() (out []string) {
-		procs, _ := filepath.Glob("/sys/fs/cgroup/*/sandgate/sbx-lazy-restart/*/cgroup.procs")
-		more, _ := filepath.Glob("/sys/fs/cgroup/*/sandgate/sbx-lazy-restart/cgroup.procs")
+		procs, _ := filepath.Glob("/sys/fs/cgroup/*/sandgate/sbx-lazy-slow-restart/*/cgroup.procs")
+		more, _ := filepath.Glob("/sys/fs/cgroup/*/sandgate/sbx-lazy-slow-restart/cgroup.procs")
 		for _, p := range append(procs, more...) {
 			if b, _ := os.ReadFile(p); len(bytes.TrimSpace(b)) != 0 {
 				out = append(out, p+": "+strings.Join(strings.Fields(string(b)), " "))
@@ -276,7 +322,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Errorf("processes left after the refused Adopt: %v", left())
 	}
 	_ = syscall.Kill(pids[0], syscall.SIGKILL)
-	if err := d2.Remove(ctx, "sbx-lazy-restart"); err != nil {
+	if err := d2.Remove(ctx, "sbx-lazy-slow-restart"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -291,12 +337,12 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ck4.Close() })
-	stopped, err := ck4.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-stopped", Limits: lim})
+	stopped, err := ck4.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-slow-stopped", Limits: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = stopped.Destroy(ctx) })
-	pids = lazyDaemons("sbx-lazy-stopped")
+	pids = lazyDaemons("sbx-lazy-slow-stopped")
 	if len(pids) != 1 {
 		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
 	}
@@ -313,7 +359,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb, err := dr.Adopt(ctx, "sbx-lazy-stopped")
+		sb, err := dr.Adopt(ctx, "sbx-lazy-slow-stopped")
 		if err != nil {
 			t.Fatalf("Adopt after a restart of a fork stopped while its daemon could not finish: %v", err)
 		}
@@ -330,7 +376,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !waitFor(10*time.Second, func() bool {
-		return strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-stopped")
+		return strings.Contains(logs.String(), "sandbox_lazy_pages_failed sandbox=sbx-lazy-slow-stopped")
 	}) {
 		t.Errorf("no sandbox_lazy_pages_failed for the stopped fork's daemon: %s", logs.String())
 	}

@@ -108,6 +108,20 @@ func lazyDaemons(id string) []int {
 	return pids
 }
 
+// stopDaemon stops (SIGSTOP) the one lazy-pages daemon of sandbox id's
+// restore, still copying, and returns its pid.
+func stopDaemon(t *testing.T, id string) int {
+	t.Helper()
+	pids := lazyDaemons(id)
+	if len(pids) != 1 {
+		t.Fatalf("lazy-pages daemons of %s right after its restore: %v, want one", id, pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	return pids[0]
+}
+
 // TestLinuxForkLazyPages forks a sandbox whose Python process holds
 // 256 MiB, restoring with lazy pages (a criu lazy-pages daemon copies
 // the memory in after the restore, a page on demand before):
@@ -171,13 +185,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = killed.Destroy(ctx) })
-	pids := lazyDaemons("sbx-lazy-slow-killed")
-	if len(pids) != 1 {
-		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
-	}
-	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	pids := []int{stopDaemon(t, "sbx-lazy-slow-killed")}
 	ckErr := make(chan error, 1)
 	go func() {
 		c, err := killed.(sandbox.Checkpointer).Checkpoint(ctx)
@@ -292,13 +300,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 	if _, err := ck2.Restore(ctx, sandbox.Spec{ID: "sbx-lazy-slow-restart", Limits: lim}); err != nil {
 		t.Fatal(err)
 	}
-	pids = lazyDaemons("sbx-lazy-slow-restart")
-	if len(pids) != 1 {
-		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
-	}
-	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	pids = []int{stopDaemon(t, "sbx-lazy-slow-restart")}
 	t.Cleanup(func() { _ = syscall.Kill(pids[0], syscall.SIGKILL) })
 	d2, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu, KeepOrphans: true}, smallInit(t))
 	if err != nil {
@@ -342,13 +344,7 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = stopped.Destroy(ctx) })
-	pids = lazyDaemons("sbx-lazy-slow-stopped")
-	if len(pids) != 1 {
-		t.Fatalf("lazy-pages daemons of the fork right after its restore: %v, want one", pids)
-	}
-	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	pids = []int{stopDaemon(t, "sbx-lazy-slow-stopped")}
 	t.Cleanup(func() { _ = syscall.Kill(pids[0], syscall.SIGKILL) })
 	if err := stopped.(sandbox.Stopper).Stop(ctx); err != nil {
 		t.Fatal(err)

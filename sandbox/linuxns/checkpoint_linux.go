@@ -721,9 +721,20 @@ func initUnixSockets(pid int, keep bool) (_ []initSock, err error) {
 			continue
 		}
 		dup, err := unix.PidfdGetfd(pidfd, fd, 0)
+		if errors.Is(err, unix.EBADF) {
+			continue // closed since it was listed (a command that ended)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: the init's descriptor %d: %w", fd, err)
 		}
+		// The socket the descriptor holds now, which may not be the one
+		// listed (its number taken again since).
+		var fst unix.Stat_t
+		if err := unix.Fstat(dup, &fst); err != nil {
+			unix.Close(dup)
+			return nil, fmt.Errorf("checkpoint: the init's descriptor %d: %w", fd, err)
+		}
+		ino = fst.Ino
 		domain, derr := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_DOMAIN)
 		acc, aerr := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
 		if derr != nil || aerr != nil || domain != unix.AF_UNIX {

@@ -27,6 +27,21 @@ func (s *BoltStore) PutTombstone(t Tombstone) error {
 	})
 }
 
+// BuryRecord implements RecordBurier: the session's record goes and its
+// tombstone is kept in one transaction, one fsync.
+func (s *BoltStore) BuryRecord(t Tombstone) error {
+	data, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketSessions).Delete([]byte(t.ID)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketTombstones).Put([]byte(t.ID), data)
+	})
+}
+
 func (s *BoltStore) DeleteTombstones(ids ...string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketTombstones)

@@ -99,6 +99,13 @@ type TombstoneStore interface {
 	Tombstones() ([]Tombstone, error)
 }
 
+// RecordBurier is a TombstoneStore that removes a session's record and
+// keeps its tombstone in one write: both or neither.
+type RecordBurier interface {
+	TombstoneStore
+	BuryRecord(t Tombstone) error
+}
+
 // tombstones are the manager's tombstones, oldest first in order.
 type tombstones struct {
 	mu    sync.Mutex
@@ -129,8 +136,23 @@ func (m *Manager) maxTombstones() int {
 // reason); by is the principal that deleted it, if one did. It runs before
 // the session's status changes, so it still sees a failure.
 func (m *Manager) bury(s *Session, reason string, by *Principal) {
+	m.keepTombstone(s, reason, by, false)
+}
+
+// buryRecord is bury for a session whose record goes too (end's first
+// step, which it then skips): a store that is a RecordBurier writes both
+// at once, one commit (one fsync for a DELETE, not two). It reports
+// whether the record was dealt with; false: end removes it, as for a
+// session with no tombstone.
+func (m *Manager) buryRecord(s *Session, reason string, by *Principal) bool {
+	return m.keepTombstone(s, reason, by, true)
+}
+
+// keepTombstone records the tombstone of s (bury), and with record, the
+// removal of its record along with it when the store can (buryRecord).
+func (m *Manager) keepTombstone(s *Session, reason string, by *Principal, record bool) bool {
 	if m.tombstoneTTL() < 0 {
-		return
+		return false
 	}
 	t := Tombstone{ID: s.ID, Tenant: s.Tenant, Reason: reason, At: m.cfg.Now().UTC(),
 		Image: s.Image, CreatedAt: s.CreatedAt, LastActivityAt: s.LastActivity()}
@@ -153,12 +175,21 @@ func (m *Manager) bury(s *Session, reason string, by *Principal) {
 		ts.order = append(ts.order, t.ID)
 	}
 	ts.byID[t.ID] = t
-	if st, ok := m.cfg.Store.(TombstoneStore); ok {
+	done := false
+	if rb, ok := m.cfg.Store.(RecordBurier); ok && record {
+		// Neither written on an error: end removes the record on its own.
+		if err := rb.BuryRecord(t); err != nil {
+			m.log.Error("store_failed", "session", t.ID, "err", err)
+		} else {
+			done = true
+		}
+	} else if st, ok := m.cfg.Store.(TombstoneStore); ok {
 		if err := st.PutTombstone(t); err != nil {
 			m.log.Error("store_failed", "session", t.ID, "err", err)
 		}
 	}
 	m.trimLocked(ts, false)
+	return done
 }
 
 // gone returns the GoneError of p's session id if it has a live

@@ -10,6 +10,8 @@ import (
 	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandgate/sandgate/sandbox/linuxns/initd"
 )
 
 // claimTrees are the filesystems a sandbox's build makes and writes (the
@@ -270,19 +272,16 @@ func touchTree(root string) (err error) {
 // touchOwnEtc touches the files of /etc that are the sandbox's own, in a
 // default root whose /etc is the gateway's template: those bound over it
 // from a tmpfs of the sandbox's (initd's etcFromTemplate), on
-// /etc/hostname's device. Each is a read-only mount of its own, writable
-// for the moment.
+// /etc/hostname's device, which are among initd.EtcOwnNames (looked up
+// by name, not by a listing of /etc's 150-odd entries). Each is a
+// read-only mount of its own, writable for the moment.
 func touchOwnEtc() error {
 	var root unix.Stat_t
 	if err := unix.Stat("/etc/hostname", &root); err != nil {
 		return fmt.Errorf("/etc/hostname: %w", err)
 	}
-	entries, err := os.ReadDir("/etc")
-	if err != nil {
-		return fmt.Errorf("read /etc: %w", err)
-	}
-	for _, e := range entries {
-		p := filepath.Join("/etc", e.Name())
+	for _, name := range initd.EtcOwnNames() {
+		p := filepath.Join("/etc", name)
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil || st.Dev != root.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			continue

@@ -761,6 +761,10 @@ func BuildEtcTemplate(root int) ([]string, error) {
 	return read, nil
 }
 
+// EtcOwnNames are the names, in /etc, of the files that each default
+// root whose /etc is the template binds its own over (templateOwn).
+func EtcOwnNames() []string { return templateOwn() }
+
 // templateOwn are the files of the /etc template that each sandbox binds
 // its own over: those that name it, and the trust bundle (empty, but for
 // a session with a CA: sandbox.TrustBundle).

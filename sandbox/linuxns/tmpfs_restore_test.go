@@ -336,3 +336,48 @@ func TestLinuxForkTamperedTmpfsImage(t *testing.T) {
 		t.Errorf("the fork's /tmp/%s: %q", tmpfsMarker, out)
 	}
 }
+
+// TestLinuxForkTmpfsLeftToTar: a tmpfs whose archive holds what the
+// in-process extraction does not take (a sparse file, GNU tar's 'S'; a
+// FIFO) is restored by tar, as before 0007, and only that one: the fork's
+// /tmp is the source's, and the other tmpfs mounts are unpacked without
+// tar.
+func TestLinuxForkTmpfsLeftToTar(t *testing.T) {
+	requireLinux(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	criu := criuForTest(t)
+	bin, err := os.ReadFile(criu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inProcess := bytes.Contains(bin, []byte(criuTmpfsMark))
+	tars := tarTrace(t)
+	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-tmpfs-tar"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = src.Destroy(ctx) })
+	mustRun(t, src, `cd /tmp && truncate -s 8M sparse && echo end >> sparse && mkfifo -m 0620 fifo && mkdir d && echo f > d/f &&
+find /tmp -mindepth 1 -exec touch -h -d '2001-02-03 04:05:06' {} +`)
+	list := `find /tmp -exec stat -c '%n %f %u %g %s %b %Y %h %N' {} + | sort; md5sum /tmp/sparse /tmp/d/f`
+	want := mustRun(t, src, list)
+	f := forkAll(ctx, t, src, "sbx-tmpfs-tar-a")[0]
+	if got := mustRun(t, f, list); got != want {
+		t.Errorf("the fork's /tmp differs from the source's:\n%s", lineDiff(want, got))
+	}
+	runs, err := os.ReadFile(tars)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extracted := strings.Count(string(runs), "--extract")
+	t.Logf("tar runs: %d --create, %d --extract (in-process restore: %v)", strings.Count(string(runs), "--create"), extracted, inProcess)
+	if inProcess && extracted != 1 {
+		t.Errorf("tar --extract ran %d times, want once (/tmp's archive only):\n%s", extracted, runs)
+	}
+}

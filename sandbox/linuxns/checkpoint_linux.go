@@ -143,7 +143,7 @@ func (d *Driver) checkCRIU() error {
 			return fmt.Errorf("--checkpoint: %w (util-linux's nsenter and iproute2's ip)", err)
 		}
 	}
-	if !criuPatched(criu) {
+	if !d.criuMarksOf(criu).patched {
 		// Said once at start, not first at a failed dump: the operator
 		// learns what this criu cannot do before a user asks for it.
 		d.log.Warn("criu_unpatched", "criu", criu, "version", v,
@@ -272,9 +272,82 @@ const criuPatchMark = "of a foreign netns at %d as external"
 
 // criuPatched says whether the criu binary at path has .ci/criu-patches
 // (criuPatchMark).
-func criuPatched(path string) bool {
+func criuPatched(path string) bool { return readCRIUMarks(path).patched }
+
+// criuMarks says which of the strings patches of .ci/criu-patches add a
+// criu binary holds.
+type criuMarks struct {
+	patched bool // criuPatchMark (0002)
+	loUp    bool // criuLoUpMark (0005)
+	lazy    bool // criuLazyMark (0006)
+}
+
+// readCRIUMarks reads the criu binary at path (some 6 MB) for its marks:
+// none where it cannot be read.
+func readCRIUMarks(path string) criuMarks {
 	b, err := os.ReadFile(path)
-	return err == nil && bytes.Contains(b, []byte(criuPatchMark))
+	if err != nil {
+		return criuMarks{}
+	}
+	return criuMarks{
+		patched: bytes.Contains(b, []byte(criuPatchMark)),
+		loUp:    bytes.Contains(b, []byte(criuLoUpMark)),
+		lazy:    bytes.Contains(b, []byte(criuLazyMark)),
+	}
+}
+
+// criuMarkCache holds a driver's criuMarks by binary: a path's are read
+// again only when the file it names is another (its device, inode, size
+// or mtime changed), and not kept when it changed while read.
+type criuMarkCache struct {
+	mu sync.Mutex
+	m  map[string]criuMarkEntry
+}
+
+type criuMarkEntry struct {
+	id    criuFileID
+	marks criuMarks
+}
+
+// criuFileID is what tells two versions of a file apart.
+type criuFileID struct {
+	dev, ino uint64
+	size     int64
+	mtime    int64 // ns
+}
+
+func statCRIU(path string) (criuFileID, bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return criuFileID{}, false
+	}
+	return criuFileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim.Nano()}, true
+}
+
+// criuMarksOf is readCRIUMarks(path), read once per binary (criuMarkCache)
+// by a driver; a nil driver (a test's bare checkpoint) reads each time.
+func (d *Driver) criuMarksOf(path string) criuMarks {
+	if d == nil {
+		return readCRIUMarks(path)
+	}
+	c := &d.criuMarks
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := statCRIU(path)
+	if !ok {
+		return criuMarks{}
+	}
+	if e, hit := c.m[path]; hit && e.id == id {
+		return e.marks
+	}
+	marks := readCRIUMarks(path)
+	if after, ok := statCRIU(path); ok && after == id {
+		if c.m == nil {
+			c.m = make(map[string]criuMarkEntry)
+		}
+		c.m[path] = criuMarkEntry{id: id, marks: marks}
+	}
+	return marks
 }
 
 // redumpFailed is the error of a dump of sandbox st that failed with err:
@@ -291,7 +364,7 @@ func (d *Driver) redumpFailed(st *sandboxState, err error) error {
 	if !st.Restored || !slices.ContainsFunc(criuNoRedump, func(re *regexp.Regexp) bool { return re.MatchString(err.Error()) }) {
 		return err
 	}
-	if criu, cerr := d.criuPath(); cerr == nil && criuPatched(criu) {
+	if criu, cerr := d.criuPath(); cerr == nil && d.criuMarksOf(criu).patched {
 		return err
 	}
 	if !d.noRedump.Swap(true) {
@@ -373,13 +446,11 @@ const restoreScript = "#!/bin/sh\n" +
 // nsenter and ip once).
 const criuLoUpMark = "empty netns: lo up"
 
-// criuLoUp says whether the criu binary at path holds criuLoUpMark, read
-// once per checkpoint (some 6 MB).
+// criuLoUp says whether the criu binary at path holds criuLoUpMark,
+// asked once per checkpoint, and read once per binary by the driver
+// (criuMarksOf).
 func (c *checkpoint) criuLoUp(path string) bool {
-	c.loUpOnce.Do(func() {
-		b, err := os.ReadFile(path)
-		c.loUp = err == nil && bytes.Contains(b, []byte(criuLoUpMark))
-	})
+	c.loUpOnce.Do(func() { c.loUp = c.d.criuMarksOf(path).loUp })
 	return c.loUp
 }
 

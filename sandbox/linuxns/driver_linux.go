@@ -127,6 +127,8 @@ type Driver struct {
 	// (runCRIU).
 	kdatMu sync.Mutex
 	kdat   []byte
+	// criuMarks is what the driver read of criu binaries (criuMarksOf).
+	criuMarks criuMarkCache
 	// pauseDumps bounds the pauses by checkpoint dumping at once
 	// (MaxPauseDumps); one more pauses by a freeze.
 	pauseDumps chan struct{}

@@ -1,7 +1,6 @@
 package linuxns
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -61,8 +60,7 @@ func (c *checkpoint) criuLazy(path string) bool {
 		if _, err := os.Stat("/dev/userfaultfd"); err != nil {
 			return
 		}
-		b, err := os.ReadFile(path)
-		c.lazy = err == nil && bytes.Contains(b, []byte(criuLazyMark))
+		c.lazy = c.d.criuMarksOf(path).lazy
 	})
 	return c.lazy
 }

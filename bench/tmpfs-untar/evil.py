@@ -22,6 +22,10 @@ cases = {
  'hardlink-out': [l(o, '../../etc/passwd', tarfile.LNKTYPE)],
  'dev': [(lambda i: (setattr(i, 'type', tarfile.CHRTYPE), setattr(i, 'devmajor', 1), setattr(i, 'devminor', 3), (i, None))[-1])(tarfile.TarInfo('null'))],
  'uname': [f('u')],
+ 'hardlink-dir': [d('dd'), l(o, 'dd', tarfile.LNKTYPE)],
+ 'through-hardlinked-symlink': [l('a', host), l('h', 'a', tarfile.LNKTYPE), f('h/' + o)],
+ 'longname-through': [l('a', host), f('a/' + 'n' * 150)],
+ 'symlink-then-dir': [l('a', host), d('a'), f('a/' + o)],
  'ok': [d('.'), d('x'), f('x/y', b'hello'), l('x/s', 'y'), l('x/h', 'x/y', tarfile.LNKTYPE)],
 }
 for k, m in cases.items():

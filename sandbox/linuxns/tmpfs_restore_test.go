@@ -57,6 +57,34 @@ const tmpfsList = `find /tmp /dev/shm -exec stat -c '%n %f %u %g %s %Y %h %N' {}
 // log: a criu holding it restores tmpfs contents without running tar.
 const criuTmpfsMark = "entries restored in %s without tar"
 
+// tmpfsDriver is a checkpointing driver on the criu of the tests
+// (criuForTest), and whether that criu holds 0007 (an error under CI=true
+// without it); with trace, tar's runs are logged (tarTrace) to the
+// returned file.
+func tmpfsDriver(t *testing.T, trace bool) (d *linuxns.Driver, inProcess bool, tars string) {
+	t.Helper()
+	requireLinux(t)
+	dataDir := t.TempDir()
+	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	criu := criuForTest(t)
+	bin, err := os.ReadFile(criu)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inProcess = bytes.Contains(bin, []byte(criuTmpfsMark))
+	if !inProcess && os.Getenv("CI") == "true" {
+		t.Errorf("%s lacks %q: .ci/criu-patches/0007 not applied", criu, criuTmpfsMark)
+	}
+	if trace {
+		tars = tarTrace(t)
+	}
+	d, err = linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, inProcess, tars
+}
+
 // tarTrace puts a tar first in $PATH for the test (criu runs tar by
 // name) that logs each run's arguments, then runs the real one; it
 // returns the log. The tar runs as the sandbox's root, a host uid with
@@ -95,23 +123,7 @@ func tarTrace(t *testing.T) string {
 // builds (0007), no restore runs tar, and the dumps do (the archives
 // the restores read are tar's).
 func TestLinuxForkTmpfsContents(t *testing.T) {
-	requireLinux(t)
-	dataDir := t.TempDir()
-	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
-	criu := criuForTest(t)
-	bin, err := os.ReadFile(criu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inProcess := bytes.Contains(bin, []byte(criuTmpfsMark))
-	if !inProcess && os.Getenv("CI") == "true" {
-		t.Errorf("%s lacks %q: .ci/criu-patches/0007 not applied", criu, criuTmpfsMark)
-	}
-	tars := tarTrace(t)
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, inProcess, tars := tmpfsDriver(t, true)
 	ctx := context.Background()
 	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-tmpfs-src"})
 	if err != nil {
@@ -255,22 +267,7 @@ func writeTar(t *testing.T, path string, entries []tarEntry) {
 // 0007 runs tar for all: nothing is written outside either, but its
 // failures do not say what refused them.)
 func TestLinuxForkTamperedTmpfsImage(t *testing.T) {
-	requireLinux(t)
-	dataDir := t.TempDir()
-	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
-	criu := criuForTest(t)
-	bin, err := os.ReadFile(criu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inProcess := bytes.Contains(bin, []byte(criuTmpfsMark))
-	if !inProcess && os.Getenv("CI") == "true" {
-		t.Errorf("%s lacks %q: .ci/criu-patches/0007 not applied", criu, criuTmpfsMark)
-	}
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, inProcess, _ := tmpfsDriver(t, false)
 	ctx := context.Background()
 	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-tmpfs-evil"})
 	if err != nil {
@@ -373,23 +370,7 @@ func TestLinuxForkTamperedTmpfsImage(t *testing.T) {
 // /tmp is the source's, and the other tmpfs mounts are unpacked without
 // tar.
 func TestLinuxForkTmpfsLeftToTar(t *testing.T) {
-	requireLinux(t)
-	dataDir := t.TempDir()
-	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
-	criu := criuForTest(t)
-	bin, err := os.ReadFile(criu)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inProcess := bytes.Contains(bin, []byte(criuTmpfsMark))
-	if !inProcess && os.Getenv("CI") == "true" {
-		t.Errorf("%s lacks %q: .ci/criu-patches/0007 not applied", criu, criuTmpfsMark)
-	}
-	tars := tarTrace(t)
-	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, inProcess, tars := tmpfsDriver(t, true)
 	ctx := context.Background()
 	src, err := d.Create(ctx, sandbox.Spec{ID: "sbx-tmpfs-tar"})
 	if err != nil {

@@ -262,6 +262,24 @@ def test_large_output_and_unicode(ssh: SessionSSHClient) -> None:
     assert r["stdout"] == "\ufffd\n"
 
 
+def test_slow_reader_gets_all_output(ssh: SessionSSHClient) -> None:
+    # The first chunk's callback holds the reader while the command writes
+    # 12 MB and ends: the rest, and EOF, wait in Paramiko's buffer (the
+    # window is 16 MiB). All of it must come out: a drain bounded after EOF
+    # (4 MiB) lost the rest, as a slow CI reader once did on 20 MB.
+    seen = {"calls": 0, "bytes": 0}
+
+    def on_out(chunk: str) -> None:
+        seen["calls"] += 1
+        seen["bytes"] += len(chunk)
+        if seen["calls"] == 1:
+            time.sleep(2)
+
+    r = ssh.run_command("head -c 12000000 /dev/zero | tr '\\0' a", max_output_bytes=None, on_stdout=on_out)
+    assert r.exit_code == 0
+    assert len(r["stdout"]) == 12_000_000 and seen["bytes"] == 12_000_000
+
+
 # 20,000,000 bytes of "a" between a distinct head and tail, on stdout; 3,000,000 of "b" on stderr.
 BIG_OUTPUT = (
     "printf HEAD-MARK; head -c 20000000 /dev/zero | tr '\\0' a; printf TAIL-MARK; "

@@ -487,10 +487,15 @@ class SessionSSHClient(ClosesOnExit):
         err: "_Stream",
         cancel: Optional[threading.Event] = None,
     ) -> CommandResult:
-        def drain() -> None:
+        def drain(everything: bool = False) -> None:
             # Bounded, so that a command that never stops writing still
-            # lets the loop below check the deadline.
-            for _ in range(_DRAIN_ROUNDS):
+            # lets the loop below check the deadline; once EOF is seen
+            # (everything), until the buffers are empty: up to a window
+            # (16 MiB) may be waiting there, more than one bounded drain
+            # takes from a reader slower than the command.
+            rounds = 0
+            while everything or rounds < _DRAIN_ROUNDS:
+                rounds += 1
                 moved = False
                 if chan.recv_ready():
                     out.feed(_paramiko_compat.recv(chan, _RECV_CHUNK))
@@ -548,7 +553,7 @@ class SessionSSHClient(ClosesOnExit):
                 # All data precedes EOF, so once EOF is seen one more drain
                 # gets everything.
                 finished = chan.eof_received or chan.closed
-                drain()
+                drain(everything=finished)
                 if finished:
                     break
                 select.select([fd], [], [], next_wait())

@@ -853,7 +853,7 @@ func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
 	}
 	delete(m.sessions, id)
 	m.mu.Unlock()
-	if err := m.buryEnd(ctx, s, GoneDeleted, &p, StatusDeleted, ""); err != nil {
+	if err := m.end(ctx, s, GoneDeleted, &p, StatusDeleted, ""); err != nil {
 		return err
 	}
 	m.log.InfoContext(ctx, "session_deleted", "session", id, "tenant", p.Tenant)
@@ -862,29 +862,17 @@ func (m *Manager) Delete(ctx context.Context, p Principal, id string) error {
 	return nil
 }
 
-// end forgets s, closes its connections and destroys its sandbox. s must
-// already be out of the sessions map. The record goes first: a crash
-// half-way through leaves a sandbox without a record, which the next start
-// removes.
-func (m *Manager) end(ctx context.Context, s *Session, status, reason string) error {
-	if err := m.cfg.Store.Delete(s.ID); err != nil {
-		m.log.Error("store_failed", "session", s.ID, "err", err)
+// end buries s (gone, by: bury), forgets it, closes its connections and
+// destroys its sandbox (status, reason: its last status). s must already
+// be out of the sessions map. The tombstone and the record's removal go
+// first, in one write when the store can (keepTombstone): a crash half-way
+// through leaves a sandbox without a record, which the next start removes.
+func (m *Manager) end(ctx context.Context, s *Session, gone string, by *Principal, status, reason string) error {
+	if !m.keepTombstone(s, gone, by, true) {
+		if err := m.cfg.Store.Delete(s.ID); err != nil {
+			m.log.Error("store_failed", "session", s.ID, "err", err)
+		}
 	}
-	return m.endRecordless(ctx, s, status, reason)
-}
-
-// buryEnd buries s (gone, by: bury) and ends it (status, reason: end),
-// its record removed along with its tombstone's keeping when the store
-// can (buryRecord).
-func (m *Manager) buryEnd(ctx context.Context, s *Session, gone string, by *Principal, status, reason string) error {
-	if m.buryRecord(s, gone, by) {
-		return m.endRecordless(ctx, s, status, reason)
-	}
-	return m.end(ctx, s, status, reason)
-}
-
-// endRecordless is end once the record of s is gone.
-func (m *Manager) endRecordless(ctx context.Context, s *Session, status, reason string) error {
 	if !s.end(status, reason) || s.sandbox == nil {
 		return nil
 	}
@@ -1035,7 +1023,7 @@ func (m *Manager) Reap(ctx context.Context) {
 		}
 	}
 	for _, v := range victims {
-		_ = m.buryEnd(ctx, v.s, map[string]string{"ttl": GoneTTL, "idle": GoneIdle}[v.reason], nil, StatusExpired, v.reason)
+		_ = m.end(ctx, v.s, map[string]string{"ttl": GoneTTL, "idle": GoneIdle}[v.reason], nil, StatusExpired, v.reason)
 		m.log.Info("session_expired", "session", v.s.ID, "tenant", v.s.Tenant, "reason", v.reason)
 		m.auditSession(context.WithoutCancel(ctx), v.s, "expired", v.reason, "")
 		m.metrics().SessionExpired(v.reason)

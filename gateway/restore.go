@@ -109,7 +109,7 @@ func (m *Manager) Shutdown(ctx context.Context, keep bool) {
 		go func() {
 			defer wg.Done()
 			if !keep {
-				_ = m.buryEnd(ctx, s, GoneShutdown, nil, StatusDeleted, "gateway shut down")
+				_ = m.end(ctx, s, GoneShutdown, nil, StatusDeleted, "gateway shut down")
 				return
 			}
 			s.closeProxy()

@@ -139,17 +139,10 @@ func (m *Manager) bury(s *Session, reason string, by *Principal) {
 	m.keepTombstone(s, reason, by, false)
 }
 
-// buryRecord is bury for a session whose record goes too (end's first
-// step, which it then skips): a store that is a RecordBurier writes both
-// at once, one commit (one fsync for a DELETE, not two). It reports
-// whether the record was dealt with; false: end removes it, as for a
-// session with no tombstone.
-func (m *Manager) buryRecord(s *Session, reason string, by *Principal) bool {
-	return m.keepTombstone(s, reason, by, true)
-}
-
-// keepTombstone records the tombstone of s (bury), and with record, the
-// removal of its record along with it when the store can (buryRecord).
+// keepTombstone records the tombstone of s (bury); with record (end), a
+// store that is a RecordBurier also removes the session's record in the
+// same commit (one fsync for a DELETE, not two). It reports whether the
+// record was removed; false: end removes it on its own.
 func (m *Manager) keepTombstone(s *Session, reason string, by *Principal, record bool) bool {
 	if m.tombstoneTTL() < 0 {
 		return false

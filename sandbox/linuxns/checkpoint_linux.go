@@ -270,9 +270,6 @@ var errNoRedump = fmt.Errorf("%w: its processes were restored from a checkpoint 
 // patches, and dumps a tree it restored.
 const criuPatchMark = "of a foreign netns at %d as external"
 
-// criuPatched says whether the criu binary at path has .ci/criu-patches
-// (criuPatchMark).
-func criuPatched(path string) bool { return readCRIUMarks(path).patched }
 
 // criuMarks says which of the strings patches of .ci/criu-patches add a
 // criu binary holds.

@@ -73,7 +73,7 @@ func TestRedumpFailedPatchedCRIU(t *testing.T) {
 		}
 		t.Skip("no criu built by .ci/build-criu")
 	}
-	if !criuPatched(criu) {
+	if !readCRIUMarks(criu).patched {
 		t.Fatalf("%s has no %q: .ci/criu-patches' 0002 no longer says it (criuPatchMark)", criu, criuPatchMark)
 	}
 	d := &Driver{log: slog.New(slog.DiscardHandler), cfg: sandbox.Config{CRIU: criu}}

@@ -270,7 +270,6 @@ var errNoRedump = fmt.Errorf("%w: its processes were restored from a checkpoint 
 // patches, and dumps a tree it restored.
 const criuPatchMark = "of a foreign netns at %d as external"
 
-
 // criuMarks says which of the strings patches of .ci/criu-patches add a
 // criu binary holds.
 type criuMarks struct {

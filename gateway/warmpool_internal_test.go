@@ -10,29 +10,41 @@ import (
 	"github.com/sandgate/sandgate/sandbox"
 )
 
-// TestWarmPoolSettleEmpty: a refill round waits for claims to pause only
-// while the pool still holds sandboxes; once a burst has emptied it, the
-// creates build their own and the refill starts at once (issue 41: back
-// to back, the pool of 2 refilled a pair per warmMaxDelay, and most
-// creates of a burst found it empty). The claim's kick is left for the
-// next round rather than waited on.
-func TestWarmPoolSettleEmpty(t *testing.T) {
-	p := newWarmPool(2, nil, func(warm) {}, slog.New(slog.DiscardHandler))
-	p.kick <- struct{}{} // a claim took the last one
-	p.settle(context.Background())
-	select {
-	case <-p.kick:
-	default:
-		t.Fatal("settle waited for the claims to pause while the pool was empty")
+// TestWarmPoolSettle: a refill's build waits for a burst of claims to
+// pause only while the pool holds more than a quarter of its size; once
+// the burst has taken it down to that (or emptied it), the creates would
+// soon build their own, and the refill builds at once (issue 41, row 11e).
+func TestWarmPoolSettle(t *testing.T) {
+	for _, c := range []struct {
+		size, idle int
+		waits      bool
+	}{{8, 0, false}, {8, 2, false}, {8, 3, true}, {64, 16, false}, {64, 17, true}, {2, 0, false}, {2, 1, true}} {
+		p := newWarmPool(c.size, nil, func(warm) {}, slog.New(slog.DiscardHandler))
+		p.idle = make([]warm, c.idle)
+		// A claim that never pauses: settle returns only when it need
+		// not wait, or when ctx ends.
+		p.lastClaim = time.Now().Add(time.Hour)
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		atOnce := p.settle(ctx)
+		cancel()
+		if atOnce == c.waits {
+			t.Errorf("pool of %d holding %d in a burst of claims: waited %v, want %v", c.size, c.idle, !atOnce, c.waits)
+		}
 	}
-	// With sandboxes left it still waits for the burst to pause.
-	p.idle = []warm{{id: "sbx-left"}}
-	p.kick <- struct{}{}
-	p.settle(context.Background())
-	select {
-	case <-p.kick:
-		t.Fatal("settle did not wait for the claims to pause while the pool held a sandbox")
-	default:
+	// A claim marks the burst; without one for warmQuiet, no wait.
+	p := newWarmPool(8, nil, func(warm) {}, slog.New(slog.DiscardHandler))
+	p.idle = []warm{{id: "a", sb: idleSandbox{}}, {id: "b", sb: idleSandbox{}}, {id: "c", sb: idleSandbox{}}, {id: "d", sb: idleSandbox{}}}
+	if _, ok := p.take(); !ok {
+		t.Fatal("take found no sandbox")
+	}
+	if p.lastClaim.IsZero() {
+		t.Fatal("take did not mark the claim")
+	}
+	if !p.settle(context.Background()) {
+		t.Fatal("settle failed with a live context")
+	}
+	if since := time.Since(p.lastClaim); since < warmQuiet {
+		t.Errorf("settle returned %v after the claim, before the claims paused for %v", since, warmQuiet)
 	}
 }
 

@@ -204,3 +204,13 @@ func preflightMain(args []string) int {
 	}
 	return 0
 }
+
+// hostMemory is the host's memory in bytes (0: unknown), which sizes the
+// auto warm pool (autoWarmPoolFor).
+func hostMemory() uint64 {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0
+	}
+	return uint64(si.Totalram) * uint64(si.Unit)
+}

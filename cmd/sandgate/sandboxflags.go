@@ -24,7 +24,8 @@ type sandboxFlags struct {
 	// nofile is every sandbox process's RLIMIT_NOFILE (linux).
 	nofile sandbox.Nofile
 	// warmPool is how many default-root sandboxes are kept built for
-	// creates to claim (linux; gateway.Config.WarmPool).
+	// creates to claim (linux; gateway.Config.WarmPool); autoWarmPool
+	// (-1): as many as the host's memory pays for (warmPoolFor).
 	warmPool int
 	// warmImageTTL, warmImages and warmMemory are the pools of the
 	// images used lately (gateway.Config.WarmPoolImageTTL and friends).
@@ -69,7 +70,8 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.Uint64Var(&f.nofile.Hard, "sandbox-nofile-hard", sandbox.DefaultNofileHard, "open files a sandbox process may raise its limit to (RLIMIT_NOFILE hard limit, linux driver)")
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
 	fs.BoolVar(&f.requireLimits, "sandbox-require-limits", false, "with --sandbox linux, refuse to start when the memory, cpus and pids limits cannot be enforced (no writable cgroup for them) instead of running sandboxes without them; the Helm chart sets it")
-	fs.IntVar(&f.warmPool, "warm-pool", defaultWarmPool, "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables)")
+	f.warmPool = autoWarmPool
+	fs.Var((*poolSizeFlag)(&f.warmPool), "warm-pool", "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables; auto: one per 256 MiB of the host's memory, 8 to 64)")
 	fs.DurationVar(&f.warmImageTTL, "warm-pool-image-ttl", defaultWarmImageTTL, "with --warm-pool, an image a create used within this long keeps min(--warm-pool, 2) sandboxes of its own built and idle (0 disables)")
 	fs.IntVar(&f.warmImages, "warm-pool-images", gateway.DefaultWarmPoolImages, "images with a warm pool of their own at once; the least recently used pool drains for a new one")
 	f.warmMemory = gateway.DefaultWarmPoolMemory
@@ -119,7 +121,7 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 	if n := f.nofile; n.Soft < minNofile || n.Hard < n.Soft {
 		return b, fmt.Errorf("--sandbox-nofile must be at least %d, and --sandbox-nofile-hard at least --sandbox-nofile (got %d and %d)", minNofile, n.Soft, n.Hard)
 	}
-	if f.warmPool < 0 || f.warmPool > maxWarmPool {
+	if (f.warmPool < 0 && f.warmPool != autoWarmPool) || f.warmPool > maxWarmPool {
 		return b, fmt.Errorf("--warm-pool must be between 0 and %d, got %d", maxWarmPool, f.warmPool)
 	}
 	if f.warmImageTTL < 0 || f.warmImages < 1 || f.warmImages > maxWarmPool || f.warmMemory < 0 {
@@ -134,9 +136,14 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 
 // defaultTeardownQueue and maxTeardownQueue are --teardown-queue's
 // default and bound: each release under way holds a goroutine and the
-// sandbox's host resources a little longer.
+// sandbox's host resources a little longer. The default is twice the
+// largest warm pool, so that a burst that takes a whole pool and deletes
+// each session defers every release until the burst pauses (a release
+// starts at once past three quarters of the queue: with 64, the releases
+// of a burst of 60 began 48 creates in, and its last creates' p99 went
+// from 6-10 to 13-17 ms; bench/results/s56-pool.md).
 const (
-	defaultTeardownQueue = 64
+	defaultTeardownQueue = 128
 	maxTeardownQueue     = 4096
 )
 
@@ -223,13 +230,51 @@ func formatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// defaultWarmPool is --warm-pool's default: enough for a burst of
-// creates back to back to find sandboxes ready while the refill (one at a
-// time on 2 cores) catches up, at about 10 MiB of idle inits' memory
-// (row 16: some 1.3 MiB PSS each). Issue 41, row 11e (a plain client,
-// best of 3 runs of 60, 2 cores under load): p50 7-10 ms with 8 against
-// 11-17 ms with 2; 16 did no better than 8.
-const defaultWarmPool = 8
+// autoWarmPool is --warm-pool's default, auto: the pool holds one
+// sandbox per warmPoolPerMemory of the host's memory, at least
+// minAutoWarmPool and at most maxWarmPool. A warm sandbox costs the host
+// about 2 MiB (its idle init, its namespaces, mounts and loop device: 64
+// took 112-136 MiB of MemAvailable on this 2-core host), so the pool takes
+// under 1% of the memory, and a burst of creates up to its size finds
+// sandboxes ready: issue 41's row 11e (a plain client, creates back to
+// back, best of 3 runs of 60; 2 cores, quiet) gave p50 2.0 / p99 12.3 ms
+// with 64 against 5.5 / 24.2 ms with 8 (bench/results/s56-pool.md). Past
+// the pool, creates back to back are bound by the CPU a build and a
+// teardown take (~25 ms a cycle on 2 cores), whatever its size.
+const (
+	autoWarmPool      = -1
+	minAutoWarmPool   = 8
+	warmPoolPerMemory = 256 << 20
+)
+
+// autoWarmPoolFor is the auto pool's size on a host with mem bytes of
+// memory.
+func autoWarmPoolFor(mem uint64) int {
+	return int(min(max(mem/warmPoolPerMemory, minAutoWarmPool), maxWarmPool))
+}
+
+// poolSizeFlag is --warm-pool: a number, or auto (autoWarmPool).
+type poolSizeFlag int
+
+func (p *poolSizeFlag) String() string {
+	if p == nil || *p == autoWarmPool {
+		return "auto"
+	}
+	return strconv.Itoa(int(*p))
+}
+
+func (p *poolSizeFlag) Set(v string) error {
+	if strings.TrimSpace(v) == "auto" {
+		*p = autoWarmPool
+		return nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a number of sandboxes (0 disables) or auto, got %q", v)
+	}
+	*p = poolSizeFlag(n)
+	return nil
+}
 
 // defaultWarmImageTTL is --warm-pool-image-ttl's default: an image in
 // use keeps its pool through the pauses of an agent's work.
@@ -240,6 +285,9 @@ const defaultWarmImageTTL = 10 * time.Minute
 func (f *sandboxFlags) warmPoolFor(d sandbox.Driver) int {
 	if d.Name() != "linux" {
 		return 0
+	}
+	if f.warmPool == autoWarmPool {
+		return autoWarmPoolFor(hostMemory())
 	}
 	return f.warmPool
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"io"
 	"path/filepath"
@@ -171,6 +173,63 @@ func TestServeWarmImageFlags(t *testing.T) {
 			t.Errorf("%s: accepted", strings.Join(args, " "))
 		}
 	}
+}
+
+// TestServeWarmPoolFlag: --warm-pool is auto unless given (one sandbox
+// per 256 MiB of the host's memory, 8 to 64, on the linux driver; none on
+// workdir), takes a number or auto, and refuses the rest.
+func TestServeWarmPoolFlag(t *testing.T) {
+	for _, c := range []struct {
+		mem  uint64
+		want int
+	}{{0, 8}, {1 << 30, 8}, {2 << 30, 8}, {4 << 30, 16}, {8 << 30, 32}, {16 << 30, 64}, {1 << 40, 64}} {
+		if got := autoWarmPoolFor(c.mem); got != c.want {
+			t.Errorf("auto pool with %d bytes of memory: %d, want %d", c.mem, got, c.want)
+		}
+	}
+	linux, workdir := namedDriver("linux"), namedDriver("workdir")
+	c, err := parseServe(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.sandbox.warmPoolFor(linux), autoWarmPoolFor(hostMemory()); got != want || got < minAutoWarmPool {
+		t.Errorf("default pool on linux: %d, want %d", got, want)
+	}
+	if got := c.sandbox.warmPoolFor(workdir); got != 0 {
+		t.Errorf("default pool on workdir: %d, want 0", got)
+	}
+	for _, v := range []struct {
+		arg  string
+		want int
+	}{{"0", 0}, {"3", 3}, {"64", 64}, {"auto", autoWarmPoolFor(hostMemory())}} {
+		c, err := parseServe([]string{"--warm-pool", v.arg}, io.Discard)
+		if err != nil {
+			t.Errorf("--warm-pool %s: %v", v.arg, err)
+			continue
+		}
+		if got := c.sandbox.warmPoolFor(linux); got != v.want {
+			t.Errorf("--warm-pool %s: %d, want %d", v.arg, got, v.want)
+		}
+	}
+	for _, arg := range []string{"-1", "65", "many", ""} {
+		if _, err := parseServe([]string{"--warm-pool", arg}, io.Discard); err == nil || !strings.Contains(err.Error(), "warm-pool") {
+			t.Errorf("--warm-pool %q: %v, want a refusal naming the flag", arg, err)
+		}
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	registerSandboxFlags(fs)
+	if f := fs.Lookup("warm-pool"); f == nil || f.DefValue != "auto" {
+		t.Errorf("--warm-pool's default as help shows it: %+v, want auto", f)
+	}
+}
+
+// namedDriver is a sandbox.Driver that only has a name.
+type namedDriver string
+
+func (d namedDriver) Name() string { return string(d) }
+
+func (namedDriver) Create(context.Context, sandbox.Spec) (sandbox.Sandbox, error) {
+	return nil, errors.ErrUnsupported
 }
 
 // TestServerTimingHelp: --server-timing's help names every answer it

@@ -119,7 +119,7 @@ func (b *bench) rowCreateTrace() error {
 			claimed++
 		}
 	}
-	via, refVia := "default `--warm-pool` (8)", "`--warm-pool 0 --teardown-queue 0`"
+	via, refVia := "default `--warm-pool` (auto: one per 256 MiB of the host's memory, 8-64)", "`--warm-pool 0 --teardown-queue 0`"
 	name := "session create → first REST command done (`true`, same HTTP connection), linux driver"
 	note := fmt.Sprintf("%d of %d creates claimed a warm sandbox; %v between creates", claimed, len(warm), warmGap)
 	for _, st := range []string{"p50", "p99"} {
@@ -341,7 +341,7 @@ func (b *bench) rowPlainClient(warm, cold *sandgate, via, refVia string) error {
 	if err != nil {
 		return err
 	}
-	note := "targets: warm p50 ≤ 5 ms, p99 ≤ 15 ms; cold p50 ≤ 12 ms; back to back, the default pool (8) refills behind the creates, one build at a time on 2 cores, so some of the warm side's creates build their sandbox"
+	note := "targets: warm p50 ≤ 5 ms, p99 ≤ 15 ms; cold p50 ≤ 12 ms; back to back, the default pool (auto, 64 from 16 GiB of memory) serves a run as large as it, then refills behind the creates, one build at a time on 2 cores, so the later runs' creates build some of their sandboxes: the best run is the one the pool served"
 	for _, st := range []string{"p50", "p99"} {
 		r.add(&Row{ID: "11e", Name: name + "create → first REST command `true`", Stat: st, Unit: "s", SG: wf, Ref: cf, SGName: via, RefName: refVia, RefKind: "no pool", Note: note})
 	}

@@ -77,6 +77,10 @@ type checkpoint struct {
 	mu      sync.Mutex
 	closed  bool
 	readers int // restores under way: the images are 0644 while there are some
+	// restoring counts the Restores under way; behind holds the pids of
+	// the lazy-pages daemons started meanwhile, at lazyNice until none is.
+	restoring int
+	behind    map[*lazyPages]int
 	// shared, when set, names the images whose files (inodes) this
 	// checkpoint shares with others: a pause's and the forks' made of it
 	// (pausedCheckpoint's hard links). Their restores count together
@@ -464,7 +468,7 @@ func (c *checkpoint) run(ctx context.Context, criu string, args []string, log st
 		// (runCRIU takes it back to the gateway's mounts first, for the
 		// main thread, which is parked instead).
 		runtime.LockOSThread()
-		errc <- c.d.runCRIU(ctx, criu, args, log, extra, ph, nil)
+		errc <- c.d.runCRIU(ctx, criu, args, log, extra, ph, criuHooks{})
 	}()
 	return <-errc
 }
@@ -491,7 +495,7 @@ const criuWaitDelay = 5 * time.Second
 // a new one (the first; one of a new criu binary) gives the driver its
 // copy. Where the host's /run is a tmpfs (CRIU keeps its cache there
 // itself), or holds a path criu needs (ownRun), criu sees the host's.
-func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases, started func()) (err error) {
+func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log string, extra []*os.File, ph *phases, hooks criuHooks) (err error) {
 	home, err := unix.Open("/proc/thread-self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("criu: the gateway's mounts: %w", err)
@@ -531,8 +535,12 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err = cmd.Start()
 	if err == nil {
-		if started != nil {
-			started()
+		if hooks.started != nil {
+			hooks.started(cmd.Process.Pid)
+		}
+		if hooks.exited != nil {
+			waitExit(cmd.Process.Pid)
+			hooks.exited()
 		}
 		err = cmd.Wait()
 	}
@@ -550,6 +558,26 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 		}
 	}
 	return nil
+}
+
+// criuHooks are what runCRIU calls in a criu's life: started once it
+// runs, with its pid; exited once it has ended, before it is reaped, so
+// that its pid names no other process until exited returns.
+type criuHooks struct {
+	started func(pid int)
+	exited  func()
+}
+
+// waitExit waits until the child pid has ended, without reaping it
+// (WNOWAIT): its pid stays its own until the caller's Wait.
+func waitExit(pid int) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // ownRun says whether criu gets a /run of its own (runCRIU): not where
@@ -880,6 +908,8 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	if err != nil {
 		return nil, err
 	}
+	c.restoreBegins()
+	defer c.restoreDone()
 	ctx, cancel := withInitTimeout(ctx)
 	defer cancel()
 	slot, dir, err := d.newSandboxDir(spec.ID)

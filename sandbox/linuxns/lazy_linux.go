@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/internal/cgroup"
 	"github.com/sandgate/sandgate/sandbox"
 )
@@ -109,7 +111,10 @@ func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
 		// of the status pipe goes once criu has it (or never will), so
 		// that the reader below sees the end of a criu that failed.
 		runtime.LockOSThread()
-		lp.err = c.d.runCRIU(dctx, criu, args, filepath.Join(imgs, "lazy-pages.log"), []*os.File{w}, lp.cpu, func() { w.Close() })
+		lp.err = c.d.runCRIU(dctx, criu, args, filepath.Join(imgs, "lazy-pages.log"), []*os.File{w}, lp.cpu, criuHooks{
+			started: func(pid int) { w.Close(); c.lazyStarted(lp, pid) },
+			exited:  func() { c.lazyExited(lp) },
+		})
 		w.Close()
 		close(lp.done)
 	}()
@@ -120,6 +125,68 @@ func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
 		lp.ready <- err
 	}()
 	return lp, nil
+}
+
+// lazyNice is the nice value of a lazy-pages daemon started while a
+// restore of its checkpoint is under way, until none is: a fork ×N's
+// daemons copy their memory in behind its N restores rather than beside
+// them. Patch 0008 of .ci/criu-patches has criu restore the init's memory
+// in full, so that nothing the gateway waits for (the restored sandbox's
+// check, its first command) waits on a daemon held back so. Once the
+// fork's restores are done, each daemon gets the gateway's priority back.
+const lazyNice = 19
+
+// restoreBegins and restoreDone bracket a Restore of c: the last to end
+// gives the daemons held back (c.behind) the gateway's priority again.
+func (c *checkpoint) restoreBegins() {
+	c.mu.Lock()
+	c.restoring++
+	c.mu.Unlock()
+}
+
+func (c *checkpoint) restoreDone() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.restoring--
+	if c.restoring > 0 || len(c.behind) == 0 {
+		return
+	}
+	own, err := niceOf(0)
+	for lp, pid := range c.behind {
+		if err == nil {
+			_ = unix.Setpriority(unix.PRIO_PROCESS, pid, own)
+		}
+		delete(c.behind, lp)
+	}
+}
+
+// lazyStarted holds lp's daemon, pid, back while restores of c are under
+// way; lazyExited, called before its pid is reaped, lets go of it.
+func (c *checkpoint) lazyStarted(lp *lazyPages, pid int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.restoring == 0 {
+		return
+	}
+	if n, err := niceOf(pid); err != nil || n >= lazyNice || unix.Setpriority(unix.PRIO_PROCESS, pid, lazyNice) != nil {
+		return
+	}
+	if c.behind == nil {
+		c.behind = map[*lazyPages]int{}
+	}
+	c.behind[lp] = pid
+}
+
+func (c *checkpoint) lazyExited(lp *lazyPages) {
+	c.mu.Lock()
+	delete(c.behind, lp)
+	c.mu.Unlock()
+}
+
+// niceOf is the nice value of process pid (0: the caller).
+func niceOf(pid int) (int, error) {
+	p, err := unix.Getpriority(unix.PRIO_PROCESS, pid)
+	return 20 - p, err // the system call's 40..1, for nice -20..19
 }
 
 // listening waits for the daemon to listen, and stops it if it does not.

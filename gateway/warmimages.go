@@ -37,8 +37,9 @@ import (
 // cache included), less than WarmPoolMemory with one more sandbox of
 // their average (warmMemoryGuess when none could be measured). The
 // default pool is the operator's --warm-pool and is not held back by it.
-// One image sandbox is built at a time, in the background, after claims
-// pause (warmPool.settle): a create never waits for a pool.
+// One image sandbox is built at a time, in the background, once claims
+// pause, or at once when the pool is empty (warmPool.settle): a create
+// never waits for a pool.
 
 // imagePoolSize bounds each image's pool (below WarmPool when that is
 // smaller).

@@ -71,7 +71,7 @@ func registerSandboxFlags(fs *flag.FlagSet) *sandboxFlags {
 	fs.BoolVar(&f.allowUserNS, "sandbox-allow-userns", false, "let sandbox processes create user namespaces (rootless containers, bwrap); by default the linux driver's seccomp filter refuses them with EPERM")
 	fs.BoolVar(&f.requireLimits, "sandbox-require-limits", false, "with --sandbox linux, refuse to start when the memory, cpus and pids limits cannot be enforced (no writable cgroup for them) instead of running sandboxes without them; the Helm chart sets it")
 	f.warmPool = autoWarmPool
-	fs.Var((*poolSizeFlag)(&f.warmPool), "warm-pool", "sandboxes of the default image kept built and idle for creates to claim (linux driver; 0 disables; auto: one per 256 MiB of the host's memory, 8 to 64)")
+	fs.Var((*poolSizeFlag)(&f.warmPool), "warm-pool", "how many sandboxes of the default image are kept built and idle for creates to claim, `N|auto` (linux driver; 0 disables; auto: four per GiB of the host's memory, 8 to 64)")
 	fs.DurationVar(&f.warmImageTTL, "warm-pool-image-ttl", defaultWarmImageTTL, "with --warm-pool, an image a create used within this long keeps min(--warm-pool, 2) sandboxes of its own built and idle (0 disables)")
 	fs.IntVar(&f.warmImages, "warm-pool-images", gateway.DefaultWarmPoolImages, "images with a warm pool of their own at once; the least recently used pool drains for a new one")
 	f.warmMemory = gateway.DefaultWarmPoolMemory
@@ -122,7 +122,7 @@ func (f *sandboxFlags) bounds() (gateway.ResourceBounds, error) {
 		return b, fmt.Errorf("--sandbox-nofile must be at least %d, and --sandbox-nofile-hard at least --sandbox-nofile (got %d and %d)", minNofile, n.Soft, n.Hard)
 	}
 	if (f.warmPool < 0 && f.warmPool != autoWarmPool) || f.warmPool > maxWarmPool {
-		return b, fmt.Errorf("--warm-pool must be between 0 and %d, got %d", maxWarmPool, f.warmPool)
+		return b, fmt.Errorf("--warm-pool must be auto or between 0 and %d, got %d", maxWarmPool, f.warmPool)
 	}
 	if f.warmImageTTL < 0 || f.warmImages < 1 || f.warmImages > maxWarmPool || f.warmMemory < 0 {
 		return b, fmt.Errorf("--warm-pool-image-ttl must not be negative, --warm-pool-images must be between 1 and %d, --warm-pool-memory not negative (got %v, %d, %d)",
@@ -230,8 +230,9 @@ func formatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// autoWarmPool is --warm-pool's default, auto: the pool holds one
-// sandbox per warmPoolPerMemory of the host's memory, at least
+// autoWarmPool is --warm-pool's default, auto: the pool holds
+// warmPoolPerGiB sandboxes per GiB of the host's memory (rounded to whole
+// GiB: a 16 GiB host's kernel reports a little less), at least
 // minAutoWarmPool and at most maxWarmPool. A warm sandbox costs the host
 // about 2 MiB (its idle init, its namespaces, mounts and loop device: 64
 // took 112-136 MiB of MemAvailable on this 2-core host), so the pool takes
@@ -242,15 +243,16 @@ func formatSize(n int64) string {
 // the pool, creates back to back are bound by the CPU a build and a
 // teardown take (~25 ms a cycle on 2 cores), whatever its size.
 const (
-	autoWarmPool      = -1
-	minAutoWarmPool   = 8
-	warmPoolPerMemory = 256 << 20
+	autoWarmPool    = -1
+	minAutoWarmPool = 8
+	warmPoolPerGiB  = 4
 )
 
 // autoWarmPoolFor is the auto pool's size on a host with mem bytes of
 // memory.
 func autoWarmPoolFor(mem uint64) int {
-	return int(min(max(mem/warmPoolPerMemory, minAutoWarmPool), maxWarmPool))
+	gib := (mem + 1<<29) >> 30
+	return int(min(max(gib*warmPoolPerGiB, minAutoWarmPool), maxWarmPool))
 }
 
 // poolSizeFlag is --warm-pool: a number, or auto (autoWarmPool).

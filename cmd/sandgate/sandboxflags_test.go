@@ -175,14 +175,14 @@ func TestServeWarmImageFlags(t *testing.T) {
 	}
 }
 
-// TestServeWarmPoolFlag: --warm-pool is auto unless given (one sandbox
-// per 256 MiB of the host's memory, 8 to 64, on the linux driver; none on
-// workdir), takes a number or auto, and refuses the rest.
+// TestServeWarmPoolFlag: --warm-pool is auto unless given (four
+// sandboxes per GiB of the host's memory, rounded, 8 to 64, on the linux
+// driver; none on workdir), takes a number or auto, and refuses the rest.
 func TestServeWarmPoolFlag(t *testing.T) {
 	for _, c := range []struct {
 		mem  uint64
 		want int
-	}{{0, 8}, {1 << 30, 8}, {2 << 30, 8}, {4 << 30, 16}, {8 << 30, 32}, {16 << 30, 64}, {1 << 40, 64}} {
+	}{{0, 8}, {1 << 30, 8}, {2 << 30, 8}, {4 << 30, 16}, {8 << 30, 32}, {16<<30 - 400<<20, 64}, {16 << 30, 64}, {1 << 40, 64}} {
 		if got := autoWarmPoolFor(c.mem); got != c.want {
 			t.Errorf("auto pool with %d bytes of memory: %d, want %d", c.mem, got, c.want)
 		}

@@ -77,10 +77,13 @@ type checkpoint struct {
 	mu      sync.Mutex
 	closed  bool
 	readers int // restores under way: the images are 0644 while there are some
-	// restoring counts the Restores under way; behind holds the pids of
-	// the lazy-pages daemons started meanwhile, at lazyNice until none is.
-	restoring int
-	behind    map[*lazyPages]int
+	// restoring counts the Restores under way; daemons are the pids of
+	// the lazy-pages daemons running, behind those held back at lazyNice
+	// (holdBack) until none is, or behindTimer lets them go.
+	restoring   int
+	daemons     map[*lazyPages]int
+	behind      map[*lazyPages]struct{}
+	behindTimer *time.Timer
 	// shared, when set, names the images whose files (inodes) this
 	// checkpoint shares with others: a pause's and the forks' made of it
 	// (pausedCheckpoint's hard links). Their restores count together
@@ -991,9 +994,10 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	}
 	if lp != nil {
 		// The daemon owns imgs from here: it copies the rest of the
-		// memory in, then they go.
+		// memory in, then they go; behind the other restores, if any.
 		lazy = lp
 		go c.finishLazy(lp, st, imgs)
+		c.holdBack(lp)
 	}
 	if err := st.save(dir); err != nil {
 		return nil, err

@@ -127,14 +127,19 @@ func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
 	return lp, nil
 }
 
-// lazyNice is the nice value of a lazy-pages daemon started while a
-// restore of its checkpoint is under way, until none is: a fork ×N's
-// daemons copy their memory in behind its N restores rather than beside
-// them. Patch 0008 of .ci/criu-patches has criu restore the init's memory
-// in full, so that nothing the gateway waits for (the restored sandbox's
-// check, its first command) waits on a daemon held back so. Once the
-// fork's restores are done, each daemon gets the gateway's priority back.
-const lazyNice = 19
+// lazyNice is the nice value of a lazy-pages daemon whose restore is done
+// while other restores of its checkpoint are still under way, until none
+// is, or lazyBehindMax has passed: a fork ×N's daemons copy their memory
+// in behind its other restores rather than beside them. Not before its
+// own restore is done, which may fault on pages the daemon serves (the
+// restorer's return to the image's code). Patch 0008 of .ci/criu-patches
+// has criu restore the init's memory in full, so that nothing the gateway
+// waits for next (the restored sandbox's check, its first command) waits
+// on a daemon held back so.
+const (
+	lazyNice      = 19
+	lazyBehindMax = time.Second
+)
 
 // restoreBegins and restoreDone bracket a Restore of c: the last to end
 // gives the daemons held back (c.behind) the gateway's priority again.
@@ -148,39 +153,72 @@ func (c *checkpoint) restoreDone() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.restoring--
-	if c.restoring > 0 || len(c.behind) == 0 {
+	if c.restoring == 0 {
+		c.letGoLocked()
+	}
+}
+
+// letGoLocked gives every daemon held back the gateway's priority again.
+// Callers hold c.mu.
+func (c *checkpoint) letGoLocked() {
+	if c.behindTimer != nil {
+		c.behindTimer.Stop()
+		c.behindTimer = nil
+	}
+	if len(c.behind) == 0 {
 		return
 	}
 	own, err := niceOf(0)
-	for lp, pid := range c.behind {
-		if err == nil {
+	for lp := range c.behind {
+		if pid, ok := c.daemons[lp]; ok && err == nil {
 			_ = unix.Setpriority(unix.PRIO_PROCESS, pid, own)
 		}
 		delete(c.behind, lp)
 	}
 }
 
-// lazyStarted holds lp's daemon, pid, back while restores of c are under
-// way; lazyExited, called before its pid is reaped, lets go of it.
-func (c *checkpoint) lazyStarted(lp *lazyPages, pid int) {
+// holdBack lowers the priority of lp's daemon, whose restore is done,
+// while other restores of c are under way (the caller's counts in
+// c.restoring until its restoreDone).
+func (c *checkpoint) holdBack(lp *lazyPages) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.restoring == 0 {
+	pid, ok := c.daemons[lp]
+	if !ok || c.restoring < 2 {
 		return
 	}
 	if n, err := niceOf(pid); err != nil || n >= lazyNice || unix.Setpriority(unix.PRIO_PROCESS, pid, lazyNice) != nil {
 		return
 	}
 	if c.behind == nil {
-		c.behind = map[*lazyPages]int{}
+		c.behind = map[*lazyPages]struct{}{}
 	}
-	c.behind[lp] = pid
+	c.behind[lp] = struct{}{}
+	if c.behindTimer == nil {
+		c.behindTimer = time.AfterFunc(lazyBehindMax, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.letGoLocked()
+		})
+	}
+}
+
+// lazyStarted records lp's daemon's pid; lazyExited, called before that
+// pid is reaped, forgets it: from then on it may name another process.
+func (c *checkpoint) lazyStarted(lp *lazyPages, pid int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.daemons == nil {
+		c.daemons = map[*lazyPages]int{}
+	}
+	c.daemons[lp] = pid
 }
 
 func (c *checkpoint) lazyExited(lp *lazyPages) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.daemons, lp)
 	delete(c.behind, lp)
-	c.mu.Unlock()
 }
 
 // niceOf is the nice value of process pid (0: the caller).

@@ -237,16 +237,16 @@ func TestLinuxForkLazyPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ok.Destroy(ctx) })
-	// Its daemon, held back (lazyNice) while the restore ran, copies at
-	// the gateway's priority once no restore of ck is under way.
+	// Its daemon, held back (lazyNice) only while other restores of ck
+	// run, copies at the gateway's priority once none is.
 	own, err := syscall.Getpriority(syscall.PRIO_PROCESS, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, pid := range lazyDaemons("sbx-lazy-slow-ok") {
-		if p, err := syscall.Getpriority(syscall.PRIO_PROCESS, pid); err == nil && p != own {
-			t.Errorf("lazy-pages daemon %d after the restores: priority %d, want the gateway's %d", pid, p, own)
-		}
+	if pids := lazyDaemons("sbx-lazy-slow-ok"); len(pids) != 1 {
+		t.Errorf("lazy-pages daemons of sbx-lazy-slow-ok right after its restore: %v, want one", pids)
+	} else if p, err := syscall.Getpriority(syscall.PRIO_PROCESS, pids[0]); err != nil || p != own {
+		t.Errorf("lazy-pages daemon %d after the restores: priority %d (%v), want the gateway's %d", pids[0], p, err, own)
 	}
 	// At once, before its daemon is done: a fork of it, then a pause by
 	// checkpoint (each dump waits for the copy: CRIU dumps only the pages

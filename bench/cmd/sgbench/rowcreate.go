@@ -119,7 +119,7 @@ func (b *bench) rowCreateTrace() error {
 			claimed++
 		}
 	}
-	via, refVia := "default `--warm-pool` (auto: one per 256 MiB of the host's memory, 8-64)", "`--warm-pool 0 --teardown-queue 0`"
+	via, refVia := "default `--warm-pool` (auto: four per GiB of the host's memory, 8-64)", "`--warm-pool 0 --teardown-queue 0`"
 	name := "session create → first REST command done (`true`, same HTTP connection), linux driver"
 	note := fmt.Sprintf("%d of %d creates claimed a warm sandbox; %v between creates", claimed, len(warm), warmGap)
 	for _, st := range []string{"p50", "p99"} {

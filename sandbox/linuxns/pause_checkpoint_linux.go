@@ -564,8 +564,11 @@ func (p *initProcess) Release() {
 // gateway's connections to the sandbox's processes to close: those of
 // commands whose channel the pause ended (an SSH shell or exec, which
 // gets SIGHUP as when its connection drops, and ends), and of commands
-// that just ended. One still open then makes the pause a freeze.
-const PauseConnWait = time.Second
+// that just ended. One still open then makes the pause a freeze. An SSH
+// shell on a terminal took over 1 s to end after its SIGHUP once, under
+// CI's load (the pause then a freeze, TestPauseCheckpointKeepsProcesses):
+// the bound only delays a pause that becomes a freeze anyway.
+const PauseConnWait = 3 * time.Second
 
 // openConns counts the control connections among socks (the init's, with
 // their copies) whose gateway end is open, waiting up to PauseConnWait

@@ -182,13 +182,6 @@ func (p *warmPool) settle(ctx context.Context) bool {
 // in the middle of a burst of claims: a quarter of its size.
 func (p *warmPool) lowWater() int { return p.size / 4 }
 
-// empty reports whether the pool holds no sandbox.
-func (p *warmPool) empty() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.idle) == 0
-}
-
 // short reports whether the pool holds fewer than size sandboxes.
 func (p *warmPool) short() bool {
 	p.mu.Lock()

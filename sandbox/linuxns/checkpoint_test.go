@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -493,8 +494,17 @@ func TestLinuxCheckpointForkConfined(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = src.Destroy(ctx) })
-	if _, stderr, e := runIn(t, src, "nohup sleep 1005 >/dev/null 2>&1 &"); e.Code != 0 {
-		t.Fatalf("setup: %+v %s", e, stderr)
+	// A process of 4 threads too: each thread of each restored task must
+	// be in the fork's cgroups (a restored task joins its cgroups before
+	// the restorer makes its threads: CRIU patch 0009).
+	threads := `nohup python3 -c 'import threading, time
+for _ in range(3): threading.Thread(target=time.sleep, args=(1006,), daemon=True).start()
+time.sleep(1006)' >/dev/null 2>&1 &
+for i in $(seq 100); do [ "$(ls /proc/$!/task | wc -l)" = 4 ] && exit 0; sleep 0.05; done; exit 1`
+	for _, cmd := range []string{"nohup sleep 1005 >/dev/null 2>&1 &", threads} {
+		if _, stderr, e := runIn(t, src, cmd); e.Code != 0 {
+			t.Fatalf("setup: %+v %s", e, stderr)
+		}
 	}
 	ck, err := src.(sandbox.Checkpointer).Checkpoint(ctx)
 	if err != nil {
@@ -545,6 +555,7 @@ func TestLinuxCheckpointForkConfined(t *testing.T) {
 	if forkUID <= 0 || srcUID <= 0 || forkUID == srcUID {
 		t.Errorf("host uids: fork %d, source %d", forkUID, srcUID)
 	}
+	checkTreeCgroups(t, id)
 	if v1, _ := filepath.Glob("/sys/fs/cgroup/pids/sandgate/" + id + "/procs/pids.max"); len(v1) == 1 {
 		if b, _ := os.ReadFile(v1[0]); strings.TrimSpace(string(b)) != "77" {
 			t.Errorf("the fork's pids.max: %q, want its own limit 77", b)
@@ -723,4 +734,51 @@ func forkAll(ctx context.Context, t *testing.T, src sandbox.Sandbox, ids ...stri
 		t.Fatal(err)
 	}
 	return forks
+}
+
+// checkTreeCgroups checks that every thread of every process in sandbox
+// id's pid namespace (its init's, found by its outer cgroups) is in the
+// sandbox's own cgroups of each v1 controller the driver manages: the
+// init in /sandgate/<id>, the others there or in its procs cgroup. It
+// needs at least the init and one more process with 4 threads.
+func checkTreeCgroups(t *testing.T, id string) {
+	t.Helper()
+	procs := hostProcesses()
+	ns := ""
+	for _, p := range procs {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", p.pid)); strings.Contains(string(b), ":pids:/sandgate/"+id+"\n") {
+			ns = p.pidNS
+		}
+	}
+	if ns == "" {
+		t.Fatalf("no process in %s's cgroups", id)
+	}
+	controllers := []string{"cpu", "cpuacct", "freezer", "memory", "pids"}
+	inTree, threaded := 0, false
+	for _, p := range procs {
+		if p.pidNS != ns {
+			continue
+		}
+		inTree++
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.pid))
+		threaded = threaded || len(tasks) >= 4
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/cgroup", p.pid, task.Name()))
+			if err != nil {
+				continue // the thread ended meanwhile
+			}
+			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				f := strings.SplitN(line, ":", 3)
+				if len(f) != 3 || !slices.ContainsFunc(strings.Split(f[1], ","), func(c string) bool { return slices.Contains(controllers, c) }) {
+					continue
+				}
+				if f[2] != "/sandgate/"+id && f[2] != "/sandgate/"+id+"/procs" {
+					t.Errorf("pid %d thread %s (%s) is in %s of %s, not %s's", p.pid, task.Name(), p.args, f[2], f[1], id)
+				}
+			}
+		}
+	}
+	if inTree < 2 || !threaded {
+		t.Errorf("%s's tree: %d processes, one with 4 threads: %v", id, inTree, threaded)
+	}
 }

@@ -526,6 +526,13 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	}
 	cmd := exec.CommandContext(ctx, criu, args...)
 	cmd.ExtraFiles = extra
+	if args[0] == "dump" && slices.Contains(args, "--action-script") {
+		// A dump's script (postDumpScript) acts at post-dump only: a criu
+		// with .ci/criu-patches 0010 runs it then alone, not at each of
+		// the dump's four actions (a shell each); any other criu ignores
+		// the variable.
+		cmd.Env = append(os.Environ(), "CRIU_SCRIPT_ACTIONS=post-dump")
+	}
 	// criu forks helpers (its cgroup and user namespace daemons, the
 	// tasks it restores) that share its output pipe: a criu killed at the
 	// deadline left them holding it, and Wait waiting for them forever. Its

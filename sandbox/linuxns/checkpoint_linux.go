@@ -419,6 +419,10 @@ func (d *Driver) newCheckpointDir() (string, error) {
 	return dir, nil
 }
 
+// criuLibsDir, in the driver's dir, is the empty dir criu looks for its
+// plugins in (runCRIU).
+const criuLibsDir = ".criu-libs"
+
 // workspaceImage is the copy of the workspace's image the dump made.
 func (c *checkpoint) workspaceImage() string { return filepath.Join(c.dir, "workspace.img") }
 
@@ -526,12 +530,20 @@ func (d *Driver) runCRIU(ctx context.Context, criu string, args []string, log st
 	}
 	cmd := exec.CommandContext(ctx, criu, args...)
 	cmd.ExtraFiles = extra
+	// criu loads no plugin (CRIU_LIBS_DIR: an empty dir of the driver's),
+	// whatever a criu package put in /usr/lib/criu: the driver uses none,
+	// and a static criu, as .ci/build-criu builds, cannot load them.
+	libs := filepath.Join(d.root, criuLibsDir)
+	if err := os.Mkdir(libs, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("criu: %w", err)
+	}
+	cmd.Env = append(os.Environ(), "CRIU_LIBS_DIR="+libs)
 	if args[0] == "dump" && slices.Contains(args, "--action-script") {
 		// A dump's script (postDumpScript) acts at post-dump only: a criu
 		// with .ci/criu-patches 0010 runs it then alone, not at each of
 		// the dump's four actions (a shell each); any other criu ignores
 		// the variable.
-		cmd.Env = append(os.Environ(), "CRIU_SCRIPT_ACTIONS=post-dump")
+		cmd.Env = append(cmd.Env, "CRIU_SCRIPT_ACTIONS=post-dump")
 	}
 	// criu forks helpers (its cgroup and user namespace daemons, the
 	// tasks it restores) that share its output pipe: a criu killed at the

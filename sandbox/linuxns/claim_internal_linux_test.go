@@ -17,12 +17,7 @@ import (
 // build wrote, and never one a mount covers in the root: a host file bound
 // over a file of the writable layer keeps its times.
 func TestLinuxRebindTouchSkipsBoundFiles(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the claim's touch test needs root in CI")
-		}
-		t.Skip("needs root (mounts)")
-	}
+	requireRoot(t, "mounts")
 	dir := t.TempDir()
 	upper, root, host := filepath.Join(dir, "upper"), filepath.Join(dir, "root"), filepath.Join(dir, "host-file")
 	for _, d := range []string{filepath.Join(upper, "etc"), root} {

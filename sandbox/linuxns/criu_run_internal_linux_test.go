@@ -21,12 +21,7 @@ import (
 // under load) no longer keeps the run, and so the resume and the
 // sandbox's lock, waiting for them: its whole process group goes.
 func TestRunCRIUEndsWhatItForked(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("runCRIU needs root (a mount namespace of its own)")
-		}
-		t.Skip("runCRIU needs root (a mount namespace of its own)")
-	}
+	requireRoot(t, "runCRIU makes a mount namespace of its own")
 	dir := t.TempDir()
 	fake := filepath.Join(dir, "criu")
 	helperPid := filepath.Join(dir, "helper.pid")

@@ -19,12 +19,7 @@ import (
 // init owns its mount namespace, and its copy is not locked) still
 // cannot write a byte of it.
 func TestEtcTemplateTmpfsReadOnly(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the /etc template needs root in CI")
-		}
-		t.Skip("needs root")
-	}
+	requireRoot(t, "the /etc template's mounts")
 	tmpl := newEtcTemplate(slog.New(slog.DiscardHandler))
 	tmpl.prepare()
 	defer tmpl.close()

@@ -1,7 +1,6 @@
 package linuxns
 
 import (
-	"os"
 	"os/exec"
 	"testing"
 	"time"
@@ -14,14 +13,7 @@ import (
 // left alone, and so is one that ended (its pid may be another process's
 // by then). Real processes stand in for the daemons.
 func TestLazyDaemonsBehindRestores(t *testing.T) {
-	if os.Geteuid() != 0 {
-		// Giving a process its priority back takes CAP_SYS_NICE; the
-		// driver runs as root, as CI does.
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI runs the linux driver's tests as root")
-		}
-		t.Skip("needs root")
-	}
+	requireRoot(t, "giving a process its priority back takes CAP_SYS_NICE")
 	own, err := niceOf(0)
 	if err != nil {
 		t.Fatal(err)

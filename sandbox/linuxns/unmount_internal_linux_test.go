@@ -21,12 +21,7 @@ import (
 // parked there; reading /proc/self/mountinfo then missed every mount made
 // since, and deletes left workspaces mounted, their loop devices attached.
 func TestLinuxUnmountUnderReadsItsThreadsMounts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the unmount test needs root in CI")
-		}
-		t.Skip("needs root (mounts)")
-	}
+	requireRoot(t, "mounts")
 	dir := t.TempDir()
 	sub := filepath.Join(dir, "a", "b")
 	if err := os.MkdirAll(sub, 0o755); err != nil {

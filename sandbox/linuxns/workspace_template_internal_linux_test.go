@@ -16,12 +16,7 @@ import (
 // were 4 MiB of a 16 GiB image's 4.3 (issue 41: workspace_image_bg
 // 7-11 ms of a cold create, copy 1.8 ms and loop attach 2.7 ms of it).
 func TestWorkspaceTemplateIsSmall(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the workspace template test needs root in CI")
-		}
-		t.Skip("needs root (loop devices, mounts)")
-	}
+	requireRoot(t, "loop devices, mounts")
 	w := prepareWorkspaces(t.TempDir(), 16<<30)
 	if w.template == "" {
 		if os.Getenv("CI") == "true" {

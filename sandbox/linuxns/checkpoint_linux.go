@@ -1007,13 +1007,18 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 			return nil, err
 		}
 		ph.mark("lazy_pages")
+		// Behind the other restores, if any, from here: it starts
+		// copying once criu restore says the processes are made, while
+		// criu and the checks below still run (lazyNice).
+		c.holdBack(lp)
 	}
 	if err := c.criuRestore(ctx, criu, st, imgs, stage, nil, lp, ph); err != nil {
 		return nil, err
 	}
 	if lp != nil {
 		// The daemon owns imgs from here: it copies the rest of the
-		// memory in, then they go; behind the other restores, if any.
+		// memory in, then they go. Held back now if the other restores
+		// began after it listened.
 		lazy = lp
 		go c.finishLazy(lp, st, imgs)
 		c.holdBack(lp)

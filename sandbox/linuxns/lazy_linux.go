@@ -127,15 +127,21 @@ func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
 	return lp, nil
 }
 
-// lazyNice is the nice value of a lazy-pages daemon whose restore is done
-// while other restores of its checkpoint are still under way, until none
-// is, or lazyBehindMax has passed: a fork ×N's daemons copy their memory
-// in behind its other restores rather than beside them. Not before its
-// own restore is done, which may fault on pages the daemon serves (the
-// restorer's return to the image's code). Patch 0008 of .ci/criu-patches
-// has criu restore the init's memory in full, so that nothing the gateway
-// waits for next (the restored sandbox's check, its first command) waits
-// on a daemon held back so.
+// lazyNice is the nice value of a lazy-pages daemon that listens while
+// other restores of its checkpoint are under way, until none is, or
+// lazyBehindMax has passed: a fork ×N's daemons copy their memory in
+// behind its other restores rather than beside them. Its own restore's
+// end runs behind them too: the daemon starts copying once criu restore
+// tells it the processes are made, before criu has let them go and
+// ended and the driver has checked them, and a daemon lowered only after
+// that had copied a share of its memory at the gateway's priority by
+// then (a fork ×4's first commands came 25 ms later for it;
+// bench/results/s58-fork-behind.md). A restored
+// task waiting on a fault still gets its page: the daemon is then what
+// the task's CPU is free for. Patch 0008 of .ci/criu-patches has criu
+// restore the init's memory in full, so that nothing the gateway waits
+// for next (the restored sandbox's check, its first command) waits on a
+// daemon held back so.
 const (
 	lazyNice      = 19
 	lazyBehindMax = time.Second
@@ -177,9 +183,9 @@ func (c *checkpoint) letGoLocked() {
 	}
 }
 
-// holdBack lowers the priority of lp's daemon, whose restore is done,
-// while other restores of c are under way (the caller's counts in
-// c.restoring until its restoreDone).
+// holdBack lowers the priority of lp's daemon, listening, while other
+// restores of c are under way (the caller's counts in c.restoring until
+// its restoreDone); one held back already stays so.
 func (c *checkpoint) holdBack(lp *lazyPages) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

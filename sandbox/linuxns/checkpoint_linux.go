@@ -406,7 +406,7 @@ func (d *Driver) prepareCheckpoint(st sandboxState) (*checkpoint, error) {
 // checkpoints dir, 0711 (see checkpoint.dir).
 func (d *Driver) newCheckpointDir() (string, error) {
 	parent := filepath.Join(d.root, checkpointsDir)
-	if err := os.Mkdir(parent, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := mkdirSpread(parent, 0o700); err != nil {
 		return "", fmt.Errorf("checkpoint: %w", err)
 	}
 	dir, err := os.MkdirTemp(parent, "ck-")
@@ -1777,7 +1777,7 @@ type restoreStage struct {
 
 func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
 	parent := c.d.stagesDir()
-	if err := os.Mkdir(parent, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+	if err := mkdirSpread(parent, 0o711); err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
 	}
 	dir, err := os.MkdirTemp(parent, "s-")

@@ -164,6 +164,9 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("sandboxes dir: %w", err)
 	}
+	if err := spreadSubdirs(root); err != nil {
+		return nil, fmt.Errorf("sandboxes dir: %w", err)
+	}
 	exe := cfg.SelfExe
 	if exe == "" {
 		exe = "/proc/self/exe"

@@ -5,7 +5,9 @@ package linuxns
 import (
 	"encoding/binary"
 	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -102,4 +104,81 @@ func mountedFree(t *testing.T, img string) int64 {
 		t.Fatal(err)
 	}
 	return int64(fs.Bavail) * fs.Bsize
+}
+
+// TestWorkspaceGivesBlocksBack: a file written to a workspace and removed
+// leaves the image's blocks on the host no more than a moment (mountImage
+// mounts with discard: the loop device punches holes), where the journal
+// alone had each new write take fresh blocks and the image grow by as
+// much every time.
+func TestWorkspaceGivesBlocksBack(t *testing.T) {
+	requireRoot(t, "loop devices, mounts")
+	w := prepareWorkspaces(t.TempDir(), 1<<30)
+	if w.template == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no ext4 workspace template: %s", w.reason)
+		}
+		t.Skip(w.reason)
+	}
+	img := filepath.Join(t.TempDir(), "ws.img")
+	in, err := unix.Open(w.template, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = copySparse(in, img)
+	unix.Close(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	if err := mountImage(img, mnt); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Error(err)
+		}
+	}()
+	used := func() int64 {
+		t.Helper()
+		var st unix.Stat_t
+		if err := unix.Stat(img, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	base := used()
+	for round := range 3 {
+		if err := os.WriteFile(filepath.Join(mnt, "big"), make([]byte, 32<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		syncFS(t, mnt)
+		if u := used(); u < base+30<<20 {
+			t.Fatalf("round %d: the image holds %d KiB after a 32 MiB file was written, from %d", round, u>>10, base>>10)
+		}
+		if err := os.Remove(filepath.Join(mnt, "big")); err != nil {
+			t.Fatal(err)
+		}
+		syncFS(t, mnt)
+		deadline := time.Now().Add(5 * time.Second)
+		for used() >= base+4<<20 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if used() >= base+4<<20 {
+			t.Fatalf("round %d: the image still holds %d KiB after the file's removal (%d before it was written)", round, used()>>10, base>>10)
+		}
+	}
+}
+
+// syncFS commits the filesystem mounted at dir (its journal included).
+func syncFS(t *testing.T, dir string) {
+	t.Helper()
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -77,6 +77,10 @@ type lazyPages struct {
 	// finished is closed once finishLazy has dealt with the daemon's
 	// end: the fork's processes killed if it failed, its marker gone.
 	finished chan struct{}
+	// held says holdBack lowered the daemon once (under the
+	// checkpoint's mu): it is never lowered again, so that it is held
+	// back lazyBehindMax at most.
+	held bool
 }
 
 // errLazyFailed says a fork's lazy-pages daemon ended before it copied
@@ -136,12 +140,14 @@ func (c *checkpoint) startLazyPages(criu, imgs string) (*lazyPages, error) {
 // ended and the driver has checked them, and a daemon lowered only after
 // that had copied a share of its memory at the gateway's priority by
 // then (a fork ×4's first commands came 25 ms later for it;
-// bench/results/s58-fork-behind.md). A restored
-// task waiting on a fault still gets its page: the daemon is then what
-// the task's CPU is free for. Patch 0008 of .ci/criu-patches has criu
-// restore the init's memory in full, so that nothing the gateway waits
-// for next (the restored sandbox's check, its first command) waits on a
-// daemon held back so.
+// bench/results/s58-fork-behind.md). A restored task that faults on a
+// page the daemon has not copied yet waits, while the daemon is held
+// back, on a process at nice 19 beside the other restores; the restore
+// itself does so only for a thread caught in a restartable sequence at
+// the dump (criu writes its rseq pointer). Patch 0008 of .ci/criu-patches
+// has criu restore the init's memory in full, so that nothing the gateway
+// waits for next (the restored sandbox's check, its first command) waits
+// on a daemon held back so.
 const (
 	lazyNice      = 19
 	lazyBehindMax = time.Second
@@ -185,17 +191,19 @@ func (c *checkpoint) letGoLocked() {
 
 // holdBack lowers the priority of lp's daemon, listening, while other
 // restores of c are under way (the caller's counts in c.restoring until
-// its restoreDone); one held back already stays so.
+// its restoreDone). A daemon is lowered once at most: one held back
+// already, or let go since (lazyBehindMax passed), is left as it is.
 func (c *checkpoint) holdBack(lp *lazyPages) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pid, ok := c.daemons[lp]
-	if !ok || c.restoring < 2 {
+	if !ok || lp.held || c.restoring < 2 {
 		return
 	}
 	if n, err := niceOf(pid); err != nil || n >= lazyNice || unix.Setpriority(unix.PRIO_PROCESS, pid, lazyNice) != nil {
 		return
 	}
+	lp.held = true
 	if c.behind == nil {
 		c.behind = map[*lazyPages]struct{}{}
 	}

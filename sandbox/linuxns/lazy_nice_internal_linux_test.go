@@ -6,12 +6,14 @@ import (
 	"time"
 )
 
-// TestLazyDaemonsBehindRestores: a lazy-pages daemon whose restore is done
-// while other restores of its checkpoint are under way runs at lazyNice
-// until the last of them is done (or lazyBehindMax has passed), then at
-// the gateway's priority; one whose restore was the only one under way is
+// TestLazyDaemonsBehindRestores: a lazy-pages daemon that listens while
+// other restores of its checkpoint are under way (Restore calls holdBack
+// then, and again once its own restore is done) runs at lazyNice until
+// the last of them is done (or lazyBehindMax has passed), then at the
+// gateway's priority; one whose restore was the only one under way is
 // left alone, and so is one that ended (its pid may be another process's
-// by then). Real processes stand in for the daemons.
+// by then). A daemon is held back once: not again after lazyBehindMax
+// let it go. Real processes stand in for the daemons.
 func TestLazyDaemonsBehindRestores(t *testing.T) {
 	requireRoot(t, "giving a process its priority back takes CAP_SYS_NICE")
 	own, err := niceOf(0)
@@ -49,7 +51,11 @@ func TestLazyDaemonsBehindRestores(t *testing.T) {
 	c.lazyStarted(lb, b)
 	c.lazyStarted(lgone, gone)
 	if n := nice(a); n != own {
-		t.Errorf("daemon while its own restore runs: nice %d, want the gateway's %d", n, own)
+		t.Errorf("daemon before it listens: nice %d, want the gateway's %d", n, own)
+	}
+	c.holdBack(la) // it listens, two other restores are under way
+	if n := nice(a); n != lazyNice {
+		t.Errorf("daemon listening while other restores run: nice %d, want %d", n, lazyNice)
 	}
 	c.holdBack(la) // its restore is done, two others are not
 	c.restoreDone()
@@ -80,10 +86,9 @@ func TestLazyDaemonsBehindRestores(t *testing.T) {
 	c.restoreBegins()
 	c.restoreBegins()
 	c.lazyStarted(lc, pc)
-	c.holdBack(lc)
-	c.restoreDone()
+	c.holdBack(lc) // it listens
 	if n := nice(pc); n != lazyNice {
-		t.Fatalf("daemon done while another restore runs: nice %d, want %d", n, lazyNice)
+		t.Fatalf("daemon listening while another restore runs: nice %d, want %d", n, lazyNice)
 	}
 	deadline := time.Now().Add(lazyBehindMax + 10*time.Second)
 	for nice(pc) != own && time.Now().Before(deadline) {
@@ -92,5 +97,10 @@ func TestLazyDaemonsBehindRestores(t *testing.T) {
 	if n := nice(pc); n != own {
 		t.Errorf("daemon held back past lazyBehindMax: nice %d, want the gateway's %d", n, own)
 	}
+	c.holdBack(lc) // its restore is done at last, the other one still runs
+	if n := nice(pc); n != own {
+		t.Errorf("daemon let go at lazyBehindMax was held back again once its restore was done: nice %d", n)
+	}
+	c.restoreDone()
 	c.restoreDone()
 }

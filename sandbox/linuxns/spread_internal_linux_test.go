@@ -121,6 +121,31 @@ func TestSpreadSubdirs(t *testing.T) {
 		t.Errorf("the driver's sandboxes dir %s has no FS_TOPDIR_FL", d.root)
 	}
 
+	// A dir someone else made first, or could write to, or a symlink in
+	// its place, is refused (the restore stages' dir is in the host's
+	// temporary dir).
+	theirs, open, link := filepath.Join(dir, "theirs"), filepath.Join(dir, "open"), filepath.Join(dir, "link")
+	if err := os.Mkdir(theirs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(open, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(spread, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{theirs, open, link} {
+		if err := mkdirSpread(p, 0o711); err == nil {
+			t.Errorf("mkdirSpread(%s): no error", filepath.Base(p))
+		}
+	}
+
 	// A filesystem without the flag: the dir is made, and that is all.
 	tmp := filepath.Join(dir, "tmpfs")
 	if err := os.Mkdir(tmp, 0o700); err != nil {

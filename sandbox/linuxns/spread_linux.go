@@ -2,6 +2,7 @@ package linuxns
 
 import (
 	"errors"
+	"fmt"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -26,26 +27,36 @@ const fsTopDirFlag = 0x00020000
 // of CPU: 9% of a fork ×4's CPU (bench/results/s58-fork-behind.md).
 //
 // The flag is a hint: a filesystem without it (tmpfs, xfs) refuses it,
-// and nothing changes. Only an error opening dir is returned.
+// and nothing changes. Only an error opening dir is returned; dir is not
+// followed if it is a symlink.
 func spreadSubdirs(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(fd)
-	flags, err := unix.IoctlGetInt(fd, unix.FS_IOC_GETFLAGS)
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
 	if err != nil || flags&fsTopDirFlag != 0 {
 		return nil
 	}
-	_ = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, flags|fsTopDirFlag)
+	_ = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsTopDirFlag))
 	return nil
 }
 
-// mkdirSpread makes dir (mode perm) if it is not there, and marks it
-// (spreadSubdirs) either way.
+// mkdirSpread makes dir (mode perm) if it is not there, checks that it is
+// root's own directory, which nobody else may write to (dir may be in a
+// shared one, as the host's temporary dir: another user could have made
+// it first, or a symlink in its place), and marks it (spreadSubdirs).
 func mkdirSpread(dir string, perm os.FileMode) error {
 	if err := os.Mkdir(dir, perm); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return &os.PathError{Op: "lstat", Path: dir, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Uid != 0 || st.Mode&0o022 != 0 {
+		return fmt.Errorf("%s is not a directory of root's that only root may write to (mode %#o, owner %d): remove it", dir, st.Mode, st.Uid)
 	}
 	return spreadSubdirs(dir)
 }

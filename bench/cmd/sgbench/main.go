@@ -229,7 +229,7 @@ func parseFlags(args []string) (*config, error) {
 		if c.refSandgate, err = filepath.Abs(c.refSandgate); err != nil {
 			return nil, err
 		}
-		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b", "11", "11a", "11b", "11c", "11d", "11e", "13", "13a", "13b", "13c", "16"} {
+		for _, r := range []string{"e", "5", "6", "7", "8", "8a", "8b", "8c", "9", "9a", "9b", "9c", "9d", "10", "10a", "10b", "10c", "11", "11a", "11b", "11c", "11d", "11e", "13", "13a", "13b", "13c", "16"} {
 			delete(c.rows, r)
 		}
 	}
@@ -482,7 +482,8 @@ func rowDescriptions(c *config) map[string]string {
 	desc["9"] = "(9a) " + desc["9a"] + "\n  row 9b: " + desc["9b"] + "\n  row 9c: " + desc["9c"] + "\n  row 9d: " + desc["9d"] + "\n  row 9e: " + desc["9e"] + "\n  row 9f: " + desc["9f"]
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
-	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"]
+	desc["10c"] = fmt.Sprintf("%d empty files made again 1.1 s after their removal (bash over SSH exec): the session's /workspace vs sshd's home, %d runs each, alternating", remakeN, max(3, c.execN/10))
+	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"] + "\n  row 10c: " + desc["10c"]
 	desc["12"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
 	desc["13"] = "sandgate only: a Session's create, and a SandboxClaim's fulfilment (warm pool marked sandgate), to the first REST command, through a real kube-apiserver (internal/kubetest) and the node agent's controller (13a, 13b; kube's TestKubeBench)"
 	desc["13c"] = fmt.Sprintf("sandgate only: %d Sessions held by one node agent: each create -> Running, the agent's and the API server's memory", c.kubeMany)

@@ -175,8 +175,8 @@ func (b *bench) rowREST() error {
 		}
 	}
 	if b.cfg.wantRow("10c") {
-		if err := b.remakeFiles(); err != nil {
-			return fmt.Errorf("10c: %w", err)
+		if err := b.remakeFiles(); err != nil { // 10b runs all the same
+			b.report.add(&Row{ID: "10c", Name: "files made again after their removal", Skipped: err.Error()})
 		}
 	}
 	if b.cfg.wantRow("10b") {
@@ -437,7 +437,8 @@ func (b *bench) proxyVia() string {
 // reinstall of node_modules).
 const remakeN = 3000
 
-var remakeScript = fmt.Sprintf(`set -e; d="$HOME/sgbench-remake"; rm -rf "$d"
+var remakeScript = fmt.Sprintf(`set -e; export LC_ALL=C; d="$HOME/sgbench-remake"; rm -rf "$d"
+[ -n "$EPOCHREALTIME" ] || { echo "bash without EPOCHREALTIME (bash 5 has it)" >&2; exit 3; }
 mk() { mkdir "$d"; cd "$d"; local i=0; while [ $i -lt %d ]; do : > f$i; i=$((i+1)); done; cd ..; }
 t0=$EPOCHREALTIME; mk; t1=$EPOCHREALTIME; rm -rf "$d"; sleep 1.1
 t2=$EPOCHREALTIME; mk; t3=$EPOCHREALTIME; rm -rf "$d"
@@ -465,9 +466,11 @@ func (b *bench) remakeFiles() error {
 				return 0, err
 			}
 			defer s.Close()
+			var stderr strings.Builder
+			s.Stderr = &stderr
 			out, err := s.Output("bash -c '" + strings.ReplaceAll(remakeScript, "'", `'\''`) + "'")
 			if err != nil {
-				return 0, fmt.Errorf("remake: %w", err)
+				return 0, fmt.Errorf("remake: %w: %s", err, strings.TrimSpace(stderr.String()))
 			}
 			var t [4]float64
 			if _, err := fmt.Sscan(string(out), &t[0], &t[1], &t[2], &t[3]); err != nil {

@@ -195,19 +195,21 @@ func makeTemplate(tpl string, size int64) error {
 	// No resize inode: its reserved group descriptor blocks (4 MiB of a
 	// 16 GiB image's 4.3) are data that every create copies, for an online
 	// growth no workspace gets; the image is 264 KiB of data without them.
-	// A journal of the least size ext4 takes (1024 blocks), not zeroed
-	// here (lazy_journal_init: the template stays 272 KiB of data, and a
+	// A journal of 1/32 of the size, 1 to 16 MiB, not zeroed here
+	// (lazy_journal_init: the template stays 272 KiB of data, and a
 	// workspace's image holds only the journal blocks its commits wrote).
 	// Without a journal, ext4 passes over every inode freed in the last
 	// minute or more at each new inode, looking each one up: 3000 files
 	// made in a dir where 3000 were removed a second before took 1.0 s,
 	// then 2.0 and 2.2 s at each round, against 0.06 s with one
-	// (bench/results/s58-workspace-journal.md).
-	block, journal := "4096", "4" // MiB
+	// (bench/results/s58-workspace-journal.md). Below 16 MiB, the journal
+	// fills and is written back under a chown of 10,000 files (a fork's
+	// shiftOwners): 126 ms with 4 MiB, 65 with 16, 59 with none.
+	block, journal := "4096", int64(16) // MiB
 	if size < 512<<20 {
-		block, journal = "1024", "1"
+		block, journal = "1024", max(1, size>>20/32) // 1024 blocks at least
 	}
-	out, err := exec.Command(mkfs, "-q", "-F", "-b", block, "-O", "^resize_inode", "-J", "size="+journal, "-m", "0",
+	out, err := exec.Command(mkfs, "-q", "-F", "-b", block, "-O", "^resize_inode", "-J", "size="+strconv.FormatInt(journal, 10), "-m", "0",
 		"-E", "root_owner=0:0,lazy_journal_init=1", "-L", "workspace", tmp).CombinedOutput()
 	if err != nil {
 		os.Remove(tmp)

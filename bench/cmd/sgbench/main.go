@@ -482,7 +482,7 @@ func rowDescriptions(c *config) map[string]string {
 	desc["9"] = "(9a) " + desc["9a"] + "\n  row 9b: " + desc["9b"] + "\n  row 9c: " + desc["9c"] + "\n  row 9d: " + desc["9d"] + "\n  row 9e: " + desc["9e"] + "\n  row 9f: " + desc["9f"]
 	desc["10a"] = fmt.Sprintf("sandgate only: REST `POST .../commands {\"command\": \"true\"}` on one keep-alive connection vs SSH exec `true` on one open connection (Go client), same session, %d each, alternating, p50/p99; then REST alternating with a ControlMaster mux client (breakdown)", c.execN)
 	desc["10b"] = fmt.Sprintf("sandgate only: %s REST PUT/GET .../files with curl vs OpenSSH sftp put/get through sandgate proxy, same session, %d runs per side, alternating", size, c.reps)
-	desc["10c"] = fmt.Sprintf("%d empty files made again 1.1 s after their removal (bash over SSH exec): the session's /workspace vs sshd's home, %d runs each, alternating", remakeN, max(3, c.execN/10))
+	desc["10c"] = fmt.Sprintf("%d empty files made again 1.1 s after their removal (bash over SSH exec): the session's /workspace vs sshd's home, %d runs each, alternating", remakeN, max(3, c.execN/40))
 	desc["10"] = "(10a) " + desc["10a"] + "\n  row 10b: " + desc["10b"] + "\n  row 10c: " + desc["10c"]
 	desc["12"] = fmt.Sprintf("sandgate only: keystroke echo (one byte typed, echoed by bash's readline on a PTY), browser terminal WebSocket GET /v1/sessions/{id}/terminal vs an SSH shell (Go client), same session, %d each, alternating, p50/p99; target: the terminal adds <= 5 ms", c.keysN)
 	desc["13"] = "sandgate only: a Session's create, and a SandboxClaim's fulfilment (warm pool marked sandgate), to the first REST command, through a real kube-apiserver (internal/kubetest) and the node agent's controller (13a, 13b; kube's TestKubeBench)"

@@ -480,7 +480,7 @@ func (b *bench) remakeFiles() error {
 			return t[3] - t[2], nil
 		}
 	}
-	n := max(3, b.cfg.execN/10)
+	n := max(3, b.cfg.execN/40)
 	sa, sb, err := alternate(n, run(c, &firstSG), run(d, &firstSD))
 	if err != nil {
 		return err

@@ -386,7 +386,7 @@ func (d *Driver) prepareCheckpoint(st sandboxState) (*checkpoint, error) {
 	if c.mounts, err = hostMounts(st.Pid); err != nil {
 		return nil, err
 	}
-	if err := checkHostBinds(st.Pid, c.mounts); err != nil {
+	if err := checkHostBinds(st.Pid, c.mounts, st.EtcDir); err != nil {
 		return nil, err
 	}
 	if c.mountTable, err = readMounts(st.Pid); err != nil {
@@ -722,10 +722,11 @@ func hostMounts(pid int) ([]string, error) {
 // checkHostBinds checks that each bind of a host file in process pid's
 // mount namespace (hostMounts; but for the workspace and the init's
 // binary, which a restore binds from its own) shows the host's file at
-// the same path: a restore binds the host's path named by the mountpoint
+// the same path, or at /etc, with etcDir, the gateway's /etc dir
+// (etcDirs): a restore binds the host's path named by the mountpoint
 // (--external mnt), so no mount of the sandbox's state may choose what of
 // the host a fork sees.
-func checkHostBinds(pid int, mps []string) error {
+func checkHostBinds(pid int, mps []string, etcDir string) error {
 	root, err := unix.Open(fmt.Sprintf("/proc/%d/root", pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
@@ -742,11 +743,15 @@ func checkHostBinds(pid int, mps []string) error {
 			err = unix.Fstat(fd, &in)
 			unix.Close(fd)
 		}
+		hostPath := mp
+		if mp == "/etc" && etcDir != "" {
+			hostPath = etcDir
+		}
 		if err == nil {
-			err = unix.Stat(mp, &host)
+			err = unix.Stat(hostPath, &host)
 		}
 		if err != nil || in.Dev != host.Dev || in.Ino != host.Ino {
-			return fmt.Errorf("%w: its mount at %s is not the host's %s (%v)", sandbox.ErrNoCheckpoint, mp, mp, err)
+			return fmt.Errorf("%w: its mount at %s is not the host's %s (%v)", sandbox.ErrNoCheckpoint, mp, hostPath, err)
 		}
 	}
 	return nil
@@ -948,6 +953,7 @@ func (c *checkpoint) Restore(ctx context.Context, spec sandbox.Spec) (_ sandbox.
 	lim := spec.Limits.Or(d.limits)
 	lim.WorkspaceBytes = c.src.Boot.Limits.WorkspaceBytes // the copy's size
 	st.Boot = &bootSpec{Limits: lim, TrustPEM: c.src.Boot.TrustPEM}
+	st.EtcDir = c.src.EtcDir // bound again (stage)
 	sb := newLinuxSandbox(d, st)
 	adopted := false
 	defer func() {
@@ -1111,6 +1117,10 @@ func (c *checkpoint) criuRestore(ctx context.Context, criu string, st *sandboxSt
 			host = stage.ws
 		case selfMount:
 			host = stage.init
+		case "/etc":
+			if stage.etc != "" {
+				host = stage.etc
+			}
 		}
 		args = append(args, "--external", "mnt["+mountKey(mp)+"]:"+host)
 	}
@@ -1772,7 +1782,10 @@ func remapExtent(ext []byte, from, to uint64) ([]byte, error) {
 // owned by that namespace's root (st.UIDBase), 0700.
 type restoreStage struct {
 	dir, root, ws, init string
-	mounted             []string
+	// etc is the bind of the sandbox's /etc dir (sandboxState.EtcDir);
+	// "": its /etc is a tmpfs of its own, or it has an image's.
+	etc     string
+	mounted []string
 }
 
 func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
@@ -1813,6 +1826,15 @@ func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
 	}
 	if err := bind(c.d.initPath, s.init); err != nil {
 		return nil, err
+	}
+	if st.EtcDir != "" {
+		s.etc = filepath.Join(dir, "etc")
+		if err := os.Mkdir(s.etc, 0o755); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		if err := bind(st.EtcDir, s.etc); err != nil {
+			return nil, err
+		}
 	}
 	// The root tmpfs as the sandbox's init made it (hostRootAt).
 	data := fmt.Sprintf("mode=0755,size=1m,uid=%d,gid=%d", st.UIDBase, st.UIDBase)

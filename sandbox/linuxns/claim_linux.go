@@ -37,7 +37,9 @@ var claimTrees = []string{"/", "/etc", "/dev", "/dev/shm", "/dev/pts", "/tmp", "
 func (s *linuxSandbox) refreshTimes() error {
 	s.mu.Lock()
 	pidfd := s.pidfd
-	upperDir, etcTemplate := "", s.st.EtcTemplate
+	// A shared /etc (the template, or a checkpointable sandbox's /etc
+	// dir) is every sandbox's: only the files bound over it are touched.
+	upperDir, etcTemplate := "", s.st.EtcTemplate || s.st.EtcDir != ""
 	if s.st.Boot != nil && s.st.Boot.Image != nil {
 		upperDir = filepath.Join(s.st.Workspace, imageUpper)
 	}

@@ -91,6 +91,7 @@ type Driver struct {
 	cg       *cgroup.Plan
 	ws       *workspaces
 	etc      *etcTemplate
+	etcDirs  *etcDirs // checkpointable sandboxes' /etc
 	report   map[string]any
 	// sockCheck is socketCheck, shortened by tests.
 	sockCheck time.Duration
@@ -217,6 +218,8 @@ func newDriver(cfg sandbox.Config, smallInit []byte) (*Driver, error) {
 	}
 	d.ws = prepareWorkspaces(root, d.limits.WorkspaceBytes)
 	d.etc = newEtcTemplate(d.log)
+	d.etcDirs = newEtcDirs(root, d.log)
+	d.etcDirs.removeUnused(time.Now())
 	if !cfg.Checkpoint {
 		d.etc.prepare()
 	}
@@ -574,12 +577,24 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 	delete(d.unfiltered, st.ID) // a resumed sandbox runs under this init
 	d.mu.Unlock()
 	sb.setInit(in.cmd, in.pidfd)
-	// The default root's /etc: a clone of the gateway's template.
-	st.EtcTemplate = false
-	if img == nil && !d.cfg.Checkpoint && d.etc != nil {
+	// The default root's /etc: a clone of the gateway's template, or for
+	// a checkpointable sandbox a bind of its /etc dir.
+	st.EtcTemplate, st.EtcDir = false, ""
+	switch {
+	case img != nil:
+	case !d.cfg.Checkpoint && d.etc != nil:
 		if etc := d.etc.clone(st.Pid); etc >= 0 {
 			fds, names = append(fds, etc), append(names, "etc")
 			st.EtcTemplate = true
+		}
+	case d.cfg.Checkpoint && d.etcDirs != nil:
+		if dir := d.etcDirs.dir(); dir != "" {
+			etc, err := d.etcDirs.open(dir)
+			if err != nil {
+				return err
+			}
+			fds, names = append(fds, etc), append(names, "etc")
+			st.EtcDir = dir
 		}
 	}
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {

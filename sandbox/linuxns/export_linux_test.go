@@ -41,11 +41,15 @@ func (d *Driver) UseCgroupV2(mount string) error {
 func (d *Driver) NoEtcTemplate() { d.etc = nil }
 
 // SetEtcCheck shortens how often d's creates check that the host files
-// its /etc template copied are unchanged.
+// its /etc template, and its checkpointable sandboxes' /etc dir, copied
+// are unchanged.
 func (d *Driver) SetEtcCheck(every time.Duration) {
 	d.etc.mu.Lock()
-	defer d.etc.mu.Unlock()
 	d.etc.every = every
+	d.etc.mu.Unlock()
+	d.etcDirs.mu.Lock()
+	d.etcDirs.every = every
+	d.etcDirs.mu.Unlock()
 }
 
 // BeforeAttach makes d call f with each new init's pid just before it

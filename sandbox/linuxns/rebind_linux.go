@@ -19,23 +19,26 @@ import (
 // the open files limit its init set from its pids for every command: a
 // change of those, another image than the one the sandbox was built from
 // (or none), a trust store that has its CA already, or a CA for an image
-// sandbox (whose trust store the build writes) is sandbox.ErrNotLive. The files the sandbox's build wrote get the time
+// sandbox (whose trust store the build writes) or for a checkpointable
+// one with the gateway's /etc dir (whose own files it binds over it at
+// its build: etcDirs) is sandbox.ErrNotLive. The files the sandbox's build wrote get the time
 // of the claim (refreshTimes).
 func (s *linuxSandbox) Rebind(ctx context.Context, spec sandbox.Spec) error {
 	lim := spec.Limits.Or(s.d.limits)
 	s.mu.Lock()
 	var old sandbox.Limits
 	var oldImage *sandbox.Image
-	var oldTrust bool
+	var oldTrust, etcDir bool
 	ok := !s.closed && !s.st.Stopped && s.st.Boot != nil && spec.ID == s.st.ID
 	if ok {
 		old, oldImage, oldTrust = s.st.Boot.Limits, s.st.Boot.Image, len(s.st.Boot.TrustPEM) > 0
+		etcDir = s.st.EtcDir != ""
 	}
 	s.mu.Unlock()
 	soft := s.d.cfg.Nofile.Soft
 	if !ok || !sameImage(spec.Image, oldImage) || lim.TmpBytes != old.TmpBytes || lim.WorkspaceBytes != old.WorkspaceBytes ||
 		max(soft, initNofileFor(lim.Pids)) != max(soft, initNofileFor(old.Pids)) ||
-		len(spec.TrustPEM) > 0 && (oldTrust || oldImage != nil) {
+		len(spec.TrustPEM) > 0 && (oldTrust || oldImage != nil || etcDir) {
 		return sandbox.ErrNotLive
 	}
 	if err := s.claimCPU(); err != nil {

@@ -476,7 +476,7 @@ func buildRoot(spec *ctl.Spec, etc int, attach func() (ws, root int, err error),
 		}
 		tm.mark("root")
 		if etc >= 0 {
-			if err := etcFromTemplate(r, etc, spec.Hostname, spec.TrustPEM); err != nil {
+			if err := etcFromTemplate(r, etc, spec.Hostname, spec.TrustPEM, spec.Checkpoint); err != nil {
 				return err
 			}
 		} else if err := buildEtc(filepath.Join(r, "etc"), spec.Hostname, spec.TrustPEM); err != nil {
@@ -761,6 +761,31 @@ func BuildEtcTemplate(root int) ([]string, error) {
 	return read, nil
 }
 
+// BuildEtcDir fills dir, an empty directory of the host, with a
+// checkpointable default root's /etc (the gateway's, one for every such
+// sandbox, bound read-only at its /etc): what BuildEtcTemplate makes, but
+// with the host's directories and large files copied instead of bound, so
+// that /etc is one mount, not one per host directory, for CRIU to dump
+// and restore. Entries others may not read stay masked, as in the
+// template. It returns the host paths it read, as BuildEtcTemplate does.
+func BuildEtcDir(dir string) ([]string, error) {
+	read := []string{"/etc"}
+	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{read: &read, asOther: true, copyDirs: true}); err != nil {
+		return nil, err
+	}
+	for name, content := range ownEtc() {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
+	for _, name := range templateOwn() {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+		}
+	}
+	return read, nil
+}
+
 // EtcOwnNames are the names, in /etc, of the files that each default
 // root whose /etc is the template binds its own over (templateOwn).
 func EtcOwnNames() []string { return templateOwn() }
@@ -797,8 +822,11 @@ func treeBind(src, dst string) error {
 // read-only mount, open at etc) at r/etc, and binds over its empty
 // hostname, hosts, machine-id and resolv.conf the sandbox's own, and,
 // with trustPEM, the trust bundle over the empty TrustBundle and the
-// host's store (bindOwn).
-func etcFromTemplate(r string, etc int, hostname, trustPEM string) error {
+// host's store (bindOwn). For a checkpointable sandbox (checkpoint), etc
+// is a bind of the gateway's /etc dir (BuildEtcDir), and the tmpfs that
+// holds the sandbox's own files stays mounted, at /.sandgate-etc: CRIU
+// dumps a bind only of a filesystem it can reach.
+func etcFromTemplate(r string, etc int, hostname, trustPEM string, checkpoint bool) error {
 	dst := filepath.Join(r, "etc")
 	if err := unix.MoveMount(etc, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attach /etc: %w", err)
@@ -810,7 +838,30 @@ func etcFromTemplate(r string, etc int, hostname, trustPEM string) error {
 	if trustPEM != "" {
 		maps.Copy(own, trustFiles(dst, trustPEM))
 	}
+	if checkpoint {
+		return bindOwnKept(r, own)
+	}
 	return bindOwn(r, own)
+}
+
+// EtcHolder is, in a checkpointable default root, the tmpfs holding the
+// sandbox's own /etc files (etcFromTemplate), each bound over /etc's.
+const EtcHolder = "/.sandgate-etc"
+
+// bindOwnKept is bindOwn with the holder tmpfs kept, read-only, at
+// dir/.sandgate-etc (EtcHolder).
+func bindOwnKept(dir string, own map[string][]byte) error {
+	holder := filepath.Join(dir, EtcHolder)
+	if err := os.Mkdir(holder, 0o755); err != nil {
+		return fmt.Errorf("/etc: %w", err)
+	}
+	if err := mount("tmpfs", holder, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0755,size=16m"); err != nil {
+		return err
+	}
+	if err := writeOwn(holder, own); err != nil {
+		return err
+	}
+	return setReadOnly(holder)
 }
 
 // trustFiles are the trust bundle made of the host's store (in the
@@ -849,6 +900,12 @@ func bindOwn(dir string, own map[string][]byte) (err error) {
 			err = fmt.Errorf("/etc: %w", uerr)
 		}
 	}()
+	return writeOwn(holder, own)
+}
+
+// writeOwn writes each file of own (path -> content) in the directory
+// holder, and binds it read-only over the path.
+func writeOwn(holder string, own map[string][]byte) error {
 	i := 0
 	for _, dst := range slices.Sorted(maps.Keys(own)) {
 		i++
@@ -883,6 +940,9 @@ type etcCopy struct {
 	// rest, as for an init (which reads the host's /etc as no owner of
 	// its files): the gateway builds the template as host root.
 	asOther bool
+	// copyDirs copies directories (those others may list; the rest are
+	// masked) and files of any size instead of binding them (BuildEtcDir).
+	copyDirs bool
 }
 
 // copyEtcDirNoting is copyEtcDir with c's bind and notes.
@@ -917,13 +977,13 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 			if err := os.Symlink(target, d); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
-		case fi.IsDir() && etcSecretBelow(name) && c.asOther && fi.Mode().Perm()&0o005 != 0o005:
+		case fi.IsDir() && (etcSecretBelow(name) || c.copyDirs) && c.asOther && fi.Mode().Perm()&0o005 != 0o005:
 			// A directory others may not list: the init could not copy
 			// it; the gateway, host root, does not either.
 			if err := maskEntry(d, true); err != nil {
 				return err
 			}
-		case fi.IsDir() && etcSecretBelow(name):
+		case fi.IsDir() && (etcSecretBelow(name) || c.copyDirs):
 			if err := os.Mkdir(d, fi.Mode().Perm()); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
@@ -940,7 +1000,7 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 			if err := bindEtc(c.bind, h, d); err != nil {
 				return err
 			}
-		case fi.Mode().IsRegular() && fi.Size() <= etcCopyMax:
+		case fi.Mode().IsRegular() && (fi.Size() <= etcCopyMax || c.copyDirs):
 			if read != nil {
 				*read = append(*read, h)
 			}

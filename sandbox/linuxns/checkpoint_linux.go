@@ -386,7 +386,13 @@ func (d *Driver) prepareCheckpoint(st sandboxState) (*checkpoint, error) {
 	if c.mounts, err = hostMounts(st.Pid); err != nil {
 		return nil, err
 	}
-	if err := checkHostBinds(st.Pid, c.mounts, st.EtcDir); err != nil {
+	etcDir := ""
+	if st.EtcDir != "" {
+		if etcDir, err = d.etcDirs.path(st.EtcDir); err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	if err := checkHostBinds(st.Pid, c.mounts, etcDir); err != nil {
 		return nil, err
 	}
 	if c.mountTable, err = readMounts(st.Pid); err != nil {
@@ -1828,11 +1834,15 @@ func (c *checkpoint) stage(st *sandboxState) (_ *restoreStage, err error) {
 		return nil, err
 	}
 	if st.EtcDir != "" {
+		etcDir, err := c.d.etcDirs.path(st.EtcDir)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
 		s.etc = filepath.Join(dir, "etc")
 		if err := os.Mkdir(s.etc, 0o755); err != nil {
 			return nil, fmt.Errorf("restore: %w", err)
 		}
-		if err := bind(st.EtcDir, s.etc); err != nil {
+		if err := bind(etcDir, s.etc); err != nil {
 			return nil, err
 		}
 	}
@@ -1878,7 +1888,8 @@ func (d *Driver) stagesDir() string {
 }
 
 // removeStages removes the restore stages a crashed gateway left: their
-// mounts (a fork's workspace, the root tmpfs, the init's binary) in the
+// mounts (a fork's workspace, the root tmpfs, the init's binary, the
+// /etc dir) in the
 // host's namespace, then their dirs. A dir still mounted stays.
 func (d *Driver) removeStages() {
 	parent := d.stagesDir()
@@ -1888,8 +1899,8 @@ func (d *Driver) removeStages() {
 	}
 	for _, e := range entries {
 		dir := filepath.Join(parent, e.Name())
-		s := &restoreStage{dir: dir, root: filepath.Join(dir, "root"), ws: filepath.Join(dir, "ws"), init: filepath.Join(dir, "init")}
-		s.mounted = []string{s.ws, s.init, s.root}
+		s := &restoreStage{dir: dir, root: filepath.Join(dir, "root"), ws: filepath.Join(dir, "ws"), init: filepath.Join(dir, "init"), etc: filepath.Join(dir, "etc")}
+		s.mounted = []string{s.ws, s.init, s.etc, s.root}
 		s.remove()
 		d.log.Warn("restore_stage_removed", "dir", dir)
 	}
@@ -1904,8 +1915,10 @@ func (s *restoreStage) remove() {
 			_ = unix.Unmount(m, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW)
 		}
 	}
-	for _, p := range []string{s.root, s.ws, s.init, s.dir} {
-		_ = os.Remove(p)
+	for _, p := range []string{s.root, s.ws, s.init, s.etc, s.dir} {
+		if p != "" {
+			_ = os.Remove(p)
+		}
 	}
 }
 

@@ -588,13 +588,16 @@ func (d *Driver) bootInit(ctx context.Context, sb *linuxSandbox, img *sandbox.Im
 			st.EtcTemplate = true
 		}
 	case d.cfg.Checkpoint && d.etcDirs != nil:
-		if dir := d.etcDirs.dir(); dir != "" {
-			etc, err := d.etcDirs.open(dir)
-			if err != nil {
-				return err
+		if name := d.etcDirs.dir(); name != "" {
+			if etc, err := d.etcDirs.open(name); err != nil {
+				// Gone from the disk: this init builds its /etc, the next
+				// create gets a new dir.
+				d.log.Warn("sandbox /etc: the /etc dir could not be bound; this sandbox's init builds its own", "sandbox", st.ID, "err", err.Error())
+				d.etcDirs.drop(name)
+			} else {
+				fds, names = append(fds, etc), append(names, "etc")
+				st.EtcDir = name
 			}
-			fds, names = append(fds, etc), append(names, "etc")
-			st.EtcDir = dir
 		}
 	}
 	if _, st.StartTime, err = procStat(st.Pid); err != nil {

@@ -25,7 +25,7 @@ func TestEtcDirsRemoveUnused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st := &sandboxState{ID: "sbx-kept", EtcDir: dir("g-kept")}
+	st := &sandboxState{ID: "sbx-kept", EtcDir: "g-kept"}
 	if err := os.Mkdir(filepath.Join(root, st.ID), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -33,16 +33,16 @@ func TestEtcDirsRemoveUnused(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	e.cur = dir("g-cur")
-	e.retired[dir("g-recent")] = now.Add(-etcDirGrace / 2)
-	e.retired[dir("g-old")] = now.Add(-etcDirGrace)
+	e.cur = "g-cur"
+	e.retired["g-recent"] = now.Add(-etcDirGrace / 2)
+	e.retired["g-old"] = now.Add(-etcDirGrace)
 	e.removeUnused(now)
 	left, _ := filepath.Glob(filepath.Join(e.root, "*"))
 	want := []string{dir("g-cur"), dir("g-kept"), dir("g-recent")}
 	if !slices.Equal(left, want) {
 		t.Errorf("after removeUnused: %v, want %v", left, want)
 	}
-	if _, ok := e.retired[dir("g-old")]; ok {
+	if _, ok := e.retired["g-old"]; ok {
 		t.Error("a removed dir is still noted as retired")
 	}
 }

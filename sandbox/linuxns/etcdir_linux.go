@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,7 +44,7 @@ type etcDirs struct {
 	every  time.Duration
 
 	mu      sync.Mutex
-	cur     string // the dir new sandboxes get; "": none yet
+	cur     string // the name of the dir new sandboxes get; "": none yet
 	// retired are the dirs that were current in this run, and since when
 	// they are not.
 	retired map[string]time.Time
@@ -64,9 +65,9 @@ func newEtcDirs(driverRoot string, log *slog.Logger) *etcDirs {
 	return &etcDirs{root: filepath.Join(driverRoot, etcDirsDir), driver: driverRoot, log: log, every: etcCheckEvery, retired: map[string]time.Time{}}
 }
 
-// dir returns the /etc dir for a new sandbox, building it when there is
-// none or the host's /etc changed; "" when it cannot be built (then the
-// init builds its /etc).
+// dir returns the name of the /etc dir for a new sandbox (path makes it
+// a path), building it when there is none or the host's /etc changed; ""
+// when it cannot be built (then the init builds its /etc).
 func (e *etcDirs) dir() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -89,7 +90,7 @@ func (e *etcDirs) dir() string {
 		return ""
 	}
 	e.failed = nil
-	e.cur, e.checked = dir, time.Now()
+	e.cur, e.checked = filepath.Base(dir), time.Now()
 	e.read = make(map[string]etcStamp, len(read))
 	for _, p := range read {
 		e.read[p] = stampOf(p)
@@ -97,7 +98,27 @@ func (e *etcDirs) dir() string {
 	if len(e.retired) > 0 {
 		go e.removeUnused(time.Now())
 	}
-	return dir
+	return e.cur
+}
+
+// path is the dir named name (a sandbox state's EtcDir); an error for a
+// name that is not one of e's.
+func (e *etcDirs) path(name string) (string, error) {
+	if name != filepath.Base(name) || !strings.HasPrefix(name, "g-") {
+		return "", fmt.Errorf("/etc dir %q: not one of the gateway's", name)
+	}
+	return filepath.Join(e.root, name), nil
+}
+
+// drop retires the dir named name, which a create could not use (gone
+// from the disk): the next create builds a new one.
+func (e *etcDirs) drop(name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cur == name {
+		e.retired[e.cur] = time.Now()
+		e.cur = ""
+	}
 }
 
 // freshLocked reports whether every host path the current dir read is as
@@ -131,14 +152,20 @@ func (e *etcDirs) build() (string, []string, error) {
 	return dir, read, nil
 }
 
-// open returns a detached read-only bind of dir, for an init to attach at
-// its /etc.
-func (e *etcDirs) open(dir string) (int, error) {
+// open returns a detached read-only bind of the dir named name, for an
+// init to attach at its /etc. The bind is private: a clone of a shared
+// mount (a systemd host's /) would be a peer of it, and the binds the
+// init makes over it would show on the host and in every other sandbox.
+func (e *etcDirs) open(name string) (int, error) {
+	dir, err := e.path(name)
+	if err != nil {
+		return -1, err
+	}
 	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_SYMLINK_NOFOLLOW)
 	if err != nil {
 		return -1, fmt.Errorf("/etc dir: %w", err)
 	}
-	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, attr); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("/etc dir: %w", err)
@@ -157,9 +184,9 @@ func (e *etcDirs) removeUnused(now time.Time) {
 	used := map[string]bool{}
 	e.mu.Lock()
 	used[e.cur] = true
-	for p, at := range e.retired {
+	for name, at := range e.retired {
 		if now.Sub(at) < etcDirGrace {
-			used[p] = true
+			used[name] = true
 		}
 	}
 	e.mu.Unlock()
@@ -170,16 +197,16 @@ func (e *etcDirs) removeUnused(now time.Time) {
 		}
 	}
 	for _, en := range entries {
-		p := filepath.Join(e.root, en.Name())
-		if used[p] {
+		if used[en.Name()] {
 			continue
 		}
+		p := filepath.Join(e.root, en.Name())
 		if err := os.RemoveAll(p); err != nil {
 			e.log.Warn("sandbox /etc: could not remove an unused /etc dir", "dir", p, "err", err.Error())
 			continue
 		}
 		e.mu.Lock()
-		delete(e.retired, p)
+		delete(e.retired, en.Name())
 		e.mu.Unlock()
 	}
 }

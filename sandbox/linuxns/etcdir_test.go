@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandgate/sandgate/sandbox"
 	"github.com/sandgate/sandgate/sandbox/linuxns"
 )
@@ -29,6 +31,15 @@ func TestLinuxCheckpointEtcDir(t *testing.T) {
 	criu := criuForTest(t)
 	dataDir := t.TempDir()
 	t.Cleanup(func() { checkNoLeaks(t, dataDir) })
+	// The data dir on a shared mount, as / is on a systemd host: nothing
+	// a sandbox mounts on its /etc may show on the host.
+	if err := unix.Mount(dataDir, dataDir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dataDir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dataDir, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
 	d, err := linuxns.NewWithInit(sandbox.Config{DataDir: dataDir, Checkpoint: true, CRIU: criu}, smallInit(t))
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +89,22 @@ func TestLinuxCheckpointEtcDir(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = src.Destroy(ctx) })
 	srcID := check(src, "source", sandbox.ShortID("sbx-etcdir-src"), "one")
+	hostMounts := func() []string {
+		mi, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var under []string
+		for _, line := range strings.Split(string(mi), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], filepath.Join(dataDir, "sandboxes", ".etc")) {
+				under = append(under, f[4])
+			}
+		}
+		return under
+	}
+	if m := hostMounts(); len(m) != 0 {
+		t.Errorf("the sandbox's mounts on its /etc show on the host: %v", m)
+	}
 
 	// A change of the host's /etc shows in the sandboxes created after it.
 	time.Sleep(10 * time.Millisecond)

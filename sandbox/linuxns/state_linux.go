@@ -80,9 +80,9 @@ type sandboxState struct {
 	// gateway's template (etcTemplate), whose files are every sandbox's:
 	// a claim's times go to the files bound over it alone.
 	EtcTemplate bool `json:"etcTemplate,omitempty"`
-	// EtcDir, for a checkpointable default root, is the gateway's /etc
-	// dir bound at its /etc (etcDirs), which a restore binds again; ""
-	// when its init built its /etc (a tmpfs of its own).
+	// EtcDir, for a checkpointable default root, names the gateway's
+	// /etc dir bound at its /etc (etcDirs.path), which a restore binds
+	// again; "" when its init built its /etc (a tmpfs of its own).
 	EtcDir string `json:"etcDir,omitempty"`
 	// Boot is what a new init of the sandbox needs (Resume); nil for a
 	// sandbox made by a gateway without stop.

@@ -20,7 +20,7 @@ func TestCopyEtcFileAsOtherChecksOpenedFile(t *testing.T) {
 	if err := os.WriteFile(h, []byte("host root only\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := copyEtcFile(h, d, 0o644, true); err != nil {
+	if err := copyEtcFile(h, d, 0o644, true, false); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(d)
@@ -37,7 +37,7 @@ func TestCopyEtcFileAsOtherChecksOpenedFile(t *testing.T) {
 	if err := os.Chmod(h+"2", 0o604); err != nil {
 		t.Fatal(err)
 	}
-	if err := copyEtcFile(h+"2", d+"2", 0o644, true); err != nil {
+	if err := copyEtcFile(h+"2", d+"2", 0o644, true, false); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(d + "2"); err != nil || string(b) != "all\n" {
@@ -123,5 +123,87 @@ func TestCopyEtcDirNoFollow(t *testing.T) {
 	}
 	if _, serr := os.Lstat(filepath.Join(dst, "notes")); serr == nil {
 		t.Error("copied what a symlinked directory names")
+	}
+}
+
+// The gateway's copy of all of the host's /etc (BuildEtcDir) goes into
+// every host directory, some of which other accounts may write: it opens
+// no path with a symlink in it (a directory swapped for a symlink to one
+// that only root may list), lists no directory that others may not, does
+// not block on a FIFO swapped in for a file, gives no copy group or
+// others' write permission, and stops at its budget.
+func TestCopyEtcStrict(t *testing.T) {
+	dir := t.TempDir()
+	hidden := filepath.Join(dir, "hidden")
+	if err := os.Mkdir(hidden, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hidden, "f"), []byte("behind a link\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(hidden, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readDirStrict(link); err == nil {
+		t.Error("readDirStrict listed a directory through a symlink")
+	}
+	if err := os.Chmod(hidden, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readDirStrict(hidden); err == nil {
+		t.Error("readDirStrict listed a directory others may not list")
+	}
+	if err := os.Chmod(hidden, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	masked := func(p string) {
+		t.Helper()
+		if fi, err := os.Lstat(p); err != nil || fi.Size() != 0 || fi.Mode() != 0 {
+			t.Errorf("%s: %v %v, want an empty file of mode 0", p, fi, err)
+		}
+	}
+	if err := copyEtcFile(filepath.Join(link, "f"), filepath.Join(out, "via-link"), 0o644, true, true); err != nil {
+		t.Fatal(err)
+	}
+	masked(filepath.Join(out, "via-link"))
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyEtcFile(fifo, filepath.Join(out, "fifo"), 0o644, true, true); err != nil {
+		t.Fatal(err)
+	}
+	masked(filepath.Join(out, "fifo"))
+	w := filepath.Join(dir, "writable")
+	if err := os.WriteFile(w, []byte("x\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(w, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyEtcFile(w, filepath.Join(out, "writable"), 0o666, true, true); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(out, "writable")); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("a 0666 host file copied strictly: %v %v, want mode 0644", fi, err)
+	}
+	c := &etcCopy{copyDirs: true, left: etcBudget{entries: 2, bytes: 10}}
+	if err := c.take(4); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.take(7); err == nil {
+		t.Error("the copy went past its budget of bytes")
+	}
+	c = &etcCopy{copyDirs: true, left: etcBudget{entries: 1, bytes: 10}}
+	if err := c.take(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.take(0); err == nil {
+		t.Error("the copy went past its budget of entries")
 	}
 }

@@ -3,6 +3,7 @@
 package initd
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -499,6 +500,12 @@ func (in *initd) handle(fd int) {
 	}
 	if req.Op == "trust" {
 		procio.CloseFDs(fds)
+		if in.etcTemplate && in.checkpoint {
+			// The gateway's /etc dir (BuildEtcDir): its own files are bound
+			// from the tmpfs kept at EtcHolder, at the build only.
+			_ = ctl.WriteFrame(conn, ctl.ErrorReply(errors.New("a checkpointable sandbox's /etc takes a session CA at its build only")))
+			return
+		}
 		if err := addTrust(req.TrustPEM, in.etcTemplate); err != nil {
 			_ = ctl.WriteFrame(conn, ctl.ErrorReply(err))
 			return

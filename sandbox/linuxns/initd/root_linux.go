@@ -770,7 +770,7 @@ func BuildEtcTemplate(root int) ([]string, error) {
 // template. It returns the host paths it read, as BuildEtcTemplate does.
 func BuildEtcDir(dir string) ([]string, error) {
 	read := []string{"/etc"}
-	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{read: &read, asOther: true, copyDirs: true}); err != nil {
+	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{read: &read, asOther: true, copyDirs: true, left: etcDirMax}); err != nil {
 		return nil, err
 	}
 	for name, content := range ownEtc() {
@@ -941,14 +941,48 @@ type etcCopy struct {
 	// its files): the gateway builds the template as host root.
 	asOther bool
 	// copyDirs copies directories (those others may list; the rest are
-	// masked) and files of any size instead of binding them (BuildEtcDir).
+	// masked) and files of any size instead of binding them (BuildEtcDir),
+	// strictly: no path with a symlink in it is opened (an entry of a
+	// host directory that another account may write, swapped for a
+	// symlink since it was looked at, must not show what it names), a
+	// directory is listed only if others may list the one opened, group
+	// and others lose write permission, and the copy stops at etcDirMax.
 	copyDirs bool
+	// left is what the copy may still take (copyDirs).
+	left etcBudget
+}
+
+// etcBudget is a count of entries and bytes.
+type etcBudget struct{ entries, bytes int64 }
+
+// etcDirMax bounds the gateway's copy of the host's /etc (BuildEtcDir),
+// which fails past it (the inits then build their own /etc): Debian's
+// holds some 1,300 entries and 4 MiB.
+var etcDirMax = etcBudget{entries: 20000, bytes: 64 << 20}
+
+// take counts one entry of size bytes against c's budget.
+func (c *etcCopy) take(size int64) error {
+	if !c.copyDirs {
+		return nil
+	}
+	c.left.entries--
+	c.left.bytes -= max(size, 0)
+	if c.left.entries < 0 || c.left.bytes < 0 {
+		return fmt.Errorf("etc: the host's /etc is larger than the gateway copies (%d entries, %d MiB)", etcDirMax.entries, etcDirMax.bytes>>20)
+	}
+	return nil
 }
 
 // copyEtcDirNoting is copyEtcDir with c's bind and notes.
 func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 	read := c.read
-	entries, err := readDir(host, rel != "")
+	var entries []os.DirEntry
+	var err error
+	if c.copyDirs {
+		entries, err = readDirStrict(host)
+	} else {
+		entries, err = readDir(host, rel != "")
+	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", host, err)
 	}
@@ -961,6 +995,9 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 		fi, err := e.Info()
 		if err != nil {
 			continue
+		}
+		if err := c.take(fi.Size()); err != nil {
+			return err
 		}
 		if etcSecret(name) {
 			if err := maskEntry(d, fi.IsDir()); err != nil {
@@ -984,7 +1021,11 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 				return err
 			}
 		case fi.IsDir() && (etcSecretBelow(name) || c.copyDirs):
-			if err := os.Mkdir(d, fi.Mode().Perm()); err != nil {
+			perm := fi.Mode().Perm()
+			if c.copyDirs {
+				perm &^= 0o022
+			}
+			if err := os.Mkdir(d, perm); err != nil {
 				return fmt.Errorf("etc: %w", err)
 			}
 			if read != nil {
@@ -1010,7 +1051,7 @@ func copyEtcDirNoting(host, dst, rel string, c *etcCopy) error {
 				}
 				continue
 			}
-			if err := copyEtcFile(h, d, fi.Mode().Perm(), c.asOther); err != nil {
+			if err := copyEtcFile(h, d, fi.Mode().Perm(), c.asOther, c.copyDirs); err != nil {
 				return err
 			}
 		case fi.Mode().IsRegular():
@@ -1045,6 +1086,28 @@ func readDir(dir string, noFollow bool) ([]os.DirEntry, error) {
 	return entries, err
 }
 
+// readDirStrict is readDir of a host directory opened with no symlink in
+// its path, listed only if others may list it (copyDirs).
+func readDirStrict(dir string) ([]os.DirEntry, error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, dir, &unix.OpenHow{
+		Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&0o005 != 0o005 {
+		return nil, fmt.Errorf("others may not list it (mode %o)", st.Mode&0o7777)
+	}
+	entries, err := f.ReadDir(-1)
+	slices.SortFunc(entries, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return entries, err
+}
+
 // bindEtc binds the host's h at d, read-only. An entry the host removed
 // meanwhile is left empty.
 func bindEtc(bind func(src, dst string) error, h, d string) error {
@@ -1061,8 +1124,22 @@ func bindEtc(bind func(src, dst string) error, h, d string) error {
 // With asOther (the gateway, host root, copies), so does a file that
 // others may not read, judged on the file opened: not on what a look at
 // h found before, which a file renamed over h since (a 0600 one) belies.
-func copyEtcFile(h, d string, perm os.FileMode, asOther bool) error {
-	in, err := unix.Open(h, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+//
+// strict (copyDirs) opens h with no symlink anywhere in its path, and
+// without blocking (a FIFO swapped in), and takes group and others' write
+// permission away.
+func copyEtcFile(h, d string, perm os.FileMode, asOther, strict bool) error {
+	var in int
+	var err error
+	if strict {
+		in, err = unix.Openat2(unix.AT_FDCWD, h, &unix.OpenHow{
+			Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+		if errors.Is(err, unix.ELOOP) {
+			return maskEntry(d, false)
+		}
+	} else {
+		in, err = unix.Open(h, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	}
 	switch {
 	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
 		return maskEntry(d, false)
@@ -1079,6 +1156,9 @@ func copyEtcFile(h, d string, perm os.FileMode, asOther bool) error {
 			return maskEntry(d, false)
 		}
 		perm = os.FileMode(st.Mode & 0o7777).Perm()
+	}
+	if strict {
+		perm &^= 0o022
 	}
 	out, err := unix.Open(d, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {

@@ -15,10 +15,11 @@ import (
 )
 
 // etcCheckEvery is how often, at most, a create checks that the host
-// files the /etc template copied are unchanged: a change on the host shows
-// in the sandboxes created from then on within this long (the default
-// root's /etc is a snapshot of the host's at its create either way; its
-// directories are bound, so changes inside them show at once).
+// files the /etc template (or the /etc dir, etcDirs) copied are unchanged:
+// a change on the host shows in the sandboxes created from then on within
+// this long (the default root's /etc is a snapshot of the host's at its
+// create either way; the template's directories are bound, so changes
+// inside them show at once; the /etc dir copies them).
 const etcCheckEvery = time.Second
 
 // etcTemplate is the default root's /etc, built once by the gateway

@@ -130,6 +130,9 @@ func TestLinuxCheckpointEtcDir(t *testing.T) {
 			t.Errorf("fork %d: machine-id %s, want the source's %s", i, id, srcID)
 		}
 	}
+	if left, _ := filepath.Glob(filepath.Join(d.RestoreStagesDir(), "*")); len(left) != 0 {
+		t.Errorf("restore stages left: %v", left)
+	}
 	pa := src.(sandbox.Pauser)
 	if rep, err := pa.Pause(ctx); err != nil || rep.Method != "checkpoint" {
 		t.Fatalf("pause: %+v %v", rep, err)

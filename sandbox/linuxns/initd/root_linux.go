@@ -748,15 +748,8 @@ func BuildEtcTemplate(root int) ([]string, error) {
 	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{bind: treeBind, read: &read, asOther: true}); err != nil {
 		return nil, err
 	}
-	for name, content := range ownEtc() {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
-		}
-	}
-	for _, name := range templateOwn() {
-		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
-			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
-		}
+	if err := writeShared(dir); err != nil {
+		return nil, err
 	}
 	return read, nil
 }
@@ -773,17 +766,27 @@ func BuildEtcDir(dir string) ([]string, error) {
 	if err := copyEtcDirNoting("/etc", dir, "", &etcCopy{read: &read, asOther: true, copyDirs: true, left: etcDirMax}); err != nil {
 		return nil, err
 	}
+	if err := writeShared(dir); err != nil {
+		return nil, err
+	}
+	return read, nil
+}
+
+// writeShared writes, in the shared /etc at dir (a template, an /etc
+// dir), the sandbox's passwd and group, and the empty files each sandbox
+// binds its own over (templateOwn).
+func writeShared(dir string) error {
 	for name, content := range ownEtc() {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+			return fmt.Errorf("write /etc/%s: %w", name, err)
 		}
 	}
 	for _, name := range templateOwn() {
 		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
-			return nil, fmt.Errorf("write /etc/%s: %w", name, err)
+			return fmt.Errorf("write /etc/%s: %w", name, err)
 		}
 	}
-	return read, nil
+	return nil
 }
 
 // EtcOwnNames are the names, in /etc, of the files that each default

@@ -43,8 +43,8 @@ type etcDirs struct {
 	log    *slog.Logger
 	every  time.Duration
 
-	mu      sync.Mutex
-	cur     string // the name of the dir new sandboxes get; "": none yet
+	mu  sync.Mutex
+	cur string // the name of the dir new sandboxes get; "": none yet
 	// retired are the dirs that were current in this run, and since when
 	// they are not.
 	retired map[string]time.Time
